@@ -1,0 +1,211 @@
+/*
+ * kiln.h - the public C API of Kiln, a model runtime.
+ *
+ * A worked example: load a model, create a session, run it, free it.
+ *
+ *     kiln_model *model;
+ *     if (kiln_model_load("model.onnx", NULL, &model) != KILN_OK) {
+ *         fprintf(stderr, "kiln: %s\n", kiln_last_error());
+ *         return 1;
+ *     }
+ *     kiln_session *session;
+ *     kiln_session_create(model, NULL, NULL, &session);  // default signature
+ *
+ *     int64_t dims[2] = {1, 64};
+ *     kiln_tensor *x;
+ *     kiln_tensor_create(KILN_DTYPE_F32, 2, dims, &x);    // zero-filled
+ *     ((float *)x->data)[0] = 1.0f;
+ *
+ *     kiln_named_tensor in = {"input", x};
+ *     kiln_outputs *out;
+ *     if (kiln_session_run(session, &in, 1, &out) == KILN_OK) {
+ *         const kiln_tensor *y = kiln_outputs_get(out, 0);
+ *         printf("%s: %g\n", kiln_outputs_name(out, 0), ((float *)y->data)[0]);
+ *         kiln_outputs_free(out);
+ *     }
+ *     kiln_tensor_free(x);
+ *     kiln_session_free(session);
+ *     kiln_model_free(model);
+ *
+ * Errors are values: every fallible call returns a kiln_status and, when it
+ * is not KILN_OK, kiln_last_error() returns a message naming the thing and
+ * the bad value (thread-local, valid until the next failing call on the
+ * same thread).
+ *
+ * Threads: a kiln_model and a kiln_session may be used from many threads at
+ * once; kiln_session_run keeps its per-run state on the calling thread's
+ * stack and heap, so concurrent runs share nothing mutable.
+ */
+#ifndef KILN_KILN_H
+#define KILN_KILN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define KILN_VERSION_STRING "0.1.0"
+#define KILN_MAX_RANK 8
+
+typedef enum kiln_status {
+    KILN_OK = 0,
+    KILN_ERR_INVALID_ARGUMENT,  /* a caller's argument or input tensor is wrong */
+    KILN_ERR_INVALID_MODEL,     /* the model file is malformed or inconsistent */
+    KILN_ERR_UNSUPPORTED,       /* well-formed, but uses something Kiln lacks */
+    KILN_ERR_NOT_FOUND,         /* a file, signature, input or output name */
+    KILN_ERR_IO,                /* reading or writing a file failed */
+    KILN_ERR_OUT_OF_MEMORY,     /* an allocation failed or a limit was hit */
+    KILN_ERR_RUNTIME,           /* a kernel failed on these values */
+    KILN_ERR_INTERNAL,          /* a bug in Kiln */
+} kiln_status;
+
+typedef enum kiln_dtype {
+    KILN_DTYPE_UNDEFINED = 0,
+    KILN_DTYPE_F32,
+    KILN_DTYPE_F16,
+    KILN_DTYPE_BF16,
+    KILN_DTYPE_F64,
+    KILN_DTYPE_I8,
+    KILN_DTYPE_U8,
+    KILN_DTYPE_I16,
+    KILN_DTYPE_U16,
+    KILN_DTYPE_I32,
+    KILN_DTYPE_U32,
+    KILN_DTYPE_I64,
+    KILN_DTYPE_U64,
+    KILN_DTYPE_BOOL,   /* one byte per element, 0 or 1 */
+    KILN_DTYPE_STRING, /* elements are kiln_string */
+    KILN_DTYPE_COUNT
+} kiln_dtype;
+
+/* A byte string (not NUL-terminated in general; binary-safe). */
+typedef struct kiln_string {
+    size_t len;
+    char *data;
+} kiln_string;
+
+/*
+ * A dense tensor in C (row-major) order. Fields are public for reading and
+ * for writing elements; create and free tensors with the functions below.
+ */
+typedef struct kiln_tensor {
+    kiln_dtype dtype;
+    int rank;
+    int64_t dims[KILN_MAX_RANK];
+    void *data;      /* element storage; kiln_string[] for strings */
+    size_t nbytes;   /* bytes at data */
+    int owns_data;   /* private: data (and string bytes) freed with the tensor */
+} kiln_tensor;
+
+const char *kiln_status_name(kiln_status st);
+const char *kiln_last_error(void);
+const char *kiln_dtype_name(kiln_dtype dt);
+size_t kiln_dtype_size(kiln_dtype dt);
+const char *kiln_version(void);
+
+/* Tensors. kiln_tensor_create zero-fills; strings start empty. */
+kiln_status kiln_tensor_create(kiln_dtype dt, int rank, const int64_t *dims, kiln_tensor **out);
+/* A tensor that borrows data (not freed with it); nbytes must match the shape. */
+kiln_status kiln_tensor_wrap(kiln_dtype dt, int rank, const int64_t *dims, void *data,
+                             size_t nbytes, kiln_tensor **out);
+/* Set element i of a string tensor to a copy of bytes. */
+kiln_status kiln_tensor_set_string(kiln_tensor *t, size_t i, const char *bytes, size_t len);
+int64_t kiln_tensor_count(const kiln_tensor *t);
+void kiln_tensor_free(kiln_tensor *t);
+
+/* Models. */
+typedef struct kiln_model kiln_model;
+
+typedef enum kiln_format {
+    KILN_FORMAT_AUTO = 0,
+    KILN_FORMAT_ONNX,
+    KILN_FORMAT_SAVEDMODEL,
+} kiln_format;
+
+typedef struct kiln_load_options {
+    kiln_format format;        /* KILN_FORMAT_AUTO detects from the path */
+    const char *tags;          /* SavedModel MetaGraph tags, comma-separated; NULL = "serve" */
+} kiln_load_options;
+
+/* Load from a file or model folder. */
+kiln_status kiln_model_load(const char *path, const kiln_load_options *opts, kiln_model **out);
+/* Load from bytes; the bytes are not retained. External data is not allowed. */
+kiln_status kiln_model_load_memory(const void *data, size_t size, const kiln_load_options *opts,
+                                   kiln_model **out);
+void kiln_model_free(kiln_model *m);
+const char *kiln_model_format(const kiln_model *m);
+
+/* Signatures: a named entry point with named inputs and outputs. An ONNX
+ * model has one, "serving_default". */
+typedef struct kiln_value_info {
+    const char *name;                 /* the name callers use */
+    kiln_dtype dtype;                 /* KILN_DTYPE_UNDEFINED if unknown */
+    int rank;                         /* -1 if unknown */
+    int64_t dims[KILN_MAX_RANK];      /* -1 for a symbolic or unknown dim */
+    const char *dim_names[KILN_MAX_RANK]; /* symbol of dims[i] or NULL */
+} kiln_value_info;
+
+typedef struct kiln_signature kiln_signature;
+int kiln_model_signature_count(const kiln_model *m);
+const kiln_signature *kiln_model_signature(const kiln_model *m, int i);
+/* NULL name means the default signature. NULL if not found. */
+const kiln_signature *kiln_model_find_signature(const kiln_model *m, const char *name);
+const char *kiln_signature_name(const kiln_signature *s);
+const char *kiln_signature_method(const kiln_signature *s); /* e.g. "tensorflow/serving/predict" */
+int kiln_signature_input_count(const kiln_signature *s);
+int kiln_signature_output_count(const kiln_signature *s);
+const kiln_value_info *kiln_signature_input(const kiln_signature *s, int i);
+const kiln_value_info *kiln_signature_output(const kiln_signature *s, int i);
+
+/* Model facts for inspection. Valid while the model lives. */
+typedef struct kiln_model_stats {
+    int64_t param_count;      /* elements in all initializers */
+    int64_t param_bytes;      /* bytes in all initializers */
+    int node_count;           /* nodes in the main graph (not subgraphs) */
+    int64_t ir_version;
+    const char *producer;     /* may be "" */
+} kiln_model_stats;
+void kiln_model_get_stats(const kiln_model *m, kiln_model_stats *out);
+/* Opset imports: domain ("" = ai.onnx) and version, i < count. */
+int kiln_model_opset_count(const kiln_model *m);
+void kiln_model_opset(const kiln_model *m, int i, const char **domain, int64_t *version);
+/* Op histogram of the main graph and subgraphs, sorted by op name. */
+int kiln_model_op_kinds(const kiln_model *m);
+void kiln_model_op_kind(const kiln_model *m, int i, const char **op, int *count);
+
+/* Sessions. */
+typedef struct kiln_session kiln_session;
+typedef struct kiln_session_options {
+    int threads;         /* intra-op threads; 0 = the machine's cores */
+    int optimize;        /* 1 = run the graph optimizer (default), 0 = run as imported */
+} kiln_session_options;
+void kiln_session_options_init(kiln_session_options *o);
+
+kiln_status kiln_session_create(kiln_model *m, const char *signature,
+                                const kiln_session_options *opts, kiln_session **out);
+void kiln_session_free(kiln_session *s);
+const kiln_signature *kiln_session_signature(const kiln_session *s);
+
+typedef struct kiln_named_tensor {
+    const char *name;
+    const kiln_tensor *tensor;  /* borrowed for the duration of the call */
+} kiln_named_tensor;
+
+typedef struct kiln_outputs kiln_outputs;
+/* Run with the named inputs (every signature input must be given once).
+ * On success *out holds every signature output, owned by the caller. */
+kiln_status kiln_session_run(kiln_session *s, const kiln_named_tensor *inputs, int n_inputs,
+                             kiln_outputs **out);
+int kiln_outputs_count(const kiln_outputs *o);
+const char *kiln_outputs_name(const kiln_outputs *o, int i);
+const kiln_tensor *kiln_outputs_get(const kiln_outputs *o, int i);
+/* Take ownership of output i (the outputs object forgets it). */
+kiln_tensor *kiln_outputs_take(kiln_outputs *o, int i);
+void kiln_outputs_free(kiln_outputs *o);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,371 @@
+/*
+ * kiln.c - the public API (include/kiln/kiln.h) over importers and the
+ * executor.
+ *
+ * A model is immutable once loaded; a session is a model plus a chosen
+ * signature and options. kiln_session_run validates the inputs against
+ * the signature, runs the executor, and hands the outputs to the caller.
+ */
+#define _GNU_SOURCE
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "core/fileio.h"
+#include "core/tensor.h"
+#include "exec/exec.h"
+#include "import/model.h"
+
+struct kiln_session {
+    struct kiln_model *model;
+    const struct kiln_signature *sig;
+    kiln_session_options opts;
+};
+
+struct kiln_outputs {
+    int n;
+    const char **names;   /* borrowed from the model's signature */
+    kiln_tensor **tensors;
+};
+
+/* ---- models ---- */
+
+static void model_free(struct kiln_model *m)
+{
+    if (!m) return;
+    kiln_graph_free(m->graph);
+    if (m->proto_free && m->proto) m->proto_free(m->proto);
+    for (int i = 0; i < m->n_maps; i++) kiln_file_unmap(&m->maps[i]);
+    free(m->maps);
+    free(m);
+}
+
+void kiln_model_free(kiln_model *m) { model_free(m); }
+
+static bool has_suffix(const char *s, const char *suf)
+{
+    size_t a = strlen(s), b = strlen(suf);
+    return a >= b && strcmp(s + a - b, suf) == 0;
+}
+
+static kiln_status load_onnx_file(const char *path, struct kiln_model *m)
+{
+    struct kiln_file_map map;
+    kiln_status st = kiln_file_map(path, &map);
+    if (st != KILN_OK) return st;
+    /* the model's folder, for external data */
+    char *dir = strdup(path);
+    if (!dir) {
+        kiln_file_unmap(&map);
+        return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory");
+    }
+    char *slash = strrchr(dir, '/');
+    if (slash == dir) slash[1] = '\0';
+    else if (slash) *slash = '\0';
+    else strcpy(dir, ".");
+    st = kiln_onnx_load(map.data, map.size, dir, m);
+    free(dir);
+    /* protobuf-c copied what it kept; the file mapping can go */
+    kiln_file_unmap(&map);
+    if (st != KILN_OK) kiln_error_wrap(st, "%s", path);
+    return st;
+}
+
+kiln_status kiln_model_load(const char *path, const kiln_load_options *opts, kiln_model **out)
+{
+    if (!path || !out) return kiln_error(KILN_ERR_INVALID_ARGUMENT, "kiln_model_load: NULL argument");
+    *out = NULL;
+    struct kiln_model *m = calloc(1, sizeof *m);
+    if (!m) return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory");
+    kiln_format fmt = opts ? opts->format : KILN_FORMAT_AUTO;
+    struct stat stt;
+    if (stat(path, &stt) != 0) {
+        free(m);
+        return kiln_error(KILN_ERR_NOT_FOUND, "model '%s' does not exist", path);
+    }
+    kiln_status st;
+    if (S_ISDIR(stt.st_mode)) {
+        /* a model folder: model.onnx, or a SavedModel */
+        char buf[4096];
+        snprintf(buf, sizeof buf, "%s/model.onnx", path);
+        if ((fmt == KILN_FORMAT_AUTO || fmt == KILN_FORMAT_ONNX) && access(buf, F_OK) == 0) {
+            st = load_onnx_file(buf, m);
+        } else {
+            snprintf(buf, sizeof buf, "%s/saved_model.pb", path);
+            char buf2[4096];
+            snprintf(buf2, sizeof buf2, "%s/saved_model.pbtxt", path);
+            if (access(buf, F_OK) == 0 || access(buf2, F_OK) == 0)
+                st = kiln_error(KILN_ERR_UNSUPPORTED,
+                                "'%s' is a TensorFlow SavedModel; SavedModel import is not "
+                                "implemented yet",
+                                path);
+            else
+                st = kiln_error(KILN_ERR_NOT_FOUND,
+                                "folder '%s' holds no model.onnx or saved_model.pb", path);
+        }
+    } else if (fmt == KILN_FORMAT_SAVEDMODEL) {
+        st = kiln_error(KILN_ERR_INVALID_ARGUMENT, "a SavedModel is a folder; '%s' is a file", path);
+    } else {
+        if (fmt == KILN_FORMAT_AUTO && !has_suffix(path, ".onnx") && !has_suffix(path, ".pb")) {
+            /* no telling suffix: ONNX is the only single-file format today */
+        }
+        st = load_onnx_file(path, m);
+    }
+    if (st != KILN_OK) {
+        model_free(m);
+        return st;
+    }
+    *out = m;
+    return KILN_OK;
+}
+
+kiln_status kiln_model_load_memory(const void *data, size_t size, const kiln_load_options *opts,
+                                   kiln_model **out)
+{
+    if (!out || (!data && size)) return kiln_error(KILN_ERR_INVALID_ARGUMENT, "kiln_model_load_memory: NULL argument");
+    *out = NULL;
+    if (opts && opts->format == KILN_FORMAT_SAVEDMODEL)
+        return kiln_error(KILN_ERR_UNSUPPORTED, "SavedModels load from a folder, not from memory");
+    struct kiln_model *m = calloc(1, sizeof *m);
+    if (!m) return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory");
+    kiln_status st = kiln_onnx_load(data ? data : "", size, NULL, m);
+    if (st != KILN_OK) {
+        model_free(m);
+        return st;
+    }
+    *out = m;
+    return KILN_OK;
+}
+
+const char *kiln_model_format(const kiln_model *m) { return m->format; }
+
+int kiln_model_signature_count(const kiln_model *m) { return m->n_signatures; }
+
+const kiln_signature *kiln_model_signature(const kiln_model *m, int i)
+{
+    return i >= 0 && i < m->n_signatures ? &m->signatures[i] : NULL;
+}
+
+const kiln_signature *kiln_model_find_signature(const kiln_model *m, const char *name)
+{
+    if (!name) return m->n_signatures ? &m->signatures[m->default_signature] : NULL;
+    for (int i = 0; i < m->n_signatures; i++)
+        if (strcmp(m->signatures[i].name, name) == 0) return &m->signatures[i];
+    return NULL;
+}
+
+const char *kiln_signature_name(const kiln_signature *s) { return s->name; }
+const char *kiln_signature_method(const kiln_signature *s) { return s->method; }
+int kiln_signature_input_count(const kiln_signature *s) { return s->n_inputs; }
+int kiln_signature_output_count(const kiln_signature *s) { return s->n_outputs; }
+
+const kiln_value_info *kiln_signature_input(const kiln_signature *s, int i)
+{
+    return i >= 0 && i < s->n_inputs ? &s->inputs[i] : NULL;
+}
+
+const kiln_value_info *kiln_signature_output(const kiln_signature *s, int i)
+{
+    return i >= 0 && i < s->n_outputs ? &s->outputs[i] : NULL;
+}
+
+void kiln_model_get_stats(const kiln_model *m, kiln_model_stats *out) { *out = m->stats; }
+
+int kiln_model_opset_count(const kiln_model *m) { return m->n_opsets; }
+
+void kiln_model_opset(const kiln_model *m, int i, const char **domain, int64_t *version)
+{
+    *domain = i >= 0 && i < m->n_opsets ? m->opset_domain[i] : "";
+    *version = i >= 0 && i < m->n_opsets ? m->opset_version[i] : 0;
+}
+
+int kiln_model_op_kinds(const kiln_model *m) { return m->n_op_kinds; }
+
+void kiln_model_op_kind(const kiln_model *m, int i, const char **op, int *count)
+{
+    *op = i >= 0 && i < m->n_op_kinds ? m->op_kind_name[i] : "";
+    *count = i >= 0 && i < m->n_op_kinds ? m->op_kind_count[i] : 0;
+}
+
+/* ---- sessions ---- */
+
+void kiln_session_options_init(kiln_session_options *o)
+{
+    memset(o, 0, sizeof *o);
+    o->threads = 0;
+    o->optimize = 1;
+}
+
+kiln_status kiln_session_create(kiln_model *m, const char *signature,
+                                const kiln_session_options *opts, kiln_session **out)
+{
+    if (!m || !out) return kiln_error(KILN_ERR_INVALID_ARGUMENT, "kiln_session_create: NULL argument");
+    *out = NULL;
+    const struct kiln_signature *sig = kiln_model_find_signature(m, signature);
+    if (!sig) {
+        char names[512] = "";
+        size_t k = 0;
+        for (int i = 0; i < m->n_signatures && k < sizeof names; i++)
+            k += (size_t)snprintf(names + k, sizeof names - k, "%s'%s'", i ? ", " : "",
+                                  m->signatures[i].name);
+        return kiln_error(KILN_ERR_NOT_FOUND, "signature '%s' not found; the model has %s",
+                          signature ? signature : "(default)", names[0] ? names : "none");
+    }
+    struct kiln_session *s = calloc(1, sizeof *s);
+    if (!s) return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory");
+    s->model = m;
+    s->sig = sig;
+    if (opts) s->opts = *opts;
+    else kiln_session_options_init(&s->opts);
+    *out = s;
+    return KILN_OK;
+}
+
+void kiln_session_free(kiln_session *s) { free(s); }
+
+const kiln_signature *kiln_session_signature(const kiln_session *s) { return s->sig; }
+
+/* Check a caller's tensor against the signature's declared type. */
+static kiln_status check_input(const kiln_value_info *vi, const kiln_tensor *t)
+{
+    char a[160], b[160];
+    if (!t) return kiln_error(KILN_ERR_INVALID_ARGUMENT, "input '%s' is NULL", vi->name);
+    if ((unsigned)t->dtype >= KILN_DTYPE_COUNT || t->dtype == KILN_DTYPE_UNDEFINED ||
+        t->rank < 0 || t->rank > KILN_MAX_RANK)
+        return kiln_error(KILN_ERR_INVALID_ARGUMENT, "input '%s' is not a valid tensor", vi->name);
+    if (vi->dtype != KILN_DTYPE_UNDEFINED && t->dtype != vi->dtype)
+        return kiln_error(KILN_ERR_INVALID_ARGUMENT, "input '%s' must be %s, got %s", vi->name,
+                          kiln_dtype_name(vi->dtype), kiln_dtype_name(t->dtype));
+    int64_t n = kiln_shape_count(t->rank, t->dims);
+    if (n < 0 || (t->dtype != KILN_DTYPE_STRING && (size_t)n * kiln_dtype_size(t->dtype) != t->nbytes) ||
+        (n > 0 && !t->data))
+        return kiln_error(KILN_ERR_INVALID_ARGUMENT,
+                          "input '%s': shape %s does not match its %zu data bytes", vi->name,
+                          kiln_shape_str(t->rank, t->dims, a, sizeof a), t->nbytes);
+    if (vi->rank >= 0) {
+        bool ok = vi->rank == t->rank;
+        for (int i = 0; ok && i < vi->rank; i++) ok = vi->dims[i] < 0 || vi->dims[i] == t->dims[i];
+        if (!ok) {
+            size_t k = 0;
+            k += (size_t)snprintf(b + k, sizeof b - k, "[");
+            for (int i = 0; i < vi->rank && k < sizeof b; i++) {
+                if (vi->dims[i] >= 0)
+                    k += (size_t)snprintf(b + k, sizeof b - k, i ? ",%lld" : "%lld",
+                                          (long long)vi->dims[i]);
+                else
+                    k += (size_t)snprintf(b + k, sizeof b - k, i ? ",%s" : "%s",
+                                          vi->dim_names[i] ? vi->dim_names[i] : "?");
+            }
+            if (k < sizeof b) snprintf(b + k, sizeof b - k, "]");
+            return kiln_error(KILN_ERR_INVALID_ARGUMENT, "input '%s' must have shape %s, got %s",
+                              vi->name, b, kiln_shape_str(t->rank, t->dims, a, sizeof a));
+        }
+    }
+    return KILN_OK;
+}
+
+kiln_status kiln_session_run(kiln_session *s, const kiln_named_tensor *inputs, int n_inputs,
+                             kiln_outputs **out)
+{
+    if (!s || !out || (n_inputs > 0 && !inputs))
+        return kiln_error(KILN_ERR_INVALID_ARGUMENT, "kiln_session_run: NULL argument");
+    *out = NULL;
+    const struct kiln_signature *sig = s->sig;
+    const struct kiln_graph *g = sig->graph;
+    kiln_status st = KILN_OK;
+    kiln_tensor **gin = calloc((size_t)g->n_inputs + 1, sizeof *gin);
+    kiln_tensor **gout = calloc((size_t)g->n_outputs + 1, sizeof *gout);
+    struct kiln_outputs *o = calloc(1, sizeof *o);
+    if (!gin || !gout || !o) {
+        st = kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory");
+        goto fail;
+    }
+    for (int i = 0; i < n_inputs; i++) {
+        const char *name = inputs[i].name ? inputs[i].name : "";
+        int k = -1;
+        for (int j = 0; j < sig->n_inputs; j++)
+            if (strcmp(sig->inputs[j].name, name) == 0) k = j;
+        if (k < 0) {
+            st = kiln_error(KILN_ERR_INVALID_ARGUMENT, "'%s' is not an input of signature '%s'",
+                            name, sig->name);
+            goto fail;
+        }
+        /* map the signature input to the graph input slot */
+        int slot = -1;
+        for (int j = 0; j < g->n_inputs; j++)
+            if (g->inputs[j] == sig->input_values[k]) slot = j;
+        if (slot < 0) {
+            st = kiln_error(KILN_ERR_INTERNAL, "signature input '%s' is not a graph input", name);
+            goto fail;
+        }
+        if (gin[slot]) {
+            st = kiln_error(KILN_ERR_INVALID_ARGUMENT, "input '%s' is given twice", name);
+            goto fail;
+        }
+        if ((st = check_input(&sig->inputs[k], inputs[i].tensor)) != KILN_OK) goto fail;
+        gin[slot] = (kiln_tensor *)inputs[i].tensor;
+    }
+    for (int j = 0; j < g->n_inputs; j++)
+        if (!gin[j]) {
+            st = kiln_error(KILN_ERR_INVALID_ARGUMENT, "input '%s' is missing",
+                            g->values[g->inputs[j]].name);
+            goto fail;
+        }
+    st = kiln_exec_run(g, NULL, gin, gout);
+    if (st != KILN_OK) goto fail;
+    o->n = sig->n_outputs;
+    o->names = calloc((size_t)o->n + 1, sizeof *o->names);
+    o->tensors = calloc((size_t)o->n + 1, sizeof *o->tensors);
+    if (!o->names || !o->tensors) {
+        st = kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory");
+        goto fail;
+    }
+    for (int i = 0; i < o->n; i++) {
+        o->names[i] = sig->outputs[i].name;
+        for (int j = 0; j < g->n_outputs; j++)
+            if (gout[j] && g->outputs[j] == sig->output_values[i]) {
+                o->tensors[i] = gout[j];
+                gout[j] = NULL;
+                break;
+            }
+        if (!o->tensors[i]) {
+            st = kiln_error(KILN_ERR_INTERNAL, "signature output '%s' was not produced", o->names[i]);
+            goto fail;
+        }
+    }
+    for (int j = 0; j < g->n_outputs; j++) kiln_tensor_free(gout[j]);
+    free(gin);
+    free(gout);
+    *out = o;
+    return KILN_OK;
+fail:
+    if (gout)
+        for (int j = 0; j < g->n_outputs; j++) kiln_tensor_free(gout[j]);
+    free(gin);
+    free(gout);
+    kiln_outputs_free(o);
+    return st;
+}
+
+int kiln_outputs_count(const kiln_outputs *o) { return o->n; }
+const char *kiln_outputs_name(const kiln_outputs *o, int i) { return i >= 0 && i < o->n ? o->names[i] : NULL; }
+const kiln_tensor *kiln_outputs_get(const kiln_outputs *o, int i) { return i >= 0 && i < o->n ? o->tensors[i] : NULL; }
+
+kiln_tensor *kiln_outputs_take(kiln_outputs *o, int i)
+{
+    if (i < 0 || i >= o->n) return NULL;
+    kiln_tensor *t = o->tensors[i];
+    o->tensors[i] = NULL;
+    return t;
+}
+
+void kiln_outputs_free(kiln_outputs *o)
+{
+    if (!o) return;
+    if (o->tensors)
+        for (int i = 0; i < o->n; i++) kiln_tensor_free(o->tensors[i]);
+    free(o->tensors);
+    free(o->names);
+    free(o);
+}

@@ -1,0 +1,26 @@
+/*
+ * fileio.h - read-only file mapping.
+ *
+ * Model weights are mapped, not copied: kiln_file_map maps a whole file
+ * (or reads it when mapping is impossible) and the mapping lives until
+ * kiln_file_unmap.
+ */
+#ifndef KILN_CORE_FILEIO_H
+#define KILN_CORE_FILEIO_H
+
+#include <stddef.h>
+
+#include "core/status.h"
+
+struct kiln_file_map {
+    const void *data;
+    size_t size;
+    int mapped;  /* 1: munmap, 0: free */
+};
+
+kiln_status kiln_file_map(const char *path, struct kiln_file_map *out);
+/* Map an already open descriptor (it is not closed). */
+kiln_status kiln_file_map_fd(int fd, const char *path_for_errors, struct kiln_file_map *out);
+void kiln_file_unmap(struct kiln_file_map *m);
+
+#endif

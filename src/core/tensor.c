@@ -1,0 +1,238 @@
+/*
+ * tensor.c - tensor allocation and shape utilities.
+ */
+#include "core/tensor.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/dtype.h"
+
+int64_t kiln_shape_count(int rank, const int64_t *dims)
+{
+    int64_t n = 1;
+    for (int i = 0; i < rank; i++) {
+        if (dims[i] < 0) return -1;
+        if (dims[i] == 0) n = 0;
+        else if (n > KILN_TENSOR_MAX_BYTES / dims[i]) return -1;
+        else n *= dims[i];
+    }
+    /* a zero dim makes the count 0 even if another dim was huge */
+    for (int i = 0; i < rank; i++)
+        if (dims[i] == 0) return 0;
+    return n;
+}
+
+static kiln_status tensor_alloc(kiln_dtype dt, int rank, const int64_t *dims, kiln_tensor **out)
+{
+    if ((unsigned)dt >= KILN_DTYPE_COUNT || dt == KILN_DTYPE_UNDEFINED)
+        return kiln_error(KILN_ERR_INVALID_ARGUMENT, "tensor dtype %d is not valid", (int)dt);
+    if (rank < 0 || rank > KILN_MAX_RANK)
+        return kiln_error(KILN_ERR_UNSUPPORTED, "tensor rank %d exceeds Kiln's maximum of %d",
+                          rank, KILN_MAX_RANK);
+    int64_t n = kiln_shape_count(rank, dims);
+    char buf[160];
+    if (n < 0)
+        return kiln_error(KILN_ERR_INVALID_ARGUMENT,
+                          "tensor shape %s is negative or too large",
+                          kiln_shape_str(rank, dims, buf, sizeof buf));
+    size_t es = kiln_dtype_size(dt);
+    if ((int64_t)es * n > KILN_TENSOR_MAX_BYTES)
+        return kiln_error(KILN_ERR_OUT_OF_MEMORY, "tensor %s of %s would exceed %lld bytes",
+                          kiln_shape_str(rank, dims, buf, sizeof buf), kiln_dtype_name(dt),
+                          (long long)KILN_TENSOR_MAX_BYTES);
+    kiln_tensor *t = calloc(1, sizeof *t);
+    if (!t) return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory allocating a tensor");
+    t->dtype = dt;
+    t->rank = rank;
+    for (int i = 0; i < rank; i++) t->dims[i] = dims[i];
+    t->nbytes = es * (size_t)n;
+    /* never a zero-size malloc: keep data non-NULL and aligned */
+    size_t padded = (t->nbytes + 63) & ~(size_t)63;
+    t->data = aligned_alloc(64, padded ? padded : 64);
+    if (!t->data) {
+        free(t);
+        return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory allocating %zu bytes",
+                          (size_t)es * n);
+    }
+    memset(t->data, 0, t->nbytes);
+    t->owns_data = 1;
+    *out = t;
+    return KILN_OK;
+}
+
+kiln_status kiln_tensor_new(kiln_dtype dt, int rank, const int64_t *dims, kiln_tensor **out)
+{
+    return tensor_alloc(dt, rank, dims, out);
+}
+
+kiln_status kiln_tensor_create(kiln_dtype dt, int rank, const int64_t *dims, kiln_tensor **out)
+{
+    if (!out || (rank > 0 && !dims))
+        return kiln_error(KILN_ERR_INVALID_ARGUMENT, "kiln_tensor_create: NULL argument");
+    return tensor_alloc(dt, rank, dims, out);
+}
+
+kiln_status kiln_tensor_wrap(kiln_dtype dt, int rank, const int64_t *dims, void *data,
+                             size_t nbytes, kiln_tensor **out)
+{
+    if (!out || (rank > 0 && !dims))
+        return kiln_error(KILN_ERR_INVALID_ARGUMENT, "kiln_tensor_wrap: NULL argument");
+    if ((unsigned)dt >= KILN_DTYPE_COUNT || dt == KILN_DTYPE_UNDEFINED)
+        return kiln_error(KILN_ERR_INVALID_ARGUMENT, "tensor dtype %d is not valid", (int)dt);
+    if (rank < 0 || rank > KILN_MAX_RANK)
+        return kiln_error(KILN_ERR_UNSUPPORTED, "tensor rank %d exceeds Kiln's maximum of %d",
+                          rank, KILN_MAX_RANK);
+    int64_t n = kiln_shape_count(rank, dims);
+    if (n < 0 || (uint64_t)n * kiln_dtype_size(dt) != nbytes) {
+        char buf[160];
+        return kiln_error(KILN_ERR_INVALID_ARGUMENT,
+                          "tensor %s of %s needs %lld bytes, %zu given",
+                          kiln_shape_str(rank, dims, buf, sizeof buf), kiln_dtype_name(dt),
+                          (long long)(n < 0 ? -1 : n * (int64_t)kiln_dtype_size(dt)), nbytes);
+    }
+    kiln_tensor *t = calloc(1, sizeof *t);
+    if (!t) return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory allocating a tensor");
+    t->dtype = dt;
+    t->rank = rank;
+    for (int i = 0; i < rank; i++) t->dims[i] = dims[i];
+    t->data = data;
+    t->nbytes = nbytes;
+    t->owns_data = 0;
+    *out = t;
+    return KILN_OK;
+}
+
+kiln_status kiln_tensor_set_string(kiln_tensor *t, size_t i, const char *bytes, size_t len)
+{
+    if (!t || t->dtype != KILN_DTYPE_STRING || (int64_t)i >= kiln_tensor_count(t))
+        return kiln_error(KILN_ERR_INVALID_ARGUMENT,
+                          "kiln_tensor_set_string: not a string tensor or index %zu out of range",
+                          i);
+    kiln_string *s = &((kiln_string *)t->data)[i];
+    char *copy = malloc(len + 1);
+    if (!copy) return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory copying a string");
+    if (len) memcpy(copy, bytes, len);
+    copy[len] = '\0';
+    if (t->owns_data) free(s->data);
+    s->data = copy;
+    s->len = len;
+    return KILN_OK;
+}
+
+int64_t kiln_tensor_count(const kiln_tensor *t)
+{
+    int64_t n = 1;
+    for (int i = 0; i < t->rank; i++) n *= t->dims[i];
+    return n;
+}
+
+void kiln_tensor_free(kiln_tensor *t)
+{
+    if (!t) return;
+    if (t->owns_data) {
+        if (t->dtype == KILN_DTYPE_STRING && t->data) {
+            int64_t n = kiln_tensor_count(t);
+            kiln_string *s = t->data;
+            for (int64_t i = 0; i < n; i++) free(s[i].data);
+        }
+        free(t->data);
+    }
+    free(t);
+}
+
+kiln_status kiln_tensor_new_like(const kiln_tensor *t, kiln_tensor **out)
+{
+    return tensor_alloc(t->dtype, t->rank, t->dims, out);
+}
+
+kiln_status kiln_tensor_clone(const kiln_tensor *t, kiln_tensor **out)
+{
+    kiln_tensor *c;
+    kiln_status st = tensor_alloc(t->dtype, t->rank, t->dims, &c);
+    if (st != KILN_OK) return st;
+    if (t->dtype == KILN_DTYPE_STRING) {
+        int64_t n = kiln_tensor_count(t);
+        const kiln_string *s = t->data;
+        for (int64_t i = 0; i < n; i++) {
+            st = kiln_tensor_set_string(c, (size_t)i, s[i].data ? s[i].data : "", s[i].len);
+            if (st != KILN_OK) {
+                kiln_tensor_free(c);
+                return st;
+            }
+        }
+    } else if (t->nbytes) {
+        memcpy(c->data, t->data, t->nbytes);
+    }
+    *out = c;
+    return KILN_OK;
+}
+
+kiln_status kiln_tensor_scalar_i64(kiln_dtype dt, int64_t v, kiln_tensor **out)
+{
+    kiln_status st = tensor_alloc(dt, 0, NULL, out);
+    if (st == KILN_OK) kiln_set_i64(dt, (*out)->data, 0, v);
+    return st;
+}
+
+void kiln_shape_strides(int rank, const int64_t *dims, int64_t *strides)
+{
+    int64_t s = 1;
+    for (int i = rank - 1; i >= 0; i--) {
+        strides[i] = s;
+        s *= dims[i];
+    }
+}
+
+bool kiln_shape_broadcast(int ra, const int64_t *a, int rb, const int64_t *b, int *rout,
+                          int64_t *out)
+{
+    int r = ra > rb ? ra : rb;
+    if (r > KILN_MAX_RANK) return false;
+    for (int i = 0; i < r; i++) {
+        int64_t da = i < r - ra ? 1 : a[i - (r - ra)];
+        int64_t db = i < r - rb ? 1 : b[i - (r - rb)];
+        if (da == db || db == 1) out[i] = da;
+        else if (da == 1) out[i] = db;
+        else return false;
+    }
+    *rout = r;
+    return true;
+}
+
+void kiln_broadcast_strides(int rin, const int64_t *din, int rout, const int64_t *dout,
+                            int64_t *strides)
+{
+    int64_t s = 1;
+    for (int i = rout - 1; i >= 0; i--) {
+        int j = i - (rout - rin);
+        if (j < 0 || din[j] == 1 || dout[i] == 0) {
+            strides[i] = 0;
+            if (j >= 0) s *= din[j];
+        } else {
+            strides[i] = s;
+            s *= din[j];
+        }
+    }
+}
+
+const char *kiln_shape_str(int rank, const int64_t *dims, char *buf, size_t n)
+{
+    size_t k = 0;
+    k += (size_t)snprintf(buf + k, k < n ? n - k : 0, "[");
+    for (int i = 0; i < rank && k < n; i++)
+        k += (size_t)snprintf(buf + k, k < n ? n - k : 0, i ? ",%lld" : "%lld",
+                              (long long)dims[i]);
+    if (k < n) snprintf(buf + k, n - k, "]");
+    return buf;
+}
+
+int64_t kiln_tensor_i64(const kiln_tensor *t, int64_t i)
+{
+    return kiln_get_i64(t->dtype, t->data, i);
+}
+
+double kiln_tensor_f64(const kiln_tensor *t, int64_t i)
+{
+    return kiln_get_f64(t->dtype, t->data, i);
+}

@@ -1,0 +1,45 @@
+/*
+ * tensor.h - internal tensor helpers: checked element counts, allocation,
+ * shape utilities shared by importers, the executor and kernels.
+ */
+#ifndef KILN_CORE_TENSOR_H
+#define KILN_CORE_TENSOR_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "core/status.h"
+
+/* Largest tensor Kiln will allocate (bytes): a bound on what a model or
+ * request can make us allocate. */
+#define KILN_TENSOR_MAX_BYTES ((int64_t)1 << 36)
+
+/* Element count of dims[0..rank), or -1 if a dim is negative or it overflows
+ * KILN_TENSOR_MAX_BYTES worth of elements. */
+int64_t kiln_shape_count(int rank, const int64_t *dims);
+
+/* Allocate a tensor of the given shape with zeroed data (owned). */
+kiln_status kiln_tensor_new(kiln_dtype dt, int rank, const int64_t *dims, kiln_tensor **out);
+/* Allocate a tensor with the same dtype and shape as t (zeroed). */
+kiln_status kiln_tensor_new_like(const kiln_tensor *t, kiln_tensor **out);
+/* Deep copy. */
+kiln_status kiln_tensor_clone(const kiln_tensor *t, kiln_tensor **out);
+/* A scalar (rank 0) tensor. */
+kiln_status kiln_tensor_scalar_i64(kiln_dtype dt, int64_t v, kiln_tensor **out);
+
+/* Row-major strides (in elements) of a shape. */
+void kiln_shape_strides(int rank, const int64_t *dims, int64_t *strides);
+/* Numpy-style broadcast of two shapes; false if incompatible. */
+bool kiln_shape_broadcast(int ra, const int64_t *a, int rb, const int64_t *b, int *rout,
+                          int64_t *out);
+/* Strides of `in` (rank rin) broadcast to rank rout: 0 where the input dim is 1 or missing. */
+void kiln_broadcast_strides(int rin, const int64_t *din, int rout, const int64_t *dout,
+                            int64_t *strides);
+/* Format a shape as "[2,3,4]" into buf. */
+const char *kiln_shape_str(int rank, const int64_t *dims, char *buf, size_t n);
+
+/* Read element i of an integer tensor as int64 (any int dtype). */
+int64_t kiln_tensor_i64(const kiln_tensor *t, int64_t i);
+double kiln_tensor_f64(const kiln_tensor *t, int64_t i);
+
+#endif

@@ -1,0 +1,234 @@
+/*
+ * control.c - control-flow ops: If, Loop and Scan.
+ *
+ * These kernels run their graph attributes with kiln_exec_run in a child
+ * frame of the node's frame, so the bodies can read captured values.
+ * All three are DYNOUT: outputs take the shapes the bodies produce.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "exec/exec.h"
+
+#define LOOP_MAX_ITERATIONS ((int64_t)1 << 24) /* bound for loops without a trip count */
+
+static const struct kiln_graph *graph_attr(const struct kiln_node *n, const char *name)
+{
+    const struct kiln_attr *a = kiln_node_attr(n, name);
+    return a && a->type == KILN_ATTR_GRAPH ? a->g : NULL;
+}
+
+/* ---- If ---- */
+
+static kiln_status if_infer(struct kiln_infer_ctx *ctx)
+{
+    const struct kiln_graph *tg = graph_attr(ctx->node, "then_branch");
+    const struct kiln_graph *eg = graph_attr(ctx->node, "else_branch");
+    if (!tg || !eg)
+        return kiln_node_error(ctx->node, KILN_ERR_INVALID_MODEL,
+                               "needs graph attributes then_branch and else_branch");
+    if (tg->n_outputs != ctx->n_out || eg->n_outputs != ctx->n_out)
+        return kiln_node_error(ctx->node, KILN_ERR_INVALID_MODEL,
+                               "has %d outputs but then_branch has %d and else_branch %d",
+                               ctx->n_out, tg->n_outputs, eg->n_outputs);
+    for (int k = 0; k < ctx->n_out; k++) {
+        if (!ctx->out[k]) continue;
+        const struct kiln_type *a = &tg->values[tg->outputs[k]].type;
+        const struct kiln_type *b = &eg->values[eg->outputs[k]].type;
+        kiln_type_unknown(ctx->out[k]);
+        ctx->out[k]->dtype = a->dtype ? a->dtype : b->dtype;
+        if (a->rank >= 0 && a->rank == b->rank) {
+            ctx->out[k]->rank = a->rank;
+            for (int i = 0; i < a->rank; i++)
+                ctx->out[k]->dims[i] = a->dims[i] == b->dims[i] ? a->dims[i] : -1;
+        }
+    }
+    return KILN_OK;
+}
+
+static kiln_status if_run(struct kiln_run_ctx *ctx)
+{
+    const kiln_tensor *c = ctx->in[0];
+    if (kiln_tensor_count(c) != 1)
+        return kiln_node_error(ctx->node, KILN_ERR_RUNTIME,
+                               "condition must have one element, got %lld",
+                               (long long)kiln_tensor_count(c));
+    bool cond = kiln_tensor_f64(c, 0) != 0;
+    const struct kiln_graph *g = graph_attr(ctx->node, cond ? "then_branch" : "else_branch");
+    if (!g || g->n_outputs != ctx->n_out)
+        return kiln_node_error(ctx->node, KILN_ERR_INVALID_MODEL, "branch outputs do not match");
+    return kiln_exec_run(g, ctx->frame, NULL, ctx->out);
+}
+
+KILN_REF_OP(If, if_infer, if_run);
+
+/* ---- Loop ---- */
+
+static kiln_status loop_infer(struct kiln_infer_ctx *ctx)
+{
+    const struct kiln_graph *body = graph_attr(ctx->node, "body");
+    if (!body) return kiln_node_error(ctx->node, KILN_ERR_INVALID_MODEL, "needs graph attribute body");
+    int n_carried = ctx->n_in - 2;
+    if (body->n_inputs != n_carried + 2 || body->n_outputs < n_carried + 1 ||
+        ctx->n_out != body->n_outputs - 1)
+        return kiln_node_error(ctx->node, KILN_ERR_INVALID_MODEL,
+                               "body has %d inputs and %d outputs; with %d loop-carried values it "
+                               "needs %d inputs and the node %d outputs",
+                               body->n_inputs, body->n_outputs, n_carried, n_carried + 2,
+                               body->n_outputs - 1);
+    for (int k = 0; k < ctx->n_out; k++) {
+        if (!ctx->out[k]) continue;
+        kiln_type_unknown(ctx->out[k]);
+        const struct kiln_type *bt = &body->values[body->outputs[k + 1]].type;
+        ctx->out[k]->dtype = bt->dtype;
+        if (k < n_carried && ctx->in[k + 2]) ctx->out[k]->dtype = ctx->in[k + 2]->dtype;
+    }
+    return KILN_OK;
+}
+
+/* Stack per-iteration tensors along a new axis 0. */
+static kiln_status stack(const struct kiln_node *n, kiln_tensor **items, int64_t count,
+                         const struct kiln_type *declared, kiln_tensor **out)
+{
+    int64_t dims[KILN_MAX_RANK];
+    if (count == 0) {
+        /* no iterations: shape [0, ...] from the body's declared type */
+        int r = declared->rank > 0 && declared->rank < KILN_MAX_RANK ? declared->rank : 0;
+        dims[0] = 0;
+        for (int i = 0; i < r; i++) dims[i + 1] = declared->dims[i] > 0 ? declared->dims[i] : 0;
+        kiln_dtype dt = declared->dtype ? declared->dtype : KILN_DTYPE_F32;
+        return kiln_tensor_new(dt, r + 1, dims, out);
+    }
+    const kiln_tensor *f = items[0];
+    if (f->rank + 1 > KILN_MAX_RANK)
+        return kiln_node_error(n, KILN_ERR_UNSUPPORTED, "scan output rank too large");
+    for (int64_t i = 1; i < count; i++) {
+        if (items[i]->dtype != f->dtype || items[i]->rank != f->rank ||
+            memcmp(items[i]->dims, f->dims, sizeof(int64_t) * (size_t)f->rank) != 0)
+            return kiln_node_error(n, KILN_ERR_RUNTIME,
+                                   "scan output changes shape or type between iterations");
+    }
+    dims[0] = count;
+    for (int i = 0; i < f->rank; i++) dims[i + 1] = f->dims[i];
+    kiln_status st = kiln_tensor_new(f->dtype, f->rank + 1, dims, out);
+    if (st != KILN_OK) return st;
+    int64_t per = kiln_tensor_count(f);
+    for (int64_t i = 0; i < count; i++) {
+        if (f->dtype == KILN_DTYPE_STRING) {
+            const kiln_string *s = items[i]->data;
+            for (int64_t j = 0; j < per; j++) {
+                st = kiln_tensor_set_string(*out, (size_t)(i * per + j), s[j].data ? s[j].data : "",
+                                            s[j].len);
+                if (st != KILN_OK) return st;
+            }
+        } else if (f->nbytes) {
+            memcpy((char *)(*out)->data + (size_t)i * f->nbytes, items[i]->data, f->nbytes);
+        }
+    }
+    return KILN_OK;
+}
+
+static kiln_status loop_run(struct kiln_run_ctx *ctx)
+{
+    const struct kiln_node *n = ctx->node;
+    const struct kiln_graph *body = graph_attr(n, "body");
+    int n_carried = ctx->n_in - 2;
+    int n_scan = body->n_outputs - 1 - n_carried;
+    int64_t max_trip = LOOP_MAX_ITERATIONS;
+    bool bounded = false;
+    if (ctx->in[0]) {
+        max_trip = kiln_tensor_i64(ctx->in[0], 0);
+        bounded = true;
+        if (max_trip < 0) max_trip = 0;
+    }
+    bool cond = ctx->in[1] ? kiln_tensor_f64(ctx->in[1], 0) != 0 : true;
+    kiln_status st = KILN_OK;
+    kiln_tensor **carried = calloc((size_t)n_carried + 1, sizeof *carried);
+    kiln_tensor **bin = calloc((size_t)n_carried + 3, sizeof *bin);
+    kiln_tensor **bout = calloc((size_t)body->n_outputs + 1, sizeof *bout);
+    kiln_tensor ***scans = calloc((size_t)n_scan + 1, sizeof *scans);
+    int64_t iters = 0, cap = 0;
+    kiln_tensor *iter_t = NULL, *cond_t = NULL;
+    if (!carried || !bin || !bout || !scans) {
+        st = kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory in Loop");
+        goto out;
+    }
+    for (int k = 0; k < n_carried; k++) {
+        if (!ctx->in[k + 2]) {
+            st = kiln_node_error(n, KILN_ERR_UNSUPPORTED, "optional loop-carried inputs are not supported");
+            goto out;
+        }
+        if ((st = kiln_tensor_clone(ctx->in[k + 2], &carried[k])) != KILN_OK) goto out;
+    }
+    if ((st = kiln_tensor_scalar_i64(KILN_DTYPE_I64, 0, &iter_t)) != KILN_OK) goto out;
+    if ((st = kiln_tensor_scalar_i64(KILN_DTYPE_BOOL, cond, &cond_t)) != KILN_OK) goto out;
+    while (cond && iters < max_trip) {
+        ((int64_t *)iter_t->data)[0] = iters;
+        ((uint8_t *)cond_t->data)[0] = cond;
+        bin[0] = iter_t;
+        bin[1] = cond_t;
+        for (int k = 0; k < n_carried; k++) bin[k + 2] = carried[k];
+        st = kiln_exec_run(body, ctx->frame, bin, bout);
+        if (st != KILN_OK) {
+            kiln_error_wrap(st, "Loop node '%s' iteration %lld", n->name, (long long)iters);
+            goto out;
+        }
+        cond = kiln_tensor_count(bout[0]) > 0 && kiln_tensor_f64(bout[0], 0) != 0;
+        kiln_tensor_free(bout[0]);
+        for (int k = 0; k < n_carried; k++) {
+            kiln_tensor_free(carried[k]);
+            carried[k] = bout[k + 1];
+        }
+        if (iters == cap) {
+            cap = cap ? cap * 2 : 8;
+            for (int s = 0; s < n_scan; s++) {
+                kiln_tensor **p = realloc(scans[s], (size_t)cap * sizeof *p);
+                if (!p) {
+                    for (int s2 = 0; s2 < n_scan; s2++) kiln_tensor_free(bout[1 + n_carried + s2]);
+                    st = kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory in Loop");
+                    goto out;
+                }
+                scans[s] = p;
+            }
+        }
+        for (int s = 0; s < n_scan; s++) scans[s][iters] = bout[1 + n_carried + s];
+        iters++;
+        if (!bounded && iters >= LOOP_MAX_ITERATIONS) {
+            st = kiln_node_error(n, KILN_ERR_RUNTIME,
+                                 "ran %lld iterations without a trip count; stopping",
+                                 (long long)iters);
+            goto out;
+        }
+    }
+    for (int k = 0; k < n_carried && k < ctx->n_out; k++) {
+        ctx->out[k] = carried[k];
+        carried[k] = NULL;
+    }
+    for (int s = 0; s < n_scan && n_carried + s < ctx->n_out; s++) {
+        st = stack(n, scans[s], iters, &body->values[body->outputs[1 + n_carried + s]].type,
+                   &ctx->out[n_carried + s]);
+        if (st != KILN_OK) goto out;
+    }
+out:
+    if (carried)
+        for (int k = 0; k < n_carried; k++) kiln_tensor_free(carried[k]);
+    if (scans)
+        for (int s = 0; s < n_scan; s++) {
+            for (int64_t i = 0; i < iters && scans[s]; i++) kiln_tensor_free(scans[s][i]);
+            free(scans[s]);
+        }
+    if (st != KILN_OK)
+        for (int k = 0; k < ctx->n_out; k++) {
+            kiln_tensor_free(ctx->out[k]);
+            ctx->out[k] = NULL;
+        }
+    kiln_tensor_free(iter_t);
+    kiln_tensor_free(cond_t);
+    free(carried);
+    free(bin);
+    free(bout);
+    free(scans);
+    return st;
+}
+
+KILN_REF_OP(Loop, loop_infer, loop_run);

@@ -1,0 +1,161 @@
+/*
+ * exec.c - the reference executor.
+ */
+#include "exec/exec.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define KILN_MAX_SUBGRAPH_DEPTH 64
+
+kiln_tensor *kiln_exec_value(struct kiln_exec_frame *f, int id)
+{
+    while (f && id >= 0 && f->g->values[id].kind == KILN_VALUE_OUTER) {
+        id = f->g->values[id].outer;
+        f = f->parent;
+    }
+    if (!f || id < 0) return NULL;
+    return f->vals[id];
+}
+
+static void frame_release(struct kiln_exec_frame *f, int v)
+{
+    if (v < 0 || f->g->values[v].kind != KILN_VALUE_NODE) return;
+    if (--f->remaining[v] > 0 || f->g->values[v].captured) return;
+    if (f->owned[v]) kiln_tensor_free(f->vals[v]);
+    f->vals[v] = NULL;
+    f->owned[v] = 0;
+}
+
+static kiln_status run_node(struct kiln_exec_frame *f, const struct kiln_node *n)
+{
+    const struct kiln_op_impl *impl = kiln_op_impl(n->op);
+    if (!impl) return kiln_node_error(n, KILN_ERR_UNSUPPORTED, "no kernel for this op");
+    kiln_tensor *in[KILN_MAX_IO];
+    struct kiln_type intype[KILN_MAX_IO];
+    const struct kiln_type *inp[KILN_MAX_IO];
+    struct kiln_type outtype[KILN_MAX_IO];
+    struct kiln_type *outp[KILN_MAX_IO];
+    kiln_tensor *out[KILN_MAX_IO];
+    kiln_status st = KILN_OK;
+    for (int k = 0; k < n->n_in; k++) {
+        in[k] = NULL;
+        inp[k] = NULL;
+        if (n->in[k] < 0) continue;
+        in[k] = kiln_exec_value(f, n->in[k]);
+        if (!in[k])
+            return kiln_node_error(n, KILN_ERR_INTERNAL, "input '%s' has no value",
+                                   f->g->values[n->in[k]].name);
+        kiln_type_from_tensor(&intype[k], in[k]);
+        inp[k] = &intype[k];
+    }
+    for (int k = 0; k < n->n_out; k++) {
+        kiln_type_unknown(&outtype[k]);
+        outp[k] = &outtype[k];
+        out[k] = NULL;
+    }
+    unsigned flags = kiln_op_info(n->op)->flags;
+    if (!(flags & KILN_OPF_DYNOUT)) {
+        struct kiln_infer_ctx ictx = {n, n->n_in, inp, (const kiln_tensor *const *)in, n->n_out,
+                                      outp};
+        st = impl->infer(&ictx);
+        if (st != KILN_OK) return st;
+        for (int k = 0; k < n->n_out; k++) {
+            if (!kiln_type_is_concrete(&outtype[k])) {
+                st = kiln_node_error(n, KILN_ERR_INTERNAL,
+                                     "could not determine the shape of output %d", k);
+                goto fail;
+            }
+            st = kiln_tensor_new(outtype[k].dtype, outtype[k].rank, outtype[k].dims, &out[k]);
+            if (st != KILN_OK) {
+                kiln_error_wrap(st, "%s node '%s' output %d", n->op_type, n->name, k);
+                goto fail;
+            }
+        }
+    }
+    struct kiln_run_ctx rctx = {n, n->n_in, in, n->n_out, out, f};
+    st = impl->run(&rctx);
+    if (st != KILN_OK) goto fail;
+    for (int k = 0; k < n->n_out; k++) {
+        int v = n->out[k];
+        if (v < 0) {
+            kiln_tensor_free(out[k]);
+            out[k] = NULL;
+            continue;
+        }
+        if (!out[k]) {
+            st = kiln_node_error(n, KILN_ERR_INTERNAL, "kernel produced no output %d", k);
+            goto fail;
+        }
+        f->vals[v] = out[k];
+        f->owned[v] = 1;
+        out[k] = NULL;
+    }
+    return KILN_OK;
+fail:
+    for (int k = 0; k < n->n_out; k++) kiln_tensor_free(out[k]);
+    return st;
+}
+
+kiln_status kiln_exec_run(const struct kiln_graph *g, struct kiln_exec_frame *parent,
+                          kiln_tensor *const *inputs, kiln_tensor **outputs)
+{
+    struct kiln_exec_frame f = {.g = g, .parent = parent};
+    f.depth = parent ? parent->depth + 1 : 0;
+    if (f.depth > KILN_MAX_SUBGRAPH_DEPTH)
+        return kiln_error(KILN_ERR_UNSUPPORTED, "subgraphs nest deeper than %d levels",
+                          KILN_MAX_SUBGRAPH_DEPTH);
+    size_t nv = (size_t)g->n_values + 1;
+    f.vals = calloc(nv, sizeof *f.vals);
+    f.owned = calloc(nv, 1);
+    f.remaining = calloc(nv, sizeof *f.remaining);
+    kiln_status st = KILN_OK;
+    for (int i = 0; i < g->n_outputs; i++) outputs[i] = NULL;
+    if (!f.vals || !f.owned || !f.remaining) {
+        st = kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory starting a run");
+        goto out;
+    }
+    for (int v = 0; v < g->n_values; v++) {
+        const struct kiln_value *val = &g->values[v];
+        f.remaining[v] = val->uses;
+        if (val->kind == KILN_VALUE_CONST) f.vals[v] = val->konst;
+    }
+    for (int i = 0; i < g->n_inputs; i++) f.vals[g->inputs[i]] = inputs[i];
+    for (int oi = 0; oi < g->n_nodes; oi++) {
+        const struct kiln_node *n = &g->nodes[g->order[oi]];
+        st = run_node(&f, n);
+        if (st != KILN_OK) goto out;
+        for (int k = 0; k < n->n_in; k++) frame_release(&f, n->in[k]);
+    }
+    for (int i = 0; i < g->n_outputs; i++) {
+        int v = g->outputs[i];
+        kiln_tensor *t = kiln_exec_value(&f, v);
+        if (!t) {
+            st = kiln_error(KILN_ERR_INTERNAL, "graph output '%s' has no value", g->values[v].name);
+            goto out;
+        }
+        /* hand over owned tensors once; clone the rest (inputs, constants, repeats) */
+        bool repeat = false;
+        for (int j = 0; j < i; j++) repeat |= g->outputs[j] == v;
+        if (f.owned[v] && !repeat) {
+            outputs[i] = t;
+            f.owned[v] = 0;
+        } else {
+            st = kiln_tensor_clone(t, &outputs[i]);
+            if (st != KILN_OK) goto out;
+        }
+    }
+out:
+    if (st != KILN_OK)
+        for (int i = 0; i < g->n_outputs; i++) {
+            kiln_tensor_free(outputs[i]);
+            outputs[i] = NULL;
+        }
+    if (f.vals)
+        for (int v = 0; v < g->n_values; v++)
+            if (f.owned[v]) kiln_tensor_free(f.vals[v]);
+    free(f.vals);
+    free(f.owned);
+    free(f.remaining);
+    return st;
+}

@@ -1,0 +1,34 @@
+/*
+ * exec.h - the reference executor: runs a graph node by node.
+ *
+ * Every node's output shape is computed by its shape function on the
+ * concrete inputs, the outputs are allocated, and the reference kernel
+ * runs. Values are freed after their last use. All state lives in a
+ * frame on the caller's stack, so concurrent runs share nothing mutable.
+ * Subgraphs (If, Loop, Scan) run in child frames that read captured
+ * values through their parent frame.
+ */
+#ifndef KILN_EXEC_EXEC_H
+#define KILN_EXEC_EXEC_H
+
+#include "ir/graph.h"
+#include "kernels/kernel.h"
+
+struct kiln_exec_frame {
+    const struct kiln_graph *g;
+    struct kiln_exec_frame *parent;
+    kiln_tensor **vals;      /* current value of each value id, or NULL */
+    unsigned char *owned;    /* vals[i] is owned by this frame */
+    int *remaining;          /* uses left before vals[i] can be freed */
+    int depth;               /* subgraph nesting, bounded */
+};
+
+/* Run g with the given inputs (borrowed; one per graph input, in order).
+ * outputs[i] receives an owned tensor for each graph output. */
+kiln_status kiln_exec_run(const struct kiln_graph *g, struct kiln_exec_frame *parent,
+                          kiln_tensor *const *inputs, kiln_tensor **outputs);
+
+/* The current value of id in frame f (following captures to parents). */
+kiln_tensor *kiln_exec_value(struct kiln_exec_frame *f, int id);
+
+#endif

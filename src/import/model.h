@@ -1,0 +1,61 @@
+/*
+ * model.h - what an importer produces: a graph plus its signatures and the
+ * facts `kiln inspect` shows. Importers fill a struct kiln_model; the
+ * public API (src/api/) serves it.
+ */
+#ifndef KILN_IMPORT_MODEL_H
+#define KILN_IMPORT_MODEL_H
+
+#include "core/fileio.h"
+#include "ir/graph.h"
+
+struct kiln_signature {
+    const char *name;
+    const char *method;
+    struct kiln_graph *graph;     /* the graph this signature runs */
+    int n_inputs;
+    kiln_value_info *inputs;      /* caller-facing names and types */
+    int *input_values;            /* graph value ids, parallel to inputs */
+    int n_outputs;
+    kiln_value_info *outputs;
+    int *output_values;
+};
+
+struct kiln_model {
+    const char *format;           /* "onnx", "savedmodel" */
+    struct kiln_graph *graph;     /* owns the arena everything else lives in */
+    int n_signatures;
+    struct kiln_signature *signatures;
+    int default_signature;
+    kiln_model_stats stats;
+    int n_opsets;
+    const char **opset_domain;
+    int64_t *opset_version;
+    int n_op_kinds;
+    const char **op_kind_name;
+    int *op_kind_count;
+    void *proto;                  /* parsed file kept alive: weights point into it */
+    void (*proto_free)(void *);
+    struct kiln_file_map *maps;   /* mapped files (model, external data) */
+    int n_maps, cap_maps;
+};
+
+/* Keep a mapping alive for the model's lifetime. */
+kiln_status kiln_model_keep_map(struct kiln_model *m, const struct kiln_file_map *map);
+/* Fill op histogram and stats from m->graph (recursing into subgraphs). */
+kiln_status kiln_model_finish(struct kiln_model *m);
+/* Build the signature value infos for sig from its graph's value types. */
+kiln_status kiln_signature_describe(struct kiln_model *m, struct kiln_signature *sig);
+/* Run static shape inference over a graph (types of node outputs). */
+kiln_status kiln_graph_infer(struct kiln_graph *g);
+
+/* ONNX. dir is the folder external data is resolved against (NULL: none allowed). */
+kiln_status kiln_onnx_load(const void *data, size_t size, const char *dir, struct kiln_model *m);
+/* Read a serialized TensorProto (conformance data) into an owned tensor. */
+kiln_status kiln_onnx_read_tensor(const void *data, size_t size, kiln_tensor **out,
+                                  char **name_out);
+/* Map an ONNX TensorProto.DataType code to a Kiln dtype (UNDEFINED if none). */
+kiln_dtype kiln_onnx_dtype(int64_t code);
+int kiln_onnx_dtype_code(kiln_dtype dt);
+
+#endif
