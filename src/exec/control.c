@@ -232,3 +232,179 @@ out:
 }
 
 KILN_REF_OP(Loop, loop_infer, loop_run);
+
+/* ---- Scan (opset 9 and later) ---- */
+
+/* Copy count elements between tensors of the same dtype (strings deep-copied). */
+static kiln_status copy_elems(kiln_tensor *dst, int64_t di, const kiln_tensor *src, int64_t si,
+                              int64_t count)
+{
+    if (src->dtype != KILN_DTYPE_STRING) {
+        size_t es = kiln_dtype_size(src->dtype);
+        if (count) memcpy((char *)dst->data + di * (int64_t)es, (const char *)src->data + si * (int64_t)es,
+                          (size_t)count * es);
+        return KILN_OK;
+    }
+    const kiln_string *s = src->data;
+    for (int64_t i = 0; i < count; i++) {
+        kiln_status st = kiln_tensor_set_string(dst, (size_t)(di + i), s[si + i].data ? s[si + i].data : "",
+                                                s[si + i].len);
+        if (st != KILN_OK) return st;
+    }
+    return KILN_OK;
+}
+
+static kiln_status scan_infer(struct kiln_infer_ctx *ctx)
+{
+    const struct kiln_graph *body = graph_attr(ctx->node, "body");
+    if (!body) return kiln_node_error(ctx->node, KILN_ERR_INVALID_MODEL, "needs graph attribute body");
+    if (ctx->node->opset < 9)
+        return kiln_node_error(ctx->node, KILN_ERR_UNSUPPORTED, "Scan before opset 9 is not supported");
+    int m = (int)kiln_attr_int(ctx->node, "num_scan_inputs", 0);
+    int n_state = ctx->n_in - m;
+    if (m <= 0 || n_state < 0 || body->n_inputs != ctx->n_in || body->n_outputs != ctx->n_out)
+        return kiln_node_error(ctx->node, KILN_ERR_INVALID_MODEL,
+                               "num_scan_inputs %d does not fit %d inputs, or the body's %d inputs "
+                               "and %d outputs do not match the node's",
+                               m, ctx->n_in, body->n_inputs, body->n_outputs);
+    for (int k = 0; k < ctx->n_out; k++) {
+        if (!ctx->out[k]) continue;
+        kiln_type_unknown(ctx->out[k]);
+        ctx->out[k]->dtype = body->values[body->outputs[k]].type.dtype;
+    }
+    return KILN_OK;
+}
+
+static kiln_status scan_run(struct kiln_run_ctx *ctx)
+{
+    const struct kiln_node *n = ctx->node;
+    const struct kiln_graph *body = graph_attr(n, "body");
+    int m = (int)kiln_attr_int(n, "num_scan_inputs", 0);
+    int n_state = ctx->n_in - m;
+    int k_out = ctx->n_out - n_state;
+    const int64_t *in_axes = NULL, *in_dirs = NULL, *out_axes = NULL, *out_dirs = NULL;
+    int n_in_axes = kiln_attr_ints(n, "scan_input_axes", &in_axes);
+    int n_in_dirs = kiln_attr_ints(n, "scan_input_directions", &in_dirs);
+    int n_out_axes = kiln_attr_ints(n, "scan_output_axes", &out_axes);
+    int n_out_dirs = kiln_attr_ints(n, "scan_output_directions", &out_dirs);
+    kiln_status st = KILN_OK;
+    int axis[KILN_MAX_IO];
+    int64_t len = -1;
+    for (int j = 0; j < m; j++) {
+        const kiln_tensor *x = ctx->in[n_state + j];
+        if (!x) return kiln_node_error(n, KILN_ERR_INVALID_MODEL, "scan input %d is absent", j);
+        st = kiln_norm_axis(n, j < n_in_axes ? in_axes[j] : 0, x->rank, &axis[j]);
+        if (st != KILN_OK) return st;
+        if (x->rank == 0) return kiln_node_error(n, KILN_ERR_INVALID_ARGUMENT, "scan input %d is a scalar", j);
+        int64_t l = x->dims[axis[j]];
+        if (len >= 0 && l != len)
+            return kiln_node_error(n, KILN_ERR_INVALID_ARGUMENT,
+                                   "scan inputs have different lengths (%lld and %lld)",
+                                   (long long)len, (long long)l);
+        len = l;
+    }
+    kiln_tensor **bin = calloc((size_t)ctx->n_in + 1, sizeof *bin);
+    kiln_tensor **bout = calloc((size_t)ctx->n_out + 1, sizeof *bout);
+    kiln_tensor **state = calloc((size_t)n_state + 1, sizeof *state);
+    kiln_tensor **slices = calloc((size_t)m + 1, sizeof *slices);
+    if (!bin || !bout || !state || !slices) {
+        st = kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory in Scan");
+        goto out;
+    }
+    for (int k = 0; k < n_state; k++)
+        if ((st = kiln_tensor_clone(ctx->in[k], &state[k])) != KILN_OK) goto out;
+    for (int64_t t = 0; t < len; t++) {
+        for (int j = 0; j < m; j++) {
+            const kiln_tensor *x = ctx->in[n_state + j];
+            int a = axis[j];
+            int64_t p = (j < n_in_dirs && in_dirs[j]) ? len - 1 - t : t;
+            int64_t dims[KILN_MAX_RANK], outer = 1, inner = 1;
+            int r = 0;
+            for (int d = 0; d < x->rank; d++) {
+                if (d == a) continue;
+                dims[r++] = x->dims[d];
+                if (d < a) outer *= x->dims[d];
+                else inner *= x->dims[d];
+            }
+            kiln_tensor_free(slices[j]);
+            slices[j] = NULL;
+            if ((st = kiln_tensor_new(x->dtype, r, dims, &slices[j])) != KILN_OK) goto out;
+            for (int64_t o = 0; o < outer; o++)
+                if ((st = copy_elems(slices[j], o * inner, x, (o * len + p) * inner, inner)) != KILN_OK)
+                    goto out;
+            bin[n_state + j] = slices[j];
+        }
+        for (int k = 0; k < n_state; k++) bin[k] = state[k];
+        st = kiln_exec_run(body, ctx->frame, bin, bout);
+        if (st != KILN_OK) {
+            kiln_error_wrap(st, "Scan node '%s' iteration %lld", n->name, (long long)t);
+            goto out;
+        }
+        for (int k = 0; k < n_state; k++) {
+            kiln_tensor_free(state[k]);
+            state[k] = bout[k];
+            bout[k] = NULL;
+        }
+        for (int s = 0; s < k_out; s++) {
+            kiln_tensor *y = bout[n_state + s];
+            int a;
+            if (y->rank + 1 > KILN_MAX_RANK) {
+                st = kiln_node_error(n, KILN_ERR_UNSUPPORTED, "scan output rank too large");
+                goto out;
+            }
+            st = kiln_norm_axis(n, s < n_out_axes ? out_axes[s] : 0, y->rank + 1, &a);
+            if (st != KILN_OK) goto out;
+            if (t == 0) {
+                int64_t dims[KILN_MAX_RANK];
+                for (int d = 0, r = 0; d <= y->rank; d++) dims[d] = d == a ? len : y->dims[r++];
+                st = kiln_tensor_new(y->dtype, y->rank + 1, dims, &ctx->out[n_state + s]);
+                if (st != KILN_OK) goto out;
+            }
+            kiln_tensor *o = ctx->out[n_state + s];
+            int64_t outer = 1, inner = 1;
+            for (int d = 0; d < y->rank; d++) {
+                if (d < a) outer *= y->dims[d];
+                else inner *= y->dims[d];
+            }
+            if (kiln_tensor_count(o) != len * outer * inner) {
+                st = kiln_node_error(n, KILN_ERR_RUNTIME, "scan output %d changes shape between iterations", s);
+                goto out;
+            }
+            int64_t p = (s < n_out_dirs && out_dirs[s]) ? len - 1 - t : t;
+            for (int64_t q = 0; q < outer; q++)
+                if ((st = copy_elems(o, (q * len + p) * inner, y, q * inner, inner)) != KILN_OK) goto out;
+            kiln_tensor_free(y);
+            bout[n_state + s] = NULL;
+        }
+    }
+    for (int k = 0; k < n_state; k++) {
+        ctx->out[k] = state[k];
+        state[k] = NULL;
+    }
+    for (int s = 0; s < k_out; s++) {
+        if (ctx->out[n_state + s]) continue;
+        /* zero iterations: empty outputs of the body's declared type */
+        const struct kiln_type *bt = &body->values[body->outputs[n_state + s]].type;
+        st = stack(n, NULL, 0, bt, &ctx->out[n_state + s]);
+        if (st != KILN_OK) goto out;
+    }
+out:
+    if (bout)
+        for (int k = 0; k < ctx->n_out; k++) kiln_tensor_free(bout[k]);
+    if (state)
+        for (int k = 0; k < n_state; k++) kiln_tensor_free(state[k]);
+    if (slices)
+        for (int j = 0; j < m; j++) kiln_tensor_free(slices[j]);
+    if (st != KILN_OK)
+        for (int k = 0; k < ctx->n_out; k++) {
+            kiln_tensor_free(ctx->out[k]);
+            ctx->out[k] = NULL;
+        }
+    free(bin);
+    free(bout);
+    free(state);
+    free(slices);
+    return st;
+}
+
+KILN_REF_OP(Scan, scan_infer, scan_run);

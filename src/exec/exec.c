@@ -21,7 +21,7 @@ kiln_tensor *kiln_exec_value(struct kiln_exec_frame *f, int id)
 static void frame_release(struct kiln_exec_frame *f, int v)
 {
     if (v < 0 || f->g->values[v].kind != KILN_VALUE_NODE) return;
-    if (--f->remaining[v] > 0 || f->g->values[v].captured) return;
+    if (--f->remaining[v] > 0) return;
     if (f->owned[v]) kiln_tensor_free(f->vals[v]);
     f->vals[v] = NULL;
     f->owned[v] = 0;
@@ -126,6 +126,7 @@ kiln_status kiln_exec_run(const struct kiln_graph *g, struct kiln_exec_frame *pa
         st = run_node(&f, n);
         if (st != KILN_OK) goto out;
         for (int k = 0; k < n->n_in; k++) frame_release(&f, n->in[k]);
+        for (int k = 0; k < n->n_implicit; k++) frame_release(&f, n->implicit[k]);
     }
     for (int i = 0; i < g->n_outputs; i++) {
         int v = g->outputs[i];

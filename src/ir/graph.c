@@ -243,10 +243,7 @@ kiln_status kiln_graph_verify(struct kiln_graph *g)
         st = kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory verifying the graph");
         goto out;
     }
-    for (int v = 0; v < g->n_values; v++) {
-        g->values[v].uses = 0;
-        g->values[v].captured = 0;
-    }
+    for (int v = 0; v < g->n_values; v++) g->values[v].uses = 0;
     for (int i = 0; i < nn; i++) {
         struct kiln_node *n = &g->nodes[i];
         const struct kiln_op_info *info = kiln_op_info(n->op);
@@ -281,6 +278,9 @@ kiln_status kiln_graph_verify(struct kiln_graph *g)
                 indeg[i]++;
             }
         }
+        n->n_implicit = 0;
+        n->implicit = NULL;
+        int cap_implicit = 0;
         for (int k = 0; k < n->n_attr; k++) {
             struct kiln_graph *sub = n->attr[k].type == KILN_ATTR_GRAPH ? n->attr[k].g : NULL;
             if (!sub) continue;
@@ -290,7 +290,7 @@ kiln_status kiln_graph_verify(struct kiln_graph *g)
                                 n->attr[k].name);
                 goto out;
             }
-            /* what the subgraph captures must live until this node has run */
+            /* what the subgraph captures is an implicit input of this node */
             for (int v = 0; v < sub->n_values; v++) {
                 if (sub->values[v].kind != KILN_VALUE_OUTER) continue;
                 int pv = sub->values[v].outer;
@@ -298,7 +298,23 @@ kiln_status kiln_graph_verify(struct kiln_graph *g)
                     st = kiln_node_error(n, KILN_ERR_INTERNAL, "bad outer reference");
                     goto out;
                 }
-                g->values[pv].captured = 1;
+                bool seen = false;
+                for (int j = 0; j < n->n_implicit; j++) seen |= n->implicit[j] == pv;
+                if (seen) continue;
+                if (n->n_implicit == cap_implicit) {
+                    int cap = cap_implicit ? cap_implicit * 2 : 8;
+                    int *p = kiln_arena_alloc(g->mem, sizeof(int) * (size_t)cap);
+                    if (!p) {
+                        st = kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory verifying the graph");
+                        goto out;
+                    }
+                    if (n->n_implicit) memcpy(p, n->implicit, sizeof(int) * (size_t)n->n_implicit);
+                    n->implicit = p;
+                    cap_implicit = cap;
+                }
+                n->implicit[n->n_implicit++] = pv;
+                g->values[pv].uses++;
+                if (g->values[pv].kind == KILN_VALUE_NODE) indeg[i]++;
             }
         }
     }
@@ -323,9 +339,11 @@ kiln_status kiln_graph_verify(struct kiln_graph *g)
         st = kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory verifying the graph");
         goto out;
     }
-    for (int i = 0; i < nn; i++)
+    for (int i = 0; i < nn; i++) {
         for (int k = 0; k < g->nodes[i].n_in; k++)
             if (g->nodes[i].in[k] >= 0) cnt[g->nodes[i].in[k]]++;
+        for (int k = 0; k < g->nodes[i].n_implicit; k++) cnt[g->nodes[i].implicit[k]]++;
+    }
     for (int v = 0; v < g->n_values; v++) start[v + 1] = start[v] + cnt[v];
     int *cons = malloc(((size_t)start[g->n_values] + 1) * sizeof *cons);
     if (!cons) {
@@ -334,11 +352,16 @@ kiln_status kiln_graph_verify(struct kiln_graph *g)
         goto out;
     }
     memset(cnt, 0, ((size_t)g->n_values + 1) * sizeof *cnt);
-    for (int i = 0; i < nn; i++)
+    for (int i = 0; i < nn; i++) {
         for (int k = 0; k < g->nodes[i].n_in; k++) {
             int v = g->nodes[i].in[k];
             if (v >= 0) cons[start[v] + cnt[v]++] = i;
         }
+        for (int k = 0; k < g->nodes[i].n_implicit; k++) {
+            int v = g->nodes[i].implicit[k];
+            cons[start[v] + cnt[v]++] = i;
+        }
+    }
     int qh = 0, qt = 0, done = 0;
     for (int i = 0; i < nn; i++)
         if (indeg[i] == 0) queue[qt++] = i;

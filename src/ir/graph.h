@@ -80,8 +80,7 @@ struct kiln_value {
     kiln_tensor *konst;  /* CONST: the value (graph-owned unless borrowed) */
     int producer;        /* NODE: node index */
     int outer;           /* OUTER: value id in the parent graph */
-    int uses;            /* number of node inputs (plus graph outputs) reading it */
-    int captured;        /* read by a subgraph of some node (set by the verifier) */
+    int uses;            /* node inputs, subgraph captures and graph outputs reading it */
 };
 
 struct kiln_node {
@@ -95,6 +94,8 @@ struct kiln_node {
     int *out;             /* value ids, -1 = absent */
     int n_attr;
     struct kiln_attr *attr;
+    int n_implicit;       /* values of this graph its subgraphs capture (set by the verifier) */
+    int *implicit;
 };
 
 struct kiln_graph {

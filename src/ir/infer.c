@@ -36,7 +36,10 @@ static kiln_status merge_type(const struct kiln_node *n, struct kiln_value *v,
     return KILN_OK;
 }
 
-kiln_status kiln_graph_infer(struct kiln_graph *g)
+/* strict: errors fail the load. Subgraphs are inferred leniently: a branch
+ * of an If that would never run for these shapes may not type-check, and
+ * that is not an error in the model. */
+static kiln_status graph_infer(struct kiln_graph *g, bool strict)
 {
     const struct kiln_type *in[KILN_MAX_IO];
     const kiln_tensor *in_value[KILN_MAX_IO];
@@ -51,7 +54,7 @@ kiln_status kiln_graph_infer(struct kiln_graph *g)
             for (int v = 0; v < sub->n_values; v++)
                 if (sub->values[v].kind == KILN_VALUE_OUTER)
                     sub->values[v].type = g->values[sub->values[v].outer].type;
-            kiln_status st = kiln_graph_infer(sub);
+            kiln_status st = graph_infer(sub, false);
             if (st != KILN_OK)
                 return kiln_error_wrap(st, "%s node '%s' attribute '%s'", n->op_type, n->name,
                                        n->attr[k].name);
@@ -69,7 +72,11 @@ kiln_status kiln_graph_infer(struct kiln_graph *g)
         }
         struct kiln_infer_ctx ctx = {n, n->n_in, in, in_value, n->n_out, out};
         kiln_status st = impl->infer(&ctx);
-        if (st != KILN_OK) return st;
+        if (st != KILN_OK) {
+            if (strict) return st;
+            kiln_error_clear();
+            continue;
+        }
         for (int k = 0; k < n->n_out; k++) {
             if (n->out[k] < 0) continue;
             st = merge_type(n, &g->values[n->out[k]], &outt[k]);
@@ -78,3 +85,5 @@ kiln_status kiln_graph_infer(struct kiln_graph *g)
     }
     return KILN_OK;
 }
+
+kiln_status kiln_graph_infer(struct kiln_graph *g) { return graph_infer(g, true); }

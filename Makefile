@@ -1,0 +1,37 @@
+# Convenience targets around CMake.
+#   make            build (build/)
+#   make test       the whole test suite: normal build, then ASan+UBSan build
+#   make test-fast  the normal build's tests only
+#   make fuzz       build the libFuzzer targets with clang (build-fuzz/)
+#   make bench      benchmarks (not part of make test)
+JOBS ?= $(shell nproc)
+CTEST_FLAGS ?= --output-on-failure
+
+.PHONY: all build test test-fast test-sanitize fuzz clean bench
+
+all: build
+
+build:
+	cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+	cmake --build build -j$(JOBS)
+
+test-fast: build
+	cd build && ctest $(CTEST_FLAGS)
+
+test-sanitize:
+	cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DKILN_SANITIZE=ON >/dev/null
+	cmake --build build-asan -j$(JOBS)
+	cd build-asan && ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1 \
+	  KILN_SANITIZED=1 ctest $(CTEST_FLAGS)
+
+test: test-fast test-sanitize
+
+fuzz:
+	CC=clang cmake -S . -B build-fuzz -DKILN_FUZZ=ON -DKILN_WERROR=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+	cmake --build build-fuzz -j$(JOBS)
+
+bench: build
+	@if [ -x bench/run.sh ]; then bench/run.sh; else echo "bench/run.sh not present yet"; fi
+
+clean:
+	rm -rf build build-asan build-fuzz

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Install what Kiln needs to build and test on Debian 12 (run as root).
+# Build: gcc, cmake, protobuf-c. Tests: Debian's Python with numpy, onnx,
+# torch/torchvision (model exports), scikit-learn (the digits model), pytest;
+# clang for the libFuzzer targets.
+set -euo pipefail
+pkgs=(build-essential cmake pkg-config protobuf-c-compiler libprotobuf-c-dev zlib1g-dev
+      python3 python3-numpy python3-onnx python3-pytest python3-torch python3-torchvision
+      python3-sklearn clang)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "installing: ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi

@@ -1,0 +1,155 @@
+/*
+ * main.c - the `kiln` command-line tool: the table of subcommands, the
+ * dispatch from argv to a handler, `kiln --help` and `kiln --version`, and
+ * the argument and error helpers declared in cli.h.
+ *
+ * Each subcommand lives in its own cmd_NAME.c and is one row in
+ * kiln_cli_commands below; main() only finds the row and hands it the
+ * arguments that follow the subcommand's name.
+ */
+#include <errno.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/cli.h"
+
+static const kiln_cli_command kiln_cli_commands[] = {
+    {"inspect", "show a model's signatures, ops and parameters", kiln_cmd_inspect},
+    {"predict", "run a model on .npy inputs and write .npy outputs", kiln_cmd_predict},
+};
+
+#define KILN_CLI_COMMAND_COUNT (sizeof kiln_cli_commands / sizeof kiln_cli_commands[0])
+
+/* The top-level usage text, listing every subcommand from the table. */
+static void print_usage(FILE *f)
+{
+    fprintf(f,
+            "usage: kiln COMMAND [ARGS...]\n"
+            "       kiln --help | --version\n"
+            "\n"
+            "Kiln runs ONNX and TensorFlow SavedModel models.\n"
+            "\n"
+            "commands:\n");
+    for (size_t i = 0; i < KILN_CLI_COMMAND_COUNT; i++)
+        fprintf(f, "  %-10s %s\n", kiln_cli_commands[i].name, kiln_cli_commands[i].summary);
+    fprintf(f, "\nRun 'kiln COMMAND --help' for a command's arguments.\n");
+}
+
+int kiln_cli_fail(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("kiln: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+    return KILN_CLI_EXIT_FAIL;
+}
+
+int kiln_cli_usage_error(const char *cmd, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "kiln %s: ", cmd);
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, " (see 'kiln %s --help')\n", cmd);
+    va_end(ap);
+    return KILN_CLI_EXIT_USAGE;
+}
+
+bool kiln_cli_wants_help(int argc, char **argv)
+{
+    for (int i = 0; i < argc; i++) {
+        if (strcmp(argv[i], "--") == 0) return false;
+        if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) return true;
+    }
+    return false;
+}
+
+int kiln_cli_option(const char *cmd, int argc, char **argv, int *i, const char *name,
+                    const char **value)
+{
+    const char *arg = argv[*i];
+    size_t n = strlen(name);
+    if (strncmp(arg, name, n) != 0) return 0;
+    if (arg[n] == '=') {
+        if (!value) {
+            kiln_cli_usage_error(cmd, "option '%s' takes no value", name);
+            return -1;
+        }
+        *value = arg + n + 1;
+        return 1;
+    }
+    if (arg[n] != '\0') return 0; /* a longer option sharing the prefix */
+    if (!value) return 1;
+    if (*i + 1 >= argc) {
+        kiln_cli_usage_error(cmd, "option '%s' needs a value", name);
+        return -1;
+    }
+    *value = argv[++*i];
+    return 1;
+}
+
+bool kiln_cli_parse_int(const char *s, int lo, int hi, int *out)
+{
+    if (!s || !*s) return false;
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || *end != '\0' || v < lo || v > hi) return false;
+    *out = (int)v;
+    return true;
+}
+
+kiln_model *kiln_cli_load_model(const char *path, const char *tags)
+{
+    kiln_load_options lo = {KILN_FORMAT_AUTO, tags};
+    kiln_model *m = NULL;
+    if (kiln_model_load(path, &lo, &m) != KILN_OK) {
+        const char *msg = kiln_last_error();
+        if (msg && strstr(msg, path)) kiln_cli_fail("%s", msg);
+        else kiln_cli_fail("%s: %s", path, msg ? msg : "cannot load the model");
+        return NULL;
+    }
+    return m;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        print_usage(stderr);
+        return KILN_CLI_EXIT_USAGE;
+    }
+    const char *name = argv[1];
+    if (strcmp(name, "--help") == 0 || strcmp(name, "-h") == 0 || strcmp(name, "help") == 0) {
+        /* `kiln help CMD` is `kiln CMD --help` */
+        if (strcmp(name, "help") == 0 && argc > 2) {
+            for (size_t i = 0; i < KILN_CLI_COMMAND_COUNT; i++) {
+                if (strcmp(argv[2], kiln_cli_commands[i].name) == 0) {
+                    char help[] = "--help";
+                    char *args[] = {help, NULL};
+                    return kiln_cli_commands[i].run(1, args);
+                }
+            }
+            fprintf(stderr, "kiln: unknown command '%s' (see 'kiln --help')\n", argv[2]);
+            return KILN_CLI_EXIT_USAGE;
+        }
+        print_usage(stdout);
+        return KILN_CLI_EXIT_OK;
+    }
+    if (strcmp(name, "--version") == 0 || strcmp(name, "-V") == 0) {
+        printf("kiln %s\n", kiln_version());
+        return KILN_CLI_EXIT_OK;
+    }
+    for (size_t i = 0; i < KILN_CLI_COMMAND_COUNT; i++)
+        if (strcmp(name, kiln_cli_commands[i].name) == 0)
+            return kiln_cli_commands[i].run(argc - 2, argv + 2);
+    if (name[0] == '-')
+        fprintf(stderr, "kiln: unknown option '%s' (see 'kiln --help')\n", name);
+    else
+        fprintf(stderr, "kiln: unknown command '%s' (see 'kiln --help')\n", name);
+    return KILN_CLI_EXIT_USAGE;
+}

@@ -1,0 +1,149 @@
+"""test_models.py - whole real models through the kiln CLI, checked against PyTorch.
+
+Each model is exported once per test session by tools/export_models.py
+(random weights, fixed seeds, BatchNorm statistics re-estimated) into a
+temporary folder, together with batch-2 inputs and PyTorch's outputs. Each
+test runs
+
+    $KILN_BIN predict model.onnx --input NAME=NAME.npy ... --output-dir OUT
+
+and requires, for every output, max|kiln - torch| <= 1e-4 * max(1, max|torch|):
+tight enough that a wrong kernel, a wrong attribute or a broken broadcast
+fails, loose enough for float32 summation order.
+
+A last test runs the checked-in models/digits.onnx (tools/make_digits_model.py)
+on its held-out sample and requires the true labels.
+
+KILN_BIN names the kiln executable (default: build/kiln in this repository);
+the tests skip, saying so, when it is missing. The PyTorch tests skip when
+torch (or, for the image models, torchvision) is not installed.
+KILN_TEST_TIMEOUT bounds one kiln run in seconds (default 1200).
+"""
+
+import importlib.util
+import os
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+EXPORT_SCRIPT = REPO / "tools" / "export_models.py"
+MODELS_DIR = REPO / "models"
+RUN_TIMEOUT_S = float(os.environ.get("KILN_TEST_TIMEOUT", "1200"))
+REL_TOL = 1e-4
+
+VISION_MODELS = ["resnet18", "mobilenet_v2", "efficientnet_b0"]
+OTHER_MODELS = ["bert_small", "tabular_mlp", "dlrm"]
+
+
+@pytest.fixture(scope="session")
+def kiln_bin():
+    """Absolute path of the kiln executable, or skip."""
+    path = os.path.abspath(os.environ.get("KILN_BIN", str(REPO / "build" / "kiln")))
+    if not (os.path.isfile(path) and os.access(path, os.X_OK)):
+        pytest.skip(f"kiln executable not found at {path}: build it "
+                    f"(cmake -S . -B build && cmake --build build) or set KILN_BIN")
+    return path
+
+
+class ExportCache:
+    """Exports models on first request into one session folder and remembers them."""
+
+    def __init__(self, out_dir):
+        self.out_dir = out_dir
+        self.done = {}
+        self.module = None
+
+    def _load_exporter(self):
+        pytest.importorskip("torch", reason="PyTorch is needed to export the reference models")
+        spec = importlib.util.spec_from_file_location("kiln_export_models", EXPORT_SCRIPT)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+
+    def get(self, name):
+        """Folder holding model.onnx, inputs/ and expected/ for name."""
+        if name not in self.done:
+            if name in VISION_MODELS:
+                pytest.importorskip("torchvision",
+                                    reason=f"torchvision is needed to build {name} "
+                                           f"(Debian: apt-get install python3-torchvision)")
+            if self.module is None:
+                self.module = self._load_exporter()
+            self.module.export_model(name, str(self.out_dir))
+            self.done[name] = self.out_dir / name
+        return self.done[name]
+
+
+@pytest.fixture(scope="session")
+def exported(tmp_path_factory):
+    return ExportCache(tmp_path_factory.mktemp("exported_models"))
+
+
+def run_kiln(kiln, model_path, inputs, out_dir):
+    """Run `kiln predict`; inputs maps input name -> .npy path. Fails the test,
+    with kiln's own message, if kiln exits non-zero."""
+    cmd = [kiln, "predict", str(model_path)]
+    for name, path in inputs.items():
+        cmd += ["--input", f"{name}={path}"]
+    cmd += ["--output-dir", str(out_dir)]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"kiln ran over {RUN_TIMEOUT_S:.0f}s: {' '.join(cmd)}")
+    if proc.returncode != 0:
+        tail = (proc.stderr or proc.stdout).strip()[-2000:]
+        pytest.fail(f"kiln exited {proc.returncode}: {' '.join(cmd)}\n{tail}")
+
+
+def load_output(out_dir, name):
+    path = Path(out_dir) / f"{name}.npy"
+    if not path.is_file():
+        found = sorted(p.name for p in Path(out_dir).iterdir())
+        pytest.fail(f"kiln wrote no {path.name} in {out_dir} (found: {found})")
+    return np.load(path)
+
+
+@pytest.mark.parametrize("name", VISION_MODELS + OTHER_MODELS)
+def test_model_matches_pytorch(name, kiln_bin, exported, tmp_path):
+    model_dir = exported.get(name)
+    inputs = {p.stem: p for p in sorted((model_dir / "inputs").glob("*.npy"))}
+    expected = {p.stem: np.load(p) for p in sorted((model_dir / "expected").glob("*.npy"))}
+    assert inputs and expected, f"export of {name} wrote no inputs or expected outputs"
+
+    run_kiln(kiln_bin, model_dir / "model.onnx", inputs, tmp_path)
+
+    failures = []
+    for out_name, want in expected.items():
+        got = load_output(tmp_path, out_name)
+        if got.shape != want.shape:
+            failures.append(f"{out_name}: shape {got.shape}, expected {want.shape}")
+            continue
+        if not np.all(np.isfinite(got)):
+            failures.append(f"{out_name}: {np.count_nonzero(~np.isfinite(got))} "
+                            f"non-finite values")
+            continue
+        scale = max(1.0, float(np.abs(want).max()))
+        diff = np.abs(got.astype(np.float64) - want.astype(np.float64))
+        err = float(diff.max())
+        if err > REL_TOL * scale:
+            worst = np.unravel_index(int(np.argmax(diff)), diff.shape)
+            failures.append(f"{out_name}: max|kiln - torch| = {err:.3g} > {REL_TOL * scale:.3g} "
+                            f"(at {tuple(int(i) for i in worst)}: kiln {got[worst]:.6g}, "
+                            f"torch {want[worst]:.6g})")
+    assert not failures, f"{name}: " + "; ".join(failures)
+
+
+def test_digits_predicts_sample_labels(kiln_bin, tmp_path):
+    model = MODELS_DIR / "digits.onnx"
+    sample = MODELS_DIR / "digits_sample.npy"
+    labels = np.load(MODELS_DIR / "digits_sample_labels.npy")
+
+    run_kiln(kiln_bin, model, {"pixels": sample}, tmp_path)
+    probs = load_output(tmp_path, "probabilities")
+
+    assert probs.shape == (len(labels), 10)
+    np.testing.assert_allclose(probs.sum(axis=1), 1.0, atol=1e-5)
+    assert np.argmax(probs, axis=1).tolist() == labels.tolist()

@@ -1,0 +1,18 @@
+# Fuzz corpus replay (included from tests/CMakeLists.txt).
+#
+# Builds the ONNX loader's fuzz target with a plain main() (fuzz/replay_main.c)
+# in the normal build, with whatever compiler and sanitizers the build uses
+# (configure with -DKILN_SANITIZE=ON to catch memory errors, not only
+# crashes), and replays every file in tests/corpus/onnx through it: each
+# must load or fail cleanly, with no crash, hang or sanitizer report.
+add_executable(kiln_fuzz_replay_onnx
+  ${PROJECT_SOURCE_DIR}/fuzz/replay_main.c
+  ${PROJECT_SOURCE_DIR}/fuzz/fuzz_onnx_load.c)
+target_link_libraries(kiln_fuzz_replay_onnx PRIVATE kiln)
+add_test(NAME fuzz_replay_onnx
+  COMMAND kiln_fuzz_replay_onnx ${PROJECT_SOURCE_DIR}/tests/corpus/onnx)
+# A hang is a failure too; a sanitizer report or a signal fails the test by
+# its exit status.
+set_tests_properties(fuzz_replay_onnx PROPERTIES
+  TIMEOUT 300
+  ENVIRONMENT "ASAN_OPTIONS=detect_leaks=1:abort_on_error=0;UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1")
