@@ -316,6 +316,22 @@ def seed_for(name):
     return sum((i + 1) * ord(c) for i, c in enumerate(name)) % (2 ** 31)
 
 
+def fix_output_dims(onnx_path, shapes):
+    """The exporter names some static output dims symbolically (BERT's
+    sequence axis comes out as "Addhidden_dim_1"); write every output dim
+    except the batch axis as the number PyTorch produced."""
+    m = onnx.load(onnx_path)
+    changed = False
+    for out in m.graph.output:
+        dims = out.type.tensor_type.shape.dim
+        for axis, d in enumerate(dims):
+            if axis > 0 and not d.HasField("dim_value"):
+                d.dim_value = shapes[out.name][axis]  # clears dim_param
+                changed = True
+    if changed:
+        onnx.save(m, onnx_path)
+
+
 def op_histogram(onnx_path):
     """{op_type: count} of an ONNX file's main graph, sorted by op name."""
     m = onnx.load(onnx_path)
@@ -357,6 +373,7 @@ def export_model(name, out_dir, opset=DEFAULT_OPSET):
                           dynamic_axes=dynamic_axes, opset_version=opset,
                           do_constant_folding=True,
                           training=torch.onnx.TrainingMode.EVAL)
+    fix_output_dims(onnx_path, {n: tuple(t.shape) for n, t in zip(output_names, outputs)})
     # check_model by path handles models over protobuf's 2 GiB message limit too
     onnx.checker.check_model(onnx_path)
 

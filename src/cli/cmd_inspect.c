@@ -190,7 +190,7 @@ static void print_json(const kiln_model *m)
     int n_sigs = kiln_model_signature_count(m);
     for (int i = 0; i < n_sigs; i++) {
         const kiln_signature *s = kiln_model_signature(m, i);
-        printf(i ? ",\n    {\"name\": " : "\n    {\"name\": ");
+        printf(i ? ",\n    {\n      \"name\": " : "\n    {\n      \"name\": ");
         kiln_json_write_string(stdout, kiln_signature_name(s));
         printf(",\n      \"method\": ");
         kiln_json_write_string(stdout, kiln_signature_method(s));
@@ -198,7 +198,7 @@ static void print_json(const kiln_model *m)
         json_values(s, 0);
         printf(",\n      \"outputs\": ");
         json_values(s, 1);
-        printf("}");
+        printf("\n    }");
     }
     printf(n_sigs ? "\n  ],\n  \"ops\": {" : "],\n  \"ops\": {");
     int n_kinds = kiln_model_op_kinds(m);

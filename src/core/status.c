@@ -10,12 +10,20 @@
 
 static _Thread_local char error_buf[KILN_ERROR_MAX];
 
+/* Names in messages come from untrusted files: keep the message one line. */
+static void sanitize(char *s)
+{
+    for (; *s; s++)
+        if ((unsigned char)*s < 0x20 || *s == 0x7f) *s = '?';
+}
+
 kiln_status kiln_error(kiln_status st, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(error_buf, sizeof error_buf, fmt, ap);
     va_end(ap);
+    sanitize(error_buf);
     return st;
 }
 
@@ -36,6 +44,7 @@ kiln_status kiln_error_wrap(kiln_status st, const char *fmt, ...)
         memcpy(error_buf + used + 2, old, n);
         error_buf[used + 2 + n] = '\0';
     }
+    sanitize(error_buf);
     return st;
 }
 

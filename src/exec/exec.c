@@ -59,6 +59,10 @@ static kiln_status run_node(struct kiln_exec_frame *f, const struct kiln_node *n
         struct kiln_infer_ctx ictx = {n, n->n_in, inp, (const kiln_tensor *const *)in, n->n_out,
                                       outp};
         st = impl->infer(&ictx);
+        {
+            kiln_status ast = kiln_attr_check(n); /* a mistyped attribute is the root cause */
+            if (ast != KILN_OK) st = ast;
+        }
         if (st != KILN_OK) return st;
         for (int k = 0; k < n->n_out; k++) {
             if (!kiln_type_is_concrete(&outtype[k])) {
@@ -75,6 +79,10 @@ static kiln_status run_node(struct kiln_exec_frame *f, const struct kiln_node *n
     }
     struct kiln_run_ctx rctx = {n, n->n_in, in, n->n_out, out, f};
     st = impl->run(&rctx);
+    {
+            kiln_status ast = kiln_attr_check(n); /* a mistyped attribute is the root cause */
+            if (ast != KILN_OK) st = ast;
+        }
     if (st != KILN_OK) goto fail;
     for (int k = 0; k < n->n_out; k++) {
         int v = n->out[k];

@@ -690,6 +690,7 @@ static kiln_status import_graph(struct onnx_ctx *c, const KilnOnnx__GraphProto *
         const char *nname = np->name ? np->name : "";
         if (strcmp(domain, "ai.onnx") == 0) domain = "";
         enum kiln_op op = domain[0] ? KILN_OP_COUNT : kiln_op_find(op_type);
+        if (op != KILN_OP_COUNT && (kiln_op_info(op)->flags & KILN_OPF_INTERNAL)) op = KILN_OP_COUNT;
         if (op == KILN_OP_COUNT) {
             st = kiln_error(KILN_ERR_UNSUPPORTED,
                             "node '%s': op '%s'%s%s%s is not supported by Kiln", nname, op_type,

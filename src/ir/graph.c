@@ -113,18 +113,18 @@ kiln_status kiln_graph_new_sub(struct kiln_graph *parent, struct kiln_graph **ou
 
 static void graph_free_contents(struct kiln_graph *g)
 {
-    for (int i = 0; i < g->n_owned; i++) kiln_tensor_free(g->owned[i]);
-    free(g->owned);
-    free(g->values);
-    free(g->nodes);
-    free(g->order);
-    /* subgraphs' growable arrays are freed by walking graph attributes */
+    /* subgraphs' growable arrays first: they hang off this graph's nodes */
     for (int i = 0; i < g->n_nodes; i++) {
         struct kiln_node *n = &g->nodes[i];
         for (int k = 0; k < n->n_attr; k++)
             if (n->attr[k].type == KILN_ATTR_GRAPH && n->attr[k].g)
                 graph_free_contents(n->attr[k].g);
     }
+    for (int i = 0; i < g->n_owned; i++) kiln_tensor_free(g->owned[i]);
+    free(g->owned);
+    free(g->values);
+    free(g->nodes);
+    free(g->order);
 }
 
 void kiln_graph_free(struct kiln_graph *g)

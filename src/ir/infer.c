@@ -72,6 +72,10 @@ static kiln_status graph_infer(struct kiln_graph *g, bool strict)
         }
         struct kiln_infer_ctx ctx = {n, n->n_in, in, in_value, n->n_out, out};
         kiln_status st = impl->infer(&ctx);
+        {
+            kiln_status ast = kiln_attr_check(n); /* a mistyped attribute is the root cause */
+            if (ast != KILN_OK) st = ast;
+        }
         if (st != KILN_OK) {
             if (strict) return st;
             kiln_error_clear();

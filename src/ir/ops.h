@@ -13,6 +13,7 @@ enum kiln_op_flags {
     KILN_OPF_SHAPE = 1 << 1,    /* output shape depends on input values */
     KILN_OPF_DYNOUT = 1 << 2,   /* kernel allocates its own outputs */
     KILN_OPF_SUBGRAPH = 1 << 3, /* carries graph attributes */
+    KILN_OPF_INTERNAL = 1 << 4, /* Kiln-only op: never matched by an ONNX op_type */
 };
 
 enum kiln_op {

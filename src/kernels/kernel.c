@@ -4,68 +4,88 @@
  */
 #include "kernels/kernel.h"
 
-int64_t kiln_attr_int(const struct kiln_node *n, const char *name, int64_t dflt)
+/* An attribute of the wrong type is a model error. The getters return the
+ * default and remember the problem; the executor and the shape inference
+ * call kiln_attr_check after each kernel call and report it. */
+static _Thread_local const struct kiln_node *bad_attr_node;
+static _Thread_local const char *bad_attr_name;
+static _Thread_local const char *bad_attr_want;
+
+static const char *attr_type_name(enum kiln_attr_type t)
+{
+    switch (t) {
+    case KILN_ATTR_FLOAT: return "FLOAT";
+    case KILN_ATTR_INT: return "INT";
+    case KILN_ATTR_STRING: return "STRING";
+    case KILN_ATTR_TENSOR: return "TENSOR";
+    case KILN_ATTR_GRAPH: return "GRAPH";
+    case KILN_ATTR_FLOATS: return "FLOATS";
+    case KILN_ATTR_INTS: return "INTS";
+    case KILN_ATTR_STRINGS: return "STRINGS";
+    }
+    return "?";
+}
+
+static const struct kiln_attr *attr_typed(const struct kiln_node *n, const char *name,
+                                          enum kiln_attr_type want)
 {
     const struct kiln_attr *a = kiln_node_attr(n, name);
-    if (!a) return dflt;
-    if (a->type == KILN_ATTR_INT) return a->i;
-    if (a->type == KILN_ATTR_FLOAT) return (int64_t)a->f;
-    return dflt;
+    if (!a || a->type == want) return a;
+    if (!bad_attr_node) {
+        bad_attr_node = n;
+        bad_attr_name = a->name;
+        bad_attr_want = attr_type_name(want);
+    }
+    return NULL;
+}
+
+kiln_status kiln_attr_check(const struct kiln_node *n)
+{
+    if (!bad_attr_node) return KILN_OK;
+    const struct kiln_node *bn = bad_attr_node;
+    const struct kiln_attr *a = kiln_node_attr(bn, bad_attr_name);
+    bad_attr_node = NULL;
+    (void)n;
+    return kiln_node_error(bn, KILN_ERR_INVALID_MODEL, "attribute '%s' has type %s, expected %s",
+                           bad_attr_name, a ? attr_type_name(a->type) : "?", bad_attr_want);
+}
+
+int64_t kiln_attr_int(const struct kiln_node *n, const char *name, int64_t dflt)
+{
+    const struct kiln_attr *a = attr_typed(n, name, KILN_ATTR_INT);
+    return a ? a->i : dflt;
 }
 
 float kiln_attr_float(const struct kiln_node *n, const char *name, float dflt)
 {
-    const struct kiln_attr *a = kiln_node_attr(n, name);
-    if (!a) return dflt;
-    if (a->type == KILN_ATTR_FLOAT) return a->f;
-    if (a->type == KILN_ATTR_INT) return (float)a->i;
-    return dflt;
+    const struct kiln_attr *a = attr_typed(n, name, KILN_ATTR_FLOAT);
+    return a ? a->f : dflt;
 }
 
 const char *kiln_attr_str(const struct kiln_node *n, const char *name, const char *dflt)
 {
-    const struct kiln_attr *a = kiln_node_attr(n, name);
-    if (!a || a->type != KILN_ATTR_STRING) return dflt;
-    return a->s.data;
+    const struct kiln_attr *a = attr_typed(n, name, KILN_ATTR_STRING);
+    return a ? a->s.data : dflt;
 }
 
 int kiln_attr_ints(const struct kiln_node *n, const char *name, const int64_t **vals)
 {
-    const struct kiln_attr *a = kiln_node_attr(n, name);
-    *vals = NULL;
-    if (!a) return -1;
-    if (a->type == KILN_ATTR_INTS) {
-        *vals = a->ints;
-        return a->n;
-    }
-    if (a->type == KILN_ATTR_INT) {
-        *vals = &a->i;
-        return 1;
-    }
-    return -1;
+    const struct kiln_attr *a = attr_typed(n, name, KILN_ATTR_INTS);
+    *vals = a ? a->ints : NULL;
+    return a ? a->n : -1;
 }
 
 int kiln_attr_floats(const struct kiln_node *n, const char *name, const float **vals)
 {
-    const struct kiln_attr *a = kiln_node_attr(n, name);
-    *vals = NULL;
-    if (!a) return -1;
-    if (a->type == KILN_ATTR_FLOATS) {
-        *vals = a->floats;
-        return a->n;
-    }
-    if (a->type == KILN_ATTR_FLOAT) {
-        *vals = &a->f;
-        return 1;
-    }
-    return -1;
+    const struct kiln_attr *a = attr_typed(n, name, KILN_ATTR_FLOATS);
+    *vals = a ? a->floats : NULL;
+    return a ? a->n : -1;
 }
 
 const kiln_tensor *kiln_attr_tensor(const struct kiln_node *n, const char *name)
 {
-    const struct kiln_attr *a = kiln_node_attr(n, name);
-    if (!a || a->type != KILN_ATTR_TENSOR) return NULL;
-    return a->t;
+    const struct kiln_attr *a = attr_typed(n, name, KILN_ATTR_TENSOR);
+    return a ? a->t : NULL;
 }
 
 void kiln_type_set(struct kiln_type *t, kiln_dtype dt, int rank, const int64_t *dims)

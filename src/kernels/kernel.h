@@ -77,6 +77,9 @@ const char *kiln_attr_str(const struct kiln_node *n, const char *name, const cha
 int kiln_attr_ints(const struct kiln_node *n, const char *name, const int64_t **vals);
 int kiln_attr_floats(const struct kiln_node *n, const char *name, const float **vals);
 const kiln_tensor *kiln_attr_tensor(const struct kiln_node *n, const char *name);
+/* Report (and clear) an attribute read with the wrong type since the last
+ * check; called by the executor and shape inference after each kernel call. */
+kiln_status kiln_attr_check(const struct kiln_node *n);
 
 /* ---- Common shape functions ---- */
 /* Output 0 has input 0's type. */

@@ -242,7 +242,8 @@ static int run_isolated(const char *dir, char *msg, size_t n)
         return R_FAIL;
     }
     if (got <= 0 || WEXITSTATUS(status) != 0) {
-        snprintf(msg, n, "child exited with status %d", WEXITSTATUS(status));
+        snprintf(msg, n, "child exited with status %d (a sanitizer report on stderr?)",
+                 WEXITSTATUS(status));
         return R_FAIL;
     }
     int r = atoi(buf);

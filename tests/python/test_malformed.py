@@ -244,6 +244,27 @@ def test_external_symlink_chain_escape(tmp_path):
     assert_clean_failure(run_inspect(model), model, r"external|outside|symlink|escape")
 
 
+def test_external_fifo_does_not_hang(tmp_path):
+    """Opening a FIFO blocks until a writer comes: the loader must not open
+    anything but a regular file that way."""
+    model = model_dir(tmp_path / "m", [("location", "weights.bin")])
+    os.mkfifo(tmp_path / "m" / "weights.bin")
+    assert_clean_failure(run_inspect(model), model, r"external|regular|fifo|pipe")
+
+
+def test_external_symlink_to_fifo_outside(tmp_path):
+    model = model_dir(tmp_path / "m", [("location", "weights.bin")])
+    os.mkfifo(tmp_path / "pipe")
+    os.symlink(tmp_path / "pipe", tmp_path / "m" / "weights.bin")
+    assert_clean_failure(run_inspect(model), model, r"external|outside|symlink|regular|fifo")
+
+
+def test_external_symlink_to_device(tmp_path):
+    model = model_dir(tmp_path / "m", [("location", "weights.bin")])
+    os.symlink("/dev/zero", tmp_path / "m" / "weights.bin")
+    assert_clean_failure(run_inspect(model), model, r"external|outside|symlink|regular")
+
+
 def test_external_symlink_inside_folder(tmp_path):
     """A link that stays inside the folder may be followed or refused, cleanly."""
     w = bait(tmp_path)

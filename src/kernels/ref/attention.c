@@ -272,6 +272,13 @@ static kiln_status attention_run(struct kiln_run_ctx *ctx)
         if (!kiln_dtype_is_int(nonpad->dtype))
             return kiln_node_error(n, KILN_ERR_INVALID_ARGUMENT, "nonpad_kv_seqlen dtype %s",
                                    kiln_dtype_name(nonpad->dtype));
+        for (int64_t b = 0; b < B; b++) {
+            int64_t np = kiln_tensor_i64(nonpad, b);
+            if (np < 0 || np > T)
+                return kiln_node_error(n, KILN_ERR_INVALID_ARGUMENT,
+                                       "nonpad_kv_seqlen[%lld] = %lld is outside [0, %lld]",
+                                       (long long)b, (long long)np, (long long)T);
+        }
     }
 
     bool causal = kiln_attr_int(n, "is_causal", 0) != 0;
@@ -307,7 +314,8 @@ static kiln_status attention_run(struct kiln_run_ctx *ctx)
             for (int64_t i = 0; i < SQ; i++) {
                 double row_max = -INFINITY;
                 for (int64_t e = 0; e < E; e++)
-                    qrow[e] = kiln_get_f64(Q->dtype, Q->data, bhse(d.three_d, HQ, SQ, E, b, h, i, e));
+                    qrow[e] =
+                        kiln_get_f64(Q->dtype, Q->data, bhse(d.three_d, HQ, SQ, E, b, h, i, e));
                 for (int64_t j = 0; j < T; j++) {
                     double s = 0;
                     for (int64_t e = 0; e < E; e++) s += qrow[e] * kb[j * E + e];

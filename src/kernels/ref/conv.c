@@ -38,7 +38,7 @@ static kiln_status parse_auto_pad(const struct kiln_node *node, enum auto_pad *o
     return KILN_OK;
 }
 
-/* An INTS attribute with n values each >= min (absent or empty: all dflt). */
+/* An INTS attribute with n values in [min, KILN_WINDOW_MAX] (absent or empty: all dflt). */
 static kiln_status ints_attr(const struct kiln_node *node, const char *name, int n, int64_t min,
                              int64_t dflt, int64_t *out)
 {
@@ -52,11 +52,30 @@ static kiln_status ints_attr(const struct kiln_node *node, const char *name, int
         return kiln_node_error(node, KILN_ERR_INVALID_MODEL, "%s has %d values, expected %d",
                                name, count, n);
     for (int i = 0; i < n; i++) {
-        if (v[i] < min)
-            return kiln_node_error(node, KILN_ERR_INVALID_MODEL, "%s[%d] is %lld, must be >= %lld",
-                                   name, i, (long long)v[i], (long long)min);
+        if (v[i] < min || v[i] > KILN_WINDOW_MAX)
+            return kiln_node_error(node, KILN_ERR_INVALID_MODEL,
+                                   "%s[%d] is %lld, must be in [%lld, %lld]", name, i,
+                                   (long long)v[i], (long long)min, (long long)KILN_WINDOW_MAX);
         out[i] = v[i];
     }
+    return KILN_OK;
+}
+
+/* Check a spatial size or kernel size (-1 = unknown) against KILN_WINDOW_MAX. */
+static kiln_status check_size(const struct kiln_node *node, const char *what, int dim, int64_t v)
+{
+    if (v > KILN_WINDOW_MAX)
+        return kiln_node_error(node, KILN_ERR_UNSUPPORTED, "%s %lld in spatial dim %d is too large",
+                               what, (long long)v, dim);
+    return KILN_OK;
+}
+
+/* The group attribute, in [1, KILN_WINDOW_MAX]. */
+static kiln_status group_attr(const struct kiln_node *node, int64_t *group)
+{
+    *group = kiln_attr_int(node, "group", 1);
+    if (*group < 1 || *group > KILN_WINDOW_MAX)
+        return kiln_node_error(node, KILN_ERR_INVALID_MODEL, "group is %lld", (long long)*group);
     return KILN_OK;
 }
 
@@ -91,6 +110,9 @@ kiln_status kiln_window_resolve(const struct kiln_node *node, int nsp, const int
         if (k == 0 || k < -1)
             return kiln_node_error(node, KILN_ERR_INVALID_MODEL, "kernel size %lld in dim %d",
                                    (long long)k, i);
+        kiln_status st = check_size(node, "kernel size", i, k);
+        if (st == KILN_OK) st = check_size(node, "input size", i, in[i]);
+        if (st != KILN_OK) return st;
         w->kernel[i] = k;
         w->in[i] = in[i];
     }
@@ -329,16 +351,17 @@ static kiln_status conv_infer_type(const struct kiln_node *node, const struct ki
     if (x && w && x->rank >= 0 && w->rank >= 0 && x->rank != w->rank)
         return kiln_node_error(node, KILN_ERR_INVALID_ARGUMENT, "X has rank %d but W has rank %d",
                                x->rank, w->rank);
-    int64_t group = kiln_attr_int(node, "group", 1);
-    if (group < 1)
-        return kiln_node_error(node, KILN_ERR_INVALID_MODEL, "group is %lld", (long long)group);
+    int64_t group;
+    kiln_status st = group_attr(node, &group);
+    if (st != KILN_OK) return st;
     bool xk = x && x->rank >= 0, wk = w && w->rank >= 0;
     int64_t in[KILN_MAX_RANK], ker[KILN_MAX_RANK];
     for (int i = 0; i < rank - 2; i++) {
         in[i] = xk ? x->dims[i + 2] : -1;
         ker[i] = wk ? w->dims[i + 2] : -1;
     }
-    if (xk && wk && x->dims[1] >= 0 && w->dims[1] >= 0 && x->dims[1] != w->dims[1] * group)
+    if (xk && wk && x->dims[1] >= 0 && w->dims[1] >= 0 &&
+        (x->dims[1] % group != 0 || x->dims[1] / group != w->dims[1]))
         return kiln_node_error(node, KILN_ERR_INVALID_ARGUMENT,
                                "X has %lld channels but W expects %lld x group %lld",
                                (long long)x->dims[1], (long long)w->dims[1], (long long)group);
@@ -347,7 +370,7 @@ static kiln_status conv_infer_type(const struct kiln_node *node, const struct ki
                                "W has %lld output channels, not a multiple of group %lld",
                                (long long)w->dims[0], (long long)group);
     struct kiln_window win;
-    kiln_status st = kiln_window_resolve(node, rank - 2, in, ker, false, &win);
+    st = kiln_window_resolve(node, rank - 2, in, ker, false, &win);
     if (st != KILN_OK) return st;
     out->rank = rank;
     out->dims[0] = xk ? x->dims[0] : -1;
@@ -372,19 +395,21 @@ static kiln_status conv_geom_init(const struct kiln_node *node, const kiln_tenso
         return kiln_node_error(node, KILN_ERR_INVALID_ARGUMENT,
                                "X (rank %d) and W (rank %d) must have the same rank >= 3",
                                x->rank, w->rank);
-    g->group = kiln_attr_int(node, "group", 1);
+    kiln_status st = group_attr(node, &g->group);
+    if (st != KILN_OK) return st;
     g->nsp = x->rank - 2;
     g->batch = x->dims[0];
     g->img_ch = x->dims[1];
     g->col_ch = w->dims[0];
-    if (g->group < 1 || g->img_ch != w->dims[1] * g->group || g->col_ch % g->group != 0)
+    if (g->img_ch % g->group != 0 || g->img_ch / g->group != w->dims[1] ||
+        g->col_ch % g->group != 0)
         return kiln_node_error(node, KILN_ERR_INVALID_ARGUMENT,
                                "channels do not fit: X has %lld, W is [%lld, %lld, ...], group "
                                "%lld",
                                (long long)g->img_ch, (long long)w->dims[0],
                                (long long)w->dims[1], (long long)g->group);
     struct kiln_window win;
-    kiln_status st = kiln_window_resolve(node, g->nsp, x->dims + 2, w->dims + 2, false, &win);
+    st = kiln_window_resolve(node, g->nsp, x->dims + 2, w->dims + 2, false, &win);
     if (st != KILN_OK) return st;
     for (int i = 0; i < g->nsp; i++) {
         g->img[i] = x->dims[i + 2];
@@ -566,6 +591,12 @@ static kiln_status convt_window(const struct kiln_node *node, int nsp, const int
                                "kernel_shape has %d values, expected %d", nks, nsp);
     for (int i = 0; i < nsp; i++) {
         k[i] = ker[i] >= 0 ? ker[i] : nks >= 0 ? ks[i] : -1;
+        kiln_status st = check_size(node, "kernel size", i, k[i]);
+        if (st == KILN_OK) st = check_size(node, "input size", i, in[i]);
+        if (st != KILN_OK) return st;
+        if (k[i] == 0 || k[i] < -1)
+            return kiln_node_error(node, KILN_ERR_INVALID_MODEL, "kernel size %lld in dim %d",
+                                   (long long)k[i], i);
         if (nks >= 0 && ker[i] >= 0 && ks[i] != ker[i])
             return kiln_node_error(node, KILN_ERR_INVALID_MODEL,
                                    "kernel_shape[%d] is %lld but the weights have %lld", i,
@@ -589,7 +620,7 @@ static kiln_status convt_window(const struct kiln_node *node, int nsp, const int
     for (int i = 0; i < nsp; i++) {
         out[i] = -1;
         pad_begin[i] = same ? 0 : pads[i];
-        if (nos > 0 && os[i] < 0)
+        if (nos > 0 && (os[i] < 0 || os[i] > KILN_WINDOW_MAX))
             return kiln_node_error(node, KILN_ERR_INVALID_MODEL, "output_shape[%d] is %lld", i,
                                    (long long)os[i]);
         if (in[i] < 0 || k[i] < 0) {
@@ -629,9 +660,9 @@ static kiln_status convt_infer(struct kiln_infer_ctx *ctx)
     if (xk && wk && x->rank != w->rank)
         return kiln_node_error(node, KILN_ERR_INVALID_ARGUMENT, "X has rank %d but W has rank %d",
                                x->rank, w->rank);
-    int64_t group = kiln_attr_int(node, "group", 1);
-    if (group < 1)
-        return kiln_node_error(node, KILN_ERR_INVALID_MODEL, "group is %lld", (long long)group);
+    int64_t group;
+    kiln_status st = group_attr(node, &group);
+    if (st != KILN_OK) return st;
     if (xk && wk && x->dims[1] >= 0 && w->dims[0] >= 0 && x->dims[1] != w->dims[0])
         return kiln_node_error(node, KILN_ERR_INVALID_ARGUMENT,
                                "X has %lld channels but W has %lld", (long long)x->dims[1],
@@ -642,12 +673,13 @@ static kiln_status convt_infer(struct kiln_infer_ctx *ctx)
         in[i] = xk ? x->dims[i + 2] : -1;
         ker[i] = wk ? w->dims[i + 2] : -1;
     }
-    kiln_status st = convt_window(node, rank - 2, in, ker, o, pb, s, d);
+    st = convt_window(node, rank - 2, in, ker, o, pb, s, d);
     if (st != KILN_OK) return st;
     out->rank = rank;
     out->dims[0] = xk ? x->dims[0] : -1;
     out->sym[0] = xk ? x->sym[0] : NULL;
-    out->dims[1] = wk && w->dims[1] >= 0 ? w->dims[1] * group : -1;
+    bool m_known = wk && w->dims[1] >= 0 && w->dims[1] <= KILN_WINDOW_MAX;
+    out->dims[1] = m_known ? w->dims[1] * group : -1;
     for (int i = 0; i < rank - 2; i++) out->dims[i + 2] = o[i];
     return KILN_OK;
 }
@@ -671,10 +703,11 @@ static kiln_status convt_run(struct kiln_run_ctx *ctx)
     struct conv_geom g;
     memset(&g, 0, sizeof g);
     g.nsp = x->rank - 2;
-    g.group = kiln_attr_int(node, "group", 1);
+    kiln_status st = group_attr(node, &g.group);
+    if (st != KILN_OK) return st;
     g.batch = x->dims[0];
     int64_t c = x->dims[1];
-    if (g.group < 1 || w->dims[0] != c || c % g.group != 0)
+    if (w->dims[0] != c || c % g.group != 0 || w->dims[1] > KILN_WINDOW_MAX)
         return kiln_node_error(node, KILN_ERR_INVALID_ARGUMENT,
                                "channels do not fit: X has %lld, W is [%lld, %lld, ...], group "
                                "%lld",
@@ -682,8 +715,7 @@ static kiln_status convt_run(struct kiln_run_ctx *ctx)
                                (long long)g.group);
     g.col_ch = c;
     g.img_ch = w->dims[1] * g.group;
-    kiln_status st = convt_window(node, g.nsp, x->dims + 2, w->dims + 2, g.img, g.pad, g.stride,
-                                  g.dilation);
+    st = convt_window(node, g.nsp, x->dims + 2, w->dims + 2, g.img, g.pad, g.stride, g.dilation);
     if (st == KILN_OK) st = check_bias(node, b, g.img_ch);
     if (st != KILN_OK) return st;
     for (int i = 0; i < g.nsp; i++) {

@@ -54,7 +54,9 @@ struct roi_sample {
 static void roi_sample_at(double y, double x, int64_t H, int64_t W, struct roi_sample *s)
 {
     memset(s, 0, sizeof *s);
-    if (y < -1.0 || y > (double)H || x < -1.0 || x > (double)W) return;
+    /* outside (or NaN): no contribution */
+    if (H <= 0 || W <= 0 || !(y >= -1.0 && y <= (double)H && x >= -1.0 && x <= (double)W))
+        return;
     if (y < 0) y = 0;
     if (x < 0) x = 0;
     int64_t y_lo = (int64_t)y, x_lo = (int64_t)x, y_hi, x_hi;
@@ -139,14 +141,16 @@ static kiln_status roialign_run(struct kiln_run_ctx *ctx)
             rh = fmax(rh, 1.0);
         }
         double bh = rh / (double)OH, bw = rw / (double)OW;
-        int64_t gh = sampling > 0 ? sampling : (int64_t)ceil(rh / (double)OH);
-        int64_t gw = sampling > 0 ? sampling : (int64_t)ceil(rw / (double)OW);
-        if (gh < 0) gh = 0;
-        if (gw < 0) gw = 0;
-        if (gh > 1 << 16 || gw > 1 << 16)
+        /* samples per bin and axis; an empty, inverted or NaN roi gets none */
+        double ghd = sampling > 0 ? (double)sampling : ceil(rh / (double)OH);
+        double gwd = sampling > 0 ? (double)sampling : ceil(rw / (double)OW);
+        if (!(ghd >= 0)) ghd = 0;
+        if (!(gwd >= 0)) gwd = 0;
+        if (ghd > 65536 || gwd > 65536)
             return kiln_node_error(n, KILN_ERR_INVALID_ARGUMENT,
-                                   "roi %lld needs a %lldx%lld sampling grid", (long long)r,
-                                   (long long)gh, (long long)gw);
+                                   "roi %lld needs a %gx%g sampling grid per bin", (long long)r,
+                                   ghd, gwd);
+        int64_t gh = (int64_t)ghd, gw = (int64_t)gwd;
         double count = (double)(gh * gw > 1 ? gh * gw : 1);
         for (int64_t c = 0; c < C; c++) {
             const int64_t xb = (b * C + c) * H * W;
@@ -305,7 +309,7 @@ static kiln_status nms_run(struct kiln_run_ctx *ctx)
             int64_t nc = 0, nk = 0;
             for (int64_t i = 0; i < NB; i++) {
                 double s = kiln_get_f64(scores->dtype, scores->data, (b * NC + c) * NB + i);
-                if (use_score && !(s > score_th)) continue;
+                if (isnan(s) || (use_score && !(s > score_th))) continue;
                 cand[nc].score = s;
                 cand[nc].index = i;
                 nc++;

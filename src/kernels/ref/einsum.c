@@ -82,19 +82,22 @@ static kiln_status einsum_term(const struct kiln_node *node, const char *eq, siz
 
 /* Fold a dim into a label's size: 1 broadcasts, unknown (-1) stays unknown
  * unless a known size other than 1 turns up. */
-static kiln_status einsum_merge(const struct kiln_node *node, const char *eq, int64_t *size,
-                                bool *unknown, int64_t d)
+static kiln_status einsum_merge(const struct kiln_node *node, const char *eq, int label,
+                                int64_t *size, bool *unknown, int64_t d)
 {
     if (d < 0) {
         *unknown = true;
         return KILN_OK;
     }
     if (d == 1) return KILN_OK;
-    if (*size != 1 && *size != d)
+    if (*size != 1 && *size != d) {
+        char what[16] = "a '...' dim";
+        if (label < EIN_LETTERS)
+            snprintf(what, sizeof what, "label '%c'", label < 26 ? 'a' + label : 'A' + label - 26);
         return kiln_node_error(node, KILN_ERR_INVALID_ARGUMENT,
-                               "equation '%s': a label has size %lld in one place and %lld in "
-                               "another",
-                               eq, (long long)*size, (long long)d);
+                               "equation '%s': %s has size %lld in one place and %lld in another",
+                               eq, what, (long long)*size, (long long)d);
+    }
     *size = d;
     return KILN_OK;
 }
@@ -178,7 +181,7 @@ static kiln_status einsum_plan_make(const struct kiln_node *node, int n, const i
                 count[t]++;
                 if (ranks[k] >= 0) {
                     p->in_label[k][d] = t;
-                    kiln_status st = einsum_merge(node, eq, &size[t], &unknown[t], dims[k][d]);
+                    kiln_status st = einsum_merge(node, eq, t, &size[t], &unknown[t], dims[k][d]);
                     if (st != KILN_OK) return st;
                     d++;
                 }
@@ -189,7 +192,7 @@ static kiln_status einsum_plan_make(const struct kiln_node *node, int n, const i
                 int l = EIN_LETTERS + p->ell_rank - ell[k] + e;
                 p->used[l] = true;
                 p->in_label[k][d] = l;
-                kiln_status st = einsum_merge(node, eq, &size[l], &unknown[l], dims[k][d]);
+                kiln_status st = einsum_merge(node, eq, l, &size[l], &unknown[l], dims[k][d]);
                 if (st != KILN_OK) return st;
             }
         }
@@ -247,6 +250,7 @@ static kiln_status einsum_plan_make(const struct kiln_node *node, int n, const i
     return KILN_OK;
 }
 
+/* Output type of Einsum from the equation and whatever input shapes are known. */
 static kiln_status einsum_infer(struct kiln_infer_ctx *ctx)
 {
     struct kiln_type *out = ctx->out[0];
@@ -282,6 +286,7 @@ static inline double ein_get_f64(kiln_dtype dt, const void *data, int64_t i)
     return kiln_get_f64(dt, data, i);
 }
 
+/* Sum over the summed labels of the product of the inputs, per output element. */
 static kiln_status einsum_run(struct kiln_run_ctx *ctx)
 {
     const struct kiln_node *node = ctx->node;
@@ -381,6 +386,7 @@ KILN_REF_OP(Einsum, einsum_infer, einsum_run);
 
 /* ---- Det ---- */
 
+/* Det drops the two trailing (matrix) dims. */
 static kiln_status det_infer(struct kiln_infer_ctx *ctx)
 {
     const struct kiln_type *x = ctx->in[0];
@@ -435,6 +441,7 @@ static double det_lu(double *a, int64_t m)
     return det;
 }
 
+/* Determinant of every trailing M x M matrix. */
 static kiln_status det_run(struct kiln_run_ctx *ctx)
 {
     const kiln_tensor *x = ctx->in[0];

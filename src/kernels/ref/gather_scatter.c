@@ -903,10 +903,7 @@ static kiln_status unique_infer(struct kiln_infer_ctx *ctx)
     type_unknown_dims(&idx, KILN_DTYPE_I64, 1);
     if (!kiln_node_attr(ctx->node, "axis")) {
         type_unknown_dims(&y, x->dtype, 1);
-        if (x->rank >= 0) {
-            n = 1;
-            for (int i = 0; i < x->rank && n >= 0; i++) n = x->dims[i] < 0 ? -1 : n * x->dims[i];
-        }
+        if (x->rank >= 0) n = kiln_shape_count(x->rank, x->dims);
     } else if (x->rank < 0) {
         type_unknown_dims(&y, x->dtype, -1);
     } else {

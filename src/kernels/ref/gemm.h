@@ -28,6 +28,11 @@ kiln_status kiln_f32_gemm_ref(bool trans_a, bool trans_b, int64_t m, int64_t n, 
                               float alpha, const float *a, int64_t lda, const float *b,
                               int64_t ldb, float beta, float *c, int64_t ldc);
 
+/* Largest spatial size, kernel size, stride, dilation, pad or group the
+ * window code accepts: products of two such values, and sums of a few
+ * products, stay far from int64 overflow whatever a model declares. */
+#define KILN_WINDOW_MAX ((int64_t)1 << 30)
+
 /* A sliding window over the spatial dims of an N x C x D1 x ... tensor. */
 struct kiln_window {
     int nsp;                            /* number of spatial dims */

@@ -111,6 +111,7 @@ static void softmax_any(kiln_dtype dt, const void *x, void *y, const struct axis
     }
 }
 
+/* Softmax or LogSoftmax of float inputs. */
 static kiln_status softmax_common(struct kiln_run_ctx *ctx, bool log_out)
 {
     const kiln_tensor *x = ctx->in[0];
@@ -132,7 +133,8 @@ static kiln_status hardmax_run(struct kiln_run_ctx *ctx)
     const kiln_tensor *x = ctx->in[0];
     kiln_tensor *y = ctx->out[0];
     kiln_dtype dt = x->dtype;
-    if (!kiln_dtype_is_numeric(dt) || dt == KILN_DTYPE_BOOL) return unsupported_dtype(ctx->node, dt);
+    if (!kiln_dtype_is_numeric(dt) || dt == KILN_DTYPE_BOOL)
+        return unsupported_dtype(ctx->node, dt);
     struct axis_layout l;
     kiln_status st = softmax_layout(ctx->node, x, &l);
     if (st != KILN_OK) return st;
@@ -161,6 +163,7 @@ KILN_REF_OP(Hardmax, kiln_infer_same, hardmax_run);
 
 /* ---- BatchNormalization ---- */
 
+/* Y like X; in training, running mean and variance like the inputs they update. */
 static kiln_status batchnorm_infer(struct kiln_infer_ctx *ctx)
 {
     if (ctx->out[0] && ctx->in[0]) *ctx->out[0] = *ctx->in[0];
@@ -177,11 +180,14 @@ static kiln_status check_count(const struct kiln_node *node, const kiln_tensor *
     if (!t) return kiln_node_error(node, KILN_ERR_INVALID_MODEL, "input %s is missing", what);
     int64_t c = kiln_shape_count(t->rank, t->dims);
     if (c != n)
-        return kiln_node_error(node, KILN_ERR_INVALID_ARGUMENT, "%s has %lld elements, expected %lld",
-                               what, (long long)c, (long long)n);
+        return kiln_node_error(node, KILN_ERR_INVALID_ARGUMENT,
+                               "%s has %lld elements, expected %lld", what, (long long)c,
+                               (long long)n);
     return KILN_OK;
 }
 
+/* Per-channel affine normalization with the given statistics, or in
+ * training mode with the batch's own (and updated running statistics). */
 static kiln_status batchnorm_run(struct kiln_run_ctx *ctx)
 {
     const struct kiln_node *node = ctx->node;
@@ -216,7 +222,8 @@ static kiln_status batchnorm_run(struct kiln_run_ctx *ctx)
             double sum = 0.0, sq = 0.0;
             int64_t cnt = n * sp;
             for (int64_t b = 0; b < n; b++)
-                for (int64_t s = 0; s < sp; s++) sum += kiln_get_f64(dt, x->data, (b * ch + c) * sp + s);
+                for (int64_t s = 0; s < sp; s++)
+                    sum += kiln_get_f64(dt, x->data, (b * ch + c) * sp + s);
             double bm = cnt > 0 ? sum / (double)cnt : 0.0;
             for (int64_t b = 0; b < n; b++)
                 for (int64_t s = 0; s < sp; s++) {
@@ -241,8 +248,7 @@ static kiln_status batchnorm_run(struct kiln_run_ctx *ctx)
             if (dt == KILN_DTYPE_F32) {
                 const float *xs = (const float *)x->data + base;
                 float *ys = (float *)y->data + base;
-                float af = (float)a, bf = (float)b0;
-                for (int64_t s = 0; s < sp; s++) ys[s] = xs[s] * af + bf;
+                for (int64_t s = 0; s < sp; s++) ys[s] = (float)(xs[s] * a + b0);
             } else {
                 for (int64_t s = 0; s < sp; s++)
                     kiln_set_f64(dt, y->data, base + s,
@@ -279,6 +285,7 @@ static void normalize_block(kiln_dtype dt, const void *x, void *y, int64_t base,
     }
 }
 
+/* Normalize each (sample, channel) over its spatial dims. */
 static kiln_status instancenorm_run(struct kiln_run_ctx *ctx)
 {
     const struct kiln_node *node = ctx->node;
@@ -351,6 +358,7 @@ static bool stash_dtype(int64_t stash, kiln_dtype *dt)
     }
 }
 
+/* Y like X; Mean and InvStdDev of the stash type, shaped X[:axis] + [1...]. */
 static kiln_status layernorm_infer(struct kiln_infer_ctx *ctx)
 {
     const struct kiln_type *x = ctx->in[0];
@@ -412,10 +420,9 @@ static void rownorm_f32(const float *x, float *y, int64_t rows, int64_t inner, d
             sq += d * d;
         }
         double inv = 1.0 / sqrt(sq / (double)inner + eps);
-        float mf = (float)mean, invf = (float)inv;
         for (int64_t j = 0; j < inner; j++) {
-            float v = (xr[j] - mf) * invf * scale[j];
-            yr[j] = bias ? v + bias[j] : v;
+            double v = (xr[j] - mean) * inv * scale[j];
+            yr[j] = (float)(bias ? v + bias[j] : v);
         }
         if (mo) kiln_set_f64(mo->dtype, mo->data, r, mean);
         if (io) kiln_set_f64(io->dtype, io->data, r, inv);
@@ -453,7 +460,8 @@ static kiln_status rownorm_run(struct kiln_run_ctx *ctx, bool rms)
         if (!p) continue;
         int rr;
         int64_t bd[KILN_MAX_RANK];
-        bool ok = p->rank <= x->rank && kiln_shape_broadcast(x->rank, x->dims, p->rank, p->dims, &rr, bd);
+        bool ok = p->rank <= x->rank &&
+                  kiln_shape_broadcast(x->rank, x->dims, p->rank, p->dims, &rr, bd);
         for (int d = 0; ok && d < rr; d++) ok = bd[d] == x->dims[d];
         if (!ok) {
             char ps[96], xs[96];

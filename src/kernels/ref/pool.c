@@ -76,46 +76,74 @@ static double *read_f64(const kiln_tensor *x)
     return d;
 }
 
+/* Ceiling division for a positive divisor. */
+static int64_t ceil_div(int64_t a, int64_t b) { return a >= 0 ? (a + b - 1) / b : -(-a / b); }
+
+/* Per spatial dim and output coordinate: the kernel taps j in [lo, hi) land
+ * inside the input; the first n_pad taps land inside the input or its padding. */
+struct tap_range {
+    int64_t lo, hi, n_pad;
+};
+
+/* Fill tab[d][o] for every dim d and output coordinate o (tab[d] = base + offset). */
+static void tap_ranges(const struct kiln_window *w, struct tap_range *buf,
+                       struct tap_range **tab)
+{
+    for (int d = 0; d < w->nsp; d++) {
+        tab[d] = buf;
+        int64_t dil = w->dilation[d], k = w->kernel[d];
+        for (int64_t o = 0; o < w->out[d]; o++, buf++) {
+            int64_t start = o * w->stride[d] - w->pad_begin[d];
+            int64_t lo = start >= 0 ? 0 : ceil_div(-start, dil);
+            int64_t hi = ceil_div(w->in[d] - start, dil);
+            int64_t n_pad = ceil_div(w->in[d] + w->pad_end[d] - start, dil);
+            buf->lo = lo;
+            buf->hi = hi > k ? k : hi < lo ? lo : hi;
+            buf->n_pad = n_pad < 0 ? 0 : n_pad > k ? k : n_pad;
+        }
+    }
+}
+
 /* Combine one window of one plane: value, and for MAX the argmax's offset in the plane. */
 static double pool_window_value(const struct pool_op *op, const struct kiln_window *w,
-                                const double *plane, const int64_t *o, const int64_t *rm_stride,
+                                struct tap_range *const *tab, const double *plane,
+                                const int64_t *o, const int64_t *rm_stride,
                                 const int64_t *cm_stride, int64_t *arg)
 {
     int nsp = w->nsp;
-    int64_t j[KILN_MAX_RANK] = {0};
-    int64_t kcount = kiln_shape_count(nsp, w->kernel);
+    int64_t lo[KILN_MAX_RANK], hi[KILN_MAX_RANK], j[KILN_MAX_RANK];
+    int64_t n_valid = 1, n_padded = 1, off = 0, cm = 0;
+    for (int d = 0; d < nsp; d++) {
+        const struct tap_range *r = &tab[d][o[d]];
+        int64_t pos = o[d] * w->stride[d] - w->pad_begin[d] + r->lo * w->dilation[d];
+        lo[d] = j[d] = r->lo;
+        hi[d] = r->hi;
+        n_valid *= r->hi - r->lo;
+        n_padded *= r->n_pad;
+        off += pos * rm_stride[d];
+        cm += pos * cm_stride[d];
+    }
     double best = 0, sum = 0;
-    bool have = false;
-    int64_t n_valid = 0, n_padded = 0;
     *arg = -1;
-    for (int64_t kidx = 0; kidx < kcount; kidx++) {
-        bool valid = true, in_padded = true;
-        int64_t off = 0, cm = 0;
-        for (int d = 0; d < nsp; d++) {
-            int64_t pos = o[d] * w->stride[d] - w->pad_begin[d] + j[d] * w->dilation[d];
-            if (pos < 0 || pos >= w->in[d]) valid = false;
-            if (pos >= w->in[d] + w->pad_end[d]) in_padded = false;
-            off += pos * rm_stride[d];
-            cm += pos * cm_stride[d];
-        }
-        for (int d = nsp - 1; d >= 0; d--) { /* next kernel offset */
-            if (++j[d] < w->kernel[d]) break;
-            j[d] = 0;
-        }
-        if (in_padded) n_padded++;
-        if (!valid) continue;
+    for (int64_t t = 0; t < n_valid; t++) {
         double v = plane[off];
-        n_valid++;
         switch (op->kind) {
         case POOL_MAX:
-            if (!have || v > best) {
+            if (t == 0 || v > best) {
                 best = v;
                 *arg = op->column_major ? cm : off;
-                have = true;
             }
             break;
         case POOL_AVG: sum += v; break;
         case POOL_LP: sum += op->p == 2 ? v * v : pow(fabs(v), op->p); break;
+        }
+        for (int d = nsp - 1; d >= 0; d--) { /* next valid tap */
+            off += w->dilation[d] * rm_stride[d];
+            cm += w->dilation[d] * cm_stride[d];
+            if (++j[d] < hi[d]) break;
+            off -= (hi[d] - lo[d]) * w->dilation[d] * rm_stride[d];
+            cm -= (hi[d] - lo[d]) * w->dilation[d] * cm_stride[d];
+            j[d] = lo[d];
         }
     }
     switch (op->kind) {
@@ -156,15 +184,24 @@ static kiln_status pool_run_common(struct kiln_run_ctx *ctx, const struct pool_o
     }
     int64_t planes = x->dims[0] * x->dims[1];
     int64_t in_size = kiln_shape_count(nsp, w.in), out_size = kiln_shape_count(nsp, w.out);
+    int64_t n_tab = 0;
+    for (int d = 0; d < nsp; d++) n_tab += w.out[d];
     double *xd = read_f64(x);
-    if (!xd) return kiln_error(KILN_ERR_OUT_OF_MEMORY, "%s: out of memory", node->op_type);
+    struct tap_range *tab_buf = malloc(sizeof(struct tap_range) * (size_t)(n_tab + 1));
+    if (!xd || !tab_buf) {
+        free(xd);
+        free(tab_buf);
+        return kiln_error(KILN_ERR_OUT_OF_MEMORY, "%s: out of memory", node->op_type);
+    }
+    struct tap_range *tab[KILN_MAX_RANK];
+    tap_ranges(&w, tab_buf, tab);
     int64_t *idx = ind ? ind->data : NULL;
     for (int64_t pl = 0; pl < planes; pl++) {
         const double *plane = xd + pl * in_size;
         int64_t o[KILN_MAX_RANK] = {0};
         for (int64_t i = 0; i < out_size; i++) {
             int64_t arg;
-            double v = pool_window_value(op, &w, plane, o, rm_stride, cm_stride, &arg);
+            double v = pool_window_value(op, &w, tab, plane, o, rm_stride, cm_stride, &arg);
             int64_t yi = pl * out_size + i;
             if (y->dtype == KILN_DTYPE_F32) ((float *)y->data)[yi] = (float)v;
             else kiln_set_f64(y->dtype, y->data, yi, v);
@@ -176,6 +213,7 @@ static kiln_status pool_run_common(struct kiln_run_ctx *ctx, const struct pool_o
         }
     }
     free(xd);
+    free(tab_buf);
     return KILN_OK;
 }
 
@@ -205,7 +243,9 @@ KILN_REF_OP(AveragePool, pool_infer, average_pool_run);
 /* The p attribute of LpPool / GlobalLpPool (INT in current opsets, FLOAT in opset 1). */
 static kiln_status lp_exponent(const struct kiln_node *node, double *p)
 {
-    *p = kiln_attr_float(node, "p", 2.0f);
+    /* p is INT in the ONNX schema; some exporters write FLOAT */
+    const struct kiln_attr *pa = kiln_node_attr(node, "p");
+    *p = pa && pa->type == KILN_ATTR_FLOAT ? pa->f : (float)kiln_attr_int(node, "p", 2);
     if (!(*p > 0))
         return kiln_node_error(node, KILN_ERR_INVALID_MODEL, "p is %g, must be > 0", *p);
     return KILN_OK;
@@ -334,6 +374,14 @@ static kiln_status max_unpool_type(const struct kiln_node *node, const struct ki
     for (int i = 0; i < nsp; i++) {
         int64_t n = x->dims[i + 2], s = nst > 0 ? st[i] : 1;
         int64_t pb = npd > 0 ? pads[i] : 0, pe = npd > 0 ? pads[nsp + i] : 0;
+        int64_t lim = KILN_WINDOW_MAX;
+        if (n > lim || ks[i] < 1 || ks[i] > lim || s < 1 || s > lim || pb < 0 || pb > lim ||
+            pe < 0 || pe > lim)
+            return kiln_node_error(node, KILN_ERR_INVALID_MODEL,
+                                   "spatial dim %d: size %lld, kernel %lld, stride %lld or pads "
+                                   "%lld, %lld out of range",
+                                   i, (long long)n, (long long)ks[i], (long long)s, (long long)pb,
+                                   (long long)pe);
         out->sym[i + 2] = NULL;
         out->dims[i + 2] = n < 0 ? -1 : (n - 1) * s + ks[i] - pb - pe;
         if (n >= 0 && out->dims[i + 2] < 0)

@@ -122,7 +122,7 @@ static kiln_status quant_layout_init(const struct kiln_node *node, const kiln_te
     }
     bool ok = scale->rank == x->rank;
     for (int d = 0; ok && d < x->rank; d++) {
-        int64_t want = d == axis ? (x->dims[d] + block - 1) / block : x->dims[d];
+        int64_t want = d == axis ? x->dims[d] / block + (x->dims[d] % block != 0) : x->dims[d];
         if (scale->dims[d] != want) ok = false;
     }
     if (!ok)

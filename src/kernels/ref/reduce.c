@@ -168,6 +168,7 @@ static kiln_status reduce_plan_make(const struct kiln_node *node, bool has_axes_
     return KILN_OK;
 }
 
+/* Output type of a Reduce node: reduced dims become 1 or go away. */
 static kiln_status reduce_infer(struct kiln_infer_ctx *ctx)
 {
     struct kiln_type *out = ctx->out[0];
@@ -313,7 +314,9 @@ static void reduce_group_int(enum reduce_kind kind, kiln_dtype dt, const void *d
         case RED_MIN:
             if (int_less(dt, v, (int64_t)acc)) acc = (uint64_t)v;
             break;
-        case RED_L1: acc += (uint64_t)(v < 0 && dt != KILN_DTYPE_U64 ? -(uint64_t)v : (uint64_t)v); break;
+        case RED_L1:
+            acc += v < 0 && dt != KILN_DTYPE_U64 ? -(uint64_t)v : (uint64_t)v;
+            break;
         case RED_SUM_SQUARE: acc += (uint64_t)v * (uint64_t)v; break;
         default: break;
         }
@@ -358,6 +361,7 @@ static void reduce_rows_f32(enum reduce_kind kind, const float *x, float *y, int
     }
 }
 
+/* Run a Reduce node: one group of reduced elements per output element. */
 static kiln_status reduce_run(struct kiln_run_ctx *ctx, enum reduce_kind kind)
 {
     const kiln_tensor *x = ctx->in[0];
@@ -449,6 +453,7 @@ KILN_REF_OP(ReduceSumSquare, reduce_infer, reduce_sum_square_run);
 
 /* ---- ArgMax, ArgMin ---- */
 
+/* Output of ArgMax / ArgMin: int64, the axis kept as 1 or dropped. */
 static kiln_status arg_infer(struct kiln_infer_ctx *ctx)
 {
     struct kiln_type *out = ctx->out[0];
@@ -571,6 +576,7 @@ static kiln_status topk_k(const struct kiln_node *node, bool has_k_input, const 
     return KILN_OK;
 }
 
+/* Outputs of TopK: values and int64 indices, axis resized to k. */
 static kiln_status topk_infer(struct kiln_infer_ctx *ctx)
 {
     const struct kiln_type *x = ctx->in[0];
@@ -649,6 +655,8 @@ static void merge_sort_idx(int64_t *idx, int64_t *tmp, int64_t n, const union so
     }
 }
 
+/* The k largest (or smallest) elements of every line along axis, sorted,
+ * ties broken by the lower index. */
 static kiln_status topk_run(struct kiln_run_ctx *ctx)
 {
     const kiln_tensor *x = ctx->in[0];
@@ -738,6 +746,7 @@ static kiln_status scan_axis(const struct kiln_node *node, const kiln_tensor *a,
     return KILN_OK;
 }
 
+/* CumSum / CumProd keep the input type; a known axis is checked early. */
 static kiln_status scan_infer(struct kiln_infer_ctx *ctx)
 {
     const struct kiln_type *x = ctx->in[0];

@@ -236,8 +236,8 @@ static kiln_status rs_make_plan(const struct kiln_node *n, const struct rs_attrs
     if (roi && a->coord == RS_TF_CROP_AND_RESIZE) {
         int64_t cnt = kiln_shape_count(roi->rank, roi->dims);
         if (cnt != 2 * nax && cnt != 2 * rank)
-            return kiln_node_error(n, KILN_ERR_INVALID_ARGUMENT, "roi has %lld entries, expected %d",
-                                   (long long)cnt, 2 * nax);
+            return kiln_node_error(n, KILN_ERR_INVALID_ARGUMENT,
+                                   "roi has %lld entries, expected %d", (long long)cnt, 2 * nax);
         if (!kiln_dtype_is_float(roi->dtype))
             return kiln_node_error(n, KILN_ERR_INVALID_ARGUMENT, "roi has dtype %s",
                                    kiln_dtype_name(roi->dtype));
@@ -372,21 +372,27 @@ struct rs_taps {
 };
 
 /* Number of taps per output coordinate on axis d. */
-static int rs_ntap(const struct rs_attrs *a, double scale)
+static double rs_ntap(const struct rs_attrs *a, double scale)
 {
     if (a->mode == RS_NEAREST) return 2;
     double s = a->antialias ? fmin(scale, 1.0) : 1.0;
     double reach = a->mode == RS_LINEAR ? 1.0 : 2.0;
-    int start = (int)floor(-reach / s) + 1;
-    return 2 - 2 * start;
+    return 2 - 2 * (floor(-reach / s) + 1);
 }
 
-/* Compute the taps of axis d (arrays allocated here; NULL idx on OOM). */
-static void rs_axis_taps(const struct rs_attrs *a, const struct rs_plan *p, int d,
-                         struct rs_taps *t)
+/* Compute the taps of axis d into t (arrays allocated here, freed by the caller). */
+static kiln_status rs_axis_taps(const struct kiln_node *n, const struct rs_attrs *a,
+                                const struct rs_plan *p, int d, struct rs_taps *t)
 {
     int64_t O = p->out[d], in = p->in[d];
-    int nt = rs_ntap(a, p->scale[d]);
+    double ntd = rs_ntap(a, p->scale[d]);
+    memset(t, 0, sizeof *t);
+    /* a bound on the tap table (antialias widens it by 1 / scale) */
+    if (ntd * (double)(O + 1) > (double)((int64_t)1 << 31))
+        return kiln_node_error(n, KILN_ERR_OUT_OF_MEMORY,
+                               "resizing axis %d from %lld to %lld needs too many taps", d,
+                               (long long)in, (long long)O);
+    int nt = (int)ntd;
     int start = 1 - nt / 2;
     double s = a->antialias ? fmin(p->scale[d], 1.0) : 1.0;
     t->out = O;
@@ -395,18 +401,14 @@ static void rs_axis_taps(const struct rs_attrs *a, const struct rs_plan *p, int 
     t->w = malloc((size_t)(O * nt + 1) * sizeof *t->w);
     t->oob = malloc((size_t)(O + 1) * sizeof *t->oob);
     t->identity = O == in;
-    if (!t->idx || !t->w || !t->oob) {
-        free(t->idx);
-        free(t->w);
-        free(t->oob);
-        t->idx = NULL;
-        t->w = NULL;
-        t->oob = NULL;
-        return;
-    }
+    if (!t->idx || !t->w || !t->oob)
+        return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory for Resize taps");
     for (int64_t o = 0; o < O; o++) {
         bool oob;
         double x = rs_original(a, p, d, (double)o, &oob);
+        /* keep x (even NaN from a bad roi) where the index arithmetic is defined */
+        if (!(x >= -(double)nt - 2)) x = -(double)nt - 2;
+        if (!(x <= (double)in + nt + 2)) x = (double)in + nt + 2;
         /* base = ceil(x) - 1, so ratio = x - base lies in (0, 1] */
         double base = ceil(x) - 1;
         double ratio = x - base;
@@ -450,6 +452,7 @@ static void rs_axis_taps(const struct rs_attrs *a, const struct rs_plan *p, int 
             t->identity = id;
         }
     }
+    return KILN_OK;
 }
 
 /* Resize along axis d: src has dims cur[], dst gets cur with cur[d] = taps->out. */
@@ -492,10 +495,13 @@ static kiln_status rs_execute(const struct kiln_node *n, const struct rs_attrs *
     for (int d = 0; d < r; d++) {
         if (!p->resized[d]) continue;
         struct rs_taps t;
-        rs_axis_taps(a, p, d, &t);
-        if (!t.idx) {
+        kiln_status st = rs_axis_taps(n, a, p, d, &t);
+        if (st != KILN_OK) {
+            free(t.idx);
+            free(t.w);
+            free(t.oob);
             free(buf);
-            return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory for Resize taps");
+            return st;
         }
         if (!t.identity) {
             int64_t nxt[KILN_MAX_RANK];
@@ -569,6 +575,7 @@ static kiln_status rs_run(struct kiln_run_ctx *ctx, bool upsample)
     return rs_execute(n, &a, &p, X, ctx->out[0]);
 }
 
+/* Entry points of Resize and Upsample. */
 static kiln_status resize_infer(struct kiln_infer_ctx *ctx) { return rs_infer(ctx, false); }
 static kiln_status resize_run(struct kiln_run_ctx *ctx) { return rs_run(ctx, false); }
 static kiln_status upsample_infer(struct kiln_infer_ctx *ctx) { return rs_infer(ctx, true); }
@@ -614,17 +621,14 @@ static double gs_reflect(double x, double lo, double hi)
 {
     double rng = hi - lo;
     if (rng <= 0) return lo;
+    /* m: distance past the border, modulo the period of two bounces */
     if (x < lo) {
-        double dx = lo - x;
-        int64_t k = (int64_t)(dx / rng);
-        double r = dx - (double)k * rng;
-        return k % 2 == 0 ? lo + r : hi - r;
+        double m = fmod(lo - x, 2 * rng);
+        return m < rng ? lo + m : hi - (m - rng);
     }
     if (x > hi) {
-        double dx = x - hi;
-        int64_t k = (int64_t)(dx / rng);
-        double r = dx - (double)k * rng;
-        return k % 2 == 0 ? hi - r : lo + r;
+        double m = fmod(x - hi, 2 * rng);
+        return m < rng ? hi - m : lo + (m - rng);
     }
     return x;
 }
@@ -676,6 +680,7 @@ static kiln_status gridsample_run(struct kiln_run_ctx *ctx)
     const int64_t *D = X->dims + 2;
     int64_t in_sp = kiln_shape_count(k, D), out_sp = kiln_shape_count(k, G->dims + 1);
     int nt = m == 0 ? 1 : m == 1 ? 2 : 4;
+    if (in_sp == 0) return KILN_OK; /* nothing to sample: the output stays zero */
     int64_t idx[KILN_MAX_RANK][4];
     double w[KILN_MAX_RANK][4];
     bool is_int = kiln_dtype_is_int(Y->dtype);
@@ -689,7 +694,12 @@ static kiln_status gridsample_run(struct kiln_run_ctx *ctx)
                 /* the grid lists coordinates innermost dim first */
                 double g = kiln_get_f64(G->dtype, G->data, gbase + (k - 1 - d));
                 double x = align ? (g + 1) / 2.0 * (len - 1) : ((g + 1) * len - 1) / 2.0;
-                x = (double)(float)x; /* the ONNX reference keeps these in float32 */
+                /* NaN and huge values read as outside; zeros padding needs no more than a
+                   little outside */
+                if (!(fabs(x) < 1e30)) x = lo - 8;
+                else x = (double)(float)x; /* the ONNX reference keeps these in float32 */
+                if (pad == GS_ZEROS && x < lo - 8) x = lo - 8;
+                if (pad == GS_ZEROS && x > hi + 8) x = hi + 8;
                 if (m == 0) x = nearbyint(x); /* half to even, as the test data has it */
                 if (x < lo || x > hi) {
                     if (pad == GS_BORDER) x = x < 0 ? 0 : x > len - 1 ? len - 1 : x;
@@ -825,6 +835,7 @@ struct c2i_attrs {
     int64_t dil[KILN_MAX_RANK], pad_b[KILN_MAX_RANK], pad_e[KILN_MAX_RANK], stride[KILN_MAX_RANK];
 };
 
+/* Parse dilations, strides and pads (begins then ends) for k spatial dims. */
 static kiln_status c2i_parse(const struct kiln_node *n, int k, struct c2i_attrs *a)
 {
     const int64_t *v;
@@ -834,22 +845,32 @@ static kiln_status c2i_parse(const struct kiln_node *n, int k, struct c2i_attrs 
         a->pad_b[i] = a->pad_e[i] = 0;
     }
     if ((cnt = kiln_attr_ints(n, "dilations", &v)) >= 0) {
-        if (cnt != k) return kiln_node_error(n, KILN_ERR_INVALID_MODEL, "dilations has %d entries, expected %d", cnt, k);
-        for (int i = 0; i < k; i++) a->dil[i] = v[i];
+        if (cnt != k)
+            return kiln_node_error(n, KILN_ERR_INVALID_MODEL,
+                                   "dilations has %d entries, expected %d", cnt, k);
+        for (int i = 0; i < k; i++)
+            a->dil[i] = v[i];
     }
     if ((cnt = kiln_attr_ints(n, "strides", &v)) >= 0) {
-        if (cnt != k) return kiln_node_error(n, KILN_ERR_INVALID_MODEL, "strides has %d entries, expected %d", cnt, k);
-        for (int i = 0; i < k; i++) a->stride[i] = v[i];
+        if (cnt != k)
+            return kiln_node_error(n, KILN_ERR_INVALID_MODEL, "strides has %d entries, expected %d",
+                                   cnt, k);
+        for (int i = 0; i < k; i++)
+            a->stride[i] = v[i];
     }
     if ((cnt = kiln_attr_ints(n, "pads", &v)) >= 0) {
-        if (cnt != 2 * k) return kiln_node_error(n, KILN_ERR_INVALID_MODEL, "pads has %d entries, expected %d", cnt, 2 * k);
+        if (cnt != 2 * k)
+            return kiln_node_error(n, KILN_ERR_INVALID_MODEL, "pads has %d entries, expected %d",
+                                   cnt, 2 * k);
         for (int i = 0; i < k; i++) {
             a->pad_b[i] = v[i];
             a->pad_e[i] = v[k + i];
         }
     }
+    const int64_t lim = (int64_t)1 << 31;
     for (int i = 0; i < k; i++)
-        if (a->dil[i] <= 0 || a->stride[i] <= 0 || a->pad_b[i] < 0 || a->pad_e[i] < 0)
+        if (a->dil[i] <= 0 || a->stride[i] <= 0 || a->pad_b[i] < 0 || a->pad_e[i] < 0 ||
+            a->dil[i] > lim || a->stride[i] > lim || a->pad_b[i] > lim || a->pad_e[i] > lim)
             return kiln_node_error(n, KILN_ERR_INVALID_MODEL,
                                    "dim %d: dilation %lld, stride %lld, pads %lld/%lld", i,
                                    (long long)a->dil[i], (long long)a->stride[i],
@@ -863,11 +884,13 @@ static kiln_status c2i_shape(const struct kiln_node *n, const char *what, const 
 {
     if (t->rank != 1 || !kiln_dtype_is_int(t->dtype) || t->dims[0] < 1 ||
         t->dims[0] > KILN_MAX_RANK - 2)
-        return kiln_node_error(n, KILN_ERR_INVALID_ARGUMENT, "%s must be a 1-D int tensor of 1..%d entries", what, KILN_MAX_RANK - 2);
+        return kiln_node_error(n, KILN_ERR_INVALID_ARGUMENT,
+                               "%s must be a 1-D int tensor of 1..%d entries", what,
+                               KILN_MAX_RANK - 2);
     *k = (int)t->dims[0];
     for (int i = 0; i < *k; i++) {
         out[i] = kiln_tensor_i64(t, i);
-        if (out[i] <= 0)
+        if (out[i] <= 0 || out[i] > ((int64_t)1 << 31))
             return kiln_node_error(n, KILN_ERR_INVALID_ARGUMENT, "%s[%d] = %lld is not positive",
                                    what, i, (long long)out[i]);
     }
@@ -933,18 +956,24 @@ static kiln_status col2im_run(struct kiln_run_ctx *ctx)
     if ((st = c2i_parse(n, k, &a)) != KILN_OK) return st;
     if (!kiln_dtype_is_numeric(X->dtype))
         return kiln_node_error(n, KILN_ERR_UNSUPPORTED, "dtype %s", kiln_dtype_name(X->dtype));
-    int64_t bsize = kiln_shape_count(k, blk), L = 1;
+    int64_t bsize = kiln_shape_count(k, blk);
     for (int i = 0; i < k; i++) {
         int64_t span = a.dil[i] * (blk[i] - 1) + 1;
         int64_t padded = img[i] + a.pad_b[i] + a.pad_e[i];
         nb[i] = padded >= span ? (padded - span) / a.stride[i] + 1 : 0;
-        L *= nb[i];
     }
-    if (X->rank != 3 || bsize <= 0 || X->dims[1] % bsize || X->dims[2] != L)
+    int64_t L = kiln_shape_count(k, nb);
+    if (X->rank != 3 || bsize <= 0 || L < 0 || X->dims[1] % bsize || X->dims[2] != L) {
+        char buf[96];
         return kiln_node_error(n, KILN_ERR_INVALID_ARGUMENT,
-                               "input must be [N, C*%lld, %lld], got rank %d", (long long)bsize,
-                               (long long)L, X->rank);
+                               "input has shape %s, expected [N, C*%lld, %lld]",
+                               kiln_shape_str(X->rank, X->dims, buf, sizeof buf),
+                               (long long)bsize, (long long)L);
+    }
     int64_t N = X->dims[0], C = X->dims[1] / bsize, isz = kiln_shape_count(k, img);
+    bool y_ok = Y->rank == k + 2 && Y->dims[0] == N && Y->dims[1] == C && isz >= 0;
+    for (int i = 0; y_ok && i < k; i++) y_ok = Y->dims[i + 2] == img[i];
+    if (!y_ok) return kiln_node_error(n, KILN_ERR_INTERNAL, "output shape mismatch");
     double *acc = calloc((size_t)(isz + 1), sizeof *acc);
     if (!acc) return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory for Col2Im");
     for (int64_t b = 0; b < N; b++)

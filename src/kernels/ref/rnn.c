@@ -154,8 +154,8 @@ static kiln_status parse_activations(const struct kiln_node *n, struct rnn_cfg *
                     strncasecmp(act_table[t].name, s->data, s->len) == 0)
                     break;
             if (t == sizeof act_table / sizeof act_table[0])
-                return kiln_node_error(n, KILN_ERR_UNSUPPORTED, "activation '%.*s' is not supported",
-                                       (int)s->len, s->data);
+                return kiln_node_error(n, KILN_ERR_UNSUPPORTED,
+                                       "activation '%.*s' is not supported", (int)s->len, s->data);
             a->fn = act_table[t].fn;
             a->alpha = act_table[t].alpha;
             a->beta = act_table[t].beta;
@@ -191,9 +191,13 @@ static kiln_status rnn_infer(struct kiln_infer_ctx *ctx, enum rnn_kind kind)
         batch = x->dims[layout ? 0 : 1];
     }
     int64_t hidden = kiln_attr_int(n, "hidden_size", -1);
-    if (hidden < 0 && r && r->rank == 3) hidden = r->dims[2];
-    if (hidden == 0 && kiln_node_attr(n, "hidden_size"))
-        return kiln_node_error(n, KILN_ERR_INVALID_MODEL, "hidden_size is 0");
+    int64_t r_hidden = r && r->rank == 3 ? r->dims[2] : -1;
+    if (kiln_node_attr(n, "hidden_size") &&
+        (hidden <= 0 || (r_hidden >= 0 && hidden != r_hidden)))
+        return kiln_node_error(n, KILN_ERR_INVALID_MODEL,
+                               "hidden_size %lld does not match R's last dim %lld",
+                               (long long)hidden, (long long)r_hidden);
+    if (hidden < 0) hidden = r_hidden;
 
     if (ctx->n_out > 0 && ctx->out[0]) {
         int64_t d[4] = {seq, ndir, batch, hidden};
@@ -242,6 +246,7 @@ static double *to_doubles(const kiln_tensor *t, kiln_status *st)
     return v;
 }
 
+/* Clamp a gate's pre-activation to [-clip, clip] when clip is set. */
 static double clipv(const struct rnn_cfg *c, double v)
 {
     if (c->clip > 0) {
@@ -437,7 +442,8 @@ static kiln_status rnn_run(struct kiln_run_ctx *ctx, enum rnn_kind kind)
                     if (kind == KIND_LSTM) memcpy(cb, c_new, (size_t)H * sizeof *cb);
                 }
                 if (Y) {
-                    int64_t yi = c.layout ? ((b * T + t) * ND + d) * H : ((t * ND + d) * NB + b) * H;
+                    int64_t yi =
+                        c.layout ? ((b * T + t) * ND + d) * H : ((t * ND + d) * NB + b) * H;
                     for (int64_t j = 0; j < H; j++)
                         kiln_set_f64(Y->dtype, Y->data, yi + j, t < len ? hb[j] : 0.0);
                 }
@@ -465,6 +471,7 @@ out_free:
     return st;
 }
 
+/* Entry points of the three ops. */
 static kiln_status rnn_infer_rnn(struct kiln_infer_ctx *ctx) { return rnn_infer(ctx, KIND_RNN); }
 static kiln_status rnn_infer_gru(struct kiln_infer_ctx *ctx) { return rnn_infer(ctx, KIND_GRU); }
 static kiln_status rnn_infer_lstm(struct kiln_infer_ctx *ctx) { return rnn_infer(ctx, KIND_LSTM); }

@@ -207,15 +207,17 @@ static kiln_dtype dtype_from_onnx(int64_t code)
     }
 }
 
-/* Product of dims[from..to) of a type, or -1 if one of them is unknown. */
+/* Product of dims[from..to) of a type, or -1 if one is unknown or it is too large. */
 static int64_t type_dims_product(const struct kiln_type *t, int from, int to)
 {
-    int64_t p = 1;
-    for (int i = from; i < to; i++) {
-        if (t->dims[i] < 0) return -1;
-        p *= t->dims[i];
-    }
-    return p;
+    return to > from ? kiln_shape_count(to - from, t->dims + from) : 1;
+}
+
+/* a * b for sizes, or -1 past KILN_TENSOR_MAX_BYTES (a, b >= 0). */
+static int64_t size_mul(int64_t a, int64_t b)
+{
+    if (b != 0 && a > KILN_TENSOR_MAX_BYTES / b) return -1;
+    return a * b;
 }
 
 /* Product of dims[from..to) of a tensor. */
@@ -684,9 +686,12 @@ static kiln_status reshape_infer(struct kiln_infer_ctx *ctx)
     for (int i = 0; i < n; i++) {
         if (i == infer_at) continue;
         if (t.dims[i] < 0) all_known = false;
-        else known *= t.dims[i];
+        else known = known < 0 ? -1 : size_mul(known, t.dims[i]);
     }
     char buf[160];
+    if (known < 0)
+        return kiln_node_error(node, KILN_ERR_INVALID_ARGUMENT, "shape %s is too large",
+                               kiln_shape_str(n, v, buf, sizeof buf));
     if (infer_at >= 0 && total >= 0 && all_known) {
         if (known == 0 || total % known != 0)
             return kiln_node_error(node, KILN_ERR_INVALID_ARGUMENT,
@@ -863,10 +868,11 @@ static kiln_status squeeze_infer(struct kiln_infer_ctx *ctx)
     kiln_status st = squeeze_axes(node, has_in(ctx, 1), in_value(ctx, 1), axes, &n, &given,
                                   &known);
     if (st != KILN_OK) return st;
+    if (given && known && n == 0) given = false; /* empty axes squeeze every 1, as in ORT */
     struct kiln_type t;
     if (x->rank < 0 || !known) {
         int r = -1;
-        if (x->rank >= 0 && ctx->in[1] && ctx->in[1]->rank == 1 && ctx->in[1]->dims[0] >= 0 &&
+        if (x->rank >= 0 && ctx->in[1] && ctx->in[1]->rank == 1 && ctx->in[1]->dims[0] > 0 &&
             ctx->in[1]->dims[0] <= x->rank)
             r = x->rank - (int)ctx->in[1]->dims[0];
         type_unknown_dims(&t, x->dtype, r);
@@ -1018,7 +1024,7 @@ static kiln_status concat_infer(struct kiln_infer_ctx *ctx)
         for (int i = 0; i < t.rank; i++) {
             int64_t d = x->dims[i];
             if (i == axis) {
-                if (d < 0) axis_known = false;
+                if (d < 0 || d > KILN_TENSOR_MAX_BYTES) axis_known = false;
                 else t.dims[i] += d;
             } else if (d >= 0) {
                 if (t.dims[i] >= 0 && t.dims[i] != d)
@@ -1071,7 +1077,7 @@ KILN_REF_OP(Concat, concat_infer, concat_run);
 
 /*
  * The sizes of Split's n outputs along an axis of size dim (-1 if unknown):
- * from the split attribute (before opset 13) or input, else equal parts
+ * from the split attribute (before opset 13) or input 1, else equal parts
  * (from opset 18 the last part may be smaller). sizes[i] = -1 if unknown.
  */
 static kiln_status split_sizes(const struct kiln_node *node, int n, int64_t dim, bool present,
@@ -1087,7 +1093,8 @@ static kiln_status split_sizes(const struct kiln_node *node, int n, int64_t dim,
             return kiln_node_error(node, KILN_ERR_UNSUPPORTED, "split has %d entries; at most %d",
                                    c, KILN_MAX_IO);
         for (int i = 0; i < c; i++) split[i] = a[i];
-    } else if (present) {
+    }
+    if (c < 0 && present) { /* the split input: from opset 13, and optional in opset 1 */
         if (!value) {
             for (int i = 0; i < n; i++) sizes[i] = -1;
             return KILN_OK;
@@ -1455,8 +1462,15 @@ static kiln_status tile_infer(struct kiln_infer_ctx *ctx)
     for (int i = 0; i < x->rank; i++) {
         if (reps[i] == 1) continue;
         t.sym[i] = NULL;
-        if (reps[i] == 0) t.dims[i] = 0;
-        else if (x->dims[i] >= 0) t.dims[i] = x->dims[i] * reps[i];
+        if (reps[i] == 0) {
+            t.dims[i] = 0;
+        } else if (x->dims[i] >= 0) {
+            t.dims[i] = size_mul(x->dims[i], reps[i]);
+            if (t.dims[i] < 0)
+                return kiln_node_error(ctx->node, KILN_ERR_INVALID_ARGUMENT,
+                                       "repeats[%d] = %lld makes dim %d too large", i,
+                                       (long long)reps[i], i);
+        }
     }
     set_out(ctx, 0, &t);
     return KILN_OK;
@@ -1539,6 +1553,10 @@ static kiln_status pad_amounts(const struct kiln_node *node, int rank, const kil
     if (n != 2 * n_axes)
         return kiln_node_error(node, KILN_ERR_INVALID_ARGUMENT,
                                "pads has %d entries; expected %d (two per axis)", n, 2 * n_axes);
+    for (int i = 0; i < n; i++)
+        if (pads[i] > KILN_TENSOR_MAX_BYTES || pads[i] < -KILN_TENSOR_MAX_BYTES)
+            return kiln_node_error(node, KILN_ERR_INVALID_ARGUMENT, "pads[%d] = %lld is too large",
+                                   i, (long long)pads[i]);
     bool mask[KILN_MAX_RANK];
     kiln_status st = axes_mask(node, axes, n_axes, rank, mask);
     if (st != KILN_OK) return st;
@@ -1579,7 +1597,7 @@ static kiln_status pad_infer(struct kiln_infer_ctx *ctx)
         t.sym[i] = NULL;
         if (x->dims[i] < 0) continue;
         t.dims[i] = x->dims[i] + pb[i] + pe[i];
-        if (t.dims[i] < 0)
+        if (t.dims[i] < 0 || x->dims[i] > KILN_TENSOR_MAX_BYTES)
             return kiln_node_error(ctx->node, KILN_ERR_INVALID_ARGUMENT,
                                    "pads %lld, %lld make dim %d of size %lld negative",
                                    (long long)pb[i], (long long)pe[i], i, (long long)x->dims[i]);
@@ -1807,9 +1825,9 @@ KILN_REF_OP(CenterCropPad, center_crop_pad_infer, center_crop_pad_run);
 static kiln_status blocksize_get(const struct kiln_node *node, int64_t *b)
 {
     *b = kiln_attr_int(node, "blocksize", 0);
-    if (*b <= 0)
+    if (*b <= 0 || *b > 65536)
         return kiln_node_error(node, KILN_ERR_INVALID_MODEL,
-                               "blocksize is %lld; it must be positive", (long long)*b);
+                               "blocksize is %lld; it must be in [1, 65536]", (long long)*b);
     return KILN_OK;
 }
 
@@ -1844,15 +1862,25 @@ static kiln_status space_depth_infer(struct kiln_infer_ctx *ctx, bool to_space)
                                    "channels %lld are not divisible by blocksize^2 = %lld",
                                    (long long)x->dims[1], (long long)(b * b));
         t.dims[1] = x->dims[1] >= 0 ? x->dims[1] / (b * b) : -1;
-        t.dims[2] = x->dims[2] >= 0 ? x->dims[2] * b : -1;
-        t.dims[3] = x->dims[3] >= 0 ? x->dims[3] * b : -1;
+        for (int i = 2; i < 4; i++) {
+            if (x->dims[i] < 0) continue;
+            t.dims[i] = size_mul(x->dims[i], b);
+            if (t.dims[i] < 0)
+                return kiln_node_error(ctx->node, KILN_ERR_INVALID_ARGUMENT,
+                                       "dim %d of size %lld times blocksize is too large", i,
+                                       (long long)x->dims[i]);
+        }
     } else {
         for (int i = 2; i < 4; i++)
             if (x->dims[i] >= 0 && x->dims[i] % b != 0)
                 return kiln_node_error(ctx->node, KILN_ERR_INVALID_ARGUMENT,
                                        "dim %d of size %lld is not divisible by blocksize %lld",
                                        i, (long long)x->dims[i], (long long)b);
-        t.dims[1] = x->dims[1] >= 0 ? x->dims[1] * b * b : -1;
+        t.dims[1] = x->dims[1] >= 0 ? size_mul(x->dims[1], b * b) : -1;
+        if (x->dims[1] >= 0 && t.dims[1] < 0)
+            return kiln_node_error(ctx->node, KILN_ERR_INVALID_ARGUMENT,
+                                   "channels %lld times blocksize^2 are too many",
+                                   (long long)x->dims[1]);
         t.dims[2] = x->dims[2] >= 0 ? x->dims[2] / b : -1;
         t.dims[3] = x->dims[3] >= 0 ? x->dims[3] / b : -1;
     }

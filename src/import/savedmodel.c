@@ -1,0 +1,2061 @@
+/*
+ * savedmodel.c - TensorFlow SavedModel to Kiln IR.
+ *
+ * Reading: saved_model.pb is walked by kiln_pb_check (framing, nesting
+ * depth) and parsed by protobuf-c into the schema in proto/saved_model.proto;
+ * saved_model.pbtxt goes through the text-format parser into the same
+ * messages. The MetaGraphDef whose tag set equals the requested one is used.
+ *
+ * Building: each SignatureDef becomes its own IR graph, named by the
+ * signature's aliases. The GraphDef is walked backwards from the signature's
+ * output tensors, as TensorFlow prunes a graph to what a fetch needs, with
+ * an explicit stack (a long chain of nodes cannot exhaust the C stack).
+ * Calls to library functions (PartitionedCall, StatefulPartitionedCall, or
+ * a node whose op is a function's name) are inlined: the callee's arguments
+ * are bound to the caller's inputs, its `ret` map gives the call's outputs,
+ * and "node:out_arg:index" references inside bodies are mapped to flat
+ * output indices. A function reached again while it is being inlined is an
+ * error (recursion), as is inlining deeper than TF_MAX_CALL_DEPTH.
+ * Control inputs ("^node") order side effects in TensorFlow; Kiln runs
+ * pure graphs, so they are checked (a control dependency on an op that
+ * writes variable state is an error) and dropped. Identity, NoOp and
+ * StopGradient disappear in the lowering (tf_lower.c).
+ *
+ * Variables are restored the way TensorFlow's loader restores them: by
+ * running (here: tracing) the saver's restore op. Every Assign /
+ * AssignVariableOp it reaches pairs a variable (VariableV2 node in TF1,
+ * VarHandleOp passed into the restore function in TF2) with output k of a
+ * RestoreV2 node, whose tensor_names constant gives the checkpoint key
+ * ("a" in TF1, "v/.ATTRIBUTES/VARIABLE_VALUE" in TF2 object-based
+ * checkpoints). The values are read from the TensorBundle
+ * (variables/variables.index + .data shards) once and shared as constants
+ * by every signature that needs them.
+ */
+#define _GNU_SOURCE
+#include "import/savedmodel.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "core/dtype.h"
+#include "core/fileio.h"
+#include "core/tensor.h"
+#include "import/pbcheck.h"
+#include "import/tf_import.h"
+#include "kernels/kernel.h"
+#include "saved_model.pb-c.h"
+
+#if defined(__has_include)
+#if __has_include("import/textproto.h")
+#include "import/textproto.h"
+#define KILN_HAVE_TEXTPROTO 1
+#endif
+#if __has_include("import/tensor_bundle.h")
+#include "import/tensor_bundle.h"
+#define KILN_HAVE_BUNDLE 1
+#endif
+#endif
+
+#define SM_MAX_PROTO_DEPTH 100        /* message nesting of a SavedModel; real files use < 20 */
+#define SM_MAX_FILE_BYTES ((size_t)1 << 31)
+#define TF_MAX_CALL_DEPTH 32          /* nested function calls being inlined */
+#define TF_MAX_LOWERED_NODES 1000000  /* TF nodes lowered for one signature */
+#define TF_MAX_RESTORE_NODES 1000000  /* nodes the restore trace may visit */
+
+/* ---- string -> int map (keys are not copied) ---- */
+
+struct smap {
+    const char **keys;
+    size_t *lens;
+    int *vals;
+    size_t cap, n;
+};
+
+static uint64_t hash_n(const char *s, size_t n)
+{
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < n; i++) h = (h ^ (unsigned char)s[i]) * 1099511628211ull;
+    return h;
+}
+
+static void smap_free(struct smap *mp)
+{
+    free(mp->keys);
+    free(mp->lens);
+    free(mp->vals);
+    memset(mp, 0, sizeof *mp);
+}
+
+/* Value of key k[0..n), or -1. */
+static int smap_getn(const struct smap *mp, const char *k, size_t n)
+{
+    if (!mp->cap) return -1;
+    size_t i = hash_n(k, n) & (mp->cap - 1);
+    while (mp->keys[i]) {
+        if (mp->lens[i] == n && memcmp(mp->keys[i], k, n) == 0) return mp->vals[i];
+        i = (i + 1) & (mp->cap - 1);
+    }
+    return -1;
+}
+
+static int smap_get(const struct smap *mp, const char *k) { return smap_getn(mp, k, strlen(k)); }
+
+/* Insert; *dup is set (and nothing changes) if the key is present. */
+static kiln_status smap_put(struct smap *mp, const char *k, int v, bool *dup)
+{
+    size_t n = strlen(k);
+    if (dup) *dup = false;
+    if ((mp->n + 1) * 2 > mp->cap) {
+        size_t cap = mp->cap ? mp->cap * 2 : 64;
+        const char **keys = calloc(cap, sizeof *keys);
+        size_t *lens = calloc(cap, sizeof *lens);
+        int *vals = calloc(cap, sizeof *vals);
+        if (!keys || !lens || !vals) {
+            free(keys);
+            free(lens);
+            free(vals);
+            return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory building a name map");
+        }
+        for (size_t i = 0; i < mp->cap; i++) {
+            if (!mp->keys[i]) continue;
+            size_t j = hash_n(mp->keys[i], mp->lens[i]) & (cap - 1);
+            while (keys[j]) j = (j + 1) & (cap - 1);
+            keys[j] = mp->keys[i];
+            lens[j] = mp->lens[i];
+            vals[j] = mp->vals[i];
+        }
+        free(mp->keys);
+        free(mp->lens);
+        free(mp->vals);
+        mp->keys = keys;
+        mp->lens = lens;
+        mp->vals = vals;
+        mp->cap = cap;
+    }
+    size_t i = hash_n(k, n) & (mp->cap - 1);
+    while (mp->keys[i]) {
+        if (mp->lens[i] == n && memcmp(mp->keys[i], k, n) == 0) {
+            if (dup) *dup = true;
+            return KILN_OK;
+        }
+        i = (i + 1) & (mp->cap - 1);
+    }
+    mp->keys[i] = k;
+    mp->lens[i] = n;
+    mp->vals[i] = v;
+    mp->n++;
+    return KILN_OK;
+}
+
+/* ---- model-lifetime state (kept in m->proto) ---- */
+
+struct sm_state {
+    KilnSm__SavedModel *sm;      /* the parsed file */
+    struct kiln_graph **graphs;  /* signature graphs other than m->graph */
+    int n_graphs, cap_graphs;
+};
+
+static void sm_state_free(void *p)
+{
+    struct sm_state *s = p;
+    if (!s) return;
+    for (int i = 0; i < s->n_graphs; i++) kiln_graph_free(s->graphs[i]);
+    free(s->graphs);
+    if (s->sm) protobuf_c_message_free_unpacked(&s->sm->base, NULL);
+    free(s);
+}
+
+/* ---- load context ---- */
+
+struct sm_var {
+    const KilnSm__NodeDef *nd;   /* VariableV2 / Variable / VarHandleOp in the main graph */
+    bool resource;               /* VarHandleOp */
+    kiln_dtype dtype;
+    kiln_tensor *value;          /* restored value, owned by m->graph; NULL until needed */
+};
+
+struct sm_restore {              /* one assignment the restore op makes */
+    const char *var;             /* variable node name in the main graph */
+    const char *key;             /* checkpoint key */
+    const char *slice;           /* shape_and_slices entry ("" = whole tensor) */
+};
+
+struct sm_ctx {
+    struct kiln_model *m;
+    struct sm_state *state;
+    const char *dir;                   /* model folder, or NULL */
+    const KilnSm__MetaGraphDef *mg;
+    const KilnSm__GraphDef *gd;
+    size_t n_nodes;                    /* main graph */
+    KilnSm__NodeDef **nodes;
+    struct smap node_index;            /* main graph node name -> index */
+    size_t n_fns;
+    KilnSm__FunctionDef **fns;
+    struct smap fn_index;              /* function name -> index */
+    struct smap *fn_node_index;        /* per function: node name -> index (built on use) */
+    signed char *fn_writes;            /* per function: writes state? -1 unknown, 2 visiting */
+    struct sm_var *vars;
+    int n_vars, cap_vars;
+    struct smap var_index;             /* variable node name -> index */
+    bool restore_traced;
+    struct sm_restore *restores;
+    int n_restores, cap_restores;
+    struct smap restore_index;         /* variable node name -> restores[] index */
+#ifdef KILN_HAVE_BUNDLE
+    struct kiln_bundle *bundle;
+#endif
+    bool bundle_tried;
+};
+
+/* ---- per-signature build ---- */
+
+enum { NS_NEW = 0, NS_VISITING, NS_DONE };
+
+struct scope;
+
+struct nstate {
+    unsigned char phase;
+    unsigned char scanned;      /* visited by the state-write scan */
+    int n_out;
+    struct tf_sym *out;
+    struct scope *child;        /* call nodes: the inlined callee */
+};
+
+struct scope {
+    struct scope *caller;            /* enclosing scope; NULL for the main graph */
+    int fn;                          /* function index, -1 for the main graph */
+    KilnSm__NodeDef **nodes;
+    size_t n_nodes;
+    const struct smap *index;
+    struct nstate *ns;
+    KilnSm__NameAttrList *inst;      /* instantiation attrs (placeholders); may be NULL */
+    int n_args;
+    const char **arg_names;
+    int *arg_off, *arg_cnt;
+    struct tf_sym *args;
+    const char *prefix;              /* IR name prefix: "" or "call/path/" */
+    const char *where;               /* for messages */
+    int depth;
+};
+
+struct tf_build {
+    struct sm_ctx *c;
+    const char *sig;                 /* signature name */
+    struct kiln_graph *g;
+    int *var_value;                  /* per variable: IR value id in g, -1 if not yet */
+    int n_var_value;
+    struct smap feeds;               /* "node:idx" of the main graph -> IR value id */
+    struct kiln_arena tmp;           /* scopes and strings of this build */
+    long lowered;                    /* TF nodes lowered */
+};
+
+static char *tmp_printf(struct tf_build *b, const char *fmt, ...) KILN_PRINTF(2, 3);
+static char *tmp_printf(struct tf_build *b, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(NULL, 0, fmt, ap);
+    va_end(ap);
+    if (n < 0) return NULL;
+    char *s = kiln_arena_alloc(&b->tmp, (size_t)n + 1);
+    if (!s) return NULL;
+    va_start(ap, fmt);
+    vsnprintf(s, (size_t)n + 1, fmt, ap);
+    va_end(ap);
+    return s;
+}
+
+/* ---- attributes, dtypes, shapes ---- */
+
+const KilnSm__AttrValue *tf_attr(const KilnSm__NodeDef *nd, const KilnSm__NameAttrList *inst,
+                                 const char *key)
+{
+    for (size_t i = 0; i < nd->n_attr; i++) {
+        const KilnSm__AttrEntry *e = nd->attr[i];
+        if (!e->key || strcmp(e->key, key) != 0) continue;
+        const KilnSm__AttrValue *v = e->value;
+        if (v && v->value_case == KILN_SM__ATTR_VALUE__VALUE_PLACEHOLDER && inst) {
+            /* a function body's attr bound at instantiation */
+            for (size_t j = 0; j < inst->n_attr; j++)
+                if (inst->attr[j]->key && v->placeholder &&
+                    strcmp(inst->attr[j]->key, v->placeholder) == 0)
+                    return inst->attr[j]->value;
+            return NULL;
+        }
+        return v;
+    }
+    return NULL;
+}
+
+kiln_dtype tf_dtype(int code)
+{
+    if (code > 100) code -= 100; /* DT_*_REF */
+    switch (code) {
+    case 1: return KILN_DTYPE_F32;
+    case 2: return KILN_DTYPE_F64;
+    case 3: return KILN_DTYPE_I32;
+    case 4: return KILN_DTYPE_U8;
+    case 5: return KILN_DTYPE_I16;
+    case 6: return KILN_DTYPE_I8;
+    case 7: return KILN_DTYPE_STRING;
+    case 9: return KILN_DTYPE_I64;
+    case 10: return KILN_DTYPE_BOOL;
+    case 14: return KILN_DTYPE_BF16;
+    case 17: return KILN_DTYPE_U16;
+    case 19: return KILN_DTYPE_F16;
+    case 22: return KILN_DTYPE_U32;
+    case 23: return KILN_DTYPE_U64;
+    default: return KILN_DTYPE_UNDEFINED;
+    }
+}
+
+const char *tf_dtype_name(int code)
+{
+    const ProtobufCEnumValue *v =
+        protobuf_c_enum_descriptor_get_value(&kiln_sm__data_type__descriptor, code);
+    return v ? v->name : "an unknown DataType";
+}
+
+/* A TensorShapeProto as a kiln_type shape (rank -1 when unknown). */
+static kiln_status shape_from_proto(const KilnSm__TensorShapeProto *sp, const char *what,
+                                    struct kiln_type *t)
+{
+    if (!sp || sp->unknown_rank) {
+        t->rank = -1;
+        return KILN_OK;
+    }
+    if (sp->n_dim > KILN_MAX_RANK)
+        return kiln_error(KILN_ERR_UNSUPPORTED, "%s: rank %zu exceeds Kiln's maximum %d", what,
+                          sp->n_dim, KILN_MAX_RANK);
+    t->rank = (int)sp->n_dim;
+    for (size_t i = 0; i < sp->n_dim; i++) {
+        int64_t d = sp->dim[i]->has_size ? sp->dim[i]->size : -1;
+        if (d < -1)
+            return kiln_error(KILN_ERR_INVALID_MODEL, "%s: dim %zu is %lld", what, i,
+                              (long long)d);
+        t->dims[i] = d;
+        t->sym[i] = NULL;
+    }
+    return KILN_OK;
+}
+
+/* ---- parsing input references ---- */
+
+/* Split "name:idx" of the main graph. Returns false if idx is malformed. */
+static bool split_main_ref(const char *ref, size_t *name_len, int *idx)
+{
+    const char *colon = strchr(ref, ':');
+    *idx = 0;
+    if (!colon) {
+        *name_len = strlen(ref);
+        return true;
+    }
+    *name_len = (size_t)(colon - ref);
+    char *end;
+    errno = 0;
+    long v = strtol(colon + 1, &end, 10);
+    if (errno || *end || end == colon + 1 || v < 0 || v > INT_MAX) return false;
+    *idx = (int)v;
+    return true;
+}
+
+static bool parse_index(const char *s, size_t n, int *out)
+{
+    if (n == 0 || n > 9) return false;
+    int v = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (s[i] < '0' || s[i] > '9') return false;
+        v = v * 10 + (s[i] - '0');
+    }
+    *out = v;
+    return true;
+}
+
+/* A resolved input reference. */
+struct ref {
+    bool is_sym;          /* a function argument or a fed tensor */
+    struct tf_sym sym;
+    struct scope *s;      /* else: node `node` of scope s, output (arg, idx) */
+    int node;
+    const char *arg;      /* output argument name inside a function ("" in the main graph) */
+    size_t arg_len;
+    int idx;
+};
+
+static kiln_status sm_index_function(struct sm_ctx *c, int fn);
+static kiln_status feed_asset(struct tf_build *b, const char *tensor, int *value);
+
+/* Resolve input reference `in` of node nd in scope s. Control inputs ("^x")
+ * resolve to node x. */
+static kiln_status resolve_ref(struct tf_build *b, struct scope *s, const KilnSm__NodeDef *nd,
+                               const char *in, struct ref *r)
+{
+    memset(r, 0, sizeof *r);
+    bool control = in[0] == '^';
+    if (control) in++;
+    if (!s->caller) {
+        size_t nl;
+        int idx;
+        if (!split_main_ref(in, &nl, &idx))
+            return kiln_error(KILN_ERR_INVALID_MODEL, "%s: node '%s' has malformed input '%s'",
+                              s->where, nd->name, in);
+        if (!control) {
+            /* a fed tensor (signature input or asset path) replaces its producer */
+            char key[512];
+            if (nl < 400) {
+                snprintf(key, sizeof key, "%.*s:%d", (int)nl, in, idx);
+                int v = smap_get(&b->feeds, key);
+                if (v < 0) {
+                    kiln_status st = feed_asset(b, key, &v);
+                    if (st != KILN_OK) return st;
+                }
+                if (v >= 0) {
+                    r->is_sym = true;
+                    r->sym.v = v;
+                    r->sym.var = -1;
+                    return KILN_OK;
+                }
+            }
+        }
+        int j = smap_getn(s->index, in, nl);
+        if (j < 0)
+            return kiln_error(KILN_ERR_INVALID_MODEL,
+                              "%s: node '%s' has input '%s%s', but the graph has no node named "
+                              "'%.*s'",
+                              s->where, nd->name, control ? "^" : "", in, (int)nl, in);
+        r->s = s;
+        r->node = j;
+        r->arg = "";
+        r->idx = idx;
+        return KILN_OK;
+    }
+    /* inside a function: "arg", "arg:i", "node:out", "node:out:i", "^node" */
+    const char *c1 = strchr(in, ':');
+    const char *c2 = c1 ? strchr(c1 + 1, ':') : NULL;
+    size_t n0 = c1 ? (size_t)(c1 - in) : strlen(in);
+    if (!control) {
+        for (int a = 0; a < s->n_args; a++) {
+            if (strlen(s->arg_names[a]) != n0 || memcmp(s->arg_names[a], in, n0) != 0) continue;
+            int i = 0;
+            if (c1 && (c2 || !parse_index(c1 + 1, strlen(c1 + 1), &i)))
+                return kiln_error(KILN_ERR_INVALID_MODEL,
+                                  "%s: node '%s' has malformed input '%s'", s->where, nd->name,
+                                  in);
+            if (i >= s->arg_cnt[a])
+                return kiln_error(KILN_ERR_INVALID_MODEL,
+                                  "%s: node '%s' reads element %d of argument '%s', which has %d",
+                                  s->where, nd->name, i, s->arg_names[a], s->arg_cnt[a]);
+            r->is_sym = true;
+            r->sym = s->args[s->arg_off[a] + i];
+            return KILN_OK;
+        }
+    }
+    int j = smap_getn(s->index, in, n0);
+    if (j < 0)
+        return kiln_error(KILN_ERR_INVALID_MODEL,
+                          "%s: node '%s' has input '%s%s', which names no argument or node of "
+                          "the function",
+                          s->where, nd->name, control ? "^" : "", in);
+    r->s = s;
+    r->node = j;
+    if (control) return KILN_OK;
+    if (!c1)
+        return kiln_error(KILN_ERR_INVALID_MODEL,
+                          "%s: node '%s' has input '%s' without an output name (expected "
+                          "'node:output:index')",
+                          s->where, nd->name, in);
+    r->arg = c1 + 1;
+    r->arg_len = c2 ? (size_t)(c2 - r->arg) : strlen(r->arg);
+    r->idx = 0;
+    if (c2 && !parse_index(c2 + 1, strlen(c2 + 1), &r->idx))
+        return kiln_error(KILN_ERR_INVALID_MODEL, "%s: node '%s' has malformed input '%s'",
+                          s->where, nd->name, in);
+    return KILN_OK;
+}
+
+static bool is_call_op(const char *op)
+{
+    return strcmp(op, "PartitionedCall") == 0 || strcmp(op, "StatefulPartitionedCall") == 0;
+}
+
+/* The function a node calls, or -1. inst receives its instantiation attrs. */
+static int called_function(struct sm_ctx *c, const KilnSm__NodeDef *nd,
+                           const KilnSm__NameAttrList *scope_inst, KilnSm__NameAttrList *inst)
+{
+    const char *op = nd->op ? nd->op : "";
+    if (is_call_op(op)) {
+        const KilnSm__AttrValue *f = tf_attr(nd, scope_inst, "f");
+        if (!f || f->value_case != KILN_SM__ATTR_VALUE__VALUE_FUNC || !f->func->name) return -2;
+        *inst = *f->func;
+        return smap_get(&c->fn_index, f->func->name);
+    }
+    int fn = smap_get(&c->fn_index, op);
+    if (fn >= 0) {
+        kiln_sm__name_attr_list__init(inst);
+        inst->name = (char *)op;
+        inst->n_attr = nd->n_attr;
+        inst->attr = nd->attr;
+    }
+    return fn;
+}
+
+/* Flat output index of a resolved node reference (producer must be known). */
+static kiln_status ref_output(struct sm_ctx *c, const struct ref *r, int *flat)
+{
+    const KilnSm__NodeDef *nd = r->s->nodes[r->node];
+    if (!r->s->caller || r->arg_len == 0) {
+        *flat = r->idx;
+        return KILN_OK;
+    }
+    char arg[128];
+    if (r->arg_len >= sizeof arg)
+        return kiln_error(KILN_ERR_INVALID_MODEL, "%s: output name '%.40s...' is too long",
+                          r->s->where, r->arg);
+    memcpy(arg, r->arg, r->arg_len);
+    arg[r->arg_len] = '\0';
+    KilnSm__NameAttrList inst;
+    int fn = called_function(c, nd, r->s->inst, &inst);
+    if (fn >= 0 && !is_call_op(nd->op)) {
+        /* a direct call: outputs are the callee's output args, one tensor each */
+        const KilnSm__OpDef *sig = c->fns[fn]->signature;
+        for (size_t i = 0; sig && i < sig->n_output_arg; i++)
+            if (sig->output_arg[i]->name && strcmp(sig->output_arg[i]->name, arg) == 0) {
+                if (r->idx != 0)
+                    return kiln_error(KILN_ERR_UNSUPPORTED,
+                                      "%s: node '%s': list outputs of function calls are not "
+                                      "supported",
+                                      r->s->where, nd->name);
+                *flat = (int)i;
+                return KILN_OK;
+            }
+        return kiln_error(KILN_ERR_INVALID_MODEL, "%s: function '%s' has no output '%s'",
+                          r->s->where, nd->op, arg);
+    }
+    kiln_status st = tf_output_index(nd, r->s->inst, arg, r->idx, flat);
+    if (st != KILN_OK) return kiln_error_wrap(st, "%s: node '%s'", r->s->where, nd->name);
+    return KILN_OK;
+}
+
+/* The value a resolved reference stands for (its producer is done). */
+static kiln_status ref_sym(struct sm_ctx *c, const struct ref *r, const char *in,
+                           struct tf_sym *out)
+{
+    if (r->is_sym) {
+        *out = r->sym;
+        return KILN_OK;
+    }
+    int flat;
+    kiln_status st = ref_output(c, r, &flat);
+    if (st != KILN_OK) return st;
+    const struct nstate *ns = &r->s->ns[r->node];
+    if (flat < 0 || flat >= ns->n_out)
+        return kiln_error(KILN_ERR_INVALID_MODEL,
+                          "%s: input '%s' refers to output %d of node '%s' (op %s), which has %d "
+                          "output%s",
+                          r->s->where, in, flat, r->s->nodes[r->node]->name,
+                          r->s->nodes[r->node]->op, ns->n_out, ns->n_out == 1 ? "" : "s");
+    *out = ns->out[flat];
+    return KILN_OK;
+}
+
+/* ---- scopes ---- */
+
+static kiln_status scope_main(struct tf_build *b, struct scope **out)
+{
+    struct sm_ctx *c = b->c;
+    struct scope *s = kiln_arena_alloc(&b->tmp, sizeof *s);
+    if (!s) return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory");
+    s->fn = -1;
+    s->nodes = c->nodes;
+    s->n_nodes = c->n_nodes;
+    s->index = &c->node_index;
+    s->ns = kiln_arena_alloc(&b->tmp, sizeof *s->ns * (c->n_nodes + 1));
+    s->prefix = "";
+    s->where = tmp_printf(b, "signature '%s'", b->sig);
+    if (!s->ns || !s->where) return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory");
+    *out = s;
+    return KILN_OK;
+}
+
+/* Number of tensors a function argument stands for. */
+static kiln_status arg_count(const KilnSm__OpDef__ArgDef *a, const KilnSm__NameAttrList *inst,
+                             const char *fname, int *n)
+{
+    *n = 1;
+    const char *attr = NULL;
+    if (a->number_attr && a->number_attr[0]) attr = a->number_attr;
+    else if (a->type_list_attr && a->type_list_attr[0]) attr = a->type_list_attr;
+    if (!attr) return KILN_OK;
+    const KilnSm__AttrValue *v = NULL;
+    for (size_t j = 0; inst && j < inst->n_attr; j++)
+        if (inst->attr[j]->key && strcmp(inst->attr[j]->key, attr) == 0) v = inst->attr[j]->value;
+    if (v && v->value_case == KILN_SM__ATTR_VALUE__VALUE_I && v->i >= 0 && v->i <= 4096) {
+        *n = (int)v->i;
+        return KILN_OK;
+    }
+    if (v && v->value_case == KILN_SM__ATTR_VALUE__VALUE_LIST && v->list->n_type <= 4096) {
+        *n = (int)v->list->n_type;
+        return KILN_OK;
+    }
+    return kiln_error(KILN_ERR_INVALID_MODEL,
+                      "function '%s': the length of list argument '%s' (attr '%s') is not given",
+                      fname, a->name ? a->name : "", attr);
+}
+
+/* Create the scope that inlines function fn for call node i of scope s. */
+static kiln_status scope_call(struct tf_build *b, struct scope *s, int i, int fn,
+                              const KilnSm__NameAttrList *inst, const struct tf_sym *in, int n_in,
+                              struct scope **out)
+{
+    struct sm_ctx *c = b->c;
+    const KilnSm__NodeDef *nd = s->nodes[i];
+    const KilnSm__FunctionDef *fd = c->fns[fn];
+    const char *fname = fd->signature->name;
+    for (struct scope *p = s; p; p = p->caller)
+        if (p->fn == fn)
+            return kiln_error(KILN_ERR_INVALID_MODEL,
+                              "%s: node '%s' calls function '%s', which is already being called "
+                              "(recursive functions are not supported)",
+                              s->where, nd->name, fname);
+    if (s->depth + 1 > TF_MAX_CALL_DEPTH)
+        return kiln_error(KILN_ERR_UNSUPPORTED,
+                          "%s: node '%s': function calls nest deeper than %d levels", s->where,
+                          nd->name, TF_MAX_CALL_DEPTH);
+    kiln_status st = sm_index_function(c, fn);
+    if (st != KILN_OK) return st;
+    struct scope *cs = kiln_arena_alloc(&b->tmp, sizeof *cs);
+    if (!cs) return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory");
+    cs->caller = s;
+    cs->fn = fn;
+    cs->nodes = fd->node_def;
+    cs->n_nodes = fd->n_node_def;
+    cs->index = &c->fn_node_index[fn];
+    cs->ns = kiln_arena_alloc(&b->tmp, sizeof *cs->ns * (fd->n_node_def + 1));
+    KilnSm__NameAttrList *ci = kiln_arena_alloc(&b->tmp, sizeof *ci);
+    if (!cs->ns || !ci) return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory");
+    *ci = *inst;
+    cs->inst = ci;
+    cs->depth = s->depth + 1;
+    cs->prefix = tmp_printf(b, "%s%s/", s->prefix, nd->name);
+    cs->where = tmp_printf(b, "signature '%s', function '%s'", b->sig, fname);
+    if (!cs->prefix || !cs->where) return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory");
+    const KilnSm__OpDef *sig = fd->signature;
+    cs->n_args = (int)sig->n_input_arg;
+    cs->arg_names = kiln_arena_alloc(&b->tmp, sizeof(char *) * (sig->n_input_arg + 1));
+    cs->arg_off = kiln_arena_alloc(&b->tmp, sizeof(int) * (sig->n_input_arg + 1));
+    cs->arg_cnt = kiln_arena_alloc(&b->tmp, sizeof(int) * (sig->n_input_arg + 1));
+    cs->args = kiln_arena_alloc(&b->tmp, sizeof(struct tf_sym) * ((size_t)n_in + 1));
+    if (!cs->arg_names || !cs->arg_off || !cs->arg_cnt || !cs->args)
+        return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory");
+    int total = 0;
+    for (size_t a = 0; a < sig->n_input_arg; a++) {
+        int n;
+        if ((st = arg_count(sig->input_arg[a], ci, fname, &n)) != KILN_OK) return st;
+        cs->arg_names[a] = sig->input_arg[a]->name ? sig->input_arg[a]->name : "";
+        cs->arg_off[a] = total;
+        cs->arg_cnt[a] = n;
+        total += n;
+        if (total > n_in) break;
+    }
+    if (total != n_in)
+        return kiln_error(KILN_ERR_INVALID_MODEL,
+                          "%s: node '%s' passes %d input%s to function '%s', which takes %d",
+                          s->where, nd->name, n_in, n_in == 1 ? "" : "s", fname, total);
+    if (n_in) memcpy(cs->args, in, sizeof *in * (size_t)n_in);
+    *out = cs;
+    return KILN_OK;
+}
+
+/* ---- state writes reachable through control dependencies ---- */
+
+static kiln_status function_writes(struct sm_ctx *c, int fn, int depth, const char **what);
+
+/* Whether node i of scope s, or anything it depends on, writes state. */
+static kiln_status scan_writes(struct tf_build *b, struct scope *s, int i, const char **what)
+{
+    struct sm_ctx *c = b->c;
+    int cap = 64, n = 0;
+    int *stack = malloc(sizeof(int) * (size_t)cap);
+    if (!stack) return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory");
+    kiln_status st = KILN_OK;
+    *what = NULL;
+    if (!s->ns[i].scanned) {
+        s->ns[i].scanned = 1;
+        stack[n++] = i;
+    }
+    while (n > 0 && !*what) {
+        int j = stack[--n];
+        const KilnSm__NodeDef *nd = s->nodes[j];
+        const char *op = nd->op ? nd->op : "";
+        if (tf_op_writes_state(op)) {
+            *what = nd->name;
+            break;
+        }
+        KilnSm__NameAttrList inst;
+        int fn = called_function(c, nd, s->inst, &inst);
+        if (fn >= 0) {
+            st = function_writes(c, fn, s->depth + 1, what);
+            if (st != KILN_OK) break;
+            if (*what) {
+                *what = nd->name;
+                break;
+            }
+        }
+        for (size_t k = 0; k < nd->n_input; k++) {
+            struct ref r;
+            /* a fed input cuts the dependency; malformed ones are reported elsewhere */
+            if (resolve_ref(b, s, nd, nd->input[k], &r) != KILN_OK) {
+                kiln_error_clear();
+                continue;
+            }
+            if (r.is_sym || r.s->ns[r.node].scanned) continue;
+            r.s->ns[r.node].scanned = 1;
+            if (n == cap) {
+                int *p = realloc(stack, sizeof(int) * (size_t)cap * 2);
+                if (!p) {
+                    st = kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory");
+                    goto out;
+                }
+                stack = p;
+                cap *= 2;
+            }
+            stack[n++] = r.node;
+        }
+    }
+out:
+    free(stack);
+    return st;
+}
+
+/* Whether function fn contains a state-writing op (directly or in a callee). */
+static kiln_status function_writes(struct sm_ctx *c, int fn, int depth, const char **what)
+{
+    *what = NULL;
+    if (c->fn_writes[fn] == 0 || c->fn_writes[fn] == 2) return KILN_OK; /* no, or on the path */
+    if (depth > TF_MAX_CALL_DEPTH)
+        return kiln_error(KILN_ERR_UNSUPPORTED, "function calls nest deeper than %d levels",
+                          TF_MAX_CALL_DEPTH);
+    if (c->fn_writes[fn] == 1) {
+        *what = "";
+        return KILN_OK;
+    }
+    c->fn_writes[fn] = 2;
+    const KilnSm__FunctionDef *fd = c->fns[fn];
+    for (size_t i = 0; i < fd->n_node_def && !*what; i++) {
+        const KilnSm__NodeDef *nd = fd->node_def[i];
+        if (tf_op_writes_state(nd->op ? nd->op : "")) {
+            *what = "";
+            break;
+        }
+        KilnSm__NameAttrList inst;
+        int callee = called_function(c, nd, NULL, &inst);
+        if (callee >= 0) {
+            kiln_status st = function_writes(c, callee, depth + 1, what);
+            if (st != KILN_OK) {
+                c->fn_writes[fn] = -1;
+                return st;
+            }
+        }
+    }
+    c->fn_writes[fn] = *what ? 1 : 0;
+    return KILN_OK;
+}
+
+static kiln_status check_control_dep(struct tf_build *b, struct scope *s,
+                                     const KilnSm__NodeDef *user, int dep)
+{
+    const char *what;
+    kiln_status st = scan_writes(b, s, dep, &what);
+    if (st != KILN_OK) return st;
+    if (!what) return KILN_OK;
+    return kiln_error(KILN_ERR_UNSUPPORTED,
+                      "%s: node '%s' depends on node '%s', which writes variable state (via "
+                      "'%s'); Kiln models are immutable, so stateful signatures are not "
+                      "supported",
+                      s->where, user->name, s->nodes[dep]->name, what[0] ? what : s->nodes[dep]->name);
+}
+
+/* ---- variables ---- */
+
+static kiln_status sm_trace_restore(struct sm_ctx *c);
+
+static kiln_status var_register(struct sm_ctx *c, int node, bool resource, int *out)
+{
+    const KilnSm__NodeDef *nd = c->nodes[node];
+    int v = smap_get(&c->var_index, nd->name);
+    if (v >= 0) {
+        *out = v;
+        return KILN_OK;
+    }
+    if (c->n_vars == c->cap_vars) {
+        int cap = c->cap_vars ? c->cap_vars * 2 : 16;
+        struct sm_var *p = realloc(c->vars, sizeof *p * (size_t)cap);
+        if (!p) return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory");
+        c->vars = p;
+        c->cap_vars = cap;
+    }
+    struct sm_var *var = &c->vars[c->n_vars];
+    memset(var, 0, sizeof *var);
+    var->nd = nd;
+    var->resource = resource;
+    const KilnSm__AttrValue *dt = tf_attr(nd, NULL, "dtype");
+    var->dtype = dt && dt->value_case == KILN_SM__ATTR_VALUE__VALUE_TYPE ? tf_dtype(dt->type)
+                                                                          : KILN_DTYPE_UNDEFINED;
+    kiln_status st = smap_put(&c->var_index, nd->name, c->n_vars, NULL);
+    if (st != KILN_OK) return st;
+    *out = c->n_vars++;
+    return KILN_OK;
+}
+
+const char *tf_var_name(const struct tf_build *b, int var)
+{
+    return var >= 0 && var < b->c->n_vars ? b->c->vars[var].nd->name : "?";
+}
+
+/* Read variable var's value from the checkpoint. */
+static kiln_status var_restore(struct sm_ctx *c, int var)
+{
+    struct sm_var *v = &c->vars[var];
+    kiln_status st = sm_trace_restore(c);
+    if (st != KILN_OK) return st;
+    int r = smap_get(&c->restore_index, v->nd->name);
+    if (r < 0) {
+        if (!c->mg->saver_def)
+            return kiln_error(KILN_ERR_UNSUPPORTED,
+                              "variable '%s': the SavedModel has no saver, so its value cannot "
+                              "be restored",
+                              v->nd->name);
+        return kiln_error(KILN_ERR_UNSUPPORTED,
+                          "variable '%s' is not restored by the SavedModel's restore op '%s' "
+                          "(variables set only by init ops are not supported)",
+                          v->nd->name,
+                          c->mg->saver_def->restore_op_name ? c->mg->saver_def->restore_op_name
+                                                            : "");
+    }
+    const struct sm_restore *rs = &c->restores[r];
+    if (rs->slice && rs->slice[0])
+        return kiln_error(KILN_ERR_UNSUPPORTED,
+                          "variable '%s' is restored from a slice ('%s') of checkpoint tensor "
+                          "'%s'; partitioned variables are not supported",
+                          v->nd->name, rs->slice, rs->key);
+    if (!c->dir)
+        return kiln_error(KILN_ERR_INVALID_MODEL,
+                          "variable '%s' needs the checkpoint, but the model was not loaded "
+                          "from a folder",
+                          v->nd->name);
+#ifdef KILN_HAVE_BUNDLE
+    if (!c->bundle) {
+        if (c->bundle_tried)
+            return kiln_error(KILN_ERR_INVALID_MODEL, "variable '%s': the checkpoint could not be "
+                              "opened", v->nd->name);
+        c->bundle_tried = true;
+        size_t n = strlen(c->dir) + 32;
+        char *prefix = malloc(n);
+        if (!prefix) return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory");
+        snprintf(prefix, n, "%s/variables/variables", c->dir);
+        st = kiln_bundle_open(prefix, &c->bundle);
+        free(prefix);
+        if (st != KILN_OK)
+            return kiln_error_wrap(st, "variable '%s': cannot open the checkpoint", v->nd->name);
+    }
+    kiln_tensor *t;
+    st = kiln_bundle_read(c->bundle, rs->key, &t);
+    if (st != KILN_OK)
+        return kiln_error_wrap(st, "variable '%s' (checkpoint key '%s')", v->nd->name, rs->key);
+    if (v->dtype != KILN_DTYPE_UNDEFINED && t->dtype != v->dtype) {
+        kiln_dtype got = t->dtype;
+        kiln_tensor_free(t);
+        return kiln_error(KILN_ERR_INVALID_MODEL,
+                          "variable '%s' is %s but checkpoint tensor '%s' is %s", v->nd->name,
+                          kiln_dtype_name(v->dtype), rs->key, kiln_dtype_name(got));
+    }
+    const KilnSm__AttrValue *sh = tf_attr(v->nd, NULL, "shape");
+    if (sh && sh->value_case == KILN_SM__ATTR_VALUE__VALUE_SHAPE) {
+        struct kiln_type want;
+        kiln_type_unknown(&want);
+        if (shape_from_proto(sh->shape, v->nd->name, &want) == KILN_OK && want.rank >= 0) {
+            bool ok = want.rank == t->rank;
+            for (int i = 0; ok && i < t->rank; i++)
+                ok = want.dims[i] < 0 || want.dims[i] == t->dims[i];
+            if (!ok) {
+                char a[160], bb[160];
+                kiln_shape_str(want.rank, want.dims, a, sizeof a);
+                kiln_shape_str(t->rank, t->dims, bb, sizeof bb);
+                kiln_tensor_free(t);
+                return kiln_error(KILN_ERR_INVALID_MODEL,
+                                  "variable '%s' has shape %s but checkpoint tensor '%s' has "
+                                  "shape %s",
+                                  v->nd->name, a, rs->key, bb);
+            }
+        } else {
+            kiln_error_clear();
+        }
+    }
+    if ((st = kiln_graph_own_tensor(c->m->graph, t)) != KILN_OK) return st;
+    v->value = t;
+    return KILN_OK;
+#else
+    return kiln_error(KILN_ERR_UNSUPPORTED,
+                      "variable '%s': this build of Kiln has no TensorBundle reader",
+                      v->nd->name);
+#endif
+}
+
+kiln_status tf_var_value(struct tf_build *b, int var, int *value_out)
+{
+    struct sm_ctx *c = b->c;
+    if (var < 0 || var >= c->n_vars)
+        return kiln_error(KILN_ERR_INTERNAL, "bad variable index %d", var);
+    if (var >= b->n_var_value) {
+        int n = c->n_vars + 16;
+        int *p = realloc(b->var_value, sizeof(int) * (size_t)n);
+        if (!p) return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory");
+        for (int i = b->n_var_value; i < n; i++) p[i] = -1;
+        b->var_value = p;
+        b->n_var_value = n;
+    }
+    if (b->var_value[var] >= 0) {
+        *value_out = b->var_value[var];
+        return KILN_OK;
+    }
+    kiln_status st;
+    if (!c->vars[var].value && (st = var_restore(c, var)) != KILN_OK) return st;
+    int id;
+    if ((st = kiln_graph_value_add(b->g, c->vars[var].nd->name, KILN_VALUE_CONST, &id)) != KILN_OK)
+        return st;
+    b->g->values[id].konst = c->vars[var].value; /* borrowed: owned by m->graph */
+    kiln_type_from_tensor(&b->g->values[id].type, c->vars[var].value);
+    b->var_value[var] = id;
+    *value_out = id;
+    return KILN_OK;
+}
+
+/* ---- the restore trace ---- */
+
+/* A place the trace looks at: the main graph (fn -1) or a function body
+ * whose arguments are bound to main-graph node names. */
+struct rscope {
+    int fn;
+    KilnSm__NodeDef **nodes;
+    size_t n_nodes;
+    const struct smap *index;
+    int n_args;
+    const char **arg_names;
+    const char **arg_bind;     /* main-graph node name each argument traces to, or NULL */
+};
+
+/* Follow a reference through Identity nodes to (node index, output index) in
+ * rs, or to an argument (*arg >= 0). */
+static kiln_status rtrace(struct sm_ctx *c, const struct rscope *rs, const char *in, int *node,
+                          int *out, int *arg)
+{
+    *node = -1;
+    *arg = -1;
+    *out = 0;
+    for (int hops = 0; hops < 64; hops++) {
+        if (in[0] == '^') return KILN_OK;
+        size_t nl;
+        int idx = 0;
+        if (rs->fn < 0) {
+            if (!split_main_ref(in, &nl, &idx)) return KILN_OK;
+        } else {
+            const char *c1 = strchr(in, ':');
+            nl = c1 ? (size_t)(c1 - in) : strlen(in);
+            for (int a = 0; a < rs->n_args; a++)
+                if (strlen(rs->arg_names[a]) == nl && memcmp(rs->arg_names[a], in, nl) == 0) {
+                    *arg = a;
+                    return KILN_OK;
+                }
+            const char *c2 = c1 ? strchr(c1 + 1, ':') : NULL;
+            if (c2 && !parse_index(c2 + 1, strlen(c2 + 1), &idx)) return KILN_OK;
+        }
+        int j = smap_getn(rs->index, in, nl);
+        if (j < 0) return KILN_OK;
+        const KilnSm__NodeDef *nd = rs->nodes[j];
+        const char *op = nd->op ? nd->op : "";
+        if ((strcmp(op, "Identity") == 0 || strcmp(op, "Snapshot") == 0) && nd->n_input > 0 &&
+            idx == 0) {
+            in = nd->input[0];
+            continue;
+        }
+        *node = j;
+        *out = idx;
+        return KILN_OK;
+    }
+    (void)c;
+    return KILN_OK;
+}
+
+/* The main-graph variable node a reference in rs traces to, or NULL. */
+static const char *rtrace_var(struct sm_ctx *c, const struct rscope *rs, const char *in)
+{
+    int node, out, arg;
+    if (rtrace(c, rs, in, &node, &out, &arg) != KILN_OK) return NULL;
+    if (arg >= 0) return rs->arg_bind[arg];
+    if (node < 0 || rs->fn >= 0) return NULL;
+    const char *op = rs->nodes[node]->op ? rs->nodes[node]->op : "";
+    if (strcmp(op, "VariableV2") == 0 || strcmp(op, "Variable") == 0 ||
+        strcmp(op, "VarHandleOp") == 0)
+        return rs->nodes[node]->name;
+    return NULL;
+}
+
+/* String element k of the Const a reference traces to. */
+static const char *rtrace_string(struct sm_ctx *c, const struct rscope *rs, const char *in, int k,
+                                 struct kiln_arena *a)
+{
+    int node, out, arg;
+    if (rtrace(c, rs, in, &node, &out, &arg) != KILN_OK || node < 0) return NULL;
+    const KilnSm__NodeDef *nd = rs->nodes[node];
+    if (!nd->op || strcmp(nd->op, "Const") != 0) return NULL;
+    const KilnSm__AttrValue *v = tf_attr(nd, NULL, "value");
+    if (!v || v->value_case != KILN_SM__ATTR_VALUE__VALUE_TENSOR) return NULL;
+    const KilnSm__TensorProto *tp = v->tensor;
+    if (k < 0 || (size_t)k >= tp->n_string_val) {
+        if (tp->n_string_val == 1 && k >= 0) k = 0; /* a repeated single value */
+        else return NULL;
+    }
+    return kiln_arena_strndup(a, (const char *)tp->string_val[k].data, tp->string_val[k].len);
+}
+
+static kiln_status restore_add(struct sm_ctx *c, const char *var, const char *key,
+                               const char *slice)
+{
+    if (c->n_restores == c->cap_restores) {
+        int cap = c->cap_restores ? c->cap_restores * 2 : 16;
+        struct sm_restore *p = realloc(c->restores, sizeof *p * (size_t)cap);
+        if (!p) return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory");
+        c->restores = p;
+        c->cap_restores = cap;
+    }
+    c->restores[c->n_restores] = (struct sm_restore){var, key, slice};
+    bool dup;
+    kiln_status st = smap_put(&c->restore_index, var, c->n_restores, &dup);
+    if (st != KILN_OK) return st;
+    if (!dup) c->n_restores++;
+    return KILN_OK;
+}
+
+/* An assignment node of the restore op: record (variable, checkpoint key). */
+static kiln_status restore_assign(struct sm_ctx *c, const struct rscope *rs,
+                                  const KilnSm__NodeDef *nd)
+{
+    struct kiln_arena *a = c->m->graph->mem;
+    if (nd->n_input < 2) return KILN_OK;
+    const char *var = rtrace_var(c, rs, nd->input[0]);
+    if (!var) return KILN_OK;
+    int node, out, arg;
+    kiln_status st = rtrace(c, rs, nd->input[1], &node, &out, &arg);
+    if (st != KILN_OK || node < 0) return st;
+    const KilnSm__NodeDef *rn = rs->nodes[node];
+    const char *op = rn->op ? rn->op : "";
+    if (strcmp(op, "RestoreV2") != 0) {
+        if (strcmp(op, "Restore") == 0 || strcmp(op, "RestoreSlice") == 0)
+            return kiln_error(KILN_ERR_UNSUPPORTED,
+                              "variable '%s' is restored by a %s op (a V1 checkpoint); only V2 "
+                              "checkpoints (RestoreV2) are supported",
+                              var, op);
+        return KILN_OK;
+    }
+    if (rn->n_input < 3) return KILN_OK;
+    const char *key = rtrace_string(c, rs, rn->input[1], out, a);
+    const char *slice = rtrace_string(c, rs, rn->input[2], out, a);
+    if (!key) return KILN_OK;
+    return restore_add(c, kiln_arena_strdup(a, var), key, slice ? slice : "");
+}
+
+/* Visit every assignment of function fn (restore functions are small and
+ * dedicated); nested calls are followed with their arguments bound. */
+static kiln_status restore_function(struct sm_ctx *c, int fn, const char **bind, int n_bind,
+                                    int depth)
+{
+    if (depth > TF_MAX_CALL_DEPTH)
+        return kiln_error(KILN_ERR_UNSUPPORTED,
+                          "restore op: function calls nest deeper than %d levels",
+                          TF_MAX_CALL_DEPTH);
+    kiln_status st = sm_index_function(c, fn);
+    if (st != KILN_OK) return st;
+    const KilnSm__FunctionDef *fd = c->fns[fn];
+    struct rscope rs = {fn, fd->node_def, fd->n_node_def, &c->fn_node_index[fn], 0, NULL, NULL};
+    rs.n_args = (int)fd->signature->n_input_arg;
+    rs.arg_names = calloc((size_t)rs.n_args + 1, sizeof(char *));
+    rs.arg_bind = calloc((size_t)rs.n_args + 1, sizeof(char *));
+    if (!rs.arg_names || !rs.arg_bind) {
+        st = kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory");
+        goto out;
+    }
+    for (int a = 0; a < rs.n_args; a++) {
+        rs.arg_names[a] = fd->signature->input_arg[a]->name ? fd->signature->input_arg[a]->name : "";
+        rs.arg_bind[a] = a < n_bind ? bind[a] : NULL;
+    }
+    for (size_t i = 0; i < fd->n_node_def && st == KILN_OK; i++) {
+        const KilnSm__NodeDef *nd = fd->node_def[i];
+        const char *op = nd->op ? nd->op : "";
+        if (strcmp(op, "Assign") == 0 || strcmp(op, "AssignVariableOp") == 0) {
+            st = restore_assign(c, &rs, nd);
+            continue;
+        }
+        KilnSm__NameAttrList inst;
+        int callee = called_function(c, nd, NULL, &inst);
+        if (callee < 0) continue;
+        const char **nb = calloc(nd->n_input + 1, sizeof(char *));
+        if (!nb) {
+            st = kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory");
+            break;
+        }
+        int nn = 0;
+        for (size_t k = 0; k < nd->n_input && nd->input[k][0] != '^'; k++)
+            nb[nn++] = rtrace_var(c, &rs, nd->input[k]);
+        st = restore_function(c, callee, nb, nn, depth + 1);
+        free(nb);
+    }
+out:
+    free(rs.arg_names);
+    free(rs.arg_bind);
+    return st;
+}
+
+/* Trace the saver's restore op once: which checkpoint key each variable gets. */
+static kiln_status sm_trace_restore(struct sm_ctx *c)
+{
+    if (c->restore_traced) return KILN_OK;
+    c->restore_traced = true;
+    const KilnSm__SaverDef *sd = c->mg->saver_def;
+    if (!sd || !sd->restore_op_name || !sd->restore_op_name[0]) return KILN_OK;
+    size_t nl;
+    int idx;
+    const char *rname = sd->restore_op_name;
+    if (rname[0] == '^') rname++;
+    if (!split_main_ref(rname, &nl, &idx))
+        return kiln_error(KILN_ERR_INVALID_MODEL, "saver_def: malformed restore_op_name '%s'",
+                          sd->restore_op_name);
+    int start = smap_getn(&c->node_index, rname, nl);
+    if (start < 0)
+        return kiln_error(KILN_ERR_INVALID_MODEL,
+                          "saver_def: restore op '%s' is not a node of the graph",
+                          sd->restore_op_name);
+    struct rscope rs = {-1, c->nodes, c->n_nodes, &c->node_index, 0, NULL, NULL};
+    unsigned char *seen = calloc(c->n_nodes + 1, 1);
+    int *stack = malloc(sizeof(int) * (c->n_nodes + 1));
+    kiln_status st = KILN_OK;
+    if (!seen || !stack) {
+        st = kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory");
+        goto out;
+    }
+    int n = 0;
+    stack[n++] = start;
+    seen[start] = 1;
+    long visited = 0;
+    while (n > 0 && st == KILN_OK) {
+        if (++visited > TF_MAX_RESTORE_NODES) break;
+        const KilnSm__NodeDef *nd = c->nodes[stack[--n]];
+        const char *op = nd->op ? nd->op : "";
+        if (strcmp(op, "Assign") == 0 || strcmp(op, "AssignVariableOp") == 0) {
+            st = restore_assign(c, &rs, nd);
+        } else {
+            KilnSm__NameAttrList inst;
+            int fn = called_function(c, nd, NULL, &inst);
+            if (fn >= 0) {
+                const char **bind = calloc(nd->n_input + 1, sizeof(char *));
+                if (!bind) {
+                    st = kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory");
+                    break;
+                }
+                int nb = 0;
+                for (size_t k = 0; k < nd->n_input && nd->input[k][0] != '^'; k++)
+                    bind[nb++] = rtrace_var(c, &rs, nd->input[k]);
+                st = restore_function(c, fn, bind, nb, 1);
+                free(bind);
+            }
+        }
+        for (size_t k = 0; k < nd->n_input && st == KILN_OK; k++) {
+            const char *in = nd->input[k];
+            if (in[0] == '^') in++;
+            if (!split_main_ref(in, &nl, &idx)) continue;
+            int j = smap_getn(&c->node_index, in, nl);
+            if (j < 0 || seen[j]) continue;
+            seen[j] = 1;
+            stack[n++] = j;
+        }
+    }
+out:
+    free(seen);
+    free(stack);
+    return st;
+}
+
+/* ---- assets ---- */
+
+/* If tensor ("node:idx") is bound to an asset file, a string constant with
+ * the asset's path in the model folder (what TensorFlow's loader feeds). */
+static kiln_status feed_asset(struct tf_build *b, const char *tensor, int *value)
+{
+    struct sm_ctx *c = b->c;
+    *value = -1;
+    for (size_t i = 0; i < c->mg->n_asset_file_def; i++) {
+        const KilnSm__AssetFileDef *af = c->mg->asset_file_def[i];
+        if (!af->tensor_info || af->tensor_info->encoding_case != KILN_SM__TENSOR_INFO__ENCODING_NAME ||
+            !af->tensor_info->name)
+            continue;
+        size_t nl;
+        int idx;
+        if (!split_main_ref(af->tensor_info->name, &nl, &idx)) continue;
+        char key[512];
+        if (nl >= 400) continue;
+        snprintf(key, sizeof key, "%.*s:%d", (int)nl, af->tensor_info->name, idx);
+        if (strcmp(key, tensor) != 0) continue;
+        const char *fname = af->filename ? af->filename : "";
+        if (!fname[0] || strchr(fname, '/') || strcmp(fname, "..") == 0 || strcmp(fname, ".") == 0)
+            return kiln_error(KILN_ERR_INVALID_MODEL,
+                              "asset '%s': the file name must be a plain name inside assets/",
+                              fname);
+        if (!c->dir)
+            return kiln_error(KILN_ERR_INVALID_MODEL,
+                              "asset '%s' needs the model folder, but the model was not loaded "
+                              "from a folder",
+                              fname);
+        kiln_tensor *t;
+        kiln_status st = kiln_tensor_new(KILN_DTYPE_STRING, 0, NULL, &t);
+        if (st != KILN_OK) return st;
+        size_t n = strlen(c->dir) + strlen(fname) + 16;
+        char *path = malloc(n);
+        if (!path) {
+            kiln_tensor_free(t);
+            return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory");
+        }
+        snprintf(path, n, "%s/assets/%s", c->dir, fname);
+        st = kiln_tensor_set_string(t, 0, path, strlen(path));
+        free(path);
+        if (st != KILN_OK) {
+            kiln_tensor_free(t);
+            return st;
+        }
+        if ((st = kiln_graph_own_tensor(b->g, t)) != KILN_OK) return st;
+        int id;
+        if ((st = kiln_graph_value_add(b->g, key, KILN_VALUE_CONST, &id)) != KILN_OK) return st;
+        b->g->values[id].konst = t;
+        kiln_type_from_tensor(&b->g->values[id].type, t);
+        char *k = kiln_arena_strdup(&b->tmp, key);
+        if (!k) return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory");
+        if ((st = smap_put(&b->feeds, k, id, NULL)) != KILN_OK) return st;
+        *value = id;
+        return KILN_OK;
+    }
+    return KILN_OK;
+}
+
+/* ---- conversion ---- */
+
+struct task {
+    struct scope *s;
+    int node;
+};
+
+struct tstack {
+    struct task *t;
+    int n, cap;
+};
+
+static kiln_status tpush(struct tstack *ts, struct scope *s, int node)
+{
+    if (ts->n == ts->cap) {
+        int cap = ts->cap ? ts->cap * 2 : 256;
+        struct task *p = realloc(ts->t, sizeof *p * (size_t)cap);
+        if (!p) return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory");
+        ts->t = p;
+        ts->cap = cap;
+    }
+    ts->t[ts->n++] = (struct task){s, node};
+    s->ns[node].phase = NS_VISITING;
+    return KILN_OK;
+}
+
+/* Make sure the producer of reference r is converted: returns *pending if
+ * it was pushed. A producer already on the stack closes a cycle. */
+static kiln_status need(struct tstack *ts, const struct ref *r, const KilnSm__NodeDef *user,
+                        bool *pending)
+{
+    *pending = false;
+    if (r->is_sym) return KILN_OK;
+    struct nstate *ns = &r->s->ns[r->node];
+    if (ns->phase == NS_DONE) return KILN_OK;
+    if (ns->phase == NS_VISITING)
+        return kiln_error(KILN_ERR_INVALID_MODEL,
+                          "%s: the graph has a cycle through nodes '%s' and '%s' (loops are not "
+                          "supported)",
+                          r->s->where, user->name, r->s->nodes[r->node]->name);
+    *pending = true;
+    return tpush(ts, r->s, r->node);
+}
+
+static kiln_status set_outputs(struct tf_build *b, struct nstate *ns, int n)
+{
+    ns->n_out = n;
+    ns->out = kiln_arena_alloc(&b->tmp, sizeof *ns->out * ((size_t)n + 1));
+    if (!ns->out) return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory");
+    for (int i = 0; i < n; i++) ns->out[i] = (struct tf_sym){-1, -1};
+    return KILN_OK;
+}
+
+/* Number of outputs of a call: the callee's output args (one tensor each). */
+static kiln_status call_outputs(struct tf_build *b, struct scope *cs, struct nstate *ns,
+                                struct tstack *ts, const KilnSm__NodeDef *call, bool *pending)
+{
+    const KilnSm__FunctionDef *fd = b->c->fns[cs->fn];
+    const KilnSm__OpDef *sig = fd->signature;
+    *pending = false;
+    for (size_t a = 0; a < sig->n_output_arg; a++) {
+        const KilnSm__OpDef__ArgDef *oa = sig->output_arg[a];
+        if ((oa->number_attr && oa->number_attr[0]) || (oa->type_list_attr && oa->type_list_attr[0]))
+            return kiln_error(KILN_ERR_UNSUPPORTED,
+                              "%s: function '%s' returns a list ('%s'); list outputs are not "
+                              "supported",
+                              cs->where, sig->name, oa->name ? oa->name : "");
+        const char *ep = NULL;
+        for (size_t k = 0; k < fd->n_ret; k++)
+            if (fd->ret[k]->key && oa->name && strcmp(fd->ret[k]->key, oa->name) == 0)
+                ep = fd->ret[k]->value;
+        if (!ep)
+            return kiln_error(KILN_ERR_INVALID_MODEL,
+                              "%s: function '%s' does not say what it returns for output '%s'",
+                              cs->where, sig->name, oa->name ? oa->name : "");
+        struct ref r;
+        /* resolve as if read by a node of the callee */
+        KilnSm__NodeDef fake = KILN_SM__NODE_DEF__INIT;
+        fake.name = (char *)"(return value)";
+        kiln_status st = resolve_ref(b, cs, &fake, ep, &r);
+        if (st != KILN_OK) return st;
+        if ((st = need(ts, &r, call, pending)) != KILN_OK || *pending) return st;
+    }
+    /* everything is converted: collect */
+    kiln_status st = set_outputs(b, ns, (int)sig->n_output_arg);
+    if (st != KILN_OK) return st;
+    for (size_t a = 0; a < sig->n_output_arg; a++) {
+        const char *ep = NULL;
+        for (size_t k = 0; k < fd->n_ret; k++)
+            if (fd->ret[k]->key && strcmp(fd->ret[k]->key, sig->output_arg[a]->name) == 0)
+                ep = fd->ret[k]->value;
+        struct ref r;
+        KilnSm__NodeDef fake = KILN_SM__NODE_DEF__INIT;
+        fake.name = (char *)"(return value)";
+        if ((st = resolve_ref(b, cs, &fake, ep, &r)) != KILN_OK) return st;
+        if ((st = ref_sym(b->c, &r, ep, &ns->out[a])) != KILN_OK) return st;
+    }
+    /* side effects the function declares as control outputs */
+    for (size_t k = 0; k < fd->n_control_ret; k++) {
+        const char *nm = fd->control_ret[k]->value ? fd->control_ret[k]->value : "";
+        int j = smap_get(cs->index, nm);
+        if (j < 0) continue;
+        if ((st = check_control_dep(b, cs, call, j)) != KILN_OK) return st;
+    }
+    return KILN_OK;
+}
+
+/* Convert node i of scope s (the top of the stack) if its inputs are ready. */
+static kiln_status convert_step(struct tf_build *b, struct tstack *ts)
+{
+    struct sm_ctx *c = b->c;
+    struct task t = ts->t[ts->n - 1];
+    struct scope *s = t.s;
+    struct nstate *ns = &s->ns[t.node];
+    if (ns->phase == NS_DONE) {
+        ts->n--;
+        return KILN_OK;
+    }
+    const KilnSm__NodeDef *nd = s->nodes[t.node];
+    const char *op = nd->op ? nd->op : "";
+    const char *name = nd->name ? nd->name : "";
+    kiln_status st;
+    bool pending;
+    /* data inputs first */
+    if (nd->n_input > (size_t)INT32_MAX / 2)
+        return kiln_error(KILN_ERR_INVALID_MODEL, "%s: node '%s' has too many inputs", s->where,
+                          name);
+    for (size_t k = 0; k < nd->n_input; k++) {
+        if (nd->input[k][0] == '^') continue;
+        struct ref r;
+        if ((st = resolve_ref(b, s, nd, nd->input[k], &r)) != KILN_OK) return st;
+        if ((st = need(ts, &r, nd, &pending)) != KILN_OK || pending) return st;
+    }
+    if (ns->child) {
+        /* a call whose callee scope exists: wait for its return values */
+        if ((st = call_outputs(b, ns->child, ns, ts, nd, &pending)) != KILN_OK || pending)
+            return st;
+        ns->phase = NS_DONE;
+        ts->n--;
+        return KILN_OK;
+    }
+    /* control inputs: checked, then dropped */
+    for (size_t k = 0; k < nd->n_input; k++) {
+        if (nd->input[k][0] != '^') continue;
+        struct ref r;
+        if ((st = resolve_ref(b, s, nd, nd->input[k], &r)) != KILN_OK) return st;
+        if ((st = check_control_dep(b, s, nd, r.node)) != KILN_OK) return st;
+    }
+    int n_in = 0;
+    for (size_t k = 0; k < nd->n_input; k++) n_in += nd->input[k][0] != '^';
+    struct tf_sym *in = kiln_arena_alloc(&b->tmp, sizeof *in * ((size_t)n_in + 1));
+    if (!in) return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory");
+    n_in = 0;
+    for (size_t k = 0; k < nd->n_input; k++) {
+        if (nd->input[k][0] == '^') continue;
+        struct ref r;
+        if ((st = resolve_ref(b, s, nd, nd->input[k], &r)) != KILN_OK) return st;
+        if ((st = ref_sym(c, &r, nd->input[k], &in[n_in++])) != KILN_OK) return st;
+    }
+    if (++b->lowered > TF_MAX_LOWERED_NODES)
+        return kiln_error(KILN_ERR_UNSUPPORTED,
+                          "%s: more than %d nodes after inlining function calls", s->where,
+                          TF_MAX_LOWERED_NODES);
+    /* function calls */
+    KilnSm__NameAttrList inst;
+    int fn = called_function(c, nd, s->inst, &inst);
+    if (fn == -2 || (fn < 0 && is_call_op(op))) {
+        const KilnSm__AttrValue *f = tf_attr(nd, s->inst, "f");
+        return kiln_error(KILN_ERR_INVALID_MODEL,
+                          "%s: node '%s' (op %s) calls function '%s', which is not in the "
+                          "graph's function library",
+                          s->where, name, op,
+                          f && f->value_case == KILN_SM__ATTR_VALUE__VALUE_FUNC && f->func->name
+                              ? f->func->name
+                              : "");
+    }
+    if (fn >= 0) {
+        if ((st = scope_call(b, s, t.node, fn, &inst, in, n_in, &ns->child)) != KILN_OK)
+            return st;
+        return KILN_OK; /* next step waits for the return values */
+    }
+    /* variables and placeholders of the main graph */
+    bool var_v1 = strcmp(op, "VariableV2") == 0 || strcmp(op, "Variable") == 0;
+    bool var_res = strcmp(op, "VarHandleOp") == 0;
+    if (var_v1 || var_res) {
+        if (s->caller)
+            return kiln_error(KILN_ERR_UNSUPPORTED,
+                              "%s: node '%s' creates variable inside a function; only variables "
+                              "of the main graph are supported",
+                              s->where, name);
+        int var;
+        if ((st = var_register(c, t.node, var_res, &var)) != KILN_OK) return st;
+        if ((st = set_outputs(b, ns, 1)) != KILN_OK) return st;
+        ns->out[0].var = var;
+        if (var_v1) {
+            st = tf_var_value(b, var, &ns->out[0].v);
+            if (st != KILN_OK) return kiln_error_wrap(st, "%s", s->where);
+        }
+        ns->phase = NS_DONE;
+        ts->n--;
+        return KILN_OK;
+    }
+    if (strcmp(op, "Placeholder") == 0 && !s->caller)
+        return kiln_error(KILN_ERR_INVALID_MODEL,
+                          "signature '%s' needs placeholder '%s', which is not one of its inputs",
+                          b->sig, name);
+    struct tf_node_ctx L = {
+        .b = b, .g = b->g, .nd = nd, .inst = s->inst, .where = s->where, .n_in = n_in, .in = in,
+    };
+    L.name = s->prefix[0] ? tmp_printf(b, "%s%s", s->prefix, name) : name;
+    if (!L.name) return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory");
+    if ((st = tf_lower_node(&L)) != KILN_OK) return st;
+    ns->n_out = L.n_out;
+    ns->out = L.out;
+    ns->phase = NS_DONE;
+    ts->n--;
+    return KILN_OK;
+}
+
+/* The value tensor endpoint `ep` of the main graph has for this signature. */
+static kiln_status convert_endpoint(struct tf_build *b, struct scope *root, const char *ep,
+                                    const char *alias, struct tf_sym *out)
+{
+    KilnSm__NodeDef fake = KILN_SM__NODE_DEF__INIT;
+    char *fname = tmp_printf(b, "(output '%s')", alias);
+    if (!fname) return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory");
+    fake.name = fname;
+    struct ref r;
+    kiln_status st = resolve_ref(b, root, &fake, ep, &r);
+    if (st != KILN_OK) return st;
+    struct tstack ts = {0};
+    bool pending;
+    st = need(&ts, &r, &fake, &pending);
+    while (st == KILN_OK && ts.n > 0) st = convert_step(b, &ts);
+    free(ts.t);
+    if (st != KILN_OK) return st;
+    return ref_sym(b->c, &r, ep, out);
+}
+
+/* ---- signatures ---- */
+
+static kiln_status sig_input(struct tf_build *b, const char *alias, const KilnSm__TensorInfo *ti,
+                             int *value)
+{
+    struct sm_ctx *c = b->c;
+    if (ti->encoding_case != KILN_SM__TENSOR_INFO__ENCODING_NAME || !ti->name)
+        return kiln_error(KILN_ERR_UNSUPPORTED,
+                          "signature '%s': input '%s' is a sparse or composite tensor, which "
+                          "Kiln does not support",
+                          b->sig, alias);
+    size_t nl;
+    int idx;
+    if (!split_main_ref(ti->name, &nl, &idx))
+        return kiln_error(KILN_ERR_INVALID_MODEL, "signature '%s': input '%s' names tensor '%s'",
+                          b->sig, alias, ti->name);
+    int node = smap_getn(&c->node_index, ti->name, nl);
+    if (node < 0)
+        return kiln_error(KILN_ERR_INVALID_MODEL,
+                          "signature '%s': input '%s' is tensor '%s', but the graph has no node "
+                          "'%.*s'",
+                          b->sig, alias, ti->name, (int)nl, ti->name);
+    const KilnSm__NodeDef *nd = c->nodes[node];
+    struct kiln_type t;
+    kiln_type_unknown(&t);
+    int code = ti->has_dtype ? ti->dtype : 0;
+    if (!code) {
+        const KilnSm__AttrValue *a = tf_attr(nd, NULL, "dtype");
+        if (!a) a = tf_attr(nd, NULL, "T");
+        if (a && a->value_case == KILN_SM__ATTR_VALUE__VALUE_TYPE) code = a->type;
+    }
+    t.dtype = tf_dtype(code);
+    if (t.dtype == KILN_DTYPE_UNDEFINED)
+        return kiln_error(code ? KILN_ERR_UNSUPPORTED : KILN_ERR_INVALID_MODEL,
+                          "signature '%s': input '%s' has dtype %s, which Kiln does not support",
+                          b->sig, alias, code ? tf_dtype_name(code) : "(none)");
+    char what[256];
+    snprintf(what, sizeof what, "signature '%s' input '%s'", b->sig, alias);
+    kiln_status st;
+    if (ti->tensor_shape && !ti->tensor_shape->unknown_rank) {
+        if ((st = shape_from_proto(ti->tensor_shape, what, &t)) != KILN_OK) return st;
+    } else {
+        const KilnSm__AttrValue *a = tf_attr(nd, NULL, "shape");
+        if (a && a->value_case == KILN_SM__ATTR_VALUE__VALUE_SHAPE &&
+            (st = shape_from_proto(a->shape, what, &t)) != KILN_OK)
+            return st;
+    }
+    int id;
+    if ((st = kiln_graph_value_add(b->g, alias, KILN_VALUE_INPUT, &id)) != KILN_OK) return st;
+    b->g->values[id].type = t;
+    char *key = tmp_printf(b, "%.*s:%d", (int)nl, ti->name, idx);
+    if (!key) return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory");
+    if ((st = smap_put(&b->feeds, key, id, NULL)) != KILN_OK) return st;
+    *value = id;
+    return KILN_OK;
+}
+
+/* Build signature sd into graph g. */
+static kiln_status build_signature(struct sm_ctx *c, const char *name,
+                                   const KilnSm__SignatureDef *sd, struct kiln_graph *g,
+                                   struct kiln_signature *sig)
+{
+    struct kiln_arena *mem = c->m->graph->mem;
+    struct tf_build b = {.c = c, .sig = name, .g = g};
+    kiln_status st;
+    struct scope *root;
+    g->name = kiln_arena_strdup(g->mem, name);
+    sig->name = kiln_arena_strdup(mem, name);
+    sig->method = kiln_arena_strdup(mem, sd->method_name ? sd->method_name : "");
+    sig->graph = g;
+    if (!g->name || !sig->name || !sig->method) return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory");
+    if (sd->n_inputs > 4096 || sd->n_outputs > 4096)
+        return kiln_error(KILN_ERR_UNSUPPORTED, "signature '%s' has too many inputs or outputs",
+                          name);
+    g->inputs = kiln_arena_alloc(g->mem, sizeof(int) * (sd->n_inputs + 1));
+    g->outputs = kiln_arena_alloc(g->mem, sizeof(int) * (sd->n_outputs + 1));
+    if (!g->inputs || !g->outputs) return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory");
+    for (size_t i = 0; i < sd->n_inputs; i++) {
+        const KilnSm__SignatureDef__TensorInfoEntry *e = sd->inputs[i];
+        if (!e->key || !e->value)
+            return kiln_error(KILN_ERR_INVALID_MODEL, "signature '%s': input %zu has no name or "
+                              "tensor", name, i);
+        for (size_t j = 0; j < i; j++)
+            if (strcmp(sd->inputs[j]->key, e->key) == 0)
+                return kiln_error(KILN_ERR_INVALID_MODEL,
+                                  "signature '%s': input '%s' is listed twice", name, e->key);
+        int id;
+        if ((st = sig_input(&b, e->key, e->value, &id)) != KILN_OK) goto out;
+        g->inputs[g->n_inputs++] = id;
+    }
+    if ((st = scope_main(&b, &root)) != KILN_OK) goto out;
+    for (size_t i = 0; i < sd->n_outputs; i++) {
+        const KilnSm__SignatureDef__TensorInfoEntry *e = sd->outputs[i];
+        if (!e->key || !e->value) {
+            st = kiln_error(KILN_ERR_INVALID_MODEL, "signature '%s': output %zu has no name or "
+                            "tensor", name, i);
+            goto out;
+        }
+        for (size_t j = 0; j < i; j++)
+            if (strcmp(sd->outputs[j]->key, e->key) == 0) {
+                st = kiln_error(KILN_ERR_INVALID_MODEL,
+                                "signature '%s': output '%s' is listed twice", name, e->key);
+                goto out;
+            }
+        if (e->value->encoding_case != KILN_SM__TENSOR_INFO__ENCODING_NAME || !e->value->name) {
+            st = kiln_error(KILN_ERR_UNSUPPORTED,
+                            "signature '%s': output '%s' is a sparse or composite tensor, which "
+                            "Kiln does not support",
+                            name, e->key);
+            goto out;
+        }
+        struct tf_sym sym;
+        if ((st = convert_endpoint(&b, root, e->value->name, e->key, &sym)) != KILN_OK) goto out;
+        if (sym.v < 0) {
+            st = kiln_error(KILN_ERR_UNSUPPORTED,
+                            "signature '%s': output '%s' ('%s') is a resource handle, not a "
+                            "tensor",
+                            name, e->key, e->value->name);
+            goto out;
+        }
+        g->outputs[g->n_outputs++] = sym.v;
+    }
+    if ((st = kiln_graph_verify(g)) != KILN_OK) goto out;
+    if ((st = kiln_graph_infer(g)) != KILN_OK) goto out;
+    sig->n_inputs = g->n_inputs;
+    sig->input_values = g->inputs;
+    sig->n_outputs = g->n_outputs;
+    sig->output_values = g->outputs;
+    if ((st = kiln_signature_describe(c->m, sig)) != KILN_OK) goto out;
+    /* outputs are named by their aliases; declared types fill what inference left open */
+    for (int i = 0; i < sig->n_outputs; i++) {
+        const KilnSm__TensorInfo *ti = sd->outputs[i]->value;
+        kiln_value_info *vi = &sig->outputs[i];
+        vi->name = kiln_arena_strdup(mem, sd->outputs[i]->key);
+        if (!vi->name) {
+            st = kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory");
+            goto out;
+        }
+        if (vi->dtype == KILN_DTYPE_UNDEFINED && ti->has_dtype) vi->dtype = tf_dtype(ti->dtype);
+        if (vi->rank < 0 && ti->tensor_shape && !ti->tensor_shape->unknown_rank) {
+            struct kiln_type t;
+            kiln_type_unknown(&t);
+            if (shape_from_proto(ti->tensor_shape, "output", &t) == KILN_OK) {
+                vi->rank = t.rank;
+                for (int k = 0; k < t.rank; k++) vi->dims[k] = t.dims[k];
+            } else {
+                kiln_error_clear();
+            }
+        }
+    }
+out:
+    if (st != KILN_OK && !strstr(kiln_last_error(), "signature '"))
+        kiln_error_wrap(st, "signature '%s'", name);
+    smap_free(&b.feeds);
+    free(b.var_value);
+    kiln_arena_free(&b.tmp);
+    return st;
+}
+
+/* ---- function library ---- */
+
+static kiln_status sm_index_function(struct sm_ctx *c, int fn)
+{
+    struct smap *mp = &c->fn_node_index[fn];
+    if (mp->cap) return KILN_OK;
+    const KilnSm__FunctionDef *fd = c->fns[fn];
+    for (size_t i = 0; i < fd->n_node_def; i++) {
+        const KilnSm__NodeDef *nd = fd->node_def[i];
+        if (!nd->name || !nd->name[0])
+            return kiln_error(KILN_ERR_INVALID_MODEL, "function '%s': node %zu has no name",
+                              fd->signature->name, i);
+        bool dup;
+        kiln_status st = smap_put(mp, nd->name, (int)i, &dup);
+        if (st != KILN_OK) return st;
+        if (dup)
+            return kiln_error(KILN_ERR_INVALID_MODEL,
+                              "function '%s': two nodes are named '%s'", fd->signature->name,
+                              nd->name);
+    }
+    if (!mp->cap) {
+        /* an empty body: give the map a table so it counts as built */
+        bool dup;
+        kiln_status st = smap_put(mp, "", -1, &dup);
+        if (st != KILN_OK) return st;
+    }
+    return KILN_OK;
+}
+
+static kiln_status index_graph(struct sm_ctx *c)
+{
+    const KilnSm__GraphDef *gd = c->gd;
+    c->nodes = gd->node;
+    c->n_nodes = gd->n_node;
+    if (gd->n_node > (size_t)INT32_MAX / 4)
+        return kiln_error(KILN_ERR_INVALID_MODEL, "graph has too many nodes");
+    for (size_t i = 0; i < gd->n_node; i++) {
+        const KilnSm__NodeDef *nd = gd->node[i];
+        if (!nd->name || !nd->name[0])
+            return kiln_error(KILN_ERR_INVALID_MODEL, "graph node %zu has no name", i);
+        if (!nd->op || !nd->op[0])
+            return kiln_error(KILN_ERR_INVALID_MODEL, "graph node '%s' has no op", nd->name);
+        bool dup;
+        kiln_status st = smap_put(&c->node_index, nd->name, (int)i, &dup);
+        if (st != KILN_OK) return st;
+        if (dup)
+            return kiln_error(KILN_ERR_INVALID_MODEL, "two graph nodes are named '%s'", nd->name);
+        for (size_t k = 0; k < nd->n_input; k++)
+            if (!nd->input[k])
+                return kiln_error(KILN_ERR_INVALID_MODEL, "node '%s': input %zu is missing",
+                                  nd->name, k);
+    }
+    const KilnSm__FunctionDefLibrary *lib = gd->library;
+    c->n_fns = lib ? lib->n_function : 0;
+    c->fns = lib ? lib->function : NULL;
+    if (c->n_fns > (size_t)INT32_MAX / 4)
+        return kiln_error(KILN_ERR_INVALID_MODEL, "too many functions");
+    c->fn_node_index = calloc(c->n_fns + 1, sizeof *c->fn_node_index);
+    c->fn_writes = malloc(c->n_fns + 1);
+    if (!c->fn_node_index || !c->fn_writes)
+        return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory");
+    memset(c->fn_writes, -1, c->n_fns + 1);
+    for (size_t i = 0; i < c->n_fns; i++) {
+        const KilnSm__FunctionDef *fd = c->fns[i];
+        if (!fd->signature || !fd->signature->name || !fd->signature->name[0])
+            return kiln_error(KILN_ERR_INVALID_MODEL, "function %zu of the library has no name", i);
+        bool dup;
+        kiln_status st = smap_put(&c->fn_index, fd->signature->name, (int)i, &dup);
+        if (st != KILN_OK) return st;
+        if (dup)
+            return kiln_error(KILN_ERR_INVALID_MODEL, "the library defines function '%s' twice",
+                              fd->signature->name);
+        for (size_t k = 0; k < fd->n_node_def; k++) {
+            const KilnSm__NodeDef *nd = fd->node_def[k];
+            if (!nd->op || !nd->op[0])
+                return kiln_error(KILN_ERR_INVALID_MODEL, "function '%s': node '%s' has no op",
+                                  fd->signature->name, nd->name ? nd->name : "");
+            for (size_t j = 0; j < nd->n_input; j++)
+                if (!nd->input[j])
+                    return kiln_error(KILN_ERR_INVALID_MODEL,
+                                      "function '%s': node '%s': input %zu is missing",
+                                      fd->signature->name, nd->name ? nd->name : "", j);
+        }
+        for (size_t k = 0; k < fd->signature->n_input_arg; k++)
+            if (!fd->signature->input_arg[k]->name)
+                return kiln_error(KILN_ERR_INVALID_MODEL, "function '%s': argument %zu has no name",
+                                  fd->signature->name, k);
+        for (size_t k = 0; k < fd->signature->n_output_arg; k++)
+            if (!fd->signature->output_arg[k]->name)
+                return kiln_error(KILN_ERR_INVALID_MODEL, "function '%s': output %zu has no name",
+                                  fd->signature->name, k);
+        for (size_t k = 0; k < fd->n_ret; k++)
+            if (!fd->ret[k]->key || !fd->ret[k]->value)
+                return kiln_error(KILN_ERR_INVALID_MODEL, "function '%s': return %zu is "
+                                  "incomplete", fd->signature->name, k);
+    }
+    return KILN_OK;
+}
+
+/* ---- tags ---- */
+
+/* Whether the MetaGraphDef's tag set equals the comma-separated `want`. */
+static bool tags_match(const KilnSm__MetaGraphDef *mg, const char *want)
+{
+    const KilnSm__MetaGraphDef__MetaInfoDef *mi = mg->meta_info_def;
+    size_t nt = mi ? mi->n_tags : 0;
+    /* every wanted tag is present */
+    int n_want = 0;
+    const char *p = want;
+    while (*p) {
+        while (*p == ',' || *p == ' ') p++;
+        if (!*p) break;
+        const char *e = p;
+        while (*e && *e != ',') e++;
+        const char *te = e;
+        while (te > p && te[-1] == ' ') te--;
+        size_t n = (size_t)(te - p);
+        bool found = false;
+        for (size_t i = 0; i < nt; i++)
+            if (mi->tags[i] && strlen(mi->tags[i]) == n && memcmp(mi->tags[i], p, n) == 0)
+                found = true;
+        if (!found) return false;
+        n_want++;
+        p = e;
+    }
+    /* every present tag is wanted */
+    for (size_t i = 0; i < nt; i++) {
+        const char *t = mi->tags[i] ? mi->tags[i] : "";
+        size_t n = strlen(t);
+        bool found = false;
+        p = want;
+        while (*p && !found) {
+            while (*p == ',' || *p == ' ') p++;
+            const char *e = p;
+            while (*e && *e != ',') e++;
+            const char *te = e;
+            while (te > p && te[-1] == ' ') te--;
+            found = (size_t)(te - p) == n && memcmp(p, t, n) == 0;
+            p = e;
+        }
+        if (!found) return false;
+    }
+    return n_want > 0 || nt == 0;
+}
+
+static void describe_tag_sets(const KilnSm__SavedModel *sm, char *buf, size_t n)
+{
+    size_t k = 0;
+    buf[0] = '\0';
+    for (size_t i = 0; i < sm->n_meta_graphs && k + 4 < n; i++) {
+        const KilnSm__MetaGraphDef__MetaInfoDef *mi = sm->meta_graphs[i]->meta_info_def;
+        k += (size_t)snprintf(buf + k, n - k, "%s'", i ? ", " : "");
+        for (size_t j = 0; mi && j < mi->n_tags && k + 4 < n; j++)
+            k += (size_t)snprintf(buf + k, n - k, "%s%s", j ? "," : "",
+                                  mi->tags[j] ? mi->tags[j] : "");
+        if (k + 2 < n) k += (size_t)snprintf(buf + k, n - k, "'");
+    }
+}
+
+/* ---- model statistics ---- */
+
+static int cmp_str(const void *a, const void *b)
+{
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+static kiln_status finish_stats(struct kiln_model *m, struct kiln_graph **graphs, int n,
+                                const char *tf_version)
+{
+    struct kiln_arena *mem = m->graph->mem;
+    int counts[KILN_OP_COUNT] = {0};
+    m->stats.node_count = 0;
+    m->stats.param_count = 0;
+    m->stats.param_bytes = 0;
+    /* parameters: distinct constant tensors across the signature graphs */
+    size_t cap = 64, nk = 0;
+    const kiln_tensor **seen = malloc(sizeof *seen * cap);
+    if (!seen) return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory");
+    for (int gi = 0; gi < n; gi++) {
+        const struct kiln_graph *g = graphs[gi];
+        m->stats.node_count += g->n_nodes;
+        for (int i = 0; i < g->n_nodes; i++) counts[g->nodes[i].op]++;
+        for (int v = 0; v < g->n_values; v++) {
+            const kiln_tensor *t = g->values[v].kind == KILN_VALUE_CONST ? g->values[v].konst : NULL;
+            if (!t) continue;
+            bool dup = false;
+            for (size_t j = 0; j < nk && !dup; j++) dup = seen[j] == t;
+            if (dup) continue;
+            if (nk == cap) {
+                const kiln_tensor **p = realloc(seen, sizeof *seen * cap * 2);
+                if (!p) {
+                    free(seen);
+                    return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory");
+                }
+                seen = p;
+                cap *= 2;
+            }
+            seen[nk++] = t;
+            m->stats.param_count += kiln_tensor_count(t);
+            m->stats.param_bytes += (int64_t)t->nbytes;
+        }
+    }
+    free(seen);
+    int kinds = 0;
+    for (int i = 0; i < KILN_OP_COUNT; i++) kinds += counts[i] > 0;
+    m->op_kind_name = kiln_arena_alloc(mem, sizeof(char *) * ((size_t)kinds + 1));
+    m->op_kind_count = kiln_arena_alloc(mem, sizeof(int) * ((size_t)kinds + 1));
+    if (!m->op_kind_name || !m->op_kind_count)
+        return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory");
+    m->n_op_kinds = 0;
+    for (int i = 0; i < KILN_OP_COUNT; i++)
+        if (counts[i]) m->op_kind_name[m->n_op_kinds++] = kiln_op_name((enum kiln_op)i);
+    qsort(m->op_kind_name, (size_t)m->n_op_kinds, sizeof(char *), cmp_str);
+    for (int k = 0; k < m->n_op_kinds; k++)
+        m->op_kind_count[k] = counts[kiln_op_find(m->op_kind_name[k])];
+    char prod[128];
+    snprintf(prod, sizeof prod, "TensorFlow%s%s", tf_version && tf_version[0] ? " " : "",
+             tf_version ? tf_version : "");
+    m->stats.producer = kiln_arena_strdup(mem, prod);
+    m->stats.ir_version = 0;
+    if (!m->stats.producer) return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory");
+    return KILN_OK;
+}
+
+/* ---- entry points ---- */
+
+static int cmp_sig_entry(const void *a, const void *b)
+{
+    const KilnSm__MetaGraphDef__SignatureDefEntry *x = *(KilnSm__MetaGraphDef__SignatureDefEntry *const *)a;
+    const KilnSm__MetaGraphDef__SignatureDefEntry *y = *(KilnSm__MetaGraphDef__SignatureDefEntry *const *)b;
+    return strcmp(x->key, y->key);
+}
+
+static bool is_init_signature(const char *key)
+{
+    return strcmp(key, "__saved_model_init_op") == 0 || strcmp(key, "__saved_model_train_op") == 0;
+}
+
+static kiln_status state_add_graph(struct sm_state *s, struct kiln_graph *g)
+{
+    if (s->n_graphs == s->cap_graphs) {
+        int cap = s->cap_graphs ? s->cap_graphs * 2 : 8;
+        struct kiln_graph **p = realloc(s->graphs, sizeof *p * (size_t)cap);
+        if (!p) return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory");
+        s->graphs = p;
+        s->cap_graphs = cap;
+    }
+    s->graphs[s->n_graphs++] = g;
+    return KILN_OK;
+}
+
+static kiln_status load_parsed(struct sm_ctx *c, const char *tags)
+{
+    struct kiln_model *m = c->m;
+    const KilnSm__SavedModel *sm = c->state->sm;
+    kiln_status st;
+    const char *want = tags && tags[0] ? tags : "serve";
+    if (sm->n_meta_graphs == 0)
+        return kiln_error(KILN_ERR_INVALID_MODEL, "the SavedModel has no MetaGraphDef");
+    for (size_t i = 0; i < sm->n_meta_graphs && !c->mg; i++)
+        if (tags_match(sm->meta_graphs[i], want)) c->mg = sm->meta_graphs[i];
+    if (!c->mg) {
+        char sets[512];
+        describe_tag_sets(sm, sets, sizeof sets);
+        return kiln_error(KILN_ERR_NOT_FOUND,
+                          "the SavedModel has no MetaGraphDef with tags '%s'; its tag sets are %s",
+                          want, sets);
+    }
+    c->gd = c->mg->graph_def;
+    if (!c->gd) return kiln_error(KILN_ERR_INVALID_MODEL, "the MetaGraphDef has no graph_def");
+    if ((st = index_graph(c)) != KILN_OK) return st;
+
+    /* serving signatures, sorted by name; the default is serving_default */
+    size_t ns = 0;
+    for (size_t i = 0; i < c->mg->n_signature_def; i++) {
+        const KilnSm__MetaGraphDef__SignatureDefEntry *e = c->mg->signature_def[i];
+        if (!e->key || !e->value)
+            return kiln_error(KILN_ERR_INVALID_MODEL, "signature_def %zu has no name or value", i);
+        if (!is_init_signature(e->key)) ns++;
+    }
+    if (ns == 0)
+        return kiln_error(KILN_ERR_INVALID_MODEL, "the SavedModel (tags '%s') has no signatures",
+                          want);
+    KilnSm__MetaGraphDef__SignatureDefEntry **sigs = calloc(ns, sizeof *sigs);
+    if (!sigs) return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory");
+    ns = 0;
+    for (size_t i = 0; i < c->mg->n_signature_def; i++)
+        if (!is_init_signature(c->mg->signature_def[i]->key)) sigs[ns++] = c->mg->signature_def[i];
+    qsort(sigs, ns, sizeof *sigs, cmp_sig_entry);
+    int dflt = 0;
+    for (size_t i = 0; i < ns; i++) {
+        if (i > 0 && strcmp(sigs[i]->key, sigs[i - 1]->key) == 0) {
+            st = kiln_error(KILN_ERR_INVALID_MODEL, "signature '%s' is defined twice", sigs[i]->key);
+            goto out;
+        }
+        if (strcmp(sigs[i]->key, "serving_default") == 0) dflt = (int)i;
+    }
+    struct kiln_graph **graphs = calloc(ns, sizeof *graphs);
+    if (!graphs) {
+        st = kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory");
+        goto out;
+    }
+    m->signatures = kiln_arena_alloc(m->graph->mem, sizeof *m->signatures * ns);
+    if (!m->signatures) {
+        st = kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory");
+        goto out_graphs;
+    }
+    m->n_signatures = (int)ns;
+    m->default_signature = dflt;
+    /* the default signature's graph is m->graph; the others are their own
+     * roots, freed with the parsed file (sm_state_free) */
+    for (size_t i = 0; i < ns; i++) {
+        if ((int)i == dflt) {
+            graphs[i] = m->graph;
+        } else {
+            if ((st = kiln_graph_new(&graphs[i])) != KILN_OK) goto out_graphs;
+            if ((st = state_add_graph(c->state, graphs[i])) != KILN_OK) {
+                kiln_graph_free(graphs[i]);
+                goto out_graphs;
+            }
+        }
+    }
+    for (size_t i = 0; i < ns; i++) {
+        st = build_signature(c, sigs[i]->key, sigs[i]->value, graphs[i], &m->signatures[i]);
+        if (st != KILN_OK) goto out_graphs;
+    }
+    const KilnSm__MetaGraphDef__MetaInfoDef *mi = c->mg->meta_info_def;
+    st = finish_stats(m, graphs, (int)ns, mi ? mi->tensorflow_version : NULL);
+out_graphs:
+    free(graphs);
+out:
+    free(sigs);
+    return st;
+}
+
+static void ctx_free(struct sm_ctx *c)
+{
+    smap_free(&c->node_index);
+    smap_free(&c->fn_index);
+    if (c->fn_node_index)
+        for (size_t i = 0; i < c->n_fns; i++) smap_free(&c->fn_node_index[i]);
+    free(c->fn_node_index);
+    free(c->fn_writes);
+    free(c->vars);
+    smap_free(&c->var_index);
+    free(c->restores);
+    smap_free(&c->restore_index);
+#ifdef KILN_HAVE_BUNDLE
+    if (c->bundle) kiln_bundle_close(c->bundle);
+#endif
+}
+
+kiln_status kiln_savedmodel_load_bytes(const void *data, size_t size, int text, const char *dir,
+                                       const char *tags, struct kiln_model *m)
+{
+    kiln_status st;
+    if (size > SM_MAX_FILE_BYTES)
+        return kiln_error(KILN_ERR_UNSUPPORTED, "saved_model.pb of %zu bytes exceeds the 2 GiB "
+                          "protobuf limit", size);
+    struct sm_state *state = calloc(1, sizeof *state);
+    if (!state) return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory");
+    m->proto = state;
+    m->proto_free = sm_state_free;
+    m->format = "savedmodel";
+    if (text) {
+#ifdef KILN_HAVE_TEXTPROTO
+        ProtobufCMessage *msg = NULL;
+        st = kiln_textproto_parse(&kiln_sm__saved_model__descriptor, data, size, &msg);
+        if (st != KILN_OK) return kiln_error_wrap(st, "saved_model.pbtxt");
+        state->sm = (KilnSm__SavedModel *)msg;
+#else
+        return kiln_error(KILN_ERR_UNSUPPORTED,
+                          "saved_model.pbtxt: this build of Kiln has no protobuf text-format "
+                          "parser");
+#endif
+    } else {
+        st = kiln_pb_check(&kiln_sm__saved_model__descriptor, data, size, SM_MAX_PROTO_DEPTH,
+                           "saved_model.pb");
+        if (st != KILN_OK) return st;
+        state->sm = kiln_sm__saved_model__unpack(NULL, size, data);
+        if (!state->sm)
+            return kiln_error(KILN_ERR_INVALID_MODEL,
+                              "saved_model.pb is not a valid SavedModel (protobuf parse failed: "
+                              "wrong field types or bad strings)");
+    }
+    if ((st = kiln_graph_new(&m->graph)) != KILN_OK) return st;
+    struct sm_ctx c = {.m = m, .state = state, .dir = dir};
+    st = load_parsed(&c, tags);
+    ctx_free(&c);
+    return st;
+}
+
+kiln_status kiln_savedmodel_load(const char *dir, const char *tags, struct kiln_model *m)
+{
+    size_t n = strlen(dir) + 32;
+    char *path = malloc(n);
+    if (!path) return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory");
+    int text = 0;
+    snprintf(path, n, "%s/saved_model.pb", dir);
+    if (access(path, F_OK) != 0) {
+        snprintf(path, n, "%s/saved_model.pbtxt", dir);
+        text = 1;
+    }
+    struct kiln_file_map map;
+    kiln_status st = kiln_file_map(path, &map);
+    if (st == KILN_OK) {
+        st = kiln_savedmodel_load_bytes(map.data, map.size, text, dir, tags, m);
+        kiln_file_unmap(&map); /* protobuf-c copied what it keeps */
+    }
+    free(path);
+    return st;
+}

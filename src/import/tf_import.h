@@ -1,0 +1,75 @@
+/*
+ * tf_import.h - the interface between the SavedModel reader (savedmodel.c:
+ * files, signatures, function inlining, variables) and the lowering of
+ * TensorFlow ops to Kiln IR (tf_lower.c). Internal to src/import/.
+ *
+ * The reader walks the GraphDef from each signature's outputs back to its
+ * inputs. Every TF node it reaches is handed to tf_lower_node with its data
+ * inputs already converted; the lowering appends IR nodes to the signature's
+ * graph and reports the node's outputs as tf_syms.
+ */
+#ifndef KILN_IMPORT_TF_IMPORT_H
+#define KILN_IMPORT_TF_IMPORT_H
+
+#include <stdbool.h>
+
+#include "import/model.h"
+#include "saved_model.pb-c.h"
+
+#define TF_OPSET 21 /* the ONNX semantics Kiln's kernels apply to the IR nodes we create */
+
+/* What a TF tensor endpoint is in the graph being built. */
+struct tf_sym {
+    int v;   /* IR value id in the signature graph; -1 for a bare resource handle */
+    int var; /* variable index when the endpoint is a variable (ref or handle), else -1 */
+};
+
+struct tf_build; /* per-signature build state, owned by savedmodel.c */
+
+/* One TF node being lowered. */
+struct tf_node_ctx {
+    struct tf_build *b;
+    struct kiln_graph *g;            /* the signature's graph */
+    const KilnSm__NodeDef *nd;       /* the node (attrs, op) */
+    const KilnSm__NameAttrList *inst; /* attrs of the enclosing function instantiation, or NULL */
+    const char *name;                /* unique name: function call path + node name */
+    const char *where;               /* "signature 'x'" or "signature 'x', function 'f'" */
+    int n_in;
+    const struct tf_sym *in;         /* data inputs (control inputs are not passed) */
+    int n_out;
+    struct tf_sym *out;              /* set by tf_outputs() */
+};
+
+/* Lower one node. Returns KILN_ERR_UNSUPPORTED naming the op, node and
+ * signature for an op Kiln cannot run. */
+kiln_status tf_lower_node(struct tf_node_ctx *L);
+
+/* The flat output index of "node:arg:idx" inside a function body, from the
+ * op's output arguments. */
+kiln_status tf_output_index(const KilnSm__NodeDef *nd, const KilnSm__NameAttrList *inst,
+                            const char *arg, int idx, int *flat);
+
+/* Whether op writes variable or other state (Assign, AssignVariableOp, ...). */
+bool tf_op_writes_state(const char *op);
+
+/* Attribute of a node; placeholders resolved through inst. NULL if absent. */
+const KilnSm__AttrValue *tf_attr(const KilnSm__NodeDef *nd, const KilnSm__NameAttrList *inst,
+                                 const char *key);
+
+/* TF DataType code (DT_*_REF folded to the base type) to Kiln dtype;
+ * KILN_DTYPE_UNDEFINED if Kiln has no such dtype. */
+kiln_dtype tf_dtype(int code);
+const char *tf_dtype_name(int code);
+
+/* A TensorProto to a new owned tensor; what names it in messages. */
+kiln_status tf_tensor_from_proto(const KilnSm__TensorProto *tp, const char *what,
+                                 kiln_tensor **out);
+
+/* Provided by savedmodel.c for the lowering: */
+
+/* The IR constant value holding variable var's restored value. */
+kiln_status tf_var_value(struct tf_build *b, int var, int *value_out);
+/* The name a variable has in messages. */
+const char *tf_var_name(const struct tf_build *b, int var);
+
+#endif
