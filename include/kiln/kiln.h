@@ -77,6 +77,18 @@ typedef enum kiln_dtype {
     KILN_DTYPE_U64,
     KILN_DTYPE_BOOL,   /* one byte per element, 0 or 1 */
     KILN_DTYPE_STRING, /* elements are kiln_string */
+    /* Low-precision types, one element per byte in memory (4- and 2-bit
+     * types are not packed: an int4 element is an int8 in -8..7). */
+    KILN_DTYPE_F8E4M3FN,   /* float8: 4 exponent bits, 3 mantissa, NaN, no inf */
+    KILN_DTYPE_F8E4M3FNUZ, /* float8 e4m3, bias 8, no -0, NaN is 0x80 */
+    KILN_DTYPE_F8E5M2,     /* float8: 5 exponent bits, 2 mantissa, inf and NaN */
+    KILN_DTYPE_F8E5M2FNUZ, /* float8 e5m2, bias 16, no -0, NaN is 0x80 */
+    KILN_DTYPE_U4,         /* 0..15 */
+    KILN_DTYPE_I4,         /* -8..7 */
+    KILN_DTYPE_F4E2M1,     /* float4 in the low 4 bits: sign, 2 exponent, 1 mantissa */
+    KILN_DTYPE_F8E8M0,     /* 2^(e-127), 0xff is NaN (an MX scale) */
+    KILN_DTYPE_U2,         /* 0..3 */
+    KILN_DTYPE_I2,         /* -2..1 */
     KILN_DTYPE_COUNT
 } kiln_dtype;
 

@@ -16,6 +16,7 @@
 #include "core/tensor.h"
 #include "exec/exec.h"
 #include "import/model.h"
+#include "import/savedmodel.h"
 
 struct kiln_session {
     struct kiln_model *model;
@@ -95,12 +96,10 @@ kiln_status kiln_model_load(const char *path, const kiln_load_options *opts, kil
             snprintf(buf, sizeof buf, "%s/saved_model.pb", path);
             char buf2[4096];
             snprintf(buf2, sizeof buf2, "%s/saved_model.pbtxt", path);
-            if (access(buf, F_OK) == 0 || access(buf2, F_OK) == 0)
-                st = kiln_error(KILN_ERR_UNSUPPORTED,
-                                "'%s' is a TensorFlow SavedModel; SavedModel import is not "
-                                "implemented yet",
-                                path);
-            else
+            if (access(buf, F_OK) == 0 || access(buf2, F_OK) == 0) {
+                st = kiln_savedmodel_load(path, opts ? opts->tags : NULL, m);
+                if (st != KILN_OK) kiln_error_wrap(st, "%s", path);
+            } else
                 st = kiln_error(KILN_ERR_NOT_FOUND,
                                 "folder '%s' holds no model.onnx or saved_model.pb", path);
         }

@@ -1,5 +1,12 @@
 /*
- * dtype.c - element type facts, fp16/bf16 conversion, generic accessors.
+ * dtype.c - element type facts, fp16/bf16 and float8/float4 conversion,
+ * generic accessors.
+ *
+ * The float8 and float4 types follow ONNX (docs/technical/float8.md): the
+ * value of a bit pattern is the usual sign / biased exponent / mantissa
+ * formula with subnormals at exponent 0; the types differ in bias and in
+ * which patterns are NaN or inf. Encoding rounds to nearest even in double
+ * precision, where every float32 and float16 value is exact.
  */
 #include "core/dtype.h"
 
@@ -25,7 +32,18 @@ static const struct {
     [KILN_DTYPE_U64] = {"uint64", 8},
     [KILN_DTYPE_BOOL] = {"bool", 1},
     [KILN_DTYPE_STRING] = {"string", sizeof(kiln_string)},
+    [KILN_DTYPE_F8E4M3FN] = {"float8e4m3fn", 1},
+    [KILN_DTYPE_F8E4M3FNUZ] = {"float8e4m3fnuz", 1},
+    [KILN_DTYPE_F8E5M2] = {"float8e5m2", 1},
+    [KILN_DTYPE_F8E5M2FNUZ] = {"float8e5m2fnuz", 1},
+    [KILN_DTYPE_U4] = {"uint4", 1},
+    [KILN_DTYPE_I4] = {"int4", 1},
+    [KILN_DTYPE_F4E2M1] = {"float4e2m1", 1},
+    [KILN_DTYPE_F8E8M0] = {"float8e8m0", 1},
+    [KILN_DTYPE_U2] = {"uint2", 1},
+    [KILN_DTYPE_I2] = {"int2", 1},
 };
+_Static_assert(KILN_DTYPE_COUNT == 25, "dtype_info needs an entry for each new dtype");
 
 const char *kiln_dtype_name(kiln_dtype dt)
 {
@@ -112,10 +130,124 @@ uint16_t kiln_f32_to_bf16(float f)
     return (uint16_t)(x >> 16);
 }
 
+/* ---- float8 and float4 ---- */
+
+/* Layout of a small float type. Bit patterns are magnitudes with the sign
+ * in bit (bits - 1). */
+struct small_float {
+    int bits;       /* 8 or 4 */
+    int mbits;      /* mantissa bits */
+    int bias;       /* exponent bias */
+    uint8_t max;    /* pattern of the largest finite magnitude */
+    int inf;        /* pattern of +inf, or -1 */
+    int nan;        /* pattern of NaN (sign bit included), or -1 */
+    bool uz;        /* one zero: no negative zero, NaN is the -0 pattern */
+};
+
+/* The layout of dt, or NULL if dt is not a float8 / float4 type (e8m0 is not). */
+static const struct small_float *small_float_of(kiln_dtype dt)
+{
+    static const struct small_float e4m3fn = {8, 3, 7, 0x7e, -1, 0x7f, false};
+    static const struct small_float e4m3fnuz = {8, 3, 8, 0x7f, -1, 0x80, true};
+    static const struct small_float e5m2 = {8, 2, 15, 0x7b, 0x7c, 0x7e, false};
+    static const struct small_float e5m2fnuz = {8, 2, 16, 0x7f, -1, 0x80, true};
+    static const struct small_float e2m1 = {4, 1, 1, 0x7, -1, -1, false};
+    switch (dt) {
+    case KILN_DTYPE_F8E4M3FN: return &e4m3fn;
+    case KILN_DTYPE_F8E4M3FNUZ: return &e4m3fnuz;
+    case KILN_DTYPE_F8E5M2: return &e5m2;
+    case KILN_DTYPE_F8E5M2FNUZ: return &e5m2fnuz;
+    case KILN_DTYPE_F4E2M1: return &e2m1;
+    default: return NULL;
+    }
+}
+
+double kiln_f8_to_f64(kiln_dtype dt, uint8_t bits)
+{
+    if (dt == KILN_DTYPE_F8E8M0) return bits == 0xff ? NAN : ldexp(1.0, (int)bits - 127);
+    const struct small_float *f = small_float_of(dt);
+    if (!f) return 0;
+    uint8_t sign_bit = (uint8_t)(1u << (f->bits - 1));
+    bits &= (uint8_t)((1u << f->bits) - 1);
+    if (f->nan >= 0 && (bits == f->nan || (!f->uz && (bits & ~sign_bit) == (f->nan & ~sign_bit))))
+        return NAN;
+    uint8_t mag = bits & (uint8_t)~sign_bit;
+    if (f->inf >= 0 && mag > f->inf) return NAN; /* e5m2: every pattern above inf is NaN */
+    double v;
+    if (f->inf >= 0 && mag == f->inf) {
+        v = INFINITY;
+    } else {
+        int e = mag >> f->mbits, m = mag & ((1 << f->mbits) - 1);
+        if (e == 0) v = ldexp(m, 1 - f->bias - f->mbits);
+        else v = ldexp(m + (1 << f->mbits), e - f->bias - f->mbits);
+    }
+    return bits & sign_bit ? -v : v;
+}
+
+uint8_t kiln_f64_to_f8(kiln_dtype dt, double v, bool saturate)
+{
+    const struct small_float *f = small_float_of(dt);
+    if (!f) return 0;
+    uint8_t sign = signbit(v) ? (uint8_t)(1u << (f->bits - 1)) : 0;
+    if (f->nan < 0) saturate = true; /* float4: nothing else to overflow to */
+    if (isnan(v)) {
+        if (f->nan < 0) return (uint8_t)(1u << (f->bits - 1)); /* float4: -0, like ml_dtypes */
+        return f->uz ? (uint8_t)f->nan : (uint8_t)(f->nan | sign);
+    }
+    uint8_t over; /* what an out-of-range magnitude becomes */
+    if (saturate) over = f->max | sign;
+    else if (f->inf >= 0) over = (uint8_t)(f->inf | sign);
+    else over = f->uz ? (uint8_t)f->nan : (uint8_t)(f->nan | sign);
+    double a = fabs(v);
+    if (isinf(a)) return over;
+    if (a == 0) return f->uz ? 0 : sign;
+    /* a = q * 2^(e - mbits) with q rounded to an integer; in units of the
+     * smallest subnormal, the pattern is ((e - emin) << mbits) + q, which
+     * carries a rounding overflow into the exponent by itself */
+    int emin = 1 - f->bias;
+    int e;
+    frexp(a, &e);
+    e -= 1; /* a in [2^e, 2^(e+1)) */
+    if (e < emin) e = emin;
+    if (e - emin > 48) return over;
+    double q = nearbyint(ldexp(a, f->mbits - e)); /* the default mode rounds half to even */
+    int64_t mag = ((int64_t)(e - emin) << f->mbits) + (int64_t)q;
+    if (mag > f->max) return over;
+    if (mag == 0 && f->uz) return 0;
+    return (uint8_t)mag | sign;
+}
+
+uint8_t kiln_f32_to_e8m0(float f, bool saturate, enum kiln_e8m0_round mode)
+{
+    uint32_t bits;
+    memcpy(&bits, &f, 4);
+    uint32_t exp = (bits >> 23) & 0xff, mant = bits & 0x7fffff;
+    if (exp == 0xff) return 0xff;
+    bool up = false;
+    switch (mode) {
+    case KILN_E8M0_ROUND_UP: up = mant != 0; break;
+    case KILN_E8M0_ROUND_DOWN: up = false; break;
+    case KILN_E8M0_ROUND_NEAREST: {
+        /* guard bit set, and round / sticky / exponent-nonzero, as the ONNX reference does */
+        bool g = mant & 0x400000, r = mant & 0x200000, s = mant & 0x1fffff;
+        up = g && (r || s || exp > 0);
+        break;
+    }
+    }
+    if (up && !(saturate && exp == 0xfe)) exp++;
+    return (uint8_t)exp;
+}
+
 bool kiln_dtype_is_float(kiln_dtype dt)
 {
-    return dt == KILN_DTYPE_F32 || dt == KILN_DTYPE_F16 || dt == KILN_DTYPE_BF16 ||
-           dt == KILN_DTYPE_F64;
+    switch (dt) {
+    case KILN_DTYPE_F32: case KILN_DTYPE_F16: case KILN_DTYPE_BF16: case KILN_DTYPE_F64:
+    case KILN_DTYPE_F8E4M3FN: case KILN_DTYPE_F8E4M3FNUZ: case KILN_DTYPE_F8E5M2:
+    case KILN_DTYPE_F8E5M2FNUZ: case KILN_DTYPE_F4E2M1: case KILN_DTYPE_F8E8M0:
+        return true;
+    default:
+        return false;
+    }
 }
 
 bool kiln_dtype_is_int(kiln_dtype dt)
@@ -123,6 +255,7 @@ bool kiln_dtype_is_int(kiln_dtype dt)
     switch (dt) {
     case KILN_DTYPE_I8: case KILN_DTYPE_U8: case KILN_DTYPE_I16: case KILN_DTYPE_U16:
     case KILN_DTYPE_I32: case KILN_DTYPE_U32: case KILN_DTYPE_I64: case KILN_DTYPE_U64:
+    case KILN_DTYPE_I4: case KILN_DTYPE_U4: case KILN_DTYPE_I2: case KILN_DTYPE_U2:
         return true;
     default:
         return false;
@@ -133,7 +266,10 @@ bool kiln_dtype_is_signed(kiln_dtype dt)
 {
     switch (dt) {
     case KILN_DTYPE_I8: case KILN_DTYPE_I16: case KILN_DTYPE_I32: case KILN_DTYPE_I64:
+    case KILN_DTYPE_I4: case KILN_DTYPE_I2:
         return true;
+    case KILN_DTYPE_F8E8M0:
+        return false;
     default:
         return kiln_dtype_is_float(dt);
     }
@@ -160,6 +296,11 @@ double kiln_get_f64(kiln_dtype dt, const void *data, int64_t i)
     case KILN_DTYPE_I64: return (double)((const int64_t *)data)[i];
     case KILN_DTYPE_U64: return (double)((const uint64_t *)data)[i];
     case KILN_DTYPE_BOOL: return ((const uint8_t *)data)[i] != 0;
+    case KILN_DTYPE_I4: case KILN_DTYPE_I2: return ((const int8_t *)data)[i];
+    case KILN_DTYPE_U4: case KILN_DTYPE_U2: return ((const uint8_t *)data)[i];
+    case KILN_DTYPE_F8E4M3FN: case KILN_DTYPE_F8E4M3FNUZ: case KILN_DTYPE_F8E5M2:
+    case KILN_DTYPE_F8E5M2FNUZ: case KILN_DTYPE_F4E2M1: case KILN_DTYPE_F8E8M0:
+        return kiln_f8_to_f64(dt, ((const uint8_t *)data)[i]);
     default: return 0;
     }
 }
@@ -168,7 +309,19 @@ static float f32_from_double(double v) { return (float)v; }
 
 void kiln_set_f64(kiln_dtype dt, void *data, int64_t i, double v)
 {
+    kiln_set_f64_sat(dt, data, i, v, true);
+}
+
+void kiln_set_f64_sat(kiln_dtype dt, void *data, int64_t i, double v, bool saturate)
+{
     switch (dt) {
+    case KILN_DTYPE_F8E4M3FN: case KILN_DTYPE_F8E4M3FNUZ: case KILN_DTYPE_F8E5M2:
+    case KILN_DTYPE_F8E5M2FNUZ: case KILN_DTYPE_F4E2M1:
+        ((uint8_t *)data)[i] = kiln_f64_to_f8(dt, v, saturate);
+        break;
+    case KILN_DTYPE_F8E8M0:
+        ((uint8_t *)data)[i] = kiln_f32_to_e8m0((float)v, saturate, KILN_E8M0_ROUND_UP);
+        break;
     case KILN_DTYPE_F32: ((float *)data)[i] = f32_from_double(v); break;
     case KILN_DTYPE_F16: ((uint16_t *)data)[i] = kiln_f32_to_f16((float)v); break;
     case KILN_DTYPE_BF16: ((uint16_t *)data)[i] = kiln_f32_to_bf16((float)v); break;
@@ -202,6 +355,8 @@ int64_t kiln_get_i64(kiln_dtype dt, const void *data, int64_t i)
     case KILN_DTYPE_I64: return ((const int64_t *)data)[i];
     case KILN_DTYPE_U64: return (int64_t)((const uint64_t *)data)[i];
     case KILN_DTYPE_BOOL: return ((const uint8_t *)data)[i] != 0;
+    case KILN_DTYPE_I4: case KILN_DTYPE_I2: return ((const int8_t *)data)[i];
+    case KILN_DTYPE_U4: case KILN_DTYPE_U2: return ((const uint8_t *)data)[i];
     default: {
         double v = kiln_get_f64(dt, data, i);
         if (isnan(v)) return 0;
@@ -224,6 +379,11 @@ void kiln_set_i64(kiln_dtype dt, void *data, int64_t i, int64_t v)
     case KILN_DTYPE_I64: ((int64_t *)data)[i] = v; break;
     case KILN_DTYPE_U64: ((uint64_t *)data)[i] = (uint64_t)v; break;
     case KILN_DTYPE_BOOL: ((uint8_t *)data)[i] = v != 0; break;
+    /* sub-byte integers keep their low bits, sign-extended for the signed ones */
+    case KILN_DTYPE_I4: ((int8_t *)data)[i] = (int8_t)((v & 0xf) ^ 0x8) - 8; break;
+    case KILN_DTYPE_U4: ((uint8_t *)data)[i] = (uint8_t)(v & 0xf); break;
+    case KILN_DTYPE_I2: ((int8_t *)data)[i] = (int8_t)((v & 0x3) ^ 0x2) - 2; break;
+    case KILN_DTYPE_U2: ((uint8_t *)data)[i] = (uint8_t)(v & 0x3); break;
     default: kiln_set_f64(dt, data, i, (double)v); break;
     }
 }

@@ -38,7 +38,8 @@ kiln_status kiln_file_map_fd(int fd, const char *path, struct kiln_file_map *out
 
 kiln_status kiln_file_map(const char *path, struct kiln_file_map *out)
 {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    /* O_NONBLOCK so that opening a FIFO does not block; the fstat check rejects it */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) {
         memset(out, 0, sizeof *out);
         return kiln_error(errno == ENOENT ? KILN_ERR_NOT_FOUND : KILN_ERR_IO,

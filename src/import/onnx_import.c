@@ -46,13 +46,23 @@ kiln_dtype kiln_onnx_dtype(int64_t code)
     case 12: return KILN_DTYPE_U32;
     case 13: return KILN_DTYPE_U64;
     case 16: return KILN_DTYPE_BF16;
+    case 17: return KILN_DTYPE_F8E4M3FN;
+    case 18: return KILN_DTYPE_F8E4M3FNUZ;
+    case 19: return KILN_DTYPE_F8E5M2;
+    case 20: return KILN_DTYPE_F8E5M2FNUZ;
+    case 21: return KILN_DTYPE_U4;
+    case 22: return KILN_DTYPE_I4;
+    case 23: return KILN_DTYPE_F4E2M1;
+    case 24: return KILN_DTYPE_F8E8M0;
+    case 25: return KILN_DTYPE_U2;
+    case 26: return KILN_DTYPE_I2;
     default: return KILN_DTYPE_UNDEFINED;
     }
 }
 
 int kiln_onnx_dtype_code(kiln_dtype dt)
 {
-    for (int c = 1; c <= 16; c++)
+    for (int c = 1; c <= 26; c++)
         if (kiln_onnx_dtype(c) == dt) return c;
     return 0;
 }
@@ -243,7 +253,8 @@ static kiln_status open_external(struct onnx_ctx *c, const char *tname, const ch
         return kiln_error(KILN_ERR_INVALID_MODEL,
                           "tensor '%s': external data location '%s' contains a backslash", tname,
                           loc);
-    int fd = openat(c->dir_fd, loc, O_RDONLY | O_CLOEXEC);
+    /* O_NONBLOCK: a FIFO planted as "data" must not block the load */
+    int fd = openat(c->dir_fd, loc, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0)
         return kiln_error(KILN_ERR_INVALID_MODEL,
                           "tensor '%s': cannot open external data '%s' in '%s': %s", tname, loc,
@@ -350,6 +361,31 @@ static kiln_status load_external(struct onnx_ctx *c, const KilnOnnx__TensorProto
     return KILN_OK;
 }
 
+/* Bits per element of the types ONNX packs several to a byte (low bits
+ * first), else 0. Kiln keeps them one per byte. */
+static int packed_bits(kiln_dtype dt)
+{
+    switch (dt) {
+    case KILN_DTYPE_U4: case KILN_DTYPE_I4: case KILN_DTYPE_F4E2M1: return 4;
+    case KILN_DTYPE_U2: case KILN_DTYPE_I2: return 2;
+    default: return 0;
+    }
+}
+
+/* Unpack t's elements from packed bytes: bytes[k], or the low byte of
+ * words[k] (int32_data holds one packed byte per entry). */
+static void unpack_elems(kiln_tensor *t, const uint8_t *bytes, const int32_t *words)
+{
+    int bits = packed_bits(t->dtype), per = 8 / bits;
+    int64_t n = kiln_tensor_count(t);
+    for (int64_t i = 0; i < n; i++) {
+        uint8_t b = bytes ? bytes[i / per] : (uint8_t)words[i / per];
+        int64_t v = (b >> (i % per * bits)) & ((1 << bits) - 1);
+        if (t->dtype == KILN_DTYPE_F4E2M1) ((uint8_t *)t->data)[i] = (uint8_t)v; /* the bits */
+        else kiln_set_i64(t->dtype, t->data, i, v); /* sign-extends int4 / int2 */
+    }
+}
+
 /* Convert a TensorProto. If the tensor's bytes can be used in place (raw_data
  * of the parsed message) the tensor borrows them; the message must outlive it. */
 static kiln_status tensor_from_proto(struct onnx_ctx *c, const KilnOnnx__TensorProto *tp,
@@ -380,6 +416,12 @@ static kiln_status tensor_from_proto(struct onnx_ctx *c, const KilnOnnx__TensorP
                           kiln_shape_str(rank, dims, sbuf, sizeof sbuf));
     size_t es = kiln_dtype_size(dt);
     size_t need = (size_t)n * es;
+    int bits = packed_bits(dt);
+    if (bits) need = ((size_t)n * (size_t)bits + 7) / 8; /* bytes of packed data */
+    if (tp->has_data_location && tp->data_location != 0 && tp->data_location != 1)
+        return kiln_error(KILN_ERR_INVALID_MODEL,
+                          "tensor '%s': data_location %d is neither DEFAULT (0) nor EXTERNAL (1)",
+                          tname, tp->data_location);
     bool external = tp->has_data_location && tp->data_location == 1;
 
     /* Check counts before allocating anything the shape asks for. */
@@ -392,7 +434,7 @@ static kiln_status tensor_from_proto(struct onnx_ctx *c, const KilnOnnx__TensorP
                               "tensor '%s': raw_data has %zu bytes but shape %s of %s needs %zu",
                               tname, tp->raw_data.len, kiln_shape_str(rank, dims, sbuf, sizeof sbuf),
                               kiln_dtype_name(dt), need);
-        if (need > 0 && ((uintptr_t)tp->raw_data.data % es) == 0) {
+        if (need > 0 && !bits && ((uintptr_t)tp->raw_data.data % es) == 0) {
             st = kiln_tensor_wrap(dt, rank, dims, tp->raw_data.data, need, out);
             return st;
         }
@@ -408,13 +450,28 @@ static kiln_status tensor_from_proto(struct onnx_ctx *c, const KilnOnnx__TensorP
         case KILN_DTYPE_STRING: have = tp->n_string_data; field = "string_data"; break;
         default: have = tp->n_int32_data; field = "int32_data"; break;
         }
-        if ((int64_t)have != n)
+        if (bits ? have != need : (int64_t)have != n)
             return kiln_error(KILN_ERR_INVALID_MODEL,
                               "tensor '%s': %s has %zu elements but shape %s needs %lld", tname,
                               field, have, kiln_shape_str(rank, dims, sbuf, sizeof sbuf),
-                              (long long)n);
+                              bits ? (long long)need : (long long)n);
     }
     kiln_tensor *t;
+    if (external && bits) {
+        /* load the packed bytes as a uint8 tensor, then unpack them */
+        int64_t nb = (int64_t)need;
+        kiln_tensor *packed;
+        st = kiln_tensor_new(KILN_DTYPE_U8, 1, &nb, &packed);
+        if (st != KILN_OK) return st;
+        st = load_external(c, tp, tname, packed);
+        if (st == KILN_OK) st = kiln_tensor_new(dt, rank, dims, &t);
+        if (st == KILN_OK) {
+            unpack_elems(t, packed->data, NULL);
+            *out = t;
+        }
+        kiln_tensor_free(packed);
+        return st;
+    }
     if (external) {
         /* allocate lazily: load_external swaps in the mapping when it can */
         st = kiln_tensor_new(dt, rank, dims, &t);
@@ -430,7 +487,13 @@ static kiln_status tensor_from_proto(struct onnx_ctx *c, const KilnOnnx__TensorP
     st = kiln_tensor_new(dt, rank, dims, &t);
     if (st != KILN_OK) return kiln_error_wrap(st, "tensor '%s'", tname);
     if (tp->has_raw_data) {
-        if (need) memcpy(t->data, tp->raw_data.data, need);
+        if (bits) unpack_elems(t, tp->raw_data.data, NULL);
+        else if (need) memcpy(t->data, tp->raw_data.data, need);
+        *out = t;
+        return KILN_OK;
+    }
+    if (bits) {
+        unpack_elems(t, NULL, tp->int32_data);
         *out = t;
         return KILN_OK;
     }
@@ -443,6 +506,10 @@ static kiln_status tensor_from_proto(struct onnx_ctx *c, const KilnOnnx__TensorP
         case KILN_DTYPE_U64: ((uint64_t *)t->data)[i] = tp->uint64_data[i]; break;
         case KILN_DTYPE_F16: case KILN_DTYPE_BF16:
             ((uint16_t *)t->data)[i] = (uint16_t)tp->int32_data[i];
+            break;
+        case KILN_DTYPE_F8E4M3FN: case KILN_DTYPE_F8E4M3FNUZ: case KILN_DTYPE_F8E5M2:
+        case KILN_DTYPE_F8E5M2FNUZ: case KILN_DTYPE_F8E8M0:
+            ((uint8_t *)t->data)[i] = (uint8_t)tp->int32_data[i]; /* the bits */
             break;
         case KILN_DTYPE_STRING:
             st = kiln_tensor_set_string(t, (size_t)i, (const char *)tp->string_data[i].data,
@@ -622,6 +689,43 @@ static kiln_status import_attr(struct onnx_ctx *c, struct scope *s, const struct
     return KILN_OK;
 }
 
+/* Attribute names whose type is the same in every ai.onnx op that has them.
+ * A mismatch is caught at load even where no shape function reads the
+ * attribute. */
+static const struct {
+    const char *name;
+    enum kiln_attr_type type;
+} common_attr_types[] = {
+    {"alpha", KILN_ATTR_FLOAT},     {"beta", KILN_ATTR_FLOAT},      {"gamma", KILN_ATTR_FLOAT},
+    {"epsilon", KILN_ATTR_FLOAT},   {"momentum", KILN_ATTR_FLOAT},  {"bias", KILN_ATTR_FLOAT},
+    {"lambd", KILN_ATTR_FLOAT},     {"ratio", KILN_ATTR_FLOAT},     {"axis", KILN_ATTR_INT},
+    {"axes", KILN_ATTR_INTS},       {"perm", KILN_ATTR_INTS},       {"keepdims", KILN_ATTR_INT},
+    {"transA", KILN_ATTR_INT},      {"transB", KILN_ATTR_INT},      {"group", KILN_ATTR_INT},
+    {"kernel_shape", KILN_ATTR_INTS}, {"strides", KILN_ATTR_INTS},  {"pads", KILN_ATTR_INTS},
+    {"dilations", KILN_ATTR_INTS},  {"output_padding", KILN_ATTR_INTS},
+    {"auto_pad", KILN_ATTR_STRING}, {"to", KILN_ATTR_INT},          {"ceil_mode", KILN_ATTR_INT},
+    {"count_include_pad", KILN_ATTR_INT}, {"storage_order", KILN_ATTR_INT},
+    {"then_branch", KILN_ATTR_GRAPH}, {"else_branch", KILN_ATTR_GRAPH}, {"body", KILN_ATTR_GRAPH},
+    {"noop_with_empty_axes", KILN_ATTR_INT}, {"select_last_index", KILN_ATTR_INT},
+    {"largest", KILN_ATTR_INT},     {"sorted", KILN_ATTR_INT},      {"exclusive", KILN_ATTR_INT},
+    {"reverse", KILN_ATTR_INT},     {"batch_dims", KILN_ATTR_INT},  {"blocksize", KILN_ATTR_INT},
+    {"hidden_size", KILN_ATTR_INT}, {"direction", KILN_ATTR_STRING}, {"num_scan_inputs", KILN_ATTR_INT},
+};
+
+static kiln_status check_attr_type(const struct kiln_node *n, const struct kiln_attr *a)
+{
+    for (size_t i = 0; i < sizeof common_attr_types / sizeof common_attr_types[0]; i++) {
+        if (strcmp(common_attr_types[i].name, a->name) != 0) continue;
+        if (common_attr_types[i].type == a->type) return KILN_OK;
+        static const char *names[] = {"?", "FLOAT", "INT", "STRING", "TENSOR", "GRAPH",
+                                      "FLOATS", "INTS", "STRINGS"};
+        unsigned t = (unsigned)a->type < 9 ? (unsigned)a->type : 0;
+        return kiln_node_error(n, KILN_ERR_INVALID_MODEL, "attribute '%s' has type %s, expected %s",
+                               a->name, names[t], names[common_attr_types[i].type]);
+    }
+    return KILN_OK;
+}
+
 static kiln_status add_named_value(struct scope *s, const char *name, enum kiln_value_kind kind,
                                    int *id)
 {
@@ -754,7 +858,15 @@ static kiln_status import_graph(struct onnx_ctx *c, const KilnOnnx__GraphProto *
             n->in[k] = id;
         }
         for (size_t k = 0; k < np->n_attribute; k++) {
+            const char *an = np->attribute[k]->name ? np->attribute[k]->name : "";
+            for (size_t j = 0; j < k; j++)
+                if (np->attribute[j]->name && strcmp(np->attribute[j]->name, an) == 0) {
+                    st = kiln_node_error(n, KILN_ERR_INVALID_MODEL, "attribute '%s' is given twice",
+                                         an);
+                    goto fail;
+                }
             st = import_attr(c, s, n, np->attribute[k], &n->attr[k]);
+            if (st == KILN_OK) st = check_attr_type(n, &n->attr[k]);
             if (st != KILN_OK) goto fail;
             n = &g->nodes[i]; /* subgraph import does not touch g->nodes, but stay safe */
         }
@@ -825,6 +937,14 @@ kiln_status kiln_onnx_load(const void *data, size_t size, const char *dir, struc
          * node will then fail as an unknown op in that domain */
     }
     struct onnx_ctx c = {.m = m, .dir = dir, .dir_fd = -1};
+    for (size_t i = 0; i < mp->n_opset_import; i++) {
+        int64_t ver = mp->opset_import[i]->version;
+        const char *d = mp->opset_import[i]->domain ? mp->opset_import[i]->domain : "";
+        if (ver < 1 || ver > 1000)
+            return kiln_error(KILN_ERR_INVALID_MODEL,
+                              "ONNX model: opset_import for domain '%s' has version %lld",
+                              d[0] ? d : "ai.onnx", (long long)ver);
+    }
     int64_t v = domain_opset(mp, "");
     if (v < 0 && mp->n_opset_import == 0) v = 1; /* IR v1/v2 files had no opset imports */
     c.opset_onnx = v;

@@ -36,6 +36,7 @@
 
 #include <errno.h>
 #include <limits.h>
+#include <stdarg.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -46,20 +47,12 @@
 #include "core/fileio.h"
 #include "core/tensor.h"
 #include "import/pbcheck.h"
+#include "import/tensor_bundle.h"
+#include "import/textproto.h"
 #include "import/tf_import.h"
 #include "kernels/kernel.h"
 #include "saved_model.pb-c.h"
 
-#if defined(__has_include)
-#if __has_include("import/textproto.h")
-#include "import/textproto.h"
-#define KILN_HAVE_TEXTPROTO 1
-#endif
-#if __has_include("import/tensor_bundle.h")
-#include "import/tensor_bundle.h"
-#define KILN_HAVE_BUNDLE 1
-#endif
-#endif
 
 #define SM_MAX_PROTO_DEPTH 100        /* message nesting of a SavedModel; real files use < 20 */
 #define SM_MAX_FILE_BYTES ((size_t)1 << 31)
@@ -206,9 +199,7 @@ struct sm_ctx {
     struct sm_restore *restores;
     int n_restores, cap_restores;
     struct smap restore_index;         /* variable node name -> restores[] index */
-#ifdef KILN_HAVE_BUNDLE
-    struct kiln_bundle *bundle;
-#endif
+    struct kiln_bundle *bundle;        /* the checkpoint, opened on first use */
     bool bundle_tried;
 };
 
@@ -400,7 +391,7 @@ static kiln_status resolve_ref(struct tf_build *b, struct scope *s, const KilnSm
     if (control) in++;
     if (!s->caller) {
         size_t nl;
-        int idx;
+        int idx = -1;
         if (!split_main_ref(in, &nl, &idx))
             return kiln_error(KILN_ERR_INVALID_MODEL, "%s: node '%s' has malformed input '%s'",
                               s->where, nd->name, in);
@@ -549,7 +540,7 @@ static kiln_status ref_sym(struct sm_ctx *c, const struct ref *r, const char *in
         *out = r->sym;
         return KILN_OK;
     }
-    int flat;
+    int flat = -1;
     kiln_status st = ref_output(c, r, &flat);
     if (st != KILN_OK) return st;
     const struct nstate *ns = &r->s->ns[r->node];
@@ -654,7 +645,7 @@ static kiln_status scope_call(struct tf_build *b, struct scope *s, int i, int fn
         return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory");
     int total = 0;
     for (size_t a = 0; a < sig->n_input_arg; a++) {
-        int n;
+        int n = -1;
         if ((st = arg_count(sig->input_arg[a], ci, fname, &n)) != KILN_OK) return st;
         cs->arg_names[a] = sig->input_arg[a]->name ? sig->input_arg[a]->name : "";
         cs->arg_off[a] = total;
@@ -848,7 +839,6 @@ static kiln_status var_restore(struct sm_ctx *c, int var)
                           "variable '%s' needs the checkpoint, but the model was not loaded "
                           "from a folder",
                           v->nd->name);
-#ifdef KILN_HAVE_BUNDLE
     if (!c->bundle) {
         if (c->bundle_tried)
             return kiln_error(KILN_ERR_INVALID_MODEL, "variable '%s': the checkpoint could not be "
@@ -862,6 +852,8 @@ static kiln_status var_restore(struct sm_ctx *c, int var)
         free(prefix);
         if (st != KILN_OK)
             return kiln_error_wrap(st, "variable '%s': cannot open the checkpoint", v->nd->name);
+        /* tensors read zero-copy borrow the data files: the model keeps them mapped */
+        if ((st = kiln_bundle_keep_maps(c->bundle, c->m)) != KILN_OK) return st;
     }
     kiln_tensor *t;
     st = kiln_bundle_read(c->bundle, rs->key, &t);
@@ -899,11 +891,6 @@ static kiln_status var_restore(struct sm_ctx *c, int var)
     if ((st = kiln_graph_own_tensor(c->m->graph, t)) != KILN_OK) return st;
     v->value = t;
     return KILN_OK;
-#else
-    return kiln_error(KILN_ERR_UNSUPPORTED,
-                      "variable '%s': this build of Kiln has no TensorBundle reader",
-                      v->nd->name);
-#endif
 }
 
 kiln_status tf_var_value(struct tf_build *b, int var, int *value_out)
@@ -925,7 +912,7 @@ kiln_status tf_var_value(struct tf_build *b, int var, int *value_out)
     }
     kiln_status st;
     if (!c->vars[var].value && (st = var_restore(c, var)) != KILN_OK) return st;
-    int id;
+    int id = -1;
     if ((st = kiln_graph_value_add(b->g, c->vars[var].nd->name, KILN_VALUE_CONST, &id)) != KILN_OK)
         return st;
     b->g->values[id].konst = c->vars[var].value; /* borrowed: owned by m->graph */
@@ -994,7 +981,7 @@ static kiln_status rtrace(struct sm_ctx *c, const struct rscope *rs, const char 
 /* The main-graph variable node a reference in rs traces to, or NULL. */
 static const char *rtrace_var(struct sm_ctx *c, const struct rscope *rs, const char *in)
 {
-    int node, out, arg;
+    int node = -1, out = -1, arg = -1;
     if (rtrace(c, rs, in, &node, &out, &arg) != KILN_OK) return NULL;
     if (arg >= 0) return rs->arg_bind[arg];
     if (node < 0 || rs->fn >= 0) return NULL;
@@ -1009,7 +996,7 @@ static const char *rtrace_var(struct sm_ctx *c, const struct rscope *rs, const c
 static const char *rtrace_string(struct sm_ctx *c, const struct rscope *rs, const char *in, int k,
                                  struct kiln_arena *a)
 {
-    int node, out, arg;
+    int node = -1, out = -1, arg = -1;
     if (rtrace(c, rs, in, &node, &out, &arg) != KILN_OK || node < 0) return NULL;
     const KilnSm__NodeDef *nd = rs->nodes[node];
     if (!nd->op || strcmp(nd->op, "Const") != 0) return NULL;
@@ -1049,7 +1036,7 @@ static kiln_status restore_assign(struct sm_ctx *c, const struct rscope *rs,
     if (nd->n_input < 2) return KILN_OK;
     const char *var = rtrace_var(c, rs, nd->input[0]);
     if (!var) return KILN_OK;
-    int node, out, arg;
+    int node = -1, out = -1, arg = -1;
     kiln_status st = rtrace(c, rs, nd->input[1], &node, &out, &arg);
     if (st != KILN_OK || node < 0) return st;
     const KilnSm__NodeDef *rn = rs->nodes[node];
@@ -1128,7 +1115,7 @@ static kiln_status sm_trace_restore(struct sm_ctx *c)
     const KilnSm__SaverDef *sd = c->mg->saver_def;
     if (!sd || !sd->restore_op_name || !sd->restore_op_name[0]) return KILN_OK;
     size_t nl;
-    int idx;
+    int idx = -1;
     const char *rname = sd->restore_op_name;
     if (rname[0] == '^') rname++;
     if (!split_main_ref(rname, &nl, &idx))
@@ -1203,7 +1190,7 @@ static kiln_status feed_asset(struct tf_build *b, const char *tensor, int *value
             !af->tensor_info->name)
             continue;
         size_t nl;
-        int idx;
+        int idx = -1;
         if (!split_main_ref(af->tensor_info->name, &nl, &idx)) continue;
         char key[512];
         if (nl >= 400) continue;
@@ -1236,7 +1223,7 @@ static kiln_status feed_asset(struct tf_build *b, const char *tensor, int *value
             return st;
         }
         if ((st = kiln_graph_own_tensor(b->g, t)) != KILN_OK) return st;
-        int id;
+        int id = -1;
         if ((st = kiln_graph_value_add(b->g, key, KILN_VALUE_CONST, &id)) != KILN_OK) return st;
         b->g->values[id].konst = t;
         kiln_type_from_tensor(&b->g->values[id].type, t);
@@ -1298,7 +1285,7 @@ static kiln_status set_outputs(struct tf_build *b, struct nstate *ns, int n)
     ns->n_out = n;
     ns->out = kiln_arena_alloc(&b->tmp, sizeof *ns->out * ((size_t)n + 1));
     if (!ns->out) return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory");
-    for (int i = 0; i < n; i++) ns->out[i] = (struct tf_sym){-1, -1};
+    for (int i = 0; i < n; i++) ns->out[i] = (struct tf_sym){.v = -1, .var = -1};
     return KILN_OK;
 }
 
@@ -1439,7 +1426,7 @@ static kiln_status convert_step(struct tf_build *b, struct tstack *ts)
                               "%s: node '%s' creates variable inside a function; only variables "
                               "of the main graph are supported",
                               s->where, name);
-        int var;
+        int var = -1;
         if ((st = var_register(c, t.node, var_res, &var)) != KILN_OK) return st;
         if ((st = set_outputs(b, ns, 1)) != KILN_OK) return st;
         ns->out[0].var = var;
@@ -1500,7 +1487,7 @@ static kiln_status sig_input(struct tf_build *b, const char *alias, const KilnSm
                           "Kiln does not support",
                           b->sig, alias);
     size_t nl;
-    int idx;
+    int idx = -1;
     if (!split_main_ref(ti->name, &nl, &idx))
         return kiln_error(KILN_ERR_INVALID_MODEL, "signature '%s': input '%s' names tensor '%s'",
                           b->sig, alias, ti->name);
@@ -1513,11 +1500,14 @@ static kiln_status sig_input(struct tf_build *b, const char *alias, const KilnSm
     const KilnSm__NodeDef *nd = c->nodes[node];
     struct kiln_type t;
     kiln_type_unknown(&t);
+    /* a placeholder's own dtype wins: old exporters wrote wrong TensorInfo
+     * dtypes (half_plus_three's regress signature says float for a string) */
     int code = ti->has_dtype ? ti->dtype : 0;
-    if (!code) {
+    const char *op = nd->op ? nd->op : "";
+    if (!code || strcmp(op, "Placeholder") == 0 || strcmp(op, "PlaceholderWithDefault") == 0) {
         const KilnSm__AttrValue *a = tf_attr(nd, NULL, "dtype");
         if (!a) a = tf_attr(nd, NULL, "T");
-        if (a && a->value_case == KILN_SM__ATTR_VALUE__VALUE_TYPE) code = a->type;
+        if (a && a->value_case == KILN_SM__ATTR_VALUE__VALUE_TYPE && a->type) code = a->type;
     }
     t.dtype = tf_dtype(code);
     if (t.dtype == KILN_DTYPE_UNDEFINED)
@@ -1535,7 +1525,7 @@ static kiln_status sig_input(struct tf_build *b, const char *alias, const KilnSm
             (st = shape_from_proto(a->shape, what, &t)) != KILN_OK)
             return st;
     }
-    int id;
+    int id = -1;
     if ((st = kiln_graph_value_add(b->g, alias, KILN_VALUE_INPUT, &id)) != KILN_OK) return st;
     b->g->values[id].type = t;
     char *key = tmp_printf(b, "%.*s:%d", (int)nl, ti->name, idx);
@@ -1553,7 +1543,7 @@ static kiln_status build_signature(struct sm_ctx *c, const char *name,
     struct kiln_arena *mem = c->m->graph->mem;
     struct tf_build b = {.c = c, .sig = name, .g = g};
     kiln_status st;
-    struct scope *root;
+    struct scope *root = NULL;
     g->name = kiln_arena_strdup(g->mem, name);
     sig->name = kiln_arena_strdup(mem, name);
     sig->method = kiln_arena_strdup(mem, sd->method_name ? sd->method_name : "");
@@ -1574,7 +1564,7 @@ static kiln_status build_signature(struct sm_ctx *c, const char *name,
             if (strcmp(sd->inputs[j]->key, e->key) == 0)
                 return kiln_error(KILN_ERR_INVALID_MODEL,
                                   "signature '%s': input '%s' is listed twice", name, e->key);
-        int id;
+        int id = -1;
         if ((st = sig_input(&b, e->key, e->value, &id)) != KILN_OK) goto out;
         g->inputs[g->n_inputs++] = id;
     }
@@ -1601,6 +1591,13 @@ static kiln_status build_signature(struct sm_ctx *c, const char *name,
         }
         struct tf_sym sym;
         if ((st = convert_endpoint(&b, root, e->value->name, e->key, &sym)) != KILN_OK) goto out;
+        if (sym.rnd) {
+            st = kiln_error(KILN_ERR_UNSUPPORTED,
+                            "signature '%s': output '%s' is random (from RandomUniform node "
+                            "'%s'); Kiln does not evaluate random ops",
+                            name, e->key, sym.rnd_node);
+            goto out;
+        }
         if (sym.v < 0) {
             st = kiln_error(KILN_ERR_UNSUPPORTED,
                             "signature '%s': output '%s' ('%s') is a resource handle, not a "
@@ -1994,9 +1991,7 @@ static void ctx_free(struct sm_ctx *c)
     smap_free(&c->var_index);
     free(c->restores);
     smap_free(&c->restore_index);
-#ifdef KILN_HAVE_BUNDLE
     if (c->bundle) kiln_bundle_close(c->bundle);
-#endif
 }
 
 kiln_status kiln_savedmodel_load_bytes(const void *data, size_t size, int text, const char *dir,
@@ -2012,16 +2007,10 @@ kiln_status kiln_savedmodel_load_bytes(const void *data, size_t size, int text, 
     m->proto_free = sm_state_free;
     m->format = "savedmodel";
     if (text) {
-#ifdef KILN_HAVE_TEXTPROTO
         ProtobufCMessage *msg = NULL;
         st = kiln_textproto_parse(&kiln_sm__saved_model__descriptor, data, size, &msg);
         if (st != KILN_OK) return kiln_error_wrap(st, "saved_model.pbtxt");
         state->sm = (KilnSm__SavedModel *)msg;
-#else
-        return kiln_error(KILN_ERR_UNSUPPORTED,
-                          "saved_model.pbtxt: this build of Kiln has no protobuf text-format "
-                          "parser");
-#endif
     } else {
         st = kiln_pb_check(&kiln_sm__saved_model__descriptor, data, size, SM_MAX_PROTO_DEPTH,
                            "saved_model.pb");

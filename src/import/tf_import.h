@@ -22,6 +22,16 @@
 struct tf_sym {
     int v;   /* IR value id in the signature graph; -1 for a bare resource handle */
     int var; /* variable index when the endpoint is a variable (ref or handle), else -1 */
+    /* A RandomUniform result (and scalar arithmetic on it) is not computed:
+     * it is known only as "uniform values in [lo, hi) of shape rnd_shape".
+     * Ops whose result is the same for every value drawn (dropout's
+     * floor(keep_prob + U) with keep_prob 1) turn it into a constant; any
+     * other use is an error naming rnd_node. */
+    bool rnd;
+    int rnd_shape;          /* IR value: the int64 shape */
+    double lo, hi;
+    bool lo_open, hi_open;  /* interval ends */
+    const char *rnd_node;   /* the RandomUniform node, for messages */
 };
 
 struct tf_build; /* per-signature build state, owned by savedmodel.c */

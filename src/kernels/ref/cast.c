@@ -12,8 +12,13 @@
  * Strings cast to numbers are parsed with strtod/strtoll ("NaN", "INF",
  * "-inf" and "1e3" are all read); a string that is not a number is an error.
  *
- * ONNX dtypes Kiln lacks (float8, int4, int2, float4, complex) never reach
- * these kernels: the 'to' attribute naming one is rejected as unsupported.
+ * Casts to float8 round to nearest even and follow the 'saturate'
+ * attribute (default 1: out-of-range values and infinities become the
+ * largest finite value; 0: inf where the type has one, else NaN); float4
+ * always saturates. Casts to float8e8m0 round by the 'round_mode'
+ * attribute ("up", "down", "nearest"). int4 / int2 wrap like the other
+ * integer types. Complex types are not supported: a 'to' attribute naming
+ * one is rejected as unsupported.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -247,6 +252,45 @@ static bool parse_number(const char *text, kiln_dtype dt, void *data, int64_t i)
 
 /* ---- The kernel ---- */
 
+/* Whether dt is a float8 or float4 type (the ones 'saturate' and 'round_mode' concern). */
+static bool is_small_float(kiln_dtype dt)
+{
+    return dt == KILN_DTYPE_F8E4M3FN || dt == KILN_DTYPE_F8E4M3FNUZ || dt == KILN_DTYPE_F8E5M2 ||
+           dt == KILN_DTYPE_F8E5M2FNUZ || dt == KILN_DTYPE_F4E2M1 || dt == KILN_DTYPE_F8E8M0;
+}
+
+/* Cast's 'round_mode' attribute (for float8e8m0 targets). */
+static kiln_status cast_round_mode(const struct kiln_node *node, enum kiln_e8m0_round *out)
+{
+    const char *m = kiln_attr_str(node, "round_mode", "up");
+    if (strcmp(m, "up") == 0) *out = KILN_E8M0_ROUND_UP;
+    else if (strcmp(m, "down") == 0) *out = KILN_E8M0_ROUND_DOWN;
+    else if (strcmp(m, "nearest") == 0) *out = KILN_E8M0_ROUND_NEAREST;
+    else
+        return kiln_node_error(node, KILN_ERR_INVALID_MODEL,
+                               "round_mode is '%s', expected 'up', 'down' or 'nearest'", m);
+    return KILN_OK;
+}
+
+/* y = x converted to a float8 / float4 dtype with Cast's saturate and round_mode. */
+static kiln_status cast_to_small_float(const struct kiln_node *node, const kiln_tensor *x,
+                                       kiln_tensor *y)
+{
+    bool saturate = kiln_attr_int(node, "saturate", 1) != 0;
+    enum kiln_e8m0_round mode = KILN_E8M0_ROUND_UP;
+    kiln_status st = cast_round_mode(node, &mode);
+    if (st != KILN_OK) return st;
+    int64_t n = kiln_shape_count(x->rank, x->dims);
+    uint8_t *ys = y->data;
+    for (int64_t i = 0; i < n; i++) {
+        double v = x->dtype == KILN_DTYPE_U64 ? (double)((const uint64_t *)x->data)[i]
+                                              : kiln_get_f64(x->dtype, x->data, i);
+        if (y->dtype == KILN_DTYPE_F8E8M0) ys[i] = kiln_f32_to_e8m0((float)v, saturate, mode);
+        else ys[i] = kiln_f64_to_f8(y->dtype, v, saturate);
+    }
+    return KILN_OK;
+}
+
 /* y = x converted to y's dtype, element by element. */
 static kiln_status cast_run(const struct kiln_node *node, const kiln_tensor *x, kiln_tensor *y)
 {
@@ -293,6 +337,7 @@ static kiln_status cast_run(const struct kiln_node *node, const kiln_tensor *x, 
         memcpy(y->data, x->data, (size_t)n * kiln_dtype_size(from));
         return KILN_OK;
     }
+    if (is_small_float(to)) return cast_to_small_float(node, x, y);
     if (from == KILN_DTYPE_F32 && to == KILN_DTYPE_F16) {
         const float *xs = x->data;
         uint16_t *ys = y->data;

@@ -99,6 +99,9 @@ kiln_status kiln_window_resolve(const struct kiln_node *node, int nsp, const int
     for (int i = 0; i < nsp; i++) {
         int64_t k = kernel ? kernel[i] : -1;
         if (nks >= 0) {
+            if (ks[i] < 1)
+                return kiln_node_error(node, KILN_ERR_INVALID_MODEL, "kernel_shape[%d] is %lld",
+                                       i, (long long)ks[i]);
             if (k >= 0 && k != ks[i])
                 return kiln_node_error(node, KILN_ERR_INVALID_MODEL,
                                        "kernel_shape[%d] is %lld but the weights have %lld", i,
@@ -590,6 +593,9 @@ static kiln_status convt_window(const struct kiln_node *node, int nsp, const int
         return kiln_node_error(node, KILN_ERR_INVALID_MODEL,
                                "kernel_shape has %d values, expected %d", nks, nsp);
     for (int i = 0; i < nsp; i++) {
+        if (nks >= 0 && ks[i] < 1)
+            return kiln_node_error(node, KILN_ERR_INVALID_MODEL, "kernel_shape[%d] is %lld", i,
+                                   (long long)ks[i]);
         k[i] = ker[i] >= 0 ? ker[i] : nks >= 0 ? ks[i] : -1;
         kiln_status st = check_size(node, "kernel size", i, k[i]);
         if (st == KILN_OK) st = check_size(node, "input size", i, in[i]);

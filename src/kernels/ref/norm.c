@@ -157,9 +157,23 @@ static kiln_status hardmax_run(struct kiln_run_ctx *ctx)
     return KILN_OK;
 }
 
-KILN_REF_OP(Softmax, kiln_infer_same, softmax_run);
-KILN_REF_OP(LogSoftmax, kiln_infer_same, log_softmax_run);
-KILN_REF_OP(Hardmax, kiln_infer_same, hardmax_run);
+/* Output type = input type; the axis is checked as soon as the rank is known. */
+static kiln_status softmax_infer(struct kiln_infer_ctx *ctx)
+{
+    const struct kiln_type *x = ctx->in[0];
+    if (x && x->rank >= 0) {
+        int axis;
+        int64_t dflt = ctx->node->opset < 13 ? 1 : -1;
+        kiln_status st = kiln_norm_axis(ctx->node, kiln_attr_int(ctx->node, "axis", dflt),
+                                        x->rank, &axis);
+        if (st != KILN_OK) return st;
+    }
+    return kiln_infer_same(ctx);
+}
+
+KILN_REF_OP(Softmax, softmax_infer, softmax_run);
+KILN_REF_OP(LogSoftmax, softmax_infer, log_softmax_run);
+KILN_REF_OP(Hardmax, softmax_infer, hardmax_run);
 
 /* ---- BatchNormalization ---- */
 

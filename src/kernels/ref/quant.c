@@ -4,10 +4,13 @@
  *
  * Scales and zero points are per tensor (one value), per axis (1-D along
  * `axis`) or blocked (same rank as x, `block_size` elements of x per value
- * along `axis`). Quantized types are int8, uint8, int16, uint16 and int32;
- * float8 and 4-bit types are unsupported. Arithmetic follows the ONNX
- * reference: x / scale in the input's float precision, rounded half to
- * even, plus the zero point, saturated; dequantizing computes
+ * along `axis`). Quantized types are int2, int4, int8, int16, int32, their
+ * unsigned kin (but uint32), the float8 types and float4e2m1. Arithmetic
+ * follows the ONNX reference: x / scale in the input's float precision,
+ * rounded half to even, plus the zero point, saturated to the integer
+ * type; for float8 / float4 x / scale + zero_point is cast without the
+ * integer rounding (round to nearest even in the target type, saturating
+ * unless the 'saturate' attribute is 0). Dequantizing computes
  * (x - zero_point) * scale in float32 (double when an int32 zero point
  * promotes it) and rounds to the scale's dtype.
  */
@@ -26,15 +29,32 @@ static kiln_dtype quant_onnx_dtype(int64_t code)
     case 10: return KILN_DTYPE_F16;
     case 11: return KILN_DTYPE_F64;
     case 16: return KILN_DTYPE_BF16;
+    case 17: return KILN_DTYPE_F8E4M3FN;
+    case 18: return KILN_DTYPE_F8E4M3FNUZ;
+    case 19: return KILN_DTYPE_F8E5M2;
+    case 20: return KILN_DTYPE_F8E5M2FNUZ;
+    case 21: return KILN_DTYPE_U4;
+    case 22: return KILN_DTYPE_I4;
+    case 23: return KILN_DTYPE_F4E2M1;
+    case 25: return KILN_DTYPE_U2;
+    case 26: return KILN_DTYPE_I2;
     default: return KILN_DTYPE_UNDEFINED;
     }
 }
 
-/* True for the integer types Kiln quantizes to / dequantizes from. */
+/* True for the float8 / float4 types Kiln quantizes to / dequantizes from. */
+static bool is_quant_float(kiln_dtype dt)
+{
+    return dt == KILN_DTYPE_F8E4M3FN || dt == KILN_DTYPE_F8E4M3FNUZ || dt == KILN_DTYPE_F8E5M2 ||
+           dt == KILN_DTYPE_F8E5M2FNUZ || dt == KILN_DTYPE_F4E2M1;
+}
+
+/* True for the types Kiln quantizes to / dequantizes from. */
 static bool is_quant_type(kiln_dtype dt)
 {
     return dt == KILN_DTYPE_I8 || dt == KILN_DTYPE_U8 || dt == KILN_DTYPE_I16 ||
-           dt == KILN_DTYPE_U16 || dt == KILN_DTYPE_I32;
+           dt == KILN_DTYPE_U16 || dt == KILN_DTYPE_I32 || dt == KILN_DTYPE_I4 ||
+           dt == KILN_DTYPE_U4 || dt == KILN_DTYPE_I2 || dt == KILN_DTYPE_U2 || is_quant_float(dt);
 }
 
 /* Saturation range of a quantized type. */
@@ -45,6 +65,10 @@ static void quant_range(kiln_dtype dt, double *lo, double *hi)
     case KILN_DTYPE_U8: *lo = 0; *hi = 255; break;
     case KILN_DTYPE_I16: *lo = -32768; *hi = 32767; break;
     case KILN_DTYPE_U16: *lo = 0; *hi = 65535; break;
+    case KILN_DTYPE_I4: *lo = -8; *hi = 7; break;
+    case KILN_DTYPE_U4: *lo = 0; *hi = 15; break;
+    case KILN_DTYPE_I2: *lo = -2; *hi = 1; break;
+    case KILN_DTYPE_U2: *lo = 0; *hi = 3; break;
     default: *lo = -2147483648.0; *hi = 2147483647.0; break;
     }
 }
@@ -202,6 +226,8 @@ static kiln_status quantize_run(struct kiln_run_ctx *ctx)
             return kiln_node_error(node, KILN_ERR_UNSUPPORTED, "precision %lld is not supported",
                                    (long long)prec);
     }
+    bool to_float = is_quant_float(y->dtype);
+    bool saturate = kiln_attr_int(node, "saturate", 1) != 0;
     double lo, hi;
     quant_range(y->dtype, &lo, &hi);
     int64_t n = kiln_tensor_count(x);
@@ -214,6 +240,11 @@ static kiln_status quantize_run(struct kiln_run_ctx *ctx)
             r = xv / sv;
         else
             r = round_to(work, round_to(work, (float)xv) / round_to(work, (float)sv));
+        if (to_float) {
+            double zf = zp ? kiln_get_f64(zp->dtype, zp->data, pi) : 0.0;
+            kiln_set_f64_sat(y->dtype, y->data, i, r + zf, saturate);
+            continue;
+        }
         double v = rint(r) + (zp ? (double)kiln_get_i64(zp->dtype, zp->data, pi) : 0.0);
         v = isnan(v) ? 0 : v < lo ? lo : v > hi ? hi : v;
         kiln_set_i64(y->dtype, y->data, i, (int64_t)v);
@@ -267,8 +298,8 @@ static kiln_status dequantize_run(struct kiln_run_ctx *ctx)
     int64_t n = kiln_tensor_count(x);
     for (int64_t i = 0; i < n; i++) {
         int64_t pi = quant_param_index(&q, i);
-        float xf = (float)kiln_get_i64(x->dtype, x->data, i);
-        double zv = zp ? (double)kiln_get_i64(zp->dtype, zp->data, pi) : 0.0;
+        float xf = (float)kiln_get_f64(x->dtype, x->data, i);
+        double zv = zp ? kiln_get_f64(zp->dtype, zp->data, pi) : 0.0;
         double sv = kiln_get_f64(scale->dtype, scale->data, pi);
         double v;
         if (wide || f64) v = ((double)xf - zv) * sv;

@@ -752,7 +752,7 @@ static kiln_status transpose_perm(const struct kiln_node *node, int rank, int *p
                                "perm has %d entries but the input has rank %d", n, rank);
     bool seen[KILN_MAX_RANK] = {false};
     for (int i = 0; i < n; i++) {
-        int64_t a = p[i] < 0 ? p[i] + rank : p[i];
+        int64_t a = p[i]; /* ONNX: a permutation of 0..rank-1, no negative axes */
         if (a < 0 || a >= rank || seen[a])
             return kiln_node_error(node, KILN_ERR_INVALID_MODEL,
                                    "perm[%d] = %lld is out of range or repeated", i,
@@ -772,7 +772,14 @@ static kiln_status transpose_infer(struct kiln_infer_ctx *ctx)
     if (rank < 0) {
         const int64_t *p;
         int n = kiln_attr_ints(ctx->node, "perm", &p);
-        type_unknown_dims(&t, x->dtype, n >= 0 && n <= KILN_MAX_RANK ? n : -1);
+        if (n > KILN_MAX_RANK)
+            return kiln_node_error(ctx->node, KILN_ERR_UNSUPPORTED, "perm has %d entries", n);
+        if (n >= 0) { /* the rank is unknown, but perm must still be a permutation */
+            int perm[KILN_MAX_RANK];
+            kiln_status pst = transpose_perm(ctx->node, n, perm);
+            if (pst != KILN_OK) return pst;
+        }
+        type_unknown_dims(&t, x->dtype, n >= 0 ? n : -1);
         set_out(ctx, 0, &t);
         return KILN_OK;
     }
