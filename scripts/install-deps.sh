@@ -4,7 +4,7 @@
 # torch/torchvision (model exports), scikit-learn (the digits model), pytest;
 # clang for the libFuzzer targets.
 set -euo pipefail
-pkgs=(build-essential cmake pkg-config protobuf-c-compiler libprotobuf-c-dev zlib1g-dev
+pkgs=(build-essential cmake pkg-config protobuf-c-compiler libprotobuf-c-dev zlib1g-dev libmicrohttpd-dev
       python3 python3-numpy python3-onnx python3-pytest python3-torch python3-torchvision
       python3-sklearn clang)
 missing=()

@@ -65,10 +65,8 @@ static kiln_status load_onnx_file(const char *path, struct kiln_model *m)
     if (slash == dir) slash[1] = '\0';
     else if (slash) *slash = '\0';
     else strcpy(dir, ".");
-    st = kiln_onnx_load(map.data, map.size, dir, m);
+    st = kiln_onnx_load_file(&map, dir, m); /* keeps the mapping if weights live in it */
     free(dir);
-    /* protobuf-c copied what it kept; the file mapping can go */
-    kiln_file_unmap(&map);
     if (st != KILN_OK) kiln_error_wrap(st, "%s", path);
     return st;
 }

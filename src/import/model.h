@@ -51,6 +51,9 @@ kiln_status kiln_graph_infer(struct kiln_graph *g);
 
 /* ONNX. dir is the folder external data is resolved against (NULL: none allowed). */
 kiln_status kiln_onnx_load(const void *data, size_t size, const char *dir, struct kiln_model *m);
+/* Load from a mapped file, which the model keeps (weights are used in
+ * place) or unmaps; *map is consumed either way. */
+kiln_status kiln_onnx_load_file(struct kiln_file_map *map, const char *dir, struct kiln_model *m);
 /* Read a serialized TensorProto (conformance data) into an owned tensor. */
 kiln_status kiln_onnx_read_tensor(const void *data, size_t size, kiln_tensor **out,
                                   char **name_out);

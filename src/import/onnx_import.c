@@ -113,6 +113,10 @@ struct name_map {
 
 struct onnx_ctx {
     struct kiln_model *m;
+    const unsigned char *file;  /* the mapped model file, when raw_data lies in it */
+    size_t file_size;
+    bool in_place;              /* tensors may borrow from file (it outlives the model) */
+    bool file_used;             /* some tensor borrows from the mapping */
     const char *dir;           /* external data folder, or NULL */
     int dir_fd;                /* open folder for openat, -1 if none */
     int64_t opset_onnx;        /* ai.onnx opset version */
@@ -424,6 +428,34 @@ static kiln_status tensor_from_proto(struct onnx_ctx *c, const KilnOnnx__TensorP
                           tname, tp->data_location);
     bool external = tp->has_data_location && tp->data_location == 1;
 
+    /* raw_data left in the mapped file by strip_raw_data: use it in place */
+    if (!external && tp->has_kiln_raw_offset) {
+        if (!c->file || tp->kiln_raw_offset > c->file_size ||
+            tp->kiln_raw_length > c->file_size - tp->kiln_raw_offset)
+            return kiln_error(KILN_ERR_INTERNAL, "tensor '%s': bad raw_data reference", tname);
+        if (dt == KILN_DTYPE_STRING)
+            return kiln_error(KILN_ERR_INVALID_MODEL,
+                              "tensor '%s': string tensors cannot use raw_data", tname);
+        if (tp->kiln_raw_length != need)
+            return kiln_error(KILN_ERR_INVALID_MODEL,
+                              "tensor '%s': raw_data has %llu bytes but shape %s of %s needs %zu",
+                              tname, (unsigned long long)tp->kiln_raw_length,
+                              kiln_shape_str(rank, dims, sbuf, sizeof sbuf), kiln_dtype_name(dt),
+                              need);
+        const unsigned char *src = c->file + tp->kiln_raw_offset;
+        if (c->in_place && ((uintptr_t)src % es) == 0) {
+            st = kiln_tensor_wrap(dt, rank, dims, (void *)src, need, out);
+            if (st == KILN_OK) c->file_used = true;
+            return st;
+        }
+        /* misaligned in the file, or the caller's memory: the one copy */
+        kiln_tensor *t;
+        st = kiln_tensor_new(dt, rank, dims, &t);
+        if (st != KILN_OK) return kiln_error_wrap(st, "tensor '%s'", tname);
+        memcpy(t->data, src, need);
+        *out = t;
+        return KILN_OK;
+    }
     /* Check counts before allocating anything the shape asks for. */
     if (!external && tp->has_raw_data) {
         if (dt == KILN_DTYPE_STRING)
@@ -910,11 +942,124 @@ fail:
     return st;
 }
 
+/* ---- zero-copy weights ----
+ *
+ * protobuf-c copies every bytes field it parses. To use a mapped file's
+ * weights in place, the wire bytes are first re-encoded without the large
+ * raw_data payloads of TensorProto messages: each becomes a reference
+ * (kiln_raw_offset, kiln_raw_length) into the file. The re-encoded message
+ * holds only the graph's structure, so parsing it is cheap. */
+
+#define RAW_INLINE_MAX 64 /* smaller payloads stay inline */
+
+struct wbuf {
+    unsigned char *p;
+    size_t n, cap;
+};
+
+static bool wbuf_put(struct wbuf *b, const void *src, size_t n)
+{
+    if (b->cap - b->n < n) {
+        size_t cap = b->cap ? b->cap : 256;
+        while (cap - b->n < n) cap *= 2;
+        unsigned char *p = realloc(b->p, cap);
+        if (!p) return false;
+        b->p = p;
+        b->cap = cap;
+    }
+    memcpy(b->p + b->n, src, n);
+    b->n += n;
+    return true;
+}
+
+static bool wbuf_varint(struct wbuf *b, uint64_t v)
+{
+    unsigned char tmp[10];
+    size_t k = 0;
+    do {
+        tmp[k++] = (unsigned char)((v & 0x7f) | (v >= 0x80 ? 0x80 : 0));
+        v >>= 7;
+    } while (v);
+    return wbuf_put(b, tmp, k);
+}
+
+static bool get_varint(const unsigned char *p, size_t len, size_t *pos, uint64_t *out)
+{
+    uint64_t v = 0;
+    for (int shift = 0; shift < 64 && *pos < len; shift += 7) {
+        unsigned char byte = p[(*pos)++];
+        v |= (uint64_t)(byte & 0x7f) << shift;
+        if (!(byte & 0x80)) {
+            *out = v;
+            return true;
+        }
+    }
+    return false;
+}
+
+static const ProtobufCFieldDescriptor *field_of(const ProtobufCMessageDescriptor *d, uint32_t id)
+{
+    for (unsigned i = 0; i < d->n_fields; i++)
+        if (d->fields[i].id == id) return &d->fields[i];
+    return NULL;
+}
+
+/* Re-encode message bytes p[0..len) (at file offset base) into out. The
+ * framing was validated by kiln_pb_check, including the depth bound. */
+static bool strip_raw_data(const ProtobufCMessageDescriptor *d, const unsigned char *p, size_t len,
+                           size_t base, struct wbuf *out)
+{
+    bool is_tensor = d == &kiln_onnx__tensor_proto__descriptor;
+    size_t pos = 0;
+    while (pos < len) {
+        size_t start = pos;
+        uint64_t key, v = 0;
+        if (!get_varint(p, len, &pos, &key)) return false;
+        uint32_t id = (uint32_t)(key >> 3);
+        unsigned wt = key & 7;
+        switch (wt) {
+        case 0: if (!get_varint(p, len, &pos, &v)) return false; break;
+        case 1: pos += 8; break;
+        case 5: pos += 4; break;
+        case 2: {
+            if (!get_varint(p, len, &pos, &v) || v > len - pos) return false;
+            const ProtobufCFieldDescriptor *f = field_of(d, id);
+            if (f && f->type == PROTOBUF_C_TYPE_MESSAGE) {
+                struct wbuf child = {0};
+                bool ok = strip_raw_data(f->descriptor, p + pos, (size_t)v, base + pos, &child);
+                ok = ok && wbuf_varint(out, key) && wbuf_varint(out, child.n) &&
+                     (child.n == 0 || wbuf_put(out, child.p, child.n));
+                free(child.p);
+                if (!ok) return false;
+                pos += (size_t)v;
+                continue;
+            }
+            if (is_tensor && id == 9 && v > RAW_INLINE_MAX) {
+                uint64_t ref[2] = {base + pos, v};
+                if (!wbuf_varint(out, (9001u << 3) | 1) || !wbuf_put(out, &ref[0], 8) ||
+                    !wbuf_varint(out, (9002u << 3) | 1) || !wbuf_put(out, &ref[1], 8))
+                    return false;
+                pos += (size_t)v;
+                continue;
+            }
+            pos += (size_t)v;
+            break;
+        }
+        default: return false;
+        }
+        if (pos > len) return false;
+        if (is_tensor && (id == 9001 || id == 9002)) continue; /* never trusted from a file */
+        if (!wbuf_put(out, p + start, pos - start)) return false;
+    }
+    return true;
+}
+
 /* ---- model ---- */
 
 static void proto_free(void *p) { kiln_onnx__model_proto__free_unpacked(p, NULL); }
 
-kiln_status kiln_onnx_load(const void *data, size_t size, const char *dir, struct kiln_model *m)
+static kiln_status onnx_load(const void *data, size_t size, const char *dir, bool in_place,
+                             struct kiln_model *m, bool *file_used)
 {
     kiln_status st;
     if (size > ONNX_MAX_MODEL_BYTES)
@@ -923,7 +1068,14 @@ kiln_status kiln_onnx_load(const void *data, size_t size, const char *dir, struc
     st = kiln_pb_check(&kiln_onnx__model_proto__descriptor, data, size, ONNX_MAX_PROTO_DEPTH,
                        "ONNX model");
     if (st != KILN_OK) return st;
-    KilnOnnx__ModelProto *mp = kiln_onnx__model_proto__unpack(NULL, size, data);
+    struct wbuf stripped = {0};
+    if (!strip_raw_data(&kiln_onnx__model_proto__descriptor, data, size, 0, &stripped)) {
+        free(stripped.p);
+        return kiln_error(KILN_ERR_OUT_OF_MEMORY, "ONNX model: out of memory re-encoding the graph");
+    }
+    KilnOnnx__ModelProto *mp = kiln_onnx__model_proto__unpack(NULL, stripped.n,
+                                                              stripped.p ? stripped.p : (const uint8_t *)"");
+    free(stripped.p);
     if (!mp)
         return kiln_error(KILN_ERR_INVALID_MODEL,
                           "ONNX model: the file is not a valid ModelProto (protobuf parse failed: "
@@ -936,7 +1088,8 @@ kiln_status kiln_onnx_load(const void *data, size_t size, const char *dir, struc
         /* model-local functions are only a problem if a node uses one; the
          * node will then fail as an unknown op in that domain */
     }
-    struct onnx_ctx c = {.m = m, .dir = dir, .dir_fd = -1};
+    struct onnx_ctx c = {.m = m, .dir = dir, .dir_fd = -1, .file = data, .file_size = size,
+                         .in_place = in_place};
     for (size_t i = 0; i < mp->n_opset_import; i++) {
         int64_t ver = mp->opset_import[i]->version;
         const char *d = mp->opset_import[i]->domain ? mp->opset_import[i]->domain : "";
@@ -1000,6 +1153,31 @@ kiln_status kiln_onnx_load(const void *data, size_t size, const char *dir, struc
     st = kiln_model_finish(m);
 out:
     if (c.dir_fd >= 0) close(c.dir_fd);
+    *file_used = c.file_used;
+    return st;
+}
+
+kiln_status kiln_onnx_load(const void *data, size_t size, const char *dir, struct kiln_model *m)
+{
+    /* the caller keeps its bytes: weights are copied out of them */
+    bool used = false;
+    return onnx_load(data, size, dir, false, m, &used);
+}
+
+kiln_status kiln_onnx_load_file(struct kiln_file_map *map, const char *dir, struct kiln_model *m)
+{
+    bool used = false;
+    kiln_status st = onnx_load(map->data, map->size, dir, true, m, &used);
+    if (used) {
+        kiln_status kst = kiln_model_keep_map(m, map); /* weights live in the mapping */
+        if (kst != KILN_OK) {
+            kiln_file_unmap(map);
+            return kst;
+        }
+        memset(map, 0, sizeof *map);
+    } else {
+        kiln_file_unmap(map);
+    }
     return st;
 }
 

@@ -367,6 +367,17 @@ static bool parse_index(const char *s, size_t n, int *out)
     return true;
 }
 
+/* How messages name the reader of a reference: "node 'x'", or what a
+ * synthetic reader's name (starting with \x01) says. */
+static const char *who(const KilnSm__NodeDef *nd, char *buf, size_t n)
+{
+    const char *name = nd->name ? nd->name : "";
+    if (name[0] == '\x01') return name + 1;
+    snprintf(buf, n, "node '%s'", name);
+    return buf;
+}
+#define WHO(nd) who((nd), whobuf, sizeof whobuf)
+
 /* A resolved input reference. */
 struct ref {
     bool is_sym;          /* a function argument or a fed tensor */
@@ -386,6 +397,7 @@ static kiln_status feed_asset(struct tf_build *b, const char *tensor, int *value
 static kiln_status resolve_ref(struct tf_build *b, struct scope *s, const KilnSm__NodeDef *nd,
                                const char *in, struct ref *r)
 {
+    char whobuf[200];
     memset(r, 0, sizeof *r);
     bool control = in[0] == '^';
     if (control) in++;
@@ -393,8 +405,8 @@ static kiln_status resolve_ref(struct tf_build *b, struct scope *s, const KilnSm
         size_t nl;
         int idx = -1;
         if (!split_main_ref(in, &nl, &idx))
-            return kiln_error(KILN_ERR_INVALID_MODEL, "%s: node '%s' has malformed input '%s'",
-                              s->where, nd->name, in);
+            return kiln_error(KILN_ERR_INVALID_MODEL, "%s: %s has malformed input '%s'",
+                              s->where, WHO(nd), in);
         if (!control) {
             /* a fed tensor (signature input or asset path) replaces its producer */
             char key[512];
@@ -416,9 +428,9 @@ static kiln_status resolve_ref(struct tf_build *b, struct scope *s, const KilnSm
         int j = smap_getn(s->index, in, nl);
         if (j < 0)
             return kiln_error(KILN_ERR_INVALID_MODEL,
-                              "%s: node '%s' has input '%s%s', but the graph has no node named "
+                              "%s: %s has input '%s%s', but the graph has no node named "
                               "'%.*s'",
-                              s->where, nd->name, control ? "^" : "", in, (int)nl, in);
+                              s->where, WHO(nd), control ? "^" : "", in, (int)nl, in);
         r->s = s;
         r->node = j;
         r->arg = "";
@@ -435,12 +447,12 @@ static kiln_status resolve_ref(struct tf_build *b, struct scope *s, const KilnSm
             int i = 0;
             if (c1 && (c2 || !parse_index(c1 + 1, strlen(c1 + 1), &i)))
                 return kiln_error(KILN_ERR_INVALID_MODEL,
-                                  "%s: node '%s' has malformed input '%s'", s->where, nd->name,
+                                  "%s: %s has malformed input '%s'", s->where, WHO(nd),
                                   in);
             if (i >= s->arg_cnt[a])
                 return kiln_error(KILN_ERR_INVALID_MODEL,
-                                  "%s: node '%s' reads element %d of argument '%s', which has %d",
-                                  s->where, nd->name, i, s->arg_names[a], s->arg_cnt[a]);
+                                  "%s: %s reads element %d of argument '%s', which has %d",
+                                  s->where, WHO(nd), i, s->arg_names[a], s->arg_cnt[a]);
             r->is_sym = true;
             r->sym = s->args[s->arg_off[a] + i];
             return KILN_OK;
@@ -449,23 +461,23 @@ static kiln_status resolve_ref(struct tf_build *b, struct scope *s, const KilnSm
     int j = smap_getn(s->index, in, n0);
     if (j < 0)
         return kiln_error(KILN_ERR_INVALID_MODEL,
-                          "%s: node '%s' has input '%s%s', which names no argument or node of "
+                          "%s: %s has input '%s%s', which names no argument or node of "
                           "the function",
-                          s->where, nd->name, control ? "^" : "", in);
+                          s->where, WHO(nd), control ? "^" : "", in);
     r->s = s;
     r->node = j;
     if (control) return KILN_OK;
     if (!c1)
         return kiln_error(KILN_ERR_INVALID_MODEL,
-                          "%s: node '%s' has input '%s' without an output name (expected "
+                          "%s: %s has input '%s' without an output name (expected "
                           "'node:output:index')",
-                          s->where, nd->name, in);
+                          s->where, WHO(nd), in);
     r->arg = c1 + 1;
     r->arg_len = c2 ? (size_t)(c2 - r->arg) : strlen(r->arg);
     r->idx = 0;
     if (c2 && !parse_index(c2 + 1, strlen(c2 + 1), &r->idx))
-        return kiln_error(KILN_ERR_INVALID_MODEL, "%s: node '%s' has malformed input '%s'",
-                          s->where, nd->name, in);
+        return kiln_error(KILN_ERR_INVALID_MODEL, "%s: %s has malformed input '%s'",
+                          s->where, WHO(nd), in);
     return KILN_OK;
 }
 
@@ -803,6 +815,11 @@ static kiln_status var_register(struct sm_ctx *c, int node, bool resource, int *
     return KILN_OK;
 }
 
+bool tf_var_is_resource(const struct tf_build *b, int var)
+{
+    return var >= 0 && var < b->c->n_vars && b->c->vars[var].resource;
+}
+
 const char *tf_var_name(const struct tf_build *b, int var)
 {
     return var >= 0 && var < b->c->n_vars ? b->c->vars[var].nd->name : "?";
@@ -857,8 +874,9 @@ static kiln_status var_restore(struct sm_ctx *c, int var)
     }
     kiln_tensor *t;
     st = kiln_bundle_read(c->bundle, rs->key, &t);
-    if (st != KILN_OK)
-        return kiln_error_wrap(st, "variable '%s' (checkpoint key '%s')", v->nd->name, rs->key);
+    if (st != KILN_OK) /* the reader names the checkpoint key; add the graph's name if it differs */
+        return strcmp(rs->key, v->nd->name) != 0 ? kiln_error_wrap(st, "variable '%s'", v->nd->name)
+                                                  : st;
     if (v->dtype != KILN_DTYPE_UNDEFINED && t->dtype != v->dtype) {
         kiln_dtype got = t->dtype;
         kiln_tensor_free(t);
@@ -1314,7 +1332,7 @@ static kiln_status call_outputs(struct tf_build *b, struct scope *cs, struct nst
         struct ref r;
         /* resolve as if read by a node of the callee */
         KilnSm__NodeDef fake = KILN_SM__NODE_DEF__INIT;
-        fake.name = (char *)"(return value)";
+        fake.name = (char *)"\x01the function's return value";
         kiln_status st = resolve_ref(b, cs, &fake, ep, &r);
         if (st != KILN_OK) return st;
         if ((st = need(ts, &r, call, pending)) != KILN_OK || *pending) return st;
@@ -1329,7 +1347,7 @@ static kiln_status call_outputs(struct tf_build *b, struct scope *cs, struct nst
                 ep = fd->ret[k]->value;
         struct ref r;
         KilnSm__NodeDef fake = KILN_SM__NODE_DEF__INIT;
-        fake.name = (char *)"(return value)";
+        fake.name = (char *)"\x01the function's return value";
         if ((st = resolve_ref(b, cs, &fake, ep, &r)) != KILN_OK) return st;
         if ((st = ref_sym(b->c, &r, ep, &ns->out[a])) != KILN_OK) return st;
     }
@@ -1428,12 +1446,9 @@ static kiln_status convert_step(struct tf_build *b, struct tstack *ts)
                               s->where, name);
         int var = -1;
         if ((st = var_register(c, t.node, var_res, &var)) != KILN_OK) return st;
+        /* the value is restored when something reads it */
         if ((st = set_outputs(b, ns, 1)) != KILN_OK) return st;
         ns->out[0].var = var;
-        if (var_v1) {
-            st = tf_var_value(b, var, &ns->out[0].v);
-            if (st != KILN_OK) return kiln_error_wrap(st, "%s", s->where);
-        }
         ns->phase = NS_DONE;
         ts->n--;
         return KILN_OK;
@@ -1460,7 +1475,7 @@ static kiln_status convert_endpoint(struct tf_build *b, struct scope *root, cons
                                     const char *alias, struct tf_sym *out)
 {
     KilnSm__NodeDef fake = KILN_SM__NODE_DEF__INIT;
-    char *fname = tmp_printf(b, "(output '%s')", alias);
+    char *fname = tmp_printf(b, "\x01output '%s'", alias);
     if (!fname) return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory");
     fake.name = fname;
     struct ref r;
@@ -1598,6 +1613,9 @@ static kiln_status build_signature(struct sm_ctx *c, const char *name,
                             name, e->key, sym.rnd_node);
             goto out;
         }
+        if (sym.v < 0 && sym.var >= 0 && !c->vars[sym.var].resource &&
+            (st = tf_var_value(&b, sym.var, &sym.v)) != KILN_OK)
+            goto out;
         if (sym.v < 0) {
             st = kiln_error(KILN_ERR_UNSUPPORTED,
                             "signature '%s': output '%s' ('%s') is a resource handle, not a "

@@ -79,6 +79,9 @@ kiln_status tf_tensor_from_proto(const KilnSm__TensorProto *tp, const char *what
 
 /* The IR constant value holding variable var's restored value. */
 kiln_status tf_var_value(struct tf_build *b, int var, int *value_out);
+/* Whether variable var is a resource variable (VarHandleOp) rather than a
+ * TF1 ref variable (VariableV2), whose endpoint is its value. */
+bool tf_var_is_resource(const struct tf_build *b, int var);
 /* The name a variable has in messages. */
 const char *tf_var_name(const struct tf_build *b, int var);
 

@@ -31,6 +31,9 @@
 #include "kernels/kernel.h"
 
 #define FOLD_MAX_ELEMS 65536 /* constant folding: largest input or output folded */
+/* A TensorProto with fewer values than elements repeats its last value (or
+ * is zeros): a few bytes can ask for a huge tensor, so expansion is bounded. */
+#define EXPAND_MAX_BYTES ((int64_t)1 << 28)
 
 typedef struct tf_node_ctx L_t;
 
@@ -137,6 +140,12 @@ kiln_status tf_tensor_from_proto(const KilnSm__TensorProto *tp, const char *what
                               "tensor '%s' holds %zu values but shape %s has %lld elements",
                               what, have, kiln_shape_str(rank, dims, sbuf, sizeof sbuf),
                               (long long)n);
+        if (have < (uint64_t)n && n * (int64_t)es > EXPAND_MAX_BYTES)
+            return kiln_error(KILN_ERR_UNSUPPORTED,
+                              "tensor '%s': shape %s (%lld bytes) would be filled from %zu "
+                              "stored values; Kiln expands at most %lld bytes",
+                              what, kiln_shape_str(rank, dims, sbuf, sizeof sbuf),
+                              (long long)(n * (int64_t)es), have, (long long)EXPAND_MAX_BYTES);
     }
     kiln_tensor *t;
     kiln_status st = kiln_tensor_new(dt, rank, dims, &t);
@@ -273,6 +282,11 @@ static kiln_status in_value(L_t *L, int k, int *v)
                     "random ops, and accepts them only where the result does not depend on "
                     "the values drawn (dropout with keep probability 1)",
                     k, L->in[k].rnd_node);
+    if (L->in[k].v < 0 && L->in[k].var >= 0 && !tf_var_is_resource(L->b, L->in[k].var)) {
+        /* a TF1 variable: its endpoint is its value */
+        kiln_status st = tf_var_value(L->b, L->in[k].var, v);
+        return st == KILN_OK ? st : kiln_error_wrap(st, "%s", L->where);
+    }
     if (L->in[k].v < 0)
         return lerr(L, KILN_ERR_UNSUPPORTED, "input %d is a resource handle, not a tensor", k);
     *v = L->in[k].v;
@@ -435,6 +449,9 @@ static struct kiln_node *enode(struct emit *e) { return &e->L->g->nodes[e->node]
 static kiln_status node_begin(L_t *L, enum kiln_op op, int n_in, const int *in, int n_out,
                               int cap_attr, struct emit *e)
 {
+    if (n_in > KILN_MAX_IO || n_out > KILN_MAX_IO)
+        return lerr(L, KILN_ERR_UNSUPPORTED, "needs a %s node with %d inputs and %d outputs, "
+                    "more than Kiln's limit of %d", kiln_op_name(op), n_in, n_out, KILN_MAX_IO);
     for (int k = 0; k < n_in; k++)
         if (in[k] < -1 || in[k] >= L->g->n_values)
             return lerr(L, KILN_ERR_INTERNAL, "bad IR input %d", k);

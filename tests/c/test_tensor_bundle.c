@@ -273,7 +273,7 @@ struct spec {
     uint32_t crc;
 };
 
-static void kv_entry(struct kv *kv, const struct spec *s, const uint8_t *data)
+static void kv_entry(struct kv *kv, const struct spec *s, const uint8_t *data, size_t data_n)
 {
     KilnTf__BundleEntryProto e = KILN_TF__BUNDLE_ENTRY_PROTO__INIT;
     KilnTf__TensorShapeProto sh = KILN_TF__TENSOR_SHAPE_PROTO__INIT;
@@ -298,8 +298,9 @@ static void kv_entry(struct kv *kv, const struct spec *s, const uint8_t *data)
     e.size = s->size;
     e.has_crc32c = 1;
     uint32_t crc = s->has_crc ? s->crc
-                   : data && s->offset >= 0 && s->size >= 0 ? kiln_crc32c(data + s->offset, (size_t)s->size)
-                                                             : 0;
+                   : s->offset >= 0 && s->size >= 0 && (uint64_t)(s->offset + s->size) <= data_n
+                       ? kiln_crc32c(data + s->offset, (size_t)s->size)
+                       : 0;
     e.crc32c = kiln_crc32c_mask(crc ^ (uint32_t)s->bad_crc);
     if (s->n_slices) {
         e.n_slices = 1;
@@ -392,51 +393,51 @@ static void write_good_bundle(const char *name, const struct index_opts *o,
     int n = 0;
     memset(s, 0, sizeof s);
     /* keys in sorted order */
-    s[n] = (struct spec){"bf16", 14, 1, {2}, 0, 0, 0, 0, 0};
+    s[n] = (struct spec){.key = "bf16", .dtype = 14, .rank = 1, .dims = {2}};
     s[n].offset = (int64_t)data.n;
     put(&data, bf16_vals, sizeof bf16_vals);
     s[n++].size = sizeof bf16_vals;
-    s[n] = (struct spec){"bool", 10, 1, {3}, 0, 0, 0, 0, 0};
+    s[n] = (struct spec){.key = "bool", .dtype = 10, .rank = 1, .dims = {3}};
     s[n].offset = (int64_t)data.n;
     put(&data, bool_vals, sizeof bool_vals);
     s[n++].size = sizeof bool_vals;
     put(&data, "\0\0\0\0\0\0\0\0", 8 - data.n % 8);
-    s[n] = (struct spec){"empty", 1, 2, {0, 4}, 0, 0, 0, 0, 0};
+    s[n] = (struct spec){.key = "empty", .dtype = 1, .rank = 2, .dims = {0, 4}};
     s[n].offset = (int64_t)data.n;
     s[n++].size = 0;
-    s[n] = (struct spec){"f32", 1, 2, {2, 3}, 0, 0, 0, 0, 0};
+    s[n] = (struct spec){.key = "f32", .dtype = 1, .rank = 2, .dims = {2, 3}};
     s[n].offset = (int64_t)data.n;
     put(&data, f32_vals, sizeof f32_vals);
     s[n++].size = sizeof f32_vals;
     put(&data, "\0", 1); /* f64 lands at an odd offset: read as a copy */
-    s[n] = (struct spec){"f64_unaligned", 2, 1, {2}, 0, 0, 0, 0, 0};
+    s[n] = (struct spec){.key = "f64_unaligned", .dtype = 2, .rank = 1, .dims = {2}};
     s[n].offset = (int64_t)data.n;
     put(&data, f64_vals, sizeof f64_vals);
     s[n++].size = sizeof f64_vals;
     put(&data, "\0\0\0\0\0\0\0\0", 8 - data.n % 8);
-    s[n] = (struct spec){"i64", 9, 0, {0}, 0, 0, 0, 0, 0};
+    s[n] = (struct spec){.key = "i64", .dtype = 9, .rank = 0, .dims = {0}};
     s[n].offset = (int64_t)data.n;
     put(&data, &i64_val, sizeof i64_val);
     s[n++].size = sizeof i64_val;
-    s[n] = (struct spec){"layer/sliced", 1, 1, {4}, 0, 0, 0, 1, 0};
+    s[n] = (struct spec){.key = "layer/sliced", .dtype = 1, .rank = 1, .dims = {4}, .n_slices = 1};
     n++;
-    s[n] = (struct spec){"str", 7, 1, {3}, 0, 0, 0, 0, 0};
+    s[n] = (struct spec){.key = "str", .dtype = 7, .rank = 1, .dims = {3}};
     s[n].offset = (int64_t)data.n;
     s[n].crc = put_strings(&data, str_vals, str_lens, 3, 0);
     s[n].has_crc = 1;
     s[n].size = (int64_t)data.n - s[n].offset;
     n++;
-    s[n] = (struct spec){"str_badlen", 7, 0, {0}, 0, 0, 0, 0, 0};
+    s[n] = (struct spec){.key = "str_badlen", .dtype = 7, .rank = 0, .dims = {0}};
     s[n].offset = (int64_t)data.n;
     s[n].crc = put_strings(&data, str_vals + 1, str_lens + 1, 1, 1);
     s[n].has_crc = 1;
     s[n].size = (int64_t)data.n - s[n].offset;
     n++;
-    s[n] = (struct spec){"u8", 4, 1, {5}, 0, 0, 0, 0, 0};
+    s[n] = (struct spec){.key = "u8", .dtype = 4, .rank = 1, .dims = {5}};
     s[n].offset = (int64_t)data.n;
     put(&data, u8_vals, sizeof u8_vals);
     s[n++].size = sizeof u8_vals;
-    s[n] = (struct spec){"variant", 21, 0, {0}, 0, 0, 0, 0, 0};
+    s[n] = (struct spec){.key = "variant", .dtype = 21, .rank = 0, .dims = {0}};
     s[n].offset = (int64_t)data.n;
     s[n++].size = 0;
 
@@ -445,7 +446,7 @@ static void write_good_bundle(const char *name, const struct index_opts *o,
     int nkv = 1;
     for (int i = 0; i < n; i++) {
         if (tweak) tweak(&s[i], i, kvs);
-        kv_entry(&kvs[nkv++], &s[i], data.p);
+        kv_entry(&kvs[nkv++], &s[i], data.p, data.n);
     }
     if (tweak) tweak(NULL, nkv, kvs);
     char ipath[600], dpath[600];

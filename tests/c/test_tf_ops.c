@@ -163,7 +163,7 @@ static kiln_tensor *floats(int rank, const int64_t *dims, const float *v)
 {
     kiln_tensor *x;
     if (kiln_tensor_create(KILN_DTYPE_F32, rank, dims, &x) != KILN_OK) abort();
-    if (x->nbytes) memcpy(x->data, v, x->nbytes);
+    if (v && x->nbytes) memcpy(x->data, v, x->nbytes);
     return x;
 }
 
@@ -296,7 +296,8 @@ static kiln_tensor *serialized(int rank, const struct buf *ex, int n)
     int64_t dims[1] = {n};
     kiln_tensor *x;
     if (kiln_tensor_create(KILN_DTYPE_STRING, rank, dims, &x) != KILN_OK) abort();
-    for (int i = 0; i < n; i++) kiln_tensor_set_string(x, (size_t)i, (const char *)ex[i].d, ex[i].n);
+    for (int i = 0; i < n; i++)
+        kiln_tensor_set_string(x, (size_t)i, (const char *)ex[i].d, ex[i].n);
     return x;
 }
 
@@ -453,6 +454,58 @@ static void test_parse_example(void)
           kiln_last_error());
     tg_free(&t, out);
 
+    /* unknown fields are skipped; a Feature with no list set counts as absent */
+    memset(&bad, 0, sizeof bad);
+    struct buf unknown = {0};
+    put_tag(&unknown, 7, 0);
+    put_varint(&unknown, 300);
+    features_add(&bad, "x", &unknown);
+    put_tag(&bad, 9, 5);
+    put_f32(&bad, 1.0f);
+    exb = example_of(&bad);
+    put_tag(&exb, 4, 1);
+    for (int i = 0; i < 8; i++) put_byte(&exb, 0xff);
+    memset(out, 0, sizeof out);
+    st = run_parse(serialized(1, &exb, 1), floats(1, &one, dxv),
+                   ints(KILN_DTYPE_I64, 0, NULL, (const int64_t[]){0}),
+                   strings(1, &one, dname), out, &t);
+    CHECK(st == KILN_OK && ((float *)out[0]->data)[0] == 0.5f && ((float *)out[0]->data)[1] == 0.5f,
+          "unknown fields: %s", kiln_last_error());
+    tg_free(&t, out);
+
+    /* a packed float list whose length is not a multiple of 4 */
+    memset(&bad, 0, sizeof bad);
+    struct buf list = {0}, feat = {0};
+    put_bytes(&list, 1, "12345", 5);
+    put_bytes(&feat, 2, list.d, list.n);
+    features_add(&bad, "x", &feat);
+    exb = example_of(&bad);
+    memset(out, 0, sizeof out);
+    st = run_parse(serialized(1, &exb, 1), NULL, NULL, NULL, out, &t);
+    CHECK(st == KILN_ERR_INVALID_ARGUMENT && strstr(kiln_last_error(), "'x'") &&
+              strstr(kiln_last_error(), "malformed"),
+          "bad packed floats: %s", kiln_last_error());
+    tg_free(&t, out);
+
+    /* a group (wire type 3) and an 11-byte varint are malformed */
+    for (int k = 0; k < 2; k++) {
+        memset(&bad, 0, sizeof bad);
+        if (k == 0) {
+            put_tag(&bad, 2, 3);
+        } else {
+            put_tag(&bad, 2, 0);
+            for (int i = 0; i < 10; i++) put_byte(&bad, 0x80);
+            put_byte(&bad, 0);
+        }
+        exb = example_of(&bad);
+        memset(out, 0, sizeof out);
+        st = run_parse(serialized(1, &exb, 1), NULL, NULL, NULL, out, &t);
+        CHECK(st == KILN_ERR_INVALID_ARGUMENT &&
+                  strstr(kiln_last_error(), "not a valid tf.Example"),
+              "malformed case %d: %s", k, kiln_last_error());
+        tg_free(&t, out);
+    }
+
     /* every truncation of a valid Example is an error naming it, never a crash */
     int truncated_ok = 0;
     for (size_t cut = 1; cut < ex[0].n; cut++) {
@@ -460,8 +513,10 @@ static void test_parse_example(void)
         part.n = cut;
         memset(out, 0, sizeof out);
         st = run_parse(serialized(1, &part, 1), NULL, NULL, NULL, out, &t);
-        if (st == KILN_ERR_INVALID_ARGUMENT && strstr(kiln_last_error(), "example 0")) truncated_ok++;
-        else fprintf(stderr, "  cut %zu: %s\n", cut, kiln_last_error());
+        if (st == KILN_ERR_INVALID_ARGUMENT && strstr(kiln_last_error(), "example 0"))
+            truncated_ok++;
+        else
+            fprintf(stderr, "  cut %zu: %s\n", cut, kiln_last_error());
         tg_free(&t, out);
     }
     CHECK(truncated_ok == (int)ex[0].n - 1, "truncations: %d of %zu rejected", truncated_ok,
@@ -516,10 +571,11 @@ static void test_string_join(void)
     struct test_graph t;
     kiln_tensor *out[1] = {0};
     tg_init(&t);
-    int ins[3] = {tg_const(&t, strings(2, (const int64_t[]){2, 1}, (const char *const[]){"a", "b"})),
-                  tg_const(&t, strings(1, (const int64_t[]){3},
-                                       (const char *const[]){"x", "y", "z"})),
-                  tg_const(&t, strings(0, NULL, (const char *const[]){"!"}))};
+    int ins[3] = {
+        tg_const(&t, strings(2, (const int64_t[]){2, 1}, (const char *const[]){"a", "b"})),
+        tg_const(&t, strings(1, (const int64_t[]){3}, (const char *const[]){"x", "y", "z"})),
+        tg_const(&t, strings(0, NULL, (const char *const[]){"!"})),
+    };
     tg_node(&t, KILN_OP_TfStringJoin, ins, 3, 1, 1);
     attr_str(&t, "separator", "-");
     kiln_status st = tg_run(&t, NULL, out);
@@ -539,7 +595,8 @@ static void test_string_join(void)
 
     /* string Add as the importer lowers it: no separator */
     tg_init(&t);
-    int a = tg_input(&t, KILN_DTYPE_STRING, -1, NULL), b = tg_input(&t, KILN_DTYPE_STRING, -1, NULL);
+    int a = tg_input(&t, KILN_DTYPE_STRING, -1, NULL);
+    int b = tg_input(&t, KILN_DTYPE_STRING, -1, NULL);
     tg_node(&t, KILN_OP_TfStringJoin, (const int[]){a, b}, 2, 1, 0);
     kiln_tensor *in[2] = {strings(1, (const int64_t[]){2}, (const char *const[]){"foo", ""}),
                           strings(1, (const int64_t[]){2}, (const char *const[]){"bar", "baz"})};

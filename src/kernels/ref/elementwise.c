@@ -82,8 +82,8 @@ static void row_iter_init(struct row_iter *r, const kiln_tensor *out, int n,
     }
     while (rank > 0) {
         int d = rank - 1;
-        bool merge = true;
-        for (int k = 0; k < n; k++)
+        bool merge = true; /* a dim of 1 adds no offset and always merges */
+        for (int k = 0; k < n && out->dims[d] != 1; k++)
             merge = merge && r->it.strides[k][d] == r->step[k] * r->inner;
         if (!merge) break;
         r->inner *= out->dims[d];

@@ -112,8 +112,14 @@ static kiln_status join_into(const struct kiln_node *node, kiln_tensor *out, int
     char *buf = malloc((size_t)len + 1), *p = buf;
     if (!buf) return kiln_node_error(node, KILN_ERR_OUT_OF_MEMORY, "out of memory joining strings");
     for (int64_t k = 0; k < n; k++) {
-        if (k && sep.len) memcpy(p, sep.data, sep.len), p += sep.len;
-        if (parts[k].len) memcpy(p, parts[k].data, parts[k].len), p += parts[k].len;
+        if (k && sep.len) {
+            memcpy(p, sep.data, sep.len);
+            p += sep.len;
+        }
+        if (parts[k].len) {
+            memcpy(p, parts[k].data, parts[k].len);
+            p += parts[k].len;
+        }
     }
     *p = '\0';
     str_put(out, i, buf, (size_t)len);

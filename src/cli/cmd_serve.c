@@ -1,0 +1,210 @@
+/*
+ * cmd_serve.c - `kiln serve`: a model server that takes
+ * tensorflow_model_server's flags (same names, `--name=value` syntax and
+ * defaults where they mean something for Kiln) and serves TF Serving's REST
+ * API plus KServe v2 (src/serve/).
+ *
+ * Startup follows TF Serving: the models' first versions are loaded before
+ * the port opens; then a polling thread picks up new versions. SIGTERM and
+ * SIGINT turn readiness off, stop accepting, drain in-flight requests for at
+ * most KILN_SERVE_DRAIN_MS, and exit 0. Signals are blocked in every thread
+ * and taken synchronously with sigwait on the main thread.
+ */
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cli/cli.h"
+#include "serve/manager.h"
+#include "serve/server.h"
+
+#define KILN_SERVE_DRAIN_MS 10000
+
+static const char serve_help[] =
+    "usage: kiln serve --model_base_path=DIR [--model_name=NAME] [flags]\n"
+    "\n"
+    "Serve the numbered versions under DIR (each holding model.onnx or a SavedModel)\n"
+    "over TensorFlow Serving's REST API and KServe v2. Flags are tensorflow_model_server's:\n"
+    "\n"
+    "  --rest_api_port=N                  REST port (default 8501)\n"
+    "  --rest_api_address=A               Kiln: IPv4 address to listen on (default all)\n"
+    "  --rest_api_num_threads=N           HTTP worker threads (default 4 x cores, max 256)\n"
+    "  --rest_api_timeout_in_ms=N         per-request deadline, 504 after it (default 30000)\n"
+    "  --model_name=NAME                  (default \"default\", or $MODEL_NAME)\n"
+    "  --model_base_path=DIR              (default $MODEL_BASE_PATH/$MODEL_NAME)\n"
+    "  --file_system_poll_wait_seconds=N  poll for new versions every N s (default 1;\n"
+    "                                     0 = once at startup, <0 = never)\n"
+    "  --saved_model_tags=TAGS            SavedModel MetaGraph tags (default serve)\n"
+    "  --tensorflow_intra_op_parallelism=N  threads per run (0 = all cores)\n"
+    "  --disable_optimizer[=true|false]   run graphs as imported\n"
+    "  --port=N                           gRPC port: accepted, gRPC is not implemented yet\n"
+    "  --enable_batching, --batching_parameters_file, --enable_model_warmup,\n"
+    "  --num_request_iterations_for_warmup, --monitoring_config_file,\n"
+    "  --rest_api_enable_cors_support, --tensorflow_inter_op_parallelism,\n"
+    "  --model_config_file_poll_wait_seconds, --allow_precompilation,\n"
+    "  --allow_compression, --use_tfrt   accepted; the log says they are not implemented yet\n"
+    "  --version                          print versions and exit\n";
+
+/* Flags accepted for compatibility whose features Kiln lacks so far. */
+static const char *const accepted_only[] = {
+    "--enable_batching",   "--batching_parameters_file", "--enable_model_warmup",
+    "--num_request_iterations_for_warmup", "--monitoring_config_file",
+    "--rest_api_enable_cors_support", "--tensorflow_inter_op_parallelism",
+    "--model_config_file_poll_wait_seconds", "--allow_precompilation", "--allow_compression",
+    "--use_tfrt",
+};
+/* Of those, the ones that are booleans (may appear without a value). */
+static int is_bool_flag(const char *name)
+{
+    static const char *const b[] = {"--enable_batching", "--enable_model_warmup",
+                                    "--rest_api_enable_cors_support", "--allow_precompilation",
+                                    "--allow_compression", "--use_tfrt", "--disable_optimizer",
+                                    "--version"};
+    for (size_t i = 0; i < sizeof b / sizeof b[0]; i++)
+        if (strcmp(b[i], name) == 0) return 1;
+    return 0;
+}
+
+/* Parse a TF-style bool value ("true"/"false"/"1"/"0"); -1 if not one. */
+static int parse_bool(const char *v)
+{
+    if (!v || strcmp(v, "true") == 0 || strcmp(v, "1") == 0) return 1;
+    if (strcmp(v, "false") == 0 || strcmp(v, "0") == 0) return 0;
+    return -1;
+}
+
+int kiln_cmd_serve(int argc, char **argv)
+{
+    if (kiln_cli_wants_help(argc, argv)) {
+        fputs(serve_help, stdout);
+        return KILN_CLI_EXIT_OK;
+    }
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    if (cores < 1) cores = 1;
+    int rest_port = 8501, grpc_port = 8500, threads = (int)(cores * 4 > 256 ? 256 : cores * 4);
+    int timeout_ms = 30000, poll = 1, intra = 0, disable_opt = 0, show_version = 0;
+    int batching = 0;
+    const char *model_name = NULL, *base_path = NULL, *tags = NULL, *address = NULL;
+    const char *config_file = NULL;
+
+    for (int i = 0; i < argc; i++) {
+        char *arg = argv[i];
+        if (strncmp(arg, "--", 2) != 0)
+            return kiln_cli_usage_error("serve", "unexpected argument '%s'", arg);
+        /* split --name[=value] */
+        char name[128];
+        const char *eq = strchr(arg, '=');
+        size_t nl = eq ? (size_t)(eq - arg) : strlen(arg);
+        if (nl >= sizeof name) return kiln_cli_usage_error("serve", "unknown flag '%.60s'", arg);
+        memcpy(name, arg, nl);
+        name[nl] = '\0';
+        const char *val = eq ? eq + 1 : NULL;
+        if (!val && !is_bool_flag(name)) {
+            if (i + 1 >= argc) return kiln_cli_usage_error("serve", "flag '%s' needs a value", name);
+            val = argv[++i];
+        }
+        int ok = 1;
+#define INT_FLAG(FLAG, VAR, LO, HI)                                                 \
+    if (strcmp(name, FLAG) == 0) {                                                  \
+        if (!kiln_cli_parse_int(val, LO, HI, &VAR))                                 \
+            return kiln_cli_usage_error("serve", "flag '%s' needs an integer in [%d, %d], got '%s'", \
+                                        FLAG, LO, HI, val);                        \
+        continue;                                                                   \
+    }
+        INT_FLAG("--rest_api_port", rest_port, 0, 65535)
+        INT_FLAG("--port", grpc_port, 0, 65535)
+        INT_FLAG("--rest_api_num_threads", threads, 1, 1024)
+        INT_FLAG("--rest_api_timeout_in_ms", timeout_ms, 0, 2147483647)
+        INT_FLAG("--file_system_poll_wait_seconds", poll, -2147483647, 2147483647)
+        INT_FLAG("--tensorflow_intra_op_parallelism", intra, 0, 4096)
+#undef INT_FLAG
+        if (strcmp(name, "--model_name") == 0) model_name = val;
+        else if (strcmp(name, "--model_base_path") == 0) base_path = val;
+        else if (strcmp(name, "--saved_model_tags") == 0) tags = val;
+        else if (strcmp(name, "--rest_api_address") == 0) address = val;
+        else if (strcmp(name, "--model_config_file") == 0) config_file = val;
+        else if (strcmp(name, "--disable_optimizer") == 0) ok = (disable_opt = parse_bool(val)) >= 0;
+        else if (strcmp(name, "--version") == 0) ok = (show_version = parse_bool(val)) >= 0;
+        else {
+            int known = 0;
+            for (size_t k = 0; k < sizeof accepted_only / sizeof accepted_only[0]; k++)
+                known |= strcmp(name, accepted_only[k]) == 0;
+            if (!known) return kiln_cli_usage_error("serve", "unknown flag '%s'", name);
+            if (is_bool_flag(name)) ok = parse_bool(val) >= 0;
+            if (ok && strcmp(name, "--enable_batching") == 0) batching = parse_bool(val);
+            else if (ok && parse_bool(val) != 0)
+                fprintf(stderr, "kiln serve: %s is accepted but not implemented yet\n", name);
+        }
+        if (!ok) return kiln_cli_usage_error("serve", "flag '%s' needs true or false", name);
+    }
+
+    if (show_version) {
+        printf("TensorFlow ModelServer: kiln-%s\nTensorFlow Library: none (Kiln runtime %s)\n",
+               kiln_version(), kiln_version());
+        return KILN_CLI_EXIT_OK;
+    }
+    if (config_file && *config_file)
+        return kiln_cli_fail("--model_config_file is not implemented yet; use --model_name and "
+                             "--model_base_path");
+    /* the TF Serving container: MODEL_NAME, and MODEL_BASE_PATH/MODEL_NAME */
+    const char *env_name = getenv("MODEL_NAME"), *env_base = getenv("MODEL_BASE_PATH");
+    if (!model_name) model_name = env_name && *env_name ? env_name : "default";
+    char env_path[4096];
+    if (!base_path && env_base && *env_base) {
+        snprintf(env_path, sizeof env_path, "%s/%s", env_base, model_name);
+        base_path = env_path;
+    }
+    if (!base_path || !*base_path)
+        return kiln_cli_usage_error("serve", "--model_base_path (or $MODEL_BASE_PATH) is required");
+    if (rest_port == 0) return kiln_cli_usage_error("serve", "--rest_api_port=0 would serve nothing");
+    if (rest_port == grpc_port)
+        return kiln_cli_usage_error("serve", "server_options.http_port cannot be same as grpc_port");
+
+    fprintf(stderr,
+            "kiln serve: gRPC is not implemented yet; --port=%d is not opened, only the REST API "
+            "is served\n",
+            grpc_port);
+    if (batching) fprintf(stderr, "kiln serve: --enable_batching: batching is not implemented yet; "
+                                  "each request runs on its own\n");
+
+    /* Block the shutdown signals before any thread exists; main takes them. */
+    sigset_t sigs;
+    sigemptyset(&sigs);
+    sigaddset(&sigs, SIGTERM);
+    sigaddset(&sigs, SIGINT);
+    pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    kiln_manager_options mo = {poll, tags, {0, 1}};
+    kiln_session_options_init(&mo.session);
+    mo.session.threads = intra;
+    mo.session.optimize = !disable_opt;
+    kiln_manager *mgr;
+    if (kiln_manager_create(&mo, &mgr) != KILN_OK) return kiln_cli_fail("out of memory");
+    if (kiln_manager_add_model(mgr, model_name, base_path) != KILN_OK ||
+        kiln_manager_start(mgr) != KILN_OK) {
+        kiln_manager_free(mgr);
+        return kiln_cli_fail("cannot start the model manager");
+    }
+    kiln_server server;
+    kiln_server_options so = {address, rest_port, threads, timeout_ms, KILN_JSON_MAX_BYTES};
+    if (kiln_server_start(&server, &so, mgr) != KILN_OK) {
+        kiln_manager_free(mgr);
+        return kiln_cli_fail("cannot listen on %s:%d (in use, or not permitted)",
+                             address ? address : "0.0.0.0", rest_port);
+    }
+    fprintf(stderr, "kiln serve: Exporting HTTP/REST API at:%s:%d ...\n",
+            address ? address : "0.0.0.0", rest_port);
+
+    int sig = 0;
+    sigwait(&sigs, &sig);
+    fprintf(stderr, "kiln serve: %s: readiness off, draining in-flight requests\n",
+            sig == SIGTERM ? "SIGTERM" : "SIGINT");
+    kiln_server_stop(&server, KILN_SERVE_DRAIN_MS);
+    kiln_manager_free(mgr);
+    fprintf(stderr, "kiln serve: stopped\n");
+    return KILN_CLI_EXIT_OK;
+}

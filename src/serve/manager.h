@@ -1,0 +1,90 @@
+/*
+ * manager.h - the model manager: which versions of which models are
+ * served, loaded off the request path, swapped atomically, freed when the
+ * last request using them finishes.
+ *
+ * Each served model has a base path whose numeric subfolders are versions
+ * (TF Serving's layout; each holds model.onnx or a SavedModel). The policy
+ * is TF Serving's default, latest{num_versions: 1}: the highest-numbered
+ * version that loads is served. A background thread polls the base paths
+ * every poll_seconds; a new version is loaded (kiln_model_load, one session
+ * per signature) while the old one keeps serving, then swapped in under the
+ * model's lock. A version that fails to load is never served: its status
+ * records the error, the previous version keeps serving, and the load is
+ * retried only when the folder's contents change (a copy that was still in
+ * progress).
+ *
+ * Ownership: a kiln_servable is reference-counted. The manager holds one
+ * reference to each served version; kiln_manager_acquire gives the caller
+ * another, which kiln_servable_release drops. The last release frees the
+ * sessions and the model, on whichever thread releases it.
+ */
+#ifndef KILN_SERVE_MANAGER_H
+#define KILN_SERVE_MANAGER_H
+
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include "kiln/kiln.h"
+#include "serve/json.h"
+
+/* TF Serving's ManagerState values, as printed in status JSON. */
+typedef enum kiln_version_state {
+    KILN_VERSION_START = 10,
+    KILN_VERSION_LOADING = 20,
+    KILN_VERSION_AVAILABLE = 30,
+    KILN_VERSION_UNLOADING = 40,
+    KILN_VERSION_END = 50,
+} kiln_version_state;
+
+/* One loaded model version: the model and a session per signature. */
+typedef struct kiln_servable {
+    int64_t version;
+    kiln_model *model;        /* owned */
+    int n_sessions;
+    kiln_session **sessions;  /* [i] runs signature i; owned */
+    atomic_int refs;
+} kiln_servable;
+
+typedef struct kiln_manager kiln_manager;
+
+typedef struct kiln_manager_options {
+    int poll_seconds;               /* >0 poll every N s; 0 poll once; <0 never poll */
+    const char *saved_model_tags;   /* NULL = "serve" */
+    kiln_session_options session;
+} kiln_manager_options;
+
+kiln_status kiln_manager_create(const kiln_manager_options *opts, kiln_manager **out);
+/* Add a model before kiln_manager_start; name and base_path are copied. */
+kiln_status kiln_manager_add_model(kiln_manager *m, const char *name, const char *base_path);
+/* Poll every base path once (loading what is there, on this thread), then
+ * start the polling thread. */
+kiln_status kiln_manager_start(kiln_manager *m);
+/* Stop polling and drop the manager's references; then free everything. */
+void kiln_manager_free(kiln_manager *m);
+
+/*
+ * The servable for a request: version < 0 means the latest served one.
+ * Returns NULL when there is none, with an HTTP-ready message in err
+ * ("Servable not found for request: Latest(name)").
+ */
+kiln_servable *kiln_manager_acquire(kiln_manager *m, const char *name, int64_t version,
+                                    char *err);
+void kiln_servable_release(kiln_servable *s);
+
+/* True when every model has a version AVAILABLE. */
+int kiln_manager_ready(kiln_manager *m);
+/* 1 if the model is known. */
+int kiln_manager_has_model(kiln_manager *m, const char *name);
+
+/* Write TF Serving's GetModelStatusResponse JSON for a model (all versions,
+ * or one with version >= 0). Returns KILN_ERR_NOT_FOUND with err set when
+ * the model or version is unknown. */
+kiln_status kiln_manager_write_status(kiln_manager *m, const char *name, int64_t version,
+                                      kiln_sbuf *b, char *err);
+/* {"models": [{"name":..., "versions": [{"version","state"}...]}...]} */
+void kiln_manager_write_list(kiln_manager *m, kiln_sbuf *b);
+/* Prometheus lines for kiln_model_* metrics. */
+void kiln_manager_write_metrics(kiln_manager *m, kiln_sbuf *b);
+
+#endif

@@ -1,0 +1,577 @@
+/*
+ * routes.c - the route table and handlers: TF Serving's REST API
+ * (/v1/models/...), Kiln's model list, KServe v2 (/v2/...) and the
+ * Prometheus page.
+ *
+ * A path is first parsed into a route kind and its parameters (model name,
+ * version, label) following TF Serving's URL grammar, case-insensitively;
+ * the table then maps method + kind to a handler. Every handler has one
+ * shape: parse, validate, call the runtime, write the reply, and return
+ * right after an error reply.
+ */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "serve/codec.h"
+#include "serve/server.h"
+
+typedef enum route_kind {
+    ROUTE_NONE = 0,
+    ROUTE_V1_LIST,
+    ROUTE_V1_STATUS,
+    ROUTE_V1_METADATA,
+    ROUTE_V1_PREDICT,
+    ROUTE_V1_CLASSIFY,
+    ROUTE_V1_REGRESS,
+    ROUTE_V1_MALFORMED, /* under /v1/ but matching neither TF Serving regex */
+    ROUTE_V2_SERVER,
+    ROUTE_V2_LIVE,
+    ROUTE_V2_READY,
+    ROUTE_V2_MODEL,
+    ROUTE_V2_MODEL_READY,
+    ROUTE_V2_INFER,
+    ROUTE_METRICS,
+} route_kind;
+
+typedef struct route_params {
+    char name[256];
+    int64_t version; /* -1 = latest */
+    char label[256]; /* "" = none */
+} route_params;
+
+typedef void (*route_handler)(kiln_server *s, const kiln_http_request *req,
+                              const route_params *p, kiln_http_reply *rep);
+
+/* ------------------------------------------------------------ replies */
+
+static int http_code(const char *code)
+{
+    static const struct {
+        const char *name;
+        int http;
+    } map[] = {
+        {"OK", 200},          {"CANCELLED", 499},          {"UNKNOWN", 500},
+        {"INVALID_ARGUMENT", 400}, {"DEADLINE_EXCEEDED", 504}, {"NOT_FOUND", 404},
+        {"ALREADY_EXISTS", 409},   {"PERMISSION_DENIED", 403}, {"RESOURCE_EXHAUSTED", 429},
+        {"FAILED_PRECONDITION", 400}, {"ABORTED", 409},       {"OUT_OF_RANGE", 400},
+        {"UNIMPLEMENTED", 501},    {"INTERNAL", 500},          {"UNAVAILABLE", 503},
+        {"DATA_LOSS", 500},        {"UNAUTHENTICATED", 401},
+    };
+    for (size_t i = 0; i < sizeof map / sizeof map[0]; i++)
+        if (strcmp(map[i].name, code) == 0) return map[i].http;
+    return 500;
+}
+
+void kiln_reply_error(kiln_http_reply *rep, const char *code, const char *msg)
+{
+    rep->code = http_code(code);
+    rep->status = code;
+    rep->content_type = "application/json";
+    rep->body.len = 0;
+    kiln_sbuf_puts(&rep->body, "{ \"error\": ");
+    kiln_sbuf_json_string(&rep->body, msg, strlen(msg));
+    kiln_sbuf_puts(&rep->body, " }");
+}
+
+/* TF code name for a runtime status from a run or decode. */
+static const char *code_for(kiln_status st)
+{
+    switch (st) {
+    case KILN_OK: return "OK";
+    case KILN_ERR_OUT_OF_MEMORY: return "RESOURCE_EXHAUSTED";
+    case KILN_ERR_UNSUPPORTED: return "UNIMPLEMENTED";
+    case KILN_ERR_INTERNAL: return "INTERNAL";
+    default: return "INVALID_ARGUMENT";
+    }
+}
+
+/* ------------------------------------------------------------ path parsing */
+
+static int prefix(const char **p, const char *lit)
+{
+    size_t n = strlen(lit);
+    if (strncasecmp(*p, lit, n) != 0) return 0;
+    *p += n;
+    return 1;
+}
+
+/* Copy a [^/:]+ segment (or [^/]+ with colon_ok) into out; 0 if empty/too long. */
+static int segment(const char **p, char *out, size_t cap, int colon_ok)
+{
+    size_t n = 0;
+    while ((*p)[n] && (*p)[n] != '/' && (colon_ok || (*p)[n] != ':')) n++;
+    if (n == 0 || n >= cap) return 0;
+    memcpy(out, *p, n);
+    out[n] = '\0';
+    *p += n;
+    return 1;
+}
+
+static int digits(const char **p, int64_t *out)
+{
+    int64_t v = 0;
+    const char *s = *p;
+    if (*s < '0' || *s > '9') return 0;
+    while (*s >= '0' && *s <= '9') {
+        if (v > (INT64_MAX - 9) / 10) return 0;
+        v = v * 10 + (*s++ - '0');
+    }
+    *p = s;
+    *out = v;
+    return 1;
+}
+
+/* Optional /versions/N or /labels/L. 0 on a malformed suffix. */
+static int version_part(const char **p, route_params *rp)
+{
+    if (prefix(p, "/versions/")) return digits(p, &rp->version);
+    if (prefix(p, "/labels/")) return segment(p, rp->label, sizeof rp->label, 0);
+    return 1;
+}
+
+static route_kind parse_path(const char *method, const char *path, route_params *rp)
+{
+    memset(rp, 0, sizeof *rp);
+    rp->version = -1;
+    const char *p = path;
+    int post = strcmp(method, "POST") == 0;
+    if (strcmp(path, "/monitoring/prometheus/metrics") == 0) return ROUTE_METRICS;
+    if (prefix(&p, "/v1/")) {
+        p = path;
+        if (!prefix(&p, "/v1/models")) return ROUTE_V1_MALFORMED;
+        if (*p == '\0') return post ? ROUTE_V1_MALFORMED : ROUTE_V1_LIST;
+        if (!prefix(&p, "/") || !segment(&p, rp->name, sizeof rp->name, 0) ||
+            !version_part(&p, rp))
+            return ROUTE_V1_MALFORMED;
+        if (post) {
+            if (strcasecmp(p, ":predict") == 0) return ROUTE_V1_PREDICT;
+            if (strcasecmp(p, ":classify") == 0) return ROUTE_V1_CLASSIFY;
+            if (strcasecmp(p, ":regress") == 0) return ROUTE_V1_REGRESS;
+            return ROUTE_V1_MALFORMED;
+        }
+        if (*p == '\0') return ROUTE_V1_STATUS;
+        if (strcasecmp(p, "/metadata") == 0) return ROUTE_V1_METADATA;
+        return ROUTE_V1_MALFORMED;
+    }
+    if (strcmp(p, "/v2") == 0) return ROUTE_V2_SERVER;
+    if (strcmp(p, "/v2/health/live") == 0) return ROUTE_V2_LIVE;
+    if (strcmp(p, "/v2/health/ready") == 0) return ROUTE_V2_READY;
+    if (prefix(&p, "/v2/models/")) {
+        if (!segment(&p, rp->name, sizeof rp->name, 1)) return ROUTE_NONE;
+        if (prefix(&p, "/versions/") && !digits(&p, &rp->version)) return ROUTE_NONE;
+        if (*p == '\0') return ROUTE_V2_MODEL;
+        if (strcmp(p, "/ready") == 0) return ROUTE_V2_MODEL_READY;
+        if (strcmp(p, "/infer") == 0) return ROUTE_V2_INFER;
+    }
+    return ROUTE_NONE;
+}
+
+/* ------------------------------------------------------------ helpers */
+
+/* The servable named by the path, or NULL after an error reply. */
+static kiln_servable *acquire(kiln_server *s, const route_params *p, kiln_http_reply *rep)
+{
+    char err[KILN_JSON_ERR_LEN];
+    if (p->label[0]) {
+        snprintf(err, sizeof err, "Unrecognized servable version label: %s", p->label);
+        kiln_reply_error(rep, "NOT_FOUND", err);
+        return NULL;
+    }
+    kiln_servable *sv = kiln_manager_acquire(s->manager, p->name, p->version, err);
+    if (!sv) kiln_reply_error(rep, "NOT_FOUND", err);
+    return sv;
+}
+
+/* Signature index by name (NULL = default), or -1. */
+static int find_signature(const kiln_servable *sv, const char *name)
+{
+    const kiln_signature *sig = kiln_model_find_signature(sv->model, name);
+    if (!sig) return -1;
+    for (int i = 0; i < sv->n_sessions; i++)
+        if (kiln_model_signature(sv->model, i) == sig) return i;
+    return -1;
+}
+
+static kiln_value_info *input_specs(const kiln_signature *sig, int *n)
+{
+    *n = kiln_signature_input_count(sig);
+    kiln_value_info *v = calloc(*n > 0 ? (size_t)*n : 1, sizeof *v);
+    if (!v) return NULL;
+    for (int i = 0; i < *n; i++) v[i] = *kiln_signature_input(sig, i);
+    return v;
+}
+
+/* Run session sess on tensors named by specs; replies on error. */
+static kiln_outputs *run(kiln_session *sess, const kiln_value_info *specs, kiln_tensor **in, int n,
+                         kiln_http_reply *rep)
+{
+    kiln_named_tensor *named = calloc(n > 0 ? (size_t)n : 1, sizeof *named);
+    if (!named) {
+        kiln_reply_error(rep, "RESOURCE_EXHAUSTED", "out of memory");
+        return NULL;
+    }
+    for (int i = 0; i < n; i++) named[i] = (kiln_named_tensor){specs[i].name, in[i]};
+    kiln_outputs *out = NULL;
+    kiln_status st = kiln_session_run(sess, named, n, &out);
+    free(named);
+    if (st != KILN_OK) {
+        kiln_reply_error(rep, code_for(st), kiln_last_error());
+        return NULL;
+    }
+    return out;
+}
+
+static void free_tensors(kiln_tensor **t, int n)
+{
+    for (int i = 0; i < n; i++) kiln_tensor_free(t[i]);
+    free(t);
+}
+
+/* ------------------------------------------------------------ handlers */
+
+static void h_v1_list(kiln_server *s, const kiln_http_request *req, const route_params *p,
+                      kiln_http_reply *rep)
+{
+    kiln_manager_write_list(s->manager, &rep->body);
+}
+
+static void h_v1_malformed(kiln_server *s, const kiln_http_request *req, const route_params *p,
+                           kiln_http_reply *rep)
+{
+    char msg[600];
+    snprintf(msg, sizeof msg, "Malformed request: %s %.500s", req->method, req->path);
+    kiln_reply_error(rep, "INVALID_ARGUMENT", msg);
+}
+
+static void h_v1_status(kiln_server *s, const kiln_http_request *req, const route_params *p,
+                        kiln_http_reply *rep)
+{
+    char err[KILN_JSON_ERR_LEN];
+    snprintf(rep->model, sizeof rep->model, "%s", p->name);
+    rep->api = "status";
+    if (p->label[0]) {
+        snprintf(err, sizeof err, "Unrecognized servable version label: %s", p->label);
+        kiln_reply_error(rep, "NOT_FOUND", err);
+        return;
+    }
+    if (kiln_manager_write_status(s->manager, p->name, p->version, &rep->body, err) != KILN_OK)
+        kiln_reply_error(rep, "NOT_FOUND", err);
+}
+
+static void write_tensor_info(kiln_sbuf *b, const kiln_value_info *v, int last)
+{
+    kiln_sbuf_puts(b, "      ");
+    kiln_sbuf_json_string(b, v->name, strlen(v->name));
+    kiln_sbuf_printf(b, ": {\"dtype\": \"%s\", \"tensor_shape\": {\"dim\": [",
+                     kiln_tf_dtype_enum(v->dtype));
+    for (int d = 0; d < v->rank; d++)
+        kiln_sbuf_printf(b, "%s{\"size\": \"%" PRId64 "\", \"name\": \"\"}", d ? ", " : "",
+                         v->dims[d]);
+    kiln_sbuf_printf(b, "], \"unknown_rank\": %s}, \"name\": ", v->rank < 0 ? "true" : "false");
+    kiln_sbuf_json_string(b, v->name, strlen(v->name));
+    kiln_sbuf_puts(b, last ? "}\n" : "},\n");
+}
+
+static void h_v1_metadata(kiln_server *s, const kiln_http_request *req, const route_params *p,
+                          kiln_http_reply *rep)
+{
+    snprintf(rep->model, sizeof rep->model, "%s", p->name);
+    rep->api = "metadata";
+    kiln_servable *sv = acquire(s, p, rep);
+    if (!sv) return;
+    kiln_sbuf *b = &rep->body;
+    kiln_sbuf_puts(b, "{\n\"model_spec\": {\"name\": ");
+    kiln_sbuf_json_string(b, p->name, strlen(p->name));
+    kiln_sbuf_printf(b, ", \"signature_name\": \"\", \"version\": \"%" PRId64 "\"},\n", sv->version);
+    kiln_sbuf_puts(b, "\"metadata\": {\"signature_def\": {\n \"signature_def\": {\n");
+    int n = kiln_model_signature_count(sv->model);
+    for (int i = 0; i < n; i++) {
+        const kiln_signature *sig = kiln_model_signature(sv->model, i);
+        const char *name = kiln_signature_name(sig);
+        kiln_sbuf_puts(b, "  ");
+        kiln_sbuf_json_string(b, name, strlen(name));
+        kiln_sbuf_puts(b, ": {\n   \"inputs\": {\n");
+        int ni = kiln_signature_input_count(sig), no = kiln_signature_output_count(sig);
+        for (int k = 0; k < ni; k++) write_tensor_info(b, kiln_signature_input(sig, k), k + 1 == ni);
+        kiln_sbuf_puts(b, "   },\n   \"outputs\": {\n");
+        for (int k = 0; k < no; k++)
+            write_tensor_info(b, kiln_signature_output(sig, k), k + 1 == no);
+        const char *method = kiln_signature_method(sig);
+        kiln_sbuf_puts(b, "   },\n   \"method_name\": ");
+        method = method ? method : "tensorflow/serving/predict";
+        kiln_sbuf_json_string(b, method, strlen(method));
+        kiln_sbuf_puts(b, i + 1 < n ? "\n  },\n" : "\n  }\n");
+    }
+    kiln_sbuf_puts(b, " }\n}\n}\n}\n");
+    kiln_servable_release(sv);
+}
+
+static void h_v1_predict(kiln_server *s, const kiln_http_request *req, const route_params *p,
+                         kiln_http_reply *rep)
+{
+    char err[KILN_JSON_ERR_LEN];
+    snprintf(rep->model, sizeof rep->model, "%s", p->name);
+    rep->api = "predict";
+    kiln_servable *sv = acquire(s, p, rep);
+    if (!sv) return;
+    kiln_json_doc doc;
+    kiln_predict_request pr;
+    kiln_value_info *specs = NULL;
+    kiln_tensor **in = NULL;
+    char *sig_name = NULL;
+    int n = 0;
+    if (kiln_json_parse(req->body, req->body_len, KILN_JSON_MAX_DEPTH, &doc, err) != KILN_OK) {
+        kiln_reply_error(rep, "INVALID_ARGUMENT", err);
+        goto err_release;
+    }
+    kiln_status st = kiln_predict_parse(&doc, &pr, err);
+    if (st != KILN_OK) {
+        kiln_reply_error(rep, code_for(st), err);
+        goto err_free_doc;
+    }
+    if (pr.signature >= 0) sig_name = kiln_json_string_dup(&doc, pr.signature, NULL);
+    int si = find_signature(sv, sig_name);
+    if (si < 0) {
+        snprintf(err, sizeof err, "Serving signature name: \"%.200s\" not found in signature def",
+                 sig_name ? sig_name : "serving_default");
+        kiln_reply_error(rep, "INVALID_ARGUMENT", err);
+        goto err_free_doc;
+    }
+    specs = input_specs(kiln_model_signature(sv->model, si), &n);
+    in = calloc(n > 0 ? (size_t)n : 1, sizeof *in);
+    if (!specs || !in) {
+        kiln_reply_error(rep, "RESOURCE_EXHAUSTED", "out of memory");
+        goto err_free_doc;
+    }
+    st = kiln_predict_decode(&doc, &pr, specs, n, in, err);
+    if (st != KILN_OK) {
+        kiln_reply_error(rep, code_for(st), err);
+        goto err_free_doc;
+    }
+    kiln_outputs *out = run(sv->sessions[si], specs, in, n, rep);
+    if (!out) goto err_free_doc;
+    int no = kiln_outputs_count(out);
+    const char **names = calloc(no > 0 ? (size_t)no : 1, sizeof *names);
+    const kiln_tensor **ts = calloc(no > 0 ? (size_t)no : 1, sizeof *ts);
+    if (names && ts) {
+        for (int i = 0; i < no; i++) {
+            names[i] = kiln_outputs_name(out, i);
+            ts[i] = kiln_outputs_get(out, i);
+        }
+        st = kiln_predict_encode(&rep->body, pr.columnar, no, names, ts, err);
+        if (st != KILN_OK) kiln_reply_error(rep, code_for(st), err);
+    } else {
+        kiln_reply_error(rep, "RESOURCE_EXHAUSTED", "out of memory");
+    }
+    free(names);
+    free(ts);
+    kiln_outputs_free(out);
+err_free_doc:
+    if (in) free_tensors(in, n);
+    free(specs);
+    free(sig_name);
+    kiln_json_doc_free(&doc);
+err_release:
+    kiln_servable_release(sv);
+}
+
+static void h_v1_classify(kiln_server *s, const kiln_http_request *req, const route_params *p,
+                          kiln_http_reply *rep)
+{
+    snprintf(rep->model, sizeof rep->model, "%s", p->name);
+    rep->api = "classify";
+    kiln_reply_error(rep, "UNIMPLEMENTED", "classify and regress are not implemented yet by kiln serve");
+}
+
+static void h_v2_server(kiln_server *s, const kiln_http_request *req, const route_params *p,
+                        kiln_http_reply *rep)
+{
+    kiln_sbuf_printf(&rep->body, "{\"name\": \"kiln\", \"version\": \"%s\", \"extensions\": []}\n",
+                     kiln_version());
+}
+
+static void h_v2_live(kiln_server *s, const kiln_http_request *req, const route_params *p,
+                      kiln_http_reply *rep)
+{
+    kiln_sbuf_puts(&rep->body, "{\"live\": true}\n");
+}
+
+static void h_v2_ready(kiln_server *s, const kiln_http_request *req, const route_params *p,
+                       kiln_http_reply *rep)
+{
+    int ready = !atomic_load(&s->shutting_down) && kiln_manager_ready(s->manager);
+    rep->code = ready ? 200 : 503;
+    kiln_sbuf_printf(&rep->body, "{\"ready\": %s}\n", ready ? "true" : "false");
+}
+
+static void h_v2_model_ready(kiln_server *s, const kiln_http_request *req, const route_params *p,
+                             kiln_http_reply *rep)
+{
+    char err[KILN_JSON_ERR_LEN];
+    if (!kiln_manager_has_model(s->manager, p->name)) {
+        snprintf(err, sizeof err, "Could not find any versions of model %.200s", p->name);
+        kiln_reply_error(rep, "NOT_FOUND", err);
+        return;
+    }
+    kiln_servable *sv = kiln_manager_acquire(s->manager, p->name, p->version, err);
+    int ready = sv != NULL && !atomic_load(&s->shutting_down);
+    kiln_servable_release(sv);
+    rep->code = ready ? 200 : 503;
+    kiln_sbuf_puts(&rep->body, "{\"name\": ");
+    kiln_sbuf_json_string(&rep->body, p->name, strlen(p->name));
+    kiln_sbuf_printf(&rep->body, ", \"ready\": %s}\n", ready ? "true" : "false");
+}
+
+static void write_v2_tensors(kiln_sbuf *b, const kiln_signature *sig, int outputs)
+{
+    int n = outputs ? kiln_signature_output_count(sig) : kiln_signature_input_count(sig);
+    kiln_sbuf_puts(b, "[");
+    for (int i = 0; i < n; i++) {
+        const kiln_value_info *v = outputs ? kiln_signature_output(sig, i)
+                                           : kiln_signature_input(sig, i);
+        kiln_sbuf_puts(b, i ? ", {\"name\": " : "{\"name\": ");
+        kiln_sbuf_json_string(b, v->name, strlen(v->name));
+        kiln_sbuf_printf(b, ", \"datatype\": \"%s\", \"shape\": [", kiln_kserve_datatype(v->dtype));
+        for (int d = 0; d < v->rank; d++)
+            kiln_sbuf_printf(b, "%s%" PRId64, d ? ", " : "", v->dims[d]);
+        kiln_sbuf_puts(b, "]}");
+    }
+    kiln_sbuf_puts(b, "]");
+}
+
+static void h_v2_model(kiln_server *s, const kiln_http_request *req, const route_params *p,
+                       kiln_http_reply *rep)
+{
+    snprintf(rep->model, sizeof rep->model, "%s", p->name);
+    rep->api = "metadata";
+    kiln_servable *sv = acquire(s, p, rep);
+    if (!sv) return;
+    const kiln_signature *sig = kiln_model_find_signature(sv->model, NULL);
+    const char *fmt = kiln_model_format(sv->model);
+    kiln_sbuf *b = &rep->body;
+    kiln_sbuf_puts(b, "{\"name\": ");
+    kiln_sbuf_json_string(b, p->name, strlen(p->name));
+    kiln_sbuf_printf(b, ", \"versions\": [\"%" PRId64 "\"], \"platform\": \"%s\", \"inputs\": ",
+                     sv->version,
+                     fmt && strcasecmp(fmt, "onnx") == 0 ? "onnx_onnxv1" : "tensorflow_savedmodel");
+    if (sig) write_v2_tensors(b, sig, 0);
+    else kiln_sbuf_puts(b, "[]");
+    kiln_sbuf_puts(b, ", \"outputs\": ");
+    if (sig) write_v2_tensors(b, sig, 1);
+    else kiln_sbuf_puts(b, "[]");
+    kiln_sbuf_puts(b, "}\n");
+    kiln_servable_release(sv);
+}
+
+static void h_v2_infer(kiln_server *s, const kiln_http_request *req, const route_params *p,
+                       kiln_http_reply *rep)
+{
+    char err[KILN_JSON_ERR_LEN];
+    snprintf(rep->model, sizeof rep->model, "%s", p->name);
+    rep->api = "predict";
+    kiln_servable *sv = acquire(s, p, rep);
+    if (!sv) return;
+    kiln_json_doc doc;
+    kiln_value_info *specs = NULL;
+    kiln_tensor **in = NULL;
+    int n = 0;
+    if (kiln_json_parse(req->body, req->body_len, KILN_JSON_MAX_DEPTH, &doc, err) != KILN_OK) {
+        kiln_reply_error(rep, "INVALID_ARGUMENT", err);
+        goto err_release;
+    }
+    int si = find_signature(sv, NULL);
+    if (si < 0) {
+        kiln_reply_error(rep, "INVALID_ARGUMENT", "the model has no default signature");
+        goto err_free_doc;
+    }
+    specs = input_specs(kiln_model_signature(sv->model, si), &n);
+    in = calloc(n > 0 ? (size_t)n : 1, sizeof *in);
+    if (!specs || !in) {
+        kiln_reply_error(rep, "RESOURCE_EXHAUSTED", "out of memory");
+        goto err_free_doc;
+    }
+    kiln_status st = kiln_infer_decode(&doc, specs, n, in, err);
+    if (st != KILN_OK) {
+        kiln_reply_error(rep, code_for(st), err);
+        goto err_free_doc;
+    }
+    kiln_outputs *out = run(sv->sessions[si], specs, in, n, rep);
+    if (!out) goto err_free_doc;
+    int no = kiln_outputs_count(out);
+    const char **names = calloc(no > 0 ? (size_t)no : 1, sizeof *names);
+    const kiln_tensor **ts = calloc(no > 0 ? (size_t)no : 1, sizeof *ts);
+    if (names && ts) {
+        for (int i = 0; i < no; i++) {
+            names[i] = kiln_outputs_name(out, i);
+            ts[i] = kiln_outputs_get(out, i);
+        }
+        kiln_infer_encode(&rep->body, p->name, sv->version, &doc, no, names, ts);
+    } else {
+        kiln_reply_error(rep, "RESOURCE_EXHAUSTED", "out of memory");
+    }
+    free(names);
+    free(ts);
+    kiln_outputs_free(out);
+err_free_doc:
+    if (in) free_tensors(in, n);
+    free(specs);
+    kiln_json_doc_free(&doc);
+err_release:
+    kiln_servable_release(sv);
+}
+
+static void h_metrics(kiln_server *s, const kiln_http_request *req, const route_params *p,
+                      kiln_http_reply *rep)
+{
+    rep->content_type = "text/plain; version=0.0.4";
+    kiln_metrics_write(s->metrics, &rep->body, atomic_load(&s->in_flight));
+    kiln_manager_write_metrics(s->manager, &rep->body);
+}
+
+static const struct route {
+    const char *method;
+    route_kind kind;
+    route_handler fn;
+} kiln_routes[] = {
+    {"GET", ROUTE_V1_LIST, h_v1_list},
+    {"GET", ROUTE_V1_STATUS, h_v1_status},
+    {"GET", ROUTE_V1_METADATA, h_v1_metadata},
+    {"POST", ROUTE_V1_PREDICT, h_v1_predict},
+    {"POST", ROUTE_V1_CLASSIFY, h_v1_classify},
+    {"POST", ROUTE_V1_REGRESS, h_v1_classify},
+    {NULL, ROUTE_V1_MALFORMED, h_v1_malformed}, /* any method */
+    {"GET", ROUTE_V2_SERVER, h_v2_server},
+    {"GET", ROUTE_V2_LIVE, h_v2_live},
+    {"GET", ROUTE_V2_READY, h_v2_ready},
+    {"GET", ROUTE_V2_MODEL, h_v2_model},
+    {"GET", ROUTE_V2_MODEL_READY, h_v2_model_ready},
+    {"POST", ROUTE_V2_INFER, h_v2_infer},
+    {"GET", ROUTE_METRICS, h_metrics},
+};
+
+void kiln_routes_dispatch(kiln_server *s, const kiln_http_request *req, kiln_http_reply *rep)
+{
+    route_params p;
+    route_kind kind = parse_path(req->method, req->path, &p);
+    rep->code = 200;
+    rep->status = "OK";
+    for (size_t i = 0; i < sizeof kiln_routes / sizeof kiln_routes[0]; i++) {
+        const struct route *r = &kiln_routes[i];
+        if (r->kind != kind) continue;
+        if (r->method && strcmp(r->method, req->method) != 0) {
+            /* TF Serving: anything under /v1/ that does not match is malformed */
+            if (strncasecmp(req->path, "/v1/", 4) == 0) h_v1_malformed(s, req, &p, rep);
+            else kiln_reply_error(rep, "UNIMPLEMENTED", "Method not allowed");
+            if (strncasecmp(req->path, "/v1/", 4) != 0) rep->code = 405;
+            return;
+        }
+        r->fn(s, req, &p, rep);
+        return;
+    }
+    char msg[600];
+    snprintf(msg, sizeof msg, "Not found: %s %.500s", req->method, req->path);
+    kiln_reply_error(rep, "NOT_FOUND", msg);
+}

@@ -1,0 +1,227 @@
+/*
+ * server.c - libmicrohttpd plumbing for server.h: per-connection body
+ * accumulation with the size bound, gzip inflation, handing the complete
+ * request to the route table, metrics per request, and shutdown.
+ *
+ * Each request runs on one of MHD's pool threads from first byte to reply;
+ * model runs happen on that thread (batching, which would suspend the
+ * connection, is not implemented yet).
+ */
+#include "serve/server.h"
+
+#include <microhttpd.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <time.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+
+/* Per-request state, from MHD's first call to its completion callback. */
+typedef struct conn_state {
+    kiln_sbuf body;
+    int too_big;     /* the body passed the limit; the rest is discarded */
+    int refused;     /* arrived after shutdown began */
+    struct timespec start;
+} conn_state;
+
+static double elapsed_us(const struct timespec *a)
+{
+    struct timespec b;
+    clock_gettime(CLOCK_MONOTONIC, &b);
+    return (double)(b.tv_sec - a->tv_sec) * 1e6 + (double)(b.tv_nsec - a->tv_nsec) / 1e3;
+}
+
+/* Inflate a gzip body into out under `limit` bytes. 0 ok, 1 too big, -1 bad. */
+static int gunzip(const char *in, size_t n, size_t limit, kiln_sbuf *out)
+{
+    z_stream z;
+    memset(&z, 0, sizeof z);
+    if (inflateInit2(&z, 16 + MAX_WBITS) != Z_OK) return -1;
+    z.next_in = (Bytef *)(uintptr_t)in;
+    z.avail_in = (uInt)n;
+    char chunk[65536];
+    int rc, result = 0;
+    do {
+        z.next_out = (Bytef *)chunk;
+        z.avail_out = sizeof chunk;
+        rc = inflate(&z, Z_NO_FLUSH);
+        if (rc != Z_OK && rc != Z_STREAM_END) {
+            result = -1;
+            break;
+        }
+        size_t got = sizeof chunk - z.avail_out;
+        if (out->len + got > limit) {
+            result = 1;
+            break;
+        }
+        kiln_sbuf_put(out, chunk, got);
+        if (rc == Z_OK && got == 0 && z.avail_in == 0) {
+            result = -1; /* truncated stream */
+            break;
+        }
+    } while (rc != Z_STREAM_END);
+    inflateEnd(&z);
+    return result;
+}
+
+static enum MHD_Result send_reply(struct MHD_Connection *c, kiln_http_reply *rep)
+{
+    if (rep->body.oom) {
+        kiln_sbuf_free(&rep->body);
+        kiln_reply_error(rep, "RESOURCE_EXHAUSTED", "out of memory writing the response");
+    }
+    struct MHD_Response *r = MHD_create_response_from_buffer(
+        rep->body.len, rep->body.p ? rep->body.p : (void *)"", MHD_RESPMEM_MUST_COPY);
+    if (!r) return MHD_NO;
+    MHD_add_response_header(r, "Content-Type",
+                            rep->content_type ? rep->content_type : "application/json");
+    enum MHD_Result ret = MHD_queue_response(c, (unsigned)rep->code, r);
+    MHD_destroy_response(r);
+    return ret;
+}
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url,
+                                  const char *method, const char *version, const char *upload,
+                                  size_t *upload_size, void **con_cls)
+{
+    kiln_server *s = cls;
+    conn_state *cs = *con_cls;
+    if (!cs) {
+        cs = calloc(1, sizeof *cs);
+        if (!cs) return MHD_NO;
+        clock_gettime(CLOCK_MONOTONIC, &cs->start);
+        atomic_fetch_add(&s->in_flight, 1);
+        *con_cls = cs;
+        cs->refused = atomic_load(&s->shutting_down);
+        const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
+        if (cl && strtoull(cl, NULL, 10) > s->opt.max_body) cs->too_big = 1;
+        return MHD_YES;
+    }
+    if (*upload_size) {
+        if (!cs->too_big) {
+            if (cs->body.len + *upload_size > s->opt.max_body) {
+                cs->too_big = 1;
+                kiln_sbuf_free(&cs->body);
+            } else {
+                kiln_sbuf_put(&cs->body, upload, *upload_size);
+            }
+        }
+        *upload_size = 0;
+        return MHD_YES;
+    }
+
+    kiln_http_reply rep = {0};
+    rep.code = 200;
+    char msg[160];
+    if (cs->refused) {
+        kiln_reply_error(&rep, "UNAVAILABLE", "the server is shutting down");
+    } else if (cs->too_big || cs->body.oom) {
+        snprintf(msg, sizeof msg, "Request body exceeds the limit of %zu bytes", s->opt.max_body);
+        kiln_reply_error(&rep, "RESOURCE_EXHAUSTED", msg);
+        rep.code = 413;
+    } else {
+        kiln_sbuf body = cs->body;
+        kiln_sbuf inflated = {0};
+        const char *enc = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Encoding");
+        int bad = 0;
+        if (enc && strcasestr(enc, "gzip") && body.len > 0) {
+            int g = gunzip(body.p, body.len, s->opt.max_body, &inflated);
+            if (g != 0 || inflated.oom) {
+                bad = 1;
+                if (g == 1 || inflated.oom) {
+                    snprintf(msg, sizeof msg,
+                             "Request body exceeds the limit of %zu bytes after gzip decompression",
+                             s->opt.max_body);
+                    kiln_reply_error(&rep, "RESOURCE_EXHAUSTED", msg);
+                    rep.code = 413;
+                } else {
+                    kiln_reply_error(&rep, "INVALID_ARGUMENT", "Failed to decompress the gzip body");
+                }
+            }
+            body = inflated;
+        }
+        if (!bad) {
+            kiln_http_request req = {method, url, body.p ? body.p : "", body.len};
+            kiln_routes_dispatch(s, &req, &rep);
+            double us = elapsed_us(&cs->start);
+            if (s->opt.timeout_ms > 0 && us > s->opt.timeout_ms * 1000.0 && rep.code == 200 &&
+                rep.api && strcmp(rep.api, "predict") == 0) {
+                /* the run finished after the deadline: TF Serving's RunOptions
+                 * would have cancelled it */
+                kiln_sbuf_free(&rep.body);
+                kiln_reply_error(&rep, "DEADLINE_EXCEEDED", "Deadline Exceeded");
+            }
+        }
+        kiln_sbuf_free(&inflated);
+    }
+    if (rep.model[0])
+        kiln_metrics_record(s->metrics, rep.model, rep.api ? rep.api : "",
+                            rep.status ? rep.status : "OK", elapsed_us(&cs->start));
+    enum MHD_Result r = send_reply(c, &rep);
+    kiln_sbuf_free(&rep.body);
+    (void)version;
+    return r;
+}
+
+static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
+                         enum MHD_RequestTerminationCode toe)
+{
+    kiln_server *s = cls;
+    conn_state *cs = *con_cls;
+    if (!cs) return;
+    kiln_sbuf_free(&cs->body);
+    free(cs);
+    *con_cls = NULL;
+    atomic_fetch_sub(&s->in_flight, 1);
+}
+
+kiln_status kiln_server_start(kiln_server *s, const kiln_server_options *opt, kiln_manager *mgr)
+{
+    memset(s, 0, sizeof *s);
+    s->opt = *opt;
+    s->manager = mgr;
+    s->metrics = kiln_metrics_create();
+    if (!s->metrics) return KILN_ERR_OUT_OF_MEMORY;
+    struct sockaddr_in addr;
+    memset(&addr, 0, sizeof addr);
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons((uint16_t)opt->rest_port);
+    addr.sin_addr.s_addr = htonl(INADDR_ANY);
+    if (opt->address && inet_pton(AF_INET, opt->address, &addr.sin_addr) != 1) {
+        fprintf(stderr, "kiln serve: '%s' is not an IPv4 address\n", opt->address);
+        kiln_metrics_free(s->metrics);
+        return KILN_ERR_INVALID_ARGUMENT;
+    }
+    unsigned int flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ITC | MHD_USE_AUTO;
+    s->daemon = MHD_start_daemon(
+        flags, (uint16_t)opt->rest_port, NULL, NULL, on_request, s, MHD_OPTION_SOCK_ADDR,
+        (struct sockaddr *)&addr, MHD_OPTION_THREAD_POOL_SIZE, (unsigned)opt->num_threads,
+        MHD_OPTION_NOTIFY_COMPLETED, on_completed, s, MHD_OPTION_CONNECTION_TIMEOUT,
+        (unsigned)120, MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)(256 * 1024),
+        MHD_OPTION_LISTENING_ADDRESS_REUSE, (unsigned)1, MHD_OPTION_END);
+    if (!s->daemon) {
+        kiln_metrics_free(s->metrics);
+        s->metrics = NULL;
+        return KILN_ERR_IO;
+    }
+    return KILN_OK;
+}
+
+void kiln_server_stop(kiln_server *s, int drain_ms)
+{
+    atomic_store(&s->shutting_down, 1);
+    if (!s->daemon) return;
+    MHD_socket fd = MHD_quiesce_daemon(s->daemon); /* stop accepting */
+    for (int waited = 0; atomic_load(&s->in_flight) > 0 && waited < drain_ms; waited += 10)
+        usleep(10 * 1000);
+    MHD_stop_daemon(s->daemon);
+    if (fd != MHD_INVALID_SOCKET) close(fd);
+    s->daemon = NULL;
+    kiln_metrics_free(s->metrics);
+    s->metrics = NULL;
+}

@@ -1,0 +1,63 @@
+/*
+ * server.h - `kiln serve`'s HTTP server: libmicrohttpd with a worker-thread
+ * pool, request bodies read with a size bound (gzip bodies inflated under
+ * the same bound), one route table (routes.c) for TF Serving's REST API,
+ * KServe v2 and Prometheus, and graceful shutdown (readiness off, stop
+ * accepting, drain in-flight requests, bounded).
+ */
+#ifndef KILN_SERVE_SERVER_H
+#define KILN_SERVE_SERVER_H
+
+#include <stdatomic.h>
+#include <stddef.h>
+
+#include "serve/json.h"
+#include "serve/manager.h"
+#include "serve/metrics.h"
+
+typedef struct kiln_server_options {
+    const char *address;   /* listen address (NULL = all interfaces) */
+    int rest_port;         /* --rest_api_port */
+    int num_threads;       /* --rest_api_num_threads */
+    int timeout_ms;        /* --rest_api_timeout_in_ms */
+    size_t max_body;       /* request body limit after decompression */
+} kiln_server_options;
+
+typedef struct kiln_server {
+    kiln_server_options opt;
+    kiln_manager *manager;      /* borrowed */
+    kiln_metrics *metrics;      /* owned */
+    struct MHD_Daemon *daemon;
+    atomic_int in_flight;       /* requests between first byte and reply sent */
+    atomic_int shutting_down;   /* readiness false, new requests refused */
+} kiln_server;
+
+/* A request as the route handlers see it. */
+typedef struct kiln_http_request {
+    const char *method;
+    const char *path;
+    const char *body;           /* NUL-terminated copy; may be empty */
+    size_t body_len;
+} kiln_http_request;
+
+/* The reply a handler fills. */
+typedef struct kiln_http_reply {
+    int code;                   /* HTTP status */
+    const char *content_type;   /* default application/json */
+    kiln_sbuf body;
+    char model[256];            /* for metrics: the model named, or "" */
+    const char *api;            /* "predict", "metadata", ... */
+    const char *status;         /* TF code name for metrics ("OK", ...) */
+} kiln_http_reply;
+
+kiln_status kiln_server_start(kiln_server *s, const kiln_server_options *opt, kiln_manager *mgr);
+/* Readiness off, stop accepting, wait up to drain_ms for in-flight
+ * requests, stop the daemon. */
+void kiln_server_stop(kiln_server *s, int drain_ms);
+
+/* Route a complete request (routes.c). */
+void kiln_routes_dispatch(kiln_server *s, const kiln_http_request *req, kiln_http_reply *rep);
+/* Fill rep with {"error": msg} and the HTTP code for TF code name `code`. */
+void kiln_reply_error(kiln_http_reply *rep, const char *code, const char *msg);
+
+#endif

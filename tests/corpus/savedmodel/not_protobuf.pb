@@ -1,0 +1,4 @@
+this is not a SavedModel
+this is not a SavedModel
+this is not a SavedModel
+this is not a SavedModel

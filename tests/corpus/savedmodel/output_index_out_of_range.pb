@@ -1,0 +1,15 @@
+±
+"serve*2.99.0K
+.
+xPlaceholder*
+dtype0*
+shape:
+
+yIdentityx*
+T0*Q
+serving_default>
+
+x
+x:0
+y
+y:5tensorflow/serving/predict

@@ -1,0 +1,20 @@
+ä
+"serve*2.99.0~
+.
+xPlaceholder*
+dtype0*
+shape:
+-
+v
+VariableV2*
+dtype0*
+shape:
+
+y	AssignAddvx*
+T0*Q
+serving_default>
+
+x
+x:0
+y
+y:0tensorflow/serving/predict
