@@ -10,7 +10,10 @@
  * The data file (FUZZ_DATA_BYTES bytes) is: byte i = i for i < 128, then at
  * offset 128 a string tensor {"kiln", "fuzz"} in TF's encoding (14 bytes),
  * then zeros. Seeds in tests/corpus/tensor_bundle refer to these bytes with
- * matching CRCs, so that mutations reach the tensor-reading code.
+ * matching CRCs. In the libFuzzer build (FUZZING_BUILD_MODE_UNSAFE_FOR_PRODUCTION)
+ * the reader computes CRCs but does not stop at a mismatch, so that mutated
+ * blocks reach the parsing behind the checksums; the replay build checks
+ * them as always.
  *
  * Built two ways: with clang and -fsanitize=fuzzer as fuzz/fuzz_tensor_bundle
  * (cmake -DKILN_FUZZ=ON), and with fuzz/replay_main.c as the plain

@@ -44,6 +44,7 @@ typedef struct kiln_cli_command {
 int kiln_cmd_inspect(int argc, char **argv);
 int kiln_cmd_predict(int argc, char **argv);
 int kiln_cmd_serve(int argc, char **argv);
+int kiln_cmd_bench(int argc, char **argv);
 
 /* Print "kiln: <message>\n" on stderr; returns KILN_CLI_EXIT_FAIL. */
 int kiln_cli_fail(const char *fmt, ...) KILN_CLI_PRINTF(1, 2);

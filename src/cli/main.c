@@ -19,6 +19,7 @@
 static const kiln_cli_command kiln_cli_commands[] = {
     {"inspect", "show a model's signatures, ops and parameters", kiln_cmd_inspect},
     {"predict", "run a model on .npy inputs and write .npy outputs", kiln_cmd_predict},
+    {"bench", "time loading and running a model on random inputs", kiln_cmd_bench},
     {"serve", "serve models over TF Serving's REST API and KServe v2", kiln_cmd_serve},
 };
 

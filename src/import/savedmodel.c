@@ -409,20 +409,19 @@ static kiln_status resolve_ref(struct tf_build *b, struct scope *s, const KilnSm
                               s->where, WHO(nd), in);
         if (!control) {
             /* a fed tensor (signature input or asset path) replaces its producer */
-            char key[512];
-            if (nl < 400) {
-                snprintf(key, sizeof key, "%.*s:%d", (int)nl, in, idx);
-                int v = smap_get(&b->feeds, key);
-                if (v < 0) {
-                    kiln_status st = feed_asset(b, key, &v);
-                    if (st != KILN_OK) return st;
-                }
-                if (v >= 0) {
-                    r->is_sym = true;
-                    r->sym.v = v;
-                    r->sym.var = -1;
-                    return KILN_OK;
-                }
+            char buf[256];
+            char *key = nl + 16 <= sizeof buf ? buf : malloc(nl + 16);
+            if (!key) return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory");
+            snprintf(key, nl + 16, "%.*s:%d", (int)nl, in, idx);
+            int v = smap_get(&b->feeds, key);
+            kiln_status st = v < 0 ? feed_asset(b, key, &v) : KILN_OK;
+            if (key != buf) free(key);
+            if (st != KILN_OK) return st;
+            if (v >= 0) {
+                r->is_sym = true;
+                r->sym.v = v;
+                r->sym.var = -1;
+                return KILN_OK;
             }
         }
         int j = smap_getn(s->index, in, nl);
@@ -1207,13 +1206,13 @@ static kiln_status feed_asset(struct tf_build *b, const char *tensor, int *value
         if (!af->tensor_info || af->tensor_info->encoding_case != KILN_SM__TENSOR_INFO__ENCODING_NAME ||
             !af->tensor_info->name)
             continue;
-        size_t nl;
+        size_t nl, tl = strcspn(tensor, ":");
         int idx = -1;
         if (!split_main_ref(af->tensor_info->name, &nl, &idx)) continue;
-        char key[512];
-        if (nl >= 400) continue;
-        snprintf(key, sizeof key, "%.*s:%d", (int)nl, af->tensor_info->name, idx);
-        if (strcmp(key, tensor) != 0) continue;
+        if (nl != tl || memcmp(af->tensor_info->name, tensor, nl) != 0 ||
+            tensor[tl] != ':' || idx != atoi(tensor + tl + 1))
+            continue;
+        const char *key = tensor;
         const char *fname = af->filename ? af->filename : "";
         if (!fname[0] || strchr(fname, '/') || strcmp(fname, "..") == 0 || strcmp(fname, ".") == 0)
             return kiln_error(KILN_ERR_INVALID_MODEL,
@@ -1828,6 +1827,12 @@ static int cmp_str(const void *a, const void *b)
     return strcmp(*(const char *const *)a, *(const char *const *)b);
 }
 
+static int cmp_ptr(const void *a, const void *b)
+{
+    uintptr_t x = (uintptr_t)*(const void *const *)a, y = (uintptr_t)*(const void *const *)b;
+    return x < y ? -1 : x > y;
+}
+
 static kiln_status finish_stats(struct kiln_model *m, struct kiln_graph **graphs, int n,
                                 const char *tf_version)
 {
@@ -1836,33 +1841,25 @@ static kiln_status finish_stats(struct kiln_model *m, struct kiln_graph **graphs
     m->stats.node_count = 0;
     m->stats.param_count = 0;
     m->stats.param_bytes = 0;
-    /* parameters: distinct constant tensors across the signature graphs */
-    size_t cap = 64, nk = 0;
-    const kiln_tensor **seen = malloc(sizeof *seen * cap);
+    /* parameters: distinct constant tensors across the signature graphs
+     * (variables are shared by every signature that reads them) */
+    size_t nk = 0, total = 0;
+    for (int gi = 0; gi < n; gi++) total += (size_t)graphs[gi]->n_values;
+    const kiln_tensor **seen = malloc(sizeof *seen * (total + 1));
     if (!seen) return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory");
     for (int gi = 0; gi < n; gi++) {
         const struct kiln_graph *g = graphs[gi];
         m->stats.node_count += g->n_nodes;
         for (int i = 0; i < g->n_nodes; i++) counts[g->nodes[i].op]++;
-        for (int v = 0; v < g->n_values; v++) {
-            const kiln_tensor *t = g->values[v].kind == KILN_VALUE_CONST ? g->values[v].konst : NULL;
-            if (!t) continue;
-            bool dup = false;
-            for (size_t j = 0; j < nk && !dup; j++) dup = seen[j] == t;
-            if (dup) continue;
-            if (nk == cap) {
-                const kiln_tensor **p = realloc(seen, sizeof *seen * cap * 2);
-                if (!p) {
-                    free(seen);
-                    return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory");
-                }
-                seen = p;
-                cap *= 2;
-            }
-            seen[nk++] = t;
-            m->stats.param_count += kiln_tensor_count(t);
-            m->stats.param_bytes += (int64_t)t->nbytes;
-        }
+        for (int v = 0; v < g->n_values; v++)
+            if (g->values[v].kind == KILN_VALUE_CONST && g->values[v].konst)
+                seen[nk++] = g->values[v].konst;
+    }
+    qsort(seen, nk, sizeof *seen, cmp_ptr);
+    for (size_t j = 0; j < nk; j++) {
+        if (j > 0 && seen[j] == seen[j - 1]) continue;
+        m->stats.param_count += kiln_tensor_count(seen[j]);
+        m->stats.param_bytes += (int64_t)seen[j]->nbytes;
     }
     free(seen);
     int kinds = 0;

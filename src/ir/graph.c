@@ -247,6 +247,12 @@ kiln_status kiln_graph_verify(struct kiln_graph *g)
     for (int i = 0; i < nn; i++) {
         struct kiln_node *n = &g->nodes[i];
         const struct kiln_op_info *info = kiln_op_info(n->op);
+        if (n->n_in > KILN_MAX_IO || n->n_out > KILN_MAX_IO) {
+            st = kiln_node_error(n, KILN_ERR_UNSUPPORTED,
+                                 "has %d inputs and %d outputs; Kiln allows at most %d of each",
+                                 n->n_in, n->n_out, KILN_MAX_IO);
+            goto out;
+        }
         if (n->n_in < info->min_inputs || n->n_in > info->max_inputs) {
             st = kiln_node_error(n, KILN_ERR_INVALID_MODEL,
                                  "has %d inputs, expected %d to %d", n->n_in, info->min_inputs,

@@ -69,6 +69,14 @@ static int gunzip(const char *in, size_t n, size_t limit, kiln_sbuf *out)
     return result;
 }
 
+/* True if a Content-Encoding value names gzip (any case). */
+static int contains_gzip(const char *v)
+{
+    for (; *v; v++)
+        if (strncasecmp(v, "gzip", 4) == 0) return 1;
+    return 0;
+}
+
 static enum MHD_Result send_reply(struct MHD_Connection *c, kiln_http_reply *rep)
 {
     if (rep->body.oom) {
@@ -129,7 +137,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         kiln_sbuf inflated = {0};
         const char *enc = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Encoding");
         int bad = 0;
-        if (enc && strcasestr(enc, "gzip") && body.len > 0) {
+        if (enc && contains_gzip(enc) && body.len > 0) {
             int g = gunzip(body.p, body.len, s->opt.max_body, &inflated);
             if (g != 0 || inflated.oom) {
                 bad = 1;
