@@ -89,14 +89,20 @@ function randomTensor(spec, random, intHigh) {
   };
   let data;
   switch (spec.dtype) {
-    case 'float32': data = new Float32Array(n); for (let i = 0; i < n; i++) data[i] = 2 * random() - 1; break;
-    case 'float64': data = new Float64Array(n); for (let i = 0; i < n; i++) data[i] = 2 * random() - 1; break;
+    case 'float32':
+    case 'float64':
+      data = spec.dtype === 'float32' ? new Float32Array(n) : new Float64Array(n);
+      for (let i = 0; i < n; i++) data[i] = 2 * random() - 1;
+      break;
     case 'int64': data = ints(BigInt64Array, BigInt); break;
     case 'int32': data = ints(Int32Array, Number); break;
     case 'int16': data = ints(Int16Array, Number); break;
     case 'int8': data = ints(Int8Array, Number); break;
     case 'uint8': data = ints(Uint8Array, Number); break;
-    case 'bool': data = new Uint8Array(n); for (let i = 0; i < n; i++) data[i] = random() < 0.5 ? 0 : 1; break;
+    case 'bool':
+      data = new Uint8Array(n);
+      for (let i = 0; i < n; i++) data[i] = random() < 0.5 ? 0 : 1;
+      break;
     default: throw new Error(`input '${spec.name}': dtype ${spec.dtype} is not supported here`);
   }
   return new ort.Tensor(spec.dtype, data, spec.shape);
@@ -144,6 +150,16 @@ function writeNpy(file, tensor) {
 }
 
 /* ------------------------------------------------------------- timing */
+
+/* Peak RSS in MiB: VmHWM (not carried across exec, unlike maxRSS; see
+ * peak_rss_mb in src/cli/cmd_bench.c), else maxRSS. */
+function peakRssMb() {
+  try {
+    const m = /VmHWM:\s*(\d+)\s*kB/.exec(fs.readFileSync('/proc/self/status', 'latin1'));
+    if (m) return Number(m[1]) / 1024;
+  } catch (e) { /* no /proc */ }
+  return process.resourceUsage().maxRSS / 1024;
+}
 
 function nowMs() { return Number(process.hrtime.bigint()) / 1e6; }
 
@@ -197,7 +213,7 @@ async function main() {
     load_ms: loadMs, first_inference_ms: firstMs, load_to_first_inference_ms: loadMs + firstMs,
     median_ms: median, p90_ms: percentile(lat, 90), p99_ms: percentile(lat, 99), mean_ms: mean,
     min_ms: lat[0], max_ms: lat[lat.length - 1], throughput_per_s: (a.batch * 1000) / median,
-    peak_rss_mb: process.resourceUsage().maxRSS / 1024, base_rss_mb: BASE_RSS_MB,
+    peak_rss_mb: peakRssMb(), base_rss_mb: BASE_RSS_MB,
   };
   console.log(JSON.stringify(r));
 }

@@ -108,6 +108,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     kiln_session_options so;
     kiln_session_options_init(&so);
     so.threads = 1;  /* deterministic and cheap: one fuzz input, one thread */
+    so.max_tensor_bytes = 64 << 20; /* a 100-byte model may not make us fill gigabytes */
     kiln_session *session = NULL;
     if (kiln_session_create(model, NULL, &so, &session) == KILN_OK) {
         fuzz_run_once(session);

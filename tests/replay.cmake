@@ -16,3 +16,25 @@ add_test(NAME fuzz_replay_onnx
 set_tests_properties(fuzz_replay_onnx PROPERTIES
   TIMEOUT 300
   ENVIRONMENT "ASAN_OPTIONS=detect_leaks=1:abort_on_error=0;UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1")
+
+# The text-format parser and the TensorBundle reader (libkiln internals).
+foreach(target textproto tensor_bundle)
+  add_executable(kiln_fuzz_replay_${target}
+    ${PROJECT_SOURCE_DIR}/fuzz/replay_main.c ${PROJECT_SOURCE_DIR}/fuzz/fuzz_${target}.c)
+  target_include_directories(kiln_fuzz_replay_${target} PRIVATE ${PROJECT_SOURCE_DIR}/src ${GEN_DIR})
+  target_link_libraries(kiln_fuzz_replay_${target} PRIVATE kiln ${PROTOBUF_C_LIB})
+  add_test(NAME fuzz_replay_${target}
+    COMMAND kiln_fuzz_replay_${target} ${PROJECT_SOURCE_DIR}/tests/corpus/${target})
+  set_tests_properties(fuzz_replay_${target} PROPERTIES TIMEOUT 300
+    ENVIRONMENT "ASAN_OPTIONS=detect_leaks=1:abort_on_error=0;UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1")
+endforeach()
+
+# The server's JSON request decoder (compiled from src/serve, which is not in libkiln).
+add_executable(kiln_fuzz_replay_json
+  ${PROJECT_SOURCE_DIR}/fuzz/replay_main.c ${PROJECT_SOURCE_DIR}/fuzz/fuzz_json_request.c
+  ${PROJECT_SOURCE_DIR}/src/serve/json.c ${PROJECT_SOURCE_DIR}/src/serve/codec.c)
+target_include_directories(kiln_fuzz_replay_json PRIVATE ${PROJECT_SOURCE_DIR}/src)
+target_link_libraries(kiln_fuzz_replay_json PRIVATE kiln m)
+add_test(NAME fuzz_replay_json COMMAND kiln_fuzz_replay_json ${PROJECT_SOURCE_DIR}/tests/corpus/json)
+set_tests_properties(fuzz_replay_json PROPERTIES TIMEOUT 300
+  ENVIRONMENT "ASAN_OPTIONS=detect_leaks=1:abort_on_error=0;UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1")

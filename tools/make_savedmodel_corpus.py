@@ -241,6 +241,25 @@ def nested_calls(depth):
                                       {"y": tensor_info("call:0")})}, fns)
 
 
+def doubling_calls(depth):
+    """f<i> calls f<i+1> twice and adds the results: 2^depth instances when inlined."""
+    fns = []
+    for i in range(depth):
+        if i == depth - 1:
+            body = [node("id", "Identity", ["x"], T=a_type(DT_FLOAT))]
+            ret = {"y": "id:output:0"}
+        else:
+            body = [call("c1", "f%d" % (i + 1), ["x"], [DT_FLOAT], [DT_FLOAT], op="PartitionedCall"),
+                    call("c2", "f%d" % (i + 1), ["x"], [DT_FLOAT], [DT_FLOAT], op="PartitionedCall"),
+                    node("add", "AddV2", ["c1:output:0", "c2:output:0"], T=a_type(DT_FLOAT))]
+            ret = {"y": "add:z:0"}
+        fns.append(function("f%d" % i, [("x", DT_FLOAT)], [("y", DT_FLOAT)], body, ret))
+    return saved_model(
+        [placeholder("x", dims=[]), call("call", "f0", ["x"], [DT_FLOAT], [DT_FLOAT])],
+        {"serving_default": signature({"x": tensor_info("x:0", dims=[])},
+                                      {"y": tensor_info("call:0")})}, fns)
+
+
 def recursive(mutual=False):
     names = ["f", "g"] if mutual else ["f"]
     fns = []
@@ -323,6 +342,8 @@ def cases():
     c["recursive_function"] = recursive()
     c["mutually_recursive_functions"] = recursive(mutual=True)
     c["call_chain_40_deep"] = nested_calls(40)
+    c["ok_doubling_calls_10"] = doubling_calls(10)
+    c["doubling_calls_30"] = doubling_calls(30)
     c["attr_nested_1000_deep"] = deep_attr(1000)  # the test builds 100,000 in tmp
     c["unknown_op"] = one_node_model([node("y", "FrobnicateOp", ["x"], T=T)])
     c["graph_cycle"] = one_node_model([node("y", "AddV2", ["z", "x"], T=T),
@@ -406,6 +427,7 @@ EXPECT = {
     "recursive_function": r"recurs",
     "mutually_recursive_functions": r"recurs",
     "call_chain_40_deep": r"deeper than",
+    "doubling_calls_30": r"more than \d+ nodes",
     "attr_nested_1000_deep": r"nested more than",
     "unknown_op": r"FrobnicateOp.*|node 'y'",
     "graph_cycle": r"cycle",

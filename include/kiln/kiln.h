@@ -192,6 +192,7 @@ typedef struct kiln_session kiln_session;
 typedef struct kiln_session_options {
     int threads;         /* intra-op threads; 0 = the machine's cores */
     int optimize;        /* 1 = run the graph optimizer (default), 0 = run as imported */
+    int64_t max_tensor_bytes; /* bound on any one tensor a run produces; 0 = 16 GiB */
 } kiln_session_options;
 void kiln_session_options_init(kiln_session_options *o);
 

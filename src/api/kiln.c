@@ -309,7 +309,7 @@ kiln_status kiln_session_run(kiln_session *s, const kiln_named_tensor *inputs, i
                             g->values[g->inputs[j]].name);
             goto fail;
         }
-    st = kiln_exec_run(g, NULL, gin, gout);
+    st = kiln_exec_run_limited(g, gin, gout, s->opts.max_tensor_bytes);
     if (st != KILN_OK) goto fail;
     o->n = sig->n_outputs;
     o->names = calloc((size_t)o->n + 1, sizeof *o->names);

@@ -13,7 +13,8 @@
  *   median, p90, p99 (linear interpolation between the two nearest ranks,
  *   as numpy.percentile does), mean, min and max are reported, with
  *   throughput = batch * 1000 / median_ms examples per second and the
- *   process's peak resident set (getrusage ru_maxrss, in MiB) at the end.
+ *   process's peak resident set at the end (MiB; VmHWM, or getrusage's
+ *   ru_maxrss where /proc is missing: see peak_rss_mb).
  * Only kiln_session_run is inside the timer; making the inputs and freeing
  * the outputs are not.
  *
@@ -400,6 +401,28 @@ static int64_t count_nonfinite(const kiln_tensor *t)
     return bad;
 }
 
+/*
+ * The peak resident set of this process in MiB: VmHWM from /proc/self/status,
+ * else getrusage's ru_maxrss. VmHWM comes first because Linux carries
+ * ru_maxrss across execve: a bench started by a large parent (a Python
+ * harness) would otherwise report the parent's peak at fork time.
+ */
+static double peak_rss_mb(void)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    if (f) {
+        char line[256];
+        long long kib = -1;
+        while (fgets(line, sizeof line, f))
+            if (sscanf(line, "VmHWM: %lld kB", &kib) == 1) break;
+        fclose(f);
+        if (kib >= 0) return (double)kib / 1024.0;
+    }
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return (double)ru.ru_maxrss / 1024.0; /* KiB on Linux */
+}
+
 /* ------------------------------------------------------------- output */
 
 /* "[1,3,224,224]" in text, "[1, 3, 224, 224]" in JSON. */
@@ -603,9 +626,7 @@ int kiln_cmd_bench(int argc, char **argv)
     r.min_ms = lat[0];
     r.max_ms = lat[a.iterations - 1];
     r.throughput_per_s = r.median_ms > 0 ? a.batch * 1000.0 / r.median_ms : 0;
-    struct rusage ru;
-    getrusage(RUSAGE_SELF, &ru);
-    r.peak_rss_mb = (double)ru.ru_maxrss / 1024.0; /* ru_maxrss is in KiB on Linux */
+    r.peak_rss_mb = peak_rss_mb();
 
     int n_out = kiln_outputs_count(first);
     kiln_named_tensor *outs = calloc((size_t)(n_out > 0 ? n_out : 1), sizeof *outs);

@@ -18,6 +18,8 @@
 #include <unistd.h>
 
 #include "cli/cli.h"
+#include "serve/batch.h"
+#include "serve/config.h"
 #include "serve/manager.h"
 #include "serve/server.h"
 
@@ -35,25 +37,30 @@ static const char serve_help[] =
     "  --rest_api_timeout_in_ms=N         per-request deadline, 504 after it (default 30000)\n"
     "  --model_name=NAME                  (default \"default\", or $MODEL_NAME)\n"
     "  --model_base_path=DIR              (default $MODEL_BASE_PATH/$MODEL_NAME)\n"
+    "  --model_config_file=FILE           ModelServerConfig text proto: several models,\n"
+    "                                     version policies and labels (overrides the two above)\n"
+    "  --model_config_file_poll_wait_seconds=N  re-read the config file every N s (0 = never)\n"
+    "  --enable_batching[=true|false]     merge concurrent predict requests (dynamic batching)\n"
+    "  --batching_parameters_file=FILE    BatchingParameters text proto\n"
     "  --file_system_poll_wait_seconds=N  poll for new versions every N s (default 1;\n"
     "                                     0 = once at startup, <0 = never)\n"
     "  --saved_model_tags=TAGS            SavedModel MetaGraph tags (default serve)\n"
     "  --tensorflow_intra_op_parallelism=N  threads per run (0 = all cores)\n"
     "  --disable_optimizer[=true|false]   run graphs as imported\n"
     "  --port=N                           gRPC port: accepted, gRPC is not implemented yet\n"
-    "  --enable_batching, --batching_parameters_file, --enable_model_warmup,\n"
+    "  --enable_model_warmup,\n"
     "  --num_request_iterations_for_warmup, --monitoring_config_file,\n"
     "  --rest_api_enable_cors_support, --tensorflow_inter_op_parallelism,\n"
-    "  --model_config_file_poll_wait_seconds, --allow_precompilation,\n"
+    "  --allow_precompilation,\n"
     "  --allow_compression, --use_tfrt   accepted; the log says they are not implemented yet\n"
     "  --version                          print versions and exit\n";
 
 /* Flags accepted for compatibility whose features Kiln lacks so far. */
 static const char *const accepted_only[] = {
-    "--enable_batching",   "--batching_parameters_file", "--enable_model_warmup",
+    "--enable_model_warmup",
     "--num_request_iterations_for_warmup", "--monitoring_config_file",
     "--rest_api_enable_cors_support", "--tensorflow_inter_op_parallelism",
-    "--model_config_file_poll_wait_seconds", "--allow_precompilation", "--allow_compression",
+    "--allow_precompilation", "--allow_compression",
     "--use_tfrt",
 };
 /* Of those, the ones that are booleans (may appear without a value). */
@@ -86,9 +93,9 @@ int kiln_cmd_serve(int argc, char **argv)
     if (cores < 1) cores = 1;
     int rest_port = 8501, grpc_port = 8500, threads = (int)(cores * 4 > 256 ? 256 : cores * 4);
     int timeout_ms = 30000, poll = 1, intra = 0, disable_opt = 0, show_version = 0;
-    int batching = 0;
+    int batching = 0, config_poll = 0;
     const char *model_name = NULL, *base_path = NULL, *tags = NULL, *address = NULL;
-    const char *config_file = NULL;
+    const char *config_file = NULL, *batching_file = NULL;
 
     for (int i = 0; i < argc; i++) {
         char *arg = argv[i];
@@ -120,12 +127,15 @@ int kiln_cmd_serve(int argc, char **argv)
         INT_FLAG("--rest_api_timeout_in_ms", timeout_ms, 0, 2147483647)
         INT_FLAG("--file_system_poll_wait_seconds", poll, -2147483647, 2147483647)
         INT_FLAG("--tensorflow_intra_op_parallelism", intra, 0, 4096)
+        INT_FLAG("--model_config_file_poll_wait_seconds", config_poll, -2147483647, 2147483647)
 #undef INT_FLAG
         if (strcmp(name, "--model_name") == 0) model_name = val;
         else if (strcmp(name, "--model_base_path") == 0) base_path = val;
         else if (strcmp(name, "--saved_model_tags") == 0) tags = val;
         else if (strcmp(name, "--rest_api_address") == 0) address = val;
         else if (strcmp(name, "--model_config_file") == 0) config_file = val;
+        else if (strcmp(name, "--batching_parameters_file") == 0) batching_file = val;
+        else if (strcmp(name, "--enable_batching") == 0) ok = (batching = parse_bool(val)) >= 0;
         else if (strcmp(name, "--disable_optimizer") == 0) ok = (disable_opt = parse_bool(val)) >= 0;
         else if (strcmp(name, "--version") == 0) ok = (show_version = parse_bool(val)) >= 0;
         else {
@@ -134,8 +144,7 @@ int kiln_cmd_serve(int argc, char **argv)
                 known |= strcmp(name, accepted_only[k]) == 0;
             if (!known) return kiln_cli_usage_error("serve", "unknown flag '%s'", name);
             if (is_bool_flag(name)) ok = parse_bool(val) >= 0;
-            if (ok && strcmp(name, "--enable_batching") == 0) batching = parse_bool(val);
-            else if (ok && parse_bool(val) != 0)
+            if (ok && parse_bool(val) != 0)
                 fprintf(stderr, "kiln serve: %s is accepted but not implemented yet\n", name);
         }
         if (!ok) return kiln_cli_usage_error("serve", "flag '%s' needs true or false", name);
@@ -146,9 +155,27 @@ int kiln_cmd_serve(int argc, char **argv)
                kiln_version(), kiln_version());
         return KILN_CLI_EXIT_OK;
     }
-    if (config_file && *config_file)
-        return kiln_cli_fail("--model_config_file is not implemented yet; use --model_name and "
-                             "--model_base_path");
+    /* --model_config_file replaces --model_name / --model_base_path, as in TF Serving */
+    char cerr[KILN_CONFIG_ERR_LEN];
+    kiln_server_config *config = NULL;
+    if (config_file && *config_file) {
+        if (kiln_server_config_load(config_file, &config, cerr) != KILN_OK)
+            return kiln_cli_fail("--model_config_file: %s", cerr);
+    } else {
+        config_file = NULL;
+    }
+    kiln_batching_params bparams;
+    if (batching && batching_file && *batching_file) {
+        if (kiln_batching_params_load(batching_file, &bparams, cerr) != KILN_OK) {
+            kiln_server_config_free(config);
+            return kiln_cli_fail("--batching_parameters_file: %s", cerr);
+        }
+    } else {
+        kiln_batching_params_default(&bparams);
+        if (batching_file && *batching_file)
+            fprintf(stderr, "kiln serve: --batching_parameters_file is ignored without "
+                            "--enable_batching\n");
+    }
     /* the TF Serving container: MODEL_NAME, and MODEL_BASE_PATH/MODEL_NAME */
     const char *env_name = getenv("MODEL_NAME"), *env_base = getenv("MODEL_BASE_PATH");
     if (!model_name) model_name = env_name && *env_name ? env_name : "default";
@@ -157,8 +184,9 @@ int kiln_cmd_serve(int argc, char **argv)
         snprintf(env_path, sizeof env_path, "%s/%s", env_base, model_name);
         base_path = env_path;
     }
-    if (!base_path || !*base_path)
-        return kiln_cli_usage_error("serve", "--model_base_path (or $MODEL_BASE_PATH) is required");
+    if (!config && (!base_path || !*base_path))
+        return kiln_cli_usage_error("serve", "--model_base_path (or $MODEL_BASE_PATH) or "
+                                             "--model_config_file is required");
     if (rest_port == 0) return kiln_cli_usage_error("serve", "--rest_api_port=0 would serve nothing");
     if (rest_port == grpc_port)
         return kiln_cli_usage_error("serve", "server_options.http_port cannot be same as grpc_port");
@@ -167,8 +195,13 @@ int kiln_cmd_serve(int argc, char **argv)
             "kiln serve: gRPC is not implemented yet; --port=%d is not opened, only the REST API "
             "is served\n",
             grpc_port);
-    if (batching) fprintf(stderr, "kiln serve: --enable_batching: batching is not implemented yet; "
-                                  "each request runs on its own\n");
+    if (batching)
+        fprintf(stderr,
+                "kiln serve: batching: max_batch_size=%lld batch_timeout_micros=%lld "
+                "max_enqueued_batches=%lld num_batch_threads=%lld allowed_batch_sizes=%d entries\n",
+                (long long)bparams.max_batch_size, (long long)bparams.batch_timeout_micros,
+                (long long)bparams.max_enqueued_batches, (long long)bparams.num_batch_threads,
+                bparams.n_allowed);
 
     /* Block the shutdown signals before any thread exists; main takes them. */
     sigset_t sigs;
@@ -178,21 +211,40 @@ int kiln_cmd_serve(int argc, char **argv)
     pthread_sigmask(SIG_BLOCK, &sigs, NULL);
     signal(SIGPIPE, SIG_IGN);
 
-    kiln_manager_options mo = {poll, tags, {0, 1}};
+    kiln_manager_options mo;
+    memset(&mo, 0, sizeof mo);
+    mo.poll_seconds = poll;
+    mo.saved_model_tags = tags;
     kiln_session_options_init(&mo.session);
     mo.session.threads = intra;
     mo.session.optimize = !disable_opt;
+    mo.config_file = config_file;
+    mo.config_poll_seconds = config_poll;
+    kiln_batch_stats *bstats = NULL;
+    if (batching) {
+        bstats = kiln_batch_stats_create();
+        mo.batching = &bparams;
+        mo.batch_stats = bstats;
+    }
     kiln_manager *mgr;
-    if (kiln_manager_create(&mo, &mgr) != KILN_OK) return kiln_cli_fail("out of memory");
-    if (kiln_manager_add_model(mgr, model_name, base_path) != KILN_OK ||
-        kiln_manager_start(mgr) != KILN_OK) {
+    if (kiln_manager_create(&mo, &mgr) != KILN_OK) {
+        kiln_server_config_free(config);
+        kiln_batch_stats_free(bstats);
+        return kiln_cli_fail("out of memory");
+    }
+    kiln_status mst = config ? kiln_manager_apply_config(mgr, config)
+                             : kiln_manager_add_model(mgr, model_name, base_path);
+    kiln_server_config_free(config);
+    if (mst != KILN_OK || kiln_manager_start(mgr) != KILN_OK) {
         kiln_manager_free(mgr);
+        kiln_batch_stats_free(bstats);
         return kiln_cli_fail("cannot start the model manager");
     }
     kiln_server server;
-    kiln_server_options so = {address, rest_port, threads, timeout_ms, KILN_JSON_MAX_BYTES};
+    kiln_server_options so = {address, rest_port, threads, timeout_ms, KILN_JSON_MAX_BYTES, bstats};
     if (kiln_server_start(&server, &so, mgr) != KILN_OK) {
         kiln_manager_free(mgr);
+        kiln_batch_stats_free(bstats);
         return kiln_cli_fail("cannot listen on %s:%d (in use, or not permitted)",
                              address ? address : "0.0.0.0", rest_port);
     }
@@ -205,6 +257,7 @@ int kiln_cmd_serve(int argc, char **argv)
             sig == SIGTERM ? "SIGTERM" : "SIGINT");
     kiln_server_stop(&server, KILN_SERVE_DRAIN_MS);
     kiln_manager_free(mgr);
+    kiln_batch_stats_free(bstats);
     fprintf(stderr, "kiln serve: stopped\n");
     return KILN_CLI_EXIT_OK;
 }

@@ -70,6 +70,17 @@ static kiln_status run_node(struct kiln_exec_frame *f, const struct kiln_node *n
                                      "could not determine the shape of output %d", k);
                 goto fail;
             }
+            int64_t count = kiln_shape_count(outtype[k].rank, outtype[k].dims);
+            int64_t bytes = count < 0 ? -1 : count * (int64_t)kiln_dtype_size(outtype[k].dtype);
+            if (bytes < 0 || bytes > f->max_tensor_bytes) {
+                char sbuf[160];
+                st = kiln_node_error(n, KILN_ERR_OUT_OF_MEMORY,
+                                     "output %d of shape %s would need more than the run's limit "
+                                     "of %lld bytes per tensor",
+                                     k, kiln_shape_str(outtype[k].rank, outtype[k].dims, sbuf, sizeof sbuf),
+                                     (long long)f->max_tensor_bytes);
+                goto fail;
+            }
             st = kiln_tensor_new(outtype[k].dtype, outtype[k].rank, outtype[k].dims, &out[k]);
             if (st != KILN_OK) {
                 kiln_error_wrap(st, "%s node '%s' output %d", n->op_type, n->name, k);
@@ -105,11 +116,12 @@ fail:
     return st;
 }
 
-kiln_status kiln_exec_run(const struct kiln_graph *g, struct kiln_exec_frame *parent,
-                          kiln_tensor *const *inputs, kiln_tensor **outputs)
+static kiln_status exec_run(const struct kiln_graph *g, struct kiln_exec_frame *parent,
+                            kiln_tensor *const *inputs, kiln_tensor **outputs, int64_t max_bytes)
 {
     struct kiln_exec_frame f = {.g = g, .parent = parent};
     f.depth = parent ? parent->depth + 1 : 0;
+    f.max_tensor_bytes = max_bytes;
     if (f.depth > KILN_MAX_SUBGRAPH_DEPTH)
         return kiln_error(KILN_ERR_UNSUPPORTED, "subgraphs nest deeper than %d levels",
                           KILN_MAX_SUBGRAPH_DEPTH);
@@ -155,7 +167,7 @@ kiln_status kiln_exec_run(const struct kiln_graph *g, struct kiln_exec_frame *pa
         }
     }
 out:
-    if (st != KILN_OK)
+    if (st != KILN_OK && outputs)
         for (int i = 0; i < g->n_outputs; i++) {
             kiln_tensor_free(outputs[i]);
             outputs[i] = NULL;
@@ -167,4 +179,18 @@ out:
     free(f.owned);
     free(f.remaining);
     return st;
+}
+
+kiln_status kiln_exec_run(const struct kiln_graph *g, struct kiln_exec_frame *parent,
+                          kiln_tensor *const *inputs, kiln_tensor **outputs)
+{
+    int64_t max = parent ? parent->max_tensor_bytes : KILN_EXEC_DEFAULT_MAX_TENSOR_BYTES;
+    return exec_run(g, parent, inputs, outputs, max);
+}
+
+kiln_status kiln_exec_run_limited(const struct kiln_graph *g, kiln_tensor *const *inputs,
+                                  kiln_tensor **outputs, int64_t max_tensor_bytes)
+{
+    if (max_tensor_bytes <= 0) max_tensor_bytes = KILN_EXEC_DEFAULT_MAX_TENSOR_BYTES;
+    return exec_run(g, NULL, inputs, outputs, max_tensor_bytes);
 }

@@ -21,12 +21,19 @@ struct kiln_exec_frame {
     unsigned char *owned;    /* vals[i] is owned by this frame */
     int *remaining;          /* uses left before vals[i] can be freed */
     int depth;               /* subgraph nesting, bounded */
+    int64_t max_tensor_bytes; /* largest tensor a node may produce (inherited by subgraphs) */
 };
+
+/* Default bound on one tensor produced at run time. */
+#define KILN_EXEC_DEFAULT_MAX_TENSOR_BYTES ((int64_t)16 << 30)
 
 /* Run g with the given inputs (borrowed; one per graph input, in order).
  * outputs[i] receives an owned tensor for each graph output. */
 kiln_status kiln_exec_run(const struct kiln_graph *g, struct kiln_exec_frame *parent,
                           kiln_tensor *const *inputs, kiln_tensor **outputs);
+/* Top-level run with a bound on each tensor a node produces (0 = default). */
+kiln_status kiln_exec_run_limited(const struct kiln_graph *g, kiln_tensor *const *inputs,
+                                  kiln_tensor **outputs, int64_t max_tensor_bytes);
 
 /* The current value of id in frame f (following captures to parents). */
 kiln_tensor *kiln_exec_value(struct kiln_exec_frame *f, int id);

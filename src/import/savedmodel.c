@@ -57,8 +57,9 @@
 #define SM_MAX_PROTO_DEPTH 100        /* message nesting of a SavedModel; real files use < 20 */
 #define SM_MAX_FILE_BYTES ((size_t)1 << 31)
 #define TF_MAX_CALL_DEPTH 32          /* nested function calls being inlined */
-#define TF_MAX_LOWERED_NODES 1000000  /* TF nodes lowered for one signature */
+#define TF_MAX_LOWERED_NODES 200000   /* TF nodes lowered for one signature */
 #define TF_MAX_RESTORE_NODES 1000000  /* nodes the restore trace may visit */
+#define TF_MAX_INLINED_NODES 400000   /* function body nodes instantiated for one signature */
 
 /* ---- string -> int map (keys are not copied) ---- */
 
@@ -243,6 +244,7 @@ struct tf_build {
     struct smap feeds;               /* "node:idx" of the main graph -> IR value id */
     struct kiln_arena tmp;           /* scopes and strings of this build */
     long lowered;                    /* TF nodes lowered */
+    long inlined;                    /* nodes of the function bodies instantiated */
 };
 
 static char *tmp_printf(struct tf_build *b, const char *fmt, ...) KILN_PRINTF(2, 3);
@@ -630,6 +632,13 @@ static kiln_status scope_call(struct tf_build *b, struct scope *s, int i, int fn
                           nd->name, TF_MAX_CALL_DEPTH);
     kiln_status st = sm_index_function(c, fn);
     if (st != KILN_OK) return st;
+    /* every instance costs its whole body in bookkeeping: bound the total, so
+     * that functions calling functions many times over cannot exhaust memory */
+    b->inlined += (long)fd->n_node_def;
+    if (b->inlined > TF_MAX_INLINED_NODES)
+        return kiln_error(KILN_ERR_UNSUPPORTED,
+                          "%s: node '%s': inlining function calls makes more than %d nodes",
+                          s->where, nd->name, TF_MAX_INLINED_NODES);
     struct scope *cs = kiln_arena_alloc(&b->tmp, sizeof *cs);
     if (!cs) return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory");
     cs->caller = s;

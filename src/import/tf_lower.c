@@ -1153,6 +1153,63 @@ static kiln_status lw_conv(L_t *L, const struct lower *e)
     return out1(L, y);
 }
 
+/* Conv2DBackpropInput(input_sizes, filter, out_backprop): the gradient of a
+ * Conv2D with respect to its input, as ConvTranspose. The transposed conv
+ * crops the forward conv's begin padding; the end is whatever makes the
+ * output input_sizes (negative: output_padding). */
+static kiln_status lw_conv_backprop_input(L_t *L, const struct lower *e)
+{
+    (void)e;
+    int w = -1, dy = -1, y = -1, n = -1;
+    int64_t sizes[4];
+    kiln_status st = need_const_ints(L, 0, sizes, 4, &n, "input_sizes");
+    if (st == KILN_OK) st = in_value(L, 1, &w);
+    if (st == KILN_OK) st = in_value(L, 2, &dy);
+    if (st != KILN_OK) return st;
+    if (n != 4) return lerr(L, KILN_ERR_INVALID_MODEL, "input_sizes has %d values, expected 4", n);
+    struct conv_geom gm;
+    if ((st = conv_geom(L, false, &gm)) != KILN_OK) return st;
+    const struct kiln_type *wt = vtype(L, w);
+    if (wt->rank != 4 || wt->dims[0] < 1 || wt->dims[1] < 1)
+        return lerr(L, KILN_ERR_UNSUPPORTED, "needs a filter of known shape");
+    int64_t in_sp[2] = {sizes[gm.nchw ? 2 : 1], sizes[gm.nchw ? 3 : 2]};
+    int64_t pads[4], opad[2];
+    for (int i = 0; i < 2; i++) {
+        int64_t k = (wt->dims[i] - 1) * gm.dil[i] + 1, s = gm.strides[i], h = in_sp[i];
+        if (h < 1) return lerr(L, KILN_ERR_INVALID_MODEL, "input_sizes has a dim of %lld", (long long)h);
+        int64_t pb, oh;
+        if (!gm.auto_pad) {
+            pb = gm.pads[i];
+            oh = (h + gm.pads[i] + gm.pads[2 + i] - k) / s + 1;
+        } else if (strcmp(gm.auto_pad, "VALID") == 0) {
+            pb = 0;
+            oh = (h - k) / s + 1;
+        } else {
+            oh = (h + s - 1) / s;
+            int64_t total = (oh - 1) * s + k - h;
+            pb = total > 0 ? total / 2 : 0;
+        }
+        if (oh < 1) return lerr(L, KILN_ERR_INVALID_MODEL, "the filter is larger than the input");
+        int64_t pe = s * (oh - 1) + k - h - pb;
+        pads[i] = pb;
+        pads[2 + i] = pe > 0 ? pe : 0;
+        opad[i] = pe < 0 ? -pe : 0;
+    }
+    static const int64_t HWIO_TO_OIHW[4] = {3, 2, 0, 1};
+    if ((st = transpose(L, w, 4, HWIO_TO_OIHW, &w)) != KILN_OK) return st;
+    if (!gm.nchw && (st = transpose(L, dy, 4, TO_NCHW, &dy)) != KILN_OK) return st;
+    struct emit em;
+    int in[2] = {dy, w};
+    if ((st = node_begin(L, KILN_OP_ConvTranspose, 2, in, 1, 4, &em)) != KILN_OK) return st;
+    if ((st = a_ints(&em, "strides", 2, gm.strides)) != KILN_OK) return st;
+    if ((st = a_ints(&em, "dilations", 2, gm.dil)) != KILN_OK) return st;
+    if ((st = a_ints(&em, "pads", 4, pads)) != KILN_OK) return st;
+    if ((st = a_ints(&em, "output_padding", 2, opad)) != KILN_OK) return st;
+    if ((st = node_end(&em, &y)) != KILN_OK) return st;
+    if (!gm.nchw && (st = transpose(L, y, 4, TO_NHWC, &y)) != KILN_OK) return st;
+    return out1(L, y);
+}
+
 static kiln_status lw_pool(L_t *L, const struct lower *e)
 {
     int x = -1, y = -1;
@@ -2168,6 +2225,7 @@ static const struct lower LOWER[] = {
     {"BatchMatMulV3", lw_matmul, 0, 1},
     {"Conv2D", lw_conv, 0, 0},
     {"DepthwiseConv2dNative", lw_conv, 0, 1},
+    {"Conv2DBackpropInput", lw_conv_backprop_input, 0, 0},
     {"MaxPool", lw_pool, KILN_OP_MaxPool, 0},
     {"AvgPool", lw_pool, KILN_OP_AveragePool, 0},
     {"FusedBatchNorm", lw_fused_batch_norm, 0, 0},

@@ -2,13 +2,18 @@
  * manager.c - version discovery, background loading, atomic swaps and
  * reference-counted unloading (see manager.h).
  *
- * Locking: each model has one mutex guarding its current servable pointer
- * and its version-status list. Loading runs with no lock held, so requests
- * keep flowing on the old version while a new one imports; the swap is a
- * pointer exchange under the lock. Only the polling thread (or start) ever
- * loads, so two loads of one model never overlap.
+ * Locking: the model list is guarded by a read-write lock: requests take it
+ * for reading while they look a model up; only the thread that applies a
+ * config (start, or the polling thread) changes the list, under the write
+ * lock, and that same thread is the only one that loads, so it may walk the
+ * list without the lock. Each model has one mutex guarding its served
+ * versions, policy, labels and version-status list. Loading runs with no
+ * lock held, so requests keep flowing on the served versions while a new
+ * one imports; adding it is a pointer insert under the lock.
  */
 #include "serve/manager.h"
+
+#include "serve/batch.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -30,18 +35,23 @@ typedef struct version_record {
 
 typedef struct served_model {
     char *name;
-    char *base_path;
+    char *base_path;           /* only the loading thread reads it */
     pthread_mutex_t mu;
-    kiln_servable *current; /* the served version (the manager's reference); NULL if none */
-    version_record *vr;     /* every version seen, any state */
+    kiln_model_config cfg;     /* policy and labels (name/base_path unused); under mu */
+    kiln_servable **served;    /* the manager's references, highest version first */
+    int n_served, cap_served;
+    version_record *vr;        /* every version seen, any state */
     int n_vr, cap_vr;
     uint64_t loads_ok, loads_failed;
+    int warned_empty;          /* "no versions" logged once */
 } served_model;
 
 struct kiln_manager {
     kiln_manager_options opts;
-    served_model *models;
+    pthread_rwlock_t list_lock;
+    served_model **models;
     int n_models;
+    int started;
     pthread_t thread;
     int thread_started;
     pthread_mutex_t stop_mu;
@@ -91,44 +101,213 @@ kiln_status kiln_manager_create(const kiln_manager_options *opts, kiln_manager *
     kiln_manager *m = calloc(1, sizeof *m);
     if (!m) return KILN_ERR_OUT_OF_MEMORY;
     m->opts = *opts;
+    pthread_rwlock_init(&m->list_lock, NULL);
     pthread_mutex_init(&m->stop_mu, NULL);
     pthread_cond_init(&m->stop_cv, NULL);
     *out = m;
     return KILN_OK;
 }
 
-kiln_status kiln_manager_add_model(kiln_manager *m, const char *name, const char *base_path)
+/* ------------------------------------------------------------ model configs */
+
+static void policy_free(kiln_model_config *c)
 {
-    served_model *ms = realloc(m->models, (size_t)(m->n_models + 1) * sizeof *ms);
-    if (!ms) return KILN_ERR_OUT_OF_MEMORY;
-    m->models = ms;
-    served_model *sm = &ms[m->n_models];
-    memset(sm, 0, sizeof *sm);
-    sm->name = strdup(name);
-    sm->base_path = strdup(base_path);
-    if (!sm->name || !sm->base_path) {
-        free(sm->name);
-        free(sm->base_path);
-        return KILN_ERR_OUT_OF_MEMORY;
-    }
-    pthread_mutex_init(&sm->mu, NULL);
-    m->n_models++;
-    return KILN_OK;
+    free(c->specific);
+    for (int k = 0; k < c->n_labels; k++) free(c->label_names[k]);
+    free(c->label_names);
+    free(c->label_versions);
+    memset(c, 0, sizeof *c);
 }
 
+/* Copy the policy and labels of src into dst (name, base_path, platform not copied). */
+static kiln_status policy_copy(kiln_model_config *dst, const kiln_model_config *src)
+{
+    memset(dst, 0, sizeof *dst);
+    dst->policy = src->policy;
+    dst->num_versions = src->num_versions > 0 ? src->num_versions : 1;
+    if (src->n_specific) {
+        dst->specific = malloc((size_t)src->n_specific * sizeof *dst->specific);
+        if (!dst->specific) goto err_free;
+        memcpy(dst->specific, src->specific, (size_t)src->n_specific * sizeof *dst->specific);
+        dst->n_specific = src->n_specific;
+    }
+    if (src->n_labels) {
+        dst->label_names = calloc((size_t)src->n_labels, sizeof *dst->label_names);
+        dst->label_versions = calloc((size_t)src->n_labels, sizeof *dst->label_versions);
+        if (!dst->label_names || !dst->label_versions) goto err_free;
+        for (int k = 0; k < src->n_labels; k++) {
+            dst->label_names[k] = strdup(src->label_names[k]);
+            if (!dst->label_names[k]) goto err_free;
+            dst->label_versions[k] = src->label_versions[k];
+            dst->n_labels = k + 1;
+        }
+    }
+    return KILN_OK;
+err_free:
+    policy_free(dst);
+    return KILN_ERR_OUT_OF_MEMORY;
+}
+
+static served_model *model_new(const kiln_model_config *c)
+{
+    served_model *sm = calloc(1, sizeof *sm);
+    if (!sm) return NULL;
+    sm->name = strdup(c->name);
+    sm->base_path = strdup(c->base_path);
+    if (!sm->name || !sm->base_path || policy_copy(&sm->cfg, c) != KILN_OK) {
+        free(sm->name);
+        free(sm->base_path);
+        free(sm);
+        return NULL;
+    }
+    pthread_mutex_init(&sm->mu, NULL);
+    return sm;
+}
+
+/* Drop the manager's references and free the model (no longer listed). */
+static void model_free(served_model *sm)
+{
+    for (int i = 0; i < sm->n_served; i++) kiln_servable_release(sm->served[i]);
+    free(sm->served);
+    for (int k = 0; k < sm->n_vr; k++) free(sm->vr[k].error_message);
+    free(sm->vr);
+    policy_free(&sm->cfg);
+    free(sm->name);
+    free(sm->base_path);
+    pthread_mutex_destroy(&sm->mu);
+    free(sm);
+}
+
+/* Caller holds list_lock (either mode) or is the config thread. */
 static served_model *find_model(kiln_manager *m, const char *name)
 {
     for (int i = 0; i < m->n_models; i++)
-        if (strcmp(m->models[i].name, name) == 0) return &m->models[i];
+        if (strcmp(m->models[i]->name, name) == 0) return m->models[i];
     return NULL;
 }
 
-int kiln_manager_has_model(kiln_manager *m, const char *name) { return find_model(m, name) != NULL; }
+static kiln_status list_append(kiln_manager *m, served_model *sm)
+{
+    pthread_rwlock_wrlock(&m->list_lock);
+    served_model **ms = realloc(m->models, (size_t)(m->n_models + 1) * sizeof *ms);
+    if (ms) {
+        m->models = ms;
+        ms[m->n_models++] = sm;
+    }
+    pthread_rwlock_unlock(&m->list_lock);
+    return ms ? KILN_OK : KILN_ERR_OUT_OF_MEMORY;
+}
+
+kiln_status kiln_manager_add_model(kiln_manager *m, const char *name, const char *base_path)
+{
+    kiln_model_config c = {0};
+    c.name = (char *)name;
+    c.base_path = (char *)base_path;
+    c.policy = KILN_POLICY_LATEST;
+    c.num_versions = 1;
+    served_model *sm = model_new(&c);
+    if (!sm) return KILN_ERR_OUT_OF_MEMORY;
+    kiln_status st = list_append(m, sm);
+    if (st != KILN_OK) model_free(sm);
+    return st;
+}
+
+static void poll_model(kiln_manager *m, served_model *sm);
+
+kiln_status kiln_manager_apply_config(kiln_manager *m, const kiln_server_config *c)
+{
+    /* models no longer listed: unlist now, free once no request can find them */
+    served_model **gone = calloc((size_t)m->n_models + 1, sizeof *gone);
+    if (!gone) return KILN_ERR_OUT_OF_MEMORY;
+    int n_gone = 0;
+    pthread_rwlock_wrlock(&m->list_lock);
+    for (int i = 0; i < m->n_models;) {
+        int keep = 0;
+        for (int k = 0; k < c->n_models; k++) keep |= strcmp(c->models[k].name, m->models[i]->name) == 0;
+        if (keep) {
+            i++;
+            continue;
+        }
+        gone[n_gone++] = m->models[i];
+        memmove(&m->models[i], &m->models[i + 1], (size_t)(m->n_models - i - 1) * sizeof *m->models);
+        m->n_models--;
+    }
+    pthread_rwlock_unlock(&m->list_lock);
+    for (int i = 0; i < n_gone; i++) {
+        log_event("model_removed", gone[i]->name, -1, "no longer in the model config");
+        for (int k = 0; k < gone[i]->n_served; k++)
+            log_event("unload", gone[i]->name, gone[i]->served[k]->version,
+                      "freed after in-flight requests finish");
+        model_free(gone[i]);
+    }
+    free(gone);
+
+    kiln_status st = KILN_OK;
+    for (int k = 0; k < c->n_models; k++) {
+        const kiln_model_config *mc = &c->models[k];
+        served_model *sm = find_model(m, mc->name);
+        if (!sm) {
+            sm = model_new(mc);
+            if (!sm || list_append(m, sm) != KILN_OK) {
+                if (sm) model_free(sm);
+                st = KILN_ERR_OUT_OF_MEMORY;
+                continue;
+            }
+            log_event("model_added", sm->name, -1, sm->base_path);
+            continue;
+        }
+        kiln_model_config fresh;
+        if (policy_copy(&fresh, mc) != KILN_OK) {
+            st = KILN_ERR_OUT_OF_MEMORY;
+            continue;
+        }
+        if (strcmp(sm->base_path, mc->base_path) != 0) {
+            char *bp = strdup(mc->base_path);
+            if (bp) {
+                free(sm->base_path); /* only this thread reads it */
+                sm->base_path = bp;
+                log_event("base_path_changed", sm->name, -1, bp);
+            }
+        }
+        pthread_mutex_lock(&sm->mu);
+        kiln_model_config old = sm->cfg;
+        sm->cfg = fresh;
+        pthread_mutex_unlock(&sm->mu);
+        policy_free(&old);
+    }
+    if (m->started)
+        for (int i = 0; i < m->n_models; i++) poll_model(m, m->models[i]);
+    /* labels naming versions that are not served answer "not found" */
+    for (int i = 0; i < m->n_models; i++) {
+        served_model *sm = m->models[i];
+        pthread_mutex_lock(&sm->mu);
+        for (int l = 0; l < sm->cfg.n_labels; l++) {
+            int ok = 0;
+            for (int v = 0; v < sm->n_served; v++) ok |= sm->served[v]->version == sm->cfg.label_versions[l];
+            if (!ok && m->started)
+                log_event("label_unavailable", sm->name, sm->cfg.label_versions[l],
+                          sm->cfg.label_names[l]);
+        }
+        pthread_mutex_unlock(&sm->mu);
+    }
+    return st;
+}
+
+int kiln_manager_has_model(kiln_manager *m, const char *name)
+{
+    pthread_rwlock_rdlock(&m->list_lock);
+    int has = find_model(m, name) != NULL;
+    pthread_rwlock_unlock(&m->list_lock);
+    return has;
+}
 
 /* ------------------------------------------------------------ servables */
 
 static void servable_free(kiln_servable *s)
 {
+    if (s->batchers)
+        for (int i = 0; i < s->n_sessions; i++) kiln_batcher_free(s->batchers[i]);
+    free(s->batchers);
     for (int i = 0; i < s->n_sessions; i++) kiln_session_free(s->sessions[i]);
     free(s->sessions);
     kiln_model_free(s->model);
@@ -141,12 +320,13 @@ void kiln_servable_release(kiln_servable *s)
 }
 
 /* Load the version folder into a new servable (refs = 1). */
-static kiln_status servable_load(kiln_manager *m, const char *dir, int64_t version,
-                                 kiln_servable **out)
+static kiln_status servable_load(kiln_manager *m, const char *name, const char *dir,
+                                 int64_t version, kiln_servable **out)
 {
     kiln_servable *s = calloc(1, sizeof *s);
     if (!s) return KILN_ERR_OUT_OF_MEMORY;
     s->version = version;
+    snprintf(s->model_name, sizeof s->model_name, "%s", name);
     kiln_load_options lo = {KILN_FORMAT_AUTO, m->opts.saved_model_tags};
     kiln_status st = kiln_model_load(dir, &lo, &s->model);
     if (st != KILN_OK) {
@@ -170,40 +350,109 @@ static kiln_status servable_load(kiln_manager *m, const char *dir, int64_t versi
         }
         s->n_sessions = i + 1;
     }
+    if (m->opts.batching) {
+        s->batchers = calloc(n > 0 ? (size_t)n : 1, sizeof *s->batchers);
+        if (!s->batchers) {
+            servable_free(s);
+            return KILN_ERR_OUT_OF_MEMORY;
+        }
+        for (int i = 0; i < n; i++) {
+            st = kiln_batcher_create(s->sessions[i], kiln_model_signature(s->model, i),
+                                     m->opts.batching, m->opts.batch_stats, name, version,
+                                     &s->batchers[i]);
+            if (st != KILN_OK) {
+                servable_free(s);
+                return st;
+            }
+        }
+    }
     atomic_init(&s->refs, 1);
     *out = s;
     return KILN_OK;
 }
 
-kiln_servable *kiln_manager_acquire(kiln_manager *m, const char *name, int64_t version, char *err)
+/* Caller holds sm->mu. */
+static kiln_servable *pick(served_model *sm, int64_t version)
 {
+    if (sm->n_served == 0) return NULL;
+    if (version < 0) return sm->served[0];
+    for (int i = 0; i < sm->n_served; i++)
+        if (sm->served[i]->version == version) return sm->served[i];
+    return NULL;
+}
+
+/* Caller holds sm->mu. */
+static int find_label(served_model *sm, const char *label, int64_t *version)
+{
+    for (int l = 0; l < sm->cfg.n_labels; l++)
+        if (strcmp(sm->cfg.label_names[l], label) == 0) {
+            *version = sm->cfg.label_versions[l];
+            return 1;
+        }
+    return 0;
+}
+
+kiln_status kiln_manager_resolve_label(kiln_manager *m, const char *name, const char *label,
+                                       int64_t *version, char *err)
+{
+    int found = 0;
+    pthread_rwlock_rdlock(&m->list_lock);
     served_model *sm = find_model(m, name);
-    kiln_servable *s = NULL;
     if (sm) {
         pthread_mutex_lock(&sm->mu);
-        s = sm->current;
-        if (s && version >= 0 && s->version != version) s = NULL;
+        found = find_label(sm, label, version);
+        pthread_mutex_unlock(&sm->mu);
+    }
+    pthread_rwlock_unlock(&m->list_lock);
+    if (found) return KILN_OK;
+    snprintf(err, KILN_JSON_ERR_LEN, "Unrecognized servable version label: %.200s", label);
+    return KILN_ERR_INVALID_ARGUMENT;
+}
+
+kiln_servable *kiln_manager_acquire(kiln_manager *m, const char *name, int64_t version,
+                                    const char *label, char *err, const char **code)
+{
+    kiln_servable *s = NULL;
+    int bad_label = 0;
+    pthread_rwlock_rdlock(&m->list_lock);
+    served_model *sm = find_model(m, name);
+    if (label && *label) {
+        bad_label = !sm;
+        if (sm) {
+            pthread_mutex_lock(&sm->mu);
+            bad_label = !find_label(sm, label, &version);
+            pthread_mutex_unlock(&sm->mu);
+        }
+    }
+    if (sm && !bad_label) {
+        pthread_mutex_lock(&sm->mu);
+        s = pick(sm, version);
         if (s) atomic_fetch_add(&s->refs, 1);
         pthread_mutex_unlock(&sm->mu);
     }
-    if (!s) {
-        if (version < 0)
-            snprintf(err, KILN_JSON_ERR_LEN, "Servable not found for request: Latest(%.200s)", name);
-        else
-            snprintf(err, KILN_JSON_ERR_LEN,
-                     "Servable not found for request: Specific(%.200s, %" PRId64 ")", name, version);
-    }
-    return s;
+    pthread_rwlock_unlock(&m->list_lock);
+    if (s) return s;
+    if (code) *code = bad_label ? "INVALID_ARGUMENT" : "NOT_FOUND";
+    if (bad_label)
+        snprintf(err, KILN_JSON_ERR_LEN, "Unrecognized servable version label: %.200s", label);
+    else if (version < 0)
+        snprintf(err, KILN_JSON_ERR_LEN, "Servable not found for request: Latest(%.200s)", name);
+    else
+        snprintf(err, KILN_JSON_ERR_LEN,
+                 "Servable not found for request: Specific(%.200s, %" PRId64 ")", name, version);
+    return NULL;
 }
 
 int kiln_manager_ready(kiln_manager *m)
 {
     int ready = 1;
+    pthread_rwlock_rdlock(&m->list_lock);
     for (int i = 0; i < m->n_models; i++) {
-        pthread_mutex_lock(&m->models[i].mu);
-        if (!m->models[i].current) ready = 0;
-        pthread_mutex_unlock(&m->models[i].mu);
+        pthread_mutex_lock(&m->models[i]->mu);
+        if (m->models[i]->n_served == 0) ready = 0;
+        pthread_mutex_unlock(&m->models[i]->mu);
     }
+    pthread_rwlock_unlock(&m->list_lock);
     return ready;
 }
 
@@ -349,94 +598,209 @@ static void version_dir(const char *base, int64_t v, char *out, size_t cap)
     closedir(d);
 }
 
-/* One poll of one model: load the highest version worth trying. */
+/* Insert s into sm->served, highest version first. Caller holds sm->mu. */
+static int served_insert(served_model *sm, kiln_servable *s)
+{
+    if (sm->n_served == sm->cap_served) {
+        int cap = sm->cap_served ? sm->cap_served * 2 : 4;
+        kiln_servable **n = realloc(sm->served, (size_t)cap * sizeof *n);
+        if (!n) return 0;
+        sm->served = n;
+        sm->cap_served = cap;
+    }
+    int i = 0;
+    while (i < sm->n_served && sm->served[i]->version > s->version) i++;
+    memmove(&sm->served[i + 1], &sm->served[i], (size_t)(sm->n_served - i) * sizeof *sm->served);
+    sm->served[i] = s;
+    sm->n_served++;
+    return 1;
+}
+
+static int is_served(served_model *sm, int64_t v)
+{
+    pthread_mutex_lock(&sm->mu);
+    int yes = 0;
+    for (int i = 0; i < sm->n_served; i++) yes |= sm->served[i]->version == v;
+    pthread_mutex_unlock(&sm->mu);
+    return yes;
+}
+
+/* Load version v if it is not served and not a failure that has not changed
+ * since. 1 when v is served afterwards. */
+static int ensure_loaded(kiln_manager *m, served_model *sm, int64_t v)
+{
+    if (is_served(sm, v)) return 1;
+    char dir[4096];
+    version_dir(sm->base_path, v, dir, sizeof dir);
+    uint64_t fp = folder_fingerprint(dir, 2);
+    pthread_mutex_lock(&sm->mu);
+    version_record *r = find_record(sm, v);
+    int skip = r && r->state == KILN_VERSION_END && strcmp(r->error_code, "OK") != 0 &&
+               r->fingerprint == fp;
+    if (!skip) set_record(sm, v, KILN_VERSION_LOADING, "OK", NULL, 0);
+    pthread_mutex_unlock(&sm->mu);
+    if (skip) return 0; /* failed before, unchanged since */
+
+    log_event("load_start", sm->name, v, NULL);
+    kiln_servable *s = NULL;
+    kiln_status st = servable_load(m, sm->name, dir, v, &s);
+    if (st != KILN_OK) {
+        const char *msg = kiln_last_error();
+        char buf[KILN_JSON_ERR_LEN];
+        snprintf(buf, sizeof buf, "%s", msg && *msg ? msg : kiln_status_name(st));
+        /* the folder may have changed while loading: fingerprint after */
+        uint64_t fp_after = folder_fingerprint(dir, 2);
+        pthread_mutex_lock(&sm->mu);
+        set_record(sm, v, KILN_VERSION_END, status_code_name(st), buf, fp_after);
+        sm->loads_failed++;
+        pthread_mutex_unlock(&sm->mu);
+        log_event("load_failed", sm->name, v, buf);
+        return 0;
+    }
+    pthread_mutex_lock(&sm->mu);
+    int ok = served_insert(sm, s);
+    if (ok) {
+        set_record(sm, v, KILN_VERSION_AVAILABLE, "OK", NULL, 0);
+        sm->loads_ok++;
+    } else {
+        set_record(sm, v, KILN_VERSION_END, "RESOURCE_EXHAUSTED", "out of memory", fp);
+    }
+    pthread_mutex_unlock(&sm->mu);
+    if (!ok) {
+        kiln_servable_release(s);
+        return 0;
+    }
+    log_event("available", sm->name, v, NULL);
+    return 1;
+}
+
+/*
+ * One poll of one model: work out the versions the policy wants, load the
+ * missing ones (highest first), then drop served versions no longer wanted.
+ * latest{n} walks down from the highest version on disk until n versions
+ * are served, so a version that fails leaves the next lower one serving.
+ */
 static void poll_model(kiln_manager *m, served_model *sm)
 {
     int n;
     int64_t *versions = list_versions(sm->base_path, &n);
     pthread_mutex_lock(&sm->mu);
-    int64_t cur = sm->current ? sm->current->version : -1;
+    kiln_version_policy policy = sm->cfg.policy;
+    int want = sm->cfg.num_versions > 0 ? sm->cfg.num_versions : 1;
+    int n_spec = sm->cfg.n_specific;
+    int64_t *spec = n_spec ? malloc((size_t)n_spec * sizeof *spec) : NULL;
+    if (spec) memcpy(spec, sm->cfg.specific, (size_t)n_spec * sizeof *spec);
     pthread_mutex_unlock(&sm->mu);
-    int cur_on_disk = 0;
-    for (int i = 0; i < n; i++) cur_on_disk |= versions[i] == cur;
+    if (n_spec && !spec) goto out;
 
+    int64_t *kept = malloc(((size_t)n + 1) * sizeof *kept);
+    if (!kept) goto out;
+    int n_kept = 0;
     for (int i = 0; i < n; i++) {
         int64_t v = versions[i];
-        if (v == cur) break;
-        if (cur >= 0 && v < cur && cur_on_disk) break; /* never downgrade while current exists */
-        char dir[4096];
-        version_dir(sm->base_path, v, dir, sizeof dir);
-        uint64_t fp = folder_fingerprint(dir, 2);
-        pthread_mutex_lock(&sm->mu);
-        version_record *r = find_record(sm, v);
-        int skip = r && r->state == KILN_VERSION_END && strcmp(r->error_code, "OK") != 0 &&
-                   r->fingerprint == fp;
-        if (!skip) set_record(sm, v, KILN_VERSION_LOADING, "OK", NULL, 0);
-        pthread_mutex_unlock(&sm->mu);
-        if (skip) continue; /* failed before, unchanged since */
+        if (policy == KILN_POLICY_LATEST && n_kept == want) break;
+        if (policy == KILN_POLICY_SPECIFIC) {
+            int listed = 0;
+            for (int k = 0; k < n_spec; k++) listed |= spec[k] == v;
+            if (!listed) continue;
+        }
+        if (ensure_loaded(m, sm, v)) kept[n_kept++] = v;
+    }
 
-        log_event("load_start", sm->name, v, NULL);
-        kiln_servable *s = NULL;
-        kiln_status st = servable_load(m, dir, v, &s);
-        if (st != KILN_OK) {
-            const char *msg = kiln_last_error();
-            char buf[KILN_JSON_ERR_LEN];
-            snprintf(buf, sizeof buf, "%s", msg && *msg ? msg : kiln_status_name(st));
-            /* the folder may have changed while loading: fingerprint after */
-            uint64_t fp_after = folder_fingerprint(dir, 2);
-            pthread_mutex_lock(&sm->mu);
-            set_record(sm, v, KILN_VERSION_END, status_code_name(st), buf, fp_after);
-            sm->loads_failed++;
-            pthread_mutex_unlock(&sm->mu);
-            log_event("load_failed", sm->name, v, buf);
-            continue; /* try the next lower version if nothing better is served */
-        }
+    /* drop what the policy no longer wants, but never the last version */
+    kiln_servable *drop[64];
+    int n_drop = 0;
+    if (n_kept > 0) {
         pthread_mutex_lock(&sm->mu);
-        kiln_servable *old = sm->current;
-        sm->current = s;
-        set_record(sm, v, KILN_VERSION_AVAILABLE, "OK", NULL, 0);
-        if (old) set_record(sm, old->version, KILN_VERSION_END, "OK", NULL, 0);
-        sm->loads_ok++;
-        pthread_mutex_unlock(&sm->mu);
-        log_event("available", sm->name, v, NULL);
-        if (old) {
-            log_event("unload", sm->name, old->version, "freed after in-flight requests finish");
-            kiln_servable_release(old);
+        for (int i = 0; i < sm->n_served && n_drop < 64;) {
+            int keep = 0;
+            for (int k = 0; k < n_kept; k++) keep |= kept[k] == sm->served[i]->version;
+            if (keep) {
+                i++;
+                continue;
+            }
+            drop[n_drop++] = sm->served[i];
+            set_record(sm, sm->served[i]->version, KILN_VERSION_END, "OK", NULL, 0);
+            memmove(&sm->served[i], &sm->served[i + 1],
+                    (size_t)(sm->n_served - i - 1) * sizeof *sm->served);
+            sm->n_served--;
         }
-        break;
+        pthread_mutex_unlock(&sm->mu);
     }
-    if (n == 0) {
-        static _Thread_local int warned;
-        if (!warned) log_event("no_versions", sm->name, -1, sm->base_path);
-        warned = 1;
+    for (int i = 0; i < n_drop; i++) {
+        log_event("unload", sm->name, drop[i]->version, "freed after in-flight requests finish");
+        kiln_servable_release(drop[i]);
     }
+    free(kept);
+    if (n == 0 && !sm->warned_empty) log_event("no_versions", sm->name, -1, sm->base_path);
+    sm->warned_empty = n == 0;
+out:
+    free(spec);
     free(versions);
+}
+
+/* Re-read the config file and apply it; on error keep the old config. */
+static void reload_config(kiln_manager *m)
+{
+    kiln_server_config *c;
+    char err[KILN_CONFIG_ERR_LEN];
+    if (kiln_server_config_load(m->opts.config_file, &c, err) != KILN_OK) {
+        log_event("config_error", "-", -1, err);
+        return;
+    }
+    kiln_manager_apply_config(m, c);
+    kiln_server_config_free(c);
+}
+
+static void add_seconds(struct timespec *t, int s)
+{
+    clock_gettime(CLOCK_REALTIME, t);
+    t->tv_sec += s;
+}
+
+static int before(const struct timespec *a, const struct timespec *b)
+{
+    return a->tv_sec < b->tv_sec || (a->tv_sec == b->tv_sec && a->tv_nsec < b->tv_nsec);
 }
 
 static void *poll_thread(void *arg)
 {
     kiln_manager *m = arg;
+    int fs = m->opts.poll_seconds > 0;
+    int cfg = m->opts.config_file && m->opts.config_poll_seconds > 0;
+    struct timespec next_fs, next_cfg, now;
+    add_seconds(&next_fs, fs ? m->opts.poll_seconds : 1 << 30);
+    add_seconds(&next_cfg, cfg ? m->opts.config_poll_seconds : 1 << 30);
     for (;;) {
         pthread_mutex_lock(&m->stop_mu);
-        struct timespec until;
-        clock_gettime(CLOCK_REALTIME, &until);
-        until.tv_sec += m->opts.poll_seconds;
+        const struct timespec *until = before(&next_cfg, &next_fs) ? &next_cfg : &next_fs;
         while (!m->stopping) {
-            if (pthread_cond_timedwait(&m->stop_cv, &m->stop_mu, &until) == ETIMEDOUT) break;
+            if (pthread_cond_timedwait(&m->stop_cv, &m->stop_mu, until) == ETIMEDOUT) break;
         }
         int stop = m->stopping;
         pthread_mutex_unlock(&m->stop_mu);
         if (stop) break;
-        for (int i = 0; i < m->n_models; i++) poll_model(m, &m->models[i]);
+        clock_gettime(CLOCK_REALTIME, &now);
+        if (cfg && !before(&now, &next_cfg)) {
+            reload_config(m); /* polls every model too */
+            add_seconds(&next_cfg, m->opts.config_poll_seconds);
+            if (fs) add_seconds(&next_fs, m->opts.poll_seconds);
+            continue;
+        }
+        if (fs && !before(&now, &next_fs)) {
+            for (int i = 0; i < m->n_models; i++) poll_model(m, m->models[i]);
+            add_seconds(&next_fs, m->opts.poll_seconds);
+        }
     }
     return NULL;
 }
 
 kiln_status kiln_manager_start(kiln_manager *m)
 {
-    if (m->opts.poll_seconds >= 0)
-        for (int i = 0; i < m->n_models; i++) poll_model(m, &m->models[i]);
-    if (m->opts.poll_seconds > 0) {
+    if (m->opts.poll_seconds >= 0 || m->opts.config_file)
+        for (int i = 0; i < m->n_models; i++) poll_model(m, m->models[i]);
+    m->started = 1;
+    if (m->opts.poll_seconds > 0 || (m->opts.config_file && m->opts.config_poll_seconds > 0)) {
         if (pthread_create(&m->thread, NULL, poll_thread, m) != 0) return KILN_ERR_INTERNAL;
         m->thread_started = 1;
     }
@@ -453,16 +817,9 @@ void kiln_manager_free(kiln_manager *m)
         pthread_mutex_unlock(&m->stop_mu);
         pthread_join(m->thread, NULL);
     }
-    for (int i = 0; i < m->n_models; i++) {
-        served_model *sm = &m->models[i];
-        kiln_servable_release(sm->current);
-        for (int k = 0; k < sm->n_vr; k++) free(sm->vr[k].error_message);
-        free(sm->vr);
-        free(sm->name);
-        free(sm->base_path);
-        pthread_mutex_destroy(&sm->mu);
-    }
+    for (int i = 0; i < m->n_models; i++) model_free(m->models[i]);
     free(m->models);
+    pthread_rwlock_destroy(&m->list_lock);
     pthread_mutex_destroy(&m->stop_mu);
     pthread_cond_destroy(&m->stop_cv);
     free(m);
@@ -478,8 +835,10 @@ static int cmp_record_desc(const void *a, const void *b)
 kiln_status kiln_manager_write_status(kiln_manager *m, const char *name, int64_t version,
                                       kiln_sbuf *b, char *err)
 {
+    pthread_rwlock_rdlock(&m->list_lock);
     served_model *sm = find_model(m, name);
     if (!sm) {
+        pthread_rwlock_unlock(&m->list_lock);
         snprintf(err, KILN_JSON_ERR_LEN, "Could not find any versions of model %.200s", name);
         return KILN_ERR_NOT_FOUND;
     }
@@ -502,6 +861,7 @@ kiln_status kiln_manager_write_status(kiln_manager *m, const char *name, int64_t
     }
     kiln_sbuf_puts(b, shown ? "\n ]\n}\n" : "]\n}\n");
     pthread_mutex_unlock(&sm->mu);
+    pthread_rwlock_unlock(&m->list_lock);
     if (shown == 0) {
         if (version >= 0)
             snprintf(err, KILN_JSON_ERR_LEN,
@@ -516,36 +876,39 @@ kiln_status kiln_manager_write_status(kiln_manager *m, const char *name, int64_t
 void kiln_manager_write_list(kiln_manager *m, kiln_sbuf *b)
 {
     kiln_sbuf_puts(b, "{\"models\": [");
+    pthread_rwlock_rdlock(&m->list_lock);
     for (int i = 0; i < m->n_models; i++) {
-        served_model *sm = &m->models[i];
+        served_model *sm = m->models[i];
         pthread_mutex_lock(&sm->mu);
         kiln_sbuf_puts(b, i ? ", {\"name\": " : "{\"name\": ");
         kiln_sbuf_json_string(b, sm->name, strlen(sm->name));
-        kiln_sbuf_printf(b, ", \"ready\": %s, \"versions\": [", sm->current ? "true" : "false");
+        kiln_sbuf_printf(b, ", \"ready\": %s, \"versions\": [", sm->n_served ? "true" : "false");
         for (int k = 0; k < sm->n_vr; k++)
             kiln_sbuf_printf(b, "%s{\"version\": \"%" PRId64 "\", \"state\": \"%s\"}",
                              k ? ", " : "", sm->vr[k].version, state_name(sm->vr[k].state));
         kiln_sbuf_puts(b, "]}");
         pthread_mutex_unlock(&sm->mu);
     }
+    pthread_rwlock_unlock(&m->list_lock);
     kiln_sbuf_puts(b, "]}\n");
 }
 
 void kiln_manager_write_metrics(kiln_manager *m, kiln_sbuf *b)
 {
+    pthread_rwlock_rdlock(&m->list_lock);
     kiln_sbuf_puts(b, "# TYPE kiln_model_version_available gauge\n");
     for (int i = 0; i < m->n_models; i++) {
-        served_model *sm = &m->models[i];
+        served_model *sm = m->models[i];
         pthread_mutex_lock(&sm->mu);
-        if (sm->current)
+        for (int k = 0; k < sm->n_served; k++)
             kiln_sbuf_printf(b, "kiln_model_version_available{model_name=\"%s\",version=\"%" PRId64
                                 "\"} 1\n",
-                             sm->name, sm->current->version);
+                             sm->name, sm->served[k]->version);
         pthread_mutex_unlock(&sm->mu);
     }
     kiln_sbuf_puts(b, "# TYPE kiln_model_load_count counter\n");
     for (int i = 0; i < m->n_models; i++) {
-        served_model *sm = &m->models[i];
+        served_model *sm = m->models[i];
         pthread_mutex_lock(&sm->mu);
         kiln_sbuf_printf(b, "kiln_model_load_count{model_name=\"%s\",status=\"OK\"} %" PRIu64 "\n",
                          sm->name, sm->loads_ok);
@@ -554,4 +917,5 @@ void kiln_manager_write_metrics(kiln_manager *m, kiln_sbuf *b)
                          sm->name, sm->loads_failed);
         pthread_mutex_unlock(&sm->mu);
     }
+    pthread_rwlock_unlock(&m->list_lock);
 }

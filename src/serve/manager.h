@@ -4,15 +4,23 @@
  * last request using them finishes.
  *
  * Each served model has a base path whose numeric subfolders are versions
- * (TF Serving's layout; each holds model.onnx or a SavedModel). The policy
- * is TF Serving's default, latest{num_versions: 1}: the highest-numbered
- * version that loads is served. A background thread polls the base paths
- * every poll_seconds; a new version is loaded (kiln_model_load, one session
- * per signature) while the old one keeps serving, then swapped in under the
- * model's lock. A version that fails to load is never served: its status
- * records the error, the previous version keeps serving, and the load is
- * retried only when the folder's contents change (a copy that was still in
- * progress).
+ * (TF Serving's layout; each holds model.onnx or a SavedModel), a version
+ * policy (TF Serving's latest{num_versions} (default 1), all, or
+ * specific{versions}) and version labels (name -> version). A background
+ * thread polls the base paths every poll_seconds; a new version is loaded
+ * (kiln_model_load, one session per signature) while the served ones keep
+ * serving, then added under the model's lock; versions the policy no longer
+ * wants are dropped after that, so there is no gap in serving. A version
+ * that fails to load is never served: its status records the error, the
+ * previous version keeps serving, and the load is retried only when the
+ * folder's contents change (a copy that was still in progress). The last
+ * served version of a model is never dropped for want of a replacement.
+ *
+ * Models come from kiln_manager_add_model / kiln_manager_add_config before
+ * start, and, with a config file and config_poll_seconds > 0, from the
+ * polling thread, which re-reads the file and applies it: new models are
+ * added, changed policies and labels replace the old ones, models no longer
+ * listed are unloaded (TF Serving: the new config fully supersedes the old).
  *
  * Ownership: a kiln_servable is reference-counted. The manager holds one
  * reference to each served version; kiln_manager_acquire gives the caller
@@ -26,7 +34,10 @@
 #include <stdint.h>
 
 #include "kiln/kiln.h"
+#include "serve/config.h"
 #include "serve/json.h"
+
+struct kiln_batcher;
 
 /* TF Serving's ManagerState values, as printed in status JSON. */
 typedef enum kiln_version_state {
@@ -43,6 +54,8 @@ typedef struct kiln_servable {
     kiln_model *model;        /* owned */
     int n_sessions;
     kiln_session **sessions;  /* [i] runs signature i; owned */
+    struct kiln_batcher **batchers; /* [i] batches signature i; NULL without batching; owned */
+    char model_name[256];     /* for logs and metrics */
     atomic_int refs;
 } kiln_servable;
 
@@ -52,11 +65,18 @@ typedef struct kiln_manager_options {
     int poll_seconds;               /* >0 poll every N s; 0 poll once; <0 never poll */
     const char *saved_model_tags;   /* NULL = "serve" */
     kiln_session_options session;
+    const char *config_file;        /* --model_config_file, re-read when ... */
+    int config_poll_seconds;        /* ... this is > 0 */
+    const kiln_batching_params *batching; /* non-NULL: batch every signature (borrowed) */
+    struct kiln_batch_stats *batch_stats; /* where batchers count (borrowed) */
 } kiln_manager_options;
 
 kiln_status kiln_manager_create(const kiln_manager_options *opts, kiln_manager **out);
-/* Add a model before kiln_manager_start; name and base_path are copied. */
+/* Add a model before kiln_manager_start (policy latest{1}, no labels);
+ * name and base_path are copied. */
 kiln_status kiln_manager_add_model(kiln_manager *m, const char *name, const char *base_path);
+/* Apply a whole config (copied): before start, or on the polling thread. */
+kiln_status kiln_manager_apply_config(kiln_manager *m, const kiln_server_config *c);
 /* Poll every base path once (loading what is there, on this thread), then
  * start the polling thread. */
 kiln_status kiln_manager_start(kiln_manager *m);
@@ -64,12 +84,18 @@ kiln_status kiln_manager_start(kiln_manager *m);
 void kiln_manager_free(kiln_manager *m);
 
 /*
- * The servable for a request: version < 0 means the latest served one.
- * Returns NULL when there is none, with an HTTP-ready message in err
- * ("Servable not found for request: Latest(name)").
+ * The servable for a request: by label when label is non-NULL and non-empty,
+ * else by version (< 0: the highest served one). Returns NULL when there is
+ * none, with an HTTP-ready message in err and TF's code name in *code:
+ * NOT_FOUND "Servable not found for request: Latest(name)" /
+ * "Specific(name, v)", or INVALID_ARGUMENT "Unrecognized servable version
+ * label: l" (TF Serving answers 400 for an unknown label).
  */
 kiln_servable *kiln_manager_acquire(kiln_manager *m, const char *name, int64_t version,
-                                    char *err);
+                                    const char *label, char *err, const char **code);
+/* The version a label names; INVALID_ARGUMENT with err set if unknown. */
+kiln_status kiln_manager_resolve_label(kiln_manager *m, const char *name, const char *label,
+                                       int64_t *version, char *err);
 void kiln_servable_release(kiln_servable *s);
 
 /* True when every model has a version AVAILABLE. */

@@ -15,7 +15,9 @@
 #include <string.h>
 #include <strings.h>
 
+#include "serve/batch.h"
 #include "serve/codec.h"
+#include "serve/example.h"
 #include "serve/server.h"
 
 typedef enum route_kind {
@@ -175,13 +177,9 @@ static route_kind parse_path(const char *method, const char *path, route_params 
 static kiln_servable *acquire(kiln_server *s, const route_params *p, kiln_http_reply *rep)
 {
     char err[KILN_JSON_ERR_LEN];
-    if (p->label[0]) {
-        snprintf(err, sizeof err, "Unrecognized servable version label: %s", p->label);
-        kiln_reply_error(rep, "NOT_FOUND", err);
-        return NULL;
-    }
-    kiln_servable *sv = kiln_manager_acquire(s->manager, p->name, p->version, err);
-    if (!sv) kiln_reply_error(rep, "NOT_FOUND", err);
+    const char *code = "NOT_FOUND";
+    kiln_servable *sv = kiln_manager_acquire(s->manager, p->name, p->version, p->label, err, &code);
+    if (!sv) kiln_reply_error(rep, code, err);
     return sv;
 }
 
@@ -252,12 +250,13 @@ static void h_v1_status(kiln_server *s, const kiln_http_request *req, const rout
     char err[KILN_JSON_ERR_LEN];
     snprintf(rep->model, sizeof rep->model, "%s", p->name);
     rep->api = "status";
-    if (p->label[0]) {
-        snprintf(err, sizeof err, "Unrecognized servable version label: %s", p->label);
-        kiln_reply_error(rep, "NOT_FOUND", err);
+    int64_t version = p->version;
+    if (p->label[0] &&
+        kiln_manager_resolve_label(s->manager, p->name, p->label, &version, err) != KILN_OK) {
+        kiln_reply_error(rep, "INVALID_ARGUMENT", err);
         return;
     }
-    if (kiln_manager_write_status(s->manager, p->name, p->version, &rep->body, err) != KILN_OK)
+    if (kiln_manager_write_status(s->manager, p->name, version, &rep->body, err) != KILN_OK)
         kiln_reply_error(rep, "NOT_FOUND", err);
 }
 
@@ -351,6 +350,21 @@ static void h_v1_predict(kiln_server *s, const kiln_http_request *req, const rou
         kiln_reply_error(rep, code_for(st), err);
         goto err_free_doc;
     }
+    if (sv->batchers) {
+        /* --enable_batching: merged with concurrent requests, rows split back */
+        kiln_batch_result br;
+        const char *code;
+        st = kiln_batcher_run(sv->batchers[si], in, n, &br, err, &code);
+        if (st != KILN_OK) {
+            kiln_reply_error(rep, code, err);
+            goto err_free_doc;
+        }
+        st = kiln_predict_encode(&rep->body, pr.columnar, br.n, br.names,
+                                 (const kiln_tensor *const *)br.t, err);
+        if (st != KILN_OK) kiln_reply_error(rep, code_for(st), err);
+        kiln_batch_result_free(&br);
+        goto err_free_doc;
+    }
     kiln_outputs *out = run(sv->sessions[si], specs, in, n, rep);
     if (!out) goto err_free_doc;
     int no = kiln_outputs_count(out);
@@ -378,12 +392,139 @@ err_release:
     kiln_servable_release(sv);
 }
 
+/* The output named `name` in out, or NULL. */
+static const kiln_tensor *output_named(const kiln_outputs *out, const char *name)
+{
+    for (int i = 0; i < kiln_outputs_count(out); i++)
+        if (strcmp(kiln_outputs_name(out, i), name) == 0) return kiln_outputs_get(out, i);
+    return NULL;
+}
+
+/* Write {"results": ...} for a classify (classes and/or scores, [n, k]) or
+ * regress (outputs, [n] or [n, 1]) run over n examples. */
+static kiln_status write_results(kiln_sbuf *b, int classify, const kiln_outputs *out, int64_t n,
+                                 char *err)
+{
+    if (!classify) {
+        const kiln_tensor *y = output_named(out, "outputs");
+        if (!y || y->dtype != KILN_DTYPE_F32 || kiln_tensor_count(y) != n || y->rank < 1 ||
+            y->dims[0] != n) {
+            snprintf(err, KILN_JSON_ERR_LEN, "Expected output tensor 'outputs' of type float with "
+                     "one value per example (%lld)", (long long)n);
+            return KILN_ERR_INVALID_ARGUMENT;
+        }
+        kiln_sbuf_puts(b, "{\n    \"results\": [");
+        for (int64_t i = 0; i < n; i++)
+            kiln_sbuf_printf(b, "%s%.9g", i ? ", " : "", ((const float *)y->data)[i]);
+        kiln_sbuf_puts(b, "]\n}\n");
+        return KILN_OK;
+    }
+    const kiln_tensor *classes = output_named(out, "classes");
+    const kiln_tensor *scores = output_named(out, "scores");
+    if (!classes && !scores) {
+        snprintf(err, KILN_JSON_ERR_LEN, "Expected classification signature outputs to contain "
+                 "at least one of classes and scores");
+        return KILN_ERR_INVALID_ARGUMENT;
+    }
+    const kiln_tensor *shape = classes ? classes : scores;
+    if (shape->rank != 2 || shape->dims[0] != n ||
+        (classes && classes->dtype != KILN_DTYPE_STRING) ||
+        (scores && (scores->dtype != KILN_DTYPE_F32 || scores->rank != 2 ||
+                    scores->dims[0] != n || scores->dims[1] != shape->dims[1]))) {
+        snprintf(err, KILN_JSON_ERR_LEN, "Expected classes (string) and scores (float) outputs "
+                 "of shape [%lld, classes]", (long long)n);
+        return KILN_ERR_INVALID_ARGUMENT;
+    }
+    int64_t k = shape->dims[1];
+    kiln_sbuf_puts(b, "{\n    \"results\": [");
+    for (int64_t i = 0; i < n; i++) {
+        kiln_sbuf_puts(b, i ? ", [" : "[");
+        for (int64_t c = 0; c < k; c++) {
+            kiln_sbuf_puts(b, c ? ", [" : "[");
+            if (classes) {
+                const kiln_string *sv = &((const kiln_string *)classes->data)[i * k + c];
+                kiln_sbuf_json_string(b, sv->data ? sv->data : "", sv->len);
+            } else {
+                kiln_sbuf_puts(b, "\"\"");
+            }
+            kiln_sbuf_printf(b, ", %.9g]", scores ? ((const float *)scores->data)[i * k + c] : 0.0);
+        }
+        kiln_sbuf_puts(b, "]");
+    }
+    kiln_sbuf_puts(b, "]\n}\n");
+    return KILN_OK;
+}
+
+/* :classify and :regress: examples -> serialized tf.Example -> the
+ * signature's string input -> {"results": ...}. */
 static void h_v1_classify(kiln_server *s, const kiln_http_request *req, const route_params *p,
                           kiln_http_reply *rep)
 {
+    char err[KILN_JSON_ERR_LEN];
+    int classify = strcasecmp(strrchr(req->path, ':'), ":classify") == 0;
+    const char *want = classify ? "tensorflow/serving/classify" : "tensorflow/serving/regress";
     snprintf(rep->model, sizeof rep->model, "%s", p->name);
-    rep->api = "classify";
-    kiln_reply_error(rep, "UNIMPLEMENTED", "classify and regress are not implemented yet by kiln serve");
+    rep->api = classify ? "classify" : "regress";
+    kiln_servable *sv = acquire(s, p, rep);
+    if (!sv) return;
+    kiln_json_doc doc;
+    char *sig_name = NULL;
+    kiln_tensor *examples = NULL;
+    if (kiln_json_parse(req->body, req->body_len, KILN_JSON_MAX_DEPTH, &doc, err) != KILN_OK) {
+        kiln_reply_error(rep, "INVALID_ARGUMENT", err);
+        goto err_release;
+    }
+    if (doc.tok[0].type != KILN_JSON_OBJECT) {
+        kiln_reply_error(rep, "INVALID_ARGUMENT", "Is not object");
+        goto err_free_doc;
+    }
+    int sn = kiln_json_object_get(&doc, 0, "signature_name");
+    if (sn >= 0) {
+        if (doc.tok[sn].type != KILN_JSON_STRING) {
+            kiln_reply_error(rep, "INVALID_ARGUMENT", "'signature_name' key must be a string value.");
+            goto err_free_doc;
+        }
+        sig_name = kiln_json_string_dup(&doc, sn, NULL);
+    }
+    int si = find_signature(sv, sig_name);
+    if (si < 0) {
+        snprintf(err, sizeof err, "Serving signature name: \"%.200s\" not found in signature def",
+                 sig_name ? sig_name : "serving_default");
+        kiln_reply_error(rep, "INVALID_ARGUMENT", err);
+        goto err_free_doc;
+    }
+    const kiln_signature *sig = kiln_model_signature(sv->model, si);
+    const char *method = kiln_signature_method(sig);
+    if (!method || strcmp(method, want) != 0) {
+        snprintf(err, sizeof err, "Expected %s signature method_name to be %s. Was: %.200s",
+                 classify ? "classification" : "regression", want,
+                 method ? method : "tensorflow/serving/predict");
+        kiln_reply_error(rep, "INVALID_ARGUMENT", err);
+        goto err_free_doc;
+    }
+    if (kiln_signature_input_count(sig) != 1 ||
+        kiln_signature_input(sig, 0)->dtype != KILN_DTYPE_STRING) {
+        snprintf(err, sizeof err, "Expected one string input (serialized tf.Example) in signature "
+                 "'%.200s'", kiln_signature_name(sig));
+        kiln_reply_error(rep, "INVALID_ARGUMENT", err);
+        goto err_free_doc;
+    }
+    kiln_status st = kiln_examples_encode(&doc, 0, &examples, err);
+    if (st != KILN_OK) {
+        kiln_reply_error(rep, code_for(st), err);
+        goto err_free_doc;
+    }
+    kiln_outputs *out = run(sv->sessions[si], kiln_signature_input(sig, 0), &examples, 1, rep);
+    if (!out) goto err_free_doc;
+    st = write_results(&rep->body, classify, out, examples->dims[0], err);
+    if (st != KILN_OK) kiln_reply_error(rep, code_for(st), err);
+    kiln_outputs_free(out);
+err_free_doc:
+    kiln_tensor_free(examples);
+    free(sig_name);
+    kiln_json_doc_free(&doc);
+err_release:
+    kiln_servable_release(sv);
 }
 
 static void h_v2_server(kiln_server *s, const kiln_http_request *req, const route_params *p,
@@ -416,7 +557,7 @@ static void h_v2_model_ready(kiln_server *s, const kiln_http_request *req, const
         kiln_reply_error(rep, "NOT_FOUND", err);
         return;
     }
-    kiln_servable *sv = kiln_manager_acquire(s->manager, p->name, p->version, err);
+    kiln_servable *sv = kiln_manager_acquire(s->manager, p->name, p->version, NULL, err, NULL);
     int ready = sv != NULL && !atomic_load(&s->shutting_down);
     kiln_servable_release(sv);
     rep->code = ready ? 200 : 503;
@@ -529,6 +670,7 @@ static void h_metrics(kiln_server *s, const kiln_http_request *req, const route_
     rep->content_type = "text/plain; version=0.0.4";
     kiln_metrics_write(s->metrics, &rep->body, atomic_load(&s->in_flight));
     kiln_manager_write_metrics(s->manager, &rep->body);
+    kiln_batch_stats_write(s->opt.batch_stats, &rep->body);
 }
 
 static const struct route {

@@ -4,8 +4,9 @@
  * request to the route table, metrics per request, and shutdown.
  *
  * Each request runs on one of MHD's pool threads from first byte to reply;
- * model runs happen on that thread (batching, which would suspend the
- * connection, is not implemented yet).
+ * model runs happen on that thread, or, with --enable_batching, on a batch
+ * worker while that thread waits for its rows (batch.c), so
+ * --rest_api_num_threads bounds how many requests can join one batch.
  */
 #include "serve/server.h"
 

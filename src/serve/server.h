@@ -21,6 +21,7 @@ typedef struct kiln_server_options {
     int num_threads;       /* --rest_api_num_threads */
     int timeout_ms;        /* --rest_api_timeout_in_ms */
     size_t max_body;       /* request body limit after decompression */
+    struct kiln_batch_stats *batch_stats; /* batching counters for /metrics, or NULL */
 } kiln_server_options;
 
 typedef struct kiln_server {

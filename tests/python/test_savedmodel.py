@@ -606,3 +606,301 @@ def test_corpus_models_compute(case, inputs, want, tmp_path):
     if case == "ok_two_signatures":
         got = predict(d, inputs, signature="double", tmp=tmp_path)
         np.testing.assert_allclose(got["y"], [2.0, 4.0])
+
+
+# ------------------------------------------ single TF ops against numpy
+
+NP_DT = {np.dtype(np.float32): corpus.DT_FLOAT, np.dtype(np.int32): corpus.DT_INT32,
+         np.dtype(np.int64): corpus.DT_INT64, np.dtype(np.bool_): corpus.DT_BOOL}
+
+
+def const_node(name, arr):
+    arr = np.ascontiguousarray(arr)
+    dt = NP_DT[arr.dtype]
+    return corpus.node(name, "Const", dtype=corpus.a_type(dt),
+                       value=corpus.a_tensor(corpus.tensor(dt, list(arr.shape),
+                                                           content=arr.tobytes())))
+
+
+def op_model(tmp_path, inputs, nodes, outputs):
+    """inputs: {name: array} (placeholders of those dtypes and shapes); nodes: NodeDef bytes
+    (Consts via const_node); outputs: {alias: tensor name}."""
+    phs = [corpus.placeholder(k, NP_DT[v.dtype], list(v.shape)) for k, v in inputs.items()]
+    sig = corpus.signature(
+        {k: corpus.tensor_info(f"{k}:0", NP_DT[v.dtype], list(v.shape)) for k, v in inputs.items()},
+        {k: corpus.tensor_info(t) for k, t in outputs.items()})
+    d = tmp_path / "opmodel"
+    if d.exists():
+        shutil.rmtree(d)
+    d.mkdir()
+    (d / "saved_model.pb").write_bytes(corpus.saved_model(phs + nodes, {"serving_default": sig}))
+    return predict(d, inputs, tmp=tmp_path)
+
+
+def attr_ints(vals):
+    return corpus.f_len(1, b"".join(corpus.f_int(3, v) for v in vals))
+
+
+def attr_str(s):
+    return corpus.f_len(2, s)
+
+
+def attr_b(v):
+    return corpus.f_int(5, 1 if v else 0)
+
+
+def attr_f(v):
+    return corpus.f_float(4, v)
+
+
+FT = corpus.a_type(corpus.DT_FLOAT)
+I32 = corpus.a_type(corpus.DT_INT32)
+rng = np.random.default_rng(20250611)
+
+
+def randn(*shape):
+    return rng.standard_normal(shape).astype(np.float32)
+
+
+def np_conv2d_nhwc(x, w, stride, padding, dil=(1, 1)):
+    n, h, wd, c = x.shape
+    kh, kw, ci, co = w.shape
+    ekh, ekw = (kh - 1) * dil[0] + 1, (kw - 1) * dil[1] + 1
+    if padding == "SAME":
+        oh, ow = -(-h // stride[0]), -(-wd // stride[1])
+        ph = max((oh - 1) * stride[0] + ekh - h, 0)
+        pw = max((ow - 1) * stride[1] + ekw - wd, 0)
+        x = np.pad(x, ((0, 0), (ph // 2, ph - ph // 2), (pw // 2, pw - pw // 2), (0, 0)))
+    else:
+        oh, ow = (h - ekh) // stride[0] + 1, (wd - ekw) // stride[1] + 1
+    groups = c // ci
+    y = np.zeros((n, oh, ow, co), np.float64)
+    cog = co // groups
+    for i in range(oh):
+        for j in range(ow):
+            patch = x[:, i * stride[0]:i * stride[0] + ekh:dil[0], j * stride[1]:j * stride[1] + ekw:dil[1], :]
+            for g in range(groups):
+                y[..., i, j, g * cog:(g + 1) * cog] = np.tensordot(
+                    patch[..., g * ci:(g + 1) * ci], w[..., g * cog:(g + 1) * cog], axes=3)
+    return y.astype(np.float32)
+
+
+@pytest.mark.parametrize("padding,stride", [("SAME", 1), ("SAME", 2), ("VALID", 2)])
+def test_op_conv2d_nhwc(padding, stride, tmp_path):
+    x, w = randn(2, 7, 6, 3), randn(3, 2, 3, 4)
+    got = op_model(tmp_path, {"x": x}, [const_node("w", w), corpus.node(
+        "y", "Conv2D", ["x", "w"], T=FT, strides=attr_ints([1, stride, stride, 1]),
+        padding=attr_str(padding))], {"y": "y:0"})["y"]
+    np.testing.assert_allclose(got, np_conv2d_nhwc(x, w, (stride, stride), padding), rtol=1e-4, atol=1e-4)
+
+
+def test_op_depthwise_conv(tmp_path):
+    x, w = randn(1, 5, 5, 3), randn(3, 3, 3, 2)   # channel multiplier 2
+    got = op_model(tmp_path, {"x": x}, [const_node("w", w), corpus.node(
+        "y", "DepthwiseConv2dNative", ["x", "w"], T=FT, strides=attr_ints([1, 1, 1, 1]),
+        padding=attr_str("SAME"))], {"y": "y:0"})["y"]
+    # output channel c*2+m = conv of input channel c with w[..., c, m]
+    want = np.concatenate([np_conv2d_nhwc(x[..., c:c + 1], w[:, :, c:c + 1, :], (1, 1), "SAME")
+                           for c in range(3)], axis=-1)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("op,padding", [("MaxPool", "SAME"), ("AvgPool", "SAME"), ("MaxPool", "VALID")])
+def test_op_pool(op, padding, tmp_path):
+    x = randn(1, 5, 5, 2)
+    got = op_model(tmp_path, {"x": x}, [corpus.node(
+        "y", op, ["x"], T=FT, ksize=attr_ints([1, 2, 2, 1]), strides=attr_ints([1, 2, 2, 1]),
+        padding=attr_str(padding))], {"y": "y:0"})["y"]
+    oh = 3 if padding == "SAME" else 2
+    want = np.zeros((1, oh, oh, 2), np.float32)
+    for i in range(oh):
+        for j in range(oh):
+            win = x[:, 2 * i:2 * i + 2, 2 * j:2 * j + 2, :]   # SAME pads only at the end here
+            want[:, i, j, :] = win.max(axis=(1, 2)) if op == "MaxPool" else win.mean(axis=(1, 2))
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+
+
+def test_op_fused_batch_norm(tmp_path):
+    x = randn(2, 3, 3, 4)
+    s, o, m, v = randn(4), randn(4), randn(4), np.abs(randn(4)) + 0.5
+    got = op_model(tmp_path, {"x": x}, [const_node("s", s), const_node("o", o), const_node("m", m),
+                                        const_node("v", v), corpus.node(
+        "bn", "FusedBatchNormV3", ["x", "s", "o", "m", "v"], T=FT, U=FT,
+        epsilon=attr_f(0.001), is_training=attr_b(False))], {"y": "bn:0"})["y"]
+    np.testing.assert_allclose(got, (x - m) / np.sqrt(v + 0.001) * s + o, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("ta,tb", [(False, False), (True, False), (False, True), (True, True)])
+def test_op_matmul_transposes(ta, tb, tmp_path):
+    a, b = randn(3, 4), randn(4, 5)
+    a_in, b_in = (a.T.copy() if ta else a), (b.T.copy() if tb else b)
+    got = op_model(tmp_path, {"a": a_in, "b": b_in}, [corpus.node(
+        "y", "MatMul", ["a", "b"], T=FT, transpose_a=attr_b(ta), transpose_b=attr_b(tb))],
+        {"y": "y:0"})["y"]
+    np.testing.assert_allclose(got, a @ b, rtol=1e-5, atol=1e-5)
+
+
+STRIDED = [  # (begin, end, strides, masks dict, numpy index)
+    ([1], [3], [1], {}, np.s_[1:3]),
+    ([0, 1], [0, 3], [1, 1], {"begin_mask": 1, "end_mask": 1}, np.s_[:, 1:3]),
+    ([-1], [0], [-1], {"end_mask": 1}, np.s_[::-1]),
+    ([0, 2], [0, 3], [1, 1], {"shrink_axis_mask": 2, "begin_mask": 1, "end_mask": 1}, np.s_[:, 2]),
+    ([0, 0], [0, 1], [1, 1], {"ellipsis_mask": 1, "new_axis_mask": 0}, np.s_[..., 0:1]),
+    ([0, 0, 1], [0, 0, 2], [1, 1, 1], {"new_axis_mask": 2, "begin_mask": 1, "end_mask": 1},
+     np.s_[:, None, 1:2]),
+    ([-1, 0], [0, 0], [1, 1], {"shrink_axis_mask": 1, "end_mask": 2}, np.s_[-1, :]),
+    ([3, 0], [0, 4], [-2, 2], {"end_mask": 1}, np.s_[3::-2, 0:4:2]),
+]
+
+
+@pytest.mark.parametrize("case", range(len(STRIDED)))
+def test_op_strided_slice(case, tmp_path):
+    begin, end, strides, masks, idx = STRIDED[case]
+    x = np.arange(20, dtype=np.float32).reshape(4, 5)
+    attrs = {k: corpus.a_int(v) for k, v in masks.items()}
+    got = op_model(tmp_path, {"x": x}, [
+        const_node("b", np.array(begin, np.int32)), const_node("e", np.array(end, np.int32)),
+        const_node("s", np.array(strides, np.int32)),
+        corpus.node("y", "StridedSlice", ["x", "b", "e", "s"], T=FT, Index=I32, **attrs)],
+        {"y": "y:0"})["y"]
+    np.testing.assert_array_equal(got, x[idx])
+
+
+def test_op_shapes_and_reductions(tmp_path):
+    x = randn(2, 3, 4)
+    nodes = [
+        const_node("ax", np.array([1], np.int32)), const_node("ax2", np.array(-1, np.int32)),
+        const_node("perm", np.array([2, 0, 1], np.int32)),
+        const_node("shape", np.array([4, -1], np.int32)), const_node("idx", np.array([2, 0], np.int32)),
+        const_node("k", np.array(2, np.int32)),
+        corpus.node("mean", "Mean", ["x", "ax"], T=FT, Tidx=I32, keep_dims=attr_b(True)),
+        corpus.node("sum", "Sum", ["x", "ax2"], T=FT, Tidx=I32),
+        corpus.node("tr", "Transpose", ["x", "perm"], T=FT, Tperm=I32),
+        corpus.node("rs", "Reshape", ["x", "shape"], T=FT, Tshape=I32),
+        corpus.node("cat", "ConcatV2", ["x", "x", "ax"], T=FT, N=corpus.a_int(2), Tidx=I32),
+        corpus.node("pk", "Pack", ["x", "x"], T=FT, N=corpus.a_int(2), axis=corpus.a_int(-1)),
+        corpus.node("up", "Unpack", ["x"], T=FT, num=corpus.a_int(3), axis=corpus.a_int(1)),
+        corpus.node("ga", "GatherV2", ["x", "idx", "ax2"], Tparams=FT, Tindices=I32, Taxis=I32),
+        corpus.node("am", "ArgMax", ["x", "ax2"], T=FT, Tidx=I32),
+        corpus.node("tk", "TopKV2", ["x", "k"], T=FT),
+        corpus.node("sm", "Softmax", ["x"], T=FT),
+        corpus.node("ed", "ExpandDims", ["x", "ax2"], T=FT, Tdim=I32),
+        corpus.node("sh", "Shape", ["x"], T=FT, out_type=I32),
+        corpus.node("sp", "Split", ["ax", "x"], T=FT, num_split=corpus.a_int(3)),
+    ]
+    outs = {"mean": "mean:0", "sum": "sum:0", "tr": "tr:0", "rs": "rs:0", "cat": "cat:0",
+            "pk": "pk:0", "up1": "up:1", "ga": "ga:0", "am": "am:0", "tkv": "tk:0", "tki": "tk:1",
+            "sm": "sm:0", "ed": "ed:0", "sh": "sh:0", "sp2": "sp:2"}
+    g = op_model(tmp_path, {"x": x}, nodes, outs)
+    np.testing.assert_allclose(g["mean"], x.mean(axis=1, keepdims=True), rtol=1e-5)
+    np.testing.assert_allclose(g["sum"], x.sum(axis=-1), rtol=1e-5)
+    np.testing.assert_array_equal(g["tr"], x.transpose(2, 0, 1))
+    np.testing.assert_array_equal(g["rs"], x.reshape(4, -1))
+    np.testing.assert_array_equal(g["cat"], np.concatenate([x, x], axis=1))
+    np.testing.assert_array_equal(g["pk"], np.stack([x, x], axis=-1))
+    np.testing.assert_array_equal(g["up1"], x[:, 1, :])
+    np.testing.assert_array_equal(g["ga"], x[..., [2, 0]])
+    assert g["am"].dtype == np.int64
+    np.testing.assert_array_equal(g["am"], x.argmax(axis=-1))
+    np.testing.assert_array_equal(g["tkv"], -np.sort(-x, axis=-1)[..., :2])
+    assert g["tki"].dtype == np.int32
+    np.testing.assert_array_equal(g["tki"], np.argsort(-x, axis=-1, kind="stable")[..., :2])
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    np.testing.assert_allclose(g["sm"], e / e.sum(axis=-1, keepdims=True), rtol=1e-5)
+    np.testing.assert_array_equal(g["ed"], x[..., None])
+    np.testing.assert_array_equal(g["sh"], np.array([2, 3, 4], np.int32))
+    np.testing.assert_array_equal(g["sp2"], x[:, 2:3, :])
+
+
+def test_op_elementwise_tf_semantics(tmp_path):
+    a = np.array([7, -7, 7, -7, 0], np.int32)
+    b = np.array([2, 2, -2, -2, 3], np.int32)
+    f = np.array([-3.0, -0.5, 0.0, 2.0, 7.5], np.float32)
+    nodes = [
+        const_node("zero", np.array(0.0, np.float32)),
+        const_node("cond", np.array([True, False], np.bool_)),
+        const_node("m", np.array([[1.0, 2.0], [3.0, 4.0]], np.float32)),
+        corpus.node("fd", "FloorDiv", ["a", "b"], T=I32),
+        corpus.node("fm", "FloorMod", ["a", "b"], T=I32),
+        corpus.node("r6", "Relu6", ["f"], T=FT),
+        corpus.node("lr", "LeakyRelu", ["f"], T=FT, alpha=attr_f(0.1)),
+        corpus.node("dn", "DivNoNan", ["f", "zero"], T=FT),
+        corpus.node("sq", "SquaredDifference", ["f", "zero"], T=FT),
+        corpus.node("rs", "Rsqrt", ["sq"], T=FT),
+        corpus.node("ne", "NotEqual", ["a", "b"], T=I32),
+        corpus.node("sel", "Select", ["cond", "m", "zero_m"], T=FT),
+        corpus.node("zero_m", "ZerosLike", ["m"], T=FT),
+        corpus.node("cs", "Cast", ["a"], SrcT=I32, DstT=FT),
+    ]
+    g = op_model(tmp_path, {"a": a, "b": b, "f": f}, nodes,
+                 {k: f"{k}:0" for k in ["fd", "fm", "r6", "lr", "dn", "sq", "ne", "sel", "cs"]})
+    np.testing.assert_array_equal(g["fd"], a // b)
+    np.testing.assert_array_equal(g["fm"], a % b)
+    np.testing.assert_allclose(g["r6"], np.clip(f, 0, 6))
+    np.testing.assert_allclose(g["lr"], np.where(f > 0, f, 0.1 * f), rtol=1e-6)
+    np.testing.assert_array_equal(g["dn"], np.zeros(5, np.float32))
+    np.testing.assert_allclose(g["sq"], f * f)
+    np.testing.assert_array_equal(g["ne"], a != b)
+    np.testing.assert_array_equal(g["sel"], [[1.0, 2.0], [0.0, 0.0]])
+    np.testing.assert_array_equal(g["cs"], a.astype(np.float32))
+
+
+def test_op_pad_tile_fill_range_onehot(tmp_path):
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    i = np.array([0, 2, -1, 5], np.int32)
+    nodes = [
+        const_node("p", np.array([[1, 0], [0, 2]], np.int32)),
+        const_node("mult", np.array([2, 1], np.int32)),
+        const_node("dims", np.array([2, 2], np.int32)), const_node("v", np.array(9.0, np.float32)),
+        const_node("r0", np.array(1, np.int32)), const_node("r1", np.array(8, np.int32)),
+        const_node("r2", np.array(3, np.int32)),
+        const_node("depth", np.array(3, np.int32)), const_node("on", np.array(1.0, np.float32)),
+        const_node("off", np.array(0.0, np.float32)),
+        const_node("sb", np.array([0, 1], np.int32)), const_node("ss", np.array([-1, 2], np.int32)),
+        corpus.node("pad", "Pad", ["x", "p"], T=FT, Tpaddings=I32),
+        corpus.node("mp", "MirrorPad", ["x", "p"], T=FT, Tpaddings=I32, mode=attr_str("REFLECT")),
+        corpus.node("tile", "Tile", ["x", "mult"], T=FT, Tmultiples=I32),
+        corpus.node("fill", "Fill", ["dims", "v"], T=FT, index_type=I32),
+        corpus.node("rng", "Range", ["r0", "r1", "r2"], Tidx=I32),
+        corpus.node("oh", "OneHot", ["i", "depth", "on", "off"], T=FT, TI=I32),
+        corpus.node("sl", "Slice", ["x", "sb", "ss"], T=FT, Index=I32),
+        corpus.node("cum", "Cumsum", ["x", "r0"], T=FT, Tidx=I32, exclusive=attr_b(True)),
+    ]
+    g = op_model(tmp_path, {"x": x, "i": i}, nodes,
+                 {k: f"{k}:0" for k in ["pad", "mp", "tile", "fill", "rng", "oh", "sl", "cum"]})
+    np.testing.assert_array_equal(g["pad"], np.pad(x, ((1, 0), (0, 2))))
+    np.testing.assert_array_equal(g["mp"], np.pad(x, ((1, 0), (0, 2)), mode="reflect"))
+    np.testing.assert_array_equal(g["tile"], np.tile(x, (2, 1)))
+    np.testing.assert_array_equal(g["fill"], np.full((2, 2), 9.0, np.float32))
+    np.testing.assert_array_equal(g["rng"], np.arange(1, 8, 3, dtype=np.int32))
+    # TF: -1 and out-of-range indices give all-off rows
+    np.testing.assert_array_equal(g["oh"], [[1, 0, 0], [0, 0, 1], [0, 0, 0], [0, 0, 0]])
+    np.testing.assert_array_equal(g["sl"], x[0:, 1:3])
+    np.testing.assert_array_equal(g["cum"], np.cumsum(x, axis=1) - x)
+
+
+@pytest.mark.parametrize("padding,stride,h", [("SAME", 2, 6), ("SAME", 2, 7), ("VALID", 2, 7),
+                                              ("VALID", 3, 8), ("SAME", 1, 5)])
+def test_op_conv2d_backprop_input(padding, stride, h, tmp_path):
+    k = 3
+    w = randn(k, k, 2, 4)                              # [kh, kw, in, out]
+    if padding == "SAME":
+        oh = -(-h // stride)
+        pb = max((oh - 1) * stride + k - h, 0) // 2
+    else:
+        oh, pb = (h - k) // stride + 1, 0
+    dy = randn(1, oh, oh, 4)
+    got = op_model(tmp_path, {"dy": dy}, [
+        const_node("sizes", np.array([1, h, h, 2], np.int32)), const_node("w", w),
+        corpus.node("y", "Conv2DBackpropInput", ["sizes", "w", "dy"], T=FT,
+                    strides=attr_ints([1, stride, stride, 1]), padding=attr_str(padding))],
+        {"y": "y:0"})["y"]
+    want = np.zeros((1, h, h, 2), np.float64)
+    for i in range(oh):
+        for j in range(oh):
+            for a in range(k):
+                for b in range(k):
+                    r, c = i * stride + a - pb, j * stride + b - pb
+                    if 0 <= r < h and 0 <= c < h:
+                        want[0, r, c, :] += w[a, b] @ dy[0, i, j]
+    np.testing.assert_allclose(got, want.astype(np.float32), rtol=1e-4, atol=1e-4)

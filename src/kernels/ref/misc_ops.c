@@ -206,11 +206,16 @@ static kiln_status deform_geom(const struct kiln_node *node, const int64_t *xd, 
     for (int i = 0; i < 2; i++)
         if (g->strides[i] <= 0 || g->dil[i] <= 0)
             return kiln_node_error(node, KILN_ERR_INVALID_MODEL, "strides and dilations must be positive");
+    /* output size, -1 while unknown, 0 when the kernel does not fit */
     g->oh = g->ow = -1;
-    if (g->ih >= 0 && g->kh >= 0)
-        g->oh = (g->ih + g->pads[0] + g->pads[2] - ((g->kh - 1) * g->dil[0] + 1)) / g->strides[0] + 1;
-    if (g->iw >= 0 && g->kw >= 0)
-        g->ow = (g->iw + g->pads[1] + g->pads[3] - ((g->kw - 1) * g->dil[1] + 1)) / g->strides[1] + 1;
+    if (g->ih >= 0 && g->kh >= 0) {
+        int64_t span = g->ih + g->pads[0] + g->pads[2] - ((g->kh - 1) * g->dil[0] + 1);
+        g->oh = span < 0 ? 0 : span / g->strides[0] + 1;
+    }
+    if (g->iw >= 0 && g->kw >= 0) {
+        int64_t span = g->iw + g->pads[1] + g->pads[3] - ((g->kw - 1) * g->dil[1] + 1);
+        g->ow = span < 0 ? 0 : span / g->strides[1] + 1;
+    }
     return KILN_OK;
 }
 
@@ -229,6 +234,9 @@ static kiln_status deform_infer(struct kiln_infer_ctx *ctx)
     struct deform_geom g;
     kiln_status st = deform_geom(ctx->node, x->dims, w->dims, &g);
     if (st != KILN_OK) return st;
+    if (g.oh == 0 || g.ow == 0)
+        return kiln_node_error(ctx->node, KILN_ERR_INVALID_ARGUMENT,
+                               "kernel, pads, strides and dilations leave no output positions");
     int64_t dims[4] = {g.n, g.oc, g.oh, g.ow};
     kiln_type_set(ctx->out[0], x->dtype, 4, dims);
     return KILN_OK;
@@ -237,6 +245,7 @@ static kiln_status deform_infer(struct kiln_infer_ctx *ctx)
 /* Bilinear sample of plane img (h x w) at (y, x); zero outside. */
 static double bilinear(const kiln_tensor *t, int64_t base, int64_t h, int64_t w, double y, double x)
 {
+    if (!isfinite(y) || !isfinite(x)) return 0; /* nothing to sample (NaN offsets) */
     double y0 = floor(y), x0 = floor(x);
     double fy = y - y0, fx = x - x0;
     double v = 0;

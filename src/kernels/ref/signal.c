@@ -654,11 +654,18 @@ static kiln_status mel_infer(struct kiln_infer_ctx *ctx)
     kiln_status st = output_datatype(ctx->node, &dt);
     if (st != KILN_OK) return st;
     int64_t dims[2] = {-1, -1}, v;
-    if (scalar_int(in_value(ctx, 1), &v)) dims[0] = v / 2 + 1;
-    if (scalar_int(in_value(ctx, 0), &v)) dims[1] = v;
-    if (dims[0] < -1 || dims[1] < -1 || (in_value(ctx, 1) && dims[0] <= 0))
-        return kiln_node_error(ctx->node, KILN_ERR_INVALID_ARGUMENT,
-                               "num_mel_bins and dft_length must be positive");
+    if (scalar_int(in_value(ctx, 1), &v)) {
+        if (v <= 0)
+            return kiln_node_error(ctx->node, KILN_ERR_INVALID_ARGUMENT, "dft_length is %lld",
+                                   (long long)v);
+        dims[0] = v / 2 + 1;
+    }
+    if (scalar_int(in_value(ctx, 0), &v)) {
+        if (v <= 0)
+            return kiln_node_error(ctx->node, KILN_ERR_INVALID_ARGUMENT, "num_mel_bins is %lld",
+                                   (long long)v);
+        dims[1] = v;
+    }
     kiln_type_set(ctx->out[0], dt, 2, dims);
     return KILN_OK;
 }
@@ -684,14 +691,21 @@ static kiln_status mel_run(struct kiln_run_ctx *ctx)
     double lo_mel = 2595.0 * log10(1.0 + lo / 700.0);
     double hi_mel = 2595.0 * log10(1.0 + hi / 700.0);
     double step = (hi_mel - lo_mel) / (double)(mels + 2);
+    kiln_status st = KILN_OK;
     for (int64_t i = 0; i < mels + 2; i++) {
         double hz = 700.0 * (pow(10.0, ((double)i * step + lo_mel) / 2595.0) - 1.0);
-        fb[i] = (int64_t)floor((double)(dft_len + 1) * hz / (double)rate);
+        double bin = floor((double)(dft_len + 1) * hz / (double)rate);
+        if (!(bin >= 0 && bin <= (double)bins)) { /* NaN too */
+            free(fb);
+            return kiln_node_error(ctx->node, KILN_ERR_INVALID_ARGUMENT,
+                                   "mel edge %lld falls at bin %g, outside [0, %lld]",
+                                   (long long)i, bin, (long long)bins);
+        }
+        fb[i] = (int64_t)bin;
     }
-    kiln_status st = KILN_OK;
     for (int64_t i = 0; i < mels && st == KILN_OK; i++) {
         int64_t left = fb[i], center = fb[i + 1], right = fb[i + 2];
-        if (left < 0 || right >= bins + 1 || center >= bins || left > center || center > right) {
+        if (center >= bins || left > center || center > right) {
             st = kiln_node_error(ctx->node, KILN_ERR_INVALID_ARGUMENT,
                                  "mel filter %lld spans bins %lld..%lld outside [0, %lld)",
                                  (long long)i, (long long)left, (long long)right,

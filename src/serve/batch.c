@@ -1,0 +1,507 @@
+/*
+ * batch.c - dynamic batching (see batch.h): a queue of open batches per
+ * (servable, signature), worker threads that close and run them, and the
+ * merge / pad / split of tensors along dimension 0.
+ *
+ * A caller's task points at its input tensors and its result slot; it sits
+ * in one batch until a worker has run the batch and filled every task's
+ * result, then the worker wakes the callers. Only the tail batch of the
+ * queue accepts new tasks; a task that does not fit there (too many rows,
+ * other non-batch dimensions) opens a new batch, which closes the one before
+ * it. Locking: one mutex per batcher guards the queue and the tasks' done
+ * flags; tensors are copied and runs happen with no lock held.
+ */
+#include "serve/batch.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* ------------------------------------------------------------ statistics */
+
+#define SIZE_BUCKETS 15      /* 1, 2, 4, ... 16384 rows: Exponential(1, 2, 15) */
+#define LATENCY_BUCKETS 52   /* µs: Exponential(100, 1.2, 52), TF's queuing_latency */
+
+typedef struct histogram {
+    uint64_t bucket[LATENCY_BUCKETS + 1]; /* last one is +Inf */
+    double sum;
+    uint64_t count;
+} histogram;
+
+struct kiln_batch_stats {
+    pthread_mutex_t mu;
+    histogram input_size;     /* rows per request */
+    histogram processed_size; /* rows per run, padding included */
+    histogram padding;        /* padding rows per run */
+    histogram queuing;        /* µs from enqueue to the batch's run */
+    uint64_t runs;            /* batches run */
+    uint64_t queue_full;      /* requests refused with UNAVAILABLE */
+};
+
+static double size_limit(int i) { return ldexp(1.0, i); }
+static double latency_limit(int i) { return 100.0 * pow(1.2, i); }
+
+static void hist_add(histogram *h, int n, double (*limit)(int), double v)
+{
+    int i = 0;
+    while (i < n && v > limit(i)) i++;
+    h->bucket[i]++;
+    h->sum += v;
+    h->count++;
+}
+
+static void hist_write(kiln_sbuf *b, const char *name, const char *labels, const histogram *h,
+                       int n, double (*limit)(int))
+{
+    kiln_sbuf_printf(b, "# TYPE %s histogram\n", name);
+    uint64_t cum = 0;
+    for (int i = 0; i < n; i++) {
+        cum += h->bucket[i];
+        kiln_sbuf_printf(b, "%s_bucket{%s%sle=\"%.9g\"} %" PRIu64 "\n", name, labels,
+                         *labels ? "," : "", limit(i), cum);
+    }
+    cum += h->bucket[n];
+    kiln_sbuf_printf(b, "%s_bucket{%s%sle=\"+Inf\"} %" PRIu64 "\n", name, labels,
+                     *labels ? "," : "", cum);
+    kiln_sbuf_printf(b, "%s_sum{%s} %.17g\n%s_count{%s} %" PRIu64 "\n", name, labels, h->sum, name,
+                     labels, h->count);
+}
+
+kiln_batch_stats *kiln_batch_stats_create(void)
+{
+    kiln_batch_stats *s = calloc(1, sizeof *s);
+    if (s) pthread_mutex_init(&s->mu, NULL);
+    return s;
+}
+
+void kiln_batch_stats_free(kiln_batch_stats *s)
+{
+    if (!s) return;
+    pthread_mutex_destroy(&s->mu);
+    free(s);
+}
+
+void kiln_batch_stats_write(kiln_batch_stats *s, kiln_sbuf *b)
+{
+    if (!s) return;
+    pthread_mutex_lock(&s->mu);
+    const char *p = ":tensorflow:serving:batching_session:";
+    char name[128];
+    snprintf(name, sizeof name, "%squeuing_latency", p);
+    hist_write(b, name, "thread_pool_name=\"model_server_batch_threads\"", &s->queuing,
+               LATENCY_BUCKETS, latency_limit);
+    snprintf(name, sizeof name, "%sinput_batch_size", p);
+    hist_write(b, name, "", &s->input_size, SIZE_BUCKETS, size_limit);
+    snprintf(name, sizeof name, "%sprocessed_batch_size", p);
+    hist_write(b, name, "", &s->processed_size, SIZE_BUCKETS, size_limit);
+    snprintf(name, sizeof name, "%spadding_size", p);
+    hist_write(b, name, "", &s->padding, SIZE_BUCKETS, size_limit);
+    kiln_sbuf_printf(b, "# TYPE %swrapped_run_count counter\n%swrapped_run_count %" PRIu64 "\n",
+                     p, p, s->runs);
+    kiln_sbuf_printf(b, "# TYPE kiln_batch_queue_full_count counter\n"
+                        "kiln_batch_queue_full_count %" PRIu64 "\n", s->queue_full);
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* ------------------------------------------------------------ queue */
+
+typedef struct task {
+    kiln_tensor *const *in;   /* borrowed from the caller */
+    int64_t rows;
+    kiln_batch_result *out;
+    kiln_status st;
+    char *err;                /* caller's buffer, KILN_JSON_ERR_LEN */
+    const char *code;
+    int done;
+    struct timespec enqueued;
+    struct task *next;
+} task;
+
+typedef struct batch {
+    task *head, *tail;
+    int n_tasks;
+    int64_t rows;
+    struct timespec opened;   /* when its first task arrived */
+    struct batch *next;
+} batch;
+
+struct kiln_batcher {
+    kiln_session *sess;
+    const kiln_signature *sig;
+    kiln_batching_params p;
+    kiln_batch_stats *stats;
+    int n_in;
+    pthread_mutex_t mu;
+    pthread_cond_t work_cv;   /* a batch was queued or grew, or stopping */
+    pthread_cond_t done_cv;   /* some tasks finished */
+    batch *head, *tail;       /* queued, not yet taken by a worker */
+    int n_batches;
+    int stopping;
+    pthread_t *threads;
+    int n_threads;
+};
+
+static double us_between(const struct timespec *a, const struct timespec *b)
+{
+    return (double)(b->tv_sec - a->tv_sec) * 1e6 + (double)(b->tv_nsec - a->tv_nsec) / 1e3;
+}
+
+/* Same dtype and non-batch dimensions as the batch's first task. */
+static int compatible(const kiln_batcher *b, const task *a, kiln_tensor *const *in)
+{
+    for (int i = 0; i < b->n_in; i++) {
+        const kiln_tensor *x = a->in[i], *y = in[i];
+        if (x->dtype != y->dtype || x->rank != y->rank) return 0;
+        for (int d = 1; d < x->rank; d++)
+            if (x->dims[d] != y->dims[d]) return 0;
+    }
+    return 1;
+}
+
+static const char *code_for(kiln_status st)
+{
+    switch (st) {
+    case KILN_OK: return "OK";
+    case KILN_ERR_OUT_OF_MEMORY: return "RESOURCE_EXHAUSTED";
+    case KILN_ERR_UNSUPPORTED: return "UNIMPLEMENTED";
+    case KILN_ERR_INTERNAL: return "INTERNAL";
+    default: return "INVALID_ARGUMENT";
+    }
+}
+
+/* Bytes of one row (dimension 0 slice) of t. */
+static size_t row_elems(const kiln_tensor *t)
+{
+    size_t n = 1;
+    for (int d = 1; d < t->rank; d++) n *= (size_t)t->dims[d];
+    return n;
+}
+
+/* Copy rows [from, from+n) of src to row `at` of dst (same dtype, row shape). */
+static kiln_status copy_rows(kiln_tensor *dst, int64_t at, const kiln_tensor *src, int64_t from,
+                             int64_t n)
+{
+    size_t re = row_elems(src);
+    if (src->dtype == KILN_DTYPE_STRING) {
+        const kiln_string *s = src->data;
+        for (size_t i = 0; i < (size_t)n * re; i++) {
+            const kiln_string *e = &s[(size_t)from * re + i];
+            kiln_status st = kiln_tensor_set_string(dst, (size_t)at * re + i, e->data, e->len);
+            if (st != KILN_OK) return st;
+        }
+        return KILN_OK;
+    }
+    size_t es = kiln_dtype_size(src->dtype);
+    memcpy((char *)dst->data + (size_t)at * re * es, (const char *)src->data + (size_t)from * re * es,
+           (size_t)n * re * es);
+    return KILN_OK;
+}
+
+/* Finish every task of bt with an error. */
+static void fail_all(batch *bt, kiln_status st, const char *code, const char *msg)
+{
+    for (task *t = bt->head; t; t = t->next) {
+        t->st = st;
+        t->code = code;
+        snprintf(t->err, KILN_JSON_ERR_LEN, "%s", msg);
+    }
+}
+
+/* Merge, pad, run and split one batch; fills every task's result. */
+static void run_batch(kiln_batcher *b, batch *bt)
+{
+    int64_t rows = bt->rows, padded = rows;
+    for (int i = 0; i < b->p.n_allowed; i++)
+        if (b->p.allowed_batch_sizes[i] >= rows) {
+            padded = b->p.allowed_batch_sizes[i];
+            break;
+        }
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    if (b->stats) {
+        pthread_mutex_lock(&b->stats->mu);
+        for (task *t = bt->head; t; t = t->next) {
+            hist_add(&b->stats->queuing, LATENCY_BUCKETS, latency_limit,
+                     us_between(&t->enqueued, &now));
+            hist_add(&b->stats->input_size, SIZE_BUCKETS, size_limit, (double)t->rows);
+        }
+        hist_add(&b->stats->processed_size, SIZE_BUCKETS, size_limit, (double)padded);
+        hist_add(&b->stats->padding, SIZE_BUCKETS, size_limit, (double)(padded - rows));
+        b->stats->runs++;
+        pthread_mutex_unlock(&b->stats->mu);
+    }
+
+    /* merged inputs: the task's own tensors when it is alone and unpadded */
+    int own = bt->n_tasks == 1 && padded == rows;
+    kiln_tensor **merged = calloc((size_t)b->n_in + 1, sizeof *merged);
+    kiln_named_tensor *named = calloc((size_t)b->n_in + 1, sizeof *named);
+    kiln_outputs *out = NULL;
+    char msg[KILN_JSON_ERR_LEN];
+    kiln_status st = KILN_OK;
+    if (!merged || !named) {
+        fail_all(bt, KILN_ERR_OUT_OF_MEMORY, "RESOURCE_EXHAUSTED", "out of memory");
+        goto err_free;
+    }
+    for (int i = 0; i < b->n_in && !own; i++) {
+        const kiln_tensor *first = bt->head->in[i];
+        int64_t dims[KILN_MAX_RANK];
+        memcpy(dims, first->dims, sizeof dims);
+        dims[0] = padded;
+        st = kiln_tensor_create(first->dtype, first->rank, dims, &merged[i]);
+        int64_t at = 0;
+        for (task *t = bt->head; t && st == KILN_OK; t = t->next) {
+            st = copy_rows(merged[i], at, t->in[i], 0, t->rows);
+            at += t->rows;
+        }
+        /* pad by repeating the last row */
+        const task *last = bt->tail;
+        for (; at < padded && st == KILN_OK; at++)
+            st = copy_rows(merged[i], at, last->in[i], last->rows - 1, 1);
+        if (st != KILN_OK) {
+            fail_all(bt, st, code_for(st), "out of memory merging a batch");
+            goto err_free;
+        }
+    }
+    for (int i = 0; i < b->n_in; i++)
+        named[i] = (kiln_named_tensor){kiln_signature_input(b->sig, i)->name,
+                                       own ? bt->head->in[i] : merged[i]};
+    st = kiln_session_run(b->sess, named, b->n_in, &out);
+    if (st != KILN_OK) {
+        fail_all(bt, st, code_for(st), kiln_last_error());
+        goto err_free;
+    }
+    int no = kiln_outputs_count(out);
+    for (int o = 0; o < no; o++) {
+        const kiln_tensor *y = kiln_outputs_get(out, o);
+        if (y->rank < 1 || y->dims[0] != padded) {
+            snprintf(msg, sizeof msg, "Batched output '%s' has %" PRId64 " rows, expected %"
+                     PRId64 ": the model does not keep dimension 0 as the batch",
+                     kiln_outputs_name(out, o), y->rank < 1 ? (int64_t)0 : y->dims[0], padded);
+            fail_all(bt, KILN_ERR_RUNTIME, "INVALID_ARGUMENT", msg);
+            goto err_free;
+        }
+    }
+    /* split back: each task gets its rows of every output */
+    int64_t at = 0;
+    for (task *t = bt->head; t; t = t->next) {
+        kiln_batch_result *r = t->out;
+        r->names = calloc((size_t)no + 1, sizeof *r->names);
+        r->t = calloc((size_t)no + 1, sizeof *r->t);
+        if (!r->names || !r->t) {
+            t->st = KILN_ERR_OUT_OF_MEMORY;
+            t->code = "RESOURCE_EXHAUSTED";
+            snprintf(t->err, KILN_JSON_ERR_LEN, "out of memory");
+            at += t->rows;
+            continue;
+        }
+        r->n = no;
+        for (int o = 0; o < no && t->st == KILN_OK; o++) {
+            const kiln_tensor *y = kiln_outputs_get(out, o);
+            int64_t dims[KILN_MAX_RANK];
+            memcpy(dims, y->dims, sizeof dims);
+            dims[0] = t->rows;
+            char *nm = strdup(kiln_outputs_name(out, o));
+            kiln_status s2 = nm ? kiln_tensor_create(y->dtype, y->rank, dims, &r->t[o])
+                                : KILN_ERR_OUT_OF_MEMORY;
+            r->names[o] = nm;
+            if (s2 == KILN_OK) s2 = copy_rows(r->t[o], 0, y, at, t->rows);
+            if (s2 != KILN_OK) {
+                t->st = s2;
+                t->code = "RESOURCE_EXHAUSTED";
+                snprintf(t->err, KILN_JSON_ERR_LEN, "out of memory splitting a batch");
+            }
+        }
+        at += t->rows;
+    }
+err_free:
+    kiln_outputs_free(out);
+    if (merged)
+        for (int i = 0; i < b->n_in; i++) kiln_tensor_free(merged[i]);
+    free(merged);
+    free(named);
+}
+
+static void *worker(void *arg)
+{
+    kiln_batcher *b = arg;
+    pthread_mutex_lock(&b->mu);
+    for (;;) {
+        while (!b->stopping && !b->head) pthread_cond_wait(&b->work_cv, &b->mu);
+        if (!b->head) break; /* stopping with nothing queued */
+        batch *bt = b->head;
+        /* closed: full, followed by another batch, timed out, or stopping */
+        if (!b->stopping && bt->rows < b->p.max_batch_size && !bt->next &&
+            b->p.batch_timeout_micros > 0) {
+            struct timespec now;
+            clock_gettime(CLOCK_MONOTONIC, &now);
+            double left = (double)b->p.batch_timeout_micros - us_between(&bt->opened, &now);
+            if (left > 0) {
+                struct timespec until;
+                clock_gettime(CLOCK_REALTIME, &until);
+                long long ns = until.tv_nsec + (long long)(left * 1000.0);
+                until.tv_sec += ns / 1000000000;
+                until.tv_nsec = ns % 1000000000;
+                pthread_cond_timedwait(&b->work_cv, &b->mu, &until);
+                continue; /* re-check: it may have filled, or another worker took it */
+            }
+        }
+        b->head = bt->next;
+        if (!b->head) b->tail = NULL;
+        b->n_batches--;
+        pthread_mutex_unlock(&b->mu);
+        run_batch(b, bt);
+        pthread_mutex_lock(&b->mu);
+        for (task *t = bt->head; t; t = t->next) t->done = 1;
+        pthread_cond_broadcast(&b->done_cv);
+        free(bt);
+    }
+    pthread_mutex_unlock(&b->mu);
+    return NULL;
+}
+
+kiln_status kiln_batcher_create(kiln_session *sess, const kiln_signature *sig,
+                                const kiln_batching_params *p, kiln_batch_stats *stats,
+                                const char *model, int64_t version, kiln_batcher **out)
+{
+    (void)model;
+    (void)version;
+    kiln_batcher *b = calloc(1, sizeof *b);
+    if (!b) return KILN_ERR_OUT_OF_MEMORY;
+    b->sess = sess;
+    b->sig = sig;
+    b->p = *p;
+    b->stats = stats;
+    b->n_in = kiln_signature_input_count(sig);
+    pthread_mutex_init(&b->mu, NULL);
+    pthread_cond_init(&b->work_cv, NULL);
+    pthread_cond_init(&b->done_cv, NULL);
+    int n = (int)(p->num_batch_threads > 0 ? p->num_batch_threads : 1);
+    b->threads = calloc((size_t)n, sizeof *b->threads);
+    if (!b->threads) {
+        kiln_batcher_free(b);
+        return KILN_ERR_OUT_OF_MEMORY;
+    }
+    for (int i = 0; i < n; i++) {
+        if (pthread_create(&b->threads[i], NULL, worker, b) != 0) {
+            kiln_batcher_free(b);
+            return KILN_ERR_INTERNAL;
+        }
+        b->n_threads = i + 1;
+    }
+    *out = b;
+    return KILN_OK;
+}
+
+void kiln_batcher_free(kiln_batcher *b)
+{
+    if (!b) return;
+    pthread_mutex_lock(&b->mu);
+    b->stopping = 1;
+    pthread_cond_broadcast(&b->work_cv);
+    pthread_mutex_unlock(&b->mu);
+    for (int i = 0; i < b->n_threads; i++) pthread_join(b->threads[i], NULL);
+    free(b->threads);
+    pthread_mutex_destroy(&b->mu);
+    pthread_cond_destroy(&b->work_cv);
+    pthread_cond_destroy(&b->done_cv);
+    free(b);
+}
+
+void kiln_batch_result_free(kiln_batch_result *r)
+{
+    for (int i = 0; i < r->n; i++) {
+        if (r->t) kiln_tensor_free(r->t[i]);
+        if (r->names) free((char *)r->names[i]);
+    }
+    free(r->t);
+    free(r->names);
+    memset(r, 0, sizeof *r);
+}
+
+kiln_status kiln_batcher_run(kiln_batcher *b, kiln_tensor *const *in, int n,
+                             kiln_batch_result *out, char *err, const char **code)
+{
+    memset(out, 0, sizeof *out);
+    *code = "INVALID_ARGUMENT";
+    if (n != b->n_in) {
+        snprintf(err, KILN_JSON_ERR_LEN, "expected %d inputs, got %d", b->n_in, n);
+        return KILN_ERR_INVALID_ARGUMENT;
+    }
+    int64_t rows = -1;
+    for (int i = 0; i < n; i++) {
+        if (in[i]->rank < 1) {
+            snprintf(err, KILN_JSON_ERR_LEN,
+                     "Batching session Run() input tensors must have at least one dimension");
+            return KILN_ERR_INVALID_ARGUMENT;
+        }
+        if (rows >= 0 && in[i]->dims[0] != rows) {
+            snprintf(err, KILN_JSON_ERR_LEN,
+                     "Batching Run() input tensors must have equal 0th-dimension size");
+            return KILN_ERR_INVALID_ARGUMENT;
+        }
+        rows = in[i]->dims[0];
+    }
+    if (rows == 0 && n > 0) {
+        snprintf(err, KILN_JSON_ERR_LEN, "Batching Run() input tensors have no rows");
+        return KILN_ERR_INVALID_ARGUMENT;
+    }
+    if (rows > b->p.max_batch_size) {
+        snprintf(err, KILN_JSON_ERR_LEN,
+                 "Task size %" PRId64 " is larger than maximum input batch size %" PRId64, rows,
+                 b->p.max_batch_size);
+        return KILN_ERR_INVALID_ARGUMENT;
+    }
+    task t = {0};
+    t.in = in;
+    t.rows = rows;
+    t.out = out;
+    t.err = err;
+    t.code = "OK";
+    clock_gettime(CLOCK_MONOTONIC, &t.enqueued);
+
+    pthread_mutex_lock(&b->mu);
+    batch *bt = b->tail;
+    if (!bt || bt->rows + rows > b->p.max_batch_size || !compatible(b, bt->head, in)) {
+        if (b->n_batches >= b->p.max_enqueued_batches) {
+            pthread_mutex_unlock(&b->mu);
+            if (b->stats) {
+                pthread_mutex_lock(&b->stats->mu);
+                b->stats->queue_full++;
+                pthread_mutex_unlock(&b->stats->mu);
+            }
+            *code = "UNAVAILABLE";
+            snprintf(err, KILN_JSON_ERR_LEN,
+                     "The batch scheduling queue to which this task was submitted is full");
+            return KILN_ERR_RUNTIME;
+        }
+        bt = calloc(1, sizeof *bt);
+        if (!bt) {
+            pthread_mutex_unlock(&b->mu);
+            *code = "RESOURCE_EXHAUSTED";
+            snprintf(err, KILN_JSON_ERR_LEN, "out of memory");
+            return KILN_ERR_OUT_OF_MEMORY;
+        }
+        bt->opened = t.enqueued;
+        if (b->tail) b->tail->next = bt;
+        else b->head = bt;
+        b->tail = bt;
+        b->n_batches++;
+    }
+    if (bt->tail) bt->tail->next = &t;
+    else bt->head = &t;
+    bt->tail = &t;
+    bt->n_tasks++;
+    bt->rows += rows;
+    pthread_cond_broadcast(&b->work_cv);
+    while (!t.done) pthread_cond_wait(&b->done_cv, &b->mu);
+    pthread_mutex_unlock(&b->mu);
+    *code = t.code;
+    if (t.st != KILN_OK) kiln_batch_result_free(out);
+    return t.st;
+}

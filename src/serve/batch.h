@@ -1,0 +1,64 @@
+/*
+ * batch.h - dynamic batching for `kiln serve --enable_batching`, after TF
+ * Serving's BatchingSession: concurrent predict requests to one model
+ * version and signature are queued, merged along dimension 0 up to
+ * max_batch_size, padded up to the next allowed_batch_sizes entry (by
+ * repeating the last row), run once, and split back so each caller gets
+ * exactly its rows.
+ *
+ * One batcher per (servable, signature), with its own queue and
+ * num_batch_threads worker threads. A batch closes when it holds
+ * max_batch_size rows, or when its oldest request has waited
+ * batch_timeout_micros. Requests whose non-batch dimensions (or dtypes)
+ * differ from the open batch's are not merged into it: they start the next
+ * batch. When max_enqueued_batches batches are already waiting, a request is
+ * refused at once: UNAVAILABLE "The batch scheduling queue to which this task
+ * was submitted is full" (HTTP 503). A request larger than max_batch_size
+ * is refused as TF Serving refuses it: INVALID_ARGUMENT "Task size N is
+ * larger than maximum input batch size M".
+ *
+ * Ownership: kiln_batcher_run borrows the inputs for the call and returns
+ * new output tensors owned by the caller. The batcher borrows the session
+ * and signature; kiln_batcher_free (when the servable's last reference
+ * goes, so no request is queued) joins its threads.
+ */
+#ifndef KILN_SERVE_BATCH_H
+#define KILN_SERVE_BATCH_H
+
+#include <stdint.h>
+
+#include "kiln/kiln.h"
+#include "serve/config.h"
+#include "serve/json.h"
+
+typedef struct kiln_batcher kiln_batcher;
+typedef struct kiln_batch_stats kiln_batch_stats;
+
+/* Counters shared by every batcher: batch sizes, padding, queueing time. */
+kiln_batch_stats *kiln_batch_stats_create(void);
+void kiln_batch_stats_free(kiln_batch_stats *s);
+/* Prometheus text under TF Serving's batching_session names. */
+void kiln_batch_stats_write(kiln_batch_stats *s, kiln_sbuf *b);
+
+kiln_status kiln_batcher_create(kiln_session *sess, const kiln_signature *sig,
+                                const kiln_batching_params *p, kiln_batch_stats *stats,
+                                const char *model, int64_t version, kiln_batcher **out);
+void kiln_batcher_free(kiln_batcher *b);
+
+/* The outputs of one request. */
+typedef struct kiln_batch_result {
+    int n;
+    const char **names;  /* [i] output name (owned, as is the array) */
+    kiln_tensor **t;     /* [i] owned */
+} kiln_batch_result;
+
+/*
+ * Run in[0..n) (the signature's inputs, in order) as part of a batch; blocks
+ * until the batch has run. On error err holds the message and *code TF's
+ * code name ("UNAVAILABLE" for a full queue, "INVALID_ARGUMENT", ...).
+ */
+kiln_status kiln_batcher_run(kiln_batcher *b, kiln_tensor *const *in, int n,
+                             kiln_batch_result *out, char *err, const char **code);
+void kiln_batch_result_free(kiln_batch_result *r);
+
+#endif

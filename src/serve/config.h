@@ -1,0 +1,67 @@
+/*
+ * config.h - `kiln serve`'s config files, in TF Serving's protobuf text
+ * format: --model_config_file (ModelServerConfig: models, version policies,
+ * version labels) and --batching_parameters_file (BatchingParameters).
+ *
+ * The text is parsed by src/import/textproto.c against the schema in
+ * src/import/proto/serving_config.proto, then copied into the plain structs
+ * below and checked, so the rest of the server never sees protobuf-c types.
+ * Errors name the file and the problem ("models.config: line 3:5: unknown
+ * field 'nmae' in ModelConfig", "model 'm': version_labels 'stable' ...").
+ */
+#ifndef KILN_SERVE_CONFIG_H
+#define KILN_SERVE_CONFIG_H
+
+#include <stdint.h>
+
+#include "kiln/kiln.h"
+
+#define KILN_CONFIG_ERR_LEN 512
+
+/* ServableVersionPolicy's choice. */
+typedef enum kiln_version_policy {
+    KILN_POLICY_LATEST = 0, /* the num_versions highest versions (default 1) */
+    KILN_POLICY_ALL,        /* every version on disk */
+    KILN_POLICY_SPECIFIC,   /* the listed versions */
+} kiln_version_policy;
+
+/* One ModelConfig. All strings and arrays are owned by the config. */
+typedef struct kiln_model_config {
+    char *name;
+    char *base_path;
+    char *platform;            /* model_platform; "" if unset */
+    kiln_version_policy policy;
+    int num_versions;          /* LATEST: >= 1 */
+    int n_specific;
+    int64_t *specific;         /* SPECIFIC: the versions */
+    int n_labels;
+    char **label_names;        /* version_labels keys */
+    int64_t *label_versions;   /* ... and their versions */
+} kiln_model_config;
+
+typedef struct kiln_server_config {
+    int n_models;
+    kiln_model_config *models;
+} kiln_server_config;
+
+/* Read and check a ModelServerConfig text file. On success *out owns a new
+ * config (free with kiln_server_config_free); on failure err says why. */
+kiln_status kiln_server_config_load(const char *path, kiln_server_config **out, char *err);
+void kiln_server_config_free(kiln_server_config *c);
+
+/* BatchingParameters, with TF Serving's defaults for unset fields. */
+typedef struct kiln_batching_params {
+    int64_t max_batch_size;        /* default 1000 */
+    int64_t batch_timeout_micros;  /* default 0 */
+    int64_t max_enqueued_batches;  /* default 10 */
+    int64_t num_batch_threads;     /* default: number of cores */
+    int n_allowed;
+    int64_t allowed_batch_sizes[64]; /* increasing; last == max_batch_size */
+    int pad_variable_length_inputs;
+} kiln_batching_params;
+
+void kiln_batching_params_default(kiln_batching_params *p);
+/* Read and check a BatchingParameters text file into *p (defaults first). */
+kiln_status kiln_batching_params_load(const char *path, kiln_batching_params *p, char *err);
+
+#endif

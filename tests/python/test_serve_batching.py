@@ -1,0 +1,164 @@
+"""End-to-end tests for `kiln serve --enable_batching`: concurrent predict
+requests merged along dimension 0, padded to allowed_batch_sizes, split back
+so every client gets exactly its own rows; requests with other non-batch
+shapes not merged; a full queue answering 503 with TF Serving's message;
+batching metrics; a bad parameters file refused at startup.
+"""
+
+import subprocess
+import threading
+
+import numpy as np
+import pytest
+
+import test_serve
+from test_serve import KILN, Server, save_affine
+
+onnx = pytest.importorskip("onnx")
+from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+
+pytestmark = test_serve.pytestmark
+
+
+def save_scale(path):
+    """y = x * 2 over float32 [batch, n]: the non-batch width is free."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "n"])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "n"])
+    two = numpy_helper.from_array(np.array(2.0, np.float32), "two")
+    g = helper.make_graph([helper.make_node("Mul", ["x", "two"], ["y"])], "scale", [x], [y], [two])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]), str(path))
+
+
+def start(tmp_path, name, params, save=save_affine, *args):
+    base = tmp_path / name
+    if save is save_affine:
+        save_affine(base / "1" / "model.onnx", 2.0, 1.0)  # y = 2x + 1
+    else:
+        save(base / "1" / "model.onnx")
+    pfile = tmp_path / f"{name}.batching"
+    pfile.write_text(params)
+    return Server(base, name, "--enable_batching=true", f"--batching_parameters_file={pfile}",
+                  "--rest_api_num_threads=32", *args)
+
+
+def concurrently(fn, n):
+    results = [None] * n
+    barrier = threading.Barrier(n)
+
+    def body(i):
+        barrier.wait()
+        results[i] = fn(i)
+    threads = [threading.Thread(target=body, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    return results
+
+
+def metric(text, name):
+    for line in text.splitlines():
+        if line.startswith(name + " ") or line.startswith(name + "{"):
+            return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+def test_each_client_gets_its_rows(tmp_path):
+    srv = start(tmp_path, "aff", """
+        max_batch_size { value: 32 }
+        batch_timeout_micros { value: 300000 }
+        max_enqueued_batches { value: 100 }
+        num_batch_threads { value: 2 }
+        allowed_batch_sizes: 8
+        allowed_batch_sizes: 16
+        allowed_batch_sizes: 32
+    """)
+    try:
+        def client(i):
+            rows = [[i * 100 + r * 10 + c for c in range(3)] for r in range(1 + i % 3)]
+            code, body = srv.json("POST", "/v1/models/aff:predict", {"instances": rows})
+            return rows, code, body
+        for rows, code, body in concurrently(client, 16):
+            assert code == 200, body
+            want = (np.array(rows, np.float32) * 2 + 1).tolist()
+            assert body == {"predictions": want}
+        # columnar requests go through the batcher too
+        code, body = srv.json("POST", "/v1/models/aff:predict", {"inputs": {"x": [[1, 2, 3]]}})
+        assert code == 200 and body == {"outputs": [[3, 5, 7]]}
+        # larger than max_batch_size: refused as TF Serving does
+        code, body = srv.json("POST", "/v1/models/aff:predict", {"instances": [[0, 0, 0]] * 33})
+        assert code == 400 and "larger than maximum input batch size 32" in body["error"]
+
+        text = srv.request("GET", "/monitoring/prometheus/metrics")[1].decode()
+        p = ":tensorflow:serving:batching_session:"
+        runs = metric(text, p + "wrapped_run_count")
+        assert runs is not None and runs < 17  # 17 requests, some merged
+        assert metric(text, p + "input_batch_size_count") == 17
+        assert metric(text, p + "processed_batch_size_count") == runs
+        # every run is padded to 8, 16 or 32 rows
+        assert metric(text, p + 'processed_batch_size_bucket{le="4"}') == 0
+        assert metric(text, p + "padding_size_sum") > 0
+        assert metric(text, p + 'queuing_latency_count{thread_pool_name="model_server_batch_threads"}') == 17
+    finally:
+        srv.kill()
+
+
+def test_different_shapes_not_merged(tmp_path):
+    srv = start(tmp_path, "scale", """
+        max_batch_size { value: 16 }
+        batch_timeout_micros { value: 200000 }
+        num_batch_threads { value: 1 }
+    """, save_scale)
+    try:
+        def client(i):
+            width = 2 + i % 3
+            rows = [[i + c / 10 for c in range(width)] for _ in range(1 + i % 2)]
+            return rows, srv.json("POST", "/v1/models/scale:predict", {"instances": rows})
+        for rows, (code, body) in concurrently(client, 12):
+            assert code == 200, body
+            assert np.allclose(body["predictions"], np.array(rows, np.float32) * 2)
+    finally:
+        srv.kill()
+
+
+def test_full_queue_503(tmp_path):
+    srv = start(tmp_path, "tiny", """
+        max_batch_size { value: 4 }
+        batch_timeout_micros { value: 500000 }
+        max_enqueued_batches { value: 1 }
+        num_batch_threads { value: 1 }
+    """)
+    try:
+        def client(i):
+            return srv.json("POST", "/v1/models/tiny:predict", {"instances": [[i, i, i]] * 3})
+        results = concurrently(client, 12)
+        codes = [c for c, _ in results]
+        assert 200 in codes and 503 in codes, codes
+        for code, body in results:
+            if code == 503:
+                assert body["error"] == ("The batch scheduling queue to which this task was "
+                                         "submitted is full")
+            else:
+                assert code == 200
+        text = srv.request("GET", "/monitoring/prometheus/metrics")[1].decode()
+        assert metric(text, "kiln_batch_queue_full_count") == codes.count(503)
+        assert ':tensorflow:serving:request_count{model_name="tiny",status="UNAVAILABLE"}' in text
+    finally:
+        srv.kill()
+
+
+def test_bad_parameters_file(tmp_path):
+    save_affine(tmp_path / "m" / "1" / "model.onnx", 1.0, 0.0)
+    bad = tmp_path / "bad.batching"
+    bad.write_text("max_batch_size { value: 8 }\nallowed_batch_sizes: 4\n")
+    r = subprocess.run([KILN, "serve", f"--model_base_path={tmp_path / 'm'}", "--enable_batching",
+                        f"--batching_parameters_file={bad}"],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 1
+    assert "Last entry in allowed_batch_sizes must match max_batch_size" in r.stderr, r.stderr
+    bad.write_text("max_batch_sise { value: 8 }\n")
+    r = subprocess.run([KILN, "serve", f"--model_base_path={tmp_path / 'm'}", "--enable_batching",
+                        f"--batching_parameters_file={bad}"],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 1 and "max_batch_sise" in r.stderr, r.stderr
