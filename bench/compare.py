@@ -41,6 +41,7 @@ import json
 import math
 import os
 import platform
+import shlex
 import shutil
 import subprocess
 import sys
@@ -116,6 +117,10 @@ def machine_info(kiln):
     rc, out, _ = run([NODE, "--version"], 30)
     info["node"] = out.strip() if rc == 0 else "not installed"
     info["python"] = platform.python_version()
+    # Debian's PyTorch calls whatever libblas.so.3 the alternatives system
+    # picks: netlib's reference BLAS unless OpenBLAS or BLIS is installed.
+    blas = os.path.realpath("/usr/lib/x86_64-linux-gnu/libblas.so.3")
+    info["blas"] = blas if os.path.exists(blas) else "unknown"
     return info
 
 
@@ -292,10 +297,24 @@ def write_results(args, info, records, started, finished, path):
     L.append(f"Written by `bench/compare.py` on {info['date']}; mode: **{mode}**. "
              "Kiln runs its plain C reference kernels (no graph optimizer, no SIMD or oneDNN "
              "kernels yet, one thread), so ratios far above 1 are expected for now.\n")
+    ratios = [(rec["model"], b["batch"],
+               get(b["summary"], "kiln", "median_ms") / get(b["summary"], "onnxruntime",
+                                                             "median_ms"))
+              for rec in records for b in rec["batches"]
+              if get(b["summary"], "kiln", "median_ms")
+              and get(b["summary"], "onnxruntime", "median_ms")]
+    if ratios:
+        geo = math.exp(sum(math.log(r) for _, _, r in ratios) / len(ratios))
+        worst = max(ratios, key=lambda x: x[2])
+        best = min(ratios, key=lambda x: x[2])
+        L.append(f"Kiln / ONNX Runtime median latency over {len(ratios)} model-batch pairs: "
+                 f"geometric mean **{geo:.2f}**, from {best[2]:.2f} ({best[0]}, batch "
+                 f"{best[1]}) to {worst[2]:.2f} ({worst[0]}, batch {worst[1]}).\n")
     L.append("Command:\n")
     L.append("```sh\n" + args.command + "\n```\n")
-    L.append("which ran:\n")
-    L.append("```sh\n" + " ".join(args.argv) + "\n```\n")
+    if args.command != shlex.join(args.argv):
+        L.append("which ran:\n")
+        L.append("```sh\n" + shlex.join(args.argv) + "\n```\n")
     L.append("## Machine\n")
     L.append(f"- CPU: {info['cpu']}, {info['cpus']} CPU(s), {info['threads_per_core']} "
              f"thread(s) per core; avx2: {'yes' if info['avx2'] else 'no'}, "
@@ -310,7 +329,9 @@ def write_results(args, info, records, started, finished, path):
              f"graph optimization level all, intra-op threads {args.threads}, inter-op 1")
     L.append(f"- PyTorch: {info['pytorch']} (Debian python3-torch, Python {info['python']}), "
              f"torch.set_num_threads({args.threads}), one inter-op thread, inference_mode, "
-             "its own nn.Module")
+             "its own nn.Module; BLAS: `" + info["blas"] + "`"
+             + (" (netlib's reference BLAS: PyTorch's Linear and MatMul are slower here than "
+                "with OpenBLAS or MKL)" if "/blas/" in info["blas"] else ""))
     L.append(f"- Rounds: {args.rounds}, warmup runs per process: {args.warmup}, recorded runs "
              f"per process: {args.min_iterations} in round 1, then about {args.target_s:g} s "
              f"worth ({args.min_iterations}..{args.max_iterations})")
@@ -438,6 +459,10 @@ def write_results(args, info, records, started, finished, path):
     L.append("- Each runtime runs in its own process per model, batch and round; the order of "
              "the three rotates every round, so they are measured alternately in the same "
              "minutes.")
+    L.append("- Kiln's reference executor uses one thread; ONNX Runtime and PyTorch use two. "
+             "On a machine loaded by other work, a two-thread runtime can lose time waiting "
+             "for its slower thread at every parallel op, which a one-thread runtime does not; "
+             "this flatters Kiln on the smallest models.")
     L.append("- Inputs are random, one scheme in all three (`src/cli/cmd_bench.c`): floats "
              "uniform in [-1, 1), integer ids uniform in [0, 100), inputs named like `mask` "
              "all 1; shapes from the model's signature with the batch dim set. The generators "
@@ -472,14 +497,14 @@ def main():
     ap.add_argument("--command", help="the command that started this, for RESULTS.md")
     args = ap.parse_args()
     args.argv = [PYTHON] + [os.path.relpath(sys.argv[0], REPO)] + sys.argv[1:]
-    defaults = ((2, 1, 3, 10, 2.0) if args.quick else (3, 2, 5, 50, 8.0))
+    defaults = ((2, 1, 3, 200, 2.0) if args.quick else (3, 2, 5, 1000, 8.0))
     for attr, d in zip(("rounds", "warmup", "min_iterations", "max_iterations", "target_s"),
                        defaults):
         if getattr(args, attr) is None:
             setattr(args, attr, d)
     args.kiln = os.path.abspath(args.kiln)
     if not args.command:
-        args.command = " ".join(args.argv)
+        args.command = shlex.join(args.argv)
 
     if args.models:
         names = [n for n in args.models.split(",") if n]
@@ -527,7 +552,12 @@ def main():
         finished = {"load": loadavg(), "wall_s": time.monotonic() - t_start}
         write_results(args, info, records, started, finished, args.out)
         with open(args.json_out, "w") as f:
+            settings = {k: getattr(args, k) for k in
+                        ("quick", "threads", "rounds", "warmup", "min_iterations",
+                         "max_iterations", "target_s", "tol")}
             json.dump({"machine": info, "command": args.command, "argv": args.argv,
+                       "settings": settings, "load_start": started["load"],
+                       "load_end": finished["load"], "wall_s": finished["wall_s"],
                        "models": records}, f, indent=1)
     log(f"wrote {os.path.relpath(args.out, REPO)} and {os.path.relpath(args.json_out, REPO)}")
     bad = [r["model"] for r in records if not r["agreement"]["ok"]]

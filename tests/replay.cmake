@@ -38,3 +38,23 @@ target_link_libraries(kiln_fuzz_replay_json PRIVATE kiln m)
 add_test(NAME fuzz_replay_json COMMAND kiln_fuzz_replay_json ${PROJECT_SOURCE_DIR}/tests/corpus/json)
 set_tests_properties(fuzz_replay_json PROPERTIES TIMEOUT 300
   ENVIRONMENT "ASAN_OPTIONS=detect_leaks=1:abort_on_error=0;UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1")
+
+# The .npy reader (src/cli/npy.c), the tf.Example parser of the
+# TfParseExample kernel, the server's config files (src/serve/config.c) and
+# its JSON -> tf.Example encoder (src/serve/example.c).
+set(KILN_REPLAY_npy_SRCS ${PROJECT_SOURCE_DIR}/src/cli/npy.c)
+set(KILN_REPLAY_tf_example_SRCS)
+set(KILN_REPLAY_serve_config_SRCS ${PROJECT_SOURCE_DIR}/src/serve/config.c)
+set(KILN_REPLAY_example_json_SRCS
+  ${PROJECT_SOURCE_DIR}/src/serve/example.c ${PROJECT_SOURCE_DIR}/src/serve/json.c)
+foreach(target npy tf_example serve_config example_json)
+  add_executable(kiln_fuzz_replay_${target}
+    ${PROJECT_SOURCE_DIR}/fuzz/replay_main.c ${PROJECT_SOURCE_DIR}/fuzz/fuzz_${target}.c
+    ${KILN_REPLAY_${target}_SRCS})
+  target_include_directories(kiln_fuzz_replay_${target} PRIVATE ${PROJECT_SOURCE_DIR}/src ${GEN_DIR})
+  target_link_libraries(kiln_fuzz_replay_${target} PRIVATE kiln ${PROTOBUF_C_LIB} m)
+  add_test(NAME fuzz_replay_${target}
+    COMMAND kiln_fuzz_replay_${target} ${PROJECT_SOURCE_DIR}/tests/corpus/${target})
+  set_tests_properties(fuzz_replay_${target} PROPERTIES TIMEOUT 300
+    ENVIRONMENT "ASAN_OPTIONS=detect_leaks=1:abort_on_error=0;UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1")
+endforeach()

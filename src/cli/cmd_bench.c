@@ -39,7 +39,6 @@
  * --threads is passed to the session options (the reference executor runs
  * on the calling thread and ignores it for now).
  */
-#include <errno.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -468,8 +467,8 @@ static void print_json(const bench_args *a, const kiln_signature *sig, const kil
            "\"first_inference_ms\": %.3f, \"load_to_first_inference_ms\": %.3f,\n",
            r->model_load_ms + r->session_create_ms, r->model_load_ms, r->session_create_ms,
            r->first_ms, r->model_load_ms + r->session_create_ms + r->first_ms);
-    printf(" \"median_ms\": %.4f, \"p90_ms\": %.4f, \"p99_ms\": %.4f, \"mean_ms\": %.4f, "
-           "\"min_ms\": %.4f, \"max_ms\": %.4f,\n",
+    printf(" \"median_ms\": %.6f, \"p90_ms\": %.6f, \"p99_ms\": %.6f, \"mean_ms\": %.6f, "
+           "\"min_ms\": %.6f, \"max_ms\": %.6f,\n",
            r->median_ms, r->p90_ms, r->p99_ms, r->mean_ms, r->min_ms, r->max_ms);
     printf(" \"throughput_per_s\": %.3f, \"peak_rss_mb\": %.2f, \"nonfinite_outputs\": %lld}\n",
            r->throughput_per_s, r->peak_rss_mb, (long long)r->nonfinite);

@@ -31,6 +31,10 @@ static kiln_status if_infer(struct kiln_infer_ctx *ctx)
         return kiln_node_error(ctx->node, KILN_ERR_INVALID_MODEL,
                                "has %d outputs but then_branch has %d and else_branch %d",
                                ctx->n_out, tg->n_outputs, eg->n_outputs);
+    if (tg->n_inputs || eg->n_inputs)
+        return kiln_node_error(ctx->node, KILN_ERR_INVALID_MODEL,
+                               "then_branch has %d inputs and else_branch %d; If branches take none",
+                               tg->n_inputs, eg->n_inputs);
     for (int k = 0; k < ctx->n_out; k++) {
         if (!ctx->out[k]) continue;
         const struct kiln_type *a = &tg->values[tg->outputs[k]].type;
@@ -55,8 +59,11 @@ static kiln_status if_run(struct kiln_run_ctx *ctx)
                                (long long)kiln_tensor_count(c));
     bool cond = kiln_tensor_f64(c, 0) != 0;
     const struct kiln_graph *g = graph_attr(ctx->node, cond ? "then_branch" : "else_branch");
-    if (!g || g->n_outputs != ctx->n_out)
-        return kiln_node_error(ctx->node, KILN_ERR_INVALID_MODEL, "branch outputs do not match");
+    if (!g || g->n_outputs != ctx->n_out || g->n_inputs != 0)
+        return kiln_node_error(ctx->node, KILN_ERR_INVALID_MODEL,
+                               "%s has %d inputs and %d outputs; the node has %d outputs",
+                               cond ? "then_branch" : "else_branch", g ? g->n_inputs : 0,
+                               g ? g->n_outputs : 0, ctx->n_out);
     return kiln_exec_run(g, ctx->frame, NULL, ctx->out);
 }
 
@@ -64,18 +71,31 @@ KILN_REF_OP(If, if_infer, if_run);
 
 /* ---- Loop ---- */
 
-static kiln_status loop_infer(struct kiln_infer_ctx *ctx)
+/* The body and arity checks, run by both the shape function and the
+ * kernel (a Loop inside a subgraph is only inferred leniently). */
+static kiln_status loop_check(const struct kiln_node *n, int n_in, int n_out,
+                              const struct kiln_graph **body_out)
 {
-    const struct kiln_graph *body = graph_attr(ctx->node, "body");
-    if (!body) return kiln_node_error(ctx->node, KILN_ERR_INVALID_MODEL, "needs graph attribute body");
-    int n_carried = ctx->n_in - 2;
-    if (body->n_inputs != n_carried + 2 || body->n_outputs < n_carried + 1 ||
-        ctx->n_out != body->n_outputs - 1)
-        return kiln_node_error(ctx->node, KILN_ERR_INVALID_MODEL,
+    const struct kiln_graph *body = graph_attr(n, "body");
+    if (!body) return kiln_node_error(n, KILN_ERR_INVALID_MODEL, "needs graph attribute body");
+    int n_carried = n_in - 2;
+    if (n_carried < 0 || body->n_inputs != n_carried + 2 || body->n_outputs < n_carried + 1 ||
+        n_out != body->n_outputs - 1)
+        return kiln_node_error(n, KILN_ERR_INVALID_MODEL,
                                "body has %d inputs and %d outputs; with %d loop-carried values it "
                                "needs %d inputs and the node %d outputs",
                                body->n_inputs, body->n_outputs, n_carried, n_carried + 2,
                                body->n_outputs - 1);
+    *body_out = body;
+    return KILN_OK;
+}
+
+static kiln_status loop_infer(struct kiln_infer_ctx *ctx)
+{
+    const struct kiln_graph *body;
+    kiln_status cst = loop_check(ctx->node, ctx->n_in, ctx->n_out, &body);
+    if (cst != KILN_OK) return cst;
+    int n_carried = ctx->n_in - 2;
     for (int k = 0; k < ctx->n_out; k++) {
         if (!ctx->out[k]) continue;
         kiln_type_unknown(ctx->out[k]);
@@ -131,11 +151,18 @@ static kiln_status stack(const struct kiln_node *n, kiln_tensor **items, int64_t
 static kiln_status loop_run(struct kiln_run_ctx *ctx)
 {
     const struct kiln_node *n = ctx->node;
-    const struct kiln_graph *body = graph_attr(n, "body");
+    const struct kiln_graph *body;
+    kiln_status cst = loop_check(n, ctx->n_in, ctx->n_out, &body);
+    if (cst != KILN_OK) return cst;
     int n_carried = ctx->n_in - 2;
     int n_scan = body->n_outputs - 1 - n_carried;
     int64_t max_trip = LOOP_MAX_ITERATIONS;
     bool bounded = false;
+    for (int k = 0; k < 2; k++)
+        if (ctx->in[k] && kiln_tensor_count(ctx->in[k]) != 1)
+            return kiln_node_error(n, KILN_ERR_INVALID_ARGUMENT, "%s must have one element, got %lld",
+                                   k ? "the condition" : "the trip count M",
+                                   (long long)kiln_tensor_count(ctx->in[k]));
     if (ctx->in[0]) {
         max_trip = kiln_tensor_i64(ctx->in[0], 0);
         bounded = true;
@@ -254,19 +281,30 @@ static kiln_status copy_elems(kiln_tensor *dst, int64_t di, const kiln_tensor *s
     return KILN_OK;
 }
 
+/* Body and arity checks shared by the shape function and the kernel. */
+static kiln_status scan_check(const struct kiln_node *n, int n_in, int n_out,
+                              const struct kiln_graph **body_out)
+{
+    const struct kiln_graph *body = graph_attr(n, "body");
+    if (!body) return kiln_node_error(n, KILN_ERR_INVALID_MODEL, "needs graph attribute body");
+    if (n->opset < 9)
+        return kiln_node_error(n, KILN_ERR_UNSUPPORTED, "Scan before opset 9 is not supported");
+    int64_t m = kiln_attr_int(n, "num_scan_inputs", 0);
+    if (m <= 0 || m > n_in || body->n_inputs != n_in || body->n_outputs != n_out ||
+        n_out < n_in - m)
+        return kiln_node_error(n, KILN_ERR_INVALID_MODEL,
+                               "num_scan_inputs %lld does not fit %d inputs and %d outputs, or the "
+                               "body's %d inputs and %d outputs do not match the node's",
+                               (long long)m, n_in, n_out, body->n_inputs, body->n_outputs);
+    *body_out = body;
+    return KILN_OK;
+}
+
 static kiln_status scan_infer(struct kiln_infer_ctx *ctx)
 {
-    const struct kiln_graph *body = graph_attr(ctx->node, "body");
-    if (!body) return kiln_node_error(ctx->node, KILN_ERR_INVALID_MODEL, "needs graph attribute body");
-    if (ctx->node->opset < 9)
-        return kiln_node_error(ctx->node, KILN_ERR_UNSUPPORTED, "Scan before opset 9 is not supported");
-    int m = (int)kiln_attr_int(ctx->node, "num_scan_inputs", 0);
-    int n_state = ctx->n_in - m;
-    if (m <= 0 || n_state < 0 || body->n_inputs != ctx->n_in || body->n_outputs != ctx->n_out)
-        return kiln_node_error(ctx->node, KILN_ERR_INVALID_MODEL,
-                               "num_scan_inputs %d does not fit %d inputs, or the body's %d inputs "
-                               "and %d outputs do not match the node's",
-                               m, ctx->n_in, body->n_inputs, body->n_outputs);
+    const struct kiln_graph *body;
+    kiln_status cst = scan_check(ctx->node, ctx->n_in, ctx->n_out, &body);
+    if (cst != KILN_OK) return cst;
     for (int k = 0; k < ctx->n_out; k++) {
         if (!ctx->out[k]) continue;
         kiln_type_unknown(ctx->out[k]);
@@ -278,7 +316,9 @@ static kiln_status scan_infer(struct kiln_infer_ctx *ctx)
 static kiln_status scan_run(struct kiln_run_ctx *ctx)
 {
     const struct kiln_node *n = ctx->node;
-    const struct kiln_graph *body = graph_attr(n, "body");
+    const struct kiln_graph *body;
+    kiln_status cst = scan_check(n, ctx->n_in, ctx->n_out, &body);
+    if (cst != KILN_OK) return cst;
     int m = (int)kiln_attr_int(n, "num_scan_inputs", 0);
     int n_state = ctx->n_in - m;
     int k_out = ctx->n_out - n_state;
@@ -311,8 +351,13 @@ static kiln_status scan_run(struct kiln_run_ctx *ctx)
         st = kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory in Scan");
         goto out;
     }
-    for (int k = 0; k < n_state; k++)
+    for (int k = 0; k < n_state; k++) {
+        if (!ctx->in[k]) {
+            st = kiln_node_error(n, KILN_ERR_INVALID_MODEL, "state input %d is absent", k);
+            goto out;
+        }
         if ((st = kiln_tensor_clone(ctx->in[k], &state[k])) != KILN_OK) goto out;
+    }
     for (int64_t t = 0; t < len; t++) {
         for (int j = 0; j < m; j++) {
             const kiln_tensor *x = ctx->in[n_state + j];
@@ -366,7 +411,10 @@ static kiln_status scan_run(struct kiln_run_ctx *ctx)
                 if (d < a) outer *= y->dims[d];
                 else inner *= y->dims[d];
             }
-            if (kiln_tensor_count(o) != len * outer * inner) {
+            bool same = o->dtype == y->dtype && o->rank == y->rank + 1;
+            for (int d = 0, r = 0; same && d < o->rank; d++)
+                if (d != a) same = o->dims[d] == y->dims[r++];
+            if (!same) {
                 st = kiln_node_error(n, KILN_ERR_RUNTIME, "scan output %d changes shape between iterations", s);
                 goto out;
             }

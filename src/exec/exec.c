@@ -106,6 +106,12 @@ static kiln_status run_node(struct kiln_exec_frame *f, const struct kiln_node *n
             st = kiln_node_error(n, KILN_ERR_INTERNAL, "kernel produced no output %d", k);
             goto fail;
         }
+        if ((int64_t)out[k]->nbytes > f->max_tensor_bytes) { /* DYNOUT kernels sized it */
+            st = kiln_node_error(n, KILN_ERR_OUT_OF_MEMORY,
+                                 "output %d has %zu bytes, above the run's limit of %lld", k,
+                                 out[k]->nbytes, (long long)f->max_tensor_bytes);
+            goto fail;
+        }
         f->vals[v] = out[k];
         f->owned[v] = 1;
         out[k] = NULL;

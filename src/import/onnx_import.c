@@ -302,69 +302,6 @@ static kiln_status parse_i64(const char *tname, const char *key, const char *s, 
     return KILN_OK;
 }
 
-/* Point t at external data (mapped). */
-static kiln_status load_external(struct onnx_ctx *c, const KilnOnnx__TensorProto *tp,
-                                 const char *tname, kiln_tensor *t)
-{
-    const char *loc = NULL;
-    int64_t offset = 0, length = -1;
-    kiln_status st;
-    for (size_t i = 0; i < tp->n_external_data; i++) {
-        const KilnOnnx__StringStringEntryProto *e = tp->external_data[i];
-        if (!e->key || !e->value) continue;
-        if (strcmp(e->key, "location") == 0) loc = e->value;
-        else if (strcmp(e->key, "offset") == 0) {
-            if ((st = parse_i64(tname, "offset", e->value, &offset)) != KILN_OK) return st;
-        } else if (strcmp(e->key, "length") == 0) {
-            if ((st = parse_i64(tname, "length", e->value, &length)) != KILN_OK) return st;
-        }
-    }
-    if (!loc)
-        return kiln_error(KILN_ERR_INVALID_MODEL,
-                          "tensor '%s': data_location is EXTERNAL but no 'location' is given",
-                          tname);
-    if (t->dtype == KILN_DTYPE_STRING)
-        return kiln_error(KILN_ERR_INVALID_MODEL,
-                          "tensor '%s': string tensors cannot use external data", tname);
-    int fd;
-    if ((st = open_external(c, tname, loc, &fd)) != KILN_OK) return st;
-    struct kiln_file_map map;
-    st = kiln_file_map_fd(fd, loc, &map);
-    close(fd);
-    if (st != KILN_OK) return kiln_error_wrap(st, "tensor '%s'", tname);
-    if (length >= 0 && (uint64_t)length != t->nbytes) {
-        kiln_file_unmap(&map);
-        return kiln_error(KILN_ERR_INVALID_MODEL,
-                          "tensor '%s': external data length %lld does not match the %zu bytes "
-                          "its shape needs",
-                          tname, (long long)length, t->nbytes);
-    }
-    if ((uint64_t)offset > map.size || t->nbytes > map.size - (size_t)offset) {
-        kiln_file_unmap(&map);
-        return kiln_error(KILN_ERR_INVALID_MODEL,
-                          "tensor '%s': external data '%s' has %zu bytes; offset %lld + %zu "
-                          "bytes runs past its end",
-                          tname, loc, map.size, (long long)offset, t->nbytes);
-    }
-    const unsigned char *src = (const unsigned char *)map.data + offset;
-    size_t es = kiln_dtype_size(t->dtype);
-    if (((uintptr_t)src % es) == 0 && t->nbytes > 0) {
-        /* zero copy: the tensor borrows the mapping, which the model keeps */
-        st = kiln_model_keep_map(c->m, &map);
-        if (st != KILN_OK) {
-            kiln_file_unmap(&map);
-            return st;
-        }
-        free(t->data);
-        t->data = (void *)src;
-        t->owns_data = 0;
-        return KILN_OK;
-    }
-    if (t->nbytes) memcpy(t->data, src, t->nbytes);
-    kiln_file_unmap(&map);
-    return KILN_OK;
-}
-
 /* Bits per element of the types ONNX packs several to a byte (low bits
  * first), else 0. Kiln keeps them one per byte. */
 static int packed_bits(kiln_dtype dt)
@@ -389,6 +326,72 @@ static void unpack_elems(kiln_tensor *t, const uint8_t *bytes, const int32_t *wo
         else kiln_set_i64(t->dtype, t->data, i, v); /* sign-extends int4 / int2 */
     }
 }
+
+/* Make a tensor from external data: everything about the reference is
+ * checked before anything the shape asks for is allocated; aligned data is
+ * used in place (the model keeps the mapping), the rest is copied once. */
+static kiln_status load_external(struct onnx_ctx *c, const KilnOnnx__TensorProto *tp,
+                                 const char *tname, kiln_dtype dt, int rank, const int64_t *dims,
+                                 size_t need, kiln_tensor **out)
+{
+    const char *loc = NULL;
+    int64_t offset = 0, length = -1;
+    kiln_status st;
+    for (size_t i = 0; i < tp->n_external_data; i++) {
+        const KilnOnnx__StringStringEntryProto *e = tp->external_data[i];
+        if (!e->key || !e->value) continue;
+        if (strcmp(e->key, "location") == 0) loc = e->value;
+        else if (strcmp(e->key, "offset") == 0) {
+            if ((st = parse_i64(tname, "offset", e->value, &offset)) != KILN_OK) return st;
+        } else if (strcmp(e->key, "length") == 0) {
+            if ((st = parse_i64(tname, "length", e->value, &length)) != KILN_OK) return st;
+        }
+    }
+    if (!loc)
+        return kiln_error(KILN_ERR_INVALID_MODEL,
+                          "tensor '%s': data_location is EXTERNAL but no 'location' is given",
+                          tname);
+    if (dt == KILN_DTYPE_STRING)
+        return kiln_error(KILN_ERR_INVALID_MODEL,
+                          "tensor '%s': string tensors cannot use external data", tname);
+    if (length >= 0 && (uint64_t)length != need)
+        return kiln_error(KILN_ERR_INVALID_MODEL,
+                          "tensor '%s': external data length %lld does not match the %zu bytes "
+                          "its shape needs",
+                          tname, (long long)length, need);
+    int fd;
+    if ((st = open_external(c, tname, loc, &fd)) != KILN_OK) return st;
+    struct kiln_file_map map;
+    st = kiln_file_map_fd(fd, loc, &map);
+    close(fd);
+    if (st != KILN_OK) return kiln_error_wrap(st, "tensor '%s'", tname);
+    if ((uint64_t)offset > map.size || need > map.size - (size_t)offset) {
+        kiln_file_unmap(&map);
+        return kiln_error(KILN_ERR_INVALID_MODEL,
+                          "tensor '%s': external data '%s' has %zu bytes; offset %lld + %zu "
+                          "bytes runs past its end",
+                          tname, loc, map.size, (long long)offset, need);
+    }
+    const unsigned char *src = (const unsigned char *)map.data + offset;
+    size_t es = kiln_dtype_size(dt);
+    if (!packed_bits(dt) && need > 0 && ((uintptr_t)src % es) == 0) {
+        /* zero copy: the tensor borrows the mapping, which the model keeps */
+        st = kiln_tensor_wrap(dt, rank, dims, (void *)src, need, out);
+        if (st == KILN_OK) st = kiln_model_keep_map(c->m, &map);
+        else kiln_file_unmap(&map);
+        return st;
+    }
+    kiln_tensor *t;
+    st = kiln_tensor_new(dt, rank, dims, &t);
+    if (st == KILN_OK) {
+        if (packed_bits(dt)) unpack_elems(t, src, NULL);
+        else if (need) memcpy(t->data, src, need);
+        *out = t;
+    }
+    kiln_file_unmap(&map);
+    return st;
+}
+
 
 /* Convert a TensorProto. If the tensor's bytes can be used in place (raw_data
  * of the parsed message) the tensor borrows them; the message must outlive it. */
@@ -443,7 +446,7 @@ static kiln_status tensor_from_proto(struct onnx_ctx *c, const KilnOnnx__TensorP
                               kiln_shape_str(rank, dims, sbuf, sizeof sbuf), kiln_dtype_name(dt),
                               need);
         const unsigned char *src = c->file + tp->kiln_raw_offset;
-        if (c->in_place && ((uintptr_t)src % es) == 0) {
+        if (c->in_place && !bits && ((uintptr_t)src % es) == 0) {
             st = kiln_tensor_wrap(dt, rank, dims, (void *)src, need, out);
             if (st == KILN_OK) c->file_used = true;
             return st;
@@ -452,7 +455,8 @@ static kiln_status tensor_from_proto(struct onnx_ctx *c, const KilnOnnx__TensorP
         kiln_tensor *t;
         st = kiln_tensor_new(dt, rank, dims, &t);
         if (st != KILN_OK) return kiln_error_wrap(st, "tensor '%s'", tname);
-        memcpy(t->data, src, need);
+        if (bits) unpack_elems(t, src, NULL);
+        else memcpy(t->data, src, need);
         *out = t;
         return KILN_OK;
     }
@@ -489,33 +493,7 @@ static kiln_status tensor_from_proto(struct onnx_ctx *c, const KilnOnnx__TensorP
                               bits ? (long long)need : (long long)n);
     }
     kiln_tensor *t;
-    if (external && bits) {
-        /* load the packed bytes as a uint8 tensor, then unpack them */
-        int64_t nb = (int64_t)need;
-        kiln_tensor *packed;
-        st = kiln_tensor_new(KILN_DTYPE_U8, 1, &nb, &packed);
-        if (st != KILN_OK) return st;
-        st = load_external(c, tp, tname, packed);
-        if (st == KILN_OK) st = kiln_tensor_new(dt, rank, dims, &t);
-        if (st == KILN_OK) {
-            unpack_elems(t, packed->data, NULL);
-            *out = t;
-        }
-        kiln_tensor_free(packed);
-        return st;
-    }
-    if (external) {
-        /* allocate lazily: load_external swaps in the mapping when it can */
-        st = kiln_tensor_new(dt, rank, dims, &t);
-        if (st != KILN_OK) return st;
-        st = load_external(c, tp, tname, t);
-        if (st != KILN_OK) {
-            kiln_tensor_free(t);
-            return st;
-        }
-        *out = t;
-        return KILN_OK;
-    }
+    if (external) return load_external(c, tp, tname, dt, rank, dims, need, out);
     st = kiln_tensor_new(dt, rank, dims, &t);
     if (st != KILN_OK) return kiln_error_wrap(st, "tensor '%s'", tname);
     if (tp->has_raw_data) {

@@ -16,9 +16,10 @@
  * (glibc's extended syntax, which also knows \w \W \s \S \b \B) after a
  * translation of the RE2 forms POSIX lacks: (?:...) groups, \d \D, class
  * escapes inside brackets ([\w.\-]), \A \z, lazy quantifiers (which cannot
- * change whether the whole string matches). Constructs with no POSIX
- * equivalent (flags such as (?i), named groups, \p classes, negated class
- * escapes inside brackets) are reported as unsupported rather than guessed.
+ * change whether the whole string matches) and . (which in RE2 does not
+ * match a newline). Constructs with no POSIX equivalent (flags such as
+ * (?i), named groups, \p classes, negated class escapes inside brackets)
+ * are reported as unsupported rather than guessed.
  *
  * TfIdfVectorizer counts the pool's n-grams (of lengths min_gram_length to
  * max_gram_length, items max_skip_count + 1 apart at most) in each row, as
@@ -443,7 +444,8 @@ static const char *re2_to_posix(const char *pat, size_t n, struct sbuf *out)
             continue;
         }
         if (c == '\\') return "a trailing backslash";
-        sb_put(out, &c, 1);
+        if (c == '.') sb_str(out, "[^\n]"); /* RE2's . does not match a newline */
+        else sb_put(out, &c, 1);
     }
     sb_str(out, ")$");
     return out->oom ? "out of memory" : NULL;
