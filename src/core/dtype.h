@@ -62,4 +62,9 @@ void kiln_set_f64_sat(kiln_dtype dt, void *data, int64_t i, double v, bool satur
 void kiln_convert_elem(kiln_dtype to, void *dst, int64_t di, kiln_dtype from, const void *src,
                        int64_t si);
 
+/* Map an ONNX TensorProto.DataType code to a Kiln dtype (UNDEFINED if none),
+ * and back (0 if none). */
+kiln_dtype kiln_onnx_dtype(int64_t code);
+int kiln_onnx_dtype_code(kiln_dtype dt);
+
 #endif

@@ -57,8 +57,5 @@ kiln_status kiln_onnx_load_file(struct kiln_file_map *map, const char *dir, stru
 /* Read a serialized TensorProto (conformance data) into an owned tensor. */
 kiln_status kiln_onnx_read_tensor(const void *data, size_t size, kiln_tensor **out,
                                   char **name_out);
-/* Map an ONNX TensorProto.DataType code to a Kiln dtype (UNDEFINED if none). */
-kiln_dtype kiln_onnx_dtype(int64_t code);
-int kiln_onnx_dtype_code(kiln_dtype dt);
 
 #endif

@@ -25,7 +25,6 @@
 #include <stdlib.h>
 #include <strings.h>
 
-#include "import/model.h"
 #include "kernels/kernel.h"
 
 /* Cast's target dtype from its 'to' attribute. */

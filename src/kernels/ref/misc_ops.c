@@ -17,7 +17,6 @@
  */
 #include <stdlib.h>
 
-#include "import/model.h"
 #include "kernels/kernel.h"
 
 /* ---- BitCast ---- */

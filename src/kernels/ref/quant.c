@@ -19,26 +19,13 @@
 /* The Kiln dtype for an ONNX TensorProto.DataType code among those quantization uses. */
 static kiln_dtype quant_onnx_dtype(int64_t code)
 {
-    switch (code) {
-    case 1: return KILN_DTYPE_F32;
-    case 2: return KILN_DTYPE_U8;
-    case 3: return KILN_DTYPE_I8;
-    case 4: return KILN_DTYPE_U16;
-    case 5: return KILN_DTYPE_I16;
-    case 6: return KILN_DTYPE_I32;
-    case 10: return KILN_DTYPE_F16;
-    case 11: return KILN_DTYPE_F64;
-    case 16: return KILN_DTYPE_BF16;
-    case 17: return KILN_DTYPE_F8E4M3FN;
-    case 18: return KILN_DTYPE_F8E4M3FNUZ;
-    case 19: return KILN_DTYPE_F8E5M2;
-    case 20: return KILN_DTYPE_F8E5M2FNUZ;
-    case 21: return KILN_DTYPE_U4;
-    case 22: return KILN_DTYPE_I4;
-    case 23: return KILN_DTYPE_F4E2M1;
-    case 25: return KILN_DTYPE_U2;
-    case 26: return KILN_DTYPE_I2;
-    default: return KILN_DTYPE_UNDEFINED;
+    kiln_dtype dt = kiln_onnx_dtype(code);
+    switch (dt) {
+    case KILN_DTYPE_I64: case KILN_DTYPE_U32: case KILN_DTYPE_U64: case KILN_DTYPE_STRING:
+    case KILN_DTYPE_BOOL: case KILN_DTYPE_F8E8M0:
+        return KILN_DTYPE_UNDEFINED;
+    default:
+        return dt;
     }
 }
 

@@ -185,27 +185,6 @@ static kiln_status copy_view(kiln_tensor *out, const kiln_tensor *in, int rank, 
     return KILN_OK;
 }
 
-/* Map an ONNX TensorProto data type number to a Kiln dtype (UNDEFINED if Kiln lacks it). */
-static kiln_dtype dtype_from_onnx(int64_t code)
-{
-    switch (code) {
-    case 1: return KILN_DTYPE_F32;
-    case 2: return KILN_DTYPE_U8;
-    case 3: return KILN_DTYPE_I8;
-    case 4: return KILN_DTYPE_U16;
-    case 5: return KILN_DTYPE_I16;
-    case 6: return KILN_DTYPE_I32;
-    case 7: return KILN_DTYPE_I64;
-    case 8: return KILN_DTYPE_STRING;
-    case 9: return KILN_DTYPE_BOOL;
-    case 10: return KILN_DTYPE_F16;
-    case 11: return KILN_DTYPE_F64;
-    case 12: return KILN_DTYPE_U32;
-    case 13: return KILN_DTYPE_U64;
-    case 16: return KILN_DTYPE_BF16;
-    default: return KILN_DTYPE_UNDEFINED;
-    }
-}
 
 /* Product of dims[from..to) of a type, or -1 if one is unknown or it is too large. */
 static int64_t type_dims_product(const struct kiln_type *t, int from, int to)
@@ -590,7 +569,7 @@ static kiln_status eyelike_dtype(const struct kiln_node *node, kiln_dtype in_dt,
         *out = in_dt;
         return KILN_OK;
     }
-    kiln_dtype dt = dtype_from_onnx(a->i);
+    kiln_dtype dt = kiln_onnx_dtype(a->i);
     if (dt == KILN_DTYPE_UNDEFINED || dt == KILN_DTYPE_STRING)
         return kiln_node_error(node, KILN_ERR_UNSUPPORTED, "dtype %lld is not supported",
                                (long long)a->i);

@@ -19,7 +19,6 @@
  */
 #include <stdlib.h>
 
-#include "import/model.h"
 #include "kernels/kernel.h"
 
 #define SIGNAL_PI 3.14159265358979323846
