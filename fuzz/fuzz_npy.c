@@ -1,10 +1,11 @@
 /*
  * fuzz_npy.c - libFuzzer target for the .npy reader (src/cli/npy.c), which
- * reads `kiln predict --input name=file.npy` files and the server's .npy
- * request bodies.
+ * reads the files of `kiln predict --input name=file.npy`.
  *
  * Each input is a whole .npy file given to kiln_npy_parse. A failure must
- * come with a message. A tensor that parses is encoded again with
+ * come with a message. A tensor that parses may not have more elements
+ * than the file has bytes (else a tiny file could demand any amount of
+ * memory and time: see tests/corpus/npy/crash-*). It is then encoded with
  * kiln_npy_encode and parsed back, and the round trip must give the same
  * dtype, shape and elements (bytes for numbers and bools, which the reader
  * has already normalized to 0/1; byte strings for strings); a mismatch
@@ -49,6 +50,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (!msg || !*msg) abort();
         (void)*(volatile const char *)msg;
         return 0;
+    }
+    /* Every element must be backed by at least one byte of the file, or a
+     * few bytes could demand any amount of memory and time. */
+    if (kiln_tensor_count(t) > (int64_t)size) {
+        fprintf(stderr, "fuzz_npy: %lld elements from a %zu-byte file\n",
+                (long long)kiln_tensor_count(t), size);
+        abort();
     }
     void *enc = NULL;
     size_t enc_size = 0;

@@ -58,3 +58,12 @@ foreach(target npy tf_example serve_config example_json)
   set_tests_properties(fuzz_replay_${target} PROPERTIES TIMEOUT 300
     ENVIRONMENT "ASAN_OPTIONS=detect_leaks=1:abort_on_error=0;UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1")
 endforeach()
+
+# SavedModel import (saved_model.pb bytes in a temporary folder).
+add_executable(kiln_fuzz_replay_savedmodel
+  ${PROJECT_SOURCE_DIR}/fuzz/replay_main.c ${PROJECT_SOURCE_DIR}/fuzz/fuzz_savedmodel.c)
+target_link_libraries(kiln_fuzz_replay_savedmodel PRIVATE kiln)
+add_test(NAME fuzz_replay_savedmodel
+  COMMAND kiln_fuzz_replay_savedmodel ${PROJECT_SOURCE_DIR}/tests/corpus/savedmodel)
+set_tests_properties(fuzz_replay_savedmodel PROPERTIES TIMEOUT 300
+  ENVIRONMENT "ASAN_OPTIONS=detect_leaks=1:abort_on_error=0;UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1")

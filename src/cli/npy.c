@@ -311,6 +311,9 @@ static kiln_status dtype_from_descr(const char *descr, const char *what, npy_dty
         break;
     }
     if (dt == KILN_DTYPE_UNDEFINED) goto unsupported;
+    if (itemsize == 0) /* else a tiny file could declare any number of elements */
+        return npy_fail(KILN_ERR_INVALID_ARGUMENT, "%s: .npy dtype '%s' has zero item size", what,
+                        descr);
     /* '|' (no byte order) only makes sense where order cannot matter */
     size_t unit = kind == 'U' ? 4 : kind == 'S' ? 1 : itemsize;
     if (order == '|' && unit > 1)
