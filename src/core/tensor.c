@@ -236,3 +236,42 @@ double kiln_tensor_f64(const kiln_tensor *t, int64_t i)
 {
     return kiln_get_f64(t->dtype, t->data, i);
 }
+
+/* Copy n consecutive elements src[si..] to dst[di..] (same dtype); strings are duplicated. */
+kiln_status kiln_tensor_copy_elems(kiln_tensor *dst, int64_t di, const kiln_tensor *src,
+                                   int64_t si, int64_t n)
+{
+    if (n <= 0) return KILN_OK;
+    if (src->dtype != KILN_DTYPE_STRING) {
+        size_t es = kiln_dtype_size(src->dtype);
+        memmove((char *)dst->data + (size_t)di * es, (const char *)src->data + (size_t)si * es,
+                (size_t)n * es);
+        return KILN_OK;
+    }
+    const kiln_string *s = (const kiln_string *)src->data + si;
+    for (int64_t k = 0; k < n; k++) {
+        kiln_status st = kiln_tensor_set_string(dst, (size_t)(di + k), s[k].data, s[k].len);
+        if (st != KILN_OK) return st;
+    }
+    return KILN_OK;
+}
+
+/* Set dst[di..di+n) to copies of the single element src[si]. */
+kiln_status kiln_tensor_fill_elems(kiln_tensor *dst, int64_t di, int64_t n,
+                                   const kiln_tensor *src, int64_t si)
+{
+    if (n <= 0) return KILN_OK;
+    if (src->dtype == KILN_DTYPE_STRING) {
+        const kiln_string *s = (const kiln_string *)src->data + si;
+        for (int64_t k = 0; k < n; k++) {
+            kiln_status st = kiln_tensor_set_string(dst, (size_t)(di + k), s->data, s->len);
+            if (st != KILN_OK) return st;
+        }
+        return KILN_OK;
+    }
+    size_t es = kiln_dtype_size(src->dtype);
+    const char *e = (const char *)src->data + (size_t)si * es;
+    char *d = (char *)dst->data + (size_t)di * es;
+    for (int64_t k = 0; k < n; k++) memcpy(d + (size_t)k * es, e, es);
+    return KILN_OK;
+}

@@ -42,4 +42,12 @@ const char *kiln_shape_str(int rank, const int64_t *dims, char *buf, size_t n);
 int64_t kiln_tensor_i64(const kiln_tensor *t, int64_t i);
 double kiln_tensor_f64(const kiln_tensor *t, int64_t i);
 
+/* Copy n consecutive elements src[si..] to dst[di..] (same dtype; strings
+ * duplicated; overlapping ranges of one tensor are fine for other dtypes). */
+kiln_status kiln_tensor_copy_elems(kiln_tensor *dst, int64_t di, const kiln_tensor *src,
+                                   int64_t si, int64_t n);
+/* Set dst[di..di+n) to copies of the single element src[si]. */
+kiln_status kiln_tensor_fill_elems(kiln_tensor *dst, int64_t di, int64_t n,
+                                   const kiln_tensor *src, int64_t si);
+
 #endif

@@ -262,24 +262,6 @@ KILN_REF_OP(Loop, loop_infer, loop_run);
 
 /* ---- Scan (opset 9 and later) ---- */
 
-/* Copy count elements between tensors of the same dtype (strings deep-copied). */
-static kiln_status copy_elems(kiln_tensor *dst, int64_t di, const kiln_tensor *src, int64_t si,
-                              int64_t count)
-{
-    if (src->dtype != KILN_DTYPE_STRING) {
-        size_t es = kiln_dtype_size(src->dtype);
-        if (count) memcpy((char *)dst->data + di * (int64_t)es, (const char *)src->data + si * (int64_t)es,
-                          (size_t)count * es);
-        return KILN_OK;
-    }
-    const kiln_string *s = src->data;
-    for (int64_t i = 0; i < count; i++) {
-        kiln_status st = kiln_tensor_set_string(dst, (size_t)(di + i), s[si + i].data ? s[si + i].data : "",
-                                                s[si + i].len);
-        if (st != KILN_OK) return st;
-    }
-    return KILN_OK;
-}
 
 /* Body and arity checks shared by the shape function and the kernel. */
 static kiln_status scan_check(const struct kiln_node *n, int n_in, int n_out,
@@ -375,7 +357,7 @@ static kiln_status scan_run(struct kiln_run_ctx *ctx)
             slices[j] = NULL;
             if ((st = kiln_tensor_new(x->dtype, r, dims, &slices[j])) != KILN_OK) goto out;
             for (int64_t o = 0; o < outer; o++)
-                if ((st = copy_elems(slices[j], o * inner, x, (o * len + p) * inner, inner)) != KILN_OK)
+                if ((st = kiln_tensor_copy_elems(slices[j], o * inner, x, (o * len + p) * inner, inner)) != KILN_OK)
                     goto out;
             bin[n_state + j] = slices[j];
         }
@@ -420,7 +402,7 @@ static kiln_status scan_run(struct kiln_run_ctx *ctx)
             }
             int64_t p = (s < n_out_dirs && out_dirs[s]) ? len - 1 - t : t;
             for (int64_t q = 0; q < outer; q++)
-                if ((st = copy_elems(o, (q * len + p) * inner, y, q * inner, inner)) != KILN_OK) goto out;
+                if ((st = kiln_tensor_copy_elems(o, (q * len + p) * inner, y, q * inner, inner)) != KILN_OK) goto out;
             kiln_tensor_free(y);
             bout[n_state + s] = NULL;
         }

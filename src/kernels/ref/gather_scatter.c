@@ -39,36 +39,6 @@ static void type_unknown_dims(struct kiln_type *t, kiln_dtype dt, int rank)
     for (int i = 0; i < rank && i < KILN_MAX_RANK; i++) t->dims[i] = -1;
 }
 
-/* Copy n consecutive elements src[si..] to dst[di..] (same dtype); strings are duplicated. */
-static kiln_status copy_elems(kiln_tensor *dst, int64_t di, const kiln_tensor *src, int64_t si,
-                              int64_t n)
-{
-    if (n <= 0) return KILN_OK;
-    if (src->dtype != KILN_DTYPE_STRING) {
-        size_t es = kiln_dtype_size(src->dtype);
-        memmove((char *)dst->data + (size_t)di * es, (const char *)src->data + (size_t)si * es,
-                (size_t)n * es);
-        return KILN_OK;
-    }
-    const kiln_string *s = (const kiln_string *)src->data + si;
-    for (int64_t k = 0; k < n; k++) {
-        kiln_status st = kiln_tensor_set_string(dst, (size_t)(di + k), s[k].data, s[k].len);
-        if (st != KILN_OK) return st;
-    }
-    return KILN_OK;
-}
-
-/* Set dst[di..di+n) to copies of the single element src[si]. */
-static kiln_status fill_elems(kiln_tensor *dst, int64_t di, int64_t n, const kiln_tensor *src,
-                              int64_t si)
-{
-    for (int64_t k = 0; k < n; k++) {
-        kiln_status st = copy_elems(dst, di + k, src, si, 1);
-        if (st != KILN_OK) return st;
-    }
-    return KILN_OK;
-}
-
 /* Copy the whole of in into out (same dtype and element count). */
 static kiln_status copy_all(const struct kiln_node *node, kiln_tensor *out, const kiln_tensor *in)
 {
@@ -79,7 +49,7 @@ static kiln_status copy_all(const struct kiln_node *node, kiln_tensor *out, cons
                                (long long)kiln_tensor_count(out), kiln_dtype_name(out->dtype),
                                (long long)n, kiln_dtype_name(in->dtype));
     if (out->data == in->data) return KILN_OK;
-    return copy_elems(out, 0, in, 0, n);
+    return kiln_tensor_copy_elems(out, 0, in, 0, n);
 }
 
 /* Product of dims[from..to). */
@@ -182,7 +152,7 @@ static kiln_status gather_run(struct kiln_run_ctx *ctx)
         st = index_at(ctx->node, ind, k, n, &i);
         if (st != KILN_OK) return st;
         for (int64_t o = 0; o < outer; o++) {
-            st = copy_elems(out, (o * nidx + k) * inner, data, (o * n + i) * inner, inner);
+            st = kiln_tensor_copy_elems(out, (o * nidx + k) * inner, data, (o * n + i) * inner, inner);
             if (st != KILN_OK) return st;
         }
     }
@@ -269,7 +239,7 @@ struct gather_elements_arg {
 static kiln_status gather_elements_visit(void *arg, int64_t e, int64_t off)
 {
     struct gather_elements_arg *a = arg;
-    return copy_elems(a->out, e, a->data, off, 1);
+    return kiln_tensor_copy_elems(a->out, e, a->data, off, 1);
 }
 
 static kiln_status gather_elements_run(struct kiln_run_ctx *ctx)
@@ -374,7 +344,7 @@ static kiln_status gather_nd_run(struct kiln_run_ctx *ctx)
             int64_t t = bi * per_batch + j, off;
             kiln_status st = nd_offset(node, data, strides, b, ind, t * k, k, &off);
             if (st != KILN_OK) return st;
-            st = copy_elems(out, t * slice, data, bi * batch_stride + off, slice);
+            st = kiln_tensor_copy_elems(out, t * slice, data, bi * batch_stride + off, slice);
             if (st != KILN_OK) return st;
         }
     }
@@ -407,7 +377,7 @@ static kiln_status reduction_get(const struct kiln_node *node, kiln_dtype dt, en
 static kiln_status scatter_apply(kiln_tensor *out, int64_t o, const kiln_tensor *upd, int64_t u,
                                  int64_t n, enum reduction red)
 {
-    if (red == RED_NONE) return copy_elems(out, o, upd, u, n);
+    if (red == RED_NONE) return kiln_tensor_copy_elems(out, o, upd, u, n);
     kiln_dtype dt = out->dtype;
     for (int64_t k = 0; k < n; k++) {
         if (kiln_dtype_is_float(dt)) {
@@ -620,14 +590,14 @@ static kiln_status onehot_run(struct kiln_run_ctx *ctx)
     int64_t inner = dims_product(ind->dims, axis, ind->rank);
     if (kiln_tensor_count(out) != outer * depth * inner)
         return kiln_node_error(node, KILN_ERR_INTERNAL, "output size does not match");
-    st = fill_elems(out, 0, kiln_tensor_count(out), values, 0);
+    st = kiln_tensor_fill_elems(out, 0, kiln_tensor_count(out), values, 0);
     if (st != KILN_OK) return st;
     for (int64_t o = 0; o < outer; o++) {
         for (int64_t in = 0; in < inner; in++) {
             int64_t v = kiln_tensor_i64(ind, o * inner + in);
             if (v < 0) v += depth;
             if (v < 0 || v >= depth) continue; /* out of range: all off */
-            st = copy_elems(out, (o * depth + v) * inner + in, values, 1, 1);
+            st = kiln_tensor_copy_elems(out, (o * depth + v) * inner + in, values, 1, 1);
             if (st != KILN_OK) return st;
         }
     }
@@ -690,7 +660,7 @@ static kiln_status reverse_sequence_run(struct kiln_run_ctx *ctx)
         int64_t t = (i / st_t) % nt, b = (i / st_b) % nb;
         int64_t l = kiln_tensor_i64(lens, b);
         int64_t src = t < l ? i + (l - 1 - 2 * t) * st_t : i;
-        st = copy_elems(out, i, x, src, 1);
+        st = kiln_tensor_copy_elems(out, i, x, src, 1);
         if (st != KILN_OK) return st;
     }
     return KILN_OK;
@@ -816,7 +786,7 @@ static kiln_status compress_run(struct kiln_run_ctx *ctx)
         int64_t at = 0;
         for (int64_t i = 0; i < len && i < n; i++) {
             if (!elem_nonzero(cond, i)) continue;
-            st = copy_elems(y, (o * kept + at) * inner, x, (o * n + i) * inner, inner);
+            st = kiln_tensor_copy_elems(y, (o * kept + at) * inner, x, (o * n + i) * inner, inner);
             if (st != KILN_OK) {
                 kiln_tensor_free(y);
                 return st;
@@ -991,7 +961,7 @@ static kiln_status unique_run(struct kiln_run_ctx *ctx)
     for (int64_t g = 0; g < ng && st == KILN_OK; g++) {
         int64_t r = rank[g];
         for (int64_t o = 0; o < u.outer && st == KILN_OK; o++)
-            st = copy_elems(outs[0], (o * ng + r) * u.inner, x, (o * n + first[g]) * u.inner,
+            st = kiln_tensor_copy_elems(outs[0], (o * ng + r) * u.inner, x, (o * n + first[g]) * u.inner,
                             u.inner);
         if (outs[1]) ((int64_t *)outs[1]->data)[r] = first[g];
         if (outs[3]) ((int64_t *)outs[3]->data)[r] = count[g];

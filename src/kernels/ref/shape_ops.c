@@ -69,45 +69,6 @@ static kiln_status read_ints(const struct kiln_node *node, const kiln_tensor *t,
     return KILN_OK;
 }
 
-/* Copy n consecutive elements src[si..] to dst[di..] (same dtype); strings are duplicated. */
-static kiln_status copy_elems(kiln_tensor *dst, int64_t di, const kiln_tensor *src, int64_t si,
-                              int64_t n)
-{
-    if (n <= 0) return KILN_OK;
-    if (src->dtype != KILN_DTYPE_STRING) {
-        size_t es = kiln_dtype_size(src->dtype);
-        memmove((char *)dst->data + (size_t)di * es, (const char *)src->data + (size_t)si * es,
-                (size_t)n * es);
-        return KILN_OK;
-    }
-    const kiln_string *s = (const kiln_string *)src->data + si;
-    for (int64_t k = 0; k < n; k++) {
-        kiln_status st = kiln_tensor_set_string(dst, (size_t)(di + k), s[k].data, s[k].len);
-        if (st != KILN_OK) return st;
-    }
-    return KILN_OK;
-}
-
-/* Set dst[di..di+n) to copies of the single element src[si]. */
-static kiln_status fill_elems(kiln_tensor *dst, int64_t di, int64_t n, const kiln_tensor *src,
-                              int64_t si)
-{
-    if (n <= 0) return KILN_OK;
-    if (src->dtype == KILN_DTYPE_STRING) {
-        const kiln_string *s = (const kiln_string *)src->data + si;
-        for (int64_t k = 0; k < n; k++) {
-            kiln_status st = kiln_tensor_set_string(dst, (size_t)(di + k), s->data, s->len);
-            if (st != KILN_OK) return st;
-        }
-        return KILN_OK;
-    }
-    size_t es = kiln_dtype_size(src->dtype);
-    const char *e = (const char *)src->data + (size_t)si * es;
-    char *d = (char *)dst->data + (size_t)di * es;
-    for (int64_t k = 0; k < n; k++) memcpy(d + (size_t)k * es, e, es);
-    return KILN_OK;
-}
-
 /* Copy the whole of in into out, which must hold as many elements of the same dtype. */
 static kiln_status copy_all(const struct kiln_node *node, kiln_tensor *out, const kiln_tensor *in)
 {
@@ -118,7 +79,7 @@ static kiln_status copy_all(const struct kiln_node *node, kiln_tensor *out, cons
                                (long long)kiln_tensor_count(out), kiln_dtype_name(out->dtype),
                                (long long)n, kiln_dtype_name(in->dtype));
     if (out->data == in->data) return KILN_OK;
-    return copy_elems(out, 0, in, 0, n);
+    return kiln_tensor_copy_elems(out, 0, in, 0, n);
 }
 
 /* Typed gather of one row: dst[k] = src[k * stride] for k < n (elements of es bytes). */
@@ -154,7 +115,7 @@ static kiln_status copy_view(kiln_tensor *out, const kiln_tensor *in, int rank, 
 {
     int64_t n = kiln_shape_count(rank, dims);
     if (n <= 0) return KILN_OK;
-    if (rank == 0) return copy_elems(out, 0, in, base, 1);
+    if (rank == 0) return kiln_tensor_copy_elems(out, 0, in, base, 1);
     int last = rank - 1;
     int64_t row = dims[last], rstride = strides[last];
     int64_t idx[VIEW_MAX] = {0};
@@ -163,11 +124,11 @@ static kiln_status copy_view(kiln_tensor *out, const kiln_tensor *in, int rank, 
     bool is_str = in->dtype == KILN_DTYPE_STRING;
     for (int64_t o = 0; o < n; o += row) {
         if (rstride == 1) {
-            kiln_status st = copy_elems(out, o, in, off, row);
+            kiln_status st = kiln_tensor_copy_elems(out, o, in, off, row);
             if (st != KILN_OK) return st;
         } else if (is_str) {
             for (int64_t k = 0; k < row; k++) {
-                kiln_status st = copy_elems(out, o + k, in, off + k * rstride, 1);
+                kiln_status st = kiln_tensor_copy_elems(out, o + k, in, off + k * rstride, 1);
                 if (st != KILN_OK) return st;
             }
         } else {
@@ -458,7 +419,7 @@ static kiln_status constant_of_shape_run(struct kiln_run_ctx *ctx)
     kiln_status st = constant_of_shape_value(ctx->node, &v);
     if (st != KILN_OK) return st;
     if (!v) return KILN_OK; /* float zeros: the output starts zero-filled */
-    return fill_elems(ctx->out[0], 0, kiln_tensor_count(ctx->out[0]), v, 0);
+    return kiln_tensor_fill_elems(ctx->out[0], 0, kiln_tensor_count(ctx->out[0]), v, 0);
 }
 
 KILN_REF_OP(ConstantOfShape, constant_of_shape_infer, constant_of_shape_run);
@@ -1051,7 +1012,7 @@ static kiln_status concat_run(struct kiln_run_ctx *ctx)
                                    "input %d does not fit the inferred output", k);
         int64_t block = x->dims[axis] * inner;
         for (int64_t o = 0; o < outer; o++) {
-            st = copy_elems(out, o * out_block + at * inner, x, o * block, block);
+            st = kiln_tensor_copy_elems(out, o * out_block + at * inner, x, o * block, block);
             if (st != KILN_OK) return st;
         }
         at += x->dims[axis];
@@ -1180,7 +1141,7 @@ static kiln_status split_run(struct kiln_run_ctx *ctx)
                                    "output %d does not fit the input", i);
         int64_t block = y->dims[axis] * inner;
         for (int64_t o = 0; o < outer; o++) {
-            st = copy_elems(y, o * block, x, o * in_block + at * inner, block);
+            st = kiln_tensor_copy_elems(y, o * block, x, o * in_block + at * inner, block);
             if (st != KILN_OK) return st;
         }
         at += y->dims[axis];
@@ -1629,7 +1590,7 @@ static kiln_status pad_fill(const struct kiln_node *node, kiln_tensor *out, cons
     kiln_status st = KILN_OK;
     if (total == 0) return KILN_OK;
     if (mode == PAD_CONSTANT && cval) {
-        st = fill_elems(out, 0, total, cval, 0);
+        st = kiln_tensor_fill_elems(out, 0, total, cval, 0);
         if (st != KILN_OK) return st;
     }
     if (kiln_tensor_count(in) == 0) {
@@ -1639,7 +1600,7 @@ static kiln_status pad_fill(const struct kiln_node *node, kiln_tensor *out, cons
                                    kiln_attr_str(node, "mode", "constant"));
         return KILN_OK;
     }
-    if (r == 0) return copy_elems(out, 0, in, 0, 1);
+    if (r == 0) return kiln_tensor_copy_elems(out, 0, in, 0, 1);
     int64_t strides[KILN_MAX_RANK], idx[KILN_MAX_RANK] = {0};
     kiln_shape_strides(r, in->dims, strides);
     int64_t row = out->dims[r - 1], n = in->dims[r - 1], b = pb[r - 1];
@@ -1653,13 +1614,13 @@ static kiln_status pad_fill(const struct kiln_node *node, kiln_tensor *out, cons
         }
         if (inside && mode == PAD_CONSTANT) {
             int64_t lo = b > 0 ? b : 0, hi = b + n < row ? b + n : row;
-            if (hi > lo) st = copy_elems(out, o + lo, in, off + lo - b, hi - lo);
+            if (hi > lo) st = kiln_tensor_copy_elems(out, o + lo, in, off + lo - b, hi - lo);
             if (st != KILN_OK) return st;
         } else if (inside) {
             for (int64_t j = 0; j < row; j++) {
                 int64_t c = 0;
                 pad_map(j - b, n, mode, &c);
-                st = copy_elems(out, o + j, in, off + c, 1);
+                st = kiln_tensor_copy_elems(out, o + j, in, off + c, 1);
                 if (st != KILN_OK) return st;
             }
         }
@@ -1955,7 +1916,7 @@ static kiln_status trilu_run(struct kiln_run_ctx *ctx)
             lo = lo < 0 ? 0 : lo;
             hi = hi > cols ? cols : hi;
             int64_t at = (m * rows + i) * cols;
-            kiln_status st = copy_elems(out, at + lo, x, at + lo, hi - lo);
+            kiln_status st = kiln_tensor_copy_elems(out, at + lo, x, at + lo, hi - lo);
             if (st != KILN_OK) return st;
         }
     }
