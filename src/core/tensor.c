@@ -23,7 +23,8 @@ int64_t kiln_shape_count(int rank, const int64_t *dims)
     return n;
 }
 
-static kiln_status tensor_alloc(kiln_dtype dt, int rank, const int64_t *dims, kiln_tensor **out)
+static kiln_status tensor_alloc_z(kiln_dtype dt, int rank, const int64_t *dims, bool zero,
+                                  kiln_tensor **out)
 {
     if ((unsigned)dt >= KILN_DTYPE_COUNT || dt == KILN_DTYPE_UNDEFINED)
         return kiln_error(KILN_ERR_INVALID_ARGUMENT, "tensor dtype %d is not valid", (int)dt);
@@ -55,15 +56,26 @@ static kiln_status tensor_alloc(kiln_dtype dt, int rank, const int64_t *dims, ki
         return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory allocating %zu bytes",
                           (size_t)es * n);
     }
-    memset(t->data, 0, t->nbytes);
+    /* strings must start as empty (NULL) entries whatever the caller asks */
+    if (zero || dt == KILN_DTYPE_STRING) memset(t->data, 0, t->nbytes);
     t->owns_data = 1;
     *out = t;
     return KILN_OK;
 }
 
+static kiln_status tensor_alloc(kiln_dtype dt, int rank, const int64_t *dims, kiln_tensor **out)
+{
+    return tensor_alloc_z(dt, rank, dims, true, out);
+}
+
 kiln_status kiln_tensor_new(kiln_dtype dt, int rank, const int64_t *dims, kiln_tensor **out)
 {
     return tensor_alloc(dt, rank, dims, out);
+}
+
+kiln_status kiln_tensor_new_uninit(kiln_dtype dt, int rank, const int64_t *dims, kiln_tensor **out)
+{
+    return tensor_alloc_z(dt, rank, dims, false, out);
 }
 
 kiln_status kiln_tensor_create(kiln_dtype dt, int rank, const int64_t *dims, kiln_tensor **out)
@@ -149,7 +161,7 @@ kiln_status kiln_tensor_new_like(const kiln_tensor *t, kiln_tensor **out)
 kiln_status kiln_tensor_clone(const kiln_tensor *t, kiln_tensor **out)
 {
     kiln_tensor *c;
-    kiln_status st = tensor_alloc(t->dtype, t->rank, t->dims, &c);
+    kiln_status st = tensor_alloc_z(t->dtype, t->rank, t->dims, false, &c);
     if (st != KILN_OK) return st;
     if (t->dtype == KILN_DTYPE_STRING) {
         int64_t n = kiln_tensor_count(t);

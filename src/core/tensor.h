@@ -20,6 +20,8 @@ int64_t kiln_shape_count(int rank, const int64_t *dims);
 
 /* Allocate a tensor of the given shape with zeroed data (owned). */
 kiln_status kiln_tensor_new(kiln_dtype dt, int rank, const int64_t *dims, kiln_tensor **out);
+/* The same, without zeroing: for callers that overwrite every byte at once. */
+kiln_status kiln_tensor_new_uninit(kiln_dtype dt, int rank, const int64_t *dims, kiln_tensor **out);
 /* Allocate a tensor with the same dtype and shape as t (zeroed). */
 kiln_status kiln_tensor_new_like(const kiln_tensor *t, kiln_tensor **out);
 /* Deep copy. */

@@ -344,7 +344,8 @@ static kiln_status load_external(struct onnx_ctx *c, const KilnOnnx__TensorProto
         return st;
     }
     kiln_tensor *t;
-    st = kiln_tensor_new(dt, rank, dims, &t);
+    st = packed_bits(dt) ? kiln_tensor_new(dt, rank, dims, &t)
+                         : kiln_tensor_new_uninit(dt, rank, dims, &t);
     if (st == KILN_OK) {
         if (packed_bits(dt)) unpack_elems(t, src, NULL);
         else if (need) memcpy(t->data, src, need);
@@ -415,7 +416,7 @@ static kiln_status tensor_from_proto(struct onnx_ctx *c, const KilnOnnx__TensorP
         }
         /* misaligned in the file, or the caller's memory: the one copy */
         kiln_tensor *t;
-        st = kiln_tensor_new(dt, rank, dims, &t);
+        st = bits ? kiln_tensor_new(dt, rank, dims, &t) : kiln_tensor_new_uninit(dt, rank, dims, &t);
         if (st != KILN_OK) return kiln_error_wrap(st, "tensor '%s'", tname);
         if (bits) unpack_elems(t, src, NULL);
         else memcpy(t->data, src, need);
