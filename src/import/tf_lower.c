@@ -1474,14 +1474,15 @@ static kiln_status lw_squeeze(L_t *L, const struct lower *e)
     return out1(L, y);
 }
 
-static kiln_status lw_expand_dims(L_t *L, const struct lower *e)
+/* ExpandDims(x, axis) and Tile(x, multiples): e->op with the second input
+ * as an int64 vector (Unsqueeze axes, Tile repeats). */
+static kiln_status lw_with_i64_vector(L_t *L, const struct lower *e)
 {
-    (void)e;
     int x = -1, d = -1, y = -1;
     kiln_status st = in_value(L, 0, &x);
     if (st == KILN_OK) st = in_value(L, 1, &d);
     if (st == KILN_OK) st = i64_vector(L, d, &d);
-    if (st == KILN_OK) st = bin(L, KILN_OP_Unsqueeze, x, d, &y);
+    if (st == KILN_OK) st = bin(L, e->op, x, d, &y);
     if (st == KILN_OK) st = out1(L, y);
     return st;
 }
@@ -1543,18 +1544,6 @@ static kiln_status lw_fill(L_t *L, const struct lower *e)
     if ((st = i64_vector(L, s, &s)) != KILN_OK) return st;
     if ((st = bin(L, KILN_OP_Expand, x, s, &y)) != KILN_OK) return st;
     return out1(L, y);
-}
-
-static kiln_status lw_tile(L_t *L, const struct lower *e)
-{
-    (void)e;
-    int x = -1, m = -1, y = -1;
-    kiln_status st = in_value(L, 0, &x);
-    if (st == KILN_OK) st = in_value(L, 1, &m);
-    if (st == KILN_OK) st = i64_vector(L, m, &m);
-    if (st == KILN_OK) st = bin(L, KILN_OP_Tile, x, m, &y);
-    if (st == KILN_OK) st = out1(L, y);
-    return st;
 }
 
 /* Pad, PadV2, MirrorPad: paddings [rank, 2] -> ONNX pads [begins..., ends...]. */
@@ -2254,7 +2243,7 @@ static const struct lower LOWER[] = {
     {"SplitV", lw_split, 0, 1},
     {"Reshape", lw_reshape, 0, 0},
     {"Squeeze", lw_squeeze, 0, 0},
-    {"ExpandDims", lw_expand_dims, 0, 0},
+    {"ExpandDims", lw_with_i64_vector, KILN_OP_Unsqueeze, 0},
     {"Transpose", lw_transpose, 0, 0},
     {"Shape", lw_shape, 0, 0},
     {"ShapeN", lw_shape, 0, 1},
@@ -2262,7 +2251,7 @@ static const struct lower LOWER[] = {
     {"Rank", lw_shape, 0, 3},
     {"Fill", lw_fill, 0, 0},
     {"BroadcastTo", lw_fill, 0, 1},
-    {"Tile", lw_tile, 0, 0},
+    {"Tile", lw_with_i64_vector, KILN_OP_Tile, 0},
     {"Pad", lw_pad, 0, 0},
     {"PadV2", lw_pad, 0, 1},
     {"MirrorPad", lw_pad, 0, 2},

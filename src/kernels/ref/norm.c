@@ -202,16 +202,25 @@ static kiln_status check_count(const struct kiln_node *node, const kiln_tensor *
 
 /* Per-channel affine normalization with the given statistics, or in
  * training mode with the batch's own (and updated running statistics). */
+
+/* The channel-normalizing ops take a float N x C x ... input. */
+static kiln_status check_nc_input(const struct kiln_node *node, const kiln_tensor *x)
+{
+    if (!kiln_dtype_is_float(x->dtype)) return unsupported_dtype(node, x->dtype);
+    if (x->rank < 2)
+        return kiln_node_error(node, KILN_ERR_INVALID_ARGUMENT,
+                               "input has rank %d, expected at least 2 (N x C x ...)", x->rank);
+    return KILN_OK;
+}
+
 static kiln_status batchnorm_run(struct kiln_run_ctx *ctx)
 {
     const struct kiln_node *node = ctx->node;
     const kiln_tensor *x = ctx->in[0];
     kiln_tensor *y = ctx->out[0];
     kiln_dtype dt = x->dtype;
-    if (!kiln_dtype_is_float(dt)) return unsupported_dtype(node, dt);
-    if (x->rank < 2)
-        return kiln_node_error(node, KILN_ERR_INVALID_ARGUMENT,
-                               "input has rank %d, expected at least 2 (N x C x ...)", x->rank);
+    kiln_status cst = check_nc_input(node, x);
+    if (cst != KILN_OK) return cst;
     double eps = kiln_attr_float(node, "epsilon", 1e-5f);
     double momentum = kiln_attr_float(node, "momentum", 0.9f);
     /* training: training_mode from opset 14, the optional outputs before */
@@ -305,10 +314,8 @@ static kiln_status instancenorm_run(struct kiln_run_ctx *ctx)
     const struct kiln_node *node = ctx->node;
     const kiln_tensor *x = ctx->in[0];
     kiln_dtype dt = x->dtype;
-    if (!kiln_dtype_is_float(dt)) return unsupported_dtype(node, dt);
-    if (x->rank < 2)
-        return kiln_node_error(node, KILN_ERR_INVALID_ARGUMENT,
-                               "input has rank %d, expected at least 2 (N x C x ...)", x->rank);
+    kiln_status cst = check_nc_input(node, x);
+    if (cst != KILN_OK) return cst;
     int64_t ch = x->dims[1], sp = dims_product(x->dims, 2, x->rank);
     kiln_status st = check_count(node, ctx->in[1], "scale", ch);
     if (st == KILN_OK) st = check_count(node, ctx->in[2], "B", ch);
@@ -329,10 +336,8 @@ static kiln_status groupnorm_run(struct kiln_run_ctx *ctx)
     const struct kiln_node *node = ctx->node;
     const kiln_tensor *x = ctx->in[0];
     kiln_dtype dt = x->dtype;
-    if (!kiln_dtype_is_float(dt)) return unsupported_dtype(node, dt);
-    if (x->rank < 2)
-        return kiln_node_error(node, KILN_ERR_INVALID_ARGUMENT,
-                               "input has rank %d, expected at least 2 (N x C x ...)", x->rank);
+    kiln_status cst = check_nc_input(node, x);
+    if (cst != KILN_OK) return cst;
     if (!kiln_node_attr(node, "num_groups"))
         return kiln_node_error(node, KILN_ERR_INVALID_MODEL, "attribute num_groups is missing");
     int64_t groups = kiln_attr_int(node, "num_groups", 0);
@@ -666,10 +671,8 @@ static kiln_status lrn_run(struct kiln_run_ctx *ctx)
     const struct kiln_node *node = ctx->node;
     const kiln_tensor *x = ctx->in[0];
     kiln_dtype dt = x->dtype;
-    if (!kiln_dtype_is_float(dt)) return unsupported_dtype(node, dt);
-    if (x->rank < 2)
-        return kiln_node_error(node, KILN_ERR_INVALID_ARGUMENT,
-                               "input has rank %d, expected at least 2 (N x C x ...)", x->rank);
+    kiln_status cst = check_nc_input(node, x);
+    if (cst != KILN_OK) return cst;
     if (!kiln_node_attr(node, "size"))
         return kiln_node_error(node, KILN_ERR_INVALID_MODEL, "attribute size is missing");
     int64_t size = kiln_attr_int(node, "size", 0);
