@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Install what Kiln needs to build and test on Debian 12 (run as root).
-# Build: gcc, cmake, protobuf-c. Tests: Debian's Python with numpy, onnx,
+# Build: gcc, cmake, protobuf-c, oneDNN (libdnnl-dev), libmicrohttpd, zlib. Tests: Debian's Python with numpy, onnx,
 # torch/torchvision (model exports), scikit-learn (the digits model), pytest;
 # clang for the libFuzzer targets.
 set -euo pipefail
-pkgs=(build-essential cmake pkg-config protobuf-c-compiler libprotobuf-c-dev zlib1g-dev libmicrohttpd-dev
+pkgs=(build-essential cmake pkg-config protobuf-c-compiler libprotobuf-c-dev zlib1g-dev libmicrohttpd-dev libdnnl-dev
       python3 python3-numpy python3-onnx python3-pytest python3-torch python3-torchvision
       python3-sklearn clang)
 missing=()

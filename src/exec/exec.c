@@ -88,7 +88,7 @@ static kiln_status run_node(struct kiln_exec_frame *f, const struct kiln_node *n
             }
         }
     }
-    struct kiln_run_ctx rctx = {n, n->n_in, in, n->n_out, out, f};
+    struct kiln_run_ctx rctx = {n, n->n_in, in, n->n_out, out, f, NULL, 1};
     st = impl->run(&rctx);
     {
             kiln_status ast = kiln_attr_check(n); /* a mistyped attribute is the root cause */

@@ -378,7 +378,7 @@ static kiln_status try_fold(L_t *L, struct kiln_node *n, bool *folded)
         st = kiln_tensor_new(outtype[k].dtype, outtype[k].rank, outtype[k].dims, &out[k]);
         if (st != KILN_OK) goto fail;
     }
-    struct kiln_run_ctx rctx = {n, n->n_in, in, n->n_out, out, NULL};
+    struct kiln_run_ctx rctx = {n, n->n_in, in, n->n_out, out, NULL, NULL, 1};
     st = impl->run(&rctx);
     if (kiln_attr_check(n) != KILN_OK) st = KILN_ERR_INVALID_MODEL;
     if (st != KILN_OK) goto fail;

@@ -81,6 +81,9 @@ struct kiln_value {
     int producer;        /* NODE: node index */
     int outer;           /* OUTER: value id in the parent graph */
     int uses;            /* node inputs, subgraph captures and graph outputs reading it */
+    int layout;          /* storage of a 4-D f32 NCHW value: 0 = plain, 8 or 16 = channels
+                            blocked by that many ([N][ceil(C/b)][H][W][b], zero-padded);
+                            set only by the optimizer's layout pass, read by the plan */
 };
 
 struct kiln_node {

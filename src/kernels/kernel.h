@@ -52,6 +52,8 @@ struct kiln_run_ctx {
     int n_out;
     kiln_tensor **out;        /* preallocated, or to be set by DYNOUT kernels */
     struct kiln_exec_frame *frame;
+    void *scratch;            /* plan runs: the kernel's scratch_bytes of arena memory */
+    int threads;              /* threads this run may use (>= 1; 0 from old callers = 1) */
 };
 
 typedef kiln_status (*kiln_infer_fn)(struct kiln_infer_ctx *ctx);

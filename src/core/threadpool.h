@@ -1,0 +1,37 @@
+/*
+ * threadpool.h - the process-wide intra-op thread pool and CPU facts.
+ *
+ * One pool, sized to the machine, is shared by every model and session.
+ * oneDNN (built with the OpenMP runtime) uses the same OpenMP workers, so
+ * Kiln's own kernels and oneDNN's never oversubscribe the cores; idle
+ * workers sleep instead of spinning (see threadpool.c).
+ *
+ * A run leases threads for its duration: when another run holds the pool,
+ * the run gets 1 thread (its own) so concurrent requests each use one core
+ * instead of fighting over all of them.
+ */
+#ifndef KILN_CORE_THREADPOOL_H
+#define KILN_CORE_THREADPOOL_H
+
+#include <stdint.h>
+
+enum kiln_isa { KILN_ISA_SCALAR = 0, KILN_ISA_AVX2 = 1, KILN_ISA_AVX512 = 2 };
+
+/* Online CPUs (cgroup/affinity aware). */
+int kiln_cpu_count(void);
+/* Best instruction set of this CPU; KILN_ISA=scalar|avx2|avx512 in the
+ * environment lowers it (for tests of every path). */
+enum kiln_isa kiln_cpu_isa(void);
+
+/* Lease up to `wanted` threads (0 = all) for one run; returns how many were
+ * granted (>= 1). Also sets oneDNN's thread count for the calling thread. */
+int kiln_threads_acquire(int wanted);
+void kiln_threads_release(int granted);
+
+/* Call fn(ctx, begin, end) over disjoint chunks covering [0, n), using up to
+ * `threads` threads (the caller included); chunks are at least `grain`
+ * long. threads <= 1 or small n runs inline with no synchronization. */
+typedef void (*kiln_range_fn)(void *ctx, int64_t begin, int64_t end);
+void kiln_parallel_for(int threads, int64_t n, int64_t grain, kiln_range_fn fn, void *ctx);
+
+#endif

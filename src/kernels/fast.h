@@ -1,0 +1,95 @@
+/*
+ * fast.h - the contract between the plan compiler and the fast kernels.
+ *
+ * A plan (src/exec/plan.c) is compiled for one set of concrete input
+ * shapes. For every node it asks the node's fast kernel, if the op has one,
+ * to compile itself for the node's concrete input and output types:
+ *
+ *     static kiln_status relu_compile(const struct kiln_compile_ctx *cc,
+ *                                     struct kiln_kernel_inst *inst);
+ *     KILN_FAST_OP(Relu, relu_compile);
+ *
+ * compile returns KILN_OK and sets inst->run when it handles the node, or
+ * KILN_OK with inst->run left NULL when it does not (dtype, attribute or
+ * shape it has no code for): the plan then uses the reference kernel.
+ * Other statuses are real errors (out of memory, a library failure).
+ *
+ * One file owns each op's fast kernel (several variants of an op are chosen
+ * inside that file). Weights are packed once per model through the weight
+ * cache and shared by every plan of that model. run must not allocate on
+ * the heap where it can be avoided: the plan passes preallocated outputs
+ * (whose memory is NOT zeroed: every element must be written), scratch
+ * memory of the size the kernel asked for, and the number of threads the
+ * run may use (kiln_parallel_for in core/threadpool.h).
+ *
+ * Layouts: a value whose kiln_value.layout is 8 or 16 is stored with its
+ * channels blocked (graph.h). Only kernels that read the node's input and
+ * output values' layouts (cc->in_layout / cc->out_layout) and handle them
+ * may accept such a node; the layout pass only blocks values between nodes
+ * whose kernels say so (kiln_fast_accepts_blocked).
+ */
+#ifndef KILN_KERNELS_FAST_H
+#define KILN_KERNELS_FAST_H
+
+#include <stddef.h>
+
+#include "kernels/kernel.h"
+
+/* Packed weights shared by every plan of one model (thread-safe). */
+struct kiln_weight_cache;
+kiln_status kiln_weight_cache_new(struct kiln_weight_cache **out);
+void kiln_weight_cache_free(struct kiln_weight_cache *wc);
+/* The packed form of the constant `key` (a weight tensor) under `tag` (which
+ * describes the packing, e.g. "dnnl_conv:OIhw16i16o"): made once by
+ * pack(arg, &packed, &free_fn) on first use, then returned from the cache.
+ * Bytes packed are counted for the optimization log. */
+typedef kiln_status (*kiln_pack_fn)(void *arg, void **packed, size_t *bytes,
+                                    void (**free_fn)(void *packed));
+kiln_status kiln_weight_cache_get(struct kiln_weight_cache *wc, const void *key, const char *tag,
+                                  kiln_pack_fn pack, void *arg, void **out);
+size_t kiln_weight_cache_bytes(const struct kiln_weight_cache *wc);
+
+struct kiln_compile_ctx {
+    const struct kiln_node *node;
+    int n_in;
+    const struct kiln_type *const *in;       /* concrete types; NULL = absent */
+    const kiln_tensor *const *in_value;      /* values known at compile time (weights), else NULL */
+    const int *in_layout;                    /* layout of each input value (0, 8, 16) */
+    int n_out;
+    const struct kiln_type *const *out;      /* concrete output types; NULL = not wanted */
+    const int *out_layout;
+    struct kiln_weight_cache *weights;
+    int threads;                             /* most threads a run of this plan may use */
+};
+
+struct kiln_kernel_inst {
+    const char *name;     /* shown by the profiler and the log: "dnnl_conv", "avx512_relu" */
+    void *state;          /* owned by the instance */
+    kiln_status (*run)(void *state, struct kiln_run_ctx *ctx);
+    void (*destroy)(void *state); /* may be NULL */
+    size_t scratch_bytes; /* arena scratch each run needs (ctx->scratch), 64-aligned */
+    int inplace;          /* 1 = output 0 may share input 0's memory (same size) */
+};
+
+typedef kiln_status (*kiln_fast_compile_fn)(const struct kiln_compile_ctx *cc,
+                                            struct kiln_kernel_inst *inst);
+
+struct kiln_fast_op {
+    kiln_fast_compile_fn compile;
+    /* For the layout pass: may this node's input i (or, with i = -1, its
+     * output 0) be stored blocked by `block`? NULL = never. */
+    int (*accepts_blocked)(const struct kiln_node *n, int i, int block);
+};
+
+#define KILN_FAST_OP(name, compile_fn, accepts_fn) \
+    const struct kiln_fast_op kiln_fast_##name = {compile_fn, accepts_fn}
+
+/* The fast kernel of an op, or NULL. Honors KILN_FAST=0 in the environment
+ * (reference kernels only, for debugging and differential tests). */
+const struct kiln_fast_op *kiln_fast_op(enum kiln_op op);
+int kiln_fast_accepts_blocked(const struct kiln_node *n, int i, int block);
+
+/* Release every instance's state. */
+void kiln_kernel_inst_destroy(struct kiln_kernel_inst *inst);
+
+#endif
