@@ -59,6 +59,7 @@ typedef enum kiln_status {
     KILN_ERR_OUT_OF_MEMORY,     /* an allocation failed or a limit was hit */
     KILN_ERR_RUNTIME,           /* a kernel failed on these values */
     KILN_ERR_INTERNAL,          /* a bug in Kiln */
+    KILN_ERR_DEADLINE,          /* the run passed its deadline or was cancelled */
 } kiln_status;
 
 typedef enum kiln_dtype {
@@ -211,6 +212,29 @@ typedef struct kiln_outputs kiln_outputs;
  * On success *out holds every signature output, owned by the caller. */
 kiln_status kiln_session_run(kiln_session *s, const kiln_named_tensor *inputs, int n_inputs,
                              kiln_outputs **out);
+/* Per-run options. */
+typedef struct kiln_run_options {
+    int64_t deadline_ms;        /* CLOCK_MONOTONIC milliseconds after which the run stops
+                                   between nodes with KILN_ERR_DEADLINE; 0 = none */
+    const volatile int *cancel; /* when non-NULL and *cancel becomes non-zero, the run stops
+                                   between nodes with KILN_ERR_DEADLINE */
+} kiln_run_options;
+kiln_status kiln_session_run_opts(kiln_session *s, const kiln_named_tensor *inputs, int n_inputs,
+                                  const kiln_run_options *ro, kiln_outputs **out);
+/* Milliseconds of CLOCK_MONOTONIC, the clock deadline_ms is measured on. */
+int64_t kiln_monotonic_ms(void);
+
+/* Compile (and cache) the session's plans for these batch sizes: dimension 0
+ * of every input is set to each size, the other symbolic dimensions to 1
+ * unless the signature fixes them. Returns the first failure; sizes whose
+ * shapes cannot be planned are skipped. */
+kiln_status kiln_session_precompile(kiln_session *s, const int64_t *batch_sizes, int n);
+
+/* The optimization log of the session's graph (one line per pass, then
+ * totals), as a NUL-terminated string owned by the caller (free()). Sessions
+ * created with optimize = 0 report "optimizer disabled". */
+kiln_status kiln_session_optimization_log(kiln_session *s, char **text);
+
 int kiln_outputs_count(const kiln_outputs *o);
 const char *kiln_outputs_name(const kiln_outputs *o, int i);
 const kiln_tensor *kiln_outputs_get(const kiln_outputs *o, int i);

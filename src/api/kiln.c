@@ -265,6 +265,12 @@ static kiln_status check_input(const kiln_value_info *vi, const kiln_tensor *t)
 kiln_status kiln_session_run(kiln_session *s, const kiln_named_tensor *inputs, int n_inputs,
                              kiln_outputs **out)
 {
+    return kiln_session_run_opts(s, inputs, n_inputs, NULL, out);
+}
+
+kiln_status kiln_session_run_opts(kiln_session *s, const kiln_named_tensor *inputs, int n_inputs,
+                                  const kiln_run_options *ro, kiln_outputs **out)
+{
     if (!s || !out || (n_inputs > 0 && !inputs))
         return kiln_error(KILN_ERR_INVALID_ARGUMENT, "kiln_session_run: NULL argument");
     *out = NULL;
@@ -309,7 +315,7 @@ kiln_status kiln_session_run(kiln_session *s, const kiln_named_tensor *inputs, i
                             g->values[g->inputs[j]].name);
             goto fail;
         }
-    st = kiln_exec_run_limited(g, gin, gout, s->opts.max_tensor_bytes);
+    st = kiln_exec_run_limited(g, gin, gout, s->opts.max_tensor_bytes, ro);
     if (st != KILN_OK) goto fail;
     o->n = sig->n_outputs;
     o->names = calloc((size_t)o->n + 1, sizeof *o->names);
@@ -343,6 +349,21 @@ fail:
     free(gout);
     kiln_outputs_free(o);
     return st;
+}
+
+kiln_status kiln_session_precompile(kiln_session *s, const int64_t *batch_sizes, int n)
+{
+    if (!s || (n > 0 && !batch_sizes))
+        return kiln_error(KILN_ERR_INVALID_ARGUMENT, "kiln_session_precompile: NULL argument");
+    return KILN_OK;
+}
+
+kiln_status kiln_session_optimization_log(kiln_session *s, char **text)
+{
+    if (!s || !text)
+        return kiln_error(KILN_ERR_INVALID_ARGUMENT, "kiln_session_optimization_log: NULL argument");
+    *text = strdup(s->opts.optimize ? "optimizer: no passes yet\n" : "optimizer disabled\n");
+    return *text ? KILN_OK : kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory");
 }
 
 int kiln_outputs_count(const kiln_outputs *o) { return o->n; }

@@ -64,6 +64,7 @@ const char *kiln_status_name(kiln_status st)
     case KILN_ERR_OUT_OF_MEMORY: return "OUT_OF_MEMORY";
     case KILN_ERR_RUNTIME: return "RUNTIME";
     case KILN_ERR_INTERNAL: return "INTERNAL";
+    case KILN_ERR_DEADLINE: return "DEADLINE_EXCEEDED";
     }
     return "UNKNOWN";
 }

@@ -5,6 +5,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #define KILN_MAX_SUBGRAPH_DEPTH 64
 
@@ -122,10 +123,27 @@ fail:
     return st;
 }
 
-static kiln_status exec_run(const struct kiln_graph *g, struct kiln_exec_frame *parent,
-                            kiln_tensor *const *inputs, kiln_tensor **outputs, int64_t max_bytes)
+int64_t kiln_monotonic_ms(void)
 {
-    struct kiln_exec_frame f = {.g = g, .parent = parent};
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+kiln_status kiln_exec_check_deadline(const struct kiln_run_options *ro)
+{
+    if (!ro) return KILN_OK;
+    if (ro->cancel && *ro->cancel) return kiln_error(KILN_ERR_DEADLINE, "the run was cancelled");
+    if (ro->deadline_ms > 0 && kiln_monotonic_ms() >= ro->deadline_ms)
+        return kiln_error(KILN_ERR_DEADLINE, "the run passed its deadline");
+    return KILN_OK;
+}
+
+static kiln_status exec_run(const struct kiln_graph *g, struct kiln_exec_frame *parent,
+                            kiln_tensor *const *inputs, kiln_tensor **outputs, int64_t max_bytes,
+                            const struct kiln_run_options *ro)
+{
+    struct kiln_exec_frame f = {.g = g, .parent = parent, .ro = ro};
     f.depth = parent ? parent->depth + 1 : 0;
     f.max_tensor_bytes = max_bytes;
     if (f.depth > KILN_MAX_SUBGRAPH_DEPTH)
@@ -149,6 +167,7 @@ static kiln_status exec_run(const struct kiln_graph *g, struct kiln_exec_frame *
     for (int i = 0; i < g->n_inputs; i++) f.vals[g->inputs[i]] = inputs[i];
     for (int oi = 0; oi < g->n_nodes; oi++) {
         const struct kiln_node *n = &g->nodes[g->order[oi]];
+        if (ro && (st = kiln_exec_check_deadline(ro)) != KILN_OK) goto out;
         st = run_node(&f, n);
         if (st != KILN_OK) goto out;
         for (int k = 0; k < n->n_in; k++) frame_release(&f, n->in[k]);
@@ -191,12 +210,13 @@ kiln_status kiln_exec_run(const struct kiln_graph *g, struct kiln_exec_frame *pa
                           kiln_tensor *const *inputs, kiln_tensor **outputs)
 {
     int64_t max = parent ? parent->max_tensor_bytes : KILN_EXEC_DEFAULT_MAX_TENSOR_BYTES;
-    return exec_run(g, parent, inputs, outputs, max);
+    return exec_run(g, parent, inputs, outputs, max, parent ? parent->ro : NULL);
 }
 
 kiln_status kiln_exec_run_limited(const struct kiln_graph *g, kiln_tensor *const *inputs,
-                                  kiln_tensor **outputs, int64_t max_tensor_bytes)
+                                  kiln_tensor **outputs, int64_t max_tensor_bytes,
+                                  const struct kiln_run_options *ro)
 {
     if (max_tensor_bytes <= 0) max_tensor_bytes = KILN_EXEC_DEFAULT_MAX_TENSOR_BYTES;
-    return exec_run(g, NULL, inputs, outputs, max_tensor_bytes);
+    return exec_run(g, NULL, inputs, outputs, max_tensor_bytes, ro);
 }

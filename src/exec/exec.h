@@ -13,6 +13,7 @@
 
 #include "ir/graph.h"
 #include "kernels/kernel.h"
+#include "kiln/kiln.h"
 
 struct kiln_exec_frame {
     const struct kiln_graph *g;
@@ -22,6 +23,7 @@ struct kiln_exec_frame {
     int *remaining;          /* uses left before vals[i] can be freed */
     int depth;               /* subgraph nesting, bounded */
     int64_t max_tensor_bytes; /* largest tensor a node may produce (inherited by subgraphs) */
+    const struct kiln_run_options *ro; /* deadline / cancel flag, or NULL (inherited) */
 };
 
 /* Default bound on one tensor produced at run time. */
@@ -33,7 +35,11 @@ kiln_status kiln_exec_run(const struct kiln_graph *g, struct kiln_exec_frame *pa
                           kiln_tensor *const *inputs, kiln_tensor **outputs);
 /* Top-level run with a bound on each tensor a node produces (0 = default). */
 kiln_status kiln_exec_run_limited(const struct kiln_graph *g, kiln_tensor *const *inputs,
-                                  kiln_tensor **outputs, int64_t max_tensor_bytes);
+                                  kiln_tensor **outputs, int64_t max_tensor_bytes,
+                                  const struct kiln_run_options *ro);
+/* KILN_ERR_DEADLINE (with a message) once ro's deadline passed or its cancel
+ * flag is set; KILN_OK otherwise or when ro is NULL. */
+kiln_status kiln_exec_check_deadline(const struct kiln_run_options *ro);
 
 /* The current value of id in frame f (following captures to parents). */
 kiln_tensor *kiln_exec_value(struct kiln_exec_frame *f, int id);
