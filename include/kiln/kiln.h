@@ -194,6 +194,8 @@ typedef struct kiln_session_options {
     int threads;         /* intra-op threads; 0 = the machine's cores */
     int optimize;        /* 1 = run the graph optimizer (default), 0 = run as imported */
     int64_t max_tensor_bytes; /* bound on any one tensor a run produces; 0 = 16 GiB */
+    int reference;       /* 1 = the reference path: imported graph, reference kernels, no
+                            plans (slow; for checking the fast path) */
 } kiln_session_options;
 void kiln_session_options_init(kiln_session_options *o);
 

@@ -14,7 +14,10 @@
 
 #include "core/fileio.h"
 #include "core/tensor.h"
+#include "core/threadpool.h"
 #include "exec/exec.h"
+#include "exec/plan.h"
+#include "opt/opt.h"
 #include "import/model.h"
 #include "import/savedmodel.h"
 
@@ -35,6 +38,16 @@ struct kiln_outputs {
 static void model_free(struct kiln_model *m)
 {
     if (!m) return;
+    for (int i = 0; i < m->n_signatures; i++) {
+        struct kiln_signature *sig = &m->signatures[i];
+        if (sig->shares_graph_of >= 0) continue;
+        kiln_plan_cache_free(sig->plans[0]);
+        kiln_plan_cache_free(sig->plans[1]);
+        kiln_graph_free(sig->opt_graph);
+        free(sig->opt_log);
+        free(sig->opt_error);
+    }
+    kiln_weight_cache_free(m->weights);
     kiln_graph_free(m->graph);
     if (m->proto_free && m->proto) m->proto_free(m->proto);
     for (int i = 0; i < m->n_maps; i++) kiln_file_unmap(&m->maps[i]);
@@ -69,6 +82,54 @@ static kiln_status load_onnx_file(const char *path, struct kiln_model *m)
     free(dir);
     if (st != KILN_OK) kiln_error_wrap(st, "%s", path);
     return st;
+}
+
+/* After import: an optimized copy of every signature's graph, plan caches
+ * and the weight cache. The optimizer failing is not a load failure: the
+ * signature then runs its imported graph, and the log says why. */
+static kiln_status model_prepare(struct kiln_model *m)
+{
+    kiln_status st = kiln_weight_cache_new(&m->weights);
+    if (st != KILN_OK) return st;
+    for (int i = 0; i < m->n_signatures; i++) m->signatures[i].shares_graph_of = -1;
+    for (int i = 0; i < m->n_signatures; i++) {
+        struct kiln_signature *sig = &m->signatures[i];
+        for (int j = 0; j < i; j++)
+            if (m->signatures[j].graph == sig->graph && m->signatures[j].shares_graph_of < 0) {
+                sig->shares_graph_of = j;
+                break;
+            }
+        if (sig->shares_graph_of >= 0) {
+            const struct kiln_signature *o = &m->signatures[sig->shares_graph_of];
+            sig->opt_graph = o->opt_graph;
+            sig->opt_log = o->opt_log;
+            sig->opt_error = o->opt_error;
+            sig->opt_has_layout = o->opt_has_layout;
+            sig->plans[0] = o->plans[0];
+            sig->plans[1] = o->plans[1];
+            continue;
+        }
+        if ((st = kiln_plan_cache_new(16, &sig->plans[0])) != KILN_OK ||
+            (st = kiln_plan_cache_new(16, &sig->plans[1])) != KILN_OK)
+            return st;
+        sig->opt_log = calloc(1, sizeof *sig->opt_log);
+        if (!sig->opt_log) return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory");
+        struct kiln_graph *c = NULL;
+        st = kiln_graph_clone(sig->graph, &c);
+        if (st == KILN_OK) {
+            struct kiln_opt_options oo = {.layout = 1};
+            st = kiln_optimize(c, &oo, sig->opt_log);
+        }
+                if (st != KILN_OK) {
+            sig->opt_error = strdup(kiln_last_error());
+            kiln_graph_free(c);
+            continue;
+        }
+        sig->opt_graph = c;
+        for (int v = 0; v < c->n_values; v++)
+            if (c->values[v].layout) sig->opt_has_layout = 1;
+    }
+    return KILN_OK;
 }
 
 kiln_status kiln_model_load(const char *path, const kiln_load_options *opts, kiln_model **out)
@@ -109,6 +170,7 @@ kiln_status kiln_model_load(const char *path, const kiln_load_options *opts, kil
         }
         st = load_onnx_file(path, m);
     }
+    if (st == KILN_OK) st = model_prepare(m);
     if (st != KILN_OK) {
         model_free(m);
         return st;
@@ -127,6 +189,7 @@ kiln_status kiln_model_load_memory(const void *data, size_t size, const kiln_loa
     struct kiln_model *m = calloc(1, sizeof *m);
     if (!m) return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory");
     kiln_status st = kiln_onnx_load(data ? data : "", size, NULL, m);
+    if (st == KILN_OK) st = model_prepare(m);
     if (st != KILN_OK) {
         model_free(m);
         return st;
@@ -262,6 +325,39 @@ static kiln_status check_input(const kiln_value_info *vi, const kiln_tensor *t)
     return KILN_OK;
 }
 
+/* Run through a plan when the graph can be planned (the usual case), else
+ * with the reference executor (control flow, strings, data-dependent
+ * shapes), on the optimized graph unless it holds blocked layouts, which
+ * only plans understand. */
+static kiln_status run_graph(kiln_session *s, const struct kiln_graph *g, bool use_opt,
+                             kiln_tensor **gin, kiln_tensor **gout, const kiln_run_options *ro)
+{
+    const struct kiln_signature *sig = s->sig;
+    if (!s->opts.reference) {
+        struct kiln_plan_cache *pc = sig->plans[use_opt ? 1 : 0];
+        struct kiln_plan *p = NULL;
+        kiln_status st = kiln_plan_cache_get(pc, g, (const kiln_tensor *const *)gin,
+                                             s->model->weights, s->opts.threads, &p);
+        int64_t limit = s->opts.max_tensor_bytes > 0 ? s->opts.max_tensor_bytes
+                                                     : KILN_EXEC_DEFAULT_MAX_TENSOR_BYTES;
+        if (st == KILN_OK && kiln_plan_max_value_bytes(p) > (size_t)limit) {
+            kiln_plan_cache_release(pc, p);
+            return kiln_error(KILN_ERR_OUT_OF_MEMORY,
+                              "a value of this run would need %zu bytes, above the session's "
+                              "limit of %lld bytes per tensor",
+                              kiln_plan_max_value_bytes(p), (long long)limit);
+        }
+        if (st == KILN_OK) {
+            st = kiln_plan_run(p, gin, gout, s->opts.threads, ro);
+            kiln_plan_cache_release(pc, p);
+            return st;
+        }
+        if (st != KILN_ERR_UNSUPPORTED) return st;
+        if (use_opt && sig->opt_has_layout) g = sig->graph;
+    }
+    return kiln_exec_run_limited(g, gin, gout, s->opts.max_tensor_bytes, ro);
+}
+
 kiln_status kiln_session_run(kiln_session *s, const kiln_named_tensor *inputs, int n_inputs,
                              kiln_outputs **out)
 {
@@ -275,7 +371,8 @@ kiln_status kiln_session_run_opts(kiln_session *s, const kiln_named_tensor *inpu
         return kiln_error(KILN_ERR_INVALID_ARGUMENT, "kiln_session_run: NULL argument");
     *out = NULL;
     const struct kiln_signature *sig = s->sig;
-    const struct kiln_graph *g = sig->graph;
+    bool use_opt = s->opts.optimize && !s->opts.reference && sig->opt_graph;
+    const struct kiln_graph *g = use_opt ? sig->opt_graph : sig->graph;
     kiln_status st = KILN_OK;
     kiln_tensor **gin = calloc((size_t)g->n_inputs + 1, sizeof *gin);
     kiln_tensor **gout = calloc((size_t)g->n_outputs + 1, sizeof *gout);
@@ -315,7 +412,7 @@ kiln_status kiln_session_run_opts(kiln_session *s, const kiln_named_tensor *inpu
                             g->values[g->inputs[j]].name);
             goto fail;
         }
-    st = kiln_exec_run_limited(g, gin, gout, s->opts.max_tensor_bytes, ro);
+    st = run_graph(s, g, use_opt, gin, gout, ro);
     if (st != KILN_OK) goto fail;
     o->n = sig->n_outputs;
     o->names = calloc((size_t)o->n + 1, sizeof *o->names);
@@ -355,15 +452,105 @@ kiln_status kiln_session_precompile(kiln_session *s, const int64_t *batch_sizes,
 {
     if (!s || (n > 0 && !batch_sizes))
         return kiln_error(KILN_ERR_INVALID_ARGUMENT, "kiln_session_precompile: NULL argument");
-    return KILN_OK;
+    const struct kiln_signature *sig = s->sig;
+    if (s->opts.reference) return KILN_OK;
+    bool use_opt = s->opts.optimize && sig->opt_graph;
+    const struct kiln_graph *g = use_opt ? sig->opt_graph : sig->graph;
+    struct kiln_plan_cache *pc = sig->plans[use_opt ? 1 : 0];
+    kiln_status st = KILN_OK;
+    kiln_tensor **gin = calloc((size_t)g->n_inputs + 1, sizeof *gin);
+    if (!gin) return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory");
+    for (int b = 0; b < n && st == KILN_OK; b++) {
+        if (batch_sizes[b] <= 0) {
+            st = kiln_error(KILN_ERR_INVALID_ARGUMENT, "batch size %lld is not positive",
+                            (long long)batch_sizes[b]);
+            break;
+        }
+        bool plannable = true;
+        for (int j = 0; j < g->n_inputs && st == KILN_OK; j++) {
+            const struct kiln_value *v = &g->values[g->inputs[j]];
+            int64_t dims[KILN_MAX_RANK];
+            if (v->type.rank < 1 || v->type.dtype == KILN_DTYPE_STRING ||
+                v->type.dtype == KILN_DTYPE_UNDEFINED) {
+                plannable = false;
+                break;
+            }
+            for (int d = 0; d < v->type.rank; d++)
+                dims[d] = d == 0 ? batch_sizes[b] : (v->type.dims[d] >= 0 ? v->type.dims[d] : 1);
+            /* only the types are read: a header without data is enough */
+            st = kiln_tensor_new_uninit(v->type.dtype, 0, NULL, &gin[j]);
+            if (st != KILN_OK) break;
+            gin[j]->rank = v->type.rank;
+            memcpy(gin[j]->dims, dims, sizeof dims[0] * (size_t)v->type.rank);
+        }
+        if (st == KILN_OK && plannable) {
+            struct kiln_plan *p = NULL;
+            st = kiln_plan_cache_get(pc, g, (const kiln_tensor *const *)gin, s->model->weights,
+                                     s->opts.threads, &p);
+            if (st == KILN_OK) kiln_plan_cache_release(pc, p);
+            if (st == KILN_ERR_UNSUPPORTED) st = KILN_OK; /* runs on the reference executor */
+        }
+        for (int j = 0; j < g->n_inputs; j++) {
+            kiln_tensor_free(gin[j]);
+            gin[j] = NULL;
+        }
+    }
+    free(gin);
+    return st;
+}
+
+struct text_buf {
+    char *s;
+    size_t n, cap;
+    int oom;
+};
+
+static void text_line(void *ctx, const char *line)
+{
+    struct text_buf *b = ctx;
+    size_t k = strlen(line);
+    if (b->n + k + 2 > b->cap) {
+        size_t cap = (b->cap + k + 2) * 2;
+        char *ns = realloc(b->s, cap);
+        if (!ns) {
+            b->oom = 1;
+            return;
+        }
+        b->s = ns;
+        b->cap = cap;
+    }
+    memcpy(b->s + b->n, line, k);
+    b->n += k;
+    b->s[b->n++] = '\n';
+    b->s[b->n] = '\0';
 }
 
 kiln_status kiln_session_optimization_log(kiln_session *s, char **text)
 {
     if (!s || !text)
         return kiln_error(KILN_ERR_INVALID_ARGUMENT, "kiln_session_optimization_log: NULL argument");
-    *text = strdup(s->opts.optimize ? "optimizer: no passes yet\n" : "optimizer disabled\n");
-    return *text ? KILN_OK : kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory");
+    *text = NULL;
+    const struct kiln_signature *sig = s->sig;
+    struct text_buf b = {0};
+    char line[256];
+    if (!s->opts.optimize || s->opts.reference) {
+        text_line(&b, "optimizer disabled: the graph runs as imported");
+    } else if (!sig->opt_graph) {
+        snprintf(line, sizeof line, "optimizer failed, the graph runs as imported: %s",
+                 sig->opt_error ? sig->opt_error : "unknown error");
+        text_line(&b, line);
+    } else {
+        struct kiln_opt_log log = *sig->opt_log;
+        log.arena_bytes = kiln_plan_cache_max_arena(sig->plans[1]);
+        log.packed_weight_bytes = kiln_weight_cache_bytes(s->model->weights);
+        kiln_opt_log_print(&log, text_line, &b);
+    }
+    if (b.oom || !b.s) {
+        free(b.s);
+        return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory");
+    }
+    *text = b.s;
+    return KILN_OK;
 }
 
 int kiln_outputs_count(const kiln_outputs *o) { return o->n; }
@@ -386,4 +573,18 @@ void kiln_outputs_free(kiln_outputs *o)
     free(o->tensors);
     free(o->names);
     free(o);
+}
+
+/* Stand-ins until the optimizer lands. */
+__attribute__((weak)) kiln_status kiln_optimize(struct kiln_graph *g, const struct kiln_opt_options *o,
+                                                struct kiln_opt_log *log)
+{
+    (void)g, (void)o, (void)log;
+    return KILN_OK;
+}
+__attribute__((weak)) void kiln_opt_log_print(const struct kiln_opt_log *log,
+                                              void (*line)(void *ctx, const char *s), void *ctx)
+{
+    (void)log;
+    line(ctx, "no passes");
 }

@@ -19,6 +19,13 @@ struct kiln_signature {
     int n_outputs;
     kiln_value_info *outputs;
     int *output_values;
+    /* Set by the API after import (src/api/kiln.c): */
+    struct kiln_graph *opt_graph;     /* optimized clone of graph, or NULL (optimizer failed) */
+    struct kiln_opt_log *opt_log;
+    char *opt_error;                  /* why opt_graph is NULL */
+    int opt_has_layout;               /* opt_graph has blocked values (needs plans) */
+    struct kiln_plan_cache *plans[2]; /* [0] imported graph, [1] optimized graph */
+    int shares_graph_of;              /* index of an earlier signature with the same graph, or -1 */
 };
 
 struct kiln_model {
@@ -38,6 +45,7 @@ struct kiln_model {
     void (*proto_free)(void *);
     struct kiln_file_map *maps;   /* mapped files (model, external data) */
     int n_maps, cap_maps;
+    struct kiln_weight_cache *weights; /* packed weights shared by every plan */
 };
 
 /* Keep a mapping alive for the model's lifetime. */

@@ -114,7 +114,7 @@ kiln_status kiln_graph_new_sub(struct kiln_graph *parent, struct kiln_graph **ou
 static void graph_free_contents(struct kiln_graph *g)
 {
     /* subgraphs' growable arrays first: they hang off this graph's nodes */
-    for (int i = 0; i < g->n_nodes; i++) {
+    for (int i = 0; i < g->n_nodes && !g->borrows_subgraphs; i++) {
         struct kiln_node *n = &g->nodes[i];
         for (int k = 0; k < n->n_attr; k++)
             if (n->attr[k].type == KILN_ATTR_GRAPH && n->attr[k].g)
@@ -133,6 +133,52 @@ void kiln_graph_free(struct kiln_graph *g)
     graph_free_contents(g);
     kiln_arena_free(&g->arena);
     free(g);
+}
+
+kiln_status kiln_graph_clone(const struct kiln_graph *g, struct kiln_graph **out)
+{
+    struct kiln_graph *c;
+    kiln_status st = kiln_graph_new(&c);
+    if (st != KILN_OK) return st;
+    c->borrows_subgraphs = 1;
+    c->name = g->name;
+    c->values = malloc(((size_t)g->n_values + 1) * sizeof *c->values);
+    c->nodes = malloc(((size_t)g->n_nodes + 1) * sizeof *c->nodes);
+    c->inputs = kiln_arena_alloc(c->mem, sizeof(int) * ((size_t)g->n_inputs + 1));
+    c->outputs = kiln_arena_alloc(c->mem, sizeof(int) * ((size_t)g->n_outputs + 1));
+    if (!c->values || !c->nodes || !c->inputs || !c->outputs) goto oom;
+    memcpy(c->values, g->values, (size_t)g->n_values * sizeof *c->values);
+    c->n_values = c->cap_values = g->n_values;
+    memcpy(c->inputs, g->inputs, (size_t)g->n_inputs * sizeof(int));
+    memcpy(c->outputs, g->outputs, (size_t)g->n_outputs * sizeof(int));
+    c->n_inputs = g->n_inputs;
+    c->n_outputs = g->n_outputs;
+    c->cap_nodes = g->n_nodes + 1;
+    for (int i = 0; i < g->n_nodes; i++) {
+        const struct kiln_node *n = &g->nodes[i];
+        struct kiln_node *m = &c->nodes[i];
+        *m = *n;
+        m->in = kiln_arena_alloc(c->mem, sizeof(int) * (size_t)(n->n_in ? n->n_in : 1));
+        m->out = kiln_arena_alloc(c->mem, sizeof(int) * (size_t)(n->n_out ? n->n_out : 1));
+        m->attr = kiln_arena_alloc(c->mem, sizeof(struct kiln_attr) * (size_t)(n->n_attr ? n->n_attr : 1));
+        m->implicit = kiln_arena_alloc(c->mem, sizeof(int) * (size_t)(n->n_implicit ? n->n_implicit : 1));
+        if (!m->in || !m->out || !m->attr || !m->implicit) goto oom;
+        memcpy(m->in, n->in, sizeof(int) * (size_t)n->n_in);
+        memcpy(m->out, n->out, sizeof(int) * (size_t)n->n_out);
+        memcpy(m->attr, n->attr, sizeof(struct kiln_attr) * (size_t)n->n_attr);
+        memcpy(m->implicit, n->implicit, sizeof(int) * (size_t)n->n_implicit);
+        c->n_nodes++;
+    }
+    if (g->order) {
+        c->order = malloc(((size_t)g->n_nodes + 1) * sizeof *c->order);
+        if (!c->order) goto oom;
+        memcpy(c->order, g->order, (size_t)g->n_nodes * sizeof *c->order);
+    }
+    *out = c;
+    return KILN_OK;
+oom:
+    kiln_graph_free(c);
+    return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory copying a graph for the optimizer");
 }
 
 kiln_status kiln_graph_value_add(struct kiln_graph *g, const char *name, enum kiln_value_kind kind,

@@ -117,12 +117,18 @@ struct kiln_graph {
     int *order;                  /* topological order of nodes (set by the verifier) */
     kiln_tensor **owned;         /* tensors freed with the graph */
     int n_owned, cap_owned;
+    int borrows_subgraphs;       /* a clone: subgraphs belong to the original */
 };
 
 kiln_status kiln_graph_new(struct kiln_graph **out);
 /* A subgraph sharing the root's arena; freed with the root. */
 kiln_status kiln_graph_new_sub(struct kiln_graph *parent, struct kiln_graph **out);
 void kiln_graph_free(struct kiln_graph *g);
+/* A new root graph with the same values (same ids), nodes and inputs and
+ * outputs as root graph g, for the optimizer to rewrite. Node arrays and
+ * attribute arrays are copied; names, attribute data, constants and
+ * subgraphs are borrowed from g, which must outlive the clone. */
+kiln_status kiln_graph_clone(const struct kiln_graph *g, struct kiln_graph **out);
 
 /* Add a value; returns its id in *id. The name is copied. */
 kiln_status kiln_graph_value_add(struct kiln_graph *g, const char *name, enum kiln_value_kind kind,

@@ -1,0 +1,988 @@
+/*
+ * plan.c - compiling a graph for concrete input shapes, and running it.
+ *
+ * Slots: one per graph value (plus one per unwanted optional output of a
+ * node). A slot is a constant (of the graph, or computed at compile time),
+ * a graph input (the caller's tensor), a graph output (allocated per run:
+ * it is handed to the caller), an arena buffer, or an alias of another
+ * slot's memory (reshape-like ops, and elementwise kernels that write over
+ * their input). Arena buffers get offsets from their lifetimes (first and
+ * last step that touch them), largest first, lowest free offset.
+ */
+#define _GNU_SOURCE
+#include "exec/plan.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "core/threadpool.h"
+#include "exec/exec.h"
+
+#define PLAN_ALIGN 64
+#define PLAN_FOLD_MAX_BYTES ((int64_t)1 << 20) /* compile-time evaluation bound */
+
+enum slot_kind { SLOT_NONE = 0, SLOT_CONST, SLOT_INPUT, SLOT_OUTPUT, SLOT_ARENA, SLOT_ALIAS };
+
+struct slot {
+    enum slot_kind kind;
+    struct kiln_type type;
+    int layout;
+    size_t bytes;
+    const kiln_tensor *konst; /* CONST */
+    int input_index;          /* INPUT */
+    int alias_of;             /* ALIAS: the root slot (never itself an alias) */
+    int buf;                  /* ARENA: buffer index */
+    int def_step;             /* step that writes it (-1: before the run) */
+    int last_use;             /* last step that reads it (INT32_MAX: a graph output) */
+};
+
+struct buffer {
+    size_t bytes, off;
+    int first, last;
+};
+
+struct step {
+    const struct kiln_node *node;
+    const struct kiln_op_impl *ref;
+    struct kiln_kernel_inst inst;
+    int n_in, n_out;
+    int *in;   /* slot ids (-1 absent) */
+    int *out;  /* slot ids */
+    int scratch_buf; /* buffer index or -1 */
+    _Atomic int64_t ns;
+    _Atomic int64_t calls;
+};
+
+struct arena_inst {
+    struct arena_inst *next;     /* free list */
+    struct arena_inst *all_next; /* every instance, for kiln_plan_free */
+    void *mem;
+    kiln_tensor *t;      /* one header per slot */
+    kiln_tensor **tp;    /* the tensor each slot reads */
+};
+
+struct kiln_plan {
+    const struct kiln_graph *g;
+    int n_slots, cap_slots;
+    struct slot *slots;
+    int n_steps;
+    struct step *steps;
+    int n_bufs, cap_bufs;
+    struct buffer *bufs;
+    size_t arena_bytes;
+    size_t max_value_bytes;
+    kiln_tensor **folded;
+    int n_folded, cap_folded;
+    int n_fast;
+    pthread_mutex_t mu;
+    struct arena_inst *free_list;
+    struct arena_inst *all;
+    /* cache key */
+    int n_in;
+    struct kiln_type *in_types;
+};
+
+static atomic_int profile_on = -1;
+
+void kiln_plan_profile_enable(int on) { atomic_store(&profile_on, on ? 1 : 0); }
+
+static int profiling(void)
+{
+    int v = atomic_load(&profile_on);
+    if (v < 0) {
+        const char *e = getenv("KILN_PROFILE");
+        v = e && *e && strcmp(e, "0") != 0;
+        atomic_store(&profile_on, v);
+    }
+    return v;
+}
+
+static int64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+/* ---- compile helpers ---- */
+
+static size_t align_up(size_t n) { return (n + PLAN_ALIGN - 1) & ~(size_t)(PLAN_ALIGN - 1); }
+
+static size_t type_bytes(const struct kiln_type *t, int layout)
+{
+    int64_t n = kiln_shape_count(t->rank, t->dims);
+    if (n < 0) return (size_t)-1;
+    if (layout > 0 && t->rank == 4) {
+        int64_t c = (t->dims[1] + layout - 1) / layout * layout;
+        n = t->dims[0] * c * t->dims[2] * t->dims[3];
+    }
+    return (size_t)n * kiln_dtype_size(t->dtype);
+}
+
+static int slot_add(struct kiln_plan *p)
+{
+    if (p->n_slots == p->cap_slots) {
+        int cap = p->cap_slots ? p->cap_slots * 2 : 64;
+        struct slot *s = realloc(p->slots, (size_t)cap * sizeof *s);
+        if (!s) return -1;
+        p->slots = s;
+        p->cap_slots = cap;
+    }
+    memset(&p->slots[p->n_slots], 0, sizeof p->slots[0]);
+    p->slots[p->n_slots].def_step = -1;
+    p->slots[p->n_slots].last_use = -1;
+    p->slots[p->n_slots].buf = -1;
+    p->slots[p->n_slots].alias_of = -1;
+    return p->n_slots++;
+}
+
+static int buf_add(struct kiln_plan *p, size_t bytes, int first, int last)
+{
+    if (p->n_bufs == p->cap_bufs) {
+        int cap = p->cap_bufs ? p->cap_bufs * 2 : 64;
+        struct buffer *b = realloc(p->bufs, (size_t)cap * sizeof *b);
+        if (!b) return -1;
+        p->bufs = b;
+        p->cap_bufs = cap;
+    }
+    p->bufs[p->n_bufs] = (struct buffer){align_up(bytes ? bytes : 1), 0, first, last};
+    return p->n_bufs++;
+}
+
+static kiln_status keep_folded(struct kiln_plan *p, kiln_tensor *t)
+{
+    if (p->n_folded == p->cap_folded) {
+        int cap = p->cap_folded ? p->cap_folded * 2 : 16;
+        kiln_tensor **f = realloc(p->folded, (size_t)cap * sizeof *f);
+        if (!f) {
+            kiln_tensor_free(t);
+            return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory compiling a plan");
+        }
+        p->folded = f;
+        p->cap_folded = cap;
+    }
+    p->folded[p->n_folded++] = t;
+    return KILN_OK;
+}
+
+/* Ops whose output is the input's bytes under another shape. */
+static bool is_view_op(enum kiln_op op)
+{
+    return op == KILN_OP_Reshape || op == KILN_OP_Flatten || op == KILN_OP_Squeeze ||
+           op == KILN_OP_Unsqueeze || op == KILN_OP_Identity;
+}
+
+/* Evaluate a node whose inputs are all known, at compile time. */
+static kiln_status fold_node(struct kiln_plan *p, const struct kiln_node *n,
+                             const struct kiln_op_impl *impl, kiln_tensor *const *in,
+                             struct kiln_type *const *outp)
+{
+    kiln_tensor *out[KILN_MAX_IO] = {0};
+    kiln_status st = KILN_OK;
+    unsigned flags = kiln_op_info(n->op)->flags;
+    if (!(flags & KILN_OPF_DYNOUT))
+        for (int k = 0; k < n->n_out; k++)
+            if ((st = kiln_tensor_new(outp[k]->dtype, outp[k]->rank, outp[k]->dims, &out[k])) !=
+                KILN_OK)
+                goto fail;
+    struct kiln_run_ctx rctx = {n, n->n_in, in, n->n_out, out, NULL, NULL, 1};
+    st = impl->run(&rctx);
+    if (st == KILN_OK) st = kiln_attr_check(n);
+    if (st != KILN_OK) goto fail;
+    for (int k = 0; k < n->n_out; k++) {
+        if (!out[k]) {
+            st = kiln_node_error(n, KILN_ERR_INTERNAL, "kernel produced no output %d", k);
+            goto fail;
+        }
+        int v = n->out[k];
+        kiln_tensor *t = out[k];
+        out[k] = NULL;
+        if ((st = keep_folded(p, t)) != KILN_OK) goto fail;
+        if (v < 0) continue;
+        struct slot *s = &p->slots[v];
+        s->kind = SLOT_CONST;
+        s->konst = t;
+        kiln_type_from_tensor(&s->type, t);
+    }
+    return KILN_OK;
+fail:
+    for (int k = 0; k < n->n_out; k++) kiln_tensor_free(out[k]);
+    return st;
+}
+
+static int root_of(const struct kiln_plan *p, int s)
+{
+    while (p->slots[s].kind == SLOT_ALIAS) s = p->slots[s].alias_of;
+    return s;
+}
+
+/* Offsets: largest buffer first, at the lowest offset free during its lifetime. */
+static kiln_status assign_offsets(struct kiln_plan *p)
+{
+    int nb = p->n_bufs;
+    int *ord = malloc(((size_t)nb + 1) * sizeof *ord);
+    int *placed = malloc(((size_t)nb + 1) * sizeof *placed);
+    struct { size_t lo, hi; } *busy = malloc(((size_t)nb + 1) * sizeof *busy);
+    if (!ord || !placed || !busy) {
+        free(ord);
+        free(placed);
+        free(busy);
+        return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory planning memory");
+    }
+    for (int i = 0; i < nb; i++) ord[i] = i;
+    /* insertion sort by size, descending (stable) */
+    for (int i = 1; i < nb; i++) {
+        int x = ord[i], j = i - 1;
+        while (j >= 0 && p->bufs[ord[j]].bytes < p->bufs[x].bytes) {
+            ord[j + 1] = ord[j];
+            j--;
+        }
+        ord[j + 1] = x;
+    }
+    int n_placed = 0;
+    size_t total = 0;
+    for (int i = 0; i < nb; i++) {
+        struct buffer *b = &p->bufs[ord[i]];
+        int nbusy = 0;
+        for (int j = 0; j < n_placed; j++) {
+            const struct buffer *o = &p->bufs[placed[j]];
+            if (o->first <= b->last && b->first <= o->last) {
+                busy[nbusy].lo = o->off;
+                busy[nbusy].hi = o->off + o->bytes;
+                nbusy++;
+            }
+        }
+        /* sort busy ranges by start, then find the first gap that fits */
+        for (int a = 1; a < nbusy; a++) {
+            size_t lo = busy[a].lo, hi = busy[a].hi;
+            int c = a - 1;
+            while (c >= 0 && busy[c].lo > lo) {
+                busy[c + 1] = busy[c];
+                c--;
+            }
+            busy[c + 1].lo = lo;
+            busy[c + 1].hi = hi;
+        }
+        size_t off = 0;
+        for (int a = 0; a < nbusy; a++) {
+            if (busy[a].lo >= off + b->bytes) break;
+            if (busy[a].hi > off) off = busy[a].hi;
+        }
+        b->off = off;
+        if (off + b->bytes > total) total = off + b->bytes;
+        placed[n_placed++] = ord[i];
+    }
+    p->arena_bytes = total;
+    free(ord);
+    free(placed);
+    free(busy);
+    return KILN_OK;
+}
+
+static kiln_status unsupported(const struct kiln_node *n, const char *why)
+{
+    if (n) return kiln_node_error(n, KILN_ERR_UNSUPPORTED, "cannot be planned: %s", why);
+    return kiln_error(KILN_ERR_UNSUPPORTED, "graph cannot be planned: %s", why);
+}
+
+kiln_status kiln_plan_compile(const struct kiln_graph *g, const kiln_tensor *const *inputs,
+                              struct kiln_weight_cache *weights, int threads,
+                              struct kiln_plan **out)
+{
+    *out = NULL;
+    struct kiln_plan *p = calloc(1, sizeof *p);
+    if (!p) return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory compiling a plan");
+    pthread_mutex_init(&p->mu, NULL);
+    p->g = g;
+    kiln_status st = KILN_OK;
+    p->n_in = g->n_inputs;
+    p->in_types = calloc((size_t)g->n_inputs + 1, sizeof *p->in_types);
+    p->steps = calloc((size_t)g->n_nodes + 1, sizeof *p->steps);
+    if (!p->in_types || !p->steps) goto oom;
+    for (int v = 0; v < g->n_values; v++)
+        if (slot_add(p) < 0) goto oom;
+    for (int v = 0; v < g->n_values; v++) {
+        const struct kiln_value *val = &g->values[v];
+        struct slot *s = &p->slots[v];
+        if (val->kind == KILN_VALUE_CONST) {
+            s->kind = SLOT_CONST;
+            s->konst = val->konst;
+            kiln_type_from_tensor(&s->type, val->konst);
+        } else if (val->kind == KILN_VALUE_OUTER) {
+            st = unsupported(NULL, "it captures values of an enclosing graph");
+            goto fail;
+        }
+    }
+    for (int i = 0; i < g->n_inputs; i++) {
+        struct slot *s = &p->slots[g->inputs[i]];
+        s->kind = SLOT_INPUT;
+        s->input_index = i;
+        kiln_type_from_tensor(&s->type, inputs[i]);
+        p->in_types[i] = s->type;
+        if (inputs[i]->dtype == KILN_DTYPE_STRING) {
+            st = unsupported(NULL, "it has string inputs");
+            goto fail;
+        }
+    }
+
+    /* walk the nodes: infer, fold what is known, make steps */
+    for (int oi = 0; oi < g->n_nodes; oi++) {
+        const struct kiln_node *n = &g->nodes[g->order[oi]];
+        const struct kiln_op_impl *impl = kiln_op_impl(n->op);
+        unsigned flags = kiln_op_info(n->op)->flags;
+        if (!impl) {
+            st = kiln_node_error(n, KILN_ERR_UNSUPPORTED, "no kernel for this op");
+            goto fail;
+        }
+        if (n->n_in > KILN_MAX_IO || n->n_out > KILN_MAX_IO) {
+            st = unsupported(n, "too many inputs or outputs");
+            goto fail;
+        }
+        kiln_tensor *inv[KILN_MAX_IO];
+        const struct kiln_type *inp[KILN_MAX_IO];
+        struct kiln_type outtype[KILN_MAX_IO];
+        struct kiln_type *outp[KILN_MAX_IO];
+        bool all_known = true;
+        for (int k = 0; k < n->n_in; k++) {
+            inv[k] = NULL;
+            inp[k] = NULL;
+            if (n->in[k] < 0) continue;
+            struct slot *s = &p->slots[n->in[k]];
+            if (s->kind == SLOT_NONE) {
+                st = kiln_node_error(n, KILN_ERR_INTERNAL, "input %d has no value", k);
+                goto fail;
+            }
+            inp[k] = &s->type;
+            if (s->kind == SLOT_CONST) inv[k] = (kiln_tensor *)s->konst;
+            else all_known = false;
+        }
+        for (int k = 0; k < n->n_out; k++) {
+            kiln_type_unknown(&outtype[k]);
+            outp[k] = &outtype[k];
+        }
+        /* Shape and Size only need their input's type */
+        if ((n->op == KILN_OP_Shape || n->op == KILN_OP_Size) && n->in[0] >= 0 && !inv[0]) {
+            kiln_tensor *dummy;
+            const struct kiln_type *t = inp[0];
+            if ((st = kiln_tensor_new_uninit(t->dtype == KILN_DTYPE_STRING ? KILN_DTYPE_U8 : t->dtype,
+                                             0, NULL, &dummy)) != KILN_OK)
+                goto fail;
+            /* a header with the right dims and no data: Shape/Size read only dims */
+            dummy->rank = t->rank;
+            memcpy(dummy->dims, t->dims, sizeof dummy->dims);
+            kiln_tensor *fin[KILN_MAX_IO];
+            memcpy(fin, inv, sizeof(kiln_tensor *) * (size_t)n->n_in);
+            fin[0] = dummy;
+            struct kiln_infer_ctx ictx = {n, n->n_in, inp, (const kiln_tensor *const *)fin,
+                                          n->n_out, outp};
+            st = impl->infer(&ictx);
+            if (st == KILN_OK) st = kiln_attr_check(n);
+            if (st == KILN_OK) st = fold_node(p, n, impl, fin, outp);
+            kiln_tensor_free(dummy);
+            if (st != KILN_OK) goto fail;
+            continue;
+        }
+        if (flags & KILN_OPF_SUBGRAPH) {
+            st = unsupported(n, "control flow runs in the reference executor");
+            goto fail;
+        }
+        bool dynout = flags & KILN_OPF_DYNOUT;
+        if (!dynout) {
+            struct kiln_infer_ctx ictx = {n, n->n_in, inp, (const kiln_tensor *const *)inv,
+                                          n->n_out, outp};
+            st = impl->infer(&ictx);
+            if (st == KILN_OK) st = kiln_attr_check(n);
+            if (st != KILN_OK) goto fail;
+        }
+        int64_t out_bytes = 0;
+        for (int k = 0; k < n->n_out && !dynout; k++) {
+            if (!kiln_type_is_concrete(&outtype[k])) {
+                st = unsupported(n, "an output shape depends on data");
+                goto fail;
+            }
+            out_bytes += (int64_t)type_bytes(&outtype[k], 0);
+        }
+        if (all_known && (dynout || out_bytes <= PLAN_FOLD_MAX_BYTES)) {
+            if ((st = fold_node(p, n, impl, inv, outp)) != KILN_OK) goto fail;
+            continue;
+        }
+        if (dynout) {
+            st = unsupported(n, "output shapes depend on data");
+            goto fail;
+        }
+        for (int k = 0; k < n->n_out; k++)
+            if (outtype[k].dtype == KILN_DTYPE_STRING) {
+                st = unsupported(n, "it produces strings");
+                goto fail;
+            }
+        /* a step */
+        int si = p->n_steps++;
+        struct step *sp = &p->steps[si];
+        sp->node = n;
+        sp->ref = impl;
+        sp->scratch_buf = -1;
+        sp->n_in = n->n_in;
+        sp->n_out = n->n_out;
+        sp->in = malloc(sizeof(int) * (size_t)(n->n_in + 1));
+        sp->out = malloc(sizeof(int) * (size_t)(n->n_out + 1));
+        if (!sp->in || !sp->out) goto oom;
+        for (int k = 0; k < n->n_in; k++) {
+            sp->in[k] = n->in[k];
+            if (n->in[k] >= 0) {
+                struct slot *s = &p->slots[n->in[k]];
+                if (s->last_use < si) s->last_use = si;
+            }
+        }
+        for (int k = 0; k < n->n_out; k++) {
+            int v = n->out[k];
+            if (v < 0) {
+                v = slot_add(p);
+                if (v < 0) goto oom;
+                p->slots[v].last_use = si;
+            }
+            sp->out[k] = v;
+            struct slot *s = &p->slots[v];
+            s->kind = SLOT_ARENA;
+            s->type = outtype[k];
+            s->layout = n->out[k] >= 0 ? g->values[n->out[k]].layout : 0;
+            s->bytes = type_bytes(&s->type, s->layout);
+            s->def_step = si;
+        }
+        /* views share their input's memory (plain layouts only) */
+        if (is_view_op(n->op) && n->in[0] >= 0 && n->out[0] >= 0 &&
+            g->values[n->in[0]].layout == 0 && p->slots[n->out[0]].layout == 0) {
+            struct slot *o = &p->slots[n->out[0]];
+            int r = root_of(p, n->in[0]);
+            if (p->slots[r].kind != SLOT_CONST && o->bytes == p->slots[r].bytes) {
+                o->kind = SLOT_ALIAS;
+                o->alias_of = r;
+                p->n_steps--; /* no work: the alias is resolved per run */
+                free(sp->in);
+                free(sp->out);
+                memset(sp, 0, sizeof *sp);
+                continue;
+            }
+        }
+        /* the fast kernel, if any */
+        const struct kiln_fast_op *fast = kiln_fast_op(n->op);
+        if (fast) {
+            const struct kiln_type *ot[KILN_MAX_IO];
+            int il[KILN_MAX_IO], ol[KILN_MAX_IO];
+            for (int k = 0; k < n->n_in; k++) il[k] = n->in[k] >= 0 ? g->values[n->in[k]].layout : 0;
+            for (int k = 0; k < n->n_out; k++) {
+                ot[k] = n->out[k] >= 0 ? &outtype[k] : NULL;
+                ol[k] = n->out[k] >= 0 ? g->values[n->out[k]].layout : 0;
+            }
+            struct kiln_compile_ctx cc = {n, n->n_in, inp, (const kiln_tensor *const *)inv, il,
+                                          n->n_out, ot, ol, weights, threads > 0 ? threads : 1};
+            st = fast->compile(&cc, &sp->inst);
+            if (st != KILN_OK) goto fail;
+            if (sp->inst.run) {
+                p->n_fast++;
+                if (sp->inst.scratch_bytes) {
+                    sp->scratch_buf = buf_add(p, sp->inst.scratch_bytes, si, si);
+                    if (sp->scratch_buf < 0) goto oom;
+                }
+            } else {
+                kiln_kernel_inst_destroy(&sp->inst);
+            }
+        }
+        if (!sp->inst.run) {
+            for (int k = 0; k < n->n_in; k++)
+                if (n->in[k] >= 0 && g->values[n->in[k]].layout) {
+                    st = unsupported(n, "a blocked-layout input has no fast kernel");
+                    goto fail;
+                }
+            for (int k = 0; k < n->n_out; k++)
+                if (n->out[k] >= 0 && g->values[n->out[k]].layout) {
+                    st = unsupported(n, "a blocked-layout output has no fast kernel");
+                    goto fail;
+                }
+        }
+    }
+
+    /* graph outputs: allocated per run (or copied from constants / inputs) */
+    for (int i = 0; i < g->n_outputs; i++) {
+        int v = g->outputs[i];
+        struct slot *s = &p->slots[v];
+        if (s->kind == SLOT_NONE) {
+            st = kiln_error(KILN_ERR_INTERNAL, "graph output '%s' has no value", g->values[v].name);
+            goto fail;
+        }
+        if (s->layout) {
+            st = unsupported(NULL, "a graph output is in a blocked layout");
+            goto fail;
+        }
+        s->last_use = INT32_MAX;
+        if (s->kind == SLOT_ARENA) s->kind = SLOT_OUTPUT;
+        if (s->kind == SLOT_OUTPUT && s->bytes > p->max_value_bytes) p->max_value_bytes = s->bytes;
+    }
+    /* group lifetimes: an alias keeps its root alive */
+    for (int v = 0; v < p->n_slots; v++)
+        if (p->slots[v].kind == SLOT_ALIAS) {
+            int r = p->slots[v].alias_of;
+            if (p->slots[v].last_use > p->slots[r].last_use) p->slots[r].last_use = p->slots[v].last_use;
+        }
+    /* in place: an elementwise step may write over input 0 when nothing reads it later */
+    for (int si = 0; si < p->n_steps; si++) {
+        struct step *sp = &p->steps[si];
+        if (!sp->inst.run || !sp->inst.inplace || sp->n_in < 1 || sp->in[0] < 0) continue;
+        struct slot *o = &p->slots[sp->out[0]];
+        int r = root_of(p, sp->in[0]);
+        struct slot *rs = &p->slots[r];
+        if (o->kind != SLOT_ARENA || rs->kind != SLOT_ARENA || rs->last_use != si ||
+            rs->bytes != o->bytes || o->layout != rs->layout)
+            continue;
+        bool other_input_shares = false; /* another input of this step on the same memory */
+        for (int k = 1; k < sp->n_in; k++)
+            if (sp->in[k] >= 0 && root_of(p, sp->in[k]) == r) other_input_shares = true;
+        if (other_input_shares) continue;
+        o->kind = SLOT_ALIAS;
+        o->alias_of = r;
+        rs->last_use = o->last_use;
+        for (int v = 0; v < p->n_slots; v++) /* later aliases of o now hang off r */
+            if (p->slots[v].kind == SLOT_ALIAS && p->slots[v].alias_of == sp->out[0]) {
+                p->slots[v].alias_of = r;
+                if (p->slots[v].last_use > rs->last_use) rs->last_use = p->slots[v].last_use;
+            }
+    }
+    for (int v = 0; v < p->n_slots; v++) {
+        struct slot *s = &p->slots[v];
+        if (s->kind != SLOT_ARENA) continue;
+        if (s->bytes == (size_t)-1) {
+            st = kiln_error(KILN_ERR_OUT_OF_MEMORY, "value '%s' is too large",
+                            v < g->n_values ? g->values[v].name : "?");
+            goto fail;
+        }
+        if (s->bytes > p->max_value_bytes) p->max_value_bytes = s->bytes;
+        int last = s->last_use < s->def_step ? s->def_step : s->last_use;
+        s->buf = buf_add(p, s->bytes, s->def_step, last);
+        if (s->buf < 0) goto oom;
+    }
+    if ((st = assign_offsets(p)) != KILN_OK) goto fail;
+    *out = p;
+    return KILN_OK;
+oom:
+    st = kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory compiling a plan");
+fail:
+    kiln_plan_free(p);
+    return st;
+}
+
+static void arena_inst_free(struct arena_inst *a)
+{
+    if (!a) return;
+    free(a->mem);
+    free(a->t);
+    free(a->tp);
+    free(a);
+}
+
+void kiln_plan_free(struct kiln_plan *p)
+{
+    if (!p) return;
+    for (int i = 0; i < p->n_steps; i++) {
+        kiln_kernel_inst_destroy(&p->steps[i].inst);
+        free(p->steps[i].in);
+        free(p->steps[i].out);
+    }
+    for (struct arena_inst *a = p->all, *next; a; a = next) {
+        next = a->all_next;
+        arena_inst_free(a);
+    }
+    for (int i = 0; i < p->n_folded; i++) kiln_tensor_free(p->folded[i]);
+    free(p->folded);
+    free(p->steps);
+    free(p->slots);
+    free(p->bufs);
+    free(p->in_types);
+    pthread_mutex_destroy(&p->mu);
+    free(p);
+}
+
+size_t kiln_plan_arena_bytes(const struct kiln_plan *p) { return p->arena_bytes; }
+size_t kiln_plan_max_value_bytes(const struct kiln_plan *p) { return p->max_value_bytes; }
+int kiln_plan_fast_steps(const struct kiln_plan *p) { return p->n_fast; }
+int kiln_plan_steps(const struct kiln_plan *p) { return p->n_steps; }
+
+/* ---- running ---- */
+
+static void header_set(kiln_tensor *t, const struct slot *s, void *data)
+{
+    t->dtype = s->type.dtype;
+    t->rank = s->type.rank;
+    memset(t->dims, 0, sizeof t->dims);
+    for (int d = 0; d < s->type.rank; d++) t->dims[d] = s->type.dims[d];
+    t->data = data;
+    t->nbytes = s->bytes;
+    t->owns_data = 0;
+}
+
+static struct arena_inst *arena_take(struct kiln_plan *p)
+{
+    pthread_mutex_lock(&p->mu);
+    struct arena_inst *a = p->free_list;
+    if (a) p->free_list = a->next;
+    pthread_mutex_unlock(&p->mu);
+    if (a) return a;
+    a = calloc(1, sizeof *a);
+    if (!a) return NULL;
+    a->mem = aligned_alloc(PLAN_ALIGN, p->arena_bytes ? p->arena_bytes : PLAN_ALIGN);
+    a->t = calloc((size_t)p->n_slots + 1, sizeof *a->t);
+    a->tp = calloc((size_t)p->n_slots + 1, sizeof *a->tp);
+    if (!a->mem || !a->t || !a->tp) {
+        arena_inst_free(a);
+        return NULL;
+    }
+    for (int v = 0; v < p->n_slots; v++) {
+        const struct slot *s = &p->slots[v];
+        if (s->kind == SLOT_ARENA) {
+            header_set(&a->t[v], s, (char *)a->mem + p->bufs[s->buf].off);
+            a->tp[v] = &a->t[v];
+        } else if (s->kind == SLOT_CONST) {
+            a->tp[v] = (kiln_tensor *)s->konst;
+        } else if (s->kind == SLOT_ALIAS) {
+            a->tp[v] = &a->t[v];
+        }
+    }
+    pthread_mutex_lock(&p->mu);
+    a->all_next = p->all;
+    p->all = a;
+    pthread_mutex_unlock(&p->mu);
+    return a;
+}
+
+static void arena_give(struct kiln_plan *p, struct arena_inst *a)
+{
+    pthread_mutex_lock(&p->mu);
+    a->next = p->free_list;
+    p->free_list = a;
+    pthread_mutex_unlock(&p->mu);
+}
+
+kiln_status kiln_plan_run(struct kiln_plan *p, kiln_tensor *const *inputs, kiln_tensor **outputs,
+                          int threads, const kiln_run_options *ro)
+{
+    const struct kiln_graph *g = p->g;
+    for (int i = 0; i < g->n_outputs; i++) outputs[i] = NULL;
+    struct arena_inst *a = arena_take(p);
+    if (!a) return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory for a run's arena (%zu bytes)",
+                              p->arena_bytes);
+    kiln_status st = KILN_OK;
+    int granted = kiln_threads_acquire(threads);
+    int prof = profiling();
+    /* inputs, outputs and aliases of this run */
+    for (int v = 0; v < p->n_slots; v++) {
+        const struct slot *s = &p->slots[v];
+        if (s->kind == SLOT_INPUT) {
+            a->tp[v] = inputs[s->input_index];
+        } else if (s->kind == SLOT_OUTPUT) {
+            kiln_tensor *t;
+            st = kiln_tensor_new_uninit(s->type.dtype, s->type.rank, s->type.dims, &t);
+            if (st != KILN_OK) goto out;
+            a->tp[v] = t;
+        }
+    }
+    for (int v = 0; v < p->n_slots; v++) {
+        const struct slot *s = &p->slots[v];
+        if (s->kind == SLOT_ALIAS) header_set(&a->t[v], s, a->tp[s->alias_of]->data);
+    }
+    for (int si = 0; si < p->n_steps; si++) {
+        struct step *sp = &p->steps[si];
+        if (ro && (st = kiln_exec_check_deadline(ro)) != KILN_OK) goto out;
+        kiln_tensor *in[KILN_MAX_IO];
+        kiln_tensor *outt[KILN_MAX_IO];
+        for (int k = 0; k < sp->n_in; k++) in[k] = sp->in[k] >= 0 ? a->tp[sp->in[k]] : NULL;
+        for (int k = 0; k < sp->n_out; k++) outt[k] = a->tp[sp->out[k]];
+        void *scratch = sp->scratch_buf >= 0 ? (char *)a->mem + p->bufs[sp->scratch_buf].off : NULL;
+        struct kiln_run_ctx rctx = {sp->node, sp->n_in, in, sp->n_out, outt, NULL, scratch, granted};
+        int64_t t0 = prof ? now_ns() : 0;
+        if (sp->inst.run) {
+            st = sp->inst.run(sp->inst.state, &rctx);
+        } else {
+            /* reference kernels expect zeroed outputs */
+            for (int k = 0; k < sp->n_out; k++)
+                if (outt[k]->nbytes) memset(outt[k]->data, 0, outt[k]->nbytes);
+            st = sp->ref->run(&rctx);
+            if (st == KILN_OK) st = kiln_attr_check(sp->node);
+        }
+        if (prof) {
+            atomic_fetch_add(&sp->ns, now_ns() - t0);
+            atomic_fetch_add(&sp->calls, 1);
+        }
+        if (st != KILN_OK) goto out;
+        for (int k = 0; k < sp->n_out; k++)
+            if (rctx.out[k] != outt[k]) {
+                st = kiln_node_error(sp->node, KILN_ERR_INTERNAL, "kernel replaced output %d", k);
+                goto out;
+            }
+    }
+    for (int i = 0; i < g->n_outputs; i++) {
+        int v = g->outputs[i];
+        const struct slot *s = &p->slots[v];
+        bool repeat = false;
+        for (int j = 0; j < i; j++) repeat |= g->outputs[j] == v;
+        if (s->kind == SLOT_OUTPUT && !repeat) {
+            outputs[i] = a->tp[v];
+            a->tp[v] = NULL;
+        } else {
+            const kiln_tensor *src = repeat && s->kind == SLOT_OUTPUT ? outputs[0] : a->tp[v];
+            if (repeat && s->kind == SLOT_OUTPUT)
+                for (int j = 0; j < i; j++)
+                    if (g->outputs[j] == v) src = outputs[j];
+            st = kiln_tensor_clone(src, &outputs[i]);
+            if (st != KILN_OK) goto out;
+        }
+    }
+out:
+    for (int v = 0; v < p->n_slots; v++)
+        if (p->slots[v].kind == SLOT_OUTPUT) {
+            kiln_tensor_free(a->tp[v]);
+            a->tp[v] = NULL;
+        } else if (p->slots[v].kind == SLOT_INPUT) {
+            a->tp[v] = NULL;
+        }
+    if (st != KILN_OK)
+        for (int i = 0; i < g->n_outputs; i++) {
+            kiln_tensor_free(outputs[i]);
+            outputs[i] = NULL;
+        }
+    kiln_threads_release(granted);
+    arena_give(p, a);
+    return st;
+}
+
+/* ---- profile ---- */
+
+void kiln_plan_profile_print(const struct kiln_plan *p, FILE *f)
+{
+    struct agg {
+        const char *op, *kernel;
+        int64_t ns, calls;
+        int count;
+    } *ag = calloc((size_t)p->n_steps + 1, sizeof *ag);
+    if (!ag) return;
+    int na = 0;
+    int64_t total = 0;
+    for (int i = 0; i < p->n_steps; i++) {
+        const struct step *sp = &p->steps[i];
+        const char *op = kiln_op_name(sp->node->op);
+        const char *kern = sp->inst.run ? sp->inst.name : "reference";
+        int j = 0;
+        while (j < na && !(strcmp(ag[j].op, op) == 0 && strcmp(ag[j].kernel, kern ? kern : "") == 0))
+            j++;
+        if (j == na) {
+            ag[na].op = op;
+            ag[na].kernel = kern ? kern : "";
+            na++;
+        }
+        int64_t ns = atomic_load(&((struct step *)sp)->ns);
+        ag[j].ns += ns;
+        ag[j].calls += atomic_load(&((struct step *)sp)->calls);
+        ag[j].count++;
+        total += ns;
+    }
+    for (int i = 1; i < na; i++) {
+        struct agg x = ag[i];
+        int j = i - 1;
+        while (j >= 0 && ag[j].ns < x.ns) {
+            ag[j + 1] = ag[j];
+            j--;
+        }
+        ag[j + 1] = x;
+    }
+    fprintf(f, "%-24s %-22s %6s %12s %7s\n", "op", "kernel", "nodes", "ms/run", "share");
+    for (int i = 0; i < na; i++) {
+        double runs = ag[i].count ? (double)ag[i].calls / ag[i].count : 0;
+        double ms = runs > 0 ? ag[i].ns / 1e6 / runs : 0;
+        fprintf(f, "%-24s %-22s %6d %12.3f %6.1f%%\n", ag[i].op, ag[i].kernel, ag[i].count, ms,
+                total ? 100.0 * (double)ag[i].ns / (double)total : 0.0);
+    }
+    free(ag);
+}
+
+/* ---- cache ---- */
+
+struct cache_entry {
+    struct kiln_type *key;
+    int n_key;
+    struct kiln_plan *plan;   /* NULL: not plannable */
+    kiln_status st;
+    char *msg;
+    int refs;
+    int64_t tick;
+};
+
+struct kiln_plan_cache {
+    pthread_mutex_t mu;
+    int cap, n;
+    struct cache_entry *e;
+    int64_t tick;
+    struct cache_entry *retired; /* evicted while in use: freed on release */
+    int n_retired, cap_retired;
+};
+
+kiln_status kiln_plan_cache_new(int capacity, struct kiln_plan_cache **out)
+{
+    struct kiln_plan_cache *c = calloc(1, sizeof *c);
+    if (!c) return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory");
+    c->cap = capacity > 0 ? capacity : 16;
+    c->e = calloc((size_t)c->cap, sizeof *c->e);
+    if (!c->e) {
+        free(c);
+        return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory");
+    }
+    pthread_mutex_init(&c->mu, NULL);
+    *out = c;
+    return KILN_OK;
+}
+
+static void entry_clear(struct cache_entry *e)
+{
+    kiln_plan_free(e->plan);
+    free(e->key);
+    free(e->msg);
+    memset(e, 0, sizeof *e);
+}
+
+void kiln_plan_cache_free(struct kiln_plan_cache *c)
+{
+    if (!c) return;
+    for (int i = 0; i < c->n; i++) entry_clear(&c->e[i]);
+    for (int i = 0; i < c->n_retired; i++) entry_clear(&c->retired[i]);
+    free(c->retired);
+    free(c->e);
+    pthread_mutex_destroy(&c->mu);
+    free(c);
+}
+
+static bool key_match(const struct cache_entry *e, const kiln_tensor *const *inputs, int n)
+{
+    if (e->n_key != n) return false;
+    for (int i = 0; i < n; i++) {
+        const struct kiln_type *t = &e->key[i];
+        if (t->dtype != inputs[i]->dtype || t->rank != inputs[i]->rank) return false;
+        for (int d = 0; d < t->rank; d++)
+            if (t->dims[d] != inputs[i]->dims[d]) return false;
+    }
+    return true;
+}
+
+kiln_status kiln_plan_cache_get(struct kiln_plan_cache *c, const struct kiln_graph *g,
+                                const kiln_tensor *const *inputs, struct kiln_weight_cache *w,
+                                int threads, struct kiln_plan **out)
+{
+    *out = NULL;
+    pthread_mutex_lock(&c->mu);
+    c->tick++;
+    for (int i = 0; i < c->n; i++) {
+        struct cache_entry *e = &c->e[i];
+        if (!key_match(e, inputs, g->n_inputs)) continue;
+        e->tick = c->tick;
+        kiln_status st = e->st;
+        if (e->plan) {
+            e->refs++;
+            *out = e->plan;
+        } else {
+            kiln_error(st, "%s", e->msg ? e->msg : "graph cannot be planned");
+        }
+        pthread_mutex_unlock(&c->mu);
+        return st;
+    }
+    struct kiln_plan *p = NULL;
+    kiln_status st = kiln_plan_compile(g, inputs, w, threads, &p);
+    if (st != KILN_OK && st != KILN_ERR_UNSUPPORTED) {
+        pthread_mutex_unlock(&c->mu);
+        return st;
+    }
+    char *msg = st == KILN_OK ? NULL : strdup(kiln_last_error());
+    struct kiln_type *key = calloc((size_t)g->n_inputs + 1, sizeof *key);
+    if (!key) {
+        free(msg);
+        kiln_plan_free(p);
+        pthread_mutex_unlock(&c->mu);
+        return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory");
+    }
+    for (int i = 0; i < g->n_inputs; i++) kiln_type_from_tensor(&key[i], inputs[i]);
+    struct cache_entry *slot = NULL;
+    if (c->n < c->cap) {
+        slot = &c->e[c->n++];
+    } else {
+        /* evict the least recently used; one in use moves to the retired list */
+        int lru = 0;
+        for (int i = 1; i < c->n; i++)
+            if (c->e[i].tick < c->e[lru].tick) lru = i;
+        slot = &c->e[lru];
+        if (slot->refs > 0) {
+            if (c->n_retired == c->cap_retired) {
+                int cap = c->cap_retired ? c->cap_retired * 2 : 4;
+                struct cache_entry *r = realloc(c->retired, (size_t)cap * sizeof *r);
+                if (r) {
+                    c->retired = r;
+                    c->cap_retired = cap;
+                }
+            }
+            if (c->n_retired == c->cap_retired) {
+                free(msg);
+                free(key);
+                kiln_plan_free(p);
+                pthread_mutex_unlock(&c->mu);
+                return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory caching a plan");
+            }
+            c->retired[c->n_retired++] = *slot;
+            memset(slot, 0, sizeof *slot);
+        } else {
+            entry_clear(slot);
+        }
+    }
+    slot->key = key;
+    slot->n_key = g->n_inputs;
+    slot->plan = p;
+    slot->st = st;
+    slot->msg = msg;
+    slot->tick = c->tick;
+    if (p) {
+        slot->refs = 1;
+        *out = p;
+    } else {
+        kiln_error(st, "%s", msg ? msg : "graph cannot be planned");
+    }
+    pthread_mutex_unlock(&c->mu);
+    return st;
+}
+
+void kiln_plan_cache_release(struct kiln_plan_cache *c, struct kiln_plan *p)
+{
+    if (!p) return;
+    pthread_mutex_lock(&c->mu);
+    for (int i = 0; i < c->n; i++)
+        if (c->e[i].plan == p) {
+            c->e[i].refs--;
+            pthread_mutex_unlock(&c->mu);
+            return;
+        }
+    for (int i = 0; i < c->n_retired; i++)
+        if (c->retired[i].plan == p && --c->retired[i].refs == 0) {
+            entry_clear(&c->retired[i]);
+            c->retired[i] = c->retired[--c->n_retired];
+            break;
+        }
+    pthread_mutex_unlock(&c->mu);
+}
+
+size_t kiln_plan_cache_max_arena(struct kiln_plan_cache *c)
+{
+    size_t m = 0;
+    pthread_mutex_lock(&c->mu);
+    for (int i = 0; i < c->n; i++)
+        if (c->e[i].plan && c->e[i].plan->arena_bytes > m) m = c->e[i].plan->arena_bytes;
+    pthread_mutex_unlock(&c->mu);
+    return m;
+}
+
+/* Stand-ins until the thread pool lands. */
+__attribute__((weak)) int kiln_threads_acquire(int wanted) { (void)wanted; return 1; }
+__attribute__((weak)) void kiln_threads_release(int granted) { (void)granted; }

@@ -1,0 +1,74 @@
+/*
+ * plan.h - plans: a graph compiled for one set of concrete input shapes.
+ *
+ * Compiling a plan walks the (optimized) graph once with the concrete
+ * input types: every node's output shape is inferred, nodes whose inputs
+ * are all known at compile time (shape computations, Shape of a value of
+ * known shape) are evaluated then and become constants of the plan, every
+ * other node gets its fast kernel compiled (kernels/fast.h) or falls back
+ * to its reference kernel, and every intermediate value gets an offset in
+ * one arena, assigned from value lifetimes so that values whose lifetimes
+ * do not overlap share memory (elementwise kernels may also write over
+ * their input). Running a plan allocates nothing but the outputs it hands
+ * to the caller (an arena instance is reused from a free list; one is
+ * added only when more runs than ever before run at once).
+ *
+ * Graphs a plan cannot express (strings, control flow, outputs whose
+ * shape depends on data) make compile return KILN_ERR_UNSUPPORTED; the
+ * caller then runs the reference executor.
+ *
+ * A plan cache (per model signature) keeps the most recently used plans,
+ * keyed by the input shapes, bounded in count.
+ */
+#ifndef KILN_EXEC_PLAN_H
+#define KILN_EXEC_PLAN_H
+
+#include <stddef.h>
+#include <stdio.h>
+
+#include "ir/graph.h"
+#include "kernels/fast.h"
+#include "kiln/kiln.h"
+
+struct kiln_plan;
+
+/* Compile g for these inputs (one per graph input, in order; only their
+ * types are read). */
+kiln_status kiln_plan_compile(const struct kiln_graph *g, const kiln_tensor *const *inputs,
+                              struct kiln_weight_cache *weights, int threads,
+                              struct kiln_plan **out);
+void kiln_plan_free(struct kiln_plan *p);
+
+/* Run: inputs as for compile (same shapes); outputs[i] receives an owned
+ * tensor per graph output. */
+kiln_status kiln_plan_run(struct kiln_plan *p, kiln_tensor *const *inputs, kiln_tensor **outputs,
+                          int threads, const kiln_run_options *ro);
+
+size_t kiln_plan_arena_bytes(const struct kiln_plan *p);
+/* Largest single value (intermediate or output) a run makes. */
+size_t kiln_plan_max_value_bytes(const struct kiln_plan *p);
+int kiln_plan_fast_steps(const struct kiln_plan *p);
+int kiln_plan_steps(const struct kiln_plan *p);
+
+/* Profiling: when enabled (KILN_PROFILE=1 in the environment or
+ * kiln_plan_profile_enable), each plan accumulates the time of every
+ * step; kiln_plan_profile_print writes the per-op totals, slowest first. */
+void kiln_plan_profile_enable(int on);
+void kiln_plan_profile_print(const struct kiln_plan *p, FILE *f);
+
+/* ---- cache ---- */
+struct kiln_plan_cache;
+kiln_status kiln_plan_cache_new(int capacity, struct kiln_plan_cache **out);
+void kiln_plan_cache_free(struct kiln_plan_cache *c);
+/* The plan for these inputs' shapes, compiled on a miss. The plan stays
+ * valid until kiln_plan_cache_release; *out may be NULL with KILN_OK never.
+ * KILN_ERR_UNSUPPORTED means the graph cannot be planned (cached too, so
+ * the next call fails fast). */
+kiln_status kiln_plan_cache_get(struct kiln_plan_cache *c, const struct kiln_graph *g,
+                                const kiln_tensor *const *inputs, struct kiln_weight_cache *w,
+                                int threads, struct kiln_plan **out);
+void kiln_plan_cache_release(struct kiln_plan_cache *c, struct kiln_plan *p);
+/* Largest arena among cached plans (for the optimization log). */
+size_t kiln_plan_cache_max_arena(struct kiln_plan_cache *c);
+
+#endif
