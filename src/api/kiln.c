@@ -17,6 +17,7 @@
 #include "core/threadpool.h"
 #include "exec/exec.h"
 #include "exec/plan.h"
+#include "api/internal.h"
 #include "opt/opt.h"
 #include "import/model.h"
 #include "import/savedmodel.h"
@@ -551,6 +552,35 @@ kiln_status kiln_session_optimization_log(kiln_session *s, char **text)
     }
     *text = b.s;
     return KILN_OK;
+}
+
+static struct kiln_plan_cache *session_plans(kiln_session *s)
+{
+    bool use_opt = s->opts.optimize && s->sig->opt_graph;
+    return s->sig->plans[use_opt ? 1 : 0];
+}
+
+void kiln_session_profile_print(kiln_session *s, FILE *f)
+{
+    if (s->opts.reference) {
+        fprintf(f, "profile: the reference executor keeps no profile\n");
+        return;
+    }
+    kiln_plan_cache_profile_print(session_plans(s), f);
+}
+
+void kiln_session_plan_summary(kiln_session *s, char *buf, size_t n)
+{
+    int plans, steps, fast;
+    size_t arena;
+    kiln_plan_cache_summary(session_plans(s), &plans, &steps, &fast, &arena);
+    if (!plans)
+        snprintf(buf, n, "no plan: the graph runs on the reference executor");
+    else
+        snprintf(buf, n, "%d plan%s; largest: %d steps (%d on fast kernels), arena %.2f MiB, "
+                 "packed weights %.2f MiB", plans, plans == 1 ? "" : "s", steps, fast,
+                 (double)arena / 1048576.0,
+                 (double)kiln_weight_cache_bytes(s->model->weights) / 1048576.0);
 }
 
 int kiln_outputs_count(const kiln_outputs *o) { return o->n; }

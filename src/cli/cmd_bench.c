@@ -48,11 +48,14 @@
 
 #include "cli/cli.h"
 #include "cli/json_out.h"
+#include "api/internal.h"
+#include "exec/plan.h"
 
 static const char bench_usage[] =
     "usage: kiln bench MODEL [--batch N] [--threads T] [--iterations K] [--warmup W]\n"
     "                  [--dim NAME=SIZE ...] [--signature NAME] [--json]\n"
-    "                  [--int-high N] [--seed N] [--no-optimize] [--tags TAGS]\n"
+    "                  [--int-high N] [--seed N] [--disable-optimizer] [--reference]\n"
+    "                  [--profile] [--tags TAGS]\n"
     "\n"
     "Load MODEL, run it on random inputs made from its signature, and report the\n"
     "load time, the first inference, the median / p90 / p99 latency of K runs after\n"
@@ -71,7 +74,12 @@ static const char bench_usage[] =
     "  --int-high N       integer inputs are uniform in [0, N) (default 100); inputs\n"
     "                     whose name contains \"mask\" are all 1s\n"
     "  --seed N           seed of the random inputs (default 1)\n"
-    "  --no-optimize      run the graph as imported, without the optimizer\n"
+    "  --disable-optimizer  run the graph as imported, without the optimizer's\n"
+    "                     passes (still on plans and fast kernels); --no-optimize\n"
+    "                     is the same\n"
+    "  --reference        the reference path: imported graph, reference kernels,\n"
+    "                     no plans (slow; for checking results)\n"
+    "  --profile          after the runs, print the time per op and kernel (stderr)\n"
     "  --tags TAGS        SavedModel MetaGraph tags, comma-separated (default: serve)\n"
     "  -h, --help         show this help\n"
     "\n"
@@ -103,6 +111,8 @@ typedef struct bench_args {
     int iterations;
     int warmup;
     int optimize;
+    int reference;
+    int profile;
     int int_high;
     int seed;
     bool json;
@@ -177,9 +187,16 @@ static int parse_args(int argc, char **argv, bench_args *a)
         } else if ((r = kiln_cli_option(cmd, argc, argv, &i, "--json", NULL)) != 0) {
             if (r < 0) return KILN_CLI_EXIT_USAGE;
             a->json = true;
-        } else if ((r = kiln_cli_option(cmd, argc, argv, &i, "--no-optimize", NULL)) != 0) {
+        } else if ((r = kiln_cli_option(cmd, argc, argv, &i, "--no-optimize", NULL)) != 0 ||
+                   (r = kiln_cli_option(cmd, argc, argv, &i, "--disable-optimizer", NULL)) != 0) {
             if (r < 0) return KILN_CLI_EXIT_USAGE;
             a->optimize = 0;
+        } else if ((r = kiln_cli_option(cmd, argc, argv, &i, "--reference", NULL)) != 0) {
+            if (r < 0) return KILN_CLI_EXIT_USAGE;
+            a->reference = 1;
+        } else if ((r = kiln_cli_option(cmd, argc, argv, &i, "--profile", NULL)) != 0) {
+            if (r < 0) return KILN_CLI_EXIT_USAGE;
+            a->profile = 1;
         } else {
             return kiln_cli_usage_error(cmd, "unknown option '%s'", arg);
         }
@@ -576,6 +593,7 @@ int kiln_cmd_bench(int argc, char **argv)
     kiln_session_options_init(&so);
     so.threads = a.threads;
     so.optimize = a.optimize;
+    so.reference = a.reference;
     kiln_session *session = NULL;
     t0 = now_ms();
     if (kiln_session_create(m, a.signature, &so, &session) != KILN_OK) {
@@ -593,6 +611,7 @@ int kiln_cmd_bench(int argc, char **argv)
     }
     if ((rc = make_inputs(sig, &a, in)) >= 0) goto out_free_buffers;
 
+    if (a.profile) kiln_plan_profile_enable(1);
     /* The first run, kept until the end for its output shapes. */
     kiln_outputs *first = NULL;
     t0 = now_ms();
@@ -637,6 +656,7 @@ int kiln_cmd_bench(int argc, char **argv)
         outs[i] = (kiln_named_tensor){kiln_outputs_name(first, i), kiln_outputs_get(first, i)};
         r.nonfinite += count_nonfinite(outs[i].tensor);
     }
+    if (a.profile) kiln_session_profile_print(session, stderr);
     if (a.json) print_json(&a, sig, in, n_in, outs, n_out, &r);
     else print_text(&a, sig, in, n_in, &r);
     free(outs);

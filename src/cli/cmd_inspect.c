@@ -21,13 +21,15 @@
  * for unknown ones, and is null itself when even the rank is unknown.
  */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "cli/cli.h"
+#include "api/internal.h"
 #include "cli/json_out.h"
 
 static const char inspect_usage[] =
-    "usage: kiln inspect MODEL [--json] [--tags TAGS]\n"
+    "usage: kiln inspect MODEL [--json] [--tags TAGS] [--optimized]\n"
     "\n"
     "Show a model's format, opsets, signatures (inputs and outputs with dtype\n"
     "and shape), op histogram, node count and parameter count.\n"
@@ -35,6 +37,9 @@ static const char inspect_usage[] =
     "  MODEL          an .onnx file or a SavedModel directory\n"
     "  --json         print one JSON object instead of text\n"
     "  --tags TAGS    SavedModel MetaGraph tags, comma-separated (default: serve)\n"
+    "  --optimized    also print, per signature, the optimization log (what each\n"
+    "                 pass changed) and the plan for batch 1 (steps, fast kernels,\n"
+    "                 arena bytes); with --json, an \"optimization\" member\n"
     "  -h, --help     show this help\n";
 
 /* The opset domain as shown: "" is the default ONNX domain. */
@@ -65,7 +70,28 @@ static void text_value(const kiln_value_info *v)
     printf("]\n");
 }
 
-static void print_text(const kiln_model *m)
+/* The optimization log of signature s and a summary of its batch-1 plan. */
+static int optimization_report(const kiln_model *m, const kiln_signature *s, char **log,
+                               char *summary, size_t n)
+{
+    kiln_session *session = NULL;
+    if (kiln_session_create((kiln_model *)m, kiln_signature_name(s), NULL, &session) != KILN_OK)
+        return kiln_cli_fail("signature '%s': %s", kiln_signature_name(s), kiln_last_error());
+    int64_t one = 1;
+    if (kiln_session_precompile(session, &one, 1) != KILN_OK) {
+        snprintf(summary, n, "compiling the batch-1 plan failed: %s", kiln_last_error());
+    } else {
+        kiln_session_plan_summary(session, summary, n);
+    }
+    if (kiln_session_optimization_log(session, log) != KILN_OK) {
+        kiln_session_free(session);
+        return kiln_cli_fail("%s", kiln_last_error());
+    }
+    kiln_session_free(session);
+    return KILN_CLI_EXIT_OK;
+}
+
+static int print_text(const kiln_model *m, int optimized)
 {
     kiln_model_stats stats;
     kiln_model_get_stats(m, &stats);
@@ -123,6 +149,23 @@ static void print_text(const kiln_model *m)
     printf("nodes: %d\n", stats.node_count);
     printf("parameters: %lld (%lld bytes)\n", (long long)stats.param_count,
            (long long)stats.param_bytes);
+    for (int i = 0; optimized && i < kiln_model_signature_count(m); i++) {
+        const kiln_signature *s = kiln_model_signature(m, i);
+        char *log = NULL, summary[512];
+        int rc = optimization_report(m, s, &log, summary, sizeof summary);
+        if (rc != KILN_CLI_EXIT_OK) return rc;
+        printf("optimization of signature ");
+        kiln_text_write(stdout, kiln_signature_name(s));
+        printf(":\n");
+        for (char *line = log, *nl; line && *line; line = nl + 1) {
+            nl = strchr(line, '\n');
+            if (!nl) nl = line + strlen(line) - 1;
+            printf("  %.*s\n", (int)(nl - line + (*nl == '\n' ? 0 : 1)), line);
+        }
+        printf("  plan (batch 1): %s\n", summary);
+        free(log);
+    }
+    return KILN_CLI_EXIT_OK;
 }
 
 /* ------------------------------------------------------------------- JSON */
@@ -167,7 +210,7 @@ static void json_values(const kiln_signature *s, int outputs)
     printf("      ]");
 }
 
-static void print_json(const kiln_model *m)
+static int print_json(const kiln_model *m, int optimized)
 {
     kiln_model_stats stats;
     kiln_model_get_stats(m, &stats);
@@ -198,6 +241,17 @@ static void print_json(const kiln_model *m)
         json_values(s, 0);
         printf(",\n      \"outputs\": ");
         json_values(s, 1);
+        if (optimized) {
+            char *log = NULL, summary[512];
+            int rc = optimization_report(m, s, &log, summary, sizeof summary);
+            if (rc != KILN_CLI_EXIT_OK) return rc;
+            printf(",\n      \"optimization\": {\"log\": ");
+            kiln_json_write_string(stdout, log);
+            printf(", \"plan\": ");
+            kiln_json_write_string(stdout, summary);
+            printf("}");
+            free(log);
+        }
         printf("\n    }");
     }
     printf(n_sigs ? "\n  ],\n  \"ops\": {" : "],\n  \"ops\": {");
@@ -212,6 +266,7 @@ static void print_json(const kiln_model *m)
     }
     printf("},\n  \"param_count\": %lld,\n  \"param_bytes\": %lld,\n  \"node_count\": %d\n}\n",
            (long long)stats.param_count, (long long)stats.param_bytes, stats.node_count);
+    return KILN_CLI_EXIT_OK;
 }
 
 int kiln_cmd_inspect(int argc, char **argv)
@@ -222,7 +277,7 @@ int kiln_cmd_inspect(int argc, char **argv)
         return KILN_CLI_EXIT_OK;
     }
     const char *path = NULL, *tags = NULL;
-    int json = 0;
+    int json = 0, optimized = 0;
     bool positional_only = false;
     for (int i = 0; i < argc; i++) {
         const char *arg = argv[i];
@@ -237,6 +292,9 @@ int kiln_cmd_inspect(int argc, char **argv)
                 json = 1;
             } else if ((r = kiln_cli_option(cmd, argc, argv, &i, "--tags", &tags)) != 0) {
                 if (r < 0) return KILN_CLI_EXIT_USAGE;
+            } else if ((r = kiln_cli_option(cmd, argc, argv, &i, "--optimized", NULL)) != 0) {
+                if (r < 0) return KILN_CLI_EXIT_USAGE;
+                optimized = 1;
             } else {
                 return kiln_cli_usage_error(cmd, "unknown option '%s'", arg);
             }
@@ -249,9 +307,11 @@ int kiln_cmd_inspect(int argc, char **argv)
 
     kiln_model *m = kiln_cli_load_model(path, tags);
     if (!m) return KILN_CLI_EXIT_FAIL;
-    if (json) print_json(m);
-    else print_text(m);
+    int rc = KILN_CLI_EXIT_OK;
+    if (json) rc = print_json(m, optimized);
+    else rc = print_text(m, optimized);
     kiln_model_free(m);
+    if (rc != KILN_CLI_EXIT_OK) return rc;
     if (fflush(stdout) != 0 || ferror(stdout)) return kiln_cli_fail("writing to stdout failed");
     return KILN_CLI_EXIT_OK;
 }

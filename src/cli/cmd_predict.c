@@ -23,7 +23,7 @@
 
 static const char predict_usage[] =
     "usage: kiln predict MODEL --input NAME=FILE.npy [--input ...] --output-dir DIR\n"
-    "                    [--signature NAME] [--threads N] [--no-optimize] [--tags TAGS]\n"
+    "                    [--signature NAME] [--threads N] [--disable-optimizer] [--reference] [--tags TAGS]\n"
     "\n"
     "Run MODEL once on inputs read from NumPy .npy files and write each output\n"
     "to DIR/<output>.npy (characters outside [A-Za-z0-9._-] in the output name\n"
@@ -34,7 +34,11 @@ static const char predict_usage[] =
     "  --output-dir DIR   where to write outputs (created if missing)\n"
     "  --signature NAME   the signature to run (default: the model's default)\n"
     "  --threads N        intra-op threads (default: 0, all cores)\n"
-    "  --no-optimize      run the graph as imported, without the optimizer\n"
+    "  --disable-optimizer  run the graph as imported, without the optimizer's\n"
+    "                     passes (still on plans and fast kernels); --no-optimize\n"
+    "                     is the same\n"
+    "  --reference        the reference path: imported graph, reference kernels,\n"
+    "                     no plans (slow; for checking results)\n"
     "  --tags TAGS        SavedModel MetaGraph tags, comma-separated (default: serve)\n"
     "  -h, --help         show this help\n"
     "\n"
@@ -57,6 +61,7 @@ typedef struct predict_args {
     const char *tags;
     int threads;
     int optimize;
+    int reference;
     predict_input *inputs;   /* n_inputs entries; malloc'd */
     int n_inputs;
 } predict_args;
@@ -99,9 +104,13 @@ static int parse_args(int argc, char **argv, predict_args *a)
             if (!kiln_cli_parse_int(val, 0, 4096, &a->threads))
                 return kiln_cli_usage_error(cmd, "--threads '%s' is not a number in 0..4096",
                                             val);
-        } else if ((r = kiln_cli_option(cmd, argc, argv, &i, "--no-optimize", NULL)) != 0) {
+        } else if ((r = kiln_cli_option(cmd, argc, argv, &i, "--no-optimize", NULL)) != 0 ||
+                   (r = kiln_cli_option(cmd, argc, argv, &i, "--disable-optimizer", NULL)) != 0) {
             if (r < 0) return KILN_CLI_EXIT_USAGE;
             a->optimize = 0;
+        } else if ((r = kiln_cli_option(cmd, argc, argv, &i, "--reference", NULL)) != 0) {
+            if (r < 0) return KILN_CLI_EXIT_USAGE;
+            a->reference = 1;
         } else {
             return kiln_cli_usage_error(cmd, "unknown option '%s'", arg);
         }
@@ -309,6 +318,7 @@ int kiln_cmd_predict(int argc, char **argv)
     kiln_session_options_init(&so);
     so.threads = a.threads;
     so.optimize = a.optimize;
+    so.reference = a.reference;
     kiln_session *session = NULL;
     if (kiln_session_create(m, a.signature, &so, &session) != KILN_OK) {
         rc = kiln_cli_fail("%s", kiln_last_error());

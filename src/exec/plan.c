@@ -973,6 +973,43 @@ void kiln_plan_cache_release(struct kiln_plan_cache *c, struct kiln_plan *p)
     pthread_mutex_unlock(&c->mu);
 }
 
+void kiln_plan_cache_profile_print(struct kiln_plan_cache *c, FILE *f)
+{
+    pthread_mutex_lock(&c->mu);
+    for (int i = 0; i < c->n; i++) {
+        const struct cache_entry *e = &c->e[i];
+        if (!e->plan) continue;
+        fprintf(f, "plan for inputs");
+        for (int k = 0; k < e->n_key; k++) {
+            char buf[160];
+            fprintf(f, " %s", kiln_shape_str(e->key[k].rank, e->key[k].dims, buf, sizeof buf));
+        }
+        fprintf(f, ": %d steps, %d fast, arena %zu bytes\n", e->plan->n_steps, e->plan->n_fast,
+                e->plan->arena_bytes);
+        kiln_plan_profile_print(e->plan, f);
+    }
+    pthread_mutex_unlock(&c->mu);
+}
+
+void kiln_plan_cache_summary(struct kiln_plan_cache *c, int *plans, int *steps, int *fast,
+                             size_t *arena)
+{
+    *plans = *steps = *fast = 0;
+    *arena = 0;
+    pthread_mutex_lock(&c->mu);
+    for (int i = 0; i < c->n; i++) {
+        const struct kiln_plan *p = c->e[i].plan;
+        if (!p) continue;
+        (*plans)++;
+        if (p->arena_bytes >= *arena) {
+            *arena = p->arena_bytes;
+            *steps = p->n_steps;
+            *fast = p->n_fast;
+        }
+    }
+    pthread_mutex_unlock(&c->mu);
+}
+
 size_t kiln_plan_cache_max_arena(struct kiln_plan_cache *c)
 {
     size_t m = 0;

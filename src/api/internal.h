@@ -1,0 +1,18 @@
+/*
+ * internal.h - API extras for Kiln's own tools (not part of the public,
+ * stable API in include/kiln/kiln.h).
+ */
+#ifndef KILN_API_INTERNAL_H
+#define KILN_API_INTERNAL_H
+
+#include <stdio.h>
+
+#include "kiln/kiln.h"
+
+/* Per-op time of the session's cached plans (profiling must have been
+ * enabled with kiln_plan_profile_enable before the runs). */
+void kiln_session_profile_print(kiln_session *s, FILE *f);
+/* One line about the session's plans: count, steps, fast kernels, arena bytes. */
+void kiln_session_plan_summary(kiln_session *s, char *buf, size_t n);
+
+#endif
