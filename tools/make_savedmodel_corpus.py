@@ -447,7 +447,7 @@ EXPECT = {
     "no_signatures": r"no signatures",
     "no_serve_tags": r"no MetaGraphDef with tags 'serve'",
     "variable_without_checkpoint": r"variable 'v'",
-    "stateful_assign_add": r"immutable",
+    "stateful_assign_add": r"variable 'v'.*cannot be restored",
     "control_dep_on_assign": r"writes variable state",
     "random_output": r"random",
     "empty_file": r"no MetaGraphDef",

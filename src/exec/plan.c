@@ -405,7 +405,8 @@ kiln_status kiln_plan_compile(const struct kiln_graph *g, const kiln_tensor *con
             }
             out_bytes += (int64_t)type_bytes(&outtype[k], 0);
         }
-        if (all_known && (dynout || out_bytes <= PLAN_FOLD_MAX_BYTES)) {
+        if (all_known && !(flags & KILN_OPF_STATEFUL) &&
+            (dynout || out_bytes <= PLAN_FOLD_MAX_BYTES)) {
             if ((st = fold_node(p, n, impl, inv, outp)) != KILN_OK) goto fail;
             continue;
         }

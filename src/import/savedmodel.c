@@ -171,6 +171,7 @@ struct sm_var {
     bool resource;               /* VarHandleOp */
     kiln_dtype dtype;
     kiln_tensor *value;          /* restored value, owned by m->graph; NULL until needed */
+    bool written;                /* a signature assigns it: reads and writes are nodes */
 };
 
 struct sm_restore {              /* one assignment the restore op makes */
@@ -202,6 +203,7 @@ struct sm_ctx {
     struct smap restore_index;         /* variable node name -> restores[] index */
     struct kiln_bundle *bundle;        /* the checkpoint, opened on first use */
     bool bundle_tried;
+    struct smap written_vars;          /* TF1 variable node names a signature assigns */
 };
 
 /* ---- per-signature build ---- */
@@ -817,10 +819,80 @@ static kiln_status var_register(struct sm_ctx *c, int node, bool resource, int *
     const KilnSm__AttrValue *dt = tf_attr(nd, NULL, "dtype");
     var->dtype = dt && dt->value_case == KILN_SM__ATTR_VALUE__VALUE_TYPE ? tf_dtype(dt->type)
                                                                           : KILN_DTYPE_UNDEFINED;
+    var->written = !resource && smap_get(&c->written_vars, nd->name) >= 0;
     kiln_status st = smap_put(&c->var_index, nd->name, c->n_vars, NULL);
     if (st != KILN_OK) return st;
     *out = c->n_vars++;
     return KILN_OK;
+}
+
+/* The main-graph node index an input reference ("^name", "name:1") names, or -1. */
+static int input_node(const struct sm_ctx *c, const char *in)
+{
+    if (in[0] == '^') in++;
+    const char *colon = strchr(in, ':');
+    return smap_getn(&c->node_index, in, colon ? (size_t)(colon - in) : strlen(in));
+}
+
+/* TF1 signatures that assign variables (the stateful counter model's
+ * incr/reset signatures): every Assign / AssignAdd / AssignSub reachable
+ * from a signature output whose target is a VariableV2 of the main graph
+ * marks that variable written. Reads of such a variable become TfVariable
+ * nodes and the writes TfAssign nodes, on one copy of the value the model
+ * owns; every other variable stays a constant the optimizer can fold. */
+static kiln_status mark_written_vars(struct sm_ctx *c, KilnSm__MetaGraphDef__SignatureDefEntry **sigs,
+                                     size_t ns)
+{
+    size_t n = c->n_nodes;
+    unsigned char *seen = calloc(n + 1, 1);
+    int *stack = malloc((n + 1) * sizeof *stack);
+    kiln_status st = KILN_OK;
+    if (!seen || !stack) {
+        st = kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory");
+        goto out;
+    }
+    size_t top = 0;
+    for (size_t i = 0; i < ns; i++) {
+        const KilnSm__SignatureDef *sd = sigs[i]->value;
+        for (size_t j = 0; j < sd->n_outputs; j++) {
+            const KilnSm__TensorInfo *ti = sd->outputs[j]->value;
+            if (!ti || ti->encoding_case != KILN_SM__TENSOR_INFO__ENCODING_NAME || !ti->name) continue;
+            int k = input_node(c, ti->name);
+            if (k >= 0 && !seen[k]) {
+                seen[k] = 1;
+                stack[top++] = k;
+            }
+        }
+    }
+    while (top > 0) {
+        const KilnSm__NodeDef *nd = c->nodes[stack[--top]];
+        const char *op = nd->op ? nd->op : "";
+        if ((strcmp(op, "Assign") == 0 || strcmp(op, "AssignAdd") == 0 ||
+             strcmp(op, "AssignSub") == 0) && nd->n_input >= 1) {
+            int v = input_node(c, nd->input[0]);
+            const char *vop = v >= 0 && c->nodes[v]->op ? c->nodes[v]->op : "";
+            if (v >= 0 && (strcmp(vop, "VariableV2") == 0 || strcmp(vop, "Variable") == 0) &&
+                smap_get(&c->written_vars, c->nodes[v]->name) < 0 &&
+                (st = smap_put(&c->written_vars, c->nodes[v]->name, 1, NULL)) != KILN_OK)
+                goto out;
+        }
+        for (size_t k = 0; k < nd->n_input; k++) {
+            int j = input_node(c, nd->input[k]);
+            if (j >= 0 && !seen[j]) {
+                seen[j] = 1;
+                stack[top++] = j;
+            }
+        }
+    }
+out:
+    free(seen);
+    free(stack);
+    return st;
+}
+
+bool tf_var_written(const struct tf_build *b, int var)
+{
+    return var >= 0 && var < b->c->n_vars && b->c->vars[var].written;
 }
 
 bool tf_var_is_resource(const struct tf_build *b, int var)
@@ -939,6 +1011,31 @@ kiln_status tf_var_value(struct tf_build *b, int var, int *value_out)
     kiln_status st;
     if (!c->vars[var].value && (st = var_restore(c, var)) != KILN_OK) return st;
     int id = -1;
+    if (c->vars[var].written) { /* read at run time: the value changes */
+        const char *name = c->vars[var].nd->name;
+        if (!c->vars[var].value->owns_data) { /* restored in place from the mapped checkpoint */
+            kiln_tensor *copy;
+            if ((st = kiln_tensor_clone(c->vars[var].value, &copy)) != KILN_OK) return st;
+            if ((st = kiln_graph_own_tensor(c->m->graph, copy)) != KILN_OK) return st; /* frees */
+            c->vars[var].value = copy;
+        }
+        struct kiln_node *n;
+        if ((st = kiln_graph_node_add(b->g, KILN_OP_TfVariable, name, 0, 1, 1, &n)) != KILN_OK)
+            return st;
+        n->opset = TF_OPSET;
+        n->op_type = "VariableV2";
+        n->attr[0] = (struct kiln_attr){.name = "var", .type = KILN_ATTR_TENSOR,
+                                        .t = c->vars[var].value};
+        n->n_attr = 1;
+        int node = b->g->n_nodes - 1;
+        if ((st = kiln_graph_value_add(b->g, name, KILN_VALUE_NODE, &id)) != KILN_OK) return st;
+        b->g->nodes[node].out[0] = id;
+        b->g->values[id].producer = node;
+        kiln_type_from_tensor(&b->g->values[id].type, c->vars[var].value);
+        b->var_value[var] = id;
+        *value_out = id;
+        return KILN_OK;
+    }
     if ((st = kiln_graph_value_add(b->g, c->vars[var].nd->name, KILN_VALUE_CONST, &id)) != KILN_OK)
         return st;
     b->g->values[id].konst = c->vars[var].value; /* borrowed: owned by m->graph */
@@ -1957,6 +2054,10 @@ static kiln_status load_parsed(struct sm_ctx *c, const char *tags)
     for (size_t i = 0; i < c->mg->n_signature_def; i++)
         if (!is_init_signature(c->mg->signature_def[i]->key)) sigs[ns++] = c->mg->signature_def[i];
     qsort(sigs, ns, sizeof *sigs, cmp_sig_entry);
+    if ((st = mark_written_vars(c, sigs, ns)) != KILN_OK) {
+        free(sigs);
+        return st;
+    }
     int dflt = 0;
     for (size_t i = 0; i < ns; i++) {
         if (i > 0 && strcmp(sigs[i]->key, sigs[i - 1]->key) == 0) {
@@ -2013,6 +2114,7 @@ static void ctx_free(struct sm_ctx *c)
     free(c->fn_writes);
     free(c->vars);
     smap_free(&c->var_index);
+    smap_free(&c->written_vars);
     free(c->restores);
     smap_free(&c->restore_index);
     if (c->bundle) kiln_bundle_close(c->bundle);

@@ -77,11 +77,15 @@ kiln_status tf_tensor_from_proto(const KilnSm__TensorProto *tp, const char *what
 
 /* Provided by savedmodel.c for the lowering: */
 
-/* The IR constant value holding variable var's restored value. */
+/* The IR value holding variable var's value: a constant (the restored
+ * value) or, for a variable a signature writes, a TfVariable node. */
 kiln_status tf_var_value(struct tf_build *b, int var, int *value_out);
 /* Whether variable var is a resource variable (VarHandleOp) rather than a
  * TF1 ref variable (VariableV2), whose endpoint is its value. */
 bool tf_var_is_resource(const struct tf_build *b, int var);
+/* Whether a signature assigns TF1 variable var (then it is read with a
+ * TfVariable node and written with TfAssign nodes). */
+bool tf_var_written(const struct tf_build *b, int var);
 /* The name a variable has in messages. */
 const char *tf_var_name(const struct tf_build *b, int var);
 

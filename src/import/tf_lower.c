@@ -515,7 +515,7 @@ static kiln_status node_end(struct emit *e, int *outs)
     int n_out = n->n_out;
     int ids[KILN_MAX_IO];
     for (int k = 0; k < n_out && k < KILN_MAX_IO; k++) ids[k] = n->out[k];
-    bool all_const = n->n_in > 0;
+    bool all_const = n->n_in > 0 && !(kiln_op_info(n->op)->flags & KILN_OPF_STATEFUL);
     for (int k = 0; k < n->n_in; k++)
         if (n->in[k] >= 0 && !vconst(L, n->in[k])) all_const = false;
     bool folded = false;
@@ -740,6 +740,27 @@ static kiln_status lw_resource_gather(L_t *L, const struct lower *e)
 static kiln_status lw_state_write(L_t *L, const struct lower *e)
 {
     (void)e;
+    const char *op = L->nd->op ? L->nd->op : "";
+    const char *mode = strcmp(op, "Assign") == 0      ? "assign"
+                       : strcmp(op, "AssignAdd") == 0 ? "add"
+                       : strcmp(op, "AssignSub") == 0 ? "sub"
+                                                      : NULL;
+    if (mode && L->n_in >= 2 && L->in[0].var >= 0 && tf_var_written(L->b, L->in[0].var)) {
+        int cur = -1, x = -1, y = -1;
+        kiln_status st = tf_var_value(L->b, L->in[0].var, &cur); /* restores the value */
+        if (st != KILN_OK) return kiln_error_wrap(st, "%s", L->where);
+        const kiln_tensor *var = L->g->values[cur].kind == KILN_VALUE_NODE
+                                     ? kiln_attr_tensor(&L->g->nodes[L->g->values[cur].producer], "var")
+                                     : NULL;
+        if (!var) return lerr(L, KILN_ERR_INTERNAL, "variable has no state");
+        if ((st = in_value(L, 1, &x)) != KILN_OK) return st;
+        struct emit em;
+        if ((st = node_begin(L, KILN_OP_TfAssign, 1, &x, 1, 2, &em)) != KILN_OK) return st;
+        a_new(&em, "var", KILN_ATTR_TENSOR)->t = (kiln_tensor *)var;
+        if ((st = a_str(&em, "mode", mode, strlen(mode))) != KILN_OK) return st;
+        if ((st = node_end(&em, &y)) != KILN_OK) return st;
+        return out1(L, y);
+    }
     const char *var = L->n_in > 0 && L->in[0].var >= 0 ? tf_var_name(L->b, L->in[0].var) : NULL;
     return lerr(L, KILN_ERR_UNSUPPORTED,
                 "writes %s%s%s; Kiln models are immutable, so signatures that change variables "

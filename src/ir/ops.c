@@ -10,6 +10,7 @@
 #define DYNOUT KILN_OPF_DYNOUT
 #define SUBGRAPH KILN_OPF_SUBGRAPH
 #define INTERNAL KILN_OPF_INTERNAL
+#define STATEFUL KILN_OPF_STATEFUL
 
 static const struct kiln_op_info op_table[] = {
 #define KILN_OP(name, mi, ma, mo, mao, fl) {#name, mi, ma, mo, mao, (unsigned)(fl)},

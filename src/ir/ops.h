@@ -14,6 +14,8 @@ enum kiln_op_flags {
     KILN_OPF_DYNOUT = 1 << 2,   /* kernel allocates its own outputs */
     KILN_OPF_SUBGRAPH = 1 << 3, /* carries graph attributes */
     KILN_OPF_INTERNAL = 1 << 4, /* Kiln-only op: never matched by an ONNX op_type */
+    KILN_OPF_STATEFUL = 1 << 5, /* reads or writes model state: never folded, merged or
+                                   evaluated ahead of the run */
 };
 
 enum kiln_op {

@@ -57,6 +57,7 @@
  * give KILN_ERR_INVALID_ARGUMENT naming the example, and nothing allocated
  * is larger than the input strings.
  */
+#include <pthread.h>
 #include <stdlib.h>
 
 #include "kernels/kernel.h"
@@ -993,3 +994,117 @@ static kiln_status string_split_run(struct kiln_run_ctx *ctx)
 }
 
 KILN_REF_OP(TfStringSplit, string_split_infer, string_split_run);
+
+/* ---- model state (TF1 reference variables written by a signature) ----
+ *
+ * TfVariable ()              -> a copy of the variable's current value
+ * TfAssign   (value)         -> the variable's value after the write
+ *   attrs   "var" TENSOR: the variable itself (owned by the model, shared
+ *           by every signature graph and the optimized copies), "mode"
+ *           STRING for TfAssign: "assign", "add" or "sub" (Assign,
+ *           AssignAdd, AssignSub).
+ * One process-wide lock orders reads and writes, so concurrent requests
+ * see each update exactly once (as TensorFlow does with use_locking). */
+
+static pthread_mutex_t var_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static kiln_status var_attr(const struct kiln_node *n, kiln_tensor **out)
+{
+    const kiln_tensor *t = kiln_attr_tensor(n, "var");
+    if (!t) return kiln_node_error(n, KILN_ERR_INVALID_MODEL, "missing its 'var' attribute");
+    if (t->dtype == KILN_DTYPE_STRING)
+        return kiln_node_error(n, KILN_ERR_UNSUPPORTED, "string variables are not supported");
+    *out = (kiln_tensor *)t;
+    return KILN_OK;
+}
+
+static kiln_status variable_infer(struct kiln_infer_ctx *ctx)
+{
+    kiln_tensor *v;
+    kiln_status st = var_attr(ctx->node, &v);
+    if (st != KILN_OK) return st;
+    if (ctx->out[0]) kiln_type_from_tensor(ctx->out[0], v);
+    if (ctx->node->op == KILN_OP_TfAssign && ctx->in[0]) {
+        const struct kiln_type *x = ctx->in[0];
+        if (x->dtype != KILN_DTYPE_UNDEFINED && x->dtype != v->dtype)
+            return kiln_node_error(ctx->node, KILN_ERR_INVALID_MODEL,
+                                   "value is %s but the variable is %s",
+                                   kiln_dtype_name(x->dtype), kiln_dtype_name(v->dtype));
+    }
+    return KILN_OK;
+}
+
+static kiln_status variable_run(struct kiln_run_ctx *ctx)
+{
+    kiln_tensor *v;
+    kiln_status st = var_attr(ctx->node, &v);
+    if (st != KILN_OK) return st;
+    pthread_mutex_lock(&var_lock);
+    memcpy(ctx->out[0]->data, v->data, v->nbytes);
+    pthread_mutex_unlock(&var_lock);
+    return KILN_OK;
+}
+
+static kiln_status assign_run(struct kiln_run_ctx *ctx)
+{
+    kiln_tensor *v;
+    kiln_status st = var_attr(ctx->node, &v);
+    if (st != KILN_OK) return st;
+    const kiln_tensor *x = ctx->in[0];
+    const char *mode = kiln_attr_str(ctx->node, "mode", "assign");
+    int64_t n = kiln_shape_count(v->rank, v->dims);
+    int64_t nx = kiln_shape_count(x->rank, x->dims);
+    bool whole = strcmp(mode, "assign") == 0;
+    if (!whole && strcmp(mode, "add") != 0 && strcmp(mode, "sub") != 0)
+        return kiln_node_error(ctx->node, KILN_ERR_INVALID_MODEL, "unknown mode '%s'", mode);
+    if (x->dtype != v->dtype || (nx != n && nx != 1))
+        return kiln_node_error(ctx->node, KILN_ERR_INVALID_ARGUMENT,
+                               "value has %lld elements of %s; the variable has %lld of %s",
+                               (long long)nx, kiln_dtype_name(x->dtype), (long long)n,
+                               kiln_dtype_name(v->dtype));
+    if (!whole && v->dtype != KILN_DTYPE_F32 && v->dtype != KILN_DTYPE_F64 &&
+        v->dtype != KILN_DTYPE_I32 && v->dtype != KILN_DTYPE_I64)
+        return kiln_node_error(ctx->node, KILN_ERR_UNSUPPORTED, "%s of %s variables",
+                               mode, kiln_dtype_name(v->dtype));
+    double sign = strcmp(mode, "sub") == 0 ? -1.0 : 1.0;
+    pthread_mutex_lock(&var_lock);
+    for (int64_t i = 0; i < n; i++) {
+        int64_t j = nx == 1 ? 0 : i;
+        switch (v->dtype) {
+        case KILN_DTYPE_F32: {
+            float *d = v->data;
+            const float *s = x->data;
+            d[i] = whole ? s[j] : d[i] + (float)sign * s[j];
+            break;
+        }
+        case KILN_DTYPE_F64: {
+            double *d = v->data;
+            const double *s = x->data;
+            d[i] = whole ? s[j] : d[i] + sign * s[j];
+            break;
+        }
+        case KILN_DTYPE_I32: {
+            int32_t *d = v->data;
+            const int32_t *s = x->data;
+            d[i] = whole ? s[j] : (int32_t)((uint32_t)d[i] + (uint32_t)(sign < 0 ? -(int64_t)s[j] : s[j]));
+            break;
+        }
+        case KILN_DTYPE_I64: {
+            int64_t *d = v->data;
+            const int64_t *s = x->data;
+            d[i] = whole ? s[j] : (int64_t)((uint64_t)d[i] + (sign < 0 ? 0 - (uint64_t)s[j] : (uint64_t)s[j]));
+            break;
+        }
+        default: {
+            size_t es = kiln_dtype_size(v->dtype);
+            memcpy((char *)v->data + (size_t)i * es, (const char *)x->data + (size_t)j * es, es);
+        }
+        }
+    }
+    memcpy(ctx->out[0]->data, v->data, v->nbytes);
+    pthread_mutex_unlock(&var_lock);
+    return KILN_OK;
+}
+
+KILN_REF_OP(TfVariable, variable_infer, variable_run);
+KILN_REF_OP(TfAssign, variable_infer, assign_run);
