@@ -3,11 +3,12 @@
 #   make test       the whole test suite: normal build, then ASan+UBSan build
 #   make test-fast  the normal build's tests only
 #   make fuzz       build the libFuzzer targets with clang (build-fuzz/)
-#   make bench      benchmarks (not part of make test)
+#   make bench      model benchmarks against ONNX Runtime and PyTorch (not part of make test)
+#   make bench-serve  serving benchmark (wrk) against Flask+PyTorch and Node+ONNX Runtime
 JOBS ?= $(shell nproc)
 CTEST_FLAGS ?= --output-on-failure
 
-.PHONY: all build test test-fast test-sanitize fuzz clean bench
+.PHONY: all build test test-fast test-sanitize fuzz clean bench bench-serve
 
 all: build
 
@@ -32,6 +33,9 @@ fuzz:
 
 bench: build
 	@if [ -x bench/run.sh ]; then bench/run.sh; else echo "bench/run.sh not present yet"; fi
+
+bench-serve: build
+	bench/serve/run.sh
 
 clean:
 	rm -rf build build-asan build-fuzz

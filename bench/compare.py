@@ -470,6 +470,15 @@ def write_results(args, info, records, started, finished, path):
     L.append("- Percentiles interpolate linearly between ranks (numpy's default) over one "
              "process's recorded runs; the tables show the median over rounds.")
     L.append("- Raw per-round numbers: `bench/results.json`.")
+    # Keep the serving benchmark's section (bench/serve/serve_bench.py writes it).
+    try:
+        with open(path) as f:
+            old = f.read()
+        i, j = old.find("<!-- serve:begin -->"), old.find("<!-- serve:end -->")
+        if 0 <= i < j:
+            L.append("\n" + old[i:j + len("<!-- serve:end -->")])
+    except OSError:
+        pass
     with open(path, "w") as f:
         f.write("\n".join(L) + "\n")
 

@@ -47,7 +47,8 @@ set(KILN_REPLAY_tf_example_SRCS)
 set(KILN_REPLAY_serve_config_SRCS ${PROJECT_SOURCE_DIR}/src/serve/config.c)
 set(KILN_REPLAY_example_json_SRCS
   ${PROJECT_SOURCE_DIR}/src/serve/example.c ${PROJECT_SOURCE_DIR}/src/serve/json.c)
-foreach(target npy tf_example serve_config example_json)
+set(KILN_REPLAY_warmup_SRCS ${PROJECT_SOURCE_DIR}/src/serve/warmup.c)
+foreach(target npy tf_example serve_config example_json warmup)
   add_executable(kiln_fuzz_replay_${target}
     ${PROJECT_SOURCE_DIR}/fuzz/replay_main.c ${PROJECT_SOURCE_DIR}/fuzz/fuzz_${target}.c
     ${KILN_REPLAY_${target}_SRCS})

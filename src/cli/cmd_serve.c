@@ -46,21 +46,22 @@ static const char serve_help[] =
     "                                     0 = once at startup, <0 = never)\n"
     "  --saved_model_tags=TAGS            SavedModel MetaGraph tags (default serve)\n"
     "  --tensorflow_intra_op_parallelism=N  threads per run (0 = all cores)\n"
-    "  --disable_optimizer[=true|false]   run graphs as imported\n"
+    "  --disable_optimizer[=true|false]   run graphs as imported (Vertex AI's flag)\n"
+    "  --enable_model_warmup[=true|false] replay assets.extra/tf_serving_warmup_requests\n"
+    "                                     before a version is served (default true)\n"
+    "  --num_request_iterations_for_warmup=N  times each warmup record runs (0 = once)\n"
+    "  --monitoring_config_file=FILE      MonitoringConfig text proto; the Prometheus page is\n"
+    "                                     served only when it has prometheus_config { enable:\n"
+    "                                     true } (path default /monitoring/prometheus/metrics)\n"
+    "  --rest_api_enable_cors_support[=true|false]  CORS headers and OPTIONS preflight\n"
     "  --port=N                           gRPC port: accepted, gRPC is not implemented yet\n"
-    "  --enable_model_warmup,\n"
-    "  --num_request_iterations_for_warmup, --monitoring_config_file,\n"
-    "  --rest_api_enable_cors_support, --tensorflow_inter_op_parallelism,\n"
-    "  --allow_precompilation,\n"
-    "  --allow_compression, --use_tfrt   accepted; the log says they are not implemented yet\n"
+    "  --tensorflow_inter_op_parallelism, --allow_precompilation,\n"
+    "  --allow_compression, --use_tfrt   accepted and ignored (the startup log says so)\n"
     "  --version                          print versions and exit\n";
 
 /* Flags accepted for compatibility whose features Kiln lacks so far. */
 static const char *const accepted_only[] = {
-    "--enable_model_warmup",
-    "--num_request_iterations_for_warmup", "--monitoring_config_file",
-    "--rest_api_enable_cors_support", "--tensorflow_inter_op_parallelism",
-    "--allow_precompilation", "--allow_compression",
+    "--tensorflow_inter_op_parallelism", "--allow_precompilation", "--allow_compression",
     "--use_tfrt",
 };
 /* Of those, the ones that are booleans (may appear without a value). */
@@ -93,9 +94,9 @@ int kiln_cmd_serve(int argc, char **argv)
     if (cores < 1) cores = 1;
     int rest_port = 8501, grpc_port = 8500, threads = (int)(cores * 4 > 256 ? 256 : cores * 4);
     int timeout_ms = 30000, poll = 1, intra = 0, disable_opt = 0, show_version = 0;
-    int batching = 0, config_poll = 0;
+    int batching = 0, config_poll = 0, warmup = 1, warmup_iters = 0, cors = 0;
     const char *model_name = NULL, *base_path = NULL, *tags = NULL, *address = NULL;
-    const char *config_file = NULL, *batching_file = NULL;
+    const char *config_file = NULL, *batching_file = NULL, *monitoring_file = NULL;
 
     for (int i = 0; i < argc; i++) {
         char *arg = argv[i];
@@ -128,6 +129,7 @@ int kiln_cmd_serve(int argc, char **argv)
         INT_FLAG("--file_system_poll_wait_seconds", poll, -2147483647, 2147483647)
         INT_FLAG("--tensorflow_intra_op_parallelism", intra, 0, 4096)
         INT_FLAG("--model_config_file_poll_wait_seconds", config_poll, -2147483647, 2147483647)
+        INT_FLAG("--num_request_iterations_for_warmup", warmup_iters, -2147483647, 2147483647)
 #undef INT_FLAG
         if (strcmp(name, "--model_name") == 0) model_name = val;
         else if (strcmp(name, "--model_base_path") == 0) base_path = val;
@@ -137,6 +139,9 @@ int kiln_cmd_serve(int argc, char **argv)
         else if (strcmp(name, "--batching_parameters_file") == 0) batching_file = val;
         else if (strcmp(name, "--enable_batching") == 0) ok = (batching = parse_bool(val)) >= 0;
         else if (strcmp(name, "--disable_optimizer") == 0) ok = (disable_opt = parse_bool(val)) >= 0;
+        else if (strcmp(name, "--enable_model_warmup") == 0) ok = (warmup = parse_bool(val)) >= 0;
+        else if (strcmp(name, "--rest_api_enable_cors_support") == 0) ok = (cors = parse_bool(val)) >= 0;
+        else if (strcmp(name, "--monitoring_config_file") == 0) monitoring_file = val;
         else if (strcmp(name, "--version") == 0) ok = (show_version = parse_bool(val)) >= 0;
         else {
             int known = 0;
@@ -145,7 +150,7 @@ int kiln_cmd_serve(int argc, char **argv)
             if (!known) return kiln_cli_usage_error("serve", "unknown flag '%s'", name);
             if (is_bool_flag(name)) ok = parse_bool(val) >= 0;
             if (ok && parse_bool(val) != 0)
-                fprintf(stderr, "kiln serve: %s is accepted but not implemented yet\n", name);
+                fprintf(stderr, "kiln serve: %s is accepted and ignored (not implemented)\n", name);
         }
         if (!ok) return kiln_cli_usage_error("serve", "flag '%s' needs true or false", name);
     }
@@ -176,6 +181,13 @@ int kiln_cmd_serve(int argc, char **argv)
             fprintf(stderr, "kiln serve: --batching_parameters_file is ignored without "
                             "--enable_batching\n");
     }
+    kiln_monitoring_config mon;
+    memset(&mon, 0, sizeof mon);
+    if (monitoring_file && *monitoring_file &&
+        kiln_monitoring_config_load(monitoring_file, &mon, cerr) != KILN_OK) {
+        kiln_server_config_free(config);
+        return kiln_cli_fail("--monitoring_config_file: %s", cerr);
+    }
     /* the TF Serving container: MODEL_NAME, and MODEL_BASE_PATH/MODEL_NAME */
     const char *env_name = getenv("MODEL_NAME"), *env_base = getenv("MODEL_BASE_PATH");
     if (!model_name) model_name = env_name && *env_name ? env_name : "default";
@@ -195,13 +207,29 @@ int kiln_cmd_serve(int argc, char **argv)
             "kiln serve: gRPC is not implemented yet; --port=%d is not opened, only the REST API "
             "is served\n",
             grpc_port);
+    /* which TF Serving / Vertex AI flags take effect, with their values */
+    fprintf(stderr,
+            "kiln serve: honoured flags: --rest_api_timeout_in_ms=%d --rest_api_num_threads=%d "
+            "--tensorflow_intra_op_parallelism=%d (%s) --disable_optimizer=%s (optimizer %s) "
+            "--enable_model_warmup=%s --num_request_iterations_for_warmup=%d "
+            "--enable_batching=%s --rest_api_enable_cors_support=%s --monitoring_config_file "
+            "(prometheus %s%s) --file_system_poll_wait_seconds=%d; accepted and ignored: --port "
+            "(no gRPC), --tensorflow_inter_op_parallelism, --allow_precompilation (allowed "
+            "batch sizes are precompiled at load whenever batching is on), --allow_compression, "
+            "--use_tfrt\n",
+            timeout_ms, threads, intra, intra ? "threads per run" : "all cores",
+            disable_opt ? "true" : "false", disable_opt ? "off" : "on", warmup ? "true" : "false",
+            warmup_iters > 0 ? warmup_iters : 1, batching ? "true" : "false",
+            cors ? "true" : "false", mon.prometheus_enable ? "on at " : "off",
+            mon.prometheus_enable ? mon.prometheus_path : "", poll);
     if (batching)
         fprintf(stderr,
                 "kiln serve: batching: max_batch_size=%lld batch_timeout_micros=%lld "
-                "max_enqueued_batches=%lld num_batch_threads=%lld allowed_batch_sizes=%d entries\n",
+                "max_enqueued_batches=%lld num_batch_threads=%lld allowed_batch_sizes=%d entries "
+                "pad_variable_length_inputs=%s\n",
                 (long long)bparams.max_batch_size, (long long)bparams.batch_timeout_micros,
                 (long long)bparams.max_enqueued_batches, (long long)bparams.num_batch_threads,
-                bparams.n_allowed);
+                bparams.n_allowed, bparams.pad_variable_length_inputs ? "true" : "false");
 
     /* Block the shutdown signals before any thread exists; main takes them. */
     sigset_t sigs;
@@ -220,6 +248,8 @@ int kiln_cmd_serve(int argc, char **argv)
     mo.session.optimize = !disable_opt;
     mo.config_file = config_file;
     mo.config_poll_seconds = config_poll;
+    mo.enable_warmup = warmup;
+    mo.warmup_iterations = warmup_iters > 0 ? warmup_iters : 1; /* TF: used only if > 0 */
     kiln_batch_stats *bstats = NULL;
     if (batching) {
         bstats = kiln_batch_stats_create();
@@ -241,7 +271,8 @@ int kiln_cmd_serve(int argc, char **argv)
         return kiln_cli_fail("cannot start the model manager");
     }
     kiln_server server;
-    kiln_server_options so = {address, rest_port, threads, timeout_ms, KILN_JSON_MAX_BYTES, bstats};
+    kiln_server_options so = {address, rest_port, threads, timeout_ms, KILN_JSON_MAX_BYTES, bstats,
+                              mon.prometheus_enable ? mon.prometheus_path : NULL, cors};
     if (kiln_server_start(&server, &so, mgr) != KILN_OK) {
         kiln_manager_free(mgr);
         kiln_batch_stats_free(bstats);
@@ -250,6 +281,8 @@ int kiln_cmd_serve(int argc, char **argv)
     }
     fprintf(stderr, "kiln serve: Exporting HTTP/REST API at:%s:%d ...\n",
             address ? address : "0.0.0.0", rest_port);
+    if (mon.prometheus_enable)
+        fprintf(stderr, "kiln serve: Prometheus metrics at %s\n", mon.prometheus_path);
 
     int sig = 0;
     sigwait(&sigs, &sig);

@@ -1020,7 +1020,3 @@ size_t kiln_plan_cache_max_arena(struct kiln_plan_cache *c)
     pthread_mutex_unlock(&c->mu);
     return m;
 }
-
-/* Stand-ins until the thread pool lands. */
-__attribute__((weak)) int kiln_threads_acquire(int wanted) { (void)wanted; return 1; }
-__attribute__((weak)) void kiln_threads_release(int granted) { (void)granted; }

@@ -163,10 +163,10 @@ kiln_status kiln_graph_clone(const struct kiln_graph *g, struct kiln_graph **out
         m->attr = kiln_arena_alloc(c->mem, sizeof(struct kiln_attr) * (size_t)(n->n_attr ? n->n_attr : 1));
         m->implicit = kiln_arena_alloc(c->mem, sizeof(int) * (size_t)(n->n_implicit ? n->n_implicit : 1));
         if (!m->in || !m->out || !m->attr || !m->implicit) goto oom;
-        memcpy(m->in, n->in, sizeof(int) * (size_t)n->n_in);
-        memcpy(m->out, n->out, sizeof(int) * (size_t)n->n_out);
-        memcpy(m->attr, n->attr, sizeof(struct kiln_attr) * (size_t)n->n_attr);
-        memcpy(m->implicit, n->implicit, sizeof(int) * (size_t)n->n_implicit);
+        if (n->n_in) memcpy(m->in, n->in, sizeof(int) * (size_t)n->n_in);
+        if (n->n_out) memcpy(m->out, n->out, sizeof(int) * (size_t)n->n_out);
+        if (n->n_attr) memcpy(m->attr, n->attr, sizeof(struct kiln_attr) * (size_t)n->n_attr);
+        if (n->n_implicit) memcpy(m->implicit, n->implicit, sizeof(int) * (size_t)n->n_implicit);
         c->n_nodes++;
     }
     if (g->order) {

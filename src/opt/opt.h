@@ -10,7 +10,7 @@
  *    pipeline compacts the node array and re-verifies at the end;
  *  - a graph input or output value keeps its id, name and type;
  *  - results are numerically equivalent to the imported graph within 1e-4
- *    of output scale (tests/c/test_opt.c checks each pass that way).
+ *    of output scale (tests/c/unit_opt.c checks each pass that way).
  *
  * Fused ops (ops.def, INTERNAL; reference kernels in kernels/ref/fused.c):
  *
@@ -86,5 +86,73 @@ void kiln_opt_remove_node(struct kiln_graph *g, int node_index);
 void kiln_opt_replace_uses(struct kiln_graph *g, int from, int to);
 /* The only consumer node of value v, or -1 (v has 0 or >1 uses, or is a graph output). */
 int kiln_opt_single_consumer(const struct kiln_graph *g, int v);
+
+/* ---- More helpers (opt.c) ---- */
+/* True for a node removed by kiln_opt_remove_node (skipped until compaction). */
+bool kiln_opt_node_dead(const struct kiln_node *n);
+/* Is value v one of g's outputs? */
+bool kiln_opt_is_graph_output(const struct kiln_graph *g, int v);
+/* Set input k of node ni to value v (-1 = absent), keeping use counts. */
+void kiln_opt_set_input(struct kiln_graph *g, int ni, int k, int v);
+/* Add a node of op with n_in inputs (all -1), n_out outputs and room for
+ * n_attr attributes; *ni is its index (node pointers move when nodes are
+ * added). The op_type is the op's name, opset `opset`. */
+kiln_status kiln_opt_add_node(struct kiln_graph *g, enum kiln_op op, const char *name, int n_in,
+                              int n_out, int n_attr, int opset, int *ni);
+/* Make value v an output of node ni (slot k): v's producer becomes ni. */
+void kiln_opt_set_output(struct kiln_graph *g, int ni, int k, int v);
+/* Add a node-output value with the given type (NULL: unknown); name from base. */
+kiln_status kiln_opt_add_value(struct kiln_graph *g, const char *base, const struct kiln_type *t,
+                               int *id);
+/* Add a constant value holding t (ownership passes to the graph, also on error). */
+kiln_status kiln_opt_add_const(struct kiln_graph *g, const char *base, kiln_tensor *t, int *id);
+/* The constant tensor of v, or NULL when v is not a constant. */
+const kiln_tensor *kiln_opt_const(const struct kiln_graph *g, int v);
+/* A float32 constant with one element: its value in *out. */
+bool kiln_opt_const_scalar(const struct kiln_graph *g, int v, float *out);
+/* Producer node index of value v, or -1 (not a node output or dead). */
+int kiln_opt_producer(const struct kiln_graph *g, int v);
+/* Attribute setters on attribute slot k of node ni (name must be static or arena). */
+void kiln_opt_attr_int(struct kiln_graph *g, int ni, int k, const char *name, int64_t v);
+void kiln_opt_attr_float(struct kiln_graph *g, int ni, int k, const char *name, float v);
+kiln_status kiln_opt_attr_str(struct kiln_graph *g, int ni, int k, const char *name, const char *v);
+/* Two static types provably equal at run time (same rank; each dim the same
+ * known size or the same symbolic name)? */
+bool kiln_opt_same_shape(const struct kiln_type *a, const struct kiln_type *b);
+/* Remove node ni whose output out_v equals its input in_v: every use of
+ * out_v reads in_v instead (or, when out_v is a graph output, in_v's
+ * producer writes out_v). False (nothing changed) when that is impossible. */
+bool kiln_opt_bypass(struct kiln_graph *g, int ni, int in_v, int out_v);
+/* Compact the node array (drop removed nodes, fix producers), then verify. */
+kiln_status kiln_opt_compact(struct kiln_graph *g);
+
+/* An activation that can close a fused op (fuse_act.c). */
+struct kiln_opt_act {
+    const char *name;      /* the fused ops' activation attribute: "Relu", "SiLU", ... */
+    float alpha, beta;     /* act_alpha / act_beta */
+    int out;               /* the activation's output value */
+    int n_nodes;           /* nodes it spans (SiLU: Sigmoid and Mul) */
+    int nodes[2];
+};
+/* Match an activation reading float32 value y and nothing else reading y
+ * (SiLU: exactly Sigmoid(y) and Mul(y, Sigmoid(y))). */
+bool kiln_opt_match_act(const struct kiln_graph *g, int y, struct kiln_opt_act *a);
+/* A static name for a fusion "<base>[+Bias][+Add][+<act>]" (log kinds). */
+const char *kiln_opt_fusion_kind(const char *base, bool bias, bool sum, const char *act);
+
+/* ---- Passes (one file each, in pipeline order; see opt.c) ---- */
+kiln_status kiln_opt_identity(struct kiln_graph *g, struct kiln_opt_pass_log *pl);   /* identity.c */
+kiln_status kiln_opt_fold(struct kiln_graph *g, struct kiln_opt_pass_log *pl);       /* fold.c */
+kiln_status kiln_opt_dce(struct kiln_graph *g, struct kiln_opt_pass_log *pl);        /* dce.c */
+kiln_status kiln_opt_cse(struct kiln_graph *g, struct kiln_opt_pass_log *pl);        /* cse.c */
+kiln_status kiln_opt_gelu(struct kiln_graph *g, struct kiln_opt_pass_log *pl);       /* gelu.c */
+kiln_status kiln_opt_layernorm(struct kiln_graph *g, struct kiln_opt_pass_log *pl);  /* layernorm.c */
+kiln_status kiln_opt_attention(struct kiln_graph *g, struct kiln_opt_pass_log *pl);  /* attention.c */
+kiln_status kiln_opt_transpose(struct kiln_graph *g, struct kiln_opt_pass_log *pl);  /* transpose.c */
+kiln_status kiln_opt_conv_bn(struct kiln_graph *g, struct kiln_opt_pass_log *pl);    /* conv_bn.c */
+kiln_status kiln_opt_fuse_conv(struct kiln_graph *g, struct kiln_opt_pass_log *pl);  /* fuse_act.c */
+kiln_status kiln_opt_fuse_matmul(struct kiln_graph *g, struct kiln_opt_pass_log *pl);/* fuse_matmul.c */
+/* The layout pass (layout.c, another file's owner): run last when o->layout. */
+kiln_status kiln_opt_layout(struct kiln_graph *g, struct kiln_opt_pass_log *pl) __attribute__((weak));
 
 #endif

@@ -34,8 +34,22 @@ typedef struct histogram {
     uint64_t count;
 } histogram;
 
+/* Kiln's per model version batching series. */
+#define VERSION_SERIES 64
+typedef struct version_series {
+    char model[128];
+    int64_t version;
+    histogram queuing;        /* µs from enqueue to the batch's run */
+    histogram size;           /* rows per run, padding included */
+    histogram padding;        /* padding rows per run */
+    uint64_t padded_elements; /* elements added by pad_variable_length_inputs */
+    uint64_t expired;         /* requests dropped: deadline passed while queued */
+} version_series;
+
 struct kiln_batch_stats {
     pthread_mutex_t mu;
+    version_series series[VERSION_SERIES]; /* the last one collects any overflow */
+    int n_series;
     histogram input_size;     /* rows per request */
     histogram processed_size; /* rows per run, padding included */
     histogram padding;        /* padding rows per run */
@@ -57,9 +71,9 @@ static void hist_add(histogram *h, int n, double (*limit)(int), double v)
 }
 
 static void hist_write(kiln_sbuf *b, const char *name, const char *labels, const histogram *h,
-                       int n, double (*limit)(int))
+                       int n, double (*limit)(int), int type_line)
 {
-    kiln_sbuf_printf(b, "# TYPE %s histogram\n", name);
+    if (type_line) kiln_sbuf_printf(b, "# TYPE %s histogram\n", name);
     uint64_t cum = 0;
     for (int i = 0; i < n; i++) {
         cum += h->bucket[i];
@@ -95,18 +109,54 @@ void kiln_batch_stats_write(kiln_batch_stats *s, kiln_sbuf *b)
     char name[128];
     snprintf(name, sizeof name, "%squeuing_latency", p);
     hist_write(b, name, "thread_pool_name=\"model_server_batch_threads\"", &s->queuing,
-               LATENCY_BUCKETS, latency_limit);
+               LATENCY_BUCKETS, latency_limit, 1);
     snprintf(name, sizeof name, "%sinput_batch_size", p);
-    hist_write(b, name, "", &s->input_size, SIZE_BUCKETS, size_limit);
+    hist_write(b, name, "", &s->input_size, SIZE_BUCKETS, size_limit, 1);
     snprintf(name, sizeof name, "%sprocessed_batch_size", p);
-    hist_write(b, name, "", &s->processed_size, SIZE_BUCKETS, size_limit);
+    hist_write(b, name, "", &s->processed_size, SIZE_BUCKETS, size_limit, 1);
     snprintf(name, sizeof name, "%spadding_size", p);
-    hist_write(b, name, "", &s->padding, SIZE_BUCKETS, size_limit);
+    hist_write(b, name, "", &s->padding, SIZE_BUCKETS, size_limit, 1);
     kiln_sbuf_printf(b, "# TYPE %swrapped_run_count counter\n%swrapped_run_count %" PRIu64 "\n",
                      p, p, s->runs);
     kiln_sbuf_printf(b, "# TYPE kiln_batch_queue_full_count counter\n"
                         "kiln_batch_queue_full_count %" PRIu64 "\n", s->queue_full);
+    static const char *const names[3] = {"kiln_batch_queue_latency_us", "kiln_batch_size",
+                                         "kiln_batch_padding_rows"};
+    for (int k = 0; k < 3; k++) {
+        for (int i = 0; i < s->n_series; i++) {
+            version_series *v = &s->series[i];
+            char labels[300];
+            snprintf(labels, sizeof labels, "model_name=\"%s\",version=\"%" PRId64 "\"",
+                     v->model, v->version);
+            const histogram *h = k == 0 ? &v->queuing : k == 1 ? &v->size : &v->padding;
+            hist_write(b, names[k], labels, h, k == 0 ? LATENCY_BUCKETS : SIZE_BUCKETS,
+                       k == 0 ? latency_limit : size_limit, i == 0);
+        }
+    }
+    kiln_sbuf_puts(b, "# TYPE kiln_batch_padded_elements_total counter\n");
+    for (int i = 0; i < s->n_series; i++)
+        kiln_sbuf_printf(b, "kiln_batch_padded_elements_total{model_name=\"%s\",version=\"%" PRId64
+                            "\"} %" PRIu64 "\n", s->series[i].model, s->series[i].version,
+                         s->series[i].padded_elements);
+    kiln_sbuf_puts(b, "# TYPE kiln_batch_deadline_expired_total counter\n");
+    for (int i = 0; i < s->n_series; i++)
+        kiln_sbuf_printf(b, "kiln_batch_deadline_expired_total{model_name=\"%s\",version=\"%" PRId64
+                            "\"} %" PRIu64 "\n", s->series[i].model, s->series[i].version,
+                         s->series[i].expired);
     pthread_mutex_unlock(&s->mu);
+}
+
+/* The series of (model, version), created if new; caller holds s->mu. */
+static version_series *series_for(kiln_batch_stats *s, const char *model, int64_t version)
+{
+    for (int i = 0; i < s->n_series; i++)
+        if (s->series[i].version == version && strcmp(s->series[i].model, model) == 0)
+            return &s->series[i];
+    if (s->n_series == VERSION_SERIES) return &s->series[VERSION_SERIES - 1];
+    version_series *v = &s->series[s->n_series++];
+    snprintf(v->model, sizeof v->model, "%s", s->n_series == VERSION_SERIES ? "__other__" : model);
+    v->version = s->n_series == VERSION_SERIES ? -1 : version;
+    return v;
 }
 
 /* ------------------------------------------------------------ queue */
@@ -114,6 +164,7 @@ void kiln_batch_stats_write(kiln_batch_stats *s, kiln_sbuf *b)
 typedef struct task {
     kiln_tensor *const *in;   /* borrowed from the caller */
     int64_t rows;
+    int64_t deadline_ms;      /* kiln_monotonic_ms clock; 0 = none */
     kiln_batch_result *out;
     kiln_status st;
     char *err;                /* caller's buffer, KILN_JSON_ERR_LEN */
@@ -125,6 +176,7 @@ typedef struct task {
 
 typedef struct batch {
     task *head, *tail;
+    task *expired;            /* dropped before the run: deadline passed */
     int n_tasks;
     int64_t rows;
     struct timespec opened;   /* when its first task arrived */
@@ -136,6 +188,7 @@ struct kiln_batcher {
     const kiln_signature *sig;
     kiln_batching_params p;
     kiln_batch_stats *stats;
+    version_series *series;   /* this version's series in stats (under stats->mu) */
     int n_in;
     pthread_mutex_t mu;
     pthread_cond_t work_cv;   /* a batch was queued or grew, or stopping */
@@ -152,12 +205,14 @@ static double us_between(const struct timespec *a, const struct timespec *b)
     return (double)(b->tv_sec - a->tv_sec) * 1e6 + (double)(b->tv_nsec - a->tv_nsec) / 1e3;
 }
 
-/* Same dtype and non-batch dimensions as the batch's first task. */
+/* Whether in can join a batch whose first task is a: same dtypes and ranks,
+ * and the same non-batch dimensions unless pad_variable_length_inputs. */
 static int compatible(const kiln_batcher *b, const task *a, kiln_tensor *const *in)
 {
     for (int i = 0; i < b->n_in; i++) {
         const kiln_tensor *x = a->in[i], *y = in[i];
         if (x->dtype != y->dtype || x->rank != y->rank) return 0;
+        if (b->p.pad_variable_length_inputs) continue;
         for (int d = 1; d < x->rank; d++)
             if (x->dims[d] != y->dims[d]) return 0;
     }
@@ -171,11 +226,12 @@ static const char *code_for(kiln_status st)
     case KILN_ERR_OUT_OF_MEMORY: return "RESOURCE_EXHAUSTED";
     case KILN_ERR_UNSUPPORTED: return "UNIMPLEMENTED";
     case KILN_ERR_INTERNAL: return "INTERNAL";
+    case KILN_ERR_DEADLINE: return "DEADLINE_EXCEEDED";
     default: return "INVALID_ARGUMENT";
     }
 }
 
-/* Bytes of one row (dimension 0 slice) of t. */
+/* Elements of one row (dimension 0 slice) of t. */
 static size_t row_elems(const kiln_tensor *t)
 {
     size_t n = 1;
@@ -203,6 +259,49 @@ static kiln_status copy_rows(kiln_tensor *dst, int64_t at, const kiln_tensor *sr
     return KILN_OK;
 }
 
+/* dst[di] = src[si] (same dtype). */
+static kiln_status copy_elem(kiln_tensor *dst, size_t di, const kiln_tensor *src, size_t si)
+{
+    if (src->dtype == KILN_DTYPE_STRING) {
+        const kiln_string *e = &((const kiln_string *)src->data)[si];
+        return kiln_tensor_set_string(dst, di, e->data, e->len);
+    }
+    size_t es = kiln_dtype_size(src->dtype);
+    memcpy((char *)dst->data + di * es, (const char *)src->data + si * es, es);
+    return KILN_OK;
+}
+
+/*
+ * pad_variable_length_inputs: copy all rows of src to row `at` of dst, whose
+ * non-batch dimensions are each >= src's. Elements outside src's extent get
+ * src's first element, as TF Serving's PadTensor does ("using existing values
+ * in padding"). Adds the number of padding elements to *padded.
+ */
+static kiln_status copy_padded(kiln_tensor *dst, int64_t at, const kiln_tensor *src,
+                               uint64_t *padded)
+{
+    size_t dre = row_elems(dst), sre = row_elems(src);
+    size_t rows = (size_t)src->dims[0];
+    int same = 1;
+    for (int d = 1; d < src->rank; d++) same &= src->dims[d] == dst->dims[d];
+    if (same) return copy_rows(dst, at, src, 0, src->dims[0]);
+    if (sre == 0) return KILN_ERR_INVALID_ARGUMENT; /* nothing to pad with */
+    kiln_status st = KILN_OK;
+    for (size_t i = 0; i < rows * dre && st == KILN_OK; i++)
+        st = copy_elem(dst, (size_t)at * dre + i, src, 0);
+    for (size_t i = 0; i < rows * sre && st == KILN_OK; i++) {
+        size_t rem = i, off = 0, stride = 1;
+        for (int d = src->rank - 1; d >= 1; d--) {
+            off += (rem % (size_t)src->dims[d]) * stride;
+            rem /= (size_t)src->dims[d];
+            stride *= (size_t)dst->dims[d];
+        }
+        st = copy_elem(dst, ((size_t)at + rem) * dre + off, src, i);
+    }
+    *padded += rows * (dre - sre);
+    return st;
+}
+
 /* Finish every task of bt with an error. */
 static void fail_all(batch *bt, kiln_status st, const char *code, const char *msg)
 {
@@ -213,29 +312,59 @@ static void fail_all(batch *bt, kiln_status st, const char *code, const char *ms
     }
 }
 
+/* Move the tasks whose deadline has passed to bt->expired, answered 504. */
+static void drop_expired(kiln_batcher *b, batch *bt)
+{
+    int64_t now = kiln_monotonic_ms();
+    task **pp = &bt->head, *last = NULL;
+    uint64_t n = 0;
+    while (*pp) {
+        task *t = *pp;
+        if (t->deadline_ms > 0 && now >= t->deadline_ms) {
+            *pp = t->next;
+            t->next = bt->expired;
+            bt->expired = t;
+            t->st = KILN_ERR_DEADLINE;
+            t->code = "DEADLINE_EXCEEDED";
+            snprintf(t->err, KILN_JSON_ERR_LEN, "%s", KILN_DEADLINE_MESSAGE);
+            bt->n_tasks--;
+            bt->rows -= t->rows;
+            n++;
+            continue;
+        }
+        last = t;
+        pp = &t->next;
+    }
+    bt->tail = last;
+    if (n && b->stats) {
+        pthread_mutex_lock(&b->stats->mu);
+        b->series->expired += n;
+        pthread_mutex_unlock(&b->stats->mu);
+    }
+}
+
 /* Merge, pad, run and split one batch; fills every task's result. */
 static void run_batch(kiln_batcher *b, batch *bt)
 {
+    drop_expired(b, bt);
+    if (!bt->head) return;
     int64_t rows = bt->rows, padded = rows;
     for (int i = 0; i < b->p.n_allowed; i++)
         if (b->p.allowed_batch_sizes[i] >= rows) {
             padded = b->p.allowed_batch_sizes[i];
             break;
         }
+    /* the batch runs until the latest of its requests' deadlines */
+    int64_t deadline = 0;
+    for (task *t = bt->head; t; t = t->next) {
+        if (t->deadline_ms == 0) {
+            deadline = 0;
+            break;
+        }
+        if (t->deadline_ms > deadline) deadline = t->deadline_ms;
+    }
     struct timespec now;
     clock_gettime(CLOCK_MONOTONIC, &now);
-    if (b->stats) {
-        pthread_mutex_lock(&b->stats->mu);
-        for (task *t = bt->head; t; t = t->next) {
-            hist_add(&b->stats->queuing, LATENCY_BUCKETS, latency_limit,
-                     us_between(&t->enqueued, &now));
-            hist_add(&b->stats->input_size, SIZE_BUCKETS, size_limit, (double)t->rows);
-        }
-        hist_add(&b->stats->processed_size, SIZE_BUCKETS, size_limit, (double)padded);
-        hist_add(&b->stats->padding, SIZE_BUCKETS, size_limit, (double)(padded - rows));
-        b->stats->runs++;
-        pthread_mutex_unlock(&b->stats->mu);
-    }
 
     /* merged inputs: the task's own tensors when it is alone and unpadded */
     int own = bt->n_tasks == 1 && padded == rows;
@@ -244,6 +373,7 @@ static void run_batch(kiln_batcher *b, batch *bt)
     kiln_outputs *out = NULL;
     char msg[KILN_JSON_ERR_LEN];
     kiln_status st = KILN_OK;
+    uint64_t padded_elems = 0;
     if (!merged || !named) {
         fail_all(bt, KILN_ERR_OUT_OF_MEMORY, "RESOURCE_EXHAUSTED", "out of memory");
         goto err_free;
@@ -252,28 +382,54 @@ static void run_batch(kiln_batcher *b, batch *bt)
         const kiln_tensor *first = bt->head->in[i];
         int64_t dims[KILN_MAX_RANK];
         memcpy(dims, first->dims, sizeof dims);
+        for (task *t = bt->head; t; t = t->next) /* the largest of each dimension */
+            for (int d = 1; d < first->rank; d++)
+                if (t->in[i]->dims[d] > dims[d]) dims[d] = t->in[i]->dims[d];
         dims[0] = padded;
         st = kiln_tensor_create(first->dtype, first->rank, dims, &merged[i]);
-        int64_t at = 0;
-        for (task *t = bt->head; t && st == KILN_OK; t = t->next) {
-            st = copy_rows(merged[i], at, t->in[i], 0, t->rows);
-            at += t->rows;
-        }
-        /* pad by repeating the last row */
-        const task *last = bt->tail;
-        for (; at < padded && st == KILN_OK; at++)
-            st = copy_rows(merged[i], at, last->in[i], last->rows - 1, 1);
         if (st != KILN_OK) {
             fail_all(bt, st, code_for(st), "out of memory merging a batch");
             goto err_free;
         }
+        int64_t at = 0;
+        for (task *t = bt->head; t && st == KILN_OK; t = t->next) {
+            st = copy_padded(merged[i], at, t->in[i], &padded_elems);
+            at += t->rows;
+        }
+        /* pad up to the allowed batch size by repeating the last row */
+        for (; at < padded && st == KILN_OK; at++) st = copy_rows(merged[i], at, merged[i], at - 1, 1);
+        if (st != KILN_OK) {
+            fail_all(bt, st, code_for(st),
+                     st == KILN_ERR_OUT_OF_MEMORY ? "out of memory merging a batch"
+                                                  : "Got empty tensor in batch of non-empty "
+                                                    "tensors."); /* TF Serving's message */
+            goto err_free;
+        }
+    }
+    if (b->stats) {
+        pthread_mutex_lock(&b->stats->mu);
+        for (task *t = bt->head; t; t = t->next) {
+            double q = us_between(&t->enqueued, &now);
+            hist_add(&b->stats->queuing, LATENCY_BUCKETS, latency_limit, q);
+            hist_add(&b->series->queuing, LATENCY_BUCKETS, latency_limit, q);
+            hist_add(&b->stats->input_size, SIZE_BUCKETS, size_limit, (double)t->rows);
+        }
+        hist_add(&b->stats->processed_size, SIZE_BUCKETS, size_limit, (double)padded);
+        hist_add(&b->stats->padding, SIZE_BUCKETS, size_limit, (double)(padded - rows));
+        hist_add(&b->series->size, SIZE_BUCKETS, size_limit, (double)padded);
+        hist_add(&b->series->padding, SIZE_BUCKETS, size_limit, (double)(padded - rows));
+        b->series->padded_elements += padded_elems;
+        b->stats->runs++;
+        pthread_mutex_unlock(&b->stats->mu);
     }
     for (int i = 0; i < b->n_in; i++)
         named[i] = (kiln_named_tensor){kiln_signature_input(b->sig, i)->name,
                                        own ? bt->head->in[i] : merged[i]};
-    st = kiln_session_run(b->sess, named, b->n_in, &out);
+    kiln_run_options ro = {deadline, NULL};
+    st = kiln_session_run_opts(b->sess, named, b->n_in, &ro, &out);
     if (st != KILN_OK) {
-        fail_all(bt, st, code_for(st), kiln_last_error());
+        fail_all(bt, st, code_for(st),
+                 st == KILN_ERR_DEADLINE ? KILN_DEADLINE_MESSAGE : kiln_last_error());
         goto err_free;
     }
     int no = kiln_outputs_count(out);
@@ -358,6 +514,7 @@ static void *worker(void *arg)
         run_batch(b, bt);
         pthread_mutex_lock(&b->mu);
         for (task *t = bt->head; t; t = t->next) t->done = 1;
+        for (task *t = bt->expired; t; t = t->next) t->done = 1;
         pthread_cond_broadcast(&b->done_cv);
         free(bt);
     }
@@ -369,14 +526,17 @@ kiln_status kiln_batcher_create(kiln_session *sess, const kiln_signature *sig,
                                 const kiln_batching_params *p, kiln_batch_stats *stats,
                                 const char *model, int64_t version, kiln_batcher **out)
 {
-    (void)model;
-    (void)version;
     kiln_batcher *b = calloc(1, sizeof *b);
     if (!b) return KILN_ERR_OUT_OF_MEMORY;
     b->sess = sess;
     b->sig = sig;
     b->p = *p;
     b->stats = stats;
+    if (stats) {
+        pthread_mutex_lock(&stats->mu);
+        b->series = series_for(stats, model, version);
+        pthread_mutex_unlock(&stats->mu);
+    }
     b->n_in = kiln_signature_input_count(sig);
     pthread_mutex_init(&b->mu, NULL);
     pthread_cond_init(&b->work_cv, NULL);
@@ -424,7 +584,7 @@ void kiln_batch_result_free(kiln_batch_result *r)
     memset(r, 0, sizeof *r);
 }
 
-kiln_status kiln_batcher_run(kiln_batcher *b, kiln_tensor *const *in, int n,
+kiln_status kiln_batcher_run(kiln_batcher *b, kiln_tensor *const *in, int n, int64_t deadline_ms,
                              kiln_batch_result *out, char *err, const char **code)
 {
     memset(out, 0, sizeof *out);
@@ -457,9 +617,15 @@ kiln_status kiln_batcher_run(kiln_batcher *b, kiln_tensor *const *in, int n,
                  b->p.max_batch_size);
         return KILN_ERR_INVALID_ARGUMENT;
     }
+    if (deadline_ms > 0 && kiln_monotonic_ms() >= deadline_ms) {
+        *code = "DEADLINE_EXCEEDED";
+        snprintf(err, KILN_JSON_ERR_LEN, "%s", KILN_DEADLINE_MESSAGE);
+        return KILN_ERR_DEADLINE;
+    }
     task t = {0};
     t.in = in;
     t.rows = rows;
+    t.deadline_ms = deadline_ms;
     t.out = out;
     t.err = err;
     t.code = "OK";

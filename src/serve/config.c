@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "import/textproto.h"
+#include "prediction_log.pb-c.h"
 #include "serving_config.pb-c.h"
 
 #define KILN_CONFIG_MAX_BYTES ((size_t)16 << 20) /* config files are small */
@@ -282,5 +283,29 @@ kiln_status kiln_batching_params_load(const char *path, kiln_batching_params *p,
     st = KILN_OK;
 err_free_msg:
     kiln_serving__batching_parameters__free_unpacked(bp, NULL);
+    return st;
+}
+
+kiln_status kiln_monitoring_config_load(const char *path, kiln_monitoring_config *out, char *err)
+{
+    memset(out, 0, sizeof *out);
+    ProtobufCMessage *msg;
+    kiln_status st = parse_file(path, &kiln_tfs__monitoring_config__descriptor, &msg, err);
+    if (st != KILN_OK) return st;
+    KilnTfs__MonitoringConfig *mc = (KilnTfs__MonitoringConfig *)msg;
+    const KilnTfs__PrometheusConfig *pc = mc->prometheus_config;
+    const char *p = pc && pc->path && *pc->path ? pc->path : KILN_PROMETHEUS_DEFAULT_PATH;
+    st = KILN_ERR_INVALID_ARGUMENT;
+    if (p[0] != '/' || strlen(p) >= sizeof out->prometheus_path || strpbrk(p, " ?#\t\r\n")) {
+        snprintf(err, KILN_CONFIG_ERR_LEN, "%s: prometheus_config.path '%.200s' is not a URL path "
+                 "(it must start with '/', without spaces, '?' or '#', under %zu bytes)", path, p,
+                 sizeof out->prometheus_path);
+        goto err_free_msg;
+    }
+    out->prometheus_enable = pc && pc->has_enable && pc->enable;
+    snprintf(out->prometheus_path, sizeof out->prometheus_path, "%s", p);
+    st = KILN_OK;
+err_free_msg:
+    kiln_tfs__monitoring_config__free_unpacked(mc, NULL);
     return st;
 }

@@ -1,10 +1,12 @@
 /*
  * config.h - `kiln serve`'s config files, in TF Serving's protobuf text
  * format: --model_config_file (ModelServerConfig: models, version policies,
- * version labels) and --batching_parameters_file (BatchingParameters).
+ * version labels), --batching_parameters_file (BatchingParameters) and
+ * --monitoring_config_file (MonitoringConfig).
  *
  * The text is parsed by src/import/textproto.c against the schema in
- * src/import/proto/serving_config.proto, then copied into the plain structs
+ * src/import/proto/serving_config.proto (MonitoringConfig: prediction_log.proto),
+ * then copied into the plain structs
  * below and checked, so the rest of the server never sees protobuf-c types.
  * Errors name the file and the problem ("models.config: line 3:5: unknown
  * field 'nmae' in ModelConfig", "model 'm': version_labels 'stable' ...").
@@ -48,6 +50,19 @@ typedef struct kiln_server_config {
  * config (free with kiln_server_config_free); on failure err says why. */
 kiln_status kiln_server_config_load(const char *path, kiln_server_config **out, char *err);
 void kiln_server_config_free(kiln_server_config *c);
+
+/* MonitoringConfig (--monitoring_config_file): whether and where the
+ * Prometheus page is served. As in TF Serving, without the file (or with
+ * enable: false) there is no metrics page; an empty path means
+ * KILN_PROMETHEUS_DEFAULT_PATH. */
+#define KILN_PROMETHEUS_DEFAULT_PATH "/monitoring/prometheus/metrics"
+typedef struct kiln_monitoring_config {
+    int prometheus_enable;
+    char prometheus_path[512]; /* starts with '/' */
+} kiln_monitoring_config;
+
+/* Read and check a MonitoringConfig text file into *out. */
+kiln_status kiln_monitoring_config_load(const char *path, kiln_monitoring_config *out, char *err);
 
 /* BatchingParameters, with TF Serving's defaults for unset fields. */
 typedef struct kiln_batching_params {

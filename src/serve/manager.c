@@ -14,6 +14,7 @@
 #include "serve/manager.h"
 
 #include "serve/batch.h"
+#include "serve/warmup.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -59,10 +60,11 @@ struct kiln_manager {
     int stopping;
 };
 
-static const char *status_code_name(kiln_status st)
+const char *kiln_serve_code_name(kiln_status st)
 {
     switch (st) {
     case KILN_OK: return "OK";
+    case KILN_ERR_DEADLINE: return "DEADLINE_EXCEEDED";
     case KILN_ERR_INVALID_ARGUMENT:
     case KILN_ERR_INVALID_MODEL: return "INVALID_ARGUMENT";
     case KILN_ERR_UNSUPPORTED: return "UNIMPLEMENTED";
@@ -86,14 +88,35 @@ static const char *state_name(kiln_version_state s)
     return "UNKNOWN";
 }
 
-/* One line per lifecycle event on stderr, key=value style. */
-static void log_event(const char *event, const char *model, int64_t version, const char *detail)
+/*
+ * One line per lifecycle event on stderr, key=value style: ts, event, model
+ * and version, then `kv` (more key=value pairs, already formatted, or NULL)
+ * and detail as a JSON string (quoted, newlines escaped), so that a line is
+ * always one event whatever the texts hold.
+ */
+static void log_line(const char *event, const char *model, int64_t version, const char *kv,
+                     const char *detail)
 {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
-    fprintf(stderr, "kiln serve: ts=%lld.%03ld event=%s model=%s version=%" PRId64 "%s%s\n",
-            (long long)ts.tv_sec, ts.tv_nsec / 1000000, event, model, version,
-            detail ? " detail=" : "", detail ? detail : "");
+    kiln_sbuf b = {0};
+    kiln_sbuf_printf(&b, "kiln serve: ts=%lld.%03ld event=%s model=", (long long)ts.tv_sec,
+                     ts.tv_nsec / 1000000, event);
+    kiln_sbuf_json_string(&b, model, strlen(model));
+    kiln_sbuf_printf(&b, " version=%" PRId64, version);
+    if (kv && *kv) kiln_sbuf_printf(&b, " %s", kv);
+    if (detail) {
+        kiln_sbuf_puts(&b, " detail=");
+        kiln_sbuf_json_string(&b, detail, strlen(detail));
+    }
+    kiln_sbuf_puts(&b, "\n");
+    if (!b.oom && b.p) fwrite(b.p, 1, b.len, stderr);
+    kiln_sbuf_free(&b);
+}
+
+static void log_event(const char *event, const char *model, int64_t version, const char *detail)
+{
+    log_line(event, model, version, NULL, detail);
 }
 
 kiln_status kiln_manager_create(const kiln_manager_options *opts, kiln_manager **out)
@@ -311,6 +334,7 @@ static void servable_free(kiln_servable *s)
     for (int i = 0; i < s->n_sessions; i++) kiln_session_free(s->sessions[i]);
     free(s->sessions);
     kiln_model_free(s->model);
+    free(s->dir);
     free(s);
 }
 
@@ -319,56 +343,252 @@ void kiln_servable_release(kiln_servable *s)
     if (s && atomic_fetch_sub(&s->refs, 1) == 1) servable_free(s);
 }
 
-/* Load the version folder into a new servable (refs = 1). */
-static kiln_status servable_load(kiln_manager *m, const char *name, const char *dir,
-                                 int64_t version, kiln_servable **out)
+int kiln_servable_find_signature(const kiln_servable *s, const char *sig)
 {
+    const kiln_signature *want = kiln_model_find_signature(s->model, sig && *sig ? sig : NULL);
+    if (!want) return -1;
+    for (int i = 0; i < s->n_sessions; i++)
+        if (kiln_model_signature(s->model, i) == want) return i;
+    return -1;
+}
+
+kiln_status kiln_servable_run(kiln_servable *s, int si, kiln_tensor *const *in, int n,
+                              int64_t deadline_ms, kiln_batch_result *out, char *err,
+                              const char **code)
+{
+    memset(out, 0, sizeof *out);
+    if (s->batchers) return kiln_batcher_run(s->batchers[si], in, n, deadline_ms, out, err, code);
+    const kiln_signature *sig = kiln_model_signature(s->model, si);
+    kiln_named_tensor *named = calloc(n > 0 ? (size_t)n : 1, sizeof *named);
+    if (!named) {
+        *code = "RESOURCE_EXHAUSTED";
+        snprintf(err, KILN_JSON_ERR_LEN, "out of memory");
+        return KILN_ERR_OUT_OF_MEMORY;
+    }
+    for (int i = 0; i < n; i++) named[i] = (kiln_named_tensor){kiln_signature_input(sig, i)->name, in[i]};
+    kiln_run_options ro = {deadline_ms, NULL};
+    kiln_outputs *o = NULL;
+    kiln_status st = kiln_session_run_opts(s->sessions[si], named, n, &ro, &o);
+    free(named);
+    if (st != KILN_OK) {
+        *code = kiln_serve_code_name(st);
+        snprintf(err, KILN_JSON_ERR_LEN, "%s",
+                 st == KILN_ERR_DEADLINE ? KILN_DEADLINE_MESSAGE : kiln_last_error());
+        return st;
+    }
+    int no = kiln_outputs_count(o);
+    out->names = calloc((size_t)no + 1, sizeof *out->names);
+    out->t = calloc((size_t)no + 1, sizeof *out->t);
+    if (!out->names || !out->t) goto err_oom;
+    out->n = no;
+    for (int i = 0; i < no; i++) {
+        out->names[i] = strdup(kiln_outputs_name(o, i));
+        out->t[i] = kiln_outputs_take(o, i);
+        if (!out->names[i]) goto err_oom;
+    }
+    kiln_outputs_free(o);
+    *code = "OK";
+    return KILN_OK;
+err_oom:
+    kiln_outputs_free(o);
+    kiln_batch_result_free(out);
+    *code = "RESOURCE_EXHAUSTED";
+    snprintf(err, KILN_JSON_ERR_LEN, "out of memory");
+    return KILN_ERR_OUT_OF_MEMORY;
+}
+
+/*
+ * Replay the warmup requests through kiln_servable_run, each `iterations`
+ * times, as TF Serving does before a version becomes available. A request
+ * that does not fit the model, or fails, fails the load (err says which).
+ */
+static kiln_status warmup_replay(kiln_servable *s, const kiln_warmup *w, int iterations,
+                                 char *err)
+{
+    char e[KILN_JSON_ERR_LEN];
+    for (int r = 0; r < w->n; r++) {
+        const kiln_warmup_request *q = &w->req[r];
+        if (q->kind == KILN_WARMUP_SKIPPED) continue;
+        const char *signame = q->signature && *q->signature ? q->signature : "serving_default";
+        int si = kiln_servable_find_signature(s, q->signature);
+        if (si < 0) {
+            snprintf(err, KILN_JSON_ERR_LEN, "warmup record %d: signature '%.200s' not found", r,
+                     signame);
+            return KILN_ERR_INVALID_ARGUMENT;
+        }
+        const kiln_signature *sig = kiln_model_signature(s->model, si);
+        int n = kiln_signature_input_count(sig);
+        kiln_tensor **in = calloc(n > 0 ? (size_t)n : 1, sizeof *in);
+        if (!in) {
+            snprintf(err, KILN_JSON_ERR_LEN, "out of memory");
+            return KILN_ERR_OUT_OF_MEMORY;
+        }
+        kiln_status st = KILN_OK;
+        if (q->kind == KILN_WARMUP_PREDICT) {
+            /* inputs by alias, in the signature's order; none missing, none extra */
+            for (int i = 0; i < n && st == KILN_OK; i++) {
+                const char *name = kiln_signature_input(sig, i)->name;
+                for (int k = 0; k < q->n_inputs; k++)
+                    if (strcmp(q->names[k], name) == 0) in[i] = q->tensors[k];
+                if (!in[i]) {
+                    snprintf(err, KILN_JSON_ERR_LEN, "warmup record %d: input '%.100s' of signature "
+                             "'%.100s' is missing", r, name, signame);
+                    st = KILN_ERR_INVALID_ARGUMENT;
+                }
+            }
+            if (st == KILN_OK && q->n_inputs != n) {
+                snprintf(err, KILN_JSON_ERR_LEN, "warmup record %d: %d inputs given, signature "
+                         "'%.200s' has %d", r, q->n_inputs, signame, n);
+                st = KILN_ERR_INVALID_ARGUMENT;
+            }
+        } else if (n != 1 || kiln_signature_input(sig, 0)->dtype != KILN_DTYPE_STRING) {
+            snprintf(err, KILN_JSON_ERR_LEN, "warmup record %d: %s request, but signature "
+                     "'%.200s' does not take one string input (serialized tf.Example)", r,
+                     q->kind == KILN_WARMUP_CLASSIFY ? "classify" : "regress", signame);
+            st = KILN_ERR_INVALID_ARGUMENT;
+        } else {
+            in[0] = q->tensors[0];
+        }
+        for (int it = 0; it < iterations && st == KILN_OK; it++) {
+            kiln_batch_result res;
+            const char *code = "OK";
+            st = kiln_servable_run(s, si, in, n, 0, &res, e, &code);
+            if (st == KILN_OK) kiln_batch_result_free(&res);
+            else snprintf(err, KILN_JSON_ERR_LEN, "warmup record %d (signature '%.100s'): %.300s",
+                          r, signame, e);
+        }
+        free(in);
+        if (st != KILN_OK) return st;
+    }
+    return KILN_OK;
+}
+
+static double ms_since(const struct timespec *a)
+{
+    struct timespec b;
+    clock_gettime(CLOCK_MONOTONIC, &b);
+    return (double)(b.tv_sec - a->tv_sec) * 1e3 + (double)(b.tv_nsec - a->tv_nsec) / 1e6;
+}
+
+/*
+ * Load the version folder into a new servable (refs = 1): model, sessions,
+ * batchers and precompiled batch sizes, then warmup. On failure err holds
+ * the message. kv receives the load log's key=value pairs, opt the
+ * optimization log of the default signature's session.
+ */
+static kiln_status servable_load(kiln_manager *m, const char *name, const char *dir,
+                                 int64_t version, kiln_servable **out, char *err, kiln_sbuf *kv,
+                                 char **opt)
+{
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    kiln_warmup *w = NULL;
     kiln_servable *s = calloc(1, sizeof *s);
-    if (!s) return KILN_ERR_OUT_OF_MEMORY;
+    if (!s) goto err_oom;
     s->version = version;
     snprintf(s->model_name, sizeof s->model_name, "%s", name);
+    s->dir = strdup(dir);
+    if (!s->dir) {
+        free(s);
+        goto err_oom;
+    }
     kiln_load_options lo = {KILN_FORMAT_AUTO, m->opts.saved_model_tags};
     kiln_status st = kiln_model_load(dir, &lo, &s->model);
     if (st != KILN_OK) {
+        snprintf(err, KILN_JSON_ERR_LEN, "%s", *kiln_last_error() ? kiln_last_error()
+                                                                  : kiln_status_name(st));
+        free(s->dir);
         free(s);
         return st;
     }
     int n = kiln_model_signature_count(s->model);
     s->sessions = calloc(n > 0 ? (size_t)n : 1, sizeof *s->sessions);
-    if (!s->sessions) {
-        kiln_model_free(s->model);
-        free(s);
-        return KILN_ERR_OUT_OF_MEMORY;
-    }
+    if (!s->sessions) goto err_free_oom;
     for (int i = 0; i < n; i++) {
         const char *sig = kiln_signature_name(kiln_model_signature(s->model, i));
         st = kiln_session_create(s->model, sig, &m->opts.session, &s->sessions[i]);
         if (st != KILN_OK) {
-            s->n_sessions = i;
-            servable_free(s);
-            return st;
+            snprintf(err, KILN_JSON_ERR_LEN, "signature '%.100s': %.380s", sig, kiln_last_error());
+            goto err_free;
         }
         s->n_sessions = i + 1;
     }
+    kiln_sbuf_printf(kv, "format=%s signatures=%d load_ms=%.1f", kiln_model_format(s->model), n,
+                     ms_since(&t0));
     if (m->opts.batching) {
         s->batchers = calloc(n > 0 ? (size_t)n : 1, sizeof *s->batchers);
-        if (!s->batchers) {
-            servable_free(s);
-            return KILN_ERR_OUT_OF_MEMORY;
-        }
+        if (!s->batchers) goto err_free_oom;
+        const kiln_batching_params *bp = m->opts.batching;
+        struct timespec t1;
+        clock_gettime(CLOCK_MONOTONIC, &t1);
         for (int i = 0; i < n; i++) {
+            /* every allowed batch size compiled now, not on the first request */
+            if (bp->n_allowed > 0) {
+                st = kiln_session_precompile(s->sessions[i], bp->allowed_batch_sizes, bp->n_allowed);
+                if (st != KILN_OK) {
+                    snprintf(err, KILN_JSON_ERR_LEN, "precompiling allowed_batch_sizes: %.400s",
+                             kiln_last_error());
+                    goto err_free;
+                }
+            }
             st = kiln_batcher_create(s->sessions[i], kiln_model_signature(s->model, i),
                                      m->opts.batching, m->opts.batch_stats, name, version,
                                      &s->batchers[i]);
             if (st != KILN_OK) {
-                servable_free(s);
-                return st;
+                snprintf(err, KILN_JSON_ERR_LEN, "cannot start the batcher: %s",
+                         kiln_status_name(st));
+                goto err_free;
             }
+        }
+        if (bp->n_allowed > 0) {
+            kiln_sbuf_puts(kv, " precompiled_batch_sizes=");
+            for (int k = 0; k < bp->n_allowed; k++)
+                kiln_sbuf_printf(kv, "%s%" PRId64, k ? "," : "", bp->allowed_batch_sizes[k]);
+            kiln_sbuf_printf(kv, " precompile_ms=%.1f", ms_since(&t1));
         }
     }
     atomic_init(&s->refs, 1);
+
+    if (!m->opts.enable_warmup) {
+        kiln_sbuf_puts(kv, " warmup=disabled");
+    } else {
+        char werr[KILN_WARMUP_ERR_LEN];
+        st = kiln_warmup_read(dir, &w, werr);
+        if (st != KILN_OK) {
+            snprintf(err, KILN_JSON_ERR_LEN, "Failed to read warmup data: %.440s", werr);
+            goto err_free;
+        }
+        if (!w) {
+            kiln_sbuf_puts(kv, " warmup=none");
+        } else {
+            struct timespec t2;
+            clock_gettime(CLOCK_MONOTONIC, &t2);
+            int iters = m->opts.warmup_iterations > 0 ? m->opts.warmup_iterations : 1;
+            st = warmup_replay(s, w, iters, err);
+            if (st != KILN_OK) goto err_free;
+            s->warmup_records = w->n;
+            s->warmup_us = ms_since(&t2) * 1e3;
+            kiln_sbuf_printf(kv, " warmup_records=%d warmup_iterations=%d warmup_ms=%.1f", w->n,
+                             iters, s->warmup_us / 1e3);
+            kiln_warmup_free(w);
+            w = NULL;
+        }
+    }
+    int si = kiln_servable_find_signature(s, NULL);
+    if (n > 0 && kiln_session_optimization_log(s->sessions[si >= 0 ? si : 0], opt) != KILN_OK)
+        *opt = NULL;
     *out = s;
     return KILN_OK;
+err_free_oom:
+    snprintf(err, KILN_JSON_ERR_LEN, "out of memory");
+    st = KILN_ERR_OUT_OF_MEMORY;
+err_free:
+    kiln_warmup_free(w);
+    servable_free(s);
+    return st;
+err_oom:
+    snprintf(err, KILN_JSON_ERR_LEN, "out of memory");
+    return KILN_ERR_OUT_OF_MEMORY;
 }
 
 /* Caller holds sm->mu. */
@@ -643,18 +863,22 @@ static int ensure_loaded(kiln_manager *m, served_model *sm, int64_t v)
 
     log_event("load_start", sm->name, v, NULL);
     kiln_servable *s = NULL;
-    kiln_status st = servable_load(m, sm->name, dir, v, &s);
+    char buf[KILN_JSON_ERR_LEN];
+    kiln_sbuf kv = {0};
+    char *opt = NULL;
+    kiln_status st = servable_load(m, sm->name, dir, v, &s, buf, &kv, &opt);
     if (st != KILN_OK) {
-        const char *msg = kiln_last_error();
-        char buf[KILN_JSON_ERR_LEN];
-        snprintf(buf, sizeof buf, "%s", msg && *msg ? msg : kiln_status_name(st));
         /* the folder may have changed while loading: fingerprint after */
         uint64_t fp_after = folder_fingerprint(dir, 2);
         pthread_mutex_lock(&sm->mu);
-        set_record(sm, v, KILN_VERSION_END, status_code_name(st), buf, fp_after);
+        set_record(sm, v, KILN_VERSION_END, kiln_serve_code_name(st), buf, fp_after);
         sm->loads_failed++;
         pthread_mutex_unlock(&sm->mu);
-        log_event("load_failed", sm->name, v, buf);
+        char code[64];
+        snprintf(code, sizeof code, "status=%s", kiln_serve_code_name(st));
+        log_line("load_failed", sm->name, v, code, buf);
+        kiln_sbuf_free(&kv);
+        free(opt);
         return 0;
     }
     pthread_mutex_lock(&sm->mu);
@@ -668,9 +892,17 @@ static int ensure_loaded(kiln_manager *m, served_model *sm, int64_t v)
     pthread_mutex_unlock(&sm->mu);
     if (!ok) {
         kiln_servable_release(s);
+        kiln_sbuf_free(&kv);
+        free(opt);
         return 0;
     }
-    log_event("available", sm->name, v, NULL);
+    /* one line: what was loaded, how long it took, and the optimization log */
+    kiln_sbuf_puts(&kv, " state=AVAILABLE optimization_log=");
+    const char *ol = opt ? opt : "(none)";
+    kiln_sbuf_json_string(&kv, ol, strlen(ol));
+    log_line("load", sm->name, v, kv.oom ? "state=AVAILABLE" : kv.p, NULL);
+    kiln_sbuf_free(&kv);
+    free(opt);
     return 1;
 }
 
@@ -915,6 +1147,32 @@ void kiln_manager_write_metrics(kiln_manager *m, kiln_sbuf *b)
         kiln_sbuf_printf(b, "kiln_model_load_count{model_name=\"%s\",status=\"FAILED\"} %" PRIu64
                             "\n",
                          sm->name, sm->loads_failed);
+        pthread_mutex_unlock(&sm->mu);
+    }
+    /* requests holding each served version (the manager's own reference aside) */
+    kiln_sbuf_puts(b, "# TYPE kiln_model_version_requests_in_flight gauge\n");
+    for (int i = 0; i < m->n_models; i++) {
+        served_model *sm = m->models[i];
+        pthread_mutex_lock(&sm->mu);
+        for (int k = 0; k < sm->n_served; k++)
+            kiln_sbuf_printf(b, "kiln_model_version_requests_in_flight{model_name=\"%s\",version=\"%"
+                                PRId64 "\"} %d\n",
+                             sm->name, sm->served[k]->version,
+                             atomic_load(&sm->served[k]->refs) - 1);
+        pthread_mutex_unlock(&sm->mu);
+    }
+    /* TF Serving's warmup counter, for the served versions */
+    kiln_sbuf_puts(b, "# TYPE :tensorflow:serving:model_warmup_records_read counter\n");
+    for (int i = 0; i < m->n_models; i++) {
+        served_model *sm = m->models[i];
+        pthread_mutex_lock(&sm->mu);
+        for (int k = 0; k < sm->n_served; k++) {
+            const kiln_servable *sv = sm->served[k];
+            if (sv->warmup_records == 0) continue;
+            kiln_sbuf_puts(b, ":tensorflow:serving:model_warmup_records_read{model_path=");
+            kiln_sbuf_json_string(b, sv->dir, strlen(sv->dir));
+            kiln_sbuf_printf(b, ",status=\"OK\"} %d\n", sv->warmup_records);
+        }
         pthread_mutex_unlock(&sm->mu);
     }
     pthread_rwlock_unlock(&m->list_lock);

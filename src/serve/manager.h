@@ -8,10 +8,14 @@
  * policy (TF Serving's latest{num_versions} (default 1), all, or
  * specific{versions}) and version labels (name -> version). A background
  * thread polls the base paths every poll_seconds; a new version is loaded
- * (kiln_model_load, one session per signature) while the served ones keep
- * serving, then added under the model's lock; versions the policy no longer
- * wants are dropped after that, so there is no gap in serving. A version
- * that fails to load is never served: its status records the error, the
+ * (kiln_model_load, one session per signature; with batching, every
+ * allowed batch size precompiled; then the version's warmup file replayed,
+ * see warmup.h) while the served ones keep serving, then added under the
+ * model's lock, so a version is AVAILABLE only after its warmup; versions
+ * the policy no longer wants are dropped after that, so there is no gap in
+ * serving. A version that fails to load (a malformed warmup file or a failed
+ * warmup request included, as in TF Serving) is never served: its status
+ * records the error, the
  * previous version keeps serving, and the load is retried only when the
  * folder's contents change (a copy that was still in progress). The last
  * served version of a model is never dropped for want of a replacement.
@@ -34,10 +38,9 @@
 #include <stdint.h>
 
 #include "kiln/kiln.h"
+#include "serve/batch.h"
 #include "serve/config.h"
 #include "serve/json.h"
-
-struct kiln_batcher;
 
 /* TF Serving's ManagerState values, as printed in status JSON. */
 typedef enum kiln_version_state {
@@ -56,6 +59,9 @@ typedef struct kiln_servable {
     kiln_session **sessions;  /* [i] runs signature i; owned */
     struct kiln_batcher **batchers; /* [i] batches signature i; NULL without batching; owned */
     char model_name[256];     /* for logs and metrics */
+    char *dir;                /* the version folder (owned); model_path in warmup metrics */
+    int warmup_records;       /* records replayed at load (0: no warmup file) */
+    double warmup_us;         /* time the warmup took */
     atomic_int refs;
 } kiln_servable;
 
@@ -69,6 +75,8 @@ typedef struct kiln_manager_options {
     int config_poll_seconds;        /* ... this is > 0 */
     const kiln_batching_params *batching; /* non-NULL: batch every signature (borrowed) */
     struct kiln_batch_stats *batch_stats; /* where batchers count (borrowed) */
+    int enable_warmup;              /* --enable_model_warmup: replay assets.extra/ requests */
+    int warmup_iterations;          /* --num_request_iterations_for_warmup (>= 1) */
 } kiln_manager_options;
 
 kiln_status kiln_manager_create(const kiln_manager_options *opts, kiln_manager **out);
@@ -98,6 +106,23 @@ kiln_status kiln_manager_resolve_label(kiln_manager *m, const char *name, const 
                                        int64_t *version, char *err);
 void kiln_servable_release(kiln_servable *s);
 
+/*
+ * Run signature si of s on in[0..n) (the signature's inputs, in order): the
+ * one run path of requests and warmup replays. Through the version's batcher
+ * when batching is on, else straight on its session; the run stops at
+ * deadline_ms (kiln_monotonic_ms clock, 0 = none) with KILN_ERR_DEADLINE.
+ * On success out holds every output (owned by the caller, free with
+ * kiln_batch_result_free); on error err holds the message and *code TF's
+ * code name ("DEADLINE_EXCEEDED", "INVALID_ARGUMENT", ...).
+ */
+kiln_status kiln_servable_run(kiln_servable *s, int si, kiln_tensor *const *in, int n,
+                              int64_t deadline_ms, kiln_batch_result *out, char *err,
+                              const char **code);
+/* Index of the signature named sig (NULL or "" = the default one), or -1. */
+int kiln_servable_find_signature(const kiln_servable *s, const char *sig);
+/* TF's code name for a runtime status ("OK", "INVALID_ARGUMENT", ...). */
+const char *kiln_serve_code_name(kiln_status st);
+
 /* True when every model has a version AVAILABLE. */
 int kiln_manager_ready(kiln_manager *m);
 /* 1 if the model is known. */
@@ -110,7 +135,8 @@ kiln_status kiln_manager_write_status(kiln_manager *m, const char *name, int64_t
                                       kiln_sbuf *b, char *err);
 /* {"models": [{"name":..., "versions": [{"version","state"}...]}...]} */
 void kiln_manager_write_list(kiln_manager *m, kiln_sbuf *b);
-/* Prometheus lines for kiln_model_* metrics. */
+/* Prometheus lines for kiln_model_* metrics, TF Serving's warmup counter and
+ * the requests in flight per served version. */
 void kiln_manager_write_metrics(kiln_manager *m, kiln_sbuf *b);
 
 #endif

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define N_BUCKETS 33
 
@@ -26,6 +27,24 @@ typedef struct latency_series {
     uint64_t n;
 } latency_series;
 
+/* Kiln's: latency per model version and API, all requests that reached a version. */
+typedef struct version_series {
+    char model[128];
+    int64_t version;
+    char api[16];
+    uint64_t buckets[N_BUCKETS + 1];
+    double sum;
+    uint64_t n;
+} version_series;
+
+/* Kiln's: failed requests per model, API and TF code. */
+typedef struct error_series {
+    char model[128];
+    char api[16];
+    char code[32];
+    uint64_t n;
+} error_series;
+
 struct kiln_metrics {
     pthread_mutex_t mu;
     double bounds[N_BUCKETS];
@@ -33,6 +52,10 @@ struct kiln_metrics {
     int n_counts;
     latency_series lat[KILN_METRICS_MAX_SERIES];
     int n_lat;
+    version_series vlat[KILN_METRICS_MAX_SERIES];
+    int n_vlat;
+    error_series errs[KILN_METRICS_MAX_SERIES];
+    int n_errs;
 };
 
 kiln_metrics *kiln_metrics_create(void)
@@ -56,8 +79,15 @@ static void copy_label(char *dst, size_t cap, const char *src)
     snprintf(dst, cap, "%s", src ? src : "");
 }
 
-void kiln_metrics_record(kiln_metrics *m, const char *model, const char *api, const char *status,
-                         double latency_us)
+static int bucket_of(const kiln_metrics *m, double v)
+{
+    int b = 0;
+    while (b < N_BUCKETS && v > m->bounds[b]) b++;
+    return b;
+}
+
+void kiln_metrics_record(kiln_metrics *m, const char *model, int64_t version, const char *api,
+                         const char *status, double latency_us)
 {
     pthread_mutex_lock(&m->mu);
     count_series *c = NULL;
@@ -96,7 +126,51 @@ void kiln_metrics_record(kiln_metrics *m, const char *model, const char *api, co
             l->n++;
         }
     }
+    if (version >= 0) { /* Kiln's per-version latency, successful or not */
+        version_series *v = NULL;
+        for (int i = 0; i < m->n_vlat && !v; i++)
+            if (m->vlat[i].version == version && strcmp(m->vlat[i].model, model) == 0 &&
+                strcmp(m->vlat[i].api, api) == 0)
+                v = &m->vlat[i];
+        if (!v && m->n_vlat < KILN_METRICS_MAX_SERIES) {
+            v = &m->vlat[m->n_vlat++];
+            copy_label(v->model, sizeof v->model, model);
+            copy_label(v->api, sizeof v->api, api);
+            v->version = version;
+        }
+        if (v) {
+            v->buckets[bucket_of(m, latency_us)]++;
+            v->sum += latency_us;
+            v->n++;
+        }
+    }
+    if (strcmp(status, "OK") != 0) {
+        error_series *e = NULL;
+        for (int i = 0; i < m->n_errs && !e; i++)
+            if (strcmp(m->errs[i].model, model) == 0 && strcmp(m->errs[i].api, api) == 0 &&
+                strcmp(m->errs[i].code, status) == 0)
+                e = &m->errs[i];
+        if (!e && m->n_errs < KILN_METRICS_MAX_SERIES) {
+            e = &m->errs[m->n_errs++];
+            copy_label(e->model, sizeof e->model, model);
+            copy_label(e->api, sizeof e->api, api);
+            copy_label(e->code, sizeof e->code, status);
+        }
+        if (e) e->n++;
+    }
     pthread_mutex_unlock(&m->mu);
+}
+
+/* Resident set size from /proc/self/statm (second field, in pages); -1 if unknown. */
+static long long resident_bytes(void)
+{
+    FILE *f = fopen("/proc/self/statm", "r");
+    if (!f) return -1;
+    long long size = 0, res = -1;
+    if (fscanf(f, "%lld %lld", &size, &res) != 2) res = -1;
+    fclose(f);
+    long page = sysconf(_SC_PAGESIZE);
+    return res < 0 || page <= 0 ? -1 : res * page;
 }
 
 /* A label value with \ and " escaped (and newlines dropped). */
@@ -148,7 +222,45 @@ void kiln_metrics_write(kiln_metrics *m, kiln_sbuf *b, int in_flight)
         put_label(b, l->api);
         kiln_sbuf_printf(b, "\",entrypoint=\"REST\"} %llu\n", (unsigned long long)l->n);
     }
+    kiln_sbuf_puts(b, "# TYPE kiln_request_latency_us histogram\n");
+    for (int i = 0; i < m->n_vlat; i++) {
+        version_series *v = &m->vlat[i];
+        kiln_sbuf lab = {0};
+        kiln_sbuf_puts(&lab, "model_name=\"");
+        put_label(&lab, v->model);
+        kiln_sbuf_printf(&lab, "\",version=\"%lld\",API=\"", (long long)v->version);
+        put_label(&lab, v->api);
+        kiln_sbuf_puts(&lab, "\"");
+        const char *l = lab.p && !lab.oom ? lab.p : "";
+        uint64_t cum = 0;
+        for (int k = 0; k <= N_BUCKETS; k++) {
+            cum += v->buckets[k];
+            if (k < N_BUCKETS)
+                kiln_sbuf_printf(b, "kiln_request_latency_us_bucket{%s,le=\"%.10g\"} %llu\n", l,
+                                 m->bounds[k], (unsigned long long)cum);
+            else
+                kiln_sbuf_printf(b, "kiln_request_latency_us_bucket{%s,le=\"+Inf\"} %llu\n", l,
+                                 (unsigned long long)cum);
+        }
+        kiln_sbuf_printf(b, "kiln_request_latency_us_sum{%s} %.17g\nkiln_request_latency_us_count{%s} "
+                            "%llu\n", l, v->sum, l, (unsigned long long)v->n);
+        kiln_sbuf_free(&lab);
+    }
+    kiln_sbuf_puts(b, "# TYPE kiln_request_errors_total counter\n");
+    for (int i = 0; i < m->n_errs; i++) {
+        kiln_sbuf_puts(b, "kiln_request_errors_total{model_name=\"");
+        put_label(b, m->errs[i].model);
+        kiln_sbuf_puts(b, "\",API=\"");
+        put_label(b, m->errs[i].api);
+        kiln_sbuf_puts(b, "\",code=\"");
+        put_label(b, m->errs[i].code);
+        kiln_sbuf_printf(b, "\"} %llu\n", (unsigned long long)m->errs[i].n);
+    }
     pthread_mutex_unlock(&m->mu);
     kiln_sbuf_printf(b, "# TYPE kiln_http_requests_in_flight gauge\nkiln_http_requests_in_flight %d\n",
                      in_flight);
+    long long rss = resident_bytes();
+    if (rss >= 0)
+        kiln_sbuf_printf(b, "# TYPE kiln_process_resident_memory_bytes gauge\n"
+                            "kiln_process_resident_memory_bytes %lld\n", rss);
 }

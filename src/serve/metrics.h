@@ -6,7 +6,15 @@
  *   :tensorflow:serving:request_latency{model_name,API,entrypoint} histogram (µs),
  *       buckets Exponential(10, 1.8, 33) as TF Serving's
  *
- * plus kiln_http_requests_in_flight (gauge). Label sets are bounded
+ * plus Kiln's own:
+ *
+ *   kiln_request_latency_us{model_name,version,API}   histogram (µs), every
+ *       request that reached a model version, failed ones included
+ *   kiln_request_errors_total{model_name,API,code}    counter, by TF code name
+ *   kiln_http_requests_in_flight                       gauge
+ *   kiln_process_resident_memory_bytes                 gauge (/proc/self/statm)
+ *
+ * (batching and model metrics come from batch.c and manager.c). Label sets are bounded
  * (KILN_METRICS_MAX_SERIES each); requests beyond that are counted under
  * model_name="__other__", so unknown model names cannot grow memory.
  */
@@ -24,10 +32,11 @@ typedef struct kiln_metrics kiln_metrics;
 kiln_metrics *kiln_metrics_create(void);
 void kiln_metrics_free(kiln_metrics *m);
 /* Count one request: status is TF's code name ("OK", "NOT_FOUND", ...);
- * the latency histogram is recorded for successful requests only, as TF
- * Serving does. */
-void kiln_metrics_record(kiln_metrics *m, const char *model, const char *api, const char *status,
-                         double latency_us);
+ * version is the model version that served it (-1: none). TF Serving's
+ * latency histogram is recorded for successful requests only, as TF Serving
+ * does. */
+void kiln_metrics_record(kiln_metrics *m, const char *model, int64_t version, const char *api,
+                         const char *status, double latency_us);
 void kiln_metrics_write(kiln_metrics *m, kiln_sbuf *b, int in_flight);
 
 #endif

@@ -36,6 +36,7 @@ typedef enum route_kind {
     ROUTE_V2_MODEL_READY,
     ROUTE_V2_INFER,
     ROUTE_METRICS,
+    ROUTE_CORS_PREFLIGHT, /* OPTIONS, with --rest_api_enable_cors_support */
 } route_kind;
 
 typedef struct route_params {
@@ -86,6 +87,7 @@ static const char *code_for(kiln_status st)
     case KILN_ERR_OUT_OF_MEMORY: return "RESOURCE_EXHAUSTED";
     case KILN_ERR_UNSUPPORTED: return "UNIMPLEMENTED";
     case KILN_ERR_INTERNAL: return "INTERNAL";
+    case KILN_ERR_DEADLINE: return "DEADLINE_EXCEEDED";
     default: return "INVALID_ARGUMENT";
     }
 }
@@ -134,13 +136,16 @@ static int version_part(const char **p, route_params *rp)
     return 1;
 }
 
-static route_kind parse_path(const char *method, const char *path, route_params *rp)
+/* metrics_path: the Prometheus page's path, or NULL when it is not served. */
+static route_kind parse_path(const char *method, const char *path, const char *metrics_path,
+                             route_params *rp)
 {
     memset(rp, 0, sizeof *rp);
     rp->version = -1;
     const char *p = path;
     int post = strcmp(method, "POST") == 0;
-    if (strcmp(path, "/monitoring/prometheus/metrics") == 0) return ROUTE_METRICS;
+    if (strcmp(method, "OPTIONS") == 0) return ROUTE_CORS_PREFLIGHT;
+    if (metrics_path && strcmp(path, metrics_path) == 0) return ROUTE_METRICS;
     if (prefix(&p, "/v1/")) {
         p = path;
         if (!prefix(&p, "/v1/models")) return ROUTE_V1_MALFORMED;
@@ -180,6 +185,7 @@ static kiln_servable *acquire(kiln_server *s, const route_params *p, kiln_http_r
     const char *code = "NOT_FOUND";
     kiln_servable *sv = kiln_manager_acquire(s->manager, p->name, p->version, p->label, err, &code);
     if (!sv) kiln_reply_error(rep, code, err);
+    else rep->version = sv->version;
     return sv;
 }
 
@@ -202,24 +208,19 @@ static kiln_value_info *input_specs(const kiln_signature *sig, int *n)
     return v;
 }
 
-/* Run session sess on tensors named by specs; replies on error. */
-static kiln_outputs *run(kiln_session *sess, const kiln_value_info *specs, kiln_tensor **in, int n,
-                         kiln_http_reply *rep)
+/* Run signature si of sv (batched or not, with the request's deadline);
+ * replies on error. */
+static int run(kiln_servable *sv, int si, const kiln_http_request *req, kiln_tensor **in, int n,
+               kiln_batch_result *out, kiln_http_reply *rep)
 {
-    kiln_named_tensor *named = calloc(n > 0 ? (size_t)n : 1, sizeof *named);
-    if (!named) {
-        kiln_reply_error(rep, "RESOURCE_EXHAUSTED", "out of memory");
-        return NULL;
-    }
-    for (int i = 0; i < n; i++) named[i] = (kiln_named_tensor){specs[i].name, in[i]};
-    kiln_outputs *out = NULL;
-    kiln_status st = kiln_session_run(sess, named, n, &out);
-    free(named);
+    char err[KILN_JSON_ERR_LEN];
+    const char *code = "OK";
+    kiln_status st = kiln_servable_run(sv, si, in, n, req->deadline_ms, out, err, &code);
     if (st != KILN_OK) {
-        kiln_reply_error(rep, code_for(st), kiln_last_error());
-        return NULL;
+        kiln_reply_error(rep, code, err);
+        return 0;
     }
-    return out;
+    return 1;
 }
 
 static void free_tensors(kiln_tensor **t, int n)
@@ -350,39 +351,13 @@ static void h_v1_predict(kiln_server *s, const kiln_http_request *req, const rou
         kiln_reply_error(rep, code_for(st), err);
         goto err_free_doc;
     }
-    if (sv->batchers) {
-        /* --enable_batching: merged with concurrent requests, rows split back */
-        kiln_batch_result br;
-        const char *code;
-        st = kiln_batcher_run(sv->batchers[si], in, n, &br, err, &code);
-        if (st != KILN_OK) {
-            kiln_reply_error(rep, code, err);
-            goto err_free_doc;
-        }
-        st = kiln_predict_encode(&rep->body, pr.columnar, br.n, br.names,
-                                 (const kiln_tensor *const *)br.t, err);
-        if (st != KILN_OK) kiln_reply_error(rep, code_for(st), err);
-        kiln_batch_result_free(&br);
-        goto err_free_doc;
-    }
-    kiln_outputs *out = run(sv->sessions[si], specs, in, n, rep);
-    if (!out) goto err_free_doc;
-    int no = kiln_outputs_count(out);
-    const char **names = calloc(no > 0 ? (size_t)no : 1, sizeof *names);
-    const kiln_tensor **ts = calloc(no > 0 ? (size_t)no : 1, sizeof *ts);
-    if (names && ts) {
-        for (int i = 0; i < no; i++) {
-            names[i] = kiln_outputs_name(out, i);
-            ts[i] = kiln_outputs_get(out, i);
-        }
-        st = kiln_predict_encode(&rep->body, pr.columnar, no, names, ts, err);
-        if (st != KILN_OK) kiln_reply_error(rep, code_for(st), err);
-    } else {
-        kiln_reply_error(rep, "RESOURCE_EXHAUSTED", "out of memory");
-    }
-    free(names);
-    free(ts);
-    kiln_outputs_free(out);
+    /* with --enable_batching, merged with concurrent requests and split back */
+    kiln_batch_result br;
+    if (!run(sv, si, req, in, n, &br, rep)) goto err_free_doc;
+    st = kiln_predict_encode(&rep->body, pr.columnar, br.n, br.names,
+                             (const kiln_tensor *const *)br.t, err);
+    if (st != KILN_OK) kiln_reply_error(rep, code_for(st), err);
+    kiln_batch_result_free(&br);
 err_free_doc:
     if (in) free_tensors(in, n);
     free(specs);
@@ -393,16 +368,16 @@ err_release:
 }
 
 /* The output named `name` in out, or NULL. */
-static const kiln_tensor *output_named(const kiln_outputs *out, const char *name)
+static const kiln_tensor *output_named(const kiln_batch_result *out, const char *name)
 {
-    for (int i = 0; i < kiln_outputs_count(out); i++)
-        if (strcmp(kiln_outputs_name(out, i), name) == 0) return kiln_outputs_get(out, i);
+    for (int i = 0; i < out->n; i++)
+        if (strcmp(out->names[i], name) == 0) return out->t[i];
     return NULL;
 }
 
 /* Write {"results": ...} for a classify (classes and/or scores, [n, k]) or
  * regress (outputs, [n] or [n, 1]) run over n examples. */
-static kiln_status write_results(kiln_sbuf *b, int classify, const kiln_outputs *out, int64_t n,
+static kiln_status write_results(kiln_sbuf *b, int classify, const kiln_batch_result *out, int64_t n,
                                  char *err)
 {
     if (!classify) {
@@ -514,11 +489,11 @@ static void h_v1_classify(kiln_server *s, const kiln_http_request *req, const ro
         kiln_reply_error(rep, code_for(st), err);
         goto err_free_doc;
     }
-    kiln_outputs *out = run(sv->sessions[si], kiln_signature_input(sig, 0), &examples, 1, rep);
-    if (!out) goto err_free_doc;
-    st = write_results(&rep->body, classify, out, examples->dims[0], err);
+    kiln_batch_result out;
+    if (!run(sv, si, req, &examples, 1, &out, rep)) goto err_free_doc;
+    st = write_results(&rep->body, classify, &out, examples->dims[0], err);
     if (st != KILN_OK) kiln_reply_error(rep, code_for(st), err);
-    kiln_outputs_free(out);
+    kiln_batch_result_free(&out);
 err_free_doc:
     kiln_tensor_free(examples);
     free(sig_name);
@@ -639,23 +614,11 @@ static void h_v2_infer(kiln_server *s, const kiln_http_request *req, const route
         kiln_reply_error(rep, code_for(st), err);
         goto err_free_doc;
     }
-    kiln_outputs *out = run(sv->sessions[si], specs, in, n, rep);
-    if (!out) goto err_free_doc;
-    int no = kiln_outputs_count(out);
-    const char **names = calloc(no > 0 ? (size_t)no : 1, sizeof *names);
-    const kiln_tensor **ts = calloc(no > 0 ? (size_t)no : 1, sizeof *ts);
-    if (names && ts) {
-        for (int i = 0; i < no; i++) {
-            names[i] = kiln_outputs_name(out, i);
-            ts[i] = kiln_outputs_get(out, i);
-        }
-        kiln_infer_encode(&rep->body, p->name, sv->version, &doc, no, names, ts);
-    } else {
-        kiln_reply_error(rep, "RESOURCE_EXHAUSTED", "out of memory");
-    }
-    free(names);
-    free(ts);
-    kiln_outputs_free(out);
+    kiln_batch_result out;
+    if (!run(sv, si, req, in, n, &out, rep)) goto err_free_doc;
+    kiln_infer_encode(&rep->body, p->name, sv->version, &doc, out.n, out.names,
+                      (const kiln_tensor *const *)out.t);
+    kiln_batch_result_free(&out);
 err_free_doc:
     if (in) free_tensors(in, n);
     free(specs);
@@ -671,6 +634,16 @@ static void h_metrics(kiln_server *s, const kiln_http_request *req, const route_
     kiln_metrics_write(s->metrics, &rep->body, atomic_load(&s->in_flight));
     kiln_manager_write_metrics(s->manager, &rep->body);
     kiln_batch_stats_write(s->opt.batch_stats, &rep->body);
+}
+
+/* TF Serving's CORS preflight: OK when the Origin header is an http(s) URL;
+ * the CORS headers themselves are added to every reply by server.c. */
+static void h_cors_preflight(kiln_server *s, const kiln_http_request *req, const route_params *p,
+                             kiln_http_reply *rep)
+{
+    const char *o = req->origin ? req->origin : "";
+    if (strncasecmp(o, "http://", 7) != 0 && strncasecmp(o, "https://", 8) != 0)
+        kiln_reply_error(rep, "FAILED_PRECONDITION", "Origin header is missing in CORS preflight");
 }
 
 static const struct route {
@@ -692,14 +665,19 @@ static const struct route {
     {"GET", ROUTE_V2_MODEL_READY, h_v2_model_ready},
     {"POST", ROUTE_V2_INFER, h_v2_infer},
     {"GET", ROUTE_METRICS, h_metrics},
+    {"OPTIONS", ROUTE_CORS_PREFLIGHT, h_cors_preflight},
 };
 
 void kiln_routes_dispatch(kiln_server *s, const kiln_http_request *req, kiln_http_reply *rep)
 {
     route_params p;
-    route_kind kind = parse_path(req->method, req->path, &p);
+    route_kind kind = parse_path(req->method, req->path, s->opt.metrics_path, &p);
     rep->code = 200;
     rep->status = "OK";
+    rep->version = -1;
+    /* without --rest_api_enable_cors_support OPTIONS is routed like any method */
+    if (kind == ROUTE_CORS_PREFLIGHT && !s->opt.cors)
+        kind = parse_path("GET", req->path, s->opt.metrics_path, &p);
     for (size_t i = 0; i < sizeof kiln_routes / sizeof kiln_routes[0]; i++) {
         const struct route *r = &kiln_routes[i];
         if (r->kind != kind) continue;

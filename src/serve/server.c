@@ -10,6 +10,8 @@
  */
 #include "serve/server.h"
 
+#include "serve/batch.h"
+
 #include <microhttpd.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,6 +30,7 @@ typedef struct conn_state {
     int too_big;     /* the body passed the limit; the rest is discarded */
     int refused;     /* arrived after shutdown began */
     struct timespec start;
+    int64_t deadline_ms; /* first byte + --rest_api_timeout_in_ms (kiln_monotonic_ms); 0 = none */
 } conn_state;
 
 static double elapsed_us(const struct timespec *a)
@@ -78,7 +81,7 @@ static int contains_gzip(const char *v)
     return 0;
 }
 
-static enum MHD_Result send_reply(struct MHD_Connection *c, kiln_http_reply *rep)
+static enum MHD_Result send_reply(kiln_server *s, struct MHD_Connection *c, kiln_http_reply *rep)
 {
     if (rep->body.oom) {
         kiln_sbuf_free(&rep->body);
@@ -89,6 +92,11 @@ static enum MHD_Result send_reply(struct MHD_Connection *c, kiln_http_reply *rep
     if (!r) return MHD_NO;
     MHD_add_response_header(r, "Content-Type",
                             rep->content_type ? rep->content_type : "application/json");
+    if (s->opt.cors) { /* TF Serving's AddCORSHeaders */
+        MHD_add_response_header(r, "Access-Control-Allow-Origin", "*");
+        MHD_add_response_header(r, "Access-Control-Allow-Methods", "POST, GET");
+        MHD_add_response_header(r, "Access-Control-Allow-Headers", "Content-Type");
+    }
     enum MHD_Result ret = MHD_queue_response(c, (unsigned)rep->code, r);
     MHD_destroy_response(r);
     return ret;
@@ -104,6 +112,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         cs = calloc(1, sizeof *cs);
         if (!cs) return MHD_NO;
         clock_gettime(CLOCK_MONOTONIC, &cs->start);
+        if (s->opt.timeout_ms > 0) cs->deadline_ms = kiln_monotonic_ms() + s->opt.timeout_ms;
         atomic_fetch_add(&s->in_flight, 1);
         *con_cls = cs;
         cs->refused = atomic_load(&s->shutting_down);
@@ -126,6 +135,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
 
     kiln_http_reply rep = {0};
     rep.code = 200;
+    rep.version = -1;
     char msg[160];
     if (cs->refused) {
         kiln_reply_error(&rep, "UNAVAILABLE", "the server is shutting down");
@@ -155,23 +165,24 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
             body = inflated;
         }
         if (!bad) {
-            kiln_http_request req = {method, url, body.p ? body.p : "", body.len};
+            kiln_http_request req = {method, url, body.p ? body.p : "", body.len, cs->deadline_ms,
+                                     MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Origin")};
             kiln_routes_dispatch(s, &req, &rep);
-            double us = elapsed_us(&cs->start);
-            if (s->opt.timeout_ms > 0 && us > s->opt.timeout_ms * 1000.0 && rep.code == 200 &&
-                rep.api && strcmp(rep.api, "predict") == 0) {
-                /* the run finished after the deadline: TF Serving's RunOptions
-                 * would have cancelled it */
+            if (cs->deadline_ms > 0 && kiln_monotonic_ms() > cs->deadline_ms && rep.code == 200 &&
+                rep.api && (strcmp(rep.api, "predict") == 0 || strcmp(rep.api, "classify") == 0 ||
+                            strcmp(rep.api, "regress") == 0)) {
+                /* finished after the deadline (a batch that ran for a later
+                 * request's deadline, or the last node): still a timeout */
                 kiln_sbuf_free(&rep.body);
-                kiln_reply_error(&rep, "DEADLINE_EXCEEDED", "Deadline Exceeded");
+                kiln_reply_error(&rep, "DEADLINE_EXCEEDED", KILN_DEADLINE_MESSAGE);
             }
         }
         kiln_sbuf_free(&inflated);
     }
     if (rep.model[0])
-        kiln_metrics_record(s->metrics, rep.model, rep.api ? rep.api : "",
+        kiln_metrics_record(s->metrics, rep.model, rep.version, rep.api ? rep.api : "",
                             rep.status ? rep.status : "OK", elapsed_us(&cs->start));
-    enum MHD_Result r = send_reply(c, &rep);
+    enum MHD_Result r = send_reply(s, c, &rep);
     kiln_sbuf_free(&rep.body);
     (void)version;
     return r;

@@ -2,7 +2,13 @@
  * server.h - `kiln serve`'s HTTP server: libmicrohttpd with a worker-thread
  * pool, request bodies read with a size bound (gzip bodies inflated under
  * the same bound), one route table (routes.c) for TF Serving's REST API,
- * KServe v2 and Prometheus, and graceful shutdown (readiness off, stop
+ * KServe v2 and Prometheus, TF Serving's CORS support
+ * (--rest_api_enable_cors_support: Access-Control-Allow-Origin: *,
+ * -Methods: POST, GET, -Headers: Content-Type on every reply; an OPTIONS
+ * preflight is answered 200 when its Origin is an http(s) URL, else 400
+ * "Origin header is missing in CORS preflight"), per-request deadlines
+ * (--rest_api_timeout_in_ms, passed to the model run; 504), and graceful
+ * shutdown (readiness off, stop
  * accepting, drain in-flight requests, bounded).
  */
 #ifndef KILN_SERVE_SERVER_H
@@ -19,9 +25,11 @@ typedef struct kiln_server_options {
     const char *address;   /* listen address (NULL = all interfaces) */
     int rest_port;         /* --rest_api_port */
     int num_threads;       /* --rest_api_num_threads */
-    int timeout_ms;        /* --rest_api_timeout_in_ms */
+    int timeout_ms;        /* --rest_api_timeout_in_ms: runs stop there, 504 (0 = none) */
     size_t max_body;       /* request body limit after decompression */
     struct kiln_batch_stats *batch_stats; /* batching counters for /metrics, or NULL */
+    const char *metrics_path; /* Prometheus page (--monitoring_config_file), NULL = off */
+    int cors;              /* --rest_api_enable_cors_support */
 } kiln_server_options;
 
 typedef struct kiln_server {
@@ -39,6 +47,8 @@ typedef struct kiln_http_request {
     const char *path;
     const char *body;           /* NUL-terminated copy; may be empty */
     size_t body_len;
+    int64_t deadline_ms;        /* kiln_monotonic_ms() clock; 0 = none */
+    const char *origin;         /* the Origin header, or NULL */
 } kiln_http_request;
 
 /* The reply a handler fills. */
@@ -47,6 +57,7 @@ typedef struct kiln_http_reply {
     const char *content_type;   /* default application/json */
     kiln_sbuf body;
     char model[256];            /* for metrics: the model named, or "" */
+    int64_t version;            /* for metrics: the version that served it, or -1 */
     const char *api;            /* "predict", "metadata", ... */
     const char *status;         /* TF code name for metrics ("OK", ...) */
 } kiln_http_reply;

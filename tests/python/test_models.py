@@ -82,15 +82,32 @@ def exported(tmp_path_factory):
     return ExportCache(tmp_path_factory.mktemp("exported_models"))
 
 
-def run_kiln(kiln, model_path, inputs, out_dir):
+# Every execution path of a model is checked against PyTorch: the default
+# (optimized graph, plans, fast kernels), the optimized graph on reference
+# kernels (KILN_FAST=0: the fused ops' reference kernels), the imported graph
+# on plans and fast kernels (--disable-optimizer), the pure reference path
+# (--reference), the AVX2 kernels and 8-wide blocked layouts (KILN_ISA=avx2),
+# and the portable fallbacks (KILN_ISA=scalar).
+MODES = {
+    "default": ([], {}),
+    "fused-reference-kernels": ([], {"KILN_FAST": "0"}),
+    "disable-optimizer": (["--disable-optimizer"], {}),
+    "reference": (["--reference"], {}),
+    "avx2": ([], {"KILN_ISA": "avx2"}),
+    "scalar": ([], {"KILN_ISA": "scalar"}),
+}
+
+
+def run_kiln(kiln, model_path, inputs, out_dir, args=(), env=None):
     """Run `kiln predict`; inputs maps input name -> .npy path. Fails the test,
     with kiln's own message, if kiln exits non-zero."""
     cmd = [kiln, "predict", str(model_path)]
     for name, path in inputs.items():
         cmd += ["--input", f"{name}={path}"]
-    cmd += ["--output-dir", str(out_dir)]
+    cmd += ["--output-dir", str(out_dir), *args]
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=RUN_TIMEOUT_S,
+                              env={**os.environ, **(env or {})})
     except subprocess.TimeoutExpired:
         pytest.fail(f"kiln ran over {RUN_TIMEOUT_S:.0f}s: {' '.join(cmd)}")
     if proc.returncode != 0:
@@ -106,14 +123,16 @@ def load_output(out_dir, name):
     return np.load(path)
 
 
+@pytest.mark.parametrize("mode", list(MODES))
 @pytest.mark.parametrize("name", VISION_MODELS + OTHER_MODELS)
-def test_model_matches_pytorch(name, kiln_bin, exported, tmp_path):
+def test_model_matches_pytorch(name, mode, kiln_bin, exported, tmp_path):
     model_dir = exported.get(name)
     inputs = {p.stem: p for p in sorted((model_dir / "inputs").glob("*.npy"))}
     expected = {p.stem: np.load(p) for p in sorted((model_dir / "expected").glob("*.npy"))}
     assert inputs and expected, f"export of {name} wrote no inputs or expected outputs"
 
-    run_kiln(kiln_bin, model_dir / "model.onnx", inputs, tmp_path)
+    args, env = MODES[mode]
+    run_kiln(kiln_bin, model_dir / "model.onnx", inputs, tmp_path, args, env)
 
     failures = []
     for out_name, want in expected.items():
@@ -133,7 +152,7 @@ def test_model_matches_pytorch(name, kiln_bin, exported, tmp_path):
             failures.append(f"{out_name}: max|kiln - torch| = {err:.3g} > {REL_TOL * scale:.3g} "
                             f"(at {tuple(int(i) for i in worst)}: kiln {got[worst]:.6g}, "
                             f"torch {want[worst]:.6g})")
-    assert not failures, f"{name}: " + "; ".join(failures)
+    assert not failures, f"{name} ({mode}): " + "; ".join(failures)
 
 
 def test_digits_predicts_sample_labels(kiln_bin, tmp_path):

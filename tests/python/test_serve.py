@@ -75,10 +75,20 @@ def free_port():
         return s.getsockname()[1]
 
 
+PROMETHEUS = 'prometheus_config: { enable: true, path: "/monitoring/prometheus/metrics" }\n'
+
+
 class Server:
-    def __init__(self, base, name, *extra):
+    """kiln serve on a free loopback port. The Prometheus page is on (TF
+    Serving's monitoring config file) unless metrics=False."""
+
+    def __init__(self, base, name, *extra, metrics=True):
         self.port = free_port()
         self.log = open(base.parent / f"{name}.log", "w+")
+        if metrics:
+            mon = base.parent / f"{name}.monitoring"
+            mon.write_text(PROMETHEUS)
+            extra = (f"--monitoring_config_file={mon}", *extra)
         self.proc = subprocess.Popen(
             [KILN, "serve", f"--model_base_path={base}", f"--model_name={name}",
              f"--rest_api_port={self.port}", "--rest_api_address=127.0.0.1",

@@ -122,6 +122,40 @@ def test_different_shapes_not_merged(tmp_path):
         srv.kill()
 
 
+@pytest.mark.parametrize("pad", [True, False])
+def test_pad_variable_length_inputs(tmp_path, pad):
+    """With pad_variable_length_inputs, [1, 2] and [1, 4] rows share one run:
+    the short one is padded to width 4 with its own first element (TF
+    Serving's PadTensor) and its reply keeps the padded width, as TF
+    Serving's does. Without it they run separately."""
+    srv = start(tmp_path, "pad", f"""
+        max_batch_size {{ value: 2 }}
+        batch_timeout_micros {{ value: 2000000 }}
+        num_batch_threads {{ value: 1 }}
+        pad_variable_length_inputs: {str(pad).lower()}
+    """, save_scale)
+    try:
+        rows = [[[1.0, 2.0]], [[3.0, 4.0, 5.0, 6.0]]]
+        results = concurrently(
+            lambda i: srv.json("POST", "/v1/models/pad:predict", {"instances": rows[i]}), 2)
+        (c0, b0), (c1, b1) = results
+        assert c0 == 200 and c1 == 200, results
+        assert b1 == {"predictions": [[6, 8, 10, 12]]}
+        text = srv.request("GET", "/monitoring/prometheus/metrics")[1].decode()
+        runs = metric(text, ":tensorflow:serving:batching_session:wrapped_run_count")
+        padded = metric(text, 'kiln_batch_padded_elements_total{model_name="pad",version="1"}')
+        if pad:
+            assert b0 == {"predictions": [[2, 4, 2, 2]]}
+            assert runs == 1 and padded == 2
+            assert metric(text, 'kiln_batch_size_count{model_name="pad",version="1"}') == 1
+        else:
+            assert b0 == {"predictions": [[2, 4]]}
+            assert runs == 2 and padded == 0
+        assert "pad_variable_length_inputs=%s" % str(pad).lower() in srv.logtext()
+    finally:
+        srv.kill()
+
+
 def test_full_queue_503(tmp_path):
     srv = start(tmp_path, "tiny", """
         max_batch_size { value: 4 }

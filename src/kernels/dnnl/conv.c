@@ -1,0 +1,202 @@
+/*
+ * conv.c - oneDNN fast kernels for Conv and KilnFusedConv (float32).
+ *
+ * One oneDNN convolution primitive per node: 1-D, 2-D or 3-D, any group
+ * count (depthwise included), strides, dilations, explicit or auto pads,
+ * bias. KilnFusedConv's Sum input becomes a sum post-op (Sum is copied
+ * into Y first unless the plan already placed it there) and its
+ * activation one or two eltwise post-ops. The weights are constant and
+ * reordered once into the format oneDNN picks ("any"); activations are
+ * plain NCHW or, where the layout pass blocked the value (4-D only),
+ * nChw8c / nChw16c. Anything else (other dtypes, weights computed at run
+ * time, empty tensors) stays on the reference kernel.
+ */
+#include "kernels/dnnl/dnnl_common.h"
+
+#include "kernels/ref/gemm.h"
+
+struct conv_state {
+    struct kd_exec e;
+    int has_sum;
+    size_t dst_bytes;       /* bytes of Y in its layout (the Sum copy) */
+};
+
+/* Everything make needs to build one variant. */
+struct conv_build {
+    const struct kiln_compile_ctx *cc;
+    dnnl_memory_desc_t src, wany, wplain, bias, dst;
+    int has_bias, has_sum;
+    dnnl_dims_t strides, dilates, pad_l, pad_r;
+};
+
+static kiln_status conv_make(void *arg, struct kd_variant *v, int threads)
+{
+    struct conv_build *b = arg;
+    const struct kiln_node *n = b->cc->node;
+    dnnl_engine_t eng = kd_engine();
+    dnnl_primitive_attr_t attr = NULL;
+    dnnl_post_ops_t po = NULL;
+    dnnl_primitive_desc_t pd = NULL;
+    kiln_status st = KILN_OK;
+    dnnl_convolution_desc_t cd;
+    dnnl_status_t r = dnnl_dilated_convolution_forward_desc_init(
+        &cd, dnnl_forward_inference, dnnl_convolution_direct, &b->src, &b->wany,
+        b->has_bias ? &b->bias : NULL, &b->dst, b->strides, b->dilates, b->pad_l, b->pad_r);
+    if (r == dnnl_success) r = dnnl_primitive_attr_create(&attr);
+    if (r == dnnl_success) r = dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user);
+    if (r == dnnl_success) r = dnnl_post_ops_create(&po);
+    if (r == dnnl_success && b->has_sum) r = dnnl_post_ops_append_sum(po, 1.0f);
+    if (r == dnnl_success && !kd_append_activation(n, po)) goto out; /* checked at compile */
+    if (r == dnnl_success) r = dnnl_primitive_attr_set_post_ops(attr, po);
+    if (r == dnnl_success) r = dnnl_primitive_desc_create(&pd, &cd, attr, eng, NULL);
+    if (r != dnnl_success) goto out; /* unimplemented here: the reference runs it */
+    const dnnl_memory_desc_t *wmd = dnnl_primitive_desc_query_md(pd, dnnl_query_weights_md, 0);
+    st = kd_pack_weights(b->cc, b->cc->in_value[1], "conv", &b->wplain, wmd, 1.0f, &v->packed);
+    if (st != KILN_OK || !v->packed) goto out;
+    st = kd_variant_init(n, pd, v);
+    if (st != KILN_OK) goto out;
+    kd_variant_arg(v, DNNL_ARG_SRC, KD_SRC_IN, 0, &b->src);
+    kd_variant_arg(v, DNNL_ARG_WEIGHTS, KD_SRC_PACKED, 1, wmd);
+    if (b->has_bias) kd_variant_arg(v, DNNL_ARG_BIAS, KD_SRC_IN, 2, &b->bias);
+    kd_variant_arg(v, DNNL_ARG_DST, KD_SRC_OUT, 0, &b->dst);
+out:
+    (void)threads;
+    if (pd) dnnl_primitive_desc_destroy(pd);
+    if (po) dnnl_post_ops_destroy(po);
+    if (attr) dnnl_primitive_attr_destroy(attr);
+    return st;
+}
+
+static kiln_status conv_run(void *state, struct kiln_run_ctx *ctx)
+{
+    struct conv_state *s = state;
+    if (s->has_sum && ctx->in[3]->data != ctx->out[0]->data)
+        memcpy(ctx->out[0]->data, ctx->in[3]->data, s->dst_bytes);
+    return kd_exec_run(&s->e, ctx);
+}
+
+static void conv_destroy(void *state)
+{
+    struct conv_state *s = state;
+    kd_exec_destroy(&s->e);
+    free(s);
+}
+
+static int is_f32(const struct kiln_type *t) { return t && t->dtype == KILN_DTYPE_F32; }
+
+static int layout_of(const int *layouts, int i) { return layouts ? layouts[i] : 0; }
+
+static kiln_status conv_compile(const struct kiln_compile_ctx *cc, struct kiln_kernel_inst *inst)
+{
+    const struct kiln_node *n = cc->node;
+    int fused = n->op == KILN_OP_KilnFusedConv;
+    const struct kiln_type *x = cc->in[0], *w = cc->in[1], *y = cc->n_out > 0 ? cc->out[0] : NULL;
+    const struct kiln_type *bias = cc->n_in > 2 ? cc->in[2] : NULL;
+    const struct kiln_type *sum = fused && cc->n_in > 3 ? cc->in[3] : NULL;
+    if (!is_f32(x) || !is_f32(w) || !is_f32(y) || !cc->in_value || !cc->in_value[1]) return KILN_OK;
+    if (bias && (!is_f32(bias) || bias->rank != 1 || bias->dims[0] != w->dims[0])) return KILN_OK;
+    int rank = x->rank;
+    if (rank < 3 || rank > 5 || w->rank != rank || y->rank != rank) return KILN_OK;
+    if (kiln_shape_count(rank, x->dims) <= 0 || kiln_shape_count(rank, y->dims) <= 0 ||
+        kiln_shape_count(rank, w->dims) <= 0)
+        return KILN_OK;
+    if (sum) {
+        if (!is_f32(sum) || sum->rank != rank) return KILN_OK;
+        for (int i = 0; i < rank; i++)
+            if (sum->dims[i] != y->dims[i]) return KILN_OK;
+        if (layout_of(cc->in_layout, 3) != layout_of(cc->out_layout, 0)) return KILN_OK;
+    }
+    /* the activation must be one oneDNN has */
+    dnnl_post_ops_t po;
+    if (dnnl_post_ops_create(&po) != dnnl_success) return KILN_OK;
+    int act_ok = !fused || kd_append_activation(n, po);
+    dnnl_post_ops_destroy(po);
+    if (!act_ok) return KILN_OK;
+
+    int64_t group = kiln_attr_int(n, "group", 1);
+    if (kiln_attr_check(n) != KILN_OK) { /* wrongly typed attributes: the reference reports */
+        kiln_error_clear();
+        return KILN_OK;
+    }
+    if (group < 1 || x->dims[1] % group || w->dims[0] % group || x->dims[1] / group != w->dims[1])
+        return KILN_OK;
+    int nsp = rank - 2;
+    struct kiln_window win;
+    if (kiln_window_resolve(n, nsp, x->dims + 2, w->dims + 2, false, &win) != KILN_OK) {
+        kiln_attr_check(n);
+        kiln_error_clear();
+        return KILN_OK; /* the reference reports it */
+    }
+    if (kiln_attr_check(n) != KILN_OK) {
+        kiln_error_clear();
+        return KILN_OK;
+    }
+    struct conv_build b;
+    memset(&b, 0, sizeof b);
+    b.cc = cc;
+    b.has_bias = bias != NULL;
+    b.has_sum = sum != NULL;
+    for (int i = 0; i < nsp; i++) {
+        if (win.out[i] != y->dims[i + 2]) return KILN_OK;
+        b.strides[i] = win.stride[i];
+        b.dilates[i] = win.dilation[i] - 1;
+        b.pad_l[i] = win.pad_begin[i];
+        b.pad_r[i] = win.pad_end[i];
+    }
+    if (kd_md_act(&b.src, rank, x->dims, layout_of(cc->in_layout, 0)) != dnnl_success ||
+        kd_md_act(&b.dst, rank, y->dims, layout_of(cc->out_layout, 0)) != dnnl_success)
+        return KILN_OK;
+    /* weights: [M, C/g, k...], or [g, M/g, C/g, k...] for grouped convs */
+    int64_t wd[KILN_MAX_RANK + 1];
+    int wr = 0;
+    if (group > 1) wd[wr++] = group;
+    wd[wr++] = w->dims[0] / group;
+    for (int i = 1; i < rank; i++) wd[wr++] = w->dims[i];
+    dnnl_dims_t wdd;
+    for (int i = 0; i < wr; i++) wdd[i] = wd[i];
+    if (kd_md_plain(&b.wplain, wr, wd) != dnnl_success ||
+        dnnl_memory_desc_init_by_tag(&b.wany, wr, wdd, dnnl_f32, dnnl_format_tag_any) !=
+            dnnl_success)
+        return KILN_OK;
+    if (bias && kd_md_plain(&b.bias, 1, bias->dims) != dnnl_success) return KILN_OK;
+
+    struct conv_state *s = calloc(1, sizeof *s);
+    if (!s) return kiln_node_error(n, KILN_ERR_OUT_OF_MEMORY, "out of memory compiling");
+    int handled;
+    kiln_status st = kd_exec_build(&s->e, kd_compile_threads(cc), conv_make, &b, &handled);
+    if (st != KILN_OK || !handled) {
+        free(s);
+        return st;
+    }
+    s->has_sum = b.has_sum;
+    s->dst_bytes = dnnl_memory_desc_get_size(&b.dst);
+    inst->name = fused ? "dnnl_fused_conv" : "dnnl_conv";
+    inst->state = s;
+    inst->run = conv_run;
+    inst->destroy = conv_destroy;
+    inst->scratch_bytes = kd_exec_scratch(&s->e);
+    return KILN_OK;
+}
+
+/* Layout pass: X, Sum and Y may be blocked (the plan then passes their layouts). */
+static int conv_accepts_blocked(const struct kiln_node *n, int i, int block)
+{
+    if (block != 8 && block != 16) return 0;
+    if (i == 1 || i == 2) return 0;
+    if (i == 3 && n->op != KILN_OP_KilnFusedConv) return 0;
+    if (n->op == KILN_OP_KilnFusedConv) {
+        dnnl_post_ops_t po;
+        if (dnnl_post_ops_create(&po) != dnnl_success) return 0;
+        int ok = kd_append_activation(n, po);
+        dnnl_post_ops_destroy(po);
+        if (kiln_attr_check(n) != KILN_OK) { /* reported again when the node runs */
+            kiln_error_clear();
+            ok = 0;
+        }
+        if (!ok) return 0;
+    }
+    return 1;
+}
+
+KILN_FAST_OP(Conv, conv_compile, conv_accepts_blocked);
+KILN_FAST_OP(KilnFusedConv, conv_compile, conv_accepts_blocked);

@@ -1,0 +1,378 @@
+/*
+ * dnnl_common.c - the engine, memory descriptors, fused activations as
+ * post-ops, weight packing through the weight cache, and the compiled-node
+ * executor (kd_exec) shared by the oneDNN fast kernels. See dnnl_common.h.
+ */
+#include "kernels/dnnl/dnnl_common.h"
+
+#include <float.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- engine ---- */
+
+static dnnl_engine_t g_engine;
+static pthread_once_t g_engine_once = PTHREAD_ONCE_INIT;
+
+static void engine_make(void)
+{
+    if (dnnl_engine_create(&g_engine, dnnl_cpu, 0) != dnnl_success) g_engine = NULL;
+}
+
+dnnl_engine_t kd_engine(void)
+{
+    pthread_once(&g_engine_once, engine_make);
+    return g_engine;
+}
+
+kiln_status kd_error(const struct kiln_node *n, dnnl_status_t s, const char *what)
+{
+    kiln_status st = s == dnnl_out_of_memory ? KILN_ERR_OUT_OF_MEMORY : KILN_ERR_RUNTIME;
+    if (n) return kiln_node_error(n, st, "oneDNN %s failed (status %d)", what, (int)s);
+    return kiln_error(st, "oneDNN %s failed (status %d)", what, (int)s);
+}
+
+int kd_compile_threads(const struct kiln_compile_ctx *cc)
+{
+    return cc->threads >= 1 ? cc->threads : omp_get_max_threads();
+}
+
+/* ---- memory descriptors ---- */
+
+dnnl_status_t kd_md_plain(dnnl_memory_desc_t *md, int rank, const int64_t *dims)
+{
+    static const dnnl_format_tag_t tags[] = {dnnl_a, dnnl_a, dnnl_ab, dnnl_abc, dnnl_abcd,
+                                             dnnl_abcde, dnnl_abcdef};
+    if (rank < 1 || rank > 6) return dnnl_unimplemented;
+    dnnl_dims_t d;
+    for (int i = 0; i < rank; i++) d[i] = dims[i];
+    return dnnl_memory_desc_init_by_tag(md, rank, d, dnnl_f32, tags[rank]);
+}
+
+dnnl_status_t kd_md_act(dnnl_memory_desc_t *md, int rank, const int64_t *dims, int layout)
+{
+    if (layout == 0) return kd_md_plain(md, rank, dims);
+    if (rank != 4 || (layout != 8 && layout != 16)) return dnnl_unimplemented;
+    dnnl_dims_t d = {dims[0], dims[1], dims[2], dims[3]};
+    return dnnl_memory_desc_init_by_tag(md, 4, d, dnnl_f32,
+                                        layout == 16 ? dnnl_nChw16c : dnnl_nChw8c);
+}
+
+/* ---- activations ---- */
+
+int kd_append_activation(const struct kiln_node *n, dnnl_post_ops_t po)
+{
+    const char *s = kiln_attr_str(n, "activation", "");
+    if (!s[0]) return 1;
+    dnnl_status_t r;
+    if (!strcmp(s, "Relu")) {
+        r = dnnl_post_ops_append_eltwise(po, 1.0f, dnnl_eltwise_relu, 0.0f, 0.0f);
+    } else if (!strcmp(s, "LeakyRelu")) {
+        float a = kiln_attr_float(n, "act_alpha", 0.01f);
+        r = dnnl_post_ops_append_eltwise(po, 1.0f, dnnl_eltwise_relu, a, 0.0f);
+    } else if (!strcmp(s, "Clip")) {
+        float lo = kiln_attr_float(n, "act_alpha", -FLT_MAX);
+        float hi = kiln_attr_float(n, "act_beta", FLT_MAX);
+        if (!(lo <= hi)) return 0; /* the reference clamps in its own order */
+        r = dnnl_post_ops_append_eltwise(po, 1.0f, dnnl_eltwise_clip, lo, hi);
+    } else if (!strcmp(s, "HardSwish")) {
+        r = dnnl_post_ops_append_eltwise(po, 1.0f, dnnl_eltwise_hardswish, 0.0f, 0.0f);
+    } else if (!strcmp(s, "HardSigmoid")) {
+        /* max(0, min(1, a x + b)): linear, then clip to [0, 1] */
+        float a = kiln_attr_float(n, "act_alpha", 0.2f);
+        float b = kiln_attr_float(n, "act_beta", 0.5f);
+        r = dnnl_post_ops_append_eltwise(po, 1.0f, dnnl_eltwise_linear, a, b);
+        if (r == dnnl_success)
+            r = dnnl_post_ops_append_eltwise(po, 1.0f, dnnl_eltwise_clip, 0.0f, 1.0f);
+    } else if (!strcmp(s, "Sigmoid")) {
+        r = dnnl_post_ops_append_eltwise(po, 1.0f, dnnl_eltwise_logistic, 0.0f, 0.0f);
+    } else if (!strcmp(s, "SiLU")) {
+        r = dnnl_post_ops_append_eltwise(po, 1.0f, dnnl_eltwise_swish, 1.0f, 0.0f);
+    } else if (!strcmp(s, "Tanh")) {
+        r = dnnl_post_ops_append_eltwise(po, 1.0f, dnnl_eltwise_tanh, 0.0f, 0.0f);
+    } else if (!strcmp(s, "Gelu")) {
+        r = dnnl_post_ops_append_eltwise(po, 1.0f, dnnl_eltwise_gelu_erf, 0.0f, 0.0f);
+    } else if (!strcmp(s, "GeluTanh")) {
+        r = dnnl_post_ops_append_eltwise(po, 1.0f, dnnl_eltwise_gelu_tanh, 0.0f, 0.0f);
+    } else {
+        return 0;
+    }
+    return r == dnnl_success;
+}
+
+/* ---- weight packing ---- */
+
+struct pack_arg {
+    const struct kiln_node *node;
+    const kiln_tensor *w;
+    dnnl_memory_desc_t src, dst;
+    float scale;
+};
+
+static void pack_free(void *p) { free(p); }
+
+/* kiln_pack_fn: reorder the constant into a fresh 64-aligned buffer. */
+static kiln_status pack_run(void *arg, void **packed, size_t *bytes, void (**free_fn)(void *))
+{
+    struct pack_arg *p = arg;
+    dnnl_engine_t eng = kd_engine();
+    size_t sz = dnnl_memory_desc_get_size(&p->dst);
+    void *buf = aligned_alloc(64, (sz + 63) / 64 * 64 + 64);
+    if (!buf) return kiln_node_error(p->node, KILN_ERR_OUT_OF_MEMORY, "out of memory packing weights");
+    dnnl_primitive_attr_t attr = NULL;
+    dnnl_primitive_desc_t pd = NULL;
+    dnnl_primitive_t prim = NULL;
+    dnnl_memory_t ms = NULL, md = NULL;
+    dnnl_stream_t stream = NULL;
+    const char *what = "weight reorder";
+    dnnl_status_t r = dnnl_primitive_attr_create(&attr);
+    if (r == dnnl_success && p->scale != 1.0f)
+        r = dnnl_primitive_attr_set_output_scales(attr, 1, 0, &p->scale);
+    if (r == dnnl_success)
+        r = dnnl_reorder_primitive_desc_create(&pd, &p->src, eng, &p->dst, eng, attr);
+    if (r == dnnl_success) r = dnnl_primitive_create(&prim, pd);
+    if (r == dnnl_success) r = dnnl_memory_create(&ms, &p->src, eng, p->w->data);
+    if (r == dnnl_success) r = dnnl_memory_create(&md, &p->dst, eng, buf);
+    if (r == dnnl_success) r = dnnl_stream_create(&stream, eng, dnnl_stream_default_flags);
+    if (r == dnnl_success) {
+        dnnl_exec_arg_t args[2] = {{DNNL_ARG_FROM, ms}, {DNNL_ARG_TO, md}};
+        r = dnnl_primitive_execute(prim, stream, 2, args);
+        if (r == dnnl_success) r = dnnl_stream_wait(stream);
+    }
+    if (stream) dnnl_stream_destroy(stream);
+    if (md) dnnl_memory_destroy(md);
+    if (ms) dnnl_memory_destroy(ms);
+    if (prim) dnnl_primitive_destroy(prim);
+    if (pd) dnnl_primitive_desc_destroy(pd);
+    if (attr) dnnl_primitive_attr_destroy(attr);
+    if (r != dnnl_success) {
+        free(buf);
+        return kd_error(p->node, r, what);
+    }
+    *packed = buf;
+    *bytes = sz;
+    *free_fn = pack_free;
+    return KILN_OK;
+}
+
+/* Append "x,y,z" of n values to buf at *len. */
+static void tag_ints(char *buf, size_t cap, size_t *len, const char *name, int n,
+                     const int64_t *v)
+{
+    int w = snprintf(buf + *len, *len < cap ? cap - *len : 0, "%s", name);
+    if (w > 0) *len += (size_t)w;
+    for (int i = 0; i < n; i++) {
+        w = snprintf(buf + *len, *len < cap ? cap - *len : 0, "%s%lld", i ? "," : "",
+                     (long long)v[i]);
+        if (w > 0) *len += (size_t)w;
+    }
+}
+
+/* A cache tag spelling out the packed format: what, scale, dims, blocking. */
+static int md_tag(const char *what, float scale, const dnnl_memory_desc_t *src,
+                  const dnnl_memory_desc_t *md, char *buf, size_t cap)
+{
+    if (md->format_kind != dnnl_blocked || src->format_kind != dnnl_blocked) return 0;
+    size_t len = 0;
+    int w = snprintf(buf, cap, "dnnl_%s:s%a:", what, (double)scale);
+    if (w < 0) return 0;
+    len = (size_t)w;
+    int64_t v[DNNL_MAX_NDIMS];
+    const dnnl_blocking_desc_t *sb = &src->format_desc.blocking;
+    for (int i = 0; i < src->ndims; i++) v[i] = sb->strides[i];
+    tag_ints(buf, cap, &len, "src", src->ndims, v);
+    for (int i = 0; i < md->ndims; i++) v[i] = md->dims[i];
+    tag_ints(buf, cap, &len, ";d", md->ndims, v);
+    for (int i = 0; i < md->ndims; i++) v[i] = md->padded_dims[i];
+    tag_ints(buf, cap, &len, ";p", md->ndims, v);
+    const dnnl_blocking_desc_t *b = &md->format_desc.blocking;
+    for (int i = 0; i < md->ndims; i++) v[i] = b->strides[i];
+    tag_ints(buf, cap, &len, ";s", md->ndims, v);
+    for (int i = 0; i < b->inner_nblks; i++) v[i] = b->inner_blks[i];
+    tag_ints(buf, cap, &len, ";ib", b->inner_nblks, v);
+    for (int i = 0; i < b->inner_nblks; i++) v[i] = b->inner_idxs[i];
+    tag_ints(buf, cap, &len, ";ii", b->inner_nblks, v);
+    int64_t ex[2] = {(int64_t)md->extra.flags, md->offset0};
+    tag_ints(buf, cap, &len, ";x", 2, ex);
+    return len < cap;
+}
+
+kiln_status kd_pack_weights(const struct kiln_compile_ctx *cc, const kiln_tensor *w,
+                            const char *what, const dnnl_memory_desc_t *src_md,
+                            const dnnl_memory_desc_t *dst_md, float scale, void **packed)
+{
+    char tag[1024];
+    *packed = NULL;
+    if (!md_tag(what, scale, src_md, dst_md, tag, sizeof tag))
+        return KILN_OK; /* a format the tag cannot spell: leave the node to the reference */
+    struct pack_arg arg = {cc->node, w, *src_md, *dst_md, scale};
+    if (!cc->weights) /* no cache (a caller without one): not expected from plans */
+        return kiln_node_error(cc->node, KILN_ERR_INTERNAL, "no weight cache to pack into");
+    return kiln_weight_cache_get(cc->weights, w, tag, pack_run, &arg, packed);
+}
+
+/* ---- variants and the executor ---- */
+
+kiln_status kd_variant_init(const struct kiln_node *n, dnnl_primitive_desc_t pd,
+                            struct kd_variant *v)
+{
+    const dnnl_memory_desc_t *sp = dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
+    v->scratch = sp ? dnnl_memory_desc_get_size(sp) : 0;
+    dnnl_status_t r = dnnl_primitive_create(&v->prim, pd);
+    if (r != dnnl_success) {
+        v->prim = NULL;
+        return kd_error(n, r, "primitive creation");
+    }
+    if (v->scratch) {
+        kd_variant_arg(v, DNNL_ARG_SCRATCHPAD, KD_SRC_SCRATCH, 0, sp);
+    }
+    return KILN_OK;
+}
+
+void kd_variant_arg(struct kd_variant *v, int arg, enum kd_src src, int index,
+                    const dnnl_memory_desc_t *md)
+{
+    KILN_ASSERT(v->nargs < KD_MAX_ARGS);
+    struct kd_arg *a = &v->args[v->nargs++];
+    a->arg = arg;
+    a->src = src;
+    a->index = index;
+    a->md = *md;
+}
+
+static void variant_clear(struct kd_variant *v)
+{
+    if (v->prim) dnnl_primitive_destroy(v->prim);
+    memset(v, 0, sizeof *v);
+}
+
+kiln_status kd_exec_build(struct kd_exec *e, int threads, kd_make_fn make, void *arg,
+                          int *handled)
+{
+    memset(e, 0, sizeof *e);
+    pthread_mutex_init(&e->mu, NULL);
+    *handled = 0;
+    if (!kd_engine()) return KILN_OK;
+    if (threads < 1) threads = 1;
+    e->threads = threads;
+    int saved = omp_get_max_threads();
+    omp_set_num_threads(threads);
+    kiln_status st = make(arg, &e->v[0], threads);
+    if (st == KILN_OK && e->v[0].prim) {
+        e->nv = 1;
+        if (threads > 1) {
+            omp_set_num_threads(1);
+            st = make(arg, &e->v[1], 1);
+            if (st == KILN_OK && e->v[1].prim) e->nv = 2;
+            else variant_clear(&e->v[1]);
+        }
+    }
+    omp_set_num_threads(saved);
+    if (st != KILN_OK || !e->nv) {
+        kd_exec_destroy(e); /* e is left empty: callers do not destroy it again */
+        return st;
+    }
+    *handled = 1;
+    return KILN_OK;
+}
+
+void kd_exec_destroy(struct kd_exec *e)
+{
+    for (int i = 0; i < 2; i++) variant_clear(&e->v[i]);
+    for (struct kd_binding *b = e->free_list, *next; b; b = next) {
+        next = b->next;
+        for (int i = 0; i < 2; i++)
+            for (int k = 0; k < KD_MAX_ARGS; k++)
+                if (b->mem[i][k]) dnnl_memory_destroy(b->mem[i][k]);
+        if (b->stream) dnnl_stream_destroy(b->stream);
+        free(b);
+    }
+    pthread_mutex_destroy(&e->mu);
+    memset(e, 0, sizeof *e);
+}
+
+size_t kd_exec_scratch(const struct kd_exec *e)
+{
+    size_t s = 0;
+    for (int i = 0; i < e->nv; i++)
+        if (e->v[i].scratch > s) s = e->v[i].scratch;
+    return (s + 63) / 64 * 64;
+}
+
+/* A binding for one run: from the free list, or made (first runs only). */
+static struct kd_binding *binding_get(struct kd_exec *e)
+{
+    pthread_mutex_lock(&e->mu);
+    struct kd_binding *b = e->free_list;
+    if (b) e->free_list = b->next;
+    pthread_mutex_unlock(&e->mu);
+    if (b) return b;
+    b = calloc(1, sizeof *b);
+    if (!b) return NULL;
+    dnnl_engine_t eng = kd_engine();
+    dnnl_status_t r = dnnl_stream_create(&b->stream, eng, dnnl_stream_default_flags);
+    for (int i = 0; i < e->nv && r == dnnl_success; i++)
+        for (int k = 0; k < e->v[i].nargs && r == dnnl_success; k++)
+            r = dnnl_memory_create(&b->mem[i][k], &e->v[i].args[k].md, eng, DNNL_MEMORY_NONE);
+    if (r != dnnl_success) {
+        for (int i = 0; i < 2; i++)
+            for (int k = 0; k < KD_MAX_ARGS; k++)
+                if (b->mem[i][k]) dnnl_memory_destroy(b->mem[i][k]);
+        if (b->stream) dnnl_stream_destroy(b->stream);
+        free(b);
+        return NULL;
+    }
+    return b;
+}
+
+static void binding_put(struct kd_exec *e, struct kd_binding *b)
+{
+    pthread_mutex_lock(&e->mu);
+    b->next = e->free_list;
+    e->free_list = b;
+    pthread_mutex_unlock(&e->mu);
+}
+
+kiln_status kd_exec_run(struct kd_exec *e, struct kiln_run_ctx *ctx)
+{
+    int vi = e->nv > 1 && ctx->threads <= 1 ? 1 : 0;
+    int want = vi ? 1 : e->threads;
+    if (ctx->threads >= 1 && ctx->threads < want) want = ctx->threads;
+    if (omp_get_max_threads() != want) omp_set_num_threads(want);
+    const struct kd_variant *v = &e->v[vi];
+    void *heap_scratch = NULL, *scratch = ctx->scratch;
+    if (v->scratch && !scratch) { /* callers without a plan arena */
+        heap_scratch = scratch = aligned_alloc(64, (v->scratch + 63) / 64 * 64);
+        if (!scratch)
+            return kiln_node_error(ctx->node, KILN_ERR_OUT_OF_MEMORY, "out of memory for scratch");
+    }
+    struct kd_binding *b = binding_get(e);
+    if (!b) {
+        free(heap_scratch);
+        return kiln_node_error(ctx->node, KILN_ERR_OUT_OF_MEMORY,
+                               "out of memory for oneDNN run state");
+    }
+    dnnl_exec_arg_t args[KD_MAX_ARGS];
+    dnnl_status_t r = dnnl_success;
+    for (int k = 0; k < v->nargs && r == dnnl_success; k++) {
+        const struct kd_arg *a = &v->args[k];
+        void *p = NULL;
+        switch (a->src) {
+        case KD_SRC_IN: p = ctx->in[a->index]->data; break;
+        case KD_SRC_OUT: p = ctx->out[a->index]->data; break;
+        case KD_SRC_PACKED: p = v->packed; break;
+        case KD_SRC_SCRATCH: p = scratch; break;
+        }
+        r = dnnl_memory_set_data_handle(b->mem[vi][k], p);
+        args[k].arg = a->arg;
+        args[k].memory = b->mem[vi][k];
+    }
+    if (r == dnnl_success) r = dnnl_primitive_execute(v->prim, b->stream, v->nargs, args);
+    if (r == dnnl_success) r = dnnl_stream_wait(b->stream);
+    binding_put(e, b);
+    free(heap_scratch);
+    if (r != dnnl_success) return kd_error(ctx->node, r, "execution");
+    return KILN_OK;
+}

@@ -1,0 +1,119 @@
+/*
+ * dnnl_common.h - what the oneDNN fast kernels (kernels/dnnl/) share.
+ *
+ * One process-wide CPU engine. A compiled node is a kd_exec: one or two
+ * variants of a oneDNN primitive (variant 0 made for the plan's thread
+ * count, variant 1 for a single thread, used when a run is granted one
+ * thread: oneDNN's OpenMP kernels fix their team size when the primitive
+ * is made), each with the list of arguments it is executed with and where
+ * each argument's memory comes from (a node input or output, packed
+ * weights, the plan's scratch). Runs borrow a kd_binding (a stream and one
+ * dnnl_memory_t per argument, pointed at the run's buffers with
+ * dnnl_memory_set_data_handle) from a free list, so concurrent runs of one
+ * plan never share oneDNN memory objects and steady-state runs do not
+ * allocate.
+ *
+ * Constant weights are reordered into the format the primitive prefers
+ * once per model through the weight cache (kd_pack_weights); the cache tag
+ * spells out the packed format so plans that want another format get
+ * their own copy.
+ */
+#ifndef KILN_KERNELS_DNNL_COMMON_H
+#define KILN_KERNELS_DNNL_COMMON_H
+
+#include <pthread.h>
+
+#include <oneapi/dnnl/dnnl.h>
+
+#include "kernels/fast.h"
+
+#define KD_MAX_ARGS 8
+
+enum kd_src {
+    KD_SRC_IN = 1,   /* ctx->in[index]->data */
+    KD_SRC_OUT,      /* ctx->out[index]->data */
+    KD_SRC_PACKED,   /* the variant's packed weights */
+    KD_SRC_SCRATCH,  /* the run's scratch memory */
+};
+
+struct kd_arg {
+    int arg;                /* DNNL_ARG_* */
+    enum kd_src src;
+    int index;              /* input / output index */
+    dnnl_memory_desc_t md;
+};
+
+struct kd_variant {
+    dnnl_primitive_t prim;
+    int nargs;
+    struct kd_arg args[KD_MAX_ARGS];
+    void *packed;           /* packed weights (owned by the weight cache) */
+    size_t scratch;         /* scratchpad bytes */
+};
+
+struct kd_binding {
+    struct kd_binding *next;
+    dnnl_stream_t stream;
+    dnnl_memory_t mem[2][KD_MAX_ARGS];
+};
+
+struct kd_exec {
+    int nv;                 /* variants made (1 or 2) */
+    struct kd_variant v[2];
+    int threads;            /* threads variant 0 was made for */
+    pthread_mutex_t mu;
+    struct kd_binding *free_list;
+};
+
+/* The engine (made on first use); NULL if oneDNN cannot make one. */
+dnnl_engine_t kd_engine(void);
+
+/* Map a failed oneDNN call to a Kiln error naming the node and the call. */
+kiln_status kd_error(const struct kiln_node *n, dnnl_status_t s, const char *what);
+
+/* Plain memory descriptor (dense row-major) of an f32 tensor of rank r. */
+dnnl_status_t kd_md_plain(dnnl_memory_desc_t *md, int rank, const int64_t *dims);
+/* f32 activation md of rank r: plain, or channels blocked by layout (8/16, rank 4 only).
+ * Returns dnnl_unimplemented for a layout it cannot express. */
+dnnl_status_t kd_md_act(dnnl_memory_desc_t *md, int rank, const int64_t *dims, int layout);
+
+/* The fused activation of node n as post-ops appended to po. Returns 0 when
+ * the activation is not one oneDNN can do (the node then stays on the
+ * reference path), 1 on success. */
+int kd_append_activation(const struct kiln_node *n, dnnl_post_ops_t po);
+
+/* Pack constant weights: reorder data (described by src_md) into dst_md
+ * through the weight cache (key = the constant tensor, tag from `what`,
+ * the scale and dst_md). scale != 1 multiplies the weights. */
+kiln_status kd_pack_weights(const struct kiln_compile_ctx *cc, const kiln_tensor *w,
+                            const char *what, const dnnl_memory_desc_t *src_md,
+                            const dnnl_memory_desc_t *dst_md, float scale, void **packed);
+
+/* Create the primitive of pd as variant v of e, recording its scratchpad size.
+ * Takes ownership of nothing; pd may be destroyed afterwards. */
+kiln_status kd_variant_init(const struct kiln_node *n, dnnl_primitive_desc_t pd,
+                            struct kd_variant *v);
+/* Add an argument to a variant. */
+void kd_variant_arg(struct kd_variant *v, int arg, enum kd_src src, int index,
+                    const dnnl_memory_desc_t *md);
+
+/*
+ * Make e's variants by calling make(arg, v, threads) with the OpenMP
+ * thread count set to `threads` (variant 0) and 1 (variant 1, only when
+ * threads > 1). make returns KILN_OK with v->prim NULL to decline.
+ * *handled is 0 when variant 0 declined or on error; e is then left
+ * empty (not to be destroyed).
+ */
+typedef kiln_status (*kd_make_fn)(void *arg, struct kd_variant *v, int threads);
+kiln_status kd_exec_build(struct kd_exec *e, int threads, kd_make_fn make, void *arg,
+                          int *handled);
+void kd_exec_destroy(struct kd_exec *e);
+/* Largest scratch of e's variants. */
+size_t kd_exec_scratch(const struct kd_exec *e);
+/* Execute e for ctx (picks the variant by ctx->threads). */
+kiln_status kd_exec_run(struct kd_exec *e, struct kiln_run_ctx *ctx);
+
+/* The threads a compile context allows (>= 1). */
+int kd_compile_threads(const struct kiln_compile_ctx *cc);
+
+#endif

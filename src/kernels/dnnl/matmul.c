@@ -1,0 +1,269 @@
+/*
+ * matmul.c - oneDNN fast kernels for MatMul, Gemm and KilnFusedMatMul
+ * (float32, operands of rank >= 2).
+ *
+ * One oneDNN matmul primitive per node. A product whose B is one matrix
+ * (rank 2, or all batch dims 1) and whose A is not transposed folds A's
+ * batch into its rows: [B, S, K] x [K, N] runs as one [B*S, K] x [K, N]
+ * product, as BERT's projections want. Otherwise the product is batched
+ * with numpy broadcasting of the batch dims. Transposed operands are
+ * strided memory descriptors. A constant B is reordered once into the
+ * format oneDNN picks, with alpha folded in; with a B known only at run
+ * time alpha is an eltwise_linear post-op (declined when a bias would be
+ * scaled with it).
+ *
+ * Epilogue: a bias that broadcasts along Y's rows becomes oneDNN's bias; a
+ * bias of Y's full shape (Gemm's C of shape [M, N], say) becomes a sum
+ * post-op, as does KilnFusedMatMul's Sum (copied into Y before the run);
+ * the activation is eltwise post-ops. Gemm's beta scales the sum; a
+ * broadcast C with beta != 1 stays on the reference.
+ */
+#include "kernels/dnnl/dnnl_common.h"
+
+struct mm_state {
+    struct kd_exec e;
+    int sum_index;          /* input copied into Y before the run, or -1 */
+    size_t dst_bytes;
+};
+
+struct mm_build {
+    const struct kiln_compile_ctx *cc;
+    dnnl_memory_desc_t src, wei, bias, dst;
+    int has_bias, b_const;
+    float alpha;            /* folded into packed B, or a linear post-op */
+    float sum_scale;        /* 0 = no sum post-op */
+};
+
+static kiln_status mm_make(void *arg, struct kd_variant *v, int threads)
+{
+    struct mm_build *b = arg;
+    const struct kiln_node *n = b->cc->node;
+    dnnl_primitive_attr_t attr = NULL;
+    dnnl_post_ops_t po = NULL;
+    dnnl_primitive_desc_t pd = NULL;
+    kiln_status st = KILN_OK;
+    dnnl_memory_desc_t wany;
+    dnnl_status_t r = dnnl_success;
+    if (b->b_const)
+        r = dnnl_memory_desc_init_by_tag(&wany, b->wei.ndims, b->wei.dims, dnnl_f32,
+                                         dnnl_format_tag_any);
+    else
+        wany = b->wei;
+    dnnl_matmul_desc_t d;
+    if (r == dnnl_success)
+        r = dnnl_matmul_desc_init(&d, &b->src, &wany, b->has_bias ? &b->bias : NULL, &b->dst);
+    if (r == dnnl_success) r = dnnl_primitive_attr_create(&attr);
+    if (r == dnnl_success) r = dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user);
+    if (r == dnnl_success) r = dnnl_post_ops_create(&po);
+    if (r == dnnl_success && !b->b_const && b->alpha != 1.0f)
+        r = dnnl_post_ops_append_eltwise(po, 1.0f, dnnl_eltwise_linear, b->alpha, 0.0f);
+    if (r == dnnl_success && b->sum_scale != 0.0f) r = dnnl_post_ops_append_sum(po, b->sum_scale);
+    if (r == dnnl_success && n->op == KILN_OP_KilnFusedMatMul && !kd_append_activation(n, po))
+        goto out;
+    if (r == dnnl_success) r = dnnl_primitive_attr_set_post_ops(attr, po);
+    if (r == dnnl_success) r = dnnl_primitive_desc_create(&pd, &d, attr, kd_engine(), NULL);
+    if (r != dnnl_success) goto out; /* the reference runs it */
+    const dnnl_memory_desc_t *wmd = dnnl_primitive_desc_query_md(pd, dnnl_query_weights_md, 0);
+    if (b->b_const) {
+        st = kd_pack_weights(b->cc, b->cc->in_value[1], "matmul", &b->wei, wmd, b->alpha,
+                             &v->packed);
+        if (st != KILN_OK || !v->packed) goto out;
+    }
+    st = kd_variant_init(n, pd, v);
+    if (st != KILN_OK) goto out;
+    kd_variant_arg(v, DNNL_ARG_SRC, KD_SRC_IN, 0, &b->src);
+    kd_variant_arg(v, DNNL_ARG_WEIGHTS, b->b_const ? KD_SRC_PACKED : KD_SRC_IN, 1, wmd);
+    if (b->has_bias) kd_variant_arg(v, DNNL_ARG_BIAS, KD_SRC_IN, 2, &b->bias);
+    kd_variant_arg(v, DNNL_ARG_DST, KD_SRC_OUT, 0, &b->dst);
+out:
+    (void)threads;
+    if (pd) dnnl_primitive_desc_destroy(pd);
+    if (po) dnnl_post_ops_destroy(po);
+    if (attr) dnnl_primitive_attr_destroy(attr);
+    return st;
+}
+
+static kiln_status mm_run(void *state, struct kiln_run_ctx *ctx)
+{
+    struct mm_state *s = state;
+    if (s->sum_index >= 0 && ctx->in[s->sum_index]->data != ctx->out[0]->data)
+        memcpy(ctx->out[0]->data, ctx->in[s->sum_index]->data, s->dst_bytes);
+    return kd_exec_run(&s->e, ctx);
+}
+
+static void mm_destroy(void *state)
+{
+    struct mm_state *s = state;
+    kd_exec_destroy(&s->e);
+    free(s);
+}
+
+/* md of an operand stored with dims `stored` (rank r, row-major), seen with its last two
+ * dims swapped when trans. */
+static dnnl_status_t md_operand(dnnl_memory_desc_t *md, int r, const int64_t *stored, int trans)
+{
+    dnnl_dims_t d, s;
+    int64_t acc = 1;
+    for (int i = r - 1; i >= 0; i--) {
+        d[i] = stored[i];
+        s[i] = acc;
+        acc *= stored[i] > 0 ? stored[i] : 1;
+    }
+    if (trans) {
+        dnnl_dim_t t = d[r - 2];
+        d[r - 2] = d[r - 1];
+        d[r - 1] = t;
+        t = s[r - 2];
+        s[r - 2] = s[r - 1];
+        s[r - 1] = t;
+    }
+    return dnnl_memory_desc_init_by_strides(md, r, d, dnnl_f32, s);
+}
+
+/* dims of t padded with leading 1s to rank r. */
+static void pad_dims(const struct kiln_type *t, int r, int64_t *out)
+{
+    int k = r - t->rank;
+    for (int i = 0; i < r; i++) out[i] = i < k ? 1 : t->dims[i - k];
+}
+
+static int same_dims(const struct kiln_type *a, const struct kiln_type *b)
+{
+    if (a->rank != b->rank) return 0;
+    for (int i = 0; i < a->rank; i++)
+        if (a->dims[i] != b->dims[i]) return 0;
+    return 1;
+}
+
+static kiln_status mm_compile(const struct kiln_compile_ctx *cc, struct kiln_kernel_inst *inst)
+{
+    const struct kiln_node *n = cc->node;
+    enum kiln_op op = n->op;
+    const struct kiln_type *a = cc->in[0], *bt = cc->in[1], *y = cc->n_out > 0 ? cc->out[0] : NULL;
+    const struct kiln_type *bias = cc->n_in > 2 ? cc->in[2] : NULL;
+    const struct kiln_type *sum = op == KILN_OP_KilnFusedMatMul && cc->n_in > 3 ? cc->in[3] : NULL;
+    if (!a || !bt || !y || a->dtype != KILN_DTYPE_F32 || bt->dtype != KILN_DTYPE_F32 ||
+        y->dtype != KILN_DTYPE_F32)
+        return KILN_OK;
+    if ((bias && bias->dtype != KILN_DTYPE_F32) || (sum && sum->dtype != KILN_DTYPE_F32))
+        return KILN_OK;
+    int64_t ta = 0, tb = 0;
+    float alpha = 1.0f, beta = 1.0f;
+    if (op != KILN_OP_MatMul) {
+        ta = kiln_attr_int(n, "transA", 0);
+        tb = kiln_attr_int(n, "transB", 0);
+        alpha = kiln_attr_float(n, "alpha", 1.0f);
+        if (op == KILN_OP_Gemm) beta = kiln_attr_float(n, "beta", 1.0f);
+    }
+    if (kiln_attr_check(n) != KILN_OK) {
+        kiln_error_clear();
+        return KILN_OK;
+    }
+    if ((ta != 0 && ta != 1) || (tb != 0 && tb != 1)) return KILN_OK;
+    if (a->rank < 2 || bt->rank < 2 || (op == KILN_OP_Gemm && (a->rank != 2 || bt->rank != 2)))
+        return KILN_OK;
+    int R = a->rank > bt->rank ? a->rank : bt->rank;
+    if (R > 12 || y->rank != R) return KILN_OK;
+    if (kiln_shape_count(a->rank, a->dims) <= 0 || kiln_shape_count(bt->rank, bt->dims) <= 0 ||
+        kiln_shape_count(y->rank, y->dims) <= 0)
+        return KILN_OK;
+    if (sum && !same_dims(sum, y)) return KILN_OK;
+    if (op == KILN_OP_KilnFusedMatMul) {
+        dnnl_post_ops_t po;
+        if (dnnl_post_ops_create(&po) != dnnl_success) return KILN_OK;
+        int ok = kd_append_activation(n, po);
+        dnnl_post_ops_destroy(po);
+        if (kiln_attr_check(n) != KILN_OK) {
+            kiln_error_clear();
+            ok = 0;
+        }
+        if (!ok) return KILN_OK;
+    }
+    if (op == KILN_OP_Gemm && bias && beta == 0.0f) bias = NULL;
+
+    struct mm_build b;
+    memset(&b, 0, sizeof b);
+    b.cc = cc;
+    b.b_const = cc->in_value && cc->in_value[1];
+    b.alpha = alpha;
+    int sum_index = -1;
+    if (sum) {
+        sum_index = 3;
+        b.sum_scale = 1.0f;
+    }
+    int64_t yd[KILN_MAX_RANK];
+    pad_dims(y, R, yd);
+    /* bias: Y-shaped and no Sum -> the sum post-op; else oneDNN's broadcasting bias */
+    int bias_rows = 0; /* the bias varies along some dim other than the last */
+    int64_t bd[KILN_MAX_RANK];
+    if (bias) {
+        if (bias->rank > R) return KILN_OK;
+        pad_dims(bias, R, bd);
+        for (int i = 0; i < R; i++) {
+            if (bd[i] != 1 && bd[i] != yd[i]) return KILN_OK;
+            if (i < R - 1 && bd[i] != 1) bias_rows = 1;
+        }
+        int full = 1;
+        for (int i = 0; i < R; i++) full = full && bd[i] == yd[i];
+        if (full && !sum && bias->rank == R) {
+            sum_index = 2;
+            b.sum_scale = beta;
+            bias = NULL;
+            bias_rows = 0;
+        } else if (beta != 1.0f) {
+            return KILN_OK;
+        }
+    }
+    b.has_bias = bias != NULL;
+    if (bias && !b.b_const && alpha != 1.0f) return KILN_OK; /* linear would scale the bias */
+
+    int64_t ad[KILN_MAX_RANK], bdm[KILN_MAX_RANK];
+    pad_dims(a, R, ad);
+    pad_dims(bt, R, bdm);
+    int b_single = 1; /* B is one matrix */
+    for (int i = 0; i < R - 2; i++) b_single = b_single && bdm[i] == 1;
+    int fold = b_single && !ta && R > 2 && !bias_rows;
+    dnnl_status_t r;
+    if (fold) {
+        int64_t rows = kiln_shape_count(R - 1, ad);
+        int64_t a2[2] = {rows, ad[R - 1]};
+        int64_t b2[2] = {bdm[R - 2], bdm[R - 1]};
+        int64_t y2[2] = {rows, yd[R - 1]};
+        r = md_operand(&b.src, 2, a2, 0);
+        if (r == dnnl_success) r = md_operand(&b.wei, 2, b2, (int)tb);
+        if (r == dnnl_success) r = kd_md_plain(&b.dst, 2, y2);
+        if (r == dnnl_success && bias) {
+            int64_t bb[2] = {1, bd[R - 1]};
+            r = kd_md_plain(&b.bias, 2, bb);
+        }
+    } else {
+        r = md_operand(&b.src, R, ad, (int)ta);
+        if (r == dnnl_success) r = md_operand(&b.wei, R, bdm, (int)tb);
+        if (r == dnnl_success) r = kd_md_plain(&b.dst, R, yd);
+        if (r == dnnl_success && bias) r = kd_md_plain(&b.bias, R, bd);
+    }
+    if (r != dnnl_success) return KILN_OK;
+
+    struct mm_state *s = calloc(1, sizeof *s);
+    if (!s) return kiln_node_error(n, KILN_ERR_OUT_OF_MEMORY, "out of memory compiling");
+    int handled;
+    kiln_status st = kd_exec_build(&s->e, kd_compile_threads(cc), mm_make, &b, &handled);
+    if (st != KILN_OK || !handled) {
+        free(s);
+        return st;
+    }
+    s->sum_index = sum_index;
+    s->dst_bytes = (size_t)kiln_shape_count(R, yd) * sizeof(float);
+    inst->name = op == KILN_OP_MatMul ? "dnnl_matmul"
+                 : op == KILN_OP_Gemm ? "dnnl_gemm"
+                                      : "dnnl_fused_matmul";
+    inst->state = s;
+    inst->run = mm_run;
+    inst->destroy = mm_destroy;
+    inst->scratch_bytes = kd_exec_scratch(&s->e);
+    return KILN_OK;
+}
+
+KILN_FAST_OP(MatMul, mm_compile, NULL);
+KILN_FAST_OP(Gemm, mm_compile, NULL);
+KILN_FAST_OP(KilnFusedMatMul, mm_compile, NULL);

@@ -1,0 +1,81 @@
+/*
+ * reorder.c - oneDNN fast kernel for KilnReorder: a 4-D float32 value
+ * between plain NCHW and channel-blocked nChw8c / nChw16c storage (the
+ * padded channels of a blocked output are written as zeros). The source
+ * layout is the input value's, the target the output value's (which the
+ * layout pass also records in the node's `to` attribute).
+ */
+#include "kernels/dnnl/dnnl_common.h"
+
+struct reorder_build {
+    const struct kiln_node *node;
+    dnnl_memory_desc_t src, dst;
+};
+
+static kiln_status reorder_make(void *arg, struct kd_variant *v, int threads)
+{
+    struct reorder_build *b = arg;
+    dnnl_primitive_attr_t attr = NULL;
+    dnnl_primitive_desc_t pd = NULL;
+    kiln_status st = KILN_OK;
+    dnnl_engine_t eng = kd_engine();
+    dnnl_status_t r = dnnl_primitive_attr_create(&attr);
+    if (r == dnnl_success) r = dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user);
+    if (r == dnnl_success) r = dnnl_reorder_primitive_desc_create(&pd, &b->src, eng, &b->dst, eng, attr);
+    if (r == dnnl_success) {
+        st = kd_variant_init(b->node, pd, v);
+        if (st == KILN_OK) {
+            kd_variant_arg(v, DNNL_ARG_FROM, KD_SRC_IN, 0, &b->src);
+            kd_variant_arg(v, DNNL_ARG_TO, KD_SRC_OUT, 0, &b->dst);
+        }
+    }
+    (void)threads;
+    if (pd) dnnl_primitive_desc_destroy(pd);
+    if (attr) dnnl_primitive_attr_destroy(attr);
+    return st;
+}
+
+static kiln_status reorder_run(void *state, struct kiln_run_ctx *ctx)
+{
+    return kd_exec_run(state, ctx);
+}
+
+static void reorder_destroy(void *state)
+{
+    kd_exec_destroy(state);
+    free(state);
+}
+
+static kiln_status reorder_compile(const struct kiln_compile_ctx *cc,
+                                   struct kiln_kernel_inst *inst)
+{
+    const struct kiln_node *n = cc->node;
+    const struct kiln_type *x = cc->in[0], *y = cc->n_out > 0 ? cc->out[0] : NULL;
+    if (!x || !y || x->dtype != KILN_DTYPE_F32 || y->dtype != KILN_DTYPE_F32 || x->rank != 4 ||
+        y->rank != 4 || kiln_shape_count(4, x->dims) <= 0)
+        return KILN_OK;
+    for (int i = 0; i < 4; i++)
+        if (x->dims[i] != y->dims[i]) return KILN_OK;
+    int from = cc->in_layout ? cc->in_layout[0] : 0;
+    int to = cc->out_layout ? cc->out_layout[0] : 0;
+    struct reorder_build b = {.node = n};
+    if (kd_md_act(&b.src, 4, x->dims, from) != dnnl_success ||
+        kd_md_act(&b.dst, 4, y->dims, to) != dnnl_success)
+        return KILN_OK;
+    struct kd_exec *e = calloc(1, sizeof *e);
+    if (!e) return kiln_node_error(n, KILN_ERR_OUT_OF_MEMORY, "out of memory compiling");
+    int handled;
+    kiln_status st = kd_exec_build(e, kd_compile_threads(cc), reorder_make, &b, &handled);
+    if (st != KILN_OK || !handled) {
+        free(e);
+        return st;
+    }
+    inst->name = "dnnl_reorder";
+    inst->state = e;
+    inst->run = reorder_run;
+    inst->destroy = reorder_destroy;
+    inst->scratch_bytes = kd_exec_scratch(e);
+    return KILN_OK;
+}
+
+KILN_FAST_OP(KilnReorder, reorder_compile, NULL);

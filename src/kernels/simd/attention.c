@@ -1,0 +1,226 @@
+/*
+ * attention.c - fused f32 ONNX Attention (opset 23 semantics, see
+ * src/kernels/ref/attention.c): Q/K/V 3-D [B, S, heads * E] (q_num_heads /
+ * kv_num_heads) or 4-D [B, heads, S, E], grouped-query heads, the scale
+ * attribute, is_causal, and an optional additive f32 or boolean attn_mask
+ * broadcasting to [B, HQ, SQ, T] (a shorter last dim pads with -inf).
+ *
+ * Work is split over (batch, query head, block of 64 queries). For each
+ * block: S = scale * Q K^T with one dnnl_sgemm reading Q and K in place
+ * through their row strides (no transposed copies), mask and causal bias
+ * added, a row softmax from the SIMD table, then Y = S V with a second
+ * dnnl_sgemm writing straight into Y. Inside a parallel region oneDNN runs
+ * each GEMM on the calling thread. Scratch: 64 x T floats per thread.
+ *
+ * Declined (the reference runs): past_key/past_value, nonpad_kv_seqlen,
+ * softcap, the present_* and qk_matmul outputs, other dtypes.
+ */
+#include <oneapi/dnnl/dnnl.h>
+#include <stdatomic.h>
+#include <stdio.h>
+
+#include "kernels/fast.h"
+#include "kernels/simd/simd.h"
+
+#define ATTN_QB 64 /* query rows per work unit */
+
+struct attn_state {
+    const struct simd_kernels *k;
+    bool three_d, causal;
+    int64_t B, HQ, HK, SQ, T, E, EV;
+    float scale;
+    int mask;                 /* 0 none, 1 f32, 2 bool */
+    int64_t mstride[3], mcols;
+    int threads;              /* scratch slots */
+    char name[40];
+};
+
+struct attn_job {
+    const struct attn_state *s;
+    const float *q, *k, *v;
+    const void *mask;
+    float *y;
+    float *scratch;
+    atomic_int next_slot;
+    atomic_int failed;        /* a dnnl status other than success */
+};
+
+static void attn_range(void *arg, int64_t begin, int64_t end)
+{
+    struct attn_job *j = arg;
+    const struct attn_state *s = j->s;
+    int slot = atomic_fetch_add(&j->next_slot, 1);
+    float *S = j->scratch + (size_t)slot * ATTN_QB * (size_t)s->T;
+    int64_t blocks = (s->SQ + ATTN_QB - 1) / ATTN_QB, group = s->HQ / s->HK, T = s->T;
+    for (int64_t u = begin; u < end; u++) {
+        int64_t b = u / (s->HQ * blocks), h = (u / blocks) % s->HQ, q0 = (u % blocks) * ATTN_QB;
+        int64_t m = s->SQ - q0 < ATTN_QB ? s->SQ - q0 : ATTN_QB, hk = h / group;
+        const float *qp, *kp, *vp;
+        float *yp;
+        int64_t ldq, ldk, ldv, ldy;
+        if (s->three_d) {
+            ldq = s->HQ * s->E;
+            ldk = s->HK * s->E;
+            ldv = s->HK * s->EV;
+            ldy = s->HQ * s->EV;
+            qp = j->q + (b * s->SQ + q0) * ldq + h * s->E;
+            kp = j->k + b * T * ldk + hk * s->E;
+            vp = j->v + b * T * ldv + hk * s->EV;
+            yp = j->y + (b * s->SQ + q0) * ldy + h * s->EV;
+        } else {
+            ldq = ldk = s->E;
+            ldv = ldy = s->EV;
+            qp = j->q + ((b * s->HQ + h) * s->SQ + q0) * s->E;
+            kp = j->k + (b * s->HK + hk) * T * s->E;
+            vp = j->v + (b * s->HK + hk) * T * s->EV;
+            yp = j->y + ((b * s->HQ + h) * s->SQ + q0) * s->EV;
+        }
+        dnnl_status_t st = dnnl_sgemm('N', 'T', m, T, s->E, s->scale, qp, ldq, kp, ldk, 0.0f, S, T);
+        if (st != dnnl_success) {
+            atomic_store(&j->failed, (int)st);
+            return;
+        }
+        for (int64_t r = 0; r < m; r++) {
+            float *row = S + r * T;
+            int64_t qi = q0 + r;
+            if (s->mask) {
+                int64_t mi = b * s->mstride[0] + h * s->mstride[1] + qi * s->mstride[2];
+                if (s->mask == 1) {
+                    const float *mk = (const float *)j->mask + mi;
+                    for (int64_t c = 0; c < s->mcols; c++) row[c] += mk[c];
+                } else {
+                    const uint8_t *mk = (const uint8_t *)j->mask + mi;
+                    for (int64_t c = 0; c < s->mcols; c++)
+                        if (!mk[c]) row[c] = -INFINITY;
+                }
+                for (int64_t c = s->mcols; c < T; c++) row[c] = -INFINITY;
+            }
+            if (s->causal)
+                for (int64_t c = qi + 1; c < T; c++) row[c] = -INFINITY;
+            s->k->softmax_rows(row, row, 1, T);
+        }
+        st = dnnl_sgemm('N', 'N', m, s->EV, T, 1.0f, S, T, vp, ldv, 0.0f, yp, ldy);
+        if (st != dnnl_success) {
+            atomic_store(&j->failed, (int)st);
+            return;
+        }
+    }
+}
+
+static kiln_status attn_run(void *state, struct kiln_run_ctx *ctx)
+{
+    const struct attn_state *s = state;
+    int threads = ctx->threads < 1 ? 1 : ctx->threads > s->threads ? s->threads : ctx->threads;
+    float *heap = NULL, *scratch = ctx->scratch;
+    if (!scratch) { /* callers without a plan arena (tests, the executor) */
+        heap = malloc((size_t)threads * ATTN_QB * (size_t)s->T * sizeof(float));
+        if (!heap) return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory for Attention scratch");
+        scratch = heap;
+    }
+    struct attn_job j = {
+        .s = s,
+        .q = ctx->in[0]->data,
+        .k = ctx->in[1]->data,
+        .v = ctx->in[2]->data,
+        .mask = s->mask ? ctx->in[3]->data : NULL,
+        .y = ctx->out[0]->data,
+        .scratch = scratch,
+    };
+    atomic_init(&j.next_slot, 0);
+    atomic_init(&j.failed, 0);
+    int64_t units = s->B * s->HQ * ((s->SQ + ATTN_QB - 1) / ATTN_QB);
+    kiln_parallel_for(threads, units, 1, attn_range, &j);
+    free(heap);
+    int failed = atomic_load(&j.failed);
+    if (failed)
+        return kiln_node_error(ctx->node, KILN_ERR_INTERNAL, "dnnl_sgemm failed with status %d",
+                               failed);
+    return KILN_OK;
+}
+
+static bool is_f32(const struct kiln_type *t)
+{
+    return t && t->dtype == KILN_DTYPE_F32 && kiln_type_is_concrete(t);
+}
+
+static kiln_status Attention_compile(const struct kiln_compile_ctx *cc,
+                                     struct kiln_kernel_inst *inst)
+{
+    const struct kiln_node *n = cc->node;
+    if (cc->n_in < 3 || !is_f32(cc->in[0]) || !is_f32(cc->in[1]) || !is_f32(cc->in[2]))
+        return KILN_OK;
+    for (int i = 4; i < cc->n_in; i++)
+        if (cc->in[i]) return KILN_OK; /* past_key, past_value, nonpad_kv_seqlen */
+    if (cc->n_out < 1 || !is_f32(cc->out[0])) return KILN_OK;
+    for (int i = 1; i < cc->n_out; i++)
+        if (cc->out[i]) return KILN_OK;
+    if (kiln_attr_float(n, "softcap", 0.0f) != 0.0f) return KILN_OK;
+    const struct kiln_type *q = cc->in[0], *k = cc->in[1], *v = cc->in[2];
+    const struct kiln_type *mask = cc->n_in > 3 ? cc->in[3] : NULL;
+    if (q->rank != k->rank || q->rank != v->rank || (q->rank != 3 && q->rank != 4)) return KILN_OK;
+
+    struct attn_state st = {0};
+    st.three_d = q->rank == 3;
+    st.B = q->dims[0];
+    if (st.three_d) {
+        st.HQ = kiln_attr_int(n, "q_num_heads", 0);
+        st.HK = kiln_attr_int(n, "kv_num_heads", 0);
+        if (st.HQ <= 0 || st.HK <= 0 || q->dims[2] % st.HQ || v->dims[2] % st.HK) return KILN_OK;
+        st.SQ = q->dims[1];
+        st.T = k->dims[1];
+        st.E = q->dims[2] / st.HQ;
+        st.EV = v->dims[2] / st.HK;
+        if (k->dims[0] != st.B || v->dims[0] != st.B || k->dims[2] != st.HK * st.E ||
+            v->dims[1] != st.T)
+            return KILN_OK;
+    } else {
+        st.HQ = q->dims[1];
+        st.SQ = q->dims[2];
+        st.E = q->dims[3];
+        st.HK = k->dims[1];
+        st.T = k->dims[2];
+        st.EV = v->dims[3];
+        if (k->dims[0] != st.B || v->dims[0] != st.B || k->dims[3] != st.E ||
+            v->dims[1] != st.HK || v->dims[2] != st.T)
+            return KILN_OK;
+    }
+    if (st.HK <= 0 || st.HQ % st.HK || st.B <= 0 || st.SQ <= 0 || st.T <= 0 || st.E <= 0 ||
+        st.EV <= 0)
+        return KILN_OK;
+    st.causal = kiln_attr_int(n, "is_causal", 0) != 0;
+    st.scale = kiln_node_attr(n, "scale") ? kiln_attr_float(n, "scale", 1.0f)
+                                          : (float)(1.0 / sqrt((double)st.E));
+    if (mask) {
+        if (mask->rank < 1 || mask->rank > 4 || !kiln_type_is_concrete(mask)) return KILN_OK;
+        if (mask->dtype == KILN_DTYPE_F32) st.mask = 1;
+        else if (mask->dtype == KILN_DTYPE_BOOL) st.mask = 2;
+        else return KILN_OK;
+        int64_t want[4] = {st.B, st.HQ, st.SQ, st.T}, stride = 1;
+        for (int i = mask->rank - 1; i >= 0; i--) {
+            int ax = 4 - mask->rank + i;
+            int64_t md = mask->dims[i];
+            if (ax == 3) {
+                if (md > st.T) return KILN_OK;
+                st.mcols = md;
+            } else if (md == want[ax]) {
+                st.mstride[ax] = stride;
+            } else if (md != 1) {
+                return KILN_OK;
+            }
+            stride *= md;
+        }
+    }
+    struct attn_state *s = malloc(sizeof *s);
+    if (!s) return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory compiling Attention");
+    *s = st;
+    s->k = simd_kernels_for();
+    s->threads = cc->threads < 1 ? 1 : cc->threads;
+    snprintf(s->name, sizeof s->name, "f32_attention_sgemm_%s", s->k->isa);
+    inst->state = s;
+    inst->destroy = free;
+    inst->run = attn_run;
+    inst->name = s->name;
+    inst->scratch_bytes = (size_t)s->threads * ATTN_QB * (size_t)s->T * sizeof(float);
+    return KILN_OK;
+}
+KILN_FAST_OP(Attention, Attention_compile, NULL);

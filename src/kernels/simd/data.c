@@ -1,0 +1,424 @@
+/*
+ * data.c - fast data-movement and reduction kernels: Gather along axis 0
+ * (embedding lookup; any fixed-size dtype, int32 or int64 indices, every
+ * index checked before anything is copied), Transpose (any permutation of
+ * a fixed-size dtype: dims of 1 dropped and dims that stay together
+ * merged, then a row copy when the innermost dim stays innermost -- e.g.
+ * [0,2,1,3] --, a 32x32-tiled copy for (batched) 2-D swaps, and an
+ * odometer walk otherwise) and ReduceSum / ReduceMean of f32 over trailing
+ * axes (sums in double, as the reference does).
+ */
+#include <stdio.h>
+
+#include "kernels/fast.h"
+#include "kernels/simd/simd.h"
+
+static bool concrete(const struct kiln_type *t)
+{
+    return t && kiln_type_is_concrete(t);
+}
+
+static int64_t dims_product(const int64_t *dims, int lo, int hi)
+{
+    int64_t p = 1;
+    for (int d = lo; d < hi; d++) p *= dims[d];
+    return p;
+}
+
+/* Element sizes the copy kernels handle: plain bytes, no strings. */
+static size_t plain_size(kiln_dtype dt)
+{
+    if (dt == KILN_DTYPE_STRING || dt == KILN_DTYPE_UNDEFINED) return 0;
+    size_t es = kiln_dtype_size(dt);
+    return es == 1 || es == 2 || es == 4 || es == 8 ? es : 0;
+}
+
+/* ---- Gather ---- */
+
+struct gather_state {
+    int64_t n;       /* data dim 0 */
+    int64_t inner;   /* elements per row */
+    int64_t nidx;
+    size_t es;
+    bool idx64;
+};
+
+struct gather_job {
+    const struct gather_state *s;
+    const char *data;
+    const void *idx;
+    char *out;
+};
+
+static int64_t gather_index(const struct gather_state *s, const void *idx, int64_t k)
+{
+    int64_t v = s->idx64 ? ((const int64_t *)idx)[k] : ((const int32_t *)idx)[k];
+    return v < 0 ? v + s->n : v;
+}
+
+static void gather_range(void *arg, int64_t begin, int64_t end)
+{
+    const struct gather_job *j = arg;
+    size_t row = (size_t)j->s->inner * j->s->es;
+    for (int64_t k = begin; k < end; k++)
+        memcpy(j->out + (size_t)k * row, j->data + (size_t)gather_index(j->s, j->idx, k) * row,
+               row);
+}
+
+static kiln_status gather_run(void *state, struct kiln_run_ctx *ctx)
+{
+    const struct gather_state *s = state;
+    struct gather_job j = {s, ctx->in[0]->data, ctx->in[1]->data, ctx->out[0]->data};
+    for (int64_t k = 0; k < s->nidx; k++) {
+        int64_t w = gather_index(s, j.idx, k);
+        if (w < 0 || w >= s->n) {
+            int64_t v = s->idx64 ? ((const int64_t *)j.idx)[k] : ((const int32_t *)j.idx)[k];
+            return kiln_node_error(ctx->node, KILN_ERR_INVALID_ARGUMENT,
+                                   "indices[%lld] = %lld is out of range for data dim 0 of size "
+                                   "%lld",
+                                   (long long)k, (long long)v, (long long)s->n);
+        }
+    }
+    int64_t row_bytes = s->inner * (int64_t)s->es;
+    int64_t grain = row_bytes >= 65536 ? 1 : 65536 / (row_bytes > 0 ? row_bytes : 1);
+    kiln_parallel_for(ctx->threads, s->nidx, grain, gather_range, &j);
+    return KILN_OK;
+}
+
+static kiln_status Gather_compile(const struct kiln_compile_ctx *cc, struct kiln_kernel_inst *inst)
+{
+    const struct kiln_type *d = cc->in[0], *ind = cc->n_in > 1 ? cc->in[1] : NULL;
+    if (!concrete(d) || !concrete(ind) || d->rank < 1 || cc->n_out < 1 || !concrete(cc->out[0]))
+        return KILN_OK;
+    if (kiln_attr_int(cc->node, "axis", 0) != 0 && kiln_attr_int(cc->node, "axis", 0) != -d->rank)
+        return KILN_OK;
+    if (ind->dtype != KILN_DTYPE_I64 && ind->dtype != KILN_DTYPE_I32) return KILN_OK;
+    size_t es = plain_size(d->dtype);
+    if (!es || cc->out[0]->dtype != d->dtype) return KILN_OK;
+    struct gather_state *s = calloc(1, sizeof *s);
+    if (!s) return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory compiling Gather");
+    s->n = d->dims[0];
+    s->inner = dims_product(d->dims, 1, d->rank);
+    s->nidx = kiln_shape_count(ind->rank, ind->dims);
+    s->es = es;
+    s->idx64 = ind->dtype == KILN_DTYPE_I64;
+    inst->state = s;
+    inst->destroy = free;
+    inst->run = gather_run;
+    inst->name = "gather_rows";
+    return KILN_OK;
+}
+KILN_FAST_OP(Gather, Gather_compile, NULL);
+
+/* ---- Transpose ---- */
+
+enum transpose_kind { TR_COPY, TR_ROWS, TR_TILED, TR_WALK };
+
+struct transpose_state {
+    enum transpose_kind kind;
+    size_t es;
+    int rank;                      /* of the simplified permutation */
+    int64_t odims[KILN_MAX_RANK];  /* output dims */
+    int64_t istr[KILN_MAX_RANK];   /* input stride (elements) of each output dim */
+    int64_t total;
+    /* TR_ROWS: rows of `row` elements; TR_TILED: batches of rows x cols */
+    int64_t row, batch, rows, cols;
+    char name[32];
+};
+
+struct transpose_job {
+    const struct transpose_state *s;
+    const char *x;
+    char *y;
+};
+
+/* Offset in the input of the output element (or row) with linear index i
+ * over the first `r` output dims. */
+static int64_t walk_offset(const struct transpose_state *s, int r, int64_t i, int64_t *idx)
+{
+    int64_t off = 0;
+    for (int d = r - 1; d >= 0; d--) {
+        idx[d] = i % s->odims[d];
+        i /= s->odims[d];
+        off += idx[d] * s->istr[d];
+    }
+    return off;
+}
+
+/* Advance idx over the first r dims by one; returns the new offset. */
+static int64_t walk_next(const struct transpose_state *s, int r, int64_t *idx, int64_t off)
+{
+    for (int d = r - 1; d >= 0; d--) {
+        idx[d]++;
+        off += s->istr[d];
+        if (idx[d] < s->odims[d]) return off;
+        off -= s->istr[d] * s->odims[d];
+        idx[d] = 0;
+    }
+    return off;
+}
+
+#define COPY_ELEM(es, dst, src)                                                   \
+    do {                                                                          \
+        switch (es) {                                                             \
+        case 1: *(uint8_t *)(dst) = *(const uint8_t *)(src); break;               \
+        case 2: memcpy((dst), (src), 2); break;                                   \
+        case 4: memcpy((dst), (src), 4); break;                                   \
+        default: memcpy((dst), (src), 8); break;                                  \
+        }                                                                         \
+    } while (0)
+
+static void transpose_range(void *arg, int64_t begin, int64_t end)
+{
+    const struct transpose_job *j = arg;
+    const struct transpose_state *s = j->s;
+    size_t es = s->es;
+    int64_t idx[KILN_MAX_RANK];
+    switch (s->kind) {
+    case TR_COPY:
+        memcpy(j->y + (size_t)begin * es, j->x + (size_t)begin * es, (size_t)(end - begin) * es);
+        break;
+    case TR_ROWS: { /* unit: one row of s->row contiguous elements */
+        size_t rb = (size_t)s->row * es;
+        int64_t off = walk_offset(s, s->rank - 1, begin, idx);
+        for (int64_t i = begin; i < end; i++) {
+            memcpy(j->y + (size_t)i * rb, j->x + (size_t)off * es, rb);
+            off = walk_next(s, s->rank - 1, idx, off);
+        }
+        break;
+    }
+    case TR_TILED: { /* unit: one 32-row band of one batch; y[c][r] = x[r][c] */
+        int64_t bands = (s->rows + 31) / 32;
+        if (es == 4) {
+            for (int64_t u = begin; u < end; u++) {
+                int64_t b = u / bands, r0 = (u % bands) * 32;
+                int64_t r1 = r0 + 32 < s->rows ? r0 + 32 : s->rows;
+                const float *x = (const float *)j->x + b * s->rows * s->cols;
+                float *y = (float *)j->y + b * s->rows * s->cols;
+                for (int64_t c0 = 0; c0 < s->cols; c0 += 32) {
+                    int64_t c1 = c0 + 32 < s->cols ? c0 + 32 : s->cols;
+                    for (int64_t c = c0; c < c1; c++)
+                        for (int64_t r = r0; r < r1; r++) y[c * s->rows + r] = x[r * s->cols + c];
+                }
+            }
+            break;
+        }
+        for (int64_t u = begin; u < end; u++) {
+            int64_t b = u / bands, r0 = (u % bands) * 32;
+            int64_t r1 = r0 + 32 < s->rows ? r0 + 32 : s->rows;
+            const char *x = j->x + (size_t)(b * s->rows * s->cols) * es;
+            char *y = j->y + (size_t)(b * s->rows * s->cols) * es;
+            for (int64_t c0 = 0; c0 < s->cols; c0 += 32) {
+                int64_t c1 = c0 + 32 < s->cols ? c0 + 32 : s->cols;
+                for (int64_t c = c0; c < c1; c++)
+                    for (int64_t r = r0; r < r1; r++)
+                        COPY_ELEM(es, y + (size_t)(c * s->rows + r) * es,
+                                  x + (size_t)(r * s->cols + c) * es);
+            }
+        }
+        break;
+    }
+    case TR_WALK: {
+        int64_t off = walk_offset(s, s->rank, begin, idx);
+        for (int64_t i = begin; i < end; i++) {
+            COPY_ELEM(es, j->y + (size_t)i * es, j->x + (size_t)off * es);
+            off = walk_next(s, s->rank, idx, off);
+        }
+        break;
+    }
+    }
+}
+
+static kiln_status transpose_run(void *state, struct kiln_run_ctx *ctx)
+{
+    const struct transpose_state *s = state;
+    struct transpose_job j = {s, ctx->in[0]->data, ctx->out[0]->data};
+    int64_t units = s->total, grain = 65536;
+    if (s->kind == TR_ROWS) {
+        units = s->total / s->row;
+        grain = s->row >= 65536 ? 1 : 65536 / s->row;
+    } else if (s->kind == TR_TILED) {
+        units = s->batch * ((s->rows + 31) / 32);
+        int64_t per = 32 * s->cols;
+        grain = per >= 65536 ? 1 : 65536 / per;
+    }
+    kiln_parallel_for(ctx->threads, units, grain, transpose_range, &j);
+    return KILN_OK;
+}
+
+static kiln_status Transpose_compile(const struct kiln_compile_ctx *cc,
+                                     struct kiln_kernel_inst *inst)
+{
+    const struct kiln_type *x = cc->in[0];
+    if (!concrete(x) || cc->n_out < 1 || !concrete(cc->out[0])) return KILN_OK;
+    size_t es = plain_size(x->dtype);
+    if (!es || cc->out[0]->dtype != x->dtype) return KILN_OK;
+    int rank = x->rank, perm[KILN_MAX_RANK];
+    const int64_t *p;
+    int np = kiln_attr_ints(cc->node, "perm", &p);
+    if (np < 0) {
+        for (int i = 0; i < rank; i++) perm[i] = rank - 1 - i;
+    } else {
+        if (np != rank) return KILN_OK;
+        bool seen[KILN_MAX_RANK] = {false};
+        for (int i = 0; i < np; i++) {
+            if (p[i] < 0 || p[i] >= rank || seen[p[i]]) return KILN_OK; /* reference reports */
+            seen[p[i]] = true;
+            perm[i] = (int)p[i];
+        }
+    }
+    int64_t total = kiln_shape_count(x->rank, x->dims);
+    if (total <= 0) return KILN_OK;
+
+    /* simplify: drop dims of 1 and merge neighbouring output dims that walk
+     * the input contiguously (outer stride = inner stride * inner size) */
+    int64_t in_str[KILN_MAX_RANK];
+    kiln_shape_strides(rank, x->dims, in_str);
+    struct transpose_state *s = calloc(1, sizeof *s);
+    if (!s) return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory compiling Transpose");
+    int r = 0;
+    for (int i = 0; i < rank; i++) {
+        int a = perm[i];
+        if (x->dims[a] == 1) continue;
+        if (r > 0 && s->istr[r - 1] == in_str[a] * x->dims[a]) {
+            s->odims[r - 1] *= x->dims[a];
+            s->istr[r - 1] = in_str[a];
+        } else {
+            s->odims[r] = x->dims[a];
+            s->istr[r] = in_str[a];
+            r++;
+        }
+    }
+    s->rank = r;
+    s->es = es;
+    s->total = total;
+    if (r <= 1) {
+        s->kind = TR_COPY;
+    } else if (s->istr[r - 1] == 1) {
+        s->kind = TR_ROWS;
+        s->row = s->odims[r - 1];
+    } else if (s->istr[r - 2] == 1 && s->istr[r - 1] == s->odims[r - 2]) {
+        /* [.., C, R] from input [.., R, C]: leading dims must be in order */
+        bool batched = true;
+        int64_t expect = s->odims[r - 1] * s->odims[r - 2];
+        for (int d = r - 3; d >= 0; d--) {
+            if (s->istr[d] != expect) batched = false;
+            expect *= s->odims[d];
+        }
+        s->kind = batched ? TR_TILED : TR_WALK;
+        s->rows = s->odims[r - 1];
+        s->cols = s->odims[r - 2];
+        s->batch = total / (s->rows * s->cols);
+    } else {
+        s->kind = TR_WALK;
+    }
+    static const char *const names[] = {"transpose_copy", "transpose_rows", "transpose_tiled",
+                                        "transpose_walk"};
+    snprintf(s->name, sizeof s->name, "%s", names[s->kind]);
+    inst->state = s;
+    inst->destroy = free;
+    inst->run = transpose_run;
+    inst->name = s->name;
+    return KILN_OK;
+}
+KILN_FAST_OP(Transpose, Transpose_compile, NULL);
+
+/* ---- ReduceSum, ReduceMean over trailing axes ---- */
+
+struct reduce_state {
+    const struct simd_kernels *k;
+    int64_t rows, n;
+    bool mean;
+    char name[40];
+};
+
+struct reduce_job {
+    const struct reduce_state *s;
+    const float *x;
+    float *y;
+};
+
+static void reduce_range(void *arg, int64_t begin, int64_t end)
+{
+    const struct reduce_job *j = arg;
+    int64_t n = j->s->n;
+    j->s->k->sum_rows(j->x + begin * n, j->y + begin, end - begin, n,
+                      j->s->mean ? (double)n : 1.0);
+}
+
+static kiln_status reduce_run(void *state, struct kiln_run_ctx *ctx)
+{
+    const struct reduce_state *s = state;
+    struct reduce_job j = {s, ctx->in[0]->data, ctx->out[0]->data};
+    int64_t grain = s->n >= SIMD_GRAIN_CHEAP ? 1 : SIMD_GRAIN_CHEAP / s->n;
+    kiln_parallel_for(ctx->threads, s->rows, grain, reduce_range, &j);
+    return KILN_OK;
+}
+
+static kiln_status reduce_compile(const struct kiln_compile_ctx *cc,
+                                  struct kiln_kernel_inst *inst, bool mean)
+{
+    const struct kiln_type *x = cc->in[0];
+    if (!concrete(x) || x->dtype != KILN_DTYPE_F32 || cc->n_out < 1 || !concrete(cc->out[0]) ||
+        cc->out[0]->dtype != KILN_DTYPE_F32)
+        return KILN_OK;
+    int rank = x->rank;
+    bool reduced[KILN_MAX_RANK] = {false};
+    int64_t n_axes;
+    const int64_t *attr_axes = NULL;
+    const kiln_tensor *axes_t = NULL;
+    if (cc->n_in > 1 && cc->in[1]) {
+        axes_t = cc->in_value ? cc->in_value[1] : NULL;
+        if (!axes_t || (axes_t->dtype != KILN_DTYPE_I64 && axes_t->dtype != KILN_DTYPE_I32))
+            return KILN_OK;
+        n_axes = kiln_tensor_count(axes_t);
+    } else {
+        n_axes = kiln_attr_ints(cc->node, "axes", &attr_axes);
+        if (n_axes < 0) n_axes = 0;
+    }
+    if (n_axes == 0) {
+        if (kiln_attr_int(cc->node, "noop_with_empty_axes", 0)) return KILN_OK;
+        for (int d = 0; d < rank; d++) reduced[d] = true;
+    }
+    for (int64_t k = 0; k < n_axes; k++) {
+        int64_t a = axes_t ? kiln_tensor_i64(axes_t, k) : attr_axes[k];
+        if (a < -rank || a >= rank) return KILN_OK;
+        reduced[a < 0 ? a + rank : a] = true;
+    }
+    /* trailing: no kept dim (other than 1s) after a reduced dim of size > 1 */
+    int first_red = rank;
+    for (int d = 0; d < rank; d++)
+        if (reduced[d] && x->dims[d] != 1) {
+            first_red = d;
+            break;
+        }
+    for (int d = first_red; d < rank; d++)
+        if (!reduced[d] && x->dims[d] != 1) return KILN_OK;
+    int64_t rows = dims_product(x->dims, 0, first_red), n = dims_product(x->dims, first_red, rank);
+    if (n <= 0 || rows != kiln_shape_count(cc->out[0]->rank, cc->out[0]->dims)) return KILN_OK;
+    struct reduce_state *s = calloc(1, sizeof *s);
+    if (!s) return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory compiling a Reduce node");
+    s->k = simd_kernels_for();
+    s->rows = rows;
+    s->n = n;
+    s->mean = mean;
+    snprintf(s->name, sizeof s->name, "f32_reduce%s_%s", mean ? "mean" : "sum", s->k->isa);
+    inst->state = s;
+    inst->destroy = free;
+    inst->run = reduce_run;
+    inst->name = s->name;
+    return KILN_OK;
+}
+
+static kiln_status ReduceSum_compile(const struct kiln_compile_ctx *cc,
+                                     struct kiln_kernel_inst *inst)
+{
+    return reduce_compile(cc, inst, false);
+}
+static kiln_status ReduceMean_compile(const struct kiln_compile_ctx *cc,
+                                      struct kiln_kernel_inst *inst)
+{
+    return reduce_compile(cc, inst, true);
+}
+KILN_FAST_OP(ReduceSum, ReduceSum_compile, NULL);
+KILN_FAST_OP(ReduceMean, ReduceMean_compile, NULL);

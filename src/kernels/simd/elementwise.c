@@ -1,0 +1,278 @@
+/*
+ * elementwise.c - fast f32 kernels for unary activations and math (Relu,
+ * LeakyRelu, Clip, Sigmoid, Tanh, Exp, Erf, Gelu, HardSwish, HardSigmoid,
+ * Softplus, Sqrt, Neg) and the binary ops Add, Sub, Mul, Div.
+ *
+ * compile checks the node's concrete types and attributes, picks the
+ * kernel table of kiln_cpu_isa() (simd.h) and returns run NULL for what it
+ * does not cover (other dtypes; broadcasts other than same shape, a scalar,
+ * or one input repeating as a trailing row like [B,S,H] + [H]), so the
+ * reference kernel runs those. Large tensors are split across the run's
+ * threads in contiguous element ranges.
+ */
+#include <float.h>
+#include <stdio.h>
+
+#include "kernels/fast.h"
+#include "kernels/simd/simd.h"
+
+const struct simd_kernels *simd_kernels_for(void)
+{
+    switch (kiln_cpu_isa()) {
+    case KILN_ISA_AVX512: return &kiln_simd_avx512;
+    case KILN_ISA_AVX2: return &kiln_simd_avx2;
+    default: return &kiln_simd_scalar;
+    }
+}
+
+/* Broadcast shapes of a binary node. */
+enum bcast_kind {
+    BC_SAME,       /* both inputs have the output's elements */
+    BC_B_ROW,      /* a full, b repeats every `row` elements (row 1 = scalar) */
+    BC_A_ROW,      /* b full, a repeats */
+};
+
+struct ew_state {
+    const struct simd_kernels *k;
+    bool binary;
+    enum simd_unary uop;
+    enum simd_binary bop;
+    enum bcast_kind bc;
+    float alpha, beta;
+    bool clip_inputs;  /* Clip opset 11+: bounds from inputs 1 and 2 at run time */
+    int64_t n;         /* output elements */
+    int64_t row;       /* repeat length of the broadcast input */
+    int64_t grain;
+    char name[40];
+};
+
+struct ew_job {
+    const struct ew_state *s;
+    const float *a, *b;
+    float *y;
+    float alpha, beta;
+};
+
+static void unary_range(void *arg, int64_t begin, int64_t end)
+{
+    const struct ew_job *j = arg;
+    j->s->k->unary(j->s->uop, j->alpha, j->beta, j->a + begin, j->y + begin, end - begin);
+}
+
+static void binary_range(void *arg, int64_t begin, int64_t end)
+{
+    const struct ew_job *j = arg;
+    const struct ew_state *s = j->s;
+    const struct simd_kernels *k = s->k;
+    if (s->bc == BC_SAME) {
+        k->binary(s->bop, SIMD_B_VEC, j->a + begin, j->b + begin, j->y + begin, end - begin);
+        return;
+    }
+    if (s->row == 1) {
+        if (s->bc == BC_B_ROW)
+            k->binary(s->bop, SIMD_B_SCALAR_B, j->a + begin, j->b, j->y + begin, end - begin);
+        else
+            k->binary(s->bop, SIMD_B_SCALAR_A, j->a, j->b + begin, j->y + begin, end - begin);
+        return;
+    }
+    for (int64_t i = begin; i < end;) {
+        int64_t off = i % s->row, len = s->row - off;
+        if (len > end - i) len = end - i;
+        const float *a = s->bc == BC_B_ROW ? j->a + i : j->a + off;
+        const float *b = s->bc == BC_B_ROW ? j->b + off : j->b + i;
+        k->binary(s->bop, SIMD_B_VEC, a, b, j->y + i, len);
+        i += len;
+    }
+}
+
+/* Read a Clip bound input (a one-element f32 tensor) or keep dflt. */
+static float clip_bound(const struct kiln_run_ctx *ctx, int i, float dflt)
+{
+    const kiln_tensor *t = i < ctx->n_in ? ctx->in[i] : NULL;
+    return t ? ((const float *)t->data)[0] : dflt;
+}
+
+static kiln_status ew_run(void *state, struct kiln_run_ctx *ctx)
+{
+    const struct ew_state *s = state;
+    struct ew_job j = {s, ctx->in[0]->data, NULL, ctx->out[0]->data, s->alpha, s->beta};
+    if (s->binary) {
+        j.b = ctx->in[1]->data;
+        kiln_parallel_for(ctx->threads, s->n, s->grain, binary_range, &j);
+        return KILN_OK;
+    }
+    if (s->clip_inputs) {
+        j.alpha = clip_bound(ctx, 1, -INFINITY);
+        j.beta = clip_bound(ctx, 2, INFINITY);
+    }
+    kiln_parallel_for(ctx->threads, s->n, s->grain, unary_range, &j);
+    return KILN_OK;
+}
+
+static bool is_f32(const struct kiln_type *t)
+{
+    return t && t->dtype == KILN_DTYPE_F32 && kiln_type_is_concrete(t);
+}
+
+static int64_t type_count(const struct kiln_type *t)
+{
+    return kiln_shape_count(t->rank, t->dims);
+}
+
+/* Set up inst with a fresh ew_state for the given node; *out NULL = declined. */
+static kiln_status ew_begin(const struct kiln_compile_ctx *cc, struct kiln_kernel_inst *inst,
+                            int n_inputs, const char *opname, struct ew_state **out)
+{
+    *out = NULL;
+    if (cc->n_out < 1 || !is_f32(cc->out[0]) || cc->n_in < n_inputs) return KILN_OK;
+    for (int i = 0; i < n_inputs; i++)
+        if (!is_f32(cc->in[i])) return KILN_OK;
+    struct ew_state *s = calloc(1, sizeof *s);
+    if (!s) return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory compiling %s", opname);
+    s->k = simd_kernels_for();
+    s->n = type_count(cc->out[0]);
+    s->grain = SIMD_GRAIN_MATH;
+    snprintf(s->name, sizeof s->name, "f32_%s_%s", opname, s->k->isa);
+    inst->state = s;
+    inst->destroy = free;
+    inst->run = ew_run;
+    inst->name = s->name;
+    inst->inplace = 1;
+    *out = s;
+    return KILN_OK;
+}
+
+/* Compile a unary op; cheap ops get the larger parallel grain. */
+static kiln_status unary_compile(const struct kiln_compile_ctx *cc, struct kiln_kernel_inst *inst,
+                                 enum simd_unary op, const char *opname, float alpha, float beta)
+{
+    if (cc->n_in < 1 || !is_f32(cc->in[0]) || cc->n_out < 1 || !is_f32(cc->out[0]) ||
+        type_count(cc->in[0]) != type_count(cc->out[0]))
+        return KILN_OK;
+    struct ew_state *s;
+    kiln_status st = ew_begin(cc, inst, 1, opname, &s);
+    if (st != KILN_OK || !s) return st;
+    s->uop = op;
+    s->alpha = alpha;
+    s->beta = beta;
+    if (op == SIMD_RELU || op == SIMD_LEAKY_RELU || op == SIMD_CLIP || op == SIMD_NEG ||
+        op == SIMD_SQRT || op == SIMD_HARD_SIGMOID || op == SIMD_HARD_SWISH)
+        s->grain = SIMD_GRAIN_CHEAP;
+    return KILN_OK;
+}
+
+#define UNARY_FAST(Name, op, opname)                                                       \
+    static kiln_status Name##_compile(const struct kiln_compile_ctx *cc,                   \
+                                      struct kiln_kernel_inst *inst)                       \
+    {                                                                                      \
+        return unary_compile(cc, inst, op, opname, 0.0f, 0.0f);                            \
+    }                                                                                      \
+    KILN_FAST_OP(Name, Name##_compile, NULL)
+
+UNARY_FAST(Relu, SIMD_RELU, "relu");
+UNARY_FAST(Sigmoid, SIMD_SIGMOID, "sigmoid");
+UNARY_FAST(Tanh, SIMD_TANH, "tanh");
+UNARY_FAST(Exp, SIMD_EXP, "exp");
+UNARY_FAST(Erf, SIMD_ERF, "erf");
+UNARY_FAST(HardSwish, SIMD_HARD_SWISH, "hardswish");
+UNARY_FAST(Softplus, SIMD_SOFTPLUS, "softplus");
+UNARY_FAST(Sqrt, SIMD_SQRT, "sqrt");
+UNARY_FAST(Neg, SIMD_NEG, "neg");
+
+static kiln_status LeakyRelu_compile(const struct kiln_compile_ctx *cc,
+                                     struct kiln_kernel_inst *inst)
+{
+    return unary_compile(cc, inst, SIMD_LEAKY_RELU, "leakyrelu",
+                         kiln_attr_float(cc->node, "alpha", 0.01f), 0.0f);
+}
+KILN_FAST_OP(LeakyRelu, LeakyRelu_compile, NULL);
+
+static kiln_status HardSigmoid_compile(const struct kiln_compile_ctx *cc,
+                                       struct kiln_kernel_inst *inst)
+{
+    return unary_compile(cc, inst, SIMD_HARD_SIGMOID, "hardsigmoid",
+                         kiln_attr_float(cc->node, "alpha", 0.2f),
+                         kiln_attr_float(cc->node, "beta", 0.5f));
+}
+KILN_FAST_OP(HardSigmoid, HardSigmoid_compile, NULL);
+
+static kiln_status Gelu_compile(const struct kiln_compile_ctx *cc, struct kiln_kernel_inst *inst)
+{
+    const char *approx = kiln_attr_str(cc->node, "approximate", "none");
+    if (strcmp(approx, "none") == 0) return unary_compile(cc, inst, SIMD_GELU, "gelu", 0, 0);
+    if (strcmp(approx, "tanh") == 0)
+        return unary_compile(cc, inst, SIMD_GELU_TANH, "gelu_tanh", 0, 0);
+    return KILN_OK; /* the reference reports the bad attribute */
+}
+KILN_FAST_OP(Gelu, Gelu_compile, NULL);
+
+/* Clip: attributes min/max before opset 11, optional one-element inputs from 11. */
+static kiln_status Clip_compile(const struct kiln_compile_ctx *cc, struct kiln_kernel_inst *inst)
+{
+    if (cc->node->opset < 11)
+        return unary_compile(cc, inst, SIMD_CLIP, "clip",
+                             kiln_attr_float(cc->node, "min", -FLT_MAX),
+                             kiln_attr_float(cc->node, "max", FLT_MAX));
+    for (int i = 1; i < cc->n_in && i < 3; i++)
+        if (cc->in[i] && (!is_f32(cc->in[i]) || type_count(cc->in[i]) != 1)) return KILN_OK;
+    kiln_status st = unary_compile(cc, inst, SIMD_CLIP, "clip", -INFINITY, INFINITY);
+    if (st == KILN_OK && inst->run) ((struct ew_state *)inst->state)->clip_inputs = true;
+    return st;
+}
+KILN_FAST_OP(Clip, Clip_compile, NULL);
+
+/* Whether `small` broadcasts against `out` as a repeated trailing row: its
+ * dims, leading 1s dropped, are out's last dims. *row = its element count. */
+static bool trailing_row(const struct kiln_type *small, const struct kiln_type *out, int64_t *row)
+{
+    int lead = 0;
+    while (lead < small->rank && small->dims[lead] == 1) lead++;
+    int k = small->rank - lead;
+    if (k > out->rank) return false;
+    int64_t n = 1;
+    for (int i = 0; i < k; i++) {
+        if (small->dims[lead + i] != out->dims[out->rank - k + i]) return false;
+        n *= small->dims[lead + i];
+    }
+    *row = n;
+    return n > 0;
+}
+
+static kiln_status binary_compile(const struct kiln_compile_ctx *cc, struct kiln_kernel_inst *inst,
+                                  enum simd_binary op, const char *opname)
+{
+    if (cc->node->opset < 7 && kiln_node_attr(cc->node, "broadcast")) return KILN_OK;
+    if (cc->n_in < 2 || !is_f32(cc->in[0]) || !is_f32(cc->in[1]) || cc->n_out < 1 ||
+        !is_f32(cc->out[0]))
+        return KILN_OK;
+    const struct kiln_type *a = cc->in[0], *b = cc->in[1], *o = cc->out[0];
+    int64_t n = type_count(o), na = type_count(a), nb = type_count(b), row = 0;
+    enum bcast_kind bc;
+    if (na == n && nb == n) bc = BC_SAME;
+    else if (na == n && trailing_row(b, o, &row)) bc = BC_B_ROW;
+    else if (nb == n && trailing_row(a, o, &row)) bc = BC_A_ROW;
+    else return KILN_OK;
+    struct ew_state *s;
+    kiln_status st = ew_begin(cc, inst, 2, opname, &s);
+    if (st != KILN_OK || !s) return st;
+    s->binary = true;
+    s->bop = op;
+    s->bc = bc;
+    s->row = row;
+    s->grain = SIMD_GRAIN_CHEAP;
+    inst->inplace = na == n; /* y[i] reads a[i] only */
+    return KILN_OK;
+}
+
+#define BINARY_FAST(Name, op, opname)                                                      \
+    static kiln_status Name##_compile(const struct kiln_compile_ctx *cc,                   \
+                                      struct kiln_kernel_inst *inst)                       \
+    {                                                                                      \
+        return binary_compile(cc, inst, op, opname);                                       \
+    }                                                                                      \
+    KILN_FAST_OP(Name, Name##_compile, NULL)
+
+BINARY_FAST(Add, SIMD_ADD, "add");
+BINARY_FAST(Sub, SIMD_SUB, "sub");
+BINARY_FAST(Mul, SIMD_MUL, "mul");
+BINARY_FAST(Div, SIMD_DIV, "div");

@@ -1,0 +1,64 @@
+/*
+ * isa_avx2.c - the f32 kernel table for AVX2 with FMA: 8 lanes. The
+ * vector vocabulary of simd_body.h over __m256, compiled for avx2/fma by a
+ * target pragma; only called after kiln_cpu_isa() reported AVX2.
+ */
+#include <immintrin.h>
+#include <math.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "kernels/simd/simd.h"
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+
+typedef __m256 vf;
+typedef __m256 vm;
+#define W 8
+#define SIMD_TABLE kiln_simd_avx2
+#define SIMD_ISA "avx2"
+
+static inline vf vld(const float *p) { return _mm256_loadu_ps(p); }
+static inline void vst(float *p, vf v) { _mm256_storeu_ps(p, v); }
+static inline vf vset(float x) { return _mm256_set1_ps(x); }
+static inline vf vfma(vf a, vf b, vf c) { return _mm256_fmadd_ps(a, b, c); }
+static inline vf vmaxs(vf a, vf b) { return _mm256_max_ps(a, b); }
+static inline vf vmins(vf a, vf b) { return _mm256_min_ps(a, b); }
+static inline vm vlt(vf a, vf b) { return _mm256_cmp_ps(a, b, _CMP_LT_OQ); }
+static inline vf vsel(vm m, vf a, vf b) { return _mm256_blendv_ps(a, b, m); }
+static inline vf vabs(vf a) { return _mm256_andnot_ps(_mm256_set1_ps(-0.0f), a); }
+static inline vf vneg(vf a) { return _mm256_xor_ps(a, _mm256_set1_ps(-0.0f)); }
+static inline vf vsqrt(vf a) { return _mm256_sqrt_ps(a); }
+static inline vf vcopysign(vf mag, vf sign)
+{
+    const vf s = _mm256_set1_ps(-0.0f);
+    return _mm256_or_ps(_mm256_andnot_ps(s, mag), _mm256_and_ps(s, sign));
+}
+static inline float vhsum(vf a)
+{
+    __m128 v = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    v = _mm_add_ps(v, _mm_movehl_ps(v, v));
+    v = _mm_add_ss(v, _mm_shuffle_ps(v, v, 1));
+    return _mm_cvtss_f32(v);
+}
+static inline float vhmax(vf a)
+{
+    __m128 v = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    v = _mm_max_ps(v, _mm_movehl_ps(v, v));
+    v = _mm_max_ss(v, _mm_shuffle_ps(v, v, 1));
+    return _mm_cvtss_f32(v);
+}
+static inline vf vround(vf a)
+{
+    return _mm256_round_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+}
+static inline vf vpow2i(vf n)
+{
+    __m256i i = _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(i, 23));
+}
+
+#include "kernels/simd/simd_body.h"
+
+#pragma GCC pop_options

@@ -1,0 +1,185 @@
+/*
+ * norm.c - fast f32 Softmax (any axis; contiguous rows when the axis is
+ * innermost, W lanes across the inner dims otherwise; the pre-13 2-D
+ * coercion too) and LayerNormalization (normalization over the trailing
+ * dims from axis, scale and optional bias laid out like those dims, Mean
+ * and InvStdDev produced when wanted in f32). Rows are split across the
+ * run's threads. Statistics accumulate in double across blocks of floats.
+ */
+#include <stdio.h>
+
+#include "kernels/fast.h"
+#include "kernels/simd/simd.h"
+
+static bool is_f32(const struct kiln_type *t)
+{
+    return t && t->dtype == KILN_DTYPE_F32 && kiln_type_is_concrete(t);
+}
+
+static int64_t dims_product(const int64_t *dims, int lo, int hi)
+{
+    int64_t p = 1;
+    for (int d = lo; d < hi; d++) p *= dims[d];
+    return p;
+}
+
+/* ---- Softmax ---- */
+
+struct softmax_state {
+    const struct simd_kernels *k;
+    int64_t outer, n, inner;
+    char name[40];
+};
+
+struct softmax_job {
+    const struct softmax_state *s;
+    const float *x;
+    float *y;
+};
+
+static void softmax_range(void *arg, int64_t begin, int64_t end)
+{
+    const struct softmax_job *j = arg;
+    const struct softmax_state *s = j->s;
+    if (s->inner == 1) {
+        s->k->softmax_rows(j->x + begin * s->n, j->y + begin * s->n, end - begin, s->n);
+        return;
+    }
+    for (int64_t o = begin; o < end; o++)
+        s->k->softmax_strided(j->x + o * s->n * s->inner, j->y + o * s->n * s->inner, s->n,
+                              s->inner);
+}
+
+static kiln_status softmax_run(void *state, struct kiln_run_ctx *ctx)
+{
+    const struct softmax_state *s = state;
+    struct softmax_job j = {s, ctx->in[0]->data, ctx->out[0]->data};
+    int64_t per = s->n * s->inner, grain = per >= SIMD_GRAIN_MATH ? 1 : SIMD_GRAIN_MATH / per;
+    kiln_parallel_for(ctx->threads, s->outer, grain, softmax_range, &j);
+    return KILN_OK;
+}
+
+static kiln_status Softmax_compile(const struct kiln_compile_ctx *cc,
+                                   struct kiln_kernel_inst *inst)
+{
+    const struct kiln_type *x = cc->in[0];
+    if (!is_f32(x) || cc->n_out < 1 || !is_f32(cc->out[0])) return KILN_OK;
+    int64_t outer = 1, n = 1, inner = 1;
+    if (x->rank > 0) {
+        bool legacy = cc->node->opset > 0 && cc->node->opset < 13;
+        int64_t attr = kiln_attr_int(cc->node, "axis", legacy ? 1 : -1);
+        if (attr < 0) attr += x->rank;
+        if (attr < 0 || attr > x->rank || (attr == x->rank && !legacy)) return KILN_OK;
+        int axis = (int)attr;
+        outer = dims_product(x->dims, 0, axis);
+        if (legacy) {
+            n = dims_product(x->dims, axis, x->rank);
+        } else {
+            n = x->dims[axis];
+            inner = dims_product(x->dims, axis + 1, x->rank);
+        }
+    }
+    if (n <= 0 || inner <= 0) return KILN_OK;
+    struct softmax_state *s = calloc(1, sizeof *s);
+    if (!s) return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory compiling Softmax");
+    s->k = simd_kernels_for();
+    s->outer = outer;
+    s->n = n;
+    s->inner = inner;
+    snprintf(s->name, sizeof s->name, "f32_softmax_%s", s->k->isa);
+    inst->state = s;
+    inst->destroy = free;
+    inst->run = softmax_run;
+    inst->name = s->name;
+    inst->inplace = 1;
+    return KILN_OK;
+}
+KILN_FAST_OP(Softmax, Softmax_compile, NULL);
+
+/* ---- LayerNormalization ---- */
+
+struct layernorm_state {
+    const struct simd_kernels *k;
+    int64_t rows, n;
+    float eps;
+    bool want_mean, want_inv;
+    char name[40];
+};
+
+struct layernorm_job {
+    const struct layernorm_state *s;
+    const float *x, *scale, *bias;
+    float *y, *mean, *inv;
+};
+
+static void layernorm_range(void *arg, int64_t begin, int64_t end)
+{
+    const struct layernorm_job *j = arg;
+    int64_t n = j->s->n;
+    j->s->k->layernorm_rows(j->x + begin * n, j->y + begin * n, end - begin, n, j->s->eps,
+                            j->scale, j->bias, j->mean ? j->mean + begin : NULL,
+                            j->inv ? j->inv + begin : NULL);
+}
+
+static kiln_status layernorm_run(void *state, struct kiln_run_ctx *ctx)
+{
+    const struct layernorm_state *s = state;
+    struct layernorm_job j = {
+        .s = s,
+        .x = ctx->in[0]->data,
+        .scale = ctx->in[1]->data,
+        .bias = ctx->n_in > 2 && ctx->in[2] ? ctx->in[2]->data : NULL,
+        .y = ctx->out[0]->data,
+        .mean = s->want_mean ? ctx->out[1]->data : NULL,
+        .inv = s->want_inv ? ctx->out[2]->data : NULL,
+    };
+    int64_t grain = s->n >= 16384 ? 1 : 16384 / s->n;
+    kiln_parallel_for(ctx->threads, s->rows, grain, layernorm_range, &j);
+    return KILN_OK;
+}
+
+/* Whether p is laid out like x's dims from axis on (leading dims of 1). */
+static bool trails_from(const struct kiln_type *p, const struct kiln_type *x, int axis)
+{
+    if (p->rank > x->rank) return false;
+    for (int d = 0; d < p->rank; d++) {
+        int xd = d + x->rank - p->rank;
+        int64_t want = xd < axis ? 1 : x->dims[xd];
+        if (p->dims[d] != want) return false;
+    }
+    return true;
+}
+
+static kiln_status LayerNormalization_compile(const struct kiln_compile_ctx *cc,
+                                              struct kiln_kernel_inst *inst)
+{
+    const struct kiln_type *x = cc->in[0], *scale = cc->n_in > 1 ? cc->in[1] : NULL;
+    const struct kiln_type *bias = cc->n_in > 2 ? cc->in[2] : NULL;
+    if (!is_f32(x) || !is_f32(scale) || (bias && !is_f32(bias)) || x->rank < 1) return KILN_OK;
+    if (cc->n_out < 1 || !is_f32(cc->out[0])) return KILN_OK;
+    bool want_mean = cc->n_out > 1 && cc->out[1], want_inv = cc->n_out > 2 && cc->out[2];
+    if ((want_mean && !is_f32(cc->out[1])) || (want_inv && !is_f32(cc->out[2]))) return KILN_OK;
+    int64_t attr = kiln_attr_int(cc->node, "axis", -1);
+    if (attr < 0) attr += x->rank;
+    if (attr < 0 || attr >= x->rank) return KILN_OK;
+    int axis = (int)attr;
+    if (!trails_from(scale, x, axis) || (bias && !trails_from(bias, x, axis))) return KILN_OK;
+    int64_t rows = dims_product(x->dims, 0, axis), n = dims_product(x->dims, axis, x->rank);
+    if (n <= 0) return KILN_OK;
+    struct layernorm_state *s = calloc(1, sizeof *s);
+    if (!s) return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory compiling LayerNormalization");
+    s->k = simd_kernels_for();
+    s->rows = rows;
+    s->n = n;
+    s->eps = kiln_attr_float(cc->node, "epsilon", 1e-5f);
+    s->want_mean = want_mean;
+    s->want_inv = want_inv;
+    snprintf(s->name, sizeof s->name, "f32_layernorm_%s", s->k->isa);
+    inst->state = s;
+    inst->destroy = free;
+    inst->run = layernorm_run;
+    inst->name = s->name;
+    inst->inplace = 1; /* each row's statistics are taken before the row is written */
+    return KILN_OK;
+}
+KILN_FAST_OP(LayerNormalization, LayerNormalization_compile, NULL);

@@ -1,0 +1,80 @@
+/*
+ * simd.h - Kiln's own f32 kernels, private interface.
+ *
+ * The loops that do the arithmetic are written once, in simd_body.h, over
+ * a small vector vocabulary (load, store, fma, compare, select, ...). Each
+ * ISA file (isa_avx512.c, isa_avx2.c, isa_scalar.c) defines that vocabulary
+ * for its vector type under its own GCC target pragma, includes the body
+ * and exports one struct simd_kernels. The op files (elementwise.c,
+ * norm.c, attention.c, data.c) hold the KILN_FAST_OP compile functions:
+ * they check the node's types and attributes, pick the table for
+ * kiln_cpu_isa() with simd_kernels_for(), and split the work across the
+ * run's threads with kiln_parallel_for.
+ *
+ * Math: exp, tanh, erf/erfc, sigmoid, log1p are polynomial or rational
+ * approximations accurate to a few ulp (well within 1e-5 relative of libm)
+ * over the whole float range, denormal results included; NaN propagates
+ * and +-inf give the limits libm gives. The scalar table uses libm.
+ */
+#ifndef KILN_KERNELS_SIMD_SIMD_H
+#define KILN_KERNELS_SIMD_SIMD_H
+
+#include <stdint.h>
+
+#include "core/threadpool.h"
+
+enum simd_unary {
+    SIMD_RELU,
+    SIMD_LEAKY_RELU,   /* alpha */
+    SIMD_CLIP,         /* lo = alpha, hi = beta */
+    SIMD_SIGMOID,
+    SIMD_TANH,
+    SIMD_EXP,
+    SIMD_ERF,
+    SIMD_GELU,
+    SIMD_GELU_TANH,
+    SIMD_HARD_SWISH,
+    SIMD_HARD_SIGMOID, /* alpha, beta */
+    SIMD_SOFTPLUS,
+    SIMD_SQRT,
+    SIMD_NEG,
+};
+
+enum simd_binary { SIMD_ADD, SIMD_SUB, SIMD_MUL, SIMD_DIV };
+
+/* How the two inputs of a binary loop advance. */
+enum simd_bmode {
+    SIMD_B_VEC = 0,     /* a[i] op b[i] */
+    SIMD_B_SCALAR_B,    /* a[i] op b[0] */
+    SIMD_B_SCALAR_A,    /* a[0] op b[i] */
+};
+
+struct simd_kernels {
+    const char *isa; /* "avx512", "avx2", "scalar" */
+    /* y[i] = op(x[i]) for i < n; y may be x. */
+    void (*unary)(enum simd_unary op, float alpha, float beta, const float *x, float *y,
+                  int64_t n);
+    /* y[i] = a op b per mode; y may be a or b where they are full. */
+    void (*binary)(enum simd_binary op, enum simd_bmode mode, const float *a, const float *b,
+                   float *y, int64_t n);
+    /* Softmax of rows contiguous rows of n (n >= 1); y may be x. */
+    void (*softmax_rows)(const float *x, float *y, int64_t rows, int64_t n);
+    /* Softmax along the middle dim of one [n][inner] block (inner > 1). */
+    void (*softmax_strided)(const float *x, float *y, int64_t n, int64_t inner);
+    /* Layer normalization of rows of n; bias, mean and inv may be NULL. */
+    void (*layernorm_rows)(const float *x, float *y, int64_t rows, int64_t n, float eps,
+                           const float *scale, const float *bias, float *mean, float *inv);
+    /* y[r] = sum(x[r*n .. r*n+n)) / div, accumulated in double. */
+    void (*sum_rows)(const float *x, float *y, int64_t rows, int64_t n, double div);
+};
+
+extern const struct simd_kernels kiln_simd_avx512, kiln_simd_avx2, kiln_simd_scalar;
+
+/* The table for the current kiln_cpu_isa(). */
+const struct simd_kernels *simd_kernels_for(void);
+
+/* Elements per parallel chunk: below twice this a loop runs on one thread. */
+#define SIMD_GRAIN_CHEAP 32768 /* loads and adds: memory bound */
+#define SIMD_GRAIN_MATH 4096   /* transcendental functions */
+
+#endif

@@ -1,0 +1,442 @@
+/*
+ * simd_body.h - the f32 kernel loops, written once over a vector
+ * vocabulary and included by each ISA file (isa_*.c) after it defines:
+ *
+ *   vf, vm, W              vector type, compare-mask type, lanes
+ *   vld vst vset           load, store (unaligned), broadcast
+ *   vfma(a, b, c)          a * b + c, one rounding
+ *   vmaxs(a, b)            a > b ? a : b   (x86 MAXPS; NaN in b passes)
+ *   vmins(a, b)            a < b ? a : b
+ *   vlt(a, b), vsel(m, a, b)   mask of a < b; m ? b : a per lane
+ *   vabs vneg vsqrt vcopysign(mag, sign) vhsum vhmax
+ *   SIMD_TABLE, SIMD_ISA   the exported table's name and its ISA string
+ * and, unless SIMD_SCALAR (which takes its math from libm instead):
+ *   vround(a)              to nearest integer value (ties even)
+ *   vpow2i(n)              2^n for integer-valued n in [-126, 127]
+ * Arithmetic + - * / uses the C operators (GCC vector extensions).
+ * Tails shorter than W go through a W-float stack buffer.
+ */
+#include <string.h>
+
+static inline vf vld_part(const float *p, int64_t n, float fill)
+{
+    float buf[W];
+    for (int i = 0; i < W; i++) buf[i] = i < n ? p[i] : fill;
+    return vld(buf);
+}
+
+static inline void vst_part(float *p, vf v, int64_t n)
+{
+    float buf[W];
+    vst(buf, v);
+    memcpy(p, buf, (size_t)n * sizeof(float));
+}
+
+/* ---- Math ---- */
+#ifndef SIMD_SCALAR
+
+/* exp(hi + lo) with |lo| < 2; Cody-Waite reduction (hi's part exact), the
+ * Cephes expf polynomial, and 2^n applied in two halves so that results
+ * overflow to inf and underflow gradually through the denormals. */
+static inline vf v_exp2s(vf hi, vf lo, float shift)
+{
+    hi = vmins(vset(89.0f), vmaxs(vset(-120.0f), hi)); /* NaN passes; 2^n halves stay normal */
+    vf n = vround((hi + lo) * vset(1.44269504088896341f));
+    vf r = vfma(n, vset(-0.693359375f), hi);
+    r = vfma(n, vset(2.12194440e-4f), r);
+    r = r + lo;
+    vf p = vset(1.9875691500e-4f);
+    p = vfma(p, r, vset(1.3981999507e-3f));
+    p = vfma(p, r, vset(8.3334519073e-3f));
+    p = vfma(p, r, vset(4.1665795894e-2f));
+    p = vfma(p, r, vset(1.6666665459e-1f));
+    p = vfma(p, r, vset(5.0000001201e-1f));
+    vf y = vfma(p, r * r, r) + vset(1.0f);
+    vf n1 = vround(n * vset(0.5f));
+    vf n2 = n - n1 + vset(shift);
+    return y * vpow2i(n1) * vpow2i(n2);
+}
+
+/* exp(hi + lo); v_exp2s(hi, lo, s) is exp(hi + lo) * 2^s (s in [0, 32]), for
+ * callers that scale a result that would be denormal before rounding it. */
+static inline vf v_exp2(vf hi, vf lo) { return v_exp2s(hi, lo, 0.0f); }
+static inline vf v_exp(vf x) { return v_exp2(x, vset(0.0f)); }
+
+/* tanh: odd Taylor polynomial to x^15 below 0.55, 1 - 2 / (e^2|x| + 1) above. */
+static inline vf v_tanh(vf x)
+{
+    vf a = vabs(x), x2 = x * x;
+    vf p = vset(-1.455834387051318e-3f);
+    p = vfma(p, x2, vset(3.592128036572481e-3f));
+    p = vfma(p, x2, vset(-8.863235529902197e-3f));
+    p = vfma(p, x2, vset(2.186948853615520e-2f));
+    p = vfma(p, x2, vset(-5.396825396825397e-2f));
+    p = vfma(p, x2, vset(1.333333333333333e-1f));
+    p = vfma(p, x2, vset(-3.333333333333333e-1f));
+    vf small = vfma(p * x2, x, x);
+    vf e = v_exp(a + a);
+    vf big = vcopysign(vset(1.0f) - vset(2.0f) / (e + vset(1.0f)), x);
+    return vsel(vlt(a, vset(0.55f)), big, small);
+}
+
+/* erf for |x| < 1: Taylor series to x^19 (error < 2e-8). */
+static inline vf v_erf_small(vf x)
+{
+    vf x2 = x * x;
+    vf p = vset(-1.6365844691e-07f);
+    p = vfma(p, x2, vset(1.6462114366e-06f));
+    p = vfma(p, x2, vset(-1.4925650358e-05f));
+    p = vfma(p, x2, vset(1.2055332982e-04f));
+    p = vfma(p, x2, vset(-8.5483270235e-04f));
+    p = vfma(p, x2, vset(5.2239776254e-03f));
+    p = vfma(p, x2, vset(-2.6866170645e-02f));
+    p = vfma(p, x2, vset(1.1283791671e-01f));
+    p = vfma(p, x2, vset(-3.7612638903e-01f));
+    p = vfma(p, x2, vset(1.1283791671e+00f));
+    return p * x;
+}
+
+/* erfc(z) * 2^shift for z >= 0 (meant for z >= 1), z^2 = z2hi + z2lo
+ * exactly: Numerical Recipes' erfcc Chebyshev fit (relative error < 1.2e-7),
+ * with exp(-z^2 + poly) taken as one exp of a two-part argument. */
+static inline vf v_erfc_big(vf z, vf z2hi, vf z2lo, float shift)
+{
+    vf t = vset(1.0f) / vfma(z, vset(0.5f), vset(1.0f));
+    vf p = vset(0.17087277f);
+    p = vfma(p, t, vset(-0.82215223f));
+    p = vfma(p, t, vset(1.48851587f));
+    p = vfma(p, t, vset(-1.13520398f));
+    p = vfma(p, t, vset(0.27886807f));
+    p = vfma(p, t, vset(-0.18628806f));
+    p = vfma(p, t, vset(0.09678418f));
+    p = vfma(p, t, vset(0.37409196f));
+    p = vfma(p, t, vset(1.00002368f));
+    p = vfma(p, t, vset(-1.26551223f));
+    return t * v_exp2s(vneg(z2hi), p - z2lo, shift);
+}
+
+static inline vf v_erf(vf x)
+{
+    vf a = vmins(vset(10.5f), vabs(x)); /* erfc(10.5) underflows to 0 */
+    vf hi = a * a, lo = vfma(a, a, vneg(hi));
+    vf big = vcopysign(vset(1.0f) - v_erfc_big(a, hi, lo, 0.0f), x);
+    return vsel(vlt(a, vset(1.0f)), big, v_erf_small(x));
+}
+
+/* Non-finite x: the reference's 0.5 x (1 + erf(..)) gives inf for +inf and
+ * NaN (-inf * 0) for -inf; y for finite x. */
+static inline vf v_gelu_nonfinite(vf x, vm neg, vf y)
+{
+    vf keep = vsel(neg, vset(1.0f), vset(0.0f));
+    return vsel(vlt(vabs(x), vset(INFINITY)), x * keep, y);
+}
+
+/* Gelu: 0.5 x (1 + erf(x / sqrt 2)) = x - 0.5 x erfc(z) for x >= 0 and
+ * 0.5 x erfc(|z|) for x < 0, z = |x| / sqrt 2: no cancellation, and the
+ * tiny results of large negative x are formed at 2^32 scale and rounded
+ * into the denormals once. */
+static inline vf v_gelu(vf x)
+{
+    vf ax = vmins(vset(14.849242f), vabs(x)); /* z <= 10.5 */
+    vf z = ax * vset(0.70710678118654752f);
+    vf hi = ax * ax, lo = vfma(ax, ax, vneg(hi)); /* x^2 exactly; z^2 = half of it */
+    hi = hi * vset(0.5f);
+    lo = lo * vset(0.5f);
+    const vf m = x * vset(0.5f), down = vset(0x1p-32f);
+    vf core = v_erfc_big(z, hi, lo, 32.0f);                /* erfc(z) 2^32 */
+    core = vsel(vlt(vabs(x), vset(14.849242f)), vset(0.0f), core); /* |y| < 1e-48 past the clamp */
+    vm small = vlt(z, vset(1.0f));
+    vf ec = vsel(small, core * down, vset(1.0f) - v_erf_small(z));
+    vf ecm = vsel(small, (core * m) * down, m * ec);      /* 0.5 x erfc(z) */
+    vm neg = vlt(x, vset(0.0f));
+    return v_gelu_nonfinite(x, neg, vsel(neg, x - m * ec, ecm));
+}
+
+/* Sigmoid: 1 / (1 + e^-|x|), times e^-|x| for x < 0. */
+static inline vf v_sigmoid(vf v)
+{
+    vf e = v_exp(vneg(vabs(v)));
+    vf r = vset(1.0f) / (vset(1.0f) + e);
+    return vsel(vlt(v, vset(0.0f)), r, e * r);
+}
+
+/* Gelu, tanh form: 0.5 x (1 + tanh(u)) = x sigmoid(v), v = 2u = x (c1 +
+ * c2 x^2). v reaches ~100 before the result underflows, so it is formed as
+ * a double-float (hi + lo) to keep e^-|v| within a few ulp, and the small
+ * side is again formed at 2^32 scale. */
+static inline vf v_gelu_tanh(vf x)
+{
+    const vf c1h = vset(1.5957691669464111f), c1l = vset(-4.534068054340423e-08f);
+    const vf c2h = vset(0.07135481387376785f), c2l = vset(2.3988324659995897e-09f);
+    vf x2 = x * x, x2l = vfma(x, x, vneg(x2));
+    vf th = c2h * x2;
+    vf tl = vfma(c2h, x2, vneg(th)) + vfma(c2h, x2l, c2l * x2);
+    vf ih = c1h + th, bb = ih - c1h; /* two-sum c1h + th */
+    vf il = ((c1h - (ih - bb)) + (th - bb)) + tl + c1l;
+    vf vh = x * ih, vl = vfma(x, ih, vneg(vh)) + x * il;
+    vm neg = vlt(vh, vset(0.0f));
+    vf eh = vsel(neg, vneg(vh), vh), el = vsel(neg, vneg(vl), vl); /* -|v| */
+    vf es = v_exp2s(eh, el, 32.0f);                          /* e^-|v| 2^32 */
+    es = vsel(vlt(eh, vset(-120.0f)), es, vset(0.0f));        /* past exp's clamp: |y| < 1e-48 */
+    const vf down = vset(0x1p-32f);
+    vf r = vset(1.0f) / (vset(1.0f) + es * down);
+    vf y = vsel(neg, x * r, ((x * r) * es) * down);
+    return v_gelu_nonfinite(x, vlt(x, vset(0.0f)), y);
+}
+
+/* log1p(u) for u in [0, 1]: Cephes logf on w = 1 + u, corrected by u / (w - 1). */
+static inline vf v_log1p01(vf u)
+{
+    vf w = vset(1.0f) + u;
+    vm big = vlt(vset(1.41421356f), w);
+    vf m = vsel(big, w, w * vset(0.5f));
+    vf e = vsel(big, vset(0.0f), vset(1.0f));
+    vf f = m - vset(1.0f);
+    vf z = f * f;
+    vf p = vset(7.0376836292e-2f);
+    p = vfma(p, f, vset(-1.1514610310e-1f));
+    p = vfma(p, f, vset(1.1676998740e-1f));
+    p = vfma(p, f, vset(-1.2420140846e-1f));
+    p = vfma(p, f, vset(1.4249322787e-1f));
+    p = vfma(p, f, vset(-1.6668057665e-1f));
+    p = vfma(p, f, vset(2.0000714765e-1f));
+    p = vfma(p, f, vset(-2.4999993993e-1f));
+    p = vfma(p, f, vset(3.3333331174e-1f));
+    vf y = p * f * z;
+    y = vfma(e, vset(-2.12194440e-4f), y);
+    y = vfma(z, vset(-0.5f), y);
+    vf lg = vfma(e, vset(0.693359375f), f + y);
+    vf wm1 = w - vset(1.0f);
+    vm exact = vlt(wm1, vset(1e-30f)); /* w == 1: log1p(u) = u */
+    return vsel(exact, lg * (u / wm1), u);
+}
+
+static inline vf v_softplus(vf x)
+{
+    vf e = v_exp(vneg(vabs(x)));
+    return vmaxs(x, vset(0.0f)) + v_log1p01(e);
+}
+
+#endif /* SIMD_SCALAR */
+
+/* ---- Elementwise ---- */
+
+#define UNARY_LOOP(EXPR)                                        \
+    do {                                                        \
+        int64_t i = 0;                                          \
+        for (; i + W <= n; i += W) {                            \
+            vf x = vld(xs + i);                                 \
+            vst(ys + i, EXPR);                                  \
+        }                                                       \
+        if (i < n) {                                            \
+            vf x = vld_part(xs + i, n - i, 0.0f);               \
+            vst_part(ys + i, EXPR, n - i);                      \
+        }                                                       \
+    } while (0)
+
+static void k_unary(enum simd_unary op, float alpha, float beta, const float *xs, float *ys,
+                    int64_t n)
+{
+    const vf zero = vset(0.0f), one = vset(1.0f), va = vset(alpha), vb = vset(beta);
+    switch (op) {
+    case SIMD_RELU: UNARY_LOOP(vmaxs(zero, x)); break;
+    case SIMD_LEAKY_RELU: UNARY_LOOP(vsel(vlt(x, zero), x, x * va)); break;
+    case SIMD_CLIP: {
+        /* v = x < lo ? lo : x; y = v > hi ? hi : v (NaN passes, as in the reference) */
+        UNARY_LOOP(vsel(vlt(vb, vsel(vlt(x, va), x, va)), vsel(vlt(x, va), x, va), vb));
+        break;
+    }
+    case SIMD_SIGMOID: UNARY_LOOP(v_sigmoid(x)); break;
+    case SIMD_TANH: UNARY_LOOP(v_tanh(x)); break;
+    case SIMD_EXP: UNARY_LOOP(v_exp(x)); break;
+    case SIMD_ERF: UNARY_LOOP(v_erf(x)); break;
+    case SIMD_GELU: UNARY_LOOP(v_gelu(x)); break;
+    case SIMD_GELU_TANH: UNARY_LOOP(v_gelu_tanh(x)); break;
+    case SIMD_HARD_SWISH: {
+        /* x * clamp((x + 3) / 6): x + 3 is exact near -3, where the result is tiny */
+        const vf three = vset(3.0f), sixth = vset(1.0f / 6.0f);
+        UNARY_LOOP(x * vmaxs(vmins((x + three) * sixth, one), zero));
+        break;
+    }
+    case SIMD_HARD_SIGMOID:
+        /* fmax(0, fmin(1, alpha x + beta)): NaN gives 1, as fmin does */
+        UNARY_LOOP(vmaxs(vmins(vfma(va, x, vb), one), zero));
+        break;
+    case SIMD_SOFTPLUS: UNARY_LOOP(v_softplus(x)); break;
+    case SIMD_SQRT: UNARY_LOOP(vsqrt(x)); break;
+    case SIMD_NEG: UNARY_LOOP(vneg(x)); break;
+    }
+}
+
+#define BINARY_LOOP(OP)                                                        \
+    do {                                                                       \
+        int64_t i = 0;                                                         \
+        if (mode == SIMD_B_VEC) {                                              \
+            for (; i + W <= n; i += W) vst(y + i, vld(a + i) OP vld(b + i));   \
+            if (i < n)                                                         \
+                vst_part(y + i, vld_part(a + i, n - i, 1.0f) OP                \
+                                    vld_part(b + i, n - i, 1.0f), n - i);      \
+        } else if (mode == SIMD_B_SCALAR_B) {                                  \
+            const vf bv = vset(b[0]);                                          \
+            for (; i + W <= n; i += W) vst(y + i, vld(a + i) OP bv);           \
+            if (i < n) vst_part(y + i, vld_part(a + i, n - i, 1.0f) OP bv, n - i); \
+        } else {                                                               \
+            const vf av = vset(a[0]);                                          \
+            for (; i + W <= n; i += W) vst(y + i, av OP vld(b + i));           \
+            if (i < n) vst_part(y + i, av OP vld_part(b + i, n - i, 1.0f), n - i); \
+        }                                                                      \
+    } while (0)
+
+static void k_binary(enum simd_binary op, enum simd_bmode mode, const float *a, const float *b,
+                     float *y, int64_t n)
+{
+    switch (op) {
+    case SIMD_ADD: BINARY_LOOP(+); break;
+    case SIMD_SUB: BINARY_LOOP(-); break;
+    case SIMD_MUL: BINARY_LOOP(*); break;
+    case SIMD_DIV: BINARY_LOOP(/); break;
+    }
+}
+
+/* ---- Row statistics ---- */
+
+/* Sum of x[0..n) and of (x - shift)^2 when sq, in float vectors per block of
+ * 8 W elements and double across blocks. */
+static double k_row_sum(const float *x, int64_t n, bool sq, float shift)
+{
+    const vf s = vset(shift);
+    double total = 0.0;
+    int64_t i = 0;
+    while (i < n) {
+        vf acc0 = vset(0.0f), acc1 = vset(0.0f);
+        int64_t end = i + 8 * W < n ? i + 8 * W : n;
+        for (; i + 2 * W <= end; i += 2 * W) {
+            vf a = vld(x + i), b = vld(x + i + W);
+            if (sq) {
+                a = a - s;
+                b = b - s;
+                acc0 = vfma(a, a, acc0);
+                acc1 = vfma(b, b, acc1);
+            } else {
+                acc0 = acc0 + a;
+                acc1 = acc1 + b;
+            }
+        }
+        for (; i < end; i += W) {
+            int64_t m = end - i < W ? end - i : W;
+            vf a = vld_part(x + i, m, sq ? shift : 0.0f);
+            if (sq) {
+                a = a - s;
+                acc0 = vfma(a, a, acc0);
+            } else {
+                acc0 = acc0 + a;
+            }
+        }
+        total += (double)vhsum(acc0 + acc1);
+    }
+    return total;
+}
+
+static void k_sum_rows(const float *x, float *y, int64_t rows, int64_t n, double div)
+{
+    for (int64_t r = 0; r < rows; r++) y[r] = (float)(k_row_sum(x + r * n, n, false, 0.0f) / div);
+}
+
+/* ---- Softmax ---- */
+
+static void k_softmax_rows(const float *x, float *y, int64_t rows, int64_t n)
+{
+    const vf ninf = vset(-INFINITY);
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * n;
+        float *yr = y + r * n;
+        vf m = ninf;
+        int64_t i = 0;
+        for (; i + W <= n; i += W) m = vmaxs(m, vld(xr + i));
+        if (i < n) m = vmaxs(m, vld_part(xr + i, n - i, -INFINITY));
+        const vf mx = vset(vhmax(m));
+        double sum = 0.0;
+        vf acc = vset(0.0f);
+        for (i = 0; i + W <= n; i += W) {
+            vf e = v_exp(vld(xr + i) - mx);
+            vst(yr + i, e);
+            acc = acc + e;
+            if (((i / W) & 63) == 63) { /* double across blocks of 64 vectors */
+                sum += (double)vhsum(acc);
+                acc = vset(0.0f);
+            }
+        }
+        if (i < n) {
+            vf e = v_exp(vld_part(xr + i, n - i, -INFINITY) - mx);
+            vst_part(yr + i, e, n - i);
+            acc = acc + e; /* padding lanes add exp(-inf) = 0 */
+        }
+        sum += (double)vhsum(acc);
+        const vf inv = vset((float)(1.0 / sum));
+        for (i = 0; i + W <= n; i += W) vst(yr + i, vld(yr + i) * inv);
+        if (i < n) vst_part(yr + i, vld_part(yr + i, n - i, 0.0f) * inv, n - i);
+    }
+}
+
+/* Softmax over k of x[k * inner + j], W lanes of j at a time. */
+static void k_softmax_strided(const float *x, float *y, int64_t n, int64_t inner)
+{
+    for (int64_t j = 0; j < inner; j += W) {
+        int64_t m = inner - j < W ? inner - j : W;
+#define LD(p) (m == W ? vld(p) : vld_part((p), m, 0.0f))
+#define ST(p, v) (m == W ? vst((p), (v)) : vst_part((p), (v), m))
+        vf mx = vset(-INFINITY);
+        for (int64_t k = 0; k < n; k++) mx = vmaxs(mx, LD(x + k * inner + j));
+        vf acc = vset(0.0f);
+        for (int64_t k = 0; k < n; k++) {
+            vf e = v_exp(LD(x + k * inner + j) - mx);
+            ST(y + k * inner + j, e);
+            acc = acc + e;
+        }
+        vf inv = vset(1.0f) / acc;
+        for (int64_t k = 0; k < n; k++) ST(y + k * inner + j, LD(y + k * inner + j) * inv);
+#undef LD
+#undef ST
+    }
+}
+
+/* ---- LayerNormalization ---- */
+
+static void k_layernorm_rows(const float *x, float *y, int64_t rows, int64_t n, float eps,
+                             const float *scale, const float *bias, float *mean_out,
+                             float *inv_out)
+{
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * n;
+        float *yr = y + r * n;
+        double mean = k_row_sum(xr, n, false, 0.0f) / (double)n;
+        float meanf = (float)mean;
+        double var = k_row_sum(xr, n, true, meanf) / (double)n;
+        double invd = 1.0 / sqrt(var + (double)eps);
+        const vf mv = vset(meanf), iv = vset((float)invd);
+        const vf zero = vset(0.0f);
+        int64_t i = 0;
+        for (; i + W <= n; i += W) {
+            vf d = (vld(xr + i) - mv) * iv;
+            vst(yr + i, vfma(d, vld(scale + i), bias ? vld(bias + i) : zero));
+        }
+        if (i < n) {
+            int64_t m = n - i;
+            vf d = (vld_part(xr + i, m, 0.0f) - mv) * iv;
+            vst_part(yr + i, vfma(d, vld_part(scale + i, m, 0.0f),
+                                  bias ? vld_part(bias + i, m, 0.0f) : zero), m);
+        }
+        if (mean_out) mean_out[r] = meanf;
+        if (inv_out) inv_out[r] = (float)invd;
+    }
+}
+
+const struct simd_kernels SIMD_TABLE = {
+    .isa = SIMD_ISA,
+    .unary = k_unary,
+    .binary = k_binary,
+    .softmax_rows = k_softmax_rows,
+    .softmax_strided = k_softmax_strided,
+    .layernorm_rows = k_layernorm_rows,
+    .sum_rows = k_sum_rows,
+};

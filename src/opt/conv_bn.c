@@ -1,0 +1,212 @@
+/*
+ * conv_bn.c - fold an inference BatchNormalization into the Conv or Gemm
+ * that feeds it: with s = scale / sqrt(var + eps),
+ *   W'[m] = W[m] * s[m],  B'[m] = (B[m] - mean[m]) * s[m] + bias[m]
+ * (for Gemm, W's output column m; its C must be a vector of N or absent).
+ * Everything float32 and constant, the BN's parameters 1-D with one value
+ * per output channel, the Conv/Gemm output read only by the BN, and the
+ * BN with one output and training_mode off. The BN's output value keeps
+ * its id: the new Conv/Gemm writes it.
+ */
+#include <math.h>
+
+#include "core/tensor.h"
+#include "kernels/kernel.h"
+#include "opt/opt.h"
+
+/* The BN's per-channel s and shift (bias - mean * s) for m channels, or false. */
+static bool bn_params(const struct kiln_graph *g, const struct kiln_node *bn, int64_t m, float *s,
+                      float *shift)
+{
+    if (bn->n_in != 5 || bn->n_out < 1) return false;
+    for (int k = 1; k < bn->n_out; k++)
+        if (bn->out[k] >= 0 && g->values[bn->out[k]].uses > 0) return false;
+    if (kiln_attr_int(bn, "training_mode", 0) != 0) return false;
+    float eps = kiln_attr_float(bn, "epsilon", 1e-5f);
+    if (kiln_attr_check(bn) != KILN_OK) {
+        kiln_error_clear();
+        return false;
+    }
+    const kiln_tensor *p[4];
+    for (int k = 0; k < 4; k++) {
+        p[k] = kiln_opt_const(g, bn->in[k + 1]);
+        if (!p[k] || p[k]->dtype != KILN_DTYPE_F32 || p[k]->rank != 1 || p[k]->dims[0] != m)
+            return false;
+    }
+    const float *scale = p[0]->data, *bias = p[1]->data, *mean = p[2]->data, *var = p[3]->data;
+    for (int64_t c = 0; c < m; c++) {
+        double sc = (double)scale[c] / sqrt((double)var[c] + (double)eps);
+        s[c] = (float)sc;
+        shift[c] = (float)((double)bias[c] - (double)mean[c] * sc);
+    }
+    return true;
+}
+
+/* Fold BN node bi into Conv node ci. */
+static kiln_status fold_conv(struct kiln_graph *g, int ci, int bi, bool *done)
+{
+    *done = false;
+    const struct kiln_node *c = &g->nodes[ci], *bn = &g->nodes[bi];
+    const kiln_tensor *w = kiln_opt_const(g, c->in[1]);
+    const kiln_tensor *b = c->n_in > 2 && c->in[2] >= 0 ? kiln_opt_const(g, c->in[2]) : NULL;
+    if (!w || w->dtype != KILN_DTYPE_F32 || w->rank < 3 || w->dims[0] <= 0) return KILN_OK;
+    int64_t m = w->dims[0];
+    if (c->n_in > 2 && c->in[2] >= 0 &&
+        (!b || b->dtype != KILN_DTYPE_F32 || b->rank != 1 || b->dims[0] != m))
+        return KILN_OK;
+    if (g->values[c->in[0]].type.dtype != KILN_DTYPE_F32) return KILN_OK;
+    kiln_tensor *sbuf, *nb, *nw;
+    kiln_status st = kiln_tensor_new(KILN_DTYPE_F32, 1, &m, &sbuf);
+    if (st != KILN_OK) return st;
+    st = kiln_tensor_new(KILN_DTYPE_F32, 1, &m, &nb);
+    if (st != KILN_OK) {
+        kiln_tensor_free(sbuf);
+        return st;
+    }
+    float *s = sbuf->data, *bias = nb->data;
+    if (!bn_params(g, bn, m, s, bias)) {
+        kiln_tensor_free(sbuf);
+        kiln_tensor_free(nb);
+        return KILN_OK;
+    }
+    st = kiln_tensor_clone(w, &nw);
+    if (st != KILN_OK) {
+        kiln_tensor_free(sbuf);
+        kiln_tensor_free(nb);
+        return st;
+    }
+    int64_t per = kiln_tensor_count(w) / m;
+    float *wd = nw->data;
+    for (int64_t o = 0; o < m; o++) {
+        for (int64_t i = 0; i < per; i++) wd[o * per + i] *= s[o];
+        if (b) bias[o] += ((const float *)b->data)[o] * s[o];
+    }
+    kiln_tensor_free(sbuf);
+    int wv, bv;
+    st = kiln_opt_add_const(g, g->values[c->in[1]].name, nw, &wv);
+    if (st != KILN_OK) {
+        kiln_tensor_free(nb);
+        return st;
+    }
+    st = kiln_opt_add_const(g, g->values[c->in[1]].name, nb, &bv);
+    if (st != KILN_OK) return st;
+
+    /* a new Conv with three inputs and the same attributes writes the BN's output */
+    int ni;
+    st = kiln_opt_add_node(g, KILN_OP_Conv, g->nodes[ci].name, 3, 1, 0, g->nodes[ci].opset, &ni);
+    if (st != KILN_OK) return st;
+    struct kiln_node *n = &g->nodes[ni];
+    c = &g->nodes[ci];
+    n->attr = c->attr;
+    n->n_attr = c->n_attr;
+    kiln_opt_set_input(g, ni, 0, c->in[0]);
+    kiln_opt_set_input(g, ni, 1, wv);
+    kiln_opt_set_input(g, ni, 2, bv);
+    int y = g->nodes[bi].out[0];
+    kiln_opt_remove_node(g, bi);
+    kiln_opt_remove_node(g, ci);
+    kiln_opt_set_output(g, ni, 0, y);
+    *done = true;
+    return KILN_OK;
+}
+
+/* Fold BN node bi into Gemm node gi (output [M, N], BN over N). */
+static kiln_status fold_gemm(struct kiln_graph *g, int gi, int bi, bool *done)
+{
+    *done = false;
+    const struct kiln_node *gm = &g->nodes[gi], *bn = &g->nodes[bi];
+    const kiln_tensor *w = kiln_opt_const(g, gm->in[1]);
+    if (!w || w->dtype != KILN_DTYPE_F32 || w->rank != 2) return KILN_OK;
+    if (g->values[gm->in[0]].type.dtype != KILN_DTYPE_F32) return KILN_OK;
+    if (g->values[bn->out[0]].type.rank != 2) return KILN_OK;
+    int64_t trans_b = kiln_attr_int(gm, "transB", 0);
+    float alpha = kiln_attr_float(gm, "alpha", 1.0f), beta = kiln_attr_float(gm, "beta", 1.0f);
+    int64_t trans_a = kiln_attr_int(gm, "transA", 0);
+    if (kiln_attr_check(gm) != KILN_OK) {
+        kiln_error_clear();
+        return KILN_OK;
+    }
+    int64_t n = trans_b ? w->dims[0] : w->dims[1], k = trans_b ? w->dims[1] : w->dims[0];
+    if (n <= 0) return KILN_OK;
+    const kiln_tensor *c = gm->n_in > 2 && gm->in[2] >= 0 ? kiln_opt_const(g, gm->in[2]) : NULL;
+    if (gm->n_in > 2 && gm->in[2] >= 0) {
+        if (!c || c->dtype != KILN_DTYPE_F32 || kiln_tensor_count(c) != n ||
+            (c->rank == 2 && c->dims[0] != 1) || c->rank > 2 || c->rank < 1)
+            return KILN_OK;
+    }
+    kiln_tensor *sbuf, *nb, *nw;
+    kiln_status st = kiln_tensor_new(KILN_DTYPE_F32, 1, &n, &sbuf);
+    if (st != KILN_OK) return st;
+    st = kiln_tensor_new(KILN_DTYPE_F32, 1, &n, &nb);
+    if (st != KILN_OK) {
+        kiln_tensor_free(sbuf);
+        return st;
+    }
+    float *s = sbuf->data, *bias = nb->data;
+    if (!bn_params(g, bn, n, s, bias)) {
+        kiln_tensor_free(sbuf);
+        kiln_tensor_free(nb);
+        return KILN_OK;
+    }
+    st = kiln_tensor_clone(w, &nw);
+    if (st != KILN_OK) {
+        kiln_tensor_free(sbuf);
+        kiln_tensor_free(nb);
+        return st;
+    }
+    float *wd = nw->data;
+    for (int64_t o = 0; o < n; o++) {
+        for (int64_t i = 0; i < k; i++) {
+            if (trans_b) wd[o * k + i] *= s[o];
+            else wd[i * n + o] *= s[o];
+        }
+        if (c) bias[o] += beta * ((const float *)c->data)[o] * s[o];
+    }
+    kiln_tensor_free(sbuf);
+    int wv, bv;
+    st = kiln_opt_add_const(g, g->values[gm->in[1]].name, nw, &wv);
+    if (st != KILN_OK) {
+        kiln_tensor_free(nb);
+        return st;
+    }
+    st = kiln_opt_add_const(g, g->values[gm->in[1]].name, nb, &bv);
+    if (st != KILN_OK) return st;
+    int ni;
+    st = kiln_opt_add_node(g, KILN_OP_Gemm, g->nodes[gi].name, 3, 1, 4, g->nodes[gi].opset, &ni);
+    if (st != KILN_OK) return st;
+    kiln_opt_attr_float(g, ni, 0, "alpha", alpha);
+    kiln_opt_attr_float(g, ni, 1, "beta", 1.0f);
+    kiln_opt_attr_int(g, ni, 2, "transA", trans_a);
+    kiln_opt_attr_int(g, ni, 3, "transB", trans_b);
+    kiln_opt_set_input(g, ni, 0, g->nodes[gi].in[0]);
+    kiln_opt_set_input(g, ni, 1, wv);
+    kiln_opt_set_input(g, ni, 2, bv);
+    int y = g->nodes[bi].out[0];
+    kiln_opt_remove_node(g, bi);
+    kiln_opt_remove_node(g, gi);
+    kiln_opt_set_output(g, ni, 0, y);
+    *done = true;
+    return KILN_OK;
+}
+
+kiln_status kiln_opt_conv_bn(struct kiln_graph *g, struct kiln_opt_pass_log *pl)
+{
+    int n_nodes = g->n_nodes; /* nodes added here are already folded */
+    for (int i = 0; i < n_nodes; i++) {
+        struct kiln_node *n = &g->nodes[i];
+        if (kiln_opt_node_dead(n) || (n->op != KILN_OP_Conv && n->op != KILN_OP_Gemm)) continue;
+        if (n->n_out != 1 || n->n_in < 2) continue;
+        int bi = kiln_opt_single_consumer(g, n->out[0]);
+        if (bi < 0 || g->nodes[bi].op != KILN_OP_BatchNormalization ||
+            g->nodes[bi].in[0] != n->out[0])
+            continue;
+        bool done;
+        kiln_status st = n->op == KILN_OP_Conv ? fold_conv(g, i, bi, &done)
+                                               : fold_gemm(g, i, bi, &done);
+        if (st != KILN_OK) return st;
+        if (done)
+            kiln_opt_count(pl, g->nodes[i].op == KILN_OP_Conv ? "Conv+BatchNormalization"
+                                                              : "Gemm+BatchNormalization");
+    }
+    return KILN_OK;
+}

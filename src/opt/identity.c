@@ -1,0 +1,55 @@
+/*
+ * identity.c - remove nodes that pass their input through unchanged:
+ * Identity, Dropout at inference (no mask wanted, training_mode absent or
+ * false), Reshape whose output shape provably equals its input shape, and
+ * Cast to the input's own dtype.
+ */
+#include "kernels/kernel.h"
+#include "opt/opt.h"
+
+/* Dropout is a no-op: the mask output is unused and training_mode is absent or false. */
+static bool dropout_noop(const struct kiln_graph *g, const struct kiln_node *n)
+{
+    if (n->n_out > 1 && n->out[1] >= 0 && g->values[n->out[1]].uses > 0) return false;
+    if (n->n_in > 2 && n->in[2] >= 0) {
+        const kiln_tensor *t = kiln_opt_const(g, n->in[2]);
+        if (!t || kiln_tensor_count(t) != 1 || kiln_get_f64(t->dtype, t->data, 0) != 0.0)
+            return false;
+    }
+    return true;
+}
+
+kiln_status kiln_opt_identity(struct kiln_graph *g, struct kiln_opt_pass_log *pl)
+{
+    for (int i = 0; i < g->n_nodes; i++) {
+        struct kiln_node *n = &g->nodes[i];
+        if (kiln_opt_node_dead(n) || n->n_in < 1 || n->n_out < 1) continue;
+        int in = n->in[0], out = n->out[0];
+        if (in < 0 || out < 0) continue;
+        const struct kiln_type *ti = &g->values[in].type, *to = &g->values[out].type;
+        const char *kind = NULL;
+        switch (n->op) {
+        case KILN_OP_Identity:
+            kind = "Identity";
+            break;
+        case KILN_OP_Dropout:
+            if (dropout_noop(g, n)) kind = "Dropout";
+            break;
+        case KILN_OP_Reshape:
+            if (ti->dtype != KILN_DTYPE_UNDEFINED && kiln_opt_same_shape(ti, to)) kind = "Reshape";
+            break;
+        case KILN_OP_Cast: {
+            const struct kiln_attr *a = kiln_node_attr(n, "to");
+            if (a && a->type == KILN_ATTR_INT && ti->dtype != KILN_DTYPE_UNDEFINED &&
+                kiln_onnx_dtype(a->i) == ti->dtype && ti->dtype != KILN_DTYPE_STRING)
+                kind = "Cast";
+            break;
+        }
+        default:
+            break;
+        }
+        if (!kind) continue;
+        if (kiln_opt_bypass(g, i, in, out)) kiln_opt_count(pl, kind);
+    }
+    return KILN_OK;
+}

@@ -1,0 +1,322 @@
+/*
+ * warmup.c - reading TF Serving warmup files (see warmup.h): TFRecord
+ * framing with CRC-32C checks, then PredictionLog records decoded with
+ * protobuf-c (after kiln_pb_check has walked the bytes) into replayable
+ * requests. Tensors come from TensorProto through the SavedModel importer's
+ * converter (tf_tensor_from_proto), so the warmup file follows the same
+ * rules as tensors in a SavedModel (dtype table, tensor_content or typed
+ * values, the last value repeating).
+ */
+#include "serve/warmup.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "core/crc32c.h"
+#include "import/pbcheck.h"
+#include "import/tf_import.h"
+#include "prediction_log.pb-c.h"
+
+static uint64_t le64(const uint8_t *p)
+{
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--) v = (v << 8) | p[i];
+    return v;
+}
+
+static uint32_t le32(const uint8_t *p)
+{
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+/* A stored CRC against the computed one; fuzzing builds compute but do not enforce. */
+static int crc_ok(uint32_t stored, uint32_t computed)
+{
+#ifdef FUZZING_BUILD_MODE_UNSAFE_FOR_PRODUCTION
+    (void)stored;
+    (void)computed;
+    return 1;
+#else
+    return kiln_crc32c_mask(computed) == stored;
+#endif
+}
+
+void kiln_warmup_free(kiln_warmup *w)
+{
+    if (!w) return;
+    for (int i = 0; i < w->n; i++) {
+        kiln_warmup_request *r = &w->req[i];
+        for (int k = 0; k < r->n_inputs; k++) {
+            if (r->names) free(r->names[k]);
+            if (r->tensors) kiln_tensor_free(r->tensors[k]);
+        }
+        free(r->names);
+        free(r->tensors);
+        free(r->signature);
+    }
+    free(w->req);
+    free(w);
+}
+
+static const char *model_spec_signature(const KilnTfs__ModelSpec *ms)
+{
+    return ms && ms->signature_name ? ms->signature_name : "";
+}
+
+/* PredictRequest -> named tensors. */
+static kiln_status fill_predict(const KilnTfs__PredictRequest *pr, kiln_warmup_request *r, int rec,
+                                char *err)
+{
+    if (!pr) {
+        snprintf(err, KILN_WARMUP_ERR_LEN, "record %d: predict_log has no request", rec);
+        return KILN_ERR_INVALID_ARGUMENT;
+    }
+    r->signature = strdup(model_spec_signature(pr->model_spec));
+    size_t n = pr->n_inputs;
+    r->names = calloc(n + 1, sizeof *r->names);
+    r->tensors = calloc(n + 1, sizeof *r->tensors);
+    if (!r->signature || !r->names || !r->tensors) goto err_oom;
+    for (size_t i = 0; i < n; i++) {
+        const KilnTfs__PredictRequest__InputsEntry *e = pr->inputs[i];
+        const char *key = e->key ? e->key : "";
+        if (!e->value) {
+            snprintf(err, KILN_WARMUP_ERR_LEN, "record %d: input '%.100s' has no TensorProto", rec,
+                     key);
+            return KILN_ERR_INVALID_ARGUMENT;
+        }
+        for (size_t k = 0; k < i; k++)
+            if (strcmp(r->names[k], key) == 0) {
+                snprintf(err, KILN_WARMUP_ERR_LEN, "record %d: input '%.100s' appears twice", rec,
+                         key);
+                return KILN_ERR_INVALID_ARGUMENT;
+            }
+        r->names[i] = strdup(key);
+        if (!r->names[i]) goto err_oom;
+        r->n_inputs = (int)i + 1;
+        kiln_status st = tf_tensor_from_proto(e->value, key, &r->tensors[i]);
+        if (st != KILN_OK) {
+            snprintf(err, KILN_WARMUP_ERR_LEN, "record %d: %s", rec, kiln_last_error());
+            return KILN_ERR_INVALID_ARGUMENT;
+        }
+    }
+    return KILN_OK;
+err_oom:
+    snprintf(err, KILN_WARMUP_ERR_LEN, "record %d: out of memory", rec);
+    return KILN_ERR_OUT_OF_MEMORY;
+}
+
+/* ClassificationRequest / RegressionRequest input -> string [n] of examples. */
+static kiln_status fill_examples(const KilnTfs__ModelSpec *ms, const KilnTfs__Input *in,
+                                 kiln_warmup_request *r, int rec, char *err)
+{
+    const ProtobufCBinaryData *ex = NULL, *ctx = NULL;
+    size_t n = 0;
+    if (in && in->kind_case == KILN_TFS__INPUT__KIND_EXAMPLE_LIST) {
+        ex = in->example_list->examples;
+        n = in->example_list->n_examples;
+    } else if (in && in->kind_case == KILN_TFS__INPUT__KIND_EXAMPLE_LIST_WITH_CONTEXT) {
+        ex = in->example_list_with_context->examples;
+        n = in->example_list_with_context->n_examples;
+        if (in->example_list_with_context->has_context) ctx = &in->example_list_with_context->context;
+    }
+    if (n == 0) {
+        /* TF Serving: "Input is empty" */
+        snprintf(err, KILN_WARMUP_ERR_LEN, "record %d: the request's input holds no examples", rec);
+        return KILN_ERR_INVALID_ARGUMENT;
+    }
+    r->signature = strdup(model_spec_signature(ms));
+    r->tensors = calloc(1, sizeof *r->tensors);
+    if (!r->signature || !r->tensors) goto err_oom;
+    r->n_inputs = 1;
+    int64_t dims[1] = {(int64_t)n};
+    if (kiln_tensor_create(KILN_DTYPE_STRING, 1, dims, &r->tensors[0]) != KILN_OK) goto err_oom;
+    for (size_t i = 0; i < n; i++) {
+        size_t cl = ctx ? ctx->len : 0;
+        if (ex[i].len > SIZE_MAX - cl - 1) goto err_oom;
+        char *buf = malloc(cl + ex[i].len + 1);
+        if (!buf) goto err_oom;
+        if (cl) memcpy(buf, ctx->data, cl);
+        if (ex[i].len) memcpy(buf + cl, ex[i].data, ex[i].len);
+        kiln_status st = kiln_tensor_set_string(r->tensors[0], i, buf, cl + ex[i].len);
+        free(buf);
+        if (st != KILN_OK) goto err_oom;
+    }
+    return KILN_OK;
+err_oom:
+    snprintf(err, KILN_WARMUP_ERR_LEN, "record %d: out of memory", rec);
+    return KILN_ERR_OUT_OF_MEMORY;
+}
+
+/* One PredictionLog's bytes -> r. */
+static kiln_status parse_record(const uint8_t *p, size_t n, kiln_warmup_request *r, int rec,
+                                char *err)
+{
+    if (kiln_pb_check(&kiln_tfs__prediction_log__descriptor, p, n, 64, "PredictionLog") !=
+        KILN_OK) {
+        snprintf(err, KILN_WARMUP_ERR_LEN, "record %d: %s", rec, kiln_last_error());
+        return KILN_ERR_INVALID_ARGUMENT;
+    }
+    KilnTfs__PredictionLog *log = kiln_tfs__prediction_log__unpack(NULL, n, p);
+    if (!log) {
+        snprintf(err, KILN_WARMUP_ERR_LEN, "record %d: not a valid PredictionLog", rec);
+        return KILN_ERR_INVALID_ARGUMENT;
+    }
+    kiln_status st = KILN_OK;
+    switch (log->log_type_case) {
+    case KILN_TFS__PREDICTION_LOG__LOG_TYPE_PREDICT_LOG:
+        r->kind = KILN_WARMUP_PREDICT;
+        st = fill_predict(log->predict_log->request, r, rec, err);
+        break;
+    case KILN_TFS__PREDICTION_LOG__LOG_TYPE_CLASSIFY_LOG:
+    case KILN_TFS__PREDICTION_LOG__LOG_TYPE_REGRESS_LOG: {
+        int classify = log->log_type_case == KILN_TFS__PREDICTION_LOG__LOG_TYPE_CLASSIFY_LOG;
+        r->kind = classify ? KILN_WARMUP_CLASSIFY : KILN_WARMUP_REGRESS;
+        const KilnTfs__ModelSpec *ms = NULL;
+        const KilnTfs__Input *in = NULL;
+        if (classify && log->classify_log->request) {
+            ms = log->classify_log->request->model_spec;
+            in = log->classify_log->request->input;
+        } else if (!classify && log->regress_log->request) {
+            ms = log->regress_log->request->model_spec;
+            in = log->regress_log->request->input;
+        }
+        st = fill_examples(ms, in, r, rec, err);
+        break;
+    }
+    case KILN_TFS__PREDICTION_LOG__LOG_TYPE_MULTI_INFERENCE_LOG:
+        r->kind = KILN_WARMUP_SKIPPED;
+        break;
+    default:
+        /* TF Serving: "Unsupported log_type for warmup" */
+        snprintf(err, KILN_WARMUP_ERR_LEN,
+                 "record %d: unsupported log_type for warmup (field %d); expected predict_log, "
+                 "classify_log, regress_log or multi_inference_log",
+                 rec, (int)log->log_type_case);
+        st = KILN_ERR_INVALID_ARGUMENT;
+        break;
+    }
+    kiln_tfs__prediction_log__free_unpacked(log, NULL);
+    return st;
+}
+
+kiln_status kiln_warmup_parse(const uint8_t *data, size_t len, kiln_warmup **out, char *err)
+{
+    *out = NULL;
+    kiln_warmup *w = calloc(1, sizeof *w);
+    if (!w) goto err_oom;
+    size_t at = 0;
+    int cap = 0;
+    while (at < len) {
+        int rec = w->n; /* 0-based, as TF's reader counts */
+        if (len - at < 12) {
+            snprintf(err, KILN_WARMUP_ERR_LEN,
+                     "record %d: truncated header (%zu bytes left, a record needs 12 before its "
+                     "data)", rec, len - at);
+            goto err_bad;
+        }
+        uint64_t n = le64(data + at);
+        uint32_t len_crc = le32(data + at + 8);
+        uint32_t got = kiln_crc32c(data + at, 8);
+        if (!crc_ok(len_crc, got)) {
+            snprintf(err, KILN_WARMUP_ERR_LEN,
+                     "record %d: length CRC mismatch (stored 0x%08x, computed 0x%08x): not a "
+                     "TFRecord file, or corrupted", rec, len_crc, kiln_crc32c_mask(got));
+            goto err_bad;
+        }
+        at += 12;
+        if (n > len - at || len - at - n < 4) {
+            snprintf(err, KILN_WARMUP_ERR_LEN,
+                     "record %d: length %llu runs past the end of the file (%zu bytes left)", rec,
+                     (unsigned long long)n, len - at);
+            goto err_bad;
+        }
+        uint32_t data_crc = le32(data + at + n);
+        got = kiln_crc32c(data + at, (size_t)n);
+        if (!crc_ok(data_crc, got)) {
+            snprintf(err, KILN_WARMUP_ERR_LEN,
+                     "record %d: data CRC mismatch (stored 0x%08x, computed 0x%08x)", rec, data_crc,
+                     kiln_crc32c_mask(got));
+            goto err_bad;
+        }
+        if (w->n == KILN_WARMUP_MAX_RECORDS) {
+            snprintf(err, KILN_WARMUP_ERR_LEN,
+                     "more than %d warmup records; TF Serving allows at most %d",
+                     KILN_WARMUP_MAX_RECORDS, KILN_WARMUP_MAX_RECORDS);
+            goto err_bad;
+        }
+        if (w->n == cap) {
+            int nc = cap ? cap * 2 : 8;
+            kiln_warmup_request *nr = realloc(w->req, (size_t)nc * sizeof *nr);
+            if (!nr) goto err_oom;
+            w->req = nr;
+            cap = nc;
+        }
+        kiln_warmup_request *r = &w->req[w->n++];
+        memset(r, 0, sizeof *r);
+        kiln_status st = parse_record(data + at, (size_t)n, r, rec, err);
+        if (st != KILN_OK) {
+            kiln_warmup_free(w);
+            return st;
+        }
+        at += (size_t)n + 4;
+    }
+    *out = w;
+    return KILN_OK;
+err_bad:
+    kiln_warmup_free(w);
+    return KILN_ERR_INVALID_ARGUMENT;
+err_oom:
+    kiln_warmup_free(w);
+    snprintf(err, KILN_WARMUP_ERR_LEN, "out of memory reading the warmup file");
+    return KILN_ERR_OUT_OF_MEMORY;
+}
+
+kiln_status kiln_warmup_read(const char *version_dir, kiln_warmup **out, char *err)
+{
+    *out = NULL;
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", version_dir, KILN_WARMUP_FILE);
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) {
+        if (errno == ENOENT || errno == ENOTDIR) return KILN_OK;
+        snprintf(err, KILN_WARMUP_ERR_LEN, "%s: %s", KILN_WARMUP_FILE, strerror(errno));
+        return KILN_ERR_IO;
+    }
+    struct stat sb;
+    kiln_status st = KILN_ERR_IO;
+    uint8_t *buf = NULL;
+    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+        snprintf(err, KILN_WARMUP_ERR_LEN, "%s: not a regular file", KILN_WARMUP_FILE);
+        goto out;
+    }
+    if ((uint64_t)sb.st_size > KILN_WARMUP_MAX_BYTES) {
+        snprintf(err, KILN_WARMUP_ERR_LEN, "%s: %lld bytes, more than the %zu Kiln reads",
+                 KILN_WARMUP_FILE, (long long)sb.st_size, KILN_WARMUP_MAX_BYTES);
+        goto out;
+    }
+    size_t size = (size_t)sb.st_size, got = 0;
+    buf = malloc(size ? size : 1);
+    if (!buf) {
+        snprintf(err, KILN_WARMUP_ERR_LEN, "%s: out of memory", KILN_WARMUP_FILE);
+        st = KILN_ERR_OUT_OF_MEMORY;
+        goto out;
+    }
+    while (got < size) {
+        ssize_t r = read(fd, buf + got, size - got);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) break; /* shrank while reading: parse what is there */
+        got += (size_t)r;
+    }
+    char perr[KILN_WARMUP_ERR_LEN];
+    st = kiln_warmup_parse(buf, got, out, perr);
+    if (st != KILN_OK) snprintf(err, KILN_WARMUP_ERR_LEN, "%s: %.450s", KILN_WARMUP_FILE, perr);
+out:
+    free(buf);
+    close(fd);
+    return st;
+}

@@ -1,0 +1,700 @@
+/*
+ * unit_opt.c - the graph optimizer (src/opt/) and the fused ops' reference
+ * kernels (src/kernels/ref/fused.c).
+ *
+ * Every check runs a graph through the reference executor before and after
+ * kiln_optimize and compares the outputs (max |diff| <= 1e-4 * max |ref|,
+ * floor 1e-4), then checks which nodes the optimizer left. Small graphs are
+ * built here, one per pattern; the benchmark models are used when present
+ * (bench/models/<name>/model.onnx, skipped with a message otherwise). The
+ * fused kernels are compared against the unfused composition of reference
+ * ops on random shapes, odd sizes included.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "check.h"
+#include "core/fileio.h"
+#include "core/tensor.h"
+#include "exec/exec.h"
+#include "import/model.h"
+#include "ir/graph.h"
+#include "kernels/kernel.h"
+#include "kiln/kiln.h"
+#include "opt/opt.h"
+
+/* ---- random numbers ---- */
+
+static uint64_t rng_state = 0x1234567887654321ull;
+static double rnd(void) /* uniform in [-1, 1) */
+{
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (double)(rng_state >> 11) / (double)(1ull << 52) - 1.0;
+}
+
+static kiln_tensor *rand_tensor(int rank, const int64_t *dims, double scale, double offset)
+{
+    kiln_tensor *t;
+    if (kiln_tensor_new(KILN_DTYPE_F32, rank, dims, &t) != KILN_OK) return NULL;
+    int64_t n = kiln_tensor_count(t);
+    for (int64_t i = 0; i < n; i++) ((float *)t->data)[i] = (float)(rnd() * scale + offset);
+    return t;
+}
+
+/* max |a - b| relative to max |b| (floor 1): fails on shape or dtype mismatch. */
+static double rel_diff(const kiln_tensor *a, const kiln_tensor *b)
+{
+    if (!a || !b || a->dtype != b->dtype || a->rank != b->rank) return INFINITY;
+    for (int i = 0; i < a->rank; i++)
+        if (a->dims[i] != b->dims[i]) return INFINITY;
+    int64_t n = kiln_tensor_count(a);
+    double md = 0, mref = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double x = kiln_tensor_f64(a, i), y = kiln_tensor_f64(b, i);
+        if (isnan(x) != isnan(y)) return INFINITY;
+        if (fabs(x - y) > md) md = fabs(x - y);
+        if (fabs(y) > mref) mref = fabs(y);
+    }
+    return md / (mref > 1.0 ? mref : 1.0);
+}
+
+static int count_op(const struct kiln_graph *g, enum kiln_op op)
+{
+    int c = 0;
+    for (int i = 0; i < g->n_nodes; i++) c += g->nodes[i].op == op;
+    return c;
+}
+
+/* ---- small graph builder ---- */
+
+struct gb {
+    struct kiln_graph *g;
+    int n_in, in[8];
+    int n_out, out[8];
+};
+
+static int gb_input(struct gb *b, const char *name, int rank, const int64_t *dims)
+{
+    int id;
+    kiln_graph_value_add(b->g, name, KILN_VALUE_INPUT, &id);
+    kiln_type_set(&b->g->values[id].type, KILN_DTYPE_F32, rank, dims);
+    b->in[b->n_in++] = id;
+    return id;
+}
+
+static int gb_const(struct gb *b, kiln_tensor *t)
+{
+    int id;
+    char name[32];
+    snprintf(name, sizeof name, "c%d", b->g->n_values);
+    kiln_graph_value_add(b->g, name, KILN_VALUE_CONST, &id);
+    kiln_graph_own_tensor(b->g, t);
+    b->g->values[id].konst = t;
+    kiln_type_from_tensor(&b->g->values[id].type, t);
+    return id;
+}
+
+static int gb_scalar(struct gb *b, float v)
+{
+    kiln_tensor *t;
+    kiln_tensor_new(KILN_DTYPE_F32, 0, NULL, &t);
+    ((float *)t->data)[0] = v;
+    return gb_const(b, t);
+}
+
+static int gb_rand(struct gb *b, int rank, const int64_t *dims, double scale, double offset)
+{
+    return gb_const(b, rand_tensor(rank, dims, scale, offset));
+}
+
+static int gb_i64(struct gb *b, int n, const int64_t *v)
+{
+    kiln_tensor *t;
+    int64_t d = n;
+    kiln_tensor_new(KILN_DTYPE_I64, 1, &d, &t);
+    memcpy(t->data, v, sizeof(int64_t) * (size_t)n);
+    return gb_const(b, t);
+}
+
+/* Add a node with the given inputs (-1 = absent) and one new output; returns the node. */
+static struct kiln_node *gb_node(struct gb *b, enum kiln_op op, int n_in, const int *ins,
+                                 int n_attr, int *out)
+{
+    struct kiln_node *n;
+    char name[32];
+    snprintf(name, sizeof name, "n%d", b->g->n_nodes);
+    kiln_graph_node_add(b->g, op, name, n_in, 1, n_attr, &n);
+    n->opset = 17;
+    for (int k = 0; k < n_in; k++) n->in[k] = ins[k];
+    int id;
+    snprintf(name, sizeof name, "v%d", b->g->n_values);
+    kiln_graph_value_add(b->g, name, KILN_VALUE_NODE, &id);
+    kiln_type_unknown(&b->g->values[id].type);
+    b->g->values[id].producer = b->g->n_nodes - 1;
+    n->out[0] = id;
+    *out = id;
+    return n;
+}
+
+static int gb_op1(struct gb *b, enum kiln_op op, int x)
+{
+    int y;
+    gb_node(b, op, 1, &x, 0, &y);
+    return y;
+}
+
+static int gb_op2(struct gb *b, enum kiln_op op, int x, int z)
+{
+    int y, in[2] = {x, z};
+    gb_node(b, op, 2, in, 0, &y);
+    return y;
+}
+
+static void set_ints(struct kiln_graph *g, struct kiln_attr *a, const char *name, int n,
+                     const int64_t *v)
+{
+    a->name = name;
+    a->type = KILN_ATTR_INTS;
+    a->n = n;
+    a->ints = kiln_arena_alloc(g->mem, sizeof(int64_t) * (size_t)n);
+    memcpy(a->ints, v, sizeof(int64_t) * (size_t)n);
+}
+
+static void set_int(struct kiln_attr *a, const char *name, int64_t v)
+{
+    a->name = name;
+    a->type = KILN_ATTR_INT;
+    a->i = v;
+}
+
+static void set_float(struct kiln_attr *a, const char *name, float v)
+{
+    a->name = name;
+    a->type = KILN_ATTR_FLOAT;
+    a->f = v;
+}
+
+static void set_str(struct kiln_graph *g, struct kiln_attr *a, const char *name, const char *v)
+{
+    a->name = name;
+    a->type = KILN_ATTR_STRING;
+    a->s.data = kiln_arena_strdup(g->mem, v);
+    a->s.len = strlen(v);
+}
+
+static int gb_conv(struct gb *b, int x, int w, int bias, int64_t group, int64_t k, int64_t pad,
+                   int64_t stride)
+{
+    int y, in[3] = {x, w, bias};
+    struct kiln_node *n = gb_node(b, KILN_OP_Conv, bias >= 0 ? 3 : 2, in, 4, &y);
+    int64_t ks[2] = {k, k}, pads[4] = {pad, pad, pad, pad}, st[2] = {stride, stride};
+    set_ints(b->g, &n->attr[0], "kernel_shape", 2, ks);
+    set_ints(b->g, &n->attr[1], "pads", 4, pads);
+    set_ints(b->g, &n->attr[2], "strides", 2, st);
+    set_int(&n->attr[3], "group", group);
+    return y;
+}
+
+static struct gb gb_new(void)
+{
+    struct gb b;
+    memset(&b, 0, sizeof b);
+    kiln_graph_new(&b.g);
+    return b;
+}
+
+/* Finish: set inputs/outputs, verify and infer. */
+static bool gb_finish(struct gb *b)
+{
+    struct kiln_graph *g = b->g;
+    g->n_inputs = b->n_in;
+    g->inputs = kiln_arena_alloc(g->mem, sizeof(int) * 8);
+    memcpy(g->inputs, b->in, sizeof(int) * (size_t)b->n_in);
+    g->n_outputs = b->n_out;
+    g->outputs = kiln_arena_alloc(g->mem, sizeof(int) * 8);
+    memcpy(g->outputs, b->out, sizeof(int) * (size_t)b->n_out);
+    kiln_status st = kiln_graph_verify(g);
+    if (st == KILN_OK) st = kiln_graph_infer(g);
+    if (st != KILN_OK) fprintf(stderr, "graph build failed: %s\n", kiln_last_error());
+    return st == KILN_OK;
+}
+
+/* Random inputs for g's inputs (symbolic dims = 1; ints in [0, 2]). */
+static bool make_inputs(const struct kiln_graph *g, kiln_tensor **in)
+{
+    for (int i = 0; i < g->n_inputs; i++) {
+        const struct kiln_type *t = &g->values[g->inputs[i]].type;
+        int64_t dims[KILN_MAX_RANK];
+        for (int d = 0; d < t->rank; d++) dims[d] = t->dims[d] >= 0 ? t->dims[d] : 1;
+        if (kiln_tensor_new(t->dtype, t->rank, dims, &in[i]) != KILN_OK) return false;
+        int64_t n = kiln_tensor_count(in[i]);
+        for (int64_t k = 0; k < n; k++) {
+            if (t->dtype == KILN_DTYPE_F32) ((float *)in[i]->data)[k] = (float)rnd();
+            else kiln_set_f64(t->dtype, in[i]->data, k, (double)((rng_state >> 20) % 3));
+            rnd();
+        }
+    }
+    return true;
+}
+
+/*
+ * Run g (reference), optimize a second graph g2 built the same way, run it
+ * and compare. Returns the largest relative difference (INFINITY on error).
+ */
+static double compare_graphs(struct kiln_graph *ref, struct kiln_graph *opt,
+                             struct kiln_opt_log *log)
+{
+    kiln_tensor *in[16] = {NULL}, *o1[16] = {NULL}, *o2[16] = {NULL};
+    double worst = INFINITY;
+    if (ref->n_inputs > 16 || ref->n_outputs > 16 || !make_inputs(ref, in)) goto out;
+    if (kiln_exec_run_limited(ref, in, o1, 0, NULL) != KILN_OK) {
+        fprintf(stderr, "reference run failed: %s\n", kiln_last_error());
+        goto out;
+    }
+    struct kiln_opt_options o = {0};
+    if (kiln_optimize(opt, &o, log) != KILN_OK) {
+        fprintf(stderr, "optimize failed: %s\n", kiln_last_error());
+        goto out;
+    }
+    if (kiln_exec_run_limited(opt, in, o2, 0, NULL) != KILN_OK) {
+        fprintf(stderr, "optimized run failed: %s\n", kiln_last_error());
+        goto out;
+    }
+    worst = 0;
+    for (int i = 0; i < ref->n_outputs; i++) {
+        double d = rel_diff(o2[i], o1[i]);
+        if (d > worst) worst = d;
+    }
+out:
+    for (int i = 0; i < 16; i++) {
+        kiln_tensor_free(in[i]);
+        kiln_tensor_free(o1[i]);
+        kiln_tensor_free(o2[i]);
+    }
+    return worst;
+}
+
+static void print_line(void *ctx, const char *s)
+{
+    (void)ctx;
+    printf("%s\n", s);
+}
+
+static void dump_type(const struct kiln_type *t)
+{
+    printf("%s[", kiln_dtype_name(t->dtype));
+    for (int d = 0; d < t->rank; d++)
+        printf("%s%lld%s%s", d ? "," : "", (long long)t->dims[d], t->sym[d] ? ":" : "",
+               t->sym[d] ? t->sym[d] : "");
+    printf("]%s", t->rank < 0 ? "?" : "");
+}
+
+/* Print g's nodes (debugging: unit_opt dump MODEL). */
+static void dump_graph(const struct kiln_graph *g)
+{
+    for (int oi = 0; oi < g->n_nodes; oi++) {
+        const struct kiln_node *n = &g->nodes[g->order ? g->order[oi] : oi];
+        printf("%s %s(", kiln_op_name(n->op), n->name);
+        for (int k = 0; k < n->n_in; k++)
+            printf("%s%s", k ? ", " : "", n->in[k] >= 0 ? g->values[n->in[k]].name : "-");
+        printf(") -> ");
+        for (int k = 0; k < n->n_out; k++) {
+            if (n->out[k] < 0) continue;
+            printf("%s ", g->values[n->out[k]].name);
+            dump_type(&g->values[n->out[k]].type);
+        }
+        printf("\n");
+    }
+}
+
+
+/* ---- small graphs, one per pattern ---- */
+
+typedef void (*build_fn)(struct gb *b);
+
+/* Build the graph twice (same constants), optimize one, compare; then check op counts. */
+static struct kiln_graph *run_case(const char *name, build_fn build, double *diff)
+{
+    struct gb b1 = gb_new(), b2 = gb_new();
+    uint64_t seed = rng_state;
+    build(&b1);
+    rng_state = seed;
+    build(&b2);
+    *diff = INFINITY;
+    if (!gb_finish(&b1) || !gb_finish(&b2)) {
+        CHECK(0, "%s: graph did not build", name);
+        kiln_graph_free(b1.g);
+        kiln_graph_free(b2.g);
+        return NULL;
+    }
+    struct kiln_opt_log log;
+    *diff = compare_graphs(b1.g, b2.g, &log);
+    CHECK(*diff <= 1e-4, "%s: optimized outputs differ by %g", name, *diff);
+    kiln_graph_free(b1.g);
+    return b2.g;
+}
+
+#define EXPECT_OPS(g, name, op, n) \
+    CHECK(count_op(g, KILN_OP_##op) == (n), "%s: %d %s nodes, expected %d", name, count_op(g, KILN_OP_##op), #op, n)
+
+/* fold + identity + cse + dce */
+static void build_simple(struct gb *b)
+{
+    int64_t d[2] = {3, 5};
+    int x = gb_input(b, "x", 2, d);
+    int c = gb_op2(b, KILN_OP_Add, gb_rand(b, 2, d, 1, 0), gb_rand(b, 2, d, 1, 0)); /* folds */
+    int sh = gb_op1(b, KILN_OP_Shape, x);                                          /* folds */
+    int i1 = gb_op1(b, KILN_OP_Identity, x);
+    int r = gb_op2(b, KILN_OP_Reshape, i1, sh);                                    /* no-op */
+    int dr = gb_op1(b, KILN_OP_Dropout, r);
+    int r1 = gb_op1(b, KILN_OP_Relu, dr), r2 = gb_op1(b, KILN_OP_Relu, dr);         /* cse */
+    int y, in[1] = {gb_op2(b, KILN_OP_Add, gb_op2(b, KILN_OP_Mul, r1, c), r2)};
+    struct kiln_node *n = gb_node(b, KILN_OP_Cast, 1, in, 1, &y);                  /* no-op */
+    set_int(&n->attr[0], "to", 1);
+    gb_op1(b, KILN_OP_Neg, x); /* dead */
+    b->out[b->n_out++] = gb_op1(b, KILN_OP_Identity, y); /* Identity writing a graph output */
+}
+
+/* Conv (no bias) + BN + bias-free residual + Relu; depthwise Conv + bias Add + SiLU */
+static void build_conv(struct gb *b)
+{
+    int64_t dx[4] = {2, 3, 9, 7}, dw[4] = {5, 3, 3, 3}, dc[1] = {5}, dwd[4] = {5, 1, 3, 3};
+    int64_t db[4] = {1, 5, 1, 1};
+    int x = gb_input(b, "x", 4, dx);
+    int c1 = gb_conv(b, x, gb_rand(b, 4, dw, 0.5, 0), -1, 1, 3, 1, 1);
+    int bn, in[5] = {c1, gb_rand(b, 1, dc, 0.5, 1), gb_rand(b, 1, dc, 0.5, 0),
+                     gb_rand(b, 1, dc, 0.5, 0), gb_rand(b, 1, dc, 0.4, 0.6)};
+    struct kiln_node *n = gb_node(b, KILN_OP_BatchNormalization, 5, in, 1, &bn);
+    set_float(&n->attr[0], "epsilon", 1e-3f);
+    int r1 = gb_op1(b, KILN_OP_Relu, bn);
+    /* depthwise, stride 2, bias as an Add of [1, C, 1, 1], then x * Sigmoid(x) */
+    int c2 = gb_conv(b, r1, gb_rand(b, 4, dwd, 0.5, 0), -1, 5, 3, 1, 2);
+    int a2 = gb_op2(b, KILN_OP_Add, c2, gb_rand(b, 4, db, 0.5, 0));
+    int s2 = gb_op2(b, KILN_OP_Mul, a2, gb_op1(b, KILN_OP_Sigmoid, a2));
+    /* 1x1 conv with bias + residual Add + Clip(0, 6) */
+    int64_t dp[4] = {5, 5, 1, 1};
+    int c3 = gb_conv(b, s2, gb_rand(b, 4, dp, 0.5, 0), gb_rand(b, 1, dc, 0.5, 0), 1, 1, 0, 1);
+    int a3 = gb_op2(b, KILN_OP_Add, s2, c3);
+    int y, cin[3] = {a3, gb_scalar(b, 0.0f), gb_scalar(b, 6.0f)};
+    gb_node(b, KILN_OP_Clip, 3, cin, 0, &y);
+    b->out[b->n_out++] = y;
+}
+
+/* one activation after Conv + residual, selected by act_case */
+static int act_case;
+static void build_conv_act(struct gb *b)
+{
+    int64_t dx[4] = {1, 4, 6, 5}, dw[4] = {6, 2, 3, 3}, dc[1] = {6}, dy[4] = {1, 6, 6, 5};
+    int x = gb_input(b, "x", 4, dx), res = gb_input(b, "res", 4, dy);
+    int c = gb_conv(b, x, gb_rand(b, 4, dw, 1, 0), gb_rand(b, 1, dc, 0.5, 0), 2, 3, 1, 1);
+    int a = gb_op2(b, KILN_OP_Add, c, res);
+    int y = -1;
+    struct kiln_node *n;
+    switch (act_case) {
+    case 0: y = gb_op1(b, KILN_OP_Relu, a); break;
+    case 1: n = gb_node(b, KILN_OP_LeakyRelu, 1, &a, 1, &y); set_float(&n->attr[0], "alpha", 0.3f); break;
+    case 2: y = gb_op1(b, KILN_OP_HardSwish, a); break;
+    case 3:
+        n = gb_node(b, KILN_OP_HardSigmoid, 1, &a, 2, &y);
+        set_float(&n->attr[0], "alpha", 0.3f);
+        set_float(&n->attr[1], "beta", 0.4f);
+        break;
+    case 4: y = gb_op1(b, KILN_OP_Sigmoid, a); break;
+    case 5: y = gb_op1(b, KILN_OP_Tanh, a); break;
+    case 6: y = gb_op1(b, KILN_OP_Gelu, a); break;
+    case 7:
+        n = gb_node(b, KILN_OP_Gelu, 1, &a, 1, &y);
+        set_str(b->g, &n->attr[0], "approximate", "tanh");
+        break;
+    default: {
+        int in[3] = {a, gb_scalar(b, -0.5f), -1};
+        gb_node(b, KILN_OP_Clip, 2, in, 0, &y);
+    }
+    }
+    b->out[b->n_out++] = y;
+}
+
+/* Gemm variants and 3-D MatMul + bias + residual + Relu */
+static void build_matmul(struct gb *b)
+{
+    int64_t da[2] = {5, 7}, dw[2] = {3, 5}, dc[1] = {3}, dx[3] = {2, 5, 7}, dm[2] = {7, 9};
+    int64_t dn[1] = {9}, dr[3] = {2, 5, 9};
+    int a = gb_input(b, "a", 2, da), x = gb_input(b, "x", 3, dx), res = gb_input(b, "res", 3, dr);
+    /* Gemm(A^T-free, B^T, alpha, beta) + Tanh: A [5,7]^T is [7,5]: use transA on [5,7] */
+    int y1, in[3] = {a, gb_rand(b, 2, dw, 1, 0), gb_rand(b, 1, dc, 1, 0)};
+    struct kiln_node *n = gb_node(b, KILN_OP_Gemm, 3, in, 4, &y1);
+    set_int(&n->attr[0], "transA", 1);
+    set_int(&n->attr[1], "transB", 1);
+    set_float(&n->attr[2], "alpha", 0.7f);
+    set_float(&n->attr[3], "beta", 0.5f);
+    b->out[b->n_out++] = gb_op1(b, KILN_OP_Tanh, y1); /* [7, 3] */
+    /* BERT-style: x [2,5,7] @ W [7,9] + b [9] + res, Relu */
+    int m = gb_op2(b, KILN_OP_MatMul, x, gb_rand(b, 2, dm, 1, 0));
+    int ab = gb_op2(b, KILN_OP_Add, gb_rand(b, 1, dn, 1, 0), m);
+    b->out[b->n_out++] = gb_op1(b, KILN_OP_Relu, gb_op2(b, KILN_OP_Add, ab, res));
+}
+
+/* PyTorch's LayerNorm and both GELU forms */
+static void build_ln_gelu(struct gb *b)
+{
+    int64_t dx[3] = {2, 3, 11}, dc[1] = {11};
+    int x = gb_input(b, "x", 3, dx);
+    int ax, ax2;
+    struct kiln_node *n = gb_node(b, KILN_OP_ReduceMean, 1, &x, 1, &ax);
+    int64_t last = -1;
+    set_ints(b->g, &n->attr[0], "axes", 1, &last);
+    int d = gb_op2(b, KILN_OP_Sub, x, ax);
+    int p = gb_op2(b, KILN_OP_Pow, d, gb_scalar(b, 2.0f));
+    n = gb_node(b, KILN_OP_ReduceMean, 1, &p, 1, &ax2);
+    set_ints(b->g, &n->attr[0], "axes", 1, &last);
+    int s = gb_op1(b, KILN_OP_Sqrt, gb_op2(b, KILN_OP_Add, ax2, gb_scalar(b, 1e-5f)));
+    int ln = gb_op2(b, KILN_OP_Add, gb_op2(b, KILN_OP_Mul, gb_op2(b, KILN_OP_Div, d, s),
+                                           gb_rand(b, 1, dc, 0.5, 1)),
+                    gb_rand(b, 1, dc, 0.5, 0));
+    /* erf GELU: x * (1 + erf(x / sqrt2)) * 0.5 */
+    int e = gb_op1(b, KILN_OP_Erf, gb_op2(b, KILN_OP_Div, ln, gb_scalar(b, 1.4142135f)));
+    int g1 = gb_op2(b, KILN_OP_Mul, gb_op2(b, KILN_OP_Mul, ln, gb_op2(b, KILN_OP_Add, e, gb_scalar(b, 1.0f))),
+                    gb_scalar(b, 0.5f));
+    /* tanh GELU: (x * 0.5) * (1 + tanh(0.79788 * (x + 0.044715 * x^3))) */
+    int cube = gb_op2(b, KILN_OP_Pow, g1, gb_scalar(b, 3.0f));
+    int inner = gb_op2(b, KILN_OP_Add, g1, gb_op2(b, KILN_OP_Mul, gb_scalar(b, 0.044715f), cube));
+    int t = gb_op1(b, KILN_OP_Tanh, gb_op2(b, KILN_OP_Mul, inner, gb_scalar(b, 0.7978846f)));
+    int g2 = gb_op2(b, KILN_OP_Mul, gb_op2(b, KILN_OP_Mul, g1, gb_scalar(b, 0.5f)),
+                    gb_op2(b, KILN_OP_Add, gb_scalar(b, 1.0f), t));
+    b->out[b->n_out++] = g2;
+}
+
+/* BERT's attention with constant reshape targets, a [B,1,1,T] mask, and a
+ * Transpose pair that cancels */
+static int gb_transpose(struct gb *b, int x, int r, const int64_t *perm)
+{
+    int y;
+    struct kiln_node *n = gb_node(b, KILN_OP_Transpose, 1, &x, 1, &y);
+    set_ints(b->g, &n->attr[0], "perm", r, perm);
+    return y;
+}
+
+static void build_attention(struct gb *b)
+{
+    enum { B = 2, S = 5, H = 3, D = 4 };
+    int64_t dx[3] = {B, S, H * D}, dmask[4] = {B, 1, 1, S}, dw[2] = {H * D, H * D};
+    int64_t p0213[4] = {0, 2, 1, 3}, p0231[4] = {0, 2, 3, 1}, p021[3] = {0, 2, 1};
+    int x = gb_input(b, "x", 3, dx), mask = gb_input(b, "mask", 4, dmask);
+    int64_t split[4] = {0, 0, H, D}, merge[3] = {0, 0, H * D};
+    int sv = gb_i64(b, 4, split), mv = gb_i64(b, 3, merge);
+    int q = gb_op2(b, KILN_OP_MatMul, x, gb_rand(b, 2, dw, 0.5, 0));
+    int k = gb_op2(b, KILN_OP_MatMul, x, gb_rand(b, 2, dw, 0.5, 0));
+    int v = gb_op2(b, KILN_OP_MatMul, x, gb_rand(b, 2, dw, 0.5, 0));
+    int q4 = gb_transpose(b, gb_op2(b, KILN_OP_Reshape, q, sv), 4, p0213);
+    int k4 = gb_transpose(b, gb_op2(b, KILN_OP_Reshape, k, sv), 4, p0231);
+    int v4 = gb_transpose(b, gb_op2(b, KILN_OP_Reshape, v, sv), 4, p0213);
+    int sc = gb_op2(b, KILN_OP_Div, gb_op2(b, KILN_OP_MatMul, q4, k4), gb_scalar(b, 2.0f));
+    int sm, smin = gb_op2(b, KILN_OP_Add, sc, mask);
+    struct kiln_node *n = gb_node(b, KILN_OP_Softmax, 1, &smin, 1, &sm);
+    set_int(&n->attr[0], "axis", -1);
+    int c = gb_transpose(b, gb_op2(b, KILN_OP_MatMul, sm, v4), 4, p0213);
+    int y = gb_op2(b, KILN_OP_Reshape, c, mv);
+    int t = gb_transpose(b, gb_transpose(b, y, 3, p021), 3, p021);
+    b->out[b->n_out++] = t;
+}
+
+/* A Conv whose output is also a graph output must not fuse */
+static void build_no_fuse(struct gb *b)
+{
+    int64_t dx[4] = {1, 2, 4, 4}, dw[4] = {2, 2, 1, 1};
+    int x = gb_input(b, "x", 4, dx);
+    int c = gb_conv(b, x, gb_rand(b, 4, dw, 1, 0), -1, 1, 1, 0, 1);
+    b->out[b->n_out++] = c;
+    b->out[b->n_out++] = gb_op1(b, KILN_OP_Relu, c);
+}
+
+static void test_small(void)
+{
+    double d;
+    struct kiln_graph *g;
+    if ((g = run_case("simple", build_simple, &d))) {
+        /* left: Mul, Add, Relu (Identity/Dropout/Reshape/Cast/Shape/dead Neg/Add gone) */
+        CHECK(g->n_nodes == 3, "simple: %d nodes left, expected 3", g->n_nodes);
+        if (g->n_nodes != 3) dump_graph(g);
+        EXPECT_OPS(g, "simple", Relu, 1);
+        CHECK(g->outputs[0] == g->nodes[g->order[g->n_nodes - 1]].out[0] ||
+                  g->values[g->outputs[0]].kind == KILN_VALUE_NODE,
+              "simple: output value not produced");
+        kiln_graph_free(g);
+    }
+    if ((g = run_case("conv", build_conv, &d))) {
+        EXPECT_OPS(g, "conv", BatchNormalization, 0);
+        EXPECT_OPS(g, "conv", KilnFusedConv, 3);
+        CHECK(g->n_nodes == 3, "conv: %d nodes left, expected 3", g->n_nodes);
+        kiln_graph_free(g);
+    }
+    for (act_case = 0; act_case < 9; act_case++) {
+        char name[32];
+        snprintf(name, sizeof name, "conv act %d", act_case);
+        if ((g = run_case(name, build_conv_act, &d))) {
+            CHECK(g->n_nodes == 1 && g->nodes[0].op == KILN_OP_KilnFusedConv,
+                  "%s: %d nodes, first %s", name, g->n_nodes, kiln_op_name(g->nodes[0].op));
+            kiln_graph_free(g);
+        }
+    }
+    if ((g = run_case("matmul", build_matmul, &d))) {
+        EXPECT_OPS(g, "matmul", KilnFusedMatMul, 2);
+        CHECK(g->n_nodes == 2, "matmul: %d nodes left, expected 2", g->n_nodes);
+        kiln_graph_free(g);
+    }
+    if ((g = run_case("layernorm+gelu", build_ln_gelu, &d))) {
+        EXPECT_OPS(g, "layernorm+gelu", LayerNormalization, 1);
+        EXPECT_OPS(g, "layernorm+gelu", Gelu, 2);
+        CHECK(g->n_nodes == 3, "layernorm+gelu: %d nodes left, expected 3", g->n_nodes);
+        kiln_graph_free(g);
+    }
+    if ((g = run_case("attention", build_attention, &d))) {
+        EXPECT_OPS(g, "attention", Attention, 1);
+        EXPECT_OPS(g, "attention", Transpose, 0);
+        EXPECT_OPS(g, "attention", Softmax, 0);
+        kiln_graph_free(g);
+    }
+    if ((g = run_case("no fuse", build_no_fuse, &d))) {
+        EXPECT_OPS(g, "no fuse", KilnFusedConv, 0);
+        kiln_graph_free(g);
+    }
+}
+
+/* ---- benchmark models ---- */
+
+/* Load an ONNX model with the importer only (no session preparation). */
+static struct kiln_model *load_model(const char *path, const char *dir)
+{
+    struct kiln_model *m = calloc(1, sizeof *m);
+    struct kiln_file_map map;
+    if (!m || kiln_file_map(path, &map) != KILN_OK) {
+        free(m);
+        return NULL;
+    }
+    if (kiln_onnx_load_file(&map, dir, m) != KILN_OK) {
+        fprintf(stderr, "load %s: %s\n", path, kiln_last_error());
+        kiln_graph_free(m->graph);
+        if (m->proto_free && m->proto) m->proto_free(m->proto);
+        free(m);
+        return NULL;
+    }
+    return m;
+}
+
+static void free_model(struct kiln_model *m)
+{
+    if (!m) return;
+    kiln_graph_free(m->graph);
+    if (m->proto_free && m->proto) m->proto_free(m->proto);
+    for (int i = 0; i < m->n_maps; i++) kiln_file_unmap(&m->maps[i]);
+    free(m->maps);
+    free(m);
+}
+
+static void test_model(const char *name, int *before, int *after)
+{
+    char path[640], dir[512];
+    snprintf(dir, sizeof dir, "%s/bench/models/%s", KILN_SOURCE_DIR, name);
+    snprintf(path, sizeof path, "%s/model.onnx", dir);
+    if (access(path, R_OK) != 0) {
+        printf("skip %s: %s not present\n", name, path);
+        return;
+    }
+    struct kiln_model *m1 = load_model(path, dir), *m2 = load_model(path, dir);
+    CHECK(m1 && m2, "%s: loading failed", name);
+    if (!m1 || !m2) goto out;
+    struct kiln_graph *g1 = m1->graph, *g2 = m2->graph;
+    struct kiln_opt_log log;
+    *before = g1->n_nodes;
+    double d = compare_graphs(g1, g2, &log);
+    *after = g2->n_nodes;
+    printf("%s: %d -> %d nodes, rel diff %.3g\n", name, *before, *after, d);
+    kiln_opt_log_print(&log, print_line, NULL);
+    CHECK(d <= 1e-4, "%s: optimized outputs differ by %g", name, d);
+    CHECK(*after < *before, "%s: optimizer removed nothing", name);
+    CHECK(count_op(g2, KILN_OP_BatchNormalization) == 0, "%s: BatchNormalization left", name);
+    CHECK(count_op(g2, KILN_OP_Identity) == 0, "%s: Identity left", name);
+    CHECK(count_op(g2, KILN_OP_Constant) == 0, "%s: Constant left", name);
+    /* ResNet's shortcut projections (3 in resnet18, 4 in resnet50) become the Sum of the
+     * block's last conv; MobileNet's and EfficientNet's linear bottlenecks have nothing
+     * to fuse: only those stay plain Convs */
+    if (strcmp(name, "resnet18") == 0 || strcmp(name, "resnet50") == 0)
+        CHECK(count_op(g2, KILN_OP_Conv) == (name[6] == '1' ? 3 : 4), "%s: %d unfused Conv left",
+              name, count_op(g2, KILN_OP_Conv));
+    CHECK(count_op(g2, KILN_OP_Relu) == 0 || strcmp(name, "dlrm") == 0,
+          "%s: %d Relu left", name, count_op(g2, KILN_OP_Relu));
+    CHECK(count_op(g2, KILN_OP_Clip) == 0, "%s: Clip left", name);
+    if (strcmp(name, "efficientnet_b0") == 0)
+        CHECK(count_op(g2, KILN_OP_Sigmoid) == 0, "%s: Sigmoid left", name);
+    if (strcmp(name, "bert_small") == 0) {
+        CHECK(count_op(g2, KILN_OP_LayerNormalization) == 9, "bert_small: %d LayerNormalization",
+              count_op(g2, KILN_OP_LayerNormalization));
+        CHECK(count_op(g2, KILN_OP_Attention) == 4, "bert_small: %d Attention",
+              count_op(g2, KILN_OP_Attention));
+        CHECK(count_op(g2, KILN_OP_KilnFusedMatMul) == 24, "bert_small: %d KilnFusedMatMul",
+              count_op(g2, KILN_OP_KilnFusedMatMul));
+        CHECK(count_op(g2, KILN_OP_MatMul) == 0 && count_op(g2, KILN_OP_Softmax) == 0 &&
+                  count_op(g2, KILN_OP_Erf) == 0 && count_op(g2, KILN_OP_Transpose) == 0,
+              "bert_small: unfused MatMul / Softmax / Erf / Transpose left");
+    }
+    if (strcmp(name, "tabular_mlp") == 0 || strcmp(name, "dlrm") == 0)
+        CHECK(count_op(g2, KILN_OP_Gemm) == 0 && count_op(g2, KILN_OP_Relu) == 0,
+              "%s: Gemm or Relu left", name);
+out:
+    free_model(m1);
+    free_model(m2);
+}
+
+static void test_models(void)
+{
+    int b, a;
+    static const char *names[] = {"resnet18", "resnet50", "mobilenet_v2", "efficientnet_b0",
+                                  "bert_small", "tabular_mlp", "dlrm"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        b = a = 0;
+#if defined(__SANITIZE_ADDRESS__)
+        /* the two biggest convnets take most of a minute under the sanitizers */
+        if (strcmp(names[i], "resnet50") == 0 || strcmp(names[i], "efficientnet_b0") == 0) {
+            printf("skip %s under the sanitizers (slow)\n", names[i]);
+            continue;
+        }
+#endif
+        test_model(names[i], &b, &a);
+    }
+}
+
+int main(int argc, char **argv)
+{
+    if (argc > 2 && strcmp(argv[1], "dump") == 0) {
+        char dir[512];
+        snprintf(dir, sizeof dir, "%s", argv[2]);
+        char *slash = strrchr(dir, '/');
+        if (slash) *slash = '\0';
+        struct kiln_model *m = load_model(argv[2], slash ? dir : ".");
+        if (!m) return 1;
+        struct kiln_opt_log log;
+        struct kiln_opt_options o = {0};
+        if (argc > 3) dump_graph(m->graph);
+        kiln_status st = kiln_optimize(m->graph, &o, &log);
+        dump_graph(m->graph);
+        if (st != KILN_OK) printf("optimize: %s\n", kiln_last_error());
+        free_model(m);
+        return 0;
+    }
+    if (argc > 1 && strcmp(argv[1], "small") == 0) {
+        test_small();
+        return CHECK_DONE();
+    }
+    if (argc > 1 && strcmp(argv[1], "models") == 0) {
+        test_models();
+        return CHECK_DONE();
+    }
+    test_small();
+    test_models();
+    return CHECK_DONE();
+}

@@ -1,0 +1,1125 @@
+/*
+ * unit_simd.c - Kiln's thread pool (core/threadpool.c) and its SIMD f32
+ * kernels (src/kernels/simd/), differentially against the reference
+ * kernels.
+ *
+ * Each case builds a one-node graph, computes the expected outputs with
+ * the op's reference kernel (kiln_op_impl: infer, then run), and compiles
+ * and runs the fast kernel (kiln_fast_op) once per ISA this CPU has
+ * (KILN_ISA=scalar|avx2|avx512 before each compile) into outputs prefilled
+ * with NaN garbage (the plan's outputs are not zeroed), on one thread and
+ * on two; the two must agree exactly. Sizes cover below, at and above the
+ * vector widths; inputs include 0, -0, +-inf, NaN, huge and denormal
+ * values, and dense sweeps check the math functions over their range.
+ *
+ * `unit_simd --bench` times fast vs reference kernels on BERT-base shapes.
+ */
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "check.h"
+#include "core/threadpool.h"
+#include "kernels/fast.h"
+#include "kernels/kernel.h"
+
+/* ---- Random numbers (xorshift, reproducible) ---- */
+
+static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
+static uint64_t rng_next(void)
+{
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return rng_state;
+}
+static float rng_uniform(float lo, float hi)
+{
+    return lo + (hi - lo) * (float)((rng_next() >> 11) * (1.0 / 9007199254740992.0));
+}
+static float rng_normal(void)
+{
+    float u = rng_uniform(1e-7f, 1.0f), v = rng_uniform(0.0f, 1.0f);
+    return sqrtf(-2.0f * logf(u)) * cosf(6.2831853f * v);
+}
+
+/* ---- One-node graphs ---- */
+
+#define MAX_IO 8
+
+struct case_node {
+    struct kiln_graph *g;
+    struct kiln_node *node;
+    int n_in, n_out;
+    kiln_tensor *in[MAX_IO];
+    bool is_const[MAX_IO];
+    bool out_wanted[MAX_IO];
+};
+
+static void cn_init(struct case_node *c, enum kiln_op op, int opset, int n_in, int n_out)
+{
+    memset(c, 0, sizeof *c);
+    if (kiln_graph_new(&c->g) != KILN_OK) abort();
+    if (kiln_graph_node_add(c->g, op, "node_under_test", n_in, n_out, 8, &c->node) != KILN_OK)
+        abort();
+    c->node->opset = opset;
+    c->node->n_attr = 0;
+    c->n_in = n_in;
+    c->n_out = n_out;
+    for (int k = 0; k < n_out; k++) {
+        char name[16];
+        int id;
+        snprintf(name, sizeof name, "out%d", k);
+        if (kiln_graph_value_add(c->g, name, KILN_VALUE_NODE, &id) != KILN_OK) abort();
+        c->node->out[k] = id;
+        c->out_wanted[k] = k == 0;
+    }
+}
+
+/* Input i (x NULL = absent); the case owns x. */
+static void cn_input(struct case_node *c, int i, kiln_tensor *x, bool konst)
+{
+    c->in[i] = x;
+    c->is_const[i] = konst;
+    if (!x) {
+        c->node->in[i] = -1;
+        return;
+    }
+    char name[16];
+    int id;
+    snprintf(name, sizeof name, "in%d", i);
+    if (kiln_graph_value_add(c->g, name, konst ? KILN_VALUE_CONST : KILN_VALUE_INPUT, &id) !=
+        KILN_OK)
+        abort();
+    c->node->in[i] = id;
+}
+
+static struct kiln_attr *cn_attr(struct case_node *c, const char *name, enum kiln_attr_type t)
+{
+    struct kiln_attr *a = &c->node->attr[c->node->n_attr++];
+    a->name = kiln_arena_strdup(c->g->mem, name);
+    a->type = t;
+    return a;
+}
+static void attr_int(struct case_node *c, const char *name, int64_t v)
+{
+    cn_attr(c, name, KILN_ATTR_INT)->i = v;
+}
+static void attr_float(struct case_node *c, const char *name, float v)
+{
+    cn_attr(c, name, KILN_ATTR_FLOAT)->f = v;
+}
+static void attr_str(struct case_node *c, const char *name, const char *v)
+{
+    struct kiln_attr *a = cn_attr(c, name, KILN_ATTR_STRING);
+    a->s.len = strlen(v);
+    a->s.data = kiln_arena_strdup(c->g->mem, v);
+}
+static void attr_ints(struct case_node *c, const char *name, const int64_t *v, int n)
+{
+    struct kiln_attr *a = cn_attr(c, name, KILN_ATTR_INTS);
+    a->n = n;
+    a->ints = kiln_arena_alloc(c->g->mem, sizeof(int64_t) * (size_t)(n ? n : 1));
+    if (n) memcpy(a->ints, v, sizeof(int64_t) * (size_t)n);
+}
+
+static void cn_free(struct case_node *c)
+{
+    for (int i = 0; i < c->n_in; i++) kiln_tensor_free(c->in[i]);
+    kiln_graph_free(c->g);
+}
+
+static kiln_tensor *tensor_f32(int rank, const int64_t *dims)
+{
+    kiln_tensor *t;
+    if (kiln_tensor_new(KILN_DTYPE_F32, rank, dims, &t) != KILN_OK) abort();
+    return t;
+}
+
+/* Output types by the op's shape function. */
+static kiln_status cn_infer(struct case_node *c, struct kiln_type *types)
+{
+    struct kiln_type in_t[MAX_IO];
+    const struct kiln_type *in_p[MAX_IO];
+    const kiln_tensor *in_v[MAX_IO];
+    struct kiln_type *out_p[MAX_IO];
+    for (int i = 0; i < c->n_in; i++) {
+        in_p[i] = NULL;
+        in_v[i] = c->in[i];
+        if (c->in[i]) {
+            kiln_type_from_tensor(&in_t[i], c->in[i]);
+            in_p[i] = &in_t[i];
+        }
+    }
+    for (int k = 0; k < c->n_out; k++) {
+        kiln_type_unknown(&types[k]);
+        out_p[k] = c->out_wanted[k] ? &types[k] : NULL;
+    }
+    struct kiln_infer_ctx ic = {c->node, c->n_in, in_p, in_v, c->n_out, out_p};
+    return kiln_op_impl(c->node->op)->infer(&ic);
+}
+
+static void free_outs(kiln_tensor **out, int n)
+{
+    for (int k = 0; k < n; k++) {
+        kiln_tensor_free(out[k]);
+        out[k] = NULL;
+    }
+}
+
+/* Run the reference kernel; outputs zero-filled as the executor does. */
+static kiln_status run_ref(struct case_node *c, kiln_tensor **out)
+{
+    struct kiln_type types[MAX_IO];
+    kiln_status st = cn_infer(c, types);
+    if (st != KILN_OK) return st;
+    for (int k = 0; k < c->n_out; k++) {
+        out[k] = NULL;
+        if (c->out_wanted[k] &&
+            kiln_tensor_new(types[k].dtype, types[k].rank, types[k].dims, &out[k]) != KILN_OK)
+            abort();
+    }
+    struct kiln_run_ctx rc = {.node = c->node, .n_in = c->n_in, .in = c->in, .n_out = c->n_out,
+                              .out = out, .threads = 1};
+    return kiln_op_impl(c->node->op)->run(&rc);
+}
+
+/* Compile the fast kernel under KILN_ISA=isa and run it on `threads`
+ * threads. *handled = whether compile took the node; name (64 bytes, may
+ * be NULL) gets the kernel's name. */
+static kiln_status run_fast_ex(struct case_node *c, const char *isa, int threads, bool *handled,
+                               char *name, kiln_tensor **out, bool inplace, bool *did_inplace)
+{
+    if (did_inplace) *did_inplace = false;
+    *handled = false;
+    for (int k = 0; k < c->n_out; k++) out[k] = NULL;
+    const struct kiln_fast_op *f = kiln_fast_op(c->node->op);
+    if (!f) return KILN_OK;
+    struct kiln_type types[MAX_IO], in_t[MAX_IO];
+    kiln_status st = cn_infer(c, types);
+    if (st != KILN_OK) return st;
+    const struct kiln_type *in_p[MAX_IO], *out_p[MAX_IO];
+    const kiln_tensor *in_v[MAX_IO];
+    int layouts[MAX_IO] = {0};
+    for (int i = 0; i < c->n_in; i++) {
+        in_p[i] = NULL;
+        in_v[i] = c->is_const[i] ? c->in[i] : NULL;
+        if (c->in[i]) {
+            kiln_type_from_tensor(&in_t[i], c->in[i]);
+            in_p[i] = &in_t[i];
+        }
+    }
+    for (int k = 0; k < c->n_out; k++) out_p[k] = c->out_wanted[k] ? &types[k] : NULL;
+    struct kiln_compile_ctx cc = {
+        .node = c->node, .n_in = c->n_in, .in = in_p, .in_value = in_v, .in_layout = layouts,
+        .n_out = c->n_out, .out = out_p, .out_layout = layouts, .weights = NULL,
+        .threads = threads,
+    };
+    setenv("KILN_ISA", isa, 1);
+    struct kiln_kernel_inst inst = {0};
+    st = f->compile(&cc, &inst);
+    unsetenv("KILN_ISA");
+    if (st != KILN_OK || !inst.run) {
+        kiln_kernel_inst_destroy(&inst);
+        return st;
+    }
+    *handled = true;
+    if (name) snprintf(name, 64, "%s", inst.name);
+    for (int k = 0; k < c->n_out; k++) {
+        if (!c->out_wanted[k]) continue;
+        if (kiln_tensor_new_uninit(types[k].dtype, types[k].rank, types[k].dims, &out[k]) !=
+            KILN_OK)
+            abort();
+        memset(out[k]->data, 0xff, out[k]->nbytes); /* NaN garbage: every element must be written */
+    }
+    void *scratch = NULL;
+    if (inst.scratch_bytes) {
+        scratch = aligned_alloc(64, (inst.scratch_bytes + 63) / 64 * 64);
+        if (!scratch) abort();
+    }
+    kiln_tensor *ins[MAX_IO];
+    memcpy(ins, c->in, sizeof ins);
+    if (inplace && inst.inplace && out[0] && out[0]->nbytes == c->in[0]->nbytes) {
+        /* output 0 overwrites (a copy of) input 0 */
+        memcpy(out[0]->data, c->in[0]->data, out[0]->nbytes);
+        ins[0] = out[0];
+        *did_inplace = true;
+    }
+    struct kiln_run_ctx rc = {.node = c->node, .n_in = c->n_in, .in = ins, .n_out = c->n_out,
+                              .out = out, .scratch = scratch, .threads = threads};
+    st = inst.run(inst.state, &rc);
+    free(scratch);
+    kiln_kernel_inst_destroy(&inst);
+    return st;
+}
+
+static kiln_status run_fast(struct case_node *c, const char *isa, int threads, bool *handled,
+                            char *name, kiln_tensor **out)
+{
+    return run_fast_ex(c, isa, threads, handled, name, out, false, NULL);
+}
+
+/* ---- Comparison ---- */
+
+static int inplace_runs; /* cases run with output 0 over input 0 */
+static double worst_rel; /* largest relative error seen by compare_f32 (|want| > 1e-30) */
+
+/* got ~ want: NaN where NaN, equal infinities, else |g - w| <= atol + rtol |w|. */
+static bool compare_f32(const char *what, const kiln_tensor *got, const kiln_tensor *want,
+                        const kiln_tensor *x, double rtol, double atol)
+{
+    if (!got || !want || got->nbytes != want->nbytes) {
+        fprintf(stderr, "%s: output sizes differ\n", what);
+        return false;
+    }
+    const float *g = got->data, *w = want->data;
+    int64_t n = (int64_t)(got->nbytes / sizeof(float));
+    for (int64_t i = 0; i < n; i++) {
+        bool ok;
+        if (isnan(w[i]) || isnan(g[i])) ok = isnan(w[i]) && isnan(g[i]);
+        else if (isinf(w[i]) || isinf(g[i])) ok = g[i] == w[i];
+        else ok = fabs((double)g[i] - w[i]) <= atol + rtol * fabs((double)w[i]);
+        if (ok && !isnan(w[i]) && !isinf(w[i]) && fabs(w[i]) > 1e-30) {
+            double rel = fabs((double)g[i] - w[i]) / fabs((double)w[i]);
+            if (rel > worst_rel) worst_rel = rel;
+        }
+        if (!ok) {
+            fprintf(stderr, "%s: element %lld: got %.9g, want %.9g", what, (long long)i,
+                    (double)g[i], (double)w[i]);
+            if (x && x->dtype == KILN_DTYPE_F32 && (int64_t)(x->nbytes / 4) == n)
+                fprintf(stderr, " (x = %.9g)", (double)((const float *)x->data)[i]);
+            fputc('\n', stderr);
+            return false;
+        }
+    }
+    return true;
+}
+
+static bool same_bytes(const kiln_tensor *a, const kiln_tensor *b)
+{
+    return a && b && a->nbytes == b->nbytes && memcmp(a->data, b->data, a->nbytes) == 0;
+}
+
+/* The ISAs this CPU can run. */
+static const char *const isa_names[] = {"scalar", "avx2", "avx512"};
+static int isa_levels(void)
+{
+    unsetenv("KILN_ISA");
+    return (int)kiln_cpu_isa() + 1;
+}
+
+/*
+ * Run the case through the reference and through the fast kernel on every
+ * ISA, single- and two-threaded. expect_handled: 1 = the fast kernel must
+ * take the node, 0 = it must decline, -1 = either.
+ */
+static void check_case(struct case_node *c, const char *label, double rtol, double atol,
+                       int expect_handled)
+{
+    kiln_tensor *want[MAX_IO], *got[MAX_IO], *got2[MAX_IO];
+    kiln_status st = run_ref(c, want);
+    CHECK(st == KILN_OK, "%s: reference failed: %s", label, kiln_last_error());
+    if (st != KILN_OK) {
+        free_outs(want, c->n_out);
+        return;
+    }
+    for (int lv = 0; lv < isa_levels(); lv++) {
+        bool handled = false, handled2 = false;
+        char name[64] = "", what[160];
+        st = run_fast(c, isa_names[lv], 1, &handled, name, got);
+        snprintf(what, sizeof what, "%s [%s]", label, handled ? name : isa_names[lv]);
+        CHECK(st == KILN_OK, "%s: fast kernel failed: %s", what, kiln_last_error());
+        if (expect_handled >= 0)
+            CHECK(handled == (expect_handled == 1), "%s: fast kernel %s the node", what,
+                  handled ? "took" : "declined");
+        if (st == KILN_OK && handled) {
+            for (int k = 0; k < c->n_out; k++)
+                if (c->out_wanted[k]) {
+                    bool ok = want[k]->dtype == KILN_DTYPE_F32
+                                  ? compare_f32(what, got[k], want[k], c->in[0], rtol, atol)
+                                  : same_bytes(got[k], want[k]);
+                    CHECK(ok, "%s: output %d differs from the reference", what, k);
+                }
+            st = run_fast(c, isa_names[lv], 2, &handled2, NULL, got2);
+            CHECK(st == KILN_OK && handled2, "%s: two-thread run failed", what);
+            for (int k = 0; st == KILN_OK && k < c->n_out; k++)
+                if (c->out_wanted[k])
+                    CHECK(same_bytes(got[k], got2[k]), "%s: output %d differs on 2 threads", what,
+                          k);
+            free_outs(got2, c->n_out);
+            bool inplace = false;
+            st = run_fast_ex(c, isa_names[lv], 1, &handled2, NULL, got2, true, &inplace);
+            if (inplace) {
+                CHECK(st == KILN_OK && same_bytes(got[0], got2[0]),
+                      "%s: in-place run differs", what);
+                inplace_runs++;
+            }
+            free_outs(got2, c->n_out);
+        }
+        free_outs(got, c->n_out);
+    }
+    free_outs(want, c->n_out);
+}
+
+/* ---- Thread pool ---- */
+
+struct cover_ctx {
+    atomic_int *hits;
+    int64_t grain, n;
+    atomic_int short_chunks, calls;
+};
+
+static void cover_fn(void *arg, int64_t begin, int64_t end)
+{
+    struct cover_ctx *c = arg;
+    atomic_fetch_add(&c->calls, 1);
+    if (end - begin < c->grain && end - begin != c->n) atomic_fetch_add(&c->short_chunks, 1);
+    for (int64_t i = begin; i < end; i++) atomic_fetch_add(&c->hits[i], 1);
+}
+
+static void test_parallel_for(void)
+{
+    const int64_t ns[] = {0, 1, 7, 1000, 100003};
+    const int64_t grains[] = {1, 100, 1 << 20};
+    const int threads[] = {1, 2, 4};
+    for (size_t a = 0; a < sizeof ns / sizeof ns[0]; a++)
+        for (size_t b = 0; b < sizeof grains / sizeof grains[0]; b++)
+            for (size_t t = 0; t < sizeof threads / sizeof threads[0]; t++) {
+                int64_t n = ns[a];
+                struct cover_ctx c = {.hits = calloc((size_t)n + 1, sizeof(atomic_int)), .grain = grains[b], .n = n};
+                kiln_parallel_for(threads[t], n, grains[b], cover_fn, &c);
+                int64_t bad = -1;
+                for (int64_t i = 0; i < n && bad < 0; i++)
+                    if (atomic_load(&c.hits[i]) != 1) bad = i;
+                CHECK(bad < 0, "parallel_for n=%lld grain=%lld threads=%d: element %lld hit %d "
+                      "times", (long long)n, (long long)grains[b], threads[t], (long long)bad,
+                      bad >= 0 ? atomic_load(&c.hits[bad]) : 0);
+                CHECK(atomic_load(&c.short_chunks) == 0, "parallel_for: chunk below grain");
+                CHECK(atomic_load(&c.calls) <= threads[t], "parallel_for: %d calls for %d threads",
+                      atomic_load(&c.calls), threads[t]);
+                free(c.hits);
+            }
+}
+
+struct lease_arg {
+    int granted;
+};
+static void *lease_thread(void *p)
+{
+    struct lease_arg *a = p;
+    a->granted = kiln_threads_acquire(0);
+    kiln_threads_release(a->granted);
+    return NULL;
+}
+
+static void test_lease(void)
+{
+    int cpus = kiln_cpu_count();
+    CHECK(cpus >= 1, "kiln_cpu_count = %d", cpus);
+    int g = kiln_threads_acquire(0);
+    CHECK(g == cpus, "first lease: granted %d of %d cpus", g, cpus);
+    struct lease_arg a = {0};
+    pthread_t th;
+    pthread_create(&th, NULL, lease_thread, &a);
+    pthread_join(th, NULL);
+    CHECK(a.granted == 1, "concurrent lease granted %d threads, expected 1", a.granted);
+    kiln_threads_release(g);
+    pthread_create(&th, NULL, lease_thread, &a);
+    pthread_join(th, NULL);
+    CHECK(a.granted == cpus, "lease after release granted %d, expected %d", a.granted, cpus);
+    g = kiln_threads_acquire(1);
+    CHECK(g == 1, "acquire(1) granted %d", g);
+    kiln_threads_release(g);
+    g = kiln_threads_acquire(cpus + 100);
+    CHECK(g == cpus, "acquire(cpus + 100) granted %d", g);
+    kiln_threads_release(g);
+
+    /* ISA: KILN_ISA only lowers */
+    unsetenv("KILN_ISA");
+    enum kiln_isa hw = kiln_cpu_isa();
+    setenv("KILN_ISA", "scalar", 1);
+    CHECK(kiln_cpu_isa() == KILN_ISA_SCALAR, "KILN_ISA=scalar ignored");
+    setenv("KILN_ISA", "avx512", 1);
+    CHECK(kiln_cpu_isa() <= hw, "KILN_ISA raised the ISA");
+    unsetenv("KILN_ISA");
+}
+
+static void spin_fn(void *arg, int64_t begin, int64_t end)
+{
+    volatile double *acc = arg;
+    double s = 0;
+    for (int64_t i = begin; i < end; i++) s += sqrt((double)i);
+    if (begin == 0) *acc = s;
+}
+
+static double cpu_seconds(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* After parallel work, an idle process must not burn CPU (workers sleep). */
+static void test_idle(void)
+{
+    const char *policy = getenv("OMP_WAIT_POLICY");
+    if (policy && (policy[0] == 'a' || policy[0] == 'A')) {
+        printf("idle check skipped: OMP_WAIT_POLICY=%s\n", policy);
+        return;
+    }
+    volatile double acc = 0;
+    for (int r = 0; r < 20; r++) kiln_parallel_for(2, 1 << 20, 1024, spin_fn, (void *)&acc);
+    struct timespec nap = {0, 50 * 1000 * 1000};
+    nanosleep(&nap, NULL); /* let the spin phase end */
+    double c0 = cpu_seconds();
+    nap.tv_nsec = 300 * 1000 * 1000;
+    nanosleep(&nap, NULL);
+    double used = cpu_seconds() - c0;
+    printf("idle: %.1f ms of CPU in 300 ms asleep after parallel work\n", used * 1e3);
+    CHECK(used < 0.03, "idle process used %.1f ms of CPU in 300 ms", used * 1e3);
+}
+
+/* ---- Elementwise ---- */
+
+static const float specials[] = {0.0f,     -0.0f,    INFINITY, -INFINITY, NAN,     1e30f,
+                                 -1e30f,   88.7f,    -88.7f,   89.0f,     -104.0f, -120.0f,
+                                 1e-40f,   -1e-40f,  3.4e38f,  -3.4e38f,  1.0f,    -1.0f,
+                                 0.55f,    -0.55f,   0.99999f, -1.00001f, -3.0f,   3.0f,
+                                 -2.9999f, 14.8f,    -14.9f,   -9.0f,     -20.0f,  1e-20f};
+#define N_SPECIALS (int)(sizeof specials / sizeof specials[0])
+
+static const int64_t sizes[] = {1, 7, 8, 15, 16, 17, 31, 33, 1000};
+#define N_SIZES (int)(sizeof sizes / sizeof sizes[0])
+
+struct unary_case {
+    enum kiln_op op;
+    const char *name;
+    float lo, hi;       /* random input range */
+    double rtol, atol;
+};
+
+static void add_unary_attrs(struct case_node *c, enum kiln_op op, int variant)
+{
+    if (op == KILN_OP_LeakyRelu) attr_float(c, "alpha", 0.1f);
+    if (op == KILN_OP_HardSigmoid) {
+        attr_float(c, "alpha", 0.3f);
+        attr_float(c, "beta", 0.4f);
+    }
+    if (op == KILN_OP_Gelu) attr_str(c, "approximate", variant ? "tanh" : "none");
+}
+
+/*
+ * The reference computes Gelu as 0.5 x (1 + erf(x / sqrt 2)) in double,
+ * which cancels for x below about -6 (it returns -0 from x = -9). The fast
+ * kernels go through erfc / x sigmoid(2u) instead, so they are also held
+ * to an independent long-double oracle: 1e-5 relative, or a denormal ulp.
+ */
+static void gelu_oracle_check(struct case_node *c, int variant, const char *label)
+{
+    const kiln_tensor *x = c->in[0];
+    kiln_tensor *want;
+    if (kiln_tensor_new(KILN_DTYPE_F32, x->rank, x->dims, &want) != KILN_OK) abort();
+    const float *px = x->data;
+    float *pw = want->data;
+    for (size_t i = 0; i < x->nbytes / 4; i++) {
+        long double d = px[i];
+        if (variant) {
+            long double u = 0.7978845608028654L * (d + 0.044715L * d * d * d);
+            pw[i] = (float)(d / (1.0L + expl(-2.0L * u)));
+        } else {
+            pw[i] = (float)(0.5L * d * erfcl(-d / sqrtl(2.0L)));
+        }
+    }
+    for (int lv = 0; lv < isa_levels(); lv++) {
+        kiln_tensor *got[MAX_IO];
+        bool handled;
+        char what[128];
+        snprintf(what, sizeof what, "%s [%s] vs long double", label, isa_names[lv]);
+        kiln_status st = run_fast(c, isa_names[lv], 1, &handled, NULL, got);
+        CHECK(st == KILN_OK && handled, "%s: failed", what);
+        if (st == KILN_OK && handled)
+            CHECK(compare_f32(what, got[0], want, x, 1e-5, 3e-45), "%s: differs", what);
+        free_outs(got, c->n_out);
+    }
+    kiln_tensor_free(want);
+}
+
+/* One unary case over x (n elements); variant picks Gelu's mode. */
+static void unary_run_case(const struct unary_case *u, int variant, const float *xs, int64_t n,
+                           const char *tag)
+{
+    struct case_node c;
+    int n_in = u->op == KILN_OP_Clip ? 3 : 1;
+    cn_init(&c, u->op, 13, n_in, 1);
+    add_unary_attrs(&c, u->op, variant);
+    kiln_tensor *x = tensor_f32(1, &n);
+    memcpy(x->data, xs, (size_t)n * sizeof(float));
+    cn_input(&c, 0, x, false);
+    if (u->op == KILN_OP_Clip) {
+        int64_t one = 1;
+        kiln_tensor *lo = tensor_f32(0, &one), *hi = variant ? NULL : tensor_f32(0, &one);
+        ((float *)lo->data)[0] = -0.5f;
+        if (hi) ((float *)hi->data)[0] = 2.0f;
+        cn_input(&c, 1, lo, false);
+        cn_input(&c, 2, hi, false);
+    }
+    char label[96];
+    snprintf(label, sizeof label, "%s%s %s n=%lld", u->name,
+             u->op == KILN_OP_Gelu && variant ? "(tanh)" : "", tag, (long long)n);
+    double worst_before = worst_rel;
+    check_case(&c, label, u->rtol, u->atol, 1);
+    if (u->op == KILN_OP_Gelu) { /* report the error against the oracle, not the reference */
+        worst_rel = worst_before;
+        gelu_oracle_check(&c, variant, label);
+    }
+    cn_free(&c);
+}
+
+static const struct unary_case unary_cases[] = {
+    {KILN_OP_Relu, "Relu", -5, 5, 0, 0},
+    {KILN_OP_LeakyRelu, "LeakyRelu", -5, 5, 0, 0},
+    {KILN_OP_Clip, "Clip", -5, 5, 0, 0},
+    {KILN_OP_Neg, "Neg", -5, 5, 0, 0},
+    {KILN_OP_Sqrt, "Sqrt", 0, 100, 0, 0},
+    {KILN_OP_Sigmoid, "Sigmoid", -20, 20, 1e-5, 3e-45},
+    {KILN_OP_Tanh, "Tanh", -6, 6, 1e-5, 3e-45},
+    {KILN_OP_Exp, "Exp", -90, 90, 1e-5, 3e-45},
+    {KILN_OP_Erf, "Erf", -4, 4, 1e-5, 3e-45},
+    {KILN_OP_Gelu, "Gelu", -8, 8, 1e-5, 2e-14}, /* see gelu_oracle_check */
+    {KILN_OP_HardSwish, "HardSwish", -5, 5, 1e-5, 1e-30},
+    {KILN_OP_HardSigmoid, "HardSigmoid", -5, 5, 1e-6, 1e-30},
+    {KILN_OP_Softplus, "Softplus", -20, 20, 1e-5, 3e-45},
+};
+#define N_UNARY (int)(sizeof unary_cases / sizeof unary_cases[0])
+
+static void test_unary(void)
+{
+    float *buf = malloc(120001 * sizeof(float));
+    for (int u = 0; u < N_UNARY; u++) {
+        const struct unary_case *uc = &unary_cases[u];
+        int variants = uc->op == KILN_OP_Gelu || uc->op == KILN_OP_Clip ? 2 : 1;
+        for (int v = 0; v < variants; v++) {
+            double worst_before = worst_rel;
+            worst_rel = 0;
+            for (int s = 0; s < N_SIZES; s++) {
+                int64_t n = sizes[s];
+                for (int64_t i = 0; i < n; i++) buf[i] = rng_uniform(uc->lo, uc->hi);
+                unary_run_case(uc, v, buf, n, "random");
+            }
+            unary_run_case(uc, v, specials, N_SPECIALS, "specials");
+            /* dense sweep over the whole interesting range, and big enough to thread */
+            int64_t n = 120001;
+            for (int64_t i = 0; i < n; i++) buf[i] = -120.0f + 240.0f * (float)i / (float)(n - 1);
+            unary_run_case(uc, v, buf, n, "sweep[-120,120]");
+            n = 20001;
+            for (int64_t i = 0; i < n; i++) buf[i] = -4.0f + 8.0f * (float)i / (float)(n - 1);
+            unary_run_case(uc, v, buf, n, "sweep[-4,4]");
+            printf("%-12s%-7s max relative error vs %s (|y| > 1e-30): %.2e\n", uc->name,
+                   uc->op == KILN_OP_Gelu && v ? "(tanh)" : "",
+                   uc->op == KILN_OP_Gelu ? "long double" : "reference", worst_rel);
+            if (worst_before > worst_rel) worst_rel = worst_before;
+        }
+    }
+    free(buf);
+}
+
+/* ---- Binary ---- */
+
+static void binary_case(enum kiln_op op, int ra, const int64_t *da, int rb, const int64_t *db,
+                        int expect)
+{
+    struct case_node c;
+    cn_init(&c, op, 14, 2, 1);
+    kiln_tensor *a = tensor_f32(ra, da), *b = tensor_f32(rb, db);
+    float *pa = a->data, *pb = b->data;
+    for (size_t i = 0; i < a->nbytes / 4; i++) pa[i] = rng_uniform(-10, 10);
+    for (size_t i = 0; i < b->nbytes / 4; i++) pb[i] = rng_uniform(-10, 10);
+    for (int i = 0; i < N_SPECIALS && i < (int)(a->nbytes / 4); i += 3) pa[i] = specials[i];
+    for (int i = 1; i < N_SPECIALS && i < (int)(b->nbytes / 4); i += 4) pb[i] = specials[i];
+    cn_input(&c, 0, a, false);
+    cn_input(&c, 1, b, false);
+    char label[128], sa[64], sb[64];
+    snprintf(label, sizeof label, "%s %s %s", kiln_op_name(op), kiln_shape_str(ra, da, sa, 64),
+             kiln_shape_str(rb, db, sb, 64));
+    check_case(&c, label, 0, 0, expect);
+    cn_free(&c);
+}
+
+static void test_binary(void)
+{
+    const enum kiln_op ops[] = {KILN_OP_Add, KILN_OP_Sub, KILN_OP_Mul, KILN_OP_Div};
+    for (int o = 0; o < 4; o++) {
+        for (int s = 0; s < N_SIZES; s++) {
+            int64_t n = sizes[s], one = 1, rn[2] = {5, n}, rn3[3] = {2, 3, n}, r1n[2] = {1, n};
+            binary_case(ops[o], 1, &n, 1, &n, 1);          /* same shape */
+            binary_case(ops[o], 1, &n, 0, &one, 1);        /* b scalar */
+            binary_case(ops[o], 0, &one, 1, &n, 1);        /* a scalar */
+            binary_case(ops[o], 2, rn, 1, &n, 1);          /* bias row */
+            binary_case(ops[o], 1, &n, 2, rn, 1);          /* a repeats */
+            binary_case(ops[o], 3, rn3, 2, r1n, 1);        /* [2,3,n] + [1,n] */
+        }
+        int64_t big[3] = {4, 100, 300}, row = 300, col[2] = {5, 1}, rowm[2] = {1, 7};
+        binary_case(ops[o], 3, big, 1, &row, 1);           /* threaded bias add */
+        binary_case(ops[o], 3, big, 3, big, 1);
+        binary_case(ops[o], 2, col, 2, rowm, 0);           /* outer broadcast: declined */
+    }
+}
+
+/* ---- Softmax, LayerNormalization ---- */
+
+static void softmax_case(int rank, const int64_t *dims, int64_t axis, int opset, bool specials_in)
+{
+    struct case_node c;
+    cn_init(&c, KILN_OP_Softmax, opset, 1, 1);
+    attr_int(&c, "axis", axis);
+    kiln_tensor *x = tensor_f32(rank, dims);
+    float *px = x->data;
+    for (size_t i = 0; i < x->nbytes / 4; i++) px[i] = rng_uniform(-30, 30);
+    if (specials_in && x->nbytes / 4 > 40) {
+        px[3] = -INFINITY;
+        px[11] = 1e30f;
+        px[20] = -1e30f;
+        px[37] = NAN;
+    }
+    cn_input(&c, 0, x, false);
+    char label[128], sd[64];
+    snprintf(label, sizeof label, "Softmax %s axis %lld opset %d%s",
+             kiln_shape_str(rank, dims, sd, 64), (long long)axis, opset,
+             specials_in ? " specials" : "");
+    check_case(&c, label, 1e-5, 1e-30, 1);
+    cn_free(&c);
+}
+
+static void test_softmax(void)
+{
+    for (int s = 0; s < N_SIZES; s++) {
+        int64_t n = sizes[s], d2[2] = {3, n}, d3[3] = {2, n, 5}, d3b[3] = {3, 4, n};
+        softmax_case(2, d2, -1, 13, false);
+        softmax_case(3, d3, 1, 13, false);
+        softmax_case(3, d3b, 0, 13, false);
+        softmax_case(3, d3b, 1, 11, false); /* 2-D coercion */
+        int64_t d4[3] = {2, 17, n};
+        softmax_case(3, d4, 1, 13, false);  /* strided, inner = n */
+    }
+    int64_t big[2] = {64, 1000}, sp[2] = {4, 64}, all_inf[2] = {2, 3};
+    softmax_case(2, big, -1, 13, false);
+    softmax_case(2, sp, -1, 13, true);
+    /* a row of -inf gives NaN in both */
+    struct case_node c;
+    cn_init(&c, KILN_OP_Softmax, 13, 1, 1);
+    kiln_tensor *x = tensor_f32(2, all_inf);
+    for (int i = 0; i < 6; i++) ((float *)x->data)[i] = i < 3 ? -INFINITY : (float)i;
+    cn_input(&c, 0, x, false);
+    check_case(&c, "Softmax row of -inf", 1e-5, 1e-30, 1);
+    cn_free(&c);
+}
+
+static void layernorm_case(int rank, const int64_t *dims, int64_t axis, bool bias, bool stats)
+{
+    struct case_node c;
+    cn_init(&c, KILN_OP_LayerNormalization, 17, bias ? 3 : 2, stats ? 3 : 1);
+    attr_int(&c, "axis", axis);
+    attr_float(&c, "epsilon", 1e-5f);
+    c.out_wanted[1] = c.out_wanted[2] = stats;
+    int a = (int)(axis < 0 ? axis + rank : axis);
+    kiln_tensor *x = tensor_f32(rank, dims);
+    kiln_tensor *sc = tensor_f32(rank - a, dims + a), *bi = bias ? tensor_f32(rank - a, dims + a)
+                                                                 : NULL;
+    float *px = x->data;
+    for (size_t i = 0; i < x->nbytes / 4; i++) px[i] = 3.0f * rng_normal() + 2.0f;
+    for (size_t i = 0; i < sc->nbytes / 4; i++) ((float *)sc->data)[i] = rng_uniform(0.5f, 1.5f);
+    for (size_t i = 0; bi && i < bi->nbytes / 4; i++) ((float *)bi->data)[i] = rng_normal();
+    cn_input(&c, 0, x, false);
+    cn_input(&c, 1, sc, true);
+    if (bias) cn_input(&c, 2, bi, true);
+    char label[128], sd[64];
+    snprintf(label, sizeof label, "LayerNormalization %s axis %lld%s%s",
+             kiln_shape_str(rank, dims, sd, 64), (long long)axis, bias ? " bias" : "",
+             stats ? " stats" : "");
+    check_case(&c, label, 1e-5, 1e-5, 1);
+    cn_free(&c);
+}
+
+static void test_layernorm(void)
+{
+    for (int s = 0; s < N_SIZES; s++) {
+        int64_t n = sizes[s], d2[2] = {5, n}, d3[3] = {2, 3, n};
+        layernorm_case(2, d2, -1, true, false);
+        layernorm_case(2, d2, 1, false, true);
+        layernorm_case(3, d3, 1, true, true);
+    }
+    int64_t big[3] = {8, 16, 768};
+    layernorm_case(3, big, -1, true, false);
+}
+
+/* ---- Gather, Transpose, Reduce ---- */
+
+static void test_gather(void)
+{
+    const int64_t sizes_d[] = {1, 7, 16, 33, 768};
+    for (int s = 0; s < 5; s++) {
+        for (int it = 0; it < 2; it++) {
+            int64_t dd[2] = {50, sizes_d[s]}, di[2] = {3, 4};
+            struct case_node c;
+            cn_init(&c, KILN_OP_Gather, 13, 2, 1);
+            kiln_tensor *data = tensor_f32(2, dd), *idx;
+            for (size_t i = 0; i < data->nbytes / 4; i++) ((float *)data->data)[i] = rng_normal();
+            if (kiln_tensor_new(it ? KILN_DTYPE_I32 : KILN_DTYPE_I64, 2, di, &idx) != KILN_OK)
+                abort();
+            for (int i = 0; i < 12; i++) {
+                int64_t v = (int64_t)(rng_next() % 100) - 50; /* [-50, 50): negatives wrap */
+                if (it) ((int32_t *)idx->data)[i] = (int32_t)v;
+                else ((int64_t *)idx->data)[i] = v;
+            }
+            cn_input(&c, 0, data, true);
+            cn_input(&c, 1, idx, false);
+            char label[64];
+            snprintf(label, sizeof label, "Gather [50,%lld] %s", (long long)sizes_d[s],
+                     it ? "int32" : "int64");
+            check_case(&c, label, 0, 0, 1);
+            cn_free(&c);
+        }
+    }
+    /* out of range: an error naming the node and the index */
+    int64_t dd[2] = {10, 4}, di = 3;
+    struct case_node c;
+    cn_init(&c, KILN_OP_Gather, 13, 2, 1);
+    kiln_tensor *data = tensor_f32(2, dd), *idx;
+    if (kiln_tensor_new(KILN_DTYPE_I64, 1, &di, &idx) != KILN_OK) abort();
+    ((int64_t *)idx->data)[0] = 2;
+    ((int64_t *)idx->data)[1] = 10;
+    cn_input(&c, 0, data, true);
+    cn_input(&c, 1, idx, false);
+    kiln_tensor *out[MAX_IO];
+    for (int lv = 0; lv < isa_levels(); lv++) {
+        bool handled;
+        kiln_status st = run_fast(&c, isa_names[lv], 1, &handled, NULL, out);
+        CHECK(handled && st == KILN_ERR_INVALID_ARGUMENT, "Gather out of range: status %d", st);
+        CHECK(strstr(kiln_last_error(), "node_under_test") && strstr(kiln_last_error(), "10"),
+              "Gather error message: %s", kiln_last_error());
+        free_outs(out, 1);
+    }
+    cn_free(&c);
+}
+
+static void transpose_case(kiln_dtype dt, int rank, const int64_t *dims, const int64_t *perm)
+{
+    struct case_node c;
+    cn_init(&c, KILN_OP_Transpose, 13, 1, 1);
+    if (perm) attr_ints(&c, "perm", perm, rank);
+    kiln_tensor *x;
+    if (kiln_tensor_new(dt, rank, dims, &x) != KILN_OK) abort();
+    uint8_t *p = x->data;
+    for (size_t i = 0; i < x->nbytes; i++) p[i] = (uint8_t)rng_next();
+    if (dt == KILN_DTYPE_F32) /* keep f32 values finite so compare_f32 is exact */
+        for (size_t i = 0; i < x->nbytes / 4; i++) ((float *)x->data)[i] = rng_normal();
+    cn_input(&c, 0, x, false);
+    char label[128], sd[64];
+    snprintf(label, sizeof label, "Transpose %s %s perm %s", kiln_dtype_name(dt),
+             kiln_shape_str(rank, dims, sd, 64), perm ? "given" : "reversed");
+    check_case(&c, label, 0, 0, 1);
+    cn_free(&c);
+}
+
+static void test_transpose(void)
+{
+    for (int s = 0; s < N_SIZES; s++) {
+        int64_t n = sizes[s];
+        int64_t d2[2] = {n, 37}, p2[2] = {1, 0};
+        int64_t d4[4] = {2, n, 3, 8}, p4[4] = {0, 2, 1, 3};
+        int64_t d3[3] = {3, 33, n}, p3[3] = {0, 2, 1};
+        int64_t d4b[4] = {2, 3, 4, n}, p4b[4] = {3, 1, 0, 2};
+        int64_t d3c[3] = {4, 1, n}, p3c[3] = {2, 0, 1};
+        transpose_case(KILN_DTYPE_F32, 2, d2, p2);
+        transpose_case(KILN_DTYPE_F32, 4, d4, p4);
+        transpose_case(KILN_DTYPE_F32, 3, d3, p3);
+        transpose_case(KILN_DTYPE_F32, 4, d4b, p4b);
+        transpose_case(KILN_DTYPE_F32, 3, d3c, p3c);
+        transpose_case(KILN_DTYPE_I64, 3, d3, p3);
+        transpose_case(KILN_DTYPE_U8, 4, d4b, p4b);
+        transpose_case(KILN_DTYPE_F16, 3, d3, NULL);
+    }
+    int64_t bert[4] = {8, 128, 12, 64}, pb[4] = {0, 2, 1, 3}, big[2] = {700, 900}, p2[2] = {1, 0};
+    transpose_case(KILN_DTYPE_F32, 4, bert, pb);
+    transpose_case(KILN_DTYPE_F32, 2, big, p2);
+}
+
+static void reduce_case(enum kiln_op op, int rank, const int64_t *dims, const int64_t *axes,
+                        int n_axes, bool axes_input, int keepdims, int expect)
+{
+    struct case_node c;
+    cn_init(&c, op, axes_input ? 18 : 13, axes_input ? 2 : 1, 1);
+    attr_int(&c, "keepdims", keepdims);
+    if (!axes_input && n_axes > 0) attr_ints(&c, "axes", axes, n_axes);
+    kiln_tensor *x = tensor_f32(rank, dims);
+    for (size_t i = 0; i < x->nbytes / 4; i++) ((float *)x->data)[i] = rng_normal() + 0.5f;
+    cn_input(&c, 0, x, false);
+    if (axes_input) {
+        int64_t na = n_axes;
+        kiln_tensor *a;
+        if (kiln_tensor_new(KILN_DTYPE_I64, 1, &na, &a) != KILN_OK) abort();
+        memcpy(a->data, axes, sizeof(int64_t) * (size_t)n_axes);
+        cn_input(&c, 1, a, true);
+    }
+    char label[128], sd[64];
+    snprintf(label, sizeof label, "%s %s %d axes%s keepdims %d", kiln_op_name(op),
+             kiln_shape_str(rank, dims, sd, 64), n_axes, axes_input ? " (input)" : "", keepdims);
+    check_case(&c, label, 1e-5, 1e-5, expect);
+    cn_free(&c);
+}
+
+static void test_reduce(void)
+{
+    const enum kiln_op ops[] = {KILN_OP_ReduceMean, KILN_OP_ReduceSum};
+    for (int o = 0; o < 2; o++)
+        for (int s = 0; s < N_SIZES; s++) {
+            int64_t n = sizes[s], d[3] = {2, 5, n}, last = -1, two[2] = {1, 2}, first = 0;
+            reduce_case(ops[o], 3, d, &last, 1, false, 1, 1);
+            reduce_case(ops[o], 3, d, &last, 1, true, 0, 1);
+            reduce_case(ops[o], 3, d, two, 2, true, 1, 1);
+            reduce_case(ops[o], 3, d, NULL, 0, false, 0, 1); /* all axes */
+            reduce_case(ops[o], 3, d, &first, 1, false, 1, 0); /* leading axis: declined */
+        }
+    int64_t big[2] = {512, 768}, last = -1;
+    reduce_case(KILN_OP_ReduceMean, 2, big, &last, 1, false, 1, 1);
+}
+
+/* ---- Attention ---- */
+
+/* mask_kind: 0 none, 1 f32 [SQ, mcols], 2 bool [B, 1, SQ, T], 3 causal. */
+static void attention_case(bool four_d, int64_t B, int64_t SQ, int64_t T, int64_t HQ, int64_t HK,
+                           int64_t E, int mask_kind, int64_t mcols)
+{
+    struct case_node c;
+    cn_init(&c, KILN_OP_Attention, 23, mask_kind == 1 || mask_kind == 2 ? 4 : 3, 1);
+    if (!four_d) {
+        attr_int(&c, "q_num_heads", HQ);
+        attr_int(&c, "kv_num_heads", HK);
+    }
+    if (mask_kind == 3) attr_int(&c, "is_causal", 1);
+    if (E == 16) attr_float(&c, "scale", 0.3f);
+    kiln_tensor *t[3];
+    for (int i = 0; i < 3; i++) {
+        int64_t S = i == 0 ? SQ : T, H = i == 0 ? HQ : HK;
+        int64_t d3[3] = {B, S, H * E}, d4[4] = {B, H, S, E};
+        t[i] = four_d ? tensor_f32(4, d4) : tensor_f32(3, d3);
+        for (size_t k = 0; k < t[i]->nbytes / 4; k++) ((float *)t[i]->data)[k] = rng_normal();
+        cn_input(&c, i, t[i], false);
+    }
+    if (mask_kind == 1) {
+        int64_t dm[2] = {SQ, mcols};
+        kiln_tensor *m = tensor_f32(2, dm);
+        for (size_t k = 0; k < m->nbytes / 4; k++)
+            ((float *)m->data)[k] = rng_next() % 5 == 0 ? -INFINITY : rng_uniform(-2, 2);
+        for (int64_t r = 0; r < SQ; r++) ((float *)m->data)[r * mcols] = 0.0f; /* no empty row */
+        cn_input(&c, 3, m, false);
+    } else if (mask_kind == 2) {
+        int64_t dm[4] = {B, 1, SQ, T};
+        kiln_tensor *m;
+        if (kiln_tensor_new(KILN_DTYPE_BOOL, 4, dm, &m) != KILN_OK) abort();
+        uint8_t *pm = m->data;
+        for (size_t k = 0; k < m->nbytes; k++) pm[k] = rng_next() % 3 != 0;
+        for (int64_t r = 0; r < B * SQ; r++) pm[r * T] = 1;
+        cn_input(&c, 3, m, false);
+    }
+    char label[160];
+    snprintf(label, sizeof label, "Attention %s B%lld SQ%lld T%lld HQ%lld HK%lld E%lld mask %d",
+             four_d ? "4-D" : "3-D", (long long)B, (long long)SQ, (long long)T, (long long)HQ,
+             (long long)HK, (long long)E, mask_kind);
+    check_case(&c, label, 1e-4, 1e-5, 1);
+    cn_free(&c);
+}
+
+static void test_attention(void)
+{
+    const int64_t seqs[] = {1, 7, 17, 70};
+    for (int s = 0; s < 4; s++) {
+        int64_t S = seqs[s];
+        attention_case(false, 2, S, S, 4, 2, 8, 0, 0);
+        attention_case(false, 1, S, S + 3, 4, 4, 16, 1, S + 3);
+        attention_case(false, 1, S, S + 3, 2, 1, 8, 1, S);       /* short mask: -inf padding */
+        attention_case(false, 2, S, S, 4, 2, 8, 2, 0);
+        attention_case(false, 2, S, S, 4, 2, 8, 3, 0);
+        attention_case(true, 2, S, S + 1, 4, 2, 8, 0, 0);
+    }
+    /* declined: softcap */
+    struct case_node c;
+    cn_init(&c, KILN_OP_Attention, 23, 3, 1);
+    attr_float(&c, "softcap", 5.0f);
+    int64_t d4[4] = {1, 2, 3, 4};
+    for (int i = 0; i < 3; i++) cn_input(&c, i, tensor_f32(4, d4), false);
+    check_case(&c, "Attention softcap (declined)", 1e-4, 1e-5, 0);
+    cn_free(&c);
+}
+
+/* ---- Benchmark ---- */
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* Median-free simple timing: best of reps. */
+static double time_ref(struct case_node *c, int reps)
+{
+    double best = 1e30;
+    for (int r = 0; r < reps; r++) {
+        kiln_tensor *out[MAX_IO];
+        double t0 = now_s();
+        run_ref(c, out);
+        double t = now_s() - t0;
+        free_outs(out, c->n_out);
+        if (t < best) best = t;
+    }
+    return best;
+}
+
+static double time_fast(struct case_node *c, int threads, int reps, char *name)
+{
+    const struct kiln_fast_op *f = kiln_fast_op(c->node->op);
+    struct kiln_type types[MAX_IO], in_t[MAX_IO];
+    cn_infer(c, types);
+    const struct kiln_type *in_p[MAX_IO], *out_p[MAX_IO];
+    const kiln_tensor *in_v[MAX_IO];
+    int layouts[MAX_IO] = {0};
+    for (int i = 0; i < c->n_in; i++) {
+        in_v[i] = c->is_const[i] ? c->in[i] : NULL;
+        in_p[i] = NULL;
+        if (c->in[i]) {
+            kiln_type_from_tensor(&in_t[i], c->in[i]);
+            in_p[i] = &in_t[i];
+        }
+    }
+    for (int k = 0; k < c->n_out; k++) out_p[k] = c->out_wanted[k] ? &types[k] : NULL;
+    struct kiln_compile_ctx cc = {c->node, c->n_in, in_p, in_v, layouts, c->n_out, out_p,
+                                  layouts, NULL, threads};
+    struct kiln_kernel_inst inst = {0};
+    if (f->compile(&cc, &inst) != KILN_OK || !inst.run) return -1;
+    snprintf(name, 64, "%s", inst.name);
+    kiln_tensor *out[MAX_IO] = {0};
+    for (int k = 0; k < c->n_out; k++)
+        if (c->out_wanted[k])
+            kiln_tensor_new_uninit(types[k].dtype, types[k].rank, types[k].dims, &out[k]);
+    void *scratch = inst.scratch_bytes ? aligned_alloc(64, (inst.scratch_bytes + 63) / 64 * 64)
+                                       : NULL;
+    struct kiln_run_ctx rc = {.node = c->node, .n_in = c->n_in, .in = c->in, .n_out = c->n_out,
+                              .out = out, .scratch = scratch, .threads = threads};
+    double best = 1e30;
+    for (int r = 0; r < reps; r++) {
+        double t0 = now_s();
+        inst.run(inst.state, &rc);
+        double t = now_s() - t0;
+        if (t < best) best = t;
+    }
+    free(scratch);
+    free_outs(out, c->n_out);
+    kiln_kernel_inst_destroy(&inst);
+    return best;
+}
+
+static void bench_one(struct case_node *c, const char *label)
+{
+    double tr = time_ref(c, 3);
+    char name[64] = "";
+    int cpus = kiln_cpu_count();
+    double t1 = time_fast(c, 1, 20, name), tn = time_fast(c, cpus, 20, name);
+    printf("%-34s ref %8.3f ms | %-28s 1 thread %7.3f ms (x%5.1f) | %d threads %7.3f ms "
+           "(x%5.1f)\n",
+           label, tr * 1e3, name, t1 * 1e3, tr / t1, cpus, tn * 1e3, tr / tn);
+}
+
+static void bench(void)
+{
+    int64_t d[3] = {8, 128, 768}, h = 768;
+    struct case_node c;
+    cn_init(&c, KILN_OP_Gelu, 20, 1, 1);
+    kiln_tensor *x = tensor_f32(3, d);
+    for (size_t i = 0; i < x->nbytes / 4; i++) ((float *)x->data)[i] = rng_normal();
+    cn_input(&c, 0, x, false);
+    bench_one(&c, "Gelu [8,128,768]");
+    cn_free(&c);
+
+    cn_init(&c, KILN_OP_Softmax, 13, 1, 1);
+    x = tensor_f32(3, d);
+    for (size_t i = 0; i < x->nbytes / 4; i++) ((float *)x->data)[i] = rng_normal();
+    cn_input(&c, 0, x, false);
+    bench_one(&c, "Softmax [8,128,768] axis -1");
+    cn_free(&c);
+
+    cn_init(&c, KILN_OP_LayerNormalization, 17, 3, 1);
+    x = tensor_f32(3, d);
+    for (size_t i = 0; i < x->nbytes / 4; i++) ((float *)x->data)[i] = rng_normal();
+    kiln_tensor *sc = tensor_f32(1, &h), *bi = tensor_f32(1, &h);
+    for (int i = 0; i < 768; i++) ((float *)sc->data)[i] = 1.0f;
+    cn_input(&c, 0, x, false);
+    cn_input(&c, 1, sc, true);
+    cn_input(&c, 2, bi, true);
+    bench_one(&c, "LayerNormalization [8,128,768]");
+    cn_free(&c);
+
+    cn_init(&c, KILN_OP_Add, 14, 2, 1);
+    x = tensor_f32(3, d);
+    cn_input(&c, 0, x, false);
+    cn_input(&c, 1, tensor_f32(1, &h), true);
+    bench_one(&c, "Add [8,128,768] + [768]");
+    cn_free(&c);
+
+    cn_init(&c, KILN_OP_Attention, 23, 3, 1);
+    attr_int(&c, "q_num_heads", 12);
+    attr_int(&c, "kv_num_heads", 12);
+    int64_t dq[3] = {1, 128, 768};
+    for (int i = 0; i < 3; i++) {
+        kiln_tensor *t = tensor_f32(3, dq);
+        for (size_t k = 0; k < t->nbytes / 4; k++) ((float *)t->data)[k] = rng_normal();
+        cn_input(&c, i, t, false);
+    }
+    bench_one(&c, "Attention B1 S128 12x64");
+    cn_free(&c);
+
+    cn_init(&c, KILN_OP_Attention, 23, 4, 1);
+    attr_int(&c, "q_num_heads", 4);
+    attr_int(&c, "kv_num_heads", 4);
+    int64_t db[3] = {8, 128, 256}, dm[4] = {8, 1, 1, 128};
+    for (int i = 0; i < 3; i++) {
+        kiln_tensor *t = tensor_f32(3, db);
+        for (size_t k = 0; k < t->nbytes / 4; k++) ((float *)t->data)[k] = rng_normal();
+        cn_input(&c, i, t, false);
+    }
+    cn_input(&c, 3, tensor_f32(4, dm), false);
+    bench_one(&c, "Attention B8 S128 4x64 mask");
+    cn_free(&c);
+}
+
+int main(int argc, char **argv)
+{
+    /* this thread's OpenMP (and oneDNN) team: one thread unless a test asks for more */
+    int g = kiln_threads_acquire(1);
+    if (argc > 1 && strcmp(argv[1], "--bench") == 0) {
+        kiln_threads_release(g);
+        g = kiln_threads_acquire(1);
+        bench();
+        return 0;
+    }
+    printf("cpus %d, isa %s\n", kiln_cpu_count(), isa_names[isa_levels() - 1]);
+    test_parallel_for();
+    test_lease();
+    test_unary();
+    test_binary();
+    test_softmax();
+    test_layernorm();
+    test_gather();
+    test_transpose();
+    test_reduce();
+    test_attention();
+    test_idle();
+    printf("%d fast-kernel runs in place\n", inplace_runs);
+    CHECK(inplace_runs > 100, "only %d in-place runs", inplace_runs);
+    kiln_threads_release(g);
+    return CHECK_DONE();
+}
