@@ -10,8 +10,12 @@
 
 #include "kernels/simd/simd.h"
 
+#if defined(__clang__) /* clang ignores GCC's target pragma; it has its own form */
+#pragma clang attribute push(__attribute__((target("avx2,fma"))), apply_to = function)
+#else
 #pragma GCC push_options
 #pragma GCC target("avx2,fma")
+#endif
 
 typedef __m256 vf;
 typedef __m256 vm;
@@ -61,4 +65,8 @@ static inline vf vpow2i(vf n)
 
 #include "kernels/simd/simd_body.h"
 
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
 #pragma GCC pop_options
+#endif

@@ -11,8 +11,12 @@
 
 #include "kernels/simd/simd.h"
 
+#if defined(__clang__) /* clang ignores GCC's target pragma; it has its own form */
+#pragma clang attribute push(__attribute__((target("avx512f,avx512dq,avx2,fma"))), apply_to = function)
+#else
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512dq,avx2,fma")
+#endif
 
 typedef __m512 vf;
 typedef __mmask16 vm;
@@ -50,4 +54,8 @@ static inline vf vpow2i(vf n)
 
 #include "kernels/simd/simd_body.h"
 
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
 #pragma GCC pop_options
+#endif

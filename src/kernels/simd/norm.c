@@ -133,7 +133,7 @@ static kiln_status layernorm_run(void *state, struct kiln_run_ctx *ctx)
         .mean = s->want_mean ? ctx->out[1]->data : NULL,
         .inv = s->want_inv ? ctx->out[2]->data : NULL,
     };
-    int64_t grain = s->n >= 16384 ? 1 : 16384 / s->n;
+    int64_t grain = s->n >= SIMD_GRAIN_NORM ? 1 : SIMD_GRAIN_NORM / s->n;
     kiln_parallel_for(ctx->threads, s->rows, grain, layernorm_range, &j);
     return KILN_OK;
 }

@@ -73,8 +73,11 @@ extern const struct simd_kernels kiln_simd_avx512, kiln_simd_avx2, kiln_simd_sca
 /* The table for the current kiln_cpu_isa(). */
 const struct simd_kernels *simd_kernels_for(void);
 
-/* Elements per parallel chunk: below twice this a loop runs on one thread. */
-#define SIMD_GRAIN_CHEAP 32768 /* loads and adds: memory bound */
-#define SIMD_GRAIN_MATH 4096   /* transcendental functions */
+/* Elements per parallel chunk: below twice this a loop runs on one thread. Each chunk is
+ * tens of microseconds of work, so that waking a worker (and, on a host shared with other
+ * work, waiting for a preempted one at the join) never costs more than it saves. */
+#define SIMD_GRAIN_CHEAP 262144 /* loads and adds: memory bound */
+#define SIMD_GRAIN_MATH 32768   /* transcendental functions */
+#define SIMD_GRAIN_NORM 131072  /* layer normalization: a few passes over each row */
 
 #endif
