@@ -298,6 +298,10 @@ kiln_status kiln_plan_compile(const struct kiln_graph *g, const kiln_tensor *con
     pthread_mutex_init(&p->mu, NULL);
     p->g = g;
     kiln_status st = KILN_OK;
+    /* kernels are compiled for the most threads a run may lease (0 = every core) */
+    int cpus = kiln_cpu_count();
+    int plan_threads = threads > 0 && threads < cpus ? threads : cpus;
+    if (plan_threads < 1) plan_threads = 1;
     p->n_in = g->n_inputs;
     p->in_types = calloc((size_t)g->n_inputs + 1, sizeof *p->in_types);
     p->steps = calloc((size_t)g->n_nodes + 1, sizeof *p->steps);
@@ -478,7 +482,7 @@ kiln_status kiln_plan_compile(const struct kiln_graph *g, const kiln_tensor *con
                 ol[k] = n->out[k] >= 0 ? g->values[n->out[k]].layout : 0;
             }
             struct kiln_compile_ctx cc = {n, n->n_in, inp, (const kiln_tensor *const *)inv, il,
-                                          n->n_out, ot, ol, weights, threads > 0 ? threads : 1};
+                                          n->n_out, ot, ol, weights, plan_threads};
             st = fast->compile(&cc, &sp->inst);
             if (st != KILN_OK) goto fail;
             if (sp->inst.run) {
@@ -527,19 +531,22 @@ kiln_status kiln_plan_compile(const struct kiln_graph *g, const kiln_tensor *con
             int r = p->slots[v].alias_of;
             if (p->slots[v].last_use > p->slots[r].last_use) p->slots[r].last_use = p->slots[v].last_use;
         }
-    /* in place: an elementwise step may write over input 0 when nothing reads it later */
+    /* in place: a step may write over one input (elementwise ops: input 0; a convolution's
+     * residual sum: its Sum input) when nothing reads that input's memory later */
     for (int si = 0; si < p->n_steps; si++) {
         struct step *sp = &p->steps[si];
-        if (!sp->inst.run || !sp->inst.inplace || sp->n_in < 1 || sp->in[0] < 0) continue;
+        int ii = sp->inst.inplace_input;
+        if (!sp->inst.run || !sp->inst.inplace || ii < 0 || ii >= sp->n_in || sp->in[ii] < 0)
+            continue;
         struct slot *o = &p->slots[sp->out[0]];
-        int r = root_of(p, sp->in[0]);
+        int r = root_of(p, sp->in[ii]);
         struct slot *rs = &p->slots[r];
         if (o->kind != SLOT_ARENA || rs->kind != SLOT_ARENA || rs->last_use != si ||
             rs->bytes != o->bytes || o->layout != rs->layout)
             continue;
         bool other_input_shares = false; /* another input of this step on the same memory */
-        for (int k = 1; k < sp->n_in; k++)
-            if (sp->in[k] >= 0 && root_of(p, sp->in[k]) == r) other_input_shares = true;
+        for (int k = 0; k < sp->n_in; k++)
+            if (k != ii && sp->in[k] >= 0 && root_of(p, sp->in[k]) == r) other_input_shares = true;
         if (other_input_shares) continue;
         o->kind = SLOT_ALIAS;
         o->alias_of = r;

@@ -68,7 +68,9 @@ struct kiln_kernel_inst {
     kiln_status (*run)(void *state, struct kiln_run_ctx *ctx);
     void (*destroy)(void *state); /* may be NULL */
     size_t scratch_bytes; /* arena scratch each run needs (ctx->scratch), 64-aligned */
-    int inplace;          /* 1 = output 0 may share input 0's memory (same size) */
+    int inplace;          /* 1 = output 0 may share input `inplace_input`'s memory (same
+                             size and layout) when nothing reads that input later */
+    int inplace_input;    /* which input (default 0; KilnFusedConv's residual Sum is 3) */
 };
 
 typedef kiln_status (*kiln_fast_compile_fn)(const struct kiln_compile_ctx *cc,

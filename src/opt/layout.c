@@ -53,6 +53,30 @@ static int is_pool(const struct kiln_node *n)
            n->op == KILN_OP_GlobalAveragePool || n->op == KILN_OP_GlobalMaxPool;
 }
 
+/* A binary op of a 4-D tensor and a per-channel [N or 1, C, 1, 1] one (the
+ * squeeze-and-excitation scale of EfficientNet / MobileNetV3): the big input
+ * and the output may be blocked, the small one stays plain. *big = its index. */
+static int is_chanop(const struct kiln_graph *g, const struct kiln_node *n, int *big)
+{
+    if ((n->op != KILN_OP_Mul && n->op != KILN_OP_Add && n->op != KILN_OP_Sub &&
+         n->op != KILN_OP_Div) ||
+        n->n_in != 2 || n->n_out != 1 || n->in[0] < 0 || n->in[1] < 0)
+        return 0;
+    for (int k = 0; k < 2; k++) {
+        const struct kiln_type *x = &g->values[n->in[k]].type, *v = &g->values[n->in[1 - k]].type;
+        if (x->rank != 4 || v->rank != 4 || x->dtype != KILN_DTYPE_F32 ||
+            v->dtype != KILN_DTYPE_F32)
+            continue;
+        if (x->dims[1] <= 0 || v->dims[1] != x->dims[1] || v->dims[2] != 1 || v->dims[3] != 1)
+            continue;
+        if (x->dims[2] == 1 && x->dims[3] == 1) continue; /* both per-channel */
+        if (v->dims[0] != 1 && v->dims[0] != x->dims[0]) continue;
+        *big = k;
+        return 1;
+    }
+    return 0;
+}
+
 /* A value that may be blocked: a 4-D float32 tensor not captured by a subgraph. */
 static int act_value(const struct kiln_graph *g, const unsigned char *captured, int v)
 {
@@ -65,7 +89,9 @@ static int act_value(const struct kiln_graph *g, const unsigned char *captured, 
 static int node_accepts(const struct kiln_graph *g, const unsigned char *captured,
                         const struct kiln_node *n, int i, int block)
 {
-    if (!is_conv(n) && !is_pool(n)) return 0;
+    int big = -1;
+    if (!is_conv(n) && !is_pool(n) && !is_chanop(g, n, &big)) return 0;
+    if (big >= 0 && i >= 0 && i != big) return 0;
     if (n->n_out < 1 || !act_value(g, captured, n->out[0])) return 0;
     if (!act_value(g, captured, n->in[0])) return 0;
     if (i >= 0 && (i >= n->n_in || !act_value(g, captured, n->in[i]))) return 0;
@@ -174,7 +200,8 @@ static int wanted_layout(struct layout_pass *lp, const unsigned char *captured, 
     int have = g->values[v].layout;
     if (!node_accepts(g, captured, n, i, lp->block)) return 0;
     int out_layout = g->values[n->out[0]].layout;
-    if (is_pool(n)) return out_layout;
+    int big;
+    if (is_pool(n) || is_chanop(g, n, &big)) return out_layout;
     if (i == 3) return out_layout; /* KilnFusedConv's Sum */
     if (i == 0 && have == 0 && out_layout && !few_channels(g, n, 0, lp->block) &&
         g->values[v].type.dims[1] >= lp->block)

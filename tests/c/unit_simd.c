@@ -666,6 +666,13 @@ static void test_binary(void)
         binary_case(ops[o], 3, big, 1, &row, 1);           /* threaded bias add */
         binary_case(ops[o], 3, big, 3, big, 1);
         binary_case(ops[o], 2, col, 2, rowm, 0);           /* outer broadcast: declined */
+        /* per-channel scales (squeeze-and-excitation): [N,C,H,W] op [N or 1,C,1,1] */
+        int64_t x4[4] = {2, 5, 7, 9}, s4[4] = {2, 5, 1, 1}, s14[4] = {1, 5, 1, 1};
+        int64_t xb[4] = {2, 64, 30, 30}, sb[4] = {2, 64, 1, 1};
+        binary_case(ops[o], 4, x4, 4, s4, 1);
+        binary_case(ops[o], 4, x4, 4, s14, 1);
+        binary_case(ops[o], 4, s4, 4, x4, 1);
+        binary_case(ops[o], 4, xb, 4, sb, 1);              /* threaded */
     }
 }
 

@@ -175,6 +175,10 @@ static kiln_status conv_compile(const struct kiln_compile_ctx *cc, struct kiln_k
     inst->run = conv_run;
     inst->destroy = conv_destroy;
     inst->scratch_bytes = kd_exec_scratch(&s->e);
+    if (s->has_sum) { /* Y may be written over Sum: the sum post-op then needs no copy */
+        inst->inplace = 1;
+        inst->inplace_input = 3;
+    }
     return KILN_OK;
 }
 

@@ -30,6 +30,8 @@ enum bcast_kind {
     BC_SAME,       /* both inputs have the output's elements */
     BC_B_ROW,      /* a full, b repeats every `row` elements (row 1 = scalar) */
     BC_A_ROW,      /* b full, a repeats */
+    BC_B_CHAN,     /* a is [N,C,H,W], b is [N or 1,C,1,1]: one value per channel */
+    BC_A_CHAN,     /* the same with a and b swapped */
 };
 
 struct ew_state {
@@ -43,6 +45,11 @@ struct ew_state {
     int64_t n;         /* output elements */
     int64_t row;       /* repeat length of the broadcast input */
     int64_t grain;
+    /* channel broadcasts: the big input's dims, whether the small one has a batch
+     * dim, and the channel block of the big input and the output (0 = plain) */
+    int64_t cn, cc, chw;
+    bool small_batched;
+    int block;
     char name[40];
 };
 
@@ -59,11 +66,60 @@ static void unary_range(void *arg, int64_t begin, int64_t end)
     j->s->k->unary(j->s->uop, j->alpha, j->beta, j->a + begin, j->y + begin, end - begin);
 }
 
+/* Channel broadcast over units of (n, channel) in plain layouts, (n, channel
+ * block) in blocked ones. */
+static void chan_range(void *arg, int64_t begin, int64_t end)
+{
+    const struct ew_job *j = arg;
+    const struct ew_state *s = j->s;
+    const struct simd_kernels *k = s->k;
+    bool b_small = s->bc == BC_B_CHAN;
+    const float *big = b_small ? j->a : j->b, *small = b_small ? j->b : j->a;
+    if (!s->block) {
+        for (int64_t u = begin; u < end; u++) {
+            int64_t n = u / s->cc, c = u % s->cc;
+            const float *x = big + u * s->chw;
+            const float *v = small + (s->small_batched ? n * s->cc : 0) + c;
+            if (b_small) k->binary(s->bop, SIMD_B_SCALAR_B, x, v, j->y + u * s->chw, s->chw);
+            else k->binary(s->bop, SIMD_B_SCALAR_A, v, x, j->y + u * s->chw, s->chw);
+        }
+        return;
+    }
+    /* blocked: [N][ceil(C/b)][H][W][b]; a row of the small values, tiled, then one
+     * vector op per row of at most SIMD_CHAN_TILE elements */
+    enum { SIMD_CHAN_TILE = 2048 };
+    float tile[SIMD_CHAN_TILE];
+    int64_t b = s->block, nb = (s->cc + b - 1) / b, plane = s->chw * b;
+    int64_t per = SIMD_CHAN_TILE / b * b;
+    for (int64_t u = begin; u < end; u++) {
+        int64_t n = u / nb, cb = u % nb;
+        const float *v = small + (s->small_batched ? n * s->cc : 0) + cb * b;
+        int64_t valid = s->cc - cb * b < b ? s->cc - cb * b : b;
+        for (int64_t i = 0; i < per; i++) { /* padded channels stay 0 in x; keep them 0 */
+            int64_t c = i % b;
+            tile[i] = c < valid ? v[c] : 0.0f;
+        }
+        const float *x = big + u * plane;
+        float *y = j->y + u * plane;
+        for (int64_t off = 0; off < plane; off += per) {
+            int64_t len = plane - off < per ? plane - off : per;
+            if (b_small) k->binary(s->bop, SIMD_B_VEC, x + off, tile, y + off, len);
+            else k->binary(s->bop, SIMD_B_VEC, tile, x + off, y + off, len);
+        }
+        for (int64_t p = 0; valid < b && p < s->chw; p++) /* padding stays 0 (not 0/0) */
+            for (int64_t c = valid; c < b; c++) y[p * b + c] = 0.0f;
+    }
+}
+
 static void binary_range(void *arg, int64_t begin, int64_t end)
 {
     const struct ew_job *j = arg;
     const struct ew_state *s = j->s;
     const struct simd_kernels *k = s->k;
+    if (s->bc == BC_B_CHAN || s->bc == BC_A_CHAN) {
+        chan_range(arg, begin, end);
+        return;
+    }
     if (s->bc == BC_SAME) {
         k->binary(s->bop, SIMD_B_VEC, j->a + begin, j->b + begin, j->y + begin, end - begin);
         return;
@@ -98,6 +154,13 @@ static kiln_status ew_run(void *state, struct kiln_run_ctx *ctx)
     struct ew_job j = {s, ctx->in[0]->data, NULL, ctx->out[0]->data, s->alpha, s->beta};
     if (s->binary) {
         j.b = ctx->in[1]->data;
+        if (s->bc == BC_B_CHAN || s->bc == BC_A_CHAN) {
+            int64_t b = s->block ? s->block : 1;
+            int64_t units = s->cn * ((s->cc + b - 1) / b), per = s->chw * b;
+            int64_t grain = per >= SIMD_GRAIN_CHEAP ? 1 : SIMD_GRAIN_CHEAP / per;
+            kiln_parallel_for(ctx->threads, units, grain, binary_range, &j);
+            return KILN_OK;
+        }
         kiln_parallel_for(ctx->threads, s->n, s->grain, binary_range, &j);
         return KILN_OK;
     }
@@ -221,6 +284,15 @@ static kiln_status Clip_compile(const struct kiln_compile_ctx *cc, struct kiln_k
 }
 KILN_FAST_OP(Clip, Clip_compile, NULL);
 
+/* Whether `small` is [N or 1, C, 1, 1] against a 4-D out [N, C, H, W]. */
+static bool chan_small(const struct kiln_type *small, const struct kiln_type *out)
+{
+    return out->rank == 4 && small->rank == 4 && small->dims[1] == out->dims[1] &&
+           small->dims[2] == 1 && small->dims[3] == 1 &&
+           (small->dims[0] == 1 || small->dims[0] == out->dims[0]) &&
+           out->dims[2] * out->dims[3] > 1 && out->dims[1] > 0 && out->dims[0] > 0;
+}
+
 /* Whether `small` broadcasts against `out` as a repeated trailing row: its
  * dims, leading 1s dropped, are out's last dims. *row = its element count. */
 static bool trailing_row(const struct kiln_type *small, const struct kiln_type *out, int64_t *row)
@@ -247,8 +319,13 @@ static kiln_status binary_compile(const struct kiln_compile_ctx *cc, struct kiln
         return KILN_OK;
     const struct kiln_type *a = cc->in[0], *b = cc->in[1], *o = cc->out[0];
     int64_t n = type_count(o), na = type_count(a), nb = type_count(b), row = 0;
+    int la = cc->in_layout ? cc->in_layout[0] : 0, lb = cc->in_layout ? cc->in_layout[1] : 0;
+    int lo = cc->out_layout ? cc->out_layout[0] : 0;
     enum bcast_kind bc;
-    if (na == n && nb == n) bc = BC_SAME;
+    if (na == n && chan_small(b, o) && la == lo && !lb) bc = BC_B_CHAN;
+    else if (nb == n && chan_small(a, o) && lb == lo && !la) bc = BC_A_CHAN;
+    else if (la || lb || lo) return KILN_OK; /* blocked data only in the channel case */
+    else if (na == n && nb == n) bc = BC_SAME;
     else if (na == n && trailing_row(b, o, &row)) bc = BC_B_ROW;
     else if (nb == n && trailing_row(a, o, &row)) bc = BC_A_ROW;
     else return KILN_OK;
@@ -261,7 +338,25 @@ static kiln_status binary_compile(const struct kiln_compile_ctx *cc, struct kiln
     s->row = row;
     s->grain = SIMD_GRAIN_CHEAP;
     inst->inplace = na == n; /* y[i] reads a[i] only */
+    if (bc == BC_B_CHAN || bc == BC_A_CHAN) {
+        const struct kiln_type *small = bc == BC_B_CHAN ? b : a;
+        s->cn = o->dims[0];
+        s->cc = o->dims[1];
+        s->chw = o->dims[2] * o->dims[3];
+        s->small_batched = small->dims[0] != 1;
+        s->block = lo;
+        inst->inplace = bc == BC_B_CHAN;
+        if (lo) snprintf(s->name, sizeof s->name, "f32_%s_chan%d_%s", opname, lo, s->k->isa);
+    }
     return KILN_OK;
+}
+
+/* The layout pass asks whether a channel-broadcast node may read (the big
+ * input) and write blocked data; it has checked the shapes (src/opt/layout.c). */
+static int chan_accepts_blocked(const struct kiln_node *n, int i, int block)
+{
+    (void)n, (void)i;
+    return block == 8 || block == 16;
 }
 
 #define BINARY_FAST(Name, op, opname)                                                      \
@@ -270,7 +365,7 @@ static kiln_status binary_compile(const struct kiln_compile_ctx *cc, struct kiln
     {                                                                                      \
         return binary_compile(cc, inst, op, opname);                                       \
     }                                                                                      \
-    KILN_FAST_OP(Name, Name##_compile, NULL)
+    KILN_FAST_OP(Name, Name##_compile, chan_accepts_blocked)
 
 BINARY_FAST(Add, SIMD_ADD, "add");
 BINARY_FAST(Sub, SIMD_SUB, "sub");
