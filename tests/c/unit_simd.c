@@ -884,12 +884,18 @@ static void test_reduce(void)
     const enum kiln_op ops[] = {KILN_OP_ReduceMean, KILN_OP_ReduceSum};
     for (int o = 0; o < 2; o++)
         for (int s = 0; s < N_SIZES; s++) {
-            int64_t n = sizes[s], d[3] = {2, 5, n}, last = -1, two[2] = {1, 2}, first = 0;
+            int64_t n = sizes[s], d[3] = {2, 5, n}, last = -1, two[2] = {1, 2}, first = 0,
+                    mid = 1, d4[4] = {3, 4, 2, n}, mid2[2] = {1, 2};
             reduce_case(ops[o], 3, d, &last, 1, false, 1, 1);
             reduce_case(ops[o], 3, d, &last, 1, true, 0, 1);
             reduce_case(ops[o], 3, d, two, 2, true, 1, 1);
             reduce_case(ops[o], 3, d, NULL, 0, false, 0, 1); /* all axes */
-            reduce_case(ops[o], 3, d, &first, 1, false, 1, 0); /* leading axis: declined */
+            reduce_case(ops[o], 3, d, &first, 1, false, 1, 1); /* leading axis: rows of 5n */
+            reduce_case(ops[o], 3, d, &mid, 1, false, 1, 1);   /* middle axis (embedding bags) */
+            reduce_case(ops[o], 3, d, &mid, 1, true, 0, 1);
+            reduce_case(ops[o], 4, d4, mid2, 2, true, 1, 1);   /* two middle axes */
+            int64_t split[2] = {0, 2};
+            reduce_case(ops[o], 3, d, split, 2, false, 1, n > 1 ? 0 : 1); /* not one run */
         }
     int64_t big[2] = {512, 768}, last = -1;
     reduce_case(KILN_OP_ReduceMean, 2, big, &last, 1, false, 1, 1);

@@ -3,7 +3,8 @@
 Each model is exported once per test session by tools/export_models.py
 (random weights, fixed seeds, BatchNorm statistics re-estimated) into a
 temporary folder, together with batch-2 inputs and PyTorch's outputs. Each
-test runs
+test runs, on each execution path in MODES (optimized + fast kernels,
+optimized + reference kernels, unoptimized, reference executor, AVX2, scalar),
 
     $KILN_BIN predict model.onnx --input NAME=NAME.npy ... --output-dir OUT
 

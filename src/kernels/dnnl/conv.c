@@ -163,7 +163,9 @@ static kiln_status conv_compile(const struct kiln_compile_ctx *cc, struct kiln_k
     struct conv_state *s = calloc(1, sizeof *s);
     if (!s) return kiln_node_error(n, KILN_ERR_OUT_OF_MEMORY, "out of memory compiling");
     int handled;
-    kiln_status st = kd_exec_build(&s->e, kd_compile_threads(cc), conv_make, &b, &handled);
+    double work = 2.0 * (double)kiln_shape_count(y->rank, y->dims) *
+                  (double)kiln_shape_count(w->rank, w->dims) / (double)w->dims[0];
+    kiln_status st = kd_exec_build(&s->e, kd_work_threads(cc, work), conv_make, &b, &handled);
     if (st != KILN_OK || !handled) {
         free(s);
         return st;

@@ -39,6 +39,11 @@ int kd_compile_threads(const struct kiln_compile_ctx *cc)
     return cc->threads >= 1 ? cc->threads : omp_get_max_threads();
 }
 
+int kd_work_threads(const struct kiln_compile_ctx *cc, double work)
+{
+    return work < KD_MIN_PARALLEL_WORK ? 1 : kd_compile_threads(cc);
+}
+
 /* ---- memory descriptors ---- */
 
 dnnl_status_t kd_md_plain(dnnl_memory_desc_t *md, int rank, const int64_t *dims)

@@ -115,5 +115,10 @@ kiln_status kd_exec_run(struct kd_exec *e, struct kiln_run_ctx *ctx);
 
 /* The threads a compile context allows (>= 1). */
 int kd_compile_threads(const struct kiln_compile_ctx *cc);
+/* Threads for a primitive doing about `work` flops (or element moves): below
+ * KD_MIN_PARALLEL_WORK one thread, since waking and joining a second costs
+ * more than it saves (small Gemms of tabular and recommender models). */
+#define KD_MIN_PARALLEL_WORK 2e6
+int kd_work_threads(const struct kiln_compile_ctx *cc, double work);
 
 #endif

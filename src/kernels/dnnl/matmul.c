@@ -247,7 +247,8 @@ static kiln_status mm_compile(const struct kiln_compile_ctx *cc, struct kiln_ker
     struct mm_state *s = calloc(1, sizeof *s);
     if (!s) return kiln_node_error(n, KILN_ERR_OUT_OF_MEMORY, "out of memory compiling");
     int handled;
-    kiln_status st = kd_exec_build(&s->e, kd_compile_threads(cc), mm_make, &b, &handled);
+    double work = 2.0 * (double)kiln_shape_count(R, yd) * (double)(ta ? ad[R - 2] : ad[R - 1]);
+    kiln_status st = kd_exec_build(&s->e, kd_work_threads(cc, work), mm_make, &b, &handled);
     if (st != KILN_OK || !handled) {
         free(s);
         return st;

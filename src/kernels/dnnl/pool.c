@@ -114,7 +114,8 @@ static kiln_status pool_compile(const struct kiln_compile_ctx *cc, struct kiln_k
     struct kd_exec *e = calloc(1, sizeof *e);
     if (!e) return kiln_node_error(n, KILN_ERR_OUT_OF_MEMORY, "out of memory compiling");
     int handled;
-    kiln_status st = kd_exec_build(e, kd_compile_threads(cc), pool_make, &b, &handled);
+    double work = 4.0 * (double)kiln_shape_count(x->rank, x->dims);
+    kiln_status st = kd_exec_build(e, kd_work_threads(cc, work), pool_make, &b, &handled);
     if (st != KILN_OK || !handled) {
         free(e);
         return st;

@@ -65,7 +65,8 @@ static kiln_status reorder_compile(const struct kiln_compile_ctx *cc,
     struct kd_exec *e = calloc(1, sizeof *e);
     if (!e) return kiln_node_error(n, KILN_ERR_OUT_OF_MEMORY, "out of memory compiling");
     int handled;
-    kiln_status st = kd_exec_build(e, kd_compile_threads(cc), reorder_make, &b, &handled);
+    double work = 4.0 * (double)kiln_shape_count(4, x->dims);
+    kiln_status st = kd_exec_build(e, kd_work_threads(cc, work), reorder_make, &b, &handled);
     if (st != KILN_OK || !handled) {
         free(e);
         return st;

@@ -328,6 +328,7 @@ KILN_FAST_OP(Transpose, Transpose_compile, NULL);
 struct reduce_state {
     const struct simd_kernels *k;
     int64_t rows, n;
+    int64_t inner;     /* > 1: the reduced dims are followed by kept ones ([rows, n, inner]) */
     bool mean;
     char name[40];
 };
@@ -341,16 +342,32 @@ struct reduce_job {
 static void reduce_range(void *arg, int64_t begin, int64_t end)
 {
     const struct reduce_job *j = arg;
-    int64_t n = j->s->n;
-    j->s->k->sum_rows(j->x + begin * n, j->y + begin, end - begin, n,
-                      j->s->mean ? (double)n : 1.0);
+    const struct reduce_state *s = j->s;
+    int64_t n = s->n;
+    if (s->inner > 1) { /* y[o, :] = sum over r of x[o, r, :] (then / n for the mean) */
+        int64_t in = s->inner;
+        for (int64_t o = begin; o < end; o++) {
+            const float *x = j->x + o * n * in;
+            float *y = j->y + o * in;
+            memcpy(y, x, sizeof(float) * (size_t)in);
+            for (int64_t r = 1; r < n; r++)
+                s->k->binary(SIMD_ADD, SIMD_B_VEC, y, x + r * in, y, in);
+            if (s->mean) {
+                float inv = 1.0f / (float)n;
+                s->k->binary(SIMD_MUL, SIMD_B_SCALAR_B, y, &inv, y, in);
+            }
+        }
+        return;
+    }
+    s->k->sum_rows(j->x + begin * n, j->y + begin, end - begin, n, s->mean ? (double)n : 1.0);
 }
 
 static kiln_status reduce_run(void *state, struct kiln_run_ctx *ctx)
 {
     const struct reduce_state *s = state;
     struct reduce_job j = {s, ctx->in[0]->data, ctx->out[0]->data};
-    int64_t grain = s->n >= SIMD_GRAIN_CHEAP ? 1 : SIMD_GRAIN_CHEAP / s->n;
+    int64_t per = s->n * (s->inner > 1 ? s->inner : 1);
+    int64_t grain = per >= SIMD_GRAIN_CHEAP ? 1 : SIMD_GRAIN_CHEAP / per;
     kiln_parallel_for(ctx->threads, s->rows, grain, reduce_range, &j);
     return KILN_OK;
 }
@@ -392,17 +409,24 @@ static kiln_status reduce_compile(const struct kiln_compile_ctx *cc,
             first_red = d;
             break;
         }
-    for (int d = first_red; d < rank; d++)
-        if (!reduced[d] && x->dims[d] != 1) return KILN_OK;
-    int64_t rows = dims_product(x->dims, 0, first_red), n = dims_product(x->dims, first_red, rank);
-    if (n <= 0 || rows != kiln_shape_count(cc->out[0]->rank, cc->out[0]->dims)) return KILN_OK;
+    /* the reduced dims (of size > 1) must be one run; kept dims after it are "inner" */
+    int end_red = first_red;
+    while (end_red < rank && (reduced[end_red] || x->dims[end_red] == 1)) end_red++;
+    for (int d = end_red; d < rank; d++)
+        if (reduced[d] && x->dims[d] != 1) return KILN_OK;
+    int64_t rows = dims_product(x->dims, 0, first_red), n = dims_product(x->dims, first_red, end_red);
+    int64_t inner = dims_product(x->dims, end_red, rank);
+    if (n <= 0 || inner <= 0 || rows * inner != kiln_shape_count(cc->out[0]->rank, cc->out[0]->dims))
+        return KILN_OK;
     struct reduce_state *s = calloc(1, sizeof *s);
     if (!s) return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory compiling a Reduce node");
     s->k = simd_kernels_for();
     s->rows = rows;
     s->n = n;
+    s->inner = inner;
     s->mean = mean;
-    snprintf(s->name, sizeof s->name, "f32_reduce%s_%s", mean ? "mean" : "sum", s->k->isa);
+    snprintf(s->name, sizeof s->name, "f32_reduce%s%s_%s", mean ? "mean" : "sum",
+             inner > 1 ? "_mid" : "", s->k->isa);
     inst->state = s;
     inst->destroy = free;
     inst->run = reduce_run;
