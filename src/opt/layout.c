@@ -203,6 +203,10 @@ static int wanted_layout(struct layout_pass *lp, const unsigned char *captured, 
     int big;
     if (is_pool(n) || is_chanop(g, n, &big)) return out_layout;
     if (i == 3) return out_layout; /* KilnFusedConv's Sum */
+    /* a convolution writing plain data reads plain data too: oneDNN has no fast kernel from
+     * blocked to plain (EfficientNet's squeeze-and-excitation convs on [N,C,1,1] fell to its
+     * reference implementation); the reorder of such an input is small */
+    if (i == 0 && have && !out_layout) return 0;
     if (i == 0 && have == 0 && out_layout && !few_channels(g, n, 0, lp->block) &&
         g->values[v].type.dims[1] >= lp->block)
         return out_layout; /* enter the region */
