@@ -92,6 +92,11 @@ static kiln_status model_prepare(struct kiln_model *m)
 {
     kiln_status st = kiln_weight_cache_new(&m->weights);
     if (st != KILN_OK) return st;
+    for (int i = 0; i < m->n_maps; i++)
+        if (m->maps[i].mapped &&
+            (st = kiln_weight_cache_add_mapping(m->weights, m->maps[i].data, m->maps[i].size)) !=
+                KILN_OK)
+            return st;
     for (int i = 0; i < m->n_signatures; i++) m->signatures[i].shares_graph_of = -1;
     for (int i = 0; i < m->n_signatures; i++) {
         struct kiln_signature *sig = &m->signatures[i];

@@ -5,8 +5,11 @@
 #include "kernels/fast.h"
 
 #include <pthread.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #define KILN_OP(name, mi, ma, mo, mao, fl) \
     extern const struct kiln_fast_op kiln_fast_##name __attribute__((weak));
@@ -64,7 +67,36 @@ struct kiln_weight_cache {
     pthread_mutex_t mu;
     struct wc_entry *head;
     size_t bytes;
+    struct { uintptr_t lo, hi; } *maps;
+    int n_maps;
 };
+
+kiln_status kiln_weight_cache_add_mapping(struct kiln_weight_cache *wc, const void *data,
+                                          size_t size)
+{
+    void *m = realloc(wc->maps, sizeof *wc->maps * (size_t)(wc->n_maps + 1));
+    if (!m) return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory");
+    wc->maps = m;
+    wc->maps[wc->n_maps].lo = (uintptr_t)data;
+    wc->maps[wc->n_maps].hi = (uintptr_t)data + size;
+    wc->n_maps++;
+    return KILN_OK;
+}
+
+/* Give back the whole pages of a packed weight that lies in a file mapping. */
+static void release_source_pages(const struct kiln_weight_cache *wc, const void *key)
+{
+    const kiln_tensor *t = key;
+    if (!t || !t->data || t->nbytes == 0) return;
+    uintptr_t lo = (uintptr_t)t->data, hi = lo + t->nbytes;
+    for (int i = 0; i < wc->n_maps; i++) {
+        if (lo < wc->maps[i].lo || hi > wc->maps[i].hi) continue;
+        uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+        uintptr_t a = (lo + page - 1) & ~(page - 1), b = hi & ~(page - 1);
+        if (b > a) (void)madvise((void *)a, b - a, MADV_DONTNEED);
+        return;
+    }
+}
 
 kiln_status kiln_weight_cache_new(struct kiln_weight_cache **out)
 {
@@ -85,6 +117,7 @@ void kiln_weight_cache_free(struct kiln_weight_cache *wc)
         free(e);
     }
     pthread_mutex_destroy(&wc->mu);
+    free(wc->maps);
     free(wc);
 }
 
@@ -112,6 +145,7 @@ kiln_status kiln_weight_cache_get(struct kiln_weight_cache *wc, const void *key,
         free(t);
         goto done;
     }
+    release_source_pages(wc, key);
     e->key = key;
     e->tag = t;
     e->next = wc->head;

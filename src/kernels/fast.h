@@ -48,6 +48,13 @@ typedef kiln_status (*kiln_pack_fn)(void *arg, void **packed, size_t *bytes,
 kiln_status kiln_weight_cache_get(struct kiln_weight_cache *wc, const void *key, const char *tag,
                                   kiln_pack_fn pack, void *arg, void **out);
 size_t kiln_weight_cache_bytes(const struct kiln_weight_cache *wc);
+/* Read-only file mappings the model's weights live in. Once a weight lying
+ * inside one has been packed, its whole pages are given back to the kernel
+ * (madvise DONTNEED): the packed copy is what runs, and a reader of the
+ * original (the reference path) faults the pages back in from the file. So a
+ * model's resident memory holds one copy of each packed weight, not two. */
+kiln_status kiln_weight_cache_add_mapping(struct kiln_weight_cache *wc, const void *data,
+                                          size_t size);
 
 struct kiln_compile_ctx {
     const struct kiln_node *node;
