@@ -147,10 +147,11 @@ kiln_status kiln_graph_clone(const struct kiln_graph *g, struct kiln_graph **out
     c->inputs = kiln_arena_alloc(c->mem, sizeof(int) * ((size_t)g->n_inputs + 1));
     c->outputs = kiln_arena_alloc(c->mem, sizeof(int) * ((size_t)g->n_outputs + 1));
     if (!c->values || !c->nodes || !c->inputs || !c->outputs) goto oom;
-    memcpy(c->values, g->values, (size_t)g->n_values * sizeof *c->values);
+    /* (an empty graph has NULL arrays: memcpy must not see them) */
+    if (g->n_values) memcpy(c->values, g->values, (size_t)g->n_values * sizeof *c->values);
     c->n_values = c->cap_values = g->n_values;
-    memcpy(c->inputs, g->inputs, (size_t)g->n_inputs * sizeof(int));
-    memcpy(c->outputs, g->outputs, (size_t)g->n_outputs * sizeof(int));
+    if (g->n_inputs) memcpy(c->inputs, g->inputs, (size_t)g->n_inputs * sizeof(int));
+    if (g->n_outputs) memcpy(c->outputs, g->outputs, (size_t)g->n_outputs * sizeof(int));
     c->n_inputs = g->n_inputs;
     c->n_outputs = g->n_outputs;
     c->cap_nodes = g->n_nodes + 1;
@@ -172,7 +173,7 @@ kiln_status kiln_graph_clone(const struct kiln_graph *g, struct kiln_graph **out
     if (g->order) {
         c->order = malloc(((size_t)g->n_nodes + 1) * sizeof *c->order);
         if (!c->order) goto oom;
-        memcpy(c->order, g->order, (size_t)g->n_nodes * sizeof *c->order);
+        if (g->n_nodes) memcpy(c->order, g->order, (size_t)g->n_nodes * sizeof *c->order);
     }
     *out = c;
     return KILN_OK;
