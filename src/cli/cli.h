@@ -74,4 +74,17 @@ kiln_model *kiln_cli_load_model(const char *path, const char *tags);
 /* Parse a decimal int in [lo, hi]; false if s is not one. */
 bool kiln_cli_parse_int(const char *s, int lo, int hi, int *out);
 
+/* The options choosing how a session runs (predict, bench): --threads N,
+ * --disable-optimizer (or --no-optimize), --reference. Returns as
+ * kiln_cli_option does; a bad --threads value is a usage error (-1). */
+int kiln_cli_run_option(const char *cmd, int argc, char **argv, int *i,
+                        kiln_session_options *so);
+#define KILN_CLI_RUN_OPTIONS_HELP                                                           \
+    "  --threads N        intra-op threads (default 0: all cores)\n"                        \
+    "  --disable-optimizer  run the graph as imported, without the optimizer's\n"           \
+    "                     passes (still on plans and fast kernels); --no-optimize\n"        \
+    "                     is the same\n"                                                    \
+    "  --reference        the reference path: imported graph, reference kernels,\n"         \
+    "                     no plans (slow; for checking results)\n"
+
 #endif

@@ -64,7 +64,7 @@ static const char bench_usage[] =
     "  MODEL              an .onnx file or a SavedModel directory\n"
     "  --batch N          size of the batch dim: the symbolic dim on axis 0 of the\n"
     "                     inputs (and every dim with its name); default 1\n"
-    "  --threads T        intra-op threads for the session (default 0: all cores)\n"
+    KILN_CLI_RUN_OPTIONS_HELP
     "  --iterations K     recorded runs (default 20)\n"
     "  --warmup W         runs after the first one that are not recorded (default 2)\n"
     "  --dim NAME=SIZE    size of the symbolic dim NAME (any other than the batch);\n"
@@ -74,11 +74,6 @@ static const char bench_usage[] =
     "  --int-high N       integer inputs are uniform in [0, N) (default 100); inputs\n"
     "                     whose name contains \"mask\" are all 1s\n"
     "  --seed N           seed of the random inputs (default 1)\n"
-    "  --disable-optimizer  run the graph as imported, without the optimizer's\n"
-    "                     passes (still on plans and fast kernels); --no-optimize\n"
-    "                     is the same\n"
-    "  --reference        the reference path: imported graph, reference kernels,\n"
-    "                     no plans (slow; for checking results)\n"
     "  --profile          after the runs, print the time per op and kernel (stderr)\n"
     "  --tags TAGS        SavedModel MetaGraph tags, comma-separated (default: serve)\n"
     "  -h, --help         show this help\n"
@@ -107,11 +102,9 @@ typedef struct bench_args {
     const char *tags;
     int batch;
     bool batch_given;
-    int threads;
+    kiln_session_options so; /* --threads, --disable-optimizer, --reference */
     int iterations;
     int warmup;
-    int optimize;
-    int reference;
     int profile;
     int int_high;
     int seed;
@@ -143,11 +136,8 @@ static int parse_args(int argc, char **argv, bench_args *a)
                 return kiln_cli_usage_error(cmd, "--batch '%s' is not a number in 1..1048576",
                                             val);
             a->batch_given = true;
-        } else if ((r = kiln_cli_option(cmd, argc, argv, &i, "--threads", &val)) != 0) {
+        } else if ((r = kiln_cli_run_option(cmd, argc, argv, &i, &a->so)) != 0) {
             if (r < 0) return KILN_CLI_EXIT_USAGE;
-            if (!kiln_cli_parse_int(val, 0, 4096, &a->threads))
-                return kiln_cli_usage_error(cmd, "--threads '%s' is not a number in 0..4096",
-                                            val);
         } else if ((r = kiln_cli_option(cmd, argc, argv, &i, "--iterations", &val)) != 0) {
             if (r < 0) return KILN_CLI_EXIT_USAGE;
             if (!kiln_cli_parse_int(val, 1, 10000000, &a->iterations))
@@ -187,13 +177,6 @@ static int parse_args(int argc, char **argv, bench_args *a)
         } else if ((r = kiln_cli_option(cmd, argc, argv, &i, "--json", NULL)) != 0) {
             if (r < 0) return KILN_CLI_EXIT_USAGE;
             a->json = true;
-        } else if ((r = kiln_cli_option(cmd, argc, argv, &i, "--no-optimize", NULL)) != 0 ||
-                   (r = kiln_cli_option(cmd, argc, argv, &i, "--disable-optimizer", NULL)) != 0) {
-            if (r < 0) return KILN_CLI_EXIT_USAGE;
-            a->optimize = 0;
-        } else if ((r = kiln_cli_option(cmd, argc, argv, &i, "--reference", NULL)) != 0) {
-            if (r < 0) return KILN_CLI_EXIT_USAGE;
-            a->reference = 1;
         } else if ((r = kiln_cli_option(cmd, argc, argv, &i, "--profile", NULL)) != 0) {
             if (r < 0) return KILN_CLI_EXIT_USAGE;
             a->profile = 1;
@@ -475,7 +458,7 @@ static void print_json(const bench_args *a, const kiln_signature *sig, const kil
     kiln_json_write_string(stdout, kiln_signature_name(sig));
     printf(", \"batch\": %d, \"threads\": %d, \"iterations\": %d, \"warmup\": %d, "
            "\"optimize\": %s, \"seed\": %d,\n \"inputs\": ",
-           a->batch, a->threads, a->iterations, a->warmup, a->optimize ? "true" : "false",
+           a->batch, a->so.threads, a->iterations, a->warmup, a->so.optimize ? "true" : "false",
            a->seed);
     json_tensors(in, n_in);
     printf(",\n \"outputs\": ");
@@ -505,8 +488,9 @@ static void print_text(const bench_args *a, const kiln_signature *sig,
         printf(" %s", kiln_dtype_name(in[i].tensor->dtype));
         print_dims(in[i].tensor, false);
     }
-    printf("\nbatch %d, threads %d, warmup %d, iterations %d%s\n", a->batch, a->threads,
-           a->warmup, a->iterations, a->optimize ? "" : ", optimizer off");
+    printf("\nbatch %d, threads %d, warmup %d, iterations %d%s\n", a->batch, a->so.threads,
+           a->warmup, a->iterations,
+           a->so.reference ? ", reference path" : a->so.optimize ? "" : ", optimizer off");
     printf("load:       %.3f ms (model %.3f ms + session %.3f ms)\n",
            r->model_load_ms + r->session_create_ms, r->model_load_ms, r->session_create_ms);
     printf("first run:  %.3f ms (load to first inference %.3f ms)\n", r->first_ms,
@@ -565,9 +549,9 @@ int kiln_cmd_bench(int argc, char **argv)
         fputs(bench_usage, stdout);
         return KILN_CLI_EXIT_OK;
     }
-    bench_args a = {.batch = 1, .threads = 0, .iterations = BENCH_DEFAULT_ITERATIONS,
-                    .warmup = BENCH_DEFAULT_WARMUP, .optimize = 1,
-                    .int_high = BENCH_DEFAULT_INT_HIGH, .seed = 1};
+    bench_args a = {.batch = 1, .iterations = BENCH_DEFAULT_ITERATIONS,
+                    .warmup = BENCH_DEFAULT_WARMUP, .int_high = BENCH_DEFAULT_INT_HIGH, .seed = 1};
+    kiln_session_options_init(&a.so);
     a.dims = calloc((size_t)(argc > 0 ? argc : 1), sizeof *a.dims);
     if (!a.dims) return kiln_cli_fail("out of memory");
     int rc = parse_args(argc, argv, &a);
@@ -589,14 +573,9 @@ int kiln_cmd_bench(int argc, char **argv)
             rc = kiln_cli_fail("%s has no default signature", a.model);
         goto out_free_model;
     }
-    kiln_session_options so;
-    kiln_session_options_init(&so);
-    so.threads = a.threads;
-    so.optimize = a.optimize;
-    so.reference = a.reference;
     kiln_session *session = NULL;
     t0 = now_ms();
-    if (kiln_session_create(m, a.signature, &so, &session) != KILN_OK) {
+    if (kiln_session_create(m, a.signature, &a.so, &session) != KILN_OK) {
         rc = kiln_cli_fail("%s", kiln_last_error());
         goto out_free_model;
     }

@@ -33,12 +33,7 @@ static const char predict_usage[] =
     "  --input NAME=FILE  the .npy file for signature input NAME; give every input once\n"
     "  --output-dir DIR   where to write outputs (created if missing)\n"
     "  --signature NAME   the signature to run (default: the model's default)\n"
-    "  --threads N        intra-op threads (default: 0, all cores)\n"
-    "  --disable-optimizer  run the graph as imported, without the optimizer's\n"
-    "                     passes (still on plans and fast kernels); --no-optimize\n"
-    "                     is the same\n"
-    "  --reference        the reference path: imported graph, reference kernels,\n"
-    "                     no plans (slow; for checking results)\n"
+    KILN_CLI_RUN_OPTIONS_HELP
     "  --tags TAGS        SavedModel MetaGraph tags, comma-separated (default: serve)\n"
     "  -h, --help         show this help\n"
     "\n"
@@ -59,9 +54,7 @@ typedef struct predict_args {
     const char *output_dir;
     const char *signature;   /* NULL: the default */
     const char *tags;
-    int threads;
-    int optimize;
-    int reference;
+    kiln_session_options so; /* --threads, --disable-optimizer, --reference */
     predict_input *inputs;   /* n_inputs entries; malloc'd */
     int n_inputs;
 } predict_args;
@@ -99,18 +92,8 @@ static int parse_args(int argc, char **argv, predict_args *a)
         } else if ((r = kiln_cli_option(cmd, argc, argv, &i, "--tags", &val)) != 0) {
             if (r < 0) return KILN_CLI_EXIT_USAGE;
             a->tags = val;
-        } else if ((r = kiln_cli_option(cmd, argc, argv, &i, "--threads", &val)) != 0) {
+        } else if ((r = kiln_cli_run_option(cmd, argc, argv, &i, &a->so)) != 0) {
             if (r < 0) return KILN_CLI_EXIT_USAGE;
-            if (!kiln_cli_parse_int(val, 0, 4096, &a->threads))
-                return kiln_cli_usage_error(cmd, "--threads '%s' is not a number in 0..4096",
-                                            val);
-        } else if ((r = kiln_cli_option(cmd, argc, argv, &i, "--no-optimize", NULL)) != 0 ||
-                   (r = kiln_cli_option(cmd, argc, argv, &i, "--disable-optimizer", NULL)) != 0) {
-            if (r < 0) return KILN_CLI_EXIT_USAGE;
-            a->optimize = 0;
-        } else if ((r = kiln_cli_option(cmd, argc, argv, &i, "--reference", NULL)) != 0) {
-            if (r < 0) return KILN_CLI_EXIT_USAGE;
-            a->reference = 1;
         } else {
             return kiln_cli_usage_error(cmd, "unknown option '%s'", arg);
         }
@@ -269,7 +252,8 @@ int kiln_cmd_predict(int argc, char **argv)
         fputs(predict_usage, stdout);
         return KILN_CLI_EXIT_OK;
     }
-    predict_args a = {.threads = 0, .optimize = 1};
+    predict_args a = {0};
+    kiln_session_options_init(&a.so);
     a.inputs = calloc((size_t)(argc > 0 ? argc : 1), sizeof *a.inputs);
     if (!a.inputs) return kiln_cli_fail("out of memory");
     int rc = parse_args(argc, argv, &a);
@@ -314,13 +298,8 @@ int kiln_cmd_predict(int argc, char **argv)
                                        in->tensor};
     }
 
-    kiln_session_options so;
-    kiln_session_options_init(&so);
-    so.threads = a.threads;
-    so.optimize = a.optimize;
-    so.reference = a.reference;
     kiln_session *session = NULL;
-    if (kiln_session_create(m, a.signature, &so, &session) != KILN_OK) {
+    if (kiln_session_create(m, a.signature, &a.so, &session) != KILN_OK) {
         rc = kiln_cli_fail("%s", kiln_last_error());
         goto out_free_named;
     }

@@ -71,6 +71,30 @@ bool kiln_cli_wants_help(int argc, char **argv)
     return false;
 }
 
+int kiln_cli_run_option(const char *cmd, int argc, char **argv, int *i,
+                        kiln_session_options *so)
+{
+    const char *val = NULL;
+    int r;
+    if ((r = kiln_cli_option(cmd, argc, argv, i, "--threads", &val)) != 0) {
+        if (r > 0 && !kiln_cli_parse_int(val, 0, 4096, &so->threads)) {
+            kiln_cli_usage_error(cmd, "--threads '%s' is not a number in 0..4096", val);
+            return -1;
+        }
+        return r;
+    }
+    if ((r = kiln_cli_option(cmd, argc, argv, i, "--no-optimize", NULL)) != 0 ||
+        (r = kiln_cli_option(cmd, argc, argv, i, "--disable-optimizer", NULL)) != 0) {
+        if (r > 0) so->optimize = 0;
+        return r;
+    }
+    if ((r = kiln_cli_option(cmd, argc, argv, i, "--reference", NULL)) != 0) {
+        if (r > 0) so->reference = 1;
+        return r;
+    }
+    return 0;
+}
+
 int kiln_cli_option(const char *cmd, int argc, char **argv, int *i, const char *name,
                     const char **value)
 {

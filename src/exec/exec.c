@@ -28,32 +28,29 @@ static void frame_release(struct kiln_exec_frame *f, int v)
     f->owned[v] = 0;
 }
 
-static kiln_status run_node(struct kiln_exec_frame *f, const struct kiln_node *n)
+kiln_status kiln_exec_node(const struct kiln_node *n, kiln_tensor *const *in, kiln_tensor **out,
+                           struct kiln_exec_frame *f, int64_t max_tensor_bytes)
 {
     const struct kiln_op_impl *impl = kiln_op_impl(n->op);
+    for (int k = 0; k < n->n_out; k++) out[k] = NULL;
     if (!impl) return kiln_node_error(n, KILN_ERR_UNSUPPORTED, "no kernel for this op");
-    kiln_tensor *in[KILN_MAX_IO];
+    if (n->n_in > KILN_MAX_IO || n->n_out > KILN_MAX_IO)
+        return kiln_node_error(n, KILN_ERR_UNSUPPORTED, "more than %d inputs or outputs",
+                               KILN_MAX_IO);
     struct kiln_type intype[KILN_MAX_IO];
     const struct kiln_type *inp[KILN_MAX_IO];
     struct kiln_type outtype[KILN_MAX_IO];
     struct kiln_type *outp[KILN_MAX_IO];
-    kiln_tensor *out[KILN_MAX_IO];
     kiln_status st = KILN_OK;
     for (int k = 0; k < n->n_in; k++) {
-        in[k] = NULL;
         inp[k] = NULL;
-        if (n->in[k] < 0) continue;
-        in[k] = kiln_exec_value(f, n->in[k]);
-        if (!in[k])
-            return kiln_node_error(n, KILN_ERR_INTERNAL, "input '%s' has no value",
-                                   f->g->values[n->in[k]].name);
+        if (!in[k]) continue;
         kiln_type_from_tensor(&intype[k], in[k]);
         inp[k] = &intype[k];
     }
     for (int k = 0; k < n->n_out; k++) {
         kiln_type_unknown(&outtype[k]);
-        outp[k] = &outtype[k];
-        out[k] = NULL;
+        outp[k] = &outtype[k]; /* every output is computed, wanted or not */
     }
     unsigned flags = kiln_op_info(n->op)->flags;
     if (!(flags & KILN_OPF_DYNOUT)) {
@@ -73,13 +70,13 @@ static kiln_status run_node(struct kiln_exec_frame *f, const struct kiln_node *n
             }
             int64_t count = kiln_shape_count(outtype[k].rank, outtype[k].dims);
             int64_t bytes = count < 0 ? -1 : count * (int64_t)kiln_dtype_size(outtype[k].dtype);
-            if (bytes < 0 || bytes > f->max_tensor_bytes) {
+            if (bytes < 0 || bytes > max_tensor_bytes) {
                 char sbuf[160];
                 st = kiln_node_error(n, KILN_ERR_OUT_OF_MEMORY,
                                      "output %d of shape %s would need more than the run's limit "
                                      "of %lld bytes per tensor",
                                      k, kiln_shape_str(outtype[k].rank, outtype[k].dims, sbuf, sizeof sbuf),
-                                     (long long)f->max_tensor_bytes);
+                                     (long long)max_tensor_bytes);
                 goto fail;
             }
             st = kiln_tensor_new(outtype[k].dtype, outtype[k].rank, outtype[k].dims, &out[k]);
@@ -92,35 +89,58 @@ static kiln_status run_node(struct kiln_exec_frame *f, const struct kiln_node *n
     struct kiln_run_ctx rctx = {n, n->n_in, in, n->n_out, out, f, NULL, 1};
     st = impl->run(&rctx);
     {
-            kiln_status ast = kiln_attr_check(n); /* a mistyped attribute is the root cause */
-            if (ast != KILN_OK) st = ast;
-        }
+        kiln_status ast = kiln_attr_check(n); /* a mistyped attribute is the root cause */
+        if (ast != KILN_OK) st = ast;
+    }
     if (st != KILN_OK) goto fail;
     for (int k = 0; k < n->n_out; k++) {
-        int v = n->out[k];
-        if (v < 0) {
-            kiln_tensor_free(out[k]);
-            out[k] = NULL;
-            continue;
-        }
         if (!out[k]) {
             st = kiln_node_error(n, KILN_ERR_INTERNAL, "kernel produced no output %d", k);
             goto fail;
         }
-        if ((int64_t)out[k]->nbytes > f->max_tensor_bytes) { /* DYNOUT kernels sized it */
+        if ((int64_t)out[k]->nbytes > max_tensor_bytes) { /* DYNOUT kernels sized it */
             st = kiln_node_error(n, KILN_ERR_OUT_OF_MEMORY,
                                  "output %d has %zu bytes, above the run's limit of %lld", k,
-                                 out[k]->nbytes, (long long)f->max_tensor_bytes);
+                                 out[k]->nbytes, (long long)max_tensor_bytes);
             goto fail;
         }
-        f->vals[v] = out[k];
-        f->owned[v] = 1;
-        out[k] = NULL;
     }
     return KILN_OK;
 fail:
-    for (int k = 0; k < n->n_out; k++) kiln_tensor_free(out[k]);
+    for (int k = 0; k < n->n_out; k++) {
+        kiln_tensor_free(out[k]);
+        out[k] = NULL;
+    }
     return st;
+}
+
+static kiln_status run_node(struct kiln_exec_frame *f, const struct kiln_node *n)
+{
+    kiln_tensor *in[KILN_MAX_IO];
+    kiln_tensor *out[KILN_MAX_IO];
+    if (n->n_in > KILN_MAX_IO || n->n_out > KILN_MAX_IO)
+        return kiln_node_error(n, KILN_ERR_UNSUPPORTED, "more than %d inputs or outputs",
+                               KILN_MAX_IO);
+    for (int k = 0; k < n->n_in; k++) {
+        in[k] = NULL;
+        if (n->in[k] < 0) continue;
+        in[k] = kiln_exec_value(f, n->in[k]);
+        if (!in[k])
+            return kiln_node_error(n, KILN_ERR_INTERNAL, "input '%s' has no value",
+                                   f->g->values[n->in[k]].name);
+    }
+    kiln_status st = kiln_exec_node(n, in, out, f, f->max_tensor_bytes);
+    if (st != KILN_OK) return st;
+    for (int k = 0; k < n->n_out; k++) {
+        int v = n->out[k];
+        if (v < 0) {
+            kiln_tensor_free(out[k]);
+            continue;
+        }
+        f->vals[v] = out[k];
+        f->owned[v] = 1;
+    }
+    return KILN_OK;
 }
 
 int64_t kiln_monotonic_ms(void)

@@ -41,6 +41,15 @@ kiln_status kiln_exec_run_limited(const struct kiln_graph *g, kiln_tensor *const
  * flag is set; KILN_OK otherwise or when ro is NULL. */
 kiln_status kiln_exec_check_deadline(const struct kiln_run_options *ro);
 
+/* Evaluate one node on concrete inputs (in[k] NULL for an absent optional
+ * input) with its reference kernel: shapes inferred from the input values,
+ * outputs allocated zeroed (DYNOUT kernels make their own) and bounded by
+ * max_tensor_bytes each. out[0..n_out) receives owned tensors, or all NULL on
+ * error. f is the frame control-flow kernels run their bodies in (NULL
+ * outside a run). Used by the executor, constant folding and plan compilation. */
+kiln_status kiln_exec_node(const struct kiln_node *n, kiln_tensor *const *in, kiln_tensor **out,
+                           struct kiln_exec_frame *f, int64_t max_tensor_bytes);
+
 /* The current value of id in frame f (following captures to parents). */
 kiln_tensor *kiln_exec_value(struct kiln_exec_frame *f, int id);
 

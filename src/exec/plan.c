@@ -176,31 +176,19 @@ static bool is_view_op(enum kiln_op op)
 }
 
 /* Evaluate a node whose inputs are all known, at compile time. */
-static kiln_status fold_node(struct kiln_plan *p, const struct kiln_node *n,
-                             const struct kiln_op_impl *impl, kiln_tensor *const *in,
-                             struct kiln_type *const *outp)
+static kiln_status fold_node(struct kiln_plan *p, const struct kiln_node *n, kiln_tensor *const *in)
 {
-    kiln_tensor *out[KILN_MAX_IO] = {0};
-    kiln_status st = KILN_OK;
-    unsigned flags = kiln_op_info(n->op)->flags;
-    if (!(flags & KILN_OPF_DYNOUT))
-        for (int k = 0; k < n->n_out; k++)
-            if ((st = kiln_tensor_new(outp[k]->dtype, outp[k]->rank, outp[k]->dims, &out[k])) !=
-                KILN_OK)
-                goto fail;
-    struct kiln_run_ctx rctx = {n, n->n_in, in, n->n_out, out, NULL, NULL, 1};
-    st = impl->run(&rctx);
-    if (st == KILN_OK) st = kiln_attr_check(n);
-    if (st != KILN_OK) goto fail;
+    kiln_tensor *out[KILN_MAX_IO];
+    kiln_status st = kiln_exec_node(n, in, out, NULL, KILN_EXEC_DEFAULT_MAX_TENSOR_BYTES);
+    if (st != KILN_OK) return st;
     for (int k = 0; k < n->n_out; k++) {
-        if (!out[k]) {
-            st = kiln_node_error(n, KILN_ERR_INTERNAL, "kernel produced no output %d", k);
-            goto fail;
-        }
         int v = n->out[k];
         kiln_tensor *t = out[k];
         out[k] = NULL;
-        if ((st = keep_folded(p, t)) != KILN_OK) goto fail;
+        if ((st = keep_folded(p, t)) != KILN_OK) { /* keep_folded frees t on failure */
+            for (int j = k + 1; j < n->n_out; j++) kiln_tensor_free(out[j]);
+            return st;
+        }
         if (v < 0) continue;
         struct slot *s = &p->slots[v];
         s->kind = SLOT_CONST;
@@ -208,9 +196,6 @@ static kiln_status fold_node(struct kiln_plan *p, const struct kiln_node *n,
         kiln_type_from_tensor(&s->type, t);
     }
     return KILN_OK;
-fail:
-    for (int k = 0; k < n->n_out; k++) kiln_tensor_free(out[k]);
-    return st;
 }
 
 static int root_of(const struct kiln_plan *p, int s)
@@ -380,11 +365,7 @@ kiln_status kiln_plan_compile(const struct kiln_graph *g, const kiln_tensor *con
             kiln_tensor *fin[KILN_MAX_IO];
             memcpy(fin, inv, sizeof(kiln_tensor *) * (size_t)n->n_in);
             fin[0] = dummy;
-            struct kiln_infer_ctx ictx = {n, n->n_in, inp, (const kiln_tensor *const *)fin,
-                                          n->n_out, outp};
-            st = impl->infer(&ictx);
-            if (st == KILN_OK) st = kiln_attr_check(n);
-            if (st == KILN_OK) st = fold_node(p, n, impl, fin, outp);
+            st = fold_node(p, n, fin);
             kiln_tensor_free(dummy);
             if (st != KILN_OK) goto fail;
             continue;
@@ -411,7 +392,7 @@ kiln_status kiln_plan_compile(const struct kiln_graph *g, const kiln_tensor *con
         }
         if (all_known && !(flags & KILN_OPF_STATEFUL) &&
             (dynout || out_bytes <= PLAN_FOLD_MAX_BYTES)) {
-            if ((st = fold_node(p, n, impl, inv, outp)) != KILN_OK) goto fail;
+            if ((st = fold_node(p, n, inv)) != KILN_OK) goto fail;
             continue;
         }
         if (dynout) {

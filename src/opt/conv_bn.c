@@ -9,6 +9,7 @@
  * its id: the new Conv/Gemm writes it.
  */
 #include <math.h>
+#include <stdlib.h>
 
 #include "core/tensor.h"
 #include "kernels/kernel.h"
@@ -42,6 +43,47 @@ static bool bn_params(const struct kiln_graph *g, const struct kiln_node *bn, in
     return true;
 }
 
+/* The shared start of a fold: the BN's per-channel s (caller frees), a new
+ * bias tensor holding its shift, and a copy of w to scale. *ok false (and
+ * nothing allocated) when the BN does not fold. */
+static kiln_status fold_begin(const struct kiln_graph *g, const struct kiln_node *bn, int64_t m,
+                              const kiln_tensor *w, float **s, kiln_tensor **nb,
+                              kiln_tensor **nw, bool *ok)
+{
+    *ok = false;
+    *s = malloc(sizeof(float) * (size_t)m);
+    if (!*s) return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory folding a BatchNormalization");
+    kiln_status st = kiln_tensor_new(KILN_DTYPE_F32, 1, &m, nb);
+    if (st != KILN_OK) goto fail;
+    if (!bn_params(g, bn, m, *s, (*nb)->data)) {
+        kiln_tensor_free(*nb);
+        goto fail;
+    }
+    st = kiln_tensor_clone(w, nw);
+    if (st != KILN_OK) {
+        kiln_tensor_free(*nb);
+        goto fail;
+    }
+    *ok = true;
+    return KILN_OK;
+fail:
+    free(*s);
+    *s = NULL;
+    return st;
+}
+
+/* Hand the folded weight and bias to the graph as constants named after w. */
+static kiln_status fold_consts(struct kiln_graph *g, int w_value, kiln_tensor *nw, kiln_tensor *nb,
+                               int *wv, int *bv)
+{
+    kiln_status st = kiln_opt_add_const(g, g->values[w_value].name, nw, wv);
+    if (st != KILN_OK) {
+        kiln_tensor_free(nb);
+        return st;
+    }
+    return kiln_opt_add_const(g, g->values[w_value].name, nb, bv);
+}
+
 /* Fold BN node bi into Conv node ci. */
 static kiln_status fold_conv(struct kiln_graph *g, int ci, int bi, bool *done)
 {
@@ -55,40 +97,21 @@ static kiln_status fold_conv(struct kiln_graph *g, int ci, int bi, bool *done)
         (!b || b->dtype != KILN_DTYPE_F32 || b->rank != 1 || b->dims[0] != m))
         return KILN_OK;
     if (g->values[c->in[0]].type.dtype != KILN_DTYPE_F32) return KILN_OK;
-    kiln_tensor *sbuf, *nb, *nw;
-    kiln_status st = kiln_tensor_new(KILN_DTYPE_F32, 1, &m, &sbuf);
-    if (st != KILN_OK) return st;
-    st = kiln_tensor_new(KILN_DTYPE_F32, 1, &m, &nb);
-    if (st != KILN_OK) {
-        kiln_tensor_free(sbuf);
-        return st;
-    }
-    float *s = sbuf->data, *bias = nb->data;
-    if (!bn_params(g, bn, m, s, bias)) {
-        kiln_tensor_free(sbuf);
-        kiln_tensor_free(nb);
-        return KILN_OK;
-    }
-    st = kiln_tensor_clone(w, &nw);
-    if (st != KILN_OK) {
-        kiln_tensor_free(sbuf);
-        kiln_tensor_free(nb);
-        return st;
-    }
+    kiln_tensor *nb, *nw;
+    float *s;
+    bool ok;
+    kiln_status st = fold_begin(g, bn, m, w, &s, &nb, &nw, &ok);
+    if (st != KILN_OK || !ok) return st;
+    float *bias = nb->data;
     int64_t per = kiln_tensor_count(w) / m;
     float *wd = nw->data;
     for (int64_t o = 0; o < m; o++) {
         for (int64_t i = 0; i < per; i++) wd[o * per + i] *= s[o];
         if (b) bias[o] += ((const float *)b->data)[o] * s[o];
     }
-    kiln_tensor_free(sbuf);
+    free(s);
     int wv, bv;
-    st = kiln_opt_add_const(g, g->values[c->in[1]].name, nw, &wv);
-    if (st != KILN_OK) {
-        kiln_tensor_free(nb);
-        return st;
-    }
-    st = kiln_opt_add_const(g, g->values[c->in[1]].name, nb, &bv);
+    st = fold_consts(g, c->in[1], nw, nb, &wv, &bv);
     if (st != KILN_OK) return st;
 
     /* a new Conv with three inputs and the same attributes writes the BN's output */
@@ -134,26 +157,12 @@ static kiln_status fold_gemm(struct kiln_graph *g, int gi, int bi, bool *done)
             (c->rank == 2 && c->dims[0] != 1) || c->rank > 2 || c->rank < 1)
             return KILN_OK;
     }
-    kiln_tensor *sbuf, *nb, *nw;
-    kiln_status st = kiln_tensor_new(KILN_DTYPE_F32, 1, &n, &sbuf);
-    if (st != KILN_OK) return st;
-    st = kiln_tensor_new(KILN_DTYPE_F32, 1, &n, &nb);
-    if (st != KILN_OK) {
-        kiln_tensor_free(sbuf);
-        return st;
-    }
-    float *s = sbuf->data, *bias = nb->data;
-    if (!bn_params(g, bn, n, s, bias)) {
-        kiln_tensor_free(sbuf);
-        kiln_tensor_free(nb);
-        return KILN_OK;
-    }
-    st = kiln_tensor_clone(w, &nw);
-    if (st != KILN_OK) {
-        kiln_tensor_free(sbuf);
-        kiln_tensor_free(nb);
-        return st;
-    }
+    kiln_tensor *nb, *nw;
+    float *s;
+    bool ok;
+    kiln_status st = fold_begin(g, bn, n, w, &s, &nb, &nw, &ok);
+    if (st != KILN_OK || !ok) return st;
+    float *bias = nb->data;
     float *wd = nw->data;
     for (int64_t o = 0; o < n; o++) {
         for (int64_t i = 0; i < k; i++) {
@@ -162,14 +171,9 @@ static kiln_status fold_gemm(struct kiln_graph *g, int gi, int bi, bool *done)
         }
         if (c) bias[o] += beta * ((const float *)c->data)[o] * s[o];
     }
-    kiln_tensor_free(sbuf);
+    free(s);
     int wv, bv;
-    st = kiln_opt_add_const(g, g->values[gm->in[1]].name, nw, &wv);
-    if (st != KILN_OK) {
-        kiln_tensor_free(nb);
-        return st;
-    }
-    st = kiln_opt_add_const(g, g->values[gm->in[1]].name, nb, &bv);
+    st = fold_consts(g, gm->in[1], nw, nb, &wv, &bv);
     if (st != KILN_OK) return st;
     int ni;
     st = kiln_opt_add_node(g, KILN_OP_Gemm, g->nodes[gi].name, 3, 1, 4, g->nodes[gi].opset, &ni);

@@ -16,6 +16,7 @@
 #include "core/tensor.h"
 #include "import/model.h"
 #include "kernels/kernel.h"
+#include "exec/exec.h"
 #include "opt/opt.h"
 
 #define FOLD_MAX_BYTES ((int64_t)64 << 20)
@@ -46,52 +47,16 @@ static kiln_status fold_to(struct kiln_graph *g, int ni, kiln_tensor *t)
 static kiln_status fold_node(struct kiln_graph *g, int ni, bool *folded)
 {
     struct kiln_node *n = &g->nodes[ni];
-    const struct kiln_op_impl *impl = kiln_op_impl(n->op);
     *folded = false;
-    if (!impl || !impl->infer || n->n_out > KILN_MAX_IO || n->n_in > KILN_MAX_IO) return KILN_OK;
+    if (n->n_out > KILN_MAX_IO || n->n_in > KILN_MAX_IO) return KILN_OK;
     kiln_tensor *in[KILN_MAX_IO];
-    struct kiln_type intype[KILN_MAX_IO];
-    const struct kiln_type *inp[KILN_MAX_IO];
-    struct kiln_type outtype[KILN_MAX_IO];
-    struct kiln_type *outp[KILN_MAX_IO];
     kiln_tensor *out[KILN_MAX_IO];
-    for (int k = 0; k < n->n_in; k++) {
-        in[k] = NULL;
-        inp[k] = NULL;
-        if (n->in[k] < 0) continue;
-        in[k] = g->values[n->in[k]].konst;
-        kiln_type_from_tensor(&intype[k], in[k]);
-        inp[k] = &intype[k];
-    }
-    for (int k = 0; k < n->n_out; k++) {
-        kiln_type_unknown(&outtype[k]);
-        outp[k] = &outtype[k]; /* as the executor: every output is computed */
-        out[k] = NULL;
-    }
-    struct kiln_infer_ctx ictx = {n, n->n_in, inp, (const kiln_tensor *const *)in, n->n_out, outp};
-    kiln_status st = impl->infer(&ictx);
-    kiln_status ast = kiln_attr_check(n);
-    if (st == KILN_OK) st = ast;
+    for (int k = 0; k < n->n_in; k++) in[k] = n->in[k] >= 0 ? g->values[n->in[k]].konst : NULL;
+    kiln_status st = kiln_exec_node(n, in, out, NULL, FOLD_MAX_BYTES);
     int64_t total = 0;
     for (int k = 0; k < n->n_out && st == KILN_OK; k++) {
-        if (!kiln_type_is_concrete(&outtype[k]) || outtype[k].dtype == KILN_DTYPE_STRING) {
-            st = KILN_ERR_UNSUPPORTED;
-            break;
-        }
-        int64_t count = kiln_shape_count(outtype[k].rank, outtype[k].dims);
-        int64_t bytes = count < 0 ? -1 : count * (int64_t)kiln_dtype_size(outtype[k].dtype);
-        if (bytes < 0 || (total += bytes) > FOLD_MAX_BYTES) {
-            st = KILN_ERR_UNSUPPORTED;
-            break;
-        }
-    }
-    for (int k = 0; k < n->n_out && st == KILN_OK; k++)
-        st = kiln_tensor_new(outtype[k].dtype, outtype[k].rank, outtype[k].dims, &out[k]);
-    if (st == KILN_OK) {
-        struct kiln_run_ctx rctx = {n, n->n_in, in, n->n_out, out, NULL, NULL, 1};
-        st = impl->run(&rctx);
-        ast = kiln_attr_check(n);
-        if (st == KILN_OK) st = ast;
+        total += (int64_t)out[k]->nbytes;
+        if (out[k]->dtype == KILN_DTYPE_STRING || total > FOLD_MAX_BYTES) st = KILN_ERR_UNSUPPORTED;
     }
     if (st != KILN_OK) {
         for (int k = 0; k < n->n_out; k++) kiln_tensor_free(out[k]);

@@ -70,6 +70,19 @@ static bool clip_bounds(const struct kiln_graph *g, const struct kiln_node *n, f
     return true;
 }
 
+int kiln_opt_match_residual(const struct kiln_graph *g, int ai, int cur,
+                            const struct kiln_type *ty)
+{
+    if (ai < 0 || g->nodes[ai].op != KILN_OP_Add) return -1;
+    const struct kiln_node *a = &g->nodes[ai];
+    int other = a->in[0] == cur ? a->in[1] : a->in[0];
+    if (other == cur || other < 0 || g->values[other].type.dtype != KILN_DTYPE_F32 ||
+        !kiln_opt_same_shape(&g->values[other].type, ty) ||
+        !kiln_opt_same_shape(&g->values[a->out[0]].type, ty))
+        return -1;
+    return other;
+}
+
 bool kiln_opt_match_act(const struct kiln_graph *g, int y, struct kiln_opt_act *a)
 {
     memset(a, 0, sizeof *a);
@@ -195,18 +208,11 @@ kiln_status kiln_opt_fuse_conv(struct kiln_graph *g, struct kiln_opt_pass_log *p
             }
         }
         /* residual Add of a value with the output's shape */
-        if (ai >= 0 && g->nodes[ai].op == KILN_OP_Add) {
-            const struct kiln_node *a = &g->nodes[ai];
-            int other = a->in[0] == cur ? a->in[1] : a->in[0];
-            if (other != cur && other >= 0 &&
-                g->values[other].type.dtype == KILN_DTYPE_F32 &&
-                kiln_opt_same_shape(&g->values[other].type, ty) &&
-                kiln_opt_same_shape(&g->values[a->out[0]].type, ty) &&
-                !kiln_opt_is_graph_output(g, cur)) {
-                rm[n_rm++] = ai;
-                sum = other;
-                cur = a->out[0];
-            }
+        int other = kiln_opt_match_residual(g, ai, cur, ty);
+        if (other >= 0) {
+            rm[n_rm++] = ai;
+            sum = other;
+            cur = g->nodes[ai].out[0];
         }
         struct kiln_opt_act act;
         bool has_act = kiln_opt_match_act(g, cur, &act) &&

@@ -95,16 +95,11 @@ kiln_status kiln_opt_fuse_matmul(struct kiln_graph *g, struct kiln_opt_pass_log 
                 ai = kiln_opt_single_consumer(g, cur);
             }
         }
-        if (ai >= 0 && g->nodes[ai].op == KILN_OP_Add) {
-            const struct kiln_node *a = &g->nodes[ai];
-            int other = a->in[0] == cur ? a->in[1] : a->in[0];
-            if (other != cur && other >= 0 && g->values[other].type.dtype == KILN_DTYPE_F32 &&
-                kiln_opt_same_shape(&g->values[other].type, ty) &&
-                kiln_opt_same_shape(&g->values[a->out[0]].type, ty)) {
-                rm[n_rm++] = ai;
-                sum = other;
-                cur = a->out[0];
-            }
+        int other = kiln_opt_match_residual(g, ai, cur, ty);
+        if (other >= 0) {
+            rm[n_rm++] = ai;
+            sum = other;
+            cur = g->nodes[ai].out[0];
         }
         struct kiln_opt_act act;
         bool has_act = kiln_opt_match_act(g, cur, &act) &&

@@ -134,6 +134,10 @@ struct kiln_opt_act {
     int n_nodes;           /* nodes it spans (SiLU: Sigmoid and Mul) */
     int nodes[2];
 };
+/* The residual input of Add node ai (-1 = none) that adds a float32 value of
+ * shape ty to value cur without changing the shape (fuse_act.c). */
+int kiln_opt_match_residual(const struct kiln_graph *g, int ai, int cur,
+                            const struct kiln_type *ty);
 /* Match an activation reading float32 value y and nothing else reading y
  * (SiLU: exactly Sigmoid(y) and Mul(y, Sigmoid(y))). */
 bool kiln_opt_match_act(const struct kiln_graph *g, int y, struct kiln_opt_act *a);

@@ -219,7 +219,7 @@ static int compatible(const kiln_batcher *b, const task *a, kiln_tensor *const *
     return 1;
 }
 
-static const char *code_for(kiln_status st)
+const char *kiln_serve_code_for(kiln_status st)
 {
     switch (st) {
     case KILN_OK: return "OK";
@@ -388,7 +388,7 @@ static void run_batch(kiln_batcher *b, batch *bt)
         dims[0] = padded;
         st = kiln_tensor_create(first->dtype, first->rank, dims, &merged[i]);
         if (st != KILN_OK) {
-            fail_all(bt, st, code_for(st), "out of memory merging a batch");
+            fail_all(bt, st, kiln_serve_code_for(st), "out of memory merging a batch");
             goto err_free;
         }
         int64_t at = 0;
@@ -399,7 +399,7 @@ static void run_batch(kiln_batcher *b, batch *bt)
         /* pad up to the allowed batch size by repeating the last row */
         for (; at < padded && st == KILN_OK; at++) st = copy_rows(merged[i], at, merged[i], at - 1, 1);
         if (st != KILN_OK) {
-            fail_all(bt, st, code_for(st),
+            fail_all(bt, st, kiln_serve_code_for(st),
                      st == KILN_ERR_OUT_OF_MEMORY ? "out of memory merging a batch"
                                                   : "Got empty tensor in batch of non-empty "
                                                     "tensors."); /* TF Serving's message */
@@ -428,7 +428,7 @@ static void run_batch(kiln_batcher *b, batch *bt)
     kiln_run_options ro = {deadline, NULL};
     st = kiln_session_run_opts(b->sess, named, b->n_in, &ro, &out);
     if (st != KILN_OK) {
-        fail_all(bt, st, code_for(st),
+        fail_all(bt, st, kiln_serve_code_for(st),
                  st == KILN_ERR_DEADLINE ? KILN_DEADLINE_MESSAGE : kiln_last_error());
         goto err_free;
     }

@@ -74,4 +74,8 @@ kiln_status kiln_batcher_run(kiln_batcher *b, kiln_tensor *const *in, int n, int
                              kiln_batch_result *out, char *err, const char **code);
 void kiln_batch_result_free(kiln_batch_result *r);
 
+/* TF Serving's code name for a runtime status ("DEADLINE_EXCEEDED", ...), as
+ * error replies and failed batches report it. */
+const char *kiln_serve_code_for(kiln_status st);
+
 #endif

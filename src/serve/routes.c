@@ -79,19 +79,6 @@ void kiln_reply_error(kiln_http_reply *rep, const char *code, const char *msg)
     kiln_sbuf_puts(&rep->body, " }");
 }
 
-/* TF code name for a runtime status from a run or decode. */
-static const char *code_for(kiln_status st)
-{
-    switch (st) {
-    case KILN_OK: return "OK";
-    case KILN_ERR_OUT_OF_MEMORY: return "RESOURCE_EXHAUSTED";
-    case KILN_ERR_UNSUPPORTED: return "UNIMPLEMENTED";
-    case KILN_ERR_INTERNAL: return "INTERNAL";
-    case KILN_ERR_DEADLINE: return "DEADLINE_EXCEEDED";
-    default: return "INVALID_ARGUMENT";
-    }
-}
-
 /* ------------------------------------------------------------ path parsing */
 
 static int prefix(const char **p, const char *lit)
@@ -329,7 +316,7 @@ static void h_v1_predict(kiln_server *s, const kiln_http_request *req, const rou
     }
     kiln_status st = kiln_predict_parse(&doc, &pr, err);
     if (st != KILN_OK) {
-        kiln_reply_error(rep, code_for(st), err);
+        kiln_reply_error(rep, kiln_serve_code_for(st), err);
         goto err_free_doc;
     }
     if (pr.signature >= 0) sig_name = kiln_json_string_dup(&doc, pr.signature, NULL);
@@ -348,7 +335,7 @@ static void h_v1_predict(kiln_server *s, const kiln_http_request *req, const rou
     }
     st = kiln_predict_decode(&doc, &pr, specs, n, in, err);
     if (st != KILN_OK) {
-        kiln_reply_error(rep, code_for(st), err);
+        kiln_reply_error(rep, kiln_serve_code_for(st), err);
         goto err_free_doc;
     }
     /* with --enable_batching, merged with concurrent requests and split back */
@@ -356,7 +343,7 @@ static void h_v1_predict(kiln_server *s, const kiln_http_request *req, const rou
     if (!run(sv, si, req, in, n, &br, rep)) goto err_free_doc;
     st = kiln_predict_encode(&rep->body, pr.columnar, br.n, br.names,
                              (const kiln_tensor *const *)br.t, err);
-    if (st != KILN_OK) kiln_reply_error(rep, code_for(st), err);
+    if (st != KILN_OK) kiln_reply_error(rep, kiln_serve_code_for(st), err);
     kiln_batch_result_free(&br);
 err_free_doc:
     if (in) free_tensors(in, n);
@@ -486,13 +473,13 @@ static void h_v1_classify(kiln_server *s, const kiln_http_request *req, const ro
     }
     kiln_status st = kiln_examples_encode(&doc, 0, &examples, err);
     if (st != KILN_OK) {
-        kiln_reply_error(rep, code_for(st), err);
+        kiln_reply_error(rep, kiln_serve_code_for(st), err);
         goto err_free_doc;
     }
     kiln_batch_result out;
     if (!run(sv, si, req, &examples, 1, &out, rep)) goto err_free_doc;
     st = write_results(&rep->body, classify, &out, examples->dims[0], err);
-    if (st != KILN_OK) kiln_reply_error(rep, code_for(st), err);
+    if (st != KILN_OK) kiln_reply_error(rep, kiln_serve_code_for(st), err);
     kiln_batch_result_free(&out);
 err_free_doc:
     kiln_tensor_free(examples);
@@ -611,7 +598,7 @@ static void h_v2_infer(kiln_server *s, const kiln_http_request *req, const route
     }
     kiln_status st = kiln_infer_decode(&doc, specs, n, in, err);
     if (st != KILN_OK) {
-        kiln_reply_error(rep, code_for(st), err);
+        kiln_reply_error(rep, kiln_serve_code_for(st), err);
         goto err_free_doc;
     }
     kiln_batch_result out;

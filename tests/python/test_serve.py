@@ -94,6 +94,10 @@ class Server:
              f"--rest_api_port={self.port}", "--rest_api_address=127.0.0.1",
              "--rest_api_num_threads=4", "--file_system_poll_wait_seconds=1", *extra],
             stdout=self.log, stderr=subprocess.STDOUT)
+        self.wait_ready()
+
+    def wait_ready(self):
+        """Poll readiness for up to 60 s; fail with the server's log."""
         deadline = time.time() + 60
         while time.time() < deadline:
             assert self.proc.poll() is None, self.logtext()

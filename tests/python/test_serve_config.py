@@ -26,17 +26,7 @@ class ConfigServer(test_serve.Server):
              "--rest_api_address=127.0.0.1", "--rest_api_num_threads=4",
              "--file_system_poll_wait_seconds=1", *extra],
             stdout=self.log, stderr=subprocess.STDOUT)
-        deadline = time.time() + 60
-        while time.time() < deadline:
-            assert self.proc.poll() is None, self.logtext()
-            try:
-                if self.request("GET", "/v2/health/ready")[0] == 200:
-                    return
-            except OSError:
-                pass
-            time.sleep(0.1)
-        self.kill()
-        raise AssertionError("server not ready in 60 s: " + self.logtext())
+        self.wait_ready()
 
 
 def predict(srv, path, rows=((1, 1, 1),)):
