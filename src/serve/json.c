@@ -6,6 +6,7 @@
 #include "serve/json.h"
 
 #include <errno.h>
+#include <float.h>
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
@@ -615,6 +616,98 @@ static float f16_to_f32(uint16_t h)
     return f;
 }
 
+/* The fast path of kiln_json_decimal_to_double: a literal with at most 19
+ * significant digits and a decimal exponent within +-27 is m * 10^e with m and
+ * 10^e both exact in x87 extended precision (64-bit significand; 5^27 < 2^63),
+ * so one extended multiply or divide rounds the exact value once. Rounding that
+ * again to double is correct unless the extended result lies within one of its
+ * own ulps of a double rounding midpoint (low 11 of its 64 significand bits
+ * near 0x400); those rare literals, and everything else, take strtod. Returns 0
+ * when the fast path does not apply. */
+static int decimal_fast(const char *s, size_t n, double *out)
+{
+#if defined(__x86_64__) && LDBL_MANT_DIG == 64
+    static const long double pow10[28] = {
+        1e0L,  1e1L,  1e2L,  1e3L,  1e4L,  1e5L,  1e6L,  1e7L,  1e8L,  1e9L,
+        1e10L, 1e11L, 1e12L, 1e13L, 1e14L, 1e15L, 1e16L, 1e17L, 1e18L, 1e19L,
+        1e20L, 1e21L, 1e22L, 1e23L, 1e24L, 1e25L, 1e26L, 1e27L};
+    size_t i = 0;
+    int neg = 0;
+    if (i < n && s[i] == '-') {
+        neg = 1;
+        i++;
+    }
+    uint64_t m = 0;
+    int digits = 0, exp10 = 0;
+    for (; i < n && s[i] >= '0' && s[i] <= '9'; i++) {
+        if (m == 0 && s[i] == '0') continue; /* leading zeros are not significant */
+        if (++digits > 19) return 0;
+        m = m * 10 + (uint64_t)(s[i] - '0');
+    }
+    if (i < n && s[i] == '.') {
+        for (i++; i < n && s[i] >= '0' && s[i] <= '9'; i++) {
+            if (m == 0 && s[i] == '0') {
+                exp10--;
+                continue;
+            }
+            if (++digits > 19) return 0;
+            m = m * 10 + (uint64_t)(s[i] - '0');
+            exp10--;
+        }
+    }
+    if (i < n && (s[i] == 'e' || s[i] == 'E')) {
+        i++;
+        int eneg = 0, e = 0;
+        if (i < n && (s[i] == '+' || s[i] == '-')) eneg = s[i++] == '-';
+        for (; i < n && s[i] >= '0' && s[i] <= '9'; i++) {
+            if (e > 10000) return 0;
+            e = e * 10 + (s[i] - '0');
+        }
+        exp10 += eneg ? -e : e;
+    }
+    if (i != n) return 0;
+    if (m == 0) {
+        *out = neg ? -0.0 : 0.0;
+        return 1;
+    }
+    if (exp10 < -27 || exp10 > 27) return 0;
+    long double v = (long double)m; /* exact: m < 10^19 < 2^64 */
+    v = exp10 < 0 ? v / pow10[-exp10] : v * pow10[exp10];
+    uint64_t sig;
+    memcpy(&sig, &v, sizeof sig); /* x87 layout: the 64-bit significand comes first */
+    uint64_t low = sig & 0x7FF;
+    if (low >= 0x3FF && low <= 0x401) return 0; /* maybe a double-rounding midpoint */
+    double d = (double)v;
+    *out = neg ? -d : d;
+    return 1;
+#else
+    (void)s;
+    (void)n;
+    (void)out;
+    return 0;
+#endif
+}
+
+int kiln_json_decimal_to_double(const char *s, size_t n, double *out)
+{
+    if (decimal_fast(s, n, out)) return 1;
+    char buf[128];
+    if (n >= sizeof buf) {
+        /* very long literals: strtod needs a NUL-terminated copy */
+        char *big = malloc(n + 1);
+        if (!big) return 0;
+        memcpy(big, s, n);
+        big[n] = '\0';
+        *out = strtod(big, NULL);
+        free(big);
+        return 1;
+    }
+    memcpy(buf, s, n);
+    buf[n] = '\0';
+    *out = strtod(buf, NULL);
+    return 1;
+}
+
 /* The number token t as a double (NaN and infinities included). */
 static int number_to_double(const kiln_json_doc *d, int t, double *out)
 {
@@ -625,21 +718,7 @@ static int number_to_double(const kiln_json_doc *d, int t, double *out)
         else *out = s[0] == '-' ? -INFINITY : INFINITY;
         return 1;
     }
-    char buf[128];
-    if (k->len >= sizeof buf) {
-        /* very long literals: strtod needs a NUL-terminated copy */
-        char *big = malloc((size_t)k->len + 1);
-        if (!big) return 0;
-        memcpy(big, s, k->len);
-        big[k->len] = '\0';
-        *out = strtod(big, NULL);
-        free(big);
-        return 1;
-    }
-    memcpy(buf, s, k->len);
-    buf[k->len] = '\0';
-    *out = strtod(buf, NULL);
-    return 1;
+    return kiln_json_decimal_to_double(s, k->len, out);
 }
 
 /* The number token t as an integer in [lo, hi] (no fraction or exponent). */

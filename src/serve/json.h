@@ -54,6 +54,12 @@ typedef struct kiln_json_doc {
     uint32_t n, cap;
 } kiln_json_doc;
 
+/* The JSON number literal s[0..n) (already validated by the tokenizer) as the
+ * correctly rounded double, as strtod gives it; a fast exact path covers the
+ * literals clients send (up to 19 significant digits, exponent within +-27).
+ * Returns 0 only when out of memory. */
+int kiln_json_decimal_to_double(const char *s, size_t n, double *out);
+
 /* Parse text[0..len). On success *doc owns its tokens (kiln_json_doc_free);
  * on failure nothing is left to free and err says "JSON Parse error: ...". */
 kiln_status kiln_json_parse(const char *text, size_t len, int max_depth, kiln_json_doc *doc,
