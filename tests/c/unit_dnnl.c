@@ -444,22 +444,32 @@ static void test_conv(void)
         {1, 16, 7, 7, 16, 3, 3, 1, 1, 1, {1, 1, 1, 1}, NULL, 1, 0, "GeluTanh", 0, 0},
         {1, 16, 7, 7, 16, 3, 3, 1, 1, 1, {1, 1, 1, 1}, NULL, 0, 1, "HardSigmoid", 0.25f, 0.4f},
         {2, 3, 15, 15, 16, 7, 7, 1, 2, 1, {3, 3, 3, 3}, NULL, 1, 0, "Relu", 0, 0},
+        /* resnet-like 3x3 stride-1 shapes: oneDNN's Winograd kernels (2x3 and 4x3) */
+        {1, 64, 28, 28, 64, 3, 3, 1, 1, 1, {1, 1, 1, 1}, NULL, 1, 1, "Relu", 0, 0},
+        {4, 32, 20, 20, 48, 3, 3, 1, 1, 1, {1, 1, 1, 1}, NULL, 1, 0, "Relu", 0, 0},
+        {2, 128, 7, 7, 128, 3, 3, 1, 1, 1, {1, 1, 1, 1}, NULL, 0, 1, "", 0, 0},
     };
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        const struct conv_case *k = &cases[i];
-        char what[64];
-        snprintf(what, sizeof what, "conv case %zu (%s)", i, k->act ? k->act : "Conv");
-        for (int lay = 0; lay <= 2; lay++) {
-            /* plain; blocked by 8; blocked by 16 (X, Sum and Y; the first conv
-             * of a network reads plain input) */
-            int b = lay == 0 ? 0 : lay == 1 ? 8 : 16;
-            int in_l[4] = {k->c < 8 ? 0 : b, 0, 0, b};
-            struct tg t;
-            build_conv(&t, k);
-            differ(&t, what, in_l, b, 1);
-            tg_free(&t);
+    /* each case with Winograd allowed (the default) and with the direct algorithm only */
+    for (int wino = 1; wino >= 0; wino--) {
+        setenv("KILN_WINOGRAD", wino ? "1" : "0", 1);
+        for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+            const struct conv_case *k = &cases[i];
+            char what[80];
+            snprintf(what, sizeof what, "conv case %zu (%s, winograd %s)", i,
+                     k->act ? k->act : "Conv", wino ? "allowed" : "off");
+            for (int lay = 0; lay <= 2; lay++) {
+                /* plain; blocked by 8; blocked by 16 (X, Sum and Y; the first conv
+                 * of a network reads plain input) */
+                int b = lay == 0 ? 0 : lay == 1 ? 8 : 16;
+                int in_l[4] = {k->c < 8 ? 0 : b, 0, 0, b};
+                struct tg t;
+                build_conv(&t, k);
+                differ(&t, what, in_l, b, 1);
+                tg_free(&t);
+            }
         }
     }
+    unsetenv("KILN_WINOGRAD");
     /* weights known only at run time: left to the reference */
     struct tg t;
     struct conv_case k = {1, 4, 5, 5, 4, 3, 3, 1, 1, 1, {0, 0, 0, 0}, NULL, 0, 0, NULL, 0, 0};

@@ -88,9 +88,11 @@ def exported(tmp_path_factory):
 # kernels (KILN_FAST=0: the fused ops' reference kernels), the imported graph
 # on plans and fast kernels (--disable-optimizer), the pure reference path
 # (--reference), the AVX2 kernels and 8-wide blocked layouts (KILN_ISA=avx2),
-# and the portable fallbacks (KILN_ISA=scalar).
+# the portable fallbacks (KILN_ISA=scalar), and direct convolutions only
+# (KILN_WINOGRAD=0; the default runs 3x3 stride-1 convolutions with Winograd).
 MODES = {
     "default": ([], {}),
+    "direct-conv": ([], {"KILN_WINOGRAD": "0"}),
     "fused-reference-kernels": ([], {"KILN_FAST": "0"}),
     "disable-optimizer": (["--disable-optimizer"], {}),
     "reference": (["--reference"], {}),

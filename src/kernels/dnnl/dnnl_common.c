@@ -179,7 +179,8 @@ static void tag_ints(char *buf, size_t cap, size_t *len, const char *name, int n
 static int md_tag(const char *what, float scale, const dnnl_memory_desc_t *src,
                   const dnnl_memory_desc_t *md, char *buf, size_t cap)
 {
-    if (md->format_kind != dnnl_blocked || src->format_kind != dnnl_blocked) return 0;
+    if (src->format_kind != dnnl_blocked) return 0;
+    if (md->format_kind != dnnl_blocked && md->format_kind != dnnl_format_kind_wino) return 0;
     size_t len = 0;
     int w = snprintf(buf, cap, "dnnl_%s:s%a:", what, (double)scale);
     if (w < 0) return 0;
@@ -190,6 +191,15 @@ static int md_tag(const char *what, float scale, const dnnl_memory_desc_t *src,
     tag_ints(buf, cap, &len, "src", src->ndims, v);
     for (int i = 0; i < md->ndims; i++) v[i] = md->dims[i];
     tag_ints(buf, cap, &len, ";d", md->ndims, v);
+    if (md->format_kind == dnnl_format_kind_wino) { /* Winograd-transformed weights */
+        const dnnl_wino_desc_t *wd = &md->format_desc.wino_desc;
+        int64_t f[11] = {wd->wino_format, wd->r,         wd->alpha,     wd->ic,
+                         wd->oc,          wd->ic_block,  wd->oc_block,  wd->ic2_block,
+                         wd->oc2_block,   (int64_t)wd->size, 0};
+        memcpy(&f[10], &wd->adj_scale, sizeof wd->adj_scale);
+        tag_ints(buf, cap, &len, ";wino", 11, f);
+        return len < cap;
+    }
     for (int i = 0; i < md->ndims; i++) v[i] = md->padded_dims[i];
     tag_ints(buf, cap, &len, ";p", md->ndims, v);
     const dnnl_blocking_desc_t *b = &md->format_desc.blocking;
