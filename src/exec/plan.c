@@ -746,6 +746,47 @@ out:
 
 /* ---- profile ---- */
 
+/* The ten slowest steps: node name, op, kernel, first output's shape and layout. */
+static void profile_print_slowest(const struct kiln_plan *p, FILE *f, int64_t total)
+{
+    enum { TOP = 10 };
+    int top[TOP], nt = 0;
+    for (int i = 0; i < p->n_steps; i++) {
+        int64_t ns = atomic_load(&((struct step *)&p->steps[i])->ns);
+        int j = nt < TOP ? nt++ : TOP;
+        while (j > 0 && atomic_load(&((struct step *)&p->steps[top[j - 1]])->ns) < ns) {
+            if (j < TOP) top[j] = top[j - 1];
+            j--;
+        }
+        if (j < TOP) top[j] = i;
+    }
+    if (!nt || !total) return;
+    fprintf(f, "slowest steps:\n%5s %-32s %-20s %-22s %10s %6s  %s\n", "step", "node", "op",
+            "kernel", "ms/run", "share", "output");
+    for (int k = 0; k < nt; k++) {
+        const struct step *sp = &p->steps[top[k]];
+        int64_t ns = atomic_load(&((struct step *)sp)->ns);
+        int64_t calls = atomic_load(&((struct step *)sp)->calls);
+        char shape[96] = "";
+        if (sp->n_out > 0 && sp->out[0] >= 0) {
+            const struct slot *sl = &p->slots[sp->out[0]];
+            size_t len = 0;
+            for (int d = 0; d < sl->type.rank && len < sizeof shape; d++) {
+                int w = snprintf(shape + len, sizeof shape - len, "%s%lld", d ? "x" : "",
+                                 (long long)sl->type.dims[d]);
+                if (w > 0) len += (size_t)w;
+            }
+            if (sl->layout && len < sizeof shape)
+                snprintf(shape + len, sizeof shape - len, " (blocked %d)", sl->layout);
+        }
+        fprintf(f, "%5d %-32.32s %-20.20s %-22.22s %10.3f %5.1f%%  %s\n", top[k],
+                sp->node->name && sp->node->name[0] ? sp->node->name : "-",
+                kiln_op_name(sp->node->op), sp->inst.run ? sp->inst.name : "reference",
+                calls ? (double)ns / 1e6 / (double)calls : 0.0, 100.0 * (double)ns / (double)total,
+                shape);
+    }
+}
+
 void kiln_plan_profile_print(const struct kiln_plan *p, FILE *f)
 {
     struct agg {
@@ -791,6 +832,7 @@ void kiln_plan_profile_print(const struct kiln_plan *p, FILE *f)
                 total ? 100.0 * (double)ag[i].ns / (double)total : 0.0);
     }
     free(ag);
+    profile_print_slowest(p, f, total);
 }
 
 /* ---- cache ---- */

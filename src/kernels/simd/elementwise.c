@@ -91,13 +91,17 @@ static void chan_range(void *arg, int64_t begin, int64_t end)
     float tile[SIMD_CHAN_TILE];
     int64_t b = s->block, nb = (s->cc + b - 1) / b, plane = s->chw * b;
     int64_t per = SIMD_CHAN_TILE / b * b;
+    if (per > plane) per = plane; /* a multiple of b as well */
     for (int64_t u = begin; u < end; u++) {
         int64_t n = u / nb, cb = u % nb;
         const float *v = small + (s->small_batched ? n * s->cc : 0) + cb * b;
         int64_t valid = s->cc - cb * b < b ? s->cc - cb * b : b;
-        for (int64_t i = 0; i < per; i++) { /* padded channels stay 0 in x; keep them 0 */
-            int64_t c = i % b;
-            tile[i] = c < valid ? v[c] : 0.0f;
+        for (int64_t c = 0; c < b; c++) /* padded channels stay 0 in x; keep them 0 */
+            tile[c] = c < valid ? v[c] : 0.0f;
+        for (int64_t have = b; have < per;) { /* repeat the block, doubling */
+            int64_t len = have < per - have ? have : per - have;
+            memcpy(tile + have, tile, (size_t)len * sizeof *tile);
+            have += len;
         }
         const float *x = big + u * plane;
         float *y = j->y + u * plane;
