@@ -126,7 +126,7 @@ static kiln_status model_prepare(struct kiln_model *m)
             struct kiln_opt_options oo = {.layout = 1};
             st = kiln_optimize(c, &oo, sig->opt_log);
         }
-                if (st != KILN_OK) {
+        if (st != KILN_OK) {
             sig->opt_error = strdup(kiln_last_error());
             kiln_graph_free(c);
             continue;
@@ -135,6 +135,12 @@ static kiln_status model_prepare(struct kiln_model *m)
         for (int v = 0; v < c->n_values; v++)
             if (c->values[v].layout) sig->opt_has_layout = 1;
     }
+    /* Import copied the misaligned weights and the optimizer folded, fused and
+     * concatenated others: the file pages they were read from are no longer
+     * needed. Weights still used in place fault back in when read (and those
+     * packed later are given back again once packed), so the resident copy of
+     * the model file shrinks to what the runs actually read. */
+    for (int i = 0; i < m->n_maps; i++) kiln_file_release_pages(&m->maps[i]);
     return KILN_OK;
 }
 

@@ -55,3 +55,8 @@ void kiln_file_unmap(struct kiln_file_map *m)
     if (m->mapped && m->data) munmap((void *)m->data, m->size);
     memset(m, 0, sizeof *m);
 }
+
+void kiln_file_release_pages(const struct kiln_file_map *m)
+{
+    if (m && m->mapped && m->data && m->size) (void)madvise((void *)m->data, m->size, MADV_DONTNEED);
+}

@@ -22,5 +22,10 @@ kiln_status kiln_file_map(const char *path, struct kiln_file_map *out);
 /* Map an already open descriptor (it is not closed). */
 kiln_status kiln_file_map_fd(int fd, const char *path_for_errors, struct kiln_file_map *out);
 void kiln_file_unmap(struct kiln_file_map *m);
+/* Give a mapping's resident pages back to the kernel (madvise DONTNEED). The
+ * mapping is read-only and file-backed, so a later read faults the same bytes
+ * back in from the page cache; only what is still read stays resident. No-op
+ * for files that were read rather than mapped. */
+void kiln_file_release_pages(const struct kiln_file_map *m);
 
 #endif
