@@ -272,7 +272,7 @@ int kiln_cmd_serve(int argc, char **argv)
     }
     kiln_server server;
     kiln_server_options so = {address, rest_port, threads, timeout_ms, KILN_JSON_MAX_BYTES, bstats,
-                              mon.prometheus_enable ? mon.prometheus_path : NULL, cors};
+                              mon.prometheus_enable ? mon.prometheus_path : NULL, cors, batching};
     if (kiln_server_start(&server, &so, mgr) != KILN_OK) {
         kiln_manager_free(mgr);
         kiln_batch_stats_free(bstats);

@@ -3,10 +3,16 @@
  * accumulation with the size bound, gzip inflation, handing the complete
  * request to the route table, metrics per request, and shutdown.
  *
- * Each request runs on one of MHD's pool threads from first byte to reply;
- * model runs happen on that thread, or, with --enable_batching, on a batch
- * worker while that thread waits for its rows (batch.c), so
- * --rest_api_num_threads bounds how many requests can join one batch.
+ * Each request is read on one of MHD's pool threads. Without batching it
+ * also runs there, first byte to reply. With --enable_batching a POST
+ * request's connection is suspended once its body is complete and the
+ * request goes to one of the server's own request threads, which waits for
+ * its rows to run in a batch (batch.c) and then resumes the connection; the
+ * MHD thread meanwhile serves its other connections. (MHD's threads accept
+ * several connections at a time, so a thread that waited inside a request
+ * would hold up requests on its other connections for up to the batch
+ * timeout, and they would miss the batch.) --rest_api_num_threads sets both
+ * pools, and so bounds how many requests can join one batch.
  */
 #include "serve/server.h"
 
@@ -31,6 +37,12 @@ typedef struct conn_state {
     int refused;     /* arrived after shutdown began */
     struct timespec start;
     int64_t deadline_ms; /* first byte + --rest_api_timeout_in_ms (kiln_monotonic_ms); 0 = none */
+    /* offloaded requests: queued to a request thread with the connection suspended */
+    int done;        /* rep holds the reply; the connection was resumed to send it */
+    struct MHD_Connection *conn;
+    char *method, *url, *enc, *origin; /* copies: MHD's are not ours to read off its thread */
+    kiln_http_reply rep;
+    struct conn_state *next;
 } conn_state;
 
 static double elapsed_us(const struct timespec *a)
@@ -102,6 +114,120 @@ static enum MHD_Result send_reply(kiln_server *s, struct MHD_Connection *c, kiln
     return ret;
 }
 
+/* Answer the complete request in cs (headers Content-Encoding and Origin
+ * given) into rep, and record it in the metrics. */
+static void handle(kiln_server *s, conn_state *cs, const char *method, const char *url,
+                   const char *enc, const char *origin, kiln_http_reply *rep)
+{
+    char msg[160];
+    memset(rep, 0, sizeof *rep);
+    rep->code = 200;
+    rep->version = -1;
+    if (cs->refused) {
+        kiln_reply_error(rep, "UNAVAILABLE", "the server is shutting down");
+    } else if (cs->too_big || cs->body.oom) {
+        snprintf(msg, sizeof msg, "Request body exceeds the limit of %zu bytes", s->opt.max_body);
+        kiln_reply_error(rep, "RESOURCE_EXHAUSTED", msg);
+        rep->code = 413;
+    } else {
+        kiln_sbuf body = cs->body;
+        kiln_sbuf inflated = {0};
+        int bad = 0;
+        if (enc && contains_gzip(enc) && body.len > 0) {
+            int g = gunzip(body.p, body.len, s->opt.max_body, &inflated);
+            if (g != 0 || inflated.oom) {
+                bad = 1;
+                if (g == 1 || inflated.oom) {
+                    snprintf(msg, sizeof msg,
+                             "Request body exceeds the limit of %zu bytes after gzip decompression",
+                             s->opt.max_body);
+                    kiln_reply_error(rep, "RESOURCE_EXHAUSTED", msg);
+                    rep->code = 413;
+                } else {
+                    kiln_reply_error(rep, "INVALID_ARGUMENT", "Failed to decompress the gzip body");
+                }
+            }
+            body = inflated;
+        }
+        if (!bad) {
+            kiln_http_request req = {method, url, body.p ? body.p : "", body.len, cs->deadline_ms,
+                                     origin};
+            kiln_routes_dispatch(s, &req, rep);
+            if (cs->deadline_ms > 0 && kiln_monotonic_ms() > cs->deadline_ms && rep->code == 200 &&
+                rep->api && (strcmp(rep->api, "predict") == 0 || strcmp(rep->api, "classify") == 0 ||
+                             strcmp(rep->api, "regress") == 0)) {
+                /* finished after the deadline (a batch that ran for a later
+                 * request's deadline, or the last node): still a timeout */
+                kiln_sbuf_free(&rep->body);
+                kiln_reply_error(rep, "DEADLINE_EXCEEDED", KILN_DEADLINE_MESSAGE);
+            }
+        }
+        kiln_sbuf_free(&inflated);
+    }
+    if (rep->model[0])
+        kiln_metrics_record(s->metrics, rep->model, rep->version, rep->api ? rep->api : "",
+                            rep->status ? rep->status : "OK", elapsed_us(&cs->start));
+}
+
+/* The request threads (opt.offload): take a queued request, answer it, resume
+ * its connection so that MHD sends the reply. */
+static void *request_thread(void *arg)
+{
+    kiln_server *s = arg;
+    pthread_mutex_lock(&s->jobs_mu);
+    for (;;) {
+        while (!s->jobs_head && !s->jobs_stop) pthread_cond_wait(&s->jobs_cv, &s->jobs_mu);
+        conn_state *cs = s->jobs_head;
+        if (!cs) break; /* stopping, queue empty */
+        s->jobs_head = cs->next;
+        if (!s->jobs_head) s->jobs_tail = NULL;
+        pthread_mutex_unlock(&s->jobs_mu);
+        if (atomic_load(&s->jobs_refuse)) {
+            memset(&cs->rep, 0, sizeof cs->rep);
+            cs->rep.version = -1;
+            kiln_reply_error(&cs->rep, "UNAVAILABLE", "the server is shutting down");
+        } else {
+            handle(s, cs, cs->method, cs->url, cs->enc, cs->origin, &cs->rep);
+        }
+        cs->done = 1;
+        MHD_resume_connection(cs->conn);
+        pthread_mutex_lock(&s->jobs_mu);
+    }
+    pthread_mutex_unlock(&s->jobs_mu);
+    return NULL;
+}
+
+static char *dup_or_null(const char *v, int *oom)
+{
+    if (!v) return NULL;
+    char *d = strdup(v);
+    if (!d) *oom = 1;
+    return d;
+}
+
+/* Queue cs's request for a request thread and suspend its connection; 0 when
+ * out of memory (the caller then answers it inline). */
+static int offload(kiln_server *s, struct MHD_Connection *c, conn_state *cs, const char *method,
+                   const char *url)
+{
+    int oom = 0;
+    cs->method = dup_or_null(method, &oom);
+    cs->url = dup_or_null(url, &oom);
+    cs->enc = dup_or_null(MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Encoding"), &oom);
+    cs->origin = dup_or_null(MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Origin"), &oom);
+    if (oom) return 0;
+    cs->conn = c;
+    MHD_suspend_connection(c); /* before a request thread can resume it */
+    pthread_mutex_lock(&s->jobs_mu);
+    cs->next = NULL;
+    if (s->jobs_tail) ((conn_state *)s->jobs_tail)->next = cs;
+    else s->jobs_head = cs;
+    s->jobs_tail = cs;
+    pthread_cond_signal(&s->jobs_cv);
+    pthread_mutex_unlock(&s->jobs_mu);
+    return 1;
+}
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url,
                                   const char *method, const char *version, const char *upload,
                                   size_t *upload_size, void **con_cls)
@@ -133,55 +259,20 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         return MHD_YES;
     }
 
-    kiln_http_reply rep = {0};
-    rep.code = 200;
-    rep.version = -1;
-    char msg[160];
-    if (cs->refused) {
-        kiln_reply_error(&rep, "UNAVAILABLE", "the server is shutting down");
-    } else if (cs->too_big || cs->body.oom) {
-        snprintf(msg, sizeof msg, "Request body exceeds the limit of %zu bytes", s->opt.max_body);
-        kiln_reply_error(&rep, "RESOURCE_EXHAUSTED", msg);
-        rep.code = 413;
-    } else {
-        kiln_sbuf body = cs->body;
-        kiln_sbuf inflated = {0};
-        const char *enc = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Encoding");
-        int bad = 0;
-        if (enc && contains_gzip(enc) && body.len > 0) {
-            int g = gunzip(body.p, body.len, s->opt.max_body, &inflated);
-            if (g != 0 || inflated.oom) {
-                bad = 1;
-                if (g == 1 || inflated.oom) {
-                    snprintf(msg, sizeof msg,
-                             "Request body exceeds the limit of %zu bytes after gzip decompression",
-                             s->opt.max_body);
-                    kiln_reply_error(&rep, "RESOURCE_EXHAUSTED", msg);
-                    rep.code = 413;
-                } else {
-                    kiln_reply_error(&rep, "INVALID_ARGUMENT", "Failed to decompress the gzip body");
-                }
-            }
-            body = inflated;
-        }
-        if (!bad) {
-            kiln_http_request req = {method, url, body.p ? body.p : "", body.len, cs->deadline_ms,
-                                     MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Origin")};
-            kiln_routes_dispatch(s, &req, &rep);
-            if (cs->deadline_ms > 0 && kiln_monotonic_ms() > cs->deadline_ms && rep.code == 200 &&
-                rep.api && (strcmp(rep.api, "predict") == 0 || strcmp(rep.api, "classify") == 0 ||
-                            strcmp(rep.api, "regress") == 0)) {
-                /* finished after the deadline (a batch that ran for a later
-                 * request's deadline, or the last node): still a timeout */
-                kiln_sbuf_free(&rep.body);
-                kiln_reply_error(&rep, "DEADLINE_EXCEEDED", KILN_DEADLINE_MESSAGE);
-            }
-        }
-        kiln_sbuf_free(&inflated);
+    if (cs->done) { /* an offloaded request's reply, after the resume */
+        enum MHD_Result r = send_reply(s, c, &cs->rep);
+        kiln_sbuf_free(&cs->rep.body);
+        return r;
     }
-    if (rep.model[0])
-        kiln_metrics_record(s->metrics, rep.model, rep.version, rep.api ? rep.api : "",
-                            rep.status ? rep.status : "OK", elapsed_us(&cs->start));
+    if (s->n_workers > 0 && !cs->refused && !cs->too_big && !cs->body.oom &&
+        strcmp(method, "POST") == 0 && offload(s, c, cs, method, url)) {
+        (void)version;
+        return MHD_YES;
+    }
+    kiln_http_reply rep;
+    handle(s, cs, method, url,
+           MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Encoding"),
+           MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Origin"), &rep);
     enum MHD_Result r = send_reply(s, c, &rep);
     kiln_sbuf_free(&rep.body);
     (void)version;
@@ -195,9 +286,54 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
     conn_state *cs = *con_cls;
     if (!cs) return;
     kiln_sbuf_free(&cs->body);
+    kiln_sbuf_free(&cs->rep.body); /* an offloaded reply MHD never sent */
+    free(cs->method);
+    free(cs->url);
+    free(cs->enc);
+    free(cs->origin);
     free(cs);
     *con_cls = NULL;
     atomic_fetch_sub(&s->in_flight, 1);
+}
+
+static void stop_request_threads(kiln_server *s, int refuse_queued)
+{
+    if (s->n_workers <= 0) return;
+    if (refuse_queued) atomic_store(&s->jobs_refuse, 1);
+    pthread_mutex_lock(&s->jobs_mu);
+    s->jobs_stop = 1;
+    pthread_cond_broadcast(&s->jobs_cv);
+    pthread_mutex_unlock(&s->jobs_mu);
+    for (int i = 0; i < s->n_workers; i++) pthread_join(s->workers[i], NULL);
+    free(s->workers);
+    s->workers = NULL;
+    s->n_workers = 0;
+    pthread_cond_destroy(&s->jobs_cv);
+    pthread_mutex_destroy(&s->jobs_mu);
+}
+
+static kiln_status start_request_threads(kiln_server *s, int n)
+{
+    pthread_mutex_init(&s->jobs_mu, NULL);
+    pthread_cond_init(&s->jobs_cv, NULL);
+    s->workers = calloc((size_t)n, sizeof *s->workers);
+    if (!s->workers) {
+        pthread_cond_destroy(&s->jobs_cv);
+        pthread_mutex_destroy(&s->jobs_mu);
+        return KILN_ERR_OUT_OF_MEMORY;
+    }
+    for (int i = 0; i < n; i++) {
+        if (pthread_create(&s->workers[i], NULL, request_thread, s) != 0) break;
+        s->n_workers++;
+    }
+    if (s->n_workers == 0) {
+        free(s->workers);
+        s->workers = NULL;
+        pthread_cond_destroy(&s->jobs_cv);
+        pthread_mutex_destroy(&s->jobs_mu);
+        return KILN_ERR_RUNTIME;
+    }
+    return KILN_OK;
 }
 
 kiln_status kiln_server_start(kiln_server *s, const kiln_server_options *opt, kiln_manager *mgr)
@@ -222,6 +358,14 @@ kiln_status kiln_server_start(kiln_server *s, const kiln_server_options *opt, ki
      * servers allow). A larger pool costs CPU on every keep-alive request (MHD clears it between
      * requests: 256 KiB was 6.5% of a small model's profile, 64 KiB 4.4%). */
     unsigned int flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ITC | MHD_USE_AUTO;
+    if (opt->offload) {
+        flags |= MHD_ALLOW_SUSPEND_RESUME;
+        if (start_request_threads(s, opt->num_threads) != KILN_OK) {
+            kiln_metrics_free(s->metrics);
+            s->metrics = NULL;
+            return KILN_ERR_OUT_OF_MEMORY;
+        }
+    }
     s->daemon = MHD_start_daemon(
         flags, (uint16_t)opt->rest_port, NULL, NULL, on_request, s, MHD_OPTION_SOCK_ADDR,
         (struct sockaddr *)&addr, MHD_OPTION_THREAD_POOL_SIZE, (unsigned)opt->num_threads,
@@ -229,6 +373,7 @@ kiln_status kiln_server_start(kiln_server *s, const kiln_server_options *opt, ki
         (unsigned)120, MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)(16 * 1024),
         MHD_OPTION_LISTENING_ADDRESS_REUSE, (unsigned)1, MHD_OPTION_END);
     if (!s->daemon) {
+        stop_request_threads(s, 0);
         kiln_metrics_free(s->metrics);
         s->metrics = NULL;
         return KILN_ERR_IO;
@@ -241,8 +386,16 @@ void kiln_server_stop(kiln_server *s, int drain_ms)
     atomic_store(&s->shutting_down, 1);
     if (!s->daemon) return;
     MHD_socket fd = MHD_quiesce_daemon(s->daemon); /* stop accepting */
-    for (int waited = 0; atomic_load(&s->in_flight) > 0 && waited < drain_ms; waited += 10)
-        usleep(10 * 1000);
+    int waited = 0;
+    for (; atomic_load(&s->in_flight) > 0 && waited < drain_ms; waited += 10) usleep(10 * 1000);
+    if (s->n_workers > 0) {
+        /* MHD must not stop with a connection suspended: answer what is still
+         * queued (UNAVAILABLE), let running requests finish, and give MHD a
+         * moment to send those replies */
+        stop_request_threads(s, 1);
+        for (int extra = 0; atomic_load(&s->in_flight) > 0 && extra < 1000; extra += 10)
+            usleep(10 * 1000);
+    }
     MHD_stop_daemon(s->daemon);
     if (fd != MHD_INVALID_SOCKET) close(fd);
     s->daemon = NULL;

@@ -14,6 +14,7 @@
 #ifndef KILN_SERVE_SERVER_H
 #define KILN_SERVE_SERVER_H
 
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stddef.h>
 
@@ -30,6 +31,7 @@ typedef struct kiln_server_options {
     struct kiln_batch_stats *batch_stats; /* batching counters for /metrics, or NULL */
     const char *metrics_path; /* Prometheus page (--monitoring_config_file), NULL = off */
     int cors;              /* --rest_api_enable_cors_support */
+    int offload;           /* run POST requests on the server's own request threads (batching) */
 } kiln_server_options;
 
 typedef struct kiln_server {
@@ -39,6 +41,14 @@ typedef struct kiln_server {
     struct MHD_Daemon *daemon;
     atomic_int in_flight;       /* requests between first byte and reply sent */
     atomic_int shutting_down;   /* readiness false, new requests refused */
+    /* opt.offload: request threads taking suspended connections' requests */
+    pthread_t *workers;
+    int n_workers;
+    pthread_mutex_t jobs_mu;
+    pthread_cond_t jobs_cv;
+    void *jobs_head, *jobs_tail; /* conn_state queue (server.c) */
+    int jobs_stop;               /* under jobs_mu: workers exit once the queue is empty */
+    atomic_int jobs_refuse;      /* queued requests are answered UNAVAILABLE (stopping) */
 } kiln_server;
 
 /* A request as the route handlers see it. */

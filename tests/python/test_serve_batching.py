@@ -196,3 +196,29 @@ def test_bad_parameters_file(tmp_path):
                         f"--batching_parameters_file={bad}"],
                        capture_output=True, text=True, timeout=30)
     assert r.returncode == 1 and "max_batch_sise" in r.stderr, r.stderr
+
+
+def test_clients_sharing_a_server_thread_join_one_batch(tmp_path):
+    """libmicrohttpd's threads accept several connections at a time, so two
+    clients' connections often share one HTTP thread. A request waiting for
+    its batch must not hold up the other connections of its thread: with as
+    many threads as clients and a batch as large as all of them, every client
+    lands in one run, closed because it is full (long before the timeout)."""
+    srv = start(tmp_path, "share", """
+        max_batch_size { value: 8 }
+        batch_timeout_micros { value: 20000000 }
+        num_batch_threads { value: 1 }
+    """, save_scale, "--rest_api_num_threads=8")
+    try:
+        for round_ in range(3):
+            def client(i):
+                rows = [[float(round_ * 100 + i), 1.0]]
+                return rows, srv.json("POST", "/v1/models/share:predict", {"instances": rows})
+            for rows, (code, body) in concurrently(client, 8):
+                assert code == 200, body
+                assert body == {"predictions": (np.array(rows, np.float32) * 2).tolist()}
+        text = srv.request("GET", "/monitoring/prometheus/metrics")[1].decode()
+        runs = metric(text, ":tensorflow:serving:batching_session:wrapped_run_count")
+        assert runs == 3, f"24 requests in {runs} runs (expected 3 full batches of 8)"
+    finally:
+        srv.kill()

@@ -324,7 +324,9 @@ def test_monitoring_config(tmp_path):
         assert code == 200 and ctype.startswith("text/plain")
         assert b":tensorflow:serving:request_count" in data
         assert srv.request("GET", default)[0] == 404
-        assert "Prometheus metrics at /custom/metrics" in srv.logtext()
+        # printed once the listener is up, so possibly just after the first reply
+        assert wait_for(lambda: "Prometheus metrics at /custom/metrics" in srv.logtext(), 10), \
+            srv.logtext()
     finally:
         srv.kill()
     cfg.write_text("prometheus_config { enable: false }\n")
