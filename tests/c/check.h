@@ -5,6 +5,7 @@
 #ifndef KILN_TEST_CHECK_H
 #define KILN_TEST_CHECK_H
 
+#include <stdint.h>
 #include <stdio.h>
 
 static int check_passed, check_failed;
@@ -23,5 +24,14 @@ static int check_passed, check_failed;
 
 #define CHECK_DONE()                                                      \
     (printf("%d passed, %d failed\n", check_passed, check_failed), check_failed ? 1 : 0)
+
+/* Reproducible random numbers (xorshift64) for test inputs. */
+static inline uint64_t check_xorshift(uint64_t *state)
+{
+    *state ^= *state << 13;
+    *state ^= *state >> 7;
+    *state ^= *state << 17;
+    return *state;
+}
 
 #endif

@@ -17,13 +17,7 @@
 #include "serve/json.h"
 
 static uint64_t rng_state = 0x2545F4914F6CDD1Dull;
-static uint64_t rng_next(void)
-{
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return rng_state;
-}
+static uint64_t rng_next(void) { return check_xorshift(&rng_state); }
 
 static int mismatches;
 

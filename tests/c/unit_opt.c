@@ -31,10 +31,7 @@
 static uint64_t rng_state = 0x1234567887654321ull;
 static double rnd(void) /* uniform in [-1, 1) */
 {
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return (double)(rng_state >> 11) / (double)(1ull << 52) - 1.0;
+    return (double)(check_xorshift(&rng_state) >> 11) / (double)(1ull << 52) - 1.0;
 }
 
 static kiln_tensor *rand_tensor(int rank, const int64_t *dims, double scale, double offset)

@@ -30,13 +30,7 @@
 /* ---- Random numbers (xorshift, reproducible) ---- */
 
 static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
-static uint64_t rng_next(void)
-{
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return rng_state;
-}
+static uint64_t rng_next(void) { return check_xorshift(&rng_state); }
 static float rng_uniform(float lo, float hi)
 {
     return lo + (hi - lo) * (float)((rng_next() >> 11) * (1.0 / 9007199254740992.0));
