@@ -5,6 +5,8 @@
  */
 #include "serve/json.h"
 
+#include "core/tensor.h"
+
 #include <errno.h>
 #include <float.h>
 #include <inttypes.h>
@@ -974,21 +976,22 @@ kiln_status kiln_json_fill_flat(const kiln_json_doc *d, int root, kiln_dtype dt,
                                 const int64_t *dims, const char *input, kiln_tensor **out,
                                 char *err)
 {
+    /* the data must fill the shape before anything the shape asks for is
+     * allocated: a small body must not make the server allocate gigabytes */
+    int64_t want = kiln_shape_count(rank, dims);
+    int64_t have = want >= 0 ? count_leaves(d, root, want) : 0;
+    if (want >= 0 && have != want) {
+        snprintf(err, KILN_JSON_ERR_LEN,
+                 "input '%s': data has %s%" PRId64 " elements but the shape needs %" PRId64, input,
+                 have > want ? "more than " : "", have > want ? want : have, want);
+        return KILN_ERR_INVALID_ARGUMENT;
+    }
     kiln_tensor *x;
     kiln_status st = kiln_tensor_create(dt, rank, dims, &x);
     if (st != KILN_OK) {
         snprintf(err, KILN_JSON_ERR_LEN, "input '%s': cannot create a tensor of that shape: %s",
                  input, kiln_last_error());
         return st == KILN_ERR_OUT_OF_MEMORY ? KILN_ERR_OUT_OF_MEMORY : KILN_ERR_INVALID_ARGUMENT;
-    }
-    int64_t want = kiln_tensor_count(x);
-    int64_t have = count_leaves(d, root, want);
-    if (have != want) {
-        snprintf(err, KILN_JSON_ERR_LEN,
-                 "input '%s': data has %s%" PRId64 " elements but the shape needs %" PRId64, input,
-                 have > want ? "more than " : "", have > want ? want : have, want);
-        kiln_tensor_free(x);
-        return KILN_ERR_INVALID_ARGUMENT;
     }
     size_t next = 0;
     st = fill_flat_rec(d, root, x, &next, input, err);

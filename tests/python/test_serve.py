@@ -369,6 +369,12 @@ def test_v2(aff):
     req["inputs"][0]["shape"] = [3, 3]
     code, body = aff.json("POST", "/v2/models/aff/infer", req)
     assert code == 400
+    # a huge shape with little data is refused before anything is allocated
+    # (it used to allocate the shape's 24 GB first)
+    req["inputs"][0]["shape"] = [2000000000, 3]
+    code, body = aff.json("POST", "/v2/models/aff/infer", req)
+    assert code == 400 and "data has 6 elements but the shape needs 6000000000" in body["error"]
+    assert aff.proc.poll() is None
 
 
 def test_metrics(aff):
