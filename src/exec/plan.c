@@ -768,22 +768,19 @@ static void profile_print_slowest(const struct kiln_plan *p, FILE *f, int64_t to
         int64_t ns = atomic_load(&((struct step *)sp)->ns);
         int64_t calls = atomic_load(&((struct step *)sp)->calls);
         char shape[96] = "";
+        int layout = 0;
         if (sp->n_out > 0 && sp->out[0] >= 0) {
             const struct slot *sl = &p->slots[sp->out[0]];
-            size_t len = 0;
-            for (int d = 0; d < sl->type.rank && len < sizeof shape; d++) {
-                int w = snprintf(shape + len, sizeof shape - len, "%s%lld", d ? "x" : "",
-                                 (long long)sl->type.dims[d]);
-                if (w > 0) len += (size_t)w;
-            }
-            if (sl->layout && len < sizeof shape)
-                snprintf(shape + len, sizeof shape - len, " (blocked %d)", sl->layout);
+            kiln_shape_str(sl->type.rank, sl->type.dims, shape, sizeof shape);
+            layout = sl->layout;
         }
-        fprintf(f, "%5d %-32.32s %-20.20s %-22.22s %10.3f %5.1f%%  %s\n", top[k],
+        fprintf(f, "%5d %-32.32s %-20.20s %-22.22s %10.3f %5.1f%%  %s", top[k],
                 sp->node->name && sp->node->name[0] ? sp->node->name : "-",
                 kiln_op_name(sp->node->op), sp->inst.run ? sp->inst.name : "reference",
                 calls ? (double)ns / 1e6 / (double)calls : 0.0, 100.0 * (double)ns / (double)total,
                 shape);
+        if (layout) fprintf(f, " (blocked %d)", layout);
+        fputc('\n', f);
     }
 }
 

@@ -182,13 +182,8 @@ static void *request_thread(void *arg)
         s->jobs_head = cs->next;
         if (!s->jobs_head) s->jobs_tail = NULL;
         pthread_mutex_unlock(&s->jobs_mu);
-        if (atomic_load(&s->jobs_refuse)) {
-            memset(&cs->rep, 0, sizeof cs->rep);
-            cs->rep.version = -1;
-            kiln_reply_error(&cs->rep, "UNAVAILABLE", "the server is shutting down");
-        } else {
-            handle(s, cs, cs->method, cs->url, cs->enc, cs->origin, &cs->rep);
-        }
+        if (atomic_load(&s->jobs_refuse)) cs->refused = 1; /* answered UNAVAILABLE */
+        handle(s, cs, cs->method, cs->url, cs->enc, cs->origin, &cs->rep);
         cs->done = 1;
         MHD_resume_connection(cs->conn);
         pthread_mutex_lock(&s->jobs_mu);
@@ -217,8 +212,12 @@ static int offload(kiln_server *s, struct MHD_Connection *c, conn_state *cs, con
     cs->origin = dup_or_null(MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Origin"), &oom);
     if (oom) return 0;
     cs->conn = c;
-    MHD_suspend_connection(c); /* before a request thread can resume it */
     pthread_mutex_lock(&s->jobs_mu);
+    if (s->jobs_stop) { /* shutting down: no thread would resume it */
+        pthread_mutex_unlock(&s->jobs_mu);
+        return 0;
+    }
+    MHD_suspend_connection(c); /* before a request thread can resume it */
     cs->next = NULL;
     if (s->jobs_tail) ((conn_state *)s->jobs_tail)->next = cs;
     else s->jobs_head = cs;
@@ -264,7 +263,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         kiln_sbuf_free(&cs->rep.body);
         return r;
     }
-    if (s->n_workers > 0 && !cs->refused && !cs->too_big && !cs->body.oom &&
+    if (s->opt.offload && !cs->refused && !cs->too_big && !cs->body.oom &&
         strcmp(method, "POST") == 0 && offload(s, c, cs, method, url)) {
         (void)version;
         return MHD_YES;
@@ -296,9 +295,12 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
     atomic_fetch_sub(&s->in_flight, 1);
 }
 
+/* Stop the request threads: queued requests are answered first (UNAVAILABLE
+ * when refuse_queued), running ones finish. From here on offload() declines,
+ * so no connection is suspended again. The lock and condition stay until
+ * request_threads_free, after MHD's threads are gone. */
 static void stop_request_threads(kiln_server *s, int refuse_queued)
 {
-    if (s->n_workers <= 0) return;
     if (refuse_queued) atomic_store(&s->jobs_refuse, 1);
     pthread_mutex_lock(&s->jobs_mu);
     s->jobs_stop = 1;
@@ -308,6 +310,10 @@ static void stop_request_threads(kiln_server *s, int refuse_queued)
     free(s->workers);
     s->workers = NULL;
     s->n_workers = 0;
+}
+
+static void request_threads_free(kiln_server *s)
+{
     pthread_cond_destroy(&s->jobs_cv);
     pthread_mutex_destroy(&s->jobs_mu);
 }
@@ -317,23 +323,16 @@ static kiln_status start_request_threads(kiln_server *s, int n)
     pthread_mutex_init(&s->jobs_mu, NULL);
     pthread_cond_init(&s->jobs_cv, NULL);
     s->workers = calloc((size_t)n, sizeof *s->workers);
-    if (!s->workers) {
-        pthread_cond_destroy(&s->jobs_cv);
-        pthread_mutex_destroy(&s->jobs_mu);
-        return KILN_ERR_OUT_OF_MEMORY;
-    }
-    for (int i = 0; i < n; i++) {
+    for (int i = 0; s->workers && i < n; i++) {
         if (pthread_create(&s->workers[i], NULL, request_thread, s) != 0) break;
         s->n_workers++;
     }
-    if (s->n_workers == 0) {
-        free(s->workers);
-        s->workers = NULL;
-        pthread_cond_destroy(&s->jobs_cv);
-        pthread_mutex_destroy(&s->jobs_mu);
-        return KILN_ERR_RUNTIME;
-    }
-    return KILN_OK;
+    if (s->n_workers > 0) return KILN_OK;
+    kiln_status st = s->workers ? KILN_ERR_RUNTIME : KILN_ERR_OUT_OF_MEMORY;
+    free(s->workers);
+    s->workers = NULL;
+    request_threads_free(s);
+    return st;
 }
 
 kiln_status kiln_server_start(kiln_server *s, const kiln_server_options *opt, kiln_manager *mgr)
@@ -360,10 +359,11 @@ kiln_status kiln_server_start(kiln_server *s, const kiln_server_options *opt, ki
     unsigned int flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ITC | MHD_USE_AUTO;
     if (opt->offload) {
         flags |= MHD_ALLOW_SUSPEND_RESUME;
-        if (start_request_threads(s, opt->num_threads) != KILN_OK) {
+        kiln_status st = start_request_threads(s, opt->num_threads);
+        if (st != KILN_OK) {
             kiln_metrics_free(s->metrics);
             s->metrics = NULL;
-            return KILN_ERR_OUT_OF_MEMORY;
+            return st;
         }
     }
     s->daemon = MHD_start_daemon(
@@ -373,7 +373,10 @@ kiln_status kiln_server_start(kiln_server *s, const kiln_server_options *opt, ki
         (unsigned)120, MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)(16 * 1024),
         MHD_OPTION_LISTENING_ADDRESS_REUSE, (unsigned)1, MHD_OPTION_END);
     if (!s->daemon) {
-        stop_request_threads(s, 0);
+        if (opt->offload) {
+            stop_request_threads(s, 0);
+            request_threads_free(s);
+        }
         kiln_metrics_free(s->metrics);
         s->metrics = NULL;
         return KILN_ERR_IO;
@@ -386,9 +389,9 @@ void kiln_server_stop(kiln_server *s, int drain_ms)
     atomic_store(&s->shutting_down, 1);
     if (!s->daemon) return;
     MHD_socket fd = MHD_quiesce_daemon(s->daemon); /* stop accepting */
-    int waited = 0;
-    for (; atomic_load(&s->in_flight) > 0 && waited < drain_ms; waited += 10) usleep(10 * 1000);
-    if (s->n_workers > 0) {
+    for (int waited = 0; atomic_load(&s->in_flight) > 0 && waited < drain_ms; waited += 10)
+        usleep(10 * 1000);
+    if (s->opt.offload) {
         /* MHD must not stop with a connection suspended: answer what is still
          * queued (UNAVAILABLE), let running requests finish, and give MHD a
          * moment to send those replies */
@@ -397,6 +400,7 @@ void kiln_server_stop(kiln_server *s, int drain_ms)
             usleep(10 * 1000);
     }
     MHD_stop_daemon(s->daemon);
+    if (s->opt.offload) request_threads_free(s);
     if (fd != MHD_INVALID_SOCKET) close(fd);
     s->daemon = NULL;
     kiln_metrics_free(s->metrics);

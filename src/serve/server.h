@@ -47,7 +47,8 @@ typedef struct kiln_server {
     pthread_mutex_t jobs_mu;
     pthread_cond_t jobs_cv;
     void *jobs_head, *jobs_tail; /* conn_state queue (server.c) */
-    int jobs_stop;               /* under jobs_mu: workers exit once the queue is empty */
+    int jobs_stop;               /* under jobs_mu: workers exit once the queue is empty,
+                                    and no request is queued any more */
     atomic_int jobs_refuse;      /* queued requests are answered UNAVAILABLE (stopping) */
 } kiln_server;
 
