@@ -746,11 +746,16 @@ out:
 
 /* ---- profile ---- */
 
-/* The ten slowest steps: node name, op, kernel, first output's shape and layout. */
+/* The slowest steps (ten, or KILN_PROFILE_STEPS): node name, op, kernel, first output's
+ * shape and layout. */
 static void profile_print_slowest(const struct kiln_plan *p, FILE *f, int64_t total)
 {
-    enum { TOP = 10 };
-    int top[TOP], nt = 0;
+    const char *env = getenv("KILN_PROFILE_STEPS");
+    int TOP = env ? atoi(env) : 10;
+    if (TOP < 1) TOP = 1;
+    if (TOP > p->n_steps) TOP = p->n_steps > 0 ? p->n_steps : 1;
+    int *top = malloc(sizeof(int) * (size_t)TOP), nt = 0;
+    if (!top) return;
     for (int i = 0; i < p->n_steps; i++) {
         int64_t ns = atomic_load(&((struct step *)&p->steps[i])->ns);
         int j = nt < TOP ? nt++ : TOP;
@@ -760,7 +765,10 @@ static void profile_print_slowest(const struct kiln_plan *p, FILE *f, int64_t to
         }
         if (j < TOP) top[j] = i;
     }
-    if (!nt || !total) return;
+    if (!nt || !total) {
+        free(top);
+        return;
+    }
     fprintf(f, "slowest steps:\n%5s %-32s %-20s %-22s %10s %6s  %s\n", "step", "node", "op",
             "kernel", "ms/run", "share", "output");
     for (int k = 0; k < nt; k++) {
@@ -782,6 +790,7 @@ static void profile_print_slowest(const struct kiln_plan *p, FILE *f, int64_t to
         if (layout) fprintf(f, " (blocked %d)", layout);
         fputc('\n', f);
     }
+    free(top);
 }
 
 void kiln_plan_profile_print(const struct kiln_plan *p, FILE *f)

@@ -904,7 +904,7 @@ static void test_layout_pass(int block_isa)
     kiln_graph_free(g);
 }
 
-/* ---- a figure: 3x3 conv 64->64 at 56x56 ---- */
+/* ---- figures (KILN_VERBOSE=1): a resnet and a few MobileNet / EfficientNet shapes ---- */
 
 static double now_s(void)
 {
@@ -913,16 +913,10 @@ static double now_s(void)
     return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-static void bench_conv(int layout)
+static void bench_conv(const struct conv_case *k, int layout)
 {
-    struct conv_case k = {1, 64, 56, 56, 64, 3, 3, 1, 1, 1, {1, 1, 1, 1}, NULL, 1, 0, "Relu", 0, 0};
     struct tg t;
-    build_conv(&t, &k);
-    double flops = 2.0 * 64 * 64 * 9 * 56 * 56;
-    double t0 = now_s();
-    kiln_tensor *ref = run_ref(&t);
-    double ref_s = now_s() - t0;
-    /* compile once, as a plan does, then time runs only */
+    build_conv(&t, k);
     struct kiln_type ty, types[3];
     const struct kiln_type *ins[4] = {0};
     const kiln_tensor *vals[4] = {0};
@@ -933,19 +927,20 @@ static void bench_conv(int layout)
     vals[1] = t.in[1];
     vals[2] = t.in[2];
     infer_out(&t, &ty);
+    double flops = 2.0 * (double)kiln_shape_count(4, ty.dims) * (double)(k->c / k->group) *
+                   (double)(k->kh * k->kw);
     int in_l[4] = {layout, 0, 0, 0}, out_l[1] = {layout};
     const struct kiln_type *outs[1] = {&ty};
     struct kiln_compile_ctx cc = {tg_node(&t), 4, ins, vals, in_l, 1, outs, out_l, t.wc,
                                   g_threads};
     struct kiln_kernel_inst inst;
     memset(&inst, 0, sizeof inst);
-    t0 = now_s();
+    double t0 = now_s();
     kiln_status st = kiln_fast_op(KILN_OP_KilnFusedConv)->compile(&cc, &inst);
     double compile_s = now_s() - t0;
     if (st != KILN_OK || !inst.run) {
         printf("bench: not compiled\n");
         tg_free(&t);
-        kiln_tensor_free(ref);
         return;
     }
     kiln_tensor *x = to_layout(t.in[0], layout), *y = nan_tensor(&ty, layout);
@@ -955,23 +950,41 @@ static void bench_conv(int layout)
     for (int th = 1; th <= 2; th++) {
         struct kiln_run_ctx rc = {.node = tg_node(&t), .n_in = 4, .in = in, .n_out = 1, .out = &y,
                                   .scratch = scratch, .threads = th == 1 ? 1 : g_threads};
-        for (int i = 0; i < 12; i++) {
+        for (int i = 0; i < 50; i++) {
             t0 = now_s();
             inst.run(inst.state, &rc);
             double dt = now_s() - t0;
             if (dt < best[th - 1]) best[th - 1] = dt;
         }
     }
-    printf("conv 3x3 64->64 56x56 +bias+relu: reference %.1f GFLOP/s; dnnl (%s) %.1f GFLOP/s on "
-           "1 thread, %.1f on %d; compile %.1f ms\n",
-           flops / ref_s * 1e-9, layout ? (layout == 16 ? "nChw16c" : "nChw8c") : "nchw",
-           flops / best[0] * 1e-9, flops / best[1] * 1e-9, g_threads, compile_s * 1e3);
+    printf("conv %lldx%lld %lld->%lld g%lld s%lld at %lldx%lld +%s (%s, %s): %.1f us, %.1f "
+           "GFLOP/s on 1 thread; %.1f us on %d; compile %.1f ms\n",
+           (long long)k->kh, (long long)k->kw, (long long)k->c, (long long)k->m,
+           (long long)k->group, (long long)k->stride, (long long)k->h, (long long)k->w,
+           k->act && k->act[0] ? k->act : "bias",
+           layout ? (layout == 16 ? "nChw16c" : "nChw8c") : "nchw", inst.name, best[0] * 1e6,
+           flops / best[0] * 1e-9, best[1] * 1e6, g_threads, compile_s * 1e3);
     free(scratch);
     kiln_kernel_inst_destroy(&inst);
     kiln_tensor_free(x);
     kiln_tensor_free(y);
-    kiln_tensor_free(ref);
     tg_free(&t);
+}
+
+static void bench_convs(void)
+{
+    static const struct conv_case resnet = {1, 64, 56, 56, 64, 3, 3, 1, 1, 1, {1, 1, 1, 1},
+                                            NULL, 1, 0, "Relu", 0, 0};
+    for (int lay = 0; lay <= 16; lay += 8) bench_conv(&resnet, lay);
+    static const struct conv_case dw[] = {
+        {1, 32, 112, 112, 32, 3, 3, 32, 1, 1, {1, 1, 1, 1}, NULL, 1, 0, "Clip", 0, 6},
+        {1, 96, 112, 112, 96, 3, 3, 96, 2, 1, {1, 1, 1, 1}, NULL, 1, 0, "Clip", 0, 6},
+        {1, 144, 56, 56, 144, 3, 3, 144, 1, 1, {1, 1, 1, 1}, NULL, 1, 0, "SiLU", 0, 0},
+        {1, 240, 28, 28, 240, 5, 5, 240, 1, 1, {2, 2, 2, 2}, NULL, 1, 0, "SiLU", 0, 0},
+        {1, 672, 14, 14, 672, 5, 5, 672, 1, 1, {2, 2, 2, 2}, NULL, 1, 0, "SiLU", 0, 0},
+        {32, 144, 56, 56, 144, 3, 3, 144, 1, 1, {1, 1, 1, 1}, NULL, 1, 0, "SiLU", 0, 0},
+    };
+    for (size_t i = 0; i < sizeof dw / sizeof dw[0]; i++) bench_conv(&dw[i], 16);
 }
 
 int main(void)
@@ -988,9 +1001,7 @@ int main(void)
     test_layout_pass(8);
     const char *verbose = getenv("KILN_VERBOSE");
     if (verbose && strcmp(verbose, "0") != 0) {
-        bench_conv(0);
-        bench_conv(8);
-        bench_conv(16);
+        bench_convs();
     }
     return CHECK_DONE();
 }

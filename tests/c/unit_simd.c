@@ -26,6 +26,7 @@
 #include "core/threadpool.h"
 #include "kernels/fast.h"
 #include "kernels/kernel.h"
+#include "kernels/simd/simd.h"
 
 /* ---- Random numbers (xorshift, reproducible) ---- */
 
@@ -941,8 +942,56 @@ static void attention_case(bool four_d, int64_t B, int64_t SQ, int64_t T, int64_
     cn_free(&c);
 }
 
+/* The tables' small GEMM (attention's products) against a double reference: sizes below,
+ * at and above the register tile (4 rows x 4 vectors) and the vector width, row strides
+ * wider than the rows. */
+static void test_gemm(void)
+{
+    const struct simd_kernels *tables[3] = {&kiln_simd_scalar, &kiln_simd_avx2, &kiln_simd_avx512};
+    static const int64_t ms[] = {1, 3, 4, 5, 64}, ns[] = {1, 7, 8, 16, 17, 64, 65, 128},
+                         ks[] = {1, 8, 64, 129};
+    for (int t = 0; t < isa_levels(); t++)
+        for (int im = 0; im < 5; im++)
+            for (int in = 0; in < 8; in++)
+                for (int ik = 0; ik < 4; ik++) {
+                    int64_t m = ms[im], n = ns[in], k = ks[ik];
+                    int64_t lda = k + 3, ldb = n + 5, ldc = n + 2;
+                    float *a = malloc(sizeof(float) * (size_t)(m * lda));
+                    float *b = malloc(sizeof(float) * (size_t)(k * ldb));
+                    float *c = malloc(sizeof(float) * (size_t)(m * ldc));
+                    for (int64_t i = 0; i < m * lda; i++) a[i] = rng_normal();
+                    for (int64_t i = 0; i < k * ldb; i++) b[i] = rng_normal();
+                    for (int64_t i = 0; i < m * ldc; i++) c[i] = NAN;
+                    tables[t]->gemm(m, n, k, 0.5f, a, lda, b, ldb, c, ldc);
+                    double worst = 0.0;
+                    int untouched = 0;
+                    for (int64_t i = 0; i < m; i++) {
+                        for (int64_t j = 0; j < n; j++) {
+                            double ref = 0.0, mag = 0.0;
+                            for (int64_t p = 0; p < k; p++) {
+                                ref += (double)a[i * lda + p] * b[p * ldb + j];
+                                mag += fabs((double)a[i * lda + p] * b[p * ldb + j]);
+                            }
+                            double e = fabs(c[i * ldc + j] - 0.5 * ref) / (0.5 * mag + 1e-30);
+                            if (!(e <= worst)) worst = e; /* NaN counts as worst */
+                        }
+                        for (int64_t j = n; j < ldc; j++) untouched += isnan(c[i * ldc + j]) != 0;
+                    }
+                    CHECK(worst <= 1e-5, "gemm %s m%lld n%lld k%lld: error %g of the magnitude",
+                          tables[t]->isa, (long long)m, (long long)n, (long long)k, worst);
+                    CHECK(untouched == (int)(m * (ldc - n)), "gemm %s m%lld n%lld k%lld wrote "
+                          "past its columns", tables[t]->isa, (long long)m, (long long)n,
+                          (long long)k);
+                    free(a);
+                    free(b);
+                    free(c);
+                }
+}
+
 static void test_attention(void)
 {
+    /* BERT's shape: 64-wide heads, 128 positions, an additive mask (full register tiles) */
+    attention_case(false, 1, 128, 128, 2, 2, 64, 1, 128);
     const int64_t seqs[] = {1, 7, 17, 70};
     for (int s = 0; s < 4; s++) {
         int64_t S = seqs[s];
@@ -1123,6 +1172,7 @@ int main(int argc, char **argv)
     test_gather();
     test_transpose();
     test_reduce();
+    test_gemm();
     test_attention();
     test_idle();
     printf("%d fast-kernel runs in place\n", inplace_runs);

@@ -66,6 +66,10 @@ struct simd_kernels {
                            const float *scale, const float *bias, float *mean, float *inv);
     /* y[r] = sum(x[r*n .. r*n+n)) / div, accumulated in double. */
     void (*sum_rows)(const float *x, float *y, int64_t rows, int64_t n, double div);
+    /* C[m][n] = alpha * A[m][k] B[k][n] for small products held in cache (attention's
+     * per-head products); row-major, lda / ldb / ldc are row strides. */
+    void (*gemm)(int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
+                 const float *b, int64_t ldb, float *c, int64_t ldc);
 };
 
 extern const struct simd_kernels kiln_simd_avx512, kiln_simd_avx2, kiln_simd_scalar;

@@ -342,6 +342,74 @@ static void k_sum_rows(const float *x, float *y, int64_t rows, int64_t n, double
     for (int64_t r = 0; r < rows; r++) y[r] = (float)(k_row_sum(x + r * n, n, false, 0.0f) / div);
 }
 
+/* ---- Small GEMM (attention's products) ----
+ *
+ * C[m][n] = alpha * A[m][k] B[k][n], row-major, each operand with its own
+ * row stride. Register tiles of GM_R rows x GM_C vectors: per step of k, GM_C
+ * vectors of B and one broadcast of A per row feed GM_R * GM_C independent
+ * FMAs. Columns past the last whole vector are summed one by one. */
+#if W >= 16 /* 16 accumulators; with 6 rows GCC 12 spills B vectors to the stack */
+#define GM_R 4
+#define GM_C 4
+#else       /* 16 ymm registers: 8 accumulators, 2 of B, 1 broadcast */
+#define GM_R 4
+#define GM_C 2
+#endif
+
+static inline __attribute__((always_inline)) void
+gm_tile(int64_t k, float alpha, const float *a, int64_t lda, const float *b, int64_t ldb,
+        float *c, int64_t ldc, const int R, const int C)
+{
+    vf acc[GM_R][GM_C];
+#pragma GCC unroll 4
+    for (int i = 0; i < R; i++)
+#pragma GCC unroll 4
+        for (int j = 0; j < C; j++) acc[i][j] = vset(0.0f);
+    for (int64_t p = 0; p < k; p++) {
+        vf bv[GM_C];
+#pragma GCC unroll 4
+        for (int j = 0; j < C; j++) bv[j] = vld(b + p * ldb + j * W);
+#pragma GCC unroll 4
+        for (int i = 0; i < R; i++) {
+            const vf av = vset(a[i * lda + p]);
+#pragma GCC unroll 4
+            for (int j = 0; j < C; j++) acc[i][j] = vfma(av, bv[j], acc[i][j]);
+        }
+    }
+    const vf al = vset(alpha);
+#pragma GCC unroll 4
+    for (int i = 0; i < R; i++)
+#pragma GCC unroll 4
+        for (int j = 0; j < C; j++) vst(c + i * ldc + j * W, acc[i][j] * al);
+}
+
+static void k_gemm(int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
+                   const float *b, int64_t ldb, float *c, int64_t ldc)
+{
+    const int64_t nv = n / W * W;
+    int64_t j = 0, i;
+    for (; j + GM_C * W <= nv; j += GM_C * W) {
+        for (i = 0; i + GM_R <= m; i += GM_R)
+            gm_tile(k, alpha, a + i * lda, lda, b + j, ldb, c + i * ldc + j, ldc, GM_R, GM_C);
+        for (; i < m; i++)
+            gm_tile(k, alpha, a + i * lda, lda, b + j, ldb, c + i * ldc + j, ldc, 1, GM_C);
+    }
+    for (; j < nv; j += W) {
+        for (i = 0; i + GM_R <= m; i += GM_R)
+            gm_tile(k, alpha, a + i * lda, lda, b + j, ldb, c + i * ldc + j, ldc, GM_R, 1);
+        for (; i < m; i++)
+            gm_tile(k, alpha, a + i * lda, lda, b + j, ldb, c + i * ldc + j, ldc, 1, 1);
+    }
+    for (; j < n; j++)
+        for (i = 0; i < m; i++) {
+            float sum = 0.0f;
+            for (int64_t p = 0; p < k; p++) sum += a[i * lda + p] * b[p * ldb + j];
+            c[i * ldc + j] = alpha * sum;
+        }
+}
+#undef GM_R
+#undef GM_C
+
 /* ---- Softmax ---- */
 
 static void k_softmax_rows(const float *x, float *y, int64_t rows, int64_t n)
@@ -439,4 +507,5 @@ const struct simd_kernels SIMD_TABLE = {
     .softmax_strided = k_softmax_strided,
     .layernorm_rows = k_layernorm_rows,
     .sum_rows = k_sum_rows,
+    .gemm = k_gemm,
 };
