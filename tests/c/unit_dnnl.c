@@ -448,6 +448,13 @@ static void test_conv(void)
         {1, 64, 28, 28, 64, 3, 3, 1, 1, 1, {1, 1, 1, 1}, NULL, 1, 1, "Relu", 0, 0},
         {4, 32, 20, 20, 48, 3, 3, 1, 1, 1, {1, 1, 1, 1}, NULL, 1, 0, "Relu", 0, 0},
         {2, 128, 7, 7, 128, 3, 3, 1, 1, 1, {1, 1, 1, 1}, NULL, 0, 1, "", 0, 0},
+        /* squeeze-excitation: 1x1 convolutions of 1x1 images (Kiln's matrix-vector kernel) */
+        {2, 48, 1, 1, 1152, 1, 1, 1, 1, 1, {0, 0, 0, 0}, NULL, 1, 0, "Sigmoid", 0, 0},
+        {3, 1152, 1, 1, 48, 1, 1, 1, 1, 1, {0, 0, 0, 0}, NULL, 1, 0, "SiLU", 0, 0},
+        {1, 20, 1, 1, 30, 1, 1, 1, 1, 1, {0, 0, 0, 0}, NULL, 0, 0, NULL, 0, 0},
+        {9, 17, 1, 1, 15, 1, 1, 1, 1, 1, {0, 0, 0, 0}, NULL, 1, 0, "Clip", 0.0f, 6.0f},
+        /* a 1x1 image whose one output reads the padding: bias only */
+        {1, 16, 1, 1, 16, 1, 1, 1, 2, 1, {1, 1, 0, 0}, NULL, 1, 0, "Relu", 0, 0},
     };
     /* each case with Winograd allowed (the default) and with the direct algorithm only */
     for (int wino = 1; wino >= 0; wino--) {

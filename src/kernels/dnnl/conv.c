@@ -9,11 +9,14 @@
  * reordered once into the format oneDNN picks ("any"); activations are
  * plain NCHW or, where the layout pass blocked the value (4-D only),
  * nChw8c / nChw16c. Anything else (other dtypes, weights computed at run
- * time, empty tensors) stays on the reference kernel.
+ * time, empty tensors) stays on the reference kernel. 1x1 convolutions of
+ * 1x1 images (squeeze-excitation) go to Kiln's own matrix-vector kernel
+ * (src/kernels/simd/pointwise.c) instead.
  */
 #include "kernels/dnnl/dnnl_common.h"
 
 #include "kernels/ref/gemm.h"
+#include "kernels/simd/pointwise.h"
 
 struct conv_state {
     struct kd_exec e;
@@ -161,6 +164,11 @@ static kiln_status conv_compile(const struct kiln_compile_ctx *cc, struct kiln_k
     if (kiln_attr_check(n) != KILN_OK) {
         kiln_error_clear();
         return KILN_OK;
+    }
+    if (nsp == 2 && group == 1 && win.pad_begin[0] == 0 && win.pad_begin[1] == 0) {
+        /* 1x1 images (squeeze-excitation): Kiln's matrix-vector kernel */
+        kiln_status st = kiln_simd_pointwise_compile(cc, inst);
+        if (st != KILN_OK || inst->run) return st;
     }
     struct conv_build b;
     memset(&b, 0, sizeof b);

@@ -38,6 +38,7 @@ enum simd_unary {
     SIMD_SOFTPLUS,
     SIMD_SQRT,
     SIMD_NEG,
+    SIMD_SILU,         /* x * sigmoid(x) */
 };
 
 enum simd_binary { SIMD_ADD, SIMD_SUB, SIMD_MUL, SIMD_DIV };

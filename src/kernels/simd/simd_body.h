@@ -265,6 +265,7 @@ static void k_unary(enum simd_unary op, float alpha, float beta, const float *xs
     case SIMD_SOFTPLUS: UNARY_LOOP(v_softplus(x)); break;
     case SIMD_SQRT: UNARY_LOOP(vsqrt(x)); break;
     case SIMD_NEG: UNARY_LOOP(vneg(x)); break;
+    case SIMD_SILU: UNARY_LOOP(x * v_sigmoid(x)); break;
     }
 }
 
@@ -383,6 +384,23 @@ gm_tile(int64_t k, float alpha, const float *a, int64_t lda, const float *b, int
         for (int j = 0; j < C; j++) vst(c + i * ldc + j * W, acc[i][j] * al);
 }
 
+/* One row by one vector: four partial sums over k, so that a long k (a squeeze-excitation
+ * reduction: k = 1152, n = 48) is not one chain of dependent FMAs. */
+static inline void gm_row_vec(int64_t k, float alpha, const float *a, const float *b, int64_t ldb,
+                              float *c)
+{
+    vf s0 = vset(0.0f), s1 = s0, s2 = s0, s3 = s0;
+    int64_t p = 0;
+    for (; p + 4 <= k; p += 4) {
+        s0 = vfma(vset(a[p]), vld(b + p * ldb), s0);
+        s1 = vfma(vset(a[p + 1]), vld(b + (p + 1) * ldb), s1);
+        s2 = vfma(vset(a[p + 2]), vld(b + (p + 2) * ldb), s2);
+        s3 = vfma(vset(a[p + 3]), vld(b + (p + 3) * ldb), s3);
+    }
+    for (; p < k; p++) s0 = vfma(vset(a[p]), vld(b + p * ldb), s0);
+    vst(c, ((s0 + s1) + (s2 + s3)) * vset(alpha));
+}
+
 static void k_gemm(int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
                    const float *b, int64_t ldb, float *c, int64_t ldc)
 {
@@ -397,8 +415,7 @@ static void k_gemm(int64_t m, int64_t n, int64_t k, float alpha, const float *a,
     for (; j < nv; j += W) {
         for (i = 0; i + GM_R <= m; i += GM_R)
             gm_tile(k, alpha, a + i * lda, lda, b + j, ldb, c + i * ldc + j, ldc, GM_R, 1);
-        for (; i < m; i++)
-            gm_tile(k, alpha, a + i * lda, lda, b + j, ldb, c + i * ldc + j, ldc, 1, 1);
+        for (; i < m; i++) gm_row_vec(k, alpha, a + i * lda, b + j, ldb, c + i * ldc + j);
     }
     for (; j < n; j++)
         for (i = 0; i < m; i++) {
