@@ -32,18 +32,34 @@ struct pw_state {
     char name[40];
 };
 
+struct pw_job {
+    const struct pw_state *s;
+    const float *x, *b;
+    float *y;
+};
+
+/* Images [begin, end). */
+static void pw_range(void *arg, int64_t begin, int64_t end)
+{
+    const struct pw_job *j = arg;
+    const struct pw_state *s = j->s;
+    float *y = j->y + begin * s->ys;
+    s->k->gemm(end - begin, s->m, s->c, 1.0f, j->x + begin * s->xs, s->xs, s->wt, s->m, y, s->ys);
+    for (int64_t i = begin; i < end; i++, y += s->ys) {
+        if (j->b) s->k->binary(SIMD_ADD, SIMD_B_VEC, y, j->b, y, s->m);
+        if (s->has_act) s->k->unary(s->act, s->alpha, s->beta, y, y, s->m);
+        if (s->ys > s->m) memset(y + s->m, 0, (size_t)(s->ys - s->m) * sizeof(float));
+    }
+}
+
 static kiln_status pw_run(void *state, struct kiln_run_ctx *ctx)
 {
     const struct pw_state *s = state;
-    const float *x = ctx->in[0]->data, *b = s->has_bias ? ctx->in[2]->data : NULL;
-    float *y = ctx->out[0]->data;
-    s->k->gemm(s->n, s->m, s->c, 1.0f, x, s->xs, s->wt, s->m, y, s->ys);
-    for (int64_t i = 0; i < s->n; i++) {
-        float *yr = y + i * s->ys;
-        if (b) s->k->binary(SIMD_ADD, SIMD_B_VEC, yr, b, yr, s->m);
-        if (s->has_act) s->k->unary(s->act, s->alpha, s->beta, yr, yr, s->m);
-        if (s->ys > s->m) memset(yr + s->m, 0, (size_t)(s->ys - s->m) * sizeof(float));
-    }
+    struct pw_job j = {s, ctx->in[0]->data, s->has_bias ? ctx->in[2]->data : NULL,
+                       ctx->out[0]->data};
+    /* chunks of at least ~256k multiply-adds (tens of us) */
+    int64_t per_image = s->c * s->m, grain = (262144 + per_image - 1) / per_image;
+    kiln_parallel_for(ctx->threads, s->n, grain, pw_range, &j);
     return KILN_OK;
 }
 
