@@ -318,7 +318,17 @@ kiln_status kiln_graph_verify(struct kiln_graph *g)
                 st = kiln_node_error(n, KILN_ERR_INVALID_MODEL, "input %d is not a value", k);
                 goto out;
             }
-            if (v < 0) continue;
+            if (v < 0) {
+                /* absent: only optional inputs, the ones past min_inputs (and Loop's trip
+                 * count and condition and opset-8 Scan's sequence_lens, optional by the spec
+                 * though listed first) */
+                if (k < info->min_inputs && n->op != KILN_OP_Loop && n->op != KILN_OP_Scan) {
+                    st = kiln_node_error(n, KILN_ERR_INVALID_MODEL,
+                                         "input %d is required but given no value", k);
+                    goto out;
+                }
+                continue;
+            }
             g->values[v].uses++;
             if (g->values[v].kind == KILN_VALUE_NODE) {
                 if (g->values[v].producer < 0) {
