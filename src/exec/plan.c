@@ -116,8 +116,7 @@ static size_t type_bytes(const struct kiln_type *t, int layout)
     int64_t n = kiln_shape_count(t->rank, t->dims);
     if (n < 0) return (size_t)-1;
     if (layout > 0 && t->rank == 4) {
-        int64_t c = (t->dims[1] + layout - 1) / layout * layout;
-        n = t->dims[0] * c * t->dims[2] * t->dims[3];
+        n = t->dims[0] * kiln_layout_channels(t->dims[1], layout) * t->dims[2] * t->dims[3];
     }
     return (size_t)n * kiln_dtype_size(t->dtype);
 }
@@ -751,19 +750,19 @@ out:
 static void profile_print_slowest(const struct kiln_plan *p, FILE *f, int64_t total)
 {
     const char *env = getenv("KILN_PROFILE_STEPS");
-    int TOP = env ? atoi(env) : 10;
-    if (TOP < 1) TOP = 1;
-    if (TOP > p->n_steps) TOP = p->n_steps > 0 ? p->n_steps : 1;
-    int *top = malloc(sizeof(int) * (size_t)TOP), nt = 0;
+    int want = env ? atoi(env) : 10;
+    if (want < 1) want = 1;
+    if (want > p->n_steps) want = p->n_steps > 0 ? p->n_steps : 1;
+    int *top = malloc(sizeof(int) * (size_t)want), nt = 0;
     if (!top) return;
     for (int i = 0; i < p->n_steps; i++) {
         int64_t ns = atomic_load(&((struct step *)&p->steps[i])->ns);
-        int j = nt < TOP ? nt++ : TOP;
+        int j = nt < want ? nt++ : want;
         while (j > 0 && atomic_load(&((struct step *)&p->steps[top[j - 1]])->ns) < ns) {
-            if (j < TOP) top[j] = top[j - 1];
+            if (j < want) top[j] = top[j - 1];
             j--;
         }
-        if (j < TOP) top[j] = i;
+        if (j < want) top[j] = i;
     }
     if (!nt || !total) {
         free(top);

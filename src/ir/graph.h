@@ -86,6 +86,13 @@ struct kiln_value {
                             set only by the optimizer's layout pass, read by the plan */
 };
 
+/* Channels a value with c channels stores in layout `layout` (0 = plain: c; 8 or 16: c
+ * rounded up to the block, the padding lanes zero). */
+static inline int64_t kiln_layout_channels(int64_t c, int layout)
+{
+    return layout > 0 ? (c + layout - 1) / layout * layout : c;
+}
+
 struct kiln_node {
     enum kiln_op op;
     const char *name;     /* may be "" */

@@ -38,8 +38,7 @@ static kiln_status reorder_infer(struct kiln_infer_ctx *ctx)
 /* Bytes a value of dims d (rank 4) takes in layout `layout`. */
 static int64_t storage_bytes(const int64_t *d, int layout, size_t es)
 {
-    int64_t c = layout ? (d[1] + layout - 1) / layout * layout : d[1];
-    return d[0] * c * d[2] * d[3] * (int64_t)es;
+    return d[0] * kiln_layout_channels(d[1], layout) * d[2] * d[3] * (int64_t)es;
 }
 
 static kiln_status reorder_run(struct kiln_run_ctx *ctx)

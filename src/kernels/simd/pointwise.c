@@ -86,37 +86,39 @@ static kiln_status pw_pack(void *arg, void **packed, size_t *bytes, void (**free
     return KILN_OK;
 }
 
-/* The fused activation as a table op; false for one the table lacks. */
+/* The fused activation as a table op (defaults as the ONNX ops'); false for one the
+ * table lacks. */
 static bool pw_activation(const struct kiln_node *n, struct pw_state *s)
 {
+    static const struct {
+        const char *name;
+        enum simd_unary op;
+        float alpha, beta;
+    } acts[] = {
+        {"Relu", SIMD_RELU, 0, 0},
+        {"LeakyRelu", SIMD_LEAKY_RELU, 0.01f, 0},
+        {"Clip", SIMD_CLIP, -FLT_MAX, FLT_MAX},
+        {"HardSwish", SIMD_HARD_SWISH, 0, 0},
+        {"HardSigmoid", SIMD_HARD_SIGMOID, 0.2f, 0.5f},
+        {"Sigmoid", SIMD_SIGMOID, 0, 0},
+        {"SiLU", SIMD_SILU, 0, 0},
+        {"Tanh", SIMD_TANH, 0, 0},
+        {"Gelu", SIMD_GELU, 0, 0},
+        {"GeluTanh", SIMD_GELU_TANH, 0, 0},
+    };
     const char *a = n->op == KILN_OP_KilnFusedConv ? kiln_attr_str(n, "activation", "") : "";
     s->has_act = a[0] != 0;
-    s->alpha = s->beta = 0.0f;
-    if (!a[0]) return true;
-    if (!strcmp(a, "Relu")) s->act = SIMD_RELU;
-    else if (!strcmp(a, "LeakyRelu")) {
-        s->act = SIMD_LEAKY_RELU;
-        s->alpha = kiln_attr_float(n, "act_alpha", 0.01f);
-    } else if (!strcmp(a, "Clip")) {
-        s->act = SIMD_CLIP;
-        s->alpha = kiln_attr_float(n, "act_alpha", -FLT_MAX);
-        s->beta = kiln_attr_float(n, "act_beta", FLT_MAX);
-        if (!(s->alpha <= s->beta)) return false; /* the reference clamps in its own order */
-    } else if (!strcmp(a, "HardSwish")) s->act = SIMD_HARD_SWISH;
-    else if (!strcmp(a, "HardSigmoid")) {
-        s->act = SIMD_HARD_SIGMOID;
-        s->alpha = kiln_attr_float(n, "act_alpha", 0.2f);
-        s->beta = kiln_attr_float(n, "act_beta", 0.5f);
-    } else if (!strcmp(a, "Sigmoid")) s->act = SIMD_SIGMOID;
-    else if (!strcmp(a, "SiLU")) s->act = SIMD_SILU;
-    else if (!strcmp(a, "Tanh")) s->act = SIMD_TANH;
-    else if (!strcmp(a, "Gelu")) s->act = SIMD_GELU;
-    else if (!strcmp(a, "GeluTanh")) s->act = SIMD_GELU_TANH;
-    else return false;
-    return true;
+    if (!s->has_act) return true;
+    for (size_t i = 0; i < sizeof acts / sizeof acts[0]; i++) {
+        if (strcmp(a, acts[i].name) != 0) continue;
+        s->act = acts[i].op;
+        s->alpha = kiln_attr_float(n, "act_alpha", acts[i].alpha);
+        s->beta = kiln_attr_float(n, "act_beta", acts[i].beta);
+        /* a Clip with lo > hi: the reference clamps in its own order */
+        return s->act != SIMD_CLIP || s->alpha <= s->beta;
+    }
+    return false;
 }
-
-static int64_t padded(int64_t c, int layout) { return layout ? (c + layout - 1) / layout * layout : c; }
 
 kiln_status kiln_simd_pointwise_compile(const struct kiln_compile_ctx *cc,
                                         struct kiln_kernel_inst *inst)
@@ -133,7 +135,7 @@ kiln_status kiln_simd_pointwise_compile(const struct kiln_compile_ctx *cc,
     struct pw_state st = {
         .k = simd_kernels_for(),
         .n = x->dims[0], .c = x->dims[1], .m = y->dims[1],
-        .xs = padded(x->dims[1], lx), .ys = padded(y->dims[1], ly),
+        .xs = kiln_layout_channels(x->dims[1], lx), .ys = kiln_layout_channels(y->dims[1], ly),
         .has_bias = cc->n_in > 2 && cc->in[2] != NULL,
     };
     if (!pw_activation(cc->node, &st)) return KILN_OK;
