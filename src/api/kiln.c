@@ -49,6 +49,7 @@ static void model_free(struct kiln_model *m)
         free(sig->opt_error);
     }
     kiln_weight_cache_free(m->weights);
+    free(m->copies);
     kiln_graph_free(m->graph);
     if (m->proto_free && m->proto) m->proto_free(m->proto);
     for (int i = 0; i < m->n_maps; i++) kiln_file_unmap(&m->maps[i]);
@@ -83,6 +84,57 @@ static kiln_status load_onnx_file(const char *path, struct kiln_model *m)
     free(dir);
     if (st != KILN_OK) kiln_error_wrap(st, "%s", path);
     return st;
+}
+
+static int ptr_cmp(const void *a, const void *b)
+{
+    uintptr_t x = (uintptr_t)*(const void *const *)a, y = (uintptr_t)*(const void *const *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Hand the importer's reloadable weight copies to the weight cache. Those no
+ * optimized graph reads (the optimizer folded, transposed or concatenated them
+ * into new constants) are released at once: only a session running the
+ * imported graph reads them, and its plans (or the reference executor) copy
+ * them back in. The others are released by the plans that pack them. */
+static kiln_status release_unused_copies(struct kiln_model *m)
+{
+    kiln_status st = KILN_OK;
+    for (int i = 0; i < m->n_copies && st == KILN_OK; i++)
+        st = kiln_weight_cache_add_reloadable(m->weights, m->copies[i].t, m->copies[i].src);
+    if (st != KILN_OK || !m->n_copies) return st;
+    size_t n = 0, cap = 0;
+    for (int i = 0; i < m->n_signatures; i++) {
+        const struct kiln_graph *g = m->signatures[i].opt_graph;
+        if (!g || m->signatures[i].shares_graph_of >= 0) continue;
+        cap += (size_t)g->n_outputs;
+        for (int k = 0; k < g->n_nodes; k++) cap += (size_t)g->nodes[k].n_in;
+    }
+    /* constants the optimized graphs' nodes and outputs read (a clone keeps
+     * the values the optimizer left unused) */
+    const kiln_tensor **used = malloc((cap + 1) * sizeof *used);
+    if (!used) return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory");
+    for (int i = 0; i < m->n_signatures; i++) {
+        const struct kiln_graph *g = m->signatures[i].opt_graph;
+        if (!g || m->signatures[i].shares_graph_of >= 0) continue;
+        for (int k = 0; k < g->n_nodes; k++)
+            for (int j = 0; j < g->nodes[k].n_in; j++) {
+                int v = g->nodes[k].in[j];
+                if (v >= 0 && g->values[v].kind == KILN_VALUE_CONST) used[n++] = g->values[v].konst;
+            }
+        for (int k = 0; k < g->n_outputs; k++)
+            if (g->values[g->outputs[k]].kind == KILN_VALUE_CONST)
+                used[n++] = g->values[g->outputs[k]].konst;
+    }
+    qsort(used, n, sizeof *used, ptr_cmp);
+    kiln_weight_cache_compile_lock(m->weights);
+    for (int i = 0; i < m->n_copies; i++) {
+        const kiln_tensor *t = m->copies[i].t;
+        if (!bsearch(&t, used, n, sizeof *used, ptr_cmp)) kiln_weight_cache_release(m->weights, t);
+    }
+    kiln_weight_cache_compile_unlock(m->weights);
+    free(used);
+    return KILN_OK;
 }
 
 /* After import: an optimized copy of every signature's graph, plan caches
@@ -141,7 +193,7 @@ static kiln_status model_prepare(struct kiln_model *m)
      * packed later are given back again once packed), so the resident copy of
      * the model file shrinks to what the runs actually read. */
     for (int i = 0; i < m->n_maps; i++) kiln_file_release_pages(&m->maps[i]);
-    return KILN_OK;
+    return release_unused_copies(m);
 }
 
 kiln_status kiln_model_load(const char *path, const kiln_load_options *opts, kiln_model **out)
@@ -367,6 +419,9 @@ static kiln_status run_graph(kiln_session *s, const struct kiln_graph *g, bool u
         if (st != KILN_ERR_UNSUPPORTED) return st;
         if (use_opt && sig->opt_has_layout) g = sig->graph;
     }
+    /* the reference executor reads every constant as it is */
+    kiln_status st = kiln_weight_cache_pin_all(s->model->weights);
+    if (st != KILN_OK) return st;
     return kiln_exec_run_limited(g, gin, gout, s->opts.max_tensor_bytes, ro);
 }
 

@@ -6,6 +6,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -59,4 +60,12 @@ void kiln_file_unmap(struct kiln_file_map *m)
 void kiln_file_release_pages(const struct kiln_file_map *m)
 {
     if (m && m->mapped && m->data && m->size) (void)madvise((void *)m->data, m->size, MADV_DONTNEED);
+}
+
+void kiln_file_release_range(const void *data, size_t size)
+{
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    uintptr_t lo = (uintptr_t)data, hi = lo + size;
+    uintptr_t a = (lo + page - 1) & ~(page - 1), b = hi & ~(page - 1);
+    if (b > a) (void)madvise((void *)a, b - a, MADV_DONTNEED);
 }

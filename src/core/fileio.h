@@ -27,5 +27,7 @@ void kiln_file_unmap(struct kiln_file_map *m);
  * back in from the page cache; only what is still read stays resident. No-op
  * for files that were read rather than mapped. */
 void kiln_file_release_pages(const struct kiln_file_map *m);
+/* The same for the whole pages inside [data, data + size) of a mapping. */
+void kiln_file_release_range(const void *data, size_t size);
 
 #endif

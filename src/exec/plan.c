@@ -272,11 +272,64 @@ static kiln_status unsupported(const struct kiln_node *n, const char *why)
     return kiln_error(KILN_ERR_UNSUPPORTED, "graph cannot be planned: %s", why);
 }
 
+/* Make the constant inputs of n resident before the compile reads them, except
+ * those in `skip` (inputs a fast op may pack: the weight cache reloads them
+ * itself if it packs them, and they are acquired after the step otherwise). */
+static kiln_status acquire_inputs(struct kiln_weight_cache *w, const struct kiln_node *n,
+                                  kiln_tensor *const *inv, unsigned skip)
+{
+    for (int k = 0; k < n->n_in; k++) {
+        if (!inv[k] || (k < 32 && (skip >> k & 1))) continue;
+        kiln_status st = kiln_weight_cache_acquire(w, inv[k], 0);
+        if (st != KILN_OK) return st;
+    }
+    return KILN_OK;
+}
+
+/* After step si is compiled: a constant input the step holds packed counts as
+ * one packed use, and once every use of it in the graph is such a use, its
+ * reloadable copy is released; any other constant input is read at run time
+ * and pinned. */
+static kiln_status settle_inputs(struct kiln_plan *p, struct kiln_weight_cache *w, int si,
+                                 const int *need, int *packed_uses)
+{
+    const struct step *sp = &p->steps[si];
+    for (int k = 0; k < sp->n_in; k++) {
+        int v = sp->in[k];
+        if (v < 0 || p->slots[v].kind != SLOT_CONST) continue;
+        const kiln_tensor *t = p->slots[v].konst;
+        if (sp->inst.run && k < 32 && (sp->inst.packed >> k & 1)) {
+            if (v < p->g->n_values && ++packed_uses[v] == need[v]) kiln_weight_cache_release(w, t);
+        } else {
+            kiln_status st = kiln_weight_cache_acquire(w, t, 1);
+            if (st != KILN_OK) return st;
+        }
+    }
+    return KILN_OK;
+}
+
+static kiln_status plan_compile(const struct kiln_graph *g, const kiln_tensor *const *inputs,
+                                struct kiln_weight_cache *weights, int threads,
+                                struct kiln_plan **out);
+
 kiln_status kiln_plan_compile(const struct kiln_graph *g, const kiln_tensor *const *inputs,
                               struct kiln_weight_cache *weights, int threads,
                               struct kiln_plan **out)
 {
+    /* one compile at a time per model: a compile may release a reloadable
+     * weight that another compile would be reading */
+    kiln_weight_cache_compile_lock(weights);
+    kiln_status st = plan_compile(g, inputs, weights, threads, out);
+    kiln_weight_cache_compile_unlock(weights);
+    return st;
+}
+
+static kiln_status plan_compile(const struct kiln_graph *g, const kiln_tensor *const *inputs,
+                                struct kiln_weight_cache *weights, int threads,
+                                struct kiln_plan **out)
+{
     *out = NULL;
+    int *need = NULL, *packed_uses = NULL; /* per value: reads in the graph, packed reads */
     struct kiln_plan *p = calloc(1, sizeof *p);
     if (!p) return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory compiling a plan");
     pthread_mutex_init(&p->mu, NULL);
@@ -290,6 +343,13 @@ kiln_status kiln_plan_compile(const struct kiln_graph *g, const kiln_tensor *con
     p->in_types = calloc((size_t)g->n_inputs + 1, sizeof *p->in_types);
     p->steps = calloc((size_t)g->n_nodes + 1, sizeof *p->steps);
     if (!p->in_types || !p->steps) goto oom;
+    need = calloc((size_t)g->n_values + 1, sizeof *need);
+    packed_uses = calloc((size_t)g->n_values + 1, sizeof *packed_uses);
+    if (!need || !packed_uses) goto oom;
+    for (int i = 0; i < g->n_nodes; i++)
+        for (int k = 0; k < g->nodes[i].n_in; k++)
+            if (g->nodes[i].in[k] >= 0) need[g->nodes[i].in[k]]++;
+    for (int i = 0; i < g->n_outputs; i++) need[g->outputs[i]]++; /* copied out per run */
     for (int v = 0; v < g->n_values; v++)
         if (slot_add(p) < 0) goto oom;
     for (int v = 0; v < g->n_values; v++) {
@@ -373,6 +433,8 @@ kiln_status kiln_plan_compile(const struct kiln_graph *g, const kiln_tensor *con
             st = unsupported(n, "control flow runs in the reference executor");
             goto fail;
         }
+        const struct kiln_fast_op *fast = kiln_fast_op(n->op);
+        if ((st = acquire_inputs(weights, n, inv, fast ? fast->packs : 0)) != KILN_OK) goto fail;
         bool dynout = flags & KILN_OPF_DYNOUT;
         if (!dynout) {
             struct kiln_infer_ctx ictx = {n, n->n_in, inp, (const kiln_tensor *const *)inv,
@@ -391,7 +453,9 @@ kiln_status kiln_plan_compile(const struct kiln_graph *g, const kiln_tensor *con
         }
         if (all_known && !(flags & KILN_OPF_STATEFUL) &&
             (dynout || out_bytes <= PLAN_FOLD_MAX_BYTES)) {
-            if ((st = fold_node(p, n, inv)) != KILN_OK) goto fail;
+            if ((st = acquire_inputs(weights, n, inv, 0)) != KILN_OK ||
+                (st = fold_node(p, n, inv)) != KILN_OK)
+                goto fail;
             continue;
         }
         if (dynout) {
@@ -452,7 +516,6 @@ kiln_status kiln_plan_compile(const struct kiln_graph *g, const kiln_tensor *con
             }
         }
         /* the fast kernel, if any */
-        const struct kiln_fast_op *fast = kiln_fast_op(n->op);
         if (fast) {
             const struct kiln_type *ot[KILN_MAX_IO];
             int il[KILN_MAX_IO], ol[KILN_MAX_IO];
@@ -487,6 +550,7 @@ kiln_status kiln_plan_compile(const struct kiln_graph *g, const kiln_tensor *con
                     goto fail;
                 }
         }
+        if ((st = settle_inputs(p, weights, si, need, packed_uses)) != KILN_OK) goto fail;
     }
 
     /* graph outputs: allocated per run (or copied from constants / inputs) */
@@ -551,11 +615,15 @@ kiln_status kiln_plan_compile(const struct kiln_graph *g, const kiln_tensor *con
         if (s->buf < 0) goto oom;
     }
     if ((st = assign_offsets(p)) != KILN_OK) goto fail;
+    free(need);
+    free(packed_uses);
     *out = p;
     return KILN_OK;
 oom:
     st = kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory compiling a plan");
 fail:
+    free(need);
+    free(packed_uses);
     kiln_plan_free(p);
     return st;
 }

@@ -23,6 +23,19 @@ kiln_status kiln_model_keep_map(struct kiln_model *m, const struct kiln_file_map
     return KILN_OK;
 }
 
+kiln_status kiln_model_note_copy(struct kiln_model *m, kiln_tensor *t, const void *src)
+{
+    if (m->n_copies == m->cap_copies) {
+        int cap = m->cap_copies ? m->cap_copies * 2 : 64;
+        struct kiln_weight_copy *c = realloc(m->copies, (size_t)cap * sizeof *c);
+        if (!c) return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory");
+        m->copies = c;
+        m->cap_copies = cap;
+    }
+    m->copies[m->n_copies++] = (struct kiln_weight_copy){t, src};
+    return KILN_OK;
+}
+
 static void describe_value(const struct kiln_graph *g, int v, kiln_value_info *vi)
 {
     const struct kiln_value *val = &g->values[v];

@@ -46,10 +46,16 @@ struct kiln_model {
     struct kiln_file_map *maps;   /* mapped files (model, external data) */
     int n_maps, cap_maps;
     struct kiln_weight_cache *weights; /* packed weights shared by every plan */
+    /* Weights the importer copied out of a kept file mapping (misaligned
+     * raw_data): the weight cache may free such a copy and copy it again. */
+    struct kiln_weight_copy { kiln_tensor *t; const void *src; } *copies;
+    int n_copies, cap_copies;
 };
 
 /* Keep a mapping alive for the model's lifetime. */
 kiln_status kiln_model_keep_map(struct kiln_model *m, const struct kiln_file_map *map);
+/* Record that t was copied from src, which stays mapped while m lives. */
+kiln_status kiln_model_note_copy(struct kiln_model *m, kiln_tensor *t, const void *src);
 /* Fill op histogram and stats from m->graph (recursing into subgraphs). */
 kiln_status kiln_model_finish(struct kiln_model *m);
 /* Build the signature value infos for sig from its graph's value types. */

@@ -73,12 +73,31 @@ struct name_map {
     size_t cap, n;
 };
 
+/* Copies of misaligned weights at least this big are reloadable (see
+ * kiln_weight_cache_add_reloadable); smaller ones are not worth tracking.
+ * KILN_RELOAD_MIN_BYTES in the environment overrides it (the fuzz target
+ * lowers it so that small inputs exercise reloading). */
+static size_t reloadable_min_bytes(void)
+{
+    static size_t cached; /* 0 = not read yet */
+    if (!cached) {
+        const char *e = getenv("KILN_RELOAD_MIN_BYTES");
+        long long v = e ? atoll(e) : 0;
+        cached = v > 0 ? (size_t)v : 16384;
+    }
+    return cached;
+}
+
 struct onnx_ctx {
     struct kiln_model *m;
     const unsigned char *file;  /* the mapped model file, when raw_data lies in it */
     size_t file_size;
     bool in_place;              /* tensors may borrow from file (it outlives the model) */
     bool file_used;             /* some tensor borrows from the mapping */
+    bool file_mapped;           /* file is a kept mmap (not read into memory): copies of
+                                   its weights can be dropped and copied again */
+    const void *copy_src;       /* set by tensor_from_proto: the mapped bytes its tensor
+                                   is a reloadable copy of, else NULL */
     const char *dir;           /* external data folder, or NULL */
     int dir_fd;                /* open folder for openat, -1 if none */
     int64_t opset_onnx;        /* ai.onnx opset version */
@@ -420,6 +439,10 @@ static kiln_status tensor_from_proto(struct onnx_ctx *c, const KilnOnnx__TensorP
         if (st != KILN_OK) return kiln_error_wrap(st, "tensor '%s'", tname);
         if (bits) unpack_elems(t, src, NULL);
         else memcpy(t->data, src, need);
+        if (c->file_mapped && !bits && dt != KILN_DTYPE_STRING && need >= reloadable_min_bytes()) {
+            c->copy_src = src;
+            kiln_file_release_range(src, need); /* copied: its file pages need not stay */
+        }
         *out = t;
         return KILN_OK;
     }
@@ -731,9 +754,16 @@ static kiln_status import_graph(struct onnx_ctx *c, const KilnOnnx__GraphProto *
             return kiln_error(KILN_ERR_INVALID_MODEL,
                               "graph '%s': initializer '%s' is defined twice", g->name, tp->name);
         kiln_tensor *t;
+        c->copy_src = NULL;
         st = tensor_from_proto(c, tp, tp->name, &t);
         if (st != KILN_OK) return kiln_error_wrap(st, "initializer '%s'", tp->name);
         if ((st = kiln_graph_own_tensor(g, t)) != KILN_OK) return st;
+        if (c->copy_src) {
+            /* the mapping stays, so the plans may drop this copy once packed
+             * (initializers only: attribute tensors are read by their nodes) */
+            if ((st = kiln_model_note_copy(c->m, t, c->copy_src)) != KILN_OK) return st;
+            c->file_used = true;
+        }
         int id;
         if ((st = add_named_value(s, tp->name, KILN_VALUE_CONST, &id)) != KILN_OK) return st;
         g->values[id].konst = t;
@@ -1000,7 +1030,7 @@ static bool strip_raw_data(const ProtobufCMessageDescriptor *d, const unsigned c
 static void proto_free(void *p) { kiln_onnx__model_proto__free_unpacked(p, NULL); }
 
 static kiln_status onnx_load(const void *data, size_t size, const char *dir, bool in_place,
-                             struct kiln_model *m, bool *file_used)
+                             bool mapped, struct kiln_model *m, bool *file_used)
 {
     kiln_status st;
     if (size > ONNX_MAX_MODEL_BYTES)
@@ -1030,7 +1060,7 @@ static kiln_status onnx_load(const void *data, size_t size, const char *dir, boo
          * node will then fail as an unknown op in that domain */
     }
     struct onnx_ctx c = {.m = m, .dir = dir, .dir_fd = -1, .file = data, .file_size = size,
-                         .in_place = in_place};
+                         .in_place = in_place, .file_mapped = in_place && mapped};
     for (size_t i = 0; i < mp->n_opset_import; i++) {
         int64_t ver = mp->opset_import[i]->version;
         const char *d = mp->opset_import[i]->domain ? mp->opset_import[i]->domain : "";
@@ -1102,13 +1132,13 @@ kiln_status kiln_onnx_load(const void *data, size_t size, const char *dir, struc
 {
     /* the caller keeps its bytes: weights are copied out of them */
     bool used = false;
-    return onnx_load(data, size, dir, false, m, &used);
+    return onnx_load(data, size, dir, false, false, m, &used);
 }
 
 kiln_status kiln_onnx_load_file(struct kiln_file_map *map, const char *dir, struct kiln_model *m)
 {
     bool used = false;
-    kiln_status st = onnx_load(map->data, map->size, dir, true, m, &used);
+    kiln_status st = onnx_load(map->data, map->size, dir, true, map->mapped, m, &used);
     if (used) {
         kiln_status kst = kiln_model_keep_map(m, map); /* weights live in the mapping */
         if (kst != KILN_OK) {

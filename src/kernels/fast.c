@@ -4,6 +4,8 @@
  */
 #include "kernels/fast.h"
 
+#include "core/fileio.h"
+
 #include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -63,12 +65,25 @@ struct wc_entry {
     struct wc_entry *next;
 };
 
+struct wc_reload {
+    kiln_tensor *t;
+    const void *src;  /* the bytes t was copied from (alive as long as the model) */
+    int pinned;
+    int released;
+};
+
 struct kiln_weight_cache {
-    pthread_mutex_t mu;
+    pthread_mutex_t mu;         /* entries and reloadable state */
+    pthread_mutex_t compile_mu; /* one plan compile at a time */
     struct wc_entry *head;
     size_t bytes;
     struct { uintptr_t lo, hi; } *maps;
     int n_maps;
+    struct wc_reload *reload;   /* sorted by tensor address once lookups start */
+    int n_reload, cap_reload;
+    int reload_sorted;
+    int all_pinned;
+    size_t released_bytes;
 };
 
 kiln_status kiln_weight_cache_add_mapping(struct kiln_weight_cache *wc, const void *data,
@@ -91,18 +106,149 @@ static void release_source_pages(const struct kiln_weight_cache *wc, const void 
     uintptr_t lo = (uintptr_t)t->data, hi = lo + t->nbytes;
     for (int i = 0; i < wc->n_maps; i++) {
         if (lo < wc->maps[i].lo || hi > wc->maps[i].hi) continue;
-        uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
-        uintptr_t a = (lo + page - 1) & ~(page - 1), b = hi & ~(page - 1);
-        if (b > a) (void)madvise((void *)a, b - a, MADV_DONTNEED);
+        kiln_file_release_range(t->data, t->nbytes);
         return;
     }
 }
+
+/* ---- reloadable weights ---- */
+
+kiln_status kiln_weight_cache_add_reloadable(struct kiln_weight_cache *wc, kiln_tensor *t,
+                                             const void *src)
+{
+    if (wc->n_reload == wc->cap_reload) {
+        int cap = wc->cap_reload ? wc->cap_reload * 2 : 64;
+        struct wc_reload *r = realloc(wc->reload, sizeof *r * (size_t)cap);
+        if (!r) return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory");
+        wc->reload = r;
+        wc->cap_reload = cap;
+    }
+    wc->reload[wc->n_reload++] = (struct wc_reload){t, src, 0, 0};
+    wc->reload_sorted = 0;
+    wc->all_pinned = 0;
+    return KILN_OK;
+}
+
+static int reload_cmp(const void *a, const void *b)
+{
+    uintptr_t x = (uintptr_t)((const struct wc_reload *)a)->t;
+    uintptr_t y = (uintptr_t)((const struct wc_reload *)b)->t;
+    return x < y ? -1 : x > y;
+}
+
+/* The entry of t, or NULL (wc->mu held). */
+static struct wc_reload *reload_find(struct kiln_weight_cache *wc, const kiln_tensor *t)
+{
+    if (!wc->n_reload || !t) return NULL;
+    if (!wc->reload_sorted) {
+        qsort(wc->reload, (size_t)wc->n_reload, sizeof *wc->reload, reload_cmp);
+        wc->reload_sorted = 1;
+    }
+    size_t lo = 0, hi = (size_t)wc->n_reload;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        uintptr_t m = (uintptr_t)wc->reload[mid].t;
+        if (m == (uintptr_t)t) return &wc->reload[mid];
+        if (m < (uintptr_t)t) lo = mid + 1;
+        else hi = mid;
+    }
+    return NULL;
+}
+
+/* Copy a released weight back in (wc->mu held). */
+static kiln_status reload_materialize(struct kiln_weight_cache *wc, struct wc_reload *r)
+{
+    if (!r->released) return KILN_OK;
+    kiln_tensor *t = r->t;
+    void *d = aligned_alloc(64, (t->nbytes + 63) / 64 * 64 + 64);
+    if (!d)
+        return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory reloading a %zu-byte weight",
+                          t->nbytes);
+    memcpy(d, r->src, t->nbytes);
+    t->data = d;
+    r->released = 0;
+    wc->released_bytes -= t->nbytes;
+    return KILN_OK;
+}
+
+int kiln_weight_cache_is_reloadable(struct kiln_weight_cache *wc, const kiln_tensor *t)
+{
+    if (!wc) return 0;
+    pthread_mutex_lock(&wc->mu);
+    int yes = reload_find(wc, t) != NULL;
+    pthread_mutex_unlock(&wc->mu);
+    return yes;
+}
+
+kiln_status kiln_weight_cache_acquire(struct kiln_weight_cache *wc, const kiln_tensor *t, int pin)
+{
+    if (!wc || !wc->n_reload) return KILN_OK;
+    kiln_status st = KILN_OK;
+    pthread_mutex_lock(&wc->mu);
+    struct wc_reload *r = reload_find(wc, t);
+    if (r) {
+        st = reload_materialize(wc, r);
+        if (st == KILN_OK && pin) r->pinned = 1;
+    }
+    pthread_mutex_unlock(&wc->mu);
+    return st;
+}
+
+kiln_status kiln_weight_cache_pin_all(struct kiln_weight_cache *wc)
+{
+    if (!wc || !wc->n_reload) return KILN_OK;
+    kiln_status st = KILN_OK;
+    pthread_mutex_lock(&wc->mu);
+    for (int i = 0; i < wc->n_reload && st == KILN_OK && !wc->all_pinned; i++) {
+        st = reload_materialize(wc, &wc->reload[i]);
+        if (st == KILN_OK) wc->reload[i].pinned = 1;
+    }
+    if (st == KILN_OK) wc->all_pinned = 1;
+    pthread_mutex_unlock(&wc->mu);
+    return st;
+}
+
+void kiln_weight_cache_release(struct kiln_weight_cache *wc, const kiln_tensor *t)
+{
+    if (!wc || !wc->n_reload) return;
+    pthread_mutex_lock(&wc->mu);
+    struct wc_reload *r = reload_find(wc, t);
+    if (r && !r->pinned && !r->released && r->t->data) {
+        free(r->t->data);
+        r->t->data = NULL;
+        r->released = 1;
+        wc->released_bytes += r->t->nbytes;
+    }
+    pthread_mutex_unlock(&wc->mu);
+}
+
+void kiln_weight_cache_compile_lock(struct kiln_weight_cache *wc)
+{
+    if (wc) pthread_mutex_lock(&wc->compile_mu);
+}
+
+void kiln_weight_cache_compile_unlock(struct kiln_weight_cache *wc)
+{
+    if (wc) pthread_mutex_unlock(&wc->compile_mu);
+}
+
+size_t kiln_weight_cache_released_bytes(struct kiln_weight_cache *wc)
+{
+    if (!wc) return 0;
+    pthread_mutex_lock(&wc->mu);
+    size_t b = wc->released_bytes;
+    pthread_mutex_unlock(&wc->mu);
+    return b;
+}
+
+/* ---- the cache ---- */
 
 kiln_status kiln_weight_cache_new(struct kiln_weight_cache **out)
 {
     struct kiln_weight_cache *wc = calloc(1, sizeof *wc);
     if (!wc) return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory creating a weight cache");
     pthread_mutex_init(&wc->mu, NULL);
+    pthread_mutex_init(&wc->compile_mu, NULL);
     *out = wc;
     return KILN_OK;
 }
@@ -117,7 +263,9 @@ void kiln_weight_cache_free(struct kiln_weight_cache *wc)
         free(e);
     }
     pthread_mutex_destroy(&wc->mu);
+    pthread_mutex_destroy(&wc->compile_mu);
     free(wc->maps);
+    free(wc->reload);
     free(wc);
 }
 
@@ -137,6 +285,12 @@ kiln_status kiln_weight_cache_get(struct kiln_weight_cache *wc, const void *key,
         free(e);
         free(t);
         st = kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory packing weights (%s)", tag);
+        goto done;
+    }
+    struct wc_reload *r = reload_find(wc, (const kiln_tensor *)key); /* a released weight: copied back to pack */
+    if (r && (st = reload_materialize(wc, r)) != KILN_OK) {
+        free(e);
+        free(t);
         goto done;
     }
     st = pack(arg, &e->packed, &e->bytes, &e->free_fn);

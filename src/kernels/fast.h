@@ -56,6 +56,37 @@ size_t kiln_weight_cache_bytes(const struct kiln_weight_cache *wc);
 kiln_status kiln_weight_cache_add_mapping(struct kiln_weight_cache *wc, const void *data,
                                           size_t size);
 
+/* Reloadable weights: constants the importer had to copy out of a mapped file
+ * (raw_data not aligned for its dtype) and can copy again from `src`, which
+ * lives as long as the model. Once every use of such a weight in a plan reads
+ * only its packed form, the plan releases the copy (its data becomes NULL and
+ * its memory is freed); anything that reads it later acquires it first, which
+ * copies it back. So a packed weight costs one resident copy, not two.
+ *
+ * The rules that make this safe (src/exec/plan.c, src/api/kiln.c):
+ * - plans compile one at a time per model (compile_lock), and only a compile
+ *   releases;
+ * - a compile acquires every constant it reads (shape inference, folding,
+ *   kernel compile) except the inputs a fast op may pack, which the cache
+ *   acquires itself before packing;
+ * - a plan step that reads a constant at run time pins it (acquired and never
+ *   released again), and a graph that runs on the reference executor pins all.
+ * add_reloadable is called while the model loads, before any plan exists. */
+kiln_status kiln_weight_cache_add_reloadable(struct kiln_weight_cache *wc, kiln_tensor *t,
+                                             const void *src);
+int kiln_weight_cache_is_reloadable(struct kiln_weight_cache *wc, const kiln_tensor *t);
+/* Make t's data resident (a no-op unless it was released); pin = never release
+ * it again. Tensors that are not reloadable are left alone. */
+kiln_status kiln_weight_cache_acquire(struct kiln_weight_cache *wc, const kiln_tensor *t, int pin);
+kiln_status kiln_weight_cache_pin_all(struct kiln_weight_cache *wc);
+/* Free t's copy if it is reloadable and not pinned; call only while holding
+ * the compile lock, with no step of any plan reading t's data at run time. */
+void kiln_weight_cache_release(struct kiln_weight_cache *wc, const kiln_tensor *t);
+void kiln_weight_cache_compile_lock(struct kiln_weight_cache *wc);
+void kiln_weight_cache_compile_unlock(struct kiln_weight_cache *wc);
+/* Bytes of reloadable weights currently released. */
+size_t kiln_weight_cache_released_bytes(struct kiln_weight_cache *wc);
+
 struct kiln_compile_ctx {
     const struct kiln_node *node;
     int n_in;
@@ -78,6 +109,8 @@ struct kiln_kernel_inst {
     int inplace;          /* 1 = output 0 may share input `inplace_input`'s memory (same
                              size and layout) when nothing reads that input later */
     int inplace_input;    /* which input (default 0; KilnFusedConv's residual Sum is 3) */
+    unsigned packed;      /* bit i: constant input i is held packed (from the weight cache)
+                             and run never reads its data (lets the plan release it) */
 };
 
 typedef kiln_status (*kiln_fast_compile_fn)(const struct kiln_compile_ctx *cc,
@@ -88,10 +121,17 @@ struct kiln_fast_op {
     /* For the layout pass: may this node's input i (or, with i = -1, its
      * output 0) be stored blocked by `block`? NULL = never. */
     int (*accepts_blocked)(const struct kiln_node *n, int i, int block);
+    /* Bit i: compile may pack constant input i through the weight cache, and
+     * reads its data only there (the plan then leaves acquiring it to the
+     * cache). Compile reads every other constant input freely. */
+    unsigned packs;
 };
 
 #define KILN_FAST_OP(name, compile_fn, accepts_fn) \
-    const struct kiln_fast_op kiln_fast_##name = {compile_fn, accepts_fn}
+    const struct kiln_fast_op kiln_fast_##name = {compile_fn, accepts_fn, 0}
+/* An op whose compile packs constant input 1 (its weights). */
+#define KILN_FAST_OP_PACKING(name, compile_fn, accepts_fn) \
+    const struct kiln_fast_op kiln_fast_##name = {compile_fn, accepts_fn, 1u << 1}
 
 /* The fast kernel of an op, or NULL. Honors KILN_FAST=0 in the environment
  * (reference kernels only, for debugging and differential tests). */

@@ -577,6 +577,7 @@ static struct kiln_model *load_model(const char *path, const char *dir)
         fprintf(stderr, "load %s: %s\n", path, kiln_last_error());
         kiln_graph_free(m->graph);
         if (m->proto_free && m->proto) m->proto_free(m->proto);
+        free(m->copies);
         free(m);
         return NULL;
     }
@@ -590,6 +591,7 @@ static void free_model(struct kiln_model *m)
     if (m->proto_free && m->proto) m->proto_free(m->proto);
     for (int i = 0; i < m->n_maps; i++) kiln_file_unmap(&m->maps[i]);
     free(m->maps);
+    free(m->copies);
     free(m);
 }
 

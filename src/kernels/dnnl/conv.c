@@ -217,6 +217,7 @@ static kiln_status conv_compile(const struct kiln_compile_ctx *cc, struct kiln_k
     inst->run = conv_run;
     inst->destroy = conv_destroy;
     inst->scratch_bytes = kd_exec_scratch(&s->e);
+    inst->packed = 1u << 1; /* every variant runs on the packed weights */
     if (s->has_sum) { /* Y may be written over Sum: the sum post-op then needs no copy */
         inst->inplace = 1;
         inst->inplace_input = 3;
@@ -244,5 +245,5 @@ static int conv_accepts_blocked(const struct kiln_node *n, int i, int block)
     return 1;
 }
 
-KILN_FAST_OP(Conv, conv_compile, conv_accepts_blocked);
-KILN_FAST_OP(KilnFusedConv, conv_compile, conv_accepts_blocked);
+KILN_FAST_OP_PACKING(Conv, conv_compile, conv_accepts_blocked);
+KILN_FAST_OP_PACKING(KilnFusedConv, conv_compile, conv_accepts_blocked);

@@ -262,9 +262,10 @@ static kiln_status mm_compile(const struct kiln_compile_ctx *cc, struct kiln_ker
     inst->run = mm_run;
     inst->destroy = mm_destroy;
     inst->scratch_bytes = kd_exec_scratch(&s->e);
+    if (b.b_const) inst->packed = 1u << 1; /* B runs packed in every variant */
     return KILN_OK;
 }
 
-KILN_FAST_OP(MatMul, mm_compile, NULL);
-KILN_FAST_OP(Gemm, mm_compile, NULL);
-KILN_FAST_OP(KilnFusedMatMul, mm_compile, NULL);
+KILN_FAST_OP_PACKING(MatMul, mm_compile, NULL);
+KILN_FAST_OP_PACKING(Gemm, mm_compile, NULL);
+KILN_FAST_OP_PACKING(KilnFusedMatMul, mm_compile, NULL);

@@ -153,5 +153,6 @@ kiln_status kiln_simd_pointwise_compile(const struct kiln_compile_ctx *cc,
     inst->state = s;
     inst->run = pw_run;
     inst->destroy = free;
+    inst->packed = 1u << 1;
     return KILN_OK;
 }
