@@ -8,14 +8,24 @@
  * session and, if every input of the default signature has a known dtype
  * and a small fully known shape, runs it once on zero-filled inputs, so
  * that shape inference, compilation and the reference kernels see what a
- * hostile file can make of them. Everything is freed before returning.
+ * hostile file can make of them. Then it loads the same bytes as a mapped
+ * file (a memfd), where misaligned weights become reloadable copies (the
+ * size threshold lowered to 64 bytes through KILN_RELOAD_MIN_BYTES), and
+ * runs an optimized, an as-imported and a reference session on that one
+ * model in turn, so that weights released by one plan are read back by the
+ * next. Everything is freed before returning.
  *
  * Built two ways: with clang and -fsanitize=fuzzer as fuzz/fuzz_onnx_load
  * (cmake -DKILN_FUZZ=ON), and with fuzz/replay_main.c as the plain
  * kiln_fuzz_replay_onnx that the test suite runs over tests/corpus/onnx.
  */
+#define _GNU_SOURCE
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "kiln/kiln.h"
 
@@ -84,8 +94,42 @@ out_free_inputs:
         kiln_tensor_free(tensors[i]);
 }
 
+/* The bytes as a mapped file, through sessions of every kind in turn. */
+static void fuzz_mapped(const uint8_t *data, size_t size)
+{
+    int fd = memfd_create("fuzz_onnx", MFD_CLOEXEC);
+    if (fd < 0)
+        return;
+    char path[64];
+    snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+    kiln_model *model = NULL;
+    kiln_load_options lo = {.format = KILN_FORMAT_ONNX, .tags = NULL};
+    if (write(fd, data, size) == (ssize_t)size && kiln_model_load(path, &lo, &model) == KILN_OK) {
+        for (int kind = 0; kind < 3; kind++) {
+            kiln_session_options so;
+            kiln_session_options_init(&so);
+            so.threads = 1;
+            so.max_tensor_bytes = 64 << 20;
+            so.optimize = kind != 1;
+            so.reference = kind == 2;
+            kiln_session *session = NULL;
+            if (kiln_session_create(model, NULL, &so, &session) == KILN_OK) {
+                fuzz_run_once(session);
+                kiln_session_free(session);
+            }
+        }
+        kiln_model_free(model);
+    }
+    close(fd);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
+    static int once;
+    if (!once) {
+        once = 1;
+        setenv("KILN_RELOAD_MIN_BYTES", "64", 0);
+    }
     kiln_load_options lo = {.format = KILN_FORMAT_ONNX, .tags = NULL};
     kiln_model *model = NULL;
     if (kiln_model_load_memory(data, size, &lo, &model) != KILN_OK) {
@@ -115,5 +159,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         kiln_session_free(session);
     }
     kiln_model_free(model);
+    fuzz_mapped(data, size);
     return 0;
 }
