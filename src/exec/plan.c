@@ -500,6 +500,9 @@ static kiln_status plan_compile(const struct kiln_graph *g, const kiln_tensor *c
             s->bytes = type_bytes(&s->type, s->layout);
             s->def_step = si;
         }
+        /* a slot for an absent output may have moved the slots: point at them again */
+        for (int k = 0; k < n->n_in; k++)
+            if (n->in[k] >= 0) inp[k] = &p->slots[n->in[k]].type;
         /* views share their input's memory (plain layouts only) */
         if (is_view_op(n->op) && n->in[0] >= 0 && n->out[0] >= 0 &&
             g->values[n->in[0]].layout == 0 && p->slots[n->out[0]].layout == 0) {
@@ -565,6 +568,9 @@ static kiln_status plan_compile(const struct kiln_graph *g, const kiln_tensor *c
             st = unsupported(NULL, "a graph output is in a blocked layout");
             goto fail;
         }
+        /* a constant output is copied out by every run: pinned */
+        if (s->kind == SLOT_CONST && (st = kiln_weight_cache_acquire(weights, s->konst, 1)) != KILN_OK)
+            goto fail;
         s->last_use = INT32_MAX;
         if (s->kind == SLOT_ARENA) s->kind = SLOT_OUTPUT;
         if (s->kind == SLOT_OUTPUT && s->bytes > p->max_value_bytes) p->max_value_bytes = s->bytes;

@@ -547,3 +547,40 @@ def test_output_name_sanitized_and_collisions(tmp_path):
     assert r.returncode == 0, r
     assert sorted(os.listdir(out)) == ["a_b_c_0.npy", "ok.name-1_x.npy"]
     assert f"a/b c:0: float32[2] -> {out}/a_b_c_0.npy" in r.stdout.splitlines()
+
+
+@pytest.mark.parametrize("flag", [None, "--disable-optimizer"])
+def test_predict_absent_interior_output_at_slot_growth(tmp_path, flag):
+    """LayerNormalization with its Mean output left empty ("") while Y and InvStdDev
+    are used, behind chains of 40 to 80 Relu nodes: one of these graphs has exactly as
+    many values as the plan's first slot block, so the slot made for the empty output
+    grows (and moves) the slot array right before the step's kernel compiles. The plan
+    once kept pointers into the old array (a use after free the sanitizer build finds).
+    Outputs are checked against numpy."""
+    x = np.linspace(-2, 3, 16, dtype=np.float32).reshape(2, 8)
+    scale = np.linspace(0.5, 1.5, 8, dtype=np.float32)
+    bias = np.linspace(-0.25, 0.25, 8, dtype=np.float32)
+    mean = x.mean(axis=1, keepdims=True)
+    inv_std = 1.0 / np.sqrt(((x - mean) ** 2).mean(axis=1, keepdims=True) + 1e-5)
+    want_y = np.maximum((x - mean) * inv_std * scale + bias, 0)
+    for chain in range(40, 81):
+        nodes = [helper.make_node("LayerNormalization", ["x", "scale", "bias"],
+                                  ["r0", "", "inv_std"], axis=-1, epsilon=1e-5)]
+        for i in range(chain):
+            nodes.append(helper.make_node("Relu", [f"r{i}"], [f"r{i + 1}"]))
+        graph = helper.make_graph(
+            nodes, "slots",
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8])],
+            [helper.make_tensor_value_info(f"r{chain}", TensorProto.FLOAT, [2, 8]),
+             helper.make_tensor_value_info("inv_std", TensorProto.FLOAT, [2, 1])],
+            [numpy_helper.from_array(scale, "scale"), numpy_helper.from_array(bias, "bias")])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+        path = tmp_path / f"m{chain}.onnx"
+        onnx.save(model, path)
+        out = tmp_path / f"out{chain}"
+        args = ["predict", path, "--input", f"x={save_npy(tmp_path / 'x.npy', x)}",
+                "--output-dir", out]
+        r = kiln(*args, *([flag] if flag else []))
+        assert r.returncode == 0, (chain, r.stderr)
+        np.testing.assert_allclose(np.load(out / f"r{chain}.npy"), want_y, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(np.load(out / "inv_std.npy"), inv_std, rtol=1e-5)
