@@ -79,13 +79,9 @@ struct name_map {
  * lowers it so that small inputs exercise reloading). */
 static size_t reloadable_min_bytes(void)
 {
-    static size_t cached; /* 0 = not read yet */
-    if (!cached) {
-        const char *e = getenv("KILN_RELOAD_MIN_BYTES");
-        long long v = e ? atoll(e) : 0;
-        cached = v > 0 ? (size_t)v : 16384;
-    }
-    return cached;
+    const char *e = getenv("KILN_RELOAD_MIN_BYTES"); /* read per load: models load concurrently */
+    long long v = e ? atoll(e) : 0;
+    return v > 0 ? (size_t)v : 16384;
 }
 
 struct onnx_ctx {
