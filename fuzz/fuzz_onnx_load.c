@@ -125,11 +125,7 @@ static void fuzz_mapped(const uint8_t *data, size_t size)
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    static int once;
-    if (!once) {
-        once = 1;
-        setenv("KILN_RELOAD_MIN_BYTES", "64", 0);
-    }
+    setenv("KILN_RELOAD_MIN_BYTES", "64", 0); /* no-op once set */
     kiln_load_options lo = {.format = KILN_FORMAT_ONNX, .tags = NULL};
     kiln_model *model = NULL;
     if (kiln_model_load_memory(data, size, &lo, &model) != KILN_OK) {

@@ -299,7 +299,7 @@ static kiln_status settle_inputs(struct kiln_plan *p, struct kiln_weight_cache *
         if (v < 0 || p->slots[v].kind != SLOT_CONST) continue;
         const kiln_tensor *t = p->slots[v].konst;
         if (sp->inst.run && k < 32 && (sp->inst.packed >> k & 1)) {
-            if (v < p->g->n_values && ++packed_uses[v] == need[v]) kiln_weight_cache_release(w, t);
+            if (++packed_uses[v] == need[v]) kiln_weight_cache_release(w, t);
         } else {
             kiln_status st = kiln_weight_cache_acquire(w, t, 1);
             if (st != KILN_OK) return st;

@@ -65,11 +65,11 @@ struct wc_entry {
     struct wc_entry *next;
 };
 
+/* A reloadable weight; released while t->data is NULL. */
 struct wc_reload {
     kiln_tensor *t;
     const void *src;  /* the bytes t was copied from (alive as long as the model) */
-    int pinned;
-    int released;
+    int pinned;       /* never released again */
 };
 
 struct kiln_weight_cache {
@@ -123,7 +123,7 @@ kiln_status kiln_weight_cache_add_reloadable(struct kiln_weight_cache *wc, kiln_
         wc->reload = r;
         wc->cap_reload = cap;
     }
-    wc->reload[wc->n_reload++] = (struct wc_reload){t, src, 0, 0};
+    wc->reload[wc->n_reload++] = (struct wc_reload){t, src, 0};
     wc->reload_sorted = 0;
     wc->all_pinned = 0;
     return KILN_OK;
@@ -158,26 +158,16 @@ static struct wc_reload *reload_find(struct kiln_weight_cache *wc, const kiln_te
 /* Copy a released weight back in (wc->mu held). */
 static kiln_status reload_materialize(struct kiln_weight_cache *wc, struct wc_reload *r)
 {
-    if (!r->released) return KILN_OK;
     kiln_tensor *t = r->t;
+    if (t->data) return KILN_OK;
     void *d = aligned_alloc(64, (t->nbytes + 63) / 64 * 64 + 64);
     if (!d)
         return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory reloading a %zu-byte weight",
                           t->nbytes);
     memcpy(d, r->src, t->nbytes);
     t->data = d;
-    r->released = 0;
     wc->released_bytes -= t->nbytes;
     return KILN_OK;
-}
-
-int kiln_weight_cache_is_reloadable(struct kiln_weight_cache *wc, const kiln_tensor *t)
-{
-    if (!wc) return 0;
-    pthread_mutex_lock(&wc->mu);
-    int yes = reload_find(wc, t) != NULL;
-    pthread_mutex_unlock(&wc->mu);
-    return yes;
 }
 
 kiln_status kiln_weight_cache_acquire(struct kiln_weight_cache *wc, const kiln_tensor *t, int pin)
@@ -213,10 +203,9 @@ void kiln_weight_cache_release(struct kiln_weight_cache *wc, const kiln_tensor *
     if (!wc || !wc->n_reload) return;
     pthread_mutex_lock(&wc->mu);
     struct wc_reload *r = reload_find(wc, t);
-    if (r && !r->pinned && !r->released && r->t->data) {
+    if (r && !r->pinned && r->t->data) {
         free(r->t->data);
         r->t->data = NULL;
-        r->released = 1;
         wc->released_bytes += r->t->nbytes;
     }
     pthread_mutex_unlock(&wc->mu);

@@ -74,7 +74,6 @@ kiln_status kiln_weight_cache_add_mapping(struct kiln_weight_cache *wc, const vo
  * add_reloadable is called while the model loads, before any plan exists. */
 kiln_status kiln_weight_cache_add_reloadable(struct kiln_weight_cache *wc, kiln_tensor *t,
                                              const void *src);
-int kiln_weight_cache_is_reloadable(struct kiln_weight_cache *wc, const kiln_tensor *t);
 /* Make t's data resident (a no-op unless it was released); pin = never release
  * it again. Tensors that are not reloadable are left alone. */
 kiln_status kiln_weight_cache_acquire(struct kiln_weight_cache *wc, const kiln_tensor *t, int pin);
