@@ -16,6 +16,7 @@
  *   matmul_fusion          Gemm / MatMul + bias + residual Add + activation -> KilnFusedMatMul
  *   dead_code_elimination
  *   layout                 (layout.c, when options ask for it and it is linked in)
+ *   mbconv_fusion          (after layout) blocked expand / depthwise / project -> KilnMBConv
  *
  * Removed nodes are marked (op_type points at dead_tag, no inputs or
  * outputs) and dropped by kiln_opt_compact after each pass, which also
@@ -331,16 +332,27 @@ kiln_status kiln_optimize(struct kiln_graph *g, const struct kiln_opt_options *o
     log->nodes_before = g->n_nodes;
     int n_passes = (int)(sizeof passes / sizeof passes[0]);
     bool layout = o && o->layout && kiln_opt_layout != NULL;
-    for (int i = 0; i < n_passes + (layout ? 1 : 0); i++) {
+    /* the passes that need blocked layouts run after the layout pass */
+    static const struct {
+        const char *name;
+        pass_fn fn;
+    } late[] = {
+        {"layout", NULL}, /* kiln_opt_layout, weak */
+        {"mbconv_fusion", kiln_opt_mbconv},
+    };
+    int n_late = layout ? (int)(sizeof late / sizeof late[0]) : 0;
+    for (int i = 0; i < n_passes + n_late; i++) {
         struct kiln_opt_pass_log *pl =
             log->n_passes < KILN_OPT_MAX_PASSES ? &log->passes[log->n_passes++] : NULL;
         struct kiln_opt_pass_log scratch;
         if (!pl) pl = &scratch;
         memset(pl, 0, sizeof *pl);
-        pl->pass = i < n_passes ? passes[i].name : "layout";
+        pass_fn fn = i < n_passes ? passes[i].fn : late[i - n_passes].fn;
+        if (!fn) fn = kiln_opt_layout;
+        pl->pass = i < n_passes ? passes[i].name : late[i - n_passes].name;
         pl->nodes_before = g->n_nodes;
         double t0 = now_ms();
-        st = i < n_passes ? passes[i].fn(g, pl) : kiln_opt_layout(g, pl);
+        st = fn(g, pl);
         /* the graph stays valid on a pass error: compact and verify whatever happened */
         kiln_status cst = kiln_opt_compact(g);
         /* later passes match on types: refine them with what this pass made constant or fused */

@@ -1,6 +1,8 @@
 /*
  * unit_dnnl.c - the oneDNN fast kernels (src/kernels/dnnl/) against the
- * reference kernels, the KilnReorder kernels, and the layout pass.
+ * reference kernels, the KilnReorder kernels, the layout pass, and the fused
+ * inverted-residual kernel (KilnMBConv, src/kernels/simd/mbconv.c), which
+ * runs on the same blocked layouts.
  *
  * Each case builds a one-node graph, runs the reference kernel
  * (kiln_op_impl) and the fast kernel (compiled as a plan would: concrete
@@ -24,6 +26,7 @@
 #include <time.h>
 
 #include "check.h"
+#include "core/threadpool.h"
 #include "kernels/fast.h"
 #include "kernels/kernel.h"
 #include "opt/opt.h"
@@ -56,7 +59,7 @@ static kiln_tensor *rand_tensor(int rank, const int64_t *dims)
 struct tg {
     struct kiln_graph *g;
     int node;
-    kiln_tensor *in[4];     /* input values (borrowed: consts are owned by the graph) */
+    kiln_tensor *in[8];     /* input values (borrowed: consts are owned by the graph) */
     int n_in;
     struct kiln_weight_cache *wc; /* per graph: the cache keys on weight addresses */
 };
@@ -206,9 +209,9 @@ static kiln_status infer_out(struct tg *t, struct kiln_type *out)
         t->n_in = 4;
         return st;
     }
-    const struct kiln_type *ins[4] = {0};
-    const kiln_tensor *vals[4] = {0};
-    struct kiln_type types[4];
+    const struct kiln_type *ins[8] = {0};
+    const kiln_tensor *vals[8] = {0};
+    struct kiln_type types[8];
     for (int i = 0; i < t->n_in; i++)
         if (t->in[i]) {
             kiln_type_from_tensor(&types[i], t->in[i]);
@@ -273,7 +276,7 @@ static kiln_tensor *run_ref_plain(struct tg *t)
     }
     kiln_tensor *y;
     if (kiln_tensor_new(ty.dtype, ty.rank, ty.dims, &y) != KILN_OK) abort();
-    kiln_tensor *ins[4] = {0};
+    kiln_tensor *ins[8] = {0};
     for (int i = 0; i < t->n_in; i++) ins[i] = t->in[i];
     struct kiln_run_ctx rc = {.node = tg_node(t), .n_in = t->n_in, .in = ins, .n_out = 1, .out = &y,
                               .threads = 1};
@@ -295,12 +298,12 @@ static kiln_tensor *run_fast(struct tg *t, const int *in_l, int out_l, int threa
     *handled = 0;
     const struct kiln_fast_op *f = kiln_fast_op(tg_node(t)->op);
     if (!f) return NULL;
-    struct kiln_type ty, types[4];
+    struct kiln_type ty, types[8];
     if (infer_out(t, &ty) != KILN_OK) return NULL;
-    const struct kiln_type *ins[4] = {0};
-    const kiln_tensor *vals[4] = {0};
-    kiln_tensor *stored[4] = {0};
-    int layouts[4] = {0};
+    const struct kiln_type *ins[8] = {0};
+    const kiln_tensor *vals[8] = {0};
+    kiln_tensor *stored[8] = {0};
+    int layouts[8] = {0};
     for (int i = 0; i < t->n_in; i++) {
         if (!t->in[i]) continue;
         kiln_type_from_tensor(&types[i], t->in[i]);
@@ -702,6 +705,103 @@ static void test_reorder(void)
             }
 }
 
+/* ---- KilnMBConv (src/kernels/simd/mbconv.c) ---- */
+
+struct mb_case {
+    int64_t n, cin, ce, cout, h, w, k, s;
+    int expand, sum;
+    const char *act[3]; /* expand, depthwise, project */
+    float lo[3], hi[3]; /* Clip bounds */
+};
+
+static void build_mbconv(struct tg *t, const struct mb_case *c)
+{
+    tg_init(t, KILN_OP_KilnMBConv, c->sum ? 8 : 7, 11);
+    int64_t cin = c->expand ? c->cin : c->ce;
+    int64_t xd[4] = {c->n, cin, c->h, c->w}, we[4] = {c->ce, cin, 1, 1};
+    int64_t wd[4] = {c->ce, 1, c->k, c->k}, wp[4] = {c->cout, c->ce, 1, 1};
+    tg_in(t, 0, rand_tensor(4, xd), 0);
+    if (c->expand) {
+        tg_in(t, 1, rand_tensor(4, we), 1);
+        tg_in(t, 2, rand_tensor(1, &c->ce), 1);
+    }
+    tg_in(t, 3, rand_tensor(4, wd), 1);
+    tg_in(t, 4, rand_tensor(1, &c->ce), 1);
+    tg_in(t, 5, rand_tensor(4, wp), 1);
+    tg_in(t, 6, rand_tensor(1, &c->cout), 1);
+    attr_int(t, "dw_kernel", c->k);
+    attr_int(t, "dw_stride", c->s);
+    static const char *const names[3][3] = {
+        {"expand_activation", "expand_act_alpha", "expand_act_beta"},
+        {"dw_activation", "dw_act_alpha", "dw_act_beta"},
+        {"activation", "act_alpha", "act_beta"},
+    };
+    for (int i = 0; i < 3; i++) {
+        attr_str(t, names[i][0], c->act[i]);
+        attr_float(t, names[i][1], c->lo[i]);
+        attr_float(t, names[i][2], c->hi[i]);
+    }
+    if (c->sum) {
+        struct kiln_type ty;
+        if (infer_out(t, &ty) != KILN_OK) abort();
+        tg_in(t, 7, rand_tensor(4, ty.dims), 0);
+    }
+}
+
+/* The fused kernel (blocked input, residual and output; 1, 2 and 3 threads:
+ * row ranges that split images and bands) against KilnMBConv's reference
+ * kernel, which computes the three convolutions in double. Shapes: channel
+ * counts below, at and above the block of 16, 1x1 and odd planes, 3x3 and
+ * 5x5, strides 1 and 2, planes tall enough for several bands, input channels
+ * enough for several weight slices; every activation. The whole-model and
+ * ONNX tests (tests/python) check the fused graph against the unfused
+ * reference convolutions. */
+static void test_mbconv(void)
+{
+    static const struct mb_case cases[] = {
+        {2, 16, 96, 24, 16, 16, 3, 2, 1, 0, {"Clip", "Clip", ""}, {0, 0, 0}, {6, 6, 0}},
+        {1, 24, 144, 24, 9, 7, 3, 1, 1, 1, {"Relu", "Relu", ""}, {0}, {0}},
+        {3, 3, 17, 5, 5, 6, 5, 1, 1, 0, {"SiLU", "SiLU", "SiLU"}, {0}, {0}},
+        {1, 33, 40, 33, 13, 13, 5, 2, 1, 1, {"Clip", "", "Relu"}, {-1, 0, 0}, {2, 0, 0}},
+        {2, 0, 32, 16, 12, 12, 3, 1, 0, 0, {"", "Clip", ""}, {0, 0, 0}, {0, 6, 0}},
+        {1, 0, 17, 17, 5, 3, 3, 2, 0, 1, {"", "Relu", "Clip"}, {0, 0, -0.5f}, {0, 0, 0.5f}},
+        {2, 16, 16, 16, 1, 1, 3, 1, 1, 1, {"Relu", "Relu", ""}, {0}, {0}},
+        {1, 160, 960, 160, 7, 7, 3, 1, 1, 1, {"Clip", "Clip", ""}, {0, 0, 0}, {6, 6, 0}},
+        {1, 24, 144, 24, 56, 56, 3, 1, 1, 1, {"Clip", "Clip", ""}, {0, 0, 0}, {6, 6, 0}},
+        {2, 32, 192, 64, 28, 28, 3, 2, 1, 0, {"Clip", "Clip", ""}, {0, 0, 0}, {6, 6, 0}},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const struct mb_case *c = &cases[i];
+        struct tg t;
+        build_mbconv(&t, c);
+        char what[160];
+        snprintf(what, sizeof what, "mbconv %lldx%lld %lld->%lld->%lld->%lld k%lld s%lld n%lld%s",
+                 (long long)c->h, (long long)c->w, (long long)c->cin, (long long)c->ce,
+                 (long long)c->cout, (long long)c->ce, (long long)c->k, (long long)c->s,
+                 (long long)c->n, c->sum ? " +sum" : "");
+        int in_l[8] = {16, 0, 0, 0, 0, 0, 0, 16};
+        differ(&t, what, in_l, 16, 1);
+        kiln_tensor *ref = run_ref(&t);
+        int handled;
+        kiln_tensor *got = run_fast(&t, in_l, 16, 3, &handled);
+        CHECK(handled && rel_err(ref, got) <= 1e-4, "%s on 3 threads: error %g", what,
+              rel_err(ref, got));
+        kiln_tensor_free(got);
+        kiln_tensor_free(ref);
+        /* the kernel takes blocked storage only, and AVX-512 only */
+        int plain[8] = {0};
+        got = run_fast(&t, plain, 0, 1, &handled);
+        CHECK(!handled, "%s: accepted plain storage", what);
+        kiln_tensor_free(got);
+        setenv("KILN_ISA", "avx2", 1);
+        got = run_fast(&t, in_l, 16, 1, &handled);
+        unsetenv("KILN_ISA");
+        CHECK(!handled, "%s: compiled without AVX-512", what);
+        kiln_tensor_free(got);
+        tg_free(&t);
+    }
+}
+
 /* ---- the layout pass on a small network, run node by node ---- */
 
 /* Run g (verified) node by node: fast kernels with the values' layouts when
@@ -1005,6 +1105,8 @@ int main(void)
     test_matmul();
     test_pool();
     test_reorder();
+    if (kiln_cpu_isa() == KILN_ISA_AVX512) test_mbconv();
+    else printf("no AVX-512: the fused MBConv kernel is not compiled here\n");
     test_layout_pass(16);
     test_layout_pass(8);
     const char *verbose = getenv("KILN_VERBOSE");

@@ -89,10 +89,13 @@ def exported(tmp_path_factory):
 # on plans and fast kernels (--disable-optimizer), the pure reference path
 # (--reference), the AVX2 kernels and 8-wide blocked layouts (KILN_ISA=avx2),
 # the portable fallbacks (KILN_ISA=scalar), and direct convolutions only
-# (KILN_WINOGRAD=0; the default runs 3x3 stride-1 convolutions with Winograd).
+# (KILN_WINOGRAD=0; the default runs 3x3 stride-1 convolutions with Winograd),
+# and inverted-residual blocks as three oneDNN convolutions (KILN_MBCONV=0;
+# the default fuses them into KilnMBConv on AVX-512 CPUs).
 MODES = {
     "default": ([], {}),
     "direct-conv": ([], {"KILN_WINOGRAD": "0"}),
+    "unfused-blocks": ([], {"KILN_MBCONV": "0"}),
     "fused-reference-kernels": ([], {"KILN_FAST": "0"}),
     "disable-optimizer": (["--disable-optimizer"], {}),
     "reference": (["--reference"], {}),

@@ -3,14 +3,19 @@
  *
  *   KilnFusedConv(X, W, [B], [Sum])      Y = act(Conv(X, W, B) + Sum)
  *   KilnFusedMatMul(A, B, [Bias], [Sum]) Y = act(alpha * opA(A) @ opB(B) + Bias + Sum)
+ *   KilnMBConv(X, [We], [Be], Wd, [Bd], Wp, [Bp], [Sum])
+ *                                        expand 1x1, depthwise kxk, project 1x1 (opt.h)
  *
  * Both run the unfused reference code: Conv's and MatMul's own kernels
  * (through kiln_op_impl, with the fused node, whose Conv attributes have
  * Conv's names) do the product, then the epilogue adds Bias and Sum
  * (numpy broadcasting into Y) and applies the activation in double, with
  * the formulas of the activation ops' reference kernels (elementwise.c).
+ * KilnMBConv's reference computes its three convolutions directly in
+ * double, on plain NCHW tensors.
  */
 #include <float.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 #include "core/tensor.h"
@@ -28,8 +33,10 @@ struct act_params {
     double alpha, beta;
 };
 
-/* Parse the activation attributes of a fused node (defaults as the ONNX ops'). */
-static kiln_status act_parse(const struct kiln_node *node, struct act_params *p)
+/* Parse the activation attributes of a fused node (defaults as the ONNX ops'):
+ * <prefix>activation, <prefix>act_alpha, <prefix>act_beta. */
+static kiln_status act_parse_prefixed(const struct kiln_node *node, const char *prefix,
+                                      struct act_params *p)
 {
     static const struct {
         const char *name;
@@ -48,15 +55,24 @@ static kiln_status act_parse(const struct kiln_node *node, struct act_params *p)
         {"Gelu", ACT_GELU, 0, 0},
         {"GeluTanh", ACT_GELU_TANH, 0, 0},
     };
-    const char *s = kiln_attr_str(node, "activation", "");
+    char an[40], aa[40], ab[40];
+    snprintf(an, sizeof an, "%sactivation", prefix);
+    snprintf(aa, sizeof aa, "%sact_alpha", prefix);
+    snprintf(ab, sizeof ab, "%sact_beta", prefix);
+    const char *s = kiln_attr_str(node, an, "");
     for (size_t i = 0; i < sizeof acts / sizeof acts[0]; i++) {
         if (strcmp(s, acts[i].name) != 0) continue;
         p->kind = acts[i].kind;
-        p->alpha = kiln_attr_float(node, "act_alpha", (float)acts[i].alpha);
-        p->beta = kiln_attr_float(node, "act_beta", (float)acts[i].beta);
+        p->alpha = kiln_attr_float(node, aa, (float)acts[i].alpha);
+        p->beta = kiln_attr_float(node, ab, (float)acts[i].beta);
         return KILN_OK;
     }
-    return kiln_node_error(node, KILN_ERR_INVALID_MODEL, "activation '%s' is not known", s);
+    return kiln_node_error(node, KILN_ERR_INVALID_MODEL, "%s '%s' is not known", an, s);
+}
+
+static kiln_status act_parse(const struct kiln_node *node, struct act_params *p)
+{
+    return act_parse_prefixed(node, "", p);
 }
 
 static double sigmoid(double x)
@@ -315,3 +331,166 @@ static kiln_status fused_matmul_run(struct kiln_run_ctx *ctx)
 }
 
 KILN_REF_OP(KilnFusedMatMul, fused_matmul_infer, fused_matmul_run);
+
+/* ---- KilnMBConv ---- */
+
+struct mbconv_geom {
+    int64_t n, cin, ce, cout, h, w, ho, wo;
+    int k, s;
+    struct act_params act[3]; /* expand, depthwise, project */
+};
+
+/* Check the weights' shapes against X's (x may have unknown dims, < 0) and
+ * fill g. We (expand) may be absent (NULL): the depthwise then reads X. */
+static kiln_status mbconv_geom(const struct kiln_node *node, const struct kiln_type *x,
+                               const struct kiln_type *we, const struct kiln_type *wd,
+                               const struct kiln_type *wp, struct mbconv_geom *g)
+{
+    kiln_status st = act_parse_prefixed(node, "expand_", &g->act[0]);
+    if (st == KILN_OK) st = act_parse_prefixed(node, "dw_", &g->act[1]);
+    if (st == KILN_OK) st = act_parse_prefixed(node, "", &g->act[2]);
+    if (st != KILN_OK) return st;
+    int64_t k = kiln_attr_int(node, "dw_kernel", 3), s = kiln_attr_int(node, "dw_stride", 1);
+    if (k < 1 || k > 15 || k % 2 == 0 || s < 1 || s > 8)
+        return kiln_node_error(node, KILN_ERR_INVALID_MODEL,
+                               "dw_kernel %lld / dw_stride %lld: expected an odd kernel of 1-15 "
+                               "and a stride of 1-8",
+                               (long long)k, (long long)s);
+    g->k = (int)k;
+    g->s = (int)s;
+    if (!x || !wd || !wp || x->rank != 4 || wd->rank != 4 || (we && we->rank != 4) ||
+        wp->rank != 4)
+        return kiln_node_error(node, KILN_ERR_INVALID_MODEL, "X and the weights must be 4-D");
+    g->n = x->dims[0];
+    g->ce = wd->dims[0];
+    g->cin = we ? we->dims[1] : g->ce;
+    g->cout = wp->dims[0];
+    g->h = x->dims[2];
+    g->w = x->dims[3];
+    bool ok = wd->dims[1] == 1 && wd->dims[2] == k && wd->dims[3] == k &&
+              (!we || (we->dims[0] == g->ce && we->dims[2] == 1 && we->dims[3] == 1)) &&
+              wp->dims[1] == g->ce && wp->dims[2] == 1 && wp->dims[3] == 1 &&
+              (x->dims[1] < 0 || x->dims[1] == g->cin);
+    if (!ok)
+        return kiln_node_error(node, KILN_ERR_INVALID_MODEL,
+                               "weights do not chain: X has %lld channels, the depthwise weight "
+                               "is [%lld,%lld,%lld,%lld], the project's [%lld,%lld,%lld,%lld], "
+                               "expand %s",
+                               (long long)x->dims[1], (long long)wd->dims[0],
+                               (long long)wd->dims[1], (long long)wd->dims[2],
+                               (long long)wd->dims[3], (long long)wp->dims[0],
+                               (long long)wp->dims[1], (long long)wp->dims[2],
+                               (long long)wp->dims[3], we ? "present" : "absent");
+    int64_t p = k / 2;
+    g->ho = g->h >= 0 ? (g->h + 2 * p - k) / s + 1 : -1;
+    g->wo = g->w >= 0 ? (g->w + 2 * p - k) / s + 1 : -1;
+    return KILN_OK;
+}
+
+static kiln_status mbconv_check_bias(const struct kiln_node *node, const char *what,
+                                     const struct kiln_type *b, int64_t c)
+{
+    if (!b || b->rank < 0) return KILN_OK;
+    if (b->rank != 1 || (b->dims[0] >= 0 && b->dims[0] != c))
+        return kiln_node_error(node, KILN_ERR_INVALID_MODEL, "%s must be [%lld]", what,
+                               (long long)c);
+    return KILN_OK;
+}
+
+static kiln_status mbconv_infer(struct kiln_infer_ctx *ctx)
+{
+    struct mbconv_geom g;
+    kiln_status st = mbconv_geom(ctx->node, ctx->in[0], ctx->in[1], ctx->in[3], ctx->in[5], &g);
+    if (st == KILN_OK && !ctx->in[1] && opt_in(ctx, 2))
+        st = kiln_node_error(ctx->node, KILN_ERR_INVALID_MODEL,
+                             "Be is given for an absent expand");
+    if (st == KILN_OK) st = mbconv_check_bias(ctx->node, "Be", opt_in(ctx, 2), g.ce);
+    if (st == KILN_OK) st = mbconv_check_bias(ctx->node, "Bd", opt_in(ctx, 4), g.ce);
+    if (st == KILN_OK) st = mbconv_check_bias(ctx->node, "Bp", opt_in(ctx, 6), g.cout);
+    if (st != KILN_OK || !ctx->out[0]) return st;
+    struct kiln_type *y = ctx->out[0];
+    kiln_type_unknown(y);
+    y->dtype = ctx->in[0]->dtype;
+    y->rank = 4;
+    y->dims[0] = g.n;
+    y->sym[0] = ctx->in[0]->sym[0];
+    y->dims[1] = g.cout;
+    y->dims[2] = g.ho;
+    y->dims[3] = g.wo;
+    return infer_check_into(ctx->node, "sum", opt_in(ctx, 7), y);
+}
+
+static double mb_bias(const kiln_tensor *b, int64_t c)
+{
+    return b ? kiln_get_f64(b->dtype, b->data, c) : 0.0;
+}
+
+static kiln_status mbconv_run(struct kiln_run_ctx *ctx)
+{
+    const kiln_tensor *x = ctx->in[0], *we = ctx->in[1], *wd = ctx->in[3], *wp = ctx->in[5];
+    const kiln_tensor *be = ctx->n_in > 2 ? ctx->in[2] : NULL, *bd = ctx->n_in > 4 ? ctx->in[4] : NULL;
+    const kiln_tensor *bp = ctx->n_in > 6 ? ctx->in[6] : NULL, *sum = ctx->n_in > 7 ? ctx->in[7] : NULL;
+    kiln_tensor *y = ctx->out[0];
+    struct kiln_type tx, twe, twd, twp;
+    kiln_type_from_tensor(&tx, x);
+    if (we) kiln_type_from_tensor(&twe, we);
+    if (!wd || !wp)
+        return kiln_node_error(ctx->node, KILN_ERR_INVALID_MODEL, "Wd and Wp are required");
+    kiln_type_from_tensor(&twd, wd);
+    kiln_type_from_tensor(&twp, wp);
+    struct mbconv_geom g;
+    kiln_status st = mbconv_geom(ctx->node, &tx, we ? &twe : NULL, &twd, &twp, &g);
+    if (st == KILN_OK) st = check_into(ctx->node, "sum", sum, y);
+    if (st != KILN_OK) return st;
+    if (y->rank != 4 || y->dims[1] != g.cout || y->dims[2] != g.ho || y->dims[3] != g.wo)
+        return kiln_node_error(ctx->node, KILN_ERR_INTERNAL, "output shape does not match");
+    const int64_t hw = g.h * g.w, ohw = g.ho * g.wo, p = g.k / 2;
+    double *e = malloc(sizeof(double) * (size_t)(g.ce * hw + g.ce * ohw + 1));
+    if (!e) return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory in KilnMBConv");
+    double *d = e + g.ce * hw;
+    kiln_dtype dt = x->dtype;
+    struct kiln_bcast_iter it;
+    const kiln_tensor *ins[1] = {sum ? sum : y};
+    kiln_bcast_iter_init(&it, y, 1, ins);
+    for (int64_t n = 0; n < g.n; n++) {
+        for (int64_t c = 0; c < g.ce; c++)
+            for (int64_t i = 0; i < hw; i++) {
+                if (!we) {
+                    e[c * hw + i] = kiln_get_f64(dt, x->data, (n * g.cin + c) * hw + i);
+                    continue;
+                }
+                double v = mb_bias(be, c);
+                for (int64_t q = 0; q < g.cin; q++)
+                    v += kiln_get_f64(dt, we->data, c * g.cin + q) *
+                         kiln_get_f64(dt, x->data, (n * g.cin + q) * hw + i);
+                e[c * hw + i] = act_apply(&g.act[0], v);
+            }
+        for (int64_t c = 0; c < g.ce; c++)
+            for (int64_t oy = 0; oy < g.ho; oy++)
+                for (int64_t ox = 0; ox < g.wo; ox++) {
+                    double v = mb_bias(bd, c);
+                    for (int ky = 0; ky < g.k; ky++)
+                        for (int kx = 0; kx < g.k; kx++) {
+                            int64_t iy = oy * g.s - p + ky, ix = ox * g.s - p + kx;
+                            if (iy < 0 || iy >= g.h || ix < 0 || ix >= g.w) continue;
+                            v += kiln_get_f64(dt, wd->data, (c * g.k + ky) * g.k + kx) *
+                                 e[c * hw + iy * g.w + ix];
+                        }
+                    d[c * ohw + oy * g.wo + ox] = act_apply(&g.act[1], v);
+                }
+        for (int64_t c = 0; c < g.cout; c++)
+            for (int64_t i = 0; i < ohw; i++) {
+                int64_t yi = (n * g.cout + c) * ohw + i;
+                double v = mb_bias(bp, c);
+                for (int64_t q = 0; q < g.ce; q++)
+                    v += kiln_get_f64(dt, wp->data, c * g.ce + q) * d[q * ohw + i];
+                if (sum) v += kiln_get_f64(dt, sum->data, it.off[0]);
+                kiln_set_f64(dt, y->data, yi, act_apply(&g.act[2], v));
+                kiln_bcast_iter_next(&it);
+            }
+    }
+    free(e);
+    return KILN_OK;
+}
+
+KILN_REF_OP(KilnMBConv, mbconv_infer, mbconv_run);

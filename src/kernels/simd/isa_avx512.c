@@ -18,39 +18,9 @@
 #pragma GCC target("avx512f,avx512dq,avx2,fma")
 #endif
 
-typedef __m512 vf;
-typedef __mmask16 vm;
-#define W 16
+#include "kernels/simd/vocab_avx512.h"
 #define SIMD_TABLE kiln_simd_avx512
 #define SIMD_ISA "avx512"
-
-static inline vf vld(const float *p) { return _mm512_loadu_ps(p); }
-static inline void vst(float *p, vf v) { _mm512_storeu_ps(p, v); }
-static inline vf vset(float x) { return _mm512_set1_ps(x); }
-static inline vf vfma(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); }
-static inline vf vmaxs(vf a, vf b) { return _mm512_max_ps(a, b); }
-static inline vf vmins(vf a, vf b) { return _mm512_min_ps(a, b); }
-static inline vm vlt(vf a, vf b) { return _mm512_cmp_ps_mask(a, b, _CMP_LT_OQ); }
-static inline vf vsel(vm m, vf a, vf b) { return _mm512_mask_blend_ps(m, a, b); }
-static inline vf vabs(vf a) { return _mm512_abs_ps(a); }
-static inline vf vneg(vf a) { return _mm512_xor_ps(a, _mm512_set1_ps(-0.0f)); }
-static inline vf vsqrt(vf a) { return _mm512_sqrt_ps(a); }
-static inline vf vcopysign(vf mag, vf sign)
-{
-    const vf s = _mm512_set1_ps(-0.0f);
-    return _mm512_or_ps(_mm512_andnot_ps(s, mag), _mm512_and_ps(s, sign));
-}
-static inline float vhsum(vf a) { return _mm512_reduce_add_ps(a); }
-static inline float vhmax(vf a) { return _mm512_reduce_max_ps(a); }
-static inline vf vround(vf a)
-{
-    return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-}
-static inline vf vpow2i(vf n)
-{
-    __m512i i = _mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127));
-    return _mm512_castsi512_ps(_mm512_slli_epi32(i, 23));
-}
 
 #include "kernels/simd/simd_body.h"
 

@@ -29,6 +29,8 @@ static inline vf vsel(vm m, vf a, vf b) { return m ? b : a; }
 static inline vf vabs(vf a) { return fabsf(a); }
 static inline vf vneg(vf a) { return -a; }
 static inline vf vsqrt(vf a) { return sqrtf(a); }
+/* 1 / a for a in [1, 2] */
+static inline vf vrecip12(vf a) { return 1.0f / a; }
 static inline float vhsum(vf a) { return a; }
 static inline float vhmax(vf a) { return a; }
 

@@ -9,6 +9,7 @@
  *   vmins(a, b)            a < b ? a : b
  *   vlt(a, b), vsel(m, a, b)   mask of a < b; m ? b : a per lane
  *   vabs vneg vsqrt vcopysign(mag, sign) vhsum vhmax
+ *   vrecip12(a)            1 / a for a in [1, 2], within 2 ulp (estimate + Newton)
  *   SIMD_TABLE, SIMD_ISA   the exported table's name and its ISA string
  * and, unless SIMD_SCALAR (which takes its math from libm instead):
  *   vround(a)              to nearest integer value (ties even)
@@ -35,32 +36,7 @@ static inline void vst_part(float *p, vf v, int64_t n)
 /* ---- Math ---- */
 #ifndef SIMD_SCALAR
 
-/* exp(hi + lo) with |lo| < 2; Cody-Waite reduction (hi's part exact), the
- * Cephes expf polynomial, and 2^n applied in two halves so that results
- * overflow to inf and underflow gradually through the denormals. */
-static inline vf v_exp2s(vf hi, vf lo, float shift)
-{
-    hi = vmins(vset(89.0f), vmaxs(vset(-120.0f), hi)); /* NaN passes; 2^n halves stay normal */
-    vf n = vround((hi + lo) * vset(1.44269504088896341f));
-    vf r = vfma(n, vset(-0.693359375f), hi);
-    r = vfma(n, vset(2.12194440e-4f), r);
-    r = r + lo;
-    vf p = vset(1.9875691500e-4f);
-    p = vfma(p, r, vset(1.3981999507e-3f));
-    p = vfma(p, r, vset(8.3334519073e-3f));
-    p = vfma(p, r, vset(4.1665795894e-2f));
-    p = vfma(p, r, vset(1.6666665459e-1f));
-    p = vfma(p, r, vset(5.0000001201e-1f));
-    vf y = vfma(p, r * r, r) + vset(1.0f);
-    vf n1 = vround(n * vset(0.5f));
-    vf n2 = n - n1 + vset(shift);
-    return y * vpow2i(n1) * vpow2i(n2);
-}
-
-/* exp(hi + lo); v_exp2s(hi, lo, s) is exp(hi + lo) * 2^s (s in [0, 32]), for
- * callers that scale a result that would be denormal before rounding it. */
-static inline vf v_exp2(vf hi, vf lo) { return v_exp2s(hi, lo, 0.0f); }
-static inline vf v_exp(vf x) { return v_exp2(x, vset(0.0f)); }
+#include "kernels/simd/simd_math.h"
 
 /* tanh: odd Taylor polynomial to x^15 below 0.55, 1 - 2 / (e^2|x| + 1) above. */
 static inline vf v_tanh(vf x)
@@ -150,14 +126,6 @@ static inline vf v_gelu(vf x)
     vf ecm = vsel(small, (core * m) * down, m * ec);      /* 0.5 x erfc(z) */
     vm neg = vlt(x, vset(0.0f));
     return v_gelu_nonfinite(x, neg, vsel(neg, x - m * ec, ecm));
-}
-
-/* Sigmoid: 1 / (1 + e^-|x|), times e^-|x| for x < 0. */
-static inline vf v_sigmoid(vf v)
-{
-    vf e = v_exp(vneg(vabs(v)));
-    vf r = vset(1.0f) / (vset(1.0f) + e);
-    return vsel(vlt(v, vset(0.0f)), r, e * r);
 }
 
 /* Gelu, tanh form: 0.5 x (1 + tanh(u)) = x sigmoid(v), v = 2u = x (c1 +

@@ -1,0 +1,389 @@
+/*
+ * mbconv_avx512.c - the arithmetic of the fused inverted-residual block
+ * (mbconv.h), for AVX-512 (compiled for it by a target pragma; called only
+ * after kiln_cpu_isa() reported AVX-512).
+ *
+ * Both 1x1 convolutions are one register-tiled product per image row:
+ * up to 28 zmm accumulators (6 pixels x 4 blocks of 16 output channels,
+ * 8 x 3, 14 x 2 or 28 x 1), the
+ * input channel broadcast from the blocked row, the weights' 4 vectors
+ * loaded per input channel. Bias starts the accumulators; the clamp (and the
+ * residual) are applied before the single store. The depthwise row runs 8
+ * output pixels of one channel block at a time over the ring of expanded
+ * rows, whose pad columns are zero.
+ */
+#include <immintrin.h>
+#include <string.h>
+
+#include "kernels/simd/mbconv.h"
+
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx512f,avx512dq,avx2,fma"))), apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512dq,avx2,fma")
+#endif
+
+#include "kernels/simd/vocab_avx512.h"
+#include "kernels/simd/simd_math.h"
+
+#define MB_AI static inline __attribute__((always_inline))
+#define MB_PARTIAL (-1) /* act of a product slice that more input channels follow */
+#define MB_MR 28 /* most pixels per tile (with one output block) */
+#define MB_NR 4  /* most output channel blocks per tile */
+
+/* x * sigmoid(x) over n vectors of 16, each vs apart (just written, in L1).
+ * Not inlined: its constants would take registers from the product loops. */
+static __attribute__((noinline)) void mb_silu(float *p, int64_t n, ptrdiff_t vs)
+{
+    for (int64_t i = 0; i < n; i++) {
+        vf v = vld(p + i * vs);
+        vst(p + i * vs, v * v_sigmoid(v));
+    }
+}
+
+/* One product tile (see the file comment): pixel i's input channel k is at
+ * a[(k / 16) * a_kbs + i * 16 + k % 16], weight row k at b + k * ldb, output
+ * block j of pixel i at c[j * c_bs + i * 16] (the residual likewise). The
+ * sums start from bias, or from c where bias is NULL (a later slice of the
+ * input channels); res and clamp apply to the last slice only. */
+MB_AI void mb_tile(const int mr, const int nr, int kb_n, const float *a, ptrdiff_t a_kbs,
+                   const float *b, ptrdiff_t ldb, const float *bias, float *c, ptrdiff_t c_bs,
+                   const float *res, int act, float lo_f, float hi_f)
+{
+    __m512 acc[MB_MR][MB_NR];
+    if (bias) {
+#pragma GCC unroll 4
+        for (int j = 0; j < nr; j++) {
+            __m512 bj = _mm512_loadu_ps(bias + j * 16);
+#pragma GCC unroll 28
+            for (int i = 0; i < mr; i++) acc[i][j] = bj;
+        }
+    } else { /* a later slice of the input channels: continue the stored sums */
+#pragma GCC unroll 4
+        for (int j = 0; j < nr; j++)
+#pragma GCC unroll 28
+            for (int i = 0; i < mr; i++) acc[i][j] = _mm512_loadu_ps(c + j * c_bs + i * 16);
+    }
+    for (int kb = 0; kb < kb_n; kb++) {
+        const float *ak = a + kb * a_kbs;
+        const float *bk = b + (ptrdiff_t)kb * 16 * ldb;
+#pragma GCC unroll 4
+        for (int kk = 0; kk < 16; kk++) {
+            __m512 wv[MB_NR];
+#pragma GCC unroll 4
+            for (int j = 0; j < nr; j++) wv[j] = _mm512_loadu_ps(bk + kk * ldb + j * 16);
+#pragma GCC unroll 28
+            for (int i = 0; i < mr; i++) {
+                __m512 av = _mm512_set1_ps(ak[i * 16 + kk]);
+#pragma GCC unroll 4
+                for (int j = 0; j < nr; j++) acc[i][j] = _mm512_fmadd_ps(av, wv[j], acc[i][j]);
+            }
+        }
+    }
+    const __m512 lo = _mm512_set1_ps(lo_f), hi = _mm512_set1_ps(hi_f);
+#pragma GCC unroll 4
+    for (int j = 0; j < nr; j++)
+#pragma GCC unroll 28
+        for (int i = 0; i < mr; i++) {
+            __m512 v = acc[i][j];
+            if (res) v = _mm512_add_ps(v, _mm512_loadu_ps(res + j * c_bs + i * 16));
+            /* x as the second operand: a NaN passes through; act < 0: the
+             * sums are partial (more input channels follow), stored as they are */
+            if (act == KILN_MB_CLAMP) v = _mm512_min_ps(hi, _mm512_max_ps(lo, v));
+            _mm512_storeu_ps(c + j * c_bs + i * 16, v);
+        }
+}
+
+#define MB_TILE_CASE(MR, NR)                                                                  \
+    case (MR) * 8 + (NR):                                                                     \
+        mb_tile(MR, NR, kb_n, a, a_kbs, b, ldb, bias, c, c_bs, res, act, lo, hi);           \
+        break;
+#define MB_TILE_ROW(MR) MB_TILE_CASE(MR, 1) MB_TILE_CASE(MR, 2) MB_TILE_CASE(MR, 3) MB_TILE_CASE(MR, 4)
+
+static void mb_tile_any(int mr, int nr, int kb_n, const float *a, ptrdiff_t a_kbs, const float *b,
+                        ptrdiff_t ldb, const float *bias, float *c, ptrdiff_t c_bs,
+                        const float *res, int act, float lo, float hi)
+{
+    switch (mr * 8 + nr) {
+        MB_TILE_ROW(1) MB_TILE_ROW(2) MB_TILE_ROW(3) MB_TILE_ROW(4) MB_TILE_ROW(5)
+        MB_TILE_ROW(6) MB_TILE_CASE(7, 1) MB_TILE_CASE(7, 2) MB_TILE_CASE(7, 3)
+        MB_TILE_CASE(8, 1) MB_TILE_CASE(8, 2) MB_TILE_CASE(8, 3)
+        MB_TILE_CASE(9, 1) MB_TILE_CASE(9, 2)
+        MB_TILE_CASE(10, 1) MB_TILE_CASE(10, 2) MB_TILE_CASE(11, 1) MB_TILE_CASE(11, 2)
+        MB_TILE_CASE(12, 1) MB_TILE_CASE(12, 2) MB_TILE_CASE(13, 1) MB_TILE_CASE(13, 2)
+        MB_TILE_CASE(14, 1) MB_TILE_CASE(14, 2)
+        MB_TILE_CASE(16, 1) MB_TILE_CASE(20, 1) MB_TILE_CASE(24, 1) MB_TILE_CASE(28, 1)
+    default: /* a remainder with one block: split it */
+        for (int i = 0; i < mr; i += 7)
+            mb_tile_any(mr - i < 7 ? mr - i : 7, nr, kb_n, a + i * 16, a_kbs, b, ldb, bias,
+                        c + i * 16, c_bs, res ? res + i * 16 : NULL, act, lo, hi);
+        break;
+    }
+}
+
+/* A 1x1 convolution over nrows rows of npix pixels: kb_n input blocks, nb
+ * output blocks. Pixel stride 16 everywhere; a's row stride a_rs and
+ * input-block stride a_kbs; b's row stride ldb; c's (and res's) row stride
+ * c_rs and output-block stride c_bs. The rows share each panel of weights
+ * (the block group's columns), which stays in L1 across them. */
+static void mb_gemm_rows(int64_t nrows, int64_t npix, int kb_n, const float *a, ptrdiff_t a_rs,
+                         ptrdiff_t a_kbs, const float *b, ptrdiff_t ldb, int nb,
+                         const float *bias, float *c, ptrdiff_t c_rs, ptrdiff_t c_bs,
+                         const float *res, int act, float lo, float hi)
+{
+    /* output blocks in equal groups of at most 4, pixels in near-equal tiles
+     * of at most mr_for_nr[nr]: the accumulators, the weight vectors and one
+     * broadcast fit the 32 registers, and no tile is left with a pixel or two
+     * (too few accumulators to cover the FMA latency) */
+    int groups = (nb + MB_NR - 1) / MB_NR, nr0 = (nb + groups - 1) / groups;
+    static const int mr_for_nr[5] = {0, 28, 14, 8, 6};
+    /* input channels in slices whose weight panel (16 kc rows of nr0 blocks)
+     * stays within 24 KiB of L1 while every row of the band uses it */
+    int kc = 24 / nr0 > 0 ? 24 / nr0 : 1, slices = (kb_n + kc - 1) / kc;
+    kc = (kb_n + slices - 1) / slices;
+    for (int jb = 0; jb < nb; jb += nr0) {
+        int nr = nb - jb < nr0 ? nb - jb : nr0;
+        int64_t tiles = (npix + mr_for_nr[nr] - 1) / mr_for_nr[nr];
+        for (int k0 = 0; k0 < kb_n; k0 += kc) {
+            int kn = kb_n - k0 < kc ? kb_n - k0 : kc, last = k0 + kn == kb_n;
+            const float *bj = b + (ptrdiff_t)k0 * 16 * ldb + jb * 16;
+            for (int64_t row = 0; row < nrows; row++) {
+                const float *ar = a + row * a_rs + k0 * a_kbs;
+                float *cr = c + row * c_rs + jb * c_bs;
+                const float *rr = res && last ? res + row * c_rs + jb * c_bs : NULL;
+                for (int64_t t = 0; t < tiles; t++) {
+                    int64_t i0 = t * npix / tiles, i1 = (t + 1) * npix / tiles;
+                    mb_tile_any((int)(i1 - i0), nr, kn, ar + i0 * 16, a_kbs, bj, ldb,
+                                k0 == 0 ? bias + jb * 16 : NULL, cr + i0 * 16, c_bs,
+                                rr ? rr + i0 * 16 : NULL, last ? act : MB_PARTIAL, lo, hi);
+                    if (last && act == KILN_MB_SILU)
+                        for (int j = 0; j < nr; j++) mb_silu(cr + j * c_bs + i0 * 16, i1 - i0, 16);
+                }
+            }
+        }
+    }
+}
+
+/* T (<= 8) depthwise outputs of one channel block for a KxK kernel (3 or 5)
+ * with stride S (1 or 2): each input vector of a row is loaded once and used
+ * by every tap that reads it (at most 7 * 2 + 5 = 19 vectors). */
+MB_AI void mb_dw_tile(const int K, const int S, const int T, const float *const *rows,
+                      ptrdiff_t off, const float *wk, __m512 bias, float *out, int act,
+                      __m512 lo, __m512 hi)
+{
+    __m512 acc[8];
+#pragma GCC unroll 8
+    for (int t = 0; t < T; t++) acc[t] = bias;
+#pragma GCC unroll 5
+    for (int ky = 0; ky < K; ky++) {
+        if (!rows[ky]) continue;
+        const float *r = rows[ky] + off;
+        __m512 in[20];
+#pragma GCC unroll 20
+        for (int q = 0; q < (T - 1) * S + K; q++) in[q] = _mm512_loadu_ps(r + q * 16);
+#pragma GCC unroll 5
+        for (int kx = 0; kx < K; kx++) {
+            __m512 wv = _mm512_loadu_ps(wk + (ky * K + kx) * 16);
+#pragma GCC unroll 8
+            for (int t = 0; t < T; t++) acc[t] = _mm512_fmadd_ps(wv, in[t * S + kx], acc[t]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int t = 0; t < T; t++) {
+        __m512 v = acc[t];
+        if (act == KILN_MB_CLAMP) v = _mm512_min_ps(hi, _mm512_max_ps(lo, v));
+        _mm512_storeu_ps(out + t * 16, v);
+    }
+}
+
+/* Depthwise output row: rows[ky] is the padded ring row of input row
+ * oy * stride - pad + ky, or NULL where that row is outside the image;
+ * channel block cb of the output row goes to d + cb * d_bs (block cb of a
+ * ring row is e_bs after block 0). */
+static void mb_dw_row(const struct kiln_mbconv *m, const float *const *rows_b0, ptrdiff_t e_bs,
+                      float *d, ptrdiff_t d_bs)
+{
+    const int k = m->k, s = m->stride;
+    const int64_t wo = m->wo;
+    const __m512 lo = _mm512_set1_ps(m->lo[1]), hi = _mm512_set1_ps(m->hi[1]);
+    for (int cb = 0; cb < m->ce_b; cb++) {
+        const float *rows[16];
+        for (int ky = 0; ky < k; ky++) rows[ky] = rows_b0[ky] ? rows_b0[ky] + cb * e_bs : NULL;
+        const float *wk = m->wd + (ptrdiff_t)cb * k * k * 16;
+        const __m512 bias = _mm512_loadu_ps(m->bd + cb * 16);
+        float *dcb = d + cb * d_bs;
+        int64_t ox = 0;
+    const int act = m->act[1];
+#define MB_DW_TAIL(K, S, T)                                                                   \
+    case T:                                                                                   \
+        mb_dw_tile(K, S, T, rows, ox * (S) * 16, wk, bias, dcb + ox * 16,          \
+                   act, lo, hi);                                                      \
+        break;
+#define MB_DW_CASE(K, S)                                                                      \
+    if (k == (K) && s == (S)) {                                                               \
+        for (; ox + 8 <= wo; ox += 8)                                                         \
+            mb_dw_tile(K, S, 8, rows, ox * (S) * 16, wk, bias, dcb + ox * 16,     \
+                       act, lo, hi);                                                  \
+        switch (wo - ox) {                                                                    \
+            MB_DW_TAIL(K, S, 1) MB_DW_TAIL(K, S, 2) MB_DW_TAIL(K, S, 3) MB_DW_TAIL(K, S, 4)   \
+            MB_DW_TAIL(K, S, 5) MB_DW_TAIL(K, S, 6) MB_DW_TAIL(K, S, 7)                       \
+        default: break;                                                                       \
+        }                                                                                     \
+        ox = wo;                                                                              \
+    }
+        MB_DW_CASE(3, 1)
+        MB_DW_CASE(3, 2)
+        MB_DW_CASE(5, 1)
+        MB_DW_CASE(5, 2)
+#undef MB_DW_CASE
+#undef MB_DW_TAIL
+        for (; ox + 8 <= wo; ox += 8) {
+            __m512 acc[8];
+#pragma GCC unroll 8
+            for (int t = 0; t < 8; t++) acc[t] = bias;
+            for (int ky = 0; ky < k; ky++) {
+                if (!rows[ky]) continue;
+                const float *r = rows[ky] + ox * s * 16;
+                for (int kx = 0; kx < k; kx++) {
+                    __m512 wv = _mm512_loadu_ps(wk + (ky * k + kx) * 16);
+#pragma GCC unroll 8
+                    for (int t = 0; t < 8; t++)
+                        acc[t] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(r + (t * s + kx) * 16), acc[t]);
+                }
+            }
+#pragma GCC unroll 8
+            for (int t = 0; t < 8; t++) {
+                __m512 v = acc[t];
+                if (m->act[1] == KILN_MB_CLAMP) v = _mm512_min_ps(hi, _mm512_max_ps(lo, v));
+                _mm512_storeu_ps(dcb + (ox + t) * 16, v);
+            }
+        }
+        for (; ox < wo; ox++) {
+            __m512 acc = bias;
+            for (int ky = 0; ky < k; ky++) {
+                if (!rows[ky]) continue;
+                const float *r = rows[ky] + ox * s * 16;
+                for (int kx = 0; kx < k; kx++)
+                    acc = _mm512_fmadd_ps(_mm512_loadu_ps(wk + (ky * k + kx) * 16),
+                                          _mm512_loadu_ps(r + kx * 16), acc);
+            }
+            if (m->act[1] == KILN_MB_CLAMP) acc = _mm512_min_ps(hi, _mm512_max_ps(lo, acc));
+            _mm512_storeu_ps(dcb + ox * 16, acc);
+        }
+        if (act == KILN_MB_SILU) mb_silu(dcb, wo, 16);
+    }
+}
+
+/* Input rows a band of m->band output rows reads at most. */
+static int64_t mb_band_in_rows(const struct kiln_mbconv *m)
+{
+    return (m->band - 1) * m->stride + m->k;
+}
+
+int64_t kiln_mbconv_band(const struct kiln_mbconv *m)
+{
+    /* the band's expanded rows within 512 KiB (half the L2 of the CPUs this
+     * kernel targets), then bands of near-equal height */
+    int64_t row_bytes = (int64_t)m->ce_b * (m->w + 2 * m->pad) * 64;
+    int64_t in_rows = (512 * 1024) / (row_bytes > 0 ? row_bytes : 1);
+    int64_t band = in_rows > m->k ? (in_rows - m->k) / m->stride + 1 : 1;
+    if (band > m->ho) band = m->ho;
+    int64_t bands = (m->ho + band - 1) / band;
+    return (m->ho + bands - 1) / bands;
+}
+
+size_t kiln_mbconv_scratch_floats(const struct kiln_mbconv *m)
+{
+    size_t in = (size_t)m->ce_b * (size_t)mb_band_in_rows(m) * (size_t)(m->w + 2 * m->pad) * 16;
+    return in + (size_t)m->ce_b * (size_t)(m->band * m->wo) * 16;
+}
+
+/* Zero the lanes past c channels in the last block of one output row
+ * (blocks of wo pixels, block stride bs), so blocked padding stays zero. */
+static void mb_zero_pad_lanes(float *row, int64_t c, int64_t blocks, ptrdiff_t bs, int64_t wo)
+{
+    if (c % 16 == 0) return;
+    __mmask16 live = (__mmask16)((1u << (c % 16)) - 1);
+    float *yl = row + (blocks - 1) * bs;
+    for (int64_t ox = 0; ox < wo; ox++)
+        _mm512_storeu_ps(yl + ox * 16, _mm512_maskz_mov_ps(live, _mm512_loadu_ps(yl + ox * 16)));
+}
+
+void kiln_mbconv_rows(const struct kiln_mbconv *m, const float *x, const float *res, float *y,
+                      int64_t r0, int64_t r1, float *scratch)
+{
+    const int k = m->k, s = m->stride, pad = m->pad, nb = m->ce_b;
+    const int64_t h = m->h, w = m->w, ho = m->ho, wo = m->wo, wp = w + 2 * pad;
+    const int64_t in_rows = mb_band_in_rows(m);
+    /* the band's expanded input rows: [ce_b][in_rows][wp][16], pad columns zero */
+    const ptrdiff_t e_rs = wp * 16, e_bs = in_rows * e_rs;
+    float *e = scratch, *d = scratch + (ptrdiff_t)m->ce_b * e_bs;
+    const ptrdiff_t d_bs = (ptrdiff_t)m->band * wo * 16;
+    for (int cb = 0; cb < nb; cb++)
+        for (int64_t row = 0; row < in_rows; row++) {
+            float *r = e + cb * e_bs + row * e_rs;
+            memset(r, 0, sizeof(float) * 16 * (size_t)pad);
+            memset(r + (pad + w) * 16, 0, sizeof(float) * 16 * (size_t)pad);
+        }
+    const ptrdiff_t x_img = (ptrdiff_t)m->cin_b * h * w * 16, x_bs = (ptrdiff_t)h * w * 16;
+    const ptrdiff_t y_img = (ptrdiff_t)m->cout_b * ho * wo * 16, y_bs = (ptrdiff_t)ho * wo * 16;
+    int64_t cur_n = -1, first = 0, held = 0; /* e holds input rows first .. first + held - 1 */
+    for (int64_t r = r0; r < r1;) {
+        int64_t n = r / ho, oy0 = r % ho, nbr = m->band;
+        if (nbr > ho - oy0) nbr = ho - oy0;
+        if (nbr > r1 - r) nbr = r1 - r;
+        int64_t top = oy0 * s - pad, lo_in = top > 0 ? top : 0;
+        int64_t hi_in = top + (nbr - 1) * s + k - 1 < h - 1 ? top + (nbr - 1) * s + k - 1 : h - 1;
+        if (n != cur_n || lo_in >= first + held) {
+            cur_n = n;
+            first = lo_in;
+            held = 0;
+        } else if (lo_in > first) { /* keep the rows this band reads again */
+            int64_t drop = lo_in - first;
+            for (int cb = 0; cb < nb; cb++)
+                memmove(e + cb * e_bs, e + cb * e_bs + drop * e_rs,
+                        sizeof(float) * (size_t)((held - drop) * e_rs));
+            first = lo_in;
+            held -= drop;
+        }
+        const float *xi = x + n * x_img;
+        int64_t new_rows = hi_in - (first + held) + 1;
+        if (new_rows > 0) {
+            float *dst = e + held * e_rs;
+            const float *src = xi + (first + held) * w * 16;
+            if (m->we) {
+                mb_gemm_rows(new_rows, w, m->cin_b, src, w * 16, x_bs, m->we,
+                             (ptrdiff_t)m->ce_b * 16, nb, m->be, dst + pad * 16, e_rs,
+                             e_bs, NULL, m->act[0], m->lo[0], m->hi[0]);
+            } else { /* no expand: the band holds X's rows */
+                for (int cb = 0; cb < nb; cb++)
+                    for (int64_t row = 0; row < new_rows; row++)
+                        memcpy(dst + cb * e_bs + row * e_rs + pad * 16,
+                               src + cb * x_bs + row * w * 16, sizeof(float) * 16 * (size_t)w);
+            }
+            held += new_rows;
+        }
+        float *yr = y + n * y_img + oy0 * wo * 16;
+        for (int64_t i = 0; i < nbr; i++) {
+            const float *rows[16];
+            for (int ky = 0; ky < k; ky++) {
+                int64_t iy = (oy0 + i) * s - pad + ky;
+                rows[ky] = iy >= 0 && iy < h ? e + (iy - first) * e_rs : NULL;
+            }
+            mb_dw_row(m, rows, e_bs, d + i * wo * 16, d_bs);
+        }
+        mb_gemm_rows(1, nbr * wo, m->ce_b, d, 0, d_bs, m->wp, (ptrdiff_t)m->cout_b * 16,
+                     m->cout_b, m->bp, yr, 0, y_bs, res ? res + (yr - y) : NULL, m->act[2],
+                     m->lo[2], m->hi[2]);
+        for (int64_t i = 0; i < nbr; i++)
+            mb_zero_pad_lanes(yr + i * wo * 16, m->cout, m->cout_b, y_bs, wo);
+        r += nbr;
+    }
+}
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif

@@ -1,0 +1,47 @@
+/*
+ * simd_math.h - exp and sigmoid over the vector vocabulary of simd_body.h
+ * (vf, vset, vfma, vmins, vmaxs, vround, vpow2i, vneg, vabs, vlt, vsel,
+ * vrecip12), shared by the kernel tables (simd_body.h) and by kernels that
+ * apply an activation in registers (mbconv_avx512.c). Include it after the
+ * vocabulary is defined; not for SIMD_SCALAR (libm there).
+ */
+#ifndef KILN_KERNELS_SIMD_SIMD_MATH_H
+#define KILN_KERNELS_SIMD_SIMD_MATH_H
+
+/* exp(hi + lo) with |lo| < 2; Cody-Waite reduction (hi's part exact), the
+ * Cephes expf polynomial, and 2^n applied in two halves so that results
+ * overflow to inf and underflow gradually through the denormals. */
+static inline vf v_exp2s(vf hi, vf lo, float shift)
+{
+    hi = vmins(vset(89.0f), vmaxs(vset(-120.0f), hi)); /* NaN passes; 2^n halves stay normal */
+    vf n = vround((hi + lo) * vset(1.44269504088896341f));
+    vf r = vfma(n, vset(-0.693359375f), hi);
+    r = vfma(n, vset(2.12194440e-4f), r);
+    r = r + lo;
+    vf p = vset(1.9875691500e-4f);
+    p = vfma(p, r, vset(1.3981999507e-3f));
+    p = vfma(p, r, vset(8.3334519073e-3f));
+    p = vfma(p, r, vset(4.1665795894e-2f));
+    p = vfma(p, r, vset(1.6666665459e-1f));
+    p = vfma(p, r, vset(5.0000001201e-1f));
+    vf y = vfma(p, r * r, r) + vset(1.0f);
+    vf n1 = vround(n * vset(0.5f));
+    vf n2 = n - n1 + vset(shift);
+    return y * vpow2i(n1) * vpow2i(n2);
+}
+
+/* exp(hi + lo); v_exp2s(hi, lo, s) is exp(hi + lo) * 2^s (s in [0, 32]), for
+ * callers that scale a result that would be denormal before rounding it. */
+static inline vf v_exp2(vf hi, vf lo) { return v_exp2s(hi, lo, 0.0f); }
+static inline vf v_exp(vf x) { return v_exp2(x, vset(0.0f)); }
+
+/* Sigmoid: 1 / (1 + e^-|x|), times e^-|x| for x < 0 (the reciprocal of a
+ * value in [1, 2] by estimate and Newton steps, not a division). */
+static inline vf v_sigmoid(vf v)
+{
+    vf e = v_exp(vneg(vabs(v)));
+    vf r = vrecip12(vset(1.0f) + e);
+    return vsel(vlt(v, vset(0.0f)), r, e * r);
+}
+
+#endif
