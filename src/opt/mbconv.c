@@ -4,8 +4,9 @@
  * MobileNetV2) -> one KilnMBConv node (opt.h), whose kernel never stores the
  * expanded activation whole (src/kernels/simd/mbconv.c).
  *
- * Runs after the layout pass, on chains whose values are blocked by 16 (so
- * only on AVX-512 CPUs, where the fused kernel exists):
+ * Runs after the layout pass, on chains whose values are blocked by 16, and
+ * only where kiln_cpu_isa() is AVX-512 and the CPU runs the fused kernel
+ * (kiln_mbconv_cpu_ok: AVX-512 F and DQ):
  *   X -> Conv/KilnFusedConv 1x1 (group 1, stride 1, no pads, no Sum) -> E
  *     -> Conv/KilnFusedConv kxk depthwise (k odd <= 7, stride 1 or 2,
  *        pads k/2, no Sum) -> D
@@ -20,10 +21,13 @@
  * 5-8% slower end to end than oneDNN's two convolutions. KILN_MBCONV=0 in
  * the environment turns the pass off (for comparisons).
  */
+#include <float.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/threadpool.h"
 #include "kernels/kernel.h"
+#include "kernels/simd/mbconv.h"
 #include "opt/opt.h"
 
 struct conv_info {
@@ -86,8 +90,8 @@ static bool conv_info(const struct kiln_graph *g, int ni, struct conv_info *ci)
             return false;
     }
     ci->act = n->op == KILN_OP_KilnFusedConv ? kiln_attr_str(n, "activation", "") : "";
-    ci->alpha = kiln_attr_float(n, "act_alpha", 0.0f);
-    ci->beta = kiln_attr_float(n, "act_beta", 0.0f);
+    ci->alpha = kiln_attr_float(n, "act_alpha", -FLT_MAX);
+    ci->beta = kiln_attr_float(n, "act_beta", FLT_MAX);
     kiln_error_clear(); /* a mistyped attribute just means no match */
     if (strcmp(ci->act, "") != 0 && strcmp(ci->act, "Relu") != 0 &&
         strcmp(ci->act, "SiLU") != 0) {
@@ -171,7 +175,9 @@ static kiln_status emit(struct kiln_graph *g, struct kiln_opt_pass_log *pl,
 kiln_status kiln_opt_mbconv(struct kiln_graph *g, struct kiln_opt_pass_log *pl)
 {
     const char *env = getenv("KILN_MBCONV");
-    if (env && strcmp(env, "0") == 0) return KILN_OK;
+    if ((env && strcmp(env, "0") == 0) || kiln_cpu_isa() != KILN_ISA_AVX512 ||
+        !kiln_mbconv_cpu_ok())
+        return KILN_OK;
     int n_nodes = g->n_nodes;
     for (int pi = 0; pi < n_nodes; pi++) {
         struct conv_info p, d, e;

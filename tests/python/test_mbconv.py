@@ -153,6 +153,8 @@ def test_mobilenet_blocks_match_reference(tmp_path, size, threads):
     else:
         assert "MBConv" not in line and "Depthwise" not in line, line
     assert "MBConv" not in fusions(model, env={"KILN_MBCONV": "0"})
+    # no fused node where the kernels are told to stay below AVX-512
+    assert "MBConv" not in fusions(model, env={"KILN_ISA": "avx2"})
 
 
 @pytest.mark.parametrize("act", ["relu", "silu"])

@@ -399,6 +399,9 @@ static kiln_status mbconv_check_bias(const struct kiln_node *node, const char *w
 
 static kiln_status mbconv_infer(struct kiln_infer_ctx *ctx)
 {
+    if (ctx->n_in < 6)
+        return kiln_node_error(ctx->node, KILN_ERR_INVALID_MODEL, "has %d inputs, expected 6 to 8",
+                               ctx->n_in);
     struct mbconv_geom g;
     kiln_status st = mbconv_geom(ctx->node, ctx->in[0], ctx->in[1], ctx->in[3], ctx->in[5], &g);
     if (st == KILN_OK && !ctx->in[1] && opt_in(ctx, 2))
@@ -427,6 +430,9 @@ static double mb_bias(const kiln_tensor *b, int64_t c)
 
 static kiln_status mbconv_run(struct kiln_run_ctx *ctx)
 {
+    if (ctx->n_in < 6)
+        return kiln_node_error(ctx->node, KILN_ERR_INVALID_MODEL, "has %d inputs, expected 6 to 8",
+                               ctx->n_in);
     const kiln_tensor *x = ctx->in[0], *we = ctx->in[1], *wd = ctx->in[3], *wp = ctx->in[5];
     const kiln_tensor *be = ctx->n_in > 2 ? ctx->in[2] : NULL, *bd = ctx->n_in > 4 ? ctx->in[4] : NULL;
     const kiln_tensor *bp = ctx->n_in > 6 ? ctx->in[6] : NULL, *sum = ctx->n_in > 7 ? ctx->in[7] : NULL;

@@ -34,7 +34,7 @@ static inline vf vsel(vm m, vf a, vf b) { return _mm256_blendv_ps(a, b, m); }
 static inline vf vabs(vf a) { return _mm256_andnot_ps(_mm256_set1_ps(-0.0f), a); }
 static inline vf vneg(vf a) { return _mm256_xor_ps(a, _mm256_set1_ps(-0.0f)); }
 static inline vf vsqrt(vf a) { return _mm256_sqrt_ps(a); }
-/* 1 / a for a in [1, 2]: the 12-bit estimate and two Newton steps (within 2 ulp) */
+/* 1 / a for a in [1, 2]: the 12-bit estimate and two Newton steps (within 3 ulp) */
 static inline vf vrecip12(vf a)
 {
     vf r = _mm256_rcp_ps(a);

@@ -5,11 +5,13 @@
  * batch's output rows into one contiguous range per thread; the arithmetic
  * is in mbconv_avx512.c (mbconv.h).
  *
- * The node exists only where the layout pass blocked its values by 16, that
- * is on AVX-512 CPUs; the kernel declines anything else (the plan then falls
- * back as for any blocked value without a fast kernel). Without the expand
+ * The node exists only where the layout pass blocked its values by 16 and
+ * the CPU runs this kernel (kiln_mbconv_cpu_ok); the kernel declines
+ * anything else (the plan then falls back as for any blocked value without
+ * a fast kernel). Without the expand
  * (We absent) X must have the depthwise's channels.
  */
+#include <float.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -129,8 +131,8 @@ static int mb_act(const struct kiln_node *n, const char *prefix, int *act, float
     } else if (!strcmp(s, "Relu")) {
         *lo = 0.0f;
     } else if (!strcmp(s, "Clip")) {
-        *lo = kiln_attr_float(n, aa, 0.0f);
-        *hi = kiln_attr_float(n, ab, 0.0f);
+        *lo = kiln_attr_float(n, aa, -FLT_MAX);
+        *hi = kiln_attr_float(n, ab, FLT_MAX);
         if (!(*lo <= *hi)) return 0;
     } else {
         return 0;
@@ -145,10 +147,17 @@ static const float *mb_f32(const struct kiln_compile_ctx *cc, int i)
     return t && t->dtype == KILN_DTYPE_F32 ? t->data : NULL;
 }
 
+int kiln_mbconv_cpu_ok(void)
+{
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
+           __builtin_cpu_supports("fma") && __builtin_cpu_supports("avx2");
+}
+
 static kiln_status mb_compile(const struct kiln_compile_ctx *cc, struct kiln_kernel_inst *inst)
 {
     const struct kiln_node *n = cc->node;
-    if (kiln_cpu_isa() != KILN_ISA_AVX512 || cc->n_in < 6 || !cc->out[0]) return KILN_OK;
+    if (!kiln_mbconv_cpu_ok() || cc->n_in < 6 || !cc->out[0]) return KILN_OK;
     const struct kiln_type *x = cc->in[0], *y = cc->out[0];
     int has_e = cc->in[1] != NULL;
     int has_sum = cc->n_in > 7 && cc->in[7];
@@ -200,9 +209,10 @@ static kiln_status mb_compile(const struct kiln_compile_ctx *cc, struct kiln_ker
     mb_layout_init(&pa.l, cin, ce, cout, (int)k, has_e);
     /* the key is the first weight; the tag names the other inputs, so two
      * blocks sharing one weight never share a packed block */
-    char tag[160];
-    snprintf(tag, sizeof tag, "mbconv16:%p:%p:%p:%p:%p", (const void *)be, (const void *)wd,
-             (const void *)bd, (const void *)wp, (const void *)bp);
+    char tag[200];
+    snprintf(tag, sizeof tag, "mbconv16:%d:%lld:%lld:%lld:%lld:%p:%p:%p:%p:%p", has_e,
+             (long long)k, (long long)cin, (long long)ce, (long long)cout, (const void *)be,
+             (const void *)wd, (const void *)bd, (const void *)wp, (const void *)bp);
     void *packed = NULL;
     kiln_status r =
         kiln_weight_cache_get(cc->weights, we ? we : wd, tag, mb_pack, &pa, &packed);

@@ -49,6 +49,11 @@ struct kiln_mbconv {
     float lo[3], hi[3];         /* KILN_MB_CLAMP's bounds */
 };
 
+/* Whether this CPU runs the kernel (AVX-512 F and DQ, FMA), whatever
+ * KILN_ISA says: the pass fuses only where kiln_cpu_isa() is AVX-512 when the
+ * model is optimized, and a later KILN_ISA must not leave a fused node
+ * without its kernel. */
+int kiln_mbconv_cpu_ok(void);
 /* Output rows per band for the geometry in m (set everything else first). */
 int64_t kiln_mbconv_band(const struct kiln_mbconv *m);
 /* Floats of scratch one call of kiln_mbconv_rows needs (m->band set). */

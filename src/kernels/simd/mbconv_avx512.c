@@ -27,7 +27,11 @@
 #include "kernels/simd/vocab_avx512.h"
 #include "kernels/simd/simd_math.h"
 
-#define MB_AI static inline __attribute__((always_inline))
+/* The product and depthwise tiles are not instrumented by UBSan (sanitizer
+ * builds): its checks on every unrolled load made clang take minutes on this
+ * file. AddressSanitizer still checks them. */
+#define MB_NOUB __attribute__((no_sanitize("undefined")))
+#define MB_AI static inline __attribute__((always_inline)) MB_NOUB
 #define MB_PARTIAL (-1) /* act of a product slice that more input channels follow */
 #define MB_MR 28 /* most pixels per tile (with one output block) */
 #define MB_NR 4  /* most output channel blocks per tile */
@@ -101,7 +105,7 @@ MB_AI void mb_tile(const int mr, const int nr, int kb_n, const float *a, ptrdiff
         break;
 #define MB_TILE_ROW(MR) MB_TILE_CASE(MR, 1) MB_TILE_CASE(MR, 2) MB_TILE_CASE(MR, 3) MB_TILE_CASE(MR, 4)
 
-static void mb_tile_any(int mr, int nr, int kb_n, const float *a, ptrdiff_t a_kbs, const float *b,
+MB_NOUB static void mb_tile_any(int mr, int nr, int kb_n, const float *a, ptrdiff_t a_kbs, const float *b,
                         ptrdiff_t ldb, const float *bias, float *c, ptrdiff_t c_bs,
                         const float *res, int act, float lo, float hi)
 {
@@ -201,7 +205,7 @@ MB_AI void mb_dw_tile(const int K, const int S, const int T, const float *const 
  * oy * stride - pad + ky, or NULL where that row is outside the image;
  * channel block cb of the output row goes to d + cb * d_bs (block cb of a
  * ring row is e_bs after block 0). */
-static void mb_dw_row(const struct kiln_mbconv *m, const float *const *rows_b0, ptrdiff_t e_bs,
+MB_NOUB static void mb_dw_row(const struct kiln_mbconv *m, const float *const *rows_b0, ptrdiff_t e_bs,
                       float *d, ptrdiff_t d_bs)
 {
     const int k = m->k, s = m->stride;

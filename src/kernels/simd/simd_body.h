@@ -9,7 +9,7 @@
  *   vmins(a, b)            a < b ? a : b
  *   vlt(a, b), vsel(m, a, b)   mask of a < b; m ? b : a per lane
  *   vabs vneg vsqrt vcopysign(mag, sign) vhsum vhmax
- *   vrecip12(a)            1 / a for a in [1, 2], within 2 ulp (estimate + Newton)
+ *   vrecip12(a)            1 / a for a in [1, 2], within 3 ulp (estimate + Newton)
  *   SIMD_TABLE, SIMD_ISA   the exported table's name and its ISA string
  * and, unless SIMD_SCALAR (which takes its math from libm instead):
  *   vround(a)              to nearest integer value (ties even)

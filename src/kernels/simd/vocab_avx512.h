@@ -23,7 +23,7 @@ static inline vf vsel(vm m, vf a, vf b) { return _mm512_mask_blend_ps(m, a, b); 
 static inline vf vabs(vf a) { return _mm512_abs_ps(a); }
 static inline vf vneg(vf a) { return _mm512_xor_ps(a, _mm512_set1_ps(-0.0f)); }
 static inline vf vsqrt(vf a) { return _mm512_sqrt_ps(a); }
-/* 1 / a for a in [1, 2]: the 14-bit estimate and one Newton step (within 2 ulp) */
+/* 1 / a for a in [1, 2]: the 14-bit estimate and one Newton step (within 3 ulp) */
 static inline vf vrecip12(vf a)
 {
     vf r = _mm512_rcp14_ps(a);
