@@ -8,8 +8,8 @@
  * only where kiln_cpu_isa() is AVX-512 and the CPU runs the fused kernel
  * (kiln_mbconv_cpu_ok: AVX-512 F and DQ):
  *   X -> Conv/KilnFusedConv 1x1 (group 1, stride 1, no pads, no Sum) -> E
- *     -> Conv/KilnFusedConv kxk depthwise (k odd <= 7, stride 1 or 2,
- *        pads k/2, no Sum) -> D
+ *     -> Conv/KilnFusedConv kxk depthwise (k 3 or 5, the kernel's specialized
+ *        sizes; stride 1 or 2, pads k/2, no Sum) -> D
  *     -> Conv/KilnFusedConv 1x1 (group 1, stride 1, no pads, Sum allowed) -> Y
  * where E and D are read only by the next convolution and are no graph
  * outputs, every weight and bias is a float32 constant, every activation is
@@ -129,11 +129,12 @@ static bool is_1x1(const struct conv_info *c)
     return c->k == 1 && c->s == 1 && c->group == 1;
 }
 
-/* The depthwise convolution node di reading channel count ce (its group). */
+/* A depthwise convolution (group = channels) with a kernel the fused kernel
+ * specializes (3x3, 5x5). */
 static bool is_depthwise(const struct kiln_graph *g, int di, struct conv_info *d)
 {
-    return conv_info(g, di, d) && d->k > 1 && d->sum < 0 && d->group == d->w->dims[0] &&
-           d->w->dims[1] == 1;
+    return conv_info(g, di, d) && (d->k == 3 || d->k == 5) && d->sum < 0 &&
+           d->group == d->w->dims[0] && d->w->dims[1] == 1;
 }
 
 /* Replace expand e (NULL = none), depthwise d and project p, reading x, by

@@ -337,7 +337,7 @@ kiln_status kiln_optimize(struct kiln_graph *g, const struct kiln_opt_options *o
         const char *name;
         pass_fn fn;
     } late[] = {
-        {"layout", NULL}, /* kiln_opt_layout, weak */
+        {"layout", kiln_opt_layout}, /* weak: n_late is 0 without it */
         {"mbconv_fusion", kiln_opt_mbconv},
     };
     int n_late = layout ? (int)(sizeof late / sizeof late[0]) : 0;
@@ -348,7 +348,6 @@ kiln_status kiln_optimize(struct kiln_graph *g, const struct kiln_opt_options *o
         if (!pl) pl = &scratch;
         memset(pl, 0, sizeof *pl);
         pass_fn fn = i < n_passes ? passes[i].fn : late[i - n_passes].fn;
-        if (!fn) fn = kiln_opt_layout;
         pl->pass = i < n_passes ? passes[i].name : late[i - n_passes].name;
         pl->nodes_before = g->n_nodes;
         double t0 = now_ms();

@@ -1,15 +1,15 @@
 /*
  * mbconv_avx512.c - the arithmetic of the fused inverted-residual block
  * (mbconv.h), for AVX-512 (compiled for it by a target pragma; called only
- * after kiln_cpu_isa() reported AVX-512).
+ * where kiln_mbconv_cpu_ok() holds).
  *
- * Both 1x1 convolutions are one register-tiled product per image row:
- * up to 28 zmm accumulators (6 pixels x 4 blocks of 16 output channels,
- * 8 x 3, 14 x 2 or 28 x 1), the
- * input channel broadcast from the blocked row, the weights' 4 vectors
- * loaded per input channel. Bias starts the accumulators; the clamp (and the
- * residual) are applied before the single store. The depthwise row runs 8
- * output pixels of one channel block at a time over the ring of expanded
+ * Both 1x1 convolutions are one register-tiled product over rows of blocked
+ * pixels: up to 28 zmm accumulators (6 pixels x 4 blocks of 16 output
+ * channels, 8 x 3, 14 x 2 or 28 x 1), the input channel broadcast from the
+ * blocked row, the weights' vectors loaded per input channel. Bias starts the
+ * accumulators; the clamp (and the residual) are applied before the single
+ * store, SiLU in a second pass over the stored tile. The depthwise rows run 8
+ * output pixels of one channel block at a time over the band's expanded
  * rows, whose pad columns are zero.
  */
 #include <immintrin.h>
@@ -118,10 +118,10 @@ MB_NOUB static void mb_tile_any(int mr, int nr, int kb_n, const float *a, ptrdif
         MB_TILE_CASE(12, 1) MB_TILE_CASE(12, 2) MB_TILE_CASE(13, 1) MB_TILE_CASE(13, 2)
         MB_TILE_CASE(14, 1) MB_TILE_CASE(14, 2)
         MB_TILE_CASE(16, 1) MB_TILE_CASE(20, 1) MB_TILE_CASE(24, 1) MB_TILE_CASE(28, 1)
-    default: /* a remainder with one block: split it */
-        for (int i = 0; i < mr; i += 7)
-            mb_tile_any(mr - i < 7 ? mr - i : 7, nr, kb_n, a + i * 16, a_kbs, b, ldb, bias,
-                        c + i * 16, c_bs, res ? res + i * 16 : NULL, act, lo, hi);
+    default: /* 15..27 pixels of one block: two halves, each a case above */
+        mb_tile_any(mr / 2, nr, kb_n, a, a_kbs, b, ldb, bias, c, c_bs, res, act, lo, hi);
+        mb_tile_any(mr - mr / 2, nr, kb_n, a + mr / 2 * 16, a_kbs, b, ldb, bias,
+                    c + mr / 2 * 16, c_bs, res ? res + mr / 2 * 16 : NULL, act, lo, hi);
         break;
     }
 }
@@ -201,14 +201,14 @@ MB_AI void mb_dw_tile(const int K, const int S, const int T, const float *const 
     }
 }
 
-/* Depthwise output row: rows[ky] is the padded ring row of input row
+/* Depthwise output row: rows[ky] is the padded band row of input row
  * oy * stride - pad + ky, or NULL where that row is outside the image;
  * channel block cb of the output row goes to d + cb * d_bs (block cb of a
- * ring row is e_bs after block 0). */
+ * band row is e_bs after block 0). */
 MB_NOUB static void mb_dw_row(const struct kiln_mbconv *m, const float *const *rows_b0, ptrdiff_t e_bs,
                       float *d, ptrdiff_t d_bs)
 {
-    const int k = m->k, s = m->stride;
+    const int k = m->k, s = m->stride, act = m->act[1];
     const int64_t wo = m->wo;
     const __m512 lo = _mm512_set1_ps(m->lo[1]), hi = _mm512_set1_ps(m->hi[1]);
     for (int cb = 0; cb < m->ce_b; cb++) {
@@ -218,17 +218,14 @@ MB_NOUB static void mb_dw_row(const struct kiln_mbconv *m, const float *const *r
         const __m512 bias = _mm512_loadu_ps(m->bd + cb * 16);
         float *dcb = d + cb * d_bs;
         int64_t ox = 0;
-    const int act = m->act[1];
 #define MB_DW_TAIL(K, S, T)                                                                   \
     case T:                                                                                   \
-        mb_dw_tile(K, S, T, rows, ox * (S) * 16, wk, bias, dcb + ox * 16,          \
-                   act, lo, hi);                                                      \
+        mb_dw_tile(K, S, T, rows, ox * (S) * 16, wk, bias, dcb + ox * 16, act, lo, hi);       \
         break;
 #define MB_DW_CASE(K, S)                                                                      \
     if (k == (K) && s == (S)) {                                                               \
         for (; ox + 8 <= wo; ox += 8)                                                         \
-            mb_dw_tile(K, S, 8, rows, ox * (S) * 16, wk, bias, dcb + ox * 16,     \
-                       act, lo, hi);                                                  \
+            mb_dw_tile(K, S, 8, rows, ox * (S) * 16, wk, bias, dcb + ox * 16, act, lo, hi);   \
         switch (wo - ox) {                                                                    \
             MB_DW_TAIL(K, S, 1) MB_DW_TAIL(K, S, 2) MB_DW_TAIL(K, S, 3) MB_DW_TAIL(K, S, 4)   \
             MB_DW_TAIL(K, S, 5) MB_DW_TAIL(K, S, 6) MB_DW_TAIL(K, S, 7)                       \
@@ -242,27 +239,7 @@ MB_NOUB static void mb_dw_row(const struct kiln_mbconv *m, const float *const *r
         MB_DW_CASE(5, 2)
 #undef MB_DW_CASE
 #undef MB_DW_TAIL
-        for (; ox + 8 <= wo; ox += 8) {
-            __m512 acc[8];
-#pragma GCC unroll 8
-            for (int t = 0; t < 8; t++) acc[t] = bias;
-            for (int ky = 0; ky < k; ky++) {
-                if (!rows[ky]) continue;
-                const float *r = rows[ky] + ox * s * 16;
-                for (int kx = 0; kx < k; kx++) {
-                    __m512 wv = _mm512_loadu_ps(wk + (ky * k + kx) * 16);
-#pragma GCC unroll 8
-                    for (int t = 0; t < 8; t++)
-                        acc[t] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(r + (t * s + kx) * 16), acc[t]);
-                }
-            }
-#pragma GCC unroll 8
-            for (int t = 0; t < 8; t++) {
-                __m512 v = acc[t];
-                if (m->act[1] == KILN_MB_CLAMP) v = _mm512_min_ps(hi, _mm512_max_ps(lo, v));
-                _mm512_storeu_ps(dcb + (ox + t) * 16, v);
-            }
-        }
+        /* other kernels and strides (the pass makes none): one output at a time */
         for (; ox < wo; ox++) {
             __m512 acc = bias;
             for (int ky = 0; ky < k; ky++) {
@@ -272,7 +249,7 @@ MB_NOUB static void mb_dw_row(const struct kiln_mbconv *m, const float *const *r
                     acc = _mm512_fmadd_ps(_mm512_loadu_ps(wk + (ky * k + kx) * 16),
                                           _mm512_loadu_ps(r + kx * 16), acc);
             }
-            if (m->act[1] == KILN_MB_CLAMP) acc = _mm512_min_ps(hi, _mm512_max_ps(lo, acc));
+            if (act == KILN_MB_CLAMP) acc = _mm512_min_ps(hi, _mm512_max_ps(lo, acc));
             _mm512_storeu_ps(dcb + ox * 16, acc);
         }
         if (act == KILN_MB_SILU) mb_silu(dcb, wo, 16);
