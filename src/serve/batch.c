@@ -5,10 +5,11 @@
  *
  * A caller's task points at its input tensors and its result slot; it sits
  * in one batch until a worker has run the batch and filled every task's
- * result, then the worker wakes the callers. Only the tail batch of the
- * queue accepts new tasks; a task that does not fit there (too many rows,
- * other non-batch dimensions) opens a new batch, which closes the one before
- * it. Locking: one mutex per batcher guards the queue and the tasks' done
+ * result, then the worker wakes the callers. A new task joins the oldest
+ * queued batch it fits (rows left, same non-batch dimensions); one that fits
+ * none opens a new batch at the tail, which closes the batches before it
+ * (a worker takes the head at once when another batch waits behind it).
+ * Locking: one mutex per batcher guards the queue and the tasks' done
  * flags; tensors are copied and runs happen with no lock held.
  */
 #include "serve/batch.h"
@@ -632,8 +633,12 @@ kiln_status kiln_batcher_run(kiln_batcher *b, kiln_tensor *const *in, int n, int
     clock_gettime(CLOCK_MONOTONIC, &t.enqueued);
 
     pthread_mutex_lock(&b->mu);
-    batch *bt = b->tail;
-    if (!bt || bt->rows + rows > b->p.max_batch_size || !compatible(b, bt->head, in)) {
+    /* join the oldest waiting batch this request fits; a worker has not
+     * taken any batch still on the list */
+    batch *bt = b->head;
+    while (bt && (bt->rows + rows > b->p.max_batch_size || !compatible(b, bt->head, in)))
+        bt = bt->next;
+    if (!bt) {
         if (b->n_batches >= b->p.max_enqueued_batches) {
             pthread_mutex_unlock(&b->mu);
             if (b->stats) {

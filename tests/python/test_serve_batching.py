@@ -105,9 +105,14 @@ def test_each_client_gets_its_rows(tmp_path):
 
 
 def test_different_shapes_not_merged(tmp_path):
+    """Three widths arriving interleaved: each request joins the waiting
+    batch of its width, so three queued batches are enough for twelve
+    clients (a queue that opened a batch per shape change would refuse
+    some with 503)."""
     srv = start(tmp_path, "scale", """
         max_batch_size { value: 16 }
         batch_timeout_micros { value: 200000 }
+        max_enqueued_batches { value: 3 }
         num_batch_threads { value: 1 }
     """, save_scale)
     try:
