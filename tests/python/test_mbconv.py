@@ -190,3 +190,76 @@ def test_block_not_fused_when_an_intermediate_is_read(tmp_path):
     check_three_ways(tmp_path, model, x, "2")
     line = fusions(model)
     assert "MBConv x" not in line, line
+
+
+def se_block(b, x, cin, ce, cout, cse, k=3, stride=1, expand=True, residual=False, se_act="silu"):
+    """EfficientNet's block as torchvision exports it: expand, depthwise, then
+    squeeze-excitation (GlobalAveragePool, 1x1 Conv + SiLU, 1x1 Conv +
+    Sigmoid, Mul), project, residual Add."""
+    e = b.act(b.conv(x, cin, ce), "silu") if expand else x
+    d = b.act(b.conv(e, ce, ce, k=k, stride=stride, group=ce), "silu")
+    pooled = b.name("gap")
+    b.nodes.append(helper.make_node("GlobalAveragePool", [d], [pooled]))
+    f1 = b.act(b.conv(pooled, ce, cse), se_act)
+    gate = b.name("g")
+    b.nodes.append(helper.make_node("Sigmoid", [b.conv(f1, cse, ce)], [gate]))
+    scaled = b.name("m")
+    b.nodes.append(helper.make_node("Mul", [d, gate], [scaled]))
+    p = b.conv(scaled, ce, cout)
+    return b.add(p, x) if residual else p
+
+
+def efficientnet_stack(size, se_act="silu"):
+    """A stem, the first block (no expand), a strided 3x3 block, a residual
+    5x5 block and a 1x1 head; channels no multiple of 16."""
+    b = Builder(7)
+    s = b.act(b.conv("x", 3, 24, k=3, stride=2), "silu")
+    a = se_block(b, s, 24, 24, 16, 6, expand=False, se_act=se_act)
+    c = se_block(b, a, 16, 96, 40, 4, stride=2, se_act=se_act)
+    r = se_block(b, c, 40, 200, 40, 10, k=5, residual=True, se_act=se_act)
+    return b, b.conv(r, 40, 8)
+
+
+@pytest.mark.parametrize("size,batch,threads", [(40, 1, "2"), (40, 3, "2"), (14, 1, "3"),
+                                                (14, 2, "3"), (9, 1, "1"), (23, 4, "3")])
+def test_squeeze_excitation_blocks_match_reference(tmp_path, size, batch, threads):
+    """The squeeze-excitation joins the fused block: one image split between
+    threads by channel blocks and pixels (batch below the thread count), or
+    whole images per thread; large planes scale the project's weights by the
+    gate, small ones the depthwise output."""
+    b, y = efficientnet_stack(size)
+    model = tmp_path / "m.onnx"
+    b.save(model, "x", y, 3, (size, size))
+    x = np.random.default_rng(8).standard_normal((batch, 3, size, size)).astype(np.float32)
+    check_three_ways(tmp_path, model, x, threads)
+    line = fusions(model)
+    if has_avx512():
+        assert ("Depthwise+SE+Project x1" in line and "MBConv+SE x1" in line and
+                "MBConv+SE+Add x1" in line), line
+    else:
+        assert "SE" not in line, line
+
+
+@pytest.mark.parametrize("se_act", ["relu", "none"])
+def test_squeeze_excitation_activations(tmp_path, se_act):
+    b, y = efficientnet_stack(12, se_act)
+    model = tmp_path / "m.onnx"
+    b.save(model, "x", y, 3, (12, 12))
+    x = np.random.default_rng(9).standard_normal((2, 3, 12, 12)).astype(np.float32)
+    check_three_ways(tmp_path, model, x, "2")
+    if has_avx512():
+        assert "MBConv+SE+Add x1" in fusions(model)
+
+
+def test_squeeze_excitation_not_fused_when_its_gate_is_read(tmp_path):
+    """The gate is a graph output too: the block keeps its own nodes."""
+    b, y = efficientnet_stack(10)
+    gate = next(n.output[0] for n in b.nodes if n.op_type == "Sigmoid" and n.output[0].startswith("g"))
+    model = tmp_path / "m.onnx"
+    b.save(model, "x", y, 3, (10, 10), outputs=[gate])
+    x = np.random.default_rng(10).standard_normal((1, 3, 10, 10)).astype(np.float32)
+    check_three_ways(tmp_path, model, x, "2")
+    line = fusions(model)
+    assert "Depthwise+SE+Project x1" not in line, line
+    if has_avx512():
+        assert "MBConv+SE x1" in line, line

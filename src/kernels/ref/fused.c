@@ -3,8 +3,9 @@
  *
  *   KilnFusedConv(X, W, [B], [Sum])      Y = act(Conv(X, W, B) + Sum)
  *   KilnFusedMatMul(A, B, [Bias], [Sum]) Y = act(alpha * opA(A) @ opB(B) + Bias + Sum)
- *   KilnMBConv(X, [We], [Be], Wd, [Bd], Wp, [Bp], [Sum])
- *                                        expand 1x1, depthwise kxk, project 1x1 (opt.h)
+ *   KilnMBConv(X, [We], [Be], Wd, [Bd], Wp, [Bp], [Sum], [W1], [B1], [W2], [B2])
+ *                                        expand 1x1, depthwise kxk, [squeeze-excitation],
+ *                                        project 1x1 (opt.h)
  *
  * Both run the unfused reference code: Conv's and MatMul's own kernels
  * (through kiln_op_impl, with the fused node, whose Conv attributes have
@@ -15,6 +16,7 @@
  * double, on plain NCHW tensors.
  */
 #include <float.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -336,8 +338,9 @@ KILN_REF_OP(KilnFusedMatMul, fused_matmul_infer, fused_matmul_run);
 
 struct mbconv_geom {
     int64_t n, cin, ce, cout, h, w, ho, wo;
+    int64_t cse;              /* squeeze-excitation channels, 0 = none */
     int k, s;
-    struct act_params act[3]; /* expand, depthwise, project */
+    struct act_params act[4]; /* expand, depthwise, project, squeeze-excitation */
 };
 
 /* Check the weights' shapes against X's (x may have unknown dims, < 0) and
@@ -349,6 +352,7 @@ static kiln_status mbconv_geom(const struct kiln_node *node, const struct kiln_t
     kiln_status st = act_parse_prefixed(node, "expand_", &g->act[0]);
     if (st == KILN_OK) st = act_parse_prefixed(node, "dw_", &g->act[1]);
     if (st == KILN_OK) st = act_parse_prefixed(node, "", &g->act[2]);
+    if (st == KILN_OK) st = act_parse_prefixed(node, "se_", &g->act[3]);
     if (st != KILN_OK) return st;
     int64_t k = kiln_attr_int(node, "dw_kernel", 3), s = kiln_attr_int(node, "dw_stride", 1);
     if (k < 1 || k > 15 || k % 2 == 0 || s < 1 || s > 8)
@@ -397,13 +401,37 @@ static kiln_status mbconv_check_bias(const struct kiln_node *node, const char *w
     return KILN_OK;
 }
 
+/* The squeeze-excitation weights W1 [Cse, Ce, 1, 1] and W2 [Ce, Cse, 1, 1]:
+ * both or neither (sets g->cse, 0 for none). */
+static kiln_status mbconv_se_geom(const struct kiln_node *node, const struct kiln_type *w1,
+                                  const struct kiln_type *w2, struct mbconv_geom *g)
+{
+    g->cse = 0;
+    if (!w1 && !w2) return KILN_OK;
+    if (!w1 || !w2 || w1->rank != 4 || w2->rank != 4 || w1->dims[0] < 1 ||
+        w1->dims[1] != g->ce || w1->dims[2] != 1 || w1->dims[3] != 1 || w2->dims[0] != g->ce ||
+        w2->dims[1] != w1->dims[0] || w2->dims[2] != 1 || w2->dims[3] != 1)
+        return kiln_node_error(node, KILN_ERR_INVALID_MODEL,
+                               "squeeze-excitation weights must be W1 [Cse,%lld,1,1] and W2 "
+                               "[%lld,Cse,1,1], both present",
+                               (long long)g->ce, (long long)g->ce);
+    g->cse = w1->dims[0];
+    return KILN_OK;
+}
+
 static kiln_status mbconv_infer(struct kiln_infer_ctx *ctx)
 {
     if (ctx->n_in < 6)
-        return kiln_node_error(ctx->node, KILN_ERR_INVALID_MODEL, "has %d inputs, expected 6 to 8",
+        return kiln_node_error(ctx->node, KILN_ERR_INVALID_MODEL, "has %d inputs, expected 6 to 12",
                                ctx->n_in);
     struct mbconv_geom g;
     kiln_status st = mbconv_geom(ctx->node, ctx->in[0], ctx->in[1], ctx->in[3], ctx->in[5], &g);
+    if (st == KILN_OK) st = mbconv_se_geom(ctx->node, opt_in(ctx, 8), opt_in(ctx, 10), &g);
+    if (st == KILN_OK && !g.cse && (opt_in(ctx, 9) || opt_in(ctx, 11)))
+        st = kiln_node_error(ctx->node, KILN_ERR_INVALID_MODEL,
+                             "B1 / B2 are given without the squeeze-excitation weights");
+    if (st == KILN_OK) st = mbconv_check_bias(ctx->node, "B1", opt_in(ctx, 9), g.cse);
+    if (st == KILN_OK) st = mbconv_check_bias(ctx->node, "B2", opt_in(ctx, 11), g.ce);
     if (st == KILN_OK && !ctx->in[1] && opt_in(ctx, 2))
         st = kiln_node_error(ctx->node, KILN_ERR_INVALID_MODEL,
                              "Be is given for an absent expand");
@@ -428,32 +456,72 @@ static double mb_bias(const kiln_tensor *b, int64_t c)
     return b ? kiln_get_f64(b->dtype, b->data, c) : 0.0;
 }
 
+static const kiln_tensor *mb_in(const struct kiln_run_ctx *ctx, int i)
+{
+    return i < ctx->n_in ? ctx->in[i] : NULL;
+}
+
+/* Squeeze-excitation of image n's depthwise output d ([ce][ohw]), in place:
+ * each channel times sigmoid(B2 + W2 act(B1 + W1 mean(d))); h has cse + ce room. */
+static void mb_se(const struct mbconv_geom *g, const kiln_tensor *w1, const kiln_tensor *b1,
+                  const kiln_tensor *w2, const kiln_tensor *b2, double *d, double *h)
+{
+    const int64_t ohw = g->ho * g->wo;
+    double *mean = h + g->cse;
+    for (int64_t c = 0; c < g->ce; c++) {
+        mean[c] = 0.0;
+        for (int64_t i = 0; i < ohw; i++) mean[c] += d[c * ohw + i];
+        mean[c] /= (double)ohw;
+    }
+    for (int64_t j = 0; j < g->cse; j++) {
+        double v = mb_bias(b1, j);
+        for (int64_t c = 0; c < g->ce; c++)
+            v += kiln_get_f64(w1->dtype, w1->data, j * g->ce + c) * mean[c];
+        h[j] = act_apply(&g->act[3], v);
+    }
+    for (int64_t c = 0; c < g->ce; c++) {
+        double v = mb_bias(b2, c);
+        for (int64_t j = 0; j < g->cse; j++)
+            v += kiln_get_f64(w2->dtype, w2->data, c * g->cse + j) * h[j];
+        double s = 1.0 / (1.0 + exp(-v));
+        for (int64_t i = 0; i < ohw; i++) d[c * ohw + i] *= s;
+    }
+}
+
 static kiln_status mbconv_run(struct kiln_run_ctx *ctx)
 {
     if (ctx->n_in < 6)
-        return kiln_node_error(ctx->node, KILN_ERR_INVALID_MODEL, "has %d inputs, expected 6 to 8",
+        return kiln_node_error(ctx->node, KILN_ERR_INVALID_MODEL, "has %d inputs, expected 6 to 12",
                                ctx->n_in);
     const kiln_tensor *x = ctx->in[0], *we = ctx->in[1], *wd = ctx->in[3], *wp = ctx->in[5];
-    const kiln_tensor *be = ctx->n_in > 2 ? ctx->in[2] : NULL, *bd = ctx->n_in > 4 ? ctx->in[4] : NULL;
-    const kiln_tensor *bp = ctx->n_in > 6 ? ctx->in[6] : NULL, *sum = ctx->n_in > 7 ? ctx->in[7] : NULL;
+    const kiln_tensor *be = mb_in(ctx, 2), *bd = mb_in(ctx, 4), *bp = mb_in(ctx, 6);
+    const kiln_tensor *sum = mb_in(ctx, 7), *w1 = mb_in(ctx, 8), *b1 = mb_in(ctx, 9);
+    const kiln_tensor *w2 = mb_in(ctx, 10), *b2 = mb_in(ctx, 11);
     kiln_tensor *y = ctx->out[0];
-    struct kiln_type tx, twe, twd, twp;
+    struct kiln_type tx, twe, twd, twp, tw1, tw2;
     kiln_type_from_tensor(&tx, x);
     if (we) kiln_type_from_tensor(&twe, we);
+    if (w1) kiln_type_from_tensor(&tw1, w1);
+    if (w2) kiln_type_from_tensor(&tw2, w2);
     if (!wd || !wp)
         return kiln_node_error(ctx->node, KILN_ERR_INVALID_MODEL, "Wd and Wp are required");
     kiln_type_from_tensor(&twd, wd);
     kiln_type_from_tensor(&twp, wp);
     struct mbconv_geom g;
     kiln_status st = mbconv_geom(ctx->node, &tx, we ? &twe : NULL, &twd, &twp, &g);
+    if (st == KILN_OK) st = mbconv_se_geom(ctx->node, w1 ? &tw1 : NULL, w2 ? &tw2 : NULL, &g);
+    if (st == KILN_OK && ((b1 && kiln_tensor_count(b1) != g.cse) ||
+                          (b2 && kiln_tensor_count(b2) != g.ce)))
+        st = kiln_node_error(ctx->node, KILN_ERR_INVALID_MODEL,
+                             "B1 / B2 do not match the squeeze-excitation weights");
     if (st == KILN_OK) st = check_into(ctx->node, "sum", sum, y);
     if (st != KILN_OK) return st;
     if (y->rank != 4 || y->dims[1] != g.cout || y->dims[2] != g.ho || y->dims[3] != g.wo)
         return kiln_node_error(ctx->node, KILN_ERR_INTERNAL, "output shape does not match");
     const int64_t hw = g.h * g.w, ohw = g.ho * g.wo, p = g.k / 2;
-    double *e = malloc(sizeof(double) * (size_t)(g.ce * hw + g.ce * ohw + 1));
+    double *e = malloc(sizeof(double) * (size_t)(g.ce * hw + g.ce * ohw + g.cse + g.ce + 1));
     if (!e) return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory in KilnMBConv");
-    double *d = e + g.ce * hw;
+    double *d = e + g.ce * hw, *h = d + g.ce * ohw;
     kiln_dtype dt = x->dtype;
     struct kiln_bcast_iter it;
     const kiln_tensor *ins[1] = {sum ? sum : y};
@@ -484,6 +552,7 @@ static kiln_status mbconv_run(struct kiln_run_ctx *ctx)
                         }
                     d[c * ohw + oy * g.wo + ox] = act_apply(&g.act[1], v);
                 }
+        if (g.cse) mb_se(&g, w1, b1, w2, b2, d, h);
         for (int64_t c = 0; c < g.cout; c++)
             for (int64_t i = 0; i < ohw; i++) {
                 int64_t yi = (n * g.cout + c) * ohw + i;

@@ -45,8 +45,23 @@ struct kiln_mbconv {
     const float *bd;            /* [ce_b*16] */
     const float *wp;            /* [ce_b*16][cout_b*16] project weights, k-major */
     const float *bp;            /* [cout_b*16] */
-    int act[3];                 /* per stage (expand, depthwise, project): KILN_MB_* */
-    float lo[3], hi[3];         /* KILN_MB_CLAMP's bounds */
+    int act[4];                 /* per stage (expand, depthwise, project, the
+                                 * squeeze-excitation's first product): KILN_MB_* */
+    float lo[4], hi[4];         /* KILN_MB_CLAMP's bounds */
+    /* squeeze-excitation (cse > 0): D *= sigmoid(b2 + W2 act(b1 + W1 mean(D))) */
+    int cse;                    /* its hidden channels */
+    const float *w1;            /* [cse][ce_b*16] */
+    const float *b1;            /* [cse] */
+    const float *w2;            /* [cse][ce_b*16]: W2 transposed */
+    const float *b2;            /* [ce_b*16] */
+    int se_scale;               /* how the project applies the gate: KILN_MB_SE_* */
+};
+
+enum {
+    KILN_MB_SE_SCALE_D = 0, /* D's pixels, in place (threads split the pixels) */
+    KILN_MB_SE_SCALE_W = 1, /* the project's weights, into work (fewer products than D) */
+    KILN_MB_SE_COPY_D = 2,  /* D, into work (threads split the output channels, so each
+                             * reads every pixel and half the weights: small planes) */
 };
 
 /* Whether this CPU runs the kernel (AVX-512 F and DQ, FMA), whatever
@@ -59,8 +74,29 @@ int64_t kiln_mbconv_band(const struct kiln_mbconv *m);
 /* Floats of scratch one call of kiln_mbconv_rows needs (m->band set). */
 size_t kiln_mbconv_scratch_floats(const struct kiln_mbconv *m);
 /* Output rows [r0, r1) of the whole batch, row r = image r / ho, row r % ho.
- * res (the residual, laid out as y) may be NULL. Call only on AVX-512 CPUs. */
+ * res (the residual, laid out as y) may be NULL. Call only on AVX-512 CPUs.
+ * Blocks without a squeeze-excitation (cse 0) only. */
 void kiln_mbconv_rows(const struct kiln_mbconv *m, const float *x, const float *res, float *y,
                       int64_t r0, int64_t r1, float *scratch);
+
+/* With a squeeze-excitation, a block runs in three steps per image n, the
+ * first two split between threads by channel blocks and pixels:
+ *   kiln_mbconv_se_dw       channel blocks [cb0, cb1) of the depthwise output
+ *                           into dimg ([ce_b][ho * wo][16]), their sums over
+ *                           the image into sums[cb0 * 16 .. cb1 * 16)
+ *   kiln_mbconv_se_gate     the gate ([ce_b * 16]) from all the sums; hidden
+ *                           holds cse floats
+ *   kiln_mbconv_se_project  pixels [p0, p1) and output blocks [ob0, ob1) of
+ *                           the image: D times the gate (per m->se_scale;
+ *                           work holds the scaled weights, [ce_b * 16]
+ *                           [cout_b * 16], or the scaled D, [ce_b][p1 - p0]
+ *                           [16]), projected into y (plus res) */
+void kiln_mbconv_se_dw(const struct kiln_mbconv *m, const float *x, int64_t n, int cb0, int cb1,
+                       float *scratch, float *dimg, float *sums);
+void kiln_mbconv_se_gate(const struct kiln_mbconv *m, const float *sums, float *gate,
+                         float *hidden);
+void kiln_mbconv_se_project(const struct kiln_mbconv *m, float *dimg, const float *gate,
+                            int64_t n, int64_t p0, int64_t p1, int ob0, int ob1,
+                            const float *res, float *y, float *work);
 
 #endif

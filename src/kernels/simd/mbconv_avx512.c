@@ -13,6 +13,7 @@
  * rows, whose pad columns are zero.
  */
 #include <immintrin.h>
+#include <math.h>
 #include <string.h>
 
 #include "kernels/simd/mbconv.h"
@@ -206,17 +207,18 @@ MB_AI void mb_dw_tile(const int K, const int S, const int T, const float *const 
  * channel block cb of the output row goes to d + cb * d_bs (block cb of a
  * band row is e_bs after block 0). */
 MB_NOUB static void mb_dw_row(const struct kiln_mbconv *m, const float *const *rows_b0, ptrdiff_t e_bs,
-                      float *d, ptrdiff_t d_bs)
+                      float *d, ptrdiff_t d_bs, int cb0, int cb1)
 {
     const int k = m->k, s = m->stride, act = m->act[1];
     const int64_t wo = m->wo;
     const __m512 lo = _mm512_set1_ps(m->lo[1]), hi = _mm512_set1_ps(m->hi[1]);
-    for (int cb = 0; cb < m->ce_b; cb++) {
+    for (int cb = cb0; cb < cb1; cb++) { /* rows_b0 and d hold block cb0 first */
         const float *rows[16];
-        for (int ky = 0; ky < k; ky++) rows[ky] = rows_b0[ky] ? rows_b0[ky] + cb * e_bs : NULL;
+        for (int ky = 0; ky < k; ky++)
+            rows[ky] = rows_b0[ky] ? rows_b0[ky] + (cb - cb0) * e_bs : NULL;
         const float *wk = m->wd + (ptrdiff_t)cb * k * k * 16;
         const __m512 bias = _mm512_loadu_ps(m->bd + cb * 16);
-        float *dcb = d + cb * d_bs;
+        float *dcb = d + (cb - cb0) * d_bs;
         int64_t ox = 0;
 #define MB_DW_TAIL(K, S, T)                                                                   \
     case T:                                                                                   \
@@ -277,7 +279,8 @@ int64_t kiln_mbconv_band(const struct kiln_mbconv *m)
 size_t kiln_mbconv_scratch_floats(const struct kiln_mbconv *m)
 {
     size_t in = (size_t)m->ce_b * (size_t)mb_band_in_rows(m) * (size_t)(m->w + 2 * m->pad) * 16;
-    return in + (size_t)m->ce_b * (size_t)(m->band * m->wo) * 16;
+    /* the band's depthwise output (with a squeeze-excitation it goes to dimg) */
+    return in + (m->cse ? 0 : (size_t)m->ce_b * (size_t)(m->band * m->wo) * 16);
 }
 
 /* Zero the lanes past c channels in the last block of one output row
@@ -291,16 +294,21 @@ static void mb_zero_pad_lanes(float *row, int64_t c, int64_t blocks, ptrdiff_t b
         _mm512_storeu_ps(yl + ox * 16, _mm512_maskz_mov_ps(live, _mm512_loadu_ps(yl + ox * 16)));
 }
 
-void kiln_mbconv_rows(const struct kiln_mbconv *m, const float *x, const float *res, float *y,
-                      int64_t r0, int64_t r1, float *scratch)
+/* Output rows [r0, r1) of channel blocks [cb0, cb1) of the expanded
+ * activation. Without dimg: the band's depthwise rows go to scratch and are
+ * projected into y (all blocks). With dimg (one image; r0 and r1 in that
+ * image): the depthwise rows go there and are summed into sums. */
+static void mb_rows(const struct kiln_mbconv *m, const float *x, const float *res, float *y,
+                    int64_t r0, int64_t r1, int cb0, int cb1, float *scratch, float *dimg,
+                    float *sums)
 {
-    const int k = m->k, s = m->stride, pad = m->pad, nb = m->ce_b;
+    const int k = m->k, s = m->stride, pad = m->pad, nb = cb1 - cb0;
     const int64_t h = m->h, w = m->w, ho = m->ho, wo = m->wo, wp = w + 2 * pad;
     const int64_t in_rows = mb_band_in_rows(m);
-    /* the band's expanded input rows: [ce_b][in_rows][wp][16], pad columns zero */
+    /* the band's expanded input rows: [nb][in_rows][wp][16], pad columns zero */
     const ptrdiff_t e_rs = wp * 16, e_bs = in_rows * e_rs;
     float *e = scratch, *d = scratch + (ptrdiff_t)m->ce_b * e_bs;
-    const ptrdiff_t d_bs = (ptrdiff_t)m->band * wo * 16;
+    const ptrdiff_t d_bs = dimg ? (ptrdiff_t)ho * wo * 16 : (ptrdiff_t)m->band * wo * 16;
     for (int cb = 0; cb < nb; cb++)
         for (int64_t row = 0; row < in_rows; row++) {
             float *r = e + cb * e_bs + row * e_rs;
@@ -334,33 +342,122 @@ void kiln_mbconv_rows(const struct kiln_mbconv *m, const float *x, const float *
             float *dst = e + held * e_rs;
             const float *src = xi + (first + held) * w * 16;
             if (m->we) {
-                mb_gemm_rows(new_rows, w, m->cin_b, src, w * 16, x_bs, m->we,
-                             (ptrdiff_t)m->ce_b * 16, nb, m->be, dst + pad * 16, e_rs,
+                mb_gemm_rows(new_rows, w, m->cin_b, src, w * 16, x_bs, m->we + cb0 * 16,
+                             (ptrdiff_t)m->ce_b * 16, nb, m->be + cb0 * 16, dst + pad * 16, e_rs,
                              e_bs, NULL, m->act[0], m->lo[0], m->hi[0]);
             } else { /* no expand: the band holds X's rows */
                 for (int cb = 0; cb < nb; cb++)
                     for (int64_t row = 0; row < new_rows; row++)
                         memcpy(dst + cb * e_bs + row * e_rs + pad * 16,
-                               src + cb * x_bs + row * w * 16, sizeof(float) * 16 * (size_t)w);
+                               src + (cb0 + cb) * x_bs + row * w * 16,
+                               sizeof(float) * 16 * (size_t)w);
             }
             held += new_rows;
         }
-        float *yr = y + n * y_img + oy0 * wo * 16;
         for (int64_t i = 0; i < nbr; i++) {
             const float *rows[16];
             for (int ky = 0; ky < k; ky++) {
                 int64_t iy = (oy0 + i) * s - pad + ky;
                 rows[ky] = iy >= 0 && iy < h ? e + (iy - first) * e_rs : NULL;
             }
-            mb_dw_row(m, rows, e_bs, d + i * wo * 16, d_bs);
+            float *dr = dimg ? dimg + cb0 * d_bs + (oy0 + i) * wo * 16 : d + i * wo * 16;
+            mb_dw_row(m, rows, e_bs, dr, d_bs, cb0, cb1);
+            for (int cb = 0; sums && cb < nb; cb++) {
+                vf acc = vld(sums + (cb0 + cb) * 16);
+                for (int64_t ox = 0; ox < wo; ox++) acc += vld(dr + cb * d_bs + ox * 16);
+                vst(sums + (cb0 + cb) * 16, acc);
+            }
         }
+        r += nbr;
+        if (dimg) continue;
+        float *yr = y + n * y_img + oy0 * wo * 16;
         mb_gemm_rows(1, nbr * wo, m->ce_b, d, 0, d_bs, m->wp, (ptrdiff_t)m->cout_b * 16,
                      m->cout_b, m->bp, yr, 0, y_bs, res ? res + (yr - y) : NULL, m->act[2],
                      m->lo[2], m->hi[2]);
-        for (int64_t i = 0; i < nbr; i++)
-            mb_zero_pad_lanes(yr + i * wo * 16, m->cout, m->cout_b, y_bs, wo);
-        r += nbr;
+        mb_zero_pad_lanes(yr, m->cout, m->cout_b, y_bs, nbr * wo);
     }
+}
+
+void kiln_mbconv_rows(const struct kiln_mbconv *m, const float *x, const float *res, float *y,
+                      int64_t r0, int64_t r1, float *scratch)
+{
+    mb_rows(m, x, res, y, r0, r1, 0, m->ce_b, scratch, NULL, NULL);
+}
+
+void kiln_mbconv_se_dw(const struct kiln_mbconv *m, const float *x, int64_t n, int cb0, int cb1,
+                       float *scratch, float *dimg, float *sums)
+{
+    memset(sums + cb0 * 16, 0, sizeof(float) * 16 * (size_t)(cb1 - cb0));
+    mb_rows(m, x, NULL, NULL, n * m->ho, (n + 1) * m->ho, cb0, cb1, scratch, dimg, sums);
+}
+
+void kiln_mbconv_se_gate(const struct kiln_mbconv *m, const float *sums, float *gate,
+                         float *hidden)
+{
+    const ptrdiff_t cep = (ptrdiff_t)m->ce_b * 16;
+    const float inv = 1.0f / (float)(m->ho * m->wo);
+    /* four independent sums at a time: one chain would wait on the FMA latency */
+    int j = 0;
+    for (; j < m->cse; j += 4) {
+        int nj = m->cse - j < 4 ? m->cse - j : 4;
+        vf acc[4] = {vset(0.0f), vset(0.0f), vset(0.0f), vset(0.0f)};
+        for (int cb = 0; cb < m->ce_b; cb++) {
+            vf sv = vld(sums + cb * 16);
+            for (int t = 0; t < nj; t++)
+                acc[t] = vfma(vld(m->w1 + (j + t) * cep + cb * 16), sv, acc[t]);
+        }
+        for (int t = 0; t < nj; t++) {
+            float v = m->b1[j + t] + _mm512_reduce_add_ps(acc[t]) * inv;
+            if (m->act[3] == KILN_MB_CLAMP)
+                v = v < m->lo[3] ? m->lo[3] : v > m->hi[3] ? m->hi[3] : v;
+            else if (m->act[3] == KILN_MB_SILU)
+                v = v / (1.0f + expf(-v));
+            hidden[j + t] = v;
+        }
+    }
+    for (int cb = 0; cb < m->ce_b; cb += 4) {
+        int nc = m->ce_b - cb < 4 ? m->ce_b - cb : 4;
+        vf acc[4];
+        for (int t = 0; t < nc; t++) acc[t] = vld(m->b2 + (cb + t) * 16);
+        for (int q = 0; q < m->cse; q++) {
+            vf h = vset(hidden[q]);
+            for (int t = 0; t < nc; t++) acc[t] = vfma(h, vld(m->w2 + q * cep + (cb + t) * 16), acc[t]);
+        }
+        for (int t = 0; t < nc; t++) vst(gate + (cb + t) * 16, v_sigmoid(acc[t]));
+    }
+}
+
+void kiln_mbconv_se_project(const struct kiln_mbconv *m, float *dimg, const float *gate,
+                            int64_t n, int64_t p0, int64_t p1, int ob0, int ob1,
+                            const float *res, float *y, float *work)
+{
+    const ptrdiff_t plane = (ptrdiff_t)m->ho * m->wo * 16, cop = (ptrdiff_t)m->cout_b * 16;
+    const float *wp = m->wp, *a = dimg + p0 * 16;
+    ptrdiff_t a_bs = plane;
+    if (m->se_scale == KILN_MB_SE_SCALE_W) { /* row q of the weights times gate q */
+        for (ptrdiff_t q = 0; q < (ptrdiff_t)m->ce_b * 16; q++) {
+            vf g = vset(gate[q]);
+            for (ptrdiff_t o = ob0 * 16; o < ob1 * 16; o += 16)
+                vst(work + q * cop + o, vld(wp + q * cop + o) * g);
+        }
+        wp = work;
+    } else {
+        float *dst = m->se_scale == KILN_MB_SE_COPY_D ? work : dimg + p0 * 16;
+        ptrdiff_t dst_bs = m->se_scale == KILN_MB_SE_COPY_D ? (p1 - p0) * 16 : plane;
+        for (int cb = 0; cb < m->ce_b; cb++) {
+            vf g = vld(gate + cb * 16);
+            for (int64_t i = 0; i < p1 - p0; i++)
+                vst(dst + cb * dst_bs + i * 16, vld(dimg + cb * plane + (p0 + i) * 16) * g);
+        }
+        a = dst;
+        a_bs = dst_bs;
+    }
+    float *yp = y + n * (ptrdiff_t)m->cout_b * plane + ob0 * plane + p0 * 16;
+    mb_gemm_rows(1, p1 - p0, m->ce_b, a, 0, a_bs, wp + ob0 * 16, cop, ob1 - ob0,
+                 m->bp + ob0 * 16, yp, 0, plane, res ? res + (yp - y) : NULL, m->act[2],
+                 m->lo[2], m->hi[2]);
+    if (ob1 == m->cout_b) /* the last block's lanes past cout */
+        mb_zero_pad_lanes(yp, m->cout - ob0 * 16, ob1 - ob0, plane, p1 - p0);
 }
 
 #if defined(__clang__)

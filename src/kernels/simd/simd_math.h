@@ -10,7 +10,8 @@
 
 /* exp(hi + lo) with |lo| < 2; Cody-Waite reduction (hi's part exact), the
  * Cephes expf polynomial, and 2^n applied in two halves so that results
- * overflow to inf and underflow gradually through the denormals. */
+ * overflow to inf and underflow gradually through the denormals (in one
+ * scalef instruction where the vocabulary defines KILN_V_SCALEF). */
 static inline vf v_exp2s(vf hi, vf lo, float shift)
 {
     hi = vmins(vset(89.0f), vmaxs(vset(-120.0f), hi)); /* NaN passes; 2^n halves stay normal */
@@ -25,9 +26,13 @@ static inline vf v_exp2s(vf hi, vf lo, float shift)
     p = vfma(p, r, vset(1.6666665459e-1f));
     p = vfma(p, r, vset(5.0000001201e-1f));
     vf y = vfma(p, r * r, r) + vset(1.0f);
+#ifdef KILN_V_SCALEF
+    return vscalef(y, n + vset(shift)); /* y * 2^(n + shift), one rounding */
+#else
     vf n1 = vround(n * vset(0.5f));
     vf n2 = n - n1 + vset(shift);
     return y * vpow2i(n1) * vpow2i(n2);
+#endif
 }
 
 /* exp(hi + lo); v_exp2s(hi, lo, s) is exp(hi + lo) * 2^s (s in [0, 32]), for

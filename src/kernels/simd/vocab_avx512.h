@@ -40,6 +40,9 @@ static inline vf vround(vf a)
 {
     return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
 }
+/* a * 2^floor(n), rounded once (overflow to inf, gradual underflow) */
+#define KILN_V_SCALEF 1
+static inline vf vscalef(vf a, vf n) { return _mm512_scalef_ps(a, n); }
 static inline vf vpow2i(vf n)
 {
     __m512i i = _mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127));
