@@ -57,10 +57,13 @@ static kiln_tensor *rand_tensor(int rank, const int64_t *dims)
 
 /* ---- one-node graphs ---- */
 
+/* most inputs of a node under test (KilnMBConv with a squeeze-excitation) */
+#define TG_MAX_IN 12
+
 struct tg {
     struct kiln_graph *g;
     int node;
-    kiln_tensor *in[8];     /* input values (borrowed: consts are owned by the graph) */
+    kiln_tensor *in[TG_MAX_IN];     /* input values (borrowed: consts are owned by the graph) */
     int n_in;
     struct kiln_weight_cache *wc; /* per graph: the cache keys on weight addresses */
 };
@@ -210,9 +213,9 @@ static kiln_status infer_out(struct tg *t, struct kiln_type *out)
         t->n_in = 4;
         return st;
     }
-    const struct kiln_type *ins[8] = {0};
-    const kiln_tensor *vals[8] = {0};
-    struct kiln_type types[8];
+    const struct kiln_type *ins[TG_MAX_IN] = {0};
+    const kiln_tensor *vals[TG_MAX_IN] = {0};
+    struct kiln_type types[TG_MAX_IN];
     for (int i = 0; i < t->n_in; i++)
         if (t->in[i]) {
             kiln_type_from_tensor(&types[i], t->in[i]);
@@ -277,7 +280,7 @@ static kiln_tensor *run_ref_plain(struct tg *t)
     }
     kiln_tensor *y;
     if (kiln_tensor_new(ty.dtype, ty.rank, ty.dims, &y) != KILN_OK) abort();
-    kiln_tensor *ins[8] = {0};
+    kiln_tensor *ins[TG_MAX_IN] = {0};
     for (int i = 0; i < t->n_in; i++) ins[i] = t->in[i];
     struct kiln_run_ctx rc = {.node = tg_node(t), .n_in = t->n_in, .in = ins, .n_out = 1, .out = &y,
                               .threads = 1};
@@ -299,12 +302,12 @@ static kiln_tensor *run_fast(struct tg *t, const int *in_l, int out_l, int threa
     *handled = 0;
     const struct kiln_fast_op *f = kiln_fast_op(tg_node(t)->op);
     if (!f) return NULL;
-    struct kiln_type ty, types[8];
+    struct kiln_type ty, types[TG_MAX_IN];
     if (infer_out(t, &ty) != KILN_OK) return NULL;
-    const struct kiln_type *ins[8] = {0};
-    const kiln_tensor *vals[8] = {0};
-    kiln_tensor *stored[8] = {0};
-    int layouts[8] = {0};
+    const struct kiln_type *ins[TG_MAX_IN] = {0};
+    const kiln_tensor *vals[TG_MAX_IN] = {0};
+    kiln_tensor *stored[TG_MAX_IN] = {0};
+    int layouts[TG_MAX_IN] = {0};
     for (int i = 0; i < t->n_in; i++) {
         if (!t->in[i]) continue;
         kiln_type_from_tensor(&types[i], t->in[i]);
@@ -713,11 +716,13 @@ struct mb_case {
     int expand, sum;
     const char *act[3]; /* expand, depthwise, project */
     float lo[3], hi[3]; /* Clip bounds */
+    int64_t cse;        /* squeeze-excitation channels (0 = none) */
+    const char *se_act; /* its first product's activation */
 };
 
 static void build_mbconv(struct tg *t, const struct mb_case *c)
 {
-    tg_init(t, KILN_OP_KilnMBConv, c->sum ? 8 : 7, 11);
+    tg_init(t, KILN_OP_KilnMBConv, c->cse ? 12 : c->sum ? 8 : 7, c->cse ? 14 : 11);
     int64_t cin = c->expand ? c->cin : c->ce;
     int64_t xd[4] = {c->n, cin, c->h, c->w}, we[4] = {c->ce, cin, 1, 1};
     int64_t wd[4] = {c->ce, 1, c->k, c->k}, wp[4] = {c->cout, c->ce, 1, 1};
@@ -742,6 +747,16 @@ static void build_mbconv(struct tg *t, const struct mb_case *c)
         attr_float(t, names[i][1], c->lo[i]);
         attr_float(t, names[i][2], c->hi[i]);
     }
+    if (c->cse) {
+        int64_t w1[4] = {c->cse, c->ce, 1, 1}, w2[4] = {c->ce, c->cse, 1, 1};
+        tg_in(t, 8, rand_tensor(4, w1), 1);
+        tg_in(t, 9, rand_tensor(1, &c->cse), 1);
+        tg_in(t, 10, rand_tensor(4, w2), 1);
+        tg_in(t, 11, rand_tensor(1, &c->ce), 1);
+        attr_str(t, "se_activation", c->se_act);
+        attr_float(t, "se_act_alpha", -1.0f);
+        attr_float(t, "se_act_beta", 1.0f);
+    }
     if (c->sum) {
         struct kiln_type ty;
         if (infer_out(t, &ty) != KILN_OK) abort();
@@ -760,30 +775,41 @@ static void build_mbconv(struct tg *t, const struct mb_case *c)
 static void test_mbconv(void)
 {
     static const struct mb_case cases[] = {
-        {2, 16, 96, 24, 16, 16, 3, 2, 1, 0, {"Clip", "Clip", ""}, {0, 0, 0}, {6, 6, 0}},
-        {1, 24, 144, 24, 9, 7, 3, 1, 1, 1, {"Relu", "Relu", ""}, {0}, {0}},
-        {3, 3, 17, 5, 5, 6, 5, 1, 1, 0, {"SiLU", "SiLU", "SiLU"}, {0}, {0}},
-        {1, 33, 40, 33, 13, 13, 5, 2, 1, 1, {"Clip", "", "Relu"}, {-1, 0, 0}, {2, 0, 0}},
-        {2, 0, 32, 16, 12, 12, 3, 1, 0, 0, {"", "Clip", ""}, {0, 0, 0}, {0, 6, 0}},
-        {1, 0, 17, 17, 5, 3, 3, 2, 0, 1, {"", "Relu", "Clip"}, {0, 0, -0.5f}, {0, 0, 0.5f}},
-        {2, 16, 16, 16, 1, 1, 3, 1, 1, 1, {"Relu", "Relu", ""}, {0}, {0}},
-        {1, 160, 960, 160, 7, 7, 3, 1, 1, 1, {"Clip", "Clip", ""}, {0, 0, 0}, {6, 6, 0}},
-        {1, 24, 144, 24, 56, 56, 3, 1, 1, 1, {"Clip", "Clip", ""}, {0, 0, 0}, {6, 6, 0}},
-        {2, 32, 192, 64, 28, 28, 3, 2, 1, 0, {"Clip", "Clip", ""}, {0, 0, 0}, {6, 6, 0}},
+        {2, 16, 96, 24, 16, 16, 3, 2, 1, 0, {"Clip", "Clip", ""}, {0, 0, 0}, {6, 6, 0}, 0, NULL},
+        {1, 24, 144, 24, 9, 7, 3, 1, 1, 1, {"Relu", "Relu", ""}, {0}, {0}, 0, NULL},
+        {3, 3, 17, 5, 5, 6, 5, 1, 1, 0, {"SiLU", "SiLU", "SiLU"}, {0}, {0}, 0, NULL},
+        {1, 33, 40, 33, 13, 13, 5, 2, 1, 1, {"Clip", "", "Relu"}, {-1, 0, 0}, {2, 0, 0}, 0, NULL},
+        {2, 0, 32, 16, 12, 12, 3, 1, 0, 0, {"", "Clip", ""}, {0, 0, 0}, {0, 6, 0}, 0, NULL},
+        {1, 0, 17, 17, 5, 3, 3, 2, 0, 1, {"", "Relu", "Clip"}, {0, 0, -0.5f}, {0, 0, 0.5f}, 0, NULL},
+        {2, 16, 16, 16, 1, 1, 3, 1, 1, 1, {"Relu", "Relu", ""}, {0}, {0}, 0, NULL},
+        {1, 160, 960, 160, 7, 7, 3, 1, 1, 1, {"Clip", "Clip", ""}, {0, 0, 0}, {6, 6, 0}, 0, NULL},
+        {1, 24, 144, 24, 56, 56, 3, 1, 1, 1, {"Clip", "Clip", ""}, {0, 0, 0}, {6, 6, 0}, 0, NULL},
+        {2, 32, 192, 64, 28, 28, 3, 2, 1, 0, {"Clip", "Clip", ""}, {0, 0, 0}, {6, 6, 0}, 0, NULL},
         /* the generic depthwise loops: 7x7, and stride 3 */
-        {1, 8, 24, 8, 11, 9, 7, 1, 1, 1, {"Relu", "SiLU", ""}, {0}, {0}},
-        {2, 16, 32, 16, 10, 10, 3, 3, 1, 0, {"", "Relu", "Relu"}, {0}, {0}},
+        {1, 8, 24, 8, 11, 9, 7, 1, 1, 1, {"Relu", "SiLU", ""}, {0}, {0}, 0, NULL},
+        {2, 16, 32, 16, 10, 10, 3, 3, 1, 0, {"", "Relu", "Relu"}, {0}, {0}, 0, NULL},
+        /* squeeze-excitation: one image split between threads (channel
+         * blocks, then pixels or output blocks) or whole images per thread;
+         * the gate folded into D in place, into a copy of D, or into the
+         * weights; hidden widths below and above 4 and 16 */
+        {1, 16, 96, 24, 24, 24, 3, 2, 1, 0, {"SiLU", "SiLU", ""}, {0}, {0}, 4, "SiLU"},
+        {1, 24, 144, 24, 14, 14, 5, 1, 1, 1, {"SiLU", "SiLU", ""}, {0}, {0}, 6, "SiLU"},
+        {1, 40, 200, 72, 5, 4, 5, 1, 1, 1, {"SiLU", "SiLU", ""}, {0}, {0}, 10, "Relu"},
+        {3, 16, 50, 16, 6, 7, 3, 1, 1, 0, {"Clip", "Relu", "Relu"}, {0, 0, 0}, {6, 0, 0}, 17, "Clip"},
+        {2, 0, 33, 8, 9, 9, 3, 2, 0, 0, {"", "SiLU", ""}, {0}, {0}, 3, ""},
+        {1, 192, 1152, 320, 7, 7, 3, 1, 1, 0, {"SiLU", "SiLU", ""}, {0}, {0}, 48, "SiLU"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         const struct mb_case *c = &cases[i];
         struct tg t;
         build_mbconv(&t, c);
         char what[160];
-        snprintf(what, sizeof what, "mbconv %lldx%lld %lld->%lld->%lld->%lld k%lld s%lld n%lld%s",
+        snprintf(what, sizeof what,
+                 "mbconv %lldx%lld %lld->%lld->%lld->%lld k%lld s%lld n%lld se%lld%s",
                  (long long)c->h, (long long)c->w, (long long)c->cin, (long long)c->ce,
                  (long long)c->cout, (long long)c->ce, (long long)c->k, (long long)c->s,
-                 (long long)c->n, c->sum ? " +sum" : "");
-        int in_l[8] = {16, 0, 0, 0, 0, 0, 0, 16};
+                 (long long)c->n, (long long)c->cse, c->sum ? " +sum" : "");
+        int in_l[12] = {16, 0, 0, 0, 0, 0, 0, 16};
         differ(&t, what, in_l, 16, 1);
         kiln_tensor *ref = run_ref(&t);
         int handled;
@@ -794,7 +820,7 @@ static void test_mbconv(void)
         kiln_tensor_free(ref);
         /* the kernel takes blocked storage only; a KILN_ISA set after the
          * model was optimized must not leave a fused node without it */
-        int plain[8] = {0};
+        int plain[12] = {0};
         got = run_fast(&t, plain, 0, 1, &handled);
         CHECK(!handled, "%s: accepted plain storage", what);
         kiln_tensor_free(got);
