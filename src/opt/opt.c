@@ -16,7 +16,7 @@
  *   matmul_fusion          Gemm / MatMul + bias + residual Add + activation -> KilnFusedMatMul
  *   dead_code_elimination
  *   layout                 (layout.c, when options ask for it and it is linked in)
- *   mbconv_fusion          (after layout) blocked expand / depthwise / project -> KilnMBConv
+ *   mbconv_fusion          (after layout) blocked expand / depthwise / [SE] / project -> KilnMBConv
  *
  * Removed nodes are marked (op_type points at dead_tag, no inputs or
  * outputs) and dropped by kiln_opt_compact after each pass, which also

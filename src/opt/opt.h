@@ -37,18 +37,23 @@
  *      X's layout is X's value's. Inserted by the layout pass at the edges
  *      of blocked regions.
  *
- *  KilnMBConv(X, [We], [Be], Wd, [Bd], Wp, [Bp], [Sum]) -> Y
- *      An inverted-residual block (MobileNetV2 style), made by the
- *      mbconv_fusion pass from three channel-blocked convolutions:
+ *  KilnMBConv(X, [We], [Be], Wd, [Bd], Wp, [Bp], [Sum], [W1], [B1], [W2], [B2]) -> Y
+ *      An inverted-residual block (MobileNetV2 / EfficientNet style), made
+ *      by the mbconv_fusion pass from three channel-blocked convolutions:
  *        E = act_e(Conv1x1(X, We, Be))             We [Ce, Cin, 1, 1]
  *        D = act_d(DepthwiseConv(E, Wd, Bd))       Wd [Ce, 1, k, k], group Ce,
  *                                                  stride s, pads k / 2
  *        Y = act(Conv1x1(D, Wp, Bp) + Sum)         Wp [Cout, Ce, 1, 1]
- *      Without We (and Be), E is X (MobileNetV2's first block). Attributes:
- *      dw_kernel INT (k), dw_stride INT (s); expand_activation /
+ *      Without We (and Be), E is X (MobileNetV2's first block). With W1
+ *      (and W2) a squeeze-excitation scales D before the project:
+ *        D = D * sigmoid(Conv1x1(act_se(Conv1x1(mean_hw(D), W1, B1)), W2, B2))
+ *                                                  W1 [Cse, Ce, 1, 1], W2 [Ce, Cse, 1, 1]
+ *      Attributes: dw_kernel INT (k), dw_stride INT (s); expand_activation /
  *      expand_act_alpha / expand_act_beta, dw_activation / dw_act_alpha /
- *      dw_act_beta, activation / act_alpha / act_beta ("", "Relu", "Clip" or
- *      "SiLU", as for KilnFusedConv). E and D are never stored whole.
+ *      dw_act_beta, activation / act_alpha / act_beta, se_activation /
+ *      se_act_alpha / se_act_beta ("", "Relu", "Clip" or "SiLU", as for
+ *      KilnFusedConv). E is never stored whole; D only with the
+ *      squeeze-excitation (one image at a time).
  */
 #ifndef KILN_OPT_OPT_H
 #define KILN_OPT_OPT_H
@@ -171,7 +176,8 @@ kiln_status kiln_opt_fuse_conv(struct kiln_graph *g, struct kiln_opt_pass_log *p
 kiln_status kiln_opt_fuse_matmul(struct kiln_graph *g, struct kiln_opt_pass_log *pl);/* fuse_matmul.c */
 /* The layout pass (layout.c, another file's owner): run last when o->layout. */
 kiln_status kiln_opt_layout(struct kiln_graph *g, struct kiln_opt_pass_log *pl) __attribute__((weak));
-/* After the layout pass: blocked expand / depthwise / project chains -> KilnMBConv (mbconv.c) */
+/* After the layout pass: blocked expand / depthwise / [squeeze-excitation] / project
+ * chains -> KilnMBConv (mbconv.c) */
 kiln_status kiln_opt_mbconv(struct kiln_graph *g, struct kiln_opt_pass_log *pl);
 
 #endif
