@@ -132,6 +132,16 @@ def check_three_ways(tmp_path, model, x, threads):
     assert_close(plain, ref)
 
 
+def save_and_check(tmp_path, b, y, cin, hw, batch, seed, threads, outputs=()):
+    """Save b's model (input x [batch, cin, *hw]), run it three ways on a
+    random input, and return its mbconv_fusion log line."""
+    model = tmp_path / "m.onnx"
+    b.save(model, "x", y, cin, hw, outputs=outputs)
+    x = np.random.default_rng(seed).standard_normal((batch, cin, *hw)).astype(np.float32)
+    check_three_ways(tmp_path, model, x, threads)
+    return fusions(model)
+
+
 @pytest.mark.parametrize("size", [30, 17, 7])
 @pytest.mark.parametrize("threads", ["1", "2"])
 def test_mobilenet_blocks_match_reference(tmp_path, size, threads):
@@ -184,11 +194,7 @@ def test_block_not_fused_when_an_intermediate_is_read(tmp_path):
     d = b.act(b.conv(e, 64, 64, k=3, group=64), "relu6")
     p = b.conv(d, 64, 16)
     y = b.conv(p, 16, 4)
-    model = tmp_path / "m.onnx"
-    b.save(model, "x", y, 3, (12, 12), outputs=[e])
-    x = np.random.default_rng(6).standard_normal((1, 3, 12, 12)).astype(np.float32)
-    check_three_ways(tmp_path, model, x, "2")
-    line = fusions(model)
+    line = save_and_check(tmp_path, b, y, 3, (12, 12), 1, 6, "2", outputs=[e])
     assert "MBConv x" not in line, line
 
 
@@ -228,11 +234,7 @@ def test_squeeze_excitation_blocks_match_reference(tmp_path, size, batch, thread
     whole images per thread; large planes scale the project's weights by the
     gate, small ones the depthwise output."""
     b, y = efficientnet_stack(size)
-    model = tmp_path / "m.onnx"
-    b.save(model, "x", y, 3, (size, size))
-    x = np.random.default_rng(8).standard_normal((batch, 3, size, size)).astype(np.float32)
-    check_three_ways(tmp_path, model, x, threads)
-    line = fusions(model)
+    line = save_and_check(tmp_path, b, y, 3, (size, size), batch, 8, threads)
     if has_avx512():
         assert ("Depthwise+SE+Project x1" in line and "MBConv+SE x1" in line and
                 "MBConv+SE+Add x1" in line), line
@@ -243,23 +245,16 @@ def test_squeeze_excitation_blocks_match_reference(tmp_path, size, batch, thread
 @pytest.mark.parametrize("se_act", ["relu", "none"])
 def test_squeeze_excitation_activations(tmp_path, se_act):
     b, y = efficientnet_stack(12, se_act)
-    model = tmp_path / "m.onnx"
-    b.save(model, "x", y, 3, (12, 12))
-    x = np.random.default_rng(9).standard_normal((2, 3, 12, 12)).astype(np.float32)
-    check_three_ways(tmp_path, model, x, "2")
+    line = save_and_check(tmp_path, b, y, 3, (12, 12), 2, 9, "2")
     if has_avx512():
-        assert "MBConv+SE+Add x1" in fusions(model)
+        assert "MBConv+SE+Add x1" in line, line
 
 
 def test_squeeze_excitation_not_fused_when_its_gate_is_read(tmp_path):
     """The gate is a graph output too: the block keeps its own nodes."""
     b, y = efficientnet_stack(10)
     gate = next(n.output[0] for n in b.nodes if n.op_type == "Sigmoid" and n.output[0].startswith("g"))
-    model = tmp_path / "m.onnx"
-    b.save(model, "x", y, 3, (10, 10), outputs=[gate])
-    x = np.random.default_rng(10).standard_normal((1, 3, 10, 10)).astype(np.float32)
-    check_three_ways(tmp_path, model, x, "2")
-    line = fusions(model)
+    line = save_and_check(tmp_path, b, y, 3, (10, 10), 1, 10, "2", outputs=[gate])
     assert "Depthwise+SE+Project x1" not in line, line
     if has_avx512():
         assert "MBConv+SE x1" in line, line
