@@ -10,17 +10,18 @@
 
 int64_t kiln_shape_count(int rank, const int64_t *dims)
 {
+    /* the product of the nonzero dims is bounded too, so that no product of
+     * any of a tensor's dims (strides, row counts) overflows, even for a
+     * tensor with no elements */
     int64_t n = 1;
+    bool empty = false;
     for (int i = 0; i < rank; i++) {
         if (dims[i] < 0) return -1;
-        if (dims[i] == 0) n = 0;
+        if (dims[i] == 0) empty = true;
         else if (n > KILN_TENSOR_MAX_BYTES / dims[i]) return -1;
         else n *= dims[i];
     }
-    /* a zero dim makes the count 0 even if another dim was huge */
-    for (int i = 0; i < rank; i++)
-        if (dims[i] == 0) return 0;
-    return n;
+    return empty ? 0 : n;
 }
 
 static kiln_status tensor_alloc_z(kiln_dtype dt, int rank, const int64_t *dims, bool zero,
@@ -187,12 +188,21 @@ kiln_status kiln_tensor_scalar_i64(kiln_dtype dt, int64_t v, kiln_tensor **out)
     return st;
 }
 
+/* s * d, or 0 where that overflows: only a tensor with a zero dimension
+ * has dimensions whose product overflows (a stored tensor's element count
+ * fits), and none of its strides is ever used. */
+static int64_t stride_mul(int64_t s, int64_t d)
+{
+    int64_t r;
+    return __builtin_mul_overflow(s, d, &r) ? 0 : r;
+}
+
 void kiln_shape_strides(int rank, const int64_t *dims, int64_t *strides)
 {
     int64_t s = 1;
     for (int i = rank - 1; i >= 0; i--) {
         strides[i] = s;
-        s *= dims[i];
+        s = stride_mul(s, dims[i]);
     }
 }
 
@@ -220,10 +230,10 @@ void kiln_broadcast_strides(int rin, const int64_t *din, int rout, const int64_t
         int j = i - (rout - rin);
         if (j < 0 || din[j] == 1 || dout[i] == 0) {
             strides[i] = 0;
-            if (j >= 0) s *= din[j];
+            if (j >= 0) s = stride_mul(s, din[j]);
         } else {
             strides[i] = s;
-            s *= din[j];
+            s = stride_mul(s, din[j]);
         }
     }
 }

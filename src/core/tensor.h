@@ -14,8 +14,9 @@
  * request can make us allocate. */
 #define KILN_TENSOR_MAX_BYTES ((int64_t)1 << 36)
 
-/* Element count of dims[0..rank), or -1 if a dim is negative or it overflows
- * KILN_TENSOR_MAX_BYTES worth of elements. */
+/* Element count of dims[0..rank), or -1 if a dim is negative or the product
+ * of the nonzero dims exceeds KILN_TENSOR_MAX_BYTES (also for a tensor with a
+ * zero dim, so that no product of its dims overflows). */
 int64_t kiln_shape_count(int rank, const int64_t *dims);
 
 /* Allocate a tensor of the given shape with zeroed data (owned). */
