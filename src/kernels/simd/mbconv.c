@@ -101,7 +101,8 @@ struct mb_state {
     /* Without a squeeze-excitation: ranges of the batch's output rows. With
      * one: whole images each where the batch has at least as many images as
      * threads, else per image one step split by channel blocks, then one
-     * split by pixels (image_split). One scratch area per unit. */
+     * split by pixels or output channel blocks (image_split). One scratch
+     * area per unit (image_split: one D and its sums shared, first). */
     int units;
     int image_split;
     size_t unit_floats;   /* scratch floats per unit, a multiple of 16 */
@@ -375,8 +376,10 @@ static kiln_status mb_compile(const struct kiln_compile_ctx *cc, struct kiln_ker
         int64_t rows = m->n * ho;
         st->units = threads > rows ? (int)rows : threads;
     } else {
+        /* one unit per thread: whole images, or (fewer images than
+         * threads) parts of each image */
         st->image_split = m->n < threads;
-        st->units = st->image_split || m->n >= threads ? threads : (int)m->n;
+        st->units = threads;
         /* The project reads D and the weights: where the weights are the
          * larger (small planes), one image's threads split the output
          * channels, each scaling all of D into its work area; else they split
