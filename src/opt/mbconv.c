@@ -133,9 +133,16 @@ static kiln_status set_act(struct kiln_graph *g, int ni, int *na, int stage,
     return KILN_OK;
 }
 
+/* A 1x1 convolution, stride 1, group 1 (a residual Sum is checked by the caller). */
+static bool pointwise(const struct conv_info *c)
+{
+    return c->k == 1 && c->s == 1 && c->group == 1;
+}
+
+/* An expand or squeeze convolution: pointwise, no Sum, an activation the kernel applies. */
 static bool is_1x1(const struct conv_info *c)
 {
-    return c->k == 1 && c->s == 1 && c->group == 1 && c->sum < 0 && act_ok(c);
+    return pointwise(c) && c->sum < 0 && act_ok(c);
 }
 
 /* A depthwise convolution (group = channels) with a kernel the fused kernel
@@ -182,8 +189,8 @@ static bool match_se(const struct kiln_graph *g, int mi, struct se_match *se)
             kiln_opt_is_graph_output(g, dv))
             continue;
         int f2 = se_producer(g, sv, mi, se);
-        if (f2 < 0 || !conv_info(g, f2, &se->f2) || se->f2.k != 1 || se->f2.s != 1 ||
-            se->f2.group != 1 || se->f2.sum >= 0 || strcmp(se->f2.act, "Sigmoid") != 0)
+        if (f2 < 0 || !conv_info(g, f2, &se->f2) || !pointwise(&se->f2) || se->f2.sum >= 0 ||
+            strcmp(se->f2.act, "Sigmoid") != 0)
             continue;
         se->nodes[se->n_nodes++] = f2;
         int f1 = se_producer(g, g->nodes[f2].in[0], f2, se);
@@ -258,8 +265,7 @@ kiln_status kiln_opt_mbconv(struct kiln_graph *g, struct kiln_opt_pass_log *pl)
     int n_nodes = g->n_nodes;
     for (int pi = 0; pi < n_nodes; pi++) {
         struct conv_info p, d, e;
-        if (!conv_info(g, pi, &p) || p.k != 1 || p.s != 1 || p.group != 1 || !act_ok(&p))
-            continue;
+        if (!conv_info(g, pi, &p) || !pointwise(&p) || !act_ok(&p)) continue;
         int y = g->nodes[pi].out[0], dv = g->nodes[pi].in[0];
         if (g->values[y].layout != 16 || !inner_value(g, dv, pi)) continue;
         if (p.sum >= 0 && g->values[p.sum].layout != 16) continue;

@@ -278,9 +278,8 @@ static kiln_status mb_compile(const struct kiln_compile_ctx *cc, struct kiln_ker
     /* weights and biases: float32 constants where present (Wd and Wp always are) */
     for (int i = 1; i < cc->n_in; i++)
         if (i != 7 && (i == 3 || i == 5 || cc->in[i]) && !mb_f32(cc, i)) return KILN_OK;
-    if ((!has_e && cc->in[2]) || (has_se && (cc->n_in < 11 || !cc->in[10])) ||
-        (!has_se && cc->n_in > 8 && ((cc->n_in > 9 && cc->in[9]) || (cc->n_in > 11 && cc->in[11]))))
-        return KILN_OK;
+    /* shape inference (before compile) has refused B1 / B2 without W1, and W1 without W2 */
+    if ((!has_e && cc->in[2]) || (has_se && (cc->n_in < 11 || !cc->in[10]))) return KILN_OK;
     const kiln_tensor *we = has_e ? cc->in_value[1] : NULL, *wd = cc->in_value[3];
     const kiln_tensor *wp = cc->in_value[5];
     int64_t k = kiln_attr_int(n, "dw_kernel", 3), s = kiln_attr_int(n, "dw_stride", 1);

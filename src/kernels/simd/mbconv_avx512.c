@@ -43,7 +43,7 @@
  * value): x is clamped to [-80, 80] (e^80 and its reciprocal stay normal
  * floats; sigmoid is 1 in float beyond 17), 2^f for f in [-1/2, 1/2] is
  * its degree-6 Taylor polynomial (error 1.2e-7 relative), 2^n applied by
- * scalef, and the reciprocal is the estimate plus one Newton step. */
+ * scalef, and the reciprocal is the estimate plus one Newton step (vrecip12). */
 static __attribute__((noinline)) void mb_silu(float *p, int64_t n, ptrdiff_t vs)
 {
     const vf lo = vset(-80.0f), hi = vset(80.0f), nl2e = vset(-1.44269504088896341f);
@@ -55,12 +55,10 @@ static __attribute__((noinline)) void mb_silu(float *p, int64_t n, ptrdiff_t vs)
         vf x = vld(p + i * vs);
         vf xc = vmins(hi, vmaxs(lo, x));
         vf nn = vround(xc * nl2e);
-        vf f = vfma(xc, nl2e, vneg(nn)); /* -x log2(e) - n, in [-1/2, 1/2] */
+        vf f = _mm512_fmsub_ps(xc, nl2e, nn); /* -x log2(e) - n, in [-1/2, 1/2] */
         vf q = vfma(vfma(vfma(vfma(vfma(c6, f, c5), f, c4), f, c3), f, c2), f, c1);
-        vf d = one + vscalef(vfma(q, f, one), nn); /* 1 + e^-x */
-        vf r = _mm512_rcp14_ps(d);
-        r = vfma(r, _mm512_fnmadd_ps(d, r, one), r);
-        vst(p + i * vs, x * r);
+        vf d = one + vscalef(vfma(q, f, one), nn); /* 1 + e^-x, at most 1 + e^80 */
+        vst(p + i * vs, x * vrecip12(d)); /* estimate + Newton holds up to there too */
     }
 }
 
@@ -414,8 +412,7 @@ void kiln_mbconv_se_gate(const struct kiln_mbconv *m, const float *sums, float *
     const ptrdiff_t cep = (ptrdiff_t)m->ce_b * 16;
     const float inv = 1.0f / (float)(m->ho * m->wo);
     /* four independent sums at a time: one chain would wait on the FMA latency */
-    int j = 0;
-    for (; j < m->cse; j += 4) {
+    for (int j = 0; j < m->cse; j += 4) {
         int nj = m->cse - j < 4 ? m->cse - j : 4;
         vf acc[4] = {vset(0.0f), vset(0.0f), vset(0.0f), vset(0.0f)};
         for (int cb = 0; cb < m->ce_b; cb++) {
