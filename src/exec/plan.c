@@ -20,6 +20,8 @@
 
 #include "core/threadpool.h"
 #include "exec/exec.h"
+#include "exec/flops.h"
+#include "kernels/simd/simd.h"
 
 #define PLAN_ALIGN 64
 #define PLAN_FOLD_MAX_BYTES ((int64_t)1 << 20) /* compile-time evaluation bound */
@@ -77,6 +79,7 @@ struct kiln_plan {
     kiln_tensor **folded;
     int n_folded, cap_folded;
     int n_fast;
+    _Atomic int prof_threads; /* most threads a profiled run was granted */
     pthread_mutex_t mu;
     struct arena_inst *free_list;
     struct arena_inst *all;
@@ -736,6 +739,7 @@ kiln_status kiln_plan_run(struct kiln_plan *p, kiln_tensor *const *inputs, kiln_
     kiln_status st = KILN_OK;
     int granted = kiln_threads_acquire(threads);
     int prof = profiling();
+    if (prof && granted > atomic_load(&p->prof_threads)) atomic_store(&p->prof_threads, granted);
     /* inputs, outputs and aliases of this run */
     for (int v = 0; v < p->n_slots; v++) {
         const struct slot *s = &p->slots[v];
@@ -819,9 +823,46 @@ out:
 
 /* ---- profile ---- */
 
-/* The slowest steps (ten, or KILN_PROFILE_STEPS): node name, op, kernel, first output's
- * shape and layout. */
-static void profile_print_slowest(const struct kiln_plan *p, FILE *f, int64_t total)
+/* Floating-point operations of one run of a step (exec/flops.c; 0 where not counted). */
+static double step_flops(const struct kiln_plan *p, const struct step *sp)
+{
+    const struct kiln_type *in[KILN_MAX_IO];
+    for (int k = 0; k < sp->n_in && k < KILN_MAX_IO; k++)
+        in[k] = sp->in[k] >= 0 ? &p->slots[sp->in[k]].type : NULL;
+    const struct kiln_type *o = sp->n_out > 0 && sp->out[0] >= 0 ? &p->slots[sp->out[0]].type : NULL;
+    return kiln_node_flops(sp->node, in, sp->n_in < KILN_MAX_IO ? sp->n_in : KILN_MAX_IO, o);
+}
+
+/* The fp32 FMA peak on `threads` threads, measured once per thread count. */
+static double profile_peak(int threads)
+{
+    static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+    static int known_threads;
+    static double known;
+    pthread_mutex_lock(&mu);
+    if (known_threads != threads) {
+        known = simd_fma_peak_gflops(threads);
+        known_threads = threads;
+    }
+    double g = known;
+    pthread_mutex_unlock(&mu);
+    return g;
+}
+
+/* "GFLOP/s share-of-peak" columns for flops of work in ns, or blanks. */
+static void print_rate(FILE *f, double flops, double ns, double peak)
+{
+    if (flops > 0 && ns > 0) {
+        double g = flops / ns;
+        fprintf(f, " %8.1f %5.0f%%", g, peak > 0 ? 100.0 * g / peak : 0.0);
+    } else {
+        fprintf(f, " %8s %6s", "-", "-");
+    }
+}
+
+/* The slowest steps (ten, or KILN_PROFILE_STEPS): node name, op, kernel, time, work and
+ * rate, first output's shape and layout. */
+static void profile_print_slowest(const struct kiln_plan *p, FILE *f, int64_t total, double peak)
 {
     const char *env = getenv("KILN_PROFILE_STEPS");
     int want = env ? atoi(env) : 10;
@@ -842,8 +883,8 @@ static void profile_print_slowest(const struct kiln_plan *p, FILE *f, int64_t to
         free(top);
         return;
     }
-    fprintf(f, "slowest steps:\n%5s %-32s %-20s %-22s %10s %6s  %s\n", "step", "node", "op",
-            "kernel", "ms/run", "share", "output");
+    fprintf(f, "slowest steps:\n%5s %-32s %-20s %-22s %10s %6s %10s %8s %6s  %s\n", "step", "node",
+            "op", "kernel", "ms/run", "share", "MFLOP", "GFLOP/s", "peak", "output");
     for (int k = 0; k < nt; k++) {
         const struct step *sp = &p->steps[top[k]];
         int64_t ns = atomic_load(&((struct step *)sp)->ns);
@@ -855,11 +896,17 @@ static void profile_print_slowest(const struct kiln_plan *p, FILE *f, int64_t to
             kiln_shape_str(sl->type.rank, sl->type.dims, shape, sizeof shape);
             layout = sl->layout;
         }
-        fprintf(f, "%5d %-32.32s %-20.20s %-22.22s %10.3f %5.1f%%  %s", top[k],
+        double per_run = calls ? (double)ns / (double)calls : 0.0, flops = step_flops(p, sp);
+        fprintf(f, "%5d %-32.32s %-20.20s %-22.22s %10.3f %5.1f%%", top[k],
                 sp->node->name && sp->node->name[0] ? sp->node->name : "-",
                 kiln_op_name(sp->node->op), sp->inst.run ? sp->inst.name : "reference",
-                calls ? (double)ns / 1e6 / (double)calls : 0.0, 100.0 * (double)ns / (double)total,
-                shape);
+                per_run / 1e6, 100.0 * (double)ns / (double)total);
+        if (flops > 0)
+            fprintf(f, " %10.3f", flops / 1e6);
+        else
+            fprintf(f, " %10s", "-");
+        print_rate(f, flops, per_run, peak);
+        fprintf(f, "  %s", shape);
         if (layout) fprintf(f, " (blocked %d)", layout);
         fputc('\n', f);
     }
@@ -871,6 +918,7 @@ void kiln_plan_profile_print(const struct kiln_plan *p, FILE *f)
     struct agg {
         const char *op, *kernel;
         int64_t ns, calls;
+        double flops; /* per run, summed over the nodes */
         int count;
     } *ag = calloc((size_t)p->n_steps + 1, sizeof *ag);
     if (!ag) return;
@@ -891,6 +939,7 @@ void kiln_plan_profile_print(const struct kiln_plan *p, FILE *f)
         int64_t ns = atomic_load(&((struct step *)sp)->ns);
         ag[j].ns += ns;
         ag[j].calls += atomic_load(&((struct step *)sp)->calls);
+        ag[j].flops += step_flops(p, sp);
         ag[j].count++;
         total += ns;
     }
@@ -903,15 +952,23 @@ void kiln_plan_profile_print(const struct kiln_plan *p, FILE *f)
         }
         ag[j + 1] = x;
     }
-    fprintf(f, "%-24s %-22s %6s %12s %7s\n", "op", "kernel", "nodes", "ms/run", "share");
+    int threads = atomic_load(&((struct kiln_plan *)p)->prof_threads);
+    double peak = total ? profile_peak(threads < 1 ? 1 : threads) : 0.0;
+    if (total)
+        fprintf(f, "peak: %.1f GFLOP/s (fp32 FMA loop, %s, %d thread%s, measured now)\n", peak,
+                simd_kernels_for()->isa, threads < 1 ? 1 : threads, threads > 1 ? "s" : "");
+    fprintf(f, "%-24s %-22s %6s %12s %7s %8s %6s\n", "op", "kernel", "nodes", "ms/run", "share",
+            "GFLOP/s", "peak");
     for (int i = 0; i < na; i++) {
         double runs = ag[i].count ? (double)ag[i].calls / ag[i].count : 0;
-        double ms = runs > 0 ? ag[i].ns / 1e6 / runs : 0;
-        fprintf(f, "%-24s %-22s %6d %12.3f %6.1f%%\n", ag[i].op, ag[i].kernel, ag[i].count, ms,
+        double ns = runs > 0 ? (double)ag[i].ns / runs : 0;
+        fprintf(f, "%-24s %-22s %6d %12.3f %6.1f%%", ag[i].op, ag[i].kernel, ag[i].count, ns / 1e6,
                 total ? 100.0 * (double)ag[i].ns / (double)total : 0.0);
+        print_rate(f, ag[i].flops, ns, peak);
+        fputc('\n', f);
     }
     free(ag);
-    profile_print_slowest(p, f, total);
+    profile_print_slowest(p, f, total, peak);
 }
 
 /* ---- cache ---- */

@@ -988,6 +988,35 @@ static void test_gemm(void)
                 }
 }
 
+/* The tables' transpose (attention's keys) against the definition: sizes below, at and
+ * above the register tile (W x W) on both axes, strides wider than the rows, and nothing
+ * written outside the destination's rows. */
+static void test_table_transpose(void)
+{
+    const struct simd_kernels *tables[3] = {&kiln_simd_scalar, &kiln_simd_avx2, &kiln_simd_avx512};
+    static const int64_t sizes[] = {1, 5, 8, 15, 16, 17, 33, 64, 128};
+    for (int t = 0; t < isa_levels(); t++)
+        for (int ir = 0; ir < 9; ir++)
+            for (int ic = 0; ic < 9; ic++) {
+                int64_t rows = sizes[ir], cols = sizes[ic], lds = cols + 3, ldd = rows + 2;
+                float *src = malloc(sizeof(float) * (size_t)(rows * lds));
+                float *dst = malloc(sizeof(float) * (size_t)(cols * ldd));
+                for (int64_t i = 0; i < rows * lds; i++) src[i] = (float)i;
+                for (int64_t i = 0; i < cols * ldd; i++) dst[i] = NAN;
+                tables[t]->transpose(rows, cols, src, lds, dst, ldd);
+                int64_t wrong = 0, touched = 0;
+                for (int64_t c = 0; c < cols; c++) {
+                    for (int64_t r = 0; r < rows; r++) wrong += dst[c * ldd + r] != src[r * lds + c];
+                    for (int64_t r = rows; r < ldd; r++) touched += !isnan(dst[c * ldd + r]);
+                }
+                CHECK(wrong == 0 && touched == 0, "transpose %s %lldx%lld: %lld wrong, %lld "
+                      "written past the rows", tables[t]->isa, (long long)rows, (long long)cols,
+                      (long long)wrong, (long long)touched);
+                free(src);
+                free(dst);
+            }
+}
+
 static void test_attention(void)
 {
     /* BERT's shape: 64-wide heads, 128 positions, an additive mask (full register tiles) */
@@ -1173,6 +1202,7 @@ int main(int argc, char **argv)
     test_transpose();
     test_reduce();
     test_gemm();
+    test_table_transpose();
     test_attention();
     test_idle();
     printf("%d fast-kernel runs in place\n", inplace_runs);

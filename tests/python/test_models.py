@@ -172,3 +172,94 @@ def test_digits_predicts_sample_labels(kiln_bin, tmp_path):
     assert probs.shape == (len(labels), 10)
     np.testing.assert_allclose(probs.sum(axis=1), 1.0, atol=1e-5)
     assert np.argmax(probs, axis=1).tolist() == labels.tolist()
+
+
+# ---------------------------------------------------------------- the profile's work counts
+
+def torch_flops(exporter, name):
+    """2 x the multiply-accumulates of one batch-1 forward pass of the PyTorch model:
+    every Conv2d and Linear from its output shape (forward hooks) and every torch.matmul
+    call (BERT's attention products), counted while PyTorch runs it."""
+    import torch
+    build, make_inputs, _ = exporter.MODELS[name]()
+    model = build().eval()
+    total = [0]
+
+    def conv_hook(m, args, out):
+        total[0] += 2 * out.numel() * (m.in_channels // m.groups) * m.kernel_size[0] * m.kernel_size[1]
+
+    def linear_hook(m, args, out):
+        total[0] += 2 * out.numel() * m.in_features
+
+    for m in model.modules():
+        if isinstance(m, torch.nn.Conv2d):
+            m.register_forward_hook(conv_hook)
+        elif isinstance(m, torch.nn.Linear):
+            m.register_forward_hook(linear_hook)
+    real_matmul = torch.matmul
+
+    def counting_matmul(a, b):
+        out = real_matmul(a, b)
+        total[0] += 2 * out.numel() * a.shape[-1]
+        return out
+
+    torch.matmul = counting_matmul
+    try:
+        with torch.no_grad():
+            model(*make_inputs(1, torch.Generator().manual_seed(0)).values())
+    finally:
+        torch.matmul = real_matmul
+    return total[0]
+
+
+def profile_steps(kiln, model_path, args=()):
+    """Run `kiln bench --profile` once and parse its peak line and every step's row:
+    [(op, ms per run, MFLOP or None, GFLOP/s or None, share of peak % or None)]."""
+    proc = subprocess.run([kiln, "bench", str(model_path), "--batch", "1", "--iterations", "2",
+                           "--warmup", "0", "--profile", *args], capture_output=True, text=True,
+                          timeout=RUN_TIMEOUT_S, env={**os.environ, "KILN_PROFILE_STEPS": "100000"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = proc.stderr.splitlines()
+    peak_lines = [l for l in lines if l.startswith("peak: ")]
+    assert len(peak_lines) == 1, proc.stderr[-2000:]
+    peak = float(peak_lines[0].split()[1])
+    start = lines.index("slowest steps:") + 2
+    steps = []
+    for line in lines[start:]:
+        if not line[:5].strip().isdigit():
+            break
+        # fixed columns: step, node (32), op (20), kernel (22), then ms, share, MFLOP, GFLOP/s, peak
+        op = line[39:59].strip()
+        ms, _share, mflop, gflops, pct = line[83:].split()[:5]
+        num = lambda s: None if s == "-" else float(s.rstrip("%"))
+        steps.append((op, float(ms), num(mflop), num(gflops), num(pct)))
+    return peak, steps
+
+
+@pytest.mark.parametrize("name", ["efficientnet_b0", "mobilenet_v2", "bert_small"])
+def test_profile_counts_the_models_work(name, kiln_bin, exported):
+    """`kiln bench --profile` counts, per step, the floating-point work of the products: the
+    totals match PyTorch's own layers (hooks) on the imported graph and on the optimized one
+    (fused blocks, attention and matmuls with their epilogues count what they replaced), and
+    every rate is that work over that time, as a share of the printed peak."""
+    model_dir = exported.get(name)
+    want = torch_flops(exported.module, name) / 1e6
+    for args in ([], ["--disable-optimizer"]):
+        peak, steps = profile_steps(kiln_bin, model_dir / "model.onnx", args)
+        assert peak > 0
+        counted = [s for s in steps if s[2] is not None]
+        got = sum(s[2] for s in counted)
+        # each row rounds to 0.001 MFLOP
+        assert abs(got - want) <= 0.0005 * len(counted) + 1e-9 * want, \
+            f"{name} {args}: profile counts {got:.3f} MFLOP, PyTorch's layers {want:.3f}"
+        for op, ms, mflop, gflops, pct in counted:
+            if ms >= 0.01 and mflop >= 0.1:
+                # ms and MFLOP are rounded to 0.001, GFLOP/s to 0.1
+                assert gflops == pytest.approx(mflop / ms, rel=0.0006 / ms + 0.002, abs=0.06), \
+                    (op, ms, mflop, gflops)
+                assert pct == pytest.approx(100 * gflops / peak, abs=1.0), (op, gflops, pct, peak)
+        if not args:
+            ops = {s[0] for s in counted}
+            fused = {"efficientnet_b0": "KilnMBConv", "mobilenet_v2": "KilnMBConv",
+                     "bert_small": "Attention"}[name]
+            assert fused in ops, f"{name}: no {fused} step counted ({sorted(ops)})"

@@ -82,8 +82,7 @@ static void attn_range(void *arg, int64_t begin, int64_t end)
             yp = j->y + ((b * s->HQ + h) * s->SQ + q0) * s->EV;
         }
         if (held != b * s->HK + hk) {
-            for (int64_t t = 0; t < T; t++)
-                for (int64_t e = 0; e < s->E; e++) Kt[e * T + t] = kp[t * ldk + e];
+            s->k->transpose(T, s->E, kp, ldk, Kt, T);
             held = b * s->HK + hk;
         }
         s->k->gemm(m, T, s->E, s->scale, qp, ldq, Kt, T, S, T);
@@ -93,8 +92,8 @@ static void attn_range(void *arg, int64_t begin, int64_t end)
             if (s->mask) {
                 int64_t mi = b * s->mstride[0] + h * s->mstride[1] + qi * s->mstride[2];
                 if (s->mask == 1) {
-                    const float *mk = (const float *)j->mask + mi;
-                    for (int64_t c = 0; c < s->mcols; c++) row[c] += mk[c];
+                    s->k->binary(SIMD_ADD, SIMD_B_VEC, row, (const float *)j->mask + mi, row,
+                                 s->mcols);
                 } else {
                     const uint8_t *mk = (const uint8_t *)j->mask + mi;
                     for (int64_t c = 0; c < s->mcols; c++)

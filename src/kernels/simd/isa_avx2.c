@@ -69,6 +69,25 @@ static inline vf vpow2i(vf n)
     __m256i i = _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127));
     return _mm256_castsi256_ps(_mm256_slli_epi32(i, 23));
 }
+/* r[i][j] <- r[j][i] for the 8 x 8 floats of r[0..7] */
+static inline void vtranspose(vf r[8])
+{
+    __m256 t[8];
+    for (int i = 0; i < 8; i += 2) {
+        t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 8; i += 4)
+        for (int k = 0; k < 2; k++) {
+            r[i + 2 * k] = _mm256_shuffle_ps(t[i + k], t[i + k + 2], 0x44);
+            r[i + 2 * k + 1] = _mm256_shuffle_ps(t[i + k], t[i + k + 2], 0xee);
+        }
+    for (int k = 0; k < 4; k++) {
+        t[k] = _mm256_permute2f128_ps(r[k], r[k + 4], 0x20);
+        t[k + 4] = _mm256_permute2f128_ps(r[k], r[k + 4], 0x31);
+    }
+    for (int k = 0; k < 8; k++) r[k] = t[k];
+}
 
 #include "kernels/simd/simd_body.h"
 

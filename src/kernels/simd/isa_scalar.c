@@ -56,4 +56,6 @@ static inline vf v_softplus(vf x)
     return (float)(d > 0 ? d + log1p(exp(-d)) : log1p(exp(d)));
 }
 
+static inline void vtranspose(vf r[1]) { (void)r; }
+
 #include "kernels/simd/simd_body.h"

@@ -71,12 +71,23 @@ struct simd_kernels {
      * per-head products); row-major, lda / ldb / ldc are row strides. */
     void (*gemm)(int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
                  const float *b, int64_t ldb, float *c, int64_t ldc);
+    /* dst[c * ldd + r] = src[r * lds + c] for r < rows, c < cols (no overlap). */
+    void (*transpose)(int64_t rows, int64_t cols, const float *src, int64_t lds, float *dst,
+                      int64_t ldd);
+    /* Independent FMAs from registers for iters steps of fma_loop_flops floating-point
+     * operations (the result only keeps the loop alive). */
+    float (*fma_loop)(int64_t iters);
+    int fma_loop_flops;
 };
 
 extern const struct simd_kernels kiln_simd_avx512, kiln_simd_avx2, kiln_simd_scalar;
 
 /* The table for the current kiln_cpu_isa(). */
 const struct simd_kernels *simd_kernels_for(void);
+
+/* The fp32 FMA throughput of this ISA on `threads` threads of the pool, in GFLOP/s:
+ * the best of a few runs of fma_loop on every thread at once (about 0.1 s in all). */
+double simd_fma_peak_gflops(int threads);
 
 /* Elements per parallel chunk: below twice this a loop runs on one thread. Each chunk is
  * tens of microseconds of work, so that waking a worker (and, on a host shared with other

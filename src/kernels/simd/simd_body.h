@@ -484,6 +484,45 @@ static void k_layernorm_rows(const float *x, float *y, int64_t rows, int64_t n, 
     }
 }
 
+/* ---- Transpose ----
+ *
+ * dst[c * ldd + r] = src[r * lds + c] for r < rows, c < cols: W x W tiles transposed in
+ * registers (vtranspose), the ragged edges one float at a time. */
+static void k_transpose(int64_t rows, int64_t cols, const float *src, int64_t lds, float *dst,
+                        int64_t ldd)
+{
+    int64_t rv = rows / W * W, cv = cols / W * W;
+    for (int64_t r0 = 0; r0 < rv; r0 += W)
+        for (int64_t c0 = 0; c0 < cv; c0 += W) {
+            vf t[W];
+            for (int i = 0; i < W; i++) t[i] = vld(src + (r0 + i) * lds + c0);
+            vtranspose(t);
+            for (int i = 0; i < W; i++) vst(dst + (c0 + i) * ldd + r0, t[i]);
+        }
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = r < rv ? cv : 0; c < cols; c++) dst[c * ldd + r] = src[r * lds + c];
+}
+
+/* ---- FMA throughput (the profile's peak) ----
+ *
+ * iters steps of FMA_CHAINS independent chains of one vector FMA each, enough to cover the
+ * FMA latency times the FMA ports of current x86 cores, from registers only. */
+#define FMA_CHAINS 12
+static float k_fma_loop(int64_t iters)
+{
+    vf acc[FMA_CHAINS];
+#pragma GCC unroll 12
+    for (int j = 0; j < FMA_CHAINS; j++) acc[j] = vset((float)j * 1e-3f);
+    const vf m = vset(0.999f), c = vset(1e-3f);
+    for (int64_t i = 0; i < iters; i++)
+#pragma GCC unroll 12
+        for (int j = 0; j < FMA_CHAINS; j++) acc[j] = vfma(acc[j], m, c);
+    vf s = acc[0];
+#pragma GCC unroll 12
+    for (int j = 1; j < FMA_CHAINS; j++) s = s + acc[j];
+    return vhsum(s);
+}
+
 const struct simd_kernels SIMD_TABLE = {
     .isa = SIMD_ISA,
     .unary = k_unary,
@@ -493,4 +532,8 @@ const struct simd_kernels SIMD_TABLE = {
     .layernorm_rows = k_layernorm_rows,
     .sum_rows = k_sum_rows,
     .gemm = k_gemm,
+    .transpose = k_transpose,
+    .fma_loop = k_fma_loop,
+    .fma_loop_flops = 2 * FMA_CHAINS * W,
 };
+#undef FMA_CHAINS

@@ -48,5 +48,30 @@ static inline vf vpow2i(vf n)
     __m512i i = _mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127));
     return _mm512_castsi512_ps(_mm512_slli_epi32(i, 23));
 }
+/* r[i][j] <- r[j][i] for the 16 x 16 floats of r[0..15]: 32-bit, 64-bit and
+ * 128-bit interleaves, then the 256-bit halves */
+static inline void vtranspose(vf r[16])
+{
+    __m512 t[16];
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 16; i += 4)
+        for (int k = 0; k < 2; k++) {
+            __m512d a = _mm512_castps_pd(t[i + k]), b = _mm512_castps_pd(t[i + k + 2]);
+            r[i + 2 * k] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, b));
+            r[i + 2 * k + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, b));
+        }
+    for (int i = 0; i < 16; i += 8)
+        for (int k = 0; k < 4; k++) {
+            t[i + k] = _mm512_shuffle_f32x4(r[i + k], r[i + k + 4], 0x88);
+            t[i + k + 4] = _mm512_shuffle_f32x4(r[i + k], r[i + k + 4], 0xdd);
+        }
+    for (int k = 0; k < 8; k++) {
+        r[k] = _mm512_shuffle_f32x4(t[k], t[k + 8], 0x88);
+        r[k + 8] = _mm512_shuffle_f32x4(t[k], t[k + 8], 0xdd);
+    }
+}
 
 #endif
