@@ -257,7 +257,11 @@ def test_profile_counts_the_models_work(name, kiln_bin, exported):
                 # ms and MFLOP are rounded to 0.001, GFLOP/s to 0.1
                 assert gflops == pytest.approx(mflop / ms, rel=0.0006 / ms + 0.002, abs=0.06), \
                     (op, ms, mflop, gflops)
-                assert pct == pytest.approx(100 * gflops / peak, abs=1.0), (op, gflops, pct, peak)
+                # the share rounds to 1%, GFLOP/s and the peak to 0.1 (a sanitizer build's
+                # peak is a few GFLOP/s)
+                assert pct == pytest.approx(100 * gflops / peak,
+                                            abs=0.6 + (5 + 0.05 * pct) / peak), \
+                    (op, gflops, pct, peak)
         if not args:
             ops = {s[0] for s in counted}
             fused = {"efficientnet_b0": "KilnMBConv", "mobilenet_v2": "KilnMBConv",
