@@ -943,15 +943,15 @@ static void attention_case(bool four_d, int64_t B, int64_t SQ, int64_t T, int64_
 }
 
 /* The tables' small GEMM (attention's products) against a double reference: sizes below,
- * at and above the register tile (4 rows x 4 vectors) and the vector width, row strides
- * wider than the rows. */
+ * at and above the register tiles (4 rows x 4 vectors; 8 x 2 where n is at most 4 vectors)
+ * and the vector width, row strides wider than the rows. */
 static void test_gemm(void)
 {
     const struct simd_kernels *tables[3] = {&kiln_simd_scalar, &kiln_simd_avx2, &kiln_simd_avx512};
-    static const int64_t ms[] = {1, 3, 4, 5, 64}, ns[] = {1, 7, 8, 16, 17, 64, 65, 128},
-                         ks[] = {1, 8, 64, 129};
+    static const int64_t ms[] = {1, 3, 4, 5, 7, 8, 9, 17, 64},
+                         ns[] = {1, 7, 8, 16, 17, 64, 65, 128}, ks[] = {1, 8, 64, 129};
     for (int t = 0; t < isa_levels(); t++)
-        for (int im = 0; im < 5; im++)
+        for (int im = 0; im < 9; im++)
             for (int in = 0; in < 8; in++)
                 for (int ik = 0; ik < 4; ik++) {
                     int64_t m = ms[im], n = ns[in], k = ks[ik];
