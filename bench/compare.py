@@ -252,6 +252,40 @@ def timing(args, model_dir, batch, spec):
     return results, errors
 
 
+def parse_profile(stderr):
+    """`kiln bench --profile`'s op table: {"peak": GFLOP/s, "ops": [{op, kernel, nodes, ms,
+    share, gflops, peak_pct}]} (gflops and peak_pct None where the op's work is not counted)."""
+    lines = stderr.splitlines()
+    peak = next((float(l.split()[1]) for l in lines if l.startswith("peak: ")), None)
+    ops = []
+    try:
+        start = next(i for i, l in enumerate(lines) if l.startswith("op ") and "kernel" in l) + 1
+    except StopIteration:
+        return {"peak": peak, "ops": ops}
+    for line in lines[start:]:
+        f = line.split()
+        if len(f) < 7 or line.startswith("slowest steps"):
+            break
+        num = lambda x: None if x == "-" else float(x.rstrip("%"))
+        ops.append({"op": f[0], "kernel": f[1], "nodes": int(f[2]), "ms": float(f[3]),
+                    "share": num(f[4]), "gflops": num(f[5]), "peak_pct": num(f[6])})
+    return {"peak": peak, "ops": ops}
+
+
+def kiln_profile(args, model_dir, batch, median_ms):
+    """One `kiln bench --profile` process of about two seconds; parse_profile's result, or
+    None when it failed."""
+    k = max(args.min_iterations, min(args.max_iterations, int(2000.0 / max(median_ms, 1e-3))))
+    cmd = [args.kiln, "bench", os.path.join(model_dir, "model.onnx"), "--batch", str(batch),
+           "--threads", str(args.threads), "--iterations", str(k), "--warmup",
+           str(args.warmup), "--profile"]
+    rc, _, err = run(cmd, args.timeout)
+    if rc != 0:
+        log(f"  kiln profile: {(err.strip().splitlines() or ['failed'])[-1]}")
+        return None
+    return parse_profile(err)
+
+
 def summarize(per_round):
     """Median over rounds of each reported number."""
     if not per_round:
@@ -469,6 +503,26 @@ def write_results(args, info, records, started, finished, path):
     L.append("- Percentiles interpolate linearly between ranks (numpy's default) over one "
              "process's recorded runs; the tables show the median over rounds.")
     L.append("- Raw per-round numbers: `bench/results.json`.")
+    L.append("\n## Where Kiln's time goes (`kiln bench --profile`)\n")
+    L.append("One more Kiln process per model and batch after the timed rounds, with every step "
+             "timed (the profile's own overhead makes its total a little above the median "
+             "above). Per op: share of the profiled time and, for ops made of products, "
+             "GFLOP/s (2 per multiply-accumulate) as a share of the peak that the profile "
+             "measures with a register-only FMA loop on the same threads.\n")
+    L.append("| model | batch | peak GFLOP/s | ops, slowest first: share of time (GFLOP/s, share of peak) |")
+    L.append("|---|---:|---:|---|")
+    for rec in records:
+        for b in rec["batches"]:
+            p = b.get("profile")
+            if not p or not p["ops"]:
+                continue
+            parts = []
+            for o in p["ops"][:3]:
+                rate = (f" ({o['gflops']:.0f}, {o['peak_pct']:.0f}%)"
+                        if o["gflops"] is not None else "")
+                parts.append(f"{o['op']} {o['share']:.1f}%{rate}")
+            peak = f"{p['peak']:.0f}" if p["peak"] else "-"
+            L.append(f"| {rec['model']} | {b['batch']} | {peak} | {'; '.join(parts)} |")
     # Keep the serving benchmark's section (bench/serve/serve_bench.py writes it).
     try:
         with open(path) as f:
@@ -550,9 +604,12 @@ def main():
                 log(f"{name}: batch {batch}")
                 spec = input_spec(inputs, batch)
                 per_round, errors = timing(args, model_dir, batch, spec)
+                summary = {rt: summarize(per_round[rt]) for rt in RUNTIMES}
+                profile = (kiln_profile(args, model_dir, batch, summary["kiln"]["median_ms"])
+                           if summary.get("kiln") else None)
                 rec["batches"].append({
                     "batch": batch, "spec": spec, "errors": errors, "rounds": per_round,
-                    "summary": {rt: summarize(per_round[rt]) for rt in RUNTIMES}})
+                    "summary": summary, "profile": profile})
         except (RuntimeError, OSError, ValueError) as e:
             rec["error"] = str(e)
             log(f"{name}: {e}")
