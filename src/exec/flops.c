@@ -46,12 +46,14 @@ static double matmul_flops(const struct kiln_type *a, const struct kiln_type *y,
 }
 
 /* Attention: Q K^T is SQ x T x E per query head and S V is SQ x T x EV, so the work is
- * 2 T (|Q| + |Y|), with T the keys' sequence length (dim 1 of 3-D K, dim 2 of 4-D K). */
+ * 2 T (|Q| + |Y|), with T the keys' sequence length (dim 1 of 3-D K, dim 2 of 4-D K) plus
+ * the cached keys' (dim 2 of past_key [B, HK, P, E]) when there are any. */
 static double attention_flops(const struct kiln_type *q, const struct kiln_type *k,
-                              const struct kiln_type *y)
+                              const struct kiln_type *past_k, const struct kiln_type *y)
 {
     if (!q || !k || (k->rank != 3 && k->rank != 4)) return 0.0;
     double t = (double)k->dims[k->rank == 3 ? 1 : 2];
+    if (past_k && past_k->rank == 4) t += (double)past_k->dims[2];
     return 2.0 * t * (numel(q) + numel(y));
 }
 
@@ -96,7 +98,7 @@ double kiln_node_flops(const struct kiln_node *n, const struct kiln_type *const 
     case KILN_OP_KilnFusedMatMul:
         return matmul_flops(input(in, n_in, 0), out0, kiln_attr_int(n, "transA", 0) != 0);
     case KILN_OP_Attention:
-        return attention_flops(input(in, n_in, 0), input(in, n_in, 1), out0);
+        return attention_flops(input(in, n_in, 0), input(in, n_in, 1), input(in, n_in, 4), out0);
     case KILN_OP_KilnMBConv:
         return mbconv_flops(in, n_in, out0);
     default:

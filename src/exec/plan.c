@@ -739,7 +739,11 @@ kiln_status kiln_plan_run(struct kiln_plan *p, kiln_tensor *const *inputs, kiln_
     kiln_status st = KILN_OK;
     int granted = kiln_threads_acquire(threads);
     int prof = profiling();
-    if (prof && granted > atomic_load(&p->prof_threads)) atomic_store(&p->prof_threads, granted);
+    if (prof) { /* the most threads any profiled run had */
+        int seen = atomic_load(&p->prof_threads);
+        while (seen < granted && !atomic_compare_exchange_weak(&p->prof_threads, &seen, granted)) {
+        }
+    }
     /* inputs, outputs and aliases of this run */
     for (int v = 0; v < p->n_slots; v++) {
         const struct slot *s = &p->slots[v];
@@ -829,20 +833,25 @@ static double step_flops(const struct kiln_plan *p, const struct step *sp)
     const struct kiln_type *in[KILN_MAX_IO];
     for (int k = 0; k < sp->n_in && k < KILN_MAX_IO; k++)
         in[k] = sp->in[k] >= 0 ? &p->slots[sp->in[k]].type : NULL;
-    const struct kiln_type *o = sp->n_out > 0 && sp->out[0] >= 0 ? &p->slots[sp->out[0]].type : NULL;
+    const struct kiln_type *o =
+        sp->n_out > 0 && sp->out[0] >= 0 ? &p->slots[sp->out[0]].type : NULL;
     return kiln_node_flops(sp->node, in, sp->n_in < KILN_MAX_IO ? sp->n_in : KILN_MAX_IO, o);
 }
 
-/* The fp32 FMA peak on `threads` threads, measured once per thread count. */
+/* The fp32 FMA peak on `threads` threads with the current SIMD table, measured once per
+ * thread count and table (KILN_ISA may change between prints). */
 static double profile_peak(int threads)
 {
     static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
     static int known_threads;
+    static const struct simd_kernels *known_table;
     static double known;
+    const struct simd_kernels *table = simd_kernels_for();
     pthread_mutex_lock(&mu);
-    if (known_threads != threads) {
+    if (known_threads != threads || known_table != table) {
         known = simd_fma_peak_gflops(threads);
         known_threads = threads;
+        known_table = table;
     }
     double g = known;
     pthread_mutex_unlock(&mu);

@@ -865,6 +865,21 @@ static void test_mbconv_silu(void)
     }
     CHECK(handled && worst <= 1.5e-6, "fused SiLU on [-30, 30]: relative error %g", worst);
     kiln_tensor_free(got);
+    /* SiLU(SiLU(x)) beyond +-80 is x above and 0 below (SiLU is under 1e-32 there; the
+     * clamped quotient alone would not be for x near -FLT_MAX) */
+    /* past the clamp, one value per channel at pixel (3, 3) (infinities and NaN cannot be
+     * checked this way: the identity's zeros turn them into NaN, as in any convolution) */
+    static const float edge[6] = {90.0f, 200.0f, 3e38f, -90.0f, -200.0f, -3e38f};
+    for (int64_t i = 0; i < n; i++) x[i] = 0.0f;
+    for (int ch = 0; ch < 6; ch++) x[ch * 64 + 27] = edge[ch];
+    got = run_fast(&t, in_l, 16, 1, &handled);
+    float y[6] = {0};
+    for (int ch = 0; ch < 6; ch++) y[ch] = handled && got ? ((float *)got->data)[ch * 64 + 27] : 1;
+    CHECK(y[0] == 90.0f && y[1] == 200.0f && y[2] == 3e38f, "fused SiLU above 80: %g %g %g",
+          y[0], y[1], y[2]);
+    CHECK(y[3] == 0.0f && y[4] == 0.0f && y[5] == 0.0f, "fused SiLU below -80: %g %g %g", y[3],
+          y[4], y[5]);
+    kiln_tensor_free(got);
     tg_free(&t);
 }
 

@@ -949,10 +949,10 @@ static void test_gemm(void)
 {
     const struct simd_kernels *tables[3] = {&kiln_simd_scalar, &kiln_simd_avx2, &kiln_simd_avx512};
     static const int64_t ms[] = {1, 3, 4, 5, 7, 8, 9, 17, 64},
-                         ns[] = {1, 7, 8, 16, 17, 64, 65, 128}, ks[] = {1, 8, 64, 129};
+                         ns[] = {1, 7, 8, 16, 17, 48, 64, 65, 128}, ks[] = {1, 8, 64, 129};
     for (int t = 0; t < isa_levels(); t++)
         for (int im = 0; im < 9; im++)
-            for (int in = 0; in < 8; in++)
+            for (int in = 0; in < 9; in++)
                 for (int ik = 0; ik < 4; ik++) {
                     int64_t m = ms[im], n = ns[in], k = ks[ik];
                     int64_t lda = k + 3, ldb = n + 5, ldc = n + 2;

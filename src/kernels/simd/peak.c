@@ -4,7 +4,9 @@
  * Every thread of one kiln_parallel_for runs the SIMD table's register-only FMA loop for
  * about 20 ms; the total work over the region's wall time, best of three, is the peak.
  * Measured rather than computed from a clock and a port count, so that it holds under a
- * hypervisor, frequency scaling and a lowered KILN_ISA alike.
+ * hypervisor and frequency scaling. It is the peak of the SIMD table in use: with KILN_ISA
+ * lowered, oneDNN's kernels (which do not follow it) can show shares above 100%, and the
+ * scalar table's "FMA" rounds through double, so only the native ISA's shares mean much.
  */
 #include <stdatomic.h>
 #include <time.h>

@@ -10,6 +10,7 @@
  *   vlt(a, b), vsel(m, a, b)   mask of a < b; m ? b : a per lane
  *   vabs vneg vsqrt vcopysign(mag, sign) vhsum vhmax
  *   vrecip12(a)            1 / a for a in [1, 2], within 3 ulp (estimate + Newton)
+ *   vtranspose(r)          r[i][j] <- r[j][i] for the W x W floats of vf r[W]
  *   SIMD_TABLE, SIMD_ISA   the exported table's name and its ISA string
  * and, unless SIMD_SCALAR (which takes its math from libm instead):
  *   vround(a)              to nearest integer value (ties even)
@@ -385,12 +386,18 @@ gm_run(int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda
     for (; j + TC * W <= nv; j += TC * W) {
         for (i = 0; i + TR <= m; i += TR)
             gm_tile(k, alpha, a + i * lda, lda, b + j, ldb, c + i * ldc + j, ldc, TR, TC);
+        if (TR > 4) /* 4 to 7 rows left of the tall tile: one 4-row tile first */
+            for (; i + 4 <= m; i += 4)
+                gm_tile(k, alpha, a + i * lda, lda, b + j, ldb, c + i * ldc + j, ldc, 4, TC);
         for (; i < m; i++)
             gm_tile(k, alpha, a + i * lda, lda, b + j, ldb, c + i * ldc + j, ldc, 1, TC);
     }
     for (; j < nv; j += W) {
         for (i = 0; i + TR <= m; i += TR)
             gm_tile(k, alpha, a + i * lda, lda, b + j, ldb, c + i * ldc + j, ldc, TR, 1);
+        if (TR > 4)
+            for (; i + 4 <= m; i += 4)
+                gm_tile(k, alpha, a + i * lda, lda, b + j, ldb, c + i * ldc + j, ldc, 4, 1);
         for (; i < m; i++) gm_row_vec(k, alpha, a + i * lda, b + j, ldb, c + i * ldc + j);
     }
     for (; j < n; j++)
