@@ -512,7 +512,9 @@ def write_results(args, info, records, started, finished, path):
              "timed (the profile's own overhead makes its total a little above the median "
              "above). Per op: share of the profiled time and, for ops made of products, "
              "GFLOP/s (2 per multiply-accumulate) as a share of the peak that the profile "
-             "measures with a register-only FMA loop on the same threads.\n")
+             "measures with a register-only FMA loop on the same threads. The work counted is the "
+             "direct algorithm's: Winograd convolutions (3x3, stride 1) multiply less and can "
+             "show more than 100%.\n")
     L.append("| model | batch | peak GFLOP/s | ops, slowest first: share of time (GFLOP/s, share of peak) |")
     L.append("|---|---:|---:|---|")
     for rec in records:

@@ -7,6 +7,8 @@
  * operations per multiply-accumulate; bias, activation, pooling and softmax
  * are not counted. Everything is read from the node's input and output
  * types, so the count is the one of the shape the plan was compiled for.
+ * It is the direct algorithm's work: a Winograd convolution multiplies less,
+ * so its rate can pass the FMA peak.
  */
 #include "exec/flops.h"
 
