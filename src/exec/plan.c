@@ -962,10 +962,11 @@ void kiln_plan_profile_print(const struct kiln_plan *p, FILE *f)
         ag[j + 1] = x;
     }
     int threads = atomic_load(&((struct kiln_plan *)p)->prof_threads);
-    double peak = total ? profile_peak(threads < 1 ? 1 : threads) : 0.0;
+    if (threads < 1) threads = 1;
+    double peak = total ? profile_peak(threads) : 0.0;
     if (total)
         fprintf(f, "peak: %.1f GFLOP/s (fp32 FMA loop, %s, %d thread%s, measured now)\n", peak,
-                simd_kernels_for()->isa, threads < 1 ? 1 : threads, threads > 1 ? "s" : "");
+                simd_kernels_for()->isa, threads, threads > 1 ? "s" : "");
     fprintf(f, "%-24s %-22s %6s %12s %7s %8s %6s\n", "op", "kernel", "nodes", "ms/run", "share",
             "GFLOP/s", "peak");
     for (int i = 0; i < na; i++) {
