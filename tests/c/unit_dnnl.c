@@ -297,6 +297,9 @@ static kiln_tensor *run_ref_plain(struct tg *t)
  * (NULL = plain) and the output in layout out_l; returns the output read
  * back to plain (NULL if the kernel declined or failed; *handled says).
  */
+static int g_inplace;      /* run_fast: write Y over the input the kernel allows in place */
+static int g_inplace_runs; /* runs that did */
+
 static kiln_tensor *run_fast(struct tg *t, const int *in_l, int out_l, int threads, int *handled)
 {
     *handled = 0;
@@ -329,8 +332,17 @@ static kiln_tensor *run_fast(struct tg *t, const int *in_l, int out_l, int threa
     if (st == KILN_OK && inst.run) {
         *handled = 1;
         kiln_tensor *y = nan_tensor(&ty, out_l);
+        kiln_tensor *run_in[TG_MAX_IN];
+        memcpy(run_in, stored, sizeof run_in);
+        int ii = inst.inplace ? inst.inplace_input : -1;
+        if (g_inplace && ii >= 0 && ii < t->n_in && stored[ii] && stored[ii]->nbytes == y->nbytes) {
+            /* as a plan runs it when the input dies here: Y over that input's memory */
+            memcpy(y->data, stored[ii]->data, y->nbytes);
+            run_in[ii] = y;
+            g_inplace_runs++;
+        }
         void *scratch = inst.scratch_bytes ? aligned_alloc(64, inst.scratch_bytes) : NULL;
-        struct kiln_run_ctx rc = {.node = tg_node(t), .n_in = t->n_in, .in = stored, .n_out = 1,
+        struct kiln_run_ctx rc = {.node = tg_node(t), .n_in = t->n_in, .in = run_in, .n_out = 1,
                                   .out = &y, .scratch = scratch, .threads = threads};
         st = inst.run(inst.state, &rc);
         if (st != KILN_OK) fprintf(stderr, "fast run: %s\n", kiln_last_error());
@@ -370,9 +382,12 @@ static void differ(struct tg *t, const char *what, const int *in_l, int out_l, i
 {
     kiln_tensor *ref = run_ref(t);
     CHECK(ref != NULL, "%s: reference failed", what);
-    for (int th = 1; th <= g_threads; th += g_threads > 1 ? g_threads - 1 : 1) {
-        int handled;
+    for (int run = 0; run < 4; run++) { /* 1 and g_threads threads, then both in place */
+        int handled, th = run % 2 ? g_threads : 1;
+        if (run % 2 && g_threads == 1) continue;
+        g_inplace = run >= 2;
         kiln_tensor *got = run_fast(t, in_l, out_l, th, &handled);
+        g_inplace = 0;
         if (expect_handled) {
             CHECK(handled, "%s: fast kernel declined", what);
             double e = rel_err(ref, got);
@@ -383,8 +398,8 @@ static void differ(struct tg *t, const char *what, const int *in_l, int out_l, i
                 for (int i = 0; i < 8; i++) fprintf(stderr, " %g", ((float *)got->data)[i]);
                 fprintf(stderr, "\n");
             }
-            CHECK(e <= 1e-4, "%s (threads %d, layouts in %d out %d): error %g", what, th,
-                  in_l ? in_l[0] : 0, out_l, e);
+            CHECK(e <= 1e-4, "%s (threads %d%s, layouts in %d out %d): error %g", what, th,
+                  run >= 2 ? ", in place" : "", in_l ? in_l[0] : 0, out_l, e);
         } else {
             CHECK(!handled, "%s: fast kernel should have declined", what);
         }
@@ -1183,7 +1198,12 @@ int main(void)
         return 0;
     }
     test_conv();
+    int conv_inplace = g_inplace_runs;
     test_matmul();
+    /* residual sums: Y written over the Sum input, as plans run them when it dies there */
+    CHECK(conv_inplace >= 8 && g_inplace_runs - conv_inplace >= 6,
+          "in-place runs: %d conv, %d matmul", conv_inplace, g_inplace_runs - conv_inplace);
+    printf("%d conv and %d matmul runs in place\n", conv_inplace, g_inplace_runs - conv_inplace);
     test_pool();
     test_reorder();
     if (kiln_cpu_isa() == KILN_ISA_AVX512 && kiln_mbconv_cpu_ok()) {

@@ -14,7 +14,8 @@
  *
  * Epilogue: a bias that broadcasts along Y's rows becomes oneDNN's bias; a
  * bias of Y's full shape (Gemm's C of shape [M, N], say) becomes a sum
- * post-op, as does KilnFusedMatMul's Sum (copied into Y before the run);
+ * post-op, as does KilnFusedMatMul's Sum (copied into Y before the run,
+ * unless the plan puts Y in place over it);
  * the activation is eltwise post-ops. Gemm's beta scales the sum; a
  * broadcast C with beta != 1 stays on the reference.
  */
@@ -263,6 +264,10 @@ static kiln_status mm_compile(const struct kiln_compile_ctx *cc, struct kiln_ker
     inst->destroy = mm_destroy;
     inst->scratch_bytes = kd_exec_scratch(&s->e);
     if (b.b_const) inst->packed = 1u << 1; /* B runs packed in every variant */
+    if (sum_index >= 0) { /* Y may be written over the summed input: no copy before the run */
+        inst->inplace = 1;
+        inst->inplace_input = sum_index;
+    }
     return KILN_OK;
 }
 
