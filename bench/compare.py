@@ -255,6 +255,9 @@ def timing(args, model_dir, batch, spec):
 def parse_profile(stderr):
     """`kiln bench --profile`'s op table: {"peak": GFLOP/s, "ops": [{op, kernel, nodes, ms,
     share, gflops, peak_pct}]} (gflops and peak_pct None where the op's work is not counted)."""
+    def num(x):
+        return None if x == "-" else float(x.rstrip("%"))
+
     lines = stderr.splitlines()
     peak = next((float(l.split()[1]) for l in lines if l.startswith("peak: ")), None)
     ops = []
@@ -266,7 +269,6 @@ def parse_profile(stderr):
         f = line.split()
         if len(f) < 7 or line.startswith("slowest steps"):
             break
-        num = lambda x: None if x == "-" else float(x.rstrip("%"))
         ops.append({"op": f[0], "kernel": f[1], "nodes": int(f[2]), "ms": float(f[3]),
                     "share": num(f[4]), "gflops": num(f[5]), "peak_pct": num(f[6])})
     return {"peak": peak, "ops": ops}
