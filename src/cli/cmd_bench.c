@@ -49,6 +49,7 @@
 #include "cli/cli.h"
 #include "cli/json_out.h"
 #include "api/internal.h"
+#include "core/threadpool.h"
 #include "exec/plan.h"
 
 static const char bench_usage[] =
@@ -458,10 +459,10 @@ static void print_json(const bench_args *a, const kiln_signature *sig, const kil
     kiln_json_write_string(stdout, a->model);
     printf(", \"signature\": ");
     kiln_json_write_string(stdout, kiln_signature_name(sig));
-    printf(", \"batch\": %d, \"threads\": %d, \"iterations\": %d, \"warmup\": %d, "
-           "\"optimize\": %s, \"seed\": %d,\n \"inputs\": ",
-           a->batch, a->so.threads, a->iterations, a->warmup, a->so.optimize ? "true" : "false",
-           a->seed);
+    printf(", \"batch\": %d, \"threads\": %d, \"cpus\": %d, \"iterations\": %d, "
+           "\"warmup\": %d, \"optimize\": %s, \"seed\": %d,\n \"inputs\": ",
+           a->batch, a->so.threads, kiln_cpu_count(), a->iterations, a->warmup,
+           a->so.optimize ? "true" : "false", a->seed);
     json_tensors(in, n_in);
     printf(",\n \"outputs\": ");
     json_tensors(out, n_out);
@@ -490,8 +491,8 @@ static void print_text(const bench_args *a, const kiln_signature *sig,
         printf(" %s", kiln_dtype_name(in[i].tensor->dtype));
         print_dims(in[i].tensor, false);
     }
-    printf("\nbatch %d, threads %d, warmup %d, iterations %d%s\n", a->batch, a->so.threads,
-           a->warmup, a->iterations,
+    printf("\nbatch %d, threads %d (of %d CPUs), warmup %d, iterations %d%s\n", a->batch,
+           a->so.threads, kiln_cpu_count(), a->warmup, a->iterations,
            a->so.reference ? ", reference path" : a->so.optimize ? "" : ", optimizer off");
     printf("load:       %.3f ms (model %.3f ms + session %.3f ms)\n",
            r->model_load_ms + r->session_create_ms, r->model_load_ms, r->session_create_ms);

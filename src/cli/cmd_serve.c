@@ -15,9 +15,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "cli/cli.h"
+#include "core/threadpool.h"
 #include "serve/batch.h"
 #include "serve/config.h"
 #include "serve/manager.h"
@@ -90,8 +90,10 @@ int kiln_cmd_serve(int argc, char **argv)
         fputs(serve_help, stdout);
         return KILN_CLI_EXIT_OK;
     }
-    long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    if (cores < 1) cores = 1;
+    /* request and batch threads inherit this thread's CPUs: all of them, even
+     * where OMP_PROC_BIND pinned it to one */
+    kiln_threads_unpin_caller();
+    int cores = kiln_cpu_count(); /* cgroup quota and affinity */
     int rest_port = 8501, grpc_port = 8500, threads = (int)(cores * 4 > 256 ? 256 : cores * 4);
     int timeout_ms = 30000, poll = 1, intra = 0, disable_opt = 0, show_version = 0;
     int batching = 0, config_poll = 0, warmup = 1, warmup_iters = 0, cors = 0;

@@ -65,9 +65,13 @@ int kiln_cpu_count(void)
     static atomic_int cached;
     int c = atomic_load_explicit(&cached, memory_order_relaxed);
     if (c > 0) return c;
+    /* The CPUs the process may use as libgomp counted them at start-up. The
+     * calling thread's own mask is not that: with OMP_PROC_BIND set, libgomp
+     * binds the initial thread to its first place (one CPU) before main. */
+    c = omp_get_num_procs();
     cpu_set_t set;
     CPU_ZERO(&set);
-    if (sched_getaffinity(0, sizeof set, &set) == 0) c = CPU_COUNT(&set);
+    if (c <= 0 && sched_getaffinity(0, sizeof set, &set) == 0) c = CPU_COUNT(&set);
     if (c <= 0) c = (int)sysconf(_SC_NPROCESSORS_ONLN);
     int lim = cgroup_cpu_limit();
     if (lim > 0 && lim < c) c = lim;
@@ -105,6 +109,27 @@ enum kiln_isa kiln_cpu_isa(void)
     else if (strcmp(e, "avx2") == 0) want = KILN_ISA_AVX2;
     else if (strcmp(e, "avx512") == 0) want = KILN_ISA_AVX512;
     return want < hw ? want : hw;
+}
+
+void kiln_threads_unpin_caller(void)
+{
+    if (omp_get_proc_bind() == omp_proc_bind_false) return;
+    /* the process's CPUs are the union of OpenMP's places (built from the
+     * mask libgomp saw at start-up) */
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    int places = omp_get_num_places();
+    for (int p = 0; p < places; p++) {
+        int n = omp_get_place_num_procs(p);
+        if (n <= 0) continue;
+        int *ids = malloc((size_t)n * sizeof *ids);
+        if (!ids) return;
+        omp_get_place_proc_ids(p, ids);
+        for (int i = 0; i < n; i++)
+            if (ids[i] >= 0 && ids[i] < CPU_SETSIZE) CPU_SET(ids[i], &set);
+        free(ids);
+    }
+    if (CPU_COUNT(&set) > 0) (void)sched_setaffinity(0, sizeof set, &set);
 }
 
 /* 1 while a run holds the pool's lease. */

@@ -10,8 +10,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
+#include "core/threadpool.h"
 #include "import/textproto.h"
 #include "prediction_log.pb-c.h"
 #include "serving_config.pb-c.h"
@@ -221,7 +221,7 @@ err_free_msg:
 void kiln_batching_params_default(kiln_batching_params *p)
 {
     memset(p, 0, sizeof *p);
-    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    int cores = kiln_cpu_count();
     p->max_batch_size = 1000;
     p->batch_timeout_micros = 0;
     p->max_enqueued_batches = 10;

@@ -32,18 +32,19 @@ pytestmark = pytest.mark.skipif(
 REQUIRED_KEYS = {
     "load_ms", "model_load_ms", "session_create_ms", "first_inference_ms",
     "load_to_first_inference_ms", "median_ms", "p90_ms", "p99_ms", "mean_ms", "min_ms",
-    "max_ms", "throughput_per_s", "peak_rss_mb", "batch", "threads", "iterations", "warmup",
+    "max_ms", "throughput_per_s", "peak_rss_mb", "batch", "threads", "cpus", "iterations",
+    "warmup",
     "inputs", "outputs", "model", "signature", "nonfinite_outputs",
 }
 
 
-def kiln(*args):
+def kiln(*args, **kw):
     return subprocess.run([KILN, *map(str, args)], capture_output=True, text=True,
-                          errors="replace", timeout=120)
+                          errors="replace", timeout=120, **kw)
 
 
-def bench_json(*args):
-    r = kiln("bench", *args, "--json")
+def bench_json(*args, **kw):
+    r = kiln("bench", *args, "--json", **kw)
     assert r.returncode == 0, r.stderr
     assert r.stderr == ""
     return json.loads(r.stdout)
@@ -87,6 +88,34 @@ def test_json_keys_and_sanity():
     assert j["throughput_per_s"] == pytest.approx(8 * 1000 / j["median_ms"], rel=5e-3)
     assert 1 < j["peak_rss_mb"] < 4096
     assert j["nonfinite_outputs"] == 0
+
+
+def cpus_allowed():
+    """CPUs this process may use: its affinity mask, bounded by a cgroup v2 quota."""
+    n = len(os.sched_getaffinity(0))
+    try:
+        quota, period = open("/sys/fs/cgroup/cpu.max").read().split()
+        if quota != "max":
+            n = min(n, -(-int(quota) // int(period)))
+    except (OSError, ValueError):
+        pass
+    return n
+
+
+@pytest.mark.parametrize("env", [{}, {"OMP_PROC_BIND": "true"},
+                                 {"OMP_PROC_BIND": "spread", "OMP_PLACES": "cores"}])
+def test_cpus_counted_whatever_the_openmp_binding(env):
+    # With OMP_PROC_BIND set, OpenMP pins the main thread to one CPU before main(); Kiln
+    # must still count (and use) every CPU the process may run on, not that one.
+    j = bench_json(DIGITS, "--iterations", 2, env={**os.environ, **env})
+    assert j["cpus"] == cpus_allowed(), (env, j["cpus"])
+
+
+def test_cpus_follow_the_affinity_mask():
+    first = sorted(os.sched_getaffinity(0))[0]
+    j = bench_json(DIGITS, "--iterations", 2,
+                   preexec_fn=lambda: os.sched_setaffinity(0, {first}))
+    assert j["cpus"] == 1
 
 
 def test_text_report():

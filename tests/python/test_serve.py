@@ -82,7 +82,7 @@ class Server:
     """kiln serve on a free loopback port. The Prometheus page is on (TF
     Serving's monitoring config file) unless metrics=False."""
 
-    def __init__(self, base, name, *extra, metrics=True):
+    def __init__(self, base, name, *extra, metrics=True, env=None):
         self.port = free_port()
         self.log = open(base.parent / f"{name}.log", "w+")
         if metrics:
@@ -93,7 +93,7 @@ class Server:
             [KILN, "serve", f"--model_base_path={base}", f"--model_name={name}",
              f"--rest_api_port={self.port}", "--rest_api_address=127.0.0.1",
              "--rest_api_num_threads=4", "--file_system_poll_wait_seconds=1", *extra],
-            stdout=self.log, stderr=subprocess.STDOUT)
+            stdout=self.log, stderr=subprocess.STDOUT, env=env)
         self.wait_ready()
 
     def wait_ready(self):
@@ -436,6 +436,42 @@ def test_flags(tmp_path):
     r = subprocess.run([KILN, "serve", "--rest_api_port=abc", "--model_base_path=/x"],
                        capture_output=True, text=True, timeout=30)
     assert r.returncode == 2
+
+
+def cpus_of_thread(pid, tid):
+    """A thread's allowed CPUs, from /proc (Cpus_allowed_list: "0-3,6")."""
+    for line in open(f"/proc/{pid}/task/{tid}/status"):
+        if line.startswith("Cpus_allowed_list:"):
+            cpus = set()
+            for part in line.split(":", 1)[1].strip().split(","):
+                lo, _, hi = part.partition("-")
+                cpus.update(range(int(lo), int(hi or lo) + 1))
+            return cpus
+    raise AssertionError(f"no Cpus_allowed_list for thread {tid}")
+
+
+def test_request_threads_use_every_cpu_under_omp_binding(tmp_path):
+    # OMP_PROC_BIND pins the main thread to one CPU before main(); threads made later inherit
+    # that. kiln serve gives its thread every CPU back first, so request threads (and the runs
+    # they make) are not all confined to CPU 0.
+    allowed = os.sched_getaffinity(0)
+    if len(allowed) < 2:
+        pytest.skip("needs two CPUs or more")
+    base = tmp_path / "pin"
+    save_affine(base / "1" / "model.onnx", 2.0, 1.0)
+    srv = Server(base, "pin", "--enable_batching",
+                 env=dict(os.environ, OMP_PROC_BIND="true", OMP_PLACES="cores"))
+    try:
+        code, body = srv.json("POST", "/v1/models/pin:predict", {"instances": [[1.0, 2.0, 3.0]]})
+        assert code == 200 and body["predictions"] == [[3.0, 5.0, 7.0]], body
+        pid = srv.proc.pid
+        workers = [t for t in os.listdir(f"/proc/{pid}/task")
+                   if open(f"/proc/{pid}/task/{t}/comm").read().strip() == "MHD-worker"]
+        assert workers, "no request threads found"
+        for t in workers:
+            assert cpus_of_thread(pid, t) == allowed, t
+    finally:
+        srv.kill()
 
 
 def test_env_and_sigterm(tmp_path):
