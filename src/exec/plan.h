@@ -11,7 +11,8 @@
  * do not overlap share memory (elementwise kernels may also write over
  * their input). Running a plan allocates nothing but the outputs it hands
  * to the caller (an arena instance is reused from a free list; one is
- * added only when more runs than ever before run at once).
+ * added only when more runs than ever before run at once); oneDNN's execute
+ * call makes a few small allocations of its own. tests/c/unit_opt.c counts.
  *
  * Graphs a plan cannot express (strings, control flow, outputs whose
  * shape depends on data) make compile return KILN_ERR_UNSUPPORTED; the
