@@ -169,7 +169,9 @@ kiln_status kiln_opt_cse(struct kiln_graph *g, struct kiln_opt_pass_log *pl)
         int ni = g->order ? g->order[oi] : oi;
         struct kiln_node *n = &g->nodes[ni];
         if (kiln_opt_node_dead(n)) continue;
-        if (kiln_op_info(n->op)->flags & (KILN_OPF_SUBGRAPH | KILN_OPF_DYNOUT)) continue;
+        /* two reads of one variable may sit on either side of a write */
+        if (kiln_op_info(n->op)->flags & (KILN_OPF_SUBGRAPH | KILN_OPF_DYNOUT | KILN_OPF_STATEFUL))
+            continue;
         bool skip = false;
         for (int k = 0; k < n->n_out; k++)
             if (n->out[k] >= 0 && kiln_opt_is_graph_output(g, n->out[k])) skip = true;

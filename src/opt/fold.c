@@ -4,7 +4,9 @@
  * A node whose inputs are all constants runs once, now, through its
  * reference kernel (kiln_op_impl), and its outputs become graph-owned
  * constants. Skipped: ops with subgraphs or data-dependent outputs
- * (SUBGRAPH, DYNOUT), outputs over FOLD_MAX_BYTES, nodes writing a graph
+ * (SUBGRAPH, DYNOUT), ops on model state (STATEFUL: a variable read has no
+ * inputs, so it would otherwise freeze the value the variable has at
+ * load), outputs over FOLD_MAX_BYTES, nodes writing a graph
  * output, and any node whose kernel fails (the error is cleared; the node
  * then fails at run time as it would have). Shape of a value whose static
  * type is concrete folds too, and so does Gather of a Shape when the
@@ -153,7 +155,7 @@ static kiln_status fold_sweep(struct kiln_graph *g, struct kiln_opt_pass_log *pl
         struct kiln_node *n = &g->nodes[ni];
         if (kiln_opt_node_dead(n)) continue;
         unsigned flags = kiln_op_info(n->op)->flags;
-        if (flags & (KILN_OPF_SUBGRAPH | KILN_OPF_DYNOUT)) continue;
+        if (flags & (KILN_OPF_SUBGRAPH | KILN_OPF_DYNOUT | KILN_OPF_STATEFUL)) continue;
         bool writes_output = false;
         for (int k = 0; k < n->n_out; k++)
             if (n->out[k] >= 0 && kiln_opt_is_graph_output(g, n->out[k])) writes_output = true;

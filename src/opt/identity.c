@@ -1,8 +1,8 @@
 /*
  * identity.c - remove nodes that pass their input through unchanged:
  * Identity, Dropout at inference (no mask wanted, training_mode absent or
- * false), Reshape whose output shape provably equals its input shape, and
- * Cast to the input's own dtype.
+ * false), Reshape and Expand whose output shape provably equals their
+ * input's, and Cast to the input's own dtype.
  */
 #include "kernels/kernel.h"
 #include "opt/opt.h"
@@ -37,6 +37,9 @@ kiln_status kiln_opt_identity(struct kiln_graph *g, struct kiln_opt_pass_log *pl
             break;
         case KILN_OP_Reshape:
             if (ti->dtype != KILN_DTYPE_UNDEFINED && kiln_opt_same_shape(ti, to)) kind = "Reshape";
+            break;
+        case KILN_OP_Expand:
+            if (ti->dtype != KILN_DTYPE_UNDEFINED && kiln_opt_same_shape(ti, to)) kind = "Expand";
             break;
         case KILN_OP_Cast: {
             const struct kiln_attr *a = kiln_node_attr(n, "to");
