@@ -450,6 +450,29 @@ static void dump_graph(const struct kiln_graph *g)
 
 typedef void (*build_fn)(struct gb *b);
 
+/* The optimization log: per pass, node counts that chain from the graph as built to the
+ * graph as optimized, and positive counts of named kinds. */
+static struct kiln_opt_log last_log;
+static void check_log(const char *name, const struct kiln_opt_log *log, int before, int after)
+{
+    CHECK(log->nodes_before == before && log->nodes_after == after,
+          "%s: log says %d -> %d nodes, the graphs have %d -> %d", name, log->nodes_before,
+          log->nodes_after, before, after);
+    CHECK(log->n_passes >= 13, "%s: only %d passes logged", name, log->n_passes);
+    int prev = before;
+    for (int i = 0; i < log->n_passes; i++) {
+        const struct kiln_opt_pass_log *p = &log->passes[i];
+        CHECK(p->pass && p->nodes_before == prev, "%s: pass %d (%s) starts at %d nodes, not %d",
+              name, i, p->pass ? p->pass : "?", p->nodes_before, prev);
+        for (int k = 0; k < p->n_kinds; k++)
+            CHECK(p->kinds[k].kind && p->kinds[k].count > 0, "%s: pass %s logs an empty kind",
+                  name, p->pass);
+        prev = p->nodes_after;
+    }
+    CHECK(prev == after, "%s: the last pass ends at %d nodes, the graph has %d", name, prev,
+          after);
+}
+
 /* Build the graph twice (same constants), optimize one, compare; then check op counts. */
 static struct kiln_graph *run_case(const char *name, build_fn build, double *diff)
 {
@@ -468,10 +491,30 @@ static struct kiln_graph *run_case(const char *name, build_fn build, double *dif
     struct kiln_opt_log log;
     *diff = compare_graphs(b1.g, b2.g, &log);
     CHECK(*diff <= 1e-4, "%s: optimized outputs differ by %g", name, *diff);
+    check_log(name, &log, b1.g->n_nodes, b2.g->n_nodes);
+    last_log = log;
     check_plan_allocs(name, b2.g);
     kiln_graph_free(b1.g);
     return b2.g;
 }
+
+/* How many fusions / removals of `kind` the log counts over all passes (kinds that start
+ * with `kind` when prefix is set). */
+static int log_kind(const struct kiln_opt_log *log, const char *kind, bool prefix)
+{
+    int n = 0;
+    for (int i = 0; i < log->n_passes; i++)
+        for (int k = 0; k < log->passes[i].n_kinds; k++) {
+            const char *s = log->passes[i].kinds[k].kind;
+            if (prefix ? strncmp(s, kind, strlen(kind)) == 0 : strcmp(s, kind) == 0)
+                n += log->passes[i].kinds[k].count;
+        }
+    return n;
+}
+
+#define EXPECT_LOG(name, kind, prefix, n)                                                      \
+    CHECK(log_kind(&last_log, kind, prefix) == (n), "%s: the log counts %d '%s', expected %d", \
+          name, log_kind(&last_log, kind, prefix), kind, n)
 
 #define EXPECT_OPS(g, name, op, n) \
     CHECK(count_op(g, KILN_OP_##op) == (n), "%s: %d %s nodes, expected %d", name, count_op(g, KILN_OP_##op), #op, n)
@@ -682,6 +725,12 @@ static void test_small(void)
         CHECK(g->n_nodes == 3, "simple: %d nodes left, expected 3", g->n_nodes);
         if (g->n_nodes != 3) dump_graph(g);
         EXPECT_OPS(g, "simple", Relu, 1);
+        EXPECT_LOG("simple", "Identity", false, 2);
+        EXPECT_LOG("simple", "Dropout", false, 1);
+        EXPECT_LOG("simple", "Reshape", false, 1);
+        EXPECT_LOG("simple", "Expand", false, 1);
+        EXPECT_LOG("simple", "Cast", false, 1);
+        EXPECT_LOG("simple", "Relu", false, 1); /* CSE */
         CHECK(g->outputs[0] == g->nodes[g->order[g->n_nodes - 1]].out[0] ||
                   g->values[g->outputs[0]].kind == KILN_VALUE_NODE,
               "simple: output value not produced");
@@ -690,6 +739,8 @@ static void test_small(void)
     if ((g = run_case("conv", build_conv, &d))) {
         EXPECT_OPS(g, "conv", BatchNormalization, 0);
         EXPECT_OPS(g, "conv", KilnFusedConv, 3);
+        EXPECT_LOG("conv", "Conv+BatchNormalization", false, 1);
+        EXPECT_LOG("conv", "Conv+", true, 4); /* + BN, and 3 fused convolutions */
         CHECK(g->n_nodes == 3, "conv: %d nodes left, expected 3", g->n_nodes);
         kiln_graph_free(g);
     }
@@ -704,12 +755,17 @@ static void test_small(void)
     }
     if ((g = run_case("matmul", build_matmul, &d))) {
         EXPECT_OPS(g, "matmul", KilnFusedMatMul, 2);
+        CHECK(log_kind(&last_log, "MatMul+", true) + log_kind(&last_log, "Gemm+", true) == 2,
+              "matmul: the log counts %d MatMul / Gemm fusions, expected 2",
+              log_kind(&last_log, "MatMul+", true) + log_kind(&last_log, "Gemm+", true));
         CHECK(g->n_nodes == 2, "matmul: %d nodes left, expected 2", g->n_nodes);
         kiln_graph_free(g);
     }
     if ((g = run_case("layernorm+gelu", build_ln_gelu, &d))) {
         EXPECT_OPS(g, "layernorm+gelu", LayerNormalization, 1);
         EXPECT_OPS(g, "layernorm+gelu", Gelu, 2);
+        EXPECT_LOG("layernorm+gelu", "LayerNormalization", false, 1);
+        EXPECT_LOG("layernorm+gelu", "Gelu(", true, 2);
         CHECK(g->n_nodes == 3, "layernorm+gelu: %d nodes left, expected 3", g->n_nodes);
         kiln_graph_free(g);
     }
@@ -717,6 +773,8 @@ static void test_small(void)
         EXPECT_OPS(g, "attention", Attention, 1);
         EXPECT_OPS(g, "attention", Transpose, 0);
         EXPECT_OPS(g, "attention", Softmax, 0);
+        EXPECT_LOG("attention", "Attention", false, 1);
+        EXPECT_LOG("attention", "Transpose+inverse", false, 1);
         kiln_graph_free(g);
     }
     if ((g = run_case("stateful", build_stateful, &d))) {

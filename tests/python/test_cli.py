@@ -584,3 +584,44 @@ def test_predict_absent_interior_output_at_slot_growth(tmp_path, flag):
         assert r.returncode == 0, (chain, r.stderr)
         np.testing.assert_allclose(np.load(out / f"r{chain}.npy"), want_y, rtol=1e-5, atol=1e-5)
         np.testing.assert_allclose(np.load(out / "inv_std.npy"), inv_std, rtol=1e-5)
+
+
+def test_inspect_optimized_log(tmp_path):
+    """`kiln inspect --optimized` prints the optimizer's log: per pass, the node counts
+    (chaining from the graph as imported to the graph as optimized) and the fusions by
+    kind, then the arena and packed-weight bytes of the plan compiled at batch 1."""
+    rng = np.random.default_rng(3)
+    c = 4
+    inits = [numpy_helper.from_array(rng.standard_normal((c, 3, 3, 3)).astype(np.float32), "w1"),
+             numpy_helper.from_array(rng.standard_normal((c, c, 3, 3)).astype(np.float32), "w2")]
+    for name, val in (("s", 1.5), ("b", 0.1), ("m", 0.2), ("v", 2.0)):
+        inits.append(numpy_helper.from_array(np.full(c, val, np.float32), name))
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1]),
+             helper.make_node("BatchNormalization", ["c1", "s", "b", "m", "v"], ["bn"]),
+             helper.make_node("Relu", ["bn"], ["r"]),
+             helper.make_node("Conv", ["r", "w2"], ["y"], pads=[1, 1, 1, 1])]
+    graph = helper.make_graph(
+        nodes, "convbn",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", c, 8, 8])], inits)
+    model = save_model(graph, tmp_path / "convbn.onnx")
+    r = kiln("inspect", model, "--optimized")
+    assert r.returncode == 0, r
+    out = r.stdout.splitlines()
+    total = [ln for ln in out if ln.strip().startswith("optimizer:")]
+    assert total and total[0].split()[1:4] == ["4", "->", "2"], total
+    passes = [ln.split() for ln in out if " nodes " in ln and "->" in ln and "optimizer:" not in ln]
+    assert len(passes) >= 13, out
+    count = 4
+    for p in passes:  # "<pass> A -> B nodes <ms> ms[; kind xN, ...]"
+        assert int(p[1]) == count, (p, count)
+        count = int(p[3])
+    assert count == 2
+    text = "\n".join(out)
+    assert "Conv+BatchNormalization x1" in text
+    fused = [ln for ln in out if ln.split()[0] == "conv_fusion"]
+    assert fused and "Conv+" in fused[0] and "Relu" in fused[0], fused
+    arena = [ln.split() for ln in out if ln.strip().startswith("arena ")]
+    assert arena, text
+    # the 4 x 8 x 8 float intermediate between the two convolutions lives in the arena
+    assert int(arena[0][1]) >= c * 8 * 8 * 4 and int(arena[0][5]) > 0, arena
