@@ -599,13 +599,21 @@ static void test_matmul(void)
         int ta, tb, bias, sum, konst;
         float alpha;
         const char *act;
+        float act_alpha, act_beta;
     } fc[] = {
-        {3, {2, 5, 16}, 16, 33, 0, 0, 1, 0, 1, 1.0f, "Gelu"},
-        {3, {2, 5, 17}, 17, 16, 0, 1, 1, 1, 1, 1.0f, ""},
-        {2, {65, 16}, 16, 15, 0, 0, 1, 0, 1, 0.5f, "Relu"},
-        {2, {1, 16}, 16, 17, 1, 0, 0, 1, 0, 2.0f, "Tanh"},
-        {3, {3, 4, 8}, 8, 8, 0, 0, 1, 1, 0, 1.0f, "GeluTanh"},
-        {2, {15, 16}, 16, 16, 0, 1, 1, 0, 1, 1.0f, "Sigmoid"},
+        {3, {2, 5, 16}, 16, 33, 0, 0, 1, 0, 1, 1.0f, "Gelu", 0, 0},
+        {3, {2, 5, 17}, 17, 16, 0, 1, 1, 1, 1, 1.0f, "", 0, 0},
+        {2, {65, 16}, 16, 15, 0, 0, 1, 0, 1, 0.5f, "Relu", 0, 0},
+        {2, {1, 16}, 16, 17, 1, 0, 0, 1, 0, 2.0f, "Tanh", 0, 0},
+        {3, {3, 4, 8}, 8, 8, 0, 0, 1, 1, 0, 1.0f, "GeluTanh", 0, 0},
+        {2, {15, 16}, 16, 16, 0, 1, 1, 0, 1, 1.0f, "Sigmoid", 0, 0},
+        {3, {2, 7, 16}, 16, 31, 0, 0, 1, 0, 1, 1.0f, "LeakyRelu", 0.1f, 0},
+        {2, {17, 15}, 15, 32, 0, 1, 1, 1, 1, 1.0f, "Clip", 0.0f, 6.0f},
+        {2, {16, 16}, 16, 16, 0, 0, 0, 0, 1, 1.0f, "Clip", -0.5f, 0.25f},
+        {3, {2, 3, 33}, 33, 17, 0, 0, 1, 1, 1, 1.0f, "HardSwish", 0, 0},
+        {2, {9, 16}, 16, 48, 0, 0, 1, 0, 1, 1.0f, "HardSigmoid", 0.25f, 0.4f},
+        {3, {1, 1, 16}, 16, 16, 0, 1, 1, 0, 1, 1.0f, "SiLU", 0, 0},
+        {2, {64, 32}, 32, 64, 0, 0, 1, 1, 1, 1.0f, "SiLU", 0, 0},
     };
     for (size_t i = 0; i < sizeof fc / sizeof fc[0]; i++) {
         struct tg t;
@@ -625,6 +633,10 @@ static void test_matmul(void)
         attr_int(&t, "transB", fc[i].tb);
         attr_float(&t, "alpha", fc[i].alpha);
         attr_str(&t, "activation", fc[i].act);
+        if (fc[i].act_alpha != 0 || fc[i].act_beta != 0) {
+            attr_float(&t, "act_alpha", fc[i].act_alpha);
+            attr_float(&t, "act_beta", fc[i].act_beta);
+        }
         if (fc[i].sum) {
             struct kiln_type ty;
             if (infer_out(&t, &ty) != KILN_OK) { fprintf(stderr, "%s\n", kiln_last_error()); abort(); }

@@ -565,12 +565,10 @@ static void build_conv(struct gb *b)
 
 /* one activation after Conv + residual, selected by act_case */
 static int act_case;
-static void build_conv_act(struct gb *b)
+#define N_ACT_CASES 11
+/* Activation act_case (0..N_ACT_CASES-1) of a: every one the fusions take. */
+static int gb_act(struct gb *b, int a)
 {
-    int64_t dx[4] = {1, 4, 6, 5}, dw[4] = {6, 2, 3, 3}, dc[1] = {6}, dy[4] = {1, 6, 6, 5};
-    int x = gb_input(b, "x", 4, dx), res = gb_input(b, "res", 4, dy);
-    int c = gb_conv(b, x, gb_rand(b, 4, dw, 1, 0), gb_rand(b, 1, dc, 0.5, 0), 2, 3, 1, 1);
-    int a = gb_op2(b, KILN_OP_Add, c, res);
     int y = -1;
     struct kiln_node *n;
     switch (act_case) {
@@ -589,12 +587,40 @@ static void build_conv_act(struct gb *b)
         n = gb_node(b, KILN_OP_Gelu, 1, &a, 1, &y);
         set_str(b->g, &n->attr[0], "approximate", "tanh");
         break;
-    default: {
+    case 8: {
         int in[3] = {a, gb_scalar(b, -0.5f), -1};
         gb_node(b, KILN_OP_Clip, 2, in, 0, &y);
+        break;
     }
+    case 9: { /* Relu6 */
+        int in[3] = {a, gb_scalar(b, 0.0f), gb_scalar(b, 6.0f)};
+        gb_node(b, KILN_OP_Clip, 3, in, 0, &y);
+        break;
     }
-    b->out[b->n_out++] = y;
+    default: y = gb_op2(b, KILN_OP_Mul, a, gb_op1(b, KILN_OP_Sigmoid, a)); /* SiLU */
+    }
+    return y;
+}
+
+static void build_conv_act(struct gb *b)
+{
+    int64_t dx[4] = {1, 4, 6, 5}, dw[4] = {6, 2, 3, 3}, dc[1] = {6}, dy[4] = {1, 6, 6, 5};
+    int x = gb_input(b, "x", 4, dx), res = gb_input(b, "res", 4, dy);
+    int c = gb_conv(b, x, gb_rand(b, 4, dw, 1, 0), gb_rand(b, 1, dc, 0.5, 0), 2, 3, 1, 1);
+    int a = gb_op2(b, KILN_OP_Add, c, res);
+    b->out[b->n_out++] = gb_act(b, a);
+}
+
+/* 3-D MatMul + bias + activation, and Gemm + activation, for every activation */
+static void build_matmul_act(struct gb *b)
+{
+    int64_t dx[3] = {2, 3, 17}, dm[2] = {17, 19}, dn[1] = {19}, da[2] = {4, 17}, dw[2] = {17, 5};
+    int x = gb_input(b, "x", 3, dx), a = gb_input(b, "a", 2, da);
+    int m = gb_op2(b, KILN_OP_MatMul, x, gb_rand(b, 2, dm, 0.5, 0));
+    b->out[b->n_out++] = gb_act(b, gb_op2(b, KILN_OP_Add, m, gb_rand(b, 1, dn, 1, 0)));
+    int g, in[2] = {a, gb_rand(b, 2, dw, 0.5, 0)};
+    gb_node(b, KILN_OP_Gemm, 2, in, 0, &g);
+    b->out[b->n_out++] = gb_act(b, g);
 }
 
 /* Gemm variants and 3-D MatMul + bias + residual + Relu */
@@ -744,12 +770,22 @@ static void test_small(void)
         CHECK(g->n_nodes == 3, "conv: %d nodes left, expected 3", g->n_nodes);
         kiln_graph_free(g);
     }
-    for (act_case = 0; act_case < 9; act_case++) {
+    for (act_case = 0; act_case < N_ACT_CASES; act_case++) {
         char name[32];
         snprintf(name, sizeof name, "conv act %d", act_case);
         if ((g = run_case(name, build_conv_act, &d))) {
             CHECK(g->n_nodes == 1 && g->nodes[0].op == KILN_OP_KilnFusedConv,
                   "%s: %d nodes, first %s", name, g->n_nodes, kiln_op_name(g->nodes[0].op));
+            kiln_graph_free(g);
+        }
+    }
+    for (act_case = 0; act_case < N_ACT_CASES; act_case++) {
+        char name[32];
+        snprintf(name, sizeof name, "matmul act %d", act_case);
+        if ((g = run_case(name, build_matmul_act, &d))) {
+            CHECK(g->n_nodes == 2 && count_op(g, KILN_OP_KilnFusedMatMul) == 2,
+                  "%s: %d nodes, %d KilnFusedMatMul", name, g->n_nodes,
+                  count_op(g, KILN_OP_KilnFusedMatMul));
             kiln_graph_free(g);
         }
     }
