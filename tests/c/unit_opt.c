@@ -11,8 +11,10 @@
  * composition of reference ops, on random values and fixed shapes with odd
  * sizes (9 x 7 images, 3 and 5 channels).
  *
- * Each optimized graph is also compiled into a plan and run: once warm, a
- * run must allocate nothing but the outputs it hands over. The binary's
+ * Each optimized graph is also compiled into a plan (the bench models
+ * optimized as sessions do, blocked layouts included) and run: its outputs
+ * must match the reference executor's on the graph as built, and once warm
+ * a run must allocate nothing but the outputs it hands over. The binary's
  * malloc family counts calls by who made them (not under the sanitizers,
  * which replace it): oneDNN's own small allocations inside
  * dnnl_primitive_execute (its argument map, through operator new) are
@@ -350,15 +352,17 @@ out:
 }
 
 /*
- * Compile g (optimized) into a plan for inputs of batch 1, run it twice to
- * warm it (arena, oneDNN bindings, the OpenMP team), then count the
- * allocations of three more runs: they must be exactly those of the
- * outputs the runs hand over (as many as kiln_tensor_new makes for them).
+ * Compile g (optimized) into a plan for inputs of batch 1 and run it five
+ * times. The last run's outputs must match the reference executor's run of
+ * ref (the graph as built; not for graphs with model state, whose runs
+ * change it). Where allocations are counted, runs 3 to 5 (warm: arena,
+ * oneDNN bindings and the OpenMP team exist) must make exactly the
+ * allocations of the outputs they hand over (as many as kiln_tensor_new
+ * makes for them).
  */
-static void check_plan_allocs(const char *name, const struct kiln_graph *g)
+static void check_plan(const char *name, const struct kiln_graph *g, const struct kiln_graph *ref)
 {
-#ifdef COUNT_ALLOCS
-    kiln_tensor *in[16] = {NULL}, *out[16] = {NULL};
+    kiln_tensor *in[16] = {NULL}, *out[16] = {NULL}, *want_out[16] = {NULL};
     struct kiln_weight_cache *wc = NULL;
     struct kiln_plan *p = NULL;
     if (g->n_inputs > 16 || g->n_outputs > 16 || !make_inputs(g, in) ||
@@ -367,34 +371,47 @@ static void check_plan_allocs(const char *name, const struct kiln_graph *g)
         CHECK(0, "%s: no plan: %s", name, kiln_last_error());
         goto out;
     }
+    if (count_op(g, KILN_OP_TfVariable) + count_op(g, KILN_OP_TfAssign) > 0) ref = NULL;
     int runs_ok = 1, want = 0;
     for (int r = 0; r < 5 && runs_ok; r++) {
+#ifdef COUNT_ALLOCS
         if (r == 2) {
             atomic_store(&allocs, 0);
             atomic_store(&dnnl_allocs, 0);
-            atomic_store(&counting, 1);
         }
+        if (r >= 2) atomic_store(&counting, 1);
+#endif
         runs_ok = kiln_plan_run(p, in, out, 2, NULL) == KILN_OK;
+#ifdef COUNT_ALLOCS
         atomic_store(&counting, 0);
-        for (int i = 0; i < g->n_outputs && runs_ok; i++) {
-            if (r >= 2) { /* what making this output alone costs */
-                int before = atomic_load(&allocs);
-                kiln_tensor *t = NULL;
-                atomic_store(&counting, 1);
-                kiln_status st = kiln_tensor_new(out[i]->dtype, out[i]->rank, out[i]->dims, &t);
-                atomic_store(&counting, 0);
-                kiln_tensor_free(t);
-                want += atomic_load(&allocs) - before;
-                atomic_store(&allocs, before);
-                runs_ok = st == KILN_OK;
-            }
+        for (int i = 0; i < g->n_outputs && runs_ok && r >= 2; i++) {
+            /* what making this output alone costs */
+            int before = atomic_load(&allocs);
+            kiln_tensor *t = NULL;
+            atomic_store(&counting, 1);
+            kiln_status st = kiln_tensor_new(out[i]->dtype, out[i]->rank, out[i]->dims, &t);
+            atomic_store(&counting, 0);
+            kiln_tensor_free(t);
+            want += atomic_load(&allocs) - before;
+            atomic_store(&allocs, before);
+            runs_ok = st == KILN_OK;
+        }
+#endif
+        if (r == 4 && runs_ok && ref) {
+            kiln_status st = kiln_exec_run_limited(ref, in, want_out, 0, NULL);
+            CHECK(st == KILN_OK, "%s: reference run failed: %s", name, kiln_last_error());
+            for (int i = 0; i < g->n_outputs && st == KILN_OK; i++)
+                CHECK(rel_diff(out[i], want_out[i]) <= 1e-4,
+                      "%s: the plan's output %d differs from the reference by %g", name, i,
+                      rel_diff(out[i], want_out[i]));
+        }
+        for (int i = 0; i < g->n_outputs; i++) {
             kiln_tensor_free(out[i]);
             out[i] = NULL;
         }
-        if (r >= 2) atomic_store(&counting, 1);
     }
-    atomic_store(&counting, 0);
     CHECK(runs_ok, "%s: plan run failed: %s", name, kiln_last_error());
+#ifdef COUNT_ALLOCS
     if (runs_ok) {
         CHECK(atomic_load(&allocs) == want,
               "%s: 3 warm plan runs made %d allocations, their outputs %d", name,
@@ -402,14 +419,14 @@ static void check_plan_allocs(const char *name, const struct kiln_graph *g)
         printf("%s: a warm plan run allocates its outputs (%d); oneDNN inside it %d times\n",
                name, want / 3, atomic_load(&dnnl_allocs) / 3);
     }
+#endif
 out:
     kiln_plan_free(p);
     kiln_weight_cache_free(wc);
-    for (int i = 0; i < 16; i++) kiln_tensor_free(in[i]);
-#else
-    (void)name;
-    (void)g;
-#endif
+    for (int i = 0; i < 16; i++) {
+        kiln_tensor_free(in[i]);
+        kiln_tensor_free(want_out[i]);
+    }
 }
 
 static void print_line(void *ctx, const char *s)
@@ -493,7 +510,7 @@ static struct kiln_graph *run_case(const char *name, build_fn build, double *dif
     CHECK(*diff <= 1e-4, "%s: optimized outputs differ by %g", name, *diff);
     check_log(name, &log, b1.g->n_nodes, b2.g->n_nodes);
     last_log = log;
-    check_plan_allocs(name, b2.g);
+    check_plan(name, b2.g, b1.g);
     kiln_graph_free(b1.g);
     return b2.g;
 }
@@ -561,6 +578,25 @@ static void build_conv(struct gb *b)
     int y, cin[3] = {a3, gb_scalar(b, 0.0f), gb_scalar(b, 6.0f)};
     gb_node(b, KILN_OP_Clip, 3, cin, 0, &y);
     b->out[b->n_out++] = y;
+}
+
+/* BatchNormalization after a Conv with a bias and after a Gemm (transB, C a vector): both fold */
+static void build_bn_more(struct gb *b)
+{
+    int64_t dx[4] = {1, 4, 6, 5}, dw[4] = {6, 4, 3, 3}, dc[1] = {6}, da[2] = {3, 7},
+            dg[2] = {6, 7};
+    int x = gb_input(b, "x", 4, dx), a = gb_input(b, "a", 2, da);
+    int c = gb_conv(b, x, gb_rand(b, 4, dw, 0.5, 0), gb_rand(b, 1, dc, 0.5, 0), 1, 3, 1, 1);
+    int gin[3] = {a, gb_rand(b, 2, dg, 0.5, 0), gb_rand(b, 1, dc, 0.5, 0)}, gm;
+    struct kiln_node *n = gb_node(b, KILN_OP_Gemm, 3, gin, 1, &gm);
+    set_int(&n->attr[0], "transB", 1);
+    int src[2] = {c, gm};
+    for (int i = 0; i < 2; i++) {
+        int bn, in[5] = {src[i], gb_rand(b, 1, dc, 0.5, 1), gb_rand(b, 1, dc, 0.5, 0),
+                         gb_rand(b, 1, dc, 0.5, 0), gb_rand(b, 1, dc, 0.4, 0.6)};
+        gb_node(b, KILN_OP_BatchNormalization, 5, in, 0, &bn);
+        b->out[b->n_out++] = bn;
+    }
 }
 
 /* one activation after Conv + residual, selected by act_case */
@@ -683,6 +719,16 @@ static int gb_transpose(struct gb *b, int x, int r, const int64_t *perm)
     return y;
 }
 
+/* Two transposes that do not cancel become one; a pair that cancels goes */
+static void build_transposes(struct gb *b)
+{
+    int64_t dx[3] = {2, 3, 4}, p1[3] = {1, 0, 2}, p2[3] = {0, 2, 1}, p3[3] = {2, 0, 1},
+            p3i[3] = {1, 2, 0};
+    int x = gb_input(b, "x", 3, dx);
+    b->out[b->n_out++] = gb_transpose(b, gb_transpose(b, x, 3, p1), 3, p2);
+    b->out[b->n_out++] = gb_op1(b, KILN_OP_Relu, gb_transpose(b, gb_transpose(b, x, 3, p3), 3, p3i));
+}
+
 static void build_attention(struct gb *b)
 {
     enum { B = 2, S = 5, H = 3, D = 4 };
@@ -742,6 +788,85 @@ static void build_stateful(struct gb *b)
     set_str(b->g, &n->attr[1], "mode", "add");
 }
 
+/* The input shapes of the plans a cache holds, as kiln_plan_cache_profile_print lists them. */
+static char *cached_shapes(struct kiln_plan_cache *pc)
+{
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    if (!f) return NULL;
+    kiln_plan_cache_profile_print(pc, f);
+    fclose(f);
+    return buf;
+}
+
+/*
+ * Plans: one per input shape, in a bounded cache that evicts the least
+ * recently used; weights packed once (by the first plan) and shared by every
+ * later one; each plan's output equal to the reference executor's.
+ */
+static void test_plan_cache(void)
+{
+    struct gb b = gb_new();
+    int64_t dx[2] = {-1, 64}, dw[2] = {64, 48}, dn[1] = {48};
+    int x = gb_input(&b, "x", 2, dx);
+    int m = gb_op2(&b, KILN_OP_MatMul, x, gb_rand(&b, 2, dw, 0.5, 0));
+    b.out[b.n_out++] = gb_op1(&b, KILN_OP_Relu, gb_op2(&b, KILN_OP_Add, m, gb_rand(&b, 1, dn, 1, 0)));
+    struct kiln_weight_cache *wc = NULL;
+    struct kiln_plan_cache *pc = NULL;
+    struct kiln_opt_log log;
+    struct kiln_opt_options lo = {.layout = 1};
+    if (!gb_finish(&b) || kiln_optimize(b.g, &lo, &log) != KILN_OK ||
+        kiln_weight_cache_new(&wc) != KILN_OK || kiln_plan_cache_new(2, &pc) != KILN_OK) {
+        CHECK(0, "plan cache: setup failed: %s", kiln_last_error());
+        goto out;
+    }
+    static const int64_t batches[] = {1, 2, 1, 3, 1, 2};
+    /* what the cache holds after each get (capacity 2, least recently used evicted) */
+    static const char *const held[][2] = {{"[1,64]", NULL},     {"[1,64]", "[2,64]"},
+                                          {"[1,64]", "[2,64]"}, {"[1,64]", "[3,64]"},
+                                          {"[1,64]", "[3,64]"}, {"[1,64]", "[2,64]"}};
+    size_t packed = 0;
+    for (int i = 0; i < 6; i++) {
+        int64_t d[2] = {batches[i], 64};
+        kiln_tensor *in = rand_tensor(2, d, 1, 0), *got = NULL, *want = NULL;
+        struct kiln_plan *p = NULL;
+        kiln_status st = kiln_plan_cache_get(pc, b.g, (const kiln_tensor *const *)&in, wc, 2, &p);
+        if (st == KILN_OK) st = kiln_plan_run(p, &in, &got, 2, NULL);
+        if (st == KILN_OK) st = kiln_exec_run_limited(b.g, &in, &want, 0, NULL);
+        CHECK(st == KILN_OK, "plan cache: batch %lld: %s", (long long)batches[i],
+              kiln_last_error());
+        if (st == KILN_OK)
+            CHECK(rel_diff(got, want) <= 1e-5, "plan cache: batch %lld differs by %g",
+                  (long long)batches[i], rel_diff(got, want));
+        kiln_plan_cache_release(pc, p);
+        size_t now = kiln_weight_cache_bytes(wc);
+        if (i == 0) packed = now;
+        CHECK(packed >= 64 * 48 * sizeof(float) && now == packed,
+              "plan cache: %zu bytes packed after batch %lld, %zu after the first plan", now,
+              (long long)batches[i], packed);
+        char *shapes = cached_shapes(pc);
+        int plans = 0, steps, fast;
+        size_t arena;
+        kiln_plan_cache_summary(pc, &plans, &steps, &fast, &arena);
+        int want_plans = held[i][1] ? 2 : 1;
+        CHECK(plans == want_plans, "plan cache: %d plans after get %d, expected %d", plans, i,
+              want_plans);
+        for (int k = 0; k < 2 && shapes; k++)
+            if (held[i][k])
+                CHECK(strstr(shapes, held[i][k]) != NULL, "plan cache: %s not cached after get %d:\n%s",
+                      held[i][k], i, shapes);
+        free(shapes);
+        kiln_tensor_free(in);
+        kiln_tensor_free(got);
+        kiln_tensor_free(want);
+    }
+out:
+    kiln_plan_cache_free(pc);
+    kiln_weight_cache_free(wc);
+    kiln_graph_free(b.g);
+}
+
 static void test_small(void)
 {
     double d;
@@ -768,6 +893,12 @@ static void test_small(void)
         EXPECT_LOG("conv", "Conv+BatchNormalization", false, 1);
         EXPECT_LOG("conv", "Conv+", true, 4); /* + BN, and 3 fused convolutions */
         CHECK(g->n_nodes == 3, "conv: %d nodes left, expected 3", g->n_nodes);
+        kiln_graph_free(g);
+    }
+    if ((g = run_case("bn more", build_bn_more, &d))) {
+        EXPECT_OPS(g, "bn more", BatchNormalization, 0);
+        EXPECT_LOG("bn more", "Conv+BatchNormalization", false, 1);
+        EXPECT_LOG("bn more", "Gemm+BatchNormalization", false, 1);
         kiln_graph_free(g);
     }
     for (act_case = 0; act_case < N_ACT_CASES; act_case++) {
@@ -803,6 +934,12 @@ static void test_small(void)
         EXPECT_LOG("layernorm+gelu", "LayerNormalization", false, 1);
         EXPECT_LOG("layernorm+gelu", "Gelu(", true, 2);
         CHECK(g->n_nodes == 3, "layernorm+gelu: %d nodes left, expected 3", g->n_nodes);
+        kiln_graph_free(g);
+    }
+    if ((g = run_case("transposes", build_transposes, &d))) {
+        EXPECT_OPS(g, "transposes", Transpose, 1);
+        EXPECT_LOG("transposes", "Transpose+Transpose", false, 1);
+        EXPECT_LOG("transposes", "Transpose+inverse", false, 1);
         kiln_graph_free(g);
     }
     if ((g = run_case("attention", build_attention, &d))) {
@@ -882,7 +1019,7 @@ static void test_model(const char *name, int *before, int *after)
         struct kiln_opt_options lo = {.layout = 1};
         struct kiln_opt_log log3;
         if (m3 && kiln_optimize(m3->graph, &lo, &log3) == KILN_OK)
-            check_plan_allocs(name, m3->graph);
+            check_plan(name, m3->graph, g1);
         else
             CHECK(0, "%s: optimizing with the layout pass failed: %s", name, kiln_last_error());
         free_model(m3);
@@ -959,6 +1096,7 @@ int main(int argc, char **argv)
     }
     if (argc > 1 && strcmp(argv[1], "small") == 0) {
         test_small();
+        test_plan_cache();
         return CHECK_DONE();
     }
     if (argc > 1 && strcmp(argv[1], "models") == 0) {
@@ -966,6 +1104,7 @@ int main(int argc, char **argv)
         return CHECK_DONE();
     }
     test_small();
+    test_plan_cache();
     test_models();
     return CHECK_DONE();
 }
