@@ -16,8 +16,10 @@
 # Environment:
 #   BENCH_QUICK=1      small models only (tabular_mlp, dlrm, bert_small,
 #                      mobilenet_v2), 2 rounds, fewer runs: minutes, not hours
-#   BENCH_BERT_BASE=1  add bert_base (12 layers, hidden 768; exporting it
-#                      takes about 10 minutes and 440 MB)
+#   BENCH_BERT_BASE=0  leave out bert_base (12 layers, hidden 768; exporting
+#                      it takes about 10 minutes and 440 MB, and PyTorch here
+#                      takes about 50 s a run at batch 8). On by default,
+#                      except with BENCH_QUICK=1.
 #   KILN_BIN           the kiln binary to measure (default build/kiln)
 # Arguments are passed on to compare.py (e.g. --rounds 5, --models resnet18).
 #
@@ -26,7 +28,7 @@ set -euo pipefail
 
 cd "$(dirname "$0")/.."
 BENCH_QUICK=${BENCH_QUICK:-0}
-BENCH_BERT_BASE=${BENCH_BERT_BASE:-0}
+if [ "$BENCH_QUICK" = 1 ]; then BENCH_BERT_BASE=${BENCH_BERT_BASE:-0}; else BENCH_BERT_BASE=${BENCH_BERT_BASE:-1}; fi
 KILN_BIN=${KILN_BIN:-build/kiln}
 PYTHON=/usr/bin/python3
 

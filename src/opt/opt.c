@@ -380,10 +380,14 @@ void kiln_opt_log_print(const struct kiln_opt_log *log, void (*line)(void *ctx, 
                             p->kinds[k].kind, p->kinds[k].count);
         line(ctx, buf);
     }
-    if (log->arena_bytes || log->packed_weight_bytes) {
-        snprintf(buf, sizeof buf, "  arena %zu bytes, packed weights %zu bytes", log->arena_bytes,
-                 log->packed_weight_bytes);
+    if (log->plans > 0) {
+        snprintf(buf, sizeof buf, "  arena %zu bytes, packed weights %zu bytes (%d plan%s)",
+                 log->arena_bytes, log->packed_weight_bytes, log->plans,
+                 log->plans == 1 ? "" : "s");
         line(ctx, buf);
+    } else {
+        line(ctx, "  arena: no plan yet (plans compile per input shape, at the first run of each; "
+                  "a server precompiles the batch sizes its warmup or batching config names)");
     }
 }
 

@@ -82,6 +82,7 @@ struct kiln_opt_log {
     int nodes_before, nodes_after;
     size_t arena_bytes;        /* filled by the plan compiler, for the biggest plan */
     size_t packed_weight_bytes;/* filled by the plan compiler */
+    int plans;                 /* plans compiled so far (filled with the two above) */
 };
 
 struct kiln_opt_options {

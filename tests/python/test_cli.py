@@ -625,3 +625,4 @@ def test_inspect_optimized_log(tmp_path):
     assert arena, text
     # the 4 x 8 x 8 float intermediate between the two convolutions lives in the arena
     assert int(arena[0][1]) >= c * 8 * 8 * 4 and int(arena[0][5]) > 0, arena
+    assert arena[0][7:] == ["(1", "plan)"], arena  # inspect compiles the batch-1 plan

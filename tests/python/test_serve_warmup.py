@@ -178,6 +178,8 @@ def test_warmup_replayed_through_the_batcher(tmp_path):
         (line,) = load_lines(srv)
         assert "warmup_records=2 warmup_iterations=3" in line
         assert "precompiled_batch_sizes=1,2,4" in line and "optimization_log=" in line
+        # the log's last line: the precompiled plans' arena and packed weights
+        assert re.search(r"arena \d+ bytes, packed weights \d+ bytes \([3-9] plans\)", line), line
         assert status_of(srv, "w", 1)["state"] == "AVAILABLE"
         code, body = srv.json("POST", "/v1/models/w:predict", {"instances": [[1, 2, 3]]})
         assert code == 200 and body == {"predictions": [[3, 5, 7]]}
@@ -474,5 +476,19 @@ def test_load_log_and_flags(tmp_path):
         save_affine(base / "2" / "model.onnx", 2.0, 0.0)
         assert wait_for(lambda: " event=unload " in srv.logtext())
         assert wait_for(lambda: len(load_lines(srv)) == 2)
+    finally:
+        srv.kill()
+
+
+def test_load_log_before_any_plan(tmp_path):
+    # no warmup, no batching: nothing compiles at load, and the log says so
+    base = tmp_path / "np"
+    save_affine(base / "1" / "model.onnx", 1.0, 0.0)
+    srv = Server(base, "np")
+    try:
+        (line,) = load_lines(srv)
+        assert "matmul_fusion" in line and "arena: no plan yet" in line, line
+        code, body = srv.json("POST", "/v1/models/np:predict", {"instances": [[1, 2, 3]]})
+        assert code == 200 and body == {"predictions": [[1, 2, 3]]}
     finally:
         srv.kill()
