@@ -325,11 +325,13 @@ KILN_FAST_OP(Transpose, Transpose_compile, NULL);
 
 /* ---- ReduceSum, ReduceMean over trailing axes ---- */
 
+enum reduce_kind { REDUCE_SUM, REDUCE_MEAN, REDUCE_MAX, REDUCE_MIN };
+
 struct reduce_state {
     const struct simd_kernels *k;
     int64_t rows, n;
     int64_t inner;     /* > 1: the reduced dims are followed by kept ones ([rows, n, inner]) */
-    bool mean;
+    enum reduce_kind kind;
     char name[40];
 };
 
@@ -344,22 +346,32 @@ static void reduce_range(void *arg, int64_t begin, int64_t end)
     const struct reduce_job *j = arg;
     const struct reduce_state *s = j->s;
     int64_t n = s->n;
-    if (s->inner > 1) { /* y[o, :] = sum over r of x[o, r, :] (then / n for the mean) */
+    bool extreme = s->kind == REDUCE_MAX || s->kind == REDUCE_MIN;
+    if (s->inner > 1) { /* y[o, :] = sum (max, min) over r of x[o, r, :] (then / n: mean) */
         int64_t in = s->inner;
         for (int64_t o = begin; o < end; o++) {
             const float *x = j->x + o * n * in;
             float *y = j->y + o * in;
             memcpy(y, x, sizeof(float) * (size_t)in);
-            for (int64_t r = 1; r < n; r++)
-                s->k->binary(SIMD_ADD, SIMD_B_VEC, y, x + r * in, y, in);
-            if (s->mean) {
+            for (int64_t r = 1; r < n; r++) {
+                if (extreme)
+                    s->k->extreme_acc(y, x + r * in, in, s->kind == REDUCE_MIN);
+                else
+                    s->k->binary(SIMD_ADD, SIMD_B_VEC, y, x + r * in, y, in);
+            }
+            if (s->kind == REDUCE_MEAN) {
                 float inv = 1.0f / (float)n;
                 s->k->binary(SIMD_MUL, SIMD_B_SCALAR_B, y, &inv, y, in);
             }
         }
         return;
     }
-    s->k->sum_rows(j->x + begin * n, j->y + begin, end - begin, n, s->mean ? (double)n : 1.0);
+    if (extreme)
+        s->k->extreme_rows(j->x + begin * n, j->y + begin, end - begin, n,
+                           s->kind == REDUCE_MIN);
+    else
+        s->k->sum_rows(j->x + begin * n, j->y + begin, end - begin, n,
+                       s->kind == REDUCE_MEAN ? (double)n : 1.0);
 }
 
 static kiln_status reduce_run(void *state, struct kiln_run_ctx *ctx)
@@ -373,7 +385,7 @@ static kiln_status reduce_run(void *state, struct kiln_run_ctx *ctx)
 }
 
 static kiln_status reduce_compile(const struct kiln_compile_ctx *cc,
-                                  struct kiln_kernel_inst *inst, bool mean)
+                                  struct kiln_kernel_inst *inst, enum reduce_kind kind)
 {
     const struct kiln_type *x = cc->in[0];
     if (!concrete(x) || x->dtype != KILN_DTYPE_F32 || cc->n_out < 1 || !concrete(cc->out[0]) ||
@@ -424,9 +436,10 @@ static kiln_status reduce_compile(const struct kiln_compile_ctx *cc,
     s->rows = rows;
     s->n = n;
     s->inner = inner;
-    s->mean = mean;
-    snprintf(s->name, sizeof s->name, "f32_reduce%s%s_%s", mean ? "mean" : "sum",
-             inner > 1 ? "_mid" : "", s->k->isa);
+    s->kind = kind;
+    static const char *const names[] = {"sum", "mean", "max", "min"};
+    snprintf(s->name, sizeof s->name, "f32_reduce%s%s_%s", names[kind], inner > 1 ? "_mid" : "",
+             s->k->isa);
     inst->state = s;
     inst->destroy = free;
     inst->run = reduce_run;
@@ -437,12 +450,24 @@ static kiln_status reduce_compile(const struct kiln_compile_ctx *cc,
 static kiln_status ReduceSum_compile(const struct kiln_compile_ctx *cc,
                                      struct kiln_kernel_inst *inst)
 {
-    return reduce_compile(cc, inst, false);
+    return reduce_compile(cc, inst, REDUCE_SUM);
 }
 static kiln_status ReduceMean_compile(const struct kiln_compile_ctx *cc,
                                       struct kiln_kernel_inst *inst)
 {
-    return reduce_compile(cc, inst, true);
+    return reduce_compile(cc, inst, REDUCE_MEAN);
+}
+static kiln_status ReduceMax_compile(const struct kiln_compile_ctx *cc,
+                                     struct kiln_kernel_inst *inst)
+{
+    return reduce_compile(cc, inst, REDUCE_MAX);
+}
+static kiln_status ReduceMin_compile(const struct kiln_compile_ctx *cc,
+                                     struct kiln_kernel_inst *inst)
+{
+    return reduce_compile(cc, inst, REDUCE_MIN);
 }
 KILN_FAST_OP(ReduceSum, ReduceSum_compile, NULL);
 KILN_FAST_OP(ReduceMean, ReduceMean_compile, NULL);
+KILN_FAST_OP(ReduceMax, ReduceMax_compile, NULL);
+KILN_FAST_OP(ReduceMin, ReduceMin_compile, NULL);

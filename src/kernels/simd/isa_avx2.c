@@ -30,6 +30,7 @@ static inline vf vfma(vf a, vf b, vf c) { return _mm256_fmadd_ps(a, b, c); }
 static inline vf vmaxs(vf a, vf b) { return _mm256_max_ps(a, b); }
 static inline vf vmins(vf a, vf b) { return _mm256_min_ps(a, b); }
 static inline vm vlt(vf a, vf b) { return _mm256_cmp_ps(a, b, _CMP_LT_OQ); }
+static inline vm vnan(vf a) { return _mm256_cmp_ps(a, a, _CMP_UNORD_Q); }
 static inline vf vsel(vm m, vf a, vf b) { return _mm256_blendv_ps(a, b, m); }
 static inline vf vabs(vf a) { return _mm256_andnot_ps(_mm256_set1_ps(-0.0f), a); }
 static inline vf vneg(vf a) { return _mm256_xor_ps(a, _mm256_set1_ps(-0.0f)); }

@@ -25,6 +25,7 @@ static inline vf vfma(vf a, vf b, vf c) { return (float)((double)a * b + c); }
 static inline vf vmaxs(vf a, vf b) { return a > b ? a : b; }
 static inline vf vmins(vf a, vf b) { return a < b ? a : b; }
 static inline vm vlt(vf a, vf b) { return a < b; }
+static inline vm vnan(vf a) { return a != a; }
 static inline vf vsel(vm m, vf a, vf b) { return m ? b : a; }
 static inline vf vabs(vf a) { return fabsf(a); }
 static inline vf vneg(vf a) { return -a; }

@@ -67,6 +67,10 @@ struct simd_kernels {
                            const float *scale, const float *bias, float *mean, float *inv);
     /* y[r] = sum(x[r*n .. r*n+n)) / div, accumulated in double. */
     void (*sum_rows)(const float *x, float *y, int64_t rows, int64_t n, double div);
+    /* y[r] = max (is_min: min) of each row of n >= 1, NaN if the row holds one. */
+    void (*extreme_rows)(const float *x, float *y, int64_t rows, int64_t n, int is_min);
+    /* y[i] = max (is_min: min) of y[i] and x[i], NaN if either is. */
+    void (*extreme_acc)(float *y, const float *x, int64_t n, int is_min);
     /* C[m][n] = alpha * A[m][k] B[k][n] for small products held in cache (attention's
      * per-head products); row-major, lda / ldb / ldc are row strides. */
     void (*gemm)(int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda,

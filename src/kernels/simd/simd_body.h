@@ -8,6 +8,7 @@
  *   vmaxs(a, b)            a > b ? a : b   (x86 MAXPS; NaN in b passes)
  *   vmins(a, b)            a < b ? a : b
  *   vlt(a, b), vsel(m, a, b)   mask of a < b; m ? b : a per lane
+ *   vnan(a)                mask of the NaN lanes of a
  *   vabs vneg vsqrt vcopysign(mag, sign) vhsum vhmax
  *   vrecip12(a)            1 / a for a in [1, 2], within 3 ulp (estimate + Newton)
  *   vtranspose(r)          r[i][j] <- r[j][i] for the W x W floats of vf r[W]
@@ -312,6 +313,56 @@ static void k_sum_rows(const float *x, float *y, int64_t rows, int64_t n, double
     for (int64_t r = 0; r < rows; r++) y[r] = (float)(k_row_sum(x + r * n, n, false, 0.0f) / div);
 }
 
+/* y[r] = max (min when is_min) of x[r*n .. r*n+n), n >= 1; NaN if any is NaN. The minimum is
+ * the negated maximum of the negated row. vmaxs keeps the running maximum; a second vector
+ * keeps any NaN seen, which the maximum alone could drop. */
+static void k_extreme_rows(const float *x, float *y, int64_t rows, int64_t n, int is_min)
+{
+    const float fill = is_min ? INFINITY : -INFINITY;
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * n;
+        vf m0 = vset(-INFINITY), m1 = m0, nan = vset(0.0f);
+        int64_t i = 0;
+        for (; i + 2 * W <= n; i += 2 * W) {
+            vf a = vld(xr + i), b = vld(xr + i + W);
+            if (is_min) {
+                a = vneg(a);
+                b = vneg(b);
+            }
+            m0 = vmaxs(m0, a);
+            m1 = vmaxs(m1, b);
+            nan = vsel(vnan(a), nan, a);
+            nan = vsel(vnan(b), nan, b);
+        }
+        for (; i < n; i += W) {
+            vf a = n - i >= W ? vld(xr + i) : vld_part(xr + i, n - i, fill);
+            if (is_min) a = vneg(a);
+            m0 = vmaxs(m0, a);
+            nan = vsel(vnan(a), nan, a);
+        }
+        float best = vhmax(vmaxs(vsel(vnan(m0), m0, vset(-INFINITY)),
+                                 vsel(vnan(m1), m1, vset(-INFINITY))));
+        if (isnan(vhsum(nan))) best = NAN;
+        y[r] = is_min ? -best : best;
+    }
+}
+
+/* y[i] = max (min) of y[i] and x[i] for i < n; NaN if either is NaN. */
+static void k_extreme_acc(float *y, const float *x, int64_t n, int is_min)
+{
+    int64_t i = 0;
+    for (; i < n; i += W) {
+        int64_t m = n - i < W ? n - i : W;
+        vf a = m == W ? vld(y + i) : vld_part(y + i, m, 0.0f);
+        vf b = m == W ? vld(x + i) : vld_part(x + i, m, 0.0f);
+        vf r = is_min ? vmins(a, b) : vmaxs(a, b);
+        r = vsel(vnan(b), r, b);
+        r = vsel(vnan(a), r, a);
+        if (m == W) vst(y + i, r);
+        else vst_part(y + i, r, m);
+    }
+}
+
 /* ---- Small GEMM (attention's products) ----
  *
  * C[m][n] = alpha * A[m][k] B[k][n], row-major, each operand with its own
@@ -562,6 +613,8 @@ const struct simd_kernels SIMD_TABLE = {
     .softmax_strided = k_softmax_strided,
     .layernorm_rows = k_layernorm_rows,
     .sum_rows = k_sum_rows,
+    .extreme_rows = k_extreme_rows,
+    .extreme_acc = k_extreme_acc,
     .gemm = k_gemm,
     .transpose = k_transpose,
     .fma_loop = k_fma_loop,

@@ -19,6 +19,7 @@ static inline vf vfma(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); }
 static inline vf vmaxs(vf a, vf b) { return _mm512_max_ps(a, b); }
 static inline vf vmins(vf a, vf b) { return _mm512_min_ps(a, b); }
 static inline vm vlt(vf a, vf b) { return _mm512_cmp_ps_mask(a, b, _CMP_LT_OQ); }
+static inline vm vnan(vf a) { return _mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q); }
 static inline vf vsel(vm m, vf a, vf b) { return _mm512_mask_blend_ps(m, a, b); }
 static inline vf vabs(vf a) { return _mm512_abs_ps(a); }
 static inline vf vneg(vf a) { return _mm512_xor_ps(a, _mm512_set1_ps(-0.0f)); }
