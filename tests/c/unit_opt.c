@@ -867,6 +867,35 @@ out:
     kiln_graph_free(b.g);
 }
 
+/* In-place elementwise steps: a chain of unary ops over one [64, 64] value needs one arena
+ * buffer (each op writes over its input once that dies), not two alternating ones. */
+static void test_plan_inplace(void)
+{
+    struct gb b = gb_new();
+    int64_t dx[2] = {64, 64};
+    int v = gb_op1(&b, KILN_OP_Relu, gb_input(&b, "x", 2, dx));
+    v = gb_op1(&b, KILN_OP_Tanh, v);
+    v = gb_op1(&b, KILN_OP_Sigmoid, v);
+    b.out[b.n_out++] = gb_op1(&b, KILN_OP_Neg, v);
+    struct kiln_weight_cache *wc = NULL;
+    struct kiln_plan *p = NULL;
+    kiln_tensor *in = NULL;
+    if (gb_finish(&b) && kiln_weight_cache_new(&wc) == KILN_OK &&
+        (in = rand_tensor(2, dx, 1, 0)) != NULL &&
+        kiln_plan_compile(b.g, (const kiln_tensor *const *)&in, wc, 1, &p) == KILN_OK) {
+        CHECK(kiln_plan_arena_bytes(p) == 64 * 64 * sizeof(float),
+              "in place: arena of %zu bytes for a chain of unary ops on 16384-byte values",
+              kiln_plan_arena_bytes(p));
+        check_plan("in place", b.g, b.g);
+    } else {
+        CHECK(0, "in place: no plan: %s", kiln_last_error());
+    }
+    kiln_plan_free(p);
+    kiln_weight_cache_free(wc);
+    kiln_tensor_free(in);
+    kiln_graph_free(b.g);
+}
+
 static void test_small(void)
 {
     double d;
@@ -1097,6 +1126,7 @@ int main(int argc, char **argv)
     if (argc > 1 && strcmp(argv[1], "small") == 0) {
         test_small();
         test_plan_cache();
+        test_plan_inplace();
         return CHECK_DONE();
     }
     if (argc > 1 && strcmp(argv[1], "models") == 0) {
@@ -1105,6 +1135,7 @@ int main(int argc, char **argv)
     }
     test_small();
     test_plan_cache();
+    test_plan_inplace();
     test_models();
     return CHECK_DONE();
 }
