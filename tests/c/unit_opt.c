@@ -372,7 +372,10 @@ static void check_plan(const char *name, const struct kiln_graph *g, const struc
         goto out;
     }
     if (count_op(g, KILN_OP_TfVariable) + count_op(g, KILN_OP_TfAssign) > 0) ref = NULL;
-    int runs_ok = 1, want = 0;
+    int runs_ok = 1;
+#ifdef COUNT_ALLOCS
+    int want = 0;
+#endif
     for (int r = 0; r < 5 && runs_ok; r++) {
 #ifdef COUNT_ALLOCS
         if (r == 2) {

@@ -447,27 +447,14 @@ static kiln_status reduce_compile(const struct kiln_compile_ctx *cc,
     return KILN_OK;
 }
 
-static kiln_status ReduceSum_compile(const struct kiln_compile_ctx *cc,
-                                     struct kiln_kernel_inst *inst)
-{
-    return reduce_compile(cc, inst, REDUCE_SUM);
-}
-static kiln_status ReduceMean_compile(const struct kiln_compile_ctx *cc,
-                                      struct kiln_kernel_inst *inst)
-{
-    return reduce_compile(cc, inst, REDUCE_MEAN);
-}
-static kiln_status ReduceMax_compile(const struct kiln_compile_ctx *cc,
-                                     struct kiln_kernel_inst *inst)
-{
-    return reduce_compile(cc, inst, REDUCE_MAX);
-}
-static kiln_status ReduceMin_compile(const struct kiln_compile_ctx *cc,
-                                     struct kiln_kernel_inst *inst)
-{
-    return reduce_compile(cc, inst, REDUCE_MIN);
-}
-KILN_FAST_OP(ReduceSum, ReduceSum_compile, NULL);
-KILN_FAST_OP(ReduceMean, ReduceMean_compile, NULL);
-KILN_FAST_OP(ReduceMax, ReduceMax_compile, NULL);
-KILN_FAST_OP(ReduceMin, ReduceMin_compile, NULL);
+#define REDUCE_OP(Name, KIND)                                                              \
+    static kiln_status Name##_compile(const struct kiln_compile_ctx *cc,                     \
+                                      struct kiln_kernel_inst *inst)                         \
+    {                                                                                        \
+        return reduce_compile(cc, inst, KIND);                                               \
+    }                                                                                        \
+    KILN_FAST_OP(Name, Name##_compile, NULL)
+REDUCE_OP(ReduceSum, REDUCE_SUM);
+REDUCE_OP(ReduceMean, REDUCE_MEAN);
+REDUCE_OP(ReduceMax, REDUCE_MAX);
+REDUCE_OP(ReduceMin, REDUCE_MIN);
