@@ -610,9 +610,7 @@ kiln_status kiln_session_optimization_log(kiln_session *s, char **text)
         struct kiln_opt_log log = *sig->opt_log;
         if (sig->plans[1]) {
             int steps, fast;
-            size_t arena;
-            kiln_plan_cache_summary(sig->plans[1], &log.plans, &steps, &fast, &arena);
-            log.arena_bytes = kiln_plan_cache_max_arena(sig->plans[1]);
+            kiln_plan_cache_summary(sig->plans[1], &log.plans, &steps, &fast, &log.arena_bytes);
         }
         log.packed_weight_bytes = kiln_weight_cache_bytes(s->model->weights);
         kiln_opt_log_print(&log, text_line, &b);

@@ -1187,12 +1187,3 @@ void kiln_plan_cache_summary(struct kiln_plan_cache *c, int *plans, int *steps, 
     pthread_mutex_unlock(&c->mu);
 }
 
-size_t kiln_plan_cache_max_arena(struct kiln_plan_cache *c)
-{
-    size_t m = 0;
-    pthread_mutex_lock(&c->mu);
-    for (int i = 0; i < c->n; i++)
-        if (c->e[i].plan && c->e[i].plan->arena_bytes > m) m = c->e[i].plan->arena_bytes;
-    pthread_mutex_unlock(&c->mu);
-    return m;
-}

@@ -72,11 +72,11 @@ kiln_status kiln_plan_cache_get(struct kiln_plan_cache *c, const struct kiln_gra
                                 const kiln_tensor *const *inputs, struct kiln_weight_cache *w,
                                 int threads, struct kiln_plan **out);
 void kiln_plan_cache_release(struct kiln_plan_cache *c, struct kiln_plan *p);
-/* Print the profile of every cached plan; summarize the cached plans. */
+/* Print the profile of every cached plan. */
 void kiln_plan_cache_profile_print(struct kiln_plan_cache *c, FILE *f);
+/* The cached plans: how many, and the steps, fast steps and arena bytes of the
+ * one with the largest arena. */
 void kiln_plan_cache_summary(struct kiln_plan_cache *c, int *plans, int *steps, int *fast,
                              size_t *arena);
-/* Largest arena among cached plans (for the optimization log). */
-size_t kiln_plan_cache_max_arena(struct kiln_plan_cache *c);
 
 #endif

@@ -340,9 +340,8 @@ static void k_extreme_rows(const float *x, float *y, int64_t rows, int64_t n, in
             m0 = vmaxs(m0, a);
             nan = vsel(vnan(a), nan, a);
         }
-        float best = vhmax(vmaxs(vsel(vnan(m0), m0, vset(-INFINITY)),
-                                 vsel(vnan(m1), m1, vset(-INFINITY))));
-        if (isnan(vhsum(nan))) best = NAN;
+        /* a NaN lane in m0 or m1 means a NaN was seen, and then nan holds one too */
+        float best = isnan(vhsum(nan)) ? NAN : vhmax(vmaxs(m0, m1));
         y[r] = is_min ? -best : best;
     }
 }
