@@ -190,6 +190,12 @@ MODELS = {
     "tfx/tfx/components/testdata/trainer/keras/Format-Serving": ["serving_default"],
     "tfx/tfx/components/testdata/transform/transform_graph/transform_fn":
         r"no MetaGraphDef with tags 'serve'.*'transform'",
+    # TF2 control flow and Keras recurrent layers: not lowered yet (TensorList ops, StatelessWhile).
+    "iteam1-predict-series-data-with-RNN/lstm_model": r"op 'TensorListReserve'.*not support",
+    "iteam1-predict-series-data-with-RNN/gru_model": r"op 'TensorListReserve'.*not support",
+    "Dachkovski-simple_tensorflow_serving/models/lstm/1": r"op 'TensorListReserve'.*not support",
+    "tensorflow/tensorflow/c/experimental/saved_model/internal/testdata/SimpleWhileLoop":
+        r"op 'StatelessWhile'.*not support",
 }
 
 
