@@ -48,9 +48,15 @@ def _build_extension():
     """Build kiln._kiln into BUILD/python and import it from there."""
     out = BUILD / "python"
     env = dict(os.environ, KILN_BUILD_DIR=str(BUILD), KILN_WERROR="1")
+    if os.environ.get("KILN_SANITIZED") == "1" and "libasan" in os.environ.get("LD_PRELOAD", ""):
+        # the sanitizer build (ctest preloads the runtimes): check the extension's C too
+        flags = "-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer"
+        env["CFLAGS"] = flags
+        env["LDFLAGS"] = "-fsanitize=address,undefined"
+        out = BUILD / "python-sanitized"
     r = subprocess.run(
         [sys.executable, str(REPO / "python" / "setup.py"), "-q", "build",
-         "--build-lib", str(out), "--build-temp", str(BUILD / "python-tmp")],
+         "--build-lib", str(out), "--build-temp", str(out) + "-tmp"],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, f"building the extension failed:\n{r.stdout}\n{r.stderr}"
     sys.path.insert(0, str(out))
