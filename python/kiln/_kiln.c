@@ -457,6 +457,13 @@ static int feed_convert(SessionObject *self, struct feed_item *f, PyObject *valu
     kiln_dtype want = vi ? vi->dtype : KILN_DTYPE_UNDEFINED;
     if (PyArray_Check(value)) {
         f->arr = (PyArrayObject *)Py_NewRef(value);
+    } else if (want == KILN_DTYPE_BF16 || want > KILN_DTYPE_STRING) {
+        /* a list of numbers cannot say whether it holds values or bit patterns */
+        raise_invalid("input '%s' is %s, which numpy lacks: pass a numpy %s array of its bit "
+                      "patterns", f->name, kiln_dtype_name(want),
+                      dtype_table[want].npy == NPY_UINT16 ? "uint16"
+                      : dtype_table[want].npy == NPY_INT8 ? "int8" : "uint8");
+        return -1;
     } else {
         /* lists and scalars become arrays of the dtype the signature expects */
         int npy = (unsigned)want < KILN_DTYPE_COUNT && dtype_table[want].npy >= 0

@@ -180,6 +180,8 @@ def test_bfloat16_travels_as_uint16_bits():
     np.testing.assert_array_equal(y, bits)
     back = (y.astype(np.uint32) << 16).view(np.float32)
     np.testing.assert_array_equal(back[0], f[0])
+    with pytest.raises(kiln.InvalidArgument, match="bit patterns"):
+        sess.run(None, {"x": [[1.0, 2.0, 3.0]]})  # values or bits? not guessed
 
 
 @pytest.mark.parametrize("to", ["float64", "float16", "int32", "int64", "uint8", "bool", "int8"])
@@ -454,6 +456,29 @@ def test_savedmodel_signatures():
     assert two.run(None, {"x": x})[0] == np.float32(7.0)  # x*2
     with pytest.raises(kiln.NotFound, match="signature 'nope' not found"):
         kiln.InferenceSession(path, signature="nope")
+
+
+def test_savedmodel_dtypes_and_strings():
+    base = "machinelearning-testdata/Microsoft.ML.TensorFlow.TestModels/"
+    sess = kiln.InferenceSession(savedmodel(base + "model_types_test"))
+    types = {a.name: a.type for a in sess.get_inputs()}
+    # the model's u8/u16/u32 inputs were exported as int8/16/32 (see the data's README)
+    numpy_of = {"b": "bool", "f32": "float32", "f64": "float64", "i16": "int16", "i32": "int32",
+                "i64": "int64", "i8": "int8", "u16": "int16", "u32": "int32", "u64": "uint64",
+                "u8": "int8"}
+    assert {n: types[n] for n in numpy_of} == {n: ORT_TYPES[d] for n, d in numpy_of.items()}
+    feed = {n: values_of(d, (3, 2), seed=i) for i, (n, d) in enumerate(sorted(numpy_of.items()))}
+    # and the signature binds u8/u16/u32 to the tensors of i8/i16/i32: feed them the same values
+    for u, i in (("u8", "i8"), ("u16", "i16"), ("u32", "i32")):
+        feed[u] = feed[i]
+    outs = sess.run([f"o_{n}" for n in feed], feed)
+    for (n, x), y in zip(feed.items(), outs):
+        assert y.dtype == x.dtype, n
+        np.testing.assert_array_equal(y, x)
+    strings = kiln.InferenceSession(savedmodel(base + "model_string_test"))
+    a = np.array([["x/y", ""], ["é", "\x00z"]], dtype=object)
+    (orig,) = strings.run(["Original_A"], {"A": a, "B": np.array(["p/q"], dtype=object)})
+    assert orig.shape == (2, 2) and orig.tolist() == a.tolist()
 
 
 def test_savedmodel_half_plus_two_signatures():
