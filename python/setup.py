@@ -69,7 +69,7 @@ class BuildExtWithLibkiln(build_ext):
         shutil.copy2(self.libkiln, os.path.join(dest, "libkiln.so"))
 
 
-CFLAGS = ["-std=c11", "-Wall", "-Wextra", "-Wno-unused-parameter"]
+CFLAGS = ["-std=c11", "-Wall", "-Wextra", "-Wno-unused-parameter", "-Wshadow=local"]
 if os.environ.get("KILN_WERROR") == "1":
     CFLAGS.append("-Werror")
 

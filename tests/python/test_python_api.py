@@ -656,3 +656,26 @@ def test_input_is_not_modified():
     (y,) = kiln.InferenceSession(m).run(None, {"x": x})
     np.testing.assert_array_equal(x, keep)
     np.testing.assert_array_equal(y, -np.maximum(keep, 0))
+
+
+def rss_bytes():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def test_outputs_and_inputs_are_freed():
+    if "libasan" in os.environ.get("LD_PRELOAD", ""):
+        pytest.skip("AddressSanitizer's quarantine keeps freed memory resident")
+    sess = kiln.InferenceSession(identity_model(TensorProto.FLOAT, ("n", 1024)))
+    x = np.ones((1024, 1024), np.float32)  # 4 MiB in, 4 MiB out per run
+    wide = np.ones((1024, 2048), np.float32)
+    for _ in range(5):
+        sess.run(None, {"x": x})
+    gc.collect()
+    before = rss_bytes()
+    for _ in range(100):  # 400 MiB of outputs if they leaked
+        (y,) = sess.run(None, {"x": wide[:, ::2] if _ % 2 else x})  # and copied inputs
+        del y
+    gc.collect()
+    assert rss_bytes() - before < 64 << 20
+
