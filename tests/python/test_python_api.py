@@ -409,7 +409,7 @@ def test_digits_equals_kiln_predict(tmp_path):
     np.testing.assert_array_equal(p, cli)
 
 
-def test_torch_exported_model():
+def test_torch_exported_model(tmp_path):
     torch = pytest.importorskip("torch")
     torch.manual_seed(0)
     net = torch.nn.Sequential(
@@ -431,6 +431,13 @@ def test_torch_exported_model():
             want = net(xb).numpy()
         (got,) = sess.run(None, {"image": xb.numpy()})
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
+    if os.access(KILN_BIN, os.X_OK):  # and the same answer as the command line's
+        (tmp_path / "m.onnx").write_bytes(buf.getvalue())
+        np.save(tmp_path / "image.npy", xb.numpy())
+        r = kiln_cli("predict", tmp_path / "m.onnx", "--input", f"image={tmp_path / 'image.npy'}",
+                     "--output-dir", tmp_path / "out")
+        assert r.returncode == 0, r.stderr
+        np.testing.assert_array_equal(np.load(tmp_path / "out" / "probs.npy"), got)
 
 
 def savedmodel(rel):
