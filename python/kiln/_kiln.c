@@ -444,7 +444,7 @@ fail:
 /* One input of a run: the Kiln tensor and the array whose memory it may
  * borrow (kept alive until the run ends). */
 struct feed_item {
-    PyObject *key;         /* borrowed from the dict */
+    PyObject *key;         /* borrowed from the run's copy of the dict */
     const char *name;      /* UTF-8 of key, owned by key */
     PyArrayObject *arr;    /* owned */
     kiln_tensor *tensor;   /* owned (wrapped or created) */
@@ -601,12 +601,16 @@ static PyObject *Session_run(SessionObject *self, PyObject *args, PyObject *kw)
                      Py_TYPE(feed)->tp_name);
         return NULL;
     }
+    /* a private copy: converting a value may run Python code that changes the caller's dict */
+    feed = PyDict_Copy(feed);
+    if (!feed) return NULL;
     kiln_run_options ro = {0, NULL};
     const kiln_run_options *rop = NULL;
     if (run_options != Py_None) {
         if (!PyObject_TypeCheck(run_options, &RunOptionsType)) {
             PyErr_Format(PyExc_TypeError, "run_options must be kiln.RunOptions, got %s",
                          Py_TYPE(run_options)->tp_name);
+            Py_DECREF(feed);
             return NULL;
         }
         RunOptionsObject *r = (RunOptionsObject *)run_options;
@@ -621,7 +625,10 @@ static PyObject *Session_run(SessionObject *self, PyObject *args, PyObject *kw)
     Py_ssize_t n_want = n_sig_out;
     if (output_names != Py_None) {
         names_seq = PySequence_Fast(output_names, "output_names must be a list of str or None");
-        if (!names_seq) return NULL;
+        if (!names_seq) {
+            Py_DECREF(feed);
+            return NULL;
+        }
         if (PySequence_Fast_GET_SIZE(names_seq) > 0) n_want = PySequence_Fast_GET_SIZE(names_seq);
         else Py_CLEAR(names_seq);
     }
@@ -721,6 +728,7 @@ done:
     if (named != named_stack) PyMem_Free(named);
     if (want != want_stack) PyMem_Free(want);
     Py_XDECREF(names_seq);
+    Py_DECREF(feed);
     return result;
 }
 
