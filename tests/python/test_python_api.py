@@ -686,3 +686,30 @@ def test_outputs_and_inputs_are_freed():
     gc.collect()
     assert rss_bytes() - before < 64 << 20
 
+
+
+def test_stubs_match_the_module():
+    import ast
+    tree = ast.parse((REPO / "python" / "kiln" / "__init__.pyi").read_text())
+    top = {n.name for n in tree.body if isinstance(n, (ast.ClassDef, ast.FunctionDef))}
+    assert top <= set(dir(kiln)), top - set(dir(kiln))
+    assert set(kiln.__all__) <= top, set(kiln.__all__) - top
+    stub_cls = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
+    methods = {n.name for n in stub_cls["InferenceSession"].body if isinstance(n, ast.FunctionDef)}
+    public = {m for m in dir(kiln.InferenceSession) if not m.startswith("_")}
+    assert methods - {"__init__"} == public
+
+
+def test_onnxruntime_style_code_runs_unchanged():
+    ort = kiln  # as `import kiln as ort`
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    so.intra_op_num_threads = 1
+    sess = ort.InferenceSession(str(REPO / "models" / "digits.onnx"), sess_options=so,
+                                providers=["CPUExecutionProvider"])
+    input_name = sess.get_inputs()[0].name
+    output_name = sess.get_outputs()[0].name
+    x = np.load(REPO / "models" / "digits_sample.npy")
+    pred = sess.run([output_name], {input_name: x})[0]
+    np.testing.assert_allclose(pred, digits_reference(x), rtol=1e-4, atol=1e-6)
+    assert sess.get_session_options() is so
