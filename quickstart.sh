@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # Kiln quick start: install what is missing, build, and run a prediction
-# with the bundled digits classifier (models/digits.onnx).
+# with the bundled digits classifier (models/digits/1/model.onnx).
 set -euo pipefail
 cd "$(dirname "$0")"
 if [ "$(id -u)" = 0 ]; then scripts/install-deps.sh; fi
 make build
 echo
-build/kiln inspect models/digits.onnx
+build/kiln inspect models/digits/1/model.onnx
 echo
 out=$(mktemp -d)
-build/kiln predict models/digits.onnx --input pixels=models/digits_sample.npy --output-dir "$out"
+build/kiln predict models/digits/1/model.onnx --input pixels=models/digits_sample.npy --output-dir "$out"
 /usr/bin/python3 - "$out" <<'PY'
 import sys, numpy as np
 p = np.load(sys.argv[1] + "/probabilities.npy")
