@@ -305,6 +305,10 @@ function renderSignatures() {
   const box = clear($('#signatures'));
   const md = state.metadata.get(state.selected);
   if (!md) { box.append(h('p', { class: 'muted', text: 'Loading…' })); return; }
+  if (md.notServed) {
+    box.append(h('p', { class: 'muted', text: 'No version of this model is served; its signatures appear here when one is.' }));
+    return;
+  }
   if (!md.ok) { box.append(h('pre', { class: 'error-text', text: `HTTP ${md.status}\n${md.text}` })); return; }
   const sigs = signaturesOf(state.selected);
   for (const [name, sig] of Object.entries(sigs)) {
@@ -427,17 +431,21 @@ function nested(shape, leaf) {
   return out;
 }
 
-/* One instance of every input (dimension 0 is the batch). */
+/* A valid example: one instance of every input in the row format when every
+ * input has a symbolic batch dimension (dimension 0), else the columnar
+ * format with whole tensors (symbolic dimensions as 1). */
 function exampleRequest(sigName, sig) {
   const inputs = Object.entries(sig.inputs || {});
-  const inst = {};
-  for (const [alias, info] of inputs) {
-    const d = dims(info) || [-1];
-    inst[alias] = nested(d.slice(1), () => zeroOf(info.dtype));
-  }
+  const batched = inputs.every(([, info]) => { const d = dims(info); return d === null || (d.length > 0 && d[0] < 0); });
   const req = {};
   if (sigName !== 'serving_default') req.signature_name = sigName;
-  req.instances = [inputs.length === 1 ? inst[inputs[0][0]] : inst];
+  const vals = {};
+  for (const [alias, info] of inputs) {
+    const d = dims(info) || [-1];
+    vals[alias] = nested(batched ? d.slice(1) : d, () => zeroOf(info.dtype));
+  }
+  if (batched) req.instances = [inputs.length === 1 ? vals[inputs[0][0]] : vals];
+  else req.inputs = vals;
   return req;
 }
 
@@ -472,10 +480,10 @@ function currentRequestObject() {
   try { return JSON.parse($('#predict-body').value); } catch (e) { return null; }
 }
 
+/* One top-level key per line, each value compact (an image is thousands of numbers). */
 function setRequestObject(obj) {
-  const single = obj.instances && obj.instances.length === 1;
-  $('#predict-body').value = single ? JSON.stringify(obj).replace(/^\{/, '{\n  ').replace(/\}$/, '\n}') :
-    JSON.stringify(obj, null, 2);
+  $('#predict-body').value = '{\n' + Object.entries(obj).map(([k, v]) => `  ${JSON.stringify(k)}: ${JSON.stringify(v)}`)
+    .join(',\n') + '\n}';
 }
 
 /* Pixels -> the input's nested array, with the page's settings. */
@@ -524,9 +532,11 @@ async function applyImage(alias, geo, file) {
   const sigName = $('#predict-signature').value;
   const sig = signaturesOf(state.selected)[sigName];
   let req = currentRequestObject();
-  if (!req || !Array.isArray(req.instances) || !req.instances.length) req = exampleRequest(sigName, sig);
+  const ok = req && ((Array.isArray(req.instances) && req.instances.length) || (req.inputs && typeof req.inputs === 'object'));
+  if (!ok) req = exampleRequest(sigName, sig);
   const multi = Object.keys(sig.inputs).length > 1;
-  if (multi) req.instances[0][alias] = value; else req.instances[0] = value;
+  if (req.instances) { if (multi) req.instances[0][alias] = value; else req.instances[0] = value; }
+  else req.inputs[alias] = [value]; /* columnar: a batch of one image */
   setRequestObject(req);
   $('#predict-status').textContent = `${st.file.name} → ${geo.w}×${geo.h}${geo.c === 3 ? ' RGB' : ' grayscale'}, ` +
     `values ${st.min}..${st.max}${st.invert ? ' inverted' : ''}`;
@@ -565,7 +575,13 @@ function buildPredictForm(force) {
   const sel = $('#predict-signature');
   const vsel = $('#predict-version');
   const m = currentModel();
-  if (!sigs) return;
+  $('#predict-send').disabled = !sigs;
+  if (!sigs) {
+    state.predictFor = null;
+    clear(sel); clear(vsel); $('#predict-body').value = ''; $('#predict-url').textContent = '';
+    clear($('#predict-inputs')).append(h('p', { class: 'muted', text: 'No version of this model is served.' }));
+    return;
+  }
   if (state.predictFor !== state.selected || force) {
     state.predictFor = state.selected;
     state.imageSettings.clear();
@@ -657,13 +673,33 @@ async function sendPredict() {
 
 /* ------------------------------------------------------------ control */
 
-async function loadMetadata(model) {
-  if (state.metadata.has(model)) return;
-  const r = await request('GET', modelPath(model) + '/metadata');
-  state.metadata.set(model, r);
-  if (model === state.selected) {
+/* The served versions of a model, as a key: its metadata is read again when they change. */
+function servedKey(m) {
+  return m.ready ? (m.versions || []).filter((v) => v.state === 'AVAILABLE').map((v) => v.version).sort().join(',') : '';
+}
+
+/* Read the model's metadata when it has a served version and it is not read
+ * yet for the versions served now (never for a model with none: no 404s). */
+async function ensureMetadata(name) {
+  const m = state.models.find((x) => x.name === name);
+  if (!m) return;
+  const key = servedKey(m);
+  const cur = state.metadata.get(name);
+  if (cur && cur.key === key) return;
+  let r;
+  if (!key) {
+    r = { key, ok: false, notServed: true };
+  } else {
+    if (state.reading === name + '/' + key) return;
+    state.reading = name + '/' + key;
+    r = await request('GET', modelPath(name) + '/metadata');
+    r.key = key;
+    state.reading = null;
+  }
+  state.metadata.set(name, r);
+  if (name === state.selected) {
     renderSignatures();
-    buildPredictForm();
+    buildPredictForm(cur !== undefined);
   }
 }
 
@@ -672,7 +708,8 @@ function select(name) {
   if (location.hash !== '#' + encodeURIComponent(name)) history.replaceState(null, '', '#' + encodeURIComponent(name));
   renderAll();
   renderSignatures();
-  if (state.metadata.has(name)) buildPredictForm(); else loadMetadata(name);
+  if (state.metadata.has(name)) buildPredictForm();
+  ensureMetadata(name);
 }
 
 function showTab(tab) {
@@ -695,6 +732,8 @@ async function poll() {
       const want = decodeURIComponent(location.hash.slice(1));
       const pick = state.models.find((m) => m.name === want) || state.models[0];
       if (pick) select(pick.name);
+    } else {
+      ensureMetadata(state.selected);
     }
   } else {
     state.stats = null;
@@ -711,6 +750,10 @@ async function init() {
   $('#predict-reset').addEventListener('click', () => buildInputs());
   $('#predict-signature').addEventListener('change', () => { state.imageSettings.clear(); buildInputs(); });
   $('#predict-version').addEventListener('change', () => { $('#predict-url').textContent = 'POST ' + predictUrl(); });
+  window.addEventListener('hashchange', () => {
+    const want = decodeURIComponent(location.hash.slice(1));
+    if (want !== state.selected && state.models.some((m) => m.name === want)) select(want);
+  });
   const v2 = await request('GET', '/v2');
   if (v2.ok && v2.body) $('#server-version').textContent = `${v2.body.name} ${v2.body.version}`;
   poll();
