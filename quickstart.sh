@@ -22,7 +22,7 @@ while [ $# -gt 0 ]; do
     --port=*) port=${1#*=} ;;
     --address) address=${2:?--address needs a value}; shift ;;
     --address=*) address=${1#*=} ;;
-    -h|--help) sed -n 2,13p "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n 2,12p "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "quickstart.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
   shift
