@@ -242,7 +242,6 @@ async function main() {
     assert.deepEqual(rows, want, 'signature table');
     assert.deepEqual(rows, [['input', 'pixels', 'float', '[?, 64]'], ['output', 'probabilities', 'float', '[?, 10]']]);
     log('page loaded: model list, versions, signatures ok');
-    if (SHOTS) await page.screenshot({ path: path.join(SHOTS, 'console-overview.png') });
 
     /* prediction: the prefilled example is valid; the form's reply == a direct one */
     await page.click('.tab[data-tab="predict"]');
@@ -334,6 +333,12 @@ async function main() {
       `p50 ${lat.p50.toFixed(2)} ms, mean batch ${batch.rows.toFixed(2)} rows`);
     if (SHOTS) await page.screenshot({ path: path.join(SHOTS, 'console-live.png'), fullPage: true });
     await load;
+    if (SHOTS) { /* the overview after the load, with version 1's logs open */
+      await page.click('.tab[data-tab="overview"]');
+      await sleep(2500);
+      await page.$eval('details.optlog[data-version="1"]', (d) => { d.open = true; });
+      await page.screenshot({ path: path.join(SHOTS, 'console-overview.png'), fullPage: true });
+    }
 
     /* so far: no console error, nothing outside this server */
     assert.deepEqual(errors, [], 'console errors');

@@ -665,8 +665,8 @@ async function sendPredict() {
   const out = $('#predict-response');
   out.className = 'response' + (r.ok ? '' : ' error-text');
   out.dataset.status = String(r.status);
-  /* errors exactly as the server wrote them; successes pretty-printed */
-  out.textContent = r.ok && r.body ? JSON.stringify(r.body, null, 2) : r.text;
+  /* the reply exactly as the server wrote it (numbers keep the server's digits) */
+  out.textContent = r.text;
   $('#predict-status').textContent = `HTTP ${r.status} ${r.statusText} in ${ms.toFixed(1)} ms`;
   if (r.ok) renderBars(r.body); else clear($('#predict-bars'));
 }
