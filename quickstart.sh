@@ -1,18 +1,101 @@
 #!/usr/bin/env bash
-# Kiln quick start: install what is missing, build, and run a prediction
-# with the bundled digits classifier (models/digits.onnx).
+# Kiln quick start: install what is missing (as root, Debian 12), build, and serve
+# the bundled digits classifier (models/digits/1/model.onnx, TF Serving's folder
+# layout: model name, then numbered versions) with `kiln serve`. Prints the URLs
+# (REST API, web console, Prometheus metrics) and a predict request to paste.
+#
+#   ./quickstart.sh                 serve in the foreground until Ctrl-C
+#   ./quickstart.sh --once          send one predict, print the answer, stop the
+#                                   server, exit 0 (non-zero on any failure; CI runs this)
+#   ./quickstart.sh --port N        REST port (default 8501, or $KILN_PORT)
+#   ./quickstart.sh --address A     address to listen on (default 127.0.0.1;
+#                                   0.0.0.0 to reach it from another machine)
 set -euo pipefail
 cd "$(dirname "$0")"
+once=0
+port=${KILN_PORT:-8501}
+address=127.0.0.1
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --once) once=1 ;;
+    --port) port=${2:?--port needs a value}; shift ;;
+    --port=*) port=${1#*=} ;;
+    --address) address=${2:?--address needs a value}; shift ;;
+    --address=*) address=${1#*=} ;;
+    -h|--help) sed -n 2,12p "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "quickstart.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
+  esac
+  shift
+done
+
 if [ "$(id -u)" = 0 ]; then scripts/install-deps.sh; fi
 make build
 echo
-build/kiln inspect models/digits.onnx
+build/kiln inspect models/digits/1/model.onnx
 echo
-out=$(mktemp -d)
-build/kiln predict models/digits.onnx --input pixels=models/digits_sample.npy --output-dir "$out"
-/usr/bin/python3 - "$out" <<'PY'
-import sys, numpy as np
-p = np.load(sys.argv[1] + "/probabilities.npy")
-labels = np.load("models/digits_sample_labels.npy")
-print("predicted digits:", p.argmax(axis=1).tolist(), " true digits:", labels.tolist())
-PY
+
+host=$address
+[ "$host" = 0.0.0.0 ] && host=localhost
+base="http://$host:$port"
+# a held-out digit (8x8 pixels, values 0..16) from the data set the model was not trained on
+row=$(/usr/bin/python3 -c 'import numpy as np
+x = np.load("models/digits_sample.npy")[0]
+print("[" + ", ".join("%g" % v for v in x) + "]")')
+label=$(/usr/bin/python3 -c 'import numpy as np; print(int(np.load("models/digits_sample_labels.npy")[0]))')
+body="{\"instances\": [$row]}"
+
+build/kiln serve --model_name=digits --model_base_path="$PWD/models/digits" \
+  --rest_api_port="$port" --rest_api_address="$address" \
+  --monitoring_config_file=models/monitoring_config.txt &
+pid=$!
+stop() { kill -TERM "$pid" 2>/dev/null || true; }
+trap stop INT TERM
+trap 'kill -TERM "$pid" 2>/dev/null || true' EXIT
+for _ in $(seq 1 300); do
+  if ! kill -0 "$pid" 2>/dev/null; then
+    wait "$pid" || true
+    echo "quickstart.sh: kiln serve exited before it was ready (is port $port in use? try --port)" >&2
+    exit 1
+  fi
+  curl -sf "$base/v2/health/ready" >/dev/null 2>&1 && break
+  sleep 0.1
+done
+curl -sf "$base/v2/health/ready" >/dev/null || { echo "quickstart.sh: kiln serve not ready after 30 s" >&2; exit 1; }
+
+cat <<EOT
+
+Kiln is serving the digits classifier (version 1 under models/digits/):
+  REST API      $base/v1/models/digits            (TF Serving's API; KServe v2 under /v2/)
+  Web console   $base/console/
+  Metrics       $base/monitoring/prometheus/metrics
+
+Predict one held-out 8x8 image of a $label (pixel values 0..16):
+  curl -d '$body' \\
+    $base/v1/models/digits:predict
+
+EOT
+
+if [ "$once" = 0 ]; then
+  echo "Serving until Ctrl-C."
+  wait "$pid" || true        # returns when a signal arrives (the trap stops the server) ...
+  wait "$pid" 2>/dev/null || true   # ... then wait for it to drain and exit
+  trap - EXIT
+  exit 0
+fi
+
+# --once: one predict, checked against the true label; the console and metrics pages answer
+reply=$(curl -sf -d "$body" "$base/v1/models/digits:predict")
+echo "$reply"
+got=$(printf '%s' "$reply" | /usr/bin/python3 -c 'import json, sys
+p = json.load(sys.stdin)["predictions"][0]
+print(max(range(len(p)), key=p.__getitem__))')
+echo "predicted digit: $got, true digit: $label"
+curl -sf -o /dev/null "$base/console/" || { echo "quickstart.sh: the console did not answer" >&2; exit 1; }
+curl -sf -o /dev/null "$base/monitoring/prometheus/metrics" || { echo "quickstart.sh: no metrics page" >&2; exit 1; }
+trap - EXIT INT TERM
+kill -TERM "$pid"
+rc=0
+wait "$pid" || rc=$?
+[ "$rc" = 0 ] || { echo "quickstart.sh: kiln serve exited with status $rc" >&2; exit 1; }
+[ "$got" = "$label" ] || { echo "quickstart.sh: wrong prediction" >&2; exit 1; }
+echo "quickstart.sh --once: OK"

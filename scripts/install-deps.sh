@@ -2,12 +2,16 @@
 # Install what Kiln needs to build and test on Debian 12 (run as root).
 # Build: gcc, cmake, protobuf-c, oneDNN (libdnnl-dev), libmicrohttpd, zlib. Tests: Debian's Python with numpy, onnx,
 # torch/torchvision (model exports), scikit-learn (the digits model), pytest;
-# clang for the libFuzzer targets.
+# clang for the libFuzzer targets; curl (quickstart.sh), Chromium and Node.js + npm
+# (the web console's browser test, tests/browser/).
 set -euo pipefail
 pkgs=(build-essential cmake pkg-config protobuf-c-compiler libprotobuf-c-dev zlib1g-dev libmicrohttpd-dev libdnnl-dev
       python3 python3-numpy python3-onnx python3-pytest python3-torch python3-torchvision
-      python3-sklearn clang)
+      python3-sklearn clang curl chromium)
 pkgs+=(python3-dev python3-setuptools python3-pip)  # the Python API, python/ (docs/PYTHON.md)
+# Node.js: Debian's nodejs and npm, unless a node with npm is already installed
+# (e.g. NodeSource's nodejs, which bundles npm and conflicts with Debian's npm)
+command -v npm >/dev/null 2>&1 || pkgs+=(nodejs npm)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -12,7 +12,10 @@ The model takes raw pixel values (0..16); the 1/16 input scaling used during
 training is folded into the first Gemm's weights. Opset 13, IR version 7.
 
 Writes, under --out (default: models/ beside this tools/ folder):
-    digits.onnx                 the model (a few KiB)
+    digits/1/model.onnx         the model (a few KiB), in TF Serving's folder
+                                layout (model name, version), so that
+                                `kiln serve --model_base_path=models/digits`
+                                serves it as version 1
     digits_sample.npy           float32 [4,64], held-out test images
     digits_sample_labels.npy    int64 [4], their true labels
 
@@ -144,7 +147,8 @@ def main():
         sys.exit(f"make_digits_model: only {len(idx)} confidently-right test images found")
 
     os.makedirs(args.out, exist_ok=True)
-    onnx_path = os.path.join(args.out, "digits.onnx")
+    os.makedirs(os.path.join(args.out, "digits", "1"), exist_ok=True)
+    onnx_path = os.path.join(args.out, "digits", "1", "model.onnx")
     with open(onnx_path, "wb") as f:
         f.write(model.SerializeToString())
     np.save(os.path.join(args.out, "digits_sample.npy"), np.ascontiguousarray(x32[idx]))

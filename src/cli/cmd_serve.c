@@ -54,6 +54,8 @@ static const char serve_help[] =
     "                                     served only when it has prometheus_config { enable:\n"
     "                                     true } (path default /monitoring/prometheus/metrics)\n"
     "  --rest_api_enable_cors_support[=true|false]  CORS headers and OPTIONS preflight\n"
+    "  --enable_console[=true|false]      Kiln: the web console at /console/ and its stats\n"
+    "                                     endpoint /console/api/stats (default true)\n"
     "  --port=N                           gRPC port: accepted, gRPC is not implemented yet\n"
     "  --tensorflow_inter_op_parallelism, --allow_precompilation,\n"
     "  --allow_compression, --use_tfrt   accepted and ignored (the startup log says so)\n"
@@ -68,7 +70,8 @@ static const char *const accepted_only[] = {
 static int is_bool_flag(const char *name)
 {
     static const char *const b[] = {"--enable_batching", "--enable_model_warmup",
-                                    "--rest_api_enable_cors_support", "--allow_precompilation",
+                                    "--rest_api_enable_cors_support", "--enable_console",
+                                    "--allow_precompilation",
                                     "--allow_compression", "--use_tfrt", "--disable_optimizer",
                                     "--version"};
     for (size_t i = 0; i < sizeof b / sizeof b[0]; i++)
@@ -96,7 +99,7 @@ int kiln_cmd_serve(int argc, char **argv)
     int cores = kiln_cpu_count(); /* cgroup quota and affinity */
     int rest_port = 8501, grpc_port = 8500, threads = (int)(cores * 4 > 256 ? 256 : cores * 4);
     int timeout_ms = 30000, poll = 1, intra = 0, disable_opt = 0, show_version = 0;
-    int batching = 0, config_poll = 0, warmup = 1, warmup_iters = 0, cors = 0;
+    int batching = 0, config_poll = 0, warmup = 1, warmup_iters = 0, cors = 0, console = 1;
     const char *model_name = NULL, *base_path = NULL, *tags = NULL, *address = NULL;
     const char *config_file = NULL, *batching_file = NULL, *monitoring_file = NULL;
 
@@ -143,6 +146,7 @@ int kiln_cmd_serve(int argc, char **argv)
         else if (strcmp(name, "--disable_optimizer") == 0) ok = (disable_opt = parse_bool(val)) >= 0;
         else if (strcmp(name, "--enable_model_warmup") == 0) ok = (warmup = parse_bool(val)) >= 0;
         else if (strcmp(name, "--rest_api_enable_cors_support") == 0) ok = (cors = parse_bool(val)) >= 0;
+        else if (strcmp(name, "--enable_console") == 0) ok = (console = parse_bool(val)) >= 0;
         else if (strcmp(name, "--monitoring_config_file") == 0) monitoring_file = val;
         else if (strcmp(name, "--version") == 0) ok = (show_version = parse_bool(val)) >= 0;
         else {
@@ -214,7 +218,8 @@ int kiln_cmd_serve(int argc, char **argv)
             "kiln serve: honoured flags: --rest_api_timeout_in_ms=%d --rest_api_num_threads=%d "
             "--tensorflow_intra_op_parallelism=%d (%s) --disable_optimizer=%s (optimizer %s) "
             "--enable_model_warmup=%s --num_request_iterations_for_warmup=%d "
-            "--enable_batching=%s --rest_api_enable_cors_support=%s --monitoring_config_file "
+            "--enable_batching=%s --rest_api_enable_cors_support=%s --enable_console=%s "
+            "--monitoring_config_file "
             "(prometheus %s%s) --file_system_poll_wait_seconds=%d; accepted and ignored: --port "
             "(no gRPC), --tensorflow_inter_op_parallelism, --allow_precompilation (allowed "
             "batch sizes are precompiled at load whenever batching is on), --allow_compression, "
@@ -222,7 +227,8 @@ int kiln_cmd_serve(int argc, char **argv)
             timeout_ms, threads, intra, intra ? "threads per run" : "all cores",
             disable_opt ? "true" : "false", disable_opt ? "off" : "on", warmup ? "true" : "false",
             warmup_iters > 0 ? warmup_iters : 1, batching ? "true" : "false",
-            cors ? "true" : "false", mon.prometheus_enable ? "on at " : "off",
+            cors ? "true" : "false", console ? "true" : "false",
+            mon.prometheus_enable ? "on at " : "off",
             mon.prometheus_enable ? mon.prometheus_path : "", poll);
     if (batching)
         fprintf(stderr,
@@ -274,7 +280,7 @@ int kiln_cmd_serve(int argc, char **argv)
     }
     kiln_server server;
     kiln_server_options so = {address, rest_port, threads, timeout_ms, KILN_JSON_MAX_BYTES, bstats,
-                              mon.prometheus_enable ? mon.prometheus_path : NULL, cors, batching};
+                              mon.prometheus_enable ? mon.prometheus_path : NULL, cors, batching, console};
     if (kiln_server_start(&server, &so, mgr) != KILN_OK) {
         kiln_manager_free(mgr);
         kiln_batch_stats_free(bstats);
@@ -285,6 +291,7 @@ int kiln_cmd_serve(int argc, char **argv)
             address ? address : "0.0.0.0", rest_port);
     if (mon.prometheus_enable)
         fprintf(stderr, "kiln serve: Prometheus metrics at %s\n", mon.prometheus_path);
+    if (console) fprintf(stderr, "kiln serve: web console at /console/\n");
 
     int sig = 0;
     sigwait(&sigs, &sig);

@@ -147,6 +147,43 @@ void kiln_batch_stats_write(kiln_batch_stats *s, kiln_sbuf *b)
     pthread_mutex_unlock(&s->mu);
 }
 
+static void hist_json(kiln_sbuf *b, const char *key, const histogram *h, int n)
+{
+    kiln_sbuf_printf(b, ", \"%s\": {\"count\": %" PRIu64 ", \"sum\": %.17g, \"buckets\": [", key,
+                     h->count, h->sum);
+    for (int i = 0; i <= n; i++) kiln_sbuf_printf(b, "%s%" PRIu64, i ? ", " : "", h->bucket[i]);
+    kiln_sbuf_puts(b, "]}");
+}
+
+void kiln_batch_stats_write_json(kiln_batch_stats *s, kiln_sbuf *b)
+{
+    if (!s) {
+        kiln_sbuf_puts(b, "null");
+        return;
+    }
+    kiln_sbuf_puts(b, "{\"size_bounds\": [");
+    for (int i = 0; i < SIZE_BUCKETS; i++) kiln_sbuf_printf(b, "%s%.9g", i ? ", " : "", size_limit(i));
+    kiln_sbuf_puts(b, "], \"queue_bounds_us\": [");
+    for (int i = 0; i < LATENCY_BUCKETS; i++)
+        kiln_sbuf_printf(b, "%s%.9g", i ? ", " : "", latency_limit(i));
+    pthread_mutex_lock(&s->mu);
+    kiln_sbuf_printf(b, "], \"runs\": %" PRIu64 ", \"queue_full\": %" PRIu64 ", \"series\": [",
+                     s->runs, s->queue_full);
+    for (int i = 0; i < s->n_series; i++) {
+        const version_series *v = &s->series[i];
+        kiln_sbuf_puts(b, i ? ",\n  {\"model\": " : "\n  {\"model\": ");
+        kiln_sbuf_json_string(b, v->model, strlen(v->model));
+        kiln_sbuf_printf(b, ", \"version\": \"%" PRId64 "\", \"expired\": %" PRIu64, v->version,
+                         v->expired);
+        hist_json(b, "queue_us", &v->queuing, LATENCY_BUCKETS);
+        hist_json(b, "batch_size", &v->size, SIZE_BUCKETS);
+        hist_json(b, "padding_rows", &v->padding, SIZE_BUCKETS);
+        kiln_sbuf_puts(b, "}");
+    }
+    kiln_sbuf_puts(b, "]}");
+    pthread_mutex_unlock(&s->mu);
+}
+
 /* The series of (model, version), created if new; caller holds s->mu. */
 static version_series *series_for(kiln_batch_stats *s, const char *model, int64_t version)
 {

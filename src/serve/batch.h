@@ -48,6 +48,12 @@ kiln_batch_stats *kiln_batch_stats_create(void);
 void kiln_batch_stats_free(kiln_batch_stats *s);
 /* Prometheus text under TF Serving's batching_session names. */
 void kiln_batch_stats_write(kiln_batch_stats *s, kiln_sbuf *b);
+/* The per-version batching histograms as JSON for the web console
+ * (console.c): {"size_bounds", "queue_bounds_us", "runs", "queue_full",
+ * "series": [{"model", "version", "expired", "queue_us", "batch_size",
+ * "padding_rows"}]}, each histogram {"count", "sum", "buckets" (last +Inf)};
+ * "null" when s is NULL (batching off). */
+void kiln_batch_stats_write_json(kiln_batch_stats *s, kiln_sbuf *b);
 
 kiln_status kiln_batcher_create(kiln_session *sess, const kiln_signature *sig,
                                 const kiln_batching_params *p, kiln_batch_stats *stats,

@@ -335,6 +335,8 @@ static void servable_free(kiln_servable *s)
     free(s->sessions);
     kiln_model_free(s->model);
     free(s->dir);
+    free(s->load_log);
+    free(s->optimization_log);
     free(s);
 }
 
@@ -897,12 +899,17 @@ static int ensure_loaded(kiln_manager *m, served_model *sm, int64_t v)
         return 0;
     }
     /* one line: what was loaded, how long it took, and the optimization log */
+    char *load_log = !kv.oom && kv.p ? strdup(kv.p) : NULL; /* for the console */
     kiln_sbuf_puts(&kv, " state=AVAILABLE optimization_log=");
     const char *ol = opt ? opt : "(none)";
     kiln_sbuf_json_string(&kv, ol, strlen(ol));
     log_line("load", sm->name, v, kv.oom ? "state=AVAILABLE" : kv.p, NULL);
+    /* kept for the console; only this thread drops served versions, so s lives */
+    pthread_mutex_lock(&sm->mu);
+    s->load_log = load_log;
+    s->optimization_log = opt;
+    pthread_mutex_unlock(&sm->mu);
     kiln_sbuf_free(&kv);
-    free(opt);
     return 1;
 }
 
@@ -1123,6 +1130,61 @@ void kiln_manager_write_list(kiln_manager *m, kiln_sbuf *b)
     }
     pthread_rwlock_unlock(&m->list_lock);
     kiln_sbuf_puts(b, "]}\n");
+}
+
+/* Caller holds sm->mu. */
+static const kiln_servable *served_version(served_model *sm, int64_t v)
+{
+    for (int i = 0; i < sm->n_served; i++)
+        if (sm->served[i]->version == v) return sm->served[i];
+    return NULL;
+}
+
+void kiln_manager_write_console(kiln_manager *m, kiln_sbuf *b)
+{
+    kiln_sbuf_puts(b, "[");
+    pthread_rwlock_rdlock(&m->list_lock);
+    for (int i = 0; i < m->n_models; i++) {
+        served_model *sm = m->models[i];
+        pthread_mutex_lock(&sm->mu);
+        kiln_sbuf_puts(b, i ? ",\n {\"name\": " : "\n {\"name\": ");
+        kiln_sbuf_json_string(b, sm->name, strlen(sm->name));
+        kiln_sbuf_printf(b, ", \"ready\": %s, \"labels\": {", sm->n_served ? "true" : "false");
+        for (int l = 0; l < sm->cfg.n_labels; l++) {
+            kiln_sbuf_puts(b, l ? ", " : "");
+            kiln_sbuf_json_string(b, sm->cfg.label_names[l], strlen(sm->cfg.label_names[l]));
+            kiln_sbuf_printf(b, ": \"%" PRId64 "\"", sm->cfg.label_versions[l]);
+        }
+        kiln_sbuf_puts(b, "}, \"versions\": [");
+        qsort(sm->vr, (size_t)sm->n_vr, sizeof *sm->vr, cmp_record_desc);
+        for (int k = 0; k < sm->n_vr; k++) {
+            const version_record *r = &sm->vr[k];
+            const kiln_servable *sv = served_version(sm, r->version);
+            const char *msg = r->error_message ? r->error_message : "";
+            kiln_sbuf_printf(b, "%s{\"version\": \"%" PRId64 "\", \"state\": \"%s\", "
+                                "\"served\": %s, \"error_code\": \"%s\", \"error_message\": ",
+                             k ? ", " : "", r->version, state_name(r->state),
+                             sv ? "true" : "false", r->error_code);
+            kiln_sbuf_json_string(b, msg, strlen(msg));
+            if (sv) {
+                /* every session computes in float32 today; quantized
+                 * versions will report their own precision here */
+                kiln_sbuf_printf(b, ", \"precision\": \"fp32\", \"requests_in_flight\": %d, "
+                                    "\"warmup_records\": %d, \"load_log\": ",
+                                 atomic_load(&sv->refs) - 1, sv->warmup_records);
+                const char *ll = sv->load_log ? sv->load_log : "";
+                kiln_sbuf_json_string(b, ll, strlen(ll));
+                kiln_sbuf_puts(b, ", \"optimization_log\": ");
+                const char *ol = sv->optimization_log ? sv->optimization_log : "";
+                kiln_sbuf_json_string(b, ol, strlen(ol));
+            }
+            kiln_sbuf_puts(b, "}");
+        }
+        kiln_sbuf_puts(b, "]}");
+        pthread_mutex_unlock(&sm->mu);
+    }
+    pthread_rwlock_unlock(&m->list_lock);
+    kiln_sbuf_puts(b, "\n]");
 }
 
 void kiln_manager_write_metrics(kiln_manager *m, kiln_sbuf *b)

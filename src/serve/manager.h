@@ -62,6 +62,8 @@ typedef struct kiln_servable {
     char *dir;                /* the version folder (owned); model_path in warmup metrics */
     int warmup_records;       /* records replayed at load (0: no warmup file) */
     double warmup_us;         /* time the warmup took */
+    char *load_log;           /* the load line's key=value pairs (owned; NULL if none) */
+    char *optimization_log;   /* the default signature's optimization log (owned; NULL if none) */
     atomic_int refs;
 } kiln_servable;
 
@@ -135,6 +137,10 @@ kiln_status kiln_manager_write_status(kiln_manager *m, const char *name, int64_t
                                       kiln_sbuf *b, char *err);
 /* {"models": [{"name":..., "versions": [{"version","state"}...]}...]} */
 void kiln_manager_write_list(kiln_manager *m, kiln_sbuf *b);
+/* The web console's view of every model (console.c): name, readiness,
+ * labels, and every version seen with its state, error, and for served
+ * versions the load log, optimization log and precision, as a JSON array. */
+void kiln_manager_write_console(kiln_manager *m, kiln_sbuf *b);
 /* Prometheus lines for kiln_model_* metrics, TF Serving's warmup counter and
  * the requests in flight per served version. */
 void kiln_manager_write_metrics(kiln_manager *m, kiln_sbuf *b);

@@ -35,6 +35,7 @@ typedef struct version_series {
     uint64_t buckets[N_BUCKETS + 1];
     double sum;
     uint64_t n;
+    uint64_t errors; /* of n, those that failed (for the console's error rate) */
 } version_series;
 
 /* Kiln's: failed requests per model, API and TF code. */
@@ -142,6 +143,7 @@ void kiln_metrics_record(kiln_metrics *m, const char *model, int64_t version, co
             v->buckets[bucket_of(m, latency_us)]++;
             v->sum += latency_us;
             v->n++;
+            v->errors += strcmp(status, "OK") != 0;
         }
     }
     if (strcmp(status, "OK") != 0) {
@@ -263,4 +265,26 @@ void kiln_metrics_write(kiln_metrics *m, kiln_sbuf *b, int in_flight)
     if (rss >= 0)
         kiln_sbuf_printf(b, "# TYPE kiln_process_resident_memory_bytes gauge\n"
                             "kiln_process_resident_memory_bytes %lld\n", rss);
+}
+
+void kiln_metrics_write_json(kiln_metrics *m, kiln_sbuf *b)
+{
+    pthread_mutex_lock(&m->mu);
+    kiln_sbuf_puts(b, "{\"latency_bounds_us\": [");
+    for (int k = 0; k < N_BUCKETS; k++) kiln_sbuf_printf(b, "%s%.10g", k ? ", " : "", m->bounds[k]);
+    kiln_sbuf_puts(b, "], \"series\": [");
+    for (int i = 0; i < m->n_vlat; i++) {
+        const version_series *v = &m->vlat[i];
+        kiln_sbuf_puts(b, i ? ",\n  {\"model\": " : "\n  {\"model\": ");
+        kiln_sbuf_json_string(b, v->model, strlen(v->model));
+        kiln_sbuf_printf(b, ", \"version\": \"%lld\", \"api\": ", (long long)v->version);
+        kiln_sbuf_json_string(b, v->api, strlen(v->api));
+        kiln_sbuf_printf(b, ", \"count\": %llu, \"errors\": %llu, \"sum_us\": %.17g, \"buckets\": [",
+                         (unsigned long long)v->n, (unsigned long long)v->errors, v->sum);
+        for (int k = 0; k <= N_BUCKETS; k++)
+            kiln_sbuf_printf(b, "%s%llu", k ? ", " : "", (unsigned long long)v->buckets[k]);
+        kiln_sbuf_puts(b, "]}");
+    }
+    kiln_sbuf_puts(b, "]}");
+    pthread_mutex_unlock(&m->mu);
 }

@@ -38,5 +38,11 @@ void kiln_metrics_free(kiln_metrics *m);
 void kiln_metrics_record(kiln_metrics *m, const char *model, int64_t version, const char *api,
                          const char *status, double latency_us);
 void kiln_metrics_write(kiln_metrics *m, kiln_sbuf *b, int in_flight);
+/* The per-version series (kiln_request_latency_us, with the failed requests
+ * among them) as JSON for the web console (console.c):
+ * {"latency_bounds_us": [33 upper bounds], "series": [{"model", "version",
+ * "api", "count", "errors", "sum_us", "buckets": [34 counts, last +Inf]}]}.
+ * Counts are cumulative since start; the page diffs two reads. */
+void kiln_metrics_write_json(kiln_metrics *m, kiln_sbuf *b);
 
 #endif

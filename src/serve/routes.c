@@ -1,7 +1,7 @@
 /*
  * routes.c - the route table and handlers: TF Serving's REST API
- * (/v1/models/...), Kiln's model list, KServe v2 (/v2/...) and the
- * Prometheus page.
+ * (/v1/models/...), Kiln's model list, KServe v2 (/v2/...), the
+ * Prometheus page, and the web console (/console/..., answered by console.c).
  *
  * A path is first parsed into a route kind and its parameters (model name,
  * version, label) following TF Serving's URL grammar, case-insensitively;
@@ -17,6 +17,7 @@
 
 #include "serve/batch.h"
 #include "serve/codec.h"
+#include "serve/console.h"
 #include "serve/example.h"
 #include "serve/server.h"
 
@@ -37,6 +38,7 @@ typedef enum route_kind {
     ROUTE_V2_INFER,
     ROUTE_METRICS,
     ROUTE_CORS_PREFLIGHT, /* OPTIONS, with --rest_api_enable_cors_support */
+    ROUTE_CONSOLE,        /* /console and below, unless --enable_console=false (console.c) */
 } route_kind;
 
 typedef struct route_params {
@@ -123,9 +125,10 @@ static int version_part(const char **p, route_params *rp)
     return 1;
 }
 
-/* metrics_path: the Prometheus page's path, or NULL when it is not served. */
+/* metrics_path: the Prometheus page's path, or NULL when it is not served;
+ * console: the web console is served. */
 static route_kind parse_path(const char *method, const char *path, const char *metrics_path,
-                             route_params *rp)
+                             int console, route_params *rp)
 {
     memset(rp, 0, sizeof *rp);
     rp->version = -1;
@@ -133,6 +136,8 @@ static route_kind parse_path(const char *method, const char *path, const char *m
     int post = strcmp(method, "POST") == 0;
     if (strcmp(method, "OPTIONS") == 0) return ROUTE_CORS_PREFLIGHT;
     if (metrics_path && strcmp(path, metrics_path) == 0) return ROUTE_METRICS;
+    if (console && (strcmp(path, "/console") == 0 || strncmp(path, "/console/", 9) == 0))
+        return ROUTE_CONSOLE;
     if (prefix(&p, "/v1/")) {
         p = path;
         if (!prefix(&p, "/v1/models")) return ROUTE_V1_MALFORMED;
@@ -633,6 +638,12 @@ static void h_cors_preflight(kiln_server *s, const kiln_http_request *req, const
         kiln_reply_error(rep, "FAILED_PRECONDITION", "Origin header is missing in CORS preflight");
 }
 
+static void h_console(kiln_server *s, const kiln_http_request *req, const route_params *p,
+                      kiln_http_reply *rep)
+{
+    kiln_console_serve(s, req, rep);
+}
+
 static const struct route {
     const char *method;
     route_kind kind;
@@ -653,18 +664,19 @@ static const struct route {
     {"POST", ROUTE_V2_INFER, h_v2_infer},
     {"GET", ROUTE_METRICS, h_metrics},
     {"OPTIONS", ROUTE_CORS_PREFLIGHT, h_cors_preflight},
+    {"GET", ROUTE_CONSOLE, h_console},
 };
 
 void kiln_routes_dispatch(kiln_server *s, const kiln_http_request *req, kiln_http_reply *rep)
 {
     route_params p;
-    route_kind kind = parse_path(req->method, req->path, s->opt.metrics_path, &p);
+    route_kind kind = parse_path(req->method, req->path, s->opt.metrics_path, s->opt.console, &p);
     rep->code = 200;
     rep->status = "OK";
     rep->version = -1;
     /* without --rest_api_enable_cors_support OPTIONS is routed like any method */
     if (kind == ROUTE_CORS_PREFLIGHT && !s->opt.cors)
-        kind = parse_path("GET", req->path, s->opt.metrics_path, &p);
+        kind = parse_path("GET", req->path, s->opt.metrics_path, s->opt.console, &p);
     for (size_t i = 0; i < sizeof kiln_routes / sizeof kiln_routes[0]; i++) {
         const struct route *r = &kiln_routes[i];
         if (r->kind != kind) continue;

@@ -104,6 +104,12 @@ static enum MHD_Result send_reply(kiln_server *s, struct MHD_Connection *c, kiln
     if (!r) return MHD_NO;
     MHD_add_response_header(r, "Content-Type",
                             rep->content_type ? rep->content_type : "application/json");
+    if (rep->csp) { /* the web console: same-origin only, never sniffed, not cached stale */
+        MHD_add_response_header(r, "Content-Security-Policy", rep->csp);
+        MHD_add_response_header(r, "X-Content-Type-Options", "nosniff");
+        MHD_add_response_header(r, "Referrer-Policy", "no-referrer");
+        MHD_add_response_header(r, "Cache-Control", "no-cache");
+    }
     if (s->opt.cors) { /* TF Serving's AddCORSHeaders */
         MHD_add_response_header(r, "Access-Control-Allow-Origin", "*");
         MHD_add_response_header(r, "Access-Control-Allow-Methods", "POST, GET");

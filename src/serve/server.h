@@ -32,6 +32,7 @@ typedef struct kiln_server_options {
     const char *metrics_path; /* Prometheus page (--monitoring_config_file), NULL = off */
     int cors;              /* --rest_api_enable_cors_support */
     int offload;           /* run POST requests on the server's own request threads (batching) */
+    int console;           /* serve the web console at /console/ (--enable_console) */
 } kiln_server_options;
 
 typedef struct kiln_server {
@@ -71,6 +72,7 @@ typedef struct kiln_http_reply {
     int64_t version;            /* for metrics: the version that served it, or -1 */
     const char *api;            /* "predict", "metadata", ... */
     const char *status;         /* TF code name for metrics ("OK", ...) */
+    const char *csp;            /* Content-Security-Policy (the console's replies), or NULL */
 } kiln_http_reply;
 
 kiln_status kiln_server_start(kiln_server *s, const kiln_server_options *opt, kiln_manager *mgr);

@@ -14,7 +14,7 @@
 #ifndef KILN_SOURCE_DIR
 #define KILN_SOURCE_DIR "."
 #endif
-#define DIGITS KILN_SOURCE_DIR "/models/digits.onnx"
+#define DIGITS KILN_SOURCE_DIR "/models/digits/1/model.onnx"
 
 static kiln_tensor *make_pixels(int64_t batch, unsigned seed)
 {

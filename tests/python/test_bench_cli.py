@@ -5,7 +5,7 @@ tests check the contract, not the speed: every documented JSON key is there
 and sane (positive times, ordered percentiles, throughput = batch * 1000 /
 median), the batch and --dim sizes reach the input shapes, and a bad command
 line or an unsizeable symbolic dim is one clear error. They use the bundled
-models/digits.onnx and tiny onnx.helper models, with --iterations 3, so they
+models/digits/1/model.onnx and tiny onnx.helper models, with --iterations 3, so they
 take well under a second each.
 
 The binary is $KILN_BIN, or build/kiln in this checkout; the tests skip with
@@ -22,7 +22,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 KILN = os.environ.get("KILN_BIN") or str(REPO / "build" / "kiln")
-DIGITS = REPO / "models" / "digits.onnx"
+DIGITS = REPO / "models" / "digits" / "1" / "model.onnx"
 
 pytestmark = pytest.mark.skipif(
     not (os.path.isfile(KILN) and os.access(KILN, os.X_OK)),

@@ -12,7 +12,7 @@ and requires, for every output, max|kiln - torch| <= 1e-4 * max(1, max|torch|):
 tight enough that a wrong kernel, a wrong attribute or a broken broadcast
 fails, loose enough for float32 summation order.
 
-A last test runs the checked-in models/digits.onnx (tools/make_digits_model.py)
+A last test runs the checked-in models/digits/1/model.onnx (tools/make_digits_model.py)
 on its held-out sample and requires the true labels.
 
 KILN_BIN names the kiln executable (default: build/kiln in this repository);
@@ -162,7 +162,7 @@ def test_model_matches_pytorch(name, mode, kiln_bin, exported, tmp_path):
 
 
 def test_digits_predicts_sample_labels(kiln_bin, tmp_path):
-    model = MODELS_DIR / "digits.onnx"
+    model = MODELS_DIR / "digits" / "1" / "model.onnx"
     sample = MODELS_DIR / "digits_sample.npy"
     labels = np.load(MODELS_DIR / "digits_sample_labels.npy")
 

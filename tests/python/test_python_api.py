@@ -368,7 +368,7 @@ def test_rank_above_kilns_maximum(f32_sess):
 
 def digits_reference(x):
     """The digits MLP recomputed in float64 from the weights in the file."""
-    m = onnx.load(str(REPO / "models" / "digits.onnx"))
+    m = onnx.load(str(REPO / "models" / "digits" / "1" / "model.onnx"))
     w = {i.name: numpy_helper.to_array(i).astype(np.float64) for i in m.graph.initializer}
     assert [n.op_type for n in m.graph.node] == ["Gemm", "Relu", "Gemm", "Softmax"]
     h = x.astype(np.float64)
@@ -386,7 +386,7 @@ def digits_reference(x):
 
 
 def test_digits_against_numpy_mlp():
-    sess = kiln.InferenceSession(str(REPO / "models" / "digits.onnx"))
+    sess = kiln.InferenceSession(str(REPO / "models" / "digits" / "1" / "model.onnx"))
     assert [(a.name, a.type, a.shape) for a in sess.get_inputs()] == [
         ("pixels", "tensor(float)", ["batch", 64])]
     assert sess.get_outputs()[0].shape == ["batch", 10]
@@ -400,11 +400,11 @@ def test_digits_against_numpy_mlp():
 @needs_cli
 def test_digits_equals_kiln_predict(tmp_path):
     x = np.load(REPO / "models" / "digits_sample.npy")
-    r = kiln_cli("predict", REPO / "models" / "digits.onnx", "--input",
+    r = kiln_cli("predict", REPO / "models" / "digits" / "1" / "model.onnx", "--input",
                  f"pixels={REPO / 'models' / 'digits_sample.npy'}", "--output-dir", tmp_path)
     assert r.returncode == 0, r.stderr
     cli = np.load(tmp_path / "probabilities.npy")
-    (p,) = kiln.InferenceSession(str(REPO / "models" / "digits.onnx")).run(None, {"pixels": x})
+    (p,) = kiln.InferenceSession(str(REPO / "models" / "digits" / "1" / "model.onnx")).run(None, {"pixels": x})
     assert p.dtype == cli.dtype and p.shape == cli.shape
     np.testing.assert_array_equal(p, cli)
 
@@ -705,7 +705,7 @@ def test_onnxruntime_style_code_runs_unchanged():
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     so.intra_op_num_threads = 1
-    sess = ort.InferenceSession(str(REPO / "models" / "digits.onnx"), sess_options=so,
+    sess = ort.InferenceSession(str(REPO / "models" / "digits" / "1" / "model.onnx"), sess_options=so,
                                 providers=["CPUExecutionProvider"])
     input_name = sess.get_inputs()[0].name
     output_name = sess.get_outputs()[0].name

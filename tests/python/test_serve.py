@@ -3,7 +3,7 @@ driven with http.client.
 
 One server (module fixture) serves model "aff" (y = x*a + b, float32
 [batch,3]) from a temp base path with version 1; a second serves a
-string-identity model with a `_bytes` output and digits.onnx. Tests cover
+string-identity model with a `_bytes` output and models/digits (version 1). Tests cover
 TF Serving's REST API (status, metadata, row and columnar predict, b64,
 NaN), error paths and their HTTP codes, KServe v2, Prometheus metrics,
 adding version 2 while serving, a broken version 3 that is never served,
@@ -31,7 +31,7 @@ from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 KILN = os.environ.get("KILN_BIN") or str(REPO / "build" / "kiln")
-DIGITS = REPO / "models" / "digits.onnx"
+DIGITS = REPO / "models" / "digits" / "1" / "model.onnx"
 
 pytestmark = pytest.mark.skipif(
     not (os.path.isfile(KILN) and os.access(KILN, os.X_OK)),
@@ -161,7 +161,7 @@ def strings(tmp_path_factory):
 @pytest.fixture(scope="module")
 def digits(tmp_path_factory):
     if not DIGITS.exists():
-        pytest.skip("models/digits.onnx missing")
+        pytest.skip("models/digits/1/model.onnx missing")
     base = tmp_path_factory.mktemp("digits") / "digits"
     (base / "1").mkdir(parents=True)
     shutil.copy(DIGITS, base / "1" / "model.onnx")
