@@ -30,6 +30,8 @@ done
 
 if [ "$(id -u)" = 0 ]; then scripts/install-deps.sh; fi
 make build
+# the Python API (import kiln, docs/PYTHON.md) next to the build, without touching the system
+/usr/bin/python3 python/setup.py -q build --build-lib build/python >/dev/null
 echo
 build/kiln inspect models/digits/1/model.onnx
 echo
@@ -68,6 +70,8 @@ Kiln is serving the digits classifier (version 1 under models/digits/):
   REST API      $base/v1/models/digits            (TF Serving's API; KServe v2 under /v2/)
   Web console   $base/console/
   Metrics       $base/monitoring/prometheus/metrics
+  Python        PYTHONPATH=build/python /usr/bin/python3 -c 'import kiln; print(kiln.__doc__)'
+                (kiln.InferenceSession("models/digits/1/model.onnx"), as in ONNX Runtime)
 
 Predict one held-out 8x8 image of a $label (pixel values 0..16):
   curl -d '$body' \\
@@ -90,6 +94,13 @@ got=$(printf '%s' "$reply" | /usr/bin/python3 -c 'import json, sys
 p = json.load(sys.stdin)["predictions"][0]
 print(max(range(len(p)), key=p.__getitem__))')
 echo "predicted digit: $got, true digit: $label"
+# the same image through the Python API, in-process
+py=$(PYTHONPATH=build/python /usr/bin/python3 -c 'import numpy as np, kiln
+s = kiln.InferenceSession("models/digits/1/model.onnx")
+x = np.load("models/digits_sample.npy")[:1].astype(np.float32)
+print(int(s.run(None, {s.get_inputs()[0].name: x})[0].argmax()))') \
+  || { echo "quickstart.sh: the Python API failed" >&2; exit 1; }
+echo "Python API (import kiln): predicted digit $py"
 curl -sf -o /dev/null "$base/console/" || { echo "quickstart.sh: the console did not answer" >&2; exit 1; }
 curl -sf -o /dev/null "$base/monitoring/prometheus/metrics" || { echo "quickstart.sh: no metrics page" >&2; exit 1; }
 trap - EXIT INT TERM
@@ -98,4 +109,5 @@ rc=0
 wait "$pid" || rc=$?
 [ "$rc" = 0 ] || { echo "quickstart.sh: kiln serve exited with status $rc" >&2; exit 1; }
 [ "$got" = "$label" ] || { echo "quickstart.sh: wrong prediction" >&2; exit 1; }
+[ "$py" = "$label" ] || { echo "quickstart.sh: wrong prediction from the Python API" >&2; exit 1; }
 echo "quickstart.sh --once: OK"
