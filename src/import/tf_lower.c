@@ -2309,9 +2309,40 @@ bool tf_op_writes_state(const char *op)
            strncmp(op, "ResourceSparseApply", 19) == 0 || strncmp(op, "SparseApply", 11) == 0;
 }
 
+/* ---- the emitting helpers, for the op-family files (tf_import.h) ---- */
+
+kiln_status tf_emit(struct tf_node_ctx *L, enum kiln_op op, int n_in, const int *in, int n_out,
+                    const struct kiln_attr *attrs, int n_attrs, int *outs)
+{
+    struct emit e;
+    kiln_status st = node_begin(L, op, n_in, in, n_out, n_attrs, &e);
+    if (st != KILN_OK) return st;
+    for (int i = 0; i < n_attrs; i++) *a_new(&e, attrs[i].name, attrs[i].type) = attrs[i];
+    return node_end(&e, outs);
+}
+
+kiln_status tf_const(struct tf_node_ctx *L, kiln_tensor *t, int *id) { return const_tensor(L, t, id); }
+
+kiln_status tf_in_value(struct tf_node_ctx *L, int k, int *v) { return in_value(L, k, v); }
+
+kiln_status tf_node_err(const struct tf_node_ctx *L, kiln_status st, const char *fmt, ...)
+{
+    char msg[600];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    return kiln_error(st, "%s: node '%s' (op %s): %s", L->where, L->nd->name, L->nd->op, msg);
+}
+
 kiln_status tf_lower_node(struct tf_node_ctx *L)
 {
     const char *op = L->nd->op ? L->nd->op : "";
+    if (tf_control_handles(op)) {
+        kiln_status st = tf_control_lower(L);
+        if (st == KILN_OK && !L->out) st = set_outputs(L, 0);
+        return st;
+    }
     for (size_t i = 0; i < sizeof LOWER / sizeof *LOWER; i++)
         if (strcmp(op, LOWER[i].tf) == 0) {
             kiln_status st = LOWER[i].fn(L, &LOWER[i]);
