@@ -1,0 +1,287 @@
+#!/usr/bin/python3
+"""make_tf_control_flow.py - SavedModels with TF2 control flow and TensorLists, built by hand.
+
+TensorFlow is not needed (nor installed): each model is a saved_model.pb
+written field by field with the protobuf builders of
+tools/make_savedmodel_corpus.py, laid out the way TF2 writes them (cond,
+body and branch functions in the function library; "node:output:index"
+references inside function bodies; loop variables in While's T list).
+tests/python/test_tf_control_flow.py builds them into a temporary folder,
+runs them with `kiln predict` and compares with the NumPy references below.
+
+  while_tensorlist  an RNN-shaped StatelessWhile over TensorLists:
+                    h = tanh(0.5 h + x[t]) for t < TensorListLength(x), each
+                    h set into a list reserved with an unknown element
+                    shape; outputs Stack, Gather, Length and ElementShape
+                    of that list and the last h.
+  if_loop_nesting   a While inside an If branch (x > 0: sum of x * i for
+                    i < n, else -x) and an If inside a While body (n
+                    times: acc < 10 ? acc + x : acc / 2).
+  case              Case(index; x + 1, x * 2, x - 3); an index out of
+                    range runs the last branch.
+  bad_*             malformed loops and branches that must be refused with
+                    a message naming the node (see BAD).
+
+Run `/usr/bin/python3 tools/make_tf_control_flow.py OUT` to write each model
+to OUT/<name>/saved_model.pb.
+"""
+import os
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from make_savedmodel_corpus import (DT_BOOL, DT_FLOAT, DT_INT32, a_func, a_int, a_shape,  # noqa: E402
+                                    a_tensor, a_type, a_types, f_len, function, node,
+                                    placeholder, saved_model, shape, signature, tensor,
+                                    tensor_info)
+
+DT_VARIANT = 21
+F, I, B, V = DT_FLOAT, DT_INT32, DT_BOOL, DT_VARIANT
+
+
+def c_f32(name, v):
+    return node(name, "Const", dtype=a_type(F), value=a_tensor(tensor(F, [], floats=[v])))
+
+
+def c_i32(name, v):
+    vals = list(v) if isinstance(v, (list, tuple)) else [v]
+    dims = [len(vals)] if isinstance(v, (list, tuple)) else []
+    return node(name, "Const", dtype=a_type(I), value=a_tensor(tensor(I, dims, ints=vals)))
+
+
+def op(name, kind, inputs, t=F, **attrs):
+    return node(name, kind, inputs, T=a_type(t), **attrs)
+
+
+def shapes(*dims):
+    """A list(shape) attr; None is an unknown rank."""
+    return f_len(1, b"".join(f_len(7, shape(d, unknown_rank=d is None)) for d in dims))
+
+
+def funcs(*names):
+    return f_len(1, b"".join(f_len(9, f_len(1, n)) for n in names))
+
+
+def while_node(name, kind, inputs, types, cond, body, out_shapes):
+    return node(name, kind, inputs, T=a_types(types), cond=a_func(cond), body=a_func(body),
+                output_shapes=shapes(*out_shapes), parallel_iterations=a_int(10))
+
+
+def sig(inputs, outputs):
+    """inputs: {alias: (tensor, dtype, dims)}; outputs: {alias: tensor}."""
+    return {"serving_default": signature(
+        {k: tensor_info(t, dt, dims) for k, (t, dt, dims) in inputs.items()},
+        {k: tensor_info(t) for k, t in outputs.items()})}
+
+
+def list_attrs(**extra):
+    return dict(element_dtype=a_type(F), **extra)
+
+
+# ---------------------------------------------------------------- models
+
+
+def while_tensorlist():
+    loop_types = [I, F, V, V]
+    args = [("t", I), ("h", F), ("out", V), ("inp", V)]
+    cond = function("cond_rnn", args, [("c", B)], [
+        node("len", "TensorListLength", ["inp"]),
+        op("less", "Less", ["t", "len:length:0"], t=I),
+    ], {"c": "less:z:0"})
+    body = function("body_rnn", args, [(n + "_1", t) for n, t in args], [
+        c_i32("es", [-1, -1]),
+        node("xt", "TensorListGetItem", ["inp", "t", "es:output:0"], **list_attrs()),
+        c_f32("half", 0.5),
+        op("hh", "Mul", ["h", "half:output:0"]),
+        op("s", "AddV2", ["hh:z:0", "xt:item:0"]),
+        op("h1", "Tanh", ["s:z:0"]),
+        node("out1", "TensorListSetItem", ["out", "t", "h1:y:0"], **list_attrs()),
+        c_i32("one", 1),
+        op("t1", "AddV2", ["t", "one:output:0"], t=I),
+        op("inp1", "Identity", ["inp"], t=V),
+    ], {"t_1": "t1:z:0", "h_1": "h1:y:0", "out_1": "out1:output_handle:0",
+        "inp_1": "inp1:output:0"})
+    nodes = [
+        placeholder("x", F, [-1, -1, -1]),
+        placeholder("h0", F, [-1, -1]),
+        c_i32("es", [-1, -1]),
+        node("ta_in", "TensorListFromTensor", ["x", "es"], shape_type=a_type(I), **list_attrs()),
+        node("n", "TensorListLength", ["ta_in"]),
+        c_i32("unknown", -1),
+        node("ta_out", "TensorListReserve", ["unknown", "n"], shape_type=a_type(I), **list_attrs()),
+        c_i32("t0", 0),
+        while_node("w", "StatelessWhile", ["t0", "h0", "ta_out", "ta_in"], loop_types,
+                   "cond_rnn", "body_rnn", [[], [-1, -1], None, None]),
+        node("y", "TensorListStack", ["w:2", "es"], num_elements=a_int(-1), **list_attrs()),
+        c_i32("pick", [1, 0]),
+        node("g", "TensorListGather", ["w:2", "pick", "es"], **list_attrs()),
+        node("len", "TensorListLength", ["w:2"]),
+        node("eshape", "TensorListElementShape", ["w:2"], shape_type=a_type(I)),
+    ]
+    return saved_model(nodes, sig(
+        {"x": ("x:0", F, [-1, -1, -1]), "h0": ("h0:0", F, [-1, -1])},
+        {"y": "y:0", "h": "w:1", "gathered": "g:0", "length": "len:0", "element_shape": "eshape:0"}),
+        [cond, body])
+
+
+def while_tensorlist_ref(x, h0):
+    h, ys = h0, []
+    for t in range(x.shape[0]):
+        h = np.tanh(0.5 * h + x[t])
+        ys.append(h)
+    y = np.stack(ys)
+    return {"y": y, "h": h, "gathered": y[[1, 0]], "length": np.int32(len(ys)),
+            "element_shape": np.array(h.shape, np.int32)}
+
+
+def if_loop_nesting():
+    # then: acc = sum over i < n of x * i (a While inside the branch); else: -x
+    wargs = [("i", I), ("acc", F), ("x", F), ("n", I)]
+    cond_sum = function("cond_sum", wargs, [("c", B)],
+                        [op("less", "Less", ["i", "n"], t=I)], {"c": "less:z:0"})
+    body_sum = function("body_sum", wargs, [(n + "_1", t) for n, t in wargs], [
+        op("fi", "Cast", ["i"], t=I, SrcT=a_type(I), DstT=a_type(F)),
+        op("xi", "Mul", ["x", "fi:y:0"]),
+        op("acc1", "AddV2", ["acc", "xi:z:0"]),
+        c_i32("one", 1),
+        op("i1", "AddV2", ["i", "one:output:0"], t=I),
+        op("xid", "Identity", ["x"]),
+    ], {"i_1": "i1:z:0", "acc_1": "acc1:z:0", "x_1": "xid:output:0", "n_1": "n"})
+    then_b = function("then_sum", [("x", F), ("n", I)], [("y", F)], [
+        c_i32("zero", 0), c_f32("fzero", 0.0),
+        while_node("loop", "StatelessWhile", ["zero:output:0", "fzero:output:0", "x", "n"],
+                   [I, F, F, I], "cond_sum", "body_sum", [[], [], [], []]),
+    ], {"y": "loop:output:1"})
+    else_b = function("else_neg", [("x", F), ("n", I)], [("y", F)],
+                      [op("neg", "Neg", ["x"])], {"y": "neg:y:0"})
+    # n times: acc = acc < 10 ? acc + x : acc / 2 (an If inside a While body)
+    add_x = function("add_x", [("acc", F), ("x", F)], [("y", F)],
+                     [op("s", "AddV2", ["acc", "x"])], {"y": "s:z:0"})
+    halve = function("halve", [("acc", F), ("x", F)], [("y", F)],
+                     [c_f32("h", 0.5), op("m", "Mul", ["acc", "h:output:0"])], {"y": "m:z:0"})
+    cond_alt = function("cond_alt", wargs, [("c", B)],
+                        [op("less", "Less", ["i", "n"], t=I)], {"c": "less:z:0"})
+    body_alt = function("body_alt", wargs, [(n + "_1", t) for n, t in wargs], [
+        c_f32("ten", 10.0),
+        op("small", "Less", ["acc", "ten:output:0"]),
+        node("pick", "If", ["small:z:0", "acc", "x"], Tcond=a_type(B), Tin=a_types([F, F]),
+             Tout=a_types([F]), then_branch=a_func("add_x"), else_branch=a_func("halve"),
+             output_shapes=shapes([])),
+        c_i32("one", 1),
+        op("i1", "AddV2", ["i", "one:output:0"], t=I),
+    ], {"i_1": "i1:z:0", "acc_1": "pick:output:0", "x_1": "x", "n_1": "n"})
+    nodes = [
+        placeholder("x", F, []), placeholder("n", I, []),
+        c_f32("zero", 0.0),
+        op("pos", "Greater", ["x", "zero"]),
+        node("branch", "StatelessIf", ["pos", "x", "n"], Tcond=a_type(B), Tin=a_types([F, I]),
+             Tout=a_types([F]), then_branch=a_func("then_sum"), else_branch=a_func("else_neg"),
+             output_shapes=shapes([])),
+        c_i32("i0", 0),
+        while_node("alt", "While", ["i0", "zero", "x", "n"], [I, F, F, I], "cond_alt",
+                   "body_alt", [[], [], [], []]),
+    ]
+    return saved_model(nodes, sig({"x": ("x:0", F, []), "n": ("n:0", I, [])},
+                                  {"branch": "branch:0", "alternating": "alt:1"}),
+                       [cond_sum, body_sum, then_b, else_b, add_x, halve, cond_alt, body_alt])
+
+
+def if_loop_nesting_ref(x, n):
+    x = np.float32(x)
+    branch = np.float32(sum(x * np.float32(i) for i in range(n))) if x > 0 else -x
+    acc = np.float32(0)
+    for _ in range(n):
+        acc = acc + x if acc < 10 else acc * np.float32(0.5)
+    return {"branch": np.float32(branch), "alternating": np.float32(acc)}
+
+
+def case():
+    fs = []
+    for name, kind, c in [("plus1", "AddV2", 1.0), ("times2", "Mul", 2.0), ("minus3", "Sub", 3.0)]:
+        fs.append(function(name, [("x", F)], [("y", F)],
+                           [c_f32("c", c), op("r", kind, ["x", "c:output:0"])], {"y": "r:z:0"}))
+    nodes = [placeholder("index", I, []), placeholder("x", F, [-1]),
+             node("case", "Case", ["index", "x"], Tin=a_types([F]), Tout=a_types([F]),
+                  branches=funcs("plus1", "times2", "minus3"), output_shapes=shapes([-1]))]
+    return saved_model(nodes, sig({"index": ("index:0", I, []), "x": ("x:0", F, [-1])},
+                                  {"y": "case:0"}), fs)
+
+
+def case_ref(index, x):
+    k = index if 0 <= index < 3 else 2
+    return {"y": [x + 1, x * 2, x - 3][k]}
+
+
+# ------------------------------------------------ malformed: refused, naming the node
+
+
+def _counter(body_name="body", cond_name="cond", body_args=2, cond_outs=1, kind="StatelessWhile"):
+    args = [("i", I), ("n", I)][:body_args]
+    cond = function("cond", [("i", I), ("n", I)], [("c", B), ("d", B)][:cond_outs],
+                    [op("less", "Less", ["i", "n"], t=I)],
+                    {"c": "less:z:0", "d": "less:z:0"} if cond_outs > 1 else {"c": "less:z:0"})
+    body = function("body", args, [(n + "_1", t) for n, t in args],
+                    [c_i32("one", 1), op("i1", "AddV2", ["i", "one:output:0"], t=I)],
+                    {"i_1": "i1:z:0", "n_1": "n"} if body_args > 1 else {"i_1": "i1:z:0"})
+    nodes = [placeholder("n", I, []), c_i32("i0", 0),
+             while_node("w", kind, ["i0", "n"], [I, I], cond_name, body_name, [[], []])]
+    return saved_model(nodes, sig({"n": ("n:0", I, [])}, {"y": "w:0"}), [cond, body])
+
+
+def counter():
+    """y = max(n, 0): the smallest While (a corpus seed)."""
+    return _counter()
+
+
+def bad_if_branch_missing():
+    nodes = [placeholder("x", F, []), c_f32("zero", 0.0), op("pos", "Greater", ["x", "zero"]),
+             node("branch", "If", ["pos", "x"], Tin=a_types([F]), Tout=a_types([F]),
+                  then_branch=a_func("nowhere"), else_branch=a_func("nowhere"))]
+    return saved_model(nodes, sig({"x": ("x:0", F, [])}, {"y": "branch:0"}))
+
+
+def bad_list_of_strings():
+    nodes = [placeholder("n", I, []), c_i32("es", [-1]),
+             node("l", "TensorListReserve", ["es", "n"], element_dtype=a_type(7),
+                  shape_type=a_type(I)),
+             node("y", "TensorListLength", ["l"])]
+    return saved_model(nodes, sig({"n": ("n:0", I, [])}, {"y": "y:0"}))
+
+
+BAD = {  # name: (bytes, pattern the one-line error must match)
+    "bad_while_body_missing": (_counter(body_name="nowhere"),
+                               r"node 'w'.*body function 'nowhere' is not in the graph's function"),
+    "bad_while_cond_missing": (_counter(cond_name="nowhere"),
+                               r"node 'w'.*cond function 'nowhere' is not in the graph's function"),
+    "bad_while_body_arity": (_counter(body_args=1), r"node 'w'.*takes 1 arguments and returns 1"),
+    "bad_while_cond_two_outputs": (_counter(cond_outs=2), r"node 'w'.*cond function 'cond' returns 2"),
+    "bad_if_branch_missing": (bad_if_branch_missing(),
+                              r"node 'branch'.*function 'nowhere' is not in the graph's function"),
+    "bad_list_of_strings": (bad_list_of_strings(), r"node 'l'.*element_dtype.*string"),
+}
+
+MODELS = {"while_tensorlist": while_tensorlist, "if_loop_nesting": if_loop_nesting, "case": case,
+          "counter": counter}
+
+
+def write(out, name, data):
+    d = os.path.join(out, name)
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, "saved_model.pb"), "wb") as f:
+        f.write(data)
+    return d
+
+
+def main():
+    if len(sys.argv) != 2:
+        sys.exit("usage: make_tf_control_flow.py OUT")
+    for name, fn in MODELS.items():
+        write(sys.argv[1], name, fn())
+    for name, (data, _) in BAD.items():
+        write(sys.argv[1], name, data)
+    print("wrote %d models to %s" % (len(MODELS) + len(BAD), sys.argv[1]))
+
+
+if __name__ == "__main__":
+    main()
