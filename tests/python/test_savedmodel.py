@@ -907,6 +907,28 @@ def test_op_elementwise_tf_semantics(tmp_path):
     np.testing.assert_array_equal(g["cs"], a.astype(np.float32))
 
 
+def test_op_float_floor_semantics_and_mapped_attrs(tmp_path):
+    # FloorDiv / FloorMod on floats follow Python's floor semantics; LeakyRelu's alpha
+    # defaults to 0.2; LogSoftmax runs over the last axis
+    a = np.array([7.5, -7.5, 7.5, -7.5, 0.0, 6.0], np.float32)
+    b = np.array([2.0, 2.0, -2.0, -2.0, 3.0, -3.0], np.float32)
+    nodes = [
+        corpus.node("fd", "FloorDiv", ["a", "b"], T=FT),
+        corpus.node("fm", "FloorMod", ["a", "b"], T=FT),
+        corpus.node("lr", "LeakyRelu", ["a"], T=FT),
+        corpus.node("ls", "LogSoftmax", ["m"], T=FT),
+    ]
+    m = np.array([[1.0, 2.0, 3.0], [0.5, -1.0, 4.0]], np.float32)
+    g = op_model(tmp_path, {"a": a, "b": b, "m": m}, nodes,
+                 {k: f"{k}:0" for k in ["fd", "fm", "lr", "ls"]})
+    np.testing.assert_array_equal(g["fd"], np.floor_divide(a, b))
+    np.testing.assert_array_equal(g["fm"], np.mod(a, b))
+    np.testing.assert_allclose(g["lr"], np.where(a > 0, a, np.float32(0.2) * a), rtol=1e-6)
+    e = m - m.max(axis=-1, keepdims=True)
+    np.testing.assert_allclose(g["ls"], e - np.log(np.exp(e).sum(axis=-1, keepdims=True)),
+                               rtol=1e-5, atol=1e-6)
+
+
 def test_op_pad_tile_fill_range_onehot(tmp_path):
     x = np.arange(6, dtype=np.float32).reshape(2, 3)
     i = np.array([0, 2, -1, 5], np.int32)
