@@ -352,19 +352,27 @@ static kiln_status lower_while(L_t *L)
     sub->outputs[sub->n_outputs++] = id;
     for (int k = 0; k < n; k++)
         if (!inv[k]) sub->outputs[sub->n_outputs++] = bo[k].v;
+    if ((st = set_outputs(L, n)) != KILN_OK) return st;
+    int *carried_var = alloc(L, sizeof(int) * (size_t)n_carried);
+    if (!carried_var) return oom();
+    j = 0;
+    for (int k = 0; k < n; k++) {
+        if (inv[k]) L->out[k] = L->in[k];
+        else carried_var[j++] = k;
+    }
+    /* a Keras LSTM loop becomes one LSTM op */
+    bool fused = false;
+    if ((st = tf_keras_lstm_fuse(L, sub, carried_var, n_carried, &fused)) != KILN_OK || fused)
+        return st;
     /* the Loop: no trip count, the initial condition, the carried values */
     loop_in[0] = -1;
     loop_in[1] = c0v;
     struct kiln_attr ga = {.name = "body", .type = KILN_ATTR_GRAPH, .g = sub};
     if ((st = tf_emit(L, KILN_OP_Loop, n_carried + 2, loop_in, n_carried, &ga, 1, loop_out)) != KILN_OK)
         return st;
-    if ((st = set_outputs(L, n)) != KILN_OK) return st;
     j = 0;
     for (int k = 0; k < n; k++) {
-        if (inv[k]) {
-            L->out[k] = L->in[k];
-            continue;
-        }
+        if (inv[k]) continue;
         int v = loop_out[j];
         L->g->values[v].type = sub->values[sub->inputs[2 + j]].type;
         L->out[k].v = v;

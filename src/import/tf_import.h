@@ -101,6 +101,14 @@ kiln_status tf_node_err(const struct tf_node_ctx *L, kiln_status st, const char 
 bool tf_control_handles(const char *op);
 kiln_status tf_control_lower(struct tf_node_ctx *L);
 
+/* Provided by tf_keras_rnn.c: when the While node L whose body was lowered
+ * into sub (inputs: iteration, condition, the carried values; carried
+ * value j is loop variable carried_var[j]) is a Keras LSTM loop, emit
+ * Kiln's LSTM op in its place, set the carried outputs L->out[k] and set
+ * *done; otherwise leave everything as it is. */
+kiln_status tf_keras_lstm_fuse(struct tf_node_ctx *L, const struct kiln_graph *sub,
+                               const int *carried_var, int n_carried, bool *done);
+
 /* Provided by savedmodel.c for the lowering: */
 
 /* The body of library function `name`, or NULL. */
