@@ -213,6 +213,115 @@ def case_ref(index, x):
     return {"y": [x + 1, x * 2, x - 3][k]}
 
 
+def keras_lstm(units=3, features=2, act="Tanh", rec_act="Sigmoid", extra=False, seed=7):
+    """A Keras-style LSTM layer (return_sequences and the final states), laid out as
+    Keras' standard_lstm writes it: x [B,T,I] transposed to [T,B,I], a TensorList per
+    sequence, a StatelessWhile whose body does GetItem, two MatMuls, BiasAdd, Split
+    into (i, f, c, o), the cell update and SetItem. Kiln replaces this loop by its
+    LSTM op. extra=True adds a loop variable counting down (d' = d - 1) that the
+    recognizer does not know, so that the same computation runs as the loop."""
+    rng = np.random.default_rng(seed)
+    w = rng.standard_normal((features, 4 * units)).astype(np.float32) * 0.5
+    r = rng.standard_normal((units, 4 * units)).astype(np.float32) * 0.5
+    b = rng.standard_normal(4 * units).astype(np.float32) * 0.5
+
+    def c_arr(name, a):
+        return node(name, "Const", dtype=a_type(F),
+                    value=a_tensor(tensor(F, list(a.shape), content=a.tobytes())))
+
+    names = ["loop_counter", "max_iter", "t", "out", "h", "c", "n", "inp", "kernel", "rec", "bias"]
+    types = [I, I, I, V, F, F, I, V, F, F, F]
+    if extra:
+        names.append("d")
+        types.append(I)
+    args = list(zip(names, types))
+    cond = function("lstm_cond", args, [("c_out", B)],
+                    [op("less", "Less", ["t", "n"], t=I)], {"c_out": "less:z:0"})
+    cell = [
+        c_i32("es", [-1, features]),
+        node("xt", "TensorListGetItem", ["inp", "t", "es:output:0"], **list_attrs()),
+        op("mm", "MatMul", ["xt:item:0", "kernel"]),
+        op("mm1", "MatMul", ["h", "rec"]),
+        op("add", "AddV2", ["mm:product:0", "mm1:product:0"]),
+        op("biasadd", "BiasAdd", ["add:z:0", "bias"]),
+        c_i32("split_dim", 1),
+        node("split", "Split", ["split_dim:output:0", "biasadd:output:0"], T=a_type(F),
+             num_split=a_int(4)),
+        op("gi", rec_act, ["split:output:0"]),
+        op("gf", rec_act, ["split:output:1"]),
+        op("fc", "Mul", ["gf:y:0", "c"]),
+        op("gc", act, ["split:output:2"]),
+        op("ic", "Mul", ["gi:y:0", "gc:y:0"]),
+        op("c1", "AddV2", ["fc:z:0", "ic:z:0"]),
+        op("go", rec_act, ["split:output:3"]),
+        op("hc", act, ["c1:z:0"]),
+        op("h1", "Mul", ["go:y:0", "hc:y:0"]),
+        node("out1", "TensorListSetItem", ["out", "t", "h1:z:0"], **list_attrs()),
+        c_i32("one", 1),
+        op("t1", "AddV2", ["t", "one:output:0"], t=I),
+        op("lc1", "AddV2", ["loop_counter", "one:output:0"], t=I),
+    ]
+    ret = {"loop_counter_1": "lc1:z:0", "max_iter_1": "max_iter", "t_1": "t1:z:0",
+           "out_1": "out1:output_handle:0", "h_1": "h1:z:0", "c_1": "c1:z:0", "n_1": "n",
+           "inp_1": "inp", "kernel_1": "kernel", "rec_1": "rec", "bias_1": "bias"}
+    if extra:
+        cell.append(op("d1", "Sub", ["d", "one:output:0"], t=I))
+        ret["d_1"] = "d1:z:0"
+    body = function("lstm_body", args, [(n + "_1", t) for n, t in args], cell, ret)
+    nodes = [
+        placeholder("x", F, [-1, -1, features]),
+        placeholder("h0", F, [-1, units]), placeholder("c0", F, [-1, units]),
+        c_i32("perm", [1, 0, 2]),
+        op("xt", "Transpose", ["x", "perm"], Tperm=a_type(I)),
+        node("shape", "Shape", ["xt"], T=a_type(F), out_type=a_type(I)),
+        c_i32("b0", [0]), c_i32("b1", [1]),
+        node("n", "StridedSlice", ["shape", "b0", "b1", "b1"], T=a_type(I), Index=a_type(I),
+             shrink_axis_mask=a_int(1)),
+        c_i32("es_out", [-1, units]),
+        node("reserve", "TensorListReserve", ["es_out", "n"], shape_type=a_type(I), **list_attrs()),
+        c_i32("es_in", [-1, features]),
+        node("unstack", "TensorListFromTensor", ["xt", "es_in"], shape_type=a_type(I),
+             **list_attrs()),
+        c_arr("kernel", w), c_arr("rec", r), c_arr("bias", b),
+        c_i32("zero", 0), c_i32("max_iter", -1),
+    ]
+    loop_in = ["zero", "max_iter", "zero", "reserve", "h0", "c0", "n", "unstack", "kernel",
+               "rec", "bias"] + (["n"] if extra else [])
+    nodes += [
+        while_node("while", "StatelessWhile", loop_in, types, "lstm_cond", "lstm_body",
+                   [[], [], [], None, [-1, units], [-1, units], [], None, [features, 4 * units],
+                    [units, 4 * units], [4 * units]] + ([[]] if extra else [])),
+        c_i32("es_stack", [-1, units]),
+        node("stack", "TensorListStack", ["while:3", "es_stack"], num_elements=a_int(-1),
+             **list_attrs()),
+        op("seq", "Transpose", ["stack", "perm"], Tperm=a_type(I)),
+    ]
+    outs = {"seq": "seq:0", "h": "while:4", "c": "while:5", "t": "while:2", "steps": "while:0"}
+    model = saved_model(nodes, sig({"x": ("x:0", F, [-1, -1, features]),
+                                    "h0": ("h0:0", F, [-1, units]), "c0": ("c0:0", F, [-1, units])},
+                                   outs), [cond, body])
+    return model, (w, r, b)
+
+
+NP_ACT = {"Tanh": np.tanh, "Sigmoid": lambda v: 1 / (1 + np.exp(-v)), "Relu": lambda v: np.maximum(v, 0)}
+
+
+def keras_lstm_ref(x, h0, c0, weights, act="Tanh", rec_act="Sigmoid"):
+    """Keras' LSTM cell in NumPy (float64), gates in Keras' order i, f, c, o."""
+    w, r, b = (a.astype(np.float64) for a in weights)
+    fa, ga = NP_ACT[rec_act], NP_ACT[act]
+    h, c = h0.astype(np.float64), c0.astype(np.float64)
+    seq = []
+    for t in range(x.shape[1]):
+        z = x[:, t].astype(np.float64) @ w + h @ r + b
+        i, f, g, o = np.split(z, 4, axis=1)
+        c = fa(f) * c + fa(i) * ga(g)
+        h = fa(o) * ga(c)
+        seq.append(h)
+    return {"seq": np.stack(seq, 1).astype(np.float32), "h": h.astype(np.float32),
+            "c": c.astype(np.float32), "t": np.int32(x.shape[1]), "steps": np.int32(x.shape[1])}
+
+
 # ------------------------------------------------ malformed: refused, naming the node
 
 

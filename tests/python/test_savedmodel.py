@@ -268,6 +268,20 @@ def test_keras_recurrent_models(tmp_path, rel, inp, out, want):
 
 
 @needs_testdata
+@pytest.mark.parametrize("rel,fused", [
+    ("iteam1-predict-series-data-with-RNN/lstm_model", {"LSTM": 1}),
+    ("Dachkovski-simple_tensorflow_serving/models/lstm/1", {"LSTM": 3}),
+    ("iteam1-predict-series-data-with-RNN/gru_model", {"Loop": 1}),
+])
+def test_keras_lstm_loops_become_lstm_ops(rel, fused):
+    # the Keras LSTM loops are replaced by Kiln's LSTM op; the GRU loop runs as written
+    ops = inspect_json(model(rel))["ops"]
+    for op, count in fused.items():
+        assert ops.get(op) == count, ops
+    assert "Loop" not in ops or "LSTM" not in ops
+
+
+@needs_testdata
 def test_stacked_sigmoid_lstms(tmp_path):
     d = model("Dachkovski-simple_tensorflow_serving/models/lstm/1")
     zeros = predict(d, {"input": np.zeros((1, 60, 5), np.float32)}, tmp=tmp_path)["output"]

@@ -14,6 +14,7 @@ checked in test_savedmodel.py.
 
 KILN_BIN is the kiln binary (default build/kiln).
 """
+import json
 import os
 import pathlib
 import re
@@ -109,3 +110,32 @@ def test_malformed_control_flow_is_refused(tmp_path, name):
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("kiln: "), r.stderr[-2000:]
     assert re.search(pattern, lines[0], re.I), f"{pattern!r} not in: {lines[0]}"
+
+
+def ops_of(d):
+    r = kiln("inspect", d, "--json")
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)["ops"]
+
+
+@pytest.mark.parametrize("act,rec_act", [("Tanh", "Sigmoid"), ("Sigmoid", "Sigmoid"),
+                                         ("Relu", "Sigmoid")])
+@pytest.mark.parametrize("batch,steps", [(2, 5), (1, 1), (3, 9)])
+def test_keras_lstm_loop_fused_and_as_written(tmp_path, act, rec_act, batch, steps):
+    # The Keras LSTM loop is replaced by Kiln's LSTM op; the same loop with one extra
+    # loop variable the recognizer does not know runs as written. Both must agree with
+    # the NumPy cell and with each other.
+    rng = np.random.default_rng(steps * 10 + batch)
+    x = rng.standard_normal((batch, steps, 2)).astype(np.float32)
+    h0 = rng.standard_normal((batch, 3)).astype(np.float32)
+    c0 = rng.standard_normal((batch, 3)).astype(np.float32)
+    got = {}
+    for extra in (False, True):
+        data, weights = cf.keras_lstm(act=act, rec_act=rec_act, extra=extra)
+        d = cf.write(str(tmp_path), f"lstm_{int(extra)}", data)
+        ops = ops_of(d)
+        assert ("Loop" in ops) == extra and ("LSTM" in ops) != extra, ops
+        got[extra] = predict(d, {"x": x, "h0": h0, "c0": c0}, tmp_path)
+        check(got[extra], cf.keras_lstm_ref(x, h0, c0, weights, act, rec_act))
+    for k in got[False]:
+        np.testing.assert_allclose(got[False][k], got[True][k], rtol=1e-5, atol=1e-6, err_msg=k)
