@@ -360,9 +360,9 @@ static kiln_status lower_while(L_t *L)
         if (inv[k]) L->out[k] = L->in[k];
         else carried_var[j++] = k;
     }
-    /* a Keras LSTM loop becomes one LSTM op */
+    /* a Keras LSTM or GRU loop becomes one LSTM or GRU op */
     bool fused = false;
-    if ((st = tf_keras_lstm_fuse(L, sub, carried_var, n_carried, &fused)) != KILN_OK || fused)
+    if ((st = tf_keras_rnn_fuse(L, sub, carried_var, n_carried, &fused)) != KILN_OK || fused)
         return st;
     /* the Loop: no trip count, the initial condition, the carried values */
     loop_in[0] = -1;

@@ -103,11 +103,11 @@ kiln_status tf_control_lower(struct tf_node_ctx *L);
 
 /* Provided by tf_keras_rnn.c: when the While node L whose body was lowered
  * into sub (inputs: iteration, condition, the carried values; carried
- * value j is loop variable carried_var[j]) is a Keras LSTM loop, emit
- * Kiln's LSTM op in its place, set the carried outputs L->out[k] and set
- * *done; otherwise leave everything as it is. */
-kiln_status tf_keras_lstm_fuse(struct tf_node_ctx *L, const struct kiln_graph *sub,
-                               const int *carried_var, int n_carried, bool *done);
+ * value j is loop variable carried_var[j]) is a Keras LSTM or GRU loop,
+ * emit Kiln's LSTM or GRU op in its place, set the carried outputs
+ * L->out[k] and set *done; otherwise leave everything as it is. */
+kiln_status tf_keras_rnn_fuse(struct tf_node_ctx *L, const struct kiln_graph *sub,
+                              const int *carried_var, int n_carried, bool *done);
 
 /* Provided by savedmodel.c for the lowering: */
 

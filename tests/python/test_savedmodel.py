@@ -271,14 +271,14 @@ def test_keras_recurrent_models(tmp_path, rel, inp, out, want):
 @pytest.mark.parametrize("rel,fused", [
     ("iteam1-predict-series-data-with-RNN/lstm_model", {"LSTM": 1}),
     ("Dachkovski-simple_tensorflow_serving/models/lstm/1", {"LSTM": 3}),
-    ("iteam1-predict-series-data-with-RNN/gru_model", {"Loop": 1}),
+    ("iteam1-predict-series-data-with-RNN/gru_model", {"GRU": 1}),
 ])
-def test_keras_lstm_loops_become_lstm_ops(rel, fused):
-    # the Keras LSTM loops are replaced by Kiln's LSTM op; the GRU loop runs as written
+def test_keras_recurrent_loops_become_recurrent_ops(rel, fused):
+    # the Keras LSTM and GRU loops are replaced by Kiln's LSTM and GRU ops
     ops = inspect_json(model(rel))["ops"]
     for op, count in fused.items():
         assert ops.get(op) == count, ops
-    assert "Loop" not in ops or "LSTM" not in ops
+    assert "Loop" not in ops
 
 
 @needs_testdata
