@@ -118,24 +118,26 @@ def ops_of(d):
     return json.loads(r.stdout)["ops"]
 
 
-@pytest.mark.parametrize("act,rec_act", [("Tanh", "Sigmoid"), ("Sigmoid", "Sigmoid"),
-                                         ("Relu", "Sigmoid")])
-@pytest.mark.parametrize("batch,steps", [(2, 5), (1, 1), (3, 9)])
-def test_keras_lstm_loop_fused_and_as_written(tmp_path, act, rec_act, batch, steps):
-    # The Keras LSTM loop is replaced by Kiln's LSTM op; the same loop with one extra
-    # loop variable the recognizer does not know runs as written. Both must agree with
-    # the NumPy cell and with each other.
+@pytest.mark.parametrize("cell", ["lstm", "gru"])
+@pytest.mark.parametrize("act,rec_act,batch,steps", [("Tanh", "Sigmoid", 2, 5),
+                                                     ("Sigmoid", "Sigmoid", 1, 1),
+                                                     ("Relu", "Sigmoid", 3, 9)])
+def test_keras_rnn_loop_fused_and_as_written(tmp_path, cell, act, rec_act, batch, steps):
+    # The Keras LSTM / GRU loop is replaced by Kiln's LSTM / GRU op; the same loop with
+    # one extra loop variable the recognizer does not know runs as written. Both must
+    # agree with the NumPy cell and with each other.
     rng = np.random.default_rng(steps * 10 + batch)
     x = rng.standard_normal((batch, steps, 2)).astype(np.float32)
     h0 = rng.standard_normal((batch, 3)).astype(np.float32)
     c0 = rng.standard_normal((batch, 3)).astype(np.float32)
+    fused_op = cell.upper()
     got = {}
     for extra in (False, True):
-        data, weights = cf.keras_lstm(act=act, rec_act=rec_act, extra=extra)
-        d = cf.write(str(tmp_path), f"lstm_{int(extra)}", data)
+        data, weights = cf.keras_rnn(cell, act=act, rec_act=rec_act, extra=extra)
+        d = cf.write(str(tmp_path), f"{cell}_{int(extra)}", data)
         ops = ops_of(d)
-        assert ("Loop" in ops) == extra and ("LSTM" in ops) != extra, ops
+        assert ("Loop" in ops) == extra and (fused_op in ops) != extra, ops
         got[extra] = predict(d, {"x": x, "h0": h0, "c0": c0}, tmp_path)
-        check(got[extra], cf.keras_lstm_ref(x, h0, c0, weights, act, rec_act))
+        check(got[extra], cf.keras_rnn_ref(cell, x, h0, c0, weights, act, rec_act))
     for k in got[False]:
         np.testing.assert_allclose(got[False][k], got[True][k], rtol=1e-5, atol=1e-6, err_msg=k)
