@@ -172,11 +172,59 @@ static kiln_status check_not_random(L_t *L)
     return KILN_OK;
 }
 
+/* The subgraphs made while lowering one node. Their arrays live outside the
+ * arena until a node's graph attribute holds them; those that end up held by
+ * no node (an error, or a loop replaced by a fused op) are freed at the end. */
+struct tf_subs {
+    struct kiln_graph **g;
+    int n, cap;
+};
+
+static kiln_status track(L_t *L, struct kiln_graph *sub)
+{
+    struct tf_subs *t = L->subs;
+    if (t->n == t->cap) {
+        int cap = t->cap ? t->cap * 2 : 8;
+        struct kiln_graph **p = realloc(t->g, sizeof *p * (size_t)cap);
+        if (!p) {
+            kiln_graph_free_sub(sub);
+            return oom();
+        }
+        t->g = p;
+        t->cap = cap;
+    }
+    t->g[t->n++] = sub;
+    return KILN_OK;
+}
+
+/* Whether a node of sub's parent holds sub as a graph attribute. */
+static bool held(const struct kiln_graph *sub)
+{
+    const struct kiln_graph *p = sub->parent;
+    for (int i = p->n_nodes - 1; i >= 0; i--)
+        for (int k = 0; k < p->nodes[i].n_attr; k++)
+            if (p->nodes[i].attr[k].type == KILN_ATTR_GRAPH && p->nodes[i].attr[k].g == sub)
+                return true;
+    return false;
+}
+
+static void release_subs(struct tf_subs *t)
+{
+    bool *keep = calloc((size_t)t->n + 1, sizeof *keep);
+    for (int i = 0; i < t->n; i++) keep[i] = keep ? held(t->g[i]) : false;
+    /* a held subgraph inside an abandoned one goes with it */
+    for (int i = 0; i < t->n && keep; i++)
+        if (!keep[i]) kiln_graph_free_sub(t->g[i]);
+    free(keep);
+    free(t->g);
+}
+
 /* A new subgraph of L->g with room for n_in inputs and n_out outputs. */
 static kiln_status new_sub(L_t *L, const char *role, int n_in, int n_out, struct kiln_graph **out)
 {
     struct kiln_graph *sub;
     kiln_status st = kiln_graph_new_sub(L->g, &sub);
+    if (st == KILN_OK) st = track(L, sub);
     if (st != KILN_OK) return st;
     size_t nl = strlen(L->name) + strlen(role) + 2;
     char *name = kiln_arena_alloc(L->g->mem, nl);
@@ -688,9 +736,15 @@ bool tf_control_handles(const char *op)
 kiln_status tf_control_lower(struct tf_node_ctx *L)
 {
     const char *op = L->nd->op ? L->nd->op : "";
-    if (strcmp(op, "While") == 0 || strcmp(op, "StatelessWhile") == 0) return lower_while(L);
-    if (strcmp(op, "If") == 0 || strcmp(op, "StatelessIf") == 0) return lower_if(L);
-    if (strcmp(op, "Case") == 0 || strcmp(op, "StatelessCase") == 0) return lower_case(L);
-    if (strcmp(op, "TensorListReserve") == 0) return lower_list_reserve(L);
-    return lower_list_op(L, op);
+    struct tf_subs subs = {0};
+    kiln_status st;
+    L->subs = &subs;
+    if (strcmp(op, "While") == 0 || strcmp(op, "StatelessWhile") == 0) st = lower_while(L);
+    else if (strcmp(op, "If") == 0 || strcmp(op, "StatelessIf") == 0) st = lower_if(L);
+    else if (strcmp(op, "Case") == 0 || strcmp(op, "StatelessCase") == 0) st = lower_case(L);
+    else if (strcmp(op, "TensorListReserve") == 0) st = lower_list_reserve(L);
+    else st = lower_list_op(L, op);
+    release_subs(&subs);
+    L->subs = NULL;
+    return st;
 }

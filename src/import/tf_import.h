@@ -36,6 +36,7 @@ struct tf_sym {
 
 struct tf_build; /* per-signature build state, owned by savedmodel.c */
 struct scope;    /* the function body (or main graph) a node belongs to, owned by savedmodel.c */
+struct tf_subs;  /* subgraphs being made for a control-flow node (tf_control.c) */
 
 /* One TF node being lowered. */
 struct tf_node_ctx {
@@ -52,6 +53,7 @@ struct tf_node_ctx {
     const struct tf_sym *in;         /* data inputs (control inputs are not passed) */
     int n_out;
     struct tf_sym *out;              /* set by tf_outputs() */
+    struct tf_subs *subs;            /* tf_control.c: the subgraphs it is making */
 };
 
 /* Lower one node. Returns KILN_ERR_UNSUPPORTED naming the op, node and
