@@ -17,6 +17,9 @@ runs them with `kiln predict` and compares with the NumPy references below.
   if_loop_nesting   a While inside an If branch (x > 0: sum of x * i for
                     i < n, else -x) and an If inside a While body (n
                     times: acc < 10 ? acc + x : acc / 2).
+  list_append       a Python-style loop filling a dynamically sized
+                    TensorArray (EmptyTensorList, SetItem with resize) and a
+                    list grown with PushBack.
   case              Case(index; x + 1, x * 2, x - 3); an index out of
                     range runs the last branch.
   keras_rnn         a Keras LSTM or GRU layer's loop as Keras writes it (Kiln
@@ -136,6 +139,50 @@ def while_tensorlist_ref(x, h0):
     y = np.stack(ys)
     return {"y": y, "h": h, "gathered": y[[1, 0]], "length": np.int32(len(ys)),
             "element_shape": np.array(h.shape, np.int32)}
+
+
+def list_append():
+    """A tf.function Python loop collecting values: `for i in range(n)` writes x * i
+    into a dynamically sized TensorArray (EmptyTensorList + SetItem with
+    resize_if_index_out_of_bounds) and appends it to a list (PushBack)."""
+    args = [("i", I), ("n", I), ("ta", V), ("pb", V), ("x", F)]
+    cond = function("cond_append", args, [("c", B)],
+                    [op("less", "Less", ["i", "n"], t=I)], {"c": "less:z:0"})
+    body = function("body_append", args, [(n + "_1", t) for n, t in args], [
+        op("fi", "Cast", ["i"], t=I, SrcT=a_type(I), DstT=a_type(F)),
+        op("xi", "Mul", ["x", "fi:y:0"]),
+        node("ta1", "TensorListSetItem", ["ta", "i", "xi:z:0"],
+             resize_if_index_out_of_bounds=a_bool(True), **list_attrs()),
+        node("pb1", "TensorListPushBack", ["pb", "xi:z:0"], **list_attrs()),
+        c_i32("one", 1),
+        op("i1", "AddV2", ["i", "one:output:0"], t=I),
+    ], {"i_1": "i1:z:0", "n_1": "n", "ta_1": "ta1:output_handle:0",
+        "pb_1": "pb1:output_handle:0", "x_1": "x"})
+    nodes = [
+        placeholder("x", F, [-1]), placeholder("n", I, []),
+        c_i32("unknown", -1), c_i32("i0", 0),
+        node("ta0", "EmptyTensorList", ["unknown", "unknown"], shape_type=a_type(I), **list_attrs()),
+        node("pb0", "EmptyTensorList", ["unknown", "unknown"], shape_type=a_type(I), **list_attrs()),
+        while_node("w", "While", ["i0", "n", "ta0", "pb0", "x"], [I, I, V, V, F], "cond_append",
+                   "body_append", [[], [], None, None, [-1]]),
+        c_i32("es", [-1]),
+        node("written", "TensorListStack", ["w:2", "es"], num_elements=a_int(-1), **list_attrs()),
+        node("appended", "TensorListStack", ["w:3", "es"], num_elements=a_int(-1), **list_attrs()),
+        node("len", "TensorListLength", ["w:3"]),
+    ]
+    return saved_model(nodes, sig({"x": ("x:0", F, [-1]), "n": ("n:0", I, [])},
+                                  {"written": "written:0", "appended": "appended:0",
+                                   "length": "len:0"}), [cond, body])
+
+
+def list_append_ref(x, n):
+    ys = np.stack([x * np.float32(i) for i in range(n)])
+    return {"written": ys, "appended": ys, "length": np.int32(n)}
+
+
+def a_bool(b):
+    """A bool attr (AttrValue.b, field 5)."""
+    return bytes([5 << 3, 1 if b else 0])
 
 
 def if_loop_nesting():
@@ -424,7 +471,7 @@ BAD = {  # name: (bytes, pattern the one-line error must match)
 }
 
 MODELS = {"while_tensorlist": while_tensorlist, "if_loop_nesting": if_loop_nesting, "case": case,
-          "counter": counter}
+          "counter": counter, "list_append": list_append}
 
 
 def write(out, name, data):

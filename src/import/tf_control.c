@@ -37,7 +37,10 @@
  *   TensorListReserve(shape, n)    zeros [n, ...shape], unknown dims 0 (the
  *                                  first SetItem then fixes the shape)
  *   TensorListGetItem(l, i)        Gather(l, i, axis 0)
- *   TensorListSetItem(l, i, x)     TfListSetItem(l, i, x)
+ *   EmptyTensorList(shape)         a Reserve of 0 elements
+ *   TensorListSetItem(l, i, x)     TfListSetItem(l, i, x) (resize as TF's
+ *                                  resize_if_index_out_of_bounds says)
+ *   TensorListPushBack(l, x)       TfListSetItem(l, length(l), x), resizing
  *   TensorListGather(l, idx)       Gather(l, idx, axis 0)
  *   TensorListStack(l)             l
  *   TensorListLength(l)            Shape(l)[0] as int32
@@ -293,7 +296,7 @@ static void body_type(L_t *L, int k, struct kiln_type *t)
         bool lazy = false;
         for (int i = 1; i < t->rank; i++) lazy |= t->dims[i] == 0;
         if (lazy) t->rank = -1;
-        for (int i = 1; i < t->rank; i++) t->dims[i] = -1;
+        for (int i = 0; i < t->rank; i++) t->dims[i] = -1; /* lists may grow */
         return;
     }
     const KilnSm__AttrValue *os = attr(L, "output_shapes");
@@ -640,7 +643,13 @@ static kiln_status lower_list_reserve(L_t *L)
     for (int i = 0; i < rank; i++)
         if (dims[i] < 0) dims[i] = 0;
     int num, shape_tail, num64, num1, shape, out;
-    kiln_status st = tf_in_value(L, 1, &num);
+    kiln_status st;
+    if (strcmp(L->nd->op, "EmptyTensorList") == 0) { /* no elements; SetItem and PushBack grow it */
+        int64_t zero = 0;
+        st = const_i64(L, 0, 1, &zero, &num);
+    } else {
+        st = tf_in_value(L, 1, &num);
+    }
     if (st != KILN_OK) return st;
     int64_t one = 1;
     if ((st = cast_to(L, num, KILN_DTYPE_I64, &num64)) != KILN_OK) return st;
@@ -664,6 +673,18 @@ static kiln_status lower_list_reserve(L_t *L)
     return out1(L, out);
 }
 
+/* The length of a list (its first dim) as an int64 scalar. */
+static kiln_status list_length(L_t *L, int list, int *out)
+{
+    int s, none_v;
+    int64_t none = 0;
+    kiln_status st = shape_part(L, list, 0, 1, &s);
+    if (st == KILN_OK) st = const_i64(L, 1, 0, &none, &none_v);
+    int r_in[2] = {s, none_v};
+    if (st == KILN_OK) st = emit1(L, KILN_OP_Reshape, 2, r_in, out);
+    return st;
+}
+
 static kiln_status lower_list_op(L_t *L, const char *op)
 {
     int list, v;
@@ -685,22 +706,25 @@ static kiln_status lower_list_op(L_t *L, const char *op)
         hint_list_type(L, v, 2, strcmp(op, "TensorListGather") == 0);
         return out1(L, v);
     }
-    if (strcmp(op, "TensorListSetItem") == 0) {
+    if (strcmp(op, "TensorListSetItem") == 0 || strcmp(op, "TensorListPushBack") == 0) {
+        bool push = op[10] == 'P';
+        const KilnSm__AttrValue *rz = attr(L, "resize_if_index_out_of_bounds");
         int in[3];
         in[0] = list;
-        if ((st = tf_in_value(L, 1, &in[1])) != KILN_OK) return st;
-        if ((st = tf_in_value(L, 2, &in[2])) != KILN_OK) return st;
-        if ((st = emit1(L, KILN_OP_TfListSetItem, 3, in, &v)) != KILN_OK) return st;
+        if (push) st = list_length(L, list, &in[1]);
+        else st = tf_in_value(L, 1, &in[1]);
+        if (st == KILN_OK) st = tf_in_value(L, push ? 1 : 2, &in[2]);
+        if (st != KILN_OK) return st;
+        struct kiln_attr a = {.name = "resize", .type = KILN_ATTR_INT,
+                              .i = push || (rz && rz->value_case == KILN_SM__ATTR_VALUE__VALUE_B &&
+                                            rz->b)};
+        if ((st = tf_emit(L, KILN_OP_TfListSetItem, 3, in, 1, &a, 1, &v)) != KILN_OK) return st;
         return out1(L, v);
     }
     if (strcmp(op, "TensorListLength") == 0) {
-        int s, scalar;
-        int64_t none = 0;
-        if ((st = shape_part(L, list, 0, 1, &s)) != KILN_OK) return st;
-        int r_in[2] = {s, -1};
-        if ((st = const_i64(L, 1, 0, &none, &r_in[1])) != KILN_OK) return st;
-        if ((st = emit1(L, KILN_OP_Reshape, 2, r_in, &scalar)) != KILN_OK) return st;
-        if ((st = cast_to(L, scalar, KILN_DTYPE_I32, &v)) != KILN_OK) return st;
+        int len;
+        if ((st = list_length(L, list, &len)) != KILN_OK) return st;
+        if ((st = cast_to(L, len, KILN_DTYPE_I32, &v)) != KILN_OK) return st;
         return out1(L, v);
     }
     /* TensorListElementShape */
@@ -719,14 +743,15 @@ static kiln_status lower_list_op(L_t *L, const char *op)
 
 static const char *const LIST_OPS[] = {
     "TensorListFromTensor", "TensorListStack",  "TensorListGetItem",     "TensorListGather",
-    "TensorListSetItem",    "TensorListLength", "TensorListElementShape",
+    "TensorListSetItem",    "TensorListLength", "TensorListElementShape", "TensorListPushBack",
 };
 
 bool tf_control_handles(const char *op)
 {
     if (strcmp(op, "While") == 0 || strcmp(op, "StatelessWhile") == 0 || strcmp(op, "If") == 0 ||
         strcmp(op, "StatelessIf") == 0 || strcmp(op, "Case") == 0 ||
-        strcmp(op, "StatelessCase") == 0 || strcmp(op, "TensorListReserve") == 0)
+        strcmp(op, "StatelessCase") == 0 || strcmp(op, "TensorListReserve") == 0 ||
+        strcmp(op, "EmptyTensorList") == 0)
         return true;
     for (size_t i = 0; i < sizeof LIST_OPS / sizeof *LIST_OPS; i++)
         if (strcmp(op, LIST_OPS[i]) == 0) return true;
@@ -742,7 +767,8 @@ kiln_status tf_control_lower(struct tf_node_ctx *L)
     if (strcmp(op, "While") == 0 || strcmp(op, "StatelessWhile") == 0) st = lower_while(L);
     else if (strcmp(op, "If") == 0 || strcmp(op, "StatelessIf") == 0) st = lower_if(L);
     else if (strcmp(op, "Case") == 0 || strcmp(op, "StatelessCase") == 0) st = lower_case(L);
-    else if (strcmp(op, "TensorListReserve") == 0) st = lower_list_reserve(L);
+    else if (strcmp(op, "TensorListReserve") == 0 || strcmp(op, "EmptyTensorList") == 0)
+        st = lower_list_reserve(L);
     else st = lower_list_op(L, op);
     release_subs(&subs);
     L->subs = NULL;

@@ -814,16 +814,17 @@ static void test_string_split(void)
 
 /* ---- TfListSetItem (src/kernels/ref/tf_list.c) ---- */
 
-/* SetItem(list, index, item) on int32 tensors; out[0] receives the result. */
-static kiln_status run_set_item(kiln_tensor *list, int64_t index, kiln_tensor *item,
-                                kiln_tensor **out)
+/* SetItem(list, index, item) (resize: growing the list); out[0] receives the result. */
+static kiln_status run_set_item_r(kiln_tensor *list, int64_t index, kiln_tensor *item, int resize,
+                                  kiln_tensor **out)
 {
     struct test_graph t;
     tg_init(&t);
     int ins[3] = {tg_input(&t, list->dtype, -1, NULL),
                   tg_const(&t, ints(KILN_DTYPE_I32, 0, NULL, &index)),
                   tg_input(&t, item->dtype, -1, NULL)};
-    tg_node(&t, KILN_OP_TfListSetItem, ins, 3, 1, 0);
+    tg_node(&t, KILN_OP_TfListSetItem, ins, 3, 1, 1);
+    if (resize) attr_int(&t, "resize", 1);
     kiln_tensor *in[2] = {list, item};
     out[0] = NULL;
     kiln_status st = tg_run(&t, in, out);
@@ -831,6 +832,12 @@ static kiln_status run_set_item(kiln_tensor *list, int64_t index, kiln_tensor *i
     kiln_tensor_free(list);
     kiln_tensor_free(item);
     return st;
+}
+
+static kiln_status run_set_item(kiln_tensor *list, int64_t index, kiln_tensor *item,
+                                kiln_tensor **out)
+{
+    return run_set_item_r(list, index, item, 0, out);
 }
 
 static void test_list_set_item(void)
@@ -854,6 +861,16 @@ static void test_list_set_item(void)
     if (st == KILN_OK) {
         const int32_t want[9] = {0, 0, 0, 0, 0, 0, 4, 5, 6};
         CHECK(memcmp(out[0]->data, want, sizeof want) == 0, "lazy list values");
+    }
+    kiln_tensor_free(out[0]);
+    /* resize: an index past the end grows the list, zeros between */
+    st = run_set_item_r(ints(KILN_DTYPE_I32, 2, d32, (const int64_t[]){1, 2, 3, 4, 5, 6}), 4,
+                        ints(KILN_DTYPE_I32, 1, d2, (const int64_t[]){7, 8}), 1, out);
+    CHECK(st == KILN_OK && shape_is(out[0], 2, (const int64_t[]){5, 2}), "grow: %s",
+          kiln_last_error());
+    if (st == KILN_OK) {
+        const int32_t want[10] = {1, 2, 3, 4, 5, 6, 0, 0, 7, 8};
+        CHECK(memcmp(out[0]->data, want, sizeof want) == 0, "grow values");
     }
     kiln_tensor_free(out[0]);
     /* errors: index out of range, negative index, wrong item shape, wrong dtype */

@@ -141,3 +141,12 @@ def test_keras_rnn_loop_fused_and_as_written(tmp_path, cell, act, rec_act, batch
         check(got[extra], cf.keras_rnn_ref(cell, x, h0, c0, weights, act, rec_act))
     for k in got[False]:
         np.testing.assert_allclose(got[False][k], got[True][k], rtol=1e-5, atol=1e-6, err_msg=k)
+
+
+@pytest.mark.parametrize("n", [1, 4, 7])
+def test_lists_that_grow(tmp_path, n):
+    # EmptyTensorList filled by SetItem with resize_if_index_out_of_bounds, and by PushBack
+    d = build(tmp_path, "list_append")
+    x = np.array([1.5, -2.0, 0.25], np.float32)
+    got = predict(d, {"x": x, "n": np.array(n, np.int32)}, tmp_path)
+    check(got, cf.list_append_ref(x, n))

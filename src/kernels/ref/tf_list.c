@@ -10,10 +10,14 @@
  * as zeros [n, ...] with 0 for each unknown dim, so it holds no elements,
  * and takes its element shape from the first item set into it.
  *
- * TfListSetItem (TensorListSetItem)
+ * TfListSetItem (TensorListSetItem, and TensorListPushBack as a SetItem at
+ * the list's length)
  *   inputs  [0] list: [n, ...element], any dtype
- *           [1] index: integer scalar in [0, n)
+ *           [1] index: integer scalar in [0, n) (without "resize")
  *           [2] item: the element, of the list's dtype
+ *   attrs   "resize" INT (default 0): an index >= n grows the list to
+ *           index + 1 elements, the new ones zeros (TF's
+ *           resize_if_index_out_of_bounds, and PushBack).
  *   output  a copy of list with element `index` replaced by item. When the
  *           list holds no elements (a dim is 0) and item's shape differs
  *           from its element shape, the output is zeros [n, ...item.shape]
@@ -59,22 +63,31 @@ static kiln_status list_set_run(struct kiln_run_ctx *ctx)
     if (!kiln_dtype_is_int(index->dtype) || kiln_tensor_count(index) != 1)
         return kiln_node_error(n, KILN_ERR_RUNTIME, "the index must be one integer");
     int64_t len = list->dims[0], i = kiln_tensor_i64(index, 0);
-    if (i < 0 || i >= len)
+    bool resize = kiln_attr_int(n, "resize", 0) != 0;
+    int64_t new_len = resize && i >= len ? i + 1 : len;
+    if (i < 0 || i >= new_len)
         return kiln_node_error(n, KILN_ERR_RUNTIME, "index %lld is out of range for a list of %lld",
                                (long long)i, (long long)len);
     bool same = list->rank == item->rank + 1;
     for (int d = 0; same && d < item->rank; d++) same = list->dims[d + 1] == item->dims[d];
     kiln_status st;
-    if (same) {
+    if (same && new_len == len) {
         st = kiln_tensor_clone(list, &ctx->out[0]);
-    } else if (kiln_tensor_count(list) == 0) {
+    } else if (same || kiln_tensor_count(list) == 0) {
         int64_t dims[KILN_MAX_RANK];
-        dims[0] = len;
+        dims[0] = new_len;
         for (int d = 0; d < item->rank; d++) dims[d + 1] = item->dims[d];
         if (kiln_shape_count(item->rank + 1, dims) < 0)
             return kiln_node_error(n, KILN_ERR_RUNTIME, "a list of %lld such items is too large",
-                                   (long long)len);
+                                   (long long)new_len);
         st = kiln_tensor_new(list->dtype, item->rank + 1, dims, &ctx->out[0]);
+        if (st == KILN_OK && same && kiln_tensor_count(list) > 0) /* grown: keep the old ones */
+            st = kiln_tensor_copy_elems(ctx->out[0], 0, list, 0, kiln_tensor_count(list));
+        if (st != KILN_OK) {
+            kiln_tensor_free(ctx->out[0]);
+            ctx->out[0] = NULL;
+            return st;
+        }
     } else {
         char a[96], b[96];
         return kiln_node_error(n, KILN_ERR_RUNTIME, "item of shape %s does not fit a list of shape %s",
