@@ -264,14 +264,16 @@ def case_ref(index, x):
 
 
 def keras_rnn(cell="lstm", units=3, features=2, act="Tanh", rec_act="Sigmoid", extra=False,
-              seed=7):
+              seed=7, backwards=False):
     """A Keras-style LSTM or GRU (reset_after) layer, return_sequences and the final
     states, laid out as Keras' standard_lstm / standard_gru write it: x [B,T,I]
     transposed to [T,B,I], a TensorList per sequence, a StatelessWhile whose body
     does GetItem, the MatMuls, BiasAdds and Splits of the cell, the state update and
     SetItem. Kiln replaces this loop by its LSTM or GRU op. extra=True adds a loop
     variable counting down (d' = d - 1) that the recognizer does not know, so that
-    the same computation runs as the loop."""
+    the same computation runs as the loop. backwards=True is Keras' go_backwards (the
+    backward half of a Bidirectional layer): the time-major input is reversed
+    (ReverseV2) before the loop."""
     lstm = cell == "lstm"
     k = 4 if lstm else 3
     rng = np.random.default_rng(seed)
@@ -354,7 +356,10 @@ def keras_rnn(cell="lstm", units=3, features=2, act="Tanh", rec_act="Sigmoid", e
         placeholder("x", F, [-1, -1, features]),
         placeholder("h0", F, [-1, units]), placeholder("c0", F, [-1, units]),
         c_i32("perm", [1, 0, 2]),
-        op("xt", "Transpose", ["x", "perm"], Tperm=a_type(I)),
+        op("xt0", "Transpose", ["x", "perm"], Tperm=a_type(I)),
+        c_i32("time_axis", [0]),
+        op("xt", "ReverseV2", ["xt0", "time_axis"], Tidx=a_type(I)) if backwards
+        else op("xt", "Identity", ["xt0"]),
         node("shape", "Shape", ["xt"], T=a_type(F), out_type=a_type(I)),
         c_i32("b0", [0]), c_i32("b1", [1]),
         node("n", "StridedSlice", ["shape", "b0", "b1", "b1"], T=a_type(I), Index=a_type(I),
@@ -396,9 +401,11 @@ def keras_rnn(cell="lstm", units=3, features=2, act="Tanh", rec_act="Sigmoid", e
 NP_ACT = {"Tanh": np.tanh, "Sigmoid": lambda v: 1 / (1 + np.exp(-v)), "Relu": lambda v: np.maximum(v, 0)}
 
 
-def keras_rnn_ref(cell, x, h0, c0, weights, act="Tanh", rec_act="Sigmoid"):
+def keras_rnn_ref(cell, x, h0, c0, weights, act="Tanh", rec_act="Sigmoid", backwards=False):
     """Keras' LSTM (gates i, f, c, o) or GRU (reset_after; gates z, r, h) cell in
     NumPy, float64."""
+    if backwards:
+        x = x[:, ::-1]
     w, r, b = (a.astype(np.float64) for a in weights)
     fa, ga = NP_ACT[rec_act], NP_ACT[act]
     h, c = h0.astype(np.float64), c0.astype(np.float64)

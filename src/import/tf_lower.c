@@ -1660,6 +1660,32 @@ static kiln_status lw_slice(L_t *L, const struct lower *e)
     return out1(L, y);
 }
 
+/* ReverseV2(x, axes): Slice with step -1 over each (constant) axis, as Keras'
+ * go_backwards and Bidirectional layers reverse their sequences. */
+static kiln_status lw_reverse(L_t *L, const struct lower *e)
+{
+    (void)e;
+    int x = -1, y = -1, n = 0;
+    int64_t axes[KILN_MAX_RANK];
+    kiln_status st = in_value(L, 0, &x);
+    if (st == KILN_OK) st = need_const_ints(L, 1, axes, KILN_MAX_RANK, &n, "axis");
+    if (st != KILN_OK) return st;
+    if (n == 0) return out1(L, x);
+    int64_t starts[KILN_MAX_RANK], ends[KILN_MAX_RANK], steps[KILN_MAX_RANK];
+    for (int i = 0; i < n; i++) {
+        starts[i] = -1;
+        ends[i] = INT64_MIN;
+        steps[i] = -1;
+    }
+    int in[5] = {x, -1, -1, -1, -1};
+    if ((st = const_i64(L, 1, n, starts, &in[1])) != KILN_OK) return st;
+    if ((st = const_i64(L, 1, n, ends, &in[2])) != KILN_OK) return st;
+    if ((st = const_i64(L, 1, n, axes, &in[3])) != KILN_OK) return st;
+    if ((st = const_i64(L, 1, n, steps, &in[4])) != KILN_OK) return st;
+    if ((st = op1(L, KILN_OP_Slice, 5, in, &y)) != KILN_OK) return st;
+    return out1(L, y);
+}
+
 /* StridedSlice with constant begin/end/strides: the sparse spec (with its
  * masks) expanded over the input's dims, then Slice + Squeeze (shrunk dims)
  * + Unsqueeze (new axes). */
@@ -2316,6 +2342,7 @@ static const struct lower LOWER[] = {
     {"MirrorPad", lw_pad, 0, 2},
     {"Slice", lw_slice, 0, 0},
     {"StridedSlice", lw_strided_slice, 0, 0},
+    {"ReverseV2", lw_reverse, 0, 0},
     {"Gather", lw_gather, 0, 0},
     {"GatherV2", lw_gather, 0, 1},
     {"GatherNd", lw_gather, 0, 2},

@@ -943,6 +943,19 @@ def test_op_float_floor_semantics_and_mapped_attrs(tmp_path):
                                rtol=1e-5, atol=1e-6)
 
 
+def test_op_reverse(tmp_path):
+    x = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
+    nodes = [
+        const_node("ax0", np.array([0], np.int32)),
+        const_node("ax12", np.array([1, -1], np.int64)),
+        corpus.node("r0", "ReverseV2", ["x", "ax0"], T=FT, Tidx=corpus.a_type(corpus.DT_INT32)),
+        corpus.node("r12", "ReverseV2", ["x", "ax12"], T=FT, Tidx=corpus.a_type(corpus.DT_INT64)),
+    ]
+    g = op_model(tmp_path, {"x": x}, nodes, {"r0": "r0:0", "r12": "r12:0"})
+    np.testing.assert_array_equal(g["r0"], x[::-1])
+    np.testing.assert_array_equal(g["r12"], x[:, ::-1, ::-1])
+
+
 def test_op_pad_tile_fill_range_onehot(tmp_path):
     x = np.arange(6, dtype=np.float32).reshape(2, 3)
     i = np.array([0, 2, -1, 5], np.int32)

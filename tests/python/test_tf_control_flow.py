@@ -119,10 +119,12 @@ def ops_of(d):
 
 
 @pytest.mark.parametrize("cell", ["lstm", "gru"])
-@pytest.mark.parametrize("act,rec_act,batch,steps", [("Tanh", "Sigmoid", 2, 5),
-                                                     ("Sigmoid", "Sigmoid", 1, 1),
-                                                     ("Relu", "Sigmoid", 3, 9)])
-def test_keras_rnn_loop_fused_and_as_written(tmp_path, cell, act, rec_act, batch, steps):
+@pytest.mark.parametrize("act,rec_act,batch,steps,backwards", [("Tanh", "Sigmoid", 2, 5, False),
+                                                               ("Sigmoid", "Sigmoid", 1, 1, False),
+                                                               ("Relu", "Sigmoid", 3, 9, False),
+                                                               ("Tanh", "Sigmoid", 2, 4, True)])
+def test_keras_rnn_loop_fused_and_as_written(tmp_path, cell, act, rec_act, batch, steps,
+                                             backwards):
     # The Keras LSTM / GRU loop is replaced by Kiln's LSTM / GRU op; the same loop with
     # one extra loop variable the recognizer does not know runs as written. Both must
     # agree with the NumPy cell and with each other.
@@ -133,12 +135,13 @@ def test_keras_rnn_loop_fused_and_as_written(tmp_path, cell, act, rec_act, batch
     fused_op = cell.upper()
     got = {}
     for extra in (False, True):
-        data, weights = cf.keras_rnn(cell, act=act, rec_act=rec_act, extra=extra)
+        data, weights = cf.keras_rnn(cell, act=act, rec_act=rec_act, extra=extra,
+                                     backwards=backwards)
         d = cf.write(str(tmp_path), f"{cell}_{int(extra)}", data)
         ops = ops_of(d)
         assert ("Loop" in ops) == extra and (fused_op in ops) != extra, ops
         got[extra] = predict(d, {"x": x, "h0": h0, "c0": c0}, tmp_path)
-        check(got[extra], cf.keras_rnn_ref(cell, x, h0, c0, weights, act, rec_act))
+        check(got[extra], cf.keras_rnn_ref(cell, x, h0, c0, weights, act, rec_act, backwards))
     for k in got[False]:
         np.testing.assert_allclose(got[False][k], got[True][k], rtol=1e-5, atol=1e-6, err_msg=k)
 
