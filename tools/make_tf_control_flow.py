@@ -15,8 +15,9 @@ runs them with `kiln predict` and compares with the NumPy references below.
                     shape; outputs Stack, Gather, Length and ElementShape
                     of that list and the last h.
   if_loop_nesting   a While inside an If branch (x > 0: sum of x * i for
-                    i < n, else -x) and an If inside a While body (n
-                    times: acc < 10 ? acc + x : acc / 2).
+                    i < n, else -x), an If inside a While body (n times:
+                    acc < 10 ? acc + x : acc / 2) and a While inside a While
+                    body (the sum of i for i < n).
   list_append       a Python-style loop filling a dynamically sized
                     TensorArray (EmptyTensorList, SetItem with resize) and a
                     list grown with PushBack.
@@ -221,10 +222,31 @@ def if_loop_nesting():
         c_i32("one", 1),
         op("i1", "AddV2", ["i", "one:output:0"], t=I),
     ], {"i_1": "i1:z:0", "acc_1": "pick:output:0", "x_1": "x", "n_1": "n"})
+    # a loop in a loop body: n times, count i more (triangle numbers)
+    targs = [("i", I), ("n", I), ("acc", I)]
+    cond_outer = function("cond_outer", targs, [("c", B)],
+                          [op("less", "Less", ["i", "n"], t=I)], {"c": "less:z:0"})
+    iargs = [("j", I), ("i", I), ("cnt", I)]
+    cond_inner = function("cond_inner", iargs, [("c", B)],
+                          [op("less", "Less", ["j", "i"], t=I)], {"c": "less:z:0"})
+    body_inner = function("body_inner", iargs, [(n + "_1", t) for n, t in iargs], [
+        c_i32("one", 1),
+        op("j1", "AddV2", ["j", "one:output:0"], t=I),
+        op("cnt1", "AddV2", ["cnt", "one:output:0"], t=I),
+    ], {"j_1": "j1:z:0", "i_1": "i", "cnt_1": "cnt1:z:0"})
+    body_outer = function("body_outer", targs, [(n + "_1", t) for n, t in targs], [
+        c_i32("zero", 0), c_i32("one", 1),
+        while_node("inner", "While", ["zero:output:0", "i", "acc"], [I, I, I], "cond_inner",
+                   "body_inner", [[], [], []]),
+        op("i1", "AddV2", ["i", "one:output:0"], t=I),
+    ], {"i_1": "i1:z:0", "n_1": "n", "acc_1": "inner:output:2"})
     nodes = [
         placeholder("x", F, []), placeholder("n", I, []),
         c_f32("zero", 0.0),
         op("pos", "Greater", ["x", "zero"]),
+        c_i32("izero", 0),
+        while_node("outer", "StatelessWhile", ["izero", "n", "izero"], [I, I, I], "cond_outer",
+                   "body_outer", [[], [], []]),
         node("branch", "StatelessIf", ["pos", "x", "n"], Tcond=a_type(B), Tin=a_types([F, I]),
              Tout=a_types([F]), then_branch=a_func("then_sum"), else_branch=a_func("else_neg"),
              output_shapes=shapes([])),
@@ -233,8 +255,10 @@ def if_loop_nesting():
                    "body_alt", [[], [], [], []]),
     ]
     return saved_model(nodes, sig({"x": ("x:0", F, []), "n": ("n:0", I, [])},
-                                  {"branch": "branch:0", "alternating": "alt:1"}),
-                       [cond_sum, body_sum, then_b, else_b, add_x, halve, cond_alt, body_alt])
+                                  {"branch": "branch:0", "alternating": "alt:1",
+                                   "triangle": "outer:2"}),
+                       [cond_sum, body_sum, then_b, else_b, add_x, halve, cond_alt, body_alt,
+                        cond_outer, cond_inner, body_inner, body_outer])
 
 
 def if_loop_nesting_ref(x, n):
@@ -243,7 +267,8 @@ def if_loop_nesting_ref(x, n):
     acc = np.float32(0)
     for _ in range(n):
         acc = acc + x if acc < 10 else acc * np.float32(0.5)
-    return {"branch": np.float32(branch), "alternating": np.float32(acc)}
+    return {"branch": np.float32(branch), "alternating": np.float32(acc),
+            "triangle": np.int32(sum(range(max(n, 0))))}
 
 
 def case():
