@@ -27,9 +27,9 @@
  *   parallel_iterations and _lower_using_switch_merge are ignored.
  *
  * If(cond, args; then_branch, else_branch) becomes If with two subgraphs
- * that capture the arguments. Case(index, args; branches) becomes
- * If(index == 0, b0, If(index == 1, b1, ... b_last)): an index out of range
- * runs the last branch, as in TF.
+ * that capture the arguments. Case(index, args; branches) becomes a
+ * balanced tree of If(index < mid, ...), log2(branches) deep, after an
+ * index out of range is replaced by the last one (TF runs the last branch).
  *
  * A TensorList (DT_VARIANT) is a dense tensor [n, ...element] (see
  * src/kernels/ref/tf_list.c for the one kernel this needs):
@@ -515,49 +515,55 @@ static kiln_status lower_if(L_t *L)
     return finish_branches(L, n_outs, outs);
 }
 
-/* Branches k.. of a Case, emitted into L->g (index and args are values of
- * L->g): branch k when index == k, else the rest; the last one always. */
-static kiln_status case_from(L_t *L, int index, const struct tf_sym *args, int n_args,
-                             KilnSm__NameAttrList *const *br, int k, int n_br, int n_outs,
-                             int *outs)
+/* A scalar constant of dtype dt holding v, in L->g. */
+static kiln_status const_like(L_t *L, kiln_dtype dt, int64_t v, int *id)
+{
+    kiln_tensor *t;
+    kiln_status st = kiln_tensor_scalar_i64(dt, v, &t);
+    return st == KILN_OK ? tf_const(L, t, id) : st;
+}
+
+/* Branches lo..hi-1 of a Case emitted into L->g (index, already in range,
+ * and args are values of L->g): a leaf inlines its branch function, an
+ * inner node is If(index < mid, lo..mid-1, mid..hi-1), so that the nesting
+ * depth is log2 of the number of branches. */
+static kiln_status case_range(L_t *L, int index, const struct tf_sym *args, int n_args,
+                              KilnSm__NameAttrList *const *br, int lo, int hi, int n_outs,
+                              int *outs)
 {
     kiln_status st;
-    if (k == n_br - 1) {
+    char role[48];
+    if (hi - lo == 1) {
         struct tf_sym *o = alloc(L, sizeof *o * (size_t)n_outs);
         if (!o) return oom();
-        char role[32];
-        snprintf(role, sizeof role, "branch%d", k);
-        if ((st = tf_function_lower(L, br[k], role, L->g, args, n_args, n_outs, o)) != KILN_OK)
+        snprintf(role, sizeof role, "branch%d", lo);
+        if ((st = tf_function_lower(L, br[lo], role, L->g, args, n_args, n_outs, o)) != KILN_OK)
             return st;
         for (int i = 0; i < n_outs; i++)
             if ((st = ret_value(L, &o[i], role, i, &outs[i])) != KILN_OK) return st;
         return KILN_OK;
     }
-    kiln_tensor *kt;
-    const struct kiln_type *it = &L->g->values[index].type;
-    if ((st = kiln_tensor_scalar_i64(it->dtype, k, &kt)) != KILN_OK) return st;
-    int kv, pred;
-    if ((st = tf_const(L, kt, &kv)) != KILN_OK) return st;
-    int eq_in[2] = {index, kv};
-    if ((st = emit1(L, KILN_OP_Equal, 2, eq_in, &pred)) != KILN_OK) return st;
-    char role[32];
-    snprintf(role, sizeof role, "branch%d", k);
-    struct kiln_graph *tg, *eg;
-    if ((st = branch_graph(L, br[k], role, args, n_args, n_outs, &tg)) != KILN_OK) return st;
-    /* the else graph holds the rest of the chain */
-    snprintf(role, sizeof role, "after%d", k);
-    if ((st = new_sub(L, role, 0, n_outs, &eg)) != KILN_OK) return st;
-    L_t E = in_graph(L, eg);
-    struct tf_sym *a = alloc(L, sizeof *a * ((size_t)n_args + 1));
-    int *eo = alloc(L, sizeof(int) * (size_t)n_outs);
-    int eindex;
-    if (!a || !eo) return oom();
-    for (int i = 0; i < n_args; i++)
-        if ((st = capture_sym(eg, &args[i], &a[i])) != KILN_OK) return st;
-    if ((st = capture(eg, index, &eindex)) != KILN_OK) return st;
-    if ((st = case_from(&E, eindex, a, n_args, br, k + 1, n_br, n_outs, eo)) != KILN_OK) return st;
-    for (int i = 0; i < n_outs; i++) eg->outputs[eg->n_outputs++] = eo[i];
-    return emit_if(L, pred, tg, eg, n_outs, outs);
+    int mid = lo + (hi - lo) / 2, kv, pred;
+    if ((st = const_like(L, L->g->values[index].type.dtype, mid, &kv)) != KILN_OK) return st;
+    int lt_in[2] = {index, kv};
+    if ((st = emit1(L, KILN_OP_Less, 2, lt_in, &pred)) != KILN_OK) return st;
+    struct kiln_graph *side[2];
+    for (int h = 0; h < 2; h++) {
+        int a0 = h ? mid : lo, a1 = h ? hi : mid;
+        snprintf(role, sizeof role, "branches%d-%d", a0, a1 - 1);
+        if ((st = new_sub(L, role, 0, n_outs, &side[h])) != KILN_OK) return st;
+        L_t E = in_graph(L, side[h]);
+        struct tf_sym *a = alloc(L, sizeof *a * ((size_t)n_args + 1));
+        int *so = alloc(L, sizeof(int) * (size_t)n_outs);
+        int sindex;
+        if (!a || !so) return oom();
+        for (int i = 0; i < n_args; i++)
+            if ((st = capture_sym(side[h], &args[i], &a[i])) != KILN_OK) return st;
+        if ((st = capture(side[h], index, &sindex)) != KILN_OK) return st;
+        if ((st = case_range(&E, sindex, a, n_args, br, a0, a1, n_outs, so)) != KILN_OK) return st;
+        for (int i = 0; i < n_outs; i++) side[h]->outputs[side[h]->n_outputs++] = so[i];
+    }
+    return emit_if(L, pred, side[0], side[1], n_outs, outs);
 }
 
 static kiln_status lower_case(L_t *L)
@@ -579,8 +585,24 @@ static kiln_status lower_case(L_t *L)
     if (n_outs == 0) return set_outputs(L, 0);
     int *outs = alloc(L, sizeof(int) * (size_t)n_outs);
     if (!outs) return oom();
-    st = case_from(L, index, L->in + 1, L->n_in - 1, b->list->func, 0, (int)b->list->n_func,
-                   n_outs, outs);
+    /* an index out of range runs the last branch: index = (index < 0 || index >= n) ? n-1 : index */
+    int n_br = (int)b->list->n_func;
+    if (n_br > 1) {
+        kiln_dtype dt = L->g->values[index].type.dtype;
+        int zero, nv, last, neg, big, out_of_range, fixed;
+        if ((st = const_like(L, dt, 0, &zero)) != KILN_OK) return st;
+        if ((st = const_like(L, dt, n_br, &nv)) != KILN_OK) return st;
+        if ((st = const_like(L, dt, n_br - 1, &last)) != KILN_OK) return st;
+        int in_neg[2] = {index, zero}, in_big[2] = {index, nv};
+        if ((st = emit1(L, KILN_OP_Less, 2, in_neg, &neg)) != KILN_OK) return st;
+        if ((st = emit1(L, KILN_OP_GreaterOrEqual, 2, in_big, &big)) != KILN_OK) return st;
+        int in_or[2] = {neg, big};
+        if ((st = emit1(L, KILN_OP_Or, 2, in_or, &out_of_range)) != KILN_OK) return st;
+        int in_w[3] = {out_of_range, last, index};
+        if ((st = emit1(L, KILN_OP_Where, 3, in_w, &fixed)) != KILN_OK) return st;
+        index = fixed;
+    }
+    st = case_range(L, index, L->in + 1, L->n_in - 1, b->list->func, 0, n_br, n_outs, outs);
     if (st != KILN_OK) return st;
     return finish_branches(L, n_outs, outs);
 }

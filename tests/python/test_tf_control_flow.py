@@ -86,7 +86,7 @@ def test_loop_in_branch_and_branch_in_loop(tmp_path, x, n):
     check(got, cf.if_loop_nesting_ref(x, n))
 
 
-@pytest.mark.parametrize("index", [0, 1, 2, 3, -1, 100])
+@pytest.mark.parametrize("index", [0, 1, 2, 3, 4, 5, -1, 100])
 def test_case(tmp_path, index):
     d = build(tmp_path, "case")
     x = np.array([1.0, -2.0, 3.5], np.float32)
