@@ -295,6 +295,172 @@ def case_ref(index, x):
     return {"y": x * np.float32(k + 1) + np.float32(k)}
 
 
+def keras_rnn(cell="lstm", units=3, features=2, act="Tanh", rec_act="Sigmoid", extra=False,
+              seed=7, backwards=False):
+    """A Keras-style LSTM or GRU (reset_after) layer, return_sequences and the final
+    states, laid out as Keras' standard_lstm / standard_gru write it: x [B,T,I]
+    transposed to [T,B,I], a TensorList per sequence, a StatelessWhile whose body
+    does GetItem, the MatMuls, BiasAdds and Splits of the cell, the state update and
+    SetItem. Kiln replaces this loop by its LSTM or GRU op. extra=True adds a loop
+    variable counting down (d' = d - 1) that the recognizer does not know, so that
+    the same computation runs as the loop. backwards=True is Keras' go_backwards (the
+    backward half of a Bidirectional layer): the time-major input is reversed
+    (ReverseV2) before the loop."""
+    lstm = cell == "lstm"
+    k = 4 if lstm else 3
+    rng = np.random.default_rng(seed)
+    w = rng.standard_normal((features, k * units)).astype(np.float32) * 0.5
+    r = rng.standard_normal((units, k * units)).astype(np.float32) * 0.5
+    b = rng.standard_normal(k * units if lstm else (2, k * units)).astype(np.float32) * 0.5
+
+    def c_arr(name, a):
+        return node(name, "Const", dtype=a_type(F),
+                    value=a_tensor(tensor(F, list(a.shape), content=a.tobytes())))
+
+    names = ["loop_counter", "max_iter", "t", "out", "h"] + (["c"] if lstm else []) + \
+        ["n", "inp", "kernel", "rec"] + (["bias"] if lstm else ["bias_x", "bias_r"])
+    kinds = {"loop_counter": I, "max_iter": I, "t": I, "out": V, "n": I, "inp": V}
+    if extra:
+        names.append("d")
+        kinds["d"] = I
+    types = [kinds.get(n, F) for n in names]
+    args = list(zip(names, types))
+    cond = function("rnn_cond", args, [("c_out", B)],
+                    [op("less", "Less", ["t", "n"], t=I)], {"c_out": "less:z:0"})
+    body = [
+        c_i32("es", [-1, features]),
+        node("xt", "TensorListGetItem", ["inp", "t", "es:output:0"], **list_attrs()),
+        c_i32("split_dim", 1),
+        op("mm", "MatMul", ["xt:item:0", "kernel"]),
+        op("mm1", "MatMul", ["h", "rec"]),
+    ]
+    if lstm:
+        body += [
+            op("add", "AddV2", ["mm:product:0", "mm1:product:0"]),
+            op("biasadd", "BiasAdd", ["add:z:0", "bias"]),
+            node("split", "Split", ["split_dim:output:0", "biasadd:output:0"], T=a_type(F),
+                 num_split=a_int(4)),
+            op("gi", rec_act, ["split:output:0"]),
+            op("gf", rec_act, ["split:output:1"]),
+            op("fc", "Mul", ["gf:y:0", "c"]),
+            op("gc", act, ["split:output:2"]),
+            op("ic", "Mul", ["gi:y:0", "gc:y:0"]),
+            op("c1", "AddV2", ["fc:z:0", "ic:z:0"]),
+            op("go", rec_act, ["split:output:3"]),
+            op("hc", act, ["c1:z:0"]),
+            op("h1", "Mul", ["go:y:0", "hc:y:0"]),
+        ]
+    else:
+        body += [
+            op("bx", "BiasAdd", ["mm:product:0", "bias_x"]),
+            node("xs", "Split", ["split_dim:output:0", "bx:output:0"], T=a_type(F), num_split=a_int(3)),
+            op("br", "BiasAdd", ["mm1:product:0", "bias_r"]),
+            node("rs", "Split", ["split_dim:output:0", "br:output:0"], T=a_type(F), num_split=a_int(3)),
+            op("za", "AddV2", ["xs:output:0", "rs:output:0"]),
+            op("z", rec_act, ["za:z:0"]),
+            op("ra", "AddV2", ["xs:output:1", "rs:output:1"]),
+            op("r", rec_act, ["ra:z:0"]),
+            op("rh", "Mul", ["r:y:0", "rs:output:2"]),
+            op("ha", "AddV2", ["xs:output:2", "rh:z:0"]),
+            op("hh", act, ["ha:z:0"]),
+            op("zh", "Mul", ["z:y:0", "h"]),
+            c_f32("one_f", 1.0),
+            op("omz", "Sub", ["one_f:output:0", "z:y:0"]),
+            op("nh", "Mul", ["omz:z:0", "hh:y:0"]),
+            op("h1", "AddV2", ["zh:z:0", "nh:z:0"]),
+        ]
+    body += [
+        node("out1", "TensorListSetItem", ["out", "t", "h1:z:0"], **list_attrs()),
+        c_i32("one", 1),
+        op("t1", "AddV2", ["t", "one:output:0"], t=I),
+        op("lc1", "AddV2", ["loop_counter", "one:output:0"], t=I),
+    ]
+    ret = {n + "_1": n for n in names}
+    ret.update({"loop_counter_1": "lc1:z:0", "t_1": "t1:z:0", "out_1": "out1:output_handle:0",
+                "h_1": "h1:z:0"})
+    if lstm:
+        ret["c_1"] = "c1:z:0"
+    if extra:
+        body.append(op("d1", "Sub", ["d", "one:output:0"], t=I))
+        ret["d_1"] = "d1:z:0"
+    body_fn = function("rnn_body", args, [(n + "_1", t) for n, t in args], body, ret)
+    nodes = [
+        placeholder("x", F, [-1, -1, features]),
+        placeholder("h0", F, [-1, units]), placeholder("c0", F, [-1, units]),
+        c_i32("perm", [1, 0, 2]),
+        op("xt0", "Transpose", ["x", "perm"], Tperm=a_type(I)),
+        c_i32("time_axis", [0]),
+        op("xt", "ReverseV2", ["xt0", "time_axis"], Tidx=a_type(I)) if backwards
+        else op("xt", "Identity", ["xt0"]),
+        node("shape", "Shape", ["xt"], T=a_type(F), out_type=a_type(I)),
+        c_i32("b0", [0]), c_i32("b1", [1]),
+        node("n", "StridedSlice", ["shape", "b0", "b1", "b1"], T=a_type(I), Index=a_type(I),
+             shrink_axis_mask=a_int(1)),
+        c_i32("es_out", [-1, units]),
+        node("reserve", "TensorListReserve", ["es_out", "n"], shape_type=a_type(I), **list_attrs()),
+        c_i32("es_in", [-1, features]),
+        node("unstack", "TensorListFromTensor", ["xt", "es_in"], shape_type=a_type(I),
+             **list_attrs()),
+        c_arr("kernel", w), c_arr("rec", r), c_i32("zero", 0), c_i32("max_iter", -1),
+    ]
+    if lstm:
+        nodes.append(c_arr("bias", b))
+    else:
+        nodes += [c_arr("bias_x", b[0]), c_arr("bias_r", b[1])]
+    initial = {"loop_counter": "zero", "max_iter": "max_iter", "t": "zero", "out": "reserve",
+               "h": "h0", "c": "c0", "n": "n", "inp": "unstack", "kernel": "kernel", "rec": "rec",
+               "bias": "bias", "bias_x": "bias_x", "bias_r": "bias_r", "d": "n"}
+    shapes_of = {"out": None, "inp": None, "h": [-1, units], "c": [-1, units],
+                 "kernel": [features, k * units], "rec": [units, k * units],
+                 "bias": [k * units], "bias_x": [k * units], "bias_r": [k * units]}
+    nodes += [
+        while_node("while", "StatelessWhile", [initial[n] for n in names], types, "rnn_cond",
+                   "rnn_body", [shapes_of.get(n, []) for n in names]),
+        c_i32("es_stack", [-1, units]),
+        node("stack", "TensorListStack", ["while:3", "es_stack"], num_elements=a_int(-1),
+             **list_attrs()),
+        op("seq", "Transpose", ["stack", "perm"], Tperm=a_type(I)),
+    ]
+    outs = {"seq": "seq:0", "h": "while:4", "t": "while:2", "steps": "while:0"}
+    if lstm:
+        outs["c"] = "while:5"
+    model = saved_model(nodes, sig({"x": ("x:0", F, [-1, -1, features]),
+                                    "h0": ("h0:0", F, [-1, units]), "c0": ("c0:0", F, [-1, units])},
+                                   outs), [cond, body_fn])
+    return model, (w, r, b)
+
+
+NP_ACT = {"Tanh": np.tanh, "Sigmoid": lambda v: 1 / (1 + np.exp(-v)), "Relu": lambda v: np.maximum(v, 0)}
+
+
+def keras_rnn_ref(cell, x, h0, c0, weights, act="Tanh", rec_act="Sigmoid", backwards=False):
+    """Keras' LSTM (gates i, f, c, o) or GRU (reset_after; gates z, r, h) cell in
+    NumPy, float64."""
+    if backwards:
+        x = x[:, ::-1]
+    w, r, b = (a.astype(np.float64) for a in weights)
+    fa, ga = NP_ACT[rec_act], NP_ACT[act]
+    h, c = h0.astype(np.float64), c0.astype(np.float64)
+    seq = []
+    for t in range(x.shape[1]):
+        xt = x[:, t].astype(np.float64)
+        if cell == "lstm":
+            i, f, g, o = np.split(xt @ w + h @ r + b, 4, axis=1)
+            c = fa(f) * c + fa(i) * ga(g)
+            h = fa(o) * ga(c)
+        else:
+            xz, xr, xh = np.split(xt @ w + b[0], 3, axis=1)
+            rz, rr, rh = np.split(h @ r + b[1], 3, axis=1)
+            z, rg = fa(xz + rz), fa(xr + rr)
+            h = z * h + (1 - z) * ga(xh + rg * rh)
+        seq.append(h)
+    out = {"seq": np.stack(seq, 1).astype(np.float32), "h": h.astype(np.float32),
+           "t": np.int32(x.shape[1]), "steps": np.int32(x.shape[1])}
+    if cell == "lstm":
+        out["c"] = c.astype(np.float32)
+    return out
+
+
 # ------------------------------------------------ malformed: refused, naming the node
 
 
