@@ -411,6 +411,12 @@ def cases():
     ok = half_plus_two()
     c["truncated_half"] = ok[: len(ok) // 2]
     c["truncated_one_byte_short"] = ok[:-1]
+    # TF2 control flow: While loops over TensorLists (tools/make_tf_control_flow.py)
+    import make_tf_control_flow as cf
+    c["ok_while_counter"] = cf.counter()
+    c["ok_while_tensorlist"] = cf.while_tensorlist()
+    c["ok_if_loop_nesting"] = cf.if_loop_nesting()
+    c["while_body_missing"] = cf.BAD["bad_while_body_missing"][0]
     rng = random.Random(SEED)
     base = times_three_call()
     for i in range(12):
@@ -442,6 +448,7 @@ EXPECT = {
     "const_too_many_values": r"holds 3 values",
     "duplicate_node_names": r"two graph nodes",
     "function_not_in_library": r"nowhere.*not in the graph's function library",
+    "while_body_missing": r"node 'w'.*body function 'nowhere'",
     "function_wrong_arity": r"passes 2 inputs",
     "function_bad_reference": r"without an output name",
     "no_signatures": r"no signatures",

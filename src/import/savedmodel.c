@@ -1563,7 +1563,8 @@ static kiln_status convert_step(struct tf_build *b, struct tstack *ts)
                           "signature '%s' needs placeholder '%s', which is not one of its inputs",
                           b->sig, name);
     struct tf_node_ctx L = {
-        .b = b, .g = b->g, .nd = nd, .inst = s->inst, .where = s->where, .n_in = n_in, .in = in,
+        .b = b, .scope = s, .node_index = t.node, .g = b->g, .nd = nd, .inst = s->inst,
+        .where = s->where, .n_in = n_in, .in = in,
     };
     L.name = s->prefix[0] ? tmp_printf(b, "%s%s", s->prefix, name) : name;
     if (!L.name) return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory");
@@ -1573,6 +1574,70 @@ static kiln_status convert_step(struct tf_build *b, struct tstack *ts)
     ns->phase = NS_DONE;
     ts->n--;
     return KILN_OK;
+}
+
+const KilnSm__FunctionDef *tf_function_def(const struct tf_build *b, const char *name)
+{
+    int fn = name ? smap_get(&b->c->fn_index, name) : -1;
+    return fn >= 0 ? b->c->fns[fn] : NULL;
+}
+
+/* Inline function f into graph g for node L (a loop body or condition, a
+ * branch): the same conversion as a call, run to completion here. While g
+ * is a subgraph, variables read inside it get their own constants there. */
+kiln_status tf_function_lower(struct tf_node_ctx *L, const KilnSm__NameAttrList *f,
+                              const char *role, struct kiln_graph *g, const struct tf_sym *args,
+                              int n_args, int n_outs, struct tf_sym *outs)
+{
+    struct tf_build *b = L->b;
+    struct scope *s = L->scope;
+    const KilnSm__NodeDef *nd = L->nd;
+    int fn = f && f->name ? smap_get(&b->c->fn_index, f->name) : -1;
+    if (fn < 0)
+        return kiln_error(KILN_ERR_INVALID_MODEL,
+                          "%s: node '%s' (op %s): its %s function '%s' is not in the graph's "
+                          "function library",
+                          L->where, nd->name, nd->op, role, f && f->name ? f->name : "");
+    const KilnSm__OpDef *sig = b->c->fns[fn]->signature;
+    if ((int)sig->n_output_arg != n_outs)
+        return kiln_error(KILN_ERR_INVALID_MODEL,
+                          "%s: node '%s' (op %s): its %s function '%s' returns %zu value%s, "
+                          "where %d %s expected",
+                          L->where, nd->name, nd->op, role, f->name, sig->n_output_arg,
+                          sig->n_output_arg == 1 ? "" : "s", n_outs, n_outs == 1 ? "is" : "are");
+    struct kiln_graph *saved_g = b->g;
+    int *saved_vv = b->var_value, saved_nvv = b->n_var_value;
+    if (g != b->g) {
+        b->g = g;
+        b->var_value = NULL;
+        b->n_var_value = 0;
+    }
+    struct scope *cs = NULL;
+    struct tstack ts = {0};
+    struct nstate ns = {0};
+    bool pending = true;
+    kiln_status st = scope_call(b, s, L->node_index, fn, f, args, n_args, &cs);
+    if (st == KILN_OK) {
+        cs->prefix = tmp_printf(b, "%s%s/%s/", s->prefix, nd->name, role);
+        if (!cs->prefix) st = kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory");
+    }
+    while (st == KILN_OK) {
+        st = call_outputs(b, cs, &ns, &ts, nd, &pending);
+        if (st != KILN_OK || !pending) break;
+        while (st == KILN_OK && ts.n > 0) st = convert_step(b, &ts);
+    }
+    free(ts.t);
+    if (st == KILN_OK)
+        for (int k = 0; k < n_outs; k++) outs[k] = ns.out[k];
+    if (g != saved_g) {
+        free(b->var_value);
+        b->g = saved_g;
+        b->var_value = saved_vv;
+        b->n_var_value = saved_nvv;
+    }
+    if (st != KILN_OK && !strstr(kiln_last_error(), nd->name ? nd->name : ""))
+        kiln_error_wrap(st, "%s function of node '%s'", role, nd->name);
+    return st;
 }
 
 /* The value tensor endpoint `ep` of the main graph has for this signature. */

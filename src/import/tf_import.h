@@ -35,11 +35,16 @@ struct tf_sym {
 };
 
 struct tf_build; /* per-signature build state, owned by savedmodel.c */
+struct scope;    /* the function body (or main graph) a node belongs to, owned by savedmodel.c */
+struct tf_subs;  /* subgraphs being made for a control-flow node (tf_control.c) */
 
 /* One TF node being lowered. */
 struct tf_node_ctx {
     struct tf_build *b;
-    struct kiln_graph *g;            /* the signature's graph */
+    struct scope *scope;             /* where the node is (for calls into functions) */
+    int node_index;                  /* its index in the scope's node list */
+    struct kiln_graph *g;            /* the graph being built: the signature's, or a loop
+                                        body or branch (tf_control.c) */
     const KilnSm__NodeDef *nd;       /* the node (attrs, op) */
     const KilnSm__NameAttrList *inst; /* attrs of the enclosing function instantiation, or NULL */
     const char *name;                /* unique name: function call path + node name */
@@ -48,6 +53,7 @@ struct tf_node_ctx {
     const struct tf_sym *in;         /* data inputs (control inputs are not passed) */
     int n_out;
     struct tf_sym *out;              /* set by tf_outputs() */
+    struct tf_subs *subs;            /* tf_control.c: the subgraphs it is making */
 };
 
 /* Lower one node. Returns KILN_ERR_UNSUPPORTED naming the op, node and
@@ -75,7 +81,48 @@ const char *tf_dtype_name(int code);
 kiln_status tf_tensor_from_proto(const KilnSm__TensorProto *tp, const char *what,
                                  kiln_tensor **out);
 
+/* Provided by tf_lower.c for the op-family files (tf_control.c): */
+
+/* Emit one IR node into L->g named L->name, with n_attrs attributes copied
+ * from attrs (their data must live in the graph's arena), folded when its
+ * inputs are constants, else typed by its shape function. outs (may be
+ * NULL) receives the n_out output value ids. */
+kiln_status tf_emit(struct tf_node_ctx *L, enum kiln_op op, int n_in, const int *in, int n_out,
+                    const struct kiln_attr *attrs, int n_attrs, int *outs);
+/* A new constant owned by L->g (t is taken over, also on error). */
+kiln_status tf_const(struct tf_node_ctx *L, kiln_tensor *t, int *id);
+/* The IR value of data input k (a TF1 variable reads its value); an error
+ * naming the node for a resource handle or a random value. */
+kiln_status tf_in_value(struct tf_node_ctx *L, int k, int *v);
+/* An error "<where>: node '<name>' (op <op>): <message>". */
+kiln_status tf_node_err(const struct tf_node_ctx *L, kiln_status st, const char *fmt, ...)
+    KILN_PRINTF(3, 4);
+
+/* Provided by tf_control.c: whether op is a control-flow or TensorList op
+ * it lowers, and the lowering. */
+bool tf_control_handles(const char *op);
+kiln_status tf_control_lower(struct tf_node_ctx *L);
+
+/* Provided by tf_keras_rnn.c: when the While node L whose body was lowered
+ * into sub (inputs: iteration, condition, the carried values; carried
+ * value j is loop variable carried_var[j]) is a Keras LSTM or GRU loop,
+ * emit Kiln's LSTM or GRU op in its place, set the carried outputs
+ * L->out[k] and set *done; otherwise leave everything as it is. */
+kiln_status tf_keras_rnn_fuse(struct tf_node_ctx *L, const struct kiln_graph *sub,
+                              const int *carried_var, int n_carried, bool *done);
+
 /* Provided by savedmodel.c for the lowering: */
+
+/* The body of library function `name`, or NULL. */
+const KilnSm__FunctionDef *tf_function_def(const struct tf_build *b, const char *name);
+/* Lower a call of function f (name and instantiation attrs; `role` says
+ * what it is to node L, e.g. "body", for names and messages) into graph g,
+ * which is L->g or a subgraph of it: its n_args arguments are bound to args
+ * (values of g), and outs[0..n_outs) receives its return values (values of
+ * g). The function must return exactly n_outs tensors. */
+kiln_status tf_function_lower(struct tf_node_ctx *L, const KilnSm__NameAttrList *f,
+                              const char *role, struct kiln_graph *g, const struct tf_sym *args,
+                              int n_args, int n_outs, struct tf_sym *outs);
 
 /* The IR value holding variable var's value: a constant (the restored
  * value) or, for a variable a signature writes, a TfVariable node. */

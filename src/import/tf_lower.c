@@ -2,7 +2,9 @@
  * tf_lower.c - TensorFlow ops to Kiln IR.
  *
  * One lowering function per TF op (or family), chosen from a table by op
- * name. A lowering reads the node's attrs, emits IR nodes with ONNX
+ * name; ops that are one Kiln op with attributes renamed or fixed share
+ * lw_mapped and a table of attribute mappings (MAPPED). Control flow and
+ * TensorLists are lowered by tf_control.c. A lowering reads the node's attrs, emits IR nodes with ONNX
  * semantics (opset TF_OPSET) into the signature's graph and reports the
  * node's outputs. TF's NHWC convolutions and pools become Transpose + NCHW
  * op + Transpose; MatMul's transpose flags become Transposes; BiasAdd is
@@ -645,11 +647,35 @@ static kiln_dtype node_dtype(L_t *L)
 
 struct lower;
 typedef kiln_status (*lower_fn)(L_t *L, const struct lower *e);
+/* An attribute of a one-to-one mapping (lw_mapped): the Kiln attribute
+ * `name` takes the node's TF attribute `tf`, or `dflt` when the node has
+ * none (or tf is NULL). */
+struct amap {
+    const char *name;
+    enum kiln_attr_type type; /* KILN_ATTR_INT or KILN_ATTR_FLOAT */
+    const char *tf;
+    double dflt;
+};
+
+#define LOWER_MAX_ATTRS 2
+
 struct lower {
     const char *tf;
     lower_fn fn;
     enum kiln_op op;   /* for the generic mappings */
     int arg;           /* lowering-specific */
+};
+
+/* TF ops that are one Kiln op on the same inputs, with attributes mapped. */
+struct mapped {
+    const char *tf;
+    struct amap attrs[LOWER_MAX_ATTRS]; /* name NULL ends the list */
+};
+
+static const struct mapped MAPPED[] = {
+    {"LeakyRelu", {{"alpha", KILN_ATTR_FLOAT, "alpha", 0.2}, {NULL, 0, NULL, 0}}},
+    {"Softmax", {{"axis", KILN_ATTR_INT, NULL, -1}, {NULL, 0, NULL, 0}}},
+    {"LogSoftmax", {{"axis", KILN_ATTR_INT, NULL, -1}, {NULL, 0, NULL, 0}}},
 };
 
 static kiln_status lw_pass(L_t *L, const struct lower *e)
@@ -805,6 +831,32 @@ static kiln_status lw_binary(L_t *L, const struct lower *e)
     return out1(L, y);
 }
 
+/* A TF op that is Kiln op e->op on the same inputs, attributes from MAPPED. */
+static kiln_status lw_mapped(L_t *L, const struct lower *e)
+{
+    int in[KILN_MAX_IO], y = -1, n_attr = 0;
+    kiln_status st;
+    const struct mapped *m = NULL;
+    for (size_t i = 0; i < sizeof MAPPED / sizeof *MAPPED && !m; i++)
+        if (strcmp(MAPPED[i].tf, e->tf) == 0) m = &MAPPED[i];
+    if (!m) return lerr(L, KILN_ERR_INTERNAL, "no attribute mapping");
+    if (L->n_in > KILN_MAX_IO) return lerr(L, KILN_ERR_UNSUPPORTED, "has %d inputs", L->n_in);
+    for (int k = 0; k < L->n_in; k++)
+        if ((st = in_value(L, k, &in[k])) != KILN_OK) return st;
+    while (n_attr < LOWER_MAX_ATTRS && m->attrs[n_attr].name) n_attr++;
+    struct emit em;
+    if ((st = node_begin(L, e->op, L->n_in, in, 1, n_attr, &em)) != KILN_OK) return st;
+    for (int i = 0; i < n_attr; i++) {
+        const struct amap *a = &m->attrs[i];
+        if (a->type == KILN_ATTR_FLOAT)
+            a_float(&em, a->name, a->tf ? attr_float(L, a->tf, (float)a->dflt) : (float)a->dflt);
+        else
+            a_int(&em, a->name, a->tf ? attr_int(L, a->tf, (int64_t)a->dflt) : (int64_t)a->dflt);
+    }
+    if ((st = node_end(&em, &y)) != KILN_OK) return st;
+    return out1(L, y);
+}
+
 static kiln_status lw_bias_add(L_t *L, const struct lower *e)
 {
     (void)e;
@@ -869,23 +921,6 @@ static kiln_status lw_special_unary(L_t *L, const struct lower *e)
         st = un(L, KILN_OP_Not, c, &y);
         break;
     }
-    case 6: /* LeakyRelu */ {
-        struct emit em;
-        if ((st = node_begin(L, KILN_OP_LeakyRelu, 1, &x, 1, 1, &em)) != KILN_OK) return st;
-        a_float(&em, "alpha", attr_float(L, "alpha", 0.2f));
-        st = node_end(&em, &y);
-        break;
-    }
-    case 7: /* Softmax */
-    case 8: /* LogSoftmax */ {
-        struct emit em;
-        if ((st = node_begin(L, e->arg == 7 ? KILN_OP_Softmax : KILN_OP_LogSoftmax, 1, &x, 1, 1,
-                             &em)) != KILN_OK)
-            return st;
-        a_int(&em, "axis", -1);
-        st = node_end(&em, &y);
-        break;
-    }
     case 9: /* ZerosLike */
     case 10: /* OnesLike */ {
         int z = -1, s = -1;
@@ -898,6 +933,21 @@ static kiln_status lw_special_unary(L_t *L, const struct lower *e)
     }
     if (st != KILN_OK) return st;
     return out1(L, y);
+}
+
+/* fix = r != 0 and (r < 0) != (b < 0): where a truncating division or
+ * remainder must be corrected to TF's floor semantics. */
+static kiln_status floor_fix(L_t *L, int r, int b, kiln_dtype dt, int *fix)
+{
+    int zero = -1, rz = -1, nrz = -1, rneg = -1, bneg = -1, diff = -1;
+    kiln_status st = const_scalar(L, dt, 0, &zero);
+    if (st == KILN_OK) st = bin(L, KILN_OP_Equal, r, zero, &rz);
+    if (st == KILN_OK) st = un(L, KILN_OP_Not, rz, &nrz);
+    if (st == KILN_OK) st = bin(L, KILN_OP_Less, r, zero, &rneg);
+    if (st == KILN_OK) st = bin(L, KILN_OP_Less, b, zero, &bneg);
+    if (st == KILN_OK) st = bin(L, KILN_OP_Xor, rneg, bneg, &diff);
+    if (st == KILN_OK) st = bin(L, KILN_OP_And, nrz, diff, fix);
+    return st;
 }
 
 static kiln_status lw_special_binary(L_t *L, const struct lower *e)
@@ -919,18 +969,12 @@ static kiln_status lw_special_binary(L_t *L, const struct lower *e)
             if ((st = bin(L, KILN_OP_Div, a, b, &t)) == KILN_OK) st = un(L, KILN_OP_Floor, t, &y);
         } else {
             /* q = trunc(a/b); q - 1 where the remainder is nonzero and its sign differs from b's */
-            int q = -1, qb = -1, r = -1, zero = -1, one = -1, rz = -1, nrz = -1, rneg = -1, bneg = -1, diff = -1, fix = -1, qm1 = -1;
+            int q = -1, qb = -1, r = -1, one = -1, fix = -1, qm1 = -1;
             if ((st = bin(L, KILN_OP_Div, a, b, &q)) != KILN_OK) return st;
             if ((st = bin(L, KILN_OP_Mul, q, b, &qb)) != KILN_OK) return st;
             if ((st = bin(L, KILN_OP_Sub, a, qb, &r)) != KILN_OK) return st;
-            if ((st = const_scalar(L, dt, 0, &zero)) != KILN_OK) return st;
             if ((st = const_scalar(L, dt, 1, &one)) != KILN_OK) return st;
-            if ((st = bin(L, KILN_OP_Equal, r, zero, &rz)) != KILN_OK) return st;
-            if ((st = un(L, KILN_OP_Not, rz, &nrz)) != KILN_OK) return st;
-            if ((st = bin(L, KILN_OP_Less, r, zero, &rneg)) != KILN_OK) return st;
-            if ((st = bin(L, KILN_OP_Less, b, zero, &bneg)) != KILN_OK) return st;
-            if ((st = bin(L, KILN_OP_Xor, rneg, bneg, &diff)) != KILN_OK) return st;
-            if ((st = bin(L, KILN_OP_And, nrz, diff, &fix)) != KILN_OK) return st;
+            if ((st = floor_fix(L, r, b, dt, &fix)) != KILN_OK) return st;
             if ((st = bin(L, KILN_OP_Sub, q, one, &qm1)) != KILN_OK) return st;
             int in[3] = {fix, qm1, q};
             st = op1(L, KILN_OP_Where, 3, in, &y);
@@ -953,14 +997,8 @@ static kiln_status lw_special_binary(L_t *L, const struct lower *e)
         if ((st = node_end(&em, &y)) != KILN_OK) return st;
         if (kiln_dtype_is_float(dt)) {
             /* fmod, then shift by b where the signs differ (floor semantics) */
-            int zero = -1, rz = -1, nrz = -1, rneg = -1, bneg = -1, diff = -1, fix = -1, rb = -1, y2 = -1;
-            if ((st = const_scalar(L, dt, 0, &zero)) != KILN_OK) return st;
-            if ((st = bin(L, KILN_OP_Equal, y, zero, &rz)) != KILN_OK) return st;
-            if ((st = un(L, KILN_OP_Not, rz, &nrz)) != KILN_OK) return st;
-            if ((st = bin(L, KILN_OP_Less, y, zero, &rneg)) != KILN_OK) return st;
-            if ((st = bin(L, KILN_OP_Less, b, zero, &bneg)) != KILN_OK) return st;
-            if ((st = bin(L, KILN_OP_Xor, rneg, bneg, &diff)) != KILN_OK) return st;
-            if ((st = bin(L, KILN_OP_And, nrz, diff, &fix)) != KILN_OK) return st;
+            int fix = -1, rb = -1, y2 = -1;
+            if ((st = floor_fix(L, y, b, dt, &fix)) != KILN_OK) return st;
             if ((st = bin(L, KILN_OP_Add, y, b, &rb)) != KILN_OK) return st;
             int in3[3] = {fix, rb, y};
             if ((st = op1(L, KILN_OP_Where, 3, in3, &y2)) != KILN_OK) return st;
@@ -1622,6 +1660,32 @@ static kiln_status lw_slice(L_t *L, const struct lower *e)
     return out1(L, y);
 }
 
+/* ReverseV2(x, axes): Slice with step -1 over each (constant) axis, as Keras'
+ * go_backwards and Bidirectional layers reverse their sequences. */
+static kiln_status lw_reverse(L_t *L, const struct lower *e)
+{
+    (void)e;
+    int x = -1, y = -1, n = 0;
+    int64_t axes[KILN_MAX_RANK];
+    kiln_status st = in_value(L, 0, &x);
+    if (st == KILN_OK) st = need_const_ints(L, 1, axes, KILN_MAX_RANK, &n, "axis");
+    if (st != KILN_OK) return st;
+    if (n == 0) return out1(L, x);
+    int64_t starts[KILN_MAX_RANK], ends[KILN_MAX_RANK], steps[KILN_MAX_RANK];
+    for (int i = 0; i < n; i++) {
+        starts[i] = -1;
+        ends[i] = INT64_MIN;
+        steps[i] = -1;
+    }
+    int in[5] = {x, -1, -1, -1, -1};
+    if ((st = const_i64(L, 1, n, starts, &in[1])) != KILN_OK) return st;
+    if ((st = const_i64(L, 1, n, ends, &in[2])) != KILN_OK) return st;
+    if ((st = const_i64(L, 1, n, axes, &in[3])) != KILN_OK) return st;
+    if ((st = const_i64(L, 1, n, steps, &in[4])) != KILN_OK) return st;
+    if ((st = op1(L, KILN_OP_Slice, 5, in, &y)) != KILN_OK) return st;
+    return out1(L, y);
+}
+
 /* StridedSlice with constant begin/end/strides: the sparse spec (with its
  * masks) expanded over the input's dims, then Slice + Squeeze (shrunk dims)
  * + Unsqueeze (new axes). */
@@ -2191,9 +2255,9 @@ static const struct lower LOWER[] = {
     {"Log1p", lw_special_unary, 0, 3},
     {"Expm1", lw_special_unary, 0, 4},
     {"IsFinite", lw_special_unary, 0, 5},
-    {"LeakyRelu", lw_special_unary, 0, 6},
-    {"Softmax", lw_special_unary, 0, 7},
-    {"LogSoftmax", lw_special_unary, 0, 8},
+    {"LeakyRelu", lw_mapped, KILN_OP_LeakyRelu, 0},
+    {"Softmax", lw_mapped, KILN_OP_Softmax, 0},
+    {"LogSoftmax", lw_mapped, KILN_OP_LogSoftmax, 0},
     {"ZerosLike", lw_special_unary, 0, 9},
     {"OnesLike", lw_special_unary, 0, 10},
     {"Add", lw_binary, KILN_OP_Add, 0},
@@ -2278,6 +2342,7 @@ static const struct lower LOWER[] = {
     {"MirrorPad", lw_pad, 0, 2},
     {"Slice", lw_slice, 0, 0},
     {"StridedSlice", lw_strided_slice, 0, 0},
+    {"ReverseV2", lw_reverse, 0, 0},
     {"Gather", lw_gather, 0, 0},
     {"GatherV2", lw_gather, 0, 1},
     {"GatherNd", lw_gather, 0, 2},
@@ -2309,9 +2374,40 @@ bool tf_op_writes_state(const char *op)
            strncmp(op, "ResourceSparseApply", 19) == 0 || strncmp(op, "SparseApply", 11) == 0;
 }
 
+/* ---- the emitting helpers, for the op-family files (tf_import.h) ---- */
+
+kiln_status tf_emit(struct tf_node_ctx *L, enum kiln_op op, int n_in, const int *in, int n_out,
+                    const struct kiln_attr *attrs, int n_attrs, int *outs)
+{
+    struct emit e;
+    kiln_status st = node_begin(L, op, n_in, in, n_out, n_attrs, &e);
+    if (st != KILN_OK) return st;
+    for (int i = 0; i < n_attrs; i++) *a_new(&e, attrs[i].name, attrs[i].type) = attrs[i];
+    return node_end(&e, outs);
+}
+
+kiln_status tf_const(struct tf_node_ctx *L, kiln_tensor *t, int *id) { return const_tensor(L, t, id); }
+
+kiln_status tf_in_value(struct tf_node_ctx *L, int k, int *v) { return in_value(L, k, v); }
+
+kiln_status tf_node_err(const struct tf_node_ctx *L, kiln_status st, const char *fmt, ...)
+{
+    char msg[600];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    return kiln_error(st, "%s: node '%s' (op %s): %s", L->where, L->nd->name, L->nd->op, msg);
+}
+
 kiln_status tf_lower_node(struct tf_node_ctx *L)
 {
     const char *op = L->nd->op ? L->nd->op : "";
+    if (tf_control_handles(op)) {
+        kiln_status st = tf_control_lower(L);
+        if (st == KILN_OK && !L->out) st = set_outputs(L, 0);
+        return st;
+    }
     for (size_t i = 0; i < sizeof LOWER / sizeof *LOWER; i++)
         if (strcmp(op, LOWER[i].tf) == 0) {
             kiln_status st = LOWER[i].fn(L, &LOWER[i]);

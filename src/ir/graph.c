@@ -127,6 +127,17 @@ static void graph_free_contents(struct kiln_graph *g)
     free(g->order);
 }
 
+void kiln_graph_free_sub(struct kiln_graph *g)
+{
+    if (!g || !g->parent) return;
+    graph_free_contents(g);
+    g->owned = NULL;
+    g->values = NULL;
+    g->nodes = NULL;
+    g->order = NULL;
+    g->n_owned = g->cap_owned = g->n_values = g->cap_values = g->n_nodes = g->cap_nodes = 0;
+}
+
 void kiln_graph_free(struct kiln_graph *g)
 {
     if (!g) return;

@@ -131,6 +131,9 @@ kiln_status kiln_graph_new(struct kiln_graph **out);
 /* A subgraph sharing the root's arena; freed with the root. */
 kiln_status kiln_graph_new_sub(struct kiln_graph *parent, struct kiln_graph **out);
 void kiln_graph_free(struct kiln_graph *g);
+/* Free what a subgraph holds outside the arena when no node attribute holds
+ * it (one abandoned on an error path); it is left empty. */
+void kiln_graph_free_sub(struct kiln_graph *g);
 /* A new root graph with the same values (same ids), nodes and inputs and
  * outputs as root graph g, for the optimizer to rewrite. Node arrays and
  * attribute arrays are copied; names, attribute data, constants and

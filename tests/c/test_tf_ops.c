@@ -3,8 +3,8 @@
  * TfParseExample on hand-serialized tf.Example protos (float, int64 and
  * bytes features, packed and unpacked lists, defaults, required features,
  * wrong kinds and counts, duplicate keys, truncated and corrupted bytes),
- * TfStringJoin with broadcasting, TfReduceJoin over axes with keep_dims, and
- * TfStringSplit in its v1 and v2 forms.
+ * TfStringJoin with broadcasting, TfReduceJoin over axes with keep_dims,
+ * TfStringSplit in its v1 and v2 forms, and TfListSetItem (TensorLists).
  *
  * The ops are INTERNAL (no ONNX file can name them), so each test builds a
  * one-node IR graph directly, checks its static shape inference, and runs it
@@ -812,11 +812,91 @@ static void test_string_split(void)
     tg_free(&t, out);
 }
 
+/* ---- TfListSetItem (src/kernels/ref/tf_list.c) ---- */
+
+/* SetItem(list, index, item) (resize: growing the list); out[0] receives the result. */
+static kiln_status run_set_item_r(kiln_tensor *list, int64_t index, kiln_tensor *item, int resize,
+                                  kiln_tensor **out)
+{
+    struct test_graph t;
+    tg_init(&t);
+    int ins[3] = {tg_input(&t, list->dtype, -1, NULL),
+                  tg_const(&t, ints(KILN_DTYPE_I32, 0, NULL, &index)),
+                  tg_input(&t, item->dtype, -1, NULL)};
+    tg_node(&t, KILN_OP_TfListSetItem, ins, 3, 1, 1);
+    if (resize) attr_int(&t, "resize", 1);
+    kiln_tensor *in[2] = {list, item};
+    out[0] = NULL;
+    kiln_status st = tg_run(&t, in, out);
+    kiln_graph_free(t.g);
+    kiln_tensor_free(list);
+    kiln_tensor_free(item);
+    return st;
+}
+
+static kiln_status run_set_item(kiln_tensor *list, int64_t index, kiln_tensor *item,
+                                kiln_tensor **out)
+{
+    return run_set_item_r(list, index, item, 0, out);
+}
+
+static void test_list_set_item(void)
+{
+    kiln_tensor *out[1];
+    const int64_t d32[2] = {3, 2}, d2[1] = {2}, d3[1] = {3}, d30[2] = {3, 0};
+    /* an element replaced, the rest kept */
+    kiln_status st = run_set_item(ints(KILN_DTYPE_I32, 2, d32, (const int64_t[]){1, 2, 3, 4, 5, 6}),
+                                  1, ints(KILN_DTYPE_I32, 1, d2, (const int64_t[]){7, 8}), out);
+    CHECK(st == KILN_OK && shape_is(out[0], 2, d32), "set item: %s", kiln_last_error());
+    if (st == KILN_OK) {
+        const int32_t want[6] = {1, 2, 7, 8, 5, 6};
+        CHECK(memcmp(out[0]->data, want, sizeof want) == 0, "set item values");
+    }
+    kiln_tensor_free(out[0]);
+    /* a list reserved without an element shape ([3, 0]) takes the item's */
+    st = run_set_item(ints(KILN_DTYPE_I32, 2, d30, NULL), 2,
+                      ints(KILN_DTYPE_I32, 1, d3, (const int64_t[]){4, 5, 6}), out);
+    CHECK(st == KILN_OK && shape_is(out[0], 2, (const int64_t[]){3, 3}), "lazy list: %s",
+          kiln_last_error());
+    if (st == KILN_OK) {
+        const int32_t want[9] = {0, 0, 0, 0, 0, 0, 4, 5, 6};
+        CHECK(memcmp(out[0]->data, want, sizeof want) == 0, "lazy list values");
+    }
+    kiln_tensor_free(out[0]);
+    /* resize: an index past the end grows the list, zeros between */
+    st = run_set_item_r(ints(KILN_DTYPE_I32, 2, d32, (const int64_t[]){1, 2, 3, 4, 5, 6}), 4,
+                        ints(KILN_DTYPE_I32, 1, d2, (const int64_t[]){7, 8}), 1, out);
+    CHECK(st == KILN_OK && shape_is(out[0], 2, (const int64_t[]){5, 2}), "grow: %s",
+          kiln_last_error());
+    if (st == KILN_OK) {
+        const int32_t want[10] = {1, 2, 3, 4, 5, 6, 0, 0, 7, 8};
+        CHECK(memcmp(out[0]->data, want, sizeof want) == 0, "grow values");
+    }
+    kiln_tensor_free(out[0]);
+    /* errors: index out of range, negative index, wrong item shape, wrong dtype */
+    st = run_set_item(ints(KILN_DTYPE_I32, 2, d32, (const int64_t[]){1, 2, 3, 4, 5, 6}), 3,
+                      ints(KILN_DTYPE_I32, 1, d2, (const int64_t[]){7, 8}), out);
+    CHECK(st != KILN_OK && strstr(kiln_last_error(), "out of range"), "index 3: %s",
+          kiln_last_error());
+    st = run_set_item(ints(KILN_DTYPE_I32, 2, d32, (const int64_t[]){1, 2, 3, 4, 5, 6}), -1,
+                      ints(KILN_DTYPE_I32, 1, d2, (const int64_t[]){7, 8}), out);
+    CHECK(st != KILN_OK && strstr(kiln_last_error(), "out of range"), "index -1: %s",
+          kiln_last_error());
+    st = run_set_item(ints(KILN_DTYPE_I32, 2, d32, (const int64_t[]){1, 2, 3, 4, 5, 6}), 0,
+                      ints(KILN_DTYPE_I32, 1, d3, (const int64_t[]){7, 8, 9}), out);
+    CHECK(st != KILN_OK && strstr(kiln_last_error(), "does not fit"), "shape: %s",
+          kiln_last_error());
+    st = run_set_item(ints(KILN_DTYPE_I32, 2, d32, (const int64_t[]){1, 2, 3, 4, 5, 6}), 0,
+                      ints(KILN_DTYPE_I64, 1, d2, (const int64_t[]){7, 8}), out);
+    CHECK(st != KILN_OK && strstr(kiln_last_error(), "dtype"), "dtype: %s", kiln_last_error());
+}
+
 int main(void)
 {
     test_parse_example();
     test_string_join();
     test_reduce_join();
     test_string_split();
+    test_list_set_item();
     return CHECK_DONE();
 }

@@ -190,12 +190,12 @@ MODELS = {
     "tfx/tfx/components/testdata/trainer/keras/Format-Serving": ["serving_default"],
     "tfx/tfx/components/testdata/transform/transform_graph/transform_fn":
         r"no MetaGraphDef with tags 'serve'.*'transform'",
-    # TF2 control flow and Keras recurrent layers: not lowered yet (TensorList ops, StatelessWhile).
-    "iteam1-predict-series-data-with-RNN/lstm_model": r"op 'TensorListReserve'.*not support",
-    "iteam1-predict-series-data-with-RNN/gru_model": r"op 'TensorListReserve'.*not support",
-    "Dachkovski-simple_tensorflow_serving/models/lstm/1": r"op 'TensorListReserve'.*not support",
+    # TF2 control flow and Keras recurrent layers (While loops over TensorLists)
+    "iteam1-predict-series-data-with-RNN/lstm_model": ["serving_default"],
+    "iteam1-predict-series-data-with-RNN/gru_model": ["serving_default"],
+    "Dachkovski-simple_tensorflow_serving/models/lstm/1": ["serving_default"],
     "tensorflow/tensorflow/c/experimental/saved_model/internal/testdata/SimpleWhileLoop":
-        r"op 'StatelessWhile'.*not support",
+        ["serving_default"],
 }
 
 
@@ -232,6 +232,66 @@ def test_transform_graph_with_its_own_tags_is_refused_clearly():
 
 
 # ------------------------------------------------------------- right answers
+
+# Known answers of the loop models (../shared/testdata/README.md: TF's own
+# C-API test, the repo notebook, and a NumPy re-implementation of Keras'
+# cells reading the checkpoints).
+SIMPLE_WHILE = "tensorflow/tensorflow/c/experimental/saved_model/internal/testdata/SimpleWhileLoop"
+MSFT_WINDOWS = np.array([[294.85, 294.23, 292.88, 296.31, 302.75],
+                         [229.56416184, 172.56306615, 301.24160457, 272.47018967, 223.16284409]],
+                        np.float32).reshape(2, 5, 1)
+
+
+@needs_testdata
+@pytest.mark.parametrize("value,want", [(10.0, 55.0), (3.0, 6.0), (2.5, 4.5), (0.0, 0.0),
+                                        (-2.0, 0.0)])
+def test_simple_while_loop(tmp_path, value, want):
+    # compute(v): acc = 0; while v > 0: acc += v; v -= 1
+    got = predict(model(SIMPLE_WHILE), {"value": np.array(value, np.float32)},
+                  tmp=tmp_path)["output_0"]
+    assert got.shape == () and got == want
+
+
+@needs_testdata
+@pytest.mark.parametrize("rel,inp,out,want", [
+    ("iteam1-predict-series-data-with-RNN/lstm_model", "input_6", "dense_17", [299.2193, 231.69974]),
+    ("iteam1-predict-series-data-with-RNN/gru_model", "input_10", "dense_29", [297.93964, 228.84355]),
+])
+def test_keras_recurrent_models(tmp_path, rel, inp, out, want):
+    d = model(rel)
+    got = predict(d, {inp: MSFT_WINDOWS}, tmp=tmp_path)[out]
+    assert got.shape == (2, 1)
+    np.testing.assert_allclose(got[:, 0], want, rtol=2e-6)
+    # one row at a time gives the same answers (the loop's batch is dynamic)
+    got1 = predict(d, {inp: MSFT_WINDOWS[1:]}, tmp=tmp_path)[out]
+    np.testing.assert_allclose(got1[:, 0], want[1:], rtol=2e-6)
+
+
+@needs_testdata
+@pytest.mark.parametrize("rel,fused", [
+    ("iteam1-predict-series-data-with-RNN/lstm_model", {"LSTM": 1}),
+    ("Dachkovski-simple_tensorflow_serving/models/lstm/1", {"LSTM": 3}),
+    ("iteam1-predict-series-data-with-RNN/gru_model", {"GRU": 1}),
+])
+def test_keras_recurrent_loops_become_recurrent_ops(rel, fused):
+    # the Keras LSTM and GRU loops are replaced by Kiln's LSTM and GRU ops
+    ops = inspect_json(model(rel))["ops"]
+    for op, count in fused.items():
+        assert ops.get(op) == count, ops
+    assert "Loop" not in ops
+
+
+@needs_testdata
+def test_stacked_sigmoid_lstms(tmp_path):
+    d = model("Dachkovski-simple_tensorflow_serving/models/lstm/1")
+    zeros = predict(d, {"input": np.zeros((1, 60, 5), np.float32)}, tmp=tmp_path)["output"]
+    assert zeros.shape == (1, 60)
+    np.testing.assert_allclose(zeros[0, :4], [0.402595, 0.462870, 0.445517, 0.374754], atol=2e-6)
+    np.testing.assert_allclose(zeros.mean(), 0.404064, atol=2e-6)
+    ramp = (np.arange(300, dtype=np.float32) / 300).reshape(1, 60, 5)
+    got = predict(d, {"input": ramp}, tmp=tmp_path)["output"]
+    np.testing.assert_allclose(got.mean(), 0.404109, atol=2e-6)
+    assert not np.allclose(got, zeros)  # the input reaches the output
 
 HP2_DIRS = [rel for rel, sigs in MODELS.items() if isinstance(sigs, list) and "regress_x_to_y2" in sigs]
 X = np.array([[1.0], [2.0], [3.0]], np.float32)
@@ -859,6 +919,41 @@ def test_op_elementwise_tf_semantics(tmp_path):
     np.testing.assert_array_equal(g["ne"], a != b)
     np.testing.assert_array_equal(g["sel"], [[1.0, 2.0], [0.0, 0.0]])
     np.testing.assert_array_equal(g["cs"], a.astype(np.float32))
+
+
+def test_op_float_floor_semantics_and_mapped_attrs(tmp_path):
+    # FloorDiv / FloorMod on floats follow Python's floor semantics; LeakyRelu's alpha
+    # defaults to 0.2; LogSoftmax runs over the last axis
+    a = np.array([7.5, -7.5, 7.5, -7.5, 0.0, 6.0], np.float32)
+    b = np.array([2.0, 2.0, -2.0, -2.0, 3.0, -3.0], np.float32)
+    nodes = [
+        corpus.node("fd", "FloorDiv", ["a", "b"], T=FT),
+        corpus.node("fm", "FloorMod", ["a", "b"], T=FT),
+        corpus.node("lr", "LeakyRelu", ["a"], T=FT),
+        corpus.node("ls", "LogSoftmax", ["m"], T=FT),
+    ]
+    m = np.array([[1.0, 2.0, 3.0], [0.5, -1.0, 4.0]], np.float32)
+    g = op_model(tmp_path, {"a": a, "b": b, "m": m}, nodes,
+                 {k: f"{k}:0" for k in ["fd", "fm", "lr", "ls"]})
+    np.testing.assert_array_equal(g["fd"], np.floor_divide(a, b))
+    np.testing.assert_array_equal(g["fm"], np.mod(a, b))
+    np.testing.assert_allclose(g["lr"], np.where(a > 0, a, np.float32(0.2) * a), rtol=1e-6)
+    e = m - m.max(axis=-1, keepdims=True)
+    np.testing.assert_allclose(g["ls"], e - np.log(np.exp(e).sum(axis=-1, keepdims=True)),
+                               rtol=1e-5, atol=1e-6)
+
+
+def test_op_reverse(tmp_path):
+    x = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
+    nodes = [
+        const_node("ax0", np.array([0], np.int32)),
+        const_node("ax12", np.array([1, -1], np.int64)),
+        corpus.node("r0", "ReverseV2", ["x", "ax0"], T=FT, Tidx=corpus.a_type(corpus.DT_INT32)),
+        corpus.node("r12", "ReverseV2", ["x", "ax12"], T=FT, Tidx=corpus.a_type(corpus.DT_INT64)),
+    ]
+    g = op_model(tmp_path, {"x": x}, nodes, {"r0": "r0:0", "r12": "r12:0"})
+    np.testing.assert_array_equal(g["r0"], x[::-1])
+    np.testing.assert_array_equal(g["r12"], x[:, ::-1, ::-1])
 
 
 def test_op_pad_tile_fill_range_onehot(tmp_path):
