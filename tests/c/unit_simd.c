@@ -1169,7 +1169,7 @@ static void test_rnn(void)
         {3, 5, 8, 17, RNN_LENS | RNN_INIT | RNN_LAYOUT1},
         {6, 2, 4, 16, RNN_INIT | RNN_NO_BIAS},
         {2, 4, 6, 33, RNN_LENS | RNN_YH_ONLY},
-        {3, 4, 20, 130, RNN_LENS | RNN_INIT},
+        {3, 8, 20, 260, RNN_LENS | RNN_INIT},
     };
     static const struct {
         enum kiln_op op;

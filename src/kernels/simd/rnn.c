@@ -31,6 +31,7 @@
 #include "kernels/simd/simd.h"
 
 #define RNN_GEMM_SLICE 8 /* rows per GEMM slice: a multiple of every register tile's rows */
+#define RNN_STEP_CHUNK_FLOPS 524288.0 /* least work of one thread's share of a step */
 
 struct rnn_state {
     const struct simd_kernels *k;
@@ -316,9 +317,11 @@ static kiln_status rnn_run(void *state, struct kiln_run_ctx *ctx)
     int64_t grain = slice_flops >= 131072 ? 1 : (int64_t)(131072 / slice_flops) + 1;
     kiln_parallel_for(threads, slices, grain, gemm_range, &gj);
 
-    /* a step's pass over the blocks: split when a block's share is worth a thread */
+    /* a step's pass over the blocks: split only into chunks of tens of microseconds, since
+     * every step ends in a join (on a busy host, a wait for a preempted worker) */
     double block_flops = 2.0 * (double)(B * H * s->G * s->k->lanes);
-    int64_t cgrain = block_flops >= 65536 ? 1 : (int64_t)(65536 / block_flops) + 1;
+    int64_t cgrain = block_flops >= RNN_STEP_CHUNK_FLOPS
+                         ? 1 : (int64_t)(RNN_STEP_CHUNK_FLOPS / block_flops) + 1;
     const int gru2 = s->kind == SIMD_RNN_CELL_GRU && !s->lbr;
 
     for (int d = 0; d < ND; d++) {

@@ -1,0 +1,121 @@
+"""test_rnn_models.py - recurrent classifiers from PyTorch through the kiln CLI.
+
+An LSTM classifier (two stacked bidirectional layers) and a GRU classifier
+(two layers; PyTorch exports GRU with linear_before_reset=1), with random
+weights from fixed seeds, are exported with torch.onnx.export into a
+temporary folder together with PyTorch's logits for a batch-2 input. Each
+runs through `kiln predict` on the default path (fast recurrent kernels,
+src/kernels/simd/rnn.c), on the reference kernels (KILN_FAST=0), and on the
+AVX2 and portable kernel tables, and must match PyTorch within
+1e-4 * max(1, max|torch|), as in test_models.py. A last test checks in the
+profile that the default path runs the recurrent nodes on the fast kernels.
+
+KILN_BIN names the kiln executable (default: build/kiln); the tests skip,
+saying so, when it or PyTorch is missing.
+"""
+
+import os
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+REL_TOL = 1e-4
+
+MODES = {
+    "default": {},
+    "reference-kernels": {"KILN_FAST": "0"},
+    "avx2": {"KILN_ISA": "avx2"},
+    "scalar": {"KILN_ISA": "scalar"},
+}
+
+
+@pytest.fixture(scope="session")
+def kiln_bin():
+    path = os.path.abspath(os.environ.get("KILN_BIN", str(REPO / "build" / "kiln")))
+    if not (os.path.isfile(path) and os.access(path, os.X_OK)):
+        pytest.skip(f"kiln executable not found at {path}: build it or set KILN_BIN")
+    return path
+
+
+def build_model(name):
+    """(module, input) for one classifier; seeded, so every export is the same."""
+    torch = pytest.importorskip("torch", reason="PyTorch is needed to export the models")
+    torch.manual_seed(1234 if name == "lstm" else 4321)
+
+    class Classifier(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            if name == "lstm":
+                self.rnn = torch.nn.LSTM(16, 40, num_layers=2, batch_first=True,
+                                         bidirectional=True)
+                width = 80
+            else:
+                self.rnn = torch.nn.GRU(16, 48, num_layers=2, batch_first=True)
+                width = 48
+            self.fc = torch.nn.Linear(width, 5)
+
+        def forward(self, x):
+            y, _ = self.rnn(x)
+            return self.fc(y[:, -1])
+
+    return Classifier().eval(), torch.randn(2, 12, 16)
+
+
+@pytest.fixture(scope="session")
+def exported(tmp_path_factory):
+    """name -> folder with model.onnx, x.npy and logits.npy (PyTorch's)."""
+    root = tmp_path_factory.mktemp("rnn_models")
+    done = {}
+
+    def get(name):
+        if name not in done:
+            torch = pytest.importorskip("torch")
+            model, x = build_model(name)
+            folder = root / name
+            folder.mkdir()
+            with torch.no_grad():
+                want = model(x).numpy()
+                torch.onnx.export(model, (x,), str(folder / "model.onnx"), input_names=["x"],
+                                  output_names=["logits"], opset_version=14)
+            np.save(folder / "x.npy", x.numpy())
+            np.save(folder / "logits.npy", want)
+            done[name] = folder
+        return done[name]
+
+    return get
+
+
+def run(kiln, args, env=None):
+    proc = subprocess.run([kiln, *args], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, **(env or {})})
+    assert proc.returncode == 0, f"kiln {' '.join(args)} exited {proc.returncode}:\n" \
+                                 f"{(proc.stderr or proc.stdout)[-2000:]}"
+    return proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+@pytest.mark.parametrize("name", ["lstm", "gru"])
+def test_classifier_matches_pytorch(name, mode, kiln_bin, exported, tmp_path):
+    folder = exported(name)
+    run(kiln_bin, ["predict", str(folder / "model.onnx"), "--input", f"x={folder / 'x.npy'}",
+                   "--output-dir", str(tmp_path)], MODES[mode])
+    got = np.load(tmp_path / "logits.npy")
+    want = np.load(folder / "logits.npy")
+    assert got.shape == want.shape
+    scale = max(1.0, float(np.abs(want).max()))
+    err = float(np.abs(got.astype(np.float64) - want).max())
+    assert err <= REL_TOL * scale, f"{name} ({mode}): max|kiln - torch| = {err:.3g}"
+
+
+@pytest.mark.parametrize("name,op,kernel", [("lstm", "LSTM", "f32_lstm_"),
+                                            ("gru", "GRU", "f32_gru_")])
+def test_recurrent_nodes_run_on_fast_kernels(name, op, kernel, kiln_bin, exported):
+    folder = exported(name)
+    out = run(kiln_bin, ["bench", str(folder / "model.onnx"), "--batch", "1", "--iterations",
+                         "2", "--warmup", "1", "--profile"])
+    rows = [line.split() for line in out.splitlines() if line.split()[:1] == [op]]
+    assert rows, f"no {op} row in the profile:\n{out}"
+    assert all(r[1].startswith(kernel) for r in rows), f"{op} not on {kernel}*:\n{out}"
