@@ -554,8 +554,8 @@ static void build_deconv(struct tg *t, const struct deconv_case *k)
 /* A grid over ConvTranspose's parameters: 1-D, 2-D and 3-D; groups (depthwise
  * included); strides 1 to 3; dilations; symmetric, asymmetric and zero pads;
  * output_padding; auto_pad SAME_UPPER, SAME_LOWER and VALID; output_shape; with
- * and without bias; channel counts below, at and above the vector widths; and
- * weights that are graph inputs. */
+ * and without bias; channel counts below, at and above the vector widths; 2-D
+ * cases also with X and Y blocked by 8 and 16; and weights that are graph inputs. */
 static void test_deconv(void)
 {
     static const struct deconv_case cases[] = {
@@ -582,6 +582,12 @@ static void test_deconv(void)
         struct tg t;
         build_deconv(&t, &cases[i]);
         differ(&t, what, NULL, 0, 1);
+        if (cases[i].nsp == 2) /* X and Y blocked by 8 and by 16, as the layout pass stores them */
+            for (int b = 8; b <= 16; b += 8) {
+                int in_l[3] = {b, 0, 0};
+                snprintf(what, sizeof what, "ConvTranspose case %zu, blocked %d", i, b);
+                differ(&t, what, in_l, b, 1);
+            }
         /* the same with weights that are graph inputs */
         t.g->values[tg_node(&t)->in[1]].kind = KILN_VALUE_INPUT;
         snprintf(what, sizeof what, "ConvTranspose case %zu, runtime weights", i);

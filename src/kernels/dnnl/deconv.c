@@ -12,7 +12,9 @@
  * are described by strides and reordered once into the format oneDNN picks
  * (weights that are graph inputs, as in the ONNX node tests, are read in
  * place through the strided descriptor).
- * Activations are plain layout. Anything else (other dtypes, empty
+ * Activations are plain or, where the layout pass blocked them (2-D only),
+ * nChw8c / nChw16c: with blocked data oneDNN runs its JIT deconvolution
+ * instead of a GEMM and col2im over plain data. Anything else (other dtypes, empty
  * tensors, a shape oneDNN declines) stays on the reference kernel.
  */
 #include "kernels/dnnl/dnnl_common.h"
@@ -80,9 +82,10 @@ static kiln_status deconv_compile(const struct kiln_compile_ctx *cc, struct kiln
     const struct kiln_type *x = cc->in[0], *w = cc->in[1], *y = cc->n_out > 0 ? cc->out[0] : NULL;
     const struct kiln_type *bias = cc->n_in > 2 ? cc->in[2] : NULL;
     if (!is_f32(x) || !is_f32(w) || !is_f32(y)) return KILN_OK;
-    for (int i = 0; i < cc->n_in; i++)
+    for (int i = 1; i < cc->n_in; i++)
         if (cc->in_layout && cc->in_layout[i]) return KILN_OK;
-    if (cc->out_layout && cc->out_layout[0]) return KILN_OK;
+    const int in_l = cc->in_layout ? cc->in_layout[0] : 0;
+    const int out_l = cc->out_layout ? cc->out_layout[0] : 0;
     int rank = x->rank;
     if (rank < 3 || rank > 5 || w->rank != rank || y->rank != rank) return KILN_OK;
     if (kiln_shape_count(rank, x->dims) <= 0 || kiln_shape_count(rank, y->dims) <= 0 ||
@@ -120,8 +123,8 @@ static kiln_status deconv_compile(const struct kiln_compile_ctx *cc, struct kiln
         b.pad_l[i] = pb[i];
         b.pad_r[i] = reach - pb[i] - out[i];
     }
-    if (kd_md_plain(&b.src, rank, x->dims) != dnnl_success ||
-        kd_md_plain(&b.dst, rank, y->dims) != dnnl_success)
+    if (kd_md_act(&b.src, rank, x->dims, in_l) != dnnl_success ||
+        kd_md_act(&b.dst, rank, y->dims, out_l) != dnnl_success)
         return KILN_OK;
     if (bias && kd_md_plain(&b.bias, 1, bias->dims) != dnnl_success) return KILN_OK;
     /* weights: logical [g][M/g][C/g][k...] (the group dim only when group > 1) over ONNX's
@@ -169,4 +172,11 @@ static kiln_status deconv_compile(const struct kiln_compile_ctx *cc, struct kiln
     return KILN_OK;
 }
 
-KILN_FAST_OP_PACKING(ConvTranspose, deconv_compile, NULL);
+/* Layout pass: X and Y may be blocked (4-D, constant weights: the pass checks). */
+static int deconv_accepts_blocked(const struct kiln_node *n, int i, int block)
+{
+    (void)n;
+    return (block == 8 || block == 16) && (i == 0 || i == -1);
+}
+
+KILN_FAST_OP_PACKING(ConvTranspose, deconv_compile, deconv_accepts_blocked);

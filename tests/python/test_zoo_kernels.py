@@ -1,14 +1,17 @@
-"""test_rnn_models.py - recurrent classifiers from PyTorch through the kiln CLI.
+"""test_zoo_kernels.py - small models whose hot ops left the reference kernels,
+from PyTorch through the kiln CLI.
 
-An LSTM classifier (two stacked bidirectional layers) and a GRU classifier
-(two layers; PyTorch exports GRU with linear_before_reset=1), with random
-weights from fixed seeds, are exported with torch.onnx.export into a
-temporary folder together with PyTorch's logits for a batch-2 input. Each
-runs through `kiln predict` on the default path (fast recurrent kernels,
-src/kernels/simd/rnn.c), on the reference kernels (KILN_FAST=0), and on the
-AVX2 and portable kernel tables, and must match PyTorch within
+An LSTM classifier (two stacked bidirectional layers), a GRU classifier (two
+layers; PyTorch exports GRU with linear_before_reset=1) and a UNet-style
+block (convolutions, a skip Concat, ConvTranspose 2x2 stride 2 and 4x4
+stride 2 pad 1), with random weights from fixed seeds, are exported with
+torch.onnx.export into a temporary folder together with PyTorch's output for
+a batch-2 input. Each runs through `kiln predict` on the default path (fast
+recurrent kernels, src/kernels/simd/rnn.c; oneDNN deconvolution,
+src/kernels/dnnl/deconv.c), on the reference kernels (KILN_FAST=0), and on
+the AVX2 and portable kernel tables, and must match PyTorch within
 1e-4 * max(1, max|torch|), as in test_models.py. A last test checks in the
-profile that the default path runs the recurrent nodes on the fast kernels.
+profile that the default path runs those nodes on the fast kernels.
 
 KILN_BIN names the kiln executable (default: build/kiln); the tests skip,
 saying so, when it or PyTorch is missing.
@@ -40,10 +43,40 @@ def kiln_bin():
     return path
 
 
+def build_unet(torch):
+    class Up(torch.nn.Module):
+        def __init__(self, cin, cout):
+            super().__init__()
+            self.up = torch.nn.ConvTranspose2d(cin, cout, 2, stride=2)
+            self.conv = torch.nn.Sequential(torch.nn.Conv2d(2 * cout, cout, 3, padding=1),
+                                            torch.nn.ReLU())
+
+        def forward(self, x, skip):
+            return self.conv(torch.cat([self.up(x), skip], 1))
+
+    class UNetBlock(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.down = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.ReLU())
+            self.mid = torch.nn.Sequential(torch.nn.MaxPool2d(2),
+                                           torch.nn.Conv2d(16, 32, 3, padding=1), torch.nn.ReLU())
+            self.up = Up(32, 16)
+            self.up2 = torch.nn.ConvTranspose2d(16, 8, 4, stride=2, padding=1)
+            self.head = torch.nn.Conv2d(8, 2, 1)
+
+        def forward(self, x):
+            d = self.down(x)
+            return self.head(torch.relu(self.up2(self.up(self.mid(d), d))))
+
+    return UNetBlock().eval(), torch.randn(2, 3, 24, 24)
+
+
 def build_model(name):
-    """(module, input) for one classifier; seeded, so every export is the same."""
+    """(module, input) for one model; seeded, so every export is the same."""
     torch = pytest.importorskip("torch", reason="PyTorch is needed to export the models")
-    torch.manual_seed(1234 if name == "lstm" else 4321)
+    torch.manual_seed({"lstm": 1234, "gru": 4321, "unet": 2468}[name])
+    if name == "unet":
+        return build_unet(torch)
 
     class Classifier(torch.nn.Module):
         def __init__(self):
@@ -66,8 +99,8 @@ def build_model(name):
 
 @pytest.fixture(scope="session")
 def exported(tmp_path_factory):
-    """name -> folder with model.onnx, x.npy and logits.npy (PyTorch's)."""
-    root = tmp_path_factory.mktemp("rnn_models")
+    """name -> folder with model.onnx, x.npy and y.npy (PyTorch's)."""
+    root = tmp_path_factory.mktemp("zoo_kernels")
     done = {}
 
     def get(name):
@@ -79,9 +112,9 @@ def exported(tmp_path_factory):
             with torch.no_grad():
                 want = model(x).numpy()
                 torch.onnx.export(model, (x,), str(folder / "model.onnx"), input_names=["x"],
-                                  output_names=["logits"], opset_version=14)
+                                  output_names=["y"], opset_version=14)
             np.save(folder / "x.npy", x.numpy())
-            np.save(folder / "logits.npy", want)
+            np.save(folder / "y.npy", want)
             done[name] = folder
         return done[name]
 
@@ -97,13 +130,13 @@ def run(kiln, args, env=None):
 
 
 @pytest.mark.parametrize("mode", list(MODES))
-@pytest.mark.parametrize("name", ["lstm", "gru"])
-def test_classifier_matches_pytorch(name, mode, kiln_bin, exported, tmp_path):
+@pytest.mark.parametrize("name", ["lstm", "gru", "unet"])
+def test_model_matches_pytorch(name, mode, kiln_bin, exported, tmp_path):
     folder = exported(name)
     run(kiln_bin, ["predict", str(folder / "model.onnx"), "--input", f"x={folder / 'x.npy'}",
                    "--output-dir", str(tmp_path)], MODES[mode])
-    got = np.load(tmp_path / "logits.npy")
-    want = np.load(folder / "logits.npy")
+    got = np.load(tmp_path / "y.npy")
+    want = np.load(folder / "y.npy")
     assert got.shape == want.shape
     scale = max(1.0, float(np.abs(want).max()))
     err = float(np.abs(got.astype(np.float64) - want).max())
@@ -111,8 +144,9 @@ def test_classifier_matches_pytorch(name, mode, kiln_bin, exported, tmp_path):
 
 
 @pytest.mark.parametrize("name,op,kernel", [("lstm", "LSTM", "f32_lstm_"),
-                                            ("gru", "GRU", "f32_gru_")])
-def test_recurrent_nodes_run_on_fast_kernels(name, op, kernel, kiln_bin, exported):
+                                            ("gru", "GRU", "f32_gru_"),
+                                            ("unet", "ConvTranspose", "dnnl_deconv")])
+def test_nodes_run_on_fast_kernels(name, op, kernel, kiln_bin, exported):
     folder = exported(name)
     out = run(kiln_bin, ["bench", str(folder / "model.onnx"), "--batch", "1", "--iterations",
                          "2", "--warmup", "1", "--profile"])
