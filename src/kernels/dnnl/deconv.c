@@ -164,6 +164,7 @@ static kiln_status deconv_compile(const struct kiln_compile_ctx *cc, struct kiln
         return st;
     }
     inst->name = "dnnl_deconv";
+    kd_inst_impl(inst, e);
     inst->state = e;
     inst->run = deconv_run;
     inst->destroy = deconv_destroy;
