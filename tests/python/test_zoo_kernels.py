@@ -18,6 +18,7 @@ saying so, when it or PyTorch is missing.
 """
 
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -71,12 +72,47 @@ def build_unet(torch):
     return UNetBlock().eval(), torch.randn(2, 3, 24, 24)
 
 
+def build_preact(torch):
+    """Pre-activation residual blocks: BatchNorm -> ReLU -> Conv (the BN cannot fold), a
+    BatchNorm straight into an unpadded 1x1 Conv (it folds into that Conv's weights), and one
+    after a ReLU into a padded grouped 3x3 Conv (it cannot: the padding would see its shift)."""
+    nn = torch.nn
+
+    class PreAct(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.stem = nn.Conv2d(3, 16, 3, padding=1)
+            self.bn1 = nn.BatchNorm2d(16)
+            self.conv1 = nn.Conv2d(16, 16, 3, padding=1)
+            self.bn2 = nn.BatchNorm2d(16)
+            self.conv2 = nn.Conv2d(16, 32, 1)
+            self.bn3 = nn.BatchNorm2d(32)
+            self.conv3 = nn.Conv2d(32, 8, 3, padding=1, groups=2)
+
+        def forward(self, x):
+            x = self.stem(x)
+            x = x + self.conv1(torch.relu(self.bn1(x)))
+            return self.conv3(self.bn3(torch.relu(self.conv2(self.bn2(x)))))
+
+    m = PreAct()
+    gen = torch.Generator().manual_seed(7)
+    for bn in (m.bn1, m.bn2, m.bn3):  # non-trivial statistics and affine parameters
+        c = bn.num_features
+        bn.running_mean.copy_(torch.randn(c, generator=gen) * 0.5)
+        bn.running_var.copy_(torch.rand(c, generator=gen) + 0.5)
+        bn.weight.data.copy_(torch.rand(c, generator=gen) + 0.5)
+        bn.bias.data.copy_(torch.randn(c, generator=gen) * 0.3)
+    return m.eval(), torch.randn(2, 3, 20, 20)
+
+
 def build_model(name):
     """(module, input) for one model; seeded, so every export is the same."""
     torch = pytest.importorskip("torch", reason="PyTorch is needed to export the models")
-    torch.manual_seed({"lstm": 1234, "gru": 4321, "unet": 2468}[name])
+    torch.manual_seed({"lstm": 1234, "gru": 4321, "unet": 2468, "preact": 1357}[name])
     if name == "unet":
         return build_unet(torch)
+    if name == "preact":
+        return build_preact(torch)
 
     class Classifier(torch.nn.Module):
         def __init__(self):
@@ -130,7 +166,7 @@ def run(kiln, args, env=None):
 
 
 @pytest.mark.parametrize("mode", list(MODES))
-@pytest.mark.parametrize("name", ["lstm", "gru", "unet"])
+@pytest.mark.parametrize("name", ["lstm", "gru", "unet", "preact"])
 def test_model_matches_pytorch(name, mode, kiln_bin, exported, tmp_path):
     folder = exported(name)
     run(kiln_bin, ["predict", str(folder / "model.onnx"), "--input", f"x={folder / 'x.npy'}",
@@ -153,3 +189,15 @@ def test_nodes_run_on_fast_kernels(name, op, kernel, kiln_bin, exported):
     rows = [line.split() for line in out.splitlines() if line.split()[:1] == [op]]
     assert rows, f"no {op} row in the profile:\n{out}"
     assert all(r[1].startswith(kernel) for r in rows), f"{op} not on {kernel}*:\n{out}"
+
+
+def test_standalone_batchnorm_leaves_the_reference(kiln_bin, exported):
+    """The pre-activation model's BatchNormalizations: one folded into the 1x1 Conv after it,
+    two turned into depthwise convolutions (one with its ReLU fused), none left to run."""
+    folder = exported("preact")
+    log = run(kiln_bin, ["inspect", str(folder / "model.onnx"), "--optimized"])
+    assert re.search(r"BatchNormalization\+Conv x1\b", log), log
+    assert re.search(r"BatchNormalization as depthwise Conv x2\b", log), log
+    out = run(kiln_bin, ["bench", str(folder / "model.onnx"), "--batch", "1", "--iterations",
+                         "2", "--warmup", "1", "--profile"])
+    assert not [line for line in out.splitlines() if line.startswith("BatchNormalization")], out
