@@ -88,7 +88,8 @@ double kiln_node_flops(const struct kiln_node *n, const struct kiln_type *const 
     case KILN_OP_Conv:
     case KILN_OP_KilnFusedConv:
         return conv_flops(input(in, n_in, 1), out0);
-    case KILN_OP_ConvTranspose: {
+    case KILN_OP_ConvTranspose:
+    case KILN_OP_KilnFusedConvTranspose: {
         /* every input element scatters into (M / group) * kernel outputs: W [C, M/g, k...] */
         const struct kiln_type *x = input(in, n_in, 0), *w = input(in, n_in, 1);
         if (!x || !w || w->rank < 3) return 0.0;

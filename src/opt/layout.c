@@ -45,7 +45,7 @@ static int pick_block(void)
 static int is_conv(const struct kiln_node *n)
 {
     return n->op == KILN_OP_Conv || n->op == KILN_OP_KilnFusedConv ||
-           n->op == KILN_OP_ConvTranspose;
+           n->op == KILN_OP_ConvTranspose || n->op == KILN_OP_KilnFusedConvTranspose;
 }
 
 static int is_pool(const struct kiln_node *n)

@@ -191,6 +191,19 @@ def test_nodes_run_on_fast_kernels(name, op, kernel, kiln_bin, exported):
     assert all(r[1].startswith(kernel) for r in rows), f"{op} not on {kernel}*:\n{out}"
 
 
+def test_transposed_convolution_fuses_its_activation(kiln_bin, exported):
+    """The UNet block's second ConvTranspose and the ReLU after it run as one oneDNN
+    deconvolution with the activation as a post-op."""
+    folder = exported("unet")
+    log = run(kiln_bin, ["inspect", str(folder / "model.onnx"), "--optimized"])
+    assert re.search(r"ConvTranspose\+Relu x1\b", log), log
+    out = run(kiln_bin, ["bench", str(folder / "model.onnx"), "--batch", "1", "--iterations",
+                         "2", "--warmup", "1", "--profile"])
+    rows = [line.split() for line in out.splitlines()
+            if line.split()[:1] == ["KilnFusedConvTranspose"]]
+    assert rows and all(r[1] == "dnnl_fused_deconv" for r in rows), out
+
+
 def test_standalone_batchnorm_leaves_the_reference(kiln_bin, exported):
     """The pre-activation model's BatchNormalizations: one folded into the 1x1 Conv after it,
     two turned into depthwise convolutions (one with its ReLU fused), none left to run."""

@@ -6,7 +6,9 @@
  * output_padding and output_shape (the geometry is the reference kernel's,
  * kiln_convt_window in ref/conv.c: output size and begin pads; the end pads
  * follow from the output size and may be negative where output_padding
- * adds rows the input never reaches, which oneDNN takes); the bias fused.
+ * adds rows the input never reaches, which oneDNN takes); the bias fused,
+ * and for KilnFusedConvTranspose (opt/fuse_act.c) the activation as
+ * eltwise post-ops.
  * ONNX's weights are [C, M/group, k...] (input channels first); oneDNN's
  * logical order is [group][M/group][C/group][k...], so the constant weights
  * are described by strides and reordered once into the format oneDNN picks
@@ -34,6 +36,7 @@ static kiln_status deconv_make(void *arg, struct kd_variant *v, int threads)
     struct deconv_build *b = arg;
     const struct kiln_node *n = b->cc->node;
     dnnl_primitive_attr_t attr = NULL;
+    dnnl_post_ops_t po = NULL;
     dnnl_primitive_desc_t pd = NULL;
     kiln_status st = KILN_OK;
     dnnl_deconvolution_desc_t dd;
@@ -42,7 +45,11 @@ static kiln_status deconv_make(void *arg, struct kd_variant *v, int threads)
         b->has_bias ? &b->bias : NULL, &b->dst, b->strides, b->dilates, b->pad_l, b->pad_r);
     if (r == dnnl_success) r = dnnl_primitive_attr_create(&attr);
     if (r == dnnl_success) r = dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user);
+    if (r == dnnl_success) r = dnnl_post_ops_create(&po);
+    if (r == dnnl_success && !kd_append_activation(n, po)) r = dnnl_unimplemented;
+    if (r == dnnl_success) r = dnnl_primitive_attr_set_post_ops(attr, po);
     if (r == dnnl_success) r = dnnl_primitive_desc_create(&pd, &dd, attr, kd_engine(), NULL);
+    if (po) dnnl_post_ops_destroy(po);
     if (attr) dnnl_primitive_attr_destroy(attr);
     if (r != dnnl_success) return KILN_OK; /* the reference runs it */
     const dnnl_memory_desc_t *wmd = dnnl_primitive_desc_query_md(pd, dnnl_query_weights_md, 0);
@@ -74,6 +81,20 @@ static void deconv_destroy(void *state)
     free(state);
 }
 
+/* The fused node's activation is one oneDNN has (a plain ConvTranspose has none). */
+static int act_ok(const struct kiln_node *n)
+{
+    dnnl_post_ops_t po;
+    if (dnnl_post_ops_create(&po) != dnnl_success) return 0;
+    int ok = kd_append_activation(n, po);
+    dnnl_post_ops_destroy(po);
+    if (kiln_attr_check(n) != KILN_OK) { /* reported again when the node runs */
+        kiln_error_clear();
+        ok = 0;
+    }
+    return ok;
+}
+
 static int is_f32(const struct kiln_type *t) { return t && t->dtype == KILN_DTYPE_F32; }
 
 static kiln_status deconv_compile(const struct kiln_compile_ctx *cc, struct kiln_kernel_inst *inst)
@@ -82,6 +103,7 @@ static kiln_status deconv_compile(const struct kiln_compile_ctx *cc, struct kiln
     const struct kiln_type *x = cc->in[0], *w = cc->in[1], *y = cc->n_out > 0 ? cc->out[0] : NULL;
     const struct kiln_type *bias = cc->n_in > 2 ? cc->in[2] : NULL;
     if (!is_f32(x) || !is_f32(w) || !is_f32(y)) return KILN_OK;
+    if (n->op == KILN_OP_KilnFusedConvTranspose && !act_ok(n)) return KILN_OK;
     for (int i = 1; i < cc->n_in; i++)
         if (cc->in_layout && cc->in_layout[i]) return KILN_OK;
     const int in_l = cc->in_layout ? cc->in_layout[0] : 0;
@@ -163,7 +185,7 @@ static kiln_status deconv_compile(const struct kiln_compile_ctx *cc, struct kiln
         free(e);
         return st;
     }
-    inst->name = "dnnl_deconv";
+    inst->name = n->op == KILN_OP_KilnFusedConvTranspose ? "dnnl_fused_deconv" : "dnnl_deconv";
     kd_inst_impl(inst, e);
     inst->state = e;
     inst->run = deconv_run;
@@ -176,8 +198,9 @@ static kiln_status deconv_compile(const struct kiln_compile_ctx *cc, struct kiln
 /* Layout pass: X and Y may be blocked (4-D, constant weights: the pass checks). */
 static int deconv_accepts_blocked(const struct kiln_node *n, int i, int block)
 {
-    (void)n;
+    if (n->op == KILN_OP_KilnFusedConvTranspose && !act_ok(n)) return 0;
     return (block == 8 || block == 16) && (i == 0 || i == -1);
 }
 
 KILN_FAST_OP_PACKING(ConvTranspose, deconv_compile, deconv_accepts_blocked);
+KILN_FAST_OP_PACKING(KilnFusedConvTranspose, deconv_compile, deconv_accepts_blocked);
