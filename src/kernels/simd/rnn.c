@@ -14,8 +14,10 @@
  * over blocks of hidden units, split across the run's threads: the
  * hidden-state product and the gate arithmetic together (GRU with
  * linear_before_reset 0 takes two passes, since its h gate's product reads
- * r * h of every unit). The state, the projections and the per-step
- * buffers live in the plan's scratch memory: a run allocates nothing.
+ * r * h of every unit). The two directions of a bidirectional layer run side
+ * by side on two threads (no join per step) where the run has them. The
+ * state, the projections and the per-step buffers live in the plan's
+ * scratch memory: a run allocates nothing.
  *
  * Weights that are graph inputs (W, R, B or P not constant, as in the ONNX
  * node tests) are packed into scratch by every run instead. Declined (the
@@ -277,17 +279,74 @@ static int64_t state_off(const struct rnn_state *s, int d, int64_t b)
     return s->layout ? (b * s->ndir + d) * s->H : (d * s->B + b) * s->H;
 }
 
+/* One run's view of the buffers and tensors, shared by its directions. */
+struct dir_job {
+    const struct rnn_state *s;
+    const struct simd_rnn *cells;
+    const float *xw;
+    float *sc;
+    const kiln_tensor *L, *H0, *C0;
+    kiln_tensor *Y, *YH, *YC;
+    int64_t cgrain;
+};
+
+/* Direction d's time loop on `threads` threads, with its own state buffers. */
+static void run_direction(const struct dir_job *j, int d, int threads)
+{
+    const struct rnn_state *s = j->s;
+    const int64_t T = s->T, B = s->B, H = s->H, ND = s->ndir;
+    const bool reverse = s->reverse_only || d == 1;
+    const int gru2 = s->kind == SIMD_RNN_CELL_GRU && !s->lbr;
+    float *hb[2] = {j->sc + s->off_h + 2 * d * B * H, j->sc + s->off_h + (2 * d + 1) * B * H};
+    float *cb[2] = {j->sc + s->off_c + 2 * d * B * H, j->sc + s->off_c + (2 * d + 1) * B * H};
+    unsigned char *active = (unsigned char *)(j->sc + s->off_act) + d * B;
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t k = 0; k < H; k++) {
+            int64_t o = state_off(s, d, b) + k;
+            hb[0][b * H + k] = j->H0 ? ((const float *)j->H0->data)[o] : 0.0f;
+            cb[0][b * H + k] = j->C0 ? ((const float *)j->C0->data)[o] : 0.0f;
+        }
+    int cur = 0;
+    for (int64_t step = 0; step < T; step++) {
+        const int64_t t = reverse ? T - 1 - step : step;
+        for (int64_t b = 0; b < B; b++) active[b] = !j->L || t < kiln_tensor_i64(j->L, b);
+        struct simd_rnn_step st = {
+            .xw = j->xw + (s->layout ? t : t * B) * s->ngh + d * s->G * H,
+            .ldx = s->layout ? T * s->ngh : s->ngh,
+            .h = hb[cur], .c = cb[cur], .h_new = hb[cur ^ 1], .c_new = cb[cur ^ 1],
+            .y = NULL,
+            .ldy = s->layout ? T * ND * H : H,
+            .active = active,
+            .z = j->sc + s->off_z + d * B * H, .rh = j->sc + s->off_rh + d * B * H,
+        };
+        if (j->Y)
+            st.y = (float *)j->Y->data + (s->layout ? (t * ND + d) * H : (t * ND + d) * B * H);
+        struct cell_job cj = {s->k, &j->cells[d], &st, gru2 ? 1 : 0};
+        kiln_parallel_for(threads, s->nblk, j->cgrain, cell_range, &cj);
+        if (gru2) {
+            cj.phase = 2;
+            kiln_parallel_for(threads, s->nblk, j->cgrain, cell_range, &cj);
+        }
+        cur ^= 1;
+    }
+    for (int64_t b = 0; b < B; b++) {
+        int64_t o = state_off(s, d, b);
+        if (j->YH) memcpy((float *)j->YH->data + o, hb[cur] + b * H, (size_t)H * sizeof(float));
+        if (j->YC) memcpy((float *)j->YC->data + o, cb[cur] + b * H, (size_t)H * sizeof(float));
+    }
+}
+
+static void dir_range(void *arg, int64_t begin, int64_t end)
+{
+    for (int64_t d = begin; d < end; d++) run_direction(arg, (int)d, 1);
+}
+
 static kiln_status rnn_run(void *state, struct kiln_run_ctx *ctx)
 {
     const struct rnn_state *s = state;
     const int64_t T = s->T, B = s->B, H = s->H, ND = s->ndir;
     const kiln_tensor *X = ctx->in[0];
     const kiln_tensor *L = ctx->n_in > 4 ? ctx->in[4] : NULL;
-    const kiln_tensor *H0 = ctx->n_in > 5 ? ctx->in[5] : NULL;
-    const kiln_tensor *C0 = s->kind == SIMD_RNN_CELL_LSTM && ctx->n_in > 6 ? ctx->in[6] : NULL;
-    kiln_tensor *Y = ctx->n_out > 0 ? ctx->out[0] : NULL;
-    kiln_tensor *YH = ctx->n_out > 1 ? ctx->out[1] : NULL;
-    kiln_tensor *YC = s->kind == SIMD_RNN_CELL_LSTM && ctx->n_out > 2 ? ctx->out[2] : NULL;
     for (int64_t b = 0; L && b < B; b++) {
         int64_t len = kiln_tensor_i64(L, b);
         if (len < 0 || len > T)
@@ -296,9 +355,6 @@ static kiln_status rnn_run(void *state, struct kiln_run_ctx *ctx)
                                    (long long)b, (long long)len, (long long)T);
     }
     float *sc = ctx->scratch;
-    float *xw = sc + s->off_xw, *hb[2] = {sc + s->off_h, sc + s->off_h + B * H};
-    float *cb[2] = {sc + s->off_c, sc + s->off_c + B * H};
-    unsigned char *active = (unsigned char *)(sc + s->off_act);
     int threads = ctx->threads < 1 ? 1 : ctx->threads;
     const float *wt = s->wt;
     struct simd_rnn cells[2] = {s->cell[0], s->cell[1]};
@@ -312,7 +368,7 @@ static kiln_status rnn_run(void *state, struct kiln_run_ctx *ctx)
 
     /* the input projections of every step and direction: [T * B rows][ngh] */
     int64_t rows = T * B, slices = (rows + RNN_GEMM_SLICE - 1) / RNN_GEMM_SLICE;
-    struct gemm_job gj = {s, wt, X->data, xw, rows};
+    struct gemm_job gj = {s, wt, X->data, sc + s->off_xw, rows};
     double slice_flops = 2.0 * RNN_GEMM_SLICE * (double)s->ngh * (double)s->I;
     int64_t grain = slice_flops >= 131072 ? 1 : (int64_t)(131072 / slice_flops) + 1;
     kiln_parallel_for(threads, slices, grain, gemm_range, &gj);
@@ -322,44 +378,21 @@ static kiln_status rnn_run(void *state, struct kiln_run_ctx *ctx)
     double block_flops = 2.0 * (double)(B * H * s->G * s->k->lanes);
     int64_t cgrain = block_flops >= RNN_STEP_CHUNK_FLOPS
                          ? 1 : (int64_t)(RNN_STEP_CHUNK_FLOPS / block_flops) + 1;
-    const int gru2 = s->kind == SIMD_RNN_CELL_GRU && !s->lbr;
-
-    for (int d = 0; d < ND; d++) {
-        const bool reverse = s->reverse_only || d == 1;
-        for (int64_t b = 0; b < B; b++)
-            for (int64_t j = 0; j < H; j++) {
-                int64_t o = state_off(s, d, b) + j;
-                hb[0][b * H + j] = H0 ? ((const float *)H0->data)[o] : 0.0f;
-                cb[0][b * H + j] = C0 ? ((const float *)C0->data)[o] : 0.0f;
-            }
-        int cur = 0;
-        for (int64_t step = 0; step < T; step++) {
-            const int64_t t = reverse ? T - 1 - step : step;
-            for (int64_t b = 0; b < B; b++) active[b] = !L || t < kiln_tensor_i64(L, b);
-            struct simd_rnn_step st = {
-                .xw = xw + (s->layout ? t : t * B) * s->ngh + d * s->G * H,
-                .ldx = s->layout ? T * s->ngh : s->ngh,
-                .h = hb[cur], .c = cb[cur], .h_new = hb[cur ^ 1], .c_new = cb[cur ^ 1],
-                .y = NULL,
-                .ldy = s->layout ? T * ND * H : H,
-                .active = active,
-                .z = sc + s->off_z, .rh = sc + s->off_rh,
-            };
-            if (Y)
-                st.y = (float *)Y->data + (s->layout ? (t * ND + d) * H : (t * ND + d) * B * H);
-            struct cell_job cj = {s->k, &cells[d], &st, gru2 ? 1 : 0};
-            kiln_parallel_for(threads, s->nblk, cgrain, cell_range, &cj);
-            if (gru2) {
-                cj.phase = 2;
-                kiln_parallel_for(threads, s->nblk, cgrain, cell_range, &cj);
-            }
-            cur ^= 1;
-        }
-        for (int64_t b = 0; b < B; b++) {
-            int64_t o = state_off(s, d, b);
-            if (YH) memcpy((float *)YH->data + o, hb[cur] + b * H, (size_t)H * sizeof(float));
-            if (YC) memcpy((float *)YC->data + o, cb[cur] + b * H, (size_t)H * sizeof(float));
-        }
+    struct dir_job j = {
+        .s = s, .cells = cells, .xw = sc + s->off_xw, .sc = sc, .L = L,
+        .H0 = ctx->n_in > 5 ? ctx->in[5] : NULL,
+        .C0 = s->kind == SIMD_RNN_CELL_LSTM && ctx->n_in > 6 ? ctx->in[6] : NULL,
+        .Y = ctx->n_out > 0 ? ctx->out[0] : NULL,
+        .YH = ctx->n_out > 1 ? ctx->out[1] : NULL,
+        .YC = s->kind == SIMD_RNN_CELL_LSTM && ctx->n_out > 2 ? ctx->out[2] : NULL,
+        .cgrain = cgrain,
+    };
+    /* Two directions on two threads run side by side, one thread each, with no join per
+     * step; so do they wherever a step would not be split across all the threads anyway. */
+    if (ND == 2 && threads >= 2 && (threads == 2 || s->nblk / cgrain < threads)) {
+        kiln_parallel_for(2, 2, 1, dir_range, &j);
+    } else {
+        for (int d = 0; d < ND; d++) run_direction(&j, d, threads);
     }
     return KILN_OK;
 }
@@ -479,16 +512,16 @@ static kiln_status rnn_compile(const struct kiln_compile_ctx *cc, struct kiln_ke
     }
     s->off_xw = o;
     o += round16((size_t)(T * B * s->ngh));
-    s->off_h = o;
-    o += round16((size_t)(2 * B * H));
+    s->off_h = o; /* per direction: two h, two c, z, r * h and the row flags */
+    o += round16((size_t)(ndir * 2 * B * H));
     s->off_c = o;
-    o += round16((size_t)(2 * B * H));
+    o += round16((size_t)(ndir * 2 * B * H));
     s->off_z = o;
-    o += round16((size_t)(B * H));
+    o += round16((size_t)(ndir * B * H));
     s->off_rh = o;
-    o += round16((size_t)(B * H));
+    o += round16((size_t)(ndir * B * H));
     s->off_act = o;
-    o += round16((size_t)(B + 3) / 4);
+    o += round16((size_t)(ndir * B + 3) / 4);
     snprintf(s->name, sizeof s->name, "f32_%s_%s", kiln_op_name(n->op), s->k->isa);
     for (char *q = s->name; *q; q++)
         if (*q >= 'A' && *q <= 'Z') *q = (char)(*q - 'A' + 'a');
