@@ -22,8 +22,9 @@
  * Weights that are graph inputs (W, R, B or P not constant, as in the ONNX
  * node tests) are packed into scratch by every run instead. Declined (the
  * reference runs the node): a dtype other than f32, shapes or attributes the
- * reference would reject, an empty sequence or batch. The results of one and two threads are identical: the
- * GEMM is split on fixed slices of rows and the cell on whole blocks.
+ * reference would reject, an empty sequence or batch. The results of one
+ * and two threads are identical: the GEMM is split on fixed slices of rows,
+ * the cell on whole blocks, and a direction never across threads' sums.
  */
 #include <stdio.h>
 #include <stdlib.h>
