@@ -166,6 +166,15 @@ rnn_blocks(const struct simd_rnn *r, const struct simd_rnn_step *s, int phase, i
     for (int64_t jb = b0; jb < b1; jb++) {
         int64_t i = 0;
         for (; i + RNN_RB <= r->rows; i += RNN_RB) rnn_rows(r, s, phase, jb, i, RNN_RB, G);
+        /* the rest in one tile too (batch 2 or 3 reads the block's weights once, not per row) */
+        if (RNN_RB > 3 && i + 3 <= r->rows) {
+            rnn_rows(r, s, phase, jb, i, 3, G);
+            i += 3;
+        }
+        if (RNN_RB > 2 && i + 2 <= r->rows) {
+            rnn_rows(r, s, phase, jb, i, 2, G);
+            i += 2;
+        }
         for (; i < r->rows; i++) rnn_rows(r, s, phase, jb, i, 1, G);
     }
 }
