@@ -12,6 +12,9 @@
 /* Per-op time of the session's cached plans (profiling must have been
  * enabled with kiln_plan_profile_enable before the runs). */
 void kiln_session_profile_print(kiln_session *s, FILE *f);
+/* The share of the profiled run time spent on reference code (kiln_plan_cache_reference_share):
+ * 1 on the reference executor, -1 when nothing was profiled. */
+double kiln_session_reference_share(kiln_session *s);
 /* One line about the session's plans: count, steps, fast kernels, arena bytes. */
 void kiln_session_plan_summary(kiln_session *s, char *buf, size_t n);
 

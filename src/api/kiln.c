@@ -614,6 +614,7 @@ kiln_status kiln_session_optimization_log(kiln_session *s, char **text)
         }
         log.packed_weight_bytes = kiln_weight_cache_bytes(s->model->weights);
         kiln_opt_log_print(&log, text_line, &b);
+        if (sig->plans[1]) kiln_plan_cache_fallbacks(sig->plans[1], text_line, &b);
     }
     if (b.oom || !b.s) {
         free(b.s);
@@ -636,6 +637,12 @@ void kiln_session_profile_print(kiln_session *s, FILE *f)
         return;
     }
     kiln_plan_cache_profile_print(session_plans(s), f);
+}
+
+double kiln_session_reference_share(kiln_session *s)
+{
+    if (s->opts.reference) return 1.0;
+    return kiln_plan_cache_reference_share(session_plans(s));
 }
 
 void kiln_session_plan_summary(kiln_session *s, char *buf, size_t n)

@@ -77,14 +77,16 @@ static const char bench_usage[] =
     "  --seed N           seed of the random inputs (default 1)\n"
     "  --profile          after the runs, print the time per op and kernel, and the\n"
     "                     work, rate and share of peak of the products, over the\n"
-    "                     timed runs (not the first run or the warmup) (stderr)\n"
+    "                     timed runs (not the first run or the warmup), and every\n"
+    "                     step on reference code (stderr)\n"
     "  --tags TAGS        SavedModel MetaGraph tags, comma-separated (default: serve)\n"
     "  -h, --help         show this help\n"
     "\n"
     "Float inputs are uniform in [-1, 1), bool inputs 0 or 1. JSON keys: load_ms,\n"
     "model_load_ms, session_create_ms, first_inference_ms,\n"
     "load_to_first_inference_ms, median_ms, p90_ms, p99_ms, mean_ms, min_ms, max_ms,\n"
-    "throughput_per_s, peak_rss_mb, and the model, batch, inputs and outputs.\n";
+    "throughput_per_s, peak_rss_mb, reference_share (the share of the timed runs'\n"
+    "time on reference kernels), and the model, batch, inputs and outputs.\n";
 
 #define BENCH_DEFAULT_ITERATIONS 20
 #define BENCH_DEFAULT_WARMUP 2
@@ -389,6 +391,7 @@ typedef struct bench_result {
     double throughput_per_s;
     double peak_rss_mb;
     int64_t nonfinite;   /* NaN or infinite float elements in the first run's outputs */
+    double reference_share; /* of the timed runs' time, on reference code; -1 = unknown */
 } bench_result;
 
 /* Non-finite elements of a float output (0 for other dtypes). */
@@ -473,8 +476,11 @@ static void print_json(const bench_args *a, const kiln_signature *sig, const kil
     printf(" \"median_ms\": %.6f, \"p90_ms\": %.6f, \"p99_ms\": %.6f, \"mean_ms\": %.6f, "
            "\"min_ms\": %.6f, \"max_ms\": %.6f,\n",
            r->median_ms, r->p90_ms, r->p99_ms, r->mean_ms, r->min_ms, r->max_ms);
-    printf(" \"throughput_per_s\": %.3f, \"peak_rss_mb\": %.2f, \"nonfinite_outputs\": %lld}\n",
+    printf(" \"throughput_per_s\": %.3f, \"peak_rss_mb\": %.2f, \"nonfinite_outputs\": %lld, "
+           "\"reference_share\": ",
            r->throughput_per_s, r->peak_rss_mb, (long long)r->nonfinite);
+    if (r->reference_share >= 0) printf("%.6f}\n", r->reference_share);
+    else printf("null}\n");
 }
 
 static void print_text(const bench_args *a, const kiln_signature *sig,
@@ -606,7 +612,7 @@ int kiln_cmd_bench(int argc, char **argv)
         kiln_outputs *out = NULL;
         /* the profile covers the timed runs only: the first runs also pay for oneDNN's
          * just-in-time code and the arena's first page faults */
-        if (a.profile && i == a.warmup) kiln_plan_profile_enable(1);
+        if ((a.profile || a.json) && i == a.warmup) kiln_plan_profile_enable(1);
         t0 = now_ms();
         kiln_status st = kiln_session_run(session, in, n_in, &out);
         double dt = now_ms() - t0;
@@ -629,6 +635,7 @@ int kiln_cmd_bench(int argc, char **argv)
     r.max_ms = lat[a.iterations - 1];
     r.throughput_per_s = r.median_ms > 0 ? a.batch * 1000.0 / r.median_ms : 0;
     r.peak_rss_mb = peak_rss_mb();
+    r.reference_share = kiln_session_reference_share(session);
 
     int n_out = kiln_outputs_count(first);
     kiln_named_tensor *outs = calloc((size_t)(n_out > 0 ? n_out : 1), sizeof *outs);

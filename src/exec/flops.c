@@ -3,7 +3,7 @@
  * GFLOP/s and share-of-peak columns.
  *
  * Counted: the ops whose time is their products (convolutions, matrix
- * products, attention and the fused kernels made of them), at 2 floating-point
+ * products, attention, recurrent layers and the fused kernels made of them), at 2 floating-point
  * operations per multiply-accumulate; bias, activation, pooling and softmax
  * are not counted. Everything is read from the node's input and output
  * types, so the count is the one of the shape the plan was compiled for.
@@ -88,7 +88,8 @@ double kiln_node_flops(const struct kiln_node *n, const struct kiln_type *const 
     case KILN_OP_Conv:
     case KILN_OP_KilnFusedConv:
         return conv_flops(input(in, n_in, 1), out0);
-    case KILN_OP_ConvTranspose: {
+    case KILN_OP_ConvTranspose:
+    case KILN_OP_KilnFusedConvTranspose: {
         /* every input element scatters into (M / group) * kernel outputs: W [C, M/g, k...] */
         const struct kiln_type *x = input(in, n_in, 0), *w = input(in, n_in, 1);
         if (!x || !w || w->rank < 3) return 0.0;
@@ -103,6 +104,17 @@ double kiln_node_flops(const struct kiln_node *n, const struct kiln_type *const 
         return attention_flops(input(in, n_in, 0), input(in, n_in, 1), input(in, n_in, 4), out0);
     case KILN_OP_KilnMBConv:
         return mbconv_flops(in, n_in, out0);
+    case KILN_OP_RNN:
+    case KILN_OP_GRU:
+    case KILN_OP_LSTM: {
+        /* every step of every direction: gates x H outputs from I inputs and H state values
+         * per batch row; W is [directions, gates * H, I], X has T * batch rows */
+        const struct kiln_type *x = input(in, n_in, 0), *w = input(in, n_in, 1),
+                               *r = input(in, n_in, 2);
+        if (!x || !w || !r || x->rank != 3 || w->rank != 3 || r->rank != 3) return 0.0;
+        return 2.0 * dims_product(x, 0, 2) * dims_product(w, 0, 2) *
+               ((double)w->dims[2] + (double)r->dims[2]);
+    }
     default:
         return 0.0;
     }

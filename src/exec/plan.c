@@ -79,6 +79,8 @@ struct kiln_plan {
     kiln_tensor **folded;
     int n_folded, cap_folded;
     int n_fast;
+    char *fallbacks;          /* lines naming steps on oneDNN's reference or generic code */
+    size_t fallbacks_len;
     _Atomic int prof_threads; /* most threads a profiled run was granted */
     pthread_mutex_t mu;
     struct arena_inst *free_list;
@@ -267,6 +269,53 @@ static kiln_status assign_offsets(struct kiln_plan *p)
     free(placed);
     free(busy);
     return KILN_OK;
+}
+
+/* A step that runs reference code: Kiln's reference kernel, or a fast kernel whose
+ * library picked its reference implementation (oneDNN's "ref:..."). */
+static int step_is_reference(const struct step *sp)
+{
+    return !sp->inst.run || strncmp(sp->inst.impl, "ref", 3) == 0;
+}
+
+/* Why a compiled fast kernel is a fallback, or NULL: oneDNN's reference implementation
+ * anywhere, or its generic GEMM-based convolution (im2col: a plain-layout or odd shape). */
+static const char *step_fallback(const struct step *sp)
+{
+    const char *impl = sp->inst.impl;
+    if (!sp->inst.run || !impl[0]) return NULL;
+    if (strncmp(impl, "ref", 3) == 0) return "oneDNN's reference implementation";
+    enum kiln_op op = sp->node->op;
+    if ((op == KILN_OP_Conv || op == KILN_OP_KilnFusedConv) && strstr(impl, "gemm"))
+        return "oneDNN's generic GEMM convolution";
+    return NULL;
+}
+
+/* Append one line naming step sp's fallback (inputs and output shapes) to p->fallbacks. */
+static void note_fallback(struct kiln_plan *p, const struct step *sp, const char *why,
+                          const struct kiln_type *const *in, int n_in,
+                          const struct kiln_type *out)
+{
+    char line[640], shape[160];
+    int len = snprintf(line, sizeof line, "fallback: %s (%s) runs %s (%s, %s): inputs",
+                       sp->node->name && sp->node->name[0] ? sp->node->name : "-",
+                       kiln_op_name(sp->node->op), sp->inst.impl, sp->inst.name, why);
+    for (int k = 0; k < n_in && len > 0 && (size_t)len < sizeof line; k++)
+        if (in[k])
+            len += snprintf(line + len, sizeof line - (size_t)len, " %s",
+                            kiln_shape_str(in[k]->rank, in[k]->dims, shape, sizeof shape));
+    if (out && len > 0 && (size_t)len < sizeof line)
+        len += snprintf(line + len, sizeof line - (size_t)len, ", output %s",
+                        kiln_shape_str(out->rank, out->dims, shape, sizeof shape));
+    if (len < 0) return;
+    size_t n = strlen(line);
+    char *f = realloc(p->fallbacks, p->fallbacks_len + n + 2);
+    if (!f) return; /* the log loses a line, nothing else */
+    memcpy(f + p->fallbacks_len, line, n);
+    f[p->fallbacks_len + n] = '\n';
+    f[p->fallbacks_len + n + 1] = '\0';
+    p->fallbacks = f;
+    p->fallbacks_len += n + 1;
 }
 
 static kiln_status unsupported(const struct kiln_node *n, const char *why)
@@ -536,6 +585,8 @@ static kiln_status plan_compile(const struct kiln_graph *g, const kiln_tensor *c
             if (st != KILN_OK) goto fail;
             if (sp->inst.run) {
                 p->n_fast++;
+                const char *why = step_fallback(sp);
+                if (why) note_fallback(p, sp, why, inp, n->n_in, ot[0]);
                 if (sp->inst.scratch_bytes) {
                     sp->scratch_buf = buf_add(p, sp->inst.scratch_bytes, si, si);
                     if (sp->scratch_buf < 0) goto oom;
@@ -664,6 +715,7 @@ void kiln_plan_free(struct kiln_plan *p)
     free(p->slots);
     free(p->bufs);
     free(p->in_types);
+    free(p->fallbacks);
     pthread_mutex_destroy(&p->mu);
     free(p);
 }
@@ -869,6 +921,47 @@ static void print_rate(FILE *f, double flops, double ns, double peak)
     }
 }
 
+/* ns spent on reference steps and on all steps of p since profiling began. */
+static void reference_time(const struct kiln_plan *p, int64_t *ref, int64_t *all)
+{
+    for (int i = 0; i < p->n_steps; i++) {
+        const struct step *sp = &p->steps[i];
+        int64_t ns = atomic_load(&((struct step *)sp)->ns);
+        *all += ns;
+        if (step_is_reference(sp)) *ref += ns;
+    }
+}
+
+/* Every step that runs reference code (Kiln's reference kernel, or oneDNN's reference
+ * implementation behind a fast kernel), and their share of the time. */
+static void profile_print_reference(const struct kiln_plan *p, FILE *f, int64_t total)
+{
+    int64_t ref = 0, all = 0;
+    int n = 0;
+    reference_time(p, &ref, &all);
+    for (int i = 0; i < p->n_steps; i++) n += step_is_reference(&p->steps[i]);
+    fprintf(f, "reference-kernel steps: %d, %.2f%% of the time\n", n,
+            all ? 100.0 * (double)ref / (double)all : 0.0);
+    for (int i = 0; i < p->n_steps; i++) {
+        const struct step *sp = &p->steps[i];
+        if (!step_is_reference(sp)) continue;
+        int64_t ns = atomic_load(&((struct step *)sp)->ns);
+        int64_t calls = atomic_load(&((struct step *)sp)->calls);
+        char shape[96] = "", kern[80];
+        if (sp->n_out > 0 && sp->out[0] >= 0) {
+            const struct slot *sl = &p->slots[sp->out[0]];
+            kiln_shape_str(sl->type.rank, sl->type.dims, shape, sizeof shape);
+        }
+        if (sp->inst.run) snprintf(kern, sizeof kern, "%s (%s)", sp->inst.name, sp->inst.impl);
+        else snprintf(kern, sizeof kern, "reference");
+        fprintf(f, "%5d %-32.32s %-20.20s %-28.28s %10.3f %5.1f%%  %s\n", i,
+                sp->node->name && sp->node->name[0] ? sp->node->name : "-",
+                kiln_op_name(sp->node->op), kern,
+                calls ? (double)ns / (double)calls / 1e6 : 0.0,
+                total ? 100.0 * (double)ns / (double)total : 0.0, shape);
+    }
+}
+
 /* The slowest steps (ten, or KILN_PROFILE_STEPS): node name, op, kernel, time, work and
  * rate, first output's shape and layout. */
 static void profile_print_slowest(const struct kiln_plan *p, FILE *f, int64_t total, double peak)
@@ -979,6 +1072,7 @@ void kiln_plan_profile_print(const struct kiln_plan *p, FILE *f)
     }
     free(ag);
     profile_print_slowest(p, f, total, peak);
+    profile_print_reference(p, f, total);
 }
 
 /* ---- cache ---- */
@@ -1187,3 +1281,31 @@ void kiln_plan_cache_summary(struct kiln_plan_cache *c, int *plans, int *steps, 
     pthread_mutex_unlock(&c->mu);
 }
 
+double kiln_plan_cache_reference_share(struct kiln_plan_cache *c)
+{
+    int64_t ref = 0, all = 0;
+    pthread_mutex_lock(&c->mu);
+    for (int i = 0; i < c->n; i++)
+        if (c->e[i].plan) reference_time(c->e[i].plan, &ref, &all);
+    pthread_mutex_unlock(&c->mu);
+    return all > 0 ? (double)ref / (double)all : -1.0;
+}
+
+void kiln_plan_cache_fallbacks(struct kiln_plan_cache *c, void (*line)(void *ctx, const char *s),
+                               void *ctx)
+{
+    pthread_mutex_lock(&c->mu);
+    for (int i = 0; i < c->n; i++) {
+        const struct kiln_plan *p = c->e[i].plan;
+        if (!p || !p->fallbacks) continue;
+        for (const char *s = p->fallbacks; *s;) {
+            const char *nl = strchr(s, '\n');
+            size_t n = nl ? (size_t)(nl - s) : strlen(s);
+            char buf[640];
+            snprintf(buf, sizeof buf, "%.*s", (int)n, s);
+            line(ctx, buf);
+            s += n + (nl != NULL);
+        }
+    }
+    pthread_mutex_unlock(&c->mu);
+}

@@ -78,5 +78,13 @@ void kiln_plan_cache_profile_print(struct kiln_plan_cache *c, FILE *f);
  * one with the largest arena. */
 void kiln_plan_cache_summary(struct kiln_plan_cache *c, int *plans, int *steps, int *fast,
                              size_t *arena);
+/* The share of the profiled time (kiln_plan_profile_enable) that the cached plans spent on
+ * reference code: Kiln's reference kernels, and fast kernels whose oneDNN primitive runs
+ * oneDNN's reference implementation ("ref:..."). -1 when nothing was profiled. */
+double kiln_plan_cache_reference_share(struct kiln_plan_cache *c);
+/* One line per step of the cached plans whose oneDNN primitive is a reference or generic
+ * fallback (its implementation, node, op and shapes), as checked when the plan compiled. */
+void kiln_plan_cache_fallbacks(struct kiln_plan_cache *c, void (*line)(void *ctx, const char *s),
+                               void *ctx);
 
 #endif

@@ -110,6 +110,9 @@ struct kiln_kernel_inst {
     int inplace_input;    /* which input (default 0; KilnFusedConv's residual Sum is 3) */
     unsigned packed;      /* bit i: constant input i is held packed (from the weight cache)
                              and run never reads its data (lets the plan release it) */
+    char impl[48];        /* the library implementation run makes (oneDNN's impl_info_str:
+                             "jit:avx512_core", "ref:any", ...); empty for Kiln's own code.
+                             The plan names reference and generic fallbacks in the log. */
 };
 
 typedef kiln_status (*kiln_fast_compile_fn)(const struct kiln_compile_ctx *cc,

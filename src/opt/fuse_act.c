@@ -8,6 +8,8 @@
  * then one activation (Relu, Clip with constant bounds, LeakyRelu,
  * HardSwish, HardSigmoid, Sigmoid, x*Sigmoid(x) as SiLU, Gelu, Tanh). The
  * last value of the chain keeps its id: the fused node writes it.
+ * ConvTranspose + bias Add + activation -> KilnFusedConvTranspose likewise
+ * (no residual).
  */
 #include <float.h>
 #include <pthread.h>
@@ -23,8 +25,8 @@ static const char *const act_names[] = {"",           "Relu",      "Clip",    "L
                                         "HardSwish",  "HardSigmoid", "Sigmoid", "SiLU",
                                         "Tanh",       "Gelu",      "GeluTanh"};
 #define N_ACTS ((int)(sizeof act_names / sizeof act_names[0]))
-static const char *const bases[] = {"Conv", "Gemm", "MatMul"};
-#define N_BASES 3
+static const char *const bases[] = {"Conv", "Gemm", "MatMul", "ConvTranspose"};
+#define N_BASES 4
 static char kinds[N_BASES][2][2][N_ACTS][64];
 static pthread_once_t kinds_once = PTHREAD_ONCE_INIT;
 
@@ -178,7 +180,10 @@ kiln_status kiln_opt_fuse_conv(struct kiln_graph *g, struct kiln_opt_pass_log *p
     int n_nodes = g->n_nodes;
     for (int ci = 0; ci < n_nodes; ci++) {
         const struct kiln_node *c = &g->nodes[ci];
-        if (kiln_opt_node_dead(c) || c->op != KILN_OP_Conv || c->n_out != 1) continue;
+        if (kiln_opt_node_dead(c) || (c->op != KILN_OP_Conv && c->op != KILN_OP_ConvTranspose) ||
+            c->n_out != 1)
+            continue;
+        const bool convt = c->op == KILN_OP_ConvTranspose;
         int y = c->out[0];
         const struct kiln_type *ty = &g->values[y].type;
         if (ty->dtype != KILN_DTYPE_F32 || ty->rank < 3) continue;
@@ -208,7 +213,7 @@ kiln_status kiln_opt_fuse_conv(struct kiln_graph *g, struct kiln_opt_pass_log *p
             }
         }
         /* residual Add of a value with the output's shape */
-        int other = kiln_opt_match_residual(g, ai, cur, ty);
+        int other = convt ? -1 : kiln_opt_match_residual(g, ai, cur, ty);
         if (other >= 0) {
             rm[n_rm++] = ai;
             sum = other;
@@ -225,7 +230,9 @@ kiln_status kiln_opt_fuse_conv(struct kiln_graph *g, struct kiln_opt_pass_log *p
 
         int n_in = sum >= 0 ? 4 : bias >= 0 ? 3 : 2;
         int ni;
-        kiln_status st = kiln_opt_add_node(g, KILN_OP_KilnFusedConv, g->nodes[ci].name, n_in, 1,
+        kiln_status st = kiln_opt_add_node(g, convt ? KILN_OP_KilnFusedConvTranspose
+                                                 : KILN_OP_KilnFusedConv,
+                                           g->nodes[ci].name, n_in, 1,
                                            g->nodes[ci].n_attr + 3, g->nodes[ci].opset, &ni);
         if (st != KILN_OK) return st;
         c = &g->nodes[ci];
@@ -250,7 +257,7 @@ kiln_status kiln_opt_fuse_conv(struct kiln_graph *g, struct kiln_opt_pass_log *p
         for (int k = 0; k < n_rm; k++) kiln_opt_remove_node(g, rm[k]);
         kiln_opt_remove_node(g, ci);
         kiln_opt_set_output(g, ni, 0, cur);
-        kiln_opt_count(pl, kiln_opt_fusion_kind("Conv", new_bias, sum >= 0,
+        kiln_opt_count(pl, kiln_opt_fusion_kind(convt ? "ConvTranspose" : "Conv", new_bias, sum >= 0,
                                                 has_act ? act.name : ""));
     }
     return KILN_OK;

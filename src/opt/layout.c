@@ -8,7 +8,7 @@
  * for the kernels). A 4-D float32 value produced by a node whose fast
  * kernel writes blocked output (kiln_fast_accepts_blocked) is blocked when
  * at least one consumer reads it blocked; the values so chosen form
- * maximal connected regions of Conv / KilnFusedConv / pooling nodes. Then
+ * maximal connected regions of Conv / KilnFusedConv / ConvTranspose / pooling nodes. Then
  * every edge where the layouts disagree gets a KilnReorder node (shared by
  * the consumers that want the same layout of a value):
  *  - a consumer that does not read blocked input (Flatten, Softmax, ...);
@@ -44,7 +44,8 @@ static int pick_block(void)
 
 static int is_conv(const struct kiln_node *n)
 {
-    return n->op == KILN_OP_Conv || n->op == KILN_OP_KilnFusedConv;
+    return n->op == KILN_OP_Conv || n->op == KILN_OP_KilnFusedConv ||
+           n->op == KILN_OP_ConvTranspose || n->op == KILN_OP_KilnFusedConvTranspose;
 }
 
 static int is_pool(const struct kiln_node *n)

@@ -24,6 +24,11 @@
  *      act_beta    FLOAT   Clip max / HardSigmoid beta
  *      Sum has Y's shape (the residual input of ResNet-style blocks).
  *
+ *  KilnFusedConvTranspose(X, W, [B]) -> Y
+ *      Y = act(ConvTranspose(X, W, B)). Attributes: ConvTranspose's plus
+ *      activation / act_alpha / act_beta as above. Replaces ConvTranspose,
+ *      a per-channel bias Add when it has no B, and the activation.
+ *
  *  KilnFusedMatMul(A, B, [Bias], [Sum]) -> Y
  *      Y = act(alpha * (opA(A) @ opB(B)) + Bias + Sum) with MatMul's N-D
  *      broadcasting; opX transposes the last two dims when transX = 1.

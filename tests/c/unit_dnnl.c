@@ -509,6 +509,109 @@ static void test_conv(void)
     tg_free(&t);
 }
 
+/* ---- ConvTranspose (deconv.c) ---- */
+
+struct deconv_case {
+    int nsp;                   /* spatial dims: 1, 2 or 3 */
+    int64_t n, c, m, sp, k;    /* batch, in / out channels, input size, kernel size */
+    int64_t group, stride, dil;
+    int64_t pad_b, pad_e, opad; /* pads (begin, end) and output_padding, every dim */
+    const char *auto_pad;      /* NULL = explicit pads */
+    int64_t out_shape;         /* > 0: the output_shape attribute (every dim) */
+    int bias;
+    const char *act;           /* non-NULL: KilnFusedConvTranspose with this activation */
+    float act_alpha, act_beta;
+};
+
+static void build_deconv(struct tg *t, const struct deconv_case *k)
+{
+    tg_init(t, k->act ? KILN_OP_KilnFusedConvTranspose : KILN_OP_ConvTranspose, k->bias ? 3 : 2,
+            13);
+    int rank = k->nsp + 2;
+    int64_t xd[5] = {k->n, k->c}, wd[5] = {k->c, k->m / k->group};
+    int64_t st[3], dl[3], ks[3], pads[6], op[3], os[3];
+    for (int i = 0; i < k->nsp; i++) {
+        xd[i + 2] = k->sp + i; /* unequal sizes per dim */
+        wd[i + 2] = k->k;
+        st[i] = k->stride;
+        dl[i] = k->dil;
+        ks[i] = k->k;
+        pads[i] = k->pad_b;
+        pads[k->nsp + i] = k->pad_e;
+        op[i] = k->opad;
+        os[i] = k->out_shape + i;
+    }
+    tg_in(t, 0, rand_tensor(rank, xd), 0);
+    tg_in(t, 1, rand_tensor(rank, wd), 1);
+    if (k->bias) tg_in(t, 2, rand_tensor(1, &k->m), 1);
+    attr_ints(t, "strides", st, k->nsp);
+    attr_ints(t, "dilations", dl, k->nsp);
+    attr_ints(t, "kernel_shape", ks, k->nsp);
+    attr_int(t, "group", k->group);
+    if (k->opad) attr_ints(t, "output_padding", op, k->nsp);
+    if (k->auto_pad) attr_str(t, "auto_pad", k->auto_pad);
+    else attr_ints(t, "pads", pads, 2 * k->nsp);
+    if (k->out_shape > 0) attr_ints(t, "output_shape", os, k->nsp);
+    if (k->act) {
+        attr_str(t, "activation", k->act);
+        attr_float(t, "act_alpha", k->act_alpha);
+        attr_float(t, "act_beta", k->act_beta);
+    }
+}
+
+/* A grid over ConvTranspose's parameters: 1-D, 2-D and 3-D; groups (depthwise
+ * included); strides 1 to 3; dilations; symmetric, asymmetric and zero pads;
+ * output_padding; auto_pad SAME_UPPER, SAME_LOWER and VALID; output_shape; with
+ * and without bias; channel counts below, at and above the vector widths; 2-D
+ * cases also with X and Y blocked by 8 and 16; and weights that are graph inputs. */
+static void test_deconv(void)
+{
+    static const struct deconv_case cases[] = {
+        {2, 1, 3, 16, 5, 3, 1, 1, 1, 0, 0, 0, NULL, 0, 1, NULL, 0, 0},
+        {2, 2, 16, 8, 7, 4, 1, 2, 1, 1, 1, 0, NULL, 0, 1, NULL, 0, 0}, /* UNet 2x up: k4 s2 p1 */
+        {2, 1, 32, 16, 6, 2, 1, 2, 1, 0, 0, 0, NULL, 0, 0, NULL, 0, 0}, /* k2 s2 */
+        {2, 1, 17, 33, 5, 3, 1, 2, 1, 1, 1, 1, NULL, 0, 1, NULL, 0, 0}, /* output_padding */
+        {2, 1, 15, 17, 4, 3, 1, 3, 2, 0, 2, 2, NULL, 0, 1, NULL, 0, 0}, /* dilation, asymmetric pads */
+        {2, 2, 16, 32, 5, 3, 2, 2, 1, 1, 0, 0, NULL, 0, 1, NULL, 0, 0}, /* groups */
+        {2, 1, 16, 16, 6, 3, 16, 1, 1, 1, 1, 0, NULL, 0, 1, NULL, 0, 0}, /* depthwise */
+        {2, 1, 8, 8, 5, 3, 1, 2, 1, 0, 0, 0, "SAME_UPPER", 0, 1, NULL, 0, 0},
+        {2, 1, 8, 12, 5, 4, 1, 2, 1, 0, 0, 0, "SAME_LOWER", 0, 0, NULL, 0, 0},
+        {2, 1, 8, 4, 5, 3, 1, 2, 1, 0, 0, 0, "VALID", 0, 1, NULL, 0, 0},
+        {2, 1, 6, 6, 4, 3, 1, 2, 1, 0, 0, 0, NULL, 10, 1, NULL, 0, 0}, /* output_shape */
+        {1, 2, 16, 24, 9, 5, 1, 2, 1, 2, 2, 1, NULL, 0, 1, NULL, 0, 0}, /* 1-D */
+        {1, 1, 4, 6, 7, 3, 2, 3, 2, 0, 1, 0, NULL, 0, 0, NULL, 0, 0},
+        {3, 1, 8, 8, 3, 3, 1, 2, 1, 1, 1, 1, NULL, 0, 1, NULL, 0, 0}, /* 3-D */
+        {3, 1, 4, 6, 3, 2, 2, 2, 1, 0, 0, 0, NULL, 0, 1, NULL, 0, 0},
+        {2, 1, 64, 32, 16, 4, 1, 2, 1, 1, 1, 0, NULL, 0, 1, NULL, 0, 0}, /* large enough for 2 threads */
+        /* KilnFusedConvTranspose: the activation as a post-op */
+        {2, 2, 16, 8, 7, 4, 1, 2, 1, 1, 1, 0, NULL, 0, 1, "Relu", 0, 0},
+        {2, 1, 17, 16, 5, 2, 1, 2, 1, 0, 0, 0, NULL, 0, 0, "LeakyRelu", 0.1f, 0},
+        {2, 1, 16, 16, 6, 3, 16, 1, 1, 1, 1, 0, NULL, 0, 1, "Clip", 0.0f, 6.0f},
+        {2, 1, 8, 12, 5, 4, 1, 2, 1, 0, 0, 0, "SAME_LOWER", 0, 1, "Sigmoid", 0, 0},
+        {1, 1, 8, 8, 9, 3, 1, 2, 1, 1, 1, 1, NULL, 0, 1, "Tanh", 0, 0},
+        {3, 1, 8, 8, 3, 3, 1, 2, 1, 1, 1, 1, NULL, 0, 1, "SiLU", 0, 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char what[80];
+        snprintf(what, sizeof what, "ConvTranspose case %zu%s%s", i, cases[i].act ? " + " : "",
+                 cases[i].act ? cases[i].act : "");
+        struct tg t;
+        build_deconv(&t, &cases[i]);
+        differ(&t, what, NULL, 0, 1);
+        if (cases[i].nsp == 2) /* X and Y blocked by 8 and by 16, as the layout pass stores them */
+            for (int b = 8; b <= 16; b += 8) {
+                int in_l[3] = {b, 0, 0};
+                snprintf(what, sizeof what, "ConvTranspose case %zu, blocked %d", i, b);
+                differ(&t, what, in_l, b, 1);
+            }
+        /* the same with weights that are graph inputs */
+        t.g->values[tg_node(&t)->in[1]].kind = KILN_VALUE_INPUT;
+        snprintf(what, sizeof what, "ConvTranspose case %zu, runtime weights", i);
+        differ(&t, what, NULL, 0, 1);
+        tg_free(&t);
+    }
+}
+
 /* ---- MatMul / Gemm / KilnFusedMatMul ---- */
 
 static void test_matmul(void)
@@ -1217,6 +1320,7 @@ int main(void)
           "in-place runs: %d conv, %d matmul", conv_inplace, g_inplace_runs - conv_inplace);
     printf("%d conv and %d matmul runs in place\n", conv_inplace, g_inplace_runs - conv_inplace);
     test_pool();
+    test_deconv();
     test_reorder();
     if (kiln_cpu_isa() == KILN_ISA_AVX512 && kiln_mbconv_cpu_ok()) {
         test_mbconv();

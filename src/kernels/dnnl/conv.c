@@ -213,6 +213,7 @@ static kiln_status conv_compile(const struct kiln_compile_ctx *cc, struct kiln_k
     s->has_sum = b.has_sum;
     s->dst_bytes = dnnl_memory_desc_get_size(&b.dst);
     inst->name = fused ? "dnnl_fused_conv" : "dnnl_conv";
+    kd_inst_impl(inst, &s->e);
     inst->state = s;
     inst->run = conv_run;
     inst->destroy = conv_destroy;

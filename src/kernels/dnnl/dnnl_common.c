@@ -235,6 +235,10 @@ kiln_status kd_variant_init(const struct kiln_node *n, dnnl_primitive_desc_t pd,
 {
     const dnnl_memory_desc_t *sp = dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
     v->scratch = sp ? dnnl_memory_desc_get_size(sp) : 0;
+    const char *impl = NULL;
+    if (dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl) != dnnl_success || !impl)
+        impl = "unknown";
+    snprintf(v->impl, sizeof v->impl, "%s", impl);
     dnnl_status_t r = dnnl_primitive_create(&v->prim, pd);
     if (r != dnnl_success) {
         v->prim = NULL;
@@ -306,6 +310,11 @@ void kd_exec_destroy(struct kd_exec *e)
     }
     pthread_mutex_destroy(&e->mu);
     memset(e, 0, sizeof *e);
+}
+
+void kd_inst_impl(struct kiln_kernel_inst *inst, const struct kd_exec *e)
+{
+    snprintf(inst->impl, sizeof inst->impl, "%s", e->nv ? e->v[0].impl : "");
 }
 
 size_t kd_exec_scratch(const struct kd_exec *e)

@@ -49,6 +49,7 @@ struct kd_variant {
     struct kd_arg args[KD_MAX_ARGS];
     void *packed;           /* packed weights (owned by the weight cache) */
     size_t scratch;         /* scratchpad bytes */
+    char impl[48];          /* oneDNN's name of the implementation it chose */
 };
 
 struct kd_binding {
@@ -108,6 +109,8 @@ typedef kiln_status (*kd_make_fn)(void *arg, struct kd_variant *v, int threads);
 kiln_status kd_exec_build(struct kd_exec *e, int threads, kd_make_fn make, void *arg,
                           int *handled);
 void kd_exec_destroy(struct kd_exec *e);
+/* Record e's implementation (variant 0's, as oneDNN names it) in inst->impl. */
+void kd_inst_impl(struct kiln_kernel_inst *inst, const struct kd_exec *e);
 /* Largest scratch of e's variants. */
 size_t kd_exec_scratch(const struct kd_exec *e);
 /* Execute e for ctx (picks the variant by ctx->threads). */

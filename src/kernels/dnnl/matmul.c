@@ -256,6 +256,7 @@ static kiln_status mm_compile(const struct kiln_compile_ctx *cc, struct kiln_ker
     }
     s->sum_index = sum_index;
     s->dst_bytes = (size_t)kiln_shape_count(R, yd) * sizeof(float);
+    kd_inst_impl(inst, &s->e);
     inst->name = op == KILN_OP_MatMul ? "dnnl_matmul"
                  : op == KILN_OP_Gemm ? "dnnl_gemm"
                                       : "dnnl_fused_matmul";

@@ -120,6 +120,7 @@ static kiln_status pool_compile(const struct kiln_compile_ctx *cc, struct kiln_k
         free(e);
         return st;
     }
+    kd_inst_impl(inst, e);
     inst->name = n->op == KILN_OP_MaxPool           ? "dnnl_max_pool"
                  : n->op == KILN_OP_AveragePool     ? "dnnl_avg_pool"
                  : n->op == KILN_OP_GlobalMaxPool   ? "dnnl_global_max_pool"

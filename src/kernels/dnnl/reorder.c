@@ -72,6 +72,7 @@ static kiln_status reorder_compile(const struct kiln_compile_ctx *cc,
         return st;
     }
     inst->name = "dnnl_reorder";
+    kd_inst_impl(inst, e);
     inst->state = e;
     inst->run = reorder_run;
     inst->destroy = reorder_destroy;

@@ -578,9 +578,9 @@ KILN_REF_OP(Conv, conv_infer, conv_run);
  * pads (default 0) unless auto_pad is SAME_*, where output = input * stride
  * (or output_shape) and the pads split the total (SAME_UPPER: less before).
  */
-static kiln_status convt_window(const struct kiln_node *node, int nsp, const int64_t *in,
-                                const int64_t *ker, int64_t *out, int64_t *pad_begin,
-                                int64_t *stride, int64_t *dil)
+kiln_status kiln_convt_window(const struct kiln_node *node, int nsp, const int64_t *in,
+                              const int64_t *ker, int64_t *out, int64_t *pad_begin,
+                              int64_t *stride, int64_t *dil)
 {
     if (nsp < 1 || nsp > KILN_MAX_RANK - 2)
         return kiln_node_error(node, KILN_ERR_INVALID_ARGUMENT,
@@ -679,7 +679,7 @@ static kiln_status convt_infer(struct kiln_infer_ctx *ctx)
         in[i] = xk ? x->dims[i + 2] : -1;
         ker[i] = wk ? w->dims[i + 2] : -1;
     }
-    st = convt_window(node, rank - 2, in, ker, o, pb, s, d);
+    st = kiln_convt_window(node, rank - 2, in, ker, o, pb, s, d);
     if (st != KILN_OK) return st;
     out->rank = rank;
     out->dims[0] = xk ? x->dims[0] : -1;
@@ -721,7 +721,8 @@ static kiln_status convt_run(struct kiln_run_ctx *ctx)
                                (long long)g.group);
     g.col_ch = c;
     g.img_ch = w->dims[1] * g.group;
-    st = convt_window(node, g.nsp, x->dims + 2, w->dims + 2, g.img, g.pad, g.stride, g.dilation);
+    st = kiln_convt_window(node, g.nsp, x->dims + 2, w->dims + 2, g.img, g.pad, g.stride,
+                           g.dilation);
     if (st == KILN_OK) st = check_bias(node, b, g.img_ch);
     if (st != KILN_OK) return st;
     for (int i = 0; i < g.nsp; i++) {

@@ -2,6 +2,7 @@
  * fused.c - reference kernels for the optimizer's fused ops (opt/opt.h):
  *
  *   KilnFusedConv(X, W, [B], [Sum])      Y = act(Conv(X, W, B) + Sum)
+ *   KilnFusedConvTranspose(X, W, [B])    Y = act(ConvTranspose(X, W, B))
  *   KilnFusedMatMul(A, B, [Bias], [Sum]) Y = act(alpha * opA(A) @ opB(B) + Bias + Sum)
  *   KilnMBConv(X, [We], [Be], Wd, [Bd], Wp, [Bp], [Sum], [W1], [B1], [W2], [B2])
  *                                        expand 1x1, depthwise kxk, [squeeze-excitation],
@@ -215,6 +216,29 @@ static kiln_status fused_conv_run(struct kiln_run_ctx *ctx)
 }
 
 KILN_REF_OP(KilnFusedConv, fused_conv_infer, fused_conv_run);
+
+/* ---- KilnFusedConvTranspose ---- */
+
+static kiln_status fused_convt_infer(struct kiln_infer_ctx *ctx)
+{
+    const struct kiln_op_impl *convt = kiln_op_impl(KILN_OP_ConvTranspose);
+    if (!convt) return kiln_node_error(ctx->node, KILN_ERR_UNSUPPORTED, "no ConvTranspose kernel");
+    struct act_params p;
+    kiln_status st = act_parse(ctx->node, &p);
+    if (st != KILN_OK) return st;
+    return convt->infer(ctx);
+}
+
+static kiln_status fused_convt_run(struct kiln_run_ctx *ctx)
+{
+    const struct kiln_op_impl *convt = kiln_op_impl(KILN_OP_ConvTranspose);
+    if (!convt) return kiln_node_error(ctx->node, KILN_ERR_UNSUPPORTED, "no ConvTranspose kernel");
+    kiln_status st = convt->run(ctx);
+    if (st != KILN_OK) return st;
+    return epilogue(ctx->node, ctx->out[0], 1.0, NULL, NULL);
+}
+
+KILN_REF_OP(KilnFusedConvTranspose, fused_convt_infer, fused_convt_run);
 
 /* ---- KilnFusedMatMul ---- */
 

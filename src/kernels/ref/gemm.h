@@ -55,4 +55,14 @@ struct kiln_window {
 kiln_status kiln_window_resolve(const struct kiln_node *node, int nsp, const int64_t *in,
                                 const int64_t *kernel, bool ceil_mode, struct kiln_window *w);
 
+/*
+ * ConvTranspose's geometry over nsp spatial dims (conv.c; also used by the
+ * oneDNN deconvolution kernel): for input sizes in and kernel sizes ker (-1 =
+ * unknown), the output size, begin pad, stride and dilation per dim from
+ * the node's attributes (pads, output_padding, output_shape, auto_pad).
+ */
+kiln_status kiln_convt_window(const struct kiln_node *node, int nsp, const int64_t *in,
+                              const int64_t *ker, int64_t *out, int64_t *pad_begin,
+                              int64_t *stride, int64_t *dil);
+
 #endif

@@ -50,8 +50,69 @@ enum simd_bmode {
     SIMD_B_SCALAR_A,    /* a[0] op b[i] */
 };
 
+/* ---- Recurrent cells (rnn.c, rnn_body.h) ---- */
+
+/* The activation functions of the ONNX recurrent ops (ONNX names in rnn.c). */
+enum simd_rnn_fn {
+    SIMD_RNN_RELU,
+    SIMD_RNN_TANH,
+    SIMD_RNN_SIGMOID,
+    SIMD_RNN_AFFINE,           /* alpha x + beta */
+    SIMD_RNN_LEAKY_RELU,       /* alpha */
+    SIMD_RNN_THRESHOLDED_RELU, /* x > alpha ? x : 0 */
+    SIMD_RNN_SCALED_TANH,      /* alpha tanh(beta x) */
+    SIMD_RNN_HARD_SIGMOID,     /* clamp(alpha x + beta, 0, 1) */
+    SIMD_RNN_ELU,              /* alpha */
+    SIMD_RNN_SOFTSIGN,
+    SIMD_RNN_SOFTPLUS,
+};
+
+struct simd_rnn_act {
+    enum simd_rnn_fn fn;
+    float alpha, beta;
+};
+
+enum simd_rnn_kind { SIMD_RNN_CELL_RNN, SIMD_RNN_CELL_GRU, SIMD_RNN_CELL_LSTM };
+
+/*
+ * One direction of a recurrent layer, for the cell function. The hidden
+ * units are cut into blocks of `lanes` (the table's vector width); the
+ * recurrence weights of a block are packed [H (k)][gates][lanes], so that one
+ * step of k feeds gates x rows independent FMAs and a block's gates end in
+ * registers, where the cell's arithmetic finishes them. Gate order is ONNX's
+ * (GRU z, r, h; LSTM i, o, f, c).
+ */
+struct simd_rnn {
+    enum simd_rnn_kind kind;
+    int lbr;                  /* GRU linear_before_reset */
+    int input_forget;         /* LSTM: f = 1 - i */
+    int64_t H, rows;          /* hidden size, batch rows */
+    float clip;               /* 0 = none */
+    struct simd_rnn_act act[3];
+    const float *rp;          /* [blocks][H][G][lanes]: G = 1 (RNN), 4 (LSTM), 3 (GRU lbr=1),
+                                 2 (GRU lbr=0: z and r) */
+    const float *rp_h;        /* GRU lbr=0: the h gate's [blocks][H][1][lanes] */
+    const float *bias;        /* [G_all][H]: Wb + Rb, except the h gate of GRU lbr=1 (Wb) */
+    const float *rb_h;        /* GRU lbr=1: the h gate's Rb [H] */
+    const float *peep;        /* LSTM [3][H] (i, o, f) or NULL */
+};
+
+/* One time step: rows b < rows of the inputs and outputs, each with its stride. */
+struct simd_rnn_step {
+    const float *xw;          /* input projections: row b at xw + b * ldx, gate g at + g * H */
+    int64_t ldx;
+    const float *h, *c;       /* state before the step [rows][H] (c: LSTM) */
+    float *h_new, *c_new;     /* state after it (rows past their length copy the old one) */
+    float *y;                 /* Y's rows of this step (row b at y + b * ldy; zeros for rows
+                                 past their length), or NULL */
+    int64_t ldy;
+    const unsigned char *active; /* row b is within its sequence length */
+    float *z, *rh;            /* GRU lbr=0: z and r * h of the step [rows][H] */
+};
+
 struct simd_kernels {
     const char *isa; /* "avx512", "avx2", "scalar" */
+    int lanes;       /* floats per vector */
     /* y[i] = op(x[i]) for i < n; y may be x. */
     void (*unary)(enum simd_unary op, float alpha, float beta, const float *x, float *y,
                   int64_t n);
@@ -81,6 +142,11 @@ struct simd_kernels {
     /* Independent FMAs from registers for iters steps of fma_loop_flops floating-point
      * operations (the result only keeps the loop alive). */
     float (*fma_loop)(int64_t iters);
+    /* One step of a recurrent cell over hidden blocks [b0, b1). phase 0: the whole cell;
+     * GRU with linear_before_reset 0 runs phase 1 (z, r and r * h) over every block, then
+     * phase 2 (the h gate, whose product reads r * h of all units). */
+    void (*rnn_cell)(const struct simd_rnn *r, const struct simd_rnn_step *s, int phase,
+                     int64_t b0, int64_t b1);
     int fma_loop_flops;
 };
 

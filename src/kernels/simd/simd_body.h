@@ -604,8 +604,11 @@ static float k_fma_loop(int64_t iters)
     return vhsum(s);
 }
 
+#include "kernels/simd/rnn_body.h"
+
 const struct simd_kernels SIMD_TABLE = {
     .isa = SIMD_ISA,
+    .lanes = W,
     .unary = k_unary,
     .binary = k_binary,
     .softmax_rows = k_softmax_rows,
@@ -618,5 +621,6 @@ const struct simd_kernels SIMD_TABLE = {
     .transpose = k_transpose,
     .fma_loop = k_fma_loop,
     .fma_loop_flops = 2 * FMA_CHAINS * W,
+    .rnn_cell = k_rnn_cell,
 };
 #undef FMA_CHAINS
