@@ -21,6 +21,11 @@ static const kiln_cli_command kiln_cli_commands[] = {
     {"predict", "run a model on .npy inputs and write .npy outputs", kiln_cmd_predict},
     {"bench", "time loading and running a model on random inputs", kiln_cmd_bench},
     {"serve", "serve models over TF Serving's REST API and KServe v2", kiln_cmd_serve},
+    {"keygen", "make a signing key pair or an encryption key", kiln_cmd_keygen},
+    {"sign", "sign a model folder (a manifest of its files' SHA-256)", kiln_cmd_sign},
+    {"verify", "check a model folder's signature and files", kiln_cmd_verify},
+    {"encrypt", "encrypt a model folder's files (XChaCha20-Poly1305)", kiln_cmd_encrypt},
+    {"rekey", "re-encrypt a folder's encrypted files under another key", kiln_cmd_rekey},
 };
 
 #define KILN_CLI_COMMAND_COUNT (sizeof kiln_cli_commands / sizeof kiln_cli_commands[0])
