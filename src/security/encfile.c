@@ -37,7 +37,7 @@ kiln_status kiln_enc_parse_header(const uint8_t *data, size_t len, char *id_out,
         return KILN_ERR_INVALID_MODEL;
     }
     size_t l = data[8];
-    if (!kiln_sec_key_id_valid((const char *)data + 9, l) || len < 9 + l) {
+    if (len < 9 + l || !kiln_sec_key_id_valid((const char *)data + 9, l)) {
         snprintf(err, KILN_SEC_ERR_LEN, "the key id in the header is not 1-%d of "
                                         "A-Z a-z 0-9 . _ - (damaged header)", KILN_KEY_ID_MAX);
         return KILN_ERR_INVALID_MODEL;
