@@ -26,6 +26,7 @@ static const kiln_cli_command kiln_cli_commands[] = {
     {"verify", "check a model folder's signature and files", kiln_cmd_verify},
     {"encrypt", "encrypt a model folder's files (XChaCha20-Poly1305)", kiln_cmd_encrypt},
     {"rekey", "re-encrypt a folder's encrypted files under another key", kiln_cmd_rekey},
+    {"fingerprint", "a stable identity of a model's weights and ops", kiln_cmd_fingerprint},
 };
 
 #define KILN_CLI_COMMAND_COUNT (sizeof kiln_cli_commands / sizeof kiln_cli_commands[0])
