@@ -43,7 +43,7 @@ static void print_usage(FILE *f)
             "\n"
             "commands:\n");
     for (size_t i = 0; i < KILN_CLI_COMMAND_COUNT; i++)
-        fprintf(f, "  %-10s %s\n", kiln_cli_commands[i].name, kiln_cli_commands[i].summary);
+        fprintf(f, "  %-12s %s\n", kiln_cli_commands[i].name, kiln_cli_commands[i].summary);
     fprintf(f, "\nRun 'kiln COMMAND --help' for a command's arguments.\n");
 }
 

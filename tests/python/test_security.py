@@ -336,3 +336,13 @@ def test_serve_refuses_bad_key_files_at_startup(tmp_path):
                         f"--model_decryption_key_file={bad}"], capture_output=True, text=True,
                        timeout=30)
     assert r.returncode == 1 and "--model_decryption_key_file" in r.stderr and "line 1" in r.stderr
+
+
+@pytest.mark.parametrize("cmd", ["keygen", "sign", "verify", "encrypt", "rekey", "fingerprint",
+                                 "healthcheck"])
+def test_help_and_usage_errors(cmd):
+    r = kiln(cmd, "--help")
+    assert r.stdout.startswith(f"usage: kiln {cmd}")
+    assert cmd in kiln("--help").stdout
+    r = kiln(cmd, "--bogus-flag", check=False)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "--bogus-flag" in r.stderr, r.stderr
