@@ -3,7 +3,8 @@
 # container engine: deploy/rootfs.sh builds it (kiln, exactly the libraries
 # ldd lists, a non-root user) with an affine model y = 2x + 1, and the
 # server runs from it isolated -- its own mount and PID namespaces, the
-# tree as its read-only root (unshare --root), as uid 10001 -- with the
+# tree as its read-only root (unshare --root) with /proc mounted as a
+# container runtime does, as uid 10001 -- with the
 # container's environment (MODEL_NAME, MODEL_BASE_PATH=/models). It must
 # answer a predict on loopback with 2x + 1, and `kiln healthcheck` (the
 # image's HEALTHCHECK) run from the same tree must pass.
@@ -46,17 +47,22 @@ root="$work/rootfs"
 extra=$(cd "$root" && find . -type f ! -path './lib*' ! -path './usr/lib/*' ! -path './models/*' \
         ! -name kiln ! -name passwd ! -name group)
 [ -z "$extra" ] || { echo "FAIL: unexpected files in the rootfs: $extra"; exit 1; }
+# a container runtime mounts /proc (and the sanitizer runtimes need it)
+mkdir "$root/proc"
 port=$(/usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 env -i MODEL_NAME=affine MODEL_BASE_PATH=/models \
   unshare --mount --pid --fork --kill-child sh -c '
     mount --bind "$0" "$0" && mount -o remount,bind,ro "$0" "$0" &&
+    mount -t proc proc "$0/proc" &&
     exec unshare --root="$0" --setuid 10001 --setgid 10001 \
       /usr/bin/kiln serve --rest_api_port="$1" --rest_api_address=127.0.0.1' "$root" "$port" \
   > "$work/serve.log" 2>&1 &
 pid=$!
 ready=0
 for _ in $(seq 1 100); do
-  if unshare --root="$root" /usr/bin/kiln healthcheck --port "$port" 2>/dev/null; then ready=1; break; fi
+  if unshare --mount --pid --fork sh -c 'mount -t proc proc "$0/proc" &&
+       exec unshare --root="$0" /usr/bin/kiln healthcheck --port "$1"' "$root" "$port" \
+       2>/dev/null; then ready=1; break; fi
   kill -0 "$pid" 2>/dev/null || break
   sleep 0.2
 done

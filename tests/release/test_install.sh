@@ -86,10 +86,15 @@ int main(int argc, char **argv)
 }
 C
 want="same 3 -3 2"
+# a sanitizer build's libkiln needs the program built with the same runtimes
+san=
+if readelf -d "$root/$libdir/libkiln.so.$version" | grep -q 'libasan'; then
+  san="-fsanitize=address,undefined"
+fi
 export PKG_CONFIG_PATH="$root/$libdir/pkgconfig" PKG_CONFIG_SYSROOT_DIR="$dest"
 [ "$(pkg-config --modversion kiln)" = "$version" ] || { echo "FAIL: pkg-config version"; exit 1; }
-# shellcheck disable=SC2046
-cc -std=c11 -Wall -Werror "$work/app.c" -o "$work/app" $(pkg-config --cflags --libs kiln)
+# shellcheck disable=SC2046,SC2086
+cc -std=c11 -Wall -Werror $san "$work/app.c" -o "$work/app" $(pkg-config --cflags --libs kiln)
 got=$(LD_LIBRARY_PATH="$root/$libdir" "$work/app" "$work/affine.onnx")
 [ "$got" = "$want" ] || { echo "FAIL: pkg-config build printed '$got', want '$want'"; exit 1; }
 mkdir "$work/cm"
@@ -100,7 +105,7 @@ find_package(Kiln $version CONFIG REQUIRED)
 add_executable(app $work/app.c)
 target_link_libraries(app PRIVATE Kiln::kiln)
 CM
-cmake -S "$work/cm" -B "$work/cm/build" -DCMAKE_PREFIX_PATH="$root" > "$work/cm.log" 2>&1 ||
+cmake -S "$work/cm" -B "$work/cm/build" -DCMAKE_PREFIX_PATH="$root" -DCMAKE_C_FLAGS="$san" > "$work/cm.log" 2>&1 ||
   { cat "$work/cm.log"; exit 1; }
 cmake --build "$work/cm/build" > "$work/cmb.log" 2>&1 || { cat "$work/cmb.log"; exit 1; }
 got=$(LD_LIBRARY_PATH="$root/$libdir" "$work/cm/build/app" "$work/affine.onnx")
