@@ -22,6 +22,7 @@ Environment: KILN_BUILD_DIR (the CMake build folder), KILN_WERROR=1
 (compile the extension with -Werror, as the tests do).
 """
 
+import glob
 import os
 import shutil
 import subprocess
@@ -67,6 +68,10 @@ class BuildExtWithLibkiln(build_ext):
         dest = os.path.dirname(self.get_ext_fullpath("kiln._kiln"))
         os.makedirs(dest, exist_ok=True)
         shutil.copy2(self.libkiln, os.path.join(dest, "libkiln.so"))
+        # the extension records libkiln's SONAME (libkiln.so.0): copy under that name too
+        for soname in glob.glob(os.path.join(build_dir, "libkiln.so.[0-9]*")):
+            if soname.count(".") == 2:  # libkiln.so.N, not libkiln.so.N.M.P
+                shutil.copy2(self.libkiln, os.path.join(dest, os.path.basename(soname)))
 
 
 CFLAGS = ["-std=c11", "-Wall", "-Wextra", "-Wno-unused-parameter", "-Wshadow=local"]

@@ -9,6 +9,8 @@ pkgs=(build-essential cmake pkg-config protobuf-c-compiler libprotobuf-c-dev zli
       python3 python3-numpy python3-onnx python3-pytest python3-torch python3-torchvision
       python3-sklearn clang curl chromium)
 pkgs+=(python3-dev python3-setuptools python3-pip)  # the Python API, python/ (docs/PYTHON.md)
+pkgs+=(libsodium-dev python3-cryptography)  # signed and encrypted models (docs/SECURITY.md)
+pkgs+=(python3-yaml python3-jsonschema)  # checking deploy/k8s manifests (docs/DEPLOY.md)
 # Node.js: Debian's nodejs and npm, unless a node with npm is already installed
 # (e.g. NodeSource's nodejs, which bundles npm and conflicts with Debian's npm)
 command -v npm >/dev/null 2>&1 || pkgs+=(nodejs npm)

@@ -17,5 +17,11 @@ void kiln_session_profile_print(kiln_session *s, FILE *f);
 double kiln_session_reference_share(kiln_session *s);
 /* One line about the session's plans: count, steps, fast kernels, arena bytes. */
 void kiln_session_plan_summary(kiln_session *s, char *buf, size_t n);
+/* Stream the canonical form of the model's imported graph and weights
+ * (api/fingerprint.c) to write(ctx, bytes, n): names and file encoding do
+ * not enter it. `kiln fingerprint` hashes it. */
+kiln_status kiln_model_canonical_write(const kiln_model *m,
+                                       void (*write)(void *ctx, const void *p, size_t n),
+                                       void *ctx);
 
 #endif

@@ -45,6 +45,14 @@ int kiln_cmd_inspect(int argc, char **argv);
 int kiln_cmd_predict(int argc, char **argv);
 int kiln_cmd_serve(int argc, char **argv);
 int kiln_cmd_bench(int argc, char **argv);
+/* cmd_security.c: signing and encrypting model folders (docs/SECURITY.md) */
+int kiln_cmd_keygen(int argc, char **argv);
+int kiln_cmd_sign(int argc, char **argv);
+int kiln_cmd_verify(int argc, char **argv);
+int kiln_cmd_encrypt(int argc, char **argv);
+int kiln_cmd_rekey(int argc, char **argv);
+int kiln_cmd_fingerprint(int argc, char **argv); /* cmd_fingerprint.c */
+int kiln_cmd_healthcheck(int argc, char **argv); /* cmd_healthcheck.c */
 
 /* Print "kiln: <message>\n" on stderr; returns KILN_CLI_EXIT_FAIL. */
 int kiln_cli_fail(const char *fmt, ...) KILN_CLI_PRINTF(1, 2);

@@ -20,6 +20,7 @@
 #include "core/threadpool.h"
 #include "serve/batch.h"
 #include "serve/config.h"
+#include "serve/integrity.h"
 #include "serve/manager.h"
 #include "serve/server.h"
 
@@ -59,6 +60,10 @@ static const char serve_help[] =
     "  --port=N                           gRPC port: accepted, gRPC is not implemented yet\n"
     "  --tensorflow_inter_op_parallelism, --allow_precompilation,\n"
     "  --allow_compression, --use_tfrt   accepted and ignored (the startup log says so)\n"
+    "  --trusted_keys=FILE                Kiln: serve only versions signed (kiln sign) by a key\n"
+    "                                     in FILE (docs/SECURITY.md)\n"
+    "  --model_decryption_key_file=FILE   Kiln: key ring for encrypted models (kiln encrypt),\n"
+    "                                     decrypted in memory\n"
     "  --version                          print versions and exit\n";
 
 /* Flags accepted for compatibility whose features Kiln lacks so far. */
@@ -102,6 +107,7 @@ int kiln_cmd_serve(int argc, char **argv)
     int batching = 0, config_poll = 0, warmup = 1, warmup_iters = 0, cors = 0, console = 1;
     const char *model_name = NULL, *base_path = NULL, *tags = NULL, *address = NULL;
     const char *config_file = NULL, *batching_file = NULL, *monitoring_file = NULL;
+    kiln_integrity_options integrity = {NULL, NULL};
 
     for (int i = 0; i < argc; i++) {
         char *arg = argv[i];
@@ -148,6 +154,9 @@ int kiln_cmd_serve(int argc, char **argv)
         else if (strcmp(name, "--rest_api_enable_cors_support") == 0) ok = (cors = parse_bool(val)) >= 0;
         else if (strcmp(name, "--enable_console") == 0) ok = (console = parse_bool(val)) >= 0;
         else if (strcmp(name, "--monitoring_config_file") == 0) monitoring_file = val;
+        else if (strcmp(name, "--trusted_keys") == 0) integrity.trusted_keys_file = *val ? val : NULL;
+        else if (strcmp(name, "--model_decryption_key_file") == 0)
+            integrity.decryption_key_file = *val ? val : NULL;
         else if (strcmp(name, "--version") == 0) ok = (show_version = parse_bool(val)) >= 0;
         else {
             int known = 0;
@@ -194,6 +203,14 @@ int kiln_cmd_serve(int argc, char **argv)
         kiln_server_config_free(config);
         return kiln_cli_fail("--monitoring_config_file: %s", cerr);
     }
+    /* signed and encrypted models (serve/integrity.c) */
+    if (kiln_integrity_check_options(&integrity, cerr) != KILN_OK) {
+        kiln_server_config_free(config);
+        return kiln_cli_fail("%s", cerr);
+    }
+    if (integrity.trusted_keys_file)
+        fprintf(stderr, "kiln serve: serving only versions signed by a key in %s\n",
+                integrity.trusted_keys_file);
     /* the TF Serving container: MODEL_NAME, and MODEL_BASE_PATH/MODEL_NAME */
     const char *env_name = getenv("MODEL_NAME"), *env_base = getenv("MODEL_BASE_PATH");
     if (!model_name) model_name = env_name && *env_name ? env_name : "default";
@@ -257,6 +274,7 @@ int kiln_cmd_serve(int argc, char **argv)
     mo.config_file = config_file;
     mo.config_poll_seconds = config_poll;
     mo.enable_warmup = warmup;
+    mo.integrity = &integrity;
     mo.warmup_iterations = warmup_iters > 0 ? warmup_iters : 1; /* TF: used only if > 0 */
     kiln_batch_stats *bstats = NULL;
     if (batching) {

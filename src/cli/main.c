@@ -21,6 +21,13 @@ static const kiln_cli_command kiln_cli_commands[] = {
     {"predict", "run a model on .npy inputs and write .npy outputs", kiln_cmd_predict},
     {"bench", "time loading and running a model on random inputs", kiln_cmd_bench},
     {"serve", "serve models over TF Serving's REST API and KServe v2", kiln_cmd_serve},
+    {"keygen", "make a signing key pair or an encryption key", kiln_cmd_keygen},
+    {"sign", "sign a model folder (a manifest of its files' SHA-256)", kiln_cmd_sign},
+    {"verify", "check a model folder's signature and files", kiln_cmd_verify},
+    {"encrypt", "encrypt a model folder's files (XChaCha20-Poly1305)", kiln_cmd_encrypt},
+    {"rekey", "re-encrypt a folder's encrypted files under another key", kiln_cmd_rekey},
+    {"fingerprint", "a stable identity of a model's weights and ops", kiln_cmd_fingerprint},
+    {"healthcheck", "exit 0 if a local kiln serve is ready (container probes)", kiln_cmd_healthcheck},
 };
 
 #define KILN_CLI_COMMAND_COUNT (sizeof kiln_cli_commands / sizeof kiln_cli_commands[0])
@@ -36,7 +43,7 @@ static void print_usage(FILE *f)
             "\n"
             "commands:\n");
     for (size_t i = 0; i < KILN_CLI_COMMAND_COUNT; i++)
-        fprintf(f, "  %-10s %s\n", kiln_cli_commands[i].name, kiln_cli_commands[i].summary);
+        fprintf(f, "  %-12s %s\n", kiln_cli_commands[i].name, kiln_cli_commands[i].summary);
     fprintf(f, "\nRun 'kiln COMMAND --help' for a command's arguments.\n");
 }
 

@@ -14,6 +14,7 @@
 #include "serve/manager.h"
 
 #include "serve/batch.h"
+#include "serve/integrity.h"
 #include "serve/warmup.h"
 
 #include <dirent.h>
@@ -495,10 +496,9 @@ static kiln_status servable_load(kiln_manager *m, const char *name, const char *
         goto err_oom;
     }
     kiln_load_options lo = {KILN_FORMAT_AUTO, m->opts.saved_model_tags};
-    kiln_status st = kiln_model_load(dir, &lo, &s->model);
+    /* signature check and decryption when configured (integrity.c) */
+    kiln_status st = kiln_integrity_load(m->opts.integrity, dir, &lo, &s->model, err);
     if (st != KILN_OK) {
-        snprintf(err, KILN_JSON_ERR_LEN, "%s", *kiln_last_error() ? kiln_last_error()
-                                                                  : kiln_status_name(st));
         free(s->dir);
         free(s);
         return st;

@@ -78,6 +78,7 @@ typedef struct kiln_manager_options {
     const kiln_batching_params *batching; /* non-NULL: batch every signature (borrowed) */
     struct kiln_batch_stats *batch_stats; /* where batchers count (borrowed) */
     int enable_warmup;              /* --enable_model_warmup: replay assets.extra/ requests */
+    const struct kiln_integrity_options *integrity; /* signatures, decryption (borrowed; NULL: none) */
     int warmup_iterations;          /* --num_request_iterations_for_warmup (>= 1) */
 } kiln_manager_options;
 
