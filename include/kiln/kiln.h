@@ -196,7 +196,31 @@ typedef struct kiln_session_options {
     int64_t max_tensor_bytes; /* bound on any one tensor a run produces; 0 = 16 GiB */
     int reference;       /* 1 = the reference path: imported graph, reference kernels, no
                             plans (slow; for checking the fast path) */
+    int precision;       /* kiln_precision: KILN_PRECISION_FP32 (default), BF16 or INT8 */
 } kiln_session_options;
+
+/*
+ * Compute precision of a session (docs/COMPRESSION.md). Opt-in and lossy:
+ * - KILN_PRECISION_BF16: MatMul, Gemm and fused matmuls with constant
+ *   weights run on oneDNN with the weights stored bfloat16, the activations
+ *   rounded to bfloat16 as they enter, fp32 accumulation and fp32 outputs.
+ * - KILN_PRECISION_INT8: the same products quantized dynamically: weights
+ *   symmetric s8 per output channel (packed once), the activation u8 with a
+ *   scale and zero point measured on each run, s32 accumulation on oneDNN's
+ *   int8 matmul (VNNI), fp32 output with bias, sum and activation fused.
+ * Every other op (softmax, normalizations, reductions, convolutions) stays
+ * fp32; a product oneDNN cannot run in the precision stays fp32 too. The
+ * optimization log counts the nodes that ran in each precision.
+ */
+typedef enum kiln_precision {
+    KILN_PRECISION_FP32 = 0,
+    KILN_PRECISION_BF16 = 1,
+    KILN_PRECISION_INT8 = 2,
+} kiln_precision;
+/* "fp32", "bf16", "int8"; "?" for a value out of range. */
+const char *kiln_precision_name(kiln_precision p);
+/* Parse "fp32" / "bf16" / "int8" (case-sensitive); KILN_ERR_INVALID_ARGUMENT names the text. */
+kiln_status kiln_precision_parse(const char *text, kiln_precision *out);
 void kiln_session_options_init(kiln_session_options *o);
 
 kiln_status kiln_session_create(kiln_model *m, const char *signature,

@@ -12,6 +12,13 @@
  * time, empty tensors) stays on the reference kernel. 1x1 convolutions of
  * 1x1 images (squeeze-excitation) go to Kiln's own matrix-vector kernel
  * (src/kernels/simd/pointwise.c) instead.
+ *
+ * bf16 (a plan compiled for KILN_PRECISION_BF16; docs/COMPRESSION.md): the
+ * weights are packed as bfloat16, X is rounded to bfloat16 (nearest even)
+ * into the kernel's scratch at the start of each run, in whatever layout it
+ * is stored (padding included), and oneDNN's direct bf16 convolution
+ * accumulates in fp32 into the fp32 Y with bias, Sum and activation as in
+ * fp32. Where oneDNN has no bf16 convolution the node runs in fp32.
  */
 #include "kernels/dnnl/dnnl_common.h"
 
@@ -22,6 +29,9 @@ struct conv_state {
     struct kd_exec e;
     int has_sum;
     size_t dst_bytes;       /* bytes of Y in its layout (the Sum copy) */
+    int bf16;               /* X converted to bfloat16 at scratch + base each run */
+    size_t src_elems;       /* stored elements of X (blocked padding included) */
+    size_t base, scratch_total;
 };
 
 /* Everything make needs to build one variant. */
@@ -30,6 +40,7 @@ struct conv_build {
     dnnl_memory_desc_t src, wany, wplain, bias, dst;
     int has_bias, has_sum;
     int winograd; /* try oneDNN's Winograd algorithm first (conv_use_winograd) */
+    int bf16;     /* this build tries bfloat16 X and weights */
     dnnl_dims_t strides, dilates, pad_l, pad_r;
 };
 
@@ -41,8 +52,10 @@ static dnnl_primitive_desc_t conv_pd(const struct conv_build *b, dnnl_alg_kind_t
     dnnl_post_ops_t po = NULL;
     dnnl_primitive_desc_t pd = NULL;
     dnnl_convolution_desc_t cd;
+    dnnl_memory_desc_t src = b->src, wany = b->wany;
+    if (b->bf16) src.data_type = wany.data_type = dnnl_bf16;
     dnnl_status_t r = dnnl_dilated_convolution_forward_desc_init(
-        &cd, dnnl_forward_inference, alg, &b->src, &b->wany, b->has_bias ? &b->bias : NULL,
+        &cd, dnnl_forward_inference, alg, &src, &wany, b->has_bias ? &b->bias : NULL,
         &b->dst, b->strides, b->dilates, b->pad_l, b->pad_r);
     if (r == dnnl_success) r = dnnl_primitive_attr_create(&attr);
     if (r == dnnl_success) r = dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user);
@@ -65,15 +78,23 @@ static kiln_status conv_make(void *arg, struct kd_variant *v, int threads)
     /* Winograd first where it applies (3x3, stride 1, blocked layout); oneDNN
      * answers unimplemented for every other shape, and then the direct
      * algorithm runs. */
-    dnnl_primitive_desc_t pd = b->winograd ? conv_pd(b, dnnl_convolution_winograd) : NULL;
+    dnnl_primitive_desc_t pd = b->winograd && !b->bf16 ? conv_pd(b, dnnl_convolution_winograd)
+                                                       : NULL;
     if (!pd) pd = conv_pd(b, dnnl_convolution_direct);
     if (!pd) goto out; /* unimplemented here: the reference runs it */
     const dnnl_memory_desc_t *wmd = dnnl_primitive_desc_query_md(pd, dnnl_query_weights_md, 0);
-    st = kd_pack_weights(b->cc, b->cc->in_value[1], "conv", &b->wplain, wmd, 1.0f, &v->packed);
+    st = kd_pack_weights(b->cc, b->cc->in_value[1], b->bf16 ? "conv_bf16" : "conv", &b->wplain,
+                         wmd, 1.0f, &v->packed);
     if (st != KILN_OK || !v->packed) goto out;
     st = kd_variant_init(n, pd, v);
     if (st != KILN_OK) goto out;
-    kd_variant_arg(v, DNNL_ARG_SRC, KD_SRC_IN, 0, &b->src);
+    if (b->bf16) { /* X in bfloat16 at the kernel's scratch (offset fixed after the build) */
+        dnnl_memory_desc_t src = b->src;
+        src.data_type = dnnl_bf16;
+        kd_variant_arg(v, DNNL_ARG_SRC, KD_SRC_SCRATCH_AT, 0, &src);
+    } else {
+        kd_variant_arg(v, DNNL_ARG_SRC, KD_SRC_IN, 0, &b->src);
+    }
     kd_variant_arg(v, DNNL_ARG_WEIGHTS, KD_SRC_PACKED, 1, wmd);
     if (b->has_bias) kd_variant_arg(v, DNNL_ARG_BIAS, KD_SRC_IN, 2, &b->bias);
     kd_variant_arg(v, DNNL_ARG_DST, KD_SRC_OUT, 0, &b->dst);
@@ -86,9 +107,23 @@ out:
 static kiln_status conv_run(void *state, struct kiln_run_ctx *ctx)
 {
     struct conv_state *s = state;
+    struct kiln_run_ctx c2 = *ctx;
+    void *heap = NULL;
+    if (s->bf16) {
+        if (!c2.scratch) { /* callers without a plan arena */
+            heap = c2.scratch = aligned_alloc(64, s->scratch_total);
+            if (!heap)
+                return kiln_node_error(ctx->node, KILN_ERR_OUT_OF_MEMORY, "out of memory for scratch");
+        }
+        uint16_t *h = (uint16_t *)((char *)c2.scratch + s->base);
+        const float *x = ctx->in[0]->data;
+        for (size_t i = 0; i < s->src_elems; i++) h[i] = kiln_f32_to_bf16(x[i]);
+    }
     if (s->has_sum && ctx->in[3]->data != ctx->out[0]->data)
         memcpy(ctx->out[0]->data, ctx->in[3]->data, s->dst_bytes);
-    return kd_exec_run(&s->e, ctx);
+    kiln_status st = kd_exec_run(&s->e, &c2);
+    free(heap);
+    return st;
 }
 
 static void conv_destroy(void *state)
@@ -202,21 +237,42 @@ static kiln_status conv_compile(const struct kiln_compile_ctx *cc, struct kiln_k
 
     struct conv_state *s = calloc(1, sizeof *s);
     if (!s) return kiln_node_error(n, KILN_ERR_OUT_OF_MEMORY, "out of memory compiling");
-    int handled;
+    int handled = 0;
     double work = 2.0 * (double)kiln_shape_count(y->rank, y->dims) *
                   (double)kiln_shape_count(w->rank, w->dims) / (double)w->dims[0];
-    kiln_status st = kd_exec_build(&s->e, kd_work_threads(cc, work), conv_make, &b, &handled);
+    kiln_status st = KILN_OK;
+    if (cc->precision == KILN_PRECISION_BF16) {
+        b.bf16 = 1;
+        st = kd_exec_build(&s->e, kd_work_threads(cc, work), conv_make, &b, &handled);
+        if (st != KILN_OK) {
+            free(s);
+            return st;
+        }
+        if (handled) {
+            s->bf16 = 1;
+            s->src_elems = dnnl_memory_desc_get_size(&b.src) / sizeof(float);
+            s->base = (kd_exec_scratch(&s->e) + 63) / 64 * 64;
+            s->scratch_total = s->base + (s->src_elems * 2 + 63) / 64 * 64;
+            for (int vi = 0; vi < s->e.nv; vi++) /* the bf16 X after oneDNN's scratchpad */
+                for (int k = 0; k < s->e.v[vi].nargs; k++)
+                    if (s->e.v[vi].args[k].src == KD_SRC_SCRATCH_AT)
+                        s->e.v[vi].args[k].index += (int)s->base;
+        }
+        b.bf16 = 0;
+    }
+    if (!handled) st = kd_exec_build(&s->e, kd_work_threads(cc, work), conv_make, &b, &handled);
     if (st != KILN_OK || !handled) {
         free(s);
         return st;
     }
     s->has_sum = b.has_sum;
     s->dst_bytes = dnnl_memory_desc_get_size(&b.dst);
-    inst->name = fused ? "dnnl_fused_conv" : "dnnl_conv";
+    inst->name = s->bf16 ? (fused ? "dnnl_fused_conv_bf16" : "dnnl_conv_bf16")
+                         : (fused ? "dnnl_fused_conv" : "dnnl_conv");
     inst->state = s;
     inst->run = conv_run;
     inst->destroy = conv_destroy;
-    inst->scratch_bytes = kd_exec_scratch(&s->e);
+    inst->scratch_bytes = s->bf16 ? s->scratch_total : kd_exec_scratch(&s->e);
     inst->packed = 1u << 1; /* every variant runs on the packed weights */
     if (s->has_sum) { /* Y may be written over Sum: the sum post-op then needs no copy */
         inst->inplace = 1;

@@ -6,6 +6,7 @@
 #include "kernels/dnnl/dnnl_common.h"
 
 #include <float.h>
+#include <math.h>
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -228,6 +229,115 @@ kiln_status kd_pack_weights(const struct kiln_compile_ctx *cc, const kiln_tensor
     return kiln_weight_cache_get(cc->weights, w, tag, pack_run, &arg, packed);
 }
 
+/* ---- int8 weights ---- */
+
+struct pack_s8_arg {
+    const struct kiln_node *node;
+    const kiln_tensor *w;
+    dnnl_memory_desc_t src, dst;
+    int axis;
+};
+
+/* kiln_pack_fn: per-channel symmetric s8 quantization, then a reorder into dst. */
+static kiln_status pack_s8_run(void *arg, void **packed, size_t *bytes,
+                               void (**free_fn)(void *))
+{
+    struct pack_s8_arg *p = arg;
+    const dnnl_memory_desc_t *sm = &p->src;
+    int nd = sm->ndims, ax = p->axis;
+    int64_t nch = sm->dims[ax], total = 1;
+    for (int i = 0; i < nd; i++) total *= sm->dims[i];
+    size_t sc_bytes = ((size_t)nch * sizeof(float) + 63) / 64 * 64;
+    size_t sz = dnnl_memory_desc_get_size(&p->dst);
+    size_t plain_sz = dnnl_memory_desc_get_size(sm) / sizeof(float);
+    char *buf = aligned_alloc(64, sc_bytes + (sz + 63) / 64 * 64 + 64);
+    int8_t *plain = malloc(plain_sz ? plain_sz : 1);
+    float *scales = (float *)buf;
+    if (!buf || !plain) {
+        free(buf);
+        free(plain);
+        return kiln_node_error(p->node, KILN_ERR_OUT_OF_MEMORY, "out of memory packing weights");
+    }
+    memset(plain, 0, plain_sz ? plain_sz : 1);
+    const float *w = p->w->data;
+    const dnnl_dims_t *st = &sm->format_desc.blocking.strides;
+    /* walk every element by its logical index, channel = index[axis] */
+    for (int64_t c = 0; c < nch; c++) scales[c] = 0.0f;
+    for (int pass = 0; pass < 2; pass++) {
+        int64_t idx[DNNL_MAX_NDIMS] = {0};
+        for (int64_t e = 0; e < total; e++) {
+            int64_t off = 0;
+            for (int i = 0; i < nd; i++) off += idx[i] * (*st)[i];
+            float v = w[off];
+            int64_t c = idx[ax];
+            if (pass == 0) {
+                float a = fabsf(v);
+                if (a > scales[c]) scales[c] = a; /* NaN is skipped */
+            } else {
+                float q = nearbyintf(v / scales[c]);
+                if (!(q >= -127.0f)) q = -127.0f; /* NaN too */
+                if (q > 127.0f) q = 127.0f;
+                plain[off] = (int8_t)q;
+            }
+            for (int i = nd - 1; i >= 0; i--) {
+                if (++idx[i] < sm->dims[i]) break;
+                idx[i] = 0;
+            }
+        }
+        if (pass == 0)
+            for (int64_t c = 0; c < nch; c++)
+                scales[c] = scales[c] > 0.0f && isfinite(scales[c]) ? scales[c] / 127.0f : 1.0f;
+    }
+    dnnl_engine_t eng = kd_engine();
+    dnnl_memory_desc_t s8md = *sm;
+    s8md.data_type = dnnl_s8;
+    dnnl_primitive_desc_t pd = NULL;
+    dnnl_primitive_t prim = NULL;
+    dnnl_memory_t ms = NULL, md = NULL;
+    dnnl_stream_t stream = NULL;
+    dnnl_status_t r = dnnl_reorder_primitive_desc_create(&pd, &s8md, eng, &p->dst, eng, NULL);
+    if (r == dnnl_success) r = dnnl_primitive_create(&prim, pd);
+    if (r == dnnl_success) r = dnnl_memory_create(&ms, &s8md, eng, plain);
+    if (r == dnnl_success) r = dnnl_memory_create(&md, &p->dst, eng, buf + sc_bytes);
+    if (r == dnnl_success) r = dnnl_stream_create(&stream, eng, dnnl_stream_default_flags);
+    if (r == dnnl_success) {
+        dnnl_exec_arg_t args[2] = {{DNNL_ARG_FROM, ms}, {DNNL_ARG_TO, md}};
+        r = dnnl_primitive_execute(prim, stream, 2, args);
+        if (r == dnnl_success) r = dnnl_stream_wait(stream);
+    }
+    if (stream) dnnl_stream_destroy(stream);
+    if (md) dnnl_memory_destroy(md);
+    if (ms) dnnl_memory_destroy(ms);
+    if (prim) dnnl_primitive_destroy(prim);
+    if (pd) dnnl_primitive_desc_destroy(pd);
+    free(plain);
+    if (r != dnnl_success) {
+        free(buf);
+        return kd_error(p->node, r, "s8 weight reorder");
+    }
+    *packed = buf;
+    *bytes = sc_bytes + sz;
+    *free_fn = pack_free;
+    return KILN_OK;
+}
+
+kiln_status kd_pack_weights_s8(const struct kiln_compile_ctx *cc, const kiln_tensor *w,
+                               const char *what, const dnnl_memory_desc_t *src_md, int axis,
+                               const dnnl_memory_desc_t *dst_md, void **packed,
+                               size_t *scales_bytes)
+{
+    char tag[1024], what_ax[96];
+    *packed = NULL;
+    *scales_bytes = ((size_t)src_md->dims[axis] * sizeof(float) + 63) / 64 * 64;
+    snprintf(what_ax, sizeof what_ax, "%s_s8_axis%d", what, axis);
+    if (src_md->data_type != dnnl_f32 || !md_tag(what_ax, 1.0f, src_md, dst_md, tag, sizeof tag))
+        return KILN_OK;
+    struct pack_s8_arg arg = {cc->node, w, *src_md, *dst_md, axis};
+    if (!cc->weights)
+        return kiln_node_error(cc->node, KILN_ERR_INTERNAL, "no weight cache to pack into");
+    return kiln_weight_cache_get(cc->weights, w, tag, pack_s8_run, &arg, packed);
+}
+
 /* ---- variants and the executor ---- */
 
 kiln_status kd_variant_init(const struct kiln_node *n, dnnl_primitive_desc_t pd,
@@ -379,6 +489,7 @@ kiln_status kd_exec_run(struct kd_exec *e, struct kiln_run_ctx *ctx)
         case KD_SRC_OUT: p = ctx->out[a->index]->data; break;
         case KD_SRC_PACKED: p = v->packed; break;
         case KD_SRC_SCRATCH: p = scratch; break;
+        case KD_SRC_SCRATCH_AT: p = (char *)scratch + a->index; break;
         }
         r = dnnl_memory_set_data_handle(b->mem[vi][k], p);
         args[k].arg = a->arg;

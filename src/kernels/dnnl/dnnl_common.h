@@ -34,6 +34,8 @@ enum kd_src {
     KD_SRC_OUT,      /* ctx->out[index]->data */
     KD_SRC_PACKED,   /* the variant's packed weights */
     KD_SRC_SCRATCH,  /* the run's scratch memory */
+    KD_SRC_SCRATCH_AT, /* the run's scratch memory + index bytes (a kernel's own buffers
+                          placed after the primitive's scratchpad) */
 };
 
 struct kd_arg {
@@ -88,6 +90,18 @@ int kd_append_activation(const struct kiln_node *n, dnnl_post_ops_t po);
 kiln_status kd_pack_weights(const struct kiln_compile_ctx *cc, const kiln_tensor *w,
                             const char *what, const dnnl_memory_desc_t *src_md,
                             const dnnl_memory_desc_t *dst_md, float scale, void **packed);
+
+/* Pack constant weights as symmetric s8 with one scale per output channel
+ * (scale = max |w| / 127 over the channel, 1 for an all-zero channel;
+ * q = nearbyint(w / scale) clamped to [-127, 127]): src_md describes the f32
+ * data (blocked, any strides), `axis` its output-channel dim, dst_md the s8
+ * format the primitive wants. *packed receives one buffer from the weight
+ * cache: the channel scales (floats, padded to 64 bytes: *scales_bytes),
+ * then the packed s8 weights. */
+kiln_status kd_pack_weights_s8(const struct kiln_compile_ctx *cc, const kiln_tensor *w,
+                               const char *what, const dnnl_memory_desc_t *src_md, int axis,
+                               const dnnl_memory_desc_t *dst_md, void **packed,
+                               size_t *scales_bytes);
 
 /* Create the primitive of pd as variant v of e, recording its scratchpad size.
  * Takes ownership of nothing; pd may be destroyed afterwards. */
