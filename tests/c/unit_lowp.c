@@ -18,9 +18,10 @@
  * rank-3 A folded into rows; Gemm with transB, alpha, a row bias, a full C
  * (sum post-op); KilnFusedMatMul with Relu. Every case runs with 1 and 2
  * threads, and must actually run in the asked precision (kernel name).
- * Conv (bf16 only; convolutions do not run int8 yet): channels 1, 3, 16,
- * 17, 33, 3x3 with padding, 1x1, stride 2, depthwise groups, bias, against
- * a double-precision convolution of bfloat16-rounded X and W.
+ * Conv (bf16; an int8 session runs convolutions in fp32, checked too):
+ * channels 1, 3, 16, 17, 33, 3x3 with padding, 1x1, stride 2, depthwise
+ * groups, bias, against a double-precision convolution of bfloat16-rounded
+ * X and W.
  */
 #include <math.h>
 #include <stdio.h>
@@ -433,7 +434,12 @@ static void check_conv(const struct conv_case *c)
                 }
     for (int threads = 1; threads <= 2; threads++) {
         const char *name;
-        kiln_tensor *y = run_fast(&t, KILN_PRECISION_BF16, threads, &name);
+        kiln_tensor *y = run_fast(&t, KILN_PRECISION_INT8, threads, &name);
+        CHECK(y && name && !strstr(name, "_int8") && !strstr(name, "_bf16"),
+              "%s threads=%d: int8 session's conv ran %s", what, threads,
+              name ? name : "declined");
+        kiln_tensor_free(y);
+        y = run_fast(&t, KILN_PRECISION_BF16, threads, &name);
         CHECK(y && name && strstr(name, "_bf16"), "%s threads=%d: bf16 kernel not used (%s)", what,
               threads, name ? name : "declined");
         if (y && name && strstr(name, "_bf16")) {

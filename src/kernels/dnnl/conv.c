@@ -82,6 +82,7 @@ static kiln_status conv_make(void *arg, struct kd_variant *v, int threads)
                                                        : NULL;
     if (!pd) pd = conv_pd(b, dnnl_convolution_direct);
     if (!pd) goto out; /* unimplemented here: the reference runs it */
+    if (b->bf16 && kd_pd_is_ref(pd)) goto out; /* fp32 is faster than oneDNN's reference */
     const dnnl_memory_desc_t *wmd = dnnl_primitive_desc_query_md(pd, dnnl_query_weights_md, 0);
     st = kd_pack_weights(b->cc, b->cc->in_value[1], b->bf16 ? "conv_bf16" : "conv", &b->wplain,
                          wmd, 1.0f, &v->packed);

@@ -338,6 +338,37 @@ kiln_status kd_pack_weights_s8(const struct kiln_compile_ctx *cc, const kiln_ten
     return kiln_weight_cache_get(cc->weights, w, tag, pack_s8_run, &arg, packed);
 }
 
+void kd_quant_range(const float *a, int64_t count, float *scale_out, int32_t *zp_out)
+{
+    float lo = 0.0f, hi = 0.0f;
+    for (int64_t i = 0; i < count; i++) {
+        float v = a[i];
+        if (!isfinite(v)) continue;
+        if (v < lo) lo = v;
+        if (v > hi) hi = v;
+    }
+    float scale = (hi - lo) / 255.0f;
+    if (!(scale > 0.0f) || !isfinite(scale)) scale = 1.0f;
+    float zf = nearbyintf(-lo / scale);
+    *scale_out = scale;
+    *zp_out = zf < 0.0f ? 0 : zf > 255.0f ? 255 : (int32_t)zf;
+}
+
+void kd_quantize_u8(const float *a, int64_t count, uint8_t *q, float *scale_out,
+                    int32_t *zp_out)
+{
+    kd_quant_range(a, count, scale_out, zp_out);
+    for (int64_t i = 0; i < count; i++) q[i] = kd_quant_u8(a[i], *scale_out, *zp_out);
+}
+
+int kd_pd_is_ref(const_dnnl_primitive_desc_t pd)
+{
+    const char *impl = NULL;
+    if (dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl) != dnnl_success || !impl)
+        return 0;
+    return strncmp(impl, "ref", 3) == 0;
+}
+
 /* ---- variants and the executor ---- */
 
 kiln_status kd_variant_init(const struct kiln_node *n, dnnl_primitive_desc_t pd,

@@ -21,6 +21,7 @@
 #ifndef KILN_KERNELS_DNNL_COMMON_H
 #define KILN_KERNELS_DNNL_COMMON_H
 
+#include <math.h>
 #include <pthread.h>
 
 #include <oneapi/dnnl/dnnl.h>
@@ -102,6 +103,27 @@ kiln_status kd_pack_weights_s8(const struct kiln_compile_ctx *cc, const kiln_ten
                                const char *what, const dnnl_memory_desc_t *src_md, int axis,
                                const dnnl_memory_desc_t *dst_md, void **packed,
                                size_t *scales_bytes);
+
+/* Dynamic quantization of an activation (docs/COMPRESSION.md): measure
+ * lo = min(0, min a), hi = max(0, max a) over the finite values, then
+ * scale = (hi - lo) / 255 (1 for an empty range), zp = clamp(nearbyint(-lo /
+ * scale), 0, 255), q = clamp(nearbyint(a / scale) + zp, 0, 255), NaN -> zp. */
+void kd_quantize_u8(const float *a, int64_t count, uint8_t *q, float *scale_out,
+                    int32_t *zp_out);
+/* Only the measuring half: scale and zp of a. */
+void kd_quant_range(const float *a, int64_t count, float *scale_out, int32_t *zp_out);
+/* One value quantized with scale and zp. */
+static inline uint8_t kd_quant_u8(float a, float scale, int32_t zp)
+{
+    float v = nearbyintf(a / scale) + (float)zp;
+    if (v != v) v = (float)zp; /* NaN */
+    return v <= 0.0f ? 0 : v >= 255.0f ? 255 : (uint8_t)v;
+}
+
+/* Whether oneDNN picked one of its reference implementations for pd ("ref:any",
+ * "ref_int8:any"): correct but far slower than Kiln's fp32 path, so a
+ * low-precision variant declines it and the node runs in fp32. */
+int kd_pd_is_ref(const_dnnl_primitive_desc_t pd);
 
 /* Create the primitive of pd as variant v of e, recording its scratchpad size.
  * Takes ownership of nothing; pd may be destroyed afterwards. */

@@ -108,6 +108,7 @@ static kiln_status mm_make(void *arg, struct kd_variant *v, int threads)
     if (r == dnnl_success) r = dnnl_primitive_attr_set_post_ops(attr, po);
     if (r == dnnl_success) r = dnnl_primitive_desc_create(&pd, &d, attr, kd_engine(), NULL);
     if (r != dnnl_success) goto out; /* the reference runs it */
+    if (b->prec && kd_pd_is_ref(pd)) goto out; /* fp32 is faster than oneDNN's reference */
     const dnnl_memory_desc_t *wmd = dnnl_primitive_desc_query_md(pd, dnnl_query_weights_md, 0);
     if (b->b_const && q8) {
         size_t sc_bytes = 0;
@@ -154,30 +155,6 @@ out:
     return st;
 }
 
-/* int8: quantize A (f32) to u8 at q with a scale and zero point measured on A. */
-static void mm_quantize_u8(const float *a, int64_t count, uint8_t *q, float *scale_out,
-                           int32_t *zp_out)
-{
-    float lo = 0.0f, hi = 0.0f;
-    for (int64_t i = 0; i < count; i++) {
-        float v = a[i];
-        if (!isfinite(v)) continue;
-        if (v < lo) lo = v;
-        if (v > hi) hi = v;
-    }
-    float scale = (hi - lo) / 255.0f;
-    if (!(scale > 0.0f) || !isfinite(scale)) scale = 1.0f;
-    float zf = nearbyintf(-lo / scale);
-    int32_t zp = zf < 0.0f ? 0 : zf > 255.0f ? 255 : (int32_t)zf;
-    for (int64_t i = 0; i < count; i++) {
-        float v = nearbyintf(a[i] / scale) + (float)zp;
-        if (isnan(v)) v = (float)zp;
-        q[i] = v <= 0.0f ? 0 : v >= 255.0f ? 255 : (uint8_t)v;
-    }
-    *scale_out = scale;
-    *zp_out = zp;
-}
-
 static kiln_status mm_run(void *state, struct kiln_run_ctx *ctx)
 {
     struct mm_state *s = state;
@@ -197,7 +174,7 @@ static kiln_status mm_run(void *state, struct kiln_run_ctx *ctx)
         } else {
             float sa;
             int32_t zp;
-            mm_quantize_u8(a, s->a_count, (uint8_t *)base, &sa, &zp);
+            kd_quantize_u8(a, s->a_count, (uint8_t *)base, &sa, &zp);
             float *os = (float *)(base + s->scales_rel);
             for (int64_t j = 0; j < s->n; j++) os[j] = sa * s->w_scales[j] * s->alpha;
             memcpy(base + s->zp_rel, &zp, sizeof zp);
