@@ -18,10 +18,12 @@
  * rank-3 A folded into rows; Gemm with transB, alpha, a row bias, a full C
  * (sum post-op); KilnFusedMatMul with Relu. Every case runs with 1 and 2
  * threads, and must actually run in the asked precision (kernel name).
- * Conv (bf16; an int8 session runs convolutions in fp32, checked too):
- * channels 1, 3, 16, 17, 33, 3x3 with padding, 1x1, stride 2, depthwise
- * groups, bias, against a double-precision convolution of bfloat16-rounded
- * X and W.
+ * Conv: channels 1, 3, 16, 17, 33, 3x3 with padding, 1x1, stride 2,
+ * depthwise and grouped, bias. bf16 against a double-precision convolution
+ * of bfloat16-rounded X and W; int8 (groups of 1; grouped convolutions stay
+ * fp32, checked) bit for bit against an integer convolution written here,
+ * where a padded position contributes 0 (the real zero, q = zp), and
+ * Y = (float(acc) * scale_w) * scale_x + bias.
  */
 #include <math.h>
 #include <stdio.h>
@@ -432,12 +434,87 @@ static void check_conv(const struct conv_case *c)
                     exact[o] = (float)e;
                     scale = fmax(scale, fabs(e));
                 }
+    /* the integer reference */
+    float *want8 = malloc(sizeof(float) * (size_t)count);
+    {
+        int64_t xn = c->n * c->c * c->h * c->w, wn = c->m * cg * c->k * c->k, per = cg * c->k * c->k;
+        float lo = 0.0f, hi = 0.0f;
+        for (int64_t i = 0; i < xn; i++) {
+            lo = fminf(lo, x[i]);
+            hi = fmaxf(hi, x[i]);
+        }
+        float sx = (hi - lo) / 255.0f;
+        if (!(sx > 0.0f)) sx = 1.0f;
+        float zf = nearbyintf(-lo / sx);
+        int32_t zp = zf < 0 ? 0 : zf > 255 ? 255 : (int32_t)zf;
+        int32_t *qx = malloc(sizeof(int32_t) * (size_t)xn), *qw = malloc(sizeof(int32_t) * (size_t)wn);
+        float *sw = malloc(sizeof(float) * (size_t)c->m);
+        for (int64_t i = 0; i < xn; i++) {
+            float q = nearbyintf(x[i] / sx) + (float)zp;
+            qx[i] = q < 0 ? 0 : q > 255 ? 255 : (int32_t)q;
+        }
+        for (int64_t m = 0; m < c->m; m++) {
+            float mx = 0.0f;
+            for (int64_t i = 0; i < per; i++) mx = fmaxf(mx, fabsf(w[m * per + i]));
+            sw[m] = mx > 0.0f ? mx / 127.0f : 1.0f;
+            for (int64_t i = 0; i < per; i++) {
+                float q = nearbyintf(w[m * per + i] / sw[m]);
+                qw[m * per + i] = q < -127 ? -127 : q > 127 ? 127 : (int32_t)q;
+            }
+        }
+        for (int64_t in = 0; in < c->n; in++)
+            for (int64_t m = 0; m < c->m; m++)
+                for (int64_t oy = 0; oy < oh; oy++)
+                    for (int64_t ox = 0; ox < ow; ox++) {
+                        int32_t acc = 0;
+                        int64_t g = m / mg;
+                        for (int64_t ci = 0; ci < cg; ci++)
+                            for (int64_t ky = 0; ky < c->k; ky++)
+                                for (int64_t kx = 0; kx < c->k; kx++) {
+                                    int64_t iy = oy * c->stride - c->pad + ky;
+                                    int64_t ix = ox * c->stride - c->pad + kx;
+                                    if (iy < 0 || iy >= c->h || ix < 0 || ix >= c->w) continue;
+                                    acc += (qx[((in * c->c + g * cg + ci) * c->h + iy) * c->w + ix] -
+                                            zp) * qw[((m * cg + ci) * c->k + ky) * c->k + kx];
+                                }
+                        float v = (float)acc * sw[m];
+                        v = v * sx;
+                        if (b) v = v + b[m];
+                        want8[((in * c->m + m) * oh + oy) * ow + ox] = v;
+                    }
+        free(qx);
+        free(qw);
+        free(sw);
+    }
     for (int threads = 1; threads <= 2; threads++) {
         const char *name;
         kiln_tensor *y = run_fast(&t, KILN_PRECISION_INT8, threads, &name);
-        CHECK(y && name && !strstr(name, "_int8") && !strstr(name, "_bf16"),
-              "%s threads=%d: int8 session's conv ran %s", what, threads,
-              name ? name : "declined");
+        if (c->group == 1) {
+            CHECK(y && name && strstr(name, "_int8"), "%s threads=%d: int8 kernel not used (%s)",
+                  what, threads, name ? name : "declined");
+        } else {
+            CHECK(y && name && !strstr(name, "_int8"), "%s threads=%d: grouped conv ran %s", what,
+                  threads, name ? name : "declined");
+        }
+        if (y && name && strstr(name, "_int8") && kiln_tensor_count(y) == count) {
+            g_int8_cases++;
+            const float *yd = y->data;
+            int64_t bad = 0, first = -1;
+            double qerr = 0.0;
+            for (int64_t i = 0; i < count; i++) {
+                if (memcmp(&yd[i], &want8[i], sizeof(float)) != 0) {
+                    if (first < 0) first = i;
+                    bad++;
+                }
+                qerr = fmax(qerr, fabs((double)yd[i] - exact[i]));
+            }
+            CHECK(bad == 0, "%s threads=%d: %lld of %lld int8 outputs differ from the integer "
+                  "reference (first [%lld]: %.9g vs %.9g)", what, threads, (long long)bad,
+                  (long long)count, (long long)first, first >= 0 ? (double)yd[first] : 0.0,
+                  first >= 0 ? (double)want8[first] : 0.0);
+            CHECK(qerr <= 0.05 * scale, "%s threads=%d: int8 error %g of scale %g", what, threads,
+                  qerr, scale);
+        }
         kiln_tensor_free(y);
         y = run_fast(&t, KILN_PRECISION_BF16, threads, &name);
         CHECK(y && name && strstr(name, "_bf16"), "%s threads=%d: bf16 kernel not used (%s)", what,
@@ -460,6 +537,7 @@ static void check_conv(const struct conv_case *c)
         kiln_tensor_free(y);
     }
     free(want);
+    free(want8);
     free(exact);
     kiln_graph_free(t.g);
 }
