@@ -6,7 +6,7 @@
  * int8 (dynamic quantization): the reference quantizes A to u8 and B to
  * per-column symmetric s8 with the formulas docs/COMPRESSION.md states,
  * accumulates (q_a - zp) * q_w in int32, and forms
- * float(acc) * (scale_a * scale_w * alpha) + bias + Sum, activation last,
+ * (float(acc) * (scale_w * alpha)) * scale_a + bias + Sum, activation last,
  * in the same float order the kernel promises: the kernel must match it
  * bit for bit. Each int8 result must also lie within the quantization
  * error of the exact fp32 product.
@@ -164,7 +164,7 @@ static void ref_int8(const struct mm_case *c, struct graph1 *t, float *y)
     int32_t *qw = malloc(sizeof(int32_t) * (size_t)(K * N));
     float *sw = malloc(sizeof(float) * (size_t)N);
     for (int64_t i = 0; i < R * K; i++) {
-        float q = nearbyintf(a[i] / sa) + (float)zp;
+        float q = nearbyintf(a[i] * (1.0f / sa)) + (float)zp;
         qa[i] = q < 0 ? 0 : q > 255 ? 255 : (int32_t)q;
     }
     for (int64_t j = 0; j < N; j++) {
@@ -181,8 +181,8 @@ static void ref_int8(const struct mm_case *c, struct graph1 *t, float *y)
         for (int64_t j = 0; j < N; j++) {
             int32_t acc = 0;
             for (int64_t k = 0; k < K; k++) acc += (qa[r * K + k] - zp) * qw[k * N + j];
-            float scale = sa * sw[j] * alpha;
-            float v = (float)acc * scale;
+            float v = (float)acc * (sw[j] * alpha);
+            v = v * sa;
             if (c->bias) v = v + extra_at(c, e, c->bias == 2 ? r : 0, j);
             if (c->relu && v < 0.0f) v = 0.0f;
             y[r * N + j] = v;
@@ -450,7 +450,7 @@ static void check_conv(const struct conv_case *c)
         int32_t *qx = malloc(sizeof(int32_t) * (size_t)xn), *qw = malloc(sizeof(int32_t) * (size_t)wn);
         float *sw = malloc(sizeof(float) * (size_t)c->m);
         for (int64_t i = 0; i < xn; i++) {
-            float q = nearbyintf(x[i] / sx) + (float)zp;
+            float q = nearbyintf(x[i] * (1.0f / sx)) + (float)zp;
             qx[i] = q < 0 ? 0 : q > 255 ? 255 : (int32_t)q;
         }
         for (int64_t m = 0; m < c->m; m++) {

@@ -91,12 +91,12 @@ def quant_gemm(a, w, b):
     if not sa > 0:
         sa = np.float32(1.0)
     zp = int(np.clip(np.rint(-lo / sa), 0, 255))
-    qa = np.clip(np.rint(a / sa) + zp, 0, 255).astype(np.int64) - zp
+    qa = np.clip(np.rint(a * (np.float32(1.0) / sa)) + zp, 0, 255).astype(np.int64) - zp
     sw = (np.abs(w).max(axis=1) / np.float32(127.0)).astype(np.float32)
     sw[sw == 0] = 1.0
     qw = np.clip(np.rint(w / sw[:, None]), -127, 127).astype(np.int64)
     acc = qa @ qw.T
-    return (acc.astype(np.float32) * (sa * sw)[None, :]).astype(np.float32) + b
+    return ((acc.astype(np.float32) * sw[None, :]) * sa).astype(np.float32) + b
 
 
 def bf16(x):

@@ -369,7 +369,7 @@ static kiln_status conv_run(void *state, struct kiln_run_ctx *ctx)
         }
         uint16_t *h = (uint16_t *)((char *)c2.scratch + s->base);
         const float *x = ctx->in[0]->data;
-        for (size_t i = 0; i < s->src_elems; i++) h[i] = kiln_f32_to_bf16(x[i]);
+        for (size_t i = 0; i < s->src_elems; i++) h[i] = kd_f32_to_bf16(x[i]);
     }
     if (s->has_sum && ctx->in[3]->data != ctx->out[0]->data)
         memcpy(ctx->out[0]->data, ctx->in[3]->data, s->dst_bytes);

@@ -238,15 +238,54 @@ struct pack_s8_arg {
     int axis;
 };
 
+/* Walk the f32 weights w (described by sm) by logical index, channel = index[ax]: with
+ * plain NULL, set scales[c] = max |w| over channel c; else quantize into plain (same strides). */
+static void s8_walk(const float *w, const dnnl_memory_desc_t *sm, int ax, float *scales,
+                    int8_t *plain)
+{
+    int nd = sm->ndims;
+    int64_t total = 1;
+    for (int i = 0; i < nd; i++) total *= sm->dims[i];
+    const dnnl_dims_t *st = &sm->format_desc.blocking.strides;
+    int64_t idx[DNNL_MAX_NDIMS] = {0};
+    for (int64_t e = 0; e < total; e++) {
+        int64_t off = 0;
+        for (int i = 0; i < nd; i++) off += idx[i] * (*st)[i];
+        float v = w[off];
+        int64_t c = idx[ax];
+        if (!plain) {
+            float a = fabsf(v);
+            if (a > scales[c]) scales[c] = a; /* NaN is skipped */
+        } else {
+            float q = nearbyintf(v / scales[c]);
+            if (!(q >= -127.0f)) q = -127.0f; /* NaN too */
+            if (q > 127.0f) q = 127.0f;
+            plain[off] = (int8_t)q;
+        }
+        for (int i = nd - 1; i >= 0; i--) {
+            if (++idx[i] < sm->dims[i]) break;
+            idx[i] = 0;
+        }
+    }
+}
+
+void kd_channel_scales_s8(const float *w, const dnnl_memory_desc_t *md, int axis, float *scales)
+{
+    int64_t nch = md->dims[axis];
+    for (int64_t c = 0; c < nch; c++) scales[c] = 0.0f;
+    s8_walk(w, md, axis, scales, NULL);
+    for (int64_t c = 0; c < nch; c++)
+        scales[c] = scales[c] > 0.0f && isfinite(scales[c]) ? scales[c] / 127.0f : 1.0f;
+}
+
 /* kiln_pack_fn: per-channel symmetric s8 quantization, then a reorder into dst. */
 static kiln_status pack_s8_run(void *arg, void **packed, size_t *bytes,
                                void (**free_fn)(void *))
 {
     struct pack_s8_arg *p = arg;
     const dnnl_memory_desc_t *sm = &p->src;
-    int nd = sm->ndims, ax = p->axis;
-    int64_t nch = sm->dims[ax], total = 1;
-    for (int i = 0; i < nd; i++) total *= sm->dims[i];
+    int ax = p->axis;
+    int64_t nch = sm->dims[ax];
     size_t sc_bytes = ((size_t)nch * sizeof(float) + 63) / 64 * 64;
     size_t sz = dnnl_memory_desc_get_size(&p->dst);
     size_t plain_sz = dnnl_memory_desc_get_size(sm) / sizeof(float);
@@ -259,35 +298,8 @@ static kiln_status pack_s8_run(void *arg, void **packed, size_t *bytes,
         return kiln_node_error(p->node, KILN_ERR_OUT_OF_MEMORY, "out of memory packing weights");
     }
     memset(plain, 0, plain_sz ? plain_sz : 1);
-    const float *w = p->w->data;
-    const dnnl_dims_t *st = &sm->format_desc.blocking.strides;
-    /* walk every element by its logical index, channel = index[axis] */
-    for (int64_t c = 0; c < nch; c++) scales[c] = 0.0f;
-    for (int pass = 0; pass < 2; pass++) {
-        int64_t idx[DNNL_MAX_NDIMS] = {0};
-        for (int64_t e = 0; e < total; e++) {
-            int64_t off = 0;
-            for (int i = 0; i < nd; i++) off += idx[i] * (*st)[i];
-            float v = w[off];
-            int64_t c = idx[ax];
-            if (pass == 0) {
-                float a = fabsf(v);
-                if (a > scales[c]) scales[c] = a; /* NaN is skipped */
-            } else {
-                float q = nearbyintf(v / scales[c]);
-                if (!(q >= -127.0f)) q = -127.0f; /* NaN too */
-                if (q > 127.0f) q = 127.0f;
-                plain[off] = (int8_t)q;
-            }
-            for (int i = nd - 1; i >= 0; i--) {
-                if (++idx[i] < sm->dims[i]) break;
-                idx[i] = 0;
-            }
-        }
-        if (pass == 0)
-            for (int64_t c = 0; c < nch; c++)
-                scales[c] = scales[c] > 0.0f && isfinite(scales[c]) ? scales[c] / 127.0f : 1.0f;
-    }
+    kd_channel_scales_s8(p->w->data, sm, ax, scales);
+    s8_walk(p->w->data, sm, ax, scales, plain);
     dnnl_engine_t eng = kd_engine();
     dnnl_memory_desc_t s8md = *sm;
     s8md.data_type = dnnl_s8;
@@ -354,11 +366,30 @@ void kd_quant_range(const float *a, int64_t count, float *scale_out, int32_t *zp
     *zp_out = zf < 0.0f ? 0 : zf > 255.0f ? 255 : (int32_t)zf;
 }
 
-void kd_quantize_u8(const float *a, int64_t count, uint8_t *q, float *scale_out,
-                    int32_t *zp_out)
+#if defined(__GNUC__) && !defined(__clang__)
+#define KD_VECTORIZE __attribute__((optimize("tree-vectorize"))) /* -O2 builds too */
+#else
+#define KD_VECTORIZE
+#endif
+
+KD_VECTORIZE void kd_quantize_u8(const float *a, int64_t count, uint8_t *q, float *scale_out,
+                                 int32_t *zp_out)
 {
     kd_quant_range(a, count, scale_out, zp_out);
-    for (int64_t i = 0; i < count; i++) q[i] = kd_quant_u8(a[i], *scale_out, *zp_out);
+    const float inv = 1.0f / *scale_out, zf = (float)*zp_out;
+    /* branch-free so that it vectorizes: NaN -> 0 (then zp); clamping to +-512 first changes
+     * nothing after the final clamp and keeps |v| < 2^22, where adding and subtracting
+     * 1.5 * 2^23 rounds to nearest even exactly as nearbyintf does */
+    for (int64_t i = 0; i < count; i++) {
+        float v = a[i] * inv;
+        v = v == v ? v : 0.0f;
+        v = v < -512.0f ? -512.0f : v;
+        v = v > 512.0f ? 512.0f : v;
+        v = (v + 12582912.0f) - 12582912.0f + zf;
+        v = v < 0.0f ? 0.0f : v;
+        v = v > 255.0f ? 255.0f : v;
+        q[i] = (uint8_t)(int32_t)v;
+    }
 }
 
 int kd_pd_is_ref(const_dnnl_primitive_desc_t pd)

@@ -23,6 +23,7 @@
 
 #include <math.h>
 #include <pthread.h>
+#include <string.h>
 
 #include <oneapi/dnnl/dnnl.h>
 
@@ -99,6 +100,9 @@ kiln_status kd_pack_weights(const struct kiln_compile_ctx *cc, const kiln_tensor
  * format the primitive wants. *packed receives one buffer from the weight
  * cache: the channel scales (floats, padded to 64 bytes: *scales_bytes),
  * then the packed s8 weights. */
+/* The per-channel s8 scales kd_pack_weights_s8 uses, computed alone (for primitive
+ * attributes made before the packing): scales has md->dims[axis] floats. */
+void kd_channel_scales_s8(const float *w, const dnnl_memory_desc_t *md, int axis, float *scales);
 kiln_status kd_pack_weights_s8(const struct kiln_compile_ctx *cc, const kiln_tensor *w,
                                const char *what, const dnnl_memory_desc_t *src_md, int axis,
                                const dnnl_memory_desc_t *dst_md, void **packed,
@@ -107,17 +111,22 @@ kiln_status kd_pack_weights_s8(const struct kiln_compile_ctx *cc, const kiln_ten
 /* Dynamic quantization of an activation (docs/COMPRESSION.md): measure
  * lo = min(0, min a), hi = max(0, max a) over the finite values, then
  * scale = (hi - lo) / 255 (1 for an empty range), zp = clamp(nearbyint(-lo /
- * scale), 0, 255), q = clamp(nearbyint(a / scale) + zp, 0, 255), NaN -> zp. */
+ * scale), 0, 255), and with inv = 1 / scale,
+ * q = clamp(nearbyint(a * inv) + zp, 0, 255), NaN -> zp. */
 void kd_quantize_u8(const float *a, int64_t count, uint8_t *q, float *scale_out,
                     int32_t *zp_out);
 /* Only the measuring half: scale and zp of a. */
 void kd_quant_range(const float *a, int64_t count, float *scale_out, int32_t *zp_out);
-/* One value quantized with scale and zp. */
-static inline uint8_t kd_quant_u8(float a, float scale, int32_t zp)
+
+/* f32 -> bfloat16, round to nearest even, NaN kept quiet (kiln_f32_to_bf16, inlined
+ * for the per-run conversion loops). */
+static inline uint16_t kd_f32_to_bf16(float f)
 {
-    float v = nearbyintf(a / scale) + (float)zp;
-    if (v != v) v = (float)zp; /* NaN */
-    return v <= 0.0f ? 0 : v >= 255.0f ? 255 : (uint8_t)v;
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    if ((x & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((x >> 16) | 0x40);
+    x += 0x7fffu + ((x >> 16) & 1u);
+    return (uint16_t)(x >> 16);
 }
 
 /* Whether oneDNN picked one of its reference implementations for pd ("ref:any",

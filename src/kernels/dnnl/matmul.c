@@ -31,8 +31,11 @@
  *     zp = clamp(nearbyint(-min / scale_a), 0, 255),
  *     q = clamp(nearbyint(a / scale_a) + zp, 0, 255)   (NaN -> zp)
  * and runs oneDNN's int8 matmul: s32 accumulation of (q - zp) * w, then
- *     Y = float(acc) * (scale_a * scale_w[n] * alpha)  (runtime output scales)
- *         + bias (a binary post-op) + Sum (sum post-op), then the activation.
+ *     Y = (float(acc) * (scale_w[n] * alpha)) * scale_a + bias + Sum,
+ * then the activation: scale_w * alpha are constant per-column output
+ * scales (oneDNN's brgemm kernels take no run-time per-column scales),
+ * scale_a a binary-mul post-op read at run time, bias a binary-add post-op,
+ * Sum a sum post-op.
  * A product oneDNN cannot make in the asked precision runs in fp32.
  */
 #include <math.h>
@@ -47,11 +50,8 @@ struct mm_state {
     size_t dst_bytes;
     int prec;               /* KILN_PRECISION_* the node runs in (0 = fp32) */
     int64_t a_count;        /* elements of A (converted per run) */
-    int64_t n;              /* output columns (int8: one weight scale each) */
-    const float *w_scales;  /* int8: channel scales in the packed weights (weight cache) */
-    float alpha;            /* int8: folded into the output scales */
     size_t base;            /* scratch offset of the kernel's own buffers */
-    size_t scales_rel, zp_rel; /* int8: output scales and zero point, from base */
+    size_t sa_rel, zp_rel;  /* int8: A's scale and zero point, from base */
     size_t scratch_total;
 };
 
@@ -62,8 +62,9 @@ struct mm_build {
     float alpha;            /* folded into packed B, or a linear post-op */
     float sum_scale;        /* 0 = no sum post-op */
     int prec;               /* precision this build tries (0 fp32, 1 bf16, 2 int8) */
-    size_t scales_rel, zp_rel; /* int8 scratch offsets (relative to the kernel's base) */
-    const float *w_scales;  /* int8: set by the build */
+    size_t sa_rel, zp_rel;  /* int8 scratch offsets (relative to the kernel's base) */
+    const float *oscales;   /* int8: scale_w[n] * alpha, the constant output scales */
+    dnnl_memory_desc_t one; /* int8: A's scale as a binary-mul operand (all dims 1) */
 };
 
 static kiln_status mm_make(void *arg, struct kd_variant *v, int threads)
@@ -90,15 +91,17 @@ static kiln_status mm_make(void *arg, struct kd_variant *v, int threads)
     if (r == dnnl_success) r = dnnl_primitive_attr_create(&attr);
     if (r == dnnl_success) r = dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user);
     if (r == dnnl_success && q8) {
-        /* one scale per output column, given at run time (count 1 with the runtime marker) */
-        r = dnnl_primitive_attr_set_output_scales(attr, 1, 1 << (b->dst.ndims - 1),
-                                                  &DNNL_RUNTIME_F32_VAL);
+        int nd = b->dst.ndims; /* one constant scale per output column */
+        r = dnnl_primitive_attr_set_output_scales(attr, b->dst.dims[nd - 1], 1 << (nd - 1),
+                                                  b->oscales);
         if (r == dnnl_success)
             r = dnnl_primitive_attr_set_zero_points(attr, DNNL_ARG_SRC, 1, 0,
                                                     &DNNL_RUNTIME_S32_VAL);
     }
     if (r == dnnl_success) r = dnnl_post_ops_create(&po);
-    if (r == dnnl_success && q8 && b->has_bias) /* after the output scales */
+    if (r == dnnl_success && q8) /* after the output scales: A's scale, then the bias */
+        r = dnnl_post_ops_append_binary(po, dnnl_binary_mul, &b->one);
+    if (r == dnnl_success && q8 && b->has_bias)
         r = dnnl_post_ops_append_binary(po, dnnl_binary_add, &b->bias);
     if (r == dnnl_success && !b->b_const && b->alpha != 1.0f)
         r = dnnl_post_ops_append_eltwise(po, 1.0f, dnnl_eltwise_linear, b->alpha, 0.0f);
@@ -116,7 +119,6 @@ static kiln_status mm_make(void *arg, struct kd_variant *v, int threads)
         st = kd_pack_weights_s8(b->cc, b->cc->in_value[1], "matmul", &b->wei, b->wei.ndims - 1,
                                 wmd, &base, &sc_bytes);
         if (st != KILN_OK || !base) goto out;
-        b->w_scales = base;
         v->packed = (char *)base + sc_bytes;
     } else if (b->b_const) {
         st = kd_pack_weights(b->cc, b->cc->in_value[1], b->prec == 1 ? "matmul_bf16" : "matmul",
@@ -131,19 +133,19 @@ static kiln_status mm_make(void *arg, struct kd_variant *v, int threads)
         kd_variant_arg(v, DNNL_ARG_SRC, KD_SRC_IN, 0, &b->src);
     kd_variant_arg(v, DNNL_ARG_WEIGHTS, b->b_const ? KD_SRC_PACKED : KD_SRC_IN, 1, wmd);
     if (b->has_bias)
-        kd_variant_arg(v, q8 ? DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1 : DNNL_ARG_BIAS,
+        kd_variant_arg(v, q8 ? DNNL_ARG_ATTR_MULTIPLE_POST_OP(1) | DNNL_ARG_SRC_1 : DNNL_ARG_BIAS,
                        KD_SRC_IN, 2, &b->bias);
     kd_variant_arg(v, DNNL_ARG_DST, KD_SRC_OUT, 0, &b->dst);
     if (q8) {
-        dnnl_memory_desc_t smd, zmd;
-        dnnl_dims_t nd = {b->dst.dims[b->dst.ndims - 1]}, one = {1};
-        if (dnnl_memory_desc_init_by_tag(&smd, 1, nd, dnnl_f32, dnnl_a) != dnnl_success ||
-            dnnl_memory_desc_init_by_tag(&zmd, 1, one, dnnl_s32, dnnl_a) != dnnl_success) {
+        dnnl_memory_desc_t zmd;
+        dnnl_dims_t one = {1};
+        if (dnnl_memory_desc_init_by_tag(&zmd, 1, one, dnnl_s32, dnnl_a) != dnnl_success) {
             dnnl_primitive_destroy(v->prim);
             memset(v, 0, sizeof *v);
             goto out;
         }
-        kd_variant_arg(v, DNNL_ARG_ATTR_OUTPUT_SCALES, KD_SRC_SCRATCH_AT, (int)b->scales_rel, &smd);
+        kd_variant_arg(v, DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1, KD_SRC_SCRATCH_AT,
+                       (int)b->sa_rel, &b->one);
         kd_variant_arg(v, DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_SRC, KD_SRC_SCRATCH_AT,
                        (int)b->zp_rel, &zmd);
     }
@@ -170,13 +172,12 @@ static kiln_status mm_run(void *state, struct kiln_run_ctx *ctx)
         const float *a = ctx->in[0]->data;
         if (s->prec == 1) {
             uint16_t *h = (uint16_t *)base;
-            for (int64_t i = 0; i < s->a_count; i++) h[i] = kiln_f32_to_bf16(a[i]);
+            for (int64_t i = 0; i < s->a_count; i++) h[i] = kd_f32_to_bf16(a[i]);
         } else {
             float sa;
             int32_t zp;
             kd_quantize_u8(a, s->a_count, (uint8_t *)base, &sa, &zp);
-            float *os = (float *)(base + s->scales_rel);
-            for (int64_t j = 0; j < s->n; j++) os[j] = sa * s->w_scales[j] * s->alpha;
+            memcpy(base + s->sa_rel, &sa, sizeof sa);
             memcpy(base + s->zp_rel, &zp, sizeof zp);
         }
     }
@@ -349,23 +350,36 @@ static kiln_status mm_compile(const struct kiln_compile_ctx *cc, struct kiln_ker
     int64_t a_count = kiln_shape_count(a->rank, a->dims), ncols = yd[R - 1];
     int prec = cc->precision == 1 || cc->precision == 2 ? cc->precision : 0;
     if (prec && (!b.b_const || (prec == 2 && !b_single))) prec = 0;
+    float *oscales = NULL;
+    if (prec == 2) { /* the constant output scales: scale_w[n] * alpha */
+        dnnl_dims_t ones = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
+        oscales = malloc(sizeof(float) * (size_t)ncols);
+        if (!oscales) {
+            free(s);
+            return kiln_node_error(n, KILN_ERR_OUT_OF_MEMORY, "out of memory compiling");
+        }
+        kd_channel_scales_s8(cc->in_value[1]->data, &b.wei, b.wei.ndims - 1, oscales);
+        for (int64_t j = 0; j < ncols; j++) oscales[j] *= alpha;
+        b.oscales = oscales;
+        if (dnnl_memory_desc_init_by_strides(&b.one, b.dst.ndims, ones, dnnl_f32, NULL) !=
+            dnnl_success)
+            prec = 0;
+    }
     if (prec) {
         size_t conv = MM_ALIGN64((size_t)a_count * (prec == 1 ? 2u : 1u));
         b.prec = prec;
-        b.scales_rel = conv;
-        b.zp_rel = conv + MM_ALIGN64((size_t)ncols * sizeof(float));
+        b.sa_rel = conv;
+        b.zp_rel = conv + 64;
         st = kd_exec_build(&s->e, kd_work_threads(cc, work), mm_make, &b, &handled);
         if (st != KILN_OK) {
+            free(oscales);
             free(s);
             return st;
         }
         if (handled) {
             s->prec = prec;
             s->a_count = a_count;
-            s->n = ncols;
-            s->w_scales = b.w_scales;
-            s->alpha = alpha;
-            s->scales_rel = b.scales_rel;
+            s->sa_rel = b.sa_rel;
             s->zp_rel = b.zp_rel;
             s->base = MM_ALIGN64(kd_exec_scratch(&s->e));
             s->scratch_total = s->base + (prec == 2 ? b.zp_rel + 64 : conv);
@@ -376,6 +390,8 @@ static kiln_status mm_compile(const struct kiln_compile_ctx *cc, struct kiln_ker
         }
         b.prec = 0;
     }
+    free(oscales);
+    b.oscales = NULL;
     if (!handled) st = kd_exec_build(&s->e, kd_work_threads(cc, work), mm_make, &b, &handled);
     if (st != KILN_OK || !handled) {
         free(s);
