@@ -201,16 +201,21 @@ typedef struct kiln_session_options {
 
 /*
  * Compute precision of a session (docs/COMPRESSION.md). Opt-in and lossy:
- * - KILN_PRECISION_BF16: MatMul, Gemm and fused matmuls with constant
- *   weights run on oneDNN with the weights stored bfloat16, the activations
- *   rounded to bfloat16 as they enter, fp32 accumulation and fp32 outputs.
- * - KILN_PRECISION_INT8: the same products quantized dynamically: weights
- *   symmetric s8 per output channel (packed once), the activation u8 with a
- *   scale and zero point measured on each run, s32 accumulation on oneDNN's
- *   int8 matmul (VNNI), fp32 output with bias, sum and activation fused.
- * Every other op (softmax, normalizations, reductions, convolutions) stays
- * fp32; a product oneDNN cannot run in the precision stays fp32 too. The
- * optimization log counts the nodes that ran in each precision.
+ * - KILN_PRECISION_BF16: MatMul, Gemm, Conv and their fused forms with
+ *   constant weights run on oneDNN with the weights stored bfloat16, the
+ *   activations rounded to bfloat16 as they enter, fp32 accumulation and
+ *   fp32 outputs.
+ * - KILN_PRECISION_INT8: the same products (convolutions: groups of 1,
+ *   without a fused residual) quantized dynamically: weights symmetric s8
+ *   per output channel (packed once), the activation u8 with a scale and
+ *   zero point measured on each run, s32 accumulation on oneDNN's int8
+ *   kernels (VNNI), fp32 output with bias and activation fused.
+ * Everything else (softmax, normalizations, reductions, elementwise ops,
+ * products whose weights are computed at run time) stays fp32, as does a
+ * product oneDNN has no fast kernel for in the precision. The profile
+ * (`kiln bench --profile`) names the kernel each node ran on
+ * ("dnnl_gemm_int8", "dnnl_fused_conv_bf16", ...). Sessions of one model
+ * with different precisions share the model but not their plans.
  */
 typedef enum kiln_precision {
     KILN_PRECISION_FP32 = 0,
