@@ -280,7 +280,10 @@ static kiln_status conv8_compile(const struct conv_build *b, const kiln_tensor *
         dnnl_memory_desc_init_by_tag(&c.bias_po, rank, bd, dnnl_f32, plain) != dnnl_success ||
         dnnl_memory_desc_init_by_tag(&c.zp_md, 1, z, dnnl_s32, dnnl_a) != dnnl_success)
         return KILN_OK;
-    /* the channel scales, as kd_pack_weights_s8 computes them (w is plain [M, C, k...]) */
+    /* the channel scales, as kd_pack_weights_s8 computes them (w is plain [M, C, k...]); w
+     * may be a reloadable weight released by an earlier plan: make it resident first */
+    kiln_status st = cc->weights ? kiln_weight_cache_acquire(cc->weights, w, 0) : KILN_OK;
+    if (st != KILN_OK || !w->data) return st;
     float *ws = malloc(sizeof(float) * (size_t)m);
     struct conv8_state *s = calloc(1, sizeof *s);
     if (!ws || !s) {
@@ -310,7 +313,6 @@ static kiln_status conv8_compile(const struct conv_build *b, const kiln_tensor *
     c.y_rel = c.zp_rel + 64;
     size_t own = c.y_rel + ((size_t)yc * 4 + 63) / 64 * 64;
     int h0 = 0, h1 = 0, h2 = 0;
-    kiln_status st;
     c.stage = 1;
     st = kd_exec_build(&s->conv, kd_work_threads(cc, work), conv8_make, &c, &h1);
     if (st == KILN_OK && h1) {

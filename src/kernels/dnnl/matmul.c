@@ -358,6 +358,13 @@ static kiln_status mm_compile(const struct kiln_compile_ctx *cc, struct kiln_ker
             free(s);
             return kiln_node_error(n, KILN_ERR_OUT_OF_MEMORY, "out of memory compiling");
         }
+        /* B may be a reloadable weight released by an earlier plan: make it resident first */
+        st = cc->weights ? kiln_weight_cache_acquire(cc->weights, cc->in_value[1], 0) : KILN_OK;
+        if (st != KILN_OK || !cc->in_value[1]->data) {
+            free(oscales);
+            free(s);
+            return st;
+        }
         kd_channel_scales_s8(cc->in_value[1]->data, &b.wei, b.wei.ndims - 1, oscales);
         for (int64_t j = 0; j < ncols; j++) oscales[j] *= alpha;
         b.oscales = oscales;
