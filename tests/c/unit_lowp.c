@@ -17,7 +17,9 @@
  * Shapes: M, K, N of 1 and around the vector widths (15, 16, 17, 33, 65);
  * rank-3 A folded into rows; Gemm with transB, alpha, a row bias, a full C
  * (sum post-op); KilnFusedMatMul with Relu. Every case runs with 1 and 2
- * threads, and must actually run in the asked precision (kernel name).
+ * threads, and must actually run in the asked precision (kernel name; int8
+ * only on CPUs with VNNI or AMX, bf16 only with AVX-512; elsewhere they
+ * must stay fp32).
  * Conv: channels 1, 3, 16, 17, 33, 3x3 with padding, 1x1, stride 2,
  * depthwise and grouped, bias. bf16 against a double-precision convolution
  * of bfloat16-rounded X and W; int8 (groups of 1; grouped convolutions stay
@@ -285,6 +287,35 @@ static void describe(const struct mm_case *c, char *buf, size_t cap)
 }
 
 static int g_int8_cases, g_bf16_cases;
+static int g_vnni; /* the CPU has VNNI (or AMX): int8 kernels are expected, else fp32 */
+
+static int g_bf16; /* the CPU has AVX-512 (oneDNN 2.6 runs bf16 there, natively or emulated) */
+
+/* Whether /proc/cpuinfo's flags hold any of the given flags (1 when unknown). */
+static int cpu_flag(const char *a, const char *b, const char *c)
+{
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    if (!f) return 1; /* unknown: expect the kernels and let a failure say so */
+    char line[8192];
+    int yes = 0;
+    while (!yes && fgets(line, sizeof line, f))
+        if (!strncmp(line, "flags", 5))
+            yes = strstr(line, a) || (b && strstr(line, b)) || (c && strstr(line, c));
+    fclose(f);
+    return yes;
+}
+
+/* int8 ran where expected: with VNNI an _int8 kernel, without it fp32. */
+static int int8_expected(const char *name)
+{
+    return name && (g_vnni ? strstr(name, "_int8") != NULL : strstr(name, "_int8") == NULL);
+}
+
+/* bf16 likewise, with AVX-512. */
+static int bf16_expected(const char *name)
+{
+    return name && (g_bf16 ? strstr(name, "_bf16") != NULL : strstr(name, "_bf16") == NULL);
+}
 
 static void check_case(const struct mm_case *c)
 {
@@ -303,8 +334,8 @@ static void check_case(const struct mm_case *c)
         /* int8: bit for bit against the integer reference */
         ref_int8(c, &t, want);
         kiln_tensor *y = run_fast(&t, KILN_PRECISION_INT8, threads, &name);
-        CHECK(y && name && strstr(name, "_int8"), "%s threads=%d: int8 kernel not used (%s)", what,
-              threads, name ? name : "declined");
+        CHECK(y && int8_expected(name), "%s threads=%d: int8 kernel %s (VNNI %d)", what, threads,
+              name ? name : "declined", g_vnni);
         if (y && name && strstr(name, "_int8")) {
             g_int8_cases++;
             const float *yd = y->data;
@@ -330,8 +361,8 @@ static void check_case(const struct mm_case *c)
         /* bf16: within fp32 accumulation of the rounded inputs, and bf16 rounding of the exact */
         ref_float(c, &t, 1, want);
         y = run_fast(&t, KILN_PRECISION_BF16, threads, &name);
-        CHECK(y && name && strstr(name, "_bf16"), "%s threads=%d: bf16 kernel not used (%s)", what,
-              threads, name ? name : "declined");
+        CHECK(y && bf16_expected(name), "%s threads=%d: bf16 kernel %s (AVX-512 %d)", what,
+              threads, name ? name : "declined", g_bf16);
         if (y && name && strstr(name, "_bf16")) {
             g_bf16_cases++;
             const float *yd = y->data;
@@ -490,8 +521,8 @@ static void check_conv(const struct conv_case *c)
         const char *name;
         kiln_tensor *y = run_fast(&t, KILN_PRECISION_INT8, threads, &name);
         if (c->group == 1) {
-            CHECK(y && name && strstr(name, "_int8"), "%s threads=%d: int8 kernel not used (%s)",
-                  what, threads, name ? name : "declined");
+            CHECK(y && int8_expected(name), "%s threads=%d: int8 kernel %s (VNNI %d)", what,
+                  threads, name ? name : "declined", g_vnni);
         } else {
             CHECK(y && name && !strstr(name, "_int8"), "%s threads=%d: grouped conv ran %s", what,
                   threads, name ? name : "declined");
@@ -517,8 +548,8 @@ static void check_conv(const struct conv_case *c)
         }
         kiln_tensor_free(y);
         y = run_fast(&t, KILN_PRECISION_BF16, threads, &name);
-        CHECK(y && name && strstr(name, "_bf16"), "%s threads=%d: bf16 kernel not used (%s)", what,
-              threads, name ? name : "declined");
+        CHECK(y && bf16_expected(name), "%s threads=%d: bf16 kernel %s (AVX-512 %d)", what,
+              threads, name ? name : "declined", g_bf16);
         if (y && name && strstr(name, "_bf16")) {
             g_bf16_cases++;
             const float *yd = y->data;
@@ -552,6 +583,10 @@ int main(void)
     CHECK(kiln_precision_parse("INT8", &pr) == KILN_ERR_INVALID_ARGUMENT &&
               strstr(kiln_last_error(), "'INT8'"), "bad name: %s", kiln_last_error());
     CHECK(!strcmp(kiln_precision_name(KILN_PRECISION_INT8), "int8"), "name");
+    g_vnni = cpu_flag(" avx512_vnni", " avx_vnni", " amx_int8");
+    g_bf16 = cpu_flag(" avx512bw", NULL, NULL);
+    if (!g_vnni) printf("no VNNI: int8 nodes are expected to stay fp32\n");
+    if (!g_bf16) printf("no AVX-512: bf16 nodes are expected to stay fp32\n");
     if (!kiln_fast_op(KILN_OP_MatMul)) {
         printf("fast kernels disabled (KILN_FAST=0): nothing to compare\n");
         return 0;

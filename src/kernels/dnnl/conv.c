@@ -192,6 +192,7 @@ static kiln_status conv8_make(void *arg, struct kd_variant *v, int threads)
         goto out;
     }
     if (kd_pd_is_ref(pd)) goto out; /* fp32 is faster than oneDNN's reference */
+    if (!kd_pd_int8_exact(pd)) goto out; /* no VNNI: 16-bit sums could saturate */
     const dnnl_memory_desc_t *wmd = dnnl_primitive_desc_query_md(pd, dnnl_query_weights_md, 0);
     size_t sc_bytes = 0;
     void *packed = NULL;

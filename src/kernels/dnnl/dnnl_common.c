@@ -400,6 +400,14 @@ int kd_pd_is_ref(const_dnnl_primitive_desc_t pd)
     return strncmp(impl, "ref", 3) == 0;
 }
 
+int kd_pd_int8_exact(const_dnnl_primitive_desc_t pd)
+{
+    const char *impl = NULL;
+    if (dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl) != dnnl_success || !impl)
+        return 0;
+    return strstr(impl, "vnni") != NULL || strstr(impl, "amx") != NULL;
+}
+
 /* ---- variants and the executor ---- */
 
 kiln_status kd_variant_init(const struct kiln_node *n, dnnl_primitive_desc_t pd,

@@ -133,6 +133,11 @@ static inline uint16_t kd_f32_to_bf16(float f)
  * "ref_int8:any"): correct but far slower than Kiln's fp32 path, so a
  * low-precision variant declines it and the node runs in fp32. */
 int kd_pd_is_ref(const_dnnl_primitive_desc_t pd);
+/* Whether an int8 pd runs on VNNI or AMX dot products. Without them oneDNN's
+ * int8 kernels pair u8 x s8 products in 16-bit sums (vpmaddubsw) that
+ * saturate at full 8-bit range (the accuracy loss ONNX Runtime's reduce_range
+ * works around), so int8 variants decline anything else and run fp32. */
+int kd_pd_int8_exact(const_dnnl_primitive_desc_t pd);
 
 /* Create the primitive of pd as variant v of e, recording its scratchpad size.
  * Takes ownership of nothing; pd may be destroyed afterwards. */

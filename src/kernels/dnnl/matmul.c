@@ -112,6 +112,7 @@ static kiln_status mm_make(void *arg, struct kd_variant *v, int threads)
     if (r == dnnl_success) r = dnnl_primitive_desc_create(&pd, &d, attr, kd_engine(), NULL);
     if (r != dnnl_success) goto out; /* the reference runs it */
     if (b->prec && kd_pd_is_ref(pd)) goto out; /* fp32 is faster than oneDNN's reference */
+    if (q8 && !kd_pd_int8_exact(pd)) goto out; /* no VNNI: 16-bit sums could saturate */
     const dnnl_memory_desc_t *wmd = dnnl_primitive_desc_query_md(pd, dnnl_query_weights_md, 0);
     if (b->b_const && q8) {
         size_t sc_bytes = 0;
