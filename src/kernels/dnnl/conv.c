@@ -268,7 +268,7 @@ static kiln_status conv8_compile(const struct conv_build *b, const kiln_tensor *
     const struct kiln_compile_ctx *cc = b->cc;
     const struct kiln_node *n = cc->node;
     int rank = b->src.ndims;
-    int64_t m = b->dst.dims[1], per = kiln_tensor_count(w) / m;
+    int64_t m = b->dst.dims[1];
     struct conv8_build c;
     memset(&c, 0, sizeof c);
     c.b = b;
@@ -292,15 +292,7 @@ static kiln_status conv8_compile(const struct conv_build *b, const kiln_tensor *
         free(s);
         return kiln_node_error(n, KILN_ERR_OUT_OF_MEMORY, "out of memory compiling");
     }
-    const float *wd = w->data;
-    for (int64_t i = 0; i < m; i++) {
-        float mx = 0.0f;
-        for (int64_t k = 0; k < per; k++) {
-            float a = fabsf(wd[i * per + k]);
-            if (a > mx) mx = a; /* NaN is skipped */
-        }
-        ws[i] = mx > 0.0f && isfinite(mx) ? mx / 127.0f : 1.0f;
-    }
+    kd_channel_scales_s8(w->data, &b->wplain, 0, ws);
     c.w_scales = ws;
     int64_t xc = 1, yc = 1;
     for (int i = 0; i < rank; i++) {
@@ -313,6 +305,11 @@ static kiln_status conv8_compile(const struct conv_build *b, const kiln_tensor *
     c.zp_rel = c.sx_rel + 64;
     c.y_rel = c.zp_rel + 64;
     size_t own = c.y_rel + ((size_t)yc * 4 + 63) / 64 * 64;
+    if (own > (size_t)INT32_MAX / 2) { /* scratch offsets are ints: such a node runs fp32 */
+        free(ws);
+        free(s);
+        return KILN_OK;
+    }
     int h0 = 0, h1 = 0, h2 = 0;
     c.stage = 1;
     st = kd_exec_build(&s->conv, kd_work_threads(cc, work), conv8_make, &c, &h1);
@@ -500,7 +497,8 @@ static kiln_status conv_compile(const struct kiln_compile_ctx *cc, struct kiln_k
     if (!s) return kiln_node_error(n, KILN_ERR_OUT_OF_MEMORY, "out of memory compiling");
     int handled = 0;
     kiln_status st = KILN_OK;
-    if (cc->precision == KILN_PRECISION_BF16) {
+    if (cc->precision == KILN_PRECISION_BF16 &&
+        dnnl_memory_desc_get_size(&b.src) / 2 < (size_t)INT32_MAX / 2) { /* int offsets */
         b.bf16 = 1;
         st = kd_exec_build(&s->e, kd_work_threads(cc, work), conv_make, &b, &handled);
         if (st != KILN_OK) {

@@ -351,6 +351,7 @@ static kiln_status mm_compile(const struct kiln_compile_ctx *cc, struct kiln_ker
     int64_t a_count = kiln_shape_count(a->rank, a->dims), ncols = yd[R - 1];
     int prec = cc->precision == 1 || cc->precision == 2 ? cc->precision : 0;
     if (prec && (!b.b_const || (prec == 2 && !b_single))) prec = 0;
+    if ((uint64_t)a_count * 2 > (uint64_t)INT32_MAX / 2) prec = 0; /* scratch offsets are ints */
     float *oscales = NULL;
     if (prec == 2) { /* the constant output scales: scale_w[n] * alpha */
         dnnl_dims_t ones = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
