@@ -15,7 +15,8 @@
  * within 1e-4 of the output's scale, and the exact fp32 product within
  * bfloat16 rounding (1e-2).
  * Shapes: M, K, N of 1 and around the vector widths (15, 16, 17, 33, 65);
- * rank-3 A folded into rows; Gemm with transB, alpha, a row bias, a full C
+ * rank-3 A folded into rows; an A large enough that two threads split its
+ * conversion; Gemm with transB, alpha, a row bias, a full C
  * (sum post-op); KilnFusedMatMul with Relu. Every case runs with 1 and 2
  * threads, and must actually run in the asked precision (kernel name; int8
  * only on CPUs with VNNI or AMX, bf16 only with AVX-512; elsewhere they
@@ -603,6 +604,7 @@ int main(void)
         {KILN_OP_MatMul, 3, 5, 33, 17, 0, 1.0f, 0, 0, -0.5f, 2.0f},   /* folded rows, asymmetric A */
         {KILN_OP_MatMul, 2, 16, 64, 64, 0, 1.0f, 0, 0, 0.0f, 3.0f},   /* A >= 0 (after a ReLU) */
         {KILN_OP_MatMul, 2, 4, 16, 8, 0, 1.0f, 0, 0, -2.0f, -0.5f},   /* A < 0 */
+        {KILN_OP_MatMul, 2, 40, 1024, 16, 0, 1.0f, 0, 0, -0.7f, 3.0f}, /* A split over threads */
         {KILN_OP_Gemm, 2, 7, 33, 15, 1, 0.5f, 1, 0, -1.0f, 1.0f},     /* transB, alpha, row bias */
         {KILN_OP_Gemm, 2, 9, 17, 16, 0, 1.0f, 2, 0, -1.0f, 1.0f},     /* full C: sum post-op */
         {KILN_OP_Gemm, 2, 1, 65, 33, 1, 1.0f, 1, 0, -1.0f, 1.0f},     /* batch 1 dense layer */

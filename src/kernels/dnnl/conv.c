@@ -234,7 +234,7 @@ static kiln_status conv8_run(void *state, struct kiln_run_ctx *ctx)
         float sx;
         int32_t zp;
         kd_quantize_u8((const float *)(base + s->x_rel), s->x_count, (uint8_t *)(base + s->q_rel),
-                       &sx, &zp);
+                       ctx->threads, &sx, &zp);
         memcpy(base + s->sx_rel, &sx, sizeof sx);
         memcpy(base + s->zp_rel, &zp, sizeof zp);
         st = kd_exec_run(&s->conv, &c2);
@@ -369,7 +369,7 @@ static kiln_status conv_run(void *state, struct kiln_run_ctx *ctx)
         }
         uint16_t *h = (uint16_t *)((char *)c2.scratch + s->base);
         const float *x = ctx->in[0]->data;
-        for (size_t i = 0; i < s->src_elems; i++) h[i] = kd_f32_to_bf16(x[i]);
+        kd_to_bf16(x, (int64_t)s->src_elems, h, ctx->threads);
     }
     if (s->has_sum && ctx->in[3]->data != ctx->out[0]->data)
         memcpy(ctx->out[0]->data, ctx->in[3]->data, s->dst_bytes);

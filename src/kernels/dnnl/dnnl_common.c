@@ -5,6 +5,8 @@
  */
 #include "kernels/dnnl/dnnl_common.h"
 
+#include "core/threadpool.h"
+
 #include <float.h>
 #include <math.h>
 #include <omp.h>
@@ -350,46 +352,105 @@ kiln_status kd_pack_weights_s8(const struct kiln_compile_ctx *cc, const kiln_ten
     return kiln_weight_cache_get(cc->weights, w, tag, pack_s8_run, &arg, packed);
 }
 
-void kd_quant_range(const float *a, int64_t count, float *scale_out, int32_t *zp_out)
-{
-    float lo = 0.0f, hi = 0.0f;
-    for (int64_t i = 0; i < count; i++) {
-        float v = a[i];
-        if (!isfinite(v)) continue;
-        if (v < lo) lo = v;
-        if (v > hi) hi = v;
-    }
-    float scale = (hi - lo) / 255.0f;
-    if (!(scale > 0.0f) || !isfinite(scale)) scale = 1.0f;
-    float zf = nearbyintf(-lo / scale);
-    *scale_out = scale;
-    *zp_out = zf < 0.0f ? 0 : zf > 255.0f ? 255 : (int32_t)zf;
-}
-
 #if defined(__GNUC__) && !defined(__clang__)
 #define KD_VECTORIZE __attribute__((optimize("tree-vectorize"))) /* -O2 builds too */
 #else
 #define KD_VECTORIZE
 #endif
 
-KD_VECTORIZE void kd_quantize_u8(const float *a, int64_t count, uint8_t *q, float *scale_out,
-                                 int32_t *zp_out)
+/* The per-run activation passes, split over the run's threads (kiln_parallel_for: chunks
+ * of at least `grain`, so chunk k starts in [k * grain, (k + 1) * grain) and owns slot k). */
+#define KD_MAX_CHUNKS 64
+
+struct kd_act_job {
+    const float *a;
+    uint8_t *q;
+    uint16_t *h;
+    int64_t grain;
+    float inv, zf;
+    float lo[KD_MAX_CHUNKS], hi[KD_MAX_CHUNKS];
+};
+
+static int64_t act_grain(int64_t count, int threads)
 {
-    kd_quant_range(a, count, scale_out, zp_out);
-    const float inv = 1.0f / *scale_out, zf = (float)*zp_out;
+    if (threads > KD_MAX_CHUNKS) threads = KD_MAX_CHUNKS;
+    if (threads < 1) threads = 1;
+    int64_t g = (count + threads - 1) / threads;
+    return g < 16384 ? 16384 : g;
+}
+
+static void range_chunk(void *ctx, int64_t begin, int64_t end)
+{
+    struct kd_act_job *j = ctx;
+    float lo = 0.0f, hi = 0.0f;
+    for (int64_t i = begin; i < end; i++) {
+        float v = j->a[i];
+        if (!isfinite(v)) continue;
+        if (v < lo) lo = v;
+        if (v > hi) hi = v;
+    }
+    j->lo[begin / j->grain] = lo;
+    j->hi[begin / j->grain] = hi;
+}
+
+KD_VECTORIZE static void quant_chunk(void *ctx, int64_t begin, int64_t end)
+{
+    struct kd_act_job *j = ctx;
+    const float inv = j->inv, zf = j->zf;
     /* branch-free so that it vectorizes: NaN -> 0 (then zp); clamping to +-512 first changes
      * nothing after the final clamp and keeps |v| < 2^22, where adding and subtracting
      * 1.5 * 2^23 rounds to nearest even exactly as nearbyintf does */
-    for (int64_t i = 0; i < count; i++) {
-        float v = a[i] * inv;
+    for (int64_t i = begin; i < end; i++) {
+        float v = j->a[i] * inv;
         v = v == v ? v : 0.0f;
         v = v < -512.0f ? -512.0f : v;
         v = v > 512.0f ? 512.0f : v;
         v = (v + 12582912.0f) - 12582912.0f + zf;
         v = v < 0.0f ? 0.0f : v;
         v = v > 255.0f ? 255.0f : v;
-        q[i] = (uint8_t)(int32_t)v;
+        j->q[i] = (uint8_t)(int32_t)v;
     }
+}
+
+void kd_quantize_u8(const float *a, int64_t count, uint8_t *q, int threads, float *scale_out,
+                    int32_t *zp_out)
+{
+    struct kd_act_job j;
+    memset(&j, 0, sizeof j);
+    j.a = a;
+    j.q = q;
+    j.grain = act_grain(count, threads);
+    kiln_parallel_for(threads, count, j.grain, range_chunk, &j);
+    float lo = 0.0f, hi = 0.0f;
+    for (int k = 0; k < KD_MAX_CHUNKS; k++) {
+        if (j.lo[k] < lo) lo = j.lo[k];
+        if (j.hi[k] > hi) hi = j.hi[k];
+    }
+    float scale = (hi - lo) / 255.0f;
+    if (!(scale > 0.0f) || !isfinite(scale)) scale = 1.0f;
+    float zf = nearbyintf(-lo / scale);
+    int32_t zp = zf < 0.0f ? 0 : zf > 255.0f ? 255 : (int32_t)zf;
+    j.inv = 1.0f / scale;
+    j.zf = (float)zp;
+    kiln_parallel_for(threads, count, j.grain, quant_chunk, &j);
+    *scale_out = scale;
+    *zp_out = zp;
+}
+
+static void bf16_chunk(void *ctx, int64_t begin, int64_t end)
+{
+    struct kd_act_job *j = ctx;
+    for (int64_t i = begin; i < end; i++) j->h[i] = kd_f32_to_bf16(j->a[i]);
+}
+
+void kd_to_bf16(const float *a, int64_t count, uint16_t *h, int threads)
+{
+    struct kd_act_job j;
+    memset(&j, 0, sizeof j);
+    j.a = a;
+    j.h = h;
+    j.grain = act_grain(count, threads);
+    kiln_parallel_for(threads, count, j.grain, bf16_chunk, &j);
 }
 
 int kd_pd_is_ref(const_dnnl_primitive_desc_t pd)

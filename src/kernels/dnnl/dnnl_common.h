@@ -112,11 +112,12 @@ kiln_status kd_pack_weights_s8(const struct kiln_compile_ctx *cc, const kiln_ten
  * lo = min(0, min a), hi = max(0, max a) over the finite values, then
  * scale = (hi - lo) / 255 (1 for an empty range), zp = clamp(nearbyint(-lo /
  * scale), 0, 255), and with inv = 1 / scale,
- * q = clamp(nearbyint(a * inv) + zp, 0, 255), NaN -> zp. */
-void kd_quantize_u8(const float *a, int64_t count, uint8_t *q, float *scale_out,
+ * q = clamp(nearbyint(a * inv) + zp, 0, 255), NaN -> zp; on up to `threads`
+ * threads of Kiln's pool. */
+void kd_quantize_u8(const float *a, int64_t count, uint8_t *q, int threads, float *scale_out,
                     int32_t *zp_out);
-/* Only the measuring half: scale and zp of a. */
-void kd_quant_range(const float *a, int64_t count, float *scale_out, int32_t *zp_out);
+/* a rounded to bfloat16 (kd_f32_to_bf16) into h, on up to `threads` threads. */
+void kd_to_bf16(const float *a, int64_t count, uint16_t *h, int threads);
 
 /* f32 -> bfloat16, round to nearest even, NaN kept quiet (kiln_f32_to_bf16, inlined
  * for the per-run conversion loops). */

@@ -173,11 +173,11 @@ static kiln_status mm_run(void *state, struct kiln_run_ctx *ctx)
         const float *a = ctx->in[0]->data;
         if (s->prec == 1) {
             uint16_t *h = (uint16_t *)base;
-            for (int64_t i = 0; i < s->a_count; i++) h[i] = kd_f32_to_bf16(a[i]);
+            kd_to_bf16(a, s->a_count, h, ctx->threads);
         } else {
             float sa;
             int32_t zp;
-            kd_quantize_u8(a, s->a_count, (uint8_t *)base, &sa, &zp);
+            kd_quantize_u8(a, s->a_count, (uint8_t *)base, ctx->threads, &sa, &zp);
             memcpy(base + s->sa_rel, &sa, sizeof sa);
             memcpy(base + s->zp_rel, &zp, sizeof zp);
         }
