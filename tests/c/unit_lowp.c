@@ -21,6 +21,9 @@
  * threads, and must actually run in the asked precision (kernel name; int8
  * only on CPUs with VNNI or AMX, bf16 only with AVX-512; elsewhere they
  * must stay fp32).
+ * Through the public API: a bad precision is refused naming the value, and
+ * sessions of every precision on one model (models/digits.onnx) keep their
+ * own plans (fp32 unchanged; bf16 and int8 close to it but not equal).
  * Conv: channels 1, 3, 16, 17, 33, 3x3 with padding, 1x1, stride 2,
  * depthwise and grouped, bias. bf16 against a double-precision convolution
  * of bfloat16-rounded X and W; int8 (groups of 1; grouped convolutions stay
@@ -574,6 +577,77 @@ static void check_conv(const struct conv_case *c)
     kiln_graph_free(t.g);
 }
 
+/* ---- the session option ---- */
+
+#ifndef KILN_SOURCE_DIR
+#define KILN_SOURCE_DIR "."
+#endif
+
+/* Run models/digits.onnx on 4 fixed images at a precision; the probabilities, or NULL. */
+static float *digits_run(kiln_model *m, int precision, kiln_status *st_out)
+{
+    kiln_session_options so;
+    kiln_session_options_init(&so);
+    so.precision = precision;
+    so.threads = 1;
+    kiln_session *s = NULL;
+    *st_out = kiln_session_create(m, NULL, &so, &s);
+    if (*st_out != KILN_OK) return NULL;
+    int64_t d[2] = {4, 64};
+    kiln_tensor *x;
+    if (kiln_tensor_new(KILN_DTYPE_F32, 2, d, &x) != KILN_OK) abort();
+    float *xd = x->data;
+    for (int i = 0; i < 4 * 64; i++) xd[i] = (float)((i * 7 + i / 64 * 3) % 17); /* pixels 0..16 */
+    kiln_named_tensor in = {"pixels", x};
+    kiln_outputs *o = NULL;
+    float *p = NULL;
+    *st_out = kiln_session_run(s, &in, 1, &o);
+    if (*st_out == KILN_OK) {
+        const kiln_tensor *y = kiln_outputs_get(o, 0);
+        p = malloc(sizeof(float) * 40);
+        if (y && kiln_tensor_count(y) == 40) memcpy(p, y->data, sizeof(float) * 40);
+        else *st_out = KILN_ERR_INTERNAL;
+    }
+    kiln_outputs_free(o);
+    kiln_tensor_free(x);
+    kiln_session_free(s);
+    return p;
+}
+
+static void test_session_option(void)
+{
+    kiln_model *m = NULL;
+    kiln_status st = kiln_model_load(KILN_SOURCE_DIR "/models/digits.onnx", NULL, &m);
+    CHECK(st == KILN_OK, "load digits: %s", kiln_last_error());
+    if (st != KILN_OK) return;
+    float *bad = digits_run(m, 7, &st);
+    CHECK(!bad && st == KILN_ERR_INVALID_ARGUMENT && strstr(kiln_last_error(), "precision 7"),
+          "precision 7: %d %s", (int)st, kiln_last_error());
+    free(bad);
+    /* one model, sessions of every precision, interleaved: each its own plans */
+    float *p32 = digits_run(m, KILN_PRECISION_FP32, &st);
+    float *p8 = digits_run(m, KILN_PRECISION_INT8, &st);
+    float *p16 = digits_run(m, KILN_PRECISION_BF16, &st);
+    float *p32b = digits_run(m, KILN_PRECISION_FP32, &st);
+    CHECK(p32 && p8 && p16 && p32b, "digits runs: %s", kiln_last_error());
+    if (p32 && p8 && p16 && p32b) {
+        CHECK(!memcmp(p32, p32b, sizeof(float) * 40), "fp32 unchanged by the other sessions");
+        double d8 = 0.0, d16 = 0.0;
+        for (int i = 0; i < 40; i++) {
+            d8 = fmax(d8, fabs((double)p8[i] - p32[i]));
+            d16 = fmax(d16, fabs((double)p16[i] - p32[i]));
+        }
+        CHECK(d8 < 0.1 && d16 < 0.1, "probabilities off fp32 by %g (int8), %g (bf16)", d8, d16);
+        CHECK(!g_vnni || d8 > 0.0, "int8 session ran fp32");
+        CHECK(!g_bf16 || d16 > 0.0, "bf16 session ran fp32");
+    }
+    free(p32);
+    free(p8);
+    free(p16);
+    free(p32b);
+    kiln_model_free(m);
+}
+
 int main(void)
 {
     /* the public names */
@@ -622,6 +696,7 @@ int main(void)
         {1, 32, 5, 5, 64, 3, 1, 1, 4, 1},  /* groups */
     };
     for (size_t i = 0; i < sizeof convs / sizeof convs[0]; i++) check_conv(&convs[i]);
+    test_session_option();
     printf("%d int8 and %d bf16 runs compared\n", g_int8_cases, g_bf16_cases);
     return CHECK_DONE();
 }
