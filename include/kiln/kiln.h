@@ -196,7 +196,36 @@ typedef struct kiln_session_options {
     int64_t max_tensor_bytes; /* bound on any one tensor a run produces; 0 = 16 GiB */
     int reference;       /* 1 = the reference path: imported graph, reference kernels, no
                             plans (slow; for checking the fast path) */
+    int precision;       /* kiln_precision: KILN_PRECISION_FP32 (default), BF16 or INT8 */
 } kiln_session_options;
+
+/*
+ * Compute precision of a session (docs/COMPRESSION.md). Opt-in and lossy:
+ * - KILN_PRECISION_BF16: MatMul, Gemm, Conv and their fused forms with
+ *   constant weights run on oneDNN with the weights stored bfloat16, the
+ *   activations rounded to bfloat16 as they enter, fp32 accumulation and
+ *   fp32 outputs.
+ * - KILN_PRECISION_INT8: the same products (convolutions: groups of 1,
+ *   without a fused residual) quantized dynamically: weights symmetric s8
+ *   per output channel (packed once), the activation u8 with a scale and
+ *   zero point measured on each run, s32 accumulation on oneDNN's int8
+ *   kernels (VNNI), fp32 output with bias and activation fused.
+ * Everything else (softmax, normalizations, reductions, elementwise ops,
+ * products whose weights are computed at run time) stays fp32, as does a
+ * product oneDNN has no fast kernel for in the precision. The profile
+ * (`kiln bench --profile`) names the kernel each node ran on
+ * ("dnnl_gemm_int8", "dnnl_fused_conv_bf16", ...). Sessions of one model
+ * with different precisions share the model but not their plans.
+ */
+typedef enum kiln_precision {
+    KILN_PRECISION_FP32 = 0,
+    KILN_PRECISION_BF16 = 1,
+    KILN_PRECISION_INT8 = 2,
+} kiln_precision;
+/* "fp32", "bf16", "int8"; "?" for a value out of range. */
+const char *kiln_precision_name(kiln_precision p);
+/* Parse "fp32" / "bf16" / "int8" (case-sensitive); KILN_ERR_INVALID_ARGUMENT names the text. */
+kiln_status kiln_precision_parse(const char *text, kiln_precision *out);
 void kiln_session_options_init(kiln_session_options *o);
 
 kiln_status kiln_session_create(kiln_model *m, const char *signature,

@@ -44,6 +44,8 @@ static void model_free(struct kiln_model *m)
         if (sig->shares_graph_of >= 0) continue;
         kiln_plan_cache_free(sig->plans[0]);
         kiln_plan_cache_free(sig->plans[1]);
+        for (int p = 0; p < 2; p++)
+            for (int k = 0; k < 2; k++) kiln_plan_cache_free(sig->lowp_plans[p][k]);
         kiln_graph_free(sig->opt_graph);
         free(sig->opt_log);
         free(sig->opt_error);
@@ -165,11 +167,17 @@ static kiln_status model_prepare(struct kiln_model *m)
             sig->opt_has_layout = o->opt_has_layout;
             sig->plans[0] = o->plans[0];
             sig->plans[1] = o->plans[1];
+            memcpy(sig->lowp_plans, o->lowp_plans, sizeof sig->lowp_plans);
             continue;
         }
         if ((st = kiln_plan_cache_new(16, &sig->plans[0])) != KILN_OK ||
             (st = kiln_plan_cache_new(16, &sig->plans[1])) != KILN_OK)
             return st;
+        for (int p = 0; p < 2; p++)
+            for (int k = 0; k < 2; k++) {
+                if ((st = kiln_plan_cache_new(16, &sig->lowp_plans[p][k])) != KILN_OK) return st;
+                kiln_plan_cache_set_precision(sig->lowp_plans[p][k], p + 1);
+            }
         sig->opt_log = calloc(1, sizeof *sig->opt_log);
         if (!sig->opt_log) return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory");
         struct kiln_graph *c = NULL;
@@ -314,6 +322,29 @@ void kiln_model_op_kind(const kiln_model *m, int i, const char **op, int *count)
 
 /* ---- sessions ---- */
 
+const char *kiln_precision_name(kiln_precision p)
+{
+    switch (p) {
+    case KILN_PRECISION_FP32: return "fp32";
+    case KILN_PRECISION_BF16: return "bf16";
+    case KILN_PRECISION_INT8: return "int8";
+    }
+    return "?";
+}
+
+kiln_status kiln_precision_parse(const char *text, kiln_precision *out)
+{
+    static const kiln_precision all[] = {KILN_PRECISION_FP32, KILN_PRECISION_BF16,
+                                         KILN_PRECISION_INT8};
+    for (size_t i = 0; text && i < sizeof all / sizeof all[0]; i++)
+        if (!strcmp(text, kiln_precision_name(all[i]))) {
+            *out = all[i];
+            return KILN_OK;
+        }
+    return kiln_error(KILN_ERR_INVALID_ARGUMENT,
+                      "precision '%s' is not one of fp32, bf16, int8", text ? text : "(null)");
+}
+
 void kiln_session_options_init(kiln_session_options *o)
 {
     memset(o, 0, sizeof *o);
@@ -336,6 +367,10 @@ kiln_status kiln_session_create(kiln_model *m, const char *signature,
         return kiln_error(KILN_ERR_NOT_FOUND, "signature '%s' not found; the model has %s",
                           signature ? signature : "(default)", names[0] ? names : "none");
     }
+    if (opts && (opts->precision < KILN_PRECISION_FP32 || opts->precision > KILN_PRECISION_INT8))
+        return kiln_error(KILN_ERR_INVALID_ARGUMENT,
+                          "session precision %d is not KILN_PRECISION_FP32, BF16 or INT8",
+                          opts->precision);
     struct kiln_session *s = calloc(1, sizeof *s);
     if (!s) return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory");
     s->model = m;
@@ -393,12 +428,21 @@ static kiln_status check_input(const kiln_value_info *vi, const kiln_tensor *t)
  * with the reference executor (control flow, strings, data-dependent
  * shapes), on the optimized graph unless it holds blocked layouts, which
  * only plans understand. */
+/* The plan cache for a session's precision and graph (imported or optimized). */
+static struct kiln_plan_cache *plans_for(const kiln_session *s, bool use_opt)
+{
+    int p = s->opts.precision;
+    if (p == KILN_PRECISION_BF16 || p == KILN_PRECISION_INT8)
+        return s->sig->lowp_plans[p - 1][use_opt ? 1 : 0];
+    return s->sig->plans[use_opt ? 1 : 0];
+}
+
 static kiln_status run_graph(kiln_session *s, const struct kiln_graph *g, bool use_opt,
                              kiln_tensor **gin, kiln_tensor **gout, const kiln_run_options *ro)
 {
     const struct kiln_signature *sig = s->sig;
     if (!s->opts.reference) {
-        struct kiln_plan_cache *pc = sig->plans[use_opt ? 1 : 0];
+        struct kiln_plan_cache *pc = plans_for(s, use_opt);
         struct kiln_plan *p = NULL;
         kiln_status st = kiln_plan_cache_get(pc, g, (const kiln_tensor *const *)gin,
                                              s->model->weights, s->opts.threads, &p);
@@ -523,7 +567,7 @@ kiln_status kiln_session_precompile(kiln_session *s, const int64_t *batch_sizes,
     if (s->opts.reference) return KILN_OK;
     bool use_opt = s->opts.optimize && sig->opt_graph;
     const struct kiln_graph *g = use_opt ? sig->opt_graph : sig->graph;
-    struct kiln_plan_cache *pc = sig->plans[use_opt ? 1 : 0];
+    struct kiln_plan_cache *pc = plans_for(s, use_opt);
     kiln_status st = KILN_OK;
     kiln_tensor **gin = calloc((size_t)g->n_inputs + 1, sizeof *gin);
     if (!gin) return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory");
@@ -610,7 +654,7 @@ kiln_status kiln_session_optimization_log(kiln_session *s, char **text)
         struct kiln_opt_log log = *sig->opt_log;
         if (sig->plans[1]) {
             int steps, fast;
-            kiln_plan_cache_summary(sig->plans[1], &log.plans, &steps, &fast, &log.arena_bytes);
+            kiln_plan_cache_summary(plans_for(s, true), &log.plans, &steps, &fast, &log.arena_bytes);
         }
         log.packed_weight_bytes = kiln_weight_cache_bytes(s->model->weights);
         kiln_opt_log_print(&log, text_line, &b);
@@ -627,7 +671,7 @@ kiln_status kiln_session_optimization_log(kiln_session *s, char **text)
 static struct kiln_plan_cache *session_plans(kiln_session *s)
 {
     bool use_opt = s->opts.optimize && s->sig->opt_graph;
-    return s->sig->plans[use_opt ? 1 : 0];
+    return plans_for(s, use_opt);
 }
 
 void kiln_session_profile_print(kiln_session *s, FILE *f)

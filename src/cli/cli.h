@@ -93,6 +93,8 @@ int kiln_cli_run_option(const char *cmd, int argc, char **argv, int *i,
     "                     passes (still on plans and fast kernels); --no-optimize\n"        \
     "                     is the same\n"                                                    \
     "  --reference        the reference path: imported graph, reference kernels,\n"         \
-    "                     no plans (slow; for checking results)\n"
+    "                     no plans (slow; for checking results)\n"                        \
+    "  --precision P      fp32 (default), bf16 or int8: matmuls in bfloat16 or\n"          \
+    "                     dynamically quantized int8 (lossy; docs/COMPRESSION.md)\n"
 
 #endif

@@ -99,6 +99,15 @@ int kiln_cli_run_option(const char *cmd, int argc, char **argv, int *i,
         if (r > 0) so->reference = 1;
         return r;
     }
+    if ((r = kiln_cli_option(cmd, argc, argv, i, "--precision", &val)) != 0) {
+        kiln_precision p = KILN_PRECISION_FP32;
+        if (r > 0 && kiln_precision_parse(val, &p) != KILN_OK) {
+            kiln_cli_usage_error(cmd, "--precision '%s' is not one of fp32, bf16, int8", val);
+            return -1;
+        }
+        if (r > 0) so->precision = p;
+        return r;
+    }
     return 0;
 }
 

@@ -361,23 +361,31 @@ static kiln_status settle_inputs(struct kiln_plan *p, struct kiln_weight_cache *
 }
 
 static kiln_status plan_compile(const struct kiln_graph *g, const kiln_tensor *const *inputs,
-                                struct kiln_weight_cache *weights, int threads,
+                                struct kiln_weight_cache *weights, int threads, int precision,
                                 struct kiln_plan **out);
+
+kiln_status kiln_plan_compile_precision(const struct kiln_graph *g,
+                                        const kiln_tensor *const *inputs,
+                                        struct kiln_weight_cache *weights, int threads,
+                                        int precision, struct kiln_plan **out)
+{
+    /* one compile at a time per model: a compile may release a reloadable
+     * weight that another compile would be reading */
+    kiln_weight_cache_compile_lock(weights);
+    kiln_status st = plan_compile(g, inputs, weights, threads, precision, out);
+    kiln_weight_cache_compile_unlock(weights);
+    return st;
+}
 
 kiln_status kiln_plan_compile(const struct kiln_graph *g, const kiln_tensor *const *inputs,
                               struct kiln_weight_cache *weights, int threads,
                               struct kiln_plan **out)
 {
-    /* one compile at a time per model: a compile may release a reloadable
-     * weight that another compile would be reading */
-    kiln_weight_cache_compile_lock(weights);
-    kiln_status st = plan_compile(g, inputs, weights, threads, out);
-    kiln_weight_cache_compile_unlock(weights);
-    return st;
+    return kiln_plan_compile_precision(g, inputs, weights, threads, 0, out);
 }
 
 static kiln_status plan_compile(const struct kiln_graph *g, const kiln_tensor *const *inputs,
-                                struct kiln_weight_cache *weights, int threads,
+                                struct kiln_weight_cache *weights, int threads, int precision,
                                 struct kiln_plan **out)
 {
     *out = NULL;
@@ -580,7 +588,7 @@ static kiln_status plan_compile(const struct kiln_graph *g, const kiln_tensor *c
                 ol[k] = n->out[k] >= 0 ? g->values[n->out[k]].layout : 0;
             }
             struct kiln_compile_ctx cc = {n, n->n_in, inp, (const kiln_tensor *const *)inv, il,
-                                          n->n_out, ot, ol, weights, plan_threads};
+                                          n->n_out, ot, ol, weights, plan_threads, precision};
             st = fast->compile(&cc, &sp->inst);
             if (st != KILN_OK) goto fail;
             if (sp->inst.run) {
@@ -1094,7 +1102,13 @@ struct kiln_plan_cache {
     int64_t tick;
     struct cache_entry *retired; /* evicted while in use: freed on release */
     int n_retired, cap_retired;
+    int precision;               /* kiln_precision every plan of this cache is compiled for */
 };
+
+void kiln_plan_cache_set_precision(struct kiln_plan_cache *c, int precision)
+{
+    c->precision = precision;
+}
 
 kiln_status kiln_plan_cache_new(int capacity, struct kiln_plan_cache **out)
 {
@@ -1164,7 +1178,7 @@ kiln_status kiln_plan_cache_get(struct kiln_plan_cache *c, const struct kiln_gra
         return st;
     }
     struct kiln_plan *p = NULL;
-    kiln_status st = kiln_plan_compile(g, inputs, w, threads, &p);
+    kiln_status st = kiln_plan_compile_precision(g, inputs, w, threads, c->precision, &p);
     if (st != KILN_OK && st != KILN_ERR_UNSUPPORTED) {
         pthread_mutex_unlock(&c->mu);
         return st;

@@ -38,6 +38,11 @@ struct kiln_plan;
 kiln_status kiln_plan_compile(const struct kiln_graph *g, const kiln_tensor *const *inputs,
                               struct kiln_weight_cache *weights, int threads,
                               struct kiln_plan **out);
+/* The same, asking the fast kernels for a kiln_precision (0 = fp32). */
+kiln_status kiln_plan_compile_precision(const struct kiln_graph *g,
+                                        const kiln_tensor *const *inputs,
+                                        struct kiln_weight_cache *weights, int threads,
+                                        int precision, struct kiln_plan **out);
 void kiln_plan_free(struct kiln_plan *p);
 
 /* Run: inputs as for compile (same shapes); outputs[i] receives an owned
@@ -64,6 +69,8 @@ void kiln_plan_profile_print(const struct kiln_plan *p, FILE *f);
 struct kiln_plan_cache;
 kiln_status kiln_plan_cache_new(int capacity, struct kiln_plan_cache **out);
 void kiln_plan_cache_free(struct kiln_plan_cache *c);
+/* The kiln_precision this cache's plans are compiled for (set once, before use). */
+void kiln_plan_cache_set_precision(struct kiln_plan_cache *c, int precision);
 /* The plan for these inputs' shapes, compiled on a miss. The plan stays
  * valid until kiln_plan_cache_release; *out may be NULL with KILN_OK never.
  * KILN_ERR_UNSUPPORTED means the graph cannot be planned (cached too, so

@@ -25,6 +25,8 @@ struct kiln_signature {
     char *opt_error;                  /* why opt_graph is NULL */
     int opt_has_layout;               /* opt_graph has blocked values (needs plans) */
     struct kiln_plan_cache *plans[2]; /* [0] imported graph, [1] optimized graph */
+    struct kiln_plan_cache *lowp_plans[2][2]; /* the same for sessions asking for bf16 [0]
+                                                 or int8 [1] (kiln_precision - 1) */
     int shares_graph_of;              /* index of an earlier signature with the same graph, or -1 */
 };
 

@@ -97,6 +97,8 @@ struct kiln_compile_ctx {
     const int *out_layout;
     struct kiln_weight_cache *weights;
     int threads;                             /* most threads a run of this plan may use */
+    int precision;                           /* kiln_precision the plan asks for (0 = fp32);
+                                                a kernel may ignore it and run fp32 */
 };
 
 struct kiln_kernel_inst {

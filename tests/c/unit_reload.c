@@ -6,7 +6,9 @@
  *
  * The test writes its own ONNX file (every weight's raw_data at an odd file
  * offset), runs it through every kind of session in one process and checks
- * every output against a double-precision product computed here.
+ * every output against a double-precision product computed here. Last,
+ * bf16 and int8 sessions compile plans after fp32 plans released the
+ * weights (outputs within 5% of their scale).
  *
  *   X [batch, 64] -> MatMul W1 [64,128] -> Relu -> MatMul W2 [128,64] = C
  *   U = C P            (P [64,64] packed as B ...)
@@ -254,6 +256,8 @@ static void reference(const float *x, int batch, double *u, double *t, double *v
 }
 
 /* Run s on a batch and compare the three outputs with the reference; 1 if all agree. */
+static double g_tol = 1e-4; /* of the output's scale; looser for bf16 and int8 sessions */
+
 static int run_and_check(kiln_session *s, int batch, uint64_t seed, const char *what)
 {
     float *x = x_of(batch, seed);
@@ -278,7 +282,7 @@ static int run_and_check(kiln_session *s, int batch, uint64_t seed, const char *
                 double e = fabs(((const float *)y->data)[i] - want[k][i]);
                 if (e > err) err = e;
             }
-            int good = y && y->nbytes == n * sizeof(float) && err <= 1e-4 * (scale > 1 ? scale : 1);
+            int good = y && y->nbytes == n * sizeof(float) && err <= g_tol * (scale > 1 ? scale : 1);
             CHECK(good, "%s batch %d output %s: max error %g of scale %g", what, batch,
                   kiln_outputs_name(o, k), err, scale);
             ok = ok && good;
@@ -291,11 +295,14 @@ static int run_and_check(kiln_session *s, int batch, uint64_t seed, const char *
     return ok;
 }
 
+static int g_precision; /* kiln_precision of the sessions made next */
+
 static kiln_session *session(kiln_model *m, int optimize, int reference_path)
 {
     kiln_session_options o;
     kiln_session_options_init(&o);
     o.threads = 2;
+    o.precision = g_precision;
     o.optimize = optimize;
     o.reference = reference_path;
     kiln_session *s = NULL;
@@ -406,6 +413,29 @@ int main(void)
         run_and_check(opt, 2, 9, "optimized after the reference");
         CHECK(kiln_weight_cache_released_bytes(m->weights) == 0, "pinned before any plan");
         kiln_session_free(ref);
+        kiln_session_free(opt);
+        kiln_model_free(m);
+    }
+    /* 6. bf16 and int8 plans after fp32 plans released W1 and W2: they read them back */
+    st = kiln_model_load(path, NULL, &m);
+    CHECK(st == KILN_OK, "reload: %s", kiln_last_error());
+    if (st == KILN_OK) {
+        opt = session(m, 1, 0);
+        run_and_check(opt, 3, 10, "optimized before the low-precision sessions");
+        w1 = weight(m, "W1");
+        CHECK(!packs || (w1 && w1->data == NULL), "W1 released by the fp32 plan");
+        g_tol = 0.05;
+        for (int prec = KILN_PRECISION_BF16; prec <= KILN_PRECISION_INT8; prec++) {
+            g_precision = prec;
+            kiln_session *lp = session(m, 1, 0);
+            run_and_check(lp, 3, 11, prec == KILN_PRECISION_INT8 ? "int8" : "bf16");
+            run_and_check(lp, 6, 12, prec == KILN_PRECISION_INT8 ? "int8, a second plan"
+                                                                  : "bf16, a second plan");
+            kiln_session_free(lp);
+        }
+        g_precision = KILN_PRECISION_FP32;
+        g_tol = 1e-4;
+        run_and_check(opt, 3, 13, "optimized after the low-precision sessions");
         kiln_session_free(opt);
         kiln_model_free(m);
     }

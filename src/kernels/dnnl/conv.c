@@ -12,7 +12,29 @@
  * time, empty tensors) stays on the reference kernel. 1x1 convolutions of
  * 1x1 images (squeeze-excitation) go to Kiln's own matrix-vector kernel
  * (src/kernels/simd/pointwise.c) instead.
+ *
+ * bf16 (a plan compiled for KILN_PRECISION_BF16; docs/COMPRESSION.md): the
+ * weights are packed as bfloat16, X is rounded to bfloat16 (nearest even)
+ * into the kernel's scratch at the start of each run, in whatever layout it
+ * is stored (padding included), and oneDNN's direct bf16 convolution
+ * accumulates in fp32 into the fp32 Y with bias, Sum and activation as in
+ * fp32. Where oneDNN has no bf16 convolution the node runs in fp32.
+ *
+ * int8 (KILN_PRECISION_INT8; groups of 1, no residual Sum): dynamic
+ * quantization on oneDNN's int8 convolution, whose fast (VNNI) kernels want
+ * channels-last activations. Each run: a reorder brings X (plain or
+ * blocked) to channels-last fp32 in scratch, X is quantized there to u8
+ * with a scale and zero point measured on it (kd_quantize_u8), the
+ * convolution accumulates (q - zp) * w_s8 in int32 and writes
+ *     Y' = (float(acc) * scale_w[m]) * scale_x + bias, then the activation
+ * (scale_w as constant per-channel output scales, scale_x as a binary-mul
+ * post-op read at run time, bias as a binary-add post-op) to a
+ * channels-last fp32 buffer, and a second reorder writes it to Y in Y's
+ * layout. The weights are symmetric s8 per output channel
+ * (kd_pack_weights_s8).
  */
+#include <math.h>
+
 #include "kernels/dnnl/dnnl_common.h"
 
 #include "kernels/ref/gemm.h"
@@ -22,6 +44,9 @@ struct conv_state {
     struct kd_exec e;
     int has_sum;
     size_t dst_bytes;       /* bytes of Y in its layout (the Sum copy) */
+    int bf16;               /* X converted to bfloat16 at scratch + base each run */
+    size_t src_elems;       /* stored elements of X (blocked padding included) */
+    size_t base, scratch_total;
 };
 
 /* Everything make needs to build one variant. */
@@ -30,6 +55,7 @@ struct conv_build {
     dnnl_memory_desc_t src, wany, wplain, bias, dst;
     int has_bias, has_sum;
     int winograd; /* try oneDNN's Winograd algorithm first (conv_use_winograd) */
+    int bf16;     /* this build tries bfloat16 X and weights */
     dnnl_dims_t strides, dilates, pad_l, pad_r;
 };
 
@@ -41,8 +67,10 @@ static dnnl_primitive_desc_t conv_pd(const struct conv_build *b, dnnl_alg_kind_t
     dnnl_post_ops_t po = NULL;
     dnnl_primitive_desc_t pd = NULL;
     dnnl_convolution_desc_t cd;
+    dnnl_memory_desc_t src = b->src, wany = b->wany;
+    if (b->bf16) src.data_type = wany.data_type = dnnl_bf16;
     dnnl_status_t r = dnnl_dilated_convolution_forward_desc_init(
-        &cd, dnnl_forward_inference, alg, &b->src, &b->wany, b->has_bias ? &b->bias : NULL,
+        &cd, dnnl_forward_inference, alg, &src, &wany, b->has_bias ? &b->bias : NULL,
         &b->dst, b->strides, b->dilates, b->pad_l, b->pad_r);
     if (r == dnnl_success) r = dnnl_primitive_attr_create(&attr);
     if (r == dnnl_success) r = dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user);
@@ -65,15 +93,24 @@ static kiln_status conv_make(void *arg, struct kd_variant *v, int threads)
     /* Winograd first where it applies (3x3, stride 1, blocked layout); oneDNN
      * answers unimplemented for every other shape, and then the direct
      * algorithm runs. */
-    dnnl_primitive_desc_t pd = b->winograd ? conv_pd(b, dnnl_convolution_winograd) : NULL;
+    dnnl_primitive_desc_t pd = b->winograd && !b->bf16 ? conv_pd(b, dnnl_convolution_winograd)
+                                                       : NULL;
     if (!pd) pd = conv_pd(b, dnnl_convolution_direct);
     if (!pd) goto out; /* unimplemented here: the reference runs it */
+    if (b->bf16 && kd_pd_is_ref(pd)) goto out; /* fp32 is faster than oneDNN's reference */
     const dnnl_memory_desc_t *wmd = dnnl_primitive_desc_query_md(pd, dnnl_query_weights_md, 0);
-    st = kd_pack_weights(b->cc, b->cc->in_value[1], "conv", &b->wplain, wmd, 1.0f, &v->packed);
+    st = kd_pack_weights(b->cc, b->cc->in_value[1], b->bf16 ? "conv_bf16" : "conv", &b->wplain,
+                         wmd, 1.0f, &v->packed);
     if (st != KILN_OK || !v->packed) goto out;
     st = kd_variant_init(n, pd, v);
     if (st != KILN_OK) goto out;
-    kd_variant_arg(v, DNNL_ARG_SRC, KD_SRC_IN, 0, &b->src);
+    if (b->bf16) { /* X in bfloat16 at the kernel's scratch (offset fixed after the build) */
+        dnnl_memory_desc_t src = b->src;
+        src.data_type = dnnl_bf16;
+        kd_variant_arg(v, DNNL_ARG_SRC, KD_SRC_SCRATCH_AT, 0, &src);
+    } else {
+        kd_variant_arg(v, DNNL_ARG_SRC, KD_SRC_IN, 0, &b->src);
+    }
     kd_variant_arg(v, DNNL_ARG_WEIGHTS, KD_SRC_PACKED, 1, wmd);
     if (b->has_bias) kd_variant_arg(v, DNNL_ARG_BIAS, KD_SRC_IN, 2, &b->bias);
     kd_variant_arg(v, DNNL_ARG_DST, KD_SRC_OUT, 0, &b->dst);
@@ -83,12 +120,263 @@ out:
     return st;
 }
 
+/* ---- int8 ---- */
+
+struct conv8_state {
+    struct kd_exec pre, conv, post; /* X -> fp32 channels-last; the int8 conv; -> Y */
+    size_t base;                    /* scratch offset of the buffers below */
+    size_t x_rel, q_rel, sx_rel, zp_rel, y_rel;
+    int64_t x_count;
+    size_t scratch_total;
+};
+
+struct conv8_build {
+    const struct conv_build *b;
+    dnnl_memory_desc_t x_cl, q_cl, y_cl; /* channels-last fp32 X, u8 X, fp32 Y */
+    dnnl_memory_desc_t one, bias_po, zp_md;
+    const float *w_scales;             /* per output channel, for the attr */
+    size_t x_rel, q_rel, sx_rel, zp_rel, y_rel;
+    int stage;                         /* 0 pre reorder, 1 conv, 2 post reorder */
+};
+
+static kiln_status conv8_make(void *arg, struct kd_variant *v, int threads)
+{
+    struct conv8_build *c = arg;
+    const struct conv_build *b = c->b;
+    const struct kiln_node *n = b->cc->node;
+    dnnl_primitive_attr_t attr = NULL;
+    dnnl_post_ops_t po = NULL;
+    dnnl_primitive_desc_t pd = NULL;
+    kiln_status st = KILN_OK;
+    dnnl_status_t r = dnnl_primitive_attr_create(&attr);
+    if (r == dnnl_success) r = dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user);
+    (void)threads;
+    if (c->stage != 1) { /* a layout reorder */
+        const dnnl_memory_desc_t *from = c->stage == 0 ? &b->src : &c->y_cl;
+        const dnnl_memory_desc_t *to = c->stage == 0 ? &c->x_cl : &b->dst;
+        if (r == dnnl_success)
+            r = dnnl_reorder_primitive_desc_create(&pd, from, kd_engine(), to, kd_engine(), attr);
+        if (r != dnnl_success) goto out;
+        st = kd_variant_init(n, pd, v);
+        if (st != KILN_OK) goto out;
+        if (c->stage == 0) {
+            kd_variant_arg(v, DNNL_ARG_FROM, KD_SRC_IN, 0, from);
+            kd_variant_arg(v, DNNL_ARG_TO, KD_SRC_SCRATCH_AT, (int)c->x_rel, to);
+        } else {
+            kd_variant_arg(v, DNNL_ARG_FROM, KD_SRC_SCRATCH_AT, (int)c->y_rel, from);
+            kd_variant_arg(v, DNNL_ARG_TO, KD_SRC_OUT, 0, to);
+        }
+        goto out;
+    }
+    dnnl_memory_desc_t wany = b->wany;
+    wany.data_type = dnnl_s8;
+    dnnl_convolution_desc_t cd;
+    int64_t m = b->dst.dims[1];
+    if (r == dnnl_success)
+        r = dnnl_dilated_convolution_forward_desc_init(&cd, dnnl_forward_inference,
+                                                       dnnl_convolution_direct, &c->q_cl, &wany,
+                                                       NULL, &c->y_cl, b->strides, b->dilates,
+                                                       b->pad_l, b->pad_r);
+    if (r == dnnl_success) r = dnnl_primitive_attr_set_output_scales(attr, m, 1 << 1, c->w_scales);
+    if (r == dnnl_success)
+        r = dnnl_primitive_attr_set_zero_points(attr, DNNL_ARG_SRC, 1, 0, &DNNL_RUNTIME_S32_VAL);
+    if (r == dnnl_success) r = dnnl_post_ops_create(&po);
+    if (r == dnnl_success) r = dnnl_post_ops_append_binary(po, dnnl_binary_mul, &c->one);
+    if (r == dnnl_success && b->has_bias)
+        r = dnnl_post_ops_append_binary(po, dnnl_binary_add, &c->bias_po);
+    if (r == dnnl_success && !kd_append_activation(n, po)) r = dnnl_unimplemented;
+    if (r == dnnl_success) r = dnnl_primitive_attr_set_post_ops(attr, po);
+    if (r == dnnl_success) r = dnnl_primitive_desc_create(&pd, &cd, attr, kd_engine(), NULL);
+    if (r != dnnl_success) {
+        pd = NULL;
+        goto out;
+    }
+    if (kd_pd_is_ref(pd)) goto out; /* fp32 is faster than oneDNN's reference */
+    if (!kd_pd_int8_exact(pd)) goto out; /* no VNNI: 16-bit sums could saturate */
+    const dnnl_memory_desc_t *wmd = dnnl_primitive_desc_query_md(pd, dnnl_query_weights_md, 0);
+    size_t sc_bytes = 0;
+    void *packed = NULL;
+    st = kd_pack_weights_s8(b->cc, b->cc->in_value[1], "conv", &b->wplain, 0, wmd, &packed,
+                            &sc_bytes);
+    if (st != KILN_OK || !packed) goto out;
+    v->packed = (char *)packed + sc_bytes;
+    st = kd_variant_init(n, pd, v);
+    if (st != KILN_OK) goto out;
+    kd_variant_arg(v, DNNL_ARG_SRC, KD_SRC_SCRATCH_AT, (int)c->q_rel, &c->q_cl);
+    kd_variant_arg(v, DNNL_ARG_WEIGHTS, KD_SRC_PACKED, 1, wmd);
+    kd_variant_arg(v, DNNL_ARG_DST, KD_SRC_SCRATCH_AT, (int)c->y_rel, &c->y_cl);
+    kd_variant_arg(v, DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1, KD_SRC_SCRATCH_AT,
+                   (int)c->sx_rel, &c->one);
+    if (b->has_bias)
+        kd_variant_arg(v, DNNL_ARG_ATTR_MULTIPLE_POST_OP(1) | DNNL_ARG_SRC_1, KD_SRC_IN, 2,
+                       &c->bias_po);
+    kd_variant_arg(v, DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_SRC, KD_SRC_SCRATCH_AT, (int)c->zp_rel,
+                   &c->zp_md);
+out:
+    if (pd) dnnl_primitive_desc_destroy(pd);
+    if (po) dnnl_post_ops_destroy(po);
+    if (attr) dnnl_primitive_attr_destroy(attr);
+    return st;
+}
+
+static kiln_status conv8_run(void *state, struct kiln_run_ctx *ctx)
+{
+    struct conv8_state *s = state;
+    struct kiln_run_ctx c2 = *ctx;
+    void *heap = NULL;
+    if (!c2.scratch) { /* callers without a plan arena */
+        heap = c2.scratch = aligned_alloc(64, s->scratch_total);
+        if (!heap) return kiln_node_error(ctx->node, KILN_ERR_OUT_OF_MEMORY, "out of memory for scratch");
+    }
+    char *base = (char *)c2.scratch + s->base;
+    kiln_status st = kd_exec_run(&s->pre, &c2);
+    if (st == KILN_OK) {
+        float sx;
+        int32_t zp;
+        kd_quantize_u8((const float *)(base + s->x_rel), s->x_count, (uint8_t *)(base + s->q_rel),
+                       ctx->threads, &sx, &zp);
+        memcpy(base + s->sx_rel, &sx, sizeof sx);
+        memcpy(base + s->zp_rel, &zp, sizeof zp);
+        st = kd_exec_run(&s->conv, &c2);
+    }
+    if (st == KILN_OK) st = kd_exec_run(&s->post, &c2);
+    free(heap);
+    return st;
+}
+
+static void conv8_destroy(void *state)
+{
+    struct conv8_state *s = state;
+    kd_exec_destroy(&s->pre);
+    kd_exec_destroy(&s->conv);
+    kd_exec_destroy(&s->post);
+    free(s);
+}
+
+/* Channels-last md of dims (rank 3..5) in dtype dt. */
+static dnnl_status_t md_channels_last(dnnl_memory_desc_t *md, int rank, const dnnl_dims_t dims,
+                                      dnnl_data_type_t dt)
+{
+    dnnl_format_tag_t tag = rank == 3 ? dnnl_acb : rank == 4 ? dnnl_acdb : dnnl_acdeb;
+    return dnnl_memory_desc_init_by_tag(md, rank, dims, dt, tag);
+}
+
+/* Try the int8 kernel for b's convolution; inst->run stays NULL when it declines. */
+static kiln_status conv8_compile(const struct conv_build *b, const kiln_tensor *w, double work,
+                                 struct kiln_kernel_inst *inst)
+{
+    const struct kiln_compile_ctx *cc = b->cc;
+    const struct kiln_node *n = cc->node;
+    int rank = b->src.ndims;
+    int64_t m = b->dst.dims[1];
+    struct conv8_build c;
+    memset(&c, 0, sizeof c);
+    c.b = b;
+    dnnl_dims_t one = {1, 1, 1, 1, 1}, bd = {1, m, 1, 1, 1}, z = {1};
+    dnnl_format_tag_t plain = rank == 3 ? dnnl_abc : rank == 4 ? dnnl_abcd : dnnl_abcde;
+    if (md_channels_last(&c.x_cl, rank, b->src.dims, dnnl_f32) != dnnl_success ||
+        md_channels_last(&c.q_cl, rank, b->src.dims, dnnl_u8) != dnnl_success ||
+        md_channels_last(&c.y_cl, rank, b->dst.dims, dnnl_f32) != dnnl_success ||
+        dnnl_memory_desc_init_by_tag(&c.one, rank, one, dnnl_f32, plain) != dnnl_success ||
+        dnnl_memory_desc_init_by_tag(&c.bias_po, rank, bd, dnnl_f32, plain) != dnnl_success ||
+        dnnl_memory_desc_init_by_tag(&c.zp_md, 1, z, dnnl_s32, dnnl_a) != dnnl_success)
+        return KILN_OK;
+    /* the channel scales, as kd_pack_weights_s8 computes them (w is plain [M, C, k...]); w
+     * may be a reloadable weight released by an earlier plan: make it resident first */
+    kiln_status st = cc->weights ? kiln_weight_cache_acquire(cc->weights, w, 0) : KILN_OK;
+    if (st != KILN_OK || !w->data) return st;
+    float *ws = malloc(sizeof(float) * (size_t)m);
+    struct conv8_state *s = calloc(1, sizeof *s);
+    if (!ws || !s) {
+        free(ws);
+        free(s);
+        return kiln_node_error(n, KILN_ERR_OUT_OF_MEMORY, "out of memory compiling");
+    }
+    kd_channel_scales_s8(w->data, &b->wplain, 0, ws);
+    c.w_scales = ws;
+    int64_t xc = 1, yc = 1;
+    for (int i = 0; i < rank; i++) {
+        xc *= b->src.dims[i];
+        yc *= b->dst.dims[i];
+    }
+    c.x_rel = 0;
+    c.q_rel = c.x_rel + ((size_t)xc * 4 + 63) / 64 * 64;
+    c.sx_rel = c.q_rel + ((size_t)xc + 63) / 64 * 64;
+    c.zp_rel = c.sx_rel + 64;
+    c.y_rel = c.zp_rel + 64;
+    size_t own = c.y_rel + ((size_t)yc * 4 + 63) / 64 * 64;
+    if (own > (size_t)INT32_MAX / 2) { /* scratch offsets are ints: such a node runs fp32 */
+        free(ws);
+        free(s);
+        return KILN_OK;
+    }
+    int h0 = 0, h1 = 0, h2 = 0;
+    c.stage = 1;
+    st = kd_exec_build(&s->conv, kd_work_threads(cc, work), conv8_make, &c, &h1);
+    if (st == KILN_OK && h1) {
+        c.stage = 0;
+        st = kd_exec_build(&s->pre, kd_work_threads(cc, (double)xc), conv8_make, &c, &h0);
+    }
+    if (st == KILN_OK && h1 && h0) {
+        c.stage = 2;
+        st = kd_exec_build(&s->post, kd_work_threads(cc, (double)yc), conv8_make, &c, &h2);
+    }
+    free(ws);
+    if (st != KILN_OK || !h0 || !h1 || !h2) {
+        if (h0) kd_exec_destroy(&s->pre);
+        if (h1) kd_exec_destroy(&s->conv);
+        if (h2) kd_exec_destroy(&s->post);
+        free(s);
+        return st;
+    }
+    size_t sp = kd_exec_scratch(&s->pre), sc = kd_exec_scratch(&s->conv);
+    size_t so = kd_exec_scratch(&s->post);
+    size_t scratch = sp > sc ? sp : sc;
+    if (so > scratch) scratch = so;
+    s->base = scratch;
+    s->x_rel = c.x_rel;
+    s->q_rel = c.q_rel;
+    s->sx_rel = c.sx_rel;
+    s->zp_rel = c.zp_rel;
+    s->y_rel = c.y_rel;
+    s->x_count = xc;
+    s->scratch_total = s->base + own;
+    struct kd_exec *all[3] = {&s->pre, &s->conv, &s->post};
+    for (int e = 0; e < 3; e++) /* the kernel's buffers after the largest scratchpad */
+        for (int vi = 0; vi < all[e]->nv; vi++)
+            for (int k = 0; k < all[e]->v[vi].nargs; k++)
+                if (all[e]->v[vi].args[k].src == KD_SRC_SCRATCH_AT)
+                    all[e]->v[vi].args[k].index += (int)s->base;
+    inst->name = n->op == KILN_OP_KilnFusedConv ? "dnnl_fused_conv_int8" : "dnnl_conv_int8";
+    kd_inst_impl(inst, &s->conv);
+    inst->state = s;
+    inst->run = conv8_run;
+    inst->destroy = conv8_destroy;
+    inst->scratch_bytes = s->scratch_total;
+    inst->packed = 1u << 1;
+    return KILN_OK;
+}
+
 static kiln_status conv_run(void *state, struct kiln_run_ctx *ctx)
 {
     struct conv_state *s = state;
+    struct kiln_run_ctx c2 = *ctx;
+    void *heap = NULL;
+    if (s->bf16) {
+        if (!c2.scratch) { /* callers without a plan arena */
+            heap = c2.scratch = aligned_alloc(64, s->scratch_total);
+            if (!heap)
+                return kiln_node_error(ctx->node, KILN_ERR_OUT_OF_MEMORY, "out of memory for scratch");
+        }
+        uint16_t *h = (uint16_t *)((char *)c2.scratch + s->base);
+        const float *x = ctx->in[0]->data;
+        kd_to_bf16(x, (int64_t)s->src_elems, h, ctx->threads);
+    }
     if (s->has_sum && ctx->in[3]->data != ctx->out[0]->data)
         memcpy(ctx->out[0]->data, ctx->in[3]->data, s->dst_bytes);
-    return kd_exec_run(&s->e, ctx);
+    kiln_status st = kd_exec_run(&s->e, &c2);
+    free(heap);
+    return st;
 }
 
 static void conv_destroy(void *state)
@@ -199,25 +487,51 @@ static kiln_status conv_compile(const struct kiln_compile_ctx *cc, struct kiln_k
         return KILN_OK;
     if (bias && kd_md_plain(&b.bias, 1, bias->dims) != dnnl_success) return KILN_OK;
     b.winograd = conv_use_winograd(rank, w->dims, group, &b);
+    double work = 2.0 * (double)kiln_shape_count(y->rank, y->dims) *
+                  (double)kiln_shape_count(w->rank, w->dims) / (double)w->dims[0];
+    if (cc->precision == KILN_PRECISION_INT8 && group == 1 && !sum) {
+        kiln_status st = conv8_compile(&b, cc->in_value[1], work, inst);
+        if (st != KILN_OK || inst->run) return st;
+    }
 
     struct conv_state *s = calloc(1, sizeof *s);
     if (!s) return kiln_node_error(n, KILN_ERR_OUT_OF_MEMORY, "out of memory compiling");
-    int handled;
-    double work = 2.0 * (double)kiln_shape_count(y->rank, y->dims) *
-                  (double)kiln_shape_count(w->rank, w->dims) / (double)w->dims[0];
-    kiln_status st = kd_exec_build(&s->e, kd_work_threads(cc, work), conv_make, &b, &handled);
+    int handled = 0;
+    kiln_status st = KILN_OK;
+    if (cc->precision == KILN_PRECISION_BF16 &&
+        dnnl_memory_desc_get_size(&b.src) / 2 < (size_t)INT32_MAX / 2) { /* int offsets */
+        b.bf16 = 1;
+        st = kd_exec_build(&s->e, kd_work_threads(cc, work), conv_make, &b, &handled);
+        if (st != KILN_OK) {
+            free(s);
+            return st;
+        }
+        if (handled) {
+            s->bf16 = 1;
+            s->src_elems = dnnl_memory_desc_get_size(&b.src) / sizeof(float);
+            s->base = (kd_exec_scratch(&s->e) + 63) / 64 * 64;
+            s->scratch_total = s->base + (s->src_elems * 2 + 63) / 64 * 64;
+            for (int vi = 0; vi < s->e.nv; vi++) /* the bf16 X after oneDNN's scratchpad */
+                for (int k = 0; k < s->e.v[vi].nargs; k++)
+                    if (s->e.v[vi].args[k].src == KD_SRC_SCRATCH_AT)
+                        s->e.v[vi].args[k].index += (int)s->base;
+        }
+        b.bf16 = 0;
+    }
+    if (!handled) st = kd_exec_build(&s->e, kd_work_threads(cc, work), conv_make, &b, &handled);
     if (st != KILN_OK || !handled) {
         free(s);
         return st;
     }
     s->has_sum = b.has_sum;
     s->dst_bytes = dnnl_memory_desc_get_size(&b.dst);
-    inst->name = fused ? "dnnl_fused_conv" : "dnnl_conv";
+    inst->name = s->bf16 ? (fused ? "dnnl_fused_conv_bf16" : "dnnl_conv_bf16")
+                         : (fused ? "dnnl_fused_conv" : "dnnl_conv");
     kd_inst_impl(inst, &s->e);
     inst->state = s;
     inst->run = conv_run;
     inst->destroy = conv_destroy;
-    inst->scratch_bytes = kd_exec_scratch(&s->e);
+    inst->scratch_bytes = s->bf16 ? s->scratch_total : kd_exec_scratch(&s->e);
     inst->packed = 1u << 1; /* every variant runs on the packed weights */
     if (s->has_sum) { /* Y may be written over Sum: the sum post-op then needs no copy */
         inst->inplace = 1;

@@ -5,7 +5,10 @@
  */
 #include "kernels/dnnl/dnnl_common.h"
 
+#include "core/threadpool.h"
+
 #include <float.h>
+#include <math.h>
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -228,6 +231,244 @@ kiln_status kd_pack_weights(const struct kiln_compile_ctx *cc, const kiln_tensor
     return kiln_weight_cache_get(cc->weights, w, tag, pack_run, &arg, packed);
 }
 
+/* ---- int8 weights ---- */
+
+struct pack_s8_arg {
+    const struct kiln_node *node;
+    const kiln_tensor *w;
+    dnnl_memory_desc_t src, dst;
+    int axis;
+};
+
+/* Walk the f32 weights w (described by sm) by logical index, channel = index[ax]: with
+ * plain NULL, set scales[c] = max |w| over channel c; else quantize into plain (same strides). */
+static void s8_walk(const float *w, const dnnl_memory_desc_t *sm, int ax, float *scales,
+                    int8_t *plain)
+{
+    int nd = sm->ndims;
+    int64_t total = 1;
+    for (int i = 0; i < nd; i++) total *= sm->dims[i];
+    const dnnl_dims_t *st = &sm->format_desc.blocking.strides;
+    int64_t idx[DNNL_MAX_NDIMS] = {0};
+    for (int64_t e = 0; e < total; e++) {
+        int64_t off = 0;
+        for (int i = 0; i < nd; i++) off += idx[i] * (*st)[i];
+        float v = w[off];
+        int64_t c = idx[ax];
+        if (!plain) {
+            float a = fabsf(v);
+            if (a > scales[c]) scales[c] = a; /* NaN is skipped */
+        } else {
+            float q = nearbyintf(v / scales[c]);
+            if (!(q >= -127.0f)) q = -127.0f; /* NaN too */
+            if (q > 127.0f) q = 127.0f;
+            plain[off] = (int8_t)q;
+        }
+        for (int i = nd - 1; i >= 0; i--) {
+            if (++idx[i] < sm->dims[i]) break;
+            idx[i] = 0;
+        }
+    }
+}
+
+void kd_channel_scales_s8(const float *w, const dnnl_memory_desc_t *md, int axis, float *scales)
+{
+    int64_t nch = md->dims[axis];
+    for (int64_t c = 0; c < nch; c++) scales[c] = 0.0f;
+    s8_walk(w, md, axis, scales, NULL);
+    for (int64_t c = 0; c < nch; c++)
+        scales[c] = scales[c] > 0.0f && isfinite(scales[c]) ? scales[c] / 127.0f : 1.0f;
+}
+
+/* kiln_pack_fn: per-channel symmetric s8 quantization, then a reorder into dst. */
+static kiln_status pack_s8_run(void *arg, void **packed, size_t *bytes,
+                               void (**free_fn)(void *))
+{
+    struct pack_s8_arg *p = arg;
+    const dnnl_memory_desc_t *sm = &p->src;
+    int ax = p->axis;
+    int64_t nch = sm->dims[ax];
+    size_t sc_bytes = ((size_t)nch * sizeof(float) + 63) / 64 * 64;
+    size_t sz = dnnl_memory_desc_get_size(&p->dst);
+    size_t plain_sz = dnnl_memory_desc_get_size(sm) / sizeof(float);
+    char *buf = aligned_alloc(64, sc_bytes + (sz + 63) / 64 * 64 + 64);
+    int8_t *plain = malloc(plain_sz ? plain_sz : 1);
+    float *scales = (float *)buf;
+    if (!buf || !plain) {
+        free(buf);
+        free(plain);
+        return kiln_node_error(p->node, KILN_ERR_OUT_OF_MEMORY, "out of memory packing weights");
+    }
+    memset(plain, 0, plain_sz ? plain_sz : 1);
+    kd_channel_scales_s8(p->w->data, sm, ax, scales);
+    s8_walk(p->w->data, sm, ax, scales, plain);
+    dnnl_engine_t eng = kd_engine();
+    dnnl_memory_desc_t s8md = *sm;
+    s8md.data_type = dnnl_s8;
+    dnnl_primitive_desc_t pd = NULL;
+    dnnl_primitive_t prim = NULL;
+    dnnl_memory_t ms = NULL, md = NULL;
+    dnnl_stream_t stream = NULL;
+    dnnl_status_t r = dnnl_reorder_primitive_desc_create(&pd, &s8md, eng, &p->dst, eng, NULL);
+    if (r == dnnl_success) r = dnnl_primitive_create(&prim, pd);
+    if (r == dnnl_success) r = dnnl_memory_create(&ms, &s8md, eng, plain);
+    if (r == dnnl_success) r = dnnl_memory_create(&md, &p->dst, eng, buf + sc_bytes);
+    if (r == dnnl_success) r = dnnl_stream_create(&stream, eng, dnnl_stream_default_flags);
+    if (r == dnnl_success) {
+        dnnl_exec_arg_t args[2] = {{DNNL_ARG_FROM, ms}, {DNNL_ARG_TO, md}};
+        r = dnnl_primitive_execute(prim, stream, 2, args);
+        if (r == dnnl_success) r = dnnl_stream_wait(stream);
+    }
+    if (stream) dnnl_stream_destroy(stream);
+    if (md) dnnl_memory_destroy(md);
+    if (ms) dnnl_memory_destroy(ms);
+    if (prim) dnnl_primitive_destroy(prim);
+    if (pd) dnnl_primitive_desc_destroy(pd);
+    free(plain);
+    if (r != dnnl_success) {
+        free(buf);
+        return kd_error(p->node, r, "s8 weight reorder");
+    }
+    *packed = buf;
+    *bytes = sc_bytes + sz;
+    *free_fn = pack_free;
+    return KILN_OK;
+}
+
+kiln_status kd_pack_weights_s8(const struct kiln_compile_ctx *cc, const kiln_tensor *w,
+                               const char *what, const dnnl_memory_desc_t *src_md, int axis,
+                               const dnnl_memory_desc_t *dst_md, void **packed,
+                               size_t *scales_bytes)
+{
+    char tag[1024], what_ax[96];
+    *packed = NULL;
+    *scales_bytes = ((size_t)src_md->dims[axis] * sizeof(float) + 63) / 64 * 64;
+    snprintf(what_ax, sizeof what_ax, "%s_s8_axis%d", what, axis);
+    if (src_md->data_type != dnnl_f32 || !md_tag(what_ax, 1.0f, src_md, dst_md, tag, sizeof tag))
+        return KILN_OK;
+    struct pack_s8_arg arg = {cc->node, w, *src_md, *dst_md, axis};
+    if (!cc->weights)
+        return kiln_node_error(cc->node, KILN_ERR_INTERNAL, "no weight cache to pack into");
+    return kiln_weight_cache_get(cc->weights, w, tag, pack_s8_run, &arg, packed);
+}
+
+#if defined(__GNUC__) && !defined(__clang__)
+#define KD_VECTORIZE __attribute__((optimize("tree-vectorize"))) /* -O2 builds too */
+#else
+#define KD_VECTORIZE
+#endif
+
+/* The per-run activation passes, split over the run's threads (kiln_parallel_for: chunks
+ * of at least `grain`, so chunk k starts in [k * grain, (k + 1) * grain) and owns slot k). */
+#define KD_MAX_CHUNKS 64
+
+struct kd_act_job {
+    const float *a;
+    uint8_t *q;
+    uint16_t *h;
+    int64_t grain;
+    float inv, zf;
+    float lo[KD_MAX_CHUNKS], hi[KD_MAX_CHUNKS];
+};
+
+static int64_t act_grain(int64_t count, int threads)
+{
+    if (threads > KD_MAX_CHUNKS) threads = KD_MAX_CHUNKS;
+    if (threads < 1) threads = 1;
+    int64_t g = (count + threads - 1) / threads;
+    return g < 16384 ? 16384 : g;
+}
+
+static void range_chunk(void *ctx, int64_t begin, int64_t end)
+{
+    struct kd_act_job *j = ctx;
+    float lo = 0.0f, hi = 0.0f;
+    for (int64_t i = begin; i < end; i++) {
+        float v = j->a[i];
+        if (!isfinite(v)) continue;
+        if (v < lo) lo = v;
+        if (v > hi) hi = v;
+    }
+    j->lo[begin / j->grain] = lo;
+    j->hi[begin / j->grain] = hi;
+}
+
+KD_VECTORIZE static void quant_chunk(void *ctx, int64_t begin, int64_t end)
+{
+    struct kd_act_job *j = ctx;
+    const float inv = j->inv, zf = j->zf;
+    /* branch-free so that it vectorizes: NaN -> 0 (then zp); clamping to +-512 first changes
+     * nothing after the final clamp and keeps |v| < 2^22, where adding and subtracting
+     * 1.5 * 2^23 rounds to nearest even exactly as nearbyintf does */
+    for (int64_t i = begin; i < end; i++) {
+        float v = j->a[i] * inv;
+        v = v == v ? v : 0.0f;
+        v = v < -512.0f ? -512.0f : v;
+        v = v > 512.0f ? 512.0f : v;
+        v = (v + 12582912.0f) - 12582912.0f + zf;
+        v = v < 0.0f ? 0.0f : v;
+        v = v > 255.0f ? 255.0f : v;
+        j->q[i] = (uint8_t)(int32_t)v;
+    }
+}
+
+void kd_quantize_u8(const float *a, int64_t count, uint8_t *q, int threads, float *scale_out,
+                    int32_t *zp_out)
+{
+    struct kd_act_job j;
+    memset(&j, 0, sizeof j);
+    j.a = a;
+    j.q = q;
+    j.grain = act_grain(count, threads);
+    kiln_parallel_for(threads, count, j.grain, range_chunk, &j);
+    float lo = 0.0f, hi = 0.0f;
+    for (int k = 0; k < KD_MAX_CHUNKS; k++) {
+        if (j.lo[k] < lo) lo = j.lo[k];
+        if (j.hi[k] > hi) hi = j.hi[k];
+    }
+    float scale = (hi - lo) / 255.0f;
+    if (!(scale > 0.0f) || !isfinite(scale)) scale = 1.0f;
+    float zf = nearbyintf(-lo / scale);
+    int32_t zp = zf < 0.0f ? 0 : zf > 255.0f ? 255 : (int32_t)zf;
+    j.inv = 1.0f / scale;
+    j.zf = (float)zp;
+    kiln_parallel_for(threads, count, j.grain, quant_chunk, &j);
+    *scale_out = scale;
+    *zp_out = zp;
+}
+
+static void bf16_chunk(void *ctx, int64_t begin, int64_t end)
+{
+    struct kd_act_job *j = ctx;
+    for (int64_t i = begin; i < end; i++) j->h[i] = kd_f32_to_bf16(j->a[i]);
+}
+
+void kd_to_bf16(const float *a, int64_t count, uint16_t *h, int threads)
+{
+    struct kd_act_job j;
+    memset(&j, 0, sizeof j);
+    j.a = a;
+    j.h = h;
+    j.grain = act_grain(count, threads);
+    kiln_parallel_for(threads, count, j.grain, bf16_chunk, &j);
+}
+
+int kd_pd_is_ref(const_dnnl_primitive_desc_t pd)
+{
+    const char *impl = NULL;
+    if (dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl) != dnnl_success || !impl)
+        return 0;
+    return strncmp(impl, "ref", 3) == 0;
+}
+
+int kd_pd_int8_exact(const_dnnl_primitive_desc_t pd)
+{
+    const char *impl = NULL;
+    if (dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl) != dnnl_success || !impl)
+        return 0;
+    return strstr(impl, "vnni") != NULL || strstr(impl, "amx") != NULL;
+}
+
 /* ---- variants and the executor ---- */
 
 kiln_status kd_variant_init(const struct kiln_node *n, dnnl_primitive_desc_t pd,
@@ -388,6 +629,7 @@ kiln_status kd_exec_run(struct kd_exec *e, struct kiln_run_ctx *ctx)
         case KD_SRC_OUT: p = ctx->out[a->index]->data; break;
         case KD_SRC_PACKED: p = v->packed; break;
         case KD_SRC_SCRATCH: p = scratch; break;
+        case KD_SRC_SCRATCH_AT: p = (char *)scratch + a->index; break;
         }
         r = dnnl_memory_set_data_handle(b->mem[vi][k], p);
         args[k].arg = a->arg;

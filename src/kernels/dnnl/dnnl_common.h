@@ -21,7 +21,9 @@
 #ifndef KILN_KERNELS_DNNL_COMMON_H
 #define KILN_KERNELS_DNNL_COMMON_H
 
+#include <math.h>
 #include <pthread.h>
+#include <string.h>
 
 #include <oneapi/dnnl/dnnl.h>
 
@@ -34,6 +36,8 @@ enum kd_src {
     KD_SRC_OUT,      /* ctx->out[index]->data */
     KD_SRC_PACKED,   /* the variant's packed weights */
     KD_SRC_SCRATCH,  /* the run's scratch memory */
+    KD_SRC_SCRATCH_AT, /* the run's scratch memory + index bytes (a kernel's own buffers
+                          placed after the primitive's scratchpad) */
 };
 
 struct kd_arg {
@@ -89,6 +93,53 @@ int kd_append_activation(const struct kiln_node *n, dnnl_post_ops_t po);
 kiln_status kd_pack_weights(const struct kiln_compile_ctx *cc, const kiln_tensor *w,
                             const char *what, const dnnl_memory_desc_t *src_md,
                             const dnnl_memory_desc_t *dst_md, float scale, void **packed);
+
+/* Pack constant weights as symmetric s8 with one scale per output channel
+ * (scale = max |w| / 127 over the channel, 1 for an all-zero channel;
+ * q = nearbyint(w / scale) clamped to [-127, 127]): src_md describes the f32
+ * data (blocked, any strides), `axis` its output-channel dim, dst_md the s8
+ * format the primitive wants. *packed receives one buffer from the weight
+ * cache: the channel scales (floats, padded to 64 bytes: *scales_bytes),
+ * then the packed s8 weights. */
+/* The per-channel s8 scales kd_pack_weights_s8 uses, computed alone (for primitive
+ * attributes made before the packing): scales has md->dims[axis] floats. */
+void kd_channel_scales_s8(const float *w, const dnnl_memory_desc_t *md, int axis, float *scales);
+kiln_status kd_pack_weights_s8(const struct kiln_compile_ctx *cc, const kiln_tensor *w,
+                               const char *what, const dnnl_memory_desc_t *src_md, int axis,
+                               const dnnl_memory_desc_t *dst_md, void **packed,
+                               size_t *scales_bytes);
+
+/* Dynamic quantization of an activation (docs/COMPRESSION.md): measure
+ * lo = min(0, min a), hi = max(0, max a) over the finite values, then
+ * scale = (hi - lo) / 255 (1 for an empty range), zp = clamp(nearbyint(-lo /
+ * scale), 0, 255), and with inv = 1 / scale,
+ * q = clamp(nearbyint(a * inv) + zp, 0, 255), NaN -> zp; on up to `threads`
+ * threads of Kiln's pool. */
+void kd_quantize_u8(const float *a, int64_t count, uint8_t *q, int threads, float *scale_out,
+                    int32_t *zp_out);
+/* a rounded to bfloat16 (kd_f32_to_bf16) into h, on up to `threads` threads. */
+void kd_to_bf16(const float *a, int64_t count, uint16_t *h, int threads);
+
+/* f32 -> bfloat16, round to nearest even, NaN kept quiet (kiln_f32_to_bf16, inlined
+ * for the per-run conversion loops). */
+static inline uint16_t kd_f32_to_bf16(float f)
+{
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    if ((x & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((x >> 16) | 0x40);
+    x += 0x7fffu + ((x >> 16) & 1u);
+    return (uint16_t)(x >> 16);
+}
+
+/* Whether oneDNN picked one of its reference implementations for pd ("ref:any",
+ * "ref_int8:any"): correct but far slower than Kiln's fp32 path, so a
+ * low-precision variant declines it and the node runs in fp32. */
+int kd_pd_is_ref(const_dnnl_primitive_desc_t pd);
+/* Whether an int8 pd runs on VNNI or AMX dot products. Without them oneDNN's
+ * int8 kernels pair u8 x s8 products in 16-bit sums (vpmaddubsw) that
+ * saturate at full 8-bit range (the accuracy loss ONNX Runtime's reduce_range
+ * works around), so int8 variants decline anything else and run fp32. */
+int kd_pd_int8_exact(const_dnnl_primitive_desc_t pd);
 
 /* Create the primitive of pd as variant v of e, recording its scratchpad size.
  * Takes ownership of nothing; pd may be destroyed afterwards. */

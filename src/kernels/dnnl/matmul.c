@@ -18,13 +18,41 @@
  * unless the plan puts Y in place over it);
  * the activation is eltwise post-ops. Gemm's beta scales the sum; a
  * broadcast C with beta != 1 stays on the reference.
+ *
+ * Low precision (a plan compiled for KILN_PRECISION_BF16 or INT8, with a
+ * constant B; docs/COMPRESSION.md). bf16: B is packed as bfloat16 (alpha
+ * folded in), A is rounded to bfloat16 (nearest even) into scratch at the
+ * start of each run, and oneDNN multiplies them with fp32 accumulation into
+ * the fp32 Y, bias and post-ops as in fp32. int8 (dynamic quantization): B
+ * is packed as symmetric s8 with one scale per output column
+ * (kd_pack_weights_s8); each run measures A's range (min(0, min A) ..
+ * max(0, max A), finite values only), quantizes A to u8 with
+ *     scale_a = (max - min) / 255 (1 when the range is empty),
+ *     zp = clamp(nearbyint(-min / scale_a), 0, 255),
+ *     q = clamp(nearbyint(a / scale_a) + zp, 0, 255)   (NaN -> zp)
+ * and runs oneDNN's int8 matmul: s32 accumulation of (q - zp) * w, then
+ *     Y = (float(acc) * (scale_w[n] * alpha)) * scale_a + bias + Sum,
+ * then the activation: scale_w * alpha are constant per-column output
+ * scales (oneDNN's brgemm kernels take no run-time per-column scales),
+ * scale_a a binary-mul post-op read at run time, bias a binary-add post-op,
+ * Sum a sum post-op.
+ * A product oneDNN cannot make in the asked precision runs in fp32.
  */
+#include <math.h>
+
 #include "kernels/dnnl/dnnl_common.h"
+
+#define MM_ALIGN64(x) (((x) + 63) / 64 * 64)
 
 struct mm_state {
     struct kd_exec e;
     int sum_index;          /* input copied into Y before the run, or -1 */
     size_t dst_bytes;
+    int prec;               /* KILN_PRECISION_* the node runs in (0 = fp32) */
+    int64_t a_count;        /* elements of A (converted per run) */
+    size_t base;            /* scratch offset of the kernel's own buffers */
+    size_t sa_rel, zp_rel;  /* int8: A's scale and zero point, from base */
+    size_t scratch_total;
 };
 
 struct mm_build {
@@ -33,6 +61,10 @@ struct mm_build {
     int has_bias, b_const;
     float alpha;            /* folded into packed B, or a linear post-op */
     float sum_scale;        /* 0 = no sum post-op */
+    int prec;               /* precision this build tries (0 fp32, 1 bf16, 2 int8) */
+    size_t sa_rel, zp_rel;  /* int8 scratch offsets (relative to the kernel's base) */
+    const float *oscales;   /* int8: scale_w[n] * alpha, the constant output scales */
+    dnnl_memory_desc_t one; /* int8: A's scale as a binary-mul operand (all dims 1) */
 };
 
 static kiln_status mm_make(void *arg, struct kd_variant *v, int threads)
@@ -43,19 +75,34 @@ static kiln_status mm_make(void *arg, struct kd_variant *v, int threads)
     dnnl_post_ops_t po = NULL;
     dnnl_primitive_desc_t pd = NULL;
     kiln_status st = KILN_OK;
-    dnnl_memory_desc_t wany;
+    dnnl_memory_desc_t wany, src = b->src;
     dnnl_status_t r = dnnl_success;
+    dnnl_data_type_t wdt = b->prec == 1 ? dnnl_bf16 : b->prec == 2 ? dnnl_s8 : dnnl_f32;
+    if (b->prec) src.data_type = b->prec == 1 ? dnnl_bf16 : dnnl_u8;
     if (b->b_const)
-        r = dnnl_memory_desc_init_by_tag(&wany, b->wei.ndims, b->wei.dims, dnnl_f32,
+        r = dnnl_memory_desc_init_by_tag(&wany, b->wei.ndims, b->wei.dims, wdt,
                                          dnnl_format_tag_any);
     else
         wany = b->wei;
+    int q8 = b->prec == 2;
     dnnl_matmul_desc_t d;
     if (r == dnnl_success)
-        r = dnnl_matmul_desc_init(&d, &b->src, &wany, b->has_bias ? &b->bias : NULL, &b->dst);
+        r = dnnl_matmul_desc_init(&d, &src, &wany, b->has_bias && !q8 ? &b->bias : NULL, &b->dst);
     if (r == dnnl_success) r = dnnl_primitive_attr_create(&attr);
     if (r == dnnl_success) r = dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user);
+    if (r == dnnl_success && q8) {
+        int nd = b->dst.ndims; /* one constant scale per output column */
+        r = dnnl_primitive_attr_set_output_scales(attr, b->dst.dims[nd - 1], 1 << (nd - 1),
+                                                  b->oscales);
+        if (r == dnnl_success)
+            r = dnnl_primitive_attr_set_zero_points(attr, DNNL_ARG_SRC, 1, 0,
+                                                    &DNNL_RUNTIME_S32_VAL);
+    }
     if (r == dnnl_success) r = dnnl_post_ops_create(&po);
+    if (r == dnnl_success && q8) /* after the output scales: A's scale, then the bias */
+        r = dnnl_post_ops_append_binary(po, dnnl_binary_mul, &b->one);
+    if (r == dnnl_success && q8 && b->has_bias)
+        r = dnnl_post_ops_append_binary(po, dnnl_binary_add, &b->bias);
     if (r == dnnl_success && !b->b_const && b->alpha != 1.0f)
         r = dnnl_post_ops_append_eltwise(po, 1.0f, dnnl_eltwise_linear, b->alpha, 0.0f);
     if (r == dnnl_success && b->sum_scale != 0.0f) r = dnnl_post_ops_append_sum(po, b->sum_scale);
@@ -64,18 +111,45 @@ static kiln_status mm_make(void *arg, struct kd_variant *v, int threads)
     if (r == dnnl_success) r = dnnl_primitive_attr_set_post_ops(attr, po);
     if (r == dnnl_success) r = dnnl_primitive_desc_create(&pd, &d, attr, kd_engine(), NULL);
     if (r != dnnl_success) goto out; /* the reference runs it */
+    if (b->prec && kd_pd_is_ref(pd)) goto out; /* fp32 is faster than oneDNN's reference */
+    if (q8 && !kd_pd_int8_exact(pd)) goto out; /* no VNNI: 16-bit sums could saturate */
     const dnnl_memory_desc_t *wmd = dnnl_primitive_desc_query_md(pd, dnnl_query_weights_md, 0);
-    if (b->b_const) {
-        st = kd_pack_weights(b->cc, b->cc->in_value[1], "matmul", &b->wei, wmd, b->alpha,
-                             &v->packed);
+    if (b->b_const && q8) {
+        size_t sc_bytes = 0;
+        void *base = NULL;
+        st = kd_pack_weights_s8(b->cc, b->cc->in_value[1], "matmul", &b->wei, b->wei.ndims - 1,
+                                wmd, &base, &sc_bytes);
+        if (st != KILN_OK || !base) goto out;
+        v->packed = (char *)base + sc_bytes;
+    } else if (b->b_const) {
+        st = kd_pack_weights(b->cc, b->cc->in_value[1], b->prec == 1 ? "matmul_bf16" : "matmul",
+                             &b->wei, wmd, b->alpha, &v->packed);
         if (st != KILN_OK || !v->packed) goto out;
     }
     st = kd_variant_init(n, pd, v);
     if (st != KILN_OK) goto out;
-    kd_variant_arg(v, DNNL_ARG_SRC, KD_SRC_IN, 0, &b->src);
+    if (b->prec) /* A converted into the kernel's scratch (offsets from base, fixed after the build) */
+        kd_variant_arg(v, DNNL_ARG_SRC, KD_SRC_SCRATCH_AT, 0, &src);
+    else
+        kd_variant_arg(v, DNNL_ARG_SRC, KD_SRC_IN, 0, &b->src);
     kd_variant_arg(v, DNNL_ARG_WEIGHTS, b->b_const ? KD_SRC_PACKED : KD_SRC_IN, 1, wmd);
-    if (b->has_bias) kd_variant_arg(v, DNNL_ARG_BIAS, KD_SRC_IN, 2, &b->bias);
+    if (b->has_bias)
+        kd_variant_arg(v, q8 ? DNNL_ARG_ATTR_MULTIPLE_POST_OP(1) | DNNL_ARG_SRC_1 : DNNL_ARG_BIAS,
+                       KD_SRC_IN, 2, &b->bias);
     kd_variant_arg(v, DNNL_ARG_DST, KD_SRC_OUT, 0, &b->dst);
+    if (q8) {
+        dnnl_memory_desc_t zmd;
+        dnnl_dims_t one = {1};
+        if (dnnl_memory_desc_init_by_tag(&zmd, 1, one, dnnl_s32, dnnl_a) != dnnl_success) {
+            dnnl_primitive_destroy(v->prim);
+            memset(v, 0, sizeof *v);
+            goto out;
+        }
+        kd_variant_arg(v, DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1, KD_SRC_SCRATCH_AT,
+                       (int)b->sa_rel, &b->one);
+        kd_variant_arg(v, DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_SRC, KD_SRC_SCRATCH_AT,
+                       (int)b->zp_rel, &zmd);
+    }
 out:
     (void)threads;
     if (pd) dnnl_primitive_desc_destroy(pd);
@@ -87,9 +161,32 @@ out:
 static kiln_status mm_run(void *state, struct kiln_run_ctx *ctx)
 {
     struct mm_state *s = state;
+    struct kiln_run_ctx c2 = *ctx;
+    void *heap = NULL;
+    if (s->prec) {
+        if (!c2.scratch) { /* callers without a plan arena */
+            heap = c2.scratch = aligned_alloc(64, s->scratch_total);
+            if (!heap)
+                return kiln_node_error(ctx->node, KILN_ERR_OUT_OF_MEMORY, "out of memory for scratch");
+        }
+        char *base = (char *)c2.scratch + s->base;
+        const float *a = ctx->in[0]->data;
+        if (s->prec == 1) {
+            uint16_t *h = (uint16_t *)base;
+            kd_to_bf16(a, s->a_count, h, ctx->threads);
+        } else {
+            float sa;
+            int32_t zp;
+            kd_quantize_u8(a, s->a_count, (uint8_t *)base, ctx->threads, &sa, &zp);
+            memcpy(base + s->sa_rel, &sa, sizeof sa);
+            memcpy(base + s->zp_rel, &zp, sizeof zp);
+        }
+    }
     if (s->sum_index >= 0 && ctx->in[s->sum_index]->data != ctx->out[0]->data)
         memcpy(ctx->out[0]->data, ctx->in[s->sum_index]->data, s->dst_bytes);
-    return kd_exec_run(&s->e, ctx);
+    kiln_status st = kd_exec_run(&s->e, &c2);
+    free(heap);
+    return st;
 }
 
 static void mm_destroy(void *state)
@@ -247,9 +344,64 @@ static kiln_status mm_compile(const struct kiln_compile_ctx *cc, struct kiln_ker
 
     struct mm_state *s = calloc(1, sizeof *s);
     if (!s) return kiln_node_error(n, KILN_ERR_OUT_OF_MEMORY, "out of memory compiling");
-    int handled;
+    int handled = 0;
     double work = 2.0 * (double)kiln_shape_count(R, yd) * (double)(ta ? ad[R - 2] : ad[R - 1]);
-    kiln_status st = kd_exec_build(&s->e, kd_work_threads(cc, work), mm_make, &b, &handled);
+    kiln_status st = KILN_OK;
+    /* low precision first when asked (constant B only; int8: B one matrix), else fp32 */
+    int64_t a_count = kiln_shape_count(a->rank, a->dims), ncols = yd[R - 1];
+    int prec = cc->precision == 1 || cc->precision == 2 ? cc->precision : 0;
+    if (prec && (!b.b_const || (prec == 2 && !b_single))) prec = 0;
+    if ((uint64_t)a_count * 2 > (uint64_t)INT32_MAX / 2) prec = 0; /* scratch offsets are ints */
+    float *oscales = NULL;
+    if (prec == 2) { /* the constant output scales: scale_w[n] * alpha */
+        dnnl_dims_t ones = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
+        oscales = malloc(sizeof(float) * (size_t)ncols);
+        if (!oscales) {
+            free(s);
+            return kiln_node_error(n, KILN_ERR_OUT_OF_MEMORY, "out of memory compiling");
+        }
+        /* B may be a reloadable weight released by an earlier plan: make it resident first */
+        st = cc->weights ? kiln_weight_cache_acquire(cc->weights, cc->in_value[1], 0) : KILN_OK;
+        if (st != KILN_OK || !cc->in_value[1]->data) {
+            free(oscales);
+            free(s);
+            return st;
+        }
+        kd_channel_scales_s8(cc->in_value[1]->data, &b.wei, b.wei.ndims - 1, oscales);
+        for (int64_t j = 0; j < ncols; j++) oscales[j] *= alpha;
+        b.oscales = oscales;
+        if (dnnl_memory_desc_init_by_strides(&b.one, b.dst.ndims, ones, dnnl_f32, NULL) !=
+            dnnl_success)
+            prec = 0;
+    }
+    if (prec) {
+        size_t conv = MM_ALIGN64((size_t)a_count * (prec == 1 ? 2u : 1u));
+        b.prec = prec;
+        b.sa_rel = conv;
+        b.zp_rel = conv + 64;
+        st = kd_exec_build(&s->e, kd_work_threads(cc, work), mm_make, &b, &handled);
+        if (st != KILN_OK) {
+            free(oscales);
+            free(s);
+            return st;
+        }
+        if (handled) {
+            s->prec = prec;
+            s->a_count = a_count;
+            s->sa_rel = b.sa_rel;
+            s->zp_rel = b.zp_rel;
+            s->base = MM_ALIGN64(kd_exec_scratch(&s->e));
+            s->scratch_total = s->base + (prec == 2 ? b.zp_rel + 64 : conv);
+            for (int vi = 0; vi < s->e.nv; vi++) /* place the kernel's buffers after oneDNN's */
+                for (int k = 0; k < s->e.v[vi].nargs; k++)
+                    if (s->e.v[vi].args[k].src == KD_SRC_SCRATCH_AT)
+                        s->e.v[vi].args[k].index += (int)s->base;
+        }
+        b.prec = 0;
+    }
+    free(oscales);
+    b.oscales = NULL;
+    if (!handled) st = kd_exec_build(&s->e, kd_work_threads(cc, work), mm_make, &b, &handled);
     if (st != KILN_OK || !handled) {
         free(s);
         return st;
@@ -257,13 +409,15 @@ static kiln_status mm_compile(const struct kiln_compile_ctx *cc, struct kiln_ker
     s->sum_index = sum_index;
     s->dst_bytes = (size_t)kiln_shape_count(R, yd) * sizeof(float);
     kd_inst_impl(inst, &s->e);
-    inst->name = op == KILN_OP_MatMul ? "dnnl_matmul"
-                 : op == KILN_OP_Gemm ? "dnnl_gemm"
-                                      : "dnnl_fused_matmul";
+    static const char *const names[3][3] = {
+        {"dnnl_matmul", "dnnl_gemm", "dnnl_fused_matmul"},
+        {"dnnl_matmul_bf16", "dnnl_gemm_bf16", "dnnl_fused_matmul_bf16"},
+        {"dnnl_matmul_int8", "dnnl_gemm_int8", "dnnl_fused_matmul_int8"}};
+    inst->name = names[s->prec][op == KILN_OP_MatMul ? 0 : op == KILN_OP_Gemm ? 1 : 2];
     inst->state = s;
     inst->run = mm_run;
     inst->destroy = mm_destroy;
-    inst->scratch_bytes = kd_exec_scratch(&s->e);
+    inst->scratch_bytes = s->prec ? s->scratch_total : kd_exec_scratch(&s->e);
     if (b.b_const) inst->packed = 1u << 1; /* B runs packed in every variant */
     if (sum_index >= 0) { /* Y may be written over the summed input: no copy before the run */
         inst->inplace = 1;
