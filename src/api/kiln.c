@@ -261,7 +261,7 @@ kiln_status kiln_model_load(const char *path, const kiln_load_options *opts, kil
         st = kiln_error(KILN_ERR_INVALID_ARGUMENT, "a SavedModel is a folder; '%s' is a file", path);
     } else {
         if (fmt == KILN_FORMAT_TFLITE ||
-            (fmt == KILN_FORMAT_AUTO && !has_suffix(path, ".onnx") && file_is_tflite(path)))
+            (fmt == KILN_FORMAT_AUTO && (has_suffix(path, ".tflite") || file_is_tflite(path))))
             st = load_tflite_file(path, m);
         else
             st = load_onnx_file(path, m);
