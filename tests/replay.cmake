@@ -68,3 +68,12 @@ add_test(NAME fuzz_replay_savedmodel
   COMMAND kiln_fuzz_replay_savedmodel ${PROJECT_SOURCE_DIR}/tests/corpus/savedmodel)
 set_tests_properties(fuzz_replay_savedmodel PROPERTIES TIMEOUT 300
   ENVIRONMENT "ASAN_OPTIONS=detect_leaks=1:abort_on_error=0;UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1")
+
+# The TFLite importer (FlatBuffer reader, model reader, lowering, quantized kernels).
+add_executable(kiln_fuzz_replay_tflite
+  ${PROJECT_SOURCE_DIR}/fuzz/replay_main.c ${PROJECT_SOURCE_DIR}/fuzz/fuzz_tflite.c)
+target_link_libraries(kiln_fuzz_replay_tflite PRIVATE kiln)
+add_test(NAME fuzz_replay_tflite
+  COMMAND kiln_fuzz_replay_tflite ${PROJECT_SOURCE_DIR}/tests/corpus/tflite)
+set_tests_properties(fuzz_replay_tflite PROPERTIES TIMEOUT 300
+  ENVIRONMENT "ASAN_OPTIONS=detect_leaks=1:abort_on_error=0;UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1")
