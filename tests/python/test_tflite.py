@@ -433,3 +433,201 @@ def test_malformed_copies(tmp_path):
         assert "Sanitizer" not in r.stderr and r.returncode in (0, 1), (i, r.returncode, r.stderr)
         if r.returncode:
             assert r.stderr.startswith("kiln: "), r.stderr
+
+
+# ------------------------------------------------ one-op models written here
+
+import sys  # noqa: E402
+
+sys.path.insert(0, str(ROOT / "tools"))
+import make_tflite_corpus as mk  # noqa: E402
+
+
+def run_model(m, inputs, tmp):
+    p = pathlib.Path(tmp) / "m.tflite"
+    p.write_bytes(m.bytes())
+    return predict(p, inputs, tmp)
+
+
+def pad_amounts(size, k, stride, same, dil=1):
+    eff = (k - 1) * dil + 1
+    out = (size + stride - 1) // stride if same else (size - eff + stride) // stride
+    return out, max(0, ((out - 1) * stride + eff - size) // 2)
+
+
+def conv_ref(x, w, b, stride, same, depthwise=False):
+    """NHWC float convolution as TFLite defines it; w is OHWI (or 1HWC)."""
+    n, h, wd, c = x.shape
+    kh, kw = w.shape[1], w.shape[2]
+    co = w.shape[3] if depthwise else w.shape[0]
+    oh, ph = pad_amounts(h, kh, stride, same)
+    ow, pw = pad_amounts(wd, kw, stride, same)
+    y = np.zeros((n, oh, ow, co), np.float64)
+    for oy in range(oh):
+        for ox in range(ow):
+            for fy in range(kh):
+                for fx in range(kw):
+                    iy, ix = oy * stride - ph + fy, ox * stride - pw + fx
+                    if 0 <= iy < h and 0 <= ix < wd:
+                        if depthwise:
+                            y[:, oy, ox, :] += np.repeat(x[:, iy, ix, :], co // c, axis=-1) * \
+                                w[0, fy, fx, :]
+                        else:
+                            y[:, oy, ox, :] += x[:, iy, ix, :] @ w[:, fy, fx, :].T
+    return y + (b if b is not None else 0)
+
+
+def test_conv_pool_float(tmp_path):
+    """CONV_2D (SAME, stride 2, RELU6) then MAX_POOL_2D (VALID)."""
+    m = mk.Model()
+    rng = np.random.default_rng(5)
+    x = m.add([1, 5, 5, 2], name="x")
+    w = rng.standard_normal((3, 3, 3, 2)).astype(np.float32)
+    b = rng.standard_normal(3).astype(np.float32)
+    wi, bi = m.const(w), m.const(b)
+    y = m.add([1, 3, 3, 3], name="y")
+    m.op("CONV_2D", [x, wi, bi], [y], [("i8", 0), ("i32", 2), ("i32", 2), ("i8", 3)])
+    p = m.add([1, 1, 1, 3], name="p")
+    m.op("MAX_POOL_2D", [y], [p], [("i8", 1), ("i32", 2), ("i32", 2), ("i32", 2), ("i32", 2)])
+    m.inputs, m.outputs = [x], [y, p]
+    xv = rng.standard_normal((1, 5, 5, 2)).astype(np.float32) * 2
+    got = run_model(m, {"x": xv}, tmp_path)
+    want = np.clip(conv_ref(xv, w, b, 2, True), 0, 6)
+    np.testing.assert_allclose(got["y"], want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(got["p"], want[:, :2, :2, :].max(axis=(1, 2), keepdims=True),
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_depthwise_and_avgpool_float(tmp_path):
+    """DEPTHWISE_CONV_2D with multiplier 2 (SAME), AVERAGE_POOL_2D SAME (padding not counted)."""
+    m = mk.Model()
+    rng = np.random.default_rng(6)
+    x = m.add([1, 4, 5, 2], name="x")
+    w = rng.standard_normal((1, 3, 3, 4)).astype(np.float32)
+    y = m.add([1, 4, 5, 4], name="y")
+    m.op("DEPTHWISE_CONV_2D", [x, m.const(w), -1], [y],
+         [("i8", 0), ("i32", 1), ("i32", 1), ("i32", 2)])
+    p = m.add([1, 2, 3, 4], name="p")
+    m.op("AVERAGE_POOL_2D", [y], [p], [("i8", 0), ("i32", 2), ("i32", 2), ("i32", 2), ("i32", 2)])
+    m.inputs, m.outputs = [x], [y, p]
+    xv = rng.standard_normal((1, 4, 5, 2)).astype(np.float32)
+    got = run_model(m, {"x": xv}, tmp_path)
+    want = conv_ref(xv, w, None, 1, True, depthwise=True)
+    np.testing.assert_allclose(got["y"], want, rtol=1e-5, atol=1e-5)
+    pool = np.zeros((1, 2, 3, 4))
+    for oy in range(2):
+        for ox in range(3):  # 5 wide, SAME stride 2: out 3, pad 0 before, 1 after
+            pool[0, oy, ox] = want[0, 2 * oy:2 * oy + 2, 2 * ox:2 * ox + 2].mean(axis=(0, 1))
+    np.testing.assert_allclose(got["p"], pool, rtol=1e-5, atol=1e-5)
+
+
+def test_fc_softmax_and_elementwise(tmp_path):
+    m = mk.Model()
+    rng = np.random.default_rng(8)
+    x = m.add([2, 3], name="x", signature=[-1, 3])
+    w = rng.standard_normal((4, 3)).astype(np.float32)
+    b = rng.standard_normal(4).astype(np.float32)
+    h = m.add([2, 4], name="h")
+    m.op("FULLY_CONNECTED", [x, m.const(w), m.const(b)], [h], [("i8", 1)])
+    sm = m.add([2, 4], name="sm")
+    m.op("SOFTMAX", [h], [sm], [("f32", 0.5)])
+    cv = np.array([1.5, -2.0, 3.0, 0.25], np.float32)
+    c = m.const(cv)
+    outs = {}
+    for name in ["SUB", "DIV", "MUL"]:
+        t = m.add([2, 4], name=name.lower())
+        m.op(name, [h, c], [t], [("i8", 0)])
+        outs[name.lower()] = t
+    for name in ["LOGISTIC", "TANH", "RELU", "RELU6"]:
+        t = m.add([2, 4], name=name.lower())
+        m.op(name, [outs["sub"]], [t])
+        outs[name.lower()] = t
+    cat = m.add([2, 8], name="cat")
+    m.op("CONCATENATION", [outs["sub"], outs["div"]], [cat], [("i32", -1), ("i8", 0)])
+    r = m.add([4, 4], name="r")
+    m.op("RESHAPE", [cat, m.const(np.array([-1, 4], np.int32))], [r], [])
+    m.inputs, m.outputs = [x], [sm, cat, r] + list(outs.values())
+    xv = rng.standard_normal((3, 3)).astype(np.float32)  # a batch of 3 through the free dim
+    got = run_model(m, {"x": xv}, tmp_path)
+    hv = np.maximum(xv @ w.T + b, 0)
+    e = np.exp(0.5 * (hv - hv.max(axis=1, keepdims=True)))
+    np.testing.assert_allclose(got["sm"], e / e.sum(axis=1, keepdims=True), rtol=1e-5, atol=1e-6)
+    sub, div = hv - cv, hv / cv
+    np.testing.assert_allclose(got["sub"], sub, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got["div"], div, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got["mul"], hv * cv, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got["logistic"], 1 / (1 + np.exp(-sub)), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got["tanh"], np.tanh(sub), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got["relu"], np.maximum(sub, 0), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got["relu6"], np.clip(sub, 0, 6), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got["cat"], np.concatenate([sub, div], axis=1), rtol=1e-5)
+    np.testing.assert_allclose(got["r"], np.concatenate([sub, div], axis=1).reshape(-1, 4),
+                               rtol=1e-5)
+
+
+def test_shape_ops(tmp_path):
+    """PAD, TRANSPOSE, MEAN, STRIDED_SLICE (masks, negative stride, shrink), SQUEEZE."""
+    m = mk.Model()
+    x = m.add([2, 3, 4], name="x")
+    pads = m.const(np.array([[0, 0], [1, 0], [0, 2]], np.int32))
+    p = m.add([2, 4, 6], name="p")
+    m.op("PAD", [x, pads], [p], [])
+    t = m.add([6, 2, 4], name="t")
+    m.op("TRANSPOSE", [p, m.const(np.array([2, 0, 1], np.int32))], [t], [])
+    mn = m.add([6, 1, 4], name="mn")
+    m.op("MEAN", [t, m.const(np.array([1], np.int32))], [mn], [("u8", 1)])
+    sq = m.add([6, 4], name="sq")
+    m.op("SQUEEZE", [mn], [sq], [("vi32", [1])])
+    s = m.add([2, 1], name="s")
+    bg, en, st = (m.const(np.array(v, np.int32)) for v in ([1, 3], [5, 0], [2, -1]))
+    m.op("STRIDED_SLICE", [sq, bg, en, st], [s], [("i32", 0), ("i32", 2)])
+    k = m.add([4], name="k")
+    bg, en, st = (m.const(np.array(v, np.int32)) for v in ([-1, 0], [0, 0], [1, 1]))
+    m.op("STRIDED_SLICE", [sq, bg, en, st], [k], [("i32", 0), ("i32", 2), ("i32", 0), ("i32", 0),
+                                                  ("i32", 1)])
+    m.inputs, m.outputs = [x], [p, t, sq, s, k]
+    xv = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
+    got = run_model(m, {"x": xv}, tmp_path)
+    pv = np.pad(xv, [(0, 0), (1, 0), (0, 2)])
+    tv = pv.transpose(2, 0, 1)
+    sqv = tv.mean(axis=1)
+    np.testing.assert_array_equal(got["p"], pv)
+    np.testing.assert_array_equal(got["t"], tv)
+    np.testing.assert_allclose(got["sq"], sqv, rtol=1e-6)
+    np.testing.assert_allclose(got["s"], sqv[1:5:2, 3::-1],
+                               rtol=1e-6)
+    np.testing.assert_allclose(got["k"], sqv[-1, :], rtol=1e-6)
+
+
+def test_quantize_fc_dequantize_bit_exact(tmp_path):
+    m = mk.Model()
+    rng = np.random.default_rng(9)
+    x = m.add([1, 6], name="x", signature=[-1, 6])
+    qx = m.add([1, 6], mk.I8, "qx", quant=([0.02], [1], 0))
+    m.op("QUANTIZE", [x], [qx])
+    w = rng.integers(-127, 128, (3, 6), dtype=np.int8)
+    bias = np.array([300, -200, 0], np.int32)
+    y = m.add([1, 3], mk.I8, "y", quant=([0.05], [4], 0))
+    m.op("FULLY_CONNECTED", [qx, m.const(w, quant=([0.01], [0], 0)),
+                             m.const(bias, quant=([0.0002], [0], 0))], [y], [("i8", 1)])
+    z = m.add([1, 3], name="z")
+    m.op("DEQUANTIZE", [y], [z])
+    m.inputs, m.outputs = [x], [qx, y, z]
+    xv = rng.uniform(-3, 3, (16, 6)).astype(np.float32)
+    got = run_model(m, {"x": xv}, tmp_path)
+    q = np.clip(round_half_away(xv / np.float32(0.02)) + 1, -128, 127)
+    np.testing.assert_array_equal(got["qx"], q.astype(np.int8))
+    want = fc_ref(q, w, bias, np.float32(0.02), 1, np.float32(0.01), np.float32(0.05), 4, lo=4)
+    np.testing.assert_array_equal(got["y"], want.astype(np.int8))
+    np.testing.assert_array_equal(got["z"], ((want - 4) * np.float32(0.05)).astype(np.float32))
+
+
+def test_generated_signature(tmp_path):
+    p = tmp_path / "add_sig.tflite"
+    p.write_bytes(mk.corpus()["add_sig.tflite"])
+    r = kiln("inspect", p)
+    assert r.returncode == 0, r.stderr
+    assert "x1: float32[?,4]" in r.stdout and "out: float32[?,4]" in r.stdout
+    a, b = np.ones((3, 4), np.float32), np.full((3, 4), -2.5, np.float32)
+    got = predict(p, {"x1": a, "x2": b}, tmp_path)["out"]
+    np.testing.assert_array_equal(got, np.maximum(a + b, 0))
