@@ -631,3 +631,53 @@ def test_generated_signature(tmp_path):
     a, b = np.ones((3, 4), np.float32), np.full((3, 4), -2.5, np.float32)
     got = predict(p, {"x1": a, "x2": b}, tmp_path)["out"]
     np.testing.assert_array_equal(got, np.maximum(a + b, 0))
+
+
+# ---------------------------------------------------------------- kiln serve
+
+SM_HALF_PLUS_THREE = (TESTDATA / "savedmodels/serving/tensorflow_serving/servables/tensorflow/"
+                      "testdata/saved_model_half_plus_three/00000123")
+
+
+def serve_predict(srv, name, x):
+    code, body = srv.json("POST", f"/v1/models/{name}:predict", {"instances": x})
+    assert code == 200, body
+    return body["predictions"]
+
+
+def test_serve_tflite_version(tmp_path):
+    from test_serve import Server
+    base = tmp_path / "hp"
+    (base / "1").mkdir(parents=True)
+    shutil.copy(SERVING / "saved_model_half_plus_two_tflite/00000123/model.tflite", base / "1")
+    srv = Server(base, "hp")
+    try:
+        assert serve_predict(srv, "hp", [[1.0]]) == [[2.5]]
+        code, meta = srv.json("GET", "/v1/models/hp/metadata")
+        assert code == 200
+        sig = meta["metadata"]["signature_def"]["signature_def"]["serving_default"]
+        assert list(sig["inputs"]) == ["x"] and list(sig["outputs"]) == ["y"]
+    finally:
+        srv.kill()
+
+
+@pytest.mark.skipif(not SM_HALF_PLUS_THREE.is_dir(), reason="shared SavedModel half_plus_three absent")
+def test_serve_prefer_tflite_model(tmp_path):
+    """A version holding both a SavedModel (x/2 + 3) and model.tflite (x/2 + 2):
+    the SavedModel unless --prefer_tflite_model, as in TF Serving."""
+    from test_serve import Server
+    base = tmp_path / "both"
+    shutil.copytree(SM_HALF_PLUS_THREE, base / "1")
+    shutil.copy(SERVING / "saved_model_half_plus_two_tflite/00000123/model.tflite", base / "1")
+    for extra, want in [((), 3.5), (("--prefer_tflite_model=true",), 2.5),
+                        (("--prefer_tflite_model",), 2.5),
+                        (("--prefer_tflite_model=false",), 3.5)]:
+        srv = Server(base, "both", *extra)
+        try:
+            got = serve_predict(srv, "both", [[1.0]] if want == 2.5 else [1.0])
+            assert np.ravel(got).tolist() == [want], (extra, got)
+            if extra:
+                assert f"--prefer_tflite_model={'true' if want == 2.5 else 'false'}" in \
+                    srv.logtext()
+        finally:
+            srv.kill()
