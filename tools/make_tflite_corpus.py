@@ -26,7 +26,7 @@ OPS = {"ADD": (0, 11), "AVERAGE_POOL_2D": (1, 5), "CONCATENATION": (2, 10), "CON
        "RELU6": (21, 0), "RESHAPE": (22, 17), "SOFTMAX": (25, 9), "TANH": (28, 0),
        "CUSTOM": (32, 0), "PAD": (34, 22), "TRANSPOSE": (39, 26), "MEAN": (40, 27),
        "SUB": (41, 28), "DIV": (42, 29), "SQUEEZE": (43, 30), "STRIDED_SLICE": (45, 32),
-       "QUANTIZE": (114, 0)}
+       "QUANTIZE": (114, 0), "LSTM": (16, 14), "UNIDIRECTIONAL_SEQUENCE_LSTM": (44, 71)}
 
 
 class Builder:
@@ -182,6 +182,42 @@ def unary(op, shape=(2, 3), opts=None):
     return m
 
 
+def lstm_model(batch, seq, nin, hidden, time_major=False, peephole=False, seed=0):
+    """A float UNIDIRECTIONAL_SEQUENCE_LSTM (TANH, no CIFG, projection or layer
+    norm); returns the model and its weights {name: array} in TFLite's
+    order: w_i, w_f, w_c, w_o, r_i, r_f, r_c, r_o, p_i, p_f, p_o, b_i, b_f, b_c, b_o."""
+    rng = np.random.default_rng(seed)
+    m = Model()
+    shape = [seq, batch, nin] if time_major else [batch, seq, nin]
+    x = m.add(shape, name="x")
+    wts = {}
+    ins = [x]
+    for g in "ifco":
+        wts["w_" + g] = (rng.standard_normal((hidden, nin)) * 0.5).astype(np.float32)
+    for g in "ifco":
+        wts["r_" + g] = (rng.standard_normal((hidden, hidden)) * 0.5).astype(np.float32)
+    for g in "ifco":
+        wts["b_" + g] = (rng.standard_normal(hidden) * 0.5).astype(np.float32)
+    for g in "ifo":
+        wts["p_" + g] = (rng.standard_normal(hidden) * 0.5).astype(np.float32) if peephole else None
+    ins += [m.const(wts["w_" + g]) for g in "ifco"]
+    ins += [m.const(wts["r_" + g]) for g in "ifco"]
+    ins += [m.const(wts["p_" + g]) if peephole else -1 for g in "ifo"]
+    ins += [m.const(wts["b_" + g]) for g in "ifco"]
+    ins += [-1, -1]  # projection
+    h0 = m.add([batch, hidden], name="h_state")
+    c0 = m.add([batch, hidden], name="c_state")
+    m.tensors[h0][5] = ("u8", 1)  # is_variable
+    m.tensors[c0][5] = ("u8", 1)
+    ins += [h0, c0]
+    out_shape = [seq, batch, hidden] if time_major else [batch, seq, hidden]
+    y = m.add(out_shape, name="y")
+    m.op("UNIDIRECTIONAL_SEQUENCE_LSTM", ins, [y],
+         [("i8", 4), ("f32", 0.0), ("f32", 0.0), ("u8", 1 if time_major else 0)])
+    m.inputs, m.outputs = [x], [y]
+    return m, wts
+
+
 def corpus():
     """{file name: bytes} of the seed corpus."""
     out = {}
@@ -271,6 +307,8 @@ def corpus():
     m.op("STRIDED_SLICE", [mn, bg, en, st], [s], [("i32", 0), ("i32", 2)])
     m.inputs, m.outputs = [x], [s]
     out["shape_ops.tflite"] = m.bytes()
+
+    out["seq_lstm.tflite"] = lstm_model(2, 3, 4, 5, peephole=True)[0].bytes()
 
     m = unary("CUSTOM")
     m.codes = [(32, "MyCustomOp")]

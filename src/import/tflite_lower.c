@@ -35,7 +35,7 @@ enum {
     OPT_CONV2D = 1, OPT_DEPTHWISE = 2, OPT_POOL2D = 5, OPT_SVDF = 6, OPT_FC = 8, OPT_SOFTMAX = 9,
     OPT_CONCAT = 10, OPT_ADD = 11, OPT_LSTM = 14, OPT_RESHAPE = 17, OPT_MUL = 21, OPT_PAD = 22,
     OPT_TRANSPOSE = 26, OPT_REDUCER = 27, OPT_SUB = 28, OPT_DIV = 29, OPT_SQUEEZE = 30,
-    OPT_STRIDED_SLICE = 32,
+    OPT_STRIDED_SLICE = 32, OPT_SEQ_LSTM = 71,
 };
 /* ActivationFunctionType */
 enum { ACT_NONE = 0, ACT_RELU = 1, ACT_RELU_N1_TO_1 = 2, ACT_RELU6 = 3, ACT_TANH = 4 };
@@ -1102,6 +1102,136 @@ static kiln_status lower_dequantize(struct lw *L)
     return bind(L, 0, y);
 }
 
+/* Concatenate the 2-D (or 1-D) float constants of inputs idx[0..3] along
+ * dim 0 into one tensor with a leading 1: ONNX's [1, 4 * hidden, ...]. */
+static kiln_status concat_gates(struct lw *L, const int *idx, int64_t rows, int64_t cols,
+                                const char *what, int *out)
+{
+    int64_t dims[3] = {1, 4 * rows, cols};
+    kiln_tensor *t;
+    TRY(kiln_tensor_new(KILN_DTYPE_F32, cols ? 3 : 2, dims, &t));
+    float *dst = t->data;
+    for (int g = 0; g < 4; g++) {
+        const struct tfl_tensor *tt = tin(L, idx[g]);
+        int64_t want = rows * (cols ? cols : 1);
+        if (!tt || tt->dtype != KILN_DTYPE_F32 || !tbuf(L, tt) || elems(tt) != want ||
+            tt->rank != (cols ? 2 : 1)) {
+            kiln_tensor_free(t);
+            return lerr(L, KILN_ERR_UNSUPPORTED, "%s (input %d) must be a float32 constant of "
+                        "%lld elements", what, idx[g], (long long)want);
+        }
+        memcpy(dst + g * want, tbuf(L, tt)->data, sizeof(float) * (size_t)want);
+    }
+    return add_const(L, L->name, t, out);
+}
+
+/* LSTM (one step) and UNIDIRECTIONAL_SEQUENCE_LSTM without CIFG, projection
+ * or layer normalization: Kiln's LSTM op (ONNX's), gates reordered from
+ * TFLite's i, f, c, o inputs to ONNX's i, o, f, c; the state tensors start
+ * at zero on every run (TFLite keeps them between invocations). */
+static kiln_status lower_lstm(struct lw *L, bool sequence)
+{
+    const struct kiln_fb_table *o;
+    TRY(options(L, sequence ? OPT_SEQ_LSTM : 14, &o));
+    int8_t act;
+    float cell_clip = 0, proj_clip = 0;
+    TRY(opt_i8(o, 0, "fused_activation_function", ACT_NONE, &act));
+    if (o) TRY(kiln_fb_f32(o, 1, "cell_clip", 0, &cell_clip));
+    if (o) TRY(kiln_fb_f32(o, 2, "proj_clip", 0, &proj_clip));
+    int8_t time_major = 0, kernel_type = 0;
+    if (sequence) TRY(opt_i8(o, 3, "time_major", 0, &time_major));
+    else TRY(opt_i8(o, 3, "kernel_type", 0, &kernel_type));
+    const struct tfl_tensor *tx = tin(L, 0);
+    if (kernel_type != 0)
+        return lerr(L, KILN_ERR_UNSUPPORTED, "the BASIC LSTM kernel is not supported");
+    if (act != ACT_TANH)
+        return lerr(L, KILN_ERR_UNSUPPORTED, "fused activation %d (Kiln supports TANH)", act);
+    if (cell_clip != 0 || proj_clip != 0)
+        return lerr(L, KILN_ERR_UNSUPPORTED, "cell_clip %g / proj_clip %g are not supported",
+                    (double)cell_clip, (double)proj_clip);
+    if (L->op->n_in < 20 || !tx || tx->dtype != KILN_DTYPE_F32 || tx->rank != (sequence ? 3 : 2))
+        return lerr(L, KILN_ERR_UNSUPPORTED, "a float32 LSTM with 20 or more inputs and an input "
+                    "of rank %d is expected", sequence ? 3 : 2);
+    if (!tin(L, 1) || !tin(L, 5))
+        return lerr(L, KILN_ERR_UNSUPPORTED, "CIFG (no input gate) is not supported");
+    if (tin(L, 16) || tin(L, 17))
+        return lerr(L, KILN_ERR_UNSUPPORTED, "projection is not supported");
+    for (int k = 20; k < L->op->n_in; k++)
+        if (tin(L, k)) return lerr(L, KILN_ERR_UNSUPPORTED, "layer normalization is not supported");
+    for (int k = 18; k < 20; k++) {
+        const struct tfl_tensor *st = tin(L, k);
+        if (!st || tbuf(L, st) || L->val[L->op->in[k]] >= 0)
+            return lerr(L, KILN_ERR_UNSUPPORTED, "state input %d must be a variable tensor", k);
+    }
+    const struct tfl_tensor *w0 = tin(L, 2);
+    if (!w0 || w0->rank != 2)
+        return lerr(L, KILN_ERR_INVALID_MODEL, "input_to_forget_weights must be 2-D");
+    int64_t hidden = w0->shape[0], nin = w0->shape[1];
+    if (hidden < 1 || nin != tx->shape[tx->rank - 1])
+        return lerr(L, KILN_ERR_INVALID_MODEL, "weights [%lld, %lld] for an input of %lld "
+                    "features", (long long)hidden, (long long)nin,
+                    (long long)tx->shape[tx->rank - 1]);
+    static const int wi[4] = {1, 4, 2, 3}, ri[4] = {5, 8, 6, 7}, bi[4] = {12, 15, 13, 14};
+    int w, r, bvals;
+    TRY(concat_gates(L, wi, hidden, nin, "input weights", &w));
+    TRY(concat_gates(L, ri, hidden, hidden, "recurrent weights", &r));
+    TRY(concat_gates(L, bi, hidden, 0, "gate biases", &bvals));
+    /* ONNX B is [1, 8 * hidden]: Wb then Rb (zero) */
+    kiln_tensor *bt;
+    int64_t bd[2] = {1, 8 * hidden};
+    TRY(kiln_tensor_new(KILN_DTYPE_F32, 2, bd, &bt));
+    memcpy(bt->data, L->g->values[bvals].konst->data, sizeof(float) * 4 * (size_t)hidden);
+    int b;
+    TRY(add_const(L, L->name, bt, &b));
+    int p = -1;
+    if (tin(L, 9) || tin(L, 10) || tin(L, 11)) {
+        if (!tin(L, 9) || !tin(L, 10) || !tin(L, 11))
+            return lerr(L, KILN_ERR_UNSUPPORTED, "partial peephole weights");
+        kiln_tensor *pt;
+        int64_t pd[2] = {1, 3 * hidden};
+        TRY(kiln_tensor_new(KILN_DTYPE_F32, 2, pd, &pt));
+        static const int pi[3] = {9, 11, 10}; /* ONNX P: i, o, f */
+        for (int g = 0; g < 3; g++) {
+            const struct tfl_tensor *tt = tin(L, pi[g]);
+            if (tt->dtype != KILN_DTYPE_F32 || !tbuf(L, tt) || elems(tt) != hidden) {
+                kiln_tensor_free(pt);
+                return lerr(L, KILN_ERR_UNSUPPORTED, "peephole weights must be float32 "
+                            "constants of %lld elements", (long long)hidden);
+            }
+            memcpy((float *)pt->data + g * hidden, tbuf(L, tt)->data, sizeof(float) * (size_t)hidden);
+        }
+        TRY(add_const(L, L->name, pt, &p));
+    }
+    int x, y;
+    TRY(need_in(L, 0, &x));
+    if (!sequence) { /* one step: [batch, in] -> [batch, 1, in] */
+        int64_t ax = 1;
+        int a;
+        TRY(const_i64(L, 1, &ax, &a));
+        int in[2] = {x, a};
+        TRY(op1(L, KILN_OP_Unsqueeze, 2, in, &x));
+    }
+    struct kiln_node *n;
+    int in[8] = {x, w, r, b, -1, -1, -1, p};
+    TRY(node(L, KILN_OP_LSTM, p >= 0 ? 8 : 4, in, 2, &n, &y));
+    a_int(n, "hidden_size", hidden);
+    a_int(n, "layout", sequence && time_major ? 0 : 1);
+    /* Y is [seq, 1, batch, hidden] (layout 0) or [batch, seq, 1, hidden] */
+    int64_t ax = sequence && time_major ? 1 : 2;
+    int a;
+    TRY(const_i64(L, 1, &ax, &a));
+    int sq[2] = {y, a};
+    TRY(op1(L, KILN_OP_Squeeze, 2, sq, &y));
+    if (!sequence) {
+        int64_t one = 1;
+        int a1;
+        TRY(const_i64(L, 1, &one, &a1));
+        int sq1[2] = {y, a1};
+        TRY(op1(L, KILN_OP_Squeeze, 2, sq1, &y));
+    }
+    return bind(L, 0, y);
+}
+
 static kiln_status lower_op(struct lw *L, int32_t code)
 {
     switch (code) {
@@ -1127,6 +1257,8 @@ static kiln_status lower_op(struct lw *L, int32_t code)
     case TFL_STRIDED_SLICE: return lower_strided_slice(L);
     case TFL_QUANTIZE: return lower_quantize(L);
     case TFL_DEQUANTIZE: return lower_dequantize(L);
+    case TFL_LSTM: return lower_lstm(L, false);
+    case TFL_UNIDIRECTIONAL_SEQUENCE_LSTM: return lower_lstm(L, true);
     default:
         return lerr(L, KILN_ERR_UNSUPPORTED, "the builtin operator %s (code %d) is not supported "
                     "by Kiln", L->opname, (int)code);
@@ -1189,7 +1321,7 @@ kiln_status tfl_lower_subgraph(const struct tfl_model *tm, int sgi, struct kiln_
                             "does not implement", i, sgi, oc->custom ? oc->custom : "(unnamed)");
             break;
         }
-        if (op->n_out != 1 && oc->builtin != TFL_LSTM && oc->builtin != TFL_SVDF) {
+        if (op->n_out != 1) {
             st = lerr(&L, KILN_ERR_INVALID_MODEL, "%d outputs, expected 1", op->n_out);
             break;
         }

@@ -406,7 +406,7 @@ def test_person_detector(tmp_path):
      r"custom op 'SignalWindow'"),
     (MICRO / "examples/micro_speech/models/audio_preprocessor_float.tflite",
      r"custom op 'SignalWindow'"),
-    (TFLITE_TD / "testdata/lstm.bin", r"\(LSTM\).*not supported"),
+    (TFLITE_TD / "testdata/lstm.bin", r"\(LSTM\).*cell_clip 10"),
     (MICRO / "models/keyword_scrambled.tflite", r"\(SVDF\).*not supported"),
     (TFLITE_TD / "testdata/add_quantized.bin", r"\(ADD\).*uint8 and uint8 into float32"),
 ])
@@ -681,3 +681,38 @@ def test_serve_prefer_tflite_model(tmp_path):
                     srv.logtext()
         finally:
             srv.kill()
+
+
+def lstm_ref(x, w, time_major):
+    """TFLite's LSTM cell (sigmoid gates, tanh, optional peepholes), zero initial state."""
+    sig = lambda v: 1 / (1 + np.exp(-v))  # noqa: E731
+    xs = x if time_major else x.transpose(1, 0, 2)
+    seq, batch, _ = xs.shape
+    hidden = w["w_i"].shape[0]
+    h = np.zeros((batch, hidden))
+    c = np.zeros((batch, hidden))
+    p = {g: (w["p_" + g] if w["p_" + g] is not None else 0) for g in "ifo"}
+    ys = []
+    for t in range(seq):
+        z = {g: xs[t] @ w["w_" + g].T + h @ w["r_" + g].T + w["b_" + g] for g in "ifco"}
+        i = sig(z["i"] + p["i"] * c)
+        f = sig(z["f"] + p["f"] * c)
+        c = f * c + i * np.tanh(z["c"])
+        o = sig(z["o"] + p["o"] * c)
+        h = o * np.tanh(c)
+        ys.append(h)
+    y = np.stack(ys)
+    return y if time_major else y.transpose(1, 0, 2)
+
+
+@pytest.mark.parametrize("time_major,peephole", [(False, False), (True, True), (False, True)])
+def test_unidirectional_sequence_lstm(tmp_path, time_major, peephole):
+    m, w = mk.lstm_model(2, 4, 3, 5, time_major=time_major, peephole=peephole, seed=3)
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((4, 2, 3) if time_major else (2, 4, 3)).astype(np.float32)
+    got = run_model(m, {"x": x}, tmp_path)["y"]
+    np.testing.assert_allclose(got, lstm_ref(x.astype(np.float64), w, time_major),
+                               rtol=1e-4, atol=1e-5)
+    # twice in a row: the state does not carry over between runs
+    again = run_model(m, {"x": x}, tmp_path)["y"]
+    np.testing.assert_array_equal(got, again)
