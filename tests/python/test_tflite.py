@@ -716,3 +716,23 @@ def test_unidirectional_sequence_lstm(tmp_path, time_major, peephole):
     # twice in a row: the state does not carry over between runs
     again = run_model(m, {"x": x}, tmp_path)["y"]
     np.testing.assert_array_equal(got, again)
+
+
+def test_string_reshape(tmp_path):
+    rng = np.random.default_rng(12)
+    words = np.array([b"", b"a", b"kiln", b"tflite", b"\xff\x00z"], dtype="S6")
+    x = words[rng.integers(0, len(words), (2, 8, 8, 3))]
+    got = predict(TFLITE_TD / "java/src/testdata/string.bin",
+                  {"string_input": x}, tmp_path)["output_tensor"]
+    np.testing.assert_array_equal(got, x.reshape(2, 4, 4, 12))
+
+
+def test_micro_speech_runs(tmp_path):
+    """micro_speech's classifier (its features come from the refused audio
+    preprocessor): on random features it gives a distribution over its 4 labels."""
+    model = MICRO / "examples/micro_speech/models/micro_speech_quantized.tflite"
+    rng = np.random.default_rng(13)
+    x = rng.integers(-128, 128, (1, 1960), dtype=np.int8)
+    (got,) = predict(model, {"Reshape_1": x}, tmp_path).values()
+    assert got.dtype == np.int8 and got.shape == (1, 4)
+    assert abs(int(got.astype(np.int64).sum()) + 4 * 128 - 256) <= 4  # 4 probabilities sum to 1
