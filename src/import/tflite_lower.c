@@ -120,10 +120,14 @@ static const struct tfl_buffer *tbuf(struct lw *L, const struct tfl_tensor *t)
     return b->data && b->size ? b : NULL;
 }
 
+/* Element count of t's shape; -1 when it overflows. */
 static int64_t elems(const struct tfl_tensor *t)
 {
     int64_t n = 1;
-    for (int i = 0; i < t->rank; i++) n *= t->shape[i];
+    for (int i = 0; i < t->rank; i++) {
+        if (t->shape[i] > 0 && n > INT64_MAX / t->shape[i]) return -1;
+        n *= t->shape[i];
+    }
     return n;
 }
 
@@ -413,7 +417,8 @@ static kiln_status q_act_range(struct lw *L, int act, const struct tfl_tensor *o
     int32_t qmax = o->dtype == KILN_DTYPE_I8 ? 127 : o->dtype == KILN_DTYPE_U8 ? 255 : 32767;
     float scale = o->scale[0];
     int32_t zp = (int32_t)o->zero_point[0];
-#define QV(f) (zp + (int32_t)roundf((f) / scale))
+    /* zp + round(f / scale) in float as TFLite, clamped before it becomes an int */
+#define QV(f) ((int32_t)fmax(-1e6, fmin(1e6, (double)zp + (double)roundf((f) / scale))))
     switch (act) {
     case ACT_NONE: *lo = qmin, *hi = qmax; break;
     case ACT_RELU: *lo = zp > qmin ? zp : qmin, *hi = qmax; break;
@@ -440,10 +445,18 @@ static kiln_status need_qparams(struct lw *L, const struct tfl_tensor *t, const 
     if (t->n_q > 1 && !per_channel_ok)
         return lerr(L, KILN_ERR_UNSUPPORTED, "%s is quantized per channel (%d scales); Kiln "
                     "supports one scale here", what, t->n_q);
-    for (int i = 0; i < t->n_q; i++)
+    int32_t lo = -65536, hi = 65535;
+    if (t->dtype == KILN_DTYPE_I8) lo = -128, hi = 127;
+    if (t->dtype == KILN_DTYPE_U8) lo = 0, hi = 255;
+    if (t->dtype == KILN_DTYPE_I16) lo = -32768, hi = 32767;
+    for (int i = 0; i < t->n_q; i++) {
         if (!(t->scale[i] > 0) || !isfinite(t->scale[i]))
             return lerr(L, KILN_ERR_INVALID_MODEL, "%s '%s' has scale %g", what, t->name,
                         (double)t->scale[i]);
+        if (t->zero_point[i] < lo || t->zero_point[i] > hi)
+            return lerr(L, KILN_ERR_INVALID_MODEL, "%s '%s' has zero point %lld, outside "
+                        "[%d, %d]", what, t->name, (long long)t->zero_point[i], (int)lo, (int)hi);
+    }
     return KILN_OK;
 }
 

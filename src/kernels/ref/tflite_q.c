@@ -113,6 +113,15 @@ static kiln_status mults(const struct kiln_node *n, const int64_t **m, const int
     return KILN_OK;
 }
 
+/* Zero-point offsets are within 16 bits (so products fit in 64 bits). */
+static kiln_status offsets_ok(const struct kiln_node *n, int64_t a, int64_t b, int64_t c)
+{
+    if (a < -65536 || a > 65536 || b < -65536 || b > 65536 || c < -65536 || c > 65536)
+        return kiln_node_error(n, KILN_ERR_INVALID_MODEL, "offsets %lld, %lld, %lld are out of "
+                               "range", (long long)a, (long long)b, (long long)c);
+    return KILN_OK;
+}
+
 /* ---- TflQuantize ---- */
 
 static kiln_dtype to_dtype(const struct kiln_node *n)
@@ -163,9 +172,11 @@ static kiln_status quantize_run(struct kiln_run_ctx *ctx)
                                kiln_dtype_name(x->dtype));
     int64_t izp = kiln_attr_int(ctx->node, "in_zero_point", 0);
     int64_t m = kiln_attr_int(ctx->node, "multiplier", 0), s = kiln_attr_int(ctx->node, "shift", 0);
-    if (m < 0 || m > INT32_MAX || s < -31 || s > 30)
-        return kiln_node_error(ctx->node, KILN_ERR_INVALID_MODEL, "multiplier %lld shift %lld",
-                               (long long)m, (long long)s);
+    if (m < 0 || m > INT32_MAX || s < -31 || s > 30 || izp < -65536 || izp > 65536 ||
+        zp < -65536 || zp > 65536)
+        return kiln_node_error(ctx->node, KILN_ERR_INVALID_MODEL, "multiplier %lld shift %lld "
+                               "zero points %lld, %lld", (long long)m, (long long)s,
+                               (long long)izp, (long long)zp);
     for (int64_t i = 0; i < n; i++) {
         int32_t v = tfl_mul_by_qm((int32_t)(qget(x, i) - izp), (int32_t)m, (int)s);
         qset(y, i, clamp32((int64_t)v + zp, lo, hi));
@@ -220,6 +231,7 @@ static kiln_status conv_run(struct kiln_run_ctx *ctx)
     int64_t in_off = kiln_attr_int(n, "input_offset", 0), w_off = kiln_attr_int(n, "weights_offset", 0);
     int64_t out_off = kiln_attr_int(n, "output_offset", 0);
     int64_t lo = kiln_attr_int(n, "act_min", -128), hi = kiln_attr_int(n, "act_max", 127);
+    if ((st = offsets_ok(n, in_off, w_off, out_off)) != KILN_OK) return st;
     if (!is_q(x->dtype) || !is_q(w->dtype) || (b && b->dtype != KILN_DTYPE_I32))
         return kiln_node_error(n, KILN_ERR_INVALID_MODEL, "input %s, filter %s, bias %s",
                                kiln_dtype_name(x->dtype), kiln_dtype_name(w->dtype),
@@ -331,6 +343,7 @@ static kiln_status fc_run(struct kiln_run_ctx *ctx)
     int64_t in_off = kiln_attr_int(n, "input_offset", 0), w_off = kiln_attr_int(n, "weights_offset", 0);
     int64_t out_off = kiln_attr_int(n, "output_offset", 0);
     int64_t lo = kiln_attr_int(n, "act_min", -128), hi = kiln_attr_int(n, "act_max", 127);
+    if ((st = offsets_ok(n, in_off, w_off, out_off)) != KILN_OK) return st;
     const int32_t *bias = b ? b->data : NULL;
     for (int64_t r = 0; r < rows; r++)
         for (int64_t c = 0; c < nout; c++) {
@@ -372,7 +385,7 @@ static kiln_status add_run(struct kiln_run_ctx *ctx)
     int64_t mo = kiln_attr_int(n, "output_multiplier", 0), so = kiln_attr_int(n, "output_shift", 0);
     int64_t oo = kiln_attr_int(n, "output_offset", 0);
     int64_t lo = kiln_attr_int(n, "act_min", -128), hi = kiln_attr_int(n, "act_max", 127);
-    if (ls < 0 || ls > 22 || s1 > 0 || s2 > 0 || so > 0 || s1 < -31 || s2 < -31 || so < -31 ||
+    if (ls < 0 || ls > 22 || o1 < -65536 || o1 > 65536 || o2 < -65536 || o2 > 65536 || s1 > 0 || s2 > 0 || so > 0 || s1 < -31 || s2 < -31 || so < -31 ||
         m1 < 0 || m2 < 0 || mo < 0 || m1 > INT32_MAX || m2 > INT32_MAX || mo > INT32_MAX)
         return kiln_node_error(n, KILN_ERR_INVALID_MODEL, "multipliers or shifts out of range");
     int64_t cnt = kiln_tensor_count(y);
@@ -380,8 +393,8 @@ static kiln_status add_run(struct kiln_run_ctx *ctx)
     struct kiln_bcast_iter it;
     kiln_bcast_iter_init(&it, y, 2, ins);
     for (int64_t i = 0; i < cnt; i++) {
-        int32_t v1 = (int32_t)(qget(a, it.off[0]) + o1) * (1 << ls);
-        int32_t v2 = (int32_t)(qget(b, it.off[1]) + o2) * (1 << ls);
+        int32_t v1 = (int32_t)(uint32_t)((uint64_t)(qget(a, it.off[0]) + o1) << ls);
+        int32_t v2 = (int32_t)(uint32_t)((uint64_t)(qget(b, it.off[1]) + o2) << ls);
         int32_t x1 = tfl_rdbpot(tfl_srdhm(v1, (int32_t)m1), (int)-s1);
         int32_t x2 = tfl_rdbpot(tfl_srdhm(v2, (int32_t)m2), (int)-s2);
         int32_t out = tfl_rdbpot(tfl_srdhm(x1 + x2, (int32_t)mo), (int)-so);
