@@ -57,14 +57,14 @@ def kiln(*args, timeout=TIMEOUT_S):
                           errors="replace", timeout=timeout)
 
 
-def predict(model, inputs, tmp, expect_ok=True):
+def predict(model, inputs, tmp, expect_ok=True, flags=()):
     """Run `kiln predict`; returns {output file stem: array} (or the process on error)."""
     tmp = pathlib.Path(tmp)
     out = tmp / "out"
     if out.exists():
         shutil.rmtree(out)
     out.mkdir(parents=True)
-    args = ["predict", model, "--output-dir", out]
+    args = ["predict", model, "--output-dir", out, *flags]
     for i, (name, arr) in enumerate(inputs.items()):
         p = tmp / f"in{i}.npy"
         np.save(p, arr)
@@ -443,10 +443,10 @@ sys.path.insert(0, str(ROOT / "tools"))
 import make_tflite_corpus as mk  # noqa: E402
 
 
-def run_model(m, inputs, tmp):
+def run_model(m, inputs, tmp, flags=()):
     p = pathlib.Path(tmp) / "m.tflite"
     p.write_bytes(m.bytes())
-    return predict(p, inputs, tmp)
+    return predict(p, inputs, tmp, flags=flags)
 
 
 def pad_amounts(size, k, stride, same, dil=1):
@@ -477,8 +477,10 @@ def conv_ref(x, w, b, stride, same, depthwise=False):
     return y + (b if b is not None else 0)
 
 
-def test_conv_pool_float(tmp_path):
-    """CONV_2D (SAME, stride 2, RELU6) then MAX_POOL_2D (VALID)."""
+@pytest.mark.parametrize("flags", [(), ("--disable-optimizer",), ("--reference",)])
+def test_conv_pool_float(tmp_path, flags):
+    """CONV_2D (SAME, stride 2, RELU6) then MAX_POOL_2D (VALID), optimized, as
+    imported and on the reference kernels."""
     m = mk.Model()
     rng = np.random.default_rng(5)
     x = m.add([1, 5, 5, 2], name="x")
@@ -491,7 +493,7 @@ def test_conv_pool_float(tmp_path):
     m.op("MAX_POOL_2D", [y], [p], [("i8", 1), ("i32", 2), ("i32", 2), ("i32", 2), ("i32", 2)])
     m.inputs, m.outputs = [x], [y, p]
     xv = rng.standard_normal((1, 5, 5, 2)).astype(np.float32) * 2
-    got = run_model(m, {"x": xv}, tmp_path)
+    got = run_model(m, {"x": xv}, tmp_path, flags)
     want = np.clip(conv_ref(xv, w, b, 2, True), 0, 6)
     np.testing.assert_allclose(got["y"], want, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(got["p"], want[:, :2, :2, :].max(axis=(1, 2), keepdims=True),
@@ -736,3 +738,30 @@ def test_micro_speech_runs(tmp_path):
     (got,) = predict(model, {"Reshape_1": x}, tmp_path).values()
     assert got.dtype == np.int8 and got.shape == (1, 4)
     assert abs(int(got.astype(np.int64).sum()) + 4 * 128 - 256) <= 4  # 4 probabilities sum to 1
+
+
+def test_conv_chain_float(tmp_path):
+    """CONV_2D -> DEPTHWISE_CONV_2D -> CONV_2D with 16 channels: the transposes
+    between them are the optimizer's to cancel; the answer must not change."""
+    rng = np.random.default_rng(21)
+    m = mk.Model()
+    x = m.add([1, 9, 7, 3], name="x", signature=[-1, 9, 7, 3])
+    w1 = (rng.standard_normal((16, 3, 3, 3)) * 0.3).astype(np.float32)
+    w2 = (rng.standard_normal((1, 3, 3, 16)) * 0.3).astype(np.float32)
+    w3 = (rng.standard_normal((8, 1, 1, 16)) * 0.3).astype(np.float32)
+    b1 = rng.standard_normal(16).astype(np.float32)
+    a = m.add([1, 9, 7, 16], name="a")
+    m.op("CONV_2D", [x, m.const(w1), m.const(b1)], [a], [("i8", 0), ("i32", 1), ("i32", 1), ("i8", 1)])
+    b = m.add([1, 5, 4, 16], name="b")
+    m.op("DEPTHWISE_CONV_2D", [a, m.const(w2), -1], [b],
+         [("i8", 0), ("i32", 2), ("i32", 2), ("i32", 1), ("i8", 3)])
+    c = m.add([1, 5, 4, 8], name="c")
+    m.op("CONV_2D", [b, m.const(w3), -1], [c], [("i8", 1), ("i32", 1), ("i32", 1), ("i8", 0)])
+    m.inputs, m.outputs = [x], [c]
+    xv = rng.standard_normal((2, 9, 7, 3)).astype(np.float32)
+    want = np.maximum(conv_ref(xv, w1, b1, 1, True), 0)
+    want = np.clip(conv_ref(want, w2, None, 2, True, depthwise=True), 0, 6)
+    want = conv_ref(want, w3, None, 1, False)
+    for flags in [(), ("--reference",)]:
+        got = run_model(m, {"x": xv}, tmp_path, flags)["c"]
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
