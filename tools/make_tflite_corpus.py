@@ -17,7 +17,7 @@ import sys
 
 import numpy as np
 
-F32, I32, U8, I64, I8 = 0, 2, 3, 4, 9
+F32, F16, I32, U8, I64, I8 = 0, 1, 2, 3, 4, 9
 
 # BuiltinOperator codes and BuiltinOptions union types (schema.fbs)
 OPS = {"ADD": (0, 11), "AVERAGE_POOL_2D": (1, 5), "CONCATENATION": (2, 10), "CONV_2D": (3, 1),
@@ -143,7 +143,8 @@ class Model:
 
     def const(self, arr, ttype=None, name=None, quant=None):
         arr = np.asarray(arr)
-        ttype = ttype if ttype is not None else {np.float32: F32, np.int32: I32, np.int8: I8,
+        ttype = ttype if ttype is not None else {np.float32: F32, np.float16: F16, np.int32: I32,
+                                                  np.int8: I8,
                                                   np.uint8: U8, np.int64: I64}[arr.dtype.type]
         return self.add(arr.shape, ttype, name, arr, quant)
 

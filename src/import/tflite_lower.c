@@ -583,7 +583,6 @@ static kiln_status lower_conv(struct lw *L, bool depthwise)
     const struct tfl_tensor *tx = tin(L, 0), *tw = tin(L, 1), *tb = tin(L, 2), *to = tout(L, 0);
     TRY(need_rank(L, tx, 4, "input"));
     TRY(need_rank(L, tw, 4, "filter"));
-    if (!tbuf(L, tw)) return lerr(L, KILN_ERR_UNSUPPORTED, "the filter must be a constant");
     int64_t cin = tx->shape[3];
     int64_t cout = depthwise ? tw->shape[3] : tw->shape[0];
     if (cin < 1 || cout < 1 || (depthwise ? tw->shape[0] != 1 || cout % cin
@@ -610,6 +609,8 @@ static kiln_status lower_conv(struct lw *L, bool depthwise)
         TRY(need_qparams(L, tx, "input", false));
         TRY(need_qparams(L, tw, "filter", true));
         TRY(need_qparams(L, to, "output", false));
+        if (!tbuf(L, tw))
+            return lerr(L, KILN_ERR_UNSUPPORTED, "the quantized filter must be a constant");
         if (tw->dtype == KILN_DTYPE_I8)
             for (int c = 0; c < tw->n_q; c++)
                 if (tw->zero_point[c] != 0)
@@ -638,13 +639,19 @@ static kiln_status lower_conv(struct lw *L, bool depthwise)
         return lerr(L, KILN_ERR_UNSUPPORTED, "convolution of %s by %s (float32 or quantized "
                     "int8/uint8 expected)", kiln_dtype_name(tx->dtype),
                     kiln_dtype_name(tw->dtype));
-    kiln_tensor *wt, *wp;
-    TRY(tensor_data(L, tw, &wt));
     static const int64_t ohwi_to_oihw[4] = {0, 3, 1, 2}, ihwo_to_oihw[4] = {3, 0, 1, 2};
-    kiln_status st = permute4(wt, depthwise ? ihwo_to_oihw : ohwi_to_oihw, &wp);
-    kiln_tensor_free(wt);
-    if (st != KILN_OK) return st;
-    TRY(add_const(L, tw->name, wp, &w));
+    if (tbuf(L, tw)) { /* permuted once, here */
+        kiln_tensor *wt, *wp;
+        TRY(tensor_data(L, tw, &wt));
+        kiln_status st = permute4(wt, depthwise ? ihwo_to_oihw : ohwi_to_oihw, &wp);
+        kiln_tensor_free(wt);
+        if (st != KILN_OK) return st;
+        TRY(add_const(L, tw->name, wp, &w));
+    } else { /* computed weights (DEQUANTIZE of float16 weights): the optimizer folds this */
+        int wv;
+        TRY(need_in(L, 1, &wv));
+        TRY(transpose(L, wv, depthwise ? ihwo_to_oihw : ohwi_to_oihw, &w));
+    }
     int xn;
     TRY(transpose(L, x, to_nchw, &xn));
     struct kiln_node *n;

@@ -765,3 +765,33 @@ def test_conv_chain_float(tmp_path):
     for flags in [(), ("--reference",)]:
         got = run_model(m, {"x": xv}, tmp_path, flags)["c"]
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_float16_weights(tmp_path):
+    """TFLite's float16 quantization: DEQUANTIZE of float16 filters and weights
+    feeding float CONV_2D, DEPTHWISE_CONV_2D and FULLY_CONNECTED."""
+    rng = np.random.default_rng(31)
+    m = mk.Model()
+    x = m.add([1, 6, 6, 2], name="x")
+    w1 = rng.standard_normal((4, 3, 3, 2)).astype(np.float16)
+    w2 = rng.standard_normal((1, 3, 3, 4)).astype(np.float16)
+    w3 = rng.standard_normal((3, 4 * 3 * 3)).astype(np.float16)
+    ws = []
+    for w in (w1, w2, w3):
+        t = m.add(list(w.shape), name=f"w{len(ws)}")
+        m.op("DEQUANTIZE", [m.const(w)], [t])
+        ws.append(t)
+    a = m.add([1, 6, 6, 4], name="a")
+    m.op("CONV_2D", [x, ws[0], -1], [a], [("i8", 0), ("i32", 1), ("i32", 1), ("i8", 0)])
+    b = m.add([1, 3, 3, 4], name="b")
+    m.op("DEPTHWISE_CONV_2D", [a, ws[1], -1], [b], [("i8", 0), ("i32", 2), ("i32", 2), ("i32", 1)])
+    c = m.add([1, 3], name="c")
+    m.op("FULLY_CONNECTED", [b, ws[2], -1], [c], [("i8", 0)])
+    m.inputs, m.outputs = [x], [c]
+    xv = rng.standard_normal((1, 6, 6, 2)).astype(np.float32)
+    want = conv_ref(xv, w1.astype(np.float32), None, 1, True)
+    want = conv_ref(want, w2.astype(np.float32), None, 2, True, depthwise=True)
+    want = want.reshape(1, -1) @ w3.astype(np.float32).T
+    for flags in [(), ("--reference",)]:
+        got = run_model(m, {"x": xv}, tmp_path, flags)["c"]
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
