@@ -1127,21 +1127,23 @@ static kiln_status lower_dequantize(struct lw *L)
 static kiln_status concat_gates(struct lw *L, const int *idx, int64_t rows, int64_t cols,
                                 const char *what, int *out)
 {
+    /* every gate's constant is checked (shape and bytes) before anything is allocated */
+    int64_t want = rows * (cols ? cols : 1);
+    for (int g = 0; g < 4; g++) {
+        const struct tfl_tensor *tt = tin(L, idx[g]);
+        const struct tfl_buffer *bf = tt ? tbuf(L, tt) : NULL;
+        if (!tt || tt->dtype != KILN_DTYPE_F32 || !bf || tt->rank != (cols ? 2 : 1) ||
+            tt->shape[0] != rows || (cols && tt->shape[1] != cols) ||
+            bf->size != sizeof(float) * (size_t)want)
+            return lerr(L, KILN_ERR_UNSUPPORTED, "%s (input %d) must be a float32 constant of "
+                        "%lld x %lld", what, idx[g], (long long)rows, (long long)(cols ? cols : 1));
+    }
     int64_t dims[3] = {1, 4 * rows, cols};
     kiln_tensor *t;
     TRY(kiln_tensor_new(KILN_DTYPE_F32, cols ? 3 : 2, dims, &t));
     float *dst = t->data;
-    for (int g = 0; g < 4; g++) {
-        const struct tfl_tensor *tt = tin(L, idx[g]);
-        int64_t want = rows * (cols ? cols : 1);
-        if (!tt || tt->dtype != KILN_DTYPE_F32 || !tbuf(L, tt) || elems(tt) != want ||
-            tt->rank != (cols ? 2 : 1)) {
-            kiln_tensor_free(t);
-            return lerr(L, KILN_ERR_UNSUPPORTED, "%s (input %d) must be a float32 constant of "
-                        "%lld elements", what, idx[g], (long long)want);
-        }
-        memcpy(dst + g * want, tbuf(L, tt)->data, sizeof(float) * (size_t)want);
-    }
+    for (int g = 0; g < 4; g++)
+        memcpy(dst + g * want, tbuf(L, tin(L, idx[g]))->data, sizeof(float) * (size_t)want);
     return add_const(L, L->name, t, out);
 }
 
