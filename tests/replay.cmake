@@ -81,3 +81,11 @@ foreach(target manifest encfile)
   set_tests_properties(fuzz_replay_${target} PROPERTIES TIMEOUT 300
     ENVIRONMENT "ASAN_OPTIONS=detect_leaks=1:abort_on_error=0;UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1")
 endforeach()
+# The TFLite importer (FlatBuffer reader, model reader, lowering, quantized kernels).
+add_executable(kiln_fuzz_replay_tflite
+  ${PROJECT_SOURCE_DIR}/fuzz/replay_main.c ${PROJECT_SOURCE_DIR}/fuzz/fuzz_tflite.c)
+target_link_libraries(kiln_fuzz_replay_tflite PRIVATE kiln)
+add_test(NAME fuzz_replay_tflite
+  COMMAND kiln_fuzz_replay_tflite ${PROJECT_SOURCE_DIR}/tests/corpus/tflite)
+set_tests_properties(fuzz_replay_tflite PROPERTIES TIMEOUT 300
+  ENVIRONMENT "ASAN_OPTIONS=detect_leaks=1:abort_on_error=0;UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1")

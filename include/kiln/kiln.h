@@ -135,6 +135,7 @@ typedef enum kiln_format {
     KILN_FORMAT_AUTO = 0,
     KILN_FORMAT_ONNX,
     KILN_FORMAT_SAVEDMODEL,
+    KILN_FORMAT_TFLITE,        /* a .tflite file, or a folder's model.tflite */
 } kiln_format;
 
 typedef struct kiln_load_options {

@@ -21,6 +21,7 @@
 #include "opt/opt.h"
 #include "import/model.h"
 #include "import/savedmodel.h"
+#include "import/tflite.h"
 
 struct kiln_session {
     struct kiln_model *model;
@@ -86,6 +87,29 @@ static kiln_status load_onnx_file(const char *path, struct kiln_model *m)
     free(dir);
     if (st != KILN_OK) kiln_error_wrap(st, "%s", path);
     return st;
+}
+
+/* A TFLite file: read whole (weights are copied out while lowering). */
+static kiln_status load_tflite_file(const char *path, struct kiln_model *m)
+{
+    struct kiln_file_map map;
+    kiln_status st = kiln_file_map(path, &map);
+    if (st != KILN_OK) return st;
+    st = kiln_tflite_load(map.data, map.size, m);
+    kiln_file_unmap(&map);
+    if (st != KILN_OK) kiln_error_wrap(st, "%s", path);
+    return st;
+}
+
+/* Whether the file at path starts like a TFLite model. */
+static bool file_is_tflite(const char *path)
+{
+    unsigned char head[8];
+    FILE *f = fopen(path, "rb");
+    if (!f) return false;
+    bool yes = fread(head, 1, 8, f) == 8 && kiln_tflite_detect(head, 8);
+    fclose(f);
+    return yes;
 }
 
 static int ptr_cmp(const void *a, const void *b)
@@ -221,7 +245,11 @@ kiln_status kiln_model_load(const char *path, const kiln_load_options *opts, kil
         /* a model folder: model.onnx, or a SavedModel */
         char buf[4096];
         snprintf(buf, sizeof buf, "%s/model.onnx", path);
-        if ((fmt == KILN_FORMAT_AUTO || fmt == KILN_FORMAT_ONNX) && access(buf, F_OK) == 0) {
+        char tfl[4096];
+        snprintf(tfl, sizeof tfl, "%s/model.tflite", path);
+        if (fmt == KILN_FORMAT_TFLITE) {
+            st = load_tflite_file(tfl, m);
+        } else if ((fmt == KILN_FORMAT_AUTO || fmt == KILN_FORMAT_ONNX) && access(buf, F_OK) == 0) {
             st = load_onnx_file(buf, m);
         } else {
             snprintf(buf, sizeof buf, "%s/saved_model.pb", path);
@@ -230,17 +258,21 @@ kiln_status kiln_model_load(const char *path, const kiln_load_options *opts, kil
             if (access(buf, F_OK) == 0 || access(buf2, F_OK) == 0) {
                 st = kiln_savedmodel_load(path, opts ? opts->tags : NULL, m);
                 if (st != KILN_OK) kiln_error_wrap(st, "%s", path);
+            } else if (fmt == KILN_FORMAT_AUTO && access(tfl, F_OK) == 0) {
+                st = load_tflite_file(tfl, m);
             } else
                 st = kiln_error(KILN_ERR_NOT_FOUND,
-                                "folder '%s' holds no model.onnx or saved_model.pb", path);
+                                "folder '%s' holds no model.onnx, saved_model.pb or model.tflite",
+                                path);
         }
     } else if (fmt == KILN_FORMAT_SAVEDMODEL) {
         st = kiln_error(KILN_ERR_INVALID_ARGUMENT, "a SavedModel is a folder; '%s' is a file", path);
     } else {
-        if (fmt == KILN_FORMAT_AUTO && !has_suffix(path, ".onnx") && !has_suffix(path, ".pb")) {
-            /* no telling suffix: ONNX is the only single-file format today */
-        }
-        st = load_onnx_file(path, m);
+        if (fmt == KILN_FORMAT_TFLITE ||
+            (fmt == KILN_FORMAT_AUTO && (has_suffix(path, ".tflite") || file_is_tflite(path))))
+            st = load_tflite_file(path, m);
+        else
+            st = load_onnx_file(path, m);
     }
     if (st == KILN_OK) st = model_prepare(m);
     if (st != KILN_OK) {
@@ -260,7 +292,12 @@ kiln_status kiln_model_load_memory(const void *data, size_t size, const kiln_loa
         return kiln_error(KILN_ERR_UNSUPPORTED, "SavedModels load from a folder, not from memory");
     struct kiln_model *m = calloc(1, sizeof *m);
     if (!m) return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory");
-    kiln_status st = kiln_onnx_load(data ? data : "", size, NULL, m);
+    kiln_format fmt = opts ? opts->format : KILN_FORMAT_AUTO;
+    kiln_status st;
+    if (fmt == KILN_FORMAT_TFLITE || (fmt == KILN_FORMAT_AUTO && data && kiln_tflite_detect(data, size)))
+        st = kiln_tflite_load(data ? data : "", size, m);
+    else
+        st = kiln_onnx_load(data ? data : "", size, NULL, m);
     if (st == KILN_OK) st = model_prepare(m);
     if (st != KILN_OK) {
         model_free(m);

@@ -46,6 +46,7 @@ static const char serve_help[] =
     "  --file_system_poll_wait_seconds=N  poll for new versions every N s (default 1;\n"
     "                                     0 = once at startup, <0 = never)\n"
     "  --saved_model_tags=TAGS            SavedModel MetaGraph tags (default serve)\n"
+    "  --prefer_tflite_model[=true|false] load a version's model.tflite rather than its SavedModel\n"
     "  --tensorflow_intra_op_parallelism=N  threads per run (0 = all cores)\n"
     "  --disable_optimizer[=true|false]   run graphs as imported (Vertex AI's flag)\n"
     "  --enable_model_warmup[=true|false] replay assets.extra/tf_serving_warmup_requests\n"
@@ -78,7 +79,7 @@ static int is_bool_flag(const char *name)
                                     "--rest_api_enable_cors_support", "--enable_console",
                                     "--allow_precompilation",
                                     "--allow_compression", "--use_tfrt", "--disable_optimizer",
-                                    "--version"};
+                                    "--version", "--prefer_tflite_model"};
     for (size_t i = 0; i < sizeof b / sizeof b[0]; i++)
         if (strcmp(b[i], name) == 0) return 1;
     return 0;
@@ -104,7 +105,8 @@ int kiln_cmd_serve(int argc, char **argv)
     int cores = kiln_cpu_count(); /* cgroup quota and affinity */
     int rest_port = 8501, grpc_port = 8500, threads = (int)(cores * 4 > 256 ? 256 : cores * 4);
     int timeout_ms = 30000, poll = 1, intra = 0, disable_opt = 0, show_version = 0;
-    int batching = 0, config_poll = 0, warmup = 1, warmup_iters = 0, cors = 0, console = 1;
+    int batching = 0, config_poll = 0, warmup = 1, warmup_iters = 0, cors = 0, console = 1,
+        prefer_tflite = 0;
     const char *model_name = NULL, *base_path = NULL, *tags = NULL, *address = NULL;
     const char *config_file = NULL, *batching_file = NULL, *monitoring_file = NULL;
     kiln_integrity_options integrity = {NULL, NULL};
@@ -158,6 +160,8 @@ int kiln_cmd_serve(int argc, char **argv)
         else if (strcmp(name, "--model_decryption_key_file") == 0)
             integrity.decryption_key_file = *val ? val : NULL;
         else if (strcmp(name, "--version") == 0) ok = (show_version = parse_bool(val)) >= 0;
+        else if (strcmp(name, "--prefer_tflite_model") == 0)
+            ok = (prefer_tflite = parse_bool(val)) >= 0;
         else {
             int known = 0;
             for (size_t k = 0; k < sizeof accepted_only / sizeof accepted_only[0]; k++)
@@ -237,7 +241,7 @@ int kiln_cmd_serve(int argc, char **argv)
             "--enable_model_warmup=%s --num_request_iterations_for_warmup=%d "
             "--enable_batching=%s --rest_api_enable_cors_support=%s --enable_console=%s "
             "--monitoring_config_file "
-            "(prometheus %s%s) --file_system_poll_wait_seconds=%d; accepted and ignored: --port "
+            "(prometheus %s%s) --file_system_poll_wait_seconds=%d --prefer_tflite_model=%s; accepted and ignored: --port "
             "(no gRPC), --tensorflow_inter_op_parallelism, --allow_precompilation (allowed "
             "batch sizes are precompiled at load whenever batching is on), --allow_compression, "
             "--use_tfrt\n",
@@ -246,7 +250,8 @@ int kiln_cmd_serve(int argc, char **argv)
             warmup_iters > 0 ? warmup_iters : 1, batching ? "true" : "false",
             cors ? "true" : "false", console ? "true" : "false",
             mon.prometheus_enable ? "on at " : "off",
-            mon.prometheus_enable ? mon.prometheus_path : "", poll);
+            mon.prometheus_enable ? mon.prometheus_path : "", poll,
+            prefer_tflite ? "true" : "false");
     if (batching)
         fprintf(stderr,
                 "kiln serve: batching: max_batch_size=%lld batch_timeout_micros=%lld "
@@ -268,6 +273,7 @@ int kiln_cmd_serve(int argc, char **argv)
     memset(&mo, 0, sizeof mo);
     mo.poll_seconds = poll;
     mo.saved_model_tags = tags;
+    mo.prefer_tflite = prefer_tflite;
     kiln_session_options_init(&mo.session);
     mo.session.threads = intra;
     mo.session.optimize = !disable_opt;

@@ -496,6 +496,19 @@ static kiln_status servable_load(kiln_manager *m, const char *name, const char *
         goto err_oom;
     }
     kiln_load_options lo = {KILN_FORMAT_AUTO, m->opts.saved_model_tags};
+    if (m->opts.prefer_tflite) { /* TF Serving's --prefer_tflite_model */
+        size_t n = strlen(dir) + sizeof "/model.tflite";
+        char *tfl = malloc(n);
+        struct stat tst;
+        if (!tfl) {
+            free(s->dir);
+            free(s);
+            goto err_oom;
+        }
+        snprintf(tfl, n, "%s/model.tflite", dir);
+        if (stat(tfl, &tst) == 0) lo.format = KILN_FORMAT_TFLITE;
+        free(tfl);
+    }
     /* signature check and decryption when configured (integrity.c) */
     kiln_status st = kiln_integrity_load(m->opts.integrity, dir, &lo, &s->model, err);
     if (st != KILN_OK) {

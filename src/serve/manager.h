@@ -80,6 +80,8 @@ typedef struct kiln_manager_options {
     int enable_warmup;              /* --enable_model_warmup: replay assets.extra/ requests */
     const struct kiln_integrity_options *integrity; /* signatures, decryption (borrowed; NULL: none) */
     int warmup_iterations;          /* --num_request_iterations_for_warmup (>= 1) */
+    int prefer_tflite;              /* --prefer_tflite_model: a version folder's model.tflite
+                                       over its SavedModel */
 } kiln_manager_options;
 
 kiln_status kiln_manager_create(const kiln_manager_options *opts, kiln_manager **out);

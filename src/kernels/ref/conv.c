@@ -236,6 +236,7 @@ static int64_t last_dim_shift(const struct conv_geom *g, const int64_t *kp)
 /* im2col for one group: col[(c * kernel_size + kidx) * col_size + pos] = image value or 0. */
 static void im2col_f32(const struct conv_geom *g, const float *img, int64_t channels, float *col)
 {
+    if (!g->col_size) return; /* an empty output: nothing to gather or scatter */
     int64_t rows = g->col_size / g->col[g->nsp - 1], width = g->col[g->nsp - 1];
     int64_t s = g->stride[g->nsp - 1];
     int64_t kp[KILN_MAX_RANK];
@@ -268,6 +269,7 @@ static void im2col_f32(const struct conv_geom *g, const float *img, int64_t chan
 static void accum_f32(const struct conv_geom *g, const float *img, int64_t kidx, float wv,
                       float *col)
 {
+    if (!g->col_size) return; /* an empty output: nothing to gather or scatter */
     int64_t rows = g->col_size / g->col[g->nsp - 1], width = g->col[g->nsp - 1];
     int64_t s = g->stride[g->nsp - 1];
     int64_t kp[KILN_MAX_RANK];
@@ -286,6 +288,7 @@ static void accum_f32(const struct conv_geom *g, const float *img, int64_t kidx,
 static void accum_f64(const struct conv_geom *g, const double *img, int64_t kidx, double wv,
                       double *col)
 {
+    if (!g->col_size) return; /* an empty output: nothing to gather or scatter */
     int64_t rows = g->col_size / g->col[g->nsp - 1], width = g->col[g->nsp - 1];
     int64_t s = g->stride[g->nsp - 1];
     int64_t kp[KILN_MAX_RANK];
@@ -304,6 +307,7 @@ static void accum_f64(const struct conv_geom *g, const double *img, int64_t kidx
 static void accum_t_f32(const struct conv_geom *g, const float *col, int64_t kidx, float wv,
                         float *img)
 {
+    if (!g->col_size) return; /* an empty output: nothing to gather or scatter */
     int64_t rows = g->col_size / g->col[g->nsp - 1], width = g->col[g->nsp - 1];
     int64_t s = g->stride[g->nsp - 1];
     int64_t kp[KILN_MAX_RANK];
@@ -322,6 +326,7 @@ static void accum_t_f32(const struct conv_geom *g, const float *col, int64_t kid
 static void accum_t_f64(const struct conv_geom *g, const double *col, int64_t kidx, double wv,
                         double *img)
 {
+    if (!g->col_size) return; /* an empty output: nothing to gather or scatter */
     int64_t rows = g->col_size / g->col[g->nsp - 1], width = g->col[g->nsp - 1];
     int64_t s = g->stride[g->nsp - 1];
     int64_t kp[KILN_MAX_RANK];

@@ -1,0 +1,578 @@
+/*
+ * tflite_q.c - reference kernels of the TFLite block of ops.def: quantized
+ * convolution (plain and depthwise), fully connected, add, pooling, softmax
+ * and (re)quantization, computed exactly as TFLite's reference kernels do.
+ *
+ * These ops are created only by the TFLite importer (tflite_lower.c), which
+ * works out their integer parameters from the model's scales and zero
+ * points the way TFLite's kernels prepare them (tflite_q.h). Tensors are
+ * NHWC like TFLite's. The contracts (all attributes are required unless a
+ * default is given):
+ *
+ *   TflQuantize(x) -> y of dtype `to` (int8, uint8 or int16)
+ *       float x:   y = clamp(round_half_away(x / scale) + zero_point)
+ *       integer x: y = clamp(MultiplyByQuantizedMultiplier(x - in_zero_point,
+ *                            multiplier, shift) + zero_point)
+ *   TflConv(x, w, [bias]) NHWC; w is [Cout, KH, KW, Cin/groups] or, with
+ *       depthwise=1, [1, KH, KW, Cin * multiplier]. strides [h, w],
+ *       dilations [h, w], same (TFLite SAME padding, else VALID),
+ *       input_offset, weights_offset, output_offset, multipliers and shifts
+ *       (one, or one per output channel), act_min, act_max.
+ *   TflFullyConnected(x, w [N, K], [bias]) -> [rows, N] (or x's leading dims
+ *       with keep_num_dims=1); offsets, multipliers, shifts, act range as above.
+ *   TflAdd(a, b) broadcast: TFLite's 8-bit add with left_shift and the three
+ *       multiplier/shift pairs; act range.
+ *   TflPool(x) NHWC: kernel [h, w], strides, same, max (0: average with
+ *       TFLite's rounding division), act_min, act_max.
+ *   TflSoftmax(x) along the last axis -> `to` (int8: zero point -128, or
+ *       uint8: 0, scale 1/256): gemmlowp's fixed-point exp and reciprocal
+ *       with input_multiplier, input_left_shift and diff_min.
+ */
+#include "kernels/ref/tflite_q.h"
+
+#include "kernels/kernel.h"
+
+static bool is_q(kiln_dtype dt)
+{
+    return dt == KILN_DTYPE_I8 || dt == KILN_DTYPE_U8 || dt == KILN_DTYPE_I16;
+}
+
+static int32_t qget(const kiln_tensor *t, int64_t i)
+{
+    switch (t->dtype) {
+    case KILN_DTYPE_I8: return ((const int8_t *)t->data)[i];
+    case KILN_DTYPE_U8: return ((const uint8_t *)t->data)[i];
+    case KILN_DTYPE_I16: return ((const int16_t *)t->data)[i];
+    default: return ((const int32_t *)t->data)[i];
+    }
+}
+
+static void qset(kiln_tensor *t, int64_t i, int32_t v)
+{
+    switch (t->dtype) {
+    case KILN_DTYPE_I8: ((int8_t *)t->data)[i] = (int8_t)v; break;
+    case KILN_DTYPE_U8: ((uint8_t *)t->data)[i] = (uint8_t)v; break;
+    case KILN_DTYPE_I16: ((int16_t *)t->data)[i] = (int16_t)v; break;
+    default: ((int32_t *)t->data)[i] = v; break;
+    }
+}
+
+static int32_t clamp32(int64_t v, int64_t lo, int64_t hi)
+{
+    return (int32_t)(v < lo ? lo : v > hi ? hi : v);
+}
+
+static kiln_status need_q_input(const struct kiln_node *n, const struct kiln_type *t,
+                                const char *what)
+{
+    if (t && t->dtype != KILN_DTYPE_UNDEFINED && !is_q(t->dtype))
+        return kiln_node_error(n, KILN_ERR_INVALID_MODEL, "%s is %s, expected int8 or uint8",
+                               what, kiln_dtype_name(t->dtype));
+    return KILN_OK;
+}
+
+/* Output spatial size and leading pad of TFLite SAME / VALID padding. */
+static void tfl_out_pad(int64_t in, int64_t k, int64_t stride, int64_t dil, bool same,
+                        int64_t *out, int64_t *pad)
+{
+    int64_t eff = (k - 1) * dil + 1;
+    *out = same ? (in + stride - 1) / stride : (in - eff + stride) / stride;
+    if (*out < 0) *out = 0;
+    int64_t total = (*out - 1) * stride + eff - in;
+    *pad = total > 0 ? total / 2 : 0;
+}
+
+/* The two-element INTS attribute name (strides, dilations, kernel). */
+static kiln_status pair(const struct kiln_node *n, const char *name, int64_t dflt, int64_t *v)
+{
+    const int64_t *p;
+    int cnt = kiln_attr_ints(n, name, &p);
+    if (cnt < 0 && dflt > 0) {
+        v[0] = v[1] = dflt;
+        return KILN_OK;
+    }
+    if (cnt != 2 || p[0] < 1 || p[1] < 1 || p[0] > (1 << 20) || p[1] > (1 << 20))
+        return kiln_node_error(n, KILN_ERR_INVALID_MODEL, "%s must be two positive values", name);
+    v[0] = p[0];
+    v[1] = p[1];
+    return KILN_OK;
+}
+
+/* Per-channel (or single) multipliers and shifts; *cnt their count. */
+static kiln_status mults(const struct kiln_node *n, const int64_t **m, const int64_t **s, int *cnt)
+{
+    int a = kiln_attr_ints(n, "multipliers", m), b = kiln_attr_ints(n, "shifts", s);
+    if (a < 1 || a != b)
+        return kiln_node_error(n, KILN_ERR_INVALID_MODEL, "multipliers (%d) and shifts (%d) must "
+                               "be given, as many of each", a, b);
+    for (int i = 0; i < a; i++)
+        if ((*m)[i] < 0 || (*m)[i] > INT32_MAX || (*s)[i] < -31 || (*s)[i] > 30)
+            return kiln_node_error(n, KILN_ERR_INVALID_MODEL, "multiplier %lld with shift %lld "
+                                   "is out of range", (long long)(*m)[i], (long long)(*s)[i]);
+    *cnt = a;
+    return KILN_OK;
+}
+
+/* Zero-point offsets are within 16 bits (so products fit in 64 bits). */
+static kiln_status offsets_ok(const struct kiln_node *n, int64_t a, int64_t b, int64_t c)
+{
+    if (a < -65536 || a > 65536 || b < -65536 || b > 65536 || c < -65536 || c > 65536)
+        return kiln_node_error(n, KILN_ERR_INVALID_MODEL, "offsets %lld, %lld, %lld are out of "
+                               "range", (long long)a, (long long)b, (long long)c);
+    return KILN_OK;
+}
+
+/* ---- TflQuantize ---- */
+
+static kiln_dtype to_dtype(const struct kiln_node *n)
+{
+    int64_t to = kiln_attr_int(n, "to", 0);
+    return to == KILN_DTYPE_I8 || to == KILN_DTYPE_U8 || to == KILN_DTYPE_I16 ? (kiln_dtype)to
+                                                                            : KILN_DTYPE_UNDEFINED;
+}
+
+static kiln_status quantize_infer(struct kiln_infer_ctx *ctx)
+{
+    kiln_dtype to = to_dtype(ctx->node);
+    if (to == KILN_DTYPE_UNDEFINED)
+        return kiln_node_error(ctx->node, KILN_ERR_INVALID_MODEL, "'to' must be int8, uint8 or "
+                               "int16");
+    if (!ctx->out[0]) return KILN_OK;
+    *ctx->out[0] = *ctx->in[0];
+    ctx->out[0]->dtype = to;
+    return KILN_OK;
+}
+
+static void qrange(kiln_dtype dt, int32_t *lo, int32_t *hi)
+{
+    *lo = dt == KILN_DTYPE_I8 ? -128 : dt == KILN_DTYPE_U8 ? 0 : -32768;
+    *hi = dt == KILN_DTYPE_I8 ? 127 : dt == KILN_DTYPE_U8 ? 255 : 32767;
+}
+
+static kiln_status quantize_run(struct kiln_run_ctx *ctx)
+{
+    const kiln_tensor *x = ctx->in[0];
+    kiln_tensor *y = ctx->out[0];
+    int32_t lo, hi;
+    qrange(y->dtype, &lo, &hi);
+    int64_t zp = kiln_attr_int(ctx->node, "zero_point", 0), n = kiln_tensor_count(x);
+    if (x->dtype == KILN_DTYPE_F32) {
+        float scale = kiln_attr_float(ctx->node, "scale", 0.0f);
+        if (!(scale > 0))
+            return kiln_node_error(ctx->node, KILN_ERR_INVALID_MODEL, "scale %g", (double)scale);
+        for (int64_t i = 0; i < n; i++) {
+            float r = roundf(((const float *)x->data)[i] / scale);
+            double v = r != r ? 0.0 : (double)r + (double)zp; /* NaN quantizes to the zero point */
+            qset(y, i, v < lo ? lo : v > hi ? hi : (int32_t)v);
+        }
+        return KILN_OK;
+    }
+    if (!is_q(x->dtype))
+        return kiln_node_error(ctx->node, KILN_ERR_INVALID_MODEL, "input is %s",
+                               kiln_dtype_name(x->dtype));
+    int64_t izp = kiln_attr_int(ctx->node, "in_zero_point", 0);
+    int64_t m = kiln_attr_int(ctx->node, "multiplier", 0), s = kiln_attr_int(ctx->node, "shift", 0);
+    if (m < 0 || m > INT32_MAX || s < -31 || s > 30 || izp < -65536 || izp > 65536 ||
+        zp < -65536 || zp > 65536)
+        return kiln_node_error(ctx->node, KILN_ERR_INVALID_MODEL, "multiplier %lld shift %lld "
+                               "zero points %lld, %lld", (long long)m, (long long)s,
+                               (long long)izp, (long long)zp);
+    for (int64_t i = 0; i < n; i++) {
+        int32_t v = tfl_mul_by_qm((int32_t)(qget(x, i) - izp), (int32_t)m, (int)s);
+        qset(y, i, clamp32((int64_t)v + zp, lo, hi));
+    }
+    return KILN_OK;
+}
+KILN_REF_OP(TflQuantize, quantize_infer, quantize_run);
+
+/* ---- TflConv ---- */
+
+static kiln_status conv_infer(struct kiln_infer_ctx *ctx)
+{
+    const struct kiln_node *n = ctx->node;
+    const struct kiln_type *x = ctx->in[0], *w = ctx->in[1];
+    kiln_status st = need_q_input(n, x, "input");
+    if (st != KILN_OK) return st;
+    int64_t s[2], d[2];
+    if ((st = pair(n, "strides", 1, s)) != KILN_OK || (st = pair(n, "dilations", 1, d)) != KILN_OK)
+        return st;
+    if ((x->rank >= 0 && x->rank != 4) || (w->rank >= 0 && w->rank != 4))
+        return kiln_node_error(n, KILN_ERR_INVALID_MODEL, "input and filter must be 4-D");
+    if (!ctx->out[0]) return KILN_OK;
+    struct kiln_type *o = ctx->out[0];
+    kiln_type_unknown(o);
+    o->dtype = x->dtype;
+    o->rank = 4;
+    bool dw = kiln_attr_int(n, "depthwise", 0) != 0, same = kiln_attr_int(n, "same", 0) != 0;
+    o->dims[0] = x->rank == 4 ? x->dims[0] : -1;
+    o->dims[3] = w->rank == 4 ? w->dims[dw ? 3 : 0] : -1;
+    for (int i = 0; i < 2; i++) {
+        int64_t pad;
+        o->dims[1 + i] = -1;
+        if (x->rank == 4 && w->rank == 4 && x->dims[1 + i] >= 0 && w->dims[1 + i] >= 0)
+            tfl_out_pad(x->dims[1 + i], w->dims[1 + i], s[i], d[i], same, &o->dims[1 + i], &pad);
+    }
+    return KILN_OK;
+}
+
+static kiln_status conv_run(struct kiln_run_ctx *ctx)
+{
+    const struct kiln_node *n = ctx->node;
+    const kiln_tensor *x = ctx->in[0], *w = ctx->in[1], *b = ctx->n_in > 2 ? ctx->in[2] : NULL;
+    kiln_tensor *y = ctx->out[0];
+    int64_t s[2], d[2];
+    kiln_status st;
+    if ((st = pair(n, "strides", 1, s)) != KILN_OK || (st = pair(n, "dilations", 1, d)) != KILN_OK)
+        return st;
+    const int64_t *m, *sh;
+    int nm;
+    if ((st = mults(n, &m, &sh, &nm)) != KILN_OK) return st;
+    bool dw = kiln_attr_int(n, "depthwise", 0) != 0, same = kiln_attr_int(n, "same", 0) != 0;
+    int64_t in_off = kiln_attr_int(n, "input_offset", 0), w_off = kiln_attr_int(n, "weights_offset", 0);
+    int64_t out_off = kiln_attr_int(n, "output_offset", 0);
+    int64_t lo = kiln_attr_int(n, "act_min", -128), hi = kiln_attr_int(n, "act_max", 127);
+    if ((st = offsets_ok(n, in_off, w_off, out_off)) != KILN_OK) return st;
+    if (!is_q(x->dtype) || !is_q(w->dtype) || (b && b->dtype != KILN_DTYPE_I32))
+        return kiln_node_error(n, KILN_ERR_INVALID_MODEL, "input %s, filter %s, bias %s",
+                               kiln_dtype_name(x->dtype), kiln_dtype_name(w->dtype),
+                               b ? kiln_dtype_name(b->dtype) : "none");
+    int64_t N = x->dims[0], H = x->dims[1], W = x->dims[2], C = x->dims[3];
+    int64_t KH = w->dims[1], KW = w->dims[2], CO = y->dims[3], OH = y->dims[1], OW = y->dims[2];
+    int64_t wc = w->dims[3]; /* filter input depth (conv) */
+    if ((dw && (w->dims[0] != 1 || C < 1 || CO % C)) || (!dw && (wc < 1 || C % wc)) ||
+        (b && kiln_tensor_count(b) != CO) || (nm != 1 && nm != CO))
+        return kiln_node_error(n, KILN_ERR_INVALID_MODEL, "filter, bias or multipliers do not "
+                               "fit %lld input and %lld output channels", (long long)C,
+                               (long long)CO);
+    int64_t ph, pw, tmp;
+    tfl_out_pad(H, KH, s[0], d[0], same, &tmp, &ph);
+    tfl_out_pad(W, KW, s[1], d[1], same, &tmp, &pw);
+    int64_t groups = dw ? 1 : C / wc, per_group = dw ? 1 : CO / groups, mult_dw = dw ? CO / C : 1;
+    const int32_t *bias = b ? b->data : NULL;
+    int64_t o = 0;
+    for (int64_t bi = 0; bi < N; bi++)
+        for (int64_t oy = 0; oy < OH; oy++)
+            for (int64_t ox = 0; ox < OW; ox++)
+                for (int64_t oc = 0; oc < CO; oc++, o++) {
+                    int64_t iy0 = oy * s[0] - ph, ix0 = ox * s[1] - pw;
+                    int64_t acc = 0;
+                    for (int64_t fy = 0; fy < KH; fy++) {
+                        int64_t iy = iy0 + d[0] * fy;
+                        if (iy < 0 || iy >= H) continue;
+                        for (int64_t fx = 0; fx < KW; fx++) {
+                            int64_t ix = ix0 + d[1] * fx;
+                            if (ix < 0 || ix >= W) continue;
+                            int64_t xb = ((bi * H + iy) * W + ix) * C;
+                            if (dw) {
+                                int64_t ic = oc / mult_dw;
+                                acc += (int64_t)(qget(w, (fy * KW + fx) * CO + oc) + w_off) *
+                                       (qget(x, xb + ic) + in_off);
+                            } else {
+                                int64_t g = oc / per_group;
+                                int64_t wb = ((oc * KH + fy) * KW + fx) * wc;
+                                for (int64_t ic = 0; ic < wc; ic++)
+                                    acc += (int64_t)(qget(w, wb + ic) + w_off) *
+                                           (qget(x, xb + g * wc + ic) + in_off);
+                            }
+                        }
+                    }
+                    int32_t a32 = (int32_t)(uint32_t)(uint64_t)acc;
+                    if (bias) a32 = (int32_t)((uint32_t)a32 + (uint32_t)bias[oc]);
+                    int k = nm == 1 ? 0 : (int)oc;
+                    int32_t v = tfl_mul_by_qm(a32, (int32_t)m[k], (int)sh[k]);
+                    qset(y, o, clamp32((int64_t)v + out_off, lo, hi));
+                }
+    return KILN_OK;
+}
+KILN_REF_OP(TflConv, conv_infer, conv_run);
+
+/* ---- TflFullyConnected ---- */
+
+static kiln_status fc_infer(struct kiln_infer_ctx *ctx)
+{
+    const struct kiln_node *n = ctx->node;
+    const struct kiln_type *x = ctx->in[0], *w = ctx->in[1];
+    kiln_status st = need_q_input(n, x, "input");
+    if (st != KILN_OK) return st;
+    if (w->rank >= 0 && w->rank != 2)
+        return kiln_node_error(n, KILN_ERR_INVALID_MODEL, "weights must be 2-D");
+    if (!ctx->out[0]) return KILN_OK;
+    struct kiln_type *o = ctx->out[0];
+    kiln_type_unknown(o);
+    o->dtype = x->dtype;
+    int64_t nout = w->rank == 2 ? w->dims[0] : -1, k = w->rank == 2 ? w->dims[1] : -1;
+    if (kiln_attr_int(n, "keep_num_dims", 0) && x->rank >= 1) {
+        *o = *x;
+        o->dims[x->rank - 1] = nout;
+        o->sym[x->rank - 1] = NULL;
+        return KILN_OK;
+    }
+    o->rank = 2;
+    o->dims[1] = nout;
+    o->dims[0] = -1;
+    if (x->rank >= 0 && k > 0) {
+        int64_t cnt = 1;
+        for (int i = 0; i < x->rank; i++) cnt = x->dims[i] < 0 || cnt < 0 ? -1 : cnt * x->dims[i];
+        if (cnt >= 0) {
+            if (cnt % k)
+                return kiln_node_error(n, KILN_ERR_INVALID_ARGUMENT, "input of %lld elements is "
+                                       "not rows of %lld", (long long)cnt, (long long)k);
+            o->dims[0] = cnt / k;
+        } else if (x->rank == 2 && x->dims[1] == k) {
+            o->dims[0] = x->dims[0];
+            o->sym[0] = x->sym[0];
+        }
+    }
+    return KILN_OK;
+}
+
+static kiln_status fc_run(struct kiln_run_ctx *ctx)
+{
+    const struct kiln_node *n = ctx->node;
+    const kiln_tensor *x = ctx->in[0], *w = ctx->in[1], *b = ctx->n_in > 2 ? ctx->in[2] : NULL;
+    kiln_tensor *y = ctx->out[0];
+    const int64_t *m, *sh;
+    int nm;
+    kiln_status st = mults(n, &m, &sh, &nm);
+    if (st != KILN_OK) return st;
+    int64_t nout = w->dims[0], k = w->dims[1], rows = k ? kiln_tensor_count(x) / k : 0;
+    if (!is_q(x->dtype) || !is_q(w->dtype) || (b && (b->dtype != KILN_DTYPE_I32 ||
+                                                     kiln_tensor_count(b) != nout)) ||
+        (nm != 1 && nm != nout) || kiln_tensor_count(y) != rows * nout)
+        return kiln_node_error(n, KILN_ERR_INVALID_MODEL, "operands do not fit");
+    int64_t in_off = kiln_attr_int(n, "input_offset", 0), w_off = kiln_attr_int(n, "weights_offset", 0);
+    int64_t out_off = kiln_attr_int(n, "output_offset", 0);
+    int64_t lo = kiln_attr_int(n, "act_min", -128), hi = kiln_attr_int(n, "act_max", 127);
+    if ((st = offsets_ok(n, in_off, w_off, out_off)) != KILN_OK) return st;
+    const int32_t *bias = b ? b->data : NULL;
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < nout; c++) {
+            int64_t acc = 0;
+            for (int64_t i = 0; i < k; i++)
+                acc += (int64_t)(qget(x, r * k + i) + in_off) * (qget(w, c * k + i) + w_off);
+            int32_t a32 = (int32_t)(uint32_t)(uint64_t)acc;
+            if (bias) a32 = (int32_t)((uint32_t)a32 + (uint32_t)bias[c]);
+            int q = nm == 1 ? 0 : (int)c;
+            int32_t v = tfl_mul_by_qm(a32, (int32_t)m[q], (int)sh[q]);
+            qset(y, r * nout + c, clamp32((int64_t)v + out_off, lo, hi));
+        }
+    return KILN_OK;
+}
+KILN_REF_OP(TflFullyConnected, fc_infer, fc_run);
+
+/* ---- TflAdd ---- */
+
+static kiln_status add_infer(struct kiln_infer_ctx *ctx)
+{
+    kiln_status st = need_q_input(ctx->node, ctx->in[0], "input 0");
+    if (st == KILN_OK) st = need_q_input(ctx->node, ctx->in[1], "input 1");
+    if (st == KILN_OK) st = kiln_infer_broadcast(ctx);
+    return st;
+}
+
+static kiln_status add_run(struct kiln_run_ctx *ctx)
+{
+    const struct kiln_node *n = ctx->node;
+    const kiln_tensor *a = ctx->in[0], *b = ctx->in[1];
+    kiln_tensor *y = ctx->out[0];
+    if (!is_q(a->dtype) || b->dtype != a->dtype)
+        return kiln_node_error(n, KILN_ERR_INVALID_MODEL, "inputs are %s and %s",
+                               kiln_dtype_name(a->dtype), kiln_dtype_name(b->dtype));
+    int64_t o1 = kiln_attr_int(n, "input1_offset", 0), o2 = kiln_attr_int(n, "input2_offset", 0);
+    int64_t ls = kiln_attr_int(n, "left_shift", 20);
+    int64_t m1 = kiln_attr_int(n, "input1_multiplier", 0), s1 = kiln_attr_int(n, "input1_shift", 0);
+    int64_t m2 = kiln_attr_int(n, "input2_multiplier", 0), s2 = kiln_attr_int(n, "input2_shift", 0);
+    int64_t mo = kiln_attr_int(n, "output_multiplier", 0), so = kiln_attr_int(n, "output_shift", 0);
+    int64_t oo = kiln_attr_int(n, "output_offset", 0);
+    int64_t lo = kiln_attr_int(n, "act_min", -128), hi = kiln_attr_int(n, "act_max", 127);
+    if (ls < 0 || ls > 22 || o1 < -65536 || o1 > 65536 || o2 < -65536 || o2 > 65536 || s1 > 0 || s2 > 0 || so > 0 || s1 < -31 || s2 < -31 || so < -31 ||
+        m1 < 0 || m2 < 0 || mo < 0 || m1 > INT32_MAX || m2 > INT32_MAX || mo > INT32_MAX)
+        return kiln_node_error(n, KILN_ERR_INVALID_MODEL, "multipliers or shifts out of range");
+    int64_t cnt = kiln_tensor_count(y);
+    const kiln_tensor *ins[2] = {a, b};
+    struct kiln_bcast_iter it;
+    kiln_bcast_iter_init(&it, y, 2, ins);
+    for (int64_t i = 0; i < cnt; i++) {
+        int32_t v1 = (int32_t)(uint32_t)((uint64_t)(qget(a, it.off[0]) + o1) << ls);
+        int32_t v2 = (int32_t)(uint32_t)((uint64_t)(qget(b, it.off[1]) + o2) << ls);
+        int32_t x1 = tfl_rdbpot(tfl_srdhm(v1, (int32_t)m1), (int)-s1);
+        int32_t x2 = tfl_rdbpot(tfl_srdhm(v2, (int32_t)m2), (int)-s2);
+        int32_t out = tfl_rdbpot(tfl_srdhm(x1 + x2, (int32_t)mo), (int)-so);
+        qset(y, i, clamp32((int64_t)out + oo, lo, hi));
+        if (i + 1 < cnt) kiln_bcast_iter_next(&it);
+    }
+    return KILN_OK;
+}
+KILN_REF_OP(TflAdd, add_infer, add_run);
+
+/* ---- TflPool ---- */
+
+static kiln_status pool_infer(struct kiln_infer_ctx *ctx)
+{
+    const struct kiln_node *n = ctx->node;
+    const struct kiln_type *x = ctx->in[0];
+    kiln_status st = need_q_input(n, x, "input");
+    int64_t k[2], s[2];
+    if (st != KILN_OK || (st = pair(n, "kernel", 0, k)) != KILN_OK ||
+        (st = pair(n, "strides", 1, s)) != KILN_OK)
+        return st;
+    if (x->rank >= 0 && x->rank != 4)
+        return kiln_node_error(n, KILN_ERR_INVALID_MODEL, "input must be 4-D");
+    if (!ctx->out[0]) return KILN_OK;
+    struct kiln_type *o = ctx->out[0];
+    *o = *x;
+    if (x->rank != 4) return KILN_OK;
+    bool same = kiln_attr_int(n, "same", 0) != 0;
+    for (int i = 0; i < 2; i++) {
+        int64_t pad;
+        o->sym[1 + i] = NULL;
+        if (x->dims[1 + i] >= 0) tfl_out_pad(x->dims[1 + i], k[i], s[i], 1, same, &o->dims[1 + i], &pad);
+    }
+    return KILN_OK;
+}
+
+static kiln_status pool_run(struct kiln_run_ctx *ctx)
+{
+    const struct kiln_node *n = ctx->node;
+    const kiln_tensor *x = ctx->in[0];
+    kiln_tensor *y = ctx->out[0];
+    int64_t k[2], s[2];
+    kiln_status st;
+    if ((st = pair(n, "kernel", 0, k)) != KILN_OK || (st = pair(n, "strides", 1, s)) != KILN_OK)
+        return st;
+    bool same = kiln_attr_int(n, "same", 0) != 0, max = kiln_attr_int(n, "max", 0) != 0;
+    int64_t lo = kiln_attr_int(n, "act_min", -128), hi = kiln_attr_int(n, "act_max", 127);
+    int64_t N = x->dims[0], H = x->dims[1], W = x->dims[2], C = x->dims[3];
+    int64_t OH = y->dims[1], OW = y->dims[2], ph, pw, tmp;
+    tfl_out_pad(H, k[0], s[0], 1, same, &tmp, &ph);
+    tfl_out_pad(W, k[1], s[1], 1, same, &tmp, &pw);
+    int64_t o = 0;
+    for (int64_t bi = 0; bi < N; bi++)
+        for (int64_t oy = 0; oy < OH; oy++)
+            for (int64_t ox = 0; ox < OW; ox++)
+                for (int64_t c = 0; c < C; c++, o++) {
+                    int64_t iy0 = oy * s[0] - ph, ix0 = ox * s[1] - pw;
+                    int64_t acc = max ? INT64_MIN : 0, count = 0;
+                    for (int64_t fy = 0; fy < k[0]; fy++)
+                        for (int64_t fx = 0; fx < k[1]; fx++) {
+                            int64_t iy = iy0 + fy, ix = ix0 + fx;
+                            if (iy < 0 || iy >= H || ix < 0 || ix >= W) continue;
+                            int32_t v = qget(x, ((bi * H + iy) * W + ix) * C + c);
+                            if (max) acc = v > acc ? v : acc;
+                            else acc += v;
+                            count++;
+                        }
+                    if (!count)
+                        return kiln_node_error(n, KILN_ERR_RUNTIME, "a pooling window lies "
+                                               "entirely in the padding");
+                    if (!max)
+                        acc = acc > 0 ? (acc + count / 2) / count : (acc - count / 2) / count;
+                    qset(y, o, clamp32(acc, lo, hi));
+                }
+    return KILN_OK;
+}
+KILN_REF_OP(TflPool, pool_infer, pool_run);
+
+/* ---- TflSoftmax: gemmlowp fixed point ---- */
+
+static int32_t wrap_add(int32_t a, int32_t b) { return (int32_t)((uint32_t)a + (uint32_t)b); }
+static int32_t wrap_sub(int32_t a, int32_t b) { return (int32_t)((uint32_t)a - (uint32_t)b); }
+
+/* exp(a) for a in [-1/4, 0), a and the result with 0 integer bits. */
+static int32_t exp_on_interval(int32_t a)
+{
+    const int32_t constant_term = 1895147668; /* exp(-1/8) */
+    const int32_t one_third = 715827883;
+    int32_t x = wrap_add(a, 1 << 28);          /* a + 1/8 */
+    int32_t x2 = tfl_srdhm(x, x), x3 = tfl_srdhm(x2, x), x4 = tfl_srdhm(x2, x2);
+    int32_t x4_over_4 = tfl_rdbpot(x4, 2);
+    int32_t poly = tfl_rdbpot(wrap_add(tfl_srdhm(wrap_add(x4_over_4, x3), one_third), x2), 1);
+    return wrap_add(constant_term, tfl_srdhm(constant_term, wrap_add(x, poly)));
+}
+
+/* exp(a) for a <= 0 with 5 integer bits; the result with 0 integer bits. */
+static int32_t exp_on_negative_values(int32_t a)
+{
+    const int frac = 26;
+    const int32_t one_quarter = 1 << (frac - 2), mask = one_quarter - 1;
+    int32_t a_mod = wrap_sub(a & mask, one_quarter);
+    int32_t result = exp_on_interval(tfl_sat_shl(a_mod, 5));
+    int32_t remainder = wrap_sub(a_mod, a);
+    static const int32_t mult[7] = {1672461947, 1302514674, 790015084, 290630308,
+                                    39332535,   720401,     242};
+    for (int e = -2; e <= 4; e++)
+        if (remainder & (int32_t)(1u << (frac + e))) result = tfl_srdhm(result, mult[e + 2]);
+    return a == 0 ? INT32_MAX : result;
+}
+
+/* 1 / (1 + a) for a in [0, 1), 0 integer bits in, 0 integer bits out. */
+static int32_t one_over_one_plus_x(int32_t a)
+{
+    int64_t sum = (int64_t)a + INT32_MAX;
+    int32_t half_denominator = (int32_t)((sum + (sum >= 0 ? 1 : -1)) / 2);
+    const int32_t c48_17 = 1515870810, cm32_17 = -1010580540; /* 2 integer bits */
+    int32_t x = wrap_add(c48_17, tfl_srdhm(half_denominator, cm32_17));
+    for (int i = 0; i < 3; i++) {
+        int32_t hd_x = tfl_srdhm(half_denominator, x);
+        int32_t one_minus = wrap_sub(1 << 29, hd_x);
+        x = wrap_add(x, tfl_sat_shl(tfl_srdhm(x, one_minus), 2));
+    }
+    return tfl_sat_shl(x, 1);
+}
+
+static kiln_status softmax_infer(struct kiln_infer_ctx *ctx)
+{
+    kiln_status st = need_q_input(ctx->node, ctx->in[0], "input");
+    if (st != KILN_OK) return st;
+    kiln_dtype to = to_dtype(ctx->node);
+    if (to != KILN_DTYPE_I8 && to != KILN_DTYPE_U8)
+        return kiln_node_error(ctx->node, KILN_ERR_INVALID_MODEL, "'to' must be int8 or uint8");
+    if (!ctx->out[0]) return KILN_OK;
+    *ctx->out[0] = *ctx->in[0];
+    ctx->out[0]->dtype = to;
+    return KILN_OK;
+}
+
+static kiln_status softmax_run(struct kiln_run_ctx *ctx)
+{
+    const struct kiln_node *n = ctx->node;
+    const kiln_tensor *x = ctx->in[0];
+    kiln_tensor *y = ctx->out[0];
+    int64_t im = kiln_attr_int(n, "input_multiplier", 0), ils = kiln_attr_int(n, "input_left_shift", 0);
+    int64_t diff_min = kiln_attr_int(n, "diff_min", 0);
+    if (im < 0 || im > INT32_MAX || ils < 0 || ils > 31 || x->rank < 1)
+        return kiln_node_error(n, KILN_ERR_INVALID_MODEL, "multiplier %lld, shift %lld",
+                               (long long)im, (long long)ils);
+    int64_t depth = x->dims[x->rank - 1], rows = depth ? kiln_tensor_count(x) / depth : 0;
+    int32_t qmin = y->dtype == KILN_DTYPE_I8 ? -128 : 0, qmax = y->dtype == KILN_DTYPE_I8 ? 127 : 255;
+    for (int64_t r = 0; r < rows; r++) {
+        int64_t base = r * depth;
+        int32_t mx = qget(x, base);
+        for (int64_t c = 1; c < depth; c++) mx = qget(x, base + c) > mx ? qget(x, base + c) : mx;
+        int32_t sum = 0; /* 12 integer bits */
+        for (int64_t c = 0; c < depth; c++) {
+            int32_t diff = qget(x, base + c) - mx;
+            if (diff >= diff_min) {
+                int32_t scaled = tfl_srdhm(tfl_sat_shl(diff, (int)ils), (int32_t)im);
+                sum = wrap_add(sum, tfl_rdbpot(exp_on_negative_values(scaled), 12));
+            }
+        }
+        int headroom = sum > 0 ? __builtin_clz((uint32_t)sum) : 31;
+        int bits_over_unit = 12 - headroom;
+        int32_t shifted = (int32_t)(((uint32_t)sum << headroom) - (1u << 31));
+        int32_t scale = one_over_one_plus_x(shifted);
+        for (int64_t c = 0; c < depth; c++) {
+            int32_t diff = qget(x, base + c) - mx;
+            int32_t out = qmin;
+            if (diff >= diff_min) {
+                int32_t scaled = tfl_srdhm(tfl_sat_shl(diff, (int)ils), (int32_t)im);
+                int32_t e = exp_on_negative_values(scaled);
+                int32_t unsat = tfl_rdbpot(tfl_srdhm(scale, e), bits_over_unit + 31 - 8);
+                out = clamp32((int64_t)unsat + qmin, qmin, qmax);
+            }
+            qset(y, base + c, out);
+        }
+    }
+    return KILN_OK;
+}
+KILN_REF_OP(TflSoftmax, softmax_infer, softmax_run);

@@ -1,0 +1,797 @@
+"""test_tflite.py - TFLite import, end to end through the CLI.
+
+Drives `kiln inspect FILE` and `kiln predict FILE --input NAME=X.npy
+--output-dir OUT` on the TFLite models in ../shared/testdata/tflite (see its
+README, section 3), checking known answers:
+
+  * half_plus_two (y = x / 2 + 2), the add models (sums of their inputs),
+    the tensorflow-onnx regression model (affine in x), hello_world float
+    and int8 against sin(x) within the models' known error;
+  * the int8 models bit for bit against an independent implementation of
+    TFLite's integer arithmetic written here in numpy from TFLite's
+    reference kernels (MultiplyByQuantizedMultiplier and friends), reading
+    weights and quantization parameters with a small FlatBuffer reader of
+    its own (hello_world int8's fully connected layers, pc_conv's quantize,
+    per-channel depthwise convolution and dequantize, simple_add's int8 ADD);
+  * the person detector on tflite-micro's two test images giving the
+    expected labels;
+  * the refused models (custom ops, LSTM, SVDF, a file whose intermediate
+    tensor has the wrong type) failing with one line naming the op;
+  * truncated and bit-flipped copies of a shared model loading or failing
+    cleanly.
+
+KILN_BIN is the kiln binary (default build/kiln); KILN_TESTDATA the shared
+test data (default ../shared/testdata); tests needing what is absent skip
+with a message.
+"""
+import math
+import os
+import pathlib
+import random
+import shutil
+import struct
+import subprocess
+
+import numpy as np
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+KILN = pathlib.Path(os.environ.get("KILN_BIN") or ROOT / "build" / "kiln")
+TESTDATA = pathlib.Path(os.environ.get("KILN_TESTDATA") or ROOT.parent / "shared" / "testdata")
+TFL = TESTDATA / "tflite"
+MICRO = TFL / "tflite-micro/tensorflow/lite/micro"
+TFLITE_TD = TFL / "tensorflow/tensorflow/lite"
+SERVING = TFL / "serving/tensorflow_serving/servables/tensorflow/testdata"
+TIMEOUT_S = 60
+
+pytestmark = [
+    pytest.mark.skipif(not os.access(KILN, os.X_OK),
+                       reason=f"kiln binary not found at {KILN} (build it, or set KILN_BIN)"),
+    pytest.mark.skipif(not TFL.is_dir(),
+                       reason=f"shared TFLite models not found at {TFL} (set KILN_TESTDATA)"),
+]
+
+
+def kiln(*args, timeout=TIMEOUT_S):
+    return subprocess.run([str(KILN), *map(str, args)], capture_output=True, text=True,
+                          errors="replace", timeout=timeout)
+
+
+def predict(model, inputs, tmp, expect_ok=True, flags=()):
+    """Run `kiln predict`; returns {output file stem: array} (or the process on error)."""
+    tmp = pathlib.Path(tmp)
+    out = tmp / "out"
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    args = ["predict", model, "--output-dir", out, *flags]
+    for i, (name, arr) in enumerate(inputs.items()):
+        p = tmp / f"in{i}.npy"
+        np.save(p, arr)
+        args += ["--input", f"{name}={p}"]
+    r = kiln(*args)
+    if not expect_ok:
+        return r
+    assert r.returncode == 0, r.stderr
+    return {p.stem: np.load(p) for p in out.glob("*.npy")}
+
+
+def assert_clean_error(r, pattern):
+    assert r.returncode != 0
+    assert "Sanitizer" not in r.stderr and "Traceback" not in r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("kiln: "), r.stderr
+    if pattern:
+        import re
+        assert re.search(pattern, lines[0]), lines[0]
+
+
+# ------------------------------------------------- an independent FlatBuffer reader
+
+
+class Flat:
+    """Just enough of the FlatBuffer wire format to read TFLite tensors (no
+    checks: it is only run on the shared, valid models)."""
+
+    def __init__(self, data):
+        self.b = data
+
+    def _u32(self, o):
+        return struct.unpack_from("<I", self.b, o)[0]
+
+    def table(self, pos):
+        vt = pos - struct.unpack_from("<i", self.b, pos)[0]
+        return pos, vt, struct.unpack_from("<H", self.b, vt)[0]
+
+    def root(self):
+        return self.table(self._u32(0))
+
+    def _field(self, t, i):
+        pos, vt, vlen = t
+        if 4 + 2 * i >= vlen:
+            return 0
+        o = struct.unpack_from("<H", self.b, vt + 4 + 2 * i)[0]
+        return pos + o if o else 0
+
+    def _ref(self, t, i):
+        f = self._field(t, i)
+        return f + self._u32(f) if f else 0
+
+    def scalar(self, t, i, fmt, default):
+        f = self._field(t, i)
+        return struct.unpack_from("<" + fmt, self.b, f)[0] if f else default
+
+    def vec(self, t, i, fmt):
+        p = self._ref(t, i)
+        if not p:
+            return []
+        n = self._u32(p)
+        return list(struct.unpack_from(f"<{n}{fmt}", self.b, p + 4))
+
+    def tables(self, t, i):
+        p = self._ref(t, i)
+        if not p:
+            return []
+        return [self.table(p + 4 + 4 * k + self._u32(p + 4 + 4 * k)) for k in range(self._u32(p))]
+
+    def string(self, t, i):
+        p = self._ref(t, i)
+        return self.b[p + 4:p + 4 + self._u32(p)].decode() if p else ""
+
+
+TYPES = {0: np.float32, 2: np.int32, 3: np.uint8, 7: np.int16, 9: np.int8}
+
+
+def read_tensors(path):
+    """{tensor name: (data array or None, scales, zero points)} of subgraph 0,
+    and the operators as (builtin code, inputs, outputs)."""
+    fb = Flat(pathlib.Path(path).read_bytes())
+    model = fb.root()
+    buffers = [fb.vec(b, 0, "B") for b in fb.tables(model, 4)]
+    codes = [max(fb.scalar(c, 0, "b", 0), fb.scalar(c, 3, "i", 0)) for c in fb.tables(model, 1)]
+    sg = fb.tables(model, 2)[0]
+    tensors = {}
+    names = []
+    for t in fb.tables(sg, 0):
+        name = fb.string(t, 3)
+        shape = fb.vec(t, 0, "i")
+        dtype = TYPES.get(fb.scalar(t, 1, "b", 0))
+        raw = bytes(buffers[fb.scalar(t, 2, "I", 0)])
+        data = np.frombuffer(raw, dtype=dtype).reshape(shape) if raw else None
+        q = fb._ref(t, 4)
+        scales, zps = [], []
+        if q:
+            qt = fb.table(q)
+            scales = fb.vec(qt, 2, "f")
+            zps = fb.vec(qt, 3, "q")
+        tensors[name] = (data, np.array(scales, np.float32), np.array(zps, np.int64))
+        names.append(name)
+    ops = [(codes[fb.scalar(o, 0, "I", 0)], [names[i] for i in fb.vec(o, 1, "i")],
+            [names[i] for i in fb.vec(o, 2, "i")]) for o in fb.tables(sg, 3)]
+    return tensors, ops
+
+
+# ------------------------------------------- TFLite's integer arithmetic in numpy
+
+
+def srdhm(a, b):
+    """SaturatingRoundingDoublingHighMul, elementwise on int64 arrays."""
+    ab = np.asarray(a, np.int64) * np.asarray(b, np.int64)
+    nudged = ab + np.where(ab >= 0, 1 << 30, 1 - (1 << 30))
+    q = np.where(nudged >= 0, nudged >> 31, -((-nudged) >> 31))  # C's truncating division
+    return q
+
+
+def rdbpot(x, e):
+    """RoundingDivideByPOT."""
+    x = np.asarray(x, np.int64)
+    e = np.asarray(e, np.int64)
+    mask = (np.int64(1) << e) - 1
+    rem = x & mask
+    thr = (mask >> 1) + (x < 0)
+    return (x >> e) + (rem > thr)
+
+
+def quantize_multiplier(real):
+    m, e = math.frexp(real)
+    q = math.floor(abs(m) * 2**31 + 0.5)
+    if q == 2**31:
+        q //= 2
+        e += 1
+    return q, e
+
+
+def mul_by_qm(x, q, shift):
+    """MultiplyByQuantizedMultiplier with per-element (or scalar) q and shift."""
+    shift = np.asarray(shift, np.int64)
+    left = np.maximum(shift, 0)
+    right = np.maximum(-shift, 0)
+    return rdbpot(srdhm(np.asarray(x, np.int64) << left, q), right)
+
+
+def round_half_away(x):
+    return np.sign(x) * np.floor(np.abs(x) + np.float32(0.5))
+
+
+def fc_ref(x, w, bias, s_in, zp_in, s_w, s_out, zp_out, lo=-128, hi=127):
+    acc = (x.astype(np.int64) - zp_in) @ w.astype(np.int64).T + bias.astype(np.int64)
+    q, sh = quantize_multiplier(float(s_in) * float(s_w) / float(s_out))
+    return np.clip(mul_by_qm(acc, q, sh) + zp_out, lo, hi)
+
+
+# ---------------------------------------------------------------- float models
+
+
+def test_half_plus_two(tmp_path):
+    for d, name in [("saved_model_half_plus_two_tflite", "x"),
+                    ("saved_model_half_plus_two_tflite_with_sigdef", "tflite_input")]:
+        model = SERVING / d / "00000123" / "model.tflite"
+        for v in [0.0, 1.0, -3.5, 100.0]:
+            got = predict(model, {name: np.array([[v]], np.float32)}, tmp_path)["y"]
+            assert got.shape == (1, 1)
+            assert got[0, 0] == pytest.approx(v / 2 + 2, rel=1e-6, abs=1e-6)
+
+
+def test_half_plus_two_folder(tmp_path):
+    """A folder holding model.tflite loads like the file."""
+    d = SERVING / "saved_model_half_plus_two_tflite" / "00000123"
+    got = predict(d, {"x": np.array([[4.0]], np.float32)}, tmp_path)["y"]
+    assert got[0, 0] == pytest.approx(4.0)
+
+
+def test_signature_names():
+    r = kiln("inspect", SERVING / "saved_model_half_plus_two_tflite_with_sigdef" / "00000123" /
+             "model.tflite")
+    assert r.returncode == 0, r.stderr
+    assert "signature serving_default" in r.stdout and "tflite_input: float32[1,1]" in r.stdout
+    r = kiln("inspect", MICRO / "examples/hello_world/models/hello_world_float.tflite")
+    assert r.returncode == 0, r.stderr
+    # SignatureDef aliases (as TF Serving shows them), the batch dim free
+    assert "dense_input: float32[?,1]" in r.stdout and "dense_2: float32[?,1]" in r.stdout
+    assert "format: tflite" in r.stdout
+
+
+def test_add_models(tmp_path):
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((1, 8, 8, 3)).astype(np.float32)
+    got = predict(TFLITE_TD / "testdata/add.bin", {"input": x}, tmp_path)["output"]
+    np.testing.assert_allclose(got, (x + x) + x, rtol=1e-6)
+    a, b, c, d = (rng.standard_normal((1, 8, 8, 3)).astype(np.float32) for _ in range(4))
+    got = predict(TFLITE_TD / "testdata/multi_add.bin", {"a": a, "b": b, "c": c, "d": d}, tmp_path)
+    np.testing.assert_allclose(got["x"], a + (b + c), rtol=1e-6)
+    np.testing.assert_allclose(got["y"], d + (b + c), rtol=1e-6)
+    x1, x2 = (rng.standard_normal((5, 4)).astype(np.float32) for _ in range(2))
+    got = predict(TFL / "tfjs/tfjs-tflite/test_files/add4.tflite",
+                  {"input_1": x1, "input_2": x2}, tmp_path)
+    (out,) = got.values()
+    np.testing.assert_allclose(out, x1 + x2, rtol=1e-6)
+
+
+def test_regression_model_is_affine(tmp_path):
+    model = TFL / "tensorflow-onnx/tests/models/regression/tflite/model.tflite"
+    tensors, _ = read_tensors(model)
+    w, b = float(tensors["W"][0]), float(tensors["b"][0])
+    for x in [0.0, 1.5, -2.0]:
+        got = predict(model, {"X": np.array(x, np.float32)}, tmp_path)["pred"]
+        assert got.shape == ()
+        assert float(got) == pytest.approx(np.float32(x) * np.float32(w) + np.float32(b), rel=1e-6)
+
+
+def test_hello_world_float(tmp_path):
+    x = np.linspace(0, 2 * math.pi, 50, dtype=np.float32).reshape(50, 1)
+    got = predict(MICRO / "examples/hello_world/models/hello_world_float.tflite",
+                  {"dense_input": x}, tmp_path)["dense_2"]
+    assert got.shape == (50, 1)
+    # the model is a 3-layer MLP fitted to sin on [0, 2pi]; its error is below 0.1 there
+    assert np.max(np.abs(got - np.sin(x))) < 0.1
+
+
+# ------------------------------------------------------------- quantized models
+
+
+def test_hello_world_int8(tmp_path):
+    model = MICRO / "examples/hello_world/models/hello_world_int8.tflite"
+    tensors, ops = read_tensors(model)
+    (_, s_in, zp_in) = tensors["serving_default_dense_input:0"]
+    (_, s_out, zp_out) = tensors["StatefulPartitionedCall:0"]
+    x = np.linspace(0, 2 * math.pi, 60, dtype=np.float32).reshape(60, 1)
+    q = np.clip(round_half_away(x / s_in[0]) + zp_in[0], -128, 127).astype(np.int8)
+    got = predict(model, {"dense_input": q}, tmp_path)["dense_2"]
+    assert got.dtype == np.int8 and got.shape == (60, 1)
+    # bit-exact against TFLite's arithmetic: three FULLY_CONNECTED, the first two with RELU
+    h = q
+    for code, ins, outs in ops:
+        assert code == 9
+        xin, w, bias = (tensors[n] for n in ins)
+        y = tensors[outs[0]]
+        relu = outs[0] != "StatefulPartitionedCall:0"
+        lo = int(y[2][0]) if relu else -128
+        h = fc_ref(h, w[0], bias[0], xin[1][0], xin[2][0], w[1][0], y[1][0], y[2][0], lo=lo)
+    np.testing.assert_array_equal(got, h.astype(np.int8))
+    # and the dequantized answer is sin(x) within the int8 model's error
+    y = (got.astype(np.float32) - zp_out[0]) * s_out[0]
+    assert np.max(np.abs(y - np.sin(x))) < 0.15
+
+
+def depthwise_ref(q, w, bias, s_in, zp_in, s_w, s_out, zp_out, stride, same):
+    """TFLite's per-channel int8 depthwise convolution (multiplier 1), NHWC."""
+    n, h, wd, c = q.shape
+    _, kh, kw, co = w.shape
+    oh = (h + stride - 1) // stride if same else (h - kh + stride) // stride
+    ow = (wd + stride - 1) // stride if same else (wd - kw + stride) // stride
+    ph = max(0, ((oh - 1) * stride + kh - h) // 2)
+    pw = max(0, ((ow - 1) * stride + kw - wd) // 2)
+    xp = np.zeros((n, h + kh + stride, wd + kw + stride, c), np.int64)
+    xp[:, ph:ph + h, pw:pw + wd, :] = q.astype(np.int64) - zp_in  # padding is the zero point
+    acc = np.zeros((n, oh, ow, co), np.int64)
+    for fy in range(kh):
+        for fx in range(kw):
+            patch = xp[:, fy:fy + oh * stride:stride, fx:fx + ow * stride:stride, :]
+            acc += patch * w[0, fy, fx, :].astype(np.int64)
+    acc += bias.astype(np.int64)
+    mults = [quantize_multiplier(float(s_in) * float(sw) / float(s_out)) for sw in s_w]
+    qm = np.array([m for m, _ in mults], np.int64)
+    sh = np.array([s for _, s in mults], np.int64)
+    return np.clip(mul_by_qm(acc, qm, sh) + zp_out, -128, 127)
+
+
+def test_pc_conv_bit_exact(tmp_path):
+    """QUANTIZE -> per-channel int8 DEPTHWISE_CONV_2D (stride 2, SAME) -> DEQUANTIZE."""
+    model = TFLITE_TD / "python/testdata/pc_conv.bin"
+    t, ops = read_tensors(model)
+    assert [code for code, _, _ in ops] == [114, 4, 6]
+    rng = np.random.default_rng(7)
+    x = rng.uniform(-0.2, 1.2, (1, 128, 128, 1)).astype(np.float32)
+    got = predict(model, {"input": x}, tmp_path)["output"]
+    assert got.shape == (1, 64, 64, 128)
+    _, s_in, zp_in = t["input_int8"]
+    q = np.clip(round_half_away(x / s_in[0]) + zp_in[0], -128, 127)
+    w, s_w, _ = t["Conv/weights"]
+    bias = t["Conv/Conv2D_bias"][0]
+    _, s_out, zp_out = t["output_int8"]
+    want_q = depthwise_ref(q, w, bias, s_in[0], zp_in[0], s_w, s_out[0], zp_out[0], 2, True)
+    want = ((want_q - zp_out[0]).astype(np.float32) * s_out[0]).astype(np.float32)
+    np.testing.assert_array_equal(got, want)
+
+
+def test_simple_add_int8_bit_exact(tmp_path):
+    model = MICRO / "examples/memory_footprint/models/simple_add_model.tflite"
+    t, _ = read_tensors(model)
+    _, s1, z1 = t["serving_default_input_1:0"]
+    _, s2, z2 = t["serving_default_input_2:0"]
+    _, so, zo = t["PartitionedCall:0"]
+    rng = np.random.default_rng(3)
+    a = rng.integers(-128, 128, (2, 128, 128, 1), dtype=np.int8)
+    b = rng.integers(-128, 128, (2, 128, 128, 1), dtype=np.int8)
+    (got,) = predict(model, {"input_1": a, "input_2": b}, tmp_path).values()
+    # TFLite's 8-bit ADD: inputs shifted left 20 bits, rescaled to twice the larger scale
+    twice = 2 * max(float(s1[0]), float(s2[0]))
+    m1, sh1 = quantize_multiplier(float(s1[0]) / twice)
+    m2, sh2 = quantize_multiplier(float(s2[0]) / twice)
+    mo, sho = quantize_multiplier(twice / ((1 << 20) * float(so[0])))
+    x1 = rdbpot(srdhm((a.astype(np.int64) - z1[0]) << 20, m1), -sh1)
+    x2 = rdbpot(srdhm((b.astype(np.int64) - z2[0]) << 20, m2), -sh2)
+    want = np.clip(rdbpot(srdhm(x1 + x2, mo), -sho) + zo[0], -128, 127)
+    np.testing.assert_array_equal(got, want.astype(np.int8))
+    # and it is the float sum within one output step
+    fa = (a.astype(np.float64) - z1[0]) * s1[0]
+    fb = (b.astype(np.float64) - z2[0]) * s2[0]
+    fy = (got.astype(np.float64) - zo[0]) * so[0]
+    in_range = np.abs(fa + fb) < 127 * so[0] - 1
+    assert np.max(np.abs(fy - (fa + fb))[in_range]) <= so[0] * 1.01
+
+
+def bmp_pixels(path):
+    raw = pathlib.Path(path).read_bytes()[1078:1078 + 96 * 96]
+    return np.frombuffer(raw, np.int8).reshape(96, 96)[::-1].reshape(1, 96, 96, 1).copy()
+
+
+def test_person_detector(tmp_path):
+    model = MICRO / "models/person_detect.tflite"
+    testdata = MICRO / "examples/person_detection/testdata"
+    for image, label in [("person.bmp", 1), ("no_person.bmp", 0)]:
+        (got,) = predict(model, {"input": bmp_pixels(testdata / image)}, tmp_path).values()
+        assert got.dtype == np.int8 and got.shape == (1, 2)
+        assert int(np.argmax(got[0])) == label, (image, got)
+        # softmax output, zero point -128 and scale 1/256: the two add up to 256 steps
+        assert abs(int(got[0, 0]) + int(got[0, 1])) <= 1
+
+
+# ---------------------------------------------------------------- refused models
+
+
+@pytest.mark.parametrize("path,pattern", [
+    (SERVING / "parse_example_tflite/00000123/model.tflite", r"custom op 'ParseExampleV2'"),
+    (MICRO / "examples/micro_speech/models/audio_preprocessor_int8.tflite",
+     r"custom op 'SignalWindow'"),
+    (MICRO / "examples/micro_speech/models/audio_preprocessor_float.tflite",
+     r"custom op 'SignalWindow'"),
+    (TFLITE_TD / "testdata/lstm.bin", r"\(LSTM\).*cell_clip 10"),
+    (MICRO / "models/keyword_scrambled.tflite", r"\(SVDF\).*not supported"),
+    (TFLITE_TD / "testdata/add_quantized.bin", r"\(ADD\).*uint8 and uint8 into float32"),
+])
+def test_refused(path, pattern):
+    assert_clean_error(kiln("inspect", path), pattern)
+
+
+# ---------------------------------------------------------------- malformed files
+
+
+def test_malformed_copies(tmp_path):
+    src = (MICRO / "examples/hello_world/models/hello_world_float.tflite").read_bytes()
+    rng = random.Random(11)
+    cases = [src[:n] for n in (0, 4, 8, 12, 40, len(src) // 2, len(src) - 1)]
+    for _ in range(40):
+        b = bytearray(src)
+        for _ in range(rng.randint(1, 8)):
+            b[rng.randrange(len(b))] = rng.randrange(256)
+        cases.append(bytes(b))
+    for i, data in enumerate(cases):
+        p = tmp_path / f"m{i}.tflite"
+        p.write_bytes(data)
+        r = kiln("inspect", p)
+        assert "Sanitizer" not in r.stderr and r.returncode in (0, 1), (i, r.returncode, r.stderr)
+        if r.returncode:
+            assert r.stderr.startswith("kiln: "), r.stderr
+
+
+# ------------------------------------------------ one-op models written here
+
+import sys  # noqa: E402
+
+sys.path.insert(0, str(ROOT / "tools"))
+import make_tflite_corpus as mk  # noqa: E402
+
+
+def run_model(m, inputs, tmp, flags=()):
+    p = pathlib.Path(tmp) / "m.tflite"
+    p.write_bytes(m.bytes())
+    return predict(p, inputs, tmp, flags=flags)
+
+
+def pad_amounts(size, k, stride, same, dil=1):
+    eff = (k - 1) * dil + 1
+    out = (size + stride - 1) // stride if same else (size - eff + stride) // stride
+    return out, max(0, ((out - 1) * stride + eff - size) // 2)
+
+
+def conv_ref(x, w, b, stride, same, depthwise=False):
+    """NHWC float convolution as TFLite defines it; w is OHWI (or 1HWC)."""
+    n, h, wd, c = x.shape
+    kh, kw = w.shape[1], w.shape[2]
+    co = w.shape[3] if depthwise else w.shape[0]
+    oh, ph = pad_amounts(h, kh, stride, same)
+    ow, pw = pad_amounts(wd, kw, stride, same)
+    y = np.zeros((n, oh, ow, co), np.float64)
+    for oy in range(oh):
+        for ox in range(ow):
+            for fy in range(kh):
+                for fx in range(kw):
+                    iy, ix = oy * stride - ph + fy, ox * stride - pw + fx
+                    if 0 <= iy < h and 0 <= ix < wd:
+                        if depthwise:
+                            y[:, oy, ox, :] += np.repeat(x[:, iy, ix, :], co // c, axis=-1) * \
+                                w[0, fy, fx, :]
+                        else:
+                            y[:, oy, ox, :] += x[:, iy, ix, :] @ w[:, fy, fx, :].T
+    return y + (b if b is not None else 0)
+
+
+@pytest.mark.parametrize("flags", [(), ("--disable-optimizer",), ("--reference",)])
+def test_conv_pool_float(tmp_path, flags):
+    """CONV_2D (SAME, stride 2, RELU6) then MAX_POOL_2D (VALID), optimized, as
+    imported and on the reference kernels."""
+    m = mk.Model()
+    rng = np.random.default_rng(5)
+    x = m.add([1, 5, 5, 2], name="x")
+    w = rng.standard_normal((3, 3, 3, 2)).astype(np.float32)
+    b = rng.standard_normal(3).astype(np.float32)
+    wi, bi = m.const(w), m.const(b)
+    y = m.add([1, 3, 3, 3], name="y")
+    m.op("CONV_2D", [x, wi, bi], [y], [("i8", 0), ("i32", 2), ("i32", 2), ("i8", 3)])
+    p = m.add([1, 1, 1, 3], name="p")
+    m.op("MAX_POOL_2D", [y], [p], [("i8", 1), ("i32", 2), ("i32", 2), ("i32", 2), ("i32", 2)])
+    m.inputs, m.outputs = [x], [y, p]
+    xv = rng.standard_normal((1, 5, 5, 2)).astype(np.float32) * 2
+    got = run_model(m, {"x": xv}, tmp_path, flags)
+    want = np.clip(conv_ref(xv, w, b, 2, True), 0, 6)
+    np.testing.assert_allclose(got["y"], want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(got["p"], want[:, :2, :2, :].max(axis=(1, 2), keepdims=True),
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_depthwise_and_avgpool_float(tmp_path):
+    """DEPTHWISE_CONV_2D with multiplier 2 (SAME), AVERAGE_POOL_2D SAME (padding not counted)."""
+    m = mk.Model()
+    rng = np.random.default_rng(6)
+    x = m.add([1, 4, 5, 2], name="x")
+    w = rng.standard_normal((1, 3, 3, 4)).astype(np.float32)
+    y = m.add([1, 4, 5, 4], name="y")
+    m.op("DEPTHWISE_CONV_2D", [x, m.const(w), -1], [y],
+         [("i8", 0), ("i32", 1), ("i32", 1), ("i32", 2)])
+    p = m.add([1, 2, 3, 4], name="p")
+    m.op("AVERAGE_POOL_2D", [y], [p], [("i8", 0), ("i32", 2), ("i32", 2), ("i32", 2), ("i32", 2)])
+    m.inputs, m.outputs = [x], [y, p]
+    xv = rng.standard_normal((1, 4, 5, 2)).astype(np.float32)
+    got = run_model(m, {"x": xv}, tmp_path)
+    want = conv_ref(xv, w, None, 1, True, depthwise=True)
+    np.testing.assert_allclose(got["y"], want, rtol=1e-5, atol=1e-5)
+    pool = np.zeros((1, 2, 3, 4))
+    for oy in range(2):
+        for ox in range(3):  # 5 wide, SAME stride 2: out 3, pad 0 before, 1 after
+            pool[0, oy, ox] = want[0, 2 * oy:2 * oy + 2, 2 * ox:2 * ox + 2].mean(axis=(0, 1))
+    np.testing.assert_allclose(got["p"], pool, rtol=1e-5, atol=1e-5)
+
+
+def test_fc_softmax_and_elementwise(tmp_path):
+    m = mk.Model()
+    rng = np.random.default_rng(8)
+    x = m.add([2, 3], name="x", signature=[-1, 3])
+    w = rng.standard_normal((4, 3)).astype(np.float32)
+    b = rng.standard_normal(4).astype(np.float32)
+    h = m.add([2, 4], name="h")
+    m.op("FULLY_CONNECTED", [x, m.const(w), m.const(b)], [h], [("i8", 1)])
+    sm = m.add([2, 4], name="sm")
+    m.op("SOFTMAX", [h], [sm], [("f32", 0.5)])
+    cv = np.array([1.5, -2.0, 3.0, 0.25], np.float32)
+    c = m.const(cv)
+    outs = {}
+    for name in ["SUB", "DIV", "MUL"]:
+        t = m.add([2, 4], name=name.lower())
+        m.op(name, [h, c], [t], [("i8", 0)])
+        outs[name.lower()] = t
+    for name in ["LOGISTIC", "TANH", "RELU", "RELU6"]:
+        t = m.add([2, 4], name=name.lower())
+        m.op(name, [outs["sub"]], [t])
+        outs[name.lower()] = t
+    cat = m.add([2, 8], name="cat")
+    m.op("CONCATENATION", [outs["sub"], outs["div"]], [cat], [("i32", -1), ("i8", 0)])
+    r = m.add([4, 4], name="r")
+    m.op("RESHAPE", [cat, m.const(np.array([-1, 4], np.int32))], [r], [])
+    m.inputs, m.outputs = [x], [sm, cat, r] + list(outs.values())
+    xv = rng.standard_normal((3, 3)).astype(np.float32)  # a batch of 3 through the free dim
+    got = run_model(m, {"x": xv}, tmp_path)
+    hv = np.maximum(xv @ w.T + b, 0)
+    e = np.exp(0.5 * (hv - hv.max(axis=1, keepdims=True)))
+    np.testing.assert_allclose(got["sm"], e / e.sum(axis=1, keepdims=True), rtol=1e-5, atol=1e-6)
+    sub, div = hv - cv, hv / cv
+    np.testing.assert_allclose(got["sub"], sub, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got["div"], div, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got["mul"], hv * cv, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got["logistic"], 1 / (1 + np.exp(-sub)), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got["tanh"], np.tanh(sub), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got["relu"], np.maximum(sub, 0), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got["relu6"], np.clip(sub, 0, 6), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got["cat"], np.concatenate([sub, div], axis=1), rtol=1e-5)
+    np.testing.assert_allclose(got["r"], np.concatenate([sub, div], axis=1).reshape(-1, 4),
+                               rtol=1e-5)
+
+
+def test_shape_ops(tmp_path):
+    """PAD, TRANSPOSE, MEAN, STRIDED_SLICE (masks, negative stride, shrink), SQUEEZE."""
+    m = mk.Model()
+    x = m.add([2, 3, 4], name="x")
+    pads = m.const(np.array([[0, 0], [1, 0], [0, 2]], np.int32))
+    p = m.add([2, 4, 6], name="p")
+    m.op("PAD", [x, pads], [p], [])
+    t = m.add([6, 2, 4], name="t")
+    m.op("TRANSPOSE", [p, m.const(np.array([2, 0, 1], np.int32))], [t], [])
+    mn = m.add([6, 1, 4], name="mn")
+    m.op("MEAN", [t, m.const(np.array([1], np.int32))], [mn], [("u8", 1)])
+    sq = m.add([6, 4], name="sq")
+    m.op("SQUEEZE", [mn], [sq], [("vi32", [1])])
+    s = m.add([2, 1], name="s")
+    bg, en, st = (m.const(np.array(v, np.int32)) for v in ([1, 3], [5, 0], [2, -1]))
+    m.op("STRIDED_SLICE", [sq, bg, en, st], [s], [("i32", 0), ("i32", 2)])
+    k = m.add([4], name="k")
+    bg, en, st = (m.const(np.array(v, np.int32)) for v in ([-1, 0], [0, 0], [1, 1]))
+    m.op("STRIDED_SLICE", [sq, bg, en, st], [k], [("i32", 0), ("i32", 2), ("i32", 0), ("i32", 0),
+                                                  ("i32", 1)])
+    m.inputs, m.outputs = [x], [p, t, sq, s, k]
+    xv = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
+    got = run_model(m, {"x": xv}, tmp_path)
+    pv = np.pad(xv, [(0, 0), (1, 0), (0, 2)])
+    tv = pv.transpose(2, 0, 1)
+    sqv = tv.mean(axis=1)
+    np.testing.assert_array_equal(got["p"], pv)
+    np.testing.assert_array_equal(got["t"], tv)
+    np.testing.assert_allclose(got["sq"], sqv, rtol=1e-6)
+    np.testing.assert_allclose(got["s"], sqv[1:5:2, 3::-1],
+                               rtol=1e-6)
+    np.testing.assert_allclose(got["k"], sqv[-1, :], rtol=1e-6)
+
+
+def test_quantize_fc_dequantize_bit_exact(tmp_path):
+    m = mk.Model()
+    rng = np.random.default_rng(9)
+    x = m.add([1, 6], name="x", signature=[-1, 6])
+    qx = m.add([1, 6], mk.I8, "qx", quant=([0.02], [1], 0))
+    m.op("QUANTIZE", [x], [qx])
+    w = rng.integers(-127, 128, (3, 6), dtype=np.int8)
+    bias = np.array([300, -200, 0], np.int32)
+    y = m.add([1, 3], mk.I8, "y", quant=([0.05], [4], 0))
+    m.op("FULLY_CONNECTED", [qx, m.const(w, quant=([0.01], [0], 0)),
+                             m.const(bias, quant=([0.0002], [0], 0))], [y], [("i8", 1)])
+    z = m.add([1, 3], name="z")
+    m.op("DEQUANTIZE", [y], [z])
+    m.inputs, m.outputs = [x], [qx, y, z]
+    xv = rng.uniform(-3, 3, (16, 6)).astype(np.float32)
+    got = run_model(m, {"x": xv}, tmp_path)
+    q = np.clip(round_half_away(xv / np.float32(0.02)) + 1, -128, 127)
+    np.testing.assert_array_equal(got["qx"], q.astype(np.int8))
+    want = fc_ref(q, w, bias, np.float32(0.02), 1, np.float32(0.01), np.float32(0.05), 4, lo=4)
+    np.testing.assert_array_equal(got["y"], want.astype(np.int8))
+    np.testing.assert_array_equal(got["z"], ((want - 4) * np.float32(0.05)).astype(np.float32))
+
+
+def test_generated_signature(tmp_path):
+    p = tmp_path / "add_sig.tflite"
+    p.write_bytes(mk.corpus()["add_sig.tflite"])
+    r = kiln("inspect", p)
+    assert r.returncode == 0, r.stderr
+    assert "x1: float32[?,4]" in r.stdout and "out: float32[?,4]" in r.stdout
+    a, b = np.ones((3, 4), np.float32), np.full((3, 4), -2.5, np.float32)
+    got = predict(p, {"x1": a, "x2": b}, tmp_path)["out"]
+    np.testing.assert_array_equal(got, np.maximum(a + b, 0))
+
+
+# ---------------------------------------------------------------- kiln serve
+
+SM_HALF_PLUS_THREE = (TESTDATA / "savedmodels/serving/tensorflow_serving/servables/tensorflow/"
+                      "testdata/saved_model_half_plus_three/00000123")
+
+
+def serve_predict(srv, name, x):
+    code, body = srv.json("POST", f"/v1/models/{name}:predict", {"instances": x})
+    assert code == 200, body
+    return body["predictions"]
+
+
+def test_serve_tflite_version(tmp_path):
+    from test_serve import Server
+    base = tmp_path / "hp"
+    (base / "1").mkdir(parents=True)
+    shutil.copy(SERVING / "saved_model_half_plus_two_tflite/00000123/model.tflite", base / "1")
+    srv = Server(base, "hp")
+    try:
+        assert serve_predict(srv, "hp", [[1.0]]) == [[2.5]]
+        code, meta = srv.json("GET", "/v1/models/hp/metadata")
+        assert code == 200
+        sig = meta["metadata"]["signature_def"]["signature_def"]["serving_default"]
+        assert list(sig["inputs"]) == ["x"] and list(sig["outputs"]) == ["y"]
+    finally:
+        srv.kill()
+
+
+@pytest.mark.skipif(not SM_HALF_PLUS_THREE.is_dir(), reason="shared SavedModel half_plus_three absent")
+def test_serve_prefer_tflite_model(tmp_path):
+    """A version holding both a SavedModel (x/2 + 3) and model.tflite (x/2 + 2):
+    the SavedModel unless --prefer_tflite_model, as in TF Serving."""
+    from test_serve import Server
+    base = tmp_path / "both"
+    shutil.copytree(SM_HALF_PLUS_THREE, base / "1")
+    shutil.copy(SERVING / "saved_model_half_plus_two_tflite/00000123/model.tflite", base / "1")
+    for extra, want in [((), 3.5), (("--prefer_tflite_model=true",), 2.5),
+                        (("--prefer_tflite_model",), 2.5),
+                        (("--prefer_tflite_model=false",), 3.5)]:
+        srv = Server(base, "both", *extra)
+        try:
+            got = serve_predict(srv, "both", [[1.0]] if want == 2.5 else [1.0])
+            assert np.ravel(got).tolist() == [want], (extra, got)
+            if extra:
+                assert f"--prefer_tflite_model={'true' if want == 2.5 else 'false'}" in \
+                    srv.logtext()
+        finally:
+            srv.kill()
+
+
+def lstm_ref(x, w, time_major):
+    """TFLite's LSTM cell (sigmoid gates, tanh, optional peepholes), zero initial state."""
+    sig = lambda v: 1 / (1 + np.exp(-v))  # noqa: E731
+    xs = x if time_major else x.transpose(1, 0, 2)
+    seq, batch, _ = xs.shape
+    hidden = w["w_i"].shape[0]
+    h = np.zeros((batch, hidden))
+    c = np.zeros((batch, hidden))
+    p = {g: (w["p_" + g] if w["p_" + g] is not None else 0) for g in "ifo"}
+    ys = []
+    for t in range(seq):
+        z = {g: xs[t] @ w["w_" + g].T + h @ w["r_" + g].T + w["b_" + g] for g in "ifco"}
+        i = sig(z["i"] + p["i"] * c)
+        f = sig(z["f"] + p["f"] * c)
+        c = f * c + i * np.tanh(z["c"])
+        o = sig(z["o"] + p["o"] * c)
+        h = o * np.tanh(c)
+        ys.append(h)
+    y = np.stack(ys)
+    return y if time_major else y.transpose(1, 0, 2)
+
+
+@pytest.mark.parametrize("time_major,peephole", [(False, False), (True, True), (False, True)])
+def test_unidirectional_sequence_lstm(tmp_path, time_major, peephole):
+    m, w = mk.lstm_model(2, 4, 3, 5, time_major=time_major, peephole=peephole, seed=3)
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((4, 2, 3) if time_major else (2, 4, 3)).astype(np.float32)
+    got = run_model(m, {"x": x}, tmp_path)["y"]
+    np.testing.assert_allclose(got, lstm_ref(x.astype(np.float64), w, time_major),
+                               rtol=1e-4, atol=1e-5)
+    # twice in a row: the state does not carry over between runs
+    again = run_model(m, {"x": x}, tmp_path)["y"]
+    np.testing.assert_array_equal(got, again)
+
+
+def test_string_reshape(tmp_path):
+    rng = np.random.default_rng(12)
+    words = np.array([b"", b"a", b"kiln", b"tflite", b"\xff\x00z"], dtype="S6")
+    x = words[rng.integers(0, len(words), (2, 8, 8, 3))]
+    got = predict(TFLITE_TD / "java/src/testdata/string.bin",
+                  {"string_input": x}, tmp_path)["output_tensor"]
+    np.testing.assert_array_equal(got, x.reshape(2, 4, 4, 12))
+
+
+def test_micro_speech_runs(tmp_path):
+    """micro_speech's classifier (its features come from the refused audio
+    preprocessor): on random features it gives a distribution over its 4 labels."""
+    model = MICRO / "examples/micro_speech/models/micro_speech_quantized.tflite"
+    rng = np.random.default_rng(13)
+    x = rng.integers(-128, 128, (1, 1960), dtype=np.int8)
+    (got,) = predict(model, {"Reshape_1": x}, tmp_path).values()
+    assert got.dtype == np.int8 and got.shape == (1, 4)
+    assert abs(int(got.astype(np.int64).sum()) + 4 * 128 - 256) <= 4  # 4 probabilities sum to 1
+
+
+def test_conv_chain_float(tmp_path):
+    """CONV_2D -> DEPTHWISE_CONV_2D -> CONV_2D with 16 channels: the transposes
+    between them are the optimizer's to cancel; the answer must not change."""
+    rng = np.random.default_rng(21)
+    m = mk.Model()
+    x = m.add([1, 9, 7, 3], name="x", signature=[-1, 9, 7, 3])
+    w1 = (rng.standard_normal((16, 3, 3, 3)) * 0.3).astype(np.float32)
+    w2 = (rng.standard_normal((1, 3, 3, 16)) * 0.3).astype(np.float32)
+    w3 = (rng.standard_normal((8, 1, 1, 16)) * 0.3).astype(np.float32)
+    b1 = rng.standard_normal(16).astype(np.float32)
+    a = m.add([1, 9, 7, 16], name="a")
+    m.op("CONV_2D", [x, m.const(w1), m.const(b1)], [a], [("i8", 0), ("i32", 1), ("i32", 1), ("i8", 1)])
+    b = m.add([1, 5, 4, 16], name="b")
+    m.op("DEPTHWISE_CONV_2D", [a, m.const(w2), -1], [b],
+         [("i8", 0), ("i32", 2), ("i32", 2), ("i32", 1), ("i8", 3)])
+    c = m.add([1, 5, 4, 8], name="c")
+    m.op("CONV_2D", [b, m.const(w3), -1], [c], [("i8", 1), ("i32", 1), ("i32", 1), ("i8", 0)])
+    m.inputs, m.outputs = [x], [c]
+    xv = rng.standard_normal((2, 9, 7, 3)).astype(np.float32)
+    want = np.maximum(conv_ref(xv, w1, b1, 1, True), 0)
+    want = np.clip(conv_ref(want, w2, None, 2, True, depthwise=True), 0, 6)
+    want = conv_ref(want, w3, None, 1, False)
+    for flags in [(), ("--reference",)]:
+        got = run_model(m, {"x": xv}, tmp_path, flags)["c"]
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_float16_weights(tmp_path):
+    """TFLite's float16 quantization: DEQUANTIZE of float16 filters and weights
+    feeding float CONV_2D, DEPTHWISE_CONV_2D and FULLY_CONNECTED."""
+    rng = np.random.default_rng(31)
+    m = mk.Model()
+    x = m.add([1, 6, 6, 2], name="x")
+    w1 = rng.standard_normal((4, 3, 3, 2)).astype(np.float16)
+    w2 = rng.standard_normal((1, 3, 3, 4)).astype(np.float16)
+    w3 = rng.standard_normal((3, 4 * 3 * 3)).astype(np.float16)
+    ws = []
+    for w in (w1, w2, w3):
+        t = m.add(list(w.shape), name=f"w{len(ws)}")
+        m.op("DEQUANTIZE", [m.const(w)], [t])
+        ws.append(t)
+    a = m.add([1, 6, 6, 4], name="a")
+    m.op("CONV_2D", [x, ws[0], -1], [a], [("i8", 0), ("i32", 1), ("i32", 1), ("i8", 0)])
+    b = m.add([1, 3, 3, 4], name="b")
+    m.op("DEPTHWISE_CONV_2D", [a, ws[1], -1], [b], [("i8", 0), ("i32", 2), ("i32", 2), ("i32", 1)])
+    c = m.add([1, 3], name="c")
+    m.op("FULLY_CONNECTED", [b, ws[2], -1], [c], [("i8", 0)])
+    m.inputs, m.outputs = [x], [c]
+    xv = rng.standard_normal((1, 6, 6, 2)).astype(np.float32)
+    want = conv_ref(xv, w1.astype(np.float32), None, 1, True)
+    want = conv_ref(want, w2.astype(np.float32), None, 2, True, depthwise=True)
+    want = want.reshape(1, -1) @ w3.astype(np.float32).T
+    for flags in [(), ("--reference",)]:
+        got = run_model(m, {"x": xv}, tmp_path, flags)["c"]
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)

@@ -1,0 +1,361 @@
+#!/usr/bin/env python3
+"""make_tflite_corpus.py - small TFLite models written from scratch.
+
+A FlatBuffer writer of a few dozen lines (tables laid out front to back,
+each child after the field that points to it) and the TFLite schema's field
+ids are enough to write .tflite files without TensorFlow. The test suite
+(tests/python/test_tflite.py) builds one-op models with it to check each
+float op Kiln lowers against numpy; `python3 tools/make_tflite_corpus.py
+DIR` writes the fuzzing seed corpus (tests/corpus/tflite/): valid models of
+every supported op, float and quantized, and malformed ones (truncated,
+vtable and offsets pointing outside the file, vectors longer than the file,
+indices out of range, a custom op, a wrong options type).
+"""
+import pathlib
+import struct
+import sys
+
+import numpy as np
+
+F32, F16, I32, U8, I64, I8 = 0, 1, 2, 3, 4, 9
+
+# BuiltinOperator codes and BuiltinOptions union types (schema.fbs)
+OPS = {"ADD": (0, 11), "AVERAGE_POOL_2D": (1, 5), "CONCATENATION": (2, 10), "CONV_2D": (3, 1),
+       "DEPTHWISE_CONV_2D": (4, 2), "DEQUANTIZE": (6, 0), "FULLY_CONNECTED": (9, 8),
+       "LOGISTIC": (14, 0), "MAX_POOL_2D": (17, 5), "MUL": (18, 21), "RELU": (19, 0),
+       "RELU6": (21, 0), "RESHAPE": (22, 17), "SOFTMAX": (25, 9), "TANH": (28, 0),
+       "CUSTOM": (32, 0), "PAD": (34, 22), "TRANSPOSE": (39, 26), "MEAN": (40, 27),
+       "SUB": (41, 28), "DIV": (42, 29), "SQUEEZE": (43, 30), "STRIDED_SLICE": (45, 32),
+       "QUANTIZE": (114, 0), "LSTM": (16, 14), "UNIDIRECTIONAL_SEQUENCE_LSTM": (44, 71)}
+
+
+class Builder:
+    """Writes a FlatBuffer front to back. A table is a list indexed by field
+    id of None or (kind, value); kinds: u8 i8 i32 u32 f32 i64 u64 (scalars),
+    str, table, vi32 vf32 vi64 vu8 (vectors), vtable (vector of tables)."""
+
+    SCALAR = {"u8": "B", "i8": "b", "i32": "i", "u32": "I", "f32": "f", "i64": "q", "u64": "Q"}
+
+    def __init__(self):
+        self.buf = bytearray(8)
+
+    def align(self, n, extra=0):
+        while (len(self.buf) + extra) % n:
+            self.buf += b"\0"
+
+    def table(self, fields):
+        inline = []  # (field id, kind, value, size)
+        for fid, f in enumerate(fields):
+            if f is None:
+                continue
+            kind, value = f
+            size = struct.calcsize(self.SCALAR[kind]) if kind in self.SCALAR else 4
+            inline.append((fid, kind, value, size))
+        inline.sort(key=lambda x: -x[3])  # 8-byte fields first: they stay aligned
+        obj_len = 4 + sum(s for *_, s in inline)
+        offsets = {}
+        o = 4
+        for fid, _, _, size in inline:
+            offsets[fid] = o
+            o += size
+        self.align(2)
+        vt_pos = len(self.buf)
+        nf = len(fields)
+        self.buf += struct.pack(f"<HH{nf}H", 4 + 2 * nf, obj_len,
+                                *[offsets.get(i, 0) for i in range(nf)])
+        self.align(8)
+        pos = len(self.buf)
+        self.buf += struct.pack("<i", pos - vt_pos) + bytes(obj_len - 4)
+        refs = []
+        for fid, kind, value, size in inline:
+            at = pos + offsets[fid]
+            if kind in self.SCALAR:
+                struct.pack_into("<" + self.SCALAR[kind], self.buf, at, value)
+            else:
+                refs.append((at, kind, value))
+        for at, kind, value in refs:
+            child = self.emit(kind, value)
+            struct.pack_into("<I", self.buf, at, child - at)
+        return pos
+
+    def emit(self, kind, value):
+        if kind == "table":
+            return self.table(value)
+        if kind == "str":
+            data = value.encode()
+            self.align(4)
+            pos = len(self.buf)
+            self.buf += struct.pack("<I", len(data)) + data + b"\0"
+            return pos
+        if kind == "vtable":
+            self.align(4)
+            pos = len(self.buf)
+            self.buf += struct.pack("<I", len(value)) + bytes(4 * len(value))
+            for i, t in enumerate(value):
+                child = self.table(t)
+                struct.pack_into("<I", self.buf, pos + 4 + 4 * i, child - (pos + 4 + 4 * i))
+            return pos
+        fmt = {"vi32": "i", "vf32": "f", "vi64": "q", "vu8": "B"}[kind]
+        size = struct.calcsize(fmt)
+        self.align(max(size, 16) if kind == "vu8" else max(size, 4), 4)
+        pos = len(self.buf)
+        self.buf += struct.pack(f"<I{len(value)}{fmt}", len(value), *value)
+        return pos
+
+    def finish(self, root_fields, ident=b"TFL3"):
+        root = self.table(root_fields)
+        struct.pack_into("<I", self.buf, 0, root)
+        self.buf[4:8] = ident
+        return bytes(self.buf)
+
+
+def tensor(shape, ttype=F32, buffer=0, name="t", quant=None, signature=None):
+    """A Tensor table; quant = (scales, zero points, quantized dimension)."""
+    q = None
+    if quant:
+        scales, zps, dim = quant
+        q = ("table", [None, None, ("vf32", list(scales)), ("vi64", list(zps)), None, None,
+                       ("i32", dim)])
+    return [("vi32", list(shape)), ("i8", ttype), ("u32", buffer), ("str", name), q, None, None,
+            ("vi32", list(signature)) if signature else None]
+
+
+def operator(opcode_index, inputs, outputs, opt_type=0, opts=None):
+    return [("u32", opcode_index), ("vi32", list(inputs)), ("vi32", list(outputs)),
+            ("u8", opt_type) if opt_type else None, ("table", opts) if opts is not None else None]
+
+
+class Model:
+    """One subgraph under construction: tensors, constant buffers, operators."""
+
+    def __init__(self):
+        self.tensors, self.buffers, self.ops, self.codes = [], [[]], [], []
+        self.inputs, self.outputs, self.sigs = [], [], []
+
+    def add(self, shape, ttype=F32, name=None, data=None, quant=None, signature=None):
+        buf = 0
+        if data is not None:
+            self.buffers.append(list(np.ascontiguousarray(data).tobytes()))
+            buf = len(self.buffers) - 1
+        self.tensors.append(tensor(shape, ttype, buf, name or f"t{len(self.tensors)}", quant,
+                                   signature))
+        return len(self.tensors) - 1
+
+    def const(self, arr, ttype=None, name=None, quant=None):
+        arr = np.asarray(arr)
+        ttype = ttype if ttype is not None else {np.float32: F32, np.float16: F16, np.int32: I32,
+                                                  np.int8: I8,
+                                                  np.uint8: U8, np.int64: I64}[arr.dtype.type]
+        return self.add(arr.shape, ttype, name, arr, quant)
+
+    def op(self, name, inputs, outputs, opts=None, custom=None):
+        code, opt_type = OPS[name]
+        key = (code, custom)
+        if key not in self.codes:
+            self.codes.append(key)
+        self.ops.append(operator(self.codes.index(key), inputs, outputs,
+                                 opt_type if opts is not None else 0, opts))
+
+    def bytes(self):
+        b = Builder()
+        codes = []
+        for code, custom in self.codes:
+            codes.append([("i8", min(code, 127)), ("str", custom) if custom else None,
+                          ("i32", 1), ("i32", code)])
+        sg = [("vtable", self.tensors), ("vi32", self.inputs), ("vi32", self.outputs),
+              ("vtable", self.ops), ("str", "main")]
+        sigs = None
+        if self.sigs:
+            sigs = ("vtable", [[("vtable", [[("str", n), ("u32", i)] for n, i in ins]),
+                                ("vtable", [[("str", n), ("u32", i)] for n, i in outs]),
+                                ("str", key), None, ("u32", 0)] for key, ins, outs in self.sigs])
+        root = [("u32", 3), ("vtable", codes), ("vtable", [sg]), ("str", "kiln test"),
+                ("vtable", [[("vu8", d)] if d else [] for d in self.buffers]), None, None, sigs]
+        return b.finish(root)
+
+
+def unary(op, shape=(2, 3), opts=None):
+    m = Model()
+    x = m.add(shape, name="x")
+    y = m.add(shape, name="y")
+    m.op(op, [x], [y], opts)
+    m.inputs, m.outputs = [x], [y]
+    return m
+
+
+def lstm_model(batch, seq, nin, hidden, time_major=False, peephole=False, seed=0):
+    """A float UNIDIRECTIONAL_SEQUENCE_LSTM (TANH, no CIFG, projection or layer
+    norm); returns the model and its weights {name: array} in TFLite's
+    order: w_i, w_f, w_c, w_o, r_i, r_f, r_c, r_o, p_i, p_f, p_o, b_i, b_f, b_c, b_o."""
+    rng = np.random.default_rng(seed)
+    m = Model()
+    shape = [seq, batch, nin] if time_major else [batch, seq, nin]
+    x = m.add(shape, name="x")
+    wts = {}
+    ins = [x]
+    for g in "ifco":
+        wts["w_" + g] = (rng.standard_normal((hidden, nin)) * 0.5).astype(np.float32)
+    for g in "ifco":
+        wts["r_" + g] = (rng.standard_normal((hidden, hidden)) * 0.5).astype(np.float32)
+    for g in "ifco":
+        wts["b_" + g] = (rng.standard_normal(hidden) * 0.5).astype(np.float32)
+    for g in "ifo":
+        wts["p_" + g] = (rng.standard_normal(hidden) * 0.5).astype(np.float32) if peephole else None
+    ins += [m.const(wts["w_" + g]) for g in "ifco"]
+    ins += [m.const(wts["r_" + g]) for g in "ifco"]
+    ins += [m.const(wts["p_" + g]) if peephole else -1 for g in "ifo"]
+    ins += [m.const(wts["b_" + g]) for g in "ifco"]
+    ins += [-1, -1]  # projection
+    h0 = m.add([batch, hidden], name="h_state")
+    c0 = m.add([batch, hidden], name="c_state")
+    m.tensors[h0][5] = ("u8", 1)  # is_variable
+    m.tensors[c0][5] = ("u8", 1)
+    ins += [h0, c0]
+    out_shape = [seq, batch, hidden] if time_major else [batch, seq, hidden]
+    y = m.add(out_shape, name="y")
+    m.op("UNIDIRECTIONAL_SEQUENCE_LSTM", ins, [y],
+         [("i8", 4), ("f32", 0.0), ("f32", 0.0), ("u8", 1 if time_major else 0)])
+    m.inputs, m.outputs = [x], [y]
+    return m, wts
+
+
+def corpus():
+    """{file name: bytes} of the seed corpus."""
+    out = {}
+    rng = np.random.default_rng(5)
+
+    m = Model()
+    a, b = m.add([1, 4], name="a", signature=[-1, 4]), m.add([1, 4], name="b", signature=[-1, 4])
+    s = m.add([1, 4], name="sum")
+    m.op("ADD", [a, b], [s], [("i8", 1)])
+    m.inputs, m.outputs = [a, b], [s]
+    m.sigs = [("serving_default", [("x1", a), ("x2", b)], [("out", s)])]
+    out["add_sig.tflite"] = m.bytes()
+
+    m = Model()
+    x = m.add([1, 5, 5, 2], name="x")
+    w = m.const(rng.standard_normal((3, 3, 3, 2)).astype(np.float32))
+    bias = m.const(rng.standard_normal(3).astype(np.float32))
+    y = m.add([1, 3, 3, 3], name="y")
+    m.op("CONV_2D", [x, w, bias], [y], [("i8", 0), ("i32", 2), ("i32", 2), ("i8", 3)])
+    p = m.add([1, 2, 2, 3], name="p")
+    m.op("MAX_POOL_2D", [y], [p], [("i8", 0), ("i32", 2), ("i32", 2), ("i32", 2), ("i32", 2)])
+    m.inputs, m.outputs = [x], [p]
+    out["conv_pool.tflite"] = m.bytes()
+
+    m = Model()
+    x = m.add([1, 4, 4, 2], name="x")
+    w = m.const(rng.standard_normal((1, 3, 3, 4)).astype(np.float32))
+    y = m.add([1, 4, 4, 4], name="y")
+    m.op("DEPTHWISE_CONV_2D", [x, w, -1], [y], [("i8", 0), ("i32", 1), ("i32", 1), ("i32", 2)])
+    m.inputs, m.outputs = [x], [y]
+    out["depthwise.tflite"] = m.bytes()
+
+    m = Model()
+    x = m.add([2, 3], name="x")
+    w = m.const(rng.standard_normal((4, 3)).astype(np.float32))
+    h = m.add([2, 4], name="h")
+    m.op("FULLY_CONNECTED", [x, w, -1], [h], [("i8", 1)])
+    sm = m.add([2, 4], name="sm")
+    m.op("SOFTMAX", [h], [sm], [("f32", 1.0)])
+    m.inputs, m.outputs = [x], [sm]
+    out["fc_softmax.tflite"] = m.bytes()
+
+    # quantized: int8 fully connected, per-channel conv, add, average pool, softmax
+    m = Model()
+    q_in = ([0.05], [-3], 0)
+    x = m.add([1, 4, 4, 2], I8, "x", quant=q_in)
+    w = m.const(rng.integers(-127, 128, (2, 3, 3, 2), dtype=np.int8), quant=([0.01, 0.02], [0, 0], 0))
+    bq = m.const(np.array([100, -50], np.int32), quant=([0.0005, 0.001], [0, 0], 0))
+    c = m.add([1, 4, 4, 2], I8, "c", quant=([0.1], [2], 0))
+    m.op("CONV_2D", [x, w, bq], [c], [("i8", 0), ("i32", 1), ("i32", 1), ("i8", 1)])
+    d = m.add([1, 4, 4, 2], I8, "d", quant=([0.12], [-1], 0))
+    m.op("ADD", [c, x], [d], [("i8", 0)])
+    e = m.add([1, 2, 2, 2], I8, "e", quant=([0.12], [-1], 0))
+    m.op("AVERAGE_POOL_2D", [d], [e], [("i8", 1), ("i32", 2), ("i32", 2), ("i32", 2), ("i32", 2)])
+    f = m.add([1, 8], I8, "f", quant=([0.12], [-1], 0))
+    m.op("RESHAPE", [e], [f], [("vi32", [1, 8])])
+    g = m.add([1, 8], I8, "g", quant=([1 / 256], [-128], 0))
+    m.op("SOFTMAX", [f], [g], [("f32", 1.0)])
+    m.inputs, m.outputs = [x], [g]
+    out["quant_mix.tflite"] = m.bytes()
+
+    m = Model()
+    x = m.add([1, 6], name="x")
+    qx = m.add([1, 6], I8, "qx", quant=([0.02], [1], 0))
+    m.op("QUANTIZE", [x], [qx])
+    w = m.const(rng.integers(-127, 128, (3, 6), dtype=np.int8), quant=([0.01], [0], 0))
+    y = m.add([1, 3], I8, "y", quant=([0.05], [0], 0))
+    m.op("FULLY_CONNECTED", [qx, w, -1], [y], [("i8", 0)])
+    z = m.add([1, 3], name="z")
+    m.op("DEQUANTIZE", [y], [z])
+    m.inputs, m.outputs = [x], [z]
+    out["quant_fc.tflite"] = m.bytes()
+
+    m = Model()
+    x = m.add([2, 3, 4], name="x")
+    pads = m.const(np.array([[0, 0], [1, 0], [0, 2]], np.int32))
+    p = m.add([2, 4, 6], name="p")
+    m.op("PAD", [x, pads], [p], [])
+    perm = m.const(np.array([2, 0, 1], np.int32))
+    t = m.add([6, 2, 4], name="t")
+    m.op("TRANSPOSE", [p, perm], [t], [])
+    axes = m.const(np.array([1], np.int32))
+    mn = m.add([6, 4], name="mn")
+    m.op("MEAN", [t, axes], [mn], [("u8", 0)])
+    bg, en, st = (m.const(np.array(v, np.int32)) for v in ([1, 0], [5, 4], [2, -1]))
+    s = m.add([2, 4], name="s")
+    m.op("STRIDED_SLICE", [mn, bg, en, st], [s], [("i32", 0), ("i32", 2)])
+    m.inputs, m.outputs = [x], [s]
+    out["shape_ops.tflite"] = m.bytes()
+
+    out["seq_lstm.tflite"] = lstm_model(2, 3, 4, 5, peephole=True)[0].bytes()
+
+    m = unary("CUSTOM")
+    m.codes = [(32, "MyCustomOp")]
+    out["custom_op.tflite"] = m.bytes()
+
+    # malformed
+    good = out["conv_pool.tflite"]
+    out["truncated_half.tflite"] = good[:len(good) // 2]
+    out["truncated_header.tflite"] = good[:7]
+    bad = bytearray(good)
+    struct.pack_into("<I", bad, 0, len(bad) + 100)
+    out["root_past_end.tflite"] = bytes(bad)
+    bad = bytearray(good)
+    root = struct.unpack_from("<I", bad, 0)[0]
+    struct.pack_into("<i", bad, root, -0x7fffffff)
+    out["vtable_past_end.tflite"] = bytes(bad)
+    m = unary("RELU")
+    m.tensors[0][0] = ("vi32", [2, 3] * 5)  # rank 10
+    out["rank_too_big.tflite"] = m.bytes()
+    m = unary("RELU")
+    m.ops[0][1] = ("vi32", [7])  # tensor index out of range
+    out["bad_tensor_index.tflite"] = m.bytes()
+    m = unary("RELU")
+    m.ops[0][0] = ("u32", 9)  # opcode index out of range
+    out["bad_opcode_index.tflite"] = m.bytes()
+    m = unary("SOFTMAX", opts=[("f32", 1.0)])
+    m.ops[0][3] = ("u8", 1)  # Conv2DOptions on a SOFTMAX
+    out["wrong_options_type.tflite"] = m.bytes()
+    bad = bytearray(unary("TANH").bytes())
+    i = bad.find(struct.pack("<I", 2) + struct.pack("<ii", 2, 3))  # the shape vector [2, 3]
+    if i >= 0:
+        struct.pack_into("<I", bad, i, 0x3fffffff)
+    out["vector_past_end.tflite"] = bytes(bad)
+    return out
+
+
+def main():
+    if len(sys.argv) != 2:
+        print(__doc__)
+        return 2
+    d = pathlib.Path(sys.argv[1])
+    d.mkdir(parents=True, exist_ok=True)
+    for name, data in corpus().items():
+        (d / name).write_bytes(data)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
