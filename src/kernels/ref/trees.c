@@ -574,7 +574,16 @@ kiln_status kiln_forest_build(const struct kiln_node *node, struct kiln_forest *
     if (node->op != KILN_OP_TreeEnsemble) {
         int nb;
         if ((st = read_numbers(node, "base_values", &f->base, &nb)) != KILN_OK) goto fail;
-        if (nb >= 0 && nb != f->n_targets) {
+        if (nb == 1 && f->n_targets > 1) {
+            /* one base value for every column, as numpy broadcasts it */
+            double *b = realloc(f->base, sizeof(double) * (size_t)f->n_targets);
+            if (!b) {
+                st = kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory");
+                goto fail;
+            }
+            for (int64_t i = 1; i < f->n_targets; i++) b[i] = b[0];
+            f->base = b;
+        } else if (nb >= 0 && nb != f->n_targets) {
             if (nb == 0) {
                 free(f->base);
                 f->base = NULL;
