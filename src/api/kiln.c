@@ -21,6 +21,7 @@
 #include "opt/opt.h"
 #include "import/model.h"
 #include "import/savedmodel.h"
+#include "import/xgboost.h"
 
 struct kiln_session {
     struct kiln_model *model;
@@ -84,6 +85,31 @@ static kiln_status load_onnx_file(const char *path, struct kiln_model *m)
     free(dir);
     if (st != KILN_OK) kiln_error_wrap(st, "%s", path);
     return st;
+}
+
+/* An XGBoost save_model file (JSON or UBJSON; src/import/xgboost.c). */
+static kiln_status load_xgboost_file(const char *path, struct kiln_model *m)
+{
+    struct kiln_file_map map;
+    kiln_status st = kiln_file_map(path, &map);
+    if (st != KILN_OK) return st;
+    st = kiln_xgboost_load(map.data, map.size, m); /* copies what it keeps */
+    kiln_file_unmap(&map);
+    if (st != KILN_OK) kiln_error_wrap(st, "%s", path);
+    return st;
+}
+
+/* Whether a single-file model is XGBoost's: a .json / .ubj name, or bytes
+ * that begin as a JSON or UBJSON object (an ONNX file never does). */
+static bool is_xgboost_file(const char *path)
+{
+    if (has_suffix(path, ".json") || has_suffix(path, ".ubj")) return true;
+    unsigned char head[2] = {0};
+    FILE *fp = fopen(path, "rb");
+    if (!fp) return false;
+    size_t n = fread(head, 1, sizeof head, fp);
+    fclose(fp);
+    return kiln_xgboost_sniff(head, n) != 0;
 }
 
 static int ptr_cmp(const void *a, const void *b)
@@ -213,8 +239,15 @@ kiln_status kiln_model_load(const char *path, const kiln_load_options *opts, kil
         /* a model folder: model.onnx, or a SavedModel */
         char buf[4096];
         snprintf(buf, sizeof buf, "%s/model.onnx", path);
+        char xgb_json[4096], xgb_ubj[4096];
+        snprintf(xgb_json, sizeof xgb_json, "%s/model.json", path);
+        snprintf(xgb_ubj, sizeof xgb_ubj, "%s/model.ubj", path);
         if ((fmt == KILN_FORMAT_AUTO || fmt == KILN_FORMAT_ONNX) && access(buf, F_OK) == 0) {
             st = load_onnx_file(buf, m);
+        } else if (fmt == KILN_FORMAT_AUTO && access(xgb_json, F_OK) == 0) {
+            st = load_xgboost_file(xgb_json, m);
+        } else if (fmt == KILN_FORMAT_AUTO && access(xgb_ubj, F_OK) == 0) {
+            st = load_xgboost_file(xgb_ubj, m);
         } else {
             snprintf(buf, sizeof buf, "%s/saved_model.pb", path);
             char buf2[4096];
@@ -224,7 +257,7 @@ kiln_status kiln_model_load(const char *path, const kiln_load_options *opts, kil
                 if (st != KILN_OK) kiln_error_wrap(st, "%s", path);
             } else
                 st = kiln_error(KILN_ERR_NOT_FOUND,
-                                "folder '%s' holds no model.onnx or saved_model.pb", path);
+                                "folder '%s' holds no model.onnx, saved_model.pb or XGBoost model.json / model.ubj", path);
         }
     } else if (fmt == KILN_FORMAT_SAVEDMODEL) {
         st = kiln_error(KILN_ERR_INVALID_ARGUMENT, "a SavedModel is a folder; '%s' is a file", path);
@@ -232,7 +265,8 @@ kiln_status kiln_model_load(const char *path, const kiln_load_options *opts, kil
         if (fmt == KILN_FORMAT_AUTO && !has_suffix(path, ".onnx") && !has_suffix(path, ".pb")) {
             /* no telling suffix: ONNX is the only single-file format today */
         }
-        st = load_onnx_file(path, m);
+        if (fmt == KILN_FORMAT_AUTO && is_xgboost_file(path)) st = load_xgboost_file(path, m);
+        else st = load_onnx_file(path, m);
     }
     if (st == KILN_OK) st = model_prepare(m);
     if (st != KILN_OK) {
