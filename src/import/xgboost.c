@@ -152,7 +152,7 @@ static kiln_status read_objective(const char *name, enum link *link, enum outf *
         {"reg:squaredlogerror", LINK_ID, OUT_ID},  {"reg:pseudohubererror", LINK_ID, OUT_ID},
         {"reg:absoluteerror", LINK_ID, OUT_ID},    {"reg:quantileerror", LINK_ID, OUT_ID},
         {"rank:pairwise", LINK_ID, OUT_ID},        {"rank:ndcg", LINK_ID, OUT_ID},
-        {"rank:map", LINK_ID, OUT_ID},             {"binary:logitraw", LINK_LOGIT, OUT_ID},
+        {"rank:map", LINK_ID, OUT_ID},             {"binary:logitraw", LINK_ID, OUT_ID},
         {"binary:logistic", LINK_LOGIT, OUT_SIGMOID}, {"reg:logistic", LINK_LOGIT, OUT_SIGMOID},
         {"binary:hinge", LINK_ID, OUT_HINGE},      {"count:poisson", LINK_LOG, OUT_EXP},
         {"reg:gamma", LINK_LOG, OUT_EXP},          {"reg:tweedie", LINK_LOG, OUT_EXP},
