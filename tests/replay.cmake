@@ -68,3 +68,12 @@ add_test(NAME fuzz_replay_savedmodel
   COMMAND kiln_fuzz_replay_savedmodel ${PROJECT_SOURCE_DIR}/tests/corpus/savedmodel)
 set_tests_properties(fuzz_replay_savedmodel PROPERTIES TIMEOUT 300
   ENVIRONMENT "ASAN_OPTIONS=detect_leaks=1:abort_on_error=0;UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1")
+
+# XGBoost's JSON / UBJSON model files (src/import/xgboost.c, xgb_doc.c).
+add_executable(kiln_fuzz_replay_xgboost
+  ${PROJECT_SOURCE_DIR}/fuzz/replay_main.c ${PROJECT_SOURCE_DIR}/fuzz/fuzz_xgboost.c)
+target_link_libraries(kiln_fuzz_replay_xgboost PRIVATE kiln m)
+add_test(NAME fuzz_replay_xgboost
+  COMMAND kiln_fuzz_replay_xgboost ${PROJECT_SOURCE_DIR}/tests/corpus/xgboost)
+set_tests_properties(fuzz_replay_xgboost PROPERTIES TIMEOUT 300
+  ENVIRONMENT "ASAN_OPTIONS=detect_leaks=1:abort_on_error=0;UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1")
