@@ -518,13 +518,13 @@ static kiln_status build_graph(struct kiln_graph *g, struct forest *f, int64_t n
     if (st != KILN_OK) return st;
     if (!two_d) {
         /* one output group: [N, 1] -> [N], as XGBoost's predict returns it */
-        kiln_tensor *shape;
+        kiln_tensor *axes;
         int64_t sd[1] = {1};
         int sid;
-        if ((st = kiln_tensor_new(KILN_DTYPE_I64, 1, sd, &shape)) != KILN_OK) return st;
-        ((int64_t *)shape->data)[0] = -1;
-        if ((st = add_const(g, "flat", shape, &sid)) != KILN_OK) return st;
-        if ((st = add_node(g, KILN_OP_Reshape, 17, y, sid, "predictions", 0, &n, &y)) != KILN_OK)
+        if ((st = kiln_tensor_new(KILN_DTYPE_I64, 1, sd, &axes)) != KILN_OK) return st;
+        ((int64_t *)axes->data)[0] = 1;
+        if ((st = add_const(g, "squeeze_axes", axes, &sid)) != KILN_OK) return st;
+        if ((st = add_node(g, KILN_OP_Squeeze, 17, y, sid, "predictions", 0, &n, &y)) != KILN_OK)
             return st;
     }
     g->outputs[g->n_outputs++] = y;

@@ -17,7 +17,8 @@
  * when missing_value_tracks_true says so, else the false one). Rows are
  * evaluated in blocks of 32: each tree is walked for every row of the
  * block before the next tree, so a tree's nodes are read from cache 32
- * times. Scores are accumulated in double as in the reference, then the
+ * times, eight rows at a time in lockstep so that their loads overlap.
+ * Scores are accumulated in double as in the reference, then the
  * reference's finishing steps (average, base values, binary rule, post
  * transform, labels) run per row.
  *
@@ -36,6 +37,7 @@
 
 #define TREE_BLOCK 32       /* rows walked together */
 #define TREE_MAX_COLS 4096  /* score columns the stack buffers allow */
+#define TREE_LANES 8        /* rows of a block that descend a tree in lockstep */
 
 struct fnode {
     float thr;           /* go to child[0] when x <= thr */
@@ -193,6 +195,15 @@ struct tree_job {
     _Atomic int failed;
 };
 
+/* One step down from node n for row x. */
+static inline int32_t tree_step(const struct fnode *n, const float *x)
+{
+    float v = x[n->feat & 0x7fffffffu];
+    int k = !(v <= n->thr);
+    if (v != v) k = !(n->feat >> 31);
+    return n->child[k];
+}
+
 static void tree_rows(void *arg, int64_t begin, int64_t end)
 {
     struct tree_job *j = arg;
@@ -207,19 +218,33 @@ static void tree_rows(void *arg, int64_t begin, int64_t end)
         for (int64_t b = 0; b < nb; b++) kiln_forest_scores_init(f, buf + b * width, j->out_dt);
         for (int t = 0; t < f->n_trees; t++) {
             int32_t root = s->roots[t];
-            for (int64_t b = 0; b < nb; b++) {
+            int64_t b = 0;
+            /* eight rows descend together: eight independent chains of loads */
+            for (; b + TREE_LANES <= nb; b += TREE_LANES) {
+                int32_t c[TREE_LANES];
+                const float *xr[TREE_LANES];
+                for (int l = 0; l < TREE_LANES; l++) {
+                    c[l] = root;
+                    xr[l] = j->x + (r0 + b + l) * j->nf;
+                }
+                for (;;) {
+                    int live = 0;
+                    for (int l = 0; l < TREE_LANES; l++) {
+                        if (c[l] < 0) continue;
+                        c[l] = tree_step(&s->nodes[c[l]], xr[l]);
+                        live = 1;
+                    }
+                    if (!live) break;
+                }
+                for (int l = 0; l < TREE_LANES; l++) leaf[b + l] = ~c[l];
+            }
+            for (; b < nb; b++) {
                 const float *xr = j->x + (r0 + b) * j->nf;
                 int32_t c = root;
-                while (c >= 0) {
-                    const struct fnode *n = &s->nodes[c];
-                    float v = xr[n->feat & 0x7fffffffu];
-                    int k = !(v <= n->thr);
-                    if (v != v) k = !(n->feat >> 31);
-                    c = n->child[k];
-                }
+                while (c >= 0) c = tree_step(&s->nodes[c], xr);
                 leaf[b] = ~c;
             }
-            for (int64_t b = 0; b < nb; b++) kiln_forest_vote(f, leaf[b], buf + b * width);
+            for (int64_t v = 0; v < nb; v++) kiln_forest_vote(f, leaf[v], buf + v * width);
         }
         for (int64_t b = 0; b < nb; b++) {
             double *row = buf + b * width;

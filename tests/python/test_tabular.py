@@ -117,3 +117,17 @@ def test_ml_op_needs_ml_domain(kiln_bin, tmp_path):
     r = run_kiln(kiln_bin, path, {"X": np.zeros(2, np.float32)}, tmp_path / "o")
     assert r.returncode != 0
     assert "op 'Binarizer' is not supported" in r.stderr, r.stderr
+
+
+def test_serve_zipmap_probabilities(kiln_bin, models, tmp_path):
+    """A classifier ending in ZipMap serves its probabilities as one list per instance."""
+    from serve_once import serve_predict
+    path, inputs, expected = models["rf_iris"]
+    (tmp_path / "m" / "1").mkdir(parents=True)
+    (tmp_path / "m" / "1" / "model.onnx").write_bytes(Path(path).read_bytes())
+    reply = serve_predict(kiln_bin, tmp_path / "m", "iris", inputs["X"][:5].tolist())
+    rows = reply["predictions"]
+    assert [r["output_label"] for r in rows] == expected["output_label"][:5].tolist()
+    got = np.array([r["output_probability"] for r in rows])
+    assert got.shape == (5, 3)
+    assert np.abs(got - expected["output_probability"][:5]).max() <= 1e-5

@@ -20,6 +20,8 @@ import os
 import subprocess
 from pathlib import Path
 
+from serve_once import serve_predict
+
 import numpy as np
 import pytest
 
@@ -239,3 +241,16 @@ def test_unsupported_objective(kiln_bin, tmp_path):
     path.write_text(json.dumps(m))
     r = subprocess.run([kiln_bin, "inspect", str(path)], capture_output=True, text=True)
     assert r.returncode != 0 and "objective 'survival:cox' is not supported" in r.stderr, r.stderr
+
+
+def test_serve_xgboost_version_folder(kiln_bin, boosters, tmp_path):
+    """kiln serve loads 1/model.ubj; TF Serving's predict returns XGBoost's probabilities."""
+    paths, X, want = boosters["multi_softprob"]
+    (tmp_path / "m" / "1").mkdir(parents=True)
+    (tmp_path / "m" / "1" / "model.ubj").write_bytes(paths[1].read_bytes())
+    rows = np.nan_to_num(X[:4], nan=0.0)  # JSON has no NaN literal in TF Serving's format
+    reply = serve_predict(kiln_bin, tmp_path / "m", "xgb", rows.tolist())
+    got = np.array(reply["predictions"], dtype=np.float32)
+    ref = xgb.Booster(model_file=str(paths[0])).predict(xgb.DMatrix(rows))
+    assert got.shape == (4, 3)
+    assert np.abs(got - ref).max() <= 2e-6

@@ -11,9 +11,10 @@
  * int64 or string after classlabels_int64s / classlabels_strings.
  *
  * ZipMap's output is a sequence of maps (label -> probability) in ONNX. Kiln
- * has no map type: ZipMap passes its [N, C] probability tensor through, and
- * the class labels stay on the node (classlabels_int64s / _strings), where
- * `kiln inspect` and the serving formats find them (docs/TABULAR.md).
+ * has no map type: ZipMap passes its [N, C] probability tensor through, its
+ * columns in the order of the node's classlabels_int64s / _strings (the order
+ * of the classifier's labels), and the serving formats return that matrix
+ * (docs/TABULAR.md).
  */
 #include <float.h>
 #include <stdlib.h>
