@@ -45,7 +45,7 @@ REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 def train(args):
     import xgboost as xgb
     rng = np.random.RandomState(0)
-    n = 20000
+    n = 10000
     X = rng.randn(n, args.features).astype(np.float32)
     w = rng.randn(args.features)
     y = X @ w + np.sin(X[:, 0] * 3) + X[:, 1] * X[:, 2] + 0.1 * rng.randn(n)

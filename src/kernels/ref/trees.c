@@ -697,6 +697,10 @@ static kiln_status tree_infer(struct kiln_infer_ctx *ctx)
     if (score) kiln_type_set(score, out_dt, 2, d2);
     if (n->op == KILN_OP_TreeEnsembleClassifier && ctx->out[0])
         kiln_type_set(ctx->out[0], label_dt, 1, d2);
+    /* the batch dim keeps its symbolic name */
+    const char *sym = x && x->rank == 2 ? x->sym[0] : NULL;
+    if (score) score->sym[0] = sym;
+    if (n->op == KILN_OP_TreeEnsembleClassifier && ctx->out[0]) ctx->out[0]->sym[0] = sym;
     return KILN_OK;
 }
 
