@@ -254,3 +254,22 @@ def test_serve_xgboost_version_folder(kiln_bin, boosters, tmp_path):
     ref = xgb.Booster(model_file=str(paths[0])).predict(xgb.DMatrix(rows))
     assert got.shape == (4, 3)
     assert np.abs(got - ref).max() <= 2e-6
+
+
+def test_depth_limit(kiln_bin, tmp_path):
+    """A 5,000-deep chain (each right child the next split) is refused, not walked."""
+    depth = 5000
+    n = 2 * depth + 1
+    left, right = [-1] * n, [-1] * n
+    for d in range(depth):
+        node = 2 * d
+        left[node], right[node] = node + 1, node + 2
+    m = tiny_model()
+    t = m["learner"]["gradient_booster"]["model"]["trees"][0]
+    t.update(left_children=left, right_children=right, split_indices=[0] * n,
+             split_conditions=[0.5] * n, default_left=[0] * n, split_type=[0] * n)
+    t["tree_param"]["num_nodes"] = str(n)
+    path = tmp_path / "deep.json"
+    path.write_text(json.dumps(m))
+    r = subprocess.run([kiln_bin, "inspect", str(path)], capture_output=True, text=True)
+    assert r.returncode != 0 and "deeper than Kiln's limit of 4096" in r.stderr, r.stderr
