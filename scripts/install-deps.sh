@@ -6,7 +6,8 @@
 set -euo pipefail
 pkgs=(build-essential cmake pkg-config protobuf-c-compiler libprotobuf-c-dev zlib1g-dev libmicrohttpd-dev libdnnl-dev
       python3 python3-numpy python3-onnx python3-pytest python3-torch python3-torchvision
-      python3-sklearn clang)
+      python3-sklearn clang
+      python3-xgboost)  # XGBoost model files: tests/python/test_xgboost.py, bench/trees
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
