@@ -131,3 +131,67 @@ def test_serve_zipmap_probabilities(kiln_bin, models, tmp_path):
     got = np.array([r["output_probability"] for r in rows])
     assert got.shape == (5, 3)
     assert np.abs(got - expected["output_probability"][:5]).max() <= 1e-5
+
+
+def one_node_model(tmp_path, node, inputs, outputs, ml_opset=3):
+    onnx = pytest.importorskip("onnx")
+    from onnx import helper
+    g = helper.make_graph([node], "one", [helper.make_tensor_value_info(n, t, s) for n, t, s in inputs],
+                          [helper.make_tensor_value_info(n, t, s) for n, t, s in outputs])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 15),
+                                            helper.make_opsetid("ai.onnx.ml", ml_opset)])
+    path = tmp_path / "m.onnx"
+    onnx.save(m, str(path))
+    return path
+
+
+def test_string_ops_known_answers(kiln_bin, tmp_path):
+    """CategoryMapper, OneHotEncoder on strings and LabelEncoder float -> string, by hand."""
+    pytest.importorskip("onnx")
+    from onnx import TensorProto as T, helper
+    X = np.array([["b", "zz"], ["a", "c"]])
+    cases = [
+        (helper.make_node("CategoryMapper", ["X"], ["Y"], domain="ai.onnx.ml", cats_strings=["a", "b", "c"],
+                          cats_int64s=[7, 8, 9], default_int64=-5),
+         [("X", T.STRING, [2, 2])], [("Y", T.INT64, [2, 2])], {"X": X}, np.array([[8, -5], [7, 9]])),
+        (helper.make_node("OneHotEncoder", ["X"], ["Y"], domain="ai.onnx.ml", cats_strings=["a", "b", "c"]),
+         [("X", T.STRING, [2, 2])], [("Y", T.FLOAT, [2, 2, 3])], {"X": X},
+         np.array([[[0, 1, 0], [0, 0, 0]], [[1, 0, 0], [0, 0, 1]]], np.float32)),
+        (helper.make_node("LabelEncoder", ["X"], ["Y"], domain="ai.onnx.ml", keys_floats=[0.5, 2.0],
+                          values_strings=["half", "two"], default_string="other"),
+         [("X", T.FLOAT, [3])], [("Y", T.STRING, [3])], {"X": np.array([2.0, 0.5, 1.0], np.float32)},
+         np.array([b"two", b"half", b"other"])),
+    ]
+    for i, (node, ins, outs, feed, want) in enumerate(cases):
+        d = tmp_path / str(i)
+        d.mkdir()
+        path = one_node_model(d, node, ins, outs, ml_opset=2)
+        for mode in ([], ["--reference"]):
+            r = run_kiln(kiln_bin, path, feed, d / "o", mode)
+            assert r.returncode == 0, r.stderr
+            got = np.load(d / "o" / "Y.npy")
+            if want.dtype.kind == "S":
+                assert got.astype("S").tolist() == want.tolist(), (node.op_type, got)
+            else:
+                np.testing.assert_array_equal(got, want, err_msg=node.op_type)
+
+
+def test_tree_classifier_string_labels(kiln_bin, tmp_path):
+    """One tree, x0 <= 0.5 -> class 'no' (weight 1), else 'yes'; NaN tracks true."""
+    pytest.importorskip("onnx")
+    from onnx import TensorProto as T, helper
+    node = helper.make_node(
+        "TreeEnsembleClassifier", ["X"], ["label", "scores"], domain="ai.onnx.ml",
+        classlabels_strings=["no", "yes"], nodes_treeids=[0, 0, 0], nodes_nodeids=[0, 1, 2],
+        nodes_featureids=[0, 0, 0], nodes_modes=["BRANCH_LEQ", "LEAF", "LEAF"], nodes_values=[0.5, 0, 0],
+        nodes_truenodeids=[1, 0, 0], nodes_falsenodeids=[2, 0, 0], nodes_missing_value_tracks_true=[1, 0, 0],
+        class_treeids=[0, 0], class_nodeids=[1, 2], class_ids=[0, 1], class_weights=[1.0, 1.0])
+    path = one_node_model(tmp_path, node, [("X", T.FLOAT, ["N", 1])],
+                          [("label", T.STRING, ["N"]), ("scores", T.FLOAT, ["N", 2])])
+    X = np.array([[0.2], [0.5], [0.7], [np.nan]], np.float32)
+    for mode in ([], ["--reference"]):
+        r = run_kiln(kiln_bin, path, {"X": X}, tmp_path / "o", mode)
+        assert r.returncode == 0, r.stderr
+        assert np.load(tmp_path / "o" / "label.npy").astype("S").tolist() == [b"no", b"no", b"yes", b"no"]
+        np.testing.assert_array_equal(np.load(tmp_path / "o" / "scores.npy"),
+                                      [[1, 0], [1, 0], [0, 1], [1, 0]])
