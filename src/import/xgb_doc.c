@@ -343,7 +343,6 @@ static kiln_status ubj_container(struct rd *r, struct xd *v, int depth, int obj)
         v->len = (size_t)count;
         v->nums = kiln_arena_alloc(r->a, sizeof(double) * ((size_t)count + 1));
         if (!v->nums) return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory");
-        size_t sz = ubj_fixed_size(type);
         for (int64_t i = 0; i < count; i++) {
             if (type == 'd') {
                 uint32_t u = (uint32_t)be(r->p, 4);
@@ -362,7 +361,6 @@ static kiln_status ubj_container(struct rd *r, struct xd *v, int depth, int obj)
                 if ((st = ubj_int(r, type, &iv)) != KILN_OK) return st;
                 v->nums[i] = (double)iv;
             }
-            (void)sz;
         }
         return KILN_OK;
     }

@@ -309,7 +309,8 @@ static kiln_status read_tree(const struct xd *tree, int t, int64_t group, double
                 goto out;
             }
             double seg = xd_num_at(csegs, (size_t)c, &ok), size = xd_num_at(csizes, (size_t)c, &ok);
-            if (seg < 0 || size < 0 || seg + size > (double)n_cats) {
+            if (!(seg >= 0 && size >= 0 && seg + size <= (double)n_cats) || seg != floor(seg) ||
+                size != floor(size)) {
                 st = kiln_error(KILN_ERR_INVALID_MODEL, "XGBoost model: tree %d: node %lld's categories "
                                 "(%g from %g) exceed the %lld listed", t, (long long)node, size, seg, n_cats);
                 goto out;
@@ -350,10 +351,6 @@ out:
 }
 
 /* ---- the graph ---- */
-
-struct gb {
-    struct kiln_graph *g;
-};
 
 static kiln_status new_value(struct kiln_graph *g, const char *name, int *id)
 {
@@ -571,8 +568,9 @@ kiln_status kiln_xgboost_load(const void *data, size_t size, struct kiln_model *
     }
     double num_feature = 0, num_class = 0, num_target = 1;
     if (param_num(lmp, "num_feature", &num_feature) < 0 || param_num(lmp, "num_class", &num_class) < 0 ||
-        param_num(lmp, "num_target", &num_target) < 0 || num_feature < 1 || num_feature > (1 << 24) ||
-        num_class < 0 || num_class > 65536) {
+        param_num(lmp, "num_target", &num_target) < 0 || !(num_feature >= 1 && num_feature <= (1 << 24)) ||
+        !(num_class >= 0 && num_class <= 65536) || num_feature != floor(num_feature) ||
+        num_class != floor(num_class)) {
         st = kiln_error(KILN_ERR_INVALID_MODEL, "XGBoost model: num_feature %g / num_class %g are not valid",
                         num_feature, num_class);
         goto out;
@@ -595,6 +593,10 @@ kiln_status kiln_xgboost_load(const void *data, size_t size, struct kiln_model *
     }
     if ((st = read_base_score(lmp, base, k)) != KILN_OK) goto out;
     for (int i = 0; i < k; i++) {
+        if (!isfinite(base[i])) {
+            st = kiln_error(KILN_ERR_INVALID_MODEL, "XGBoost model: base_score %g is not finite", base[i]);
+            goto out;
+        }
         if (link == LINK_LOGIT) {
             if (!(base[i] > 0 && base[i] < 1)) {
                 st = kiln_error(KILN_ERR_INVALID_MODEL, "XGBoost model: base_score %g is not a probability",
