@@ -236,28 +236,29 @@ kiln_status kiln_model_load(const char *path, const kiln_load_options *opts, kil
     }
     kiln_status st;
     if (S_ISDIR(stt.st_mode)) {
-        /* a model folder: model.onnx, or a SavedModel */
-        char buf[4096];
+        /* a model folder: model.onnx, a SavedModel, or XGBoost's model.json / model.ubj
+         * (after the SavedModel, whose folder may hold an unrelated model.json) */
+        char buf[4096], buf2[4096], xgb_json[4096], xgb_ubj[4096];
         snprintf(buf, sizeof buf, "%s/model.onnx", path);
-        char xgb_json[4096], xgb_ubj[4096];
         snprintf(xgb_json, sizeof xgb_json, "%s/model.json", path);
         snprintf(xgb_ubj, sizeof xgb_ubj, "%s/model.ubj", path);
         if ((fmt == KILN_FORMAT_AUTO || fmt == KILN_FORMAT_ONNX) && access(buf, F_OK) == 0) {
             st = load_onnx_file(buf, m);
-        } else if (fmt == KILN_FORMAT_AUTO && access(xgb_json, F_OK) == 0) {
-            st = load_xgboost_file(xgb_json, m);
-        } else if (fmt == KILN_FORMAT_AUTO && access(xgb_ubj, F_OK) == 0) {
-            st = load_xgboost_file(xgb_ubj, m);
         } else {
             snprintf(buf, sizeof buf, "%s/saved_model.pb", path);
-            char buf2[4096];
             snprintf(buf2, sizeof buf2, "%s/saved_model.pbtxt", path);
             if (access(buf, F_OK) == 0 || access(buf2, F_OK) == 0) {
                 st = kiln_savedmodel_load(path, opts ? opts->tags : NULL, m);
                 if (st != KILN_OK) kiln_error_wrap(st, "%s", path);
-            } else
+            } else if (fmt == KILN_FORMAT_AUTO && access(xgb_json, F_OK) == 0) {
+                st = load_xgboost_file(xgb_json, m);
+            } else if (fmt == KILN_FORMAT_AUTO && access(xgb_ubj, F_OK) == 0) {
+                st = load_xgboost_file(xgb_ubj, m);
+            } else {
                 st = kiln_error(KILN_ERR_NOT_FOUND,
-                                "folder '%s' holds no model.onnx, saved_model.pb or XGBoost model.json / model.ubj", path);
+                                "folder '%s' holds no model.onnx, saved_model.pb or XGBoost "
+                                "model.json / model.ubj", path);
+            }
         }
     } else if (fmt == KILN_FORMAT_SAVEDMODEL) {
         st = kiln_error(KILN_ERR_INVALID_ARGUMENT, "a SavedModel is a folder; '%s' is a file", path);
