@@ -89,3 +89,11 @@ add_test(NAME fuzz_replay_tflite
   COMMAND kiln_fuzz_replay_tflite ${PROJECT_SOURCE_DIR}/tests/corpus/tflite)
 set_tests_properties(fuzz_replay_tflite PROPERTIES TIMEOUT 300
   ENVIRONMENT "ASAN_OPTIONS=detect_leaks=1:abort_on_error=0;UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1")
+# XGBoost's JSON / UBJSON model files (src/import/xgboost.c, xgb_doc.c).
+add_executable(kiln_fuzz_replay_xgboost
+  ${PROJECT_SOURCE_DIR}/fuzz/replay_main.c ${PROJECT_SOURCE_DIR}/fuzz/fuzz_xgboost.c)
+target_link_libraries(kiln_fuzz_replay_xgboost PRIVATE kiln m)
+add_test(NAME fuzz_replay_xgboost
+  COMMAND kiln_fuzz_replay_xgboost ${PROJECT_SOURCE_DIR}/tests/corpus/xgboost)
+set_tests_properties(fuzz_replay_xgboost PROPERTIES TIMEOUT 300
+  ENVIRONMENT "ASAN_OPTIONS=detect_leaks=1:abort_on_error=0;UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1")

@@ -22,6 +22,7 @@
 #include "import/model.h"
 #include "import/savedmodel.h"
 #include "import/tflite.h"
+#include "import/xgboost.h"
 
 struct kiln_session {
     struct kiln_model *model;
@@ -101,6 +102,18 @@ static kiln_status load_tflite_file(const char *path, struct kiln_model *m)
     return st;
 }
 
+/* An XGBoost save_model file (JSON or UBJSON; src/import/xgboost.c). */
+static kiln_status load_xgboost_file(const char *path, struct kiln_model *m)
+{
+    struct kiln_file_map map;
+    kiln_status st = kiln_file_map(path, &map);
+    if (st != KILN_OK) return st;
+    st = kiln_xgboost_load(map.data, map.size, m); /* copies what it keeps */
+    kiln_file_unmap(&map);
+    if (st != KILN_OK) kiln_error_wrap(st, "%s", path);
+    return st;
+}
+
 /* Whether the file at path starts like a TFLite model. */
 static bool file_is_tflite(const char *path)
 {
@@ -110,6 +123,19 @@ static bool file_is_tflite(const char *path)
     bool yes = fread(head, 1, 8, f) == 8 && kiln_tflite_detect(head, 8);
     fclose(f);
     return yes;
+}
+
+/* Whether a single-file model is XGBoost's: a .json / .ubj name, or bytes
+ * that begin as a JSON or UBJSON object (an ONNX file never does). */
+static bool is_xgboost_file(const char *path)
+{
+    if (has_suffix(path, ".json") || has_suffix(path, ".ubj")) return true;
+    unsigned char head[2] = {0};
+    FILE *fp = fopen(path, "rb");
+    if (!fp) return false;
+    size_t n = fread(head, 1, sizeof head, fp);
+    fclose(fp);
+    return kiln_xgboost_sniff(head, n) != 0;
 }
 
 static int ptr_cmp(const void *a, const void *b)
@@ -242,28 +268,35 @@ kiln_status kiln_model_load(const char *path, const kiln_load_options *opts, kil
     }
     kiln_status st;
     if (S_ISDIR(stt.st_mode)) {
-        /* a model folder: model.onnx, or a SavedModel */
-        char buf[4096];
+        /* a model folder: model.onnx, a SavedModel, or XGBoost's model.json / model.ubj
+         * (after the SavedModel, whose folder may hold an unrelated model.json) */
+        char buf[4096], buf2[4096], xgb_json[4096], xgb_ubj[4096];
         snprintf(buf, sizeof buf, "%s/model.onnx", path);
         char tfl[4096];
         snprintf(tfl, sizeof tfl, "%s/model.tflite", path);
+        snprintf(xgb_json, sizeof xgb_json, "%s/model.json", path);
+        snprintf(xgb_ubj, sizeof xgb_ubj, "%s/model.ubj", path);
         if (fmt == KILN_FORMAT_TFLITE) {
             st = load_tflite_file(tfl, m);
         } else if ((fmt == KILN_FORMAT_AUTO || fmt == KILN_FORMAT_ONNX) && access(buf, F_OK) == 0) {
             st = load_onnx_file(buf, m);
         } else {
             snprintf(buf, sizeof buf, "%s/saved_model.pb", path);
-            char buf2[4096];
             snprintf(buf2, sizeof buf2, "%s/saved_model.pbtxt", path);
             if (access(buf, F_OK) == 0 || access(buf2, F_OK) == 0) {
                 st = kiln_savedmodel_load(path, opts ? opts->tags : NULL, m);
                 if (st != KILN_OK) kiln_error_wrap(st, "%s", path);
             } else if (fmt == KILN_FORMAT_AUTO && access(tfl, F_OK) == 0) {
                 st = load_tflite_file(tfl, m);
-            } else
+            } else if (fmt == KILN_FORMAT_AUTO && access(xgb_json, F_OK) == 0) {
+                st = load_xgboost_file(xgb_json, m);
+            } else if (fmt == KILN_FORMAT_AUTO && access(xgb_ubj, F_OK) == 0) {
+                st = load_xgboost_file(xgb_ubj, m);
+            } else {
                 st = kiln_error(KILN_ERR_NOT_FOUND,
-                                "folder '%s' holds no model.onnx, saved_model.pb or model.tflite",
-                                path);
+                                "folder '%s' holds no model.onnx, saved_model.pb, model.tflite or "
+                                "XGBoost model.json / model.ubj", path);
+            }
         }
     } else if (fmt == KILN_FORMAT_SAVEDMODEL) {
         st = kiln_error(KILN_ERR_INVALID_ARGUMENT, "a SavedModel is a folder; '%s' is a file", path);
@@ -271,6 +304,8 @@ kiln_status kiln_model_load(const char *path, const kiln_load_options *opts, kil
         if (fmt == KILN_FORMAT_TFLITE ||
             (fmt == KILN_FORMAT_AUTO && (has_suffix(path, ".tflite") || file_is_tflite(path))))
             st = load_tflite_file(path, m);
+        else if (fmt == KILN_FORMAT_AUTO && is_xgboost_file(path))
+            st = load_xgboost_file(path, m);
         else
             st = load_onnx_file(path, m);
     }

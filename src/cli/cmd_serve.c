@@ -29,8 +29,9 @@
 static const char serve_help[] =
     "usage: kiln serve --model_base_path=DIR [--model_name=NAME] [flags]\n"
     "\n"
-    "Serve the numbered versions under DIR (each holding model.onnx or a SavedModel)\n"
-    "over TensorFlow Serving's REST API and KServe v2. Flags are tensorflow_model_server's:\n"
+    "Serve the numbered versions under DIR (each holding model.onnx, a SavedModel, or XGBoost's\n"
+    "model.json / model.ubj) over TensorFlow Serving's REST API and KServe v2. Flags are\n"
+    "tensorflow_model_server's:\n"
     "\n"
     "  --rest_api_port=N                  REST port (default 8501)\n"
     "  --rest_api_address=A               Kiln: IPv4 address to listen on (default all)\n"

@@ -792,8 +792,12 @@ static kiln_status import_graph(struct onnx_ctx *c, const KilnOnnx__GraphProto *
         const char *domain = np->domain ? np->domain : "";
         const char *nname = np->name ? np->name : "";
         if (strcmp(domain, "ai.onnx") == 0) domain = "";
-        enum kiln_op op = domain[0] ? KILN_OP_COUNT : kiln_op_find(op_type);
+        /* ai.onnx ops come from the default domain, ai.onnx.ml ops from theirs */
+        bool ml_domain = strcmp(domain, "ai.onnx.ml") == 0;
+        enum kiln_op op = domain[0] && !ml_domain ? KILN_OP_COUNT : kiln_op_find(op_type);
         if (op != KILN_OP_COUNT && (kiln_op_info(op)->flags & KILN_OPF_INTERNAL)) op = KILN_OP_COUNT;
+        if (op != KILN_OP_COUNT && ml_domain != !!(kiln_op_info(op)->flags & KILN_OPF_ONNXML))
+            op = KILN_OP_COUNT;
         if (op == KILN_OP_COUNT) {
             st = kiln_error(KILN_ERR_UNSUPPORTED,
                             "node '%s': op '%s'%s%s%s is not supported by Kiln", nname, op_type,
@@ -819,7 +823,7 @@ static kiln_status import_graph(struct onnx_ctx *c, const KilnOnnx__GraphProto *
         struct kiln_node *n;
         st = kiln_graph_node_add(g, op, nname, n_in, n_out, (int)np->n_attribute, &n);
         if (st != KILN_OK) goto fail;
-        int64_t ver = domain_opset(mp, "");
+        int64_t ver = domain_opset(mp, ml_domain ? "ai.onnx.ml" : "");
         n->opset = ver > 0 && ver < INT32_MAX ? (int)ver : 1;
         for (int k = 0; k < n_out; k++) {
             const char *oname = np->output[k];
@@ -898,7 +902,16 @@ static kiln_status import_graph(struct onnx_ctx *c, const KilnOnnx__GraphProto *
                               "initializer",
                               g->name, name);
         struct kiln_type t;
-        if ((st = type_from_proto(g, vi->type, name, &t)) != KILN_OK) return st;
+        st = type_from_proto(g, vi->type, name, &t);
+        if (st == KILN_ERR_UNSUPPORTED && g->values[id].kind == KILN_VALUE_NODE &&
+            g->nodes[g->values[id].producer].op == KILN_OP_ZipMap) {
+            /* ZipMap's seq(map) output is carried as its probability tensor,
+             * the labels kept on the node (docs/TABULAR.md) */
+            kiln_error_clear();
+            kiln_type_unknown(&t);
+            st = KILN_OK;
+        }
+        if (st != KILN_OK) return st;
         if (g->values[id].kind == KILN_VALUE_NODE || g->values[id].kind == KILN_VALUE_OUTER)
             g->values[id].type = t;
         g->outputs[g->n_outputs++] = id;

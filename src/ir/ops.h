@@ -16,6 +16,7 @@ enum kiln_op_flags {
     KILN_OPF_INTERNAL = 1 << 4, /* Kiln-only op: never matched by an ONNX op_type */
     KILN_OPF_STATEFUL = 1 << 5, /* reads or writes model state: never folded, merged or
                                    evaluated ahead of the run */
+    KILN_OPF_ONNXML = 1 << 8,   /* an op of the ai.onnx.ml domain (docs/TABULAR.md) */
 };
 
 enum kiln_op {
