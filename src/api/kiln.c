@@ -126,7 +126,8 @@ static bool file_is_tflite(const char *path)
 }
 
 /* Whether a single-file model is XGBoost's: a .json / .ubj name, or bytes
- * that begin as a JSON or UBJSON object (an ONNX file never does). */
+ * that begin as a JSON or UBJSON object (a valid ONNX file never does; a
+ * file named .onnx is always read as ONNX, so a broken one gets ONNX's error). */
 static bool is_xgboost_file(const char *path)
 {
     if (has_suffix(path, ".json") || has_suffix(path, ".ubj")) return true;
@@ -304,7 +305,7 @@ kiln_status kiln_model_load(const char *path, const kiln_load_options *opts, kil
         if (fmt == KILN_FORMAT_TFLITE ||
             (fmt == KILN_FORMAT_AUTO && (has_suffix(path, ".tflite") || file_is_tflite(path))))
             st = load_tflite_file(path, m);
-        else if (fmt == KILN_FORMAT_AUTO && is_xgboost_file(path))
+        else if (fmt == KILN_FORMAT_AUTO && !has_suffix(path, ".onnx") && is_xgboost_file(path))
             st = load_xgboost_file(path, m);
         else
             st = load_onnx_file(path, m);
