@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "cli/cli.h"
+#include "kiln_revision.h" /* generated: KILN_GIT_REVISION */
 
 static const kiln_cli_command kiln_cli_commands[] = {
     {"inspect", "show a model's signatures, ops and parameters", kiln_cmd_inspect},
@@ -183,7 +184,7 @@ int main(int argc, char **argv)
         return KILN_CLI_EXIT_OK;
     }
     if (strcmp(name, "--version") == 0 || strcmp(name, "-V") == 0) {
-        printf("kiln %s\n", kiln_version());
+        printf("kiln %s (git %s)\n", kiln_version(), KILN_GIT_REVISION);
         return KILN_CLI_EXIT_OK;
     }
     for (size_t i = 0; i < KILN_CLI_COMMAND_COUNT; i++)

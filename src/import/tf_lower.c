@@ -1357,7 +1357,7 @@ static kiln_status lw_reduce(L_t *L, const struct lower *e)
 static kiln_status lw_argmax(L_t *L, const struct lower *e)
 {
     int x = -1, y = -1;
-    int64_t axis;
+    int64_t axis = 0;
     int n = -1;
     kiln_status st = in_value(L, 0, &x);
     if (st == KILN_OK) st = need_const_ints(L, 1, &axis, 1, &n, "dimension");
@@ -1454,7 +1454,7 @@ static kiln_status lw_unpack(L_t *L, const struct lower *e)
 static kiln_status lw_split(L_t *L, const struct lower *e)
 {
     int x = -1, n = -1;
-    int64_t axis;
+    int64_t axis = 0;
     bool v = e->arg == 1; /* SplitV(value, size_splits, axis) */
     kiln_status st = need_const_ints(L, v ? 2 : 0, &axis, 1, &n, "split_dim");
     if (st == KILN_OK) st = in_value(L, v ? 0 : 1, &x);

@@ -800,8 +800,8 @@ static void test_real(void)
 {
     const char *root = testdata();
     if (!root) {
-        printf("SKIP: real checkpoints: no savedmodels/ under KILN_TESTDATA or %s/../shared/testdata\n",
-               KILN_SOURCE_DIR);
+        CHECK_SKIP("real checkpoints: no savedmodels/ under KILN_TESTDATA or %s/../shared/testdata",
+                   KILN_SOURCE_DIR);
         return;
     }
     const char *sv = "savedmodels/serving/tensorflow_serving/servables/tensorflow/testdata";

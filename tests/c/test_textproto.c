@@ -329,7 +329,7 @@ static void test_saved_model_pbtxt(void)
     size_t n;
     char *text = read_file(path, &n);
     if (!text) {
-        printf("SKIP: %s not found (set KILN_TESTDATA to the shared test data folder)\n", path);
+        CHECK_SKIP("%s not found (set KILN_TESTDATA to the shared test data folder)", path);
         return;
     }
     ProtobufCMessage *m = NULL;

@@ -12,6 +12,7 @@ non-zero with one line "kiln: ..." on stderr that names the bad thing.
 
 import json
 import os
+import re
 import struct
 import subprocess
 from pathlib import Path
@@ -200,7 +201,13 @@ def test_top_level_help_and_version():
     assert "usage" in r.stdout and "inspect" in r.stdout and "predict" in r.stdout
     r = kiln("--version")
     assert r.returncode == 0, r
-    assert r.stdout.startswith("kiln ") and r.stdout.strip().split()[-1][0].isdigit()
+    # "kiln 0.1.0 (git REVISION)": the git revision of the build, "unknown" outside a checkout
+    m = re.fullmatch(r"kiln (\d+\.\d+\.\d+) \(git (\S+)\)", r.stdout.strip())
+    assert m, r.stdout
+    head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short=7", "HEAD"],
+                          capture_output=True, text=True)
+    if head.returncode == 0 and head.stdout.strip():
+        assert head.stdout.strip()[:7] in m.group(2), (m.group(2), head.stdout)
 
 
 @pytest.mark.parametrize("cmd", ["inspect", "predict"])

@@ -22,6 +22,7 @@ import shutil
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -276,22 +277,43 @@ def test_external_symlink_inside_folder(tmp_path):
         assert_clean_failure(res, model)
 
 
+def assert_adds_external_w(model, tmp_path):
+    """Run the add model (Y = X + W): Y must be X plus the external W's values."""
+    x = np.array([[1.0, -2.0, 3.0], [0.25, 8.0, -1.5]], dtype=np.float32)
+    np.save(tmp_path / "x.npy", x)
+    out = tmp_path / "out"
+    out.mkdir()
+    res = subprocess.run([str(KILN_BIN), "predict", str(model), "--input", f"X={tmp_path / 'x.npy'}",
+                          "--output-dir", str(out)], capture_output=True, timeout=TIMEOUT_S)
+    err = assert_no_crash(res, model)
+    assert res.returncode == 0, f"valid external-data model refused: {err}"
+    y = np.load(out / "Y.npy")
+    assert y.shape == (2, 3)
+    np.testing.assert_array_equal(y, x + corpus.EXT_W)
+
+
 def test_external_valid(tmp_path):
     w = corpus.EXT_W.tobytes()
     model = model_dir(tmp_path / "m", [("location", "weights.bin")], [("weights.bin", w)])
     res = run_inspect(model)
     err = assert_no_crash(res, model)
     assert res.returncode == 0, f"valid external-data model refused: {err}"
+    assert_adds_external_w(model, tmp_path)
 
 
 def test_external_valid_offset_length_subfolder(tmp_path):
+    # the tensor at offset 16, after other floats: a loader that ignores the offset
+    # (or the length) reads different values and fails the comparison
     w = corpus.EXT_W.tobytes()
+    before = np.full(4, 99.0, dtype=np.float32).tobytes()
+    after = np.full(2, -7.0, dtype=np.float32).tobytes()
     model = model_dir(tmp_path / "m",
                       [("location", "data/w.bin"), ("offset", "16"), ("length", str(len(w)))],
-                      [("data/w.bin", bytes(16) + w + bytes(8))])
+                      [("data/w.bin", before + w + after)])
     res = run_inspect(model)
     err = assert_no_crash(res, model)
     assert res.returncode == 0, f"valid external-data model refused: {err}"
+    assert_adds_external_w(model, tmp_path)
 
 
 def test_external_valid_through_symlinked_folder(tmp_path):

@@ -118,16 +118,27 @@ def fusions(model, env=None):
 
 
 def assert_close(got, want):
+    assert sorted(got) == sorted(want), (sorted(got), sorted(want))
     for name, w in want.items():
+        assert got[name].shape == w.shape, f"{name}: shape {got[name].shape}, expected {w.shape}"
         scale = max(1.0, float(np.abs(w).max()))
         err = float(np.abs(got[name] - w).max()) / scale
         assert err <= 1e-4, f"{name}: error {err:g} of scale {scale:g}"
+
+
+def expected_shapes(model, batch):
+    """Every output's shape as ONNX's own shape inference gives it (batch bound)."""
+    m = onnx.shape_inference.infer_shapes(onnx.load(str(model)), strict_mode=True)
+    return {o.name: tuple(batch if d.dim_param else d.dim_value
+                          for d in o.type.tensor_type.shape.dim) for o in m.graph.output}
 
 
 def check_three_ways(tmp_path, model, x, threads):
     ref = run(model, x, tmp_path / "ref", "--reference")
     fused = run(model, x, tmp_path / "fused", "--threads", threads)
     plain = run(model, x, tmp_path / "plain", "--threads", threads, env={"KILN_MBCONV": "0"})
+    want = expected_shapes(model, x.shape[0])
+    assert {n: a.shape for n, a in ref.items()} == want
     assert_close(fused, ref)
     assert_close(plain, ref)
 

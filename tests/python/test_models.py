@@ -1,8 +1,10 @@
 """test_models.py - whole real models through the kiln CLI, checked against PyTorch.
 
-Each model is exported once per test session by tools/export_models.py
-(random weights, fixed seeds, BatchNorm statistics re-estimated) into a
-temporary folder, together with batch-2 inputs and PyTorch's outputs. Each
+Each model is exported by tools/export_models.py (random weights, fixed
+seeds, BatchNorm statistics re-estimated), together with batch-2 inputs and
+PyTorch's outputs: into the cache KILN_TEST_MODELS names when it is set (the
+test suite's build/test-models/, filled by tools/cache_test_models.py and
+shared with unit_opt), else once per test session into a temporary folder. Each
 test runs, on each execution path in MODES (optimized + fast kernels,
 optimized + reference kernels, unoptimized, reference executor, AVX2, scalar),
 
@@ -31,6 +33,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 EXPORT_SCRIPT = REPO / "tools" / "export_models.py"
+CACHE_SCRIPT = REPO / "tools" / "cache_test_models.py"
+MODEL_CACHE = os.environ.get("KILN_TEST_MODELS")
 MODELS_DIR = REPO / "models"
 RUN_TIMEOUT_S = float(os.environ.get("KILN_TEST_TIMEOUT", "1200"))
 REL_TOL = 1e-4
@@ -59,7 +63,8 @@ class ExportCache:
 
     def _load_exporter(self):
         pytest.importorskip("torch", reason="PyTorch is needed to export the reference models")
-        spec = importlib.util.spec_from_file_location("kiln_export_models", EXPORT_SCRIPT)
+        script = CACHE_SCRIPT if MODEL_CACHE else EXPORT_SCRIPT
+        spec = importlib.util.spec_from_file_location("kiln_export_models", script)
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
         return module
@@ -73,8 +78,11 @@ class ExportCache:
                                            f"(Debian: apt-get install python3-torchvision)")
             if self.module is None:
                 self.module = self._load_exporter()
-            self.module.export_model(name, str(self.out_dir))
-            self.done[name] = self.out_dir / name
+            if MODEL_CACHE:
+                self.done[name] = self.module.cached_model(name, MODEL_CACHE)
+            else:
+                self.module.export_model(name, str(self.out_dir))
+                self.done[name] = self.out_dir / name
         return self.done[name]
 
 

@@ -499,11 +499,35 @@ def softmax_rows_ok(y, classes):
     np.testing.assert_allclose(y.sum(axis=1), 1.0, rtol=1e-4)
 
 
+def checkpoint(d):
+    """The model's variables, read by the test's own TensorBundle reader (not Kiln's)."""
+    from tensor_bundle_ref import read_bundle
+    return read_bundle(d / "variables" / "variables")
+
+
+def softmax64(z):
+    e = np.exp(z - z.max(axis=1, keepdims=True))
+    return e / e.sum(axis=1, keepdims=True)
+
+
 @needs_testdata
 def test_mnist_lr(tmp_path):
+    # Prediction = Softmax(Features @ W + b). This checkpoint holds W = b = 0.1 everywhere
+    # (checked below), so every class gets the same logit and the right answer is exactly
+    # 0.1 whatever the input: no input can tell the classes apart. What an input can
+    # discriminate is the arithmetic: large and negative pixels give logits near +-2000,
+    # where a softmax that does not subtract the row maximum overflows to NaN.
     d = model(MLNET + "mnist_lr_model")
-    x = np.random.default_rng(3).random((4, 784), dtype=np.float32)
-    softmax_rows_ok(predict(d, {"Features": x}, tmp=tmp_path)["Prediction"], 10)
+    v = checkpoint(d)
+    assert v["W"].shape == (784, 10) and v["b"].shape == (10,)
+    assert np.all(v["W"] == np.float32(0.1)) and np.all(v["b"] == np.float32(0.1))
+    rng = np.random.default_rng(3)
+    x = np.stack([rng.random(784), 30 * rng.random(784), -30 * rng.random(784),
+                  np.zeros(784)]).astype(np.float32)
+    want = softmax64(x.astype(np.float64) @ v["W"] + v["b"])
+    got = predict(d, {"Features": x}, tmp=tmp_path)["Prediction"]
+    assert got.shape == (4, 10)
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=0)
 
 
 @needs_testdata
@@ -525,6 +549,20 @@ def test_cifar_cnn(tmp_path):
     assert y.shape == (2, 10) and np.all(np.isfinite(y))
     y1 = predict(d, {"Input": x[1:]}, tmp=tmp_path)["Output"]
     np.testing.assert_allclose(y1[0], y[1], rtol=1e-4, atol=1e-5)
+    # the graph in numpy from the checkpoint: Conv2D 7x7 stride 2 VALID (NHWC, HWIO
+    # weights) + bconv1, Relu, Reshape to [-1, 13*13*32], MatMul W1 + b1
+    v = checkpoint(d)
+    w, xin = v["Wconv1"].astype(np.float64), x.astype(np.float64)
+    kh, kw, _, co = w.shape
+    oh, ow = (32 - kh) // 2 + 1, (32 - kw) // 2 + 1
+    conv = np.zeros((2, oh, ow, co))
+    for i in range(kh):
+        for j in range(kw):
+            conv += xin[:, i:i + 2 * oh - 1:2, j:j + 2 * ow - 1:2, :] @ w[i, j]
+    h = np.maximum(conv + v["bconv1"], 0).reshape(2, -1)
+    want = h @ v["W1"] + v["b1"]
+    np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+    assert np.ptp(want, axis=1).min() > 0.1  # the classes do differ for these inputs
 
 
 @needs_testdata
@@ -534,7 +572,20 @@ def test_keras_tf_example_classifier(tmp_path):
                    "flipper_length_mm": [0.6], "body_mass_g": [0.4]},
                   {"culmen_length_mm": [0.1], "culmen_depth_mm": [0.9],
                    "flipper_length_mm": [0.2], "body_mass_g": [0.7]})
-    softmax_rows_ok(predict(d, {"examples": ex}, tmp=tmp_path)["output_0"], 3)
+    got = predict(d, {"examples": ex}, tmp=tmp_path)["output_0"]
+    softmax_rows_ok(got, 3)
+    # serve_tf_examples_fn: ParseExample, concatenate in the model's input order
+    # (culmen_length, culmen_depth, flipper_length, body_mass), three Dense layers
+    # (Relu, Relu, Softmax); the weights from the checkpoint in numpy
+    v = checkpoint(d)
+    def layer(k, name):
+        return v[f"layer_with_weights-{k}/{name}/.ATTRIBUTES/VARIABLE_VALUE"].astype(np.float64)
+    x = np.array([[0.5, 0.3, 0.6, 0.4], [0.1, 0.9, 0.2, 0.7]])
+    h = np.maximum(x @ layer(0, "kernel") + layer(0, "bias"), 0)
+    h = np.maximum(h @ layer(1, "kernel") + layer(1, "bias"), 0)
+    want = softmax64(h @ layer(2, "kernel") + layer(2, "bias"))
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    assert np.abs(want[0] - want[1]).max() > 1e-3  # the two examples do differ
 
 
 @needs_testdata

@@ -341,7 +341,19 @@ def test_digits(digits):
     code, body = digits.json("POST", "/v1/models/digits:predict",
                              {"inputs": {name: sample[:4].tolist()}})
     assert code == 200, body
-    assert "outputs" in body
+    got = np.asarray(body["outputs"], dtype=np.float64)
+    # the model's own arithmetic in numpy (Gemm, Relu, Gemm, Softmax; weights from the
+    # file), and the sample's true labels (tools/make_digits_model.py)
+    w = {t.name: numpy_helper.to_array(t).astype(np.float64)
+         for t in onnx.load(str(DIGITS)).graph.initializer}
+    h = np.maximum(sample[:4].astype(np.float64) @ w["fc1.weight"].T + w["fc1.bias"], 0)
+    logits = h @ w["fc2.weight"].T + w["fc2.bias"]
+    e = np.exp(logits - logits.max(axis=1, keepdims=True))
+    want = e / e.sum(axis=1, keepdims=True)
+    assert got.shape == (4, 10), got.shape
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
+    labels = np.load(REPO / "models" / "digits_sample_labels.npy")
+    assert got.argmax(axis=1).tolist() == labels[:4].tolist()
 
 
 # ------------------------------------------------------------------ KServe v2, health, metrics

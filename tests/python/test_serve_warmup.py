@@ -28,7 +28,8 @@ from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 pytestmark = test_serve.pytestmark
 
-TESTDATA = Path(__import__("os").environ.get("KILN_TESTDATA", "/work/shared/testdata"))
+# ../shared/testdata next to the repository, or KILN_TESTDATA (conftest.py)
+from conftest import TESTDATA  # noqa: E402
 HALF = (TESTDATA / "savedmodels/serving/tensorflow_serving/servables/tensorflow/testdata/"
         "saved_model_half_plus_two_2_versions/00000123")
 

@@ -270,7 +270,7 @@ static kiln_status fused_matmul_infer(struct kiln_infer_ctx *ctx)
     const struct kiln_op_impl *mm = kiln_op_impl(KILN_OP_MatMul);
     if (!mm) return kiln_node_error(ctx->node, KILN_ERR_UNSUPPORTED, "no MatMul kernel");
     struct act_params p;
-    bool ta, tb;
+    bool ta = false, tb = false;
     kiln_status st = act_parse(ctx->node, &p);
     if (st == KILN_OK) st = trans_attrs(ctx->node, &ta, &tb);
     if (st != KILN_OK || !ctx->out[0]) return st;
@@ -325,7 +325,7 @@ static kiln_status fused_matmul_run(struct kiln_run_ctx *ctx)
 {
     const struct kiln_op_impl *mm = kiln_op_impl(KILN_OP_MatMul);
     if (!mm) return kiln_node_error(ctx->node, KILN_ERR_UNSUPPORTED, "no MatMul kernel");
-    bool ta, tb;
+    bool ta = false, tb = false;
     kiln_status st = trans_attrs(ctx->node, &ta, &tb);
     if (st != KILN_OK) return st;
     kiln_tensor *in[2] = {ctx->in[0], ctx->in[1]}, *tmp[2] = {NULL, NULL};

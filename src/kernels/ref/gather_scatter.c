@@ -639,7 +639,7 @@ static kiln_status reverse_sequence_run(struct kiln_run_ctx *ctx)
     const struct kiln_node *node = ctx->node;
     const kiln_tensor *x = ctx->in[0], *lens = ctx->in[1];
     kiln_tensor *out = ctx->out[0];
-    int time, batch;
+    int time = 0, batch = 0;
     kiln_status st = reverse_axes(node, &time, &batch);
     if (st != KILN_OK) return st;
     int64_t nb = x->dims[batch], nt = x->dims[time];

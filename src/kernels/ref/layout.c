@@ -24,7 +24,7 @@ static kiln_status layout_attr(const struct kiln_node *n, const char *name, int 
 
 static kiln_status reorder_infer(struct kiln_infer_ctx *ctx)
 {
-    int from, to;
+    int from = 0, to = 0;
     kiln_status st = layout_attr(ctx->node, "from", &from);
     if (st == KILN_OK) st = layout_attr(ctx->node, "to", &to);
     if (st != KILN_OK) return st;
@@ -46,7 +46,7 @@ static kiln_status reorder_run(struct kiln_run_ctx *ctx)
     const struct kiln_node *n = ctx->node;
     const kiln_tensor *x = ctx->in[0];
     kiln_tensor *y = ctx->out[0];
-    int from, to;
+    int from = 0, to = 0;
     kiln_status st = layout_attr(n, "from", &from);
     if (st == KILN_OK) st = layout_attr(n, "to", &to);
     if (st != KILN_OK) return st;

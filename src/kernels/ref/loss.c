@@ -33,7 +33,7 @@ static kiln_status loss_reduction(const struct kiln_node *node, int *out)
  * (SoftmaxCrossEntropyLoss's log_prob) has the scores' type. */
 static kiln_status loss_infer(struct kiln_infer_ctx *ctx)
 {
-    int red;
+    int red = 0;
     kiln_status st = loss_reduction(ctx->node, &red);
     if (st != KILN_OK) return st;
     const struct kiln_type *x = ctx->in[0], *t = ctx->in[1];
@@ -74,7 +74,7 @@ static kiln_status nll_compute(const struct kiln_node *node, const kiln_tensor *
                                kiln_tensor *y)
 {
     char b1[96], b2[96];
-    int red;
+    int red = 0;
     kiln_status st = loss_reduction(node, &red);
     if (st != KILN_OK) return st;
     if (!kiln_dtype_is_int(t->dtype))

@@ -392,7 +392,7 @@ static kiln_status causal_conv_run(struct kiln_run_ctx *ctx)
     const kiln_tensor *past = ctx->n_in > 3 ? ctx->in[3] : NULL;
     kiln_tensor *y = ctx->out[0], *present = ctx->n_out > 1 ? ctx->out[1] : NULL;
     char b1[96];
-    int act;
+    int act = 0;
     kiln_status st = causal_activation(node, &act);
     if (st != KILN_OK) return st;
     if (!kiln_dtype_is_float(x->dtype))

@@ -171,7 +171,7 @@ static kiln_status parse_activations(const struct kiln_node *n, struct rnn_cfg *
 static kiln_status rnn_infer(struct kiln_infer_ctx *ctx, enum rnn_kind kind)
 {
     const struct kiln_node *n = ctx->node;
-    int ndir;
+    int ndir = 0;
     bool rev;
     kiln_status st = parse_direction(n, &ndir, &rev);
     if (st != KILN_OK) return st;

@@ -261,7 +261,7 @@ static kiln_status constant_attr(const struct kiln_node *node, const struct kiln
 /* Constant's type is the type of the value it carries. */
 static kiln_status constant_infer(struct kiln_infer_ctx *ctx)
 {
-    const struct kiln_attr *a;
+    const struct kiln_attr *a = NULL;
     kiln_status st = constant_attr(ctx->node, &a);
     if (st != KILN_OK) return st;
     struct kiln_type t;
@@ -282,7 +282,7 @@ static kiln_status constant_infer(struct kiln_infer_ctx *ctx)
 /* Write the attribute's value into the preallocated output. */
 static kiln_status constant_run(struct kiln_run_ctx *ctx)
 {
-    const struct kiln_attr *a;
+    const struct kiln_attr *a = NULL;
     kiln_status st = constant_attr(ctx->node, &a);
     if (st != KILN_OK) return st;
     kiln_tensor *out = ctx->out[0];
@@ -383,7 +383,7 @@ static kiln_status constant_of_shape_value(const struct kiln_node *node, const k
 /* Output type from the shape input's value (or just its length when the value is unknown). */
 static kiln_status constant_of_shape_infer(struct kiln_infer_ctx *ctx)
 {
-    const kiln_tensor *v;
+    const kiln_tensor *v = NULL;
     kiln_status st = constant_of_shape_value(ctx->node, &v);
     if (st != KILN_OK) return st;
     kiln_dtype dt = v ? v->dtype : KILN_DTYPE_F32;
@@ -415,7 +415,7 @@ static kiln_status constant_of_shape_infer(struct kiln_infer_ctx *ctx)
 
 static kiln_status constant_of_shape_run(struct kiln_run_ctx *ctx)
 {
-    const kiln_tensor *v;
+    const kiln_tensor *v = NULL;
     kiln_status st = constant_of_shape_value(ctx->node, &v);
     if (st != KILN_OK) return st;
     if (!v) return KILN_OK; /* float zeros: the output starts zero-filled */
@@ -929,7 +929,7 @@ static kiln_status concat_axis(const struct kiln_node *node, int64_t *axis)
 static kiln_status concat_infer(struct kiln_infer_ctx *ctx)
 {
     const struct kiln_node *node = ctx->node;
-    int64_t axis_attr;
+    int64_t axis_attr = 0;
     kiln_status st = concat_axis(node, &axis_attr);
     if (st != KILN_OK) return st;
     struct kiln_type t;
@@ -995,7 +995,7 @@ static kiln_status concat_infer(struct kiln_infer_ctx *ctx)
 static kiln_status concat_run(struct kiln_run_ctx *ctx)
 {
     kiln_tensor *out = ctx->out[0];
-    int64_t axis_attr;
+    int64_t axis_attr = 0;
     kiln_status st = concat_axis(ctx->node, &axis_attr);
     if (st != KILN_OK) return st;
     int axis;

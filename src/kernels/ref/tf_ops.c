@@ -1020,7 +1020,7 @@ static kiln_status var_attr(const struct kiln_node *n, kiln_tensor **out)
 
 static kiln_status variable_infer(struct kiln_infer_ctx *ctx)
 {
-    kiln_tensor *v;
+    kiln_tensor *v = NULL;
     kiln_status st = var_attr(ctx->node, &v);
     if (st != KILN_OK) return st;
     if (ctx->out[0]) kiln_type_from_tensor(ctx->out[0], v);
@@ -1036,7 +1036,7 @@ static kiln_status variable_infer(struct kiln_infer_ctx *ctx)
 
 static kiln_status variable_run(struct kiln_run_ctx *ctx)
 {
-    kiln_tensor *v;
+    kiln_tensor *v = NULL;
     kiln_status st = var_attr(ctx->node, &v);
     if (st != KILN_OK) return st;
     pthread_mutex_lock(&var_lock);
@@ -1047,7 +1047,7 @@ static kiln_status variable_run(struct kiln_run_ctx *ctx)
 
 static kiln_status assign_run(struct kiln_run_ctx *ctx)
 {
-    kiln_tensor *v;
+    kiln_tensor *v = NULL;
     kiln_status st = var_attr(ctx->node, &v);
     if (st != KILN_OK) return st;
     const kiln_tensor *x = ctx->in[0];
