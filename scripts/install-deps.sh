@@ -5,6 +5,7 @@
 # clang for the libFuzzer targets.
 set -euo pipefail
 pkgs=(build-essential cmake pkg-config protobuf-c-compiler libprotobuf-c-dev zlib1g-dev libmicrohttpd-dev libdnnl-dev
+      libnghttp2-dev protobuf-compiler libprotobuf-dev python3-grpcio python3-protobuf
       python3 python3-numpy python3-onnx python3-pytest python3-torch python3-torchvision
       python3-sklearn clang)
 missing=()
