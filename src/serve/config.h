@@ -50,6 +50,11 @@ typedef struct kiln_server_config {
  * config (free with kiln_server_config_free); on failure err says why. */
 kiln_status kiln_server_config_load(const char *path, kiln_server_config **out, char *err);
 void kiln_server_config_free(kiln_server_config *c);
+/* The same checks on a decoded ModelServerConfig (gRPC's
+ * HandleReloadConfigRequest); `what` names it in messages. */
+struct KilnServing__ModelServerConfig;
+kiln_status kiln_server_config_from_proto(const struct KilnServing__ModelServerConfig *sc,
+                                          const char *what, kiln_server_config **out, char *err);
 
 /* MonitoringConfig (--monitoring_config_file): whether and where the
  * Prometheus page is served. As in TF Serving, without the file (or with

@@ -36,7 +36,7 @@ typedef struct version_record {
 
 typedef struct served_model {
     char *name;
-    char *base_path;           /* only the loading thread reads it */
+    char *base_path;           /* read only under load_mu (the loading thread) */
     pthread_mutex_t mu;
     kiln_model_config cfg;     /* policy and labels (name/base_path unused); under mu */
     kiln_servable **served;    /* the manager's references, highest version first */
@@ -58,6 +58,8 @@ struct kiln_manager {
     pthread_mutex_t stop_mu;
     pthread_cond_t stop_cv;
     int stopping;
+    pthread_mutex_t load_mu;   /* one thread loads at a time: the polling thread, or a
+                                  gRPC HandleReloadConfigRequest (kiln_manager_reload) */
 };
 
 const char *kiln_serve_code_name(kiln_status st)
@@ -126,6 +128,7 @@ kiln_status kiln_manager_create(const kiln_manager_options *opts, kiln_manager *
     m->opts = *opts;
     pthread_rwlock_init(&m->list_lock, NULL);
     pthread_mutex_init(&m->stop_mu, NULL);
+    pthread_mutex_init(&m->load_mu, NULL);
     pthread_cond_init(&m->stop_cv, NULL);
     *out = m;
     return KILN_OK;
@@ -313,6 +316,14 @@ kiln_status kiln_manager_apply_config(kiln_manager *m, const kiln_server_config 
         }
         pthread_mutex_unlock(&sm->mu);
     }
+    return st;
+}
+
+kiln_status kiln_manager_reload(kiln_manager *m, const kiln_server_config *c)
+{
+    pthread_mutex_lock(&m->load_mu);
+    kiln_status st = kiln_manager_apply_config(m, c);
+    pthread_mutex_unlock(&m->load_mu);
     return st;
 }
 
@@ -1021,13 +1032,17 @@ static void *poll_thread(void *arg)
         if (stop) break;
         clock_gettime(CLOCK_REALTIME, &now);
         if (cfg && !before(&now, &next_cfg)) {
+            pthread_mutex_lock(&m->load_mu);
             reload_config(m); /* polls every model too */
+            pthread_mutex_unlock(&m->load_mu);
             add_seconds(&next_cfg, m->opts.config_poll_seconds);
             if (fs) add_seconds(&next_fs, m->opts.poll_seconds);
             continue;
         }
         if (fs && !before(&now, &next_fs)) {
+            pthread_mutex_lock(&m->load_mu);
             for (int i = 0; i < m->n_models; i++) poll_model(m, m->models[i]);
+            pthread_mutex_unlock(&m->load_mu);
             add_seconds(&next_fs, m->opts.poll_seconds);
         }
     }
@@ -1060,6 +1075,7 @@ void kiln_manager_free(kiln_manager *m)
     free(m->models);
     pthread_rwlock_destroy(&m->list_lock);
     pthread_mutex_destroy(&m->stop_mu);
+    pthread_mutex_destroy(&m->load_mu);
     pthread_cond_destroy(&m->stop_cv);
     free(m);
 }

@@ -85,6 +85,11 @@ kiln_status kiln_manager_create(const kiln_manager_options *opts, kiln_manager *
 kiln_status kiln_manager_add_model(kiln_manager *m, const char *name, const char *base_path);
 /* Apply a whole config (copied): before start, or on the polling thread. */
 kiln_status kiln_manager_apply_config(kiln_manager *m, const kiln_server_config *c);
+/* Apply a whole config (copied) while serving, from any thread, loading
+ * new models and versions on this thread before returning (gRPC's
+ * HandleReloadConfigRequest; a config file, if polled, applies again at
+ * its next poll). */
+kiln_status kiln_manager_reload(kiln_manager *m, const kiln_server_config *c);
 /* Poll every base path once (loading what is there, on this thread), then
  * start the polling thread. */
 kiln_status kiln_manager_start(kiln_manager *m);

@@ -638,3 +638,147 @@ def test_reflection(srv, pb, version):
     f3 = descriptor_pb2.FileDescriptorProto.FromString(resps[3].file_descriptor_response.file_descriptor_proto[0])
     assert f3.package == "grpc.health.v1"
     assert resps[4].error_response.error_code == grpc.StatusCode.NOT_FOUND.value[0]
+
+
+# ------------------------------------------------------------------ Classify, Regress, MultiInference, reload
+
+TESTDATA = Path(os.environ.get("KILN_TESTDATA") or REPO.parent / "shared" / "testdata")
+HALF = (TESTDATA / "savedmodels" / "serving" / "tensorflow_serving" / "servables" / "tensorflow"
+        / "testdata" / "saved_model_half_plus_two_cpu" / "00000123")
+
+
+@pytest.fixture(scope="module")
+def half(tmp_path_factory):
+    """TF Serving's test model: y = x/2 + 2, y2 = x/2 + 3, with classify and
+    regress signatures over serialized tf.Examples."""
+    if not HALF.is_dir():
+        pytest.skip(f"{HALF} missing")
+    import shutil
+    root = tmp_path_factory.mktemp("half")
+    shutil.copytree(HALF, root / "half" / "123")
+    s = Server(root, [f'config {{ name: "half" base_path: "{root / "half"}" model_platform: "tensorflow" }}\n'])
+    yield s
+    s.kill()
+
+
+def examples_input(pb, xs, context=None):
+    inp = pb.input.Input()
+    lst = inp.example_list_with_context if context is not None else inp.example_list
+    for x in xs:
+        e = lst.examples.add()
+        if x is not None:
+            e.features.feature["x"].float_list.value.append(x)
+    if context is not None:
+        lst.context.features.feature["x"].float_list.value.append(context)
+    return inp
+
+
+def test_classify(half, pb):
+    req = pb.classification.ClassificationRequest(input=examples_input(pb, [1.0, -4.0, 10.5]))
+    req.model_spec.name = "half"
+    req.model_spec.signature_name = "classify_x_to_y"
+    r = half.call(PS + "Classify", req, pb.classification.ClassificationResponse)
+    got = [[(c.label, c.score) for c in cl.classes] for cl in r.result.classifications]
+    assert got == [[("", x / 2 + 2)] for x in (1.0, -4.0, 10.5)]
+    assert r.model_spec.name == "half" and r.model_spec.version.value == 123
+    assert r.model_spec.signature_name == "classify_x_to_y"
+    code, body = half.http("POST", "/v1/models/half:classify", {
+        "signature_name": "classify_x_to_y", "examples": [{"x": 1.0}, {"x": -4.0}, {"x": 10.5}]})
+    assert code == 200
+    assert [[tuple(c) for c in row] for row in json.loads(body)["results"]] == got
+
+
+def test_regress(half, pb):
+    req = pb.regression.RegressionRequest(input=examples_input(pb, [1.0, 2.0]))
+    req.model_spec.name = "half"
+    req.model_spec.signature_name = "regress_x_to_y2"
+    r = half.call(PS + "Regress", req, pb.regression.RegressionResponse)
+    assert [v.value for v in r.result.regressions] == [3.5, 4.0]
+    # context features go into every example
+    req = pb.regression.RegressionRequest(input=examples_input(pb, [None, None], context=4.0))
+    req.model_spec.name = "half"
+    req.model_spec.signature_name = "regress_x_to_y"
+    r = half.call(PS + "Regress", req, pb.regression.RegressionResponse)
+    assert [v.value for v in r.result.regressions] == [4.0, 4.0]
+    IA = grpc.StatusCode.INVALID_ARGUMENT
+    req.model_spec.signature_name = "classify_x_to_y"
+    expect_error(lambda: half.call(PS + "Regress", req, pb.regression.RegressionResponse), IA,
+                 "Expected regression signature method_name to be tensorflow/serving/regress.")
+    empty = pb.regression.RegressionRequest()
+    empty.model_spec.name = "half"
+    empty.model_spec.signature_name = "regress_x_to_y"
+    expect_error(lambda: half.call(PS + "Regress", empty, pb.regression.RegressionResponse), IA,
+                 "Input is empty.")
+
+
+def test_multi_inference(half, pb):
+    def task(sig, method):
+        t = pb.inference.InferenceTask(method_name=f"tensorflow/serving/{method}")
+        t.model_spec.name = "half"
+        t.model_spec.signature_name = sig
+        return t
+    req = pb.inference.MultiInferenceRequest(
+        tasks=[task("classify_x_to_y", "classify"), task("regress_x_to_y2", "regress")],
+        input=examples_input(pb, [1.0, 3.0]))
+    r = half.call(PS + "MultiInference", req, pb.inference.MultiInferenceResponse)
+    assert len(r.results) == 2
+    assert [cl.classes[0].score for cl in r.results[0].classification_result.classifications] == [2.5, 3.5]
+    assert [v.value for v in r.results[1].regression_result.regressions] == [3.5, 4.5]
+    assert r.results[1].model_spec.signature_name == "regress_x_to_y2"
+    IA = grpc.StatusCode.INVALID_ARGUMENT
+    M = pb.inference.MultiInferenceResponse
+    dup = pb.inference.MultiInferenceRequest(
+        tasks=[task("regress_x_to_y", "regress"), task("regress_x_to_y", "regress")],
+        input=examples_input(pb, [1.0]))
+    expect_error(lambda: half.call(PS + "MultiInference", dup, M), IA,
+                 "Duplicate evaluation of signature: regress_x_to_y")
+    other = task("regress_x_to_y2", "regress")
+    other.model_spec.name = "other"
+    two = pb.inference.MultiInferenceRequest(tasks=[task("regress_x_to_y", "regress"), other],
+                                             input=examples_input(pb, [1.0]))
+    expect_error(lambda: half.call(PS + "MultiInference", two, M), IA,
+                 "All ModelSpecs in a MultiInferenceRequest must access the same model name.")
+    bad = pb.inference.MultiInferenceRequest(tasks=[task("regress_x_to_y", "predict")],
+                                             input=examples_input(pb, [1.0]))
+    expect_error(lambda: half.call(PS + "MultiInference", bad, M), grpc.StatusCode.UNIMPLEMENTED,
+                 "Unsupported signature method_name: tensorflow/serving/predict")
+    missing = pb.inference.MultiInferenceRequest(tasks=[task("nope", "regress")],
+                                                 input=examples_input(pb, [1.0]))
+    expect_error(lambda: half.call(PS + "MultiInference", missing, M), IA,
+                 "Requested signature not found in model graph: nope")
+
+
+def test_reload_config(tmp_path, pb):
+    save_affine(tmp_path / "aff" / "1" / "model.onnx", [2.0, 3.0, 4.0], [1.0, 0.5, -1.0])
+    save_affine(tmp_path / "neg" / "4" / "model.onnx", [-1.0, -1.0, -1.0], [0.0, 0.0, 0.0])
+    s = Server(tmp_path, [model_line("aff", tmp_path / "aff")])
+    try:
+        x = np.arange(6, dtype=np.float32).reshape(2, 3)
+        neg = predict_request(pb, "neg", {"x": tensor_content(pb, x, 1)})
+        expect_error(lambda: s.call(PS + "Predict", neg, pb.predict.PredictResponse), grpc.StatusCode.NOT_FOUND)
+        req = pb.mgmt.ReloadConfigRequest()
+        for name in ("aff", "neg"):
+            c = req.config.model_config_list.config.add(name=name, base_path=str(tmp_path / name),
+                                                        model_platform="onnx")
+        c.version_labels["stable"] = 4
+        r = s.call(MS + "HandleReloadConfigRequest", req, pb.mgmt.ReloadConfigResponse, timeout=60)
+        assert r.status.error_code == 0
+        # loaded before the reply, as TF Serving's ReloadConfig waits for the new models
+        out = s.call(PS + "Predict", neg, pb.predict.PredictResponse)
+        np.testing.assert_array_equal(to_numpy(pb, out.outputs["y"]), -x)
+        assert out.model_spec.version.value == 4
+        lab = predict_request(pb, "neg", {"x": tensor_content(pb, x, 1)}, label="stable")
+        assert s.call(PS + "Predict", lab, pb.predict.PredictResponse).model_spec.version.value == 4
+        # a config without model_config_list is refused and changes nothing
+        expect_error(lambda: s.call(MS + "HandleReloadConfigRequest", pb.mgmt.ReloadConfigRequest(),
+                                    pb.mgmt.ReloadConfigResponse),
+                     grpc.StatusCode.INVALID_ARGUMENT, "no model_config_list")
+        s.call(PS + "Predict", neg, pb.predict.PredictResponse)
+        # dropping a model unloads it
+        only = pb.mgmt.ReloadConfigRequest()
+        only.config.model_config_list.config.add(name="neg", base_path=str(tmp_path / "neg"))
+        s.call(MS + "HandleReloadConfigRequest", only, pb.mgmt.ReloadConfigResponse, timeout=60)
+        aff = predict_request(pb, "aff", {"x": tensor_content(pb, x, 1)})
+        expect_error(lambda: s.call(PS + "Predict", aff, pb.predict.PredictResponse), grpc.StatusCode.NOT_FOUND)
+    finally:
+        s.kill()

@@ -12,8 +12,12 @@
  * converter as SavedModel constants and warmup files (TF's rules: typed
  * fields or tensor_content, half_val for fp16/bf16, the last value
  * repeating), kiln_servable_run (the same batching queue and deadline), and
- * the REST server's metrics with entrypoint="GRPC". Status codes and
- * messages are TF Serving's (docs/GRPC.md).
+ * the REST server's metrics with entrypoint="GRPC". Classify, Regress and
+ * MultiInference share the REST :classify/:regress checks and output
+ * readers (results.h) and the warmup file's Input -> tf.Example tensor
+ * (warmup.h); HandleReloadConfigRequest applies a ModelServerConfig as a
+ * config-file reload does. Status codes and messages are TF Serving's
+ * (docs/GRPC.md).
  */
 #include <inttypes.h>
 #include <stdarg.h>
@@ -26,7 +30,10 @@
 #include "serve/batch.h"
 #include "serve/grpc/call.h"
 #include "serve/grpc/grpc_tensor.h"
+#include "serve/config.h"
 #include "serve/manager.h"
+#include "serve/results.h"
+#include "serve/warmup.h"
 
 #include "grpc_service.pb-c.h"
 #include "prediction_log.pb-c.h"
@@ -676,6 +683,303 @@ out:
     protobuf_c_message_free_unpacked(&r->base, NULL);
 }
 
+/* ------------------------------------------------------------ Classify, Regress, MultiInference */
+
+/* Results of one classify or regress run, owned by the block. */
+typedef struct result_block {
+    KilnGrpc__ClassificationResult cr;
+    KilnGrpc__RegressionResult rr;
+    KilnGrpc__Classifications *cls;
+    KilnGrpc__Classifications **clsp;
+    KilnGrpc__Class *classes;
+    KilnGrpc__Class **classp;
+    KilnGrpc__Regression *reg;
+    KilnGrpc__Regression **regp;
+    char **labels;          /* NUL-terminated copies of the class labels */
+    size_t n_labels;
+} result_block;
+
+static void result_block_free(result_block *b)
+{
+    free(b->cls);
+    free(b->clsp);
+    free(b->classes);
+    free(b->classp);
+    free(b->reg);
+    free(b->regp);
+    for (size_t i = 0; i < b->n_labels; i++) free(b->labels[i]);
+    free(b->labels);
+}
+
+/* Run the examples through signature si and read its results into b; 0
+ * after failing the call. The results point into out's tensors. */
+static int run_examples(kiln_grpc_call *c, kiln_servable *sv, int si, int classify,
+                        kiln_tensor *examples, kiln_batch_result *out, result_block *b)
+{
+    char err[KILN_JSON_ERR_LEN];
+    memset(b, 0, sizeof *b);
+    memset(out, 0, sizeof *out);
+    const kiln_signature *sig = kiln_model_signature(sv->model, si);
+    if (kiln_results_check_signature(sig, classify, err) != KILN_OK) {
+        kiln_grpc_fail(c, KILN_GRPC_INVALID_ARGUMENT, "%s", err);
+        return 0;
+    }
+    if (!run(c, sv, si, &examples, 1, out)) return 0;
+    int64_t n = examples->dims[0];
+    if (!classify) {
+        const float *y;
+        if (kiln_results_regress(out, n, &y, err) != KILN_OK) {
+            kiln_grpc_fail(c, KILN_GRPC_INVALID_ARGUMENT, "%s", err);
+            return 0;
+        }
+        kiln_grpc__regression_result__init(&b->rr);
+        b->reg = calloc((size_t)n + 1, sizeof *b->reg);
+        b->regp = calloc((size_t)n + 1, sizeof *b->regp);
+        if (!b->reg || !b->regp) goto err_oom;
+        for (int64_t i = 0; i < n; i++) {
+            kiln_grpc__regression__init(&b->reg[i]);
+            b->reg[i].has_value = 1;
+            b->reg[i].value = y[i];
+            b->regp[i] = &b->reg[i];
+        }
+        b->rr.n_regressions = (size_t)n;
+        b->rr.regressions = b->regp;
+        return 1;
+    }
+    kiln_class_results r;
+    if (kiln_results_classify(out, n, &r, err) != KILN_OK) {
+        kiln_grpc_fail(c, KILN_GRPC_INVALID_ARGUMENT, "%s", err);
+        return 0;
+    }
+    kiln_grpc__classification_result__init(&b->cr);
+    size_t total = (size_t)(n * r.k);
+    b->cls = calloc((size_t)n + 1, sizeof *b->cls);
+    b->clsp = calloc((size_t)n + 1, sizeof *b->clsp);
+    b->classes = calloc(total + 1, sizeof *b->classes);
+    b->classp = calloc(total + 1, sizeof *b->classp);
+    b->labels = r.classes ? calloc(total + 1, sizeof *b->labels) : NULL;
+    if (!b->cls || !b->clsp || !b->classes || !b->classp || (r.classes && !b->labels)) goto err_oom;
+    for (int64_t i = 0; i < n; i++) {
+        kiln_grpc__classifications__init(&b->cls[i]);
+        for (int64_t k = 0; k < r.k; k++) {
+            size_t j = (size_t)(i * r.k + k);
+            KilnGrpc__Class *cl = &b->classes[j];
+            kiln_grpc__class__init(cl);
+            if (r.classes) {
+                const kiln_string *str = &((const kiln_string *)r.classes->data)[j];
+                if (str->len && str->data) {
+                    b->labels[b->n_labels] = strndup(str->data, str->len);
+                    if (!b->labels[b->n_labels]) goto err_oom;
+                    cl->label = b->labels[b->n_labels++];
+                }
+            }
+            if (r.scores) {
+                cl->score = ((const float *)r.scores->data)[j];
+                cl->has_score = 1;
+            }
+            b->classp[j] = cl;
+        }
+        b->cls[i].n_classes = (size_t)r.k;
+        b->cls[i].classes = &b->classp[i * r.k];
+        b->clsp[i] = &b->cls[i];
+    }
+    b->cr.n_classifications = (size_t)n;
+    b->cr.classifications = b->clsp;
+    return 1;
+err_oom:
+    kiln_grpc_fail(c, KILN_GRPC_RESOURCE_EXHAUSTED, "out of memory");
+    return 0;
+}
+
+/* Input -> the string tensor of serialized examples; NULL after failing the call. */
+static kiln_tensor *examples_of(kiln_grpc_call *c, const KilnTfs__Input *in)
+{
+    kiln_tensor *t;
+    kiln_status st = kiln_warmup_examples(in, &t);
+    if (st == KILN_ERR_INVALID_ARGUMENT) kiln_grpc_fail(c, KILN_GRPC_INVALID_ARGUMENT, "Input is empty.");
+    else if (st != KILN_OK) kiln_grpc_fail(c, KILN_GRPC_RESOURCE_EXHAUSTED, "out of memory");
+    return st == KILN_OK ? t : NULL;
+}
+
+/* Classify and Regress: the same request shape (model_spec = 1, input = 2). */
+static void classify_or_regress(kiln_grpc_call *c, int classify)
+{
+    call_rec rec = {"", -1, classify ? "classify" : "regress"};
+    KilnTfs__ClassificationRequest *r = (KilnTfs__ClassificationRequest *)unpack(
+        c, &kiln_tfs__classification_request__descriptor,
+        classify ? "ClassificationRequest" : "RegressionRequest");
+    if (!r) return;
+    kiln_tensor *examples = NULL;
+    kiln_servable *sv = acquire(c, r->model_spec, &rec);
+    if (!sv) goto err_free_request;
+    const char *sig_name = r->model_spec->signature_name;
+    int si = kiln_servable_find_signature(sv, sig_name);
+    if (si < 0) {
+        kiln_grpc_fail(c, KILN_GRPC_FAILED_PRECONDITION, "Serving signature key \"%s\" not found.",
+                       sig_name && sig_name[0] ? sig_name : "serving_default");
+        goto err_release;
+    }
+    examples = examples_of(c, r->input);
+    if (!examples) goto err_release;
+    kiln_batch_result out;
+    result_block b;
+    if (run_examples(c, sv, si, classify, examples, &out, &b)) {
+        spec_out so;
+        KilnTfs__ModelSpec *ms = spec_fill(&so, r->model_spec->name, sv->version,
+                                           kiln_signature_name(kiln_model_signature(sv->model, si)));
+        if (classify) {
+            KilnGrpc__ClassificationResponse resp = KILN_GRPC__CLASSIFICATION_RESPONSE__INIT;
+            resp.model_spec = ms;
+            resp.result = &b.cr;
+            pack(c, &resp.base);
+        } else {
+            KilnGrpc__RegressionResponse resp = KILN_GRPC__REGRESSION_RESPONSE__INIT;
+            resp.model_spec = ms;
+            resp.result = &b.rr;
+            pack(c, &resp.base);
+        }
+    }
+    result_block_free(&b);
+    kiln_batch_result_free(&out);
+err_release:
+    kiln_servable_release(sv);
+err_free_request:
+    kiln_tensor_free(examples);
+    record(c, &rec);
+    protobuf_c_message_free_unpacked(&r->base, NULL);
+}
+
+static void h_classify(kiln_grpc_call *c) { classify_or_regress(c, 1); }
+static void h_regress(kiln_grpc_call *c) { classify_or_regress(c, 0); }
+
+/* MultiInference: several classify / regress signatures of one model over
+ * the same examples (TF Serving's checks and messages). */
+static void h_multi_inference(kiln_grpc_call *c)
+{
+    call_rec rec = {"", -1, "multi_inference"};
+    KilnGrpc__MultiInferenceRequest *r = (KilnGrpc__MultiInferenceRequest *)unpack(
+        c, &kiln_grpc__multi_inference_request__descriptor, "MultiInferenceRequest");
+    if (!r) return;
+    size_t nt = r->n_tasks;
+    kiln_servable *sv = NULL;
+    kiln_tensor *examples = NULL;
+    kiln_batch_result *outs = calloc(nt + 1, sizeof *outs);
+    result_block *blocks = calloc(nt + 1, sizeof *blocks);
+    KilnGrpc__InferenceResult *res = calloc(nt + 1, sizeof *res);
+    KilnGrpc__InferenceResult **resp_p = calloc(nt + 1, sizeof *resp_p);
+    spec_out *specs = calloc(nt + 1, sizeof *specs);
+    if (!outs || !blocks || !res || !resp_p || !specs) {
+        kiln_grpc_fail(c, KILN_GRPC_RESOURCE_EXHAUSTED, "out of memory");
+        goto out;
+    }
+    if (nt == 0) {
+        kiln_grpc_fail(c, KILN_GRPC_INVALID_ARGUMENT, "Expected at least one task");
+        goto out;
+    }
+    for (size_t i = 0; i < nt; i++) {
+        const KilnTfs__ModelSpec *ms = r->tasks[i]->model_spec;
+        if (!ms) {
+            kiln_grpc_fail(c, KILN_GRPC_INVALID_ARGUMENT, "Missing ModelSpec");
+            goto out;
+        }
+        const char *n0 = r->tasks[0]->model_spec->name ? r->tasks[0]->model_spec->name : "";
+        if (strcmp(ms->name ? ms->name : "", n0) != 0) {
+            kiln_grpc_fail(c, KILN_GRPC_INVALID_ARGUMENT,
+                           "All ModelSpecs in a MultiInferenceRequest must access the same model name.");
+            goto out;
+        }
+        for (size_t k = 0; k < i; k++) {
+            const char *a = ms->signature_name ? ms->signature_name : "";
+            const char *b = r->tasks[k]->model_spec->signature_name ? r->tasks[k]->model_spec->signature_name : "";
+            if (strcmp(a, b) == 0) {
+                kiln_grpc_fail(c, KILN_GRPC_INVALID_ARGUMENT, "Duplicate evaluation of signature: %s", a);
+                goto out;
+            }
+        }
+    }
+    sv = acquire(c, r->tasks[0]->model_spec, &rec);
+    if (!sv) goto out;
+    examples = examples_of(c, r->input);
+    if (!examples) goto out;
+    for (size_t i = 0; i < nt; i++) {
+        const KilnTfs__ModelSpec *ms = r->tasks[i]->model_spec;
+        const char *method = r->tasks[i]->method_name ? r->tasks[i]->method_name : "";
+        int classify = strcmp(method, "tensorflow/serving/classify") == 0;
+        if (!classify && strcmp(method, "tensorflow/serving/regress") != 0) {
+            kiln_grpc_fail(c, KILN_GRPC_UNIMPLEMENTED, "Unsupported signature method_name: %s", method);
+            goto out;
+        }
+        int si = kiln_servable_find_signature(sv, ms->signature_name);
+        if (si < 0) {
+            kiln_grpc_fail(c, KILN_GRPC_INVALID_ARGUMENT, "Requested signature not found in model graph: %s",
+                           ms->signature_name && ms->signature_name[0] ? ms->signature_name : "serving_default");
+            goto out;
+        }
+        if (!run_examples(c, sv, si, classify, examples, &outs[i], &blocks[i])) goto out;
+        kiln_grpc__inference_result__init(&res[i]);
+        res[i].model_spec = spec_fill(&specs[i], ms->name, sv->version,
+                                      kiln_signature_name(kiln_model_signature(sv->model, si)));
+        if (classify) {
+            res[i].result_case = KILN_GRPC__INFERENCE_RESULT__RESULT_CLASSIFICATION_RESULT;
+            res[i].classification_result = &blocks[i].cr;
+        } else {
+            res[i].result_case = KILN_GRPC__INFERENCE_RESULT__RESULT_REGRESSION_RESULT;
+            res[i].regression_result = &blocks[i].rr;
+        }
+        resp_p[i] = &res[i];
+    }
+    KilnGrpc__MultiInferenceResponse resp = KILN_GRPC__MULTI_INFERENCE_RESPONSE__INIT;
+    resp.n_results = nt;
+    resp.results = resp_p;
+    pack(c, &resp.base);
+out:
+    for (size_t i = 0; outs && blocks && i < nt; i++) {
+        result_block_free(&blocks[i]);
+        kiln_batch_result_free(&outs[i]);
+    }
+    free(outs);
+    free(blocks);
+    free(res);
+    free(resp_p);
+    free(specs);
+    kiln_tensor_free(examples);
+    kiln_servable_release(sv);
+    record(c, &rec);
+    protobuf_c_message_free_unpacked(&r->base, NULL);
+}
+
+/* ------------------------------------------------------------ HandleReloadConfigRequest */
+
+static void h_reload_config(kiln_grpc_call *c)
+{
+    KilnGrpc__ReloadConfigRequest *r = (KilnGrpc__ReloadConfigRequest *)unpack(
+        c, &kiln_grpc__reload_config_request__descriptor, "ReloadConfigRequest");
+    if (!r) return;
+    char err[KILN_CONFIG_ERR_LEN];
+    kiln_server_config *cfg = NULL;
+    KilnServing__ModelServerConfig empty = KILN_SERVING__MODEL_SERVER_CONFIG__INIT;
+    kiln_status st = kiln_server_config_from_proto(r->config ? r->config : &empty,
+                                                   "ReloadConfigRequest.config", &cfg, err);
+    if (st != KILN_OK) {
+        kiln_grpc_fail(c, st == KILN_ERR_OUT_OF_MEMORY ? KILN_GRPC_RESOURCE_EXHAUSTED
+                                                       : KILN_GRPC_INVALID_ARGUMENT, "%s", err);
+        goto out;
+    }
+    st = kiln_manager_reload(c->ctx->rest->manager, cfg);
+    if (st != KILN_OK) {
+        kiln_grpc_fail(c, kiln_grpc_code_of(kiln_serve_code_name(st)), "applying the config failed: %s",
+                       kiln_serve_code_name(st));
+        goto out;
+    }
+    KilnGrpc__ReloadConfigResponse resp = KILN_GRPC__RELOAD_CONFIG_RESPONSE__INIT;
+    KilnGrpc__StatusProto ok = KILN_GRPC__STATUS_PROTO__INIT;
+    resp.status = &ok;
+    pack(c, &resp.base);
+out:
+    kiln_server_config_free(cfg);
+    protobuf_c_message_free_unpacked(&r->base, NULL);
+}
+
 /* ------------------------------------------------------------ health */
 
 int kiln_grpc_health_status(const kiln_grpc_ctx *ctx, const char *service)
@@ -737,8 +1041,12 @@ static void h_health_check(kiln_grpc_call *c)
 
 static const kiln_grpc_method methods[] = {
     {"/tensorflow.serving.PredictionService/Predict", KILN_GRPC_UNARY, h_predict},
+    {"/tensorflow.serving.PredictionService/Classify", KILN_GRPC_UNARY, h_classify},
+    {"/tensorflow.serving.PredictionService/Regress", KILN_GRPC_UNARY, h_regress},
+    {"/tensorflow.serving.PredictionService/MultiInference", KILN_GRPC_UNARY, h_multi_inference},
     {"/tensorflow.serving.PredictionService/GetModelMetadata", KILN_GRPC_UNARY, h_metadata},
     {"/tensorflow.serving.ModelService/GetModelStatus", KILN_GRPC_UNARY, h_model_status},
+    {"/tensorflow.serving.ModelService/HandleReloadConfigRequest", KILN_GRPC_UNARY, h_reload_config},
     {"/grpc.health.v1.Health/Check", KILN_GRPC_UNARY, h_health_check},
     {"/grpc.health.v1.Health/Watch", KILN_GRPC_HEALTH_WATCH, NULL},
     {"/grpc.reflection.v1.ServerReflection/ServerReflectionInfo", KILN_GRPC_REFLECTION, NULL},
