@@ -1085,6 +1085,7 @@ static void *loop_main(void *arg)
             said_goaway = 1;
             for (int k = 0; k < 2; k++)
                 if (g->listen_fd[k] >= 0) epoll_ctl(g->epfd, EPOLL_CTL_DEL, g->listen_fd[k], NULL);
+            tick(g); /* Watch streams learn NOT_SERVING before the GOAWAY */
             for (kiln_grpc_conn *c = g->conns; c; c = c->next) {
                 nghttp2_submit_goaway(c->s, NGHTTP2_FLAG_NONE, nghttp2_session_get_last_proc_stream_id(c->s),
                                       NGHTTP2_NO_ERROR, NULL, 0);
@@ -1093,7 +1094,18 @@ static void *loop_main(void *arg)
         }
         close_dead(g);
     }
+    /* answers that arrived while stopping: send what can be sent */
+    take_completions(g);
+    for (kiln_grpc_conn *c = g->conns; c; c = c->next)
+        if (!c->dead) conn_flush(c);
     return NULL;
+}
+
+static void wake_loop(kiln_grpc_server *g)
+{
+    uint64_t one = 1;
+    ssize_t w = write(g->evfd, &one, sizeof one);
+    (void)w;
 }
 
 /* ------------------------------------------------------------ start / stop */
@@ -1231,9 +1243,10 @@ void kiln_grpc_stop(kiln_grpc_server *g, int drain_ms)
 {
     if (!g) return;
     atomic_store(&g->draining, 1);
+    wake_loop(g); /* health NOT_SERVING, GOAWAY, stop accepting */
     for (int waited = 0; atomic_load(&g->in_flight) > 0 && waited < drain_ms; waited += 10)
         usleep(10 * 1000);
-    usleep(50 * 1000); /* let the loop send the last answers and GOAWAY */
+    usleep(20 * 1000); /* let the loop write the last answers */
     /* request threads finish what is queued (cancelled jobs end at once) */
     pthread_mutex_lock(&g->mu);
     g->stop_workers = 1;
@@ -1242,6 +1255,7 @@ void kiln_grpc_stop(kiln_grpc_server *g, int drain_ms)
     pthread_mutex_unlock(&g->mu);
     for (int i = 0; i < g->n_workers; i++) pthread_join(g->workers[i], NULL);
     atomic_store(&g->stop_loop, 1);
+    wake_loop(g);
     if (g->loop_started) pthread_join(g->loop, NULL);
     server_free(g);
 }
