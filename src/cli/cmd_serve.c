@@ -64,6 +64,8 @@ static const char serve_help[] =
     "  --grpc_channel_arguments=K=V,...   grpc.max_receive_message_length (default 64 MiB),\n"
     "                                     grpc.max_send_message_length (default 2 GiB - 1),\n"
     "                                     grpc.max_concurrent_streams (default 256)\n"
+    "  --ssl_config_file=FILE             SSLConfig text proto: gRPC over TLS (server_key,\n"
+    "                                     server_cert, custom_ca, client_verify)\n"
     "  --enable_serialization_as_tensor_content[=true|false]  gRPC answers numeric tensors\n"
     "                                     in tensor_content (default: typed fields, as TF)\n"
     "  --tensorflow_inter_op_parallelism, --allow_precompilation,\n"
@@ -109,7 +111,7 @@ int kiln_cmd_serve(int argc, char **argv)
     int timeout_ms = 30000, poll = 1, intra = 0, disable_opt = 0, show_version = 0;
     int batching = 0, config_poll = 0, warmup = 1, warmup_iters = 0, cors = 0;
     int grpc_threads = threads, tensor_content = 0, port_given = 0;
-    const char *grpc_socket = NULL, *grpc_args = NULL;
+    const char *grpc_socket = NULL, *grpc_args = NULL, *ssl_file = NULL;
     const char *model_name = NULL, *base_path = NULL, *tags = NULL, *address = NULL;
     const char *config_file = NULL, *batching_file = NULL, *monitoring_file = NULL;
 
@@ -161,6 +163,7 @@ int kiln_cmd_serve(int argc, char **argv)
         else if (strcmp(name, "--monitoring_config_file") == 0) monitoring_file = val;
         else if (strcmp(name, "--grpc_socket_path") == 0) grpc_socket = val;
         else if (strcmp(name, "--grpc_channel_arguments") == 0) grpc_args = val;
+        else if (strcmp(name, "--ssl_config_file") == 0) ssl_file = val;
         else if (strcmp(name, "--enable_serialization_as_tensor_content") == 0)
             ok = (tensor_content = parse_bool(val)) >= 0;
         else if (strcmp(name, "--version") == 0) ok = (show_version = parse_bool(val)) >= 0;
@@ -234,6 +237,15 @@ int kiln_cmd_serve(int argc, char **argv)
     if (kiln_grpc_parse_channel_args(grpc_args, &go, cerr, sizeof cerr) != KILN_OK) {
         kiln_server_config_free(config);
         return kiln_cli_usage_error("serve", "%s", cerr);
+    }
+    kiln_ssl_config ssl;
+    memset(&ssl, 0, sizeof ssl);
+    if (ssl_file && *ssl_file) {
+        if (kiln_ssl_config_load(ssl_file, &ssl, cerr) != KILN_OK) {
+            kiln_server_config_free(config);
+            return kiln_cli_fail("--ssl_config_file: %s", cerr);
+        }
+        go.ssl = &ssl;
     }
     /* which TF Serving / Vertex AI flags take effect, with their values */
     fprintf(stderr,
@@ -313,6 +325,7 @@ int kiln_cmd_serve(int argc, char **argv)
     if (go.port > 0 || go.socket_path) {
         char gerr[256];
         kiln_status gst = kiln_grpc_start(&go, &server, &grpc, gerr, sizeof gerr);
+        if (gst != KILN_OK && go.ssl) port_given = 1; /* a TLS setup error is never skipped */
         if (gst != KILN_OK && !port_given) {
             /* the default port is taken (another server on this host): REST
              * still serves; an explicit --port must open or the start fails */
@@ -320,6 +333,7 @@ int kiln_cmd_serve(int argc, char **argv)
             go.port = 0;
             gst = go.socket_path ? kiln_grpc_start(&go, &server, &grpc, gerr, sizeof gerr) : KILN_OK;
         }
+        kiln_ssl_config_free(&ssl);
         if (gst != KILN_OK) {
             kiln_server_stop(&server, 0);
             kiln_manager_free(mgr);
@@ -333,6 +347,7 @@ int kiln_cmd_serve(int argc, char **argv)
             fprintf(stderr, "kiln serve: Running gRPC ModelServer at UNIX socket %s ...\n",
                     go.socket_path);
     }
+    kiln_ssl_config_free(&ssl); /* kiln_grpc_start copied what it needs */
     fprintf(stderr, "kiln serve: Exporting HTTP/REST API at:%s:%d ...\n",
             address ? address : "0.0.0.0", rest_port);
     if (mon.prometheus_enable)

@@ -316,3 +316,45 @@ err_free_msg:
     kiln_tfs__monitoring_config__free_unpacked(mc, NULL);
     return st;
 }
+
+kiln_status kiln_ssl_config_load(const char *path, kiln_ssl_config *out, char *err)
+{
+    memset(out, 0, sizeof *out);
+    ProtobufCMessage *msg;
+    kiln_status st = parse_file(path, &kiln_serving__sslconfig__descriptor, &msg, err);
+    if (st != KILN_OK) return st;
+    KilnServing__SSLConfig *sc = (KilnServing__SSLConfig *)msg;
+    st = KILN_ERR_INVALID_ARGUMENT;
+    if (!sc->server_key || !*sc->server_key || !sc->server_cert || !*sc->server_cert) {
+        snprintf(err, KILN_CONFIG_ERR_LEN, "%s: server_key and server_cert (PEM text) are required",
+                 path);
+        goto out;
+    }
+    if (sc->client_verify && (!sc->custom_ca || !*sc->custom_ca)) {
+        snprintf(err, KILN_CONFIG_ERR_LEN, "%s: client_verify needs custom_ca (the CA that signs "
+                 "client certificates)", path);
+        goto out;
+    }
+    out->server_key = strdup(sc->server_key);
+    out->server_cert = strdup(sc->server_cert);
+    out->custom_ca = sc->custom_ca && *sc->custom_ca ? strdup(sc->custom_ca) : NULL;
+    out->client_verify = sc->client_verify;
+    if (!out->server_key || !out->server_cert || (sc->custom_ca && *sc->custom_ca && !out->custom_ca)) {
+        kiln_ssl_config_free(out);
+        snprintf(err, KILN_CONFIG_ERR_LEN, "%s: out of memory", path);
+        st = KILN_ERR_OUT_OF_MEMORY;
+        goto out;
+    }
+    st = KILN_OK;
+out:
+    kiln_serving__sslconfig__free_unpacked(sc, NULL);
+    return st;
+}
+
+void kiln_ssl_config_free(kiln_ssl_config *c)
+{
+    free(c->server_key);
+    free(c->server_cert);
+    free(c->custom_ca);
+    memset(c, 0, sizeof *c);
+}

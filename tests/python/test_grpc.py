@@ -782,3 +782,57 @@ def test_reload_config(tmp_path, pb):
         expect_error(lambda: s.call(PS + "Predict", aff, pb.predict.PredictResponse), grpc.StatusCode.NOT_FOUND)
     finally:
         s.kill()
+
+
+# ------------------------------------------------------------------ TLS
+
+
+def make_certs(d):
+    """A CA, a server certificate for localhost / 127.0.0.1 and a client certificate (openssl)."""
+    def run(*args):
+        subprocess.run(["openssl", *args], check=True, capture_output=True, cwd=d)
+    run("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.pem",
+        "-days", "2", "-subj", "/CN=kiln-test-ca")
+    (d / "san.ext").write_text("subjectAltName=DNS:localhost,IP:127.0.0.1\n")
+    for who in ("server", "client"):
+        run("req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{who}.key", "-out", f"{who}.csr",
+            "-subj", f"/CN={'localhost' if who == 'server' else 'kiln-client'}")
+        run("x509", "-req", "-in", f"{who}.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+            "-out", f"{who}.pem", "-days", "2", "-extfile", "san.ext")
+    return {k: (d / k).read_bytes() for k in ("ca.pem", "server.key", "server.pem", "client.key", "client.pem")}
+
+
+def pem_field(name, data):
+    return f'{name}: "' + data.decode().replace("\n", "\\n") + '"\n'
+
+
+@pytest.mark.skipif(not os.path.exists("/usr/bin/openssl"), reason="openssl missing")
+@pytest.mark.parametrize("mutual", [False, True])
+def test_tls(tmp_path, pb, mutual):
+    certs = make_certs(tmp_path)
+    ssl = tmp_path / "ssl.config"
+    ssl.write_text(pem_field("server_key", certs["server.key"]) + pem_field("server_cert", certs["server.pem"])
+                   + (pem_field("custom_ca", certs["ca.pem"]) + "client_verify: true\n" if mutual else ""))
+    save_affine(tmp_path / "aff" / "1" / "model.onnx", [2.0, 3.0, 4.0], [1.0, 0.5, -1.0])
+    s = Server(tmp_path, [model_line("aff", tmp_path / "aff")], f"--ssl_config_file={ssl}")
+    try:
+        x = np.arange(6, dtype=np.float32).reshape(2, 3)
+        req = predict_request(pb, "aff", {"x": tensor_content(pb, x, 1)})
+        creds = grpc.ssl_channel_credentials(
+            root_certificates=certs["ca.pem"],
+            private_key=certs["client.key"] if mutual else None,
+            certificate_chain=certs["client.pem"] if mutual else None)
+        with grpc.secure_channel(f"localhost:{s.grpc}", creds) as ch:
+            r = s.call(PS + "Predict", req, pb.predict.PredictResponse, channel=ch)
+            np.testing.assert_array_equal(to_numpy(pb, r.outputs["y"]), affine(x))
+        # plaintext is refused on a TLS port
+        with grpc.insecure_channel(f"127.0.0.1:{s.grpc}") as ch:
+            expect_error(lambda: s.call(PS + "Predict", req, pb.predict.PredictResponse, channel=ch, timeout=5),
+                         grpc.StatusCode.UNAVAILABLE)
+        if mutual:  # no client certificate: the handshake fails
+            plain = grpc.ssl_channel_credentials(root_certificates=certs["ca.pem"])
+            with grpc.secure_channel(f"localhost:{s.grpc}", plain) as ch:
+                expect_error(lambda: s.call(PS + "Predict", req, pb.predict.PredictResponse, channel=ch,
+                                            timeout=5), grpc.StatusCode.UNAVAILABLE)
+    finally:
+        s.kill()

@@ -21,6 +21,11 @@
  * (RST_STREAM) cancels its job: a queued one never runs, a running one stops
  * between steps (unbatched) and its answer is dropped.
  *
+ * TLS (--ssl_config_file): GnuTLS under the same loop. A connection first
+ * completes its non-blocking handshake (ALPN "h2"; with client_verify the
+ * client's certificate must chain to custom_ca), then reads and writes go
+ * through gnutls_record_recv/send instead of recv/send.
+ *
  * Limits (grpc.h, docs/GRPC.md): concurrent streams and header list size
  * per connection, message sizes both ways, a connection count, an idle
  * timeout; nghttp2 itself polices SETTINGS/PING floods, rapid reset,
@@ -43,6 +48,7 @@
 #include <strings.h>
 #include <time.h>
 #include <unistd.h>
+#include <gnutls/gnutls.h>
 #include <zlib.h>
 
 #include <arpa/inet.h>
@@ -53,6 +59,7 @@
 #include <sys/socket.h>
 #include <sys/un.h>
 
+#include "serve/config.h"
 #include "serve/grpc/call.h"
 
 #define STREAM_WINDOW (8 << 20)
@@ -76,6 +83,8 @@ struct kiln_grpc_conn {
     size_t woff;
     int epollout;                /* EPOLLOUT is registered */
     int dead;                    /* close at the end of this turn */
+    gnutls_session_t tls;        /* NULL: plaintext */
+    int handshake_done;
     stream *streams;             /* open streams (list) */
     int64_t last_active_ms;
     kiln_grpc_conn *next, *prev;
@@ -146,6 +155,9 @@ struct kiln_grpc_server {
     kiln_grpc_conn *conns;
     int n_conns;
     int64_t last_tick;
+    gnutls_certificate_credentials_t cred; /* TLS, or NULL */
+    gnutls_priority_t prio;
+    int verify;                  /* TLS client_verify */
 };
 
 /* ------------------------------------------------------------ options */
@@ -884,6 +896,7 @@ static void conn_close(kiln_grpc_conn *c)
         stream_free(st);
     }
     nghttp2_session_del(c->s);
+    if (c->tls) gnutls_deinit(c->tls);
     if (c->fd >= 0) {
         epoll_ctl(g->epfd, EPOLL_CTL_DEL, c->fd, NULL);
         close(c->fd);
@@ -914,9 +927,19 @@ static void conn_flush(kiln_grpc_conn *c)
                 c->woff = c->wbuf.len;
                 break;
             }
-            ssize_t n = send(c->fd, c->wbuf.p + c->woff, c->wbuf.len - c->woff, MSG_NOSIGNAL);
-            if (n < 0 && errno == EINTR) continue;
-            if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            ssize_t n;
+            if (c->tls) {
+                n = gnutls_record_send(c->tls, c->wbuf.p + c->woff, c->wbuf.len - c->woff);
+                if (n == GNUTLS_E_INTERRUPTED) continue;
+                if (n == GNUTLS_E_AGAIN) {
+                    set_epollout(c, 1);
+                    return;
+                }
+            } else {
+                n = send(c->fd, c->wbuf.p + c->woff, c->wbuf.len - c->woff, MSG_NOSIGNAL);
+                if (n < 0 && errno == EINTR) continue;
+            }
+            if (!c->tls && n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
                 set_epollout(c, 1); /* a slow reader: nothing more is pulled until it drains */
                 return;
             }
@@ -962,10 +985,51 @@ static int conn_input(kiln_grpc_conn *c, const uint8_t *d, size_t n)
     return !c->dead;
 }
 
+/* TLS: advance the handshake; 1 once it is done. */
+static int tls_handshake(kiln_grpc_conn *c)
+{
+    int rc = gnutls_handshake(c->tls);
+    if (rc == GNUTLS_E_SUCCESS) {
+        gnutls_datum_t alpn;
+        if (gnutls_alpn_get_selected_protocol(c->tls, &alpn) != 0 || alpn.size != 2 ||
+            memcmp(alpn.data, "h2", 2) != 0) {
+            c->dead = 1; /* gRPC needs HTTP/2 */
+            return 0;
+        }
+        c->handshake_done = 1;
+        return 1;
+    }
+    if (rc == GNUTLS_E_AGAIN || rc == GNUTLS_E_INTERRUPTED) {
+        set_epollout(c, gnutls_record_get_direction(c->tls) == 1);
+        return 0;
+    }
+    c->dead = 1; /* a failed handshake: bad or missing client certificate, ... */
+    return 0;
+}
+
 static void conn_read(kiln_grpc_conn *c)
 {
     uint8_t buf[65536];
-    for (;;) {
+    if (c->tls && !c->handshake_done) {
+        if (!tls_handshake(c)) return;
+        conn_flush(c);
+    }
+    if (c->tls) {
+        for (int turn = 0; turn < 16 || gnutls_record_check_pending(c->tls) > 0; turn++) {
+            ssize_t n = gnutls_record_recv(c->tls, buf, sizeof buf);
+            if (n == GNUTLS_E_INTERRUPTED) continue;
+            if (n == GNUTLS_E_AGAIN) return;
+            if (n <= 0) {
+                c->dead = 1;
+                return;
+            }
+            if (!conn_input(c, buf, (size_t)n)) return;
+        }
+        return;
+    }
+    /* at most 1 MiB per turn, so one busy client cannot starve the others
+     * (epoll is level-triggered: the rest is read next turn) */
+    for (int turn = 0; turn < 16; turn++) {
         ssize_t n = recv(c->fd, buf, sizeof buf, 0);
         if (n < 0 && errno == EINTR) continue;
         if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
@@ -1000,6 +1064,24 @@ static void accept_all(kiln_grpc_server *g, int lfd)
             c->fd = -1;
             close(fd);
             conn_close(c);
+            continue;
+        }
+        if (g->cred) {
+            static const gnutls_datum_t h2 = {(unsigned char *)"h2", 2};
+            if (gnutls_init(&c->tls, GNUTLS_SERVER | GNUTLS_NONBLOCK) != GNUTLS_E_SUCCESS) {
+                c->tls = NULL;
+                conn_close(c);
+                continue;
+            }
+            gnutls_priority_set(c->tls, g->prio);
+            gnutls_credentials_set(c->tls, GNUTLS_CRD_CERTIFICATE, g->cred);
+            gnutls_alpn_set_protocols(c->tls, &h2, 1, GNUTLS_ALPN_MANDATORY);
+            if (g->verify) {
+                gnutls_certificate_server_set_request(c->tls, GNUTLS_CERT_REQUIRE);
+                gnutls_session_set_verify_cert(c->tls, NULL, 0);
+            }
+            gnutls_transport_set_int(c->tls, fd);
+            tls_handshake(c); /* SETTINGS go out once it is done */
             continue;
         }
         conn_flush(c); /* our SETTINGS */
@@ -1040,8 +1122,7 @@ static void tick(kiln_grpc_server *g)
             }
         }
         if (!c->streams && now - c->last_active_ms > (int64_t)KILN_GRPC_IDLE_SECONDS * 1000) {
-            nghttp2_submit_goaway(c->s, NGHTTP2_FLAG_NONE, nghttp2_session_get_last_proc_stream_id(c->s),
-                                  NGHTTP2_NO_ERROR, (const uint8_t *)"idle", 4);
+            nghttp2_session_terminate_session(c->s, NGHTTP2_NO_ERROR); /* GOAWAY, then close */
             touched = 1;
         }
         if (touched) conn_flush(c);
@@ -1073,7 +1154,13 @@ static void *loop_main(void *arg)
                 kiln_grpc_conn *c = (kiln_grpc_conn *)tag;
                 if (c->dead) continue;
                 if (evs[i].events & (EPOLLIN | EPOLLHUP | EPOLLERR)) conn_read(c);
-                if (!c->dead && (evs[i].events & EPOLLOUT)) conn_flush(c);
+                if (!c->dead && (evs[i].events & EPOLLOUT)) {
+                    if (c->tls && !c->handshake_done) {
+                        if (tls_handshake(c)) conn_flush(c);
+                    } else {
+                        conn_flush(c);
+                    }
+                }
             }
         }
         int64_t now = now_ms();
@@ -1168,6 +1255,8 @@ static void server_free(kiln_grpc_server *g)
     }
     pthread_cond_destroy(&g->cv);
     pthread_mutex_destroy(&g->mu);
+    if (g->cred) gnutls_certificate_free_credentials(g->cred);
+    if (g->prio) gnutls_priority_deinit(g->prio);
     free(g->workers);
     free(g);
 }
@@ -1189,6 +1278,41 @@ static kiln_grpc_server *server_alloc(const kiln_grpc_options *o)
     return g;
 }
 
+/* Credentials from the SSLConfig's PEM text. */
+static kiln_status tls_setup(kiln_grpc_server *g, const kiln_ssl_config *ssl, char *err, size_t err_len)
+{
+    int rc = gnutls_certificate_allocate_credentials(&g->cred);
+    if (rc != GNUTLS_E_SUCCESS) {
+        g->cred = NULL;
+        snprintf(err, err_len, "TLS: %s", gnutls_strerror(rc));
+        return KILN_ERR_RUNTIME;
+    }
+    gnutls_datum_t cert = {(unsigned char *)ssl->server_cert, (unsigned)strlen(ssl->server_cert)};
+    gnutls_datum_t key = {(unsigned char *)ssl->server_key, (unsigned)strlen(ssl->server_key)};
+    rc = gnutls_certificate_set_x509_key_mem(g->cred, &cert, &key, GNUTLS_X509_FMT_PEM);
+    if (rc < 0) {
+        snprintf(err, err_len, "--ssl_config_file: server_key / server_cert: %s", gnutls_strerror(rc));
+        return KILN_ERR_INVALID_ARGUMENT;
+    }
+    if (ssl->custom_ca) {
+        gnutls_datum_t ca = {(unsigned char *)ssl->custom_ca, (unsigned)strlen(ssl->custom_ca)};
+        rc = gnutls_certificate_set_x509_trust_mem(g->cred, &ca, GNUTLS_X509_FMT_PEM);
+        if (rc <= 0) {
+            snprintf(err, err_len, "--ssl_config_file: custom_ca: %s",
+                     rc < 0 ? gnutls_strerror(rc) : "no certificate in it");
+            return KILN_ERR_INVALID_ARGUMENT;
+        }
+    }
+    rc = gnutls_priority_init(&g->prio, "NORMAL", NULL);
+    if (rc != GNUTLS_E_SUCCESS) {
+        g->prio = NULL;
+        snprintf(err, err_len, "TLS: %s", gnutls_strerror(rc));
+        return KILN_ERR_RUNTIME;
+    }
+    g->verify = ssl->client_verify;
+    return KILN_OK;
+}
+
 kiln_status kiln_grpc_start(const kiln_grpc_options *o, kiln_server *rest, kiln_grpc_server **out,
                             char *err, size_t err_len)
 {
@@ -1198,6 +1322,8 @@ kiln_status kiln_grpc_start(const kiln_grpc_options *o, kiln_server *rest, kiln_
         return KILN_ERR_OUT_OF_MEMORY;
     }
     g->ctx.rest = rest;
+    if (o->ssl && tls_setup(g, o->ssl, err, err_len) != KILN_OK) goto err_free;
+    g->opt.ssl = NULL; /* borrowed only until here; client_verify is kept in verify */
     g->epfd = epoll_create1(EPOLL_CLOEXEC);
     g->evfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (g->epfd < 0 || g->evfd < 0) {
