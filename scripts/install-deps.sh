@@ -18,3 +18,7 @@ if [ ${#missing[@]} -gt 0 ]; then
   apt-get update -qq
   apt-get install -y -qq "${missing[@]}"
 fi
+# The gRPC test's second client stack (@grpc/grpc-js), when npm is there.
+if command -v npm >/dev/null && [ ! -d "$(dirname "$0")/../tests/node/node_modules/@grpc/grpc-js" ]; then
+  (cd "$(dirname "$0")/../tests/node" && npm ci --no-audit --no-fund --ignore-scripts) || echo "npm ci failed: the Node gRPC test will skip"
+fi

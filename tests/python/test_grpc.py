@@ -836,3 +836,20 @@ def test_tls(tmp_path, pb, mutual):
                                             timeout=5), grpc.StatusCode.UNAVAILABLE)
     finally:
         s.kill()
+
+
+# ------------------------------------------------------------------ a second client stack
+
+NODE_DIR = REPO / "tests" / "node"
+
+
+@pytest.mark.skipif(not (NODE_DIR / "node_modules" / "@grpc" / "grpc-js").is_dir(),
+                    reason="tests/node/node_modules missing (cd tests/node && npm ci)")
+def test_node_grpc_js_client(srv):
+    """@grpc/grpc-js (its own HTTP/2 stack) against the same server."""
+    r = subprocess.run(["node", str(NODE_DIR / "grpc_client.js"), str(srv.grpc)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    for check in ("predict", "typed_fields_repeat_last", "large_gzip", "concurrent", "errors",
+                  "deadline", "metadata", "status", "health"):
+        assert f"ok {check}" in r.stdout, r.stdout + r.stderr
