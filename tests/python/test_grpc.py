@@ -853,3 +853,89 @@ def test_node_grpc_js_client(srv):
     for check in ("predict", "typed_fields_repeat_last", "large_gzip", "concurrent", "errors",
                   "deadline", "metadata", "status", "health"):
         assert f"ok {check}" in r.stdout, r.stdout + r.stderr
+
+
+# ------------------------------------------------------------------ batching shared with REST
+
+
+def metric_value(text, name):
+    for line in text.splitlines():
+        if line.startswith(name + " ") or line.startswith(name + "{"):
+            return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+def batching_server(tmp_path, params):
+    save_affine(tmp_path / "aff" / "1" / "model.onnx", [2.0, 3.0, 4.0], [1.0, 0.5, -1.0])
+    pfile = tmp_path / "batching.config"
+    pfile.write_text(params)
+    return Server(tmp_path, [model_line("aff", tmp_path / "aff")], "--enable_batching=true",
+                  f"--batching_parameters_file={pfile}", "--rest_api_num_threads=16",
+                  "--grpc_max_threads=16")
+
+
+def test_grpc_and_rest_join_one_batch(tmp_path, pb):
+    import threading
+    s = batching_server(tmp_path, """
+        max_batch_size { value: 8 }
+        batch_timeout_micros { value: 1000000 }
+        max_enqueued_batches { value: 100 }
+        num_batch_threads { value: 1 }
+        allowed_batch_sizes: 8
+    """)
+    try:
+        xs = [np.full((1, 3), i + 1, np.float32) for i in range(4)]
+        results = [None] * 4
+        barrier = threading.Barrier(4)
+
+        def client(i):
+            barrier.wait()
+            if i % 2 == 0:
+                r = s.call(PS + "Predict", predict_request(pb, "aff", {"x": tensor_content(pb, xs[i], 1)}),
+                           pb.predict.PredictResponse)
+                results[i] = to_numpy(pb, r.outputs["y"])
+            else:
+                code, body = s.http("POST", "/v1/models/aff:predict", {"instances": xs[i].tolist()})
+                assert code == 200, body
+                results[i] = np.array([p["y"] for p in json.loads(body)["predictions"]], np.float32)
+        threads = [threading.Thread(target=client, args=(i,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        for i in range(4):
+            np.testing.assert_array_equal(results[i], affine(xs[i]))
+        text = s.http("GET", "/metrics")[1].decode()
+        # four requests, two per API, ran as one batch of 4 rows padded to 8
+        assert metric_value(text, 'kiln_batch_size_count{model_name="aff",version="1"}') == 1, text
+        assert 'request_latency_count{model_name="aff",API="predict",entrypoint="GRPC"} 2' in text
+        assert 'request_latency_count{model_name="aff",API="predict",entrypoint="REST"} 2' in text
+    finally:
+        s.kill()
+
+
+def test_full_batch_queue_unavailable(tmp_path, pb):
+    s = batching_server(tmp_path, """
+        max_batch_size { value: 4 }
+        batch_timeout_micros { value: 500000 }
+        max_enqueued_batches { value: 1 }
+        num_batch_threads { value: 1 }
+    """)
+    try:
+        fn = s.channel.unary_unary(PS + "Predict", request_serializer=lambda m: m.SerializeToString(),
+                                   response_deserializer=pb.predict.PredictResponse.FromString)
+        x = np.ones((3, 3), np.float32)
+        futs = [fn.future(predict_request(pb, "aff", {"x": tensor_content(pb, x, 1)}), timeout=30)
+                for _ in range(12)]
+        codes = []
+        for f in futs:
+            try:
+                np.testing.assert_array_equal(to_numpy(pb, f.result().outputs["y"]), affine(x))
+                codes.append(grpc.StatusCode.OK)
+            except grpc.RpcError as e:
+                assert e.code() == grpc.StatusCode.UNAVAILABLE, e
+                assert e.details() == "The batch scheduling queue to which this task was submitted is full"
+                codes.append(e.code())
+        assert grpc.StatusCode.OK in codes and grpc.StatusCode.UNAVAILABLE in codes, codes
+    finally:
+        s.kill()
