@@ -66,6 +66,8 @@
 #define CONN_WINDOW (32 << 20)
 #define WRITE_BATCH (1 << 20)   /* bytes pulled from nghttp2 per write */
 #define TICK_MS 100
+#define CONN_BUFFER ((size_t)256 << 20) /* request bytes a connection may hold before its
+                                           window stops opening (at least max_recv + a window) */
 
 enum { ENC_IDENTITY = 0, ENC_GZIP, ENC_DEFLATE, ENC_UNKNOWN };
 enum { ST_RECV = 0, ST_QUEUED, ST_STREAMING, ST_DONE };
@@ -86,6 +88,7 @@ struct kiln_grpc_conn {
     gnutls_session_t tls;        /* NULL: plaintext */
     int handshake_done;
     stream *streams;             /* open streams (list) */
+    size_t held;                 /* request bytes its streams hold (messages, requests) */
     int64_t last_active_ms;
     kiln_grpc_conn *next, *prev;
 };
@@ -108,6 +111,8 @@ struct stream {
     kiln_bytes msg;
     int n_msgs;
     kiln_bytes req;              /* the unary request message */
+    size_t held;                 /* DATA bytes counted in c->held until released */
+    size_t owed;                 /* DATA bytes not yet given back to flow control */
     job *job;                    /* queued or running; NULL otherwise */
     /* response */
     int headers_sent;
@@ -158,6 +163,7 @@ struct kiln_grpc_server {
     gnutls_certificate_credentials_t cred; /* TLS, or NULL */
     gnutls_priority_t prio;
     int verify;                  /* TLS client_verify */
+    size_t conn_budget;          /* CONN_BUFFER, or more for a large max_recv */
 };
 
 /* ------------------------------------------------------------ options */
@@ -328,6 +334,31 @@ static int deflate_bytes(const uint8_t *in, size_t n, int enc, kiln_bytes *out)
 
 /* ------------------------------------------------------------ streams */
 
+/* Give back to flow control what st owes while the connection is within
+ * its budget (the window then opens again: WINDOW_UPDATE). */
+static void conn_repay(kiln_grpc_conn *c)
+{
+    for (stream *st = c->streams; st && c->held <= c->g->conn_budget; st = st->next)
+        if (st->owed) {
+            nghttp2_session_consume(c->s, st->id, st->owed);
+            st->owed = 0;
+        }
+}
+
+/* st's buffers are gone: the bytes no longer count against the connection. */
+static void stream_release(stream *st)
+{
+    kiln_grpc_conn *c = st->c;
+    c->held -= st->held < c->held ? st->held : c->held;
+    st->held = 0;
+    if (st->owed) {
+        if (nghttp2_session_consume(c->s, st->id, st->owed) != 0)
+            nghttp2_session_consume_connection(c->s, st->owed); /* the stream is closed */
+        st->owed = 0;
+    }
+    conn_repay(c);
+}
+
 static void stream_unlink(stream *st)
 {
     kiln_grpc_conn *c = st->c;
@@ -338,6 +369,7 @@ static void stream_unlink(stream *st)
 
 static void stream_free(stream *st)
 {
+    st->c->held -= st->held < st->c->held ? st->held : st->c->held;
     if (st->job) { /* the client went away: the job is cancelled, its answer dropped */
         st->job->cancel = 1;
         st->job->st = NULL;
@@ -388,6 +420,11 @@ static void start_response(stream *st, int enc)
 static void stream_finish(stream *st, int code, const char *message)
 {
     if (st->state == ST_DONE) return;
+    if (!st->job) { /* nothing will read the request any more */
+        kiln_bytes_free(&st->msg);
+        kiln_bytes_free(&st->req);
+        stream_release(st);
+    }
     st->code = code;
     snprintf(st->message, sizeof st->message, "%s", message ? message : "");
     st->state = ST_DONE;
@@ -506,6 +543,7 @@ static void job_complete(kiln_grpc_server *g, job *j)
             stream_finish(st, c->code, c->message);
         }
         kiln_bytes_free(&st->req);
+        stream_release(st);
     }
     job_free(j);
 }
@@ -646,6 +684,7 @@ static void message_complete(stream *st, int compressed)
     }
     kiln_bytes_free(&plain);
     st->msg.len = 0;
+    if (st->m->kind != KILN_GRPC_UNARY && st->state != ST_DONE) stream_release(st); /* answered */
 }
 
 /* DATA bytes of st: cut into messages. */
@@ -814,7 +853,16 @@ static int on_data_chunk(nghttp2_session *s, uint8_t flags, int32_t id, const ui
                          size_t len, void *ud)
 {
     stream *st = nghttp2_session_get_stream_user_data(s, id);
-    if (st && st->m) stream_data(st, data, len);
+    if (!st || !st->m || st->state != ST_RECV) { /* dropped: the window opens at once */
+        nghttp2_session_consume(s, id, len);
+        return 0;
+    }
+    kiln_grpc_conn *c = st->c;
+    st->held += len;
+    c->held += len;
+    if (c->held <= c->g->conn_budget) nghttp2_session_consume(s, id, len);
+    else st->owed += len; /* over budget: this stream's window stays closed for now */
+    stream_data(st, data, len);
     return 0;
 }
 
@@ -829,13 +877,18 @@ static int on_frame_send(nghttp2_session *s, const nghttp2_frame *f, void *ud)
     return 0;
 }
 
+static kiln_grpc_conn *c_of(void *ud) { return ud; }
+
 static int on_stream_close(nghttp2_session *s, int32_t id, uint32_t error_code, void *ud)
 {
     stream *st = nghttp2_session_get_stream_user_data(s, id);
     if (!st) return 0;
     nghttp2_session_set_stream_user_data(s, id, NULL);
     stream_unlink(st);
+    if (st->owed) nghttp2_session_consume_connection(s, st->owed);
+    st->owed = 0;
     stream_free(st);
+    conn_repay(c_of(ud));
     return 0;
 }
 
@@ -864,6 +917,7 @@ static kiln_grpc_conn *conn_new(kiln_grpc_server *g, int fd)
     int rc = nghttp2_option_new(&opt);
     if (rc == 0) {
         nghttp2_option_set_max_send_header_block_length(opt, 65536);
+        nghttp2_option_set_no_auto_window_update(opt, 1); /* consumed as buffers are freed */
         rc = nghttp2_session_server_new2(&c->s, cb, c, opt);
         nghttp2_option_del(opt);
     }
@@ -1269,6 +1323,9 @@ static kiln_grpc_server *server_alloc(const kiln_grpc_options *o)
     if (g->opt.max_threads < 1) g->opt.max_threads = 1;
     if (g->opt.max_streams < 1) g->opt.max_streams = KILN_GRPC_MAX_STREAMS;
     g->ctx.max_send = g->opt.max_send;
+    g->conn_budget = CONN_BUFFER;
+    if ((uint64_t)g->opt.max_recv + STREAM_WINDOW > g->conn_budget)
+        g->conn_budget = (size_t)g->opt.max_recv + STREAM_WINDOW;
     g->ctx.tensor_content = g->opt.tensor_content;
     g->epfd = g->evfd = g->listen_fd[0] = g->listen_fd[1] = -1;
     g->listen_tag[0] = g->listen_tag[1] = TAG_LISTEN;
