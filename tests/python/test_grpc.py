@@ -390,6 +390,11 @@ def test_output_filter(srv, pb):
     dup = predict_request(pb, "aff", {"x": tensor_content(pb, x, 1)}, output_filter=["y", "y"])
     expect_error(lambda: srv.call(PS + "Predict", dup, pb.predict.PredictResponse),
                  grpc.StatusCode.INVALID_ARGUMENT, "duplicate output tensor alias: y")
+    # TF Serving truncates messages to 1024 characters
+    long = predict_request(pb, "aff", {"x": tensor_content(pb, x, 1)}, output_filter=["w" * 2000])
+    details = expect_error(lambda: srv.call(PS + "Predict", long, pb.predict.PredictResponse),
+                           grpc.StatusCode.INVALID_ARGUMENT, "output tensor alias not found")
+    assert len(details) == 1024 + len("...TRUNCATED") and details.endswith("w...TRUNCATED")
 
 
 def test_predict_errors(srv, pb):

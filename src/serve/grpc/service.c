@@ -103,10 +103,14 @@ void kiln_grpc_fail(kiln_grpc_call *c, int code, const char *fmt, ...)
     vsnprintf(buf, sizeof buf, fmt, ap);
     va_end(ap);
     c->code = code;
-    if (strlen(buf) > KILN_GRPC_MESSAGE_MAX) /* TF Serving's ToGRPCStatus */
-        snprintf(c->message, sizeof c->message, "%.*s...TRUNCATED", KILN_GRPC_MESSAGE_MAX, buf);
-    else
-        snprintf(c->message, sizeof c->message, "%s", buf);
+    size_t n = strlen(buf);
+    _Static_assert(sizeof c->message >= KILN_GRPC_MESSAGE_MAX + sizeof "...TRUNCATED", "message size");
+    if (n > KILN_GRPC_MESSAGE_MAX) { /* TF Serving's ToGRPCStatus */
+        memcpy(c->message, buf, KILN_GRPC_MESSAGE_MAX);
+        memcpy(c->message + KILN_GRPC_MESSAGE_MAX, "...TRUNCATED", sizeof "...TRUNCATED");
+    } else {
+        memcpy(c->message, buf, n + 1);
+    }
     c->resp.len = 0;
 }
 
