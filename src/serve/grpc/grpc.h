@@ -56,8 +56,7 @@ void kiln_grpc_options_default(kiln_grpc_options *o);
  * Parse --grpc_channel_arguments ("k=v,k=v"): grpc.max_receive_message_length,
  * grpc.max_send_message_length (-1 = the maximum, 2 GiB - 1) and
  * grpc.max_concurrent_streams are applied; other keys are accepted and
- * reported in *ignored (a static list of up to ignored_cap names copied
- * into buf). On error err says which argument and why.
+ * logged as ignored. On error err says which argument and why.
  */
 kiln_status kiln_grpc_parse_channel_args(const char *spec, kiln_grpc_options *o, char *err,
                                          size_t err_len);

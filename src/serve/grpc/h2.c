@@ -31,7 +31,10 @@
  * timeout; nghttp2 itself polices SETTINGS/PING floods, rapid reset,
  * CONTINUATION floods and HPACK state. Flow-control windows are 8 MiB per
  * stream and 32 MiB per connection, so large tensors do not stall on the
- * 64 KiB default.
+ * 64 KiB default; windows reopen only as request bytes are handed over, and
+ * once a connection holds more than its budget (CONN_BUFFER, or max_recv
+ * plus a window) they reopen only as its requests finish, so a client
+ * cannot make the server buffer more than that per connection.
  */
 #define _GNU_SOURCE /* accept4 */
 #include "serve/grpc/h2.h"
