@@ -312,42 +312,51 @@ int kiln_cmd_serve(int argc, char **argv)
         kiln_batch_stats_free(bstats);
         return kiln_cli_fail("cannot start the model manager");
     }
-    kiln_server server;
-    kiln_server_options so = {address, rest_port, threads, timeout_ms, KILN_JSON_MAX_BYTES, bstats,
-                              mon.prometheus_enable ? mon.prometheus_path : NULL, cors, batching};
-    if (kiln_server_start(&server, &so, mgr) != KILN_OK) {
-        kiln_manager_free(mgr);
-        kiln_batch_stats_free(bstats);
-        return kiln_cli_fail("cannot listen on %s:%d (in use, or not permitted)",
-                             address ? address : "0.0.0.0", rest_port);
-    }
+    /* gRPC's sockets listen before REST's port opens (connections wait in the
+     * backlog until it serves), so REST readiness implies gRPC is reachable */
     kiln_grpc_server *grpc = NULL;
+    char gerr[256];
     if (go.port > 0 || go.socket_path) {
-        char gerr[256];
-        kiln_status gst = kiln_grpc_start(&go, &server, &grpc, gerr, sizeof gerr);
+        kiln_status gst = kiln_grpc_listen(&go, &grpc, gerr, sizeof gerr);
         if (gst != KILN_OK && go.ssl) port_given = 1; /* a TLS setup error is never skipped */
         if (gst != KILN_OK && !port_given) {
             /* the default port is taken (another server on this host): REST
              * still serves; an explicit --port must open or the start fails */
             fprintf(stderr, "kiln serve: %s; gRPC is not served (pass --port to require it)\n", gerr);
             go.port = 0;
-            gst = go.socket_path ? kiln_grpc_start(&go, &server, &grpc, gerr, sizeof gerr) : KILN_OK;
+            gst = go.socket_path ? kiln_grpc_listen(&go, &grpc, gerr, sizeof gerr) : KILN_OK;
         }
-        kiln_ssl_config_free(&ssl);
+        kiln_ssl_config_free(&ssl); /* kiln_grpc_listen copied what it needs */
         if (gst != KILN_OK) {
-            kiln_server_stop(&server, 0);
             kiln_manager_free(mgr);
             kiln_batch_stats_free(bstats);
             return kiln_cli_fail("%s", gerr);
         }
-        if (grpc && go.port > 0)
-            fprintf(stderr, "kiln serve: Running gRPC ModelServer at %s:%d ...\n",
-                    address ? address : "0.0.0.0", go.port);
-        if (grpc && go.socket_path)
-            fprintf(stderr, "kiln serve: Running gRPC ModelServer at UNIX socket %s ...\n",
-                    go.socket_path);
     }
-    kiln_ssl_config_free(&ssl); /* kiln_grpc_start copied what it needs */
+    kiln_ssl_config_free(&ssl);
+    kiln_server server;
+    kiln_server_options so = {address, rest_port, threads, timeout_ms, KILN_JSON_MAX_BYTES, bstats,
+                              mon.prometheus_enable ? mon.prometheus_path : NULL, cors, batching};
+    if (kiln_server_start(&server, &so, mgr) != KILN_OK) {
+        kiln_grpc_stop(grpc, 0);
+        kiln_manager_free(mgr);
+        kiln_batch_stats_free(bstats);
+        return kiln_cli_fail("cannot listen on %s:%d (in use, or not permitted)",
+                             address ? address : "0.0.0.0", rest_port);
+    }
+    if (grpc && kiln_grpc_run(grpc, &server, gerr, sizeof gerr) != KILN_OK) {
+        kiln_grpc_stop(grpc, 0);
+        kiln_server_stop(&server, 0);
+        kiln_manager_free(mgr);
+        kiln_batch_stats_free(bstats);
+        return kiln_cli_fail("%s", gerr);
+    }
+    if (grpc && go.port > 0)
+        fprintf(stderr, "kiln serve: Running gRPC ModelServer at %s:%d ...\n",
+                address ? address : "0.0.0.0", go.port);
+    if (grpc && go.socket_path)
+        fprintf(stderr, "kiln serve: Running gRPC ModelServer at UNIX socket %s ...\n",
+                go.socket_path);
     fprintf(stderr, "kiln serve: Exporting HTTP/REST API at:%s:%d ...\n",
             address ? address : "0.0.0.0", rest_port);
     if (mon.prometheus_enable)

@@ -14,7 +14,7 @@
  * docs/GRPC.md for the methods, flags, limits and error table.
  *
  * Ownership: the gRPC server borrows the REST server (its manager and
- * metrics) for its whole life; stop it before the REST server.
+ * metrics) from kiln_grpc_run on; stop it before the REST server.
  */
 #ifndef KILN_SERVE_GRPC_H
 #define KILN_SERVE_GRPC_H
@@ -61,9 +61,14 @@ void kiln_grpc_options_default(kiln_grpc_options *o);
 kiln_status kiln_grpc_parse_channel_args(const char *spec, kiln_grpc_options *o, char *err,
                                          size_t err_len);
 
-/* Listen and start the loop and request threads. On error err says why. */
-kiln_status kiln_grpc_start(const kiln_grpc_options *o, kiln_server *rest, kiln_grpc_server **out,
-                            char *err, size_t err_len);
+/* Bind and listen (and set up TLS) without serving yet: connections wait in
+ * the backlog, so a client that sees the REST port ready finds gRPC too.
+ * On error err says why. */
+kiln_status kiln_grpc_listen(const kiln_grpc_options *o, kiln_grpc_server **out, char *err,
+                             size_t err_len);
+/* Start the loop and request threads, answering with rest's manager and
+ * metrics. On error stop g with kiln_grpc_stop. */
+kiln_status kiln_grpc_run(kiln_grpc_server *g, kiln_server *rest, char *err, size_t err_len);
 /* Stop accepting, tell clients (GOAWAY), wait up to drain_ms for calls in
  * flight, then close everything and free the server. */
 void kiln_grpc_stop(kiln_grpc_server *g, int drain_ms);

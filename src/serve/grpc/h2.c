@@ -1373,15 +1373,14 @@ static kiln_status tls_setup(kiln_grpc_server *g, const kiln_ssl_config *ssl, ch
     return KILN_OK;
 }
 
-kiln_status kiln_grpc_start(const kiln_grpc_options *o, kiln_server *rest, kiln_grpc_server **out,
-                            char *err, size_t err_len)
+kiln_status kiln_grpc_listen(const kiln_grpc_options *o, kiln_grpc_server **out, char *err,
+                             size_t err_len)
 {
     kiln_grpc_server *g = server_alloc(o);
     if (!g) {
         snprintf(err, err_len, "out of memory");
         return KILN_ERR_OUT_OF_MEMORY;
     }
-    g->ctx.rest = rest;
     if (o->ssl && tls_setup(g, o->ssl, err, err_len) != KILN_OK) goto err_free;
     g->opt.ssl = NULL; /* borrowed only until here; client_verify is kept in verify */
     g->epfd = epoll_create1(EPOLL_CLOEXEC);
@@ -1403,6 +1402,16 @@ kiln_status kiln_grpc_start(const kiln_grpc_options *o, kiln_server *rest, kiln_
     }
     struct epoll_event ev = {.events = EPOLLIN, .data.ptr = &g->ev_tag};
     epoll_ctl(g->epfd, EPOLL_CTL_ADD, g->evfd, &ev);
+    *out = g;
+    return KILN_OK;
+err_free:
+    server_free(g);
+    return KILN_ERR_IO;
+}
+
+kiln_status kiln_grpc_run(kiln_grpc_server *g, kiln_server *rest, char *err, size_t err_len)
+{
+    g->ctx.rest = rest;
     g->workers = calloc((size_t)g->opt.max_threads, sizeof *g->workers);
     for (int i = 0; g->workers && i < g->opt.max_threads; i++) {
         if (pthread_create(&g->workers[i], NULL, worker_main, g) != 0) break;
@@ -1415,14 +1424,11 @@ kiln_status kiln_grpc_start(const kiln_grpc_options *o, kiln_server *rest, kiln_
         pthread_cond_broadcast(&g->cv);
         pthread_mutex_unlock(&g->mu);
         for (int i = 0; i < g->n_workers; i++) pthread_join(g->workers[i], NULL);
-        goto err_free;
+        g->n_workers = 0;
+        return KILN_ERR_RUNTIME; /* the caller stops (frees) g */
     }
     g->loop_started = 1;
-    *out = g;
     return KILN_OK;
-err_free:
-    server_free(g);
-    return KILN_ERR_IO;
 }
 
 void kiln_grpc_stop(kiln_grpc_server *g, int drain_ms)
