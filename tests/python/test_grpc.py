@@ -960,3 +960,46 @@ def test_full_batch_queue_unavailable(tmp_path, pb):
         assert grpc.StatusCode.OK in codes and grpc.StatusCode.UNAVAILABLE in codes, codes
     finally:
         s.kill()
+
+
+def test_port_in_use(tmp_path):
+    """A taken default port leaves REST serving (logged); an explicit --port must open."""
+    save_affine(tmp_path / "aff" / "1" / "model.onnx", [1.0, 1.0, 1.0], [0.0, 0.0, 0.0])
+    blocker = socket.socket()
+    blocker.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        blocker.bind(("0.0.0.0", 8500))
+        blocker.listen(1)
+    except OSError:
+        pass  # something else holds 8500 already: the same situation
+    try:
+        rest = free_port()
+        p = subprocess.Popen([KILN, "serve", f"--model_base_path={tmp_path / 'aff'}", "--model_name=aff",
+                              f"--rest_api_port={rest}", "--rest_api_address=127.0.0.1"],
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        try:
+            deadline = time.time() + 60
+            while time.time() < deadline:
+                try:
+                    c = http.client.HTTPConnection("127.0.0.1", rest, timeout=5)
+                    c.request("GET", "/v2/health/ready")
+                    if c.getresponse().status == 200:
+                        break
+                except OSError:
+                    time.sleep(0.1)
+            else:
+                raise AssertionError("not ready")
+            p.send_signal(15)
+            out = p.communicate(timeout=30)[0]
+            assert p.returncode == 0, out
+            assert "gRPC is not served (pass --port to require it)" in out, out
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        r = subprocess.run([KILN, "serve", f"--model_base_path={tmp_path / 'aff'}", "--model_name=aff",
+                            f"--rest_api_port={free_port()}", "--port=8500"],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode != 0 and "cannot listen on 0.0.0.0:8500 for gRPC" in r.stderr, r.stderr
+    finally:
+        blocker.close()
