@@ -6,6 +6,7 @@
 # (the web console's browser test, tests/browser/).
 set -euo pipefail
 pkgs=(build-essential cmake pkg-config protobuf-c-compiler libprotobuf-c-dev zlib1g-dev libmicrohttpd-dev libdnnl-dev
+      libnghttp2-dev protobuf-compiler libprotobuf-dev python3-grpcio python3-protobuf
       python3 python3-numpy python3-onnx python3-pytest python3-torch python3-torchvision
       python3-sklearn clang curl chromium)
 pkgs+=(python3-dev python3-setuptools python3-pip)  # the Python API, python/ (docs/PYTHON.md)
@@ -24,4 +25,8 @@ if [ ${#missing[@]} -gt 0 ]; then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
   apt-get install -y -qq "${missing[@]}"
+fi
+# The gRPC test's second client stack (@grpc/grpc-js), when npm is there.
+if command -v npm >/dev/null && [ ! -d "$(dirname "$0")/../tests/node/node_modules/@grpc/grpc-js" ]; then
+  (cd "$(dirname "$0")/../tests/node" && npm ci --no-audit --no-fund --ignore-scripts) || echo "npm ci failed: the Node gRPC test will skip"
 fi

@@ -81,6 +81,16 @@ foreach(target manifest encfile)
   set_tests_properties(fuzz_replay_${target} PROPERTIES TIMEOUT 300
     ENVIRONMENT "ASAN_OPTIONS=detect_leaks=1:abort_on_error=0;UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1")
 endforeach()
+# The gRPC server's HTTP/2 transport and request decoders (the kiln_serve library).
+foreach(target grpc_frames tensor_proto)
+  add_executable(kiln_fuzz_replay_${target}
+    ${PROJECT_SOURCE_DIR}/fuzz/replay_main.c ${PROJECT_SOURCE_DIR}/fuzz/fuzz_${target}.c)
+  target_link_libraries(kiln_fuzz_replay_${target} PRIVATE kiln_serve)
+  add_test(NAME fuzz_replay_${target}
+    COMMAND kiln_fuzz_replay_${target} ${PROJECT_SOURCE_DIR}/tests/corpus/${target})
+  set_tests_properties(fuzz_replay_${target} PROPERTIES TIMEOUT 300
+    ENVIRONMENT "ASAN_OPTIONS=detect_leaks=1:abort_on_error=0;UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1")
+endforeach()
 # The TFLite importer (FlatBuffer reader, model reader, lowering, quantized kernels).
 add_executable(kiln_fuzz_replay_tflite
   ${PROJECT_SOURCE_DIR}/fuzz/replay_main.c ${PROJECT_SOURCE_DIR}/fuzz/fuzz_tflite.c)

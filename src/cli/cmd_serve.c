@@ -2,7 +2,8 @@
  * cmd_serve.c - `kiln serve`: a model server that takes
  * tensorflow_model_server's flags (same names, `--name=value` syntax and
  * defaults where they mean something for Kiln) and serves TF Serving's REST
- * API plus KServe v2 (src/serve/).
+ * API plus KServe v2 (src/serve/), and TF Serving's gRPC API on --port
+ * (src/serve/grpc/).
  *
  * Startup follows TF Serving: the models' first versions are loaded before
  * the port opens; then a polling thread picks up new versions. SIGTERM and
@@ -22,6 +23,7 @@
 #include "serve/config.h"
 #include "serve/integrity.h"
 #include "serve/manager.h"
+#include "serve/grpc/grpc.h"
 #include "serve/server.h"
 
 #define KILN_SERVE_DRAIN_MS 10000
@@ -29,9 +31,9 @@
 static const char serve_help[] =
     "usage: kiln serve --model_base_path=DIR [--model_name=NAME] [flags]\n"
     "\n"
-    "Serve the numbered versions under DIR (each holding model.onnx, a SavedModel, or XGBoost's\n"
-    "model.json / model.ubj) over TensorFlow Serving's REST API and KServe v2. Flags are\n"
-    "tensorflow_model_server's:\n"
+    "Serve the numbered versions under DIR (each holding model.onnx, a SavedModel, model.tflite\n"
+    "or XGBoost's model.json / model.ubj) over TensorFlow Serving's REST API, KServe v2 and\n"
+    "TF Serving's gRPC API. Flags are tensorflow_model_server's:\n"
     "\n"
     "  --rest_api_port=N                  REST port (default 8501)\n"
     "  --rest_api_address=A               Kiln: IPv4 address to listen on (default all)\n"
@@ -59,7 +61,17 @@ static const char serve_help[] =
     "  --rest_api_enable_cors_support[=true|false]  CORS headers and OPTIONS preflight\n"
     "  --enable_console[=true|false]      Kiln: the web console at /console/ and its stats\n"
     "                                     endpoint /console/api/stats (default true)\n"
-    "  --port=N                           gRPC port: accepted, gRPC is not implemented yet\n"
+    "  --port=N                           gRPC port (default 8500; 0 = none): TF Serving's\n"
+    "                                     PredictionService, ModelService, health, reflection\n"
+    "  --grpc_socket_path=PATH            also serve gRPC on this Unix socket\n"
+    "  --grpc_max_threads=N               gRPC request threads (default 4 x cores, max 256)\n"
+    "  --grpc_channel_arguments=K=V,...   grpc.max_receive_message_length (default 64 MiB),\n"
+    "                                     grpc.max_send_message_length (default 2 GiB - 1),\n"
+    "                                     grpc.max_concurrent_streams (default 256)\n"
+    "  --ssl_config_file=FILE             SSLConfig text proto: gRPC over TLS (server_key,\n"
+    "                                     server_cert, custom_ca, client_verify)\n"
+    "  --enable_serialization_as_tensor_content[=true|false]  gRPC answers numeric tensors\n"
+    "                                     in tensor_content (default: typed fields, as TF)\n"
     "  --tensorflow_inter_op_parallelism, --allow_precompilation,\n"
     "  --allow_compression, --use_tfrt   accepted and ignored (the startup log says so)\n"
     "  --trusted_keys=FILE                Kiln: serve only versions signed (kiln sign) by a key\n"
@@ -80,7 +92,8 @@ static int is_bool_flag(const char *name)
                                     "--rest_api_enable_cors_support", "--enable_console",
                                     "--allow_precompilation",
                                     "--allow_compression", "--use_tfrt", "--disable_optimizer",
-                                    "--version", "--prefer_tflite_model"};
+                                    "--version", "--prefer_tflite_model",
+                                    "--enable_serialization_as_tensor_content"};
     for (size_t i = 0; i < sizeof b / sizeof b[0]; i++)
         if (strcmp(b[i], name) == 0) return 1;
     return 0;
@@ -108,6 +121,8 @@ int kiln_cmd_serve(int argc, char **argv)
     int timeout_ms = 30000, poll = 1, intra = 0, disable_opt = 0, show_version = 0;
     int batching = 0, config_poll = 0, warmup = 1, warmup_iters = 0, cors = 0, console = 1,
         prefer_tflite = 0;
+    int grpc_threads = threads, tensor_content = 0, port_given = 0;
+    const char *grpc_socket = NULL, *grpc_args = NULL, *ssl_file = NULL;
     const char *model_name = NULL, *base_path = NULL, *tags = NULL, *address = NULL;
     const char *config_file = NULL, *batching_file = NULL, *monitoring_file = NULL;
     kiln_integrity_options integrity = {NULL, NULL};
@@ -137,8 +152,10 @@ int kiln_cmd_serve(int argc, char **argv)
         continue;                                                                   \
     }
         INT_FLAG("--rest_api_port", rest_port, 0, 65535)
+        if (strcmp(name, "--port") == 0) port_given = 1;
         INT_FLAG("--port", grpc_port, 0, 65535)
         INT_FLAG("--rest_api_num_threads", threads, 1, 1024)
+        INT_FLAG("--grpc_max_threads", grpc_threads, 1, 1024)
         INT_FLAG("--rest_api_timeout_in_ms", timeout_ms, 0, 2147483647)
         INT_FLAG("--file_system_poll_wait_seconds", poll, -2147483647, 2147483647)
         INT_FLAG("--tensorflow_intra_op_parallelism", intra, 0, 4096)
@@ -160,6 +177,11 @@ int kiln_cmd_serve(int argc, char **argv)
         else if (strcmp(name, "--trusted_keys") == 0) integrity.trusted_keys_file = *val ? val : NULL;
         else if (strcmp(name, "--model_decryption_key_file") == 0)
             integrity.decryption_key_file = *val ? val : NULL;
+        else if (strcmp(name, "--grpc_socket_path") == 0) grpc_socket = val;
+        else if (strcmp(name, "--grpc_channel_arguments") == 0) grpc_args = val;
+        else if (strcmp(name, "--ssl_config_file") == 0) ssl_file = val;
+        else if (strcmp(name, "--enable_serialization_as_tensor_content") == 0)
+            ok = (tensor_content = parse_bool(val)) >= 0;
         else if (strcmp(name, "--version") == 0) ok = (show_version = parse_bool(val)) >= 0;
         else if (strcmp(name, "--prefer_tflite_model") == 0)
             ok = (prefer_tflite = parse_bool(val)) >= 0;
@@ -231,10 +253,26 @@ int kiln_cmd_serve(int argc, char **argv)
     if (rest_port == grpc_port)
         return kiln_cli_usage_error("serve", "server_options.http_port cannot be same as grpc_port");
 
-    fprintf(stderr,
-            "kiln serve: gRPC is not implemented yet; --port=%d is not opened, only the REST API "
-            "is served\n",
-            grpc_port);
+    kiln_grpc_options go;
+    kiln_grpc_options_default(&go);
+    go.address = address;
+    go.port = grpc_port;
+    go.socket_path = grpc_socket && *grpc_socket ? grpc_socket : NULL;
+    go.max_threads = grpc_threads > 256 ? 256 : grpc_threads;
+    go.tensor_content = tensor_content;
+    if (kiln_grpc_parse_channel_args(grpc_args, &go, cerr, sizeof cerr) != KILN_OK) {
+        kiln_server_config_free(config);
+        return kiln_cli_usage_error("serve", "%s", cerr);
+    }
+    kiln_ssl_config ssl;
+    memset(&ssl, 0, sizeof ssl);
+    if (ssl_file && *ssl_file) {
+        if (kiln_ssl_config_load(ssl_file, &ssl, cerr) != KILN_OK) {
+            kiln_server_config_free(config);
+            return kiln_cli_fail("--ssl_config_file: %s", cerr);
+        }
+        go.ssl = &ssl;
+    }
     /* which TF Serving / Vertex AI flags take effect, with their values */
     fprintf(stderr,
             "kiln serve: honoured flags: --rest_api_timeout_in_ms=%d --rest_api_num_threads=%d "
@@ -242,8 +280,10 @@ int kiln_cmd_serve(int argc, char **argv)
             "--enable_model_warmup=%s --num_request_iterations_for_warmup=%d "
             "--enable_batching=%s --rest_api_enable_cors_support=%s --enable_console=%s "
             "--monitoring_config_file "
-            "(prometheus %s%s) --file_system_poll_wait_seconds=%d --prefer_tflite_model=%s; accepted and ignored: --port "
-            "(no gRPC), --tensorflow_inter_op_parallelism, --allow_precompilation (allowed "
+            "(prometheus %s%s) --file_system_poll_wait_seconds=%d --prefer_tflite_model=%s "
+            "--port=%d --grpc_max_threads=%d "
+            "--grpc_channel_arguments (max_receive %lld, max_send %lld, streams %d); accepted and "
+            "ignored: --tensorflow_inter_op_parallelism, --allow_precompilation (allowed "
             "batch sizes are precompiled at load whenever batching is on), --allow_compression, "
             "--use_tfrt\n",
             timeout_ms, threads, intra, intra ? "threads per run" : "all cores",
@@ -252,7 +292,8 @@ int kiln_cmd_serve(int argc, char **argv)
             cors ? "true" : "false", console ? "true" : "false",
             mon.prometheus_enable ? "on at " : "off",
             mon.prometheus_enable ? mon.prometheus_path : "", poll,
-            prefer_tflite ? "true" : "false");
+            prefer_tflite ? "true" : "false", grpc_port, go.max_threads,
+            (long long)go.max_recv, (long long)go.max_send, go.max_streams);
     if (batching)
         fprintf(stderr,
                 "kiln serve: batching: max_batch_size=%lld batch_timeout_micros=%lld "
@@ -303,15 +344,51 @@ int kiln_cmd_serve(int argc, char **argv)
         kiln_batch_stats_free(bstats);
         return kiln_cli_fail("cannot start the model manager");
     }
+    /* gRPC's sockets listen before REST's port opens (connections wait in the
+     * backlog until it serves), so REST readiness implies gRPC is reachable */
+    kiln_grpc_server *grpc = NULL;
+    char gerr[256];
+    if (go.port > 0 || go.socket_path) {
+        kiln_status gst = kiln_grpc_listen(&go, &grpc, gerr, sizeof gerr);
+        if (gst != KILN_OK && go.ssl) port_given = 1; /* a TLS setup error is never skipped */
+        if (gst != KILN_OK && !port_given) {
+            /* the default port is taken (another server on this host): REST
+             * still serves; an explicit --port must open or the start fails */
+            fprintf(stderr, "kiln serve: %s; gRPC is not served (pass --port to require it)\n", gerr);
+            go.port = 0;
+            gst = go.socket_path ? kiln_grpc_listen(&go, &grpc, gerr, sizeof gerr) : KILN_OK;
+        }
+        kiln_ssl_config_free(&ssl); /* kiln_grpc_listen copied what it needs */
+        if (gst != KILN_OK) {
+            kiln_manager_free(mgr);
+            kiln_batch_stats_free(bstats);
+            return kiln_cli_fail("%s", gerr);
+        }
+    }
+    kiln_ssl_config_free(&ssl);
     kiln_server server;
     kiln_server_options so = {address, rest_port, threads, timeout_ms, KILN_JSON_MAX_BYTES, bstats,
                               mon.prometheus_enable ? mon.prometheus_path : NULL, cors, batching, console};
     if (kiln_server_start(&server, &so, mgr) != KILN_OK) {
+        kiln_grpc_stop(grpc, 0);
         kiln_manager_free(mgr);
         kiln_batch_stats_free(bstats);
         return kiln_cli_fail("cannot listen on %s:%d (in use, or not permitted)",
                              address ? address : "0.0.0.0", rest_port);
     }
+    if (grpc && kiln_grpc_run(grpc, &server, gerr, sizeof gerr) != KILN_OK) {
+        kiln_grpc_stop(grpc, 0);
+        kiln_server_stop(&server, 0);
+        kiln_manager_free(mgr);
+        kiln_batch_stats_free(bstats);
+        return kiln_cli_fail("%s", gerr);
+    }
+    if (grpc && go.port > 0)
+        fprintf(stderr, "kiln serve: Running gRPC ModelServer at %s:%d ...\n",
+                address ? address : "0.0.0.0", go.port);
+    if (grpc && go.socket_path)
+        fprintf(stderr, "kiln serve: Running gRPC ModelServer at UNIX socket %s ...\n",
+                go.socket_path);
     fprintf(stderr, "kiln serve: Exporting HTTP/REST API at:%s:%d ...\n",
             address ? address : "0.0.0.0", rest_port);
     if (mon.prometheus_enable)
@@ -322,6 +399,8 @@ int kiln_cmd_serve(int argc, char **argv)
     sigwait(&sigs, &sig);
     fprintf(stderr, "kiln serve: %s: readiness off, draining in-flight requests\n",
             sig == SIGTERM ? "SIGTERM" : "SIGINT");
+    atomic_store(&server.shutting_down, 1); /* health and readiness say NOT_SERVING */
+    kiln_grpc_stop(grpc, KILN_SERVE_DRAIN_MS);
     kiln_server_stop(&server, KILN_SERVE_DRAIN_MS);
     kiln_manager_free(mgr);
     kiln_batch_stats_free(bstats);

@@ -170,22 +170,20 @@ static kiln_status copy_model(const KilnServing__ModelConfig *mc, kiln_model_con
     return KILN_OK;
 }
 
-kiln_status kiln_server_config_load(const char *path, kiln_server_config **out, char *err)
+kiln_status kiln_server_config_from_proto(const KilnServing__ModelServerConfig *sc,
+                                          const char *what, kiln_server_config **out, char *err)
 {
     *out = NULL;
-    ProtobufCMessage *msg;
-    kiln_status st = parse_file(path, &kiln_serving__model_server_config__descriptor, &msg, err);
-    if (st != KILN_OK) return st;
-    KilnServing__ModelServerConfig *sc = (KilnServing__ModelServerConfig *)msg;
+    kiln_status st;
     kiln_server_config *c = calloc(1, sizeof *c);
     if (!c) {
         st = KILN_ERR_OUT_OF_MEMORY;
-        goto err_free_msg;
+        goto err_free_config;
     }
     if (sc->config_case != KILN_SERVING__MODEL_SERVER_CONFIG__CONFIG_MODEL_CONFIG_LIST ||
         sc->model_config_list->n_config == 0) {
         snprintf(err, KILN_CONFIG_ERR_LEN, "%s: no model_config_list { config { ... } } entries",
-                 path);
+                 what);
         st = KILN_ERR_INVALID_ARGUMENT;
         goto err_free_config;
     }
@@ -197,23 +195,32 @@ kiln_status kiln_server_config_load(const char *path, kiln_server_config **out, 
     }
     for (size_t i = 0; i < n; i++) {
         c->n_models = (int)i + 1;
-        st = copy_model(sc->model_config_list->config[i], &c->models[i], path, err);
+        st = copy_model(sc->model_config_list->config[i], &c->models[i], what, err);
         if (st != KILN_OK) goto err_free_config;
         for (size_t k = 0; k < i; k++)
             if (strcmp(c->models[k].name, c->models[i].name) == 0) {
-                snprintf(err, KILN_CONFIG_ERR_LEN, "%s: model name '%s' appears twice", path,
+                snprintf(err, KILN_CONFIG_ERR_LEN, "%s: model name '%s' appears twice", what,
                          c->models[i].name);
                 st = KILN_ERR_INVALID_ARGUMENT;
                 goto err_free_config;
             }
     }
-    kiln_serving__model_server_config__free_unpacked(sc, NULL);
     *out = c;
     return KILN_OK;
 err_free_config:
-    if (st == KILN_ERR_OUT_OF_MEMORY) snprintf(err, KILN_CONFIG_ERR_LEN, "%s: out of memory", path);
+    if (st == KILN_ERR_OUT_OF_MEMORY) snprintf(err, KILN_CONFIG_ERR_LEN, "%s: out of memory", what);
     kiln_server_config_free(c);
-err_free_msg:
+    return st;
+}
+
+kiln_status kiln_server_config_load(const char *path, kiln_server_config **out, char *err)
+{
+    *out = NULL;
+    ProtobufCMessage *msg;
+    kiln_status st = parse_file(path, &kiln_serving__model_server_config__descriptor, &msg, err);
+    if (st != KILN_OK) return st;
+    KilnServing__ModelServerConfig *sc = (KilnServing__ModelServerConfig *)msg;
+    st = kiln_server_config_from_proto(sc, path, out, err);
     kiln_serving__model_server_config__free_unpacked(sc, NULL);
     return st;
 }
@@ -308,4 +315,46 @@ kiln_status kiln_monitoring_config_load(const char *path, kiln_monitoring_config
 err_free_msg:
     kiln_tfs__monitoring_config__free_unpacked(mc, NULL);
     return st;
+}
+
+kiln_status kiln_ssl_config_load(const char *path, kiln_ssl_config *out, char *err)
+{
+    memset(out, 0, sizeof *out);
+    ProtobufCMessage *msg;
+    kiln_status st = parse_file(path, &kiln_serving__sslconfig__descriptor, &msg, err);
+    if (st != KILN_OK) return st;
+    KilnServing__SSLConfig *sc = (KilnServing__SSLConfig *)msg;
+    st = KILN_ERR_INVALID_ARGUMENT;
+    if (!sc->server_key || !*sc->server_key || !sc->server_cert || !*sc->server_cert) {
+        snprintf(err, KILN_CONFIG_ERR_LEN, "%s: server_key and server_cert (PEM text) are required",
+                 path);
+        goto out;
+    }
+    if (sc->client_verify && (!sc->custom_ca || !*sc->custom_ca)) {
+        snprintf(err, KILN_CONFIG_ERR_LEN, "%s: client_verify needs custom_ca (the CA that signs "
+                 "client certificates)", path);
+        goto out;
+    }
+    out->server_key = strdup(sc->server_key);
+    out->server_cert = strdup(sc->server_cert);
+    out->custom_ca = sc->custom_ca && *sc->custom_ca ? strdup(sc->custom_ca) : NULL;
+    out->client_verify = sc->client_verify;
+    if (!out->server_key || !out->server_cert || (sc->custom_ca && *sc->custom_ca && !out->custom_ca)) {
+        kiln_ssl_config_free(out);
+        snprintf(err, KILN_CONFIG_ERR_LEN, "%s: out of memory", path);
+        st = KILN_ERR_OUT_OF_MEMORY;
+        goto out;
+    }
+    st = KILN_OK;
+out:
+    kiln_serving__sslconfig__free_unpacked(sc, NULL);
+    return st;
+}
+
+void kiln_ssl_config_free(kiln_ssl_config *c)
+{
+    free(c->server_key);
+    free(c->server_cert);
+    free(c->custom_ca);
+    memset(c, 0, sizeof *c);
 }

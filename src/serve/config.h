@@ -50,6 +50,11 @@ typedef struct kiln_server_config {
  * config (free with kiln_server_config_free); on failure err says why. */
 kiln_status kiln_server_config_load(const char *path, kiln_server_config **out, char *err);
 void kiln_server_config_free(kiln_server_config *c);
+/* The same checks on a decoded ModelServerConfig (gRPC's
+ * HandleReloadConfigRequest); `what` names it in messages. */
+struct KilnServing__ModelServerConfig;
+kiln_status kiln_server_config_from_proto(const struct KilnServing__ModelServerConfig *sc,
+                                          const char *what, kiln_server_config **out, char *err);
 
 /* MonitoringConfig (--monitoring_config_file): whether and where the
  * Prometheus page is served. As in TF Serving, without the file (or with
@@ -63,6 +68,21 @@ typedef struct kiln_monitoring_config {
 
 /* Read and check a MonitoringConfig text file into *out. */
 kiln_status kiln_monitoring_config_load(const char *path, kiln_monitoring_config *out, char *err);
+
+/* SSLConfig (--ssl_config_file, gRPC only, as in TF Serving): PEM text of
+ * the server's key and certificate chain, an optional CA bundle for client
+ * certificates, and whether clients must present one signed by it. */
+typedef struct kiln_ssl_config {
+    char *server_key;    /* owned */
+    char *server_cert;   /* owned */
+    char *custom_ca;     /* owned; NULL if unset */
+    int client_verify;
+} kiln_ssl_config;
+
+/* Read and check an SSLConfig text file (key and certificate present;
+ * client_verify needs custom_ca). */
+kiln_status kiln_ssl_config_load(const char *path, kiln_ssl_config *out, char *err);
+void kiln_ssl_config_free(kiln_ssl_config *c);
 
 /* BatchingParameters, with TF Serving's defaults for unset fields. */
 typedef struct kiln_batching_params {

@@ -37,7 +37,7 @@ typedef struct version_record {
 
 typedef struct served_model {
     char *name;
-    char *base_path;           /* only the loading thread reads it */
+    char *base_path;           /* read only under load_mu (the loading thread) */
     pthread_mutex_t mu;
     kiln_model_config cfg;     /* policy and labels (name/base_path unused); under mu */
     kiln_servable **served;    /* the manager's references, highest version first */
@@ -59,6 +59,8 @@ struct kiln_manager {
     pthread_mutex_t stop_mu;
     pthread_cond_t stop_cv;
     int stopping;
+    pthread_mutex_t load_mu;   /* one thread loads at a time: the polling thread, or a
+                                  gRPC HandleReloadConfigRequest (kiln_manager_reload) */
 };
 
 const char *kiln_serve_code_name(kiln_status st)
@@ -127,6 +129,7 @@ kiln_status kiln_manager_create(const kiln_manager_options *opts, kiln_manager *
     m->opts = *opts;
     pthread_rwlock_init(&m->list_lock, NULL);
     pthread_mutex_init(&m->stop_mu, NULL);
+    pthread_mutex_init(&m->load_mu, NULL);
     pthread_cond_init(&m->stop_cv, NULL);
     *out = m;
     return KILN_OK;
@@ -317,6 +320,14 @@ kiln_status kiln_manager_apply_config(kiln_manager *m, const kiln_server_config 
     return st;
 }
 
+kiln_status kiln_manager_reload(kiln_manager *m, const kiln_server_config *c)
+{
+    pthread_mutex_lock(&m->load_mu);
+    kiln_status st = kiln_manager_apply_config(m, c);
+    pthread_mutex_unlock(&m->load_mu);
+    return st;
+}
+
 int kiln_manager_has_model(kiln_manager *m, const char *name)
 {
     pthread_rwlock_rdlock(&m->list_lock);
@@ -359,6 +370,13 @@ kiln_status kiln_servable_run(kiln_servable *s, int si, kiln_tensor *const *in, 
                               int64_t deadline_ms, kiln_batch_result *out, char *err,
                               const char **code)
 {
+    return kiln_servable_run_cancel(s, si, in, n, deadline_ms, NULL, out, err, code);
+}
+
+kiln_status kiln_servable_run_cancel(kiln_servable *s, int si, kiln_tensor *const *in, int n,
+                                     int64_t deadline_ms, const volatile int *cancel,
+                                     kiln_batch_result *out, char *err, const char **code)
+{
     memset(out, 0, sizeof *out);
     if (s->batchers) return kiln_batcher_run(s->batchers[si], in, n, deadline_ms, out, err, code);
     const kiln_signature *sig = kiln_model_signature(s->model, si);
@@ -369,7 +387,7 @@ kiln_status kiln_servable_run(kiln_servable *s, int si, kiln_tensor *const *in, 
         return KILN_ERR_OUT_OF_MEMORY;
     }
     for (int i = 0; i < n; i++) named[i] = (kiln_named_tensor){kiln_signature_input(sig, i)->name, in[i]};
-    kiln_run_options ro = {deadline_ms, NULL};
+    kiln_run_options ro = {deadline_ms, cancel};
     kiln_outputs *o = NULL;
     kiln_status st = kiln_session_run_opts(s->sessions[si], named, n, &ro, &o);
     free(named);
@@ -1034,13 +1052,17 @@ static void *poll_thread(void *arg)
         if (stop) break;
         clock_gettime(CLOCK_REALTIME, &now);
         if (cfg && !before(&now, &next_cfg)) {
+            pthread_mutex_lock(&m->load_mu);
             reload_config(m); /* polls every model too */
+            pthread_mutex_unlock(&m->load_mu);
             add_seconds(&next_cfg, m->opts.config_poll_seconds);
             if (fs) add_seconds(&next_fs, m->opts.poll_seconds);
             continue;
         }
         if (fs && !before(&now, &next_fs)) {
+            pthread_mutex_lock(&m->load_mu);
             for (int i = 0; i < m->n_models; i++) poll_model(m, m->models[i]);
+            pthread_mutex_unlock(&m->load_mu);
             add_seconds(&next_fs, m->opts.poll_seconds);
         }
     }
@@ -1073,6 +1095,7 @@ void kiln_manager_free(kiln_manager *m)
     free(m->models);
     pthread_rwlock_destroy(&m->list_lock);
     pthread_mutex_destroy(&m->stop_mu);
+    pthread_mutex_destroy(&m->load_mu);
     pthread_cond_destroy(&m->stop_cv);
     free(m);
 }
@@ -1084,8 +1107,8 @@ static int cmp_record_desc(const void *a, const void *b)
     return cmp_desc(&((const version_record *)a)->version, &((const version_record *)b)->version);
 }
 
-kiln_status kiln_manager_write_status(kiln_manager *m, const char *name, int64_t version,
-                                      kiln_sbuf *b, char *err)
+kiln_status kiln_manager_status_each(kiln_manager *m, const char *name, int64_t version,
+                                     kiln_version_visit fn, void *ctx, char *err)
 {
     pthread_rwlock_rdlock(&m->list_lock);
     served_model *sm = find_model(m, name);
@@ -1097,21 +1120,12 @@ kiln_status kiln_manager_write_status(kiln_manager *m, const char *name, int64_t
     pthread_mutex_lock(&sm->mu);
     qsort(sm->vr, (size_t)sm->n_vr, sizeof *sm->vr, cmp_record_desc);
     int shown = 0;
-    kiln_sbuf_puts(b, "{\n \"model_version_status\": [");
     for (int i = 0; i < sm->n_vr; i++) {
         version_record *r = &sm->vr[i];
         if (version >= 0 && r->version != version) continue;
-        kiln_sbuf_puts(b, shown ? ",\n  {\n" : "\n  {\n");
-        kiln_sbuf_printf(b, "   \"version\": \"%" PRId64 "\",\n   \"state\": \"%s\",\n", r->version,
-                         state_name(r->state));
-        kiln_sbuf_printf(b, "   \"status\": {\n    \"error_code\": \"%s\",\n    \"error_message\": ",
-                         r->error_code);
-        const char *msg = r->error_message ? r->error_message : "";
-        kiln_sbuf_json_string(b, msg, strlen(msg));
-        kiln_sbuf_puts(b, "\n   }\n  }");
-        shown++;
+        fn(ctx, shown++, r->version, r->state, r->error_code,
+           r->error_message ? r->error_message : "");
     }
-    kiln_sbuf_puts(b, shown ? "\n ]\n}\n" : "]\n}\n");
     pthread_mutex_unlock(&sm->mu);
     pthread_rwlock_unlock(&m->list_lock);
     if (shown == 0) {
@@ -1122,6 +1136,34 @@ kiln_status kiln_manager_write_status(kiln_manager *m, const char *name, int64_t
             snprintf(err, KILN_JSON_ERR_LEN, "Could not find any versions of model %.200s", name);
         return KILN_ERR_NOT_FOUND;
     }
+    return KILN_OK;
+}
+
+/* One version's entry of the status JSON. */
+static void write_status_entry(void *ctx, int i, int64_t version, kiln_version_state state,
+                               const char *error_code, const char *error_message)
+{
+    kiln_sbuf *b = ctx;
+    kiln_sbuf_puts(b, i ? ",\n  {\n" : "\n  {\n");
+    kiln_sbuf_printf(b, "   \"version\": \"%" PRId64 "\",\n   \"state\": \"%s\",\n", version,
+                     state_name(state));
+    kiln_sbuf_printf(b, "   \"status\": {\n    \"error_code\": \"%s\",\n    \"error_message\": ",
+                     error_code);
+    kiln_sbuf_json_string(b, error_message, strlen(error_message));
+    kiln_sbuf_puts(b, "\n   }\n  }");
+}
+
+kiln_status kiln_manager_write_status(kiln_manager *m, const char *name, int64_t version,
+                                      kiln_sbuf *b, char *err)
+{
+    size_t start = b->len;
+    kiln_sbuf_puts(b, "{\n \"model_version_status\": [");
+    kiln_status st = kiln_manager_status_each(m, name, version, write_status_entry, b, err);
+    if (st != KILN_OK) {
+        b->len = start;
+        return st;
+    }
+    kiln_sbuf_puts(b, "\n ]\n}\n");
     return KILN_OK;
 }
 

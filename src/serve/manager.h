@@ -90,6 +90,11 @@ kiln_status kiln_manager_create(const kiln_manager_options *opts, kiln_manager *
 kiln_status kiln_manager_add_model(kiln_manager *m, const char *name, const char *base_path);
 /* Apply a whole config (copied): before start, or on the polling thread. */
 kiln_status kiln_manager_apply_config(kiln_manager *m, const kiln_server_config *c);
+/* Apply a whole config (copied) while serving, from any thread, loading
+ * new models and versions on this thread before returning (gRPC's
+ * HandleReloadConfigRequest; a config file, if polled, applies again at
+ * its next poll). */
+kiln_status kiln_manager_reload(kiln_manager *m, const kiln_server_config *c);
 /* Poll every base path once (loading what is there, on this thread), then
  * start the polling thread. */
 kiln_status kiln_manager_start(kiln_manager *m);
@@ -123,6 +128,12 @@ void kiln_servable_release(kiln_servable *s);
 kiln_status kiln_servable_run(kiln_servable *s, int si, kiln_tensor *const *in, int n,
                               int64_t deadline_ms, kiln_batch_result *out, char *err,
                               const char **code);
+/* kiln_servable_run, also stopping between steps once *cancel (when non-NULL)
+ * becomes non-zero (a cancelled gRPC call; KILN_ERR_DEADLINE). A batched run
+ * is shared with other requests and is not stopped. */
+kiln_status kiln_servable_run_cancel(kiln_servable *s, int si, kiln_tensor *const *in, int n,
+                                     int64_t deadline_ms, const volatile int *cancel,
+                                     kiln_batch_result *out, char *err, const char **code);
 /* Index of the signature named sig (NULL or "" = the default one), or -1. */
 int kiln_servable_find_signature(const kiln_servable *s, const char *sig);
 /* TF's code name for a runtime status ("OK", "INVALID_ARGUMENT", ...). */
@@ -133,6 +144,14 @@ int kiln_manager_ready(kiln_manager *m);
 /* 1 if the model is known. */
 int kiln_manager_has_model(kiln_manager *m, const char *name);
 
+/* Call fn for each version record of a model (all versions, or the one with
+ * version >= 0), newest first, under the model's lock; i counts the calls.
+ * error_code is TF's code name. Returns KILN_ERR_NOT_FOUND with err set when
+ * the model or version is unknown (the REST and gRPC status share this). */
+typedef void (*kiln_version_visit)(void *ctx, int i, int64_t version, kiln_version_state state,
+                                   const char *error_code, const char *error_message);
+kiln_status kiln_manager_status_each(kiln_manager *m, const char *name, int64_t version,
+                                     kiln_version_visit fn, void *ctx, char *err);
 /* Write TF Serving's GetModelStatusResponse JSON for a model (all versions,
  * or one with version >= 0). Returns KILN_ERR_NOT_FOUND with err set when
  * the model or version is unknown. */

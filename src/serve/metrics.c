@@ -22,6 +22,7 @@ typedef struct count_series {
 typedef struct latency_series {
     char model[128];
     char api[16];
+    char entrypoint[8]; /* "REST" or "GRPC" */
     uint64_t buckets[N_BUCKETS + 1]; /* last: +Inf */
     double sum;
     uint64_t n;
@@ -90,6 +91,13 @@ static int bucket_of(const kiln_metrics *m, double v)
 void kiln_metrics_record(kiln_metrics *m, const char *model, int64_t version, const char *api,
                          const char *status, double latency_us)
 {
+    kiln_metrics_record_entry(m, "REST", model, version, api, status, latency_us);
+}
+
+void kiln_metrics_record_entry(kiln_metrics *m, const char *entrypoint, const char *model,
+                               int64_t version, const char *api, const char *status,
+                               double latency_us)
+{
     pthread_mutex_lock(&m->mu);
     count_series *c = NULL;
     for (int i = 0; i < m->n_counts && !c; i++)
@@ -112,12 +120,14 @@ void kiln_metrics_record(kiln_metrics *m, const char *model, int64_t version, co
     if (strcmp(status, "OK") == 0) {
         latency_series *l = NULL;
         for (int i = 0; i < m->n_lat && !l; i++)
-            if (strcmp(m->lat[i].model, model) == 0 && strcmp(m->lat[i].api, api) == 0)
+            if (strcmp(m->lat[i].model, model) == 0 && strcmp(m->lat[i].api, api) == 0 &&
+                strcmp(m->lat[i].entrypoint, entrypoint) == 0)
                 l = &m->lat[i];
         if (!l && m->n_lat < KILN_METRICS_MAX_SERIES) {
             l = &m->lat[m->n_lat++];
             copy_label(l->model, sizeof l->model, model);
             copy_label(l->api, sizeof l->api, api);
+            copy_label(l->entrypoint, sizeof l->entrypoint, entrypoint);
         }
         if (l) {
             int b = 0;
@@ -207,22 +217,23 @@ void kiln_metrics_write(kiln_metrics *m, kiln_sbuf *b, int in_flight)
             kiln_sbuf_puts(b, "\",API=\"");
             put_label(b, l->api);
             if (k < N_BUCKETS)
-                kiln_sbuf_printf(b, "\",entrypoint=\"REST\",le=\"%.10g\"} %llu\n", m->bounds[k],
-                                 (unsigned long long)cum);
+                kiln_sbuf_printf(b, "\",entrypoint=\"%s\",le=\"%.10g\"} %llu\n", l->entrypoint,
+                                 m->bounds[k], (unsigned long long)cum);
             else
-                kiln_sbuf_printf(b, "\",entrypoint=\"REST\",le=\"+Inf\"} %llu\n",
+                kiln_sbuf_printf(b, "\",entrypoint=\"%s\",le=\"+Inf\"} %llu\n", l->entrypoint,
                                  (unsigned long long)cum);
         }
         kiln_sbuf_puts(b, ":tensorflow:serving:request_latency_sum{model_name=\"");
         put_label(b, l->model);
         kiln_sbuf_puts(b, "\",API=\"");
         put_label(b, l->api);
-        kiln_sbuf_printf(b, "\",entrypoint=\"REST\"} %.17g\n", l->sum);
+        kiln_sbuf_printf(b, "\",entrypoint=\"%s\"} %.17g\n", l->entrypoint, l->sum);
         kiln_sbuf_puts(b, ":tensorflow:serving:request_latency_count{model_name=\"");
         put_label(b, l->model);
         kiln_sbuf_puts(b, "\",API=\"");
         put_label(b, l->api);
-        kiln_sbuf_printf(b, "\",entrypoint=\"REST\"} %llu\n", (unsigned long long)l->n);
+        kiln_sbuf_printf(b, "\",entrypoint=\"%s\"} %llu\n", l->entrypoint,
+                         (unsigned long long)l->n);
     }
     kiln_sbuf_puts(b, "# TYPE kiln_request_latency_us histogram\n");
     for (int i = 0; i < m->n_vlat; i++) {

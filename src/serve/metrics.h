@@ -37,6 +37,11 @@ void kiln_metrics_free(kiln_metrics *m);
  * does. */
 void kiln_metrics_record(kiln_metrics *m, const char *model, int64_t version, const char *api,
                          const char *status, double latency_us);
+/* The same for a request that came in through `entrypoint`: "REST" (what
+ * kiln_metrics_record records) or "GRPC" (TF Serving's label values). */
+void kiln_metrics_record_entry(kiln_metrics *m, const char *entrypoint, const char *model,
+                               int64_t version, const char *api, const char *status,
+                               double latency_us);
 void kiln_metrics_write(kiln_metrics *m, kiln_sbuf *b, int in_flight);
 /* The per-version series (kiln_request_latency_us, with the failed requests
  * among them) as JSON for the web console (console.c):

@@ -19,6 +19,7 @@
 #include "serve/codec.h"
 #include "serve/console.h"
 #include "serve/example.h"
+#include "serve/results.h"
 #include "serve/server.h"
 
 typedef enum route_kind {
@@ -359,62 +360,36 @@ err_release:
     kiln_servable_release(sv);
 }
 
-/* The output named `name` in out, or NULL. */
-static const kiln_tensor *output_named(const kiln_batch_result *out, const char *name)
-{
-    for (int i = 0; i < out->n; i++)
-        if (strcmp(out->names[i], name) == 0) return out->t[i];
-    return NULL;
-}
-
 /* Write {"results": ...} for a classify (classes and/or scores, [n, k]) or
  * regress (outputs, [n] or [n, 1]) run over n examples. */
 static kiln_status write_results(kiln_sbuf *b, int classify, const kiln_batch_result *out, int64_t n,
                                  char *err)
 {
     if (!classify) {
-        const kiln_tensor *y = output_named(out, "outputs");
-        if (!y || y->dtype != KILN_DTYPE_F32 || kiln_tensor_count(y) != n || y->rank < 1 ||
-            y->dims[0] != n) {
-            snprintf(err, KILN_JSON_ERR_LEN, "Expected output tensor 'outputs' of type float with "
-                     "one value per example (%lld)", (long long)n);
-            return KILN_ERR_INVALID_ARGUMENT;
-        }
+        const float *y;
+        kiln_status st = kiln_results_regress(out, n, &y, err);
+        if (st != KILN_OK) return st;
         kiln_sbuf_puts(b, "{\n    \"results\": [");
-        for (int64_t i = 0; i < n; i++)
-            kiln_sbuf_printf(b, "%s%.9g", i ? ", " : "", ((const float *)y->data)[i]);
+        for (int64_t i = 0; i < n; i++) kiln_sbuf_printf(b, "%s%.9g", i ? ", " : "", y[i]);
         kiln_sbuf_puts(b, "]\n}\n");
         return KILN_OK;
     }
-    const kiln_tensor *classes = output_named(out, "classes");
-    const kiln_tensor *scores = output_named(out, "scores");
-    if (!classes && !scores) {
-        snprintf(err, KILN_JSON_ERR_LEN, "Expected classification signature outputs to contain "
-                 "at least one of classes and scores");
-        return KILN_ERR_INVALID_ARGUMENT;
-    }
-    const kiln_tensor *shape = classes ? classes : scores;
-    if (shape->rank != 2 || shape->dims[0] != n ||
-        (classes && classes->dtype != KILN_DTYPE_STRING) ||
-        (scores && (scores->dtype != KILN_DTYPE_F32 || scores->rank != 2 ||
-                    scores->dims[0] != n || scores->dims[1] != shape->dims[1]))) {
-        snprintf(err, KILN_JSON_ERR_LEN, "Expected classes (string) and scores (float) outputs "
-                 "of shape [%lld, classes]", (long long)n);
-        return KILN_ERR_INVALID_ARGUMENT;
-    }
-    int64_t k = shape->dims[1];
+    kiln_class_results r;
+    kiln_status st = kiln_results_classify(out, n, &r, err);
+    if (st != KILN_OK) return st;
+    int64_t k = r.k;
     kiln_sbuf_puts(b, "{\n    \"results\": [");
     for (int64_t i = 0; i < n; i++) {
         kiln_sbuf_puts(b, i ? ", [" : "[");
         for (int64_t c = 0; c < k; c++) {
             kiln_sbuf_puts(b, c ? ", [" : "[");
-            if (classes) {
-                const kiln_string *sv = &((const kiln_string *)classes->data)[i * k + c];
+            if (r.classes) {
+                const kiln_string *sv = &((const kiln_string *)r.classes->data)[i * k + c];
                 kiln_sbuf_json_string(b, sv->data ? sv->data : "", sv->len);
             } else {
                 kiln_sbuf_puts(b, "\"\"");
             }
-            kiln_sbuf_printf(b, ", %.9g]", scores ? ((const float *)scores->data)[i * k + c] : 0.0);
+            kiln_sbuf_printf(b, ", %.9g]", r.scores ? ((const float *)r.scores->data)[i * k + c] : 0.0);
         }
         kiln_sbuf_puts(b, "]");
     }
@@ -429,7 +404,6 @@ static void h_v1_classify(kiln_server *s, const kiln_http_request *req, const ro
 {
     char err[KILN_JSON_ERR_LEN];
     int classify = strcasecmp(strrchr(req->path, ':'), ":classify") == 0;
-    const char *want = classify ? "tensorflow/serving/classify" : "tensorflow/serving/regress";
     snprintf(rep->model, sizeof rep->model, "%s", p->name);
     rep->api = classify ? "classify" : "regress";
     kiln_servable *sv = acquire(s, p, rep);
@@ -461,18 +435,7 @@ static void h_v1_classify(kiln_server *s, const kiln_http_request *req, const ro
         goto err_free_doc;
     }
     const kiln_signature *sig = kiln_model_signature(sv->model, si);
-    const char *method = kiln_signature_method(sig);
-    if (!method || strcmp(method, want) != 0) {
-        snprintf(err, sizeof err, "Expected %s signature method_name to be %s. Was: %.200s",
-                 classify ? "classification" : "regression", want,
-                 method ? method : "tensorflow/serving/predict");
-        kiln_reply_error(rep, "INVALID_ARGUMENT", err);
-        goto err_free_doc;
-    }
-    if (kiln_signature_input_count(sig) != 1 ||
-        kiln_signature_input(sig, 0)->dtype != KILN_DTYPE_STRING) {
-        snprintf(err, sizeof err, "Expected one string input (serialized tf.Example) in signature "
-                 "'%.200s'", kiln_signature_name(sig));
+    if (kiln_results_check_signature(sig, classify, err) != KILN_OK) {
         kiln_reply_error(rep, "INVALID_ARGUMENT", err);
         goto err_free_doc;
     }

@@ -110,12 +110,11 @@ err_oom:
     return KILN_ERR_OUT_OF_MEMORY;
 }
 
-/* ClassificationRequest / RegressionRequest input -> string [n] of examples. */
-static kiln_status fill_examples(const KilnTfs__ModelSpec *ms, const KilnTfs__Input *in,
-                                 kiln_warmup_request *r, int rec, char *err)
+kiln_status kiln_warmup_examples(const KilnTfs__Input *in, kiln_tensor **out)
 {
     const ProtobufCBinaryData *ex = NULL, *ctx = NULL;
     size_t n = 0;
+    *out = NULL;
     if (in && in->kind_case == KILN_TFS__INPUT__KIND_EXAMPLE_LIST) {
         ex = in->example_list->examples;
         n = in->example_list->n_examples;
@@ -124,28 +123,42 @@ static kiln_status fill_examples(const KilnTfs__ModelSpec *ms, const KilnTfs__In
         n = in->example_list_with_context->n_examples;
         if (in->example_list_with_context->has_context) ctx = &in->example_list_with_context->context;
     }
-    if (n == 0) {
-        /* TF Serving: "Input is empty" */
-        snprintf(err, KILN_WARMUP_ERR_LEN, "record %d: the request's input holds no examples", rec);
-        return KILN_ERR_INVALID_ARGUMENT;
-    }
-    r->signature = strdup(model_spec_signature(ms));
-    r->tensors = calloc(1, sizeof *r->tensors);
-    if (!r->signature || !r->tensors) goto err_oom;
-    r->n_inputs = 1;
+    if (n == 0) return KILN_ERR_INVALID_ARGUMENT; /* TF Serving: "Input is empty" */
     int64_t dims[1] = {(int64_t)n};
-    if (kiln_tensor_create(KILN_DTYPE_STRING, 1, dims, &r->tensors[0]) != KILN_OK) goto err_oom;
+    kiln_tensor *t;
+    if (kiln_tensor_create(KILN_DTYPE_STRING, 1, dims, &t) != KILN_OK) return KILN_ERR_OUT_OF_MEMORY;
     for (size_t i = 0; i < n; i++) {
         size_t cl = ctx ? ctx->len : 0;
-        if (ex[i].len > SIZE_MAX - cl - 1) goto err_oom;
-        char *buf = malloc(cl + ex[i].len + 1);
+        char *buf = ex[i].len > SIZE_MAX - cl - 1 ? NULL : malloc(cl + ex[i].len + 1);
         if (!buf) goto err_oom;
         if (cl) memcpy(buf, ctx->data, cl);
         if (ex[i].len) memcpy(buf + cl, ex[i].data, ex[i].len);
-        kiln_status st = kiln_tensor_set_string(r->tensors[0], i, buf, cl + ex[i].len);
+        kiln_status st = kiln_tensor_set_string(t, i, buf, cl + ex[i].len);
         free(buf);
         if (st != KILN_OK) goto err_oom;
     }
+    *out = t;
+    return KILN_OK;
+err_oom:
+    kiln_tensor_free(t);
+    return KILN_ERR_OUT_OF_MEMORY;
+}
+
+/* ClassificationRequest / RegressionRequest input -> string [n] of examples. */
+static kiln_status fill_examples(const KilnTfs__ModelSpec *ms, const KilnTfs__Input *in,
+                                 kiln_warmup_request *r, int rec, char *err)
+{
+    r->signature = strdup(model_spec_signature(ms));
+    r->tensors = calloc(1, sizeof *r->tensors);
+    if (!r->signature || !r->tensors) goto err_oom;
+    kiln_status st = kiln_warmup_examples(in, &r->tensors[0]);
+    if (st == KILN_ERR_INVALID_ARGUMENT) {
+        /* TF Serving: "Input is empty" */
+        snprintf(err, KILN_WARMUP_ERR_LEN, "record %d: the request's input holds no examples", rec);
+        return st;
+    }
+    if (st != KILN_OK) goto err_oom;
+    r->n_inputs = 1;
     return KILN_OK;
 err_oom:
     snprintf(err, KILN_WARMUP_ERR_LEN, "record %d: out of memory", rec);

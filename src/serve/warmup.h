@@ -68,4 +68,12 @@ kiln_status kiln_warmup_read(const char *version_dir, kiln_warmup **out, char *e
 
 void kiln_warmup_free(kiln_warmup *w);
 
+/* A ClassificationRequest / RegressionRequest Input (example_list or
+ * example_list_with_context) as a string tensor [n] of serialized
+ * tf.Examples, the context's bytes in front of each example's: shared with
+ * the gRPC Classify, Regress and MultiInference handlers. INVALID_ARGUMENT
+ * when it holds no examples, OUT_OF_MEMORY; *out is new (caller frees). */
+struct KilnTfs__Input;
+kiln_status kiln_warmup_examples(const struct KilnTfs__Input *in, kiln_tensor **out);
+
 #endif

@@ -506,7 +506,7 @@ def test_env_and_sigterm(tmp_path):
         assert p.wait(timeout=30) == 0
         log.seek(0)
         text = log.read()
-        assert "gRPC is not implemented yet" in text and "batching: max_batch_size=1000" in text
+        assert "--port=8500" in text and "batching: max_batch_size=1000" in text
     finally:
         if p.poll() is None:
             p.kill()

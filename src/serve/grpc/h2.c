@@ -1,0 +1,1488 @@
+/*
+ * h2.c - the gRPC transport of grpc.h: HTTP/2 with libnghttp2, gRPC's
+ * length-prefixed messages, deadlines, compression and status trailers.
+ *
+ * One loop thread owns every socket and nghttp2 session (nghttp2 is not
+ * thread-safe): it accepts on --port and --grpc_socket_path, feeds what it
+ * reads to nghttp2_session_mem_recv, and writes what nghttp2_session_mem_send
+ * produces in one write() per turn. A stream's DATA is cut into gRPC
+ * messages as it arrives (the 5-byte prefix first, so a message over
+ * grpc.max_receive_message_length is refused with RESOURCE_EXHAUSTED before
+ * any of it is buffered, and buffers grow only with the bytes that came).
+ * A complete unary request goes to the request threads (--grpc_max_threads)
+ * as a job; the handler's answer comes back through an eventfd and the loop
+ * sends it: HEADERS, one DATA message, and trailers with grpc-status and
+ * grpc-message (an error before any message is a Trailers-Only HEADERS).
+ * Health.Watch and ServerReflectionInfo are streams the loop answers itself.
+ *
+ * Deadlines: grpc-timeout becomes the job's deadline (kiln_monotonic_ms) and
+ * the run's; requests still arriving at their deadline are answered
+ * DEADLINE_EXCEEDED by the loop's tick. A stream the client resets
+ * (RST_STREAM) cancels its job: a queued one never runs, a running one stops
+ * between steps (unbatched) and its answer is dropped.
+ *
+ * TLS (--ssl_config_file): GnuTLS under the same loop. A connection first
+ * completes its non-blocking handshake (ALPN "h2"; with client_verify the
+ * client's certificate must chain to custom_ca), then reads and writes go
+ * through gnutls_record_recv/send instead of recv/send.
+ *
+ * Limits (grpc.h, docs/GRPC.md): concurrent streams and header list size
+ * per connection, message sizes both ways, a connection count, an idle
+ * timeout; nghttp2 itself polices SETTINGS/PING floods, rapid reset,
+ * CONTINUATION floods and HPACK state. Flow-control windows are 8 MiB per
+ * stream and 32 MiB per connection, so large tensors do not stall on the
+ * 64 KiB default; windows reopen only as request bytes are handed over, and
+ * once a connection holds more than its budget (CONN_BUFFER, or max_recv
+ * plus a window) they reopen only as its requests finish, so a client
+ * cannot make the server buffer more than that per connection.
+ */
+#define _GNU_SOURCE /* accept4 */
+#include "serve/grpc/h2.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <nghttp2/nghttp2.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <time.h>
+#include <unistd.h>
+#include <gnutls/gnutls.h>
+#include <zlib.h>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+
+#include "serve/config.h"
+#include "serve/grpc/call.h"
+
+#define STREAM_WINDOW (8 << 20)
+#define CONN_WINDOW (32 << 20)
+#define WRITE_BATCH (1 << 20)   /* bytes pulled from nghttp2 per write */
+#define TICK_MS 100
+#define CONN_BUFFER ((size_t)256 << 20) /* request bytes a connection may hold before its
+                                           window stops opening (at least max_recv + a window) */
+
+enum { ENC_IDENTITY = 0, ENC_GZIP, ENC_DEFLATE, ENC_UNKNOWN };
+enum { ST_RECV = 0, ST_QUEUED, ST_STREAMING, ST_DONE };
+enum { TAG_LISTEN = 1, TAG_EVENT, TAG_CONN };
+
+typedef struct job job;
+typedef struct stream stream;
+
+struct kiln_grpc_conn {
+    int tag;                     /* TAG_CONN (first: epoll's data.ptr) */
+    kiln_grpc_server *g;
+    int fd;                      /* -1: detached (fuzzing) */
+    nghttp2_session *s;
+    kiln_bytes wbuf;             /* bytes to write */
+    size_t woff;
+    int epollout;                /* EPOLLOUT is registered */
+    int dead;                    /* close at the end of this turn */
+    gnutls_session_t tls;        /* NULL: plaintext */
+    int handshake_done;
+    stream *streams;             /* open streams (list) */
+    size_t held;                 /* request bytes its streams hold (messages, requests) */
+    int64_t last_active_ms;
+    kiln_grpc_conn *next, *prev;
+};
+
+struct stream {
+    int32_t id;
+    kiln_grpc_conn *c;
+    char path[256];
+    int post, content_type_ok, path_too_long;
+    size_t header_bytes;
+    int64_t deadline_ms;         /* 0 = none */
+    int enc;                     /* request grpc-encoding */
+    const kiln_grpc_method *m;
+    int state;
+    struct timespec start;
+    /* framing of incoming DATA */
+    uint8_t pfx[5];
+    int pfx_have, in_msg;
+    uint32_t msg_len;
+    kiln_bytes msg;
+    int n_msgs;
+    kiln_bytes req;              /* the unary request message */
+    size_t held;                 /* DATA bytes counted in c->held until released */
+    size_t owed;                 /* DATA bytes not yet given back to flow control */
+    job *job;                    /* queued or running; NULL otherwise */
+    /* response */
+    int headers_sent;
+    kiln_bytes out;              /* framed messages not yet given to nghttp2 */
+    size_t out_off;
+    int out_eof;                 /* after out: trailers */
+    int deferred;                /* the data provider is waiting for out */
+    int code;
+    char message[KILN_GRPC_MESSAGE_MAX + 16];
+    /* Health.Watch */
+    char watch_service[256];
+    int watch_last;
+    stream *next, *prev;
+};
+
+struct job {
+    kiln_grpc_call call;
+    const kiln_grpc_method *m;
+    volatile int cancel;
+    stream *st;                  /* loop thread only: NULL once the stream is gone */
+    job *next;
+};
+
+struct kiln_grpc_server {
+    kiln_grpc_options opt;
+    kiln_grpc_ctx ctx;
+    int detached;
+    int epfd, evfd;
+    int listen_fd[2];
+    int listen_tag[2];
+    int ev_tag;
+    char socket_path[108];
+    pthread_t loop;
+    int loop_started;
+    pthread_t *workers;
+    int n_workers;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    job *q_head, *q_tail;        /* under mu: jobs for the request threads */
+    job *done_head;              /* under mu: answered jobs for the loop */
+    int stop_workers;            /* under mu */
+    atomic_int stop_loop;
+    atomic_int draining;
+    atomic_int in_flight;        /* unary calls between headers and answer */
+    kiln_grpc_conn *conns;
+    int n_conns;
+    int64_t last_tick;
+    gnutls_certificate_credentials_t cred; /* TLS, or NULL */
+    gnutls_priority_t prio;
+    int verify;                  /* TLS client_verify */
+    size_t conn_budget;          /* CONN_BUFFER, or more for a large max_recv */
+};
+
+/* ------------------------------------------------------------ options */
+
+void kiln_grpc_options_default(kiln_grpc_options *o)
+{
+    memset(o, 0, sizeof *o);
+    o->port = 8500;
+    o->max_threads = 4;
+    o->max_recv = KILN_GRPC_DEFAULT_MAX_RECV;
+    o->max_send = KILN_GRPC_DEFAULT_MAX_SEND;
+    o->max_streams = KILN_GRPC_MAX_STREAMS;
+}
+
+kiln_status kiln_grpc_parse_channel_args(const char *spec, kiln_grpc_options *o, char *err,
+                                         size_t err_len)
+{
+    const char *p = spec ? spec : "";
+    while (*p) {
+        const char *end = strchr(p, ',');
+        size_t n = end ? (size_t)(end - p) : strlen(p);
+        char kv[256];
+        if (n >= sizeof kv) {
+            snprintf(err, err_len, "--grpc_channel_arguments: argument '%.60s...' is too long", p);
+            return KILN_ERR_INVALID_ARGUMENT;
+        }
+        memcpy(kv, p, n);
+        kv[n] = '\0';
+        p += n + (end ? 1 : 0);
+        if (n == 0) continue;
+        char *eq = strchr(kv, '=');
+        if (!eq) {
+            snprintf(err, err_len, "--grpc_channel_arguments: '%s' is not key=value", kv);
+            return KILN_ERR_INVALID_ARGUMENT;
+        }
+        *eq = '\0';
+        const char *key = kv, *val = eq + 1;
+        char *e = NULL;
+        errno = 0;
+        long long v = strtoll(val, &e, 10);
+        int is_int = *val && e && *e == '\0' && errno == 0;
+        int64_t *lim = NULL;
+        if (strcmp(key, "grpc.max_receive_message_length") == 0) lim = &o->max_recv;
+        else if (strcmp(key, "grpc.max_send_message_length") == 0) lim = &o->max_send;
+        if (lim) {
+            if (!is_int || v < -1) {
+                snprintf(err, err_len, "--grpc_channel_arguments: %s needs an integer >= -1, got '%s'",
+                         key, val);
+                return KILN_ERR_INVALID_ARGUMENT;
+            }
+            *lim = v < 0 || v > KILN_GRPC_MAX_MESSAGE ? KILN_GRPC_MAX_MESSAGE : v;
+        } else if (strcmp(key, "grpc.max_concurrent_streams") == 0) {
+            if (!is_int || v < 1 || v > 65536) {
+                snprintf(err, err_len, "--grpc_channel_arguments: %s needs an integer in [1, 65536], "
+                         "got '%s'", key, val);
+                return KILN_ERR_INVALID_ARGUMENT;
+            }
+            o->max_streams = (int)v;
+        } else {
+            fprintf(stderr, "kiln serve: --grpc_channel_arguments: %s is accepted and ignored\n", key);
+        }
+    }
+    return KILN_OK;
+}
+
+/* ------------------------------------------------------------ helpers */
+
+static int64_t now_ms(void) { return kiln_monotonic_ms(); }
+
+/* grpc-timeout: 1-8 digits and a unit; milliseconds (rounded up), or -1. */
+static int64_t parse_timeout(const char *v, size_t n)
+{
+    if (n < 2 || n > 9) return -1;
+    int64_t x = 0;
+    for (size_t i = 0; i + 1 < n; i++) {
+        if (v[i] < '0' || v[i] > '9') return -1;
+        x = x * 10 + (v[i] - '0');
+    }
+    switch (v[n - 1]) {
+    case 'H': return x * 3600000;
+    case 'M': return x * 60000;
+    case 'S': return x * 1000;
+    case 'm': return x;
+    case 'u': return (x + 999) / 1000;
+    case 'n': return (x + 999999) / 1000000;
+    default: return -1;
+    }
+}
+
+/* Percent-encode a grpc-message value (gRPC: outside 0x20-0x7e, and '%'). */
+static void percent_encode(const char *s, char *out, size_t cap)
+{
+    static const char hex[] = "0123456789ABCDEF";
+    size_t o = 0;
+    for (; *s && o + 4 < cap; s++) {
+        unsigned char ch = (unsigned char)*s;
+        if (ch < 0x20 || ch > 0x7e || ch == '%') {
+            out[o++] = '%';
+            out[o++] = hex[ch >> 4];
+            out[o++] = hex[ch & 15];
+        } else {
+            out[o++] = (char)ch;
+        }
+    }
+    out[o] = '\0';
+}
+
+/* Inflate gzip or zlib (gRPC's "deflate") bytes under limit. 0 ok, 1 too big, -1 bad. */
+static int inflate_bytes(const uint8_t *in, size_t n, int enc, int64_t limit, kiln_bytes *out)
+{
+    z_stream z;
+    memset(&z, 0, sizeof z);
+    if (inflateInit2(&z, enc == ENC_GZIP ? 16 + MAX_WBITS : MAX_WBITS) != Z_OK) return -1;
+    z.next_in = (Bytef *)(uintptr_t)in;
+    z.avail_in = (uInt)n;
+    uint8_t chunk[65536];
+    int rc, result = 0;
+    do {
+        z.next_out = chunk;
+        z.avail_out = sizeof chunk;
+        rc = inflate(&z, Z_NO_FLUSH);
+        if (rc != Z_OK && rc != Z_STREAM_END) {
+            result = -1;
+            break;
+        }
+        size_t got = sizeof chunk - z.avail_out;
+        if ((int64_t)(out->len + got) > limit) {
+            result = 1;
+            break;
+        }
+        kiln_bytes_put(out, chunk, got);
+        if (out->oom) {
+            result = 1;
+            break;
+        }
+        if (rc == Z_OK && got == 0 && z.avail_in == 0) {
+            result = -1;
+            break;
+        }
+    } while (rc != Z_STREAM_END);
+    inflateEnd(&z);
+    return result;
+}
+
+/* Compress for a response (gzip or zlib); 0 on failure. */
+static int deflate_bytes(const uint8_t *in, size_t n, int enc, kiln_bytes *out)
+{
+    z_stream z;
+    memset(&z, 0, sizeof z);
+    if (deflateInit2(&z, Z_DEFAULT_COMPRESSION, Z_DEFLATED, enc == ENC_GZIP ? 16 + MAX_WBITS : MAX_WBITS,
+                     8, Z_DEFAULT_STRATEGY) != Z_OK)
+        return 0;
+    size_t bound = deflateBound(&z, (uLong)n);
+    kiln_bytes_reserve(out, bound);
+    if (out->oom || n > UINT32_MAX) {
+        deflateEnd(&z);
+        return 0;
+    }
+    z.next_in = (Bytef *)(uintptr_t)in;
+    z.avail_in = (uInt)n;
+    z.next_out = out->p + out->len;
+    z.avail_out = (uInt)(out->cap - out->len);
+    int rc = deflate(&z, Z_FINISH);
+    if (rc == Z_STREAM_END) out->len += z.total_out;
+    deflateEnd(&z);
+    return rc == Z_STREAM_END;
+}
+
+/* ------------------------------------------------------------ streams */
+
+/* Give back to flow control what st owes while the connection is within
+ * its budget (the window then opens again: WINDOW_UPDATE). */
+static void conn_repay(kiln_grpc_conn *c)
+{
+    for (stream *st = c->streams; st && c->held <= c->g->conn_budget; st = st->next)
+        if (st->owed) {
+            nghttp2_session_consume(c->s, st->id, st->owed);
+            st->owed = 0;
+        }
+}
+
+/* st's buffers are gone: the bytes no longer count against the connection. */
+static void stream_release(stream *st)
+{
+    kiln_grpc_conn *c = st->c;
+    c->held -= st->held < c->held ? st->held : c->held;
+    st->held = 0;
+    if (st->owed) {
+        if (nghttp2_session_consume(c->s, st->id, st->owed) != 0)
+            nghttp2_session_consume_connection(c->s, st->owed); /* the stream is closed */
+        st->owed = 0;
+    }
+    conn_repay(c);
+}
+
+static void stream_unlink(stream *st)
+{
+    kiln_grpc_conn *c = st->c;
+    if (st->prev) st->prev->next = st->next;
+    else c->streams = st->next;
+    if (st->next) st->next->prev = st->prev;
+}
+
+static void stream_free(stream *st)
+{
+    st->c->held -= st->held < st->c->held ? st->held : st->c->held;
+    if (st->job) { /* the client went away: the job is cancelled, its answer dropped */
+        st->job->cancel = 1;
+        st->job->st = NULL;
+    }
+    kiln_bytes_free(&st->msg);
+    kiln_bytes_free(&st->req);
+    kiln_bytes_free(&st->out);
+    free(st);
+}
+
+static ssize_t data_read(nghttp2_session *s, int32_t id, uint8_t *buf, size_t length,
+                         uint32_t *flags, nghttp2_data_source *src, void *ud);
+
+static int submit_trailers(stream *st)
+{
+    char code[16], msg[3 * sizeof st->message + 1];
+    snprintf(code, sizeof code, "%d", st->code);
+    percent_encode(st->message, msg, sizeof msg);
+    nghttp2_nv nv[2] = {
+        {(uint8_t *)"grpc-status", (uint8_t *)code, 11, strlen(code), NGHTTP2_NV_FLAG_NONE},
+        {(uint8_t *)"grpc-message", (uint8_t *)msg, 12, strlen(msg), NGHTTP2_NV_FLAG_NONE},
+    };
+    return nghttp2_submit_trailer(st->c->s, st->id, nv, msg[0] ? 2 : 1);
+}
+
+/* Send response HEADERS with a data provider (messages follow in st->out). */
+static void start_response(stream *st, int enc)
+{
+    nghttp2_nv nv[4];
+    size_t n = 0;
+#define NV(NAME, VALUE)                                                                        \
+    nv[n++] = (nghttp2_nv){(uint8_t *)(NAME), (uint8_t *)(VALUE), sizeof(NAME) - 1, strlen(VALUE), \
+                           NGHTTP2_NV_FLAG_NONE}
+    NV(":status", "200");
+    NV("content-type", "application/grpc");
+    NV("grpc-accept-encoding", "identity,deflate,gzip");
+    if (enc == ENC_GZIP) NV("grpc-encoding", "gzip");
+    else if (enc == ENC_DEFLATE) NV("grpc-encoding", "deflate");
+#undef NV
+    nghttp2_data_provider prd;
+    prd.source.ptr = st;
+    prd.read_callback = data_read;
+    if (nghttp2_submit_response(st->c->s, st->id, nv, n, &prd) == 0) st->headers_sent = 1;
+}
+
+/* Finish a stream with a status: trailers after messages already started,
+ * else a Trailers-Only HEADERS frame. */
+static void stream_finish(stream *st, int code, const char *message)
+{
+    if (st->state == ST_DONE) return;
+    if (!st->job) { /* nothing will read the request any more */
+        kiln_bytes_free(&st->msg);
+        kiln_bytes_free(&st->req);
+        stream_release(st);
+    }
+    st->code = code;
+    snprintf(st->message, sizeof st->message, "%s", message ? message : "");
+    st->state = ST_DONE;
+    if (st->headers_sent) {
+        st->out_eof = 1;
+        if (st->deferred) {
+            st->deferred = 0;
+            nghttp2_session_resume_data(st->c->s, st->id);
+        }
+        return;
+    }
+    char cs[16], msg[3 * sizeof st->message + 1];
+    snprintf(cs, sizeof cs, "%d", code);
+    percent_encode(st->message, msg, sizeof msg);
+    nghttp2_nv nv[4] = {
+        {(uint8_t *)":status", (uint8_t *)"200", 7, 3, NGHTTP2_NV_FLAG_NONE},
+        {(uint8_t *)"content-type", (uint8_t *)"application/grpc", 12, 16, NGHTTP2_NV_FLAG_NONE},
+        {(uint8_t *)"grpc-status", (uint8_t *)cs, 11, strlen(cs), NGHTTP2_NV_FLAG_NONE},
+        {(uint8_t *)"grpc-message", (uint8_t *)msg, 12, strlen(msg), NGHTTP2_NV_FLAG_NONE},
+    };
+    nghttp2_submit_response(st->c->s, st->id, nv, msg[0] ? 4 : 3, NULL);
+    st->headers_sent = 1;
+}
+
+/* Queue one message (prefix + bytes, compressed like the request) on st. */
+static int stream_send_message(stream *st, const uint8_t *p, size_t n)
+{
+    kiln_bytes z = {0};
+    int enc = st->enc == ENC_GZIP || st->enc == ENC_DEFLATE ? st->enc : ENC_IDENTITY;
+    if (enc != ENC_IDENTITY) {
+        if (!deflate_bytes(p, n, enc, &z)) {
+            kiln_bytes_free(&z);
+            return 0;
+        }
+        p = z.p;
+        n = z.len;
+    }
+    if (n > UINT32_MAX) {
+        kiln_bytes_free(&z);
+        return 0;
+    }
+    /* drop what nghttp2 has already taken */
+    if (st->out_off == st->out.len) st->out.len = st->out_off = 0;
+    uint8_t pfx[5] = {enc != ENC_IDENTITY, (uint8_t)(n >> 24), (uint8_t)(n >> 16), (uint8_t)(n >> 8),
+                      (uint8_t)n};
+    kiln_bytes_put(&st->out, pfx, 5);
+    kiln_bytes_put(&st->out, p, n);
+    kiln_bytes_free(&z);
+    if (st->out.oom) return 0;
+    if (!st->headers_sent) start_response(st, enc);
+    if (st->deferred) {
+        st->deferred = 0;
+        nghttp2_session_resume_data(st->c->s, st->id);
+    }
+    return 1;
+}
+
+static ssize_t data_read(nghttp2_session *s, int32_t id, uint8_t *buf, size_t length,
+                         uint32_t *flags, nghttp2_data_source *src, void *ud)
+{
+    stream *st = src->ptr;
+    size_t left = st->out.len - st->out_off;
+    if (left > 0) {
+        size_t n = left < length ? left : length;
+        memcpy(buf, st->out.p + st->out_off, n);
+        st->out_off += n;
+        return (ssize_t)n;
+    }
+    if (st->out_eof) {
+        *flags |= NGHTTP2_DATA_FLAG_EOF | NGHTTP2_DATA_FLAG_NO_END_STREAM;
+        if (submit_trailers(st) != 0) return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;
+        return 0;
+    }
+    st->deferred = 1;
+    return NGHTTP2_ERR_DEFERRED;
+}
+
+/* ------------------------------------------------------------ jobs */
+
+static void echo_handler(kiln_grpc_call *c)
+{
+    kiln_bytes_put(&c->resp, c->req, c->req_len);
+    c->code = KILN_GRPC_OK;
+}
+
+static void job_answer(job *j)
+{
+    kiln_grpc_call *c = &j->call;
+    if (j->cancel) kiln_grpc_fail(c, KILN_GRPC_CANCELLED, "Cancelled");
+    else if (c->deadline_ms > 0 && now_ms() > c->deadline_ms)
+        kiln_grpc_fail(c, KILN_GRPC_DEADLINE_EXCEEDED, "Deadline Exceeded");
+    else j->m->fn(c);
+    if (c->code == KILN_GRPC_OK && c->resp.oom)
+        kiln_grpc_fail(c, KILN_GRPC_RESOURCE_EXHAUSTED, "out of memory writing the response");
+}
+
+static void job_free(job *j)
+{
+    kiln_bytes_free(&j->call.resp);
+    free(j);
+}
+
+/* The loop: send a job's answer on its stream (if the stream is still there). */
+static void job_complete(kiln_grpc_server *g, job *j)
+{
+    stream *st = j->st;
+    atomic_fetch_sub(&g->in_flight, 1);
+    if (st) {
+        st->job = NULL;
+        kiln_grpc_call *c = &j->call;
+        if (c->code == KILN_GRPC_OK) {
+            if (!stream_send_message(st, c->resp.p ? c->resp.p : (const uint8_t *)"", c->resp.len))
+                stream_finish(st, KILN_GRPC_RESOURCE_EXHAUSTED, "out of memory writing the response");
+            else stream_finish(st, KILN_GRPC_OK, "");
+        } else {
+            stream_finish(st, c->code, c->message);
+        }
+        kiln_bytes_free(&st->req);
+        stream_release(st);
+    }
+    job_free(j);
+}
+
+static void *worker_main(void *arg)
+{
+    kiln_grpc_server *g = arg;
+    pthread_mutex_lock(&g->mu);
+    for (;;) {
+        while (!g->q_head && !g->stop_workers) pthread_cond_wait(&g->cv, &g->mu);
+        job *j = g->q_head;
+        if (!j) break;
+        g->q_head = j->next;
+        if (!g->q_head) g->q_tail = NULL;
+        pthread_mutex_unlock(&g->mu);
+        job_answer(j);
+        pthread_mutex_lock(&g->mu);
+        j->next = g->done_head;
+        g->done_head = j;
+        pthread_mutex_unlock(&g->mu);
+        uint64_t one = 1;
+        ssize_t w = write(g->evfd, &one, sizeof one);
+        (void)w;
+        pthread_mutex_lock(&g->mu);
+    }
+    pthread_mutex_unlock(&g->mu);
+    return NULL;
+}
+
+/* Hand a complete unary request to a request thread (inline when detached). */
+static void dispatch(stream *st)
+{
+    kiln_grpc_server *g = st->c->g;
+    job *j = calloc(1, sizeof *j);
+    if (!j) {
+        stream_finish(st, KILN_GRPC_RESOURCE_EXHAUSTED, "out of memory");
+        return;
+    }
+    j->m = st->m;
+    j->st = st;
+    j->call.ctx = &g->ctx;
+    j->call.req = st->req.p ? st->req.p : (const uint8_t *)"";
+    j->call.req_len = st->req.len;
+    j->call.deadline_ms = st->deadline_ms;
+    j->call.cancel = &j->cancel;
+    j->call.start = st->start;
+    j->call.code = KILN_GRPC_UNKNOWN;
+    st->job = j;
+    st->state = ST_QUEUED;
+    atomic_fetch_add(&g->in_flight, 1);
+    if (g->detached) {
+        kiln_grpc_call *c = &j->call;
+        if (j->cancel) kiln_grpc_fail(c, KILN_GRPC_CANCELLED, "Cancelled");
+        else echo_handler(c);
+        job_complete(g, j);
+        return;
+    }
+    pthread_mutex_lock(&g->mu);
+    j->next = NULL;
+    if (g->q_tail) g->q_tail->next = j;
+    else g->q_head = j;
+    g->q_tail = j;
+    pthread_cond_signal(&g->cv);
+    pthread_mutex_unlock(&g->mu);
+}
+
+/* ------------------------------------------------------------ messages in */
+
+static void watch_update(stream *st, int force)
+{
+    int s = kiln_grpc_health_status(&st->c->g->ctx, st->watch_service);
+    if (s < 0) s = 3; /* SERVICE_UNKNOWN */
+    if (!force && s == st->watch_last) return;
+    st->watch_last = s;
+    kiln_bytes b = {0};
+    kiln_grpc_health_encode(s, &b);
+    if (b.oom || !stream_send_message(st, b.p ? b.p : (const uint8_t *)"", b.len))
+        stream_finish(st, KILN_GRPC_RESOURCE_EXHAUSTED, "out of memory");
+    kiln_bytes_free(&b);
+}
+
+/* A complete message arrived on st (in st->msg). */
+static void message_complete(stream *st, int compressed)
+{
+    kiln_grpc_server *g = st->c->g;
+    kiln_bytes plain = {0};
+    const kiln_bytes *m = &st->msg;
+    char err[160];
+    if (compressed) {
+        if (st->enc != ENC_GZIP && st->enc != ENC_DEFLATE) {
+            stream_finish(st, KILN_GRPC_INTERNAL,
+                          "Compressed message without a supported grpc-encoding");
+            return;
+        }
+        int r = inflate_bytes(m->p ? m->p : (const uint8_t *)"", m->len, st->enc, g->opt.max_recv, &plain);
+        if (r != 0) {
+            if (r > 0)
+                snprintf(err, sizeof err, "Received message larger than max (more than %" PRId64
+                         " bytes after decompression)", g->opt.max_recv);
+            else snprintf(err, sizeof err, "Failed to decompress the message");
+            stream_finish(st, r > 0 ? KILN_GRPC_RESOURCE_EXHAUSTED : KILN_GRPC_INTERNAL, err);
+            kiln_bytes_free(&plain);
+            return;
+        }
+        m = &plain;
+    }
+    st->n_msgs++;
+    const uint8_t *p = m->p ? m->p : (const uint8_t *)"";
+    switch (st->m->kind) {
+    case KILN_GRPC_UNARY:
+        if (st->n_msgs > 1) {
+            stream_finish(st, KILN_GRPC_UNIMPLEMENTED, "more than one request message on a unary call");
+        } else if (m == &plain) {
+            st->req = plain;
+            memset(&plain, 0, sizeof plain);
+        } else {
+            st->req = st->msg;
+            memset(&st->msg, 0, sizeof st->msg);
+        }
+        break;
+    case KILN_GRPC_HEALTH_WATCH:
+        if (st->n_msgs > 1 || !kiln_grpc_health_decode(p, m->len, st->watch_service,
+                                                       sizeof st->watch_service)) {
+            stream_finish(st, KILN_GRPC_INVALID_ARGUMENT, "cannot parse HealthCheckRequest");
+            break;
+        }
+        st->state = ST_STREAMING;
+        watch_update(st, 1);
+        break;
+    case KILN_GRPC_REFLECTION: {
+        kiln_bytes out = {0};
+        kiln_grpc_reflect(p, m->len, &out);
+        if (out.oom || !stream_send_message(st, out.p ? out.p : (const uint8_t *)"", out.len))
+            stream_finish(st, KILN_GRPC_RESOURCE_EXHAUSTED, "out of memory");
+        kiln_bytes_free(&out);
+        break;
+    }
+    }
+    kiln_bytes_free(&plain);
+    st->msg.len = 0;
+    if (st->m->kind != KILN_GRPC_UNARY && st->state != ST_DONE) stream_release(st); /* answered */
+}
+
+/* DATA bytes of st: cut into messages. */
+static void stream_data(stream *st, const uint8_t *d, size_t n)
+{
+    kiln_grpc_server *g = st->c->g;
+    char err[160];
+    while (n > 0 && st->state == ST_RECV) {
+        if (!st->in_msg) {
+            size_t k = 5 - (size_t)st->pfx_have;
+            if (k > n) k = n;
+            memcpy(st->pfx + st->pfx_have, d, k);
+            st->pfx_have += (int)k;
+            d += k;
+            n -= k;
+            if (st->pfx_have < 5) return;
+            st->pfx_have = 0;
+            st->msg_len = (uint32_t)st->pfx[1] << 24 | (uint32_t)st->pfx[2] << 16 |
+                          (uint32_t)st->pfx[3] << 8 | st->pfx[4];
+            if (st->pfx[0] > 1) {
+                stream_finish(st, KILN_GRPC_INTERNAL, "bad compressed-flag in message prefix");
+                return;
+            }
+            if ((int64_t)st->msg_len > g->opt.max_recv) {
+                snprintf(err, sizeof err, "Received message larger than max (%" PRIu32 " vs. %" PRId64 ")",
+                         st->msg_len, g->opt.max_recv);
+                stream_finish(st, KILN_GRPC_RESOURCE_EXHAUSTED, err);
+                return;
+            }
+            st->in_msg = 1;
+            st->msg.len = 0;
+        }
+        size_t want = st->msg_len - st->msg.len;
+        size_t k = want < n ? want : n;
+        kiln_bytes_put(&st->msg, d, k); /* grows with the bytes that arrived */
+        if (st->msg.oom) {
+            stream_finish(st, KILN_GRPC_RESOURCE_EXHAUSTED, "out of memory reading the message");
+            return;
+        }
+        d += k;
+        n -= k;
+        if (st->msg.len == st->msg_len) {
+            st->in_msg = 0;
+            message_complete(st, st->pfx[0]);
+        }
+    }
+}
+
+/* The client half-closed st. */
+static void stream_end(stream *st)
+{
+    if (st->state != ST_RECV && st->state != ST_STREAMING) return;
+    if (st->in_msg || st->pfx_have) {
+        stream_finish(st, KILN_GRPC_INTERNAL, "the request ended inside a message");
+        return;
+    }
+    switch (st->m->kind) {
+    case KILN_GRPC_UNARY:
+        if (st->n_msgs != 1) stream_finish(st, KILN_GRPC_UNIMPLEMENTED, "a unary call needs one request message");
+        else dispatch(st);
+        break;
+    case KILN_GRPC_HEALTH_WATCH:
+        if (st->n_msgs == 0) stream_finish(st, KILN_GRPC_INVALID_ARGUMENT, "no HealthCheckRequest");
+        break;
+    case KILN_GRPC_REFLECTION:
+        stream_finish(st, KILN_GRPC_OK, "");
+        break;
+    }
+}
+
+/* ------------------------------------------------------------ nghttp2 callbacks */
+
+static int on_begin_headers(nghttp2_session *s, const nghttp2_frame *f, void *ud)
+{
+    kiln_grpc_conn *c = ud;
+    if (f->hd.type != NGHTTP2_HEADERS || f->headers.cat != NGHTTP2_HCAT_REQUEST) return 0;
+    stream *st = calloc(1, sizeof *st);
+    if (!st) return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;
+    st->id = f->hd.stream_id;
+    st->c = c;
+    clock_gettime(CLOCK_MONOTONIC, &st->start);
+    st->watch_last = -1;
+    st->next = c->streams;
+    if (c->streams) c->streams->prev = st;
+    c->streams = st;
+    nghttp2_session_set_stream_user_data(s, st->id, st);
+    return 0;
+}
+
+static int on_header(nghttp2_session *s, const nghttp2_frame *f, const uint8_t *name, size_t namelen,
+                     const uint8_t *value, size_t valuelen, uint8_t flags, void *ud)
+{
+    if (f->hd.type != NGHTTP2_HEADERS || f->headers.cat != NGHTTP2_HCAT_REQUEST) return 0;
+    stream *st = nghttp2_session_get_stream_user_data(s, f->hd.stream_id);
+    if (!st) return 0;
+    st->header_bytes += namelen + valuelen + 32; /* RFC 7540's accounting */
+    if (st->header_bytes > KILN_GRPC_MAX_HEADER_LIST) return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;
+    const char *n = (const char *)name, *v = (const char *)value;
+#define IS(LIT) (namelen == sizeof(LIT) - 1 && memcmp(n, LIT, namelen) == 0)
+    if (IS(":method")) {
+        st->post = valuelen == 4 && memcmp(v, "POST", 4) == 0;
+    } else if (IS(":path")) {
+        if (valuelen >= sizeof st->path) st->path_too_long = 1;
+        else {
+            memcpy(st->path, v, valuelen);
+            st->path[valuelen] = '\0';
+        }
+    } else if (IS("content-type")) {
+        st->content_type_ok = valuelen >= 16 && memcmp(v, "application/grpc", 16) == 0 &&
+                              (valuelen == 16 || v[16] == '+' || v[16] == ';');
+    } else if (IS("grpc-timeout")) {
+        int64_t ms = parse_timeout(v, valuelen);
+        if (ms >= 0) st->deadline_ms = now_ms() + (ms > 0 ? ms : 0) + (ms == 0);
+    } else if (IS("grpc-encoding")) {
+        if (valuelen == 8 && memcmp(v, "identity", 8) == 0) st->enc = ENC_IDENTITY;
+        else if (valuelen == 4 && memcmp(v, "gzip", 4) == 0) st->enc = ENC_GZIP;
+        else if (valuelen == 7 && memcmp(v, "deflate", 7) == 0) st->enc = ENC_DEFLATE;
+        else st->enc = ENC_UNKNOWN;
+    }
+#undef IS
+    return 0;
+}
+
+/* The request's headers are complete: check them and pick the method. */
+static void headers_done(stream *st)
+{
+    kiln_grpc_server *g = st->c->g;
+    if (!st->post || !st->content_type_ok) {
+        /* not gRPC: HTTP 415 (gRPC's PROTOCOL-HTTP2) or 405 */
+        const char *code = st->post ? "415" : "405";
+        nghttp2_nv nv[1] = {{(uint8_t *)":status", (uint8_t *)code, 7, 3, NGHTTP2_NV_FLAG_NONE}};
+        nghttp2_submit_response(st->c->s, st->id, nv, 1, NULL);
+        st->headers_sent = 1;
+        st->state = ST_DONE;
+        return;
+    }
+    char msg[400];
+    st->m = st->path_too_long ? NULL : kiln_grpc_method_find(st->path);
+    if (!st->m) {
+        snprintf(msg, sizeof msg, "Method not found: %.300s", st->path_too_long ? "(too long)" : st->path);
+        stream_finish(st, KILN_GRPC_UNIMPLEMENTED, msg);
+        return;
+    }
+    if (st->enc == ENC_UNKNOWN) {
+        stream_finish(st, KILN_GRPC_UNIMPLEMENTED, "Unsupported grpc-encoding; supported: identity, deflate, gzip");
+        return;
+    }
+    if (atomic_load(&g->draining)) {
+        stream_finish(st, KILN_GRPC_UNAVAILABLE, "the server is shutting down");
+        return;
+    }
+}
+
+static int on_frame_recv(nghttp2_session *s, const nghttp2_frame *f, void *ud)
+{
+    stream *st = nghttp2_session_get_stream_user_data(s, f->hd.stream_id);
+    if (!st) return 0;
+    if (f->hd.type == NGHTTP2_HEADERS && f->headers.cat == NGHTTP2_HCAT_REQUEST) headers_done(st);
+    if ((f->hd.type == NGHTTP2_HEADERS || f->hd.type == NGHTTP2_DATA) &&
+        (f->hd.flags & NGHTTP2_FLAG_END_STREAM))
+        stream_end(st);
+    return 0;
+}
+
+static int on_data_chunk(nghttp2_session *s, uint8_t flags, int32_t id, const uint8_t *data,
+                         size_t len, void *ud)
+{
+    stream *st = nghttp2_session_get_stream_user_data(s, id);
+    if (!st || !st->m || st->state != ST_RECV) { /* dropped: the window opens at once */
+        nghttp2_session_consume(s, id, len);
+        return 0;
+    }
+    kiln_grpc_conn *c = st->c;
+    st->held += len;
+    c->held += len;
+    if (c->held <= c->g->conn_budget) nghttp2_session_consume(s, id, len);
+    else st->owed += len; /* over budget: this stream's window stays closed for now */
+    stream_data(st, data, len);
+    return 0;
+}
+
+static int on_frame_send(nghttp2_session *s, const nghttp2_frame *f, void *ud)
+{
+    /* answered before the client finished sending: tell it to stop (gRPC's
+     * PROTOCOL-HTTP2: RST_STREAM NO_ERROR after the trailers) */
+    if ((f->hd.type == NGHTTP2_HEADERS || f->hd.type == NGHTTP2_DATA) &&
+        (f->hd.flags & NGHTTP2_FLAG_END_STREAM) &&
+        nghttp2_session_get_stream_remote_close(s, f->hd.stream_id) == 0)
+        nghttp2_submit_rst_stream(s, NGHTTP2_FLAG_NONE, f->hd.stream_id, NGHTTP2_NO_ERROR);
+    return 0;
+}
+
+static kiln_grpc_conn *c_of(void *ud) { return ud; }
+
+static int on_stream_close(nghttp2_session *s, int32_t id, uint32_t error_code, void *ud)
+{
+    stream *st = nghttp2_session_get_stream_user_data(s, id);
+    if (!st) return 0;
+    nghttp2_session_set_stream_user_data(s, id, NULL);
+    stream_unlink(st);
+    if (st->owed) nghttp2_session_consume_connection(s, st->owed);
+    st->owed = 0;
+    stream_free(st);
+    conn_repay(c_of(ud));
+    return 0;
+}
+
+/* ------------------------------------------------------------ connections */
+
+static kiln_grpc_conn *conn_new(kiln_grpc_server *g, int fd)
+{
+    kiln_grpc_conn *c = calloc(1, sizeof *c);
+    if (!c) return NULL;
+    c->tag = TAG_CONN;
+    c->g = g;
+    c->fd = fd;
+    c->last_active_ms = now_ms();
+    nghttp2_session_callbacks *cb;
+    if (nghttp2_session_callbacks_new(&cb) != 0) {
+        free(c);
+        return NULL;
+    }
+    nghttp2_session_callbacks_set_on_begin_headers_callback(cb, on_begin_headers);
+    nghttp2_session_callbacks_set_on_header_callback(cb, on_header);
+    nghttp2_session_callbacks_set_on_frame_recv_callback(cb, on_frame_recv);
+    nghttp2_session_callbacks_set_on_data_chunk_recv_callback(cb, on_data_chunk);
+    nghttp2_session_callbacks_set_on_frame_send_callback(cb, on_frame_send);
+    nghttp2_session_callbacks_set_on_stream_close_callback(cb, on_stream_close);
+    nghttp2_option *opt;
+    int rc = nghttp2_option_new(&opt);
+    if (rc == 0) {
+        nghttp2_option_set_max_send_header_block_length(opt, 65536);
+        nghttp2_option_set_no_auto_window_update(opt, 1); /* consumed as buffers are freed */
+        rc = nghttp2_session_server_new2(&c->s, cb, c, opt);
+        nghttp2_option_del(opt);
+    }
+    nghttp2_session_callbacks_del(cb);
+    if (rc != 0) {
+        free(c);
+        return NULL;
+    }
+    nghttp2_settings_entry iv[] = {
+        {NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS, (uint32_t)g->opt.max_streams},
+        {NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE, STREAM_WINDOW},
+        {NGHTTP2_SETTINGS_MAX_HEADER_LIST_SIZE, KILN_GRPC_MAX_HEADER_LIST},
+    };
+    nghttp2_submit_settings(c->s, NGHTTP2_FLAG_NONE, iv, sizeof iv / sizeof iv[0]);
+    nghttp2_session_set_local_window_size(c->s, NGHTTP2_FLAG_NONE, 0, CONN_WINDOW);
+    c->next = g->conns;
+    if (g->conns) g->conns->prev = c;
+    g->conns = c;
+    g->n_conns++;
+    return c;
+}
+
+static void conn_close(kiln_grpc_conn *c)
+{
+    kiln_grpc_server *g = c->g;
+    while (c->streams) {
+        stream *st = c->streams;
+        stream_unlink(st);
+        nghttp2_session_set_stream_user_data(c->s, st->id, NULL);
+        stream_free(st);
+    }
+    nghttp2_session_del(c->s);
+    if (c->tls) gnutls_deinit(c->tls);
+    if (c->fd >= 0) {
+        epoll_ctl(g->epfd, EPOLL_CTL_DEL, c->fd, NULL);
+        close(c->fd);
+    }
+    kiln_bytes_free(&c->wbuf);
+    if (c->prev) c->prev->next = c->next;
+    else g->conns = c->next;
+    if (c->next) c->next->prev = c->prev;
+    g->n_conns--;
+    free(c);
+}
+
+static void set_epollout(kiln_grpc_conn *c, int on)
+{
+    if (c->fd < 0 || c->epollout == on) return;
+    struct epoll_event ev = {.events = EPOLLIN | (on ? EPOLLOUT : 0), .data.ptr = c};
+    epoll_ctl(c->g->epfd, EPOLL_CTL_MOD, c->fd, &ev);
+    c->epollout = on;
+}
+
+/* Write what is pending and what nghttp2 has to send; marks c dead on error
+ * or when the session is over. */
+static void conn_flush(kiln_grpc_conn *c)
+{
+    for (;;) {
+        while (c->woff < c->wbuf.len) {
+            if (c->fd < 0) {
+                c->woff = c->wbuf.len;
+                break;
+            }
+            ssize_t n;
+            if (c->tls) {
+                n = gnutls_record_send(c->tls, c->wbuf.p + c->woff, c->wbuf.len - c->woff);
+                if (n == GNUTLS_E_INTERRUPTED) continue;
+                if (n == GNUTLS_E_AGAIN) {
+                    set_epollout(c, 1);
+                    return;
+                }
+            } else {
+                n = send(c->fd, c->wbuf.p + c->woff, c->wbuf.len - c->woff, MSG_NOSIGNAL);
+                if (n < 0 && errno == EINTR) continue;
+            }
+            if (!c->tls && n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+                set_epollout(c, 1); /* a slow reader: nothing more is pulled until it drains */
+                return;
+            }
+            if (n <= 0) {
+                c->dead = 1;
+                return;
+            }
+            c->woff += (size_t)n;
+        }
+        c->wbuf.len = c->woff = 0;
+        size_t pulled = 0;
+        while (pulled < WRITE_BATCH) {
+            const uint8_t *d;
+            ssize_t n = nghttp2_session_mem_send(c->s, &d);
+            if (n < 0) {
+                c->dead = 1;
+                return;
+            }
+            if (n == 0) break;
+            kiln_bytes_put(&c->wbuf, d, (size_t)n);
+            if (c->wbuf.oom) {
+                c->dead = 1;
+                return;
+            }
+            pulled += (size_t)n;
+        }
+        if (c->wbuf.len == 0) break;
+    }
+    set_epollout(c, 0);
+    if (!nghttp2_session_want_read(c->s) && !nghttp2_session_want_write(c->s)) c->dead = 1;
+}
+
+/* Feed bytes to the session, then flush; 0 when the connection is over. */
+static int conn_input(kiln_grpc_conn *c, const uint8_t *d, size_t n)
+{
+    c->last_active_ms = now_ms();
+    ssize_t r = nghttp2_session_mem_recv(c->s, d, n);
+    if (r < 0) {
+        c->dead = 1;
+        return 0;
+    }
+    conn_flush(c);
+    return !c->dead;
+}
+
+/* TLS: advance the handshake; 1 once it is done. */
+static int tls_handshake(kiln_grpc_conn *c)
+{
+    int rc = gnutls_handshake(c->tls);
+    if (rc == GNUTLS_E_SUCCESS) {
+        gnutls_datum_t alpn;
+        if (gnutls_alpn_get_selected_protocol(c->tls, &alpn) != 0 || alpn.size != 2 ||
+            memcmp(alpn.data, "h2", 2) != 0) {
+            c->dead = 1; /* gRPC needs HTTP/2 */
+            return 0;
+        }
+        c->handshake_done = 1;
+        return 1;
+    }
+    if (rc == GNUTLS_E_AGAIN || rc == GNUTLS_E_INTERRUPTED) {
+        set_epollout(c, gnutls_record_get_direction(c->tls) == 1);
+        return 0;
+    }
+    c->dead = 1; /* a failed handshake: bad or missing client certificate, ... */
+    return 0;
+}
+
+static void conn_read(kiln_grpc_conn *c)
+{
+    uint8_t buf[65536];
+    if (c->tls && !c->handshake_done) {
+        if (!tls_handshake(c)) return;
+        conn_flush(c);
+    }
+    if (c->tls) {
+        for (int turn = 0; turn < 16 || gnutls_record_check_pending(c->tls) > 0; turn++) {
+            ssize_t n = gnutls_record_recv(c->tls, buf, sizeof buf);
+            if (n == GNUTLS_E_INTERRUPTED) continue;
+            if (n == GNUTLS_E_AGAIN) return;
+            if (n <= 0) {
+                c->dead = 1;
+                return;
+            }
+            if (!conn_input(c, buf, (size_t)n)) return;
+        }
+        return;
+    }
+    /* at most 1 MiB per turn, so one busy client cannot starve the others
+     * (epoll is level-triggered: the rest is read next turn) */
+    for (int turn = 0; turn < 16; turn++) {
+        ssize_t n = recv(c->fd, buf, sizeof buf, 0);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+        if (n <= 0) {
+            c->dead = 1;
+            return;
+        }
+        if (!conn_input(c, buf, (size_t)n)) return;
+    }
+}
+
+/* ------------------------------------------------------------ loop */
+
+static void accept_all(kiln_grpc_server *g, int lfd)
+{
+    for (;;) {
+        int fd = accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0) return;
+        if (g->n_conns >= KILN_GRPC_MAX_CONNECTIONS || atomic_load(&g->draining)) {
+            close(fd);
+            continue;
+        }
+        int one = 1;
+        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one); /* fails harmlessly on Unix sockets */
+        kiln_grpc_conn *c = conn_new(g, fd);
+        if (!c) {
+            close(fd);
+            continue;
+        }
+        struct epoll_event ev = {.events = EPOLLIN, .data.ptr = c};
+        if (epoll_ctl(g->epfd, EPOLL_CTL_ADD, fd, &ev) != 0) {
+            c->fd = -1;
+            close(fd);
+            conn_close(c);
+            continue;
+        }
+        if (g->cred) {
+            static const gnutls_datum_t h2 = {(unsigned char *)"h2", 2};
+            if (gnutls_init(&c->tls, GNUTLS_SERVER | GNUTLS_NONBLOCK) != GNUTLS_E_SUCCESS) {
+                c->tls = NULL;
+                conn_close(c);
+                continue;
+            }
+            gnutls_priority_set(c->tls, g->prio);
+            gnutls_credentials_set(c->tls, GNUTLS_CRD_CERTIFICATE, g->cred);
+            gnutls_alpn_set_protocols(c->tls, &h2, 1, GNUTLS_ALPN_MANDATORY);
+            if (g->verify) {
+                gnutls_certificate_server_set_request(c->tls, GNUTLS_CERT_REQUIRE);
+                gnutls_session_set_verify_cert(c->tls, NULL, 0);
+            }
+            gnutls_transport_set_int(c->tls, fd);
+            tls_handshake(c); /* SETTINGS go out once it is done */
+            continue;
+        }
+        conn_flush(c); /* our SETTINGS */
+    }
+}
+
+static void take_completions(kiln_grpc_server *g)
+{
+    uint64_t v;
+    ssize_t r = read(g->evfd, &v, sizeof v);
+    (void)r;
+    pthread_mutex_lock(&g->mu);
+    job *j = g->done_head;
+    g->done_head = NULL;
+    pthread_mutex_unlock(&g->mu);
+    while (j) {
+        job *next = j->next;
+        kiln_grpc_conn *c = j->st ? j->st->c : NULL;
+        job_complete(g, j);
+        if (c) conn_flush(c);
+        j = next;
+    }
+}
+
+/* Every TICK_MS: deadlines of requests still arriving, Watch updates, idle connections. */
+static void tick(kiln_grpc_server *g)
+{
+    int64_t now = now_ms();
+    for (kiln_grpc_conn *c = g->conns; c; c = c->next) {
+        int touched = 0;
+        for (stream *st = c->streams; st; st = st->next) {
+            if (st->state == ST_RECV && st->deadline_ms > 0 && now > st->deadline_ms && st->m) {
+                stream_finish(st, KILN_GRPC_DEADLINE_EXCEEDED, "Deadline Exceeded");
+                touched = 1;
+            } else if (st->state == ST_STREAMING && st->m->kind == KILN_GRPC_HEALTH_WATCH) {
+                watch_update(st, 0);
+                touched = 1;
+            }
+        }
+        if (!c->streams && now - c->last_active_ms > (int64_t)KILN_GRPC_IDLE_SECONDS * 1000) {
+            nghttp2_session_terminate_session(c->s, NGHTTP2_NO_ERROR); /* GOAWAY, then close */
+            touched = 1;
+        }
+        if (touched) conn_flush(c);
+    }
+}
+
+static void close_dead(kiln_grpc_server *g)
+{
+    for (kiln_grpc_conn *c = g->conns, *next; c; c = next) {
+        next = c->next;
+        if (c->dead) conn_close(c);
+    }
+}
+
+static void *loop_main(void *arg)
+{
+    kiln_grpc_server *g = arg;
+    struct epoll_event evs[64];
+    int said_goaway = 0;
+    while (!atomic_load(&g->stop_loop)) {
+        int n = epoll_wait(g->epfd, evs, 64, TICK_MS);
+        for (int i = 0; i < n; i++) {
+            int *tag = evs[i].data.ptr;
+            if (*tag == TAG_LISTEN) {
+                accept_all(g, tag == &g->listen_tag[0] ? g->listen_fd[0] : g->listen_fd[1]);
+            } else if (*tag == TAG_EVENT) {
+                take_completions(g);
+            } else {
+                kiln_grpc_conn *c = (kiln_grpc_conn *)tag;
+                if (c->dead) continue;
+                if (evs[i].events & (EPOLLIN | EPOLLHUP | EPOLLERR)) conn_read(c);
+                if (!c->dead && (evs[i].events & EPOLLOUT)) {
+                    if (c->tls && !c->handshake_done) {
+                        if (tls_handshake(c)) conn_flush(c);
+                    } else {
+                        conn_flush(c);
+                    }
+                }
+            }
+        }
+        int64_t now = now_ms();
+        if (now - g->last_tick >= TICK_MS) {
+            g->last_tick = now;
+            tick(g);
+        }
+        if (atomic_load(&g->draining) && !said_goaway) {
+            said_goaway = 1;
+            for (int k = 0; k < 2; k++)
+                if (g->listen_fd[k] >= 0) epoll_ctl(g->epfd, EPOLL_CTL_DEL, g->listen_fd[k], NULL);
+            tick(g); /* Watch streams learn NOT_SERVING before the GOAWAY */
+            for (kiln_grpc_conn *c = g->conns; c; c = c->next) {
+                nghttp2_submit_goaway(c->s, NGHTTP2_FLAG_NONE, nghttp2_session_get_last_proc_stream_id(c->s),
+                                      NGHTTP2_NO_ERROR, NULL, 0);
+                conn_flush(c);
+            }
+        }
+        close_dead(g);
+    }
+    /* answers that arrived while stopping: send what can be sent */
+    take_completions(g);
+    for (kiln_grpc_conn *c = g->conns; c; c = c->next)
+        if (!c->dead) conn_flush(c);
+    return NULL;
+}
+
+static void wake_loop(kiln_grpc_server *g)
+{
+    uint64_t one = 1;
+    ssize_t w = write(g->evfd, &one, sizeof one);
+    (void)w;
+}
+
+/* ------------------------------------------------------------ start / stop */
+
+static int listen_tcp(const char *address, int port, char *err, size_t err_len)
+{
+    struct sockaddr_in a;
+    memset(&a, 0, sizeof a);
+    a.sin_family = AF_INET;
+    a.sin_port = htons((uint16_t)port);
+    a.sin_addr.s_addr = htonl(INADDR_ANY);
+    if (address && inet_pton(AF_INET, address, &a.sin_addr) != 1) {
+        snprintf(err, err_len, "'%s' is not an IPv4 address", address);
+        return -1;
+    }
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    int one = 1;
+    if (fd >= 0) setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) != 0 || listen(fd, 1024) != 0) {
+        snprintf(err, err_len, "cannot listen on %s:%d for gRPC: %s", address ? address : "0.0.0.0", port,
+                 strerror(errno));
+        if (fd >= 0) close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+static int listen_unix(const char *path, char *err, size_t err_len)
+{
+    struct sockaddr_un a;
+    memset(&a, 0, sizeof a);
+    a.sun_family = AF_UNIX;
+    if (strlen(path) >= sizeof a.sun_path) {
+        snprintf(err, err_len, "--grpc_socket_path '%.100s' is too long", path);
+        return -1;
+    }
+    strcpy(a.sun_path, path);
+    unlink(path); /* a stale socket from an earlier run */
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) != 0 || listen(fd, 1024) != 0) {
+        snprintf(err, err_len, "cannot listen on Unix socket %s: %s", path, strerror(errno));
+        if (fd >= 0) close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+static void server_free(kiln_grpc_server *g)
+{
+    while (g->conns) conn_close(g->conns);
+    for (int k = 0; k < 2; k++)
+        if (g->listen_fd[k] >= 0) close(g->listen_fd[k]);
+    if (g->socket_path[0]) unlink(g->socket_path);
+    if (g->evfd >= 0) close(g->evfd);
+    if (g->epfd >= 0) close(g->epfd);
+    /* answered jobs whose streams are gone */
+    for (job *j = g->done_head, *next; j; j = next) {
+        next = j->next;
+        job_free(j);
+    }
+    pthread_cond_destroy(&g->cv);
+    pthread_mutex_destroy(&g->mu);
+    if (g->cred) gnutls_certificate_free_credentials(g->cred);
+    if (g->prio) gnutls_priority_deinit(g->prio);
+    free(g->workers);
+    free(g);
+}
+
+static kiln_grpc_server *server_alloc(const kiln_grpc_options *o)
+{
+    kiln_grpc_server *g = calloc(1, sizeof *g);
+    if (!g) return NULL;
+    g->opt = *o;
+    if (g->opt.max_threads < 1) g->opt.max_threads = 1;
+    if (g->opt.max_streams < 1) g->opt.max_streams = KILN_GRPC_MAX_STREAMS;
+    g->ctx.max_send = g->opt.max_send;
+    g->conn_budget = CONN_BUFFER;
+    if ((uint64_t)g->opt.max_recv + STREAM_WINDOW > g->conn_budget)
+        g->conn_budget = (size_t)g->opt.max_recv + STREAM_WINDOW;
+    g->ctx.tensor_content = g->opt.tensor_content;
+    g->epfd = g->evfd = g->listen_fd[0] = g->listen_fd[1] = -1;
+    g->listen_tag[0] = g->listen_tag[1] = TAG_LISTEN;
+    g->ev_tag = TAG_EVENT;
+    pthread_mutex_init(&g->mu, NULL);
+    pthread_cond_init(&g->cv, NULL);
+    return g;
+}
+
+/* Credentials from the SSLConfig's PEM text. */
+static kiln_status tls_setup(kiln_grpc_server *g, const kiln_ssl_config *ssl, char *err, size_t err_len)
+{
+    int rc = gnutls_certificate_allocate_credentials(&g->cred);
+    if (rc != GNUTLS_E_SUCCESS) {
+        g->cred = NULL;
+        snprintf(err, err_len, "TLS: %s", gnutls_strerror(rc));
+        return KILN_ERR_RUNTIME;
+    }
+    gnutls_datum_t cert = {(unsigned char *)ssl->server_cert, (unsigned)strlen(ssl->server_cert)};
+    gnutls_datum_t key = {(unsigned char *)ssl->server_key, (unsigned)strlen(ssl->server_key)};
+    rc = gnutls_certificate_set_x509_key_mem(g->cred, &cert, &key, GNUTLS_X509_FMT_PEM);
+    if (rc < 0) {
+        snprintf(err, err_len, "--ssl_config_file: server_key / server_cert: %s", gnutls_strerror(rc));
+        return KILN_ERR_INVALID_ARGUMENT;
+    }
+    if (ssl->custom_ca) {
+        gnutls_datum_t ca = {(unsigned char *)ssl->custom_ca, (unsigned)strlen(ssl->custom_ca)};
+        rc = gnutls_certificate_set_x509_trust_mem(g->cred, &ca, GNUTLS_X509_FMT_PEM);
+        if (rc <= 0) {
+            snprintf(err, err_len, "--ssl_config_file: custom_ca: %s",
+                     rc < 0 ? gnutls_strerror(rc) : "no certificate in it");
+            return KILN_ERR_INVALID_ARGUMENT;
+        }
+    }
+    rc = gnutls_priority_init(&g->prio, "NORMAL", NULL);
+    if (rc != GNUTLS_E_SUCCESS) {
+        g->prio = NULL;
+        snprintf(err, err_len, "TLS: %s", gnutls_strerror(rc));
+        return KILN_ERR_RUNTIME;
+    }
+    g->verify = ssl->client_verify;
+    return KILN_OK;
+}
+
+kiln_status kiln_grpc_listen(const kiln_grpc_options *o, kiln_grpc_server **out, char *err,
+                             size_t err_len)
+{
+    kiln_grpc_server *g = server_alloc(o);
+    if (!g) {
+        snprintf(err, err_len, "out of memory");
+        return KILN_ERR_OUT_OF_MEMORY;
+    }
+    if (o->ssl && tls_setup(g, o->ssl, err, err_len) != KILN_OK) goto err_free;
+    g->opt.ssl = NULL; /* borrowed only until here; client_verify is kept in verify */
+    g->epfd = epoll_create1(EPOLL_CLOEXEC);
+    g->evfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (g->epfd < 0 || g->evfd < 0) {
+        snprintf(err, err_len, "epoll/eventfd: %s", strerror(errno));
+        goto err_free;
+    }
+    if (o->port > 0 && (g->listen_fd[0] = listen_tcp(o->address, o->port, err, err_len)) < 0)
+        goto err_free;
+    if (o->socket_path && *o->socket_path) {
+        if ((g->listen_fd[1] = listen_unix(o->socket_path, err, err_len)) < 0) goto err_free;
+        snprintf(g->socket_path, sizeof g->socket_path, "%s", o->socket_path);
+    }
+    for (int k = 0; k < 2; k++) {
+        if (g->listen_fd[k] < 0) continue;
+        struct epoll_event ev = {.events = EPOLLIN, .data.ptr = &g->listen_tag[k]};
+        epoll_ctl(g->epfd, EPOLL_CTL_ADD, g->listen_fd[k], &ev);
+    }
+    struct epoll_event ev = {.events = EPOLLIN, .data.ptr = &g->ev_tag};
+    epoll_ctl(g->epfd, EPOLL_CTL_ADD, g->evfd, &ev);
+    *out = g;
+    return KILN_OK;
+err_free:
+    server_free(g);
+    return KILN_ERR_IO;
+}
+
+kiln_status kiln_grpc_run(kiln_grpc_server *g, kiln_server *rest, char *err, size_t err_len)
+{
+    g->ctx.rest = rest;
+    g->workers = calloc((size_t)g->opt.max_threads, sizeof *g->workers);
+    for (int i = 0; g->workers && i < g->opt.max_threads; i++) {
+        if (pthread_create(&g->workers[i], NULL, worker_main, g) != 0) break;
+        g->n_workers++;
+    }
+    if (g->n_workers == 0 || pthread_create(&g->loop, NULL, loop_main, g) != 0) {
+        snprintf(err, err_len, "cannot start the gRPC threads");
+        pthread_mutex_lock(&g->mu);
+        g->stop_workers = 1;
+        pthread_cond_broadcast(&g->cv);
+        pthread_mutex_unlock(&g->mu);
+        for (int i = 0; i < g->n_workers; i++) pthread_join(g->workers[i], NULL);
+        g->n_workers = 0;
+        return KILN_ERR_RUNTIME; /* the caller stops (frees) g */
+    }
+    g->loop_started = 1;
+    return KILN_OK;
+}
+
+void kiln_grpc_stop(kiln_grpc_server *g, int drain_ms)
+{
+    if (!g) return;
+    atomic_store(&g->draining, 1);
+    wake_loop(g); /* health NOT_SERVING, GOAWAY, stop accepting */
+    for (int waited = 0; atomic_load(&g->in_flight) > 0 && waited < drain_ms; waited += 10)
+        usleep(10 * 1000);
+    usleep(20 * 1000); /* let the loop write the last answers */
+    /* request threads finish what is queued (cancelled jobs end at once) */
+    pthread_mutex_lock(&g->mu);
+    g->stop_workers = 1;
+    for (job *j = g->q_head; j; j = j->next) j->cancel = 1;
+    pthread_cond_broadcast(&g->cv);
+    pthread_mutex_unlock(&g->mu);
+    for (int i = 0; i < g->n_workers; i++) pthread_join(g->workers[i], NULL);
+    atomic_store(&g->stop_loop, 1);
+    wake_loop(g);
+    if (g->loop_started) pthread_join(g->loop, NULL);
+    server_free(g);
+}
+
+/* ------------------------------------------------------------ detached (fuzzing) */
+
+kiln_grpc_server *kiln_grpc_detached_new(const kiln_grpc_options *o)
+{
+    kiln_grpc_server *g = server_alloc(o);
+    if (g) g->detached = 1;
+    return g;
+}
+
+void kiln_grpc_detached_free(kiln_grpc_server *g)
+{
+    if (g) server_free(g);
+}
+
+kiln_grpc_conn *kiln_grpc_detached_conn(kiln_grpc_server *g)
+{
+    return conn_new(g, -1);
+}
+
+int kiln_grpc_conn_feed(kiln_grpc_conn *c, const uint8_t *data, size_t len)
+{
+    if (c->dead) return 0;
+    int ok = conn_input(c, data, len);
+    /* the tick's work too, so the fuzzer reaches it */
+    for (stream *st = c->streams; st; st = st->next)
+        if (st->state == ST_STREAMING && st->m->kind == KILN_GRPC_HEALTH_WATCH) watch_update(st, 0);
+    conn_flush(c);
+    return ok && !c->dead;
+}
+
+void kiln_grpc_conn_free(kiln_grpc_conn *c)
+{
+    conn_close(c);
+}
