@@ -348,7 +348,10 @@ ZOO = collections.OrderedDict([
     ("shufflenet_v2_x1_0", lambda: tv_spec("shufflenet_v2_x1_0", 96)),  # channel shuffle
     ("squeezenet1_1", lambda: tv_spec("squeezenet1_1", 96)),          # fire modules
     ("googlenet", lambda: tv_spec("googlenet", 96, aux_logits=False, init_weights=True)),
-    ("inception_v3", lambda: tv_spec("inception_v3", 96, aux_logits=False, init_weights=True)),
+    # init_weights=False (PyTorch's default init): torchvision's truncated normal (std 0.1)
+    # makes inception_v3's 96x96 logits so ill-conditioned that ONNX Runtime and Kiln's
+    # reference executor alike differ from PyTorch by 1.2e-4 of their scale
+    ("inception_v3", lambda: tv_spec("inception_v3", 96, aux_logits=False, init_weights=False)),
     ("mnasnet0_5", lambda: tv_spec("mnasnet0_5", 96)),
     ("regnet_y_400mf", lambda: tv_spec("regnet_y_400mf", 96)),        # grouped + SE
     ("efficientnet_v2_s", lambda: tv_spec("efficientnet_v2_s", 96)),  # fused MBConv
