@@ -16,7 +16,8 @@ export would show up as a failed agreement check.
         [--iterations K] [--warmup W] [--seed S] [--int-high H]
     torch_bench.py check MODEL_DIR --spec JSON --outputs NAME,... --inputs DIR --out DIR
 
-MODEL_DIR is bench/models/<name>; its last component names the model.
+MODEL_DIR is bench/models/<name> (or a zoo folder of tools/export_zoo.py); its last
+component names the model.
 Threads: torch.set_num_threads(T) (default 2), one inter-op thread; runs are
 under torch.inference_mode().
 
@@ -80,7 +81,13 @@ DTYPES = {"float32": np.float32, "float64": np.float64, "int64": np.int64, "int3
 def prepare(model_dir):
     """Rebuild the exported module exactly as export_model() does and save it."""
     name = os.path.basename(os.path.normpath(model_dir))
-    build, make_inputs, _ = em.MODELS[name]()
+    if name in em.MODELS:
+        build, make_inputs, _ = em.MODELS[name]()
+    else:  # a zoo model (bench/zoo/): its classes are pickled as export_zoo.X
+        import export_zoo
+        if name not in export_zoo.ZOO:
+            raise SystemExit(f"torch_bench: unknown model '{name}'")
+        build, make_inputs, _ = export_zoo.ZOO[name]()
     torch.manual_seed(em.seed_for(name))
     gen = torch.Generator().manual_seed(em.seed_for(name) + 1)
     model = build()

@@ -39,7 +39,8 @@ For each model, under --out DIR:
 Usage:
     /usr/bin/python3 tools/export_models.py --out DIR [--models resnet18,dlrm,...]
         [--bert-base] [--opset N]
-Default models: every one except bert_base. Importable: export_model(name, out_dir).
+Default models: every one except bert_base. Importable: export_model(name, out_dir),
+and export_spec(name, (build, make_inputs, output_names), out_dir) for other tables.
 """
 
 import argparse
@@ -343,8 +344,14 @@ def export_model(name, out_dir, opset=DEFAULT_OPSET):
     Returns a dict: path, inputs, outputs (names), ops (histogram), seconds."""
     if name not in MODELS:
         raise KeyError(f"unknown model '{name}' (known: {', '.join(MODELS)})")
+    return export_spec(name, MODELS[name](), out_dir, opset)
+
+
+def export_spec(name, spec, out_dir, opset=DEFAULT_OPSET):
+    """export_model for a spec (build, make_inputs, output_names) from any table
+    (tools/export_zoo.py has its own): the seeds come from name."""
     t0 = time.monotonic()
-    build, make_inputs, output_names = MODELS[name]()
+    build, make_inputs, output_names = spec
     torch.manual_seed(seed_for(name))
     gen = torch.Generator().manual_seed(seed_for(name) + 1)
     model = build()
