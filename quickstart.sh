@@ -8,21 +8,25 @@
 #   ./quickstart.sh --once          send one predict, print the answer, stop the
 #                                   server, exit 0 (non-zero on any failure; CI runs this)
 #   ./quickstart.sh --port N        REST port (default 8501, or $KILN_PORT)
+#   ./quickstart.sh --grpc-port N   gRPC port (default 8500, or $KILN_GRPC_PORT)
 #   ./quickstart.sh --address A     address to listen on (default 127.0.0.1;
 #                                   0.0.0.0 to reach it from another machine)
 set -euo pipefail
 cd "$(dirname "$0")"
 once=0
 port=${KILN_PORT:-8501}
+grpc_port=${KILN_GRPC_PORT:-8500}
 address=127.0.0.1
 while [ $# -gt 0 ]; do
   case "$1" in
     --once) once=1 ;;
     --port) port=${2:?--port needs a value}; shift ;;
     --port=*) port=${1#*=} ;;
+    --grpc-port) grpc_port=${2:?--grpc-port needs a value}; shift ;;
+    --grpc-port=*) grpc_port=${1#*=} ;;
     --address) address=${2:?--address needs a value}; shift ;;
     --address=*) address=${1#*=} ;;
-    -h|--help) sed -n 2,12p "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n 2,13p "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "quickstart.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -48,7 +52,7 @@ body="{\"instances\": [$row]}"
 
 build/kiln serve --model_name=digits --model_base_path="$PWD/models/digits" \
   --rest_api_port="$port" --rest_api_address="$address" \
-  --monitoring_config_file=models/monitoring_config.txt &
+  --port="$grpc_port" --monitoring_config_file=models/monitoring_config.txt &
 pid=$!
 stop() { kill -TERM "$pid" 2>/dev/null || true; }
 trap stop INT TERM
@@ -70,6 +74,7 @@ Kiln is serving the digits classifier (version 1 under models/digits/):
   REST API      $base/v1/models/digits            (TF Serving's API; KServe v2 under /v2/)
   Web console   $base/console/
   Metrics       $base/monitoring/prometheus/metrics
+  gRPC          $host:$grpc_port                   (TF Serving's PredictionService, ModelService, health, reflection)
   Python        PYTHONPATH=build/python /usr/bin/python3 -c 'import kiln; print(kiln.__doc__)'
                 (kiln.InferenceSession("models/digits/1/model.onnx"), as in ONNX Runtime)
 
@@ -101,6 +106,14 @@ x = np.load("models/digits_sample.npy")[:1].astype(np.float32)
 print(int(s.run(None, {s.get_inputs()[0].name: x})[0].argmax()))') \
   || { echo "quickstart.sh: the Python API failed" >&2; exit 1; }
 echo "Python API (import kiln): predicted digit $py"
+# gRPC: the standard health check on the gRPC port (HealthCheckResponse{status: SERVING} is 08 01)
+grpc_health=$(/usr/bin/python3 -c 'import sys, grpc
+ch = grpc.insecure_channel(sys.argv[1])
+check = ch.unary_unary("/grpc.health.v1.Health/Check",
+                       request_serializer=lambda b: b, response_deserializer=lambda b: b)
+print("SERVING" if check(b"", timeout=10) == b"\x08\x01" else "NOT_SERVING")' "$host:$grpc_port") \
+  || { echo "quickstart.sh: no gRPC answer on $host:$grpc_port" >&2; exit 1; }
+echo "gRPC health check on $host:$grpc_port: $grpc_health"
 curl -sf -o /dev/null "$base/console/" || { echo "quickstart.sh: the console did not answer" >&2; exit 1; }
 curl -sf -o /dev/null "$base/monitoring/prometheus/metrics" || { echo "quickstart.sh: no metrics page" >&2; exit 1; }
 trap - EXIT INT TERM
@@ -109,5 +122,6 @@ rc=0
 wait "$pid" || rc=$?
 [ "$rc" = 0 ] || { echo "quickstart.sh: kiln serve exited with status $rc" >&2; exit 1; }
 [ "$got" = "$label" ] || { echo "quickstart.sh: wrong prediction" >&2; exit 1; }
+[ "$grpc_health" = SERVING ] || { echo "quickstart.sh: gRPC health is $grpc_health" >&2; exit 1; }
 [ "$py" = "$label" ] || { echo "quickstart.sh: wrong prediction from the Python API" >&2; exit 1; }
 echo "quickstart.sh --once: OK"
