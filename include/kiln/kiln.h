@@ -274,8 +274,8 @@ kiln_status kiln_session_optimization_log(kiln_session *s, char **text);
  * bench --profile` prints the same counters as a table).
  *
  * Turn it on with the session option `profile` or kiln_session_profile_enable
- * (the reference executor, reference = 1, keeps no profile: enabling it there
- * is KILN_ERR_UNSUPPORTED). While it is on, each run adds the time and a call
+ * (the reference executor, reference = 1, keeps no profile: enabling it there,
+ * or creating a session with both options, is KILN_ERR_UNSUPPORTED). While it is on, each run adds the time and a call
  * to every step it runs; the counters are atomic, so concurrent runs may be
  * profiled and read at any time without corrupting them (a snapshot taken
  * during a run may count some of that run's steps and not the others).

@@ -446,6 +446,10 @@ kiln_status kiln_session_create(kiln_model *m, const char *signature,
         return kiln_error(KILN_ERR_INVALID_ARGUMENT,
                           "session precision %d is not KILN_PRECISION_FP32, BF16 or INT8",
                           opts->precision);
+    if (opts && opts->profile && opts->reference)
+        return kiln_error(KILN_ERR_UNSUPPORTED,
+                          "session options profile = 1 and reference = 1: the reference executor "
+                          "keeps no profile");
     struct kiln_session *s = calloc(1, sizeof *s);
     if (!s) return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory");
     s->model = m;

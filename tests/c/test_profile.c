@@ -169,7 +169,12 @@ int main(void)
     /* the reference executor keeps no profile */
     kiln_session_options_init(&o);
     o.reference = 1;
+    o.profile = 1;
     kiln_session *ref = NULL;
+    st = kiln_session_create(m, NULL, &o, &ref);
+    CHECK(st == KILN_ERR_UNSUPPORTED && !ref, "reference and profile options: %s",
+          kiln_status_name(st));
+    o.profile = 0;
     kiln_session_create(m, NULL, &o, &ref);
     st = kiln_session_profile_enable(ref, 1);
     CHECK(st == KILN_ERR_UNSUPPORTED && strstr(kiln_last_error(), "reference"),
