@@ -887,8 +887,10 @@ kiln_status kiln_session_profile_get(kiln_session *s, kiln_profile **out)
     }
     for (int j = 0; j < p->n_ops; j++) /* per call, like a step's */
         p->ops[j].flops = p->ops[j].calls ? p->ops[j].flops / (double)p->ops[j].calls : 0.0;
-    qsort(p->steps, (size_t)p->n_steps, sizeof *p->steps, entry_slower_first);
-    qsort(p->ops, (size_t)p->n_ops, sizeof *p->ops, entry_slower_first);
+    if (p->n_steps) {
+        qsort(p->steps, (size_t)p->n_steps, sizeof *p->steps, entry_slower_first);
+        qsort(p->ops, (size_t)p->n_ops, sizeof *p->ops, entry_slower_first);
+    }
     *out = p;
     return KILN_OK;
 }
