@@ -198,6 +198,8 @@ typedef struct kiln_session_options {
     int reference;       /* 1 = the reference path: imported graph, reference kernels, no
                             plans (slow; for checking the fast path) */
     int precision;       /* kiln_precision: KILN_PRECISION_FP32 (default), BF16 or INT8 */
+    int profile;         /* 1 = time every step of every run from the start
+                            (kiln_session_profile_enable); default 0 */
 } kiln_session_options;
 
 /*
@@ -266,6 +268,56 @@ kiln_status kiln_session_precompile(kiln_session *s, const int64_t *batch_sizes,
  * totals), as a NUL-terminated string owned by the caller (free()). Sessions
  * created with optimize = 0 report "optimizer disabled". */
 kiln_status kiln_session_optimization_log(kiln_session *s, char **text);
+
+/*
+ * Profile: per-step and per-op times of a session's runs, as data (`kiln
+ * bench --profile` prints the same counters as a table).
+ *
+ * Turn it on with the session option `profile` or kiln_session_profile_enable
+ * (the reference executor, reference = 1, keeps no profile: enabling it there,
+ * or creating a session with both options, is KILN_ERR_UNSUPPORTED). While it is on, each run adds the time and a call
+ * to every step it runs; the counters are atomic, so concurrent runs may be
+ * profiled and read at any time without corrupting them (a snapshot taken
+ * during a run may count some of that run's steps and not the others).
+ * Sessions of one model, signature, precision and optimize setting share
+ * their compiled plans and so their counters: a profile covers every profiled
+ * run of those sessions, and a reset clears them for all.
+ *
+ * kiln_session_profile_get takes a snapshot owned by the caller
+ * (kiln_profile_free). It is an opaque object with accessors returning
+ * borrowed kiln_profile_entry structs, as for signatures, rather than JSON
+ * text: C callers read numbers without a parser, and the Python extension
+ * builds its dicts from the fields directly. A session whose profiling is off
+ * gets an empty profile (no entries), not an error. Steps that never ran since
+ * the last reset are left out.
+ */
+typedef struct kiln_profile kiln_profile;
+typedef struct kiln_profile_entry {
+    const char *op;      /* op type, e.g. "Gemm", "FusedConv" (after optimization) */
+    const char *node;    /* the node's name ("" when unnamed); NULL for an op entry */
+    const char *kernel;  /* the kernel that ran it ("dnnl_gemm", ...), "reference" for
+                            Kiln's reference kernel */
+    int plan, step;      /* a step entry: which compiled plan (one per input shape) and
+                            which step of it; -1 for an op entry */
+    int nodes;           /* steps counted: 1 for a step entry */
+    int64_t calls;       /* times the step ran (summed over the steps of an op entry) */
+    int64_t total_ns;    /* wall time of those calls, nanoseconds */
+    double share;        /* total_ns / the profile's total, 0..1 */
+    double flops;        /* floating-point operations per call where the plan counts them
+                            (products, convolutions), else 0 */
+} kiln_profile_entry;
+kiln_status kiln_session_profile_enable(kiln_session *s, int on);
+/* Zero the counters (see above for sessions sharing plans). */
+kiln_status kiln_session_profile_reset(kiln_session *s);
+kiln_status kiln_session_profile_get(kiln_session *s, kiln_profile **out);
+/* Step entries (one per step of each plan) and op entries (grouped by op type and
+ * kernel), each sorted slowest first. Entries and their strings are valid until
+ * kiln_profile_free; NULL for i out of range. */
+int kiln_profile_step_count(const kiln_profile *p);
+const kiln_profile_entry *kiln_profile_step(const kiln_profile *p, int i);
+int kiln_profile_op_count(const kiln_profile *p);
+const kiln_profile_entry *kiln_profile_op(const kiln_profile *p, int i);
+void kiln_profile_free(kiln_profile *p);
 
 int kiln_outputs_count(const kiln_outputs *o);
 const char *kiln_outputs_name(const kiln_outputs *o, int i);

@@ -11,8 +11,9 @@ switches by changing its import::
 plus what Kiln adds: SavedModel signatures (``InferenceSession(path,
 signature="name")``, ``session.signatures``), the optimizer's log
 (``session.optimization_log()``), ahead-of-time plan compilation
-(``session.precompile([1, 8, 32])``) and per-run deadlines and
-cancellation (``RunOptions``).
+(``session.precompile([1, 8, 32])``), per-run deadlines and
+cancellation (``RunOptions``), and per-op timings as data
+(``session.profile()``, with ``SessionOptions.enable_profiling``).
 
 This module is the Python layer; the work is done by the C extension
 kiln._kiln over libkiln's public C API (include/kiln/kiln.h): inputs are
@@ -22,6 +23,9 @@ See docs/PYTHON.md for the whole API.
 """
 
 import enum
+import json
+import os
+import time
 import warnings
 
 from . import _kiln
@@ -90,10 +94,17 @@ class SessionOptions:
             reference kernels (slow; for checking the fast path).
         saved_model_tags: SavedModel MetaGraph tags, comma-separated
             (None = "serve").
+        enable_profiling: time every step of every run from the start
+            (ONNX Runtime's name); read with InferenceSession.profile(),
+            write a trace with end_profiling(). Off by default.
+        profile_file_prefix: the start of the trace file's name that
+            end_profiling() writes (ONNX Runtime's name); default
+            "kiln_profile".
     """
 
     __slots__ = ("intra_op_num_threads", "_optimize", "max_tensor_bytes",
-                 "use_reference_kernels", "saved_model_tags")
+                 "use_reference_kernels", "saved_model_tags", "enable_profiling",
+                 "profile_file_prefix")
 
     def __init__(self):
         self.intra_op_num_threads = 0
@@ -101,6 +112,8 @@ class SessionOptions:
         self.max_tensor_bytes = 0
         self.use_reference_kernels = False
         self.saved_model_tags = None
+        self.enable_profiling = False
+        self.profile_file_prefix = "kiln_profile"
 
     @property
     def graph_optimization_level(self):
@@ -121,9 +134,10 @@ class SessionOptions:
 
     def __repr__(self):
         return ("SessionOptions(intra_op_num_threads=%d, enable_optimization=%s, "
-                "max_tensor_bytes=%d, use_reference_kernels=%s, saved_model_tags=%r)"
+                "max_tensor_bytes=%d, use_reference_kernels=%s, saved_model_tags=%r, "
+                "enable_profiling=%s)"
                 % (self.intra_op_num_threads, self._optimize, self.max_tensor_bytes,
-                   self.use_reference_kernels, self.saved_model_tags))
+                   self.use_reference_kernels, self.saved_model_tags, bool(self.enable_profiling)))
 
 
 class NodeArg:
@@ -222,7 +236,9 @@ class InferenceSession(_kiln.Session):
                          optimize=1 if so.enable_optimization else 0,
                          max_tensor_bytes=int(so.max_tensor_bytes),
                          reference=1 if so.use_reference_kernels else 0,
-                         tags=so.saved_model_tags)
+                         tags=so.saved_model_tags,
+                         profile=bool(so.enable_profiling))
+        self._profiling = bool(so.enable_profiling)
         self._inputs_cache = _node_args(self._inputs())
         self._outputs_cache = _node_args(self._outputs())
 
@@ -263,6 +279,80 @@ class InferenceSession(_kiln.Session):
         param_count, param_bytes, node_count, ir_version, producer, opsets
         (domain -> version) and ops (op name -> count)."""
         return self._model_info()
+
+    def enable_profiling(self, on=True):
+        """Turn per-step timing on (or off) for this session's later runs.
+
+        Raises Unsupported for a session on the reference kernels, which
+        keeps no profile."""
+        self._profile_enable(bool(on))
+        self._profiling = bool(on)
+
+    def reset_profiling(self):
+        """Zero the profile's counters (profiling stays on or off as it is)."""
+        self._profile_reset()
+
+    def profile(self, by="node"):
+        """The time spent per step since profiling began (or the last
+        reset_profiling()), as a list of dicts, slowest first.
+
+        Args:
+            by: "node" for one entry per step of each compiled plan (one plan
+                per input shape), "op" for one per op type and kernel.
+
+        Each dict has op_type, node_name (None for a by="op" entry), kernel
+        (the kernel that ran it, "reference" for Kiln's reference kernel),
+        calls (times it ran; summed over the nodes of an op entry),
+        total_ns, share (of the profile's total time, 0..1), flops
+        (floating-point operations per call where Kiln counts them, else
+        0), nodes (steps counted), plan and step (-1 for op entries).
+
+        Empty when profiling is off (SessionOptions.enable_profiling or
+        enable_profiling()). The steps are those of the optimized graph
+        (fused ops appear under their fused names) unless optimization is
+        off. Sessions of one model share their plans' counters; separate
+        InferenceSession objects each load their own model.
+        """
+        if by not in ("node", "op"):
+            raise InvalidArgument("profile(by=%r): by is \"node\" or \"op\"" % (by,))
+        return self._profile(by == "op")
+
+    def end_profiling(self):
+        """Write the profile as a Chrome trace (chrome://tracing, Perfetto)
+        and turn profiling off, as ONNX Runtime does; returns the file's
+        path, "<profile_file_prefix>_<date>_<time>.json" in the current
+        folder, or "" when profiling was off.
+
+        Difference from ONNX Runtime: Kiln keeps a total per step, not one
+        event per run, so the trace holds one run's worth of "X" events laid
+        end to end in step order, each lasting the step's mean time per call
+        (args: op_name, kernel, calls, total_us, share, flops).
+        """
+        if not self._profiling:
+            return ""
+        steps = sorted(self._profile(False), key=lambda e: (e["plan"], e["step"]))
+        events, ts = [], {}
+        for e in steps:
+            dur = e["total_ns"] / e["calls"] / 1000.0 if e["calls"] else 0.0
+            start = ts.get(e["plan"], 0.0)
+            events.append({
+                "cat": "Node", "ph": "X", "pid": os.getpid(), "tid": e["plan"],
+                "name": e["node_name"] or "%s_%d" % (e["op_type"], e["step"]),
+                "ts": start, "dur": dur,
+                "args": {"op_name": e["op_type"], "kernel": e["kernel"], "calls": e["calls"],
+                         "total_us": e["total_ns"] / 1000.0, "share": e["share"],
+                         "flops": e["flops"]},
+            })
+            ts[e["plan"]] = start + dur
+        prefix = self._sess_options.profile_file_prefix or "kiln_profile"
+        base = "%s_%s" % (prefix, time.strftime("%Y-%m-%d_%H-%M-%S"))
+        path, n = base + ".json", 1
+        while os.path.exists(path):
+            path, n = "%s_%d.json" % (base, n), n + 1
+        with open(path, "w") as f:
+            json.dump(events, f)
+        self.enable_profiling(False)
+        return path
 
     def __repr__(self):
         return "<kiln.InferenceSession signature=%r inputs=%r outputs=%r>" % (

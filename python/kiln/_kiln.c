@@ -318,13 +318,14 @@ static void Session_dealloc(SessionObject *self)
 static int Session_init(SessionObject *self, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"source", "signature", "threads", "optimize",
-                             "max_tensor_bytes", "reference", "tags", NULL};
+                             "max_tensor_bytes", "reference", "tags", "profile", NULL};
     PyObject *source;
     const char *signature = NULL, *tags = NULL;
-    int threads = 0, optimize = 1, reference = 0;
+    int threads = 0, optimize = 1, reference = 0, profile = 0;
     long long max_tensor_bytes = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|ziiLiz:Session", kwlist, &source, &signature,
-                                     &threads, &optimize, &max_tensor_bytes, &reference, &tags))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|ziiLizp:Session", kwlist, &source, &signature,
+                                     &threads, &optimize, &max_tensor_bytes, &reference, &tags,
+                                     &profile))
         return -1;
     if (self->session) {
         PyErr_SetString(PyExc_RuntimeError, "Session is already initialized");
@@ -362,6 +363,13 @@ static int Session_init(SessionObject *self, PyObject *args, PyObject *kw)
     so.optimize = optimize ? 1 : 0;
     so.max_tensor_bytes = max_tensor_bytes;
     so.reference = reference ? 1 : 0;
+    so.profile = profile ? 1 : 0;
+    if (so.profile && so.reference) {
+        kiln_model_free(model);
+        raise_status(KILN_ERR_UNSUPPORTED, "profiling is not available with the reference "
+                     "kernels (use_reference_kernels): the reference executor keeps no profile");
+        return -1;
+    }
     kiln_session *session = NULL;
     Py_BEGIN_ALLOW_THREADS
     st = kiln_session_create(model, signature, &so, &session);
@@ -862,6 +870,58 @@ static PyObject *Session_precompile(SessionObject *self, PyObject *arg)
     Py_RETURN_NONE;
 }
 
+/* One profile entry (kiln_profile_entry) as a dict. */
+static PyObject *profile_entry_dict(const kiln_profile_entry *e)
+{
+    PyObject *node = e->node ? PyUnicode_DecodeUTF8(e->node, (Py_ssize_t)strlen(e->node), "replace")
+                             : (Py_INCREF(Py_None), Py_None);
+    if (!node) return NULL;
+    return Py_BuildValue("{s:s,s:N,s:s,s:L,s:L,s:d,s:d,s:i,s:i,s:i}", "op_type", e->op,
+                         "node_name", node, "kernel", e->kernel, "calls", (long long)e->calls,
+                         "total_ns", (long long)e->total_ns, "share", e->share, "flops", e->flops,
+                         "nodes", e->nodes, "plan", e->plan, "step", e->step);
+}
+
+static PyObject *Session_profile_get(SessionObject *self, PyObject *arg)
+{
+    if (!session_ready(self)) return NULL;
+    int by_op = PyObject_IsTrue(arg);
+    if (by_op < 0) return NULL;
+    kiln_profile *p = NULL;
+    kiln_status st = kiln_session_profile_get(self->session, &p);
+    if (st != KILN_OK) return raise_kiln(st);
+    int n = by_op ? kiln_profile_op_count(p) : kiln_profile_step_count(p);
+    PyObject *list = PyList_New(n);
+    for (int i = 0; list && i < n; i++) {
+        PyObject *d = profile_entry_dict(by_op ? kiln_profile_op(p, i) : kiln_profile_step(p, i));
+        if (!d) {
+            Py_CLEAR(list);
+            break;
+        }
+        PyList_SET_ITEM(list, i, d);
+    }
+    kiln_profile_free(p);
+    return list;
+}
+
+static PyObject *Session_profile_enable(SessionObject *self, PyObject *arg)
+{
+    if (!session_ready(self)) return NULL;
+    int on = PyObject_IsTrue(arg);
+    if (on < 0) return NULL;
+    kiln_status st = kiln_session_profile_enable(self->session, on);
+    if (st != KILN_OK) return raise_kiln(st);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Session_profile_reset(SessionObject *self, PyObject *unused)
+{
+    if (!session_ready(self)) return NULL;
+    kiln_status st = kiln_session_profile_reset(self->session);
+    if (st != KILN_OK) return raise_kiln(st);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef Session_methods[] = {
     {"run", (PyCFunction)(void (*)(void))Session_run, METH_VARARGS | METH_KEYWORDS, Session_run_doc},
     {"_inputs", (PyCFunction)Session_inputs, METH_NOARGS,
@@ -877,6 +937,13 @@ static PyMethodDef Session_methods[] = {
     {"optimization_log", (PyCFunction)Session_optimization_log, METH_NOARGS,
      "optimization_log() -> str\n\nThe graph optimizer's log for this session's signature: one "
      "line per pass, then totals (\"optimizer disabled\" when optimization is off)."},
+    {"_profile", (PyCFunction)Session_profile_get, METH_O,
+     "The profile (kiln_session_profile_get) as a list of dicts, slowest first: per step, or "
+     "per op type and kernel when the argument is true."},
+    {"_profile_enable", (PyCFunction)Session_profile_enable, METH_O,
+     "Turn the session's profiling on or off (kiln_session_profile_enable)."},
+    {"_profile_reset", (PyCFunction)Session_profile_reset, METH_NOARGS,
+     "Zero the profile's counters (kiln_session_profile_reset)."},
     {"precompile", (PyCFunction)Session_precompile, METH_O,
      "precompile(batch_sizes) -> None\n\nCompile and cache the execution plans for these batch "
      "sizes now (dimension 0 of every input set to each size, other symbolic dimensions to 1 "
@@ -889,7 +956,7 @@ static PyTypeObject SessionType = {
     .tp_basicsize = sizeof(SessionObject),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
     .tp_doc = "Session(source, signature=None, threads=0, optimize=1, max_tensor_bytes=0, "
-              "reference=0, tags=None)\n\nA loaded model and a session on one of its "
+              "reference=0, tags=None, profile=False)\n\nA loaded model and a session on one of its "
               "signatures; the base of kiln.InferenceSession.",
     .tp_dealloc = (destructor)Session_dealloc,
     .tp_init = (initproc)Session_init,

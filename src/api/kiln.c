@@ -7,6 +7,7 @@
  * the signature, runs the executor, and hands the outputs to the caller.
  */
 #define _GNU_SOURCE
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -28,6 +29,7 @@ struct kiln_session {
     struct kiln_model *model;
     const struct kiln_signature *sig;
     kiln_session_options opts;
+    atomic_int profile;   /* time every step of this session's runs (kiln_session_profile_enable) */
 };
 
 struct kiln_outputs {
@@ -444,12 +446,17 @@ kiln_status kiln_session_create(kiln_model *m, const char *signature,
         return kiln_error(KILN_ERR_INVALID_ARGUMENT,
                           "session precision %d is not KILN_PRECISION_FP32, BF16 or INT8",
                           opts->precision);
+    if (opts && opts->profile && opts->reference)
+        return kiln_error(KILN_ERR_UNSUPPORTED,
+                          "session options profile = 1 and reference = 1: the reference executor "
+                          "keeps no profile");
     struct kiln_session *s = calloc(1, sizeof *s);
     if (!s) return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory");
     s->model = m;
     s->sig = sig;
     if (opts) s->opts = *opts;
     else kiln_session_options_init(&s->opts);
+    atomic_init(&s->profile, s->opts.profile ? 1 : 0);
     *out = s;
     return KILN_OK;
 }
@@ -529,7 +536,8 @@ static kiln_status run_graph(kiln_session *s, const struct kiln_graph *g, bool u
                               kiln_plan_max_value_bytes(p), (long long)limit);
         }
         if (st == KILN_OK) {
-            st = kiln_plan_run(p, gin, gout, s->opts.threads, ro);
+            st = kiln_plan_run_profiled(p, gin, gout, s->opts.threads, ro,
+                                        atomic_load(&s->profile));
             kiln_plan_cache_release(pc, p);
             return st;
         }
@@ -754,6 +762,148 @@ void kiln_session_profile_print(kiln_session *s, FILE *f)
         return;
     }
     kiln_plan_cache_profile_print(session_plans(s), f);
+}
+
+/* ---- profile as data ---- */
+
+struct kiln_profile {
+    int n_steps, cap_steps, n_ops;
+    kiln_profile_entry *steps; /* slowest first */
+    kiln_profile_entry *ops;   /* slowest first */
+    int failed;                /* an allocation failed while collecting */
+};
+
+static char *dup_or_null(const char *s, int *failed)
+{
+    char *d = strdup(s ? s : "");
+    if (!d) *failed = 1;
+    return d;
+}
+
+static void profile_collect(void *ctx, const struct kiln_plan_step_profile *r)
+{
+    struct kiln_profile *p = ctx;
+    if (p->failed) return;
+    if (p->n_steps == p->cap_steps) {
+        int cap = p->cap_steps ? p->cap_steps * 2 : 32;
+        kiln_profile_entry *e = realloc(p->steps, (size_t)cap * sizeof *e);
+        if (!e) {
+            p->failed = 1;
+            return;
+        }
+        p->steps = e;
+        p->cap_steps = cap;
+    }
+    kiln_profile_entry *e = &p->steps[p->n_steps++];
+    memset(e, 0, sizeof *e);
+    e->op = dup_or_null(r->op, &p->failed);
+    e->node = dup_or_null(r->node, &p->failed);
+    e->kernel = dup_or_null(r->kernel, &p->failed);
+    e->plan = r->plan;
+    e->step = r->step;
+    e->nodes = 1;
+    e->calls = r->calls;
+    e->total_ns = r->ns;
+    e->flops = r->flops;
+}
+
+static int entry_slower_first(const void *a, const void *b)
+{
+    const kiln_profile_entry *x = a, *y = b;
+    if (x->total_ns != y->total_ns) return x->total_ns < y->total_ns ? 1 : -1;
+    if (x->plan != y->plan) return x->plan - y->plan;
+    return x->step - y->step;
+}
+
+void kiln_profile_free(kiln_profile *p)
+{
+    if (!p) return;
+    for (int i = 0; i < p->n_steps; i++) {
+        free((char *)p->steps[i].op);
+        free((char *)p->steps[i].node);
+        free((char *)p->steps[i].kernel);
+    }
+    free(p->steps);
+    free(p->ops); /* op entries borrow the steps' strings */
+    free(p);
+}
+
+kiln_status kiln_session_profile_enable(kiln_session *s, int on)
+{
+    if (!s) return kiln_error(KILN_ERR_INVALID_ARGUMENT, "session is NULL");
+    if (on && s->opts.reference)
+        return kiln_error(KILN_ERR_UNSUPPORTED,
+                          "the session runs on the reference executor (reference = 1), which "
+                          "keeps no profile");
+    atomic_store(&s->profile, on ? 1 : 0);
+    return KILN_OK;
+}
+
+kiln_status kiln_session_profile_reset(kiln_session *s)
+{
+    if (!s) return kiln_error(KILN_ERR_INVALID_ARGUMENT, "session is NULL");
+    if (!s->opts.reference) kiln_plan_cache_profile_reset(session_plans(s));
+    return KILN_OK;
+}
+
+kiln_status kiln_session_profile_get(kiln_session *s, kiln_profile **out)
+{
+    if (!s || !out) return kiln_error(KILN_ERR_INVALID_ARGUMENT, "session or out is NULL");
+    *out = NULL;
+    struct kiln_profile *p = calloc(1, sizeof *p);
+    if (!p) return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory");
+    if (atomic_load(&s->profile) && !s->opts.reference)
+        kiln_plan_cache_profile_steps(session_plans(s), profile_collect, p);
+    if (!p->failed && p->n_steps) {
+        p->ops = calloc((size_t)p->n_steps, sizeof *p->ops);
+        if (!p->ops) p->failed = 1;
+    }
+    if (p->failed) {
+        kiln_profile_free(p);
+        return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory collecting the profile");
+    }
+    int64_t total = 0;
+    for (int i = 0; i < p->n_steps; i++) total += p->steps[i].total_ns;
+    for (int i = 0; i < p->n_steps; i++) {
+        kiln_profile_entry *e = &p->steps[i];
+        e->share = total > 0 ? (double)e->total_ns / (double)total : 0.0;
+        int j = 0;
+        while (j < p->n_ops &&
+               !(strcmp(p->ops[j].op, e->op) == 0 && strcmp(p->ops[j].kernel, e->kernel) == 0))
+            j++;
+        kiln_profile_entry *o = &p->ops[j];
+        if (j == p->n_ops) {
+            p->n_ops++;
+            o->op = e->op;
+            o->kernel = e->kernel;
+            o->node = NULL;
+            o->plan = o->step = -1;
+        }
+        o->nodes++;
+        o->calls += e->calls;
+        o->total_ns += e->total_ns;
+        o->flops += e->flops * (double)e->calls;
+        o->share += e->share;
+    }
+    for (int j = 0; j < p->n_ops; j++) /* per call, like a step's */
+        p->ops[j].flops = p->ops[j].calls ? p->ops[j].flops / (double)p->ops[j].calls : 0.0;
+    if (p->n_steps) {
+        qsort(p->steps, (size_t)p->n_steps, sizeof *p->steps, entry_slower_first);
+        qsort(p->ops, (size_t)p->n_ops, sizeof *p->ops, entry_slower_first);
+    }
+    *out = p;
+    return KILN_OK;
+}
+
+int kiln_profile_step_count(const kiln_profile *p) { return p ? p->n_steps : 0; }
+int kiln_profile_op_count(const kiln_profile *p) { return p ? p->n_ops : 0; }
+const kiln_profile_entry *kiln_profile_step(const kiln_profile *p, int i)
+{
+    return p && i >= 0 && i < p->n_steps ? &p->steps[i] : NULL;
+}
+const kiln_profile_entry *kiln_profile_op(const kiln_profile *p, int i)
+{
+    return p && i >= 0 && i < p->n_ops ? &p->ops[i] : NULL;
 }
 
 double kiln_session_reference_share(kiln_session *s)

@@ -791,6 +791,13 @@ static void arena_give(struct kiln_plan *p, struct arena_inst *a)
 kiln_status kiln_plan_run(struct kiln_plan *p, kiln_tensor *const *inputs, kiln_tensor **outputs,
                           int threads, const kiln_run_options *ro)
 {
+    return kiln_plan_run_profiled(p, inputs, outputs, threads, ro, 0);
+}
+
+kiln_status kiln_plan_run_profiled(struct kiln_plan *p, kiln_tensor *const *inputs,
+                                   kiln_tensor **outputs, int threads,
+                                   const kiln_run_options *ro, int profile)
+{
     const struct kiln_graph *g = p->g;
     for (int i = 0; i < g->n_outputs; i++) outputs[i] = NULL;
     struct arena_inst *a = arena_take(p);
@@ -798,7 +805,7 @@ kiln_status kiln_plan_run(struct kiln_plan *p, kiln_tensor *const *inputs, kiln_
                               p->arena_bytes);
     kiln_status st = KILN_OK;
     int granted = kiln_threads_acquire(threads);
-    int prof = profiling();
+    int prof = profile || profiling();
     if (prof) { /* the most threads any profiled run had */
         int seen = atomic_load(&p->prof_threads);
         while (seen < granted && !atomic_compare_exchange_weak(&p->prof_threads, &seen, granted)) {
@@ -1272,6 +1279,48 @@ void kiln_plan_cache_profile_print(struct kiln_plan_cache *c, FILE *f)
         fprintf(f, ": %d steps, %d fast, arena %zu bytes\n", e->plan->n_steps, e->plan->n_fast,
                 e->plan->arena_bytes);
         kiln_plan_profile_print(e->plan, f);
+    }
+    pthread_mutex_unlock(&c->mu);
+}
+
+void kiln_plan_cache_profile_steps(struct kiln_plan_cache *c,
+                                   void (*fn)(void *ctx, const struct kiln_plan_step_profile *s),
+                                   void *ctx)
+{
+    pthread_mutex_lock(&c->mu);
+    int np = 0;
+    for (int i = 0; i < c->n; i++) {
+        struct kiln_plan *p = c->e[i].plan;
+        if (!p) continue;
+        for (int k = 0; k < p->n_steps; k++) {
+            struct step *sp = &p->steps[k];
+            struct kiln_plan_step_profile r = {
+                .plan = np,
+                .step = k,
+                .node = sp->node->name ? sp->node->name : "",
+                .op = kiln_op_name(sp->node->op),
+                .kernel = !sp->inst.run ? "reference" : sp->inst.name ? sp->inst.name : "",
+                .ns = atomic_load(&sp->ns),
+                .calls = atomic_load(&sp->calls),
+                .flops = step_flops(p, sp),
+            };
+            if (r.calls > 0) fn(ctx, &r);
+        }
+        np++;
+    }
+    pthread_mutex_unlock(&c->mu);
+}
+
+void kiln_plan_cache_profile_reset(struct kiln_plan_cache *c)
+{
+    pthread_mutex_lock(&c->mu);
+    for (int i = 0; i < c->n; i++) {
+        struct kiln_plan *p = c->e[i].plan;
+        if (!p) continue;
+        for (int k = 0; k < p->n_steps; k++) {
+            atomic_store(&p->steps[k].ns, 0);
+            atomic_store(&p->steps[k].calls, 0);
+        }
     }
     pthread_mutex_unlock(&c->mu);
 }

@@ -49,6 +49,11 @@ void kiln_plan_free(struct kiln_plan *p);
  * tensor per graph output. */
 kiln_status kiln_plan_run(struct kiln_plan *p, kiln_tensor *const *inputs, kiln_tensor **outputs,
                           int threads, const kiln_run_options *ro);
+/* kiln_plan_run that also times every step when `profile` is non-zero (as well as when
+ * profiling is on for the whole process). */
+kiln_status kiln_plan_run_profiled(struct kiln_plan *p, kiln_tensor *const *inputs,
+                                   kiln_tensor **outputs, int threads,
+                                   const kiln_run_options *ro, int profile);
 
 size_t kiln_plan_arena_bytes(const struct kiln_plan *p);
 /* Largest single value (intermediate or output) a run makes. */
@@ -81,6 +86,21 @@ kiln_status kiln_plan_cache_get(struct kiln_plan_cache *c, const struct kiln_gra
 void kiln_plan_cache_release(struct kiln_plan_cache *c, struct kiln_plan *p);
 /* Print the profile of every cached plan. */
 void kiln_plan_cache_profile_print(struct kiln_plan_cache *c, FILE *f);
+/* The timed steps (calls > 0) of the cached plans, read with atomic loads, so runs may go
+ * on meanwhile (each step's ns and calls are each consistent; a run in flight may have
+ * counted some of its steps and not yet others). Strings are borrowed: copy them. */
+struct kiln_plan_step_profile {
+    int plan, step;      /* index of the plan among the cached ones, and of the step */
+    const char *node;    /* "" when the node has no name */
+    const char *op, *kernel; /* kernel: the fast kernel's name, or "reference" */
+    int64_t ns, calls;
+    double flops;        /* per call; 0 where not counted */
+};
+void kiln_plan_cache_profile_steps(struct kiln_plan_cache *c,
+                                   void (*fn)(void *ctx, const struct kiln_plan_step_profile *s),
+                                   void *ctx);
+/* Zero the time and call counts of every cached plan's steps. */
+void kiln_plan_cache_profile_reset(struct kiln_plan_cache *c);
 /* The cached plans: how many, and the steps, fast steps and arena bytes of the
  * one with the largest arena. */
 void kiln_plan_cache_summary(struct kiln_plan_cache *c, int *plans, int *steps, int *fast,

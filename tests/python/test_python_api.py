@@ -713,3 +713,100 @@ def test_onnxruntime_style_code_runs_unchanged():
     pred = sess.run([output_name], {input_name: x})[0]
     np.testing.assert_allclose(pred, digits_reference(x), rtol=1e-4, atol=1e-6)
     assert sess.get_session_options() is so
+
+
+# ---- profiling: session.profile() and end_profiling() ----
+
+DIGITS = REPO / "models" / "digits" / "1" / "model.onnx"
+
+
+def test_profile_counts_every_run_of_every_step():
+    """digits is Gemm, Relu, Gemm, Softmax (the model's own op histogram); with the
+    optimizer off every node is one step, each run N times."""
+    so = kiln.SessionOptions()
+    so.enable_profiling = True
+    so.enable_optimization = False
+    sess = kiln.InferenceSession(str(DIGITS), sess_options=so)
+    x = np.load(REPO / "models" / "digits_sample.npy")
+    n = 7
+    for _ in range(n):
+        sess.run(None, {"pixels": x})
+    steps = sess.profile()
+    ops = sess.model_info()["ops"]
+    assert sorted(e["op_type"] for e in steps) == sorted(op for op, c in ops.items() for _ in range(c))
+    assert [e["calls"] for e in steps] == [n] * len(steps)
+    assert all(e["total_ns"] > 0 for e in steps)
+    assert [e["total_ns"] for e in steps] == sorted((e["total_ns"] for e in steps), reverse=True)
+    assert sum(e["share"] for e in steps) == pytest.approx(1.0)
+    gemms = [e for e in steps if e["op_type"] == "Gemm"]
+    batch = x.shape[0]
+    assert sorted(e["flops"] for e in gemms) == [2.0 * batch * 32 * 10, 2.0 * batch * 64 * 32]
+    by_op = sess.profile(by="op")
+    gemm = [e for e in by_op if e["op_type"] == "Gemm"]
+    assert sum(e["nodes"] for e in gemm) == 2 and sum(e["calls"] for e in gemm) == 2 * n
+    assert all(e["node_name"] is None for e in by_op)
+    assert sum(e["share"] for e in by_op) == pytest.approx(1.0)
+    with pytest.raises(kiln.InvalidArgument):
+        sess.profile(by="kernel")
+    sess.reset_profiling()
+    assert sess.profile() == []
+    sess.run(None, {"pixels": x})
+    assert [e["calls"] for e in sess.profile()] == [1] * len(steps)
+
+
+def test_profile_of_the_optimized_graph_and_threads():
+    sess = kiln.InferenceSession(str(DIGITS))
+    x = np.load(REPO / "models" / "digits_sample.npy")
+    sess.run(None, {"pixels": x})
+    assert sess.profile() == []  # off by default
+    sess.enable_profiling()
+    threads = [threading.Thread(target=lambda: [sess.run(None, {"pixels": x}) for _ in range(10)])
+               for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    steps = sess.profile()
+    assert steps and all(e["calls"] == 40 for e in steps)
+    # the products are still there after fusion, under a MatMul/Gemm-type op
+    assert any("Gemm" in e["op_type"] or "MatMul" in e["op_type"] for e in steps), steps
+    assert sum(e["share"] for e in steps) == pytest.approx(1.0)
+
+
+def test_end_profiling_writes_a_chrome_trace(tmp_path, monkeypatch):
+    import json
+    monkeypatch.chdir(tmp_path)
+    so = kiln.SessionOptions()
+    so.enable_profiling = True
+    so.profile_file_prefix = "digits"
+    sess = kiln.InferenceSession(str(DIGITS), sess_options=so)
+    x = np.load(REPO / "models" / "digits_sample.npy")
+    for _ in range(3):
+        sess.run(None, {"pixels": x})
+    steps = sess.profile()
+    path = sess.end_profiling()
+    assert Path(path).name.startswith("digits_") and path.endswith(".json")
+    events = json.loads((tmp_path / path).read_text())
+    assert len(events) == len(steps)
+    for ev in events:
+        assert ev["ph"] == "X" and ev["cat"] == "Node" and ev["dur"] > 0 and ev["args"]["calls"] == 3
+    # laid end to end in step order
+    for a, b in zip(events, events[1:]):
+        assert b["ts"] == pytest.approx(a["ts"] + a["dur"])
+    assert {ev["args"]["op_name"] for ev in events} == {e["op_type"] for e in steps}
+    # profiling is over, as in ONNX Runtime
+    sess.run(None, {"pixels": x})
+    assert sess.profile() == [] and sess.end_profiling() == ""
+
+
+def test_profiling_the_reference_kernels_is_refused():
+    so = kiln.SessionOptions()
+    so.use_reference_kernels = True
+    so.enable_profiling = True
+    with pytest.raises(kiln.Unsupported, match="reference"):
+        kiln.InferenceSession(str(DIGITS), sess_options=so)
+    so.enable_profiling = False
+    sess = kiln.InferenceSession(str(DIGITS), sess_options=so)
+    with pytest.raises(kiln.Unsupported, match="reference"):
+        sess.enable_profiling()
+    assert sess.profile() == []
