@@ -137,7 +137,7 @@ static kiln_status follow(const struct kiln_fb_table *t, int id, const char *nam
 kiln_status kiln_fb_table_field(const struct kiln_fb_table *t, int id, const char *name,
                                 const char *sub_what, struct kiln_fb_table *out, bool *present)
 {
-    size_t target;
+    size_t target = 0;
     *present = false;
     kiln_status st = follow(t, id, name, &target);
     if (st != KILN_OK || !target) return st;
@@ -164,7 +164,7 @@ static kiln_status vec_at(const struct kiln_fb_table *t, const char *name, size_
 kiln_status kiln_fb_vec_field(const struct kiln_fb_table *t, int id, const char *name,
                               size_t elem, struct kiln_fb_vec *out)
 {
-    size_t target;
+    size_t target = 0;
     *out = (struct kiln_fb_vec){t->fb, 0, 0, elem};
     kiln_status st = follow(t, id, name, &target);
     if (st != KILN_OK || !target) return st;
@@ -207,7 +207,7 @@ kiln_status kiln_fb_str(const struct kiln_fb_table *t, int id, const char *name,
 {
     *s = NULL;
     *len = 0;
-    size_t target;
+    size_t target = 0;
     kiln_status st = follow(t, id, name, &target);
     if (st != KILN_OK || !target) return st;
     struct kiln_fb_vec v = {0};

@@ -698,7 +698,7 @@ static kiln_status lower_list_reserve(L_t *L)
 /* The length of a list (its first dim) as an int64 scalar. */
 static kiln_status list_length(L_t *L, int list, int *out)
 {
-    int s, none_v;
+    int s = 0, none_v = 0;
     int64_t none = 0;
     kiln_status st = shape_part(L, list, 0, 1, &s);
     if (st == KILN_OK) st = const_i64(L, 1, 0, &none, &none_v);

@@ -193,7 +193,7 @@ static kiln_status conv_infer(struct kiln_infer_ctx *ctx)
     const struct kiln_type *x = ctx->in[0], *w = ctx->in[1];
     kiln_status st = need_q_input(n, x, "input");
     if (st != KILN_OK) return st;
-    int64_t s[2], d[2];
+    int64_t s[2] = {0, 0}, d[2] = {0, 0};
     if ((st = pair(n, "strides", 1, s)) != KILN_OK || (st = pair(n, "dilations", 1, d)) != KILN_OK)
         return st;
     if ((x->rank >= 0 && x->rank != 4) || (w->rank >= 0 && w->rank != 4))
@@ -220,7 +220,7 @@ static kiln_status conv_run(struct kiln_run_ctx *ctx)
     const struct kiln_node *n = ctx->node;
     const kiln_tensor *x = ctx->in[0], *w = ctx->in[1], *b = ctx->n_in > 2 ? ctx->in[2] : NULL;
     kiln_tensor *y = ctx->out[0];
-    int64_t s[2], d[2];
+    int64_t s[2] = {0, 0}, d[2] = {0, 0};
     kiln_status st;
     if ((st = pair(n, "strides", 1, s)) != KILN_OK || (st = pair(n, "dilations", 1, d)) != KILN_OK)
         return st;
@@ -412,7 +412,7 @@ static kiln_status pool_infer(struct kiln_infer_ctx *ctx)
     const struct kiln_node *n = ctx->node;
     const struct kiln_type *x = ctx->in[0];
     kiln_status st = need_q_input(n, x, "input");
-    int64_t k[2], s[2];
+    int64_t k[2] = {0, 0}, s[2] = {0, 0};
     if (st != KILN_OK || (st = pair(n, "kernel", 0, k)) != KILN_OK ||
         (st = pair(n, "strides", 1, s)) != KILN_OK)
         return st;
@@ -436,7 +436,7 @@ static kiln_status pool_run(struct kiln_run_ctx *ctx)
     const struct kiln_node *n = ctx->node;
     const kiln_tensor *x = ctx->in[0];
     kiln_tensor *y = ctx->out[0];
-    int64_t k[2], s[2];
+    int64_t k[2] = {0, 0}, s[2] = {0, 0};
     kiln_status st;
     if ((st = pair(n, "kernel", 0, k)) != KILN_OK || (st = pair(n, "strides", 1, s)) != KILN_OK)
         return st;

@@ -240,7 +240,7 @@ static kiln_status build_v1(const struct kiln_node *node, struct kiln_forest *f)
     const int classifier = node->op == KILN_OP_TreeEnsembleClassifier;
     const char *vp = classifier ? "class" : "target";
     const int64_t *treeids, *nodeids, *featureids, *trueids, *falseids, *missing = NULL;
-    int n;
+    int n = 0;
     kiln_status st = need_ints(node, "nodes_treeids", -1, &treeids, &n);
     if (st == KILN_OK) st = need_ints(node, "nodes_nodeids", n, &nodeids, NULL);
     if (st == KILN_OK) st = need_ints(node, "nodes_featureids", n, &featureids, NULL);
@@ -267,7 +267,7 @@ static kiln_status build_v1(const struct kiln_node *node, struct kiln_forest *f)
     }
     char an[64];
     const int64_t *v_tree, *v_node, *v_ids;
-    int n_votes;
+    int n_votes = 0;
     snprintf(an, sizeof an, "%s_treeids", vp);
     if ((st = need_ints(node, an, -1, &v_tree, &n_votes)) != KILN_OK) goto out;
     snprintf(an, sizeof an, "%s_nodeids", vp);
@@ -404,7 +404,7 @@ static kiln_status build_v5(const struct kiln_node *node, struct kiln_forest *f)
 {
     const int64_t *featureids, *trueids, *falseids, *trueleaf, *falseleaf, *roots, *targets,
         *missing = NULL;
-    int n, n_leaf, n_trees;
+    int n = 0, n_leaf = 0, n_trees = 0;
     kiln_status st = need_ints(node, "nodes_featureids", -1, &featureids, &n);
     if (st == KILN_OK) st = need_ints(node, "nodes_truenodeids", n, &trueids, NULL);
     if (st == KILN_OK) st = need_ints(node, "nodes_falsenodeids", n, &falseids, NULL);

@@ -113,7 +113,8 @@ static void add_symbol(const char *prefix, const uint8_t *name, size_t len, int 
 {
     char local[128];
     copy_str(local, sizeof local, name, len);
-    snprintf(out, cap, "%s%s%s", prefix, prefix[0] ? "." : "", local);
+    if (snprintf(out, cap, "%s%s%s", prefix, prefix[0] ? "." : "", local) >= (int)cap)
+        out[cap - 1] = '\0'; /* a longer name is cut; descriptors here are Kiln's own */
     if (n_symbols < MAX_SYMBOLS) {
         snprintf(symbols[n_symbols].name, sizeof symbols[n_symbols].name, "%s", out);
         symbols[n_symbols++].file = file;
@@ -124,7 +125,7 @@ static void add_symbol(const char *prefix, const uint8_t *name, size_t len, int 
 static int name_of(const uint8_t *p, size_t n, const uint8_t **name, size_t *len)
 {
     size_t pos = 0;
-    field f;
+    field f = {0};
     while (next_field(p, n, &pos, &f))
         if (f.num == 1 && f.wire == 2) {
             *name = f.p;
@@ -143,7 +144,7 @@ static void index_message(const uint8_t *p, size_t n, const char *prefix, int fi
     if (depth > 8 || !name_of(p, n, &name, &len)) return;
     add_symbol(prefix, name, len, file, full, sizeof full);
     size_t pos = 0;
-    field f;
+    field f = {0};
     while (next_field(p, n, &pos, &f)) {
         if (f.wire != 2) continue;
         if (f.num == 3) index_message(f.p, f.len, full, file, depth + 1);
@@ -158,7 +159,7 @@ static void build_index(void)
 {
     const uint8_t *set = kiln_grpc_descriptor_set;
     size_t n = kiln_grpc_descriptor_set_len, pos = 0;
-    field f;
+    field f = {0};
     while (next_field(set, n, &pos, &f) && n_files < MAX_FILES) {
         if (f.num != 1 || f.wire != 2) continue;
         desc_file *df = &files[n_files];
