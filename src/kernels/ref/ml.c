@@ -96,6 +96,17 @@ static kiln_status store_label(kiln_tensor *y, int64_t r, const struct labels *l
 
 /* ---- LinearClassifier ---- */
 
+/* A classifier's output types: labels [N] (strings or int64, as its labels
+ * are) and scores [N, cols] float. */
+static kiln_status classifier_types(struct kiln_infer_ctx *ctx, const struct labels *l,
+                                    int64_t cols)
+{
+    int64_t d[2] = {type_rows(ctx->in[0]), cols};
+    if (ctx->out[0]) kiln_type_set(ctx->out[0], l->strs ? KILN_DTYPE_STRING : KILN_DTYPE_I64, 1, d);
+    if (ctx->n_out > 1 && ctx->out[1]) kiln_type_set(ctx->out[1], KILN_DTYPE_F32, 2, d);
+    return KILN_OK;
+}
+
 static kiln_status linclass_infer(struct kiln_infer_ctx *ctx)
 {
     const struct kiln_node *n = ctx->node;
@@ -107,11 +118,7 @@ static kiln_status linclass_infer(struct kiln_infer_ctx *ctx)
     if (nc <= 0) return kiln_node_error(n, KILN_ERR_INVALID_MODEL, "coefficients are missing");
     int64_t k = ni > 0 ? ni : (l.n > 0 ? l.n : 1);
     int64_t cols = k == 1 && l.n == 2 ? 2 : k;
-    int64_t rows = type_rows(ctx->in[0]);
-    int64_t d[2] = {rows, cols};
-    if (ctx->out[0]) kiln_type_set(ctx->out[0], l.strs ? KILN_DTYPE_STRING : KILN_DTYPE_I64, 1, d);
-    if (ctx->n_out > 1 && ctx->out[1]) kiln_type_set(ctx->out[1], KILN_DTYPE_F32, 2, d);
-    return KILN_OK;
+    return classifier_types(ctx, &l, cols);
 }
 
 static kiln_status linclass_run(struct kiln_run_ctx *ctx)
@@ -409,10 +416,7 @@ static kiln_status svmclass_infer(struct kiln_infer_ctx *ctx)
     read_labels(ctx->node, "classlabels_ints", &l);
     struct svc_shape sh;
     if ((st = svc_shape(ctx->node, &s, &l, &sh)) != KILN_OK) return st;
-    int64_t d[2] = {type_rows(ctx->in[0]), sh.cols};
-    if (ctx->out[0]) kiln_type_set(ctx->out[0], l.strs ? KILN_DTYPE_STRING : KILN_DTYPE_I64, 1, d);
-    if (ctx->n_out > 1 && ctx->out[1]) kiln_type_set(ctx->out[1], KILN_DTYPE_F32, 2, d);
-    return KILN_OK;
+    return classifier_types(ctx, &l, sh.cols);
 }
 
 static kiln_status svmclass_run(struct kiln_run_ctx *ctx)
@@ -514,18 +518,11 @@ static kiln_status svmclass_run(struct kiln_run_ctx *ctx)
         int64_t cols = sh.cols;
         if (n_scores == 1 && cols == 2) {
             double v = scores[0];
-            if (s.post == KILN_POST_LOGISTIC) {
-                out[0] = -v;
-                out[1] = v;
-                kiln_ml_post_transform(KILN_POST_LOGISTIC, out, 2);
-            } else if (s.post == KILN_POST_SOFTMAX || s.post == KILN_POST_SOFTMAX_ZERO) {
-                out[0] = -v;
-                out[1] = v;
+            out[0] = -v;
+            out[1] = v;
+            if (s.post == KILN_POST_LOGISTIC || s.post == KILN_POST_SOFTMAX ||
+                s.post == KILN_POST_SOFTMAX_ZERO)
                 kiln_ml_post_transform(s.post, out, 2);
-            } else {
-                out[0] = -v;
-                out[1] = v;
-            }
         } else {
             kiln_ml_post_transform(s.post, scores, n_scores);
         }
