@@ -460,6 +460,27 @@ static kiln_status need_qparams(struct lw *L, const struct tfl_tensor *t, const 
     return KILN_OK;
 }
 
+/* The checks of a quantized product x * w (+ b) -> o: int8 or uint8 input, output
+ * of the input's type, int8 or uint8 weights (per channel allowed), int32 bias,
+ * and valid quantization parameters on each. */
+static kiln_status need_q_product(struct lw *L, const struct tfl_tensor *tx,
+                                  const struct tfl_tensor *tw, const struct tfl_tensor *tb,
+                                  const struct tfl_tensor *to, const char *op, const char *wname)
+{
+    if ((tx->dtype != KILN_DTYPE_I8 && tx->dtype != KILN_DTYPE_U8) || to->dtype != tx->dtype ||
+        (tw->dtype != KILN_DTYPE_I8 && tw->dtype != KILN_DTYPE_U8))
+        return lerr(L, KILN_ERR_UNSUPPORTED, "quantized %s of %s by %s into %s "
+                    "(Kiln supports int8 and uint8)", op, kiln_dtype_name(tx->dtype),
+                    kiln_dtype_name(tw->dtype), kiln_dtype_name(to->dtype));
+    if (tb && tb->dtype != KILN_DTYPE_I32)
+        return lerr(L, KILN_ERR_UNSUPPORTED, "bias of type %s (int32 expected)",
+                    kiln_dtype_name(tb->dtype));
+    kiln_status st = need_qparams(L, tx, "input", false);
+    if (st == KILN_OK) st = need_qparams(L, tw, wname, true);
+    if (st == KILN_OK) st = need_qparams(L, to, "output", false);
+    return st;
+}
+
 /* Multipliers and shifts for out = acc * in_scale * w_scale[c] / out_scale. */
 static kiln_status q_channel_mults(struct lw *L, struct kiln_node *n, const struct tfl_tensor *x,
                                    const struct tfl_tensor *w, const struct tfl_tensor *o,
@@ -598,17 +619,7 @@ static kiln_status lower_conv(struct lw *L, bool depthwise)
     TRY(need_in(L, 0, &x));
     TRY(in_val(L, 2, &b));
     if (is_quant(tx)) {
-        if ((tx->dtype != KILN_DTYPE_I8 && tx->dtype != KILN_DTYPE_U8) ||
-            to->dtype != tx->dtype || (tw->dtype != KILN_DTYPE_I8 && tw->dtype != KILN_DTYPE_U8))
-            return lerr(L, KILN_ERR_UNSUPPORTED, "quantized convolution of %s by %s into %s "
-                        "(Kiln supports int8 and uint8)", kiln_dtype_name(tx->dtype),
-                        kiln_dtype_name(tw->dtype), kiln_dtype_name(to->dtype));
-        if (tb && tb->dtype != KILN_DTYPE_I32)
-            return lerr(L, KILN_ERR_UNSUPPORTED, "bias of type %s (int32 expected)",
-                        kiln_dtype_name(tb->dtype));
-        TRY(need_qparams(L, tx, "input", false));
-        TRY(need_qparams(L, tw, "filter", true));
-        TRY(need_qparams(L, to, "output", false));
+        TRY(need_q_product(L, tx, tw, tb, to, "convolution", "filter"));
         if (!tbuf(L, tw))
             return lerr(L, KILN_ERR_UNSUPPORTED, "the quantized filter must be a constant");
         if (tw->dtype == KILN_DTYPE_I8)
@@ -746,17 +757,7 @@ static kiln_status lower_fc(struct lw *L)
     TRY(need_in(L, 1, &w));
     TRY(in_val(L, 2, &b));
     if (is_quant(tx)) {
-        if ((tx->dtype != KILN_DTYPE_I8 && tx->dtype != KILN_DTYPE_U8) ||
-            to->dtype != tx->dtype || (tw->dtype != KILN_DTYPE_I8 && tw->dtype != KILN_DTYPE_U8))
-            return lerr(L, KILN_ERR_UNSUPPORTED, "quantized FULLY_CONNECTED of %s by %s into %s "
-                        "(Kiln supports int8 and uint8)", kiln_dtype_name(tx->dtype),
-                        kiln_dtype_name(tw->dtype), kiln_dtype_name(to->dtype));
-        if (tb && tb->dtype != KILN_DTYPE_I32)
-            return lerr(L, KILN_ERR_UNSUPPORTED, "bias of type %s (int32 expected)",
-                        kiln_dtype_name(tb->dtype));
-        TRY(need_qparams(L, tx, "input", false));
-        TRY(need_qparams(L, tw, "weights", true));
-        TRY(need_qparams(L, to, "output", false));
+        TRY(need_q_product(L, tx, tw, tb, to, "FULLY_CONNECTED", "weights"));
         struct kiln_node *n;
         int in[3] = {x, w, b};
         TRY(node(L, KILN_OP_TflFullyConnected, tb ? 3 : 2, in, 8, &n, &y));
