@@ -171,12 +171,21 @@ static route_kind parse_path(const char *method, const char *path, const char *m
 
 /* ------------------------------------------------------------ helpers */
 
-/* The servable named by the path, or NULL after an error reply. */
-static kiln_servable *acquire(kiln_server *s, const route_params *p, kiln_http_reply *rep)
+/* The servable named by the path, or NULL after an error reply. A request
+ * that names no version and no label goes where the observers' route sends
+ * it (a traffic split; observe.h). */
+static kiln_servable *acquire(kiln_server *s, const kiln_http_request *req, const route_params *p,
+                              kiln_http_reply *rep)
 {
     char err[KILN_JSON_ERR_LEN];
     const char *code = "NOT_FOUND";
-    kiln_servable *sv = kiln_manager_acquire(s->manager, p->name, p->version, p->label, err, &code);
+    int routed = 0;
+    int64_t version = kiln_observers_route(s->opt.observers, p->name, p->version, p->label,
+                                           req->route_key, &routed);
+    kiln_servable *sv = kiln_manager_acquire(s->manager, p->name, version, p->label, err, &code);
+    if (!sv && routed) /* the split's version is gone: the default serves */
+        sv = kiln_manager_acquire(s->manager, p->name, p->version, p->label, err, &code);
+    else rep->routed = routed;
     if (!sv) kiln_reply_error(rep, code, err);
     else rep->version = sv->version;
     return sv;
@@ -201,14 +210,28 @@ static kiln_value_info *input_specs(const kiln_signature *sig, int *n)
     return v;
 }
 
-/* Run signature si of sv (batched or not, with the request's deadline);
- * replies on error. */
-static int run(kiln_servable *sv, int si, const kiln_http_request *req, kiln_tensor **in, int n,
-               kiln_batch_result *out, kiln_http_reply *rep)
+/* Run signature si of sv (batched or not, with the request's deadline),
+ * between the observers' check and after (observe.h); replies on error. */
+static int run(kiln_server *s, kiln_servable *sv, int si, const kiln_http_request *req,
+               kiln_tensor **in, int n, kiln_batch_result *out, kiln_http_reply *rep)
 {
     char err[KILN_JSON_ERR_LEN];
     const char *code = "OK";
+    const kiln_observers *obs = s->opt.observers;
+    kiln_observation o = {"REST", rep->api, rep->model, sv, si, in, n, NULL, "OK", 0.0,
+                          rep->routed, req->route_key};
+    if (obs && obs->n > 0 && kiln_observers_check(obs, &o, err, &code) != KILN_OK) {
+        kiln_reply_error(rep, code, err);
+        return 0;
+    }
+    double t0 = obs && obs->n > 0 ? kiln_observe_now_us() : 0.0;
     kiln_status st = kiln_servable_run(sv, si, in, n, req->deadline_ms, out, err, &code);
+    if (obs && obs->n > 0) {
+        o.latency_us = kiln_observe_now_us() - t0;
+        o.out = st == KILN_OK ? out : NULL;
+        o.code = st == KILN_OK ? "OK" : code;
+        kiln_observers_after(obs, &o);
+    }
     if (st != KILN_OK) {
         kiln_reply_error(rep, code, err);
         return 0;
@@ -273,7 +296,7 @@ static void h_v1_metadata(kiln_server *s, const kiln_http_request *req, const ro
 {
     snprintf(rep->model, sizeof rep->model, "%s", p->name);
     rep->api = "metadata";
-    kiln_servable *sv = acquire(s, p, rep);
+    kiln_servable *sv = acquire(s, req, p, rep);
     if (!sv) return;
     kiln_sbuf *b = &rep->body;
     kiln_sbuf_puts(b, "{\n\"model_spec\": {\"name\": ");
@@ -308,7 +331,7 @@ static void h_v1_predict(kiln_server *s, const kiln_http_request *req, const rou
     char err[KILN_JSON_ERR_LEN];
     snprintf(rep->model, sizeof rep->model, "%s", p->name);
     rep->api = "predict";
-    kiln_servable *sv = acquire(s, p, rep);
+    kiln_servable *sv = acquire(s, req, p, rep);
     if (!sv) return;
     kiln_json_doc doc;
     kiln_predict_request pr;
@@ -346,7 +369,7 @@ static void h_v1_predict(kiln_server *s, const kiln_http_request *req, const rou
     }
     /* with --enable_batching, merged with concurrent requests and split back */
     kiln_batch_result br;
-    if (!run(sv, si, req, in, n, &br, rep)) goto err_free_doc;
+    if (!run(s, sv, si, req, in, n, &br, rep)) goto err_free_doc;
     st = kiln_predict_encode(&rep->body, pr.columnar, br.n, br.names,
                              (const kiln_tensor *const *)br.t, err);
     if (st != KILN_OK) kiln_reply_error(rep, kiln_serve_code_for(st), err);
@@ -406,7 +429,7 @@ static void h_v1_classify(kiln_server *s, const kiln_http_request *req, const ro
     int classify = strcasecmp(strrchr(req->path, ':'), ":classify") == 0;
     snprintf(rep->model, sizeof rep->model, "%s", p->name);
     rep->api = classify ? "classify" : "regress";
-    kiln_servable *sv = acquire(s, p, rep);
+    kiln_servable *sv = acquire(s, req, p, rep);
     if (!sv) return;
     kiln_json_doc doc;
     char *sig_name = NULL;
@@ -445,7 +468,7 @@ static void h_v1_classify(kiln_server *s, const kiln_http_request *req, const ro
         goto err_free_doc;
     }
     kiln_batch_result out;
-    if (!run(sv, si, req, &examples, 1, &out, rep)) goto err_free_doc;
+    if (!run(s, sv, si, req, &examples, 1, &out, rep)) goto err_free_doc;
     st = write_results(&rep->body, classify, &out, examples->dims[0], err);
     if (st != KILN_OK) kiln_reply_error(rep, kiln_serve_code_for(st), err);
     kiln_batch_result_free(&out);
@@ -518,7 +541,7 @@ static void h_v2_model(kiln_server *s, const kiln_http_request *req, const route
 {
     snprintf(rep->model, sizeof rep->model, "%s", p->name);
     rep->api = "metadata";
-    kiln_servable *sv = acquire(s, p, rep);
+    kiln_servable *sv = acquire(s, req, p, rep);
     if (!sv) return;
     const kiln_signature *sig = kiln_model_find_signature(sv->model, NULL);
     const char *fmt = kiln_model_format(sv->model);
@@ -543,7 +566,7 @@ static void h_v2_infer(kiln_server *s, const kiln_http_request *req, const route
     char err[KILN_JSON_ERR_LEN];
     snprintf(rep->model, sizeof rep->model, "%s", p->name);
     rep->api = "predict";
-    kiln_servable *sv = acquire(s, p, rep);
+    kiln_servable *sv = acquire(s, req, p, rep);
     if (!sv) return;
     kiln_json_doc doc;
     kiln_value_info *specs = NULL;
@@ -570,7 +593,7 @@ static void h_v2_infer(kiln_server *s, const kiln_http_request *req, const route
         goto err_free_doc;
     }
     kiln_batch_result out;
-    if (!run(sv, si, req, in, n, &out, rep)) goto err_free_doc;
+    if (!run(s, sv, si, req, in, n, &out, rep)) goto err_free_doc;
     kiln_infer_encode(&rep->body, p->name, sv->version, &doc, out.n, out.names,
                       (const kiln_tensor *const *)out.t);
     kiln_batch_result_free(&out);
@@ -589,6 +612,7 @@ static void h_metrics(kiln_server *s, const kiln_http_request *req, const route_
     kiln_metrics_write(s->metrics, &rep->body, atomic_load(&s->in_flight));
     kiln_manager_write_metrics(s->manager, &rep->body);
     kiln_batch_stats_write(s->opt.batch_stats, &rep->body);
+    kiln_observers_write_metrics(s->opt.observers, &rep->body);
 }
 
 /* TF Serving's CORS preflight: OK when the Origin header is an http(s) URL;

@@ -40,7 +40,8 @@ typedef struct conn_state {
     /* offloaded requests: queued to a request thread with the connection suspended */
     int done;        /* rep holds the reply; the connection was resumed to send it */
     struct MHD_Connection *conn;
-    char *method, *url, *enc, *origin; /* copies: MHD's are not ours to read off its thread */
+    char *method, *url, *enc, *origin, *route_key, *authorization; /* copies: MHD's are not
+                                                                      ours to read off its thread */
     kiln_http_reply rep;
     struct conn_state *next;
 } conn_state;
@@ -120,11 +121,29 @@ static enum MHD_Result send_reply(kiln_server *s, struct MHD_Connection *c, kiln
     return ret;
 }
 
-/* Answer the complete request in cs (headers Content-Encoding and Origin
- * given) into rep, and record it in the metrics. */
-static void handle(kiln_server *s, conn_state *cs, const char *method, const char *url,
-                   const char *enc, const char *origin, kiln_http_reply *rep)
+/* The headers a request's handling reads. */
+typedef struct req_headers {
+    const char *enc, *origin, *route_key, *authorization;
+} req_headers;
+
+/* The route key header's name (observe.h), or NULL. */
+static const char *route_header(const kiln_server *s)
 {
+    return s->opt.observers && s->opt.observers->route_header[0] ? s->opt.observers->route_header
+                                                                 : NULL;
+}
+
+static const char *header(struct MHD_Connection *c, const char *name)
+{
+    return name ? MHD_lookup_connection_value(c, MHD_HEADER_KIND, name) : NULL;
+}
+
+/* Answer the complete request in cs (its headers in h) into rep, and record
+ * it in the metrics. */
+static void handle(kiln_server *s, conn_state *cs, const char *method, const char *url,
+                   const req_headers *h, kiln_http_reply *rep)
+{
+    const char *enc = h->enc;
     char msg[160];
     memset(rep, 0, sizeof *rep);
     rep->code = 200;
@@ -156,8 +175,8 @@ static void handle(kiln_server *s, conn_state *cs, const char *method, const cha
             body = inflated;
         }
         if (!bad) {
-            kiln_http_request req = {method, url, body.p ? body.p : "", body.len, cs->deadline_ms,
-                                     origin};
+            kiln_http_request req = {method,    url,         body.p ? body.p : "", body.len,
+                                     cs->deadline_ms, h->origin, h->route_key, h->authorization};
             kiln_routes_dispatch(s, &req, rep);
             if (cs->deadline_ms > 0 && kiln_monotonic_ms() > cs->deadline_ms && rep->code == 200 &&
                 rep->api && (strcmp(rep->api, "predict") == 0 || strcmp(rep->api, "classify") == 0 ||
@@ -189,7 +208,8 @@ static void *request_thread(void *arg)
         if (!s->jobs_head) s->jobs_tail = NULL;
         pthread_mutex_unlock(&s->jobs_mu);
         if (atomic_load(&s->jobs_refuse)) cs->refused = 1; /* answered UNAVAILABLE */
-        handle(s, cs, cs->method, cs->url, cs->enc, cs->origin, &cs->rep);
+        req_headers h = {cs->enc, cs->origin, cs->route_key, cs->authorization};
+        handle(s, cs, cs->method, cs->url, &h, &cs->rep);
         cs->done = 1;
         MHD_resume_connection(cs->conn);
         pthread_mutex_lock(&s->jobs_mu);
@@ -216,6 +236,8 @@ static int offload(kiln_server *s, struct MHD_Connection *c, conn_state *cs, con
     cs->url = dup_or_null(url, &oom);
     cs->enc = dup_or_null(MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Encoding"), &oom);
     cs->origin = dup_or_null(MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Origin"), &oom);
+    cs->route_key = dup_or_null(header(c, route_header(s)), &oom);
+    cs->authorization = dup_or_null(header(c, "Authorization"), &oom);
     if (oom) return 0;
     cs->conn = c;
     pthread_mutex_lock(&s->jobs_mu);
@@ -275,9 +297,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         return MHD_YES;
     }
     kiln_http_reply rep;
-    handle(s, cs, method, url,
-           MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Encoding"),
-           MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Origin"), &rep);
+    req_headers h = {header(c, "Content-Encoding"), header(c, "Origin"), header(c, route_header(s)),
+                     header(c, "Authorization")};
+    handle(s, cs, method, url, &h, &rep);
     enum MHD_Result r = send_reply(s, c, &rep);
     kiln_sbuf_free(&rep.body);
     (void)version;
@@ -296,6 +318,8 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
     free(cs->url);
     free(cs->enc);
     free(cs->origin);
+    free(cs->route_key);
+    free(cs->authorization);
     free(cs);
     *con_cls = NULL;
     atomic_fetch_sub(&s->in_flight, 1);

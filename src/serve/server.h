@@ -21,6 +21,7 @@
 #include "serve/json.h"
 #include "serve/manager.h"
 #include "serve/metrics.h"
+#include "serve/observe.h"
 
 typedef struct kiln_server_options {
     const char *address;   /* listen address (NULL = all interfaces) */
@@ -33,6 +34,7 @@ typedef struct kiln_server_options {
     int cors;              /* --rest_api_enable_cors_support */
     int offload;           /* run POST requests on the server's own request threads (batching) */
     int console;           /* serve the web console at /console/ (--enable_console) */
+    const kiln_observers *observers; /* the predict path's hooks (observe.h); NULL = none */
 } kiln_server_options;
 
 typedef struct kiln_server {
@@ -61,6 +63,8 @@ typedef struct kiln_http_request {
     size_t body_len;
     int64_t deadline_ms;        /* kiln_monotonic_ms() clock; 0 = none */
     const char *origin;         /* the Origin header, or NULL */
+    const char *route_key;      /* the observers' route key header, or NULL */
+    const char *authorization;  /* the Authorization header, or NULL */
 } kiln_http_request;
 
 /* The reply a handler fills. */
@@ -73,6 +77,7 @@ typedef struct kiln_http_reply {
     const char *api;            /* "predict", "metadata", ... */
     const char *status;         /* TF code name for metrics ("OK", ...) */
     const char *csp;            /* Content-Security-Policy (the console's replies), or NULL */
+    int routed;                 /* the version was chosen by a traffic split (observe.h) */
 } kiln_http_reply;
 
 kiln_status kiln_server_start(kiln_server *s, const kiln_server_options *opt, kiln_manager *mgr);

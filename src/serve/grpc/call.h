@@ -60,6 +60,8 @@ typedef struct kiln_grpc_call {
     const uint8_t *req;         /* the request message (borrowed) */
     size_t req_len;
     int64_t deadline_ms;        /* kiln_monotonic_ms clock; 0 = none */
+    const char *route_key;      /* the observers' route key metadata, or NULL */
+    const char *authorization;  /* the authorization metadata, or NULL */
     const volatile int *cancel; /* set when the client cancels (RST_STREAM) */
     struct timespec start;      /* when the request's headers arrived (metrics) */
     kiln_bytes resp;            /* out: the response message (no gRPC prefix) */

@@ -104,6 +104,8 @@ struct stream {
     size_t header_bytes;
     int64_t deadline_ms;         /* 0 = none */
     int enc;                     /* request grpc-encoding */
+    char route_key[KILN_ROUTE_KEY_MAX]; /* the observers' route key metadata ("" = none) */
+    char authorization[512];     /* the authorization metadata ("" = none) */
     const kiln_grpc_method *m;
     int state;
     struct timespec start;
@@ -591,6 +593,8 @@ static void dispatch(stream *st)
     j->call.req = st->req.p ? st->req.p : (const uint8_t *)"";
     j->call.req_len = st->req.len;
     j->call.deadline_ms = st->deadline_ms;
+    j->call.route_key = st->route_key[0] ? st->route_key : NULL;
+    j->call.authorization = st->authorization[0] ? st->authorization : NULL;
     j->call.cancel = &j->cancel;
     j->call.start = st->start;
     j->call.code = KILN_GRPC_UNKNOWN;
@@ -777,6 +781,14 @@ static int on_begin_headers(nghttp2_session *s, const nghttp2_frame *f, void *ud
     return 0;
 }
 
+/* Is name (lower case, as HTTP/2 sends it) the observers' route key header? */
+static int is_route_header(const stream *st, const char *name, size_t namelen)
+{
+    const kiln_server *rest = st->c->g->ctx.rest;
+    const char *h = rest && rest->opt.observers ? rest->opt.observers->route_header : "";
+    return h[0] && strlen(h) == namelen && strncasecmp(h, name, namelen) == 0;
+}
+
 static int on_header(nghttp2_session *s, const nghttp2_frame *f, const uint8_t *name, size_t namelen,
                      const uint8_t *value, size_t valuelen, uint8_t flags, void *ud)
 {
@@ -801,6 +813,16 @@ static int on_header(nghttp2_session *s, const nghttp2_frame *f, const uint8_t *
     } else if (IS("grpc-timeout")) {
         int64_t ms = parse_timeout(v, valuelen);
         if (ms >= 0) st->deadline_ms = now_ms() + (ms > 0 ? ms : 0) + (ms == 0);
+    } else if (IS("authorization")) {
+        if (valuelen < sizeof st->authorization) {
+            memcpy(st->authorization, v, valuelen);
+            st->authorization[valuelen] = '\0';
+        }
+    } else if (is_route_header(st, n, namelen)) {
+        if (valuelen < sizeof st->route_key) {
+            memcpy(st->route_key, v, valuelen);
+            st->route_key[valuelen] = '\0';
+        }
     } else if (IS("grpc-encoding")) {
         if (valuelen == 8 && memcmp(v, "identity", 8) == 0) st->enc = ENC_IDENTITY;
         else if (valuelen == 4 && memcmp(v, "gzip", 4) == 0) st->enc = ENC_GZIP;

@@ -119,6 +119,7 @@ typedef struct call_rec {
     char model[256];   /* "" until a ModelSpec named one */
     int64_t version;   /* the version that served it, or -1 */
     const char *api;   /* TF Serving's API label: "predict", "metadata", ... */
+    int routed;        /* the version was chosen by a traffic split (observe.h) */
 } call_rec;
 
 static double elapsed_us(const struct timespec *a)
@@ -182,8 +183,16 @@ static kiln_servable *acquire(kiln_grpc_call *c, const KilnTfs__ModelSpec *ms, c
     int64_t version = ms->version ? ms->version->value : -1;
     char err[KILN_JSON_ERR_LEN];
     const char *code = "NOT_FOUND";
-    kiln_servable *sv = kiln_manager_acquire(c->ctx->rest->manager, ms->name, version,
+    /* a request naming no version and no label goes where a split sends it */
+    int routed = 0;
+    int64_t routed_version = kiln_observers_route(c->ctx->rest->opt.observers, ms->name, version,
+                                                  ms->version_label, c->route_key, &routed);
+    kiln_servable *sv = kiln_manager_acquire(c->ctx->rest->manager, ms->name, routed_version,
                                              ms->version_label, err, &code);
+    if (!sv && routed) /* the split's version is gone: the default serves */
+        sv = kiln_manager_acquire(c->ctx->rest->manager, ms->name, version, ms->version_label, err,
+                                  &code);
+    else r->routed = routed;
     if (!sv) {
         kiln_grpc_fail(c, kiln_grpc_code_of(code), "%s", err);
         return NULL;
@@ -365,14 +374,28 @@ static int select_outputs(kiln_grpc_call *c, const KilnTfs__PredictRequest *r,
     return 1;
 }
 
-/* Run signature si of sv with the call's deadline and cancel flag; 0 after
- * failing the call. */
-static int run(kiln_grpc_call *c, kiln_servable *sv, int si, kiln_tensor **in, int n,
-               kiln_batch_result *out)
+/* Run signature si of sv with the call's deadline and cancel flag, between
+ * the observers' check and after (observe.h); 0 after failing the call. */
+static int run(kiln_grpc_call *c, const call_rec *r, kiln_servable *sv, int si, kiln_tensor **in,
+               int n, kiln_batch_result *out)
 {
     char err[KILN_JSON_ERR_LEN];
     const char *code = "OK";
+    const kiln_observers *obs = c->ctx->rest ? c->ctx->rest->opt.observers : NULL;
+    kiln_observation o = {"GRPC", r->api, r->model, sv, si, in, n, NULL, "OK", 0.0,
+                          r->routed, c->route_key};
+    if (obs && obs->n > 0 && kiln_observers_check(obs, &o, err, &code) != KILN_OK) {
+        kiln_grpc_fail(c, kiln_grpc_code_of(code), "%s", err);
+        return 0;
+    }
+    double t0 = obs && obs->n > 0 ? kiln_observe_now_us() : 0.0;
     kiln_status st = kiln_servable_run_cancel(sv, si, in, n, c->deadline_ms, c->cancel, out, err, &code);
+    if (obs && obs->n > 0) {
+        o.latency_us = kiln_observe_now_us() - t0;
+        o.out = st == KILN_OK ? out : NULL;
+        o.code = st == KILN_OK ? "OK" : code;
+        kiln_observers_after(obs, &o);
+    }
     if (st != KILN_OK) {
         if (c->cancel && *c->cancel) kiln_grpc_fail(c, KILN_GRPC_CANCELLED, "Cancelled");
         else kiln_grpc_fail(c, kiln_grpc_code_of(code), "%s", err);
@@ -388,7 +411,7 @@ static int run(kiln_grpc_call *c, kiln_servable *sv, int si, kiln_tensor **in, i
 
 static void h_predict(kiln_grpc_call *c)
 {
-    call_rec rec = {"", -1, "predict"};
+    call_rec rec = {"", -1, "predict", 0};
     KilnTfs__PredictRequest *r =
         (KilnTfs__PredictRequest *)unpack(c, &kiln_tfs__predict_request__descriptor, "PredictRequest");
     if (!r) return;
@@ -410,7 +433,7 @@ static void h_predict(kiln_grpc_call *c)
     }
     if (!decode_inputs(c, r, sig, in)) goto err_free_inputs;
     kiln_batch_result out;
-    if (!run(c, sv, si, in, n, &out)) goto err_free_inputs;
+    if (!run(c, &rec, sv, si, in, n, &out)) goto err_free_inputs;
     int *keep = calloc((size_t)out.n + 1, sizeof *keep);
     kiln_grpc_tensor_set set;
     kiln_grpc_tensor_set_init(&set);
@@ -541,7 +564,7 @@ static int signature_def_map(const kiln_servable *sv, kiln_bytes *out)
 
 static void h_metadata(kiln_grpc_call *c)
 {
-    call_rec rec = {"", -1, "metadata"};
+    call_rec rec = {"", -1, "metadata", 0};
     KilnGrpc__GetModelMetadataRequest *r = (KilnGrpc__GetModelMetadataRequest *)unpack(
         c, &kiln_grpc__get_model_metadata_request__descriptor, "GetModelMetadataRequest");
     if (!r) return;
@@ -639,7 +662,7 @@ static void add_status(void *ctx, int i, int64_t version, kiln_version_state sta
 
 static void h_model_status(kiln_grpc_call *c)
 {
-    call_rec rec = {"", -1, "status"};
+    call_rec rec = {"", -1, "status", 0};
     KilnGrpc__GetModelStatusRequest *r = (KilnGrpc__GetModelStatusRequest *)unpack(
         c, &kiln_grpc__get_model_status_request__descriptor, "GetModelStatusRequest");
     if (!r) return;
@@ -717,7 +740,7 @@ static void result_block_free(result_block *b)
 
 /* Run the examples through signature si and read its results into b; 0
  * after failing the call. The results point into out's tensors. */
-static int run_examples(kiln_grpc_call *c, kiln_servable *sv, int si, int classify,
+static int run_examples(kiln_grpc_call *c, const call_rec *rec, kiln_servable *sv, int si, int classify,
                         kiln_tensor *examples, kiln_batch_result *out, result_block *b)
 {
     char err[KILN_JSON_ERR_LEN];
@@ -728,7 +751,7 @@ static int run_examples(kiln_grpc_call *c, kiln_servable *sv, int si, int classi
         kiln_grpc_fail(c, KILN_GRPC_INVALID_ARGUMENT, "%s", err);
         return 0;
     }
-    if (!run(c, sv, si, &examples, 1, out)) return 0;
+    if (!run(c, rec, sv, si, &examples, 1, out)) return 0;
     int64_t n = examples->dims[0];
     if (!classify) {
         const float *y;
@@ -808,7 +831,7 @@ static kiln_tensor *examples_of(kiln_grpc_call *c, const KilnTfs__Input *in)
 /* Classify and Regress: the same request shape (model_spec = 1, input = 2). */
 static void classify_or_regress(kiln_grpc_call *c, int classify)
 {
-    call_rec rec = {"", -1, classify ? "classify" : "regress"};
+    call_rec rec = {"", -1, classify ? "classify" : "regress", 0};
     KilnTfs__ClassificationRequest *r = (KilnTfs__ClassificationRequest *)unpack(
         c, &kiln_tfs__classification_request__descriptor,
         classify ? "ClassificationRequest" : "RegressionRequest");
@@ -827,7 +850,7 @@ static void classify_or_regress(kiln_grpc_call *c, int classify)
     if (!examples) goto err_release;
     kiln_batch_result out;
     result_block b;
-    if (run_examples(c, sv, si, classify, examples, &out, &b)) {
+    if (run_examples(c, &rec, sv, si, classify, examples, &out, &b)) {
         spec_out so;
         KilnTfs__ModelSpec *ms = spec_fill(&so, r->model_spec->name, sv->version,
                                            kiln_signature_name(kiln_model_signature(sv->model, si)));
@@ -860,7 +883,7 @@ static void h_regress(kiln_grpc_call *c) { classify_or_regress(c, 0); }
  * the same examples (TF Serving's checks and messages). */
 static void h_multi_inference(kiln_grpc_call *c)
 {
-    call_rec rec = {"", -1, "multi_inference"};
+    call_rec rec = {"", -1, "multi_inference", 0};
     KilnGrpc__MultiInferenceRequest *r = (KilnGrpc__MultiInferenceRequest *)unpack(
         c, &kiln_grpc__multi_inference_request__descriptor, "MultiInferenceRequest");
     if (!r) return;
@@ -919,7 +942,7 @@ static void h_multi_inference(kiln_grpc_call *c)
                            ms->signature_name && ms->signature_name[0] ? ms->signature_name : "serving_default");
             goto out;
         }
-        if (!run_examples(c, sv, si, classify, examples, &outs[i], &blocks[i])) goto out;
+        if (!run_examples(c, &rec, sv, si, classify, examples, &outs[i], &blocks[i])) goto out;
         kiln_grpc__inference_result__init(&res[i]);
         res[i].model_spec = spec_fill(&specs[i], ms->name, sv->version,
                                       kiln_signature_name(kiln_model_signature(sv->model, si)));
