@@ -372,7 +372,7 @@ int kiln_cmd_serve(int argc, char **argv)
     kiln_observers_init(&observers);
     kiln_server_options so = {address, rest_port, threads, timeout_ms, KILN_JSON_MAX_BYTES, bstats,
                               mon.prometheus_enable ? mon.prometheus_path : NULL, cors, batching, console,
-                              &observers};
+                              &observers, NULL, NULL};
     if (kiln_server_start(&server, &so, mgr) != KILN_OK) {
         kiln_grpc_stop(grpc, 0);
         kiln_manager_free(mgr);

@@ -29,6 +29,7 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <sys/socket.h>
 
 /* Per-request state, from MHD's first call to its completion callback. */
 typedef struct conn_state {
@@ -39,6 +40,7 @@ typedef struct conn_state {
     int64_t deadline_ms; /* first byte + --rest_api_timeout_in_ms (kiln_monotonic_ms); 0 = none */
     /* offloaded requests: queued to a request thread with the connection suspended */
     int done;        /* rep holds the reply; the connection was resumed to send it */
+    int loopback;    /* the peer is on this host */
     struct MHD_Connection *conn;
     char *method, *url, *enc, *origin, *route_key, *authorization; /* copies: MHD's are not
                                                                       ours to read off its thread */
@@ -124,7 +126,31 @@ static enum MHD_Result send_reply(kiln_server *s, struct MHD_Connection *c, kiln
 /* The headers a request's handling reads. */
 typedef struct req_headers {
     const char *enc, *origin, *route_key, *authorization;
+    int loopback;
 } req_headers;
+
+/* Is the connection's peer on this host? */
+static int peer_is_loopback(struct MHD_Connection *c)
+{
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+    if (!ci || !ci->client_addr) return 0;
+    const struct sockaddr *sa = ci->client_addr;
+    if (sa->sa_family == AF_INET)
+        return (ntohl(((const struct sockaddr_in *)sa)->sin_addr.s_addr) >> 24) == 127;
+    if (sa->sa_family == AF_INET6) {
+        const struct in6_addr *a = &((const struct sockaddr_in6 *)sa)->sin6_addr;
+        if (IN6_IS_ADDR_LOOPBACK(a)) return 1;
+        return IN6_IS_ADDR_V4MAPPED(a) && a->s6_addr[12] == 127;
+    }
+    return sa->sa_family == AF_UNIX;
+}
+
+int kiln_server_authorize(const kiln_server *s, const kiln_http_request *req, const char *scope)
+{
+    if (s->opt.authorize) return s->opt.authorize(s->opt.authorize_ctx, req->authorization, scope);
+    if (scope && strcmp(scope, "admin") == 0 && !req->loopback) return 403;
+    return 0;
+}
 
 /* The route key header's name (observe.h), or NULL. */
 static const char *route_header(const kiln_server *s)
@@ -176,7 +202,8 @@ static void handle(kiln_server *s, conn_state *cs, const char *method, const cha
         }
         if (!bad) {
             kiln_http_request req = {method,    url,         body.p ? body.p : "", body.len,
-                                     cs->deadline_ms, h->origin, h->route_key, h->authorization};
+                                     cs->deadline_ms, h->origin, h->route_key, h->authorization,
+                                     h->loopback};
             kiln_routes_dispatch(s, &req, rep);
             if (cs->deadline_ms > 0 && kiln_monotonic_ms() > cs->deadline_ms && rep->code == 200 &&
                 rep->api && (strcmp(rep->api, "predict") == 0 || strcmp(rep->api, "classify") == 0 ||
@@ -208,7 +235,7 @@ static void *request_thread(void *arg)
         if (!s->jobs_head) s->jobs_tail = NULL;
         pthread_mutex_unlock(&s->jobs_mu);
         if (atomic_load(&s->jobs_refuse)) cs->refused = 1; /* answered UNAVAILABLE */
-        req_headers h = {cs->enc, cs->origin, cs->route_key, cs->authorization};
+        req_headers h = {cs->enc, cs->origin, cs->route_key, cs->authorization, cs->loopback};
         handle(s, cs, cs->method, cs->url, &h, &cs->rep);
         cs->done = 1;
         MHD_resume_connection(cs->conn);
@@ -238,6 +265,7 @@ static int offload(kiln_server *s, struct MHD_Connection *c, conn_state *cs, con
     cs->origin = dup_or_null(MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Origin"), &oom);
     cs->route_key = dup_or_null(header(c, route_header(s)), &oom);
     cs->authorization = dup_or_null(header(c, "Authorization"), &oom);
+    cs->loopback = peer_is_loopback(c);
     if (oom) return 0;
     cs->conn = c;
     pthread_mutex_lock(&s->jobs_mu);
@@ -298,7 +326,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     }
     kiln_http_reply rep;
     req_headers h = {header(c, "Content-Encoding"), header(c, "Origin"), header(c, route_header(s)),
-                     header(c, "Authorization")};
+                     header(c, "Authorization"), peer_is_loopback(c)};
     handle(s, cs, method, url, &h, &rep);
     enum MHD_Result r = send_reply(s, c, &rep);
     kiln_sbuf_free(&rep.body);

@@ -23,6 +23,12 @@
 #include "serve/metrics.h"
 #include "serve/observe.h"
 
+/* Access control (tokens with scopes): 0 when `authorization` (the
+ * request's Authorization header, or NULL) grants `scope` ("predict",
+ * "metadata", "admin", ...), else the HTTP status to answer: 401 (no or
+ * unknown token) or 403 (a token without the scope). */
+typedef int (*kiln_authorize_fn)(void *ctx, const char *authorization, const char *scope);
+
 typedef struct kiln_server_options {
     const char *address;   /* listen address (NULL = all interfaces) */
     int rest_port;         /* --rest_api_port */
@@ -35,6 +41,8 @@ typedef struct kiln_server_options {
     int offload;           /* run POST requests on the server's own request threads (batching) */
     int console;           /* serve the web console at /console/ (--enable_console) */
     const kiln_observers *observers; /* the predict path's hooks (observe.h); NULL = none */
+    kiln_authorize_fn authorize;     /* NULL: open, as TF Serving; admin needs loopback */
+    void *authorize_ctx;
 } kiln_server_options;
 
 typedef struct kiln_server {
@@ -65,6 +73,7 @@ typedef struct kiln_http_request {
     const char *origin;         /* the Origin header, or NULL */
     const char *route_key;      /* the observers' route key header, or NULL */
     const char *authorization;  /* the Authorization header, or NULL */
+    int loopback;               /* the peer is on this host (127.0.0.0/8, ::1) */
 } kiln_http_request;
 
 /* The reply a handler fills. */
@@ -84,6 +93,11 @@ kiln_status kiln_server_start(kiln_server *s, const kiln_server_options *opt, ki
 /* Readiness off, stop accepting, wait up to drain_ms for in-flight
  * requests, stop the daemon. */
 void kiln_server_stop(kiln_server *s, int drain_ms);
+
+/* May this request use `scope`? 0 yes, else the HTTP status to answer (401
+ * or 403). With opt.authorize its answer; without, every scope is open
+ * except "admin", which only loopback peers get. */
+int kiln_server_authorize(const kiln_server *s, const kiln_http_request *req, const char *scope);
 
 /* Route a complete request (routes.c). */
 void kiln_routes_dispatch(kiln_server *s, const kiln_http_request *req, kiln_http_reply *rep);
