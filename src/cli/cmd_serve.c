@@ -19,6 +19,7 @@
 
 #include "cli/cli.h"
 #include "core/threadpool.h"
+#include "serve/auth.h"
 #include "serve/batch.h"
 #include "serve/config.h"
 #include "serve/integrity.h"
@@ -78,6 +79,9 @@ static const char serve_help[] =
     "                                     in FILE (docs/SECURITY.md)\n"
     "  --model_decryption_key_file=FILE   Kiln: key ring for encrypted models (kiln encrypt),\n"
     "                                     decrypted in memory\n"
+    "  --auth_token_file=FILE             Kiln: require bearer tokens (kiln token create) with\n"
+    "                                     scopes predict, metadata, admin; FILE is re-read when\n"
+    "                                     it changes (docs/SECURITY.md). Without it: open\n"
     "  --version                          print versions and exit\n";
 
 /* Flags accepted for compatibility whose features Kiln lacks so far. */
@@ -125,6 +129,7 @@ int kiln_cmd_serve(int argc, char **argv)
     const char *grpc_socket = NULL, *grpc_args = NULL, *ssl_file = NULL;
     const char *model_name = NULL, *base_path = NULL, *tags = NULL, *address = NULL;
     const char *config_file = NULL, *batching_file = NULL, *monitoring_file = NULL;
+    const char *token_file = NULL;
     kiln_integrity_options integrity = {NULL, NULL};
 
     for (int i = 0; i < argc; i++) {
@@ -180,6 +185,7 @@ int kiln_cmd_serve(int argc, char **argv)
         else if (strcmp(name, "--grpc_socket_path") == 0) grpc_socket = val;
         else if (strcmp(name, "--grpc_channel_arguments") == 0) grpc_args = val;
         else if (strcmp(name, "--ssl_config_file") == 0) ssl_file = val;
+        else if (strcmp(name, "--auth_token_file") == 0) token_file = *val ? val : NULL;
         else if (strcmp(name, "--enable_serialization_as_tensor_content") == 0)
             ok = (tensor_content = parse_bool(val)) >= 0;
         else if (strcmp(name, "--version") == 0) ok = (show_version = parse_bool(val)) >= 0;
@@ -238,6 +244,24 @@ int kiln_cmd_serve(int argc, char **argv)
     if (integrity.trusted_keys_file)
         fprintf(stderr, "kiln serve: serving only versions signed by a key in %s\n",
                 integrity.trusted_keys_file);
+    /* bearer tokens (serve/auth.c); static: an early error return leaves it
+     * reachable until the process exits */
+    static kiln_auth *auth;
+    auth = NULL;
+    if (token_file) {
+        char aerr[KILN_AUTH_ERR_LEN];
+        if (kiln_auth_open(token_file, &auth, aerr, sizeof aerr) != KILN_OK) {
+            kiln_server_config_free(config);
+            return kiln_cli_fail("--auth_token_file: %s", aerr);
+        }
+        fprintf(stderr, "kiln serve: access control: %d tokens from %s (re-read when it changes); "
+                        "open without a token: health, liveness, readiness, metrics\n",
+                kiln_auth_count(auth), token_file);
+    } else {
+        fprintf(stderr, "kiln serve: the server is open (no authentication): any client that "
+                        "reaches its ports may predict and read metadata; pass "
+                        "--auth_token_file to require tokens\n");
+    }
     /* the TF Serving container: MODEL_NAME, and MODEL_BASE_PATH/MODEL_NAME */
     const char *env_name = getenv("MODEL_NAME"), *env_base = getenv("MODEL_BASE_PATH");
     if (!model_name) model_name = env_name && *env_name ? env_name : "default";
@@ -372,7 +396,7 @@ int kiln_cmd_serve(int argc, char **argv)
     kiln_observers_init(&observers);
     kiln_server_options so = {address, rest_port, threads, timeout_ms, KILN_JSON_MAX_BYTES, bstats,
                               mon.prometheus_enable ? mon.prometheus_path : NULL, cors, batching, console,
-                              &observers, NULL, NULL};
+                              &observers, auth ? kiln_auth_authorize : NULL, auth};
     if (kiln_server_start(&server, &so, mgr) != KILN_OK) {
         kiln_grpc_stop(grpc, 0);
         kiln_manager_free(mgr);
@@ -408,6 +432,8 @@ int kiln_cmd_serve(int argc, char **argv)
     kiln_server_stop(&server, KILN_SERVE_DRAIN_MS);
     kiln_manager_free(mgr);
     kiln_batch_stats_free(bstats);
+    kiln_auth_free(auth);
+    auth = NULL;
     fprintf(stderr, "kiln serve: stopped\n");
     return KILN_CLI_EXIT_OK;
 }

@@ -113,6 +113,7 @@ static enum MHD_Result send_reply(kiln_server *s, struct MHD_Connection *c, kiln
         MHD_add_response_header(r, "Referrer-Policy", "no-referrer");
         MHD_add_response_header(r, "Cache-Control", "no-cache");
     }
+    if (rep->www_authenticate) MHD_add_response_header(r, "WWW-Authenticate", rep->www_authenticate);
     if (s->opt.cors) { /* TF Serving's AddCORSHeaders */
         MHD_add_response_header(r, "Access-Control-Allow-Origin", "*");
         MHD_add_response_header(r, "Access-Control-Allow-Methods", "POST, GET");

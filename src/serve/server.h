@@ -87,6 +87,7 @@ typedef struct kiln_http_reply {
     const char *status;         /* TF code name for metrics ("OK", ...) */
     const char *csp;            /* Content-Security-Policy (the console's replies), or NULL */
     int routed;                 /* the version was chosen by a traffic split (observe.h) */
+    const char *www_authenticate; /* a 401's WWW-Authenticate challenge, or NULL */
 } kiln_http_reply;
 
 kiln_status kiln_server_start(kiln_server *s, const kiln_server_options *opt, kiln_manager *mgr);

@@ -521,7 +521,7 @@ static void job_answer(job *j)
     if (j->cancel) kiln_grpc_fail(c, KILN_GRPC_CANCELLED, "Cancelled");
     else if (c->deadline_ms > 0 && now_ms() > c->deadline_ms)
         kiln_grpc_fail(c, KILN_GRPC_DEADLINE_EXCEEDED, "Deadline Exceeded");
-    else j->m->fn(c);
+    else if (!kiln_grpc_refuse_unauthorized(c, j->m)) j->m->fn(c);
     if (c->code == KILN_GRPC_OK && c->resp.oom)
         kiln_grpc_fail(c, KILN_GRPC_RESOURCE_EXHAUSTED, "out of memory writing the response");
 }
