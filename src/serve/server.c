@@ -482,6 +482,7 @@ kiln_status kiln_server_start(kiln_server *s, const kiln_server_options *opt, ki
         flags |= MHD_ALLOW_SUSPEND_RESUME;
         kiln_status st = start_request_threads(s, opt->num_threads);
         if (st != KILN_OK) {
+            if (opt->tls) atomic_store(&https_in_use, 0);
             kiln_metrics_free(s->metrics);
             s->metrics = NULL;
             return st;
