@@ -332,6 +332,12 @@ int kiln_cmd_serve(int argc, char **argv)
         }
     }
     go.tls = grpc_tls;
+    if (auth && (!rest_tls || (!grpc_tls && grpc_port > 0)) &&
+        (!address || strncmp(address, "127.", 4) != 0))
+        fprintf(stderr, "kiln serve: warning: tokens cross the network in clear text on the %s "
+                        "port (no TLS); add --ssl_cert_file/--ssl_key_file on networks you do "
+                        "not control\n",
+                !rest_tls ? "REST" : "gRPC");
     if (rest_tls)
         fprintf(stderr, "kiln serve: REST API over HTTPS (%s; re-read when it changes)\n",
                 kiln_tls_describe(rest_tls));
