@@ -710,6 +710,16 @@ static int refuse_unauthorized(kiln_server *s, const kiln_http_request *req, rou
     return 1;
 }
 
+int kiln_routes_refuse_unauthorized(kiln_server *s, const kiln_http_request *req,
+                                    kiln_http_reply *rep)
+{
+    route_params p;
+    route_kind kind = parse_path(req->method, req->path, s->opt.metrics_path, s->opt.console, &p);
+    if (kind == ROUTE_CORS_PREFLIGHT && !s->opt.cors)
+        kind = parse_path("GET", req->path, s->opt.metrics_path, s->opt.console, &p);
+    return refuse_unauthorized(s, req, kind, rep);
+}
+
 void kiln_routes_dispatch(kiln_server *s, const kiln_http_request *req, kiln_http_reply *rep)
 {
     route_params p;

@@ -44,6 +44,7 @@ typedef struct conn_state {
     /* offloaded requests: queued to a request thread with the connection suspended */
     int done;        /* rep holds the reply; the connection was resumed to send it */
     int loopback;    /* the peer is on this host */
+    int answered;    /* refused (401/403) at its headers; the body is discarded */
     struct MHD_Connection *conn;
     char *method, *url, *enc, *origin, *route_key, *authorization; /* copies: MHD's are not
                                                                       ours to read off its thread */
@@ -303,6 +304,25 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         cs->refused = atomic_load(&s->shutting_down);
         const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
         if (cl && strtoull(cl, NULL, 10) > s->opt.max_body) cs->too_big = 1;
+        if (s->opt.authorize && !cs->refused && strcmp(method, "POST") == 0) {
+            /* no valid token: answer now, before any of the body is read */
+            kiln_http_request req = {method, url, "", 0, 0, NULL, NULL, header(c, "Authorization"),
+                                     peer_is_loopback(c)};
+            kiln_http_reply rep;
+            memset(&rep, 0, sizeof rep);
+            rep.version = -1;
+            if (kiln_routes_refuse_unauthorized(s, &req, &rep)) {
+                cs->answered = 1;
+                enum MHD_Result r = send_reply(s, c, &rep);
+                kiln_sbuf_free(&rep.body);
+                return r;
+            }
+            kiln_sbuf_free(&rep.body);
+        }
+        return MHD_YES;
+    }
+    if (cs->answered) { /* refused at its headers: drop whatever body still comes */
+        *upload_size = 0;
         return MHD_YES;
     }
     if (*upload_size) {

@@ -108,6 +108,12 @@ void kiln_server_stop(kiln_server *s, int drain_ms);
  * except "admin", which only loopback peers get. */
 int kiln_server_authorize(const kiln_server *s, const kiln_http_request *req, const char *scope);
 
+/* The access check alone, from the method, path and headers (routes.c):
+ * 1 with rep holding the 401/403 answer, else 0. The server asks it when a
+ * POST's headers arrive, so a client without a valid token cannot make it
+ * read, buffer and inflate a body. */
+int kiln_routes_refuse_unauthorized(kiln_server *s, const kiln_http_request *req,
+                                    kiln_http_reply *rep);
 /* Route a complete request (routes.c). */
 void kiln_routes_dispatch(kiln_server *s, const kiln_http_request *req, kiln_http_reply *rep);
 /* Fill rep with {"error": msg} and the HTTP code for TF code name `code`. */

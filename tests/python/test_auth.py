@@ -14,6 +14,7 @@ import base64
 import hashlib
 import http.client
 import json
+import socket
 import subprocess
 import time
 
@@ -134,6 +135,27 @@ def test_rest_scopes(authsrv, tokens):
         assert rest(p, "GET", path)[0] == 200, path
     assert rest(p, "GET", "/nothing/here")[0] == 401
     assert rest(p, "GET", "/nothing/here", token=t["viewer"][0])[0] == 404
+
+
+def test_refused_before_the_body_is_read(authsrv, tokens):
+    """A POST without a valid token is answered at its headers: a client
+    that announces a large body and never sends it still gets its 401."""
+    _, t = tokens
+    for auth, want in ((None, 401), ("Bearer " + t["viewer"][0], 403)):
+        with socket.create_connection(("127.0.0.1", authsrv.rest), timeout=10) as c:
+            head = "POST /v1/models/aff:predict HTTP/1.1\r\nHost: x\r\nContent-Length: 50000000\r\n"
+            if auth:
+                head += f"Authorization: {auth}\r\n"
+            c.sendall((head + "\r\n").encode() + b"{" * 1000)
+            resp = b""
+            while b"\r\n\r\n" not in resp:
+                chunk = c.recv(4096)
+                if not chunk:
+                    break
+                resp += chunk
+            assert resp.startswith(f"HTTP/1.1 {want}".encode()), resp[:200]
+    # the server is fine afterwards
+    assert rest(authsrv.rest, "POST", "/v1/models/aff:predict", token=t["client"][0], body=PREDICT)[0] == 200
 
 
 def test_console_basic_auth(authsrv, tokens):
