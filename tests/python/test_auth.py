@@ -88,7 +88,8 @@ def authsrv(tmp_path_factory, tokens):
     _, t = tokens
     tf = root / "tokens.txt"
     tf.write_text("# Kiln tokens\n" + "".join(line + "\n" for _, line in t.values()))
-    s = Server(root, [model_line("aff", root / "aff")], f"--auth_token_file={tf}")
+    s = Server(root, [model_line("aff", root / "aff")], f"--auth_token_file={tf}",
+               "--grpc_channel_arguments=grpc.max_receive_message_length=1048576")
     s.token_file = tf
     s.root = root
     yield s
@@ -187,6 +188,12 @@ def test_grpc_scopes(authsrv, tokens, pb):
                  grpc.StatusCode.PERMISSION_DENIED, "predict")
     r = s.call(PS + "Predict", req, pb.predict.PredictResponse, metadata=md("client"))
     np.testing.assert_array_equal(to_numpy(pb, r.outputs["y"]), affine(X))
+    # refused at the headers: a message over the receive limit (1 MiB here) would otherwise be
+    # RESOURCE_EXHAUSTED; without a token it is never looked at
+    big = predict_request(pb, "aff", {"x": tensor_content(pb, np.zeros((100_000, 3), np.float32), 1)})
+    expect_error(lambda: s.call(PS + "Predict", big, pb.predict.PredictResponse), grpc.StatusCode.UNAUTHENTICATED)
+    expect_error(lambda: s.call(PS + "Predict", big, pb.predict.PredictResponse, metadata=md("client")),
+                 grpc.StatusCode.RESOURCE_EXHAUSTED)
     st = pb.status.GetModelStatusRequest()
     st.model_spec.name = "aff"
     expect_error(lambda: s.call(MS + "GetModelStatus", st, pb.status.GetModelStatusResponse, metadata=md("client")),

@@ -864,6 +864,14 @@ static void headers_done(stream *st)
         stream_finish(st, KILN_GRPC_UNAVAILABLE, "the server is shutting down");
         return;
     }
+    if (st->m->scope && g->ctx.rest && g->ctx.rest->opt.authorize) {
+        /* no valid token: answered now, its message never buffered */
+        kiln_grpc_call probe;
+        memset(&probe, 0, sizeof probe);
+        probe.ctx = &g->ctx;
+        probe.authorization = st->authorization[0] ? st->authorization : NULL;
+        if (kiln_grpc_refuse_unauthorized(&probe, st->m)) stream_finish(st, probe.code, probe.message);
+    }
 }
 
 static int on_frame_recv(nghttp2_session *s, const nghttp2_frame *f, void *ud)
