@@ -147,6 +147,11 @@ def test_https_predict_plain_refused_and_rotation(tmp_path, pb):
             c = http.client.HTTPConnection("127.0.0.1", s.rest, timeout=5)
             c.request("GET", "/v2/health/ready")
             c.getresponse().read()
+        # the container probe: plain HTTP fails on the TLS port, --tls answers
+        hc = [KILN, "healthcheck", "--port", str(s.rest), "--timeout_ms", "5000"]
+        assert subprocess.run(hc, capture_output=True, timeout=30).returncode != 0
+        r = subprocess.run(hc + ["--tls"], capture_output=True, text=True, timeout=30)
+        assert r.returncode == 0, r.stderr
         # gRPC over TLS with the same files (ALPN h2)
         creds = grpc.ssl_channel_credentials(root_certificates=(pki / "ca.pem").read_bytes())
         req = predict_request(pb, "aff", {"x": tensor_content(pb, X, 1)})
@@ -200,6 +205,11 @@ def test_mutual_tls(tmp_path):
         np.testing.assert_allclose(np.array([r["y"] for r in json.loads(body)["predictions"]], np.float32), affine(X))
         with pytest.raises((OSError, ssl.SSLError, http.client.HTTPException)):
             https(s.rest, client_ctx(pki), "GET", "/v2/health/ready")
+        hc = [KILN, "healthcheck", "--port", str(s.rest), "--tls", "--timeout_ms", "5000"]
+        assert subprocess.run(hc, capture_output=True, timeout=30).returncode != 0
+        r = subprocess.run(hc + ["--cert", str(pki / "client.pem"), "--key", str(pki / "client.key")],
+                           capture_output=True, text=True, timeout=30)
+        assert r.returncode == 0, r.stderr
         foreign = client_ctx(pki)
         foreign.load_cert_chain(str(other / "client.pem"), str(other / "client.key"))
         with pytest.raises((OSError, ssl.SSLError, http.client.HTTPException)):
