@@ -400,6 +400,9 @@ kiln_status kiln_auth_open(const char *path, kiln_auth **out, char *err, size_t 
         return s;
     }
     remember_identity(a, &st);
+    if (st.st_mode & S_IWOTH)
+        fprintf(stderr, "kiln serve: warning: token file '%s' is writable by every user: anyone "
+                        "on this host can add a token (chmod o-w)\n", path);
     pthread_rwlock_init(&a->lock, NULL);
     pthread_mutex_init(&a->reload_mu, NULL);
     atomic_store(&a->next_check_ms, mono_ms() + KILN_AUTH_RECHECK_MS);
