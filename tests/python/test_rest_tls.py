@@ -197,7 +197,8 @@ def test_mutual_tls(tmp_path):
     other.mkdir()
     make_pki(other, ca_name="another-ca", who=("client",))
     s = TlsServer(tmp_path, pki, f"--ssl_cert_file={pki / 'server.pem'}", f"--ssl_key_file={pki / 'server.key'}",
-                  f"--ssl_ca_file={pki / 'ca.pem'}", "--ssl_client_verify", ready_cert="client")
+                  f"--ssl_ca_file={pki / 'ca.pem'}", "--ssl_client_verify",
+                  "--enable_batching", ready_cert="client")  # suspended connections over TLS too
     try:
         code, body = https(s.rest, client_ctx(pki, "client"), "POST", "/v1/models/aff:predict",
                            {"instances": X.tolist()})
