@@ -227,12 +227,15 @@ def test_rest_ssl_config_file_rotation(tmp_path):
         replace_file(conf, pem_field("server_key", (pki / f"{who}.key").read_bytes())
                      + pem_field("server_cert", (pki / f"{who}.pem").read_bytes()))
     write("server")
-    s = TlsServer(tmp_path, pki, f"--rest_api_ssl_config_file={conf}", "--port=0")
+    # TF Serving's flag for gRPC and Kiln's for REST, both on the same SSLConfig file
+    s = TlsServer(tmp_path, pki, f"--rest_api_ssl_config_file={conf}", f"--ssl_config_file={conf}")
     try:
-        ctx = client_ctx(pki)
+        ctx, h2 = client_ctx(pki), client_ctx(pki, alpn=["h2"])
         assert served_fingerprint(s.rest, ctx) == fingerprint_pem(pki / "server.pem")
+        assert served_fingerprint(s.grpc, h2) == fingerprint_pem(pki / "server.pem")
         write("server2")
         assert wait_for(lambda: served_fingerprint(s.rest, ctx) == fingerprint_pem(pki / "server2.pem"))
+        assert wait_for(lambda: served_fingerprint(s.grpc, h2) == fingerprint_pem(pki / "server2.pem"))
         assert "re-read: serving certificate serial" in s.logtext()
     finally:
         s.kill()
