@@ -13,6 +13,11 @@
  * would hold up requests on its other connections for up to the batch
  * timeout, and they would miss the batch.) --rest_api_num_threads sets both
  * pools, and so bounds how many requests can join one batch.
+ *
+ * With a token check (opt.authorize, auth.c) a POST is checked when its
+ * headers arrive and refused before its body is read; routes.c checks every
+ * request again with its route's scope. With opt.tls the daemon speaks
+ * HTTPS and takes its certificate per handshake from tls.c (HTTPS below).
  */
 #include "serve/server.h"
 
