@@ -12,6 +12,7 @@ pkgs=(build-essential cmake pkg-config protobuf-c-compiler libprotobuf-c-dev zli
 pkgs+=(python3-dev python3-setuptools python3-pip)  # the Python API, python/ (docs/PYTHON.md)
 pkgs+=(libsodium-dev python3-cryptography)  # signed and encrypted models (docs/SECURITY.md)
 pkgs+=(python3-yaml python3-jsonschema)  # checking deploy/k8s manifests (docs/DEPLOY.md)
+pkgs+=(libgnutls28-dev openssl)  # TLS on both ports; test certificates (tests/python/test_rest_tls.py)
 # Node.js: Debian's nodejs and npm, unless a node with npm is already installed
 # (e.g. NodeSource's nodejs, which bundles npm and conflicts with Debian's npm)
 command -v npm >/dev/null 2>&1 || pkgs+=(nodejs npm)

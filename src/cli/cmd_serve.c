@@ -19,12 +19,14 @@
 
 #include "cli/cli.h"
 #include "core/threadpool.h"
+#include "serve/auth.h"
 #include "serve/batch.h"
 #include "serve/config.h"
 #include "serve/integrity.h"
 #include "serve/manager.h"
 #include "serve/grpc/grpc.h"
 #include "serve/server.h"
+#include "serve/tls.h"
 
 #define KILN_SERVE_DRAIN_MS 10000
 
@@ -69,7 +71,13 @@ static const char serve_help[] =
     "                                     grpc.max_send_message_length (default 2 GiB - 1),\n"
     "                                     grpc.max_concurrent_streams (default 256)\n"
     "  --ssl_config_file=FILE             SSLConfig text proto: gRPC over TLS (server_key,\n"
-    "                                     server_cert, custom_ca, client_verify)\n"
+    "                                     server_cert, custom_ca, client_verify); re-read when\n"
+    "                                     it changes\n"
+    "  --rest_api_ssl_config_file=FILE    Kiln: the same for the REST port (HTTPS)\n"
+    "  --ssl_cert_file=F --ssl_key_file=F Kiln: PEM files (chain, key) for TLS on both ports\n"
+    "                                     (where no SSLConfig is given); re-read when they\n"
+    "                                     change, so rotation needs no restart\n"
+    "  --ssl_ca_file=F [--ssl_client_verify]  Kiln: CA for client certificates; mutual TLS\n"
     "  --enable_serialization_as_tensor_content[=true|false]  gRPC answers numeric tensors\n"
     "                                     in tensor_content (default: typed fields, as TF)\n"
     "  --tensorflow_inter_op_parallelism, --allow_precompilation,\n"
@@ -78,6 +86,9 @@ static const char serve_help[] =
     "                                     in FILE (docs/SECURITY.md)\n"
     "  --model_decryption_key_file=FILE   Kiln: key ring for encrypted models (kiln encrypt),\n"
     "                                     decrypted in memory\n"
+    "  --auth_token_file=FILE             Kiln: require bearer tokens (kiln token create) with\n"
+    "                                     scopes predict, metadata, admin; FILE is re-read when\n"
+    "                                     it changes (docs/SECURITY.md). Without it: open\n"
     "  --version                          print versions and exit\n";
 
 /* Flags accepted for compatibility whose features Kiln lacks so far. */
@@ -93,7 +104,8 @@ static int is_bool_flag(const char *name)
                                     "--allow_precompilation",
                                     "--allow_compression", "--use_tfrt", "--disable_optimizer",
                                     "--version", "--prefer_tflite_model",
-                                    "--enable_serialization_as_tensor_content"};
+                                    "--enable_serialization_as_tensor_content",
+                                    "--ssl_client_verify"};
     for (size_t i = 0; i < sizeof b / sizeof b[0]; i++)
         if (strcmp(b[i], name) == 0) return 1;
     return 0;
@@ -125,6 +137,9 @@ int kiln_cmd_serve(int argc, char **argv)
     const char *grpc_socket = NULL, *grpc_args = NULL, *ssl_file = NULL;
     const char *model_name = NULL, *base_path = NULL, *tags = NULL, *address = NULL;
     const char *config_file = NULL, *batching_file = NULL, *monitoring_file = NULL;
+    const char *token_file = NULL, *rest_ssl_file = NULL;
+    const char *cert_file = NULL, *key_file = NULL, *ca_file = NULL;
+    int client_verify = 0;
     kiln_integrity_options integrity = {NULL, NULL};
 
     for (int i = 0; i < argc; i++) {
@@ -180,6 +195,12 @@ int kiln_cmd_serve(int argc, char **argv)
         else if (strcmp(name, "--grpc_socket_path") == 0) grpc_socket = val;
         else if (strcmp(name, "--grpc_channel_arguments") == 0) grpc_args = val;
         else if (strcmp(name, "--ssl_config_file") == 0) ssl_file = val;
+        else if (strcmp(name, "--auth_token_file") == 0) token_file = *val ? val : NULL;
+        else if (strcmp(name, "--rest_api_ssl_config_file") == 0) rest_ssl_file = *val ? val : NULL;
+        else if (strcmp(name, "--ssl_cert_file") == 0) cert_file = *val ? val : NULL;
+        else if (strcmp(name, "--ssl_key_file") == 0) key_file = *val ? val : NULL;
+        else if (strcmp(name, "--ssl_ca_file") == 0) ca_file = *val ? val : NULL;
+        else if (strcmp(name, "--ssl_client_verify") == 0) ok = (client_verify = parse_bool(val)) >= 0;
         else if (strcmp(name, "--enable_serialization_as_tensor_content") == 0)
             ok = (tensor_content = parse_bool(val)) >= 0;
         else if (strcmp(name, "--version") == 0) ok = (show_version = parse_bool(val)) >= 0;
@@ -238,6 +259,24 @@ int kiln_cmd_serve(int argc, char **argv)
     if (integrity.trusted_keys_file)
         fprintf(stderr, "kiln serve: serving only versions signed by a key in %s\n",
                 integrity.trusted_keys_file);
+    /* bearer tokens (serve/auth.c); static: an early error return leaves it
+     * reachable until the process exits */
+    static kiln_auth *auth;
+    auth = NULL;
+    if (token_file) {
+        char aerr[KILN_AUTH_ERR_LEN];
+        if (kiln_auth_open(token_file, &auth, aerr, sizeof aerr) != KILN_OK) {
+            kiln_server_config_free(config);
+            return kiln_cli_fail("--auth_token_file: %s", aerr);
+        }
+        fprintf(stderr, "kiln serve: access control: %d tokens from %s (re-read when it changes); "
+                        "open without a token: health, liveness, readiness, metrics\n",
+                kiln_auth_count(auth), token_file);
+    } else {
+        fprintf(stderr, "kiln serve: the server is open (no authentication): any client that "
+                        "reaches its ports may predict and read metadata; pass "
+                        "--auth_token_file to require tokens\n");
+    }
     /* the TF Serving container: MODEL_NAME, and MODEL_BASE_PATH/MODEL_NAME */
     const char *env_name = getenv("MODEL_NAME"), *env_base = getenv("MODEL_BASE_PATH");
     if (!model_name) model_name = env_name && *env_name ? env_name : "default";
@@ -264,15 +303,47 @@ int kiln_cmd_serve(int argc, char **argv)
         kiln_server_config_free(config);
         return kiln_cli_usage_error("serve", "%s", cerr);
     }
-    kiln_ssl_config ssl;
-    memset(&ssl, 0, sizeof ssl);
-    if (ssl_file && *ssl_file) {
-        if (kiln_ssl_config_load(ssl_file, &ssl, cerr) != KILN_OK) {
+    /* TLS (serve/tls.c): each port's SSLConfig, else the PEM file flags for
+     * both; credentials are re-read when their files change. Static: an
+     * early error return leaves them reachable until the process exits. */
+    static kiln_tls *files_tls, *grpc_tls, *rest_tls;
+    files_tls = grpc_tls = rest_tls = NULL;
+    char terr[1024];
+    if (cert_file || key_file || ca_file || client_verify) {
+        kiln_tls_files f = {NULL, cert_file, key_file, ca_file, client_verify, "--ssl_cert_file"};
+        if (kiln_tls_open(&f, &files_tls, terr, sizeof terr) != KILN_OK) {
             kiln_server_config_free(config);
-            return kiln_cli_fail("--ssl_config_file: %s", cerr);
+            return kiln_cli_fail("%s", terr);
         }
-        go.ssl = &ssl;
     }
+    grpc_tls = rest_tls = files_tls;
+    if (ssl_file && *ssl_file) {
+        kiln_tls_files f = {ssl_file, NULL, NULL, NULL, 0, "--ssl_config_file"};
+        if (kiln_tls_open(&f, &grpc_tls, terr, sizeof terr) != KILN_OK) {
+            kiln_server_config_free(config);
+            return kiln_cli_fail("%s", terr);
+        }
+    }
+    if (rest_ssl_file) {
+        kiln_tls_files f = {rest_ssl_file, NULL, NULL, NULL, 0, "--rest_api_ssl_config_file"};
+        if (kiln_tls_open(&f, &rest_tls, terr, sizeof terr) != KILN_OK) {
+            kiln_server_config_free(config);
+            return kiln_cli_fail("%s", terr);
+        }
+    }
+    go.tls = grpc_tls;
+    if (auth && (!rest_tls || (!grpc_tls && grpc_port > 0)) &&
+        (!address || strncmp(address, "127.", 4) != 0))
+        fprintf(stderr, "kiln serve: warning: tokens cross the network in clear text on the %s "
+                        "port (no TLS); add --ssl_cert_file/--ssl_key_file on networks you do "
+                        "not control\n",
+                !rest_tls ? "REST" : "gRPC");
+    if (rest_tls)
+        fprintf(stderr, "kiln serve: REST API over HTTPS (%s; re-read when it changes)\n",
+                kiln_tls_describe(rest_tls));
+    if (grpc_tls && grpc_port > 0)
+        fprintf(stderr, "kiln serve: gRPC over TLS (%s; re-read when it changes)\n",
+                kiln_tls_describe(grpc_tls));
     /* which TF Serving / Vertex AI flags take effect, with their values */
     fprintf(stderr,
             "kiln serve: honoured flags: --rest_api_timeout_in_ms=%d --rest_api_num_threads=%d "
@@ -350,7 +421,7 @@ int kiln_cmd_serve(int argc, char **argv)
     char gerr[256];
     if (go.port > 0 || go.socket_path) {
         kiln_status gst = kiln_grpc_listen(&go, &grpc, gerr, sizeof gerr);
-        if (gst != KILN_OK && go.ssl) port_given = 1; /* a TLS setup error is never skipped */
+        if (gst != KILN_OK && go.tls) port_given = 1; /* a TLS setup error is never skipped */
         if (gst != KILN_OK && !port_given) {
             /* the default port is taken (another server on this host): REST
              * still serves; an explicit --port must open or the start fails */
@@ -358,21 +429,19 @@ int kiln_cmd_serve(int argc, char **argv)
             go.port = 0;
             gst = go.socket_path ? kiln_grpc_listen(&go, &grpc, gerr, sizeof gerr) : KILN_OK;
         }
-        kiln_ssl_config_free(&ssl); /* kiln_grpc_listen copied what it needs */
         if (gst != KILN_OK) {
             kiln_manager_free(mgr);
             kiln_batch_stats_free(bstats);
             return kiln_cli_fail("%s", gerr);
         }
     }
-    kiln_ssl_config_free(&ssl);
     kiln_server server;
     /* the predict path's hooks: rollouts and monitoring register here */
     static kiln_observers observers;
     kiln_observers_init(&observers);
     kiln_server_options so = {address, rest_port, threads, timeout_ms, KILN_JSON_MAX_BYTES, bstats,
                               mon.prometheus_enable ? mon.prometheus_path : NULL, cors, batching, console,
-                              &observers, NULL, NULL};
+                              &observers, auth ? kiln_auth_authorize : NULL, auth, rest_tls};
     if (kiln_server_start(&server, &so, mgr) != KILN_OK) {
         kiln_grpc_stop(grpc, 0);
         kiln_manager_free(mgr);
@@ -408,6 +477,12 @@ int kiln_cmd_serve(int argc, char **argv)
     kiln_server_stop(&server, KILN_SERVE_DRAIN_MS);
     kiln_manager_free(mgr);
     kiln_batch_stats_free(bstats);
+    kiln_auth_free(auth);
+    auth = NULL;
+    if (rest_tls != files_tls) kiln_tls_free(rest_tls);
+    if (grpc_tls != files_tls) kiln_tls_free(grpc_tls);
+    kiln_tls_free(files_tls);
+    files_tls = grpc_tls = rest_tls = NULL;
     fprintf(stderr, "kiln serve: stopped\n");
     return KILN_CLI_EXIT_OK;
 }

@@ -29,6 +29,7 @@ static const kiln_cli_command kiln_cli_commands[] = {
     {"rekey", "re-encrypt a folder's encrypted files under another key", kiln_cmd_rekey},
     {"fingerprint", "a stable identity of a model's weights and ops", kiln_cmd_fingerprint},
     {"healthcheck", "exit 0 if a local kiln serve is ready (container probes)", kiln_cmd_healthcheck},
+    {"token", "make a bearer token for kiln serve --auth_token_file", kiln_cmd_token},
 };
 
 #define KILN_CLI_COMMAND_COUNT (sizeof kiln_cli_commands / sizeof kiln_cli_commands[0])

@@ -654,6 +654,72 @@ static const struct route {
     {"GET", ROUTE_CONSOLE, h_console},
 };
 
+/* Access control (--auth_token_file, docs/SECURITY.md): the routes anyone
+ * may call (probes, the Prometheus page, CORS preflights, which browsers
+ * send without credentials), and the scope the others need; NULL for any
+ * valid token (unknown paths, malformed /v1/ paths, and routes whose
+ * handlers check a finer scope themselves, such as admin actions). */
+static int route_open(route_kind kind)
+{
+    return kind == ROUTE_V2_LIVE || kind == ROUTE_V2_READY || kind == ROUTE_METRICS ||
+           kind == ROUTE_CORS_PREFLIGHT;
+}
+
+static const char *route_scope(route_kind kind, const char *method)
+{
+    switch (kind) {
+    case ROUTE_V1_PREDICT:
+    case ROUTE_V1_CLASSIFY:
+    case ROUTE_V1_REGRESS:
+    case ROUTE_V2_INFER:
+        return "predict";
+    case ROUTE_V1_LIST:
+    case ROUTE_V1_STATUS:
+    case ROUTE_V1_METADATA:
+    case ROUTE_V2_SERVER:
+    case ROUTE_V2_MODEL:
+    case ROUTE_V2_MODEL_READY:
+        return "metadata";
+    case ROUTE_CONSOLE: /* views are GETs; anything else is an action */
+        return strcmp(method, "GET") == 0 || strcmp(method, "HEAD") == 0 ? "metadata" : "admin";
+    default:
+        return NULL;
+    }
+}
+
+/* Answer 401 / 403 when the request may not use its route; 1 if refused. */
+static int refuse_unauthorized(kiln_server *s, const kiln_http_request *req, route_kind kind,
+                               kiln_http_reply *rep)
+{
+    if (route_open(kind)) return 0;
+    const char *scope = route_scope(kind, req->method);
+    int code = kiln_server_authorize(s, req, scope);
+    if (code == 0) return 0;
+    char msg[200];
+    if (code == 401) {
+        kiln_reply_error(rep, "UNAUTHENTICATED",
+                         "a valid token is required: send Authorization: Bearer TOKEN");
+        /* browsers on the console get a password prompt (the token as password) */
+        rep->www_authenticate = kind == ROUTE_CONSOLE ? "Basic realm=\"kiln console\", charset=\"UTF-8\""
+                                                      : "Bearer realm=\"kiln\"";
+    } else {
+        snprintf(msg, sizeof msg, "the token does not grant the '%s' scope",
+                 scope ? scope : "required");
+        kiln_reply_error(rep, "PERMISSION_DENIED", msg);
+    }
+    return 1;
+}
+
+int kiln_routes_refuse_unauthorized(kiln_server *s, const kiln_http_request *req,
+                                    kiln_http_reply *rep)
+{
+    route_params p;
+    route_kind kind = parse_path(req->method, req->path, s->opt.metrics_path, s->opt.console, &p);
+    if (kind == ROUTE_CORS_PREFLIGHT && !s->opt.cors)
+        kind = parse_path("GET", req->path, s->opt.metrics_path, s->opt.console, &p);
+    return refuse_unauthorized(s, req, kind, rep);
+}
+
 void kiln_routes_dispatch(kiln_server *s, const kiln_http_request *req, kiln_http_reply *rep)
 {
     route_params p;
@@ -664,6 +730,7 @@ void kiln_routes_dispatch(kiln_server *s, const kiln_http_request *req, kiln_htt
     /* without --rest_api_enable_cors_support OPTIONS is routed like any method */
     if (kind == ROUTE_CORS_PREFLIGHT && !s->opt.cors)
         kind = parse_path("GET", req->path, s->opt.metrics_path, s->opt.console, &p);
+    if (refuse_unauthorized(s, req, kind, rep)) return;
     for (size_t i = 0; i < sizeof kiln_routes / sizeof kiln_routes[0]; i++) {
         const struct route *r = &kiln_routes[i];
         if (r->kind != kind) continue;

@@ -13,10 +13,18 @@
  * would hold up requests on its other connections for up to the batch
  * timeout, and they would miss the batch.) --rest_api_num_threads sets both
  * pools, and so bounds how many requests can join one batch.
+ *
+ * With a token check (opt.authorize, auth.c) a POST is checked when its
+ * headers arrive and refused before its body is read; routes.c checks every
+ * request again with its route's scope. With opt.tls the daemon speaks
+ * HTTPS and takes its certificate per handshake from tls.c (HTTPS below).
  */
 #include "serve/server.h"
 
 #include "serve/batch.h"
+#include "serve/tls.h"
+
+#include <gnutls/gnutls.h>
 
 #include <microhttpd.h>
 #include <stdio.h>
@@ -41,6 +49,7 @@ typedef struct conn_state {
     /* offloaded requests: queued to a request thread with the connection suspended */
     int done;        /* rep holds the reply; the connection was resumed to send it */
     int loopback;    /* the peer is on this host */
+    int answered;    /* refused (401/403) at its headers; the body is discarded */
     struct MHD_Connection *conn;
     char *method, *url, *enc, *origin, *route_key, *authorization; /* copies: MHD's are not
                                                                       ours to read off its thread */
@@ -113,6 +122,7 @@ static enum MHD_Result send_reply(kiln_server *s, struct MHD_Connection *c, kiln
         MHD_add_response_header(r, "Referrer-Policy", "no-referrer");
         MHD_add_response_header(r, "Cache-Control", "no-cache");
     }
+    if (rep->www_authenticate) MHD_add_response_header(r, "WWW-Authenticate", rep->www_authenticate);
     if (s->opt.cors) { /* TF Serving's AddCORSHeaders */
         MHD_add_response_header(r, "Access-Control-Allow-Origin", "*");
         MHD_add_response_header(r, "Access-Control-Allow-Methods", "POST, GET");
@@ -299,6 +309,25 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         cs->refused = atomic_load(&s->shutting_down);
         const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
         if (cl && strtoull(cl, NULL, 10) > s->opt.max_body) cs->too_big = 1;
+        if (s->opt.authorize && !cs->refused && strcmp(method, "POST") == 0) {
+            /* no valid token: answer now, before any of the body is read */
+            kiln_http_request req = {method, url, "", 0, 0, NULL, NULL, header(c, "Authorization"),
+                                     peer_is_loopback(c)};
+            kiln_http_reply rep;
+            memset(&rep, 0, sizeof rep);
+            rep.version = -1;
+            if (kiln_routes_refuse_unauthorized(s, &req, &rep)) {
+                cs->answered = 1;
+                enum MHD_Result r = send_reply(s, c, &rep);
+                kiln_sbuf_free(&rep.body);
+                return r;
+            }
+            kiln_sbuf_free(&rep.body);
+        }
+        return MHD_YES;
+    }
+    if (cs->answered) { /* refused at its headers: drop whatever body still comes */
+        *upload_size = 0;
         return MHD_YES;
     }
     if (*upload_size) {
@@ -351,6 +380,43 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
     free(cs);
     *con_cls = NULL;
     atomic_fetch_sub(&s->in_flight, 1);
+}
+
+/* ------------------------------------------------------------ HTTPS */
+
+/* libmicrohttpd's certificate callback takes no context pointer, so the
+ * REST port's credentials are process-wide: one HTTPS server per process
+ * (kiln_server_start refuses a second). */
+static kiln_tls *https_tls;
+static atomic_int https_in_use;
+
+/* The handshake's check of a client certificate (client_verify): the chain
+ * must verify against the current credentials' CA. */
+static int https_verify_client(gnutls_session_t session)
+{
+    unsigned n = 0;
+    const gnutls_datum_t *peers = gnutls_certificate_get_peers(session, &n);
+    return kiln_tls_verify_peers(kiln_tls_current(https_tls), peers, n) ? 0
+                                                                         : GNUTLS_E_CERTIFICATE_ERROR;
+}
+
+/* GnuTLS asks for the server's certificate during each handshake: the
+ * current generation's (tls.c re-reads the files when they change). The
+ * generation outlives every session that uses it. */
+static int https_retrieve_cert(gnutls_session_t session, const gnutls_datum_t *req_ca_dn, int nreqs,
+                               const gnutls_pk_algorithm_t *pk_algos, int pk_algos_length,
+                               gnutls_pcert_st **pcert, unsigned int *pcert_length,
+                               gnutls_privkey_t *privkey)
+{
+    const kiln_tls_gen *g = kiln_tls_current(https_tls);
+    *pcert = (gnutls_pcert_st *)g->pcert;
+    *pcert_length = g->n_pcert;
+    *privkey = g->key;
+    if (g->client_verify) { /* before the CertificateRequest goes out, in TLS 1.2 and 1.3 */
+        gnutls_certificate_server_set_request(session, GNUTLS_CERT_REQUIRE);
+        gnutls_session_set_verify_function(session, https_verify_client);
+    }
+    return 0;
 }
 
 /* Stop the request threads: queued requests are answered first (UNAVAILABLE
@@ -415,10 +481,33 @@ kiln_status kiln_server_start(kiln_server *s, const kiln_server_options *opt, ki
      * servers allow). A larger pool costs CPU on every keep-alive request (MHD clears it between
      * requests: 256 KiB was 6.5% of a small model's profile, 64 KiB 4.4%). */
     unsigned int flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ITC | MHD_USE_AUTO;
+    struct MHD_OptionItem tls_opts[] = {{MHD_OPTION_END, 0, NULL}, {MHD_OPTION_END, 0, NULL}};
+    if (opt->tls) {
+        if (MHD_is_feature_supported(MHD_FEATURE_TLS) != MHD_YES ||
+            MHD_is_feature_supported(MHD_FEATURE_HTTPS_CERT_CALLBACK) != MHD_YES) {
+            fprintf(stderr, "kiln serve: this libmicrohttpd was built without TLS (GnuTLS) or "
+                            "its certificate callback, so the REST port cannot serve HTTPS; "
+                            "install a libmicrohttpd built with GnuTLS (Debian's is)\n");
+            kiln_metrics_free(s->metrics);
+            s->metrics = NULL;
+            return KILN_ERR_UNSUPPORTED;
+        }
+        if (atomic_exchange(&https_in_use, 1)) {
+            fprintf(stderr, "kiln serve: one HTTPS REST server per process\n");
+            kiln_metrics_free(s->metrics);
+            s->metrics = NULL;
+            return KILN_ERR_UNSUPPORTED;
+        }
+        https_tls = opt->tls;
+        flags |= MHD_USE_TLS;
+        tls_opts[0].option = MHD_OPTION_HTTPS_CERT_CALLBACK;
+        tls_opts[0].ptr_value = (void *)https_retrieve_cert;
+    }
     if (opt->offload) {
         flags |= MHD_ALLOW_SUSPEND_RESUME;
         kiln_status st = start_request_threads(s, opt->num_threads);
         if (st != KILN_OK) {
+            if (opt->tls) atomic_store(&https_in_use, 0);
             kiln_metrics_free(s->metrics);
             s->metrics = NULL;
             return st;
@@ -429,8 +518,9 @@ kiln_status kiln_server_start(kiln_server *s, const kiln_server_options *opt, ki
         (struct sockaddr *)&addr, MHD_OPTION_THREAD_POOL_SIZE, (unsigned)opt->num_threads,
         MHD_OPTION_NOTIFY_COMPLETED, on_completed, s, MHD_OPTION_CONNECTION_TIMEOUT,
         (unsigned)120, MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)(16 * 1024),
-        MHD_OPTION_LISTENING_ADDRESS_REUSE, (unsigned)1, MHD_OPTION_END);
+        MHD_OPTION_LISTENING_ADDRESS_REUSE, (unsigned)1, MHD_OPTION_ARRAY, tls_opts, MHD_OPTION_END);
     if (!s->daemon) {
+        if (opt->tls) atomic_store(&https_in_use, 0);
         if (opt->offload) {
             stop_request_threads(s, 0);
             request_threads_free(s);
@@ -461,6 +551,7 @@ void kiln_server_stop(kiln_server *s, int drain_ms)
     if (s->opt.offload) request_threads_free(s);
     if (fd != MHD_INVALID_SOCKET) close(fd);
     s->daemon = NULL;
+    if (s->opt.tls) atomic_store(&https_in_use, 0);
     kiln_metrics_free(s->metrics);
     s->metrics = NULL;
 }

@@ -9,7 +9,11 @@
  * "Origin header is missing in CORS preflight"), per-request deadlines
  * (--rest_api_timeout_in_ms, passed to the model run; 504), and graceful
  * shutdown (readiness off, stop
- * accepting, drain in-flight requests, bounded).
+ * accepting, drain in-flight requests, bounded). With opt.tls the port
+ * speaks HTTPS (libmicrohttpd over GnuTLS), its certificate chosen per
+ * handshake from the current credentials so that rotation needs no restart,
+ * and with client_verify the client's certificate is required and checked
+ * during the handshake.
  */
 #ifndef KILN_SERVE_SERVER_H
 #define KILN_SERVE_SERVER_H
@@ -29,6 +33,8 @@
  * unknown token) or 403 (a token without the scope). */
 typedef int (*kiln_authorize_fn)(void *ctx, const char *authorization, const char *scope);
 
+struct kiln_tls;
+
 typedef struct kiln_server_options {
     const char *address;   /* listen address (NULL = all interfaces) */
     int rest_port;         /* --rest_api_port */
@@ -43,6 +49,8 @@ typedef struct kiln_server_options {
     const kiln_observers *observers; /* the predict path's hooks (observe.h); NULL = none */
     kiln_authorize_fn authorize;     /* NULL: open, as TF Serving; admin needs loopback */
     void *authorize_ctx;
+    struct kiln_tls *tls;  /* HTTPS with these credentials (tls.h: re-read when their files
+                              change), or NULL for plain HTTP; borrowed until stop */
 } kiln_server_options;
 
 typedef struct kiln_server {
@@ -87,6 +95,7 @@ typedef struct kiln_http_reply {
     const char *status;         /* TF code name for metrics ("OK", ...) */
     const char *csp;            /* Content-Security-Policy (the console's replies), or NULL */
     int routed;                 /* the version was chosen by a traffic split (observe.h) */
+    const char *www_authenticate; /* a 401's WWW-Authenticate challenge, or NULL */
 } kiln_http_reply;
 
 kiln_status kiln_server_start(kiln_server *s, const kiln_server_options *opt, kiln_manager *mgr);
@@ -99,6 +108,12 @@ void kiln_server_stop(kiln_server *s, int drain_ms);
  * except "admin", which only loopback peers get. */
 int kiln_server_authorize(const kiln_server *s, const kiln_http_request *req, const char *scope);
 
+/* The access check alone, from the method, path and headers (routes.c):
+ * 1 with rep holding the 401/403 answer, else 0. The server asks it when a
+ * POST's headers arrive, so a client without a valid token cannot make it
+ * read, buffer and inflate a body. */
+int kiln_routes_refuse_unauthorized(kiln_server *s, const kiln_http_request *req,
+                                    kiln_http_reply *rep);
 /* Route a complete request (routes.c). */
 void kiln_routes_dispatch(kiln_server *s, const kiln_http_request *req, kiln_http_reply *rep);
 /* Fill rep with {"error": msg} and the HTTP code for TF code name `code`. */

@@ -26,11 +26,13 @@ enum {
     KILN_GRPC_INVALID_ARGUMENT = 3,
     KILN_GRPC_DEADLINE_EXCEEDED = 4,
     KILN_GRPC_NOT_FOUND = 5,
+    KILN_GRPC_PERMISSION_DENIED = 7,
     KILN_GRPC_FAILED_PRECONDITION = 9,
     KILN_GRPC_RESOURCE_EXHAUSTED = 8,
     KILN_GRPC_UNIMPLEMENTED = 12,
     KILN_GRPC_INTERNAL = 13,
     KILN_GRPC_UNAVAILABLE = 14,
+    KILN_GRPC_UNAUTHENTICATED = 16,
 };
 
 /* TF Serving truncates status messages to this many characters (plus
@@ -81,7 +83,12 @@ typedef struct kiln_grpc_method {
     const char *path;           /* "/tensorflow.serving.PredictionService/Predict" */
     kiln_grpc_kind kind;
     kiln_grpc_handler fn;       /* unary handlers */
+    const char *scope;          /* the token scope it needs with --auth_token_file; NULL: open */
 } kiln_grpc_method;
+
+/* The access check (--auth_token_file): 0 when c may call m, else c's
+ * status is set (UNAUTHENTICATED or PERMISSION_DENIED) and 1. */
+int kiln_grpc_refuse_unauthorized(kiln_grpc_call *c, const kiln_grpc_method *m);
 
 /* The method for an HTTP/2 :path, or NULL (UNIMPLEMENTED). */
 const kiln_grpc_method *kiln_grpc_method_find(const char *path);

@@ -43,8 +43,9 @@ typedef struct kiln_grpc_options {
     int64_t max_send;          /* grpc.max_send_message_length */
     int max_streams;           /* grpc.max_concurrent_streams */
     int tensor_content;        /* answer numeric tensors in tensor_content, not typed fields */
-    const struct kiln_ssl_config *ssl; /* --ssl_config_file: TLS (GnuTLS) on every listener;
-                                          NULL = plaintext (borrowed until kiln_grpc_start returns) */
+    struct kiln_tls *tls;      /* --ssl_config_file / --ssl_cert_file: TLS (GnuTLS) on every
+                                  listener, credentials re-read when their files change
+                                  (serve/tls.h); NULL = plaintext (borrowed until kiln_grpc_stop) */
 } kiln_grpc_options;
 
 typedef struct kiln_grpc_server kiln_grpc_server;

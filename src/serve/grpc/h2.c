@@ -21,10 +21,13 @@
  * (RST_STREAM) cancels its job: a queued one never runs, a running one stops
  * between steps (unbatched) and its answer is dropped.
  *
- * TLS (--ssl_config_file): GnuTLS under the same loop. A connection first
- * completes its non-blocking handshake (ALPN "h2"; with client_verify the
- * client's certificate must chain to custom_ca), then reads and writes go
- * through gnutls_record_recv/send instead of recv/send.
+ * TLS (--ssl_config_file, --ssl_cert_file): GnuTLS under the same loop. A
+ * connection takes the current credentials at accept (serve/tls.c re-reads
+ * them when their files change, so a rotated certificate reaches new
+ * connections without a restart), first completes its non-blocking
+ * handshake (ALPN "h2"; with client_verify the client's certificate must
+ * chain to the CA), then reads and writes go through gnutls_record_recv/send
+ * instead of recv/send.
  *
  * Limits (grpc.h, docs/GRPC.md): concurrent streams and header list size
  * per connection, message sizes both ways, a connection count, an idle
@@ -64,6 +67,7 @@
 
 #include "serve/config.h"
 #include "serve/grpc/call.h"
+#include "serve/tls.h"
 
 #define STREAM_WINDOW (8 << 20)
 #define CONN_WINDOW (32 << 20)
@@ -165,9 +169,8 @@ struct kiln_grpc_server {
     kiln_grpc_conn *conns;
     int n_conns;
     int64_t last_tick;
-    gnutls_certificate_credentials_t cred; /* TLS, or NULL */
+    kiln_tls *tls;               /* TLS credentials (borrowed), or NULL */
     gnutls_priority_t prio;
-    int verify;                  /* TLS client_verify */
     size_t conn_budget;          /* CONN_BUFFER, or more for a large max_recv */
 };
 
@@ -521,7 +524,7 @@ static void job_answer(job *j)
     if (j->cancel) kiln_grpc_fail(c, KILN_GRPC_CANCELLED, "Cancelled");
     else if (c->deadline_ms > 0 && now_ms() > c->deadline_ms)
         kiln_grpc_fail(c, KILN_GRPC_DEADLINE_EXCEEDED, "Deadline Exceeded");
-    else j->m->fn(c);
+    else if (!kiln_grpc_refuse_unauthorized(c, j->m)) j->m->fn(c);
     if (c->code == KILN_GRPC_OK && c->resp.oom)
         kiln_grpc_fail(c, KILN_GRPC_RESOURCE_EXHAUSTED, "out of memory writing the response");
 }
@@ -861,6 +864,14 @@ static void headers_done(stream *st)
         stream_finish(st, KILN_GRPC_UNAVAILABLE, "the server is shutting down");
         return;
     }
+    if (st->m->scope && g->ctx.rest && g->ctx.rest->opt.authorize) {
+        /* no valid token: answered now, its message never buffered */
+        kiln_grpc_call probe;
+        memset(&probe, 0, sizeof probe);
+        probe.ctx = &g->ctx;
+        probe.authorization = st->authorization[0] ? st->authorization : NULL;
+        if (kiln_grpc_refuse_unauthorized(&probe, st->m)) stream_finish(st, probe.code, probe.message);
+    }
 }
 
 static int on_frame_recv(nghttp2_session *s, const nghttp2_frame *f, void *ud)
@@ -1145,17 +1156,18 @@ static void accept_all(kiln_grpc_server *g, int lfd)
             conn_close(c);
             continue;
         }
-        if (g->cred) {
+        if (g->tls) {
             static const gnutls_datum_t h2 = {(unsigned char *)"h2", 2};
+            const kiln_tls_gen *cred = kiln_tls_current(g->tls); /* lives until kiln_tls_free */
             if (gnutls_init(&c->tls, GNUTLS_SERVER | GNUTLS_NONBLOCK) != GNUTLS_E_SUCCESS) {
                 c->tls = NULL;
                 conn_close(c);
                 continue;
             }
             gnutls_priority_set(c->tls, g->prio);
-            gnutls_credentials_set(c->tls, GNUTLS_CRD_CERTIFICATE, g->cred);
+            gnutls_credentials_set(c->tls, GNUTLS_CRD_CERTIFICATE, cred->cred);
             gnutls_alpn_set_protocols(c->tls, &h2, 1, GNUTLS_ALPN_MANDATORY);
-            if (g->verify) {
+            if (cred->client_verify) {
                 gnutls_certificate_server_set_request(c->tls, GNUTLS_CERT_REQUIRE);
                 gnutls_session_set_verify_cert(c->tls, NULL, 0);
             }
@@ -1334,7 +1346,6 @@ static void server_free(kiln_grpc_server *g)
     }
     pthread_cond_destroy(&g->cv);
     pthread_mutex_destroy(&g->mu);
-    if (g->cred) gnutls_certificate_free_credentials(g->cred);
     if (g->prio) gnutls_priority_deinit(g->prio);
     free(g->workers);
     free(g);
@@ -1360,38 +1371,16 @@ static kiln_grpc_server *server_alloc(const kiln_grpc_options *o)
     return g;
 }
 
-/* Credentials from the SSLConfig's PEM text. */
-static kiln_status tls_setup(kiln_grpc_server *g, const kiln_ssl_config *ssl, char *err, size_t err_len)
+/* TLS: the credentials (loaded and checked by kiln_tls_open) and the priorities. */
+static kiln_status tls_setup(kiln_grpc_server *g, kiln_tls *tls, char *err, size_t err_len)
 {
-    int rc = gnutls_certificate_allocate_credentials(&g->cred);
-    if (rc != GNUTLS_E_SUCCESS) {
-        g->cred = NULL;
-        snprintf(err, err_len, "TLS: %s", gnutls_strerror(rc));
-        return KILN_ERR_RUNTIME;
-    }
-    gnutls_datum_t cert = {(unsigned char *)ssl->server_cert, (unsigned)strlen(ssl->server_cert)};
-    gnutls_datum_t key = {(unsigned char *)ssl->server_key, (unsigned)strlen(ssl->server_key)};
-    rc = gnutls_certificate_set_x509_key_mem(g->cred, &cert, &key, GNUTLS_X509_FMT_PEM);
-    if (rc < 0) {
-        snprintf(err, err_len, "--ssl_config_file: server_key / server_cert: %s", gnutls_strerror(rc));
-        return KILN_ERR_INVALID_ARGUMENT;
-    }
-    if (ssl->custom_ca) {
-        gnutls_datum_t ca = {(unsigned char *)ssl->custom_ca, (unsigned)strlen(ssl->custom_ca)};
-        rc = gnutls_certificate_set_x509_trust_mem(g->cred, &ca, GNUTLS_X509_FMT_PEM);
-        if (rc <= 0) {
-            snprintf(err, err_len, "--ssl_config_file: custom_ca: %s",
-                     rc < 0 ? gnutls_strerror(rc) : "no certificate in it");
-            return KILN_ERR_INVALID_ARGUMENT;
-        }
-    }
-    rc = gnutls_priority_init(&g->prio, "NORMAL", NULL);
+    g->tls = tls;
+    int rc = gnutls_priority_init(&g->prio, "NORMAL", NULL);
     if (rc != GNUTLS_E_SUCCESS) {
         g->prio = NULL;
         snprintf(err, err_len, "TLS: %s", gnutls_strerror(rc));
         return KILN_ERR_RUNTIME;
     }
-    g->verify = ssl->client_verify;
     return KILN_OK;
 }
 
@@ -1403,8 +1392,7 @@ kiln_status kiln_grpc_listen(const kiln_grpc_options *o, kiln_grpc_server **out,
         snprintf(err, err_len, "out of memory");
         return KILN_ERR_OUT_OF_MEMORY;
     }
-    if (o->ssl && tls_setup(g, o->ssl, err, err_len) != KILN_OK) goto err_free;
-    g->opt.ssl = NULL; /* borrowed only until here; client_verify is kept in verify */
+    if (o->tls && tls_setup(g, o->tls, err, err_len) != KILN_OK) goto err_free;
     g->epfd = epoll_create1(EPOLL_CLOEXEC);
     g->evfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (g->epfd < 0 || g->evfd < 0) {

@@ -1067,18 +1067,33 @@ static void h_health_check(kiln_grpc_call *c)
 /* ------------------------------------------------------------ method table */
 
 static const kiln_grpc_method methods[] = {
-    {"/tensorflow.serving.PredictionService/Predict", KILN_GRPC_UNARY, h_predict},
-    {"/tensorflow.serving.PredictionService/Classify", KILN_GRPC_UNARY, h_classify},
-    {"/tensorflow.serving.PredictionService/Regress", KILN_GRPC_UNARY, h_regress},
-    {"/tensorflow.serving.PredictionService/MultiInference", KILN_GRPC_UNARY, h_multi_inference},
-    {"/tensorflow.serving.PredictionService/GetModelMetadata", KILN_GRPC_UNARY, h_metadata},
-    {"/tensorflow.serving.ModelService/GetModelStatus", KILN_GRPC_UNARY, h_model_status},
-    {"/tensorflow.serving.ModelService/HandleReloadConfigRequest", KILN_GRPC_UNARY, h_reload_config},
-    {"/grpc.health.v1.Health/Check", KILN_GRPC_UNARY, h_health_check},
-    {"/grpc.health.v1.Health/Watch", KILN_GRPC_HEALTH_WATCH, NULL},
-    {"/grpc.reflection.v1.ServerReflection/ServerReflectionInfo", KILN_GRPC_REFLECTION, NULL},
-    {"/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo", KILN_GRPC_REFLECTION, NULL},
+    {"/tensorflow.serving.PredictionService/Predict", KILN_GRPC_UNARY, h_predict, "predict"},
+    {"/tensorflow.serving.PredictionService/Classify", KILN_GRPC_UNARY, h_classify, "predict"},
+    {"/tensorflow.serving.PredictionService/Regress", KILN_GRPC_UNARY, h_regress, "predict"},
+    {"/tensorflow.serving.PredictionService/MultiInference", KILN_GRPC_UNARY, h_multi_inference, "predict"},
+    {"/tensorflow.serving.PredictionService/GetModelMetadata", KILN_GRPC_UNARY, h_metadata, "metadata"},
+    {"/tensorflow.serving.ModelService/GetModelStatus", KILN_GRPC_UNARY, h_model_status, "metadata"},
+    {"/tensorflow.serving.ModelService/HandleReloadConfigRequest", KILN_GRPC_UNARY, h_reload_config, "admin"},
+    {"/grpc.health.v1.Health/Check", KILN_GRPC_UNARY, h_health_check, NULL},
+    {"/grpc.health.v1.Health/Watch", KILN_GRPC_HEALTH_WATCH, NULL, NULL},
+    {"/grpc.reflection.v1.ServerReflection/ServerReflectionInfo", KILN_GRPC_REFLECTION, NULL, NULL},
+    {"/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo", KILN_GRPC_REFLECTION, NULL, NULL},
 };
+
+int kiln_grpc_refuse_unauthorized(kiln_grpc_call *c, const kiln_grpc_method *m)
+{
+    const kiln_server *s = c->ctx ? c->ctx->rest : NULL;
+    if (!m->scope || !s || !s->opt.authorize) return 0; /* open, as TF Serving */
+    int code = s->opt.authorize(s->opt.authorize_ctx, c->authorization, m->scope);
+    if (code == 0) return 0;
+    if (code == 401)
+        kiln_grpc_fail(c, KILN_GRPC_UNAUTHENTICATED,
+                       "a valid token is required: send the metadata authorization: Bearer TOKEN");
+    else
+        kiln_grpc_fail(c, KILN_GRPC_PERMISSION_DENIED, "the token does not grant the '%s' scope",
+                       m->scope);
+    return 1;
+}
 
 const kiln_grpc_method *kiln_grpc_method_find(const char *path)
 {
