@@ -29,9 +29,10 @@ typedef struct kiln_gate_data {
     int64_t samples;
 } kiln_gate_data;
 
-/* Read DATA for signature sig: a folder of <input>.npy files, or a
- * JSON-lines file of TF Serving predict request bodies (one per line,
- * "instances" or "inputs"). Checks each input's dtype, rank and fixed
+/* Read DATA for signature sig: a folder of <input>.npy files, a TF Serving
+ * warmup file (named tf_serving_warmup_requests or *.tfrecord; its predict
+ * records), or a JSON-lines file of TF Serving predict request bodies (one
+ * per line, "instances" or "inputs"). Checks each input's dtype, rank and fixed
  * dimensions against sig and that all inputs have the same sample count. */
 kiln_status kiln_gate_data_load(const char *path, const kiln_signature *sig, kiln_gate_data *out,
                                 char *err);

@@ -5,6 +5,8 @@
  * codec, serve/codec.h, so the gate sees exactly what a REST client would
  * send), checked against the signature, and cut into batches of rows.
  *
+ * A file named tf_serving_warmup_requests or *.tfrecord is read as a TF
+ * Serving warmup file (serve/warmup.h): its predict records, stacked.
  * A folder's file for input NAME is NAME.npy, or, when NAME holds bytes
  * outside [A-Za-z0-9._-] (e.g. "serving_default_x:0"), the name with each
  * of those bytes replaced by '_' (as `kiln predict` names output files).
@@ -19,6 +21,8 @@
 #include "cli/npy.h"
 #include "serve/codec.h"
 #include "serve/json.h"
+#include "serve/warmup.h"
+#include "security/security.h"
 
 #define GATE_JSONL_MAX_BYTES (1u << 30) /* a JSON-lines file read at most */
 
@@ -273,6 +277,81 @@ out:
     return st;
 }
 
+/* A TF Serving warmup file (TFRecord of PredictionLog, warmup.h): its
+ * predict records' inputs, stacked. */
+static kiln_status load_warmup(const char *path, const kiln_signature *sig, kiln_gate_data *d,
+                               char *err)
+{
+    uint8_t *bytes;
+    size_t size;
+    char rerr[KILN_SEC_ERR_LEN];
+    kiln_status st = kiln_sec_read_file(path, KILN_WARMUP_MAX_BYTES, &bytes, &size, rerr);
+    if (st != KILN_OK) {
+        snprintf(err, KILN_GATE_ERR_LEN, "data: %.480s", rerr);
+        return st;
+    }
+    kiln_warmup *w = NULL;
+    char werr[KILN_WARMUP_ERR_LEN];
+    st = kiln_warmup_parse(bytes, size, &w, werr);
+    free(bytes);
+    if (st != KILN_OK) {
+        snprintf(err, KILN_GATE_ERR_LEN, "%.200s: %.300s", path, werr);
+        return st;
+    }
+    for (int r = 0; r < w->n && st == KILN_OK; r++) {
+        const kiln_warmup_request *q = &w->req[r];
+        if (q->kind == KILN_WARMUP_SKIPPED) continue;
+        char what[320];
+        snprintf(what, sizeof what, "%.250s record %d", path, r);
+        if (q->kind != KILN_WARMUP_PREDICT) {
+            snprintf(err, KILN_GATE_ERR_LEN, "%.300s: a classify or regress request; kiln gate "
+                     "reads predict requests", what);
+            st = KILN_ERR_UNSUPPORTED;
+            break;
+        }
+        for (int i = 0; i < d->n && st == KILN_OK; i++) {
+            const kiln_value_info *vi = kiln_signature_input(sig, i);
+            const kiln_tensor *t = NULL;
+            for (int k = 0; k < q->n_inputs; k++)
+                if (strcmp(q->names[k], vi->name) == 0) t = q->tensors[k];
+            if (!t) {
+                snprintf(err, KILN_GATE_ERR_LEN, "%.300s: no input '%.100s'", what, vi->name);
+                st = KILN_ERR_INVALID_ARGUMENT;
+                break;
+            }
+            st = check_input(t, vi, what, err);
+            if (st == KILN_OK && d->t[i] &&
+                (t->rank != d->t[i]->rank ||
+                 memcmp(t->dims + 1, d->t[i]->dims + 1, sizeof(int64_t) * (size_t)(t->rank - 1)))) {
+                snprintf(err, KILN_GATE_ERR_LEN,
+                         "%.300s: input '%.100s' has another shape than in the records before",
+                         what, vi->name);
+                st = KILN_ERR_INVALID_ARGUMENT;
+            }
+            if (st == KILN_OK && append_rows(&d->t[i], t) != KILN_OK) {
+                snprintf(err, KILN_GATE_ERR_LEN, "%.300s: out of memory", what);
+                st = KILN_ERR_OUT_OF_MEMORY;
+            }
+        }
+    }
+    if (st == KILN_OK && d->n > 0 && !d->t[0]) {
+        snprintf(err, KILN_GATE_ERR_LEN, "%.300s: no predict requests", path);
+        st = KILN_ERR_INVALID_ARGUMENT;
+    }
+    kiln_warmup_free(w);
+    return st;
+}
+
+/* True if path names a TF Serving warmup file (by name: the TFRecord has no magic). */
+static int is_warmup_file(const char *path)
+{
+    const char *base = strrchr(path, '/');
+    base = base ? base + 1 : path;
+    size_t n = strlen(base);
+    return strcmp(base, "tf_serving_warmup_requests") == 0 ||
+           (n > 9 && strcmp(base + n - 9, ".tfrecord") == 0);
+}
+
 kiln_status kiln_gate_data_load(const char *path, const kiln_signature *sig, kiln_gate_data *d,
                                 char *err)
 {
@@ -309,6 +388,8 @@ kiln_status kiln_gate_data_load(const char *path, const kiln_signature *sig, kil
                      ".npy files (numpy: [np.save(k, v) for k, v in np.load(f).items()])",
                      path);
             st = KILN_ERR_UNSUPPORTED;
+        } else if (is_warmup_file(path)) {
+            st = load_warmup(path, sig, d, err);
         } else {
             st = load_jsonl(path, sig, d, err);
         }

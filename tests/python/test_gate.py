@@ -19,6 +19,7 @@ import pytest
 
 import test_serve
 from test_serve import KILN, Server, save_affine, wait_for
+from test_serve_warmup import predict_log, tfrecord
 
 onnx = pytest.importorskip("onnx")
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
@@ -210,6 +211,25 @@ def test_regression_rmse_and_jsonl_data(tmp_path):
     assert q["candidate"] == pytest.approx(np.sqrt(np.mean((yc - t) ** 2)), rel=1e-5)
     assert q["candidate_mae"] == pytest.approx(np.mean(np.abs(yc - t)), rel=1e-5)
     assert q["top1_agreement"] is None
+
+
+def test_warmup_file_as_data(setup):
+    """A TF Serving warmup file (TFRecord of PredictionLog) feeds the gate
+    the same samples as the .npy folder: the same numpy accuracy."""
+    cand = setup / "worse" / "2"
+    save_classifier(cand / "model.onnx", W_WORSE)
+    wf = setup / "tf_serving_warmup_requests"
+    wf.write_bytes(tfrecord([predict_log({"x": X[i:i + 50]}) for i in range(0, N, 50)]))
+    r = kiln("gate", cand, "--baseline", setup / "base" / "1", "--data", wf, "--labels",
+             setup / "labels.npy", "--report", setup / "w.json", "--runs", "3", "--batch-sizes", "4",
+             "--max-drop", "100%", "--no-bless")
+    assert r.returncode == 0, r.stderr
+    q = json.loads((setup / "w.json").read_text())["result"]["quality"]
+    assert q["candidate"] == pytest.approx(float(np.mean(np.argmax(forward(W_WORSE), 1) == LABELS)))
+    assert json.loads((setup / "w.json").read_text())["result"]["samples"] == N
+    wf.write_bytes(tfrecord([predict_log({"y": X[:5]})]))
+    r = kiln("gate", cand, "--baseline", setup / "base" / "1", "--data", wf)
+    assert r.returncode == 1 and "record 0: no input 'x'" in r.stderr
 
 
 def test_bad_data_and_signature_mismatch(setup):
