@@ -5,6 +5,7 @@
  * codec, serve/codec.h, so the gate sees exactly what a REST client would
  * send), checked against the signature, and cut into batches of rows.
  *
+ * An .npz archive (npz.c) holds one array per input, named as the files.
  * A file named tf_serving_warmup_requests or *.tfrecord is read as a TF
  * Serving warmup file (serve/warmup.h): its predict records, stacked.
  * A folder's file for input NAME is NAME.npy, or, when NAME holds bytes
@@ -19,6 +20,7 @@
 
 #include "cli/gate.h"
 #include "cli/npy.h"
+#include "cli/npz.h"
 #include "serve/codec.h"
 #include "serve/json.h"
 #include "serve/warmup.h"
@@ -167,6 +169,39 @@ static kiln_status load_npy_folder(const char *dir, const kiln_signature *sig, k
         if (st != KILN_OK) return st;
     }
     return KILN_OK;
+}
+
+/* An .npz archive (npz.h): one member per input, named like the folder's files. */
+static kiln_status load_npz(const char *path, const kiln_signature *sig, kiln_gate_data *d,
+                            char *err)
+{
+    kiln_npz *z = NULL;
+    kiln_status st = kiln_npz_read(path, &z, err);
+    if (st != KILN_OK) return st;
+    for (int i = 0; i < d->n && st == KILN_OK; i++) {
+        const kiln_value_info *vi = kiln_signature_input(sig, i);
+        char file[1024];
+        safe_name(vi->name, file, sizeof file);
+        file[strlen(file) - 4] = '\0'; /* without ".npy", as members are named */
+        int found = -1;
+        for (int k = 0; k < z->n && found < 0; k++)
+            if (strcmp(z->names[k], vi->name) == 0) found = k;
+        for (int k = 0; k < z->n && found < 0; k++)
+            if (strcmp(z->names[k], file) == 0) found = k;
+        if (found < 0) {
+            snprintf(err, KILN_GATE_ERR_LEN, "data '%.250s' has no array '%.100s' for input '%.100s'",
+                     path, file, vi->name);
+            st = KILN_ERR_NOT_FOUND;
+            break;
+        }
+        d->t[i] = z->tensors[found]; /* moved */
+        z->tensors[found] = NULL;
+        char what[300];
+        snprintf(what, sizeof what, "%.250s[%.40s]", path, z->names[found]);
+        st = check_input(d->t[i], vi, what, err);
+    }
+    kiln_npz_free(z);
+    return st;
 }
 
 /* Append the rows of src to the growing tensor *acc (created on first use). */
@@ -383,11 +418,7 @@ kiln_status kiln_gate_data_load(const char *path, const kiln_signature *sig, kil
     } else {
         size_t pl = strlen(path);
         if (pl > 4 && strcmp(path + pl - 4, ".npz") == 0) {
-            snprintf(err, KILN_GATE_ERR_LEN,
-                     "data '%.300s': .npz archives are not read yet; unpack it into a folder of "
-                     ".npy files (numpy: [np.save(k, v) for k, v in np.load(f).items()])",
-                     path);
-            st = KILN_ERR_UNSUPPORTED;
+            st = load_npz(path, sig, d, err);
         } else if (is_warmup_file(path)) {
             st = load_warmup(path, sig, d, err);
         } else {

@@ -232,6 +232,27 @@ def test_warmup_file_as_data(setup):
     assert r.returncode == 1 and "record 0: no input 'x'" in r.stderr
 
 
+@pytest.mark.parametrize("save", [np.savez, np.savez_compressed])
+def test_npz_data(setup, save):
+    """An .npz archive (stored or deflated) reads as the .npy folder does."""
+    cand = setup / "worse" / "2"
+    save_classifier(cand / "model.onnx", W_WORSE)
+    save(setup / "d.npz", x=X, unused=np.zeros(3))
+    r = kiln("gate", cand, "--baseline", setup / "base" / "1", "--data", setup / "d.npz", "--labels",
+             setup / "labels.npy", "--report", setup / "z.json", "--runs", "3", "--batch-sizes", "4",
+             "--max-drop", "100%", "--no-bless")
+    assert r.returncode == 0, r.stderr
+    q = json.loads((setup / "z.json").read_text())["result"]["quality"]
+    assert q["baseline"] == pytest.approx(float(np.mean(np.argmax(forward(W_BASE), 1) == LABELS)))
+    assert q["candidate"] == pytest.approx(float(np.mean(np.argmax(forward(W_WORSE), 1) == LABELS)))
+    save(setup / "e.npz", y=X)
+    r = kiln("gate", cand, "--baseline", setup / "base" / "1", "--data", setup / "e.npz")
+    assert r.returncode == 1 and "e.npz' has no array 'x' for input 'x'" in r.stderr
+    save(setup / "f.npz", x=X.astype(np.int32))
+    r = kiln("gate", cand, "--baseline", setup / "base" / "1", "--data", setup / "f.npz")
+    assert r.returncode == 1 and "f.npz[x]" in r.stderr and "int32" in r.stderr
+
+
 def test_bad_data_and_signature_mismatch(setup):
     cand = setup / "c" / "2"
     shutil.copytree(setup / "base" / "1", cand)
