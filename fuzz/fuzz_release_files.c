@@ -6,7 +6,8 @@
  *
  * The input is given to both parsers. A failure must come with a message;
  * a version record that parses is written back as JSON and as KServe
- * parameters, and that JSON must parse again to an equal record; a
+ * parameters, and that JSON must parse again to an equal record (unless
+ * escaping grew it past the file limit); a
  * blessing that parses must list sorted, unique, non-empty paths (a
  * mismatch aborts). Only crashes, hangs, leaks, sanitizer reports and that
  * abort count.
@@ -38,14 +39,18 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         kiln_version_info_write_json(&b, vi);
         kiln_version_info_write_params(&p, vi, &wrote);
         kiln_version_info *again = NULL;
-        if (b.oom || kiln_version_info_parse(b.p, b.len, "again", &again, err) != KILN_OK)
-            abort();
-        if (!same(vi->source_commit, again->source_commit) ||
+        /* escaping may grow the text past the file limit; only then may it not parse */
+        if (b.oom) abort();
+        if (kiln_version_info_parse(b.p, b.len, "again", &again, err) != KILN_OK) {
+            if (b.len <= KILN_VERSION_INFO_MAX_BYTES) abort();
+            again = NULL;
+        }
+        if (again && (!same(vi->source_commit, again->source_commit) ||
             !same(vi->data_version, again->data_version) ||
             !same(vi->training_run, again->training_run) || !same(vi->created, again->created) ||
-            vi->n_labels != again->n_labels)
+            vi->n_labels != again->n_labels))
             abort();
-        for (int i = 0; i < vi->n_labels; i++)
+        for (int i = 0; again && i < vi->n_labels; i++)
             if (strcmp(vi->label_keys[i], again->label_keys[i]) != 0 ||
                 strcmp(vi->label_values[i], again->label_values[i]) != 0)
                 abort();

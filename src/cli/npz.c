@@ -202,7 +202,10 @@ kiln_status kiln_npz_parse(const uint8_t *d, size_t n, const char *what, kiln_np
             st = KILN_ERR_UNSUPPORTED;
             goto err_free;
         }
-        if (usize > KILN_NPZ_MAX_BYTES - total || (method == 0 && csize != usize)) {
+        /* deflate expands at most 1032:1, so a larger claimed size is a lie
+         * (and must not become an allocation) */
+        if (usize > KILN_NPZ_MAX_BYTES - total || (method == 0 && csize != usize) ||
+            (method == 8 && usize / 1032 > csize + 1)) {
             snprintf(err, KILN_NPZ_ERR_LEN, "%.200s: member '%.200s': size %llu is inconsistent "
                      "or beyond the limit", what, name, (unsigned long long)usize);
             goto err_free;

@@ -6,13 +6,14 @@
  *    "training_run": "run-481", "created": "2026-12-01T22:10:00Z",
  *    "labels": {"team": "search", "owner": "ana"}}
  *
- * Every member is optional; values are strings of at most
+ * Every member is optional; values are UTF-8 strings of at most
  * KILN_VERSION_INFO_MAX_STRING bytes, labels at most
  * KILN_VERSION_INFO_MAX_LABELS. An unknown member is an error naming it,
  * so a misspelt key does not vanish silently. The model manager reads the
  * file at load and shows it in the console, the KServe v2 model metadata
  * and the load log line; TF Serving's own status JSON is left as it is.
  */
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -36,6 +37,27 @@ void kiln_version_info_free(kiln_version_info *vi)
     free(vi);
 }
 
+/* True if s[0..n) is well-formed UTF-8 (no overlong forms, surrogates or
+ * code points above U+10FFFF). */
+static int utf8_valid(const unsigned char *s, size_t n)
+{
+    size_t i = 0;
+    while (i < n) {
+        unsigned c = s[i];
+        size_t len = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+        if (len == 0 || n - i < len) return 0;
+        uint32_t cp = len == 1 ? c : len == 2 ? c & 0x1f : len == 3 ? c & 0x0f : c & 0x07;
+        for (size_t k = 1; k < len; k++) {
+            if ((s[i + k] & 0xc0) != 0x80) return 0;
+            cp = cp << 6 | (s[i + k] & 0x3f);
+        }
+        static const uint32_t min_cp[5] = {0, 0, 0x80, 0x800, 0x10000};
+        if (cp < min_cp[len] || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return 0;
+        i += len;
+    }
+    return 1;
+}
+
 /* String token t as a new NUL-terminated copy, bounded and free of NULs;
  * NULL with err set otherwise. */
 static char *get_string(const kiln_json_doc *d, int t, const char *what, const char *field,
@@ -55,6 +77,11 @@ static char *get_string(const kiln_json_doc *d, int t, const char *what, const c
         snprintf(err, KILN_JSON_ERR_LEN,
                  "%.200s: '%.100s' is %zu bytes%s (at most %d, no NUL characters)", what, field, n,
                  strlen(s) != n ? " with a NUL character" : "", KILN_VERSION_INFO_MAX_STRING);
+        free(s);
+        return NULL;
+    }
+    if (!utf8_valid((const unsigned char *)s, n)) {
+        snprintf(err, KILN_JSON_ERR_LEN, "%.200s: '%.100s' is not valid UTF-8", what, field);
         free(s);
         return NULL;
     }
