@@ -260,9 +260,9 @@ static void print_report(const gate_args *a, const char *output, int64_t samples
            q->mean_rel_diff, q->max_abs_diff);
     printf("  %s: %.4f%% (max %.4f%%)\n", q->drop_of, q->drop * 100, a->max_drop * 100);
     printf("latency (ms, %d runs each, interleaved):\n", n_lat ? lat[0].runs : 0);
-    printf("  batch  candidate p50    p99   baseline p50    p99\n");
+    printf("  batch  candidate p50      p99  baseline p50      p99\n");
     for (int i = 0; i < n_lat; i++)
-        printf("  %5lld  %13.3f %7.3f  %13.3f %7.3f\n", (long long)lat[i].batch, lat[i].cand_p50_ms,
+        printf("  %5lld  %13.4f %8.4f  %12.4f %8.4f\n", (long long)lat[i].batch, lat[i].cand_p50_ms,
                lat[i].cand_p99_ms, lat[i].base_p50_ms, lat[i].base_p99_ms);
     if (a->max_p99_ms > 0) printf("  candidate p99 limit: %.3f ms\n", a->max_p99_ms);
     printf("verdict: %s\n", pass ? "PASS" : "FAIL");

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 import test_serve
+from conftest import TESTDATA
 from test_serve import KILN, Server, save_affine, wait_for
 from test_serve_warmup import predict_log, tfrecord
 
@@ -251,6 +252,31 @@ def test_npz_data(setup, save):
     save(setup / "f.npz", x=X.astype(np.int32))
     r = kiln("gate", cand, "--baseline", setup / "base" / "1", "--data", setup / "f.npz")
     assert r.returncode == 1 and "f.npz[x]" in r.stderr and "int32" in r.stderr
+
+
+def test_savedmodel_and_tflite_half_plus_two(tmp_path):
+    """TF Serving's half_plus_two / half_plus_three test models (shared test
+    data): across formats, RMSE against targets x/2 + 2 computed here."""
+    sm = TESTDATA / "savedmodels/serving/tensorflow_serving/servables/tensorflow/testdata"
+    tl = TESTDATA / "tflite/serving/tensorflow_serving/servables/tensorflow/testdata"
+    two, three = sm / "saved_model_half_plus_two_cpu/00000123", sm / "saved_model_half_plus_three/00000123"
+    lite = tl / "saved_model_half_plus_two_tflite/00000123/model.tflite"
+    for p in (two, three, lite):
+        if not p.exists():
+            pytest.skip(f"shared test data missing: {p}")
+    (tmp_path / "d").mkdir()
+    x = np.arange(10, dtype=np.float32).reshape(10, 1)
+    np.save(tmp_path / "d" / "x.npy", x)
+    np.save(tmp_path / "t.npy", x / 2 + 2)
+    common = ["--data", tmp_path / "d", "--labels", tmp_path / "t.npy", "--runs", "3",
+              "--batch-sizes", "1", "--no-bless", "--report", tmp_path / "r.json"]
+    r = kiln("gate", three, "--baseline", two, *common)
+    assert r.returncode == 1 and "rmse 0 -> 1" in r.stderr
+    q = json.loads((tmp_path / "r.json").read_text())["result"]["quality"]
+    assert q["baseline"] == 0.0 and q["candidate"] == pytest.approx(1.0) and q["drop"] is None
+    r = kiln("gate", lite, "--baseline", two, *common)
+    assert r.returncode == 0, r.stderr
+    assert json.loads((tmp_path / "r.json").read_text())["result"]["quality"]["max_abs_diff"] == 0.0
 
 
 def test_bad_data_and_signature_mismatch(setup):
