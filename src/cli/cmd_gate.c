@@ -428,6 +428,12 @@ int kiln_cmd_gate(int argc, char **argv)
         kiln_sbuf_puts(&extra, ", \"digest\": ");
         if (bdigest[0]) jstr(&extra, bdigest);
         else kiln_sbuf_puts(&extra, "null");
+        kiln_version_info *bvi = NULL; /* the baseline's traceability record, if any */
+        if (kiln_version_info_read(bdir, &bvi, err) == KILN_OK && bvi) {
+            kiln_sbuf_puts(&extra, ", \"version_info\": ");
+            kiln_version_info_write_json(&extra, bvi);
+            kiln_version_info_free(bvi);
+        }
         kiln_sbuf_puts(&extra, "},\n  \"data\": ");
         jstr(&extra, a.data);
         kiln_sbuf_puts(&extra, ",\n  \"summary\": ");

@@ -325,8 +325,12 @@ def test_require_blessing_and_version_info(setup):
     shutil.copytree(setup / "base" / "1", v1)
     (v1 / "assets.extra").mkdir()
     (v1 / "assets.extra" / "kiln_version.json").write_text(json.dumps(VERSION_INFO))
+    (setup / "base" / "1" / "assets.extra").mkdir()
+    (setup / "base" / "1" / "assets.extra" / "kiln_version.json").write_text('{"training_run": "run-1"}')
     r, _ = gate(setup, v1)
     assert r.returncode == 0, r.stderr
+    bless = json.loads((v1 / "assets.extra" / "kiln_blessing.json").read_text())
+    assert bless["baseline"]["version_info"] == {"training_run": "run-1"}
     # 2: blessed, then its model replaced (stale)
     v2 = models / "2"
     shutil.copytree(setup / "base" / "1", v2)
