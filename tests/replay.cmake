@@ -108,3 +108,21 @@ add_test(NAME fuzz_replay_xgboost
   COMMAND kiln_fuzz_replay_xgboost ${PROJECT_SOURCE_DIR}/tests/corpus/xgboost)
 set_tests_properties(fuzz_replay_xgboost PROPERTIES TIMEOUT 300
   ENVIRONMENT "ASAN_OPTIONS=detect_leaks=1:abort_on_error=0;UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1")
+# A version folder's release files: kiln_version.json, kiln_blessing.json (src/serve/gate/).
+add_executable(kiln_fuzz_replay_release_files
+  ${PROJECT_SOURCE_DIR}/fuzz/replay_main.c ${PROJECT_SOURCE_DIR}/fuzz/fuzz_release_files.c)
+target_link_libraries(kiln_fuzz_replay_release_files PRIVATE kiln_serve)
+add_test(NAME fuzz_replay_release_files
+  COMMAND kiln_fuzz_replay_release_files ${PROJECT_SOURCE_DIR}/tests/corpus/release_files)
+set_tests_properties(fuzz_replay_release_files PROPERTIES TIMEOUT 300
+  ENVIRONMENT "ASAN_OPTIONS=detect_leaks=1:abort_on_error=0;UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1")
+# The .npz reader of kiln gate (src/cli/npz.c, npy.c, zlib).
+add_executable(kiln_fuzz_replay_npz_archive
+  ${PROJECT_SOURCE_DIR}/fuzz/replay_main.c ${PROJECT_SOURCE_DIR}/fuzz/fuzz_npz.c
+  ${PROJECT_SOURCE_DIR}/src/cli/npz.c ${PROJECT_SOURCE_DIR}/src/cli/npy.c)
+target_include_directories(kiln_fuzz_replay_npz_archive PRIVATE ${PROJECT_SOURCE_DIR}/src)
+target_link_libraries(kiln_fuzz_replay_npz_archive PRIVATE kiln ZLIB::ZLIB)
+add_test(NAME fuzz_replay_npz_archive
+  COMMAND kiln_fuzz_replay_npz_archive ${PROJECT_SOURCE_DIR}/tests/corpus/npz)
+set_tests_properties(fuzz_replay_npz_archive PROPERTIES TIMEOUT 300
+  ENVIRONMENT "ASAN_OPTIONS=detect_leaks=1:abort_on_error=0;UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1")

@@ -89,6 +89,8 @@ static const char serve_help[] =
     "  --auth_token_file=FILE             Kiln: require bearer tokens (kiln token create) with\n"
     "                                     scopes predict, metadata, admin; FILE is re-read when\n"
     "                                     it changes (docs/SECURITY.md). Without it: open\n"
+    "  --require_blessing[=true|false]    Kiln: serve only versions blessed by kiln gate whose\n"
+    "                                     files still match (docs/RELEASE_GATE.md)\n"
     "  --version                          print versions and exit\n";
 
 /* Flags accepted for compatibility whose features Kiln lacks so far. */
@@ -103,7 +105,7 @@ static int is_bool_flag(const char *name)
                                     "--rest_api_enable_cors_support", "--enable_console",
                                     "--allow_precompilation",
                                     "--allow_compression", "--use_tfrt", "--disable_optimizer",
-                                    "--version", "--prefer_tflite_model",
+                                    "--version", "--prefer_tflite_model", "--require_blessing",
                                     "--enable_serialization_as_tensor_content",
                                     "--ssl_client_verify"};
     for (size_t i = 0; i < sizeof b / sizeof b[0]; i++)
@@ -132,7 +134,7 @@ int kiln_cmd_serve(int argc, char **argv)
     int rest_port = 8501, grpc_port = 8500, threads = (int)(cores * 4 > 256 ? 256 : cores * 4);
     int timeout_ms = 30000, poll = 1, intra = 0, disable_opt = 0, show_version = 0;
     int batching = 0, config_poll = 0, warmup = 1, warmup_iters = 0, cors = 0, console = 1,
-        prefer_tflite = 0;
+        prefer_tflite = 0, require_blessing = 0;
     int grpc_threads = threads, tensor_content = 0, port_given = 0;
     const char *grpc_socket = NULL, *grpc_args = NULL, *ssl_file = NULL;
     const char *model_name = NULL, *base_path = NULL, *tags = NULL, *address = NULL;
@@ -206,6 +208,8 @@ int kiln_cmd_serve(int argc, char **argv)
         else if (strcmp(name, "--version") == 0) ok = (show_version = parse_bool(val)) >= 0;
         else if (strcmp(name, "--prefer_tflite_model") == 0)
             ok = (prefer_tflite = parse_bool(val)) >= 0;
+        else if (strcmp(name, "--require_blessing") == 0)
+            ok = (require_blessing = parse_bool(val)) >= 0;
         else {
             int known = 0;
             for (size_t k = 0; k < sizeof accepted_only / sizeof accepted_only[0]; k++)
@@ -277,6 +281,9 @@ int kiln_cmd_serve(int argc, char **argv)
                         "reaches its ports may predict and read metadata; pass "
                         "--auth_token_file to require tokens\n");
     }
+    if (require_blessing)
+        fprintf(stderr, "kiln serve: serving only versions blessed by kiln gate "
+                        "(assets.extra/kiln_blessing.json)\n");
     /* the TF Serving container: MODEL_NAME, and MODEL_BASE_PATH/MODEL_NAME */
     const char *env_name = getenv("MODEL_NAME"), *env_base = getenv("MODEL_BASE_PATH");
     if (!model_name) model_name = env_name && *env_name ? env_name : "default";
@@ -387,6 +394,7 @@ int kiln_cmd_serve(int argc, char **argv)
     mo.poll_seconds = poll;
     mo.saved_model_tags = tags;
     mo.prefer_tflite = prefer_tflite;
+    mo.require_blessing = require_blessing;
     kiln_session_options_init(&mo.session);
     mo.session.threads = intra;
     mo.session.optimize = !disable_opt;

@@ -14,6 +14,7 @@
 #include "serve/manager.h"
 
 #include "serve/batch.h"
+#include "serve/gate/release.h"
 #include "serve/integrity.h"
 #include "serve/warmup.h"
 
@@ -349,6 +350,7 @@ static void servable_free(kiln_servable *s)
     free(s->dir);
     free(s->load_log);
     free(s->optimization_log);
+    kiln_version_info_free(s->version_info);
     free(s);
 }
 
@@ -527,9 +529,22 @@ static kiln_status servable_load(kiln_manager *m, const char *name, const char *
         if (stat(tfl, &tst) == 0) lo.format = KILN_FORMAT_TFLITE;
         free(tfl);
     }
+    /* a blessing by kiln gate that matches the files now (gate/blessing.c),
+     * and the version's traceability record (gate/version_info.c) */
+    kiln_blessing bl;
+    kiln_status st = KILN_OK;
+    if (m->opts.require_blessing) {
+        st = kiln_blessing_check(dir, &bl, err);
+        if (st == KILN_OK) {
+            memcpy(s->blessing, bl.digest, sizeof s->blessing);
+            kiln_blessing_free(&bl);
+        }
+    }
+    if (st == KILN_OK) st = kiln_version_info_read(dir, &s->version_info, err);
     /* signature check and decryption when configured (integrity.c) */
-    kiln_status st = kiln_integrity_load(m->opts.integrity, dir, &lo, &s->model, err);
+    if (st == KILN_OK) st = kiln_integrity_load(m->opts.integrity, dir, &lo, &s->model, err);
     if (st != KILN_OK) {
+        kiln_version_info_free(s->version_info);
         free(s->dir);
         free(s);
         return st;
@@ -548,6 +563,14 @@ static kiln_status servable_load(kiln_manager *m, const char *name, const char *
     }
     kiln_sbuf_printf(kv, "format=%s signatures=%d load_ms=%.1f", kiln_model_format(s->model), n,
                      ms_since(&t0));
+    if (s->blessing[0]) kiln_sbuf_printf(kv, " blessing=%s", s->blessing);
+    if (s->version_info) {
+        kiln_sbuf vj = {0};
+        kiln_version_info_write_json(&vj, s->version_info);
+        kiln_sbuf_puts(kv, " version_info=");
+        if (!vj.oom && vj.p) kiln_sbuf_json_string(kv, vj.p, vj.len);
+        kiln_sbuf_free(&vj);
+    }
     if (m->opts.batching) {
         s->batchers = calloc(n > 0 ? (size_t)n : 1, sizeof *s->batchers);
         if (!s->batchers) goto err_free_oom;
@@ -1232,6 +1255,11 @@ void kiln_manager_write_console(kiln_manager *m, kiln_sbuf *b)
                 kiln_sbuf_puts(b, ", \"optimization_log\": ");
                 const char *ol = sv->optimization_log ? sv->optimization_log : "";
                 kiln_sbuf_json_string(b, ol, strlen(ol));
+                if (sv->version_info) { /* assets.extra/kiln_version.json */
+                    kiln_sbuf_puts(b, ", \"version_info\": ");
+                    kiln_version_info_write_json(b, sv->version_info);
+                }
+                if (sv->blessing[0]) kiln_sbuf_printf(b, ", \"blessing\": \"%s\"", sv->blessing);
             }
             kiln_sbuf_puts(b, "}");
         }

@@ -64,6 +64,8 @@ typedef struct kiln_servable {
     double warmup_us;         /* time the warmup took */
     char *load_log;           /* the load line's key=value pairs (owned; NULL if none) */
     char *optimization_log;   /* the default signature's optimization log (owned; NULL if none) */
+    struct kiln_version_info *version_info; /* assets.extra/kiln_version.json (owned; NULL if none) */
+    char blessing[72];        /* with require_blessing: the blessing's digest; else "" */
     atomic_int refs;
 } kiln_servable;
 
@@ -82,6 +84,8 @@ typedef struct kiln_manager_options {
     int warmup_iterations;          /* --num_request_iterations_for_warmup (>= 1) */
     int prefer_tflite;              /* --prefer_tflite_model: a version folder's model.tflite
                                        over its SavedModel */
+    int require_blessing;           /* --require_blessing: load only versions whose
+                                       kiln_blessing.json matches their files (gate/release.h) */
 } kiln_manager_options;
 
 kiln_status kiln_manager_create(const kiln_manager_options *opts, kiln_manager **out);

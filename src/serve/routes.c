@@ -19,6 +19,7 @@
 #include "serve/codec.h"
 #include "serve/console.h"
 #include "serve/example.h"
+#include "serve/gate/release.h"
 #include "serve/results.h"
 #include "serve/server.h"
 
@@ -556,6 +557,12 @@ static void h_v2_model(kiln_server *s, const kiln_http_request *req, const route
     kiln_sbuf_puts(b, ", \"outputs\": ");
     if (sig) write_v2_tensors(b, sig, 1);
     else kiln_sbuf_puts(b, "[]");
+    if (sv->version_info) { /* assets.extra/kiln_version.json as string parameters */
+        int wrote = 0;
+        kiln_sbuf_puts(b, ", \"parameters\": {");
+        kiln_version_info_write_params(b, sv->version_info, &wrote);
+        kiln_sbuf_puts(b, "}");
+    }
     kiln_sbuf_puts(b, "}\n");
     kiln_servable_release(sv);
 }
