@@ -23,6 +23,7 @@
 #include "serve/config.h"
 #include "serve/integrity.h"
 #include "serve/manager.h"
+#include "serve/reqlog/reqlog.h"
 #include "serve/grpc/grpc.h"
 #include "serve/server.h"
 
@@ -78,6 +79,12 @@ static const char serve_help[] =
     "                                     in FILE (docs/SECURITY.md)\n"
     "  --model_decryption_key_file=FILE   Kiln: key ring for encrypted models (kiln encrypt),\n"
     "                                     decrypted in memory\n"
+    "  --request_log_max_file_bytes=N     Kiln: a request log file (logging_config in the model\n"
+    "                                     config) is closed past N bytes (default 64M; K/M/G)\n"
+    "  --request_log_max_disk_bytes=N     Kiln: all request log files together, oldest deleted\n"
+    "                                     first (default 1G)\n"
+    "  --request_log_queue_size=N         Kiln: sampled records waiting for the writer; more are\n"
+    "                                     dropped and counted (default 1024)\n"
     "  --version                          print versions and exit\n";
 
 /* Flags accepted for compatibility whose features Kiln lacks so far. */
@@ -126,6 +133,8 @@ int kiln_cmd_serve(int argc, char **argv)
     const char *model_name = NULL, *base_path = NULL, *tags = NULL, *address = NULL;
     const char *config_file = NULL, *batching_file = NULL, *monitoring_file = NULL;
     kiln_integrity_options integrity = {NULL, NULL};
+    kiln_reqlog_options rlo;
+    kiln_reqlog_options_default(&rlo);
 
     for (int i = 0; i < argc; i++) {
         char *arg = argv[i];
@@ -161,7 +170,17 @@ int kiln_cmd_serve(int argc, char **argv)
         INT_FLAG("--tensorflow_intra_op_parallelism", intra, 0, 4096)
         INT_FLAG("--model_config_file_poll_wait_seconds", config_poll, -2147483647, 2147483647)
         INT_FLAG("--num_request_iterations_for_warmup", warmup_iters, -2147483647, 2147483647)
+        INT_FLAG("--request_log_queue_size", rlo.queue_records, 1, 1048576)
 #undef INT_FLAG
+        if (strcmp(name, "--request_log_max_file_bytes") == 0 ||
+            strcmp(name, "--request_log_max_disk_bytes") == 0) {
+            uint64_t *dst = strcmp(name, "--request_log_max_file_bytes") == 0
+                                ? &rlo.max_file_bytes : &rlo.max_disk_bytes;
+            if (!kiln_reqlog_parse_bytes(val, dst) || *dst == 0)
+                return kiln_cli_usage_error("serve", "flag '%s' needs a byte count such as 67108864 "
+                                            "or 64M, got '%s'", name, val);
+            continue;
+        }
         if (strcmp(name, "--model_name") == 0) model_name = val;
         else if (strcmp(name, "--model_base_path") == 0) base_path = val;
         else if (strcmp(name, "--saved_model_tags") == 0) tags = val;
@@ -338,8 +357,19 @@ int kiln_cmd_serve(int argc, char **argv)
     }
     kiln_status mst = config ? kiln_manager_apply_config(mgr, config)
                              : kiln_manager_add_model(mgr, model_name, base_path);
+    /* the request log (logging_config), fixed at startup: a reloaded config
+     * changes models, not their logging */
+    kiln_reqlog *reqlog = NULL;
+    char rerr[KILN_REQLOG_ERR_LEN];
+    if (mst == KILN_OK && kiln_reqlog_create(&rlo, config, &reqlog, rerr) != KILN_OK) {
+        kiln_server_config_free(config);
+        kiln_manager_free(mgr);
+        kiln_batch_stats_free(bstats);
+        return kiln_cli_fail("%s", rerr);
+    }
     kiln_server_config_free(config);
     if (mst != KILN_OK || kiln_manager_start(mgr) != KILN_OK) {
+        kiln_reqlog_free(reqlog);
         kiln_manager_free(mgr);
         kiln_batch_stats_free(bstats);
         return kiln_cli_fail("cannot start the model manager");
@@ -360,6 +390,7 @@ int kiln_cmd_serve(int argc, char **argv)
         }
         kiln_ssl_config_free(&ssl); /* kiln_grpc_listen copied what it needs */
         if (gst != KILN_OK) {
+            kiln_reqlog_free(reqlog);
             kiln_manager_free(mgr);
             kiln_batch_stats_free(bstats);
             return kiln_cli_fail("%s", gerr);
@@ -370,11 +401,17 @@ int kiln_cmd_serve(int argc, char **argv)
     /* the predict path's hooks: rollouts and monitoring register here */
     static kiln_observers observers;
     kiln_observers_init(&observers);
+    if (reqlog) {
+        kiln_observer ro;
+        kiln_reqlog_observer(reqlog, &ro);
+        kiln_observers_add(&observers, &ro);
+    }
     kiln_server_options so = {address, rest_port, threads, timeout_ms, KILN_JSON_MAX_BYTES, bstats,
                               mon.prometheus_enable ? mon.prometheus_path : NULL, cors, batching, console,
                               &observers, NULL, NULL};
     if (kiln_server_start(&server, &so, mgr) != KILN_OK) {
         kiln_grpc_stop(grpc, 0);
+        kiln_reqlog_free(reqlog);
         kiln_manager_free(mgr);
         kiln_batch_stats_free(bstats);
         return kiln_cli_fail("cannot listen on %s:%d (in use, or not permitted)",
@@ -383,6 +420,7 @@ int kiln_cmd_serve(int argc, char **argv)
     if (grpc && kiln_grpc_run(grpc, &server, gerr, sizeof gerr) != KILN_OK) {
         kiln_grpc_stop(grpc, 0);
         kiln_server_stop(&server, 0);
+        kiln_reqlog_free(reqlog);
         kiln_manager_free(mgr);
         kiln_batch_stats_free(bstats);
         return kiln_cli_fail("%s", gerr);
@@ -406,6 +444,7 @@ int kiln_cmd_serve(int argc, char **argv)
     atomic_store(&server.shutting_down, 1); /* health and readiness say NOT_SERVING */
     kiln_grpc_stop(grpc, KILN_SERVE_DRAIN_MS);
     kiln_server_stop(&server, KILN_SERVE_DRAIN_MS);
+    kiln_reqlog_free(reqlog); /* writes what is queued */
     kiln_manager_free(mgr);
     kiln_batch_stats_free(bstats);
     fprintf(stderr, "kiln serve: stopped\n");
