@@ -13,6 +13,7 @@ from the answers the server gave. JSON-lines logs are read with json.loads.
 """
 
 import json
+import signal
 import struct
 import subprocess
 import sys
@@ -142,6 +143,17 @@ def to_numpy(tp):
     return np.array(tp.float_val, np.float32).reshape(shape)
 
 
+def disk_use(files):
+    """Bytes in files, those deleted meanwhile counting 0."""
+    total = 0
+    for f in files:
+        try:
+            total += f.stat().st_size
+        except FileNotFoundError:
+            pass
+    return total
+
+
 def log_files(prefix, ext="tfrecord"):
     return sorted(Path(prefix).parent.glob(Path(prefix).name + f".*.{ext}"))
 
@@ -173,6 +185,19 @@ def wait_records(srv, model, n, timeout=20):
             return metric(srv, key)
         time.sleep(0.05)
     return metric(srv, key)
+
+
+def settle(srv, key, timeout=20):
+    """A metric's value once it has not moved for 0.3 s (the writer is idle)."""
+    last, since, deadline = None, time.time(), time.time() + timeout
+    while time.time() < deadline:
+        v = metric(srv, key)
+        if v != last:
+            last, since = v, time.time()
+        elif time.time() - since >= 0.3:
+            break
+        time.sleep(0.05)
+    return last
 
 
 def logging_line(name, base, prefix, rate, kind=""):
@@ -255,8 +280,7 @@ def test_sampling_rate(tmp_path, pb):
         x = np.ones((1, 3), np.float32)
         for _ in range(n):
             rest_predict(srv, "aff", x)
-        time.sleep(0.3)
-        k = wait_records(srv, "aff", 1)
+        k = settle(srv, 'kiln_request_log_records_total{model_name="aff"}')
     finally:
         srv.kill()
     logs = read_logs(pb, prefix)
@@ -282,8 +306,7 @@ def test_rotation_keeps_disk_bound(tmp_path, pb):
     try:
         for x in xs:
             rest_predict(srv, "aff", x)
-            files = log_files(prefix)
-            assert sum(f.stat().st_size for f in files) <= max_disk
+            assert disk_use(log_files(prefix)) <= max_disk
         assert wait_records(srv, "aff", n) == n
         files = log_files(prefix)
         assert metric(srv, "kiln_request_log_disk_bytes") == sum(f.stat().st_size for f in files)
@@ -368,13 +391,28 @@ def test_queue_drops_are_counted(tmp_path, pb):
             t.start()
         for t in ts:
             t.join()
-        time.sleep(0.3)
-        written = metric(srv, 'kiln_request_log_records_total{model_name="aff"}')
+        written = settle(srv, 'kiln_request_log_records_total{model_name="aff"}')
         dropped = metric(srv, 'kiln_request_log_dropped_total{model_name="aff",reason="queue_full"}')
     finally:
         srv.kill()
     assert written + dropped == n_threads * per
     assert len(read_logs(pb, prefix)) == written
+
+
+def test_sigterm_writes_what_is_queued(tmp_path, pb):
+    save_affine(tmp_path / "aff" / "1" / "model.onnx", A, B)
+    prefix = tmp_path / "aff"
+    srv = Server(tmp_path, [logging_line("aff", tmp_path / "aff", prefix, 1.0)])
+    n = 40
+    try:
+        for i in range(n):
+            rest_predict(srv, "aff", np.full((1, 3), i, np.float32))
+        srv.proc.send_signal(signal.SIGTERM)
+        assert srv.proc.wait(timeout=30) == 0
+    finally:
+        srv.kill()
+    logs = read_logs(pb, prefix)
+    assert [int(to_numpy(m.predict_log.request.inputs["x"])[0, 0]) for m in logs] == list(range(n))
 
 
 def test_bad_logging_config_is_refused(tmp_path):
