@@ -404,7 +404,8 @@ int kiln_cmd_serve(int argc, char **argv)
     if (reqlog) {
         kiln_observer ro;
         kiln_reqlog_observer(reqlog, &ro);
-        kiln_observers_add(&observers, &ro);
+        if (kiln_observers_add(&observers, &ro) != KILN_OK)
+            fprintf(stderr, "kiln serve: too many predict-path observers; the request log is off\n");
     }
     kiln_server_options so = {address, rest_port, threads, timeout_ms, KILN_JSON_MAX_BYTES, bstats,
                               mon.prometheus_enable ? mon.prometheus_path : NULL, cors, batching, console,
