@@ -177,8 +177,8 @@ int kiln_cmd_serve(int argc, char **argv)
             uint64_t *dst = strcmp(name, "--request_log_max_file_bytes") == 0
                                 ? &rlo.max_file_bytes : &rlo.max_disk_bytes;
             if (!kiln_reqlog_parse_bytes(val, dst) || *dst == 0)
-                return kiln_cli_usage_error("serve", "flag '%s' needs a byte count such as 67108864 "
-                                            "or 64M, got '%s'", name, val);
+                return kiln_cli_usage_error("serve", "flag '%s' needs a byte count such as "
+                                            "67108864 or 64M, got '%s'", name, val);
             continue;
         }
         if (strcmp(name, "--model_name") == 0) model_name = val;
@@ -405,7 +405,8 @@ int kiln_cmd_serve(int argc, char **argv)
         kiln_observer ro;
         kiln_reqlog_observer(reqlog, &ro);
         if (kiln_observers_add(&observers, &ro) != KILN_OK)
-            fprintf(stderr, "kiln serve: too many predict-path observers; the request log is off\n");
+            fprintf(stderr,
+                    "kiln serve: too many predict-path observers; the request log is off\n");
     }
     kiln_server_options so = {address, rest_port, threads, timeout_ms, KILN_JSON_MAX_BYTES, bstats,
                               mon.prometheus_enable ? mon.prometheus_path : NULL, cors, batching, console,

@@ -28,7 +28,8 @@ static const kiln_cli_command kiln_cli_commands[] = {
     {"encrypt", "encrypt a model folder's files (XChaCha20-Poly1305)", kiln_cmd_encrypt},
     {"rekey", "re-encrypt a folder's encrypted files under another key", kiln_cmd_rekey},
     {"fingerprint", "a stable identity of a model's weights and ops", kiln_cmd_fingerprint},
-    {"warmup-from-log", "turn a request log into a TF Serving warmup file", kiln_cmd_warmup_from_log},
+    {"warmup-from-log", "turn a request log into a TF Serving warmup file",
+     kiln_cmd_warmup_from_log},
     {"healthcheck", "exit 0 if a local kiln serve is ready (container probes)", kiln_cmd_healthcheck},
 };
 

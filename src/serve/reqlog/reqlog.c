@@ -517,7 +517,8 @@ static void reqlog_metrics(void *ctx, kiln_sbuf *b)
                              (unsigned long long)atomic_load(&rl->t[i].dropped[r]));
         }
     kiln_sbuf_printf(b, "# HELP kiln_request_log_disk_bytes Bytes in request log files.\n"
-                        "# TYPE kiln_request_log_disk_bytes gauge\nkiln_request_log_disk_bytes %llu\n",
+                        "# TYPE kiln_request_log_disk_bytes gauge\n"
+                        "kiln_request_log_disk_bytes %llu\n",
                      (unsigned long long)atomic_load(&rl->disk_bytes));
 }
 
@@ -779,8 +780,8 @@ kiln_status kiln_reqlog_create(const kiln_reqlog_options *o, const kiln_server_c
     rl->thread_started = 1;
     for (int i = 0; i < rl->n_targets; i++)
         fprintf(stderr, "kiln serve: request log of model '%s': sampling_rate %g, %s files %s.*\n",
-                rl->t[i].model, rl->t[i].rate, rl->t[i].jsonl ? "JSON-lines" : "PredictionLog TFRecord",
-                rl->t[i].prefix);
+                rl->t[i].model, rl->t[i].rate,
+                rl->t[i].jsonl ? "JSON-lines" : "PredictionLog TFRecord", rl->t[i].prefix);
     *out = rl;
     return KILN_OK;
 err_free:
