@@ -48,7 +48,10 @@ set(KILN_REPLAY_serve_config_SRCS ${PROJECT_SOURCE_DIR}/src/serve/config.c)
 set(KILN_REPLAY_example_json_SRCS
   ${PROJECT_SOURCE_DIR}/src/serve/example.c ${PROJECT_SOURCE_DIR}/src/serve/json.c)
 set(KILN_REPLAY_warmup_SRCS ${PROJECT_SOURCE_DIR}/src/serve/warmup.c)
-foreach(target npy tf_example serve_config example_json warmup)
+set(KILN_REPLAY_request_log_SRCS ${PROJECT_SOURCE_DIR}/src/serve/reqlog/fromlog.c
+  ${PROJECT_SOURCE_DIR}/src/serve/reqlog/tfrecord.c ${PROJECT_SOURCE_DIR}/src/serve/warmup.c
+  ${PROJECT_SOURCE_DIR}/src/serve/json.c)
+foreach(target npy tf_example serve_config example_json warmup request_log)
   add_executable(kiln_fuzz_replay_${target}
     ${PROJECT_SOURCE_DIR}/fuzz/replay_main.c ${PROJECT_SOURCE_DIR}/fuzz/fuzz_${target}.c
     ${KILN_REPLAY_${target}_SRCS})

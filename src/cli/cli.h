@@ -55,6 +55,7 @@ int kiln_cmd_fingerprint(int argc, char **argv); /* cmd_fingerprint.c */
 int kiln_cmd_healthcheck(int argc, char **argv); /* cmd_healthcheck.c */
 int kiln_cmd_token(int argc, char **argv);       /* cmd_token.c */
 int kiln_cmd_gate(int argc, char **argv);        /* cmd_gate.c: release gate */
+int kiln_cmd_warmup_from_log(int argc, char **argv); /* cmd_warmup_from_log.c */
 
 /* Print "kiln: <message>\n" on stderr; returns KILN_CLI_EXIT_FAIL. */
 int kiln_cli_fail(const char *fmt, ...) KILN_CLI_PRINTF(1, 2);

@@ -24,6 +24,7 @@
 #include "serve/config.h"
 #include "serve/integrity.h"
 #include "serve/manager.h"
+#include "serve/reqlog/reqlog.h"
 #include "serve/grpc/grpc.h"
 #include "serve/server.h"
 #include "serve/tls.h"
@@ -91,6 +92,12 @@ static const char serve_help[] =
     "                                     it changes (docs/SECURITY.md). Without it: open\n"
     "  --require_blessing[=true|false]    Kiln: serve only versions blessed by kiln gate whose\n"
     "                                     files still match (docs/RELEASE_GATE.md)\n"
+    "  --request_log_max_file_bytes=N     Kiln: a request log file (logging_config in the model\n"
+    "                                     config) is closed past N bytes (default 64M; K/M/G)\n"
+    "  --request_log_max_disk_bytes=N     Kiln: all request log files together, oldest deleted\n"
+    "                                     first (default 1G)\n"
+    "  --request_log_queue_size=N         Kiln: sampled records waiting for the writer; more are\n"
+    "                                     dropped and counted (default 1024)\n"
     "  --version                          print versions and exit\n";
 
 /* Flags accepted for compatibility whose features Kiln lacks so far. */
@@ -143,6 +150,8 @@ int kiln_cmd_serve(int argc, char **argv)
     const char *cert_file = NULL, *key_file = NULL, *ca_file = NULL;
     int client_verify = 0;
     kiln_integrity_options integrity = {NULL, NULL};
+    kiln_reqlog_options rlo;
+    kiln_reqlog_options_default(&rlo);
 
     for (int i = 0; i < argc; i++) {
         char *arg = argv[i];
@@ -178,7 +187,17 @@ int kiln_cmd_serve(int argc, char **argv)
         INT_FLAG("--tensorflow_intra_op_parallelism", intra, 0, 4096)
         INT_FLAG("--model_config_file_poll_wait_seconds", config_poll, -2147483647, 2147483647)
         INT_FLAG("--num_request_iterations_for_warmup", warmup_iters, -2147483647, 2147483647)
+        INT_FLAG("--request_log_queue_size", rlo.queue_records, 1, 1048576)
 #undef INT_FLAG
+        if (strcmp(name, "--request_log_max_file_bytes") == 0 ||
+            strcmp(name, "--request_log_max_disk_bytes") == 0) {
+            uint64_t *dst = strcmp(name, "--request_log_max_file_bytes") == 0
+                                ? &rlo.max_file_bytes : &rlo.max_disk_bytes;
+            if (!kiln_reqlog_parse_bytes(val, dst) || *dst == 0)
+                return kiln_cli_usage_error("serve", "flag '%s' needs a byte count such as "
+                                            "67108864 or 64M, got '%s'", name, val);
+            continue;
+        }
         if (strcmp(name, "--model_name") == 0) model_name = val;
         else if (strcmp(name, "--model_base_path") == 0) base_path = val;
         else if (strcmp(name, "--saved_model_tags") == 0) tags = val;
@@ -417,8 +436,19 @@ int kiln_cmd_serve(int argc, char **argv)
     }
     kiln_status mst = config ? kiln_manager_apply_config(mgr, config)
                              : kiln_manager_add_model(mgr, model_name, base_path);
+    /* the request log (logging_config), fixed at startup: a reloaded config
+     * changes models, not their logging */
+    kiln_reqlog *reqlog = NULL;
+    char rerr[KILN_REQLOG_ERR_LEN];
+    if (mst == KILN_OK && kiln_reqlog_create(&rlo, config, &reqlog, rerr) != KILN_OK) {
+        kiln_server_config_free(config);
+        kiln_manager_free(mgr);
+        kiln_batch_stats_free(bstats);
+        return kiln_cli_fail("%s", rerr);
+    }
     kiln_server_config_free(config);
     if (mst != KILN_OK || kiln_manager_start(mgr) != KILN_OK) {
+        kiln_reqlog_free(reqlog);
         kiln_manager_free(mgr);
         kiln_batch_stats_free(bstats);
         return kiln_cli_fail("cannot start the model manager");
@@ -438,6 +468,7 @@ int kiln_cmd_serve(int argc, char **argv)
             gst = go.socket_path ? kiln_grpc_listen(&go, &grpc, gerr, sizeof gerr) : KILN_OK;
         }
         if (gst != KILN_OK) {
+            kiln_reqlog_free(reqlog);
             kiln_manager_free(mgr);
             kiln_batch_stats_free(bstats);
             return kiln_cli_fail("%s", gerr);
@@ -447,11 +478,19 @@ int kiln_cmd_serve(int argc, char **argv)
     /* the predict path's hooks: rollouts and monitoring register here */
     static kiln_observers observers;
     kiln_observers_init(&observers);
+    if (reqlog) {
+        kiln_observer ro;
+        kiln_reqlog_observer(reqlog, &ro);
+        if (kiln_observers_add(&observers, &ro) != KILN_OK)
+            fprintf(stderr,
+                    "kiln serve: too many predict-path observers; the request log is off\n");
+    }
     kiln_server_options so = {address, rest_port, threads, timeout_ms, KILN_JSON_MAX_BYTES, bstats,
                               mon.prometheus_enable ? mon.prometheus_path : NULL, cors, batching, console,
                               &observers, auth ? kiln_auth_authorize : NULL, auth, rest_tls};
     if (kiln_server_start(&server, &so, mgr) != KILN_OK) {
         kiln_grpc_stop(grpc, 0);
+        kiln_reqlog_free(reqlog);
         kiln_manager_free(mgr);
         kiln_batch_stats_free(bstats);
         return kiln_cli_fail("cannot listen on %s:%d (in use, or not permitted)",
@@ -460,6 +499,7 @@ int kiln_cmd_serve(int argc, char **argv)
     if (grpc && kiln_grpc_run(grpc, &server, gerr, sizeof gerr) != KILN_OK) {
         kiln_grpc_stop(grpc, 0);
         kiln_server_stop(&server, 0);
+        kiln_reqlog_free(reqlog);
         kiln_manager_free(mgr);
         kiln_batch_stats_free(bstats);
         return kiln_cli_fail("%s", gerr);
@@ -483,6 +523,7 @@ int kiln_cmd_serve(int argc, char **argv)
     atomic_store(&server.shutting_down, 1); /* health and readiness say NOT_SERVING */
     kiln_grpc_stop(grpc, KILN_SERVE_DRAIN_MS);
     kiln_server_stop(&server, KILN_SERVE_DRAIN_MS);
+    kiln_reqlog_free(reqlog); /* writes what is queued */
     kiln_manager_free(mgr);
     kiln_batch_stats_free(bstats);
     kiln_auth_free(auth);

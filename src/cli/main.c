@@ -29,6 +29,8 @@ static const kiln_cli_command kiln_cli_commands[] = {
     {"rekey", "re-encrypt a folder's encrypted files under another key", kiln_cmd_rekey},
     {"fingerprint", "a stable identity of a model's weights and ops", kiln_cmd_fingerprint},
     {"gate", "compare a candidate model with a baseline; bless it if it passes", kiln_cmd_gate},
+    {"warmup-from-log", "turn a request log into a TF Serving warmup file",
+     kiln_cmd_warmup_from_log},
     {"healthcheck", "exit 0 if a local kiln serve is ready (container probes)", kiln_cmd_healthcheck},
     {"token", "make a bearer token for kiln serve --auth_token_file", kiln_cmd_token},
 };

@@ -91,9 +91,47 @@ void kiln_server_config_free(kiln_server_config *c)
         for (int k = 0; k < m->n_labels; k++) free(m->label_names[k]);
         free(m->label_names);
         free(m->label_versions);
+        free(m->log_prefix);
     }
     free(c->models);
     free(c);
+}
+
+/* Copy and check a ModelConfig's logging_config (the request log). The
+ * collector types are Kiln's: "" or "kiln_tfrecord" (PredictionLog
+ * TFRecords, TF Serving's format) and "kiln_jsonl" (JSON lines). */
+static kiln_status copy_logging(const KilnServing__LoggingConfig *lc, kiln_model_config *m,
+                                const char *path, char *err)
+{
+    if (!lc) return KILN_OK;
+    double rate = lc->sampling_config ? lc->sampling_config->sampling_rate : 0.0;
+    if (!(rate >= 0.0 && rate <= 1.0)) {
+        snprintf(err, KILN_CONFIG_ERR_LEN, "%s: model '%s': logging_config.sampling_config."
+                 "sampling_rate must be in [0, 1], got %g", path, m->name, rate);
+        return KILN_ERR_INVALID_ARGUMENT;
+    }
+    const KilnServing__LogCollectorConfig *cc = lc->log_collector_config;
+    const char *type = cc && cc->type ? cc->type : "";
+    const char *prefix = cc && cc->filename_prefix ? cc->filename_prefix : "";
+    int jsonl = strcmp(type, "kiln_jsonl") == 0;
+    if (!jsonl && *type && strcmp(type, "kiln_tfrecord") != 0) {
+        snprintf(err, KILN_CONFIG_ERR_LEN, "%s: model '%s': logging_config.log_collector_config."
+                 "type '%.100s' is not a log collector Kiln has (\"kiln_tfrecord\", the default: "
+                 "PredictionLog TFRecords; \"kiln_jsonl\": JSON lines)", path, m->name, type);
+        return KILN_ERR_INVALID_ARGUMENT;
+    }
+    if (rate > 0.0 && !*prefix) {
+        snprintf(err, KILN_CONFIG_ERR_LEN, "%s: model '%s': logging_config samples requests "
+                 "(sampling_rate %g) but log_collector_config.filename_prefix is empty", path,
+                 m->name, rate);
+        return KILN_ERR_INVALID_ARGUMENT;
+    }
+    if (rate == 0.0) return KILN_OK;
+    m->log_prefix = strdup(prefix);
+    if (!m->log_prefix) return KILN_ERR_OUT_OF_MEMORY;
+    m->log_rate = rate;
+    m->log_jsonl = jsonl;
+    return KILN_OK;
 }
 
 /* Copy and check one ModelConfig. */
@@ -167,7 +205,7 @@ static kiln_status copy_model(const KilnServing__ModelConfig *mc, kiln_model_con
         }
     }
     if (!m->name || !m->base_path || !m->platform) return KILN_ERR_OUT_OF_MEMORY;
-    return KILN_OK;
+    return copy_logging(mc->logging_config, m, path, err);
 }
 
 kiln_status kiln_server_config_from_proto(const KilnServing__ModelServerConfig *sc,

@@ -39,6 +39,11 @@ typedef struct kiln_model_config {
     int n_labels;
     char **label_names;        /* version_labels keys */
     int64_t *label_versions;   /* ... and their versions */
+    /* logging_config (the request log, src/serve/reqlog/): log_rate > 0
+     * only when the model has a logging_config with a sampling_rate. */
+    double log_rate;           /* sampling_config.sampling_rate, in [0, 1] */
+    char *log_prefix;          /* log_collector_config.filename_prefix; NULL if no logging */
+    int log_jsonl;             /* log_collector_config.type "kiln_jsonl": JSON lines */
 } kiln_model_config;
 
 typedef struct kiln_server_config {
