@@ -25,6 +25,7 @@
 #include "serve/manager.h"
 #include "serve/grpc/grpc.h"
 #include "serve/server.h"
+#include "serve/shadow/shadow.h"
 
 #define KILN_SERVE_DRAIN_MS 10000
 
@@ -78,6 +79,8 @@ static const char serve_help[] =
     "                                     in FILE (docs/SECURITY.md)\n"
     "  --model_decryption_key_file=FILE   Kiln: key ring for encrypted models (kiln encrypt),\n"
     "                                     decrypted in memory\n"
+    "  --rollout_config_file=FILE         Kiln: rollout file (text proto); its shadow blocks\n"
+    "                                     send sampled requests to a shadow target (docs/SHADOW.md)\n"
     "  --version                          print versions and exit\n";
 
 /* Flags accepted for compatibility whose features Kiln lacks so far. */
@@ -125,6 +128,7 @@ int kiln_cmd_serve(int argc, char **argv)
     const char *grpc_socket = NULL, *grpc_args = NULL, *ssl_file = NULL;
     const char *model_name = NULL, *base_path = NULL, *tags = NULL, *address = NULL;
     const char *config_file = NULL, *batching_file = NULL, *monitoring_file = NULL;
+    const char *rollout_file = NULL; /* start-up rollout file (shadow only; see below) */
     kiln_integrity_options integrity = {NULL, NULL};
 
     for (int i = 0; i < argc; i++) {
@@ -168,6 +172,7 @@ int kiln_cmd_serve(int argc, char **argv)
         else if (strcmp(name, "--rest_api_address") == 0) address = val;
         else if (strcmp(name, "--model_config_file") == 0) config_file = val;
         else if (strcmp(name, "--batching_parameters_file") == 0) batching_file = val;
+        else if (strcmp(name, "--rollout_config_file") == 0) rollout_file = val;
         else if (strcmp(name, "--enable_batching") == 0) ok = (batching = parse_bool(val)) >= 0;
         else if (strcmp(name, "--disable_optimizer") == 0) ok = (disable_opt = parse_bool(val)) >= 0;
         else if (strcmp(name, "--enable_model_warmup") == 0) ok = (warmup = parse_bool(val)) >= 0;
@@ -370,10 +375,32 @@ int kiln_cmd_serve(int argc, char **argv)
     /* the predict path's hooks: rollouts and monitoring register here */
     static kiln_observers observers;
     kiln_observers_init(&observers);
+    /* shadow traffic (serve/shadow/): an observer, configured by the rollout file */
+    kiln_shadow *shadow = NULL;
+    char serr[KILN_SHADOW_ERR_LEN] = "out of memory";
+    kiln_observer shadow_obs;
+    kiln_status sst = kiln_shadow_create(mgr, &shadow);
+    if (sst == KILN_OK) {
+        shadow_obs = kiln_shadow_observer(shadow);
+        sst = kiln_observers_add(&observers, &shadow_obs);
+    }
+    /* BEGIN start-up rollout file: read once here until the rollout loader
+     * (reload included) calls kiln_shadow_apply */
+    if (sst == KILN_OK && rollout_file && *rollout_file)
+        sst = kiln_shadow_apply_file(shadow, rollout_file, serr);
+    /* END start-up rollout file */
+    if (sst != KILN_OK) {
+        kiln_shadow_free(shadow);
+        kiln_grpc_stop(grpc, 0);
+        kiln_manager_free(mgr);
+        kiln_batch_stats_free(bstats);
+        return kiln_cli_fail("--rollout_config_file: %s", serr);
+    }
     kiln_server_options so = {address, rest_port, threads, timeout_ms, KILN_JSON_MAX_BYTES, bstats,
                               mon.prometheus_enable ? mon.prometheus_path : NULL, cors, batching, console,
-                              &observers, NULL, NULL};
+                              &observers, NULL, NULL, shadow};
     if (kiln_server_start(&server, &so, mgr) != KILN_OK) {
+        kiln_shadow_free(shadow);
         kiln_grpc_stop(grpc, 0);
         kiln_manager_free(mgr);
         kiln_batch_stats_free(bstats);
@@ -383,6 +410,7 @@ int kiln_cmd_serve(int argc, char **argv)
     if (grpc && kiln_grpc_run(grpc, &server, gerr, sizeof gerr) != KILN_OK) {
         kiln_grpc_stop(grpc, 0);
         kiln_server_stop(&server, 0);
+        kiln_shadow_free(shadow);
         kiln_manager_free(mgr);
         kiln_batch_stats_free(bstats);
         return kiln_cli_fail("%s", gerr);
@@ -406,6 +434,7 @@ int kiln_cmd_serve(int argc, char **argv)
     atomic_store(&server.shutting_down, 1); /* health and readiness say NOT_SERVING */
     kiln_grpc_stop(grpc, KILN_SERVE_DRAIN_MS);
     kiln_server_stop(&server, KILN_SERVE_DRAIN_MS);
+    kiln_shadow_free(shadow);
     kiln_manager_free(mgr);
     kiln_batch_stats_free(bstats);
     fprintf(stderr, "kiln serve: stopped\n");

@@ -43,6 +43,7 @@ typedef struct kiln_server_options {
     const kiln_observers *observers; /* the predict path's hooks (observe.h); NULL = none */
     kiln_authorize_fn authorize;     /* NULL: open, as TF Serving; admin needs loopback */
     void *authorize_ctx;
+    struct kiln_shadow *shadow;      /* GET /v1/shadow (shadow/shadow.h); NULL = none */
 } kiln_server_options;
 
 typedef struct kiln_server {
