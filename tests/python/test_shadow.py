@@ -340,6 +340,41 @@ def test_primary_byte_identical_without_shadow(models, srv):
         plain.kill()
 
 
+def test_grpc_predict_is_shadowed(models, tmp_path, tmp_path_factory):
+    """gRPC Predict passes the same observer: the teacher's gRPC requests are
+    compared with the student's answers, against numpy."""
+    tg = pytest.importorskip("test_grpc")
+    gen = tg.pb.__pytest_wrapped__.obj(tmp_path_factory)  # the generated TF Serving messages
+    pb = next(gen)
+    rollout = tmp_path / "rollout.config"
+    rollout.write_text('model_rollouts { model_name: "teacher" shadow { target_model: "student" '
+                       'fraction: 1 } }\n')
+    s = tg.Server(tmp_path, [tg.model_line("teacher", models / "teacher"),
+                             tg.model_line("student", models / "student")],
+                  f"--rollout_config_file={rollout}")
+    try:
+        x = inputs(12, 4, seed=10)
+        for i in range(0, len(x), 8):
+            req = tg.predict_request(pb, "teacher", {"x": tg.tensor_content(pb, x[i:i + 8], 1)})
+            r = s.call(tg.PS + "Predict", req, pb.predict.PredictResponse)
+            got = tg.to_numpy(pb, r.outputs["probs"])
+            np.testing.assert_allclose(got, softmax(x[i:i + 8].astype(np.float64) @ W_TEACHER),
+                                       rtol=1e-5, atol=1e-6)
+
+        def view():
+            code, body = s.http("GET", "/v1/shadow/teacher")
+            assert code == 200, body
+            return json.loads(body)
+        assert wait_for(lambda: view()["requests"]["compared"] == 2, 30), view()
+        want = reference_stats(softmax(x.astype(np.float64) @ W_TEACHER),
+                               softmax(x.astype(np.float64) @ W_STUDENT))
+        check_stats(view()["since_start"], want, 16)
+        assert want["top1_agreement"] == 0.75
+    finally:
+        s.kill()
+        next(gen, None)
+
+
 @pytest.mark.parametrize("block,msg", [
     ("shadow { target_model: 'student' fraction: 1.5 }", "shadow.fraction 1.5 is outside [0, 1]"),
     ("shadow { target_model: 'student' fraction: 1 compare: 'softmax' }", "shadow.compare 'softmax'"),
