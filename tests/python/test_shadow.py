@@ -375,6 +375,27 @@ def test_grpc_predict_is_shadowed(models, tmp_path, tmp_path_factory):
         next(gen, None)
 
 
+def test_sigterm_with_shadow_work_pending(models, tmp_path):
+    """SIGTERM while the slow target still has work queued: the worker
+    finishes its run, everything is freed (the sanitizer build checks for
+    leaks at exit) and the server exits 0."""
+    import signal
+    (tmp_path / "models.config").write_text(
+        f'model_config_list {{ config {{ name: "slow_primary" base_path: "{models}/teacher" }}\n'
+        f'  config {{ name: "slow" base_path: "{models}/slow" }} }}\n')
+    s = ShadowServer(tmp_path, 'model_rollouts { model_name: "slow_primary" shadow { '
+                               'target_model: "slow" fraction: 1 queue_size: 4 } }\n')
+    try:
+        x = inputs(8, 0, seed=11)
+        for _ in range(6):
+            s.predict("slow_primary", x)
+        s.proc.send_signal(signal.SIGTERM)
+        assert s.proc.wait(timeout=60) == 0, s.logtext()
+        assert "Sanitizer" not in s.logtext(), s.logtext()
+    finally:
+        s.kill()
+
+
 @pytest.mark.parametrize("block,msg", [
     ("shadow { target_model: 'student' fraction: 1.5 }", "shadow.fraction 1.5 is outside [0, 1]"),
     ("shadow { target_model: 'student' fraction: 1 compare: 'softmax' }", "shadow.compare 'softmax'"),
