@@ -41,6 +41,7 @@
 #define LAT_BUCKETS 72           /* added latency: 0.05 us * 2^(i/4), then overflow */
 #define LAT_BASE_US 0.05
 #define SHADOW_ALIGN 64
+#define SHADOW_SLOT_BYTES 4096   /* a slot's buffer before any request grows it */
 #define SHADOW_WORKER_NICE 10    /* the worker yields the CPU to primary requests */
 
 _Static_assert(KILN_SHADOW_WINDOW_S % SHADOW_BUCKET_S == 0, "window is whole buckets");
@@ -188,7 +189,13 @@ static kiln_status alloc_queue(shadow_entry *e, int size)
         return KILN_ERR_OUT_OF_MEMORY;
     }
     e->size = size;
-    for (int i = 0; i < size; i++) e->free_idx[i] = size - 1 - i;
+    for (int i = 0; i < size; i++) {
+        e->free_idx[i] = size - 1 - i;
+        /* room for a small request up front, so the first ones do not
+         * allocate on the request path (a failure only defers it) */
+        e->slots[i].buf = malloc(SHADOW_SLOT_BYTES);
+        e->slots[i].cap = e->slots[i].buf ? SHADOW_SLOT_BYTES : 0;
+    }
     e->n_free = size;
     e->n_ready = e->ready_head = 0;
     return KILN_OK;
@@ -209,7 +216,7 @@ static size_t slot_reserve(shadow_slot *sl, size_t *len, size_t n)
 {
     size_t off = (*len + SHADOW_ALIGN - 1) & ~(size_t)(SHADOW_ALIGN - 1);
     if (off + n > sl->cap) {
-        size_t cap = sl->cap ? sl->cap : 4096;
+        size_t cap = sl->cap ? sl->cap : SHADOW_SLOT_BYTES;
         while (cap < off + n) cap *= 2;
         unsigned char *nb = realloc(sl->buf, cap);
         if (!nb) return (size_t)-1;
