@@ -643,9 +643,12 @@ static void h_v1_shadow(kiln_server *s, const kiln_http_request *req, const rout
     char err[KILN_SHADOW_ERR_LEN];
     rep->api = "shadow";
     int deny = kiln_server_authorize(s, req, "metadata");
+    if (deny == 401) {
+        kiln_reply_error(rep, "UNAUTHENTICATED", "not authorized to read shadow statistics");
+        return;
+    }
     if (deny) {
-        kiln_reply_error(rep, deny == 401 ? "UNAUTHENTICATED" : "PERMISSION_DENIED",
-                         "not authorized to read shadow statistics");
+        kiln_reply_error(rep, "PERMISSION_DENIED", "not authorized to read shadow statistics");
         return;
     }
     if (!s->opt.shadow) {
