@@ -93,6 +93,35 @@ static int observe_one(void)
     return ok;
 }
 
+/* A run of digits shown to the observer with a 257 MiB input in place of
+ * its own (never touched: the copy is refused before it starts). */
+static int observe_huge(void)
+{
+    char err[KILN_JSON_ERR_LEN];
+    const char *code = NULL;
+    kiln_servable *sv = kiln_manager_acquire(mgr, "digits", -1, NULL, err, &code);
+    if (!sv) return 0;
+    const kiln_signature *sig = kiln_model_signature(sv->model, 0);
+    const kiln_value_info *vi = kiln_signature_input(sig, 0);
+    int64_t dims[KILN_MAX_RANK];
+    for (int d = 0; d < vi->rank; d++) dims[d] = vi->dims[d] > 0 ? vi->dims[d] : 2;
+    kiln_tensor *in = NULL, *huge = NULL;
+    int64_t n = (int64_t)(KILN_SHADOW_QUEUE_BYTES + (1 << 20)) / 8;
+    int ok = kiln_tensor_create(vi->dtype, vi->rank, dims, &in) == KILN_OK &&
+             kiln_tensor_create(KILN_DTYPE_I64, 1, &n, &huge) == KILN_OK;
+    kiln_batch_result out;
+    if (ok) ok = kiln_servable_run(sv, 0, &in, 1, 0, &out, err, &code) == KILN_OK;
+    if (ok) {
+        kiln_observation o = {"REST", "predict", "digits", sv, 0, &huge, 1, &out, "OK", 10.0, 0, NULL};
+        obs.after(obs.ctx, &o);
+        kiln_batch_result_free(&out);
+    }
+    kiln_tensor_free(in);
+    kiln_tensor_free(huge);
+    kiln_servable_release(sv);
+    return ok;
+}
+
 /* Wait (bounded) until the view of digits contains needle. */
 static int wait_view(const char *needle)
 {
@@ -180,6 +209,13 @@ int main(void)
     CHECK(observe_one(), "run");
     CHECK(wait_view("\"failed\": 1}"), "failed");
     CHECK(has("digits", "nope"), "the error names the target");
+
+    /* a copy past the queue's memory bound is dropped, not failed */
+    CHECK(apply_text("model_rollouts { model_name: 'digits' shadow { fraction: 1 } }", err) ==
+              KILN_OK, "%s", err);
+    CHECK(observe_huge(), "run");
+    CHECK(has("digits", "\"sampled\": 1, \"compared\": 0, \"dropped\": 1, \"failed\": 0}"),
+          "dropped past the bound");
 
     /* reloads racing with observed requests */
     pthread_t th[3];

@@ -97,6 +97,7 @@ typedef struct shadow_entry {
     int filling;                   /* slots being filled by after hooks */
     atomic_int full;               /* n_free == 0, read without q_mu: a full queue
                                       drops without taking the mutex */
+    atomic_llong bytes;            /* capacity of the buffers in the slots */
     /* counters (atomics, since the after hook holds no mutex) */
     atomic_llong seen, sampled, dropped;
     atomic_llong lat[LAT_BUCKETS + 1];
@@ -172,6 +173,7 @@ static void free_queue(shadow_entry *e)
     e->slots = NULL;
     e->free_idx = e->ready = NULL;
     e->size = e->n_free = e->n_ready = e->ready_head = 0;
+    atomic_store(&e->bytes, 0);
 }
 
 /* Allocate size empty slots, all free. */
@@ -195,6 +197,7 @@ static kiln_status alloc_queue(shadow_entry *e, int size)
          * allocate on the request path (a failure only defers it) */
         e->slots[i].buf = malloc(SHADOW_SLOT_BYTES);
         e->slots[i].cap = e->slots[i].buf ? SHADOW_SLOT_BYTES : 0;
+        atomic_fetch_add(&e->bytes, (long long)e->slots[i].cap);
     }
     e->n_free = size;
     e->n_ready = e->ready_head = 0;
@@ -210,16 +213,29 @@ static void free_entry(shadow_entry *e)
 
 /* ------------------------------------------------------------ the after hook */
 
-/* Make room for n more bytes at *len (aligned), growing the slot's buffer;
- * the offset of the room, or (size_t)-1 when out of memory. */
-static size_t slot_reserve(shadow_slot *sl, size_t *len, size_t n)
+#define RESERVE_OOM ((size_t)-1)
+#define RESERVE_OVER ((size_t)-2)
+
+/* Make room for n more bytes at *len (aligned), growing the slot's buffer
+ * within the model's KILN_SHADOW_QUEUE_BYTES; the offset of the room, or
+ * RESERVE_OOM (out of memory) or RESERVE_OVER (past the bound). */
+static size_t slot_reserve(shadow_entry *e, shadow_slot *sl, size_t *len, size_t n)
 {
     size_t off = (*len + SHADOW_ALIGN - 1) & ~(size_t)(SHADOW_ALIGN - 1);
+    if (n > KILN_SHADOW_QUEUE_BYTES || off + n > KILN_SHADOW_QUEUE_BYTES) return RESERVE_OVER;
     if (off + n > sl->cap) {
         size_t cap = sl->cap ? sl->cap : SHADOW_SLOT_BYTES;
         while (cap < off + n) cap *= 2;
+        long long grow = (long long)(cap - sl->cap);
+        if (atomic_fetch_add(&e->bytes, grow) + grow > (long long)KILN_SHADOW_QUEUE_BYTES) {
+            atomic_fetch_sub(&e->bytes, grow);
+            return RESERVE_OVER;
+        }
         unsigned char *nb = realloc(sl->buf, cap);
-        if (!nb) return (size_t)-1;
+        if (!nb) {
+            atomic_fetch_sub(&e->bytes, grow);
+            return RESERVE_OOM;
+        }
         sl->buf = nb;
         sl->cap = cap;
     }
@@ -227,9 +243,10 @@ static size_t slot_reserve(shadow_slot *sl, size_t *len, size_t n)
     return off;
 }
 
-/* Copy tensor t named name into slot tensor st. 0 on failure. */
-static int slot_put(shadow_slot *sl, size_t *len, shadow_tensor *st, const char *name,
-                    const kiln_tensor *t)
+/* Copy tensor t named name into slot tensor st: 1, 0 on failure, -1 past
+ * the model's queue memory bound. */
+static int slot_put(shadow_entry *e, shadow_slot *sl, size_t *len, shadow_tensor *st,
+                    const char *name, const kiln_tensor *t)
 {
     if (strlen(name) >= SHADOW_NAME_MAX || t->rank > KILN_MAX_RANK) return 0;
     copy_name(st->name, name);
@@ -242,8 +259,9 @@ static int slot_put(shadow_slot *sl, size_t *len, shadow_tensor *st, const char 
         n = 0;
         for (int64_t i = 0; i < count; i++) n += 8 + ((const kiln_string *)t->data)[i].len;
     }
-    size_t off = slot_reserve(sl, len, n);
-    if (off == (size_t)-1) return 0;
+    size_t off = slot_reserve(e, sl, len, n);
+    if (off == RESERVE_OVER) return -1;
+    if (off == RESERVE_OOM) return 0;
     st->off = off;
     st->nbytes = n;
     if (t->dtype != KILN_DTYPE_STRING) {
@@ -262,8 +280,9 @@ static int slot_put(shadow_slot *sl, size_t *len, shadow_tensor *st, const char 
 }
 
 /* Fill slot sl from observation o; the compared output is e->output or the
- * first. 0 (with a reason) when the request cannot be shadowed. */
-static int slot_fill(const shadow_entry *e, shadow_slot *sl, const kiln_observation *o,
+ * first. 1; 0 (with a reason) when the request cannot be shadowed; -1 when
+ * its copy would pass the model's queue memory bound (a drop). */
+static int slot_fill(shadow_entry *e, shadow_slot *sl, const kiln_observation *o,
                      const char **why)
 {
     const kiln_signature *sig = kiln_model_signature(o->sv->model, o->si);
@@ -286,16 +305,15 @@ static int slot_fill(const shadow_entry *e, shadow_slot *sl, const kiln_observat
     sl->n_in = o->n_inputs;
     for (int i = 0; i < o->n_inputs; i++) {
         const kiln_value_info *vi = kiln_signature_input(sig, i);
-        if (!slot_put(sl, &len, &sl->in[i], vi ? vi->name : "", o->inputs[i])) {
+        int r = slot_put(e, sl, &len, &sl->in[i], vi ? vi->name : "", o->inputs[i]);
+        if (r <= 0) {
             *why = "out of memory, or a name or rank too large, copying an input";
-            return 0;
+            return r;
         }
     }
-    if (!slot_put(sl, &len, &sl->out, o->out->names[oi], o->out->t[oi])) {
-        *why = "out of memory, or a name or rank too large, copying the output";
-        return 0;
-    }
-    return 1;
+    int r = slot_put(e, sl, &len, &sl->out, o->out->names[oi], o->out->t[oi]);
+    if (r <= 0) *why = "out of memory, or a name or rank too large, copying the output";
+    return r;
 }
 
 static void record_failure(kiln_shadow *sh, shadow_entry *e, const char *msg)
@@ -349,7 +367,7 @@ static void shadow_after(void *ctx, const kiln_observation *o)
             int ok = slot_fill(e, &e->slots[idx], o, &why);
             pthread_mutex_lock(&sh->q_mu);
             e->filling--;
-            if (ok) {
+            if (ok > 0) {
                 e->ready[(e->ready_head + e->n_ready++) % e->size] = idx;
                 sh->pending++;
                 pthread_cond_signal(&sh->q_cv);
@@ -358,7 +376,8 @@ static void shadow_after(void *ctx, const kiln_observation *o)
                 atomic_store_explicit(&e->full, 0, memory_order_relaxed);
             }
             pthread_mutex_unlock(&sh->q_mu);
-            if (!ok) record_failure(sh, e, why);
+            if (ok == 0) record_failure(sh, e, why);
+            if (ok < 0) atomic_fetch_add_explicit(&e->dropped, 1, memory_order_relaxed);
         }
     }
     double us = kiln_observe_now_us() - t0;
@@ -528,6 +547,7 @@ static void *worker_main(void *arg)
             e->n_ready--;
             sh->pending--;
             shadow_slot tmp = e->slots[idx];
+            atomic_fetch_add(&e->bytes, (long long)sh->spare.cap - (long long)tmp.cap);
             e->slots[idx] = sh->spare;
             sh->spare = tmp;
             e->free_idx[e->n_free++] = idx;
@@ -727,6 +747,7 @@ kiln_status kiln_shadow_apply(kiln_shadow *sh, const KilnRollout__RolloutConfig 
                 old->size = e->size;
                 old->n_free = e->n_free;
                 atomic_store(&old->full, 0);
+                atomic_store(&old->bytes, atomic_load(&e->bytes));
                 e->slots = NULL;
                 e->free_idx = e->ready = NULL;
                 e->size = 0;

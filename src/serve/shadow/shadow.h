@@ -11,7 +11,8 @@
  * slot's buffers grow only when a larger request comes, so steady traffic
  * allocates nothing), copies the inputs and the primary's compared output
  * into it, and returns; when the queue is full the request is dropped and
- * counted. The time the hook takes is the latency the shadow adds to the
+ * counted; so is a request whose copy would take the model's queue past
+ * KILN_SHADOW_QUEUE_BYTES of buffers. The time the hook takes is the latency the shadow adds to the
  * primary; it is kept in a histogram (p50, p99). The primary's response is
  * never touched.
  *
@@ -45,6 +46,7 @@
 #define KILN_SHADOW_WINDOW_S 60        /* the sliding window */
 #define KILN_SHADOW_QUEUE_DEFAULT 64   /* queue_size when 0 */
 #define KILN_SHADOW_QUEUE_MAX 65536
+#define KILN_SHADOW_QUEUE_BYTES ((size_t)256 << 20) /* a model's queued copies; past it, drops */
 
 typedef struct kiln_shadow kiln_shadow;
 
