@@ -175,6 +175,17 @@ int main(void)
     CHECK(has("digits", "\"top1_agreement\": 1,") && has("digits", "\"mean_abs_diff\": 0,"),
           "a model agrees with itself");
 
+    /* the same numbers for the canary gates */
+    kiln_shadow_stats win, tot;
+    int64_t outcomes[3];
+    CHECK(kiln_shadow_get_stats(sh, "digits", &win, &tot, outcomes) == KILN_OK, "get_stats");
+    CHECK(outcomes[0] == 5 && outcomes[1] == 0 && outcomes[2] == 0, "outcomes");
+    CHECK(tot.requests == 5 && tot.top1_rows > 0 && tot.top1_agree == tot.top1_rows &&
+              tot.sum_abs == 0.0 && win.requests == 5,
+          "stats: %lld requests, %lld/%lld agree", (long long)tot.requests,
+          (long long)tot.top1_agree, (long long)tot.top1_rows);
+    CHECK(kiln_shadow_get_stats(sh, "nope", NULL, NULL, NULL) == KILN_ERR_NOT_FOUND, "no shadow");
+
     /* refused configurations change nothing, and say what is wrong */
     CHECK(apply_text("model_rollouts { model_name: 'digits' shadow { fraction: 2 } }", err) ==
               KILN_ERR_INVALID_ARGUMENT && strstr(err, "'digits'") && strstr(err, "fraction 2"),

@@ -1058,6 +1058,28 @@ kiln_status kiln_shadow_write_json(kiln_shadow *sh, const char *model, kiln_sbuf
     return KILN_OK;
 }
 
+kiln_status kiln_shadow_get_stats(kiln_shadow *sh, const char *model, kiln_shadow_stats *window,
+                                  kiln_shadow_stats *total, int64_t outcomes[3])
+{
+    pthread_rwlock_rdlock(&sh->cfg);
+    shadow_entry *e = find_entry(sh, model);
+    if (!e) {
+        pthread_rwlock_unlock(&sh->cfg);
+        return KILN_ERR_NOT_FOUND;
+    }
+    pthread_mutex_lock(&sh->stats_mu);
+    if (window) window_sum(e, window);
+    if (total) *total = e->total;
+    if (outcomes) {
+        outcomes[0] = e->compared;
+        outcomes[1] = atomic_load(&e->dropped);
+        outcomes[2] = e->failed;
+    }
+    pthread_mutex_unlock(&sh->stats_mu);
+    pthread_rwlock_unlock(&sh->cfg);
+    return KILN_OK;
+}
+
 kiln_observer kiln_shadow_observer(kiln_shadow *sh)
 {
     kiln_observer o = {"shadow", sh, NULL, shadow_after, shadow_write_metrics};

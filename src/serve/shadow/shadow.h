@@ -39,6 +39,7 @@
 
 #include "kiln/kiln.h"
 #include "rollout.pb-c.h"
+#include "serve/shadow/compare.h"
 #include "serve/manager.h"
 #include "serve/observe.h"
 
@@ -69,6 +70,13 @@ kiln_status kiln_shadow_apply(kiln_shadow *sh, const KilnRollout__RolloutConfig 
 /* Read a rollout file (text proto), parse it and apply it: `kiln serve
  * --rollout_config_file` at start. */
 kiln_status kiln_shadow_apply_file(kiln_shadow *sh, const char *path, char *err);
+
+/* What a model's shadow has compared, for the canary gates (agreement, JS
+ * divergence): sums over the sliding window and since start (either may be
+ * NULL), and the requests compared, dropped and failed since start (NULL:
+ * not wanted). KILN_ERR_NOT_FOUND when the model has no shadow. */
+kiln_status kiln_shadow_get_stats(kiln_shadow *sh, const char *model, kiln_shadow_stats *window,
+                                  kiln_shadow_stats *total, int64_t outcomes[3]);
 
 /* The observer to register in the predict path's hub (ctx is sh). */
 kiln_observer kiln_shadow_observer(kiln_shadow *sh);
