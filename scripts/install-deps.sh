@@ -18,6 +18,7 @@ pkgs+=(libgnutls28-dev openssl)  # TLS on both ports; test certificates (tests/p
 command -v npm >/dev/null 2>&1 || pkgs+=(nodejs npm)
 pkgs+=(python3-xgboost)  # XGBoost model files: tests/python/test_xgboost.py, bench/trees
 pkgs+=(prometheus)  # promtool and a real Prometheus: deploy/prometheus, tests/python/test_dashboards.py
+pkgs+=(wrk)  # the shadow traffic load check: tests/python/test_shadow.py
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

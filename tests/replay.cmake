@@ -129,3 +129,12 @@ add_test(NAME fuzz_replay_npz_archive
   COMMAND kiln_fuzz_replay_npz_archive ${PROJECT_SOURCE_DIR}/tests/corpus/npz)
 set_tests_properties(fuzz_replay_npz_archive PROPERTIES TIMEOUT 300
   ENVIRONMENT "ASAN_OPTIONS=detect_leaks=1:abort_on_error=0;UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1")
+# The rollout file's shadow blocks (src/serve/shadow/shadow.c, in kiln_serve).
+add_executable(kiln_fuzz_replay_shadow_config
+  ${PROJECT_SOURCE_DIR}/fuzz/replay_main.c ${PROJECT_SOURCE_DIR}/fuzz/fuzz_shadow_config.c)
+target_include_directories(kiln_fuzz_replay_shadow_config PRIVATE ${PROJECT_SOURCE_DIR}/src ${GEN_DIR})
+target_link_libraries(kiln_fuzz_replay_shadow_config PRIVATE kiln_serve kiln ${PROTOBUF_C_LIB} m)
+add_test(NAME fuzz_replay_shadow_config
+  COMMAND kiln_fuzz_replay_shadow_config ${PROJECT_SOURCE_DIR}/tests/corpus/shadow_config)
+set_tests_properties(fuzz_replay_shadow_config PROPERTIES TIMEOUT 300
+  ENVIRONMENT "ASAN_OPTIONS=detect_leaks=1:abort_on_error=0;UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1")

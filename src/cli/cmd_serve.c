@@ -28,6 +28,7 @@
 #include "serve/grpc/grpc.h"
 #include "serve/server.h"
 #include "serve/tls.h"
+#include "serve/shadow/shadow.h"
 
 #define KILN_SERVE_DRAIN_MS 10000
 
@@ -98,6 +99,8 @@ static const char serve_help[] =
     "                                     first (default 1G)\n"
     "  --request_log_queue_size=N         Kiln: sampled records waiting for the writer; more are\n"
     "                                     dropped and counted (default 1024)\n"
+    "  --rollout_config_file=FILE         Kiln: rollout file (text proto); its shadow blocks\n"
+    "                                     send sampled requests to a shadow target (docs/SHADOW.md)\n"
     "  --version                          print versions and exit\n";
 
 /* Flags accepted for compatibility whose features Kiln lacks so far. */
@@ -149,6 +152,7 @@ int kiln_cmd_serve(int argc, char **argv)
     const char *token_file = NULL, *rest_ssl_file = NULL;
     const char *cert_file = NULL, *key_file = NULL, *ca_file = NULL;
     int client_verify = 0;
+    const char *rollout_file = NULL; /* start-up rollout file (shadow only; see below) */
     kiln_integrity_options integrity = {NULL, NULL};
     kiln_reqlog_options rlo;
     kiln_reqlog_options_default(&rlo);
@@ -204,6 +208,7 @@ int kiln_cmd_serve(int argc, char **argv)
         else if (strcmp(name, "--rest_api_address") == 0) address = val;
         else if (strcmp(name, "--model_config_file") == 0) config_file = val;
         else if (strcmp(name, "--batching_parameters_file") == 0) batching_file = val;
+        else if (strcmp(name, "--rollout_config_file") == 0) rollout_file = val;
         else if (strcmp(name, "--enable_batching") == 0) ok = (batching = parse_bool(val)) >= 0;
         else if (strcmp(name, "--disable_optimizer") == 0) ok = (disable_opt = parse_bool(val)) >= 0;
         else if (strcmp(name, "--enable_model_warmup") == 0) ok = (warmup = parse_bool(val)) >= 0;
@@ -485,10 +490,33 @@ int kiln_cmd_serve(int argc, char **argv)
             fprintf(stderr,
                     "kiln serve: too many predict-path observers; the request log is off\n");
     }
+    /* shadow traffic (serve/shadow/): an observer, configured by the rollout file */
+    kiln_shadow *shadow = NULL;
+    char serr[KILN_SHADOW_ERR_LEN] = "out of memory";
+    kiln_observer shadow_obs;
+    kiln_status sst = kiln_shadow_create(mgr, &shadow);
+    if (sst == KILN_OK) {
+        shadow_obs = kiln_shadow_observer(shadow);
+        sst = kiln_observers_add(&observers, &shadow_obs);
+    }
+    /* BEGIN start-up rollout file: read once here until the rollout loader
+     * (reload included) calls kiln_shadow_apply */
+    if (sst == KILN_OK && rollout_file && *rollout_file)
+        sst = kiln_shadow_apply_file(shadow, rollout_file, serr);
+    /* END start-up rollout file */
+    if (sst != KILN_OK) {
+        kiln_shadow_free(shadow);
+        kiln_grpc_stop(grpc, 0);
+        kiln_reqlog_free(reqlog);
+        kiln_manager_free(mgr);
+        kiln_batch_stats_free(bstats);
+        return kiln_cli_fail("--rollout_config_file: %s", serr);
+    }
     kiln_server_options so = {address, rest_port, threads, timeout_ms, KILN_JSON_MAX_BYTES, bstats,
                               mon.prometheus_enable ? mon.prometheus_path : NULL, cors, batching, console,
-                              &observers, auth ? kiln_auth_authorize : NULL, auth, rest_tls};
+                              &observers, auth ? kiln_auth_authorize : NULL, auth, rest_tls, shadow};
     if (kiln_server_start(&server, &so, mgr) != KILN_OK) {
+        kiln_shadow_free(shadow);
         kiln_grpc_stop(grpc, 0);
         kiln_reqlog_free(reqlog);
         kiln_manager_free(mgr);
@@ -500,6 +528,7 @@ int kiln_cmd_serve(int argc, char **argv)
         kiln_grpc_stop(grpc, 0);
         kiln_server_stop(&server, 0);
         kiln_reqlog_free(reqlog);
+        kiln_shadow_free(shadow);
         kiln_manager_free(mgr);
         kiln_batch_stats_free(bstats);
         return kiln_cli_fail("%s", gerr);
@@ -524,6 +553,7 @@ int kiln_cmd_serve(int argc, char **argv)
     kiln_grpc_stop(grpc, KILN_SERVE_DRAIN_MS);
     kiln_server_stop(&server, KILN_SERVE_DRAIN_MS);
     kiln_reqlog_free(reqlog); /* writes what is queued */
+    kiln_shadow_free(shadow);
     kiln_manager_free(mgr);
     kiln_batch_stats_free(bstats);
     kiln_auth_free(auth);

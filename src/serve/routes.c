@@ -22,6 +22,7 @@
 #include "serve/gate/release.h"
 #include "serve/results.h"
 #include "serve/server.h"
+#include "serve/shadow/shadow.h"
 
 typedef enum route_kind {
     ROUTE_NONE = 0,
@@ -41,6 +42,7 @@ typedef enum route_kind {
     ROUTE_METRICS,
     ROUTE_CORS_PREFLIGHT, /* OPTIONS, with --rest_api_enable_cors_support */
     ROUTE_CONSOLE,        /* /console and below, unless --enable_console=false (console.c) */
+    ROUTE_V1_SHADOW,      /* /v1/shadow[/MODEL]: shadow comparisons (shadow/shadow.h) */
 } route_kind;
 
 typedef struct route_params {
@@ -141,6 +143,9 @@ static route_kind parse_path(const char *method, const char *path, const char *m
     if (console && (strcmp(path, "/console") == 0 || strncmp(path, "/console/", 9) == 0))
         return ROUTE_CONSOLE;
     if (prefix(&p, "/v1/")) {
+        if (prefix(&p, "shadow") &&
+            (*p == '\0' || (prefix(&p, "/") && segment(&p, rp->name, sizeof rp->name, 0) && !*p)))
+            return ROUTE_V1_SHADOW;
         p = path;
         if (!prefix(&p, "/v1/models")) return ROUTE_V1_MALFORMED;
         if (*p == '\0') return post ? ROUTE_V1_MALFORMED : ROUTE_V1_LIST;
@@ -638,6 +643,30 @@ static void h_console(kiln_server *s, const kiln_http_request *req, const route_
     kiln_console_serve(s, req, rep);
 }
 
+/* GET /v1/shadow[/MODEL]: the shadow comparisons' aggregates. */
+static void h_v1_shadow(kiln_server *s, const kiln_http_request *req, const route_params *p,
+                        kiln_http_reply *rep)
+{
+    char err[KILN_SHADOW_ERR_LEN];
+    rep->api = "shadow";
+    int deny = kiln_server_authorize(s, req, "metadata");
+    if (deny == 401) {
+        kiln_reply_error(rep, "UNAUTHENTICATED", "not authorized to read shadow statistics");
+        return;
+    }
+    if (deny) {
+        kiln_reply_error(rep, "PERMISSION_DENIED", "not authorized to read shadow statistics");
+        return;
+    }
+    if (!s->opt.shadow) {
+        kiln_reply_error(rep, "NOT_FOUND", "no shadow is configured (--rollout_config_file)");
+        return;
+    }
+    if (kiln_shadow_write_json(s->opt.shadow, p->name[0] ? p->name : NULL, &rep->body, err) !=
+        KILN_OK)
+        kiln_reply_error(rep, "NOT_FOUND", err);
+}
+
 static const struct route {
     const char *method;
     route_kind kind;
@@ -659,6 +688,7 @@ static const struct route {
     {"GET", ROUTE_METRICS, h_metrics},
     {"OPTIONS", ROUTE_CORS_PREFLIGHT, h_cors_preflight},
     {"GET", ROUTE_CONSOLE, h_console},
+    {"GET", ROUTE_V1_SHADOW, h_v1_shadow},
 };
 
 /* Access control (--auth_token_file, docs/SECURITY.md): the routes anyone

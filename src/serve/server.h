@@ -51,6 +51,7 @@ typedef struct kiln_server_options {
     void *authorize_ctx;
     struct kiln_tls *tls;  /* HTTPS with these credentials (tls.h: re-read when their files
                               change), or NULL for plain HTTP; borrowed until stop */
+    struct kiln_shadow *shadow;      /* GET /v1/shadow (shadow/shadow.h); NULL = none */
 } kiln_server_options;
 
 typedef struct kiln_server {
