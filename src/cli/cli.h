@@ -53,6 +53,7 @@ int kiln_cmd_encrypt(int argc, char **argv);
 int kiln_cmd_rekey(int argc, char **argv);
 int kiln_cmd_fingerprint(int argc, char **argv); /* cmd_fingerprint.c */
 int kiln_cmd_healthcheck(int argc, char **argv); /* cmd_healthcheck.c */
+int kiln_cmd_profile(int argc, char **argv);     /* cmd_profile.c: reference profiles */
 
 /* Print "kiln: <message>\n" on stderr; returns KILN_CLI_EXIT_FAIL. */
 int kiln_cli_fail(const char *fmt, ...) KILN_CLI_PRINTF(1, 2);

@@ -29,6 +29,7 @@ static const kiln_cli_command kiln_cli_commands[] = {
     {"rekey", "re-encrypt a folder's encrypted files under another key", kiln_cmd_rekey},
     {"fingerprint", "a stable identity of a model's weights and ops", kiln_cmd_fingerprint},
     {"healthcheck", "exit 0 if a local kiln serve is ready (container probes)", kiln_cmd_healthcheck},
+    {"profile", "write a reference profile of a model's data for monitoring", kiln_cmd_profile},
 };
 
 #define KILN_CLI_COMMAND_COUNT (sizeof kiln_cli_commands / sizeof kiln_cli_commands[0])
