@@ -329,6 +329,8 @@ def test_monitoring_off(setup, tmp_path):
         assert code == 200, data  # no reject rule without monitoring
         text = prom(srv)
         assert "kiln_drift_" not in text and "kiln_prediction_max_probability" not in text
+        code, data, _ = srv.request("GET", "/v1/models/off/monitoring")
+        assert code == 404 and b"monitoring is off" in data, data
     finally:
         srv.kill()
 
@@ -353,3 +355,36 @@ def test_window_slides(setup, tmp_path):
         assert prom_value(text, "kiln_prediction_max_probability_count", model_name="win", version=1) == 200
     finally:
         srv.kill()
+
+
+def test_json_view_agrees_with_prometheus(served):
+    srv, prof, sent = served
+    code, view = srv.json("GET", "/v1/models/mon/monitoring")
+    assert code == 200, view
+    text = prom(srv)
+    assert view["model_name"] == "mon" and sorted(v["version"] for v in view["versions"]) == [1, 2]
+    for ver in view["versions"]:
+        v = ver["version"]
+        assert ver["window_seconds"] == 600 and ver["min_count"] == 500
+        assert ver["thresholds"] == {"psi": 0.25, "js": 0.1, "linf": 0.1}
+        assert [f["name"] for f in ver["features"]] == [f["name"] for f in prof["features"]]
+        for f in ver["features"]:
+            lab = dict(model_name="mon", version=v, feature=f["name"])
+            stats = ("psi", "js") if f["kind"] == "numeric" else ("linf",)
+            for st in stats:
+                assert f[st] == prom_value(text, f"kiln_drift_{st}", **lab), (v, f)
+            assert f["alert"] == bool(prom_value(text, "kiln_drift_alert", **lab))
+            assert f["window_count"] == len(sent[v][0]) - (f["name"] == "x[2]" and v == 1)
+            for kind, n in f["anomalies"].items():
+                assert n == prom_value(text, "kiln_feature_anomalies_total", kind=kind, **lab)
+        conf = ver["confidence"]
+        assert conf["output"] == "probs" and conf["count"] == prom_value(
+            text, "kiln_prediction_max_probability_count", model_name="mon", version=v)
+        assert conf["expected_accuracy"] == prom_value(text, "kiln_expected_accuracy", model_name="mon", version=v)
+        assert np.cumsum(conf["entropy"])[:10].tolist() == [
+            prom_value(text, "kiln_prediction_entropy_bucket", model_name="mon", version=v, le=f"{k / 10:g}")
+            for k in range(1, 11)]
+        assert conf["reference_mean_max_probability"] == prof["outputs"][0]["mean_max_probability"]
+        assert ver["rejections"] == {"c": prom_value(text, "kiln_validation_rejections_total",
+                                                     model_name="mon", version=v, feature="c")}
+    assert srv.request("GET", "/v1/models/nosuch/monitoring")[0] == 404

@@ -403,18 +403,130 @@ static void snapshot(mon_version *v)
     pthread_mutex_unlock(&v->mu);
 }
 
+/* A feature's window count and distances from the version's snapshot;
+ * returns 0 when it is not reported (too few values, or no such input). */
+typedef struct feature_stats {
+    int64_t count;
+    double psi, js, linf;
+    int alert;
+} feature_stats;
+
+static int stats_of(const mon_version *v, int fi, feature_stats *st)
+{
+    const kiln_mon_feature *f = &v->p->features[fi];
+    const int64_t *cur = v->snap_bins + v->bin_off[fi];
+    memset(st, 0, sizeof *st);
+    for (int k = 0; k < f->n_counts; k++) st->count += cur[k];
+    if (st->count < v->p->min_count || v->feat_input[fi] < 0) return 0;
+    if (f->kind == KILN_MON_NUMERIC) {
+        st->psi = kiln_mon_psi(f->counts, cur, f->n_counts);
+        st->js = kiln_mon_js(f->counts, cur, f->n_counts);
+        st->alert = st->psi > v->p->psi_threshold || st->js > v->p->js_threshold;
+    } else {
+        st->linf = kiln_mon_linf(f->counts, cur, f->n_counts);
+        st->alert = st->linf > v->p->linf_threshold;
+    }
+    return 1;
+}
+
+/* The monitored versions (with a profile) of `model` (NULL: all) into vs. */
+static int monitored(kiln_monitor *m, const char *model, mon_version **vs)
+{
+    int n = atomic_load_explicit(&m->n, memory_order_acquire), nv = 0;
+    for (int i = 0; i < n; i++) {
+        mon_version *v = atomic_load_explicit(&m->v[i], memory_order_acquire);
+        if (v->p && (!model || strcmp(v->model, model) == 0)) vs[nv++] = v;
+    }
+    return nv;
+}
+
+static void monitor_write_json(void *ctx, const char *model, kiln_sbuf *b)
+{
+    kiln_monitor *m = ctx;
+    mon_version *vs[KILN_MONITOR_MAX_VERSIONS];
+    pthread_mutex_lock(&m->metrics_mu);
+    int nv = monitored(m, model, vs);
+    kiln_sbuf_puts(b, "{\"model_name\": ");
+    kiln_sbuf_json_string(b, model, strlen(model));
+    kiln_sbuf_puts(b, ", \"versions\": [");
+    for (int i = 0; i < nv; i++) {
+        mon_version *v = vs[i];
+        const kiln_mon_profile *p = v->p;
+        snapshot(v);
+        kiln_sbuf_printf(b, "%s\n  {\"version\": %lld, \"window_seconds\": %d, \"min_count\": %lld, "
+                            "\"thresholds\": {\"psi\": %.17g, \"js\": %.17g, \"linf\": %.17g}, "
+                            "\"features\": [",
+                         i ? "," : "", (long long)v->version, p->window_seconds,
+                         (long long)p->min_count, p->psi_threshold, p->js_threshold,
+                         p->linf_threshold);
+        pthread_mutex_lock(&v->mu);
+        for (int fi = 0; fi < p->n_features; fi++) {
+            const kiln_mon_feature *f = &p->features[fi];
+            feature_stats st;
+            int rep = stats_of(v, fi, &st);
+            kiln_sbuf_puts(b, fi ? ",\n    {\"name\": " : "\n    {\"name\": ");
+            kiln_sbuf_json_string(b, f->name, strlen(f->name));
+            kiln_sbuf_printf(b, ", \"kind\": \"%s\", \"window_count\": %lld",
+                             f->kind == KILN_MON_NUMERIC ? "numeric" : "categorical",
+                             (long long)st.count);
+            if (rep && f->kind == KILN_MON_NUMERIC)
+                kiln_sbuf_printf(b, ", \"psi\": %.17g, \"js\": %.17g, \"alert\": %s", st.psi,
+                                 st.js, st.alert ? "true" : "false");
+            else if (rep)
+                kiln_sbuf_printf(b, ", \"linf\": %.17g, \"alert\": %s", st.linf,
+                                 st.alert ? "true" : "false");
+            const int64_t *an = v->anom + (size_t)fi * ANOM_KINDS;
+            kiln_sbuf_puts(b, ", \"anomalies\": {");
+            for (int k = 0; k < ANOM_KINDS; k++)
+                kiln_sbuf_printf(b, "%s\"%s\": %lld", k ? ", " : "", anom_names[k], (long long)an[k]);
+            kiln_sbuf_puts(b, "}}");
+        }
+        kiln_sbuf_puts(b, "],\n   \"confidence\": ");
+        if (p->n_outputs == 0) {
+            kiln_sbuf_puts(b, "null");
+        } else {
+            kiln_sbuf_puts(b, "{\"output\": ");
+            kiln_sbuf_json_string(b, p->outputs[0].name, strlen(p->outputs[0].name));
+            kiln_sbuf_printf(b, ", \"count\": %lld, \"reference_mean_max_probability\": %.17g, "
+                                "\"expected_accuracy\": ",
+                             (long long)v->conf_count, p->outputs[0].mean_max_probability);
+            if (v->snap_conf_n) kiln_sbuf_printf(b, "%.17g", v->snap_conf_sum / (double)v->snap_conf_n);
+            else kiln_sbuf_puts(b, "null");
+            static const char *const names[CONF_KINDS] = {"max_probability", "margin", "entropy"};
+            for (int k = 0; k < CONF_KINDS; k++) {
+                kiln_sbuf_printf(b, ", \"%s\": [", names[k]);
+                for (int q = 0; q < CONF_SLOTS; q++)
+                    kiln_sbuf_printf(b, "%s%lld", q ? ", " : "", (long long)v->conf_hist[k][q]);
+                kiln_sbuf_puts(b, "]");
+            }
+            kiln_sbuf_puts(b, "}");
+        }
+        kiln_sbuf_puts(b, ",\n   \"rejections\": {");
+        int first = 1;
+        for (int r = 0; r < p->n_rules; r++) {
+            if (!p->rules[r].reject || v->rule_input[r] < 0) continue;
+            kiln_sbuf_puts(b, first ? "" : ", ");
+            kiln_sbuf_json_string(b, p->rules[r].input, strlen(p->rules[r].input));
+            kiln_sbuf_printf(b, ": %lld", (long long)v->rejections[r]);
+            first = 0;
+        }
+        kiln_sbuf_puts(b, "}}");
+        pthread_mutex_unlock(&v->mu);
+    }
+    kiln_sbuf_puts(b, "\n]}\n");
+    pthread_mutex_unlock(&m->metrics_mu);
+}
+
 static void monitor_write_metrics(void *ctx, kiln_sbuf *b)
 {
     kiln_monitor *m = ctx;
-    int n = atomic_load_explicit(&m->n, memory_order_acquire);
     mon_version *vs[KILN_MONITOR_MAX_VERSIONS];
-    int nv = 0;
-    for (int i = 0; i < n; i++) {
-        mon_version *v = atomic_load_explicit(&m->v[i], memory_order_acquire);
-        if (v->p) vs[nv++] = v;
-    }
-    if (nv == 0) return;
     pthread_mutex_lock(&m->metrics_mu);
+    int nv = monitored(m, NULL, vs);
+    if (nv == 0) {
+        pthread_mutex_unlock(&m->metrics_mu);
+        return;
+    }
     for (int i = 0; i < nv; i++) snapshot(vs[i]);
 
     static const char *const drift[] = {"kiln_drift_psi", "kiln_drift_js", "kiln_drift_linf",
@@ -430,20 +542,11 @@ static void monitor_write_metrics(void *ctx, kiln_sbuf *b)
             mon_version *v = vs[i];
             for (int fi = 0; fi < v->p->n_features; fi++) {
                 const kiln_mon_feature *f = &v->p->features[fi];
-                const int64_t *cur = v->snap_bins + v->bin_off[fi];
-                int64_t cnt = 0;
-                for (int k = 0; k < f->n_counts; k++) cnt += cur[k];
-                if (cnt < v->p->min_count || v->feat_input[fi] < 0) continue;
+                feature_stats st;
+                if (!stats_of(v, fi, &st)) continue;
                 int num = f->kind == KILN_MON_NUMERIC;
                 if ((d < 2 && !num) || (d == 2 && num)) continue;
-                double val;
-                if (d == 0) val = kiln_mon_psi(f->counts, cur, f->n_counts);
-                else if (d == 1) val = kiln_mon_js(f->counts, cur, f->n_counts);
-                else if (d == 2) val = kiln_mon_linf(f->counts, cur, f->n_counts);
-                else if (num)
-                    val = kiln_mon_psi(f->counts, cur, f->n_counts) > v->p->psi_threshold ||
-                          kiln_mon_js(f->counts, cur, f->n_counts) > v->p->js_threshold;
-                else val = kiln_mon_linf(f->counts, cur, f->n_counts) > v->p->linf_threshold;
+                double val = d == 0 ? st.psi : d == 1 ? st.js : d == 2 ? st.linf : st.alert;
                 kiln_sbuf_puts(b, drift[d]);
                 labels(b, v);
                 kiln_sbuf_puts(b, ",feature=\"");
@@ -541,5 +644,6 @@ kiln_observer kiln_monitor_observer(kiln_monitor *m)
     o.check = monitor_check;
     o.after = monitor_after;
     o.write_metrics = monitor_write_metrics;
+    o.write_json = monitor_write_json;
     return o;
 }

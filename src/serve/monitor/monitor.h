@@ -14,7 +14,8 @@
  * lock) is built the first time the version is observed and kept until the
  * server stops; after that a request costs a lookup in a fixed table, one
  * short lock per version, and no allocation. Results go out as Prometheus
- * lines (the observer's write_metrics).
+ * lines (the observer's write_metrics) and as JSON at GET
+ * /v1/models/NAME/monitoring (write_json).
  * docs/MONITORING.md describes the statistics and their defaults.
  */
 #ifndef KILN_SERVE_MONITOR_MONITOR_H
