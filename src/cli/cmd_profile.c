@@ -4,9 +4,10 @@
  * serve` compares live traffic with (src/serve/monitor/, docs/MONITORING.md).
  *
  * DATA is a folder of .npy files named by input (NAME.npy, first dimension
- * = samples, the same count in every file) or a JSON-lines file whose
+ * = samples, the same count in every file), a JSON-lines file whose
  * lines are TF Serving predict request bodies ("instances" or "inputs"),
- * decoded by the server's own codec. The data runs through the model in
+ * decoded by the server's own codec, or a TF Serving warmup file (its
+ * predict records, read by serve/warmup.c). The data runs through the model in
  * batches; every input value and every output row is collected, then each
  * feature gets its histogram (numeric: bins at the reference deciles;
  * categorical: the top-k values and "other") and each probability output
@@ -26,6 +27,7 @@
 #include "serve/codec.h"
 #include "serve/json.h"
 #include "serve/monitor/profile.h"
+#include "serve/warmup.h"
 
 static const char profile_help[] =
     "usage: kiln profile MODEL --data DATA -o FILE [options]\n"
@@ -38,7 +40,8 @@ static const char profile_help[] =
     "and confidence for that version (docs/MONITORING.md).\n"
     "\n"
     "  --data DATA        a folder of NAME.npy files (one per input, first dimension =\n"
-    "                     samples) or a JSON-lines file of TF Serving predict bodies\n"
+    "                     samples), a JSON-lines file of TF Serving predict bodies, or a\n"
+    "                     TF Serving warmup file (tf_serving_warmup_requests)\n"
     "  -o, --output FILE  where to write the profile\n"
     "  --signature NAME   signature to profile (default: the default one)\n"
     "  --tags TAGS        SavedModel MetaGraph tags (default serve)\n"
@@ -465,6 +468,81 @@ static int run_jsonl(profiler *p, const char *file)
     return rc;
 }
 
+/* A TF Serving warmup file (TFRecord of PredictionLogs): each predict
+ * record run as one batch; classify, regress and multi-inference records
+ * are skipped. */
+static int run_warmup(profiler *p, const char *file)
+{
+    FILE *f = fopen(file, "rb");
+    if (!f) return kiln_cli_fail("--data %s: %s", file, strerror(errno));
+    size_t cap = 1 << 20, len = 0;
+    uint8_t *buf = malloc(cap);
+    while (buf) {
+        if (len == cap) {
+            if (cap >= KILN_WARMUP_MAX_BYTES) break;
+            uint8_t *nb = realloc(buf, cap * 2);
+            if (!nb) {
+                free(buf);
+                buf = NULL;
+                break;
+            }
+            buf = nb;
+            cap *= 2;
+        }
+        size_t n = fread(buf + len, 1, cap - len, f);
+        len += n;
+        if (n == 0) break;
+    }
+    int bad = ferror(f);
+    fclose(f);
+    if (!buf) return kiln_cli_fail("out of memory");
+    if (bad || len >= KILN_WARMUP_MAX_BYTES) {
+        free(buf);
+        return kiln_cli_fail("--data %s: %s", file, bad ? "read error" : "larger than 1 GiB");
+    }
+    char err[KILN_WARMUP_ERR_LEN];
+    kiln_warmup *w = NULL;
+    kiln_status st = kiln_warmup_parse(buf, len, &w, err);
+    free(buf);
+    if (st != KILN_OK) return kiln_cli_fail("--data %s (a warmup file): %s", file, err);
+    int rc = -1, used = 0;
+    for (int r = 0; rc < 0 && r < w->n; r++) {
+        const kiln_warmup_request *q = &w->req[r];
+        if (q->kind != KILN_WARMUP_PREDICT) continue;
+        char where[4200];
+        snprintf(where, sizeof where, "--data %s, record %d", file, r + 1);
+        if (q->signature[0] && strcmp(q->signature, kiln_signature_name(p->sig)) != 0) {
+            rc = kiln_cli_fail("%s: signature '%s', the profile is of '%s' (--signature)", where,
+                               q->signature, kiln_signature_name(p->sig));
+            break;
+        }
+        kiln_tensor *in[64] = {0};
+        for (int i = 0; i < p->n_in && rc < 0; i++) {
+            const char *name = kiln_signature_input(p->sig, i)->name;
+            for (int k = 0; k < q->n_inputs && !in[i]; k++)
+                if (strcmp(q->names[k], name) == 0) in[i] = q->tensors[k];
+            if (!in[i]) rc = kiln_cli_fail("%s: input '%s' is missing", where, name);
+        }
+        if (rc < 0) rc = add_batch(p, in, where);
+        used++;
+    }
+    kiln_warmup_free(w);
+    if (rc < 0 && used == 0) rc = kiln_cli_fail("--data %s: no predict records in the warmup file", file);
+    return rc;
+}
+
+/* JSON lines start with '{'; anything else is taken for a warmup file. */
+static int looks_like_json(const char *file)
+{
+    FILE *f = fopen(file, "rb");
+    if (!f) return 1; /* run_jsonl reports the error */
+    int c;
+    while ((c = fgetc(f)) == ' ' || c == '\n' || c == '\r' || c == '\t') {
+    }
+    fclose(f);
+    return c == '{';
+}
+
 int kiln_cmd_profile(int argc, char **argv)
 {
     static const char cmd[] = "profile";
@@ -529,7 +607,10 @@ int kiln_cmd_profile(int argc, char **argv)
                            kiln_signature_name(p.sig), p.n_in);
     else if (kiln_session_create(m, kiln_signature_name(p.sig), NULL, &p.sess) != KILN_OK)
         rc = kiln_cli_fail("%s: %s", model_path, kiln_last_error());
-    if (rc < 0) rc = S_ISDIR(st.st_mode) ? run_npy_folder(&p, data, batch) : run_jsonl(&p, data);
+    if (rc < 0)
+        rc = S_ISDIR(st.st_mode)        ? run_npy_folder(&p, data, batch)
+             : looks_like_json(data)    ? run_jsonl(&p, data)
+                                        : run_warmup(&p, data);
 
     kiln_mon_profile *prof = rc < 0 ? kiln_mon_profile_new() : NULL;
     if (rc < 0 && !prof) rc = kiln_cli_fail("out of memory");

@@ -177,6 +177,23 @@ def test_profile_from_json_lines_equals_npy(setup):
         prof["outputs"][0]["mean_max_probability"], rel=1e-12)
 
 
+def test_profile_from_warmup_file_equals_npy(setup):
+    from test_serve_warmup import predict_log, tfrecord
+    root, model, x, c, prof = setup
+    warm = root / "tf_serving_warmup_requests"
+    warm.write_bytes(tfrecord([predict_log({"x": x[i:i + 1000], "c": c[i:i + 1000]})
+                               for i in range(0, 3000, 1000)]))
+    r = run_profile(model, "--data", warm, "-o", root / "p3.json")
+    assert r.returncode == 0, r.stderr
+    p3 = json.loads((root / "p3.json").read_text())
+    assert p3["features"] == prof["features"] and p3["rows"] == 3000
+    assert p3["outputs"][0]["mean_max_probability"] == pytest.approx(
+        prof["outputs"][0]["mean_max_probability"], rel=1e-9)
+    warm.write_bytes(tfrecord([predict_log({"x": x[:10]})]))
+    r = run_profile(model, "--data", warm, "-o", root / "p4.json")
+    assert r.returncode == 1 and "record 1" in r.stderr and "'c'" in r.stderr, r.stderr
+
+
 def test_profile_bad_data_names_file_and_input(setup, tmp_path):
     root, model, x, c, prof = setup
     (tmp_path / "d").mkdir()
