@@ -12,10 +12,14 @@ versions 1 and 2: version 1 gets fresh reference-distributed traffic,
 version 2 drifted traffic. Every drift gauge is compared with PSI,
 Jensen-Shannon (scipy) and L-infinity computed in numpy from the profile's
 bins and the rows the test sent; gauges stay below the thresholds on
-version 1 and the alert fires on version 2's drifted features only. NaN
-and out-of-range values are counted, a reject rule answers 400 naming the
-input and the value, the confidence histograms equal numpy's on the
-returned outputs, and the expected accuracy is their mean max probability.
+version 1 and the alert fires on version 2's drifted features only. NaN,
+infinite and out-of-range values are counted, a reject rule answers 400
+naming the input and the value, the confidence histograms equal numpy's on
+the returned outputs, the expected accuracy is their mean max probability,
+and the JSON view agrees with the Prometheus page. A second model with a
+string input checks top-k categories, missing (empty) strings and
+L-infinity; another checks that the window slides; `kiln profile` also
+reads JSON lines and TF Serving warmup files.
 """
 import json
 import math
@@ -244,13 +248,14 @@ def served(setup):
             sent[v][1].append(cs)
             sent[v][2].append(np.array(reply["outputs"], np.float32).astype(np.float64))
     # anomalies on version 1: a NaN (counted) and an out-of-range value (counted)
-    xa = np.zeros((2, 4), np.float32)
+    xa = np.zeros((3, 4), np.float32)
     xa[0, 2] = np.nan
     xa[1, 3] = 50.0
-    code, reply = post(srv, 1, xa, np.array([0, 1]))
+    xa[2, 1] = -np.inf
+    code, reply = post(srv, 1, xa, np.array([0, 1, 2]))
     assert code == 200, reply
     sent[1][0].append(xa)
-    sent[1][1].append(np.array([0, 1]))
+    sent[1][1].append(np.array([0, 1, 2]))
     sent[1][2].append(np.array(reply["outputs"], np.float32).astype(np.float64))
     yield srv, prof, {v: tuple(np.concatenate(a) for a in sent[v]) for v in sent}
     srv.kill()
@@ -297,6 +302,7 @@ def test_anomalies_counted(served):
                                           version=v, feature=feat, kind=kind)
     assert get(1, "x[2]", "nan") == 1
     assert get(1, "x[3]", "out_of_range") == 1
+    assert get(1, "x[1]", "inf") == 1 and get(1, "x[1]", "out_of_range") == 0
     assert get(1, "x[0]", "nan") == 0 and get(1, "x[3]", "nan") == 0 and get(1, "x[2]", "inf") == 0
     assert get(2, "x[2]", "nan") == 0 and get(1, "c", "missing") == 0
 
@@ -391,7 +397,8 @@ def test_json_view_agrees_with_prometheus(served):
             for st in stats:
                 assert f[st] == prom_value(text, f"kiln_drift_{st}", **lab), (v, f)
             assert f["alert"] == bool(prom_value(text, "kiln_drift_alert", **lab))
-            assert f["window_count"] == len(sent[v][0]) - (f["name"] == "x[2]" and v == 1)
+            vals = sent[v][1] if f["name"] == "c" else sent[v][0][:, int(f["name"][2])]
+            assert f["window_count"] == np.isfinite(vals).sum()
             for kind, n in f["anomalies"].items():
                 assert n == prom_value(text, "kiln_feature_anomalies_total", kind=kind, **lab)
         conf = ver["confidence"]
@@ -405,3 +412,57 @@ def test_json_view_agrees_with_prometheus(served):
         assert ver["rejections"] == {"c": prom_value(text, "kiln_validation_rejections_total",
                                                      model_name="mon", version=v, feature="c")}
     assert srv.request("GET", "/v1/models/nosuch/monitoring")[0] == 404
+
+
+def save_string_model(path):
+    """probs = softmax(x @ W + B) beside an echo of a string input s."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])
+    st = helper.make_tensor_value_info("s", TensorProto.STRING, ["batch"])
+    y = helper.make_tensor_value_info("probs", TensorProto.FLOAT, ["batch", 3])
+    e = helper.make_tensor_value_info("s_echo", TensorProto.STRING, ["batch"])
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["xw"]), helper.make_node("Add", ["xw", "B"], ["z"]),
+             helper.make_node("Softmax", ["z"], ["probs"], axis=1), helper.make_node("Identity", ["s"], ["s_echo"])]
+    g = helper.make_graph(nodes, "strings", [x, st], [y, e],
+                          [numpy_helper.from_array(W, "W"), numpy_helper.from_array(B, "B")])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]), str(path))
+
+
+def test_string_feature_top_k_and_linf(tmp_path):
+    rng = np.random.default_rng(3)
+    model = tmp_path / "s" / "1" / "model.onnx"
+    save_string_model(model)
+    x = rng.standard_normal((1000, 4)).astype(np.float32)
+    s = rng.choice(["paris", "oslo", "lima", "évora", ""], size=1000, p=[0.5, 0.25, 0.15, 0.05, 0.05])
+    (tmp_path / "ref").mkdir()
+    np.save(tmp_path / "ref" / "x.npy", x)
+    np.save(tmp_path / "ref" / "s.npy", s)
+    out = tmp_path / "s" / "1" / "assets.extra" / "kiln_profile.json"
+    out.parent.mkdir()
+    r = run_profile(model, "--data", tmp_path / "ref", "-o", out, "--top-k", 3)
+    assert r.returncode == 0, r.stderr
+    prof = json.loads(out.read_text())
+    (f,) = [f for f in prof["features"] if f["name"] == "s"]
+    vals, cnt = np.unique(s[s != ""], return_counts=True)
+    order = np.argsort(-cnt, kind="stable")[:3]
+    assert f["kind"] == "categorical" and f["value_type"] == "string"
+    assert f["values"] == vals[order].tolist() and f["missing"] == np.sum(s == "")
+    assert f["counts"] == cnt[order].tolist() + [int(cnt.sum() - cnt[order].sum())]
+    prof["min_count"] = 100
+    out.write_text(json.dumps(prof))
+    srv = Server(tmp_path / "s", "s")
+    try:
+        live = rng.choice(["lima", "évora", "tokyo", ""], size=600, p=[0.5, 0.2, 0.2, 0.1])
+        body = json.dumps({"inputs": {"x": x[:600].tolist(), "s": live.tolist()}})
+        code, data, _ = srv.request("POST", "/v1/models/s:predict", body)
+        assert code == 200, data
+        text = prom(srv)
+        seen = live[live != ""]
+        cur = np.array([np.sum(seen == v) for v in f["values"]] + [np.sum(~np.isin(seen, f["values"]))], float)
+        lab = dict(model_name="s", version=1, feature="s")
+        linf = prom_value(text, "kiln_drift_linf", **lab)
+        assert linf == pytest.approx(linf_np(np.array(f["counts"], float), cur), rel=1e-9)
+        assert linf > 0.1 and prom_value(text, "kiln_drift_alert", **lab) == 1
+        assert prom_value(text, "kiln_feature_anomalies_total", kind="missing", **lab) == np.sum(live == "")
+    finally:
+        srv.kill()
