@@ -6,7 +6,8 @@
  * Each input is parsed; a parse must succeed or fill the error message. A
  * parsed profile must keep profile.h's promises (one count per bin, edges
  * strictly increasing, bounded sizes), must write out as JSON that parses
- * again into the same shape, and its histograms must compare with
+ * again into the same shape (names, counts and categorical values, bytes
+ * that are not UTF-8 included), and its histograms must compare with
  * themselves at distance 0 (PSI, Jensen-Shannon, L-infinity). Anything
  * else aborts.
  */
@@ -74,6 +75,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                   memcmp(q->features[i].counts, p->features[i].counts,
                          sizeof(int64_t) * (size_t)p->features[i].n_counts) == 0,
               "round trip changed counts");
+    for (int i = 0; i < p->n_features; i++) {
+        const kiln_mon_feature *a = &p->features[i], *c = &q->features[i];
+        check(a->n_values == c->n_values && a->strings == c->strings &&
+                  strcmp(a->name, c->name) == 0 && strcmp(a->input, c->input) == 0,
+              "round trip changed a feature");
+        for (int k = 0; a->strings && k < a->n_values; k++)
+            check(a->value_len[k] == c->value_len[k] &&
+                      memcmp(a->values[k], c->values[k], a->value_len[k]) == 0,
+                  "round trip changed a categorical value");
+    }
     kiln_mon_profile_free(q);
     kiln_sbuf_free(&b);
     kiln_mon_profile_free(p);

@@ -105,6 +105,37 @@ static int get_double(const kiln_json_doc *d, int obj, const char *key, int fini
     return 1;
 }
 
+/* 1 when s[0..n) is valid UTF-8 (no overlongs, no surrogates). */
+static int utf8_valid(const unsigned char *s, size_t n)
+{
+    size_t i = 0;
+    while (i < n) {
+        unsigned c = s[i];
+        size_t k;
+        unsigned min;
+        if (c < 0x80) {
+            i++;
+            continue;
+        } else if ((c & 0xE0) == 0xC0) {
+            k = 1, min = 0x80, c &= 0x1F;
+        } else if ((c & 0xF0) == 0xE0) {
+            k = 2, min = 0x800, c &= 0x0F;
+        } else if ((c & 0xF8) == 0xF0) {
+            k = 3, min = 0x10000, c &= 0x07;
+        } else {
+            return 0;
+        }
+        if (n - i <= k) return 0;
+        for (size_t j = 1; j <= k; j++) {
+            if ((s[i + j] & 0xC0) != 0x80) return 0;
+            c = c << 6 | (s[i + j] & 0x3F);
+        }
+        if (c < min || c > 0x10FFFF || (c >= 0xD800 && c <= 0xDFFF)) return 0;
+        i += k + 1;
+    }
+    return 1;
+}
+
 /* Copy string member `key` into dst (cap bytes); required when req. */
 static int get_name(const kiln_json_doc *d, int obj, const char *key, int req, char *dst,
                     size_t cap, const char *where, char *err)
@@ -124,10 +155,10 @@ static int get_name(const kiln_json_doc *d, int obj, const char *key, int req, c
         snprintf(err, KILN_JSON_ERR_LEN, "profile: out of memory");
         return 0;
     }
-    int ok = n > 0 && n < cap && strlen(s) == n;
+    int ok = n > 0 && n < cap && strlen(s) == n && utf8_valid((const unsigned char *)s, n);
     if (ok) memcpy(dst, s, n + 1);
-    else ERR("profile: %s: \"%s\" must be 1 to %zu bytes without NUL, got %zu", where, key,
-             cap - 1, n);
+    else ERR("profile: %s: \"%s\" must be 1 to %zu bytes of UTF-8 without NUL, got %zu bytes",
+             where, key, cap - 1, n);
     free(s);
     return ok;
 }
@@ -221,10 +252,27 @@ static kiln_status parse_feature(const kiln_json_doc *d, int t, int idx, kiln_mo
     int x = v + 1;
     for (uint32_t i = 0; i < d->tok[v].size; i++) {
         if (f->strings) {
-            if (d->tok[x].type != KILN_JSON_STRING)
-                return ERR("profile: %s: \"values\"[%u] must be a string", where, i);
-            f->values[i] = kiln_json_string_dup(d, x, &f->value_len[i]);
-            if (!f->values[i]) return ERR("profile: out of memory");
+            int b64 = kiln_json_b64_member(d, x); /* {"b64": ...}: bytes that are not UTF-8 */
+            if (b64 >= 0) {
+                size_t n;
+                char *text = kiln_json_string_dup(d, b64, &n);
+                if (!text) return ERR("profile: out of memory");
+                unsigned char *raw = kiln_base64_decode(text, n, &f->value_len[i]);
+                free(text);
+                if (!raw) return ERR("profile: %s: \"values\"[%u] is not base64", where, i);
+                f->values[i] = realloc(raw, f->value_len[i] + 1);
+                if (!f->values[i]) {
+                    free(raw);
+                    return ERR("profile: out of memory");
+                }
+                f->values[i][f->value_len[i]] = '\0';
+            } else if (d->tok[x].type == KILN_JSON_STRING) {
+                f->values[i] = kiln_json_string_dup(d, x, &f->value_len[i]);
+                if (!f->values[i]) return ERR("profile: out of memory");
+            } else {
+                return ERR("profile: %s: \"values\"[%u] must be a string or {\"b64\": ...}",
+                           where, i);
+            }
             f->n_values = (int)i + 1;
         } else {
             if (!get_num(d, x, &f->value_num[i]) || !isfinite(f->value_num[i]))
@@ -474,7 +522,13 @@ void kiln_mon_profile_write(const kiln_mon_profile *p, kiln_sbuf *b)
                              f->strings ? "string" : "number");
             for (int k = 0; k < f->n_values; k++) {
                 if (k) kiln_sbuf_puts(b, ", ");
-                if (f->strings) kiln_sbuf_json_string(b, f->values[k], f->value_len[k]);
+                if (f->strings && utf8_valid((const unsigned char *)f->values[k], f->value_len[k]))
+                    kiln_sbuf_json_string(b, f->values[k], f->value_len[k]);
+                else if (f->strings) {
+                    kiln_sbuf_puts(b, "{\"b64\": \"");
+                    kiln_sbuf_base64(b, (const unsigned char *)f->values[k], f->value_len[k]);
+                    kiln_sbuf_puts(b, "\"}");
+                }
                 else put_num(b, f->value_num[k]);
             }
             kiln_sbuf_puts(b, "]");
