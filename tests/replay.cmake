@@ -118,3 +118,13 @@ add_test(NAME fuzz_replay_monitor_profile
   COMMAND kiln_fuzz_replay_monitor_profile ${PROJECT_SOURCE_DIR}/tests/corpus/monitor_profile)
 set_tests_properties(fuzz_replay_monitor_profile PROPERTIES TIMEOUT 300
   ENVIRONMENT "ASAN_OPTIONS=detect_leaks=1:abort_on_error=0;UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1")
+
+# .npz archives of `kiln profile --data` (src/cli/npz.c).
+add_executable(kiln_fuzz_replay_npz
+  ${PROJECT_SOURCE_DIR}/fuzz/replay_main.c ${PROJECT_SOURCE_DIR}/fuzz/fuzz_npz.c
+  ${PROJECT_SOURCE_DIR}/src/cli/npz.c ${PROJECT_SOURCE_DIR}/src/cli/npy.c)
+target_include_directories(kiln_fuzz_replay_npz PRIVATE ${PROJECT_SOURCE_DIR}/src)
+target_link_libraries(kiln_fuzz_replay_npz PRIVATE kiln ZLIB::ZLIB)
+add_test(NAME fuzz_replay_npz COMMAND kiln_fuzz_replay_npz ${PROJECT_SOURCE_DIR}/tests/corpus/npz)
+set_tests_properties(fuzz_replay_npz PROPERTIES TIMEOUT 300
+  ENVIRONMENT "ASAN_OPTIONS=detect_leaks=1:abort_on_error=0;UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1")

@@ -4,7 +4,8 @@
  * serve` compares live traffic with (src/serve/monitor/, docs/MONITORING.md).
  *
  * DATA is a folder of .npy files named by input (NAME.npy, first dimension
- * = samples, the same count in every file), a JSON-lines file whose
+ * = samples, the same count in every file) or an .npz archive of them
+ * (npz.c), a JSON-lines file whose
  * lines are TF Serving predict request bodies ("instances" or "inputs"),
  * decoded by the server's own codec, or a TF Serving warmup file (its
  * predict records, read by serve/warmup.c). The data runs through the model in
@@ -24,6 +25,7 @@
 
 #include "cli/cli.h"
 #include "cli/npy.h"
+#include "cli/npz.h"
 #include "serve/codec.h"
 #include "serve/json.h"
 #include "serve/monitor/profile.h"
@@ -40,7 +42,7 @@ static const char profile_help[] =
     "and confidence for that version (docs/MONITORING.md).\n"
     "\n"
     "  --data DATA        a folder of NAME.npy files (one per input, first dimension =\n"
-    "                     samples), a JSON-lines file of TF Serving predict bodies, or a\n"
+    "                     samples) or an .npz archive of them, a JSON-lines file of TF Serving predict bodies, or a\n"
     "                     TF Serving warmup file (tf_serving_warmup_requests)\n"
     "  -o, --output FILE  where to write the profile\n"
     "  --signature NAME   signature to profile (default: the default one)\n"
@@ -374,8 +376,9 @@ static int finish_feature(feat_acc *a, int top_k)
     return 1;
 }
 
-/* Read DATA/NAME.npy for every input and run them in batches. */
-static int run_npy_folder(profiler *p, const char *dir, int batch)
+/* Read DATA/NAME.npy (or the .npz archive z's member NAME.npy) for every
+ * input and run them in batches. */
+static int run_npy_folder(profiler *p, const char *dir, const kiln_npz *z, int batch)
 {
     kiln_tensor *all[64] = {0};
     int rc = -1;
@@ -383,10 +386,21 @@ static int run_npy_folder(profiler *p, const char *dir, int batch)
     char path[4096];
     for (int i = 0; i < p->n_in && rc < 0; i++) {
         const char *name = kiln_signature_input(p->sig, i)->name;
-        snprintf(path, sizeof path, "%s/%s.npy", dir, name);
-        if (kiln_npy_read(path, &all[i]) != KILN_OK) {
-            rc = kiln_cli_fail("--data: input '%s': %s", name, kiln_npy_last_error());
-            break;
+        if (z) {
+            snprintf(path, sizeof path, "%s, member '%s.npy'", dir, name);
+            for (int k = 0; k < z->n && !all[i]; k++)
+                if (strcmp(z->names[k], name) == 0) all[i] = z->tensors[k];
+            if (!all[i]) {
+                rc = kiln_cli_fail("--data %s: input '%s': no member '%s.npy' in the archive", dir,
+                                   name, name);
+                break;
+            }
+        } else {
+            snprintf(path, sizeof path, "%s/%s.npy", dir, name);
+            if (kiln_npy_read(path, &all[i]) != KILN_OK) {
+                rc = kiln_cli_fail("--data: input '%s': %s", name, kiln_npy_last_error());
+                break;
+            }
         }
         if (all[i]->rank < 1) {
             rc = kiln_cli_fail("--data: %s (input '%s') is a scalar; the first dimension counts "
@@ -419,7 +433,7 @@ static int run_npy_folder(profiler *p, const char *dir, int batch)
         for (int i = 0; i < p->n_in; i++) kiln_tensor_free(views[i]);
     }
     if (rc < 0 && n <= 0) rc = kiln_cli_fail("--data %s: no samples", dir);
-    for (int i = 0; i < p->n_in; i++) kiln_tensor_free(all[i]);
+    for (int i = 0; i < p->n_in && !z; i++) kiln_tensor_free(all[i]);
     return rc;
 }
 
@@ -590,12 +604,16 @@ int kiln_cmd_profile(int argc, char **argv)
     struct stat st;
     if (stat(data, &st) != 0) return kiln_cli_fail("--data %s: %s", data, strerror(errno));
     size_t dl = strlen(data);
-    if (!S_ISDIR(st.st_mode) && dl > 4 && strcmp(data + dl - 4, ".npz") == 0)
-        return kiln_cli_fail("--data %s: .npz archives are not read; unpack it into a folder of "
-                             ".npy files (numpy: np.load, then np.save per input)", data);
+    kiln_npz *npz = NULL;
+    if (!S_ISDIR(st.st_mode) && dl > 4 && strcmp(data + dl - 4, ".npz") == 0 &&
+        kiln_npz_read(data, &npz) != KILN_OK)
+        return kiln_cli_fail("--data %s", kiln_npz_last_error());
 
     kiln_model *m = kiln_cli_load_model(model_path, tags);
-    if (!m) return KILN_CLI_EXIT_FAIL;
+    if (!m) {
+        kiln_npz_free(npz);
+        return KILN_CLI_EXIT_FAIL;
+    }
     profiler p;
     memset(&p, 0, sizeof p);
     p.top_k = top_k;
@@ -608,9 +626,10 @@ int kiln_cmd_profile(int argc, char **argv)
     else if (kiln_session_create(m, kiln_signature_name(p.sig), NULL, &p.sess) != KILN_OK)
         rc = kiln_cli_fail("%s: %s", model_path, kiln_last_error());
     if (rc < 0)
-        rc = S_ISDIR(st.st_mode)        ? run_npy_folder(&p, data, batch)
+        rc = S_ISDIR(st.st_mode) || npz ? run_npy_folder(&p, data, npz, batch)
              : looks_like_json(data)    ? run_jsonl(&p, data)
                                         : run_warmup(&p, data);
+    kiln_npz_free(npz);
 
     kiln_mon_profile *prof = rc < 0 ? kiln_mon_profile_new() : NULL;
     if (rc < 0 && !prof) rc = kiln_cli_fail("out of memory");

@@ -19,7 +19,7 @@ the returned outputs, the expected accuracy is their mean max probability,
 and the JSON view agrees with the Prometheus page. A second model with a
 string input checks top-k categories, missing (empty) strings and
 L-infinity; another checks that the window slides; `kiln profile` also
-reads JSON lines and TF Serving warmup files.
+reads .npz archives, JSON lines and TF Serving warmup files.
 """
 import json
 import math
@@ -179,6 +179,23 @@ def test_profile_from_json_lines_equals_npy(setup):
     assert p2["features"] == prof["features"] and p2["rows"] == 3000
     assert p2["outputs"][0]["mean_max_probability"] == pytest.approx(
         prof["outputs"][0]["mean_max_probability"], rel=1e-12)
+
+
+@pytest.mark.parametrize("save", [np.savez, np.savez_compressed])
+def test_profile_from_npz_equals_npy(setup, save, tmp_path):
+    root, model, x, c, prof = setup
+    save(tmp_path / "ref.npz", x=x, c=c, unused=np.zeros(3))
+    r = run_profile(model, "--data", tmp_path / "ref.npz", "-o", tmp_path / "p.json", "--batch", 500)
+    assert r.returncode == 0, r.stderr
+    assert json.loads((tmp_path / "p.json").read_text()) == prof
+    save(tmp_path / "short.npz", x=x)
+    r = run_profile(model, "--data", tmp_path / "short.npz", "-o", tmp_path / "q.json")
+    assert r.returncode == 1 and "short.npz" in r.stderr and "'c.npy'" in r.stderr, r.stderr
+    data = (tmp_path / "ref.npz").read_bytes()
+    (tmp_path / "cut.npz").write_bytes(data[: len(data) - 30])
+    r = run_profile(model, "--data", tmp_path / "cut.npz", "-o", tmp_path / "q.json")
+    assert r.returncode == 1 and "cut.npz" in r.stderr, r.stderr
+    assert not (tmp_path / "q.json").exists()
 
 
 def test_profile_from_warmup_file_equals_npy(setup):
