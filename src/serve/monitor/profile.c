@@ -260,12 +260,13 @@ static kiln_status parse_feature(const kiln_json_doc *d, int t, int idx, kiln_mo
                 unsigned char *raw = kiln_base64_decode(text, n, &f->value_len[i]);
                 free(text);
                 if (!raw) return ERR("profile: %s: \"values\"[%u] is not base64", where, i);
-                f->values[i] = realloc(raw, f->value_len[i] + 1);
-                if (!f->values[i]) {
-                    free(raw);
-                    return ERR("profile: out of memory");
+                f->values[i] = malloc(f->value_len[i] + 1); /* NUL-terminated, as the others */
+                if (f->values[i]) {
+                    memcpy(f->values[i], raw, f->value_len[i]);
+                    f->values[i][f->value_len[i]] = '\0';
                 }
-                f->values[i][f->value_len[i]] = '\0';
+                free(raw);
+                if (!f->values[i]) return ERR("profile: out of memory");
             } else if (d->tok[x].type == KILN_JSON_STRING) {
                 f->values[i] = kiln_json_string_dup(d, x, &f->value_len[i]);
                 if (!f->values[i]) return ERR("profile: out of memory");
