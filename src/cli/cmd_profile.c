@@ -49,7 +49,21 @@ static const char profile_help[] =
     "  --tags TAGS        SavedModel MetaGraph tags (default serve)\n"
     "  --batch N          rows per run for .npy data (default 256)\n"
     "  --top-k K          categorical values kept (default 20, at most 64); integer and\n"
-    "                     bool columns with at most K distinct values are categorical\n";
+    "                     bool columns with at most K distinct values are categorical\n"
+    "  --psi X, --js X, --linf X  drift alert thresholds (default 0.25, 0.1, 0.1)\n"
+    "  --window-seconds N, --sub-windows N  the sliding window (default 300 s in 5 slots)\n"
+    "  --min-count N      window values needed before drift is reported (default 500)\n";
+
+/* A positive finite number for --psi / --js / --linf. */
+static int parse_threshold(const char *s, double *out)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || *end || !(v > 0) || !isfinite(v)) return 0;
+    *out = v;
+    return 1;
+}
 
 #define PROFILE_DECILES 9
 
@@ -565,7 +579,10 @@ int kiln_cmd_profile(int argc, char **argv)
         return KILN_CLI_EXIT_OK;
     }
     const char *model_path = NULL, *data = NULL, *outp = NULL, *sig_name = NULL, *tags = NULL;
-    int batch = 256, top_k = 20;
+    int batch = 256, top_k = 20, window_s = KILN_MON_DEFAULT_WINDOW_S,
+        sub_windows = KILN_MON_DEFAULT_SUB_WINDOWS, min_count = KILN_MON_DEFAULT_MIN_COUNT;
+    double thr[3] = {KILN_MON_DEFAULT_PSI, KILN_MON_DEFAULT_JS, KILN_MON_DEFAULT_LINF};
+    static const char *const thr_flags[3] = {"--psi", "--js", "--linf"};
     for (int i = 0; i < argc; i++) {
         const char *val = NULL;
         int r;
@@ -594,8 +611,29 @@ int kiln_cmd_profile(int argc, char **argv)
             if (!kiln_cli_parse_int(val, 1, KILN_MON_MAX_VALUES, &top_k))
                 return kiln_cli_usage_error(cmd, "--top-k needs an integer in [1, %d], got '%s'",
                                             KILN_MON_MAX_VALUES, val);
+        } else if ((r = kiln_cli_option(cmd, argc, argv, &i, "--window-seconds", &val)) != 0) {
+            if (r < 0) return KILN_CLI_EXIT_USAGE;
+            if (!kiln_cli_parse_int(val, 1, 86400, &window_s))
+                return kiln_cli_usage_error(cmd, "--window-seconds needs an integer in [1, 86400], got '%s'", val);
+        } else if ((r = kiln_cli_option(cmd, argc, argv, &i, "--sub-windows", &val)) != 0) {
+            if (r < 0) return KILN_CLI_EXIT_USAGE;
+            if (!kiln_cli_parse_int(val, 1, 60, &sub_windows))
+                return kiln_cli_usage_error(cmd, "--sub-windows needs an integer in [1, 60], got '%s'", val);
+        } else if ((r = kiln_cli_option(cmd, argc, argv, &i, "--min-count", &val)) != 0) {
+            if (r < 0) return KILN_CLI_EXIT_USAGE;
+            if (!kiln_cli_parse_int(val, 1, 2147483647, &min_count))
+                return kiln_cli_usage_error(cmd, "--min-count needs a positive integer, got '%s'", val);
         } else {
-            return kiln_cli_usage_error(cmd, "unknown option '%s'", argv[i]);
+            int k = 0;
+            for (; k < 3; k++) {
+                if ((r = kiln_cli_option(cmd, argc, argv, &i, thr_flags[k], &val)) == 0) continue;
+                if (r < 0) return KILN_CLI_EXIT_USAGE;
+                if (!parse_threshold(val, &thr[k]))
+                    return kiln_cli_usage_error(cmd, "%s needs a positive number, got '%s'",
+                                                thr_flags[k], val);
+                break;
+            }
+            if (k == 3) return kiln_cli_usage_error(cmd, "unknown option '%s'", argv[i]);
         }
     }
     if (!model_path) return kiln_cli_usage_error(cmd, "missing MODEL");
@@ -635,6 +673,12 @@ int kiln_cmd_profile(int argc, char **argv)
     if (rc < 0 && !prof) rc = kiln_cli_fail("out of memory");
     if (rc < 0) {
         prof->rows = p.rows;
+        prof->psi_threshold = thr[0];
+        prof->js_threshold = thr[1];
+        prof->linf_threshold = thr[2];
+        prof->window_seconds = window_s;
+        prof->sub_windows = sub_windows;
+        prof->min_count = min_count;
         prof->features = calloc((size_t)p.n_feats + 1, sizeof *prof->features);
         prof->outputs = calloc(2, sizeof *prof->outputs);
         if (!prof->features || !prof->outputs) rc = kiln_cli_fail("out of memory");

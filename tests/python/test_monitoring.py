@@ -215,6 +215,21 @@ def test_profile_from_warmup_file_equals_npy(setup):
     assert r.returncode == 1 and "record 1" in r.stderr and "'c'" in r.stderr, r.stderr
 
 
+def test_profile_flags_set_thresholds_and_window(setup, tmp_path):
+    root, model, x, c, prof = setup
+    assert (prof["thresholds"], prof["window_seconds"], prof["sub_windows"], prof["min_count"]) == (
+        {"psi": 0.25, "js": 0.1, "linf": 0.1}, 300, 5, 500)  # docs/MONITORING.md's defaults
+    r = run_profile(model, "--data", root / "ref", "-o", tmp_path / "p.json", "--psi", "0.2", "--js", "0.3",
+                    "--linf", "0.05", "--window-seconds", "120", "--sub-windows", "4", "--min-count", "50")
+    assert r.returncode == 0, r.stderr
+    p = json.loads((tmp_path / "p.json").read_text())
+    assert (p["thresholds"], p["window_seconds"], p["sub_windows"], p["min_count"]) == (
+        {"psi": 0.2, "js": 0.3, "linf": 0.05}, 120, 4, 50)
+    for bad in (["--psi", "0"], ["--js", "nan"], ["--sub-windows", "61"], ["--bins", "3"]):
+        r = run_profile(model, "--data", root / "ref", "-o", tmp_path / "q.json", *bad)
+        assert r.returncode == 2 and bad[0] in r.stderr, (bad, r.stderr)
+
+
 def test_profile_bad_data_names_file_and_input(setup, tmp_path):
     root, model, x, c, prof = setup
     (tmp_path / "d").mkdir()
