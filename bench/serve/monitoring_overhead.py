@@ -5,7 +5,8 @@ the version folder, monitoring on (--enable_model_monitoring=true: 64
 features binned per request, PSI/JS on every scrape) against off, driven
 by wrk with one row per request (bench/serve/post.lua). Rounds alternate
 the order of the two servers; the report is the median requests/s of each
-and the relative change. The target (issue 19) is at most 3 % fewer
+and the relative change, and the server's CPU time per request (user +
+system, from /proc; steadier than requests/s on a shared machine). The target (issue 19) is at most 3 % fewer
 requests per second with monitoring on.
 
     /usr/bin/python3 bench/serve/monitoring_overhead.py [--duration 10] [--rounds 3]
@@ -68,6 +69,13 @@ def serve(base, monitoring, threads):
     raise SystemExit("kiln serve did not become ready")
 
 
+def cpu_seconds(pid):
+    """User + system CPU time of a process so far (/proc/PID/stat)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def wrk(port, body, duration, conns):
     env = dict(os.environ, WRK_BODY=str(body))
     out = subprocess.run(["wrk", f"-t{min(conns, 4)}", f"-c{conns}", f"-d{duration}s", "-s",
@@ -78,7 +86,7 @@ def wrk(port, body, duration, conns):
     r = json.loads(line[len("WRKJSON "):])
     if sum(r["errors"].values()):
         raise SystemExit(f"wrk saw errors: {r['errors']}")
-    return r["requests"] / (r["duration_us"] / 1e6)
+    return r["requests"] / (r["duration_us"] / 1e6), r["requests"]
 
 
 def main():
@@ -102,12 +110,16 @@ def main():
         body = tmp / "body.json"
         body.write_text(json.dumps({"instances": [rng.standard_normal(64).astype(np.float32).tolist()]}))
         rates = {True: [], False: []}
+        cpu_us = {True: [], False: []}  # server CPU per request: less noisy on a busy machine
         for rnd in range(a.rounds):
             for on in ((True, False) if rnd % 2 == 0 else (False, True)):
                 p, port = serve(base, on, a.threads)
                 try:
                     wrk(port, body, 1, a.connections)  # warm up
-                    rates[on].append(wrk(port, body, a.duration, a.connections))
+                    c0 = cpu_seconds(p.pid)
+                    rate, n = wrk(port, body, a.duration, a.connections)
+                    rates[on].append(rate)
+                    cpu_us[on].append((cpu_seconds(p.pid) - c0) / n * 1e6)
                     if on:  # the monitor really ran: 64 drift gauges on the page
                         with urllib.request.urlopen(
                                 f"http://127.0.0.1:{port}/monitoring/prometheus/metrics") as r:
@@ -115,12 +127,14 @@ def main():
                 finally:
                     p.kill()
                     p.wait()
-                print(f"round {rnd + 1}: monitoring {'on ' if on else 'off'} {rates[on][-1]:.0f} req/s",
-                      flush=True)
+                print(f"round {rnd + 1}: monitoring {'on ' if on else 'off'} {rates[on][-1]:.0f} req/s, "
+                      f"{cpu_us[on][-1]:.1f} us server CPU per request", flush=True)
     on, off = statistics.median(rates[True]), statistics.median(rates[False])
     print(json.dumps({"model": "tabular_mlp", "connections": a.connections, "duration_s": a.duration,
                       "rounds": a.rounds, "req_per_s_on": round(on), "req_per_s_off": round(off),
-                      "change_percent": round(100 * (on - off) / off, 2)}))
+                      "change_percent": round(100 * (on - off) / off, 2),
+                      "server_cpu_us_per_request_on": round(statistics.median(cpu_us[True]), 2),
+                      "server_cpu_us_per_request_off": round(statistics.median(cpu_us[False]), 2)}))
 
 
 if __name__ == "__main__":
