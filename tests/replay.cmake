@@ -138,3 +138,13 @@ add_test(NAME fuzz_replay_shadow_config
   COMMAND kiln_fuzz_replay_shadow_config ${PROJECT_SOURCE_DIR}/tests/corpus/shadow_config)
 set_tests_properties(fuzz_replay_shadow_config PROPERTIES TIMEOUT 300
   ENVIRONMENT "ASAN_OPTIONS=detect_leaks=1:abort_on_error=0;UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1")
+# Reference profiles of model monitoring (src/serve/monitor/profile.c).
+add_executable(kiln_fuzz_replay_monitor_profile
+  ${PROJECT_SOURCE_DIR}/fuzz/replay_main.c ${PROJECT_SOURCE_DIR}/fuzz/fuzz_monitor_profile.c
+  ${PROJECT_SOURCE_DIR}/src/serve/monitor/profile.c ${PROJECT_SOURCE_DIR}/src/serve/json.c)
+target_include_directories(kiln_fuzz_replay_monitor_profile PRIVATE ${PROJECT_SOURCE_DIR}/src)
+target_link_libraries(kiln_fuzz_replay_monitor_profile PRIVATE kiln m)
+add_test(NAME fuzz_replay_monitor_profile
+  COMMAND kiln_fuzz_replay_monitor_profile ${PROJECT_SOURCE_DIR}/tests/corpus/monitor_profile)
+set_tests_properties(fuzz_replay_monitor_profile PROPERTIES TIMEOUT 300
+  ENVIRONMENT "ASAN_OPTIONS=detect_leaks=1:abort_on_error=0;UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1")

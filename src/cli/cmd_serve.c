@@ -25,6 +25,7 @@
 #include "serve/integrity.h"
 #include "serve/manager.h"
 #include "serve/reqlog/reqlog.h"
+#include "serve/monitor/monitor.h"
 #include "serve/grpc/grpc.h"
 #include "serve/server.h"
 #include "serve/tls.h"
@@ -101,6 +102,9 @@ static const char serve_help[] =
     "                                     dropped and counted (default 1024)\n"
     "  --rollout_config_file=FILE         Kiln: rollout file (text proto); its shadow blocks\n"
     "                                     send sampled requests to a shadow target (docs/SHADOW.md)\n"
+    "  --enable_model_monitoring[=true|false]  Kiln: drift, confidence and validation rules\n"
+    "                                     for versions with assets.extra/kiln_profile.json\n"
+    "                                     (docs/MONITORING.md; default true)\n"
     "  --version                          print versions and exit\n";
 
 /* Flags accepted for compatibility whose features Kiln lacks so far. */
@@ -117,7 +121,7 @@ static int is_bool_flag(const char *name)
                                     "--allow_compression", "--use_tfrt", "--disable_optimizer",
                                     "--version", "--prefer_tflite_model", "--require_blessing",
                                     "--enable_serialization_as_tensor_content",
-                                    "--ssl_client_verify"};
+                                    "--ssl_client_verify", "--enable_model_monitoring"};
     for (size_t i = 0; i < sizeof b / sizeof b[0]; i++)
         if (strcmp(b[i], name) == 0) return 1;
     return 0;
@@ -145,7 +149,7 @@ int kiln_cmd_serve(int argc, char **argv)
     int timeout_ms = 30000, poll = 1, intra = 0, disable_opt = 0, show_version = 0;
     int batching = 0, config_poll = 0, warmup = 1, warmup_iters = 0, cors = 0, console = 1,
         prefer_tflite = 0, require_blessing = 0;
-    int grpc_threads = threads, tensor_content = 0, port_given = 0;
+    int grpc_threads = threads, tensor_content = 0, port_given = 0, monitoring = 1;
     const char *grpc_socket = NULL, *grpc_args = NULL, *ssl_file = NULL;
     const char *model_name = NULL, *base_path = NULL, *tags = NULL, *address = NULL;
     const char *config_file = NULL, *batching_file = NULL, *monitoring_file = NULL;
@@ -214,6 +218,8 @@ int kiln_cmd_serve(int argc, char **argv)
         else if (strcmp(name, "--enable_model_warmup") == 0) ok = (warmup = parse_bool(val)) >= 0;
         else if (strcmp(name, "--rest_api_enable_cors_support") == 0) ok = (cors = parse_bool(val)) >= 0;
         else if (strcmp(name, "--enable_console") == 0) ok = (console = parse_bool(val)) >= 0;
+        else if (strcmp(name, "--enable_model_monitoring") == 0)
+            ok = (monitoring = parse_bool(val)) >= 0;
         else if (strcmp(name, "--monitoring_config_file") == 0) monitoring_file = val;
         else if (strcmp(name, "--trusted_keys") == 0) integrity.trusted_keys_file = *val ? val : NULL;
         else if (strcmp(name, "--model_decryption_key_file") == 0)
@@ -512,6 +518,20 @@ int kiln_cmd_serve(int argc, char **argv)
         kiln_batch_stats_free(bstats);
         return kiln_cli_fail("--rollout_config_file: %s", serr);
     }
+    kiln_monitor *monitor = NULL; /* drift, confidence, validation (serve/monitor/) */
+    if (monitoring) {
+        kiln_observer mobs;
+        if (kiln_monitor_create(&monitor) != KILN_OK ||
+            (mobs = kiln_monitor_observer(monitor), kiln_observers_add(&observers, &mobs)) != KILN_OK) {
+            kiln_grpc_stop(grpc, 0);
+            kiln_shadow_free(shadow);
+            kiln_reqlog_free(reqlog);
+            kiln_manager_free(mgr);
+            kiln_batch_stats_free(bstats);
+            kiln_monitor_free(monitor);
+            return kiln_cli_fail("cannot start model monitoring");
+        }
+    }
     kiln_server_options so = {address, rest_port, threads, timeout_ms, KILN_JSON_MAX_BYTES, bstats,
                               mon.prometheus_enable ? mon.prometheus_path : NULL, cors, batching, console,
                               &observers, auth ? kiln_auth_authorize : NULL, auth, rest_tls, shadow};
@@ -521,6 +541,7 @@ int kiln_cmd_serve(int argc, char **argv)
         kiln_reqlog_free(reqlog);
         kiln_manager_free(mgr);
         kiln_batch_stats_free(bstats);
+        kiln_monitor_free(monitor);
         return kiln_cli_fail("cannot listen on %s:%d (in use, or not permitted)",
                              address ? address : "0.0.0.0", rest_port);
     }
@@ -531,6 +552,7 @@ int kiln_cmd_serve(int argc, char **argv)
         kiln_shadow_free(shadow);
         kiln_manager_free(mgr);
         kiln_batch_stats_free(bstats);
+        kiln_monitor_free(monitor);
         return kiln_cli_fail("%s", gerr);
     }
     if (grpc && go.port > 0)
@@ -544,6 +566,8 @@ int kiln_cmd_serve(int argc, char **argv)
     if (mon.prometheus_enable)
         fprintf(stderr, "kiln serve: Prometheus metrics at %s\n", mon.prometheus_path);
     if (console) fprintf(stderr, "kiln serve: web console at /console/\n");
+    fprintf(stderr, "kiln serve: model monitoring %s\n",
+            monitoring ? "on (versions with assets.extra/kiln_profile.json)" : "off");
 
     int sig = 0;
     sigwait(&sigs, &sig);
@@ -562,6 +586,7 @@ int kiln_cmd_serve(int argc, char **argv)
     if (grpc_tls != files_tls) kiln_tls_free(grpc_tls);
     kiln_tls_free(files_tls);
     files_tls = grpc_tls = rest_tls = NULL;
+    kiln_monitor_free(monitor);
     fprintf(stderr, "kiln serve: stopped\n");
     return KILN_CLI_EXIT_OK;
 }

@@ -70,6 +70,18 @@ void kiln_observers_write_metrics(const kiln_observers *h, kiln_sbuf *b)
         if (h->obs[i].write_metrics) h->obs[i].write_metrics(h->obs[i].ctx, b);
 }
 
+int kiln_observers_write_json(const kiln_observers *h, const char *name, const char *model,
+                              kiln_sbuf *b)
+{
+    if (!h) return 0;
+    for (int i = 0; i < h->n; i++)
+        if (h->obs[i].write_json && h->obs[i].name && strcmp(h->obs[i].name, name) == 0) {
+            h->obs[i].write_json(h->obs[i].ctx, model, b);
+            return 1;
+        }
+    return 0;
+}
+
 double kiln_observe_now_us(void)
 {
     struct timespec t;

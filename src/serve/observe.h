@@ -72,6 +72,9 @@ typedef struct kiln_observer {
     void (*after)(void *ctx, const kiln_observation *o);
     /* Prometheus lines appended to the metrics page. NULL: none. */
     void (*write_metrics)(void *ctx, struct kiln_sbuf *b);
+    /* One JSON value on the observer's view of `model` (GET
+     * /v1/models/NAME/<observer name>, e.g. "monitoring"). NULL: none. */
+    void (*write_json)(void *ctx, const char *model, struct kiln_sbuf *b);
 } kiln_observer;
 
 /* The version for a request to `model` that names none: >= 0 a served
@@ -110,5 +113,9 @@ void kiln_observers_after(const kiln_observers *h, const kiln_observation *o);
 double kiln_observe_now_us(void);
 /* Every observer's metrics. */
 void kiln_observers_write_metrics(const kiln_observers *h, struct kiln_sbuf *b);
+/* The JSON view of `model` by the observer named `name`; 0 when no such
+ * observer has one (nothing written). */
+int kiln_observers_write_json(const kiln_observers *h, const char *name, const char *model,
+                              struct kiln_sbuf *b);
 
 #endif

@@ -43,6 +43,7 @@ typedef enum route_kind {
     ROUTE_CORS_PREFLIGHT, /* OPTIONS, with --rest_api_enable_cors_support */
     ROUTE_CONSOLE,        /* /console and below, unless --enable_console=false (console.c) */
     ROUTE_V1_SHADOW,      /* /v1/shadow[/MODEL]: shadow comparisons (shadow/shadow.h) */
+    ROUTE_V1_MONITORING,  /* GET /v1/models/NAME/monitoring (serve/monitor/) */
 } route_kind;
 
 typedef struct route_params {
@@ -160,6 +161,8 @@ static route_kind parse_path(const char *method, const char *path, const char *m
         }
         if (*p == '\0') return ROUTE_V1_STATUS;
         if (strcasecmp(p, "/metadata") == 0) return ROUTE_V1_METADATA;
+        if (strcmp(p, "/monitoring") == 0 && rp->version < 0 && !rp->label[0])
+            return ROUTE_V1_MONITORING;
         return ROUTE_V1_MALFORMED;
     }
     if (strcmp(p, "/v2") == 0) return ROUTE_V2_SERVER;
@@ -627,6 +630,22 @@ static void h_metrics(kiln_server *s, const kiln_http_request *req, const route_
     kiln_observers_write_metrics(s->opt.observers, &rep->body);
 }
 
+/* Model monitoring's view of a model's versions (docs/MONITORING.md). */
+static void h_v1_monitoring(kiln_server *s, const kiln_http_request *req, const route_params *p,
+                            kiln_http_reply *rep)
+{
+    char err[KILN_JSON_ERR_LEN];
+    snprintf(rep->model, sizeof rep->model, "%s", p->name);
+    rep->api = "monitoring";
+    if (!kiln_manager_has_model(s->manager, p->name)) {
+        snprintf(err, sizeof err, "Servable not found for request: Latest(%.400s)", p->name);
+        kiln_reply_error(rep, "NOT_FOUND", err);
+        return;
+    }
+    if (!kiln_observers_write_json(s->opt.observers, "monitor", p->name, &rep->body))
+        kiln_reply_error(rep, "NOT_FOUND", "model monitoring is off (--enable_model_monitoring)");
+}
+
 /* TF Serving's CORS preflight: OK when the Origin header is an http(s) URL;
  * the CORS headers themselves are added to every reply by server.c. */
 static void h_cors_preflight(kiln_server *s, const kiln_http_request *req, const route_params *p,
@@ -689,6 +708,7 @@ static const struct route {
     {"OPTIONS", ROUTE_CORS_PREFLIGHT, h_cors_preflight},
     {"GET", ROUTE_CONSOLE, h_console},
     {"GET", ROUTE_V1_SHADOW, h_v1_shadow},
+    {"GET", ROUTE_V1_MONITORING, h_v1_monitoring},
 };
 
 /* Access control (--auth_token_file, docs/SECURITY.md): the routes anyone
@@ -716,6 +736,8 @@ static const char *route_scope(route_kind kind, const char *method)
     case ROUTE_V2_SERVER:
     case ROUTE_V2_MODEL:
     case ROUTE_V2_MODEL_READY:
+    case ROUTE_V1_SHADOW:
+    case ROUTE_V1_MONITORING:
         return "metadata";
     case ROUTE_CONSOLE: /* views are GETs; anything else is an action */
         return strcmp(method, "GET") == 0 || strcmp(method, "HEAD") == 0 ? "metadata" : "admin";

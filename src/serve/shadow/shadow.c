@@ -1082,6 +1082,6 @@ kiln_status kiln_shadow_get_stats(kiln_shadow *sh, const char *model, kiln_shado
 
 kiln_observer kiln_shadow_observer(kiln_shadow *sh)
 {
-    kiln_observer o = {"shadow", sh, NULL, shadow_after, shadow_write_metrics};
+    kiln_observer o = {"shadow", sh, NULL, shadow_after, shadow_write_metrics, NULL};
     return o;
 }

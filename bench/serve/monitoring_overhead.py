@@ -1,0 +1,141 @@
+"""monitoring_overhead.py - what model monitoring costs `kiln serve`:
+requests per second on the tabular MLP (tools/export_models.py's
+tabular_mlp: float32 [batch, 64] -> score) with a reference profile in
+the version folder, monitoring on (--enable_model_monitoring=true: 64
+features binned per request, PSI/JS on every scrape) against off, driven
+by wrk with one row per request (bench/serve/post.lua). Rounds alternate
+the order of the two servers; the report is the median requests/s of each
+and the relative change, and the server's CPU time per request (user +
+system, from /proc; steadier than requests/s on a shared machine). The target (issue 19) is at most 3 % fewer
+requests per second with monitoring on.
+
+    /usr/bin/python3 bench/serve/monitoring_overhead.py [--duration 10] [--rounds 3]
+        [--connections 16] [--threads 4]
+
+Needs wrk and the kiln binary ($KILN_BIN, default build/kiln); exports
+the model with PyTorch into bench/models/tabular_mlp if missing. Not part
+of `make test` (timings on a shared machine are noise; run it on a quiet
+one).
+"""
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[2]
+KILN = os.environ.get("KILN_BIN") or str(REPO / "build" / "kiln")
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def ensure_model():
+    d = REPO / "bench" / "models" / "tabular_mlp"
+    if not (d / "model.onnx").exists():
+        subprocess.run([sys.executable, str(REPO / "tools" / "export_models.py"), "--out",
+                        str(d.parent), "--models", "tabular_mlp"], check=True)
+    return d / "model.onnx"
+
+
+def serve(base, monitoring, threads):
+    port = free_port()
+    cfg = base.parent / "prom.txt"
+    cfg.write_text('prometheus_config: { enable: true, path: "/monitoring/prometheus/metrics" }\n')
+    p = subprocess.Popen([KILN, "serve", f"--model_base_path={base}", "--model_name=mlp",
+                          f"--rest_api_port={port}", "--rest_api_address=127.0.0.1", "--port=0",
+                          f"--rest_api_num_threads={threads}", f"--monitoring_config_file={cfg}",
+                          f"--enable_model_monitoring={'true' if monitoring else 'false'}"],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    for _ in range(600):
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/health/ready", timeout=1) as r:
+                if r.status == 200:
+                    return p, port
+        except OSError:
+            time.sleep(0.1)
+    p.kill()
+    raise SystemExit("kiln serve did not become ready")
+
+
+def cpu_seconds(pid):
+    """User + system CPU time of a process so far (/proc/PID/stat)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def wrk(port, body, duration, conns):
+    env = dict(os.environ, WRK_BODY=str(body))
+    out = subprocess.run(["wrk", f"-t{min(conns, 4)}", f"-c{conns}", f"-d{duration}s", "-s",
+                          str(REPO / "bench" / "serve" / "post.lua"),
+                          f"http://127.0.0.1:{port}/v1/models/mlp:predict"],
+                         env=env, capture_output=True, text=True, check=True).stdout
+    line = next(l for l in out.splitlines() if l.startswith("WRKJSON "))
+    r = json.loads(line[len("WRKJSON "):])
+    if sum(r["errors"].values()):
+        raise SystemExit(f"wrk saw errors: {r['errors']}")
+    return r["requests"] / (r["duration_us"] / 1e6), r["requests"]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--duration", type=int, default=10)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--connections", type=int, default=16)
+    ap.add_argument("--threads", type=int, default=4)
+    a = ap.parse_args()
+    model = ensure_model()
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        base = tmp / "mlp"
+        (base / "1" / "assets.extra").mkdir(parents=True)
+        (base / "1" / "model.onnx").write_bytes(model.read_bytes())
+        rng = np.random.default_rng(0)
+        (tmp / "ref").mkdir()
+        np.save(tmp / "ref" / "features.npy", rng.standard_normal((2000, 64)).astype(np.float32))
+        subprocess.run([KILN, "profile", str(model), "--data", str(tmp / "ref"), "-o",
+                        str(base / "1" / "assets.extra" / "kiln_profile.json")], check=True)
+        body = tmp / "body.json"
+        body.write_text(json.dumps({"instances": [rng.standard_normal(64).astype(np.float32).tolist()]}))
+        rates = {True: [], False: []}
+        cpu_us = {True: [], False: []}  # server CPU per request: less noisy on a busy machine
+        for rnd in range(a.rounds):
+            for on in ((True, False) if rnd % 2 == 0 else (False, True)):
+                p, port = serve(base, on, a.threads)
+                try:
+                    wrk(port, body, 1, a.connections)  # warm up
+                    c0 = cpu_seconds(p.pid)
+                    rate, n = wrk(port, body, a.duration, a.connections)
+                    rates[on].append(rate)
+                    cpu_us[on].append((cpu_seconds(p.pid) - c0) / n * 1e6)
+                    if on:  # the monitor really ran: 64 drift gauges on the page
+                        with urllib.request.urlopen(
+                                f"http://127.0.0.1:{port}/monitoring/prometheus/metrics") as r:
+                            assert r.read().decode().count("kiln_drift_psi{") == 64
+                finally:
+                    p.kill()
+                    p.wait()
+                print(f"round {rnd + 1}: monitoring {'on ' if on else 'off'} {rates[on][-1]:.0f} req/s, "
+                      f"{cpu_us[on][-1]:.1f} us server CPU per request", flush=True)
+    on, off = statistics.median(rates[True]), statistics.median(rates[False])
+    print(json.dumps({"model": "tabular_mlp", "connections": a.connections, "duration_s": a.duration,
+                      "rounds": a.rounds, "req_per_s_on": round(on), "req_per_s_off": round(off),
+                      "change_percent": round(100 * (on - off) / off, 2),
+                      "server_cpu_us_per_request_on": round(statistics.median(cpu_us[True]), 2),
+                      "server_cpu_us_per_request_off": round(statistics.median(cpu_us[False]), 2)}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,649 @@
+/*
+ * monitor.c - the monitoring observer of `kiln serve` (monitor.h).
+ *
+ * State per model version (struct mon_version), built under the monitor's
+ * lock the first time a version is observed and published in a fixed
+ * table that requests scan without a lock. Each version's window is a
+ * ring of sub_windows slots of window_seconds / sub_windows seconds: a
+ * slot holds the bin counts of every feature and the confidence sums of
+ * the probability output for its time span; a request adds to the current
+ * slot (clearing it first when its span is new) under the version's lock,
+ * and the metrics page sums the slots whose span is within the window.
+ * Anomaly counts, confidence histograms and rejections are cumulative
+ * (Prometheus counters and histograms). Every array is sized from the
+ * profile at that first observation; requests never allocate.
+ */
+#include "serve/monitor/monitor.h"
+
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "serve/batch.h"
+#include "serve/manager.h"
+#include "serve/monitor/profile.h"
+
+enum { ANOM_MISSING, ANOM_NAN, ANOM_INF, ANOM_RANGE, ANOM_KINDS };
+static const char *const anom_names[ANOM_KINDS] = {"missing", "nan", "inf", "out_of_range"};
+enum { CONF_MAXP, CONF_MARGIN, CONF_ENTROPY, CONF_KINDS };
+#define CONF_SLOTS (KILN_MON_CONF_BUCKETS + 1) /* the last is +Inf */
+
+typedef struct mon_version {
+    char model[256];
+    int64_t version;
+    kiln_mon_profile *p;        /* NULL: the version has no profile (not monitored) */
+    int si;                     /* the signature monitored (the default one) */
+    int *feat_input;            /* [feature] input index in the signature, -1 = absent */
+    int *feat_rule;             /* [feature] rule of its input, -1 = none */
+    int *rule_input;            /* [rule] input index, -1 = absent */
+    int *bin_off;               /* [feature] offset of its counts in a slot */
+    int n_bins;                 /* counts per slot */
+    int has_reject;             /* any rule with action reject */
+    int64_t sub_len;            /* seconds per slot */
+    pthread_mutex_t mu;         /* guards everything below */
+    int64_t *stamp;             /* [slot] the span (now / sub_len) it holds */
+    int64_t *bins;              /* [slot][n_bins] */
+    double *conf_sum;           /* [slot] sum of max probability */
+    int64_t *conf_n;            /* [slot] rows */
+    int64_t *anom;              /* [feature][ANOM_KINDS], cumulative */
+    int64_t conf_hist[CONF_KINDS][CONF_SLOTS]; /* cumulative, not cumulative over le */
+    double conf_hsum[CONF_KINDS];
+    int64_t conf_count;
+    int64_t *rejections;        /* [rule] */
+    /* the metrics page's snapshot (written under the monitor's metrics lock) */
+    int64_t *snap_bins;         /* [n_bins] */
+    double snap_conf_sum;
+    int64_t snap_conf_n;
+} mon_version;
+
+struct kiln_monitor {
+    pthread_mutex_t mu;         /* adding versions */
+    pthread_mutex_t metrics_mu; /* one metrics page at a time (the snapshots) */
+    atomic_int n;
+    _Atomic(mon_version *) v[KILN_MONITOR_MAX_VERSIONS];
+    int full_logged;
+};
+
+kiln_status kiln_monitor_create(kiln_monitor **out)
+{
+    kiln_monitor *m = calloc(1, sizeof *m);
+    if (!m) return KILN_ERR_OUT_OF_MEMORY;
+    pthread_mutex_init(&m->mu, NULL);
+    pthread_mutex_init(&m->metrics_mu, NULL);
+    *out = m;
+    return KILN_OK;
+}
+
+static void version_free(mon_version *v)
+{
+    if (!v) return;
+    kiln_mon_profile_free(v->p);
+    free(v->feat_input);
+    free(v->feat_rule);
+    free(v->rule_input);
+    free(v->bin_off);
+    free(v->stamp);
+    free(v->bins);
+    free(v->conf_sum);
+    free(v->conf_n);
+    free(v->anom);
+    free(v->rejections);
+    free(v->snap_bins);
+    pthread_mutex_destroy(&v->mu);
+    free(v);
+}
+
+void kiln_monitor_free(kiln_monitor *m)
+{
+    if (!m) return;
+    int n = atomic_load(&m->n);
+    for (int i = 0; i < n; i++) version_free(atomic_load(&m->v[i]));
+    pthread_mutex_destroy(&m->mu);
+    pthread_mutex_destroy(&m->metrics_mu);
+    free(m);
+}
+
+static int input_index(const kiln_signature *sig, const char *name)
+{
+    int n = kiln_signature_input_count(sig);
+    for (int i = 0; i < n; i++)
+        if (strcmp(kiln_signature_input(sig, i)->name, name) == 0) return i;
+    return -1;
+}
+
+/* Read the version's profile and size its state; NULL only when out of
+ * memory. A version without a (valid) profile gets a state with p = NULL. */
+static mon_version *version_new(kiln_servable *sv)
+{
+    mon_version *v = calloc(1, sizeof *v);
+    if (!v) return NULL;
+    pthread_mutex_init(&v->mu, NULL);
+    snprintf(v->model, sizeof v->model, "%s", sv->model_name);
+    v->version = sv->version;
+    v->si = kiln_servable_find_signature(sv, NULL);
+    char path[4096];
+    snprintf(path, sizeof path, "%s/assets.extra/%s", sv->dir ? sv->dir : ".",
+             KILN_MON_PROFILE_FILE);
+    struct stat stt;
+    if (v->si < 0 || stat(path, &stt) != 0) return v; /* no profile: not monitored */
+    char err[KILN_JSON_ERR_LEN];
+    if (kiln_mon_profile_load(path, &v->p, err) != KILN_OK) {
+        fprintf(stderr, "kiln serve: monitoring: %s; version %lld of '%s' is not monitored\n", err,
+                (long long)sv->version, sv->model_name);
+        return v;
+    }
+    kiln_mon_profile *p = v->p;
+    const kiln_signature *sig = kiln_session_signature(sv->sessions[v->si]);
+    int nf = p->n_features, nr = p->n_rules, S = p->sub_windows;
+    v->feat_input = calloc((size_t)nf + 1, sizeof *v->feat_input);
+    v->feat_rule = calloc((size_t)nf + 1, sizeof *v->feat_rule);
+    v->bin_off = calloc((size_t)nf + 1, sizeof *v->bin_off);
+    v->rule_input = calloc((size_t)nr + 1, sizeof *v->rule_input);
+    v->anom = calloc((size_t)nf * ANOM_KINDS + 1, sizeof *v->anom);
+    v->rejections = calloc((size_t)nr + 1, sizeof *v->rejections);
+    v->stamp = calloc((size_t)S, sizeof *v->stamp);
+    v->conf_sum = calloc((size_t)S, sizeof *v->conf_sum);
+    v->conf_n = calloc((size_t)S, sizeof *v->conf_n);
+    for (int i = 0; i < nf; i++) {
+        v->bin_off[i] = v->n_bins;
+        v->n_bins += p->features[i].n_counts;
+    }
+    v->bins = calloc((size_t)S * (size_t)v->n_bins + 1, sizeof *v->bins);
+    v->snap_bins = calloc((size_t)v->n_bins + 1, sizeof *v->snap_bins);
+    if (!v->feat_input || !v->feat_rule || !v->bin_off || !v->rule_input || !v->anom ||
+        !v->rejections || !v->stamp || !v->conf_sum || !v->conf_n || !v->bins || !v->snap_bins) {
+        version_free(v);
+        return NULL;
+    }
+    for (int r = 0; r < nr; r++) {
+        v->rule_input[r] = input_index(sig, p->rules[r].input);
+        if (v->rule_input[r] < 0)
+            fprintf(stderr, "kiln serve: monitoring: version %lld of '%s': the profile's rule names "
+                            "input '%s', which the signature lacks; the rule is ignored\n",
+                    (long long)sv->version, sv->model_name, p->rules[r].input);
+        if (p->rules[r].reject && v->rule_input[r] >= 0) v->has_reject = 1;
+    }
+    for (int i = 0; i < nf; i++) {
+        v->feat_input[i] = input_index(sig, p->features[i].input);
+        v->feat_rule[i] = -1;
+        for (int r = 0; r < nr; r++)
+            if (strcmp(p->rules[r].input, p->features[i].input) == 0) v->feat_rule[i] = r;
+    }
+    v->sub_len = p->window_seconds / p->sub_windows;
+    if (v->sub_len < 1) v->sub_len = 1;
+    for (int s = 0; s < S; s++) v->stamp[s] = -1000000000;
+    fprintf(stderr, "kiln serve: monitoring version %lld of '%s': %d features, %d probability "
+                    "outputs, %d rules, window %d s in %d slots\n",
+            (long long)sv->version, sv->model_name, nf, p->n_outputs, nr, p->window_seconds, S);
+    return v;
+}
+
+/* The state of the version that ran, building it on first sight; NULL when
+ * the table is full or memory ran out. */
+static mon_version *lookup(kiln_monitor *m, kiln_servable *sv)
+{
+    int n = atomic_load_explicit(&m->n, memory_order_acquire);
+    for (int i = 0; i < n; i++) {
+        mon_version *v = atomic_load_explicit(&m->v[i], memory_order_acquire);
+        if (v->version == sv->version && strcmp(v->model, sv->model_name) == 0) return v;
+    }
+    pthread_mutex_lock(&m->mu);
+    mon_version *found = NULL;
+    n = atomic_load(&m->n);
+    for (int i = 0; i < n && !found; i++) {
+        mon_version *v = atomic_load(&m->v[i]);
+        if (v->version == sv->version && strcmp(v->model, sv->model_name) == 0) found = v;
+    }
+    if (!found && n < KILN_MONITOR_MAX_VERSIONS) {
+        found = version_new(sv);
+        if (found) {
+            atomic_store_explicit(&m->v[n], found, memory_order_release);
+            atomic_store_explicit(&m->n, n + 1, memory_order_release);
+        }
+    } else if (!found && !m->full_logged) {
+        m->full_logged = 1;
+        fprintf(stderr, "kiln serve: monitoring: %d model versions seen; later ones are not "
+                        "monitored\n", KILN_MONITOR_MAX_VERSIONS);
+    }
+    pthread_mutex_unlock(&m->mu);
+    return found;
+}
+
+/* Elements of t a feature reads: rows x stride from offset `col`. */
+static int feature_span(const kiln_mon_feature *f, const kiln_tensor *t, int64_t *count,
+                        int64_t *stride, int64_t *first)
+{
+    if (f->column >= 0) {
+        if (t->rank != 2 || t->dims[1] <= f->column) return 0;
+        *count = t->dims[0];
+        *stride = t->dims[1];
+        *first = f->column;
+    } else {
+        *count = kiln_tensor_count(t);
+        *stride = 1;
+        *first = 0;
+    }
+    return 1;
+}
+
+static void observe_feature(mon_version *v, int fi, const kiln_tensor *t, int64_t *slot_bins)
+{
+    const kiln_mon_feature *f = &v->p->features[fi];
+    int64_t n, stride, first;
+    if (!feature_span(f, t, &n, &stride, &first)) return;
+    int64_t *bins = slot_bins + v->bin_off[fi], *anom = v->anom + (size_t)fi * ANOM_KINDS;
+    if (t->dtype == KILN_DTYPE_STRING) {
+        if (f->kind != KILN_MON_CATEGORICAL || !f->strings) return;
+        const kiln_string *s = t->data;
+        for (int64_t r = 0; r < n; r++) {
+            const kiln_string *e = &s[first + r * stride];
+            if (e->len == 0) anom[ANOM_MISSING]++;
+            else bins[kiln_mon_category_str(f, e->data, e->len)]++;
+        }
+        return;
+    }
+    if (!kiln_mon_numeric_dtype(t->dtype) || (f->kind == KILN_MON_CATEGORICAL && f->strings)) return;
+    double lo = f->min, hi = f->max;
+    if (v->feat_rule[fi] >= 0) {
+        lo = v->p->rules[v->feat_rule[fi]].min;
+        hi = v->p->rules[v->feat_rule[fi]].max;
+    }
+    int numeric = f->kind == KILN_MON_NUMERIC;
+    if (t->dtype == KILN_DTYPE_F32 && numeric) { /* the common case, without the dtype switch */
+        const float *x = (const float *)t->data + first;
+        for (int64_t r = 0; r < n; r++) {
+            double e = x[r * stride];
+            if (isnan(e)) anom[ANOM_NAN]++;
+            else if (isinf(e)) anom[ANOM_INF]++;
+            else {
+                if (e < lo || e > hi) anom[ANOM_RANGE]++;
+                bins[kiln_mon_bin(f->edges, f->n_edges, e)]++;
+            }
+        }
+        return;
+    }
+    for (int64_t r = 0; r < n; r++) {
+        double e = kiln_mon_element(t, first + r * stride);
+        if (isnan(e)) anom[ANOM_NAN]++;
+        else if (isinf(e)) anom[ANOM_INF]++;
+        else {
+            if (e < lo || e > hi) anom[ANOM_RANGE]++;
+            bins[numeric ? kiln_mon_bin(f->edges, f->n_edges, e) : kiln_mon_category_num(f, e)]++;
+        }
+    }
+}
+
+/* Confidence of the profile's first probability output, when it ran. */
+static void observe_output(mon_version *v, const kiln_batch_result *out, int slot)
+{
+    const kiln_mon_output *po = &v->p->outputs[0];
+    const kiln_tensor *t = NULL;
+    for (int j = 0; j < out->n && !t; j++)
+        if (out->names[j] && strcmp(out->names[j], po->name) == 0) t = out->t[j];
+    if (!t || t->rank != 2 || t->dims[1] < 2 || t->dims[1] > INT32_MAX ||
+        (t->dtype != KILN_DTYPE_F32 && t->dtype != KILN_DTYPE_F64))
+        return;
+    int c = (int)t->dims[1];
+    for (int64_t r = 0; r < t->dims[0]; r++) {
+        double x[CONF_KINDS];
+        int ok = t->dtype == KILN_DTYPE_F32
+                     ? kiln_mon_confidence_f32((const float *)t->data + r * c, c, &x[0], &x[1], &x[2])
+                     : kiln_mon_confidence_f64((const double *)t->data + r * c, c, &x[0], &x[1], &x[2]);
+        if (!ok) continue;
+        for (int k = 0; k < CONF_KINDS; k++) {
+            v->conf_hist[k][kiln_mon_conf_bucket(x[k])]++;
+            v->conf_hsum[k] += x[k];
+        }
+        v->conf_count++;
+        v->conf_sum[slot] += x[CONF_MAXP];
+        v->conf_n[slot]++;
+    }
+}
+
+static void monitor_after(void *ctx, const kiln_observation *o)
+{
+    kiln_monitor *m = ctx;
+    if (!o->sv || !o->inputs) return;
+    mon_version *v = lookup(m, o->sv);
+    if (!v || !v->p || o->si != v->si) return;
+    int64_t span = (int64_t)(kiln_observe_now_us() / 1e6) / v->sub_len;
+    int S = v->p->sub_windows, slot = (int)(span % S);
+    pthread_mutex_lock(&v->mu);
+    int64_t *slot_bins = v->bins + (size_t)slot * (size_t)v->n_bins;
+    if (v->stamp[slot] != span) {
+        memset(slot_bins, 0, (size_t)v->n_bins * sizeof *slot_bins);
+        v->conf_sum[slot] = 0;
+        v->conf_n[slot] = 0;
+        v->stamp[slot] = span;
+    }
+    for (int i = 0; i < v->p->n_features; i++)
+        if (v->feat_input[i] >= 0 && v->feat_input[i] < o->n_inputs && o->inputs[v->feat_input[i]])
+            observe_feature(v, i, o->inputs[v->feat_input[i]], slot_bins);
+    if (o->out && v->p->n_outputs > 0) observe_output(v, o->out, slot);
+    pthread_mutex_unlock(&v->mu);
+}
+
+/* The profile's reject rules, before the run. */
+static kiln_status monitor_check(void *ctx, const kiln_observation *o, char *err, const char **code)
+{
+    kiln_monitor *m = ctx;
+    if (!o->sv || !o->inputs) return KILN_OK;
+    mon_version *v = lookup(m, o->sv);
+    if (!v || !v->p || !v->has_reject || o->si != v->si) return KILN_OK;
+    for (int r = 0; r < v->p->n_rules; r++) {
+        const kiln_mon_rule *rule = &v->p->rules[r];
+        int ii = v->rule_input[r];
+        if (!rule->reject || ii < 0 || ii >= o->n_inputs || !o->inputs[ii]) continue;
+        const kiln_tensor *t = o->inputs[ii];
+        if (!kiln_mon_numeric_dtype(t->dtype)) continue;
+        int64_t n = kiln_tensor_count(t);
+        for (int64_t i = 0; i < n; i++) {
+            double e = kiln_mon_element(t, i);
+            int bad_nan = isnan(e) && !rule->allow_nan;
+            int bad_range = !isnan(e) && (e < rule->min || e > rule->max);
+            if (!bad_nan && !bad_range) continue;
+            pthread_mutex_lock(&v->mu);
+            v->rejections[r]++;
+            pthread_mutex_unlock(&v->mu);
+            if (bad_nan)
+                snprintf(err, KILN_JSON_ERR_LEN,
+                         "input '%s': value NaN at element %lld is not allowed (the model's "
+                         "validation rule has allow_nan false)", rule->input, (long long)i);
+            else
+                snprintf(err, KILN_JSON_ERR_LEN,
+                         "input '%s': value %.9g at element %lld is outside the model's "
+                         "validation range [%.9g, %.9g]", rule->input, e, (long long)i, rule->min,
+                         rule->max);
+            *code = "INVALID_ARGUMENT";
+            return KILN_ERR_INVALID_ARGUMENT;
+        }
+    }
+    return KILN_OK;
+}
+
+/* A Prometheus label value, escaped. */
+static void label(kiln_sbuf *b, const char *s)
+{
+    for (; *s; s++) {
+        if (*s == '\\') kiln_sbuf_puts(b, "\\\\");
+        else if (*s == '"') kiln_sbuf_puts(b, "\\\"");
+        else if (*s == '\n') kiln_sbuf_puts(b, "\\n");
+        else kiln_sbuf_put(b, s, 1);
+    }
+}
+
+static void labels(kiln_sbuf *b, const mon_version *v)
+{
+    kiln_sbuf_puts(b, "{model_name=\"");
+    label(b, v->model);
+    kiln_sbuf_printf(b, "\",version=\"%lld\"", (long long)v->version);
+}
+
+/* Sum the window's slots into the version's snapshot. */
+static void snapshot(mon_version *v)
+{
+    int64_t span = (int64_t)(kiln_observe_now_us() / 1e6) / v->sub_len;
+    int S = v->p->sub_windows;
+    memset(v->snap_bins, 0, (size_t)v->n_bins * sizeof *v->snap_bins);
+    v->snap_conf_sum = 0;
+    v->snap_conf_n = 0;
+    pthread_mutex_lock(&v->mu);
+    for (int s = 0; s < S; s++) {
+        if (v->stamp[s] <= span - S || v->stamp[s] > span) continue;
+        const int64_t *sb = v->bins + (size_t)s * (size_t)v->n_bins;
+        for (int k = 0; k < v->n_bins; k++) v->snap_bins[k] += sb[k];
+        v->snap_conf_sum += v->conf_sum[s];
+        v->snap_conf_n += v->conf_n[s];
+    }
+    pthread_mutex_unlock(&v->mu);
+}
+
+/* A feature's window count and distances from the version's snapshot;
+ * returns 0 when it is not reported (too few values, or no such input). */
+typedef struct feature_stats {
+    int64_t count;
+    double psi, js, linf;
+    int alert;
+} feature_stats;
+
+static int stats_of(const mon_version *v, int fi, feature_stats *st)
+{
+    const kiln_mon_feature *f = &v->p->features[fi];
+    const int64_t *cur = v->snap_bins + v->bin_off[fi];
+    memset(st, 0, sizeof *st);
+    for (int k = 0; k < f->n_counts; k++) st->count += cur[k];
+    if (st->count < v->p->min_count || v->feat_input[fi] < 0) return 0;
+    if (f->kind == KILN_MON_NUMERIC) {
+        st->psi = kiln_mon_psi(f->counts, cur, f->n_counts);
+        st->js = kiln_mon_js(f->counts, cur, f->n_counts);
+        st->alert = st->psi > v->p->psi_threshold || st->js > v->p->js_threshold;
+    } else {
+        st->linf = kiln_mon_linf(f->counts, cur, f->n_counts);
+        st->alert = st->linf > v->p->linf_threshold;
+    }
+    return 1;
+}
+
+/* The monitored versions (with a profile) of `model` (NULL: all) into vs. */
+static int monitored(kiln_monitor *m, const char *model, mon_version **vs)
+{
+    int n = atomic_load_explicit(&m->n, memory_order_acquire), nv = 0;
+    for (int i = 0; i < n; i++) {
+        mon_version *v = atomic_load_explicit(&m->v[i], memory_order_acquire);
+        if (v->p && (!model || strcmp(v->model, model) == 0)) vs[nv++] = v;
+    }
+    return nv;
+}
+
+static void monitor_write_json(void *ctx, const char *model, kiln_sbuf *b)
+{
+    kiln_monitor *m = ctx;
+    mon_version *vs[KILN_MONITOR_MAX_VERSIONS];
+    pthread_mutex_lock(&m->metrics_mu);
+    int nv = monitored(m, model, vs);
+    kiln_sbuf_puts(b, "{\"model_name\": ");
+    kiln_sbuf_json_string(b, model, strlen(model));
+    kiln_sbuf_puts(b, ", \"versions\": [");
+    for (int i = 0; i < nv; i++) {
+        mon_version *v = vs[i];
+        const kiln_mon_profile *p = v->p;
+        snapshot(v);
+        kiln_sbuf_printf(b, "%s\n  {\"version\": %lld, \"window_seconds\": %d, \"min_count\": %lld, "
+                            "\"thresholds\": {\"psi\": %.17g, \"js\": %.17g, \"linf\": %.17g}, "
+                            "\"features\": [",
+                         i ? "," : "", (long long)v->version, p->window_seconds,
+                         (long long)p->min_count, p->psi_threshold, p->js_threshold,
+                         p->linf_threshold);
+        pthread_mutex_lock(&v->mu);
+        for (int fi = 0; fi < p->n_features; fi++) {
+            const kiln_mon_feature *f = &p->features[fi];
+            feature_stats st;
+            int rep = stats_of(v, fi, &st);
+            kiln_sbuf_puts(b, fi ? ",\n    {\"name\": " : "\n    {\"name\": ");
+            kiln_sbuf_json_string(b, f->name, strlen(f->name));
+            kiln_sbuf_printf(b, ", \"kind\": \"%s\", \"window_count\": %lld",
+                             f->kind == KILN_MON_NUMERIC ? "numeric" : "categorical",
+                             (long long)st.count);
+            if (rep && f->kind == KILN_MON_NUMERIC)
+                kiln_sbuf_printf(b, ", \"psi\": %.17g, \"js\": %.17g, \"alert\": %s", st.psi,
+                                 st.js, st.alert ? "true" : "false");
+            else if (rep)
+                kiln_sbuf_printf(b, ", \"linf\": %.17g, \"alert\": %s", st.linf,
+                                 st.alert ? "true" : "false");
+            const int64_t *an = v->anom + (size_t)fi * ANOM_KINDS;
+            kiln_sbuf_puts(b, ", \"anomalies\": {");
+            for (int k = 0; k < ANOM_KINDS; k++)
+                kiln_sbuf_printf(b, "%s\"%s\": %lld", k ? ", " : "", anom_names[k], (long long)an[k]);
+            kiln_sbuf_puts(b, "}}");
+        }
+        kiln_sbuf_puts(b, "],\n   \"confidence\": ");
+        if (p->n_outputs == 0) {
+            kiln_sbuf_puts(b, "null");
+        } else {
+            kiln_sbuf_puts(b, "{\"output\": ");
+            kiln_sbuf_json_string(b, p->outputs[0].name, strlen(p->outputs[0].name));
+            kiln_sbuf_printf(b, ", \"count\": %lld, \"reference_mean_max_probability\": %.17g, "
+                                "\"expected_accuracy\": ",
+                             (long long)v->conf_count, p->outputs[0].mean_max_probability);
+            if (v->snap_conf_n) kiln_sbuf_printf(b, "%.17g", v->snap_conf_sum / (double)v->snap_conf_n);
+            else kiln_sbuf_puts(b, "null");
+            static const char *const names[CONF_KINDS] = {"max_probability", "margin", "entropy"};
+            for (int k = 0; k < CONF_KINDS; k++) {
+                kiln_sbuf_printf(b, ", \"%s\": [", names[k]);
+                for (int q = 0; q < CONF_SLOTS; q++)
+                    kiln_sbuf_printf(b, "%s%lld", q ? ", " : "", (long long)v->conf_hist[k][q]);
+                kiln_sbuf_puts(b, "]");
+            }
+            kiln_sbuf_puts(b, "}");
+        }
+        kiln_sbuf_puts(b, ",\n   \"rejections\": {");
+        int first = 1;
+        for (int r = 0; r < p->n_rules; r++) {
+            if (!p->rules[r].reject || v->rule_input[r] < 0) continue;
+            kiln_sbuf_puts(b, first ? "" : ", ");
+            kiln_sbuf_json_string(b, p->rules[r].input, strlen(p->rules[r].input));
+            kiln_sbuf_printf(b, ": %lld", (long long)v->rejections[r]);
+            first = 0;
+        }
+        kiln_sbuf_puts(b, "}}");
+        pthread_mutex_unlock(&v->mu);
+    }
+    kiln_sbuf_puts(b, "\n]}\n");
+    pthread_mutex_unlock(&m->metrics_mu);
+}
+
+static void monitor_write_metrics(void *ctx, kiln_sbuf *b)
+{
+    kiln_monitor *m = ctx;
+    mon_version *vs[KILN_MONITOR_MAX_VERSIONS];
+    pthread_mutex_lock(&m->metrics_mu);
+    int nv = monitored(m, NULL, vs);
+    if (nv == 0) {
+        pthread_mutex_unlock(&m->metrics_mu);
+        return;
+    }
+    for (int i = 0; i < nv; i++) snapshot(vs[i]);
+
+    static const char *const drift[] = {"kiln_drift_psi", "kiln_drift_js", "kiln_drift_linf",
+                                        "kiln_drift_alert"};
+    static const char *const drift_help[] = {
+        "Population stability index of a numeric feature's window against the reference profile",
+        "Jensen-Shannon distance (base 2) of a numeric feature's window against the reference",
+        "L-infinity distance of a categorical feature's window against the reference",
+        "1 when a feature's drift is past the profile's threshold"};
+    for (int d = 0; d < 4; d++) {
+        kiln_sbuf_printf(b, "# HELP %s %s\n# TYPE %s gauge\n", drift[d], drift_help[d], drift[d]);
+        for (int i = 0; i < nv; i++) {
+            mon_version *v = vs[i];
+            for (int fi = 0; fi < v->p->n_features; fi++) {
+                const kiln_mon_feature *f = &v->p->features[fi];
+                feature_stats st;
+                if (!stats_of(v, fi, &st)) continue;
+                int num = f->kind == KILN_MON_NUMERIC;
+                if ((d < 2 && !num) || (d == 2 && num)) continue;
+                double val = d == 0 ? st.psi : d == 1 ? st.js : d == 2 ? st.linf : st.alert;
+                kiln_sbuf_puts(b, drift[d]);
+                labels(b, v);
+                kiln_sbuf_puts(b, ",feature=\"");
+                label(b, f->name);
+                kiln_sbuf_printf(b, "\"} %.17g\n", val);
+            }
+        }
+    }
+
+    kiln_sbuf_puts(b, "# HELP kiln_feature_anomalies_total Missing, NaN, infinite and out-of-range "
+                      "input values per feature\n# TYPE kiln_feature_anomalies_total counter\n");
+    for (int i = 0; i < nv; i++) {
+        mon_version *v = vs[i];
+        pthread_mutex_lock(&v->mu);
+        for (int fi = 0; fi < v->p->n_features; fi++) {
+            if (v->feat_input[fi] < 0) continue;
+            for (int k = 0; k < ANOM_KINDS; k++) {
+                kiln_sbuf_puts(b, "kiln_feature_anomalies_total");
+                labels(b, v);
+                kiln_sbuf_puts(b, ",feature=\"");
+                label(b, v->p->features[fi].name);
+                kiln_sbuf_printf(b, "\",kind=\"%s\"} %lld\n", anom_names[k],
+                                 (long long)v->anom[(size_t)fi * ANOM_KINDS + k]);
+            }
+        }
+        pthread_mutex_unlock(&v->mu);
+    }
+
+    static const char *const conf[] = {"kiln_prediction_max_probability", "kiln_prediction_margin",
+                                       "kiln_prediction_entropy"};
+    static const char *const conf_help[] = {
+        "Largest class probability of each prediction",
+        "Difference of the two largest class probabilities of each prediction",
+        "Entropy of each prediction's class probabilities divided by ln(classes)"};
+    for (int k = 0; k < CONF_KINDS; k++) {
+        kiln_sbuf_printf(b, "# HELP %s %s\n# TYPE %s histogram\n", conf[k], conf_help[k], conf[k]);
+        for (int i = 0; i < nv; i++) {
+            mon_version *v = vs[i];
+            if (v->p->n_outputs == 0) continue;
+            pthread_mutex_lock(&v->mu);
+            int64_t cum = 0;
+            for (int s = 0; s < CONF_SLOTS; s++) {
+                cum += v->conf_hist[k][s];
+                kiln_sbuf_printf(b, "%s_bucket", conf[k]);
+                labels(b, v);
+                if (s < KILN_MON_CONF_BUCKETS)
+                    kiln_sbuf_printf(b, ",le=\"%g\"} %lld\n", (double)(s + 1) / 10.0, (long long)cum);
+                else
+                    kiln_sbuf_printf(b, ",le=\"+Inf\"} %lld\n", (long long)cum);
+            }
+            kiln_sbuf_printf(b, "%s_sum", conf[k]);
+            labels(b, v);
+            kiln_sbuf_printf(b, "} %.17g\n%s_count", v->conf_hsum[k], conf[k]);
+            labels(b, v);
+            kiln_sbuf_printf(b, "} %lld\n", (long long)v->conf_count);
+            pthread_mutex_unlock(&v->mu);
+        }
+    }
+
+    kiln_sbuf_puts(b, "# HELP kiln_expected_accuracy Mean max probability over the window: the "
+                      "expected accuracy if the probabilities are calibrated\n"
+                      "# TYPE kiln_expected_accuracy gauge\n");
+    for (int i = 0; i < nv; i++) {
+        mon_version *v = vs[i];
+        if (v->p->n_outputs == 0 || v->snap_conf_n == 0) continue;
+        kiln_sbuf_puts(b, "kiln_expected_accuracy");
+        labels(b, v);
+        kiln_sbuf_printf(b, "} %.17g\n", v->snap_conf_sum / (double)v->snap_conf_n);
+    }
+
+    kiln_sbuf_puts(b, "# HELP kiln_validation_rejections_total Requests refused by a validation "
+                      "rule of the profile\n# TYPE kiln_validation_rejections_total counter\n");
+    for (int i = 0; i < nv; i++) {
+        mon_version *v = vs[i];
+        pthread_mutex_lock(&v->mu);
+        for (int r = 0; r < v->p->n_rules; r++) {
+            if (!v->p->rules[r].reject || v->rule_input[r] < 0) continue;
+            kiln_sbuf_puts(b, "kiln_validation_rejections_total");
+            labels(b, v);
+            kiln_sbuf_puts(b, ",feature=\"");
+            label(b, v->p->rules[r].input);
+            kiln_sbuf_printf(b, "\"} %lld\n", (long long)v->rejections[r]);
+        }
+        pthread_mutex_unlock(&v->mu);
+    }
+    pthread_mutex_unlock(&m->metrics_mu);
+}
+
+kiln_observer kiln_monitor_observer(kiln_monitor *m)
+{
+    kiln_observer o;
+    memset(&o, 0, sizeof o);
+    o.name = "monitor";
+    o.ctx = m;
+    o.check = monitor_check;
+    o.after = monitor_after;
+    o.write_metrics = monitor_write_metrics;
+    o.write_json = monitor_write_json;
+    return o;
+}

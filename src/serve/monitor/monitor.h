@@ -1,0 +1,37 @@
+/*
+ * monitor.h - model monitoring on live traffic for `kiln serve`: an
+ * observer (observe.h) that, for every served version whose folder holds
+ * assets.extra/kiln_profile.json (profile.h), bins the live inputs of its
+ * default signature over a sliding window and compares them with the
+ * reference (PSI and Jensen-Shannon for numeric features, L-infinity for
+ * categorical ones), counts missing, NaN, infinite and out-of-range
+ * values, histograms the confidence of probability outputs (max
+ * probability, margin, entropy), estimates the expected accuracy as the
+ * window's mean max probability, and applies the profile's validation
+ * rules (a reject rule answers 400 naming the input and the value).
+ *
+ * A version's state (the profile, its window of fixed-size counters and a
+ * lock) is built the first time the version is observed and kept until the
+ * server stops; after that a request costs a lookup in a fixed table, one
+ * short lock per version, and no allocation. Results go out as Prometheus
+ * lines (the observer's write_metrics) and as JSON at GET
+ * /v1/models/NAME/monitoring (write_json).
+ * docs/MONITORING.md describes the statistics and their defaults.
+ */
+#ifndef KILN_SERVE_MONITOR_MONITOR_H
+#define KILN_SERVE_MONITOR_MONITOR_H
+
+#include "serve/json.h"
+#include "serve/observe.h"
+
+#define KILN_MONITOR_MAX_VERSIONS 256 /* model versions tracked (the rest are not monitored) */
+
+typedef struct kiln_monitor kiln_monitor;
+
+kiln_status kiln_monitor_create(kiln_monitor **out);
+/* After the server has stopped (no observer call in progress). */
+void kiln_monitor_free(kiln_monitor *m);
+/* The observer to register with kiln_observers_add (ctx = m). */
+kiln_observer kiln_monitor_observer(kiln_monitor *m);
+
+#endif
