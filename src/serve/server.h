@@ -29,6 +29,10 @@
  * unknown token) or 403 (a token without the scope). */
 typedef int (*kiln_authorize_fn)(void *ctx, const char *authorization, const char *scope);
 
+struct kiln_server;
+struct kiln_http_request;
+struct kiln_http_reply;
+
 typedef struct kiln_server_options {
     const char *address;   /* listen address (NULL = all interfaces) */
     int rest_port;         /* --rest_api_port */
@@ -43,6 +47,13 @@ typedef struct kiln_server_options {
     const kiln_observers *observers; /* the predict path's hooks (observe.h); NULL = none */
     kiln_authorize_fn authorize;     /* NULL: open, as TF Serving; admin needs loopback */
     void *authorize_ctx;
+    /* Extra REST routes owned by another module (the rollout admin
+     * endpoints, src/serve/rollout/): every request whose path starts with
+     * ext_prefix goes to ext_handler, which fills the reply. NULL: none. */
+    const char *ext_prefix;
+    void (*ext_handler)(void *ctx, struct kiln_server *s, const struct kiln_http_request *req,
+                        struct kiln_http_reply *rep);
+    void *ext_ctx;
 } kiln_server_options;
 
 typedef struct kiln_server {
