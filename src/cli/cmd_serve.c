@@ -24,6 +24,7 @@
 #include "serve/integrity.h"
 #include "serve/manager.h"
 #include "serve/grpc/grpc.h"
+#include "serve/rollout/rollout.h"
 #include "serve/server.h"
 
 #define KILN_SERVE_DRAIN_MS 10000
@@ -74,6 +75,10 @@ static const char serve_help[] =
     "                                     in tensor_content (default: typed fields, as TF)\n"
     "  --tensorflow_inter_op_parallelism, --allow_precompilation,\n"
     "  --allow_compression, --use_tfrt   accepted and ignored (the startup log says so)\n"
+    "  --rollout_config_file=FILE         Kiln: traffic splits, sticky routing and canaries with\n"
+    "                                     automatic promotion and rollback (docs/ROLLOUTS.md)\n"
+    "  --rollout_config_file_poll_wait_seconds=N  re-read the rollout file every N s when it\n"
+    "                                     changed (default 1; 0 = never)\n"
     "  --trusted_keys=FILE                Kiln: serve only versions signed (kiln sign) by a key\n"
     "                                     in FILE (docs/SECURITY.md)\n"
     "  --model_decryption_key_file=FILE   Kiln: key ring for encrypted models (kiln encrypt),\n"
@@ -120,11 +125,12 @@ int kiln_cmd_serve(int argc, char **argv)
     int rest_port = 8501, grpc_port = 8500, threads = (int)(cores * 4 > 256 ? 256 : cores * 4);
     int timeout_ms = 30000, poll = 1, intra = 0, disable_opt = 0, show_version = 0;
     int batching = 0, config_poll = 0, warmup = 1, warmup_iters = 0, cors = 0, console = 1,
-        prefer_tflite = 0;
+        prefer_tflite = 0, rollout_poll = 1;
     int grpc_threads = threads, tensor_content = 0, port_given = 0;
     const char *grpc_socket = NULL, *grpc_args = NULL, *ssl_file = NULL;
     const char *model_name = NULL, *base_path = NULL, *tags = NULL, *address = NULL;
     const char *config_file = NULL, *batching_file = NULL, *monitoring_file = NULL;
+    const char *rollout_file = NULL;
     kiln_integrity_options integrity = {NULL, NULL};
 
     for (int i = 0; i < argc; i++) {
@@ -160,6 +166,7 @@ int kiln_cmd_serve(int argc, char **argv)
         INT_FLAG("--file_system_poll_wait_seconds", poll, -2147483647, 2147483647)
         INT_FLAG("--tensorflow_intra_op_parallelism", intra, 0, 4096)
         INT_FLAG("--model_config_file_poll_wait_seconds", config_poll, -2147483647, 2147483647)
+        INT_FLAG("--rollout_config_file_poll_wait_seconds", rollout_poll, 0, 86400)
         INT_FLAG("--num_request_iterations_for_warmup", warmup_iters, -2147483647, 2147483647)
 #undef INT_FLAG
         if (strcmp(name, "--model_name") == 0) model_name = val;
@@ -174,6 +181,7 @@ int kiln_cmd_serve(int argc, char **argv)
         else if (strcmp(name, "--rest_api_enable_cors_support") == 0) ok = (cors = parse_bool(val)) >= 0;
         else if (strcmp(name, "--enable_console") == 0) ok = (console = parse_bool(val)) >= 0;
         else if (strcmp(name, "--monitoring_config_file") == 0) monitoring_file = val;
+        else if (strcmp(name, "--rollout_config_file") == 0) rollout_file = *val ? val : NULL;
         else if (strcmp(name, "--trusted_keys") == 0) integrity.trusted_keys_file = *val ? val : NULL;
         else if (strcmp(name, "--model_decryption_key_file") == 0)
             integrity.decryption_key_file = *val ? val : NULL;
@@ -366,14 +374,34 @@ int kiln_cmd_serve(int argc, char **argv)
         }
     }
     kiln_ssl_config_free(&ssl);
+    /* rollouts (src/serve/rollout/): loaded after the first versions, so the
+     * canaries resolve their candidate and baseline at once */
+    kiln_rollout *rollout = NULL;
+    if (rollout_file) {
+        char rerr[KILN_ROLLOUT_ERR_LEN];
+        if (kiln_rollout_create(rollout_file, rollout_poll, mgr, &rollout, rerr) != KILN_OK) {
+            kiln_grpc_stop(grpc, 0);
+            kiln_manager_free(mgr);
+            kiln_batch_stats_free(bstats);
+            return kiln_cli_fail("--rollout_config_file: %s", rerr);
+        }
+    }
     kiln_server server;
     /* the predict path's hooks: rollouts and monitoring register here */
     static kiln_observers observers;
     kiln_observers_init(&observers);
     kiln_server_options so = {address, rest_port, threads, timeout_ms, KILN_JSON_MAX_BYTES, bstats,
                               mon.prometheus_enable ? mon.prometheus_path : NULL, cors, batching, console,
-                              &observers, NULL, NULL};
+                              &observers, NULL, NULL, NULL, NULL, NULL};
+    if (rollout && kiln_rollout_attach(rollout, &observers, &so) != KILN_OK) {
+        kiln_rollout_free(rollout);
+        kiln_grpc_stop(grpc, 0);
+        kiln_manager_free(mgr);
+        kiln_batch_stats_free(bstats);
+        return kiln_cli_fail("cannot register the rollout observer");
+    }
     if (kiln_server_start(&server, &so, mgr) != KILN_OK) {
+        kiln_rollout_free(rollout);
         kiln_grpc_stop(grpc, 0);
         kiln_manager_free(mgr);
         kiln_batch_stats_free(bstats);
@@ -383,6 +411,7 @@ int kiln_cmd_serve(int argc, char **argv)
     if (grpc && kiln_grpc_run(grpc, &server, gerr, sizeof gerr) != KILN_OK) {
         kiln_grpc_stop(grpc, 0);
         kiln_server_stop(&server, 0);
+        kiln_rollout_free(rollout);
         kiln_manager_free(mgr);
         kiln_batch_stats_free(bstats);
         return kiln_cli_fail("%s", gerr);
@@ -398,6 +427,11 @@ int kiln_cmd_serve(int argc, char **argv)
     if (mon.prometheus_enable)
         fprintf(stderr, "kiln serve: Prometheus metrics at %s\n", mon.prometheus_path);
     if (console) fprintf(stderr, "kiln serve: web console at /console/\n");
+    if (rollout && kiln_rollout_start(rollout) != KILN_OK)
+        fprintf(stderr, "kiln serve: cannot start the rollout controller; splits stay as loaded\n");
+    if (rollout)
+        fprintf(stderr, "kiln serve: rollouts from %s (admin endpoints at /v1/rollouts)\n",
+                rollout_file);
 
     int sig = 0;
     sigwait(&sigs, &sig);
@@ -406,6 +440,7 @@ int kiln_cmd_serve(int argc, char **argv)
     atomic_store(&server.shutting_down, 1); /* health and readiness say NOT_SERVING */
     kiln_grpc_stop(grpc, KILN_SERVE_DRAIN_MS);
     kiln_server_stop(&server, KILN_SERVE_DRAIN_MS);
+    kiln_rollout_free(rollout);
     kiln_manager_free(mgr);
     kiln_batch_stats_free(bstats);
     fprintf(stderr, "kiln serve: stopped\n");
