@@ -304,9 +304,12 @@ class _TmpFactory:
 
 
 def test_split_reload(split):
+    d = Driver(split.port, "split", threads=4)  # traffic while route tables are swapped
     text = SPLIT.replace("weight: 70", "weight: 0").replace("weight: 30", "weight: 1")
     split.rollout.write_text(text)
     wait_state(split, "split", lambda st: [w["version"] for w in st["weights"]] == [2], timeout=20)
+    d.stop()
+    assert None not in d.answers and d.sent > 0, d.answers
     assert all(predict(split.port, [[1.0, 1.0, 1.0]], "/v1/models/split:predict") == 2
                for _ in range(30))
     # a broken file is refused and logged; the running split stays
