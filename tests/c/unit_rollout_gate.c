@@ -94,7 +94,7 @@ int main(void)
     uint64_t hc[KILN_GATE_LAT_BUCKETS] = {0}, hb[KILN_GATE_LAT_BUCKETS] = {0};
     hc[20] = 1000;
     hb[20] = 1000;
-    kiln_gate_arm c = {1000, 0, hc}, b = {1000, 0, hb};
+    kiln_gate_arm c = {1000, 0, hc, NULL, 0}, b = {1000, 0, hb, NULL, 0};
     kiln_gate_result r;
     kiln_gate_evaluate(&gp, &c, &b, &r);
     CHECK(r.verdict == KILN_GATE_PASS, "equal arms: %d %s", r.verdict, r.reason);
@@ -119,5 +119,13 @@ int main(void)
     gp.max_p99_latency_ratio = -1; /* gate off */
     kiln_gate_evaluate(&gp, &c, &b, &r);
     CHECK(r.verdict == KILN_GATE_PASS, "gate off: %d %s", r.verdict, r.reason);
+
+    /* another bucket layout (Prometheus' le bounds): the same ranks */
+    static const double le[] = {100, 200, 400, INFINITY};
+    uint64_t hp[4] = {50, 40, 9, 1};
+    kiln_gate_arm pa = {100, 0, hp, le, 4};
+    CHECK(near(kiln_gate_arm_rank(&pa, 50), 100.0, 1e-9), "%g", kiln_gate_arm_rank(&pa, 50));
+    CHECK(near(kiln_gate_arm_rank(&pa, 70), 150.0, 1e-9), "%g", kiln_gate_arm_rank(&pa, 70));
+    CHECK(near(kiln_gate_arm_rank(&pa, 100), 400.0, 1e-9), "overflow: %g", kiln_gate_arm_rank(&pa, 100));
     return CHECK_DONE();
 }

@@ -128,27 +128,44 @@ void kiln_gate_quantile_ranks(uint64_t n, double p, double conf, uint64_t *lo, u
     }
 }
 
-double kiln_gate_hist_rank(const uint64_t *hist, uint64_t r)
+static double bound_of(const kiln_gate_arm *a, int i)
+{
+    return a->bounds ? a->bounds[i] : kiln_gate_bucket_bound(i);
+}
+
+static int buckets_of(const kiln_gate_arm *a)
+{
+    return a->bounds ? a->n_buckets : KILN_GATE_LAT_BUCKETS;
+}
+
+double kiln_gate_arm_rank(const kiln_gate_arm *a, uint64_t r)
 {
     if (r == 0) return 0.0;
     uint64_t cum = 0;
-    for (int i = 0; i < KILN_GATE_LAT_BUCKETS; i++) {
-        if (hist[i] == 0) continue;
-        if (cum + hist[i] >= r) {
-            double lo = i == 0 ? 0.0 : kiln_gate_bucket_bound(i - 1);
-            if (i == KILN_GATE_LAT_BUCKETS - 1) return lo;
-            double hi = kiln_gate_bucket_bound(i);
-            return lo + (hi - lo) * (double)(r - cum) / (double)hist[i];
+    int n = buckets_of(a);
+    for (int i = 0; i < n; i++) {
+        if (a->hist[i] == 0) continue;
+        if (cum + a->hist[i] >= r) {
+            double lo = i == 0 ? 0.0 : bound_of(a, i - 1);
+            double hi = bound_of(a, i);
+            if (!isfinite(hi)) return lo;
+            return lo + (hi - lo) * (double)(r - cum) / (double)a->hist[i];
         }
-        cum += hist[i];
+        cum += a->hist[i];
     }
     return INFINITY;
 }
 
-static uint64_t hist_total(const uint64_t *h)
+double kiln_gate_hist_rank(const uint64_t *hist, uint64_t r)
+{
+    kiln_gate_arm a = {0, 0, hist, NULL, 0};
+    return kiln_gate_arm_rank(&a, r);
+}
+
+static uint64_t hist_total(const kiln_gate_arm *a)
 {
     uint64_t n = 0;
-    for (int i = 0; i < KILN_GATE_LAT_BUCKETS; i++) n += h[i];
+    for (int i = 0; i < buckets_of(a); i++) n += a->hist[i];
     return n;
 }
 
@@ -182,18 +199,18 @@ void kiln_gate_evaluate(const kiln_gate_params *p, const kiln_gate_arm *c, const
         }
     }
     if (c->hist && b->hist) {
-        uint64_t nc = hist_total(c->hist), nb = hist_total(b->hist);
+        uint64_t nc = hist_total(c), nb = hist_total(b);
         uint64_t mid_c = (uint64_t)ceil(0.99 * (double)nc), mid_b = (uint64_t)ceil(0.99 * (double)nb);
-        out->p99_candidate = nc ? kiln_gate_hist_rank(c->hist, mid_c) : 0.0;
-        out->p99_baseline = nb ? kiln_gate_hist_rank(b->hist, mid_b) : 0.0;
+        out->p99_candidate = nc ? kiln_gate_arm_rank(c, mid_c) : 0.0;
+        out->p99_baseline = nb ? kiln_gate_arm_rank(b, mid_b) : 0.0;
         if (p->max_p99_latency_ratio > 0 && !fail) {
             uint64_t cl, ch, bl, bh;
             kiln_gate_quantile_ranks(nc, 0.99, conf, &cl, &ch);
             kiln_gate_quantile_ranks(nb, 0.99, conf, &bl, &bh);
-            double c_lo = kiln_gate_hist_rank(c->hist, cl);
-            double c_hi = ch > nc ? INFINITY : kiln_gate_hist_rank(c->hist, ch);
-            double b_lo = kiln_gate_hist_rank(b->hist, bl);
-            double b_hi = bh > nb ? INFINITY : kiln_gate_hist_rank(b->hist, bh);
+            double c_lo = kiln_gate_arm_rank(c, cl);
+            double c_hi = ch > nc ? INFINITY : kiln_gate_arm_rank(c, ch);
+            double b_lo = kiln_gate_arm_rank(b, bl);
+            double b_hi = bh > nb ? INFINITY : kiln_gate_arm_rank(b, bh);
             double r = p->max_p99_latency_ratio;
             double slack = p->p99_slack_us > 0 ? p->p99_slack_us : 0.0;
             if (cl > 0 && isfinite(b_hi) && c_lo > r * b_hi && c_lo - b_hi > slack) {

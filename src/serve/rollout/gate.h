@@ -43,7 +43,13 @@ typedef enum kiln_gate_verdict { KILN_GATE_PASS = 0, KILN_GATE_HOLD = 1, KILN_GA
 typedef struct kiln_gate_arm {
     uint64_t requests;                    /* every run, failed or not */
     uint64_t errors;                      /* runs whose code was not OK */
-    const uint64_t *hist;                 /* KILN_GATE_LAT_BUCKETS counts, or NULL */
+    const uint64_t *hist;                 /* n_buckets counts, or NULL */
+    /* The histogram's bucket upper bounds (us, increasing; the last may be
+     * +inf) and their number: NULL / 0 for Kiln's own layout
+     * (KILN_GATE_LAT_BUCKETS, kiln_gate_bucket_bound), or another layout,
+     * e.g. Prometheus' le bounds of kiln_request_latency_us_bucket. */
+    const double *bounds;
+    int n_buckets;
 } kiln_gate_arm;
 
 typedef struct kiln_gate_params {
@@ -82,6 +88,8 @@ void kiln_gate_quantile_ranks(uint64_t n, double p, double conf, uint64_t *lo, u
  * linearly within its bucket (0 for r = 0, +inf past the last sample; the
  * overflow bucket's lower edge for a rank in it). */
 double kiln_gate_hist_rank(const uint64_t *hist, uint64_t r);
+/* The same over an arm's own bucket layout. */
+double kiln_gate_arm_rank(const kiln_gate_arm *a, uint64_t r);
 /* The window's verdict. */
 void kiln_gate_evaluate(const kiln_gate_params *p, const kiln_gate_arm *candidate,
                         const kiln_gate_arm *baseline, kiln_gate_result *out);

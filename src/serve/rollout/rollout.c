@@ -663,7 +663,7 @@ static int evaluate(kiln_rollout *r, mstate *m)
     if (!m->window_open) open_window(r, m);
     wcount c, b;
     window(r, m, &c, &b);
-    kiln_gate_arm ac = {c.ok + c.err, c.err, c.hist}, ab = {b.ok + b.err, b.err, b.hist};
+    kiln_gate_arm ac = {c.ok + c.err, c.err, c.hist, NULL, 0}, ab = {b.ok + b.err, b.err, b.hist, NULL, 0};
     m->win_c = ac.requests;
     m->win_b = ab.requests;
     kiln_gate_evaluate(&m->gp, &ac, &ab, &m->last);
