@@ -18,6 +18,7 @@ import http.client
 import json
 import math
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -86,7 +87,8 @@ def save_slow(path, a, layers=8, n=256):
 class Rollout(test_serve.Server):
     """kiln serve with a model config file and a rollout file."""
 
-    def __init__(self, root, models, rollout, *extra, address="127.0.0.1", grpc_port=0):
+    def __init__(self, root, models, rollout, *extra, address="127.0.0.1", grpc_port=0,
+                 log_name="server.log"):
         self.root = root
         self.port = free_port()
         self.grpc = grpc_port
@@ -99,7 +101,7 @@ class Rollout(test_serve.Server):
             self.rollout.write_text(rollout)
         mon = root / "monitoring.config"
         mon.write_text(test_serve.PROMETHEUS)
-        self.log = open(root / "server.log", "a+")
+        self.log = open(root / log_name, "a+")
         self.proc = subprocess.Popen(
             [KILN, "serve", f"--model_config_file={cfg}", f"--rest_api_port={self.port}",
              f"--rest_api_address={address}", "--rest_api_num_threads=8",
@@ -145,7 +147,8 @@ class Driver:
     version until stop() or until `max_requests` or `max_seconds`."""
 
     def __init__(self, port, model, threads=6, max_requests=30000, max_seconds=90, two_rows_every=0):
-        self.port, self.model = port, model
+        self.ports = port if isinstance(port, list) else [port]  # several: round robin
+        self.model = model
         self.stopped = threading.Event()
         self.sent = 0
         self.answers = {}
@@ -157,23 +160,25 @@ class Driver:
             t.start()
 
     def _run(self):
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
+        conns = {p: http.client.HTTPConnection("127.0.0.1", p, timeout=60) for p in self.ports}
         while not self.stopped.is_set() and time.time() < self.deadline:
             with self.lock:
                 if self.sent >= self.max_requests:
                     break
                 self.sent += 1
                 i = self.sent
+            port = self.ports[i % len(self.ports)]
             rows = [[1.0, 2.0, 3.0]] * (2 if self.two and i % self.two == 0 else 1)
             try:
-                v = predict(self.port, rows, f"/v1/models/{self.model}:predict", conn=conn)
+                v = predict(port, rows, f"/v1/models/{self.model}:predict", conn=conns[port])
             except (OSError, http.client.HTTPException):
-                conn.close()
-                conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
+                conns[port].close()
+                conns[port] = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
                 continue
             with self.lock:
                 self.answers[v] = self.answers.get(v, 0) + 1
-        conn.close()
+        for c in conns.values():
+            c.close()
 
     def stop(self):
         self.stopped.set()
@@ -503,6 +508,108 @@ def test_admin_endpoints(tmp_path):
         srv.kill()
     if not addr:
         pytest.skip("no non-loopback address on this host: the refusal from a remote peer is untested")
+
+
+# ------------------------------------------------------------------ a fleet
+
+FLEET = """
+model_rollouts {
+  model_name: "m"
+  canary {
+    candidate_version: 2
+    baseline_version: 1
+    steps: [20, 50, 100]
+    min_requests: 200
+    min_step_seconds: 2
+    # Prometheus' latency buckets are 1.8x wide: a p99 ratio under 2 is not resolvable
+    gates { max_error_rate_increase: 0.02 max_p99_latency_ratio: 3 }
+  }
+}
+"""
+
+
+@pytest.mark.parametrize("candidate,expect", [(save_scale, "promoted"), (save_one_row, "rolled_back")])
+def test_fleet_rollout_controller(tmp_path, candidate, expect):
+    """Three replicas behind a round-robin client, a real Prometheus scraping
+    them every second, and `kiln rollout-controller` judging the canary from
+    Prometheus: every replica follows the file it writes."""
+    prom = shutil.which("prometheus")
+    if not prom:
+        pytest.skip("prometheus (Debian package prometheus) is not installed")
+    save_scale(tmp_path / "m" / "1" / "model.onnx", 1.0)
+    candidate(tmp_path / "m" / "2" / "model.onnx", 2.0)
+    rollout = tmp_path / "rollout.config"
+    rollout.write_text(FLEET)
+    procs, replicas = [], []
+    try:
+        # The controller takes the canary over first, so no replica judges it alone.
+        ctl_log = open(tmp_path / "controller.log", "a+")
+        pport = free_port()
+        ctl = [KILN, "rollout-controller", f"--prometheus=http://127.0.0.1:{pport}",
+               f"--rollout_config_file={rollout}", "--interval_seconds=1"]
+        subprocess.run(ctl + ["--once"], stderr=ctl_log, check=True, timeout=60)
+        assert "controlled: true" in rollout.read_text()
+        replicas = [Rollout(tmp_path, ["m"], None, log_name=f"replica{i}.log") for i in range(3)]
+        for r in replicas:
+            st = r.rollouts("m")
+            assert st["controlled"] and st["state"] == "progressing" and st["step_percent"] == 20, st
+        cfg = tmp_path / "prometheus.yml"
+        cfg.write_text("global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
+                       "scrape_configs:\n  - job_name: kiln\n"
+                       "    metrics_path: /monitoring/prometheus/metrics\n"
+                       "    static_configs:\n      - targets: [" +
+                       ", ".join(f"'127.0.0.1:{r.port}'" for r in replicas) + "]\n")
+        procs.append(subprocess.Popen(
+            [prom, f"--config.file={cfg}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+             f"--web.listen-address=127.0.0.1:{pport}"],
+            stdout=subprocess.DEVNULL, stderr=open(tmp_path / "prometheus.log", "w")))
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            try:
+                c = http.client.HTTPConnection("127.0.0.1", pport, timeout=5)
+                c.request("GET", "/-/ready")
+                if c.getresponse().status == 200:
+                    break
+            except OSError:
+                pass
+            time.sleep(0.2)
+        procs.append(subprocess.Popen(ctl, stderr=ctl_log))
+        d = Driver([r.port for r in replicas], "m", threads=6, max_seconds=120, max_requests=400000,
+                   two_rows_every=4 if expect == "rolled_back" else 0)
+        deadline = time.time() + 120
+        states = []
+        while time.time() < deadline:
+            states = [r.rollouts("m") for r in replicas]
+            if all(s["state"] == expect for s in states):
+                break
+            time.sleep(0.5)
+        d.stop()
+        ctl_log.flush()
+        ctl_log.seek(0)
+        ctl_text = ctl_log.read()
+        assert procs[1].poll() is None, ("the controller exited", procs[1].returncode, ctl_text)
+        assert all(s["state"] == expect for s in states), (states, ctl_text, d.answers)
+        reason = states[0]["reason"]
+        assert "(fleet, from Prometheus)" in reason and all(s["reason"] == reason for s in states)
+        if expect == "rolled_back":
+            assert "error rate" in reason, reason
+            assert all([w["version"] for w in s["weights"]] == [1] for s in states)
+        else:
+            assert all([w["version"] for w in s["weights"]] == [2] for s in states)
+            for r in replicas:  # each replica moved stable itself
+                assert predict(r.port, [[1.0, 1.0, 1.0]], "/v1/models/m/labels/stable:predict") == 2
+        events = [json.loads(line)["event"] for line in ctl_text.splitlines()
+                  if line.startswith("{") and "rollout-controller" in line]
+        assert events[0] == "start" and events[-1] == ("promote" if expect == "promoted" else "rollback")
+    finally:
+        for p in procs:
+            p.terminate()
+            try:
+                p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        for r in replicas:
+            r.kill()
 
 
 # ------------------------------------------------------------------ bad files

@@ -136,6 +136,18 @@ static kiln_status check_canary(const check_ctx *c, const char *m, const KilnRol
         return fail(c, m, "canary.min_requests = %lld: must be >= 0", (long long)k->min_requests);
     if (k->min_step_seconds < 0)
         return fail(c, m, "canary.min_step_seconds = %d: must be >= 0", k->min_step_seconds);
+    if (k->controlled) {
+        static const char *const states[] = {"", "progressing", "paused", "promoted", "rolled_back"};
+        int ok = 0;
+        for (size_t i = 0; i < sizeof states / sizeof states[0]; i++)
+            ok |= k->state && strcmp(k->state, states[i]) == 0;
+        if (!ok)
+            return fail(c, m, "canary.state = '%.40s': progressing, paused, promoted or rolled_back",
+                        k->state ? k->state : "");
+        int n = k->n_steps ? (int)k->n_steps : 3;
+        if (k->step < 0 || k->step >= n)
+            return fail(c, m, "canary.step = %d: an index into the %d steps", k->step, n);
+    }
     const KilnRollout__Gates *g = k->gates;
     if (g) {
         if (g->confidence != 0 && !(g->confidence > 0.5 && g->confidence < 1))

@@ -82,6 +82,8 @@ typedef struct mstate {
     int min_step_seconds;
     kiln_gate_params gp;
     int window_open, holding;
+    int controlled;                      /* the file carries the state (kiln rollout-controller) */
+    int label_moved;                     /* controlled and promoted: stable was moved */
     double step_start;                   /* monotonic seconds */
     wcount snap_c, snap_b;
     kiln_gate_result last;
@@ -469,14 +471,15 @@ static void republish(kiln_rollout *r)
 static void persist(kiln_rollout *r)
 {
     int canaries = 0; /* splits alone have no state: write nothing (the file's folder may be read-only) */
-    for (int i = 0; i < r->n_models; i++) canaries += r->models[i].mr->canary != NULL;
+    for (int i = 0; i < r->n_models; i++)
+        canaries += r->models[i].mr->canary != NULL && !r->models[i].controlled;
     if (!canaries) return;
     kiln_sbuf b = {0};
     kiln_sbuf_puts(&b, "{\"rollouts\": [");
     int first = 1;
     for (int i = 0; i < r->n_models; i++) {
         mstate *m = &r->models[i];
-        if (!m->mr->canary) continue;
+        if (!m->mr->canary || m->controlled) continue;
         kiln_sbuf_puts(&b, first ? "\n  {\"model\": " : ",\n  {\"model\": ");
         first = 0;
         kiln_sbuf_json_string(&b, m->model, strlen(m->model));
@@ -533,7 +536,7 @@ static void restore(kiln_rollout *r)
         if (tm < 0 || tc < 0 || ts < 0 || tp < 0) continue;
         for (int i = 0; i < r->n_models; i++) {
             mstate *m = &r->models[i];
-            if (!m->mr->canary || !kiln_json_string_eq(&d, tm, m->model) ||
+            if (!m->mr->canary || m->controlled || !kiln_json_string_eq(&d, tm, m->model) ||
                 !kiln_json_string_eq(&d, tc, m->cand_spec))
                 continue;
             int64_t step = -1, bv = -1, cv = -1;
@@ -575,11 +578,18 @@ static void state_init(mstate *m, const KilnRollout__ModelRollout *mr)
     else
         snprintf(m->cand_spec, sizeof m->cand_spec, "label %.140s", k->candidate_label);
     m->state = k->paused ? ST_PAUSED : ST_PROGRESSING;
+    m->controlled = k->controlled;
     static const double def_steps[] = {5, 50, 100};
     m->n_steps = k->n_steps ? (int)k->n_steps : 3;
     for (int i = 0; i < m->n_steps; i++) m->steps[i] = k->n_steps ? k->steps[i] : def_steps[i];
     m->min_requests = k->min_requests ? k->min_requests : 100;
     m->min_step_seconds = k->min_step_seconds ? k->min_step_seconds : 60;
+    if (k->controlled) { /* the file carries the fleet's state (kiln rollout-controller) */
+        for (int s = ST_PROGRESSING; s < ST_N; s++)
+            if (k->state && strcmp(k->state, state_names[s]) == 0) m->state = (rstate)s;
+        if (k->step >= 0 && k->step < m->n_steps) m->step = k->step;
+        snprintf(m->reason, sizeof m->reason, "%s", k->reason ? k->reason : "");
+    }
     const KilnRollout__Gates *g = k->gates;
     m->gp.confidence = g && g->confidence ? g->confidence : 0.95;
     m->gp.max_error_rate_increase = g && g->max_error_rate_increase ? g->max_error_rate_increase : 0.01;
@@ -592,7 +602,8 @@ static int same_canary(const mstate *a, const KilnRollout__ModelRollout *mr)
 {
     mstate tmp;
     state_init(&tmp, mr);
-    if (!a->mr->canary || !mr->canary || strcmp(a->model, tmp.model) != 0 ||
+    if (!a->mr->canary || !mr->canary || a->controlled || tmp.controlled ||
+        strcmp(a->model, tmp.model) != 0 ||
         strcmp(a->cand_spec, tmp.cand_spec) != 0 || a->n_steps != tmp.n_steps)
         return 0;
     for (int i = 0; i < a->n_steps; i++)
@@ -651,8 +662,20 @@ static void do_rollback(kiln_rollout *r, mstate *m, const char *why)
 /* One evaluation of a canary (under r->mu). Returns 1 when the state changed. */
 static int evaluate(kiln_rollout *r, mstate *m)
 {
-    if (m->state != ST_PROGRESSING && m->state != ST_PAUSED) return 0;
     avail_ctx a;
+    if (m->controlled) {
+        list_available(r, m->model, &a);
+        if (!resolve_canary(r, m, &a)) return 0;
+        if (m->state == ST_PROMOTED && !m->label_moved) {
+            char err[KILN_JSON_ERR_LEN];
+            if (kiln_manager_set_label(r->mgr, m->model, "stable", m->candidate, err) == KILN_OK)
+                m->label_moved = 1;
+        }
+        snprintf(m->status, sizeof m->status, "controlled by kiln rollout-controller: %s at step "
+                 "%d (%g%%)", state_names[m->state], m->step + 1, step_percent(m));
+        return 0;
+    }
+    if (m->state != ST_PROGRESSING && m->state != ST_PAUSED) return 0;
     list_available(r, m->model, &a);
     if (!resolve_canary(r, m, &a)) return 0;
     if (m->state == ST_PAUSED) {
@@ -944,6 +967,7 @@ static void write_model_json(kiln_rollout *r, const mstate *m, kiln_sbuf *b)
     kiln_sbuf_printf(b, ", \"state\": \"%s\", \"kind\": \"%s\"", state_names[m->state],
                      m->mr->canary ? "canary" : "split");
     if (m->mr->canary) {
+        kiln_sbuf_printf(b, ", \"controlled\": %s", m->controlled ? "true" : "false");
         kiln_sbuf_puts(b, ", \"candidate\": ");
         kiln_sbuf_json_string(b, m->cand_spec, strlen(m->cand_spec));
         kiln_sbuf_printf(b, ", \"candidate_version\": %" PRId64 ", \"baseline_version\": %" PRId64
@@ -1115,6 +1139,7 @@ static void admin(void *ctx, kiln_server *s, const kiln_http_request *req, kiln_
         int active = m->state == ST_PROGRESSING || m->state == ST_PAUSED;
         const char *bad = NULL;
         if (!m->mr->canary) bad = "has a static split, not a canary";
+        else if (m->controlled) bad = "is controlled by kiln rollout-controller (change it there)";
         else if (strcmp(action, "pause") == 0) {
             if (m->state != ST_PROGRESSING) bad = "is not progressing";
             else {
