@@ -16,6 +16,7 @@ pkgs+=(python3-yaml python3-jsonschema)  # checking deploy/k8s manifests (docs/D
 # (e.g. NodeSource's nodejs, which bundles npm and conflicts with Debian's npm)
 command -v npm >/dev/null 2>&1 || pkgs+=(nodejs npm)
 pkgs+=(python3-xgboost)  # XGBoost model files: tests/python/test_xgboost.py, bench/trees
+pkgs+=(prometheus)  # kiln rollout-controller against a real Prometheus: tests/python/test_rollout.py
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
