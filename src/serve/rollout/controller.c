@@ -311,13 +311,7 @@ static kiln_status prom_query(const prom_url *u, const char *q, char **body, siz
     return KILN_OK;
 }
 
-/* One sample of an instant vector: its labels of interest and value. */
-typedef struct prom_sample {
-    int64_t version;
-    char outcome[16];
-    double le;
-    double value;
-} prom_sample;
+typedef kiln_prom_sample prom_sample;
 
 static double label_double(const kiln_json_doc *d, int t)
 {
@@ -326,6 +320,66 @@ static double label_double(const kiln_json_doc *d, int t)
     double v = strcmp(s, "+Inf") == 0 ? INFINITY : strtod(s, NULL);
     free(s);
     return v;
+}
+
+kiln_status kiln_prom_parse_vector(const char *body, size_t len, kiln_prom_sample *out, int cap,
+                                   int *n, char *err)
+{
+    *n = 0;
+    kiln_status st = KILN_OK;
+    kiln_json_doc d;
+    char jerr[KILN_JSON_ERR_LEN];
+    if (kiln_json_parse(body, len, 16, &d, jerr) != KILN_OK) {
+        snprintf(err, 512, "prometheus: %.480s", jerr);
+        return KILN_ERR_IO;
+    }
+    if (d.tok[0].type != KILN_JSON_OBJECT) {
+        snprintf(err, 512, "prometheus: the answer is not a JSON object");
+        kiln_json_doc_free(&d);
+        return KILN_ERR_IO;
+    }
+    int data = kiln_json_object_get(&d, 0, "data");
+    int res = data >= 0 && d.tok[data].type == KILN_JSON_OBJECT ? kiln_json_object_get(&d, data, "result") : -1;
+    if (res < 0 || d.tok[res].type != KILN_JSON_ARRAY) {
+        snprintf(err, 512, "prometheus: no data.result array in the answer");
+        kiln_json_doc_free(&d);
+        return KILN_ERR_IO;
+    }
+    for (uint32_t e = (uint32_t)res + 1, k = 0; k < d.tok[res].size;
+         k++, e = d.tok[e].next) {
+        if (*n == cap) break;
+        if (d.tok[e].type != KILN_JSON_OBJECT) continue;
+        int met = kiln_json_object_get(&d, (int)e, "metric"), val = kiln_json_object_get(&d, (int)e, "value");
+        if (met < 0 || val < 0 || d.tok[met].type != KILN_JSON_OBJECT ||
+            d.tok[val].type != KILN_JSON_ARRAY || d.tok[val].size != 2)
+            continue;
+        prom_sample *s = &out[*n];
+        memset(s, 0, sizeof *s);
+        s->version = -1;
+        s->le = NAN;
+        int tv = kiln_json_object_get(&d, met, "version"), to = kiln_json_object_get(&d, met, "outcome");
+        int tl = kiln_json_object_get(&d, met, "le");
+        int tval = (int)d.tok[val + 1].next;
+        if ((tv >= 0 && d.tok[tv].type != KILN_JSON_STRING) ||
+            (to >= 0 && d.tok[to].type != KILN_JSON_STRING) ||
+            (tl >= 0 && d.tok[tl].type != KILN_JSON_STRING) || d.tok[tval].type != KILN_JSON_STRING)
+            continue;
+        if (tv >= 0) {
+            double v = label_double(&d, tv);
+            s->version = isfinite(v) && v >= 0 ? (int64_t)v : -1;
+        }
+        if (to >= 0) {
+            char *o = kiln_json_string_dup(&d, to, NULL);
+            if (o) snprintf(s->outcome, sizeof s->outcome, "%s", o);
+            free(o);
+        }
+        if (tl >= 0) s->le = label_double(&d, tl);
+        s->value = label_double(&d, tval);
+        if (!isfinite(s->value) || s->value < 0) s->value = 0;
+        (*n)++;
+    }
+    kiln_json_doc_free(&d);
+    return st;
 }
 
 /* Run q and collect (version, outcome, le, value) of each sample. */
@@ -337,45 +391,8 @@ static kiln_status prom_vector(const prom_url *u, const char *q, prom_sample *ou
     *n = 0;
     kiln_status st = prom_query(u, q, &body, &len, err);
     if (st != KILN_OK) return st;
-    kiln_json_doc d;
-    char jerr[KILN_JSON_ERR_LEN];
-    if (kiln_json_parse(body, len, 16, &d, jerr) != KILN_OK) {
-        snprintf(err, 512, "prometheus: %.480s", jerr);
-        free(body);
-        return KILN_ERR_IO;
-    }
-    int data = kiln_json_object_get(&d, 0, "data");
-    int res = data >= 0 ? kiln_json_object_get(&d, data, "result") : -1;
-    if (res < 0 || d.tok[res].type != KILN_JSON_ARRAY) {
-        snprintf(err, 512, "prometheus: no data.result in the answer to '%.200s'", q);
-        st = KILN_ERR_IO;
-    }
-    for (uint32_t e = (uint32_t)res + 1, k = 0; st == KILN_OK && k < d.tok[res].size;
-         k++, e = d.tok[e].next) {
-        if (*n == cap) break;
-        int met = kiln_json_object_get(&d, (int)e, "metric"), val = kiln_json_object_get(&d, (int)e, "value");
-        if (met < 0 || val < 0 || d.tok[val].type != KILN_JSON_ARRAY || d.tok[val].size != 2) continue;
-        prom_sample *s = &out[*n];
-        memset(s, 0, sizeof *s);
-        s->version = -1;
-        s->le = NAN;
-        int tv = kiln_json_object_get(&d, met, "version"), to = kiln_json_object_get(&d, met, "outcome");
-        int tl = kiln_json_object_get(&d, met, "le");
-        if (tv >= 0) {
-            double v = label_double(&d, tv);
-            s->version = isfinite(v) && v >= 0 ? (int64_t)v : -1;
-        }
-        if (to >= 0) {
-            char *o = kiln_json_string_dup(&d, to, NULL);
-            if (o) snprintf(s->outcome, sizeof s->outcome, "%s", o);
-            free(o);
-        }
-        if (tl >= 0) s->le = label_double(&d, tl);
-        s->value = label_double(&d, (int)d.tok[val + 1].next);
-        if (!isfinite(s->value) || s->value < 0) s->value = 0;
-        (*n)++;
-    }
-    kiln_json_doc_free(&d);
+    st = kiln_prom_parse_vector(body, len, out, cap, n, err);
+    if (st != KILN_OK) fprintf(stderr, "kiln rollout-controller: query %.300s\n", q);
     free(body);
     return st;
 }

@@ -17,6 +17,8 @@
 #define KILN_SERVE_ROLLOUT_CONTROLLER_H
 
 #include <signal.h>
+#include <stddef.h>
+#include <stdint.h>
 
 #include <protobuf-c/protobuf-c.h>
 
@@ -33,6 +35,21 @@ typedef struct kiln_rollout_controller_options {
  * with err (512 bytes) set when the file cannot be used at all. */
 kiln_status kiln_rollout_controller_run(const kiln_rollout_controller_options *o,
                                         volatile sig_atomic_t *stop, char *err);
+
+/* One sample of a Prometheus instant vector: the labels the controller
+ * reads (version, outcome, le; -1, "", NaN when absent) and the value. */
+typedef struct kiln_prom_sample {
+    int64_t version;
+    char outcome[16];
+    double le;
+    double value;                /* >= 0 and finite (others read as 0) */
+} kiln_prom_sample;
+/* Parse the JSON body of Prometheus' /api/v1/query answer (a vector):
+ * at most cap samples into out, *n of them. Samples of another shape are
+ * skipped; KILN_ERR_IO with err (512 bytes) when the body is not such an
+ * answer at all. */
+kiln_status kiln_prom_parse_vector(const char *body, size_t len, kiln_prom_sample *out, int cap,
+                                   int *n, char *err);
 
 /* The protobuf text format of msg (fields in declaration order; proto3
  * fields at their zero value are left out), appended to b. For the
