@@ -186,7 +186,8 @@ static kiln_status check(const check_ctx *c, const KilnRollout__RolloutConfig *c
         const KilnRollout__ModelRollout *mr = cfg->model_rollouts[i];
         const char *m = mr->model_name;
         if (!m || !m[0]) return fail(c, NULL, "model_rollouts[%zu] has no model_name", i);
-        if (strlen(m) >= 128) return fail(c, NULL, "model_rollouts[%zu]: model_name longer than 127 bytes", i);
+        if (strlen(m) >= 128)
+            return fail(c, NULL, "model_rollouts[%zu]: model_name longer than 127 bytes", i);
         for (size_t j = 0; j < i; j++)
             if (strcmp(cfg->model_rollouts[j]->model_name, m) == 0)
                 return fail(c, m, "model_name given twice (model_rollouts[%zu] and [%zu])", j, i);

@@ -339,7 +339,9 @@ kiln_status kiln_prom_parse_vector(const char *body, size_t len, kiln_prom_sampl
         return KILN_ERR_IO;
     }
     int data = kiln_json_object_get(&d, 0, "data");
-    int res = data >= 0 && d.tok[data].type == KILN_JSON_OBJECT ? kiln_json_object_get(&d, data, "result") : -1;
+    int res = data >= 0 && d.tok[data].type == KILN_JSON_OBJECT
+                  ? kiln_json_object_get(&d, data, "result")
+                  : -1;
     if (res < 0 || d.tok[res].type != KILN_JSON_ARRAY) {
         snprintf(err, 512, "prometheus: no data.result array in the answer");
         kiln_json_doc_free(&d);
@@ -433,7 +435,8 @@ static kiln_status window_of(const prom_url *u, const char *model, int64_t cand,
     memset(c, 0, sizeof *c);
     memset(b, 0, sizeof *b);
     snprintf(q, sizeof q,
-             "sum by (version, outcome) (increase(kiln_rollout_requests_total{model_name=\"%s\"}[%" PRId64 "s]))",
+             "sum by (version, outcome) "
+             "(increase(kiln_rollout_requests_total{model_name=\"%s\"}[%" PRId64 "s]))",
              m, seconds);
     kiln_status st = prom_vector(u, q, s, 4096, &n, err);
     if (st != KILN_OK) return st;
@@ -445,7 +448,8 @@ static kiln_status window_of(const prom_url *u, const char *model, int64_t cand,
         else a->ok += v;
     }
     snprintf(q, sizeof q,
-             "sum by (version, le) (increase(kiln_request_latency_us_bucket{model_name=\"%s\"}[%" PRId64 "s]))",
+             "sum by (version, le) "
+             "(increase(kiln_request_latency_us_bucket{model_name=\"%s\"}[%" PRId64 "s]))",
              m, seconds);
     st = prom_vector(u, q, s, 4096, &n, err);
     if (st != KILN_OK) return st;
@@ -632,7 +636,8 @@ kiln_status kiln_rollout_controller_run(const kiln_rollout_controller_options *o
 {
     prom_url u;
     if (!o->prometheus || !parse_url(o->prometheus, &u)) {
-        snprintf(err, 512, "--prometheus '%.200s': an http://host:port URL", o->prometheus ? o->prometheus : "");
+        snprintf(err, 512, "--prometheus '%.200s': an http://host:port URL",
+                 o->prometheus ? o->prometheus : "");
         return KILN_ERR_INVALID_ARGUMENT;
     }
     KilnRollout__RolloutConfig *cfg;

@@ -528,7 +528,8 @@ static void restore(kiln_rollout *r)
     }
     for (uint32_t e = (uint32_t)arr + 1, k = 0; k < d.tok[arr].size; k++, e = d.tok[e].next) {
         if (d.tok[e].type != KILN_JSON_OBJECT) continue;
-        int tm = kiln_json_object_get(&d, (int)e, "model"), tc = kiln_json_object_get(&d, (int)e, "candidate");
+        int tm = kiln_json_object_get(&d, (int)e, "model");
+        int tc = kiln_json_object_get(&d, (int)e, "candidate");
         int ts = kiln_json_object_get(&d, (int)e, "state"), tp = kiln_json_object_get(&d, (int)e, "step");
         int tb = kiln_json_object_get(&d, (int)e, "baseline_version");
         int tcv = kiln_json_object_get(&d, (int)e, "candidate_version");
