@@ -17,7 +17,8 @@ pkgs+=(libgnutls28-dev openssl)  # TLS on both ports; test certificates (tests/p
 # (e.g. NodeSource's nodejs, which bundles npm and conflicts with Debian's npm)
 command -v npm >/dev/null 2>&1 || pkgs+=(nodejs npm)
 pkgs+=(python3-xgboost)  # XGBoost model files: tests/python/test_xgboost.py, bench/trees
-pkgs+=(prometheus)  # promtool and a real Prometheus: deploy/prometheus, tests/python/test_dashboards.py
+pkgs+=(prometheus)  # promtool and a real Prometheus: deploy/prometheus, tests/python/test_dashboards.py,
+                    # kiln rollout-controller (tests/python/test_rollout.py)
 pkgs+=(wrk)  # the shadow traffic load check: tests/python/test_shadow.py
 missing=()
 for p in "${pkgs[@]}"; do

@@ -84,9 +84,9 @@ foreach(target manifest encfile)
   set_tests_properties(fuzz_replay_${target} PROPERTIES TIMEOUT 300
     ENVIRONMENT "ASAN_OPTIONS=detect_leaks=1:abort_on_error=0;UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1")
 endforeach()
-# The gRPC server's HTTP/2 transport and request decoders, and the bearer token
-# file (the kiln_serve library).
-foreach(target grpc_frames tensor_proto token_file)
+# The gRPC server's HTTP/2 transport and request decoders, the bearer token
+# file, and the rollout file (the kiln_serve library).
+foreach(target grpc_frames tensor_proto token_file rollout_config prom_vector)
   add_executable(kiln_fuzz_replay_${target}
     ${PROJECT_SOURCE_DIR}/fuzz/replay_main.c ${PROJECT_SOURCE_DIR}/fuzz/fuzz_${target}.c)
   target_link_libraries(kiln_fuzz_replay_${target} PRIVATE kiln_serve)

@@ -44,6 +44,7 @@ typedef struct kiln_cli_command {
 int kiln_cmd_inspect(int argc, char **argv);
 int kiln_cmd_predict(int argc, char **argv);
 int kiln_cmd_serve(int argc, char **argv);
+int kiln_cmd_rollout_controller(int argc, char **argv);
 int kiln_cmd_bench(int argc, char **argv);
 /* cmd_security.c: signing and encrypting model folders (docs/SECURITY.md) */
 int kiln_cmd_keygen(int argc, char **argv);

@@ -27,6 +27,7 @@
 #include "serve/reqlog/reqlog.h"
 #include "serve/monitor/monitor.h"
 #include "serve/grpc/grpc.h"
+#include "serve/rollout/rollout.h"
 #include "serve/server.h"
 #include "serve/tls.h"
 #include "serve/shadow/shadow.h"
@@ -85,6 +86,11 @@ static const char serve_help[] =
     "                                     in tensor_content (default: typed fields, as TF)\n"
     "  --tensorflow_inter_op_parallelism, --allow_precompilation,\n"
     "  --allow_compression, --use_tfrt   accepted and ignored (the startup log says so)\n"
+    "  --rollout_config_file=FILE         Kiln: traffic splits, sticky routing and canaries with\n"
+    "                                     automatic promotion and rollback, shadow traffic\n"
+    "                                     (docs/ROLLOUTS.md, docs/SHADOW.md)\n"
+    "  --rollout_config_file_poll_wait_seconds=N  re-read the rollout file every N s when it\n"
+    "                                     changed (default 1; 0 = never)\n"
     "  --trusted_keys=FILE                Kiln: serve only versions signed (kiln sign) by a key\n"
     "                                     in FILE (docs/SECURITY.md)\n"
     "  --model_decryption_key_file=FILE   Kiln: key ring for encrypted models (kiln encrypt),\n"
@@ -100,8 +106,6 @@ static const char serve_help[] =
     "                                     first (default 1G)\n"
     "  --request_log_queue_size=N         Kiln: sampled records waiting for the writer; more are\n"
     "                                     dropped and counted (default 1024)\n"
-    "  --rollout_config_file=FILE         Kiln: rollout file (text proto); its shadow blocks\n"
-    "                                     send sampled requests to a shadow target (docs/SHADOW.md)\n"
     "  --enable_model_monitoring[=true|false]  Kiln: drift, confidence and validation rules\n"
     "                                     for versions with assets.extra/kiln_profile.json\n"
     "                                     (docs/MONITORING.md; default true)\n"
@@ -135,6 +139,15 @@ static int parse_bool(const char *v)
     return -1;
 }
 
+/* The rollout loader's reload of the rollout file: the shadow blocks apply
+ * (a block refused keeps the previous shadows, and says why). */
+static void on_rollout_config(void *ctx, const KilnRollout__RolloutConfig *cfg)
+{
+    char err[KILN_SHADOW_ERR_LEN];
+    if (kiln_shadow_apply((kiln_shadow *)ctx, cfg, err) != KILN_OK)
+        fprintf(stderr, "kiln serve: rollout file: shadow blocks not applied: %s\n", err);
+}
+
 int kiln_cmd_serve(int argc, char **argv)
 {
     if (kiln_cli_wants_help(argc, argv)) {
@@ -148,7 +161,7 @@ int kiln_cmd_serve(int argc, char **argv)
     int rest_port = 8501, grpc_port = 8500, threads = (int)(cores * 4 > 256 ? 256 : cores * 4);
     int timeout_ms = 30000, poll = 1, intra = 0, disable_opt = 0, show_version = 0;
     int batching = 0, config_poll = 0, warmup = 1, warmup_iters = 0, cors = 0, console = 1,
-        prefer_tflite = 0, require_blessing = 0;
+        prefer_tflite = 0, require_blessing = 0, rollout_poll = 1;
     int grpc_threads = threads, tensor_content = 0, port_given = 0, monitoring = 1;
     const char *grpc_socket = NULL, *grpc_args = NULL, *ssl_file = NULL;
     const char *model_name = NULL, *base_path = NULL, *tags = NULL, *address = NULL;
@@ -156,7 +169,7 @@ int kiln_cmd_serve(int argc, char **argv)
     const char *token_file = NULL, *rest_ssl_file = NULL;
     const char *cert_file = NULL, *key_file = NULL, *ca_file = NULL;
     int client_verify = 0;
-    const char *rollout_file = NULL; /* start-up rollout file (shadow only; see below) */
+    const char *rollout_file = NULL;
     kiln_integrity_options integrity = {NULL, NULL};
     kiln_reqlog_options rlo;
     kiln_reqlog_options_default(&rlo);
@@ -194,6 +207,7 @@ int kiln_cmd_serve(int argc, char **argv)
         INT_FLAG("--file_system_poll_wait_seconds", poll, -2147483647, 2147483647)
         INT_FLAG("--tensorflow_intra_op_parallelism", intra, 0, 4096)
         INT_FLAG("--model_config_file_poll_wait_seconds", config_poll, -2147483647, 2147483647)
+        INT_FLAG("--rollout_config_file_poll_wait_seconds", rollout_poll, 0, 86400)
         INT_FLAG("--num_request_iterations_for_warmup", warmup_iters, -2147483647, 2147483647)
         INT_FLAG("--request_log_queue_size", rlo.queue_records, 1, 1048576)
 #undef INT_FLAG
@@ -485,10 +499,28 @@ int kiln_cmd_serve(int argc, char **argv)
             return kiln_cli_fail("%s", gerr);
         }
     }
+    /* rollouts (src/serve/rollout/): loaded after the first versions, so the
+     * canaries resolve their candidate and baseline at once */
+    kiln_rollout *rollout = NULL;
+    if (rollout_file) {
+        char oerr[KILN_ROLLOUT_ERR_LEN];
+        if (kiln_rollout_create(rollout_file, rollout_poll, mgr, &rollout, oerr) != KILN_OK) {
+            kiln_grpc_stop(grpc, 0);
+            kiln_reqlog_free(reqlog);
+            kiln_manager_free(mgr);
+            kiln_batch_stats_free(bstats);
+            return kiln_cli_fail("--rollout_config_file: %s", oerr);
+        }
+    }
     kiln_server server;
-    /* the predict path's hooks: rollouts and monitoring register here */
+    /* the predict path's hooks (serve/observe.h): the request log, shadow
+     * traffic, monitoring and rollouts register here */
     static kiln_observers observers;
     kiln_observers_init(&observers);
+    kiln_shadow *shadow = NULL;
+    kiln_monitor *monitor = NULL;
+    char serr[KILN_SHADOW_ERR_LEN] = "out of memory";
+    const char *fail = NULL; /* what failed, for the message */
     if (reqlog) {
         kiln_observer ro;
         kiln_reqlog_observer(reqlog, &ro);
@@ -496,60 +528,52 @@ int kiln_cmd_serve(int argc, char **argv)
             fprintf(stderr,
                     "kiln serve: too many predict-path observers; the request log is off\n");
     }
-    /* shadow traffic (serve/shadow/): an observer, configured by the rollout file */
-    kiln_shadow *shadow = NULL;
-    char serr[KILN_SHADOW_ERR_LEN] = "out of memory";
+    /* shadow traffic (serve/shadow/): an observer, configured by the rollout
+     * file's shadow blocks; checked here (a bad block stops the start), then
+     * told of every reload by the rollout loader */
     kiln_observer shadow_obs;
     kiln_status sst = kiln_shadow_create(mgr, &shadow);
     if (sst == KILN_OK) {
         shadow_obs = kiln_shadow_observer(shadow);
         sst = kiln_observers_add(&observers, &shadow_obs);
     }
-    /* BEGIN start-up rollout file: read once here until the rollout loader
-     * (reload included) calls kiln_shadow_apply */
-    if (sst == KILN_OK && rollout_file && *rollout_file)
-        sst = kiln_shadow_apply_file(shadow, rollout_file, serr);
-    /* END start-up rollout file */
-    if (sst != KILN_OK) {
-        kiln_shadow_free(shadow);
-        kiln_grpc_stop(grpc, 0);
-        kiln_reqlog_free(reqlog);
-        kiln_manager_free(mgr);
-        kiln_batch_stats_free(bstats);
-        return kiln_cli_fail("--rollout_config_file: %s", serr);
+    if (sst == KILN_OK && rollout_file) sst = kiln_shadow_apply_file(shadow, rollout_file, serr);
+    if (sst == KILN_OK && rollout) {
+        snprintf(serr, sizeof serr, "cannot follow the rollout file's reloads");
+        sst = kiln_rollout_subscribe(rollout, on_rollout_config, shadow);
     }
-    kiln_monitor *monitor = NULL; /* drift, confidence, validation (serve/monitor/) */
-    if (monitoring) {
+    if (sst != KILN_OK) {
+        fail = serr;
+        goto fail_start;
+    }
+    if (monitoring) { /* drift, confidence, validation (serve/monitor/) */
         kiln_observer mobs;
         if (kiln_monitor_create(&monitor) != KILN_OK ||
             (mobs = kiln_monitor_observer(monitor), kiln_observers_add(&observers, &mobs)) != KILN_OK) {
-            kiln_grpc_stop(grpc, 0);
-            kiln_shadow_free(shadow);
-            kiln_reqlog_free(reqlog);
-            kiln_manager_free(mgr);
-            kiln_batch_stats_free(bstats);
-            kiln_monitor_free(monitor);
-            return kiln_cli_fail("cannot start model monitoring");
+            fail = "cannot start model monitoring";
+            goto fail_start;
         }
     }
     kiln_server_options so = {address, rest_port, threads, timeout_ms, KILN_JSON_MAX_BYTES, bstats,
                               mon.prometheus_enable ? mon.prometheus_path : NULL, cors, batching, console,
-                              &observers, auth ? kiln_auth_authorize : NULL, auth, rest_tls, shadow};
+                              &observers, auth ? kiln_auth_authorize : NULL, auth, rest_tls, shadow,
+                              NULL, NULL, NULL};
+    if (rollout && kiln_rollout_attach(rollout, &observers, &so) != KILN_OK) {
+        fail = "cannot register the rollout observer";
+        goto fail_start;
+    }
     if (kiln_server_start(&server, &so, mgr) != KILN_OK) {
-        kiln_shadow_free(shadow);
-        kiln_grpc_stop(grpc, 0);
-        kiln_reqlog_free(reqlog);
-        kiln_manager_free(mgr);
-        kiln_batch_stats_free(bstats);
-        kiln_monitor_free(monitor);
-        return kiln_cli_fail("cannot listen on %s:%d (in use, or not permitted)",
-                             address ? address : "0.0.0.0", rest_port);
+        snprintf(serr, sizeof serr, "cannot listen on %s:%d (in use, or not permitted)",
+                 address ? address : "0.0.0.0", rest_port);
+        fail = serr;
+        goto fail_start;
     }
     if (grpc && kiln_grpc_run(grpc, &server, gerr, sizeof gerr) != KILN_OK) {
         kiln_grpc_stop(grpc, 0);
         kiln_server_stop(&server, 0);
         kiln_reqlog_free(reqlog);
         kiln_shadow_free(shadow);
+        kiln_rollout_free(rollout);
         kiln_manager_free(mgr);
         kiln_batch_stats_free(bstats);
         kiln_monitor_free(monitor);
@@ -568,6 +592,11 @@ int kiln_cmd_serve(int argc, char **argv)
     if (console) fprintf(stderr, "kiln serve: web console at /console/\n");
     fprintf(stderr, "kiln serve: model monitoring %s\n",
             monitoring ? "on (versions with assets.extra/kiln_profile.json)" : "off");
+    if (rollout && kiln_rollout_start(rollout) != KILN_OK)
+        fprintf(stderr, "kiln serve: cannot start the rollout controller; splits stay as loaded\n");
+    if (rollout)
+        fprintf(stderr, "kiln serve: rollouts from %s (admin endpoints at /v1/rollouts)\n",
+                rollout_file);
 
     int sig = 0;
     sigwait(&sigs, &sig);
@@ -578,6 +607,7 @@ int kiln_cmd_serve(int argc, char **argv)
     kiln_server_stop(&server, KILN_SERVE_DRAIN_MS);
     kiln_reqlog_free(reqlog); /* writes what is queued */
     kiln_shadow_free(shadow);
+    kiln_rollout_free(rollout);
     kiln_manager_free(mgr);
     kiln_batch_stats_free(bstats);
     kiln_auth_free(auth);
@@ -589,4 +619,14 @@ int kiln_cmd_serve(int argc, char **argv)
     kiln_monitor_free(monitor);
     fprintf(stderr, "kiln serve: stopped\n");
     return KILN_CLI_EXIT_OK;
+
+fail_start: /* before the REST server started */
+    kiln_grpc_stop(grpc, 0);
+    kiln_reqlog_free(reqlog);
+    kiln_shadow_free(shadow);
+    kiln_rollout_free(rollout);
+    kiln_monitor_free(monitor);
+    kiln_manager_free(mgr);
+    kiln_batch_stats_free(bstats);
+    return kiln_cli_fail("%s", fail);
 }

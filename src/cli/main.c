@@ -22,6 +22,8 @@ static const kiln_cli_command kiln_cli_commands[] = {
     {"predict", "run a model on .npy inputs and write .npy outputs", kiln_cmd_predict},
     {"bench", "time loading and running a model on random inputs", kiln_cmd_bench},
     {"serve", "serve models over TF Serving's REST API and KServe v2", kiln_cmd_serve},
+    {"rollout-controller", "judge a fleet's canaries from Prometheus, write the rollout file",
+     kiln_cmd_rollout_controller},
     {"keygen", "make a signing key pair or an encryption key", kiln_cmd_keygen},
     {"sign", "sign a model folder (a manifest of its files' SHA-256)", kiln_cmd_sign},
     {"verify", "check a model folder's signature and files", kiln_cmd_verify},

@@ -685,6 +685,42 @@ kiln_status kiln_manager_resolve_label(kiln_manager *m, const char *name, const 
     return KILN_ERR_INVALID_ARGUMENT;
 }
 
+kiln_status kiln_manager_set_label(kiln_manager *m, const char *name, const char *label,
+                                   int64_t version, char *err)
+{
+    kiln_status st = KILN_OK;
+    pthread_rwlock_rdlock(&m->list_lock);
+    served_model *sm = find_model(m, name);
+    if (!sm) {
+        snprintf(err, KILN_JSON_ERR_LEN, "no model named '%.200s'", name);
+        pthread_rwlock_unlock(&m->list_lock);
+        return KILN_ERR_NOT_FOUND;
+    }
+    pthread_mutex_lock(&sm->mu);
+    int l = 0;
+    while (l < sm->cfg.n_labels && strcmp(sm->cfg.label_names[l], label) != 0) l++;
+    if (l == sm->cfg.n_labels) {
+        char *nm = strdup(label);
+        char **names = realloc(sm->cfg.label_names, (size_t)(l + 1) * sizeof *names);
+        if (names) sm->cfg.label_names = names;
+        int64_t *vers = names ? realloc(sm->cfg.label_versions, (size_t)(l + 1) * sizeof *vers) : NULL;
+        if (vers) sm->cfg.label_versions = vers;
+        if (!nm || !names || !vers) {
+            free(nm);
+            snprintf(err, KILN_JSON_ERR_LEN, "out of memory");
+            st = KILN_ERR_OUT_OF_MEMORY;
+        } else {
+            sm->cfg.label_names[l] = nm;
+            sm->cfg.n_labels = l + 1;
+        }
+    }
+    if (st == KILN_OK) sm->cfg.label_versions[l] = version;
+    pthread_mutex_unlock(&sm->mu);
+    pthread_rwlock_unlock(&m->list_lock);
+    if (st == KILN_OK) log_event("label_set", name, version, label);
+    return st;
+}
+
 kiln_servable *kiln_manager_acquire(kiln_manager *m, const char *name, int64_t version,
                                     const char *label, char *err, const char **code)
 {

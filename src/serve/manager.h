@@ -119,6 +119,12 @@ kiln_servable *kiln_manager_acquire(kiln_manager *m, const char *name, int64_t v
 kiln_status kiln_manager_resolve_label(kiln_manager *m, const char *name, const char *label,
                                        int64_t *version, char *err);
 void kiln_servable_release(kiln_servable *s);
+/* Point `label` of model `name` at `version` (added when the model has no
+ * such label): a rollout's promotion moves "stable" to its candidate. A
+ * later --model_config_file apply replaces the model's labels with the
+ * file's. KILN_ERR_NOT_FOUND with err set when the model is unknown. */
+kiln_status kiln_manager_set_label(kiln_manager *m, const char *name, const char *label,
+                                   int64_t version, char *err);
 
 /*
  * Run signature si of s on in[0..n) (the signature's inputs, in order): the

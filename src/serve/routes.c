@@ -786,6 +786,11 @@ void kiln_routes_dispatch(kiln_server *s, const kiln_http_request *req, kiln_htt
     rep->code = 200;
     rep->status = "OK";
     rep->version = -1;
+    if (s->opt.ext_handler && s->opt.ext_prefix && strcmp(req->method, "OPTIONS") != 0 &&
+        strncmp(req->path, s->opt.ext_prefix, strlen(s->opt.ext_prefix)) == 0) {
+        s->opt.ext_handler(s->opt.ext_ctx, s, req, rep);
+        return;
+    }
     /* without --rest_api_enable_cors_support OPTIONS is routed like any method */
     if (kind == ROUTE_CORS_PREFLIGHT && !s->opt.cors)
         kind = parse_path("GET", req->path, s->opt.metrics_path, s->opt.console, &p);

@@ -34,6 +34,9 @@
 typedef int (*kiln_authorize_fn)(void *ctx, const char *authorization, const char *scope);
 
 struct kiln_tls;
+struct kiln_server;
+struct kiln_http_request;
+struct kiln_http_reply;
 
 typedef struct kiln_server_options {
     const char *address;   /* listen address (NULL = all interfaces) */
@@ -52,6 +55,13 @@ typedef struct kiln_server_options {
     struct kiln_tls *tls;  /* HTTPS with these credentials (tls.h: re-read when their files
                               change), or NULL for plain HTTP; borrowed until stop */
     struct kiln_shadow *shadow;      /* GET /v1/shadow (shadow/shadow.h); NULL = none */
+    /* Extra REST routes owned by another module (the rollout admin
+     * endpoints, src/serve/rollout/): every request whose path starts with
+     * ext_prefix goes to ext_handler, which fills the reply. NULL: none. */
+    const char *ext_prefix;
+    void (*ext_handler)(void *ctx, struct kiln_server *s, const struct kiln_http_request *req,
+                        struct kiln_http_reply *rep);
+    void *ext_ctx;
 } kiln_server_options;
 
 typedef struct kiln_server {

@@ -11,6 +11,7 @@ with and without the shadow; it asserts no timing (the machine is shared).
 """
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -397,9 +398,10 @@ def test_sigterm_with_shadow_work_pending(models, tmp_path):
 
 
 @pytest.mark.parametrize("block,msg", [
-    ("shadow { target_model: 'student' fraction: 1.5 }", "shadow.fraction 1.5 is outside [0, 1]"),
+    # the rollout loader checks ranges first (src/serve/rollout/config.c)
+    ("shadow { target_model: 'student' fraction: 1.5 }", "shadow.fraction = 1.5: must be in [0, 1]"),
     ("shadow { target_model: 'student' fraction: 1 compare: 'softmax' }", "shadow.compare 'softmax'"),
-    ("shadow { queue_size: -1 }", "shadow.queue_size -1"),
+    ("shadow { queue_size: -1 }", "shadow.queue_size = -1: must be >= 0"),
     ("shadow { target_version: 2 target_label: 'x' }", "both target_version and target_label"),
     ("shadow { fraction: 0.1 } shadow { fraction: 0.2 }", "line 1"),  # the text parser
 ])
@@ -474,3 +476,36 @@ def test_load_p99_with_and_without_shadow(tmp_path, record_property, capsys):
     record_property("shadow_load", line)
     with capsys.disabled():
         print("\n" + line)
+
+
+def test_reload_applies_shadow_blocks(models, tmp_path):
+    """The rollout loader re-reads the file and the shadow follows: a block
+    added while serving starts sampling, without a restart."""
+    root = tmp_path
+    for name in ("teacher", "student"):
+        shutil.copytree(models / name, root / name)
+    (root / "models.config").write_text(
+        'model_config_list {\n'
+        f'  config {{ name: "teacher" base_path: "{root}/teacher" }}\n'
+        f'  config {{ name: "student" base_path: "{root}/student" }}\n'
+        '}\n')
+    s = ShadowServer(root, 'model_rollouts { model_name: "student" }\n',
+                     "--rollout_config_file_poll_wait_seconds=1")
+    try:
+        x = inputs(3, 1)
+        s.predict("teacher", x)
+        code, _ = s.json("GET", "/v1/shadow/teacher")
+        assert code == 404  # no shadow for the teacher yet
+        rollout = root / "rollout.config"
+        rollout.write_text('model_rollouts { model_name: "teacher" '
+                           'shadow { target_model: "student" fraction: 1 } }\n')
+        os.utime(rollout, (time.time() + 5, time.time() + 5))  # a different mtime, surely
+        assert wait_for(lambda: s.json("GET", "/v1/shadow/teacher")[0] == 200, 30)
+        s.predict("teacher", x)
+        b = s.settled("teacher")
+        assert b["requests"]["compared"] == 1
+        teacher, student = softmax(x.astype(np.float64) @ W_TEACHER), softmax(x.astype(np.float64) @ W_STUDENT)
+        want = reference_stats(teacher, student)
+        assert b["since_start"]["top1_agreement"] == pytest.approx(want["top1_agreement"], abs=1e-12)
+    finally:
+        s.kill()
