@@ -59,6 +59,7 @@ PATH = f"/v1/models/{NAME}:predict"
 SKIP = 77
 SANITIZED = os.environ.get("KILN_SANITIZED") == "1"
 STRICT = "--strict" in sys.argv
+CONNS = 0  # slowloris: --connections
 
 
 class Fail(Exception):
@@ -476,7 +477,7 @@ def scenario_badversion(kiln, work, long, seconds):
 
 def scenario_slowloris(kiln, work, long, seconds):
     run_s = seconds or (600 if long else 8)
-    nslow = 900 if long else 200
+    nslow = CONNS or (900 if long else 200)
     gap = 0.5
     bound = 2.0
     base = work / NAME
@@ -556,7 +557,10 @@ def main():
     ap.add_argument("--out", help="append the JSON lines to this file")
     ap.add_argument("--strict", action="store_true",
                     help="sigterm: also fail when a connection opened after the signal is reset")
+    ap.add_argument("--connections", type=int, default=0, help="slowloris: slow connections to open")
     a = ap.parse_args()
+    global CONNS
+    CONNS = a.connections
     if not MODEL.exists():
         print(f"SKIP: {MODEL} missing")
         return SKIP
