@@ -17,6 +17,7 @@ pkgs+=(python3-yaml python3-jsonschema)  # checking deploy/k8s manifests (docs/D
 command -v npm >/dev/null 2>&1 || pkgs+=(nodejs npm)
 pkgs+=(python3-xgboost)  # XGBoost model files: tests/python/test_xgboost.py, bench/trees
 pkgs+=(prometheus)  # promtool and a real Prometheus: deploy/prometheus, tests/python/test_dashboards.py
+pkgs+=(wrk dpkg-dev)  # soak tests (tests/soak/, docs/RELIABILITY.md) and make deb (dpkg-shlibdeps)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
