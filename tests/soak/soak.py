@@ -11,6 +11,9 @@ under load, does something to it, and checks what its clients saw:
   hotswap    a new version is copied into the model folder every N seconds
              (old ones removed) while client threads predict: no failed
              request, and the newest version ends up AVAILABLE
+  overload   wrk with 16 times the connections a small batching queue
+             admits: answers only 200 or 503, p99 under 1 s, none over 10 s, and
+             throughput back to the baseline's (at least half) afterwards
   sigterm    SIGTERM while clients open a connection per request: every
              connection gets a whole answer (200, or 503 once draining began)
              or is refused once the server stops listening, and the server
@@ -237,15 +240,45 @@ end
 """
 
 
-def wrk(port, seconds, work, threads=2, conns=16):
+WRK_STATUS_LUA = """
+wrk.method = "POST"
+wrk.body = '%s'
+wrk.headers["Content-Type"] = "application/json"
+local threads = {}
+function setup(thread) table.insert(threads, thread) end
+function init(args) counts = {} end
+function response(status, headers, body) counts[status] = (counts[status] or 0) + 1 end
+done = function(summary, latency, requests)
+  local e = summary.errors
+  local parts = {}
+  for _, t in ipairs(threads) do
+    for k, v in pairs(t:get("counts")) do parts[#parts + 1] = string.format('"%%d": %%d', k, v) end
+  end
+  io.write(string.format('WRKJSON {"requests": %%d, "connect": %%d, "read": %%d, "write": %%d, ' ..
+    '"status": %%d, "timeout": %%d, "p50_ms": %%.3f, "p99_ms": %%.3f, "max_ms": %%.3f, "codes": [{%%s}]}\\n',
+    summary.requests, e.connect, e.read, e.write, e.status, e.timeout,
+    latency:percentile(50) / 1000, latency:percentile(99) / 1000, latency.max / 1000,
+    table.concat(parts, "}, {")))
+end
+"""
+
+
+def wrk(port, seconds, work, threads=2, conns=16, codes=False):
     lua = work / "post.lua"
-    lua.write_text(WRK_LUA % BODY.decode())
+    lua.write_text((WRK_STATUS_LUA if codes else WRK_LUA) % BODY.decode())
     out = subprocess.run(["wrk", f"-t{threads}", f"-c{conns}", f"-d{seconds}s", "--timeout", "10s",
                           "-s", str(lua), f"http://127.0.0.1:{port}{PATH}"],
                          capture_output=True, text=True, timeout=seconds + 60)
     for line in out.stdout.splitlines():
         if line.startswith("WRKJSON "):
-            return json.loads(line[8:])
+            res = json.loads(line[8:])
+            if codes:  # one {status: n} per thread and status: sum them
+                total = {}
+                for d in res.pop("codes"):
+                    for k, v in d.items():
+                        total[k] = total.get(k, 0) + v
+                res["codes"] = total
+            return res
     raise Fail(f"wrk printed no summary: {out.stdout} {out.stderr}")
 
 
@@ -475,6 +508,53 @@ def scenario_badversion(kiln, work, long, seconds):
         srv.stop()
 
 
+BATCHING = """max_batch_size { value: 4 }
+batch_timeout_micros { value: 2000 }
+max_enqueued_batches { value: 2 }
+num_batch_threads { value: 1 }
+allowed_batch_sizes: 4
+"""
+
+
+def scenario_overload(kiln, work, long, seconds):
+    """Far more concurrent clients than a small batching queue admits: only
+    200 or 503, admitted requests' latency bounded, full recovery after."""
+    if not shutil.which("wrk"):
+        return None
+    over_s = seconds or (300 if long else 5)
+    base = work / NAME
+    base.mkdir()
+    add_version(base, 1)
+    params = work / "batching.txt"
+    params.write_text(BATCHING)
+    srv = Server(kiln, base, work / "server.log", None, "--enable_batching", "--rest_api_num_threads=64",
+                 f"--batching_parameters_file={params}")
+    try:
+        srv.wait_ready()
+        before = wrk(srv.port, 3, work, threads=1, conns=4, codes=True)
+        over = wrk(srv.port, over_s, work, threads=2, conns=64, codes=True)
+        after = wrk(srv.port, 3, work, threads=1, conns=4, codes=True)
+        check(srv.proc.poll() is None, "server died")
+        fig = {"seconds": over_s, "baseline_rps": round(before["requests"] / 3),
+               "overload_connections": 64, "overload_rps": round(over["requests"] / over_s),
+               "overload_codes": over["codes"], "overload_p99_ms": over["p99_ms"],
+               "overload_max_ms": over["max_ms"], "after_rps": round(after["requests"] / 3),
+               "after_codes": after["codes"], "socket_errors": sum(
+                   r[k] for r in (before, over, after) for k in ("connect", "read", "write", "timeout"))}
+        check(set(before["codes"]) == {"200"}, f"baseline answered other than 200: {fig}")
+        check(set(over["codes"]) <= {"200", "503"}, f"overload answered other than 200 or 503: {fig}")
+        check(over["codes"].get("503", 0) > 0, f"no 503: the queue never filled, no overload: {fig}")
+        check(fig["socket_errors"] == 0, f"socket errors: {fig}")
+        bound_ms = 5000 if SANITIZED else 1000
+        # p99 bounded; none over wrk's 10 s timeout (counted in socket_errors)
+        check(over["p99_ms"] < bound_ms, f"p99 over {bound_ms} ms under overload: {fig}")
+        check(set(after["codes"]) == {"200"}, f"after the overload, answers other than 200: {fig}")
+        check(fig["after_rps"] >= 0.5 * fig["baseline_rps"], f"throughput did not recover: {fig}")
+        return fig
+    finally:
+        srv.stop()
+
+
 def scenario_slowloris(kiln, work, long, seconds):
     run_s = seconds or (600 if long else 8)
     nslow = CONNS or (900 if long else 200)
@@ -544,7 +624,8 @@ def scenario_slowloris(kiln, work, long, seconds):
         srv.stop()
 
 
-SCENARIOS = {"load": scenario_load, "hotswap": scenario_hotswap, "sigterm": scenario_sigterm,
+SCENARIOS = {"load": scenario_load, "hotswap": scenario_hotswap, "overload": scenario_overload,
+             "sigterm": scenario_sigterm,
              "badversion": scenario_badversion, "slowloris": scenario_slowloris}
 
 
