@@ -25,9 +25,10 @@ under load, does something to it, and checks what its clients saw:
              deny, a corrupt model file instead) version folder, a served
              version folder that vanishes, and the whole base path vanishing
              for a while: no failed request, the server keeps serving
-  slowloris  many connections send request headers one byte at a time while
-             a normal client predicts: every normal request answers 200
-             within a bound
+  slowloris  many connections send request headers one byte at a time, and a
+             few slow readers leave large answers unread, while a normal
+             client predicts: every normal request answers 200 within a
+             bound, and each slow reader gets its whole answer in the end
 
 Answers are checked independently of Kiln: a 200 must carry 10 softmax
 probabilities that sum to 1. The short variants (the default; what ctest
@@ -576,6 +577,18 @@ def scenario_slowloris(kiln, work, long, seconds):
             except BlockingIOError:
                 pass
             slow.append([s, 0])
+        # slow readers: whole requests for 2000 rows whose ~400 KB answers are
+        # not read until the end, through a 4 KiB receive buffer
+        nread = 40 if long else 10
+        big = json.dumps({"instances": [PIXELS] * 2000}).encode()
+        readers = []
+        for _ in range(nread):
+            r = socket.socket()
+            r.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            r.connect(("127.0.0.1", srv.port))
+            r.sendall(f"POST {PATH} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: {len(big)}\r\n"
+                      "Connection: close\r\n\r\n".encode() + big)
+            readers.append(r)
         lat = []
         bad = []
         t_end = time.time() + run_s
@@ -607,6 +620,27 @@ def scenario_slowloris(kiln, work, long, seconds):
             if not good or dt > bound:
                 bad.append((round(dt, 3), status))
             time.sleep(0.05)
+        # the slow readers' answers must be whole 200s once they read them
+        readers_ok = 0
+        for r in readers:
+            r.settimeout(30)
+            data = b""
+            try:
+                while True:
+                    chunk = r.recv(65536)
+                    if not chunk:
+                        break
+                    data += chunk
+            except OSError:
+                pass
+            r.close()
+            head, _, body = data.partition(b"\r\n\r\n")
+            try:
+                p = json.loads(body)["predictions"]
+                if head.startswith(b"HTTP/1.1 200") and len(p) == 2000 and abs(sum(p[-1]) - 1) < 1e-3:
+                    readers_ok += 1
+            except (ValueError, KeyError, TypeError):
+                pass
         open_slow = sum(1 for rec in slow if rec[0] is not None)
         for rec in slow:
             if rec[0] is not None:
@@ -617,8 +651,10 @@ def scenario_slowloris(kiln, work, long, seconds):
                "slow_still_open": open_slow, "slow_dropped_by_server": dropped,
                "normal_requests": len(lat), "normal_bad": len(bad),
                "normal_p50_ms": round(1000 * lat[len(lat) // 2], 2),
-               "normal_max_ms": round(1000 * lat[-1], 2), "bound_ms": bound * 1000}
+               "normal_max_ms": round(1000 * lat[-1], 2), "bound_ms": bound * 1000,
+               "slow_readers": nread, "slow_readers_answered": readers_ok}
         check(not bad, f"normal requests failed or slower than {bound} s: {bad[:5]} {fig}")
+        check(readers_ok == nread, f"slow readers without a whole answer: {fig}")
         return fig
     finally:
         srv.stop()
