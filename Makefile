@@ -5,12 +5,13 @@
 #   make fuzz       build the libFuzzer targets with clang (build-fuzz/)
 #   make build-matrix  compile the build types and compilers make test does not build
 #                   (build-matrix/), warnings as errors (CI runs it after make test)
+#   make deb        the Debian package build/kiln_VERSION_ARCH.deb (scripts/make-deb.sh)
 #   make bench      model benchmarks against ONNX Runtime and PyTorch (not part of make test)
 #   make bench-serve  serving benchmark (wrk) against Flask+PyTorch and Node+ONNX Runtime
 JOBS ?= $(shell nproc)
 CTEST_FLAGS ?= --output-on-failure
 
-.PHONY: all build test test-fast test-sanitize fuzz clean bench bench-serve build-matrix
+.PHONY: all build test test-fast test-sanitize fuzz clean bench bench-serve build-matrix deb
 
 all: build
 
@@ -42,6 +43,9 @@ build-matrix:
 	  CC=$$cc cmake -S . -B $$d -DCMAKE_BUILD_TYPE=$$t -DKILN_WERROR=ON >/dev/null && \
 	  cmake --build $$d -j$(JOBS) >$$d.log 2>&1 || { tail -40 $$d.log; exit 1; }; \
 	done
+
+deb: build
+	scripts/make-deb.sh build build
 
 bench: build
 	@if [ -x bench/run.sh ]; then bench/run.sh; else echo "bench/run.sh not present yet"; fi

@@ -19,7 +19,8 @@ command -v npm >/dev/null 2>&1 || pkgs+=(nodejs npm)
 pkgs+=(python3-xgboost)  # XGBoost model files: tests/python/test_xgboost.py, bench/trees
 pkgs+=(prometheus)  # promtool and a real Prometheus: deploy/prometheus, tests/python/test_dashboards.py,
                     # kiln rollout-controller (tests/python/test_rollout.py)
-pkgs+=(wrk)  # the shadow traffic load check: tests/python/test_shadow.py
+pkgs+=(wrk)  # load: the shadow traffic check (tests/python/test_shadow.py), soak tests (tests/soak/)
+pkgs+=(dpkg-dev)  # make deb (dpkg-shlibdeps, dpkg-deb)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
