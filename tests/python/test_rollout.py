@@ -416,6 +416,53 @@ def test_canary_slow_candidate_rolls_back_on_p99(tmp_path):
         srv.kill()
 
 
+AGREEMENT = """
+evaluation_interval_seconds: 1
+model_rollouts {
+  model_name: "m"
+  canary {
+    candidate_version: 2
+    steps: [20, 50, 100]
+    min_requests: 100
+    min_step_seconds: 1
+    gates { max_error_rate_increase: 0.02 max_p99_latency_ratio: -1 min_agreement: 0.9 }
+  }
+  shadow { target_version: 2 fraction: 0.5 }
+}
+"""
+
+
+@pytest.mark.parametrize("flip,expect", [(False, "promoted"), (True, "rolled_back")])
+def test_canary_agreement_gate(tmp_path, flip, expect):
+    """A shadow of the baseline's traffic on the candidate pairs their
+    outputs: a candidate whose top-1 differs rolls back on agreement, one
+    that agrees promotes."""
+    save_scale(tmp_path / "m" / "1" / "model.onnx", 1.0)
+    # [1, 2, 3] * [2, 2, -2] has its top-1 in the middle column, not the last
+    save_scale(tmp_path / "m" / "2" / "model.onnx", [2.0, 2.0, -2.0] if flip else 2.0)
+    srv = Rollout(tmp_path, ["m"], AGREEMENT)
+    try:
+        d = Driver(srv.port, "m")
+        st = wait_state(srv, "m", lambda s: s["state"] != "progressing", driver=d)
+        d.stop()
+        assert st["state"] == expect, st
+        code, shadow = srv.json("GET", "/v1/shadow/m")
+        assert code == 200, shadow
+        r = shadow["requests"]
+        assert r["compared"] > 0 and shadow["since_start"]["top1_rows"] > 0
+        # the candidate's own answers are never shadowed onto itself: every
+        # pair is the baseline's answer against the candidate's
+        assert shadow["since_start"]["top1_agreement"] == (0.0 if flip else 1.0), shadow
+        if flip:
+            assert st["reason"].startswith("step 20%: agreement: top-1 equal on 0 of"), st["reason"]
+            ev = [e for e in srv.events() if e["model"] == "m"]
+            assert ev[-1]["event"] == "rollback" and "agreement" in ev[-1]["reason"]
+        else:
+            assert predict(srv.port, [[1.0, 1.0, 1.0]], "/v1/models/m/labels/stable:predict") == 2
+    finally:
+        srv.kill()
+
+
 def test_restart_resumes_step(tmp_path):
     state = tmp_path / "rollout-state.json"
     srv = canary_server(tmp_path, save_scale, state_file=state)
@@ -630,7 +677,13 @@ def test_fleet_rollout_controller(tmp_path, candidate, expect):
     ('model_rollouts { model_name: "m" canary { candidate_version: 2 gates { confidence: 1.5 } } }',
      r"canary.gates.confidence = 1.5"),
     ('model_rollouts { model_name: "m" canary { candidate_version: 2 gates { min_agreement: 0.9 } } }',
-     r"output gates are not evaluated"),
+     r"min_agreement = 0.9 needs canary.candidate_version and a shadow of this model on that version"),
+    ('model_rollouts { model_name: "m" canary { candidate_version: 2 gates { min_agreement: 0.9 } }'
+     ' shadow { target_version: 3 fraction: 1 } }', r"min_agreement = 0.9 needs"),
+    ('model_rollouts { model_name: "m" canary { candidate_version: 2 gates { min_agreement: 1.5 } } }',
+     r"canary.gates.min_agreement = 1.5: must be in \[0, 1\]"),
+    ('model_rollouts { model_name: "m" canary { candidate_version: 2 gates { max_output_divergence: 0.1 } } }',
+     r"the divergence gate is not evaluated"),
     ('model_rollouts { model_name: "m" shadow { fraction: 2 } }', r"shadow.fraction = 2"),
     ('route_key_header: "bad header"', r"route_key_header = 'bad header'"),
     ('model_rollouts { model_name: "m" } model_rollouts { model_name: "m" }', r"model_name given twice"),
