@@ -162,6 +162,12 @@ static void shadow_pairs(void *ctx, const char *model, int64_t candidate, uint64
     *paired = total.top1_rows > 0 ? (uint64_t)total.top1_rows : 0;
 }
 
+/* The canary's input drift gate reads the model monitor. */
+static int monitor_drift(void *ctx, const char *model, int64_t version, char *what, size_t n)
+{
+    return kiln_monitor_drift((kiln_monitor *)ctx, model, version, what, n);
+}
+
 int kiln_cmd_serve(int argc, char **argv)
 {
     if (kiln_cli_wants_help(argc, argv)) {
@@ -569,6 +575,7 @@ int kiln_cmd_serve(int argc, char **argv)
             goto fail_start;
         }
     }
+    if (monitor && rollout) kiln_rollout_set_drift(rollout, monitor_drift, monitor);
     kiln_server_options so = {address, rest_port, threads, timeout_ms, KILN_JSON_MAX_BYTES, bstats,
                               mon.prometheus_enable ? mon.prometheus_path : NULL, cors, batching, console,
                               &observers, auth ? kiln_auth_authorize : NULL, auth, rest_tls, shadow,

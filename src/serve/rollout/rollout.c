@@ -87,6 +87,7 @@ typedef struct mstate {
     double step_start;                   /* monotonic seconds */
     wcount snap_c, snap_b;
     uint64_t snap_agree, snap_paired;    /* the pairs source at the window's start */
+    int drift_gate;                      /* gates.roll_back_on_input_drift */
     kiln_gate_result last;
     uint64_t win_c, win_b;               /* requests in the last evaluated window */
     char reason[560];
@@ -126,6 +127,9 @@ struct kiln_rollout {
     /* the agreement gate's pairs (shadow traffic) */
     kiln_rollout_pairs_fn pairs_fn;
     void *pairs_ctx;
+    /* the input drift gate's source (model monitoring) */
+    kiln_rollout_drift_fn drift_fn;
+    void *drift_ctx;
     /* controller thread */
     pthread_t thread;
     int started;
@@ -601,6 +605,7 @@ static void state_init(mstate *m, const KilnRollout__ModelRollout *mr)
     m->gp.max_p99_latency_ratio = g && g->max_p99_latency_ratio ? g->max_p99_latency_ratio : 1.5;
     m->gp.p99_slack_us = g && g->p99_latency_slack_us ? g->p99_latency_slack_us : 200.0;
     m->gp.min_agreement = g ? g->min_agreement : 0.0;
+    m->drift_gate = g && g->roll_back_on_input_drift;
 }
 
 /* Same canary (model, candidate, steps, baseline spec): the state carries over a reload. */
@@ -712,6 +717,25 @@ static int evaluate(kiln_rollout *r, mstate *m)
         agree = agree >= m->snap_agree ? agree - m->snap_agree : 0;
         paired = paired >= m->snap_paired ? paired - m->snap_paired : 0;
         kiln_gate_agreement(&m->gp, agree, paired, &m->last);
+    }
+    if (m->drift_gate && r->drift_fn && m->last.verdict != KILN_GATE_FAIL) {
+        char what[256];
+        int d = r->drift_fn(r->drift_ctx, m->model, m->candidate, what, sizeof what);
+        if (d == -1 && m->last.verdict == KILN_GATE_PASS) {
+            m->last.verdict = KILN_GATE_HOLD;
+            snprintf(m->last.reason, sizeof m->last.reason,
+                     "input drift: too few of version %" PRId64 "'s input values in the "
+                     "monitoring window to tell (its profile's min_count)", m->candidate);
+        } else if (d > 0) {
+            m->last.verdict = KILN_GATE_FAIL;
+            int k = snprintf(m->last.reason, sizeof m->last.reason,
+                             "input drift: %d feature%s of version %" PRId64 " past the "
+                             "profile's thresholds; farthest ", d, d == 1 ? "" : "s", m->candidate);
+            if (k > 0 && (size_t)k < sizeof m->last.reason) /* the description, cut to fit */
+                memcpy(m->last.reason + k, what,
+                       strnlen(what, sizeof m->last.reason - (size_t)k - 1) + 1);
+            m->last.reason[sizeof m->last.reason - 1] = '\0';
+        }
     }
     double elapsed = mono_s() - m->step_start;
     if (m->last.verdict == KILN_GATE_FAIL) {
@@ -1218,5 +1242,13 @@ void kiln_rollout_set_pairs(kiln_rollout *r, kiln_rollout_pairs_fn fn, void *ctx
     pthread_mutex_lock(&r->mu);
     r->pairs_fn = fn;
     r->pairs_ctx = ctx;
+    pthread_mutex_unlock(&r->mu);
+}
+
+void kiln_rollout_set_drift(kiln_rollout *r, kiln_rollout_drift_fn fn, void *ctx)
+{
+    pthread_mutex_lock(&r->mu);
+    r->drift_fn = fn;
+    r->drift_ctx = ctx;
     pthread_mutex_unlock(&r->mu);
 }
