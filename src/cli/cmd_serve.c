@@ -148,6 +148,26 @@ static void on_rollout_config(void *ctx, const KilnRollout__RolloutConfig *cfg)
         fprintf(stderr, "kiln serve: rollout file: shadow blocks not applied: %s\n", err);
 }
 
+/* The canary's agreement gate reads the model's shadow on the candidate
+ * (the rollout loader checked that the shadow targets it): top-1 rows
+ * compared and equal since start. */
+static void shadow_pairs(void *ctx, const char *model, int64_t candidate, uint64_t *agree,
+                         uint64_t *paired)
+{
+    (void)candidate;
+    kiln_shadow_stats total;
+    *agree = *paired = 0;
+    if (kiln_shadow_get_stats((kiln_shadow *)ctx, model, NULL, &total, NULL) != KILN_OK) return;
+    *agree = total.top1_agree > 0 ? (uint64_t)total.top1_agree : 0;
+    *paired = total.top1_rows > 0 ? (uint64_t)total.top1_rows : 0;
+}
+
+/* The canary's input drift gate reads the model monitor. */
+static int monitor_drift(void *ctx, const char *model, int64_t version, char *what, size_t n)
+{
+    return kiln_monitor_drift((kiln_monitor *)ctx, model, version, what, n);
+}
+
 int kiln_cmd_serve(int argc, char **argv)
 {
     if (kiln_cli_wants_help(argc, argv)) {
@@ -541,6 +561,7 @@ int kiln_cmd_serve(int argc, char **argv)
     if (sst == KILN_OK && rollout) {
         snprintf(serr, sizeof serr, "cannot follow the rollout file's reloads");
         sst = kiln_rollout_subscribe(rollout, on_rollout_config, shadow);
+        if (sst == KILN_OK) kiln_rollout_set_pairs(rollout, shadow_pairs, shadow);
     }
     if (sst != KILN_OK) {
         fail = serr;
@@ -554,6 +575,7 @@ int kiln_cmd_serve(int argc, char **argv)
             goto fail_start;
         }
     }
+    if (monitor && rollout) kiln_rollout_set_drift(rollout, monitor_drift, monitor);
     kiln_server_options so = {address, rest_port, threads, timeout_ms, KILN_JSON_MAX_BYTES, bstats,
                               mon.prometheus_enable ? mon.prometheus_path : NULL, cors, batching, console,
                               &observers, auth ? kiln_auth_authorize : NULL, auth, rest_tls, shadow,

@@ -13,6 +13,8 @@
  *     exactly with Python's math.comb (binomial sums) for n = 298..1000;
  *   - histogram ranks and the window verdicts on windows built by hand.
  */
+#include <stdio.h>
+#include <string.h>
 #include <math.h>
 
 #include "check.h"
@@ -90,7 +92,7 @@ int main(void)
     CHECK(isinf(kiln_gate_hist_rank(h, 21)), "past the end");
 
     /* verdicts */
-    kiln_gate_params gp = {0.01, 1.5, 0.95, 0.0};
+    kiln_gate_params gp = {0.01, 1.5, 0.95, 0.0, 0.0};
     uint64_t hc[KILN_GATE_LAT_BUCKETS] = {0}, hb[KILN_GATE_LAT_BUCKETS] = {0};
     hc[20] = 1000;
     hb[20] = 1000;
@@ -119,6 +121,39 @@ int main(void)
     gp.max_p99_latency_ratio = -1; /* gate off */
     kiln_gate_evaluate(&gp, &c, &b, &r);
     CHECK(r.verdict == KILN_GATE_PASS, "gate off: %d %s", r.verdict, r.reason);
+
+    /* the agreement gate: Wilson bounds of 81/263 at z = 1.96 are
+     * [0.2553, 0.3662] (Newcombe 1998a, table I, as above) */
+    kiln_gate_params ga = {0.01, 1.5, 0.975, 0.0, 0.0};
+    kiln_gate_result ar;
+    memset(&ar, 0, sizeof ar);
+    ar.verdict = KILN_GATE_PASS;
+    kiln_gate_agreement(&ga, 81, 263, &ar); /* off */
+    CHECK(ar.verdict == KILN_GATE_PASS && ar.paired == 0, "off: %d", ar.verdict);
+    ga.min_agreement = 0.4; /* above the upper bound: fails */
+    kiln_gate_agreement(&ga, 81, 263, &ar);
+    CHECK(ar.verdict == KILN_GATE_FAIL && strstr(ar.reason, "agreement: top-1 equal on 81 of 263") &&
+              near(ar.agree_lo, 0.2553, 5e-5) && near(ar.agree_hi, 0.3662, 5e-5),
+          "fail: %d %s %.4f %.4f", ar.verdict, ar.reason, ar.agree_lo, ar.agree_hi);
+    memset(&ar, 0, sizeof ar);
+    ga.min_agreement = 0.3; /* between the bounds: holds */
+    kiln_gate_agreement(&ga, 81, 263, &ar);
+    CHECK(ar.verdict == KILN_GATE_HOLD && strstr(ar.reason, "more pairs needed"), "hold: %d %s",
+          ar.verdict, ar.reason);
+    memset(&ar, 0, sizeof ar);
+    ga.min_agreement = 0.25; /* below the lower bound: passes */
+    kiln_gate_agreement(&ga, 81, 263, &ar);
+    CHECK(ar.verdict == KILN_GATE_PASS, "pass: %d %s", ar.verdict, ar.reason);
+    memset(&ar, 0, sizeof ar);
+    ar.verdict = KILN_GATE_FAIL; /* another gate failed first: its reason stays */
+    snprintf(ar.reason, sizeof ar.reason, "error rate: ...");
+    ga.min_agreement = 0.4;
+    kiln_gate_agreement(&ga, 81, 263, &ar);
+    CHECK(ar.verdict == KILN_GATE_FAIL && strcmp(ar.reason, "error rate: ...") == 0, "kept: %s",
+          ar.reason);
+    memset(&ar, 0, sizeof ar);
+    kiln_gate_agreement(&ga, 0, 0, &ar); /* no pairs yet: holds */
+    CHECK(ar.verdict == KILN_GATE_HOLD, "no pairs: %d %s", ar.verdict, ar.reason);
 
     /* another bucket layout (Prometheus' le bounds): the same ranks */
     static const double le[] = {100, 200, 400, INFINITY};

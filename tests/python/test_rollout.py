@@ -146,7 +146,8 @@ class Driver:
     two rows every `two_rows_every`-th request) to the model's default
     version until stop() or until `max_requests` or `max_seconds`."""
 
-    def __init__(self, port, model, threads=6, max_requests=30000, max_seconds=90, two_rows_every=0):
+    def __init__(self, port, model, threads=6, max_requests=30000, max_seconds=90, two_rows_every=0,
+                 rows_fn=None):
         self.ports = port if isinstance(port, list) else [port]  # several: round robin
         self.model = model
         self.stopped = threading.Event()
@@ -155,6 +156,7 @@ class Driver:
         self.lock = threading.Lock()
         self.max_requests, self.deadline = max_requests, time.time() + max_seconds
         self.two = two_rows_every
+        self.rows_fn = rows_fn  # i -> the rows of request i (default: [1, 2, 3])
         self.threads = [threading.Thread(target=self._run, daemon=True) for _ in range(threads)]
         for t in self.threads:
             t.start()
@@ -168,7 +170,10 @@ class Driver:
                 self.sent += 1
                 i = self.sent
             port = self.ports[i % len(self.ports)]
-            rows = [[1.0, 2.0, 3.0]] * (2 if self.two and i % self.two == 0 else 1)
+            if self.rows_fn:
+                rows = self.rows_fn(i)
+            else:
+                rows = [[1.0, 2.0, 3.0]] * (2 if self.two and i % self.two == 0 else 1)
             try:
                 v = predict(port, rows, f"/v1/models/{self.model}:predict", conn=conns[port])
             except (OSError, http.client.HTTPException):
@@ -416,6 +421,110 @@ def test_canary_slow_candidate_rolls_back_on_p99(tmp_path):
         srv.kill()
 
 
+AGREEMENT = """
+evaluation_interval_seconds: 1
+model_rollouts {
+  model_name: "m"
+  canary {
+    candidate_version: 2
+    steps: [20, 50, 100]
+    min_requests: 100
+    min_step_seconds: 1
+    gates { max_error_rate_increase: 0.02 max_p99_latency_ratio: -1 min_agreement: 0.9 }
+  }
+  shadow { target_version: 2 fraction: 0.5 }
+}
+"""
+
+
+@pytest.mark.parametrize("flip,expect", [(False, "promoted"), (True, "rolled_back")])
+def test_canary_agreement_gate(tmp_path, flip, expect):
+    """A shadow of the baseline's traffic on the candidate pairs their
+    outputs: a candidate whose top-1 differs rolls back on agreement, one
+    that agrees promotes."""
+    save_scale(tmp_path / "m" / "1" / "model.onnx", 1.0)
+    # [1, 2, 3] * [2, 2, -2] has its top-1 in the middle column, not the last
+    save_scale(tmp_path / "m" / "2" / "model.onnx", [2.0, 2.0, -2.0] if flip else 2.0)
+    srv = Rollout(tmp_path, ["m"], AGREEMENT)
+    try:
+        d = Driver(srv.port, "m")
+        st = wait_state(srv, "m", lambda s: s["state"] != "progressing", driver=d)
+        d.stop()
+        assert st["state"] == expect, st
+        code, shadow = srv.json("GET", "/v1/shadow/m")
+        assert code == 200, shadow
+        r = shadow["requests"]
+        assert r["compared"] > 0 and shadow["since_start"]["top1_rows"] > 0
+        # the candidate's own answers are never shadowed onto itself: every
+        # pair is the baseline's answer against the candidate's
+        assert shadow["since_start"]["top1_agreement"] == (0.0 if flip else 1.0), shadow
+        if flip:
+            assert st["reason"].startswith("step 20%: agreement: top-1 equal on 0 of"), st["reason"]
+            ev = [e for e in srv.events() if e["model"] == "m"]
+            assert ev[-1]["event"] == "rollback" and "agreement" in ev[-1]["reason"]
+        else:
+            assert predict(srv.port, [[1.0, 1.0, 1.0]], "/v1/models/m/labels/stable:predict") == 2
+    finally:
+        srv.kill()
+
+
+DRIFT = """
+evaluation_interval_seconds: 1
+model_rollouts {
+  model_name: "m"
+  canary {
+    candidate_version: 2
+    steps: [20, 50, 100]
+    min_requests: 100
+    min_step_seconds: 1
+    gates { max_p99_latency_ratio: -1 roll_back_on_input_drift: true }
+  }
+}
+"""
+
+
+@pytest.mark.parametrize("drifted,expect", [(False, "promoted"), (True, "rolled_back")])
+def test_canary_input_drift_gate(tmp_path, drifted, expect):
+    """The candidate's reference profile (kiln profile, uniform inputs on
+    [1, 3]) against its live inputs: traffic from the same distribution
+    promotes, a constant row (all mass in one bin of each feature) rolls the
+    candidate back on input drift."""
+    save_scale(tmp_path / "m" / "1" / "model.onnx", 1.0)
+    save_scale(tmp_path / "m" / "2" / "model.onnx", 2.0)
+    rng = np.random.default_rng(7)
+    data = tmp_path / "reference"
+    data.mkdir()
+    np.save(data / "x.npy", rng.uniform(1.0, 3.0, (4000, 3)).astype(np.float32))
+    profile = tmp_path / "m" / "2" / "assets.extra" / "kiln_profile.json"
+    profile.parent.mkdir(parents=True)
+    # 1000 values before a verdict: the JS distance of an undrifted window
+    # is then about 0.04, far below the 0.1 threshold (docs/MONITORING.md)
+    p = subprocess.run([KILN, "profile", str(tmp_path / "m" / "2" / "model.onnx"), "--data", str(data),
+                        "-o", str(profile), "--min-count", "1000"], capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 0, p.stderr
+    srv = Rollout(tmp_path, ["m"], DRIFT)
+    try:
+        live = np.random.default_rng(11)
+        rows = (lambda i: [[1.0, 2.0, 3.0]]) if drifted else \
+            (lambda i: live.uniform(1.0, 3.0, (1, 3)).round(3).tolist())
+        d = Driver(srv.port, "m", rows_fn=rows)
+        st = wait_state(srv, "m", lambda s: s["state"] != "progressing", driver=d)
+        d.stop()
+        assert st["state"] == expect, st
+        if drifted:
+            assert st["reason"].startswith("step 20%: input drift:") and "of version 2" in st["reason"], \
+                st["reason"]
+            assert "feature 'x" in st["reason"], st["reason"]
+        code, mon = srv.json("GET", "/v1/models/m/monitoring")
+        assert code == 200, mon
+        v2 = [v for v in mon["versions"] if v["version"] == 2][0]
+        alerts = [f["alert"] for f in v2["features"] if "alert" in f]
+        assert alerts and all(alerts) == drifted and any(alerts) == drifted, v2
+    finally:
+        srv.kill()
+
+
 def test_restart_resumes_step(tmp_path):
     state = tmp_path / "rollout-state.json"
     srv = canary_server(tmp_path, save_scale, state_file=state)
@@ -630,7 +739,13 @@ def test_fleet_rollout_controller(tmp_path, candidate, expect):
     ('model_rollouts { model_name: "m" canary { candidate_version: 2 gates { confidence: 1.5 } } }',
      r"canary.gates.confidence = 1.5"),
     ('model_rollouts { model_name: "m" canary { candidate_version: 2 gates { min_agreement: 0.9 } } }',
-     r"output gates are not evaluated"),
+     r"min_agreement = 0.9 needs canary.candidate_version and a shadow of this model on that version"),
+    ('model_rollouts { model_name: "m" canary { candidate_version: 2 gates { min_agreement: 0.9 } }'
+     ' shadow { target_version: 3 fraction: 1 } }', r"min_agreement = 0.9 needs"),
+    ('model_rollouts { model_name: "m" canary { candidate_version: 2 gates { min_agreement: 1.5 } } }',
+     r"canary.gates.min_agreement = 1.5: must be in \[0, 1\]"),
+    ('model_rollouts { model_name: "m" canary { candidate_version: 2 gates { max_output_divergence: 0.1 } } }',
+     r"the divergence gate is not evaluated"),
     ('model_rollouts { model_name: "m" shadow { fraction: 2 } }', r"shadow.fraction = 2"),
     ('route_key_header: "bad header"', r"route_key_header = 'bad header'"),
     ('model_rollouts { model_name: "m" } model_rollouts { model_name: "m" }', r"model_name given twice"),

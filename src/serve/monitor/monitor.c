@@ -647,3 +647,44 @@ kiln_observer kiln_monitor_observer(kiln_monitor *m)
     o.write_json = monitor_write_json;
     return o;
 }
+
+int kiln_monitor_drift(kiln_monitor *m, const char *model, int64_t version, char *what, size_t n)
+{
+    mon_version *vs[KILN_MONITOR_MAX_VERSIONS];
+    int result = -2; /* no profile, until the version is found */
+    double worst = -1.0;
+    if (what && n) what[0] = '\0';
+    pthread_mutex_lock(&m->metrics_mu); /* the snapshot buffers are shared with the metrics page */
+    int nv = monitored(m, model, vs);
+    for (int i = 0; i < nv; i++) {
+        mon_version *v = vs[i];
+        if (v->version != version) continue;
+        result = -1;
+        snapshot(v);
+        for (int fi = 0; fi < v->p->n_features; fi++) {
+            feature_stats st;
+            if (!stats_of(v, fi, &st)) continue;
+            if (result < 0) result = 0;
+            if (!st.alert) continue;
+            result++;
+            const kiln_mon_feature *f = &v->p->features[fi];
+            int num = f->kind == KILN_MON_NUMERIC;
+            /* how far past its threshold, to name the farthest feature */
+            double far = num ? fmax(st.psi / v->p->psi_threshold, st.js / v->p->js_threshold)
+                             : st.linf / v->p->linf_threshold;
+            if (far > worst && what && n) {
+                worst = far;
+                if (num)
+                    snprintf(what, n, "feature '%s': PSI %.3g (threshold %.3g), JS %.3g (threshold "
+                             "%.3g) over %lld values", f->name, st.psi, v->p->psi_threshold, st.js,
+                             v->p->js_threshold, (long long)st.count);
+                else
+                    snprintf(what, n, "feature '%s': L-infinity %.3g (threshold %.3g) over %lld "
+                             "values", f->name, st.linf, v->p->linf_threshold, (long long)st.count);
+            }
+        }
+        break;
+    }
+    pthread_mutex_unlock(&m->metrics_mu);
+    return result;
+}

@@ -33,5 +33,11 @@ kiln_status kiln_monitor_create(kiln_monitor **out);
 void kiln_monitor_free(kiln_monitor *m);
 /* The observer to register with kiln_observers_add (ctx = m). */
 kiln_observer kiln_monitor_observer(kiln_monitor *m);
+/* Input drift of one version now (the canary's drift gate): the number of
+ * its features past their threshold over the current window, with the
+ * farthest one described in what (n bytes: "feature 'x[0]': PSI 0.71 >
+ * 0.25"); 0 when none is; -1 when no feature has the profile's minimum
+ * count of values in the window yet; -2 when the version has no profile. */
+int kiln_monitor_drift(kiln_monitor *m, const char *model, int64_t version, char *what, size_t n);
 
 #endif

@@ -6,6 +6,7 @@
  * error names the file, the line (the parser's, or the line of the
  * model's model_name), the model, the field and the bad value.
  */
+#include <inttypes.h>
 #include <errno.h>
 #include <math.h>
 #include <stdarg.h>
@@ -98,8 +99,10 @@ static int header_token(const char *s)
     return 1;
 }
 
-static kiln_status check_canary(const check_ctx *c, const char *m, const KilnRollout__Canary *k)
+static kiln_status check_canary(const check_ctx *c, const char *m,
+                                const KilnRollout__ModelRollout *mr)
 {
+    const KilnRollout__Canary *k = mr->canary;
     int has_cv = k->candidate_version != 0, has_cl = k->candidate_label && k->candidate_label[0];
     if (k->candidate_version < 0)
         return fail(c, m, "canary.candidate_version = %lld: versions are positive",
@@ -162,10 +165,25 @@ static kiln_status check_canary(const check_ctx *c, const char *m, const KilnRol
         if (!isfinite(g->p99_latency_slack_us))
             return fail(c, m, "canary.gates.p99_latency_slack_us = %g: must be finite",
                         g->p99_latency_slack_us);
-        if (g->min_agreement != 0 || g->max_output_divergence != 0)
-            return fail(c, m, "canary.gates: min_agreement = %g, max_output_divergence = %g: "
-                              "output gates are not evaluated by this version of kiln serve; "
-                              "leave them 0", g->min_agreement, g->max_output_divergence);
+        if (!(g->min_agreement >= 0 && g->min_agreement <= 1))
+            return fail(c, m, "canary.gates.min_agreement = %g: must be in [0, 1]",
+                        g->min_agreement);
+        if (g->max_output_divergence != 0)
+            return fail(c, m, "canary.gates.max_output_divergence = %g: the divergence gate is "
+                              "not evaluated by this version of kiln serve; leave it 0",
+                        g->max_output_divergence);
+        if (g->min_agreement > 0) {
+            /* the pairs come from a shadow of this model on the candidate */
+            const KilnRollout__Shadow *sh = mr->shadow;
+            int same_model = sh && (!sh->target_model || !sh->target_model[0] ||
+                                    strcmp(sh->target_model, mr->model_name) == 0);
+            if (k->candidate_version <= 0 || !same_model ||
+                sh->target_version != k->candidate_version)
+                return fail(c, m, "canary.gates.min_agreement = %g needs canary.candidate_version "
+                                  "and a shadow of this model on that version (shadow { "
+                                  "target_version: %" PRId64 " fraction: ... })",
+                            g->min_agreement, k->candidate_version);
+        }
     }
     return KILN_OK;
 }
@@ -215,7 +233,7 @@ static kiln_status check(const check_ctx *c, const KilnRollout__RolloutConfig *c
         }
         if (mr->n_split && !(sum > 0)) return fail(c, m, "split: the weights sum to 0");
         if (mr->canary) {
-            kiln_status st = check_canary(c, m, mr->canary);
+            kiln_status st = check_canary(c, m, mr);
             if (st != KILN_OK) return st;
         }
         if (mr->shadow) {

@@ -572,7 +572,10 @@ static int round_once(const kiln_rollout_controller_options *o, const prom_url *
         kiln_gate_params gp = {g && g->max_error_rate_increase ? g->max_error_rate_increase : 0.01,
                                g && g->max_p99_latency_ratio ? g->max_p99_latency_ratio : 1.5,
                                g && g->confidence ? g->confidence : 0.95,
-                               g && g->p99_latency_slack_us ? g->p99_latency_slack_us : 200.0};
+                               g && g->p99_latency_slack_us ? g->p99_latency_slack_us : 200.0,
+                               /* the agreement gate needs the replicas' shadow pairs, which
+                                  Prometheus does not carry as counts: not judged here */
+                               0.0};
         kiln_gate_arm ac = {c.ok + c.err, c.err, c.n_buckets ? c.hist : NULL, c.bounds, c.n_buckets};
         kiln_gate_arm ab = {b.ok + b.err, b.err, b.n_buckets ? b.hist : NULL, b.bounds, b.n_buckets};
         kiln_gate_result res;

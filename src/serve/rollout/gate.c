@@ -237,3 +237,31 @@ void kiln_gate_evaluate(const kiln_gate_params *p, const kiln_gate_arm *c, const
         snprintf(out->reason, sizeof out->reason, "%s", hold_why);
     } else out->verdict = KILN_GATE_PASS;
 }
+
+void kiln_gate_agreement(const kiln_gate_params *p, uint64_t agree, uint64_t paired,
+                         kiln_gate_result *out)
+{
+    if (p->min_agreement <= 0) return;
+    if (agree > paired) agree = paired;
+    double conf = p->confidence > 0.5 && p->confidence < 1.0 ? p->confidence : 0.95;
+    double z = kiln_gate_norm_quantile(conf);
+    out->paired = paired;
+    out->agree = agree;
+    kiln_gate_wilson(agree, paired, z, &out->agree_lo, &out->agree_hi);
+    if (out->verdict == KILN_GATE_FAIL) return;
+    double rate = paired ? (double)agree / (double)paired : 0.0;
+    if (paired > 0 && out->agree_hi < p->min_agreement) {
+        out->verdict = KILN_GATE_FAIL;
+        snprintf(out->reason, sizeof out->reason,
+                 "agreement: top-1 equal on %llu of %llu paired rows (%.4f); at most %.4f with "
+                 "confidence %.3g, below the required %.4f",
+                 (unsigned long long)agree, (unsigned long long)paired, rate, out->agree_hi, conf,
+                 p->min_agreement);
+    } else if (out->agree_lo < p->min_agreement && out->verdict == KILN_GATE_PASS) {
+        out->verdict = KILN_GATE_HOLD;
+        snprintf(out->reason, sizeof out->reason,
+                 "agreement: %.4f on %llu paired rows, at least %.4f with confidence %.3g "
+                 "(required %.4f); more pairs needed",
+                 rate, (unsigned long long)paired, out->agree_lo, conf, p->min_agreement);
+    }
+}

@@ -57,6 +57,8 @@ typedef struct kiln_gate_params {
     double max_p99_latency_ratio;         /* <= 0: gate off */
     double confidence;                    /* one-sided, in (0.5, 1) */
     double p99_slack_us;                  /* absolute slack of the p99 gate (>= 0) */
+    double min_agreement;                 /* top-1 agreement gate (kiln_gate_agreement);
+                                             <= 0: off */
 } kiln_gate_params;
 
 typedef struct kiln_gate_result {
@@ -65,6 +67,8 @@ typedef struct kiln_gate_result {
     double err_candidate, err_baseline;   /* observed error rates */
     double diff_lo, diff_hi;              /* one-sided bounds of candidate - baseline */
     double p99_candidate, p99_baseline;   /* point estimates (us), 0 without data */
+    uint64_t paired, agree;               /* agreement gate: rows compared, top-1 equal */
+    double agree_lo, agree_hi;            /* one-sided Wilson bounds of the agreement */
 } kiln_gate_result;
 
 /* Upper bound (us) of bucket i (the overflow bucket: +inf). */
@@ -93,5 +97,16 @@ double kiln_gate_arm_rank(const kiln_gate_arm *a, uint64_t r);
 /* The window's verdict. */
 void kiln_gate_evaluate(const kiln_gate_params *p, const kiln_gate_arm *candidate,
                         const kiln_gate_arm *baseline, kiln_gate_result *out);
+/*
+ * The agreement gate, folded into a verdict kiln_gate_evaluate made: of
+ * `paired` rows the baseline answered and the candidate also ran (a shadow
+ * of the baseline's traffic on the candidate), `agree` had the same top-1.
+ * With the Wilson score interval of agree/paired, one-sided at the
+ * confidence: FAIL when its upper bound is below min_agreement, HOLD
+ * while its lower bound is (more pairs needed), else it passes. Off when
+ * p->min_agreement <= 0. A FAIL already in out stays, with its reason.
+ */
+void kiln_gate_agreement(const kiln_gate_params *p, uint64_t agree, uint64_t paired,
+                         kiln_gate_result *out);
 
 #endif

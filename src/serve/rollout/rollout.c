@@ -86,6 +86,8 @@ typedef struct mstate {
     int label_moved;                     /* controlled and promoted: stable was moved */
     double step_start;                   /* monotonic seconds */
     wcount snap_c, snap_b;
+    uint64_t snap_agree, snap_paired;    /* the pairs source at the window's start */
+    int drift_gate;                      /* gates.roll_back_on_input_drift */
     kiln_gate_result last;
     uint64_t win_c, win_b;               /* requests in the last evaluated window */
     char reason[560];
@@ -122,6 +124,12 @@ struct kiln_rollout {
     int n_subs;
     kiln_rollout_config_fn sub_fn[KILN_ROLLOUT_MAX_SUBSCRIBERS];
     void *sub_ctx[KILN_ROLLOUT_MAX_SUBSCRIBERS];
+    /* the agreement gate's pairs (shadow traffic) */
+    kiln_rollout_pairs_fn pairs_fn;
+    void *pairs_ctx;
+    /* the input drift gate's source (model monitoring) */
+    kiln_rollout_drift_fn drift_fn;
+    void *drift_ctx;
     /* controller thread */
     pthread_t thread;
     int started;
@@ -596,6 +604,8 @@ static void state_init(mstate *m, const KilnRollout__ModelRollout *mr)
     m->gp.max_error_rate_increase = g && g->max_error_rate_increase ? g->max_error_rate_increase : 0.01;
     m->gp.max_p99_latency_ratio = g && g->max_p99_latency_ratio ? g->max_p99_latency_ratio : 1.5;
     m->gp.p99_slack_us = g && g->p99_latency_slack_us ? g->p99_latency_slack_us : 200.0;
+    m->gp.min_agreement = g ? g->min_agreement : 0.0;
+    m->drift_gate = g && g->roll_back_on_input_drift;
 }
 
 /* Same canary (model, candidate, steps, baseline spec): the state carries over a reload. */
@@ -614,10 +624,20 @@ static int same_canary(const mstate *a, const KilnRollout__ModelRollout *mr)
                   mr->canary->baseline_label ? mr->canary->baseline_label : "") == 0;
 }
 
+/* The pairs source's cumulative counts for m's candidate (0, 0 without one). */
+static void pairs_read(kiln_rollout *r, const mstate *m, uint64_t *agree, uint64_t *paired)
+{
+    *agree = *paired = 0;
+    if (m->gp.min_agreement > 0 && r->pairs_fn && m->candidate >= 0)
+        r->pairs_fn(r->pairs_ctx, m->model, m->candidate, agree, paired);
+}
+
 static void open_window(kiln_rollout *r, mstate *m)
 {
     slot_read(r, m->model, m->candidate, &m->snap_c);
     slot_read(r, m->model, m->baseline, &m->snap_b);
+    m->snap_agree = m->snap_paired = 0;
+    pairs_read(r, m, &m->snap_agree, &m->snap_paired);
     m->step_start = mono_s();
     m->window_open = 1;
     m->holding = 0;
@@ -691,6 +711,32 @@ static int evaluate(kiln_rollout *r, mstate *m)
     m->win_c = ac.requests;
     m->win_b = ab.requests;
     kiln_gate_evaluate(&m->gp, &ac, &ab, &m->last);
+    if (m->gp.min_agreement > 0) {
+        uint64_t agree, paired;
+        pairs_read(r, m, &agree, &paired);
+        agree = agree >= m->snap_agree ? agree - m->snap_agree : 0;
+        paired = paired >= m->snap_paired ? paired - m->snap_paired : 0;
+        kiln_gate_agreement(&m->gp, agree, paired, &m->last);
+    }
+    if (m->drift_gate && r->drift_fn && m->last.verdict != KILN_GATE_FAIL) {
+        char what[256];
+        int d = r->drift_fn(r->drift_ctx, m->model, m->candidate, what, sizeof what);
+        if (d == -1 && m->last.verdict == KILN_GATE_PASS) {
+            m->last.verdict = KILN_GATE_HOLD;
+            snprintf(m->last.reason, sizeof m->last.reason,
+                     "input drift: too few of version %" PRId64 "'s input values in the "
+                     "monitoring window to tell (its profile's min_count)", m->candidate);
+        } else if (d > 0) {
+            m->last.verdict = KILN_GATE_FAIL;
+            int k = snprintf(m->last.reason, sizeof m->last.reason,
+                             "input drift: %d feature%s of version %" PRId64 " past the "
+                             "profile's thresholds; farthest ", d, d == 1 ? "" : "s", m->candidate);
+            if (k > 0 && (size_t)k < sizeof m->last.reason) /* the description, cut to fit */
+                memcpy(m->last.reason + k, what,
+                       strnlen(what, sizeof m->last.reason - (size_t)k - 1) + 1);
+            m->last.reason[sizeof m->last.reason - 1] = '\0';
+        }
+    }
     double elapsed = mono_s() - m->step_start;
     if (m->last.verdict == KILN_GATE_FAIL) {
         char why[512];
@@ -1189,4 +1235,20 @@ static void admin(void *ctx, kiln_server *s, const kiln_http_request *req, kiln_
     write_model_json(r, m, &rep->body);
     pthread_mutex_unlock(&r->mu);
     reply_json(rep, 200);
+}
+
+void kiln_rollout_set_pairs(kiln_rollout *r, kiln_rollout_pairs_fn fn, void *ctx)
+{
+    pthread_mutex_lock(&r->mu);
+    r->pairs_fn = fn;
+    r->pairs_ctx = ctx;
+    pthread_mutex_unlock(&r->mu);
+}
+
+void kiln_rollout_set_drift(kiln_rollout *r, kiln_rollout_drift_fn fn, void *ctx)
+{
+    pthread_mutex_lock(&r->mu);
+    r->drift_fn = fn;
+    r->drift_ctx = ctx;
+    pthread_mutex_unlock(&r->mu);
 }

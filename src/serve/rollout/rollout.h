@@ -69,6 +69,27 @@ typedef struct kiln_rollout kiln_rollout;
 typedef void (*kiln_rollout_config_fn)(void *ctx, const KilnRollout__RolloutConfig *cfg);
 kiln_status kiln_rollout_subscribe(kiln_rollout *r, kiln_rollout_config_fn fn, void *ctx);
 
+/* The agreement gate's source (canary.gates.min_agreement): fn gives, for a
+ * model and its canary's candidate version, cumulative counts of rows the
+ * baseline answered that the candidate also ran (`paired`) and of those
+ * whose top-1 was the same (`agree`); the controller takes their increase
+ * over each step's window. `kiln serve` sets it to the shadow traffic's
+ * counts (a shadow of the model on the candidate version). Without a
+ * source the gate sees no pairs and holds. */
+typedef void (*kiln_rollout_pairs_fn)(void *ctx, const char *model, int64_t candidate,
+                                      uint64_t *agree, uint64_t *paired);
+void kiln_rollout_set_pairs(kiln_rollout *r, kiln_rollout_pairs_fn fn, void *ctx);
+
+/* The input drift gate's source (canary.gates.roll_back_on_input_drift):
+ * fn answers for a model version how many features drift past their
+ * thresholds now (what: the farthest, n bytes), 0 when none, -1 when too
+ * few values have been seen to tell (the gate holds), -2 when the version
+ * has no reference profile (the gate has nothing to judge and is skipped).
+ * `kiln serve` sets it to the model monitor (src/serve/monitor/). */
+typedef int (*kiln_rollout_drift_fn)(void *ctx, const char *model, int64_t version, char *what,
+                                     size_t n);
+void kiln_rollout_set_drift(kiln_rollout *r, kiln_rollout_drift_fn fn, void *ctx);
+
 /* Read and check a rollout file. On success *out owns the message (free it
  * with kiln_rollout__rollout_config__free_unpacked(*out, NULL)); on failure
  * err (KILN_ROLLOUT_ERR_LEN) says what and where. */

@@ -347,6 +347,13 @@ static void shadow_after(void *ctx, const kiln_observation *o)
         pthread_rwlock_unlock(&sh->cfg);
         return;
     }
+    /* a request the target version itself answered has nothing to be
+     * compared with (a canary's candidate shadowing its own traffic) */
+    if (e->target_version >= 0 && o->sv->version == e->target_version &&
+        strcmp(e->target_model[0] ? e->target_model : e->model, o->model) == 0) {
+        pthread_rwlock_unlock(&sh->cfg);
+        return;
+    }
     atomic_fetch_add_explicit(&e->seen, 1, memory_order_relaxed);
     if (e->fraction > 0.0 && (e->fraction >= 1.0 || uniform01() < e->fraction)) {
         atomic_fetch_add_explicit(&e->sampled, 1, memory_order_relaxed);
