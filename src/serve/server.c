@@ -37,6 +37,7 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 
 /* Per-request state, from MHD's first call to its completion callback. */
@@ -153,6 +154,32 @@ static int peer_is_loopback(struct MHD_Connection *c)
         return IN6_IS_ADDR_V4MAPPED(a) && a->s6_addr[12] == 127;
     }
     return sa->sa_family == AF_UNIX;
+}
+
+/* libmicrohttpd's own connection limit (FD_SETSIZE - 4), which held on
+ * epoll too: that many connections trickling their headers (slowloris)
+ * blocked every other client. */
+#define KILN_MHD_SELECT_LIMIT 1020u
+#define KILN_MAX_CONNECTIONS 16384u
+
+/* How many REST connections to allow: the open-file limit, raised to its
+ * hard limit (as servers do), less a reserve for model files, gRPC and
+ * logs, within [KILN_MHD_SELECT_LIMIT, KILN_MAX_CONNECTIONS]. At 16 KiB of
+ * memory pool each, the top is 256 MiB. */
+static unsigned connection_limit(void)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0) return KILN_MHD_SELECT_LIMIT;
+    rlim_t want = KILN_MAX_CONNECTIONS + 1024;
+    if (rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < want) {
+        struct rlimit up = rl;
+        up.rlim_cur = rl.rlim_max == RLIM_INFINITY || rl.rlim_max > want ? want : rl.rlim_max;
+        if (setrlimit(RLIMIT_NOFILE, &up) == 0) rl = up;
+    }
+    rlim_t n = rl.rlim_cur == RLIM_INFINITY ? want : rl.rlim_cur;
+    n = n > 1024 ? n - 1024 : 0;
+    if (n < KILN_MHD_SELECT_LIMIT) return KILN_MHD_SELECT_LIMIT;
+    return n > KILN_MAX_CONNECTIONS ? KILN_MAX_CONNECTIONS : (unsigned)n;
 }
 
 int kiln_server_authorize(const kiln_server *s, const kiln_http_request *req, const char *scope)
@@ -513,12 +540,22 @@ kiln_status kiln_server_start(kiln_server *s, const kiln_server_options *opt, ki
             return st;
         }
     }
+    unsigned conn_limit = connection_limit();
     s->daemon = MHD_start_daemon(
         flags, (uint16_t)opt->rest_port, NULL, NULL, on_request, s, MHD_OPTION_SOCK_ADDR,
         (struct sockaddr *)&addr, MHD_OPTION_THREAD_POOL_SIZE, (unsigned)opt->num_threads,
         MHD_OPTION_NOTIFY_COMPLETED, on_completed, s, MHD_OPTION_CONNECTION_TIMEOUT,
         (unsigned)120, MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)(16 * 1024),
-        MHD_OPTION_LISTENING_ADDRESS_REUSE, (unsigned)1, MHD_OPTION_ARRAY, tls_opts, MHD_OPTION_END);
+        MHD_OPTION_CONNECTION_LIMIT, conn_limit, MHD_OPTION_LISTENING_ADDRESS_REUSE, (unsigned)1,
+        MHD_OPTION_ARRAY, tls_opts, MHD_OPTION_END);
+    if (!s->daemon && conn_limit > KILN_MHD_SELECT_LIMIT) /* a libmicrohttpd on select() */
+        s->daemon = MHD_start_daemon(
+            flags, (uint16_t)opt->rest_port, NULL, NULL, on_request, s, MHD_OPTION_SOCK_ADDR,
+            (struct sockaddr *)&addr, MHD_OPTION_THREAD_POOL_SIZE, (unsigned)opt->num_threads,
+            MHD_OPTION_NOTIFY_COMPLETED, on_completed, s, MHD_OPTION_CONNECTION_TIMEOUT,
+            (unsigned)120, MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)(16 * 1024),
+            MHD_OPTION_LISTENING_ADDRESS_REUSE, (unsigned)1, MHD_OPTION_ARRAY, tls_opts,
+            MHD_OPTION_END);
     if (!s->daemon) {
         if (opt->tls) atomic_store(&https_in_use, 0);
         if (opt->offload) {
@@ -536,7 +573,11 @@ void kiln_server_stop(kiln_server *s, int drain_ms)
 {
     atomic_store(&s->shutting_down, 1);
     if (!s->daemon) return;
-    MHD_socket fd = MHD_quiesce_daemon(s->daemon); /* stop accepting */
+    /* stop accepting, and close the listening socket now: left open through
+     * the drain, the kernel would keep completing connections into its
+     * backlog that nobody accepts, all reset at the end */
+    MHD_socket fd = MHD_quiesce_daemon(s->daemon);
+    if (fd != MHD_INVALID_SOCKET) close(fd);
     for (int waited = 0; atomic_load(&s->in_flight) > 0 && waited < drain_ms; waited += 10)
         usleep(10 * 1000);
     if (s->opt.offload) {
@@ -549,7 +590,6 @@ void kiln_server_stop(kiln_server *s, int drain_ms)
     }
     MHD_stop_daemon(s->daemon);
     if (s->opt.offload) request_threads_free(s);
-    if (fd != MHD_INVALID_SOCKET) close(fd);
     s->daemon = NULL;
     if (s->opt.tls) atomic_store(&https_in_use, 0);
     kiln_metrics_free(s->metrics);
