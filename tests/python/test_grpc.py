@@ -661,6 +661,35 @@ def test_reflection(srv, pb, version):
     assert resps[4].error_response.error_code == grpc.StatusCode.NOT_FOUND.value[0]
 
 
+def test_reflection_client_tool(srv):
+    """tools/grpc_reflect.py: no generated code, only what reflection tells it."""
+    tool = [sys.executable, str(REPO / "tools" / "grpc_reflect.py"), f"127.0.0.1:{srv.grpc}"]
+    r = subprocess.run(tool + ["list"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert {"tensorflow.serving.PredictionService", "tensorflow.serving.ModelService",
+            "grpc.health.v1.Health"} <= set(r.stdout.split())
+    r = subprocess.run(tool + ["describe", "tensorflow.serving.PredictionService"], capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "rpc Predict(tensorflow.serving.PredictRequest) returns (tensorflow.serving.PredictResponse)" \
+        in r.stdout, r.stdout
+    x = [[1.0, -2.0, 0.5], [3.0, 0.0, -1.5]]
+    req = {"model_spec": {"name": "aff"}, "inputs": {"x": {
+        "dtype": "DT_FLOAT", "tensor_shape": {"dim": [{"size": 2}, {"size": 3}]},
+        "float_val": [v for row in x for v in row]}}}
+    r = subprocess.run(tool + ["call", "tensorflow.serving.PredictionService/Predict", json.dumps(req)],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    y = json.loads(r.stdout)["outputs"]["y"]
+    assert y["dtype"] == "DT_FLOAT" and [int(d["size"]) for d in y["tensor_shape"]["dim"]] == [2, 3]
+    np.testing.assert_array_equal(np.array(y["float_val"], np.float32).reshape(2, 3),
+                                  affine(np.array(x, np.float32)))
+    req["model_spec"]["name"] = "nope"
+    r = subprocess.run(tool + ["call", "tensorflow.serving.PredictionService/Predict", json.dumps(req)],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and "NOT_FOUND" in r.stderr, (r.returncode, r.stderr)
+
+
 # ------------------------------------------------------------------ Classify, Regress, MultiInference, reload
 
 TESTDATA = Path(os.environ.get("KILN_TESTDATA") or REPO.parent / "shared" / "testdata")
