@@ -991,6 +991,49 @@ def test_full_batch_queue_unavailable(tmp_path, pb):
         s.kill()
 
 
+def test_cancelled_call_leaves_its_batch(tmp_path, pb):
+    """A call cancelled (RST_STREAM) while its batch is still open is dropped
+    when the batch forms: the batch runs only the other call's rows."""
+    s = batching_server(tmp_path, """
+        max_batch_size { value: 8 }
+        batch_timeout_micros { value: 2000000 }
+        max_enqueued_batches { value: 100 }
+        num_batch_threads { value: 1 }
+    """)
+    try:
+        fn = s.channel.unary_unary(PS + "Predict", request_serializer=lambda m: m.SerializeToString(),
+                                   response_deserializer=pb.predict.PredictResponse.FromString)
+        xa = np.full((1, 3), 2.0, np.float32)
+        xb = np.full((3, 3), 5.0, np.float32)
+        fa = fn.future(predict_request(pb, "aff", {"x": tensor_content(pb, xa, 1)}), timeout=30)
+        fb = fn.future(predict_request(pb, "aff", {"x": tensor_content(pb, xb, 1)}), timeout=30)
+        in_flight = 'kiln_model_version_requests_in_flight{model_name="aff",version="1"}'
+
+        def gauge():
+            return metric_value(s.http("GET", "/metrics")[1].decode(), in_flight)
+        # both calls hold the version: they wait in the open batch (2 s timeout)
+        limit = time.time() + 10
+        while gauge() != 2 and time.time() < limit:
+            time.sleep(0.02)
+        assert gauge() == 2
+        time.sleep(0.2)  # from acquiring the version to joining the batch: microseconds
+        assert not fa.done() and not fb.done()
+        assert fb.cancel()
+        np.testing.assert_array_equal(to_numpy(pb, fa.result().outputs["y"]), affine(xa))
+        assert fb.cancelled()
+        text = s.http("GET", "/metrics")[1].decode()
+        # one run, of A's single row: B's three rows never joined it
+        assert metric_value(text, 'kiln_batch_size_count{model_name="aff",version="1"}') == 1, text
+        assert metric_value(text, 'kiln_batch_size_sum{model_name="aff",version="1"}') == 1, text
+        assert metric_value(text, 'kiln_batch_cancelled_total{model_name="aff",version="1"}') == 1, text
+        limit = time.time() + 10
+        while gauge() != 0 and time.time() < limit:
+            time.sleep(0.02)
+        assert gauge() == 0  # the cancelled call let go of the version
+    finally:
+        s.kill()
+
+
 def test_port_in_use(tmp_path):
     """A taken default port leaves REST serving (logged); an explicit --port must open."""
     save_affine(tmp_path / "aff" / "1" / "model.onnx", [1.0, 1.0, 1.0], [0.0, 0.0, 0.0])
