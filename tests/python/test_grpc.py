@@ -438,6 +438,30 @@ def test_predict_errors(srv, pb):
     srv.call(PS + "Predict", predict_request(pb, "aff", {"x": x}), P)
 
 
+def test_string_tensor_claims_bounded(srv, pb):
+    """A few bytes may not make the server allocate what a shape claims:
+    more strings than tensor_content has bytes, or one string_val repeated
+    into millions of copies (found by fuzz_tensor_proto and fuzz_warmup)."""
+    others = {}
+    for name, (_, _, code, _) in TYPES.items():
+        others[f"in_{name}"] = pb.tensor.TensorProto(dtype=code)  # zeros of shape [1, 2]
+        others[f"in_{name}"].tensor_shape.dim.add(size=1)
+        others[f"in_{name}"].tensor_shape.dim.add(size=2)
+    t = pb.tensor.TensorProto(dtype=7, tensor_content=b"\x01a\x01b")
+    t.tensor_shape.dim.add(size=1 << 30)  # 16 GiB of string pointers, under the 64 GiB tensor cap
+    t.tensor_shape.dim.add(size=2)
+    expect_error(lambda: srv.call(PS + "Predict", predict_request(pb, "ids", dict(others, in_str=t)),
+                                  pb.predict.PredictResponse),
+                 grpc.StatusCode.INVALID_ARGUMENT, "too few for the")
+    t = pb.tensor.TensorProto(dtype=7, string_val=[b"x" * 1000])
+    t.tensor_shape.dim.add(size=1 << 22)
+    t.tensor_shape.dim.add(size=2)
+    details = expect_error(lambda: srv.call(PS + "Predict", predict_request(pb, "ids", dict(others, in_str=t)),
+                                            pb.predict.PredictResponse),
+                           grpc.StatusCode.INVALID_ARGUMENT)
+    assert "would repeat a 1000-byte string" in details, details
+
+
 def test_large_tensor(srv, pb):
     rows = 1_700_000  # 20 MB of float32 each way
     x = np.random.default_rng(2).standard_normal((rows, 3)).astype(np.float32)
