@@ -1,28 +1,42 @@
 #!/usr/bin/python3
 """grpc_bench.py - `kiln serve`'s gRPC API against its own REST API on the
-same server: h2load (Debian's nghttp2-client) posting a pre-framed
-PredictRequest to /tensorflow.serving.PredictionService/Predict, and wrk
-posting the same row as TF Serving REST JSON, on loopback.
+same server and against a gRPC peer: a Node.js @grpc/grpc-js server around
+onnxruntime-node (bench/serve/grpc_node_server.js), on loopback.
 
-For each model (bench/models/<name>, as bench/serve/run.sh exports them;
-one row of the exporter's inputs) one server is started with both APIs. A
-python3-grpcio call first checks that gRPC answers grpc-status 0 with the
-same outputs as REST (h2load only checks :status). Then, for each
-concurrency (1, 16, 64), wrk runs with that many connections and h2load with
-min(c, 4) connections of c / min(c, 4) streams each (gRPC clients multiplex
-streams on few connections). h2load reports no percentiles: its mean and
-max per request are given, wrk's p50 and p99.
+For each model (bench/models/<name>, as tools/export_models.py exports them;
+one row of the exporter's inputs) one Kiln server is started with both APIs,
+and one Node peer. Before measuring, a python3-grpcio call checks that both
+gRPC servers answer grpc-status 0 with the outputs of Kiln's REST API (Kiln
+exactly, the peer within 1e-4 relative). Then, for each concurrency c (1, 16,
+64 concurrent requests), three runs of --duration seconds each:
 
-Usage:
-    /usr/bin/python3 bench/serve/grpc_bench.py [--models tabular_mlp,resnet18]
-        [--conns 1,16,64] [--duration 10] [--kiln build/kiln]
+  Kiln REST   wrk, c connections, posting the row as TF Serving REST JSON
+  Kiln gRPC   h2load (Debian's nghttp2-client), min(c, 4) connections of
+              c / min(c, 4) streams each (gRPC clients multiplex streams on
+              few connections), posting a pre-framed request: the 5-byte gRPC
+              prefix plus a serialized PredictRequest (tensor_content)
+  Node gRPC   the same h2load run against the peer
+
+Requests/s count completed requests; p50/p99 come from wrk's histogram and
+from h2load's per-request --log-file. h2load checks only :status, so each
+gRPC run is followed by one grpcio call that must still answer status 0, and
+Kiln's error counter (its /metrics page; CANCELLED aside, since h2load ends a
+timed run with streams in flight) must not have grown. It prints
+one line per point, the ratios Kiln gRPC / Kiln REST and Kiln gRPC / Node
+gRPC (requests/s), and a markdown table.
+
+Usage (needs bench/models, bench/node_modules: `bench/serve/run.sh` or
+`tools/export_models.py --out bench/models --models tabular_mlp,resnet18` and
+`cd bench && npm ci --ignore-scripts`):
+
+    /usr/bin/python3 bench/serve/grpc_bench.py --models tabular_mlp,resnet18 \
+        --conns 1,16,64 --duration 10 [--kiln build/kiln] [--json-out F]
     /usr/bin/python3 bench/serve/grpc_bench.py --smoke   # tiny model, 1 s runs
 
 Not part of `make test`; figures from a shared or loaded machine are noise.
 """
 
 import argparse
-import importlib.util
 import json
 import os
 import re
@@ -32,6 +46,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 
 import numpy as np
 
@@ -108,12 +123,12 @@ def read_varint(buf, i):
             return v, i
 
 
-def check_grpc(port, msg, rest_answer):
-    """One call with python3-grpcio: status OK, and the outputs equal REST's."""
+def grpc_outputs(port, msg, timeout=60):
+    """One Predict call with python3-grpcio: {output name: float32 values}."""
     import grpc
     with grpc.insecure_channel(f"127.0.0.1:{port}",
                                options=[("grpc.max_receive_message_length", 1 << 30)]) as ch:
-        raw = ch.unary_unary("/tensorflow.serving.PredictionService/Predict")(msg, timeout=60)
+        raw = ch.unary_unary("/tensorflow.serving.PredictionService/Predict")(msg, timeout=timeout)
     got = {}
     for num, _, entry in fields(raw):
         if num != 1:  # PredictResponse.outputs
@@ -123,34 +138,70 @@ def check_grpc(port, msg, rest_answer):
         vals = b"".join(v for n, wt, v in t if n == 5 and wt == 2)  # packed float_val
         content = b"".join(v for n, _, v in t if n == 4)
         got[kv[1].decode()] = np.frombuffer(content or vals, np.float32)
+    return got
+
+
+def check_grpc(who, port, msg, rest_answer, rtol):
+    """grpc-status 0, and the outputs equal REST's (within rtol of the largest)."""
+    got = grpc_outputs(port, msg)
     preds = rest_answer["predictions"]
     row = preds[0]
-    if isinstance(row, dict):
-        for k, v in row.items():
-            if not np.array_equal(got[k], np.asarray(v, np.float32).ravel()):
-                raise SystemExit(f"grpc_bench: gRPC and REST disagree on output {k}")
-    elif not np.array_equal(next(iter(got.values())), np.asarray(preds, np.float32).ravel()):
-        raise SystemExit("grpc_bench: gRPC and REST disagree")
+    want = ({k: np.asarray(v, np.float32).ravel() for k, v in row.items()} if isinstance(row, dict)
+            else {None: np.asarray(preds, np.float32).ravel()})
+    for k, v in want.items():
+        g = got.get(k) if k is not None else next(iter(got.values()), None)
+        if g is None or g.shape != v.shape:
+            raise SystemExit(f"grpc_bench: {who}: output {k} missing or of another size")
+        scale = max(1.0, float(np.max(np.abs(v)))) if v.size else 1.0
+        err = float(np.max(np.abs(g.astype(np.float64) - v))) if v.size else 0.0
+        if err > rtol * scale:
+            raise SystemExit(f"grpc_bench: {who} and Kiln REST disagree on output {k} (max error {err})")
 
 
-def run_h2load(url, body_path, conns, duration):
+def percentile(sorted_vals, q):
+    if not sorted_vals:
+        return None
+    i = min(len(sorted_vals) - 1, max(0, int(round(q / 100.0 * len(sorted_vals) + 0.5)) - 1))
+    return sorted_vals[i]
+
+
+def run_h2load(url, body_path, conns, duration, log_path):
+    """h2load posting the pre-framed request with `conns` streams in flight."""
     c = min(conns, 4)
     m = max(1, conns // c)
-    cmd = ["h2load", f"-c{c}", f"-m{m}", f"-D{duration}", "-H", "content-type: application/grpc",
-           "-H", "te: trailers", "-d", body_path, url]
+    cmd = ["h2load", f"-c{c}", f"-m{m}", f"-t{min(c, 2)}", f"-D{duration}",
+           "-H", "content-type: application/grpc", "-H", "te: trailers",
+           "-d", body_path, f"--log-file={log_path}", url]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=duration + 120)
     out = r.stdout
-    fin = re.search(r"finished in ([\d.]+)(m?s), ([\d.]+) req/s", out)
     reqs = re.search(r"requests: (\d+) total, \d+ started, (\d+) done, (\d+) succeeded, (\d+) failed", out)
-    lat = re.search(r"time for request:\s+([\d.]+)(us|ms|s)\s+([\d.]+)(us|ms|s)\s+([\d.]+)(us|ms|s)", out)
-    if r.returncode != 0 or not fin or not reqs:
+    fin = re.search(r"finished in ([\d.]+)(m?s),", out)
+    if r.returncode != 0 or not reqs or not fin:
         raise RuntimeError(f"h2load failed ({r.returncode}): {out[-800:]} {r.stderr[-300:]}")
+    lat = []
+    with open(log_path) as f:
+        for line in f:
+            cols = line.split("\t")
+            if len(cols) >= 3 and cols[1] == "200":
+                lat.append(int(cols[2]) / 1e3)
+    lat.sort()
+    secs = float(fin.group(1)) / (1e3 if fin.group(2) == "ms" else 1.0)
+    return {"rps": len(lat) / secs if secs > 0 else 0.0, "succeeded": int(reqs.group(3)),
+            "failed": int(reqs.group(4)), "p50_ms": percentile(lat, 50), "p99_ms": percentile(lat, 99),
+            "max_ms": lat[-1] if lat else None, "cmd": " ".join(cmd)}
 
-    def ms(v, unit):
-        return float(v) * {"us": 1e-3, "ms": 1.0, "s": 1e3}[unit]
-    return {"rps": float(fin.group(3)), "succeeded": int(reqs.group(3)), "failed": int(reqs.group(4)),
-            "mean_ms": ms(lat.group(5), lat.group(6)) if lat else None,
-            "max_ms": ms(lat.group(3), lat.group(4)) if lat else None, "cmd": " ".join(cmd)}
+
+def kiln_errors(rest_port):
+    """Kiln's count of requests that ended with an error (its /metrics page),
+    CANCELLED aside: h2load ends a timed run by closing its connections with
+    streams in flight, which the server records as cancelled calls."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{rest_port}/metrics", timeout=30) as r:
+        text = r.read().decode()
+    n = 0
+    for line in text.splitlines():
+        if line.startswith("kiln_request_errors_total{") and 'code="CANCELLED"' not in line:
+            n += float(line.rsplit(" ", 1)[1])
+    return n
 
 
 def smoke_model(tmp):
@@ -167,6 +218,48 @@ def smoke_model(tmp):
     return os.path.join(tmp, "models")
 
 
+def start_node_peer(model_onnx, name, tmp):
+    port = serve_bench.free_port()
+    log = open(os.path.join(tmp, f"{name}-node-grpc.log"), "w")
+    proc = subprocess.Popen([serve_bench.NODE, os.path.join(SERVE, "grpc_node_server.js"), model_onnx, name,
+                             str(port), "--threads", str(os.cpu_count() or 1)],
+                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    return proc, port, log
+
+
+def wait_grpc(who, proc, port, msg, log, limit_s=120):
+    deadline = time.time() + limit_s
+    while True:
+        try:
+            grpc_outputs(port, msg, timeout=30)
+            return
+        except Exception:
+            if time.time() > deadline or proc.poll() is not None:
+                raise SystemExit(f"grpc_bench: {who} not ready; see {log.name}")
+            time.sleep(0.5)
+
+
+def fnum(x, fmt):
+    return "-" if x is None else format(x, fmt)
+
+
+def ratio(a, b):
+    return f"{a / b:.2f}x" if a and b else "-"
+
+
+def table(records):
+    lines = ["| model | streams | Kiln gRPC req/s | p50 ms | p99 ms | Kiln REST req/s | p50 ms | p99 ms "
+             "| Node gRPC req/s | p50 ms | p99 ms | gRPC / REST | gRPC / Node |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in records:
+        k, w, n = r["kiln_grpc"], r["kiln_rest"], r["node_grpc"]
+        lines.append(f"| {r['model']} | {r['concurrency']} | {fnum(k['rps'], '.0f')} | {fnum(k['p50_ms'], '.2f')} "
+                     f"| {fnum(k['p99_ms'], '.2f')} | {fnum(w['rps'], '.0f')} | {fnum(w['p50_ms'], '.2f')} "
+                     f"| {fnum(w['p99_ms'], '.2f')} | {fnum(n['rps'], '.0f')} | {fnum(n['p50_ms'], '.2f')} "
+                     f"| {fnum(n['p99_ms'], '.2f')} | {ratio(k['rps'], w['rps'])} | {ratio(k['rps'], n['rps'])} |")
+    return "\n".join(lines)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--models", default="tabular_mlp,resnet18")
@@ -177,15 +270,18 @@ def main():
     ap.add_argument("--smoke", action="store_true", help="a tiny model, 1 s per run")
     ap.add_argument("--json-out")
     args = ap.parse_args()
+    if not os.path.isdir(os.path.join(REPO, "bench", "node_modules", "@grpc", "grpc-js")):
+        raise SystemExit("grpc_bench: bench/node_modules lacks @grpc/grpc-js: cd bench && npm ci --ignore-scripts")
     tmp = tempfile.mkdtemp(prefix="kiln-grpc-bench-")
     if args.smoke:
         args.models_dir, args.models, args.duration = smoke_model(tmp), "smoke", 1
     records = []
     for name in args.models.split(","):
         model_dir = os.path.join(args.models_dir, name)
+        model_onnx = os.path.join(model_dir, "model.onnx")
         base = os.path.join(tmp, name)
         os.makedirs(os.path.join(base, "1"))
-        os.symlink(os.path.join(model_dir, "model.onnx"), os.path.join(base, "1", "model.onnx"))
+        os.symlink(model_onnx, os.path.join(base, "1", "model.onnx"))
         body = os.path.join(tmp, f"{name}.json")
         x = serve_bench.make_body(model_dir, body)
         in_name = os.path.splitext(sorted(os.listdir(os.path.join(model_dir, "inputs")))[0])[0]
@@ -195,10 +291,15 @@ def main():
             f.write(b"\0" + struct.pack(">I", len(msg)) + msg)
         rest, grpc_port = serve_bench.free_port(), serve_bench.free_port()
         log = open(os.path.join(tmp, f"{name}.log"), "w")
+        mon = os.path.join(tmp, "monitoring.config")
+        with open(mon, "w") as f:
+            f.write('prometheus_config: { enable: true, path: "/metrics" }\n')
         proc = subprocess.Popen([args.kiln, "serve", f"--model_base_path={base}", f"--model_name={name}",
                                  f"--rest_api_port={rest}", f"--port={grpc_port}",
-                                 "--rest_api_address=127.0.0.1"], stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+                                 "--rest_api_address=127.0.0.1", "--file_system_poll_wait_seconds=0",
+                                 f"--monitoring_config_file={mon}"],
+                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        node, node_port, node_log = start_node_peer(model_onnx, name, tmp)
         try:
             url = f"http://127.0.0.1:{rest}/v1/models/{name}:predict"
             deadline = time.time() + 300
@@ -210,20 +311,38 @@ def main():
                     if time.time() > deadline or proc.poll() is not None:
                         raise SystemExit(f"grpc_bench: {name}: server not ready; see {log.name}")
                     time.sleep(0.5)
-            check_grpc(grpc_port, msg, answer)
+            check_grpc("Kiln gRPC", grpc_port, msg, answer, 0.0)
+            wait_grpc("the Node gRPC peer", node, node_port, msg, node_log)
+            check_grpc("the Node gRPC peer", node_port, msg, answer, 1e-4)
+            path = "/tensorflow.serving.PredictionService/Predict"
             for conns in [int(c) for c in args.conns.split(",")]:
                 w = serve_bench.run_wrk(args, url, body, conns, 30, os.getpgid(proc.pid))
-                h = run_h2load(f"http://127.0.0.1:{grpc_port}/tensorflow.serving.PredictionService/Predict",
-                               framed, conns, args.duration)
-                rec = {"model": name, "concurrency": conns, "rest": w, "grpc": h}
+                errors0 = kiln_errors(rest)
+                k = run_h2load(f"http://127.0.0.1:{grpc_port}{path}", framed, conns, args.duration,
+                               os.path.join(tmp, f"{name}-{conns}-kiln.tsv"))
+                check_grpc("Kiln gRPC", grpc_port, msg, answer, 0.0)
+                if kiln_errors(rest) != errors0:
+                    raise SystemExit(f"grpc_bench: {name}: Kiln answered gRPC errors under load; see {log.name}")
+                n = run_h2load(f"http://127.0.0.1:{node_port}{path}", framed, conns, args.duration,
+                               os.path.join(tmp, f"{name}-{conns}-node.tsv"))
+                check_grpc("the Node gRPC peer", node_port, msg, answer, 1e-4)
+                rec = {"model": name, "concurrency": conns, "kiln_rest": w, "kiln_grpc": k, "node_grpc": n}
                 records.append(rec)
-                print(f"{name:12s} c={conns:<3d} REST {w['rps']:9.0f} req/s p50 {w['p50_ms']:.2f} ms "
-                      f"p99 {w['p99_ms']:.2f} ms | gRPC {h['rps']:9.0f} req/s mean {h['mean_ms']} ms "
-                      f"max {h['max_ms']} ms ({h['failed']} failed)", flush=True)
+                print(f"{name:12s} c={conns:<3d} Kiln gRPC {k['rps']:8.0f} req/s p50 {fnum(k['p50_ms'], '.2f')} "
+                      f"p99 {fnum(k['p99_ms'], '.2f')} ms | REST {w['rps']:8.0f} req/s p50 {w['p50_ms']:.2f} "
+                      f"p99 {w['p99_ms']:.2f} ms | Node gRPC {n['rps']:8.0f} req/s p50 {fnum(n['p50_ms'], '.2f')} "
+                      f"p99 {fnum(n['p99_ms'], '.2f')} ms | gRPC/REST {ratio(k['rps'], w['rps'])} "
+                      f"gRPC/Node {ratio(k['rps'], n['rps'])} (h2load failed: Kiln {k['failed']}, "
+                      f"Node {n['failed']}; wrk errors {w['errors']})", flush=True)
         finally:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+            for p in (proc, node):
+                if p.poll() is None:
+                    os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
             log.close()
+            node_log.close()
+    print()
+    print(table(records))
     if args.json_out:
         with open(args.json_out, "w") as f:
             json.dump(records, f, indent=1)

@@ -36,6 +36,7 @@
 /* A TensorProto with fewer values than elements repeats its last value (or
  * is zeros): a few bytes can ask for a huge tensor, so expansion is bounded. */
 #define EXPAND_MAX_BYTES ((int64_t)1 << 28)
+#define EXPAND_MAX_STRINGS ((int64_t)1 << 20) /* strings one value may be repeated into */
 
 typedef struct tf_node_ctx L_t;
 
@@ -116,6 +117,14 @@ kiln_status tf_tensor_from_proto(const KilnSm__TensorProto *tp, const char *what
     /* check the stored count before allocating what the shape asks for */
     size_t have = 0;
     if (tp->tensor_content.len) {
+        /* each string takes at least its one-byte length prefix: the shape may
+         * not claim more strings than the bytes can hold */
+        if (dt == KILN_DTYPE_STRING && (uint64_t)n > tp->tensor_content.len)
+            return kiln_error(KILN_ERR_INVALID_MODEL,
+                              "tensor '%s': tensor_content has %zu bytes, too few for the %lld "
+                              "strings of shape %s",
+                              what, tp->tensor_content.len, (long long)n,
+                              kiln_shape_str(rank, dims, sbuf, sizeof sbuf));
         if (dt != KILN_DTYPE_STRING && tp->tensor_content.len != (size_t)n * es)
             return kiln_error(KILN_ERR_INVALID_MODEL,
                               "tensor '%s': tensor_content has %zu bytes but shape %s of %s "
@@ -142,6 +151,16 @@ kiln_status tf_tensor_from_proto(const KilnSm__TensorProto *tp, const char *what
                               "tensor '%s' holds %zu values but shape %s has %lld elements",
                               what, have, kiln_shape_str(rank, dims, sbuf, sizeof sbuf),
                               (long long)n);
+        /* repeated strings are each a copy: count their bytes, and their number */
+        if (dt == KILN_DTYPE_STRING && have > 0 && have < (uint64_t)n &&
+            (n > EXPAND_MAX_STRINGS ||
+             (uint64_t)n * (es + tp->string_val[have - 1].len) > (uint64_t)EXPAND_MAX_BYTES))
+            return kiln_error(KILN_ERR_UNSUPPORTED,
+                              "tensor '%s': shape %s would repeat a %zu-byte string %lld times; "
+                              "Kiln expands at most %lld strings and %lld bytes",
+                              what, kiln_shape_str(rank, dims, sbuf, sizeof sbuf),
+                              tp->string_val[have - 1].len, (long long)(n - (int64_t)have),
+                              (long long)EXPAND_MAX_STRINGS, (long long)EXPAND_MAX_BYTES);
         if (have < (uint64_t)n && n * (int64_t)es > EXPAND_MAX_BYTES)
             return kiln_error(KILN_ERR_UNSUPPORTED,
                               "tensor '%s': shape %s (%lld bytes) would be filled from %zu "

@@ -45,6 +45,7 @@ typedef struct version_series {
     histogram padding;        /* padding rows per run */
     uint64_t padded_elements; /* elements added by pad_variable_length_inputs */
     uint64_t expired;         /* requests dropped: deadline passed while queued */
+    uint64_t cancelled;       /* requests dropped: cancelled by their caller while queued */
 } version_series;
 
 struct kiln_batch_stats {
@@ -144,6 +145,11 @@ void kiln_batch_stats_write(kiln_batch_stats *s, kiln_sbuf *b)
         kiln_sbuf_printf(b, "kiln_batch_deadline_expired_total{model_name=\"%s\",version=\"%" PRId64
                             "\"} %" PRIu64 "\n", s->series[i].model, s->series[i].version,
                          s->series[i].expired);
+    kiln_sbuf_puts(b, "# TYPE kiln_batch_cancelled_total counter\n");
+    for (int i = 0; i < s->n_series; i++)
+        kiln_sbuf_printf(b, "kiln_batch_cancelled_total{model_name=\"%s\",version=\"%" PRId64
+                            "\"} %" PRIu64 "\n", s->series[i].model, s->series[i].version,
+                         s->series[i].cancelled);
     pthread_mutex_unlock(&s->mu);
 }
 
@@ -203,6 +209,7 @@ typedef struct task {
     kiln_tensor *const *in;   /* borrowed from the caller */
     int64_t rows;
     int64_t deadline_ms;      /* kiln_monotonic_ms clock; 0 = none */
+    const volatile int *cancel; /* the caller's cancel flag (a gRPC call's RST_STREAM), or NULL */
     kiln_batch_result *out;
     kiln_status st;
     char *err;                /* caller's buffer, KILN_JSON_ERR_LEN */
@@ -214,7 +221,7 @@ typedef struct task {
 
 typedef struct batch {
     task *head, *tail;
-    task *expired;            /* dropped before the run: deadline passed */
+    task *expired;            /* dropped before the run: deadline passed or cancelled */
     int n_tasks;
     int64_t rows;
     struct timespec opened;   /* when its first task arrived */
@@ -350,35 +357,49 @@ static void fail_all(batch *bt, kiln_status st, const char *code, const char *ms
     }
 }
 
-/* Move the tasks whose deadline has passed to bt->expired, answered 504. */
+/* Move the tasks whose deadline has passed (answered DEADLINE_EXCEEDED) or
+ * whose caller cancelled them (CANCELLED) out of the batch, and release their
+ * callers at once: they do not wait for the batch's run. A task cancelled
+ * after this point runs with its batch (the run is shared). */
 static void drop_expired(kiln_batcher *b, batch *bt)
 {
     int64_t now = kiln_monotonic_ms();
     task **pp = &bt->head, *last = NULL;
-    uint64_t n = 0;
+    uint64_t n_expired = 0, n_cancelled = 0;
     while (*pp) {
         task *t = *pp;
-        if (t->deadline_ms > 0 && now >= t->deadline_ms) {
+        int cancelled = t->cancel && *t->cancel;
+        if (cancelled || (t->deadline_ms > 0 && now >= t->deadline_ms)) {
             *pp = t->next;
             t->next = bt->expired;
             bt->expired = t;
-            t->st = KILN_ERR_DEADLINE;
-            t->code = "DEADLINE_EXCEEDED";
-            snprintf(t->err, KILN_JSON_ERR_LEN, "%s", KILN_DEADLINE_MESSAGE);
+            t->st = KILN_ERR_DEADLINE; /* the runtime's status for both (kiln.h) */
+            t->code = cancelled ? "CANCELLED" : "DEADLINE_EXCEEDED";
+            snprintf(t->err, KILN_JSON_ERR_LEN, "%s", cancelled ? KILN_CANCELLED_MESSAGE
+                                                                : KILN_DEADLINE_MESSAGE);
             bt->n_tasks--;
             bt->rows -= t->rows;
-            n++;
+            if (cancelled) n_cancelled++;
+            else n_expired++;
             continue;
         }
         last = t;
         pp = &t->next;
     }
     bt->tail = last;
-    if (n && b->stats) {
+    if (!bt->expired) return;
+    if (b->stats) {
         pthread_mutex_lock(&b->stats->mu);
-        b->series->expired += n;
+        b->series->expired += n_expired;
+        b->series->cancelled += n_cancelled;
         pthread_mutex_unlock(&b->stats->mu);
     }
+    /* a caller may return (its task is on its stack) once done is set */
+    pthread_mutex_lock(&b->mu);
+    for (task *t = bt->expired; t; t = t->next) t->done = 1;
+    bt->expired = NULL;
+    pthread_cond_broadcast(&b->done_cv);
+    pthread_mutex_unlock(&b->mu);
 }
 
 /* Merge, pad, run and split one batch; fills every task's result. */
@@ -552,7 +573,6 @@ static void *worker(void *arg)
         run_batch(b, bt);
         pthread_mutex_lock(&b->mu);
         for (task *t = bt->head; t; t = t->next) t->done = 1;
-        for (task *t = bt->expired; t; t = t->next) t->done = 1;
         pthread_cond_broadcast(&b->done_cv);
         free(bt);
     }
@@ -625,6 +645,13 @@ void kiln_batch_result_free(kiln_batch_result *r)
 kiln_status kiln_batcher_run(kiln_batcher *b, kiln_tensor *const *in, int n, int64_t deadline_ms,
                              kiln_batch_result *out, char *err, const char **code)
 {
+    return kiln_batcher_run_cancel(b, in, n, deadline_ms, NULL, out, err, code);
+}
+
+kiln_status kiln_batcher_run_cancel(kiln_batcher *b, kiln_tensor *const *in, int n,
+                                    int64_t deadline_ms, const volatile int *cancel,
+                                    kiln_batch_result *out, char *err, const char **code)
+{
     memset(out, 0, sizeof *out);
     *code = "INVALID_ARGUMENT";
     if (n != b->n_in) {
@@ -660,10 +687,16 @@ kiln_status kiln_batcher_run(kiln_batcher *b, kiln_tensor *const *in, int n, int
         snprintf(err, KILN_JSON_ERR_LEN, "%s", KILN_DEADLINE_MESSAGE);
         return KILN_ERR_DEADLINE;
     }
+    if (cancel && *cancel) {
+        *code = "CANCELLED";
+        snprintf(err, KILN_JSON_ERR_LEN, "%s", KILN_CANCELLED_MESSAGE);
+        return KILN_ERR_DEADLINE;
+    }
     task t = {0};
     t.in = in;
     t.rows = rows;
     t.deadline_ms = deadline_ms;
+    t.cancel = cancel;
     t.out = out;
     t.err = err;
     t.code = "OK";

@@ -38,6 +38,7 @@
 
 /* The message of a request stopped by --rest_api_timeout_in_ms (HTTP 504). */
 #define KILN_DEADLINE_MESSAGE "Deadline Exceeded"
+#define KILN_CANCELLED_MESSAGE "Cancelled"
 
 typedef struct kiln_batcher kiln_batcher;
 typedef struct kiln_batch_stats kiln_batch_stats;
@@ -78,6 +79,15 @@ typedef struct kiln_batch_result {
  */
 kiln_status kiln_batcher_run(kiln_batcher *b, kiln_tensor *const *in, int n, int64_t deadline_ms,
                              kiln_batch_result *out, char *err, const char **code);
+/* kiln_batcher_run with the caller's cancel flag (NULL = none): a request
+ * whose *cancel is non-zero when its batch is formed is dropped before the
+ * run and answered CANCELLED (KILN_CANCELLED_MESSAGE, KILN_ERR_DEADLINE),
+ * as a request past its deadline is; both return as soon as the batch is
+ * formed, without waiting for its run. A request already inside a running
+ * batch is not stopped: the run is shared with the batch's other requests. */
+kiln_status kiln_batcher_run_cancel(kiln_batcher *b, kiln_tensor *const *in, int n,
+                                    int64_t deadline_ms, const volatile int *cancel,
+                                    kiln_batch_result *out, char *err, const char **code);
 void kiln_batch_result_free(kiln_batch_result *r);
 
 /* TF Serving's code name for a runtime status ("DEADLINE_EXCEEDED", ...), as

@@ -380,7 +380,8 @@ kiln_status kiln_servable_run_cancel(kiln_servable *s, int si, kiln_tensor *cons
                                      kiln_batch_result *out, char *err, const char **code)
 {
     memset(out, 0, sizeof *out);
-    if (s->batchers) return kiln_batcher_run(s->batchers[si], in, n, deadline_ms, out, err, code);
+    if (s->batchers)
+        return kiln_batcher_run_cancel(s->batchers[si], in, n, deadline_ms, cancel, out, err, code);
     const kiln_signature *sig = kiln_model_signature(s->model, si);
     kiln_named_tensor *named = calloc(n > 0 ? (size_t)n : 1, sizeof *named);
     if (!named) {

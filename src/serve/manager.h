@@ -139,8 +139,10 @@ kiln_status kiln_servable_run(kiln_servable *s, int si, kiln_tensor *const *in, 
                               int64_t deadline_ms, kiln_batch_result *out, char *err,
                               const char **code);
 /* kiln_servable_run, also stopping between steps once *cancel (when non-NULL)
- * becomes non-zero (a cancelled gRPC call; KILN_ERR_DEADLINE). A batched run
- * is shared with other requests and is not stopped. */
+ * becomes non-zero (a cancelled gRPC call; KILN_ERR_DEADLINE). With batching,
+ * a request cancelled while queued is dropped when its batch is formed
+ * (code "CANCELLED"); a batched run is shared with other requests and is not
+ * stopped. */
 kiln_status kiln_servable_run_cancel(kiln_servable *s, int si, kiln_tensor *const *in, int n,
                                      int64_t deadline_ms, const volatile int *cancel,
                                      kiln_batch_result *out, char *err, const char **code);

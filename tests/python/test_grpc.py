@@ -438,6 +438,30 @@ def test_predict_errors(srv, pb):
     srv.call(PS + "Predict", predict_request(pb, "aff", {"x": x}), P)
 
 
+def test_string_tensor_claims_bounded(srv, pb):
+    """A few bytes may not make the server allocate what a shape claims:
+    more strings than tensor_content has bytes, or one string_val repeated
+    into millions of copies (found by fuzz_tensor_proto and fuzz_warmup)."""
+    others = {}
+    for name, (_, _, code, _) in TYPES.items():
+        others[f"in_{name}"] = pb.tensor.TensorProto(dtype=code)  # zeros of shape [1, 2]
+        others[f"in_{name}"].tensor_shape.dim.add(size=1)
+        others[f"in_{name}"].tensor_shape.dim.add(size=2)
+    t = pb.tensor.TensorProto(dtype=7, tensor_content=b"\x01a\x01b")
+    t.tensor_shape.dim.add(size=1 << 30)  # 16 GiB of string pointers, under the 64 GiB tensor cap
+    t.tensor_shape.dim.add(size=2)
+    expect_error(lambda: srv.call(PS + "Predict", predict_request(pb, "ids", dict(others, in_str=t)),
+                                  pb.predict.PredictResponse),
+                 grpc.StatusCode.INVALID_ARGUMENT, "too few for the")
+    t = pb.tensor.TensorProto(dtype=7, string_val=[b"x" * 1000])
+    t.tensor_shape.dim.add(size=1 << 22)
+    t.tensor_shape.dim.add(size=2)
+    details = expect_error(lambda: srv.call(PS + "Predict", predict_request(pb, "ids", dict(others, in_str=t)),
+                                            pb.predict.PredictResponse),
+                           grpc.StatusCode.INVALID_ARGUMENT)
+    assert "would repeat a 1000-byte string" in details, details
+
+
 def test_large_tensor(srv, pb):
     rows = 1_700_000  # 20 MB of float32 each way
     x = np.random.default_rng(2).standard_normal((rows, 3)).astype(np.float32)
@@ -659,6 +683,35 @@ def test_reflection(srv, pb, version):
     f3 = descriptor_pb2.FileDescriptorProto.FromString(resps[3].file_descriptor_response.file_descriptor_proto[0])
     assert f3.package == "grpc.health.v1"
     assert resps[4].error_response.error_code == grpc.StatusCode.NOT_FOUND.value[0]
+
+
+def test_reflection_client_tool(srv):
+    """tools/grpc_reflect.py: no generated code, only what reflection tells it."""
+    tool = [sys.executable, str(REPO / "tools" / "grpc_reflect.py"), f"127.0.0.1:{srv.grpc}"]
+    r = subprocess.run(tool + ["list"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert {"tensorflow.serving.PredictionService", "tensorflow.serving.ModelService",
+            "grpc.health.v1.Health"} <= set(r.stdout.split())
+    r = subprocess.run(tool + ["describe", "tensorflow.serving.PredictionService"], capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "rpc Predict(tensorflow.serving.PredictRequest) returns (tensorflow.serving.PredictResponse)" \
+        in r.stdout, r.stdout
+    x = [[1.0, -2.0, 0.5], [3.0, 0.0, -1.5]]
+    req = {"model_spec": {"name": "aff"}, "inputs": {"x": {
+        "dtype": "DT_FLOAT", "tensor_shape": {"dim": [{"size": 2}, {"size": 3}]},
+        "float_val": [v for row in x for v in row]}}}
+    r = subprocess.run(tool + ["call", "tensorflow.serving.PredictionService/Predict", json.dumps(req)],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    y = json.loads(r.stdout)["outputs"]["y"]
+    assert y["dtype"] == "DT_FLOAT" and [int(d["size"]) for d in y["tensor_shape"]["dim"]] == [2, 3]
+    np.testing.assert_array_equal(np.array(y["float_val"], np.float32).reshape(2, 3),
+                                  affine(np.array(x, np.float32)))
+    req["model_spec"]["name"] = "nope"
+    r = subprocess.run(tool + ["call", "tensorflow.serving.PredictionService/Predict", json.dumps(req)],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and "NOT_FOUND" in r.stderr, (r.returncode, r.stderr)
 
 
 # ------------------------------------------------------------------ Classify, Regress, MultiInference, reload
@@ -958,6 +1011,49 @@ def test_full_batch_queue_unavailable(tmp_path, pb):
                 assert e.details() == "The batch scheduling queue to which this task was submitted is full"
                 codes.append(e.code())
         assert grpc.StatusCode.OK in codes and grpc.StatusCode.UNAVAILABLE in codes, codes
+    finally:
+        s.kill()
+
+
+def test_cancelled_call_leaves_its_batch(tmp_path, pb):
+    """A call cancelled (RST_STREAM) while its batch is still open is dropped
+    when the batch forms: the batch runs only the other call's rows."""
+    s = batching_server(tmp_path, """
+        max_batch_size { value: 8 }
+        batch_timeout_micros { value: 2000000 }
+        max_enqueued_batches { value: 100 }
+        num_batch_threads { value: 1 }
+    """)
+    try:
+        fn = s.channel.unary_unary(PS + "Predict", request_serializer=lambda m: m.SerializeToString(),
+                                   response_deserializer=pb.predict.PredictResponse.FromString)
+        xa = np.full((1, 3), 2.0, np.float32)
+        xb = np.full((3, 3), 5.0, np.float32)
+        fa = fn.future(predict_request(pb, "aff", {"x": tensor_content(pb, xa, 1)}), timeout=30)
+        fb = fn.future(predict_request(pb, "aff", {"x": tensor_content(pb, xb, 1)}), timeout=30)
+        in_flight = 'kiln_model_version_requests_in_flight{model_name="aff",version="1"}'
+
+        def gauge():
+            return metric_value(s.http("GET", "/metrics")[1].decode(), in_flight)
+        # both calls hold the version: they wait in the open batch (2 s timeout)
+        limit = time.time() + 10
+        while gauge() != 2 and time.time() < limit:
+            time.sleep(0.02)
+        assert gauge() == 2
+        time.sleep(0.2)  # from acquiring the version to joining the batch: microseconds
+        assert not fa.done() and not fb.done()
+        assert fb.cancel()
+        np.testing.assert_array_equal(to_numpy(pb, fa.result().outputs["y"]), affine(xa))
+        assert fb.cancelled()
+        text = s.http("GET", "/metrics")[1].decode()
+        # one run, of A's single row: B's three rows never joined it
+        assert metric_value(text, 'kiln_batch_size_count{model_name="aff",version="1"}') == 1, text
+        assert metric_value(text, 'kiln_batch_size_sum{model_name="aff",version="1"}') == 1, text
+        assert metric_value(text, 'kiln_batch_cancelled_total{model_name="aff",version="1"}') == 1, text
+        limit = time.time() + 10
+        while gauge() != 0 and time.time() < limit:
+            time.sleep(0.02)
+        assert gauge() == 0  # the cancelled call let go of the version
     finally:
         s.kill()
 
