@@ -19,9 +19,15 @@ if [ "$(id -u)" != 0 ] || ! unshare --mount --pid --fork true 2>/dev/null; then
 fi
 work=$(mktemp -d)
 pid=
+port=
 cleanup() {
-  # unshare --fork ignores SIGTERM while it waits; SIGKILL ends it and
-  # (--kill-child) the namespace's processes with it
+  # unshare --fork ignores SIGTERM while it waits; SIGKILL ends it. Its
+  # --kill-child does not reach the server: the inner unshare's --setuid
+  # clears the parent-death signal, so the server (PID 1 of its namespace)
+  # is ended by its command line, which names this run's port
+  if [ -n "$port" ]; then
+    pkill -KILL -f -- "kiln serve --rest_api_port=$port --rest_api_address=127.0.0.1" 2>/dev/null || true
+  fi
   if [ -n "$pid" ]; then kill -KILL "$pid" 2>/dev/null; wait "$pid" 2>/dev/null || true; fi
   rm -rf "$work"
 }
