@@ -531,13 +531,14 @@ def write_results(args, info, records, started, finished, path):
                 parts.append(f"{o['op']} {o['share']:.1f}%{rate}")
             peak = f"{p['peak']:.0f}" if p["peak"] else "-"
             L.append(f"| {rec['model']} | {b['batch']} | {peak} | {'; '.join(parts)} |")
-    # Keep the serving benchmark's section (bench/serve/serve_bench.py writes it).
+    # Keep the serving benchmarks' sections (bench/serve/serve_bench.py and grpc_bench.py).
     try:
         with open(path) as f:
             old = f.read()
-        i, j = old.find("<!-- serve:begin -->"), old.find("<!-- serve:end -->")
-        if 0 <= i < j:
-            L.append("\n" + old[i:j + len("<!-- serve:end -->")])
+        for tag in ("serve", "grpc"):  # serve_bench.py's and grpc_bench.py's sections
+            i, j = old.find(f"<!-- {tag}:begin -->"), old.find(f"<!-- {tag}:end -->")
+            if 0 <= i < j:
+                L.append("\n" + old[i:j + len(f"<!-- {tag}:end -->")])
     except OSError:
         pass
     with open(path, "w") as f:
