@@ -535,7 +535,7 @@ def write_results(args, info, records, started, finished, path):
     try:
         with open(path) as f:
             old = f.read()
-        for tag in ("serve", "grpc"):  # serve_bench.py's and grpc_bench.py's sections
+        for tag in ("serve", "grpc", "observers"):  # the serving benchmarks' sections
             i, j = old.find(f"<!-- {tag}:begin -->"), old.find(f"<!-- {tag}:end -->")
             if 0 <= i < j:
                 L.append("\n" + old[i:j + len(f"<!-- {tag}:end -->")])
