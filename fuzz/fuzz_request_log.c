@@ -15,7 +15,7 @@
 #include <stdlib.h>
 
 #include "serve/reqlog/fromlog.h"
-#include "serve/reqlog/tfrecord.h"
+#include "serve/tfrecord.h"
 #include "serve/warmup.h"
 
 static void fail(const char *what)

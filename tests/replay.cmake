@@ -47,9 +47,9 @@ set(KILN_REPLAY_tf_example_SRCS)
 set(KILN_REPLAY_serve_config_SRCS ${PROJECT_SOURCE_DIR}/src/serve/config.c)
 set(KILN_REPLAY_example_json_SRCS
   ${PROJECT_SOURCE_DIR}/src/serve/example.c ${PROJECT_SOURCE_DIR}/src/serve/json.c)
-set(KILN_REPLAY_warmup_SRCS ${PROJECT_SOURCE_DIR}/src/serve/warmup.c)
+set(KILN_REPLAY_warmup_SRCS ${PROJECT_SOURCE_DIR}/src/serve/warmup.c ${PROJECT_SOURCE_DIR}/src/serve/tfrecord.c)
 set(KILN_REPLAY_request_log_SRCS ${PROJECT_SOURCE_DIR}/src/serve/reqlog/fromlog.c
-  ${PROJECT_SOURCE_DIR}/src/serve/reqlog/tfrecord.c ${PROJECT_SOURCE_DIR}/src/serve/warmup.c
+  ${PROJECT_SOURCE_DIR}/src/serve/tfrecord.c ${PROJECT_SOURCE_DIR}/src/serve/warmup.c
   ${PROJECT_SOURCE_DIR}/src/serve/json.c)
 foreach(target npy tf_example serve_config example_json warmup request_log)
   add_executable(kiln_fuzz_replay_${target}

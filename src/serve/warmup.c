@@ -1,8 +1,8 @@
 /*
  * warmup.c - reading TF Serving warmup files (see warmup.h): TFRecord
- * framing with CRC-32C checks, then PredictionLog records decoded with
- * protobuf-c (after kiln_pb_check has walked the bytes) into replayable
- * requests. Tensors come from TensorProto through the SavedModel importer's
+ * framing with CRC-32C checks (tfrecord.c, shared with the request log),
+ * then PredictionLog records decoded with protobuf-c (after kiln_pb_check
+ * has walked the bytes) into replayable requests. Tensors come from TensorProto through the SavedModel importer's
  * converter (tf_tensor_from_proto), so the warmup file follows the same
  * rules as tensors in a SavedModel (dtype table, tensor_content or typed
  * values, the last value repeating).
@@ -17,34 +17,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "core/crc32c.h"
 #include "import/pbcheck.h"
 #include "import/tf_import.h"
 #include "prediction_log.pb-c.h"
-
-static uint64_t le64(const uint8_t *p)
-{
-    uint64_t v = 0;
-    for (int i = 7; i >= 0; i--) v = (v << 8) | p[i];
-    return v;
-}
-
-static uint32_t le32(const uint8_t *p)
-{
-    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-
-/* A stored CRC against the computed one; fuzzing builds compute but do not enforce. */
-static int crc_ok(uint32_t stored, uint32_t computed)
-{
-#ifdef FUZZING_BUILD_MODE_UNSAFE_FOR_PRODUCTION
-    (void)stored;
-    (void)computed;
-    return 1;
-#else
-    return kiln_crc32c_mask(computed) == stored;
-#endif
-}
+#include "serve/tfrecord.h"
 
 void kiln_warmup_free(kiln_warmup *w)
 {
@@ -224,36 +200,15 @@ kiln_status kiln_warmup_parse(const uint8_t *data, size_t len, kiln_warmup **out
     if (!w) goto err_oom;
     size_t at = 0;
     int cap = 0;
-    while (at < len) {
+    for (;;) {
         int rec = w->n; /* 0-based, as TF's reader counts */
-        if (len - at < 12) {
-            snprintf(err, KILN_WARMUP_ERR_LEN,
-                     "record %d: truncated header (%zu bytes left, a record needs 12 before its "
-                     "data)", rec, len - at);
-            goto err_bad;
-        }
-        uint64_t n = le64(data + at);
-        uint32_t len_crc = le32(data + at + 8);
-        uint32_t got = kiln_crc32c(data + at, 8);
-        if (!crc_ok(len_crc, got)) {
-            snprintf(err, KILN_WARMUP_ERR_LEN,
-                     "record %d: length CRC mismatch (stored 0x%08x, computed 0x%08x): not a "
-                     "TFRecord file, or corrupted", rec, len_crc, kiln_crc32c_mask(got));
-            goto err_bad;
-        }
-        at += 12;
-        if (n > len - at || len - at - n < 4) {
-            snprintf(err, KILN_WARMUP_ERR_LEN,
-                     "record %d: length %llu runs past the end of the file (%zu bytes left)", rec,
-                     (unsigned long long)n, len - at);
-            goto err_bad;
-        }
-        uint32_t data_crc = le32(data + at + n);
-        got = kiln_crc32c(data + at, (size_t)n);
-        if (!crc_ok(data_crc, got)) {
-            snprintf(err, KILN_WARMUP_ERR_LEN,
-                     "record %d: data CRC mismatch (stored 0x%08x, computed 0x%08x)", rec, data_crc,
-                     kiln_crc32c_mask(got));
+        const uint8_t *body;
+        size_t n;
+        char ferr[KILN_TFRECORD_ERR_LEN];
+        kiln_tfrecord_next_result fr = kiln_tfrecord_next(data, len, &at, rec, &body, &n, ferr);
+        if (fr == KILN_TFRECORD_END) break;
+        if (fr != KILN_TFRECORD_RECORD) {
+            snprintf(err, KILN_WARMUP_ERR_LEN, "%s", ferr);
             goto err_bad;
         }
         if (w->n == KILN_WARMUP_MAX_RECORDS) {
@@ -271,12 +226,11 @@ kiln_status kiln_warmup_parse(const uint8_t *data, size_t len, kiln_warmup **out
         }
         kiln_warmup_request *r = &w->req[w->n++];
         memset(r, 0, sizeof *r);
-        kiln_status st = parse_record(data + at, (size_t)n, r, rec, err);
+        kiln_status st = parse_record(body, n, r, rec, err);
         if (st != KILN_OK) {
             kiln_warmup_free(w);
             return st;
         }
-        at += (size_t)n + 4;
     }
     *out = w;
     return KILN_OK;

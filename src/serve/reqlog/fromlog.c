@@ -13,7 +13,7 @@
 
 #include "import/pbcheck.h"
 #include "prediction_log.pb-c.h"
-#include "serve/reqlog/tfrecord.h"
+#include "serve/tfrecord.h"
 
 /* Pack msg into out, framed as one TFRecord. */
 static kiln_status append_record(const ProtobufCMessage *msg, kiln_sbuf *out)

@@ -29,7 +29,7 @@
 #include "serve/grpc/grpc_tensor.h"
 #include "serve/json.h"
 #include "serve/manager.h"
-#include "serve/reqlog/tfrecord.h"
+#include "serve/tfrecord.h"
 #include "serve/results.h"
 
 enum { DROP_QUEUE_FULL, DROP_WRITE_ERROR, DROP_TOO_LARGE, DROP_ENCODE_ERROR, DROP_N };

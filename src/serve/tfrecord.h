@@ -7,13 +7,13 @@
  *   byte   data[length]
  *   uint32 masked_crc32c(data)
  *
- * The request log (reqlog.c) frames each PredictionLog with
- * kiln_tfrecord_frame; `kiln warmup-from-log` (fromlog.c) walks a log file
- * with kiln_tfrecord_next, which checks both CRCs and every length against
+ * The request log (reqlog/reqlog.c) frames each PredictionLog with
+ * kiln_tfrecord_frame; warmup files (warmup.c) and `kiln warmup-from-log`
+ * (reqlog/fromlog.c) are read with kiln_tfrecord_next, which checks both CRCs and every length against
  * the bytes that are there (the file is untrusted).
  */
-#ifndef KILN_SERVE_REQLOG_TFRECORD_H
-#define KILN_SERVE_REQLOG_TFRECORD_H
+#ifndef KILN_SERVE_TFRECORD_H
+#define KILN_SERVE_TFRECORD_H
 
 #include <stddef.h>
 #include <stdint.h>

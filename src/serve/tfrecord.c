@@ -3,7 +3,7 @@
  * header and footer in place, and reading records one by one with both
  * CRC-32C checks (src/core/crc32c.c).
  */
-#include "serve/reqlog/tfrecord.h"
+#include "serve/tfrecord.h"
 
 #include <stdio.h>
 
