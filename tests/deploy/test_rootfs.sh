@@ -28,7 +28,7 @@ cleanup() {
   if [ -n "$port" ]; then
     pkill -KILL -f -- "kiln serve --rest_api_port=$port --rest_api_address=127.0.0.1" 2>/dev/null || true
   fi
-  if [ -n "$pid" ]; then kill -KILL "$pid" 2>/dev/null; wait "$pid" 2>/dev/null || true; fi
+  if [ -n "$pid" ]; then kill -KILL "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; fi
   rm -rf "$work"
 }
 trap cleanup EXIT
