@@ -136,6 +136,8 @@ typedef enum kiln_format {
     KILN_FORMAT_ONNX,
     KILN_FORMAT_SAVEDMODEL,
     KILN_FORMAT_TFLITE,        /* a .tflite file, or a folder's model.tflite */
+    KILN_FORMAT_KILN,          /* a compiled .kiln artifact (docs/KILN_FORMAT.md), or a
+                                  folder's model.kiln */
 } kiln_format;
 
 typedef struct kiln_load_options {
@@ -268,6 +270,24 @@ kiln_status kiln_session_precompile(kiln_session *s, const int64_t *batch_sizes,
  * totals), as a NUL-terminated string owned by the caller (free()). Sessions
  * created with optimize = 0 report "optimizer disabled". */
 kiln_status kiln_session_optimization_log(kiln_session *s, char **text);
+
+/*
+ * Compiled artifacts (`kiln compile`, docs/KILN_FORMAT.md). kiln_session_save
+ * writes the session's optimized graph for its signature, with its weights
+ * in the session's precision, the signature, the batch sizes to precompile
+ * when the artifact is loaded, and an optional compile report (JSON text kept
+ * verbatim), as one .kiln file. kiln_model_load reads it back
+ * (KILN_FORMAT_KILN, detected by its magic): sessions of that model skip
+ * import and optimization and run in the saved precision.
+ */
+typedef struct kiln_save_options {
+    const int64_t *batch_sizes;   /* plans compiled at load; NULL/0 = none */
+    int n_batch_sizes;
+    const char *report_json;      /* stored verbatim; NULL = none */
+} kiln_save_options;
+kiln_status kiln_session_save(kiln_session *s, const char *path, const kiln_save_options *opts);
+/* The compile report stored in a .kiln model (valid while the model lives), or NULL. */
+const char *kiln_model_compile_report(const kiln_model *m);
 
 /*
  * Profile: per-step and per-op times of a session's runs, as data (`kiln
