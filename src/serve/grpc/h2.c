@@ -11,7 +11,14 @@
  * any of it is buffered, and buffers grow only with the bytes that came).
  * A complete unary request goes to the request threads (--grpc_max_threads)
  * as a job; the handler's answer comes back through an eventfd and the loop
- * sends it: HEADERS, one DATA message, and trailers with grpc-status and
+ * sends it. The hand-off is what a small request costs most (a wakeup is a
+ * context switch), so it is batched both ways: the jobs of one loop turn are
+ * queued under one lock, a sleeping thread is woken only while fewer than
+ * max_awake are awake (without batching one per core: a handler only
+ * computes) and an awake thread takes the next job without one; a thread
+ * writes the eventfd only when the loop has not been told since it last
+ * took the answers, and the loop takes them all and writes each connection
+ * once. An answer is HEADERS, one DATA message, and trailers with grpc-status and
  * grpc-message (an error before any message is a Trailers-Only HEADERS).
  * Health.Watch and ServerReflectionInfo are streams the loop answers itself.
  *
@@ -82,6 +89,7 @@ enum { TAG_LISTEN = 1, TAG_EVENT, TAG_CONN };
 
 typedef struct job job;
 typedef struct stream stream;
+typedef struct worker worker;
 
 struct kiln_grpc_conn {
     int tag;                     /* TAG_CONN (first: epoll's data.ptr) */
@@ -97,6 +105,8 @@ struct kiln_grpc_conn {
     stream *streams;             /* open streams (list) */
     size_t held;                 /* request bytes its streams hold (messages, requests) */
     int64_t last_active_ms;
+    int flush_queued;            /* on the server's flush list (answers to send) */
+    kiln_grpc_conn *flush_next;
     kiln_grpc_conn *next, *prev;
 };
 
@@ -145,6 +155,16 @@ struct job {
     job *next;
 };
 
+/* A request thread: it sleeps on its own condition variable while on the
+ * server's idle stack, so the loop wakes exactly the one it picks. */
+struct worker {
+    kiln_grpc_server *g;
+    pthread_t t;
+    pthread_cond_t cv;
+    int woken;                   /* under mu: taken off the idle stack */
+    worker *next_idle;
+};
+
 struct kiln_grpc_server {
     kiln_grpc_options opt;
     kiln_grpc_ctx ctx;
@@ -156,13 +176,20 @@ struct kiln_grpc_server {
     char socket_path[108];
     pthread_t loop;
     int loop_started;
-    pthread_t *workers;
+    worker *workers;
     int n_workers;
+    int max_awake;               /* request threads that may run at once (below) */
     pthread_mutex_t mu;
-    pthread_cond_t cv;
+    job *pend_head, *pend_tail;  /* loop thread only: jobs of this turn, not yet queued */
+    int n_pend;
     job *q_head, *q_tail;        /* under mu: jobs for the request threads */
     job *done_head;              /* under mu: answered jobs for the loop */
+    int loop_notified;           /* under mu: the eventfd was written since the loop took done_head */
+    worker *idle;                /* under mu: sleeping request threads (a stack: the last to
+                                    sleep is woken first, its caches still warm) */
+    int n_awake;                 /* under mu: request threads not on the idle stack */
     int stop_workers;            /* under mu */
+    kiln_grpc_conn *flush_head;  /* loop thread only: connections with answers to send */
     atomic_int stop_loop;
     atomic_int draining;
     atomic_int in_flight;        /* unary calls between headers and answer */
@@ -556,14 +583,42 @@ static void job_complete(kiln_grpc_server *g, job *j)
     job_free(j);
 }
 
+/* Under mu: wake sleeping request threads for the queued jobs, while fewer
+ * than max_awake are awake (an awake thread takes the next job itself when
+ * it finishes one, so it needs no wakeup). */
+static void wake_workers(kiln_grpc_server *g, int jobs)
+{
+    while (jobs-- > 0 && g->idle && g->n_awake < g->max_awake) {
+        worker *w = g->idle;
+        g->idle = w->next_idle;
+        w->woken = 1;
+        g->n_awake++;
+        pthread_cond_signal(&w->cv);
+    }
+}
+
+/* A request thread: answer queued jobs while there are any, then sleep
+ * until the loop wakes it. One lock per job hands the answer back and takes
+ * the next; the loop's eventfd is written only when the loop has not been
+ * told yet (it takes every answer at once). */
 static void *worker_main(void *arg)
 {
-    kiln_grpc_server *g = arg;
+    worker *w = arg;
+    kiln_grpc_server *g = w->g;
+    pthread_setname_np(pthread_self(), "grpc-req"); /* for top, perf, bench/serve/cpu_per_request.py */
     pthread_mutex_lock(&g->mu);
     for (;;) {
-        while (!g->q_head && !g->stop_workers) pthread_cond_wait(&g->cv, &g->mu);
         job *j = g->q_head;
-        if (!j) break;
+        if (!j && g->stop_workers) break;
+        if (!g->stop_workers && (!j || g->n_awake > g->max_awake)) {
+            /* nothing to do, or more awake than may run: sleep until woken */
+            w->next_idle = g->idle;
+            g->idle = w;
+            g->n_awake--;
+            w->woken = 0;
+            while (!w->woken) pthread_cond_wait(&w->cv, &g->mu);
+            continue;
+        }
         g->q_head = j->next;
         if (!g->q_head) g->q_tail = NULL;
         pthread_mutex_unlock(&g->mu);
@@ -571,14 +626,33 @@ static void *worker_main(void *arg)
         pthread_mutex_lock(&g->mu);
         j->next = g->done_head;
         g->done_head = j;
-        pthread_mutex_unlock(&g->mu);
-        uint64_t one = 1;
-        ssize_t w = write(g->evfd, &one, sizeof one);
-        (void)w;
-        pthread_mutex_lock(&g->mu);
+        if (!g->loop_notified) {
+            g->loop_notified = 1;
+            pthread_mutex_unlock(&g->mu);
+            uint64_t one = 1;
+            ssize_t wr = write(g->evfd, &one, sizeof one);
+            (void)wr;
+            pthread_mutex_lock(&g->mu);
+        }
     }
+    g->n_awake--;
     pthread_mutex_unlock(&g->mu);
     return NULL;
+}
+
+/* The loop, once per turn: queue this turn's jobs with one lock and wake
+ * the request threads they need. */
+static void hand_over(kiln_grpc_server *g)
+{
+    if (!g->pend_head) return;
+    pthread_mutex_lock(&g->mu);
+    if (g->q_tail) g->q_tail->next = g->pend_head;
+    else g->q_head = g->pend_head;
+    g->q_tail = g->pend_tail;
+    wake_workers(g, g->n_pend);
+    pthread_mutex_unlock(&g->mu);
+    g->pend_head = g->pend_tail = NULL;
+    g->n_pend = 0;
 }
 
 /* Hand a complete unary request to a request thread (inline when detached). */
@@ -611,13 +685,11 @@ static void dispatch(stream *st)
         job_complete(g, j);
         return;
     }
-    pthread_mutex_lock(&g->mu);
-    j->next = NULL;
-    if (g->q_tail) g->q_tail->next = j;
-    else g->q_head = j;
-    g->q_tail = j;
-    pthread_cond_signal(&g->cv);
-    pthread_mutex_unlock(&g->mu);
+    j->next = NULL; /* queued for the request threads at the end of the loop's turn */
+    if (g->pend_tail) g->pend_tail->next = j;
+    else g->pend_head = j;
+    g->pend_tail = j;
+    g->n_pend++;
 }
 
 /* ------------------------------------------------------------ messages in */
@@ -1187,13 +1259,24 @@ static void take_completions(kiln_grpc_server *g)
     pthread_mutex_lock(&g->mu);
     job *j = g->done_head;
     g->done_head = NULL;
+    g->loop_notified = 0;
     pthread_mutex_unlock(&g->mu);
-    while (j) {
+    while (j) { /* each connection is written once, after all of its answers */
         job *next = j->next;
         kiln_grpc_conn *c = j->st ? j->st->c : NULL;
         job_complete(g, j);
-        if (c) conn_flush(c);
+        if (c && !c->flush_queued) {
+            c->flush_queued = 1;
+            c->flush_next = g->flush_head;
+            g->flush_head = c;
+        }
         j = next;
+    }
+    while (g->flush_head) {
+        kiln_grpc_conn *c = g->flush_head;
+        g->flush_head = c->flush_next;
+        c->flush_queued = 0;
+        conn_flush(c);
     }
 }
 
@@ -1231,6 +1314,7 @@ static void close_dead(kiln_grpc_server *g)
 static void *loop_main(void *arg)
 {
     kiln_grpc_server *g = arg;
+    pthread_setname_np(pthread_self(), "grpc-loop");
     struct epoll_event evs[64];
     int said_goaway = 0;
     while (!atomic_load(&g->stop_loop)) {
@@ -1254,6 +1338,7 @@ static void *loop_main(void *arg)
                 }
             }
         }
+        hand_over(g);
         int64_t now = now_ms();
         if (now - g->last_tick >= TICK_MS) {
             g->last_tick = now;
@@ -1339,12 +1424,13 @@ static void server_free(kiln_grpc_server *g)
     if (g->socket_path[0]) unlink(g->socket_path);
     if (g->evfd >= 0) close(g->evfd);
     if (g->epfd >= 0) close(g->epfd);
-    /* answered jobs whose streams are gone */
-    for (job *j = g->done_head, *next; j; j = next) {
-        next = j->next;
-        job_free(j);
-    }
-    pthread_cond_destroy(&g->cv);
+    /* jobs whose streams are gone: answered, or never taken */
+    job *lists[3] = {g->done_head, g->q_head, g->pend_head};
+    for (int k = 0; k < 3; k++)
+        for (job *j = lists[k], *next; j; j = next) {
+            next = j->next;
+            job_free(j);
+        }
     pthread_mutex_destroy(&g->mu);
     if (g->prio) gnutls_priority_deinit(g->prio);
     free(g->workers);
@@ -1367,7 +1453,6 @@ static kiln_grpc_server *server_alloc(const kiln_grpc_options *o)
     g->listen_tag[0] = g->listen_tag[1] = TAG_LISTEN;
     g->ev_tag = TAG_EVENT;
     pthread_mutex_init(&g->mu, NULL);
-    pthread_cond_init(&g->cv, NULL);
     return g;
 }
 
@@ -1419,22 +1504,54 @@ err_free:
     return KILN_ERR_IO;
 }
 
+/* Wake every request thread to finish what is queued and end; join them. */
+static void stop_workers(kiln_grpc_server *g)
+{
+    pthread_mutex_lock(&g->mu);
+    g->stop_workers = 1;
+    while (g->idle) {
+        worker *w = g->idle;
+        g->idle = w->next_idle;
+        w->woken = 1;
+        g->n_awake++;
+        pthread_cond_signal(&w->cv);
+    }
+    pthread_mutex_unlock(&g->mu);
+    for (int i = 0; i < g->n_workers; i++) {
+        pthread_join(g->workers[i].t, NULL);
+        pthread_cond_destroy(&g->workers[i].cv);
+    }
+    g->n_workers = 0;
+}
+
 kiln_status kiln_grpc_run(kiln_grpc_server *g, kiln_server *rest, char *err, size_t err_len)
 {
     g->ctx.rest = rest;
+    /* Without batching a handler runs on the CPU from start to end, so more
+     * request threads running than there are cores would only take turns on
+     * them (a context switch and a lock handover each time); the others stay
+     * asleep until the queue needs them. With batching a call waits for its
+     * batch, and every thread may wait in one. */
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    g->max_awake = g->opt.max_threads;
+    if (!(rest && rest->opt.offload) && cores >= 1 && cores < g->max_awake) g->max_awake = (int)cores;
     g->workers = calloc((size_t)g->opt.max_threads, sizeof *g->workers);
+    pthread_mutex_lock(&g->mu);
     for (int i = 0; g->workers && i < g->opt.max_threads; i++) {
-        if (pthread_create(&g->workers[i], NULL, worker_main, g) != 0) break;
+        worker *w = &g->workers[i];
+        w->g = g;
+        pthread_cond_init(&w->cv, NULL);
+        if (pthread_create(&w->t, NULL, worker_main, w) != 0) {
+            pthread_cond_destroy(&w->cv);
+            break;
+        }
         g->n_workers++;
+        g->n_awake++; /* until it first finds the queue empty */
     }
+    pthread_mutex_unlock(&g->mu);
     if (g->n_workers == 0 || pthread_create(&g->loop, NULL, loop_main, g) != 0) {
         snprintf(err, err_len, "cannot start the gRPC threads");
-        pthread_mutex_lock(&g->mu);
-        g->stop_workers = 1;
-        pthread_cond_broadcast(&g->cv);
-        pthread_mutex_unlock(&g->mu);
-        for (int i = 0; i < g->n_workers; i++) pthread_join(g->workers[i], NULL);
-        g->n_workers = 0;
+        stop_workers(g);
         return KILN_ERR_RUNTIME; /* the caller stops (frees) g */
     }
     g->loop_started = 1;
@@ -1451,11 +1568,9 @@ void kiln_grpc_stop(kiln_grpc_server *g, int drain_ms)
     usleep(20 * 1000); /* let the loop write the last answers */
     /* request threads finish what is queued (cancelled jobs end at once) */
     pthread_mutex_lock(&g->mu);
-    g->stop_workers = 1;
     for (job *j = g->q_head; j; j = j->next) j->cancel = 1;
-    pthread_cond_broadcast(&g->cv);
     pthread_mutex_unlock(&g->mu);
-    for (int i = 0; i < g->n_workers; i++) pthread_join(g->workers[i], NULL);
+    stop_workers(g);
     atomic_store(&g->stop_loop, 1);
     wake_loop(g);
     if (g->loop_started) pthread_join(g->loop, NULL);
