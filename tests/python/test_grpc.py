@@ -523,6 +523,50 @@ def test_many_concurrent_calls_one_channel(srv, pb):
         np.testing.assert_array_equal(to_numpy(pb, f.result().outputs["y"]), affine(x))
 
 
+def save_slow(path, width=512, steps=40):
+    """K x (MatMul, Tanh) over float32 [batch, width]: seconds of compute for a large batch."""
+    x = helper.make_tensor_value_info("x", OnnxTP.FLOAT, ["batch", width])
+    y = helper.make_tensor_value_info("y", OnnxTP.FLOAT, ["batch", width])
+    w = np.random.default_rng(0).standard_normal((width, width)).astype(np.float32) / np.sqrt(width)
+    nodes, cur = [], "x"
+    for k in range(steps):
+        nodes.append(helper.make_node("MatMul", [cur, "w"], [f"m{k}"]))
+        cur = "y" if k == steps - 1 else f"t{k}"
+        nodes.append(helper.make_node("Tanh", [f"m{k}"], [cur]))
+    g = helper.make_graph(nodes, "slow", [x], [y], [numpy_helper.from_array(w, "w")])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]), str(path))
+
+
+def test_busy_request_threads_do_not_starve_the_queue(tmp_path, pb):
+    """Without batching only one request thread per core runs at once; when
+    they are all busy for long, a queued call still gets another thread
+    within a tick (100 ms) instead of waiting for a long call to end."""
+    save_slow(tmp_path / "slow" / "1" / "model.onnx")
+    s = Server(tmp_path, [model_line("slow", tmp_path / "slow")])
+    try:
+        fn = s.channel.unary_unary(PS + "Predict", request_serializer=lambda m: m.SerializeToString(),
+                                   response_deserializer=pb.predict.PredictResponse.FromString)
+        x = np.ones((3072, 512), np.float32)  # 40 x 1.6 GFLOP: a second or more per call
+        req = predict_request(pb, "slow", {"x": tensor_content(pb, x, 1)})
+        t0 = time.time()
+        slow = [fn.future(req, timeout=300) for _ in range(os.cpu_count() or 1)]
+        time.sleep(0.5)  # they arrived and occupy every running request thread
+        H = pb.health
+        t1 = time.time()
+        r = s.call("/grpc.health.v1.Health/Check", H.HealthCheckRequest(service=""),
+                   H.HealthCheckResponse, timeout=120)
+        waited = time.time() - t1
+        assert r.status == H.HealthCheckResponse.SERVING
+        for f in slow:
+            assert f.result().outputs["y"].tensor_shape.dim[0].size == 3072
+        slow_s = time.time() - t0
+        # the check waited for a tick, not for a long call to end
+        assert waited < 0.25 * slow_s, f"the check waited {waited:.2f} s; the long calls took {slow_s:.2f} s"
+    finally:
+        s.kill()
+
+
 def test_grpc_rest_kserve_identical(srv, pb):
     x = np.random.default_rng(4).standard_normal((5, 3)).astype(np.float32)
     r = srv.call(PS + "Predict", predict_request(pb, "aff", {"x": tensor_content(pb, x, 1)}),

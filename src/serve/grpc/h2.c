@@ -13,13 +13,15 @@
  * as a job; the handler's answer comes back through an eventfd and the loop
  * sends it. The hand-off is what a small request costs most (a wakeup is a
  * context switch), so it is batched both ways: the jobs of one loop turn are
- * queued under one lock, a sleeping thread is woken only while fewer than
- * max_awake are awake (without batching one per core: a handler only
- * computes) and an awake thread takes the next job without one; a thread
- * writes the eventfd only when the loop has not been told since it last
- * took the answers, and the loop takes them all and writes each connection
- * once. An answer is HEADERS, one DATA message, and trailers with grpc-status and
- * grpc-message (an error before any message is a Trailers-Only HEADERS).
+ * queued under one lock; a sleeping thread is woken only while fewer than
+ * max_awake are awake (without batching one per core, since a handler only
+ * computes; while queued jobs wait a whole tick on awake threads that took
+ * none, one more is allowed), and an awake thread takes the next job without
+ * a wakeup; a thread writes the eventfd only when the loop has not been told
+ * since it last took the answers, and the loop takes them all and writes
+ * each connection once. An answer is HEADERS, one DATA message, and
+ * trailers with grpc-status and grpc-message (an error before any message
+ * is a Trailers-Only HEADERS).
  * Health.Watch and ServerReflectionInfo are streams the loop answers itself.
  *
  * Deadlines: grpc-timeout becomes the job's deadline (kiln_monotonic_ms) and
@@ -177,8 +179,13 @@ struct kiln_grpc_server {
     pthread_t loop;
     int loop_started;
     worker *workers;
-    int n_workers;
-    int max_awake;               /* request threads that may run at once (below) */
+    int n_workers;               /* set before the loop starts */
+    int workers_joined;          /* the stopping thread only */
+    int base_awake;              /* request threads that may run at once: one per core
+                                    without batching, all with batching (kiln_grpc_run) */
+    int max_awake;               /* under mu: base_awake, raised while queued jobs wait on
+                                    threads that are all blocked (tick) */
+    uint64_t taken, taken_at_tick; /* under mu: jobs request threads have taken */
     pthread_mutex_t mu;
     job *pend_head, *pend_tail;  /* loop thread only: jobs of this turn, not yet queued */
     int n_pend;
@@ -621,6 +628,7 @@ static void *worker_main(void *arg)
         }
         g->q_head = j->next;
         if (!g->q_head) g->q_tail = NULL;
+        g->taken++;
         pthread_mutex_unlock(&g->mu);
         job_answer(j);
         pthread_mutex_lock(&g->mu);
@@ -1280,10 +1288,29 @@ static void take_completions(kiln_grpc_server *g)
     }
 }
 
+/* Every TICK_MS: jobs queued while the awake request threads took none for
+ * a whole tick (they are all blocked: a config reload, a slow observer, a
+ * long model) get one more thread, up to --grpc_max_threads; once the queue
+ * is empty the limit returns to base_awake (the extra threads sleep again
+ * as they finish their jobs). */
+static void unblock_queue(kiln_grpc_server *g)
+{
+    pthread_mutex_lock(&g->mu);
+    if (g->q_head && g->taken == g->taken_at_tick) {
+        if (g->max_awake < g->n_workers) g->max_awake++;
+        wake_workers(g, 1);
+    } else if (!g->q_head) {
+        g->max_awake = g->base_awake;
+    }
+    g->taken_at_tick = g->taken;
+    pthread_mutex_unlock(&g->mu);
+}
+
 /* Every TICK_MS: deadlines of requests still arriving, Watch updates, idle connections. */
 static void tick(kiln_grpc_server *g)
 {
     int64_t now = now_ms();
+    if (g->n_workers > 0) unblock_queue(g);
     for (kiln_grpc_conn *c = g->conns; c; c = c->next) {
         int touched = 0;
         for (stream *st = c->streams; st; st = st->next) {
@@ -1517,11 +1544,11 @@ static void stop_workers(kiln_grpc_server *g)
         pthread_cond_signal(&w->cv);
     }
     pthread_mutex_unlock(&g->mu);
-    for (int i = 0; i < g->n_workers; i++) {
+    for (int i = 0; i < g->n_workers && !g->workers_joined; i++) {
         pthread_join(g->workers[i].t, NULL);
         pthread_cond_destroy(&g->workers[i].cv);
     }
-    g->n_workers = 0;
+    g->workers_joined = 1;
 }
 
 kiln_status kiln_grpc_run(kiln_grpc_server *g, kiln_server *rest, char *err, size_t err_len)
@@ -1533,8 +1560,9 @@ kiln_status kiln_grpc_run(kiln_grpc_server *g, kiln_server *rest, char *err, siz
      * asleep until the queue needs them. With batching a call waits for its
      * batch, and every thread may wait in one. */
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    g->max_awake = g->opt.max_threads;
-    if (!(rest && rest->opt.offload) && cores >= 1 && cores < g->max_awake) g->max_awake = (int)cores;
+    g->base_awake = g->opt.max_threads;
+    if (!(rest && rest->opt.offload) && cores >= 1 && cores < g->base_awake) g->base_awake = (int)cores;
+    g->max_awake = g->base_awake;
     g->workers = calloc((size_t)g->opt.max_threads, sizeof *g->workers);
     pthread_mutex_lock(&g->mu);
     for (int i = 0; g->workers && i < g->opt.max_threads; i++) {
