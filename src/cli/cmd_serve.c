@@ -148,18 +148,20 @@ static void on_rollout_config(void *ctx, const KilnRollout__RolloutConfig *cfg)
         fprintf(stderr, "kiln serve: rollout file: shadow blocks not applied: %s\n", err);
 }
 
-/* The canary's agreement gate reads the model's shadow on the candidate
- * (the rollout loader checked that the shadow targets it): top-1 rows
- * compared and equal since start. */
-static void shadow_pairs(void *ctx, const char *model, int64_t candidate, uint64_t *agree,
-                         uint64_t *paired)
+/* The canary's agreement and output divergence gates read the model's
+ * shadow on the candidate (the rollout loader checked that the shadow
+ * targets it): rows compared since start. */
+static void shadow_pairs(void *ctx, const char *model, int64_t candidate, kiln_rollout_pairs *out)
 {
     (void)candidate;
     kiln_shadow_stats total;
-    *agree = *paired = 0;
+    memset(out, 0, sizeof *out);
     if (kiln_shadow_get_stats((kiln_shadow *)ctx, model, NULL, &total, NULL) != KILN_OK) return;
-    *agree = total.top1_agree > 0 ? (uint64_t)total.top1_agree : 0;
-    *paired = total.top1_rows > 0 ? (uint64_t)total.top1_rows : 0;
+    out->agree = total.top1_agree > 0 ? (uint64_t)total.top1_agree : 0;
+    out->paired = total.top1_rows > 0 ? (uint64_t)total.top1_rows : 0;
+    out->js_rows = total.js_rows > 0 ? (uint64_t)total.js_rows : 0;
+    out->js_sum = total.sum_js;
+    out->js_sq_sum = total.sum_js2;
 }
 
 /* The canary's input drift gate reads the model monitor. */

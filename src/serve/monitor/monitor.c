@@ -556,6 +556,24 @@ static void monitor_write_metrics(void *ctx, kiln_sbuf *b)
         }
     }
 
+    /* every profiled feature, judged or not: with kiln_drift_alert it tells
+     * a fleet controller "too few values yet" from "no profile" */
+    kiln_sbuf_puts(b, "# HELP kiln_drift_window_values Values of a feature in the monitoring window "
+                      "(drift is judged from the profile's min_count)\n"
+                      "# TYPE kiln_drift_window_values gauge\n");
+    for (int i = 0; i < nv; i++) {
+        mon_version *v = vs[i];
+        for (int fi = 0; fi < v->p->n_features; fi++) {
+            feature_stats st;
+            stats_of(v, fi, &st);
+            kiln_sbuf_puts(b, "kiln_drift_window_values");
+            labels(b, v);
+            kiln_sbuf_puts(b, ",feature=\"");
+            label(b, v->p->features[fi].name);
+            kiln_sbuf_printf(b, "\"} %lld\n", (long long)st.count);
+        }
+    }
+
     kiln_sbuf_puts(b, "# HELP kiln_feature_anomalies_total Missing, NaN, infinite and out-of-range "
                       "input values per feature\n# TYPE kiln_feature_anomalies_total counter\n");
     for (int i = 0; i < nv; i++) {
