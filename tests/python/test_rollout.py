@@ -712,24 +712,54 @@ model_rollouts {
     min_requests: 200
     min_step_seconds: 2
     # Prometheus' latency buckets are 1.8x wide: a p99 ratio under 2 is not resolvable
-    gates { max_error_rate_increase: 0.02 max_p99_latency_ratio: 3 }
+    gates { max_error_rate_increase: 0.02 max_p99_latency_ratio: 3 %s }
   }
+  %s
 }
 """
 
+# the paired gates from Prometheus: a shadow of the baseline's traffic on the
+# candidate in every replica, judged from the sum of their counters
+FLEET_PAIRED = ("min_agreement: 0.9 max_output_divergence: 0.02",
+                "shadow { target_version: 2 fraction: 0.5 }")
 
-@pytest.mark.parametrize("candidate,expect", [(save_scale, "promoted"), (save_one_row, "rolled_back")])
-def test_fleet_rollout_controller(tmp_path, candidate, expect):
+
+@pytest.mark.parametrize("case,expect", [("good", "promoted"), ("errors", "rolled_back"),
+                                         ("diverges", "rolled_back"), ("drifted", "rolled_back")])
+def test_fleet_rollout_controller(tmp_path, case, expect):
     """Three replicas behind a round-robin client, a real Prometheus scraping
     them every second, and `kiln rollout-controller` judging the canary from
-    Prometheus: every replica follows the file it writes."""
+    Prometheus: every replica follows the file it writes. A candidate that
+    errors rolls back on the error rate; one whose probabilities are sharper
+    (softmax(3x) against softmax(x): the same top-1, so agreement passes)
+    rolls back on output divergence, judged from the replicas' shadow
+    counters."""
     prom = shutil.which("prometheus")
     if not prom:
         pytest.skip("prometheus (Debian package prometheus) is not installed")
-    save_scale(tmp_path / "m" / "1" / "model.onnx", 1.0)
-    candidate(tmp_path / "m" / "2" / "model.onnx", 2.0)
+    rows_fn = None
+    if case == "diverges":
+        save_softmax(tmp_path / "m" / "1" / "model.onnx", 1.0)
+        save_softmax(tmp_path / "m" / "2" / "model.onnx", 3.0)
+        rows = np.random.default_rng(3).uniform(0.0, 3.0, (8, 3)).round(3)
+        rows_fn = lambda i: rows[i % 8:i % 8 + 1].tolist()  # noqa: E731
+    else:
+        save_scale(tmp_path / "m" / "1" / "model.onnx", 1.0)
+        (save_one_row if case == "errors" else save_scale)(tmp_path / "m" / "2" / "model.onnx", 2.0)
+    if case == "drifted":  # a reference profile of uniform inputs on [1, 3], fed a constant row
+        data = tmp_path / "reference"
+        data.mkdir()
+        np.save(data / "x.npy", np.random.default_rng(7).uniform(1.0, 3.0, (4000, 3)).astype(np.float32))
+        profile = tmp_path / "m" / "2" / "assets.extra" / "kiln_profile.json"
+        profile.parent.mkdir(parents=True)
+        p = subprocess.run([KILN, "profile", str(tmp_path / "m" / "2" / "model.onnx"), "--data",
+                            str(data), "-o", str(profile), "--min-count", "200"],
+                           capture_output=True, text=True, timeout=120)
+        assert p.returncode == 0, p.stderr
     rollout = tmp_path / "rollout.config"
-    rollout.write_text(FLEET)
+    rollout.write_text(FLEET % (FLEET_PAIRED if case == "diverges" else
+                                ("roll_back_on_input_drift: true", "") if case == "drifted" else
+                                ("", "")))
     procs, replicas = [], []
     try:
         # The controller takes the canary over first, so no replica judges it alone.
@@ -765,7 +795,7 @@ def test_fleet_rollout_controller(tmp_path, candidate, expect):
             time.sleep(0.2)
         procs.append(subprocess.Popen(ctl, stderr=ctl_log))
         d = Driver([r.port for r in replicas], "m", threads=6, max_seconds=120, max_requests=400000,
-                   two_rows_every=4 if expect == "rolled_back" else 0)
+                   two_rows_every=4 if case == "errors" else 0, rows_fn=rows_fn)
         deadline = time.time() + 120
         states = []
         while time.time() < deadline:
@@ -781,8 +811,13 @@ def test_fleet_rollout_controller(tmp_path, candidate, expect):
         assert all(s["state"] == expect for s in states), (states, ctl_text, d.answers)
         reason = states[0]["reason"]
         assert "(fleet, from Prometheus)" in reason and all(s["reason"] == reason for s in states)
+        if case == "diverges":
+            assert "output divergence: mean Jensen-Shannon" in reason, reason
+            assert "shadow {" in rollout.read_text()  # the controller kept the shadow block
+        if case == "drifted":
+            assert "input drift: 3 features of version 2" in reason and "feature 'x" in reason, reason
         if expect == "rolled_back":
-            assert "error rate" in reason, reason
+            assert case != "errors" or "error rate" in reason, reason
             assert all([w["version"] for w in s["weights"]] == [1] for s in states)
         else:
             assert all([w["version"] for w in s["weights"]] == [2] for s in states)
