@@ -94,10 +94,20 @@ typedef struct mstate {
     char status[640];
 } mstate;
 
-/* Event counters per model name, kept across reloads. */
+/* Event counters per model name, and its last events, kept across reloads. */
+#define ROLLOUT_RECENT_EVENTS 8
+typedef struct recent_event {
+    char time[32];                       /* UTC, ISO 8601 */
+    int ev;                              /* revent */
+    double step_percent;
+    char reason[232];                    /* cut to fit */
+} recent_event;
+
 typedef struct mevents {
     char model[128];
     uint64_t n[EV_N];
+    recent_event recent[ROLLOUT_RECENT_EVENTS]; /* ring, oldest overwritten */
+    uint64_t n_recent;                   /* events ever put in the ring */
 } mevents;
 
 struct kiln_rollout {
@@ -181,6 +191,13 @@ static void emit(kiln_rollout *r, mstate *m, revent ev, const char *reason)
     struct tm tmv;
     gmtime_r(&now, &tmv);
     strftime(ts, sizeof ts, "%Y-%m-%dT%H:%M:%SZ", &tmv);
+    if (e) {
+        recent_event *re = &e->recent[e->n_recent++ % ROLLOUT_RECENT_EVENTS];
+        snprintf(re->time, sizeof re->time, "%s", ts);
+        re->ev = (int)ev;
+        re->step_percent = step_percent(m);
+        snprintf(re->reason, sizeof re->reason, "%s", reason ? reason : "");
+    }
     kiln_sbuf b = {0};
     kiln_sbuf_printf(&b, "{\"time\":\"%s\",\"component\":\"rollout\",\"event\":\"%s\",\"model\":",
                      ts, event_names[ev]);
@@ -1048,6 +1065,25 @@ static void write_gates_json(const mstate *m, kiln_sbuf *b)
     kiln_sbuf_printf(b, ", \"input_drift\": %s}", m->drift_gate ? "true" : "false");
 }
 
+/* The model's last events, oldest first (the stderr lines' fields). */
+static void write_events_json(kiln_rollout *r, const mstate *m, kiln_sbuf *b)
+{
+    kiln_sbuf_puts(b, ", \"events\": [");
+    const mevents *e = NULL;
+    for (int i = 0; i < r->n_events; i++)
+        if (strcmp(r->events[i].model, m->model) == 0) e = &r->events[i];
+    uint64_t n = e ? e->n_recent : 0, first = n > ROLLOUT_RECENT_EVENTS ? n - ROLLOUT_RECENT_EVENTS : 0;
+    for (uint64_t k = first; k < n; k++) {
+        const recent_event *re = &e->recent[k % ROLLOUT_RECENT_EVENTS];
+        kiln_sbuf_printf(b, "%s{\"time\": \"%s\", \"event\": \"%s\", \"step_percent\": %g, "
+                            "\"reason\": ", k > first ? ", " : "", re->time, event_names[re->ev],
+                         re->step_percent);
+        kiln_sbuf_json_string(b, re->reason, strlen(re->reason));
+        kiln_sbuf_puts(b, "}");
+    }
+    kiln_sbuf_puts(b, "]");
+}
+
 static void write_model_json(kiln_rollout *r, const mstate *m, kiln_sbuf *b)
 {
     kiln_sbuf_puts(b, "{\"model\": ");
@@ -1076,6 +1112,7 @@ static void write_model_json(kiln_rollout *r, const mstate *m, kiln_sbuf *b)
         kiln_sbuf_json_string(b, m->reason, strlen(m->reason));
         kiln_sbuf_puts(b, ", \"status\": ");
         kiln_sbuf_json_string(b, m->status, strlen(m->status));
+        write_events_json(r, m, b);
     }
     kiln_sbuf_printf(b, ", \"sticky\": %s, \"weights\": [", m->mr->sticky ? "true" : "false");
     rtable *t = table_enter(r);
