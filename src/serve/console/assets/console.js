@@ -33,6 +33,7 @@ const state = {
   imageSettings: new Map(),  /* input name -> settings */
   predictFor: null,          /* model the form was built for */
   rollouts: null,            /* /v1/rollouts' list (null: no rollout file) */
+  rolloutsOff: false,        /* /v1/rollouts answered 404: no rollout file */
   monitoring: new Map(),     /* model -> its /monitoring reply */
   rolloutMessage: null,      /* {model, text}: the last admin button's answer */
   driftOpen: new Set(),      /* "model/version" whose folded drift table is open */
@@ -488,9 +489,12 @@ function renderRollout() {
 
 /* GET /v1/rollouts and the selected model's monitoring into state. */
 async function pollRollout() {
-  const [ro, mon] = await Promise.all([request('GET', '/v1/rollouts'),
+  /* a server without a rollout file answers 404 once; it is not asked again */
+  const [ro, mon] = await Promise.all([
+    state.rolloutsOff ? Promise.resolve(null) : request('GET', '/v1/rollouts'),
     state.selected ? request('GET', modelPath(state.selected) + '/monitoring') : Promise.resolve(null)]);
-  state.rollouts = ro.ok && ro.body ? ro.body.rollouts || [] : null;
+  if (ro && ro.status === 404) state.rolloutsOff = true;
+  state.rollouts = ro && ro.ok && ro.body ? ro.body.rollouts || [] : null;
   if (mon && state.selected) state.monitoring.set(state.selected, mon);
 }
 
