@@ -148,18 +148,35 @@ static void on_rollout_config(void *ctx, const KilnRollout__RolloutConfig *cfg)
         fprintf(stderr, "kiln serve: rollout file: shadow blocks not applied: %s\n", err);
 }
 
-/* The canary's agreement gate reads the model's shadow on the candidate
- * (the rollout loader checked that the shadow targets it): top-1 rows
- * compared and equal since start. */
-static void shadow_pairs(void *ctx, const char *model, int64_t candidate, uint64_t *agree,
-                         uint64_t *paired)
+/* The canary's agreement and output divergence gates read the model's
+ * shadow on the candidate (the rollout loader checked that the shadow
+ * targets it): rows compared since start. */
+static void shadow_pairs(void *ctx, const char *model, int64_t candidate, kiln_rollout_pairs *out)
 {
     (void)candidate;
     kiln_shadow_stats total;
-    *agree = *paired = 0;
+    memset(out, 0, sizeof *out);
     if (kiln_shadow_get_stats((kiln_shadow *)ctx, model, NULL, &total, NULL) != KILN_OK) return;
-    *agree = total.top1_agree > 0 ? (uint64_t)total.top1_agree : 0;
-    *paired = total.top1_rows > 0 ? (uint64_t)total.top1_rows : 0;
+    out->agree = total.top1_agree > 0 ? (uint64_t)total.top1_agree : 0;
+    out->paired = total.top1_rows > 0 ? (uint64_t)total.top1_rows : 0;
+    out->js_rows = total.js_rows > 0 ? (uint64_t)total.js_rows : 0;
+    out->js_sum = total.sum_js;
+    out->js_sq_sum = total.sum_js2;
+}
+
+/* A model config applied while serving (file poll, HandleReloadConfigRequest):
+ * its logging_configs take effect. */
+static void reqlog_on_models(void *ctx, const kiln_server_config *c)
+{
+    if (c && kiln_reqlog_apply((kiln_reqlog *)ctx, c) != KILN_OK)
+        fprintf(stderr, "kiln serve: request log: out of memory applying the reloaded config\n");
+}
+
+/* After each model poll or config reload: changed monitoring profiles. */
+static void monitor_on_models(void *ctx, const kiln_server_config *c)
+{
+    (void)c;
+    kiln_monitor_refresh((kiln_monitor *)ctx);
 }
 
 /* The canary's input drift gate reads the model monitor. */
@@ -481,8 +498,8 @@ int kiln_cmd_serve(int argc, char **argv)
     }
     kiln_status mst = config ? kiln_manager_apply_config(mgr, config)
                              : kiln_manager_add_model(mgr, model_name, base_path);
-    /* the request log (logging_config), fixed at startup: a reloaded config
-     * changes models, not their logging */
+    /* the request log (logging_config): with a model config file it exists
+     * even when no model logs yet, since a reload may add a logging_config */
     kiln_reqlog *reqlog = NULL;
     char rerr[KILN_REQLOG_ERR_LEN];
     if (mst == KILN_OK && kiln_reqlog_create(&rlo, config, &reqlog, rerr) != KILN_OK) {
@@ -584,6 +601,13 @@ int kiln_cmd_serve(int argc, char **argv)
         fail = "cannot register the rollout observer";
         goto fail_start;
     }
+    /* reloads reach the request log and the monitor (removed again before
+     * either is freed) */
+    if ((reqlog && kiln_manager_add_listener(mgr, reqlog_on_models, reqlog) != KILN_OK) ||
+        (monitor && kiln_manager_add_listener(mgr, monitor_on_models, monitor) != KILN_OK)) {
+        fail = "cannot register the reload listeners";
+        goto fail_start;
+    }
     if (kiln_server_start(&server, &so, mgr) != KILN_OK) {
         snprintf(serr, sizeof serr, "cannot listen on %s:%d (in use, or not permitted)",
                  address ? address : "0.0.0.0", rest_port);
@@ -593,6 +617,7 @@ int kiln_cmd_serve(int argc, char **argv)
     if (grpc && kiln_grpc_run(grpc, &server, gerr, sizeof gerr) != KILN_OK) {
         kiln_grpc_stop(grpc, 0);
         kiln_server_stop(&server, 0);
+        kiln_manager_clear_listeners(mgr);
         kiln_reqlog_free(reqlog);
         kiln_shadow_free(shadow);
         kiln_rollout_free(rollout);
@@ -627,6 +652,7 @@ int kiln_cmd_serve(int argc, char **argv)
     atomic_store(&server.shutting_down, 1); /* health and readiness say NOT_SERVING */
     kiln_grpc_stop(grpc, KILN_SERVE_DRAIN_MS);
     kiln_server_stop(&server, KILN_SERVE_DRAIN_MS);
+    kiln_manager_clear_listeners(mgr);
     kiln_reqlog_free(reqlog); /* writes what is queued */
     kiln_shadow_free(shadow);
     kiln_rollout_free(rollout);
@@ -644,6 +670,7 @@ int kiln_cmd_serve(int argc, char **argv)
 
 fail_start: /* before the REST server started */
     kiln_grpc_stop(grpc, 0);
+    kiln_manager_clear_listeners(mgr);
     kiln_reqlog_free(reqlog);
     kiln_shadow_free(shadow);
     kiln_rollout_free(rollout);

@@ -22,6 +22,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -62,7 +63,37 @@ struct kiln_manager {
     int stopping;
     pthread_mutex_t load_mu;   /* one thread loads at a time: the polling thread, or a
                                   gRPC HandleReloadConfigRequest (kiln_manager_reload) */
+    kiln_manager_listener_fn listener_fn[KILN_MANAGER_MAX_LISTENERS];
+    void *listener_ctx[KILN_MANAGER_MAX_LISTENERS];
+    atomic_int n_listeners;    /* published after the entry is written */
 };
+
+kiln_status kiln_manager_add_listener(kiln_manager *m, kiln_manager_listener_fn fn, void *ctx)
+{
+    pthread_mutex_lock(&m->load_mu);
+    int n = atomic_load(&m->n_listeners);
+    if (n < KILN_MANAGER_MAX_LISTENERS) {
+        m->listener_fn[n] = fn;
+        m->listener_ctx[n] = ctx;
+        atomic_store_explicit(&m->n_listeners, n + 1, memory_order_release);
+    }
+    pthread_mutex_unlock(&m->load_mu);
+    return n < KILN_MANAGER_MAX_LISTENERS ? KILN_OK : KILN_ERR_OUT_OF_MEMORY;
+}
+
+void kiln_manager_clear_listeners(kiln_manager *m)
+{
+    pthread_mutex_lock(&m->load_mu);
+    atomic_store(&m->n_listeners, 0);
+    pthread_mutex_unlock(&m->load_mu);
+}
+
+/* Tell the listeners (load_mu held). */
+static void notify(kiln_manager *m, const kiln_server_config *c)
+{
+    int n = atomic_load_explicit(&m->n_listeners, memory_order_acquire);
+    for (int i = 0; i < n; i++) m->listener_fn[i](m->listener_ctx[i], c);
+}
 
 const char *kiln_serve_code_name(kiln_status st)
 {
@@ -318,6 +349,7 @@ kiln_status kiln_manager_apply_config(kiln_manager *m, const kiln_server_config 
         }
         pthread_mutex_unlock(&sm->mu);
     }
+    if (m->started) notify(m, c);
     return st;
 }
 
@@ -1122,6 +1154,7 @@ static void *poll_thread(void *arg)
         if (fs && !before(&now, &next_fs)) {
             pthread_mutex_lock(&m->load_mu);
             for (int i = 0; i < m->n_models; i++) poll_model(m, m->models[i]);
+            notify(m, NULL);
             pthread_mutex_unlock(&m->load_mu);
             add_seconds(&next_fs, m->opts.poll_seconds);
         }

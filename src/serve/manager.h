@@ -99,6 +99,19 @@ kiln_status kiln_manager_apply_config(kiln_manager *m, const kiln_server_config 
  * HandleReloadConfigRequest; a config file, if polled, applies again at
  * its next poll). */
 kiln_status kiln_manager_reload(kiln_manager *m, const kiln_server_config *c);
+/* Listeners of the loading thread: fn(ctx, c) after a config was applied
+ * while serving (c: the new config, from the file's poll or
+ * kiln_manager_reload) and after each poll of the base paths (c NULL). The
+ * request log takes a reloaded logging_config from it, the model monitor
+ * re-reads changed profiles. Calls are serialized (under the load lock);
+ * fn must not call back into the manager's config functions. At most
+ * KILN_MANAGER_MAX_LISTENERS; may be added while serving. */
+#define KILN_MANAGER_MAX_LISTENERS 4
+typedef void (*kiln_manager_listener_fn)(void *ctx, const kiln_server_config *c);
+kiln_status kiln_manager_add_listener(kiln_manager *m, kiln_manager_listener_fn fn, void *ctx);
+/* Remove every listener; when it returns no call is in progress (so their
+ * contexts may be freed while the manager still runs). */
+void kiln_manager_clear_listeners(kiln_manager *m);
 /* Poll every base path once (loading what is there, on this thread), then
  * start the polling thread. */
 kiln_status kiln_manager_start(kiln_manager *m);

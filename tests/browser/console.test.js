@@ -13,7 +13,10 @@
  * an 8x8 PNG dropped into the form becomes the input's 64 values; the live
  * charts move under load (request counts, rate, batch sizes); a server
  * error is shown exactly as the server wrote it; and a second server
- * started with --enable_console=false answers 404 under /console/.
+ * started with --enable_console=false answers 404 under /console/. The
+ * rollout and monitoring panel matches /v1/rollouts (a split, then a
+ * canary on a second server) and the monitoring view, and its buttons
+ * pause and promote the canary.
  *
  * Run by tests/browser/run.sh (ctest: browser_console). Environment:
  * KILN_BIN (default build/kiln), CHROMIUM (default /usr/bin/chromium),
@@ -22,7 +25,7 @@
  */
 'use strict';
 
-const { spawn } = require('child_process');
+const { spawn, spawnSync } = require('child_process');
 const fs = require('fs');
 const net = require('net');
 const os = require('os');
@@ -144,6 +147,110 @@ function closeArrays(a, b, tol, where) {
   for (const k of Object.keys(a)) closeArrays(a[k], b[k], tol, `${where}.${k}`);
 }
 
+/* ------------------------------------------------------------ rollout panel */
+
+/*
+ * A canary of the digits model (version 2 is the same file as version 1)
+ * with a reference profile on version 2 (kiln profile over the sample
+ * digits): the panel's state, step, weights, gates and drift table match
+ * /v1/rollouts and /v1/models/digits/monitoring, and its buttons change the
+ * server's state (pause, then promote).
+ */
+async function rolloutPanel(tmp, sample) {
+  const root = path.join(tmp, 'canary');
+  const src = path.join(REPO, 'models', 'digits', '1', 'model.onnx');
+  for (const v of ['1', '2']) {
+    fs.mkdirSync(path.join(root, v), { recursive: true });
+    fs.symlinkSync(src, path.join(root, v, 'model.onnx'));
+  }
+  /* the reference: the sample digits as pixels.npy (a copy of the .npy file) */
+  const ref = path.join(tmp, 'ref');
+  fs.mkdirSync(ref);
+  fs.copyFileSync(path.join(REPO, 'models', 'digits_sample.npy'), path.join(ref, 'pixels.npy'));
+  fs.mkdirSync(path.join(root, '2', 'assets.extra'));
+  const prof = spawnSync(KILN, ['profile', src, '--data', ref, '-o',
+    path.join(root, '2', 'assets.extra', 'kiln_profile.json'), '--min-count', '20']);
+  assert.equal(prof.status, 0, `kiln profile: ${prof.stderr}`);
+  fs.writeFileSync(path.join(tmp, 'canary.config'),
+    `model_config_list { config { name: 'digits' base_path: '${root}' model_platform: 'onnx'
+      model_version_policy { all {} } } }\n`);
+  fs.writeFileSync(path.join(tmp, 'canary.rollout'), `evaluation_interval_seconds: 1
+model_rollouts { model_name: "digits"
+  canary { candidate_version: 2 steps: [10, 50, 100] min_requests: 1000000 min_step_seconds: 3600
+           gates { roll_back_on_input_drift: true } } }\n`);
+  const srv = await startServer([`--model_config_file=${path.join(tmp, 'canary.config')}`,
+    `--rollout_config_file=${path.join(tmp, 'canary.rollout')}`], tmp);
+  const base = srv.base;
+  let browser = null;
+  try {
+    /* some traffic, so the candidate's window has values to judge */
+    const n = sample.shape[0];
+    const body = JSON.stringify({ instances: Array.from({ length: 8 }, (_, i) => sample.data.slice((i % n) * 64, (i % n + 1) * 64)) });
+    for (let i = 0; i < 60; i++) {
+      const r = await post(base, '/v1/models/digits:predict', body);
+      assert.equal(r.status, 200, r.text);
+    }
+    const udd = fs.mkdtempSync(path.join(os.tmpdir(), 'kiln-chromium-'));
+    browser = await puppeteer.launch({
+      executablePath: CHROMIUM, headless: true, userDataDir: udd,
+      args: ['--headless', '--no-sandbox', '--disable-gpu', '--no-first-run', `--user-data-dir=${udd}`],
+    });
+    const page = await browser.newPage();
+    await page.setViewport({ width: 1180, height: 820 });
+    page.setDefaultTimeout(15000);
+    const errors = [];
+    page.on('pageerror', (e) => errors.push('pageerror: ' + e.message));
+    await page.goto(base + '/console/#digits', { waitUntil: 'networkidle0' });
+    await page.waitForSelector('#rollout-actions');
+    await page.waitForSelector('#rollout table[data-section="drift"] tbody tr');
+    const ro = (await (await fetch(base + '/v1/rollouts/digits')).json());
+    assert.equal(await page.$eval('#rollout-state', (e) => e.textContent), ro.state);
+    assert.equal(ro.state, 'progressing');
+    assert.equal(await page.$eval('#rollout tr[data-field="step"] td', (e) => e.textContent),
+      `${ro.step + 1} of ${ro.steps.length} (${ro.step_percent}%): steps ${ro.steps.join(', ')}`);
+    assert.equal(await page.$eval('#rollout tr[data-field="weights"] td', (e) => e.textContent),
+      ro.weights.map((w) => `v${w.version}: ${(100 * w.weight).toFixed(1)}%`).join(', '));
+    const gates = await page.$$eval('#rollout table[data-section="gates"] tbody tr', (t) => t.map((r) => r.dataset.gate));
+    assert.deepEqual(gates, ['error rate', 'p99 latency', 'input drift']);
+    assert.equal(await page.$eval('#gates-verdict', (e) => e.textContent), ro.gates.evaluated ? ro.gates.verdict : 'not evaluated');
+    /* the drift table == the monitoring view of version 2 */
+    const mon = await (await fetch(base + '/v1/models/digits/monitoring')).json();
+    const v2 = mon.versions.find((v) => v.version === 2);
+    assert.ok(v2, 'version 2 is monitored');
+    const drift = await page.$$eval('#rollout table[data-section="drift"][data-version="2"] tbody tr',
+      (t) => t.map((r) => [r.dataset.feature, Number(r.cells[2].textContent)]));
+    assert.deepEqual(drift.map((d) => d[0]), v2.features.map((f) => f.name), 'drift features');
+    assert.ok(drift.every((d, i) => d[1] <= v2.features[i].window_count + 100 && d[1] >= 0), 'window counts');
+    if (SHOTS) await page.screenshot({ path: path.join(SHOTS, 'console-rollout.png'), fullPage: true });
+    /* the buttons: pause, then promote; the panel and the server agree (the
+     * panel is redrawn on every poll: find and click in one step) */
+    const press = (a) => page.$eval(`#rollout-actions button[data-action="${a}"]`, (b) => b.click());
+    await press('pause');
+    await page.waitForFunction(() => document.querySelector('#rollout-state').textContent === 'paused');
+    assert.equal((await (await fetch(base + '/v1/rollouts/digits')).json()).state, 'paused');
+    assert.match(await page.$eval('#rollout-message', (e) => e.textContent), /^pause: HTTP 200/);
+    await press('promote');
+    await page.waitForFunction(() => document.querySelector('#rollout-state').textContent === 'promoted');
+    const after = (await (await fetch(base + '/v1/rollouts/digits')).json());
+    assert.equal(after.state, 'promoted');
+    assert.deepEqual(after.weights.map((w) => w.version), [2]);
+    await page.waitForFunction(() => document.querySelector('#rollout tr[data-field="weights"] td').textContent === 'v2: 100.0%');
+    const evs = await page.$$eval('#rollout table[data-section="events"] tbody tr', (t) => t.map((r) => r.dataset.event));
+    assert.deepEqual(evs.slice(0, 2), ['promote', 'pause'], 'last events, newest first');
+    /* a transition that does not apply: 409 with the server's reason */
+    await press('resume');
+    await page.waitForFunction(() => /^resume: HTTP 409/.test(document.querySelector('#rollout-message').textContent));
+    assert.deepEqual(errors, [], 'page errors');
+    log('rollout panel == /v1/rollouts and the monitoring view; pause and promote buttons act');
+    await browser.close();
+    browser = null;
+    fs.rmSync(udd, { recursive: true, force: true });
+  } finally {
+    if (browser) await browser.close();
+    await srv.stop();
+  }
+}
+
 /* ------------------------------------------------------------ the test */
 
 async function main() {
@@ -157,7 +264,9 @@ async function main() {
   fs.writeFileSync(path.join(tmp, 'batching.config'),
     'max_batch_size { value: 8 } batch_timeout_micros { value: 3000 } ' +
     'allowed_batch_sizes: 1 allowed_batch_sizes: 2 allowed_batch_sizes: 4 allowed_batch_sizes: 8\n');
+  fs.writeFileSync(path.join(tmp, 'split.rollout'), 'model_rollouts { model_name: "digits" split { version: 1 weight: 1 } }\n');
   const srv = await startServer([`--model_config_file=${path.join(tmp, 'models.config')}`,
+    `--rollout_config_file=${path.join(tmp, 'split.rollout')}`,
     '--enable_batching', `--batching_parameters_file=${path.join(tmp, 'batching.config')}`,
     '--rest_api_enable_cors_support',
     `--monitoring_config_file=${path.join(REPO, 'models', 'monitoring_config.txt')}`], tmp);
@@ -241,7 +350,14 @@ async function main() {
           '[' + info.tensor_shape.dim.map((d) => (Number(d.size) < 0 ? '?' : d.size)).join(', ') + ']']);
     assert.deepEqual(rows, want, 'signature table');
     assert.deepEqual(rows, [['input', 'pixels', 'float', '[?, 64]'], ['output', 'probabilities', 'float', '[?, 10]']]);
-    log('page loaded: model list, versions, signatures ok');
+    /* the rollout panel == /v1/rollouts (a static split here) */
+    const split = (await (await fetch(base + '/v1/rollouts')).json()).rollouts[0];
+    await page.waitForSelector('#rollout-state');
+    assert.equal(await page.$eval('#rollout-state', (e) => e.textContent), split.state);
+    assert.equal(await page.$eval('#rollout tr[data-field="weights"] td', (e) => e.textContent),
+      split.weights.map((w) => `v${w.version}: ${(100 * w.weight).toFixed(1)}%`).join(', '));
+    assert.equal(await page.$('#rollout-actions'), null, 'a static split has no canary buttons');
+    log('page loaded: model list, versions, signatures, rollout panel ok');
 
     /* prediction: the prefilled example is valid; the form's reply == a direct one */
     await page.click('.tab[data-tab="predict"]');
@@ -364,6 +480,8 @@ async function main() {
     if (browser) await browser.close();
     await srv.stop();
   }
+
+  await rolloutPanel(tmp, sample);
 
   /* --enable_console=false: no console, no stats, the API still there */
   const off = await startServer(['--model_name=digits', `--model_base_path=${path.join(REPO, 'models', 'digits')}`,

@@ -92,7 +92,7 @@ int main(void)
     CHECK(isinf(kiln_gate_hist_rank(h, 21)), "past the end");
 
     /* verdicts */
-    kiln_gate_params gp = {0.01, 1.5, 0.95, 0.0, 0.0};
+    kiln_gate_params gp = {0.01, 1.5, 0.95, 0.0, 0.0, 0.0};
     uint64_t hc[KILN_GATE_LAT_BUCKETS] = {0}, hb[KILN_GATE_LAT_BUCKETS] = {0};
     hc[20] = 1000;
     hb[20] = 1000;
@@ -124,7 +124,7 @@ int main(void)
 
     /* the agreement gate: Wilson bounds of 81/263 at z = 1.96 are
      * [0.2553, 0.3662] (Newcombe 1998a, table I, as above) */
-    kiln_gate_params ga = {0.01, 1.5, 0.975, 0.0, 0.0};
+    kiln_gate_params ga = {0.01, 1.5, 0.975, 0.0, 0.0, 0.0};
     kiln_gate_result ar;
     memset(&ar, 0, sizeof ar);
     ar.verdict = KILN_GATE_PASS;
@@ -154,6 +154,47 @@ int main(void)
     memset(&ar, 0, sizeof ar);
     kiln_gate_agreement(&ga, 0, 0, &ar); /* no pairs yet: holds */
     CHECK(ar.verdict == KILN_GATE_HOLD, "no pairs: %d %s", ar.verdict, ar.reason);
+
+    /* the output divergence gate: 100 rows, half at 0.1 nats and half at
+     * 0.3: mean 0.2, sample variance 100 * 0.01 / 99, so at confidence 0.95
+     * (z = 1.644854) the bounds are 0.2 -+ 1.644854 * sqrt(1/99) / 10 =
+     * [0.183468, 0.216532] */
+    kiln_gate_params gd = {0.01, 1.5, 0.95, 0.0, 0.0, 0.0};
+    kiln_gate_result dr;
+    double js_sum = 50 * 0.1 + 50 * 0.3, js_sq = 50 * 0.01 + 50 * 0.09;
+    memset(&dr, 0, sizeof dr);
+    kiln_gate_divergence(&gd, 100, js_sum, js_sq, &dr); /* off */
+    CHECK(dr.verdict == KILN_GATE_PASS && dr.js_rows == 0, "off: %d", dr.verdict);
+    gd.max_output_divergence = 0.15; /* below the lower bound: fails */
+    kiln_gate_divergence(&gd, 100, js_sum, js_sq, &dr);
+    CHECK(dr.verdict == KILN_GATE_FAIL && strstr(dr.reason, "output divergence: mean Jensen-Shannon") &&
+              near(dr.js_mean, 0.2, 1e-12) && near(dr.js_lo, 0.183468, 1e-6) &&
+              near(dr.js_hi, 0.216532, 1e-6),
+          "fail: %d %s %.6f %.6f", dr.verdict, dr.reason, dr.js_lo, dr.js_hi);
+    memset(&dr, 0, sizeof dr);
+    gd.max_output_divergence = 0.2; /* between the bounds: holds */
+    kiln_gate_divergence(&gd, 100, js_sum, js_sq, &dr);
+    CHECK(dr.verdict == KILN_GATE_HOLD && strstr(dr.reason, "more pairs needed"), "hold: %d %s",
+          dr.verdict, dr.reason);
+    memset(&dr, 0, sizeof dr);
+    gd.max_output_divergence = 0.25; /* above the upper bound: passes */
+    kiln_gate_divergence(&gd, 100, js_sum, js_sq, &dr);
+    CHECK(dr.verdict == KILN_GATE_PASS, "pass: %d %s", dr.verdict, dr.reason);
+    memset(&dr, 0, sizeof dr);
+    /* 29 identical rows (variance 0) are still too few to judge */
+    kiln_gate_divergence(&gd, KILN_GATE_MIN_DIVERGENCE_ROWS - 1, 0.0, 0.0, &dr);
+    CHECK(dr.verdict == KILN_GATE_HOLD && strstr(dr.reason, "needed before"), "few: %d %s",
+          dr.verdict, dr.reason);
+    memset(&dr, 0, sizeof dr);
+    kiln_gate_divergence(&gd, KILN_GATE_MIN_DIVERGENCE_ROWS, 0.0, 0.0, &dr);
+    CHECK(dr.verdict == KILN_GATE_PASS && dr.js_hi == 0.0, "equal: %d %s", dr.verdict, dr.reason);
+    memset(&dr, 0, sizeof dr);
+    dr.verdict = KILN_GATE_FAIL; /* a failure already there stays */
+    snprintf(dr.reason, sizeof dr.reason, "error rate: ...");
+    gd.max_output_divergence = 0.15;
+    kiln_gate_divergence(&gd, 100, js_sum, js_sq, &dr);
+    CHECK(dr.verdict == KILN_GATE_FAIL && strcmp(dr.reason, "error rate: ...") == 0, "kept: %s",
+          dr.reason);
 
     /* another bucket layout (Prometheus' le bounds): the same ranks */
     static const double le[] = {100, 200, 400, INFINITY};

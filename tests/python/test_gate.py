@@ -379,6 +379,58 @@ def test_require_blessing_and_version_info(setup):
         srv.kill()
 
 
+from test_grpc import pb  # noqa: E402,F401  (the generated TF Serving modules, a fixture)
+
+
+def test_version_info_in_grpc_metadata(setup, pb):  # noqa: F811
+    """GetModelMetadata over gRPC (grpcio, TF Serving's own request and
+    response types): a version with a kiln_version.json answers its
+    signature_def as TF Serving does plus a "kiln_version_info" entry, a
+    google.protobuf.StringValue holding the record as JSON; a version
+    without one answers signature_def only; the entry can be asked for
+    alone; an unknown field is still refused."""
+    import grpc
+    from google.protobuf import wrappers_pb2
+    import test_grpc
+    models = setup / "served"
+    shutil.copytree(setup / "base" / "1", models / "1")
+    shutil.copytree(setup / "base" / "1", models / "2")
+    (models / "2" / "assets.extra").mkdir()
+    (models / "2" / "assets.extra" / "kiln_version.json").write_text(json.dumps(VERSION_INFO))
+    srv = test_grpc.Server(setup, [f'config {{ name: "clf" base_path: "{models}" model_platform: "onnx" '
+                                   f'model_version_policy {{ all {{}} }} }}\n'])
+    try:
+        M = pb.meta_md.GetModelMetadataResponse
+        meta = "/tensorflow.serving.PredictionService/GetModelMetadata"
+
+        def ask(version, fields):
+            req = pb.meta_md.GetModelMetadataRequest(metadata_field=fields)
+            req.model_spec.name = "clf"
+            req.model_spec.version.value = version
+            return srv.call(meta, req, M)
+
+        r = ask(2, ["signature_def"])
+        assert set(r.metadata) == {"signature_def", "kiln_version_info"}
+        assert r.model_spec.version.value == 2
+        sdm = pb.meta_md.SignatureDefMap()
+        assert r.metadata["signature_def"].Unpack(sdm)  # what TF Serving's clients read
+        assert list(sdm.signature_def["serving_default"].inputs) == ["x"]
+        info = wrappers_pb2.StringValue()
+        assert r.metadata["kiln_version_info"].Is(wrappers_pb2.StringValue.DESCRIPTOR)
+        assert r.metadata["kiln_version_info"].Unpack(info)
+        assert json.loads(info.value) == VERSION_INFO
+        r = ask(1, ["signature_def"])
+        assert set(r.metadata) == {"signature_def"}
+        r = ask(2, ["kiln_version_info"])
+        assert set(r.metadata) == {"kiln_version_info"}
+        with pytest.raises(grpc.RpcError) as e:
+            ask(2, ["nope"])
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "Metadata field nope is not supported" in e.value.details()
+    finally:
+        srv.kill()
+
+
 def test_malformed_version_info_fails_the_load(setup):
     models = setup / "served"
     shutil.copytree(setup / "base" / "1", models / "1")

@@ -412,6 +412,58 @@ def test_window_slides(setup, tmp_path):
         srv.kill()
 
 
+def test_changed_profile_is_reread(setup, tmp_path):
+    """A version's kiln_profile.json replaced while serving is read again
+    after the next model poll: the same live rows that matched the first
+    reference drift from the second (a reference shifted by +2 on x[0], as
+    `sample(drift=True)` makes), and the window starts over."""
+    root, model, x, c, prof = setup
+    base = tmp_path / "re"
+    save_classifier(base / "1" / "model.onnx")
+    extra = base / "1" / "assets.extra"
+    extra.mkdir()
+    (extra / "kiln_profile.json").write_text(json.dumps(dict(prof, min_count=100)))
+    srv = Server(base, "re")
+    live_x, live_c = sample(np.random.default_rng(11), 400)
+
+    def send_and_read():
+        body = json.dumps({"inputs": {"x": live_x.tolist(), "c": live_c.tolist()}})
+        assert srv.request("POST", "/v1/models/re:predict", body)[0] == 200
+        code, data, _ = srv.request("GET", "/v1/models/re/monitoring")
+        assert code == 200
+        (v,) = json.loads(data)["versions"]
+        return {f["name"]: f for f in v["features"]}
+
+    try:
+        f = send_and_read()
+        assert f["x[0]"]["window_count"] == 400 and f["x[0]"]["alert"] is False, f["x[0]"]
+        # the second reference: drifted data through kiln profile
+        dx, dc = sample(np.random.default_rng(5), 3000, drift=True)
+        ref2 = tmp_path / "ref2"
+        ref2.mkdir()
+        np.save(ref2 / "x.npy", dx)
+        np.save(ref2 / "c.npy", dc)
+        r = run_profile(model, "--data", ref2, "-o", tmp_path / "p2.json", "--min-count", "100")
+        assert r.returncode == 0, r.stderr
+        (tmp_path / "p2.json").replace(extra / "kiln_profile.json")  # atomically, as a deploy would
+        deadline = time.time() + 20
+        while "kiln_profile.json of version 1 of 're' changed" not in srv.logtext():
+            assert time.time() < deadline, srv.logtext()
+            time.sleep(0.1)
+        f = send_and_read()
+        # a fresh window on the new reference: only the rows sent since
+        assert f["x[0]"]["window_count"] == 400, f["x[0]"]
+        new = json.loads((extra / "kiln_profile.json").read_text())
+        ref0 = [g for g in new["features"] if g["name"] == "x[0]"][0]
+        live = np.bincount(np.searchsorted(ref0["edges"], live_x[:, 0], side="right"),
+                           minlength=len(ref0["edges"]) + 1)
+        assert f["x[0]"]["alert"] is True, f["x[0]"]
+        # the PSI the server reports is numpy's on the new reference
+        assert math.isclose(f["x[0]"]["psi"], psi_np(np.array(ref0["counts"], float), live), rel_tol=1e-6)
+    finally:
+        srv.kill()
+
+
 def test_json_view_agrees_with_prometheus(served):
     srv, prof, sent = served
     code, view = srv.json("GET", "/v1/models/mon/monitoring")

@@ -354,6 +354,106 @@ def test_jsonl_log(tmp_path, pb):
         np.testing.assert_allclose(np.array(r["response"]["outputs"]["z"]), -want, rtol=1e-6)
 
 
+def _log_until(srv, model, n, x, timeout=20):
+    """Send predicts until the model's records_total reaches n (a reload takes
+    effect within a poll); the number sent."""
+    sent, deadline = 0, time.time() + timeout
+    while time.time() < deadline:
+        rest_predict(srv, model, x)
+        sent += 1
+        if (settle(srv, f'kiln_request_log_records_total{{model_name="{model}"}}', timeout=2) or 0) >= n:
+            return sent
+    raise AssertionError(f"no request log records for {model} after {sent} requests:\n" + srv.logtext())
+
+
+def test_logging_config_reload_from_file(tmp_path, pb):
+    """logging_config follows the polled model config file: none at start (no
+    record), then PredictionLog TFRecords under a prefix, then off again."""
+    save_affine(tmp_path / "aff" / "1" / "model.onnx", A, B)
+    prefix = tmp_path / "logs" / "aff"
+    prefix.parent.mkdir()
+    srv = Server(tmp_path, [model_line("aff", tmp_path / "aff")],
+                 "--model_config_file_poll_wait_seconds=1")
+    cfg = tmp_path / "models.config"
+    x = np.array([[1.0, -2.0, 0.5]], np.float32)
+    try:
+        rest_predict(srv, "aff", x)
+        assert metric(srv, 'kiln_request_log_records_total{model_name="aff"}') is None
+        cfg.write_text("model_config_list {\n" + logging_line("aff", tmp_path / "aff", prefix, 1.0) + "}\n")
+        _log_until(srv, "aff", 1, x)
+        assert "request log of model 'aff' (reloaded): sampling_rate 1" in srv.logtext()
+        for _ in range(3):
+            rest_predict(srv, "aff", x)
+        n_on = wait_records(srv, "aff", 4)
+        assert n_on >= 4
+        cfg.write_text("model_config_list {\n" + model_line("aff", tmp_path / "aff") + "}\n")
+        deadline = time.time() + 20
+        while "request log of model 'aff' (reloaded): off" not in srv.logtext():
+            assert time.time() < deadline, srv.logtext()
+            time.sleep(0.1)
+        before = settle(srv, 'kiln_request_log_records_total{model_name="aff"}')
+        for _ in range(5):
+            rest_predict(srv, "aff", x)
+        assert settle(srv, 'kiln_request_log_records_total{model_name="aff"}') == before
+    finally:
+        srv.kill()
+    logs = read_logs(pb, prefix)
+    assert len(logs) == before
+    for m in logs:  # every record decodes to what numpy computes
+        np.testing.assert_array_equal(to_numpy(m.predict_log.request.inputs["x"]), x)
+        np.testing.assert_allclose(to_numpy(m.predict_log.response.outputs["y"]), x * A + B, rtol=1e-6)
+
+
+def _field(number, payload):
+    """A length-delimited protobuf field."""
+    def varint(v):
+        out = b""
+        while True:
+            out += bytes([(v & 0x7F) | (0x80 if v > 0x7F else 0)])
+            if v <= 0x7F:
+                return out
+            v >>= 7
+    return varint(number << 3 | 2) + varint(len(payload)) + payload
+
+
+def test_logging_config_reload_over_grpc(tmp_path, pb):
+    """HandleReloadConfigRequest changes a model's logging_config while
+    serving: from TFRecords under one prefix to JSON lines under another,
+    with a new sampling rate in the records."""
+    from tensorflow_serving.apis import model_management_pb2
+    save_affine(tmp_path / "aff" / "1" / "model.onnx", A, B)
+    first, second = tmp_path / "first" / "aff", tmp_path / "second" / "aff"
+    first.parent.mkdir()
+    second.parent.mkdir()
+    srv = Server(tmp_path, [logging_line("aff", tmp_path / "aff", first, 1.0)])
+    x = np.array([[0.25, 4.0, -1.0]], np.float32)
+    try:
+        rest_predict(srv, "aff", x)
+        assert wait_records(srv, "aff", 1) == 1
+        req = model_management_pb2.ReloadConfigRequest()
+        c = req.config.model_config_list.config.add(name="aff", base_path=str(tmp_path / "aff"),
+                                                    model_platform="onnx")
+        # ModelConfig.logging_config (field 6; TF Serving's logging_config.proto), which
+        # the API protos built here leave out: its wire bytes, kept as an unknown field
+        c.MergeFromString(_field(6, _field(1, _field(1, b"kiln_jsonl") + _field(2, str(second).encode()))
+                                 + _field(2, b"\x09" + struct.pack("<d", 0.999999))))
+        r = srv.call("/tensorflow.serving.ModelService/HandleReloadConfigRequest", req,
+                     model_management_pb2.ReloadConfigResponse, timeout=60)
+        assert r.status.error_code == 0
+        for _ in range(40):  # a few may be left out by the sampling (1e-6 each)
+            rest_predict(srv, "aff", x)
+        total = wait_records(srv, "aff", 40)
+    finally:
+        srv.kill()
+    assert len(read_logs(pb, first)) == 1
+    (f,) = log_files(second, "jsonl")
+    lines = [json.loads(ln) for ln in f.read_text().splitlines()]
+    assert len(lines) == total - 1 and len(lines) >= 39
+    for r in lines:
+        assert r["sampling_rate"] == 0.999999
+        np.testing.assert_allclose(np.array(r["response"]["outputs"]["y"]), x * A + B, rtol=1e-6)
+
+
 def test_unwritable_folder_is_counted_not_fatal(tmp_path, pb):
     save_affine(tmp_path / "aff" / "1" / "model.onnx", A, B)
     prefix = tmp_path / "no" / "such" / "folder" / "aff"

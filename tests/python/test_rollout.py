@@ -61,6 +61,13 @@ def save_one_row(path, a):
            numpy_helper.from_array(np.array([1, 3], np.int64), "shape")], "one_row")
 
 
+def save_softmax(path, a):
+    """y = softmax(x * a) over the last axis: a probability row per input row."""
+    _save(path, [helper.make_node("Mul", ["x", "a"], ["t"]),
+                 helper.make_node("Softmax", ["t"], ["y"], axis=-1)],
+          [numpy_helper.from_array(np.array(a, np.float32), "a")], "softmax")
+
+
 def save_slow(path, a, layers=8, n=256):
     """y = x * a + 0 * f(x), where f multiplies an n x n matrix made from x by
     itself `layers` times (input-dependent, so nothing folds away)."""
@@ -468,6 +475,80 @@ def test_canary_agreement_gate(tmp_path, flip, expect):
         srv.kill()
 
 
+DIVERGENCE = """
+evaluation_interval_seconds: 1
+model_rollouts {
+  model_name: "m"
+  canary {
+    candidate_version: 2
+    steps: [20, 50, 100]
+    min_requests: 100
+    min_step_seconds: 1
+    gates { max_error_rate_increase: 0.02 max_p99_latency_ratio: -1 max_output_divergence: 0.02 }
+  }
+  shadow { target_version: 2 fraction: 0.5 }
+}
+"""
+
+
+def _softmax(z):
+    e = np.exp(z - z.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def _js(p, q):
+    """Jensen-Shannon divergence in nats (scipy's jensenshannon squared, base e)."""
+    m = (p + q) / 2
+    return 0.5 * np.sum(p * np.log(p / m)) + 0.5 * np.sum(q * np.log(q / m))
+
+
+@pytest.mark.parametrize("sharper,expect", [(False, "promoted"), (True, "rolled_back")])
+def test_canary_output_divergence_gate(tmp_path, sharper, expect):
+    """Baseline and candidate both answer softmax(x * a). A candidate with a
+    = 3 has the same top-1 on every row (the agreement gate could not tell)
+    but sharper probabilities: its mean Jensen-Shannon divergence from the
+    baseline on the shadow's pairs (0.045 to 0.078 nats on the rows sent,
+    computed here with numpy) is above the allowed 0.02, and it rolls back
+    with that reason; an identical candidate (divergence 0) promotes."""
+    save_softmax(tmp_path / "m" / "1" / "model.onnx", 1.0)
+    save_softmax(tmp_path / "m" / "2" / "model.onnx", 3.0 if sharper else 1.0)
+    rows = np.random.default_rng(3).uniform(0.0, 3.0, (8, 3)).round(3)
+    ref = np.array([_js(_softmax(r), _softmax(r * (3.0 if sharper else 1.0))) for r in rows])
+    srv = Rollout(tmp_path, ["m"], DIVERGENCE)
+    try:
+        d = Driver(srv.port, "m", rows_fn=lambda i: rows[i % 8:i % 8 + 1].tolist())
+        st = wait_state(srv, "m", lambda s: s["state"] != "progressing", driver=d)
+        d.stop()
+        assert st["state"] == expect, st
+        code, shadow = srv.json("GET", "/v1/shadow/m")
+        assert code == 200, shadow
+        tot = shadow["since_start"]
+        assert tot["js_rows"] >= 30 and tot["top1_agreement"] == 1.0, tot
+        # the shadow's mean lies within the per-row divergences numpy computes
+        assert ref.min() - 1e-4 <= tot["js_divergence"] <= ref.max() + 1e-4, (tot, ref)
+        # the counters a fleet controller reads agree with the JSON view
+        m = srv.metrics()
+        rows_total = float(re.search(r'^kiln_shadow_js_rows_total\{model_name="m"[^}]*\} (\S+)$', m,
+                                     re.M).group(1))
+        js_total = float(re.search(r'^kiln_shadow_js_sum_total\{model_name="m"[^}]*\} (\S+)$', m,
+                                   re.M).group(1))
+        assert rows_total >= tot["js_rows"] and \
+            ref.min() - 1e-4 <= js_total / rows_total <= ref.max() + 1e-4, (rows_total, js_total)
+        g = st["gates"]["output_divergence"]
+        assert g["max"] == 0.02 and g["rows"] >= 30, g
+        if sharper:
+            assert st["reason"].startswith("step 20%: output divergence: mean Jensen-Shannon"), \
+                st["reason"]
+            assert g["bounds"][0] > 0.02 and ref.min() - 1e-4 <= g["mean"] <= ref.max() + 1e-4, g
+            ev = [e for e in srv.events() if e["model"] == "m"]
+            assert ev[-1]["event"] == "rollback" and "output divergence" in ev[-1]["reason"]
+        else:
+            assert g["mean"] == 0.0 and g["bounds"][1] == 0.0, g
+            assert [w["version"] for w in st["weights"]] == [2], st
+    finally:
+        srv.kill()
+
+
 DRIFT = """
 evaluation_interval_seconds: 1
 model_rollouts {
@@ -631,24 +712,54 @@ model_rollouts {
     min_requests: 200
     min_step_seconds: 2
     # Prometheus' latency buckets are 1.8x wide: a p99 ratio under 2 is not resolvable
-    gates { max_error_rate_increase: 0.02 max_p99_latency_ratio: 3 }
+    gates { max_error_rate_increase: 0.02 max_p99_latency_ratio: 3 %s }
   }
+  %s
 }
 """
 
+# the paired gates from Prometheus: a shadow of the baseline's traffic on the
+# candidate in every replica, judged from the sum of their counters
+FLEET_PAIRED = ("min_agreement: 0.9 max_output_divergence: 0.02",
+                "shadow { target_version: 2 fraction: 0.5 }")
 
-@pytest.mark.parametrize("candidate,expect", [(save_scale, "promoted"), (save_one_row, "rolled_back")])
-def test_fleet_rollout_controller(tmp_path, candidate, expect):
+
+@pytest.mark.parametrize("case,expect", [("good", "promoted"), ("errors", "rolled_back"),
+                                         ("diverges", "rolled_back"), ("drifted", "rolled_back")])
+def test_fleet_rollout_controller(tmp_path, case, expect):
     """Three replicas behind a round-robin client, a real Prometheus scraping
     them every second, and `kiln rollout-controller` judging the canary from
-    Prometheus: every replica follows the file it writes."""
+    Prometheus: every replica follows the file it writes. A candidate that
+    errors rolls back on the error rate; one whose probabilities are sharper
+    (softmax(3x) against softmax(x): the same top-1, so agreement passes)
+    rolls back on output divergence, judged from the replicas' shadow
+    counters."""
     prom = shutil.which("prometheus")
     if not prom:
         pytest.skip("prometheus (Debian package prometheus) is not installed")
-    save_scale(tmp_path / "m" / "1" / "model.onnx", 1.0)
-    candidate(tmp_path / "m" / "2" / "model.onnx", 2.0)
+    rows_fn = None
+    if case == "diverges":
+        save_softmax(tmp_path / "m" / "1" / "model.onnx", 1.0)
+        save_softmax(tmp_path / "m" / "2" / "model.onnx", 3.0)
+        rows = np.random.default_rng(3).uniform(0.0, 3.0, (8, 3)).round(3)
+        rows_fn = lambda i: rows[i % 8:i % 8 + 1].tolist()  # noqa: E731
+    else:
+        save_scale(tmp_path / "m" / "1" / "model.onnx", 1.0)
+        (save_one_row if case == "errors" else save_scale)(tmp_path / "m" / "2" / "model.onnx", 2.0)
+    if case == "drifted":  # a reference profile of uniform inputs on [1, 3], fed a constant row
+        data = tmp_path / "reference"
+        data.mkdir()
+        np.save(data / "x.npy", np.random.default_rng(7).uniform(1.0, 3.0, (4000, 3)).astype(np.float32))
+        profile = tmp_path / "m" / "2" / "assets.extra" / "kiln_profile.json"
+        profile.parent.mkdir(parents=True)
+        p = subprocess.run([KILN, "profile", str(tmp_path / "m" / "2" / "model.onnx"), "--data",
+                            str(data), "-o", str(profile), "--min-count", "200"],
+                           capture_output=True, text=True, timeout=120)
+        assert p.returncode == 0, p.stderr
     rollout = tmp_path / "rollout.config"
-    rollout.write_text(FLEET)
+    rollout.write_text(FLEET % (FLEET_PAIRED if case == "diverges" else
+                                ("roll_back_on_input_drift: true", "") if case == "drifted" else
+                                ("", "")))
     procs, replicas = [], []
     try:
         # The controller takes the canary over first, so no replica judges it alone.
@@ -684,7 +795,7 @@ def test_fleet_rollout_controller(tmp_path, candidate, expect):
             time.sleep(0.2)
         procs.append(subprocess.Popen(ctl, stderr=ctl_log))
         d = Driver([r.port for r in replicas], "m", threads=6, max_seconds=120, max_requests=400000,
-                   two_rows_every=4 if expect == "rolled_back" else 0)
+                   two_rows_every=4 if case == "errors" else 0, rows_fn=rows_fn)
         deadline = time.time() + 120
         states = []
         while time.time() < deadline:
@@ -700,8 +811,13 @@ def test_fleet_rollout_controller(tmp_path, candidate, expect):
         assert all(s["state"] == expect for s in states), (states, ctl_text, d.answers)
         reason = states[0]["reason"]
         assert "(fleet, from Prometheus)" in reason and all(s["reason"] == reason for s in states)
+        if case == "diverges":
+            assert "output divergence: mean Jensen-Shannon" in reason, reason
+            assert "shadow {" in rollout.read_text()  # the controller kept the shadow block
+        if case == "drifted":
+            assert "input drift: 3 features of version 2" in reason and "feature 'x" in reason, reason
         if expect == "rolled_back":
-            assert "error rate" in reason, reason
+            assert case != "errors" or "error rate" in reason, reason
             assert all([w["version"] for w in s["weights"]] == [1] for s in states)
         else:
             assert all([w["version"] for w in s["weights"]] == [2] for s in states)
@@ -745,7 +861,9 @@ def test_fleet_rollout_controller(tmp_path, candidate, expect):
     ('model_rollouts { model_name: "m" canary { candidate_version: 2 gates { min_agreement: 1.5 } } }',
      r"canary.gates.min_agreement = 1.5: must be in \[0, 1\]"),
     ('model_rollouts { model_name: "m" canary { candidate_version: 2 gates { max_output_divergence: 0.1 } } }',
-     r"the divergence gate is not evaluated"),
+     r"max_output_divergence = 0.1 needs canary.candidate_version and a shadow of this model"),
+    ('model_rollouts { model_name: "m" canary { candidate_version: 2 gates { max_output_divergence: 0.9 } } }',
+     r"canary.gates.max_output_divergence = 0.9: a Jensen-Shannon divergence in nats, in \[0, ln 2"),
     ('model_rollouts { model_name: "m" shadow { fraction: 2 } }', r"shadow.fraction = 2"),
     ('route_key_header: "bad header"', r"route_key_header = 'bad header'"),
     ('model_rollouts { model_name: "m" } model_rollouts { model_name: "m" }', r"model_name given twice"),

@@ -31,6 +31,7 @@
 #include "serve/grpc/call.h"
 #include "serve/grpc/grpc_tensor.h"
 #include "serve/config.h"
+#include "serve/gate/release.h"
 #include "serve/manager.h"
 #include "serve/results.h"
 #include "serve/warmup.h"
@@ -40,6 +41,10 @@
 
 #define PB_MAX_DEPTH 64
 #define SIGNATURE_DEF_TYPE_URL "type.googleapis.com/tensorflow.serving.SignatureDefMap"
+/* GetModelMetadata's Kiln entry: assets.extra/kiln_version.json as JSON in a
+ * google.protobuf.StringValue, under the key "kiln_version_info" */
+#define VERSION_INFO_KEY "kiln_version_info"
+#define STRING_VALUE_TYPE_URL "type.googleapis.com/google.protobuf.StringValue"
 
 /* ------------------------------------------------------------ buffers, status */
 
@@ -577,33 +582,71 @@ static void h_metadata(kiln_grpc_call *c)
                        "GetModelMetadataRequest must specify at least one metadata_field");
         goto err_free_request;
     }
-    for (size_t i = 0; i < r->n_metadata_field; i++)
-        if (strcmp(r->metadata_field[i], "signature_def") != 0) {
+    int want_sdm = 0;
+    for (size_t i = 0; i < r->n_metadata_field; i++) {
+        if (strcmp(r->metadata_field[i], "signature_def") == 0) want_sdm = 1;
+        else if (strcmp(r->metadata_field[i], VERSION_INFO_KEY) != 0) {
             kiln_grpc_fail(c, KILN_GRPC_INVALID_ARGUMENT, "Metadata field %s is not supported",
                            r->metadata_field[i]);
             goto err_free_request;
         }
+    }
     kiln_servable *sv = acquire(c, r->model_spec, &rec);
     if (!sv) goto err_free_request;
-    kiln_bytes sdm = {0};
-    if (!signature_def_map(sv, &sdm)) {
+    kiln_bytes sdm = {0}, vib = {0};
+    /* The version's traceability record rides along whenever it has one, under
+     * a key of Kiln's own: TF Serving's clients look up "signature_def" and
+     * never see it. */
+    kiln_sbuf vj = {0};
+    if (sv->version_info) {
+        kiln_version_info_write_json(&vj, sv->version_info);
+        kiln_bytes_reserve(&vib, vj.len + 11);
+        if (!vj.oom && !vib.oom) { /* StringValue: field 1, length-delimited */
+            vib.p[vib.len++] = 0x0a;
+            for (uint64_t n = vj.len; ; n >>= 7) {
+                vib.p[vib.len++] = (uint8_t)((n & 0x7f) | (n > 0x7f ? 0x80 : 0));
+                if (n <= 0x7f) break;
+            }
+            memcpy(vib.p + vib.len, vj.p, vj.len);
+            vib.len += vj.len;
+        }
+    }
+    if ((want_sdm && !signature_def_map(sv, &sdm)) || vj.oom || vib.oom) {
         kiln_grpc_fail(c, KILN_GRPC_RESOURCE_EXHAUSTED, "out of memory");
     } else {
-        KilnGrpc__Any any = KILN_GRPC__ANY__INIT;
-        any.type_url = SIGNATURE_DEF_TYPE_URL;
-        any.has_value = 1;
-        any.value.data = sdm.p;
-        any.value.len = sdm.len;
-        KilnGrpc__AnyEntry entry = KILN_GRPC__ANY_ENTRY__INIT, *entp = &entry;
-        entry.key = "signature_def";
-        entry.value = &any;
+        KilnGrpc__Any any[2] = {KILN_GRPC__ANY__INIT, KILN_GRPC__ANY__INIT};
+        KilnGrpc__AnyEntry entry[2] = {KILN_GRPC__ANY_ENTRY__INIT, KILN_GRPC__ANY_ENTRY__INIT};
+        KilnGrpc__AnyEntry *entp[2];
+        size_t n = 0;
+        if (want_sdm) {
+            any[n].type_url = SIGNATURE_DEF_TYPE_URL;
+            any[n].has_value = 1;
+            any[n].value.data = sdm.p;
+            any[n].value.len = sdm.len;
+            entry[n].key = "signature_def";
+            entry[n].value = &any[n];
+            entp[n] = &entry[n];
+            n++;
+        }
+        if (sv->version_info) {
+            any[n].type_url = STRING_VALUE_TYPE_URL;
+            any[n].has_value = 1;
+            any[n].value.data = vib.p;
+            any[n].value.len = vib.len;
+            entry[n].key = VERSION_INFO_KEY;
+            entry[n].value = &any[n];
+            entp[n] = &entry[n];
+            n++;
+        }
         KilnGrpc__GetModelMetadataResponse resp = KILN_GRPC__GET_MODEL_METADATA_RESPONSE__INIT;
         spec_out so;
         resp.model_spec = spec_fill(&so, r->model_spec->name, sv->version, NULL);
-        resp.n_metadata = 1;
-        resp.metadata = &entp;
+        resp.n_metadata = n;
+        resp.metadata = entp;
         pack(c, &resp.base);
     }
+    kiln_sbuf_free(&vj);
+    kiln_bytes_free(&vib);
     kiln_bytes_free(&sdm);
     kiln_servable_release(sv);
 err_free_request:

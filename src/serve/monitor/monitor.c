@@ -36,6 +36,10 @@ enum { CONF_MAXP, CONF_MARGIN, CONF_ENTROPY, CONF_KINDS };
 typedef struct mon_version {
     char model[256];
     int64_t version;
+    char *profile_path;         /* assets.extra/kiln_profile.json of the version */
+    int64_t file_sig[3];        /* its mtime (ns), size, inode when read; all -1: absent */
+    atomic_int stale;           /* the file changed: rebuilt at the next request */
+    struct mon_version *retired; /* the list of replaced states */
     kiln_mon_profile *p;        /* NULL: the version has no profile (not monitored) */
     int si;                     /* the signature monitored (the default one) */
     int *feat_input;            /* [feature] input index in the signature, -1 = absent */
@@ -62,7 +66,8 @@ typedef struct mon_version {
 } mon_version;
 
 struct kiln_monitor {
-    pthread_mutex_t mu;         /* adding versions */
+    pthread_mutex_t mu;         /* adding and replacing versions */
+    mon_version *retired;       /* replaced states, freed with the monitor (mu) */
     pthread_mutex_t metrics_mu; /* one metrics page at a time (the snapshots) */
     atomic_int n;
     _Atomic(mon_version *) v[KILN_MONITOR_MAX_VERSIONS];
@@ -94,8 +99,40 @@ static void version_free(mon_version *v)
     free(v->anom);
     free(v->rejections);
     free(v->snap_bins);
+    free(v->profile_path);
     pthread_mutex_destroy(&v->mu);
     free(v);
+}
+
+/* The file's signature (mtime in ns, size, inode; all -1 when absent). */
+static void file_signature(const char *path, int64_t sig[3])
+{
+    struct stat st;
+    if (!path || stat(path, &st) != 0) {
+        sig[0] = sig[1] = sig[2] = -1;
+        return;
+    }
+    sig[0] = (int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec;
+    sig[1] = (int64_t)st.st_size;
+    sig[2] = (int64_t)st.st_ino;
+}
+
+void kiln_monitor_refresh(kiln_monitor *m)
+{
+    pthread_mutex_lock(&m->mu);
+    int n = atomic_load(&m->n);
+    for (int i = 0; i < n; i++) {
+        mon_version *v = atomic_load(&m->v[i]);
+        int64_t sig[3];
+        file_signature(v->profile_path, sig);
+        if (atomic_load(&v->stale) || memcmp(sig, v->file_sig, sizeof sig) == 0) continue;
+        atomic_store(&v->stale, 1);
+        fprintf(stderr, "kiln serve: monitoring: %s of version %lld of '%s' %s; it is read at "
+                        "the version's next request\n",
+                KILN_MON_PROFILE_FILE, (long long)v->version, v->model,
+                sig[0] < 0 ? "was removed" : "changed");
+    }
+    pthread_mutex_unlock(&m->mu);
 }
 
 void kiln_monitor_free(kiln_monitor *m)
@@ -103,6 +140,11 @@ void kiln_monitor_free(kiln_monitor *m)
     if (!m) return;
     int n = atomic_load(&m->n);
     for (int i = 0; i < n; i++) version_free(atomic_load(&m->v[i]));
+    while (m->retired) {
+        mon_version *next = m->retired->retired;
+        version_free(m->retired);
+        m->retired = next;
+    }
     pthread_mutex_destroy(&m->mu);
     pthread_mutex_destroy(&m->metrics_mu);
     free(m);
@@ -129,6 +171,8 @@ static mon_version *version_new(kiln_servable *sv)
     char path[4096];
     snprintf(path, sizeof path, "%s/assets.extra/%s", sv->dir ? sv->dir : ".",
              KILN_MON_PROFILE_FILE);
+    v->profile_path = strdup(path); /* NULL when out of memory: never re-read */
+    file_signature(v->profile_path, v->file_sig);
     struct stat stt;
     if (v->si < 0 || stat(path, &stt) != 0) return v; /* no profile: not monitored */
     char err[KILN_JSON_ERR_LEN];
@@ -190,7 +234,23 @@ static mon_version *lookup(kiln_monitor *m, kiln_servable *sv)
     int n = atomic_load_explicit(&m->n, memory_order_acquire);
     for (int i = 0; i < n; i++) {
         mon_version *v = atomic_load_explicit(&m->v[i], memory_order_acquire);
-        if (v->version == sv->version && strcmp(v->model, sv->model_name) == 0) return v;
+        if (v->version != sv->version || strcmp(v->model, sv->model_name) != 0) continue;
+        if (!atomic_load_explicit(&v->stale, memory_order_relaxed)) return v;
+        /* its profile changed (kiln_monitor_refresh): a new state replaces it;
+         * the old one stays allocated, as a request may still hold it */
+        pthread_mutex_lock(&m->mu);
+        mon_version *cur = atomic_load(&m->v[i]);
+        if (cur == v) {
+            mon_version *nv = version_new(sv);
+            if (nv) {
+                atomic_store_explicit(&m->v[i], nv, memory_order_release);
+                v->retired = m->retired;
+                m->retired = v;
+                cur = nv;
+            }
+        }
+        pthread_mutex_unlock(&m->mu);
+        return cur;
     }
     pthread_mutex_lock(&m->mu);
     mon_version *found = NULL;
@@ -553,6 +613,24 @@ static void monitor_write_metrics(void *ctx, kiln_sbuf *b)
                 label(b, f->name);
                 kiln_sbuf_printf(b, "\"} %.17g\n", val);
             }
+        }
+    }
+
+    /* every profiled feature, judged or not: with kiln_drift_alert it tells
+     * a fleet controller "too few values yet" from "no profile" */
+    kiln_sbuf_puts(b, "# HELP kiln_drift_window_values Values of a feature in the monitoring window "
+                      "(drift is judged from the profile's min_count)\n"
+                      "# TYPE kiln_drift_window_values gauge\n");
+    for (int i = 0; i < nv; i++) {
+        mon_version *v = vs[i];
+        for (int fi = 0; fi < v->p->n_features; fi++) {
+            feature_stats st;
+            stats_of(v, fi, &st);
+            kiln_sbuf_puts(b, "kiln_drift_window_values");
+            labels(b, v);
+            kiln_sbuf_puts(b, ",feature=\"");
+            label(b, v->p->features[fi].name);
+            kiln_sbuf_printf(b, "\"} %lld\n", (long long)st.count);
         }
     }
 

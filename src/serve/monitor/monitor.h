@@ -12,7 +12,8 @@
  *
  * A version's state (the profile, its window of fixed-size counters and a
  * lock) is built the first time the version is observed and kept until the
- * server stops; after that a request costs a lookup in a fixed table, one
+ * server stops (or, when its profile file changes, replaced by a new one:
+ * kiln_monitor_refresh); after that a request costs a lookup in a fixed table, one
  * short lock per version, and no allocation. Results go out as Prometheus
  * lines (the observer's write_metrics) and as JSON at GET
  * /v1/models/NAME/monitoring (write_json).
@@ -39,5 +40,11 @@ kiln_observer kiln_monitor_observer(kiln_monitor *m);
  * 0.25"); 0 when none is; -1 when no feature has the profile's minimum
  * count of values in the window yet; -2 when the version has no profile. */
 int kiln_monitor_drift(kiln_monitor *m, const char *model, int64_t version, char *what, size_t n);
+/* Check every tracked version's assets.extra/kiln_profile.json (mtime,
+ * size, inode): a version whose file changed, appeared or went away gets a
+ * new state, with the file read again and an empty window, at its next
+ * request. `kiln serve` calls it after each model poll and config reload
+ * (kiln_manager_add_listener). */
+void kiln_monitor_refresh(kiln_monitor *m);
 
 #endif

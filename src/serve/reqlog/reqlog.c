@@ -36,12 +36,21 @@ enum { DROP_QUEUE_FULL, DROP_WRITE_ERROR, DROP_TOO_LARGE, DROP_ENCODE_ERROR, DRO
 static const char *const drop_names[DROP_N] = {"queue_full", "write_error", "too_large",
                                                "encode_error"};
 
-/* One model's log. */
-typedef struct log_target {
-    char *model;
+/* A model's logging_config. Replaced (never changed) when a reloaded model
+ * config changes it; a replaced one stays allocated until the log is freed,
+ * since queued records and request threads may still point to it. */
+typedef struct log_settings {
     char *prefix;                    /* filename_prefix */
     double rate;                     /* sampling_rate */
     int jsonl;
+    struct log_settings *retired;    /* the list of replaced ones */
+} log_settings;
+
+/* One model's log. */
+typedef struct log_target {
+    char *model;
+    _Atomic(log_settings *) set;     /* NULL: not logged (any more) */
+    const log_settings *file_set;    /* writer thread: the settings of the open file */
     atomic_uint_fast64_t records;    /* written */
     atomic_uint_fast64_t dropped[DROP_N];
     /* writer thread only */
@@ -63,14 +72,19 @@ typedef struct log_file {
 /* A queued record: framed bytes, ready to append. */
 typedef struct log_item {
     int target;
+    const log_settings *set;         /* what it was sampled and encoded with */
     size_t len;
     uint8_t *data;
 } log_item;
 
+#define REQLOG_MAX_TARGETS 256        /* models logged, over every reload */
+
 struct kiln_reqlog {
     kiln_reqlog_options opt;
-    int n_targets;
-    log_target *t;
+    atomic_int n_targets;            /* published after the target is set up */
+    log_target *t;                   /* REQLOG_MAX_TARGETS */
+    pthread_mutex_t cfg_mu;          /* kiln_reqlog_apply */
+    log_settings *retired;           /* replaced settings (cfg_mu) */
     pthread_mutex_t mu;              /* the queue and stop */
     pthread_cond_t cv;
     log_item *q;                     /* ring of opt.queue_records */
@@ -264,7 +278,7 @@ static KilnTfs__RegressionResult *regress_result(const kiln_observation *o, int6
 }
 
 /* The observation as one framed PredictionLog (malloc'd), or NULL. */
-static uint8_t *encode_tfrecord(const log_target *t, const kiln_observation *o, size_t *len)
+static uint8_t *encode_tfrecord(const log_settings *t, const kiln_observation *o, size_t *len)
 {
     uint8_t *buf = NULL;
     scratch s = {0};
@@ -406,7 +420,7 @@ static void json_tensor_map(kiln_sbuf *b, int n, const char *(*name)(const kiln_
 }
 
 /* The observation as one JSON line (malloc'd, with its newline), or NULL. */
-static uint8_t *encode_jsonl(const log_target *t, const kiln_observation *o, size_t *len)
+static uint8_t *encode_jsonl(const log_settings *t, const kiln_observation *o, size_t *len)
 {
     kiln_sbuf b = {0};
     struct timespec ts;
@@ -448,15 +462,17 @@ static void reqlog_after(void *ctx, const kiln_observation *o)
 {
     kiln_reqlog *rl = ctx;
     if (!o->out || !o->sv) return; /* failed runs are not logged */
-    int ti = -1;
-    for (int i = 0; i < rl->n_targets; i++)
+    int ti = -1, n = atomic_load_explicit(&rl->n_targets, memory_order_acquire);
+    for (int i = 0; i < n; i++)
         if (strcmp(rl->t[i].model, o->model) == 0) {
             ti = i;
             break;
         }
     if (ti < 0) return;
     log_target *t = &rl->t[ti];
-    if (t->rate < 1.0 && uniform01() >= t->rate) return;
+    const log_settings *set = atomic_load_explicit(&t->set, memory_order_acquire);
+    if (!set || set->rate <= 0.0) return;
+    if (set->rate < 1.0 && uniform01() >= set->rate) return;
     pthread_mutex_lock(&rl->mu);
     int full = rl->q_len == rl->opt.queue_records || rl->q_bytes >= rl->opt.queue_bytes;
     pthread_mutex_unlock(&rl->mu);
@@ -465,7 +481,7 @@ static void reqlog_after(void *ctx, const kiln_observation *o)
         return;
     }
     size_t len = 0;
-    uint8_t *data = t->jsonl ? encode_jsonl(t, o, &len) : encode_tfrecord(t, o, &len);
+    uint8_t *data = set->jsonl ? encode_jsonl(set, o, &len) : encode_tfrecord(set, o, &len);
     if (!data) {
         count_drop(t, DROP_ENCODE_ERROR);
         return;
@@ -480,6 +496,7 @@ static void reqlog_after(void *ctx, const kiln_observation *o)
     }
     log_item *it = &rl->q[(rl->q_head + rl->q_len) % rl->opt.queue_records];
     it->target = ti;
+    it->set = set;
     it->len = len;
     it->data = data;
     rl->q_len++;
@@ -500,16 +517,17 @@ static void put_label(kiln_sbuf *b, const char *s)
 static void reqlog_metrics(void *ctx, kiln_sbuf *b)
 {
     kiln_reqlog *rl = ctx;
+    int n = atomic_load_explicit(&rl->n_targets, memory_order_acquire);
     kiln_sbuf_puts(b, "# HELP kiln_request_log_records_total Sampled requests written to the "
                       "request log.\n# TYPE kiln_request_log_records_total counter\n");
-    for (int i = 0; i < rl->n_targets; i++) {
+    for (int i = 0; i < n; i++) {
         kiln_sbuf_puts(b, "kiln_request_log_records_total{model_name=\"");
         put_label(b, rl->t[i].model);
         kiln_sbuf_printf(b, "\"} %llu\n", (unsigned long long)atomic_load(&rl->t[i].records));
     }
     kiln_sbuf_puts(b, "# HELP kiln_request_log_dropped_total Sampled requests not written to the "
                       "request log, by reason.\n# TYPE kiln_request_log_dropped_total counter\n");
-    for (int i = 0; i < rl->n_targets; i++)
+    for (int i = 0; i < n; i++)
         for (int r = 0; r < DROP_N; r++) {
             kiln_sbuf_puts(b, "kiln_request_log_dropped_total{model_name=\"");
             put_label(b, rl->t[i].model);
@@ -532,6 +550,9 @@ void kiln_reqlog_observer(kiln_reqlog *rl, kiln_observer *obs)
 }
 
 /* ------------------------------------------------------------ files */
+
+static void scan_existing(kiln_reqlog *rl, const char *prefix);
+static int file_order(const void *a, const void *b);
 
 /* Track a file (the path is taken over); 0 when out of memory. */
 static int files_add(kiln_reqlog *rl, char *path, uint64_t size, time_t mtime)
@@ -561,7 +582,7 @@ static void make_room(kiln_reqlog *rl, uint64_t need)
 {
     while (rl->n_files > 0 && atomic_load(&rl->disk_bytes) + need > rl->opt.max_disk_bytes) {
         log_file f = rl->files[0];
-        for (int i = 0; i < rl->n_targets; i++)
+        for (int i = 0, n = atomic_load(&rl->n_targets); i < n; i++)
             if (rl->t[i].path == f.path) close_current(&rl->t[i]);
         if (unlink(f.path) != 0 && errno != ENOENT)
             fprintf(stderr, "kiln serve: request log: cannot delete %s: %s\n", f.path,
@@ -592,13 +613,14 @@ static int open_next(kiln_reqlog *rl, log_target *t)
     gmtime_r(&now, &tm);
     char stamp[32];
     strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", &tm);
-    size_t cap = strlen(t->prefix) + 64;
+    const log_settings *set = t->file_set;
+    size_t cap = strlen(set->prefix) + 64;
     char *path = malloc(cap);
     if (!path) return 0;
     int fd = -1;
     for (int tries = 0; tries < 1000; tries++) {
-        snprintf(path, cap, "%s.%s.%06d.%s", t->prefix, stamp, t->seq++ % 1000000,
-                 t->jsonl ? "jsonl" : "tfrecord");
+        snprintf(path, cap, "%s.%s.%06d.%s", set->prefix, stamp, t->seq++ % 1000000,
+                 set->jsonl ? "jsonl" : "tfrecord");
         fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_APPEND | O_CLOEXEC, 0644);
         if (fd >= 0 || errno != EEXIST) break;
     }
@@ -628,6 +650,16 @@ static void write_item(kiln_reqlog *rl, const log_item *it)
         count_drop(t, DROP_TOO_LARGE);
         return;
     }
+    if (it->set != t->file_set) { /* a reloaded logging_config: a new file from here on */
+        int moved = !t->file_set || strcmp(t->file_set->prefix, it->set->prefix) != 0;
+        close_current(t);
+        t->file_set = it->set;
+        t->failing = 0;
+        if (moved) { /* count the new folder's earlier files toward the bound */
+            scan_existing(rl, it->set->prefix);
+            if (rl->n_files > 1) qsort(rl->files, (size_t)rl->n_files, sizeof *rl->files, file_order);
+        }
+    }
     if (t->fd >= 0 && t->size > 0 && t->size + it->len > rl->opt.max_file_bytes) close_current(t);
     make_room(rl, it->len);
     if (t->fd < 0 && !open_next(rl, t)) {
@@ -642,7 +674,7 @@ static void write_item(kiln_reqlog *rl, const log_item *it)
             int e = w < 0 ? errno : ENOSPC;
             /* no half record stays behind: the file ends at a record boundary */
             if (done && ftruncate(t->fd, (off_t)t->size) != 0) close_current(t);
-            note_failure(t, "write to", t->path ? t->path : t->prefix, e);
+            note_failure(t, "write to", t->path ? t->path : t->file_set->prefix, e);
             count_drop(t, DROP_WRITE_ERROR);
             return;
         }
@@ -697,13 +729,13 @@ static int is_log_name(const char *name, const char *base)
     return strcmp(p, ".tfrecord") == 0 || strcmp(p, ".jsonl") == 0;
 }
 
-/* Track the log files earlier runs left for target t. */
-static void scan_existing(kiln_reqlog *rl, const log_target *t)
+/* Track the log files earlier runs left under prefix. */
+static void scan_existing(kiln_reqlog *rl, const char *prefix)
 {
-    const char *slash = strrchr(t->prefix, '/');
+    const char *slash = strrchr(prefix, '/');
     char dir[4096];
-    const char *base = slash ? slash + 1 : t->prefix;
-    if (slash) snprintf(dir, sizeof dir, "%.*s", (int)(slash - t->prefix), t->prefix);
+    const char *base = slash ? slash + 1 : prefix;
+    if (slash) snprintf(dir, sizeof dir, "%.*s", (int)(slash - prefix), prefix);
     else snprintf(dir, sizeof dir, ".");
     if (!dir[0]) snprintf(dir, sizeof dir, "/");
     DIR *d = opendir(dir);
@@ -732,13 +764,108 @@ static int file_order(const void *a, const void *b)
     return strcmp(x->path, y->path);
 }
 
+static void say_settings(const char *model, const log_settings *set, const char *how)
+{
+    if (set)
+        fprintf(stderr, "kiln serve: request log of model '%s'%s: sampling_rate %g, %s files %s.*\n",
+                model, how, set->rate, set->jsonl ? "JSON-lines" : "PredictionLog TFRecord",
+                set->prefix);
+    else
+        fprintf(stderr, "kiln serve: request log of model '%s'%s: off\n", model, how);
+}
+
+/* New settings from a model's config; NULL when it has no logging. */
+static log_settings *settings_of(const kiln_model_config *m, int *oom)
+{
+    if (!m->log_prefix) return NULL;
+    log_settings *set = calloc(1, sizeof *set);
+    if (set) set->prefix = strdup(m->log_prefix);
+    if (!set || !set->prefix) {
+        free(set);
+        *oom = 1;
+        return NULL;
+    }
+    set->rate = m->log_rate;
+    set->jsonl = m->log_jsonl;
+    return set;
+}
+
+static int same_settings(const log_settings *a, const log_settings *b)
+{
+    if (!a || !b) return a == b;
+    return a->rate == b->rate && a->jsonl == b->jsonl && strcmp(a->prefix, b->prefix) == 0;
+}
+
+/* Apply c's logging_configs (cfg_mu held); `how` is said in the log lines
+ * of changed models (NULL: say nothing). */
+static kiln_status apply_locked(kiln_reqlog *rl, const kiln_server_config *c, const char *how)
+{
+    int oom = 0, n = atomic_load(&rl->n_targets);
+    for (int i = 0; i < n; i++) { /* models no longer configured, or without logging */
+        int listed = 0;
+        for (int k = 0; k < c->n_models && !listed; k++)
+            listed = strcmp(c->models[k].name, rl->t[i].model) == 0 && c->models[k].log_prefix;
+        log_settings *old = atomic_load(&rl->t[i].set);
+        if (listed || !old) continue;
+        atomic_store_explicit(&rl->t[i].set, NULL, memory_order_release);
+        old->retired = rl->retired;
+        rl->retired = old;
+        if (how) say_settings(rl->t[i].model, NULL, how);
+    }
+    for (int k = 0; k < c->n_models; k++) {
+        const kiln_model_config *m = &c->models[k];
+        if (!m->log_prefix) continue;
+        int ti = -1;
+        for (int i = 0; i < n && ti < 0; i++)
+            if (strcmp(rl->t[i].model, m->name) == 0) ti = i;
+        log_settings *old = ti >= 0 ? atomic_load(&rl->t[ti].set) : NULL;
+        log_settings want = {m->log_prefix, m->log_rate, m->log_jsonl, NULL};
+        if (ti >= 0 && same_settings(old, &want)) continue;
+        if (ti < 0 && n == REQLOG_MAX_TARGETS) {
+            fprintf(stderr, "kiln serve: request log: %d models are logged already; model '%s' "
+                            "is not\n", REQLOG_MAX_TARGETS, m->name);
+            continue;
+        }
+        log_settings *set = settings_of(m, &oom);
+        if (!set) continue;
+        if (ti < 0) { /* a new target, published once set up */
+            log_target *t = &rl->t[n];
+            t->fd = -1;
+            t->model = strdup(m->name);
+            if (!t->model) {
+                free(set->prefix);
+                free(set);
+                oom = 1;
+                continue;
+            }
+            atomic_store(&t->set, set);
+            atomic_store_explicit(&rl->n_targets, ++n, memory_order_release);
+        } else {
+            atomic_store_explicit(&rl->t[ti].set, set, memory_order_release);
+            if (old) {
+                old->retired = rl->retired;
+                rl->retired = old;
+            }
+        }
+        if (how) say_settings(m->name, set, how);
+    }
+    return oom ? KILN_ERR_OUT_OF_MEMORY : KILN_OK;
+}
+
+kiln_status kiln_reqlog_apply(kiln_reqlog *rl, const kiln_server_config *c)
+{
+    if (!rl || !c) return KILN_OK;
+    pthread_mutex_lock(&rl->cfg_mu);
+    kiln_status st = apply_locked(rl, c, " (reloaded)");
+    pthread_mutex_unlock(&rl->cfg_mu);
+    return st;
+}
+
 kiln_status kiln_reqlog_create(const kiln_reqlog_options *o, const kiln_server_config *c,
                                kiln_reqlog **out, char *err)
 {
     *out = NULL;
-    int n = 0;
-    for (int i = 0; c && i < c->n_models; i++) n += c->models[i].log_prefix != NULL;
-    if (n == 0) return KILN_OK;
+    if (!c) return KILN_OK; /* --model_name: no model config, no logging_config */
     if (o->max_file_bytes < 1 || o->max_disk_bytes < o->max_file_bytes) {
         snprintf(err, KILN_REQLOG_ERR_LEN, "--request_log_max_disk_bytes (%llu) must be at least "
                  "--request_log_max_file_bytes (%llu), which must be at least 1",
@@ -754,22 +881,14 @@ kiln_status kiln_reqlog_create(const kiln_reqlog_options *o, const kiln_server_c
     if (!rl) goto err_oom;
     rl->opt = *o;
     pthread_mutex_init(&rl->mu, NULL);
+    pthread_mutex_init(&rl->cfg_mu, NULL);
     pthread_cond_init(&rl->cv, NULL);
     rl->q = calloc((size_t)o->queue_records, sizeof *rl->q);
-    rl->t = calloc((size_t)n, sizeof *rl->t);
+    rl->t = calloc(REQLOG_MAX_TARGETS, sizeof *rl->t);
     if (!rl->q || !rl->t) goto err_free;
-    for (int i = 0; i < c->n_models; i++) {
-        const kiln_model_config *m = &c->models[i];
-        if (!m->log_prefix) continue;
-        log_target *t = &rl->t[rl->n_targets++];
-        t->fd = -1;
-        t->model = strdup(m->name);
-        t->prefix = strdup(m->log_prefix);
-        t->rate = m->log_rate;
-        t->jsonl = m->log_jsonl;
-        if (!t->model || !t->prefix) goto err_free;
-        scan_existing(rl, t);
-    }
+    if (apply_locked(rl, c, NULL) != KILN_OK) goto err_free;
+    int n = atomic_load(&rl->n_targets);
+    for (int i = 0; i < n; i++) scan_existing(rl, atomic_load(&rl->t[i].set)->prefix);
     if (rl->n_files > 1) qsort(rl->files, (size_t)rl->n_files, sizeof *rl->files, file_order);
     make_room(rl, 0); /* a smaller bound than last time */
     if (pthread_create(&rl->thread, NULL, writer_main, rl) != 0) {
@@ -778,10 +897,7 @@ kiln_status kiln_reqlog_create(const kiln_reqlog_options *o, const kiln_server_c
         return KILN_ERR_RUNTIME;
     }
     rl->thread_started = 1;
-    for (int i = 0; i < rl->n_targets; i++)
-        fprintf(stderr, "kiln serve: request log of model '%s': sampling_rate %g, %s files %s.*\n",
-                rl->t[i].model, rl->t[i].rate,
-                rl->t[i].jsonl ? "JSON-lines" : "PredictionLog TFRecord", rl->t[i].prefix);
+    for (int i = 0; i < n; i++) say_settings(rl->t[i].model, atomic_load(&rl->t[i].set), "");
     *out = rl;
     return KILN_OK;
 err_free:
@@ -802,16 +918,27 @@ void kiln_reqlog_free(kiln_reqlog *rl)
         pthread_join(rl->thread, NULL);
     }
     for (int i = 0; i < rl->q_len; i++) free(rl->q[(rl->q_head + i) % rl->opt.queue_records].data);
-    for (int i = 0; i < rl->n_targets; i++) {
+    for (int i = 0, n = atomic_load(&rl->n_targets); i < n; i++) {
         close_current(&rl->t[i]);
         free(rl->t[i].model);
-        free(rl->t[i].prefix);
+        log_settings *set = atomic_load(&rl->t[i].set);
+        if (set) {
+            set->retired = rl->retired;
+            rl->retired = set;
+        }
+    }
+    while (rl->retired) {
+        log_settings *next = rl->retired->retired;
+        free(rl->retired->prefix);
+        free(rl->retired);
+        rl->retired = next;
     }
     for (int i = 0; i < rl->n_files; i++) free(rl->files[i].path);
     free(rl->files);
     free(rl->t);
     free(rl->q);
     pthread_mutex_destroy(&rl->mu);
+    pthread_mutex_destroy(&rl->cfg_mu);
     pthread_cond_destroy(&rl->cv);
     free(rl);
 }

@@ -56,11 +56,19 @@ int kiln_reqlog_parse_bytes(const char *v, uint64_t *out);
 typedef struct kiln_reqlog kiln_reqlog;
 
 /* The request log of the models in c that have a logging_config sampling
- * requests; *out is NULL (and KILN_OK returned) when none has. Starts the
- * writer thread; scans the log folders for earlier runs' files (they count
- * toward max_disk_bytes). Errors name the bad option. */
+ * requests; *out is NULL (and KILN_OK returned) when c is NULL (no model
+ * config file: nothing to log, now or after a reload). Starts the writer
+ * thread; scans the log folders for earlier runs' files (they count toward
+ * max_disk_bytes). Errors name the bad option. */
 kiln_status kiln_reqlog_create(const kiln_reqlog_options *o, const kiln_server_config *c,
                                kiln_reqlog **out, char *err);
+/* A reloaded model config (the file's poll, or gRPC HandleReloadConfigRequest):
+ * each model's logging_config takes effect for the next sampled request. A
+ * changed prefix or type starts a new file (the old one is closed as it
+ * is); a model that lost its logging_config, or left the config, stops
+ * being logged; a new one starts. Unchanged models keep their file. Calls
+ * are serialized internally; rl NULL is fine. */
+kiln_status kiln_reqlog_apply(kiln_reqlog *rl, const kiln_server_config *c);
 /* The observer that feeds it (register before the server starts). */
 void kiln_reqlog_observer(kiln_reqlog *rl, kiln_observer *obs);
 /* Write what is queued, stop the writer, close the files. After the server

@@ -168,21 +168,23 @@ static kiln_status check_canary(const check_ctx *c, const char *m,
         if (!(g->min_agreement >= 0 && g->min_agreement <= 1))
             return fail(c, m, "canary.gates.min_agreement = %g: must be in [0, 1]",
                         g->min_agreement);
-        if (g->max_output_divergence != 0)
-            return fail(c, m, "canary.gates.max_output_divergence = %g: the divergence gate is "
-                              "not evaluated by this version of kiln serve; leave it 0",
+        if (!(g->max_output_divergence >= 0 && g->max_output_divergence <= 0.6931471805599453))
+            return fail(c, m, "canary.gates.max_output_divergence = %g: a Jensen-Shannon "
+                              "divergence in nats, in [0, ln 2 = 0.693]",
                         g->max_output_divergence);
-        if (g->min_agreement > 0) {
+        if (g->min_agreement > 0 || g->max_output_divergence > 0) {
             /* the pairs come from a shadow of this model on the candidate */
             const KilnRollout__Shadow *sh = mr->shadow;
             int same_model = sh && (!sh->target_model || !sh->target_model[0] ||
                                     strcmp(sh->target_model, mr->model_name) == 0);
+            const char *field = g->min_agreement > 0 ? "min_agreement" : "max_output_divergence";
+            double v = g->min_agreement > 0 ? g->min_agreement : g->max_output_divergence;
             if (k->candidate_version <= 0 || !same_model ||
                 sh->target_version != k->candidate_version)
-                return fail(c, m, "canary.gates.min_agreement = %g needs canary.candidate_version "
+                return fail(c, m, "canary.gates.%s = %g needs canary.candidate_version "
                                   "and a shadow of this model on that version (shadow { "
                                   "target_version: %" PRId64 " fraction: ... })",
-                            g->min_agreement, k->candidate_version);
+                            field, v, k->candidate_version);
         }
     }
     return KILN_OK;

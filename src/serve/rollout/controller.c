@@ -361,6 +361,7 @@ kiln_status kiln_prom_parse_vector(const char *body, size_t len, kiln_prom_sampl
         s->le = NAN;
         int tv = kiln_json_object_get(&d, met, "version"), to = kiln_json_object_get(&d, met, "outcome");
         int tl = kiln_json_object_get(&d, met, "le");
+        int tf = kiln_json_object_get(&d, met, "feature");
         int tval = (int)d.tok[val + 1].next;
         if ((tv >= 0 && d.tok[tv].type != KILN_JSON_STRING) ||
             (to >= 0 && d.tok[to].type != KILN_JSON_STRING) ||
@@ -376,6 +377,11 @@ kiln_status kiln_prom_parse_vector(const char *body, size_t len, kiln_prom_sampl
             free(o);
         }
         if (tl >= 0) s->le = label_double(&d, tl);
+        if (tf >= 0 && d.tok[tf].type == KILN_JSON_STRING) {
+            char *f = kiln_json_string_dup(&d, tf, NULL);
+            if (f) snprintf(s->feature, sizeof s->feature, "%.63s", f);
+            free(f);
+        }
         s->value = label_double(&d, tval);
         if (!isfinite(s->value) || s->value < 0) s->value = 0;
         (*n)++;
@@ -470,6 +476,92 @@ static kiln_status window_of(const prom_url *u, const char *model, int64_t cand,
             a->hist[i] = cum - prev;
             prev = cum;
         }
+    }
+    return KILN_OK;
+}
+
+/* The sum of the values of q's answer (0 when it is empty); *found: the
+ * number of samples. */
+static kiln_status prom_sum(const prom_url *u, const char *q, double *sum, int *found, char *err)
+{
+    static prom_sample s[256];
+    int n;
+    *sum = 0.0;
+    kiln_status st = prom_vector(u, q, s, 256, &n, err);
+    if (st != KILN_OK) return st;
+    for (int i = 0; i < n; i++) *sum += s[i].value;
+    if (found) *found = n;
+    return KILN_OK;
+}
+
+/* The paired gates (agreement, output divergence) over the fleet: the
+ * increase of the replicas' shadow counters over the window, summed. */
+static kiln_status paired_gates(const prom_url *u, const char *model, int64_t seconds,
+                                const kiln_gate_params *gp, kiln_gate_result *res, char *err)
+{
+    static const char *const names[] = {"top1_agree", "top1_rows", "js_rows", "js_sum",
+                                        "js_sq_sum"};
+    double v[5];
+    char m[300], q[1024];
+    promql_string(m, sizeof m, model);
+    for (int i = 0; i < 5; i++) {
+        snprintf(q, sizeof q,
+                 "sum(increase(kiln_shadow_%s_total{model_name=\"%s\"}[%" PRId64 "s]))",
+                 names[i], m, seconds);
+        kiln_status st = prom_sum(u, q, &v[i], NULL, err);
+        if (st != KILN_OK) return st;
+    }
+    uint64_t agree = (uint64_t)llround(v[0]), paired = (uint64_t)llround(v[1]);
+    kiln_gate_agreement(gp, agree, paired, res);
+    kiln_gate_divergence(gp, (uint64_t)llround(v[2]), v[3], v[4], res);
+    return KILN_OK;
+}
+
+/* The input drift gate over the fleet, folded into res: a feature of the
+ * candidate fails when at least half of the replicas that judge it (the
+ * ones with the profile's min_count values in their window) see it past
+ * its threshold; the gate holds while no replica judges any feature yet,
+ * and is skipped when no replica exports the version's profile. */
+static kiln_status drift_gate(const prom_url *u, const char *model, int64_t version,
+                              kiln_gate_result *res, char *err)
+{
+    static prom_sample s[256];
+    int n;
+    char m[300], q[1024];
+    promql_string(m, sizeof m, model);
+    snprintf(q, sizeof q,
+             "avg by (feature) (kiln_drift_alert{model_name=\"%s\",version=\"%" PRId64 "\"})", m,
+             version);
+    kiln_status st = prom_vector(u, q, s, 256, &n, err);
+    if (st != KILN_OK) return st;
+    if (res->verdict == KILN_GATE_FAIL) return KILN_OK;
+    int worst = -1, past = 0;
+    for (int i = 0; i < n; i++) {
+        if (s[i].value < 0.5) continue;
+        past++;
+        if (worst < 0 || s[i].value > s[worst].value) worst = i;
+    }
+    if (past) {
+        res->verdict = KILN_GATE_FAIL;
+        snprintf(res->reason, sizeof res->reason,
+                 "input drift: %d feature%s of version %" PRId64 " past the profile's "
+                 "thresholds on at least half of the replicas that judge them; farthest "
+                 "feature '%s' (on %.0f%% of them)",
+                 past, past == 1 ? "" : "s", version, s[worst].feature, 100.0 * s[worst].value);
+        return KILN_OK;
+    }
+    if (n > 0 || res->verdict != KILN_GATE_PASS) return KILN_OK;
+    double count;
+    int found;
+    snprintf(q, sizeof q, "kiln_drift_window_values{model_name=\"%s\",version=\"%" PRId64 "\"}",
+             m, version);
+    st = prom_sum(u, q, &count, &found, err);
+    if (st != KILN_OK) return st;
+    if (found) {
+        res->verdict = KILN_GATE_HOLD;
+        snprintf(res->reason, sizeof res->reason,
+                 "input drift: too few of version %" PRId64 "'s input values in any replica's "
+                 "monitoring window to tell (its profile's min_count)", version);
     }
     return KILN_OK;
 }
@@ -573,13 +665,21 @@ static int round_once(const kiln_rollout_controller_options *o, const prom_url *
                                g && g->max_p99_latency_ratio ? g->max_p99_latency_ratio : 1.5,
                                g && g->confidence ? g->confidence : 0.95,
                                g && g->p99_latency_slack_us ? g->p99_latency_slack_us : 200.0,
-                               /* the agreement gate needs the replicas' shadow pairs, which
-                                  Prometheus does not carry as counts: not judged here */
-                               0.0};
+                               g ? g->min_agreement : 0.0,
+                               g ? g->max_output_divergence : 0.0};
         kiln_gate_arm ac = {c.ok + c.err, c.err, c.n_buckets ? c.hist : NULL, c.bounds, c.n_buckets};
         kiln_gate_arm ab = {b.ok + b.err, b.err, b.n_buckets ? b.hist : NULL, b.bounds, b.n_buckets};
         kiln_gate_result res;
         kiln_gate_evaluate(&gp, &ac, &ab, &res);
+        kiln_status gst = KILN_OK;
+        if (gp.min_agreement > 0 || gp.max_output_divergence > 0)
+            gst = paired_gates(u, mr->model_name, secs, &gp, &res, err);
+        if (gst == KILN_OK && g && g->roll_back_on_input_drift)
+            gst = drift_gate(u, mr->model_name, k->candidate_version, &res, err);
+        if (gst != KILN_OK) {
+            fprintf(stderr, "kiln rollout-controller: %s\n", err);
+            continue;
+        }
         char why[600];
         int64_t min_req = k->min_requests ? k->min_requests : 100;
         int min_s = k->min_step_seconds ? k->min_step_seconds : 60;

@@ -8,7 +8,10 @@
  * since its step began from Prometheus (increase() of
  * kiln_rollout_requests_total by version and outcome, and of
  * kiln_request_latency_us_bucket by version and le, summed over every
- * replica), evaluate the same gates as the in-process controller (gate.c),
+ * replica; for the paired gates the increase of the shadow's
+ * kiln_shadow_top1_*_total and kiln_shadow_js_*_total counters; for input
+ * drift the replicas' kiln_drift_alert gauges of the candidate), evaluate
+ * the same gates as the in-process controller (gate.c),
  * and on a transition rewrite the file (temporary file and rename). The
  * controller needs explicit versions (candidate_version, baseline_version):
  * labels live in the replicas.
@@ -37,10 +40,12 @@ kiln_status kiln_rollout_controller_run(const kiln_rollout_controller_options *o
                                         volatile sig_atomic_t *stop, char *err);
 
 /* One sample of a Prometheus instant vector: the labels the controller
- * reads (version, outcome, le; -1, "", NaN when absent) and the value. */
+ * reads (version, outcome, le, feature; -1, "", NaN, "" when absent) and
+ * the value. */
 typedef struct kiln_prom_sample {
     int64_t version;
     char outcome[16];
+    char feature[64];            /* cut to fit */
     double le;
     double value;                /* >= 0 and finite (others read as 0) */
 } kiln_prom_sample;

@@ -265,3 +265,47 @@ void kiln_gate_agreement(const kiln_gate_params *p, uint64_t agree, uint64_t pai
                  rate, (unsigned long long)paired, out->agree_lo, conf, p->min_agreement);
     }
 }
+
+void kiln_gate_divergence(const kiln_gate_params *p, uint64_t rows, double sum_js, double sum_js2,
+                          kiln_gate_result *out)
+{
+    if (p->max_output_divergence <= 0) return;
+    double conf = p->confidence > 0.5 && p->confidence < 1.0 ? p->confidence : 0.95;
+    double z = kiln_gate_norm_quantile(conf), ln2 = log(2.0);
+    out->js_rows = rows;
+    out->js_mean = 0.0;
+    out->js_lo = 0.0;
+    out->js_hi = ln2;
+    if (rows > 0 && isfinite(sum_js) && isfinite(sum_js2)) {
+        double n = (double)rows, mean = fmin(fmax(sum_js / n, 0.0), ln2);
+        double var = rows > 1 ? (sum_js2 - n * mean * mean) / (n - 1) : 0.0;
+        double half = z * sqrt(var > 0 ? var : 0.0) / sqrt(n);
+        out->js_mean = mean;
+        if (rows >= KILN_GATE_MIN_DIVERGENCE_ROWS) {
+            out->js_lo = fmax(0.0, mean - half);
+            out->js_hi = fmin(ln2, mean + half);
+        }
+    }
+    if (out->verdict == KILN_GATE_FAIL) return;
+    double thr = p->max_output_divergence;
+    if (rows >= KILN_GATE_MIN_DIVERGENCE_ROWS && out->js_lo > thr) {
+        out->verdict = KILN_GATE_FAIL;
+        snprintf(out->reason, sizeof out->reason,
+                 "output divergence: mean Jensen-Shannon divergence %.4f nats over %llu paired "
+                 "probability rows; at least %.4f with confidence %.3g, above the allowed %.4f",
+                 out->js_mean, (unsigned long long)rows, out->js_lo, conf, thr);
+    } else if (out->verdict == KILN_GATE_PASS && (rows < KILN_GATE_MIN_DIVERGENCE_ROWS ||
+                                                  out->js_hi > thr)) {
+        out->verdict = KILN_GATE_HOLD;
+        if (rows < KILN_GATE_MIN_DIVERGENCE_ROWS)
+            snprintf(out->reason, sizeof out->reason,
+                     "output divergence: %llu paired probability rows, %d needed before the mean "
+                     "divergence is judged", (unsigned long long)rows,
+                     KILN_GATE_MIN_DIVERGENCE_ROWS);
+        else
+            snprintf(out->reason, sizeof out->reason,
+                     "output divergence: mean %.4f nats over %llu paired rows, up to %.4f with "
+                     "confidence %.3g (allowed %.4f); more pairs needed",
+                     out->js_mean, (unsigned long long)rows, out->js_hi, conf, thr);
+    }
+}

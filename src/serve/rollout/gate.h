@@ -30,6 +30,10 @@
  *                p99_slack_us; PASS when the candidate's upper bound is
  *                within the ratio, or within the slack, of the baseline's
  *                lower bound.
+ *
+ * Two gates need paired outputs (a shadow of the baseline's traffic on the
+ * candidate) and are folded in afterwards: agreement (kiln_gate_agreement)
+ * and output divergence (kiln_gate_divergence).
  */
 #ifndef KILN_SERVE_ROLLOUT_GATE_H
 #define KILN_SERVE_ROLLOUT_GATE_H
@@ -59,7 +63,13 @@ typedef struct kiln_gate_params {
     double p99_slack_us;                  /* absolute slack of the p99 gate (>= 0) */
     double min_agreement;                 /* top-1 agreement gate (kiln_gate_agreement);
                                              <= 0: off */
+    double max_output_divergence;         /* mean JS divergence gate (nats,
+                                             kiln_gate_divergence); <= 0: off */
 } kiln_gate_params;
+
+/* Pairs fewer than this never decide the divergence gate (it holds): the
+ * normal approximation of the mean needs them. */
+#define KILN_GATE_MIN_DIVERGENCE_ROWS 30
 
 typedef struct kiln_gate_result {
     kiln_gate_verdict verdict;
@@ -69,6 +79,9 @@ typedef struct kiln_gate_result {
     double p99_candidate, p99_baseline;   /* point estimates (us), 0 without data */
     uint64_t paired, agree;               /* agreement gate: rows compared, top-1 equal */
     double agree_lo, agree_hi;            /* one-sided Wilson bounds of the agreement */
+    uint64_t js_rows;                     /* divergence gate: probability rows paired */
+    double js_mean, js_lo, js_hi;         /* their mean JS divergence (nats) and its
+                                             one-sided bounds (0, 0, ln 2 without rows) */
 } kiln_gate_result;
 
 /* Upper bound (us) of bucket i (the overflow bucket: +inf). */
@@ -108,5 +121,19 @@ void kiln_gate_evaluate(const kiln_gate_params *p, const kiln_gate_arm *candidat
  */
 void kiln_gate_agreement(const kiln_gate_params *p, uint64_t agree, uint64_t paired,
                          kiln_gate_result *out);
+
+/*
+ * The output divergence gate, folded in the same way: of `rows` probability
+ * rows the baseline answered and the candidate also ran, the JS divergences
+ * (nats, in [0, ln 2]) sum to sum_js and their squares to sum_js2. The
+ * mean's one-sided bounds at the confidence come from the normal
+ * approximation with the sample variance, mean -+ z s / sqrt(rows), clamped
+ * to [0, ln 2]: FAIL when the lower bound exceeds max_output_divergence,
+ * PASS when the upper bound does not, else HOLD; below
+ * KILN_GATE_MIN_DIVERGENCE_ROWS rows it holds. Off when
+ * p->max_output_divergence <= 0. A FAIL already in out stays.
+ */
+void kiln_gate_divergence(const kiln_gate_params *p, uint64_t rows, double sum_js, double sum_js2,
+                          kiln_gate_result *out);
 
 #endif

@@ -86,7 +86,7 @@ typedef struct mstate {
     int label_moved;                     /* controlled and promoted: stable was moved */
     double step_start;                   /* monotonic seconds */
     wcount snap_c, snap_b;
-    uint64_t snap_agree, snap_paired;    /* the pairs source at the window's start */
+    kiln_rollout_pairs snap_pairs;       /* the pairs source at the window's start */
     int drift_gate;                      /* gates.roll_back_on_input_drift */
     kiln_gate_result last;
     uint64_t win_c, win_b;               /* requests in the last evaluated window */
@@ -94,10 +94,20 @@ typedef struct mstate {
     char status[640];
 } mstate;
 
-/* Event counters per model name, kept across reloads. */
+/* Event counters per model name, and its last events, kept across reloads. */
+#define ROLLOUT_RECENT_EVENTS 8
+typedef struct recent_event {
+    char time[32];                       /* UTC, ISO 8601 */
+    int ev;                              /* revent */
+    double step_percent;
+    char reason[232];                    /* cut to fit */
+} recent_event;
+
 typedef struct mevents {
     char model[128];
     uint64_t n[EV_N];
+    recent_event recent[ROLLOUT_RECENT_EVENTS]; /* ring, oldest overwritten */
+    uint64_t n_recent;                   /* events ever put in the ring */
 } mevents;
 
 struct kiln_rollout {
@@ -181,6 +191,13 @@ static void emit(kiln_rollout *r, mstate *m, revent ev, const char *reason)
     struct tm tmv;
     gmtime_r(&now, &tmv);
     strftime(ts, sizeof ts, "%Y-%m-%dT%H:%M:%SZ", &tmv);
+    if (e) {
+        recent_event *re = &e->recent[e->n_recent++ % ROLLOUT_RECENT_EVENTS];
+        snprintf(re->time, sizeof re->time, "%s", ts);
+        re->ev = (int)ev;
+        re->step_percent = step_percent(m);
+        snprintf(re->reason, sizeof re->reason, "%s", reason ? reason : "");
+    }
     kiln_sbuf b = {0};
     kiln_sbuf_printf(&b, "{\"time\":\"%s\",\"component\":\"rollout\",\"event\":\"%s\",\"model\":",
                      ts, event_names[ev]);
@@ -605,6 +622,7 @@ static void state_init(mstate *m, const KilnRollout__ModelRollout *mr)
     m->gp.max_p99_latency_ratio = g && g->max_p99_latency_ratio ? g->max_p99_latency_ratio : 1.5;
     m->gp.p99_slack_us = g && g->p99_latency_slack_us ? g->p99_latency_slack_us : 200.0;
     m->gp.min_agreement = g ? g->min_agreement : 0.0;
+    m->gp.max_output_divergence = g ? g->max_output_divergence : 0.0;
     m->drift_gate = g && g->roll_back_on_input_drift;
 }
 
@@ -624,20 +642,25 @@ static int same_canary(const mstate *a, const KilnRollout__ModelRollout *mr)
                   mr->canary->baseline_label ? mr->canary->baseline_label : "") == 0;
 }
 
-/* The pairs source's cumulative counts for m's candidate (0, 0 without one). */
-static void pairs_read(kiln_rollout *r, const mstate *m, uint64_t *agree, uint64_t *paired)
+/* The pairs source's cumulative counts for m's candidate (zeros without one). */
+static void pairs_read(kiln_rollout *r, const mstate *m, kiln_rollout_pairs *p)
 {
-    *agree = *paired = 0;
-    if (m->gp.min_agreement > 0 && r->pairs_fn && m->candidate >= 0)
-        r->pairs_fn(r->pairs_ctx, m->model, m->candidate, agree, paired);
+    memset(p, 0, sizeof *p);
+    if ((m->gp.min_agreement > 0 || m->gp.max_output_divergence > 0) && r->pairs_fn &&
+        m->candidate >= 0)
+        r->pairs_fn(r->pairs_ctx, m->model, m->candidate, p);
+}
+
+static uint64_t u64_since(uint64_t now, uint64_t then)
+{
+    return now >= then ? now - then : 0;
 }
 
 static void open_window(kiln_rollout *r, mstate *m)
 {
     slot_read(r, m->model, m->candidate, &m->snap_c);
     slot_read(r, m->model, m->baseline, &m->snap_b);
-    m->snap_agree = m->snap_paired = 0;
-    pairs_read(r, m, &m->snap_agree, &m->snap_paired);
+    pairs_read(r, m, &m->snap_pairs);
     m->step_start = mono_s();
     m->window_open = 1;
     m->holding = 0;
@@ -711,12 +734,15 @@ static int evaluate(kiln_rollout *r, mstate *m)
     m->win_c = ac.requests;
     m->win_b = ab.requests;
     kiln_gate_evaluate(&m->gp, &ac, &ab, &m->last);
-    if (m->gp.min_agreement > 0) {
-        uint64_t agree, paired;
-        pairs_read(r, m, &agree, &paired);
-        agree = agree >= m->snap_agree ? agree - m->snap_agree : 0;
-        paired = paired >= m->snap_paired ? paired - m->snap_paired : 0;
-        kiln_gate_agreement(&m->gp, agree, paired, &m->last);
+    if (m->gp.min_agreement > 0 || m->gp.max_output_divergence > 0) {
+        kiln_rollout_pairs p;
+        pairs_read(r, m, &p);
+        kiln_gate_agreement(&m->gp, u64_since(p.agree, m->snap_pairs.agree),
+                            u64_since(p.paired, m->snap_pairs.paired), &m->last);
+        uint64_t rows = u64_since(p.js_rows, m->snap_pairs.js_rows);
+        double sum = rows ? p.js_sum - m->snap_pairs.js_sum : 0.0;
+        double sq = rows ? p.js_sq_sum - m->snap_pairs.js_sq_sum : 0.0;
+        kiln_gate_divergence(&m->gp, rows, sum, sq, &m->last);
     }
     if (m->drift_gate && r->drift_fn && m->last.verdict != KILN_GATE_FAIL) {
         char what[256];
@@ -1007,6 +1033,57 @@ void kiln_rollout_free(kiln_rollout *r)
 
 /* ------------------------------------------------------------ JSON, metrics */
 
+/* The last evaluation's gates: the verdict and its reason, and per gate
+ * its threshold (null: off) and what it saw. */
+static void write_gates_json(const mstate *m, kiln_sbuf *b)
+{
+    static const char *const verdicts[] = {"pass", "hold", "fail"};
+    const kiln_gate_result *l = &m->last;
+    const kiln_gate_params *g = &m->gp;
+    kiln_sbuf_printf(b, ", \"gates\": {\"evaluated\": %s, \"verdict\": \"%s\", \"reason\": ",
+                     m->window_open ? "true" : "false", verdicts[l->verdict]);
+    kiln_sbuf_json_string(b, l->reason, strnlen(l->reason, sizeof l->reason));
+    kiln_sbuf_printf(b, ", \"confidence\": %.6g", g->confidence);
+    if (g->max_error_rate_increase >= 0)
+        kiln_sbuf_printf(b, ", \"error_rate\": {\"max_increase\": %.6g, \"bounds\": [%.6g, %.6g]}",
+                         g->max_error_rate_increase, l->diff_lo, l->diff_hi);
+    else kiln_sbuf_puts(b, ", \"error_rate\": null");
+    if (g->max_p99_latency_ratio > 0)
+        kiln_sbuf_printf(b, ", \"p99_latency\": {\"max_ratio\": %.6g, \"slack_us\": %.6g}",
+                         g->max_p99_latency_ratio, g->p99_slack_us);
+    else kiln_sbuf_puts(b, ", \"p99_latency\": null");
+    if (g->min_agreement > 0)
+        kiln_sbuf_printf(b, ", \"agreement\": {\"min\": %.6g, \"paired\": %" PRIu64
+                            ", \"agree\": %" PRIu64 ", \"bounds\": [%.6g, %.6g]}",
+                         g->min_agreement, l->paired, l->agree, l->agree_lo, l->agree_hi);
+    else kiln_sbuf_puts(b, ", \"agreement\": null");
+    if (g->max_output_divergence > 0)
+        kiln_sbuf_printf(b, ", \"output_divergence\": {\"max\": %.6g, \"rows\": %" PRIu64
+                            ", \"mean\": %.6g, \"bounds\": [%.6g, %.6g]}",
+                         g->max_output_divergence, l->js_rows, l->js_mean, l->js_lo, l->js_hi);
+    else kiln_sbuf_puts(b, ", \"output_divergence\": null");
+    kiln_sbuf_printf(b, ", \"input_drift\": %s}", m->drift_gate ? "true" : "false");
+}
+
+/* The model's last events, oldest first (the stderr lines' fields). */
+static void write_events_json(kiln_rollout *r, const mstate *m, kiln_sbuf *b)
+{
+    kiln_sbuf_puts(b, ", \"events\": [");
+    const mevents *e = NULL;
+    for (int i = 0; i < r->n_events; i++)
+        if (strcmp(r->events[i].model, m->model) == 0) e = &r->events[i];
+    uint64_t n = e ? e->n_recent : 0, first = n > ROLLOUT_RECENT_EVENTS ? n - ROLLOUT_RECENT_EVENTS : 0;
+    for (uint64_t k = first; k < n; k++) {
+        const recent_event *re = &e->recent[k % ROLLOUT_RECENT_EVENTS];
+        kiln_sbuf_printf(b, "%s{\"time\": \"%s\", \"event\": \"%s\", \"step_percent\": %g, "
+                            "\"reason\": ", k > first ? ", " : "", re->time, event_names[re->ev],
+                         re->step_percent);
+        kiln_sbuf_json_string(b, re->reason, strlen(re->reason));
+        kiln_sbuf_puts(b, "}");
+    }
+    kiln_sbuf_puts(b, "]");
+}
+
 static void write_model_json(kiln_rollout *r, const mstate *m, kiln_sbuf *b)
 {
     kiln_sbuf_puts(b, "{\"model\": ");
@@ -1030,10 +1107,12 @@ static void write_model_json(kiln_rollout *r, const mstate *m, kiln_sbuf *b)
                          m->window_open ? mono_s() - m->step_start : 0.0, m->win_c, m->win_b,
                          m->last.err_candidate, m->last.err_baseline, m->last.diff_lo,
                          m->last.diff_hi, m->last.p99_candidate, m->last.p99_baseline);
+        write_gates_json(m, b);
         kiln_sbuf_puts(b, ", \"reason\": ");
         kiln_sbuf_json_string(b, m->reason, strlen(m->reason));
         kiln_sbuf_puts(b, ", \"status\": ");
         kiln_sbuf_json_string(b, m->status, strlen(m->status));
+        write_events_json(r, m, b);
     }
     kiln_sbuf_printf(b, ", \"sticky\": %s, \"weights\": [", m->mr->sticky ? "true" : "false");
     rtable *t = table_enter(r);

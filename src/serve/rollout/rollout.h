@@ -69,15 +69,22 @@ typedef struct kiln_rollout kiln_rollout;
 typedef void (*kiln_rollout_config_fn)(void *ctx, const KilnRollout__RolloutConfig *cfg);
 kiln_status kiln_rollout_subscribe(kiln_rollout *r, kiln_rollout_config_fn fn, void *ctx);
 
-/* The agreement gate's source (canary.gates.min_agreement): fn gives, for a
- * model and its canary's candidate version, cumulative counts of rows the
- * baseline answered that the candidate also ran (`paired`) and of those
- * whose top-1 was the same (`agree`); the controller takes their increase
- * over each step's window. `kiln serve` sets it to the shadow traffic's
- * counts (a shadow of the model on the candidate version). Without a
- * source the gate sees no pairs and holds. */
+/* The paired gates' source (canary.gates.min_agreement and
+ * max_output_divergence): fn fills *out, for a model and its canary's
+ * candidate version, with cumulative counts of rows the baseline answered
+ * that the candidate also ran (`paired`), of those whose top-1 was the same
+ * (`agree`), and of the probability rows among them with the sum of their
+ * Jensen-Shannon divergences and of its squares; the controller takes
+ * their increase over each step's window. `kiln serve` sets it to the
+ * shadow traffic's counts (a shadow of the model on the candidate version).
+ * Without a source the gates see no pairs and hold. out is zeroed first. */
+typedef struct kiln_rollout_pairs {
+    uint64_t agree, paired;   /* top-1 rows equal, top-1 rows compared */
+    uint64_t js_rows;         /* probability rows compared */
+    double js_sum, js_sq_sum; /* sum of their JS divergences (nats), of the squares */
+} kiln_rollout_pairs;
 typedef void (*kiln_rollout_pairs_fn)(void *ctx, const char *model, int64_t candidate,
-                                      uint64_t *agree, uint64_t *paired);
+                                      kiln_rollout_pairs *out);
 void kiln_rollout_set_pairs(kiln_rollout *r, kiln_rollout_pairs_fn fn, void *ctx);
 
 /* The input drift gate's source (canary.gates.roll_back_on_input_drift):

@@ -233,8 +233,10 @@ kiln_status kiln_shadow_compare(kiln_shadow_compare_mode mode, const kiln_tensor
         if (want_js && k >= 2) {
             double sp = probability_sum(&a, k), sq = probability_sum(&b, k);
             if (sp >= 0.0 && sq >= 0.0) {
+                double js = js_rows(&a, sp, &b, sq, k);
                 out->js_rows++;
-                out->sum_js += js_rows(&a, sp, &b, sq, k);
+                out->sum_js += js;
+                out->sum_js2 += js * js;
             } else {
                 out->nonprob_rows++;
             }
@@ -256,5 +258,6 @@ void kiln_shadow_stats_add(kiln_shadow_stats *acc, const kiln_shadow_stats *s)
     acc->nonfinite += s->nonfinite;
     acc->js_rows += s->js_rows;
     acc->sum_js += s->sum_js;
+    acc->sum_js2 += s->sum_js2;
     acc->nonprob_rows += s->nonprob_rows;
 }

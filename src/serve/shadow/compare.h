@@ -57,6 +57,7 @@ typedef struct kiln_shadow_stats {
     int64_t nonfinite;      /* element pairs NaN or infinite on one side only */
     int64_t js_rows;        /* rows that are probability vectors on both sides */
     double sum_js;          /* sum of their JS divergences (nats) */
+    double sum_js2;         /* sum of their squares (the canary's divergence gate) */
     int64_t nonprob_rows;   /* rows with k >= 2 not probability vectors on both sides */
 } kiln_shadow_stats;
 

@@ -907,7 +907,8 @@ static void shadow_write_metrics(void *ctx, kiln_sbuf *b)
         pthread_rwlock_unlock(&sh->cfg);
         return;
     }
-    kiln_shadow_stats *w = calloc((size_t)sh->n_entries, sizeof *w);
+    /* w[i]: entry i's window, w[n + i]: its totals since start */
+    kiln_shadow_stats *w = calloc((size_t)sh->n_entries * 2, sizeof *w);
     int64_t *done = calloc((size_t)sh->n_entries * 2, sizeof *done);
     if (!w || !done) {
         free(w);
@@ -918,6 +919,7 @@ static void shadow_write_metrics(void *ctx, kiln_sbuf *b)
     pthread_mutex_lock(&sh->stats_mu);
     for (int i = 0; i < sh->n_entries; i++) {
         window_sum(sh->entries[i], &w[i]);
+        w[sh->n_entries + i] = sh->entries[i]->total;
         done[2 * i] = sh->entries[i]->compared;
         done[2 * i + 1] = sh->entries[i]->failed;
     }
@@ -959,6 +961,27 @@ static void shadow_write_metrics(void *ctx, kiln_sbuf *b)
                          : g == 2 ? s->sum_rel : s->sum_js;
             metric_labels(b, gauges[g].name, sh->entries[i], 1);
             kiln_sbuf_printf(b, "} %.9g\n", num / (double)den);
+        }
+    }
+    /* Counters of the paired rows, for gates judged across replicas (kiln
+     * rollout-controller takes their increase() summed over the fleet). */
+    static const struct {
+        const char *name, *help;
+    } counters[] = {
+        {"kiln_shadow_top1_rows_total", "Rows with a top-1 on both sides, since start."},
+        {"kiln_shadow_top1_agree_total", "Rows whose top-1 agrees, since start."},
+        {"kiln_shadow_js_rows_total", "Probability rows compared, since start."},
+        {"kiln_shadow_js_sum_total", "Sum of their Jensen-Shannon divergences (nats), since start."},
+        {"kiln_shadow_js_sq_sum_total", "Sum of the squares of those divergences, since start."},
+    };
+    for (int g = 0; g < 5; g++) {
+        metric_head(b, counters[g].name, "counter", counters[g].help);
+        for (int i = 0; i < sh->n_entries; i++) {
+            const kiln_shadow_stats *s = &w[sh->n_entries + i];
+            double v = g == 0 ? (double)s->top1_rows : g == 1 ? (double)s->top1_agree
+                       : g == 2 ? (double)s->js_rows : g == 3 ? s->sum_js : s->sum_js2;
+            metric_labels(b, counters[g].name, sh->entries[i], 1);
+            kiln_sbuf_printf(b, "} %.17g\n", v);
         }
     }
     metric_head(b, "kiln_shadow_added_latency_us", "gauge",

@@ -9,6 +9,8 @@
  * "Try a prediction" builds an example request from the signature, can turn
  * a dropped image into an image-shaped float input, POSTs to :predict and
  * shows the reply as the server wrote it (and probability vectors as bars).
+ * The rollout and monitoring panel reads /v1/rollouts and
+ * /v1/models/{m}/monitoring and has the rollout's admin buttons.
  *
  * No inline script or style (the Content-Security-Policy forbids them): the
  * DOM is built with createElement, sizes set through the CSSOM.
@@ -30,6 +32,11 @@ const state = {
   tab: 'overview',
   imageSettings: new Map(),  /* input name -> settings */
   predictFor: null,          /* model the form was built for */
+  rollouts: null,            /* /v1/rollouts' list (null: no rollout file) */
+  rolloutsOff: false,        /* /v1/rollouts answered 404: no rollout file */
+  monitoring: new Map(),     /* model -> its /monitoring reply */
+  rolloutMessage: null,      /* {model, text}: the last admin button's answer */
+  driftOpen: new Set(),      /* "model/version" whose folded drift table is open */
 };
 
 /* ------------------------------------------------------------ DOM helpers */
@@ -329,34 +336,166 @@ function renderSignatures() {
   }
 }
 
-/* Rollout and monitoring: any such state the stats carry for the model
- * (e.g. "rollout": {split, canary step, rollback reasons}, "monitoring":
- * {drift, confidence}) is shown as key/value tables; the panel needs no
- * change when those features add their objects. */
+/* Rollout and monitoring: the model's rollout from GET /v1/rollouts (state,
+ * step, weights, each gate's threshold, what it saw and the verdict, the
+ * last events) with the admin buttons (POST /v1/rollouts/M:pause|:resume|
+ * :promote|:rollback; the server decides who may), and the monitoring
+ * summary from GET /v1/models/M/monitoring (drift per feature, confidence).
+ * Both are re-read on every poll; a 404 means the feature is off. */
+const ROLLOUT_ACTIONS = ['pause', 'resume', 'promote', 'rollback'];
+
+function kv(rows) {
+  const tb = h('tbody');
+  for (const [k, v, attrs] of rows)
+    tb.append(h('tr', attrs || {}, h('th', { text: k }), h('td', { class: 'mono small', text: v })));
+  return h('table', { class: 'grid kv' }, tb);
+}
+
+function gateRows(g) {
+  const rows = [];
+  const bounds = (b, d) => (b ? `[${fmt(b[0], d)}, ${fmt(b[1], d)}]` : '–');
+  if (g.error_rate) rows.push(['error rate', `increase ≤ ${g.error_rate.max_increase}`,
+    `increase in ${bounds(g.error_rate.bounds, 4)}`]);
+  if (g.p99_latency) rows.push(['p99 latency', `ratio ≤ ${g.p99_latency.max_ratio} (slack ${g.p99_latency.slack_us} µs)`, '']);
+  if (g.agreement) rows.push(['agreement', `≥ ${g.agreement.min}`,
+    `${g.agreement.agree}/${g.agreement.paired} top-1 equal, in ${bounds(g.agreement.bounds, 4)}`]);
+  if (g.output_divergence) rows.push(['output divergence', `mean JS ≤ ${g.output_divergence.max} nats`,
+    `${fmt(g.output_divergence.mean, 4)} over ${g.output_divergence.rows} rows, in ${bounds(g.output_divergence.bounds, 4)}`]);
+  if (g.input_drift) rows.push(['input drift', 'no feature past the profile', 'see Monitoring below']);
+  return rows;
+}
+
+function renderRolloutState(box, ro) {
+  const stateCls = ro.state === 'rolled_back' ? 'bad' : ro.state === 'promoted' ? 'ok' : '';
+  box.append(h('h3', {}, 'Rollout ', h('span', { class: 'pill ' + stateCls, id: 'rollout-state', text: ro.state }),
+    ' ', h('span', { class: 'muted small', text: ro.kind + (ro.controlled ? ', controlled by kiln rollout-controller' : '') })));
+  const rows = [];
+  if (ro.kind === 'canary') {
+    rows.push(['candidate', `${ro.candidate} (version ${ro.candidate_version})`]);
+    rows.push(['baseline', `version ${ro.baseline_version}`]);
+    rows.push(['step', `${ro.step + 1} of ${ro.steps.length} (${ro.step_percent}%): steps ${ro.steps.join(', ')}`,
+      { 'data-field': 'step' }]);
+    rows.push(['status', ro.status, { 'data-field': 'status' }]);
+    if (ro.reason) rows.push(['reason', ro.reason, { 'data-field': 'reason' }]);
+    const w = ro.window;
+    rows.push(['window', `${fmt(w.seconds, 0)} s: ${w.candidate_requests} candidate, ${w.baseline_requests} baseline requests; ` +
+      `error rate ${fmt(w.candidate_error_rate, 4)} vs ${fmt(w.baseline_error_rate, 4)}; p99 ${fmt(w.candidate_p99_us, 0)} vs ${fmt(w.baseline_p99_us, 0)} µs`]);
+  }
+  rows.push(['weights', ro.weights.map((x) => `v${x.version}: ${fmt(100 * x.weight, 1)}%`).join(', '), { 'data-field': 'weights' }]);
+  if (ro.sticky) rows.push(['sticky', 'yes (route key header hashed)']);
+  box.append(kv(rows));
+  if (ro.gates) {
+    const g = ro.gates;
+    const verdictCls = g.verdict === 'fail' ? 'bad' : g.verdict === 'pass' ? 'ok' : '';
+    const t = h('table', { class: 'grid', 'data-section': 'gates' },
+      h('thead', {}, h('tr', {}, h('th', { text: 'Gate' }), h('th', { text: 'Threshold' }), h('th', { text: 'Last window' }))));
+    const tb = h('tbody');
+    for (const [name, thr, seen] of gateRows(g))
+      tb.append(h('tr', { 'data-gate': name }, h('td', { text: name }), h('td', { class: 'mono small', text: thr }),
+        h('td', { class: 'mono small', text: seen })));
+    t.append(tb);
+    box.append(h('h3', {}, 'Gates ', h('span', { class: 'pill ' + verdictCls, id: 'gates-verdict', text: g.evaluated ? g.verdict : 'not evaluated' }),
+      ' ', h('span', { class: 'muted small', text: `confidence ${g.confidence}` })), t);
+    if (g.reason) box.append(h('p', { class: 'mono small', id: 'gates-reason', text: g.reason }));
+  }
+  if (ro.kind === 'canary') {
+    const bar = h('div', { class: 'actions', id: 'rollout-actions' });
+    for (const a of ROLLOUT_ACTIONS) {
+      const b = h('button', { type: 'button', 'data-action': a, text: a });
+      b.addEventListener('click', () => rolloutAction(ro.model, a));
+      bar.append(b);
+    }
+    const msg = state.rolloutMessage && state.rolloutMessage.model === ro.model ? state.rolloutMessage.text : '';
+    bar.append(h('span', { class: 'muted small', id: 'rollout-message', text: msg }));
+    box.append(bar);
+  }
+  if (ro.events && ro.events.length) {
+    const t = h('table', { class: 'grid', 'data-section': 'events' },
+      h('thead', {}, h('tr', {}, h('th', { text: 'Time (UTC)' }), h('th', { text: 'Event' }), h('th', { text: 'Step' }), h('th', { text: 'Reason' }))));
+    const tb = h('tbody');
+    for (const e of ro.events.slice().reverse())
+      tb.append(h('tr', { 'data-event': e.event }, h('td', { class: 'mono small', text: e.time }), h('td', { text: e.event }),
+        h('td', { class: 'num', text: `${e.step_percent}%` }), h('td', { class: 'small', text: e.reason })));
+    t.append(tb);
+    box.append(h('h3', { text: 'Last events' }), t);
+  }
+}
+
+async function rolloutAction(model, action) {
+  const r = await request('POST', `/v1/rollouts/${encodeURIComponent(model)}:${action}`);
+  const why = r.body && (r.body.error || r.body.reason || r.body.state);
+  state.rolloutMessage = { model, text: `${action}: HTTP ${r.status}${why ? ' — ' + why : ''}` };
+  await pollRollout();
+  renderRollout();
+}
+
+function renderMonitoring(box, mon) {
+  const versions = (mon && mon.versions) || [];
+  if (!versions.length) {
+    box.append(h('p', { class: 'muted', text: 'No version of this model has a reference profile (assets.extra/kiln_profile.json, written by kiln profile): no drift to show.' }));
+    return;
+  }
+  for (const v of versions) {
+    box.append(h('h3', {}, `Monitoring, version ${v.version} `, h('span', { class: 'muted small',
+      text: `window ${v.window_seconds} s, judged from ${v.min_count} values; thresholds PSI ${v.thresholds.psi}, JS ${v.thresholds.js}, L-inf ${v.thresholds.linf}` })));
+    const t = h('table', { class: 'grid', 'data-section': 'drift', 'data-version': v.version },
+      h('thead', {}, h('tr', {}, h('th', { text: 'Feature' }), h('th', { text: 'Kind' }), h('th', { text: 'Values' }),
+        h('th', { text: 'PSI' }), h('th', { text: 'JS' }), h('th', { text: 'L-inf' }), h('th', { text: 'Drift' }))));
+    const tb = h('tbody');
+    for (const f of v.features) {
+      const judged = 'alert' in f;
+      tb.append(h('tr', { 'data-feature': f.name }, h('td', { class: 'mono', text: f.name }), h('td', { text: f.kind }),
+        h('td', { class: 'num', text: f.window_count }), h('td', { class: 'num', text: fmt(f.psi, 3) }),
+        h('td', { class: 'num', text: fmt(f.js, 3) }), h('td', { class: 'num', text: fmt(f.linf, 3) }),
+        h('td', {}, h('span', { class: 'pill ' + (judged ? (f.alert ? 'bad' : 'ok') : ''),
+          text: judged ? (f.alert ? 'drift' : 'ok') : 'too few values' }))));
+    }
+    t.append(tb);
+    /* many features (an image's pixels): folded, with a count of drifting ones */
+    if (v.features.length > 12) {
+      const drifting = v.features.filter((f) => f.alert).length;
+      const d = h('details', { class: 'drift-features', 'data-version': v.version },
+        h('summary', { text: `${v.features.length} features, ${drifting} drifting` }), t);
+      const key = state.selected + '/' + v.version;
+      d.open = drifting > 0 || state.driftOpen.has(key); /* kept across the poll's redraws */
+      d.addEventListener('toggle', () => { if (d.open) state.driftOpen.add(key); else state.driftOpen.delete(key); });
+      box.append(d);
+    } else {
+      box.append(t);
+    }
+    const c = v.confidence;
+    if (c) box.append(kv([
+      ['confidence output', c.output],
+      ['rows in window', String(c.count)],
+      ['expected accuracy', fmt(c.expected_accuracy, 3), { 'data-field': 'expected_accuracy' }],
+      ['reference mean max probability', fmt(c.reference_mean_max_probability, 3)],
+    ]));
+  }
+}
+
 function renderRollout() {
   const box = clear($('#rollout'));
   const m = currentModel();
   if (!m) return;
-  const known = new Set(['name', 'ready', 'labels', 'versions']);
-  const extra = Object.entries(m).filter(([k]) => !known.has(k));
-  if (!extra.length) {
-    box.append(h('p', { class: 'muted', text: 'No rollout or monitoring is configured for this model: ' +
+  const ro = state.rollouts && state.rollouts.find((x) => x.model === m.name);
+  if (ro) renderRolloutState(box, ro);
+  else box.append(h('p', { class: 'muted', id: 'rollout-none', text: 'No rollout is configured for this model: ' +
       'requests go to the highest served version (or the version a label names). ' +
-      'Traffic splits, canary steps, rollback reasons, drift and confidence appear here when configured.' }));
-    return;
-  }
-  for (const [k, v] of extra) {
-    const t = h('table', { class: 'grid', 'data-section': k });
-    const tb = h('tbody');
-    if (v && typeof v === 'object' && !Array.isArray(v)) {
-      for (const [kk, vv] of Object.entries(v))
-        tb.append(h('tr', {}, h('th', { text: kk }), h('td', { class: 'mono small', text: typeof vv === 'object' ? JSON.stringify(vv) : String(vv) })));
-    } else {
-      tb.append(h('tr', {}, h('td', { class: 'mono small', text: JSON.stringify(v) })));
-    }
-    t.append(tb);
-    box.append(h('h3', { text: k }), t);
-  }
+      'Start kiln serve with --rollout_config_file for traffic splits and canaries.' }));
+  const mon = state.monitoring.get(m.name);
+  if (mon && mon.ok) renderMonitoring(box, mon.body);
+  else if (mon && mon.status === 404) box.append(h('p', { class: 'muted', text: 'Model monitoring is off.' }));
+}
+
+/* GET /v1/rollouts and the selected model's monitoring into state. */
+async function pollRollout() {
+  /* a server without a rollout file answers 404 once; it is not asked again */
+  const [ro, mon] = await Promise.all([
+    state.rolloutsOff ? Promise.resolve(null) : request('GET', '/v1/rollouts'),
+    state.selected ? request('GET', modelPath(state.selected) + '/monitoring') : Promise.resolve(null)]);
+  if (ro && ro.status === 404) state.rolloutsOff = true;
+  state.rollouts = ro && ro.ok && ro.body ? ro.body.rollouts || [] : null;
+  if (mon && state.selected) state.monitoring.set(state.selected, mon);
 }
 
 function renderLive() {
@@ -735,6 +874,7 @@ async function poll() {
     } else {
       ensureMetadata(state.selected);
     }
+    await pollRollout();
   } else {
     state.stats = null;
     banner.hidden = false;
