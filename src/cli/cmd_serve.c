@@ -601,6 +601,7 @@ int kiln_cmd_serve(int argc, char **argv)
         fail = "cannot register the rollout observer";
         goto fail_start;
     }
+    if (!rollout) kiln_rollout_attach_none(&so);
     /* reloads reach the request log and the monitor (removed again before
      * either is freed) */
     if ((reqlog && kiln_manager_add_listener(mgr, reqlog_on_models, reqlog) != KILN_OK) ||

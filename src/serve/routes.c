@@ -330,7 +330,13 @@ static void h_v1_metadata(kiln_server *s, const kiln_http_request *req, const ro
         kiln_sbuf_json_string(b, method, strlen(method));
         kiln_sbuf_puts(b, i + 1 < n ? "\n  },\n" : "\n  }\n");
     }
-    kiln_sbuf_puts(b, " }\n}\n}\n}\n");
+    kiln_sbuf_puts(b, " }\n}");
+    /* the version's assets.extra/kiln_version.json, as gRPC's metadata map carries it */
+    if (sv->version_info) {
+        kiln_sbuf_puts(b, ",\n\"kiln_version_info\": ");
+        kiln_version_info_write_json(b, sv->version_info);
+    }
+    kiln_sbuf_puts(b, "\n}\n}\n");
     kiln_servable_release(sv);
 }
 

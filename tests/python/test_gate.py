@@ -427,6 +427,15 @@ def test_version_info_in_grpc_metadata(setup, pb):  # noqa: F811
             ask(2, ["nope"])
         assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert "Metadata field nope is not supported" in e.value.details()
+        # REST's metadata carries the same entry beside signature_def
+        import urllib.request
+        for v, want in ((2, VERSION_INFO), (1, None)):
+            with urllib.request.urlopen(
+                    f"http://127.0.0.1:{srv.rest}/v1/models/clf/versions/{v}/metadata",
+                    timeout=30) as resp:
+                md = json.load(resp)["metadata"]
+            assert "serving_default" in md["signature_def"]["signature_def"]
+            assert md.get("kiln_version_info") == want, md
     finally:
         srv.kill()
 

@@ -877,3 +877,19 @@ def test_bad_rollout_file(tmp_path, text, needle):
                         f"--rollout_config_file={f}"], capture_output=True, text=True, timeout=60)
     assert p.returncode != 0
     assert str(f) in p.stderr and re.search(needle, p.stderr), p.stderr
+
+
+def test_admin_path_without_a_rollout_file(tmp_path):
+    """Without --rollout_config_file the list is empty (a console polling it
+    sees no rollouts, not an error) and model paths are 404 naming the flag."""
+    save_scale(tmp_path / "m" / "1" / "model.onnx", 2.0)
+    srv = test_serve.Server(tmp_path / "m", "m")
+    try:
+        code, body = srv.json("GET", "/v1/rollouts")
+        assert code == 200 and body == {"rollouts": []}, body
+        code, body = post(srv, "/v1/rollouts/m:pause")
+        assert code == 404 and "--rollout_config_file" in body["error"], body
+        code, body = srv.json("GET", "/v1/rollouts/m")
+        assert code == 404, body
+    finally:
+        srv.kill()

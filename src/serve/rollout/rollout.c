@@ -951,6 +951,7 @@ kiln_status kiln_rollout_subscribe(kiln_rollout *r, kiln_rollout_config_fn fn, v
 
 static void write_metrics(void *ctx, kiln_sbuf *b);
 static void admin(void *ctx, kiln_server *s, const kiln_http_request *req, kiln_http_reply *rep);
+static void reply_json(kiln_http_reply *rep, int code);
 
 kiln_status kiln_rollout_attach(kiln_rollout *r, kiln_observers *h, kiln_server_options *so)
 {
@@ -964,6 +965,38 @@ kiln_status kiln_rollout_attach(kiln_rollout *r, kiln_observers *h, kiln_server_
     so->ext_handler = admin;
     so->ext_ctx = r;
     return KILN_OK;
+}
+
+/* Without a rollout file the admin path still answers: the list is empty
+ * (so a console or script polling it sees "no rollouts", not an error), and
+ * every model path is 404 naming the missing flag. */
+static void admin_none(void *ctx, kiln_server *s, const kiln_http_request *req,
+                       kiln_http_reply *rep)
+{
+    (void)ctx;
+    rep->api = "rollout";
+    const char *p = req->path + strlen("/v1/rollouts");
+    if (strcmp(req->method, "GET") == 0 && (*p == '\0' || strcmp(p, "/") == 0)) {
+        int denied = kiln_server_authorize(s, req, "metadata");
+        if (denied) {
+            kiln_reply_error(rep, denied == 401 ? "UNAUTHENTICATED" : "PERMISSION_DENIED",
+                             "not authorized");
+            rep->code = denied;
+            return;
+        }
+        kiln_sbuf_puts(&rep->body, "{\"rollouts\":[]}");
+        reply_json(rep, 200);
+        return;
+    }
+    kiln_reply_error(rep, "NOT_FOUND",
+                     "no rollouts: this server was started without --rollout_config_file");
+}
+
+void kiln_rollout_attach_none(kiln_server_options *so)
+{
+    so->ext_prefix = "/v1/rollouts";
+    so->ext_handler = admin_none;
+    so->ext_ctx = NULL;
 }
 
 static void *controller(void *arg)

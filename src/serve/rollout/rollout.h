@@ -111,6 +111,8 @@ kiln_status kiln_rollout_create(const char *path, int poll_seconds, kiln_manager
  * and the admin endpoints on the server options so (before the server
  * starts). */
 kiln_status kiln_rollout_attach(kiln_rollout *r, kiln_observers *h, kiln_server_options *so);
+/* Without a rollout file: GET /v1/rollouts answers an empty list, model paths 404. */
+void kiln_rollout_attach_none(kiln_server_options *so);
 /* Start the controller thread (evaluates gates, polls the file). */
 kiln_status kiln_rollout_start(kiln_rollout *r);
 /* Stop the thread and free everything (after the server stopped). */

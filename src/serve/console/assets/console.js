@@ -489,7 +489,8 @@ function renderRollout() {
 
 /* GET /v1/rollouts and the selected model's monitoring into state. */
 async function pollRollout() {
-  /* a server without a rollout file answers 404 once; it is not asked again */
+  /* a server without a rollout file answers an empty list (older servers: 404,
+   * after which it is not asked again) */
   const [ro, mon] = await Promise.all([
     state.rolloutsOff ? Promise.resolve(null) : request('GET', '/v1/rollouts'),
     state.selected ? request('GET', modelPath(state.selected) + '/monitoring') : Promise.resolve(null)]);
