@@ -231,5 +231,6 @@ def test_attention_is_fused_and_fast(name, kiln_bin, exported):
                          "--warmup", "1", "--profile"])
     rows = [line.split() for line in out.splitlines() if line.split()[:1] == ["KilnAttention"]]
     assert rows and all(r[1].startswith("f32_attention_") for r in rows), out
+    assert all(r[5] != "-" for r in rows), f"KilnAttention's work is not counted:\n{out}"
     assert not [line for line in out.splitlines()
                 if line.split()[:1] == ["Softmax"]], out
