@@ -73,9 +73,8 @@ static struct mono mono_c(int64_t c)
 
 static bool mono_mul(struct mono a, struct mono b, struct mono *out)
 {
-    if (a.n + b.n > MS) return false;
+    if (a.n + b.n > MS || __builtin_mul_overflow(a.c, b.c, &a.c)) return false;
     for (int i = 0; i < b.n; i++) a.s[a.n++] = b.s[i];
-    a.c *= b.c;
     *out = a;
     return true;
 }
@@ -214,8 +213,9 @@ static bool view_reshape(struct view *w, const struct mono *t, int rank)
             } else if (a.size.n == 0 && mono_div(t[i], acc, &q) && q.n == 0 && q.c > 1 &&
                        a.size.c % q.c == 0) {
                 /* split the atom: its major part completes this axis */
-                int64_t minor = a.size.c / q.c;
-                x->a[x->n++] = (struct atom){a.ax, mono_c(q.c), a.st * minor};
+                int64_t minor = a.size.c / q.c, st;
+                if (__builtin_mul_overflow(a.st, minor, &st)) return false;
+                x->a[x->n++] = (struct atom){a.ax, mono_c(q.c), st};
                 flat[at].size = mono_c(minor);
                 acc = t[i];
             } else {
@@ -290,8 +290,10 @@ static bool view_range(struct view *w, int ax, int64_t start, int64_t end, bool 
             if (start < 0) start += sz;
             if (end < 0) end += sz;
             if (end > sz) end = sz;
-            if (start < 0 || start >= end) return false;
-            w->off[a->ax] += start * a->st;
+            int64_t skip;
+            if (start < 0 || start >= end || __builtin_mul_overflow(start, a->st, &skip) ||
+                __builtin_add_overflow(w->off[a->ax], skip, &w->off[a->ax]))
+                return false;
             a->size = mono_c(end - start);
             if (end - start == 1) x->n = 0;
         }

@@ -120,6 +120,10 @@ static kiln_status ka_run(struct kiln_run_ctx *ctx)
             return kiln_node_error(n, KILN_ERR_INVALID_ARGUMENT,
                                    "mask must be float32 of rank 1 to %d", merged ? 3 : 4);
         int64_t want[4] = {d.B, d.H, d.SQ, d.T}, stride = 1;
+        if (m->dims[m->rank - 1] != d.T)
+            return kiln_node_error(n, KILN_ERR_INVALID_ARGUMENT,
+                                   "mask's last dim %lld is not the %lld keys",
+                                   (long long)m->dims[m->rank - 1], (long long)d.T);
         for (int i = m->rank - 1; i >= 0; i--) {
             int ax = 4 - m->rank + i;
             int64_t md = m->dims[i];

@@ -285,7 +285,10 @@ static kiln_status KilnAttention_compile(const struct kiln_compile_ctx *cc,
     st.ss[3] = ysf ? st.B * ny : ny;
     st.bs[3] = ysf ? ny : st.SQ * ny;
     st.scale = kiln_attr_float(n, "scale", 1.0f);
-    return attn_finish(cc, inst, &st, cc->n_in > 3 ? cc->in[3] : NULL,
+    const struct kiln_type *mask = cc->n_in > 3 ? cc->in[3] : NULL;
+    if (mask && (mask->rank < 1 || mask->dims[mask->rank - 1] != st.T))
+        return KILN_OK; /* KilnAttention's mask spans the keys (no -inf padding) */
+    return attn_finish(cc, inst, &st, mask,
                        kiln_attr_int(n, "mask_merged", 0) != 0);
 }
 KILN_FAST_OP(KilnAttention, KilnAttention_compile, NULL);
