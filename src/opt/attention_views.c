@@ -32,6 +32,8 @@
  * them; shape computations left without readers go with dead-code
  * elimination.
  */
+#include <stdio.h>
+
 #include "core/tensor.h"
 #include "kernels/kernel.h"
 #include "opt/opt.h"
@@ -105,19 +107,87 @@ static bool mono_is(struct mono a, int64_t c)
     return a.n == 0 && a.c == c;
 }
 
-/* Dim i of value v as a size: a known size or a named symbol. */
+/* Follow dim *i of v back through ops that pass it through unchanged (MatMul's and Gemm's
+ * rows, elementwise ops whose other input does not reach that axis, unary ops, Transpose), to
+ * the first value where it is known or named, or as far as it goes: two dims that end at the
+ * same place are equal. */
+static int dim_origin(const struct kiln_graph *g, int v, int *i)
+{
+    for (int depth = 0; depth < 32; depth++) {
+        const struct kiln_type *t = &g->values[v].type;
+        if (t->dims[*i] >= 0 || t->sym[*i]) break;
+        int p = kiln_opt_producer(g, v);
+        if (p < 0) break;
+        const struct kiln_node *n = &g->nodes[p];
+        int next = -1, r = t->rank;
+        switch (n->op) {
+        case KILN_OP_MatMul:
+            if (*i < r - 1 && g->values[n->in[0]].type.rank == r) next = n->in[0];
+            break;
+        case KILN_OP_Gemm:
+            if (*i == 0 && kiln_attr_int(n, "transA", 0) == 0) next = n->in[0];
+            break;
+        case KILN_OP_Add:
+        case KILN_OP_Sub:
+        case KILN_OP_Mul:
+        case KILN_OP_Div:
+            for (int k = 0; k < 2 && next < 0; k++) {
+                const struct kiln_type *a = &g->values[n->in[k]].type,
+                                       *b = &g->values[n->in[1 - k]].type;
+                int bi = *i - (r - b->rank); /* the other input's axis, when it has one */
+                if (a->rank == r && b->rank >= 0 && (bi < 0 || b->dims[bi] == 1))
+                    next = n->in[k];
+            }
+            break;
+        case KILN_OP_Relu:
+        case KILN_OP_Gelu:
+        case KILN_OP_Erf:
+        case KILN_OP_Tanh:
+        case KILN_OP_Sigmoid:
+        case KILN_OP_Cast:
+        case KILN_OP_Identity:
+        case KILN_OP_Softmax:
+        case KILN_OP_LayerNormalization:
+            if (g->values[n->in[0]].type.rank == r) next = n->in[0];
+            break;
+        case KILN_OP_Transpose: {
+            const int64_t *perm;
+            if (kiln_attr_ints(n, "perm", &perm) == r && perm[*i] >= 0 && perm[*i] < r &&
+                g->values[n->in[0]].type.rank == r) {
+                next = n->in[0];
+                *i = (int)perm[*i];
+            }
+            break;
+        }
+        default:
+            break;
+        }
+        if (next < 0) break;
+        v = next;
+    }
+    return v;
+}
+
+/* Dim i of value v as a size: a known size, a named symbol, or one named after its origin. */
 static bool dim_mono(const struct kiln_graph *g, int v, int i, struct mono *m)
 {
+    if (i < 0 || i >= g->values[v].type.rank) return false;
+    v = dim_origin(g, v, &i);
     const struct kiln_type *t = &g->values[v].type;
-    if (i < 0 || i >= t->rank) return false;
     if (t->dims[i] >= 0) {
         *m = mono_c(t->dims[i]);
         return true;
     }
-    if (!t->sym[i]) return false;
+    const char *sym = t->sym[i];
+    if (!sym) {
+        char name[48];
+        snprintf(name, sizeof name, "~%d.%d", v, i); /* no model symbol starts so */
+        sym = kiln_arena_strdup(g->mem, name);
+        if (!sym) return false;
+    }
     *m = mono_c(1);
     m->n = 1;
-    m->s[0] = t->sym[i];
+    m->s[0] = sym;
     return true;
 }
 
