@@ -102,6 +102,14 @@ double kiln_node_flops(const struct kiln_node *n, const struct kiln_type *const 
         return matmul_flops(input(in, n_in, 0), out0, kiln_attr_int(n, "transA", 0) != 0);
     case KILN_OP_Attention:
         return attention_flops(input(in, n_in, 0), input(in, n_in, 1), input(in, n_in, 4), out0);
+    case KILN_OP_KilnAttention: {
+        /* B * SQ * H query rows (Y's rows of EV), each against T keys: E + EV MACs per key */
+        const struct kiln_type *k = input(in, n_in, 1);
+        int64_t e = kiln_attr_int(n, "head_size", 0), ev = kiln_attr_int(n, "v_head_size", 0);
+        if (!k || k->rank != 3 || e <= 0 || ev <= 0) return 0.0;
+        double t = (double)k->dims[kiln_attr_int(n, "seq_first", 0) ? 0 : 1];
+        return 2.0 * numel(out0) / (double)ev * t * (double)(e + ev);
+    }
     case KILN_OP_KilnMBConv:
         return mbconv_flops(in, n_in, out0);
     case KILN_OP_RNN:

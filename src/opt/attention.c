@@ -326,5 +326,6 @@ kiln_status kiln_opt_attention(struct kiln_graph *g, struct kiln_opt_pass_log *p
         if (st != KILN_OK) return st;
         if (done) kiln_opt_count(pl, "Attention");
     }
-    return KILN_OK;
+    /* what this spelling did not match: by what it computes (attention_views.c) */
+    return kiln_opt_attention_views(g, pl);
 }

@@ -176,6 +176,8 @@ kiln_status kiln_opt_cse(struct kiln_graph *g, struct kiln_opt_pass_log *pl);   
 kiln_status kiln_opt_gelu(struct kiln_graph *g, struct kiln_opt_pass_log *pl);       /* gelu.c */
 kiln_status kiln_opt_layernorm(struct kiln_graph *g, struct kiln_opt_pass_log *pl);  /* layernorm.c */
 kiln_status kiln_opt_attention(struct kiln_graph *g, struct kiln_opt_pass_log *pl);  /* attention.c */
+/* attention_views.c: attention behind any view ops -> KilnAttention (run by attention.c) */
+kiln_status kiln_opt_attention_views(struct kiln_graph *g, struct kiln_opt_pass_log *pl);
 kiln_status kiln_opt_transpose(struct kiln_graph *g, struct kiln_opt_pass_log *pl);  /* transpose.c */
 kiln_status kiln_opt_conv_bn(struct kiln_graph *g, struct kiln_opt_pass_log *pl);    /* conv_bn.c */
 kiln_status kiln_opt_fuse_conv(struct kiln_graph *g, struct kiln_opt_pass_log *pl);  /* fuse_act.c */

@@ -59,7 +59,7 @@ static void cn_init(struct case_node *c, enum kiln_op op, int opset, int n_in, i
 {
     memset(c, 0, sizeof *c);
     if (kiln_graph_new(&c->g) != KILN_OK) abort();
-    if (kiln_graph_node_add(c->g, op, "node_under_test", n_in, n_out, 8, &c->node) != KILN_OK)
+    if (kiln_graph_node_add(c->g, op, "node_under_test", n_in, n_out, 16, &c->node) != KILN_OK)
         abort();
     c->node->opset = opset;
     c->node->n_attr = 0;
@@ -959,6 +959,49 @@ static void attention_case(bool four_d, int64_t B, int64_t SQ, int64_t T, int64_
     cn_free(&c);
 }
 
+/* KilnAttention (opt/attention_views.c): Q, K and V read in place from [B, S, N] or [S, B, N]
+ * (seq_first) at column offsets (packed: N = 3 * H * E); Y [B, S, .] / [S, B, .] / rows merged.
+ * mask_kind: 0 none, 1 [B, 1, 1, T], 2 [SQ, T], 3 [B * H, SQ, T] merged, 4 [B * H, 1, T] merged. */
+static void kiln_attention_case(bool seq_first, bool packed, int ysf, int merge, int64_t B,
+                                int64_t SQ, int64_t T, int64_t H, int64_t E, int mask_kind)
+{
+    struct case_node c;
+    cn_init(&c, KILN_OP_KilnAttention, 1, mask_kind ? 4 : 3, 1);
+    attr_int(&c, "num_heads", H);
+    attr_int(&c, "head_size", E);
+    attr_int(&c, "v_head_size", E);
+    attr_float(&c, "scale", 0.35f);
+    attr_int(&c, "seq_first", seq_first);
+    attr_int(&c, "y_seq_first", ysf);
+    attr_int(&c, "y_merge_rows", merge);
+    attr_int(&c, "mask_merged", mask_kind >= 3);
+    int64_t N = packed ? 3 * H * E + 5 : H * E;
+    static const char *off[3] = {"q_offset", "k_offset", "v_offset"};
+    for (int i = 0; i < 3; i++) {
+        int64_t S = i == 0 ? SQ : T;
+        int64_t d[3] = {seq_first ? S : B, seq_first ? B : S, N};
+        kiln_tensor *t = tensor_f32(3, d);
+        for (size_t k = 0; k < t->nbytes / 4; k++) ((float *)t->data)[k] = rng_normal();
+        cn_input(&c, i, t, false);
+        attr_int(&c, off[i], packed ? i * H * E + 1 : 0);
+    }
+    if (mask_kind) {
+        int64_t dm[4][4] = {{B, 1, 1, T}, {SQ, T}, {B * H, SQ, T}, {B * H, 1, T}};
+        int rank[4] = {4, 2, 3, 3};
+        kiln_tensor *m = tensor_f32(rank[mask_kind - 1], dm[mask_kind - 1]);
+        for (size_t k = 0; k < m->nbytes / 4; k++)
+            ((float *)m->data)[k] = rng_next() % 5 == 0 ? -INFINITY : rng_uniform(-2, 2);
+        for (size_t k = 0; k < m->nbytes / 4; k += (size_t)T) ((float *)m->data)[k] = 0.0f;
+        cn_input(&c, 3, m, false);
+    }
+    char label[160];
+    snprintf(label, sizeof label, "KilnAttention sf%d packed%d ysf%d merge%d B%lld SQ%lld T%lld "
+             "H%lld E%lld mask %d", seq_first, packed, ysf, merge, (long long)B, (long long)SQ,
+             (long long)T, (long long)H, (long long)E, mask_kind);
+    check_case(&c, label, 1e-4, 1e-5, 1);
+    cn_free(&c);
+}
+
 /* The tables' small GEMM (attention's products) against a double reference: sizes below,
  * at and above the register tiles (4 rows x 4 vectors; 8 x 2 where n is at most 4 vectors)
  * and the vector width, row strides wider than the rows. */
@@ -1056,6 +1099,14 @@ static void test_attention(void)
     for (int i = 0; i < 3; i++) cn_input(&c, i, tensor_f32(4, d4), false);
     check_case(&c, "Attention softcap (declined)", 1e-4, 1e-5, 0);
     cn_free(&c);
+    for (int s = 0; s < 4; s++) {
+        int64_t S = seqs[s];
+        for (int mk = 0; mk <= 4; mk++) {
+            kiln_attention_case(mk % 2, mk != 2, mk % 2, 0, 2, S, S, 4, 8, mk);
+            kiln_attention_case(mk % 2 == 0, true, 0, 1, 3, S, S + 2, 2, 16, mk == 2 ? 0 : mk);
+        }
+        kiln_attention_case(true, true, 1, 1, 2, S, S, 1, 32, 0); /* one head */
+    }
 }
 
 /* ---- Benchmark ---- */

@@ -26,8 +26,11 @@
 
 struct attn_state {
     const struct simd_kernels *k;
-    bool three_d, causal;
+    bool causal;
     int64_t B, HQ, HK, SQ, T, E, EV;
+    /* element strides of batch, head and sequence position, and the base offset, per tensor
+     * (0 q, 1 k, 2 v, 3 y): a head's row of E (EV) values is contiguous */
+    int64_t bs[4], hs[4], ss[4], base[4];
     float scale;
     int mask;                 /* 0 none, 1 f32, 2 bool */
     int64_t mstride[3], mcols;
@@ -61,26 +64,11 @@ static void attn_range(void *arg, int64_t begin, int64_t end)
     for (int64_t u = begin; u < end; u++) {
         int64_t b = u / (s->HQ * blocks), h = (u / blocks) % s->HQ, q0 = (u % blocks) * ATTN_QB;
         int64_t m = s->SQ - q0 < ATTN_QB ? s->SQ - q0 : ATTN_QB, hk = h / group;
-        const float *qp, *kp, *vp;
-        float *yp;
-        int64_t ldq, ldk, ldv, ldy;
-        if (s->three_d) {
-            ldq = s->HQ * s->E;
-            ldk = s->HK * s->E;
-            ldv = s->HK * s->EV;
-            ldy = s->HQ * s->EV;
-            qp = j->q + (b * s->SQ + q0) * ldq + h * s->E;
-            kp = j->k + b * T * ldk + hk * s->E;
-            vp = j->v + b * T * ldv + hk * s->EV;
-            yp = j->y + (b * s->SQ + q0) * ldy + h * s->EV;
-        } else {
-            ldq = ldk = s->E;
-            ldv = ldy = s->EV;
-            qp = j->q + ((b * s->HQ + h) * s->SQ + q0) * s->E;
-            kp = j->k + (b * s->HK + hk) * T * s->E;
-            vp = j->v + (b * s->HK + hk) * T * s->EV;
-            yp = j->y + ((b * s->HQ + h) * s->SQ + q0) * s->EV;
-        }
+        const float *qp = j->q + s->base[0] + b * s->bs[0] + h * s->hs[0] + q0 * s->ss[0];
+        const float *kp = j->k + s->base[1] + b * s->bs[1] + hk * s->hs[1];
+        const float *vp = j->v + s->base[2] + b * s->bs[2] + hk * s->hs[2];
+        float *yp = j->y + s->base[3] + b * s->bs[3] + h * s->hs[3] + q0 * s->ss[3];
+        int64_t ldq = s->ss[0], ldk = s->ss[1], ldv = s->ss[2], ldy = s->ss[3];
         if (held != b * s->HK + hk) {
             s->k->transpose(T, s->E, kp, ldk, Kt, T);
             held = b * s->HK + hk;
@@ -140,6 +128,10 @@ static bool is_f32(const struct kiln_type *t)
     return t && t->dtype == KILN_DTYPE_F32 && kiln_type_is_concrete(t);
 }
 
+static kiln_status attn_finish(const struct kiln_compile_ctx *cc, struct kiln_kernel_inst *inst,
+                               const struct attn_state *from, const struct kiln_type *mask,
+                               bool merged);
+
 static kiln_status Attention_compile(const struct kiln_compile_ctx *cc,
                                      struct kiln_kernel_inst *inst)
 {
@@ -157,9 +149,8 @@ static kiln_status Attention_compile(const struct kiln_compile_ctx *cc,
     if (q->rank != k->rank || q->rank != v->rank || (q->rank != 3 && q->rank != 4)) return KILN_OK;
 
     struct attn_state st = {0};
-    st.three_d = q->rank == 3;
     st.B = q->dims[0];
-    if (st.three_d) {
+    if (q->rank == 3) {
         st.HQ = kiln_attr_int(n, "q_num_heads", 0);
         st.HK = kiln_attr_int(n, "kv_num_heads", 0);
         if (st.HQ <= 0 || st.HK <= 0 || q->dims[2] % st.HQ || v->dims[2] % st.HK) return KILN_OK;
@@ -184,21 +175,50 @@ static kiln_status Attention_compile(const struct kiln_compile_ctx *cc,
     if (st.HK <= 0 || st.HQ % st.HK || st.B <= 0 || st.SQ <= 0 || st.T <= 0 || st.E <= 0 ||
         st.EV <= 0)
         return KILN_OK;
+    int64_t e[4] = {st.E, st.E, st.EV, st.EV}, seq[4] = {st.SQ, st.T, st.T, st.SQ};
+    int64_t heads[4] = {st.HQ, st.HK, st.HK, st.HQ};
+    for (int i = 0; i < 4; i++) {
+        if (q->rank == 3) { /* [B, S, heads * e] */
+            st.hs[i] = e[i];
+            st.ss[i] = heads[i] * e[i];
+            st.bs[i] = seq[i] * heads[i] * e[i];
+        } else { /* [B, heads, S, e] */
+            st.ss[i] = e[i];
+            st.hs[i] = seq[i] * e[i];
+            st.bs[i] = heads[i] * seq[i] * e[i];
+        }
+    }
     st.causal = kiln_attr_int(n, "is_causal", 0) != 0;
     st.scale = kiln_node_attr(n, "scale") ? kiln_attr_float(n, "scale", 1.0f)
                                           : (float)(1.0 / sqrt((double)st.E));
+    return attn_finish(cc, inst, &st, mask, false);
+}
+
+/* Read the mask's broadcast (merged: its third axis from the end is batch * heads, as the
+ * scores of attention computed with heads folded into the batch), then make the instance. */
+static kiln_status attn_finish(const struct kiln_compile_ctx *cc, struct kiln_kernel_inst *inst,
+                               const struct attn_state *from, const struct kiln_type *mask,
+                               bool merged)
+{
+    struct attn_state st = *from;
     if (mask) {
         if (mask->rank < 1 || mask->rank > 4 || !kiln_type_is_concrete(mask)) return KILN_OK;
         if (mask->dtype == KILN_DTYPE_F32) st.mask = 1;
         else if (mask->dtype == KILN_DTYPE_BOOL) st.mask = 2;
         else return KILN_OK;
         int64_t want[4] = {st.B, st.HQ, st.SQ, st.T}, stride = 1;
+        if (merged && mask->rank > 3) return KILN_OK;
         for (int i = mask->rank - 1; i >= 0; i--) {
-            int ax = 4 - mask->rank + i;
+            int ax = (merged ? 4 : 4) - mask->rank + i; /* merged: axis 1 is batch * heads */
             int64_t md = mask->dims[i];
             if (ax == 3) {
                 if (md > st.T) return KILN_OK;
                 st.mcols = md;
+            } else if (merged && ax == 1 && md == st.B * st.HQ && md != 1) {
+                st.mstride[0] = stride * st.HQ;
+                st.mstride[1] = stride;
+            } else if (merged && ax < 2) {
+                if (md != 1) return KILN_OK;
             } else if (md == want[ax]) {
                 st.mstride[ax] = stride;
             } else if (md != 1) {
@@ -221,3 +241,54 @@ static kiln_status Attention_compile(const struct kiln_compile_ctx *cc,
     return KILN_OK;
 }
 KILN_FAST_OP(Attention, Attention_compile, NULL);
+
+/* KilnAttention (opt/attention_views.c): Q, K and V read in place from their projections,
+ * [B, S, N] or [S, B, N] (seq_first) at a column offset each; Y [B, S, H * EV], [S, B, ...]
+ * (y_seq_first) or those two axes merged (y_merge_rows). */
+static kiln_status KilnAttention_compile(const struct kiln_compile_ctx *cc,
+                                         struct kiln_kernel_inst *inst)
+{
+    const struct kiln_node *n = cc->node;
+    if (cc->n_in < 3 || !is_f32(cc->in[0]) || !is_f32(cc->in[1]) || !is_f32(cc->in[2]) ||
+        cc->n_out < 1 || !is_f32(cc->out[0]))
+        return KILN_OK;
+    const struct kiln_type *t[3] = {cc->in[0], cc->in[1], cc->in[2]};
+    for (int i = 0; i < 3; i++)
+        if (t[i]->rank != 3) return KILN_OK;
+    bool sf = kiln_attr_int(n, "seq_first", 0) != 0, ysf = kiln_attr_int(n, "y_seq_first", 0) != 0;
+    struct attn_state st = {0};
+    st.HQ = st.HK = kiln_attr_int(n, "num_heads", 0);
+    st.E = kiln_attr_int(n, "head_size", 0);
+    st.EV = kiln_attr_int(n, "v_head_size", 0);
+    st.B = t[0]->dims[sf ? 1 : 0];
+    st.SQ = t[0]->dims[sf ? 0 : 1];
+    st.T = t[1]->dims[sf ? 0 : 1];
+    const char *off_name[3] = {"q_offset", "k_offset", "v_offset"};
+    int64_t width[3] = {st.HQ * st.E, st.HQ * st.E, st.HQ * st.EV}, seq[3] = {st.SQ, st.T, st.T};
+    if (st.HQ <= 0 || st.E <= 0 || st.EV <= 0 || st.B <= 0 || st.SQ <= 0 || st.T <= 0)
+        return KILN_OK;
+    for (int i = 0; i < 3; i++) {
+        int64_t N = t[i]->dims[2], off = kiln_attr_int(n, off_name[i], 0);
+        if (t[i]->dims[sf ? 1 : 0] != st.B || t[i]->dims[sf ? 0 : 1] != seq[i] || off < 0 ||
+            off + width[i] > N)
+            return KILN_OK;
+        st.base[i] = off;
+        st.hs[i] = i == 2 ? st.EV : st.E;
+        st.ss[i] = sf ? st.B * N : N;
+        st.bs[i] = sf ? N : seq[i] * N;
+    }
+    int64_t ny = st.HQ * st.EV;
+    int64_t out_n = 1;
+    for (int i = 0; i < cc->out[0]->rank; i++) out_n *= cc->out[0]->dims[i];
+    if (out_n != st.B * st.SQ * ny) return KILN_OK;
+    st.hs[3] = st.EV;
+    st.ss[3] = ysf ? st.B * ny : ny;
+    st.bs[3] = ysf ? ny : st.SQ * ny;
+    st.scale = kiln_attr_float(n, "scale", 1.0f);
+    const struct kiln_type *mask = cc->n_in > 3 ? cc->in[3] : NULL;
+    if (mask && (mask->rank < 1 || mask->dims[mask->rank - 1] != st.T))
+        return KILN_OK; /* KilnAttention's mask spans the keys (no -inf padding) */
+    return attn_finish(cc, inst, &st, mask,
+                       kiln_attr_int(n, "mask_merged", 0) != 0);
+}
+KILN_FAST_OP(KilnAttention, KilnAttention_compile, NULL);
