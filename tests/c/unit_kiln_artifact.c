@@ -322,6 +322,15 @@ static void unknown_cpu_feature(const char *model)
     size_t n;
     unsigned char *p = read_all(path, &n);
     if (!p) return;
+    /* bf16 weights are stored as bf16: the file is much smaller than the fp32 one */
+    char fp32[512];
+    size_t n32 = 0;
+    snprintf(fp32, sizeof fp32, "%s/fp32.kiln", tmpdir);
+    if (save_model(model, fp32, KILN_PRECISION_FP32, NULL, NULL) == KILN_OK) {
+        free(read_all(fp32, &n32));
+        unlink(fp32);
+    }
+    CHECK(n32 > 0 && (double)n < 0.7 * (double)n32, "bf16 file %zu bytes, fp32 %zu", n, n32);
     unsigned char *f = memmem(p, n, "avx512_bf16", 11);
     CHECK(f != NULL, "the bf16 artifact names avx512_bf16 among its CPU features");
     if (f) {
