@@ -13,6 +13,7 @@
  * (fuzz/fuzz_kiln_artifact.c feeds it hostile bytes). A file whose kernels
  * need a CPU feature this machine lacks is refused, naming the feature.
  */
+#define _GNU_SOURCE
 #include "import/kiln_artifact.h"
 
 #include <stdarg.h>
