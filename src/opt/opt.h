@@ -169,6 +169,7 @@ bool kiln_opt_match_act(const struct kiln_graph *g, int y, struct kiln_opt_act *
 const char *kiln_opt_fusion_kind(const char *base, bool bias, bool sum, const char *act);
 
 /* ---- Passes (one file each, in pipeline order; see opt.c) ---- */
+kiln_status kiln_opt_qdq(struct kiln_graph *g, struct kiln_opt_pass_log *pl);        /* qdq.c */
 kiln_status kiln_opt_identity(struct kiln_graph *g, struct kiln_opt_pass_log *pl);   /* identity.c */
 kiln_status kiln_opt_fold(struct kiln_graph *g, struct kiln_opt_pass_log *pl);       /* fold.c */
 kiln_status kiln_opt_dce(struct kiln_graph *g, struct kiln_opt_pass_log *pl);        /* dce.c */
