@@ -319,8 +319,52 @@ static kiln_status fuse_one(struct kiln_graph *g, int qi, struct kiln_opt_pass_l
     return KILN_OK;
 }
 
+/* The parameter plumbing exporters put around Q/DQ before folding has run: Constant
+ * nodes, and Cast / ConstantOfShape / Identity / Reshape / (Un)Squeeze of constants (PyTorch
+ * writes a bias zero point as Cast(ConstantOfShape)), fold now; a Cast to the type a value
+ * already has (PyTorch's Cast of each QuantizeLinear to uint8) is bypassed. */
+static kiln_status prepare(struct kiln_graph *g)
+{
+    for (int oi = 0; oi < g->n_nodes; oi++) {
+        int ni = g->order ? g->order[oi] : oi;
+        struct kiln_node *n = &g->nodes[ni];
+        if (kiln_opt_node_dead(n) || n->n_out != 1 || n->out[0] < 0 ||
+            kiln_opt_is_graph_output(g, n->out[0]))
+            continue;
+        enum kiln_op op = n->op;
+        if (op != KILN_OP_Constant && op != KILN_OP_Cast && op != KILN_OP_ConstantOfShape &&
+            op != KILN_OP_Identity && op != KILN_OP_Reshape && op != KILN_OP_Squeeze &&
+            op != KILN_OP_Unsqueeze)
+            continue;
+        bool all_const = true;
+        for (int k = 0; k < n->n_in; k++)
+            if (n->in[k] >= 0 && g->values[n->in[k]].kind != KILN_VALUE_CONST) all_const = false;
+        if (all_const) {
+            bool folded;
+            kiln_status st = kiln_opt_fold_node(g, ni, &folded);
+            if (st != KILN_OK) return st;
+        } else if (op == KILN_OP_Cast && n->n_in == 1 && n->in[0] >= 0) {
+            int64_t to = kiln_attr_int(n, "to", -1);
+            if (kiln_attr_check(n) != KILN_OK) {
+                kiln_error_clear();
+                continue;
+            }
+            kiln_dtype dt = g->values[n->in[0]].type.dtype;
+            if (q8(dt) && to == (dt == KILN_DTYPE_U8 ? 2 : 3))
+                kiln_opt_bypass(g, ni, n->in[0], n->out[0]);
+        }
+    }
+    return KILN_OK;
+}
+
 kiln_status kiln_opt_qdq(struct kiln_graph *g, struct kiln_opt_pass_log *pl)
 {
+    bool any_q = false;
+    for (int i = 0; i < g->n_nodes && !any_q; i++)
+        any_q = !kiln_opt_node_dead(&g->nodes[i]) && g->nodes[i].op == KILN_OP_QuantizeLinear;
+    if (!any_q) return KILN_OK; /* nothing quantized: leave the graph to the other passes */
+    kiln_status pst = prepare(g);
+    if (pst != KILN_OK) return pst;
     int n_nodes = g->n_nodes;
     for (int qi = 0; qi < n_nodes; qi++) {
         if (kiln_opt_node_dead(&g->nodes[qi]) || g->nodes[qi].op != KILN_OP_QuantizeLinear)

@@ -446,3 +446,67 @@ def test_qlinear_matmul_and_matmul_integer(kiln_bin, tmp_path, shape, xdt):
                            [tensor("b", bq), tensor("azp", azp)], ain, TensorProto.INT32)
         assert "dnnl_matmul_integer" in profile(kiln_bin, model2, tmp_path,
                                                 ["--disable-optimizer"])
+
+
+# ---- a model quantized by PyTorch ----
+
+def torch_quantized_cnn(tmp_path):
+    """A small CNN statically quantized by torch.ao.quantization (fused Conv+ReLU, per-channel
+    weights, calibrated on random images), exported to ONNX (QDQ with Constant parameters,
+    Cast after each QuantizeLinear, the bias zero point as Cast(ConstantOfShape))."""
+    torch = pytest.importorskip("torch")
+    import torch.nn as nn
+    tq = pytest.importorskip("torch.ao.quantization")
+    torch.manual_seed(0)
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.q = tq.QuantStub()
+            self.c1 = nn.Conv2d(1, 8, 3, padding=1)
+            self.r1 = nn.ReLU()
+            self.c2 = nn.Conv2d(8, 16, 3, stride=2, padding=1)
+            self.r2 = nn.ReLU()
+            self.fl = nn.Flatten()
+            self.fc = nn.Linear(16 * 4 * 4, 10)
+            self.dq = tq.DeQuantStub()
+
+        def forward(self, x):
+            return self.dq(self.fc(self.fl(self.r2(self.c2(self.r1(self.c1(self.q(x))))))))
+
+    net = Net().eval()
+    net.qconfig = tq.get_default_qconfig("fbgemm")
+    tq.fuse_modules(net, [["c1", "r1"], ["c2", "r2"]], inplace=True)
+    tq.prepare(net, inplace=True)
+    with torch.no_grad():
+        for _ in range(4):
+            net(torch.randn(16, 1, 8, 8))
+    tq.convert(net, inplace=True)
+    path = tmp_path / "torch_q.onnx"
+    try:
+        torch.onnx.export(net, torch.randn(1, 1, 8, 8), str(path), opset_version=13,
+                          input_names=["x"], output_names=["y"], dynamic_axes={"x": {0: "n"}})
+    except Exception as e:  # an exporter without quantized-op support
+        pytest.skip(f"this torch cannot export a quantized model to ONNX: {e}")
+    x = torch.randn(32, 1, 8, 8)
+    with torch.no_grad():
+        want = net(x).numpy()
+    return onnx.load(str(path)), x.numpy(), want, float(net.fc.scale)
+
+
+def test_pytorch_quantized_model(kiln_bin, tmp_path):
+    model, x, want, step = torch_quantized_cnn(tmp_path)
+    ref = run(kiln_bin, model, {"x": x}, tmp_path, "refkernels")["y"]
+    literal = run(kiln_bin, model, {"x": x}, tmp_path, "reference")["y"]
+    for threads in (1, 2):
+        fast = run(kiln_bin, model, {"x": x}, tmp_path, "fast", threads)["y"]
+        assert_close_steps(np.rint(fast / step), np.rint(ref / step), f"torch fast t={threads}",
+                           frac=0.005)
+    # PyTorch's own int8 execution (FBGEMM) rounds its requantization its own way: within one
+    # output step of Kiln's integer result on nearly every element, and so is the literal QDQ graph
+    for got in (ref, literal):
+        d = np.rint(np.abs(got - want) / step)
+        assert d.max() <= 2 and (d > 0).mean() <= 0.05, (d.max(), (d > 0).mean())
+    if VNNI:
+        text = profile(kiln_bin, model, tmp_path)
+        assert "dnnl_qlinear_conv" in text and "dnnl_qlinear_matmul" in text, text
