@@ -346,6 +346,49 @@ const kiln_tensor *kiln_outputs_get(const kiln_outputs *o, int i);
 kiln_tensor *kiln_outputs_take(kiln_outputs *o, int i);
 void kiln_outputs_free(kiln_outputs *o);
 
+/* ==== Static int8 quantization with calibration (src/api/calibration.c;
+ * docs/COMPRESSION.md, "Static calibration") ====
+ *
+ * Feed a session representative inputs, then fix its activation scales:
+ *
+ *     kiln_calibration *c;
+ *     kiln_calibration_begin(session, &c);
+ *     for each batch: kiln_calibration_feed(c, inputs, n_inputs);
+ *     kiln_calibration_finish(c, KILN_CALIBRATION_ENTROPY, 0);   // the session is now int8
+ *     kiln_calibration_free(c);
+ *
+ * Feeding runs the session's imported graph in fp32 and records every
+ * activation that enters or leaves a Conv, Gemm or MatMul with constant
+ * weights. finish turns each record into a range by the method, rewrites
+ * the graph into ONNX's QDQ form (u8 activations with those static ranges,
+ * weights symmetric s8 per output channel, int32 biases) and optimizes it
+ * into int8 kernels (QLinearConv, KilnQLinearMatMul; consecutive quantized
+ * ops pass int8 tensors to each other); from then on the session runs that
+ * graph: no range is measured at run time. Not for sessions with
+ * reference = 1 or optimize = 0, nor while the session runs on another
+ * thread.
+ */
+typedef enum kiln_calibration_method {
+    KILN_CALIBRATION_MINMAX = 0,     /* the observed min and max (and 0) */
+    KILN_CALIBRATION_PERCENTILE = 1, /* |x| clipped at the given percentile */
+    KILN_CALIBRATION_ENTROPY = 2,    /* |x| clipped where KL divergence is smallest (TensorRT) */
+} kiln_calibration_method;
+typedef struct kiln_calibration kiln_calibration;
+kiln_status kiln_calibration_begin(kiln_session *s, kiln_calibration **out);
+/* Run one batch (every signature input once, as for kiln_session_run). */
+kiln_status kiln_calibration_feed(kiln_calibration *c, const kiln_named_tensor *inputs,
+                                  int n_inputs);
+/* percentile: in (0, 100], for KILN_CALIBRATION_PERCENTILE (e.g. 99.99); ignored otherwise. */
+kiln_status kiln_calibration_finish(kiln_calibration *c, kiln_calibration_method method,
+                                    double percentile);
+/* Nodes quantized by finish (Conv, Gemm, MatMul found; 0 before finish). */
+int kiln_calibration_node_count(const kiln_calibration *c);
+void kiln_calibration_free(kiln_calibration *c);
+/* The range [*lo, *hi] a method gives for the values x[0..n) seen as one calibration
+ * record (the same histogram and method as finish uses). */
+kiln_status kiln_calibration_range(const float *x, int64_t n, kiln_calibration_method method,
+                                   double percentile, float *lo, float *hi);
+
 #ifdef __cplusplus
 }
 #endif

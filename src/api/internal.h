@@ -37,5 +37,14 @@ kiln_status kiln_session_artifact_view(kiln_session *s, const struct kiln_model 
  * Kiln versions, precision, CPU features, batch sizes, section sizes, the
  * precision of every node and the stored report) to f; 0 for another model. */
 int kiln_model_artifact_print(const kiln_model *m, FILE *f);
+/* From now on s runs g (an optimized graph it owns; static int8 after calibration) through
+ * its own fp32 plan cache. */
+struct kiln_graph;
+struct kiln_weight_cache;
+kiln_status kiln_session_adopt_graph(kiln_session *s, struct kiln_graph *g);
+/* The imported graph of s's signature, its model's weight cache, and the session options. */
+const struct kiln_graph *kiln_session_graph(const kiln_session *s);
+struct kiln_weight_cache *kiln_session_weights(const kiln_session *s);
+const kiln_session_options *kiln_session_opts(const kiln_session *s);
 
 #endif

@@ -31,6 +31,11 @@ struct kiln_session {
     const struct kiln_signature *sig;
     kiln_session_options opts;
     atomic_int profile;   /* time every step of this session's runs (kiln_session_profile_enable) */
+    struct kiln_graph *own_graph;        /* calibrated static int8 graph (kiln_session_adopt_graph) */
+    struct kiln_plan_cache *own_plans;   /* its plans */
+    struct kiln_weight_cache *own_weights; /* their packed weights (the graph's constants die
+                                              with the session, so they are not keys of the
+                                              model's cache) */
 };
 
 struct kiln_outputs {
@@ -535,7 +540,40 @@ kiln_status kiln_session_create(kiln_model *m, const char *signature,
     return KILN_OK;
 }
 
-void kiln_session_free(kiln_session *s) { free(s); }
+void kiln_session_free(kiln_session *s)
+{
+    if (!s) return;
+    kiln_plan_cache_free(s->own_plans);
+    kiln_weight_cache_free(s->own_weights);
+    kiln_graph_free(s->own_graph);
+    free(s);
+}
+
+kiln_status kiln_session_adopt_graph(kiln_session *s, struct kiln_graph *g)
+{
+    struct kiln_plan_cache *pc = NULL;
+    struct kiln_weight_cache *wc = NULL;
+    /* the graph borrows the model's constants: keep them resident for its plans */
+    kiln_status st = kiln_weight_cache_pin_all(s->model->weights);
+    if (st == KILN_OK) st = kiln_plan_cache_new(16, &pc);
+    if (st == KILN_OK) st = kiln_weight_cache_new(&wc);
+    if (st != KILN_OK) {
+        kiln_plan_cache_free(pc);
+        kiln_graph_free(g);
+        return st;
+    }
+    kiln_plan_cache_free(s->own_plans);
+    kiln_weight_cache_free(s->own_weights);
+    kiln_graph_free(s->own_graph);
+    s->own_graph = g;
+    s->own_plans = pc;
+    s->own_weights = wc;
+    return KILN_OK;
+}
+
+const struct kiln_graph *kiln_session_graph(const kiln_session *s) { return s->sig->graph; }
+struct kiln_weight_cache *kiln_session_weights(const kiln_session *s) { return s->model->weights; }
+const kiln_session_options *kiln_session_opts(const kiln_session *s) { return &s->opts; }
 
 const kiln_signature *kiln_session_signature(const kiln_session *s) { return s->sig; }
 
@@ -585,6 +623,7 @@ static kiln_status check_input(const kiln_value_info *vi, const kiln_tensor *t)
 /* The plan cache for a session's precision and graph (imported or optimized). */
 static struct kiln_plan_cache *plans_for(const kiln_session *s, bool use_opt)
 {
+    if (s->own_graph && use_opt) return s->own_plans;
     int p = s->opts.precision;
     if (p == KILN_PRECISION_BF16 || p == KILN_PRECISION_INT8)
         return s->sig->lowp_plans[p - 1][use_opt ? 1 : 0];
@@ -598,8 +637,10 @@ static kiln_status run_graph(kiln_session *s, const struct kiln_graph *g, bool u
     if (!s->opts.reference) {
         struct kiln_plan_cache *pc = plans_for(s, use_opt);
         struct kiln_plan *p = NULL;
-        kiln_status st = kiln_plan_cache_get(pc, g, (const kiln_tensor *const *)gin,
-                                             s->model->weights, s->opts.threads, &p);
+        struct kiln_weight_cache *wc =
+            use_opt && s->own_graph ? s->own_weights : s->model->weights;
+        kiln_status st = kiln_plan_cache_get(pc, g, (const kiln_tensor *const *)gin, wc,
+                                             s->opts.threads, &p);
         int64_t limit = s->opts.max_tensor_bytes > 0 ? s->opts.max_tensor_bytes
                                                      : KILN_EXEC_DEFAULT_MAX_TENSOR_BYTES;
         if (st == KILN_OK && kiln_plan_max_value_bytes(p) > (size_t)limit) {
@@ -617,7 +658,7 @@ static kiln_status run_graph(kiln_session *s, const struct kiln_graph *g, bool u
         }
         if (st != KILN_ERR_UNSUPPORTED) return st;
         if (sig->opt_has_layout && s->model->artifact) return st; /* no unblocked graph */
-        if (use_opt && sig->opt_has_layout) g = sig->graph;
+        if (use_opt && (sig->opt_has_layout || s->own_graph)) g = sig->graph;
     }
     /* the reference executor reads every constant as it is */
     kiln_status st = kiln_weight_cache_pin_all(s->model->weights);
@@ -640,6 +681,7 @@ kiln_status kiln_session_run_opts(kiln_session *s, const kiln_named_tensor *inpu
     const struct kiln_signature *sig = s->sig;
     bool use_opt = s->opts.optimize && !s->opts.reference && sig->opt_graph;
     const struct kiln_graph *g = use_opt ? sig->opt_graph : sig->graph;
+    if (use_opt && s->own_graph) g = s->own_graph; /* same inputs and outputs, by value id */
     kiln_status st = KILN_OK;
     kiln_tensor **gin = calloc((size_t)g->n_inputs + 1, sizeof *gin);
     kiln_tensor **gout = calloc((size_t)g->n_outputs + 1, sizeof *gout);
@@ -723,7 +765,9 @@ kiln_status kiln_session_precompile(kiln_session *s, const int64_t *batch_sizes,
     if (s->opts.reference) return KILN_OK;
     bool use_opt = s->opts.optimize && sig->opt_graph;
     const struct kiln_graph *g = use_opt ? sig->opt_graph : sig->graph;
+    if (use_opt && s->own_graph) g = s->own_graph;
     struct kiln_plan_cache *pc = plans_for(s, use_opt);
+    struct kiln_weight_cache *wc = use_opt && s->own_graph ? s->own_weights : s->model->weights;
     kiln_status st = KILN_OK;
     kiln_tensor **gin = calloc((size_t)g->n_inputs + 1, sizeof *gin);
     if (!gin) return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory");
@@ -752,8 +796,8 @@ kiln_status kiln_session_precompile(kiln_session *s, const int64_t *batch_sizes,
         }
         if (st == KILN_OK && plannable) {
             struct kiln_plan *p = NULL;
-            st = kiln_plan_cache_get(pc, g, (const kiln_tensor *const *)gin, s->model->weights,
-                                     s->opts.threads, &p);
+            st = kiln_plan_cache_get(pc, g, (const kiln_tensor *const *)gin, wc, s->opts.threads,
+                                     &p);
             if (st == KILN_OK) kiln_plan_cache_release(pc, p);
             if (st == KILN_ERR_UNSUPPORTED) st = KILN_OK; /* runs on the reference executor */
         }

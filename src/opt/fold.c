@@ -45,8 +45,9 @@ static kiln_status fold_to(struct kiln_graph *g, int ni, kiln_tensor *t)
     return make_const(g, v, t);
 }
 
-/* Run node ni on its constant inputs; on success its outputs become constants. */
-static kiln_status fold_node(struct kiln_graph *g, int ni, bool *folded)
+/* Run node ni on its constant inputs; on success its outputs become constants
+ * (kiln_opt_fold_node in opt.h). */
+kiln_status kiln_opt_fold_node(struct kiln_graph *g, int ni, bool *folded)
 {
     struct kiln_node *n = &g->nodes[ni];
     *folded = false;
@@ -165,7 +166,7 @@ static kiln_status fold_sweep(struct kiln_graph *g, struct kiln_opt_pass_log *pl
             if (n->in[k] >= 0 && g->values[n->in[k]].kind != KILN_VALUE_CONST) all_const = false;
         bool folded = false;
         const char *kind = kiln_op_name(n->op);
-        if (all_const) st = fold_node(g, ni, &folded);
+        if (all_const) st = kiln_opt_fold_node(g, ni, &folded);
         else if (n->op == KILN_OP_Shape && n->n_out == 1) st = fold_shape(g, ni, &folded);
         else if (n->op == KILN_OP_Gather && n->n_in == 2) {
             st = fold_gather_shape(g, ni, &folded);

@@ -2,6 +2,8 @@
  * opt.c - the optimizer pipeline and the helpers passes share.
  *
  * Pass order (each pass is its own file):
+ *   qdq_fusion             DQ -> Conv / MatMul / Gemm [-> Relu] -> Q -> QLinearConv,
+ *                          KilnQLinearMatMul (quantized models on int8 kernels)
  *   identity_elimination   Identity, Dropout (inference), no-op Reshape / Cast
  *   constant_folding       nodes whose inputs are all constants, Shape of typed values
  *   dead_code_elimination
@@ -309,6 +311,7 @@ kiln_status kiln_optimize(struct kiln_graph *g, const struct kiln_opt_options *o
         const char *name;
         pass_fn fn;
     } passes[] = {
+        {"qdq_fusion", kiln_opt_qdq}, /* before folding dequantizes the int8 weights */
         {"identity_elimination", kiln_opt_identity},
         {"constant_folding", kiln_opt_fold},
         {"dead_code_elimination", kiln_opt_dce},

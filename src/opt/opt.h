@@ -147,6 +147,9 @@ bool kiln_opt_same_shape(const struct kiln_type *a, const struct kiln_type *b);
  * out_v reads in_v instead (or, when out_v is a graph output, in_v's
  * producer writes out_v). False (nothing changed) when that is impossible. */
 bool kiln_opt_bypass(struct kiln_graph *g, int ni, int in_v, int out_v);
+/* Fold node ni, whose inputs are all constants, into constants now (fold.c); *folded is
+ * false (and nothing changed) when its kernel fails or its outputs are too big. */
+kiln_status kiln_opt_fold_node(struct kiln_graph *g, int ni, bool *folded);
 /* Compact the node array (drop removed nodes, fix producers), then verify. */
 kiln_status kiln_opt_compact(struct kiln_graph *g);
 
@@ -169,6 +172,7 @@ bool kiln_opt_match_act(const struct kiln_graph *g, int y, struct kiln_opt_act *
 const char *kiln_opt_fusion_kind(const char *base, bool bias, bool sum, const char *act);
 
 /* ---- Passes (one file each, in pipeline order; see opt.c) ---- */
+kiln_status kiln_opt_qdq(struct kiln_graph *g, struct kiln_opt_pass_log *pl);        /* qdq.c */
 kiln_status kiln_opt_identity(struct kiln_graph *g, struct kiln_opt_pass_log *pl);   /* identity.c */
 kiln_status kiln_opt_fold(struct kiln_graph *g, struct kiln_opt_pass_log *pl);       /* fold.c */
 kiln_status kiln_opt_dce(struct kiln_graph *g, struct kiln_opt_pass_log *pl);        /* dce.c */

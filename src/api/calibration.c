@@ -1,0 +1,226 @@
+/*
+ * calibration.c - the public static-quantization API (kiln_calibration_* in
+ * kiln.h; docs/COMPRESSION.md, "Static calibration").
+ *
+ * begin clones the session's imported graph and makes the activations to
+ * observe (the inputs and outputs of the Conv / Gemm / MatMul nodes that
+ * kiln_sq_targets finds, src/opt/static_quant.c) its outputs; feed runs that
+ * clone in fp32 (through a plan, or the reference executor when it cannot be
+ * planned) and adds each observed tensor to its histogram; finish turns the
+ * histograms into ranges, rewrites a second clone into QDQ form
+ * (kiln_sq_rewrite), optimizes it (the qdq_fusion pass makes the int8
+ * kernels' ops) and hands it to the session (kiln_session_adopt_graph).
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "api/internal.h"
+#include "core/tensor.h"
+#include "exec/exec.h"
+#include "exec/plan.h"
+#include "import/model.h"
+#include "opt/opt.h"
+#include "opt/static_quant.h"
+
+struct kiln_calibration {
+    kiln_session *s;
+    struct kiln_graph *obs;          /* the clone whose outputs are the observed values */
+    struct kiln_sq_target *targets;
+    int n_targets;
+    int n_obs;
+    int *obs_values;                 /* value ids, parallel to obs->outputs */
+    struct kiln_calib_hist *hist;    /* one per observed value */
+    int64_t batches;
+    int quantized;                   /* nodes quantized by finish */
+};
+
+static int add_obs(int *vals, int n, int v)
+{
+    for (int i = 0; i < n; i++)
+        if (vals[i] == v) return n;
+    vals[n] = v;
+    return n + 1;
+}
+
+kiln_status kiln_calibration_begin(kiln_session *s, kiln_calibration **out)
+{
+    if (!s || !out) return kiln_error(KILN_ERR_INVALID_ARGUMENT, "kiln_calibration_begin: NULL argument");
+    *out = NULL;
+    const kiln_session_options *o = kiln_session_opts(s);
+    if (o->reference || !o->optimize)
+        return kiln_error(KILN_ERR_UNSUPPORTED,
+                          "static calibration needs a session with the optimizer on and "
+                          "reference = 0 (its int8 graph is an optimized one)");
+    struct kiln_calibration *c = calloc(1, sizeof *c);
+    if (!c) return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory");
+    c->s = s;
+    const struct kiln_graph *g = kiln_session_graph(s);
+    kiln_status st = kiln_sq_targets(g, &c->targets, &c->n_targets);
+    if (st == KILN_OK) st = kiln_graph_clone(g, &c->obs);
+    if (st == KILN_OK && c->n_targets == 0)
+        st = kiln_error(KILN_ERR_UNSUPPORTED,
+                        "the model has no Conv, Gemm or MatMul with constant weights to quantize");
+    if (st != KILN_OK) {
+        kiln_calibration_free(c);
+        return st;
+    }
+    c->obs_values = calloc((size_t)c->n_targets * 2 + 1, sizeof(int));
+    if (!c->obs_values) {
+        kiln_calibration_free(c);
+        return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory");
+    }
+    for (int i = 0; i < c->n_targets; i++) {
+        c->n_obs = add_obs(c->obs_values, c->n_obs, c->targets[i].x);
+        c->n_obs = add_obs(c->obs_values, c->n_obs, c->targets[i].y);
+    }
+    c->hist = malloc(sizeof *c->hist * (size_t)c->n_obs);
+    int *outs = kiln_arena_alloc(c->obs->mem, sizeof(int) * (size_t)c->n_obs);
+    if (!c->hist || !outs) {
+        kiln_calibration_free(c);
+        return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory");
+    }
+    for (int i = 0; i < c->n_obs; i++) {
+        kiln_calib_hist_init(&c->hist[i]);
+        outs[i] = c->obs_values[i];
+    }
+    c->obs->outputs = outs;
+    c->obs->n_outputs = c->n_obs;
+    st = kiln_graph_verify(c->obs);
+    if (st != KILN_OK) {
+        kiln_calibration_free(c);
+        return st;
+    }
+    *out = c;
+    return KILN_OK;
+}
+
+kiln_status kiln_calibration_feed(kiln_calibration *c, const kiln_named_tensor *inputs,
+                                  int n_inputs)
+{
+    if (!c || (n_inputs > 0 && !inputs))
+        return kiln_error(KILN_ERR_INVALID_ARGUMENT, "kiln_calibration_feed: NULL argument");
+    const kiln_signature *sig = kiln_session_signature(c->s);
+    const struct kiln_graph *g = c->obs;
+    kiln_tensor **gin = calloc((size_t)g->n_inputs + 1, sizeof *gin);
+    kiln_tensor **gout = calloc((size_t)g->n_outputs + 1, sizeof *gout);
+    kiln_status st = KILN_OK;
+    if (!gin || !gout) st = kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory");
+    for (int i = 0; i < n_inputs && st == KILN_OK; i++) {
+        const char *name = inputs[i].name ? inputs[i].name : "";
+        int slot = -1;
+        for (int k = 0; k < sig->n_inputs; k++)
+            if (strcmp(sig->inputs[k].name, name) == 0)
+                for (int j = 0; j < g->n_inputs; j++)
+                    if (g->inputs[j] == sig->input_values[k]) slot = j;
+        if (slot < 0)
+            st = kiln_error(KILN_ERR_INVALID_ARGUMENT,
+                            "calibration input '%s' is not an input of signature '%s'", name,
+                            sig->name);
+        else if (gin[slot])
+            st = kiln_error(KILN_ERR_INVALID_ARGUMENT, "calibration input '%s' is given twice",
+                            name);
+        else if (!inputs[i].tensor)
+            st = kiln_error(KILN_ERR_INVALID_ARGUMENT, "calibration input '%s' is NULL", name);
+        else
+            gin[slot] = (kiln_tensor *)inputs[i].tensor;
+    }
+    for (int j = 0; j < g->n_inputs && st == KILN_OK; j++)
+        if (!gin[j])
+            st = kiln_error(KILN_ERR_INVALID_ARGUMENT, "calibration input '%s' is missing",
+                            g->values[g->inputs[j]].name);
+    if (st == KILN_OK) {
+        const kiln_session_options *o = kiln_session_opts(c->s);
+        struct kiln_plan *p = NULL;
+        st = kiln_plan_compile(g, (const kiln_tensor *const *)gin, kiln_session_weights(c->s),
+                               o->threads, &p);
+        if (st == KILN_OK) {
+            st = kiln_plan_run(p, gin, gout, o->threads, NULL);
+            kiln_plan_free(p);
+        } else if (st == KILN_ERR_UNSUPPORTED) {
+            kiln_error_clear();
+            st = kiln_weight_cache_pin_all(kiln_session_weights(c->s));
+            if (st == KILN_OK)
+                st = kiln_exec_run_limited(g, gin, gout, o->max_tensor_bytes, NULL);
+        }
+    }
+    for (int i = 0; i < g->n_outputs && st == KILN_OK; i++) {
+        const kiln_tensor *t = gout[i];
+        if (!t || t->dtype != KILN_DTYPE_F32)
+            st = kiln_error(KILN_ERR_INTERNAL, "calibration value '%s' was not produced as float",
+                            g->values[g->outputs[i]].name);
+        else
+            kiln_calib_hist_add(&c->hist[i], t->data, kiln_tensor_count(t));
+    }
+    if (gout)
+        for (int i = 0; i < g->n_outputs; i++) kiln_tensor_free(gout[i]);
+    free(gin);
+    free(gout);
+    if (st == KILN_OK) c->batches++;
+    return st;
+}
+
+kiln_status kiln_calibration_finish(kiln_calibration *c, kiln_calibration_method method,
+                                    double percentile)
+{
+    if (!c) return kiln_error(KILN_ERR_INVALID_ARGUMENT, "kiln_calibration_finish: NULL argument");
+    if (method < KILN_CALIBRATION_MINMAX || method > KILN_CALIBRATION_ENTROPY)
+        return kiln_error(KILN_ERR_INVALID_ARGUMENT,
+                          "calibration method %d is not MINMAX, PERCENTILE or ENTROPY", method);
+    if (method == KILN_CALIBRATION_PERCENTILE && !(percentile > 0.0 && percentile <= 100.0))
+        return kiln_error(KILN_ERR_INVALID_ARGUMENT,
+                          "calibration percentile %g is not in (0, 100]", percentile);
+    if (c->batches == 0)
+        return kiln_error(KILN_ERR_INVALID_ARGUMENT,
+                          "no calibration batches: call kiln_calibration_feed first");
+    const struct kiln_graph *g = kiln_session_graph(c->s);
+    float (*range)[2] = calloc((size_t)g->n_values + 1, sizeof *range);
+    struct kiln_graph *q = NULL;
+    kiln_status st = range ? KILN_OK : kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory");
+    for (int i = 0; i < c->n_obs && st == KILN_OK; i++)
+        kiln_calib_hist_range(&c->hist[i], (int)method, percentile, &range[c->obs_values[i]][0],
+                              &range[c->obs_values[i]][1]);
+    if (st == KILN_OK) st = kiln_graph_clone(g, &q);
+    if (st == KILN_OK) st = kiln_sq_rewrite(q, c->targets, c->n_targets, (const float(*)[2])range);
+    if (st == KILN_OK) st = kiln_graph_infer(q);
+    if (st == KILN_OK) {
+        struct kiln_opt_options oo = {.layout = 1};
+        st = kiln_optimize(q, &oo, NULL);
+    }
+    free(range);
+    if (st != KILN_OK) {
+        kiln_graph_free(q);
+        return st;
+    }
+    st = kiln_session_adopt_graph(c->s, q);
+    if (st == KILN_OK) c->quantized = c->n_targets;
+    return st;
+}
+
+int kiln_calibration_node_count(const kiln_calibration *c) { return c ? c->quantized : 0; }
+
+void kiln_calibration_free(kiln_calibration *c)
+{
+    if (!c) return;
+    kiln_graph_free(c->obs);
+    free(c->targets);
+    free(c->obs_values);
+    free(c->hist);
+    free(c);
+}
+
+kiln_status kiln_calibration_range(const float *x, int64_t n, kiln_calibration_method method,
+                                   double percentile, float *lo, float *hi)
+{
+    if ((!x && n > 0) || n < 0 || !lo || !hi)
+        return kiln_error(KILN_ERR_INVALID_ARGUMENT, "kiln_calibration_range: bad argument");
+    if (method < KILN_CALIBRATION_MINMAX || method > KILN_CALIBRATION_ENTROPY)
+        return kiln_error(KILN_ERR_INVALID_ARGUMENT,
+                          "calibration method %d is not MINMAX, PERCENTILE or ENTROPY", method);
+    struct kiln_calib_hist *h = malloc(sizeof *h);
+    if (!h) return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory");
+    kiln_calib_hist_init(h);
+    kiln_calib_hist_add(h, x, n);
+    kiln_calib_hist_range(h, (int)method, percentile, lo, hi);
+    free(h);
+    return KILN_OK;
+}

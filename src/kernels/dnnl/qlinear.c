@@ -1,0 +1,409 @@
+/*
+ * qlinear.c - oneDNN int8 kernels for models that arrive quantized:
+ * QLinearConv, QLinearMatMul, MatMulInteger, ConvInteger and Kiln's
+ * KilnQLinearMatMul (what the qdq_fusion pass, src/opt/qdq.c, makes of QDQ
+ * MatMul / Gemm). Their reference kernels are in src/kernels/ref/ (conv.c,
+ * matmul.c, qlinear_fused.c); docs/COMPRESSION.md, "Pre-quantized models".
+ *
+ * One oneDNN int8 primitive per node, integers in and integers out:
+ *   acc = sum (x - x_zp) * w  [+ bias]                         (s32, exact)
+ *   QLinear*:  y = saturate(round_half_even(float(acc) * mult[n]) + y_zp)
+ *   *Integer:  y = acc                                            (s32)
+ * with mult[n] = float32(float32(x_scale * w_scale[n]) / y_scale) as
+ * constant output scales (one value, or one per output channel), the
+ * zero points as oneDNN run-time zero points (x_zp may be a run-time
+ * scalar, as DynamicQuantizeLinear hands it to MatMulInteger), the int32
+ * bias as oneDNN's bias (added to the accumulator before the scales in
+ * oneDNN 2.x). The reference computes float(acc) * mult in double and adds
+ * y_zp after rounding; the float product here can differ from it by one
+ * unit in the last place, so a value within about 1e-7 relative of a
+ * rounding midpoint may come out one step apart: the int32 results are
+ * bit-exact, the 8-bit ones within one step (tests/python/test_qdq.py).
+ *
+ * Taken: 8-bit x, constant s8 weights whose zero points are all 0 (what
+ * PyTorch and ONNX Runtime write: symmetric weights), constant scales and
+ * y_zp for the QLinear ops; products with a 2-D B (A's leading dims are
+ * rows); 2-D convolutions of any group count. oneDNN's fast int8
+ * convolutions want channels-last tensors, so X is transposed from NCHW
+ * into scratch and Y back (8-bit copies). A kernel oneDNN would run
+ * without VNNI or AMX dot products (whose 16-bit pair sums can saturate)
+ * or on its reference code is declined, and the node runs on the
+ * reference kernel.
+ */
+#include <stdlib.h>
+
+#include "kernels/dnnl/dnnl_common.h"
+#include "kernels/ref/gemm.h"
+
+#define Q_ALIGN64(x) (((x) + 63) / 64 * 64)
+
+struct q_state {
+    struct kd_exec e;
+    int conv;                   /* transpose X to NHWC and Y back */
+    int64_t n, c, hw, oc, ohw;  /* conv: batch, channels, pixels in and out */
+    size_t ybytes;              /* bytes per Y element (1 or 4) */
+    int xzp_index;              /* input holding x's zero point, or -1 (0) */
+    int32_t xzp_const;          /* its value when constant */
+    int xzp_runtime;            /* read x_zp from the input at each run */
+    int32_t yzp;                /* y's zero point (QLinear), used when has_yzp */
+    int has_xzp, has_yzp;
+    size_t base;                /* scratch offset of the kernel's own buffers */
+    size_t x_rel, y_rel, zp_rel;
+    size_t scratch_total;
+};
+
+struct q_build {
+    const struct kiln_compile_ctx *cc;
+    int conv, widx, bidx;       /* weight input, bias input (-1 none) */
+    dnnl_memory_desc_t src, wplain, bias, dst, zpmd;
+    const float *scales;        /* NULL: no output scales (Integer ops) */
+    int nscales;
+    int has_xzp, has_yzp;
+    size_t x_rel, y_rel, zp_rel; /* relative to the kernel's base */
+    dnnl_dims_t strides, dilates, pad_l, pad_r;
+};
+
+static kiln_status q_make(void *arg, struct kd_variant *v, int threads)
+{
+    struct q_build *b = arg;
+    const struct kiln_node *n = b->cc->node;
+    dnnl_primitive_attr_t attr = NULL;
+    dnnl_primitive_desc_t pd = NULL;
+    kiln_status st = KILN_OK;
+    dnnl_memory_desc_t wany;
+    dnnl_status_t r = dnnl_memory_desc_init_by_tag(&wany, b->wplain.ndims, b->wplain.dims, dnnl_s8,
+                                                   dnnl_format_tag_any);
+    const dnnl_memory_desc_t *bias = b->bidx >= 0 ? &b->bias : NULL;
+    union {
+        dnnl_matmul_desc_t mm;
+        dnnl_convolution_desc_t cv;
+    } d;
+    if (r == dnnl_success && b->conv)
+        r = dnnl_dilated_convolution_forward_desc_init(
+            &d.cv, dnnl_forward_inference, dnnl_convolution_direct, &b->src, &wany, bias, &b->dst,
+            b->strides, b->dilates, b->pad_l, b->pad_r);
+    else if (r == dnnl_success)
+        r = dnnl_matmul_desc_init(&d.mm, &b->src, &wany, bias, &b->dst);
+    if (r == dnnl_success) r = dnnl_primitive_attr_create(&attr);
+    if (r == dnnl_success) r = dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user);
+    if (r == dnnl_success && b->scales)
+        r = dnnl_primitive_attr_set_output_scales(attr, b->nscales, b->nscales > 1 ? 1 << 1 : 0,
+                                                  b->scales);
+    if (r == dnnl_success && b->has_xzp)
+        r = dnnl_primitive_attr_set_zero_points(attr, DNNL_ARG_SRC, 1, 0, &DNNL_RUNTIME_S32_VAL);
+    if (r == dnnl_success && b->has_yzp)
+        r = dnnl_primitive_attr_set_zero_points(attr, DNNL_ARG_DST, 1, 0, &DNNL_RUNTIME_S32_VAL);
+    if (r == dnnl_success) r = dnnl_primitive_desc_create(&pd, &d, attr, kd_engine(), NULL);
+    if (r != dnnl_success) goto out; /* the reference runs it */
+    if (kd_pd_is_ref(pd) || !kd_pd_int8_exact(pd)) goto out;
+    const dnnl_memory_desc_t *wmd = dnnl_primitive_desc_query_md(pd, dnnl_query_weights_md, 0);
+    st = kd_pack_weights(b->cc, b->cc->in_value[b->widx], b->conv ? "qconv_s8" : "qmatmul_s8",
+                         &b->wplain, wmd, 1.0f, &v->packed);
+    if (st != KILN_OK || !v->packed) goto out;
+    st = kd_variant_init(n, pd, v);
+    if (st != KILN_OK) goto out;
+    if (b->conv) {
+        kd_variant_arg(v, DNNL_ARG_SRC, KD_SRC_SCRATCH_AT, (int)b->x_rel, &b->src);
+        kd_variant_arg(v, DNNL_ARG_DST, KD_SRC_SCRATCH_AT, (int)b->y_rel, &b->dst);
+    } else {
+        kd_variant_arg(v, DNNL_ARG_SRC, KD_SRC_IN, 0, &b->src);
+        kd_variant_arg(v, DNNL_ARG_DST, KD_SRC_OUT, 0, &b->dst);
+    }
+    kd_variant_arg(v, DNNL_ARG_WEIGHTS, KD_SRC_PACKED, b->widx, wmd);
+    if (bias) kd_variant_arg(v, DNNL_ARG_BIAS, KD_SRC_IN, b->bidx, bias);
+    if (b->has_xzp)
+        kd_variant_arg(v, DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_SRC, KD_SRC_SCRATCH_AT,
+                       (int)b->zp_rel, &b->zpmd);
+    if (b->has_yzp)
+        kd_variant_arg(v, DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_DST, KD_SRC_SCRATCH_AT,
+                       (int)b->zp_rel + 64, &b->zpmd);
+out:
+    (void)threads;
+    if (pd) dnnl_primitive_desc_destroy(pd);
+    if (attr) dnnl_primitive_attr_destroy(attr);
+    return st;
+}
+
+/* NCHW -> NHWC (to = 1) or back, of 8-bit or 32-bit elements. */
+static void transpose_cl(const void *src, void *dst, int64_t n, int64_t c, int64_t hw,
+                         size_t es, int to)
+{
+    const char *s = src;
+    char *d = dst;
+    for (int64_t b = 0; b < n; b++) {
+        const char *sb = s + (size_t)(b * c * hw) * es;
+        char *db = d + (size_t)(b * c * hw) * es;
+        for (int64_t ch = 0; ch < c; ch++)
+            for (int64_t p = 0; p < hw; p++) {
+                size_t cf = (size_t)(ch * hw + p) * es, cl = (size_t)(p * c + ch) * es;
+                if (to)
+                    memcpy(db + cl, sb + cf, es);
+                else
+                    memcpy(db + cf, sb + cl, es);
+            }
+    }
+}
+
+static kiln_status q_run(void *state, struct kiln_run_ctx *ctx)
+{
+    struct q_state *s = state;
+    struct kiln_run_ctx c2 = *ctx;
+    void *heap = NULL;
+    if (!c2.scratch) { /* callers without a plan arena */
+        heap = c2.scratch = aligned_alloc(64, s->scratch_total);
+        if (!heap)
+            return kiln_node_error(ctx->node, KILN_ERR_OUT_OF_MEMORY, "out of memory for scratch");
+    }
+    char *base = (char *)c2.scratch + s->base;
+    if (s->has_xzp) {
+        int32_t z = s->xzp_const;
+        if (s->xzp_runtime) {
+            const kiln_tensor *t = ctx->in[s->xzp_index];
+            if (kiln_tensor_count(t) != 1) {
+                free(heap);
+                return kiln_node_error(ctx->node, KILN_ERR_INVALID_ARGUMENT,
+                                       "x zero point has %lld values, expected 1",
+                                       (long long)kiln_tensor_count(t));
+            }
+            z = (int32_t)kiln_get_i64(t->dtype, t->data, 0);
+        }
+        memcpy(base + s->zp_rel, &z, sizeof z);
+    }
+    if (s->has_yzp) memcpy(base + s->zp_rel + 64, &s->yzp, sizeof s->yzp);
+    if (s->conv) transpose_cl(ctx->in[0]->data, base + s->x_rel, s->n, s->c, s->hw, 1, 1);
+    kiln_status st = kd_exec_run(&s->e, &c2);
+    if (st == KILN_OK && s->conv)
+        transpose_cl(base + s->y_rel, ctx->out[0]->data, s->n, s->oc, s->ohw, s->ybytes, 0);
+    free(heap);
+    return st;
+}
+
+static void q_destroy(void *state)
+{
+    struct q_state *s = state;
+    kd_exec_destroy(&s->e);
+    free(s);
+}
+
+static dnnl_data_type_t q_dt(kiln_dtype dt)
+{
+    return dt == KILN_DTYPE_U8 ? dnnl_u8 : dt == KILN_DTYPE_I8 ? dnnl_s8 : dnnl_s32;
+}
+
+/* The constant scalar (one element) v of an integer or float tensor. */
+static bool const_scalar(const kiln_tensor *t, double *v)
+{
+    if (!t || kiln_tensor_count(t) != 1) return false;
+    *v = kiln_get_f64(t->dtype, t->data, 0);
+    return true;
+}
+
+static kiln_status q_compile(const struct kiln_compile_ctx *cc, struct kiln_kernel_inst *inst)
+{
+    const struct kiln_node *n = cc->node;
+    enum kiln_op op = n->op;
+    int conv = op == KILN_OP_QLinearConv || op == KILN_OP_ConvInteger;
+    int qlin = op != KILN_OP_MatMulInteger && op != KILN_OP_ConvInteger;
+    /* input indices: x, x_zp, w, w_zp, and for QLinear the scales, y_zp and bias */
+    int widx = qlin ? 3 : 1, xzpi = 2, wzpi = qlin ? 5 : 3;
+    int bidx = op == KILN_OP_QLinearConv || op == KILN_OP_KilnQLinearMatMul ? 8 : -1;
+    const struct kiln_type *x = cc->in[0], *y = cc->n_out > 0 ? cc->out[0] : NULL;
+    const kiln_tensor *w = cc->n_in > widx && cc->in_value ? cc->in_value[widx] : NULL;
+    if (!x || !y || !w || w->dtype != KILN_DTYPE_I8) return KILN_OK;
+    if (x->dtype != KILN_DTYPE_U8 && x->dtype != KILN_DTYPE_I8) return KILN_OK;
+    if (y->dtype != (qlin ? y->dtype : KILN_DTYPE_I32) ||
+        (qlin && y->dtype != KILN_DTYPE_U8 && y->dtype != KILN_DTYPE_I8))
+        return KILN_OK;
+    if (!kiln_type_is_concrete(x) || !kiln_type_is_concrete(y)) return KILN_OK;
+    if (kiln_shape_count(x->rank, x->dims) <= 0 || kiln_shape_count(y->rank, y->dims) <= 0)
+        return KILN_OK;
+    int64_t nout = conv ? w->dims[0] : w->rank == 2 ? w->dims[1] : -1;
+    if (nout <= 0) return KILN_OK;
+    /* weight zero points: absent or all zero */
+    if (cc->n_in > wzpi && cc->in[wzpi]) {
+        const kiln_tensor *z = cc->in_value[wzpi];
+        if (!z) return KILN_OK;
+        for (int64_t i = 0; i < kiln_tensor_count(z); i++)
+            if (kiln_get_i64(z->dtype, z->data, i) != 0) return KILN_OK;
+    }
+    struct q_build b;
+    memset(&b, 0, sizeof b);
+    b.cc = cc;
+    b.conv = conv;
+    b.widx = widx;
+    b.bidx = bidx >= 0 && cc->n_in > bidx && cc->in[bidx] ? bidx : -1;
+    if (b.bidx >= 0 && (cc->in[bidx]->dtype != KILN_DTYPE_I32 ||
+                        kiln_shape_count(cc->in[bidx]->rank, cc->in[bidx]->dims) != nout))
+        return KILN_OK;
+    /* x's zero point: constant, or (Integer ops) a run-time scalar */
+    int32_t xzp = 0;
+    int xzp_runtime = 0, has_xzp = 0;
+    if (cc->n_in > xzpi && cc->in[xzpi]) {
+        const kiln_tensor *z = cc->in_value[xzpi];
+        double v;
+        if (z) {
+            if (!const_scalar(z, &v)) return KILN_OK;
+            xzp = (int32_t)v;
+            has_xzp = xzp != 0;
+        } else {
+            if (qlin || cc->in[xzpi]->dtype != x->dtype ||
+                kiln_shape_count(cc->in[xzpi]->rank, cc->in[xzpi]->dims) != 1)
+                return KILN_OK;
+            xzp_runtime = has_xzp = 1;
+        }
+    }
+    /* QLinear: the constant output scales and y's zero point */
+    float *scales = NULL;
+    int nscales = 0;
+    int32_t yzp = 0;
+    if (qlin) {
+        const kiln_tensor *xs = cc->in_value[1], *ws = cc->in_value[4], *ys = cc->in_value[6];
+        const kiln_tensor *yz = cc->in[7] ? cc->in_value[7] : NULL;
+        double xsv, ysv, yzv = 0;
+        if (!const_scalar(xs, &xsv) || !const_scalar(ys, &ysv) || !ws ||
+            (cc->in[7] && !const_scalar(yz, &yzv)))
+            return KILN_OK;
+        if (xs->dtype != KILN_DTYPE_F32 || ws->dtype != KILN_DTYPE_F32 ||
+            ys->dtype != KILN_DTYPE_F32)
+            return KILN_OK;
+        int64_t nws = kiln_tensor_count(ws);
+        if (nws != 1 && nws != nout) return KILN_OK;
+        nscales = (int)nws;
+        scales = malloc(sizeof(float) * (size_t)nws);
+        if (!scales) return kiln_node_error(n, KILN_ERR_OUT_OF_MEMORY, "out of memory compiling");
+        for (int64_t i = 0; i < nws; i++) {
+            float m = (float)xsv * ((const float *)ws->data)[i];
+            scales[i] = m / (float)ysv;
+            if (!isfinite(scales[i])) {
+                free(scales);
+                return KILN_OK;
+            }
+        }
+        yzp = (int32_t)yzv;
+    }
+    b.scales = scales;
+    b.nscales = nscales;
+    b.has_xzp = has_xzp;
+    b.has_yzp = yzp != 0;
+    dnnl_dims_t one = {1};
+    dnnl_status_t r = dnnl_memory_desc_init_by_tag(&b.zpmd, 1, one, dnnl_s32, dnnl_a);
+    int64_t rows = 0, k = 0, ohw = 0, hw = 0;
+    int64_t xbytes = kiln_shape_count(x->rank, x->dims);
+    int64_t ybytes_all = kiln_shape_count(y->rank, y->dims) * (qlin ? 1 : 4);
+    if (r == dnnl_success && conv) {
+        int64_t group = kiln_attr_int(n, "group", 1);
+        struct kiln_window win;
+        if (kiln_attr_check(n) != KILN_OK || x->rank != 4 || w->rank != 4 || y->rank != 4 ||
+            group < 1 || x->dims[1] % group || w->dims[0] % group ||
+            x->dims[1] / group != w->dims[1] ||
+            kiln_window_resolve(n, 2, x->dims + 2, w->dims + 2, false, &win) != KILN_OK ||
+            kiln_attr_check(n) != KILN_OK) {
+            kiln_error_clear();
+            r = dnnl_unimplemented;
+        } else {
+            for (int i = 0; i < 2; i++) {
+                if (win.out[i] != y->dims[i + 2]) r = dnnl_unimplemented;
+                b.strides[i] = win.stride[i];
+                b.dilates[i] = win.dilation[i] - 1;
+                b.pad_l[i] = win.pad_begin[i];
+                b.pad_r[i] = win.pad_end[i];
+            }
+        }
+        if (r == dnnl_success) {
+            dnnl_dims_t xd = {x->dims[0], x->dims[1], x->dims[2], x->dims[3]};
+            dnnl_dims_t yd = {y->dims[0], y->dims[1], y->dims[2], y->dims[3]};
+            r = dnnl_memory_desc_init_by_tag(&b.src, 4, xd, q_dt(x->dtype), dnnl_nhwc);
+            if (r == dnnl_success)
+                r = dnnl_memory_desc_init_by_tag(&b.dst, 4, yd, q_dt(y->dtype), dnnl_nhwc);
+            if (r == dnnl_success && group > 1) {
+                dnnl_dims_t wd = {group, w->dims[0] / group, w->dims[1], w->dims[2], w->dims[3]};
+                r = dnnl_memory_desc_init_by_tag(&b.wplain, 5, wd, dnnl_s8, dnnl_goihw);
+            } else if (r == dnnl_success) {
+                dnnl_dims_t wd = {w->dims[0], w->dims[1], w->dims[2], w->dims[3]};
+                r = dnnl_memory_desc_init_by_tag(&b.wplain, 4, wd, dnnl_s8, dnnl_oihw);
+            }
+            if (r == dnnl_success && b.bidx >= 0) {
+                dnnl_dims_t bd = {nout};
+                r = dnnl_memory_desc_init_by_tag(&b.bias, 1, bd, dnnl_s32, dnnl_a);
+            }
+            hw = x->dims[2] * x->dims[3];
+            ohw = y->dims[2] * y->dims[3];
+        }
+    } else if (r == dnnl_success) {
+        k = w->dims[0];
+        if (x->rank < 2 || x->dims[x->rank - 1] != k || y->dims[y->rank - 1] != nout) {
+            r = dnnl_unimplemented;
+        } else {
+            rows = kiln_shape_count(x->rank - 1, x->dims);
+            dnnl_dims_t ad = {rows, k}, wd = {k, nout}, yd = {rows, nout}, bd = {1, nout};
+            r = dnnl_memory_desc_init_by_tag(&b.src, 2, ad, q_dt(x->dtype), dnnl_ab);
+            if (r == dnnl_success)
+                r = dnnl_memory_desc_init_by_tag(&b.wplain, 2, wd, dnnl_s8, dnnl_ab);
+            if (r == dnnl_success)
+                r = dnnl_memory_desc_init_by_tag(&b.dst, 2, yd, q_dt(y->dtype), dnnl_ab);
+            if (r == dnnl_success && b.bidx >= 0)
+                r = dnnl_memory_desc_init_by_tag(&b.bias, 2, bd, dnnl_s32, dnnl_ab);
+        }
+    }
+    if (r != dnnl_success || xbytes > INT32_MAX / 4 || ybytes_all > INT32_MAX / 4) {
+        free(scales);
+        return KILN_OK;
+    }
+    /* the kernel's own buffers, from its base: [X NHWC][Y NHWC] (conv), then two zero points */
+    b.x_rel = 0;
+    b.y_rel = conv ? Q_ALIGN64((size_t)xbytes) : 0;
+    b.zp_rel = conv ? b.y_rel + Q_ALIGN64((size_t)ybytes_all) : 0;
+    struct q_state *s = calloc(1, sizeof *s);
+    if (!s) {
+        free(scales);
+        return kiln_node_error(n, KILN_ERR_OUT_OF_MEMORY, "out of memory compiling");
+    }
+    double work = 2.0 * (double)kiln_shape_count(y->rank, y->dims) *
+                  (double)(conv ? w->dims[1] * w->dims[2] * w->dims[3] : k);
+    int handled = 0;
+    kiln_status st = kd_exec_build(&s->e, kd_work_threads(cc, work), q_make, &b, &handled);
+    free(scales);
+    if (st != KILN_OK || !handled) {
+        free(s);
+        return st;
+    }
+    s->conv = conv;
+    s->n = conv ? x->dims[0] : 0;
+    s->c = conv ? x->dims[1] : 0;
+    s->hw = hw;
+    s->oc = nout;
+    s->ohw = ohw;
+    s->ybytes = qlin ? 1 : 4;
+    s->xzp_index = xzpi;
+    s->xzp_const = xzp;
+    s->xzp_runtime = xzp_runtime;
+    s->has_xzp = has_xzp;
+    s->yzp = yzp;
+    s->has_yzp = yzp != 0;
+    s->base = Q_ALIGN64(kd_exec_scratch(&s->e));
+    s->x_rel = b.x_rel;
+    s->y_rel = b.y_rel;
+    s->zp_rel = b.zp_rel;
+    s->scratch_total = s->base + b.zp_rel + 128;
+    for (int vi = 0; vi < s->e.nv; vi++) /* place the kernel's buffers after oneDNN's */
+        for (int a = 0; a < s->e.v[vi].nargs; a++)
+            if (s->e.v[vi].args[a].src == KD_SRC_SCRATCH_AT)
+                s->e.v[vi].args[a].index += (int)s->base;
+    kd_inst_impl(inst, &s->e);
+    inst->name = op == KILN_OP_QLinearConv    ? "dnnl_qlinear_conv"
+                 : op == KILN_OP_ConvInteger  ? "dnnl_conv_integer"
+                 : op == KILN_OP_MatMulInteger ? "dnnl_matmul_integer"
+                                              : "dnnl_qlinear_matmul";
+    inst->state = s;
+    inst->run = q_run;
+    inst->destroy = q_destroy;
+    inst->scratch_bytes = s->scratch_total;
+    inst->packed = 1u << widx;
+    return KILN_OK;
+}
+
+const struct kiln_fast_op kiln_fast_QLinearConv = {q_compile, NULL, 1u << 3};
+const struct kiln_fast_op kiln_fast_QLinearMatMul = {q_compile, NULL, 1u << 3};
+const struct kiln_fast_op kiln_fast_KilnQLinearMatMul = {q_compile, NULL, 1u << 3};
+const struct kiln_fast_op kiln_fast_ConvInteger = {q_compile, NULL, 1u << 1};
+const struct kiln_fast_op kiln_fast_MatMulInteger = {q_compile, NULL, 1u << 1};
