@@ -30,6 +30,10 @@ struct kiln_session {
     const struct kiln_signature *sig;
     kiln_session_options opts;
     atomic_int profile;   /* time every step of this session's runs (kiln_session_profile_enable) */
+    struct kiln_plan_node_prec *node_prec; /* per-node precision exceptions (owned), or NULL */
+    int n_node_prec;
+    struct kiln_plan_cache *own_plans[2]; /* this session's plans when it has exceptions
+                                             ([0] imported graph, [1] optimized) */
 };
 
 struct kiln_outputs {
@@ -461,7 +465,24 @@ kiln_status kiln_session_create(kiln_model *m, const char *signature,
     return KILN_OK;
 }
 
-void kiln_session_free(kiln_session *s) { free(s); }
+static void session_node_prec_clear(kiln_session *s)
+{
+    for (int k = 0; k < 2; k++) {
+        kiln_plan_cache_free(s->own_plans[k]);
+        s->own_plans[k] = NULL;
+    }
+    for (int i = 0; i < s->n_node_prec; i++) free(s->node_prec[i].node);
+    free(s->node_prec);
+    s->node_prec = NULL;
+    s->n_node_prec = 0;
+}
+
+void kiln_session_free(kiln_session *s)
+{
+    if (!s) return;
+    session_node_prec_clear(s);
+    free(s);
+}
 
 const kiln_signature *kiln_session_signature(const kiln_session *s) { return s->sig; }
 
@@ -511,6 +532,7 @@ static kiln_status check_input(const kiln_value_info *vi, const kiln_tensor *t)
 /* The plan cache for a session's precision and graph (imported or optimized). */
 static struct kiln_plan_cache *plans_for(const kiln_session *s, bool use_opt)
 {
+    if (s->own_plans[use_opt ? 1 : 0]) return s->own_plans[use_opt ? 1 : 0];
     int p = s->opts.precision;
     if (p == KILN_PRECISION_BF16 || p == KILN_PRECISION_INT8)
         return s->sig->lowp_plans[p - 1][use_opt ? 1 : 0];
@@ -960,4 +982,85 @@ __attribute__((weak)) void kiln_opt_log_print(const struct kiln_opt_log *log,
 {
     (void)log;
     line(ctx, "no passes");
+}
+
+/* ---- per-node precision (kiln.h, `kiln compile --precision auto`) ---- */
+
+/* The graph a session's plans are compiled from. */
+static const struct kiln_graph *session_graph(const kiln_session *s)
+{
+    return s->opts.optimize && s->sig->opt_graph ? s->sig->opt_graph : s->sig->graph;
+}
+
+static const struct kiln_node *session_find_node(const kiln_session *s, const char *name)
+{
+    const struct kiln_graph *g = session_graph(s);
+    if (!name || !name[0]) return NULL;
+    for (int i = 0; i < g->n_nodes; i++)
+        if (g->nodes[i].name && !strcmp(g->nodes[i].name, name)) return &g->nodes[i];
+    return NULL;
+}
+
+kiln_status kiln_session_set_node_precision(kiln_session *s, const kiln_node_precision *nodes,
+                                            int n)
+{
+    if (!s || n < 0 || (n > 0 && !nodes))
+        return kiln_error(KILN_ERR_INVALID_ARGUMENT, "kiln_session_set_node_precision: bad argument");
+    if (s->opts.reference)
+        return kiln_error(KILN_ERR_UNSUPPORTED,
+                          "per-node precision needs plans; the session uses the reference executor");
+    for (int i = 0; i < n; i++) {
+        if (nodes[i].precision < KILN_PRECISION_FP32 || nodes[i].precision > KILN_PRECISION_INT8)
+            return kiln_error(KILN_ERR_INVALID_ARGUMENT, "node '%s': precision %d is not fp32, "
+                              "bf16 or int8", nodes[i].node ? nodes[i].node : "(null)",
+                              (int)nodes[i].precision);
+        if (!session_find_node(s, nodes[i].node))
+            return kiln_error(KILN_ERR_NOT_FOUND, "node '%s' is not in the session's graph",
+                              nodes[i].node ? nodes[i].node : "(null)");
+    }
+    session_node_prec_clear(s);
+    if (n == 0) return KILN_OK;
+    struct kiln_plan_node_prec *ov = calloc((size_t)n, sizeof *ov);
+    if (!ov) return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory");
+    s->node_prec = ov;
+    for (int i = 0; i < n; i++) {
+        ov[i].precision = (int)nodes[i].precision;
+        if (!(ov[i].node = strdup(nodes[i].node))) goto oom;
+        s->n_node_prec = i + 1;
+    }
+    for (int k = 0; k < 2; k++) {
+        kiln_status st = kiln_plan_cache_new(16, &s->own_plans[k]);
+        if (st != KILN_OK) goto fail;
+        kiln_plan_cache_set_precision(s->own_plans[k], s->opts.precision);
+        st = kiln_plan_cache_set_node_precisions(s->own_plans[k], ov, n);
+        if (st != KILN_OK) goto fail;
+    }
+    return KILN_OK;
+oom:
+    session_node_prec_clear(s);
+    return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory");
+fail:
+    session_node_prec_clear(s);
+    return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory");
+}
+
+kiln_precision kiln_session_node_precision(const kiln_session *s, const char *node)
+{
+    if (node)
+        for (int i = 0; i < s->n_node_prec; i++)
+            if (!strcmp(s->node_prec[i].node, node)) return (kiln_precision)s->node_prec[i].precision;
+    return (kiln_precision)s->opts.precision;
+}
+
+int64_t kiln_session_node_weight_elems(const kiln_session *s, const char *node)
+{
+    const struct kiln_node *n = session_find_node(s, node);
+    if (!n) return -1;
+    if (n->n_in < 2 || n->in[1] < 0) return 0;
+    const struct kiln_value *v = &session_graph(s)->values[n->in[1]];
+    if (v->kind != KILN_VALUE_CONST || !v->konst) return 0;
+    kiln_dtype dt = v->konst->dtype;
+    if (dt != KILN_DTYPE_F32 && dt != KILN_DTYPE_F16 && dt != KILN_DTYPE_BF16 && dt != KILN_DTYPE_F64)
+        return 0;
+    return kiln_tensor_count(v->konst);
 }
