@@ -24,4 +24,18 @@ kiln_status kiln_model_canonical_write(const kiln_model *m,
                                        void (*write)(void *ctx, const void *p, size_t n),
                                        void *ctx);
 
+/* What kiln_session_save (api/artifact.c) writes: the session's model,
+ * signature, the graph it runs and its precision. Makes every constant of the
+ * model resident (the weight cache may have released packed ones). */
+struct kiln_model;
+struct kiln_signature;
+struct kiln_graph;
+kiln_status kiln_session_artifact_view(kiln_session *s, const struct kiln_model **m,
+                                       const struct kiln_signature **sig,
+                                       const struct kiln_graph **g, int *precision);
+/* For a .kiln model, write what `kiln inspect` shows of the file (format and
+ * Kiln versions, precision, CPU features, batch sizes, section sizes, the
+ * precision of every node and the stored report) to f; 0 for another model. */
+int kiln_model_artifact_print(const kiln_model *m, FILE *f);
+
 #endif

@@ -20,6 +20,7 @@
 #include "exec/plan.h"
 #include "api/internal.h"
 #include "opt/opt.h"
+#include "import/kiln_artifact.h"
 #include "import/model.h"
 #include "import/savedmodel.h"
 #include "import/tflite.h"
@@ -60,6 +61,7 @@ static void model_free(struct kiln_model *m)
     }
     kiln_weight_cache_free(m->weights);
     free(m->copies);
+    kiln_artifact_info_free(m->artifact);
     kiln_graph_free(m->graph);
     if (m->proto_free && m->proto) m->proto_free(m->proto);
     for (int i = 0; i < m->n_maps; i++) kiln_file_unmap(&m->maps[i]);
@@ -117,6 +119,39 @@ static kiln_status load_xgboost_file(const char *path, struct kiln_model *m)
     st = kiln_xgboost_load(map.data, map.size, m); /* copies what it keeps */
     kiln_file_unmap(&map);
     if (st != KILN_OK) kiln_error_wrap(st, "%s", path);
+    return st;
+}
+
+/* A compiled artifact (src/import/kiln_artifact.c): mapped, weights used in place. */
+static kiln_status load_kiln_file(const char *path, struct kiln_model *m)
+{
+    struct kiln_file_map map;
+    kiln_status st = kiln_file_map(path, &map);
+    if (st != KILN_OK) return st;
+    return kiln_artifact_load(&map, path, m); /* messages name the file */
+}
+
+/* Whether the file at path begins with the .kiln magic. */
+static bool file_is_kiln(const char *path)
+{
+    unsigned char head[KILN_ART_MAGIC_LEN];
+    FILE *f = fopen(path, "rb");
+    if (!f) return false;
+    bool yes = fread(head, 1, sizeof head, f) == sizeof head && kiln_artifact_detect(head, sizeof head);
+    fclose(f);
+    return yes;
+}
+
+/* Compile the plans a .kiln file asks for at load (its batch sizes, in its
+ * precision), so that the first request finds them ready. */
+static kiln_status artifact_precompile(struct kiln_model *m)
+{
+    if (!m->artifact || !m->artifact->n_batch_sizes) return KILN_OK;
+    kiln_session *s;
+    kiln_status st = kiln_session_create(m, NULL, NULL, &s);
+    if (st != KILN_OK) return st;
+    st = kiln_session_precompile(s, m->artifact->batch_sizes, m->artifact->n_batch_sizes);
+    kiln_session_free(s);
     return st;
 }
 
@@ -239,7 +274,7 @@ static kiln_status model_prepare(struct kiln_model *m)
         if (!sig->opt_log) return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory");
         struct kiln_graph *c = NULL;
         st = kiln_graph_clone(sig->graph, &c);
-        if (st == KILN_OK) {
+        if (st == KILN_OK && !m->artifact) { /* a .kiln graph is optimized already */
             struct kiln_opt_options oo = {.layout = 1};
             st = kiln_optimize(c, &oo, sig->opt_log);
         }
@@ -283,8 +318,12 @@ kiln_status kiln_model_load(const char *path, const kiln_load_options *opts, kil
         snprintf(tfl, sizeof tfl, "%s/model.tflite", path);
         snprintf(xgb_json, sizeof xgb_json, "%s/model.json", path);
         snprintf(xgb_ubj, sizeof xgb_ubj, "%s/model.ubj", path);
+        char kln[4096];
+        snprintf(kln, sizeof kln, "%s/model.kiln", path);
         if (fmt == KILN_FORMAT_TFLITE) {
             st = load_tflite_file(tfl, m);
+        } else if (fmt == KILN_FORMAT_KILN || (fmt == KILN_FORMAT_AUTO && access(kln, F_OK) == 0)) {
+            st = load_kiln_file(kln, m);
         } else if ((fmt == KILN_FORMAT_AUTO || fmt == KILN_FORMAT_ONNX) && access(buf, F_OK) == 0) {
             st = load_onnx_file(buf, m);
         } else {
@@ -308,7 +347,10 @@ kiln_status kiln_model_load(const char *path, const kiln_load_options *opts, kil
     } else if (fmt == KILN_FORMAT_SAVEDMODEL) {
         st = kiln_error(KILN_ERR_INVALID_ARGUMENT, "a SavedModel is a folder; '%s' is a file", path);
     } else {
-        if (fmt == KILN_FORMAT_TFLITE ||
+        if (fmt == KILN_FORMAT_KILN ||
+            (fmt == KILN_FORMAT_AUTO && (has_suffix(path, ".kiln") || file_is_kiln(path))))
+            st = load_kiln_file(path, m);
+        else if (fmt == KILN_FORMAT_TFLITE ||
             (fmt == KILN_FORMAT_AUTO && (has_suffix(path, ".tflite") || file_is_tflite(path))))
             st = load_tflite_file(path, m);
         else if (fmt == KILN_FORMAT_AUTO && !has_suffix(path, ".onnx") && is_xgboost_file(path))
@@ -317,6 +359,7 @@ kiln_status kiln_model_load(const char *path, const kiln_load_options *opts, kil
             st = load_onnx_file(path, m);
     }
     if (st == KILN_OK) st = model_prepare(m);
+    if (st == KILN_OK) st = artifact_precompile(m);
     if (st != KILN_OK) {
         model_free(m);
         return st;
@@ -336,11 +379,20 @@ kiln_status kiln_model_load_memory(const void *data, size_t size, const kiln_loa
     if (!m) return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory");
     kiln_format fmt = opts ? opts->format : KILN_FORMAT_AUTO;
     kiln_status st;
-    if (fmt == KILN_FORMAT_TFLITE || (fmt == KILN_FORMAT_AUTO && data && kiln_tflite_detect(data, size)))
+    if (fmt == KILN_FORMAT_KILN || (fmt == KILN_FORMAT_AUTO && data && kiln_artifact_detect(data, size))) {
+        /* a 64-byte aligned copy the model keeps (the caller's bytes are not retained) */
+        struct kiln_file_map map = {aligned_alloc(64, (size + 63) / 64 * 64 + 64), size, 0};
+        if (!map.data) st = kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory");
+        else {
+            if (size) memcpy((void *)map.data, data, size);
+            st = kiln_artifact_load(&map, "(memory)", m);
+        }
+    } else if (fmt == KILN_FORMAT_TFLITE || (fmt == KILN_FORMAT_AUTO && data && kiln_tflite_detect(data, size)))
         st = kiln_tflite_load(data ? data : "", size, m);
     else
         st = kiln_onnx_load(data ? data : "", size, NULL, m);
     if (st == KILN_OK) st = model_prepare(m);
+    if (st == KILN_OK) st = artifact_precompile(m);
     if (st != KILN_OK) {
         model_free(m);
         return st;
@@ -454,12 +506,23 @@ kiln_status kiln_session_create(kiln_model *m, const char *signature,
         return kiln_error(KILN_ERR_UNSUPPORTED,
                           "session options profile = 1 and reference = 1: the reference executor "
                           "keeps no profile");
+    if (m->artifact && opts && opts->precision != KILN_PRECISION_FP32 &&
+        opts->precision != m->artifact->precision)
+        return kiln_error(KILN_ERR_INVALID_ARGUMENT,
+                          "the model was compiled for %s; a session of it cannot run in %s",
+                          kiln_precision_name(m->artifact->precision),
+                          kiln_precision_name(opts->precision));
+    if (m->artifact && opts && opts->reference && sig->opt_has_layout)
+        return kiln_error(KILN_ERR_UNSUPPORTED,
+                          "the compiled model's graph holds blocked layouts, which the reference "
+                          "executor (reference = 1) cannot run; load the source model instead");
     struct kiln_session *s = calloc(1, sizeof *s);
     if (!s) return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory");
     s->model = m;
     s->sig = sig;
     if (opts) s->opts = *opts;
     else kiln_session_options_init(&s->opts);
+    if (m->artifact) s->opts.precision = m->artifact->precision; /* a .kiln runs as compiled */
     atomic_init(&s->profile, s->opts.profile ? 1 : 0);
     *out = s;
     return KILN_OK;
@@ -564,6 +627,7 @@ static kiln_status run_graph(kiln_session *s, const struct kiln_graph *g, bool u
             return st;
         }
         if (st != KILN_ERR_UNSUPPORTED) return st;
+        if (sig->opt_has_layout && s->model->artifact) return st; /* no unblocked graph */
         if (use_opt && sig->opt_has_layout) g = sig->graph;
     }
     /* the reference executor reads every constant as it is */
@@ -747,7 +811,12 @@ kiln_status kiln_session_optimization_log(kiln_session *s, char **text)
     const struct kiln_signature *sig = s->sig;
     struct text_buf b = {0};
     char line[256];
-    if (!s->opts.optimize || s->opts.reference) {
+    if (s->model->artifact) {
+        snprintf(line, sizeof line, "compiled model (.kiln, %s): optimized when it was compiled, "
+                 "loaded without import or optimization",
+                 kiln_precision_name(s->model->artifact->precision));
+        text_line(&b, line);
+    } else if (!s->opts.optimize || s->opts.reference) {
         text_line(&b, "optimizer disabled: the graph runs as imported");
     } else if (!sig->opt_graph) {
         snprintf(line, sizeof line, "optimizer failed, the graph runs as imported: %s",
@@ -784,6 +853,27 @@ void kiln_session_profile_print(kiln_session *s, FILE *f)
         return;
     }
     kiln_plan_cache_profile_print(session_plans(s), f);
+}
+
+/* ---- compiled artifacts (the writer is api/artifact.c) ---- */
+
+kiln_status kiln_session_artifact_view(kiln_session *s, const struct kiln_model **m,
+                                       const struct kiln_signature **sig,
+                                       const struct kiln_graph **g, int *precision)
+{
+    bool use_opt = s->opts.optimize && !s->opts.reference && s->sig->opt_graph;
+    kiln_status st = kiln_weight_cache_pin_all(s->model->weights);
+    if (st != KILN_OK) return st;
+    *m = s->model;
+    *sig = s->sig;
+    *g = use_opt ? s->sig->opt_graph : s->sig->graph;
+    *precision = s->opts.precision;
+    return KILN_OK;
+}
+
+const char *kiln_model_compile_report(const kiln_model *m)
+{
+    return m && m->artifact ? m->artifact->report : NULL;
 }
 
 /* ---- profile as data ---- */

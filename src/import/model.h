@@ -52,6 +52,7 @@ struct kiln_model {
      * raw_data): the weight cache may free such a copy and copy it again. */
     struct kiln_weight_copy { kiln_tensor *t; const void *src; } *copies;
     int n_copies, cap_copies;
+    struct kiln_artifact_info *artifact; /* a .kiln model: what the file says (import/kiln_artifact.h) */
 };
 
 /* Keep a mapping alive for the model's lifetime. */
