@@ -35,6 +35,8 @@ struct kiln_session {
     int n_node_prec;
     struct kiln_plan_cache *own_plans[2]; /* this session's plans when it has exceptions
                                              ([0] imported graph, [1] optimized) */
+    struct kiln_graph *save_graph; /* kiln_session_save's graph: the session's graph with
+                                      the exceptions recorded on the nodes (owned), or NULL */
 };
 
 struct kiln_outputs {
@@ -536,6 +538,8 @@ static void session_node_prec_clear(kiln_session *s)
     }
     for (int i = 0; i < s->n_node_prec; i++) free(s->node_prec[i].node);
     free(s->node_prec);
+    kiln_graph_free(s->save_graph);
+    s->save_graph = NULL;
     s->node_prec = NULL;
     s->n_node_prec = 0;
 }
@@ -857,6 +861,37 @@ void kiln_session_profile_print(kiln_session *s, FILE *f)
 
 /* ---- compiled artifacts (the writer is api/artifact.c) ---- */
 
+/* s->save_graph: a clone of g with attribute KILN_NODE_PRECISION_ATTR on every node
+ * whose precision the session overrides. */
+static kiln_status session_save_graph(kiln_session *s, const struct kiln_graph *g)
+{
+    struct kiln_graph *c = NULL;
+    kiln_status st = kiln_graph_clone(g, &c);
+    if (st != KILN_OK) return st;
+    for (int i = 0; i < c->n_nodes; i++) {
+        struct kiln_node *n = &c->nodes[i];
+        if (!n->name || !n->name[0]) continue;
+        int k = 0;
+        while (k < s->n_node_prec && strcmp(s->node_prec[k].node, n->name)) k++;
+        if (k == s->n_node_prec) continue;
+        struct kiln_attr *a = kiln_arena_alloc(c->mem, (size_t)(n->n_attr + 1) * sizeof *a);
+        if (!a) {
+            kiln_graph_free(c);
+            return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory");
+        }
+        int m = 0;
+        for (int j = 0; j < n->n_attr; j++)
+            if (strcmp(n->attr[j].name, KILN_NODE_PRECISION_ATTR)) a[m++] = n->attr[j];
+        a[m].name = KILN_NODE_PRECISION_ATTR;
+        a[m].type = KILN_ATTR_INT;
+        a[m].i = s->node_prec[k].precision;
+        n->attr = a;
+        n->n_attr = m + 1;
+    }
+    s->save_graph = c;
+    return KILN_OK;
+}
+
 kiln_status kiln_session_artifact_view(kiln_session *s, const struct kiln_model **m,
                                        const struct kiln_signature **sig,
                                        const struct kiln_graph **g, int *precision)
@@ -868,6 +903,11 @@ kiln_status kiln_session_artifact_view(kiln_session *s, const struct kiln_model 
     *sig = s->sig;
     *g = use_opt ? s->sig->opt_graph : s->sig->graph;
     *precision = s->opts.precision;
+    if (s->n_node_prec) {
+        /* per-node precisions travel as a node attribute the plan compiler honours */
+        if (!s->save_graph && (st = session_save_graph(s, *g)) != KILN_OK) return st;
+        *g = s->save_graph;
+    }
     return KILN_OK;
 }
 

@@ -365,10 +365,16 @@ static kiln_status plan_compile(const struct kiln_graph *g, const kiln_tensor *c
                                 const struct kiln_plan_node_prec *ov, int n_ov,
                                 struct kiln_plan **out);
 
-/* The precision node n is compiled in: its override, else the plan's. */
+/* The precision node n is compiled in: its override, else the precision a
+ * compiled artifact recorded on the node (attribute KILN_NODE_PRECISION_ATTR,
+ * written by kiln_session_save for a session with per-node precisions), else
+ * the plan's. */
 static int node_precision(const struct kiln_node *n, int precision,
                           const struct kiln_plan_node_prec *ov, int n_ov)
 {
+    const struct kiln_attr *a = kiln_node_attr(n, KILN_NODE_PRECISION_ATTR);
+    if (a && a->type == KILN_ATTR_INT && a->i >= KILN_PRECISION_FP32 && a->i <= KILN_PRECISION_INT8)
+        precision = (int)a->i;
     if (n->name && n->name[0])
         for (int i = 0; i < n_ov; i++)
             if (!strcmp(ov[i].node, n->name)) return ov[i].precision;

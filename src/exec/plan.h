@@ -79,6 +79,7 @@ void kiln_plan_cache_set_precision(struct kiln_plan_cache *c, int precision);
 /* Per-node exceptions to that precision (kiln_session_set_node_precision): a node
  * of the graph whose name is listed is compiled in the listed kiln_precision.
  * Copied; set once, before use. */
+#define KILN_NODE_PRECISION_ATTR "_kiln_precision" /* INT kiln_precision on a graph node */
 struct kiln_plan_node_prec {
     char *node;       /* node name in the graph the cache's plans are compiled from */
     int precision;    /* kiln_precision */
