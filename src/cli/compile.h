@@ -68,6 +68,7 @@ typedef struct kiln_compile_node {
     kiln_precision precision; /* the precision it runs in, as compiled */
     int fell_back;           /* auto moved it to a higher precision */
     char reason[384];        /* why it fell back */
+    int step;                /* its step in the profiled plan (the report's order) */
 } kiln_compile_node;
 
 /* The nodes of signature `sig` of m that run in bf16 or int8 when asked

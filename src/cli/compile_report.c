@@ -150,6 +150,12 @@ static kiln_compile_node *node_add(kiln_compile_node **nodes, int *n, const char
     return e;
 }
 
+static int by_step(const void *x, const void *y)
+{
+    const kiln_compile_node *a = x, *b = y;
+    return (a->step > b->step) - (a->step < b->step);
+}
+
 kiln_status kiln_compile_find_nodes(kiln_model *m, const char *sig, const kiln_session_options *so,
                                     const kiln_gate_data *d, int64_t batch,
                                     kiln_compile_node **nodes, int *n_nodes, char *err)
@@ -187,6 +193,7 @@ kiln_status kiln_compile_find_nodes(kiln_model *m, const char *sig, const kiln_s
                 st = KILN_ERR_OUT_OF_MEMORY;
                 break;
             }
+            if (!k->kernel_in[1] && !k->kernel_in[2]) k->step = e->step;
             k->kernel_in[lowp[p]] = 1;
             k->weight_elems = kiln_session_node_weight_elems(s, e->node);
         }
@@ -197,6 +204,7 @@ kiln_status kiln_compile_find_nodes(kiln_model *m, const char *sig, const kiln_s
     for (int i = 0; rows && i < d->n; i++) kiln_tensor_free(rows[i]);
     free(rows);
     free(in);
+    if (st == KILN_OK && *n_nodes > 1) qsort(*nodes, (size_t)*n_nodes, sizeof **nodes, by_step);
     if (st != KILN_OK) {
         kiln_compile_nodes_free(*nodes, *n_nodes);
         *nodes = NULL;
