@@ -487,8 +487,11 @@ void kiln_compile_report_print(const kiln_compile_report *r, FILE *f)
             fprintf(f, "%*s %10lld ", (int)(18 - strlen(op)), "", (long long)n->weight_elems);
             if (n->measured) print_db(f, n->sqnr_db);
             else fprintf(f, "%9s", "-");
-            fprintf(f, " %7s  ", kiln_precision_name(kiln_compile_node_effective(n)));
-            if (n->fell_back) kiln_text_write(f, n->reason);
+            fprintf(f, " %7s", kiln_precision_name(kiln_compile_node_effective(n)));
+            if (n->fell_back) {
+                fputs("  ", f);
+                kiln_text_write(f, n->reason);
+            }
             fputc('\n', f);
         }
     }
