@@ -103,6 +103,14 @@ add_test(NAME fuzz_replay_tflite
   COMMAND kiln_fuzz_replay_tflite ${PROJECT_SOURCE_DIR}/tests/corpus/tflite)
 set_tests_properties(fuzz_replay_tflite PROPERTIES TIMEOUT 300
   ENVIRONMENT "ASAN_OPTIONS=detect_leaks=1:abort_on_error=0;UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1")
+# Compiled artifacts (.kiln, src/import/kiln_artifact.c; seeds by tools/make_kiln_corpus.py).
+add_executable(kiln_fuzz_replay_kiln_artifact
+  ${PROJECT_SOURCE_DIR}/fuzz/replay_main.c ${PROJECT_SOURCE_DIR}/fuzz/fuzz_kiln_artifact.c)
+target_link_libraries(kiln_fuzz_replay_kiln_artifact PRIVATE kiln)
+add_test(NAME fuzz_replay_kiln_artifact
+  COMMAND kiln_fuzz_replay_kiln_artifact ${PROJECT_SOURCE_DIR}/tests/corpus/kiln_artifact)
+set_tests_properties(fuzz_replay_kiln_artifact PROPERTIES TIMEOUT 300
+  ENVIRONMENT "ASAN_OPTIONS=detect_leaks=1:abort_on_error=0;UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1")
 # XGBoost's JSON / UBJSON model files (src/import/xgboost.c, xgb_doc.c).
 add_executable(kiln_fuzz_replay_xgboost
   ${PROJECT_SOURCE_DIR}/fuzz/replay_main.c ${PROJECT_SOURCE_DIR}/fuzz/fuzz_xgboost.c)

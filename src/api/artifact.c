@@ -78,6 +78,7 @@ static void put_bytes(struct wbuf *b, const kiln_string *s)
 struct wlist {
     const kiln_tensor **t;
     int64_t *off;
+    uint8_t *bf16;         /* stored as bfloat16 */
     int n, cap;
 };
 
@@ -85,14 +86,77 @@ struct writer {
     struct wbuf meta, sign, grph, wght;
     struct wlist w;
     kiln_status st;
+    const struct kiln_graph *root;
+    uint8_t *as_bf16;      /* per root value: a weight the bf16 session rounds to bfloat16 */
 };
+
+/* f32 -> bf16, rounding to nearest even (what the bf16 kernels do when they
+ * pack a weight: rounding a bf16 value again gives the same bits). */
+static uint16_t f32_to_bf16(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7f800000u) == 0x7f800000u && (u & 0x7fffffu)) return (uint16_t)((u >> 16) | 0x40);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+static int is_bf16_product(const struct kiln_node *n)
+{
+    switch (n->op) {
+    case KILN_OP_MatMul:
+    case KILN_OP_Conv:
+    case KILN_OP_KilnFusedConv:
+        return 1;
+    case KILN_OP_Gemm:
+    case KILN_OP_KilnFusedMatMul: {
+        const struct kiln_attr *a = kiln_node_attr(n, "alpha");
+        return !a || (a->type == KILN_ATTR_FLOAT && a->f == 1.0f); /* alpha is folded into B */
+    }
+    default:
+        return 0;
+    }
+}
+
+/* The weights a bf16 session packs as bfloat16: f32 constants of the root
+ * graph read only as the weight (input 1) of a MatMul, Gemm or convolution
+ * (alpha 1), so that widening the stored bf16 and packing it again gives
+ * the kernels the same bits. Any other reader keeps a weight f32. */
+static kiln_status mark_bf16_weights(struct writer *w, const struct kiln_graph *g)
+{
+    w->as_bf16 = calloc((size_t)g->n_values + 1, 1);
+    uint8_t *other = calloc((size_t)g->n_values + 1, 1);
+    if (!w->as_bf16 || !other) {
+        free(other);
+        return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory");
+    }
+    for (int i = 0; i < g->n_nodes; i++) {
+        const struct kiln_node *n = &g->nodes[i];
+        for (int k = 0; k < n->n_in; k++) {
+            int v = n->in[k];
+            if (v < 0) continue;
+            if (k == 1 && is_bf16_product(n)) w->as_bf16[v] = 1;
+            else other[v] = 1;
+        }
+        for (int k = 0; k < n->n_implicit; k++) other[n->implicit[k]] = 1;
+    }
+    for (int k = 0; k < g->n_outputs; k++) other[g->outputs[k]] = 1;
+    for (int v = 0; v < g->n_values; v++) {
+        const struct kiln_value *val = &g->values[v];
+        if (other[v] || val->kind != KILN_VALUE_CONST || !val->konst ||
+            val->konst->dtype != KILN_DTYPE_F32)
+            w->as_bf16[v] = 0;
+    }
+    free(other);
+    return KILN_OK;
+}
 
 static void wfail(struct writer *w, kiln_status st, const char *msg)
 {
     if (w->st == KILN_OK) w->st = kiln_error(st, "kiln_session_save: %s", msg);
 }
 
-static void put_tensor(struct writer *w, struct wbuf *b, const kiln_tensor *t)
+static void put_tensor(struct writer *w, struct wbuf *b, const kiln_tensor *t, int bf16)
 {
     put_i32(b, (int32_t)t->dtype);
     put_i32(b, t->rank);
@@ -109,7 +173,7 @@ static void put_tensor(struct writer *w, struct wbuf *b, const kiln_tensor *t)
     }
     int64_t off = -1;
     for (int i = 0; i < w->w.n && off < 0; i++)
-        if (w->w.t[i] == t) off = w->w.off[i];
+        if (w->w.t[i] == t && w->w.bf16[i] == bf16) off = w->w.off[i];
     if (off < 0) {
         if (w->w.n == w->w.cap) {
             int cap = w->w.cap ? w->w.cap * 2 : 256;
@@ -117,7 +181,9 @@ static void put_tensor(struct writer *w, struct wbuf *b, const kiln_tensor *t)
             if (nt) w->w.t = nt;
             int64_t *no = realloc(w->w.off, (size_t)cap * sizeof *no);
             if (no) w->w.off = no;
-            if (!nt || !no) {
+            uint8_t *nb = realloc(w->w.bf16, (size_t)cap);
+            if (nb) w->w.bf16 = nb;
+            if (!nt || !no || !nb) {
                 wfail(w, KILN_ERR_OUT_OF_MEMORY, "out of memory");
                 return;
             }
@@ -126,13 +192,22 @@ static void put_tensor(struct writer *w, struct wbuf *b, const kiln_tensor *t)
         static const uint8_t zeros[64];
         put(&w->wght, zeros, ALIGN64(w->wght.n) - w->wght.n);
         off = (int64_t)w->wght.n;
-        put(&w->wght, t->data, t->nbytes);
+        if (bf16) {
+            const float *f = t->data;
+            for (int64_t i = 0; i < kiln_tensor_count(t); i++) {
+                uint16_t h = f32_to_bf16(f[i]);
+                put(&w->wght, &h, 2);
+            }
+        } else {
+            put(&w->wght, t->data, t->nbytes);
+        }
         w->w.t[w->w.n] = t;
+        w->w.bf16[w->w.n] = (uint8_t)bf16;
         w->w.off[w->w.n++] = off;
     }
-    put_i32(b, (int32_t)t->dtype); /* stored dtype */
+    put_i32(b, (int32_t)(bf16 ? KILN_DTYPE_BF16 : t->dtype)); /* stored dtype */
     put_i64(b, off);
-    put_i64(b, (int64_t)t->nbytes);
+    put_i64(b, bf16 ? (int64_t)kiln_tensor_count(t) * 2 : (int64_t)t->nbytes);
 }
 
 static void put_type(struct wbuf *b, const struct kiln_type *t)
@@ -161,7 +236,7 @@ static void put_attr(struct writer *w, struct wbuf *b, const struct kiln_attr *a
     case KILN_ATTR_FLOAT: put_f32(b, a->f); break;
     case KILN_ATTR_INT: put_i64(b, a->i); break;
     case KILN_ATTR_STRING: put_bytes(b, &a->s); break;
-    case KILN_ATTR_TENSOR: put_tensor(w, b, a->t); break;
+    case KILN_ATTR_TENSOR: put_tensor(w, b, a->t, 0); break;
     case KILN_ATTR_GRAPH: put_graph(w, b, a->g); break;
     case KILN_ATTR_FLOATS:
         put_u32(b, (uint32_t)a->n);
@@ -194,7 +269,7 @@ static void put_graph(struct writer *w, struct wbuf *b, const struct kiln_graph 
                 wfail(w, KILN_ERR_INTERNAL, "a constant value has no tensor");
                 return;
             }
-            put_tensor(w, b, val->konst);
+            put_tensor(w, b, val->konst, g == w->root && w->as_bf16 && w->as_bf16[v]);
         }
     }
     put_u32(b, (uint32_t)g->n_nodes);
@@ -339,7 +414,9 @@ kiln_status kiln_session_save(kiln_session *s, const char *path, const kiln_save
     for (int i = 0; i < sig->n_outputs; i++)
         put_value_info(&w.sign, &sig->outputs[i], sig->output_values[i]);
     /* GRPH and WGHT */
-    put_graph(&w, &w.grph, g);
+    w.root = g;
+    if (precision == KILN_PRECISION_BF16) w.st = mark_bf16_weights(&w, g);
+    if (w.st == KILN_OK) put_graph(&w, &w.grph, g);
     struct wbuf rept = {0};
     if (opts && opts->report_json) put(&rept, opts->report_json, strlen(opts->report_json));
     if (w.st == KILN_OK && (w.meta.oom || w.sign.oom || w.grph.oom || w.wght.oom || rept.oom))
@@ -357,5 +434,115 @@ kiln_status kiln_session_save(kiln_session *s, const char *path, const kiln_save
     free(rept.p);
     free(w.w.t);
     free(w.w.off);
+    free(w.w.bf16);
+    free(w.as_bf16);
     return w.st;
+}
+
+/* ---- kiln inspect ---- */
+
+static const char *section_title(uint32_t kind)
+{
+    switch (kind) {
+    case KILN_ART_SEC_META: return "META (versions, precision, CPU features, batch sizes)";
+    case KILN_ART_SEC_SIGN: return "SIGN (signature)";
+    case KILN_ART_SEC_GRPH: return "GRPH (optimized graph)";
+    case KILN_ART_SEC_WGHT: return "WGHT (weights)";
+    case KILN_ART_SEC_REPT: return "REPT (compile report)";
+    }
+    return "(unknown, skipped)";
+}
+
+/* The precision a kernel computes in, from its name ("dnnl_gemm_bf16"). */
+static const char *kernel_precision(const char *kernel)
+{
+    size_t n = strlen(kernel);
+    if (n >= 5 && !strcmp(kernel + n - 5, "_bf16")) return "bf16";
+    if (n >= 5 && !strcmp(kernel + n - 5, "_int8")) return "int8";
+    return "fp32";
+}
+
+/* Run the model once on zero inputs (batch 1) with the profile on, and list
+ * each step's node, op, kernel and the precision that kernel computes in. */
+static void print_node_precisions(const kiln_model *cm, FILE *f)
+{
+    kiln_model *m = (kiln_model *)cm;
+    kiln_session_options so;
+    kiln_session_options_init(&so);
+    so.profile = 1;
+    kiln_session *s = NULL;
+    kiln_tensor *in[64] = {0};
+    kiln_named_tensor named[64];
+    kiln_outputs *out = NULL;
+    kiln_profile *prof = NULL;
+    const char *why = NULL;
+    if (kiln_session_create(m, NULL, &so, &s) != KILN_OK) {
+        why = kiln_last_error();
+        goto done;
+    }
+    const kiln_signature *sig = kiln_session_signature(s);
+    int n = kiln_signature_input_count(sig);
+    if (n > 64) {
+        why = "more than 64 inputs";
+        goto done;
+    }
+    for (int i = 0; i < n; i++) {
+        const kiln_value_info *vi = kiln_signature_input(sig, i);
+        int64_t dims[KILN_MAX_RANK];
+        for (int d = 0; d < vi->rank; d++) dims[d] = vi->dims[d] >= 0 ? vi->dims[d] : 1;
+        if (vi->rank < 0 || vi->dtype == KILN_DTYPE_UNDEFINED ||
+            kiln_tensor_create(vi->dtype, vi->rank, dims, &in[i]) != KILN_OK) {
+            why = "an input has no known type";
+            goto done;
+        }
+        named[i].name = vi->name;
+        named[i].tensor = in[i];
+    }
+    if (kiln_session_run(s, named, n, &out) != KILN_OK ||
+        kiln_session_profile_get(s, &prof) != KILN_OK) {
+        why = kiln_last_error();
+        goto done;
+    }
+    int steps = kiln_profile_step_count(prof), by[3] = {0};
+    int plan = steps ? kiln_profile_step(prof, 0)->plan : 0; /* the one plan that ran */
+    fprintf(f, "precision per node (kernels of a batch-1 plan, in graph order):\n");
+    for (int k = 0; k < steps; k++) /* steps are sorted slowest first: print in step order */
+        for (int i = 0; i < steps; i++) {
+            const kiln_profile_entry *e = kiln_profile_step(prof, i);
+            if (e->plan != plan || e->step != k) continue;
+            const char *p = kernel_precision(e->kernel);
+            by[p[0] == 'b' ? 1 : p[0] == 'i' ? 2 : 0]++;
+            fprintf(f, "  %-5s %-22s %-28s %s\n", p, e->op, e->kernel, e->node);
+        }
+    fprintf(f, "nodes by precision: fp32 %d, bf16 %d, int8 %d\n", by[0], by[1], by[2]);
+done:
+    if (why) fprintf(f, "precision per node: not measured (%s)\n", why);
+    kiln_profile_free(prof);
+    kiln_outputs_free(out);
+    for (int i = 0; i < 64; i++) kiln_tensor_free(in[i]);
+    kiln_session_free(s);
+}
+
+int kiln_model_artifact_print(const kiln_model *m, FILE *f)
+{
+    const struct kiln_artifact_info *a = m->artifact;
+    if (!a) return 0;
+    fprintf(f, "compiled artifact: .kiln format version %u, written by Kiln %s\n",
+            a->format_version, a->kiln_version);
+    fprintf(f, "source format: %s\n", a->source_format);
+    fprintf(f, "precision: %s\n", kiln_precision_name(a->precision));
+    fprintf(f, "CPU features needed: %s\n", a->cpu_features[0] ? a->cpu_features : "(none)");
+    fprintf(f, "batch sizes precompiled at load:");
+    for (int i = 0; i < a->n_batch_sizes; i++) fprintf(f, "%s%lld", i ? "," : " ",
+                                                       (long long)a->batch_sizes[i]);
+    fprintf(f, "%s\n", a->n_batch_sizes ? "" : " (none)");
+    fprintf(f, "file: %llu bytes; sections:\n", (unsigned long long)a->file_size);
+    for (int i = 0; i < a->n_sections; i++)
+        fprintf(f, "  %-56s %12llu bytes at %llu\n", section_title(a->sections[i].kind),
+                (unsigned long long)a->sections[i].size,
+                (unsigned long long)a->sections[i].offset);
+    print_node_precisions(m, f);
+    if (a->report) fprintf(f, "compile report:\n%s\n", a->report);
+    else fprintf(f, "compile report: (none)\n");
+    return 1;
 }

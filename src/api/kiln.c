@@ -386,6 +386,8 @@ kiln_status kiln_model_load_memory(const void *data, size_t size, const kiln_loa
         struct kiln_file_map map = {aligned_alloc(64, (size + 63) / 64 * 64 + 64), size, 0};
         if (!map.data) st = kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory");
         else {
+            m->proto = (void *)map.data; /* freed with the model */
+            m->proto_free = free;
             if (size) memcpy((void *)map.data, data, size);
             st = kiln_artifact_load(&map, "(memory)", m);
         }

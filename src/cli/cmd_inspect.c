@@ -149,6 +149,7 @@ static int print_text(const kiln_model *m, int optimized)
     printf("nodes: %d\n", stats.node_count);
     printf("parameters: %lld (%lld bytes)\n", (long long)stats.param_count,
            (long long)stats.param_bytes);
+    kiln_model_artifact_print(m, stdout); /* a .kiln file: sections, precisions, report */
     for (int i = 0; optimized && i < kiln_model_signature_count(m); i++) {
         const kiln_signature *s = kiln_model_signature(m, i);
         char *log = NULL, summary[512];

@@ -16,7 +16,8 @@
  * fail with a message naming the file and what is wrong, never crash.
  *
  * Also a tiny tool for the Python tests (tests/python/test_kiln_artifact.py):
- *     unit_kiln_artifact --save MODEL OUT.kiln [fp32|bf16|int8] [SIGNATURE]
+ *     unit_kiln_artifact --save MODEL OUT.kiln [fp32|bf16|int8 [BATCHES [SIGNATURE]]]
+ * (BATCHES comma-separated, default 1,4)
  * writes an artifact through the C API until `kiln compile` does.
  */
 #define _GNU_SOURCE
@@ -86,8 +87,9 @@ static int cpu_has_precision(int p)
     return 1;
 }
 
-static kiln_status save_model(const char *model_path, const char *out, int precision,
-                              const char *signature, const char *report)
+static kiln_status save_model_batches(const char *model_path, const char *out, int precision,
+                                      const char *signature, const char *report,
+                                      const int64_t *bs, int nb)
 {
     kiln_model *m;
     kiln_status st = kiln_model_load(model_path, NULL, &m);
@@ -98,13 +100,19 @@ static kiln_status save_model(const char *model_path, const char *out, int preci
     kiln_session *s;
     st = kiln_session_create(m, signature, &so, &s);
     if (st == KILN_OK) {
-        int64_t bs[2] = {1, 4};
-        kiln_save_options o = {bs, 2, report};
+        kiln_save_options o = {bs, nb, report};
         st = kiln_session_save(s, out, &o);
         kiln_session_free(s);
     }
     kiln_model_free(m);
     return st;
+}
+
+static kiln_status save_model(const char *model_path, const char *out, int precision,
+                              const char *signature, const char *report)
+{
+    static const int64_t bs[2] = {1, 4};
+    return save_model_batches(model_path, out, precision, signature, report, bs, 2);
 }
 
 /* Save `path`'s signature from a session in `precision`, load it back, compare outputs. */
@@ -322,6 +330,15 @@ static void unknown_cpu_feature(const char *model)
     size_t n;
     unsigned char *p = read_all(path, &n);
     if (!p) return;
+    /* bf16 weights are stored as bf16: the file is much smaller than the fp32 one */
+    char fp32[512];
+    size_t n32 = 0;
+    snprintf(fp32, sizeof fp32, "%s/fp32.kiln", tmpdir);
+    if (save_model(model, fp32, KILN_PRECISION_FP32, NULL, NULL) == KILN_OK) {
+        free(read_all(fp32, &n32));
+        unlink(fp32);
+    }
+    CHECK(n32 > 0 && (double)n < 0.7 * (double)n32, "bf16 file %zu bytes, fp32 %zu", n, n32);
     unsigned char *f = memmem(p, n, "avx512_bf16", 11);
     CHECK(f != NULL, "the bf16 artifact names avx512_bf16 among its CPU features");
     if (f) {
@@ -354,7 +371,15 @@ int main(int argc, char **argv)
             fprintf(stderr, "%s\n", kiln_last_error());
             return 2;
         }
-        if (save_model(argv[2], argv[3], p, argc >= 6 ? argv[5] : NULL, NULL) != KILN_OK) {
+        int64_t bs[64];
+        int nb = 0;
+        const char *list = argc >= 6 ? argv[5] : "1,4";
+        for (char *e; *list && nb < 64; list = *e ? e + 1 : e) {
+            bs[nb++] = strtoll(list, &e, 10);
+            if (e == list) break;
+        }
+        if (save_model_batches(argv[2], argv[3], p, argc >= 7 ? argv[6] : NULL, NULL, bs, nb) !=
+            KILN_OK) {
             fprintf(stderr, "unit_kiln_artifact: %s\n", kiln_last_error());
             return 1;
         }

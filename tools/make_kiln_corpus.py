@@ -1,0 +1,131 @@
+#!/usr/bin/env python3
+"""make_kiln_corpus.py - the fuzzing seed corpus of the .kiln reader.
+
+    python3 tools/make_kiln_corpus.py --tool build/tests/unit_kiln_artifact \
+        tests/corpus/kiln_artifact
+
+Builds a few small ONNX models with the onnx package (a dense layer, a
+convolution the optimizer blocks and fuses, an If with two subgraphs, a
+string constant), compiles each to a .kiln file with the C API (the test
+binary's `--save` mode, src/api/artifact.c behind it), and writes them with
+malformed variants: truncated, a wrong format version, and bytes flipped
+inside each section with every checksum made right again, so that the
+replay (fuzz/fuzz_kiln_artifact.c) reaches the section parsers, not only the
+CRC checks. Seeds are deterministic (fixed random seed).
+"""
+import argparse
+import os
+import random
+import struct
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+
+def crc32c(data):
+    crc = 0xFFFFFFFF
+    for b in data:
+        crc ^= b
+        for _ in range(8):
+            crc = (crc >> 1) ^ (0x82F63B78 if crc & 1 else 0)
+    return crc ^ 0xFFFFFFFF
+
+
+def rechecksum(buf):
+    """Make every CRC of an edited .kiln file right again."""
+    nsec = struct.unpack_from("<I", buf, 24)[0]
+    for i in range(nsec):
+        e = 64 + 32 * i
+        off, ln = struct.unpack_from("<QQ", buf, e + 8)
+        struct.pack_into("<I", buf, e + 4, crc32c(buf[off:off + ln]))
+    struct.pack_into("<I", buf, 28, crc32c(buf[64:64 + 32 * nsec]))
+    struct.pack_into("<I", buf, 60, crc32c(buf[:60]))
+
+
+def models():
+    rng = np.random.default_rng(0)
+    f = TensorProto.FLOAT
+    w = numpy_helper.from_array(rng.standard_normal((4, 3)).astype(np.float32), "w")
+    b = numpy_helper.from_array(rng.standard_normal(3).astype(np.float32), "b")
+    dense = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Add", ["h", "b"], ["a"]),
+         helper.make_node("Relu", ["a"], ["y"])], "dense",
+        [helper.make_tensor_value_info("x", f, ["batch", 4])],
+        [helper.make_tensor_value_info("y", f, ["batch", 3])], [w, b])
+    k = numpy_helper.from_array(rng.standard_normal((16, 3, 3, 3)).astype(np.float32), "k")
+    conv = helper.make_graph(
+        [helper.make_node("Conv", ["x", "k"], ["c"], pads=[1, 1, 1, 1]),
+         helper.make_node("Relu", ["c"], ["r"]),
+         helper.make_node("GlobalAveragePool", ["r"], ["y"])], "conv",
+        [helper.make_tensor_value_info("x", f, ["batch", 3, 8, 8])],
+        [helper.make_tensor_value_info("y", f, ["batch", 16, 1, 1])], [k])
+    one = numpy_helper.from_array(np.array([1.0, 2.0], np.float32), "one")
+    then_g = helper.make_graph([helper.make_node("Add", ["x", "one"], ["t"])], "then", [],
+                               [helper.make_tensor_value_info("t", f, [2])])
+    else_g = helper.make_graph([helper.make_node("Mul", ["x", "one"], ["e"])], "else", [],
+                               [helper.make_tensor_value_info("e", f, [2])])
+    iff = helper.make_graph(
+        [helper.make_node("If", ["c"], ["y"], then_branch=then_g, else_branch=else_g)], "if",
+        [helper.make_tensor_value_info("c", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("x", f, [2])],
+        [helper.make_tensor_value_info("y", f, [2])], [one])
+    s = helper.make_tensor("s", TensorProto.STRING, [2], [b"ab", b"cde"])
+    strs = helper.make_graph(
+        [helper.make_node("Identity", ["s"], ["y"]), helper.make_node("Identity", ["x"], ["z"])],
+        "strings", [helper.make_tensor_value_info("x", f, [1])],
+        [helper.make_tensor_value_info("y", TensorProto.STRING, [2]),
+         helper.make_tensor_value_info("z", f, [1])], [s])
+    for name, g in [("dense", dense), ("conv", conv), ("if", iff), ("strings", strs)]:
+        yield name, helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)],
+                                      producer_name="make_kiln_corpus")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tool", required=True, help="tests/unit_kiln_artifact in a build folder")
+    ap.add_argument("out")
+    a = ap.parse_args()
+    os.makedirs(a.out, exist_ok=True)
+    rnd = random.Random(1)
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, model in models():
+            src = os.path.join(tmp, name + ".onnx")
+            onnx.save(model, src)
+            precs = ["fp32", "bf16"] if name == "dense" else ["fp32"]
+            for prec in precs:
+                art = os.path.join(tmp, f"{name}_{prec}.kiln")
+                subprocess.run([a.tool, "--save", src, art, prec], check=True)
+                good = bytearray(open(art, "rb").read())
+                base = os.path.join(a.out, f"{name}_{prec}")
+                open(base + ".kiln", "wb").write(good)
+                if prec != "fp32":
+                    continue
+                for cut in (7, 40, 100, len(good) // 2, len(good) - 1):
+                    open(f"{base}_cut{cut}.kiln", "wb").write(good[:cut])
+                bad = bytearray(good)
+                struct.pack_into("<I", bad, 8, 2)
+                rechecksum(bad)
+                open(base + "_version2.kiln", "wb").write(bad)
+                nsec = struct.unpack_from("<I", good, 24)[0]
+                for i in range(nsec):
+                    kind = bytes(good[64 + 32 * i:68 + 32 * i]).decode()
+                    off, ln = struct.unpack_from("<QQ", good, 64 + 32 * i + 8)
+                    for j in range(4 if kind in ("GRPH", "SIGN", "META") else 1):
+                        if ln == 0:
+                            break
+                        bad = bytearray(good)
+                        at = off + rnd.randrange(ln)
+                        bad[at] = rnd.choice([0x00, 0xFF, 0x7F, 0x80, bad[at] ^ 0x01, bad[at] ^ 0x10])
+                        rechecksum(bad)
+                        open(f"{base}_{kind.lower()}{j}.kiln", "wb").write(bad)
+            if name == "dense":
+                open(os.path.join(a.out, "foreign_onnx.kiln"), "wb").write(model.SerializeToString())
+    print(f"wrote {len(os.listdir(a.out))} files to {a.out}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
