@@ -12,7 +12,8 @@
  * - clearing the list returns to the shared plans (fp32 bit for bit);
  * - unknown names, bad precisions and the reference executor are refused;
  * - a mixed session saved as .kiln loads with the same per-node precisions
- *   and outputs (bit for bit).
+ *   and outputs (bit for bit), also a bf16 session with an fp32 node (whose
+ *   weights the file must not round to bf16).
  * The numeric correctness of each precision's kernels is unit_lowp.c's; the
  * mixed outputs against a numpy emulation are tests/python/test_compile.py's.
  * int8 parts need VNNI (elsewhere int8 nodes run fp32) and are skipped.
@@ -143,6 +144,29 @@ int main(void)
     y = run(s, x);
     CHECK(same(y, y8), "cleared exceptions == int8 session");
     kiln_tensor_free(y);
+    kiln_session_free(s);
+
+    /* a bf16 session with fc1 kept fp32, saved: fc1's weights stay fp32 in the file */
+    s = session(m, KILN_PRECISION_BF16, 0);
+    kiln_node_precision keep = {"fc1", KILN_PRECISION_FP32};
+    CHECK(kiln_session_set_node_precision(s, &keep, 1) == KILN_OK, "%s", kiln_last_error());
+    kiln_tensor *yb = run(s, x);
+    char bpath[] = "/tmp/kiln_node_prec_bf16_XXXXXX";
+    int bfd = mkstemp(bpath);
+    if (bfd >= 0) close(bfd);
+    CHECK(bfd >= 0 && kiln_session_save(s, bpath, NULL) == KILN_OK, "save: %s", kiln_last_error());
+    kiln_model *mb = NULL;
+    CHECK(kiln_model_load(bpath, NULL, &mb) == KILN_OK, "load: %s", kiln_last_error());
+    if (mb) {
+        kiln_session *sb = session(mb, KILN_PRECISION_BF16, 0);
+        kiln_tensor *ybk = sb ? run(sb, x) : NULL;
+        CHECK(same(ybk, yb), "the bf16 .kiln with fc1 fp32 computes what the session did");
+        kiln_tensor_free(ybk);
+        kiln_session_free(sb);
+        kiln_model_free(mb);
+    }
+    unlink(bpath);
+    kiln_tensor_free(yb);
     kiln_session_free(s);
 
     if (!cpu_has_vnni()) {
