@@ -25,6 +25,7 @@
 #include "import/kiln_artifact.h"
 #include "import/model.h"
 #include "exec/plan.h"
+#include "kernels/fast.h"
 
 #define ALIGN64(x) (((x) + 63) / 64 * 64)
 
@@ -84,7 +85,8 @@ struct wlist {
 };
 
 struct writer {
-    struct wbuf meta, sign, grph, wght;
+    struct wbuf meta, sign, grph, wght, pack;
+    int n_packs;
     struct wlist w;
     kiln_status st;
     const struct kiln_graph *root;
@@ -298,6 +300,29 @@ static void put_graph(struct writer *w, struct wbuf *b, const struct kiln_graph 
     for (int i = 0; i < g->n_outputs; i++) put_i32(b, g->outputs[i]);
 }
 
+/* One packed weight of the weight cache: kept when it packs a constant of the
+ * saved graph by a plain oneDNN reorder (tags "dnnl_..."; int8 packs carry
+ * their scales in the buffer and are made again at load). */
+static void put_pack(void *ctx, const void *key, const char *tag, const void *packed, size_t bytes)
+{
+    struct writer *w = ctx;
+    if (strncmp(tag, "dnnl_", 5) || strstr(tag, "_s8_") || !bytes) return;
+    const struct kiln_graph *g = w->root;
+    int v = -1;
+    for (int i = 0; i < g->n_values && v < 0; i++)
+        if (g->values[i].kind == KILN_VALUE_CONST && g->values[i].konst == key) v = i;
+    if (v < 0) return;
+    static const uint8_t zeros[64];
+    put(&w->wght, zeros, ALIGN64(w->wght.n) - w->wght.n);
+    int64_t off = (int64_t)w->wght.n;
+    put(&w->wght, packed, bytes);
+    put_i32(&w->pack, v);
+    put_str(&w->pack, tag);
+    put_i64(&w->pack, off);
+    put_i64(&w->pack, (int64_t)bytes);
+    w->n_packs++;
+}
+
 static void put_value_info(struct wbuf *b, const kiln_value_info *vi, int id)
 {
     put_str(b, vi->name ? vi->name : "");
@@ -379,8 +404,6 @@ kiln_status kiln_session_save(kiln_session *s, const char *path, const kiln_save
     const struct kiln_signature *sig;
     const struct kiln_graph *g;
     int precision;
-    kiln_status st = kiln_session_artifact_view(s, &m, &sig, &g, &precision);
-    if (st != KILN_OK) return st;
     int nb = opts && opts->batch_sizes ? opts->n_batch_sizes : 0;
     if (nb < 0 || nb > 1024)
         return kiln_error(KILN_ERR_INVALID_ARGUMENT, "kiln_session_save: %d batch sizes (0..1024)",
@@ -390,6 +413,11 @@ kiln_status kiln_session_save(kiln_session *s, const char *path, const kiln_save
             return kiln_error(KILN_ERR_INVALID_ARGUMENT,
                               "kiln_session_save: batch size %lld is not 1..%d",
                               (long long)opts->batch_sizes[i], 1 << 24);
+    /* the plans of the saved batch sizes pack the weights PACK keeps */
+    kiln_status st = nb ? kiln_session_precompile(s, opts->batch_sizes, nb) : KILN_OK;
+    if (st != KILN_OK) return st;
+    st = kiln_session_artifact_view(s, &m, &sig, &g, &precision); /* pins every weight */
+    if (st != KILN_OK) return st;
     struct writer w = {0};
     char cpu[128];
     kiln_artifact_cpu_features(g, precision, cpu, sizeof cpu);
@@ -420,21 +448,38 @@ kiln_status kiln_session_save(kiln_session *s, const char *path, const kiln_save
     w.root = g;
     if (precision == KILN_PRECISION_BF16) w.st = mark_bf16_weights(&w, g);
     if (w.st == KILN_OK) put_graph(&w, &w.grph, g);
+    /* PACK: the weights as the plans of the saved batch sizes packed them */
+    struct wbuf packs = {0};
+    if (w.st == KILN_OK && nb > 0) {
+        char env[128];
+        kiln_weight_cache_pack_env(env, sizeof env);
+        put_str(&packs, env);
+        kiln_weight_cache_each(m->weights, put_pack, &w);
+        put_u32(&packs, (uint32_t)w.n_packs);
+        put(&packs, w.pack.p, w.pack.n);
+    }
     struct wbuf rept = {0};
     if (opts && opts->report_json) put(&rept, opts->report_json, strlen(opts->report_json));
-    if (w.st == KILN_OK && (w.meta.oom || w.sign.oom || w.grph.oom || w.wght.oom || rept.oom))
+    if (w.st == KILN_OK && (w.meta.oom || w.sign.oom || w.grph.oom || w.wght.oom || rept.oom ||
+                            w.pack.oom || packs.oom))
         wfail(&w, KILN_ERR_OUT_OF_MEMORY, "out of memory");
     if (w.st == KILN_OK) {
-        struct wbuf *secs[5] = {&w.meta, &w.sign, &w.grph, &w.wght, &rept};
-        const uint32_t kinds[5] = {KILN_ART_SEC_META, KILN_ART_SEC_SIGN, KILN_ART_SEC_GRPH,
-                                   KILN_ART_SEC_WGHT, KILN_ART_SEC_REPT};
-        w.st = write_file(path, secs, kinds, opts && opts->report_json ? 5 : 4);
+        struct wbuf *secs[6] = {&w.meta, &w.sign, &w.grph, &w.wght, &packs, &rept};
+        uint32_t kinds[6] = {KILN_ART_SEC_META, KILN_ART_SEC_SIGN, KILN_ART_SEC_GRPH,
+                             KILN_ART_SEC_WGHT, KILN_ART_SEC_PACK, KILN_ART_SEC_REPT};
+        int n = 4;
+        if (packs.n) n++;
+        else secs[4] = &rept, kinds[4] = KILN_ART_SEC_REPT;
+        if (opts && opts->report_json) secs[n] = &rept, kinds[n] = KILN_ART_SEC_REPT, n++;
+        w.st = write_file(path, secs, kinds, n);
     }
     free(w.meta.p);
     free(w.sign.p);
     free(w.grph.p);
     free(w.wght.p);
     free(rept.p);
+    free(packs.p);
+    free(w.pack.p);
     free(w.w.t);
     free(w.w.off);
     free(w.w.bf16);
@@ -452,6 +497,7 @@ static const char *section_title(uint32_t kind)
     case KILN_ART_SEC_GRPH: return "GRPH (optimized graph)";
     case KILN_ART_SEC_WGHT: return "WGHT (weights)";
     case KILN_ART_SEC_REPT: return "REPT (compile report)";
+    case KILN_ART_SEC_PACK: return "PACK (index of packed weights, bytes in WGHT)";
     }
     return "(unknown, skipped)";
 }

@@ -245,6 +245,15 @@ static kiln_status model_prepare(struct kiln_model *m)
             (st = kiln_weight_cache_add_mapping(m->weights, m->maps[i].data, m->maps[i].size)) !=
                 KILN_OK)
             return st;
+    if (m->artifact && m->artifact->n_packs) { /* a .kiln's packed weights, if packed here */
+        char env[128];
+        kiln_weight_cache_pack_env(env, sizeof env);
+        for (int i = 0; i < m->artifact->n_packs && !strcmp(env, m->artifact->pack_env); i++) {
+            const struct kiln_artifact_pack *pk = &m->artifact->packs[i];
+            st = kiln_weight_cache_preload(m->weights, pk->key, pk->tag, pk->data, pk->bytes);
+            if (st != KILN_OK) return st;
+        }
+    }
     for (int i = 0; i < m->n_signatures; i++) m->signatures[i].shares_graph_of = -1;
     for (int i = 0; i < m->n_signatures; i++) {
         struct kiln_signature *sig = &m->signatures[i];

@@ -603,6 +603,54 @@ static void rd_meta(struct rd *r, struct kiln_model *m, struct kiln_artifact_inf
     }
 }
 
+/* PACK: packed weights, each bound to a constant of the root graph. */
+static void rd_packs(struct rd *r, struct kiln_graph *g, struct kiln_artifact_info *info)
+{
+    char *env = rd_name(r, "packing environment");
+    int n = rd_count(r, 24, 1 << 20, "packed weight count");
+    if (r->st != KILN_OK) return;
+    info->pack_env = strdup(env);
+    info->packs = calloc((size_t)n + 1, sizeof *info->packs);
+    if (!info->pack_env || !info->packs) {
+        rd_fail(r, KILN_ERR_OUT_OF_MEMORY, "out of memory");
+        return;
+    }
+    for (int i = 0; i < n && r->st == KILN_OK; i++) {
+        int v = rd_value_id(r, g, 0, "packed weight value");
+        char *tag = rd_name(r, "packed weight tag");
+        int64_t off = rd_i64(r, "packed weight offset");
+        int64_t bytes = rd_i64(r, "packed weight bytes");
+        if (r->st != KILN_OK) return;
+        if (g->values[v].kind != KILN_VALUE_CONST || !g->values[v].konst) {
+            rd_fail(r, KILN_ERR_INVALID_MODEL, "packed weight of value '%s', not a constant",
+                    g->values[v].name);
+            return;
+        }
+        if (off < 0 || off % KILN_ART_ALIGN || bytes <= 0 || (uint64_t)off > r->wsize ||
+            (uint64_t)bytes > r->wsize - (uint64_t)off) {
+            rd_fail(r, KILN_ERR_INVALID_MODEL, "packed weight of '%s': %lld bytes at weight offset "
+                    "%lld lie outside the %zu-byte weight section or are not aligned",
+                    g->values[v].name, (long long)bytes, (long long)off, r->wsize);
+            return;
+        }
+        if (strncmp(tag, "dnnl_", 5) || strstr(tag, "_s8_")) {
+            rd_fail(r, KILN_ERR_INVALID_MODEL, "packed weight of '%s' has tag '%.60s', not a "
+                    "oneDNN reorder's", g->values[v].name, tag);
+            return;
+        }
+        struct kiln_artifact_pack *pk = &info->packs[info->n_packs];
+        pk->tag = strdup(tag);
+        if (!pk->tag) {
+            rd_fail(r, KILN_ERR_OUT_OF_MEMORY, "out of memory");
+            return;
+        }
+        pk->key = g->values[v].konst;
+        pk->data = r->wbase + off;
+        pk->bytes = (uint64_t)bytes;
+        info->n_packs++;
+    }
+}
+
 static void get_u32(const uint8_t *p, uint32_t *v) { memcpy(v, p, 4); }
 static void get_u64(const uint8_t *p, uint64_t *v) { memcpy(v, p, 8); }
 
@@ -614,6 +662,9 @@ int kiln_artifact_detect(const void *data, size_t size)
 void kiln_artifact_info_free(struct kiln_artifact_info *info)
 {
     if (!info) return;
+    for (int i = 0; i < info->n_packs; i++) free(info->packs[i].tag);
+    free(info->packs);
+    free(info->pack_env);
     free(info->cpu_features);
     free(info->source_format);
     free(info->batch_sizes);
@@ -723,10 +774,10 @@ kiln_status kiln_artifact_load(struct kiln_file_map *map, const char *name, stru
     if (kiln_crc32c(p + KILN_ART_HEADER_BYTES, (size_t)nsec * 32) != table_crc && ART_CHECK_CRC)
         return kiln_error(KILN_ERR_INVALID_MODEL, "%s: section table checksum mismatch: the file "
                           "is corrupted", name);
-    const uint8_t *sec_data[5] = {0};
-    size_t sec_size[5] = {0};
-    static const uint32_t kinds[5] = {KILN_ART_SEC_META, KILN_ART_SEC_SIGN, KILN_ART_SEC_GRPH,
-                                      KILN_ART_SEC_WGHT, KILN_ART_SEC_REPT};
+    const uint8_t *sec_data[6] = {0};
+    size_t sec_size[6] = {0};
+    static const uint32_t kinds[6] = {KILN_ART_SEC_META, KILN_ART_SEC_SIGN, KILN_ART_SEC_GRPH,
+                                      KILN_ART_SEC_WGHT, KILN_ART_SEC_REPT, KILN_ART_SEC_PACK};
     info->n_sections = (int)nsec;
     uint64_t prev_end = table_end;
     for (uint32_t i = 0; i < nsec; i++) {
@@ -760,7 +811,7 @@ kiln_status kiln_artifact_load(struct kiln_file_map *map, const char *name, stru
             return kiln_error(KILN_ERR_INVALID_MODEL, "%s: section %s checksum mismatch (stored "
                               "0x%08x, computed 0x%08x): the file is corrupted", name,
                               sec_name(kind, sb), crc, kiln_crc32c(p + off, len));
-        for (int k = 0; k < 5; k++)
+        for (int k = 0; k < 6; k++)
             if (kind == kinds[k]) {
                 if (sec_data[k])
                     return kiln_error(KILN_ERR_INVALID_MODEL, "%s: section %s appears twice", name,
@@ -801,6 +852,11 @@ kiln_status kiln_artifact_load(struct kiln_file_map *map, const char *name, stru
         if (!info->report) return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory");
         memcpy(info->report, sec_data[4], sec_size[4]);
         info->report[sec_size[4]] = '\0';
+    }
+    if (sec_data[5]) {
+        r.p = sec_data[5], r.n = sec_size[5], r.off = 0, r.sec = KILN_ART_SEC_PACK;
+        rd_packs(&r, m->graph, info);
+        if (r.st != KILN_OK) return r.st;
     }
     if ((st = kiln_graph_verify(m->graph)) != KILN_OK)
         return kiln_error_wrap(st, "%s: section GRPH", name);

@@ -35,6 +35,7 @@
 #define KILN_ART_SEC_GRPH KILN_ART_FOURCC('G', 'R', 'P', 'H') /* the optimized graph */
 #define KILN_ART_SEC_WGHT KILN_ART_FOURCC('W', 'G', 'H', 'T') /* tensor bytes, 64-aligned */
 #define KILN_ART_SEC_REPT KILN_ART_FOURCC('R', 'E', 'P', 'T') /* compile report, verbatim */
+#define KILN_ART_SEC_PACK KILN_ART_FOURCC('P', 'A', 'C', 'K') /* weights packed for the kernels */
 
 /* What a loaded artifact says about itself (kept with the model for
  * `kiln inspect` and kiln_model_compile_report). */
@@ -50,6 +51,11 @@ struct kiln_artifact_info {
     int n_sections;
     struct { uint32_t kind; uint64_t offset, size; } sections[KILN_ART_MAX_SECTIONS];
     uint64_t file_size;
+    /* PACK: weights as the kernels packed them (bytes in WGHT), valid where
+     * the packing environment (kiln_weight_cache_pack_env) is pack_env */
+    char *pack_env;
+    int n_packs;
+    struct kiln_artifact_pack { const kiln_tensor *key; char *tag; const void *data; uint64_t bytes; } *packs;
 };
 
 /* Whether bytes begin with the .kiln magic. */

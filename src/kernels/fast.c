@@ -300,6 +300,49 @@ done:
     return st;
 }
 
+void kiln_weight_cache_each(struct kiln_weight_cache *wc,
+                            void (*fn)(void *ctx, const void *key, const char *tag,
+                                       const void *packed, size_t bytes),
+                            void *ctx)
+{
+    pthread_mutex_lock(&wc->mu);
+    for (struct wc_entry *e = wc->head; e; e = e->next)
+        if (e->packed) fn(ctx, e->key, e->tag, e->packed, e->bytes);
+    pthread_mutex_unlock(&wc->mu);
+}
+
+kiln_status kiln_weight_cache_preload(struct kiln_weight_cache *wc, const void *key,
+                                      const char *tag, const void *packed, size_t bytes)
+{
+    struct wc_entry *e = calloc(1, sizeof *e);
+    char *t = strdup(tag);
+    if (!e || !t) {
+        free(e);
+        free(t);
+        return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory");
+    }
+    e->key = key;
+    e->tag = t;
+    e->packed = (void *)packed;
+    e->bytes = bytes;
+    pthread_mutex_lock(&wc->mu);
+    e->next = wc->head;
+    wc->head = e;
+    wc->bytes += bytes;
+    pthread_mutex_unlock(&wc->mu);
+    return KILN_OK;
+}
+
+size_t kiln_weight_cache_entry_bytes(struct kiln_weight_cache *wc, const void *key, const char *tag)
+{
+    size_t n = 0;
+    pthread_mutex_lock(&wc->mu);
+    for (struct wc_entry *e = wc->head; e && !n; e = e->next)
+        if (e->key == key && strcmp(e->tag, tag) == 0) n = e->bytes;
+    pthread_mutex_unlock(&wc->mu);
+    return n;
+}
+
 size_t kiln_weight_cache_bytes(const struct kiln_weight_cache *wc)
 {
     return wc ? wc->bytes : 0;

@@ -83,6 +83,23 @@ kiln_status kiln_weight_cache_pin_all(struct kiln_weight_cache *wc);
 void kiln_weight_cache_release(struct kiln_weight_cache *wc, const kiln_tensor *t);
 void kiln_weight_cache_compile_lock(struct kiln_weight_cache *wc);
 void kiln_weight_cache_compile_unlock(struct kiln_weight_cache *wc);
+/* Compiled artifacts (.kiln, docs/KILN_FORMAT.md) keep the packed weights:
+ * kiln_weight_cache_each lists every entry (under the cache's lock; fn must
+ * not call back into the cache), and kiln_weight_cache_preload adds one
+ * packed elsewhere (bytes in a mapped file that outlives the cache; not
+ * freed), so that a plan asking for (key, tag) finds it packed already.
+ * kiln_weight_cache_pack_env names what packed bytes depend on (oneDNN's
+ * version and the ISA it runs on): preloaded bytes are only valid for the
+ * same string. */
+void kiln_weight_cache_each(struct kiln_weight_cache *wc,
+                            void (*fn)(void *ctx, const void *key, const char *tag,
+                                       const void *packed, size_t bytes),
+                            void *ctx);
+kiln_status kiln_weight_cache_preload(struct kiln_weight_cache *wc, const void *key,
+                                      const char *tag, const void *packed, size_t bytes);
+void kiln_weight_cache_pack_env(char *buf, size_t n);
+/* Bytes of the entry (key, tag), 0 when there is none. */
+size_t kiln_weight_cache_entry_bytes(struct kiln_weight_cache *wc, const void *key, const char *tag);
 /* Bytes of reloadable weights currently released. */
 size_t kiln_weight_cache_released_bytes(struct kiln_weight_cache *wc);
 

@@ -30,6 +30,8 @@
 
 #include "check.h"
 #include "core/crc32c.h"
+#include "import/model.h"
+#include "kernels/fast.h"
 #include "kiln/kiln.h"
 
 static char tmpdir[256];
@@ -115,6 +117,23 @@ static kiln_status save_model(const char *model_path, const char *out, int preci
     return save_model_batches(model_path, out, precision, signature, report, bs, 2);
 }
 
+/* Packed weights of a loaded .kiln: oneDNN reorder packs must all be the
+ * file's (inside its mapping), none packed again at load. */
+struct pack_count {
+    const struct kiln_file_map *map;
+    int in_file, packed_here;
+};
+
+static void count_pack(void *ctx, const void *key, const char *tag, const void *packed, size_t bytes)
+{
+    struct pack_count *c = ctx;
+    (void)key;
+    if (strncmp(tag, "dnnl_", 5) || strstr(tag, "_s8_")) return;
+    const char *lo = c->map->data, *p = packed;
+    if (p >= lo && p + bytes <= lo + c->map->size) c->in_file++;
+    else c->packed_here++;
+}
+
 /* Save `path`'s signature from a session in `precision`, load it back, compare outputs. */
 static void round_trip(const char *path, const char *signature, int precision)
 {
@@ -148,6 +167,13 @@ static void round_trip(const char *path, const char *signature, int precision)
     CHECK(kiln_model_compile_report(art) && !strcmp(kiln_model_compile_report(art), report),
           "report %s", kiln_model_compile_report(art) ? kiln_model_compile_report(art) : "NULL");
     CHECK(kiln_model_compile_report(src) == NULL, "a source model has no report");
+    if (art->n_maps == 1 && precision != KILN_PRECISION_INT8) {
+        struct pack_count pc = {&art->maps[0], 0, 0};
+        kiln_weight_cache_each(art->weights, count_pack, &pc);
+        CHECK(pc.packed_here == 0, "%s (%s): %d weights packed again at load, %d from the file",
+              path, pname, pc.packed_here, pc.in_file);
+        if (pc.in_file) fprintf(stderr, "  %d packed weights used from the file\n", pc.in_file);
+    }
     st = kiln_session_create(art, NULL, NULL, &as); /* runs in the saved precision */
     CHECK(st == KILN_OK, "session of the .kiln: %s", kiln_last_error());
     if (st != KILN_OK) goto done;

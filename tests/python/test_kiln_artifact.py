@@ -133,14 +133,22 @@ def test_python_extension_loads_the_artifact(artifact):
     if not (BUILD / "libkiln.so").exists():
         pytest.skip(f"{BUILD}/libkiln.so not found")
     out = BUILD / "python"
+    env = dict(os.environ, KILN_BUILD_DIR=str(BUILD))
+    run_env = dict(os.environ)
+    if b"libasan" in (BUILD / "libkiln.so").read_bytes():
+        # a sanitizer build: the extension is built with the sanitizers and the
+        # interpreter runs with their runtimes preloaded (as test_python_api.py does)
+        flags = "-fsanitize=address,undefined -fno-sanitize-recover=undefined"
+        env.update(CFLAGS=flags + " -fno-omit-frame-pointer", LDFLAGS="-fsanitize=address,undefined")
+        out = BUILD / "python-sanitized"
+        libs = [subprocess.run(["gcc", f"-print-file-name={n}"], capture_output=True,
+                               text=True).stdout.strip() for n in ("libasan.so", "libubsan.so")]
+        run_env.update(LD_PRELOAD=":".join(libs), ASAN_OPTIONS="detect_leaks=0")
     if not (out / "kiln").exists():
-        env = dict(os.environ, KILN_BUILD_DIR=str(BUILD))
         r = subprocess.run([sys.executable, str(REPO / "python" / "setup.py"), "-q", "build",
                             "--build-lib", str(out), "--build-temp", str(out) + "-tmp"],
                            cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
         assert r.returncode == 0, r.stderr
-    if os.environ.get("KILN_SANITIZED") == "1":
-        pytest.skip("the extension is checked under the sanitizers by test_python_api.py")
     code = (
         "import sys, numpy as np; sys.path.insert(0, sys.argv[1]); import kiln\n"
         "s = kiln.InferenceSession(sys.argv[2])\n"
@@ -150,7 +158,7 @@ def test_python_extension_loads_the_artifact(artifact):
         "np.save(sys.argv[4], s.run(None, {'pixels': x})[0])\n")
     y_path = artifact.parent / "py_y.npy"
     r = subprocess.run([sys.executable, "-c", code, str(out), str(artifact), str(SAMPLE),
-                        str(y_path)], capture_output=True, text=True, timeout=120)
+                        str(y_path)], capture_output=True, text=True, timeout=120, env=run_env)
     assert r.returncode == 0, r.stderr
     x = np.load(SAMPLE).astype(np.float32)
     np.testing.assert_allclose(np.load(y_path), numpy_reference(x), rtol=1e-4, atol=1e-6)

@@ -228,7 +228,23 @@ kiln_status kd_pack_weights(const struct kiln_compile_ctx *cc, const kiln_tensor
     struct pack_arg arg = {cc->node, w, *src_md, *dst_md, scale};
     if (!cc->weights) /* no cache (a caller without one): not expected from plans */
         return kiln_node_error(cc->node, KILN_ERR_INTERNAL, "no weight cache to pack into");
-    return kiln_weight_cache_get(cc->weights, w, tag, pack_run, &arg, packed);
+    kiln_status st = kiln_weight_cache_get(cc->weights, w, tag, pack_run, &arg, packed);
+    /* an entry preloaded from a .kiln file must be the size this format has */
+    size_t want = dnnl_memory_desc_get_size(dst_md);
+    if (st == KILN_OK && kiln_weight_cache_entry_bytes(cc->weights, w, tag) != want) {
+        *packed = NULL;
+        return kiln_node_error(cc->node, KILN_ERR_INVALID_MODEL,
+                               "packed weight of %zu bytes, its format needs %zu",
+                               kiln_weight_cache_entry_bytes(cc->weights, w, tag), want);
+    }
+    return st;
+}
+
+void kiln_weight_cache_pack_env(char *buf, size_t n)
+{
+    const dnnl_version_t *v = dnnl_version();
+    snprintf(buf, n, "onednn %d.%d.%d %s isa %d", v->major, v->minor, v->patch,
+             v->hash ? v->hash : "", (int)dnnl_get_effective_cpu_isa());
 }
 
 /* ---- int8 weights ---- */
