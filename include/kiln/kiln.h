@@ -388,6 +388,36 @@ void kiln_calibration_free(kiln_calibration *c);
  * record (the same histogram and method as finish uses). */
 kiln_status kiln_calibration_range(const float *x, int64_t n, kiln_calibration_method method,
                                    double percentile, float *lo, float *hi);
+/* ---- Per-node precision (`kiln compile --precision auto`, docs/COMPRESSION.md) ----
+ *
+ * A session's precision applies to every node that has a kernel for it;
+ * these calls make exceptions by node name (the names of the optimized
+ * graph, as the profile's step entries show them). `kiln compile`'s auto
+ * policy uses them to keep the nodes most sensitive to quantization in
+ * bf16 or fp32, and to measure each node's sensitivity alone (an fp32
+ * session with one node int8).
+ *
+ * kiln_session_set_node_precision replaces the session's whole list of
+ * exceptions with nodes[0..n) (n = 0 clears it); the session then compiles
+ * its own plans (not shared with other sessions of the model). A listed
+ * node without a kernel for its precision runs fp32, as under a session
+ * precision; a name the graph does not have is KILN_ERR_NOT_FOUND naming it.
+ * Call it before running the session, not while runs are in flight.
+ * Names are copied. Not supported with reference = 1.
+ */
+typedef struct kiln_node_precision {
+    const char *node;            /* node name in the session's optimized graph */
+    kiln_precision precision;
+} kiln_node_precision;
+kiln_status kiln_session_set_node_precision(kiln_session *s, const kiln_node_precision *nodes,
+                                            int n);
+/* The precision node `node` is asked to run in: its exception, else the
+ * session's precision (whether a kernel honours it shows in the profile). */
+kiln_precision kiln_session_node_precision(const kiln_session *s, const char *node);
+/* Weight elements of a node of the session's optimized graph: the elements
+ * of its constant floating-point input 1 (a product's B or a convolution's
+ * W), 0 when it has none; -1 when the graph has no node of that name. */
+int64_t kiln_session_node_weight_elems(const kiln_session *s, const char *node);
 
 #ifdef __cplusplus
 }

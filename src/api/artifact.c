@@ -24,6 +24,7 @@
 #include "core/tensor.h"
 #include "import/kiln_artifact.h"
 #include "import/model.h"
+#include "exec/plan.h"
 #include "kernels/fast.h"
 
 #define ALIGN64(x) (((x) + 63) / 64 * 64)
@@ -137,7 +138,9 @@ static kiln_status mark_bf16_weights(struct writer *w, const struct kiln_graph *
         for (int k = 0; k < n->n_in; k++) {
             int v = n->in[k];
             if (v < 0) continue;
-            if (k == 1 && is_bf16_product(n)) w->as_bf16[v] = 1;
+            const struct kiln_attr *pa = kiln_node_attr(n, KILN_NODE_PRECISION_ATTR);
+            int own = pa && pa->type == KILN_ATTR_INT && pa->i != KILN_PRECISION_BF16;
+            if (k == 1 && is_bf16_product(n) && !own) w->as_bf16[v] = 1; /* not an fp32/int8 exception */
             else other[v] = 1;
         }
         for (int k = 0; k < n->n_implicit; k++) other[n->implicit[k]] = 1;

@@ -32,10 +32,16 @@ struct kiln_session {
     kiln_session_options opts;
     atomic_int profile;   /* time every step of this session's runs (kiln_session_profile_enable) */
     struct kiln_graph *own_graph;        /* calibrated static int8 graph (kiln_session_adopt_graph) */
-    struct kiln_plan_cache *own_plans;   /* its plans */
+    struct kiln_plan_cache *cal_plans;   /* its plans */
     struct kiln_weight_cache *own_weights; /* their packed weights (the graph's constants die
                                               with the session, so they are not keys of the
                                               model's cache) */
+    struct kiln_plan_node_prec *node_prec; /* per-node precision exceptions (owned), or NULL */
+    int n_node_prec;
+    struct kiln_plan_cache *own_plans[2]; /* this session's plans when it has exceptions
+                                             ([0] imported graph, [1] optimized) */
+    struct kiln_graph *save_graph; /* kiln_session_save's graph: the session's graph with
+                                      the exceptions recorded on the nodes (owned), or NULL */
 };
 
 struct kiln_outputs {
@@ -540,10 +546,25 @@ kiln_status kiln_session_create(kiln_model *m, const char *signature,
     return KILN_OK;
 }
 
+static void session_node_prec_clear(kiln_session *s)
+{
+    for (int k = 0; k < 2; k++) {
+        kiln_plan_cache_free(s->own_plans[k]);
+        s->own_plans[k] = NULL;
+    }
+    for (int i = 0; i < s->n_node_prec; i++) free(s->node_prec[i].node);
+    free(s->node_prec);
+    kiln_graph_free(s->save_graph);
+    s->save_graph = NULL;
+    s->node_prec = NULL;
+    s->n_node_prec = 0;
+}
+
 void kiln_session_free(kiln_session *s)
 {
     if (!s) return;
-    kiln_plan_cache_free(s->own_plans);
+    session_node_prec_clear(s);
+    kiln_plan_cache_free(s->cal_plans);
     kiln_weight_cache_free(s->own_weights);
     kiln_graph_free(s->own_graph);
     free(s);
@@ -562,11 +583,11 @@ kiln_status kiln_session_adopt_graph(kiln_session *s, struct kiln_graph *g)
         kiln_graph_free(g);
         return st;
     }
-    kiln_plan_cache_free(s->own_plans);
+    kiln_plan_cache_free(s->cal_plans);
     kiln_weight_cache_free(s->own_weights);
     kiln_graph_free(s->own_graph);
     s->own_graph = g;
-    s->own_plans = pc;
+    s->cal_plans = pc;
     s->own_weights = wc;
     return KILN_OK;
 }
@@ -623,7 +644,8 @@ static kiln_status check_input(const kiln_value_info *vi, const kiln_tensor *t)
 /* The plan cache for a session's precision and graph (imported or optimized). */
 static struct kiln_plan_cache *plans_for(const kiln_session *s, bool use_opt)
 {
-    if (s->own_graph && use_opt) return s->own_plans;
+    if (s->own_graph && use_opt) return s->cal_plans;
+    if (s->own_plans[use_opt ? 1 : 0]) return s->own_plans[use_opt ? 1 : 0];
     int p = s->opts.precision;
     if (p == KILN_PRECISION_BF16 || p == KILN_PRECISION_INT8)
         return s->sig->lowp_plans[p - 1][use_opt ? 1 : 0];
@@ -890,6 +912,37 @@ void kiln_session_profile_print(kiln_session *s, FILE *f)
 
 /* ---- compiled artifacts (the writer is api/artifact.c) ---- */
 
+/* s->save_graph: a clone of g with attribute KILN_NODE_PRECISION_ATTR on every node
+ * whose precision the session overrides. */
+static kiln_status session_save_graph(kiln_session *s, const struct kiln_graph *g)
+{
+    struct kiln_graph *c = NULL;
+    kiln_status st = kiln_graph_clone(g, &c);
+    if (st != KILN_OK) return st;
+    for (int i = 0; i < c->n_nodes; i++) {
+        struct kiln_node *n = &c->nodes[i];
+        if (!n->name || !n->name[0]) continue;
+        int k = 0;
+        while (k < s->n_node_prec && strcmp(s->node_prec[k].node, n->name)) k++;
+        if (k == s->n_node_prec) continue;
+        struct kiln_attr *a = kiln_arena_alloc(c->mem, (size_t)(n->n_attr + 1) * sizeof *a);
+        if (!a) {
+            kiln_graph_free(c);
+            return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory");
+        }
+        int m = 0;
+        for (int j = 0; j < n->n_attr; j++)
+            if (strcmp(n->attr[j].name, KILN_NODE_PRECISION_ATTR)) a[m++] = n->attr[j];
+        a[m].name = KILN_NODE_PRECISION_ATTR;
+        a[m].type = KILN_ATTR_INT;
+        a[m].i = s->node_prec[k].precision;
+        n->attr = a;
+        n->n_attr = m + 1;
+    }
+    s->save_graph = c;
+    return KILN_OK;
+}
+
 kiln_status kiln_session_artifact_view(kiln_session *s, const struct kiln_model **m,
                                        const struct kiln_signature **sig,
                                        const struct kiln_graph **g, int *precision)
@@ -901,6 +954,11 @@ kiln_status kiln_session_artifact_view(kiln_session *s, const struct kiln_model 
     *sig = s->sig;
     *g = use_opt ? s->sig->opt_graph : s->sig->graph;
     *precision = s->opts.precision;
+    if (s->n_node_prec) {
+        /* per-node precisions travel as a node attribute the plan compiler honours */
+        if (!s->save_graph && (st = session_save_graph(s, *g)) != KILN_OK) return st;
+        *g = s->save_graph;
+    }
     return KILN_OK;
 }
 
@@ -1105,4 +1163,85 @@ __attribute__((weak)) void kiln_opt_log_print(const struct kiln_opt_log *log,
 {
     (void)log;
     line(ctx, "no passes");
+}
+
+/* ---- per-node precision (kiln.h, `kiln compile --precision auto`) ---- */
+
+/* The graph a session's plans are compiled from. */
+static const struct kiln_graph *session_graph(const kiln_session *s)
+{
+    return s->opts.optimize && s->sig->opt_graph ? s->sig->opt_graph : s->sig->graph;
+}
+
+static const struct kiln_node *session_find_node(const kiln_session *s, const char *name)
+{
+    const struct kiln_graph *g = session_graph(s);
+    if (!name || !name[0]) return NULL;
+    for (int i = 0; i < g->n_nodes; i++)
+        if (g->nodes[i].name && !strcmp(g->nodes[i].name, name)) return &g->nodes[i];
+    return NULL;
+}
+
+kiln_status kiln_session_set_node_precision(kiln_session *s, const kiln_node_precision *nodes,
+                                            int n)
+{
+    if (!s || n < 0 || (n > 0 && !nodes))
+        return kiln_error(KILN_ERR_INVALID_ARGUMENT, "kiln_session_set_node_precision: bad argument");
+    if (s->opts.reference)
+        return kiln_error(KILN_ERR_UNSUPPORTED,
+                          "per-node precision needs plans; the session uses the reference executor");
+    for (int i = 0; i < n; i++) {
+        if (nodes[i].precision < KILN_PRECISION_FP32 || nodes[i].precision > KILN_PRECISION_INT8)
+            return kiln_error(KILN_ERR_INVALID_ARGUMENT, "node '%s': precision %d is not fp32, "
+                              "bf16 or int8", nodes[i].node ? nodes[i].node : "(null)",
+                              (int)nodes[i].precision);
+        if (!session_find_node(s, nodes[i].node))
+            return kiln_error(KILN_ERR_NOT_FOUND, "node '%s' is not in the session's graph",
+                              nodes[i].node ? nodes[i].node : "(null)");
+    }
+    session_node_prec_clear(s);
+    if (n == 0) return KILN_OK;
+    struct kiln_plan_node_prec *ov = calloc((size_t)n, sizeof *ov);
+    if (!ov) return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory");
+    s->node_prec = ov;
+    for (int i = 0; i < n; i++) {
+        ov[i].precision = (int)nodes[i].precision;
+        if (!(ov[i].node = strdup(nodes[i].node))) goto oom;
+        s->n_node_prec = i + 1;
+    }
+    for (int k = 0; k < 2; k++) {
+        kiln_status st = kiln_plan_cache_new(16, &s->own_plans[k]);
+        if (st != KILN_OK) goto fail;
+        kiln_plan_cache_set_precision(s->own_plans[k], s->opts.precision);
+        st = kiln_plan_cache_set_node_precisions(s->own_plans[k], ov, n);
+        if (st != KILN_OK) goto fail;
+    }
+    return KILN_OK;
+oom:
+    session_node_prec_clear(s);
+    return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory");
+fail:
+    session_node_prec_clear(s);
+    return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory");
+}
+
+kiln_precision kiln_session_node_precision(const kiln_session *s, const char *node)
+{
+    if (node)
+        for (int i = 0; i < s->n_node_prec; i++)
+            if (!strcmp(s->node_prec[i].node, node)) return (kiln_precision)s->node_prec[i].precision;
+    return (kiln_precision)s->opts.precision;
+}
+
+int64_t kiln_session_node_weight_elems(const kiln_session *s, const char *node)
+{
+    const struct kiln_node *n = session_find_node(s, node);
+    if (!n) return -1;
+    if (n->n_in < 2 || n->in[1] < 0) return 0;
+    const struct kiln_value *v = &session_graph(s)->values[n->in[1]];
+    if (v->kind != KILN_VALUE_CONST || !v->konst) return 0;
+    kiln_dtype dt = v->konst->dtype;
+    if (dt != KILN_DTYPE_F32 && dt != KILN_DTYPE_F16 && dt != KILN_DTYPE_BF16 && dt != KILN_DTYPE_F64)
+        return 0;
+    return kiln_tensor_count(v->konst);
 }

@@ -37,6 +37,11 @@ typedef struct kiln_gate_data {
 kiln_status kiln_gate_data_load(const char *path, const kiln_signature *sig, kiln_gate_data *out,
                                 char *err);
 void kiln_gate_data_free(kiln_gate_data *d);
+/* Stricter checks for data that measures accuracy (`kiln compile`): at least
+ * min_samples samples, and no NaN or infinity in a floating-point input;
+ * err names `path`, the input and the first bad sample. */
+kiln_status kiln_gate_data_check(const kiln_gate_data *d, const char *path, int64_t min_samples,
+                                 char *err);
 
 /* rows[0..d->n): new tensors holding `count` samples starting at `start`,
  * wrapping around the end of the data (owned by the caller). */

@@ -13,6 +13,7 @@
  * of those bytes replaced by '_' (as `kiln predict` names output files).
  * Every error names the file and the input.
  */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -441,4 +442,34 @@ kiln_status kiln_gate_data_load(const char *path, const kiln_signature *sig, kil
     }
     if (st != KILN_OK) kiln_gate_data_free(d);
     return st;
+}
+
+kiln_status kiln_gate_data_check(const kiln_gate_data *d, const char *path, int64_t min_samples,
+                                 char *err)
+{
+    if (d->samples < min_samples) {
+        snprintf(err, KILN_GATE_ERR_LEN,
+                 "data '%.250s' has %lld samples; at least %lld are needed to measure accuracy",
+                 path, (long long)d->samples, (long long)min_samples);
+        return KILN_ERR_INVALID_ARGUMENT;
+    }
+    for (int i = 0; i < d->n; i++) {
+        const kiln_tensor *t = d->t[i];
+        int64_t n = kiln_tensor_count(t), re = row_elems(t);
+        for (int64_t k = 0; k < n; k++) {
+            double v;
+            if (t->dtype == KILN_DTYPE_F32) v = ((const float *)t->data)[k];
+            else if (t->dtype == KILN_DTYPE_F64) v = ((const double *)t->data)[k];
+            else break;
+            if (!isfinite(v)) {
+                snprintf(err, KILN_GATE_ERR_LEN,
+                         "data '%.250s': input '%.100s' holds %s at sample %lld; accuracy cannot "
+                         "be measured on it",
+                         path, d->names[i], isnan(v) ? "NaN" : "an infinity",
+                         (long long)(re ? k / re : 0));
+                return KILN_ERR_INVALID_ARGUMENT;
+            }
+        }
+    }
+    return KILN_OK;
 }

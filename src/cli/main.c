@@ -36,6 +36,8 @@ static const kiln_cli_command kiln_cli_commands[] = {
     {"healthcheck", "exit 0 if a local kiln serve is ready (container probes)", kiln_cmd_healthcheck},
     {"token", "make a bearer token for kiln serve --auth_token_file", kiln_cmd_token},
     {"profile", "write a reference profile of a model's data for monitoring", kiln_cmd_profile},
+    {"compile", "compress a model (bf16, int8, auto) with an accuracy report; write a .kiln",
+     kiln_cmd_compile},
 };
 
 #define KILN_CLI_COMMAND_COUNT (sizeof kiln_cli_commands / sizeof kiln_cli_commands[0])

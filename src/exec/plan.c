@@ -362,19 +362,44 @@ static kiln_status settle_inputs(struct kiln_plan *p, struct kiln_weight_cache *
 
 static kiln_status plan_compile(const struct kiln_graph *g, const kiln_tensor *const *inputs,
                                 struct kiln_weight_cache *weights, int threads, int precision,
+                                const struct kiln_plan_node_prec *ov, int n_ov,
                                 struct kiln_plan **out);
+
+/* The precision node n is compiled in: its override, else the precision a
+ * compiled artifact recorded on the node (attribute KILN_NODE_PRECISION_ATTR,
+ * written by kiln_session_save for a session with per-node precisions), else
+ * the plan's. */
+static int node_precision(const struct kiln_node *n, int precision,
+                          const struct kiln_plan_node_prec *ov, int n_ov)
+{
+    const struct kiln_attr *a = kiln_node_attr(n, KILN_NODE_PRECISION_ATTR);
+    if (a && a->type == KILN_ATTR_INT && a->i >= KILN_PRECISION_FP32 && a->i <= KILN_PRECISION_INT8)
+        precision = (int)a->i;
+    if (n->name && n->name[0])
+        for (int i = 0; i < n_ov; i++)
+            if (!strcmp(ov[i].node, n->name)) return ov[i].precision;
+    return precision;
+}
+
+static kiln_status plan_compile_mixed(const struct kiln_graph *g, const kiln_tensor *const *inputs,
+                                      struct kiln_weight_cache *weights, int threads,
+                                      int precision, const struct kiln_plan_node_prec *ov,
+                                      int n_ov, struct kiln_plan **out)
+{
+    /* one compile at a time per model: a compile may release a reloadable
+     * weight that another compile would be reading */
+    kiln_weight_cache_compile_lock(weights);
+    kiln_status st = plan_compile(g, inputs, weights, threads, precision, ov, n_ov, out);
+    kiln_weight_cache_compile_unlock(weights);
+    return st;
+}
 
 kiln_status kiln_plan_compile_precision(const struct kiln_graph *g,
                                         const kiln_tensor *const *inputs,
                                         struct kiln_weight_cache *weights, int threads,
                                         int precision, struct kiln_plan **out)
 {
-    /* one compile at a time per model: a compile may release a reloadable
-     * weight that another compile would be reading */
-    kiln_weight_cache_compile_lock(weights);
-    kiln_status st = plan_compile(g, inputs, weights, threads, precision, out);
-    kiln_weight_cache_compile_unlock(weights);
-    return st;
+    return plan_compile_mixed(g, inputs, weights, threads, precision, NULL, 0, out);
 }
 
 kiln_status kiln_plan_compile(const struct kiln_graph *g, const kiln_tensor *const *inputs,
@@ -386,6 +411,7 @@ kiln_status kiln_plan_compile(const struct kiln_graph *g, const kiln_tensor *con
 
 static kiln_status plan_compile(const struct kiln_graph *g, const kiln_tensor *const *inputs,
                                 struct kiln_weight_cache *weights, int threads, int precision,
+                                const struct kiln_plan_node_prec *ov, int n_ov,
                                 struct kiln_plan **out)
 {
     *out = NULL;
@@ -588,7 +614,8 @@ static kiln_status plan_compile(const struct kiln_graph *g, const kiln_tensor *c
                 ol[k] = n->out[k] >= 0 ? g->values[n->out[k]].layout : 0;
             }
             struct kiln_compile_ctx cc = {n, n->n_in, inp, (const kiln_tensor *const *)inv, il,
-                                          n->n_out, ot, ol, weights, plan_threads, precision};
+                                          n->n_out, ot, ol, weights, plan_threads,
+                                          node_precision(n, precision, ov, n_ov)};
             st = fast->compile(&cc, &sp->inst);
             if (st != KILN_OK) goto fail;
             if (sp->inst.run) {
@@ -1110,11 +1137,32 @@ struct kiln_plan_cache {
     struct cache_entry *retired; /* evicted while in use: freed on release */
     int n_retired, cap_retired;
     int precision;               /* kiln_precision every plan of this cache is compiled for */
+    struct kiln_plan_node_prec *ov; /* per-node overrides of precision (owned copies) */
+    int n_ov;
 };
 
 void kiln_plan_cache_set_precision(struct kiln_plan_cache *c, int precision)
 {
     c->precision = precision;
+}
+
+kiln_status kiln_plan_cache_set_node_precisions(struct kiln_plan_cache *c,
+                                                const struct kiln_plan_node_prec *ov, int n)
+{
+    struct kiln_plan_node_prec *copy = calloc((size_t)n + 1, sizeof *copy);
+    if (!copy) return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory");
+    for (int i = 0; i < n; i++) {
+        copy[i].precision = ov[i].precision;
+        copy[i].node = strdup(ov[i].node);
+        if (!copy[i].node) {
+            for (int k = 0; k < i; k++) free(copy[k].node);
+            free(copy);
+            return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory");
+        }
+    }
+    c->ov = copy;
+    c->n_ov = n;
+    return KILN_OK;
 }
 
 kiln_status kiln_plan_cache_new(int capacity, struct kiln_plan_cache **out)
@@ -1145,6 +1193,8 @@ void kiln_plan_cache_free(struct kiln_plan_cache *c)
     if (!c) return;
     for (int i = 0; i < c->n; i++) entry_clear(&c->e[i]);
     for (int i = 0; i < c->n_retired; i++) entry_clear(&c->retired[i]);
+    for (int i = 0; i < c->n_ov; i++) free(c->ov[i].node);
+    free(c->ov);
     free(c->retired);
     free(c->e);
     pthread_mutex_destroy(&c->mu);
@@ -1185,7 +1235,7 @@ kiln_status kiln_plan_cache_get(struct kiln_plan_cache *c, const struct kiln_gra
         return st;
     }
     struct kiln_plan *p = NULL;
-    kiln_status st = kiln_plan_compile_precision(g, inputs, w, threads, c->precision, &p);
+    kiln_status st = plan_compile_mixed(g, inputs, w, threads, c->precision, c->ov, c->n_ov, &p);
     if (st != KILN_OK && st != KILN_ERR_UNSUPPORTED) {
         pthread_mutex_unlock(&c->mu);
         return st;

@@ -76,6 +76,16 @@ kiln_status kiln_plan_cache_new(int capacity, struct kiln_plan_cache **out);
 void kiln_plan_cache_free(struct kiln_plan_cache *c);
 /* The kiln_precision this cache's plans are compiled for (set once, before use). */
 void kiln_plan_cache_set_precision(struct kiln_plan_cache *c, int precision);
+/* Per-node exceptions to that precision (kiln_session_set_node_precision): a node
+ * of the graph whose name is listed is compiled in the listed kiln_precision.
+ * Copied; set once, before use. */
+#define KILN_NODE_PRECISION_ATTR "_kiln_precision" /* INT kiln_precision on a graph node */
+struct kiln_plan_node_prec {
+    char *node;       /* node name in the graph the cache's plans are compiled from */
+    int precision;    /* kiln_precision */
+};
+kiln_status kiln_plan_cache_set_node_precisions(struct kiln_plan_cache *c,
+                                                const struct kiln_plan_node_prec *ov, int n);
 /* The plan for these inputs' shapes, compiled on a miss. The plan stays
  * valid until kiln_plan_cache_release; *out may be NULL with KILN_OK never.
  * KILN_ERR_UNSUPPORTED means the graph cannot be planned (cached too, so

@@ -1,0 +1,538 @@
+/*
+ * cmd_compile.c - `kiln compile MODEL -o OUT.kiln`: compile a model in a
+ * chosen precision, measure what the compression costs on the user's data,
+ * and write the compiled artifact (kiln_session_save) with the report in it.
+ *
+ * --precision fp32|bf16|int8 compiles every node that has a kernel for the
+ * precision in it. --precision auto is accuracy-aware mixed precision:
+ *   1. find the nodes with int8 (else bf16) kernels by profiling one batch;
+ *   2. measure each one's sensitivity on the calibration data: the SQNR of
+ *      the model's outputs with that node alone in the low precision;
+ *   3. start with all of them low; while the metric's drop on the eval data
+ *      exceeds --max-drop, move the most sensitive node still low (lowest
+ *      SQNR) up: int8 -> bf16 where it has a bf16 kernel, else fp32; when no
+ *      int8 node is left, bf16 nodes -> fp32 in the same order;
+ *   4. record for each node moved why (its SQNR and the drop it left).
+ * The per-node precisions are the session calls at the end of kiln.h.
+ *
+ * The measurements and the report (table and JSON) are compile_report.c;
+ * the data reader and the metric are the release gate's (gate.h), so a
+ * compile and a `kiln gate` of its artifact measure the same way. A drop
+ * beyond --max-drop exits 1 naming it and writes no artifact.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/cli.h"
+#include "cli/compile.h"
+#include "cli/npy.h"
+
+#define COMPILE_MAX_BATCH_SIZES 16
+
+static const char compile_help[] =
+    "usage: kiln compile MODEL -o OUT.kiln [options]\n"
+    "\n"
+    "Compile MODEL (ONNX or SavedModel) in a lower precision, measure the accuracy\n"
+    "it costs on your data against fp32, and write a .kiln artifact that loads\n"
+    "without import or optimization (docs/COMPRESSION.md, docs/KILN_FORMAT.md).\n"
+    "\n"
+    "  -o, --output FILE    the .kiln file to write\n"
+    "  --precision P        fp32, bf16, int8 (dynamic quantization) or auto (default):\n"
+    "                       int8 where it keeps the metric within --max-drop, the most\n"
+    "                       sensitive nodes in bf16 or fp32\n"
+    "  --calibration DATA   data to measure each node's sensitivity on (auto)\n"
+    "  --eval DATA          data to measure accuracy on (default: the calibration data)\n"
+    "  --labels FILE.npy    expected outputs of --eval: class ids or values\n"
+    "  --max-drop X         largest relative drop of the metric, e.g. 1%% (default) or\n"
+    "                       0.01; without labels: 1 - top-1 agreement with fp32\n"
+    "  --metric-output NAME the output the metric is computed on (default: the first)\n"
+    "  --batch-sizes LIST   batch sizes to time and precompile at load (default 1,8,32)\n"
+    "  --runs N             timed runs per batch size and model (default 20)\n"
+    "  --report FILE.json   also write the report as JSON (it is stored in the .kiln too)\n"
+    "  --signature NAME     signature to compile (default: the default one)\n"
+    "  --tags TAGS          SavedModel MetaGraph tags (default serve)\n"
+    "  --threads N          intra-op threads (default 0: all cores)\n"
+    "\n"
+    "DATA is a folder of NAME.npy files (one per input, first dimension = samples),\n"
+    "an .npz archive of them, a TF Serving warmup file (tf_serving_warmup_requests),\n"
+    "or a JSON-lines file of TF Serving predict request bodies; at least 10 samples,\n"
+    "no NaN or infinity. Not yet available: --sparse, --prune, --emit-onnx.\n";
+
+typedef struct compile_args {
+    const char *model, *out, *cal, *eval, *labels, *report, *signature, *tags, *metric_output;
+    const char *precision;   /* as given */
+    int is_auto;
+    kiln_precision prec;
+    double max_drop;
+    int64_t batch[COMPILE_MAX_BATCH_SIZES];
+    int n_batch, runs;
+    kiln_session_options so;
+} compile_args;
+
+/* "1%", "0.5 %" or "0.01" as a fraction; false if not one in [0, 1e6]. */
+static int parse_fraction(const char *s, double *out)
+{
+    char *end;
+    double v = strtod(s, &end);
+    if (end == s || !isfinite(v) || v < 0) return 0;
+    while (*end == ' ') end++;
+    if (*end == '%') {
+        v /= 100;
+        end++;
+    }
+    if (*end || v > 1e6) return 0;
+    *out = v;
+    return 1;
+}
+
+static int parse_batch_sizes(const char *s, compile_args *a)
+{
+    a->n_batch = 0;
+    const char *p = s;
+    while (*p) {
+        char *end;
+        long long v = strtoll(p, &end, 10);
+        if (end == p || v < 1 || v > 1 << 20 || a->n_batch == COMPILE_MAX_BATCH_SIZES) return 0;
+        a->batch[a->n_batch++] = v;
+        if (*end == ',') end++;
+        else if (*end) return 0;
+        p = end;
+    }
+    return a->n_batch > 0;
+}
+
+/* Returns -1 to go on, else the exit code. */
+static int parse_args(int argc, char **argv, compile_args *a)
+{
+    const char *cmd = "compile";
+    static const char *const later[] = {"--sparse", "--prune", "--emit-onnx"};
+    for (int i = 0; i < argc; i++) {
+        const char *val = NULL;
+        int r;
+        for (size_t k = 0; k < sizeof later / sizeof later[0]; k++) {
+            size_t n = strlen(later[k]);
+            if (!strncmp(argv[i], later[k], n) && (argv[i][n] == '\0' || argv[i][n] == '='))
+                return kiln_cli_usage_error(cmd, "%s is not available yet (sparse kernels, pruning "
+                                            "and ONNX export are still to come)",
+                                            later[k]);
+        }
+        if (argv[i][0] != '-') {
+            if (a->model) return kiln_cli_usage_error(cmd, "unexpected argument '%s'", argv[i]);
+            a->model = argv[i];
+        } else if ((r = kiln_cli_option(cmd, argc, argv, &i, "-o", &a->out)) != 0 ||
+                   (r = kiln_cli_option(cmd, argc, argv, &i, "--output", &a->out)) != 0 ||
+                   (r = kiln_cli_option(cmd, argc, argv, &i, "--calibration", &a->cal)) != 0 ||
+                   (r = kiln_cli_option(cmd, argc, argv, &i, "--eval", &a->eval)) != 0 ||
+                   (r = kiln_cli_option(cmd, argc, argv, &i, "--labels", &a->labels)) != 0 ||
+                   (r = kiln_cli_option(cmd, argc, argv, &i, "--report", &a->report)) != 0 ||
+                   (r = kiln_cli_option(cmd, argc, argv, &i, "--signature", &a->signature)) != 0 ||
+                   (r = kiln_cli_option(cmd, argc, argv, &i, "--tags", &a->tags)) != 0 ||
+                   (r = kiln_cli_option(cmd, argc, argv, &i, "--metric-output",
+                                        &a->metric_output)) != 0) {
+            if (r < 0) return KILN_CLI_EXIT_USAGE;
+        } else if ((r = kiln_cli_option(cmd, argc, argv, &i, "--precision", &val)) != 0) {
+            if (r < 0) return KILN_CLI_EXIT_USAGE;
+            a->precision = val;
+            a->is_auto = !strcmp(val, "auto");
+            if (!a->is_auto && kiln_precision_parse(val, &a->prec) != KILN_OK)
+                return kiln_cli_usage_error(cmd, "--precision '%s' is not fp32, bf16, int8 or auto",
+                                            val);
+        } else if ((r = kiln_cli_option(cmd, argc, argv, &i, "--max-drop", &val)) != 0) {
+            if (r < 0) return KILN_CLI_EXIT_USAGE;
+            if (!parse_fraction(val, &a->max_drop))
+                return kiln_cli_usage_error(cmd, "--max-drop '%s' is not a share like 1%% or 0.01",
+                                            val);
+        } else if ((r = kiln_cli_option(cmd, argc, argv, &i, "--batch-sizes", &val)) != 0) {
+            if (r < 0) return KILN_CLI_EXIT_USAGE;
+            if (!parse_batch_sizes(val, a))
+                return kiln_cli_usage_error(cmd, "--batch-sizes '%s' is not a list like 1,8,32 "
+                                            "(at most %d sizes)",
+                                            val, COMPILE_MAX_BATCH_SIZES);
+        } else if ((r = kiln_cli_option(cmd, argc, argv, &i, "--runs", &val)) != 0) {
+            if (r < 0) return KILN_CLI_EXIT_USAGE;
+            if (!kiln_cli_parse_int(val, 1, 100000, &a->runs))
+                return kiln_cli_usage_error(cmd, "--runs '%s' is not a count from 1 to 100000", val);
+        } else if ((r = kiln_cli_option(cmd, argc, argv, &i, "--threads", &val)) != 0) {
+            if (r < 0) return KILN_CLI_EXIT_USAGE;
+            if (!kiln_cli_parse_int(val, 0, 4096, &a->so.threads))
+                return kiln_cli_usage_error(cmd, "--threads '%s' is not a count from 0 to 4096", val);
+        } else {
+            return kiln_cli_usage_error(cmd, "unknown option '%s'", argv[i]);
+        }
+    }
+    if (!a->model) return kiln_cli_usage_error(cmd, "missing MODEL");
+    if (!a->out) return kiln_cli_usage_error(cmd, "missing -o OUT.kiln");
+    if (a->labels && !a->eval && !a->cal)
+        return kiln_cli_usage_error(cmd, "--labels needs --eval DATA (the samples they label)");
+    if (a->labels && !a->eval)
+        return kiln_cli_usage_error(cmd, "--labels belong to --eval DATA; give --eval");
+    if (a->is_auto && !a->cal && !a->eval)
+        return kiln_cli_usage_error(cmd, "--precision auto needs data to measure accuracy on: "
+                                    "--calibration DATA and/or --eval DATA");
+    return -1;
+}
+
+/* Load and check one data set; prints the error. */
+static int load_data(const char *what, const char *path, const kiln_signature *sig,
+                     kiln_gate_data *d)
+{
+    char err[KILN_GATE_ERR_LEN];
+    if (kiln_gate_data_load(path, sig, d, err) != KILN_OK ||
+        kiln_gate_data_check(d, path, KILN_COMPILE_MIN_SAMPLES, err) != KILN_OK) {
+        kiln_cli_fail("%s: %s", what, err);
+        return 0;
+    }
+    return 1;
+}
+
+/* A session of the candidate: `prec` with the nodes' own precisions as exceptions. */
+static kiln_status candidate_session(kiln_model *m, const char *sig, const compile_args *a,
+                                     kiln_precision prec, const kiln_compile_node *nodes, int n,
+                                     kiln_session **out)
+{
+    kiln_session_options so = a->so;
+    so.precision = prec;
+    kiln_status st = kiln_session_create(m, sig, &so, out);
+    if (st != KILN_OK) return st;
+    kiln_node_precision *ov = calloc((size_t)n + 1, sizeof *ov);
+    if (!ov) return KILN_ERR_OUT_OF_MEMORY;
+    int k = 0;
+    for (int i = 0; i < n; i++)
+        if (nodes[i].precision != prec) ov[k++] = (kiln_node_precision){nodes[i].name, nodes[i].precision};
+    st = kiln_session_set_node_precision(*out, ov, k);
+    free(ov);
+    return st;
+}
+
+/* The metric's drop of the candidate (prec + the nodes' precisions) on d. */
+static kiln_status candidate_quality(kiln_model *m, const char *sig, const compile_args *a,
+                                     kiln_precision prec, const kiln_compile_node *nodes, int n,
+                                     const kiln_gate_data *d, int64_t batch, const char *output,
+                                     const kiln_gate_output *base, const kiln_tensor *labels,
+                                     kiln_gate_quality *q, char *err)
+{
+    kiln_session *s = NULL;
+    kiln_gate_output c = {0};
+    kiln_status st = candidate_session(m, sig, a, prec, nodes, n, &s);
+    if (st != KILN_OK) snprintf(err, KILN_GATE_ERR_LEN, "%.400s", kiln_last_error());
+    if (st == KILN_OK) st = kiln_gate_collect(s, d, output, batch, &c, err);
+    if (st == KILN_OK) st = kiln_gate_compare(base, &c, labels, q, err);
+    kiln_gate_output_free(&c);
+    kiln_session_free(s);
+    return st;
+}
+
+static int by_sensitivity(const void *x, const void *y)
+{
+    const kiln_compile_node *a = *(const kiln_compile_node *const *)x;
+    const kiln_compile_node *b = *(const kiln_compile_node *const *)y;
+    double sa = a->measured && !isnan(a->sqnr_db) ? a->sqnr_db : -INFINITY;
+    double sb = b->measured && !isnan(b->sqnr_db) ? b->sqnr_db : -INFINITY;
+    return sa < sb ? -1 : sa > sb ? 1 : strcmp(a->name, b->name);
+}
+
+/* The auto policy's loop (steps 3-4 above). */
+static kiln_status auto_fallback(kiln_model *m, const char *sig, const compile_args *a,
+                                 kiln_precision lowp, kiln_compile_node *nodes, int n,
+                                 const kiln_gate_data *d, int64_t batch, const char *output,
+                                 const kiln_gate_output *base, const kiln_tensor *labels,
+                                 char *err)
+{
+    kiln_compile_node **order = calloc((size_t)n + 1, sizeof *order);
+    if (!order) return KILN_ERR_OUT_OF_MEMORY;
+    int k = 0;
+    for (int i = 0; i < n; i++)
+        if (nodes[i].precision == lowp) order[k++] = &nodes[i];
+    qsort(order, (size_t)k, sizeof *order, by_sensitivity);
+    kiln_status st = KILN_OK;
+    for (int pass = 0; pass < 2 && st == KILN_OK; pass++) {
+        kiln_precision from = pass == 0 ? lowp : KILN_PRECISION_BF16;
+        if (pass == 1 && lowp != KILN_PRECISION_INT8) break;
+        for (int i = 0; i < k; i++) {
+            kiln_compile_node *e = order[i];
+            if (e->precision != from || !e->kernel_in[from]) continue;
+            kiln_gate_quality q;
+            st = candidate_quality(m, sig, a, lowp, nodes, n, d, batch, output, base, labels, &q,
+                                   err);
+            if (st != KILN_OK || q.drop <= a->max_drop) goto done;
+            e->precision = from == KILN_PRECISION_INT8 && e->kernel_in[KILN_PRECISION_BF16]
+                               ? KILN_PRECISION_BF16
+                               : KILN_PRECISION_FP32;
+            e->fell_back = 1;
+            char db[32];
+            if (e->measured && isfinite(e->sqnr_db)) snprintf(db, sizeof db, "%.1f dB", e->sqnr_db);
+            else snprintf(db, sizeof db, "%s", e->measured ? "not finite" : "not measured");
+            snprintf(e->reason, sizeof e->reason,
+                     "SQNR %s in %s, the lowest of the nodes still in %s; with it in %s the %s "
+                     "was %.3f%% > --max-drop %.3g%%",
+                     db, kiln_precision_name(e->measured ? e->measured_in : from),
+                     kiln_precision_name(from), kiln_precision_name(from), q.drop_of, 100 * q.drop,
+                     100 * a->max_drop);
+        }
+    }
+done:
+    free(order);
+    return st;
+}
+
+int kiln_cmd_compile(int argc, char **argv)
+{
+    if (kiln_cli_wants_help(argc, argv)) {
+        fputs(compile_help, stdout);
+        return KILN_CLI_EXIT_OK;
+    }
+    compile_args a;
+    memset(&a, 0, sizeof a);
+    kiln_session_options_init(&a.so);
+    a.precision = "auto";
+    a.is_auto = 1;
+    a.max_drop = 0.01;
+    a.batch[0] = 1, a.batch[1] = 8, a.batch[2] = 32, a.n_batch = 3;
+    a.runs = 20;
+    int rc = parse_args(argc, argv, &a);
+    if (rc >= 0) return rc;
+    rc = KILN_CLI_EXIT_FAIL;
+
+    char err[KILN_GATE_ERR_LEN];
+    kiln_model *m = NULL;
+    kiln_session *base = NULL, *cand = NULL;
+    kiln_gate_data cal = {0}, eval = {0};
+    kiln_tensor *labels = NULL;
+    kiln_compile_run base_cal = {0}, base_eval = {0}, cand_eval = {0};
+    kiln_compile_node *nodes = NULL;
+    int n_nodes = 0;
+    kiln_compile_out_stats *outs = NULL;
+    kiln_gate_latency lat[COMPILE_MAX_BATCH_SIZES];
+    char *json = NULL;
+    kiln_compile_report r;
+    memset(&r, 0, sizeof r);
+
+    m = kiln_cli_load_model(a.model, a.tags);
+    if (!m) goto out;
+    const kiln_signature *sig = kiln_model_find_signature(m, a.signature);
+    if (!sig) {
+        kiln_cli_fail("the model has no signature '%s'", a.signature ? a.signature : "(default)");
+        goto out;
+    }
+    const char *sig_name = kiln_signature_name(sig);
+    if (a.cal && !load_data("--calibration", a.cal, sig, &cal)) goto out;
+    if (a.eval && !load_data("--eval", a.eval, sig, &eval)) goto out;
+    const kiln_gate_data *sens_data = a.cal ? &cal : a.eval ? &eval : NULL;
+    const kiln_gate_data *eval_data = a.eval ? &eval : a.cal ? &cal : NULL;
+    const char *eval_path = a.eval ? a.eval : a.cal;
+    if (a.labels) {
+        if (kiln_npy_read(a.labels, &labels) != KILN_OK) {
+            kiln_cli_fail("--labels: %s", kiln_npy_last_error());
+            goto out;
+        }
+        if (labels->rank < 1 || labels->dims[0] != eval.samples) {
+            kiln_cli_fail("--labels '%s' holds %lld rows; --eval '%s' has %lld samples", a.labels,
+                          labels->rank ? (long long)labels->dims[0] : 0LL, a.eval,
+                          (long long)eval.samples);
+            goto out;
+        }
+    }
+    /* a fixed batch dimension decides the batch sizes */
+    int64_t fixed = -1;
+    for (int i = 0; i < kiln_signature_input_count(sig); i++) {
+        const kiln_value_info *vi = kiln_signature_input(sig, i);
+        if (vi->rank > 0 && vi->dims[0] > 0) fixed = vi->dims[0];
+    }
+    int64_t batch = fixed > 0 ? fixed : KILN_COMPILE_EVAL_BATCH;
+    if (fixed > 0) {
+        a.batch[0] = fixed, a.n_batch = 1;
+        for (int k = 0; k < 2; k++) {
+            const kiln_gate_data *d = k ? &eval : &cal;
+            if (d->samples % fixed) {
+                kiln_cli_fail("the model's batch dimension is fixed at %lld; %s '%s' has %lld "
+                              "samples, not a multiple of it",
+                              (long long)fixed, k ? "--eval" : "--calibration", k ? a.eval : a.cal,
+                              (long long)d->samples);
+                goto out;
+            }
+        }
+    }
+    if (kiln_signature_output_count(sig) < 1) {
+        kiln_cli_fail("the signature has no outputs");
+        goto out;
+    }
+    const char *metric_output = a.metric_output ? a.metric_output : kiln_signature_output(sig, 0)->name;
+    int metric_index = -1;
+    for (int i = 0; i < kiln_signature_output_count(sig); i++)
+        if (!strcmp(kiln_signature_output(sig, i)->name, metric_output)) metric_index = i;
+    if (metric_index < 0) {
+        kiln_cli_fail("--metric-output '%s' is not an output of the signature", metric_output);
+        goto out;
+    }
+    kiln_session_options so = a.so;
+    so.precision = KILN_PRECISION_FP32;
+    if (kiln_session_create(m, sig_name, &so, &base) != KILN_OK) {
+        kiln_cli_fail("cannot create a session: %s", kiln_last_error());
+        goto out;
+    }
+
+    /* which nodes have low-precision kernels */
+    kiln_precision prec = a.is_auto ? KILN_PRECISION_INT8 : a.prec;
+    if (prec != KILN_PRECISION_FP32 && (sens_data || eval_data)) {
+        if (kiln_compile_find_nodes(m, sig_name, &a.so, sens_data ? sens_data : eval_data, batch,
+                                    &nodes, &n_nodes, err) != KILN_OK) {
+            kiln_cli_fail("%s", err);
+            goto out;
+        }
+    }
+    if (a.is_auto) {
+        int any[3] = {0, 0, 0};
+        for (int i = 0; i < n_nodes; i++)
+            for (int p = 1; p < 3; p++) any[p] |= nodes[i].kernel_in[p];
+        prec = any[KILN_PRECISION_INT8] ? KILN_PRECISION_INT8
+               : any[KILN_PRECISION_BF16] ? KILN_PRECISION_BF16
+                                          : KILN_PRECISION_FP32;
+    }
+    for (int i = 0; i < n_nodes; i++) nodes[i].precision = prec;
+
+    /* each node's sensitivity, on the calibration data */
+    if (prec != KILN_PRECISION_FP32 && sens_data) {
+        if (kiln_compile_run_all(base, sens_data, batch, &base_cal, err) != KILN_OK) {
+            kiln_cli_fail("fp32 on the calibration data: %s", err);
+            goto out;
+        }
+        for (int i = 0; i < n_nodes; i++) {
+            if (!nodes[i].kernel_in[prec]) continue;
+            if (kiln_compile_node_sensitivity(m, sig_name, &a.so, &nodes[i], prec, sens_data, batch,
+                                              &base_cal, err) != KILN_OK) {
+                kiln_cli_fail("%s", err);
+                goto out;
+            }
+        }
+    }
+
+    /* the fp32 baseline on the eval data, and auto's fallbacks */
+    if (eval_data && kiln_compile_run_all(base, eval_data, batch, &base_eval, err) != KILN_OK) {
+        kiln_cli_fail("fp32 on the evaluation data: %s", err);
+        goto out;
+    }
+    if (a.is_auto && prec != KILN_PRECISION_FP32 &&
+        auto_fallback(m, sig_name, &a, prec, nodes, n_nodes, eval_data, batch, metric_output,
+                      &base_eval.o[metric_index], labels, err) != KILN_OK) {
+        kiln_cli_fail("%s", err);
+        goto out;
+    }
+    if (candidate_session(m, sig_name, &a, prec, nodes, n_nodes, &cand) != KILN_OK) {
+        kiln_cli_fail("cannot create the compiled session: %s", kiln_last_error());
+        goto out;
+    }
+
+    /* the report */
+    r.model = a.model;
+    r.signature = sig_name;
+    r.out_path = a.out;
+    r.precision_asked = a.precision;
+    r.precision = prec;
+    r.max_drop = a.max_drop;
+    r.cal_path = a.cal;
+    r.cal_samples = prec != KILN_PRECISION_FP32 && sens_data ? sens_data->samples : 0;
+    r.eval_path = eval_data ? eval_path : NULL;
+    r.labels_path = a.labels;
+    r.eval_samples = eval_data ? eval_data->samples : 0;
+    r.nodes = nodes;
+    r.n_nodes = n_nodes;
+    r.passed = 1;
+    if (eval_data) {
+        if (kiln_compile_run_all(cand, eval_data, batch, &cand_eval, err) != KILN_OK) {
+            kiln_cli_fail("%s on the evaluation data: %s", kiln_precision_name(prec), err);
+            goto out;
+        }
+        outs = calloc((size_t)base_eval.n + 1, sizeof *outs);
+        if (!outs) {
+            kiln_cli_fail("out of memory");
+            goto out;
+        }
+        for (int i = 0; i < base_eval.n; i++) {
+            kiln_compile_out_compare(&base_eval.o[i], &cand_eval.o[i], &outs[i]);
+            outs[i].name = kiln_signature_output(sig, i)->name;
+        }
+        r.outs = outs;
+        r.n_outputs = base_eval.n;
+        if (kiln_gate_compare(&base_eval.o[metric_index], &cand_eval.o[metric_index], labels, &r.q,
+                              err) != KILN_OK) {
+            kiln_cli_fail("%s", err);
+            goto out;
+        }
+        r.has_quality = 1;
+        r.metric_output = metric_output;
+        r.passed = r.q.drop <= a.max_drop;
+        for (int i = 0; i < a.n_batch; i++)
+            if (kiln_gate_measure(cand, base, eval_data, a.batch[i], a.runs, &lat[i], err) != KILN_OK) {
+                kiln_cli_fail("%s", err);
+                goto out;
+            }
+        r.latency = lat;
+        r.n_latency = a.n_batch;
+    }
+    kiln_model_stats ms;
+    kiln_model_get_stats(m, &ms);
+    r.fp32_weight_bytes = ms.param_bytes;
+    r.compressed_weight_bytes = ms.param_bytes;
+    for (int i = 0; i < n_nodes; i++) {
+        kiln_precision p = kiln_compile_node_effective(&nodes[i]);
+        int64_t w = nodes[i].weight_elems > 0 ? nodes[i].weight_elems : 0;
+        r.compressed_weight_bytes -= w * (p == KILN_PRECISION_INT8 ? 3 : p == KILN_PRECISION_BF16 ? 2 : 0);
+    }
+    int fell = 0;
+    for (int i = 0; i < n_nodes; i++) fell += nodes[i].fell_back;
+    if (!r.has_quality)
+        snprintf(r.verdict, sizeof r.verdict,
+                 "accuracy not checked: no --eval or --calibration data was given");
+    else if (r.passed)
+        snprintf(r.verdict, sizeof r.verdict, "passed: %s %.4f%% <= --max-drop %.4g%%", r.q.drop_of,
+                 100 * r.q.drop, 100 * a.max_drop);
+    else
+        snprintf(r.verdict, sizeof r.verdict,
+                 "FAILED: %s %.4f%% exceeds --max-drop %.4g%% (output '%.100s'); no artifact written",
+                 r.q.drop_of, 100 * r.q.drop, 100 * a.max_drop, metric_output);
+    if (a.is_auto) {
+        size_t len = strlen(r.verdict);
+        snprintf(r.verdict + len, sizeof r.verdict - len, "; auto: %d of %d node%s fell back", fell,
+                 n_nodes, n_nodes == 1 ? "" : "s");
+    }
+    json = kiln_compile_report_json(&r);
+    if (!json) {
+        kiln_cli_fail("out of memory writing the report");
+        goto out;
+    }
+    kiln_compile_report_print(&r, stdout);
+    if (a.report) {
+        FILE *f = fopen(a.report, "w");
+        if (!f || fputs(json, f) < 0 || fclose(f) != 0) {
+            kiln_cli_fail("cannot write the report to '%s'", a.report);
+            goto out;
+        }
+    }
+    if (!r.passed) {
+        kiln_cli_fail("%s", r.verdict);
+        goto out;
+    }
+    kiln_save_options sv = {a.batch, a.n_batch, json};
+    if (kiln_session_save(cand, a.out, &sv) != KILN_OK) {
+        kiln_cli_fail("cannot write '%s': %s", a.out, kiln_last_error());
+        goto out;
+    }
+    printf("wrote %s\n", a.out);
+    rc = KILN_CLI_EXIT_OK;
+out:
+    free(json);
+    free(outs);
+    kiln_compile_nodes_free(nodes, n_nodes);
+    kiln_compile_run_free(&base_cal);
+    kiln_compile_run_free(&base_eval);
+    kiln_compile_run_free(&cand_eval);
+    kiln_tensor_free(labels);
+    kiln_gate_data_free(&cal);
+    kiln_gate_data_free(&eval);
+    kiln_session_free(cand);
+    kiln_session_free(base);
+    kiln_model_free(m);
+    return rc;
+}

@@ -1,0 +1,513 @@
+/*
+ * compile_report.c - the measurements behind `kiln compile` (compile.h) and
+ * its accuracy report: every output of a session over a data set, the
+ * error of a compressed session against fp32 per output (top-1 agreement,
+ * absolute and relative error, SQNR), the nodes that have bf16 or int8
+ * kernels (found by profiling one batch), each node's sensitivity (the
+ * outputs' SQNR with that node alone in the low precision, on the
+ * calibration data), and the report itself as a table and as JSON.
+ *
+ * The policy that uses these (which nodes fall back in `auto`) and the
+ * command's flags are in cmd_compile.c. Definitions: compile.h and
+ * docs/COMPRESSION.md.
+ */
+#define _GNU_SOURCE
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/compile.h"
+#include "cli/json_out.h"
+
+#define REL_FLOOR 1e-6
+
+void kiln_compile_run_free(kiln_compile_run *r)
+{
+    for (int i = 0; r->o && i < r->n; i++) kiln_gate_output_free(&r->o[i]);
+    free(r->o);
+    memset(r, 0, sizeof *r);
+}
+
+kiln_status kiln_compile_run_all(kiln_session *s, const kiln_gate_data *d, int64_t batch,
+                                 kiln_compile_run *out, char *err)
+{
+    const kiln_signature *sig = kiln_session_signature(s);
+    memset(out, 0, sizeof *out);
+    int n = kiln_signature_output_count(sig);
+    out->o = calloc((size_t)(n > 0 ? n : 1), sizeof *out->o);
+    if (!out->o) {
+        snprintf(err, KILN_GATE_ERR_LEN, "out of memory");
+        return KILN_ERR_OUT_OF_MEMORY;
+    }
+    out->n = n;
+    for (int i = 0; i < n; i++) {
+        kiln_status st =
+            kiln_gate_collect(s, d, kiln_signature_output(sig, i)->name, batch, &out->o[i], err);
+        if (st != KILN_OK) {
+            kiln_compile_run_free(out);
+            return st;
+        }
+    }
+    return KILN_OK;
+}
+
+/* The class of sample i: the value itself, or the first index of the maximum. */
+static double top1(const kiln_gate_output *o, int64_t i)
+{
+    const double *r = o->v + i * o->row_size;
+    if (o->row_size == 1) return r[0];
+    int64_t best = 0;
+    for (int64_t k = 1; k < o->row_size; k++)
+        if (r[k] > r[best] || (isnan(r[k]) && !isnan(r[best]))) best = k;
+    return (double)best;
+}
+
+void kiln_compile_out_compare(const kiln_gate_output *b, const kiln_gate_output *c,
+                              kiln_compile_out_stats *st)
+{
+    int64_t n = b->samples * b->row_size;
+    double sa = 0, sr = 0, sig = 0, noise = 0, ma = 0, mr = 0;
+    for (int64_t k = 0; k < n; k++) {
+        double d = fabs(c->v[k] - b->v[k]);
+        double r = d / fmax(fabs(b->v[k]), REL_FLOOR);
+        if (isnan(c->v[k]) != isnan(b->v[k])) d = r = NAN;
+        else if (isnan(d)) d = r = 0; /* NaN in both: the same */
+        sa += d;
+        sr += r;
+        ma = d > ma || isnan(d) ? d : ma;
+        mr = r > mr || isnan(r) ? r : mr;
+        if (!isnan(b->v[k])) sig += b->v[k] * b->v[k];
+        noise += d * d;
+    }
+    st->samples = b->samples;
+    st->row_size = b->row_size;
+    st->max_abs = ma;
+    st->max_rel = mr;
+    st->mean_abs = n ? sa / (double)n : 0;
+    st->mean_rel = n ? sr / (double)n : 0;
+    st->sqnr_db = noise > 0 ? 10 * log10(sig / noise) : isnan(noise) ? NAN : INFINITY;
+    st->has_agreement = b->is_int ? b->row_size == 1 : b->row_size > 1;
+    st->agreement = 0;
+    if (st->has_agreement) {
+        int64_t same = 0;
+        for (int64_t i = 0; i < b->samples; i++) same += top1(b, i) == top1(c, i);
+        st->agreement = b->samples ? (double)same / (double)b->samples : 1;
+    }
+}
+
+double kiln_compile_sqnr(const kiln_compile_run *b, const kiln_compile_run *c)
+{
+    double sig = 0, noise = 0;
+    for (int i = 0; i < b->n && i < c->n; i++) {
+        if (b->o[i].is_int) continue;
+        int64_t n = b->o[i].samples * b->o[i].row_size;
+        for (int64_t k = 0; k < n; k++) {
+            double x = b->o[i].v[k], y = c->o[i].v[k];
+            if (isnan(x) && isnan(y)) continue;
+            sig += x * x;
+            noise += (y - x) * (y - x);
+        }
+    }
+    if (isnan(noise)) return NAN;
+    return noise > 0 ? 10 * log10(sig / noise) : INFINITY;
+}
+
+void kiln_compile_nodes_free(kiln_compile_node *nodes, int n)
+{
+    for (int i = 0; nodes && i < n; i++) {
+        free(nodes[i].name);
+        free(nodes[i].op);
+    }
+    free(nodes);
+}
+
+static int has_suffix(const char *s, const char *suf)
+{
+    size_t a = strlen(s), b = strlen(suf);
+    return a >= b && !strcmp(s + a - b, suf);
+}
+
+/* Add node `name` to the list (or find it); NULL when out of memory. */
+static kiln_compile_node *node_add(kiln_compile_node **nodes, int *n, const char *name,
+                                   const char *op)
+{
+    for (int i = 0; i < *n; i++)
+        if (!strcmp((*nodes)[i].name, name)) return &(*nodes)[i];
+    kiln_compile_node *p = realloc(*nodes, (size_t)(*n + 1) * sizeof *p);
+    if (!p) return NULL;
+    *nodes = p;
+    kiln_compile_node *e = &p[*n];
+    memset(e, 0, sizeof *e);
+    e->name = strdup(name);
+    e->op = strdup(op ? op : "");
+    if (!e->name || !e->op) {
+        free(e->name);
+        free(e->op);
+        return NULL;
+    }
+    (*n)++;
+    return e;
+}
+
+static int by_step(const void *x, const void *y)
+{
+    const kiln_compile_node *a = x, *b = y;
+    return (a->step > b->step) - (a->step < b->step);
+}
+
+kiln_status kiln_compile_find_nodes(kiln_model *m, const char *sig, const kiln_session_options *so,
+                                    const kiln_gate_data *d, int64_t batch,
+                                    kiln_compile_node **nodes, int *n_nodes, char *err)
+{
+    *nodes = NULL;
+    *n_nodes = 0;
+    int64_t rows_n = d->samples < batch ? d->samples : batch;
+    kiln_tensor **rows = calloc((size_t)d->n, sizeof *rows);
+    kiln_named_tensor *in = calloc((size_t)d->n, sizeof *in);
+    kiln_status st = rows && in ? kiln_gate_data_rows(d, 0, rows_n, rows, err) : KILN_ERR_OUT_OF_MEMORY;
+    if (!rows || !in) snprintf(err, KILN_GATE_ERR_LEN, "out of memory");
+    for (int i = 0; st == KILN_OK && i < d->n; i++) in[i] = (kiln_named_tensor){d->names[i], rows[i]};
+    static const kiln_precision lowp[2] = {KILN_PRECISION_BF16, KILN_PRECISION_INT8};
+    static const char *const suffix[2] = {"_bf16", "_int8"};
+    for (int p = 0; st == KILN_OK && p < 2; p++) {
+        kiln_session_options o = *so;
+        o.precision = lowp[p];
+        o.profile = 1;
+        kiln_session *s = NULL;
+        kiln_outputs *out = NULL;
+        kiln_profile *prof = NULL;
+        st = kiln_session_create(m, sig, &o, &s);
+        if (st == KILN_OK) st = kiln_session_profile_reset(s);
+        if (st == KILN_OK) st = kiln_session_run(s, in, d->n, &out);
+        if (st == KILN_OK) st = kiln_session_profile_get(s, &prof);
+        if (st != KILN_OK)
+            snprintf(err, KILN_GATE_ERR_LEN, "profiling the model in %s: %.400s",
+                     kiln_precision_name(lowp[p]), kiln_last_error());
+        for (int i = 0; st == KILN_OK && i < kiln_profile_step_count(prof); i++) {
+            const kiln_profile_entry *e = kiln_profile_step(prof, i);
+            if (!e->node || !e->node[0] || !e->kernel || !has_suffix(e->kernel, suffix[p])) continue;
+            kiln_compile_node *k = node_add(nodes, n_nodes, e->node, e->op);
+            if (!k) {
+                snprintf(err, KILN_GATE_ERR_LEN, "out of memory");
+                st = KILN_ERR_OUT_OF_MEMORY;
+                break;
+            }
+            if (!k->kernel_in[1] && !k->kernel_in[2]) k->step = e->step;
+            k->kernel_in[lowp[p]] = 1;
+            k->weight_elems = kiln_session_node_weight_elems(s, e->node);
+        }
+        kiln_profile_free(prof);
+        kiln_outputs_free(out);
+        kiln_session_free(s);
+    }
+    for (int i = 0; rows && i < d->n; i++) kiln_tensor_free(rows[i]);
+    free(rows);
+    free(in);
+    if (st == KILN_OK && *n_nodes > 1) qsort(*nodes, (size_t)*n_nodes, sizeof **nodes, by_step);
+    if (st != KILN_OK) {
+        kiln_compile_nodes_free(*nodes, *n_nodes);
+        *nodes = NULL;
+        *n_nodes = 0;
+    }
+    return st;
+}
+
+kiln_status kiln_compile_node_sensitivity(kiln_model *m, const char *sig,
+                                          const kiln_session_options *so, kiln_compile_node *node,
+                                          kiln_precision p, const kiln_gate_data *d,
+                                          int64_t batch, const kiln_compile_run *base, char *err)
+{
+    kiln_session_options o = *so;
+    o.precision = KILN_PRECISION_FP32;
+    o.profile = 0;
+    kiln_session *s = NULL;
+    kiln_node_precision one = {node->name, p};
+    kiln_compile_run run = {0};
+    kiln_status st = kiln_session_create(m, sig, &o, &s);
+    if (st == KILN_OK) st = kiln_session_set_node_precision(s, &one, 1);
+    if (st != KILN_OK) {
+        snprintf(err, KILN_GATE_ERR_LEN, "node '%.200s': %.280s", node->name, kiln_last_error());
+    } else {
+        st = kiln_compile_run_all(s, d, batch, &run, err);
+    }
+    if (st == KILN_OK) {
+        node->measured = 1;
+        node->measured_in = p;
+        node->sqnr_db = kiln_compile_sqnr(base, &run);
+    }
+    kiln_compile_run_free(&run);
+    kiln_session_free(s);
+    return st;
+}
+
+kiln_precision kiln_compile_node_effective(const kiln_compile_node *n)
+{
+    return n->precision != KILN_PRECISION_FP32 && n->kernel_in[n->precision] ? n->precision
+                                                                             : KILN_PRECISION_FP32;
+}
+
+/* ---- the report ---- */
+
+/* A number, or null when it is not finite (JSON has no infinity). */
+static void jnum(FILE *f, double v)
+{
+    if (isfinite(v)) fprintf(f, "%.17g", v);
+    else fputs("null", f);
+}
+
+static void jkey(FILE *f, int *first, const char *key)
+{
+    fputs(*first ? "" : ",", f);
+    *first = 0;
+    kiln_json_write_string(f, key);
+    fputc(':', f);
+}
+
+static void jstr_or_null(FILE *f, const char *s)
+{
+    if (s) kiln_json_write_string(f, s);
+    else fputs("null", f);
+}
+
+char *kiln_compile_report_json(const kiln_compile_report *r)
+{
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    if (!f) return NULL;
+    int first = 1;
+    fputc('{', f);
+    jkey(f, &first, "kiln_version");
+    kiln_json_write_string(f, kiln_version());
+    jkey(f, &first, "model");
+    kiln_json_write_string(f, r->model);
+    jkey(f, &first, "signature");
+    kiln_json_write_string(f, r->signature);
+    jkey(f, &first, "precision_asked");
+    kiln_json_write_string(f, r->precision_asked);
+    jkey(f, &first, "precision");
+    kiln_json_write_string(f, kiln_precision_name(r->precision));
+    jkey(f, &first, "max_drop");
+    jnum(f, r->max_drop);
+    jkey(f, &first, "calibration");
+    fprintf(f, "{\"method\":\"dynamic\",\"note\":\"int8 activation ranges are measured on every "
+               "run; calibration data measures node sensitivity\",\"data\":");
+    jstr_or_null(f, r->cal_path);
+    fprintf(f, ",\"samples\":%lld}", (long long)r->cal_samples);
+    jkey(f, &first, "eval");
+    fputs("{\"data\":", f);
+    jstr_or_null(f, r->eval_path);
+    fputs(",\"labels\":", f);
+    jstr_or_null(f, r->labels_path);
+    fprintf(f, ",\"samples\":%lld}", (long long)r->eval_samples);
+    jkey(f, &first, "metric");
+    if (!r->has_quality) {
+        fputs("null", f);
+    } else {
+        const kiln_gate_quality *q = &r->q;
+        fputs("{\"output\":", f);
+        kiln_json_write_string(f, r->metric_output);
+        fputs(",\"name\":", f);
+        jstr_or_null(f, q->has_labels ? q->metric : NULL);
+        fputs(",\"fp32\":", f);
+        if (q->has_labels) jnum(f, q->base_metric);
+        else fputs("null", f);
+        fputs(",\"compressed\":", f);
+        if (q->has_labels) jnum(f, q->cand_metric);
+        else fputs("null", f);
+        fputs(",\"drop_of\":", f);
+        kiln_json_write_string(f, q->drop_of);
+        fputs(",\"drop\":", f);
+        jnum(f, q->drop);
+        fputc('}', f);
+    }
+    jkey(f, &first, "outputs");
+    fputc('[', f);
+    for (int i = 0; i < r->n_outputs; i++) {
+        const kiln_compile_out_stats *o = &r->outs[i];
+        fputs(i ? ",{\"name\":" : "{\"name\":", f);
+        kiln_json_write_string(f, o->name);
+        fprintf(f, ",\"samples\":%lld,\"row_size\":%lld,\"top1_agreement\":", (long long)o->samples,
+                (long long)o->row_size);
+        if (o->has_agreement) jnum(f, o->agreement);
+        else fputs("null", f);
+        fputs(",\"max_abs_error\":", f);
+        jnum(f, o->max_abs);
+        fputs(",\"mean_abs_error\":", f);
+        jnum(f, o->mean_abs);
+        fputs(",\"max_rel_error\":", f);
+        jnum(f, o->max_rel);
+        fputs(",\"mean_rel_error\":", f);
+        jnum(f, o->mean_rel);
+        fputs(",\"sqnr_db\":", f);
+        jnum(f, o->sqnr_db);
+        fputs(",\"identical\":", f);
+        fputs(o->sqnr_db == INFINITY ? "true}" : "false}", f);
+    }
+    fputc(']', f);
+    jkey(f, &first, "nodes");
+    fputc('[', f);
+    for (int i = 0; i < r->n_nodes; i++) {
+        const kiln_compile_node *n = &r->nodes[i];
+        fputs(i ? ",{\"name\":" : "{\"name\":", f);
+        kiln_json_write_string(f, n->name);
+        fputs(",\"op\":", f);
+        kiln_json_write_string(f, n->op);
+        fprintf(f, ",\"weight_elements\":%lld,\"kernels\":[", (long long)n->weight_elems);
+        int k = 0;
+        for (int p = KILN_PRECISION_BF16; p <= KILN_PRECISION_INT8; p++)
+            if (n->kernel_in[p]) fprintf(f, "%s\"%s\"", k++ ? "," : "", kiln_precision_name(p));
+        fputs("],\"sqnr_db\":", f);
+        if (n->measured) jnum(f, n->sqnr_db);
+        else fputs("null", f);
+        fputs(",\"sqnr_measured_in\":", f);
+        jstr_or_null(f, n->measured ? kiln_precision_name(n->measured_in) : NULL);
+        fputs(",\"precision\":", f);
+        kiln_json_write_string(f, kiln_precision_name(kiln_compile_node_effective(n)));
+        fprintf(f, ",\"fell_back\":%s,\"reason\":", n->fell_back ? "true" : "false");
+        jstr_or_null(f, n->fell_back ? n->reason : NULL);
+        fputc('}', f);
+    }
+    fputc(']', f);
+    jkey(f, &first, "fallbacks");
+    fputc('[', f);
+    for (int i = 0, k = 0; i < r->n_nodes; i++) {
+        const kiln_compile_node *n = &r->nodes[i];
+        if (!n->fell_back) continue;
+        fputs(k++ ? ",{\"node\":" : "{\"node\":", f);
+        kiln_json_write_string(f, n->name);
+        fputs(",\"precision\":", f);
+        kiln_json_write_string(f, kiln_precision_name(kiln_compile_node_effective(n)));
+        fputs(",\"reason\":", f);
+        kiln_json_write_string(f, n->reason);
+        fputc('}', f);
+    }
+    fputc(']', f);
+    jkey(f, &first, "size");
+    fprintf(f, "{\"fp32_weight_bytes\":%lld,\"compressed_weight_bytes\":%lld,\"ratio\":",
+            (long long)r->fp32_weight_bytes, (long long)r->compressed_weight_bytes);
+    jnum(f, r->fp32_weight_bytes ? (double)r->compressed_weight_bytes / (double)r->fp32_weight_bytes
+                                 : 1.0);
+    fputc('}', f);
+    jkey(f, &first, "latency");
+    fputc('[', f);
+    for (int i = 0; i < r->n_latency; i++) {
+        const kiln_gate_latency *l = &r->latency[i];
+        fprintf(f, "%s{\"batch\":%lld,\"runs\":%d,\"fp32_p50_ms\":", i ? "," : "", (long long)l->batch,
+                l->runs);
+        jnum(f, l->base_p50_ms);
+        fputs(",\"compressed_p50_ms\":", f);
+        jnum(f, l->cand_p50_ms);
+        fputs(",\"fp32_p99_ms\":", f);
+        jnum(f, l->base_p99_ms);
+        fputs(",\"compressed_p99_ms\":", f);
+        jnum(f, l->cand_p99_ms);
+        fputs(",\"speedup_p50\":", f);
+        jnum(f, l->cand_p50_ms > 0 ? l->base_p50_ms / l->cand_p50_ms : NAN);
+        fputc('}', f);
+    }
+    fputc(']', f);
+    jkey(f, &first, "passed");
+    fputs(r->passed ? "true" : "false", f);
+    jkey(f, &first, "verdict");
+    kiln_json_write_string(f, r->verdict);
+    fputs("}\n", f);
+    if (fclose(f) != 0) {
+        free(buf);
+        return NULL;
+    }
+    return buf;
+}
+
+static void print_db(FILE *f, double v)
+{
+    if (v == INFINITY) fprintf(f, "%9s", "inf");
+    else fprintf(f, "%9.2f", v);
+}
+
+void kiln_compile_report_print(const kiln_compile_report *r, FILE *f)
+{
+    fputs("model:       ", f);
+    kiln_text_write(f, r->model);
+    fputs(" (signature ", f);
+    kiln_text_write(f, r->signature);
+    fprintf(f, ")\nprecision:   %s (asked: %s)\n", kiln_precision_name(r->precision),
+            r->precision_asked);
+    fprintf(f, "calibration: dynamic int8 (activation ranges per run); sensitivity measured on %lld "
+               "samples%s",
+            (long long)r->cal_samples, r->cal_path ? " of " : "");
+    if (r->cal_path) kiln_text_write(f, r->cal_path);
+    fputc('\n', f);
+    if (r->eval_path) {
+        fprintf(f, "evaluation:  %lld samples of ", (long long)r->eval_samples);
+        kiln_text_write(f, r->eval_path);
+        if (r->labels_path) {
+            fputs(", labels ", f);
+            kiln_text_write(f, r->labels_path);
+        }
+        fputc('\n', f);
+    }
+    if (r->n_outputs) {
+        fprintf(f, "\n%-24s %8s %11s %11s %11s %11s %9s\n", "output", "top-1", "max abs", "mean abs",
+                "max rel", "mean rel", "SQNR dB");
+        for (int i = 0; i < r->n_outputs; i++) {
+            const kiln_compile_out_stats *o = &r->outs[i];
+            char name[25];
+            snprintf(name, sizeof name, "%s", o->name);
+            kiln_text_write(f, name);
+            fprintf(f, "%*s", (int)(25 - strlen(name)), "");
+            if (o->has_agreement) fprintf(f, "%7.2f%%", 100 * o->agreement);
+            else fprintf(f, "%8s", "-");
+            fprintf(f, " %11.4g %11.4g %11.4g %11.4g ", o->max_abs, o->mean_abs, o->max_rel,
+                    o->mean_rel);
+            print_db(f, o->sqnr_db);
+            fputc('\n', f);
+        }
+    }
+    if (r->has_quality) {
+        const kiln_gate_quality *q = &r->q;
+        fputc('\n', f);
+        if (q->has_labels)
+            fprintf(f, "%s: fp32 %.4f, %s %.4f; ", q->metric, q->base_metric,
+                    kiln_precision_name(r->precision), q->cand_metric);
+        fprintf(f, "%s %.4f%% (--max-drop %.4g%%)\n", q->drop_of, 100 * q->drop, 100 * r->max_drop);
+    }
+    if (r->n_nodes) {
+        fprintf(f, "\n%-28s %-18s %10s %9s %7s  %s\n", "node", "op", "weights", "SQNR dB", "runs in",
+                "fell back because");
+        for (int i = 0; i < r->n_nodes; i++) {
+            const kiln_compile_node *n = &r->nodes[i];
+            char name[29], op[19];
+            snprintf(name, sizeof name, "%s", n->name);
+            snprintf(op, sizeof op, "%s", n->op);
+            kiln_text_write(f, name);
+            fprintf(f, "%*s", (int)(29 - strlen(name)), "");
+            kiln_text_write(f, op);
+            fprintf(f, "%*s %10lld ", (int)(18 - strlen(op)), "", (long long)n->weight_elems);
+            if (n->measured) print_db(f, n->sqnr_db);
+            else fprintf(f, "%9s", "-");
+            fprintf(f, " %7s", kiln_precision_name(kiln_compile_node_effective(n)));
+            if (n->fell_back) {
+                fputs("  ", f);
+                kiln_text_write(f, n->reason);
+            }
+            fputc('\n', f);
+        }
+    }
+    fprintf(f, "\nweights: fp32 %lld bytes, compressed %lld bytes (%.2fx)\n",
+            (long long)r->fp32_weight_bytes, (long long)r->compressed_weight_bytes,
+            r->fp32_weight_bytes ? (double)r->compressed_weight_bytes / (double)r->fp32_weight_bytes
+                                 : 1.0);
+    if (r->n_latency) {
+        fprintf(f, "\n%6s %6s %14s %14s %9s\n", "batch", "runs", "fp32 p50 ms",
+                "compressed p50", "speedup");
+        for (int i = 0; i < r->n_latency; i++) {
+            const kiln_gate_latency *l = &r->latency[i];
+            fprintf(f, "%6lld %6d %14.4f %14.4f %8.2fx\n", (long long)l->batch, l->runs,
+                    l->base_p50_ms, l->cand_p50_ms,
+                    l->cand_p50_ms > 0 ? l->base_p50_ms / l->cand_p50_ms : 0.0);
+        }
+    }
+    fprintf(f, "\n%s\n", r->verdict);
+}

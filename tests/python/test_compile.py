@@ -1,0 +1,416 @@
+"""test_compile.py - `kiln compile`: precisions, the auto policy, the accuracy report, the .kiln.
+
+Trained models and real data, all made by scripts in the repository:
+
+- the bundled digits MLP (models/digits, tools/make_digits_model.py) on the held-out
+  quarter of scikit-learn's digits;
+- a small CNN trained on the same digits and a tabular MLP on scikit-learn's
+  breast-cancer data set taking raw features (their scales span 0.001..4000),
+  both from tools/make_compression_models.py (seconds).
+
+Checked against independent numpy computations: the report's per-output errors
+(top-1 agreement, max/mean absolute and relative error, SQNR) and metric
+(accuracy fp32 vs compressed) equal the same quantities computed in numpy from
+the fp32 outputs and the written .kiln's outputs (run in the compile's batches
+of 64, since dynamic int8 depends on the batch), and those outputs equal a
+numpy emulation of Kiln's int8 / bf16 arithmetic; a node's reported SQNR equals
+the numpy SQNR of the model with that node alone in int8. Each mode stays
+within 1% relative accuracy of fp32, or `auto` reports which node fell back
+and why (the tabular model's first layer, whose input int8 cannot represent);
+an explicit int8 compile of that model exits non-zero naming the drop and
+writes no artifact. Bad data gets errors naming the file and the input.
+"""
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+DIGITS = REPO / "models" / "digits" / "1" / "model.onnx"
+SHARED = REPO.parent / "shared" / "testdata"
+BATCH = 64  # kiln compile's evaluation batch (KILN_COMPILE_EVAL_BATCH)
+
+
+def cpu_flags():
+    try:
+        with open("/proc/cpuinfo") as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+VNNI = any(f in cpu_flags() for f in (" avx512_vnni", " avx_vnni", " amx_int8"))
+AVX512 = " avx512bw" in cpu_flags()
+
+
+@pytest.fixture(scope="module")
+def kiln_bin():
+    path = os.path.abspath(os.environ.get("KILN_BIN", str(REPO / "build" / "kiln")))
+    if not (os.path.isfile(path) and os.access(path, os.X_OK)):
+        pytest.skip(f"kiln executable not found at {path}: build it or set KILN_BIN")
+    return path
+
+
+def run(args, timeout=300):
+    return subprocess.run([str(a) for a in args], capture_output=True, text=True, timeout=timeout)
+
+
+def compile_model(kiln_bin, model, out, *extra, ok=True):
+    report = Path(str(out) + ".json")
+    r = run([kiln_bin, "compile", model, "-o", out, "--report", report, "--runs", "3",
+             "--batch-sizes", "1,8", *extra])
+    if ok:
+        assert r.returncode == 0, r.stdout + r.stderr
+    return r, (json.loads(report.read_text()) if report.exists() else None)
+
+
+def predict_batched(kiln_bin, model, name, x, tmp_path, tag):
+    """Run model on x in batches of 64 (as kiln compile evaluates), concatenated."""
+    outs = []
+    for i in range(0, len(x), BATCH):
+        inp = tmp_path / f"{tag}_{i}.npy"
+        np.save(inp, x[i:i + BATCH])
+        od = tmp_path / f"{tag}_out_{i}"
+        r = run([kiln_bin, "predict", model, "--input", f"{name}={inp}", "--output-dir", od])
+        assert r.returncode == 0, r.stderr
+        files = sorted(od.glob("*.npy"))
+        assert len(files) == 1
+        outs.append(np.load(files[0]))
+    return np.concatenate(outs)
+
+
+def stats(b, c):
+    """The report's per-output quantities, in numpy (definitions: src/cli/compile.h)."""
+    b = b.astype(np.float64)
+    c = c.astype(np.float64)
+    d = np.abs(c - b)
+    rel = d / np.maximum(np.abs(b), 1e-6)
+    noise = (d ** 2).sum()
+    return {
+        "top1_agreement": float((b.argmax(1) == c.argmax(1)).mean()),
+        "max_abs_error": float(d.max()), "mean_abs_error": float(d.mean()),
+        "max_rel_error": float(rel.max()), "mean_rel_error": float(rel.mean()),
+        "sqnr_db": None if noise == 0 else float(10 * np.log10((b ** 2).sum() / noise)),
+    }
+
+
+def check_output_stats(reported, b, c):
+    want = stats(b, c)
+    for k, v in want.items():
+        if v is None:
+            assert reported[k] is None, (k, reported[k])
+        else:
+            assert reported[k] == pytest.approx(v, rel=1e-4, abs=1e-9), (k, reported[k], v)
+
+
+def quant_gemm(a, w, b):
+    """Kiln's dynamic int8 Gemm (w is [N, K]) in numpy (docs/COMPRESSION.md)."""
+    a = a.astype(np.float32)
+    lo = np.float32(min(0.0, float(a.min())))
+    hi = np.float32(max(0.0, float(a.max())))
+    sa = np.float32((hi - lo) / np.float32(255.0))
+    if not sa > 0:
+        sa = np.float32(1.0)
+    zp = int(np.clip(np.rint(-lo / sa), 0, 255))
+    qa = np.clip(np.rint(a * (np.float32(1.0) / sa)) + zp, 0, 255).astype(np.int64) - zp
+    sw = (np.abs(w).max(axis=1) / np.float32(127.0)).astype(np.float32)
+    sw[sw == 0] = 1.0
+    qw = np.clip(np.rint(w / sw[:, None]), -127, 127).astype(np.int64)
+    acc = qa @ qw.T
+    return ((acc.astype(np.float32) * sw[None, :]) * sa).astype(np.float32) + b
+
+
+def bf16(x):
+    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    u = (u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000
+    return u.astype(np.uint32).view(np.float32)
+
+
+def gemm(a, w, b, mode):
+    if mode == "int8":
+        return quant_gemm(a, w, b)
+    if mode == "bf16":
+        return bf16(a) @ bf16(w).T + b
+    return a @ w.T + b
+
+
+def gemm_weights(path, names=False):
+    """(W [N,K], b) of every Gemm of an ONNX MLP, in order (and their node names)."""
+    import onnx
+    from onnx import numpy_helper
+    m = onnx.load(str(path))
+    init = {t.name: numpy_helper.to_array(t).astype(np.float32) for t in m.graph.initializer}
+    out = []
+    for n in m.graph.node:
+        if n.op_type != "Gemm":
+            continue
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}
+        w = init[n.input[1]]
+        out.append((w if attrs.get("transB", 0) else w.T, init[n.input[2]], n.name))
+    return out if names else [(w, b) for w, b, _ in out]
+
+
+def mlp(x, layers, modes, batched):
+    """An MLP of Gemm -> Relu ... -> Gemm in numpy, each layer in its mode."""
+    def one(xb):
+        h = xb
+        for i, ((w, b), mode) in enumerate(zip(layers, modes)):
+            h = gemm(h, w, b, mode)
+            if i + 1 < len(layers):
+                h = np.maximum(h, 0)
+        return h
+    if not batched:
+        return one(x)
+    return np.concatenate([one(x[i:i + BATCH]) for i in range(0, len(x), BATCH)])
+
+
+def softmax(z):
+    z = z - z.max(axis=1, keepdims=True)
+    e = np.exp(z)
+    return e / e.sum(axis=1, keepdims=True)
+
+
+@pytest.fixture(scope="module")
+def digits(tmp_path_factory):
+    """(folder with eval pixels.npy, folder with calibration pixels.npy, labels.npy path, x, y)."""
+    sk = pytest.importorskip("sklearn.datasets")
+    from sklearn.model_selection import train_test_split
+    d = sk.load_digits()
+    x = d.data.astype(np.float32)
+    y = d.target.astype(np.int64)
+    x_train, x_test, _, y_test = train_test_split(x, y, test_size=0.25, random_state=0, stratify=y)
+    root = tmp_path_factory.mktemp("digits_data")
+    (root / "eval").mkdir()
+    (root / "cal").mkdir()
+    np.save(root / "eval" / "pixels.npy", x_test)
+    np.save(root / "cal" / "pixels.npy", x_train[:200])
+    np.save(root / "labels.npy", y_test)
+    return root / "eval", root / "cal", root / "labels.npy", x_test, y_test
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    pytest.importorskip("torch")
+    pytest.importorskip("sklearn")
+    out = tmp_path_factory.mktemp("compression_models")
+    r = run(["/usr/bin/python3", REPO / "tools" / "make_compression_models.py", "--out", out],
+            timeout=600)
+    assert r.returncode == 0, r.stderr
+    for model, name in (("digits", "image"), ("cancer", "features")):
+        for part in ("test", "cal"):
+            (out / f"{model}_{part}").mkdir()
+            np.save(out / f"{model}_{part}" / f"{name}.npy", np.load(out / f"{model}_{part}_x.npy"))
+    return out
+
+
+def test_digits_mlp_every_mode(kiln_bin, digits, tmp_path):
+    ev, cal, labels, x, y = digits
+    fp32 = predict_batched(kiln_bin, DIGITS, "pixels", x, tmp_path, "fp32")
+    layers = gemm_weights(DIGITS)
+    acc32 = float((fp32.argmax(1) == y).mean())
+    assert acc32 > 0.9
+    for mode in ("fp32", "bf16", "int8", "auto"):
+        out = tmp_path / f"digits_{mode}.kiln"
+        _, rep = compile_model(kiln_bin, DIGITS, out, "--precision", mode, "--calibration", cal,
+                               "--eval", ev, "--labels", labels)
+        assert rep["passed"] is True and rep["precision_asked"] == mode
+        assert rep["metric"]["name"] == "accuracy"
+        assert rep["metric"]["fp32"] == pytest.approx(acc32)
+        got = predict_batched(kiln_bin, out, "pixels", x, tmp_path, mode)
+        # the report describes exactly what the written artifact computes
+        check_output_stats(rep["outputs"][0], fp32, got)
+        acc = float((got.argmax(1) == y).mean())
+        assert rep["metric"]["compressed"] == pytest.approx(acc)
+        assert acc >= acc32 * 0.99 or any(n["fell_back"] for n in rep["nodes"])
+        assert rep["eval"]["samples"] == len(x)
+        if mode == "fp32":
+            assert rep["outputs"][0]["identical"] is True and rep["nodes"] == []
+            continue
+        assert rep["calibration"]["samples"] == 200 and rep["calibration"]["method"] == "dynamic"
+        assert [n["name"] for n in rep["nodes"]] == ["fc1", "fc2"]
+        assert [lat["batch"] for lat in rep["latency"]] == [1, 8]
+        assert all(lat["fp32_p50_ms"] > 0 and lat["compressed_p50_ms"] > 0 for lat in rep["latency"])
+        eff = "int8" if mode == "auto" else mode
+        if (eff == "int8" and not VNNI) or (eff == "bf16" and not AVX512):
+            continue
+        assert all(n["precision"] == eff for n in rep["nodes"]), rep["nodes"]
+        # the artifact's outputs against numpy's emulation of the precision
+        want = softmax(mlp(x, layers, [eff, eff], batched=True).astype(np.float64))
+        assert np.abs(got - want).max() < 1e-4
+        # weights: the products' weights at 1 (int8) or 2 (bf16) bytes, the rest fp32
+        w_elems = sum(w.size for w, _ in layers)
+        per = {"int8": 1, "bf16": 2}[eff]
+        size = rep["size"]
+        assert size["compressed_weight_bytes"] == size["fp32_weight_bytes"] - (4 - per) * w_elems
+        # each node's SQNR: that node alone in the precision, in numpy
+        xc = np.load(cal / "pixels.npy")
+        base = softmax(mlp(xc, layers, ["fp32", "fp32"], batched=True).astype(np.float64))
+        for i, node in enumerate(("fc1", "fc2")):
+            modes = ["fp32", "fp32"]
+            modes[i] = eff
+            c = softmax(mlp(xc, layers, modes, batched=True).astype(np.float64))
+            want_db = 10 * np.log10((base ** 2).sum() / ((c - base) ** 2).sum())
+            rep_node = next(n for n in rep["nodes"] if n["name"] == node)
+            assert rep_node["sqnr_db"] == pytest.approx(want_db, abs=0.05), node
+
+
+@pytest.mark.skipif(not VNNI, reason="no VNNI/AMX on this CPU: int8 nodes stay fp32")
+def test_tabular_auto_falls_back_and_int8_fails(kiln_bin, trained, tmp_path):
+    model = trained / "cancer_mlp.onnx"
+    x = np.load(trained / "cancer_test_x.npy")
+    y = np.load(trained / "cancer_test_y.npy")
+    common = ["--calibration", trained / "cancer_cal", "--eval", trained / "cancer_test",
+              "--labels", trained / "cancer_test_y.npy"]
+    # explicit int8: the raw features' range defeats per-tensor activation scales
+    out = tmp_path / "cancer_int8.kiln"
+    r, rep = compile_model(kiln_bin, model, out, "--precision", "int8", *common, ok=False)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "exceeds --max-drop 1%" in r.stderr and "relative accuracy drop" in r.stderr
+    assert not out.exists()
+    assert rep["passed"] is False and rep["metric"]["drop"] > 0.01
+    # auto: the first layer (lowest SQNR) falls back, the second stays int8
+    out = tmp_path / "cancer_auto.kiln"
+    r, rep = compile_model(kiln_bin, model, out, "--precision", "auto", *common)
+    nodes = {n["name"]: n for n in rep["nodes"]}
+    first, second = (n["name"] for n in sorted(rep["nodes"], key=lambda n: n["sqnr_db"]))
+    assert nodes[first]["fell_back"] and not nodes[second]["fell_back"]
+    assert nodes[second]["precision"] == "int8"
+    fb = nodes[first]["precision"]
+    assert fb in ("bf16", "fp32")
+    assert "lowest of the nodes still in int8" in nodes[first]["reason"]
+    assert rep["fallbacks"] == [{"node": first, "precision": fb, "reason": nodes[first]["reason"]}]
+    assert first in r.stdout and "1 of 2 nodes fell back" in r.stdout
+    named = gemm_weights(model, names=True)
+    layers = [(w, b) for w, b, _ in named]
+    assert [n["name"] for n in rep["nodes"]] == [name for _, _, name in named]  # graph order
+    # the node SQNRs against numpy: each layer alone in int8, on the calibration rows
+    cal = np.load(trained / "cancer_cal_x.npy")
+    base = mlp(cal, layers, ["fp32", "fp32"], batched=True).astype(np.float64)
+    for i, (_, _, name) in enumerate(named):
+        modes = ["fp32", "fp32"]
+        modes[i] = "int8"
+        c = mlp(cal, layers, modes, batched=True).astype(np.float64)
+        want_db = 10 * np.log10((base ** 2).sum() / ((c - base) ** 2).sum())
+        assert nodes[name]["sqnr_db"] == pytest.approx(want_db, abs=0.05), name
+    assert first == named[0][2]  # the layer that takes the raw features
+    # the written .kiln keeps the mixed precision: the whole test set in one batch
+    inp = tmp_path / "features.npy"
+    np.save(inp, x)
+    r = run([kiln_bin, "predict", out, "--input", f"features={inp}", "--output-dir",
+             tmp_path / "pred"])
+    assert r.returncode == 0, r.stderr
+    got = np.load(tmp_path / "pred" / "logits.npy")
+    want = mlp(x, layers, [fb, "int8"], batched=False)
+    assert np.abs(got - want).max() < 1e-4 * max(1.0, np.abs(want).max())
+    # and is not what all-int8 or all-fp32 would give
+    for other in (["int8", "int8"], ["fp32", "fp32"]):
+        assert np.abs(got - mlp(x, layers, other, batched=False)).max() > 1e-3
+    acc32 = float((mlp(x, layers, ["fp32", "fp32"], False).argmax(1) == y).mean())
+    assert float((got.argmax(1) == y).mean()) >= acc32 * 0.99
+
+
+def test_cnn_modes_within_one_percent(kiln_bin, trained, tmp_path):
+    model = trained / "digits_cnn.onnx"
+    x = np.load(trained / "digits_test_x.npy")
+    y = np.load(trained / "digits_test_y.npy")
+    fp32 = predict_batched(kiln_bin, model, "image", x, tmp_path, "cnn_fp32")
+    acc32 = float((fp32.argmax(1) == y).mean())
+    assert acc32 > 0.9
+    for mode in ("bf16", "int8", "auto"):
+        out = tmp_path / f"cnn_{mode}.kiln"
+        _, rep = compile_model(kiln_bin, model, out, "--precision", mode, "--calibration",
+                               trained / "digits_cal", "--eval", trained / "digits_test",
+                               "--labels", trained / "digits_test_y.npy")
+        got = predict_batched(kiln_bin, out, "image", x, tmp_path, f"cnn_{mode}")
+        check_output_stats(rep["outputs"][0], fp32, got)
+        acc = float((got.argmax(1) == y).mean())
+        assert rep["metric"]["fp32"] == pytest.approx(acc32)
+        assert rep["metric"]["compressed"] == pytest.approx(acc)
+        assert acc >= acc32 * 0.99 or rep["fallbacks"], (mode, acc, acc32)
+        ops = {n["op"] for n in rep["nodes"]}
+        if VNNI or AVX512:
+            assert any("Conv" in op for op in ops) and any("MatMul" in op for op in ops), ops
+
+
+def test_data_forms_and_bad_data(kiln_bin, digits, tmp_path):
+    ev, cal, labels, x, y = digits
+    # .npz and JSON-lines of TF Serving predict bodies read the same samples
+    np.savez(tmp_path / "eval.npz", pixels=x)
+    with open(tmp_path / "eval.jsonl", "w") as f:
+        for i in range(0, len(x), 50):
+            f.write(json.dumps({"instances": [{"pixels": r.tolist()} for r in x[i:i + 50]]}) + "\n")
+    reps = []
+    for data in (ev, tmp_path / "eval.npz", tmp_path / "eval.jsonl"):
+        _, rep = compile_model(kiln_bin, DIGITS, tmp_path / "d.kiln", "--precision", "bf16",
+                               "--eval", data, "--labels", labels)
+        reps.append(rep)
+        assert rep["eval"]["samples"] == len(x)
+    assert reps[0]["metric"] == reps[1]["metric"] == reps[2]["metric"]
+
+    def bad(data, *want, extra=()):
+        r, _ = compile_model(kiln_bin, DIGITS, tmp_path / "bad.kiln", "--precision", "int8",
+                             "--eval", data, *extra, ok=False)
+        assert r.returncode != 0
+        for w in want:
+            assert w in r.stderr, (w, r.stderr)
+        assert not (tmp_path / "bad.kiln").exists()
+
+    def folder(name, arr, fname="pixels.npy"):
+        p = tmp_path / name
+        p.mkdir()
+        np.save(p / fname, arr)
+        return p
+
+    bad(folder("wrong_name", x, "image.npy"), "pixels", "wrong_name")
+    bad(folder("wrong_dtype", x.astype(np.float64)), "pixels", "float64", "wrong_dtype")
+    bad(folder("wrong_shape", x[:, :63]), "pixels", "dimension 1 is 63", "wrong_shape")
+    bad(folder("few", x[:5]), "few", "5 samples", "at least 10")
+    xn = x.copy()
+    xn[17, 3] = np.nan
+    bad(folder("nan", xn), "nan", "pixels", "NaN at sample 17")
+    bad(ev, "--labels", "12 rows", extra=("--labels", folder("l", y[:12], "y.npy") / "y.npy"))
+    with open(tmp_path / "bad.jsonl", "w") as f:
+        f.write(json.dumps({"instances": [{"image": [0.0] * 64}]}) + "\n")
+    bad(tmp_path / "bad.jsonl", "bad.jsonl")
+    bad(tmp_path / "missing", "missing", "does not exist")
+
+
+def test_usage_errors(kiln_bin, digits, tmp_path):
+    ev = digits[0]
+    for flag in ("--sparse", "--prune", "--emit-onnx"):
+        r = run([kiln_bin, "compile", DIGITS, "-o", tmp_path / "x.kiln", flag, "x"])
+        assert r.returncode == 2 and f"{flag} is not available yet" in r.stderr
+    r = run([kiln_bin, "compile", DIGITS, "-o", tmp_path / "x.kiln", "--precision", "fp8"])
+    assert r.returncode == 2 and "'fp8'" in r.stderr
+    r = run([kiln_bin, "compile", DIGITS, "-o", tmp_path / "x.kiln"])  # auto needs data
+    assert r.returncode == 2 and "needs data" in r.stderr
+    r = run([kiln_bin, "compile", DIGITS, "-o", tmp_path / "x.kiln", "--eval", ev,
+             "--max-drop", "lots"])
+    assert r.returncode == 2 and "'lots'" in r.stderr
+    # without labels the bound is on top-1 disagreement with fp32
+    r, rep = compile_model(kiln_bin, DIGITS, tmp_path / "nl.kiln", "--precision", "int8",
+                           "--eval", ev)
+    assert rep["metric"]["name"] is None
+    assert rep["metric"]["drop"] == pytest.approx(1 - rep["outputs"][0]["top1_agreement"])
+
+
+def test_savedmodel(kiln_bin, tmp_path):
+    sm = SHARED / "savedmodels" / "machinelearning-testdata" / "Microsoft.ML.TensorFlow.TestModels" \
+        / "mnist_conv_model"
+    if not sm.is_dir():
+        pytest.skip(f"{sm} is absent (../shared/testdata)")
+    rng = np.random.default_rng(0)
+    (tmp_path / "d").mkdir()
+    x = rng.random((32, 28, 28, 1), dtype=np.float32)
+    np.save(tmp_path / "d" / "Features.npy", x)
+    out = tmp_path / "mnist.kiln"
+    _, rep = compile_model(kiln_bin, sm, out, "--precision", "auto", "--eval", tmp_path / "d",
+                           "--max-drop", "10%")
+    assert rep["outputs"][0]["name"] == "Prediction"
+    got = predict_batched(kiln_bin, out, "Features", x, tmp_path, "sm")
+    base = predict_batched(kiln_bin, sm, "Features", x, tmp_path, "sm32")
+    check_output_stats(rep["outputs"][0], base, got)
