@@ -36,7 +36,7 @@ static kiln_status container_inputs(const struct kiln_node *n, kiln_tensor *cons
 {
     unsigned flags = kiln_op_info(n->op)->flags;
     if (flags & KILN_OPF_SEQ) return KILN_OK;
-    int first = n->n_in; /* inputs from here on may be containers */
+    int first = n->n_in; /* inputs before this one must be tensors */
     if (n->op == KILN_OP_If) first = 1;
     else if (n->op == KILN_OP_Loop) first = 2;
     for (int k = 0; k < first && k < n->n_in; k++) {
