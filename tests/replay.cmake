@@ -156,3 +156,13 @@ add_test(NAME fuzz_replay_monitor_profile
   COMMAND kiln_fuzz_replay_monitor_profile ${PROJECT_SOURCE_DIR}/tests/corpus/monitor_profile)
 set_tests_properties(fuzz_replay_monitor_profile PROPERTIES TIMEOUT 300
   ENVIRONMENT "ASAN_OPTIONS=detect_leaks=1:abort_on_error=0;UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1")
+
+# ONNX run-time values: TensorProto, SequenceProto and OptionalProto (fuzz/fuzz_onnx_value.c).
+add_executable(kiln_fuzz_replay_onnx_value
+  ${PROJECT_SOURCE_DIR}/fuzz/replay_main.c ${PROJECT_SOURCE_DIR}/fuzz/fuzz_onnx_value.c)
+target_include_directories(kiln_fuzz_replay_onnx_value PRIVATE ${PROJECT_SOURCE_DIR}/src ${GEN_DIR})
+target_link_libraries(kiln_fuzz_replay_onnx_value PRIVATE kiln)
+add_test(NAME fuzz_replay_onnx_value
+  COMMAND kiln_fuzz_replay_onnx_value ${PROJECT_SOURCE_DIR}/tests/corpus/onnx_value)
+set_tests_properties(fuzz_replay_onnx_value PROPERTIES TIMEOUT 300
+  ENVIRONMENT "ASAN_OPTIONS=detect_leaks=1:abort_on_error=0;UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1")

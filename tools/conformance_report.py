@@ -53,8 +53,8 @@ def main():
         out.append("")
     out.append("## Unsupported cases, by reason\n")
     out.append("Training ops and preview-domain ops are out of scope for an inference runtime; "
-               "float8, float4, int4, int2 and complex dtypes are not Kiln dtypes; sequence, map and "
-               "optional values are not supported by the IR yet.\n")
+               "float8, float4, int4, int2 and complex dtypes are not Kiln dtypes; map values are "
+               "not supported by the IR yet (sequences and optionals are: docs/SEQUENCES.md).\n")
     out.append("| cases | reason | examples |")
     out.append("|---:|---|---|")
     for reason, cases in sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0])):

@@ -90,7 +90,14 @@ typedef enum kiln_dtype {
     KILN_DTYPE_F8E8M0,     /* 2^(e-127), 0xff is NaN (an MX scale) */
     KILN_DTYPE_U2,         /* 0..3 */
     KILN_DTYPE_I2,         /* -2..1 */
-    KILN_DTYPE_COUNT
+    KILN_DTYPE_COUNT,
+    /* Containers (ONNX sequence(T) and optional(T); docs/SEQUENCES.md), numbered past
+     * KILN_DTYPE_COUNT so that nothing that handles element types takes them by accident.
+     * A container kiln_tensor has rank 1, dims[0] items (an optional 0 or 1) and data
+     * holding dims[0] kiln_tensor pointers that it owns; read and build it with
+     * kiln_tensor_item / kiln_tensor_container_create / kiln_tensor_set_item. */
+    KILN_DTYPE_SEQUENCE = 64,
+    KILN_DTYPE_OPTIONAL = 65,
 } kiln_dtype;
 
 /* A byte string (not NUL-terminated in general; binary-safe). */
@@ -127,6 +134,14 @@ kiln_status kiln_tensor_wrap(kiln_dtype dt, int rank, const int64_t *dims, void 
 kiln_status kiln_tensor_set_string(kiln_tensor *t, size_t i, const char *bytes, size_t len);
 int64_t kiln_tensor_count(const kiln_tensor *t);
 void kiln_tensor_free(kiln_tensor *t);
+/* Containers: a sequence (kind KILN_DTYPE_SEQUENCE) or optional (KILN_DTYPE_OPTIONAL, n 0
+ * for "no value" or 1) of n empty slots; fill every slot with kiln_tensor_set_item, which
+ * takes ownership of item (a tensor, or for an optional also a sequence) and frees what
+ * the slot held. kiln_tensor_item returns slot i, or NULL when t is not a container or i
+ * is out of range. Freeing or running frees the items with the container. */
+kiln_status kiln_tensor_container_create(kiln_dtype kind, int64_t n, kiln_tensor **out);
+kiln_status kiln_tensor_set_item(kiln_tensor *t, int64_t i, kiln_tensor *item);
+const kiln_tensor *kiln_tensor_item(const kiln_tensor *t, int64_t i);
 
 /* Models. */
 typedef struct kiln_model kiln_model;

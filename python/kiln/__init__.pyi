@@ -84,7 +84,7 @@ class InferenceSession:
         output_names: Optional[Sequence[str]],
         input_feed: Mapping[str, Any],
         run_options: Optional[RunOptions] = None,
-    ) -> List[np.ndarray]: ...
+    ) -> List[Any]: ...  # arrays; a list of arrays for a sequence output, None for an empty optional
     @property
     def signature(self) -> str: ...
     @property

@@ -191,7 +191,10 @@ static PyObject *value_info_tuple(const kiln_value_info *vi)
         }
     }
     unsigned dt = (unsigned)vi->dtype < KILN_DTYPE_COUNT ? (unsigned)vi->dtype : 0;
-    return Py_BuildValue("(ssN)", vi->name, dtype_table[dt].ort, shape);
+    const char *ort = vi->dtype == KILN_DTYPE_SEQUENCE   ? "seq(tensor)"
+                      : vi->dtype == KILN_DTYPE_OPTIONAL ? "optional"
+                                                         : dtype_table[dt].ort;
+    return Py_BuildValue("(ssN)", vi->name, ort, shape);
 }
 
 /* (name, method, [inputs], [outputs]) of a signature. */
@@ -463,6 +466,11 @@ static int feed_convert(SessionObject *self, struct feed_item *f, PyObject *valu
 {
     const kiln_value_info *vi = find_input(self->sig, f->name);
     kiln_dtype want = vi ? vi->dtype : KILN_DTYPE_UNDEFINED;
+    if (want == KILN_DTYPE_SEQUENCE || want == KILN_DTYPE_OPTIONAL) {
+        raise_invalid("input '%s' is a %s value; the Python API passes tensors in "
+                      "(docs/SEQUENCES.md)", f->name, kiln_dtype_name(want));
+        return -1;
+    }
     if (PyArray_Check(value)) {
         f->arr = (PyArrayObject *)Py_NewRef(value);
     } else if (want == KILN_DTYPE_BF16 || want > KILN_DTYPE_STRING) {
@@ -529,6 +537,36 @@ static void tensor_capsule_free(PyObject *cap)
 /* A numpy array for an output tensor; takes ownership of t. */
 static PyObject *tensor_to_array(kiln_tensor *t)
 {
+    if (t->dtype == KILN_DTYPE_SEQUENCE || t->dtype == KILN_DTYPE_OPTIONAL) {
+        /* a sequence becomes a list of arrays, an optional its value or None
+         * (docs/SEQUENCES.md); each item is taken from the container as it converts */
+        kiln_tensor **items = t->data;
+        int64_t n = t->dims[0];
+        PyObject *r = NULL;
+        if (t->dtype == KILN_DTYPE_OPTIONAL) {
+            if (n == 0 || !items[0]) {
+                r = Py_NewRef(Py_None);
+            } else {
+                kiln_tensor *it = items[0];
+                items[0] = NULL;
+                r = tensor_to_array(it);
+            }
+        } else if ((r = PyList_New((Py_ssize_t)n)) != NULL) {
+            for (int64_t i = 0; i < n; i++) {
+                kiln_tensor *it = items[i];
+                items[i] = NULL;
+                PyObject *a = it ? tensor_to_array(it) : NULL;
+                if (!a) {
+                    if (!it) raise_status(KILN_ERR_INTERNAL, "a sequence item is missing");
+                    Py_CLEAR(r);
+                    break;
+                }
+                PyList_SET_ITEM(r, (Py_ssize_t)i, a);
+            }
+        }
+        kiln_tensor_free(t);
+        return r;
+    }
     npy_intp dims[KILN_MAX_RANK];
     int rank = t->rank;
     for (int i = 0; i < rank; i++) dims[i] = (npy_intp)t->dims[i];

@@ -598,11 +598,56 @@ const kiln_session_options *kiln_session_opts(const kiln_session *s) { return &s
 
 const kiln_signature *kiln_session_signature(const kiln_session *s) { return s->sig; }
 
+/* A caller's sequence or optional (kiln.h): the kind the signature declares, every
+ * slot filled with a well-formed tensor (or, in an optional, a sequence), nesting
+ * bounded. */
+static kiln_status container_ok(const char *name, const kiln_tensor *t, int depth)
+{
+    if (!t || depth > 2)
+        return kiln_error(KILN_ERR_INVALID_ARGUMENT, "input '%s': a %s", name,
+                          t ? "container nests too deeply" : "container slot is empty");
+    if (!kiln_dtype_is_container(t->dtype)) {
+        int64_t n = (unsigned)t->dtype < KILN_DTYPE_COUNT && t->dtype != KILN_DTYPE_UNDEFINED &&
+                            t->rank >= 0 && t->rank <= KILN_MAX_RANK
+                        ? kiln_shape_count(t->rank, t->dims)
+                        : -1;
+        if (n < 0 || (t->dtype != KILN_DTYPE_STRING && (size_t)n * kiln_dtype_size(t->dtype) != t->nbytes) ||
+            (n > 0 && !t->data))
+            return kiln_error(KILN_ERR_INVALID_ARGUMENT,
+                              "input '%s': an item is not a valid tensor", name);
+        return KILN_OK;
+    }
+    int64_t max = t->dtype == KILN_DTYPE_OPTIONAL ? 1 : KILN_SEQUENCE_MAX_ITEMS;
+    if (t->rank != 1 || t->dims[0] < 0 || t->dims[0] > max || (t->dims[0] > 0 && !t->data))
+        return kiln_error(KILN_ERR_INVALID_ARGUMENT, "input '%s': not a valid %s", name,
+                          kiln_dtype_name(t->dtype));
+    for (int64_t i = 0; i < t->dims[0]; i++) {
+        const kiln_tensor *item = kiln_tensor_item(t, i);
+        if (item && item->dtype == KILN_DTYPE_OPTIONAL)
+            return kiln_error(KILN_ERR_INVALID_ARGUMENT,
+                              "input '%s': a %s cannot hold an optional", name,
+                              kiln_dtype_name(t->dtype));
+        kiln_status st = container_ok(name, item, depth + 1);
+        if (st != KILN_OK) return st;
+    }
+    return KILN_OK;
+}
+
+static kiln_status check_container(const kiln_value_info *vi, const kiln_tensor *t)
+{
+    if (vi->dtype != KILN_DTYPE_UNDEFINED && t->dtype != vi->dtype)
+        return kiln_error(KILN_ERR_INVALID_ARGUMENT, "input '%s' must be %s, got %s", vi->name,
+                          kiln_dtype_name(vi->dtype), kiln_dtype_name(t->dtype));
+    return container_ok(vi->name, t, 0);
+}
+
 /* Check a caller's tensor against the signature's declared type. */
 static kiln_status check_input(const kiln_value_info *vi, const kiln_tensor *t)
 {
     char a[160], b[160];
     if (!t) return kiln_error(KILN_ERR_INVALID_ARGUMENT, "input '%s' is NULL", vi->name);
+    if (kiln_dtype_is_container(t->dtype) || kiln_dtype_is_container(vi->dtype))
+        return check_container(vi, t);
     if ((unsigned)t->dtype >= KILN_DTYPE_COUNT || t->dtype == KILN_DTYPE_UNDEFINED ||
         t->rank < 0 || t->rank > KILN_MAX_RANK)
         return kiln_error(KILN_ERR_INVALID_ARGUMENT, "input '%s' is not a valid tensor", vi->name);

@@ -228,7 +228,11 @@ static int write_outputs(const kiln_outputs *out, const char *dir)
             break;
         }
         snprintf(path, plen, "%s%s%s", dir, sep, files[i]);
-        if (kiln_npy_write(path, t) != KILN_OK) {
+        if (t->dtype == KILN_DTYPE_SEQUENCE || t->dtype == KILN_DTYPE_OPTIONAL) {
+            rc = kiln_cli_fail("output '%s' is a %s value; .npy files hold tensors "
+                               "(docs/SEQUENCES.md)", kiln_outputs_name(out, i),
+                               kiln_dtype_name(t->dtype));
+        } else if (kiln_npy_write(path, t) != KILN_OK) {
             rc = kiln_cli_fail("output '%s': %s", kiln_outputs_name(out, i),
                                kiln_npy_last_error());
         } else {

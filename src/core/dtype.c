@@ -47,6 +47,8 @@ _Static_assert(KILN_DTYPE_COUNT == 25, "dtype_info needs an entry for each new d
 
 const char *kiln_dtype_name(kiln_dtype dt)
 {
+    if (dt == KILN_DTYPE_SEQUENCE) return "sequence";
+    if (dt == KILN_DTYPE_OPTIONAL) return "optional";
     if ((unsigned)dt >= KILN_DTYPE_COUNT) return "invalid";
     return dtype_info[dt].name;
 }

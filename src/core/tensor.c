@@ -140,9 +140,70 @@ int64_t kiln_tensor_count(const kiln_tensor *t)
     return n;
 }
 
+kiln_status kiln_tensor_container_create(kiln_dtype kind, int64_t n, kiln_tensor **out)
+{
+    if (!out || !kiln_dtype_is_container(kind))
+        return kiln_error(KILN_ERR_INVALID_ARGUMENT,
+                          "kiln_tensor_container_create: kind %d is not a sequence or optional",
+                          (int)kind);
+    int64_t max = kind == KILN_DTYPE_OPTIONAL ? 1 : KILN_SEQUENCE_MAX_ITEMS;
+    if (n < 0 || n > max)
+        return kiln_error(KILN_ERR_INVALID_ARGUMENT, "a %s cannot hold %lld items (0 to %lld)",
+                          kiln_dtype_name(kind), (long long)n, (long long)max);
+    kiln_tensor *t = calloc(1, sizeof *t);
+    kiln_tensor **items = calloc((size_t)(n ? n : 1), sizeof *items);
+    if (!t || !items) {
+        free(t);
+        free(items);
+        return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory allocating a %s",
+                          kiln_dtype_name(kind));
+    }
+    t->dtype = kind;
+    t->rank = 1;
+    t->dims[0] = n;
+    t->data = items;
+    t->nbytes = (size_t)n * sizeof *items;
+    t->owns_data = 1;
+    *out = t;
+    return KILN_OK;
+}
+
+kiln_status kiln_tensor_set_item(kiln_tensor *t, int64_t i, kiln_tensor *item)
+{
+    if (!t || !kiln_dtype_is_container(t->dtype) || i < 0 || i >= t->dims[0] || !item) {
+        kiln_tensor_free(item);
+        return kiln_error(KILN_ERR_INVALID_ARGUMENT,
+                          "kiln_tensor_set_item: not a container, no item, or slot %lld out of "
+                          "range", (long long)i);
+    }
+    if (item == t || (t->dtype == KILN_DTYPE_SEQUENCE && item->dtype == KILN_DTYPE_OPTIONAL)) {
+        if (item != t) kiln_tensor_free(item);
+        return kiln_error(KILN_ERR_INVALID_ARGUMENT,
+                          "kiln_tensor_set_item: a sequence cannot hold itself or an optional");
+    }
+    kiln_tensor **items = t->data;
+    kiln_tensor_free(items[i]);
+    items[i] = item;
+    return KILN_OK;
+}
+
+const kiln_tensor *kiln_tensor_item(const kiln_tensor *t, int64_t i)
+{
+    if (!t || !kiln_dtype_is_container(t->dtype) || i < 0 || i >= t->dims[0]) return NULL;
+    return ((kiln_tensor *const *)t->data)[i];
+}
+
 void kiln_tensor_free(kiln_tensor *t)
 {
     if (!t) return;
+    if (kiln_dtype_is_container(t->dtype)) {
+        kiln_tensor **items = t->data;
+        if (t->owns_data && items)
+            for (int64_t i = 0; i < t->dims[0]; i++) kiln_tensor_free(items[i]);
+        if (t->owns_data) free(items);
+        free(t);
+        return;
+    }
     if (t->owns_data) {
         if (t->dtype == KILN_DTYPE_STRING && t->data) {
             int64_t n = kiln_tensor_count(t);
@@ -162,6 +223,22 @@ kiln_status kiln_tensor_new_like(const kiln_tensor *t, kiln_tensor **out)
 kiln_status kiln_tensor_clone(const kiln_tensor *t, kiln_tensor **out)
 {
     kiln_tensor *c;
+    if (kiln_dtype_is_container(t->dtype)) { /* deep: the clone owns copies of the items */
+        kiln_status st = kiln_tensor_container_create(t->dtype, t->dims[0], &c);
+        if (st != KILN_OK) return st;
+        for (int64_t i = 0; i < t->dims[0]; i++) {
+            const kiln_tensor *item = ((kiln_tensor *const *)t->data)[i];
+            if (!item) continue;
+            kiln_tensor *ic;
+            if ((st = kiln_tensor_clone(item, &ic)) != KILN_OK ||
+                (st = kiln_tensor_set_item(c, i, ic)) != KILN_OK) {
+                kiln_tensor_free(c);
+                return st;
+            }
+        }
+        *out = c;
+        return KILN_OK;
+    }
     kiln_status st = tensor_alloc_z(t->dtype, t->rank, t->dims, false, &c);
     if (st != KILN_OK) return st;
     if (t->dtype == KILN_DTYPE_STRING) {

@@ -10,6 +10,14 @@
 
 #include "core/status.h"
 
+/* A sequence or optional (kiln.h): a tensor whose data is kiln_tensor pointers. */
+static inline bool kiln_dtype_is_container(kiln_dtype dt)
+{
+    return dt == KILN_DTYPE_SEQUENCE || dt == KILN_DTYPE_OPTIONAL;
+}
+/* Most items a sequence may hold. */
+#define KILN_SEQUENCE_MAX_ITEMS ((int64_t)1 << 24)
+
 /* Largest tensor Kiln will allocate (bytes): a bound on what a model or
  * request can make us allocate. */
 #define KILN_TENSOR_MAX_BYTES ((int64_t)1 << 36)

@@ -101,7 +101,10 @@ static kiln_status loop_infer(struct kiln_infer_ctx *ctx)
         kiln_type_unknown(ctx->out[k]);
         const struct kiln_type *bt = &body->values[body->outputs[k + 1]].type;
         ctx->out[k]->dtype = bt->dtype;
-        if (k < n_carried && ctx->in[k + 2]) ctx->out[k]->dtype = ctx->in[k + 2]->dtype;
+        /* an optional carried in may come back as its value (ONNX's loop16_seq_none) */
+        if (k < n_carried && ctx->in[k + 2] &&
+            !(ctx->in[k + 2]->dtype == KILN_DTYPE_OPTIONAL && bt->dtype != KILN_DTYPE_UNDEFINED))
+            ctx->out[k]->dtype = ctx->in[k + 2]->dtype;
     }
     return KILN_OK;
 }
@@ -120,6 +123,11 @@ static kiln_status stack(const struct kiln_node *n, kiln_tensor **items, int64_t
         return kiln_tensor_new(dt, r + 1, dims, out);
     }
     const kiln_tensor *f = items[0];
+    if (kiln_dtype_is_container(f->dtype))
+        return kiln_node_error(n, KILN_ERR_UNSUPPORTED,
+                               "a scan output is a %s; scan outputs are tensors (carry the %s as "
+                               "a loop-carried value instead)",
+                               kiln_dtype_name(f->dtype), kiln_dtype_name(f->dtype));
     if (f->rank + 1 > KILN_MAX_RANK)
         return kiln_node_error(n, KILN_ERR_UNSUPPORTED, "scan output rank too large");
     for (int64_t i = 1; i < count; i++) {

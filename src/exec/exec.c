@@ -28,6 +28,30 @@ static void frame_release(struct kiln_exec_frame *f, int v)
     f->owned[v] = 0;
 }
 
+/* Sequence and optional values (containers, docs/SEQUENCES.md) go only to the ops made
+ * for them (SEQ), to If and Loop as carried values, and to Identity, which copies one
+ * into out[0]; any other op given one is an error naming it. */
+static kiln_status container_inputs(const struct kiln_node *n, kiln_tensor *const *in,
+                                    kiln_tensor **out, bool *copied)
+{
+    unsigned flags = kiln_op_info(n->op)->flags;
+    if (flags & KILN_OPF_SEQ) return KILN_OK;
+    int first = n->n_in; /* inputs before this one must be tensors */
+    if (n->op == KILN_OP_If) first = 1;
+    else if (n->op == KILN_OP_Loop) first = 2;
+    for (int k = 0; k < first && k < n->n_in; k++) {
+        if (!in[k] || !kiln_dtype_is_container(in[k]->dtype)) continue;
+        if (n->op == KILN_OP_Identity && k == 0 && n->n_out == 1) {
+            *copied = true;
+            return kiln_tensor_clone(in[0], &out[0]);
+        }
+        return kiln_node_error(n, KILN_ERR_UNSUPPORTED,
+                               "input %d is a %s value; this op takes tensors", k,
+                               kiln_dtype_name(in[k]->dtype));
+    }
+    return KILN_OK;
+}
+
 kiln_status kiln_exec_node(const struct kiln_node *n, kiln_tensor *const *in, kiln_tensor **out,
                            struct kiln_exec_frame *f, int64_t max_tensor_bytes)
 {
@@ -37,6 +61,11 @@ kiln_status kiln_exec_node(const struct kiln_node *n, kiln_tensor *const *in, ki
     if (n->n_in > KILN_MAX_IO || n->n_out > KILN_MAX_IO)
         return kiln_node_error(n, KILN_ERR_UNSUPPORTED, "more than %d inputs or outputs",
                                KILN_MAX_IO);
+    {
+        bool copied = false;
+        kiln_status cst = container_inputs(n, in, out, &copied);
+        if (cst != KILN_OK || copied) return cst;
+    }
     struct kiln_type intype[KILN_MAX_IO];
     const struct kiln_type *inp[KILN_MAX_IO];
     struct kiln_type outtype[KILN_MAX_IO];

@@ -460,6 +460,10 @@ static kiln_status plan_compile(const struct kiln_graph *g, const kiln_tensor *c
             st = unsupported(NULL, "it has string inputs");
             goto fail;
         }
+        if (kiln_dtype_is_container(inputs[i]->dtype)) {
+            st = unsupported(NULL, "it has sequence or optional inputs");
+            goto fail;
+        }
     }
 
     /* walk the nodes: infer, fold what is known, make steps */
@@ -517,6 +521,10 @@ static kiln_status plan_compile(const struct kiln_graph *g, const kiln_tensor *c
         }
         if (flags & KILN_OPF_SUBGRAPH) {
             st = unsupported(n, "control flow runs in the reference executor");
+            goto fail;
+        }
+        if (flags & KILN_OPF_SEQ) {
+            st = unsupported(n, "sequence and optional values run in the reference executor");
             goto fail;
         }
         const struct kiln_fast_op *fast = kiln_fast_op(n->op);

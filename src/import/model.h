@@ -74,5 +74,10 @@ kiln_status kiln_onnx_load_file(struct kiln_file_map *map, const char *dir, stru
 /* Read a serialized TensorProto (conformance data) into an owned tensor. */
 kiln_status kiln_onnx_read_tensor(const void *data, size_t size, kiln_tensor **out,
                                   char **name_out);
+/* Read a serialized TensorProto, SequenceProto or OptionalProto (as kind says:
+ * KILN_DTYPE_SEQUENCE, KILN_DTYPE_OPTIONAL, anything else a tensor) into an owned
+ * value; sequences and optionals become containers (docs/SEQUENCES.md). */
+kiln_status kiln_onnx_read_value(const void *data, size_t size, kiln_dtype kind,
+                                 kiln_tensor **out);
 
 #endif

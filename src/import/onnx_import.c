@@ -520,19 +520,48 @@ static kiln_status tensor_from_proto(struct onnx_ctx *c, const KilnOnnx__TensorP
 
 /* ---- types ---- */
 
+/* sequence(T) and optional(T) (docs/SEQUENCES.md): the value's type is the container
+ * kind, its items' types are known at run time. Kiln's containers hold tensors, an
+ * optional also a sequence of tensors; maps and sparse tensors inside are refused. */
+static kiln_status container_type(const KilnOnnx__TypeProto *tp, const char *vname,
+                                  struct kiln_type *out)
+{
+    kiln_type_unknown(out);
+    out->dtype = tp->value_case == KILN_ONNX__TYPE_PROTO__VALUE_SEQUENCE_TYPE
+                     ? KILN_DTYPE_SEQUENCE
+                     : KILN_DTYPE_OPTIONAL;
+    const KilnOnnx__TypeProto *t = tp;
+    for (int depth = 0; t; depth++) {
+        const KilnOnnx__TypeProto *inner = NULL;
+        if (t->value_case == KILN_ONNX__TYPE_PROTO__VALUE_SEQUENCE_TYPE)
+            inner = t->sequence_type->elem_type;
+        else if (t->value_case == KILN_ONNX__TYPE_PROTO__VALUE_OPTIONAL_TYPE)
+            inner = t->optional_type->elem_type;
+        else if (t->value_case == KILN_ONNX__TYPE_PROTO__VALUE_TENSOR_TYPE)
+            break;
+        else if (t->value_case != KILN_ONNX__TYPE_PROTO__VALUE__NOT_SET)
+            return kiln_error(KILN_ERR_UNSUPPORTED,
+                              "value '%s': sequences and optionals of maps or sparse tensors "
+                              "are not supported", vname);
+        if (depth >= 2 && inner)
+            return kiln_error(KILN_ERR_UNSUPPORTED,
+                              "value '%s': sequence and optional types nest more than 2 deep",
+                              vname);
+        t = inner;
+    }
+    return KILN_OK;
+}
+
 static kiln_status type_from_proto(struct kiln_graph *g, const KilnOnnx__TypeProto *tp,
                                    const char *vname, struct kiln_type *out)
 {
     kiln_type_unknown(out);
     if (!tp) return KILN_OK;
-    if (tp->value_case == KILN_ONNX__TYPE_PROTO__VALUE_SEQUENCE_TYPE)
-        return kiln_error(KILN_ERR_UNSUPPORTED, "value '%s': sequence types are not supported",
-                          vname);
+    if (tp->value_case == KILN_ONNX__TYPE_PROTO__VALUE_SEQUENCE_TYPE ||
+        tp->value_case == KILN_ONNX__TYPE_PROTO__VALUE_OPTIONAL_TYPE)
+        return container_type(tp, vname, out);
     if (tp->value_case == KILN_ONNX__TYPE_PROTO__VALUE_MAP_TYPE)
         return kiln_error(KILN_ERR_UNSUPPORTED, "value '%s': map types are not supported", vname);
-    if (tp->value_case == KILN_ONNX__TYPE_PROTO__VALUE_OPTIONAL_TYPE)
-        return kiln_error(KILN_ERR_UNSUPPORTED, "value '%s': optional types are not supported",
-                          vname);
     if (tp->value_case == KILN_ONNX__TYPE_PROTO__VALUE_SPARSE_TENSOR_TYPE)
         return kiln_error(KILN_ERR_UNSUPPORTED, "value '%s': sparse tensors are not supported",
                           vname);
@@ -669,7 +698,20 @@ static kiln_status import_attr(struct onnx_ctx *c, struct scope *s, const struct
             if (!a->strings[i].data) return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory");
         }
         break;
-    case 9: case 10: case 11: case 12: case 13: case 14:
+    case 13: { /* TYPE_PROTO (Optional's type): kept as an INT, the kiln_dtype of the
+                  type: a tensor's element type, or KILN_DTYPE_SEQUENCE / OPTIONAL */
+        struct kiln_type ty;
+        if (!ap->tp)
+            return kiln_node_error(n, KILN_ERR_INVALID_MODEL, "type attribute '%s' has no type",
+                                   aname);
+        st = type_from_proto(g, ap->tp, aname, &ty);
+        if (st != KILN_OK)
+            return kiln_error_wrap(st, "%s node '%s' attribute '%s'", n->op_type, n->name, aname);
+        a->type = KILN_ATTR_INT;
+        a->i = ty.dtype;
+        break;
+    }
+    case 9: case 10: case 11: case 12: case 14:
         return kiln_node_error(n, KILN_ERR_UNSUPPORTED,
                                "attribute '%s' has type %d (tensors/graphs/sparse/type protos), "
                                "which Kiln does not support",
@@ -1185,5 +1227,101 @@ kiln_status kiln_onnx_read_tensor(const void *data, size_t size, kiln_tensor **o
         if (name_out) *name_out = tp->name ? strdup(tp->name) : NULL;
     }
     kiln_onnx__tensor_proto__free_unpacked(tp, NULL);
+    return st;
+}
+
+/* ---- sequence and optional values (test data; docs/SEQUENCES.md) ---- */
+
+static kiln_status value_from_tensor_proto(const KilnOnnx__TensorProto *tp, kiln_tensor **out)
+{
+    struct kiln_model dummy = {0};
+    struct onnx_ctx c = {.m = &dummy, .dir_fd = -1};
+    kiln_tensor *t;
+    kiln_status st = tensor_from_proto(&c, tp, "tensor", &t);
+    if (st == KILN_OK && !t->owns_data) { /* borrowed from tp: copy before tp goes */
+        kiln_tensor *copy;
+        st = kiln_tensor_clone(t, &copy);
+        kiln_tensor_free(t);
+        t = copy;
+    }
+    if (st == KILN_OK) *out = t;
+    return st;
+}
+
+static kiln_status value_from_optional_proto(const KilnOnnx__OptionalProto *op, int depth,
+                                             kiln_tensor **out);
+
+static kiln_status value_from_sequence_proto(const KilnOnnx__SequenceProto *sp, int depth,
+                                             kiln_tensor **out)
+{
+    if (depth > 2)
+        return kiln_error(KILN_ERR_UNSUPPORTED, "sequence values nest more than 2 deep");
+    if (sp->n_optional_values)
+        return kiln_error(KILN_ERR_UNSUPPORTED, "sequences of optionals are not supported");
+    if (sp->n_tensor_values && sp->n_sequence_values)
+        return kiln_error(KILN_ERR_INVALID_ARGUMENT, "a SequenceProto holds both tensors and "
+                          "sequences");
+    size_t n = sp->n_tensor_values + sp->n_sequence_values;
+    if (sp->has_elem_type && sp->elem_type != 1 && sp->elem_type != 3 && n)
+        return kiln_error(KILN_ERR_UNSUPPORTED, "sequences of elem_type %d are not supported",
+                          (int)sp->elem_type);
+    *out = NULL;
+    if (n > (size_t)KILN_SEQUENCE_MAX_ITEMS)
+        return kiln_error(KILN_ERR_INVALID_ARGUMENT, "a sequence of %zu items is too long", n);
+    kiln_status st = kiln_tensor_container_create(KILN_DTYPE_SEQUENCE, (int64_t)n, out);
+    for (size_t i = 0; st == KILN_OK && i < n; i++) {
+        kiln_tensor *item = NULL;
+        st = sp->n_tensor_values ? value_from_tensor_proto(sp->tensor_values[i], &item)
+                                 : value_from_sequence_proto(sp->sequence_values[i], depth + 1,
+                                                             &item);
+        if (st == KILN_OK) st = kiln_tensor_set_item(*out, (int64_t)i, item);
+    }
+    if (st != KILN_OK) {
+        kiln_tensor_free(*out);
+        *out = NULL;
+    }
+    return st;
+}
+
+static kiln_status value_from_optional_proto(const KilnOnnx__OptionalProto *op, int depth,
+                                             kiln_tensor **out)
+{
+    if (op->optional_value)
+        return kiln_error(KILN_ERR_UNSUPPORTED, "an optional cannot hold an optional");
+    kiln_tensor *item = NULL;
+    kiln_status st = KILN_OK;
+    if (op->tensor_value) st = value_from_tensor_proto(op->tensor_value, &item);
+    else if (op->sequence_value) st = value_from_sequence_proto(op->sequence_value, depth + 1, &item);
+    if (st != KILN_OK) return st;
+    if ((st = kiln_tensor_container_create(KILN_DTYPE_OPTIONAL, item ? 1 : 0, out)) != KILN_OK) {
+        kiln_tensor_free(item);
+        return st;
+    }
+    if (item && (st = kiln_tensor_set_item(*out, 0, item)) != KILN_OK) {
+        kiln_tensor_free(*out);
+        *out = NULL;
+    }
+    return st;
+}
+
+kiln_status kiln_onnx_read_value(const void *data, size_t size, kiln_dtype kind,
+                                 kiln_tensor **out)
+{
+    *out = NULL;
+    if (kind != KILN_DTYPE_SEQUENCE && kind != KILN_DTYPE_OPTIONAL)
+        return kiln_onnx_read_tensor(data, size, out, NULL);
+    const ProtobufCMessageDescriptor *desc = kind == KILN_DTYPE_SEQUENCE
+                                                 ? &kiln_onnx__sequence_proto__descriptor
+                                                 : &kiln_onnx__optional_proto__descriptor;
+    const char *what = kind == KILN_DTYPE_SEQUENCE ? "SequenceProto" : "OptionalProto";
+    kiln_status st = kiln_pb_check(desc, data, size, 8, what);
+    if (st != KILN_OK) return st;
+    ProtobufCMessage *msg = protobuf_c_message_unpack(desc, NULL, size, data);
+    if (!msg) return kiln_error(KILN_ERR_INVALID_ARGUMENT, "not a valid %s", what);
+    if (kind == KILN_DTYPE_SEQUENCE)
+        st = value_from_sequence_proto((const KilnOnnx__SequenceProto *)msg, 0, out);
+    else
+        st = value_from_optional_proto((const KilnOnnx__OptionalProto *)msg, 0, out);
+    protobuf_c_message_free_unpacked(msg, NULL);
     return st;
 }

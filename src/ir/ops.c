@@ -12,6 +12,7 @@
 #define INTERNAL KILN_OPF_INTERNAL
 #define STATEFUL KILN_OPF_STATEFUL
 #define ONNXML KILN_OPF_ONNXML
+#define SEQ KILN_OPF_SEQ
 
 static const struct kiln_op_info op_table[] = {
 #define KILN_OP(name, mi, ma, mo, mao, fl) {#name, mi, ma, mo, mao, (unsigned)(fl)},

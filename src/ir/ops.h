@@ -17,6 +17,7 @@ enum kiln_op_flags {
     KILN_OPF_STATEFUL = 1 << 5, /* reads or writes model state: never folded, merged or
                                    evaluated ahead of the run */
     KILN_OPF_ONNXML = 1 << 8,   /* an op of the ai.onnx.ml domain (docs/TABULAR.md) */
+    KILN_OPF_SEQ = 1 << 12,     /* takes or makes sequence / optional values (docs/SEQUENCES.md) */
 };
 
 enum kiln_op {

@@ -494,6 +494,12 @@ static void run_batch(kiln_batcher *b, batch *bt)
     int no = kiln_outputs_count(out);
     for (int o = 0; o < no; o++) {
         const kiln_tensor *y = kiln_outputs_get(out, o);
+        if (y->dtype == KILN_DTYPE_SEQUENCE || y->dtype == KILN_DTYPE_OPTIONAL) {
+            snprintf(msg, sizeof msg, "output '%s' is a %s value; the serving APIs carry "
+                     "tensors only", kiln_outputs_name(out, o), kiln_dtype_name(y->dtype));
+            fail_all(bt, KILN_ERR_UNSUPPORTED, "UNIMPLEMENTED", msg);
+            goto err_free;
+        }
         if (y->rank < 1 || y->dims[0] != padded) {
             snprintf(msg, sizeof msg, "Batched output '%s' has %" PRId64 " rows, expected %"
                      PRId64 ": the model does not keep dimension 0 as the batch",

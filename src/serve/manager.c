@@ -433,6 +433,18 @@ kiln_status kiln_servable_run_cancel(kiln_servable *s, int si, kiln_tensor *cons
         return st;
     }
     int no = kiln_outputs_count(o);
+    for (int i = 0; i < no; i++) {
+        kiln_dtype dt = kiln_outputs_get(o, i)->dtype;
+        if (dt == KILN_DTYPE_SEQUENCE || dt == KILN_DTYPE_OPTIONAL) {
+            /* REST and gRPC carry tensors (docs/SEQUENCES.md) */
+            *code = "UNIMPLEMENTED";
+            snprintf(err, KILN_JSON_ERR_LEN,
+                     "output '%s' is a %s value; the serving APIs carry tensors only",
+                     kiln_outputs_name(o, i), kiln_dtype_name(dt));
+            kiln_outputs_free(o);
+            return KILN_ERR_UNSUPPORTED;
+        }
+    }
     out->names = calloc((size_t)no + 1, sizeof *out->names);
     out->t = calloc((size_t)no + 1, sizeof *out->t);
     if (!out->names || !out->t) goto err_oom;

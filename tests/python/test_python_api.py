@@ -210,6 +210,35 @@ def test_strings_round_trip():
         sess.run(None, {"x": np.array(["a", 3], dtype=object)})
 
 
+def test_sequence_and_optional_outputs():
+    """A sequence output is a list of arrays, an optional its value or None
+    (docs/SEQUENCES.md); a sequence input is refused by name."""
+    opt_f = helper.make_optional_type_proto(helper.make_tensor_type_proto(TensorProto.FLOAT, None))
+    m = onnx_bytes([helper.make_node("SplitToSequence", ["x", "two"], ["parts"], axis=0),
+                    helper.make_node("Optional", ["x"], ["full"]),
+                    helper.make_node("Optional", [], ["none"],
+                                     type=helper.make_tensor_type_proto(TensorProto.FLOAT, None))],
+                   [helper.make_tensor_value_info("x", TensorProto.FLOAT, [5, 2])],
+                   [helper.make_tensor_sequence_value_info("parts", TensorProto.FLOAT, None),
+                    helper.make_value_info("full", opt_f), helper.make_value_info("none", opt_f)],
+                   [numpy_helper.from_array(np.array(2, np.int64), "two")], opset=16)
+    sess = kiln.InferenceSession(m)
+    assert [o.type for o in sess.get_outputs()] == ["seq(tensor)", "optional", "optional"]
+    x = np.arange(10, dtype=np.float32).reshape(5, 2)
+    parts, full, none = sess.run(None, {"x": x})
+    want = np.array_split(x, [2, 4])
+    assert isinstance(parts, list) and len(parts) == 3
+    for got, w in zip(parts, want):
+        np.testing.assert_array_equal(got, w)
+    np.testing.assert_array_equal(full, x)
+    assert none is None
+    seq_in = onnx_bytes([helper.make_node("SequenceLength", ["s"], ["n"])],
+                        [helper.make_tensor_sequence_value_info("s", TensorProto.FLOAT, None)],
+                        [helper.make_tensor_value_info("n", TensorProto.INT64, [])], opset=16)
+    with pytest.raises(kiln.InvalidArgument, match="input 's' is a sequence"):
+        kiln.InferenceSession(seq_in).run(None, {"s": [x]})
+
+
 def test_lists_are_converted_to_the_signature_dtype():
     sess = kiln.InferenceSession(identity_model(TensorProto.INT32))
     (y,) = sess.run(None, {"x": [[1, 2, 3]]})
