@@ -144,8 +144,9 @@ def pool(g, x):
     return g.op("MaxPool", [x], kernel_shape=[3, 3], pads=[1, 1, 1, 1])
 
 
-@pytest.mark.parametrize("c", [32, 24])
-@pytest.mark.parametrize("act", ["Relu", "Sigmoid", "LeakyRelu", "HardSwish", "Tanh", "Clip"])
+# 24 channels: padded blocks with 16, where Sigmoid(0) and HardSwish's f(0) != 0 would leak
+@pytest.mark.parametrize("c,act", [(32, "Relu"), (24, "Sigmoid"), (24, "HardSwish"),
+                                   (24, "Clip")])
 def test_unary_between_convs(kiln_bin, tmp_path, c, act):
     g = G(3)
     x = pool(g, g.conv("X", 3, c, 3))
@@ -159,8 +160,7 @@ def test_unary_between_convs(kiln_bin, tmp_path, c, act):
     run_case(kiln_bin, tmp_path, g, [z], min_blocked=4, max_reorders=1)
 
 
-@pytest.mark.parametrize("c", [32, 24])
-@pytest.mark.parametrize("op", ["Add", "Mul", "Div", "Sub"])
+@pytest.mark.parametrize("c,op", [(32, "Add"), (24, "Div"), (24, "Mul"), (32, "Sub")])
 def test_binary_between_convs(kiln_bin, tmp_path, c, op):
     g = G(3)
     a = pool(g, g.conv("X", 3, c, 3))
@@ -210,7 +210,7 @@ def test_concat_channels_off_the_block(kiln_bin, tmp_path):
     run_case(kiln_bin, tmp_path, g, [z], min_blocked=1, max_reorders=2)
 
 
-@pytest.mark.parametrize("axis", [0, 2, 3, -1])
+@pytest.mark.parametrize("axis", [0, 2, -1])
 def test_concat_spatial_axes(kiln_bin, tmp_path, axis):
     g = G(3)
     a = g.conv("X", 3, 24, 3)
