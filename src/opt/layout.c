@@ -1,17 +1,32 @@
 /*
- * layout.c - the layout pass: store the activations of convolution chains
- * with their channels blocked (graph.h, kiln_value.layout), so the oneDNN
- * kernels run their blocked code paths without reordering at every node.
+ * layout.c - the layout pass: store the activations of convolutional
+ * networks with their channels blocked (graph.h, kiln_value.layout), so the
+ * oneDNN kernels run their blocked code paths without reordering at every
+ * node.
  *
  * The block is 16 on CPUs with AVX-512, 8 with AVX2, and the pass does
  * nothing otherwise (KILN_ISA=avx2|scalar in the environment lowers it, as
- * for the kernels). A 4-D float32 value produced by a node whose fast
- * kernel writes blocked output (kiln_fast_accepts_blocked) is blocked when
- * at least one consumer reads it blocked; the values so chosen form
- * maximal connected regions of Conv / KilnFusedConv / ConvTranspose / pooling nodes. Then
- * every edge where the layouts disagree gets a KilnReorder node (shared by
- * the consumers that want the same layout of a value):
+ * for the kernels). Nodes play one of two roles for a 4-D float32 value:
+ *  - sources choose blocked storage for their own reasons: Conv /
+ *    KilnFusedConv / ConvTranspose, pooling, and the per-channel binary ops
+ *    of squeeze-and-excitation (their fast kernels write blocked output,
+ *    kiln_fast_accepts_blocked);
+ *  - followers work on blocked data as on plain, so their output takes their
+ *    data inputs' layout: unary elementwise ops and activations, binary ops
+ *    of two same-shape inputs (residual Adds, SiLU's Mul), and Concat along
+ *    N, H or W, or along C when every input but the last holds whole blocks
+ *    (is_follower). Ops without a blocked kernel (Reshape, Transpose, Slice,
+ *    Resize, Pad, standalone BatchNormalization, ...) read plain data.
+ * A value is blocked when it is supplied blocked (written by a source, or by
+ * a follower with a blocked data input) and demanded blocked (read by a
+ * source that wants it, or by a follower whose output is demanded); both
+ * spread through chains of followers to a fixed point, so no list of chains
+ * is written down. Then every edge where the layouts disagree gets a
+ * KilnReorder node (shared by the consumers that want the same layout of a
+ * value), which is where a layout really changes:
  *  - a consumer that does not read blocked input (Flatten, Softmax, ...);
+ *  - a follower's other data inputs (a plain graph input into a blocked
+ *    Concat);
  *  - a graph output (its value keeps its id and stays plain: the producer
  *    writes a new blocked value, and a KilnReorder writes the output);
  *  - KilnFusedConv's Sum, which must match Y's layout;
@@ -20,9 +35,12 @@
  *    convolution (a reorder costs far less than a plain convolution). The
  *    first convolution of a network (few input channels) reads its plain
  *    input directly and writes blocked output.
- * Values captured by subgraphs stay plain. Convolutions are blocked only
- * where their fast kernel surely runs (constant 4-D weights), since the
- * reference kernels read plain storage only.
+ * A convolution the pass leaves in plain layouts is not left slow: its
+ * kernel (src/kernels/dnnl/conv.c) asks oneDNN for its preferred formats
+ * and reorders at its own edges where the plain implementation is a
+ * fallback. Values captured by subgraphs stay plain. Convolutions are
+ * blocked only where their fast kernel surely runs (constant 4-D weights),
+ * since the reference kernels read plain storage only.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -84,6 +102,89 @@ static int act_value(const struct kiln_graph *g, const unsigned char *captured, 
     if (v < 0 || v >= g->n_values || (captured && captured[v])) return 0;
     const struct kiln_type *t = &g->values[v].type;
     return t->dtype == KILN_DTYPE_F32 && t->rank == 4;
+}
+
+/* Whether dim i of x and y is surely the same: equal sizes, or one named symbolic
+ * dim (the batch: the pass runs before a plan binds the input shapes). */
+static int same_dim(const struct kiln_type *x, const struct kiln_type *y, int i)
+{
+    if (x->dims[i] != y->dims[i]) return 0;
+    return x->dims[i] >= 0 || (x->sym[i] && y->sym[i] && !strcmp(x->sym[i], y->sym[i]));
+}
+
+static int same_dims(const struct kiln_graph *g, int a, int b)
+{
+    const struct kiln_type *x = &g->values[a].type, *y = &g->values[b].type;
+    if (x->rank != y->rank) return 0;
+    for (int i = 0; i < x->rank; i++)
+        if (!same_dim(x, y, i)) return 0;
+    return 1;
+}
+
+/* A node that works on blocked data as on plain (a "follower": its output takes its
+ * data inputs' layout, and all of them must share it): a unary elementwise op, a
+ * binary one of two same-shape inputs, or a Concat along N, H or W, or along C
+ * when every input but the last holds whole blocks. Its kernel must say so too. */
+static int is_follower(const struct kiln_graph *g, const unsigned char *captured,
+                       const struct kiln_node *n, int block)
+{
+    int big;
+    if (is_conv(n) || is_pool(n) || is_chanop(g, n, &big)) return 0;
+    if (n->n_out < 1 || !act_value(g, captured, n->out[0])) return 0;
+    for (int k = 1; k < n->n_out; k++)
+        if (n->out[k] >= 0) return 0;
+    if (!kiln_fast_accepts_blocked(n, 0, block)) return 0;
+    int y = n->out[0];
+    if (n->op == KILN_OP_Concat) {
+        int64_t axis = kiln_attr_int(n, "axis", 1);
+        if (kiln_attr_check(n) != KILN_OK) {
+            kiln_error_clear();
+            return 0;
+        }
+        if (axis < 0) axis += 4;
+        if (axis < 0 || axis > 3 || n->n_in < 1) return 0;
+        for (int k = 0; k < n->n_in; k++) {
+            int v = n->in[k];
+            if (!act_value(g, captured, v)) return 0;
+            const struct kiln_type *t = &g->values[v].type;
+            for (int d = 0; d < 4; d++)
+                if (d != axis && !same_dim(t, &g->values[y].type, d)) return 0;
+            if (axis == 1 && (t->dims[1] < 0 || (k < n->n_in - 1 && t->dims[1] % block)))
+                return 0;
+        }
+        return 1;
+    }
+    if (n->op == KILN_OP_Add || n->op == KILN_OP_Sub || n->op == KILN_OP_Mul ||
+        n->op == KILN_OP_Div) {
+        if (n->opset < 7 || n->n_in != 2) return 0;
+        return act_value(g, captured, n->in[0]) && act_value(g, captured, n->in[1]) &&
+               same_dims(g, n->in[0], y) && same_dims(g, n->in[1], y);
+    }
+    /* unary: input 0 is the data; Clip's bounds are one-element float32 tensors */
+    if (!act_value(g, captured, n->in[0]) || !same_dims(g, n->in[0], y)) return 0;
+    for (int k = 1; k < n->n_in; k++) {
+        int v = n->in[k];
+        if (v < 0) continue;
+        const struct kiln_type *t = &g->values[v].type;
+        if (n->op != KILN_OP_Clip || t->dtype != KILN_DTYPE_F32 ||
+            kiln_shape_count(t->rank, t->dims) != 1)
+            return 0;
+    }
+    if (n->op == KILN_OP_Gelu) {
+        const char *a = kiln_attr_str(n, "approximate", "none");
+        if (strcmp(a, "none") && strcmp(a, "tanh")) return 0;
+    }
+    return 1;
+}
+
+/* Whether input i of follower n carries data (takes the output's layout). */
+static int follower_data_input(const struct kiln_node *n, int i)
+{
+    if (n->op == KILN_OP_Concat) return 1;
+    if (n->op == KILN_OP_Add || n->op == KILN_OP_Sub || n->op == KILN_OP_Mul ||
+        n->op == KILN_OP_Div)
+        return i < 2;
+    return i == 0;
 }
 
 /* May node n read its input i (or write its output 0, i = -1) blocked by `block`? */
@@ -199,6 +300,8 @@ static int wanted_layout(struct layout_pass *lp, const unsigned char *captured, 
     const struct kiln_node *n = &g->nodes[c];
     int v = n->in[i];
     int have = g->values[v].layout;
+    if (is_follower(g, captured, n, lp->block))
+        return follower_data_input(n, i) ? g->values[n->out[0]].layout : 0;
     if (!node_accepts(g, captured, n, i, lp->block)) return 0;
     int out_layout = g->values[n->out[0]].layout;
     int big;
@@ -230,21 +333,60 @@ kiln_status kiln_opt_layout(struct kiln_graph *g, struct kiln_opt_pass_log *pl)
                 captured[g->nodes[c].implicit[k]] = 1;
     int n_nodes = g->n_nodes, n_values = g->n_values;
 
-    /* 1. block each value written blocked and read blocked by some consumer */
+    /* 1. block each value that is supplied blocked and demanded blocked:
+     *  - supplied: written by a blocked-capable convolution or pool (a source), or by
+     *    a follower with a supplied data input;
+     *  - demanded: read blocked by a source (not the network's first convolution), or
+     *    by a follower whose output is demanded.
+     * Both spread through followers until nothing changes. A follower's other data
+     * inputs then get a reorder into its layout, and any other consumer of a blocked
+     * value a reorder out of it (step 3): a reorder is placed only where a layout
+     * really changes, wherever the chain of followers leads. */
+    unsigned char *role = calloc((size_t)n_nodes + 1, 1); /* 1 source, 2 follower */
+    unsigned char *supply = calloc((size_t)n_values + 1, 1), *demand = calloc((size_t)n_values + 1, 1);
+    if (!role || !supply || !demand) {
+        free(role);
+        free(supply);
+        free(demand);
+        free(captured);
+        return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory in the layout pass");
+    }
     for (int p = 0; p < n_nodes; p++) {
         const struct kiln_node *pn = &g->nodes[p];
-        if (pn->n_out < 1 || pn->out[0] < 0 || !node_accepts(g, captured, pn, -1, lp.block))
-            continue;
-        int v = pn->out[0], wanted = 0;
-        for (int c = 0; c < n_nodes && !wanted; c++) {
-            const struct kiln_node *cn = &g->nodes[c];
-            for (int i = 0; i < cn->n_in && !wanted; i++)
-                if (cn->in[i] == v && node_accepts(g, captured, cn, i, lp.block) &&
-                    !few_channels(g, cn, i, lp.block))
-                    wanted = 1;
-        }
-        if (wanted) g->values[v].layout = lp.block;
+        if (pn->n_out < 1 || pn->out[0] < 0) continue;
+        if (is_follower(g, captured, pn, lp.block)) role[p] = 2;
+        else if (node_accepts(g, captured, pn, -1, lp.block)) role[p] = 1;
     }
+    for (int changed = 1; changed;) {
+        changed = 0;
+        for (int p = 0; p < n_nodes; p++) {
+            const struct kiln_node *pn = &g->nodes[p];
+            if (!role[p] || supply[pn->out[0]]) continue;
+            int s = role[p] == 1;
+            for (int i = 0; i < pn->n_in && !s; i++)
+                if (pn->in[i] >= 0 && follower_data_input(pn, i) && supply[pn->in[i]]) s = 1;
+            if (s) changed = supply[pn->out[0]] = 1;
+        }
+        for (int c = 0; c < n_nodes; c++) {
+            const struct kiln_node *cn = &g->nodes[c];
+            if (!role[c]) continue;
+            for (int i = 0; i < cn->n_in; i++) {
+                int v = cn->in[i];
+                if (v < 0 || demand[v]) continue;
+                int d = role[c] == 1 ? node_accepts(g, captured, cn, i, lp.block) &&
+                                           !few_channels(g, cn, i, lp.block)
+                                     : follower_data_input(cn, i) && demand[cn->out[0]];
+                if (d) changed = demand[v] = 1;
+            }
+        }
+    }
+    for (int p = 0; p < n_nodes; p++) {
+        int v = g->nodes[p].out[0];
+        if (role[p] && supply[v] && demand[v]) g->values[v].layout = lp.block;
+    }
+    free(role);
+    free(supply);
+    free(demand);
 
     /* 2. graph outputs stay plain: the producer writes a blocked twin */
     for (int k = 0; k < g->n_outputs && st == KILN_OK; k++) {

@@ -299,6 +299,8 @@ static kiln_tensor *run_ref_plain(struct tg *t)
  */
 static int g_inplace;      /* run_fast: write Y over the input the kernel allows in place */
 static int g_inplace_runs; /* runs that did */
+static char g_last_impl[48]; /* run_fast: the implementation the last compile chose */
+static char g_last_name[48]; /* and the kernel's name */
 
 static kiln_tensor *run_fast(struct tg *t, const int *in_l, int out_l, int threads, int *handled)
 {
@@ -331,6 +333,8 @@ static kiln_tensor *run_fast(struct tg *t, const int *in_l, int out_l, int threa
     if (st != KILN_OK) fprintf(stderr, "compile: %s\n", kiln_last_error());
     if (st == KILN_OK && inst.run) {
         *handled = 1;
+        snprintf(g_last_impl, sizeof g_last_impl, "%s", inst.impl);
+        snprintf(g_last_name, sizeof g_last_name, "%s", inst.name ? inst.name : "");
         kiln_tensor *y = nan_tensor(&ty, out_l);
         kiln_tensor *run_in[TG_MAX_IN];
         memcpy(run_in, stored, sizeof run_in);
@@ -507,6 +511,56 @@ static void test_conv(void)
     t.g->values[tg_node(&t)->in[1]].kind = KILN_VALUE_INPUT;
     differ(&t, "conv with runtime weights", NULL, 0, 0);
     tg_free(&t);
+}
+
+/* Convolutions whose plain or mixed layouts oneDNN runs on a fallback (its
+ * reference code or im2col GEMM): conv.c makes them in the formats oneDNN
+ * prefers, with reorders around (conv_try_any). Each case must match the
+ * reference, run on no fallback, and match again with KILN_CONV_ANY=0 (the
+ * plan's layouts as given). */
+static void test_conv_any(void)
+{
+    static const struct {
+        struct conv_case k;
+        int in_l, out_l;
+    } cases[] = {
+        /* convnext: 7x7 depthwise, plain */
+        {{2, 96, 8, 8, 96, 7, 7, 96, 1, 1, {3, 3, 3, 3}, NULL, 1, 0, NULL, 0, 0}, 0, 0},
+        /* dilated 7x7 depthwise */
+        {{1, 32, 12, 12, 32, 7, 7, 32, 1, 2, {6, 6, 6, 6}, NULL, 1, 0, "Relu", 0, 0}, 0, 0},
+        /* shufflenet: 3x3 stride-2 depthwise of 116 channels (off the block) */
+        {{2, 116, 12, 12, 116, 3, 3, 116, 2, 1, {1, 1, 1, 1}, NULL, 1, 0, NULL, 0, 0}, 16, 16},
+        {{2, 116, 12, 12, 116, 3, 3, 116, 2, 1, {1, 1, 1, 1}, NULL, 1, 0, NULL, 0, 0}, 8, 8},
+        /* shufflenet: 1x1 after the channel shuffle, plain */
+        {{2, 58, 12, 12, 58, 1, 1, 1, 1, 1, {0, 0, 0, 0}, NULL, 1, 0, "Relu", 0, 0}, 0, 0},
+        /* squeezenet: a blocked squeeze output into a plain expand 3x3 */
+        {{2, 16, 23, 23, 64, 3, 3, 1, 1, 1, {1, 1, 1, 1}, NULL, 1, 0, "Relu", 0, 0}, 16, 0},
+        {{2, 16, 23, 23, 64, 3, 3, 1, 1, 1, {1, 1, 1, 1}, NULL, 1, 0, "Relu", 0, 0}, 8, 0},
+        /* a plain 1x1 with a residual Sum */
+        {{1, 24, 10, 10, 48, 1, 1, 1, 1, 1, {0, 0, 0, 0}, NULL, 1, 1, "Relu", 0, 0}, 0, 0},
+        /* grouped, dilated, plain */
+        {{1, 32, 11, 11, 64, 3, 3, 4, 1, 2, {2, 2, 2, 2}, NULL, 0, 0, NULL, 0, 0}, 0, 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const struct conv_case *k = &cases[i].k;
+        int b = cases[i].in_l;
+        int in_l[4] = {b, 0, 0, cases[i].out_l};
+        for (int any = 1; any >= 0; any--) {
+            char what[96];
+            snprintf(what, sizeof what, "conv_any case %zu (layouts %d -> %d, any %s)", i, b,
+                     cases[i].out_l, any ? "on" : "off");
+            setenv("KILN_CONV_ANY", any ? "1" : "0", 1);
+            struct tg t;
+            build_conv(&t, k);
+            g_last_impl[0] = '\0';
+            differ(&t, what, in_l, cases[i].out_l, 1);
+            if (any)
+                CHECK(strncmp(g_last_impl, "ref", 3) != 0 && !strstr(g_last_impl, "gemm"),
+                      "%s: runs oneDNN's fallback %s (%s)", what, g_last_impl, g_last_name);
+            tg_free(&t);
+        }
+    }
+    unsetenv("KILN_CONV_ANY");
 }
 
 /* ---- ConvTranspose (deconv.c) ---- */
@@ -1313,6 +1367,7 @@ int main(void)
         return 0;
     }
     test_conv();
+    test_conv_any();
     int conv_inplace = g_inplace_runs;
     test_matmul();
     /* residual sums: Y written over the Sum input, as plans run them when it dies there */

@@ -13,6 +13,18 @@
  * 1x1 images (squeeze-excitation) go to Kiln's own matrix-vector kernel
  * (src/kernels/simd/pointwise.c) instead.
  *
+ * Layouts oneDNN is slow on: where the primitive made for the layouts the
+ * plan gives is one of oneDNN's fallbacks (its reference code, or the
+ * im2col GEMM it uses for plain layouts, depthwise convolutions and
+ * channel counts off the block), the convolution is made again with its
+ * activations in format "any", and when oneDNN then picks a direct or
+ * Winograd kernel and the estimate in conv_try_any says the reorders pay,
+ * the node runs that one between a reorder of X (and Sum) into the chosen
+ * format and one of Y back, in the kernel's scratch. So a convolution
+ * anywhere in a graph (after a channel shuffle, a Slice, a Concat the
+ * layout pass left plain) runs on a fast kernel. KILN_CONV_ANY=0 in the
+ * environment turns this off.
+ *
  * bf16 (a plan compiled for KILN_PRECISION_BF16; docs/COMPRESSION.md): the
  * weights are packed as bfloat16, X is rounded to bfloat16 (nearest even)
  * into the kernel's scratch at the start of each run, in whatever layout it
@@ -47,6 +59,9 @@ struct conv_state {
     int bf16;               /* X converted to bfloat16 at scratch + base each run */
     size_t src_elems;       /* stored elements of X (blocked padding included) */
     size_t base, scratch_total;
+    int any;                /* runs any_e between the reorders below (conv_try_any) */
+    struct kd_exec any_e, pre_x, pre_sum, post_y;
+    int has_pre_x, has_pre_sum, has_post_y;
 };
 
 /* Everything make needs to build one variant. */
@@ -57,7 +72,19 @@ struct conv_build {
     int winograd; /* try oneDNN's Winograd algorithm first (conv_use_winograd) */
     int bf16;     /* this build tries bfloat16 X and weights */
     dnnl_dims_t strides, dilates, pad_l, pad_r;
+    /* format "any" (conv_try_any): X and Y in src_any / dst_any, format_tag_any until
+     * variant 0 fixes them to oneDNN's choice; each lives in the scratch (at x_rel /
+     * y_rel, before the scratchpad base is added) when it differs from the plan's */
+    int any, any_fixed, x_scratch, y_scratch;
+    dnnl_memory_desc_t src_any, dst_any;
+    size_t x_rel, y_rel;
 };
+
+/* Whether oneDNN's implementation `impl` of a convolution is one of its fallbacks. */
+static int conv_impl_slow(const char *impl)
+{
+    return strncmp(impl, "ref", 3) == 0 || strstr(impl, "gemm") != NULL;
+}
 
 /* The primitive descriptor of b's convolution with algorithm alg, or NULL
  * where oneDNN has no implementation of it. */
@@ -67,11 +94,12 @@ static dnnl_primitive_desc_t conv_pd(const struct conv_build *b, dnnl_alg_kind_t
     dnnl_post_ops_t po = NULL;
     dnnl_primitive_desc_t pd = NULL;
     dnnl_convolution_desc_t cd;
-    dnnl_memory_desc_t src = b->src, wany = b->wany;
+    dnnl_memory_desc_t src = b->any ? b->src_any : b->src, wany = b->wany;
+    dnnl_memory_desc_t dst = b->any ? b->dst_any : b->dst;
     if (b->bf16) src.data_type = wany.data_type = dnnl_bf16;
     dnnl_status_t r = dnnl_dilated_convolution_forward_desc_init(
         &cd, dnnl_forward_inference, alg, &src, &wany, b->has_bias ? &b->bias : NULL,
-        &b->dst, b->strides, b->dilates, b->pad_l, b->pad_r);
+        &dst, b->strides, b->dilates, b->pad_l, b->pad_r);
     if (r == dnnl_success) r = dnnl_primitive_attr_create(&attr);
     if (r == dnnl_success) r = dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user);
     if (r == dnnl_success) r = dnnl_post_ops_create(&po);
@@ -98,6 +126,21 @@ static kiln_status conv_make(void *arg, struct kd_variant *v, int threads)
     if (!pd) pd = conv_pd(b, dnnl_convolution_direct);
     if (!pd) goto out; /* unimplemented here: the reference runs it */
     if (b->bf16 && kd_pd_is_ref(pd)) goto out; /* fp32 is faster than oneDNN's reference */
+    if (b->any) {
+        const char *impl = NULL;
+        if (dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl) != dnnl_success ||
+            !impl || conv_impl_slow(impl))
+            goto out; /* no better than the plan's layouts */
+        if (!b->any_fixed) { /* variant 1 uses variant 0's formats */
+            b->src_any = *dnnl_primitive_desc_query_md(pd, dnnl_query_src_md, 0);
+            b->dst_any = *dnnl_primitive_desc_query_md(pd, dnnl_query_dst_md, 0);
+            b->any_fixed = 1;
+            b->x_scratch = !dnnl_memory_desc_equal(&b->src_any, &b->src);
+            b->y_scratch = !dnnl_memory_desc_equal(&b->dst_any, &b->dst);
+            b->x_rel = 0;
+            b->y_rel = b->x_scratch ? (dnnl_memory_desc_get_size(&b->src_any) + 63) / 64 * 64 : 0;
+        }
+    }
     const dnnl_memory_desc_t *wmd = dnnl_primitive_desc_query_md(pd, dnnl_query_weights_md, 0);
     st = kd_pack_weights(b->cc, b->cc->in_value[1], b->bf16 ? "conv_bf16" : "conv", &b->wplain,
                          wmd, 1.0f, &v->packed);
@@ -108,12 +151,17 @@ static kiln_status conv_make(void *arg, struct kd_variant *v, int threads)
         dnnl_memory_desc_t src = b->src;
         src.data_type = dnnl_bf16;
         kd_variant_arg(v, DNNL_ARG_SRC, KD_SRC_SCRATCH_AT, 0, &src);
+    } else if (b->any && b->x_scratch) {
+        kd_variant_arg(v, DNNL_ARG_SRC, KD_SRC_SCRATCH_AT, (int)b->x_rel, &b->src_any);
     } else {
         kd_variant_arg(v, DNNL_ARG_SRC, KD_SRC_IN, 0, &b->src);
     }
     kd_variant_arg(v, DNNL_ARG_WEIGHTS, KD_SRC_PACKED, 1, wmd);
     if (b->has_bias) kd_variant_arg(v, DNNL_ARG_BIAS, KD_SRC_IN, 2, &b->bias);
-    kd_variant_arg(v, DNNL_ARG_DST, KD_SRC_OUT, 0, &b->dst);
+    if (b->any && b->y_scratch)
+        kd_variant_arg(v, DNNL_ARG_DST, KD_SRC_SCRATCH_AT, (int)b->y_rel, &b->dst_any);
+    else
+        kd_variant_arg(v, DNNL_ARG_DST, KD_SRC_OUT, 0, &b->dst);
 out:
     (void)threads;
     if (pd) dnnl_primitive_desc_destroy(pd);
@@ -357,9 +405,32 @@ static kiln_status conv8_compile(const struct conv_build *b, const kiln_tensor *
     return KILN_OK;
 }
 
+/* conv_run for a convolution in oneDNN's formats: reorders around any_e. */
+static kiln_status conv_any_run(struct conv_state *s, struct kiln_run_ctx *ctx)
+{
+    struct kiln_run_ctx c2 = *ctx;
+    void *heap = NULL;
+    if (!c2.scratch) { /* callers without a plan arena */
+        heap = c2.scratch = aligned_alloc(64, s->scratch_total);
+        if (!heap) return kiln_node_error(ctx->node, KILN_ERR_OUT_OF_MEMORY, "out of memory for scratch");
+    }
+    kiln_status st = KILN_OK;
+    if (s->has_pre_x) st = kd_exec_run(&s->pre_x, &c2);
+    if (st == KILN_OK && s->has_sum) {
+        if (s->has_pre_sum) st = kd_exec_run(&s->pre_sum, &c2);
+        else if (ctx->in[3]->data != ctx->out[0]->data)
+            memcpy(ctx->out[0]->data, ctx->in[3]->data, s->dst_bytes);
+    }
+    if (st == KILN_OK) st = kd_exec_run(&s->any_e, &c2);
+    if (st == KILN_OK && s->has_post_y) st = kd_exec_run(&s->post_y, &c2);
+    free(heap);
+    return st;
+}
+
 static kiln_status conv_run(void *state, struct kiln_run_ctx *ctx)
 {
     struct conv_state *s = state;
+    if (s->any) return conv_any_run(s, ctx);
     struct kiln_run_ctx c2 = *ctx;
     void *heap = NULL;
     if (s->bf16) {
@@ -383,7 +454,96 @@ static void conv_destroy(void *state)
 {
     struct conv_state *s = state;
     kd_exec_destroy(&s->e);
+    if (s->any) kd_exec_destroy(&s->any_e);
+    if (s->has_pre_x) kd_exec_destroy(&s->pre_x);
+    if (s->has_pre_sum) kd_exec_destroy(&s->pre_sum);
+    if (s->has_post_y) kd_exec_destroy(&s->post_y);
     free(s);
+}
+
+/* Add base to the scratch offsets of e's kernel-owned buffers. */
+static void exec_shift_scratch(struct kd_exec *e, size_t base)
+{
+    for (int vi = 0; vi < e->nv; vi++)
+        for (int k = 0; k < e->v[vi].nargs; k++)
+            if (e->v[vi].args[k].src == KD_SRC_SCRATCH_AT) e->v[vi].args[k].index += (int)base;
+}
+
+/* Where s's primitive (made for the plan's layouts) is a oneDNN fallback, make
+ * the convolution again in the formats oneDNN prefers, with reorders of X (and
+ * Sum) in and Y out (the file comment). It pays when the convolution's work
+ * outweighs the reorders: oneDNN's reference code always loses; its GEMM path
+ * runs at a fraction of the direct kernels' rate, so the switch is made when
+ * the convolution does at least 4 flops per element the reorders move (a
+ * depthwise 3x3 does 9, a 1x1 from C channels C). On success s runs any_e. */
+static kiln_status conv_try_any(struct conv_build *b, struct conv_state *s, double work)
+{
+    const struct kiln_compile_ctx *cc = b->cc;
+    const char *impl = s->e.v[0].impl, *env = getenv("KILN_CONV_ANY");
+    if (s->bf16 || !conv_impl_slow(impl) || (env && !strcmp(env, "0"))) return KILN_OK;
+    double moved = (double)(dnnl_memory_desc_get_size(&b->src) +
+                            dnnl_memory_desc_get_size(&b->dst) * (b->has_sum ? 2 : 1)) /
+                   sizeof(float);
+    if (strncmp(impl, "ref", 3) != 0 && work < 4.0 * moved) return KILN_OK;
+    int rank = b->src.ndims;
+    if (dnnl_memory_desc_init_by_tag(&b->src_any, rank, b->src.dims, dnnl_f32,
+                                     dnnl_format_tag_any) != dnnl_success ||
+        dnnl_memory_desc_init_by_tag(&b->dst_any, rank, b->dst.dims, dnnl_f32,
+                                     dnnl_format_tag_any) != dnnl_success)
+        return KILN_OK;
+    /* the direct algorithm only: Winograd's extra rounding stays where it was measured
+     * (blocked chains), and tipped inception_v3 over the zoo's 1e-4 bound here */
+    int winograd = b->winograd;
+    b->any = 1;
+    b->any_fixed = 0;
+    b->winograd = 0;
+    int h = 0, hx = 0, hs = 0, hy = 0;
+    kiln_status st = kd_exec_build(&s->any_e, kd_work_threads(cc, work), conv_make, b, &h);
+    b->any = 0;
+    b->winograd = winograd;
+    if (st != KILN_OK || !h) return st;
+    if (!b->x_scratch && !b->y_scratch) { /* the plan's layouts after all */
+        kd_exec_destroy(&s->any_e);
+        return KILN_OK;
+    }
+    if (b->x_scratch)
+        st = kd_reorder_exec_build(cc, &b->src, KD_SRC_IN, 0, &b->src_any, KD_SRC_SCRATCH_AT,
+                                   (int)b->x_rel, &s->pre_x, &hx);
+    if (st == KILN_OK && b->y_scratch && (!b->x_scratch || hx)) {
+        st = kd_reorder_exec_build(cc, &b->dst_any, KD_SRC_SCRATCH_AT, (int)b->y_rel, &b->dst,
+                                   KD_SRC_OUT, 0, &s->post_y, &hy);
+        if (st == KILN_OK && hy && b->has_sum)
+            st = kd_reorder_exec_build(cc, &b->dst, KD_SRC_IN, 3, &b->dst_any,
+                                       KD_SRC_SCRATCH_AT, (int)b->y_rel, &s->pre_sum, &hs);
+    }
+    if (st != KILN_OK || (b->x_scratch && !hx) || (b->y_scratch && !hy) ||
+        (b->y_scratch && b->has_sum && !hs)) {
+        kd_exec_destroy(&s->any_e);
+        if (hx) kd_exec_destroy(&s->pre_x);
+        if (hy) kd_exec_destroy(&s->post_y);
+        if (hs) kd_exec_destroy(&s->pre_sum);
+        return st;
+    }
+    size_t own = b->y_rel + (b->y_scratch ? dnnl_memory_desc_get_size(&b->dst_any) : 0);
+    size_t base = kd_exec_scratch(&s->any_e);
+    struct kd_exec *all[4] = {&s->any_e, &s->pre_x, &s->pre_sum, &s->post_y};
+    int built[4] = {1, hx, hs, hy};
+    for (int i = 1; i < 4; i++)
+        if (built[i] && kd_exec_scratch(all[i]) > base) base = kd_exec_scratch(all[i]);
+    if (base + own > (size_t)INT32_MAX) { /* scratch offsets are ints: keep the plan's layouts */
+        for (int i = 0; i < 4; i++)
+            if (built[i]) kd_exec_destroy(all[i]);
+        return KILN_OK;
+    }
+    for (int i = 0; i < 4; i++)
+        if (built[i]) exec_shift_scratch(all[i], base);
+    kd_exec_destroy(&s->e);
+    s->any = 1;
+    s->has_pre_x = hx;
+    s->has_pre_sum = hs;
+    s->has_post_y = hy;
+    s->scratch_total = (base + own + 63) / 64 * 64;
+    return KILN_OK;
 }
 
 /* Whether to try oneDNN's Winograd convolution: 2-D 3x3, stride 1, no dilation,
@@ -525,13 +685,19 @@ static kiln_status conv_compile(const struct kiln_compile_ctx *cc, struct kiln_k
     }
     s->has_sum = b.has_sum;
     s->dst_bytes = dnnl_memory_desc_get_size(&b.dst);
-    inst->name = s->bf16 ? (fused ? "dnnl_fused_conv_bf16" : "dnnl_conv_bf16")
-                         : (fused ? "dnnl_fused_conv" : "dnnl_conv");
-    kd_inst_impl(inst, &s->e);
+    st = conv_try_any(&b, s, work);
+    if (st != KILN_OK) {
+        conv_destroy(s);
+        return st;
+    }
+    inst->name = s->bf16  ? (fused ? "dnnl_fused_conv_bf16" : "dnnl_conv_bf16")
+                 : s->any ? (fused ? "dnnl_fused_conv_any" : "dnnl_conv_any")
+                          : (fused ? "dnnl_fused_conv" : "dnnl_conv");
+    kd_inst_impl(inst, s->any ? &s->any_e : &s->e);
     inst->state = s;
     inst->run = conv_run;
     inst->destroy = conv_destroy;
-    inst->scratch_bytes = s->bf16 ? s->scratch_total : kd_exec_scratch(&s->e);
+    inst->scratch_bytes = s->bf16 || s->any ? s->scratch_total : kd_exec_scratch(&s->e);
     inst->packed = 1u << 1; /* every variant runs on the packed weights */
     if (s->has_sum) { /* Y may be written over Sum: the sum post-op then needs no copy */
         inst->inplace = 1;

@@ -167,6 +167,13 @@ size_t kd_exec_scratch(const struct kd_exec *e);
 /* Execute e for ctx (picks the variant by ctx->threads). */
 kiln_status kd_exec_run(struct kd_exec *e, struct kiln_run_ctx *ctx);
 
+/* A oneDNN reorder from src (living at `from`, index from_index) to dst (at `to`,
+ * to_index) as an exec of its own, for kernels that reorder at their edges
+ * (reorder.c). *handled as for kd_exec_build. */
+kiln_status kd_reorder_exec_build(const struct kiln_compile_ctx *cc, const dnnl_memory_desc_t *src,
+                                  enum kd_src from, int from_index, const dnnl_memory_desc_t *dst,
+                                  enum kd_src to, int to_index, struct kd_exec *e, int *handled);
+
 /* The threads a compile context allows (>= 1). */
 int kd_compile_threads(const struct kiln_compile_ctx *cc);
 /* Threads for a primitive doing about `work` flops (or element moves): below

@@ -4,12 +4,19 @@
  * padded channels of a blocked output are written as zeros). The source
  * layout is the input value's, the target the output value's (which the
  * layout pass also records in the node's `to` attribute).
+ *
+ * kd_reorder_exec_build makes the same primitive between any two memory
+ * descriptors as an exec of its own, for kernels that reorder at their
+ * edges (conv.c runs a convolution whose plain-layout implementation is a
+ * fallback in the format oneDNN prefers, with a reorder on each side).
  */
 #include "kernels/dnnl/dnnl_common.h"
 
 struct reorder_build {
     const struct kiln_node *node;
     dnnl_memory_desc_t src, dst;
+    enum kd_src from, to;  /* where the source and destination live */
+    int from_index, to_index;
 };
 
 static kiln_status reorder_make(void *arg, struct kd_variant *v, int threads)
@@ -25,8 +32,8 @@ static kiln_status reorder_make(void *arg, struct kd_variant *v, int threads)
     if (r == dnnl_success) {
         st = kd_variant_init(b->node, pd, v);
         if (st == KILN_OK) {
-            kd_variant_arg(v, DNNL_ARG_FROM, KD_SRC_IN, 0, &b->src);
-            kd_variant_arg(v, DNNL_ARG_TO, KD_SRC_OUT, 0, &b->dst);
+            kd_variant_arg(v, DNNL_ARG_FROM, b->from, b->from_index, &b->src);
+            kd_variant_arg(v, DNNL_ARG_TO, b->to, b->to_index, &b->dst);
         }
     }
     (void)threads;
@@ -58,7 +65,7 @@ static kiln_status reorder_compile(const struct kiln_compile_ctx *cc,
         if (x->dims[i] != y->dims[i]) return KILN_OK;
     int from = cc->in_layout ? cc->in_layout[0] : 0;
     int to = cc->out_layout ? cc->out_layout[0] : 0;
-    struct reorder_build b = {.node = n};
+    struct reorder_build b = {.node = n, .from = KD_SRC_IN, .to = KD_SRC_OUT};
     if (kd_md_act(&b.src, 4, x->dims, from) != dnnl_success ||
         kd_md_act(&b.dst, 4, y->dims, to) != dnnl_success)
         return KILN_OK;
@@ -78,6 +85,16 @@ static kiln_status reorder_compile(const struct kiln_compile_ctx *cc,
     inst->destroy = reorder_destroy;
     inst->scratch_bytes = kd_exec_scratch(e);
     return KILN_OK;
+}
+
+kiln_status kd_reorder_exec_build(const struct kiln_compile_ctx *cc, const dnnl_memory_desc_t *src,
+                                  enum kd_src from, int from_index, const dnnl_memory_desc_t *dst,
+                                  enum kd_src to, int to_index, struct kd_exec *e, int *handled)
+{
+    struct reorder_build b = {.node = cc->node, .src = *src, .dst = *dst, .from = from,
+                              .to = to, .from_index = from_index, .to_index = to_index};
+    double work = 4.0 * (double)dnnl_memory_desc_get_size(src) / sizeof(float);
+    return kd_exec_build(e, kd_work_threads(cc, work), reorder_make, &b, handled);
 }
 
 KILN_FAST_OP(KilnReorder, reorder_compile, NULL);

@@ -9,6 +9,13 @@
  * or one input repeating as a trailing row like [B,S,H] + [H]), so the
  * reference kernel runs those. Large tensors are split across the run's
  * threads in contiguous element ranges.
+ *
+ * Channel-blocked values (the layout pass, src/opt/layout.c): a unary op,
+ * and a binary op of two same-shape inputs, run on the stored elements of
+ * nChw8c / nChw16c data as on plain data when every input and the output
+ * share the layout; the padded channels are written as zeros again
+ * afterwards (f(0) need not be 0). The channel broadcast reads its big
+ * input and writes its output blocked.
  */
 #include <float.h>
 #include <stdio.h>
@@ -50,6 +57,7 @@ struct ew_state {
     int64_t cn, cc, chw;
     bool small_batched;
     int block;
+    bool zero_pad;     /* blocked with C % block != 0: zero the padded channels after */
     char name[40];
 };
 
@@ -152,7 +160,7 @@ static float clip_bound(const struct kiln_run_ctx *ctx, int i, float dflt)
     return t ? ((const float *)t->data)[0] : dflt;
 }
 
-static kiln_status ew_run(void *state, struct kiln_run_ctx *ctx)
+static kiln_status ew_run_elems(void *state, struct kiln_run_ctx *ctx)
 {
     const struct ew_state *s = state;
     struct ew_job j = {s, ctx->in[0]->data, NULL, ctx->out[0]->data, s->alpha, s->beta};
@@ -174,6 +182,25 @@ static kiln_status ew_run(void *state, struct kiln_run_ctx *ctx)
     }
     kiln_parallel_for(ctx->threads, s->n, s->grain, unary_range, &j);
     return KILN_OK;
+}
+
+/* Zero the padded channels of a blocked output (the last block of each image). */
+static void zero_padding(const struct ew_state *s, float *y)
+{
+    int64_t b = s->block, nb = (s->cc + b - 1) / b, valid = s->cc - (nb - 1) * b;
+    for (int64_t n = 0; n < s->cn; n++) {
+        float *p = y + ((n * nb) + nb - 1) * s->chw * b;
+        for (int64_t q = 0; q < s->chw; q++)
+            for (int64_t c = valid; c < b; c++) p[q * b + c] = 0.0f;
+    }
+}
+
+static kiln_status ew_run(void *state, struct kiln_run_ctx *ctx)
+{
+    const struct ew_state *s = state;
+    kiln_status st = ew_run_elems(state, ctx);
+    if (st == KILN_OK && s->zero_pad) zero_padding(s, ctx->out[0]->data);
+    return st;
 }
 
 static bool is_f32(const struct kiln_type *t)
@@ -209,6 +236,27 @@ static kiln_status ew_begin(const struct kiln_compile_ctx *cc, struct kiln_kerne
     return KILN_OK;
 }
 
+/* For inputs and the output all stored blocked by l (4-D, same dims): run on the stored
+ * elements, and zero the padding afterwards where C is not a whole number of blocks. */
+static void ew_set_blocked(struct ew_state *s, const struct kiln_type *o, int l)
+{
+    s->cn = o->dims[0];
+    s->cc = o->dims[1];
+    s->chw = o->dims[2] * o->dims[3];
+    s->block = l;
+    s->n = s->cn * kiln_layout_channels(s->cc, l) * s->chw;
+    s->zero_pad = s->cc % l != 0;
+    char name[40];
+    snprintf(name, sizeof name, "%s", s->name);
+    snprintf(s->name, sizeof s->name, "%.24s_blocked%d", name, l);
+}
+
+/* Whether a and b have the same 4-D dims. */
+static bool same_4d(const struct kiln_type *a, const struct kiln_type *b)
+{
+    return a->rank == 4 && b->rank == 4 && !memcmp(a->dims, b->dims, sizeof(int64_t) * 4);
+}
+
 /* Compile a unary op; cheap ops get the larger parallel grain. */
 static kiln_status unary_compile(const struct kiln_compile_ctx *cc, struct kiln_kernel_inst *inst,
                                  enum simd_unary op, const char *opname, float alpha, float beta)
@@ -216,9 +264,12 @@ static kiln_status unary_compile(const struct kiln_compile_ctx *cc, struct kiln_
     if (cc->n_in < 1 || !is_f32(cc->in[0]) || cc->n_out < 1 || !is_f32(cc->out[0]) ||
         type_count(cc->in[0]) != type_count(cc->out[0]))
         return KILN_OK;
+    int li = cc->in_layout ? cc->in_layout[0] : 0, lo = cc->out_layout ? cc->out_layout[0] : 0;
+    if (li != lo || (lo && !same_4d(cc->in[0], cc->out[0]))) return KILN_OK;
     struct ew_state *s;
     kiln_status st = ew_begin(cc, inst, 1, opname, &s);
     if (st != KILN_OK || !s) return st;
+    if (lo) ew_set_blocked(s, cc->out[0], lo);
     s->uop = op;
     s->alpha = alpha;
     s->beta = beta;
@@ -234,7 +285,14 @@ static kiln_status unary_compile(const struct kiln_compile_ctx *cc, struct kiln_
     {                                                                                      \
         return unary_compile(cc, inst, op, opname, 0.0f, 0.0f);                            \
     }                                                                                      \
-    KILN_FAST_OP(Name, Name##_compile, NULL)
+    KILN_FAST_OP(Name, Name##_compile, blocked_accepts)
+
+/* The layout pass asks whether a unary node may read and write blocked data. */
+static int blocked_accepts(const struct kiln_node *n, int i, int block)
+{
+    (void)n;
+    return i <= 0 && (block == 8 || block == 16);
+}
 
 UNARY_FAST(Relu, SIMD_RELU, "relu");
 UNARY_FAST(Sigmoid, SIMD_SIGMOID, "sigmoid");
@@ -252,7 +310,7 @@ static kiln_status LeakyRelu_compile(const struct kiln_compile_ctx *cc,
     return unary_compile(cc, inst, SIMD_LEAKY_RELU, "leakyrelu",
                          kiln_attr_float(cc->node, "alpha", 0.01f), 0.0f);
 }
-KILN_FAST_OP(LeakyRelu, LeakyRelu_compile, NULL);
+KILN_FAST_OP(LeakyRelu, LeakyRelu_compile, blocked_accepts);
 
 static kiln_status HardSigmoid_compile(const struct kiln_compile_ctx *cc,
                                        struct kiln_kernel_inst *inst)
@@ -261,7 +319,7 @@ static kiln_status HardSigmoid_compile(const struct kiln_compile_ctx *cc,
                          kiln_attr_float(cc->node, "alpha", 0.2f),
                          kiln_attr_float(cc->node, "beta", 0.5f));
 }
-KILN_FAST_OP(HardSigmoid, HardSigmoid_compile, NULL);
+KILN_FAST_OP(HardSigmoid, HardSigmoid_compile, blocked_accepts);
 
 static kiln_status Gelu_compile(const struct kiln_compile_ctx *cc, struct kiln_kernel_inst *inst)
 {
@@ -271,7 +329,7 @@ static kiln_status Gelu_compile(const struct kiln_compile_ctx *cc, struct kiln_k
         return unary_compile(cc, inst, SIMD_GELU_TANH, "gelu_tanh", 0, 0);
     return KILN_OK; /* the reference reports the bad attribute */
 }
-KILN_FAST_OP(Gelu, Gelu_compile, NULL);
+KILN_FAST_OP(Gelu, Gelu_compile, blocked_accepts);
 
 /* Clip: attributes min/max before opset 11, optional one-element inputs from 11. */
 static kiln_status Clip_compile(const struct kiln_compile_ctx *cc, struct kiln_kernel_inst *inst)
@@ -286,7 +344,7 @@ static kiln_status Clip_compile(const struct kiln_compile_ctx *cc, struct kiln_k
     if (st == KILN_OK && inst->run) ((struct ew_state *)inst->state)->clip_inputs = true;
     return st;
 }
-KILN_FAST_OP(Clip, Clip_compile, NULL);
+KILN_FAST_OP(Clip, Clip_compile, blocked_accepts);
 
 /* Whether `small` is [N or 1, C, 1, 1] against a 4-D out [N, C, H, W]. */
 static bool chan_small(const struct kiln_type *small, const struct kiln_type *out)
@@ -328,7 +386,8 @@ static kiln_status binary_compile(const struct kiln_compile_ctx *cc, struct kiln
     enum bcast_kind bc;
     if (na == n && chan_small(b, o) && la == lo && !lb) bc = BC_B_CHAN;
     else if (nb == n && chan_small(a, o) && lb == lo && !la) bc = BC_A_CHAN;
-    else if (la || lb || lo) return KILN_OK; /* blocked data only in the channel case */
+    else if (la && la == lb && la == lo && same_4d(a, o) && same_4d(b, o)) bc = BC_SAME;
+    else if (la || lb || lo) return KILN_OK; /* blocked data: the cases above only */
     else if (na == n && nb == n) bc = BC_SAME;
     else if (na == n && trailing_row(b, o, &row)) bc = BC_B_ROW;
     else if (nb == n && trailing_row(a, o, &row)) bc = BC_A_ROW;
@@ -342,6 +401,7 @@ static kiln_status binary_compile(const struct kiln_compile_ctx *cc, struct kiln
     s->row = row;
     s->grain = SIMD_GRAIN_CHEAP;
     inst->inplace = na == n; /* y[i] reads a[i] only */
+    if (bc == BC_SAME && lo) ew_set_blocked(s, o, lo);
     if (bc == BC_B_CHAN || bc == BC_A_CHAN) {
         const struct kiln_type *small = bc == BC_B_CHAN ? b : a;
         s->cn = o->dims[0];
@@ -356,7 +416,8 @@ static kiln_status binary_compile(const struct kiln_compile_ctx *cc, struct kiln
 }
 
 /* The layout pass asks whether a channel-broadcast node may read (the big
- * input) and write blocked data; it has checked the shapes (src/opt/layout.c). */
+ * input) and write blocked data, or a same-shape one both inputs; it has
+ * checked the shapes (src/opt/layout.c). */
 static int chan_accepts_blocked(const struct kiln_node *n, int i, int block)
 {
     (void)n, (void)i;

@@ -1,0 +1,150 @@
+/*
+ * concat.c - fast kernel for Concat, in plain and channel-blocked layouts.
+ *
+ * A Concat is, for every index of the dims before its axis ("outer"), one
+ * contiguous copy per input into its place in the output row. Stored in a
+ * channel-blocked layout (nChw8c / nChw16c: [N][C/b][H][W][b], graph.h) the
+ * same holds with the blocked dims: along C when every input but the last
+ * has a whole number of blocks (each input's blocks then follow the
+ * previous input's, and the last one's zero padding becomes the output's),
+ * and along N, H or W always (the block is part of the copied row). So the
+ * layout pass (src/opt/layout.c) can keep a convolution chain blocked
+ * through the Concats of fire modules, inception branches, dense blocks
+ * and channel shuffles. Every input must be in the output's layout. Rows
+ * are split over the run's threads. Any fixed-size dtype in plain layout;
+ * float32 when blocked. Anything else runs on the reference kernel.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "core/threadpool.h"
+#include "kernels/fast.h"
+
+#define CONCAT_MAX_IN 256
+
+struct concat_state {
+    int n_in;
+    int64_t outer;                 /* copies per input */
+    size_t out_row;                /* bytes of one output row (all inputs' pieces) */
+    size_t piece[CONCAT_MAX_IN];   /* bytes of input k's piece of a row */
+    size_t at[CONCAT_MAX_IN];      /* its offset in the row */
+    char name[32];
+};
+
+struct concat_job {
+    const struct concat_state *s;
+    const struct kiln_run_ctx *ctx;
+};
+
+static void concat_range(void *arg, int64_t begin, int64_t end)
+{
+    const struct concat_job *j = arg;
+    const struct concat_state *s = j->s;
+    char *y = j->ctx->out[0]->data;
+    for (int64_t o = begin; o < end; o++)
+        for (int k = 0; k < s->n_in; k++)
+            if (s->piece[k])
+                memcpy(y + (size_t)o * s->out_row + s->at[k],
+                       (const char *)j->ctx->in[k]->data + (size_t)o * s->piece[k], s->piece[k]);
+}
+
+static kiln_status concat_run(void *state, struct kiln_run_ctx *ctx)
+{
+    const struct concat_state *s = state;
+    struct concat_job j = {s, ctx};
+    int64_t grain = s->out_row >= 65536 ? 1 : (int64_t)(65536 / (s->out_row ? s->out_row : 1));
+    kiln_parallel_for(ctx->threads, s->outer, grain, concat_range, &j);
+    return KILN_OK;
+}
+
+static int fixed_size_dtype(int dt)
+{
+    return dt == KILN_DTYPE_F32 || dt == KILN_DTYPE_F16 || dt == KILN_DTYPE_BF16 ||
+           dt == KILN_DTYPE_F64 || dt == KILN_DTYPE_I8 || dt == KILN_DTYPE_U8 ||
+           dt == KILN_DTYPE_I16 || dt == KILN_DTYPE_U16 || dt == KILN_DTYPE_I32 ||
+           dt == KILN_DTYPE_U32 || dt == KILN_DTYPE_I64 || dt == KILN_DTYPE_U64 ||
+           dt == KILN_DTYPE_BOOL;
+}
+
+/* The stored dims of a type in layout l (rank 4 blocked: N, C/b, H, W, b). *rank_out. */
+static void stored_dims(const struct kiln_type *t, int l, int64_t *d, int *rank_out)
+{
+    if (!l) {
+        memcpy(d, t->dims, sizeof(int64_t) * (size_t)t->rank);
+        *rank_out = t->rank;
+        return;
+    }
+    d[0] = t->dims[0];
+    d[1] = kiln_layout_channels(t->dims[1], l) / l;
+    d[2] = t->dims[2];
+    d[3] = t->dims[3];
+    d[4] = l;
+    *rank_out = 5;
+}
+
+static kiln_status concat_compile(const struct kiln_compile_ctx *cc, struct kiln_kernel_inst *inst)
+{
+    const struct kiln_node *n = cc->node;
+    const struct kiln_type *y = cc->n_out > 0 ? cc->out[0] : NULL;
+    if (!y || !kiln_type_is_concrete(y) || y->rank < 1 || !fixed_size_dtype(y->dtype) ||
+        cc->n_in < 1 || cc->n_in > CONCAT_MAX_IN)
+        return KILN_OK;
+    int64_t axis_attr = kiln_attr_int(n, "axis", 1);
+    int axis;
+    if (kiln_attr_check(n) != KILN_OK || kiln_norm_axis(n, axis_attr, y->rank, &axis) != KILN_OK) {
+        kiln_error_clear();
+        return KILN_OK; /* the reference reports it */
+    }
+    int lo = cc->out_layout ? cc->out_layout[0] : 0;
+    if (lo && (y->rank != 4 || y->dtype != KILN_DTYPE_F32)) return KILN_OK;
+    size_t es = kiln_dtype_size(y->dtype);
+    int64_t yd[KILN_MAX_RANK + 1];
+    int yr;
+    stored_dims(y, lo, yd, &yr);
+    int64_t outer = 1, inner = 1, sum = 0;
+    for (int i = 0; i < axis; i++) outer *= yd[i];
+    for (int i = axis + 1; i < yr; i++) inner *= yd[i];
+    struct concat_state *s = calloc(1, sizeof *s);
+    if (!s) return kiln_node_error(n, KILN_ERR_OUT_OF_MEMORY, "out of memory compiling");
+    s->n_in = cc->n_in;
+    s->outer = outer;
+    s->out_row = (size_t)(yd[axis] * inner) * es;
+    for (int k = 0; k < cc->n_in; k++) {
+        const struct kiln_type *x = cc->in[k];
+        int lk = cc->in_layout ? cc->in_layout[k] : 0;
+        if (!x) continue; /* an absent optional input contributes nothing */
+        if (x->dtype != y->dtype || x->rank != y->rank || !kiln_type_is_concrete(x) || lk != lo)
+            goto decline;
+        for (int i = 0; i < y->rank; i++)
+            if (i != axis && x->dims[i] != y->dims[i]) goto decline;
+        /* blocked along C: whole blocks, except the last input's */
+        if (lo && axis == 1 && k < cc->n_in - 1 && x->dims[1] % lo) goto decline;
+        int64_t xd[KILN_MAX_RANK + 1];
+        int xr;
+        stored_dims(x, lk, xd, &xr);
+        s->at[k] = (size_t)(sum * inner) * es;
+        s->piece[k] = (size_t)(xd[axis] * inner) * es;
+        sum += xd[axis];
+    }
+    if (sum != yd[axis]) goto decline;
+    if (lo) snprintf(s->name, sizeof s->name, "concat_blocked%d", lo);
+    else snprintf(s->name, sizeof s->name, "concat");
+    inst->name = s->name;
+    inst->state = s;
+    inst->destroy = free;
+    inst->run = concat_run;
+    return KILN_OK;
+decline:
+    free(s);
+    return KILN_OK;
+}
+
+/* Layout pass: inputs and output may be blocked; src/opt/layout.c checks the axis
+ * and the channel counts (whole blocks along C). */
+static int concat_accepts_blocked(const struct kiln_node *n, int i, int block)
+{
+    (void)n, (void)i;
+    return block == 8 || block == 16;
+}
+
+KILN_FAST_OP(Concat, concat_compile, concat_accepts_blocked);

@@ -1,0 +1,246 @@
+"""The layout pass (src/opt/layout.c) on small graphs, one per kind of op a
+blocked layout crosses.
+
+Each graph is built with onnx.helper around constant-weight convolutions, so
+the pass blocks the values between them (nChw16c with AVX-512, nChw8c with
+KILN_ISA=avx2). Each test runs the graph on the default path (optimizer,
+layout pass, fast kernels) and on the reference path (imported graph,
+reference kernels, plain layouts), and compares the outputs within 1e-4 of
+their scale; and it reads the optimization log (`kiln inspect --optimized
+--json`) to check that the pass did block the values the case is about and
+placed no more reorders than the case needs, so a pass that blocked nothing
+(and so trivially matched) fails. Channel counts off the block (24 with
+blocks of 16) check that the padded channels stay zero where f(0) is not 0
+(Sigmoid, Div).
+"""
+import json
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+onnx = pytest.importorskip("onnx")
+from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+RNG = np.random.default_rng(7)
+
+
+@pytest.fixture(scope="module")
+def kiln_bin():
+    path = os.path.abspath(os.environ.get("KILN_BIN", str(REPO / "build" / "kiln")))
+    if not (os.path.isfile(path) and os.access(path, os.X_OK)):
+        pytest.skip(f"kiln executable not found at {path}: build it or set KILN_BIN")
+    return path
+
+
+def isa_env(isa):
+    env = dict(os.environ)
+    env.pop("KILN_FAST", None)
+    if isa:
+        env["KILN_ISA"] = isa
+    else:
+        env.pop("KILN_ISA", None)
+    return env
+
+
+class G:
+    """A graph under construction: constant-weight convolutions and other nodes."""
+
+    def __init__(self, c_in, h=10, w=10):
+        self.nodes, self.inits, self.inputs, self.n = [], [], [], 0
+        self.feeds = {}
+        self.input("X", (2, c_in, h, w))
+
+    def name(self, p):
+        self.n += 1
+        return f"{p}{self.n}"
+
+    def input(self, name, shape):
+        self.inputs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, list(shape)))
+        self.feeds[name] = RNG.standard_normal(shape).astype(np.float32)
+        return name
+
+    def const(self, arr):
+        n = self.name("k")
+        self.inits.append(numpy_helper.from_array(np.asarray(arr, dtype=np.float32), n))
+        return n
+
+    def conv(self, x, c_in, c_out, k=1, stride=1, group=1):
+        w = self.const(RNG.standard_normal((c_out, c_in // group, k, k)) * (1.0 / np.sqrt(c_in * k * k)))
+        b = self.const(RNG.standard_normal(c_out) * 0.1)
+        return self.op("Conv", [x, w, b], kernel_shape=[k, k], pads=[k // 2] * 4,
+                       strides=[stride, stride], group=group)
+
+    def op(self, op_type, inputs, **attrs):
+        y = self.name(op_type.lower())
+        self.nodes.append(helper.make_node(op_type, inputs, [y], name=y, **attrs))
+        return y
+
+    def save(self, path, outputs):
+        outs = [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outputs]
+        graph = helper.make_graph(self.nodes, "layout_case", self.inputs, outs, self.inits)
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)])
+        model.ir_version = 7
+        # the outputs' shapes from ONNX's own inference, then the full check
+        inferred = onnx.shape_inference.infer_shapes(model)
+        shapes = {v.name: v for v in list(inferred.graph.value_info) + list(inferred.graph.output)}
+        for o in model.graph.output:
+            o.type.CopyFrom(shapes[o.name].type)
+        onnx.checker.check_model(model)
+        onnx.save(model, str(path))
+
+
+def predict(kiln, model, feeds, out_dir, env, reference=False):
+    out_dir.mkdir(parents=True, exist_ok=True)
+    cmd = [kiln, "predict", str(model)]
+    for name, arr in feeds.items():
+        p = out_dir / f"in_{name}.npy"
+        np.save(p, arr)
+        cmd += ["--input", f"{name}={p}"]
+    cmd += ["--output-dir", str(out_dir)]
+    if reference:
+        cmd.append("--reference")
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    return out_dir
+
+
+def layout_counts(kiln, model, env):
+    """(blocked values, reorders) from the layout pass's line of the optimization log."""
+    proc = subprocess.run([kiln, "inspect", str(model), "--optimized", "--json"],
+                          capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    log = json.loads(proc.stdout)["signatures"][0]["optimization"]["log"]
+    line = next((l for l in log.splitlines() if l.strip().startswith("layout ")), "")
+    blocked = re.search(r"blocked value x(\d+)", line)
+    reorders = re.search(r"KilnReorder x(\d+)", line)
+    return (int(blocked.group(1)) if blocked else 0, int(reorders.group(1)) if reorders else 0)
+
+
+def run_case(kiln, tmp_path, g, outputs, min_blocked, max_reorders):
+    model = tmp_path / "m.onnx"
+    g.save(model, outputs)
+    for isa in ("", "avx2"):
+        env = isa_env(isa)
+        blocked, reorders = layout_counts(kiln, model, env)
+        assert blocked >= min_blocked, f"isa {isa or 'default'}: {blocked} blocked values"
+        assert reorders <= max_reorders, f"isa {isa or 'default'}: {reorders} reorders"
+        got = predict(kiln, model, g.feeds, tmp_path / f"fast{isa}", env)
+        ref = predict(kiln, model, g.feeds, tmp_path / f"ref{isa}", env, reference=True)
+        for o in outputs:
+            a, b = np.load(got / f"{o}.npy"), np.load(ref / f"{o}.npy")
+            assert a.shape == b.shape
+            scale = max(1.0, float(np.abs(b).max()))
+            err = float(np.abs(a.astype(np.float64) - b).max())
+            assert err <= 1e-4 * scale, f"{o} (isa {isa or 'default'}): error {err:.3g}"
+
+
+def pool(g, x):
+    """A MaxPool (stride 1): keeps the next op from being fused into the convolution."""
+    return g.op("MaxPool", [x], kernel_shape=[3, 3], pads=[1, 1, 1, 1])
+
+
+# 24 channels: padded blocks with 16, where Sigmoid(0) and HardSwish's f(0) != 0 would leak
+@pytest.mark.parametrize("c,act", [(32, "Relu"), (24, "Sigmoid"), (24, "HardSwish"),
+                                   (24, "Clip")])
+def test_unary_between_convs(kiln_bin, tmp_path, c, act):
+    g = G(3)
+    x = pool(g, g.conv("X", 3, c, 3))
+    if act == "Clip":
+        y = g.op("Clip", [x, g.const(np.float32(-0.5)), g.const(np.float32(0.7))])
+    else:
+        y = g.op(act, [x])
+    z = g.conv(g.conv(y, c, 32, 3), 32, 16, 1)
+    # conv, pool, activation, conv: blocked; the last conv writes the plain output and
+    # so reads plain input (one reorder)
+    run_case(kiln_bin, tmp_path, g, [z], min_blocked=4, max_reorders=1)
+
+
+@pytest.mark.parametrize("c,op", [(32, "Add"), (24, "Div"), (24, "Mul"), (32, "Sub")])
+def test_binary_between_convs(kiln_bin, tmp_path, c, op):
+    g = G(3)
+    a = pool(g, g.conv("X", 3, c, 3))
+    b = pool(g, g.conv("X", 3, c, 1))
+    if op == "Div":
+        b = g.op("Sigmoid", [b])  # away from 0
+    y = g.op(op, [a, b])
+    z = g.conv(g.conv(y, c, 32, 1), 32, 16, 1)
+    run_case(kiln_bin, tmp_path, g, [z], min_blocked=6, max_reorders=1)
+
+
+def test_silu_and_residual(kiln_bin, tmp_path):
+    """x * sigmoid(x), then a residual Add of the block's input, then MaxPool."""
+    g = G(3)
+    x = pool(g, g.conv("X", 3, 32, 3))
+    s = g.op("Sigmoid", [x])
+    m = g.op("Mul", [x, s])
+    y = g.conv(m, 32, 32, 3)
+    r = g.op("Add", [y, x])
+    p = g.op("MaxPool", [r], kernel_shape=[2, 2], strides=[2, 2])
+    z = g.conv(g.conv(p, 32, 16, 1), 16, 16, 1)
+    run_case(kiln_bin, tmp_path, g, [z], min_blocked=7, max_reorders=1)
+
+
+@pytest.mark.parametrize("c1,c2", [(32, 16), (32, 24), (16, 48)])
+def test_concat_channels(kiln_bin, tmp_path, c1, c2):
+    """Fire module: Concat of two convolutions along C (whole blocks but the last)."""
+    g = G(3)
+    s = g.conv("X", 3, 16, 1)
+    a = g.op("Relu", [g.conv(s, 16, c1, 1)])
+    b = g.op("Relu", [g.conv(s, 16, c2, 3)])
+    y = g.op("Concat", [a, b], axis=1)
+    z = g.conv(g.conv(y, c1 + c2, 32, 1), 32, 16, 1)
+    # s, a, b, the Concat, the conv after it; one reorder before the last conv
+    run_case(kiln_bin, tmp_path, g, [z], min_blocked=5, max_reorders=1)
+
+
+def test_concat_channels_off_the_block(kiln_bin, tmp_path):
+    """A first input of 24 channels is not a whole number of 16-blocks: with AVX-512
+    the Concat stays plain (a reorder into the next convolution's layout), with
+    AVX2 it is blocked by 8."""
+    g = G(3)
+    a = g.conv("X", 3, 24, 1)
+    b = g.conv("X", 3, 16, 3)
+    y = g.op("Concat", [a, b], axis=1)
+    z = g.conv(g.conv(y, 40, 16, 1), 16, 16, 1)
+    run_case(kiln_bin, tmp_path, g, [z], min_blocked=1, max_reorders=2)
+
+
+@pytest.mark.parametrize("axis", [0, 2, -1])
+def test_concat_spatial_axes(kiln_bin, tmp_path, axis):
+    g = G(3)
+    a = g.conv("X", 3, 24, 3)
+    b = g.conv("X", 3, 24, 1)
+    y = g.op("Concat", [a, b], axis=axis)
+    z = g.conv(g.conv(y, 24, 16, 3), 16, 16, 1)
+    run_case(kiln_bin, tmp_path, g, [z], min_blocked=4, max_reorders=1)
+
+
+def test_concat_of_upsampled_and_plain(kiln_bin, tmp_path):
+    """The detection-network neck: Concat(Resize(conv), graph input) into a 1x1
+    convolution. Resize has no blocked kernel: the Concat is plain, and one reorder
+    brings it into the convolutions' layout, one out of it before the last."""
+    g = G(3, 8, 8)
+    x2 = g.input("X2", (2, 32, 16, 16))
+    a = g.conv("X", 3, 32, 3)
+    up = g.op("Resize", [a, "", g.const(np.array([1, 1, 2, 2], np.float32))], mode="nearest")
+    y = g.op("Concat", [up, x2], axis=1)
+    z = g.conv(g.conv(y, 64, 32, 1), 32, 16, 1)
+    run_case(kiln_bin, tmp_path, g, [z], min_blocked=1, max_reorders=2)
+
+
+def test_follower_output_is_graph_output(kiln_bin, tmp_path):
+    """A blocked pool and Relu whose value is also a graph output (a plain twin is
+    written by a reorder), and a Flatten (no blocked kernel) after the chain."""
+    g = G(3)
+    a = g.op("Relu", [pool(g, g.conv("X", 3, 32, 3))])
+    z = g.conv(a, 32, 32, 3)
+    r = g.op("Add", [z, a])
+    f = g.op("Flatten", [g.conv(r, 32, 16, 1)])
+    # blocked: conv, pool, Relu (twin), conv z with the Add fused as its Sum;
+    # reorders: the Relu's plain output, and the input of the last conv (plain output)
+    run_case(kiln_bin, tmp_path, g, [a, f], min_blocked=4, max_reorders=2)
