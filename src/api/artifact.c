@@ -508,6 +508,9 @@ static const char *kernel_precision(const char *kernel)
     size_t n = strlen(kernel);
     if (n >= 5 && !strcmp(kernel + n - 5, "_bf16")) return "bf16";
     if (n >= 5 && !strcmp(kernel + n - 5, "_int8")) return "int8";
+    /* statically quantized graphs: their quantized ops run on int8 kernels
+     * in an fp32 session ("dnnl_qlinear_conv", "dnnl_matmul_integer") */
+    if (strstr(kernel, "qlinear") || strstr(kernel, "integer")) return "int8";
     return "fp32";
 }
 

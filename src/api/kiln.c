@@ -999,6 +999,12 @@ kiln_status kiln_session_artifact_view(kiln_session *s, const struct kiln_model 
     *sig = s->sig;
     *g = use_opt ? s->sig->opt_graph : s->sig->graph;
     *precision = s->opts.precision;
+    if (s->own_graph) {
+        /* static int8 after calibration: its graph carries the quantized ops itself */
+        *g = s->own_graph;
+        *precision = KILN_PRECISION_FP32;
+        return KILN_OK;
+    }
     if (s->n_node_prec) {
         /* per-node precisions travel as a node attribute the plan compiler honours */
         if (!s->save_graph && (st = session_save_graph(s, *g)) != KILN_OK) return st;

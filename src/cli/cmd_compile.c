@@ -43,6 +43,9 @@ static const char compile_help[] =
     "                       int8 where it keeps the metric within --max-drop, the most\n"
     "                       sensitive nodes in bf16 or fp32\n"
     "  --calibration DATA   data to measure each node's sensitivity on (auto)\n"
+    "  --calibration-method M  static int8 (with --precision int8 --calibration DATA):\n"
+    "                       activation ranges fixed from DATA by minmax, percentile\n"
+    "                       (99.99%) or entropy (KL); without it int8 is dynamic\n"
     "  --eval DATA          data to measure accuracy on (default: the calibration data)\n"
     "  --labels FILE.npy    expected outputs of --eval: class ids or values\n"
     "  --max-drop X         largest relative drop of the metric, e.g. 1%% (default) or\n"
@@ -63,6 +66,7 @@ static const char compile_help[] =
 typedef struct compile_args {
     const char *model, *out, *cal, *eval, *labels, *report, *signature, *tags, *metric_output;
     const char *precision;   /* as given */
+    const char *cal_method;  /* --calibration-method, NULL = minmax */
     int is_auto;
     kiln_precision prec;
     double max_drop;
@@ -124,6 +128,8 @@ static int parse_args(int argc, char **argv, compile_args *a)
         } else if ((r = kiln_cli_option(cmd, argc, argv, &i, "-o", &a->out)) != 0 ||
                    (r = kiln_cli_option(cmd, argc, argv, &i, "--output", &a->out)) != 0 ||
                    (r = kiln_cli_option(cmd, argc, argv, &i, "--calibration", &a->cal)) != 0 ||
+                   (r = kiln_cli_option(cmd, argc, argv, &i, "--calibration-method",
+                                        &a->cal_method)) != 0 ||
                    (r = kiln_cli_option(cmd, argc, argv, &i, "--eval", &a->eval)) != 0 ||
                    (r = kiln_cli_option(cmd, argc, argv, &i, "--labels", &a->labels)) != 0 ||
                    (r = kiln_cli_option(cmd, argc, argv, &i, "--report", &a->report)) != 0 ||
@@ -171,6 +177,13 @@ static int parse_args(int argc, char **argv, compile_args *a)
     if (a->is_auto && !a->cal && !a->eval)
         return kiln_cli_usage_error(cmd, "--precision auto needs data to measure accuracy on: "
                                     "--calibration DATA and/or --eval DATA");
+    if (a->cal_method && strcmp(a->cal_method, "minmax") && strcmp(a->cal_method, "percentile") &&
+        strcmp(a->cal_method, "entropy"))
+        return kiln_cli_usage_error(cmd, "--calibration-method '%s' is not minmax, percentile or "
+                                    "entropy", a->cal_method);
+    if (a->cal_method && (a->is_auto || a->prec != KILN_PRECISION_INT8 || !a->cal))
+        return kiln_cli_usage_error(cmd, "--calibration-method is for static int8: give "
+                                    "--precision int8 and --calibration DATA");
     return -1;
 }
 
@@ -203,6 +216,56 @@ static kiln_status candidate_session(kiln_model *m, const char *sig, const compi
         if (nodes[i].precision != prec) ov[k++] = (kiln_node_precision){nodes[i].name, nodes[i].precision};
     st = kiln_session_set_node_precision(*out, ov, k);
     free(ov);
+    return st;
+}
+
+/* Static int8: an fp32 session fed the calibration data in batches, whose
+ * Conv, Gemm and MatMul nodes then run on int8 kernels with the activation
+ * ranges fixed by `method` (kiln_calibration_*, docs/COMPRESSION.md). */
+static kiln_status static_int8_session(kiln_model *m, const char *sig, const compile_args *a,
+                                       const kiln_gate_data *cal, int64_t batch,
+                                       kiln_calibration_method method, kiln_session **out,
+                                       char *err)
+{
+    kiln_session_options so = a->so;
+    so.precision = KILN_PRECISION_FP32;
+    kiln_calibration *c = NULL;
+    kiln_status st = kiln_session_create(m, sig, &so, out);
+    if (st == KILN_OK) st = kiln_calibration_begin(*out, &c);
+    if (st != KILN_OK) {
+        snprintf(err, KILN_GATE_ERR_LEN, "static int8: %s", kiln_last_error());
+        return st;
+    }
+    kiln_tensor **rows = calloc((size_t)cal->n + 1, sizeof *rows);
+    kiln_named_tensor *in = calloc((size_t)cal->n + 1, sizeof *in);
+    if (!rows || !in) st = KILN_ERR_OUT_OF_MEMORY;
+    for (int64_t s0 = 0; st == KILN_OK && s0 < cal->samples; s0 += batch) {
+        int64_t cnt = cal->samples - s0 < batch ? cal->samples - s0 : batch;
+        st = kiln_gate_data_rows(cal, s0, cnt, rows, err);
+        if (st != KILN_OK) break;
+        for (int i = 0; i < cal->n; i++) in[i] = (kiln_named_tensor){cal->names[i], rows[i]};
+        st = kiln_calibration_feed(c, in, cal->n);
+        if (st != KILN_OK) snprintf(err, KILN_GATE_ERR_LEN, "static int8: %s", kiln_last_error());
+        for (int i = 0; i < cal->n; i++) {
+            kiln_tensor_free(rows[i]);
+            rows[i] = NULL;
+        }
+    }
+    if (st == KILN_OK) {
+        st = kiln_calibration_finish(c, method, method == KILN_CALIBRATION_PERCENTILE ? 99.99 : 0);
+        if (st != KILN_OK) snprintf(err, KILN_GATE_ERR_LEN, "static int8: %s", kiln_last_error());
+        else if (kiln_calibration_node_count(c) == 0) {
+            snprintf(err, KILN_GATE_ERR_LEN,
+                     "static int8: the model has no Conv, Gemm or MatMul with constant weights "
+                     "to quantize");
+            st = KILN_ERR_UNSUPPORTED;
+        }
+    } else if (st == KILN_ERR_OUT_OF_MEMORY && !err[0]) {
+        snprintf(err, KILN_GATE_ERR_LEN, "out of memory");
+    }
+    free(rows);
+    free(in);
+    kiln_calibration_free(c);
     return st;
 }
 
@@ -293,6 +356,12 @@ int kiln_cmd_compile(int argc, char **argv)
     a.runs = 20;
     int rc = parse_args(argc, argv, &a);
     if (rc >= 0) return rc;
+    const char *cal_method_name = a.cal_method ? a.cal_method : "";
+    kiln_calibration_method cal_method = !strcmp(cal_method_name, "entropy")
+                                             ? KILN_CALIBRATION_ENTROPY
+                                         : !strcmp(cal_method_name, "percentile")
+                                             ? KILN_CALIBRATION_PERCENTILE
+                                             : KILN_CALIBRATION_MINMAX;
     rc = KILN_CLI_EXIT_FAIL;
 
     char err[KILN_GATE_ERR_LEN];
@@ -419,7 +488,14 @@ int kiln_cmd_compile(int argc, char **argv)
         kiln_cli_fail("%s", err);
         goto out;
     }
-    if (candidate_session(m, sig_name, &a, prec, nodes, n_nodes, &cand) != KILN_OK) {
+    int static_int8 = a.cal_method != NULL; /* checked: --precision int8 and --calibration */
+    if (static_int8) {
+        err[0] = '\0';
+        if (static_int8_session(m, sig_name, &a, &cal, batch, cal_method, &cand, err) != KILN_OK) {
+            kiln_cli_fail("%s", err);
+            goto out;
+        }
+    } else if (candidate_session(m, sig_name, &a, prec, nodes, n_nodes, &cand) != KILN_OK) {
         kiln_cli_fail("cannot create the compiled session: %s", kiln_last_error());
         goto out;
     }
@@ -433,6 +509,7 @@ int kiln_cmd_compile(int argc, char **argv)
     r.max_drop = a.max_drop;
     r.cal_path = a.cal;
     r.cal_samples = prec != KILN_PRECISION_FP32 && sens_data ? sens_data->samples : 0;
+    r.cal_static = static_int8 ? cal_method_name : NULL;
     r.eval_path = eval_data ? eval_path : NULL;
     r.labels_path = a.labels;
     r.eval_samples = eval_data ? eval_data->samples : 0;

@@ -97,6 +97,8 @@ typedef struct kiln_compile_report {
     double max_drop;
     const char *cal_path;         /* NULL: none */
     int64_t cal_samples;          /* samples the node sensitivities were measured on */
+    const char *cal_static;       /* static int8: the range method ("minmax", "percentile",
+                                     "entropy"); NULL: dynamic int8 */
     const char *eval_path, *labels_path;
     int64_t eval_samples;
     int has_quality;

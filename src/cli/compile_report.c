@@ -291,8 +291,12 @@ char *kiln_compile_report_json(const kiln_compile_report *r)
     jkey(f, &first, "max_drop");
     jnum(f, r->max_drop);
     jkey(f, &first, "calibration");
-    fprintf(f, "{\"method\":\"dynamic\",\"note\":\"int8 activation ranges are measured on every "
-               "run; calibration data measures node sensitivity\",\"data\":");
+    if (r->cal_static)
+        fprintf(f, "{\"method\":\"%s\",\"note\":\"static int8: activation ranges fixed from the "
+                   "calibration data\",\"data\":", r->cal_static);
+    else
+        fprintf(f, "{\"method\":\"dynamic\",\"note\":\"int8 activation ranges are measured on every "
+                   "run; calibration data measures node sensitivity\",\"data\":");
     jstr_or_null(f, r->cal_path);
     fprintf(f, ",\"samples\":%lld}", (long long)r->cal_samples);
     jkey(f, &first, "eval");
@@ -434,9 +438,13 @@ void kiln_compile_report_print(const kiln_compile_report *r, FILE *f)
     kiln_text_write(f, r->signature);
     fprintf(f, ")\nprecision:   %s (asked: %s)\n", kiln_precision_name(r->precision),
             r->precision_asked);
-    fprintf(f, "calibration: dynamic int8 (activation ranges per run); sensitivity measured on %lld "
-               "samples%s",
-            (long long)r->cal_samples, r->cal_path ? " of " : "");
+    if (r->cal_static)
+        fprintf(f, "calibration: static int8, %s ranges from %lld samples%s", r->cal_static,
+                (long long)r->cal_samples, r->cal_path ? " of " : "");
+    else
+        fprintf(f, "calibration: dynamic int8 (activation ranges per run); sensitivity measured on "
+                   "%lld samples%s",
+                (long long)r->cal_samples, r->cal_path ? " of " : "");
     if (r->cal_path) kiln_text_write(f, r->cal_path);
     fputc('\n', f);
     if (r->eval_path) {

@@ -336,6 +336,45 @@ def test_cnn_modes_within_one_percent(kiln_bin, trained, tmp_path):
             assert any("Conv" in op for op in ops) and any("MatMul" in op for op in ops), ops
 
 
+@pytest.mark.skipif(not VNNI, reason="no VNNI/AMX on this CPU: the int8 kernels decline")
+def test_cnn_static_int8_every_method(kiln_bin, trained, tmp_path):
+    """--precision int8 --calibration DATA --calibration-method M: static int8
+    (activation ranges fixed from the calibration data by M). The artifact
+    runs its convolutions and products on the int8 kernels, within 1%
+    relative accuracy of fp32, and the report names the method."""
+    model = trained / "digits_cnn.onnx"
+    x = np.load(trained / "digits_test_x.npy")
+    y = np.load(trained / "digits_test_y.npy")
+    fp32 = predict_batched(kiln_bin, model, "image", x, tmp_path, "st_fp32")
+    acc32 = float((fp32.argmax(1) == y).mean())
+    for method in ("minmax", "percentile", "entropy"):
+        out = tmp_path / f"cnn_static_{method}.kiln"
+        _, rep = compile_model(kiln_bin, model, out, "--precision", "int8", "--calibration",
+                               trained / "digits_cal", "--calibration-method", method,
+                               "--eval", trained / "digits_test",
+                               "--labels", trained / "digits_test_y.npy")
+        assert rep["calibration"]["method"] == method and rep["calibration"]["samples"] == 200
+        got = predict_batched(kiln_bin, out, "image", x, tmp_path, f"st_{method}")
+        check_output_stats(rep["outputs"][0], fp32, got)
+        acc = float((got.argmax(1) == y).mean())
+        assert rep["metric"]["compressed"] == pytest.approx(acc)
+        assert acc >= acc32 * 0.99, (method, acc, acc32)
+        assert (got.argmax(1) == fp32.argmax(1)).mean() >= 0.98
+        r = run([kiln_bin, "inspect", out])
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.count("dnnl_qlinear_conv") == 2, r.stdout
+        assert r.stdout.count("dnnl_qlinear_matmul") == 2, r.stdout
+    # the method is for static int8 only
+    r, _ = compile_model(kiln_bin, model, tmp_path / "x.kiln", "--precision", "bf16",
+                         "--calibration", trained / "digits_cal", "--calibration-method",
+                         "minmax", ok=False)
+    assert r.returncode == 2 and "static int8" in r.stderr, r.stderr
+    r, _ = compile_model(kiln_bin, model, tmp_path / "x.kiln", "--precision", "int8",
+                         "--calibration", trained / "digits_cal", "--calibration-method",
+                         "kl", ok=False)
+    assert r.returncode == 2 and "'kl' is not minmax, percentile or entropy" in r.stderr
+
+
 def test_data_forms_and_bad_data(kiln_bin, digits, tmp_path):
     ev, cal, labels, x, y = digits
     # .npz and JSON-lines of TF Serving predict bodies read the same samples
