@@ -33,7 +33,7 @@ static const char watermark_help[] =
     "  --label TEXT   what the mark says (its bits are a keyed hash of TEXT; default '')\n"
     "  --bits N       message bits, 8..64 (default 32); the same at embed and verify\n"
     "  --step S       lattice step relative to each tensor's largest weight\n"
-    "                 (default 0.02; weights move by at most S/2 of it); a larger\n"
+    "                 (default 0.01; weights move by at most S/2 of it); a larger\n"
     "                 step survives more rounding; the same at embed and verify\n"
     "  --max-p P      verify: the mark counts as present when the probability of\n"
     "                 an unmarked model scoring as well is below P (default 1e-6)\n"
@@ -87,7 +87,7 @@ int kiln_cmd_watermark(int argc, char **argv)
     if (bits_s && !kiln_cli_parse_int(bits_s, 8, KILN_WM_MAX_BITS, &bits))
         return kiln_cli_usage_error("watermark", "--bits '%s': expected 8..%d", bits_s,
                                     KILN_WM_MAX_BITS);
-    double step = 0.02, max_p = 1e-6;
+    double step = 0.01, max_p = 1e-6;
     char *end;
     if (step_s) {
         step = strtod(step_s, &end);
