@@ -177,7 +177,7 @@ kiln_status kiln_wm_derive_key(const uint8_t *file, size_t len, uint8_t key[32],
     static const char ctx[] = "kiln-watermark-v1";
     if (len < 16) {
         snprintf(err, KILN_SEC_ERR_LEN, "key file has %zu bytes; a watermark key needs at least 16 "
-                 "(make one with 'kiln keygen --encrypt')", len);
+                 "(make one with 'kiln keygen --encryption')", len);
         return KILN_ERR_INVALID_ARGUMENT;
     }
     crypto_generichash(key, 32, file, (unsigned long long)len, (const unsigned char *)ctx,

@@ -45,8 +45,7 @@ kiln_status kiln_wm_derive_key(const uint8_t *file, size_t len, uint8_t key[32],
 
 /* Embed the mark for (key, label) into the ONNX bytes in place. step is the
  * lattice step relative to each tensor's magnitude (the CLI default is 0.01):
- * weights
- * move by at most step/2 of 2^floor(log2(max |w|)). */
+ * weights move by at most step/2 of 2^floor(log2(max |w|)). */
 kiln_status kiln_wm_embed(uint8_t *onnx, size_t len, const uint8_t key[32], const char *label,
                           int bits, double step, kiln_wm_report *rep, char *err);
 
