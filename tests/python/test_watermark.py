@@ -8,7 +8,8 @@ equal the reference's. On the bundled digits model (models/digits,
 tools/make_digits_model.py) the accuracy on sklearn's digits, computed with a
 numpy forward pass, changes by at most 0.1% relative; a wrong key or an
 unmarked model read at chance; the mark survives a bf16 round trip and an
-int8 per-channel quantize-dequantize of the weights done in numpy; and bad
+int8 per-channel quantize-dequantize of the weights done in numpy and a re-save
+with typed float_data instead of raw_data; and bad
 inputs give one clear error line.
 """
 
@@ -201,3 +202,18 @@ def test_bad_inputs(tmp_path, keys):
     assert run("verify", DIGITS, "--key", keys[0], "--bits", "7").returncode == 2
     assert run("verify", DIGITS, "--key", keys[0], "--step", "0").returncode == 2
     assert run("frobnicate", DIGITS).returncode == 2
+
+
+def test_mark_survives_reserialization_as_float_data(tmp_path, keys):
+    """The same weights stored in typed float_data instead of raw_data."""
+    out, typed = tmp_path / "marked.onnx", tmp_path / "typed.onnx"
+    embed(DIGITS, out, keys[0])
+    m = onnx.load(str(out))
+    for t in m.graph.initializer:
+        a = numpy_helper.to_array(t)
+        t.CopyFrom(helper.make_tensor(t.name, TensorProto.FLOAT, a.shape, a.ravel().tolist()))
+    onnx.save(m, str(typed))
+    assert not onnx.load(str(typed)).graph.initializer[0].raw_data
+    rep, ref = verify(typed, keys[0]), verify(out, keys[0])
+    assert rep["present"] and rep["matched"] == 32
+    np.testing.assert_allclose(rep["bit_z"], ref["bit_z"], atol=1e-4)
