@@ -73,12 +73,12 @@ set_tests_properties(fuzz_replay_savedmodel PROPERTIES TIMEOUT 300
   ENVIRONMENT "ASAN_OPTIONS=detect_leaks=1:abort_on_error=0;UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1")
 
 # Signing and encryption files: kiln.sig, key files, .kenc (src/security/).
-foreach(target manifest encfile)
+foreach(target manifest encfile watermark)
   add_executable(kiln_fuzz_replay_${target}
     ${PROJECT_SOURCE_DIR}/fuzz/replay_main.c ${PROJECT_SOURCE_DIR}/fuzz/fuzz_${target}.c
     ${SECURITY_SRCS})
   target_include_directories(kiln_fuzz_replay_${target} PRIVATE ${PROJECT_SOURCE_DIR}/src)
-  target_link_libraries(kiln_fuzz_replay_${target} PRIVATE kiln PkgConfig::SODIUM)
+  target_link_libraries(kiln_fuzz_replay_${target} PRIVATE kiln PkgConfig::SODIUM m)
   add_test(NAME fuzz_replay_${target}
     COMMAND kiln_fuzz_replay_${target} ${PROJECT_SOURCE_DIR}/tests/corpus/${target})
   set_tests_properties(fuzz_replay_${target} PROPERTIES TIMEOUT 300

@@ -59,6 +59,7 @@ int kiln_cmd_gate(int argc, char **argv);        /* cmd_gate.c: release gate */
 int kiln_cmd_warmup_from_log(int argc, char **argv); /* cmd_warmup_from_log.c */
 int kiln_cmd_profile(int argc, char **argv);     /* cmd_profile.c: reference profiles */
 int kiln_cmd_compile(int argc, char **argv);     /* cmd_compile.c: compression + report */
+int kiln_cmd_watermark(int argc, char **argv);   /* cmd_watermark.c: keyed weight marks */
 
 /* Print "kiln: <message>\n" on stderr; returns KILN_CLI_EXIT_FAIL. */
 int kiln_cli_fail(const char *fmt, ...) KILN_CLI_PRINTF(1, 2);

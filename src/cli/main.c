@@ -30,6 +30,7 @@ static const kiln_cli_command kiln_cli_commands[] = {
     {"encrypt", "encrypt a model folder's files (XChaCha20-Poly1305)", kiln_cmd_encrypt},
     {"rekey", "re-encrypt a folder's encrypted files under another key", kiln_cmd_rekey},
     {"fingerprint", "a stable identity of a model's weights and ops", kiln_cmd_fingerprint},
+    {"watermark", "embed or verify a keyed mark in an ONNX model's weights", kiln_cmd_watermark},
     {"gate", "compare a candidate model with a baseline; bless it if it passes", kiln_cmd_gate},
     {"warmup-from-log", "turn a request log into a TF Serving warmup file",
      kiln_cmd_warmup_from_log},
