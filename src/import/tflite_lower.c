@@ -577,10 +577,42 @@ static kiln_status lower_binary(struct lw *L, enum kiln_op kop, int opt_type)
     return bind(L, 0, y);
 }
 
+/* Quantized LOGISTIC and TANH (int8, uint8) by TFLite's lookup table
+ * (LUTPopulate): each input value dequantized, transformed and requantized
+ * in float. */
+static kiln_status lower_q_lut(struct lw *L, int x, bool tanh_)
+{
+    const struct tfl_tensor *tx = tin(L, 0), *to = tout(L, 0);
+    if (!to || to->dtype != tx->dtype || (tx->dtype != KILN_DTYPE_I8 && tx->dtype != KILN_DTYPE_U8))
+        return lerr(L, KILN_ERR_UNSUPPORTED, "quantized %s of %s into %s (Kiln supports int8 "
+                    "and uint8)", L->opname, kiln_dtype_name(tx->dtype),
+                    to ? kiln_dtype_name(to->dtype) : "nothing");
+    TRY(need_qparams(L, tx, "input", false));
+    TRY(need_qparams(L, to, "output", false));
+    int32_t lo = tx->dtype == KILN_DTYPE_I8 ? -128 : 0, hi = lo + 255;
+    float in_scale = tx->scale[0], inv = 1.0f / to->scale[0];
+    int32_t in_zp = (int32_t)tx->zero_point[0], out_zp = (int32_t)to->zero_point[0];
+    int64_t table[256];
+    for (int32_t v = lo; v <= hi; v++) {
+        float d = in_scale * (float)(v - in_zp);
+        float t = tanh_ ? tanhf(d) : 1.0f / (1.0f + expf(-d));
+        float r = roundf(t * inv) + (float)out_zp;
+        int32_t q = r < (float)lo ? lo : r > (float)hi ? hi : (int32_t)r;
+        table[(uint8_t)v] = q;
+    }
+    struct kiln_node *n;
+    int y;
+    TRY(node(L, KILN_OP_TflLut, 1, &x, 1, &n, &y));
+    TRY(a_ints(L, n, "table", 256, table));
+    return bind(L, 0, y);
+}
+
 static kiln_status lower_unary(struct lw *L, int which)
 {
     int x, y;
     TRY(need_in(L, 0, &x));
+    if (is_quant(tin(L, 0)) && (which == TFL_LOGISTIC || which == TFL_TANH))
+        return lower_q_lut(L, x, which == TFL_TANH);
     if (is_quant(tin(L, 0)))
         return lerr(L, KILN_ERR_UNSUPPORTED, "quantized %s is not supported", L->opname);
     switch (which) {

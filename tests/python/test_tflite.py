@@ -797,7 +797,7 @@ def test_float16_weights(tmp_path):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 
-# ------------------------------------------------------ quantized MUL and SUB
+# ------------------------------------- quantized MUL, SUB, LOGISTIC and TANH
 
 
 def add_sub_ref(a, b, s1, z1, s2, z2, so, zo, sign, lo, hi):
@@ -857,3 +857,36 @@ def test_quantized_mul_sub_bit_exact(tmp_path, dt):
     ok = (fa * fb < (qmax - zm - 1) * sm) & (fa * fb > (qmin - zm + 1) * sm)
     assert np.max(np.abs(fy - fa * fb)[ok]) <= sm * 1.01
 
+
+@pytest.mark.parametrize("dt", ["int8", "uint8"])
+def test_quantized_logistic_tanh_bit_exact(tmp_path, dt):
+    ttype, npt = (mk.I8, np.int8) if dt == "int8" else (mk.U8, np.uint8)
+    qmin, qmax = (-128, 127) if dt == "int8" else (0, 255)
+    zoff = 0 if dt == "int8" else 128
+    si, zi = np.float32(0.045), 9 + zoff
+    # the output parameters TFLite's converter gives these ops
+    sl, zl = np.float32(1 / 256), qmin
+    st, zt = np.float32(1 / 128), zoff
+    m = mk.Model()
+    x = m.add([1, 256], ttype, "x", quant=([si], [zi], 0), signature=[-1, 256])
+    lg = m.add([1, 256], ttype, "lg", quant=([sl], [zl], 0))
+    m.op("LOGISTIC", [x], [lg])
+    th = m.add([1, 256], ttype, "th", quant=([st], [zt], 0))
+    m.op("TANH", [x], [th])
+    m.inputs, m.outputs = [x], [lg, th]
+    xv = np.arange(qmin, qmax + 1).reshape(1, 256).astype(npt)  # every input value
+    got = run_model(m, {"x": xv}, tmp_path)
+    # TFLite's lookup table (LUTPopulate): dequantize, transform, requantize in float32
+    d = si * (xv.astype(np.int32) - zi).astype(np.float32)
+    lgf = np.float32(1) / (np.float32(1) + np.exp(-d))
+    thf = np.tanh(d)
+    want_l = np.clip(round_half_away(lgf * (np.float32(1) / sl)) + zl, qmin, qmax)
+    want_t = np.clip(round_half_away(thf * (np.float32(1) / st)) + zt, qmin, qmax)
+    np.testing.assert_array_equal(got["lg"], want_l.astype(npt))
+    np.testing.assert_array_equal(got["th"], want_t.astype(npt))
+    # and they are the functions within one output step (1.0 itself saturates)
+    d64 = d.astype(np.float64)
+    fl = (got["lg"].astype(np.float64) - zl) * sl
+    ft = (got["th"].astype(np.float64) - zt) * st
+    assert np.max(np.abs(fl - 1 / (1 + np.exp(-d64)))) <= sl
+    assert np.max(np.abs(ft - np.tanh(d64))) <= st

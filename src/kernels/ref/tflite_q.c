@@ -25,6 +25,8 @@
  *       input2_multiplier, as TFLite's sub.cc prepares it.
  *   TflMul(a, b) broadcast: (a + input1_offset) * (b + input2_offset)
  *       rescaled by output_multiplier/output_shift, + output_offset; act range.
+ *   TflLut(x) int8 or uint8: y = table[(uint8)x], `table` 256 values built
+ *       by the importer the way TFLite's LUT kernels (LOGISTIC, TANH) do.
  *   TflPool(x) NHWC: kernel [h, w], strides, same, max (0: average with
  *       TFLite's rounding division), act_min, act_max.
  *   TflSoftmax(x) along the last axis -> `to` (int8: zero point -128, or
@@ -440,6 +442,39 @@ static kiln_status mul_run(struct kiln_run_ctx *ctx)
     return KILN_OK;
 }
 KILN_REF_OP(TflMul, add_infer, mul_run);
+
+/* ---- TflLut ---- */
+
+static kiln_status lut_infer(struct kiln_infer_ctx *ctx)
+{
+    const struct kiln_type *x = ctx->in[0];
+    if (x->dtype != KILN_DTYPE_UNDEFINED && x->dtype != KILN_DTYPE_I8 && x->dtype != KILN_DTYPE_U8)
+        return kiln_node_error(ctx->node, KILN_ERR_INVALID_MODEL, "input is %s, expected int8 "
+                               "or uint8", kiln_dtype_name(x->dtype));
+    const int64_t *t;
+    if (kiln_attr_ints(ctx->node, "table", &t) != 256)
+        return kiln_node_error(ctx->node, KILN_ERR_INVALID_MODEL, "table must have 256 values");
+    if (ctx->out[0]) *ctx->out[0] = *x;
+    return KILN_OK;
+}
+
+static kiln_status lut_run(struct kiln_run_ctx *ctx)
+{
+    const kiln_tensor *x = ctx->in[0];
+    kiln_tensor *y = ctx->out[0];
+    const int64_t *t;
+    if (kiln_attr_ints(ctx->node, "table", &t) != 256 ||
+        (x->dtype != KILN_DTYPE_I8 && x->dtype != KILN_DTYPE_U8))
+        return kiln_node_error(ctx->node, KILN_ERR_INVALID_MODEL, "input %s or table",
+                               kiln_dtype_name(x->dtype));
+    int32_t lo, hi;
+    qrange(y->dtype, &lo, &hi);
+    int64_t cnt = kiln_tensor_count(x);
+    for (int64_t i = 0; i < cnt; i++)
+        qset(y, i, clamp32(t[(uint8_t)qget(x, i)], lo, hi));
+    return KILN_OK;
+}
+KILN_REF_OP(TflLut, lut_infer, lut_run);
 
 /* ---- TflPool ---- */
 
