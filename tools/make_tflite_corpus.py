@@ -292,6 +292,21 @@ def corpus():
     m.inputs, m.outputs = [x], [z]
     out["quant_fc.tflite"] = m.bytes()
 
+    # quantized: uint8 MUL, SUB (broadcast, fused RELU), LOGISTIC, TANH
+    m = Model()
+    x = m.add([2, 3], U8, "x", quant=([0.03], [130], 0))
+    k = m.const(np.array([7, 200, 128], np.uint8), quant=([0.02], [128], 0))
+    p = m.add([2, 3], U8, "p", quant=([0.05], [125], 0))
+    m.op("MUL", [x, k], [p], [("i8", 0)])
+    s = m.add([2, 3], U8, "s", quant=([0.04], [120], 0))
+    m.op("SUB", [p, x], [s], [("i8", 1)])
+    lg = m.add([2, 3], U8, "lg", quant=([1 / 256], [0], 0))
+    m.op("LOGISTIC", [s], [lg])
+    th = m.add([2, 3], U8, "th", quant=([1 / 128], [128], 0))
+    m.op("TANH", [lg], [th])
+    m.inputs, m.outputs = [x], [th]
+    out["quant_elementwise.tflite"] = m.bytes()
+
     m = Model()
     x = m.add([2, 3, 4], name="x")
     pads = m.const(np.array([[0, 0], [1, 0], [0, 2]], np.int32))

@@ -519,24 +519,44 @@ static kiln_status lower_binary(struct lw *L, enum kiln_op kop, int opt_type)
     TRY(need_in(L, 1, &b));
     const struct tfl_tensor *ta = tin(L, 0), *tb = tin(L, 1), *to = tout(L, 0);
     if (is_quant(ta) || is_quant(to)) {
-        if (kop != KILN_OP_Add)
-            return lerr(L, KILN_ERR_UNSUPPORTED, "quantized %s is not supported (quantized ADD "
-                        "is)", L->opname);
-        if (ta->dtype != to->dtype || tb->dtype != to->dtype || to->dtype == KILN_DTYPE_I16)
-            return lerr(L, KILN_ERR_UNSUPPORTED, "quantized ADD of %s and %s into %s (Kiln "
-                        "supports int8 and uint8)", kiln_dtype_name(ta->dtype),
+        if (kop != KILN_OP_Add && kop != KILN_OP_Sub && kop != KILN_OP_Mul)
+            return lerr(L, KILN_ERR_UNSUPPORTED, "quantized %s is not supported (quantized ADD, "
+                        "SUB and MUL are)", L->opname);
+        if (!ta || !tb || !to)
+            return lerr(L, KILN_ERR_INVALID_MODEL, "%s lacks an operand tensor", L->opname);
+        if (ta->dtype != to->dtype || tb->dtype != to->dtype ||
+            (to->dtype != KILN_DTYPE_I8 && to->dtype != KILN_DTYPE_U8))
+            return lerr(L, KILN_ERR_UNSUPPORTED, "quantized %s of %s and %s into %s (Kiln "
+                        "supports int8 and uint8)", L->opname, kiln_dtype_name(ta->dtype),
                         kiln_dtype_name(tb->dtype), kiln_dtype_name(to->dtype));
         TRY(need_qparams(L, ta, "input 0", false));
         TRY(need_qparams(L, tb, "input 1", false));
         TRY(need_qparams(L, to, "output", false));
+        int64_t lo, hi;
+        TRY(q_act_range(L, act, to, &lo, &hi));
         struct kiln_node *n;
         int in[2] = {a, b};
+        if (kop == KILN_OP_Mul) { /* mul.cc: one multiplier s1 * s2 / so, in float */
+            TRY(node(L, KILN_OP_TflMul, 2, in, 7, &n, &y));
+            float real = ta->scale[0] * tb->scale[0] / to->scale[0];
+            int32_t q;
+            int shift;
+            tfl_quantize_multiplier((double)real, &q, &shift);
+            a_int(n, "input1_offset", -ta->zero_point[0]);
+            a_int(n, "input2_offset", -tb->zero_point[0]);
+            a_int(n, "output_offset", to->zero_point[0]);
+            a_int(n, "output_multiplier", q);
+            a_int(n, "output_shift", shift);
+            a_int(n, "act_min", lo);
+            a_int(n, "act_max", hi);
+            return bind(L, 0, y);
+        }
         TRY(node(L, KILN_OP_TflAdd, 2, in, 12, &n, &y));
         struct tfl_add_params p;
         tfl_add_prepare(ta->scale[0], (int32_t)ta->zero_point[0], tb->scale[0],
                         (int32_t)tb->zero_point[0], to->scale[0], (int32_t)to->zero_point[0], &p);
-        int64_t lo, hi;
-        TRY(q_act_range(L, act, to, &lo, &hi));
+        if (kop == KILN_OP_Sub) /* sub.cc: ADD's parameters, input 2's multiplier negated */
+            p.input2_multiplier = -p.input2_multiplier;
         a_int(n, "input1_offset", p.input1_offset);
         a_int(n, "input2_offset", p.input2_offset);
         a_int(n, "left_shift", p.left_shift);
@@ -557,10 +577,42 @@ static kiln_status lower_binary(struct lw *L, enum kiln_op kop, int opt_type)
     return bind(L, 0, y);
 }
 
+/* Quantized LOGISTIC and TANH (int8, uint8) by TFLite's lookup table
+ * (LUTPopulate): each input value dequantized, transformed and requantized
+ * in float. */
+static kiln_status lower_q_lut(struct lw *L, int x, bool tanh_)
+{
+    const struct tfl_tensor *tx = tin(L, 0), *to = tout(L, 0);
+    if (!to || to->dtype != tx->dtype || (tx->dtype != KILN_DTYPE_I8 && tx->dtype != KILN_DTYPE_U8))
+        return lerr(L, KILN_ERR_UNSUPPORTED, "quantized %s of %s into %s (Kiln supports int8 "
+                    "and uint8)", L->opname, kiln_dtype_name(tx->dtype),
+                    to ? kiln_dtype_name(to->dtype) : "nothing");
+    TRY(need_qparams(L, tx, "input", false));
+    TRY(need_qparams(L, to, "output", false));
+    int32_t lo = tx->dtype == KILN_DTYPE_I8 ? -128 : 0, hi = lo + 255;
+    float in_scale = tx->scale[0], inv = 1.0f / to->scale[0];
+    int32_t in_zp = (int32_t)tx->zero_point[0], out_zp = (int32_t)to->zero_point[0];
+    int64_t table[256];
+    for (int32_t v = lo; v <= hi; v++) {
+        float d = in_scale * (float)(v - in_zp);
+        float t = tanh_ ? tanhf(d) : 1.0f / (1.0f + expf(-d));
+        float r = roundf(t * inv) + (float)out_zp;
+        int32_t q = r < (float)lo ? lo : r > (float)hi ? hi : (int32_t)r;
+        table[(uint8_t)v] = q;
+    }
+    struct kiln_node *n;
+    int y;
+    TRY(node(L, KILN_OP_TflLut, 1, &x, 1, &n, &y));
+    TRY(a_ints(L, n, "table", 256, table));
+    return bind(L, 0, y);
+}
+
 static kiln_status lower_unary(struct lw *L, int which)
 {
     int x, y;
     TRY(need_in(L, 0, &x));
+    if (is_quant(tin(L, 0)) && (which == TFL_LOGISTIC || which == TFL_TANH))
+        return lower_q_lut(L, x, which == TFL_TANH);
     if (is_quant(tin(L, 0)))
         return lerr(L, KILN_ERR_UNSUPPORTED, "quantized %s is not supported", L->opname);
     switch (which) {

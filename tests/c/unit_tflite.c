@@ -257,6 +257,55 @@ static void test_add(void)
     kiln_tensor_free(in[1]);
 }
 
+/* SUB is TflAdd with input 2's multiplier negated; MUL; the LOGISTIC/TANH table. */
+static void test_sub_mul_lut(void)
+{
+    int64_t d = 3;
+    int8_t a[3] = {10, -100, 5}, b[3] = {4, 100, 5};
+    kiln_tensor *in[2] = {tens(KILN_DTYPE_I8, 1, &d, a), tens(KILN_DTYPE_I8, 1, &d, b)};
+    struct tfl_add_params p;
+    tfl_add_prepare(1.0f, 0, 1.0f, 0, 1.0f, 0, &p);
+    struct kiln_node *n = mk(KILN_OP_TflAdd, 2);
+    ai(n, "left_shift", p.left_shift);
+    ai(n, "input1_multiplier", p.input1_multiplier);
+    ai(n, "input1_shift", p.input1_shift);
+    ai(n, "input2_multiplier", -p.input2_multiplier);
+    ai(n, "input2_shift", p.input2_shift);
+    ai(n, "output_multiplier", p.output_multiplier);
+    ai(n, "output_shift", p.output_shift);
+    kiln_tensor *y = run(n, 2, in);
+    const int8_t want_sub[3] = {6, -128, 0};
+    CHECK(y && memcmp(y->data, want_sub, 3) == 0, "10 - 4, -100 - 100 clamped, 5 - 5");
+    kiln_tensor_free(y);
+    int8_t ma[3] = {3, -4, 100}, mb[3] = {5, 6, 100};
+    memcpy(in[0]->data, ma, 3);
+    memcpy(in[1]->data, mb, 3);
+    n = mk(KILN_OP_TflMul, 2);
+    ai(n, "output_multiplier", 1 << 30); /* 0.5 */
+    ai(n, "output_shift", 0);
+    ai(n, "output_offset", 1);
+    y = run(n, 2, in);
+    /* 15 * 0.5 = 7.5 ties up to 8; -24 * 0.5 = -12; 5000 clamps; each + 1 */
+    const int8_t want_mul[3] = {9, -11, 127};
+    CHECK(y && memcmp(y->data, want_mul, 3) == 0, "got %d %d %d", y ? ((int8_t *)y->data)[0] : 0,
+          y ? ((int8_t *)y->data)[1] : 0, y ? ((int8_t *)y->data)[2] : 0);
+    kiln_tensor_free(y);
+    kiln_tensor_free(in[0]);
+    kiln_tensor_free(in[1]);
+    int64_t table[256], d4 = 4;
+    for (int k = 0; k < 256; k++) table[k] = k / 2 - 64;
+    table[1] = 500;
+    int8_t xv[4] = {-128, -1, 127, 1};
+    kiln_tensor *x = tens(KILN_DTYPE_I8, 1, &d4, xv);
+    n = mk(KILN_OP_TflLut, 1);
+    ais(n, "table", 256, table);
+    y = run(n, 1, &x);
+    const int8_t want_lut[4] = {0, 63, -1, 127}; /* indexed by the byte; 500 clamped */
+    CHECK(y && memcmp(y->data, want_lut, 4) == 0, "table indexed by (uint8)x");
+    kiln_tensor_free(y);
+    kiln_tensor_free(x);
+}
+
 static void test_pool(void)
 {
     int64_t dx[4] = {1, 2, 2, 2};
@@ -312,6 +361,7 @@ int main(void)
     test_fully_connected();
     test_conv();
     test_add();
+    test_sub_mul_lut();
     test_pool();
     test_softmax();
     kiln_graph_free(g);

@@ -795,3 +795,98 @@ def test_float16_weights(tmp_path):
     for flags in [(), ("--reference",)]:
         got = run_model(m, {"x": xv}, tmp_path, flags)["c"]
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+# ------------------------------------- quantized MUL, SUB, LOGISTIC and TANH
+
+
+def add_sub_ref(a, b, s1, z1, s2, z2, so, zo, sign, lo, hi):
+    """TFLite's 8-bit ADD; SUB is ADD with input 2's multiplier negated (sub.cc)."""
+    twice = 2 * max(float(s1), float(s2))
+    m1, sh1 = quantize_multiplier(float(s1) / twice)
+    m2, sh2 = quantize_multiplier(float(s2) / twice)
+    mo, sho = quantize_multiplier(twice / ((1 << 20) * float(so)))
+    x1 = rdbpot(srdhm((a.astype(np.int64) - z1) << 20, m1), -sh1)
+    x2 = rdbpot(srdhm((b.astype(np.int64) - z2) << 20, sign * m2), -sh2)
+    return np.clip(rdbpot(srdhm(x1 + x2, mo), -sho) + zo, lo, hi)
+
+
+@pytest.mark.parametrize("dt", ["int8", "uint8"])
+def test_quantized_mul_sub_bit_exact(tmp_path, dt):
+    ttype, npt = (mk.I8, np.int8) if dt == "int8" else (mk.U8, np.uint8)
+    qmin, qmax = (-128, 127) if dt == "int8" else (0, 255)
+    zoff = 0 if dt == "int8" else 128
+    s1, z1 = np.float32(0.031), 3 + zoff
+    s2, z2 = np.float32(0.047), -7 + zoff
+    sm, zm = np.float32(0.09), -2 + zoff
+    ss, zs = np.float32(0.06), 5 + zoff
+    m = mk.Model()
+    a = m.add([2, 3, 4], ttype, "a", quant=([s1], [z1], 0), signature=[-1, 3, 4])
+    b = m.add([3, 4], ttype, "b", quant=([s2], [z2], 0))
+    mul = m.add([2, 3, 4], ttype, "mul", quant=([sm], [zm], 0))
+    m.op("MUL", [a, b], [mul], [("i8", 0)])
+    mulr = m.add([2, 3, 4], ttype, "mulr", quant=([sm], [zm], 0))
+    m.op("MUL", [a, b], [mulr], [("i8", 1)])  # fused RELU
+    sub = m.add([2, 3, 4], ttype, "sub", quant=([ss], [zs], 0))
+    m.op("SUB", [a, b], [sub], [("i8", 0)])
+    sub6 = m.add([2, 3, 4], ttype, "sub6", quant=([ss], [zs], 0))
+    m.op("SUB", [b, a], [sub6], [("i8", 3)])  # fused RELU6, operands swapped
+    m.inputs, m.outputs = [a, b], [mul, mulr, sub, sub6]
+    rng = np.random.default_rng(21)
+    av = rng.integers(qmin, qmax + 1, (5, 3, 4)).astype(npt)
+    bv = rng.integers(qmin, qmax + 1, (3, 4)).astype(npt)
+    got = run_model(m, {"a": av, "b": bv}, tmp_path)
+    # MUL (mul.cc): one multiplier s1 * s2 / so computed in float
+    q, sh = quantize_multiplier(float(s1 * s2 / sm))
+    prod = (av.astype(np.int64) - z1) * (bv.astype(np.int64) - z2)
+    want = np.clip(mul_by_qm(prod, q, sh) + zm, qmin, qmax)
+    np.testing.assert_array_equal(got["mul"], want.astype(npt))
+    np.testing.assert_array_equal(got["mulr"], np.maximum(want, max(zm, qmin)).astype(npt))
+    want = add_sub_ref(av, bv, s1, z1, s2, z2, ss, zs, -1, qmin, qmax)
+    np.testing.assert_array_equal(got["sub"], want.astype(npt))
+    hi6 = min(qmax, zs + int(round_half_away(np.float32(6) / ss)))
+    want6 = add_sub_ref(bv, av, s2, z2, s1, z1, ss, zs, -1, max(zs, qmin), hi6)
+    np.testing.assert_array_equal(got["sub6"], want6.astype(npt))
+    # and they are the float results within about one output step
+    fa, fb = (av.astype(np.float64) - z1) * s1, (bv.astype(np.float64) - z2) * s2
+    fy = (got["sub"].astype(np.float64) - zs) * ss
+    ok = np.abs(fa - fb) < (qmax - zs - 1) * ss
+    ok &= np.abs(fa - fb) < (zs - qmin - 1) * ss
+    assert np.max(np.abs(fy - (fa - fb))[ok]) <= ss * 1.01
+    fy = (got["mul"].astype(np.float64) - zm) * sm
+    ok = (fa * fb < (qmax - zm - 1) * sm) & (fa * fb > (qmin - zm + 1) * sm)
+    assert np.max(np.abs(fy - fa * fb)[ok]) <= sm * 1.01
+
+
+@pytest.mark.parametrize("dt", ["int8", "uint8"])
+def test_quantized_logistic_tanh_bit_exact(tmp_path, dt):
+    ttype, npt = (mk.I8, np.int8) if dt == "int8" else (mk.U8, np.uint8)
+    qmin, qmax = (-128, 127) if dt == "int8" else (0, 255)
+    zoff = 0 if dt == "int8" else 128
+    si, zi = np.float32(0.045), 9 + zoff
+    # the output parameters TFLite's converter gives these ops
+    sl, zl = np.float32(1 / 256), qmin
+    st, zt = np.float32(1 / 128), zoff
+    m = mk.Model()
+    x = m.add([1, 256], ttype, "x", quant=([si], [zi], 0), signature=[-1, 256])
+    lg = m.add([1, 256], ttype, "lg", quant=([sl], [zl], 0))
+    m.op("LOGISTIC", [x], [lg])
+    th = m.add([1, 256], ttype, "th", quant=([st], [zt], 0))
+    m.op("TANH", [x], [th])
+    m.inputs, m.outputs = [x], [lg, th]
+    xv = np.arange(qmin, qmax + 1).reshape(1, 256).astype(npt)  # every input value
+    got = run_model(m, {"x": xv}, tmp_path)
+    # TFLite's lookup table (LUTPopulate): dequantize, transform, requantize in float32
+    d = si * (xv.astype(np.int32) - zi).astype(np.float32)
+    lgf = np.float32(1) / (np.float32(1) + np.exp(-d))
+    thf = np.tanh(d)
+    want_l = np.clip(round_half_away(lgf * (np.float32(1) / sl)) + zl, qmin, qmax)
+    want_t = np.clip(round_half_away(thf * (np.float32(1) / st)) + zt, qmin, qmax)
+    np.testing.assert_array_equal(got["lg"], want_l.astype(npt))
+    np.testing.assert_array_equal(got["th"], want_t.astype(npt))
+    # and they are the functions within one output step (1.0 itself saturates)
+    d64 = d.astype(np.float64)
+    fl = (got["lg"].astype(np.float64) - zl) * sl
+    ft = (got["th"].astype(np.float64) - zt) * st
+    assert np.max(np.abs(fl - 1 / (1 + np.exp(-d64)))) <= sl
+    assert np.max(np.abs(ft - np.tanh(d64))) <= st

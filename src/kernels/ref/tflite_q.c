@@ -21,7 +21,12 @@
  *   TflFullyConnected(x, w [N, K], [bias]) -> [rows, N] (or x's leading dims
  *       with keep_num_dims=1); offsets, multipliers, shifts, act range as above.
  *   TflAdd(a, b) broadcast: TFLite's 8-bit add with left_shift and the three
- *       multiplier/shift pairs; act range.
+ *       multiplier/shift pairs; act range. SUB is this op with a negated
+ *       input2_multiplier, as TFLite's sub.cc prepares it.
+ *   TflMul(a, b) broadcast: (a + input1_offset) * (b + input2_offset)
+ *       rescaled by output_multiplier/output_shift, + output_offset; act range.
+ *   TflLut(x) int8 or uint8: y = table[(uint8)x], `table` 256 values built
+ *       by the importer the way TFLite's LUT kernels (LOGISTIC, TANH) do.
  *   TflPool(x) NHWC: kernel [h, w], strides, same, max (0: average with
  *       TFLite's rounding division), act_min, act_max.
  *   TflSoftmax(x) along the last axis -> `to` (int8: zero point -128, or
@@ -386,7 +391,7 @@ static kiln_status add_run(struct kiln_run_ctx *ctx)
     int64_t oo = kiln_attr_int(n, "output_offset", 0);
     int64_t lo = kiln_attr_int(n, "act_min", -128), hi = kiln_attr_int(n, "act_max", 127);
     if (ls < 0 || ls > 22 || o1 < -65536 || o1 > 65536 || o2 < -65536 || o2 > 65536 || s1 > 0 || s2 > 0 || so > 0 || s1 < -31 || s2 < -31 || so < -31 ||
-        m1 < 0 || m2 < 0 || mo < 0 || m1 > INT32_MAX || m2 > INT32_MAX || mo > INT32_MAX)
+        m1 < 0 || m2 < -INT32_MAX || mo < 0 || m1 > INT32_MAX || m2 > INT32_MAX || mo > INT32_MAX)
         return kiln_node_error(n, KILN_ERR_INVALID_MODEL, "multipliers or shifts out of range");
     int64_t cnt = kiln_tensor_count(y);
     const kiln_tensor *ins[2] = {a, b};
@@ -404,6 +409,72 @@ static kiln_status add_run(struct kiln_run_ctx *ctx)
     return KILN_OK;
 }
 KILN_REF_OP(TflAdd, add_infer, add_run);
+
+/* ---- TflMul ---- */
+
+static kiln_status mul_run(struct kiln_run_ctx *ctx)
+{
+    const struct kiln_node *n = ctx->node;
+    const kiln_tensor *a = ctx->in[0], *b = ctx->in[1];
+    kiln_tensor *y = ctx->out[0];
+    if (!is_q(a->dtype) || b->dtype != a->dtype)
+        return kiln_node_error(n, KILN_ERR_INVALID_MODEL, "inputs are %s and %s",
+                               kiln_dtype_name(a->dtype), kiln_dtype_name(b->dtype));
+    int64_t o1 = kiln_attr_int(n, "input1_offset", 0), o2 = kiln_attr_int(n, "input2_offset", 0);
+    int64_t oo = kiln_attr_int(n, "output_offset", 0);
+    int64_t mo = kiln_attr_int(n, "output_multiplier", 0), so = kiln_attr_int(n, "output_shift", 0);
+    int64_t lo = kiln_attr_int(n, "act_min", -128), hi = kiln_attr_int(n, "act_max", 127);
+    kiln_status st = offsets_ok(n, o1, o2, oo);
+    if (st != KILN_OK) return st;
+    if (mo < 0 || mo > INT32_MAX || so < -31 || so > 30)
+        return kiln_node_error(n, KILN_ERR_INVALID_MODEL, "multiplier %lld with shift %lld is "
+                               "out of range", (long long)mo, (long long)so);
+    int64_t cnt = kiln_tensor_count(y);
+    const kiln_tensor *ins[2] = {a, b};
+    struct kiln_bcast_iter it;
+    kiln_bcast_iter_init(&it, y, 2, ins);
+    for (int64_t i = 0; i < cnt; i++) {
+        int64_t p = (int64_t)(qget(a, it.off[0]) + o1) * (qget(b, it.off[1]) + o2);
+        int32_t v = tfl_mul_by_qm((int32_t)(uint32_t)(uint64_t)p, (int32_t)mo, (int)so);
+        qset(y, i, clamp32((int64_t)v + oo, lo, hi));
+        if (i + 1 < cnt) kiln_bcast_iter_next(&it);
+    }
+    return KILN_OK;
+}
+KILN_REF_OP(TflMul, add_infer, mul_run);
+
+/* ---- TflLut ---- */
+
+static kiln_status lut_infer(struct kiln_infer_ctx *ctx)
+{
+    const struct kiln_type *x = ctx->in[0];
+    if (x->dtype != KILN_DTYPE_UNDEFINED && x->dtype != KILN_DTYPE_I8 && x->dtype != KILN_DTYPE_U8)
+        return kiln_node_error(ctx->node, KILN_ERR_INVALID_MODEL, "input is %s, expected int8 "
+                               "or uint8", kiln_dtype_name(x->dtype));
+    const int64_t *t;
+    if (kiln_attr_ints(ctx->node, "table", &t) != 256)
+        return kiln_node_error(ctx->node, KILN_ERR_INVALID_MODEL, "table must have 256 values");
+    if (ctx->out[0]) *ctx->out[0] = *x;
+    return KILN_OK;
+}
+
+static kiln_status lut_run(struct kiln_run_ctx *ctx)
+{
+    const kiln_tensor *x = ctx->in[0];
+    kiln_tensor *y = ctx->out[0];
+    const int64_t *t;
+    if (kiln_attr_ints(ctx->node, "table", &t) != 256 ||
+        (x->dtype != KILN_DTYPE_I8 && x->dtype != KILN_DTYPE_U8))
+        return kiln_node_error(ctx->node, KILN_ERR_INVALID_MODEL, "input %s or table",
+                               kiln_dtype_name(x->dtype));
+    int32_t lo, hi;
+    qrange(y->dtype, &lo, &hi);
+    int64_t cnt = kiln_tensor_count(x);
+    for (int64_t i = 0; i < cnt; i++)
+        qset(y, i, clamp32(t[(uint8_t)qget(x, i)], lo, hi));
+    return KILN_OK;
+}
+KILN_REF_OP(TflLut, lut_infer, lut_run);
 
 /* ---- TflPool ---- */
 
