@@ -5,7 +5,8 @@ Writes tests/corpus/onnx_value/ (fuzz/fuzz_onnx_value.c: a kind byte, 0 tensor,
 1 sequence, 2 optional, then the serialized TensorProto / SequenceProto /
 OptionalProto) and two models using sequence ops into tests/corpus/onnx/
 (fuzz/fuzz_onnx_load.c runs them on zero-filled inputs). Seeds are named by
-their SHA-1 so that rerunning the script is idempotent.
+their SHA-1 so that rerunning the script is idempotent; the two models carry the
+"any_seq_" prefix, which tests/python/test_malformed.py reads as "may load".
 
     /usr/bin/python3 tools/make_onnx_value_corpus.py
 """
@@ -18,10 +19,10 @@ from onnx import SequenceProto, TensorProto, helper, numpy_helper
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
-def put(folder, data):
+def put(folder, data, prefix=""):
     d = ROOT / "tests" / "corpus" / folder
     d.mkdir(parents=True, exist_ok=True)
-    (d / hashlib.sha1(data).hexdigest()).write_bytes(data)
+    (d / (prefix + hashlib.sha1(data).hexdigest())).write_bytes(data)
 
 
 def t(shape, dtype=np.float32):
@@ -108,5 +109,6 @@ if __name__ == "__main__":
     for v in values():
         put("onnx_value", v)
     for m in models():
-        put("onnx", m)
+        # "any_": valid models in the loader's corpus (test_malformed.py lets them load)
+        put("onnx", m, "any_seq_")
     print("wrote", len(values()), "value seeds and", len(models()), "models")
