@@ -412,6 +412,54 @@ def test_window_slides(setup, tmp_path):
         srv.kill()
 
 
+def test_concurrent_requests_all_counted(setup, tmp_path):
+    """Requests from many connections at once (spread over the server's
+    request threads, each adding to its own shard of the window): the
+    window, the drift gauges and the cumulative counters hold every row."""
+    import threading
+    root, model, x, c, prof = setup
+    prof = dict(prof, window_seconds=600, sub_windows=6, min_count=100)
+    base = tmp_path / "conc"
+    save_classifier(base / "1" / "model.onnx")
+    (base / "1" / "assets.extra").mkdir()
+    (base / "1" / "assets.extra" / "kiln_profile.json").write_text(json.dumps(prof))
+    srv = Server(base, "conc")
+    rng = np.random.default_rng(5)
+    parts = [sample(rng, 20, drift=(i % 3 == 0)) for i in range(96)]
+    failures = []
+
+    def worker(k):
+        for i in range(k, len(parts), 8):
+            body = json.dumps({"inputs": {"x": parts[i][0].tolist(), "c": parts[i][1].tolist()}})
+            code = srv.request("POST", "/v1/models/conc:predict", body)[0]
+            if code != 200:
+                failures.append(code)
+
+    try:
+        threads = [threading.Thread(target=worker, args=(k,)) for k in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not failures, failures
+        xs = np.concatenate([p[0] for p in parts])
+        text = prom(srv)
+        lab = dict(model_name="conc", version=1)
+        assert prom_value(text, "kiln_prediction_max_probability_count", **lab) == len(xs)
+        feats = {f["name"]: f for f in prof["features"]}
+        for j in range(4):
+            f = feats[f"x[{j}]"]
+            ref = np.array(f["counts"], np.float64)
+            cur = np.bincount(np.searchsorted(f["edges"], xs[:, j].astype(np.float64), side="right"),
+                              minlength=len(ref)).astype(np.float64)
+            flab = dict(lab, feature=f"x[{j}]")
+            assert prom_value(text, "kiln_drift_window_values", **flab) == len(xs)
+            assert prom_value(text, "kiln_drift_psi", **flab) == pytest.approx(
+                psi_np(ref, cur), rel=1e-9, abs=1e-12), j
+    finally:
+        srv.kill()
+
+
 def test_changed_profile_is_reread(setup, tmp_path):
     """A version's kiln_profile.json replaced while serving is read again
     after the next model poll: the same live rows that matched the first

@@ -6,12 +6,17 @@
  * table that requests scan without a lock. Each version's window is a
  * ring of sub_windows slots of window_seconds / sub_windows seconds: a
  * slot holds the bin counts of every feature and the confidence sums of
- * the probability output for its time span; a request adds to the current
- * slot (clearing it first when its span is new) under the version's lock,
- * and the metrics page sums the slots whose span is within the window.
- * Anomaly counts, confidence histograms and rejections are cumulative
- * (Prometheus counters and histograms). Every array is sized from the
- * profile at that first observation; requests never allocate.
+ * the probability output for its time span. The window and the cumulative
+ * counters (anomalies, confidence histograms; Prometheus counters and
+ * histograms) are kept in MON_SHARDS shards, each with its own lock, slots
+ * and stamps on cache lines of its own; a request thread picks a shard
+ * once (round robin, thread-local) and adds to the current slot of its
+ * shard (clearing it first when its span is new), so the request threads
+ * do not contend on one lock or one cache line. The metrics page sums the
+ * shards' slots whose span is within the window (a shard whose slot holds
+ * an older span adds nothing for it). Rejections (rare) are counted under
+ * the version's lock. Every array is sized from the profile at that first
+ * observation; requests never allocate.
  */
 #include "serve/monitor/monitor.h"
 
@@ -32,6 +37,21 @@ enum { ANOM_MISSING, ANOM_NAN, ANOM_INF, ANOM_RANGE, ANOM_KINDS };
 static const char *const anom_names[ANOM_KINDS] = {"missing", "nan", "inf", "out_of_range"};
 enum { CONF_MAXP, CONF_MARGIN, CONF_ENTROPY, CONF_KINDS };
 #define CONF_SLOTS (KILN_MON_CONF_BUCKETS + 1) /* the last is +Inf */
+#define MON_SHARDS 8 /* window copies per version: request threads spread over them */
+#define MON_LINE 64  /* cache line */
+
+/* One request thread's share of a version's window and counters. */
+typedef struct mon_shard {
+    _Alignas(MON_LINE) pthread_mutex_t mu; /* guards the shard (contended only by the metrics page) */
+    int64_t *stamp;             /* [slot] the span (now / sub_len) it holds */
+    int64_t *bins;              /* [slot][n_bins] */
+    double *conf_sum;           /* [slot] sum of max probability */
+    int64_t *conf_n;            /* [slot] rows */
+    int64_t *anom;              /* [feature][ANOM_KINDS], cumulative */
+    int64_t conf_hist[CONF_KINDS][CONF_SLOTS]; /* cumulative, not cumulative over le */
+    double conf_hsum[CONF_KINDS];
+    int64_t conf_count;
+} mon_shard;
 
 typedef struct mon_version {
     char model[256];
@@ -49,21 +69,39 @@ typedef struct mon_version {
     int n_bins;                 /* counts per slot */
     int has_reject;             /* any rule with action reject */
     int64_t sub_len;            /* seconds per slot */
-    pthread_mutex_t mu;         /* guards everything below */
-    int64_t *stamp;             /* [slot] the span (now / sub_len) it holds */
-    int64_t *bins;              /* [slot][n_bins] */
-    double *conf_sum;           /* [slot] sum of max probability */
-    int64_t *conf_n;            /* [slot] rows */
-    int64_t *anom;              /* [feature][ANOM_KINDS], cumulative */
-    int64_t conf_hist[CONF_KINDS][CONF_SLOTS]; /* cumulative, not cumulative over le */
-    double conf_hsum[CONF_KINDS];
-    int64_t conf_count;
+    mon_shard *shard;           /* [MON_SHARDS], NULL without a profile */
+    pthread_mutex_t mu;         /* guards rejections */
     int64_t *rejections;        /* [rule] */
-    /* the metrics page's snapshot (written under the monitor's metrics lock) */
+    /* the metrics page's snapshot, the shards summed (under the monitor's metrics lock) */
     int64_t *snap_bins;         /* [n_bins] */
     double snap_conf_sum;
     int64_t snap_conf_n;
+    int64_t *snap_anom;         /* [feature][ANOM_KINDS] */
+    int64_t snap_conf_hist[CONF_KINDS][CONF_SLOTS];
+    double snap_conf_hsum[CONF_KINDS];
+    int64_t snap_conf_count;
 } mon_version;
+
+/* The shard of the calling thread: assigned round robin at its first request. */
+static atomic_uint shard_next;
+static _Thread_local int shard_mine = -1;
+
+static int my_shard(void)
+{
+    if (shard_mine < 0)
+        shard_mine = (int)(atomic_fetch_add_explicit(&shard_next, 1, memory_order_relaxed) % MON_SHARDS);
+    return shard_mine;
+}
+
+/* Zeroed memory starting on a cache line of its own and filling whole lines. */
+static void *line_alloc(size_t bytes)
+{
+    size_t sz = (bytes + MON_LINE - 1) / MON_LINE * MON_LINE;
+    if (sz == 0) sz = MON_LINE;
+    void *q = aligned_alloc(MON_LINE, sz);
+    if (q) memset(q, 0, sz);
+    return q;
+}
 
 struct kiln_monitor {
     pthread_mutex_t mu;         /* adding and replacing versions */
@@ -92,13 +130,21 @@ static void version_free(mon_version *v)
     free(v->feat_rule);
     free(v->rule_input);
     free(v->bin_off);
-    free(v->stamp);
-    free(v->bins);
-    free(v->conf_sum);
-    free(v->conf_n);
-    free(v->anom);
+    if (v->shard) {
+        for (int k = 0; k < MON_SHARDS; k++) {
+            mon_shard *sh = &v->shard[k];
+            free(sh->stamp);
+            free(sh->bins);
+            free(sh->conf_sum);
+            free(sh->conf_n);
+            free(sh->anom);
+            pthread_mutex_destroy(&sh->mu);
+        }
+        free(v->shard);
+    }
     free(v->rejections);
     free(v->snap_bins);
+    free(v->snap_anom);
     free(v->profile_path);
     pthread_mutex_destroy(&v->mu);
     free(v);
@@ -188,19 +234,28 @@ static mon_version *version_new(kiln_servable *sv)
     v->feat_rule = calloc((size_t)nf + 1, sizeof *v->feat_rule);
     v->bin_off = calloc((size_t)nf + 1, sizeof *v->bin_off);
     v->rule_input = calloc((size_t)nr + 1, sizeof *v->rule_input);
-    v->anom = calloc((size_t)nf * ANOM_KINDS + 1, sizeof *v->anom);
     v->rejections = calloc((size_t)nr + 1, sizeof *v->rejections);
-    v->stamp = calloc((size_t)S, sizeof *v->stamp);
-    v->conf_sum = calloc((size_t)S, sizeof *v->conf_sum);
-    v->conf_n = calloc((size_t)S, sizeof *v->conf_n);
     for (int i = 0; i < nf; i++) {
         v->bin_off[i] = v->n_bins;
         v->n_bins += p->features[i].n_counts;
     }
-    v->bins = calloc((size_t)S * (size_t)v->n_bins + 1, sizeof *v->bins);
     v->snap_bins = calloc((size_t)v->n_bins + 1, sizeof *v->snap_bins);
-    if (!v->feat_input || !v->feat_rule || !v->bin_off || !v->rule_input || !v->anom ||
-        !v->rejections || !v->stamp || !v->conf_sum || !v->conf_n || !v->bins || !v->snap_bins) {
+    v->snap_anom = calloc((size_t)nf * ANOM_KINDS + 1, sizeof *v->snap_anom);
+    v->shard = line_alloc(MON_SHARDS * sizeof *v->shard);
+    int ok = v->feat_input && v->feat_rule && v->bin_off && v->rule_input && v->rejections &&
+             v->snap_bins && v->snap_anom && v->shard;
+    for (int k = 0; v->shard && k < MON_SHARDS; k++) pthread_mutex_init(&v->shard[k].mu, NULL);
+    for (int k = 0; ok && k < MON_SHARDS; k++) {
+        mon_shard *sh = &v->shard[k];
+        sh->stamp = line_alloc((size_t)S * sizeof *sh->stamp);
+        sh->conf_sum = line_alloc((size_t)S * sizeof *sh->conf_sum);
+        sh->conf_n = line_alloc((size_t)S * sizeof *sh->conf_n);
+        sh->anom = line_alloc((size_t)nf * ANOM_KINDS * sizeof *sh->anom);
+        sh->bins = line_alloc((size_t)S * (size_t)v->n_bins * sizeof *sh->bins);
+        if (!sh->stamp || !sh->conf_sum || !sh->conf_n || !sh->anom || !sh->bins) ok = 0;
+        else for (int s = 0; s < S; s++) sh->stamp[s] = -1000000000;
+    }
+    if (!ok) {
         version_free(v);
         return NULL;
     }
@@ -220,7 +275,6 @@ static mon_version *version_new(kiln_servable *sv)
     }
     v->sub_len = p->window_seconds / p->sub_windows;
     if (v->sub_len < 1) v->sub_len = 1;
-    for (int s = 0; s < S; s++) v->stamp[s] = -1000000000;
     fprintf(stderr, "kiln serve: monitoring version %lld of '%s': %d features, %d probability "
                     "outputs, %d rules, window %d s in %d slots\n",
             (long long)sv->version, sv->model_name, nf, p->n_outputs, nr, p->window_seconds, S);
@@ -291,12 +345,13 @@ static int feature_span(const kiln_mon_feature *f, const kiln_tensor *t, int64_t
     return 1;
 }
 
-static void observe_feature(mon_version *v, int fi, const kiln_tensor *t, int64_t *slot_bins)
+static void observe_feature(mon_version *v, mon_shard *sh, int fi, const kiln_tensor *t,
+                            int64_t *slot_bins)
 {
     const kiln_mon_feature *f = &v->p->features[fi];
     int64_t n, stride, first;
     if (!feature_span(f, t, &n, &stride, &first)) return;
-    int64_t *bins = slot_bins + v->bin_off[fi], *anom = v->anom + (size_t)fi * ANOM_KINDS;
+    int64_t *bins = slot_bins + v->bin_off[fi], *anom = sh->anom + (size_t)fi * ANOM_KINDS;
     if (t->dtype == KILN_DTYPE_STRING) {
         if (f->kind != KILN_MON_CATEGORICAL || !f->strings) return;
         const kiln_string *s = t->data;
@@ -339,7 +394,7 @@ static void observe_feature(mon_version *v, int fi, const kiln_tensor *t, int64_
 }
 
 /* Confidence of the profile's first probability output, when it ran. */
-static void observe_output(mon_version *v, const kiln_batch_result *out, int slot)
+static void observe_output(mon_version *v, mon_shard *sh, const kiln_batch_result *out, int slot)
 {
     const kiln_mon_output *po = &v->p->outputs[0];
     const kiln_tensor *t = NULL;
@@ -356,12 +411,12 @@ static void observe_output(mon_version *v, const kiln_batch_result *out, int slo
                      : kiln_mon_confidence_f64((const double *)t->data + r * c, c, &x[0], &x[1], &x[2]);
         if (!ok) continue;
         for (int k = 0; k < CONF_KINDS; k++) {
-            v->conf_hist[k][kiln_mon_conf_bucket(x[k])]++;
-            v->conf_hsum[k] += x[k];
+            sh->conf_hist[k][kiln_mon_conf_bucket(x[k])]++;
+            sh->conf_hsum[k] += x[k];
         }
-        v->conf_count++;
-        v->conf_sum[slot] += x[CONF_MAXP];
-        v->conf_n[slot]++;
+        sh->conf_count++;
+        sh->conf_sum[slot] += x[CONF_MAXP];
+        sh->conf_n[slot]++;
     }
 }
 
@@ -373,19 +428,20 @@ static void monitor_after(void *ctx, const kiln_observation *o)
     if (!v || !v->p || o->si != v->si) return;
     int64_t span = (int64_t)(kiln_observe_now_us() / 1e6) / v->sub_len;
     int S = v->p->sub_windows, slot = (int)(span % S);
-    pthread_mutex_lock(&v->mu);
-    int64_t *slot_bins = v->bins + (size_t)slot * (size_t)v->n_bins;
-    if (v->stamp[slot] != span) {
+    mon_shard *sh = &v->shard[my_shard()];
+    pthread_mutex_lock(&sh->mu); /* uncontended but for a metrics page summing the shards */
+    int64_t *slot_bins = sh->bins + (size_t)slot * (size_t)v->n_bins;
+    if (sh->stamp[slot] != span) {
         memset(slot_bins, 0, (size_t)v->n_bins * sizeof *slot_bins);
-        v->conf_sum[slot] = 0;
-        v->conf_n[slot] = 0;
-        v->stamp[slot] = span;
+        sh->conf_sum[slot] = 0;
+        sh->conf_n[slot] = 0;
+        sh->stamp[slot] = span;
     }
     for (int i = 0; i < v->p->n_features; i++)
         if (v->feat_input[i] >= 0 && v->feat_input[i] < o->n_inputs && o->inputs[v->feat_input[i]])
-            observe_feature(v, i, o->inputs[v->feat_input[i]], slot_bins);
-    if (o->out && v->p->n_outputs > 0) observe_output(v, o->out, slot);
-    pthread_mutex_unlock(&v->mu);
+            observe_feature(v, sh, i, o->inputs[v->feat_input[i]], slot_bins);
+    if (o->out && v->p->n_outputs > 0) observe_output(v, sh, o->out, slot);
+    pthread_mutex_unlock(&sh->mu);
 }
 
 /* The profile's reject rules, before the run. */
@@ -444,23 +500,37 @@ static void labels(kiln_sbuf *b, const mon_version *v)
     kiln_sbuf_printf(b, "\",version=\"%lld\"", (long long)v->version);
 }
 
-/* Sum the window's slots into the version's snapshot. */
+/* Sum the shards' slots within the window, and their cumulative counters,
+ * into the version's snapshot. */
 static void snapshot(mon_version *v)
 {
     int64_t span = (int64_t)(kiln_observe_now_us() / 1e6) / v->sub_len;
-    int S = v->p->sub_windows;
+    int S = v->p->sub_windows, na = v->p->n_features * ANOM_KINDS;
     memset(v->snap_bins, 0, (size_t)v->n_bins * sizeof *v->snap_bins);
+    memset(v->snap_anom, 0, (size_t)na * sizeof *v->snap_anom);
+    memset(v->snap_conf_hist, 0, sizeof v->snap_conf_hist);
+    memset(v->snap_conf_hsum, 0, sizeof v->snap_conf_hsum);
     v->snap_conf_sum = 0;
     v->snap_conf_n = 0;
-    pthread_mutex_lock(&v->mu);
-    for (int s = 0; s < S; s++) {
-        if (v->stamp[s] <= span - S || v->stamp[s] > span) continue;
-        const int64_t *sb = v->bins + (size_t)s * (size_t)v->n_bins;
-        for (int k = 0; k < v->n_bins; k++) v->snap_bins[k] += sb[k];
-        v->snap_conf_sum += v->conf_sum[s];
-        v->snap_conf_n += v->conf_n[s];
+    v->snap_conf_count = 0;
+    for (int h = 0; h < MON_SHARDS; h++) {
+        mon_shard *sh = &v->shard[h];
+        pthread_mutex_lock(&sh->mu);
+        for (int s = 0; s < S; s++) {
+            if (sh->stamp[s] <= span - S || sh->stamp[s] > span) continue;
+            const int64_t *sb = sh->bins + (size_t)s * (size_t)v->n_bins;
+            for (int k = 0; k < v->n_bins; k++) v->snap_bins[k] += sb[k];
+            v->snap_conf_sum += sh->conf_sum[s];
+            v->snap_conf_n += sh->conf_n[s];
+        }
+        for (int k = 0; k < na; k++) v->snap_anom[k] += sh->anom[k];
+        for (int k = 0; k < CONF_KINDS; k++) {
+            for (int q = 0; q < CONF_SLOTS; q++) v->snap_conf_hist[k][q] += sh->conf_hist[k][q];
+            v->snap_conf_hsum[k] += sh->conf_hsum[k];
+        }
+        v->snap_conf_count += sh->conf_count;
+        pthread_mutex_unlock(&sh->mu);
     }
-    pthread_mutex_unlock(&v->mu);
 }
 
 /* A feature's window count and distances from the version's snapshot;
@@ -535,7 +605,7 @@ static void monitor_write_json(void *ctx, const char *model, kiln_sbuf *b)
             else if (rep)
                 kiln_sbuf_printf(b, ", \"linf\": %.17g, \"alert\": %s", st.linf,
                                  st.alert ? "true" : "false");
-            const int64_t *an = v->anom + (size_t)fi * ANOM_KINDS;
+            const int64_t *an = v->snap_anom + (size_t)fi * ANOM_KINDS;
             kiln_sbuf_puts(b, ", \"anomalies\": {");
             for (int k = 0; k < ANOM_KINDS; k++)
                 kiln_sbuf_printf(b, "%s\"%s\": %lld", k ? ", " : "", anom_names[k], (long long)an[k]);
@@ -549,14 +619,14 @@ static void monitor_write_json(void *ctx, const char *model, kiln_sbuf *b)
             kiln_sbuf_json_string(b, p->outputs[0].name, strlen(p->outputs[0].name));
             kiln_sbuf_printf(b, ", \"count\": %lld, \"reference_mean_max_probability\": %.17g, "
                                 "\"expected_accuracy\": ",
-                             (long long)v->conf_count, p->outputs[0].mean_max_probability);
+                             (long long)v->snap_conf_count, p->outputs[0].mean_max_probability);
             if (v->snap_conf_n) kiln_sbuf_printf(b, "%.17g", v->snap_conf_sum / (double)v->snap_conf_n);
             else kiln_sbuf_puts(b, "null");
             static const char *const names[CONF_KINDS] = {"max_probability", "margin", "entropy"};
             for (int k = 0; k < CONF_KINDS; k++) {
                 kiln_sbuf_printf(b, ", \"%s\": [", names[k]);
                 for (int q = 0; q < CONF_SLOTS; q++)
-                    kiln_sbuf_printf(b, "%s%lld", q ? ", " : "", (long long)v->conf_hist[k][q]);
+                    kiln_sbuf_printf(b, "%s%lld", q ? ", " : "", (long long)v->snap_conf_hist[k][q]);
                 kiln_sbuf_puts(b, "]");
             }
             kiln_sbuf_puts(b, "}");
@@ -638,7 +708,6 @@ static void monitor_write_metrics(void *ctx, kiln_sbuf *b)
                       "input values per feature\n# TYPE kiln_feature_anomalies_total counter\n");
     for (int i = 0; i < nv; i++) {
         mon_version *v = vs[i];
-        pthread_mutex_lock(&v->mu);
         for (int fi = 0; fi < v->p->n_features; fi++) {
             if (v->feat_input[fi] < 0) continue;
             for (int k = 0; k < ANOM_KINDS; k++) {
@@ -647,10 +716,9 @@ static void monitor_write_metrics(void *ctx, kiln_sbuf *b)
                 kiln_sbuf_puts(b, ",feature=\"");
                 label(b, v->p->features[fi].name);
                 kiln_sbuf_printf(b, "\",kind=\"%s\"} %lld\n", anom_names[k],
-                                 (long long)v->anom[(size_t)fi * ANOM_KINDS + k]);
+                                 (long long)v->snap_anom[(size_t)fi * ANOM_KINDS + k]);
             }
         }
-        pthread_mutex_unlock(&v->mu);
     }
 
     static const char *const conf[] = {"kiln_prediction_max_probability", "kiln_prediction_margin",
@@ -664,10 +732,9 @@ static void monitor_write_metrics(void *ctx, kiln_sbuf *b)
         for (int i = 0; i < nv; i++) {
             mon_version *v = vs[i];
             if (v->p->n_outputs == 0) continue;
-            pthread_mutex_lock(&v->mu);
             int64_t cum = 0;
             for (int s = 0; s < CONF_SLOTS; s++) {
-                cum += v->conf_hist[k][s];
+                cum += v->snap_conf_hist[k][s];
                 kiln_sbuf_printf(b, "%s_bucket", conf[k]);
                 labels(b, v);
                 if (s < KILN_MON_CONF_BUCKETS)
@@ -677,10 +744,9 @@ static void monitor_write_metrics(void *ctx, kiln_sbuf *b)
             }
             kiln_sbuf_printf(b, "%s_sum", conf[k]);
             labels(b, v);
-            kiln_sbuf_printf(b, "} %.17g\n%s_count", v->conf_hsum[k], conf[k]);
+            kiln_sbuf_printf(b, "} %.17g\n%s_count", v->snap_conf_hsum[k], conf[k]);
             labels(b, v);
-            kiln_sbuf_printf(b, "} %lld\n", (long long)v->conf_count);
-            pthread_mutex_unlock(&v->mu);
+            kiln_sbuf_printf(b, "} %lld\n", (long long)v->snap_conf_count);
         }
     }
 

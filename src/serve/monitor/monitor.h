@@ -14,7 +14,7 @@
  * lock) is built the first time the version is observed and kept until the
  * server stops (or, when its profile file changes, replaced by a new one:
  * kiln_monitor_refresh); after that a request costs a lookup in a fixed table, one
- * short lock per version, and no allocation. Results go out as Prometheus
+ * uncontended lock (the window is sharded per request thread), and no allocation. Results go out as Prometheus
  * lines (the observer's write_metrics) and as JSON at GET
  * /v1/models/NAME/monitoring (write_json).
  * docs/MONITORING.md describes the statistics and their defaults.
