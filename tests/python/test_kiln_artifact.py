@@ -144,11 +144,12 @@ def test_python_extension_loads_the_artifact(artifact):
         libs = [subprocess.run(["gcc", f"-print-file-name={n}"], capture_output=True,
                                text=True).stdout.strip() for n in ("libasan.so", "libubsan.so")]
         run_env.update(LD_PRELOAD=":".join(libs), ASAN_OPTIONS="detect_leaks=0")
-    if not (out / "kiln").exists():
-        r = subprocess.run([sys.executable, str(REPO / "python" / "setup.py"), "-q", "build",
-                            "--build-lib", str(out), "--build-temp", str(out) + "-tmp"],
-                           cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-        assert r.returncode == 0, r.stderr
+    # always (re)build: the package carries its own copy of libkiln.so, which an
+    # earlier build may have left stale (setup.py build only recompiles what changed)
+    r = subprocess.run([sys.executable, str(REPO / "python" / "setup.py"), "-q", "build",
+                        "--build-lib", str(out), "--build-temp", str(out) + "-tmp"],
+                       cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
     code = (
         "import sys, numpy as np; sys.path.insert(0, sys.argv[1]); import kiln\n"
         "s = kiln.InferenceSession(sys.argv[2])\n"

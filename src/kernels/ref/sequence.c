@@ -450,7 +450,7 @@ static kiln_status map_check(const struct kiln_node *n, int n_in, int n_out,
 
 static kiln_status map_infer(struct kiln_infer_ctx *ctx)
 {
-    const struct kiln_graph *b;
+    const struct kiln_graph *b = NULL;
     kiln_status st = map_check(ctx->node, ctx->n_in, ctx->n_out, &b);
     if (st == KILN_OK) st = want_kind(ctx, 0, KILN_DTYPE_SEQUENCE);
     if (st != KILN_OK) return st;
@@ -460,7 +460,7 @@ static kiln_status map_infer(struct kiln_infer_ctx *ctx)
 static kiln_status sequence_map_run(struct kiln_run_ctx *ctx)
 {
     const struct kiln_node *n = ctx->node;
-    const struct kiln_graph *b;
+    const struct kiln_graph *b = NULL;
     kiln_status st = map_check(n, ctx->n_in, ctx->n_out, &b);
     if (st == KILN_OK) st = need_seq(n, ctx->in[0], 0);
     if (st != KILN_OK) return st;
