@@ -52,17 +52,6 @@ kiln_status kiln_compile_run_all(kiln_session *s, const kiln_gate_data *d, int64
     return KILN_OK;
 }
 
-/* The class of sample i: the value itself, or the first index of the maximum. */
-static double top1(const kiln_gate_output *o, int64_t i)
-{
-    const double *r = o->v + i * o->row_size;
-    if (o->row_size == 1) return r[0];
-    int64_t best = 0;
-    for (int64_t k = 1; k < o->row_size; k++)
-        if (r[k] > r[best] || (isnan(r[k]) && !isnan(r[best]))) best = k;
-    return (double)best;
-}
-
 void kiln_compile_out_compare(const kiln_gate_output *b, const kiln_gate_output *c,
                               kiln_compile_out_stats *st)
 {
@@ -91,7 +80,7 @@ void kiln_compile_out_compare(const kiln_gate_output *b, const kiln_gate_output 
     st->agreement = 0;
     if (st->has_agreement) {
         int64_t same = 0;
-        for (int64_t i = 0; i < b->samples; i++) same += top1(b, i) == top1(c, i);
+        for (int64_t i = 0; i < b->samples; i++) same += kiln_gate_top1(b, i) == kiln_gate_top1(c, i);
         st->agreement = b->samples ? (double)same / (double)b->samples : 1;
     }
 }

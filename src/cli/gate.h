@@ -61,6 +61,10 @@ typedef struct kiln_gate_output {
     int is_int;        /* the output's dtype is an integer or bool type */
 } kiln_gate_output;
 
+/* The class of sample i of o: the value itself for one value per sample, else
+ * the first index of the maximum (a NaN counts as the largest). */
+double kiln_gate_top1(const kiln_gate_output *o, int64_t i);
+
 /* Run s over all samples, `batch` at a time, and collect output `output`. */
 kiln_status kiln_gate_collect(kiln_session *s, const kiln_gate_data *d, const char *output,
                               int64_t batch, kiln_gate_output *out, char *err);

@@ -178,8 +178,7 @@ out:
     return st;
 }
 
-/* The class of sample i: the value itself, or the first index of the maximum. */
-static double top1(const kiln_gate_output *o, int64_t i)
+double kiln_gate_top1(const kiln_gate_output *o, int64_t i)
 {
     const double *r = o->v + i * o->row_size;
     if (o->row_size == 1) return r[0];
@@ -223,7 +222,7 @@ kiln_status kiln_gate_compare(const kiln_gate_output *b, const kiln_gate_output 
     q->mean_rel_diff = n * rs > 0 ? sum_rel / (double)(n * rs) : 0;
     q->max_abs_diff = max_abs;
     if (q->kind != KILN_GATE_VALUES) {
-        for (int64_t i = 0; i < n; i++) agree += top1(c, i) == top1(b, i);
+        for (int64_t i = 0; i < n; i++) agree += kiln_gate_top1(c, i) == kiln_gate_top1(b, i);
         q->has_agreement = 1;
         q->agreement = n ? (double)agree / (double)n : 1;
     }
@@ -254,8 +253,8 @@ kiln_status kiln_gate_compare(const kiln_gate_output *b, const kiln_gate_output 
     if (q->kind != KILN_GATE_VALUES && lrs == 1) {
         int64_t hit_b = 0, hit_c = 0;
         for (int64_t i = 0; i < n; i++) {
-            hit_b += top1(b, i) == lv[i];
-            hit_c += top1(c, i) == lv[i];
+            hit_b += kiln_gate_top1(b, i) == lv[i];
+            hit_c += kiln_gate_top1(c, i) == lv[i];
         }
         q->metric = "accuracy";
         q->base_metric = n ? (double)hit_b / (double)n : 0;

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from test_precision import bf16, quant_gemm  # the numpy emulations of the precisions
 
 REPO = Path(__file__).resolve().parents[2]
 DIGITS = REPO / "models" / "digits" / "1" / "model.onnx"
@@ -105,29 +106,6 @@ def check_output_stats(reported, b, c):
             assert reported[k] is None, (k, reported[k])
         else:
             assert reported[k] == pytest.approx(v, rel=1e-4, abs=1e-9), (k, reported[k], v)
-
-
-def quant_gemm(a, w, b):
-    """Kiln's dynamic int8 Gemm (w is [N, K]) in numpy (docs/COMPRESSION.md)."""
-    a = a.astype(np.float32)
-    lo = np.float32(min(0.0, float(a.min())))
-    hi = np.float32(max(0.0, float(a.max())))
-    sa = np.float32((hi - lo) / np.float32(255.0))
-    if not sa > 0:
-        sa = np.float32(1.0)
-    zp = int(np.clip(np.rint(-lo / sa), 0, 255))
-    qa = np.clip(np.rint(a * (np.float32(1.0) / sa)) + zp, 0, 255).astype(np.int64) - zp
-    sw = (np.abs(w).max(axis=1) / np.float32(127.0)).astype(np.float32)
-    sw[sw == 0] = 1.0
-    qw = np.clip(np.rint(w / sw[:, None]), -127, 127).astype(np.int64)
-    acc = qa @ qw.T
-    return ((acc.astype(np.float32) * sw[None, :]) * sa).astype(np.float32) + b
-
-
-def bf16(x):
-    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
-    u = (u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000
-    return u.astype(np.uint32).view(np.float32)
 
 
 def gemm(a, w, b, mode):
