@@ -16,6 +16,12 @@ Needs wrk and the kiln binary ($KILN_BIN, default build/kiln); exports
 the model with PyTorch into bench/models/tabular_mlp if missing. Not part
 of `make test` (timings on a shared machine are noise; run it on a quiet
 one).
+
+--perf also samples the server with `perf record -e cpu-clock` during each
+round (on and off alike, so perf's own cost falls on both) and reports the share of its CPU samples that fall in
+the monitor's own functions (those `nm -l` places in src/serve/monitor/):
+a figure that, unlike requests/s, does not move with the load of the rest
+of the machine, since both sides of the ratio are the same process.
 """
 import argparse
 import json
@@ -89,13 +95,46 @@ def wrk(port, body, duration, conns):
     return r["requests"] / (r["duration_us"] / 1e6), r["requests"]
 
 
+def monitor_symbols():
+    """Names of the functions nm -l places in src/serve/monitor/."""
+    out = subprocess.run(["nm", "-l", "--defined-only", KILN], capture_output=True, text=True,
+                         check=True).stdout
+    return {l.split()[2].split(".")[0] for l in out.splitlines()
+            if "src/serve/monitor/" in l and len(l.split()) >= 3 and l.split()[1] in "tTwW"}
+
+
+def perf_share(pid, seconds, symbols, tmp):
+    """Share of the process's cpu-clock samples over `seconds` in `symbols`."""
+    data = tmp / "perf.data"
+    subprocess.run(["perf", "record", "-q", "-e", "cpu-clock", "-F", "499", "-p", str(pid), "-o",
+                    str(data), "--", "sleep", str(seconds)], check=True,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    rep = subprocess.run(["perf", "report", "-i", str(data), "--stdio", "--no-children", "-F",
+                          "period,sym", "-t", "\t", "-q"], capture_output=True, text=True,
+                         check=True).stdout
+    total = mine = 0
+    for line in rep.splitlines():
+        parts = line.strip().split("\t")
+        if len(parts) < 2 or not parts[0].strip().isdigit():
+            continue
+        n = int(parts[0])
+        total += n
+        name = parts[1].split("]", 1)[-1].strip().split(".")[0]
+        if name in symbols:
+            mine += n
+    return mine / total if total else 0.0
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--duration", type=int, default=10)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--connections", type=int, default=16)
     ap.add_argument("--threads", type=int, default=4)
+    ap.add_argument("--perf", action="store_true",
+                    help="sample the server with perf and report the monitor's share of its CPU")
     a = ap.parse_args()
+    symbols = monitor_symbols() if a.perf else set()
     model = ensure_model()
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
@@ -111,13 +150,24 @@ def main():
         body.write_text(json.dumps({"instances": [rng.standard_normal(64).astype(np.float32).tolist()]}))
         rates = {True: [], False: []}
         cpu_us = {True: [], False: []}  # server CPU per request: less noisy on a busy machine
+        shares = []
         for rnd in range(a.rounds):
             for on in ((True, False) if rnd % 2 == 0 else (False, True)):
                 p, port = serve(base, on, a.threads)
                 try:
                     wrk(port, body, 1, a.connections)  # warm up
                     c0 = cpu_seconds(p.pid)
+                    if a.perf:  # both settings sampled alike, so perf's own cost cancels
+                        import threading
+                        res = {}
+                        t = threading.Thread(target=lambda: res.update(
+                            share=perf_share(p.pid, max(1, a.duration - 2), symbols, tmp)))
+                        t.start()
                     rate, n = wrk(port, body, a.duration, a.connections)
+                    if a.perf:
+                        t.join()
+                        if on:
+                            shares.append(res["share"])
                     rates[on].append(rate)
                     cpu_us[on].append((cpu_seconds(p.pid) - c0) / n * 1e6)
                     if on:  # the monitor really ran: 64 drift gauges on the page
@@ -128,13 +178,17 @@ def main():
                     p.kill()
                     p.wait()
                 print(f"round {rnd + 1}: monitoring {'on ' if on else 'off'} {rates[on][-1]:.0f} req/s, "
-                      f"{cpu_us[on][-1]:.1f} us server CPU per request", flush=True)
+                      f"{cpu_us[on][-1]:.1f} us server CPU per request"
+                      + (f", monitor {100 * shares[-1]:.2f}% of server CPU samples"
+                         if a.perf and on else ""), flush=True)
     on, off = statistics.median(rates[True]), statistics.median(rates[False])
     print(json.dumps({"model": "tabular_mlp", "connections": a.connections, "duration_s": a.duration,
                       "rounds": a.rounds, "req_per_s_on": round(on), "req_per_s_off": round(off),
                       "change_percent": round(100 * (on - off) / off, 2),
                       "server_cpu_us_per_request_on": round(statistics.median(cpu_us[True]), 2),
-                      "server_cpu_us_per_request_off": round(statistics.median(cpu_us[False]), 2)}))
+                      "server_cpu_us_per_request_off": round(statistics.median(cpu_us[False]), 2),
+                      **({"monitor_share_of_server_cpu_percent":
+                          round(100 * statistics.median(shares), 2)} if a.perf else {})}))
 
 
 if __name__ == "__main__":
