@@ -49,6 +49,8 @@ const char *kiln_tf_dtype_enum(kiln_dtype dt)
     case KILN_DTYPE_U64: return "DT_UINT64";
     case KILN_DTYPE_BOOL: return "DT_BOOL";
     case KILN_DTYPE_STRING: return "DT_STRING";
+    case KILN_DTYPE_SEQUENCE: /* as TF's TensorList; answered as NAME/i tensors (containers.h) */
+    case KILN_DTYPE_OPTIONAL: return "DT_VARIANT";
     default: return "DT_INVALID";
     }
 }

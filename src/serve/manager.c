@@ -14,6 +14,7 @@
 #include "serve/manager.h"
 
 #include "serve/batch.h"
+#include "serve/containers.h"
 #include "serve/gate/release.h"
 #include "serve/integrity.h"
 #include "serve/warmup.h"
@@ -412,7 +413,7 @@ kiln_status kiln_servable_run_cancel(kiln_servable *s, int si, kiln_tensor *cons
                                      kiln_batch_result *out, char *err, const char **code)
 {
     memset(out, 0, sizeof *out);
-    if (s->batchers)
+    if (s->batchers && s->batchers[si])
         return kiln_batcher_run_cancel(s->batchers[si], in, n, deadline_ms, cancel, out, err, code);
     const kiln_signature *sig = kiln_model_signature(s->model, si);
     kiln_named_tensor *named = calloc(n > 0 ? (size_t)n : 1, sizeof *named);
@@ -432,37 +433,15 @@ kiln_status kiln_servable_run_cancel(kiln_servable *s, int si, kiln_tensor *cons
                  st == KILN_ERR_DEADLINE ? KILN_DEADLINE_MESSAGE : kiln_last_error());
         return st;
     }
-    int no = kiln_outputs_count(o);
-    for (int i = 0; i < no; i++) {
-        kiln_dtype dt = kiln_outputs_get(o, i)->dtype;
-        if (dt == KILN_DTYPE_SEQUENCE || dt == KILN_DTYPE_OPTIONAL) {
-            /* REST and gRPC carry tensors (docs/SEQUENCES.md) */
-            *code = "UNIMPLEMENTED";
-            snprintf(err, KILN_JSON_ERR_LEN,
-                     "output '%s' is a %s value; the serving APIs carry tensors only",
-                     kiln_outputs_name(o, i), kiln_dtype_name(dt));
-            kiln_outputs_free(o);
-            return KILN_ERR_UNSUPPORTED;
-        }
-    }
-    out->names = calloc((size_t)no + 1, sizeof *out->names);
-    out->t = calloc((size_t)no + 1, sizeof *out->t);
-    if (!out->names || !out->t) goto err_oom;
-    out->n = no;
-    for (int i = 0; i < no; i++) {
-        out->names[i] = strdup(kiln_outputs_name(o, i));
-        out->t[i] = kiln_outputs_take(o, i);
-        if (!out->names[i]) goto err_oom;
-    }
+    /* sequence and optional outputs become tensors NAME/i (containers.h) */
+    st = kiln_serve_take_outputs(o, out, err, KILN_JSON_ERR_LEN);
     kiln_outputs_free(o);
+    if (st != KILN_OK) {
+        *code = kiln_serve_code_name(st);
+        return st;
+    }
     *code = "OK";
     return KILN_OK;
-err_oom:
-    kiln_outputs_free(o);
-    kiln_batch_result_free(out);
-    *code = "RESOURCE_EXHAUSTED";
-    snprintf(err, KILN_JSON_ERR_LEN, "out of memory");
-    return KILN_ERR_OUT_OF_MEMORY;
 }
 
 /*
@@ -631,6 +610,14 @@ static kiln_status servable_load(kiln_manager *m, const char *name, const char *
                              kiln_last_error());
                     goto err_free;
                 }
+            }
+            /* a sequence's items have no batch dimension to split on: unbatched */
+            int co = kiln_serve_container_output(kiln_model_signature(s->model, i));
+            if (co >= 0) {
+                kiln_sbuf_printf(kv, " batching_off=%s(sequence_output=%s)",
+                                 kiln_signature_name(kiln_model_signature(s->model, i)),
+                                 kiln_signature_output(kiln_model_signature(s->model, i), co)->name);
+                continue;
             }
             st = kiln_batcher_create(s->sessions[i], kiln_model_signature(s->model, i),
                                      m->opts.batching, m->opts.batch_stats, name, version,

@@ -1143,3 +1143,105 @@ def test_port_in_use(tmp_path):
         assert r.returncode != 0 and "cannot listen on 0.0.0.0:8500 for gRPC" in r.stderr, r.stderr
     finally:
         blocker.close()
+
+
+# ------------------------------------------------------------------ sequence outputs
+
+
+def save_sequence_model(path):
+    """x float32 [n, 4] -> parts: sequence of x's rows split 1/3 along axis 0 (items
+    [1, 4] and [n-1, 4]), maybe: Optional(x * 2) when cond is true else an empty
+    optional, total: x.sum() (a plain tensor)."""
+    F = OnnxTP.FLOAT
+    then_g = helper.make_graph(
+        [helper.make_node("Mul", ["x", "two"], ["x2"]),
+         helper.make_node("Optional", ["x2"], ["o"])], "then", [],
+        [helper.make_value_info("o", helper.make_optional_type_proto(
+            helper.make_tensor_type_proto(F, None)))])
+    else_g = helper.make_graph(
+        [helper.make_node("Optional", [], ["e"], type=helper.make_tensor_type_proto(F, None))],
+        "else", [], [helper.make_value_info("e", helper.make_optional_type_proto(
+            helper.make_tensor_type_proto(F, None)))])
+    nodes = [
+        helper.make_node("Constant", [], ["split"], value=numpy_helper.from_array(
+            np.array([1], np.int64), "split")),
+        helper.make_node("Shape", ["x"], ["shp"]),
+        helper.make_node("Gather", ["shp", "zero"], ["n"]),
+        helper.make_node("Sub", ["n", "one"], ["rest"]),
+        helper.make_node("Concat", ["split", "rest"], ["lens"], axis=0),
+        helper.make_node("SplitToSequence", ["x", "lens"], ["parts"], axis=0),
+        helper.make_node("If", ["cond"], ["maybe"], then_branch=then_g, else_branch=else_g),
+        helper.make_node("ReduceSum", ["x"], ["total"], keepdims=0),
+    ]
+    inits = [numpy_helper.from_array(np.array(2, np.float32), "two"),
+             numpy_helper.from_array(np.array([0], np.int64), "zero"),
+             numpy_helper.from_array(np.array([1], np.int64), "one")]
+    g = helper.make_graph(
+        nodes, "seq",
+        [helper.make_tensor_value_info("x", F, ["n", 4]),
+         helper.make_tensor_value_info("cond", OnnxTP.BOOL, [])],
+        [helper.make_tensor_sequence_value_info("parts", F, None),
+         helper.make_value_info("maybe", helper.make_optional_type_proto(
+             helper.make_tensor_type_proto(F, None))),
+         helper.make_tensor_value_info("total", F, [])],
+        initializer=inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
+    m.ir_version = 8
+    path.parent.mkdir(parents=True, exist_ok=True)
+    onnx.save(m, str(path))
+
+
+def test_sequence_and_optional_outputs_on_every_api(tmp_path, pb):
+    """A sequence output NAME answers as tensors NAME/0..NAME/n-1 on REST, KServe v2
+    and gRPC alike, a present optional as NAME, an empty one not at all; the model is
+    served unbatched even with batching on (its items have no batch dimension)."""
+    save_sequence_model(tmp_path / "seq" / "1" / "model.onnx")
+    bcfg = tmp_path / "batching.config"
+    bcfg.write_text("max_batch_size { value: 8 }\nbatch_timeout_micros { value: 1000 }\n")
+    s = Server(tmp_path, [model_line("seq", tmp_path / "seq")], "--enable_batching=true",
+               f"--batching_parameters_file={bcfg}")
+    try:
+        assert "batching_off=serving_default(sequence_output=parts)" in s.logtext(), s.logtext()
+        x = np.arange(12, dtype=np.float32).reshape(3, 4)
+        want = {"parts/0": x[:1], "parts/1": x[1:], "total": np.array(x.sum())}
+        # REST, columnar
+        code, body = s.http("POST", "/v1/models/seq:predict",
+                            {"inputs": {"x": x.tolist(), "cond": True}})
+        assert code == 200, body
+        outs = json.loads(body)["outputs"]
+        assert set(outs) == {"parts/0", "parts/1", "maybe", "total"}, outs
+        for k, v in want.items():
+            np.testing.assert_array_equal(np.array(outs[k], np.float32), v)
+        np.testing.assert_array_equal(np.array(outs["maybe"], np.float32), x * 2)
+        # an empty optional is left out
+        code, body = s.http("POST", "/v1/models/seq:predict",
+                            {"inputs": {"x": x.tolist(), "cond": False}})
+        assert code == 200, body
+        assert set(json.loads(body)["outputs"]) == {"parts/0", "parts/1", "total"}
+        # KServe v2
+        code, body = s.http("POST", "/v2/models/seq/infer", {"inputs": [
+            {"name": "x", "shape": [3, 4], "datatype": "FP32", "data": x.ravel().tolist()},
+            {"name": "cond", "shape": [], "datatype": "BOOL", "data": [True]}]})
+        assert code == 200, body
+        got = {o["name"]: o for o in json.loads(body)["outputs"]}
+        assert set(got) == {"parts/0", "parts/1", "maybe", "total"}
+        for k, v in want.items():
+            assert got[k]["shape"] == list(v.shape)
+            np.testing.assert_array_equal(np.array(got[k]["data"], np.float32).reshape(v.shape), v)
+        # gRPC Predict, and output_filter naming the sequence
+        req = predict_request(pb, "seq", {"x": tensor_content(pb, x, 1),
+                                          "cond": tensor_content(pb, np.array(True), 10)})
+        r = s.call(PS + "Predict", req, pb.predict.PredictResponse)
+        assert set(r.outputs) == {"parts/0", "parts/1", "maybe", "total"}
+        for k, v in want.items():
+            np.testing.assert_array_equal(to_numpy(pb, r.outputs[k]), v)
+        req.output_filter.append("parts")
+        r = s.call(PS + "Predict", req, pb.predict.PredictResponse)
+        assert set(r.outputs) == {"parts/0", "parts/1"}
+        # metadata: the sequence is a DT_VARIANT (21), as TF's TensorList
+        code, body = s.http("GET", "/v1/models/seq/metadata")
+        assert code == 200, body
+        outs = json.loads(body)["metadata"]["signature_def"]["signature_def"]["serving_default"]["outputs"]
+        assert outs["parts"]["dtype"] == "DT_VARIANT" and outs["total"]["dtype"] == "DT_FLOAT"
+    finally:
+        s.kill()

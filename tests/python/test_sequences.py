@@ -11,7 +11,8 @@ naming the node and the position (never a crash). A PyTorch module with a
 list built in a scripted loop, exported by torch.onnx.export (which emits
 SplitToSequence, SequenceInsert and ConcatFromSequence inside a Loop), must
 give PyTorch's answer. A model whose output is a sequence is refused by
-`kiln predict` with a message naming the output (.npy holds tensors).
+`kiln predict` with a message naming the output (.npy holds tensors); the
+serving APIs answer such outputs as tensors NAME/i (test_grpc.py).
 The ONNX conformance node tests for these ops run in tests/conformance.
 
 KILN_BIN is the kiln binary (default build/kiln).

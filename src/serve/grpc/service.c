@@ -355,9 +355,17 @@ static int select_outputs(kiln_grpc_call *c, const KilnTfs__PredictRequest *r,
     for (int i = 0; i < out->n; i++) keep[i] = r->n_output_filter == 0;
     for (size_t f = 0; f < r->n_output_filter; f++) {
         const char *want = r->output_filter[f] ? r->output_filter[f] : "";
-        int found = -1;
-        for (int i = 0; i < out->n; i++)
-            if (strcmp(out->names[i], want) == 0) found = i;
+        int found = -1, dup = 0;
+        size_t wl = strlen(want);
+        for (int i = 0; i < out->n; i++) {
+            /* a sequence output NAME answers as NAME/0, NAME/1, ... (serve/containers.h) */
+            if (strcmp(out->names[i], want) != 0 &&
+                !(strncmp(out->names[i], want, wl) == 0 && out->names[i][wl] == '/'))
+                continue;
+            if (keep[i]) dup = 1;
+            keep[i] = 1;
+            found = i;
+        }
         if (found < 0) {
             kiln_sbuf s = {0};
             const char **names = calloc((size_t)out->n + 1, sizeof *names);
@@ -370,11 +378,10 @@ static int select_outputs(kiln_grpc_call *c, const KilnTfs__PredictRequest *r,
             kiln_sbuf_free(&s);
             return 0;
         }
-        if (keep[found]) {
+        if (dup) {
             kiln_grpc_fail(c, KILN_GRPC_INVALID_ARGUMENT, "duplicate output tensor alias: %s", want);
             return 0;
         }
-        keep[found] = 1;
     }
     return 1;
 }
@@ -501,7 +508,9 @@ static KilnGrpc__TensorInfoEntry **tensor_infos(const kiln_signature *sig, int o
         b->e.value = &b->ti;
         b->ti.name = (char *)v->name;
         b->ti.has_dtype = 1;
-        b->ti.dtype = kiln_grpc_tf_dtype(v->dtype);
+        /* a sequence or optional is a DT_VARIANT (21), as TF's TensorList is */
+        b->ti.dtype = v->dtype == KILN_DTYPE_SEQUENCE || v->dtype == KILN_DTYPE_OPTIONAL
+                          ? 21 : kiln_grpc_tf_dtype(v->dtype);
         b->ti.tensor_shape = &b->sh;
         if (v->rank < 0) {
             b->sh.has_unknown_rank = 1;
