@@ -19,7 +19,11 @@
  * when its atoms say: the source is [B, S, N] or [S, B, N], the operand's
  * rows are all of S, its columns a contiguous run of E in N, and its batch
  * axes are B and heads of stride E in N (as two axes or merged into one, as
- * torch.nn.MultiheadAttention folds heads into the batch). So a packed
+ * torch.nn.MultiheadAttention folds heads into the batch). K and V may
+ * hold fewer heads than Q (grouped-query and multi-query attention): their
+ * heads repeated by an Expand of a new axis then merged (as repeat_kv in
+ * Llama-style code writes it: each kv head serves consecutive query heads),
+ * or a single head MatMul broadcasts over Q's heads. So a packed
  * projection split by Split, Slice or a Gather after a 5-D transpose, and
  * separate projections, are the same case: Q, K and V are read in place at
  * their column offsets. The output chain (Transpose / Reshape after the
@@ -226,6 +230,37 @@ static bool scalar_mono(const struct kiln_graph *g, int v, int depth, struct mon
     return false;
 }
 
+/* Entry i of a 1-D integer vector v that is the same constant everywhere it is known
+ * (ConstantOfShape, or an elementwise Mul of such vectors and constants), as *c. */
+static bool uniform_const(const struct kiln_graph *g, int v, int i, int depth, int64_t *c)
+{
+    const kiln_tensor *t = kiln_opt_const(g, v);
+    if (t) {
+        int64_t n = kiln_tensor_count(t);
+        if (!kiln_dtype_is_int(t->dtype) || t->rank > 1 || n < 1) return false;
+        *c = kiln_tensor_i64(t, n == 1 ? 0 : i);
+        return n == 1 || i < n;
+    }
+    int p = kiln_opt_producer(g, v);
+    if (p < 0 || depth > 4) return false;
+    const struct kiln_node *n = &g->nodes[p];
+    if (n->op == KILN_OP_ConstantOfShape) {
+        const kiln_tensor *val = kiln_attr_tensor(n, "value");
+        if (!val) {
+            *c = 0;
+            return true;
+        }
+        if (!kiln_dtype_is_int(val->dtype) || kiln_tensor_count(val) != 1) return false;
+        *c = kiln_tensor_i64(val, 0);
+        return true;
+    }
+    int64_t a, b;
+    if (n->op == KILN_OP_Mul && n->n_in == 2 && uniform_const(g, n->in[0], i, depth + 1, &a) &&
+        uniform_const(g, n->in[1], i, depth + 1, &b) && !__builtin_mul_overflow(a, b, c))
+        return true;
+    return false;
+}
+
 /* Entry i of the 1-D shape vector v as a size (or a raw 0 / -1). */
 static bool shape_mono(const struct kiln_graph *g, int v, int i, struct mono *m)
 {
@@ -248,6 +283,20 @@ static bool shape_mono(const struct kiln_graph *g, int v, int i, struct mono *m)
             off += (int)pt->dims[0];
         }
         return false;
+    }
+    if (n->op == KILN_OP_Reshape && g->values[n->in[0]].type.rank == 1 &&
+        g->values[v].type.rank == 1)
+        return shape_mono(g, n->in[0], i, m); /* a vector reshaped to itself */
+    if (n->op == KILN_OP_Where && n->n_in == 3) {
+        /* torch's expand(-1 ...) shape: Where(Equal(s, -1s), 1s, s): a known size of s is
+         * never -1, so that entry is s's */
+        int e = kiln_opt_producer(g, n->in[0]);
+        int64_t c;
+        if (e < 0 || g->nodes[e].op != KILN_OP_Equal || g->nodes[e].in[0] != n->in[2] ||
+            !uniform_const(g, g->nodes[e].in[1], i, 0, &c) ||
+            !shape_mono(g, n->in[2], i, m) || (m->n == 0 && m->c == c) || (m->n && c >= 0))
+            return false;
+        return true;
     }
     return i == 0 && scalar_mono(g, v, 0, m);
 }
@@ -474,6 +523,40 @@ static bool apply(const struct kiln_graph *g, const struct kiln_node *n, int out
         for (int i = 0; i < out_k; i++) start += v[i];
         return view_range(w, a, start, start + v[out_k], false);
     }
+    case KILN_OP_Expand: {
+        /* broadcast: an axis of size 1 (no atom) grown to r becomes a repeat atom of
+         * stride 0 (grouped-query attention's repeat_kv); others must keep their size */
+        const struct kiln_type *st = &g->values[n->in[1]].type;
+        if (st->rank != 1 || st->dims[0] <= 0 || st->dims[0] > KILN_MAX_RANK) return false;
+        int rank = (int)st->dims[0];
+        if (rank < w->rank) rank = w->rank;
+        struct view o = *w;
+        int lead = rank - w->rank;
+        if (lead) {
+            o.rank = rank;
+            for (int i = rank - 1; i >= 0; i--) {
+                if (i >= lead) o.x[i] = w->x[i - lead];
+                else o.x[i].n = 0;
+            }
+        }
+        int sr = (int)st->dims[0];
+        for (int i = 0; i < sr; i++) {
+            int ax = rank - sr + i;
+            struct mono t;
+            if (!shape_mono(g, n->in[1], i, &t)) return false;
+            if (mono_is(t, 1)) continue;
+            struct axis *x = &o.x[ax];
+            if (x->n == 0) {
+                if (t.n || t.c <= 1) return false;
+                x->n = 1;
+                x->a[0] = (struct atom){2, t, 0};
+            } else if (!mono_eq(axis_size(x), t)) {
+                return false;
+            }
+        }
+        *w = o;
+        return true;
+    }
     default:
         return false;
     }
@@ -499,9 +582,11 @@ struct operand {
     int src;               /* the rank-3 source value */
     bool seq_first;        /* source is [S, B, N] */
     int64_t heads, width;  /* H and E (or EV) */
+    int64_t kv_heads;      /* heads the source holds (K, V of grouped-query attention: fewer) */
+    int h_axis;            /* the batch axis holding the heads, -1 when none */
     int64_t offset;        /* column of head 0 in N */
     int nbatch;            /* batch axes of the operand */
-    int batch_atoms[2];    /* atoms per batch axis */
+    int batch_atoms[2];    /* atoms per batch axis (a head atom and its repeat count as one) */
     bool has_b, has_h;     /* the batch axes hold B / the heads */
     struct mono b, s;      /* B and the sequence length */
     int chain[MCHAIN], n_chain;
@@ -530,7 +615,8 @@ static bool trace_n(const struct kiln_graph *g, int v, int role, int max_chain, 
             *scale *= f;
         } else if (n->op == KILN_OP_Reshape || n->op == KILN_OP_Transpose ||
                    n->op == KILN_OP_Squeeze || n->op == KILN_OP_Unsqueeze ||
-                   n->op == KILN_OP_Gather || n->op == KILN_OP_Slice || n->op == KILN_OP_Split) {
+                   n->op == KILN_OP_Gather || n->op == KILN_OP_Slice || n->op == KILN_OP_Split ||
+                   (n->op == KILN_OP_Expand && role != 0)) {
             while (n->out[k] != cur) k++;
         } else {
             break;
@@ -570,26 +656,42 @@ static bool trace_n(const struct kiln_graph *g, int v, int role, int max_chain, 
     o->heads = 1;
     o->offset = w.off[2];
     o->nbatch = w.rank - 2;
-    const struct atom *seen[2];
-    int ns = 0;
+    o->h_axis = -1;
+    int64_t rep = 1;
+    int natoms = 0;
     for (int i = 0; i < o->nbatch; i++) {
-        o->batch_atoms[i] = w.x[i].n;
+        o->batch_atoms[i] = 0;
         for (int k = 0; k < w.x[i].n; k++) {
-            if (ns == 2) return false;
-            seen[ns++] = &w.x[i].a[k];
+            const struct atom *a = &w.x[i].a[k];
+            if (++natoms > 3) return false;
+            if (a->ax == bax && !o->has_b && rep == 1 && !o->has_h && is_whole(a, bax, o->b)) {
+                o->has_b = true;
+                o->batch_atoms[i]++;
+            } else if (a->ax == 2 && !o->has_h && rep == 1 && a->st == o->width &&
+                       a->size.n == 0) {
+                o->has_h = true;
+                o->kv_heads = a->size.c;
+                o->h_axis = i;
+                o->batch_atoms[i]++;
+            } else if (a->ax == 2 && a->st == 0 && a->size.n == 0 && rep == 1 && role != 0 &&
+                       (o->has_h ? o->h_axis == i && k > 0 && w.x[i].a[k - 1].ax == 2
+                                 : true)) {
+                /* K or V repeated for grouped-query heads: kv head h / rep serves query
+                 * heads h .. h + rep - 1 (after the head atom), or one head for all */
+                rep = a->size.c;
+                if (!o->has_h) {
+                    o->has_h = true;
+                    o->kv_heads = 1;
+                    o->h_axis = i;
+                    o->batch_atoms[i]++;
+                }
+            } else {
+                return false;
+            }
         }
     }
-    for (int k = 0; k < ns; k++) {
-        const struct atom *a = seen[k];
-        if (a->ax == bax && !o->has_b && !o->has_h && is_whole(a, bax, o->b)) {
-            o->has_b = true;
-        } else if (a->ax == 2 && !o->has_h && a->st == o->width && a->size.n == 0) {
-            o->has_h = true;
-            o->heads = a->size.c;
-        } else {
-            return false;
-        }
-    }
+    if (!o->has_h) o->kv_heads = 1;
+    o->heads = o->kv_heads * rep;
     if (!o->has_b && !mono_is(o->b, 1)) return false;
     return true;
 }
@@ -608,14 +710,18 @@ static bool trace(const struct kiln_graph *g, int v, int role, double *scale, st
     return false;
 }
 
-/* The batch axes of a and b have the same structure (so MatMul broadcasts nothing). */
+/* The batch axes of q and operand b have the same structure (so MatMul broadcasts
+ * nothing), or b holds one head on q's separate heads axis, which MatMul broadcasts over
+ * q's heads (multi-query attention written without an Expand). */
 static bool same_batch(const struct operand *a, const struct operand *b)
 {
-    if (a->nbatch != b->nbatch || a->has_b != b->has_b || a->has_h != b->has_h ||
-        a->heads != b->heads || !mono_eq(a->b, b->b) || a->seq_first != b->seq_first)
+    if (a->nbatch != b->nbatch || a->has_b != b->has_b || !mono_eq(a->b, b->b) ||
+        a->seq_first != b->seq_first)
         return false;
+    bool bcast = a->has_h && !b->has_h && a->h_axis >= 0 && a->batch_atoms[a->h_axis] == 1;
+    if (!bcast && (a->has_h != b->has_h || a->heads != b->heads)) return false;
     for (int i = 0; i < a->nbatch; i++)
-        if (a->batch_atoms[i] != b->batch_atoms[i]) return false;
+        if (a->batch_atoms[i] != b->batch_atoms[i] + (bcast && i == a->h_axis)) return false;
     return true;
 }
 
@@ -778,7 +884,8 @@ static kiln_status fuse_views(struct kiln_graph *g, int smi, bool *done)
         !trace(g, g->nodes[m2].in[1], 2, &vscale, &v))
         return KILN_OK;
     if (!same_batch(&q, &k) || !same_batch(&q, &v) || q.width != k.width ||
-        !mono_eq(k.s, v.s) || q.nbatch + 2 != ts->rank)
+        !mono_eq(k.s, v.s) || q.nbatch + 2 != ts->rank || q.kv_heads != q.heads ||
+        k.kv_heads != v.kv_heads || k.kv_heads <= 0 || q.heads % k.kv_heads)
         return KILN_OK;
     /* the mask: into the scores without growing them, last dim T */
     bool merged = q.nbatch == 1 && q.has_b;
@@ -846,7 +953,7 @@ static kiln_status fuse_views(struct kiln_graph *g, int smi, bool *done)
     }
     int ni;
     kiln_status st = kiln_opt_add_node(g, KILN_OP_KilnAttention, g->nodes[smi].name,
-                                       mask >= 0 ? 4 : 3, 1, 11, 1, &ni);
+                                       mask >= 0 ? 4 : 3, 1, 12, 1, &ni);
     if (st != KILN_OK) return st;
     kiln_opt_attr_int(g, ni, 0, "num_heads", q.heads);
     kiln_opt_attr_int(g, ni, 1, "head_size", q.width);
@@ -859,6 +966,7 @@ static kiln_status fuse_views(struct kiln_graph *g, int smi, bool *done)
     kiln_opt_attr_int(g, ni, 8, "y_seq_first", ysf);
     kiln_opt_attr_int(g, ni, 9, "y_merge_rows", merge);
     kiln_opt_attr_int(g, ni, 10, "mask_merged", merged && mask >= 0);
+    kiln_opt_attr_int(g, ni, 11, "kv_heads", k.kv_heads);
     kiln_opt_set_input(g, ni, 0, q.src);
     kiln_opt_set_input(g, ni, 1, k.src);
     kiln_opt_set_input(g, ni, 2, v.src);

@@ -14,7 +14,9 @@ temporary folder together with PyTorch's output:
   from an attention_mask input, and the scale applied to Q before the product; dynamic batch;
 - a variant with the scale on K (Div), a [B, 1, S, S] mask and a 5-D packed projection split by
   Gather, and one that adds the mask before the scale (the scale would apply to the mask: not
-  fused, and still right).
+  fused, and still right);
+- grouped-query attention as Llama-style code writes it (two kv heads repeated for four query
+  heads by Expand and Reshape) and multi-query attention (one kv head that MatMul broadcasts).
 
 Each must fuse as many attentions as it has (the optimization log of `kiln inspect --optimized`
 counts KilnAttention), run them on the fused kernel (`kiln bench --profile`), and match PyTorch
@@ -162,11 +164,43 @@ def build(name):
                 return self.proj((a @ qkv[2]).transpose(1, 2).reshape(b, t, d))
 
         return ScaledMask(), {"x": x, "mask": torch.randn(B, 1, S, S, generator=g)}, False, 0
+    if name in ("gqa", "mqa"):
+        kvh = 2 if name == "gqa" else 1
+
+        class GroupedQuery(nn.Module):
+            """Llama-style grouped-query attention: K and V with kvh heads, repeated for the
+            query heads by repeat_kv (Expand of a new axis, then a Reshape merging it); for
+            one kv head (multi-query) the [B, 1, S, E] keys are left to MatMul's broadcast.
+            Causal mask from a constant buffer; dynamic batch."""
+
+            def __init__(self):
+                super().__init__()
+                self.q = nn.Linear(d, d)
+                self.k = nn.Linear(d, kvh * (d // h))
+                self.v = nn.Linear(d, kvh * (d // h))
+                self.o = nn.Linear(d, d)
+                self.register_buffer("causal", torch.triu(torch.full((S, S), -1e9), 1))
+
+            def forward(self, x):
+                b, t, _ = x.shape
+                e = d // h
+                q = self.q(x).view(b, t, h, e).transpose(1, 2)
+                k = self.k(x).view(b, t, kvh, e).transpose(1, 2)
+                v = self.v(x).view(b, t, kvh, e).transpose(1, 2)
+                if kvh > 1:  # repeat_kv
+                    r = h // kvh
+                    k = k[:, :, None].expand(b, kvh, r, t, e).reshape(b, h, t, e)
+                    v = v[:, :, None].expand(b, kvh, r, t, e).reshape(b, h, t, e)
+                a = (q @ k.transpose(-2, -1)) / math.sqrt(e) + self.causal[:t, :t]
+                y = a.softmax(-1) @ v
+                return self.o(y.transpose(1, 2).reshape(b, t, d))
+
+        return GroupedQuery(), {"x": x}, True, 1
     raise KeyError(name)
 
 
 MODELS = ["mha", "mha_batch_first", "gpt2", "encoder_layer", "bert", "packed_gather",
-          "scaled_mask"]
+          "scaled_mask", "gqa", "mqa"]
 
 
 @pytest.fixture(scope="session")

@@ -7,7 +7,10 @@
  * head_size columns from q_offset (columns q_offset + h * head_size ..);
  * K likewise from k_offset, V from v_offset with v_head_size. So one packed
  * projection [B, S, 3 * H * E] can feed all three with offsets 0, H*E and
- * 2*H*E, and no Split, Slice or transpose is materialized. Per batch b, head
+ * 2*H*E, and no Split, Slice or transpose is materialized. With kv_heads
+ * (default num_heads) K and V hold fewer heads, each shared by num_heads /
+ * kv_heads consecutive query heads (grouped-query and multi-query attention):
+ * query head h reads kv head h / (num_heads / kv_heads). Per batch b, head
  * h and query i: y = softmax(scale * q . k_j + mask[b, h, i, j]) . v_j. The
  * optional f32 mask broadcasts to [B, H, S, T]; with mask_merged its rank is
  * at most 3 and it broadcasts to [B * H, S, T] (attention exported with the
@@ -22,7 +25,7 @@
 
 /* The layout read from the node and its inputs' shapes. */
 struct ka_dims {
-    int64_t B, SQ, T, H, E, EV, N[3], off[3];
+    int64_t B, SQ, T, H, KVH, E, EV, N[3], off[3];
     bool sf, ysf, merge;
 };
 
@@ -34,12 +37,17 @@ static kiln_status ka_dims(const struct kiln_node *n, const int64_t *const dims[
     d->ysf = kiln_attr_int(n, "y_seq_first", 0) != 0;
     d->merge = kiln_attr_int(n, "y_merge_rows", 0) != 0;
     d->H = kiln_attr_int(n, "num_heads", 0);
+    d->KVH = kiln_attr_int(n, "kv_heads", d->H);
     d->E = kiln_attr_int(n, "head_size", 0);
     d->EV = kiln_attr_int(n, "v_head_size", 0);
     if (d->H <= 0 || d->E <= 0 || d->EV <= 0)
         return kiln_node_error(n, KILN_ERR_INVALID_MODEL,
                                "num_heads %lld, head_size %lld and v_head_size %lld must be > 0",
                                (long long)d->H, (long long)d->E, (long long)d->EV);
+    if (d->KVH <= 0 || d->H % d->KVH)
+        return kiln_node_error(n, KILN_ERR_INVALID_MODEL,
+                               "kv_heads %lld does not divide num_heads %lld", (long long)d->KVH,
+                               (long long)d->H);
     for (int i = 0; i < 3; i++)
         if (ranks[i] != 3)
             return kiln_node_error(n, KILN_ERR_INVALID_ARGUMENT, "input %d has rank %d, expected 3",
@@ -48,7 +56,7 @@ static kiln_status ka_dims(const struct kiln_node *n, const int64_t *const dims[
     d->B = dims[0][bi];
     d->SQ = dims[0][si];
     d->T = dims[1][si];
-    int64_t width[3] = {d->H * d->E, d->H * d->E, d->H * d->EV};
+    int64_t width[3] = {d->H * d->E, d->KVH * d->E, d->KVH * d->EV};
     for (int i = 0; i < 3; i++) {
         d->N[i] = dims[i][2];
         d->off[i] = kiln_attr_int(n, off_name[i], 0);
@@ -156,10 +164,11 @@ static kiln_status ka_run(struct kiln_run_ctx *ctx)
     for (int64_t b = 0; b < d.B; b++)
         for (int64_t h = 0; h < d.H; h++)
             for (int64_t i = 0; i < d.SQ; i++) {
+                int64_t hk = h / (d.H / d.KVH); /* the kv head of query head h */
                 const float *qi = q + AT(0, b, i) + h * d.E;
                 double mx = -INFINITY;
                 for (int64_t j = 0; j < d.T; j++) {
-                    const float *kj = k + AT(1, b, j) + h * d.E;
+                    const float *kj = k + AT(1, b, j) + hk * d.E;
                     double acc = 0.0;
                     for (int64_t e = 0; e < d.E; e++) acc += (double)qi[e] * kj[e];
                     acc *= scale;
@@ -176,7 +185,7 @@ static kiln_status ka_run(struct kiln_run_ctx *ctx)
                 float *yi = y + row * ny + h * d.EV;
                 for (int64_t e = 0; e < d.EV; e++) {
                     double acc = 0.0;
-                    for (int64_t j = 0; j < d.T; j++) acc += p[j] * v[AT(2, b, j) + h * d.EV + e];
+                    for (int64_t j = 0; j < d.T; j++) acc += p[j] * v[AT(2, b, j) + hk * d.EV + e];
                     yi[e] = (float)(acc / sum);
                 }
             }

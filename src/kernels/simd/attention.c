@@ -257,15 +257,17 @@ static kiln_status KilnAttention_compile(const struct kiln_compile_ctx *cc,
         if (t[i]->rank != 3) return KILN_OK;
     bool sf = kiln_attr_int(n, "seq_first", 0) != 0, ysf = kiln_attr_int(n, "y_seq_first", 0) != 0;
     struct attn_state st = {0};
-    st.HQ = st.HK = kiln_attr_int(n, "num_heads", 0);
+    st.HQ = kiln_attr_int(n, "num_heads", 0);
+    st.HK = kiln_attr_int(n, "kv_heads", st.HQ); /* grouped-query: kv head h / (HQ / HK) */
     st.E = kiln_attr_int(n, "head_size", 0);
     st.EV = kiln_attr_int(n, "v_head_size", 0);
     st.B = t[0]->dims[sf ? 1 : 0];
     st.SQ = t[0]->dims[sf ? 0 : 1];
     st.T = t[1]->dims[sf ? 0 : 1];
     const char *off_name[3] = {"q_offset", "k_offset", "v_offset"};
-    int64_t width[3] = {st.HQ * st.E, st.HQ * st.E, st.HQ * st.EV}, seq[3] = {st.SQ, st.T, st.T};
-    if (st.HQ <= 0 || st.E <= 0 || st.EV <= 0 || st.B <= 0 || st.SQ <= 0 || st.T <= 0)
+    int64_t width[3] = {st.HQ * st.E, st.HK * st.E, st.HK * st.EV}, seq[3] = {st.SQ, st.T, st.T};
+    if (st.HQ <= 0 || st.HK <= 0 || st.HQ % st.HK || st.E <= 0 || st.EV <= 0 || st.B <= 0 ||
+        st.SQ <= 0 || st.T <= 0)
         return KILN_OK;
     for (int i = 0; i < 3; i++) {
         int64_t N = t[i]->dims[2], off = kiln_attr_int(n, off_name[i], 0);
