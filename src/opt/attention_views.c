@@ -172,8 +172,12 @@ static int dim_origin(const struct kiln_graph *g, int v, int *i)
     return v;
 }
 
-/* Dim i of value v as a size: a known size, a named symbol, or one named after its origin. */
-static bool dim_mono(const struct kiln_graph *g, int v, int i, struct mono *m)
+static bool shape_mono(const struct kiln_graph *g, int v, int i, struct mono *m);
+
+/* Dim i of value v as a size: a known size, a named symbol, what a Reshape's shape vector
+ * says it is (a dynamic batch makes shape inference give up on the whole vector, while its
+ * other entries are still constants: Swin's windows), or one named after its origin. */
+static bool dim_mono_depth(const struct kiln_graph *g, int v, int i, struct mono *m, int depth)
 {
     if (i < 0 || i >= g->values[v].type.rank) return false;
     v = dim_origin(g, v, &i);
@@ -181,6 +185,18 @@ static bool dim_mono(const struct kiln_graph *g, int v, int i, struct mono *m)
     if (t->dims[i] >= 0) {
         *m = mono_c(t->dims[i]);
         return true;
+    }
+    int p = kiln_opt_producer(g, v);
+    if (!t->sym[i] && p >= 0 && depth < 4 && g->nodes[p].op == KILN_OP_Reshape &&
+        kiln_attr_int(&g->nodes[p], "allowzero", 0) == 0) {
+        struct mono r;
+        if (shape_mono(g, g->nodes[p].in[1], i, &r)) {
+            if (r.n || r.c > 0) {
+                *m = r;
+                return true;
+            }
+            if (r.c == 0 && dim_mono_depth(g, g->nodes[p].in[0], i, m, depth + 1)) return true;
+        }
     }
     const char *sym = t->sym[i];
     if (!sym) {
@@ -193,6 +209,11 @@ static bool dim_mono(const struct kiln_graph *g, int v, int i, struct mono *m)
     m->n = 1;
     m->s[0] = sym;
     return true;
+}
+
+static bool dim_mono(const struct kiln_graph *g, int v, int i, struct mono *m)
+{
+    return dim_mono_depth(g, v, i, m, 0);
 }
 
 /* Scalar integer value v (a shape computation) as a size. */

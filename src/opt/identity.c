@@ -1,20 +1,26 @@
 /*
  * identity.c - remove nodes that pass their input through unchanged:
  * Identity, Dropout at inference (no mask wanted, training_mode absent or
- * false), Reshape and Expand whose output shape provably equals their
+ * false, or a ratio of 0), Reshape and Expand whose output shape provably equals their
  * input's, and Cast to the input's own dtype.
  */
 #include "kernels/kernel.h"
 #include "opt/opt.h"
 
-/* Dropout is a no-op: the mask output is unused and training_mode is absent or false. */
+/* Dropout is a no-op: the mask output is unused and training_mode is absent or false, or
+ * the ratio is a constant 0 (nothing dropped, scale 1/(1-0): as torchvision's Swin exports
+ * its attention dropout, with training_mode true). */
 static bool dropout_noop(const struct kiln_graph *g, const struct kiln_node *n)
 {
     if (n->n_out > 1 && n->out[1] >= 0 && g->values[n->out[1]].uses > 0) return false;
     if (n->n_in > 2 && n->in[2] >= 0) {
         const kiln_tensor *t = kiln_opt_const(g, n->in[2]);
-        if (!t || kiln_tensor_count(t) != 1 || kiln_get_f64(t->dtype, t->data, 0) != 0.0)
-            return false;
+        if (!t || kiln_tensor_count(t) != 1) return false;
+        if (kiln_get_f64(t->dtype, t->data, 0) != 0.0) {
+            const kiln_tensor *r = n->n_in > 1 && n->in[1] >= 0 ? kiln_opt_const(g, n->in[1]) : NULL;
+            if (!r || kiln_tensor_count(r) != 1 || kiln_get_f64(r->dtype, r->data, 0) != 0.0)
+                return false;
+        }
     }
     return true;
 }
