@@ -845,6 +845,96 @@ static bool reaches_matmul(const struct kiln_graph *g, int v, int depth)
     return false;
 }
 
+/* Reshape node r2 (to [X, H, S, T]) reads Add(Reshape r1 (scores [X, H, S, T] to
+ * [X / P, P, H, S, T]), M) with M a constant that broadcasts into [X / P, P, H, S, T]
+ * without its first axis: the Add is a mask indexed by the window x % P. */
+static bool periodic_mask(const struct kiln_graph *g, int r2, int *r1_out, int *mask_out,
+                          int64_t *period)
+{
+    const struct kiln_node *n2 = &g->nodes[r2];
+    int ai = kiln_opt_producer(g, n2->in[0]);
+    if (ai < 0 || kiln_opt_single_consumer(g, n2->in[0]) < 0) return false;
+    const struct kiln_node *a = &g->nodes[ai];
+    if (a->op != KILN_OP_Add || a->n_in != 2) return false;
+    for (int k = 0; k < 2; k++) {
+        int r1 = kiln_opt_producer(g, a->in[k]);
+        const kiln_tensor *m = kiln_opt_const(g, a->in[1 - k]);
+        if (r1 < 0 || !m || m->dtype != KILN_DTYPE_F32 || g->nodes[r1].op != KILN_OP_Reshape ||
+            kiln_opt_single_consumer(g, a->in[k]) < 0)
+            continue;
+        const struct kiln_type *t5 = &g->values[a->in[k]].type,
+                               *t4 = &g->values[g->nodes[r1].in[0]].type,
+                               *to = &g->values[n2->out[0]].type;
+        if (t5->rank != 5 || t4->rank != 4 || to->rank != 4 || m->rank < 1 || m->rank > 5)
+            return false;
+        struct mono d5[5], d4[4], dout[4];
+        for (int i = 0; i < 5; i++)
+            if (!dim_mono(g, a->in[k], i, &d5[i])) return false;
+        for (int i = 0; i < 4; i++)
+            if (!dim_mono(g, g->nodes[r1].in[0], i, &d4[i]) ||
+                !dim_mono(g, n2->out[0], i, &dout[i]))
+                return false;
+        /* [X/P, P, H, S, T] of [X, H, S, T], viewed back to the same: with H, S and T
+         * equal, a reshape (which keeps the element count) makes the first axes X/P and P,
+         * and the view back X again */
+        if (d5[1].n || d5[1].c < 1) return false;
+        for (int i = 1; i < 4; i++)
+            if (!mono_eq(d4[i], dout[i]) || !mono_eq(d4[i], d5[i + 1])) return false;
+        for (int i = 0; i < m->rank; i++) {
+            int ax = 5 - m->rank + i;
+            int64_t md = m->dims[i];
+            if (md != 1 && (ax == 0 || !mono_is(d5[ax], md))) return false;
+        }
+        *r1_out = r1;
+        *mask_out = a->in[1 - k];
+        *period = d5[1].c;
+        return true;
+    }
+    return false;
+}
+
+/* The mask of a periodic (per window) attention: bias (an additive mask of [X, H, S, T]
+ * without its batch axis, or -1) plus pm ([P, H, S, T] from the right, first axis absent)
+ * as one constant [P, H, S, T]; -1 in *out when bias is not a constant. */
+static kiln_status periodic_mask_const(struct kiln_graph *g, int bias, int pm, int64_t P,
+                                       int64_t H, int64_t S, int64_t T, int *out)
+{
+    *out = -1;
+    const kiln_tensor *b = bias >= 0 ? kiln_opt_const(g, bias) : NULL;
+    const kiln_tensor *m = kiln_opt_const(g, pm);
+    if ((bias >= 0 && (!b || b->dtype != KILN_DTYPE_F32 || b->rank > 4)) || !m) return KILN_OK;
+    int64_t want[4] = {P, H, S, T}, bs[4] = {0, 0, 0, 0}, ms[4] = {0, 0, 0, 0}, st = 1;
+    if (b) {
+        for (int i = b->rank - 1; i >= 0; i--) {
+            int ax = 4 - b->rank + i;
+            if (b->dims[i] != 1 && (ax == 0 || b->dims[i] != want[ax])) return KILN_OK;
+            if (b->dims[i] != 1) bs[ax] = st;
+            st *= b->dims[i];
+        }
+    }
+    st = 1; /* the mask: [.., P, H?, S, T] over 5 axes, the first absent or 1 */
+    for (int i = m->rank - 1; i >= 0; i--) {
+        int ax = 5 - m->rank + i - 1; /* axis of [P, H, S, T] */
+        if (m->dims[i] != 1) {
+            if (ax < 0 || m->dims[i] != want[ax]) return KILN_OK;
+            ms[ax] = st;
+        }
+        st *= m->dims[i];
+    }
+    kiln_tensor *t;
+    kiln_status rs = kiln_tensor_create(KILN_DTYPE_F32, 4, want, &t);
+    if (rs != KILN_OK) return rs;
+    float *o = t->data;
+    const float *bd = b ? b->data : NULL, *md = m->data;
+    for (int64_t p = 0, i = 0; p < P; p++)
+        for (int64_t h = 0; h < H; h++)
+            for (int64_t q = 0; q < S; q++)
+                for (int64_t k = 0; k < T; k++, i++)
+                    o[i] = (bd ? bd[h * bs[1] + q * bs[2] + k * bs[3]] : 0.0f) +
+                           md[p * ms[0] + h * ms[1] + q * ms[2] + k * ms[3]];
+    return kiln_opt_add_const(g, "window_mask", t, out);
+}
+
 static kiln_status fuse_views(struct kiln_graph *g, int smi, bool *done)
 {
     *done = false;
@@ -853,21 +943,34 @@ static kiln_status fuse_views(struct kiln_graph *g, int smi, bool *done)
     if (ts->dtype != KILN_DTYPE_F32 || ts->rank < 3 || ts->rank > 4) return KILN_OK;
     int64_t axis = kiln_attr_int(sm, "axis", -1);
     if (axis != -1 && axis != ts->rank - 1) return KILN_OK;
-    int rm[16], n_rm = 0;
+    int rm[24], n_rm = 0;
     rm[n_rm++] = smi;
     /* the scores: back from the Softmax to the first MatMul */
     double scale = 1.0;
-    int s = sm->in[0], mask = -1, where = -1;
+    int s = sm->in[0], mask = -1, where = -1, pmask = -1;
+    int64_t period = 0;
     bool where_keep = false, scaled = false; /* a scale after the mask would scale it too */
     float where_c = 0.0f;
     for (;;) {
         int p = kiln_opt_producer(g, s);
-        if (p < 0 || kiln_opt_single_consumer(g, s) < 0 || n_rm == 14) return KILN_OK;
+        if (p < 0 || kiln_opt_single_consumer(g, s) < 0 || n_rm >= 14) return KILN_OK;
         const struct kiln_node *n = &g->nodes[p];
         double f;
         int x;
         if (n->op == KILN_OP_MatMul) break;
-        if ((n->op == KILN_OP_Mul || n->op == KILN_OP_Div) && scalar_factor(g, n, &f, &x)) {
+        int pr1, pm;
+        int64_t per;
+        if (n->op == KILN_OP_Reshape && pmask < 0 && mask < 0 && where < 0 && !scaled &&
+            periodic_mask(g, p, &pr1, &pm, &per)) {
+            /* Swin's shifted windows: scores viewed [B, P, H, S, T], a mask per window
+             * added, viewed back: a mask whose batch index is the window, b % P */
+            pmask = pm;
+            period = per;
+            rm[n_rm++] = p;
+            rm[n_rm++] = kiln_opt_producer(g, n->in[0]);
+            p = pr1;
+            s = g->nodes[pr1].in[0];
+        } else if ((n->op == KILN_OP_Mul || n->op == KILN_OP_Div) && scalar_factor(g, n, &f, &x)) {
             scale *= f;
             scaled = true;
             s = n->in[x];
@@ -920,8 +1023,18 @@ static kiln_status fuse_views(struct kiln_graph *g, int smi, bool *done)
     }
     sd[sr++] = q.s;
     sd[sr++] = k.s;
+    if (pmask >= 0) {
+        /* one constant [P, H, S, T] mask, indexed by the window b % P */
+        if (where >= 0 || q.nbatch != 2 || q.s.n || k.s.n) return KILN_OK;
+        int combined;
+        kiln_status pst = periodic_mask_const(g, mask, pmask, period, q.heads, q.s.c, k.s.c,
+                                              &combined);
+        if (pst != KILN_OK) return pst;
+        if (combined < 0) return KILN_OK;
+        mask = combined;
+    }
     int mv = where >= 0 ? g->nodes[where].in[0] : mask;
-    if (mv >= 0) {
+    if (mv >= 0 && pmask < 0) {
         const struct kiln_type *tm = &g->values[mv].type;
         if ((where < 0 && tm->dtype != KILN_DTYPE_F32) || tm->rank < 1 || tm->rank > sr)
             return KILN_OK;
@@ -974,7 +1087,7 @@ static kiln_status fuse_views(struct kiln_graph *g, int smi, bool *done)
     }
     int ni;
     kiln_status st = kiln_opt_add_node(g, KILN_OP_KilnAttention, g->nodes[smi].name,
-                                       mask >= 0 ? 4 : 3, 1, 12, 1, &ni);
+                                       mask >= 0 ? 4 : 3, 1, 13, 1, &ni);
     if (st != KILN_OK) return st;
     kiln_opt_attr_int(g, ni, 0, "num_heads", q.heads);
     kiln_opt_attr_int(g, ni, 1, "head_size", q.width);
@@ -988,6 +1101,7 @@ static kiln_status fuse_views(struct kiln_graph *g, int smi, bool *done)
     kiln_opt_attr_int(g, ni, 9, "y_merge_rows", merge);
     kiln_opt_attr_int(g, ni, 10, "mask_merged", merged && mask >= 0);
     kiln_opt_attr_int(g, ni, 11, "kv_heads", k.kv_heads);
+    kiln_opt_attr_int(g, ni, 12, "mask_period", pmask >= 0 ? period : 0);
     kiln_opt_set_input(g, ni, 0, q.src);
     kiln_opt_set_input(g, ni, 1, k.src);
     kiln_opt_set_input(g, ni, 2, v.src);

@@ -16,7 +16,10 @@ temporary folder together with PyTorch's output:
   Gather, and one that adds the mask before the scale (the scale would apply to the mask: not
   fused, and still right);
 - grouped-query attention as Llama-style code writes it (two kv heads repeated for four query
-  heads by Expand and Reshape) and multi-query attention (one kv head that MatMul broadcasts).
+  heads by Expand and Reshape) and multi-query attention (one kv head that MatMul broadcasts);
+- torchvision's Swin window attention, plain and shifted (the shifted windows' mask is added to
+  the scores viewed [B, windows, H, S, T], so its batch index is the window: mask_period), with
+  a dynamic batch, so shape inference gives up on the window reshapes' shape vectors.
 
 Each must fuse as many attentions as it has (the optimization log of `kiln inspect --optimized`
 counts KilnAttention), run them on the fused kernel (`kiln bench --profile`), and match PyTorch
@@ -196,11 +199,20 @@ def build(name):
                 return self.o(y.transpose(1, 2).reshape(b, t, d))
 
         return GroupedQuery(), {"x": x}, True, 1
+    if name in ("swin", "swin_shifted"):
+        tv = pytest.importorskip("torchvision")
+        from torchvision.models.swin_transformer import ShiftedWindowAttention
+        shift = [2, 2] if name == "swin_shifted" else [0, 0]
+        # 8 x 8 pixels in 4 x 4 windows: 4 windows per image, heads 2 of 16
+        attn = ShiftedWindowAttention(32, [4, 4], shift, 2)
+        with torch.no_grad():  # a relative position bias that matters
+            attn.relative_position_bias_table.normal_(0, 1.0, generator=g)
+        return attn, {"x": torch.randn(B, 8, 8, 32, generator=g)}, True, 1
     raise KeyError(name)
 
 
 MODELS = ["mha", "mha_batch_first", "gpt2", "encoder_layer", "bert", "packed_gather",
-          "scaled_mask", "gqa", "mqa"]
+          "scaled_mask", "gqa", "mqa", "swin", "swin_shifted"]
 
 
 @pytest.fixture(scope="session")

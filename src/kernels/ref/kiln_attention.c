@@ -10,7 +10,9 @@
  * 2*H*E, and no Split, Slice or transpose is materialized. With kv_heads
  * (default num_heads) K and V hold fewer heads, each shared by num_heads /
  * kv_heads consecutive query heads (grouped-query and multi-query attention):
- * query head h reads kv head h / (num_heads / kv_heads). Per batch b, head
+ * query head h reads kv head h / (num_heads / kv_heads). With mask_period P
+ * the mask's batch axis has P entries and batch b reads entry b % P (the
+ * window of Swin's shifted-window attention, whose batch is images x windows). Per batch b, head
  * h and query i: y = softmax(scale * q . k_j + mask[b, h, i, j]) . v_j. The
  * optional f32 mask broadcasts to [B, H, S, T]; with mask_merged its rank is
  * at most 3 and it broadcasts to [B * H, S, T] (attention exported with the
@@ -121,13 +123,19 @@ static kiln_status ka_run(struct kiln_run_ctx *ctx)
     if (st != KILN_OK) return st;
     const kiln_tensor *m = ctx->n_in > 3 ? ctx->in[3] : NULL;
     bool merged = kiln_attr_int(n, "mask_merged", 0) != 0;
+    /* mask_period P: the mask's batch axis is the window, b % P (Swin's shifted windows) */
+    int64_t period = kiln_attr_int(n, "mask_period", 0);
+    if (period < 0 || (period > 0 && (merged || d.B % period)))
+        return kiln_node_error(n, KILN_ERR_INVALID_ARGUMENT,
+                               "mask_period %lld does not divide the batch %lld",
+                               (long long)period, (long long)d.B);
     /* the mask's strides over [B, H, S, T] (merged: [B * H, S, T] as b * H + h) */
     int64_t ms[4] = {0, 0, 0, 0};
     if (m) {
         if (m->dtype != KILN_DTYPE_F32 || m->rank < 1 || m->rank > (merged ? 3 : 4))
             return kiln_node_error(n, KILN_ERR_INVALID_ARGUMENT,
                                    "mask must be float32 of rank 1 to %d", merged ? 3 : 4);
-        int64_t want[4] = {d.B, d.H, d.SQ, d.T}, stride = 1;
+        int64_t want[4] = {period > 0 ? period : d.B, d.H, d.SQ, d.T}, stride = 1;
         if (m->dims[m->rank - 1] != d.T)
             return kiln_node_error(n, KILN_ERR_INVALID_ARGUMENT,
                                    "mask's last dim %lld is not the %lld keys",
@@ -172,7 +180,9 @@ static kiln_status ka_run(struct kiln_run_ctx *ctx)
                     double acc = 0.0;
                     for (int64_t e = 0; e < d.E; e++) acc += (double)qi[e] * kj[e];
                     acc *= scale;
-                    if (mk) acc += mk[b * ms[0] + h * ms[1] + i * ms[2] + j * ms[3]];
+                    if (mk)
+                        acc += mk[(period > 0 ? b % period : b) * ms[0] + h * ms[1] + i * ms[2] +
+                                  j * ms[3]];
                     p[j] = acc;
                     if (acc > mx) mx = acc;
                 }

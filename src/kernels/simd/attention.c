@@ -34,6 +34,7 @@ struct attn_state {
     float scale;
     int mask;                 /* 0 none, 1 f32, 2 bool */
     int64_t mstride[3], mcols;
+    int64_t mperiod;          /* > 0: the mask's batch index is b % mperiod (KilnAttention) */
     int threads;              /* scratch slots */
     char name[40];
 };
@@ -78,7 +79,8 @@ static void attn_range(void *arg, int64_t begin, int64_t end)
             float *row = S + r * T;
             int64_t qi = q0 + r;
             if (s->mask) {
-                int64_t mi = b * s->mstride[0] + h * s->mstride[1] + qi * s->mstride[2];
+                int64_t mb = s->mperiod > 0 ? b % s->mperiod : b;
+                int64_t mi = mb * s->mstride[0] + h * s->mstride[1] + qi * s->mstride[2];
                 if (s->mask == 1) {
                     s->k->binary(SIMD_ADD, SIMD_B_VEC, row, (const float *)j->mask + mi, row,
                                  s->mcols);
@@ -206,7 +208,7 @@ static kiln_status attn_finish(const struct kiln_compile_ctx *cc, struct kiln_ke
         if (mask->dtype == KILN_DTYPE_F32) st.mask = 1;
         else if (mask->dtype == KILN_DTYPE_BOOL) st.mask = 2;
         else return KILN_OK;
-        int64_t want[4] = {st.B, st.HQ, st.SQ, st.T}, stride = 1;
+        int64_t want[4] = {st.mperiod > 0 ? st.mperiod : st.B, st.HQ, st.SQ, st.T}, stride = 1;
         if (merged && mask->rank > 3) return KILN_OK;
         for (int i = mask->rank - 1; i >= 0; i--) {
             int ax = (merged ? 4 : 4) - mask->rank + i; /* merged: axis 1 is batch * heads */
@@ -290,6 +292,10 @@ static kiln_status KilnAttention_compile(const struct kiln_compile_ctx *cc,
     const struct kiln_type *mask = cc->n_in > 3 ? cc->in[3] : NULL;
     if (mask && (mask->rank < 1 || mask->dims[mask->rank - 1] != st.T))
         return KILN_OK; /* KilnAttention's mask spans the keys (no -inf padding) */
+    st.mperiod = kiln_attr_int(n, "mask_period", 0); /* Swin's windows: mask batch b % P */
+    if (st.mperiod < 0 || (st.mperiod > 0 && (st.B % st.mperiod ||
+                                               kiln_attr_int(n, "mask_merged", 0) != 0)))
+        return KILN_OK;
     return attn_finish(cc, inst, &st, mask,
                        kiln_attr_int(n, "mask_merged", 0) != 0);
 }
