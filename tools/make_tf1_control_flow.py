@@ -436,6 +436,21 @@ def bad_merge_three_way():
     return saved_model(nodes, sig({"x": ("x:0", F, [])}, {"y": m + ":0"}))
 
 
+def bad_switch_alone():
+    nodes = [placeholder("x", F, []), c_f32("zero", 0.0), op("pos", "Greater", ["x", "zero"]),
+             op("sw", "Switch", ["x", "pos"])]
+    return saved_model(nodes, sig({"x": ("x:0", F, [])}, {"y": "sw:1"}))
+
+
+def bad_split_unequal():
+    lens = node("lens", "Const", dtype=a_type(9), value=a_tensor(tensor(9, [2], int64s=[1, 2])))
+    nodes = [placeholder("x", F, [3]), c_i32("two", 2), c_i32("one", 1), lens,
+             node("ta", "TensorArrayV3", ["two"], **ta_attrs()),
+             node("split", "TensorArraySplitV3", ["ta", "x", "lens", "ta:1"], T=a_type(F)),
+             node("y", "TensorArrayReadV3", ["ta", "one", "split"], dtype=a_type(F))]
+    return saved_model(nodes, sig({"x": ("x:0", F, [3])}, {"y": "y:0"}))
+
+
 BAD = {  # name: (bytes, pattern the one-line error must match)
     "bad_exit_without_enter": (bad_exit_without_enter(),
                                r"node 'lost_exit' \(op Exit\).*not inside a while loop"),
@@ -447,6 +462,9 @@ BAD = {  # name: (bytes, pattern the one-line error must match)
     "bad_no_loop_cond": (_counter(loop_cond=False),
                          r"node 'w/Enter_0' \(op Enter\).*no LoopCond"),
     "bad_merge_three_way": (bad_merge_three_way(), r"node 'c/Merge' \(op Merge\).*3 data inputs"),
+    "bad_switch_alone": (bad_switch_alone(), r"node 'sw' \(op Switch\).*outside"),
+    "bad_split_unequal": (bad_split_unequal(), r"node 'split' \(op TensorArraySplitV3\).*lengths 1 "
+                                               r"and 2 differ"),
 }
 
 MODELS = {"counting": counting, "tensorarray": tensorarray, "cond": cond_model,

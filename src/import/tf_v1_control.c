@@ -199,7 +199,7 @@ static char *fmt(struct fz *z, const char *f, ...)
 /* A node name not yet in the graph, from base. */
 static char *fresh_name(struct fz *z, const char *base)
 {
-    char *s = fmt(z, "%s", base);
+    char *s = base ? fmt(z, "%s", base) : NULL;
     for (int k = 1; s && find_n(z, s, strlen(s)) >= 0; k++) s = fmt(z, "%s_%d", base, k);
     return s;
 }
@@ -1293,7 +1293,7 @@ static kiln_status do_loop(struct fz *z, int f, bool *ready)
     const KilnSm__AttrValue *pi = attr(z, lv[0].enter, "parallel_iterations");
     int n_ats = 3;
     if (pi) ats[n_ats++] = entry(z, "parallel_iterations", (KilnSm__AttrValue *)pi);
-    if (!ats[0] || !ats[1] || !ats[2]) {
+    if (!ats[0] || !ats[1] || !ats[2] || !ats[n_ats - 1]) {
         st = oom();
         goto out;
     }
