@@ -18,7 +18,8 @@ below (`*_ref`).
   tensorarray  a loop writing x * i into a TensorArray (fixed size n) and into
                a dynamic_size one grown from size 0; after it Gather (stack),
                Read, Size, Concat, and a Split / Read of a third array
-  cond         tf.cond(sum(x) > 0, x * 2 + 1, x - 1) and its Merge's value_index
+  cond         tf.cond(sum(x) > 0, x * 2 + 1, x - 1) and its Merge's value_index, and a
+               second result of the same cond (x * 2 or x * x)
   nesting      a loop inside a cond branch, a cond inside a loop body and a
                loop inside a loop body
   rnn          dynamic_rnn: x [T, B, F] unstacked (TensorArrayScatterV3) into
@@ -241,18 +242,22 @@ def cond_model():
         return [c_f32("c/one_f", 1.0, ctl=[pivot]), op("c/sub", "Sub", [s[0], "c/one_f"])], "c/sub"
 
     c_nodes, merge = cond("c", "pos", [("x", F)], t, f)
+    # a second result of the same cond (tf.cond returning a pair): its own Merge over the
+    # same Switches, true x * 2, false x * x
+    c_nodes += [op("c/sq", "Mul", ["c/Switch_1", "c/Switch_1"]),
+                op("c/Merge_1", "Merge", ["c/sq", "c/mul"], N=a_int(2))]
     nodes = [placeholder("x", F, [-1]), c_i32("axis", [0]),
              node("sum", "Sum", ["x", "axis"], T=a_type(F), Tidx=a_type(I), keep_dims=a_bool(False)),
              c_f32("zero", 0.0), op("pos", "Greater", ["sum", "zero"])] + c_nodes + [
              op("y", "Identity", [merge])]
     return saved_model(nodes, sig({"x": ("x:0", F, [-1])},
-                                  {"y": "y:0", "branch": merge + ":1"}))
+                                  {"y": "y:0", "branch": merge + ":1", "second": "c/Merge_1:0"}))
 
 
 def cond_ref(x):
     pos = x.sum() > 0
     return {"y": x * np.float32(2) + np.float32(1) if pos else x - np.float32(1),
-            "branch": np.int32(1 if pos else 0)}
+            "branch": np.int32(1 if pos else 0), "second": x * np.float32(2) if pos else x * x}
 
 
 def nesting():
