@@ -118,3 +118,36 @@ def test_malformed_frames_are_refused(tmp_path, name):
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("kiln: "), r.stderr[-2000:]
     assert re.search(pattern, lines[0], re.I), f"{pattern!r} not in: {lines[0]}"
+
+
+# Ops of equal length, swapped in place in the wire bytes (field 2 of a NodeDef, tag 0x12):
+# graphs whose frames and conditionals are wrong in every way a swap can make them.
+SWAPS = [(b"Merge", b"Enter"), (b"Enter", b"Merge"), (b"Exit", b"Less"), (b"Less", b"Exit"),
+         (b"Identity", b"LoopCond"), (b"LoopCond", b"Identity"), (b"Switch", b"MatMul"),
+         (b"Exit", b"Cast"), (b"Merge", b"Const")]
+
+
+@pytest.mark.parametrize("name", sorted(cf.MODELS))
+def test_mangled_control_flow_never_crashes(tmp_path, name):
+    import random
+    base = cf.MODELS[name]()
+    rng = random.Random(name)
+    tried = 0
+    for _ in range(40):
+        a, b = rng.choice(SWAPS)
+        pat = bytes([0x12, len(a)]) + a
+        spots = [i for i in range(len(base)) if base.startswith(pat, i)]
+        if not spots:
+            continue
+        i = rng.choice(spots)
+        data = base[:i] + bytes([0x12, len(b)]) + b + base[i + len(pat):]
+        d = cf.write(str(tmp_path), f"m{tried}", data)
+        r = kiln("inspect", d)
+        tried += 1
+        assert r.returncode in (0, 1), f"{a}->{b} at {i}: exit {r.returncode}\n{r.stderr[-2000:]}"
+        if r.returncode == 1:
+            lines = r.stderr.strip().splitlines()
+            assert len(lines) == 1 and lines[0].startswith("kiln: "), r.stderr[-2000:]
+        if tried == 6:
+            break
+    assert tried >= 4
