@@ -20,8 +20,8 @@ below (`*_ref`).
                Read, Size, Concat, and a Split / Read of a third array
   cond         tf.cond(sum(x) > 0, x * 2 + 1, x - 1) and its Merge's value_index, and a
                second result of the same cond (x * 2 or x * x)
-  nesting      a loop inside a cond branch, a cond inside a loop body and a
-               loop inside a loop body
+  nesting      a loop inside a cond branch, a cond inside a loop body, a loop
+               inside a loop body and a cond inside a cond branch
   rnn          dynamic_rnn: x [T, B, F] unstacked (TensorArrayScatterV3) into
                an input array read each step, h = tanh(x_t W + h U + b)
                written to an output array, stacked after the loop
@@ -314,11 +314,28 @@ def nesting():
             op("o/i1", "AddV2", [v[0], "o/one"], t=I)], ["o/i1", iex[1]]
 
     o_nodes, o_ex = while_loop("o", [("i0", I), ("i0", I)], {"n": ("n", I)}, oc, ob)
+
+    # (d) a cond inside a cond branch: x > 0 ? (n > 2 ? x * 3 : x + 5) : -x
+    def dt(s, pivot):
+        def it(t, pv):
+            return [c_f32("d/in/three", 3.0, ctl=[pv]), op("d/in/mul", "Mul", [t[0], "d/in/three"])], \
+                "d/in/mul"
+
+        def ie(t, pv):
+            return [c_f32("d/in/five", 5.0, ctl=[pv]), op("d/in/add", "AddV2", [t[0], "d/in/five"])], \
+                "d/in/add"
+        inner, m = cond("d/in", "d/big", [(s[0], F)], it, ie)
+        return [c_i32("d/two", 2, ctl=[pivot]), op("d/big", "Greater", [s[1], "d/two"], t=I)] + inner, m
+
+    def de(s, pivot):
+        return [op("d/neg", "Neg", [s[0]])], "d/neg"
+
+    d_nodes, d_merge = cond("d", "pos", [("x", F), ("n", I)], dt, de)
     nodes = [placeholder("x", F, []), placeholder("n", I, []), c_f32("zero", 0.0), c_i32("i0", 0),
-             op("pos", "Greater", ["x", "zero"])] + a_nodes + b_nodes + o_nodes
+             op("pos", "Greater", ["x", "zero"])] + a_nodes + b_nodes + o_nodes + d_nodes
     return saved_model(nodes, sig({"x": ("x:0", F, []), "n": ("n:0", I, [])},
                                   {"branch": a_merge + ":0", "alternating": b_ex[1] + ":0",
-                                   "triangle": o_ex[1] + ":0"}))
+                                   "triangle": o_ex[1] + ":0", "cond_in_cond": d_merge + ":0"}))
 
 
 def nesting_ref(x, n):
@@ -328,7 +345,8 @@ def nesting_ref(x, n):
     for _ in range(n):
         acc = acc + x if acc < 10 else acc * np.float32(0.5)
     return {"branch": np.float32(branch), "alternating": np.float32(acc),
-            "triangle": np.int32(sum(range(max(n, 0))))}
+            "triangle": np.int32(sum(range(max(n, 0)))),
+            "cond_in_cond": np.float32((x * 3 if n > 2 else x + 5) if x > 0 else -x)}
 
 
 RNN_F, RNN_H = 2, 3
