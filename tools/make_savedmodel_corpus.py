@@ -417,6 +417,18 @@ def cases():
     c["ok_while_tensorlist"] = cf.while_tensorlist()
     c["ok_if_loop_nesting"] = cf.if_loop_nesting()
     c["while_body_missing"] = cf.BAD["bad_while_body_missing"][0]
+    # TF1 control flow: frames and Switch/Merge (tools/make_tf1_control_flow.py)
+    import make_tf1_control_flow as cf1
+    c["ok_tf1_nesting"] = cf1.nesting()
+    c["ok_tf1_tensorarray"] = cf1.tensorarray()
+    c["tf1_next_iteration_without_merge"] = cf1.BAD["bad_next_iteration_without_merge"][0]
+    c["tf1_mismatched_frames"] = cf1.BAD["bad_mismatched_frames"][0]
+    rng1 = random.Random(SEED + 1)
+    for i in range(6):
+        b = bytearray(c["ok_tf1_nesting"])
+        for _ in range(1 + i % 3):
+            b[rng1.randrange(len(b))] ^= 1 << rng1.randrange(8)
+        c["any_tf1_bitflip_%02d" % i] = bytes(b)
     rng = random.Random(SEED)
     base = times_three_call()
     for i in range(12):
@@ -449,6 +461,8 @@ EXPECT = {
     "duplicate_node_names": r"two graph nodes",
     "function_not_in_library": r"nowhere.*not in the graph's function library",
     "while_body_missing": r"node 'w'.*body function 'nowhere'",
+    "tf1_next_iteration_without_merge": r"node 'w/NextIteration_1'.*feeds no Merge",
+    "tf1_mismatched_frames": r"node 'w/xi'.*two different while loops",
     "function_wrong_arity": r"passes 2 inputs",
     "function_bad_reference": r"without an output name",
     "no_signatures": r"no signatures",

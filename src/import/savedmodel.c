@@ -2100,6 +2100,7 @@ static kiln_status load_parsed(struct sm_ctx *c, const char *tags)
     }
     c->gd = c->mg->graph_def;
     if (!c->gd) return kiln_error(KILN_ERR_INVALID_MODEL, "the MetaGraphDef has no graph_def");
+    if ((st = tf_v1_functionalize(m->graph->mem, &c->gd)) != KILN_OK) return st; /* TF1 loops, conds */
     if ((st = index_graph(c)) != KILN_OK) return st;
 
     /* serving signatures, sorted by name; the default is serving_default */

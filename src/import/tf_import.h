@@ -103,6 +103,16 @@ kiln_status tf_node_err(const struct tf_node_ctx *L, kiln_status st, const char 
 bool tf_control_handles(const char *op);
 kiln_status tf_control_lower(struct tf_node_ctx *L);
 
+/* Provided by tf_v1_control.c: rewrite a main graph with TF1 control flow
+ * (Switch/Merge conditionals, Enter/Exit while-loop frames) into one with
+ * If and While nodes whose functions are added to the library (*gd is
+ * replaced by a copy living in mem; a graph without them is left alone);
+ * and the lowering of the TensorArrayV3 ops (and a clear refusal of a TF1
+ * control-flow node left outside any loop or conditional). */
+kiln_status tf_v1_functionalize(struct kiln_arena *mem, const KilnSm__GraphDef **gd);
+bool tf_v1_control_handles(const char *op);
+kiln_status tf_v1_control_lower(struct tf_node_ctx *L);
+
 /* Provided by tf_keras_rnn.c: when the While node L whose body was lowered
  * into sub (inputs: iteration, condition, the carried values; carried
  * value j is loop variable carried_var[j]) is a Keras LSTM or GRU loop,

@@ -2427,6 +2427,11 @@ kiln_status tf_lower_node(struct tf_node_ctx *L)
         if (st == KILN_OK && !L->out) st = set_outputs(L, 0);
         return st;
     }
+    if (tf_v1_control_handles(op)) {
+        kiln_status st = tf_v1_control_lower(L);
+        if (st == KILN_OK && !L->out) st = set_outputs(L, 0);
+        return st;
+    }
     for (size_t i = 0; i < sizeof LOWER / sizeof *LOWER; i++)
         if (strcmp(op, LOWER[i].tf) == 0) {
             kiln_status st = LOWER[i].fn(L, &LOWER[i]);
