@@ -17,7 +17,7 @@ import sys
 
 import numpy as np
 
-F32, F16, I32, U8, I64, I8 = 0, 1, 2, 3, 4, 9
+F32, F16, I32, U8, I64, I16, I8 = 0, 1, 2, 3, 4, 7, 9
 
 # BuiltinOperator codes and BuiltinOptions union types (schema.fbs)
 OPS = {"ADD": (0, 11), "AVERAGE_POOL_2D": (1, 5), "CONCATENATION": (2, 10), "CONV_2D": (3, 1),
@@ -26,7 +26,7 @@ OPS = {"ADD": (0, 11), "AVERAGE_POOL_2D": (1, 5), "CONCATENATION": (2, 10), "CON
        "RELU6": (21, 0), "RESHAPE": (22, 17), "SOFTMAX": (25, 9), "TANH": (28, 0),
        "CUSTOM": (32, 0), "PAD": (34, 22), "TRANSPOSE": (39, 26), "MEAN": (40, 27),
        "SUB": (41, 28), "DIV": (42, 29), "SQUEEZE": (43, 30), "STRIDED_SLICE": (45, 32),
-       "QUANTIZE": (114, 0), "LSTM": (16, 14), "UNIDIRECTIONAL_SEQUENCE_LSTM": (44, 71)}
+       "QUANTIZE": (114, 0), "SVDF": (27, 6), "LSTM": (16, 14), "UNIDIRECTIONAL_SEQUENCE_LSTM": (44, 71)}
 
 
 class Builder:
@@ -144,7 +144,7 @@ class Model:
     def const(self, arr, ttype=None, name=None, quant=None):
         arr = np.asarray(arr)
         ttype = ttype if ttype is not None else {np.float32: F32, np.float16: F16, np.int32: I32,
-                                                  np.int8: I8,
+                                                  np.int8: I8, np.int16: I16,
                                                   np.uint8: U8, np.int64: I64}[arr.dtype.type]
         return self.add(arr.shape, ttype, name, arr, quant)
 

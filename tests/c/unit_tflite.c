@@ -230,7 +230,7 @@ static void test_add(void)
     uint8_t a[3] = {3, 200, 0}, b[3] = {4, 100, 0};
     kiln_tensor *in[2] = {tens(KILN_DTYPE_U8, 1, &d, a), tens(KILN_DTYPE_U8, 1, &d, b)};
     struct tfl_add_params p;
-    tfl_add_prepare(1.0f, 0, 1.0f, 0, 1.0f, 0, &p);
+    tfl_add_prepare(1.0f, 0, 1.0f, 0, 1.0f, 0, 20, &p);
     CHECK(p.left_shift == 20 && p.input1_multiplier == 1 << 30 && p.input1_shift == 0,
           "inputs at half of twice the scale");
     /* 2 / 2^20 = 2^-19 = 0.5 * 2^-18 */
@@ -264,7 +264,7 @@ static void test_sub_mul_lut(void)
     int8_t a[3] = {10, -100, 5}, b[3] = {4, 100, 5};
     kiln_tensor *in[2] = {tens(KILN_DTYPE_I8, 1, &d, a), tens(KILN_DTYPE_I8, 1, &d, b)};
     struct tfl_add_params p;
-    tfl_add_prepare(1.0f, 0, 1.0f, 0, 1.0f, 0, &p);
+    tfl_add_prepare(1.0f, 0, 1.0f, 0, 1.0f, 0, 20, &p);
     struct kiln_node *n = mk(KILN_OP_TflAdd, 2);
     ai(n, "left_shift", p.left_shift);
     ai(n, "input1_multiplier", p.input1_multiplier);
