@@ -1398,6 +1398,80 @@ static kiln_status lower_lstm(struct lw *L, bool sequence)
     return bind(L, 0, y);
 }
 
+/* SVDF (float): TFLite keeps the last memory_size feature activations of
+ * each filter in a variable state tensor, shifted left one frame per
+ * invocation, and computes out[b, u] = sum over the rank r filters
+ * f = u * rank + r of sum_m weights_time[f, m] * state[b, f, m], + bias,
+ * activation. The state is zero at the start of every Kiln run (TFLite
+ * resets variable tensors to zero), so after the shift it holds only this
+ * run's frame in column memory_size - 1: out = ReduceSum over rank of
+ * (x . weights_feature^T) * weights_time[:, M - 1]. That is TFLite's first
+ * invocation; streaming across requests is not modelled. */
+static kiln_status lower_svdf(struct lw *L)
+{
+    const struct kiln_fb_table *o;
+    TRY(options(L, OPT_SVDF, &o));
+    int32_t rank;
+    int8_t act;
+    TRY(opt_i32(o, 0, "rank", 1, &rank));
+    TRY(opt_i8(o, 1, "fused_activation_function", 0, &act));
+    const struct tfl_tensor *tx = tin(L, 0), *tf = tin(L, 1), *tt = tin(L, 2), *tb = tin(L, 3);
+    TRY(need_rank(L, tx, 2, "input"));
+    TRY(need_rank(L, tf, 2, "weights_feature"));
+    TRY(need_rank(L, tt, 2, "weights_time"));
+    if (tx->dtype != KILN_DTYPE_F32 || tf->dtype != KILN_DTYPE_F32 || tt->dtype != KILN_DTYPE_F32 ||
+        (tb && tb->dtype != KILN_DTYPE_F32) || tout(L, 0)->dtype != KILN_DTYPE_F32)
+        return lerr(L, KILN_ERR_UNSUPPORTED, "SVDF of %s by %s and %s (Kiln supports float32 "
+                    "SVDF; the integer and hybrid kernels are not implemented)",
+                    kiln_dtype_name(tx->dtype), kiln_dtype_name(tf->dtype),
+                    kiln_dtype_name(tt->dtype));
+    int64_t nf = tf->shape[0], nin = tf->shape[1], mem = tt->shape[1];
+    if (rank < 1 || nf < 1 || nf % rank || tt->shape[0] != nf || mem < 1 ||
+        tx->shape[1] != nin || (tb && (tb->rank != 1 || tb->shape[0] != nf / rank)))
+        return lerr(L, KILN_ERR_INVALID_MODEL, "rank %d, weights_feature [%lld,%lld], "
+                    "weights_time [%lld,%lld] and the input [%lld,%lld] do not fit", (int)rank,
+                    (long long)nf, (long long)nin, (long long)tt->shape[0], (long long)mem,
+                    (long long)tx->shape[0], (long long)tx->shape[1]);
+    if (!tbuf(L, tt))
+        return lerr(L, KILN_ERR_UNSUPPORTED, "weights_time must be a constant");
+    kiln_tensor *wt, *last;
+    TRY(tensor_data(L, tt, &wt));
+    kiln_status st = kiln_tensor_new(KILN_DTYPE_F32, 1, &nf, &last);
+    if (st != KILN_OK) {
+        kiln_tensor_free(wt);
+        return st;
+    }
+    for (int64_t f = 0; f < nf; f++)
+        ((float *)last->data)[f] = ((const float *)wt->data)[f * mem + mem - 1];
+    kiln_tensor_free(wt);
+    int x, w, b, y, vl;
+    TRY(add_const(L, tt->name, last, &vl));
+    TRY(need_in(L, 0, &x));
+    TRY(need_in(L, 1, &w));
+    TRY(in_val(L, 3, &b));
+    struct kiln_node *n;
+    int in[2] = {x, w};
+    TRY(node(L, KILN_OP_Gemm, 2, in, 1, &n, &y));
+    a_int(n, "transB", 1);
+    int in2[2] = {y, vl};
+    TRY(op1(L, KILN_OP_Mul, 2, in2, &y));
+    int64_t shape[3] = {-1, nf / rank, rank}, ax = 2;
+    int sv, av;
+    TRY(const_i64(L, 3, shape, &sv));
+    int in3[2] = {y, sv};
+    TRY(op1(L, KILN_OP_Reshape, 2, in3, &y));
+    TRY(const_i64(L, 1, &ax, &av));
+    int in4[2] = {y, av};
+    TRY(node(L, KILN_OP_ReduceSum, 2, in4, 1, &n, &y));
+    a_int(n, "keepdims", 0);
+    if (b >= 0) {
+        int in5[2] = {y, b};
+        TRY(op1(L, KILN_OP_Add, 2, in5, &y));
+    }
+    TRY(activation(L, act, y, &y));
+    return bind(L, 0, y);
+}
+
 static kiln_status lower_op(struct lw *L, int32_t code)
 {
     switch (code) {
@@ -1424,6 +1498,7 @@ static kiln_status lower_op(struct lw *L, int32_t code)
     case TFL_QUANTIZE: return lower_quantize(L);
     case TFL_DEQUANTIZE: return lower_dequantize(L);
     case TFL_LSTM: return lower_lstm(L, false);
+    case TFL_SVDF: return lower_svdf(L);
     case TFL_UNIDIRECTIONAL_SEQUENCE_LSTM: return lower_lstm(L, true);
     default:
         return lerr(L, KILN_ERR_UNSUPPORTED, "the builtin operator %s (code %d) is not supported "

@@ -407,7 +407,7 @@ def test_person_detector(tmp_path):
     (MICRO / "examples/micro_speech/models/audio_preprocessor_float.tflite",
      r"custom op 'SignalWindow'"),
     (TFLITE_TD / "testdata/lstm.bin", r"\(LSTM\).*cell_clip 10"),
-    (MICRO / "models/keyword_scrambled.tflite", r"\(SVDF\).*not supported"),
+    (MICRO / "models/keyword_scrambled.tflite", r"\(SVDF\).*int8 by int8 and int16.*not implemented"),
     (TFLITE_TD / "testdata/add_quantized.bin", r"\(ADD\).*uint8 and uint8 into float32"),
 ])
 def test_refused(path, pattern):
@@ -1136,3 +1136,46 @@ def test_int16_activations_bit_exact(tmp_path):
     dx = xv.astype(np.float64) * float(s_x)
     assert np.max(np.abs(got["lg"] / 32768 - 1 / (1 + np.exp(-dx)))) < 2e-4
     assert np.max(np.abs(got["th"] / 32768 - np.tanh(dx))) < 4e-4
+
+
+# ---------------------------------------------------------------------- SVDF
+
+
+def svdf_ref(x, wf, wt, bias, rank, relu):
+    """TFLite's EvalFloatSVDF on a freshly reset (zero) state: shift the state left
+    one frame, write x . weights_feature into the newest column, then the time
+    weights over the whole memory, summed over each unit's rank filters."""
+    b, nf, mem = x.shape[0], wf.shape[0], wt.shape[1]
+    state = np.zeros((b, nf, mem), np.float64)
+    state[:, :, :-1] = state[:, :, 1:]
+    state[:, :, -1] = x.astype(np.float64) @ wf.T.astype(np.float64)
+    per_filter = (state * wt[None].astype(np.float64)).sum(axis=2)
+    out = per_filter.reshape(b, nf // rank, rank).sum(axis=2) + bias
+    return np.maximum(out, 0) if relu else out
+
+
+def test_svdf_float(tmp_path):
+    rng = np.random.default_rng(27)
+    nin, nf, rank, mem = 5, 6, 2, 4
+    wf = rng.normal(size=(nf, nin)).astype(np.float32)
+    wt = rng.normal(size=(nf, mem)).astype(np.float32)
+    bias = rng.normal(size=nf // rank).astype(np.float32)
+    m = mk.Model()
+    x = m.add([1, nin], name="x", signature=[-1, nin])
+    state = m.add([1, nf * mem], name="state")
+    m.tensors[state][5] = ("u8", 1)  # is_variable
+    y = m.add([1, nf // rank], name="y")
+    m.op("SVDF", [x, m.const(wf), m.const(wt), m.const(bias), state], [y],
+         [("i32", rank), ("i8", 1)])
+    y2 = m.add([1, nf], name="y2")  # rank 1, no bias, no activation
+    state2 = m.add([1, nf * mem], name="state2")
+    m.tensors[state2][5] = ("u8", 1)
+    m.op("SVDF", [x, m.const(wf), m.const(wt), -1, state2], [y2], [("i32", 1), ("i8", 0)])
+    m.inputs, m.outputs = [x], [y, y2]
+    xv = rng.normal(size=(3, nin)).astype(np.float32)
+    got = run_model(m, {"x": xv}, tmp_path)
+    np.testing.assert_allclose(got["y"], svdf_ref(xv, wf, wt, bias, rank, True), rtol=1e-5,
+                               atol=1e-5)
+    np.testing.assert_allclose(got["y2"], svdf_ref(xv, wf, wt, 0, 1, False), rtol=1e-5,
+                               atol=1e-5)
+    assert (got["y"] == 0).any() and (got["y"] > 0).any()  # the RELU did something
