@@ -358,6 +358,37 @@ def corpus():
     if i >= 0:
         struct.pack_into("<I", bad, i, 0x3fffffff)
     out["vector_past_end.tflite"] = bytes(bad)
+
+    # quantized MEAN, int16 (16x8) ops and float SVDF
+    rng = np.random.default_rng(6)
+    m = Model()
+    x = m.add([1, 3, 3, 4], I8, "x", quant=([0.05], [3], 0))
+    y = m.add([1, 1, 1, 4], I8, "y", quant=([0.02], [-5], 0))
+    m.op("MEAN", [x, m.const(np.array([1, 2], np.int32))], [y], [("i8", 1)])
+    m.inputs, m.outputs = [x], [y]
+    out["mean_int8.tflite"] = m.bytes()
+    m = Model()
+    x = m.add([1, 3, 3, 2], I16, "x", quant=([0.001], [0], 0))
+    w = m.const(rng.integers(-127, 128, (3, 2, 2, 2)).astype(np.int8), quant=([0.01] * 3, [0] * 3, 0))
+    b = m.const(np.array([100, -7, 0], np.int64), quant=([0.00001] * 3, [0] * 3, 0))
+    c = m.add([1, 2, 2, 3], I16, "c", quant=([0.002], [0], 0))
+    m.op("CONV_2D", [x, w, b], [c], [("i8", 1), ("i32", 1), ("i32", 1), ("i8", 0)])
+    t = m.add([1, 2, 2, 3], I16, "t", quant=([2.0 ** -15], [0], 0))
+    m.op("TANH", [c], [t])
+    s2 = m.add([1, 2, 2, 3], I16, "s", quant=([0.003], [0], 0))
+    m.op("ADD", [c, t], [s2], [("i8", 0), ("i8", 0)])
+    m.inputs, m.outputs = [x], [s2]
+    out["int16_conv_tanh_add.tflite"] = m.bytes()
+    m = Model()
+    x = m.add([2, 3], name="x")
+    st = m.add([2, 8], name="state")
+    m.tensors[st][5] = ("u8", 1)
+    y = m.add([2, 2], name="y")
+    m.op("SVDF", [x, m.const(rng.standard_normal((4, 3)).astype(np.float32)),
+                  m.const(rng.standard_normal((4, 2)).astype(np.float32)), -1, st], [y],
+         [("i32", 2), ("i8", 0)])
+    m.inputs, m.outputs = [x], [y]
+    out["svdf.tflite"] = m.bytes()
     return out
 
 
