@@ -389,6 +389,21 @@ def corpus():
          [("i32", 2), ("i8", 0)])
     m.inputs, m.outputs = [x], [y]
     out["svdf.tflite"] = m.bytes()
+    m = Model()
+    x = m.add([1, 4], I8, "x", quant=([0.05], [-3], 0))
+    st = m.add([1, 6], I16, "state", quant=([0.004], [0], 0))
+    m.tensors[st][5] = ("u8", 1)
+    y = m.add([1, 1], I8, "y", quant=([0.5], [0], 0))
+    m.op("SVDF", [x, m.const(rng.integers(-127, 128, (2, 4)).astype(np.int8), quant=([0.01], [0], 0)),
+                  m.const(rng.integers(-999, 999, (2, 3)).astype(np.int16), quant=([0.002], [0], 0)),
+                  m.const(np.array([5], np.int32), quant=([0.0000001], [0], 0)), st], [y],
+         [("i32", 2), ("i8", 0)])
+    sm = m.add([1, 1], I16, "sm", quant=([1 / 65536], [-32768], 0))
+    m.op("SOFTMAX", [y], [sm], [("f32", 1.0)])
+    q = m.add([1, 1], I32, "q", quant=([1 / 32768], [0], 0))
+    m.op("QUANTIZE", [sm], [q])
+    m.inputs, m.outputs = [x], [q]
+    out["svdf_int8_softmax16.tflite"] = m.bytes()
     return out
 
 

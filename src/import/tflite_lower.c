@@ -970,7 +970,8 @@ static kiln_status lower_softmax(struct lw *L)
     const struct tfl_tensor *tx = tin(L, 0), *to = tout(L, 0);
     if (is_quant(tx)) {
         if ((tx->dtype != KILN_DTYPE_I8 && tx->dtype != KILN_DTYPE_U8) ||
-            (to->dtype != KILN_DTYPE_I8 && to->dtype != KILN_DTYPE_U8))
+            (to->dtype != KILN_DTYPE_I8 && to->dtype != KILN_DTYPE_U8 &&
+             (to->dtype != KILN_DTYPE_I16 || tx->dtype != KILN_DTYPE_I8)))
             return lerr(L, KILN_ERR_UNSUPPORTED, "quantized SOFTMAX of %s into %s",
                         kiln_dtype_name(tx->dtype), kiln_dtype_name(to->dtype));
         TRY(need_qparams(L, tx, "input", false));
@@ -1197,9 +1198,12 @@ static kiln_status lower_quantize(struct lw *L)
     const struct tfl_tensor *tx = tin(L, 0), *to = tout(L, 0);
     int x, y;
     TRY(need_in(L, 0, &x));
+    /* int32 only from an integer input: quantize.cc's int16 -> int32 Requantize */
     if (!tx || (to->dtype != KILN_DTYPE_I8 && to->dtype != KILN_DTYPE_U8 &&
-                to->dtype != KILN_DTYPE_I16))
-        return lerr(L, KILN_ERR_UNSUPPORTED, "QUANTIZE into %s (int8, uint8 or int16 expected)",
+                to->dtype != KILN_DTYPE_I16 &&
+                (to->dtype != KILN_DTYPE_I32 || tx->dtype != KILN_DTYPE_I16)))
+        return lerr(L, KILN_ERR_UNSUPPORTED, "QUANTIZE of %s into %s (int8, uint8 or int16 "
+                    "expected, or int32 from int16)", tx ? kiln_dtype_name(tx->dtype) : "nothing",
                     kiln_dtype_name(to->dtype));
     TRY(need_qparams(L, to, "output", false));
     struct kiln_node *n;
@@ -1398,6 +1402,54 @@ static kiln_status lower_lstm(struct lw *L, bool sequence)
     return bind(L, 0, y);
 }
 
+/* Integer SVDF (svdf.cc, EvalIntegerSVDF): int8 input and feature weights,
+ * int16 time weights and state (symmetric), int32 bias, int8 output; the
+ * two rescalings prepared in float as svdf.cc does. One invocation from the
+ * zero state, as for float SVDF below. */
+static kiln_status lower_svdf_int(struct lw *L, int32_t rank)
+{
+    const struct tfl_tensor *tx = tin(L, 0), *tf = tin(L, 1), *tt = tin(L, 2), *tb = tin(L, 3);
+    const struct tfl_tensor *ts = tin(L, 4), *to = tout(L, 0);
+    if (tf->dtype != KILN_DTYPE_I8 || tt->dtype != KILN_DTYPE_I16 || !ts ||
+        ts->dtype != KILN_DTYPE_I16 || (tb && tb->dtype != KILN_DTYPE_I32) ||
+        to->dtype != KILN_DTYPE_I8)
+        return lerr(L, KILN_ERR_UNSUPPORTED, "integer SVDF of %s by %s and %s with state %s "
+                    "into %s (int8 by int8 and int16 with int16 state into int8 expected)",
+                    kiln_dtype_name(tx->dtype), kiln_dtype_name(tf->dtype),
+                    kiln_dtype_name(tt->dtype), ts ? kiln_dtype_name(ts->dtype) : "none",
+                    kiln_dtype_name(to->dtype));
+    TRY(need_qparams(L, tx, "input", false));
+    TRY(need_qparams(L, tf, "weights_feature", false));
+    TRY(need_qparams(L, tt, "weights_time", false));
+    TRY(need_qparams(L, ts, "state", false));
+    TRY(need_qparams(L, to, "output", false));
+    TRY(need_symmetric(L, ts, NULL, NULL));
+    if (!tbuf(L, tf) || !tbuf(L, tt))
+        return lerr(L, KILN_ERR_UNSUPPORTED, "the SVDF weights must be constants");
+    int x, wf, wt, b, y;
+    TRY(need_in(L, 0, &x));
+    TRY(need_in(L, 1, &wf));
+    TRY(need_in(L, 2, &wt));
+    TRY(in_val(L, 3, &b));
+    float e1 = tx->scale[0] * tf->scale[0] / ts->scale[0];
+    float e2 = ts->scale[0] * tt->scale[0] / to->scale[0];
+    int32_t q1, q2;
+    int s1, s2;
+    tfl_quantize_multiplier((double)e1, &q1, &s1);
+    tfl_quantize_multiplier((double)e2, &q2, &s2);
+    struct kiln_node *n;
+    int in[4] = {x, wf, wt, b};
+    TRY(node(L, KILN_OP_TflSvdf, b >= 0 ? 4 : 3, in, 7, &n, &y));
+    a_int(n, "rank", rank);
+    a_int(n, "input_zero_point", tx->zero_point[0]);
+    a_int(n, "output_zero_point", to->zero_point[0]);
+    a_int(n, "multiplier1", q1);
+    a_int(n, "shift1", s1);
+    a_int(n, "multiplier2", q2);
+    a_int(n, "shift2", s2);
+    return bind(L, 0, y);
+}
+
 /* SVDF (float): TFLite keeps the last memory_size feature activations of
  * each filter in a variable state tensor, shifted left one frame per
  * invocation, and computes out[b, u] = sum over the rank r filters
@@ -1419,6 +1471,7 @@ static kiln_status lower_svdf(struct lw *L)
     TRY(need_rank(L, tx, 2, "input"));
     TRY(need_rank(L, tf, 2, "weights_feature"));
     TRY(need_rank(L, tt, 2, "weights_time"));
+    if (tx->dtype == KILN_DTYPE_I8 && is_quant(tx)) return lower_svdf_int(L, rank);
     if (tx->dtype != KILN_DTYPE_F32 || tf->dtype != KILN_DTYPE_F32 || tt->dtype != KILN_DTYPE_F32 ||
         (tb && tb->dtype != KILN_DTYPE_F32) || tout(L, 0)->dtype != KILN_DTYPE_F32)
         return lerr(L, KILN_ERR_UNSUPPORTED, "SVDF of %s by %s and %s (Kiln supports float32 "

@@ -15,7 +15,7 @@ README, section 3), checking known answers:
     per-channel depthwise convolution and dequantize, simple_add's int8 ADD);
   * the person detector on tflite-micro's two test images giving the
     expected labels;
-  * the refused models (custom ops, LSTM, SVDF, a file whose intermediate
+  * the refused models (custom ops, LSTM with clipping, a file whose intermediate
     tensor has the wrong type) failing with one line naming the op;
   * truncated and bit-flipped copies of a shared model loading or failing
     cleanly.
@@ -407,7 +407,6 @@ def test_person_detector(tmp_path):
     (MICRO / "examples/micro_speech/models/audio_preprocessor_float.tflite",
      r"custom op 'SignalWindow'"),
     (TFLITE_TD / "testdata/lstm.bin", r"\(LSTM\).*cell_clip 10"),
-    (MICRO / "models/keyword_scrambled.tflite", r"\(SVDF\).*int8 by int8 and int16.*not implemented"),
     (TFLITE_TD / "testdata/add_quantized.bin", r"\(ADD\).*uint8 and uint8 into float32"),
 ])
 def test_refused(path, pattern):
@@ -1179,3 +1178,84 @@ def test_svdf_float(tmp_path):
     np.testing.assert_allclose(got["y2"], svdf_ref(xv, wf, wt, 0, 1, False), rtol=1e-5,
                                atol=1e-5)
     assert (got["y"] == 0).any() and (got["y"] > 0).any()  # the RELU did something
+
+
+def svdf_int_ref(x, wf, wt, bias, rank, s_in, z_in, s_wf, s_wt, s_st, s_out, z_out):
+    """TFLite's EvalIntegerSVDF on a freshly reset (zero) int16 state."""
+    b, nf, mem = x.shape[0], wf.shape[0], wt.shape[1]
+    state = np.zeros((b, nf, mem), np.int64)
+    q1, sh1 = quantize_multiplier(float(np.float32(s_in * s_wf / s_st)))
+    q2, sh2 = quantize_multiplier(float(np.float32(s_st * s_wt / s_out)))
+    dot = (x.astype(np.int64) - z_in) @ wf.astype(np.int64).T
+    state[:, :, -1] = np.clip(mul_by_qm(wrap32(dot), q1, sh1), -32768, 32767)
+    scratch = wrap32((state * wt[None].astype(np.int64)).sum(axis=2))
+    acc = wrap32(scratch.reshape(b, nf // rank, rank).sum(axis=2) + bias)
+    return np.clip(mul_by_qm(acc, q2, sh2) + z_out, -128, 127)
+
+
+def test_svdf_int8_bit_exact(tmp_path):
+    rng = np.random.default_rng(28)
+    nin, nf, rank, mem = 12, 8, 2, 5
+    s_in, z_in, s_wf, s_wt, s_st = (np.float32(v) for v in (0.06, 0, 0.009, 0.0037, 0.0044))
+    s_out, z_out = np.float32(20), -3
+    z_in = -7
+    wf = rng.integers(-127, 128, (nf, nin)).astype(np.int8)
+    wt = rng.integers(-32767, 32768, (nf, mem)).astype(np.int16)
+    bias = rng.integers(-3000, 3000, nf // rank).astype(np.int32)
+    m = mk.Model()
+    x = m.add([1, nin], mk.I8, "x", quant=([s_in], [z_in], 0), signature=[-1, nin])
+    st = m.add([1, nf * mem], mk.I16, "state", quant=([s_st], [0], 0))
+    m.tensors[st][5] = ("u8", 1)
+    y = m.add([1, nf // rank], mk.I8, "y", quant=([s_out], [z_out], 0))
+    m.op("SVDF", [x, m.const(wf, quant=([s_wf], [0], 0)), m.const(wt, quant=([s_wt], [0], 0)),
+                  m.const(bias, quant=([s_in * s_wf * s_wt], [0], 0)), st], [y],
+         [("i32", rank), ("i8", 1)])
+    m.inputs, m.outputs = [x], [y]
+    xv = rng.integers(-128, 128, (4, nin)).astype(np.int8)
+    got = run_model(m, {"x": xv}, tmp_path)
+    want = svdf_int_ref(xv, wf, wt, bias, rank, s_in, z_in, s_wf, s_wt, s_st, s_out, z_out)
+    np.testing.assert_array_equal(got["y"], want.astype(np.int8))
+    assert len(np.unique(got["y"])) > 3
+
+
+def test_softmax_int16_output_and_requantize_to_int32(tmp_path):
+    """int8 SOFTMAX into int16 (scale 1/65536, zero point -32768) and QUANTIZE of
+    int16 into int32, as the keyword model ends."""
+    si, zi = np.float32(0.07), 2
+    m = mk.Model()
+    x = m.add([1, 6], mk.I8, "x", quant=([si], [zi], 0), signature=[-1, 6])
+    sm = m.add([1, 6], mk.I16, "sm", quant=([1 / 65536], [-32768], 0))
+    m.op("SOFTMAX", [x], [sm], [("f32", 1.0)])
+    q = m.add([1, 6], mk.I32, "q", quant=([1 / 32768], [0], 0))
+    m.op("QUANTIZE", [sm], [q])
+    m.inputs, m.outputs = [x], [sm, q]
+    rng = np.random.default_rng(29)
+    xv = rng.integers(-128, 128, (5, 6)).astype(np.int8)
+    xv[0] = 7  # equal logits
+    got = run_model(m, {"x": xv}, tmp_path)
+    d = (xv.astype(np.float64) - zi) * si
+    p = np.exp(d - d.max(axis=1, keepdims=True))
+    p /= p.sum(axis=1, keepdims=True)
+    fy = (got["sm"].astype(np.float64) + 32768) / 65536
+    assert np.max(np.abs(fy - p)) <= 2 / 65536
+    # quantize.cc's Requantize: MultiplyByQuantizedMultiplier(x + 32768, 0.5) + 0
+    qm, sh = quantize_multiplier(float(np.float32(1 / 65536)) / float(np.float32(1 / 32768)))
+    want = mul_by_qm(got["sm"].astype(np.int64) + 32768, qm, sh)
+    np.testing.assert_array_equal(got["q"], want.astype(np.int32))
+
+
+def test_keyword_model_runs_in_its_output_range(tmp_path):
+    """keyword_scrambled (tflite-micro's SVDF test model, weights scrambled): int16
+    features -> QUANTIZE, seven integer SVDFs and five FULLY_CONNECTED layers, SOFTMAX
+    into int16 and QUANTIZE into int32. Its two outputs are probabilities at scale
+    2^-15: each in [0, 32768], summing to 32768 within the softmax's rounding."""
+    path = MICRO / "models/keyword_scrambled.tflite"
+    r = kiln("inspect", path)
+    assert r.returncode == 0, r.stderr
+    assert "TflSvdf" in r.stdout and "tensor_52: int16[1,96]" in r.stdout
+    rng = np.random.default_rng(30)
+    for xv in (np.zeros((1, 96), np.int16), rng.integers(-32768, 32768, (1, 96)).astype(np.int16),
+               rng.integers(-2000, 2000, (1, 96)).astype(np.int16)):
+        got = predict(path, {"tensor_52": xv}, tmp_path)["tensor_53"]
+        assert got.dtype == np.int32 and got.shape == (1, 2)
+        assert got.min() >= 0 and got.max() <= 32768 and abs(int(got.sum()) - 32768) <= 2

@@ -9,7 +9,8 @@
  * NHWC like TFLite's. The contracts (all attributes are required unless a
  * default is given):
  *
- *   TflQuantize(x) -> y of dtype `to` (int8, uint8 or int16)
+ *   TflQuantize(x) -> y of dtype `to` (int8, uint8, int16, or int32 from an
+ *       integer x)
  *       float x:   y = clamp(round_half_away(x / scale) + zero_point)
  *       integer x: y = clamp(MultiplyByQuantizedMultiplier(x - in_zero_point,
  *                            multiplier, shift) + zero_point)
@@ -37,10 +38,17 @@
  *       interpolation in its 256-entry sigmoid table after rescaling by
  *       input_multiplier / 2^input_left_shift (multiplier 0: a power-of-two
  *       scale, 3 << shift).
+ *   TflSvdf(x int8, weights_feature int8 [F, I], weights_time int16 [F, M],
+ *       [bias int32 [F / rank]]) -> int8 [B, F / rank]: TFLite's
+ *       EvalIntegerSVDF on a reset (zero) int16 state: the newest state
+ *       column is clamp16(MultiplyByQuantizedMultiplier(sum (x - input_zero_point)
+ *       * w, multiplier1, shift1)); times weights_time[:, M - 1], summed over
+ *       each unit's rank filters, + bias, rescaled by multiplier2/shift2,
+ *       + output_zero_point, clamped.
  *   TflConv and TflFullyConnected with int16 input: int8 weights, int64 bias,
  *       an int64 accumulator and the 64-bit MultiplyByQuantizedMultiplier.
  *   TflSoftmax(x) along the last axis -> `to` (int8: zero point -128, or
- *       uint8: 0, scale 1/256): gemmlowp's fixed-point exp and reciprocal
+ *       uint8: 0, scale 1/256; or int16: zero point -32768, scale 1/65536): gemmlowp's fixed-point exp and reciprocal
  *       with input_multiplier, input_left_shift and diff_min.
  */
 #include "kernels/ref/tflite_q.h"
@@ -144,16 +152,18 @@ static kiln_status offsets_ok(const struct kiln_node *n, int64_t a, int64_t b, i
 static kiln_dtype to_dtype(const struct kiln_node *n)
 {
     int64_t to = kiln_attr_int(n, "to", 0);
-    return to == KILN_DTYPE_I8 || to == KILN_DTYPE_U8 || to == KILN_DTYPE_I16 ? (kiln_dtype)to
-                                                                            : KILN_DTYPE_UNDEFINED;
+    return to == KILN_DTYPE_I8 || to == KILN_DTYPE_U8 || to == KILN_DTYPE_I16 ||
+                   to == KILN_DTYPE_I32
+               ? (kiln_dtype)to
+               : KILN_DTYPE_UNDEFINED;
 }
 
 static kiln_status quantize_infer(struct kiln_infer_ctx *ctx)
 {
     kiln_dtype to = to_dtype(ctx->node);
     if (to == KILN_DTYPE_UNDEFINED)
-        return kiln_node_error(ctx->node, KILN_ERR_INVALID_MODEL, "'to' must be int8, uint8 or "
-                               "int16");
+        return kiln_node_error(ctx->node, KILN_ERR_INVALID_MODEL, "'to' must be int8, uint8, "
+                               "int16 or int32");
     if (!ctx->out[0]) return KILN_OK;
     *ctx->out[0] = *ctx->in[0];
     ctx->out[0]->dtype = to;
@@ -162,8 +172,8 @@ static kiln_status quantize_infer(struct kiln_infer_ctx *ctx)
 
 static void qrange(kiln_dtype dt, int32_t *lo, int32_t *hi)
 {
-    *lo = dt == KILN_DTYPE_I8 ? -128 : dt == KILN_DTYPE_U8 ? 0 : -32768;
-    *hi = dt == KILN_DTYPE_I8 ? 127 : dt == KILN_DTYPE_U8 ? 255 : 32767;
+    *lo = dt == KILN_DTYPE_I8 ? -128 : dt == KILN_DTYPE_U8 ? 0 : dt == KILN_DTYPE_I32 ? INT32_MIN : -32768;
+    *hi = dt == KILN_DTYPE_I8 ? 127 : dt == KILN_DTYPE_U8 ? 255 : dt == KILN_DTYPE_I32 ? INT32_MAX : 32767;
 }
 
 static kiln_status quantize_run(struct kiln_run_ctx *ctx)
@@ -626,8 +636,9 @@ static kiln_status softmax_infer(struct kiln_infer_ctx *ctx)
     kiln_status st = need_q_input(ctx->node, ctx->in[0], "input");
     if (st != KILN_OK) return st;
     kiln_dtype to = to_dtype(ctx->node);
-    if (to != KILN_DTYPE_I8 && to != KILN_DTYPE_U8)
-        return kiln_node_error(ctx->node, KILN_ERR_INVALID_MODEL, "'to' must be int8 or uint8");
+    if (to != KILN_DTYPE_I8 && to != KILN_DTYPE_U8 && to != KILN_DTYPE_I16)
+        return kiln_node_error(ctx->node, KILN_ERR_INVALID_MODEL, "'to' must be int8, uint8 "
+                               "or int16");
     if (!ctx->out[0]) return KILN_OK;
     *ctx->out[0] = *ctx->in[0];
     ctx->out[0]->dtype = to;
@@ -645,7 +656,9 @@ static kiln_status softmax_run(struct kiln_run_ctx *ctx)
         return kiln_node_error(n, KILN_ERR_INVALID_MODEL, "multiplier %lld, shift %lld",
                                (long long)im, (long long)ils);
     int64_t depth = x->dims[x->rank - 1], rows = depth ? kiln_tensor_count(x) / depth : 0;
-    int32_t qmin = y->dtype == KILN_DTYPE_I8 ? -128 : 0, qmax = y->dtype == KILN_DTYPE_I8 ? 127 : 255;
+    int32_t qmin, qmax;
+    qrange(y->dtype, &qmin, &qmax);
+    int out_bits = y->dtype == KILN_DTYPE_I16 ? 16 : 8; /* sizeof(OutputT) * 8 */
     for (int64_t r = 0; r < rows; r++) {
         int64_t base = r * depth;
         int32_t mx = qget(x, base);
@@ -668,7 +681,7 @@ static kiln_status softmax_run(struct kiln_run_ctx *ctx)
             if (diff >= diff_min) {
                 int32_t scaled = tfl_srdhm(tfl_sat_shl(diff, (int)ils), (int32_t)im);
                 int32_t e = exp_on_negative_values(scaled);
-                int32_t unsat = tfl_rdbpot(tfl_srdhm(scale, e), bits_over_unit + 31 - 8);
+                int32_t unsat = tfl_rdbpot(tfl_srdhm(scale, e), bits_over_unit + 31 - out_bits);
                 out = clamp32((int64_t)unsat + qmin, qmin, qmax);
             }
             qset(y, base + c, out);
@@ -882,3 +895,66 @@ static kiln_status act16_run(struct kiln_run_ctx *ctx)
     return KILN_OK;
 }
 KILN_REF_OP(TflAct16, act16_infer, act16_run);
+
+/* ---- TflSvdf: integer SVDF, one invocation from a zero state ---- */
+
+static kiln_status svdf_infer(struct kiln_infer_ctx *ctx)
+{
+    const struct kiln_node *n = ctx->node;
+    const struct kiln_type *x = ctx->in[0], *wf = ctx->in[1];
+    int64_t rank = kiln_attr_int(n, "rank", 1);
+    if ((x->dtype != KILN_DTYPE_UNDEFINED && x->dtype != KILN_DTYPE_I8) || (x->rank >= 0 && x->rank != 2) ||
+        wf->rank != 2 || rank < 1 || wf->dims[0] < 0 || wf->dims[0] % rank)
+        return kiln_node_error(n, KILN_ERR_INVALID_MODEL, "an int8 [batch, input] and 2-D "
+                               "weights with filters a multiple of rank %lld expected",
+                               (long long)rank);
+    if (!ctx->out[0]) return KILN_OK;
+    struct kiln_type *o = ctx->out[0];
+    kiln_type_unknown(o);
+    o->dtype = KILN_DTYPE_I8;
+    o->rank = 2;
+    o->dims[0] = x->rank == 2 ? x->dims[0] : -1;
+    o->sym[0] = x->rank == 2 ? x->sym[0] : NULL;
+    o->dims[1] = wf->dims[0] / rank;
+    return KILN_OK;
+}
+
+static kiln_status svdf_run(struct kiln_run_ctx *ctx)
+{
+    const struct kiln_node *n = ctx->node;
+    const kiln_tensor *x = ctx->in[0], *wf = ctx->in[1], *wt = ctx->in[2];
+    const kiln_tensor *b = ctx->n_in > 3 ? ctx->in[3] : NULL;
+    kiln_tensor *y = ctx->out[0];
+    int64_t rank = kiln_attr_int(n, "rank", 1), izp = kiln_attr_int(n, "input_zero_point", 0);
+    int64_t ozp = kiln_attr_int(n, "output_zero_point", 0);
+    int64_t m1 = kiln_attr_int(n, "multiplier1", 0), s1 = kiln_attr_int(n, "shift1", 0);
+    int64_t m2 = kiln_attr_int(n, "multiplier2", 0), s2 = kiln_attr_int(n, "shift2", 0);
+    if (x->dtype != KILN_DTYPE_I8 || wf->dtype != KILN_DTYPE_I8 || wt->dtype != KILN_DTYPE_I16 ||
+        (b && b->dtype != KILN_DTYPE_I32) || x->rank != 2 || wf->rank != 2 || wt->rank != 2 ||
+        rank < 1 || wf->dims[0] % rank || wt->dims[0] != wf->dims[0] || wt->dims[1] < 1 ||
+        x->dims[1] != wf->dims[1] || (b && kiln_tensor_count(b) != wf->dims[0] / rank) ||
+        m1 < 0 || m1 > INT32_MAX || m2 < 0 || m2 > INT32_MAX || s1 < -31 || s1 > 30 ||
+        s2 < -31 || s2 > 30 || izp < -128 || izp > 127 || ozp < -128 || ozp > 127)
+        return kiln_node_error(n, KILN_ERR_INVALID_MODEL, "operands or parameters do not fit");
+    int64_t B = x->dims[0], I = x->dims[1], F = wf->dims[0], M = wt->dims[1], U = F / rank;
+    const int8_t *xd = x->data, *wfd = wf->data;
+    const int16_t *wtd = wt->data;
+    const int32_t *bias = b ? b->data : NULL;
+    int8_t *out = y->data;
+    for (int64_t bi = 0; bi < B; bi++)
+        for (int64_t u = 0; u < U; u++) {
+            uint32_t acc = bias ? (uint32_t)bias[u] : 0; /* TFLite's int32 sums */
+            for (int64_t r = 0; r < rank; r++) {
+                int64_t f = u * rank + r, dot = 0;
+                for (int64_t c = 0; c < I; c++)
+                    dot += (int64_t)wfd[f * I + c] * (xd[bi * I + c] - izp);
+                int32_t st = tfl_mul_by_qm((int32_t)(uint32_t)(uint64_t)dot, (int32_t)m1, (int)s1);
+                st = clamp32(st, -32768, 32767); /* the newest int16 state entry */
+                acc += (uint32_t)((int32_t)wtd[f * M + M - 1] * st); /* older entries are 0 */
+            }
+            int32_t v = tfl_mul_by_qm((int32_t)acc, (int32_t)m2, (int)s2);
+            out[bi * U + u] = (int8_t)clamp32((int64_t)v + ozp, -128, 127);
+        }
+    return KILN_OK;
+}
+KILN_REF_OP(TflSvdf, svdf_infer, svdf_run);
