@@ -1475,7 +1475,7 @@ static kiln_status lower_svdf(struct lw *L)
     if (tx->dtype != KILN_DTYPE_F32 || tf->dtype != KILN_DTYPE_F32 || tt->dtype != KILN_DTYPE_F32 ||
         (tb && tb->dtype != KILN_DTYPE_F32) || tout(L, 0)->dtype != KILN_DTYPE_F32)
         return lerr(L, KILN_ERR_UNSUPPORTED, "SVDF of %s by %s and %s (Kiln supports float32 "
-                    "SVDF; the integer and hybrid kernels are not implemented)",
+                    "and int8 SVDF; hybrid SVDF is not implemented)",
                     kiln_dtype_name(tx->dtype), kiln_dtype_name(tf->dtype),
                     kiln_dtype_name(tt->dtype));
     int64_t nf = tf->shape[0], nin = tf->shape[1], mem = tt->shape[1];
