@@ -17,7 +17,7 @@ import sys
 
 import numpy as np
 
-F32, F16, I32, U8, I64, I8 = 0, 1, 2, 3, 4, 9
+F32, F16, I32, U8, I64, I16, I8 = 0, 1, 2, 3, 4, 7, 9
 
 # BuiltinOperator codes and BuiltinOptions union types (schema.fbs)
 OPS = {"ADD": (0, 11), "AVERAGE_POOL_2D": (1, 5), "CONCATENATION": (2, 10), "CONV_2D": (3, 1),
@@ -26,7 +26,7 @@ OPS = {"ADD": (0, 11), "AVERAGE_POOL_2D": (1, 5), "CONCATENATION": (2, 10), "CON
        "RELU6": (21, 0), "RESHAPE": (22, 17), "SOFTMAX": (25, 9), "TANH": (28, 0),
        "CUSTOM": (32, 0), "PAD": (34, 22), "TRANSPOSE": (39, 26), "MEAN": (40, 27),
        "SUB": (41, 28), "DIV": (42, 29), "SQUEEZE": (43, 30), "STRIDED_SLICE": (45, 32),
-       "QUANTIZE": (114, 0), "LSTM": (16, 14), "UNIDIRECTIONAL_SEQUENCE_LSTM": (44, 71)}
+       "QUANTIZE": (114, 0), "SVDF": (27, 6), "LSTM": (16, 14), "UNIDIRECTIONAL_SEQUENCE_LSTM": (44, 71)}
 
 
 class Builder:
@@ -144,7 +144,7 @@ class Model:
     def const(self, arr, ttype=None, name=None, quant=None):
         arr = np.asarray(arr)
         ttype = ttype if ttype is not None else {np.float32: F32, np.float16: F16, np.int32: I32,
-                                                  np.int8: I8,
+                                                  np.int8: I8, np.int16: I16,
                                                   np.uint8: U8, np.int64: I64}[arr.dtype.type]
         return self.add(arr.shape, ttype, name, arr, quant)
 
@@ -358,6 +358,52 @@ def corpus():
     if i >= 0:
         struct.pack_into("<I", bad, i, 0x3fffffff)
     out["vector_past_end.tflite"] = bytes(bad)
+
+    # quantized MEAN, int16 (16x8) ops and float SVDF
+    rng = np.random.default_rng(6)
+    m = Model()
+    x = m.add([1, 3, 3, 4], I8, "x", quant=([0.05], [3], 0))
+    y = m.add([1, 1, 1, 4], I8, "y", quant=([0.02], [-5], 0))
+    m.op("MEAN", [x, m.const(np.array([1, 2], np.int32))], [y], [("i8", 1)])
+    m.inputs, m.outputs = [x], [y]
+    out["mean_int8.tflite"] = m.bytes()
+    m = Model()
+    x = m.add([1, 3, 3, 2], I16, "x", quant=([0.001], [0], 0))
+    w = m.const(rng.integers(-127, 128, (3, 2, 2, 2)).astype(np.int8), quant=([0.01] * 3, [0] * 3, 0))
+    b = m.const(np.array([100, -7, 0], np.int64), quant=([0.00001] * 3, [0] * 3, 0))
+    c = m.add([1, 2, 2, 3], I16, "c", quant=([0.002], [0], 0))
+    m.op("CONV_2D", [x, w, b], [c], [("i8", 1), ("i32", 1), ("i32", 1), ("i8", 0)])
+    t = m.add([1, 2, 2, 3], I16, "t", quant=([2.0 ** -15], [0], 0))
+    m.op("TANH", [c], [t])
+    s2 = m.add([1, 2, 2, 3], I16, "s", quant=([0.003], [0], 0))
+    m.op("ADD", [c, t], [s2], [("i8", 0), ("i8", 0)])
+    m.inputs, m.outputs = [x], [s2]
+    out["int16_conv_tanh_add.tflite"] = m.bytes()
+    m = Model()
+    x = m.add([2, 3], name="x")
+    st = m.add([2, 8], name="state")
+    m.tensors[st][5] = ("u8", 1)
+    y = m.add([2, 2], name="y")
+    m.op("SVDF", [x, m.const(rng.standard_normal((4, 3)).astype(np.float32)),
+                  m.const(rng.standard_normal((4, 2)).astype(np.float32)), -1, st], [y],
+         [("i32", 2), ("i8", 0)])
+    m.inputs, m.outputs = [x], [y]
+    out["svdf.tflite"] = m.bytes()
+    m = Model()
+    x = m.add([1, 4], I8, "x", quant=([0.05], [-3], 0))
+    st = m.add([1, 6], I16, "state", quant=([0.004], [0], 0))
+    m.tensors[st][5] = ("u8", 1)
+    y = m.add([1, 1], I8, "y", quant=([0.5], [0], 0))
+    m.op("SVDF", [x, m.const(rng.integers(-127, 128, (2, 4)).astype(np.int8), quant=([0.01], [0], 0)),
+                  m.const(rng.integers(-999, 999, (2, 3)).astype(np.int16), quant=([0.002], [0], 0)),
+                  m.const(np.array([5], np.int32), quant=([0.0000001], [0], 0)), st], [y],
+         [("i32", 2), ("i8", 0)])
+    sm = m.add([1, 1], I16, "sm", quant=([1 / 65536], [-32768], 0))
+    m.op("SOFTMAX", [y], [sm], [("f32", 1.0)])
+    q = m.add([1, 1], I32, "q", quant=([1 / 32768], [0], 0))
+    m.op("QUANTIZE", [sm], [q])
+    m.inputs, m.outputs = [x], [q]
+    out["svdf_int8_softmax16.tflite"] = m.bytes()
     return out
 
 

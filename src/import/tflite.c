@@ -211,6 +211,12 @@ static kiln_status read_subgraph(struct kiln_arena *a, const struct tfl_model *m
         struct kiln_fb_table tt;
         TRY(kiln_fb_vec_table(&tv, i, whatf(a, "Tensor %d of subgraph %d", (int)i, si), &tt));
         TRY(read_tensor(a, &tt, m->n_buffers, &out->tensors[i]));
+        if (!out->tensors[i].name[0]) { /* unnamed (stripped models): tensor_<index> */
+            char nm[32];
+            snprintf(nm, sizeof nm, "tensor_%u", i);
+            out->tensors[i].name = kiln_arena_strdup(a, nm);
+            if (!out->tensors[i].name) return oom();
+        }
     }
     TRY(index_vec(a, t, SG_INPUTS, "inputs", out->n_tensors, false, TFL_MAX_OP_IO, &out->n_in,
                   &out->in));

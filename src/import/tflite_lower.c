@@ -460,6 +460,21 @@ static kiln_status need_qparams(struct lw *L, const struct tfl_tensor *t, const 
     return KILN_OK;
 }
 
+/* int16 tensors are quantized symmetrically in TFLite (zero point 0), and so
+ * are the int8 weights they meet; any of a, b, c may be NULL. */
+static kiln_status need_symmetric(struct lw *L, const struct tfl_tensor *a,
+                                  const struct tfl_tensor *b, const struct tfl_tensor *c)
+{
+    const struct tfl_tensor *t[3] = {a, b, c};
+    for (int i = 0; i < 3; i++)
+        for (int k = 0; t[i] && k < t[i]->n_q; k++)
+            if (t[i]->zero_point[k] != 0)
+                return lerr(L, KILN_ERR_UNSUPPORTED, "int16 quantization of '%s' with zero "
+                            "point %lld (TFLite's int16 kernels need 0)", t[i]->name,
+                            (long long)t[i]->zero_point[k]);
+    return KILN_OK;
+}
+
 /* The checks of a quantized product x * w (+ b) -> o: int8 or uint8 input, output
  * of the input's type, int8 or uint8 weights (per channel allowed), int32 bias,
  * and valid quantization parameters on each. */
@@ -467,17 +482,20 @@ static kiln_status need_q_product(struct lw *L, const struct tfl_tensor *tx,
                                   const struct tfl_tensor *tw, const struct tfl_tensor *tb,
                                   const struct tfl_tensor *to, const char *op, const char *wname)
 {
-    if ((tx->dtype != KILN_DTYPE_I8 && tx->dtype != KILN_DTYPE_U8) || to->dtype != tx->dtype ||
-        (tw->dtype != KILN_DTYPE_I8 && tw->dtype != KILN_DTYPE_U8))
+    bool x16 = tx->dtype == KILN_DTYPE_I16; /* "16x8": int16 activations, int8 weights */
+    if ((tx->dtype != KILN_DTYPE_I8 && tx->dtype != KILN_DTYPE_U8 && !x16) ||
+        to->dtype != tx->dtype || (tw->dtype != KILN_DTYPE_I8 && (x16 || tw->dtype != KILN_DTYPE_U8)))
         return lerr(L, KILN_ERR_UNSUPPORTED, "quantized %s of %s by %s into %s "
-                    "(Kiln supports int8 and uint8)", op, kiln_dtype_name(tx->dtype),
-                    kiln_dtype_name(tw->dtype), kiln_dtype_name(to->dtype));
-    if (tb && tb->dtype != KILN_DTYPE_I32)
-        return lerr(L, KILN_ERR_UNSUPPORTED, "bias of type %s (int32 expected)",
-                    kiln_dtype_name(tb->dtype));
+                    "(Kiln supports int8 and uint8, and int16 by int8)", op,
+                    kiln_dtype_name(tx->dtype), kiln_dtype_name(tw->dtype),
+                    kiln_dtype_name(to->dtype));
+    if (tb && tb->dtype != (x16 ? KILN_DTYPE_I64 : KILN_DTYPE_I32))
+        return lerr(L, KILN_ERR_UNSUPPORTED, "bias of type %s (%s expected)",
+                    kiln_dtype_name(tb->dtype), x16 ? "int64" : "int32");
     kiln_status st = need_qparams(L, tx, "input", false);
     if (st == KILN_OK) st = need_qparams(L, tw, wname, true);
     if (st == KILN_OK) st = need_qparams(L, to, "output", false);
+    if (st == KILN_OK && x16) st = need_symmetric(L, tx, tw, to);
     return st;
 }
 
@@ -525,13 +543,28 @@ static kiln_status lower_binary(struct lw *L, enum kiln_op kop, int opt_type)
         if (!ta || !tb || !to)
             return lerr(L, KILN_ERR_INVALID_MODEL, "%s lacks an operand tensor", L->opname);
         if (ta->dtype != to->dtype || tb->dtype != to->dtype ||
-            (to->dtype != KILN_DTYPE_I8 && to->dtype != KILN_DTYPE_U8))
+            (to->dtype != KILN_DTYPE_I8 && to->dtype != KILN_DTYPE_U8 &&
+             to->dtype != KILN_DTYPE_I16))
             return lerr(L, KILN_ERR_UNSUPPORTED, "quantized %s of %s and %s into %s (Kiln "
-                        "supports int8 and uint8)", L->opname, kiln_dtype_name(ta->dtype),
+                        "supports int8, uint8 and int16)", L->opname, kiln_dtype_name(ta->dtype),
                         kiln_dtype_name(tb->dtype), kiln_dtype_name(to->dtype));
         TRY(need_qparams(L, ta, "input 0", false));
         TRY(need_qparams(L, tb, "input 1", false));
         TRY(need_qparams(L, to, "output", false));
+        bool q16 = to->dtype == KILN_DTYPE_I16;
+        if (q16) TRY(need_symmetric(L, ta, tb, to));
+        if (q16 && kop != KILN_OP_Mul) {
+            /* add.cc / sub.cc: pot_scale_int16 (default true) with power-of-two scales
+             * selects an older shift-only kernel; Kiln computes the general one */
+            int8_t pot = 1;
+            int l2;
+            TRY(opt_i8(o, 1, "pot_scale_int16", 1, &pot));
+            if (pot && tfl_checked_log2(ta->scale[0], &l2) && tfl_checked_log2(tb->scale[0], &l2) &&
+                tfl_checked_log2(to->scale[0], &l2))
+                return lerr(L, KILN_ERR_UNSUPPORTED, "int16 %s with power-of-two scales and "
+                            "pot_scale_int16 (TFLite's shift-only kernel) is not supported",
+                            L->opname);
+        }
         int64_t lo, hi;
         TRY(q_act_range(L, act, to, &lo, &hi));
         struct kiln_node *n;
@@ -554,7 +587,8 @@ static kiln_status lower_binary(struct lw *L, enum kiln_op kop, int opt_type)
         TRY(node(L, KILN_OP_TflAdd, 2, in, 12, &n, &y));
         struct tfl_add_params p;
         tfl_add_prepare(ta->scale[0], (int32_t)ta->zero_point[0], tb->scale[0],
-                        (int32_t)tb->zero_point[0], to->scale[0], (int32_t)to->zero_point[0], &p);
+                        (int32_t)tb->zero_point[0], to->scale[0], (int32_t)to->zero_point[0],
+                        q16 ? 15 : 20, &p);
         if (kop == KILN_OP_Sub) /* sub.cc: ADD's parameters, input 2's multiplier negated */
             p.input2_multiplier = -p.input2_multiplier;
         a_int(n, "input1_offset", p.input1_offset);
@@ -607,10 +641,42 @@ static kiln_status lower_q_lut(struct lw *L, int x, bool tanh_)
     return bind(L, 0, y);
 }
 
+/* int16 LOGISTIC and TANH: TFLite's interpolated table (activations.cc with
+ * reference_integer_ops::Logistic / Tanh); output scale 2^-15, zero points 0. */
+static kiln_status lower_act16(struct lw *L, int x, bool tanh_)
+{
+    const struct tfl_tensor *tx = tin(L, 0), *to = tout(L, 0);
+    int l2;
+    if (!to || to->dtype != KILN_DTYPE_I16)
+        return lerr(L, KILN_ERR_UNSUPPORTED, "int16 %s into %s", L->opname,
+                    to ? kiln_dtype_name(to->dtype) : "nothing");
+    TRY(need_qparams(L, tx, "input", false));
+    TRY(need_qparams(L, to, "output", false));
+    TRY(need_symmetric(L, tx, to, NULL));
+    if (!tfl_checked_log2(to->scale[0], &l2) || l2 != -15)
+        return lerr(L, KILN_ERR_INVALID_MODEL, "int16 %s output scale %g (TFLite requires "
+                    "2^-15)", L->opname, (double)to->scale[0]);
+    int shift;
+    int32_t mult = tfl_act16_prepare(tx->scale[0], tanh_, &shift);
+    if (mult > 32767 || (mult == 0 && (shift < 0 || shift > 12)))
+        return lerr(L, KILN_ERR_UNSUPPORTED, "int16 %s of input scale %g", L->opname,
+                    (double)tx->scale[0]);
+    struct kiln_node *n;
+    int y;
+    TRY(node(L, KILN_OP_TflAct16, 1, &x, 3, &n, &y));
+    a_int(n, "input_multiplier", mult);
+    a_int(n, "input_left_shift", shift);
+    a_int(n, "tanh", tanh_);
+    return bind(L, 0, y);
+}
+
 static kiln_status lower_unary(struct lw *L, int which)
 {
     int x, y;
     TRY(need_in(L, 0, &x));
+    if (is_quant(tin(L, 0)) && tin(L, 0)->dtype == KILN_DTYPE_I16 &&
+        (which == TFL_LOGISTIC || which == TFL_TANH))
+        return lower_act16(L, x, which == TFL_TANH);
     if (is_quant(tin(L, 0)) && (which == TFL_LOGISTIC || which == TFL_TANH))
         return lower_q_lut(L, x, which == TFL_TANH);
     if (is_quant(tin(L, 0)))
@@ -754,10 +820,12 @@ static kiln_status lower_pool(struct lw *L, bool max)
     int64_t ks[2] = {fh, fw}, strides[2] = {sh, sw};
     struct kiln_node *n;
     if (is_quant(tx)) {
-        if ((tx->dtype != KILN_DTYPE_I8 && tx->dtype != KILN_DTYPE_U8) || to->dtype != tx->dtype)
+        if ((tx->dtype != KILN_DTYPE_I8 && tx->dtype != KILN_DTYPE_U8 &&
+             tx->dtype != KILN_DTYPE_I16) || to->dtype != tx->dtype)
             return lerr(L, KILN_ERR_UNSUPPORTED, "quantized pooling of %s into %s",
                         kiln_dtype_name(tx->dtype), kiln_dtype_name(to->dtype));
         TRY(need_qparams(L, to, "output", false));
+        if (tx->dtype == KILN_DTYPE_I16) TRY(need_symmetric(L, tx, to, NULL));
         TRY(node(L, KILN_OP_TflPool, 1, &x, 6, &n, &y));
         TRY(a_ints(L, n, "kernel", 2, ks));
         TRY(a_ints(L, n, "strides", 2, strides));
@@ -902,7 +970,8 @@ static kiln_status lower_softmax(struct lw *L)
     const struct tfl_tensor *tx = tin(L, 0), *to = tout(L, 0);
     if (is_quant(tx)) {
         if ((tx->dtype != KILN_DTYPE_I8 && tx->dtype != KILN_DTYPE_U8) ||
-            (to->dtype != KILN_DTYPE_I8 && to->dtype != KILN_DTYPE_U8))
+            (to->dtype != KILN_DTYPE_I8 && to->dtype != KILN_DTYPE_U8 &&
+             (to->dtype != KILN_DTYPE_I16 || tx->dtype != KILN_DTYPE_I8)))
             return lerr(L, KILN_ERR_UNSUPPORTED, "quantized SOFTMAX of %s into %s",
                         kiln_dtype_name(tx->dtype), kiln_dtype_name(to->dtype));
         TRY(need_qparams(L, tx, "input", false));
@@ -966,13 +1035,36 @@ static kiln_status lower_mean(struct lw *L)
     TRY(options(L, OPT_REDUCER, &o));
     int8_t keep;
     TRY(opt_i8(o, 0, "keep_dims", 0, &keep));
-    if (is_quant(tin(L, 0)))
-        return lerr(L, KILN_ERR_UNSUPPORTED, "quantized MEAN is not supported");
     int64_t axes[KILN_MAX_RANK];
     int n;
     TRY(const_ints(L, 1, axes, KILN_MAX_RANK, &n, "axes"));
     int x, a, y;
     TRY(need_in(L, 0, &x));
+    const struct tfl_tensor *tx = tin(L, 0), *to = tout(L, 0);
+    if (is_quant(tx)) { /* reduce.cc: QuantizedMeanOrSum, multiplier s_in / s_out */
+        if (to->dtype != tx->dtype)
+            return lerr(L, KILN_ERR_UNSUPPORTED, "quantized MEAN of %s into %s",
+                        kiln_dtype_name(tx->dtype), kiln_dtype_name(to->dtype));
+        TRY(need_qparams(L, tx, "input", false));
+        TRY(need_qparams(L, to, "output", false));
+        if (tx->dtype == KILN_DTYPE_I16) TRY(need_symmetric(L, tx, to, NULL));
+        for (int i = 0; i < n; i++)
+            if (axes[i] < -tx->rank || axes[i] >= tx->rank)
+                return lerr(L, KILN_ERR_INVALID_MODEL, "axis %lld for rank %d",
+                            (long long)axes[i], tx->rank);
+        int32_t q;
+        int shift;
+        tfl_quantize_multiplier((double)tx->scale[0] / (double)to->scale[0], &q, &shift);
+        struct kiln_node *nd;
+        TRY(node(L, KILN_OP_TflMean, 1, &x, 6, &nd, &y));
+        TRY(a_ints(L, nd, "axes", n, axes));
+        a_int(nd, "keepdims", keep != 0);
+        a_int(nd, "input_zero_point", tx->zero_point[0]);
+        a_int(nd, "output_zero_point", to->zero_point[0]);
+        a_int(nd, "multiplier", q);
+        a_int(nd, "shift", shift);
+        return bind(L, 0, y);
+    }
     TRY(const_i64(L, n, axes, &a));
     struct kiln_node *nd;
     int in[2] = {x, a};
@@ -1106,9 +1198,12 @@ static kiln_status lower_quantize(struct lw *L)
     const struct tfl_tensor *tx = tin(L, 0), *to = tout(L, 0);
     int x, y;
     TRY(need_in(L, 0, &x));
+    /* int32 only from an integer input: quantize.cc's int16 -> int32 Requantize */
     if (!tx || (to->dtype != KILN_DTYPE_I8 && to->dtype != KILN_DTYPE_U8 &&
-                to->dtype != KILN_DTYPE_I16))
-        return lerr(L, KILN_ERR_UNSUPPORTED, "QUANTIZE into %s (int8, uint8 or int16 expected)",
+                to->dtype != KILN_DTYPE_I16 &&
+                (to->dtype != KILN_DTYPE_I32 || tx->dtype != KILN_DTYPE_I16)))
+        return lerr(L, KILN_ERR_UNSUPPORTED, "QUANTIZE of %s into %s (int8, uint8 or int16 "
+                    "expected, or int32 from int16)", tx ? kiln_dtype_name(tx->dtype) : "nothing",
                     kiln_dtype_name(to->dtype));
     TRY(need_qparams(L, to, "output", false));
     struct kiln_node *n;
@@ -1307,6 +1402,129 @@ static kiln_status lower_lstm(struct lw *L, bool sequence)
     return bind(L, 0, y);
 }
 
+/* Integer SVDF (svdf.cc, EvalIntegerSVDF): int8 input and feature weights,
+ * int16 time weights and state (symmetric), int32 bias, int8 output; the
+ * two rescalings prepared in float as svdf.cc does. One invocation from the
+ * zero state, as for float SVDF below. */
+static kiln_status lower_svdf_int(struct lw *L, int32_t rank)
+{
+    const struct tfl_tensor *tx = tin(L, 0), *tf = tin(L, 1), *tt = tin(L, 2), *tb = tin(L, 3);
+    const struct tfl_tensor *ts = tin(L, 4), *to = tout(L, 0);
+    if (tf->dtype != KILN_DTYPE_I8 || tt->dtype != KILN_DTYPE_I16 || !ts ||
+        ts->dtype != KILN_DTYPE_I16 || (tb && tb->dtype != KILN_DTYPE_I32) ||
+        to->dtype != KILN_DTYPE_I8)
+        return lerr(L, KILN_ERR_UNSUPPORTED, "integer SVDF of %s by %s and %s with state %s "
+                    "into %s (int8 by int8 and int16 with int16 state into int8 expected)",
+                    kiln_dtype_name(tx->dtype), kiln_dtype_name(tf->dtype),
+                    kiln_dtype_name(tt->dtype), ts ? kiln_dtype_name(ts->dtype) : "none",
+                    kiln_dtype_name(to->dtype));
+    TRY(need_qparams(L, tx, "input", false));
+    TRY(need_qparams(L, tf, "weights_feature", false));
+    TRY(need_qparams(L, tt, "weights_time", false));
+    TRY(need_qparams(L, ts, "state", false));
+    TRY(need_qparams(L, to, "output", false));
+    TRY(need_symmetric(L, ts, NULL, NULL));
+    if (!tbuf(L, tf) || !tbuf(L, tt))
+        return lerr(L, KILN_ERR_UNSUPPORTED, "the SVDF weights must be constants");
+    int x, wf, wt, b, y;
+    TRY(need_in(L, 0, &x));
+    TRY(need_in(L, 1, &wf));
+    TRY(need_in(L, 2, &wt));
+    TRY(in_val(L, 3, &b));
+    float e1 = tx->scale[0] * tf->scale[0] / ts->scale[0];
+    float e2 = ts->scale[0] * tt->scale[0] / to->scale[0];
+    int32_t q1, q2;
+    int s1, s2;
+    tfl_quantize_multiplier((double)e1, &q1, &s1);
+    tfl_quantize_multiplier((double)e2, &q2, &s2);
+    struct kiln_node *n;
+    int in[4] = {x, wf, wt, b};
+    TRY(node(L, KILN_OP_TflSvdf, b >= 0 ? 4 : 3, in, 7, &n, &y));
+    a_int(n, "rank", rank);
+    a_int(n, "input_zero_point", tx->zero_point[0]);
+    a_int(n, "output_zero_point", to->zero_point[0]);
+    a_int(n, "multiplier1", q1);
+    a_int(n, "shift1", s1);
+    a_int(n, "multiplier2", q2);
+    a_int(n, "shift2", s2);
+    return bind(L, 0, y);
+}
+
+/* SVDF (float): TFLite keeps the last memory_size feature activations of
+ * each filter in a variable state tensor, shifted left one frame per
+ * invocation, and computes out[b, u] = sum over the rank r filters
+ * f = u * rank + r of sum_m weights_time[f, m] * state[b, f, m], + bias,
+ * activation. The state is zero at the start of every Kiln run (TFLite
+ * resets variable tensors to zero), so after the shift it holds only this
+ * run's frame in column memory_size - 1: out = ReduceSum over rank of
+ * (x . weights_feature^T) * weights_time[:, M - 1]. That is TFLite's first
+ * invocation; streaming across requests is not modelled. */
+static kiln_status lower_svdf(struct lw *L)
+{
+    const struct kiln_fb_table *o;
+    TRY(options(L, OPT_SVDF, &o));
+    int32_t rank;
+    int8_t act;
+    TRY(opt_i32(o, 0, "rank", 1, &rank));
+    TRY(opt_i8(o, 1, "fused_activation_function", 0, &act));
+    const struct tfl_tensor *tx = tin(L, 0), *tf = tin(L, 1), *tt = tin(L, 2), *tb = tin(L, 3);
+    TRY(need_rank(L, tx, 2, "input"));
+    TRY(need_rank(L, tf, 2, "weights_feature"));
+    TRY(need_rank(L, tt, 2, "weights_time"));
+    if (tx->dtype == KILN_DTYPE_I8 && is_quant(tx)) return lower_svdf_int(L, rank);
+    if (tx->dtype != KILN_DTYPE_F32 || tf->dtype != KILN_DTYPE_F32 || tt->dtype != KILN_DTYPE_F32 ||
+        (tb && tb->dtype != KILN_DTYPE_F32) || tout(L, 0)->dtype != KILN_DTYPE_F32)
+        return lerr(L, KILN_ERR_UNSUPPORTED, "SVDF of %s by %s and %s (Kiln supports float32 "
+                    "and int8 SVDF; hybrid SVDF is not implemented)",
+                    kiln_dtype_name(tx->dtype), kiln_dtype_name(tf->dtype),
+                    kiln_dtype_name(tt->dtype));
+    int64_t nf = tf->shape[0], nin = tf->shape[1], mem = tt->shape[1];
+    if (rank < 1 || nf < 1 || nf % rank || tt->shape[0] != nf || mem < 1 ||
+        tx->shape[1] != nin || (tb && (tb->rank != 1 || tb->shape[0] != nf / rank)))
+        return lerr(L, KILN_ERR_INVALID_MODEL, "rank %d, weights_feature [%lld,%lld], "
+                    "weights_time [%lld,%lld] and the input [%lld,%lld] do not fit", (int)rank,
+                    (long long)nf, (long long)nin, (long long)tt->shape[0], (long long)mem,
+                    (long long)tx->shape[0], (long long)tx->shape[1]);
+    if (!tbuf(L, tt))
+        return lerr(L, KILN_ERR_UNSUPPORTED, "weights_time must be a constant");
+    kiln_tensor *wt, *last;
+    TRY(tensor_data(L, tt, &wt));
+    kiln_status st = kiln_tensor_new(KILN_DTYPE_F32, 1, &nf, &last);
+    if (st != KILN_OK) {
+        kiln_tensor_free(wt);
+        return st;
+    }
+    for (int64_t f = 0; f < nf; f++)
+        ((float *)last->data)[f] = ((const float *)wt->data)[f * mem + mem - 1];
+    kiln_tensor_free(wt);
+    int x, w, b, y, vl;
+    TRY(add_const(L, tt->name, last, &vl));
+    TRY(need_in(L, 0, &x));
+    TRY(need_in(L, 1, &w));
+    TRY(in_val(L, 3, &b));
+    struct kiln_node *n;
+    int in[2] = {x, w};
+    TRY(node(L, KILN_OP_Gemm, 2, in, 1, &n, &y));
+    a_int(n, "transB", 1);
+    int in2[2] = {y, vl};
+    TRY(op1(L, KILN_OP_Mul, 2, in2, &y));
+    int64_t shape[3] = {-1, nf / rank, rank}, ax = 2;
+    int sv, av;
+    TRY(const_i64(L, 3, shape, &sv));
+    int in3[2] = {y, sv};
+    TRY(op1(L, KILN_OP_Reshape, 2, in3, &y));
+    TRY(const_i64(L, 1, &ax, &av));
+    int in4[2] = {y, av};
+    TRY(node(L, KILN_OP_ReduceSum, 2, in4, 1, &n, &y));
+    a_int(n, "keepdims", 0);
+    if (b >= 0) {
+        int in5[2] = {y, b};
+        TRY(op1(L, KILN_OP_Add, 2, in5, &y));
+    }
+    TRY(activation(L, act, y, &y));
+    return bind(L, 0, y);
+}
+
 static kiln_status lower_op(struct lw *L, int32_t code)
 {
     switch (code) {
@@ -1333,6 +1551,7 @@ static kiln_status lower_op(struct lw *L, int32_t code)
     case TFL_QUANTIZE: return lower_quantize(L);
     case TFL_DEQUANTIZE: return lower_dequantize(L);
     case TFL_LSTM: return lower_lstm(L, false);
+    case TFL_SVDF: return lower_svdf(L);
     case TFL_UNIDIRECTIONAL_SEQUENCE_LSTM: return lower_lstm(L, true);
     default:
         return lerr(L, KILN_ERR_UNSUPPORTED, "the builtin operator %s (code %d) is not supported "

@@ -115,6 +115,23 @@ static void test_arithmetic(void)
     CHECK(sp.diff_min == -(int32_t)((31.0 * (1 << 26)) / (1 << 23)), "diff_min %d", sp.diff_min);
 }
 
+/* The 16x8 primitives: the 64-bit MultiplyByQuantizedMultiplier rounds the
+ * multiplier to 16 bits and adds half before one arithmetic shift (ties go
+ * up, toward +infinity), and the int16 LOGISTIC/TANH preparation. */
+static void test_arithmetic16(void)
+{
+    CHECK(tfl_mul_by_qm64(1001, 1 << 30, 0) == 501, "500.5 rounds up");
+    CHECK(tfl_mul_by_qm64(-1001, 1 << 30, 0) == -500, "-500.5 rounds up too");
+    CHECK(tfl_mul_by_qm64(-1000, 1 << 30, 0) == -500, "exact");
+    CHECK(tfl_mul_by_qm64((int64_t)1 << 40, 1 << 30, -20) == 1 << 19, "2^40 / 2 / 2^20");
+    CHECK(tfl_mul_by_qm64(3, INT32_MAX, 1) == 6, "a multiplier near 1 is 0x7FFF / 2^15");
+    int sh;
+    CHECK(tfl_act16_prepare(1.0f / 4096, false, &sh) == 0 && sh == 0, "2^-12: POT, shift 0");
+    CHECK(tfl_act16_prepare(1.0f / 2048, true, &sh) == 0 && sh == 1, "tanh 2^-11: POT, shift 1");
+    int32_t m = tfl_act16_prepare(1.0f / 2048, false, &sh);
+    CHECK(m == 24576 && sh == 12, "logistic 2^-11: 6 doubled 12 times, got %d, %d", m, sh);
+}
+
 static void test_quantize(void)
 {
     int64_t d4 = 5;
@@ -230,7 +247,7 @@ static void test_add(void)
     uint8_t a[3] = {3, 200, 0}, b[3] = {4, 100, 0};
     kiln_tensor *in[2] = {tens(KILN_DTYPE_U8, 1, &d, a), tens(KILN_DTYPE_U8, 1, &d, b)};
     struct tfl_add_params p;
-    tfl_add_prepare(1.0f, 0, 1.0f, 0, 1.0f, 0, &p);
+    tfl_add_prepare(1.0f, 0, 1.0f, 0, 1.0f, 0, 20, &p);
     CHECK(p.left_shift == 20 && p.input1_multiplier == 1 << 30 && p.input1_shift == 0,
           "inputs at half of twice the scale");
     /* 2 / 2^20 = 2^-19 = 0.5 * 2^-18 */
@@ -264,7 +281,7 @@ static void test_sub_mul_lut(void)
     int8_t a[3] = {10, -100, 5}, b[3] = {4, 100, 5};
     kiln_tensor *in[2] = {tens(KILN_DTYPE_I8, 1, &d, a), tens(KILN_DTYPE_I8, 1, &d, b)};
     struct tfl_add_params p;
-    tfl_add_prepare(1.0f, 0, 1.0f, 0, 1.0f, 0, &p);
+    tfl_add_prepare(1.0f, 0, 1.0f, 0, 1.0f, 0, 20, &p);
     struct kiln_node *n = mk(KILN_OP_TflAdd, 2);
     ai(n, "left_shift", p.left_shift);
     ai(n, "input1_multiplier", p.input1_multiplier);
@@ -357,6 +374,7 @@ int main(void)
 {
     if (kiln_graph_new(&g) != KILN_OK) return 1;
     test_arithmetic();
+    test_arithmetic16();
     test_quantize();
     test_fully_connected();
     test_conv();

@@ -5,7 +5,8 @@
  * multiplier in [2^30, 2^31) and a power-of-two shift, using gemmlowp's
  * rounding primitives; the results of a model depend on every rounding
  * choice, so Kiln reproduces them exactly: SaturatingRoundingDoublingHighMul,
- * RoundingDivideByPOT, MultiplyByQuantizedMultiplier, the multiplier
+ * RoundingDivideByPOT, MultiplyByQuantizedMultiplier (int32 and, for the
+ * 16x8 kernels, int64 accumulators), the multiplier
  * preparation (QuantizeMultiplier, in double, rounding half away from zero)
  * and the parameter preparation of ADD and SOFTMAX. The importer
  * (src/import/tflite_lower.c) uses the preparation functions to fill the
@@ -17,6 +18,7 @@
 #define KILN_KERNELS_REF_TFLITE_Q_H
 
 #include <math.h>
+#include <stdbool.h>
 #include <stdint.h>
 
 /* gemmlowp SaturatingRoundingDoublingHighMul: round(a * b / 2^31), the one
@@ -84,6 +86,48 @@ static inline void tfl_quantize_multiplier(double real, int32_t *q_out, int *shi
     *shift_out = shift;
 }
 
+/* TFLite's MultiplyByQuantizedMultiplier for an int64 accumulator (the 16x8
+ * kernels): the multiplier reduced to 16 bits, one rounding shift. The
+ * product is taken in unsigned arithmetic so that no input is undefined
+ * behaviour (TFLite assumes |x| < 2^47, where it is exact). */
+static inline int32_t tfl_mul_by_qm64(int64_t x, int32_t q, int shift)
+{
+    int32_t reduced = q < 0x7FFF0000 ? (q + (1 << 15)) >> 16 : 0x7FFF;
+    int total_shift = 15 - shift; /* shift in [-31, 7]: 8 .. 46 */
+    uint64_t v = (uint64_t)x * (uint64_t)(int64_t)reduced + ((uint64_t)1 << (total_shift - 1));
+    return (int32_t)((int64_t)v >> total_shift);
+}
+
+/* TFLite's CheckedLog2: *log2 = round(log2(x)) (in float); true when x is a
+ * power of two to within 1e-3 of an exponent. */
+static inline int tfl_checked_log2(float x, int *log2_out)
+{
+    float l = logf(x) * (1.0f / logf(2.0f));
+    float r = roundf(l);
+    *log2_out = (int)fmaxf(-1000.0f, fminf(1000.0f, r));
+    return fabsf(l - r) < 1e-3f;
+}
+
+/* The input rescaling of the int16 LOGISTIC and TANH kernels (activations.cc,
+ * kInputIntegerBits 3): a power-of-two input scale keeps multiplier 0 (the
+ * kernel then uses 3 << left_shift), any other scale gets a multiplier below
+ * 2^15 taking it to 1 / (3 * 4096). Returns the multiplier, sets *left_shift. */
+static inline int32_t tfl_act16_prepare(float input_scale, bool tanh_, int *left_shift)
+{
+    int l2;
+    bool pot = tfl_checked_log2(input_scale, &l2);
+    *left_shift = (15 - 3) + l2;
+    pot = pot && (*left_shift == 0 || (tanh_ && *left_shift == 1));
+    if (pot) return 0;
+    double m = (double)input_scale * 4096.0 * 3.0;
+    *left_shift = 0;
+    while (m <= 32767.0 / 2.0 && *left_shift <= 30) {
+        (*left_shift)++;
+        m *= 2.0;
+    }
+    return m < 2147483647.0 ? (int32_t)m : INT32_MAX;
+}
+
 /* Parameters of quantized ADD (TFLite add.cc, 8-bit inputs: left_shift 20). */
 struct tfl_add_params {
     int32_t input1_offset, input2_offset, output_offset, left_shift;
@@ -92,12 +136,12 @@ struct tfl_add_params {
 };
 
 static inline void tfl_add_prepare(float s1, int32_t z1, float s2, int32_t z2, float so,
-                                   int32_t zo, struct tfl_add_params *p)
+                                   int32_t zo, int left_shift, struct tfl_add_params *p)
 {
     p->input1_offset = -z1;
     p->input2_offset = -z2;
     p->output_offset = zo;
-    p->left_shift = 20;
+    p->left_shift = left_shift; /* 20 for 8-bit, 15 for int16 (general scales) */
     double twice_max = 2 * (double)(s1 > s2 ? s1 : s2);
     double r1 = (double)s1 / twice_max, r2 = (double)s2 / twice_max;
     double ro = twice_max / ((double)(1 << p->left_shift) * (double)so);
