@@ -429,7 +429,7 @@ static void test_nodes(void)
                 if (!y) continue;
                 /* 60% zeros leave most 1x4 blocks nonzero: not an int8 candidate */
                 int want_sparse = !(prec == 2 && c->pat == P_UNSTR60);
-                CHECK(!strncmp(name, "sparse_", 7) == want_sparse, "%s: ran on %s", what, name);
+                CHECK((strncmp(name, "sparse_", 7) == 0) == want_sparse, "%s: ran on %s", what, name);
                 CHECK((prec == 2) == (strstr(name, "_int8") != NULL), "%s: %s in precision %d", what,
                       name, prec);
                 char w2[300];
