@@ -89,7 +89,7 @@ void kiln_compile_sparse_print(const kiln_compile_sparse *sp, FILE *f)
         fputs(" (dense kernels only)\n", f);
         return;
     }
-    fprintf(f, ", %d node%s on sparse kernels (measured faster than dense at batch 1)\n", sp->n,
+    fprintf(f, ", %d node%s on sparse kernels in a batch-1 plan (chosen per node by timing)\n", sp->n,
             sp->n == 1 ? "" : "s");
     for (int i = 0; i < sp->n; i++) {
         fputs("  ", f);
