@@ -168,7 +168,7 @@ kiln_status kiln_model_prune(kiln_model *m, double ratio, int block, kiln_prune_
                           "prune ratio %g is not between 0 and 1 (exclusive)", ratio);
     if (block != 1 && block != 4)
         return kiln_error(KILN_ERR_INVALID_ARGUMENT, "prune block %d is not 1 or 4", block);
-    if (kiln_weight_cache_bytes(m->weights) > 0)
+    if (m->weights && kiln_weight_cache_bytes(m->weights) > 0)
         return kiln_error(KILN_ERR_INVALID_ARGUMENT,
                           "kiln_model_prune: a session of the model has compiled plans already; "
                           "prune right after loading");
