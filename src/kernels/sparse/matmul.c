@@ -19,8 +19,9 @@
  * The choice: a candidate node is compiled both ways and each is timed on
  * the node's real shape (random A; one warm-up and three interleaved runs,
  * the best of each); sparse wins only when 10% faster. The result is kept
- * in the weight cache under (weight, "sparse_choice:<M>x<K>x<N>:...") so
- * later plans of the model take the same decision without timing again.
+ * in the weight cache under (weight, "sparse_choice:<M>x<K>x<N>:..."), a
+ * 0-byte entry holding an int, so later plans of the model take the same
+ * decision without timing again.
  * KILN_SPARSE=off / force (sparse.h) skip the timing.
  */
 #include <stdlib.h>
@@ -344,13 +345,16 @@ static kiln_status sp_measure(const struct kiln_compile_ctx *cc, struct kiln_ker
     return st;
 }
 
+/* The decision slot of a (weight, shape): an int in the weight cache, -1 until
+ * decided; 0 bytes, so the cache's packed-bytes count is unchanged. */
 static kiln_status choice_pack(void *arg, void **packed, size_t *bytes, void (**free_fn)(void *))
 {
+    (void)arg;
     int *c = malloc(sizeof *c);
     if (!c) return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory");
-    *c = *(const int *)arg;
+    *c = -1;
     *packed = c;
-    *bytes = sizeof *c;
+    *bytes = 0;
     *free_fn = free;
     return KILN_OK;
 }
@@ -366,12 +370,13 @@ kiln_status kiln_sparse_matmul_select(const struct kiln_compile_ctx *cc,
     snprintf(ctag, sizeof ctag, "sparse_choice:%lldx%lldx%lld:%d:%d:t%d", (long long)g.M,
              (long long)g.K, (long long)g.N, g.is_int8, g.relu, cc->threads);
     int choice = -1; /* 0 dense, 1 sparse (block 1), 4 sparse (block 4) */
-    if (cc->weights && mode == KILN_SPARSE_AUTO &&
-        kiln_weight_cache_entry_bytes(cc->weights, w, ctag) > 0) {
+    int *slot = NULL;
+    if (cc->weights && mode == KILN_SPARSE_AUTO) {
         void *p = NULL;
-        kiln_status st = kiln_weight_cache_get(cc->weights, w, ctag, choice_pack, &choice, &p);
+        kiln_status st = kiln_weight_cache_get(cc->weights, w, ctag, choice_pack, NULL, &p);
         if (st != KILN_OK) return st;
-        choice = *(const int *)p;
+        slot = p;
+        choice = *slot;
         if (choice == 0) return dense(cc, inst);
     }
     int block = choice > 0 ? choice : 1;
@@ -415,9 +420,6 @@ kiln_status kiln_sparse_matmul_select(const struct kiln_compile_ctx *cc,
         }
         choice = wins ? block : 0;
     }
-    if (st == KILN_OK && cc->weights && mode == KILN_SPARSE_AUTO) {
-        void *p = NULL;
-        st = kiln_weight_cache_get(cc->weights, w, ctag, choice_pack, &choice, &p);
-    }
+    if (st == KILN_OK && slot) *slot = choice;
     return st;
 }
