@@ -434,6 +434,23 @@ kiln_precision kiln_session_node_precision(const kiln_session *s, const char *no
  * W), 0 when it has none; -1 when the graph has no node of that name. */
 int64_t kiln_session_node_weight_elems(const kiln_session *s, const char *node);
 
+/* ---- Pruning and sparse kernels (`kiln compile --prune`, docs/COMPRESSION.md) ----
+ *
+ * MatMul, Gemm and their fused forms whose constant weight is mostly zero
+ * run on sparse kernels when that measures faster on the node's shape
+ * (KILN_SPARSE=off in the environment disables them). kiln_model_prune zeroes,
+ * in every MatMul / Gemm / 1x1-convolution weight of m, the `ratio` share
+ * (0 < ratio < 1) with the smallest magnitude, per layer: single entries
+ * (block 1) or 1x4 blocks along the reduction dimension (block 4). One-shot
+ * pruning costs accuracy quickly; high sparsity needs pruning during
+ * training. Call it right after loading, before any session runs. */
+typedef struct kiln_prune_stats {
+    int64_t layers;  /* weights pruned */
+    int64_t weights; /* their elements */
+    int64_t zeroed;  /* elements set to zero (some may have been zero already) */
+} kiln_prune_stats;
+kiln_status kiln_model_prune(kiln_model *m, double ratio, int block, kiln_prune_stats *out);
+
 #ifdef __cplusplus
 }
 #endif

@@ -57,16 +57,25 @@ static const char compile_help[] =
     "  --signature NAME     signature to compile (default: the default one)\n"
     "  --tags TAGS          SavedModel MetaGraph tags (default serve)\n"
     "  --threads N          intra-op threads (default 0: all cores)\n"
+    "  --sparse MODE        auto (default): MatMul/Gemm nodes with mostly-zero weights run\n"
+    "                       on sparse kernels where that measures faster; off: never\n"
+    "  --prune RATIO        zero that share (0 < RATIO < 1) of each MatMul, Gemm and 1x1\n"
+    "                       convolution weight by magnitude first (one shot; the report\n"
+    "                       shows what it costs against the unpruned fp32 model)\n"
+    "  --prune-block N      1 (default): single weights; 4: 1x4 blocks along the reduction\n"
     "\n"
     "DATA is a folder of NAME.npy files (one per input, first dimension = samples),\n"
     "an .npz archive of them, a TF Serving warmup file (tf_serving_warmup_requests),\n"
     "or a JSON-lines file of TF Serving predict request bodies; at least 10 samples,\n"
-    "no NaN or infinity. Not yet available: --sparse, --prune, --emit-onnx.\n";
+    "no NaN or infinity. Not yet available: --emit-onnx.\n";
 
 typedef struct compile_args {
     const char *model, *out, *cal, *eval, *labels, *report, *signature, *tags, *metric_output;
     const char *precision;   /* as given */
     const char *cal_method;  /* --calibration-method, NULL = minmax */
+    const char *sparse;      /* --sparse: "auto" or "off" */
+    double prune;            /* --prune RATIO, 0 = none */
+    int prune_block;         /* --prune-block: 1 or 4 */
     int is_auto;
     kiln_precision prec;
     double max_drop;
@@ -111,15 +120,15 @@ static int parse_batch_sizes(const char *s, compile_args *a)
 static int parse_args(int argc, char **argv, compile_args *a)
 {
     const char *cmd = "compile";
-    static const char *const later[] = {"--sparse", "--prune", "--emit-onnx"};
+    static const char *const later[] = {"--emit-onnx"};
     for (int i = 0; i < argc; i++) {
         const char *val = NULL;
         int r;
         for (size_t k = 0; k < sizeof later / sizeof later[0]; k++) {
             size_t n = strlen(later[k]);
             if (!strncmp(argv[i], later[k], n) && (argv[i][n] == '\0' || argv[i][n] == '='))
-                return kiln_cli_usage_error(cmd, "%s is not available yet (sparse kernels, pruning "
-                                            "and ONNX export are still to come)",
+                return kiln_cli_usage_error(cmd, "%s is not available yet (ONNX export is still "
+                                            "to come)",
                                             later[k]);
         }
         if (argv[i][0] != '-') {
@@ -160,6 +169,23 @@ static int parse_args(int argc, char **argv, compile_args *a)
             if (r < 0) return KILN_CLI_EXIT_USAGE;
             if (!kiln_cli_parse_int(val, 1, 100000, &a->runs))
                 return kiln_cli_usage_error(cmd, "--runs '%s' is not a count from 1 to 100000", val);
+        } else if ((r = kiln_cli_option(cmd, argc, argv, &i, "--sparse", &val)) != 0) {
+            if (r < 0) return KILN_CLI_EXIT_USAGE;
+            if (strcmp(val, "auto") && strcmp(val, "off"))
+                return kiln_cli_usage_error(cmd, "--sparse '%s' is not auto or off", val);
+            a->sparse = val;
+        } else if ((r = kiln_cli_option(cmd, argc, argv, &i, "--prune", &val)) != 0) {
+            char *end = NULL;
+            if (r < 0) return KILN_CLI_EXIT_USAGE;
+            a->prune = strtod(val, &end);
+            if (end == val || *end || !(a->prune > 0.0 && a->prune < 1.0))
+                return kiln_cli_usage_error(cmd, "--prune '%s' is not a ratio between 0 and 1 "
+                                            "(exclusive), e.g. 0.5", val);
+        } else if ((r = kiln_cli_option(cmd, argc, argv, &i, "--prune-block", &val)) != 0) {
+            if (r < 0) return KILN_CLI_EXIT_USAGE;
+            if (strcmp(val, "1") && strcmp(val, "4"))
+                return kiln_cli_usage_error(cmd, "--prune-block '%s' is not 1 or 4", val);
+            a->prune_block = val[0] - '0';
         } else if ((r = kiln_cli_option(cmd, argc, argv, &i, "--threads", &val)) != 0) {
             if (r < 0) return KILN_CLI_EXIT_USAGE;
             if (!kiln_cli_parse_int(val, 0, 4096, &a->so.threads))
@@ -354,8 +380,11 @@ int kiln_cmd_compile(int argc, char **argv)
     a.max_drop = 0.01;
     a.batch[0] = 1, a.batch[1] = 8, a.batch[2] = 32, a.n_batch = 3;
     a.runs = 20;
+    a.sparse = "auto";
+    a.prune_block = 1;
     int rc = parse_args(argc, argv, &a);
     if (rc >= 0) return rc;
+    if (!strcmp(a.sparse, "off")) setenv("KILN_SPARSE", "off", 1); /* read by the kernels */
     const char *cal_method_name = a.cal_method ? a.cal_method : "";
     kiln_calibration_method cal_method = !strcmp(cal_method_name, "entropy")
                                              ? KILN_CALIBRATION_ENTROPY
@@ -377,6 +406,8 @@ int kiln_cmd_compile(int argc, char **argv)
     char *json = NULL;
     kiln_compile_report r;
     memset(&r, 0, sizeof r);
+    kiln_model *mc = NULL; /* the model compiled: m, or m pruned (--prune) */
+    kiln_compile_sparse sp = {a.sparse, a.prune, a.prune_block, {0, 0, 0}, 0, NULL, NULL};
 
     m = kiln_cli_load_model(a.model, a.tags);
     if (!m) goto out;
@@ -386,6 +417,14 @@ int kiln_cmd_compile(int argc, char **argv)
         goto out;
     }
     const char *sig_name = kiln_signature_name(sig);
+    mc = m;
+    if (a.prune > 0) { /* a second copy, pruned; the fp32 baseline stays unpruned */
+        if (!(mc = kiln_cli_load_model(a.model, a.tags))) goto out;
+        if (kiln_model_prune(mc, a.prune, a.prune_block, &sp.prune) != KILN_OK) {
+            kiln_cli_fail("--prune: %s", kiln_last_error());
+            goto out;
+        }
+    }
     if (a.cal && !load_data("--calibration", a.cal, sig, &cal)) goto out;
     if (a.eval && !load_data("--eval", a.eval, sig, &eval)) goto out;
     const kiln_gate_data *sens_data = a.cal ? &cal : a.eval ? &eval : NULL;
@@ -445,7 +484,7 @@ int kiln_cmd_compile(int argc, char **argv)
     /* which nodes have low-precision kernels */
     kiln_precision prec = a.is_auto ? KILN_PRECISION_INT8 : a.prec;
     if (prec != KILN_PRECISION_FP32 && (sens_data || eval_data)) {
-        if (kiln_compile_find_nodes(m, sig_name, &a.so, sens_data ? sens_data : eval_data, batch,
+        if (kiln_compile_find_nodes(mc, sig_name, &a.so, sens_data ? sens_data : eval_data, batch,
                                     &nodes, &n_nodes, err) != KILN_OK) {
             kiln_cli_fail("%s", err);
             goto out;
@@ -469,7 +508,7 @@ int kiln_cmd_compile(int argc, char **argv)
         }
         for (int i = 0; i < n_nodes; i++) {
             if (!nodes[i].kernel_in[prec]) continue;
-            if (kiln_compile_node_sensitivity(m, sig_name, &a.so, &nodes[i], prec, sens_data, batch,
+            if (kiln_compile_node_sensitivity(mc, sig_name, &a.so, &nodes[i], prec, sens_data, batch,
                                               &base_cal, err) != KILN_OK) {
                 kiln_cli_fail("%s", err);
                 goto out;
@@ -483,7 +522,7 @@ int kiln_cmd_compile(int argc, char **argv)
         goto out;
     }
     if (a.is_auto && prec != KILN_PRECISION_FP32 &&
-        auto_fallback(m, sig_name, &a, prec, nodes, n_nodes, eval_data, batch, metric_output,
+        auto_fallback(mc, sig_name, &a, prec, nodes, n_nodes, eval_data, batch, metric_output,
                       &base_eval.o[metric_index], labels, err) != KILN_OK) {
         kiln_cli_fail("%s", err);
         goto out;
@@ -491,16 +530,22 @@ int kiln_cmd_compile(int argc, char **argv)
     int static_int8 = a.cal_method != NULL; /* checked: --precision int8 and --calibration */
     if (static_int8) {
         err[0] = '\0';
-        if (static_int8_session(m, sig_name, &a, &cal, batch, cal_method, &cand, err) != KILN_OK) {
+        if (static_int8_session(mc, sig_name, &a, &cal, batch, cal_method, &cand, err) != KILN_OK) {
             kiln_cli_fail("%s", err);
             goto out;
         }
-    } else if (candidate_session(m, sig_name, &a, prec, nodes, n_nodes, &cand) != KILN_OK) {
+    } else if (candidate_session(mc, sig_name, &a, prec, nodes, n_nodes, &cand) != KILN_OK) {
         kiln_cli_fail("cannot create the compiled session: %s", kiln_last_error());
         goto out;
     }
 
+    if (kiln_compile_sparse_nodes(cand, sig, &sp, err) != KILN_OK) {
+        kiln_cli_fail("%s", err);
+        goto out;
+    }
+
     /* the report */
+    r.sparse = &sp;
     r.model = a.model;
     r.signature = sig_name;
     r.out_path = a.out;
@@ -610,6 +655,8 @@ out:
     kiln_gate_data_free(&eval);
     kiln_session_free(cand);
     kiln_session_free(base);
+    kiln_compile_sparse_free(&sp);
+    if (mc != m) kiln_model_free(mc);
     kiln_model_free(m);
     return rc;
 }

@@ -89,6 +89,23 @@ kiln_status kiln_compile_node_sensitivity(kiln_model *m, const char *sig,
  * kernel for it, else fp32). */
 kiln_precision kiln_compile_node_effective(const kiln_compile_node *n);
 
+/* Sparse kernels and pruning (compile_sparse.c). */
+typedef struct kiln_compile_sparse {
+    const char *mode;          /* --sparse: "auto" or "off" */
+    double prune_ratio;        /* --prune; 0 = not pruned */
+    int prune_block;           /* 1 or 4 (--prune-block) */
+    kiln_prune_stats prune;
+    int n;                     /* nodes on sparse kernels in a batch-1 plan */
+    char **node, **kernel;     /* [n], owned */
+} kiln_compile_sparse;
+
+/* The nodes of session s that run on sparse kernels (a profiled batch-1 run of zeros). */
+kiln_status kiln_compile_sparse_nodes(kiln_session *s, const kiln_signature *sig,
+                                      kiln_compile_sparse *sp, char *err);
+void kiln_compile_sparse_free(kiln_compile_sparse *sp);
+void kiln_compile_sparse_print(const kiln_compile_sparse *sp, FILE *f);
+void kiln_compile_sparse_json(const kiln_compile_sparse *sp, FILE *f);
+
 /* Everything the report shows. */
 typedef struct kiln_compile_report {
     const char *model, *signature, *out_path;
@@ -111,6 +128,7 @@ typedef struct kiln_compile_report {
     int64_t fp32_weight_bytes, compressed_weight_bytes;
     int n_latency;
     const kiln_gate_latency *latency;
+    const kiln_compile_sparse *sparse; /* NULL: not reported */
     int passed;                   /* the drop is within max_drop (or nothing to check) */
     char verdict[512];
 } kiln_compile_report;

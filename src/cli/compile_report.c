@@ -401,6 +401,10 @@ char *kiln_compile_report_json(const kiln_compile_report *r)
         fputc('}', f);
     }
     fputc(']', f);
+    if (r->sparse) {
+        jkey(f, &first, "sparse");
+        kiln_compile_sparse_json(r->sparse, f);
+    }
     jkey(f, &first, "passed");
     fputs(r->passed ? "true" : "false", f);
     jkey(f, &first, "verdict");
@@ -492,6 +496,7 @@ void kiln_compile_report_print(const kiln_compile_report *r, FILE *f)
             fputc('\n', f);
         }
     }
+    if (r->sparse) kiln_compile_sparse_print(r->sparse, f);
     fprintf(f, "\nweights: fp32 %lld bytes, compressed %lld bytes (%.2fx)\n",
             (long long)r->fp32_weight_bytes, (long long)r->compressed_weight_bytes,
             r->fp32_weight_bytes ? (double)r->compressed_weight_bytes / (double)r->fp32_weight_bytes

@@ -41,6 +41,7 @@
 #include <math.h>
 
 #include "kernels/dnnl/dnnl_common.h"
+#include "kernels/sparse/sparse.h"
 
 #define MM_ALIGN64(x) (((x) + 63) / 64 * 64)
 
@@ -233,7 +234,7 @@ static int same_dims(const struct kiln_type *a, const struct kiln_type *b)
     return 1;
 }
 
-static kiln_status mm_compile(const struct kiln_compile_ctx *cc, struct kiln_kernel_inst *inst)
+static kiln_status mm_compile_dense(const struct kiln_compile_ctx *cc, struct kiln_kernel_inst *inst)
 {
     const struct kiln_node *n = cc->node;
     enum kiln_op op = n->op;
@@ -424,6 +425,13 @@ static kiln_status mm_compile(const struct kiln_compile_ctx *cc, struct kiln_ker
         inst->inplace_input = sum_index;
     }
     return KILN_OK;
+}
+
+/* A mostly-zero constant B may run on the sparse kernel instead, when it
+ * measures faster on the node's shape (src/kernels/sparse/sparse.h). */
+static kiln_status mm_compile(const struct kiln_compile_ctx *cc, struct kiln_kernel_inst *inst)
+{
+    return kiln_sparse_matmul_select(cc, inst, mm_compile_dense);
 }
 
 KILN_FAST_OP_PACKING(MatMul, mm_compile, NULL);
