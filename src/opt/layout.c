@@ -47,6 +47,7 @@
 #include <string.h>
 
 #include "kernels/fast.h"
+#include "kernels/simd/pad.h"
 #include "opt/layout_shuffle.h"
 #include "opt/opt.h"
 
@@ -184,6 +185,15 @@ static int is_follower(const struct kiln_graph *g, const unsigned char *captured
     int y = n->out[0];
     if (n->op == KILN_OP_Slice || n->op == KILN_OP_Gather)
         return act_value(g, captured, n->in[0]) && picks_constant(g, n);
+    if (n->op == KILN_OP_Pad) {
+        int64_t a[4];
+        float fill;
+        const kiln_tensor *pads = n->n_in > 1 ? kiln_opt_const(g, n->in[1]) : NULL;
+        int has_value = n->n_in > 2 && n->in[2] >= 0, has_axes = n->n_in > 3 && n->in[3] >= 0;
+        const kiln_tensor *value = has_value ? kiln_opt_const(g, n->in[2]) : NULL;
+        return act_value(g, captured, n->in[0]) &&
+               kiln_pad_hw(n, pads, has_axes, value, has_value, a, &fill);
+    }
     if (n->op == KILN_OP_Concat) {
         int64_t axis = kiln_attr_int(n, "axis", 1);
         if (kiln_attr_check(n) != KILN_OK) {
@@ -229,7 +239,7 @@ static int is_follower(const struct kiln_graph *g, const unsigned char *captured
 static int follower_data_input(const struct kiln_node *n, int i)
 {
     if (n->op == KILN_OP_Concat) return 1;
-    if (n->op == KILN_OP_Slice || n->op == KILN_OP_Gather) return i == 0;
+    if (n->op == KILN_OP_Slice || n->op == KILN_OP_Gather || n->op == KILN_OP_Pad) return i == 0;
     if (n->op == KILN_OP_Add || n->op == KILN_OP_Sub || n->op == KILN_OP_Mul ||
         n->op == KILN_OP_Div)
         return i < 2;
@@ -433,6 +443,25 @@ kiln_status kiln_opt_layout(struct kiln_graph *g, struct kiln_opt_pass_log *pl)
     for (int p = 0; p < n_nodes; p++) {
         int v = g->nodes[p].out[0];
         if (role[p] && supply[v] && demand[v]) g->values[v].layout = lp.block;
+    }
+    /* cost: a pool reads its input in its output's layout, so a pool whose blocked
+     * input is wanted by no blocked reader downstream would have the reorder on its
+     * input; where the output is smaller (GlobalAveragePool before the classifier),
+     * it writes blocked output and the reorder moves after it */
+    for (int p = 0; p < n_nodes; p++) {
+        const struct kiln_node *pn = &g->nodes[p];
+        if (role[p] != 1 || !is_pool(pn) || g->values[pn->out[0]].layout) continue;
+        int x = pn->in[0];
+        if (x < 0 || !g->values[x].layout) continue;
+        const struct kiln_type *xt = &g->values[x].type, *yt = &g->values[pn->out[0]].type;
+        int64_t xs = 1, ys = 1;
+        for (int d = 1; d < 4; d++) {
+            xs *= xt->dims[d] > 0 ? xt->dims[d] : -1;
+            ys *= yt->dims[d] > 0 ? yt->dims[d] : -1;
+        }
+        if (xs <= 0 || ys <= 0 || ys * 2 > xs || !same_dim(xt, yt, 0)) continue;
+        g->values[pn->out[0]].layout = lp.block;
+        if (pl) kiln_opt_count(pl, "reorder after a pool, not before");
     }
     free(role);
     free(supply);

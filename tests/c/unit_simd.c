@@ -849,6 +849,44 @@ static void test_slice(void)
     slice_case(one, 1, (int64_t[]){0}, (int64_t[]){INT64_MAX}, (int64_t[]){3}, NULL, "1x1x1x1");
 }
 
+/* Pad of a 4-D float32 tensor on H and W (simd/pad.c, plain layout here; blocked in
+ * tests/python/test_layout.py); other pads fall to the reference. */
+static void pad_case(const int64_t *dims, const int64_t *pads, float fill, int opset, int handled,
+                     const char *what)
+{
+    struct case_node c;
+    cn_init(&c, KILN_OP_Pad, opset, opset >= 11 ? 3 : 1, 1);
+    kiln_tensor *x = tensor_f32(4, dims);
+    for (size_t i = 0; i < x->nbytes / 4; i++) ((float *)x->data)[i] = rng_normal();
+    cn_input(&c, 0, x, false);
+    if (opset >= 11) {
+        int64_t one = 1;
+        kiln_tensor *v;
+        if (kiln_tensor_new(KILN_DTYPE_F32, 0, &one, &v) != KILN_OK) abort();
+        ((float *)v->data)[0] = fill;
+        cn_input(&c, 1, ints_i64(8, pads), true);
+        cn_input(&c, 2, v, true);
+    } else {
+        attr_ints(&c, "pads", pads, 8);
+        attr_float(&c, "value", fill);
+    }
+    char label[128];
+    snprintf(label, sizeof label, "Pad 4-D %s opset %d", what, opset);
+    check_case(&c, label, 0, 0, handled);
+    cn_free(&c);
+}
+
+static void test_pad(void)
+{
+    int64_t d[4] = {2, 19, 7, 9}, one[4] = {1, 1, 1, 1};
+    pad_case(d, (int64_t[]){0, 0, 1, 2, 0, 0, 3, 0}, 0.0f, 13, 1, "top left bottom");
+    pad_case(d, (int64_t[]){0, 0, 0, 0, 0, 0, 0, 0}, 0.0f, 13, 1, "nothing");
+    pad_case(one, (int64_t[]){0, 0, 2, 2, 0, 0, 2, 2}, -1.5f, 13, 1, "1x1 by 2, fill -1.5");
+    pad_case(d, (int64_t[]){0, 0, 1, 1, 0, 0, 1, 1}, 2.0f, 2, 1, "attributes");
+    pad_case(d, (int64_t[]){0, 1, 0, 0, 0, 0, 0, 0}, 0.0f, 13, 0, "channels (reference)");
+    pad_case(d, (int64_t[]){0, 0, -1, 0, 0, 0, 0, 0}, 0.0f, 13, 0, "negative (reference)");
+}
+
 /* Gather of channels (axis 1) by constant indices (simd/data.c through gather4.h). */
 static void test_gather_channels(void)
 {
@@ -1483,6 +1521,7 @@ int main(int argc, char **argv)
     test_gather();
     test_gather_channels();
     test_slice();
+    test_pad();
     test_transpose();
     test_reduce();
     test_gemm();

@@ -319,3 +319,28 @@ def test_follower_output_is_graph_output(kiln_bin, tmp_path):
     # blocked: conv, pool, Relu (twin), conv z with the Add fused as its Sum;
     # reorders: the Relu's plain output, and the input of the last conv (plain output)
     run_case(kiln_bin, tmp_path, g, [a, f], min_blocked=4, max_reorders=2)
+
+
+@pytest.mark.parametrize("c,fill", [(32, 0.0), (24, 1.5)])
+def test_pad_before_pool(kiln_bin, tmp_path, c, fill):
+    """DenseNet's transition and Inception's pool branch: conv, Pad (H and W),
+    AveragePool, conv, all blocked; a fill that is not 0 must not leak into the
+    padded channels of the last block (24 channels with blocks of 16)."""
+    g = G(3)
+    x = g.conv("X", 3, c, 3)
+    p = g.op("Pad", [x, ints(g, [0, 0, 1, 0, 0, 0, 2, 1]), g.const(np.float32(fill))])
+    a = g.op("AveragePool", [p], kernel_shape=[3, 3], strides=[1, 1])
+    z = g.conv(g.conv(g.op("Sigmoid", [a]), c, 32, 1), 32, 16, 1)
+    run_case(kiln_bin, tmp_path, g, [z], min_blocked=5, max_reorders=1)
+
+
+def test_global_pool_reorders_its_output(kiln_bin, tmp_path):
+    """A GlobalAveragePool before a Flatten: the reorder goes after the pool (on
+    [N, C, 1, 1]) rather than before it (on [N, C, H, W]), as the log says."""
+    g = G(3)
+    x = g.conv(g.conv("X", 3, 32, 3), 32, 40, 3)
+    f = g.op("Flatten", [g.op("GlobalAveragePool", [x])])
+    run_case(kiln_bin, tmp_path, g, [f], min_blocked=3, max_reorders=1)
+    proc = subprocess.run([kiln_bin, "inspect", str(tmp_path / "m.onnx"), "--optimized"],
+                          capture_output=True, text=True, env=isa_env(""), timeout=120)
+    assert "reorder after a pool, not before x1" in proc.stdout, proc.stdout

@@ -103,16 +103,25 @@ static void g4_range(void *arg, int64_t begin, int64_t end)
                    sizeof(float) * (size_t)(w * ly));
             continue;
         }
+        /* lanes [l0, l1) are copied, lanes from lz on are padding to zero */
+        const float *lane[16];
+        int l0 = ly, l1 = 0, lz = ly;
         for (int l = 0; l < ly; l++) {
             int64_t c = u * ly + l;
             if (c >= g->c_total) {
-                if (g->c_hi == g->c_total)
-                    for (int64_t q = 0; q < w; q++) dst[q * ly + l] = 0.0f;
+                if (g->c_hi == g->c_total && l < lz) lz = l;
                 continue;
             }
             if (c < g->c_lo || c >= g->c_hi) continue;
-            const float *src = xn + g->coff[c - g->c_lo];
-            for (int64_t q = 0; q < w; q++) dst[q * ly + l] = src[g->woff[q]];
+            lane[l] = xn + g->coff[c - g->c_lo];
+            if (l < l0) l0 = l;
+            l1 = l + 1;
+        }
+        for (int64_t q = 0; q < w; q++) {
+            float *d = dst + q * ly;
+            int64_t o = g->woff[q];
+            for (int l = l0; l < l1; l++) d[l] = lane[l][o];
+            for (int l = lz; l < ly; l++) d[l] = 0.0f;
         }
     }
 }
