@@ -13,10 +13,14 @@
  *    kiln_fast_accepts_blocked);
  *  - followers work on blocked data as on plain, so their output takes their
  *    data inputs' layout: unary elementwise ops and activations, binary ops
- *    of two same-shape inputs (residual Adds, SiLU's Mul), and Concat along
- *    N, H or W, or along C when every input but the last holds whole blocks
- *    (is_follower). Ops without a blocked kernel (Reshape, Transpose, Slice,
- *    Resize, Pad, standalone BatchNormalization, ...) read plain data.
+ *    of two same-shape inputs (residual Adds, SiLU's Mul), Concat along any
+ *    axis (along C off the blocks, copied lane by lane), Slice with constant
+ *    arguments (the batch whole), Gather of channels by constant indices,
+ *    and constant Pad of H and W (is_follower; the kernels in src/kernels/simd
+ *    slice.c, data.c, concat.c, pad.c). A channel shuffle (Reshape,
+ *    Transpose, Reshape) is first rewritten as a Gather of channels
+ *    (layout_shuffle.c). Ops without a blocked kernel (Reshape, Transpose,
+ *    Resize, Split, ...) read plain data.
  * A value is blocked when it is supplied blocked (written by a source, or by
  * a follower with a blocked data input) and demanded blocked (read by a
  * source that wants it, or by a follower whose output is demanded); both
@@ -30,7 +34,10 @@
  *  - a graph output (its value keeps its id and stays plain: the producer
  *    writes a new blocked value, and a KilnReorder writes the output);
  *  - KilnFusedConv's Sum, which must match Y's layout;
- *  - a pool's input, which oneDNN pools fastest in its output's layout;
+ *  - a pool's input, which oneDNN pools fastest in its output's layout; but
+ *    where the pool's output is at most half its input (GlobalAveragePool
+ *    before a Flatten), the output is blocked and the reorder follows it
+ *    (the cheaper edge, counted in the log);
  *  - a plain value with at least `block` channels entering a blocked
  *    convolution (a reorder costs far less than a plain convolution). The
  *    first convolution of a network (few input channels) reads its plain
