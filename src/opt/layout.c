@@ -13,10 +13,14 @@
  *    kiln_fast_accepts_blocked);
  *  - followers work on blocked data as on plain, so their output takes their
  *    data inputs' layout: unary elementwise ops and activations, binary ops
- *    of two same-shape inputs (residual Adds, SiLU's Mul), and Concat along
- *    N, H or W, or along C when every input but the last holds whole blocks
- *    (is_follower). Ops without a blocked kernel (Reshape, Transpose, Slice,
- *    Resize, Pad, standalone BatchNormalization, ...) read plain data.
+ *    of two same-shape inputs (residual Adds, SiLU's Mul), Concat along any
+ *    axis (along C off the blocks, copied lane by lane), Slice with constant
+ *    arguments (the batch whole), Gather of channels by constant indices,
+ *    and constant Pad of H and W (is_follower; the kernels in src/kernels/simd
+ *    slice.c, data.c, concat.c, pad.c). A channel shuffle (Reshape,
+ *    Transpose, Reshape) is first rewritten as a Gather of channels
+ *    (layout_shuffle.c). Ops without a blocked kernel (Reshape, Transpose,
+ *    Resize, Split, ...) read plain data.
  * A value is blocked when it is supplied blocked (written by a source, or by
  * a follower with a blocked data input) and demanded blocked (read by a
  * source that wants it, or by a follower whose output is demanded); both
@@ -30,7 +34,10 @@
  *  - a graph output (its value keeps its id and stays plain: the producer
  *    writes a new blocked value, and a KilnReorder writes the output);
  *  - KilnFusedConv's Sum, which must match Y's layout;
- *  - a pool's input, which oneDNN pools fastest in its output's layout;
+ *  - a pool's input, which oneDNN pools fastest in its output's layout; but
+ *    where the pool's output is at most half its input (GlobalAveragePool
+ *    before a Flatten), the output is blocked and the reorder follows it
+ *    (the cheaper edge, counted in the log);
  *  - a plain value with at least `block` channels entering a blocked
  *    convolution (a reorder costs far less than a plain convolution). The
  *    first convolution of a network (few input channels) reads its plain
@@ -47,6 +54,8 @@
 #include <string.h>
 
 #include "kernels/fast.h"
+#include "kernels/simd/pad.h"
+#include "opt/layout_shuffle.h"
 #include "opt/opt.h"
 
 /* The channel block for this CPU: 16, 8 or 0. */
@@ -121,6 +130,52 @@ static int same_dims(const struct kiln_graph *g, int a, int b)
     return 1;
 }
 
+/* A constant 1-D int32 / int64 tensor: its entries (at most 4 unless big), else -1. */
+static int64_t const_ints(const struct kiln_graph *g, int v, int64_t *out, int64_t cap)
+{
+    if (v < 0 || g->values[v].kind != KILN_VALUE_CONST || !g->values[v].konst) return -1;
+    const kiln_tensor *t = g->values[v].konst;
+    if ((t->dtype != KILN_DTYPE_I64 && t->dtype != KILN_DTYPE_I32) || t->rank != 1 ||
+        t->dims[0] > cap)
+        return -1;
+    for (int64_t i = 0; i < t->dims[0]; i++)
+        out[i] = t->dtype == KILN_DTYPE_I64 ? ((const int64_t *)t->data)[i]
+                                            : ((const int32_t *)t->data)[i];
+    return t->dims[0];
+}
+
+/* A Slice or Gather whose fast kernel surely runs on blocked data (simd/slice.c,
+ * simd/data.c): a Slice with constant arguments (opset 10+) that leaves the batch
+ * whole, or a Gather of channels (axis 1) by constant 1-D indices within C. */
+static int picks_constant(const struct kiln_graph *g, const struct kiln_node *n)
+{
+    const struct kiln_type *x = &g->values[n->in[0]].type;
+    if (n->op == KILN_OP_Gather) {
+        int64_t axis = kiln_attr_int(n, "axis", 0), c = x->dims[1];
+        if ((axis != 1 && axis != -3) || n->n_in != 2 || c <= 0) return 0;
+        const kiln_tensor *t = g->values[n->in[1]].kind == KILN_VALUE_CONST
+                                   ? g->values[n->in[1]].konst
+                                   : NULL;
+        if (!t || t->rank != 1 || (t->dtype != KILN_DTYPE_I64 && t->dtype != KILN_DTYPE_I32))
+            return 0;
+        for (int64_t i = 0; i < t->dims[0]; i++) {
+            int64_t v = t->dtype == KILN_DTYPE_I64 ? ((const int64_t *)t->data)[i]
+                                                   : ((const int32_t *)t->data)[i];
+            if (v < -c || v >= c) return 0;
+        }
+        return 1;
+    }
+    if (n->opset < 10 || n->n_in < 3) return 0;
+    int64_t a[4], axes[4] = {0, 1, 2, 3}, steps[4] = {1, 1, 1, 1};
+    int64_t k = const_ints(g, n->in[1], a, 4);
+    if (k < 0 || const_ints(g, n->in[2], a, 4) != k) return 0;
+    if (n->n_in > 3 && n->in[3] >= 0 && const_ints(g, n->in[3], axes, 4) != k) return 0;
+    if (n->n_in > 4 && n->in[4] >= 0 && const_ints(g, n->in[4], steps, 4) != k) return 0;
+    for (int64_t i = 0; i < k; i++)
+        if (axes[i] == 0 || axes[i] == -4 || steps[i] == 0) return 0;
+    return 1;
+}
+
 /* A node that works on blocked data as on plain (a "follower": its output takes its
  * data inputs' layout, and all of them must share it): a unary elementwise op, a
  * binary one of two same-shape inputs, or a Concat along N, H or W, or along C
@@ -135,6 +190,17 @@ static int is_follower(const struct kiln_graph *g, const unsigned char *captured
         if (n->out[k] >= 0) return 0;
     if (!kiln_fast_accepts_blocked(n, 0, block)) return 0;
     int y = n->out[0];
+    if (n->op == KILN_OP_Slice || n->op == KILN_OP_Gather)
+        return act_value(g, captured, n->in[0]) && picks_constant(g, n);
+    if (n->op == KILN_OP_Pad) {
+        int64_t a[4];
+        float fill;
+        const kiln_tensor *pads = n->n_in > 1 ? kiln_opt_const(g, n->in[1]) : NULL;
+        int has_value = n->n_in > 2 && n->in[2] >= 0, has_axes = n->n_in > 3 && n->in[3] >= 0;
+        const kiln_tensor *value = has_value ? kiln_opt_const(g, n->in[2]) : NULL;
+        return act_value(g, captured, n->in[0]) &&
+               kiln_pad_hw(n, pads, has_axes, value, has_value, a, &fill);
+    }
     if (n->op == KILN_OP_Concat) {
         int64_t axis = kiln_attr_int(n, "axis", 1);
         if (kiln_attr_check(n) != KILN_OK) {
@@ -149,8 +215,7 @@ static int is_follower(const struct kiln_graph *g, const unsigned char *captured
             const struct kiln_type *t = &g->values[v].type;
             for (int d = 0; d < 4; d++)
                 if (d != axis && !same_dim(t, &g->values[y].type, d)) return 0;
-            if (axis == 1 && (t->dims[1] < 0 || (k < n->n_in - 1 && t->dims[1] % block)))
-                return 0;
+            if (axis == 1 && t->dims[1] < 0) return 0;
         }
         return 1;
     }
@@ -181,6 +246,7 @@ static int is_follower(const struct kiln_graph *g, const unsigned char *captured
 static int follower_data_input(const struct kiln_node *n, int i)
 {
     if (n->op == KILN_OP_Concat) return 1;
+    if (n->op == KILN_OP_Slice || n->op == KILN_OP_Gather || n->op == KILN_OP_Pad) return i == 0;
     if (n->op == KILN_OP_Add || n->op == KILN_OP_Sub || n->op == KILN_OP_Mul ||
         n->op == KILN_OP_Div)
         return i < 2;
@@ -321,7 +387,8 @@ kiln_status kiln_opt_layout(struct kiln_graph *g, struct kiln_opt_pass_log *pl)
 {
     struct layout_pass lp = {.g = g, .pl = pl, .block = pick_block()};
     if (!lp.block) return KILN_OK;
-    kiln_status st = KILN_OK;
+    kiln_status st = kiln_opt_layout_shuffle(g, pl);
+    if (st != KILN_OK) return st;
     /* room for the values the pass adds too (at most one per node input and output) */
     size_t n_cap = (size_t)g->n_values + (size_t)g->n_outputs + 1;
     for (int c = 0; c < g->n_nodes; c++) n_cap += (size_t)g->nodes[c].n_in;
@@ -383,6 +450,25 @@ kiln_status kiln_opt_layout(struct kiln_graph *g, struct kiln_opt_pass_log *pl)
     for (int p = 0; p < n_nodes; p++) {
         int v = g->nodes[p].out[0];
         if (role[p] && supply[v] && demand[v]) g->values[v].layout = lp.block;
+    }
+    /* cost: a pool reads its input in its output's layout, so a pool whose blocked
+     * input is wanted by no blocked reader downstream would have the reorder on its
+     * input; where the output is smaller (GlobalAveragePool before the classifier),
+     * it writes blocked output and the reorder moves after it */
+    for (int p = 0; p < n_nodes; p++) {
+        const struct kiln_node *pn = &g->nodes[p];
+        if (role[p] != 1 || !is_pool(pn) || g->values[pn->out[0]].layout) continue;
+        int x = pn->in[0];
+        if (x < 0 || !g->values[x].layout) continue;
+        const struct kiln_type *xt = &g->values[x].type, *yt = &g->values[pn->out[0]].type;
+        int64_t xs = 1, ys = 1;
+        for (int d = 1; d < 4; d++) {
+            xs *= xt->dims[d] > 0 ? xt->dims[d] : -1;
+            ys *= yt->dims[d] > 0 ? yt->dims[d] : -1;
+        }
+        if (xs <= 0 || ys <= 0 || ys * 2 > xs || !same_dim(xt, yt, 0)) continue;
+        g->values[pn->out[0]].layout = lp.block;
+        if (pl) kiln_opt_count(pl, "reorder after a pool, not before");
     }
     free(role);
     free(supply);

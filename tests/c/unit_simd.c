@@ -808,6 +808,105 @@ static void test_gather(void)
     cn_free(&c);
 }
 
+/* Slice of a 4-D float32 tensor by constant arguments (simd/slice.c, plain layout here;
+ * the blocked layouts are compared in tests/python/test_layout.py). */
+static kiln_tensor *ints_i64(int n, const int64_t *v)
+{
+    int64_t d = n;
+    kiln_tensor *t;
+    if (kiln_tensor_new(KILN_DTYPE_I64, 1, &d, &t) != KILN_OK) abort();
+    memcpy(t->data, v, sizeof(int64_t) * (size_t)n);
+    return t;
+}
+
+static void slice_case(const int64_t *dims, int n, const int64_t *starts, const int64_t *ends,
+                       const int64_t *axes, const int64_t *steps, const char *what)
+{
+    struct case_node c;
+    cn_init(&c, KILN_OP_Slice, 13, steps ? 5 : 4, 1);
+    kiln_tensor *x = tensor_f32(4, dims);
+    for (size_t i = 0; i < x->nbytes / 4; i++) ((float *)x->data)[i] = rng_normal();
+    cn_input(&c, 0, x, false);
+    cn_input(&c, 1, ints_i64(n, starts), true);
+    cn_input(&c, 2, ints_i64(n, ends), true);
+    cn_input(&c, 3, ints_i64(n, axes), true);
+    if (steps) cn_input(&c, 4, ints_i64(n, steps), true);
+    char label[128];
+    snprintf(label, sizeof label, "Slice 4-D %s", what);
+    check_case(&c, label, 0, 0, 1);
+    cn_free(&c);
+}
+
+static void test_slice(void)
+{
+    int64_t d[4] = {2, 37, 9, 11}, one[4] = {1, 1, 1, 1};
+    slice_case(d, 1, (int64_t[]){5}, (int64_t[]){29}, (int64_t[]){1}, NULL, "channels");
+    slice_case(d, 2, (int64_t[]){-1, 1}, (int64_t[]){-100, 8}, (int64_t[]){3, 2},
+               (int64_t[]){-2, 3}, "columns backwards, rows stepped");
+    slice_case(d, 3, (int64_t[]){36, 0, 0}, (int64_t[]){0, 9, 11}, (int64_t[]){1, -2, -1},
+               (int64_t[]){-5, 1, 1}, "channels backwards");
+    slice_case(d, 1, (int64_t[]){20}, (int64_t[]){10}, (int64_t[]){1}, NULL, "empty");
+    slice_case(one, 1, (int64_t[]){0}, (int64_t[]){INT64_MAX}, (int64_t[]){3}, NULL, "1x1x1x1");
+}
+
+/* Pad of a 4-D float32 tensor on H and W (simd/pad.c, plain layout here; blocked in
+ * tests/python/test_layout.py); other pads fall to the reference. */
+static void pad_case(const int64_t *dims, const int64_t *pads, float fill, int opset, int handled,
+                     const char *what)
+{
+    struct case_node c;
+    cn_init(&c, KILN_OP_Pad, opset, opset >= 11 ? 3 : 1, 1);
+    kiln_tensor *x = tensor_f32(4, dims);
+    for (size_t i = 0; i < x->nbytes / 4; i++) ((float *)x->data)[i] = rng_normal();
+    cn_input(&c, 0, x, false);
+    if (opset >= 11) {
+        int64_t one = 1;
+        kiln_tensor *v;
+        if (kiln_tensor_new(KILN_DTYPE_F32, 0, &one, &v) != KILN_OK) abort();
+        ((float *)v->data)[0] = fill;
+        cn_input(&c, 1, ints_i64(8, pads), true);
+        cn_input(&c, 2, v, true);
+    } else {
+        attr_ints(&c, "pads", pads, 8);
+        attr_float(&c, "value", fill);
+    }
+    char label[128];
+    snprintf(label, sizeof label, "Pad 4-D %s opset %d", what, opset);
+    check_case(&c, label, 0, 0, handled);
+    cn_free(&c);
+}
+
+static void test_pad(void)
+{
+    int64_t d[4] = {2, 19, 7, 9}, one[4] = {1, 1, 1, 1};
+    pad_case(d, (int64_t[]){0, 0, 1, 2, 0, 0, 3, 0}, 0.0f, 13, 1, "top left bottom");
+    pad_case(d, (int64_t[]){0, 0, 0, 0, 0, 0, 0, 0}, 0.0f, 13, 1, "nothing");
+    pad_case(one, (int64_t[]){0, 0, 2, 2, 0, 0, 2, 2}, -1.5f, 13, 1, "1x1 by 2, fill -1.5");
+    pad_case(d, (int64_t[]){0, 0, 1, 1, 0, 0, 1, 1}, 2.0f, 2, 1, "attributes");
+    pad_case(d, (int64_t[]){0, 1, 0, 0, 0, 0, 0, 0}, 0.0f, 13, 0, "channels (reference)");
+    pad_case(d, (int64_t[]){0, 0, -1, 0, 0, 0, 0, 0}, 0.0f, 13, 0, "negative (reference)");
+}
+
+/* Gather of channels (axis 1) by constant indices (simd/data.c through gather4.h). */
+static void test_gather_channels(void)
+{
+    int64_t d[4] = {2, 21, 5, 7};
+    const int64_t idx[] = {20, 0, 0, -1, 17, 16, 5, -21, 9};
+    for (int konst = 0; konst < 2; konst++) {
+        struct case_node c;
+        cn_init(&c, KILN_OP_Gather, 13, 2, 1);
+        attr_int(&c, "axis", 1);
+        kiln_tensor *x = tensor_f32(4, d);
+        for (size_t i = 0; i < x->nbytes / 4; i++) ((float *)x->data)[i] = rng_normal();
+        cn_input(&c, 0, x, false);
+        cn_input(&c, 1, ints_i64(9, idx), konst);
+        /* constant indices run the channel gather; run-time indices the reference */
+        check_case(&c, konst ? "Gather channels" : "Gather channels, indices at run time", 0, 0,
+                   konst);
+        cn_free(&c);
+    }
+}
+
 static void transpose_case(kiln_dtype dt, int rank, const int64_t *dims, const int64_t *perm)
 {
     struct case_node c;
@@ -1420,6 +1519,9 @@ int main(int argc, char **argv)
     test_softmax();
     test_layernorm();
     test_gather();
+    test_gather_channels();
+    test_slice();
+    test_pad();
     test_transpose();
     test_reduce();
     test_gemm();

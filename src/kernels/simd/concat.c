@@ -7,7 +7,10 @@
  * same holds with the blocked dims: along C when every input but the last
  * has a whole number of blocks (each input's blocks then follow the
  * previous input's, and the last one's zero padding becomes the output's),
- * and along N, H or W always (the block is part of the copied row). So the
+ * and along N, H or W always (the block is part of the copied row). Along C
+ * at offsets that are not whole blocks (ShuffleNet's 58 + 58 channels with
+ * blocks of 16), each input is copied lane by lane into its channels of the
+ * output blocks (gather4.h), one input after the other. So the
  * layout pass (src/opt/layout.c) can keep a convolution chain blocked
  * through the Concats of fire modules, inception branches, dense blocks
  * and channel shuffles. Every input must be in the output's layout. Rows
@@ -19,6 +22,7 @@
 
 #include "core/threadpool.h"
 #include "kernels/fast.h"
+#include "kernels/simd/gather4.h"
 
 #define CONCAT_MAX_IN 256
 
@@ -28,8 +32,50 @@ struct concat_state {
     size_t out_row;                /* bytes of one output row (all inputs' pieces) */
     size_t piece[CONCAT_MAX_IN];   /* bytes of input k's piece of a row */
     size_t at[CONCAT_MAX_IN];      /* its offset in the row */
+    struct kiln_gather4 *g4;       /* blocked along C off the blocks: one copy per input */
     char name[32];
 };
+
+static void concat_free(void *p)
+{
+    struct concat_state *s = p;
+    for (int k = 0; s->g4 && k < s->n_in; k++) kiln_gather4_free(&s->g4[k]);
+    free(s->g4);
+    free(s);
+}
+
+static kiln_status concat_g4_run(void *state, struct kiln_run_ctx *ctx)
+{
+    const struct concat_state *s = state;
+    for (int k = 0; k < s->n_in; k++)
+        if (ctx->in[k]) kiln_gather4_run(&s->g4[k], ctx->in[k]->data, ctx->out[0]->data, ctx->threads);
+    return KILN_OK;
+}
+
+/* Blocked along C with an input off the blocks: a gather4 copy per input. */
+static kiln_status concat_offblock(const struct kiln_compile_ctx *cc, struct concat_state *s,
+                                   int lo)
+{
+    const struct kiln_type *y = cc->out[0];
+    s->g4 = calloc((size_t)cc->n_in, sizeof *s->g4);
+    int64_t *chan = malloc(sizeof(int64_t) * (size_t)(y->dims[1] + 1));
+    if (!s->g4 || !chan) {
+        free(chan);
+        return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory compiling Concat");
+    }
+    for (int64_t c = 0; c <= y->dims[1]; c++) chan[c] = c;
+    int64_t at = 0;
+    kiln_status st = KILN_OK;
+    for (int k = 0; k < cc->n_in && st == KILN_OK; k++) {
+        const struct kiln_type *x = cc->in[k];
+        if (!x) continue;
+        st = kiln_gather4_init(&s->g4[k], x->dims, lo, y->dims[1], y->dims[2], y->dims[3], lo, at,
+                               x->dims[1], chan, 0, 1, 0, 1);
+        at += x->dims[1];
+    }
+    free(chan);
+    return st;
+}
 
 struct concat_job {
     const struct concat_state *s;
@@ -102,6 +148,7 @@ static kiln_status concat_compile(const struct kiln_compile_ctx *cc, struct kiln
     int yr;
     stored_dims(y, lo, yd, &yr);
     int64_t outer = 1, inner = 1, sum = 0;
+    int offblock = 0;
     for (int i = 0; i < axis; i++) outer *= yd[i];
     for (int i = axis + 1; i < yr; i++) inner *= yd[i];
     struct concat_state *s = calloc(1, sizeof *s);
@@ -117,8 +164,8 @@ static kiln_status concat_compile(const struct kiln_compile_ctx *cc, struct kiln
             goto decline;
         for (int i = 0; i < y->rank; i++)
             if (i != axis && x->dims[i] != y->dims[i]) goto decline;
-        /* blocked along C: whole blocks, except the last input's */
-        if (lo && axis == 1 && k < cc->n_in - 1 && x->dims[1] % lo) goto decline;
+        /* blocked along C off the blocks: copied lane by lane */
+        if (lo && axis == 1 && k < cc->n_in - 1 && x->dims[1] % lo) offblock = 1;
         int64_t xd[KILN_MAX_RANK + 1];
         int xr;
         stored_dims(x, lk, xd, &xr);
@@ -126,16 +173,28 @@ static kiln_status concat_compile(const struct kiln_compile_ctx *cc, struct kiln
         s->piece[k] = (size_t)(xd[axis] * inner) * es;
         sum += xd[axis];
     }
-    if (sum != yd[axis]) goto decline;
-    if (lo) snprintf(s->name, sizeof s->name, "concat_blocked%d", lo);
-    else snprintf(s->name, sizeof s->name, "concat");
+    if (offblock) {
+        int64_t c = 0;
+        for (int k = 0; k < cc->n_in; k++) c += cc->in[k] ? cc->in[k]->dims[1] : 0;
+        if (c != y->dims[1]) goto decline;
+        kiln_status st = concat_offblock(cc, s, lo);
+        if (st != KILN_OK) {
+            concat_free(s);
+            return st;
+        }
+        snprintf(s->name, sizeof s->name, "concat_blocked%d_lanes", lo);
+    } else {
+        if (sum != yd[axis]) goto decline;
+        if (lo) snprintf(s->name, sizeof s->name, "concat_blocked%d", lo);
+        else snprintf(s->name, sizeof s->name, "concat");
+    }
     inst->name = s->name;
     inst->state = s;
-    inst->destroy = free;
-    inst->run = concat_run;
+    inst->destroy = concat_free;
+    inst->run = offblock ? concat_g4_run : concat_run;
     return KILN_OK;
 decline:
-    free(s);
+    concat_free(s);
     return KILN_OK;
 }
 

@@ -1,7 +1,10 @@
 /*
  * data.c - fast data-movement and reduction kernels: Gather along axis 0
  * (embedding lookup; any fixed-size dtype, int32 or int64 indices, every
- * index checked before anything is copied), Transpose (any permutation of
+ * index checked before anything is copied), Gather of channels (axis 1 of a
+ * 4-D float32 tensor, constant 1-D indices: a channel permutation such as the
+ * channel shuffle src/opt/layout_shuffle.c makes; plain or blocked layouts,
+ * through gather4.h), Transpose (any permutation of
  * a fixed-size dtype: dims of 1 dropped and dims that stay together
  * merged, then a row copy when the innermost dim stays innermost -- e.g.
  * [0,2,1,3] --, a 32x32-tiled copy for (batched) 2-D swaps, and an
@@ -11,6 +14,7 @@
 #include <stdio.h>
 
 #include "kernels/fast.h"
+#include "kernels/simd/gather4.h"
 #include "kernels/simd/simd.h"
 
 static bool concrete(const struct kiln_type *t)
@@ -85,11 +89,79 @@ static kiln_status gather_run(void *state, struct kiln_run_ctx *ctx)
     return KILN_OK;
 }
 
+/* Gather of channels: axis 1 of a 4-D float32 tensor, constant 1-D indices. */
+struct gather_chan_state {
+    struct kiln_gather4 g;
+    char name[32];
+};
+
+static void gather_chan_free(void *p)
+{
+    struct gather_chan_state *s = p;
+    kiln_gather4_free(&s->g);
+    free(s);
+}
+
+static kiln_status gather_chan_run(void *state, struct kiln_run_ctx *ctx)
+{
+    const struct gather_chan_state *s = state;
+    kiln_gather4_run(&s->g, ctx->in[0]->data, ctx->out[0]->data, ctx->threads);
+    return KILN_OK;
+}
+
+static bool gather_is_channels(const struct kiln_node *n, int rank)
+{
+    int64_t axis = kiln_attr_int(n, "axis", 0);
+    return rank == 4 && (axis == 1 || axis == -3);
+}
+
+static kiln_status gather_chan_compile(const struct kiln_compile_ctx *cc,
+                                       struct kiln_kernel_inst *inst)
+{
+    const struct kiln_type *d = cc->in[0], *y = cc->out[0];
+    const kiln_tensor *ind = cc->in_value ? cc->in_value[1] : NULL;
+    int lx = cc->in_layout ? cc->in_layout[0] : 0, ly = cc->out_layout ? cc->out_layout[0] : 0;
+    if (d->dtype != KILN_DTYPE_F32 || y->dtype != KILN_DTYPE_F32 || y->rank != 4 || lx != ly ||
+        !ind || ind->rank != 1 || ind->dims[0] != y->dims[1] ||
+        (ind->dtype != KILN_DTYPE_I64 && ind->dtype != KILN_DTYPE_I32))
+        return KILN_OK;
+    int64_t k = ind->dims[0];
+    int64_t *chan = malloc(sizeof(int64_t) * (size_t)(k + 1));
+    if (!chan) return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory compiling Gather");
+    for (int64_t i = 0; i < k; i++) {
+        int64_t v = ind->dtype == KILN_DTYPE_I64 ? ((const int64_t *)ind->data)[i]
+                                                 : ((const int32_t *)ind->data)[i];
+        if (v < 0) v += d->dims[1];
+        if (v < 0 || v >= d->dims[1]) {
+            free(chan);
+            return KILN_OK; /* the reference reports the index */
+        }
+        chan[i] = v;
+    }
+    struct gather_chan_state *s = calloc(1, sizeof *s);
+    kiln_status st = s ? kiln_gather4_init(&s->g, d->dims, lx, k, d->dims[2], d->dims[3], ly, 0, k,
+                                           chan, 0, 1, 0, 1)
+                       : kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory compiling Gather");
+    free(chan);
+    if (st != KILN_OK) {
+        free(s);
+        return st;
+    }
+    if (ly) snprintf(s->name, sizeof s->name, "gather_channels_blocked%d", ly);
+    else snprintf(s->name, sizeof s->name, "gather_channels");
+    inst->name = s->name;
+    inst->state = s;
+    inst->destroy = gather_chan_free;
+    inst->run = gather_chan_run;
+    return KILN_OK;
+}
+
 static kiln_status Gather_compile(const struct kiln_compile_ctx *cc, struct kiln_kernel_inst *inst)
 {
     const struct kiln_type *d = cc->in[0], *ind = cc->n_in > 1 ? cc->in[1] : NULL;
     if (!concrete(d) || !concrete(ind) || d->rank < 1 || cc->n_out < 1 || !concrete(cc->out[0]))
         return KILN_OK;
+    if (gather_is_channels(cc->node, d->rank)) return gather_chan_compile(cc, inst);
     if (kiln_attr_int(cc->node, "axis", 0) != 0 && kiln_attr_int(cc->node, "axis", 0) != -d->rank)
         return KILN_OK;
     if (ind->dtype != KILN_DTYPE_I64 && ind->dtype != KILN_DTYPE_I32) return KILN_OK;
@@ -108,7 +180,13 @@ static kiln_status Gather_compile(const struct kiln_compile_ctx *cc, struct kiln
     inst->name = "gather_rows";
     return KILN_OK;
 }
-KILN_FAST_OP(Gather, Gather_compile, NULL);
+/* Layout pass: a Gather of channels may read and write blocked data (src/opt/layout.c
+ * checks the rank and that the indices are constant). */
+static int gather_accepts_blocked(const struct kiln_node *n, int i, int block)
+{
+    return (i == 0 || i == -1) && (block == 8 || block == 16) && gather_is_channels(n, 4);
+}
+KILN_FAST_OP(Gather, Gather_compile, gather_accepts_blocked);
 
 /* ---- Transpose ---- */
 
