@@ -911,8 +911,9 @@ def scenario_slowload(kiln, work, long, seconds):
         third_s = time.time() - t0
         during = srv.versions()
         check(during.get(2) == "LOADING" and srv.available() == [1],
-              f"version 2 finished loading ({during}) before the other loads could show they "
-              "did not wait for it: make the load slower")
+              f"version 2 no longer LOADING ({during}) when the other model's version 2 and the "
+              f"added model were AVAILABLE ({other_s:.1f} / {third_s:.1f} s): they waited for "
+              "the slow load, or it was not slow enough")
         srv.wait_available([2], 30 + 20 * target)
         loaded_s = time.time() - t_add
         halt.set()
