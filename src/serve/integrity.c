@@ -214,7 +214,7 @@ static kiln_status mem_folder_walk(const kiln_integrity_options *o, const kiln_k
         size_t plen = len;
         if (enc) {
             crel[nl - sl] = '\0'; /* the plaintext's name, bound as associated data */
-            char what[4096];
+            char what[sizeof crel + sizeof KILN_ENC_SUFFIX];
             snprintf(what, sizeof what, "%s" KILN_ENC_SUFFIX, crel);
             st = kiln_enc_decrypt(data, len, ring, crel, what, &plain, &plen, e2);
             free(data);
