@@ -165,6 +165,25 @@ kiln_status kiln_model_load(const char *path, const kiln_load_options *opts, kil
 /* Load from bytes; the bytes are not retained. External data is not allowed. */
 kiln_status kiln_model_load_memory(const void *data, size_t size, const kiln_load_options *opts,
                                    kiln_model **out);
+
+/* One file of a model folder held in memory (decrypted, say): its path
+ * relative to the folder, '/'-separated ("saved_model.pb",
+ * "variables/variables.index", "variables/variables.data-00000-of-00001",
+ * "model.onnx"), and its bytes. */
+typedef struct kiln_memory_file {
+    const char *path;
+    const void *data;
+    size_t size;
+} kiln_memory_file;
+
+/* Load a model folder whose files are given in memory: a SavedModel
+ * (saved_model.pb or .pbtxt, with its variables/ checkpoint) or model.onnx.
+ * Nothing is read from the file system: a file the model needs that is not
+ * among files[0..n) is not found. dir only names the folder in messages
+ * (and in the paths of SavedModel assets). The bytes are not retained: the
+ * model copies what it keeps, so files may be wiped and freed on return. */
+kiln_status kiln_model_load_files(const char *dir, const kiln_memory_file *files, int n,
+                                  const kiln_load_options *opts, kiln_model **out);
 void kiln_model_free(kiln_model *m);
 const char *kiln_model_format(const kiln_model *m);
 

@@ -246,7 +246,7 @@ static kiln_status model_prepare(struct kiln_model *m)
     kiln_status st = kiln_weight_cache_new(&m->weights);
     if (st != KILN_OK) return st;
     for (int i = 0; i < m->n_maps; i++)
-        if (m->maps[i].mapped &&
+        if (m->maps[i].mapped == 1 && /* file pages the kernel can drop and fault back */
             (st = kiln_weight_cache_add_mapping(m->weights, m->maps[i].data, m->maps[i].size)) !=
                 KILN_OK)
             return st;
@@ -409,6 +409,47 @@ kiln_status kiln_model_load_memory(const void *data, size_t size, const kiln_loa
         st = kiln_tflite_load(data ? data : "", size, m);
     else
         st = kiln_onnx_load(data ? data : "", size, NULL, m);
+    if (st == KILN_OK) st = model_prepare(m);
+    if (st == KILN_OK) st = artifact_precompile(m);
+    if (st != KILN_OK) {
+        model_free(m);
+        return st;
+    }
+    *out = m;
+    return KILN_OK;
+}
+
+kiln_status kiln_model_load_files(const char *dir, const kiln_memory_file *files, int n,
+                                  const kiln_load_options *opts, kiln_model **out)
+{
+    if (!out || !dir || (n > 0 && !files) || n < 0)
+        return kiln_error(KILN_ERR_INVALID_ARGUMENT, "kiln_model_load_files: NULL argument");
+    *out = NULL;
+    const kiln_memory_file *pb = NULL, *pbtxt = NULL, *onnx = NULL;
+    for (int i = 0; i < n; i++) {
+        if (!files[i].path || (!files[i].data && files[i].size))
+            return kiln_error(KILN_ERR_INVALID_ARGUMENT, "kiln_model_load_files: file %d of "
+                              "'%s' has no path or no bytes", i, dir);
+        if (strcmp(files[i].path, "saved_model.pb") == 0) pb = &files[i];
+        else if (strcmp(files[i].path, "saved_model.pbtxt") == 0) pbtxt = &files[i];
+        else if (strcmp(files[i].path, "model.onnx") == 0) onnx = &files[i];
+    }
+    kiln_format fmt = opts ? opts->format : KILN_FORMAT_AUTO;
+    if (onnx && fmt != KILN_FORMAT_SAVEDMODEL) {
+        kiln_load_options lo = {KILN_FORMAT_ONNX, opts ? opts->tags : NULL};
+        kiln_status st = kiln_model_load_memory(onnx->data, onnx->size, &lo, out);
+        return st == KILN_OK ? st : kiln_error_wrap(st, "%s/model.onnx", dir);
+    }
+    const kiln_memory_file *sm = pb ? pb : pbtxt;
+    if (!sm || (fmt != KILN_FORMAT_AUTO && fmt != KILN_FORMAT_SAVEDMODEL))
+        return kiln_error(KILN_ERR_NOT_FOUND, "the in-memory files of '%s' hold no model.onnx or "
+                          "saved_model.pb of the format asked for", dir);
+    struct kiln_model *m = calloc(1, sizeof *m);
+    if (!m) return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory");
+    struct kiln_file_source src = {dir, files, n};
+    kiln_status st = kiln_savedmodel_load_source(sm->data ? sm->data : "", sm->size, sm == pbtxt,
+                                                 dir, &src, opts ? opts->tags : NULL, m);
+    if (st != KILN_OK) kiln_error_wrap(st, "%s", dir);
     if (st == KILN_OK) st = model_prepare(m);
     if (st == KILN_OK) st = artifact_precompile(m);
     if (st != KILN_OK) {

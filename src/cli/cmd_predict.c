@@ -20,10 +20,13 @@
 #include "cli/cli.h"
 #include "cli/json_out.h"
 #include "cli/npy.h"
+#include "serve/integrity.h"
+#include "serve/json.h"
 
 static const char predict_usage[] =
     "usage: kiln predict MODEL --input NAME=FILE.npy [--input ...] --output-dir DIR\n"
     "                    [--signature NAME] [--threads N] [--disable-optimizer] [--reference] [--tags TAGS]\n"
+    "                    [--decryption-key RING]\n"
     "\n"
     "Run MODEL once on inputs read from NumPy .npy files and write each output\n"
     "to DIR/<output>.npy (characters outside [A-Za-z0-9._-] in the output name\n"
@@ -35,6 +38,8 @@ static const char predict_usage[] =
     "  --signature NAME   the signature to run (default: the model's default)\n"
     KILN_CLI_RUN_OPTIONS_HELP
     "  --tags TAGS        SavedModel MetaGraph tags, comma-separated (default: serve)\n"
+    "  --decryption-key RING  key ring for a folder encrypted by 'kiln encrypt' (decrypted\n"
+    "                     in memory, as kiln serve --model_decryption_key_file does)\n"
     "  -h, --help         show this help\n"
     "\n"
     ".npy inputs: C order; float16/32/64, (u)int8/16/32/64, bool, bytes (S) and\n"
@@ -54,6 +59,7 @@ typedef struct predict_args {
     const char *output_dir;
     const char *signature;   /* NULL: the default */
     const char *tags;
+    const char *key_ring;    /* --decryption-key: NULL = a plain model */
     kiln_session_options so; /* --threads, --disable-optimizer, --reference */
     predict_input *inputs;   /* n_inputs entries; malloc'd */
     int n_inputs;
@@ -92,6 +98,9 @@ static int parse_args(int argc, char **argv, predict_args *a)
         } else if ((r = kiln_cli_option(cmd, argc, argv, &i, "--tags", &val)) != 0) {
             if (r < 0) return KILN_CLI_EXIT_USAGE;
             a->tags = val;
+        } else if ((r = kiln_cli_option(cmd, argc, argv, &i, "--decryption-key", &val)) != 0) {
+            if (r < 0) return KILN_CLI_EXIT_USAGE;
+            a->key_ring = val;
         } else if ((r = kiln_cli_run_option(cmd, argc, argv, &i, &a->so)) != 0) {
             if (r < 0) return KILN_CLI_EXIT_USAGE;
         } else {
@@ -263,7 +272,16 @@ int kiln_cmd_predict(int argc, char **argv)
     int rc = parse_args(argc, argv, &a);
     if (rc >= 0) goto out_free_inputs;
 
-    kiln_model *m = kiln_cli_load_model(a.model, a.tags);
+    kiln_model *m = NULL;
+    if (a.key_ring) { /* an encrypted folder, decrypted in memory (serve/integrity.c) */
+        kiln_integrity_options io = {NULL, a.key_ring};
+        kiln_load_options lo = {KILN_FORMAT_AUTO, a.tags};
+        char err[KILN_JSON_ERR_LEN];
+        if (kiln_integrity_load(&io, a.model, &lo, &m, err) != KILN_OK)
+            kiln_cli_fail("%s: %s", a.model, err);
+    } else {
+        m = kiln_cli_load_model(a.model, a.tags);
+    }
     if (!m) {
         rc = KILN_CLI_EXIT_FAIL;
         goto out_free_inputs;

@@ -1,8 +1,11 @@
 /*
- * fileio.c - map files read-only.
+ * fileio.c - map files read-only, or take them from a table of files held
+ * in memory (an encrypted model decrypted by the server, never on disk).
  */
 #define _GNU_SOURCE
 #include "core/fileio.h"
+
+#include "kiln/kiln.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -51,15 +54,47 @@ kiln_status kiln_file_map(const char *path, struct kiln_file_map *out)
     return st;
 }
 
+kiln_status kiln_file_map_from(const struct kiln_file_source *src, const char *path,
+                               struct kiln_file_map *out)
+{
+    if (!src) return kiln_file_map(path, out);
+    memset(out, 0, sizeof *out);
+    size_t dl = strlen(src->dir);
+    const char *rel = strncmp(path, src->dir, dl) == 0 && path[dl] == '/' ? path + dl + 1 : NULL;
+    for (int i = 0; rel && i < src->n; i++) {
+        const struct kiln_memory_file *f = &src->files[i];
+        if (!f->path || strcmp(f->path, rel) != 0) continue;
+        if (f->size == 0) {
+            out->data = "";
+            return KILN_OK;
+        }
+        if (!f->data || f->size > SIZE_MAX - 128)
+            return kiln_error(KILN_ERR_INVALID_ARGUMENT, "in-memory file '%s': no bytes", path);
+        void *p = aligned_alloc(64, (f->size + 63) / 64 * 64);
+        if (!p) return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory copying '%s'", path);
+        memcpy(p, f->data, f->size);
+        out->data = p;
+        out->size = f->size;
+        out->mapped = 2;
+        return KILN_OK;
+    }
+    return kiln_error(KILN_ERR_NOT_FOUND, "cannot open '%s': not among the model's in-memory files",
+                      path);
+}
+
 void kiln_file_unmap(struct kiln_file_map *m)
 {
-    if (m->mapped && m->data) munmap((void *)m->data, m->size);
+    if (m->mapped == 1 && m->data) munmap((void *)m->data, m->size);
+    if (m->mapped == 2 && m->data) { /* possibly decrypted weights: wipe them */
+        explicit_bzero((void *)m->data, m->size);
+        free((void *)m->data);
+    }
     memset(m, 0, sizeof *m);
 }
 
 void kiln_file_release_pages(const struct kiln_file_map *m)
 {
-    if (m && m->mapped && m->data && m->size) (void)madvise((void *)m->data, m->size, MADV_DONTNEED);
+    if (m && m->mapped == 1 && m->data && m->size) (void)madvise((void *)m->data, m->size, MADV_DONTNEED);
 }
 
 void kiln_file_release_range(const void *data, size_t size)

@@ -184,6 +184,7 @@ struct sm_ctx {
     struct kiln_model *m;
     struct sm_state *state;
     const char *dir;                   /* model folder, or NULL */
+    const struct kiln_file_source *src; /* its files in memory, or NULL: on disk */
     const KilnSm__MetaGraphDef *mg;
     const KilnSm__GraphDef *gd;
     size_t n_nodes;                    /* main graph */
@@ -945,7 +946,7 @@ static kiln_status var_restore(struct sm_ctx *c, int var)
         char *prefix = malloc(n);
         if (!prefix) return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory");
         snprintf(prefix, n, "%s/variables/variables", c->dir);
-        st = kiln_bundle_open(prefix, &c->bundle);
+        st = kiln_bundle_open_from(prefix, c->src, &c->bundle);
         free(prefix);
         if (st != KILN_OK)
             return kiln_error_wrap(st, "variable '%s': cannot open the checkpoint", v->nd->name);
@@ -2189,6 +2190,13 @@ static void ctx_free(struct sm_ctx *c)
 kiln_status kiln_savedmodel_load_bytes(const void *data, size_t size, int text, const char *dir,
                                        const char *tags, struct kiln_model *m)
 {
+    return kiln_savedmodel_load_source(data, size, text, dir, NULL, tags, m);
+}
+
+kiln_status kiln_savedmodel_load_source(const void *data, size_t size, int text, const char *dir,
+                                        const struct kiln_file_source *src, const char *tags,
+                                        struct kiln_model *m)
+{
     kiln_status st;
     if (size > SM_MAX_FILE_BYTES)
         return kiln_error(KILN_ERR_UNSUPPORTED, "saved_model.pb of %zu bytes exceeds the 2 GiB "
@@ -2214,7 +2222,7 @@ kiln_status kiln_savedmodel_load_bytes(const void *data, size_t size, int text, 
                               "wrong field types or bad strings)");
     }
     if ((st = kiln_graph_new(&m->graph)) != KILN_OK) return st;
-    struct sm_ctx c = {.m = m, .state = state, .dir = dir};
+    struct sm_ctx c = {.m = m, .state = state, .dir = dir, .src = src};
     st = load_parsed(&c, tags);
     ctx_free(&c);
     return st;

@@ -26,5 +26,11 @@ kiln_status kiln_savedmodel_load(const char *dir, const char *tags, struct kiln_
  * The bytes are not retained. */
 kiln_status kiln_savedmodel_load_bytes(const void *data, size_t size, int text, const char *dir,
                                        const char *tags, struct kiln_model *m);
+/* The same with the variables read through src (core/fileio.h: a table of
+ * files held in memory; NULL: the file system under dir). */
+struct kiln_file_source;
+kiln_status kiln_savedmodel_load_source(const void *data, size_t size, int text, const char *dir,
+                                        const struct kiln_file_source *src, const char *tags,
+                                        struct kiln_model *m);
 
 #endif

@@ -483,7 +483,7 @@ static kiln_status check_header(const KilnTf__BundleHeaderProto *h, const char *
 
 /* Map the data files the entries refer to (partitioned-variable entries
  * carry no data of their own). */
-static kiln_status map_shards(struct kiln_bundle *b)
+static kiln_status map_shards(struct kiln_bundle *b, const struct kiln_file_source *src)
 {
     b->shards = calloc((size_t)b->num_shards, sizeof *b->shards);
     if (!b->shards) return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory opening a bundle");
@@ -501,7 +501,7 @@ static kiln_status map_shards(struct kiln_bundle *b)
         if (!(s->path = malloc(n)))
             return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory opening a bundle");
         snprintf(s->path, n, "%s.data-%05d-of-%05d", b->prefix, (int)e->shard_id, b->num_shards);
-        kiln_status st = kiln_file_map(s->path, &s->map);
+        kiln_status st = kiln_file_map_from(src, s->path, &s->map);
         if (st != KILN_OK)
             return kiln_error_wrap(st, "TensorBundle data file for variable '%s'",
                                    b->entries[i].key);
@@ -511,6 +511,12 @@ static kiln_status map_shards(struct kiln_bundle *b)
 }
 
 kiln_status kiln_bundle_open(const char *prefix, struct kiln_bundle **out)
+{
+    return kiln_bundle_open_from(prefix, NULL, out);
+}
+
+kiln_status kiln_bundle_open_from(const char *prefix, const struct kiln_file_source *src,
+                                  struct kiln_bundle **out)
 {
     if (out) *out = NULL;
     if (!prefix || !out)
@@ -523,7 +529,7 @@ kiln_status kiln_bundle_open(const char *prefix, struct kiln_bundle **out)
         return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory opening a bundle");
     }
     struct kiln_file_map index;
-    kiln_status st = kiln_file_map(index_path, &index);
+    kiln_status st = kiln_file_map_from(src, index_path, &index);
     if (st != KILN_OK) {
         st = kiln_error_wrap(st, "TensorBundle index");
         goto err_free_bundle;
@@ -537,7 +543,7 @@ kiln_status kiln_bundle_open(const char *prefix, struct kiln_bundle **out)
     if (st == KILN_OK) st = check_header(c.header, index_path);
     if (st == KILN_OK) {
         b->num_shards = c.header->num_shards;
-        st = map_shards(b);
+        st = map_shards(b, src);
     }
     if (c.header) kiln_tf__bundle_header_proto__free_unpacked(c.header, NULL);
     free(c.last);

@@ -43,6 +43,11 @@ struct kiln_model;
  * format versions). On success *out is owned by the caller.
  */
 kiln_status kiln_bundle_open(const char *prefix, struct kiln_bundle **out);
+/* The same, reading the index and data files through src (core/fileio.h;
+ * NULL: the file system), which need only live until this returns. */
+struct kiln_file_source;
+kiln_status kiln_bundle_open_from(const char *prefix, const struct kiln_file_source *src,
+                                  struct kiln_bundle **out);
 
 /* Number of tensors (entries other than the header), and the name of the
  * i-th in the index's (sorted) order; NULL if i is out of range. The name

@@ -10,10 +10,16 @@
  *      so a file swapped after step 1 is caught), decrypted with the key
  *      its header names from the key ring, loaded with
  *      kiln_model_load_memory(), and the plaintext wiped;
- *   3. otherwise the folder loads as usual (kiln_model_load).
- * SavedModel folders load from files only, so an encrypted SavedModel
- * (saved_model.pb.kenc) is refused with a message saying so.
+ *   3. if it holds saved_model.pb.kenc (an encrypted SavedModel): every
+ *      file of the folder (but assets.extra/ and kiln.sig) is read once into
+ *      memory (checked against the manifest when signed), each .kenc
+ *      decrypted under its own name, and the lot loaded with
+ *      kiln_model_load_files(), which reads nothing from disk; the
+ *      plaintexts are wiped after;
+ *   4. otherwise the folder loads as usual (kiln_model_load).
  */
+#include <dirent.h>
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -113,6 +119,160 @@ out_ring:
     return st;
 }
 
+/* An encrypted SavedModel folder held in memory: every file's bytes, the
+ * .kenc ones decrypted (under their names without the suffix). */
+typedef struct mem_folder {
+    kiln_memory_file *files;
+    uint8_t **owned;   /* per file: the buffer to free */
+    int *decrypted;    /* per file: wipe before freeing */
+    int n, cap;
+} mem_folder;
+
+static void mem_folder_free(mem_folder *f)
+{
+    for (int i = 0; i < f->n; i++) {
+        if (f->decrypted[i]) kiln_enc_plain_free(f->owned[i], f->files[i].size);
+        else free(f->owned[i]);
+        free((char *)f->files[i].path);
+    }
+    free(f->files);
+    free(f->owned);
+    free(f->decrypted);
+}
+
+/* Read (and decrypt) the files under dir/rel into f; assets.extra/ (the
+ * warmup file, read by the server) and the root's kiln.sig are left out. */
+static kiln_status mem_folder_walk(const kiln_integrity_options *o, const kiln_key_ring *ring,
+                                   const kiln_manifest *signed_files, const char *dir,
+                                   const char *rel, int depth, mem_folder *f, char *err)
+{
+    char dpath[8400];
+    snprintf(dpath, sizeof dpath, "%s%s%s", dir, *rel ? "/" : "", rel);
+    DIR *d = depth > 16 ? NULL : opendir(dpath);
+    if (!d) {
+        snprintf(err, KILN_JSON_ERR_LEN, "folder '%.300s': %s", dpath,
+                 depth > 16 ? "nested too deep" : strerror(errno));
+        return KILN_ERR_IO;
+    }
+    (void)o;
+    kiln_status st = KILN_OK;
+    struct dirent *e;
+    while (st == KILN_OK && (e = readdir(d)) != NULL) {
+        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
+        if (depth == 0 && (strcmp(e->d_name, KILN_SIG_FILE) == 0 ||
+                           strcmp(e->d_name, "assets.extra") == 0))
+            continue;
+        char crel[4096], cpath[8400];
+        snprintf(crel, sizeof crel, "%s%s%s", rel, *rel ? "/" : "", e->d_name);
+        snprintf(cpath, sizeof cpath, "%s/%s", dir, crel);
+        struct stat sb;
+        if (lstat(cpath, &sb) != 0) continue;
+        if (S_ISDIR(sb.st_mode)) {
+            st = mem_folder_walk(o, ring, signed_files, dir, crel, depth + 1, f, err);
+            continue;
+        }
+        if (!S_ISREG(sb.st_mode)) continue;
+        if (f->n == f->cap) {
+            int cap = f->cap ? 2 * f->cap : 16;
+            kiln_memory_file *nf = realloc(f->files, (size_t)cap * sizeof *nf);
+            if (nf) f->files = nf;
+            uint8_t **no = realloc(f->owned, (size_t)cap * sizeof *no);
+            if (no) f->owned = no;
+            int *nd = realloc(f->decrypted, (size_t)cap * sizeof *nd);
+            if (nd) f->decrypted = nd;
+            if (!nf || !no || !nd || f->n > 100000) {
+                snprintf(err, KILN_JSON_ERR_LEN, "out of memory (or over 100000 files) in '%.300s'",
+                         dir);
+                st = KILN_ERR_OUT_OF_MEMORY;
+                break;
+            }
+            f->cap = cap;
+        }
+        char e2[KILN_SEC_ERR_LEN];
+        uint8_t *data = NULL;
+        size_t len = 0;
+        st = kiln_sec_read_file(cpath, MODEL_FILE_MAX, &data, &len, e2);
+        if (st != KILN_OK) {
+            snprintf(err, KILN_JSON_ERR_LEN, "%s", e2);
+            break;
+        }
+        if (signed_files) { /* the bytes read now are the bytes that were verified */
+            const kiln_manifest_entry *me = kiln_manifest_find(signed_files, crel);
+            uint8_t sha[32];
+            crypto_hash_sha256(sha, data, len);
+            if (!me || me->size != len || sodium_memcmp(sha, me->sha256, 32) != 0) {
+                snprintf(err, KILN_JSON_ERR_LEN, "file '%.300s' changed after its signature was "
+                         "checked", crel);
+                free(data);
+                st = KILN_ERR_INVALID_MODEL;
+                break;
+            }
+        }
+        size_t nl = strlen(crel), sl = strlen(KILN_ENC_SUFFIX);
+        int enc = nl > sl && strcmp(crel + nl - sl, KILN_ENC_SUFFIX) == 0;
+        uint8_t *plain = data;
+        size_t plen = len;
+        if (enc) {
+            crel[nl - sl] = '\0'; /* the plaintext's name, bound as associated data */
+            char what[sizeof crel + sizeof KILN_ENC_SUFFIX];
+            snprintf(what, sizeof what, "%s" KILN_ENC_SUFFIX, crel);
+            st = kiln_enc_decrypt(data, len, ring, crel, what, &plain, &plen, e2);
+            free(data);
+            if (st != KILN_OK) {
+                snprintf(err, KILN_JSON_ERR_LEN, "%s", e2);
+                break;
+            }
+        }
+        char *path = strdup(crel);
+        if (!path) {
+            if (enc) kiln_enc_plain_free(plain, plen);
+            else free(plain);
+            snprintf(err, KILN_JSON_ERR_LEN, "out of memory");
+            st = KILN_ERR_OUT_OF_MEMORY;
+            break;
+        }
+        f->files[f->n] = (kiln_memory_file){path, plain, plen};
+        f->owned[f->n] = plain;
+        f->decrypted[f->n] = enc;
+        f->n++;
+    }
+    closedir(d);
+    return st;
+}
+
+/* An encrypted SavedModel: every file read once, the .kenc ones decrypted in
+ * memory, and the lot loaded with kiln_model_load_files (nothing written). */
+static kiln_status load_encrypted_folder(const kiln_integrity_options *o, const char *dir,
+                                         const kiln_manifest *signed_files,
+                                         const kiln_load_options *lo, kiln_model **out, char *err)
+{
+    if (!o || !o->decryption_key_file) {
+        snprintf(err, KILN_JSON_ERR_LEN,
+                 "file 'saved_model.pb" KILN_ENC_SUFFIX "' is encrypted: start the server with "
+                 "--model_decryption_key_file");
+        return KILN_ERR_INVALID_MODEL;
+    }
+    char e[KILN_SEC_ERR_LEN];
+    kiln_key_ring ring;
+    kiln_status st = kiln_sec_read_key_ring(o->decryption_key_file, &ring, e);
+    if (st != KILN_OK) {
+        snprintf(err, KILN_JSON_ERR_LEN, "--model_decryption_key_file: %.470s", e);
+        return st;
+    }
+    mem_folder f = {0};
+    st = mem_folder_walk(o, &ring, signed_files, dir, "", 0, &f, err);
+    kiln_sec_key_ring_free(&ring);
+    if (st == KILN_OK) {
+        kiln_load_options mlo = *lo;
+        mlo.format = KILN_FORMAT_SAVEDMODEL;
+        st = kiln_model_load_files(dir, f.files, f.n, &mlo, out);
+        if (st != KILN_OK)
+            snprintf(err, KILN_JSON_ERR_LEN, "(decrypted SavedModel): %.440s", kiln_last_error());
+    }
+    mem_folder_free(&f);
+    return st;
+}
+
 kiln_status kiln_integrity_load(const kiln_integrity_options *o, const char *dir,
                                 const kiln_load_options *lo, kiln_model **out, char *err)
 {
@@ -137,11 +297,10 @@ kiln_status kiln_integrity_load(const kiln_integrity_options *o, const char *dir
     if (exists(dir, ENC_MODEL)) {
         st = load_encrypted(o, dir, o && o->trusted_keys_file ? &signed_files : NULL, lo, out,
                             err);
-    } else if (exists(dir, "saved_model.pb" KILN_ENC_SUFFIX)) {
-        snprintf(err, KILN_JSON_ERR_LEN,
-                 "file 'saved_model.pb" KILN_ENC_SUFFIX "': encrypted SavedModel folders are not "
-                 "supported (SavedModels load from files, not memory); encrypt an ONNX model");
-        st = KILN_ERR_UNSUPPORTED;
+    } else if (exists(dir, "saved_model.pb" KILN_ENC_SUFFIX) ||
+               exists(dir, "saved_model.pbtxt" KILN_ENC_SUFFIX)) {
+        st = load_encrypted_folder(o, dir, o && o->trusted_keys_file ? &signed_files : NULL, lo,
+                                   out, err);
     } else {
         st = kiln_model_load(dir, lo, out);
         if (st != KILN_OK)

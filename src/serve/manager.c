@@ -10,6 +10,17 @@
  * versions, policy, labels and version-status list. Loading runs with no
  * lock held, so requests keep flowing on the served versions while a new
  * one imports; adding it is a pointer insert under the lock.
+ *
+ * Loads found by the polling thread run on loader threads of their own (at
+ * most MAX_LOADERS at once, one per model version), so a version that takes
+ * minutes to import or warm up holds up neither the polling of other models
+ * and config files nor the unloading of versions no longer wanted; the
+ * version counts as not served (LOADING) until its loader inserts it, and a
+ * finished loader wakes the polling thread to retire what it replaces. A
+ * loader holds a reference on its model, so a model leaving the config while
+ * one of its versions loads is freed by whichever lets go last. The loads at
+ * start and those of kiln_manager_reload (gRPC HandleReloadConfigRequest)
+ * stay synchronous: those callers wait for the versions, as TF Serving does.
  */
 #include "serve/manager.h"
 
@@ -36,6 +47,7 @@ typedef struct version_record {
     const char *error_code; /* TF Serving's code name: "OK", "INVALID_ARGUMENT", ... */
     char *error_message;    /* owned; NULL = "" */
     uint64_t fingerprint;   /* of the folder when the load failed */
+    int loading_now;        /* a loader thread is loading it */
 } version_record;
 
 typedef struct served_model {
@@ -49,7 +61,11 @@ typedef struct served_model {
     int n_vr, cap_vr;
     uint64_t loads_ok, loads_failed;
     int warned_empty;          /* "no versions" logged once */
+    atomic_int refs;           /* the manager's list + each loader thread */
+    int removed;               /* left the config; under mu */
 } served_model;
+
+#define MAX_LOADERS 4 /* loader threads at once */
 
 struct kiln_manager {
     kiln_manager_options opts;
@@ -67,6 +83,11 @@ struct kiln_manager {
     kiln_manager_listener_fn listener_fn[KILN_MANAGER_MAX_LISTENERS];
     void *listener_ctx[KILN_MANAGER_MAX_LISTENERS];
     atomic_int n_listeners;    /* published after the entry is written */
+    int async_loads;           /* under load_mu: loads go to loader threads */
+    int kick;                  /* under stop_mu: a loader finished, poll now */
+    pthread_mutex_t loaders_mu;
+    pthread_cond_t loaders_cv; /* n_loaders dropped */
+    int n_loaders;             /* under loaders_mu */
 };
 
 kiln_status kiln_manager_add_listener(kiln_manager *m, kiln_manager_listener_fn fn, void *ctx)
@@ -164,6 +185,8 @@ kiln_status kiln_manager_create(const kiln_manager_options *opts, kiln_manager *
     pthread_mutex_init(&m->stop_mu, NULL);
     pthread_mutex_init(&m->load_mu, NULL);
     pthread_cond_init(&m->stop_cv, NULL);
+    pthread_mutex_init(&m->loaders_mu, NULL);
+    pthread_cond_init(&m->loaders_cv, NULL);
     *out = m;
     return KILN_OK;
 }
@@ -221,11 +244,13 @@ static served_model *model_new(const kiln_model_config *c)
         return NULL;
     }
     pthread_mutex_init(&sm->mu, NULL);
+    atomic_init(&sm->refs, 1);
     return sm;
 }
 
-/* Drop the manager's references and free the model (no longer listed). */
-static void model_free(served_model *sm)
+/* Drop the manager's references and free the model (no longer listed and
+ * no loader thread left on it). */
+static void model_destroy(served_model *sm)
 {
     for (int i = 0; i < sm->n_served; i++) kiln_servable_release(sm->served[i]);
     free(sm->served);
@@ -236,6 +261,16 @@ static void model_free(served_model *sm)
     free(sm->base_path);
     pthread_mutex_destroy(&sm->mu);
     free(sm);
+}
+
+/* The model left the list: its loaders (if any) see removed and discard
+ * what they load; the last reference frees it. */
+static void model_free(served_model *sm)
+{
+    pthread_mutex_lock(&sm->mu);
+    sm->removed = 1;
+    pthread_mutex_unlock(&sm->mu);
+    if (atomic_fetch_sub(&sm->refs, 1) == 1) model_destroy(sm);
 }
 
 /* Caller holds list_lock (either mode) or is the config thread. */
@@ -969,22 +1004,12 @@ static int is_served(served_model *sm, int64_t v)
     return yes;
 }
 
-/* Load version v if it is not served and not a failure that has not changed
- * since. 1 when v is served afterwards. */
-static int ensure_loaded(kiln_manager *m, served_model *sm, int64_t v)
+/* Load version v from dir (its record says LOADING) and serve it, or record
+ * why not; 1 when v is served afterwards. Runs on the polling thread or on
+ * a loader thread, with no lock held; a model removed meanwhile gets nothing. */
+static int load_version(kiln_manager *m, served_model *sm, int64_t v, const char *dir,
+                        uint64_t fp)
 {
-    if (is_served(sm, v)) return 1;
-    char dir[4096];
-    version_dir(sm->base_path, v, dir, sizeof dir);
-    uint64_t fp = folder_fingerprint(dir, 2);
-    pthread_mutex_lock(&sm->mu);
-    version_record *r = find_record(sm, v);
-    int skip = r && r->state == KILN_VERSION_END && strcmp(r->error_code, "OK") != 0 &&
-               r->fingerprint == fp;
-    if (!skip) set_record(sm, v, KILN_VERSION_LOADING, "OK", NULL, 0);
-    pthread_mutex_unlock(&sm->mu);
-    if (skip) return 0; /* failed before, unchanged since */
-
     log_event("load_start", sm->name, v, NULL);
     kiln_servable *s = NULL;
     char buf[KILN_JSON_ERR_LEN];
@@ -1005,34 +1030,133 @@ static int ensure_loaded(kiln_manager *m, served_model *sm, int64_t v)
         free(opt);
         return 0;
     }
+    /* kept for the console; set before the servable is shared */
+    s->load_log = !kv.oom && kv.p ? strdup(kv.p) : NULL;
+    s->optimization_log = opt;
     pthread_mutex_lock(&sm->mu);
-    int ok = served_insert(sm, s);
+    int removed = sm->removed;
+    int ok = !removed && served_insert(sm, s);
     if (ok) {
         set_record(sm, v, KILN_VERSION_AVAILABLE, "OK", NULL, 0);
         sm->loads_ok++;
-    } else {
+    } else if (!removed) {
         set_record(sm, v, KILN_VERSION_END, "RESOURCE_EXHAUSTED", "out of memory", fp);
     }
     pthread_mutex_unlock(&sm->mu);
     if (!ok) {
+        if (removed) log_event("unload", sm->name, v, "loaded after its model left the config");
         kiln_servable_release(s);
         kiln_sbuf_free(&kv);
-        free(opt);
         return 0;
     }
     /* one line: what was loaded, how long it took, and the optimization log */
-    char *load_log = !kv.oom && kv.p ? strdup(kv.p) : NULL; /* for the console */
     kiln_sbuf_puts(&kv, " state=AVAILABLE optimization_log=");
     const char *ol = opt ? opt : "(none)";
     kiln_sbuf_json_string(&kv, ol, strlen(ol));
     log_line("load", sm->name, v, kv.oom ? "state=AVAILABLE" : kv.p, NULL);
-    /* kept for the console; only this thread drops served versions, so s lives */
-    pthread_mutex_lock(&sm->mu);
-    s->load_log = load_log;
-    s->optimization_log = opt;
-    pthread_mutex_unlock(&sm->mu);
     kiln_sbuf_free(&kv);
     return 1;
+}
+
+typedef struct loader_job {
+    kiln_manager *m;
+    served_model *sm; /* a reference, dropped when done */
+    int64_t v;
+    uint64_t fp;
+    char dir[4096];
+} loader_job;
+
+static void *loader_main(void *arg)
+{
+    loader_job *j = arg;
+    served_model *sm = j->sm;
+    load_version(j->m, sm, j->v, j->dir, j->fp);
+    pthread_mutex_lock(&sm->mu);
+    version_record *r = find_record(sm, j->v);
+    if (r) r->loading_now = 0;
+    pthread_mutex_unlock(&sm->mu);
+    if (atomic_fetch_sub(&sm->refs, 1) == 1) model_destroy(sm);
+    kiln_manager *m = j->m;
+    free(j);
+    /* the polling thread retires what this version replaces now, not a poll later */
+    pthread_mutex_lock(&m->stop_mu);
+    m->kick = 1;
+    pthread_cond_broadcast(&m->stop_cv);
+    pthread_mutex_unlock(&m->stop_mu);
+    pthread_mutex_lock(&m->loaders_mu); /* last: kiln_manager_free waits for this */
+    m->n_loaders--;
+    pthread_cond_broadcast(&m->loaders_cv);
+    pthread_mutex_unlock(&m->loaders_mu);
+    return NULL;
+}
+
+/* Hand the load of v to a loader thread; 0 when none can start now (too many
+ * running, or no thread), and the next poll tries again. */
+static int start_loader(kiln_manager *m, served_model *sm, int64_t v, const char *dir,
+                        uint64_t fp)
+{
+    loader_job *j = calloc(1, sizeof *j);
+    if (!j) return 0;
+    j->m = m;
+    j->sm = sm;
+    j->v = v;
+    j->fp = fp;
+    snprintf(j->dir, sizeof j->dir, "%s", dir);
+    pthread_mutex_lock(&m->loaders_mu);
+    int room = m->n_loaders < MAX_LOADERS;
+    if (room) m->n_loaders++;
+    pthread_mutex_unlock(&m->loaders_mu);
+    if (!room) {
+        free(j);
+        return 0;
+    }
+    atomic_fetch_add(&sm->refs, 1);
+    pthread_mutex_lock(&sm->mu);
+    version_record *r = find_record(sm, v);
+    if (r) r->loading_now = 1;
+    pthread_mutex_unlock(&sm->mu);
+    pthread_attr_t at;
+    pthread_t t;
+    int started = pthread_attr_init(&at) == 0;
+    if (started) {
+        pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+        started = pthread_create(&t, &at, loader_main, j) == 0;
+        pthread_attr_destroy(&at);
+    }
+    if (started) return 1;
+    pthread_mutex_lock(&sm->mu);
+    if (r) r->loading_now = 0;
+    pthread_mutex_unlock(&sm->mu);
+    atomic_fetch_sub(&sm->refs, 1); /* the list still holds one */
+    pthread_mutex_lock(&m->loaders_mu);
+    m->n_loaders--;
+    pthread_mutex_unlock(&m->loaders_mu);
+    free(j);
+    return 0;
+}
+
+/* Load version v if it is not served, not loading and not a failure that
+ * has not changed since: here, or on a loader thread when the polling thread
+ * asks. 1 when v is served afterwards. */
+static int ensure_loaded(kiln_manager *m, served_model *sm, int64_t v)
+{
+    if (is_served(sm, v)) return 1;
+    char dir[4096];
+    version_dir(sm->base_path, v, dir, sizeof dir);
+    uint64_t fp = folder_fingerprint(dir, 2);
+    pthread_mutex_lock(&sm->mu);
+    version_record *r = find_record(sm, v);
+    int busy = r && r->loading_now;
+    int skip = busy || (r && r->state == KILN_VERSION_END && strcmp(r->error_code, "OK") != 0 &&
+                        r->fingerprint == fp);
+    if (!skip) set_record(sm, v, KILN_VERSION_LOADING, "OK", NULL, 0);
+    pthread_mutex_unlock(&sm->mu);
+    if (skip) return 0; /* loading, or failed before and unchanged since */
+    if (m->async_loads) {
+        start_loader(m, sm, v, dir, fp);
+        return 0;
+    }
+    return load_version(m, sm, v, dir, fp);
 }
 
 /*
@@ -1135,27 +1259,32 @@ static void *poll_thread(void *arg)
     for (;;) {
         pthread_mutex_lock(&m->stop_mu);
         const struct timespec *until = before(&next_cfg, &next_fs) ? &next_cfg : &next_fs;
-        while (!m->stopping) {
+        while (!m->stopping && !m->kick) {
             if (pthread_cond_timedwait(&m->stop_cv, &m->stop_mu, until) == ETIMEDOUT) break;
         }
-        int stop = m->stopping;
+        int stop = m->stopping, kick = m->kick;
+        m->kick = 0;
         pthread_mutex_unlock(&m->stop_mu);
         if (stop) break;
         clock_gettime(CLOCK_REALTIME, &now);
         if (cfg && !before(&now, &next_cfg)) {
             pthread_mutex_lock(&m->load_mu);
+            m->async_loads = 1;
             reload_config(m); /* polls every model too */
+            m->async_loads = 0;
             pthread_mutex_unlock(&m->load_mu);
             add_seconds(&next_cfg, m->opts.config_poll_seconds);
             if (fs) add_seconds(&next_fs, m->opts.poll_seconds);
             continue;
         }
-        if (fs && !before(&now, &next_fs)) {
+        if (kick || (fs && !before(&now, &next_fs))) {
             pthread_mutex_lock(&m->load_mu);
+            m->async_loads = 1;
             for (int i = 0; i < m->n_models; i++) poll_model(m, m->models[i]);
+            m->async_loads = 0;
             notify(m, NULL);
             pthread_mutex_unlock(&m->load_mu);
-            add_seconds(&next_fs, m->opts.poll_seconds);
+            if (!kick) add_seconds(&next_fs, m->opts.poll_seconds);
         }
     }
     return NULL;
@@ -1183,12 +1312,18 @@ void kiln_manager_free(kiln_manager *m)
         pthread_mutex_unlock(&m->stop_mu);
         pthread_join(m->thread, NULL);
     }
+    /* a loader still running finishes its version first */
+    pthread_mutex_lock(&m->loaders_mu);
+    while (m->n_loaders > 0) pthread_cond_wait(&m->loaders_cv, &m->loaders_mu);
+    pthread_mutex_unlock(&m->loaders_mu);
     for (int i = 0; i < m->n_models; i++) model_free(m->models[i]);
     free(m->models);
     pthread_rwlock_destroy(&m->list_lock);
     pthread_mutex_destroy(&m->stop_mu);
     pthread_mutex_destroy(&m->load_mu);
     pthread_cond_destroy(&m->stop_cv);
+    pthread_mutex_destroy(&m->loaders_mu);
+    pthread_cond_destroy(&m->loaders_cv);
     free(m);
 }
 

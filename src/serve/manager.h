@@ -19,6 +19,11 @@
  * previous version keeps serving, and the load is retried only when the
  * folder's contents change (a copy that was still in progress). The last
  * served version of a model is never dropped for want of a replacement.
+ * Versions the polling thread finds load on loader threads of their own
+ * (up to four at once), so one slow load (minutes of import or warmup)
+ * holds up neither the polling of other models nor config reloads nor
+ * unloads; the loads at start and kiln_manager_reload's wait for their
+ * versions.
  *
  * Models come from kiln_manager_add_model / kiln_manager_add_config before
  * start, and, with a config file and config_poll_seconds > 0, from the

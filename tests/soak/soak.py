@@ -29,6 +29,16 @@ under load, does something to it, and checks what its clients saw:
              few slow readers leave large answers unread, while a normal
              client predicts: every normal request answers 200 within a
              bound, and each slow reader gets its whole answer in the end
+  diskfull   the request log (every predict sampled) writes to a small tmpfs
+             mounted in the server's own mount namespace, which the test then
+             fills: every predict still answers a good 200, the failure is
+             logged once per episode, and logging resumes when space returns,
+             each log file still whole records
+  slowload   a version whose load takes seconds (a long warmup) while a
+             second model and the config file change: version 1 and the
+             status pages keep answering, the other model's new version and a
+             model added to the config load meanwhile, and the slow version
+             is AVAILABLE in the end
 
 Answers are checked independently of Kiln: a 200 must carry 10 softmax
 probabilities that sum to 1. The short variants (the default; what ctest
@@ -113,16 +123,19 @@ def rss_kib(pid):
 class Server:
     """kiln serve on a free loopback port (REST only)."""
 
-    def __init__(self, kiln, base, log, port=None, *extra):
+    def __init__(self, kiln, base, log, port=None, *extra, config=None, wrap=()):
         self.kiln, self.base, self.log = kiln, base, log
         self.port = port or free_port()
         self.extra = extra
+        self.config, self.wrap = config, list(wrap)  # a --model_config_file; a command prefix
         self.start()
 
     def start(self):
         self.logf = open(self.log, "a")
+        models = ([f"--model_config_file={self.config}", "--model_config_file_poll_wait_seconds=1"]
+                  if self.config else [f"--model_base_path={self.base}", f"--model_name={NAME}"])
         self.proc = subprocess.Popen(
-            [self.kiln, "serve", f"--model_base_path={self.base}", f"--model_name={NAME}",
+            [*self.wrap, self.kiln, "serve", *models,
              f"--rest_api_port={self.port}", "--rest_api_address=127.0.0.1", "--port=0",
              "--rest_api_num_threads=4", "--file_system_poll_wait_seconds=1", *self.extra],
             stdout=self.logf, stderr=subprocess.STDOUT)
@@ -150,22 +163,34 @@ class Server:
             time.sleep(0.05)
         raise Fail(f"not ready in {limit} s: {self.logtext()}")
 
-    def versions(self):
+    def versions(self, name=NAME):
         """{version: state} from TF Serving's model status."""
-        status, body = self.request("GET", f"/v1/models/{NAME}")
-        check(status == 200, f"model status answered {status}")
+        status, body = self.request("GET", f"/v1/models/{name}")
+        check(status == 200, f"model status of {name} answered {status}")
         return {int(v["version"]): v["state"] for v in json.loads(body)["model_version_status"]}
 
-    def available(self):
-        return sorted(v for v, s in self.versions().items() if s == "AVAILABLE")
+    def available(self, name=NAME):
+        return sorted(v for v, s in self.versions(name).items() if s == "AVAILABLE")
 
-    def wait_available(self, want, limit):
+    def wait_available(self, want, limit, name=NAME):
         deadline = time.time() + limit
         while time.time() < deadline:
-            if self.available() == want:
-                return
+            try:
+                if self.available(name) == want:
+                    return
+            except Fail:  # a model not yet in the config answers 404
+                pass
             time.sleep(0.1)
-        raise Fail(f"versions {self.versions()} after {limit} s, want {want} AVAILABLE")
+        raise Fail(f"versions of {name} {self.versions(name)} after {limit} s, want {want} AVAILABLE")
+
+    def metric(self, key):
+        """A sample's value on the Prometheus page (0 when absent)."""
+        status, body = self.request("GET", "/metrics")
+        check(status == 200, f"/metrics answered {status}")
+        for line in body.decode().splitlines():
+            if line.startswith(key + " "):
+                return float(line.rsplit(" ", 1)[1])
+        return 0.0
 
     def logtext(self):
         self.logf.flush()
@@ -660,9 +685,511 @@ def scenario_slowloris(kiln, work, long, seconds):
         srv.stop()
 
 
+def config_text(models):
+    """A ModelServerConfig listing (name, base_path, extra text) models."""
+    return "model_config_list {\n" + "".join(
+        f'  config {{ name: "{n}" base_path: "{b}" model_platform: "onnx" {x} }}\n'
+        for n, b, x in models) + "}\n"
+
+
+def unshare_prefix(mountpoint, size):
+    """A command prefix that runs the rest in a mount namespace of its own
+    with a tmpfs of `size` on mountpoint (the test reaches it through
+    /proc/PID/root); None when this machine does not allow it."""
+    pre = ["unshare", "-m", "--propagation", "private"] if os.geteuid() == 0 else \
+        ["unshare", "-Urm", "--propagation", "private"]
+    wrap = pre + ["sh", "-c", f'mount -t tmpfs -o size={size} kiln-soak "$0" && exec "$@"',
+                  str(mountpoint)]
+    if not shutil.which("unshare"):
+        return None
+    probe = subprocess.run(wrap + ["true"], capture_output=True)
+    return wrap if probe.returncode == 0 else None
+
+
+def scenario_diskfull(kiln, work, long, seconds):
+    """The request log's disk fills up under load, then space comes back."""
+    hold = seconds or (60 if long else 3)
+    cycles = 3 if long else 1
+    base = work / NAME
+    base.mkdir()
+    add_version(base, 1)
+    logs = work / "logs"
+    logs.mkdir()
+    wrap = unshare_prefix(logs, "16m")
+    if wrap is None:
+        print("SKIP: diskfull needs a private mount namespace (unshare -m) for its tmpfs")
+        return None
+    cfg = work / "models.config"
+    cfg.write_text(config_text([(NAME, base, 'logging_config { log_collector_config { '
+                                 f'type: "kiln_jsonl" filename_prefix: "{logs}/{NAME}" }} '
+                                 'sampling_config { sampling_rate: 1.0 } }')]))
+    mon = work / "monitoring.config"
+    mon.write_text('prometheus_config { enable: true path: "/metrics" }\n')
+    srv = Server(kiln, base, work / "server.log", None, "--request_log_max_file_bytes=1M",
+                 "--request_log_max_disk_bytes=4M", f"--monitoring_config_file={mon}",
+                 config=cfg, wrap=wrap)
+    rec_key = f'kiln_request_log_records_total{{model_name="{NAME}"}}'
+    drop_key = f'kiln_request_log_dropped_total{{model_name="{NAME}",reason="write_error"}}'
+    try:
+        srv.wait_ready()
+        view = Path(f"/proc/{srv.proc.pid}/root{logs}")  # the tmpfs, as the server sees it
+        check(view.is_dir(), f"cannot reach the server's tmpfs at {view}")
+        clients = Clients(srv.port)
+        fig = {"hold_s": hold, "cycles": cycles, "records_before_full": 0, "dropped_while_full": 0,
+               "records_while_full": 0, "records_after": 0, "resume_s_max": 0.0}
+        for _ in range(cycles):
+            deadline = time.time() + 10
+            r0 = srv.metric(rec_key)
+            while srv.metric(rec_key) < r0 + 50 and time.time() < deadline:
+                time.sleep(0.05)
+            check(srv.metric(rec_key) >= r0 + 50, f"request log not written: {srv.logtext()}")
+            # fill the filesystem: the log's next writes get ENOSPC
+            with open(view / "filler", "wb") as f:
+                try:
+                    while True:
+                        f.write(b"\0" * 65536)
+                        f.flush()
+                except OSError as e:
+                    check(e.errno == errno.ENOSPC, f"filling the tmpfs: {e}")
+            r1, d1 = srv.metric(rec_key), srv.metric(drop_key)
+            time.sleep(hold)
+            check(srv.proc.poll() is None, f"server died with a full disk: {srv.logtext()}")
+            r2, d2 = srv.metric(rec_key), srv.metric(drop_key)
+            fig["records_before_full"] += int(r1 - r0)
+            fig["dropped_while_full"] += int(d2 - d1)
+            fig["records_while_full"] += int(r2 - r1)
+            check(d2 > d1, f"nothing dropped for a full disk: {fig}")
+            # space returns: records are written again within seconds
+            (view / "filler").unlink()
+            t0 = time.time()
+            while srv.metric(rec_key) < r2 + 50 and time.time() < t0 + 10:
+                time.sleep(0.05)
+            resumed = time.time() - t0
+            fig["records_after"] += int(srv.metric(rec_key) - r2)
+            fig["resume_s_max"] = max(fig["resume_s_max"], round(resumed, 2))
+            check(srv.metric(rec_key) >= r2 + 50, f"logging did not resume in 10 s: {fig}")
+        ok, failures = clients.finish()
+        time.sleep(0.5)  # the writer drains its queue
+        fig["requests_ok"], fig["requests_failed"] = ok, len(failures)
+        check(not failures, f"failed requests: {failures[:5]} {fig}")
+        # every line of every log file is a whole record: a write cut short
+        # by ENOSPC was cut back to the record boundary
+        lines = 0
+        for path in view.glob(f"{NAME}.*.jsonl"):
+            for line in path.read_bytes().splitlines():
+                try:
+                    rec = json.loads(line)
+                except ValueError:
+                    raise Fail(f"{path.name}: a line is not a whole JSON record: {line[:80]!r} {fig}")
+                check(isinstance(rec, dict), f"{path.name}: not a record: {line[:80]!r}")
+                lines += 1
+        fig["lines_in_files"] = lines
+        fig["records_total"] = int(srv.metric(rec_key))
+        check(lines == fig["records_total"], f"files hold {lines} records, the server wrote "
+              f"{fig['records_total']}: {fig}")
+        log = Path(srv.log).read_text()
+        fig["failure_lines"] = log.count(f"request log of model '{NAME}': cannot")
+        fig["resumed_lines"] = log.count(f"request log of model '{NAME}': writing again")
+        check(fig["failure_lines"] == cycles, f"the write failure logged {fig['failure_lines']} "
+              f"times for {cycles} full-disk episodes: {fig}")
+        check(fig["resumed_lines"] == cycles, f"the recovery logged {fig['resumed_lines']} times: {fig}")
+        return fig
+    finally:
+        srv.stop()
+
+
+# TF Serving warmup file (TFRecord of PredictionLog): enough to make a load slow
+def _varint(n):
+    out = bytearray()
+    while True:
+        b = n & 0x7F
+        n >>= 7
+        out.append(b | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def _fld(num, payload):
+    return _varint(num << 3 | 2) + _varint(len(payload)) + payload
+
+
+_CRC_TABLE = []
+for _i in range(256):
+    _c = _i
+    for _ in range(8):
+        _c = (_c >> 1) ^ (0x82F63B78 if _c & 1 else 0)
+    _CRC_TABLE.append(_c)
+
+
+def _masked_crc32c(data):
+    crc = 0xFFFFFFFF
+    for b in data:
+        crc = (crc >> 8) ^ _CRC_TABLE[(crc ^ b) & 0xFF]
+    crc ^= 0xFFFFFFFF
+    return ((((crc >> 15) | (crc << 17)) & 0xFFFFFFFF) + 0xA282EAD8) & 0xFFFFFFFF
+
+
+def warmup_file(rows):
+    """One PredictionLog whose PredictRequest feeds `rows` rows of PIXELS."""
+    import struct
+    shape = _fld(2, _fld(2, _varint(1 << 3) + _varint(rows)) + _fld(2, _varint(1 << 3) + _varint(64)))
+    tensor = _varint(1 << 3) + _varint(1) + shape + _fld(5, struct.pack(f"<{64 * rows}f", *(PIXELS * rows)))
+    req = _fld(1, _fld(1, NAME.encode())) + _fld(2, _fld(1, b"pixels") + _fld(2, tensor))
+    rec = _fld(6, _fld(1, req))
+    n = struct.pack("<Q", len(rec))
+    return n + struct.pack("<I", _masked_crc32c(n)) + rec + struct.pack("<I", _masked_crc32c(rec))
+
+
+def add_slow_version(base, v, warmup):
+    tmp = base / f".v{v}.tmp"
+    (tmp / "assets.extra").mkdir(parents=True)
+    shutil.copy(MODEL, tmp / "model.onnx")
+    (tmp / "assets.extra" / "tf_serving_warmup_requests").write_bytes(warmup)
+    os.rename(tmp, base / str(v))
+
+
+def scenario_slowload(kiln, work, long, seconds):
+    """A version that takes long to load while everything else goes on."""
+    target = seconds or (60 if long else 3)  # under the clients' load it takes about twice that
+    warm = warmup_file(256)
+    # calibrate: how long one warmup iteration takes here
+    cal = work / "calibrate" / NAME
+    cal.mkdir(parents=True)
+    add_slow_version(cal, 1, warm)
+    srv = Server(kiln, cal, work / "calibrate.log", None, "--num_request_iterations_for_warmup=400")
+    try:
+        srv.wait_ready()
+    finally:
+        srv.stop()
+    text = Path(work / "calibrate.log").read_text()
+    check("warmup_ms=" in text, f"no warmup figure in the load line: {text[-2000:]}")
+    per_iter_ms = max(float(text.split("warmup_ms=")[1].split()[0]) / 400, 0.01)
+    iters = int(target * 1000 / per_iter_ms) + 1
+    bases = {n: work / n for n in (NAME, "other", "third")}
+    for b in bases.values():
+        b.mkdir()
+        add_version(b, 1)
+    cfg = work / "models.config"
+    cfg.write_text(config_text([(NAME, bases[NAME], ""), ("other", bases["other"], "")]))
+    srv = Server(kiln, bases[NAME], work / "server.log", None,
+                 f"--num_request_iterations_for_warmup={iters}", config=cfg)
+    try:
+        srv.wait_ready()
+        srv.wait_available([1], 10, "other")
+        clients = Clients(srv.port)
+        # the status pages answer throughout
+        status_bad, status_lat = [], []
+        halt = threading.Event()
+
+        def poll_status():
+            while not halt.is_set():
+                for path in (f"/v1/models/{NAME}", "/v1/models/other/metadata"):
+                    t0 = time.time()
+                    try:
+                        code, _ = srv.request("GET", path, timeout=10)
+                    except OSError as e:
+                        code = repr(e)
+                    status_lat.append(time.time() - t0)
+                    if code != 200 or status_lat[-1] > 2:
+                        status_bad.append((path, code, round(status_lat[-1], 3)))
+                time.sleep(0.05)
+        st = threading.Thread(target=poll_status, daemon=True)
+        st.start()
+        t_add = time.time()
+        add_slow_version(bases[NAME], 2, warm)
+        deadline = time.time() + 10
+        while srv.versions().get(2) != "LOADING" and time.time() < deadline:
+            time.sleep(0.05)
+        check(srv.versions().get(2) == "LOADING", f"version 2 never LOADING: {srv.versions()}")
+        # meanwhile: a new version of another model, and a model added to the config
+        add_version(bases["other"], 2)
+        cfg.write_text(config_text([(n, b, "") for n, b in bases.items()]))
+        t0 = time.time()
+        srv.wait_available([2], 10, "other")
+        other_s = time.time() - t0
+        srv.wait_available([1], 10, "third")
+        third_s = time.time() - t0
+        during = srv.versions()
+        check(during.get(2) == "LOADING" and srv.available() == [1],
+              f"version 2 no longer LOADING ({during}) when the other model's version 2 and the "
+              f"added model were AVAILABLE ({other_s:.1f} / {third_s:.1f} s): they waited for "
+              "the slow load, or it was not slow enough")
+        srv.wait_available([2], 30 + 20 * target)
+        loaded_s = time.time() - t_add
+        halt.set()
+        st.join(30)
+        ok, failures = clients.finish()
+        check(srv.proc.poll() is None, "server died")
+        status_lat.sort()
+        fig = {"warmup_iterations": iters, "per_iteration_ms": round(per_iter_ms, 3),
+               "slow_version_available_s": round(loaded_s, 2),
+               "other_model_v2_available_s": round(other_s, 2),
+               "added_model_available_s": round(third_s, 2),
+               "requests_ok": ok, "requests_failed": len(failures),
+               "status_requests": len(status_lat), "status_bad": len(status_bad),
+               "status_max_ms": round(1000 * status_lat[-1], 1) if status_lat else None}
+        check(not failures, f"failed requests: {failures[:5]} {fig}")
+        check(not status_bad, f"status requests failed or over 2 s: {status_bad[:5]} {fig}")
+        return fig
+    finally:
+        srv.stop()
+
+
+# ------------------------------------------------------------ HTTP/2 floods
+
+H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+PREDICT_PATH = b"/tensorflow.serving.PredictionService/Predict"
+
+
+def h2_frame(ftype, flags, stream, payload=b""):
+    import struct
+    return struct.pack(">I", len(payload))[1:] + bytes([ftype, flags]) + struct.pack(">I", stream) + payload
+
+
+def hpack_request(path=PREDICT_PATH):
+    """A gRPC request's header block in HPACK without Huffman or indexing:
+    :method POST, :scheme http (static entries), :path and :authority
+    (literals with an indexed name), content-type and te (literal names)."""
+    def lit(name, value):
+        return b"\x00" + bytes([len(name)]) + name + bytes([len(value)]) + value
+    return (b"\x83\x86" + b"\x04" + bytes([len(path)]) + path + b"\x01\x09127.0.0.1"
+            + lit(b"content-type", b"application/grpc") + lit(b"te", b"trailers"))
+
+
+def predict_request():
+    """PredictRequest{model_spec{name}, inputs{"pixels": one row of PIXELS}} bytes."""
+    import struct
+    shape = _fld(2, _fld(2, _varint(1 << 3) + _varint(1)) + _fld(2, _varint(1 << 3) + _varint(64)))
+    tensor = _varint(1 << 3) + _varint(1) + shape + _fld(5, struct.pack("<64f", *PIXELS))
+    return _fld(1, _fld(1, NAME.encode())) + _fld(2, _fld(1, b"pixels") + _fld(2, tensor))
+
+
+def _pb_fields(data):
+    """(field number, wire type, value) of one protobuf message, flat."""
+    i = 0
+    while i < len(data):
+        key, i = _read_varint(data, i)
+        num, wt = key >> 3, key & 7
+        if wt == 0:
+            v, i = _read_varint(data, i)
+        elif wt == 2:
+            n, i = _read_varint(data, i)
+            v, i = data[i:i + n], i + n
+        elif wt == 5:
+            v, i = data[i:i + 4], i + 4
+        elif wt == 1:
+            v, i = data[i:i + 8], i + 8
+        else:
+            raise ValueError("wire type")
+        yield num, wt, v
+
+
+def _read_varint(data, i):
+    n = shift = 0
+    while True:
+        b = data[i]
+        i += 1
+        n |= (b & 0x7F) << shift
+        shift += 7
+        if not b & 0x80:
+            return n, i
+
+
+def good_predict_response(data):
+    """A PredictResponse with one output of 10 floats summing to 1."""
+    import struct
+    try:
+        for num, _, entry in _pb_fields(data):
+            if num != 1:
+                continue
+            for k, _, tensor in _pb_fields(entry):
+                if k != 2:
+                    continue
+                vals = []
+                for f, wt, v in _pb_fields(tensor):
+                    if f == 4:  # tensor_content
+                        vals = list(struct.unpack(f"<{len(v) // 4}f", v))
+                    elif f == 5 and wt == 2:  # packed float_val
+                        vals += list(struct.unpack(f"<{len(v) // 4}f", v))
+                    elif f == 5 and wt == 5:
+                        vals.append(struct.unpack("<f", v)[0])
+                if len(vals) == 10 and abs(sum(vals) - 1) < 1e-3:
+                    return True
+    except (ValueError, IndexError, struct.error):
+        return False
+    return False
+
+
+class H2Attacker:
+    """One abusive HTTP/2 connection pattern, repeated on fresh connections
+    for a while; counts frames sent, connections the server ended, and the
+    GOAWAY error codes it read."""
+
+    def __init__(self, port, pattern):
+        self.port, self.pattern = port, pattern
+        self.frames = self.closed = self.conns = 0
+        self.goaway = {}
+        self.reads = pattern not in ("ping", "settings")  # the floods never read their ACKs
+
+    def _reader(self, s, done):
+        buf = b""
+        s.settimeout(0.2)
+        while not done.is_set():
+            try:
+                d = s.recv(65536)
+            except socket.timeout:
+                continue
+            except OSError:
+                break
+            if not d:
+                break
+            buf += d
+            while len(buf) >= 9:
+                n = int.from_bytes(buf[:3], "big")
+                if len(buf) < 9 + n:
+                    break
+                if buf[3] == 7 and n >= 8:  # GOAWAY: last stream id, error code
+                    code = int.from_bytes(buf[13:17], "big")
+                    self.goaway[code] = self.goaway.get(code, 0) + 1
+                buf = buf[9 + n:]
+
+    def burst(self, sid):
+        """About 100 frames of the pattern; the next stream id."""
+        p, out = self.pattern, []
+        if p == "rapid_reset":  # CVE-2023-44487: open a call, cancel it, repeat
+            req = predict_request()
+            msg = b"\x00" + len(req).to_bytes(4, "big") + req
+            for _ in range(33):
+                out += [h2_frame(1, 0x4, sid, hpack_request()), h2_frame(0, 0x1, sid, msg),
+                        h2_frame(3, 0, sid, (8).to_bytes(4, "big"))]  # RST_STREAM CANCEL
+                sid += 2
+        elif p == "settings":  # CVE-2019-9515
+            entry = (4).to_bytes(2, "big") + (65535).to_bytes(4, "big")
+            out = [h2_frame(4, 0, 0, entry * 6)] * 100
+        elif p == "ping":  # CVE-2019-9512
+            out = [h2_frame(6, 0, 0, b"\x01" * 8)] * 100
+        elif p == "continuation":  # CVE-2024-27316 and kin: a header block that never ends
+            out = [h2_frame(1, 0, sid, hpack_request())]
+            out += [h2_frame(9, 0, sid, b"\x00\x01x\x01y")] * 99
+            sid += 2
+        elif p == "empty_data":  # CVE-2019-9518: an open call fed empty DATA frames
+            out = [h2_frame(1, 0x4, sid, hpack_request())] + [h2_frame(0, 0, sid)] * 99
+            sid += 2
+        elif p == "window_update":  # tiny WINDOW_UPDATEs on the connection and a stream
+            out = [h2_frame(1, 0x4, sid, hpack_request())]
+            out += [h2_frame(8, 0, 0 if i % 2 else sid, (1).to_bytes(4, "big")) for i in range(99)]
+            sid += 2
+        self.frames += len(out)
+        return b"".join(out), sid
+
+    def run(self, seconds):
+        t_end = time.time() + seconds
+        while time.time() < t_end:
+            s = socket.create_connection(("127.0.0.1", self.port), timeout=2)
+            self.conns += 1
+            done = threading.Event()
+            rt = threading.Thread(target=self._reader, args=(s, done), daemon=True) if self.reads else None
+            if rt:
+                rt.start()
+            try:
+                s.sendall(H2_PREFACE + h2_frame(4, 0, 0))
+                sid = 1
+                while time.time() < t_end:
+                    data, sid = self.burst(sid)
+                    s.sendall(data)
+            except OSError:  # reset, broken pipe, or a send blocked for 2 s
+                self.closed += 1
+            done.set()
+            if rt:
+                rt.join(5)
+            s.close()
+
+
+def scenario_h2flood(kiln, work, long, seconds):
+    """HTTP/2 abuse on the gRPC port while a normal client calls Predict."""
+    try:
+        import grpc
+    except ImportError:
+        print("SKIP: h2flood needs the grpcio package")
+        return None
+    each = seconds or (60 if long else 1.5)
+    bound = 2.0
+    patterns = ["rapid_reset", "settings", "ping", "continuation", "empty_data", "window_update"]
+    base = work / NAME
+    base.mkdir()
+    add_version(base, 1)
+    gport = free_port()
+    srv = Server(kiln, base, work / "server.log", None, f"--port={gport}")
+    try:
+        srv.wait_ready()
+        chan = grpc.insecure_channel(f"127.0.0.1:{gport}")
+        predict = chan.unary_unary("/tensorflow.serving.PredictionService/Predict")
+        req = predict_request()
+        check(good_predict_response(predict(req, timeout=10)), "gRPC Predict answered badly")
+        lat, bad = [], []
+        halt = threading.Event()
+
+        def normal():
+            while not halt.is_set():
+                t0 = time.time()
+                try:
+                    good = good_predict_response(predict(req, timeout=bound + 3))
+                    why = "bad answer"
+                except grpc.RpcError as e:
+                    good, why = False, f"{e.code()} {e.details()}"
+                dt = time.time() - t0
+                lat.append(dt)
+                if not good or dt > bound:
+                    bad.append((round(dt, 3), why))
+                time.sleep(0.05)
+        nt = threading.Thread(target=normal, daemon=True)
+        nt.start()
+
+        def cpu_s():
+            with open(f"/proc/{srv.proc.pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+        fig = {"seconds_each": each, "bound_ms": bound * 1000, "patterns": {}}
+        for p in patterns:
+            a = H2Attacker(gport, p)
+            c0, t0 = cpu_s(), time.time()
+            a.run(each)
+            wall = time.time() - t0
+            fig["patterns"][p] = {"frames": a.frames, "connections": a.conns,
+                                  "ended_by_server": a.closed + sum(a.goaway.values()),
+                                  "goaway_codes": a.goaway,
+                                  "server_cpu_cores": round((cpu_s() - c0) / wall, 2)}
+            check(srv.proc.poll() is None, f"server died under {p}: {srv.logtext()}")
+        time.sleep(0.5)
+        c0 = cpu_s()
+        time.sleep(1.0)
+        fig["idle_cpu_cores_after"] = round(cpu_s() - c0, 2)
+        halt.set()
+        nt.join(10)
+        chan.close()
+        lat.sort()
+        fig.update(normal_calls=len(lat), normal_bad=len(bad),
+                   normal_p50_ms=round(1000 * lat[len(lat) // 2], 1),
+                   normal_max_ms=round(1000 * lat[-1], 1))
+        check(not bad, f"normal calls failed or slower than {bound} s: {bad[:5]} {fig}")
+        check(len(lat) >= len(patterns) * each / 0.5, f"too few normal calls: {fig}")
+        # the floods that are protocol abuse end the attacking connection
+        for p in ("rapid_reset", "settings", "ping", "continuation"):
+            check(fig["patterns"][p]["ended_by_server"] > 0,
+                  f"the server kept the {p} connection open: {fig}")
+        # nothing keeps spinning once the attack stops
+        check(fig["idle_cpu_cores_after"] < 0.3, f"server still busy after the attack: {fig}")
+        return fig
+    finally:
+        srv.stop()
+
+
 SCENARIOS = {"load": scenario_load, "hotswap": scenario_hotswap, "overload": scenario_overload,
              "sigterm": scenario_sigterm,
-             "badversion": scenario_badversion, "slowloris": scenario_slowloris}
+             "badversion": scenario_badversion, "slowloris": scenario_slowloris,
+             "diskfull": scenario_diskfull, "slowload": scenario_slowload,
+             "h2flood": scenario_h2flood}
 
 
 def main():
@@ -670,7 +1197,7 @@ def main():
     ap.add_argument("kiln")
     ap.add_argument("scenario", choices=[*SCENARIOS, "all"])
     ap.add_argument("--long", action="store_true", help="the long variant (docs/RELIABILITY.md)")
-    ap.add_argument("--seconds", type=int, default=0, help="override the run time")
+    ap.add_argument("--seconds", type=float, default=0, help="override the run time")
     ap.add_argument("--out", help="append the JSON lines to this file")
     ap.add_argument("--strict", action="store_true",
                     help="sigterm: also fail when a connection opened after the signal is reset")
@@ -691,7 +1218,7 @@ def main():
             fig = SCENARIOS[name](os.path.abspath(a.kiln), work, a.long, a.seconds)
             if fig is None:
                 rec["result"] = "skipped"
-                print(f"SKIP: {name} needs wrk")
+                print(f"SKIP: {name} (see the line above, or wrk is missing)")
                 status = status or SKIP
             else:
                 rec.update(result="pass", **fig)
