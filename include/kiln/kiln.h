@@ -447,8 +447,11 @@ int64_t kiln_session_node_weight_elems(const kiln_session *s, const char *node);
  *     kiln_compile_options o;
  *     kiln_compile_options_init(&o);            // auto, max_drop 1%
  *     kiln_compile_result r;
- *     kiln_compile(model, NULL, &o, &data, &data, &r);   // calibrate and check on data
- *     if (r.passed) use r.session; kiln_compile_result_free(&r);
+ *     char err[KILN_EVAL_ERR_LEN];
+ *     if (kiln_compile(model, NULL, &o, &data, &data, &r, err) == KILN_OK) {
+ *         if (r.passed) ... run r.session ...;   // r.summary: one line for a log
+ *         kiln_compile_result_free(&r);
+ *     }
  *
  * Errors come back as a status with a one-line message in err
  * (KILN_EVAL_ERR_LEN bytes) naming the input, output or node concerned.

@@ -89,7 +89,7 @@ static const char serve_help[] =
     "                                     int8/bf16 (kiln compile's auto policy), calibrated and\n"
     "                                     checked on its warmup file; served uncompressed when\n"
     "                                     the drop exceeds the bound or there is no data\n"
-    "  --compression_max_drop=X           Kiln: that bound, e.g. 1%% (default) or 0.01\n"
+    "  --compression_max_drop=X           Kiln: that bound, e.g. 1% (default) or 0.01\n"
     "  --allow_precompilation[=true|false]  Vertex AI's flag: cache each version's compiled\n"
     "                                     .kiln so a restart or replica skips import\n"
     "  --precompilation_cache_dir=DIR     Kiln: the cache (default $XDG_CACHE_HOME/kiln/\n"
