@@ -222,6 +222,7 @@ static int warmup_dataset(const char *dir, const kiln_model *m, const kiln_signa
             ok = 0;
             break;
         }
+        kiln_dtype dt = proto->dtype;
         kiln_tensor_free(proto);
         size_t off = 0;
         for (int r = 0; r < w->n; r++) {
@@ -235,7 +236,7 @@ static int warmup_dataset(const char *dir, const kiln_model *m, const kiln_signa
                 break;
             }
         }
-        if (proto->dtype == KILN_DTYPE_F32) {
+        if (dt == KILN_DTYPE_F32) {
             const float *x = d->t[i]->data;
             for (int64_t k = 0; ok && k < kiln_tensor_count(d->t[i]); k++)
                 if (!isfinite(x[k])) {
