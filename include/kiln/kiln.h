@@ -469,6 +469,190 @@ typedef struct kiln_prune_stats {
     int64_t zeroed;  /* elements set to zero (some may have been zero already) */
 } kiln_prune_stats;
 kiln_status kiln_model_prune(kiln_model *m, double ratio, int block, kiln_prune_stats *out);
+/* ==== Evaluating and compiling with an accuracy bound (src/api/compile_eval.c,
+ * src/api/compile.c; docs/COMPRESSION.md) ====
+ *
+ * What `kiln compile`, `kiln gate` and `kiln serve --allow_compression`
+ * measure, in one place: a data set (one tensor per signature input,
+ * samples on dimension 0), a session's outputs over it as doubles, the
+ * comparison of a candidate with a baseline (top-1 agreement, distance,
+ * with labels a metric and its relative drop), and the `auto` policy that
+ * chooses each node's precision so that the drop stays within a bound:
+ *
+ *     kiln_compile_options o;
+ *     kiln_compile_options_init(&o);            // auto, max_drop 1%
+ *     kiln_compile_result r;
+ *     char err[KILN_EVAL_ERR_LEN];
+ *     if (kiln_compile(model, NULL, &o, &data, &data, &r, err) == KILN_OK) {
+ *         if (r.passed) ... run r.session ...;   // r.summary: one line for a log
+ *         kiln_compile_result_free(&r);
+ *     }
+ *
+ * Errors come back as a status with a one-line message in err
+ * (KILN_EVAL_ERR_LEN bytes) naming the input, output or node concerned.
+ * Nothing here keeps state between calls.
+ */
+#define KILN_EVAL_ERR_LEN 512
+#define KILN_COMPILE_MIN_SAMPLES 10   /* fewer samples measure no accuracy worth the name */
+#define KILN_COMPILE_EVAL_BATCH 64    /* rows per run when measuring (one batch size for
+                                         every session, since dynamic int8 depends on it) */
+
+/* A data set: one tensor per signature input, stacked on dim 0. */
+typedef struct kiln_dataset {
+    int n;             /* signature inputs */
+    char **names;      /* [n] input names (owned by whoever filled it) */
+    kiln_tensor **t;   /* [n] tensors, dims[0] = samples */
+    int64_t samples;
+} kiln_dataset;
+/* rows[0..d->n): new tensors holding `count` samples starting at `start`,
+ * wrapping around the end of the data (owned by the caller). */
+kiln_status kiln_dataset_rows(const kiln_dataset *d, int64_t start, int64_t count,
+                              kiln_tensor **rows, char *err);
+
+/* One output of one session over a whole data set, as doubles. */
+typedef struct kiln_eval_output {
+    double *v;         /* [samples * row_size] (owned) */
+    int64_t samples;
+    int64_t row_size;  /* elements per sample */
+    int is_int;        /* the output's dtype is an integer or bool type */
+} kiln_eval_output;
+/* Run s over all samples, `batch` at a time, and collect output `output`. */
+kiln_status kiln_eval_collect(kiln_session *s, const kiln_dataset *d, const char *output,
+                              int64_t batch, kiln_eval_output *out, char *err);
+void kiln_eval_output_free(kiln_eval_output *o);
+/* The class of sample i of o: the value itself for one value per sample, else
+ * the first index of the maximum (a NaN counts as the largest). */
+double kiln_eval_top1(const kiln_eval_output *o, int64_t i);
+
+typedef enum kiln_eval_kind {
+    KILN_EVAL_CLASS_IDS, /* integer output, one per sample: the class */
+    KILN_EVAL_SCORES,    /* float output, several per sample: class scores (argmax) */
+    KILN_EVAL_VALUES,    /* anything else: regression values */
+} kiln_eval_kind;
+
+typedef struct kiln_eval_quality {
+    kiln_eval_kind kind;
+    int64_t samples, row_size;
+    int has_agreement;    /* class outputs only */
+    double agreement;     /* share of samples whose top-1 class is the same */
+    double mean_abs_diff; /* mean |c - b| over every element */
+    double mean_rel_diff; /* mean |c - b| / max(|b|, 1e-6) */
+    double max_abs_diff;
+    int has_labels;
+    const char *metric;   /* with labels: "accuracy" (higher is better) or "rmse" (lower) */
+    double base_metric, cand_metric;
+    double base_mae, cand_mae; /* regression only */
+    const char *drop_of;  /* what `drop` measures, for reports (static text) */
+    double drop;          /* relative drop of quality (>= 0 is worse) */
+} kiln_eval_quality;
+/* Compare candidate c with baseline b (same shape); labels (may be NULL)
+ * holds one class per sample or as many targets as the output. Without
+ * labels the drop is 1 - top-1 agreement for classes, the mean relative
+ * difference for values. */
+kiln_status kiln_eval_compare(const kiln_eval_output *b, const kiln_eval_output *c,
+                              const kiln_tensor *labels, kiln_eval_quality *q, char *err);
+
+/* Every output of one session over a data set. */
+typedef struct kiln_compile_run {
+    int n;                 /* signature outputs */
+    kiln_eval_output *o;   /* [n] */
+} kiln_compile_run;
+kiln_status kiln_compile_run_all(kiln_session *s, const kiln_dataset *d, int64_t batch,
+                                 kiln_compile_run *out, char *err);
+void kiln_compile_run_free(kiln_compile_run *r);
+/* SQNR in dB over every non-integer output of two runs together,
+ * 10 log10(sum b^2 / sum (c - b)^2); +inf when identical. */
+double kiln_compile_sqnr(const kiln_compile_run *b, const kiln_compile_run *c);
+
+/* A node that has a low-precision kernel (found by profiling one batch in
+ * bf16 and in int8), with what was measured and decided for it. */
+typedef struct kiln_compile_node {
+    char *name, *op;         /* owned */
+    int64_t weight_elems;    /* kiln_session_node_weight_elems */
+    int kernel_in[3];        /* [KILN_PRECISION_BF16], [KILN_PRECISION_INT8]: has a kernel */
+    int measured;            /* sqnr_db holds its sensitivity */
+    kiln_precision measured_in;
+    double sqnr_db;
+    kiln_precision precision; /* the precision it runs in, as compiled */
+    int fell_back;           /* auto moved it to a higher precision */
+    char reason[384];        /* why it fell back */
+    int step;                /* its step in the profiled plan (the report's order) */
+} kiln_compile_node;
+/* The nodes of signature `sig` of m that run in bf16 or int8 when asked
+ * (so gives threads and optimize; sample rows: one batch of d). */
+kiln_status kiln_compile_find_nodes(kiln_model *m, const char *sig, const kiln_session_options *so,
+                                    const kiln_dataset *d, int64_t batch,
+                                    kiln_compile_node **nodes, int *n_nodes, char *err);
+void kiln_compile_nodes_free(kiln_compile_node *nodes, int n);
+/* Sensitivity of a node: the SQNR of the outputs of an fp32 session with
+ * that node alone in `p`, run on d, against base (the fp32 outputs on d). */
+kiln_status kiln_compile_node_sensitivity(kiln_model *m, const char *sig,
+                                          const kiln_session_options *so, kiln_compile_node *node,
+                                          kiln_precision p, const kiln_dataset *d,
+                                          int64_t batch, const kiln_compile_run *base, char *err);
+/* The precision a node really runs in (its asked precision if it has a
+ * kernel for it, else fp32). */
+kiln_precision kiln_compile_node_effective(const kiln_compile_node *n);
+/* A session of m in `prec`, with each node's own precision as an exception. */
+kiln_status kiln_compile_session(kiln_model *m, const char *sig, const kiln_session_options *so,
+                                 kiln_precision prec, const kiln_compile_node *nodes, int n,
+                                 kiln_session **out);
+
+typedef struct kiln_compile_options {
+    int is_auto;                  /* 1 (default): the auto policy; 0: every node in `precision` */
+    kiln_precision precision;     /* when not auto */
+    double max_drop;              /* largest relative drop of the metric (default 0.01) */
+    const char *metric_output;    /* NULL: the signature's first output */
+    const kiln_tensor *labels;    /* expected outputs of the eval data, or NULL */
+    int static_int8;              /* precision int8, not auto, with cal data: activation
+                                     ranges fixed from cal (else int8 is dynamic) */
+    kiln_calibration_method cal_method; /* for static_int8 (percentile: 99.99%) */
+    kiln_session_options session; /* threads, optimize (precision is set per session) */
+    kiln_model *candidate_model;  /* NULL: the model itself; else a changed copy (e.g. pruned
+                                     by kiln_model_prune) that every compressed session runs,
+                                     so the fp32 baseline stays the unchanged model */
+} kiln_compile_options;
+void kiln_compile_options_init(kiln_compile_options *o);
+
+/* What kiln_compile decided and measured. The auto policy:
+ *   1. find the nodes with int8 (else bf16) kernels by profiling one batch;
+ *   2. measure each one's sensitivity on the calibration data;
+ *   3. start with all of them low; while the metric's drop on the eval data
+ *      exceeds max_drop, move the most sensitive node still low (lowest
+ *      SQNR) up: int8 -> bf16 where it has a bf16 kernel, else fp32; when no
+ *      int8 node is left, bf16 nodes -> fp32 in the same order;
+ *   4. record for each node moved why (its SQNR and the drop it left).
+ * Then the session is built and checked once more on the eval data. */
+typedef struct kiln_compile_result {
+    kiln_session *session;        /* the compiled session (owned; NULL after an error) */
+    kiln_precision precision;     /* the session's precision (auto: the lowest tried) */
+    int64_t batch;                /* rows per measuring run */
+    kiln_compile_node *nodes;     /* [n_nodes] (owned) */
+    int n_nodes;
+    int metric_index;             /* the output the metric is computed on */
+    kiln_compile_run base_eval;   /* fp32 outputs on the eval data (n = 0 without it) */
+    kiln_compile_run cand_eval;   /* the session's outputs on the eval data */
+    int64_t cal_samples, eval_samples;
+    int has_quality;              /* there was eval data to check on */
+    kiln_eval_quality q;          /* of the metric output, when has_quality */
+    int passed;                   /* has_quality and q.drop <= max_drop */
+    int n_int8, n_bf16, n_fp32;   /* nodes by the precision they run in */
+    int n_fell_back;
+    char summary[1024];           /* one line for logs: precision, drop, fallbacks */
+} kiln_compile_result;
+/* Compile signature `sig` (NULL: the default) of m under o, measuring node
+ * sensitivity on cal and accuracy on eval (either may be NULL; the other is
+ * used for both; with neither, nothing is measured and auto compiles fp32).
+ * KILN_OK means the pipeline ran: whether the drop is within the bound is
+ * r->passed. On error r is freed and err says why. */
+kiln_status kiln_compile(kiln_model *m, const char *sig, const kiln_compile_options *o,
+                         const kiln_dataset *cal, const kiln_dataset *eval,
+                         kiln_compile_result *r, char *err);
+void kiln_compile_result_free(kiln_compile_result *r);
+/* The CPU features of this machine that Kiln's kernels use, comma-separated
+ * ("avx2,fma,avx512f,..."; static storage): part of a compiled artifact's
+ * cache key, since a .kiln needs the features it was compiled for. */
+const char *kiln_cpu_features(void);
 
 #ifdef __cplusplus
 }

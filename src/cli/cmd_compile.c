@@ -4,18 +4,15 @@
  * and write the compiled artifact (kiln_session_save) with the report in it.
  *
  * --precision fp32|bf16|int8 compiles every node that has a kernel for the
- * precision in it. --precision auto is accuracy-aware mixed precision:
- *   1. find the nodes with int8 (else bf16) kernels by profiling one batch;
- *   2. measure each one's sensitivity on the calibration data: the SQNR of
- *      the model's outputs with that node alone in the low precision;
- *   3. start with all of them low; while the metric's drop on the eval data
- *      exceeds --max-drop, move the most sensitive node still low (lowest
- *      SQNR) up: int8 -> bf16 where it has a bf16 kernel, else fp32; when no
- *      int8 node is left, bf16 nodes -> fp32 in the same order;
- *   4. record for each node moved why (its SQNR and the drop it left).
- * The per-node precisions are the session calls at the end of kiln.h.
+ * precision in it. --precision auto is accuracy-aware mixed precision: the
+ * most sensitive nodes stay in bf16 or fp32 until the metric's drop is
+ * within --max-drop. The pipeline (nodes, sensitivities, the auto policy,
+ * static int8, the compiled session and its check) is the library's
+ * kiln_compile (kiln.h, src/api/compile.c), shared with `kiln serve
+ * --allow_compression`; this command reads the data, adds the report's
+ * per-output table and latency, and writes the artifact.
  *
- * The measurements and the report (table and JSON) are compile_report.c;
+ * The report (table and JSON) is compile_report.c;
  * the data reader and the metric are the release gate's (gate.h), so a
  * compile and a `kiln gate` of its artifact measure the same way. A drop
  * beyond --max-drop exits 1 naming it and writes no artifact.
@@ -226,146 +223,6 @@ static int load_data(const char *what, const char *path, const kiln_signature *s
     return 1;
 }
 
-/* A session of the candidate: `prec` with the nodes' own precisions as exceptions. */
-static kiln_status candidate_session(kiln_model *m, const char *sig, const compile_args *a,
-                                     kiln_precision prec, const kiln_compile_node *nodes, int n,
-                                     kiln_session **out)
-{
-    kiln_session_options so = a->so;
-    so.precision = prec;
-    kiln_status st = kiln_session_create(m, sig, &so, out);
-    if (st != KILN_OK) return st;
-    kiln_node_precision *ov = calloc((size_t)n + 1, sizeof *ov);
-    if (!ov) return KILN_ERR_OUT_OF_MEMORY;
-    int k = 0;
-    for (int i = 0; i < n; i++)
-        if (nodes[i].precision != prec) ov[k++] = (kiln_node_precision){nodes[i].name, nodes[i].precision};
-    st = kiln_session_set_node_precision(*out, ov, k);
-    free(ov);
-    return st;
-}
-
-/* Static int8: an fp32 session fed the calibration data in batches, whose
- * Conv, Gemm and MatMul nodes then run on int8 kernels with the activation
- * ranges fixed by `method` (kiln_calibration_*, docs/COMPRESSION.md). */
-static kiln_status static_int8_session(kiln_model *m, const char *sig, const compile_args *a,
-                                       const kiln_gate_data *cal, int64_t batch,
-                                       kiln_calibration_method method, kiln_session **out,
-                                       char *err)
-{
-    kiln_session_options so = a->so;
-    so.precision = KILN_PRECISION_FP32;
-    kiln_calibration *c = NULL;
-    kiln_status st = kiln_session_create(m, sig, &so, out);
-    if (st == KILN_OK) st = kiln_calibration_begin(*out, &c);
-    if (st != KILN_OK) {
-        snprintf(err, KILN_GATE_ERR_LEN, "static int8: %s", kiln_last_error());
-        return st;
-    }
-    kiln_tensor **rows = calloc((size_t)cal->n + 1, sizeof *rows);
-    kiln_named_tensor *in = calloc((size_t)cal->n + 1, sizeof *in);
-    if (!rows || !in) st = KILN_ERR_OUT_OF_MEMORY;
-    for (int64_t s0 = 0; st == KILN_OK && s0 < cal->samples; s0 += batch) {
-        int64_t cnt = cal->samples - s0 < batch ? cal->samples - s0 : batch;
-        st = kiln_gate_data_rows(cal, s0, cnt, rows, err);
-        if (st != KILN_OK) break;
-        for (int i = 0; i < cal->n; i++) in[i] = (kiln_named_tensor){cal->names[i], rows[i]};
-        st = kiln_calibration_feed(c, in, cal->n);
-        if (st != KILN_OK) snprintf(err, KILN_GATE_ERR_LEN, "static int8: %s", kiln_last_error());
-        for (int i = 0; i < cal->n; i++) {
-            kiln_tensor_free(rows[i]);
-            rows[i] = NULL;
-        }
-    }
-    if (st == KILN_OK) {
-        st = kiln_calibration_finish(c, method, method == KILN_CALIBRATION_PERCENTILE ? 99.99 : 0);
-        if (st != KILN_OK) snprintf(err, KILN_GATE_ERR_LEN, "static int8: %s", kiln_last_error());
-        else if (kiln_calibration_node_count(c) == 0) {
-            snprintf(err, KILN_GATE_ERR_LEN,
-                     "static int8: the model has no Conv, Gemm or MatMul with constant weights "
-                     "to quantize");
-            st = KILN_ERR_UNSUPPORTED;
-        }
-    } else if (st == KILN_ERR_OUT_OF_MEMORY && !err[0]) {
-        snprintf(err, KILN_GATE_ERR_LEN, "out of memory");
-    }
-    free(rows);
-    free(in);
-    kiln_calibration_free(c);
-    return st;
-}
-
-/* The metric's drop of the candidate (prec + the nodes' precisions) on d. */
-static kiln_status candidate_quality(kiln_model *m, const char *sig, const compile_args *a,
-                                     kiln_precision prec, const kiln_compile_node *nodes, int n,
-                                     const kiln_gate_data *d, int64_t batch, const char *output,
-                                     const kiln_gate_output *base, const kiln_tensor *labels,
-                                     kiln_gate_quality *q, char *err)
-{
-    kiln_session *s = NULL;
-    kiln_gate_output c = {0};
-    kiln_status st = candidate_session(m, sig, a, prec, nodes, n, &s);
-    if (st != KILN_OK) snprintf(err, KILN_GATE_ERR_LEN, "%.400s", kiln_last_error());
-    if (st == KILN_OK) st = kiln_gate_collect(s, d, output, batch, &c, err);
-    if (st == KILN_OK) st = kiln_gate_compare(base, &c, labels, q, err);
-    kiln_gate_output_free(&c);
-    kiln_session_free(s);
-    return st;
-}
-
-static int by_sensitivity(const void *x, const void *y)
-{
-    const kiln_compile_node *a = *(const kiln_compile_node *const *)x;
-    const kiln_compile_node *b = *(const kiln_compile_node *const *)y;
-    double sa = a->measured && !isnan(a->sqnr_db) ? a->sqnr_db : -INFINITY;
-    double sb = b->measured && !isnan(b->sqnr_db) ? b->sqnr_db : -INFINITY;
-    return sa < sb ? -1 : sa > sb ? 1 : strcmp(a->name, b->name);
-}
-
-/* The auto policy's loop (steps 3-4 above). */
-static kiln_status auto_fallback(kiln_model *m, const char *sig, const compile_args *a,
-                                 kiln_precision lowp, kiln_compile_node *nodes, int n,
-                                 const kiln_gate_data *d, int64_t batch, const char *output,
-                                 const kiln_gate_output *base, const kiln_tensor *labels,
-                                 char *err)
-{
-    kiln_compile_node **order = calloc((size_t)n + 1, sizeof *order);
-    if (!order) return KILN_ERR_OUT_OF_MEMORY;
-    int k = 0;
-    for (int i = 0; i < n; i++)
-        if (nodes[i].precision == lowp) order[k++] = &nodes[i];
-    qsort(order, (size_t)k, sizeof *order, by_sensitivity);
-    kiln_status st = KILN_OK;
-    for (int pass = 0; pass < 2 && st == KILN_OK; pass++) {
-        kiln_precision from = pass == 0 ? lowp : KILN_PRECISION_BF16;
-        if (pass == 1 && lowp != KILN_PRECISION_INT8) break;
-        for (int i = 0; i < k; i++) {
-            kiln_compile_node *e = order[i];
-            if (e->precision != from || !e->kernel_in[from]) continue;
-            kiln_gate_quality q;
-            st = candidate_quality(m, sig, a, lowp, nodes, n, d, batch, output, base, labels, &q,
-                                   err);
-            if (st != KILN_OK || q.drop <= a->max_drop) goto done;
-            e->precision = from == KILN_PRECISION_INT8 && e->kernel_in[KILN_PRECISION_BF16]
-                               ? KILN_PRECISION_BF16
-                               : KILN_PRECISION_FP32;
-            e->fell_back = 1;
-            char db[32];
-            if (e->measured && isfinite(e->sqnr_db)) snprintf(db, sizeof db, "%.1f dB", e->sqnr_db);
-            else snprintf(db, sizeof db, "%s", e->measured ? "not finite" : "not measured");
-            snprintf(e->reason, sizeof e->reason,
-                     "SQNR %s in %s, the lowest of the nodes still in %s; with it in %s the %s "
-                     "was %.3f%% > --max-drop %.3g%%",
-                     db, kiln_precision_name(e->measured ? e->measured_in : from),
-                     kiln_precision_name(from), kiln_precision_name(from), q.drop_of, 100 * q.drop,
-                     100 * a->max_drop);
-        }
-    }
-done:
-    free(order);
-    return st;
-}
-
 int kiln_cmd_compile(int argc, char **argv)
 {
     if (kiln_cli_wants_help(argc, argv)) {
@@ -395,12 +252,10 @@ int kiln_cmd_compile(int argc, char **argv)
 
     char err[KILN_GATE_ERR_LEN];
     kiln_model *m = NULL;
-    kiln_session *base = NULL, *cand = NULL;
     kiln_gate_data cal = {0}, eval = {0};
     kiln_tensor *labels = NULL;
-    kiln_compile_run base_cal = {0}, base_eval = {0}, cand_eval = {0};
-    kiln_compile_node *nodes = NULL;
-    int n_nodes = 0;
+    kiln_compile_result cr;
+    memset(&cr, 0, sizeof cr);
     kiln_compile_out_stats *outs = NULL;
     kiln_gate_latency lat[COMPILE_MAX_BATCH_SIZES];
     char *json = NULL;
@@ -448,7 +303,6 @@ int kiln_cmd_compile(int argc, char **argv)
         const kiln_value_info *vi = kiln_signature_input(sig, i);
         if (vi->rank > 0 && vi->dims[0] > 0) fixed = vi->dims[0];
     }
-    int64_t batch = fixed > 0 ? fixed : KILN_COMPILE_EVAL_BATCH;
     if (fixed > 0) {
         a.batch[0] = fixed, a.n_batch = 1;
         for (int k = 0; k < 2; k++) {
@@ -474,70 +328,26 @@ int kiln_cmd_compile(int argc, char **argv)
         kiln_cli_fail("--metric-output '%s' is not an output of the signature", metric_output);
         goto out;
     }
-    kiln_session_options so = a.so;
-    so.precision = KILN_PRECISION_FP32;
-    if (kiln_session_create(m, sig_name, &so, &base) != KILN_OK) {
-        kiln_cli_fail("cannot create a session: %s", kiln_last_error());
-        goto out;
-    }
-
-    /* which nodes have low-precision kernels */
-    kiln_precision prec = a.is_auto ? KILN_PRECISION_INT8 : a.prec;
-    if (prec != KILN_PRECISION_FP32 && (sens_data || eval_data)) {
-        if (kiln_compile_find_nodes(mc, sig_name, &a.so, sens_data ? sens_data : eval_data, batch,
-                                    &nodes, &n_nodes, err) != KILN_OK) {
-            kiln_cli_fail("%s", err);
-            goto out;
-        }
-    }
-    if (a.is_auto) {
-        int any[3] = {0, 0, 0};
-        for (int i = 0; i < n_nodes; i++)
-            for (int p = 1; p < 3; p++) any[p] |= nodes[i].kernel_in[p];
-        prec = any[KILN_PRECISION_INT8] ? KILN_PRECISION_INT8
-               : any[KILN_PRECISION_BF16] ? KILN_PRECISION_BF16
-                                          : KILN_PRECISION_FP32;
-    }
-    for (int i = 0; i < n_nodes; i++) nodes[i].precision = prec;
-
-    /* each node's sensitivity, on the calibration data */
-    if (prec != KILN_PRECISION_FP32 && sens_data) {
-        if (kiln_compile_run_all(base, sens_data, batch, &base_cal, err) != KILN_OK) {
-            kiln_cli_fail("fp32 on the calibration data: %s", err);
-            goto out;
-        }
-        for (int i = 0; i < n_nodes; i++) {
-            if (!nodes[i].kernel_in[prec]) continue;
-            if (kiln_compile_node_sensitivity(mc, sig_name, &a.so, &nodes[i], prec, sens_data, batch,
-                                              &base_cal, err) != KILN_OK) {
-                kiln_cli_fail("%s", err);
-                goto out;
-            }
-        }
-    }
-
-    /* the fp32 baseline on the eval data, and auto's fallbacks */
-    if (eval_data && kiln_compile_run_all(base, eval_data, batch, &base_eval, err) != KILN_OK) {
-        kiln_cli_fail("fp32 on the evaluation data: %s", err);
-        goto out;
-    }
-    if (a.is_auto && prec != KILN_PRECISION_FP32 &&
-        auto_fallback(mc, sig_name, &a, prec, nodes, n_nodes, eval_data, batch, metric_output,
-                      &base_eval.o[metric_index], labels, err) != KILN_OK) {
+    kiln_compile_options co;
+    kiln_compile_options_init(&co);
+    co.is_auto = a.is_auto;
+    co.precision = a.prec;
+    co.max_drop = a.max_drop;
+    co.metric_output = metric_output;
+    co.labels = labels;
+    co.static_int8 = a.cal_method != NULL; /* checked: --precision int8 and --calibration */
+    co.cal_method = cal_method;
+    co.session = a.so;
+    co.candidate_model = mc; /* --prune: the pruned copy, measured against m */
+    if (kiln_compile(m, sig_name, &co, sens_data, eval_data, &cr, err) != KILN_OK) {
         kiln_cli_fail("%s", err);
         goto out;
     }
-    int static_int8 = a.cal_method != NULL; /* checked: --precision int8 and --calibration */
-    if (static_int8) {
-        err[0] = '\0';
-        if (static_int8_session(mc, sig_name, &a, &cal, batch, cal_method, &cand, err) != KILN_OK) {
-            kiln_cli_fail("%s", err);
-            goto out;
-        }
-    } else if (candidate_session(mc, sig_name, &a, prec, nodes, n_nodes, &cand) != KILN_OK) {
-        kiln_cli_fail("cannot create the compiled session: %s", kiln_last_error());
-        goto out;
-    }
+    kiln_precision prec = cr.precision;
+    kiln_compile_node *nodes = cr.nodes;
+    int n_nodes = cr.n_nodes;
+    kiln_session *cand = cr.session, *base = NULL;
+    int static_int8 = co.static_int8;
 
     if (kiln_compile_sparse_nodes(cand, sig, &sp, err) != KILN_OK) {
         kiln_cli_fail("%s", err);
@@ -553,7 +363,7 @@ int kiln_cmd_compile(int argc, char **argv)
     r.precision = prec;
     r.max_drop = a.max_drop;
     r.cal_path = a.cal;
-    r.cal_samples = prec != KILN_PRECISION_FP32 && sens_data ? sens_data->samples : 0;
+    r.cal_samples = cr.cal_samples;
     r.cal_static = static_int8 ? cal_method_name : NULL;
     r.eval_path = eval_data ? eval_path : NULL;
     r.labels_path = a.labels;
@@ -562,34 +372,37 @@ int kiln_cmd_compile(int argc, char **argv)
     r.n_nodes = n_nodes;
     r.passed = 1;
     if (eval_data) {
-        if (kiln_compile_run_all(cand, eval_data, batch, &cand_eval, err) != KILN_OK) {
-            kiln_cli_fail("%s on the evaluation data: %s", kiln_precision_name(prec), err);
-            goto out;
-        }
-        outs = calloc((size_t)base_eval.n + 1, sizeof *outs);
+        const kiln_compile_run *be = &cr.base_eval, *ce = &cr.cand_eval;
+        outs = calloc((size_t)be->n + 1, sizeof *outs);
         if (!outs) {
             kiln_cli_fail("out of memory");
             goto out;
         }
-        for (int i = 0; i < base_eval.n; i++) {
-            kiln_compile_out_compare(&base_eval.o[i], &cand_eval.o[i], &outs[i]);
+        for (int i = 0; i < be->n; i++) {
+            kiln_compile_out_compare(&be->o[i], &ce->o[i], &outs[i]);
             outs[i].name = kiln_signature_output(sig, i)->name;
         }
         r.outs = outs;
-        r.n_outputs = base_eval.n;
-        if (kiln_gate_compare(&base_eval.o[metric_index], &cand_eval.o[metric_index], labels, &r.q,
-                              err) != KILN_OK) {
-            kiln_cli_fail("%s", err);
-            goto out;
-        }
+        r.n_outputs = be->n;
+        r.q = cr.q;
         r.has_quality = 1;
         r.metric_output = metric_output;
-        r.passed = r.q.drop <= a.max_drop;
-        for (int i = 0; i < a.n_batch; i++)
-            if (kiln_gate_measure(cand, base, eval_data, a.batch[i], a.runs, &lat[i], err) != KILN_OK) {
+        r.passed = cr.passed;
+        kiln_session_options so = a.so;
+        so.precision = KILN_PRECISION_FP32;
+        if (kiln_session_create(m, sig_name, &so, &base) != KILN_OK) {
+            kiln_cli_fail("cannot create a session: %s", kiln_last_error());
+            goto out;
+        }
+        for (int i = 0; i < a.n_batch; i++) {
+            kiln_status mst = kiln_gate_measure(cand, base, eval_data, a.batch[i], a.runs, &lat[i], err);
+            if (mst != KILN_OK) {
+                kiln_session_free(base);
                 kiln_cli_fail("%s", err);
                 goto out;
             }
+        }
+        kiln_session_free(base);
         r.latency = lat;
         r.n_latency = a.n_batch;
     }
@@ -646,15 +459,10 @@ int kiln_cmd_compile(int argc, char **argv)
 out:
     free(json);
     free(outs);
-    kiln_compile_nodes_free(nodes, n_nodes);
-    kiln_compile_run_free(&base_cal);
-    kiln_compile_run_free(&base_eval);
-    kiln_compile_run_free(&cand_eval);
+    kiln_compile_result_free(&cr);
     kiln_tensor_free(labels);
     kiln_gate_data_free(&cal);
     kiln_gate_data_free(&eval);
-    kiln_session_free(cand);
-    kiln_session_free(base);
     kiln_compile_sparse_free(&sp);
     if (mc != m) kiln_model_free(mc);
     kiln_model_free(m);

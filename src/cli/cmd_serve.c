@@ -21,6 +21,7 @@
 #include "core/threadpool.h"
 #include "serve/auth.h"
 #include "serve/batch.h"
+#include "serve/compress.h"
 #include "serve/config.h"
 #include "serve/integrity.h"
 #include "serve/manager.h"
@@ -84,8 +85,17 @@ static const char serve_help[] =
     "  --ssl_ca_file=F [--ssl_client_verify]  Kiln: CA for client certificates; mutual TLS\n"
     "  --enable_serialization_as_tensor_content[=true|false]  gRPC answers numeric tensors\n"
     "                                     in tensor_content (default: typed fields, as TF)\n"
-    "  --tensorflow_inter_op_parallelism, --allow_precompilation,\n"
-    "  --allow_compression, --use_tfrt   accepted and ignored (the startup log says so)\n"
+    "  --allow_compression[=true|false]   Vertex AI's flag: compile each version at load in\n"
+    "                                     int8/bf16 (kiln compile's auto policy), calibrated and\n"
+    "                                     checked on its warmup file; served uncompressed when\n"
+    "                                     the drop exceeds the bound or there is no data\n"
+    "  --compression_max_drop=X           Kiln: that bound, e.g. 1% (default) or 0.01\n"
+    "  --allow_precompilation[=true|false]  Vertex AI's flag: cache each version's compiled\n"
+    "                                     .kiln so a restart or replica skips import\n"
+    "  --precompilation_cache_dir=DIR     Kiln: the cache (default $XDG_CACHE_HOME/kiln/\n"
+    "                                     precompiled, else ~/.cache/kiln/precompiled)\n"
+    "  --tensorflow_inter_op_parallelism, --use_tfrt  accepted and ignored (the startup log\n"
+    "                                     says so)\n"
     "  --rollout_config_file=FILE         Kiln: traffic splits, sticky routing and canaries with\n"
     "                                     automatic promotion and rollback, shadow traffic\n"
     "                                     (docs/ROLLOUTS.md, docs/SHADOW.md)\n"
@@ -113,8 +123,7 @@ static const char serve_help[] =
 
 /* Flags accepted for compatibility whose features Kiln lacks so far. */
 static const char *const accepted_only[] = {
-    "--tensorflow_inter_op_parallelism", "--allow_precompilation", "--allow_compression",
-    "--use_tfrt",
+    "--tensorflow_inter_op_parallelism", "--use_tfrt",
 };
 /* Of those, the ones that are booleans (may appear without a value). */
 static int is_bool_flag(const char *name)
@@ -208,6 +217,7 @@ int kiln_cmd_serve(int argc, char **argv)
     int client_verify = 0;
     const char *rollout_file = NULL;
     kiln_integrity_options integrity = {NULL, NULL};
+    kiln_compress_options compress = {0, 0, 0.01, NULL};
     kiln_reqlog_options rlo;
     kiln_reqlog_options_default(&rlo);
 
@@ -291,6 +301,21 @@ int kiln_cmd_serve(int argc, char **argv)
             ok = (prefer_tflite = parse_bool(val)) >= 0;
         else if (strcmp(name, "--require_blessing") == 0)
             ok = (require_blessing = parse_bool(val)) >= 0;
+        else if (strcmp(name, "--allow_compression") == 0)
+            ok = (compress.allow_compression = parse_bool(val)) >= 0;
+        else if (strcmp(name, "--allow_precompilation") == 0)
+            ok = (compress.allow_precompilation = parse_bool(val)) >= 0;
+        else if (strcmp(name, "--precompilation_cache_dir") == 0)
+            compress.cache_dir = *val ? val : NULL;
+        else if (strcmp(name, "--compression_max_drop") == 0) {
+            char *end;
+            double v = strtod(val, &end);
+            if (end != val && *end == '%') v /= 100, end++;
+            if (end == val || *end || !(v >= 0 && v <= 1e6))
+                return kiln_cli_usage_error("serve", "flag '--compression_max_drop' needs a share "
+                                            "like 1%% or 0.01, got '%s'", val);
+            compress.max_drop = v;
+        }
         else {
             int known = 0;
             for (size_t k = 0; k < sizeof accepted_only / sizeof accepted_only[0]; k++)
@@ -442,9 +467,7 @@ int kiln_cmd_serve(int argc, char **argv)
             "(prometheus %s%s) --file_system_poll_wait_seconds=%d --prefer_tflite_model=%s "
             "--port=%d --grpc_max_threads=%d "
             "--grpc_channel_arguments (max_receive %lld, max_send %lld, streams %d); accepted and "
-            "ignored: --tensorflow_inter_op_parallelism, --allow_precompilation (allowed "
-            "batch sizes are precompiled at load whenever batching is on), --allow_compression, "
-            "--use_tfrt\n",
+            "ignored: --tensorflow_inter_op_parallelism, --use_tfrt\n",
             timeout_ms, threads, intra, intra ? "threads per run" : "all cores",
             disable_opt ? "true" : "false", disable_opt ? "off" : "on", warmup ? "true" : "false",
             warmup_iters > 0 ? warmup_iters : 1, batching ? "true" : "false",
@@ -483,6 +506,15 @@ int kiln_cmd_serve(int argc, char **argv)
     mo.config_poll_seconds = config_poll;
     mo.enable_warmup = warmup;
     mo.integrity = &integrity;
+    char cache_dir[4096];
+    if (!compress.cache_dir) kiln_compress_default_cache(cache_dir, sizeof cache_dir);
+    else snprintf(cache_dir, sizeof cache_dir, "%s", compress.cache_dir);
+    compress.cache_dir = cache_dir;
+    mo.compress = &compress;
+    fprintf(stderr, "kiln serve: --allow_compression=%s (max drop %.4g%%) --allow_precompilation=%s "
+            "(cache %s)\n", compress.allow_compression ? "true" : "false",
+            100 * compress.max_drop, compress.allow_precompilation ? "true" : "false",
+            compress.allow_precompilation ? cache_dir : "off");
     mo.warmup_iterations = warmup_iters > 0 ? warmup_iters : 1; /* TF: used only if > 0 */
     kiln_batch_stats *bstats = NULL;
     if (batching) {

@@ -2,9 +2,11 @@
  * compile.h - what `kiln compile` measures and reports (compile_report.c);
  * the command itself, its flags and the `auto` policy are cmd_compile.c.
  *
- * Everything goes through the public API (kiln.h, including the per-node
- * precision calls at its end) and the release gate's data reader and
- * comparison (gate.h): the data sets are kiln_gate_data, one output over a
+ * The pipeline itself (nodes, sensitivities, the auto policy, the compiled
+ * session and its check) is the library's kiln_compile (kiln.h,
+ * src/api/compile.c), shared with `kiln serve --allow_compression`.
+ * Everything goes through the public API and the release gate's data
+ * reader and comparison (gate.h): the data sets are kiln_gate_data, one output over a
  * data set is a kiln_gate_output, the metric and its drop come from
  * kiln_gate_compare, latency from kiln_gate_measure (interleaved).
  *
@@ -27,20 +29,6 @@
 #include "cli/gate.h"
 #include "kiln/kiln.h"
 
-#define KILN_COMPILE_MIN_SAMPLES 10   /* fewer samples measure no accuracy worth the name */
-#define KILN_COMPILE_EVAL_BATCH 64    /* rows per run when measuring (one batch size for
-                                         every session, since dynamic int8 depends on it) */
-
-/* Every output of one session over a data set. */
-typedef struct kiln_compile_run {
-    int n;                 /* signature outputs */
-    kiln_gate_output *o;   /* [n] */
-} kiln_compile_run;
-
-kiln_status kiln_compile_run_all(kiln_session *s, const kiln_gate_data *d, int64_t batch,
-                                 kiln_compile_run *out, char *err);
-void kiln_compile_run_free(kiln_compile_run *r);
-
 /* The error of one output of the candidate against the baseline. */
 typedef struct kiln_compile_out_stats {
     const char *name;      /* borrowed from the signature */
@@ -53,41 +41,6 @@ typedef struct kiln_compile_out_stats {
 
 void kiln_compile_out_compare(const kiln_gate_output *b, const kiln_gate_output *c,
                               kiln_compile_out_stats *st);
-/* SQNR over every non-integer output of two runs together. */
-double kiln_compile_sqnr(const kiln_compile_run *b, const kiln_compile_run *c);
-
-/* A node that has a low-precision kernel (found by profiling one batch in
- * bf16 and in int8), with what was measured and decided for it. */
-typedef struct kiln_compile_node {
-    char *name, *op;         /* owned */
-    int64_t weight_elems;    /* kiln_session_node_weight_elems */
-    int kernel_in[3];        /* [KILN_PRECISION_BF16], [KILN_PRECISION_INT8]: has a kernel */
-    int measured;            /* sqnr_db holds its sensitivity */
-    kiln_precision measured_in;
-    double sqnr_db;
-    kiln_precision precision; /* the precision it runs in, as compiled */
-    int fell_back;           /* auto moved it to a higher precision */
-    char reason[384];        /* why it fell back */
-    int step;                /* its step in the profiled plan (the report's order) */
-} kiln_compile_node;
-
-/* The nodes of signature `sig` of m that run in bf16 or int8 when asked
- * (so gives threads and optimize; sample rows: one batch of d). */
-kiln_status kiln_compile_find_nodes(kiln_model *m, const char *sig, const kiln_session_options *so,
-                                    const kiln_gate_data *d, int64_t batch,
-                                    kiln_compile_node **nodes, int *n_nodes, char *err);
-void kiln_compile_nodes_free(kiln_compile_node *nodes, int n);
-
-/* Sensitivity of node k: an fp32 session with node k alone in `p`, run on d,
- * compared with base (the fp32 outputs on d). */
-kiln_status kiln_compile_node_sensitivity(kiln_model *m, const char *sig,
-                                          const kiln_session_options *so, kiln_compile_node *node,
-                                          kiln_precision p, const kiln_gate_data *d,
-                                          int64_t batch, const kiln_compile_run *base, char *err);
-
-/* The precision a node really runs in (its asked precision if it has a
- * kernel for it, else fp32). */
-kiln_precision kiln_compile_node_effective(const kiln_compile_node *n);
 
 /* Sparse kernels and pruning (compile_sparse.c). */
 typedef struct kiln_compile_sparse {

@@ -19,15 +19,13 @@
 
 #include "kiln/kiln.h"
 
-#define KILN_GATE_ERR_LEN 512
+#define KILN_GATE_ERR_LEN KILN_EVAL_ERR_LEN
+
+/* The data set, outputs and quality comparison are the library's (kiln.h,
+ * src/api/compile_eval.c), shared with `kiln compile` and the server. */
 
 /* The evaluation inputs: one tensor per signature input, stacked on dim 0. */
-typedef struct kiln_gate_data {
-    int n;             /* signature inputs */
-    char **names;      /* [n] input names (owned) */
-    kiln_tensor **t;   /* [n] tensors, dims[0] = samples (owned) */
-    int64_t samples;
-} kiln_gate_data;
+typedef kiln_dataset kiln_gate_data;
 
 /* Read DATA for signature sig: a folder of <input>.npy files, a TF Serving
  * warmup file (named tf_serving_warmup_requests or *.tfrecord; its predict
@@ -43,59 +41,46 @@ void kiln_gate_data_free(kiln_gate_data *d);
 kiln_status kiln_gate_data_check(const kiln_gate_data *d, const char *path, int64_t min_samples,
                                  char *err);
 
-/* rows[0..d->n): new tensors holding `count` samples starting at `start`,
- * wrapping around the end of the data (owned by the caller). */
-kiln_status kiln_gate_data_rows(const kiln_gate_data *d, int64_t start, int64_t count,
-                                kiln_tensor **rows, char *err);
+static inline kiln_status kiln_gate_data_rows(const kiln_gate_data *d, int64_t start,
+                                              int64_t count, kiln_tensor **rows, char *err)
+{
+    return kiln_dataset_rows(d, start, count, rows, err);
+}
 
 /* The two signatures have the same inputs and outputs (names, dtypes,
  * ranks where both know them); err names the first difference. */
 kiln_status kiln_gate_check_signatures(const kiln_signature *cand, const kiln_signature *base,
                                        char *err);
 
-/* One output of one model over the whole data set, as doubles. */
-typedef struct kiln_gate_output {
-    double *v;         /* [samples * row_size] (owned) */
-    int64_t samples;
-    int64_t row_size;  /* elements per sample */
-    int is_int;        /* the output's dtype is an integer or bool type */
-} kiln_gate_output;
+typedef kiln_eval_output kiln_gate_output;
 
-/* The class of sample i of o: the value itself for one value per sample, else
- * the first index of the maximum (a NaN counts as the largest). */
-double kiln_gate_top1(const kiln_gate_output *o, int64_t i);
+static inline double kiln_gate_top1(const kiln_gate_output *o, int64_t i)
+{
+    return kiln_eval_top1(o, i);
+}
+static inline kiln_status kiln_gate_collect(kiln_session *s, const kiln_gate_data *d,
+                                            const char *output, int64_t batch,
+                                            kiln_gate_output *out, char *err)
+{
+    return kiln_eval_collect(s, d, output, batch, out, err);
+}
+static inline void kiln_gate_output_free(kiln_gate_output *o)
+{
+    kiln_eval_output_free(o);
+}
 
-/* Run s over all samples, `batch` at a time, and collect output `output`. */
-kiln_status kiln_gate_collect(kiln_session *s, const kiln_gate_data *d, const char *output,
-                              int64_t batch, kiln_gate_output *out, char *err);
-void kiln_gate_output_free(kiln_gate_output *o);
+typedef kiln_eval_kind kiln_gate_kind;
+#define KILN_GATE_CLASS_IDS KILN_EVAL_CLASS_IDS
+#define KILN_GATE_SCORES KILN_EVAL_SCORES
+#define KILN_GATE_VALUES KILN_EVAL_VALUES
+typedef kiln_eval_quality kiln_gate_quality;
 
-typedef enum kiln_gate_kind {
-    KILN_GATE_CLASS_IDS, /* integer output, one per sample: the class */
-    KILN_GATE_SCORES,    /* float output, several per sample: class scores (argmax) */
-    KILN_GATE_VALUES,    /* anything else: regression values */
-} kiln_gate_kind;
-
-typedef struct kiln_gate_quality {
-    kiln_gate_kind kind;
-    int64_t samples, row_size;
-    int has_agreement;    /* class outputs only */
-    double agreement;     /* share of samples whose top-1 class is the same */
-    double mean_abs_diff; /* mean |c - b| over every element */
-    double mean_rel_diff; /* mean |c - b| / max(|b|, 1e-6) */
-    double max_abs_diff;
-    int has_labels;
-    const char *metric;   /* with labels: "accuracy" (higher is better) or "rmse" (lower) */
-    double base_metric, cand_metric;
-    double base_mae, cand_mae; /* regression only */
-    const char *drop_of;  /* what `drop` measures, for the report */
-    double drop;          /* relative drop of quality, compared with --max-drop (>= 0 is worse) */
-} kiln_gate_quality;
-
-/* Compare candidate c with baseline b (same shape); labels (may be NULL)
- * holds label_row_size values per sample. */
-kiln_status kiln_gate_compare(const kiln_gate_output *b, const kiln_gate_output *c,
-                              const kiln_tensor *labels, kiln_gate_quality *q, char *err);
+static inline kiln_status kiln_gate_compare(const kiln_gate_output *b, const kiln_gate_output *c,
+                                            const kiln_tensor *labels, kiln_gate_quality *q,
+                                            char *err)
+{
+    return kiln_eval_compare(b, c, labels, q, err);
+}
 
 /* Latency at one batch size: `runs` timed runs of each model, alternated
  * (candidate first on even runs, baseline first on odd ones) after a few

@@ -67,35 +67,6 @@ static kiln_status copy_rows(kiln_tensor *dst, int64_t to, const kiln_tensor *sr
     return KILN_OK;
 }
 
-kiln_status kiln_gate_data_rows(const kiln_gate_data *d, int64_t start, int64_t count,
-                                kiln_tensor **rows, char *err)
-{
-    for (int i = 0; i < d->n; i++) rows[i] = NULL;
-    for (int i = 0; i < d->n; i++) {
-        const kiln_tensor *t = d->t[i];
-        int64_t dims[KILN_MAX_RANK];
-        memcpy(dims, t->dims, sizeof dims);
-        dims[0] = count;
-        kiln_status st = kiln_tensor_create(t->dtype, t->rank, dims, &rows[i]);
-        for (int64_t done = 0; st == KILN_OK && done < count;) {
-            int64_t from = (start + done) % d->samples;
-            int64_t k = d->samples - from < count - done ? d->samples - from : count - done;
-            st = copy_rows(rows[i], done, t, from, k);
-            done += k;
-        }
-        if (st != KILN_OK) {
-            snprintf(err, KILN_GATE_ERR_LEN, "input '%.200s': cannot make a batch of %lld: %s",
-                     d->names[i], (long long)count, kiln_status_name(st));
-            for (int k = 0; k <= i; k++) {
-                kiln_tensor_free(rows[k]);
-                rows[k] = NULL;
-            }
-            return st;
-        }
-    }
-    return KILN_OK;
-}
-
 /* The input's file name in a data folder when NAME has unsafe bytes. */
 static void safe_name(const char *name, char *out, size_t cap)
 {

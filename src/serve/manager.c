@@ -29,6 +29,7 @@
 #include "serve/gate/release.h"
 #include "serve/integrity.h"
 #include "serve/warmup.h"
+#include "serve/compress.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -600,9 +601,30 @@ static kiln_status servable_load(kiln_manager *m, const char *name, const char *
         }
     }
     if (st == KILN_OK) st = kiln_version_info_read(dir, &s->version_info, err);
+    /* a compiled artifact from the precompilation cache (compress.h), which
+     * is not used where signatures or encryption guard the files */
+    kiln_compress_state cst;
+    kiln_compress_options co = {0, 0, 0.01, NULL};
+    if (m->opts.compress) co = *m->opts.compress;
+    const kiln_integrity_options *io = m->opts.integrity;
+    kiln_sbuf ckv = {0}; /* appended after the format, below */
+    if (co.allow_precompilation && io && (io->trusted_keys_file || io->decryption_key_file)) {
+        co.allow_precompilation = 0;
+        kiln_sbuf_puts(&ckv, " precompilation=off precompilation_reason=\"--trusted_keys or "
+                           "--model_decryption_key_file guard this model\"");
+    }
+    char okey[512];
+    snprintf(okey, sizeof okey, "tags=%.200s tflite=%d optimize=%d",
+             m->opts.saved_model_tags ? m->opts.saved_model_tags : "serve",
+             lo.format == KILN_FORMAT_TFLITE, m->opts.session.optimize);
+    if (st == KILN_OK) kiln_compress_lookup(&co, dir, okey, &cst, &s->model, &ckv);
+    else memset(&cst, 0, sizeof cst);
+    snprintf(s->precision, sizeof s->precision, "fp32");
     /* signature check and decryption when configured (integrity.c) */
-    if (st == KILN_OK) st = kiln_integrity_load(m->opts.integrity, dir, &lo, &s->model, err);
+    if (st == KILN_OK && !cst.hit)
+        st = kiln_integrity_load(m->opts.integrity, dir, &lo, &s->model, err);
     if (st != KILN_OK) {
+        kiln_sbuf_free(&ckv);
         kiln_version_info_free(s->version_info);
         free(s->dir);
         free(s);
@@ -620,8 +642,15 @@ static kiln_status servable_load(kiln_manager *m, const char *name, const char *
         }
         s->n_sessions = i + 1;
     }
+    if (co.allow_compression || co.allow_precompilation) {
+        if (!cst.hit)
+            kiln_compress_session(&co, dir, s->model, &m->opts.session, s->sessions, n, &cst, &ckv);
+        snprintf(s->precision, sizeof s->precision, "%s", cst.precision);
+    }
     kiln_sbuf_printf(kv, "format=%s signatures=%d load_ms=%.1f", kiln_model_format(s->model), n,
                      ms_since(&t0));
+    if (ckv.p && !ckv.oom) kiln_sbuf_puts(kv, ckv.p);
+    kiln_sbuf_free(&ckv);
     if (s->blessing[0]) kiln_sbuf_printf(kv, " blessing=%s", s->blessing);
     if (s->version_info) {
         kiln_sbuf vj = {0};
@@ -647,11 +676,11 @@ static kiln_status servable_load(kiln_manager *m, const char *name, const char *
                 }
             }
             /* a sequence's items have no batch dimension to split on: unbatched */
-            int co = kiln_serve_container_output(kiln_model_signature(s->model, i));
-            if (co >= 0) {
+            int cout = kiln_serve_container_output(kiln_model_signature(s->model, i));
+            if (cout >= 0) {
                 kiln_sbuf_printf(kv, " batching_off=%s(sequence_output=%s)",
                                  kiln_signature_name(kiln_model_signature(s->model, i)),
-                                 kiln_signature_output(kiln_model_signature(s->model, i), co)->name);
+                                 kiln_signature_output(kiln_model_signature(s->model, i), cout)->name);
                 continue;
             }
             st = kiln_batcher_create(s->sessions[i], kiln_model_signature(s->model, i),
@@ -1449,11 +1478,9 @@ void kiln_manager_write_console(kiln_manager *m, kiln_sbuf *b)
                              sv ? "true" : "false", r->error_code);
             kiln_sbuf_json_string(b, msg, strlen(msg));
             if (sv) {
-                /* every session computes in float32 today; quantized
-                 * versions will report their own precision here */
-                kiln_sbuf_printf(b, ", \"precision\": \"fp32\", \"requests_in_flight\": %d, "
+                kiln_sbuf_printf(b, ", \"precision\": \"%s\", \"requests_in_flight\": %d, "
                                     "\"warmup_records\": %d, \"load_log\": ",
-                                 atomic_load(&sv->refs) - 1, sv->warmup_records);
+                                 sv->precision, atomic_load(&sv->refs) - 1, sv->warmup_records);
                 const char *ll = sv->load_log ? sv->load_log : "";
                 kiln_sbuf_json_string(b, ll, strlen(ll));
                 kiln_sbuf_puts(b, ", \"optimization_log\": ");
@@ -1508,6 +1535,17 @@ void kiln_manager_write_metrics(kiln_manager *m, kiln_sbuf *b)
                                 PRId64 "\"} %d\n",
                              sm->name, sm->served[k]->version,
                              atomic_load(&sm->served[k]->refs) - 1);
+        pthread_mutex_unlock(&sm->mu);
+    }
+    /* each served version's precision (--allow_compression) */
+    kiln_sbuf_puts(b, "# TYPE kiln_model_precision gauge\n");
+    for (int i = 0; i < m->n_models; i++) {
+        served_model *sm = m->models[i];
+        pthread_mutex_lock(&sm->mu);
+        for (int k = 0; k < sm->n_served; k++)
+            kiln_sbuf_printf(b, "kiln_model_precision{model_name=\"%s\",version=\"%" PRId64
+                                "\",precision=\"%s\"} 1\n",
+                             sm->name, sm->served[k]->version, sm->served[k]->precision);
         pthread_mutex_unlock(&sm->mu);
     }
     /* TF Serving's warmup counter, for the served versions */

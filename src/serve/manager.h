@@ -71,6 +71,8 @@ typedef struct kiln_servable {
     char *optimization_log;   /* the default signature's optimization log (owned; NULL if none) */
     struct kiln_version_info *version_info; /* assets.extra/kiln_version.json (owned; NULL if none) */
     char blessing[72];        /* with require_blessing: the blessing's digest; else "" */
+    char precision[8];        /* fp32, bf16 or int8: the lowest precision its nodes run in
+                                 (--allow_compression, compress.h) */
     atomic_int refs;
 } kiln_servable;
 
@@ -91,6 +93,8 @@ typedef struct kiln_manager_options {
                                        over its SavedModel */
     int require_blessing;           /* --require_blessing: load only versions whose
                                        kiln_blessing.json matches their files (gate/release.h) */
+    const struct kiln_compress_options *compress; /* --allow_compression,
+                                       --allow_precompilation (borrowed; NULL: off) */
 } kiln_manager_options;
 
 kiln_status kiln_manager_create(const kiln_manager_options *opts, kiln_manager **out);

@@ -336,6 +336,8 @@ static void h_v1_metadata(kiln_server *s, const kiln_http_request *req, const ro
         kiln_sbuf_puts(b, ",\n\"kiln_version_info\": ");
         kiln_version_info_write_json(b, sv->version_info);
     }
+    /* the precision it runs in (--allow_compression, docs/COMPRESSION.md) */
+    kiln_sbuf_printf(b, ",\n\"kiln_precision\": \"%s\"", sv->precision);
     kiln_sbuf_puts(b, "\n}\n}\n");
     kiln_servable_release(sv);
 }
