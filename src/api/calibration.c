@@ -9,7 +9,9 @@
  * planned) and adds each observed tensor to its histogram; finish turns the
  * histograms into ranges, rewrites a second clone into QDQ form
  * (kiln_sq_rewrite), optimizes it (the qdq_fusion pass makes the int8
- * kernels' ops) and hands it to the session (kiln_session_adopt_graph).
+ * kernels' ops) and hands it to the session (kiln_session_adopt_graph),
+ * with the targets and ranges (kiln_session_write_onnx redoes the rewrite
+ * from them to write the same quantization as an ONNX file).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -186,13 +188,22 @@ kiln_status kiln_calibration_finish(kiln_calibration *c, kiln_calibration_method
         struct kiln_opt_options oo = {.layout = 1};
         st = kiln_optimize(q, &oo, NULL);
     }
-    free(range);
     if (st != KILN_OK) {
+        free(range);
         kiln_graph_free(q);
         return st;
     }
     st = kiln_session_adopt_graph(c->s, q);
-    if (st == KILN_OK) c->quantized = c->n_targets;
+    struct kiln_sq_target *t = st == KILN_OK ? malloc(sizeof *t * (size_t)c->n_targets) : NULL;
+    if (st == KILN_OK && !t) st = kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory");
+    if (st != KILN_OK) {
+        free(range);
+        return st;
+    }
+    /* kept for kiln_session_write_onnx (emit_onnx.c), which redoes this rewrite */
+    memcpy(t, c->targets, sizeof *t * (size_t)c->n_targets);
+    kiln_session_set_static_quant(c->s, t, c->n_targets, range);
+    c->quantized = c->n_targets;
     return st;
 }
 

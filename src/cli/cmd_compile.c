@@ -57,16 +57,20 @@ static const char compile_help[] =
     "  --signature NAME     signature to compile (default: the default one)\n"
     "  --tags TAGS          SavedModel MetaGraph tags (default serve)\n"
     "  --threads N          intra-op threads (default 0: all cores)\n"
+    "  --emit-onnx FILE     also write the static int8 model as ONNX QDQ (ONNX sources;\n"
+    "                       needs --precision int8 --calibration DATA; minmax unless\n"
+    "                       --calibration-method says otherwise)\n"
     "\n"
     "DATA is a folder of NAME.npy files (one per input, first dimension = samples),\n"
     "an .npz archive of them, a TF Serving warmup file (tf_serving_warmup_requests),\n"
     "or a JSON-lines file of TF Serving predict request bodies; at least 10 samples,\n"
-    "no NaN or infinity. Not yet available: --sparse, --prune, --emit-onnx.\n";
+    "no NaN or infinity. Not yet available: --sparse, --prune.\n";
 
 typedef struct compile_args {
     const char *model, *out, *cal, *eval, *labels, *report, *signature, *tags, *metric_output;
     const char *precision;   /* as given */
     const char *cal_method;  /* --calibration-method, NULL = minmax */
+    const char *emit_onnx;   /* --emit-onnx FILE.onnx, or NULL */
     int is_auto;
     kiln_precision prec;
     double max_drop;
@@ -111,7 +115,7 @@ static int parse_batch_sizes(const char *s, compile_args *a)
 static int parse_args(int argc, char **argv, compile_args *a)
 {
     const char *cmd = "compile";
-    static const char *const later[] = {"--sparse", "--prune", "--emit-onnx"};
+    static const char *const later[] = {"--sparse", "--prune"};
     for (int i = 0; i < argc; i++) {
         const char *val = NULL;
         int r;
@@ -135,6 +139,7 @@ static int parse_args(int argc, char **argv, compile_args *a)
                    (r = kiln_cli_option(cmd, argc, argv, &i, "--report", &a->report)) != 0 ||
                    (r = kiln_cli_option(cmd, argc, argv, &i, "--signature", &a->signature)) != 0 ||
                    (r = kiln_cli_option(cmd, argc, argv, &i, "--tags", &a->tags)) != 0 ||
+                   (r = kiln_cli_option(cmd, argc, argv, &i, "--emit-onnx", &a->emit_onnx)) != 0 ||
                    (r = kiln_cli_option(cmd, argc, argv, &i, "--metric-output",
                                         &a->metric_output)) != 0) {
             if (r < 0) return KILN_CLI_EXIT_USAGE;
@@ -177,6 +182,12 @@ static int parse_args(int argc, char **argv, compile_args *a)
     if (a->is_auto && !a->cal && !a->eval)
         return kiln_cli_usage_error(cmd, "--precision auto needs data to measure accuracy on: "
                                     "--calibration DATA and/or --eval DATA");
+    if (a->emit_onnx && (a->is_auto || a->prec != KILN_PRECISION_INT8 || !a->cal))
+        return kiln_cli_usage_error(cmd, "--emit-onnx writes static int8 as ONNX QDQ: give "
+                                    "--precision int8 and --calibration DATA (dynamic int8 "
+                                    "measures activation scales on every run, which QDQ's fixed "
+                                    "scales cannot express)");
+    if (a->emit_onnx && !a->cal_method) a->cal_method = "minmax";
     if (a->cal_method && strcmp(a->cal_method, "minmax") && strcmp(a->cal_method, "percentile") &&
         strcmp(a->cal_method, "entropy"))
         return kiln_cli_usage_error(cmd, "--calibration-method '%s' is not minmax, percentile or "
@@ -597,6 +608,13 @@ int kiln_cmd_compile(int argc, char **argv)
         goto out;
     }
     printf("wrote %s\n", a.out);
+    if (a.emit_onnx) {
+        if (kiln_session_write_onnx(cand, a.model, a.emit_onnx) != KILN_OK) {
+            kiln_cli_fail("--emit-onnx '%s': %s", a.emit_onnx, kiln_last_error());
+            goto out;
+        }
+        printf("wrote %s\n", a.emit_onnx);
+    }
     rc = KILN_CLI_EXIT_OK;
 out:
     free(json);
