@@ -21,6 +21,7 @@
 #include "exec/exec.h"
 #include "exec/plan.h"
 #include "import/model.h"
+#include "kernels/fast.h"
 #include "opt/opt.h"
 #include "opt/static_quant.h"
 
@@ -181,6 +182,8 @@ kiln_status kiln_calibration_finish(kiln_calibration *c, kiln_calibration_method
     for (int i = 0; i < c->n_obs && st == KILN_OK; i++)
         kiln_calib_hist_range(&c->hist[i], (int)method, percentile, &range[c->obs_values[i]][0],
                               &range[c->obs_values[i]][1]);
+    /* the rewrite reads the float weights: make every released one resident again */
+    if (st == KILN_OK) st = kiln_weight_cache_pin_all(kiln_session_weights(c->s));
     if (st == KILN_OK) st = kiln_graph_clone(g, &q);
     if (st == KILN_OK) st = kiln_sq_rewrite(q, c->targets, c->n_targets, (const float(*)[2])range);
     if (st == KILN_OK) st = kiln_graph_infer(q);

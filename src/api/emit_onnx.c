@@ -33,6 +33,7 @@
 #include "core/fileio.h"
 #include "core/tensor.h"
 #include "import/pbcheck.h"
+#include "kernels/fast.h"
 #include "ir/graph.h"
 #include "onnx.pb-c.h"
 #include "opt/opt.h"
@@ -450,7 +451,8 @@ kiln_status kiln_session_write_onnx(kiln_session *s, const char *source_onnx, co
     KilnOnnx__ModelProto *mp = NULL;
     struct name_set writer = {.owns = 1}, replaced = {0};
 
-    kiln_status st = kiln_graph_clone(g, &q);
+    kiln_status st = kiln_weight_cache_pin_all(kiln_session_weights(s)); /* float weights read */
+    if (st == KILN_OK) st = kiln_graph_clone(g, &q);
     if (st == KILN_OK) st = kiln_sq_rewrite(q, t, n_t, range);
     if (st != KILN_OK) goto out;
     e.q = q;
