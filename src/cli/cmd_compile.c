@@ -175,6 +175,11 @@ static int parse_args(int argc, char **argv, compile_args *a)
     }
     if (!a->model) return kiln_cli_usage_error(cmd, "missing MODEL");
     if (!a->out) return kiln_cli_usage_error(cmd, "missing -o OUT.kiln");
+    if (a->emit_onnx && (a->is_auto || a->prec != KILN_PRECISION_INT8 || !a->cal))
+        return kiln_cli_usage_error(cmd, "--emit-onnx writes static int8 as ONNX QDQ: give "
+                                    "--precision int8 and --calibration DATA (dynamic int8 "
+                                    "measures activation scales on every run, which QDQ's fixed "
+                                    "scales cannot express)");
     if (a->labels && !a->eval && !a->cal)
         return kiln_cli_usage_error(cmd, "--labels needs --eval DATA (the samples they label)");
     if (a->labels && !a->eval)
@@ -182,11 +187,6 @@ static int parse_args(int argc, char **argv, compile_args *a)
     if (a->is_auto && !a->cal && !a->eval)
         return kiln_cli_usage_error(cmd, "--precision auto needs data to measure accuracy on: "
                                     "--calibration DATA and/or --eval DATA");
-    if (a->emit_onnx && (a->is_auto || a->prec != KILN_PRECISION_INT8 || !a->cal))
-        return kiln_cli_usage_error(cmd, "--emit-onnx writes static int8 as ONNX QDQ: give "
-                                    "--precision int8 and --calibration DATA (dynamic int8 "
-                                    "measures activation scales on every run, which QDQ's fixed "
-                                    "scales cannot express)");
     if (a->emit_onnx && !a->cal_method) a->cal_method = "minmax";
     if (a->cal_method && strcmp(a->cal_method, "minmax") && strcmp(a->cal_method, "percentile") &&
         strcmp(a->cal_method, "entropy"))
