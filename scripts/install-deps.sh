@@ -35,3 +35,8 @@ fi
 if command -v npm >/dev/null && [ ! -d "$(dirname "$0")/../tests/node/node_modules/@grpc/grpc-js" ]; then
   (cd "$(dirname "$0")/../tests/node" && npm ci --no-audit --no-fund --ignore-scripts) || echo "npm ci failed: the Node gRPC test will skip"
 fi
+# ONNX Runtime (onnxruntime-node ships its CPU library; no install scripts needed) for the
+# benchmark's peer and test_emit_onnx.py's check of `kiln compile --emit-onnx` files.
+if command -v npm >/dev/null && [ ! -d "$(dirname "$0")/../bench/node_modules/onnxruntime-node" ]; then
+  (cd "$(dirname "$0")/../bench" && npm ci --no-audit --no-fund --ignore-scripts) || echo "npm ci failed: the ONNX Runtime checks will skip"
+fi

@@ -422,6 +422,19 @@ void kiln_calibration_free(kiln_calibration *c);
  * record (the same histogram and method as finish uses). */
 kiln_status kiln_calibration_range(const float *x, int64_t n, kiln_calibration_method method,
                                    double percentile, float *lo, float *hi);
+/* Write the statically quantized session s (after kiln_calibration_finish)
+ * as an ONNX QDQ model at `path` (src/api/emit_onnx.c; docs/COMPRESSION.md,
+ * "--emit-onnx"): the ONNX file `source_onnx` s's model was loaded from,
+ * its nodes, initializers and opsets kept, with QuantizeLinear ->
+ * DequantizeLinear pairs (u8, the calibrated scale and zero point) on the
+ * activations Kiln quantizes, and each quantized weight an s8 initializer
+ * read through DequantizeLinear (axis = output channel), its bias an int32
+ * one, the float originals dropped. ONNX Runtime and Kiln run it with the
+ * same int8 arithmetic as s. Needs default-domain opset >= 13 (per-channel
+ * DequantizeLinear). KILN_ERR_UNSUPPORTED for a session that is not static
+ * int8: dynamic int8 measures activation ranges per run, which QDQ's fixed
+ * scales cannot express. */
+kiln_status kiln_session_write_onnx(kiln_session *s, const char *source_onnx, const char *path);
 /* ---- Per-node precision (`kiln compile --precision auto`, docs/COMPRESSION.md) ----
  *
  * A session's precision applies to every node that has a kernel for it;

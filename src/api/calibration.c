@@ -9,7 +9,9 @@
  * planned) and adds each observed tensor to its histogram; finish turns the
  * histograms into ranges, rewrites a second clone into QDQ form
  * (kiln_sq_rewrite), optimizes it (the qdq_fusion pass makes the int8
- * kernels' ops) and hands it to the session (kiln_session_adopt_graph).
+ * kernels' ops) and hands it to the session (kiln_session_adopt_graph),
+ * with the targets and ranges (kiln_session_write_onnx redoes the rewrite
+ * from them to write the same quantization as an ONNX file).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -19,6 +21,7 @@
 #include "exec/exec.h"
 #include "exec/plan.h"
 #include "import/model.h"
+#include "kernels/fast.h"
 #include "opt/opt.h"
 #include "opt/static_quant.h"
 
@@ -179,6 +182,8 @@ kiln_status kiln_calibration_finish(kiln_calibration *c, kiln_calibration_method
     for (int i = 0; i < c->n_obs && st == KILN_OK; i++)
         kiln_calib_hist_range(&c->hist[i], (int)method, percentile, &range[c->obs_values[i]][0],
                               &range[c->obs_values[i]][1]);
+    /* the rewrite reads the float weights: make every released one resident again */
+    if (st == KILN_OK) st = kiln_weight_cache_pin_all(kiln_session_weights(c->s));
     if (st == KILN_OK) st = kiln_graph_clone(g, &q);
     if (st == KILN_OK) st = kiln_sq_rewrite(q, c->targets, c->n_targets, (const float(*)[2])range);
     if (st == KILN_OK) st = kiln_graph_infer(q);
@@ -186,13 +191,22 @@ kiln_status kiln_calibration_finish(kiln_calibration *c, kiln_calibration_method
         struct kiln_opt_options oo = {.layout = 1};
         st = kiln_optimize(q, &oo, NULL);
     }
-    free(range);
     if (st != KILN_OK) {
+        free(range);
         kiln_graph_free(q);
         return st;
     }
     st = kiln_session_adopt_graph(c->s, q);
-    if (st == KILN_OK) c->quantized = c->n_targets;
+    struct kiln_sq_target *t = st == KILN_OK ? malloc(sizeof *t * (size_t)c->n_targets) : NULL;
+    if (st == KILN_OK && !t) st = kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory");
+    if (st != KILN_OK) {
+        free(range);
+        return st;
+    }
+    /* kept for kiln_session_write_onnx (emit_onnx.c), which redoes this rewrite */
+    memcpy(t, c->targets, sizeof *t * (size_t)c->n_targets);
+    kiln_session_set_static_quant(c->s, t, c->n_targets, range);
+    c->quantized = c->n_targets;
     return st;
 }
 

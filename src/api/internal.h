@@ -42,6 +42,14 @@ int kiln_model_artifact_print(const kiln_model *m, FILE *f);
 struct kiln_graph;
 struct kiln_weight_cache;
 kiln_status kiln_session_adopt_graph(kiln_session *s, struct kiln_graph *g);
+/* Static int8 (calibration.c): the targets and ranges (by value id of the imported graph)
+ * kiln_sq_rewrite made s's graph from; s takes ownership of both. The getter returns the
+ * target count, -1 when s was not statically quantized (kiln_session_write_onnx). */
+struct kiln_sq_target;
+void kiln_session_set_static_quant(kiln_session *s, struct kiln_sq_target *t, int n,
+                                   float (*range)[2]);
+int kiln_session_static_quant(const kiln_session *s, const struct kiln_sq_target **t,
+                              const float (**range)[2]);
 /* The imported graph of s's signature, its model's weight cache, and the session options. */
 const struct kiln_graph *kiln_session_graph(const kiln_session *s);
 struct kiln_weight_cache *kiln_session_weights(const kiln_session *s);

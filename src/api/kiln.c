@@ -42,6 +42,9 @@ struct kiln_session {
                                              ([0] imported graph, [1] optimized) */
     struct kiln_graph *save_graph; /* kiln_session_save's graph: the session's graph with
                                       the exceptions recorded on the nodes (owned), or NULL */
+    struct kiln_sq_target *sq_targets; /* static int8: what calibration quantized and */
+    float (*sq_range)[2];              /* its ranges by value id (owned; emit_onnx.c) */
+    int n_sq_targets;
 };
 
 struct kiln_outputs {
@@ -608,6 +611,8 @@ void kiln_session_free(kiln_session *s)
     kiln_plan_cache_free(s->cal_plans);
     kiln_weight_cache_free(s->own_weights);
     kiln_graph_free(s->own_graph);
+    free(s->sq_targets);
+    free(s->sq_range);
     free(s);
 }
 
@@ -631,6 +636,24 @@ kiln_status kiln_session_adopt_graph(kiln_session *s, struct kiln_graph *g)
     s->cal_plans = pc;
     s->own_weights = wc;
     return KILN_OK;
+}
+
+void kiln_session_set_static_quant(kiln_session *s, struct kiln_sq_target *t, int n,
+                                   float (*range)[2])
+{
+    free(s->sq_targets);
+    free(s->sq_range);
+    s->sq_targets = t;
+    s->n_sq_targets = n;
+    s->sq_range = range;
+}
+
+int kiln_session_static_quant(const kiln_session *s, const struct kiln_sq_target **t,
+                              const float (**range)[2])
+{
+    *t = s->sq_targets;
+    *range = (const float(*)[2])s->sq_range;
+    return s->sq_range ? s->n_sq_targets : -1;
 }
 
 const struct kiln_graph *kiln_session_graph(const kiln_session *s) { return s->sig->graph; }

@@ -60,11 +60,14 @@ static const char compile_help[] =
     "                       convolution weight by magnitude first (one shot; the report\n"
     "                       shows what it costs against the unpruned fp32 model)\n"
     "  --prune-block N      1 (default): single weights; 4: 1x4 blocks along the reduction\n"
+    "  --emit-onnx FILE     also write the static int8 model as ONNX QDQ (ONNX sources;\n"
+    "                       needs --precision int8 --calibration DATA; minmax unless\n"
+    "                       --calibration-method says otherwise)\n"
     "\n"
     "DATA is a folder of NAME.npy files (one per input, first dimension = samples),\n"
     "an .npz archive of them, a TF Serving warmup file (tf_serving_warmup_requests),\n"
     "or a JSON-lines file of TF Serving predict request bodies; at least 10 samples,\n"
-    "no NaN or infinity. Not yet available: --emit-onnx.\n";
+    "no NaN or infinity.\n";
 
 typedef struct compile_args {
     const char *model, *out, *cal, *eval, *labels, *report, *signature, *tags, *metric_output;
@@ -73,6 +76,7 @@ typedef struct compile_args {
     const char *sparse;      /* --sparse: "auto" or "off" */
     double prune;            /* --prune RATIO, 0 = none */
     int prune_block;         /* --prune-block: 1 or 4 */
+    const char *emit_onnx;   /* --emit-onnx FILE.onnx, or NULL */
     int is_auto;
     kiln_precision prec;
     double max_drop;
@@ -117,17 +121,9 @@ static int parse_batch_sizes(const char *s, compile_args *a)
 static int parse_args(int argc, char **argv, compile_args *a)
 {
     const char *cmd = "compile";
-    static const char *const later[] = {"--emit-onnx"};
     for (int i = 0; i < argc; i++) {
         const char *val = NULL;
         int r;
-        for (size_t k = 0; k < sizeof later / sizeof later[0]; k++) {
-            size_t n = strlen(later[k]);
-            if (!strncmp(argv[i], later[k], n) && (argv[i][n] == '\0' || argv[i][n] == '='))
-                return kiln_cli_usage_error(cmd, "%s is not available yet (ONNX export is still "
-                                            "to come)",
-                                            later[k]);
-        }
         if (argv[i][0] != '-') {
             if (a->model) return kiln_cli_usage_error(cmd, "unexpected argument '%s'", argv[i]);
             a->model = argv[i];
@@ -141,6 +137,7 @@ static int parse_args(int argc, char **argv, compile_args *a)
                    (r = kiln_cli_option(cmd, argc, argv, &i, "--report", &a->report)) != 0 ||
                    (r = kiln_cli_option(cmd, argc, argv, &i, "--signature", &a->signature)) != 0 ||
                    (r = kiln_cli_option(cmd, argc, argv, &i, "--tags", &a->tags)) != 0 ||
+                   (r = kiln_cli_option(cmd, argc, argv, &i, "--emit-onnx", &a->emit_onnx)) != 0 ||
                    (r = kiln_cli_option(cmd, argc, argv, &i, "--metric-output",
                                         &a->metric_output)) != 0) {
             if (r < 0) return KILN_CLI_EXIT_USAGE;
@@ -193,6 +190,11 @@ static int parse_args(int argc, char **argv, compile_args *a)
     }
     if (!a->model) return kiln_cli_usage_error(cmd, "missing MODEL");
     if (!a->out) return kiln_cli_usage_error(cmd, "missing -o OUT.kiln");
+    if (a->emit_onnx && (a->is_auto || a->prec != KILN_PRECISION_INT8 || !a->cal))
+        return kiln_cli_usage_error(cmd, "--emit-onnx writes static int8 as ONNX QDQ: give "
+                                    "--precision int8 and --calibration DATA (dynamic int8 "
+                                    "measures activation scales on every run, which QDQ's fixed "
+                                    "scales cannot express)");
     if (a->labels && !a->eval && !a->cal)
         return kiln_cli_usage_error(cmd, "--labels needs --eval DATA (the samples they label)");
     if (a->labels && !a->eval)
@@ -200,6 +202,7 @@ static int parse_args(int argc, char **argv, compile_args *a)
     if (a->is_auto && !a->cal && !a->eval)
         return kiln_cli_usage_error(cmd, "--precision auto needs data to measure accuracy on: "
                                     "--calibration DATA and/or --eval DATA");
+    if (a->emit_onnx && !a->cal_method) a->cal_method = "minmax";
     if (a->cal_method && strcmp(a->cal_method, "minmax") && strcmp(a->cal_method, "percentile") &&
         strcmp(a->cal_method, "entropy"))
         return kiln_cli_usage_error(cmd, "--calibration-method '%s' is not minmax, percentile or "
@@ -455,6 +458,13 @@ int kiln_cmd_compile(int argc, char **argv)
         goto out;
     }
     printf("wrote %s\n", a.out);
+    if (a.emit_onnx) {
+        if (kiln_session_write_onnx(cand, a.model, a.emit_onnx) != KILN_OK) {
+            kiln_cli_fail("--emit-onnx '%s': %s", a.emit_onnx, kiln_last_error());
+            goto out;
+        }
+        printf("wrote %s\n", a.emit_onnx);
+    }
     rc = KILN_CLI_EXIT_OK;
 out:
     free(json);
