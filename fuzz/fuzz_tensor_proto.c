@@ -48,7 +48,7 @@ static void predict(const uint8_t *p, size_t n)
     kiln_tensor **t = calloc(r->n_inputs + 1, sizeof *t);
     for (size_t i = 0; t && i < r->n_inputs; i++) {
         if (!r->inputs[i]->value) continue;
-        if (tf_tensor_from_proto(r->inputs[i]->value, "fuzz", &t[i]) != KILN_OK) continue;
+        if (kiln_tf_tensor_from_proto(r->inputs[i]->value, "fuzz", &t[i]) != KILN_OK) continue;
         if (kiln_tensor_count(t[i]) < 0 || t[i]->dtype <= KILN_DTYPE_UNDEFINED ||
             t[i]->dtype >= KILN_DTYPE_COUNT)
             abort();

@@ -1,5 +1,9 @@
 # Fuzz corpus replay (included from tests/CMakeLists.txt).
 #
+# A target that reaches the runtime's internals links kiln_core (the static
+# form of libkiln); one that uses only the public API and
+# include/kiln/kiln_util.h links libkiln.so (kiln), or kiln_serve.
+#
 # Builds the ONNX loader's fuzz target with a plain main() (fuzz/replay_main.c)
 # in the normal build, with whatever compiler and sanitizers the build uses
 # (configure with -DKILN_SANITIZE=ON to catch memory errors, not only
@@ -22,7 +26,7 @@ foreach(target textproto tensor_bundle)
   add_executable(kiln_fuzz_replay_${target}
     ${PROJECT_SOURCE_DIR}/fuzz/replay_main.c ${PROJECT_SOURCE_DIR}/fuzz/fuzz_${target}.c)
   target_include_directories(kiln_fuzz_replay_${target} PRIVATE ${PROJECT_SOURCE_DIR}/src ${GEN_DIR})
-  target_link_libraries(kiln_fuzz_replay_${target} PRIVATE kiln ${PROTOBUF_C_LIB})
+  target_link_libraries(kiln_fuzz_replay_${target} PRIVATE kiln_core)
   add_test(NAME fuzz_replay_${target}
     COMMAND kiln_fuzz_replay_${target} ${PROJECT_SOURCE_DIR}/tests/corpus/${target})
   set_tests_properties(fuzz_replay_${target} PROPERTIES TIMEOUT 300
@@ -56,7 +60,7 @@ foreach(target npy tf_example serve_config example_json warmup request_log)
     ${PROJECT_SOURCE_DIR}/fuzz/replay_main.c ${PROJECT_SOURCE_DIR}/fuzz/fuzz_${target}.c
     ${KILN_REPLAY_${target}_SRCS})
   target_include_directories(kiln_fuzz_replay_${target} PRIVATE ${PROJECT_SOURCE_DIR}/src ${GEN_DIR})
-  target_link_libraries(kiln_fuzz_replay_${target} PRIVATE kiln ${PROTOBUF_C_LIB} m)
+  target_link_libraries(kiln_fuzz_replay_${target} PRIVATE kiln_core m)
   add_test(NAME fuzz_replay_${target}
     COMMAND kiln_fuzz_replay_${target} ${PROJECT_SOURCE_DIR}/tests/corpus/${target})
   set_tests_properties(fuzz_replay_${target} PROPERTIES TIMEOUT 300
@@ -161,7 +165,7 @@ set_tests_properties(fuzz_replay_monitor_profile PROPERTIES TIMEOUT 300
 add_executable(kiln_fuzz_replay_onnx_value
   ${PROJECT_SOURCE_DIR}/fuzz/replay_main.c ${PROJECT_SOURCE_DIR}/fuzz/fuzz_onnx_value.c)
 target_include_directories(kiln_fuzz_replay_onnx_value PRIVATE ${PROJECT_SOURCE_DIR}/src ${GEN_DIR})
-target_link_libraries(kiln_fuzz_replay_onnx_value PRIVATE kiln)
+target_link_libraries(kiln_fuzz_replay_onnx_value PRIVATE kiln_core)
 add_test(NAME fuzz_replay_onnx_value
   COMMAND kiln_fuzz_replay_onnx_value ${PROJECT_SOURCE_DIR}/tests/corpus/onnx_value)
 set_tests_properties(fuzz_replay_onnx_value PROPERTIES TIMEOUT 300

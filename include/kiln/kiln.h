@@ -46,6 +46,16 @@
 extern "C" {
 #endif
 
+/* KILN_API marks what libkiln exports. The library is built with hidden
+ * visibility by default (-fvisibility=hidden), so a function without the
+ * marker stays inside libkiln.so; tests/api/check_exports.py checks that
+ * the exported symbols are exactly the functions include/kiln/ declares. */
+#if defined(__GNUC__) || defined(__clang__)
+#define KILN_API __attribute__((visibility("default")))
+#else
+#define KILN_API
+#endif
+
 #define KILN_VERSION_STRING "0.1.0"
 #define KILN_MAX_RANK 8
 
@@ -119,29 +129,41 @@ typedef struct kiln_tensor {
     int owns_data;   /* private: data (and string bytes) freed with the tensor */
 } kiln_tensor;
 
-const char *kiln_status_name(kiln_status st);
-const char *kiln_last_error(void);
-const char *kiln_dtype_name(kiln_dtype dt);
-size_t kiln_dtype_size(kiln_dtype dt);
-const char *kiln_version(void);
+KILN_API const char *kiln_status_name(kiln_status st);
+KILN_API const char *kiln_last_error(void);
+KILN_API const char *kiln_dtype_name(kiln_dtype dt);
+KILN_API size_t kiln_dtype_size(kiln_dtype dt);
+KILN_API const char *kiln_version(void);
+
+/* Half-precision element conversions, the ones the runtime uses (KILN_DTYPE_F16
+ * is IEEE binary16, KILN_DTYPE_BF16 the top half of a float32):
+ * - to float32 is exact; a NaN keeps its sign and payload (shifted up).
+ * - float32 to float16 rounds to nearest even, gives +-inf from 65520 up and
+ *   subnormals below 2^-14; a NaN becomes the quiet NaN 0x7e00 with its sign.
+ * - float32 to bfloat16 rounds to nearest even (overflow to +-inf); a NaN keeps
+ *   its sign and top payload bits and is made quiet (bit 0x40 set). */
+KILN_API float kiln_f16_to_f32(uint16_t h);
+KILN_API uint16_t kiln_f32_to_f16(float f);
+KILN_API float kiln_bf16_to_f32(uint16_t h);
+KILN_API uint16_t kiln_f32_to_bf16(float f);
 
 /* Tensors. kiln_tensor_create zero-fills; strings start empty. */
-kiln_status kiln_tensor_create(kiln_dtype dt, int rank, const int64_t *dims, kiln_tensor **out);
+KILN_API kiln_status kiln_tensor_create(kiln_dtype dt, int rank, const int64_t *dims, kiln_tensor **out);
 /* A tensor that borrows data (not freed with it); nbytes must match the shape. */
-kiln_status kiln_tensor_wrap(kiln_dtype dt, int rank, const int64_t *dims, void *data,
+KILN_API kiln_status kiln_tensor_wrap(kiln_dtype dt, int rank, const int64_t *dims, void *data,
                              size_t nbytes, kiln_tensor **out);
 /* Set element i of a string tensor to a copy of bytes. */
-kiln_status kiln_tensor_set_string(kiln_tensor *t, size_t i, const char *bytes, size_t len);
-int64_t kiln_tensor_count(const kiln_tensor *t);
-void kiln_tensor_free(kiln_tensor *t);
+KILN_API kiln_status kiln_tensor_set_string(kiln_tensor *t, size_t i, const char *bytes, size_t len);
+KILN_API int64_t kiln_tensor_count(const kiln_tensor *t);
+KILN_API void kiln_tensor_free(kiln_tensor *t);
 /* Containers: a sequence (kind KILN_DTYPE_SEQUENCE) or optional (KILN_DTYPE_OPTIONAL, n 0
  * for "no value" or 1) of n empty slots; fill every slot with kiln_tensor_set_item, which
  * takes ownership of item (a tensor, or for an optional also a sequence) and frees what
  * the slot held. kiln_tensor_item returns slot i, or NULL when t is not a container or i
  * is out of range. Freeing or running frees the items with the container. */
-kiln_status kiln_tensor_container_create(kiln_dtype kind, int64_t n, kiln_tensor **out);
-kiln_status kiln_tensor_set_item(kiln_tensor *t, int64_t i, kiln_tensor *item);
-const kiln_tensor *kiln_tensor_item(const kiln_tensor *t, int64_t i);
+KILN_API kiln_status kiln_tensor_container_create(kiln_dtype kind, int64_t n, kiln_tensor **out);
+KILN_API kiln_status kiln_tensor_set_item(kiln_tensor *t, int64_t i, kiln_tensor *item);
+KILN_API const kiln_tensor *kiln_tensor_item(const kiln_tensor *t, int64_t i);
 
 /* Models. */
 typedef struct kiln_model kiln_model;
@@ -161,9 +183,9 @@ typedef struct kiln_load_options {
 } kiln_load_options;
 
 /* Load from a file or model folder. */
-kiln_status kiln_model_load(const char *path, const kiln_load_options *opts, kiln_model **out);
+KILN_API kiln_status kiln_model_load(const char *path, const kiln_load_options *opts, kiln_model **out);
 /* Load from bytes; the bytes are not retained. External data is not allowed. */
-kiln_status kiln_model_load_memory(const void *data, size_t size, const kiln_load_options *opts,
+KILN_API kiln_status kiln_model_load_memory(const void *data, size_t size, const kiln_load_options *opts,
                                    kiln_model **out);
 
 /* One file of a model folder held in memory (decrypted, say): its path
@@ -182,10 +204,10 @@ typedef struct kiln_memory_file {
  * among files[0..n) is not found. dir only names the folder in messages
  * (and in the paths of SavedModel assets). The bytes are not retained: the
  * model copies what it keeps, so files may be wiped and freed on return. */
-kiln_status kiln_model_load_files(const char *dir, const kiln_memory_file *files, int n,
+KILN_API kiln_status kiln_model_load_files(const char *dir, const kiln_memory_file *files, int n,
                                   const kiln_load_options *opts, kiln_model **out);
-void kiln_model_free(kiln_model *m);
-const char *kiln_model_format(const kiln_model *m);
+KILN_API void kiln_model_free(kiln_model *m);
+KILN_API const char *kiln_model_format(const kiln_model *m);
 
 /* Signatures: a named entry point with named inputs and outputs. An ONNX
  * model has one, "serving_default". */
@@ -198,16 +220,16 @@ typedef struct kiln_value_info {
 } kiln_value_info;
 
 typedef struct kiln_signature kiln_signature;
-int kiln_model_signature_count(const kiln_model *m);
-const kiln_signature *kiln_model_signature(const kiln_model *m, int i);
+KILN_API int kiln_model_signature_count(const kiln_model *m);
+KILN_API const kiln_signature *kiln_model_signature(const kiln_model *m, int i);
 /* NULL name means the default signature. NULL if not found. */
-const kiln_signature *kiln_model_find_signature(const kiln_model *m, const char *name);
-const char *kiln_signature_name(const kiln_signature *s);
-const char *kiln_signature_method(const kiln_signature *s); /* e.g. "tensorflow/serving/predict" */
-int kiln_signature_input_count(const kiln_signature *s);
-int kiln_signature_output_count(const kiln_signature *s);
-const kiln_value_info *kiln_signature_input(const kiln_signature *s, int i);
-const kiln_value_info *kiln_signature_output(const kiln_signature *s, int i);
+KILN_API const kiln_signature *kiln_model_find_signature(const kiln_model *m, const char *name);
+KILN_API const char *kiln_signature_name(const kiln_signature *s);
+KILN_API const char *kiln_signature_method(const kiln_signature *s); /* e.g. "tensorflow/serving/predict" */
+KILN_API int kiln_signature_input_count(const kiln_signature *s);
+KILN_API int kiln_signature_output_count(const kiln_signature *s);
+KILN_API const kiln_value_info *kiln_signature_input(const kiln_signature *s, int i);
+KILN_API const kiln_value_info *kiln_signature_output(const kiln_signature *s, int i);
 
 /* Model facts for inspection. Valid while the model lives. */
 typedef struct kiln_model_stats {
@@ -217,13 +239,13 @@ typedef struct kiln_model_stats {
     int64_t ir_version;
     const char *producer;     /* may be "" */
 } kiln_model_stats;
-void kiln_model_get_stats(const kiln_model *m, kiln_model_stats *out);
+KILN_API void kiln_model_get_stats(const kiln_model *m, kiln_model_stats *out);
 /* Opset imports: domain ("" = ai.onnx) and version, i < count. */
-int kiln_model_opset_count(const kiln_model *m);
-void kiln_model_opset(const kiln_model *m, int i, const char **domain, int64_t *version);
+KILN_API int kiln_model_opset_count(const kiln_model *m);
+KILN_API void kiln_model_opset(const kiln_model *m, int i, const char **domain, int64_t *version);
 /* Op histogram of the main graph and subgraphs, sorted by op name. */
-int kiln_model_op_kinds(const kiln_model *m);
-void kiln_model_op_kind(const kiln_model *m, int i, const char **op, int *count);
+KILN_API int kiln_model_op_kinds(const kiln_model *m);
+KILN_API void kiln_model_op_kind(const kiln_model *m, int i, const char **op, int *count);
 
 /* Sessions. */
 typedef struct kiln_session kiln_session;
@@ -262,15 +284,15 @@ typedef enum kiln_precision {
     KILN_PRECISION_INT8 = 2,
 } kiln_precision;
 /* "fp32", "bf16", "int8"; "?" for a value out of range. */
-const char *kiln_precision_name(kiln_precision p);
+KILN_API const char *kiln_precision_name(kiln_precision p);
 /* Parse "fp32" / "bf16" / "int8" (case-sensitive); KILN_ERR_INVALID_ARGUMENT names the text. */
-kiln_status kiln_precision_parse(const char *text, kiln_precision *out);
-void kiln_session_options_init(kiln_session_options *o);
+KILN_API kiln_status kiln_precision_parse(const char *text, kiln_precision *out);
+KILN_API void kiln_session_options_init(kiln_session_options *o);
 
-kiln_status kiln_session_create(kiln_model *m, const char *signature,
+KILN_API kiln_status kiln_session_create(kiln_model *m, const char *signature,
                                 const kiln_session_options *opts, kiln_session **out);
-void kiln_session_free(kiln_session *s);
-const kiln_signature *kiln_session_signature(const kiln_session *s);
+KILN_API void kiln_session_free(kiln_session *s);
+KILN_API const kiln_signature *kiln_session_signature(const kiln_session *s);
 
 typedef struct kiln_named_tensor {
     const char *name;
@@ -280,7 +302,7 @@ typedef struct kiln_named_tensor {
 typedef struct kiln_outputs kiln_outputs;
 /* Run with the named inputs (every signature input must be given once).
  * On success *out holds every signature output, owned by the caller. */
-kiln_status kiln_session_run(kiln_session *s, const kiln_named_tensor *inputs, int n_inputs,
+KILN_API kiln_status kiln_session_run(kiln_session *s, const kiln_named_tensor *inputs, int n_inputs,
                              kiln_outputs **out);
 /* Per-run options. */
 typedef struct kiln_run_options {
@@ -289,21 +311,21 @@ typedef struct kiln_run_options {
     const volatile int *cancel; /* when non-NULL and *cancel becomes non-zero, the run stops
                                    between nodes with KILN_ERR_DEADLINE */
 } kiln_run_options;
-kiln_status kiln_session_run_opts(kiln_session *s, const kiln_named_tensor *inputs, int n_inputs,
+KILN_API kiln_status kiln_session_run_opts(kiln_session *s, const kiln_named_tensor *inputs, int n_inputs,
                                   const kiln_run_options *ro, kiln_outputs **out);
 /* Milliseconds of CLOCK_MONOTONIC, the clock deadline_ms is measured on. */
-int64_t kiln_monotonic_ms(void);
+KILN_API int64_t kiln_monotonic_ms(void);
 
 /* Compile (and cache) the session's plans for these batch sizes: dimension 0
  * of every input is set to each size, the other symbolic dimensions to 1
  * unless the signature fixes them. Returns the first failure; sizes whose
  * shapes cannot be planned are skipped. */
-kiln_status kiln_session_precompile(kiln_session *s, const int64_t *batch_sizes, int n);
+KILN_API kiln_status kiln_session_precompile(kiln_session *s, const int64_t *batch_sizes, int n);
 
 /* The optimization log of the session's graph (one line per pass, then
  * totals), as a NUL-terminated string owned by the caller (free()). Sessions
  * created with optimize = 0 report "optimizer disabled". */
-kiln_status kiln_session_optimization_log(kiln_session *s, char **text);
+KILN_API kiln_status kiln_session_optimization_log(kiln_session *s, char **text);
 
 /*
  * Compiled artifacts (`kiln compile`, docs/KILN_FORMAT.md). kiln_session_save
@@ -319,9 +341,9 @@ typedef struct kiln_save_options {
     int n_batch_sizes;
     const char *report_json;      /* stored verbatim; NULL = none */
 } kiln_save_options;
-kiln_status kiln_session_save(kiln_session *s, const char *path, const kiln_save_options *opts);
+KILN_API kiln_status kiln_session_save(kiln_session *s, const char *path, const kiln_save_options *opts);
 /* The compile report stored in a .kiln model (valid while the model lives), or NULL. */
-const char *kiln_model_compile_report(const kiln_model *m);
+KILN_API const char *kiln_model_compile_report(const kiln_model *m);
 
 /*
  * Profile: per-step and per-op times of a session's runs, as data (`kiln
@@ -360,25 +382,25 @@ typedef struct kiln_profile_entry {
     double flops;        /* floating-point operations per call where the plan counts them
                             (products, convolutions), else 0 */
 } kiln_profile_entry;
-kiln_status kiln_session_profile_enable(kiln_session *s, int on);
+KILN_API kiln_status kiln_session_profile_enable(kiln_session *s, int on);
 /* Zero the counters (see above for sessions sharing plans). */
-kiln_status kiln_session_profile_reset(kiln_session *s);
-kiln_status kiln_session_profile_get(kiln_session *s, kiln_profile **out);
+KILN_API kiln_status kiln_session_profile_reset(kiln_session *s);
+KILN_API kiln_status kiln_session_profile_get(kiln_session *s, kiln_profile **out);
 /* Step entries (one per step of each plan) and op entries (grouped by op type and
  * kernel), each sorted slowest first. Entries and their strings are valid until
  * kiln_profile_free; NULL for i out of range. */
-int kiln_profile_step_count(const kiln_profile *p);
-const kiln_profile_entry *kiln_profile_step(const kiln_profile *p, int i);
-int kiln_profile_op_count(const kiln_profile *p);
-const kiln_profile_entry *kiln_profile_op(const kiln_profile *p, int i);
-void kiln_profile_free(kiln_profile *p);
+KILN_API int kiln_profile_step_count(const kiln_profile *p);
+KILN_API const kiln_profile_entry *kiln_profile_step(const kiln_profile *p, int i);
+KILN_API int kiln_profile_op_count(const kiln_profile *p);
+KILN_API const kiln_profile_entry *kiln_profile_op(const kiln_profile *p, int i);
+KILN_API void kiln_profile_free(kiln_profile *p);
 
-int kiln_outputs_count(const kiln_outputs *o);
-const char *kiln_outputs_name(const kiln_outputs *o, int i);
-const kiln_tensor *kiln_outputs_get(const kiln_outputs *o, int i);
+KILN_API int kiln_outputs_count(const kiln_outputs *o);
+KILN_API const char *kiln_outputs_name(const kiln_outputs *o, int i);
+KILN_API const kiln_tensor *kiln_outputs_get(const kiln_outputs *o, int i);
 /* Take ownership of output i (the outputs object forgets it). */
-kiln_tensor *kiln_outputs_take(kiln_outputs *o, int i);
-void kiln_outputs_free(kiln_outputs *o);
+KILN_API kiln_tensor *kiln_outputs_take(kiln_outputs *o, int i);
+KILN_API void kiln_outputs_free(kiln_outputs *o);
 
 /* ==== Static int8 quantization with calibration (src/api/calibration.c;
  * docs/COMPRESSION.md, "Static calibration") ====
@@ -408,19 +430,19 @@ typedef enum kiln_calibration_method {
     KILN_CALIBRATION_ENTROPY = 2,    /* |x| clipped where KL divergence is smallest (TensorRT) */
 } kiln_calibration_method;
 typedef struct kiln_calibration kiln_calibration;
-kiln_status kiln_calibration_begin(kiln_session *s, kiln_calibration **out);
+KILN_API kiln_status kiln_calibration_begin(kiln_session *s, kiln_calibration **out);
 /* Run one batch (every signature input once, as for kiln_session_run). */
-kiln_status kiln_calibration_feed(kiln_calibration *c, const kiln_named_tensor *inputs,
+KILN_API kiln_status kiln_calibration_feed(kiln_calibration *c, const kiln_named_tensor *inputs,
                                   int n_inputs);
 /* percentile: in (0, 100], for KILN_CALIBRATION_PERCENTILE (e.g. 99.99); ignored otherwise. */
-kiln_status kiln_calibration_finish(kiln_calibration *c, kiln_calibration_method method,
+KILN_API kiln_status kiln_calibration_finish(kiln_calibration *c, kiln_calibration_method method,
                                     double percentile);
 /* Nodes quantized by finish (Conv, Gemm, MatMul found; 0 before finish). */
-int kiln_calibration_node_count(const kiln_calibration *c);
-void kiln_calibration_free(kiln_calibration *c);
+KILN_API int kiln_calibration_node_count(const kiln_calibration *c);
+KILN_API void kiln_calibration_free(kiln_calibration *c);
 /* The range [*lo, *hi] a method gives for the values x[0..n) seen as one calibration
  * record (the same histogram and method as finish uses). */
-kiln_status kiln_calibration_range(const float *x, int64_t n, kiln_calibration_method method,
+KILN_API kiln_status kiln_calibration_range(const float *x, int64_t n, kiln_calibration_method method,
                                    double percentile, float *lo, float *hi);
 /* Write the statically quantized session s (after kiln_calibration_finish)
  * as an ONNX QDQ model at `path` (src/api/emit_onnx.c; docs/COMPRESSION.md,
@@ -434,7 +456,7 @@ kiln_status kiln_calibration_range(const float *x, int64_t n, kiln_calibration_m
  * DequantizeLinear). KILN_ERR_UNSUPPORTED for a session that is not static
  * int8: dynamic int8 measures activation ranges per run, which QDQ's fixed
  * scales cannot express. */
-kiln_status kiln_session_write_onnx(kiln_session *s, const char *source_onnx, const char *path);
+KILN_API kiln_status kiln_session_write_onnx(kiln_session *s, const char *source_onnx, const char *path);
 /* ---- Per-node precision (`kiln compile --precision auto`, docs/COMPRESSION.md) ----
  *
  * A session's precision applies to every node that has a kernel for it;
@@ -456,15 +478,15 @@ typedef struct kiln_node_precision {
     const char *node;            /* node name in the session's optimized graph */
     kiln_precision precision;
 } kiln_node_precision;
-kiln_status kiln_session_set_node_precision(kiln_session *s, const kiln_node_precision *nodes,
+KILN_API kiln_status kiln_session_set_node_precision(kiln_session *s, const kiln_node_precision *nodes,
                                             int n);
 /* The precision node `node` is asked to run in: its exception, else the
  * session's precision (whether a kernel honours it shows in the profile). */
-kiln_precision kiln_session_node_precision(const kiln_session *s, const char *node);
+KILN_API kiln_precision kiln_session_node_precision(const kiln_session *s, const char *node);
 /* Weight elements of a node of the session's optimized graph: the elements
  * of its constant floating-point input 1 (a product's B or a convolution's
  * W), 0 when it has none; -1 when the graph has no node of that name. */
-int64_t kiln_session_node_weight_elems(const kiln_session *s, const char *node);
+KILN_API int64_t kiln_session_node_weight_elems(const kiln_session *s, const char *node);
 
 /* ---- Pruning and sparse kernels (`kiln compile --prune`, docs/COMPRESSION.md) ----
  *
@@ -481,7 +503,7 @@ typedef struct kiln_prune_stats {
     int64_t weights; /* their elements */
     int64_t zeroed;  /* elements set to zero (some may have been zero already) */
 } kiln_prune_stats;
-kiln_status kiln_model_prune(kiln_model *m, double ratio, int block, kiln_prune_stats *out);
+KILN_API kiln_status kiln_model_prune(kiln_model *m, double ratio, int block, kiln_prune_stats *out);
 /* ==== Evaluating and compiling with an accuracy bound (src/api/compile_eval.c,
  * src/api/compile.c; docs/COMPRESSION.md) ====
  *
@@ -519,7 +541,7 @@ typedef struct kiln_dataset {
 } kiln_dataset;
 /* rows[0..d->n): new tensors holding `count` samples starting at `start`,
  * wrapping around the end of the data (owned by the caller). */
-kiln_status kiln_dataset_rows(const kiln_dataset *d, int64_t start, int64_t count,
+KILN_API kiln_status kiln_dataset_rows(const kiln_dataset *d, int64_t start, int64_t count,
                               kiln_tensor **rows, char *err);
 
 /* One output of one session over a whole data set, as doubles. */
@@ -530,12 +552,12 @@ typedef struct kiln_eval_output {
     int is_int;        /* the output's dtype is an integer or bool type */
 } kiln_eval_output;
 /* Run s over all samples, `batch` at a time, and collect output `output`. */
-kiln_status kiln_eval_collect(kiln_session *s, const kiln_dataset *d, const char *output,
+KILN_API kiln_status kiln_eval_collect(kiln_session *s, const kiln_dataset *d, const char *output,
                               int64_t batch, kiln_eval_output *out, char *err);
-void kiln_eval_output_free(kiln_eval_output *o);
+KILN_API void kiln_eval_output_free(kiln_eval_output *o);
 /* The class of sample i of o: the value itself for one value per sample, else
  * the first index of the maximum (a NaN counts as the largest). */
-double kiln_eval_top1(const kiln_eval_output *o, int64_t i);
+KILN_API double kiln_eval_top1(const kiln_eval_output *o, int64_t i);
 
 typedef enum kiln_eval_kind {
     KILN_EVAL_CLASS_IDS, /* integer output, one per sample: the class */
@@ -562,7 +584,7 @@ typedef struct kiln_eval_quality {
  * holds one class per sample or as many targets as the output. Without
  * labels the drop is 1 - top-1 agreement for classes, the mean relative
  * difference for values. */
-kiln_status kiln_eval_compare(const kiln_eval_output *b, const kiln_eval_output *c,
+KILN_API kiln_status kiln_eval_compare(const kiln_eval_output *b, const kiln_eval_output *c,
                               const kiln_tensor *labels, kiln_eval_quality *q, char *err);
 
 /* Every output of one session over a data set. */
@@ -570,12 +592,12 @@ typedef struct kiln_compile_run {
     int n;                 /* signature outputs */
     kiln_eval_output *o;   /* [n] */
 } kiln_compile_run;
-kiln_status kiln_compile_run_all(kiln_session *s, const kiln_dataset *d, int64_t batch,
+KILN_API kiln_status kiln_compile_run_all(kiln_session *s, const kiln_dataset *d, int64_t batch,
                                  kiln_compile_run *out, char *err);
-void kiln_compile_run_free(kiln_compile_run *r);
+KILN_API void kiln_compile_run_free(kiln_compile_run *r);
 /* SQNR in dB over every non-integer output of two runs together,
  * 10 log10(sum b^2 / sum (c - b)^2); +inf when identical. */
-double kiln_compile_sqnr(const kiln_compile_run *b, const kiln_compile_run *c);
+KILN_API double kiln_compile_sqnr(const kiln_compile_run *b, const kiln_compile_run *c);
 
 /* A node that has a low-precision kernel (found by profiling one batch in
  * bf16 and in int8), with what was measured and decided for it. */
@@ -593,21 +615,21 @@ typedef struct kiln_compile_node {
 } kiln_compile_node;
 /* The nodes of signature `sig` of m that run in bf16 or int8 when asked
  * (so gives threads and optimize; sample rows: one batch of d). */
-kiln_status kiln_compile_find_nodes(kiln_model *m, const char *sig, const kiln_session_options *so,
+KILN_API kiln_status kiln_compile_find_nodes(kiln_model *m, const char *sig, const kiln_session_options *so,
                                     const kiln_dataset *d, int64_t batch,
                                     kiln_compile_node **nodes, int *n_nodes, char *err);
-void kiln_compile_nodes_free(kiln_compile_node *nodes, int n);
+KILN_API void kiln_compile_nodes_free(kiln_compile_node *nodes, int n);
 /* Sensitivity of a node: the SQNR of the outputs of an fp32 session with
  * that node alone in `p`, run on d, against base (the fp32 outputs on d). */
-kiln_status kiln_compile_node_sensitivity(kiln_model *m, const char *sig,
+KILN_API kiln_status kiln_compile_node_sensitivity(kiln_model *m, const char *sig,
                                           const kiln_session_options *so, kiln_compile_node *node,
                                           kiln_precision p, const kiln_dataset *d,
                                           int64_t batch, const kiln_compile_run *base, char *err);
 /* The precision a node really runs in (its asked precision if it has a
  * kernel for it, else fp32). */
-kiln_precision kiln_compile_node_effective(const kiln_compile_node *n);
+KILN_API kiln_precision kiln_compile_node_effective(const kiln_compile_node *n);
 /* A session of m in `prec`, with each node's own precision as an exception. */
-kiln_status kiln_compile_session(kiln_model *m, const char *sig, const kiln_session_options *so,
+KILN_API kiln_status kiln_compile_session(kiln_model *m, const char *sig, const kiln_session_options *so,
                                  kiln_precision prec, const kiln_compile_node *nodes, int n,
                                  kiln_session **out);
 
@@ -625,7 +647,7 @@ typedef struct kiln_compile_options {
                                      by kiln_model_prune) that every compressed session runs,
                                      so the fp32 baseline stays the unchanged model */
 } kiln_compile_options;
-void kiln_compile_options_init(kiln_compile_options *o);
+KILN_API void kiln_compile_options_init(kiln_compile_options *o);
 
 /* What kiln_compile decided and measured. The auto policy:
  *   1. find the nodes with int8 (else bf16) kernels by profiling one batch;
@@ -658,14 +680,14 @@ typedef struct kiln_compile_result {
  * used for both; with neither, nothing is measured and auto compiles fp32).
  * KILN_OK means the pipeline ran: whether the drop is within the bound is
  * r->passed. On error r is freed and err says why. */
-kiln_status kiln_compile(kiln_model *m, const char *sig, const kiln_compile_options *o,
+KILN_API kiln_status kiln_compile(kiln_model *m, const char *sig, const kiln_compile_options *o,
                          const kiln_dataset *cal, const kiln_dataset *eval,
                          kiln_compile_result *r, char *err);
-void kiln_compile_result_free(kiln_compile_result *r);
+KILN_API void kiln_compile_result_free(kiln_compile_result *r);
 /* The CPU features of this machine that Kiln's kernels use, comma-separated
  * ("avx2,fma,avx512f,..."; static storage): part of a compiled artifact's
  * cache key, since a .kiln needs the features it was compiled for. */
-const char *kiln_cpu_features(void);
+KILN_API const char *kiln_cpu_features(void);
 
 #ifdef __cplusplus
 }

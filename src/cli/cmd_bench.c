@@ -48,9 +48,7 @@
 
 #include "cli/cli.h"
 #include "cli/json_out.h"
-#include "api/internal.h"
-#include "core/threadpool.h"
-#include "exec/plan.h"
+#include "kiln/kiln_util.h"
 
 static const char bench_usage[] =
     "usage: kiln bench MODEL [--batch N] [--threads T] [--iterations K] [--warmup W]\n"
@@ -276,27 +274,6 @@ static double random_unit(uint64_t *state)
     return (double)(next_random(state) >> 40) * (1.0 / 16777216.0);
 }
 
-/* The float16 bits of n / 1024 for n in [-1024, 1023] (exact: every such
- * value is 0 or a normal float16). */
-static uint16_t f16_of_ratio(int n)
-{
-    if (n == 0) return 0;
-    uint16_t sign = n < 0 ? 0x8000 : 0;
-    unsigned a = (unsigned)(n < 0 ? -n : n); /* 1..1024 */
-    int e = 0;
-    while ((a >> (e + 1)) != 0) e++;         /* a = 2^e + rest */
-    unsigned mant = ((a << (10 - e)) & 0x3ffu);
-    return (uint16_t)(sign | (unsigned)((e - 10 + 15) << 10) | mant);
-}
-
-/* The bfloat16 bits of f (round to nearest even; f is finite). */
-static uint16_t bf16_of_float(float f)
-{
-    uint32_t bits;
-    memcpy(&bits, &f, sizeof bits);
-    bits += 0x7fffu + ((bits >> 16) & 1u);
-    return (uint16_t)(bits >> 16);
-}
 
 /* True if the input name contains "mask" (any case). */
 static bool name_is_mask(const char *name)
@@ -338,8 +315,10 @@ static int fill_random(kiln_tensor *t, const char *name, int int_high, uint64_t 
         switch (t->dtype) {
         case KILN_DTYPE_F32: ((float *)t->data)[i] = (float)f; break;
         case KILN_DTYPE_F64: ((double *)t->data)[i] = f; break;
-        case KILN_DTYPE_F16: ((uint16_t *)t->data)[i] = f16_of_ratio((int)(u * 2048) - 1024); break;
-        case KILN_DTYPE_BF16: ((uint16_t *)t->data)[i] = bf16_of_float((float)f); break;
+        case KILN_DTYPE_F16: /* n / 1024 for n in [-1024, 1023]: exact in float16 */
+            ((uint16_t *)t->data)[i] = kiln_f32_to_f16((float)((int)(u * 2048) - 1024) / 1024.0f);
+            break;
+        case KILN_DTYPE_BF16: ((uint16_t *)t->data)[i] = kiln_f32_to_bf16((float)f); break;
         case KILN_DTYPE_I8: ((int8_t *)t->data)[i] = (int8_t)k; break;
         case KILN_DTYPE_U8: ((uint8_t *)t->data)[i] = (uint8_t)k; break;
         case KILN_DTYPE_I16: ((int16_t *)t->data)[i] = (int16_t)k; break;

@@ -15,7 +15,7 @@
 
 #include <sodium.h>
 
-#include "api/internal.h"
+#include "kiln/kiln_util.h"
 #include "cli/cli.h"
 
 static const char fingerprint_help[] =

@@ -25,7 +25,7 @@
 #include <string.h>
 
 #include "cli/cli.h"
-#include "api/internal.h"
+#include "kiln/kiln_util.h"
 #include "cli/json_out.h"
 
 static const char inspect_usage[] =

@@ -18,7 +18,7 @@
 #include <string.h>
 
 #include "cli/cli.h"
-#include "core/threadpool.h"
+#include "kiln/kiln_util.h"
 #include "serve/auth.h"
 #include "serve/batch.h"
 #include "serve/compress.h"

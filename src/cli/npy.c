@@ -715,10 +715,7 @@ static kiln_status npy_encode_sink(const kiln_tensor *t, npy_sink *k)
         float chunk[256];
         for (uint64_t i = 0; i < count;) {
             size_t m = 0;
-            for (; m < 256 && i < count; m++, i++) {
-                uint32_t bits = (uint32_t)src[i] << 16;
-                memcpy(&chunk[m], &bits, 4);
-            }
+            for (; m < 256 && i < count; m++, i++) chunk[m] = kiln_bf16_to_f32(src[i]);
             sink_put(k, chunk, m * sizeof chunk[0]);
         }
     } else {

@@ -11,32 +11,9 @@
 #ifndef KILN_CORE_CRC32C_H
 #define KILN_CORE_CRC32C_H
 
-#include <stddef.h>
-#include <stdint.h>
-
-/* CRC-32C of data[0..n) appended to a message whose CRC-32C is crc. Uses the
- * SSE4.2 crc32 instruction when the CPU has it, tables otherwise. */
-uint32_t kiln_crc32c_extend(uint32_t crc, const void *data, size_t n);
-
-/* CRC-32C of data[0..n). */
-static inline uint32_t kiln_crc32c(const void *data, size_t n)
-{
-    return kiln_crc32c_extend(0, data, n);
-}
-
-#define KILN_CRC32C_MASK_DELTA 0xa282ead8u
-
-/* The stored ("masked") form of a CRC, as TF's crc32c::Mask. */
-static inline uint32_t kiln_crc32c_mask(uint32_t crc)
-{
-    return ((crc >> 15) | (crc << 17)) + KILN_CRC32C_MASK_DELTA;
-}
-
-/* Inverse of kiln_crc32c_mask. */
-static inline uint32_t kiln_crc32c_unmask(uint32_t masked)
-{
-    uint32_t rot = masked - KILN_CRC32C_MASK_DELTA;
-    return (rot >> 17) | (rot << 15);
-}
+/* kiln_crc32c_extend and the inline kiln_crc32c, kiln_crc32c_mask (the stored,
+ * "masked" form of a CRC, as TF's crc32c::Mask) and kiln_crc32c_unmask are
+ * declared in include/kiln/kiln_util.h: the server's TFRecord code uses them too. */
+#include "kiln/kiln_util.h"
 
 #endif

@@ -16,10 +16,8 @@
 
 #include "kiln/kiln.h"
 
-float kiln_f16_to_f32(uint16_t h);
-uint16_t kiln_f32_to_f16(float f);
-float kiln_bf16_to_f32(uint16_t h);
-uint16_t kiln_f32_to_bf16(float f);
+/* kiln_f16_to_f32, kiln_f32_to_f16, kiln_bf16_to_f32 and kiln_f32_to_bf16
+ * are public (include/kiln/kiln.h): the server converts with the same code. */
 
 /*
  * Low-precision types (float8, float4, int4, int2; one element per byte).

@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 #include "core/status.h"
+#include "kiln/kiln_util.h"
 
 /* A sequence or optional (kiln.h): a tensor whose data is kiln_tensor pointers. */
 static inline bool kiln_dtype_is_container(kiln_dtype dt)
@@ -22,10 +23,9 @@ static inline bool kiln_dtype_is_container(kiln_dtype dt)
  * request can make us allocate. */
 #define KILN_TENSOR_MAX_BYTES ((int64_t)1 << 36)
 
-/* Element count of dims[0..rank), or -1 if a dim is negative or the product
- * of the nonzero dims exceeds KILN_TENSOR_MAX_BYTES (also for a tensor with a
- * zero dim, so that no product of its dims overflows). */
-int64_t kiln_shape_count(int rank, const int64_t *dims);
+/* kiln_shape_count (include/kiln/kiln_util.h): the element count of
+ * dims[0..rank), or -1 if a dim is negative or the product of the nonzero dims
+ * exceeds KILN_TENSOR_MAX_BYTES. */
 
 /* Allocate a tensor of the given shape with zeroed data (owned). */
 kiln_status kiln_tensor_new(kiln_dtype dt, int rank, const int64_t *dims, kiln_tensor **out);

@@ -15,15 +15,11 @@
 
 #include <stdint.h>
 
+#include "kiln/kiln_util.h"
+
 enum kiln_isa { KILN_ISA_SCALAR = 0, KILN_ISA_AVX2 = 1, KILN_ISA_AVX512 = 2 };
 
-/* CPUs the process may use: its affinity mask at start-up (not the calling
- * thread's, which OMP_PROC_BIND pins to one CPU), bounded by a cgroup quota. */
-int kiln_cpu_count(void);
-/* Give the calling thread back every CPU of the process when OMP_PROC_BIND
- * has pinned it to one, so that threads it creates later (a server's request
- * threads) are not all confined to that CPU. Nothing to do otherwise. */
-void kiln_threads_unpin_caller(void);
+/* kiln_cpu_count and kiln_threads_unpin_caller: include/kiln/kiln_util.h. */
 /* Best instruction set of this CPU; KILN_ISA=scalar|avx2|avx512 in the
  * environment lowers it (for tests of every path). */
 enum kiln_isa kiln_cpu_isa(void);

@@ -30,6 +30,7 @@
 #include "ir/graph.h"
 #include "kernels/fast.h"
 #include "kiln/kiln.h"
+#include "kiln/kiln_util.h"
 
 struct kiln_plan;
 
@@ -67,7 +68,7 @@ int kiln_plan_steps(const struct kiln_plan *p);
  * with the work and rate of the ops made of products. Its first call per
  * thread count measures the FMA peak (about 0.1 s of every thread of the
  * pool, outside any run's lease: print when no run is going on). */
-void kiln_plan_profile_enable(int on);
+/* kiln_plan_profile_enable(on): include/kiln/kiln_util.h. */
 void kiln_plan_profile_print(const struct kiln_plan *p, FILE *f);
 
 /* ---- cache ---- */

@@ -15,8 +15,8 @@
 #include <stdint.h>
 
 #include "core/status.h"
+#include "kiln/kiln_util.h"
 
-kiln_status kiln_pb_check(const ProtobufCMessageDescriptor *desc, const uint8_t *data, size_t len,
-                          int max_depth, const char *what);
+/* kiln_pb_check(desc, data, len, max_depth, what) is declared in include/kiln/kiln_util.h. */
 
 #endif

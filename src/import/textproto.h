@@ -36,6 +36,7 @@
 #include <protobuf-c/protobuf-c.h>
 
 #include "core/status.h"
+#include "kiln/kiln_util.h"
 
 #define KILN_TEXTPROTO_MAX_DEPTH 100                 /* nested message levels */
 #define KILN_TEXTPROTO_MAX_BYTES ((size_t)1 << 30)   /* text size */
@@ -49,7 +50,6 @@
  * allocation failures and size limits. Callers reading a config file rather
  * than a model may re-map the status with kiln_error_wrap.
  */
-kiln_status kiln_textproto_parse(const ProtobufCMessageDescriptor *desc, const char *text,
-                                 size_t len, ProtobufCMessage **out);
+/* kiln_textproto_parse(desc, text, len, &out) is declared in include/kiln/kiln_util.h. */
 
 #endif

@@ -15,6 +15,7 @@
 
 #include "import/model.h"
 #include "saved_model.pb-c.h"
+#include "kiln/kiln_util.h"
 
 #define TF_OPSET 21 /* the ONNX semantics Kiln's kernels apply to the IR nodes we create */
 
@@ -77,9 +78,9 @@ const KilnSm__AttrValue *tf_attr(const KilnSm__NodeDef *nd, const KilnSm__NameAt
 kiln_dtype tf_dtype(int code);
 const char *tf_dtype_name(int code);
 
-/* A TensorProto to a new owned tensor; what names it in messages. */
-kiln_status tf_tensor_from_proto(const KilnSm__TensorProto *tp, const char *what,
-                                 kiln_tensor **out);
+/* kiln_tf_tensor_from_proto (a TensorProto to a new owned tensor; `what` names
+ * it in messages) is declared in include/kiln/kiln_util.h: the server's gRPC
+ * and warmup readers use it too. */
 
 /* Provided by tf_lower.c for the op-family files (tf_control.c): */
 

@@ -83,8 +83,8 @@ out:
     return st;
 }
 
-kiln_status tf_tensor_from_proto(const KilnSm__TensorProto *tp, const char *what,
-                                 kiln_tensor **out)
+kiln_status kiln_tf_tensor_from_proto(const KilnSm__TensorProto *tp, const char *what,
+                                      kiln_tensor **out)
 {
     int code = tp->has_dtype ? tp->dtype : 0;
     kiln_dtype dt = tf_dtype(code);
@@ -727,7 +727,7 @@ static kiln_status lw_const(L_t *L, const struct lower *e)
     if (!v || v->value_case != KILN_SM__ATTR_VALUE__VALUE_TENSOR)
         return lerr(L, KILN_ERR_INVALID_MODEL, "has no 'value' tensor");
     kiln_tensor *t;
-    kiln_status st = tf_tensor_from_proto(v->tensor, L->name, &t);
+    kiln_status st = kiln_tf_tensor_from_proto(v->tensor, L->name, &t);
     if (st != KILN_OK) return kiln_error_wrap(st, "%s", L->where);
     int id = -1;
     if ((st = const_tensor(L, t, &id)) != KILN_OK) return st;

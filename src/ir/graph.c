@@ -148,7 +148,7 @@ void kiln_graph_free(struct kiln_graph *g)
 
 kiln_status kiln_graph_clone(const struct kiln_graph *g, struct kiln_graph **out)
 {
-    struct kiln_graph *c;
+    struct kiln_graph *c = NULL; /* (set by kiln_graph_new; gcc cannot see that once inlined) */
     kiln_status st = kiln_graph_new(&c);
     if (st != KILN_OK) return st;
     c->borrows_subgraphs = 1;

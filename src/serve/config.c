@@ -11,8 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/threadpool.h"
-#include "import/textproto.h"
+#include "kiln/kiln_util.h"
 #include "prediction_log.pb-c.h"
 #include "serving_config.pb-c.h"
 

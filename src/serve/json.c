@@ -5,7 +5,7 @@
  */
 #include "serve/json.h"
 
-#include "core/tensor.h"
+#include "kiln/kiln_util.h"
 
 #include <errno.h>
 #include <float.h>
@@ -576,48 +576,6 @@ static kiln_status leaf_error(const kiln_json_doc *d, int t, kiln_dtype dt, cons
     return KILN_ERR_INVALID_ARGUMENT;
 }
 
-static uint16_t f32_to_f16(float f)
-{
-    uint32_t x;
-    memcpy(&x, &f, 4);
-    uint32_t sign = (x >> 16) & 0x8000, exp = (x >> 23) & 0xFF, man = x & 0x7FFFFF;
-    if (exp == 0xFF) return (uint16_t)(sign | 0x7C00 | (man ? 0x200 : 0));
-    int e = (int)exp - 127 + 15;
-    if (e >= 31) return (uint16_t)(sign | 0x7C00);
-    if (e <= 0) {
-        if (e < -10) return (uint16_t)sign;
-        man |= 0x800000;
-        uint32_t shift = (uint32_t)(14 - e);
-        uint32_t h = man >> shift, rem = man & ((1u << shift) - 1), half = 1u << (shift - 1);
-        if (rem > half || (rem == half && (h & 1))) h++;
-        return (uint16_t)(sign | h);
-    }
-    uint32_t h = sign | ((uint32_t)e << 10) | (man >> 13), rem = man & 0x1FFF;
-    if (rem > 0x1000 || (rem == 0x1000 && (h & 1))) h++;
-    return (uint16_t)h;
-}
-
-static float f16_to_f32(uint16_t h)
-{
-    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1F, man = h & 0x3FF;
-    uint32_t x;
-    if (exp == 0) {
-        if (man == 0) x = sign;
-        else {
-            int e = -1;
-            do {
-                e++;
-                man <<= 1;
-            } while (!(man & 0x400));
-            x = sign | ((uint32_t)(127 - 15 - e) << 23) | ((man & 0x3FF) << 13);
-        }
-    } else if (exp == 31) x = sign | 0x7F800000 | (man << 13);
-    else x = sign | ((exp + 127 - 15) << 23) | (man << 13);
-    float f;
-    memcpy(&f, &x, 4);
-    return f;
-}
-
 /* The fast path of kiln_json_decimal_to_double: a literal with at most 19
  * significant digits and a decimal exponent within +-27 is m * 10^e with m and
  * 10^e both exact in x87 extended precision (64-bit significand; 5^27 < 2^63),
@@ -810,18 +768,12 @@ static kiln_status store_leaf(const kiln_json_doc *d, int t, kiln_tensor *x, siz
         return KILN_OK;
     case KILN_DTYPE_F16:
         if (!number_to_double(d, t, &v)) goto oom;
-        ((uint16_t *)x->data)[i] = f32_to_f16((float)v);
+        ((uint16_t *)x->data)[i] = kiln_f32_to_f16((float)v);
         return KILN_OK;
-    case KILN_DTYPE_BF16: {
+    case KILN_DTYPE_BF16:
         if (!number_to_double(d, t, &v)) goto oom;
-        float f = (float)v;
-        uint32_t u;
-        memcpy(&u, &f, 4);
-        if ((u & 0x7FFFFFFF) > 0x7F800000) u = 0x7FC00000 | (u & 0x80000000);
-        else u += 0x7FFF + ((u >> 16) & 1);
-        ((uint16_t *)x->data)[i] = (uint16_t)(u >> 16);
+        ((uint16_t *)x->data)[i] = kiln_f32_to_bf16((float)v);
         return KILN_OK;
-    }
 #define INT_CASE(DT, CT, U, LO, HI, VAR)                                      \
     case DT:                                                                  \
         if (!number_to_int(d, t, U, LO, HI, &si, &ui))                        \
@@ -1018,14 +970,8 @@ static void write_elem(kiln_sbuf *b, const kiln_tensor *t, size_t i, int b64)
     switch (t->dtype) {
     case KILN_DTYPE_F32: write_float(b, ((const float *)p)[i], 9); break;
     case KILN_DTYPE_F64: write_float(b, ((const double *)p)[i], 17); break;
-    case KILN_DTYPE_F16: write_float(b, f16_to_f32(((const uint16_t *)p)[i]), 5); break;
-    case KILN_DTYPE_BF16: {
-        uint32_t u = (uint32_t)((const uint16_t *)p)[i] << 16;
-        float f;
-        memcpy(&f, &u, 4);
-        write_float(b, f, 4);
-        break;
-    }
+    case KILN_DTYPE_F16: write_float(b, kiln_f16_to_f32(((const uint16_t *)p)[i]), 5); break;
+    case KILN_DTYPE_BF16: write_float(b, kiln_bf16_to_f32(((const uint16_t *)p)[i]), 4); break;
     case KILN_DTYPE_I8: kiln_sbuf_printf(b, "%d", ((const int8_t *)p)[i]); break;
     case KILN_DTYPE_U8: kiln_sbuf_printf(b, "%u", ((const uint8_t *)p)[i]); break;
     case KILN_DTYPE_I16: kiln_sbuf_printf(b, "%d", ((const int16_t *)p)[i]); break;

@@ -7,7 +7,7 @@
 
 #include <stdio.h>
 
-#include "core/crc32c.h"
+#include "kiln/kiln_util.h"
 
 static void put_le32(uint8_t *p, uint32_t v)
 {

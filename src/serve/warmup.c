@@ -3,7 +3,7 @@
  * framing with CRC-32C checks (tfrecord.c, shared with the request log),
  * then PredictionLog records decoded with protobuf-c (after kiln_pb_check
  * has walked the bytes) into replayable requests. Tensors come from TensorProto through the SavedModel importer's
- * converter (tf_tensor_from_proto), so the warmup file follows the same
+ * converter (kiln_tf_tensor_from_proto), so the warmup file follows the same
  * rules as tensors in a SavedModel (dtype table, tensor_content or typed
  * values, the last value repeating).
  */
@@ -17,8 +17,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "import/pbcheck.h"
-#include "import/tf_import.h"
+#include "kiln/kiln_util.h"
 #include "prediction_log.pb-c.h"
 #include "serve/tfrecord.h"
 
@@ -74,7 +73,7 @@ static kiln_status fill_predict(const KilnTfs__PredictRequest *pr, kiln_warmup_r
         r->names[i] = strdup(key);
         if (!r->names[i]) goto err_oom;
         r->n_inputs = (int)i + 1;
-        kiln_status st = tf_tensor_from_proto(e->value, key, &r->tensors[i]);
+        kiln_status st = kiln_tf_tensor_from_proto(e->value, key, &r->tensors[i]);
         if (st != KILN_OK) {
             snprintf(err, KILN_WARMUP_ERR_LEN, "record %d: %s", rec, kiln_last_error());
             return KILN_ERR_INVALID_ARGUMENT;

@@ -18,7 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "import/pbcheck.h"
+#include "kiln/kiln_util.h"
 #include "serve/grpc/call.h"
 
 #include "grpc_service.pb-c.h"

@@ -25,8 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "import/pbcheck.h"
-#include "import/tf_import.h"
+#include "kiln/kiln_util.h"
 #include "serve/batch.h"
 #include "serve/grpc/call.h"
 #include "serve/grpc/grpc_tensor.h"
@@ -322,7 +321,7 @@ static int decode_inputs(kiln_grpc_call *c, const KilnTfs__PredictRequest *r,
                 tp = r->inputs[i]->value;
         KilnSm__TensorProto empty = KILN_SM__TENSOR_PROTO__INIT;
         if (!tp) tp = &empty;
-        if (tf_tensor_from_proto(tp, spec->name, &in[k]) != KILN_OK) {
+        if (kiln_tf_tensor_from_proto(tp, spec->name, &in[k]) != KILN_OK) {
             kiln_grpc_fail(c, KILN_GRPC_INVALID_ARGUMENT, "tensor parsing error: %s (%s)",
                            spec->name, kiln_last_error());
             return 0;

@@ -674,28 +674,13 @@ int kiln_mon_conf_bucket(double x)
     return KILN_MON_CONF_BUCKETS;
 }
 
-static double f16_to_double(uint16_t h)
-{
-    int e = (h >> 10) & 0x1f, m = h & 0x3ff;
-    double v;
-    if (e == 0) v = ldexp((double)m, -24);
-    else if (e == 31) v = m ? NAN : INFINITY;
-    else v = ldexp((double)(m | 0x400), e - 25);
-    return (h & 0x8000) ? -v : v;
-}
-
 double kiln_mon_element(const kiln_tensor *t, int64_t i)
 {
     switch (t->dtype) {
     case KILN_DTYPE_F32: return ((const float *)t->data)[i];
     case KILN_DTYPE_F64: return ((const double *)t->data)[i];
-    case KILN_DTYPE_F16: return f16_to_double(((const uint16_t *)t->data)[i]);
-    case KILN_DTYPE_BF16: {
-        uint32_t u = (uint32_t)((const uint16_t *)t->data)[i] << 16;
-        float f;
-        memcpy(&f, &u, sizeof f);
-        return f;
-    }
+    case KILN_DTYPE_F16: return kiln_f16_to_f32(((const uint16_t *)t->data)[i]);
+    case KILN_DTYPE_BF16: return kiln_bf16_to_f32(((const uint16_t *)t->data)[i]);
     case KILN_DTYPE_I8: return ((const int8_t *)t->data)[i];
     case KILN_DTYPE_U8: return ((const uint8_t *)t->data)[i];
     case KILN_DTYPE_BOOL: return ((const uint8_t *)t->data)[i] != 0;

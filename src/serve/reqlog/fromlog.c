@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "import/pbcheck.h"
+#include "kiln/kiln_util.h"
 #include "prediction_log.pb-c.h"
 #include "serve/tfrecord.h"
 

@@ -14,8 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/status.h"
-#include "import/textproto.h"
+#include "kiln/kiln_util.h"
 #include "serve/rollout/rollout.h"
 
 #define ROLLOUT_FILE_MAX_BYTES ((size_t)1 << 20)

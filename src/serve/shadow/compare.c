@@ -20,24 +20,6 @@ typedef struct row_view {
     int64_t off;
 } row_view;
 
-static double half_to_double(uint16_t h)
-{
-    int sign = h >> 15, e = (h >> 10) & 0x1f, m = h & 0x3ff;
-    double v;
-    if (e == 0) v = ldexp((double)m, -24);
-    else if (e == 31) v = m ? NAN : INFINITY;
-    else v = ldexp((double)(m | 0x400), e - 25);
-    return sign ? -v : v;
-}
-
-static double bf16_to_double(uint16_t h)
-{
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-
 /* Element i of the row as a double (the dtype was checked by numeric_ok). */
 static double get(const row_view *r, int64_t i)
 {
@@ -45,8 +27,8 @@ static double get(const row_view *r, int64_t i)
     switch (r->dtype) {
     case KILN_DTYPE_F32: { float v; memcpy(&v, r->data + j * 4, 4); return v; }
     case KILN_DTYPE_F64: { double v; memcpy(&v, r->data + j * 8, 8); return v; }
-    case KILN_DTYPE_F16: { uint16_t v; memcpy(&v, r->data + j * 2, 2); return half_to_double(v); }
-    case KILN_DTYPE_BF16: { uint16_t v; memcpy(&v, r->data + j * 2, 2); return bf16_to_double(v); }
+    case KILN_DTYPE_F16: { uint16_t v; memcpy(&v, r->data + j * 2, 2); return kiln_f16_to_f32(v); }
+    case KILN_DTYPE_BF16: { uint16_t v; memcpy(&v, r->data + j * 2, 2); return kiln_bf16_to_f32(v); }
     case KILN_DTYPE_I8: return ((const int8_t *)r->data)[j];
     case KILN_DTYPE_U8: return r->data[j];
     case KILN_DTYPE_BOOL: return r->data[j] != 0;

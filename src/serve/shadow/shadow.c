@@ -30,7 +30,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "import/textproto.h"
+#include "kiln/kiln_util.h"
 #include "serve/shadow/compare.h"
 
 #define SHADOW_NAME_MAX 256      /* model, output, input and signature names */
