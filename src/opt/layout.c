@@ -453,8 +453,9 @@ kiln_status kiln_opt_layout(struct kiln_graph *g, struct kiln_opt_pass_log *pl)
     }
     /* cost: a pool reads its input in its output's layout, so a pool whose blocked
      * input is wanted by no blocked reader downstream would have the reorder on its
-     * input; where the output is smaller (GlobalAveragePool before the classifier),
-     * it writes blocked output and the reorder moves after it */
+     * input; where the output is smaller (GlobalAveragePool before the classifier) and
+     * nothing else reads the input plain, it writes blocked output and the reorder moves
+     * after it */
     for (int p = 0; p < n_nodes; p++) {
         const struct kiln_node *pn = &g->nodes[p];
         if (role[p] != 1 || !is_pool(pn) || g->values[pn->out[0]].layout) continue;
@@ -467,6 +468,17 @@ kiln_status kiln_opt_layout(struct kiln_graph *g, struct kiln_opt_pass_log *pl)
             ys *= yt->dims[d] > 0 ? yt->dims[d] : -1;
         }
         if (xs <= 0 || ys <= 0 || ys * 2 > xs || !same_dim(xt, yt, 0)) continue;
+        /* where another reader (or the graph's output) needs x plain, that reorder is paid
+         * anyway and the pool reads its result: nothing to move */
+        bool plain_reader = kiln_opt_is_graph_output(g, x);
+        for (int c = 0; c < n_nodes && !plain_reader; c++) {
+            const struct kiln_node *cn = &g->nodes[c];
+            if (c == p || kiln_opt_node_dead(cn)) continue;
+            for (int i = 0; i < cn->n_in; i++)
+                if (cn->in[i] == x && (!role[c] || !g->values[cn->out[0]].layout))
+                    plain_reader = true;
+        }
+        if (plain_reader) continue;
         g->values[pn->out[0]].layout = lp.block;
         if (pl) kiln_opt_count(pl, "reorder after a pool, not before");
     }

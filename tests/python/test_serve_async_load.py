@@ -18,8 +18,31 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "soak"))
 import soak  # noqa: E402  (the warmup-file writer and config helper)
 
 pytestmark = test_serve.pytestmark
-# a warmup of some seconds: the sanitizer build runs it several times slower
-ITERATIONS = 1000 if b"libasan" in Path(KILN).read_bytes() else 3000
+WARMUP_S = 8  # how long version 2's warmup takes: long beside the config poll (1 s)
+
+
+def warmup_iterations(tmp_path):
+    """Iterations of the slow version's warmup that take about WARMUP_S here: timed with a
+    short warmup first (a fixed count would race the config poll on a fast quiet machine
+    and take minutes on a loaded one or in the sanitizer build)."""
+    cal = tmp_path / "calibrate"
+    cal.mkdir()
+    soak.add_slow_version(cal, 1, soak.warmup_file(512))
+    port = test_serve.free_port()
+    with open(tmp_path / "calibrate.log", "w+") as log:
+        srv = subprocess.Popen([KILN, "serve", f"--model_base_path={cal}", "--model_name=a",
+                                f"--rest_api_port={port}", "--rest_api_address=127.0.0.1",
+                                "--port=0", "--num_request_iterations_for_warmup=200"],
+                               stdout=log, stderr=subprocess.STDOUT)
+        try:
+            assert wait_for(lambda: status(port, "a") == {1: "AVAILABLE"}, 120)
+        finally:
+            srv.kill()
+            srv.wait()
+        text = Path(log.name).read_text()
+    assert "warmup_ms=" in text, text[-2000:]
+    per_iter_ms = max(float(text.split("warmup_ms=")[1].split()[0]) / 200, 0.001)
+    return int(WARMUP_S * 1000 / per_iter_ms) + 1
 
 
 def status(port, name):
@@ -33,6 +56,7 @@ def status(port, name):
 
 
 def test_model_removed_while_its_version_loads(tmp_path):
+    iterations = warmup_iterations(tmp_path)
     for n in ("a", "b"):
         (tmp_path / n).mkdir()
         soak.add_version(tmp_path / n, 1)
@@ -44,7 +68,7 @@ def test_model_removed_while_its_version_loads(tmp_path):
                             "--model_config_file_poll_wait_seconds=1", f"--rest_api_port={port}",
                             "--rest_api_address=127.0.0.1", "--port=0",
                             "--file_system_poll_wait_seconds=1",
-                            f"--num_request_iterations_for_warmup={ITERATIONS}"],
+                            f"--num_request_iterations_for_warmup={iterations}"],
                            stdout=log, stderr=subprocess.STDOUT)
     try:
         assert wait_for(lambda: status(port, "a") == {1: "AVAILABLE"}, 60)
