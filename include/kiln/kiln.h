@@ -164,6 +164,13 @@ KILN_API void kiln_tensor_free(kiln_tensor *t);
 KILN_API kiln_status kiln_tensor_container_create(kiln_dtype kind, int64_t n, kiln_tensor **out);
 KILN_API kiln_status kiln_tensor_set_item(kiln_tensor *t, int64_t i, kiln_tensor *item);
 KILN_API const kiln_tensor *kiln_tensor_item(const kiln_tensor *t, int64_t i);
+/* Copy rows [src_row, src_row + count) of src (rows: slices along dimension 0) to dst from
+ * dst_row. Same element dtype (strings are copied), same elements per row, both ranges
+ * inside their tensors (src and dst may be one tensor if the ranges do not overlap);
+ * anything else is KILN_ERR_INVALID_ARGUMENT and nothing is copied. */
+KILN_API kiln_status kiln_tensor_copy_rows(kiln_tensor *dst, int64_t dst_row,
+                                           const kiln_tensor *src, int64_t src_row,
+                                           int64_t count);
 
 /* Models. */
 typedef struct kiln_model kiln_model;

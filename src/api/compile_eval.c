@@ -29,33 +29,6 @@
 
 #define REL_FLOOR 1e-6
 
-static int64_t row_elems(const kiln_tensor *t)
-{
-    int64_t n = 1;
-    for (int k = 1; k < t->rank; k++) n *= t->dims[k];
-    return n;
-}
-
-/* Copy `count` rows of src from row `from` into dst at row `to`. */
-static kiln_status copy_rows(kiln_tensor *dst, int64_t to, const kiln_tensor *src, int64_t from,
-                             int64_t count)
-{
-    int64_t re = row_elems(src);
-    if (src->dtype == KILN_DTYPE_STRING) {
-        const kiln_string *s = src->data;
-        for (int64_t i = 0; i < count * re; i++) {
-            const kiln_string *e = &s[from * re + i];
-            kiln_status st = kiln_tensor_set_string(dst, (size_t)(to * re + i), e->data, e->len);
-            if (st != KILN_OK) return st;
-        }
-        return KILN_OK;
-    }
-    size_t rb = (size_t)re * kiln_dtype_size(src->dtype);
-    memcpy((char *)dst->data + (size_t)to * rb, (const char *)src->data + (size_t)from * rb,
-           (size_t)count * rb);
-    return KILN_OK;
-}
-
 kiln_status kiln_dataset_rows(const kiln_dataset *d, int64_t start, int64_t count,
                                 kiln_tensor **rows, char *err)
 {
@@ -69,7 +42,7 @@ kiln_status kiln_dataset_rows(const kiln_dataset *d, int64_t start, int64_t coun
         for (int64_t done = 0; st == KILN_OK && done < count;) {
             int64_t from = (start + done) % d->samples;
             int64_t k = d->samples - from < count - done ? d->samples - from : count - done;
-            st = copy_rows(rows[i], done, t, from, k);
+            st = kiln_tensor_copy_rows(rows[i], done, t, from, k);
             done += k;
         }
         if (st != KILN_OK) {

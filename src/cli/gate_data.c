@@ -40,33 +40,6 @@ void kiln_gate_data_free(kiln_gate_data *d)
     memset(d, 0, sizeof *d);
 }
 
-static int64_t row_elems(const kiln_tensor *t)
-{
-    int64_t n = 1;
-    for (int k = 1; k < t->rank; k++) n *= t->dims[k];
-    return n;
-}
-
-/* Copy `count` rows of src from row `from` into dst at row `to`. */
-static kiln_status copy_rows(kiln_tensor *dst, int64_t to, const kiln_tensor *src, int64_t from,
-                             int64_t count)
-{
-    int64_t re = row_elems(src);
-    if (src->dtype == KILN_DTYPE_STRING) {
-        const kiln_string *s = src->data;
-        for (int64_t i = 0; i < count * re; i++) {
-            const kiln_string *e = &s[from * re + i];
-            kiln_status st = kiln_tensor_set_string(dst, (size_t)(to * re + i), e->data, e->len);
-            if (st != KILN_OK) return st;
-        }
-        return KILN_OK;
-    }
-    size_t rb = (size_t)re * kiln_dtype_size(src->dtype);
-    memcpy((char *)dst->data + (size_t)to * rb, (const char *)src->data + (size_t)from * rb,
-           (size_t)count * rb);
-    return KILN_OK;
-}
-
 /* The input's file name in a data folder when NAME has unsafe bytes. */
 static void safe_name(const char *name, char *out, size_t cap)
 {
@@ -184,7 +157,7 @@ static kiln_status append_rows(kiln_tensor **acc, const kiln_tensor *src)
         memcpy(dims, src->dims, sizeof dims);
         kiln_status st = kiln_tensor_create(src->dtype, src->rank, dims, acc);
         if (st != KILN_OK) return st;
-        return copy_rows(*acc, 0, src, 0, src->dims[0]);
+        return kiln_tensor_copy_rows(*acc, 0, src, 0, src->dims[0]);
     }
     kiln_tensor *old = *acc, *grown;
     int64_t dims[KILN_MAX_RANK];
@@ -192,8 +165,8 @@ static kiln_status append_rows(kiln_tensor **acc, const kiln_tensor *src)
     dims[0] = old->dims[0] + src->dims[0];
     kiln_status st = kiln_tensor_create(old->dtype, old->rank, dims, &grown);
     if (st != KILN_OK) return st;
-    st = copy_rows(grown, 0, old, 0, old->dims[0]);
-    if (st == KILN_OK) st = copy_rows(grown, old->dims[0], src, 0, src->dims[0]);
+    st = kiln_tensor_copy_rows(grown, 0, old, 0, old->dims[0]);
+    if (st == KILN_OK) st = kiln_tensor_copy_rows(grown, old->dims[0], src, 0, src->dims[0]);
     if (st != KILN_OK) {
         kiln_tensor_free(grown);
         return st;
@@ -426,7 +399,7 @@ kiln_status kiln_gate_data_check(const kiln_gate_data *d, const char *path, int6
     }
     for (int i = 0; i < d->n; i++) {
         const kiln_tensor *t = d->t[i];
-        int64_t n = kiln_tensor_count(t), re = row_elems(t);
+        int64_t n = kiln_tensor_count(t), re = t->rank > 0 && t->dims[0] > 0 ? n / t->dims[0] : n;
         for (int64_t k = 0; k < n; k++) {
             double v;
             if (t->dtype == KILN_DTYPE_F32) v = ((const float *)t->data)[k];

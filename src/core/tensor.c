@@ -116,6 +116,46 @@ kiln_status kiln_tensor_wrap(kiln_dtype dt, int rank, const int64_t *dims, void 
     return KILN_OK;
 }
 
+/* Elements of one row (a slice along dimension 0) of t. */
+static int64_t row_elems(const kiln_tensor *t)
+{
+    int64_t n = 1;
+    for (int k = 1; k < t->rank; k++) n *= t->dims[k];
+    return n;
+}
+
+kiln_status kiln_tensor_copy_rows(kiln_tensor *dst, int64_t dst_row, const kiln_tensor *src,
+                                  int64_t src_row, int64_t count)
+{
+    if (!dst || !src || dst->dtype != src->dtype || kiln_dtype_is_container(src->dtype) ||
+        dst->rank < 1 || src->rank < 1 || row_elems(dst) != row_elems(src) || count < 0 ||
+        src_row < 0 || dst_row < 0 || src_row > src->dims[0] - count ||
+        dst_row > dst->dims[0] - count)
+        return kiln_error(KILN_ERR_INVALID_ARGUMENT,
+                          "copy_rows: %lld rows from row %lld of a %s tensor with %lld rows to "
+                          "row %lld of a %s tensor with %lld rows (rows must match in dtype, "
+                          "size and range)",
+                          (long long)count, (long long)src_row,
+                          src ? kiln_dtype_name(src->dtype) : "missing",
+                          src && src->rank > 0 ? (long long)src->dims[0] : 0LL,
+                          (long long)dst_row, dst ? kiln_dtype_name(dst->dtype) : "missing",
+                          dst && dst->rank > 0 ? (long long)dst->dims[0] : 0LL);
+    int64_t re = row_elems(src);
+    if (src->dtype == KILN_DTYPE_STRING) {
+        const kiln_string *s = src->data;
+        for (int64_t i = 0; i < count * re; i++) {
+            const kiln_string *e = &s[src_row * re + i];
+            kiln_status st = kiln_tensor_set_string(dst, (size_t)(dst_row * re + i), e->data, e->len);
+            if (st != KILN_OK) return st;
+        }
+        return KILN_OK;
+    }
+    size_t rb = (size_t)re * kiln_dtype_size(src->dtype);
+    if (count) memmove((char *)dst->data + (size_t)dst_row * rb,
+                       (const char *)src->data + (size_t)src_row * rb, (size_t)count * rb);
+    return KILN_OK;
+}
+
 kiln_status kiln_tensor_set_string(kiln_tensor *t, size_t i, const char *bytes, size_t len)
 {
     if (!t || t->dtype != KILN_DTYPE_STRING || (int64_t)i >= kiln_tensor_count(t))

@@ -100,31 +100,6 @@ static L_t in_graph(const L_t *L, struct kiln_graph *g)
 
 /* ---- small IR helpers ---- */
 
-static kiln_status emit1(L_t *L, enum kiln_op op, int n_in, const int *in, int *out)
-{
-    return tf_emit(L, op, n_in, in, 1, NULL, 0, out);
-}
-
-static kiln_status const_i64(L_t *L, int rank, int n, const int64_t *vals, int *id)
-{
-    int64_t d = n;
-    kiln_tensor *t;
-    kiln_status st = kiln_tensor_new(KILN_DTYPE_I64, rank, &d, &t);
-    if (st != KILN_OK) return st;
-    if (n) memcpy(t->data, vals, sizeof(int64_t) * (size_t)n);
-    return tf_const(L, t, id);
-}
-
-static kiln_status cast_to(L_t *L, int x, kiln_dtype dt, int *out)
-{
-    if (L->g->values[x].type.dtype == dt) {
-        *out = x;
-        return KILN_OK;
-    }
-    struct kiln_attr a = {.name = "to", .type = KILN_ATTR_INT, .i = kiln_onnx_dtype_code(dt)};
-    return tf_emit(L, KILN_OP_Cast, 1, &x, 1, &a, 1, out);
-}
-
 static kiln_status gather0(L_t *L, int x, int idx, int *out)
 {
     struct kiln_attr a = {.name = "axis", .type = KILN_ATTR_INT, .i = 0};
@@ -546,7 +521,7 @@ static kiln_status case_range(L_t *L, int index, const struct tf_sym *args, int 
     int mid = lo + (hi - lo) / 2, kv, pred;
     if ((st = const_like(L, L->g->values[index].type.dtype, mid, &kv)) != KILN_OK) return st;
     int lt_in[2] = {index, kv};
-    if ((st = emit1(L, KILN_OP_Less, 2, lt_in, &pred)) != KILN_OK) return st;
+    if ((st = tf_emit1(L, KILN_OP_Less, 2, lt_in, &pred)) != KILN_OK) return st;
     struct kiln_graph *side[2];
     for (int h = 0; h < 2; h++) {
         int a0 = h ? mid : lo, a1 = h ? hi : mid;
@@ -594,12 +569,12 @@ static kiln_status lower_case(L_t *L)
         if ((st = const_like(L, dt, n_br, &nv)) != KILN_OK) return st;
         if ((st = const_like(L, dt, n_br - 1, &last)) != KILN_OK) return st;
         int in_neg[2] = {index, zero}, in_big[2] = {index, nv};
-        if ((st = emit1(L, KILN_OP_Less, 2, in_neg, &neg)) != KILN_OK) return st;
-        if ((st = emit1(L, KILN_OP_GreaterOrEqual, 2, in_big, &big)) != KILN_OK) return st;
+        if ((st = tf_emit1(L, KILN_OP_Less, 2, in_neg, &neg)) != KILN_OK) return st;
+        if ((st = tf_emit1(L, KILN_OP_GreaterOrEqual, 2, in_big, &big)) != KILN_OK) return st;
         int in_or[2] = {neg, big};
-        if ((st = emit1(L, KILN_OP_Or, 2, in_or, &out_of_range)) != KILN_OK) return st;
+        if ((st = tf_emit1(L, KILN_OP_Or, 2, in_or, &out_of_range)) != KILN_OK) return st;
         int in_w[3] = {out_of_range, last, index};
-        if ((st = emit1(L, KILN_OP_Where, 3, in_w, &fixed)) != KILN_OK) return st;
+        if ((st = tf_emit1(L, KILN_OP_Where, 3, in_w, &fixed)) != KILN_OK) return st;
         index = fixed;
     }
     st = case_range(L, index, L->in + 1, L->n_in - 1, b->list->func, 0, n_br, n_outs, outs);
@@ -668,21 +643,21 @@ static kiln_status lower_list_reserve(L_t *L)
     kiln_status st;
     if (strcmp(L->nd->op, "EmptyTensorList") == 0) { /* no elements; SetItem and PushBack grow it */
         int64_t zero = 0;
-        st = const_i64(L, 0, 1, &zero, &num);
+        st = tf_const_i64(L, 0, 1, &zero, &num);
     } else {
         st = tf_in_value(L, 1, &num);
     }
     if (st != KILN_OK) return st;
     int64_t one = 1;
-    if ((st = cast_to(L, num, KILN_DTYPE_I64, &num64)) != KILN_OK) return st;
+    if ((st = tf_cast_to(L, num, KILN_DTYPE_I64, &num64)) != KILN_OK) return st;
     int r_in[2];
-    if ((st = const_i64(L, 1, 1, &one, &r_in[1])) != KILN_OK) return st;
+    if ((st = tf_const_i64(L, 1, 1, &one, &r_in[1])) != KILN_OK) return st;
     r_in[0] = num64;
     {
         struct kiln_attr a = {.name = "allowzero", .type = KILN_ATTR_INT, .i = 0};
         if ((st = tf_emit(L, KILN_OP_Reshape, 2, r_in, 1, &a, 1, &num1)) != KILN_OK) return st;
     }
-    if ((st = const_i64(L, 1, rank, dims, &shape_tail)) != KILN_OK) return st;
+    if ((st = tf_const_i64(L, 1, rank, dims, &shape_tail)) != KILN_OK) return st;
     int c_in[2] = {num1, shape_tail};
     struct kiln_attr ca = {.name = "axis", .type = KILN_ATTR_INT, .i = 0};
     if ((st = tf_emit(L, KILN_OP_Concat, 2, c_in, 1, &ca, 1, &shape)) != KILN_OK) return st;
@@ -701,9 +676,9 @@ static kiln_status list_length(L_t *L, int list, int *out)
     int s = 0, none_v = 0;
     int64_t none = 0;
     kiln_status st = shape_part(L, list, 0, 1, &s);
-    if (st == KILN_OK) st = const_i64(L, 1, 0, &none, &none_v);
+    if (st == KILN_OK) st = tf_const_i64(L, 1, 0, &none, &none_v);
     int r_in[2] = {s, none_v};
-    if (st == KILN_OK) st = emit1(L, KILN_OP_Reshape, 2, r_in, out);
+    if (st == KILN_OK) st = tf_emit1(L, KILN_OP_Reshape, 2, r_in, out);
     return st;
 }
 
@@ -746,7 +721,7 @@ static kiln_status lower_list_op(L_t *L, const char *op)
     if (strcmp(op, "TensorListLength") == 0) {
         int len;
         if ((st = list_length(L, list, &len)) != KILN_OK) return st;
-        if ((st = cast_to(L, len, KILN_DTYPE_I32, &v)) != KILN_OK) return st;
+        if ((st = tf_cast_to(L, len, KILN_DTYPE_I32, &v)) != KILN_OK) return st;
         return out1(L, v);
     }
     /* TensorListElementShape */
@@ -757,7 +732,7 @@ static kiln_status lower_list_op(L_t *L, const char *op)
         return tf_node_err(L, KILN_ERR_INVALID_MODEL, "shape_type must be an integer type");
     int s;
     if ((st = shape_part(L, list, 1, -1, &s)) != KILN_OK) return st;
-    if ((st = cast_to(L, s, dt, &v)) != KILN_OK) return st;
+    if ((st = tf_cast_to(L, s, dt, &v)) != KILN_OK) return st;
     return out1(L, v);
 }
 

@@ -90,6 +90,16 @@ const char *tf_dtype_name(int code);
  * NULL) receives the n_out output value ids. */
 kiln_status tf_emit(struct tf_node_ctx *L, enum kiln_op op, int n_in, const int *in, int n_out,
                     const struct kiln_attr *attrs, int n_attrs, int *outs);
+/* emit with one output and no attributes. */
+static inline kiln_status tf_emit1(struct tf_node_ctx *L, enum kiln_op op, int n_in, const int *in,
+                                   int *out)
+{
+    return tf_emit(L, op, n_in, in, 1, NULL, 0, out);
+}
+/* A 1-D (rank 1) or scalar (rank 0) int64 constant of n values. */
+kiln_status tf_const_i64(struct tf_node_ctx *L, int rank, int n, const int64_t *vals, int *id);
+/* x cast to dt (x itself when it already is dt). */
+kiln_status tf_cast_to(struct tf_node_ctx *L, int x, kiln_dtype dt, int *out);
 /* A new constant owned by L->g (t is taken over, also on error). */
 kiln_status tf_const(struct tf_node_ctx *L, kiln_tensor *t, int *id);
 /* The IR value of data input k (a TF1 variable reads its value); an error

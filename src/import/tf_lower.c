@@ -2407,6 +2407,16 @@ kiln_status tf_emit(struct tf_node_ctx *L, enum kiln_op op, int n_in, const int 
 
 kiln_status tf_const(struct tf_node_ctx *L, kiln_tensor *t, int *id) { return const_tensor(L, t, id); }
 
+kiln_status tf_const_i64(struct tf_node_ctx *L, int rank, int n, const int64_t *vals, int *id)
+{
+    return const_i64(L, rank, n, vals, id);
+}
+
+kiln_status tf_cast_to(struct tf_node_ctx *L, int x, kiln_dtype dt, int *out)
+{
+    return cast_to(L, x, dt, out);
+}
+
 kiln_status tf_in_value(struct tf_node_ctx *L, int k, int *v) { return in_value(L, k, v); }
 
 kiln_status tf_node_err(const struct tf_node_ctx *L, kiln_status st, const char *fmt, ...)

@@ -1452,35 +1452,11 @@ static kiln_status out1(L_t *L, int v)
     return st;
 }
 
-static kiln_status emit1(L_t *L, enum kiln_op op, int n_in, const int *in, int *out)
-{
-    return tf_emit(L, op, n_in, in, 1, NULL, 0, out);
-}
-
 static kiln_status emit_a(L_t *L, enum kiln_op op, int n_in, const int *in, const char *an,
                           int64_t av, int *out)
 {
     struct kiln_attr a = {.name = an, .type = KILN_ATTR_INT, .i = av};
     return tf_emit(L, op, n_in, in, 1, &a, 1, out);
-}
-
-static kiln_status const_i64(L_t *L, int rank, int n, const int64_t *vals, int *id)
-{
-    int64_t d = n;
-    kiln_tensor *t;
-    kiln_status st = kiln_tensor_new(KILN_DTYPE_I64, rank, &d, &t);
-    if (st != KILN_OK) return st;
-    if (n) memcpy(t->data, vals, sizeof(int64_t) * (size_t)n);
-    return tf_const(L, t, id);
-}
-
-static kiln_status cast_to(L_t *L, int x, kiln_dtype dt, int *out)
-{
-    if (L->g->values[x].type.dtype == dt) {
-        *out = x;
-        return KILN_OK;
-    }
-    return emit_a(L, KILN_OP_Cast, 1, &x, "to", kiln_onnx_dtype_code(dt), out);
 }
 
 /* Shape(x)[start:end] (end < 0: to the end) as int64 [k]. */
@@ -1496,9 +1472,9 @@ static kiln_status ta_length(L_t *L, int ta, int *out)
 {
     int s, none;
     kiln_status st = shape_part(L, ta, 0, 1, &s);
-    if (st == KILN_OK) st = const_i64(L, 1, 0, NULL, &none);
+    if (st == KILN_OK) st = tf_const_i64(L, 1, 0, NULL, &none);
     int in[2] = {s, none};
-    return st == KILN_OK ? emit1(L, KILN_OP_Reshape, 2, in, out) : st;
+    return st == KILN_OK ? tf_emit1(L, KILN_OP_Reshape, 2, in, out) : st;
 }
 
 /* Whether the array behind handle input k grows (dynamic_size): the handle
@@ -1540,12 +1516,12 @@ static kiln_status lower_ta_new(L_t *L)
     int size, size64, size1, tail, shape, list, handle, one_v;
     int64_t one = 1;
     kiln_status st = tf_in_value(L, 0, &size);
-    if (st == KILN_OK) st = cast_to(L, size, KILN_DTYPE_I64, &size64);
-    if (st == KILN_OK) st = const_i64(L, 1, 1, &one, &one_v);
+    if (st == KILN_OK) st = tf_cast_to(L, size, KILN_DTYPE_I64, &size64);
+    if (st == KILN_OK) st = tf_const_i64(L, 1, 1, &one, &one_v);
     if (st != KILN_OK) return st;
     int r_in[2] = {size64, one_v};
-    if ((st = emit1(L, KILN_OP_Reshape, 2, r_in, &size1)) != KILN_OK) return st;
-    if ((st = const_i64(L, 1, rank, dims, &tail)) != KILN_OK) return st;
+    if ((st = tf_emit1(L, KILN_OP_Reshape, 2, r_in, &size1)) != KILN_OK) return st;
+    if ((st = tf_const_i64(L, 1, rank, dims, &tail)) != KILN_OK) return st;
     int c_in[2] = {size1, tail};
     if ((st = emit_a(L, KILN_OP_Concat, 2, c_in, "axis", 0, &shape)) != KILN_OK) return st;
     int64_t d1 = 1;
@@ -1554,7 +1530,7 @@ static kiln_status lower_ta_new(L_t *L)
     if ((st = kiln_graph_own_tensor(L->g, zero)) != KILN_OK) return st;
     struct kiln_attr va = {.name = "value", .type = KILN_ATTR_TENSOR, .t = zero};
     if ((st = tf_emit(L, KILN_OP_ConstantOfShape, 1, &shape, 1, &va, 1, &list)) != KILN_OK) return st;
-    if ((st = const_i64(L, 0, 1, &dynamic, &handle)) != KILN_OK) return st;
+    if ((st = tf_const_i64(L, 0, 1, &dynamic, &handle)) != KILN_OK) return st;
     if ((st = set_outs(L, 2)) != KILN_OK) return st;
     L->out[0].v = handle;
     L->out[1].v = list;
@@ -1567,7 +1543,7 @@ static kiln_status lower_ta_new(L_t *L)
 static kiln_status ta_scatter(L_t *L, int ta, int idx, int value, int *out)
 {
     int idx64, mx, am, row, base, col, flat, shp;
-    kiln_status st = cast_to(L, idx, KILN_DTYPE_I64, &idx64);
+    kiln_status st = tf_cast_to(L, idx, KILN_DTYPE_I64, &idx64);
     if (st != KILN_OK) return st;
     if ((st = emit_a(L, KILN_OP_ReduceMax, 1, &idx64, "keepdims", 0, &mx)) != KILN_OK) return st;
     {
@@ -1581,11 +1557,11 @@ static kiln_status ta_scatter(L_t *L, int ta, int idx, int value, int *out)
     if ((st = emit_a(L, KILN_OP_TfListSetItem, 3, s_in, "resize", ta_dynamic(L, 0), &base)) != KILN_OK)
         return st;
     int64_t col_shape[2] = {-1, 1};
-    if ((st = const_i64(L, 1, 2, col_shape, &shp)) != KILN_OK) return st;
+    if ((st = tf_const_i64(L, 1, 2, col_shape, &shp)) != KILN_OK) return st;
     int r_in[2] = {idx64, shp};
-    if ((st = emit1(L, KILN_OP_Reshape, 2, r_in, &col)) != KILN_OK) return st;
+    if ((st = tf_emit1(L, KILN_OP_Reshape, 2, r_in, &col)) != KILN_OK) return st;
     int sc_in[3] = {base, col, value};
-    if ((st = emit1(L, KILN_OP_ScatterND, 3, sc_in, &flat)) != KILN_OK) return st;
+    if ((st = tf_emit1(L, KILN_OP_ScatterND, 3, sc_in, &flat)) != KILN_OK) return st;
     *out = flat;
     return KILN_OK;
 }
@@ -1625,7 +1601,7 @@ static kiln_status lower_ta_op(L_t *L, const char *op)
     if (strcmp(op, "TensorArraySizeV3") == 0) {
         int len;
         if ((st = ta_length(L, ta, &len)) != KILN_OK) return st;
-        if ((st = cast_to(L, len, KILN_DTYPE_I32, &v)) != KILN_OK) return st;
+        if ((st = tf_cast_to(L, len, KILN_DTYPE_I32, &v)) != KILN_OK) return st;
         return out1(L, v);
     }
     if (strcmp(op, "TensorArrayScatterV3") == 0) {
@@ -1639,15 +1615,15 @@ static kiln_status lower_ta_op(L_t *L, const char *op)
         int rest, m1, shp, n1, a1, lens;
         int64_t minus1 = -1;
         if ((st = shape_part(L, ta, 2, -1, &rest)) != KILN_OK) return st;
-        if ((st = const_i64(L, 1, 1, &minus1, &m1)) != KILN_OK) return st;
+        if ((st = tf_const_i64(L, 1, 1, &minus1, &m1)) != KILN_OK) return st;
         int c_in[2] = {m1, rest};
         if ((st = emit_a(L, KILN_OP_Concat, 2, c_in, "axis", 0, &shp)) != KILN_OK) return st;
         int r_in[2] = {ta, shp};
-        if ((st = emit1(L, KILN_OP_Reshape, 2, r_in, &v)) != KILN_OK) return st;
+        if ((st = tf_emit1(L, KILN_OP_Reshape, 2, r_in, &v)) != KILN_OK) return st;
         if ((st = shape_part(L, ta, 0, 1, &n1)) != KILN_OK) return st;
         if ((st = shape_part(L, ta, 1, 2, &a1)) != KILN_OK) return st;
         int e_in[2] = {a1, n1};
-        if ((st = emit1(L, KILN_OP_Expand, 2, e_in, &lens)) != KILN_OK) return st;
+        if ((st = tf_emit1(L, KILN_OP_Expand, 2, e_in, &lens)) != KILN_OK) return st;
         if ((st = set_outs(L, 2)) != KILN_OK) return st;
         L->out[0].v = v;
         L->out[1].v = lens;
@@ -1673,17 +1649,17 @@ static kiln_status lower_ta_op(L_t *L, const char *op)
                                (long long)l0, (long long)kiln_tensor_i64(lt, i));
     int head, rest, shp, rows, range, start, step, limit;
     int64_t nl[2] = {n, l0}, zero = 0, one = 1;
-    if ((st = const_i64(L, 1, 2, nl, &head)) != KILN_OK) return st;
+    if ((st = tf_const_i64(L, 1, 2, nl, &head)) != KILN_OK) return st;
     if ((st = shape_part(L, value, 1, -1, &rest)) != KILN_OK) return st;
     int c_in[2] = {head, rest};
     if ((st = emit_a(L, KILN_OP_Concat, 2, c_in, "axis", 0, &shp)) != KILN_OK) return st;
     int r_in[2] = {value, shp};
-    if ((st = emit1(L, KILN_OP_Reshape, 2, r_in, &rows)) != KILN_OK) return st;
-    if ((st = const_i64(L, 0, 1, &zero, &start)) != KILN_OK) return st;
-    if ((st = const_i64(L, 0, 1, &n, &limit)) != KILN_OK) return st;
-    if ((st = const_i64(L, 0, 1, &one, &step)) != KILN_OK) return st;
+    if ((st = tf_emit1(L, KILN_OP_Reshape, 2, r_in, &rows)) != KILN_OK) return st;
+    if ((st = tf_const_i64(L, 0, 1, &zero, &start)) != KILN_OK) return st;
+    if ((st = tf_const_i64(L, 0, 1, &n, &limit)) != KILN_OK) return st;
+    if ((st = tf_const_i64(L, 0, 1, &one, &step)) != KILN_OK) return st;
     int g_in[3] = {start, limit, step};
-    if ((st = emit1(L, KILN_OP_Range, 3, g_in, &range)) != KILN_OK) return st;
+    if ((st = tf_emit1(L, KILN_OP_Range, 3, g_in, &range)) != KILN_OK) return st;
     if ((st = ta_scatter(L, ta, range, rows, &v)) != KILN_OK) return st;
     return out1(L, v);
 }

@@ -284,26 +284,6 @@ static size_t row_elems(const kiln_tensor *t)
     return n;
 }
 
-/* Copy rows [from, from+n) of src to row `at` of dst (same dtype, row shape). */
-static kiln_status copy_rows(kiln_tensor *dst, int64_t at, const kiln_tensor *src, int64_t from,
-                             int64_t n)
-{
-    size_t re = row_elems(src);
-    if (src->dtype == KILN_DTYPE_STRING) {
-        const kiln_string *s = src->data;
-        for (size_t i = 0; i < (size_t)n * re; i++) {
-            const kiln_string *e = &s[(size_t)from * re + i];
-            kiln_status st = kiln_tensor_set_string(dst, (size_t)at * re + i, e->data, e->len);
-            if (st != KILN_OK) return st;
-        }
-        return KILN_OK;
-    }
-    size_t es = kiln_dtype_size(src->dtype);
-    memcpy((char *)dst->data + (size_t)at * re * es, (const char *)src->data + (size_t)from * re * es,
-           (size_t)n * re * es);
-    return KILN_OK;
-}
-
 /* dst[di] = src[si] (same dtype). */
 static kiln_status copy_elem(kiln_tensor *dst, size_t di, const kiln_tensor *src, size_t si)
 {
@@ -329,7 +309,7 @@ static kiln_status copy_padded(kiln_tensor *dst, int64_t at, const kiln_tensor *
     size_t rows = (size_t)src->dims[0];
     int same = 1;
     for (int d = 1; d < src->rank; d++) same &= src->dims[d] == dst->dims[d];
-    if (same) return copy_rows(dst, at, src, 0, src->dims[0]);
+    if (same) return kiln_tensor_copy_rows(dst, at, src, 0, src->dims[0]);
     if (sre == 0) return KILN_ERR_INVALID_ARGUMENT; /* nothing to pad with */
     kiln_status st = KILN_OK;
     for (size_t i = 0; i < rows * dre && st == KILN_OK; i++)
@@ -456,7 +436,7 @@ static void run_batch(kiln_batcher *b, batch *bt)
             at += t->rows;
         }
         /* pad up to the allowed batch size by repeating the last row */
-        for (; at < padded && st == KILN_OK; at++) st = copy_rows(merged[i], at, merged[i], at - 1, 1);
+        for (; at < padded && st == KILN_OK; at++) st = kiln_tensor_copy_rows(merged[i], at, merged[i], at - 1, 1);
         if (st != KILN_OK) {
             fail_all(bt, st, kiln_serve_code_for(st),
                      st == KILN_ERR_OUT_OF_MEMORY ? "out of memory merging a batch"
@@ -531,7 +511,7 @@ static void run_batch(kiln_batcher *b, batch *bt)
             kiln_status s2 = nm ? kiln_tensor_create(y->dtype, y->rank, dims, &r->t[o])
                                 : KILN_ERR_OUT_OF_MEMORY;
             r->names[o] = nm;
-            if (s2 == KILN_OK) s2 = copy_rows(r->t[o], 0, y, at, t->rows);
+            if (s2 == KILN_OK) s2 = kiln_tensor_copy_rows(r->t[o], 0, y, at, t->rows);
             if (s2 != KILN_OK) {
                 t->st = s2;
                 t->code = "RESOURCE_EXHAUSTED";

@@ -183,8 +183,45 @@ static char *read_file(const char *path, size_t *n)
     return buf;
 }
 
+/* kiln_tensor_copy_rows: values and strings copied, every mismatch refused untouched. */
+static void test_copy_rows(void)
+{
+    int64_t d3[2] = {3, 2}, d2[2] = {2, 2}, d23[2] = {2, 3};
+    kiln_tensor *a, *b, *c, *s, *t;
+    CHECK(kiln_tensor_create(KILN_DTYPE_F32, 2, d3, &a) == KILN_OK, "create");
+    CHECK(kiln_tensor_create(KILN_DTYPE_F32, 2, d2, &b) == KILN_OK, "create");
+    CHECK(kiln_tensor_create(KILN_DTYPE_F32, 2, d23, &c) == KILN_OK, "create");
+    CHECK(kiln_tensor_create(KILN_DTYPE_STRING, 2, d2, &s) == KILN_OK, "create");
+    CHECK(kiln_tensor_create(KILN_DTYPE_STRING, 2, d3, &t) == KILN_OK, "create");
+    for (int i = 0; i < 6; i++) ((float *)a->data)[i] = (float)i + 1;
+    CHECK(kiln_tensor_copy_rows(b, 0, a, 1, 2) == KILN_OK, "copy: %s", kiln_last_error());
+    const float *bv = b->data;
+    CHECK(bv[0] == 3 && bv[1] == 4 && bv[2] == 5 && bv[3] == 6, "rows 1..2 of a: %g %g %g %g",
+          bv[0], bv[1], bv[2], bv[3]);
+    CHECK(kiln_tensor_copy_rows(a, 2, a, 0, 1) == KILN_OK && ((float *)a->data)[4] == 1 &&
+              ((float *)a->data)[5] == 2, "row 0 onto row 2 of the same tensor");
+    CHECK(kiln_tensor_copy_rows(b, 1, a, 1, 2) == KILN_ERR_INVALID_ARGUMENT, "dst range");
+    CHECK(kiln_tensor_copy_rows(b, 0, a, 2, 2) == KILN_ERR_INVALID_ARGUMENT, "src range");
+    CHECK(kiln_tensor_copy_rows(b, 0, a, -1, 1) == KILN_ERR_INVALID_ARGUMENT, "negative row");
+    CHECK(kiln_tensor_copy_rows(c, 0, a, 0, 1) == KILN_ERR_INVALID_ARGUMENT, "row sizes");
+    CHECK(kiln_tensor_copy_rows(s, 0, a, 0, 1) == KILN_ERR_INVALID_ARGUMENT, "dtypes");
+    CHECK(strstr(kiln_last_error(), "float32") != NULL, "message names the dtype: %s",
+          kiln_last_error());
+    CHECK(bv[0] == 3 && bv[3] == 6, "a refused copy wrote nothing");
+    CHECK(kiln_tensor_set_string(t, 4, "abc", 3) == KILN_OK, "set");
+    CHECK(kiln_tensor_copy_rows(s, 1, t, 2, 1) == KILN_OK, "string copy: %s", kiln_last_error());
+    const kiln_string *sv = s->data;
+    CHECK(sv[2].len == 3 && memcmp(sv[2].data, "abc", 3) == 0, "string row copied");
+    kiln_tensor_free(a);
+    kiln_tensor_free(b);
+    kiln_tensor_free(c);
+    kiln_tensor_free(s);
+    kiln_tensor_free(t);
+}
+
 int main(void)
 {
+    test_copy_rows();
     kiln_model *m = NULL;
     kiln_status st = kiln_model_load(DIGITS, NULL, &m);
     CHECK(st == KILN_OK, "load: %s", kiln_last_error());
