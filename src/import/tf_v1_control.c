@@ -1470,7 +1470,7 @@ static kiln_status shape_part(L_t *L, int x, int64_t start, int64_t end, int *ou
 /* The array's length (its first dim) as an int64 scalar. */
 static kiln_status ta_length(L_t *L, int ta, int *out)
 {
-    int s, none;
+    int s = -1, none = -1;
     kiln_status st = shape_part(L, ta, 0, 1, &s);
     if (st == KILN_OK) st = tf_const_i64(L, 1, 0, NULL, &none);
     int in[2] = {s, none};
