@@ -37,6 +37,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "one_node.h"
 #include "kernels/fast.h"
 #include "kernels/kernel.h"
 #include "kiln/kiln.h"
@@ -68,35 +69,7 @@ struct mm_case {
     float a_lo, a_hi; /* A's value range (asymmetric ranges exercise the zero point) */
 };
 
-struct graph1 {
-    struct kiln_graph *g;
-    kiln_tensor *in[4];
-    int n_in;
-};
-
-static void add_in(struct graph1 *t, int i, kiln_tensor *x, int konst)
-{
-    int id;
-    if (kiln_graph_value_add(t->g, konst ? "w" : "x", konst ? KILN_VALUE_CONST : KILN_VALUE_INPUT,
-                             &id) != KILN_OK)
-        abort();
-    kiln_graph_own_tensor(t->g, x);
-    kiln_type_from_tensor(&t->g->values[id].type, x);
-    if (konst) t->g->values[id].konst = x;
-    t->g->nodes[0].in[i] = id;
-    t->in[i] = x;
-}
-
-static struct kiln_attr *add_attr(struct graph1 *t, const char *name, enum kiln_attr_type type)
-{
-    struct kiln_node *n = &t->g->nodes[0];
-    struct kiln_attr *a = &n->attr[n->n_attr++];
-    a->name = kiln_arena_strdup(t->g->mem, name);
-    a->type = type;
-    return a;
-}
-
-static void build(struct graph1 *t, const struct mm_case *c)
+static void build(struct one_node *t, const struct mm_case *c)
 {
     memset(t, 0, sizeof *t);
     int n_in = c->bias ? 3 : 2;
@@ -152,7 +125,7 @@ static float extra_at(const struct mm_case *c, const float *e, int64_t r, int64_
 }
 
 /* The int8 reference; y has rows(c) * n elements. */
-static void ref_int8(const struct mm_case *c, struct graph1 *t, float *y)
+static void ref_int8(const struct mm_case *c, struct one_node *t, float *y)
 {
     const float *a = t->in[0]->data, *b = t->in[1]->data;
     const float *e = c->bias ? t->in[2]->data : NULL;
@@ -199,7 +172,7 @@ static void ref_int8(const struct mm_case *c, struct graph1 *t, float *y)
 }
 
 /* The bf16 reference (round_inputs = 1) or the exact product (0), in double. */
-static void ref_float(const struct mm_case *c, struct graph1 *t, int round_inputs, float *y)
+static void ref_float(const struct mm_case *c, struct one_node *t, int round_inputs, float *y)
 {
     const float *a = t->in[0]->data, *b = t->in[1]->data;
     const float *e = c->bias ? t->in[2]->data : NULL;
@@ -226,7 +199,7 @@ static void ref_float(const struct mm_case *c, struct graph1 *t, int round_input
 }
 
 /* Compile the node for `precision` and run it; NULL when the kernel declined. */
-static kiln_tensor *run_fast(struct graph1 *t, int precision, int threads, const char **name)
+static kiln_tensor *run_fast(struct one_node *t, int precision, int threads, const char **name)
 {
     struct kiln_node *n = &t->g->nodes[0];
     const struct kiln_fast_op *f = kiln_fast_op(n->op);
@@ -325,7 +298,7 @@ static void check_case(const struct mm_case *c)
 {
     char what[200];
     describe(c, what, sizeof what);
-    struct graph1 t;
+    struct one_node t;
     build(&t, c);
     int64_t count = rows(c) * c->n;
     float *exact = malloc(sizeof(float) * (size_t)count);
@@ -407,7 +380,7 @@ static void check_conv(const struct conv_case *c)
              "group=%lld bias=%d", (long long)c->n, (long long)c->c, (long long)c->h,
              (long long)c->w, (long long)c->m, (long long)c->k, (long long)c->stride,
              (long long)c->pad, (long long)c->group, c->bias);
-    struct graph1 t;
+    struct one_node t;
     memset(&t, 0, sizeof t);
     int n_in = c->bias ? 3 : 2;
     struct kiln_node *node;

@@ -28,6 +28,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "one_node.h"
 #include "kernels/fast.h"
 #include "kernels/kernel.h"
 #include "kernels/sparse/sparse.h"
@@ -184,12 +185,6 @@ struct mm_case {
     enum pattern pat;
 };
 
-struct node1 {
-    struct kiln_graph *g;
-    kiln_tensor *in[3];
-    int n_in;
-};
-
 static kiln_tensor *tensor(int rank, const int64_t *dims)
 {
     kiln_tensor *t;
@@ -197,29 +192,7 @@ static kiln_tensor *tensor(int rank, const int64_t *dims)
     return t;
 }
 
-static void add_in(struct node1 *t, int i, kiln_tensor *x, int konst)
-{
-    int id;
-    if (kiln_graph_value_add(t->g, konst ? "w" : "x", konst ? KILN_VALUE_CONST : KILN_VALUE_INPUT,
-                             &id) != KILN_OK)
-        abort();
-    kiln_graph_own_tensor(t->g, x);
-    kiln_type_from_tensor(&t->g->values[id].type, x);
-    if (konst) t->g->values[id].konst = x;
-    t->g->nodes[0].in[i] = id;
-    t->in[i] = x;
-}
-
-static struct kiln_attr *add_attr(struct node1 *t, const char *name, enum kiln_attr_type type)
-{
-    struct kiln_node *n = &t->g->nodes[0];
-    struct kiln_attr *a = &n->attr[n->n_attr++];
-    a->name = kiln_arena_strdup(t->g->mem, name);
-    a->type = type;
-    return a;
-}
-
-static void build(struct node1 *t, const struct mm_case *c)
+static void build(struct one_node *t, const struct mm_case *c)
 {
     memset(t, 0, sizeof *t);
     struct kiln_node *n;
@@ -271,7 +244,7 @@ static float b_at(const struct mm_case *c, const float *b, int64_t k, int64_t j)
 }
 
 /* fp32 reference (double sums), or int8 with the dense dynamic path's formulas. */
-static void reference(const struct mm_case *c, const struct node1 *t, int int8, double *y)
+static void reference(const struct mm_case *c, const struct one_node *t, int int8, double *y)
 {
     const float *a = t->in[0]->data, *b = t->in[1]->data, *e = c->bias ? t->in[2]->data : NULL;
     int64_t R = rows(c), K = c->k, N = c->n;
@@ -322,7 +295,7 @@ static void reference(const struct mm_case *c, const struct node1 *t, int int8, 
 
 /* Compile node t with the fast kernel in (precision, threads) into inst using cache wc
  * (NULL: a fresh one), run it; the output, or NULL when not handled. */
-static kiln_tensor *run_node(struct node1 *t, int precision, int threads, struct kiln_weight_cache *wc,
+static kiln_tensor *run_node(struct one_node *t, int precision, int threads, struct kiln_weight_cache *wc,
                              char *name, size_t cap)
 {
     struct kiln_node *n = &t->g->nodes[0];
@@ -379,7 +352,7 @@ static void describe(const struct mm_case *c, char *buf, size_t cap)
 }
 
 /* Compare y with the reference: fp32 within 1e-5 of the output's scale, int8 exactly. */
-static int compare(const struct mm_case *c, const struct node1 *t, int int8, const kiln_tensor *y,
+static int compare(const struct mm_case *c, const struct one_node *t, int int8, const kiln_tensor *y,
                    const char *what)
 {
     int64_t cnt = rows(c) * c->n;
@@ -417,7 +390,7 @@ static void test_nodes(void)
     setenv("KILN_SPARSE", "force", 1);
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         const struct mm_case *c = &cases[i];
-        struct node1 t;
+        struct one_node t;
         build(&t, c);
         describe(c, what, sizeof what);
         for (int prec = 0; prec <= 2; prec += 2)
@@ -443,7 +416,7 @@ static void test_nodes(void)
     /* the choice */
     struct mm_case dense = {KILN_OP_MatMul, 2, 32, 64, 64, 0, 0, 0, 1.0f, P_DENSE};
     struct mm_case sparse = {KILN_OP_MatMul, 2, 64, 256, 512, 0, 0, 0, 1.0f, P_UNSTR90};
-    struct node1 td, ts;
+    struct one_node td, ts;
     build(&td, &dense);
     build(&ts, &sparse);
     unsetenv("KILN_SPARSE");
