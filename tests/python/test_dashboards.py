@@ -333,12 +333,16 @@ def wait_for(what, fn, timeout=30):
 
 
 def last_sample(prom, expr, want):
-    """Timestamp (s, ms precision) of the latest scrape in which the series expr == want."""
+    """Timestamp (s, ms precision) of the latest scrape in which the series expr == want.
+    One range query gives each sample with its own timestamp: two instant queries (the
+    timestamp, then the value) could straddle a scrape and pair a scrape taken during the
+    traffic with the value of the one after it."""
     def probe():
-        r = prom.query(f"timestamp({expr})", time.time())
-        v = prom.query(expr, time.time())
-        if len(r) == 1 and len(v) == 1 and float(v[0]["value"][1]) == want:
-            return float(r[0]["value"][1])
+        code, body = prom.api("query", query=f"{expr}[10s]", time=f"{time.time():.3f}")
+        assert code == 200 and body.get("status") == "success", f"{expr}\n-> {code} {body}"
+        r = body["data"]["result"]
+        if len(r) == 1 and r[0]["values"] and float(r[0]["values"][-1][1]) == want:
+            return float(r[0]["values"][-1][0])
         return None
     return wait_for(f"a scrape with {expr} == {want}", probe)
 

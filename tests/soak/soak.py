@@ -744,11 +744,12 @@ def scenario_diskfull(kiln, work, long, seconds):
                 time.sleep(0.05)
             check(srv.metric(rec_key) >= r0 + 50, f"request log not written: {srv.logtext()}")
             # fill the filesystem: the log's next writes get ENOSPC
-            with open(view / "filler", "wb") as f:
+            # unbuffered: a buffered file's close would retry the bytes left in its
+            # buffer and raise ENOSPC again
+            with open(view / "filler", "wb", buffering=0) as f:
                 try:
                     while True:
                         f.write(b"\0" * 65536)
-                        f.flush()
                 except OSError as e:
                     check(e.errno == errno.ENOSPC, f"filling the tmpfs: {e}")
             r1, d1 = srv.metric(rec_key), srv.metric(drop_key)
