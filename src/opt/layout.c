@@ -16,11 +16,13 @@
  *    of two same-shape inputs (residual Adds, SiLU's Mul), Concat along any
  *    axis (along C off the blocks, copied lane by lane), Slice with constant
  *    arguments (the batch whole), Gather of channels by constant indices,
- *    and constant Pad of H and W (is_follower; the kernels in src/kernels/simd
- *    slice.c, data.c, concat.c, pad.c). A channel shuffle (Reshape,
+ *    constant Pad of H and W, and Resize / Upsample of H and W by constant
+ *    scales or sizes (is_follower; the kernels in src/kernels/simd slice.c,
+ *    data.c, concat.c, pad.c, resize.c). A channel shuffle (Reshape,
  *    Transpose, Reshape) is first rewritten as a Gather of channels
- *    (layout_shuffle.c). Ops without a blocked kernel (Reshape, Transpose,
- *    Resize, Split, ...) read plain data.
+ *    (layout_shuffle.c), and a Split along C, H or W as one Slice per
+ *    piece. Ops without a blocked kernel (Reshape, Transpose, ...) read
+ *    plain data.
  * A value is blocked when it is supplied blocked (written by a source, or by
  * a follower with a blocked data input) and demanded blocked (read by a
  * source that wants it, or by a follower whose output is demanded); both
@@ -54,6 +56,7 @@
 #include <string.h>
 
 #include "kernels/fast.h"
+#include "kernels/ref/resample.h"
 #include "kernels/simd/pad.h"
 #include "opt/layout_shuffle.h"
 #include "opt/opt.h"
@@ -176,6 +179,38 @@ static int picks_constant(const struct kiln_graph *g, const struct kiln_node *n)
     return 1;
 }
 
+/* A Resize / Upsample whose fast kernel surely runs on blocked data (simd/resize.c):
+ * constant roi / scales / sizes, N and C unchanged, taps the kernel takes. The taps
+ * of H and W do not depend on the batch, so a symbolic one is checked as 1. */
+static int resize_constant(const struct kiln_graph *g, const struct kiln_node *n)
+{
+    int up = n->op == KILN_OP_Upsample;
+    const struct kiln_type *x = &g->values[n->in[0]].type;
+    const kiln_tensor *in[4] = {NULL, NULL, NULL, NULL};
+    for (int i = 1; i < n->n_in && i < 4; i++) {
+        if (n->in[i] < 0) continue;
+        if (g->values[n->in[i]].kind != KILN_VALUE_CONST || !g->values[n->in[i]].konst) return 0;
+        in[i] = g->values[n->in[i]].konst;
+    }
+    const kiln_tensor *roi = NULL, *scales = in[1], *sizes = NULL;
+    if (!up && n->opset >= 11) {
+        roi = in[1];
+        scales = in[2];
+        sizes = in[3];
+    }
+    int64_t xd[4], od[4];
+    for (int d = 0; d < 4; d++) xd[d] = x->dims[d];
+    if (xd[0] < 0 && x->sym[0]) xd[0] = 1;
+    for (int d = 0; d < 4; d++)
+        if (xd[d] <= 0) return 0;
+    struct kiln_resize_axis h, w;
+    if (!kiln_resize_hw(n, up, xd, roi, scales, sizes, KILN_RESIZE_FAST_TAPS, od, &h, &w))
+        return 0;
+    kiln_resize_axis_free(&h);
+    kiln_resize_axis_free(&w);
+    return 1;
+}
+
 /* A node that works on blocked data as on plain (a "follower": its output takes its
  * data inputs' layout, and all of them must share it): a unary elementwise op, a
  * binary one of two same-shape inputs, or a Concat along N, H or W, or along C
@@ -201,6 +236,8 @@ static int is_follower(const struct kiln_graph *g, const unsigned char *captured
         return act_value(g, captured, n->in[0]) &&
                kiln_pad_hw(n, pads, has_axes, value, has_value, a, &fill);
     }
+    if (n->op == KILN_OP_Resize || n->op == KILN_OP_Upsample)
+        return act_value(g, captured, n->in[0]) && resize_constant(g, n);
     if (n->op == KILN_OP_Concat) {
         int64_t axis = kiln_attr_int(n, "axis", 1);
         if (kiln_attr_check(n) != KILN_OK) {
@@ -246,7 +283,9 @@ static int is_follower(const struct kiln_graph *g, const unsigned char *captured
 static int follower_data_input(const struct kiln_node *n, int i)
 {
     if (n->op == KILN_OP_Concat) return 1;
-    if (n->op == KILN_OP_Slice || n->op == KILN_OP_Gather || n->op == KILN_OP_Pad) return i == 0;
+    if (n->op == KILN_OP_Slice || n->op == KILN_OP_Gather || n->op == KILN_OP_Pad ||
+        n->op == KILN_OP_Resize || n->op == KILN_OP_Upsample)
+        return i == 0;
     if (n->op == KILN_OP_Add || n->op == KILN_OP_Sub || n->op == KILN_OP_Mul ||
         n->op == KILN_OP_Div)
         return i < 2;
@@ -388,6 +427,7 @@ kiln_status kiln_opt_layout(struct kiln_graph *g, struct kiln_opt_pass_log *pl)
     struct layout_pass lp = {.g = g, .pl = pl, .block = pick_block()};
     if (!lp.block) return KILN_OK;
     kiln_status st = kiln_opt_layout_shuffle(g, pl);
+    if (st == KILN_OK) st = kiln_opt_split_as_slices(g, pl);
     if (st != KILN_OK) return st;
     /* room for the values the pass adds too (at most one per node input and output) */
     size_t n_cap = (size_t)g->n_values + (size_t)g->n_outputs + 1;

@@ -210,3 +210,84 @@ kiln_status kiln_opt_layout_shuffle(struct kiln_graph *g, struct kiln_opt_pass_l
     }
     return KILN_OK;
 }
+
+/* ---- Split as Slices ----
+ * A Split of a 4-D float32 value along C, H or W, with every piece's size known,
+ * becomes one Slice per piece (constant starts, ends and axes), which the layout
+ * pass keeps blocked like any Slice (simd/slice.c), where the Split would read
+ * plain memory: the same bytes copied, no reorder on either side. */
+static kiln_status add_i64(struct kiln_graph *g, const char *base, int64_t v, int *id)
+{
+    kiln_tensor *t;
+    int64_t dims[1] = {1};
+    kiln_status st = kiln_tensor_new(KILN_DTYPE_I64, 1, dims, &t);
+    if (st != KILN_OK) return st;
+    ((int64_t *)t->data)[0] = v;
+    return kiln_opt_add_const(g, base, t, id);
+}
+
+static kiln_status try_split(struct kiln_graph *g, int i, int *done)
+{
+    const struct kiln_node *n = &g->nodes[i];
+    if (n->op != KILN_OP_Split || n->n_in < 1 || n->in[0] < 0 || n->n_out < 1 ||
+        n->n_implicit > 0)
+        return KILN_OK;
+    const struct kiln_type *xt = &g->values[n->in[0]].type;
+    if (xt->dtype != KILN_DTYPE_F32 || xt->rank != 4) return KILN_OK;
+    int64_t axis = kiln_attr_int(n, "axis", 0);
+    if (kiln_attr_check(n) != KILN_OK) {
+        kiln_error_clear();
+        return KILN_OK;
+    }
+    if (axis < 0) axis += 4;
+    if (axis < 1 || axis > 3 || xt->dims[axis] < 0) return KILN_OK;
+    int n_out = n->n_out, x = n->in[0];
+    int64_t off[64], len[64], total = 0;
+    if (n_out > 64) return KILN_OK;
+    for (int k = 0; k < n_out; k++) {
+        int y = n->out[k];
+        if (y < 0) return KILN_OK;
+        const struct kiln_type *yt = &g->values[y].type;
+        if (yt->rank != 4 || yt->dtype != KILN_DTYPE_F32 || yt->dims[axis] < 0) return KILN_OK;
+        off[k] = total;
+        len[k] = yt->dims[axis];
+        total += len[k];
+    }
+    if (total != xt->dims[axis]) return KILN_OK;
+    int outs[64];
+    for (int k = 0; k < n_out; k++) outs[k] = g->nodes[i].out[k];
+    char name[256];
+    for (int k = 0; k < n_out; k++) {
+        const char *yname = g->values[outs[k]].name;
+        int vs, ve, va, ni;
+        kiln_status st = add_i64(g, yname, off[k], &vs);
+        if (st == KILN_OK) st = add_i64(g, yname, off[k] + len[k], &ve);
+        if (st == KILN_OK) st = add_i64(g, yname, axis, &va);
+        snprintf(name, sizeof name, "%.200s/slice%d", g->nodes[i].name ? g->nodes[i].name : "", k);
+        if (st == KILN_OK) st = kiln_opt_add_node(g, KILN_OP_Slice, name, 4, 1, 0, 13, &ni);
+        if (st != KILN_OK) return st;
+        g->nodes[ni].op_type = "Slice";
+        kiln_opt_set_input(g, ni, 0, x);
+        kiln_opt_set_input(g, ni, 1, vs);
+        kiln_opt_set_input(g, ni, 2, ve);
+        kiln_opt_set_input(g, ni, 3, va);
+        outs[k] = -1 - ni; /* the Slice to own output k, once the Split is gone */
+    }
+    int ys[64];
+    for (int k = 0; k < n_out; k++) ys[k] = g->nodes[i].out[k];
+    kiln_opt_remove_node(g, i);
+    for (int k = 0; k < n_out; k++) kiln_opt_set_output(g, -1 - outs[k], 0, ys[k]);
+    (*done)++;
+    return KILN_OK;
+}
+
+kiln_status kiln_opt_split_as_slices(struct kiln_graph *g, struct kiln_opt_pass_log *pl)
+{
+    int done = 0, n = g->n_nodes;
+    kiln_status st = KILN_OK;
+    for (int i = 0; i < n && st == KILN_OK; i++)
+        if (!kiln_opt_node_dead(&g->nodes[i])) st = try_split(g, i, &done);
+    for (int i = 0; i < done; i++) kiln_opt_count(pl, "Split as Slices");
+    if (st == KILN_OK && done) st = kiln_opt_compact(g);
+    return st;
+}

@@ -297,8 +297,8 @@ def test_concat_spatial_axes(kiln_bin, tmp_path, axis):
 
 def test_concat_of_upsampled_and_plain(kiln_bin, tmp_path):
     """The detection-network neck: Concat(Resize(conv), graph input) into a 1x1
-    convolution. Resize has no blocked kernel: the Concat is plain, and one reorder
-    brings it into the convolutions' layout, one out of it before the last."""
+    convolution. The Resize and the Concat stay blocked; one reorder brings the plain
+    graph input into the Concat's layout, one takes the output out of it."""
     g = G(3, 8, 8)
     x2 = g.input("X2", (2, 32, 16, 16))
     a = g.conv("X", 3, 32, 3)
@@ -344,3 +344,127 @@ def test_global_pool_reorders_its_output(kiln_bin, tmp_path):
     proc = subprocess.run([kiln_bin, "inspect", str(tmp_path / "m.onnx"), "--optimized"],
                           capture_output=True, text=True, env=isa_env(""), timeout=120)
     assert "reorder after a pool, not before x1" in proc.stdout, proc.stdout
+
+
+# ------------------------------------------------------------------ Resize and Split
+
+
+@pytest.mark.parametrize("c,inputs,attrs", [
+    (32, ("", "scales", [1, 1, 2, 2]), dict(mode="nearest")),
+    (24, ("", "sizes", [2, 24, 15, 7]), dict(mode="linear")),  # 10 -> 15 and 10 -> 7
+    (24, ("", "scales", [1, 1, 2, 2]),
+     dict(mode="linear", coordinate_transformation_mode="align_corners")),
+    (24, ("", "scales", [1, 1, 1.5, 0.5]),
+     dict(mode="nearest", coordinate_transformation_mode="asymmetric", nearest_mode="ceil")),
+    (40, ("", "sizes", [2, 40, 13, 21]),
+     dict(mode="cubic", coordinate_transformation_mode="pytorch_half_pixel")),
+    (16, ("", "scales", [1, 1, 0.5, 0.5]), dict(mode="cubic", exclude_outside=1)),
+])
+def test_resize_between_convs(kiln_bin, tmp_path, c, inputs, attrs):
+    """Resize of H and W stays blocked (simd/resize.c) in every mode and coordinate
+    mapping the fast kernel takes, 24 and 40 channels off the block included."""
+    g = G(3)
+    x = g.conv("X", 3, c, 3)
+    roi, kind, vals = inputs
+    if kind == "scales":
+        args = [x, roi, g.const(np.array(vals, np.float32))]
+    else:
+        args = [x, roi, "", ints(g, vals)]
+    y = g.op("Resize", args, **attrs)
+    z = g.conv(g.conv(y, c, 32, 3), 32, 16, 1)
+    # blocked: x, y and the middle convolution's output; one reorder, for the output
+    run_case(kiln_bin, tmp_path, g, [z], min_blocked=3, max_reorders=1)
+
+
+def test_resize_crop_and_resize_stays_plain(kiln_bin, tmp_path):
+    """tf_crop_and_resize (extrapolated points) has no fast kernel: the Resize reads
+    plain data and the outputs still match the reference."""
+    g = G(3)
+    x = g.conv("X", 3, 16, 3)
+    roi = g.const(np.array([0, 0, 0.1, 0.2, 1, 1, 0.9, 1.3], np.float32))
+    y = g.op("Resize", [x, roi, g.const(np.array([1, 1, 1.5, 1.5], np.float32))],
+             mode="linear", coordinate_transformation_mode="tf_crop_and_resize",
+             extrapolation_value=0.5)
+    z = g.conv(y, 16, 16, 1)
+    run_case(kiln_bin, tmp_path, g, [z], min_blocked=0, max_reorders=2)
+
+
+@pytest.mark.parametrize("axis,split", [(1, [16, 24]), (1, [24, 16]), (2, [3, 7]),
+                                         (-1, [4, 4, 2])])
+def test_split_between_convs(kiln_bin, tmp_path, axis, split):
+    """A Split along C, H or W becomes Slices that stay blocked; every piece feeds a
+    convolution (a piece that starts or ends off the block too). Pieces of fewer
+    channels than a block would feed their convolutions plain, as a network's first
+    convolution reads its input: not what this case is about."""
+    g = G(3)
+    x = pool(g, g.conv("X", 3, 40, 3))
+    ys = [g.name("split") for _ in split]
+    g.nodes.append(helper.make_node("Split", [x, ints(g, split)], ys, name=g.name("s"),
+                                    axis=axis))
+    outs = [g.conv(y, split[i] if axis == 1 else 40, 16, 1) for i, y in enumerate(ys)]
+    run_case(kiln_bin, tmp_path, g, outs, min_blocked=2 + len(split), max_reorders=len(split))
+
+
+def test_split_plain_any_rank(kiln_bin, tmp_path):
+    """Split of plain tensors (a GRU's gates: rank 3, the last axis; int64 on axis 0)
+    runs on the fast memcpy kernel, not the reference one, and matches it."""
+    rng = np.random.default_rng(3)
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 5, 24])
+    i = helper.make_tensor_value_info("i", TensorProto.INT64, [7, 2])
+    outs = [helper.make_tensor_value_info(n, t, None)
+            for n, t in (("a", TensorProto.FLOAT), ("b", TensorProto.FLOAT),
+                         ("c", TensorProto.FLOAT), ("p", TensorProto.INT64),
+                         ("q", TensorProto.INT64))]
+    nodes = [helper.make_node("Split", ["x", "s3"], ["a", "b", "c"], axis=-1),
+             helper.make_node("Split", ["i", "s2"], ["p", "q"], axis=0)]
+    inits = [numpy_helper.from_array(np.array([8, 12, 4], np.int64), "s3"),
+             numpy_helper.from_array(np.array([3, 4], np.int64), "s2")]
+    model = helper.make_model(helper.make_graph(nodes, "split", [x, i], outs, inits),
+                              opset_imports=[helper.make_opsetid("", 14)])
+    path = tmp_path / "split.onnx"
+    onnx.save(model, str(path))
+    feeds = {"x": rng.standard_normal((3, 5, 24)).astype(np.float32),
+             "i": rng.integers(-9, 9, (7, 2)).astype(np.int64)}
+    got = predict(kiln_bin, path, feeds, tmp_path / "fast", isa_env(""))
+    want = {"a": feeds["x"][..., :8], "b": feeds["x"][..., 8:20], "c": feeds["x"][..., 20:],
+            "p": feeds["i"][:3], "q": feeds["i"][3:]}
+    for name, w in want.items():
+        np.testing.assert_array_equal(np.load(got / f"{name}.npy"), w)
+    r = subprocess.run([kiln_bin, "bench", str(path), "--iterations", "3", "--json"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["reference_share"] == 0.0, r.stdout
+
+
+@pytest.mark.parametrize("attrs,scales", [
+    (dict(mode="nearest"), [1, 1, 2, 3]),
+    # tf_half_pixel_for_nn moves N and C too when they are resized (by 1): axes leaves
+    # them out (with them in, the fast kernel declines and the reference runs)
+    (dict(mode="nearest", nearest_mode="round_prefer_ceil", axes=[2, 3],
+          coordinate_transformation_mode="tf_half_pixel_for_nn"), [0.6, 1.7]),
+    (dict(mode="linear"), [1, 1, 1.8, 0.4]),
+    (dict(mode="linear", coordinate_transformation_mode="half_pixel_symmetric"), [1, 1, 2, 2]),
+    (dict(mode="cubic", cubic_coeff_a=-0.5), [1, 1, 1.3, 2.2]),
+])
+def test_resize_plain(kiln_bin, tmp_path, attrs, scales):
+    """Resize of a plain graph input (no convolution around it) runs on the fast kernel
+    (reference share 0) and matches the reference kernel, at sizes off every vector width."""
+    rng = np.random.default_rng(5)
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 5, 9, 11])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    node = helper.make_node("Resize", ["x", "", "scales"], ["y"], **attrs)
+    inits = [numpy_helper.from_array(np.array(scales, np.float32), "scales")]
+    model = helper.make_model(helper.make_graph([node], "resize", [x], [y], inits),
+                              opset_imports=[helper.make_opsetid("", 19)])
+    path = tmp_path / "resize.onnx"
+    onnx.save(model, str(path))
+    feeds = {"x": rng.standard_normal((2, 5, 9, 11)).astype(np.float32)}
+    got = np.load(predict(kiln_bin, path, feeds, tmp_path / "fast", isa_env("")) / "y.npy")
+    ref = np.load(predict(kiln_bin, path, feeds, tmp_path / "ref", isa_env(""),
+                          reference=True) / "y.npy")
+    assert got.shape == ref.shape
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
+    r = subprocess.run([kiln_bin, "bench", str(path), "--iterations", "3", "--json"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["reference_share"] == 0.0, r.stdout

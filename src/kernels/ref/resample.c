@@ -20,6 +20,11 @@
  * linear / cubic, zeros / border / reflection padding); AffineGrid builds the
  * normalized base grid and applies theta.
  */
+#include "kernels/ref/resample.h"
+
+#include <stdlib.h>
+#include <string.h>
+
 #include "kernels/kernel.h"
 
 /* ---- Resize / Upsample ---- */
@@ -535,6 +540,133 @@ static kiln_status rs_execute(const struct kiln_node *n, const struct rs_attrs *
         kiln_set_f64(Y->dtype, Y->data, i, is_int ? nearbyint(buf[i]) : buf[i]);
     free(buf);
     return KILN_OK;
+}
+
+/* ---- what the fast kernel and the layout pass share (resample.h) ---- */
+
+bool kiln_resize_attrs_hw(const struct kiln_node *n, bool upsample)
+{
+    struct rs_attrs a;
+    if (rs_parse_attrs(n, upsample, 4, &a) != KILN_OK) {
+        kiln_error_clear();
+        return false;
+    }
+    if (a.coord == RS_TF_CROP_AND_RESIZE) return false;
+    for (int i = 0; i < a.n_axes; i++)
+        if (a.axes[i] < 2) return false;
+    return true;
+}
+
+void kiln_resize_axis_free(struct kiln_resize_axis *a)
+{
+    free(a->idx);
+    free(a->w);
+    a->idx = NULL;
+    a->w = NULL;
+}
+
+/* Axis d's taps in single precision, zero-weight taps dropped where every
+ * coordinate has fewer (nearest: one tap). */
+static bool rs_axis_hw(const struct kiln_node *n, const struct rs_attrs *a,
+                       const struct rs_plan *p, int d, int max_taps, struct kiln_resize_axis *out)
+{
+    struct rs_taps t;
+    if (rs_axis_taps(n, a, p, d, &t) != KILN_OK) {
+        kiln_error_clear();
+        free(t.idx);
+        free(t.w);
+        free(t.oob);
+        return false;
+    }
+    int used = 1;
+    for (int64_t o = 0; o < t.out; o++) {
+        if (t.oob[o]) used = max_taps + 1;
+        int k_used = 0;
+        for (int k = 0; k < t.ntap; k++)
+            if (t.w[o * t.ntap + k] != 0) k_used++;
+        if (k_used > used) used = k_used;
+    }
+    bool ok = used <= max_taps;
+    if (ok) {
+        out->in = p->in[d];
+        out->out = t.out;
+        out->ntap = used;
+        out->idx = malloc((size_t)(t.out * used + 1) * sizeof *out->idx);
+        out->w = malloc((size_t)(t.out * used + 1) * sizeof *out->w);
+        ok = out->idx && out->w;
+        for (int64_t o = 0; ok && o < t.out; o++) {
+            int j = 0;
+            for (int k = 0; k < t.ntap; k++) {
+                double wk = t.w[o * t.ntap + k];
+                if (wk == 0) continue;
+                out->idx[o * used + j] = t.idx[o * t.ntap + k];
+                out->w[o * used + j] = (float)wk;
+                j++;
+            }
+            for (; j < used; j++) { /* padding taps: weight 0 on a valid index */
+                out->idx[o * used + j] = t.idx[o * t.ntap];
+                out->w[o * used + j] = 0.0f;
+            }
+        }
+        if (!ok) kiln_resize_axis_free(out);
+    }
+    free(t.idx);
+    free(t.w);
+    free(t.oob);
+    return ok;
+}
+
+bool kiln_resize_hw(const struct kiln_node *n, bool upsample, const int64_t *xd,
+                    const kiln_tensor *roi, const kiln_tensor *scales, const kiln_tensor *sizes,
+                    int max_taps, int64_t od[4], struct kiln_resize_axis *h,
+                    struct kiln_resize_axis *w)
+{
+    memset(h, 0, sizeof *h);
+    memset(w, 0, sizeof *w);
+    struct rs_attrs a;
+    if (!kiln_resize_attrs_hw(n, upsample) || rs_parse_attrs(n, upsample, 4, &a) != KILN_OK) {
+        kiln_error_clear();
+        return false;
+    }
+    kiln_tensor attr_scales;
+    if (upsample && !scales) {
+        const float *fs;
+        int cnt = kiln_attr_floats(n, "scales", &fs);
+        if (cnt < 0) return false;
+        memset(&attr_scales, 0, sizeof attr_scales);
+        attr_scales.dtype = KILN_DTYPE_F32;
+        attr_scales.rank = 1;
+        attr_scales.dims[0] = cnt;
+        attr_scales.data = (void *)fs;
+        scales = &attr_scales;
+    }
+    struct rs_plan p;
+    if (rs_make_plan(n, &a, 4, xd, roi, scales, sizes, &p) != KILN_OK) {
+        kiln_error_clear();
+        return false;
+    }
+    if (p.out[0] != xd[0] || p.out[1] != xd[1] || p.out[2] <= 0 || p.out[3] <= 0 ||
+        xd[2] <= 0 || xd[3] <= 0)
+        return false;
+    /* N and C keep their size, but a coordinate mapping can still move them (with
+     * tf_half_pixel_for_nn, output index i reads input i + 1 at scale 1) */
+    for (int d = 0; d < 2; d++) {
+        if (!p.resized[d]) continue;
+        struct rs_taps t;
+        bool id = rs_axis_taps(n, &a, &p, d, &t) == KILN_OK && t.identity;
+        kiln_error_clear();
+        free(t.idx);
+        free(t.w);
+        free(t.oob);
+        if (!id) return false;
+    }
+    if (!rs_axis_hw(n, &a, &p, 2, max_taps, h)) return false;
+    if (!rs_axis_hw(n, &a, &p, 3, max_taps, w)) {
+        kiln_resize_axis_free(h);
+        return false;
+    }
+    for (int d = 0; d < 4; d++) od[d] = p.out[d];
+    return true;
 }
 
 /* Shared run of Resize and Upsample. */

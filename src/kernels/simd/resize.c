@@ -1,0 +1,236 @@
+/*
+ * resize.c - fast kernel for Resize and Upsample of 4-D float32 tensors on
+ * their spatial axes (the upsampling of UNets, FPNs and segmentation heads),
+ * in plain and channel-blocked layouts.
+ *
+ * The taps of each axis (input rows / columns and their weights) come from
+ * the reference kernel's own code (src/kernels/ref/resample.h), computed
+ * once when the plan is compiled, so every mode and coordinate mapping the
+ * reference knows maps coordinates identically here: nearest with its
+ * rounding modes, linear, cubic, antialias, exclude_outside, sizes with a
+ * keep_aspect_ratio_policy. Only tf_crop_and_resize (extrapolated points)
+ * and resizes of N or C stay on the reference kernel. Weights are applied in
+ * single precision (the reference accumulates in double: results agree to a
+ * few ulps; nearest is a copy and bit-exact).
+ *
+ * Each output row (one image, one channel or block of channels, one row) is
+ * a weighted sum of ntap_h input rows, each resampled along W; rows are split
+ * over the run's threads. Blocked (nChw8c / nChw16c), the lanes of a pixel
+ * are contiguous and the sums run over whole blocks, lanes past the last
+ * channel included (they are zero in, and stay zero out).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/threadpool.h"
+#include "kernels/fast.h"
+#include "kernels/ref/resample.h"
+
+#define RESIZE_MAX_TAPS KILN_RESIZE_FAST_TAPS
+
+struct resize_state {
+    int64_t planes;          /* N * C (plain) or N * blocks (blocked) */
+    int64_t ih, iw, oh, ow;
+    int l;                   /* lanes per pixel: 1 plain, 8 or 16 blocked */
+    struct kiln_resize_axis th, tw;
+    int nearest;             /* one tap of weight 1 on both axes: a gather */
+    char name[40];
+};
+
+struct resize_job {
+    const struct resize_state *s;
+    const float *x;
+    float *y;
+};
+
+static void resize_free(void *p)
+{
+    struct resize_state *s = p;
+    kiln_resize_axis_free(&s->th);
+    kiln_resize_axis_free(&s->tw);
+    free(s);
+}
+
+/* Rows [b, e) of planes * oh, plain layout. */
+static void resize_rows_plain(void *ctx, int64_t b, int64_t e)
+{
+    const struct resize_job *j = ctx;
+    const struct resize_state *s = j->s;
+    const int nh = s->th.ntap, nw = s->tw.ntap;
+    for (int64_t r = b; r < e; r++) {
+        int64_t p = r / s->oh, oy = r % s->oh;
+        const float *xp = j->x + p * s->ih * s->iw;
+        float *yr = j->y + r * s->ow;
+        if (s->nearest) {
+            const float *xr = xp + s->th.idx[oy] * s->iw;
+            for (int64_t ox = 0; ox < s->ow; ox++) yr[ox] = xr[s->tw.idx[ox]];
+            continue;
+        }
+        for (int64_t ox = 0; ox < s->ow; ox++) yr[ox] = 0.0f;
+        for (int i = 0; i < nh; i++) {
+            float wh = s->th.w[oy * nh + i];
+            if (wh == 0.0f) continue;
+            const float *xr = xp + s->th.idx[oy * nh + i] * s->iw;
+            for (int64_t ox = 0; ox < s->ow; ox++) {
+                const int64_t *ix = s->tw.idx + ox * nw;
+                const float *ww = s->tw.w + ox * nw;
+                float acc = 0.0f;
+                for (int k = 0; k < nw; k++) acc += ww[k] * xr[ix[k]];
+                yr[ox] += wh * acc;
+            }
+        }
+    }
+}
+
+/* Rows [b, e) of planes * oh, blocked layout with L lanes (a compile-time constant in
+ * each instance, so the lane loops vectorize). */
+#define RESIZE_BLOCKED(L)                                                                  \
+    static void resize_rows_b##L(void *ctx, int64_t b, int64_t e)                          \
+    {                                                                                      \
+        const struct resize_job *j = ctx;                                                  \
+        const struct resize_state *s = j->s;                                               \
+        const int nh = s->th.ntap, nw = s->tw.ntap;                                        \
+        for (int64_t r = b; r < e; r++) {                                                  \
+            int64_t p = r / s->oh, oy = r % s->oh;                                         \
+            const float *xp = j->x + p * s->ih * s->iw * (L);                              \
+            float *yr = j->y + r * s->ow * (L);                                            \
+            if (s->nearest) {                                                              \
+                const float *xr = xp + s->th.idx[oy] * s->iw * (L);                        \
+                for (int64_t ox = 0; ox < s->ow; ox++)                                     \
+                    memcpy(yr + ox * (L), xr + s->tw.idx[ox] * (L), sizeof(float) * (L));  \
+                continue;                                                                  \
+            }                                                                              \
+            for (int64_t ox = 0; ox < s->ow; ox++) {                                       \
+                float acc[L];                                                              \
+                for (int l = 0; l < (L); l++) acc[l] = 0.0f;                               \
+                for (int i = 0; i < nh; i++) {                                             \
+                    float wh = s->th.w[oy * nh + i];                                       \
+                    if (wh == 0.0f) continue;                                              \
+                    const float *xr = xp + s->th.idx[oy * nh + i] * s->iw * (L);           \
+                    for (int k = 0; k < nw; k++) {                                         \
+                        float wk = wh * s->tw.w[ox * nw + k];                              \
+                        const float *xv = xr + s->tw.idx[ox * nw + k] * (L);               \
+                        for (int l = 0; l < (L); l++) acc[l] += wk * xv[l];                \
+                    }                                                                      \
+                }                                                                          \
+                memcpy(yr + ox * (L), acc, sizeof acc);                                    \
+            }                                                                              \
+        }                                                                                  \
+    }
+RESIZE_BLOCKED(8)
+RESIZE_BLOCKED(16)
+
+static kiln_status resize_run(void *state, struct kiln_run_ctx *ctx)
+{
+    const struct resize_state *s = state;
+    struct resize_job j = {s, ctx->in[0]->data, ctx->out[0]->data};
+    int64_t rows = s->planes * s->oh;
+    int64_t per_row = s->ow * s->l * (s->nearest ? 1 : s->th.ntap * s->tw.ntap);
+    int64_t grain = per_row >= 4096 ? 1 : 4096 / (per_row + 1) + 1;
+    kiln_range_fn fn = s->l == 16 ? resize_rows_b16 : s->l == 8 ? resize_rows_b8
+                                                                : resize_rows_plain;
+    kiln_parallel_for(ctx->threads, rows, grain, fn, &j);
+    return KILN_OK;
+}
+
+/* Where scales / sizes / roi are among the inputs, by op and opset. */
+static void resize_inputs(const struct kiln_compile_ctx *cc, bool upsample,
+                          const kiln_tensor **roi, const kiln_tensor **scales,
+                          const kiln_tensor **sizes, bool *unknown)
+{
+    const struct kiln_node *n = cc->node;
+    *roi = *scales = *sizes = NULL;
+    *unknown = false;
+    int i_roi = -1, i_scales = 1, i_sizes = -1;
+    if (!upsample && n->opset >= 11) {
+        i_roi = 1;
+        i_scales = 2;
+        i_sizes = 3;
+    }
+    const int idx[3] = {i_roi, i_scales, i_sizes};
+    const kiln_tensor **dst[3] = {roi, scales, sizes};
+    for (int k = 0; k < 3; k++) {
+        int i = idx[k];
+        if (i < 0 || i >= cc->n_in || !cc->in[i]) continue;
+        if (!cc->in_value || !cc->in_value[i]) *unknown = true;
+        else *dst[k] = cc->in_value[i];
+    }
+}
+
+static kiln_status resize_compile_as(const struct kiln_compile_ctx *cc,
+                                     struct kiln_kernel_inst *inst, bool upsample)
+{
+    const struct kiln_node *n = cc->node;
+    const struct kiln_type *x = cc->in[0], *y = cc->n_out > 0 ? cc->out[0] : NULL;
+    int lx = cc->in_layout ? cc->in_layout[0] : 0, ly = cc->out_layout ? cc->out_layout[0] : 0;
+    if (!x || !y || x->dtype != KILN_DTYPE_F32 || y->dtype != KILN_DTYPE_F32 || x->rank != 4 ||
+        y->rank != 4 || !kiln_type_is_concrete(x) || !kiln_type_is_concrete(y) || lx != ly)
+        goto decline;
+    const kiln_tensor *roi, *scales, *sizes;
+    bool unknown;
+    resize_inputs(cc, upsample, &roi, &scales, &sizes, &unknown);
+    if (unknown) goto decline;
+    struct resize_state *s = calloc(1, sizeof *s);
+    if (!s) return kiln_node_error(n, KILN_ERR_OUT_OF_MEMORY, "out of memory compiling");
+    int64_t od[4];
+    if (!kiln_resize_hw(n, upsample, x->dims, roi, scales, sizes, RESIZE_MAX_TAPS, od, &s->th,
+                        &s->tw)) {
+        free(s);
+        goto decline;
+    }
+    for (int d = 0; d < 4; d++)
+        if (od[d] != y->dims[d]) {
+            resize_free(s);
+            goto decline; /* the reference reports it */
+        }
+    int l = lx ? lx : 1;
+    int64_t units = lx ? (x->dims[1] + lx - 1) / lx : x->dims[1];
+    s->planes = x->dims[0] * units;
+    s->ih = x->dims[2];
+    s->iw = x->dims[3];
+    s->oh = od[2];
+    s->ow = od[3];
+    s->l = l;
+    s->nearest = s->th.ntap == 1 && s->tw.ntap == 1;
+    for (int64_t o = 0; s->nearest && o < s->oh; o++) s->nearest = s->th.w[o] == 1.0f;
+    for (int64_t o = 0; s->nearest && o < s->ow; o++) s->nearest = s->tw.w[o] == 1.0f;
+    snprintf(s->name, sizeof s->name, "resize_%s%s%d", s->nearest ? "nearest" : "taps",
+             lx ? "_blocked" : "", lx ? lx : 4);
+    inst->name = s->name;
+    inst->state = s;
+    inst->destroy = resize_free;
+    inst->run = resize_run;
+    return KILN_OK;
+decline:
+    /* the reference kernel reads plain data only: a blocked node must be taken here
+     * (the layout pass asked kiln_resize_attrs_hw and checked the inputs are constant) */
+    if (lx || ly)
+        return kiln_node_error(n, KILN_ERR_INTERNAL,
+                               "blocked %s the fast kernel cannot compute",
+                               upsample ? "Upsample" : "Resize");
+    return KILN_OK;
+}
+
+static kiln_status resize_compile(const struct kiln_compile_ctx *cc,
+                                  struct kiln_kernel_inst *inst)
+{
+    return resize_compile_as(cc, inst, false);
+}
+
+static kiln_status upsample_compile(const struct kiln_compile_ctx *cc,
+                                    struct kiln_kernel_inst *inst)
+{
+    return resize_compile_as(cc, inst, true);
+}
+
+/* Layout pass: the data input and the output may be blocked; layout.c checks the
+ * shapes (N and C unchanged) and that scales / sizes are constants. */
+static int resize_accepts_blocked(const struct kiln_node *n, int i, int block)
+{
+    return (i == 0 || i == -1) && (block == 8 || block == 16) &&
+           kiln_resize_attrs_hw(n, n->op == KILN_OP_Upsample);
+}
+
+KILN_FAST_OP(Resize, resize_compile, resize_accepts_blocked);
+KILN_FAST_OP(Upsample, upsample_compile, resize_accepts_blocked);
