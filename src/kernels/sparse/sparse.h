@@ -99,4 +99,23 @@ enum kiln_sparse_mode kiln_sparse_mode(void);
 kiln_status kiln_sparse_matmul_select(const struct kiln_compile_ctx *cc,
                                       struct kiln_kernel_inst *inst, kiln_fast_compile_fn dense);
 
+/* The Conv / KilnFusedConv fast kernel with sparse selection (conv.c): a
+ * 1x1 convolution (2-D, stride 1, no padding, one group) with a constant
+ * [Cout, Cin, 1, 1] weight of density <= KILN_SPARSE_MAX_DENSITY, an
+ * optional bias, no residual Sum, no activation or Relu, fp32 or int8, in
+ * plain or blocked activation layouts, is chosen between the sparse kernel
+ * and `dense` as kiln_sparse_matmul_select chooses. */
+kiln_status kiln_sparse_conv_select(const struct kiln_compile_ctx *cc,
+                                    struct kiln_kernel_inst *inst, kiln_fast_compile_fn dense);
+
+/* Shared by the selections (matmul.c): time sp against dn on cc's shapes and
+ * layouts (random non-constant inputs; warm-up, then the best of three runs
+ * of each, interleaved); *sparse_wins = sparse at least 10% faster. */
+kiln_status kiln_sparse_measure(const struct kiln_compile_ctx *cc, struct kiln_kernel_inst *sp,
+                                struct kiln_kernel_inst *dn, int *sparse_wins);
+/* The decision slot (an int, -1 until decided) of weight w under tag in cc's
+ * weight cache (which must exist). */
+kiln_status kiln_sparse_choice_slot(const struct kiln_compile_ctx *cc, const kiln_tensor *w,
+                                    const char *tag, int **slot);
+
 #endif
