@@ -148,31 +148,43 @@ struct spc_job {
     struct kiln_sparse_epi epi;
 };
 
-static void unblock_chunk(void *ctx, int64_t r0, int64_t r1) /* rows (n, c) of plain X */
+/* Channel blocks (n, cb) of a blocked X into plain X: each pixel's b channels are
+ * read as one contiguous run and written to b rows (b sequential write streams). */
+static void unblock_chunk(void *ctx, int64_t r0, int64_t r1)
 {
     struct spc_job *j = ctx;
     const struct spc_geom *g = &j->s->g;
     int64_t b = g->lin, cb = kiln_layout_channels(g->cin, g->lin) / b, P = g->P;
     float *xp = (float *)j->xp;
     for (int64_t r = r0; r < r1; r++) {
-        int64_t n = r / g->cin, c = r % g->cin;
-        const float *src = j->x + ((n * cb + c / b) * P) * b + c % b;
-        float *dst = xp + r * P;
-        for (int64_t p = 0; p < P; p++) dst[p] = src[p * b];
+        int64_t n = r / cb, c0 = (r % cb) * b, nc = g->cin - c0 < b ? g->cin - c0 : b;
+        const float *src = j->x + r * P * b;
+        float *dst = xp + (n * g->cin + c0) * P;
+        for (int64_t p0 = 0; p0 < P; p0 += 64) {
+            int64_t p1 = p0 + 64 < P ? p0 + 64 : P;
+            for (int64_t l = 0; l < nc; l++)
+                for (int64_t p = p0; p < p1; p++) dst[l * P + p] = src[p * b + l];
+        }
     }
 }
 
-static void block_chunk(void *ctx, int64_t r0, int64_t r1) /* channel blocks (n, cb) of Y */
+/* Channel blocks (n, cb) of Y from plain Y (padding channels 0). */
+static void block_chunk(void *ctx, int64_t r0, int64_t r1)
 {
     struct spc_job *j = ctx;
     const struct spc_geom *g = &j->s->g;
     int64_t b = g->lout, cb = kiln_layout_channels(g->cout, g->lout) / b, P = g->P;
     for (int64_t r = r0; r < r1; r++) {
-        int64_t n = r / cb, c0 = (r % cb) * b;
+        int64_t n = r / cb, c0 = (r % cb) * b, nc = g->cout - c0 < b ? g->cout - c0 : b;
         float *dst = j->y + r * P * b;
-        for (int64_t p = 0; p < P; p++)
-            for (int64_t l = 0; l < b; l++)
-                dst[p * b + l] = c0 + l < g->cout ? j->yp[(n * g->cout + c0 + l) * P + p] : 0.0f;
+        const float *src = j->yp + (n * g->cout + c0) * P;
+        for (int64_t p0 = 0; p0 < P; p0 += 64) {
+            int64_t p1 = p0 + 64 < P ? p0 + 64 : P;
+            for (int64_t l = 0; l < nc; l++)
+                for (int64_t p = p0; p < p1; p++) dst[p * b + l] = src[l * P + p];
+            for (int64_t l = nc; l < b; l++)
+                for (int64_t p = p0; p < p1; p++) dst[p * b + l] = 0.0f;
+        }
     }
 }
 
@@ -229,7 +241,8 @@ static kiln_status spc_run(void *state, struct kiln_run_ctx *ctx)
     j.xp = j.x;
     if (g->lin) {
         j.xp = (const float *)(scratch + s->x_off);
-        kiln_parallel_for(threads, g->batch * g->cin, 16, unblock_chunk, &j);
+        kiln_parallel_for(threads, g->batch * (kiln_layout_channels(g->cin, g->lin) / g->lin), 1,
+                          unblock_chunk, &j);
     }
     j.yp = g->lout ? (float *)(scratch + s->y_off) : j.y;
     if (g->is_int8) {
