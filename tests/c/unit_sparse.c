@@ -706,6 +706,7 @@ static void test_convs(void)
         {1, 32, 32, 1, 17, 0.5, C_4X1, 0, 1, 0, 0},
         {2, 40, 33, 5, 6, 0.9, C_UNSTR, 1, 1, 1, 16},   /* blocked X and Y */
         {1, 64, 64, 4, 4, 0.97, C_1X4, 0, 0, 0, 16},
+        {2, 16, 50, 7, 7, 0.9, C_UNSTR, 1, 1, 1, 16},   /* whole 16-pixel tiles and a tail */
         {1, 24, 8, 3, 1, 0.9, C_4X1, 1, 1, 0, 8},
     };
     char what[256], name[64];

@@ -50,7 +50,7 @@ struct spc_state {
     const struct kiln_sparse_w *w;
     struct kiln_sparse_w *own_w;
     struct spc_geom g;
-    int isa;
+    int isa, isa_f32; /* of the SpMM; of the fp32 copies */
     int64_t K4;
     size_t x_off, q_off, i_off, y_off, total; /* plain X; u8 X; interleaved u8; plain Y */
 };
@@ -160,6 +160,14 @@ static void unblock_chunk(void *ctx, int64_t r0, int64_t r1)
         int64_t n = r / cb, c0 = (r % cb) * b, nc = g->cin - c0 < b ? g->cin - c0 : b;
         const float *src = j->x + r * P * b;
         float *dst = xp + (n * g->cin + c0) * P;
+        if (b == 16) { /* 16x16 tiles of (pixel, channel), the pixels' tail one by one */
+            int64_t p0 = 0;
+            for (; p0 + 16 <= P; p0 += 16)
+                kiln_sparse_tr16(j->s->isa_f32, src + p0 * 16, 16, 16, dst + p0, P, (int)nc);
+            for (int64_t l = 0; l < nc; l++)
+                for (int64_t p = p0; p < P; p++) dst[l * P + p] = src[p * 16 + l];
+            continue;
+        }
         for (int64_t p0 = 0; p0 < P; p0 += 64) {
             int64_t p1 = p0 + 64 < P ? p0 + 64 : P;
             for (int64_t l = 0; l < nc; l++)
@@ -178,6 +186,14 @@ static void block_chunk(void *ctx, int64_t r0, int64_t r1)
         int64_t n = r / cb, c0 = (r % cb) * b, nc = g->cout - c0 < b ? g->cout - c0 : b;
         float *dst = j->y + r * P * b;
         const float *src = j->yp + (n * g->cout + c0) * P;
+        if (b == 16) { /* 16x16 tiles of (channel, pixel), the pixels' tail one by one */
+            int64_t p0 = 0;
+            for (; p0 + 16 <= P; p0 += 16)
+                kiln_sparse_tr16(j->s->isa_f32, src + p0, P, (int)nc, dst + p0 * 16, 16, 16);
+            for (int64_t p = p0; p < P; p++)
+                for (int64_t l = 0; l < 16; l++) dst[p * 16 + l] = l < nc ? src[l * P + p] : 0.0f;
+            continue;
+        }
         for (int64_t p0 = 0; p0 < P; p0 += 64) {
             int64_t p1 = p0 + 64 < P ? p0 + 64 : P;
             for (int64_t l = 0; l < nc; l++)
@@ -296,6 +312,7 @@ static kiln_status spc_compile(const struct kiln_compile_ctx *cc, const struct s
     }
     s->g = *g;
     s->isa = kiln_sparse_isa(g->is_int8);
+    s->isa_f32 = kiln_sparse_isa(0);
     s->K4 = (g->cin + 3) / 4 * 4;
     size_t nx = (size_t)(g->batch * g->cin * g->P), ny = (size_t)(g->batch * g->cout * g->P);
     s->x_off = 0;

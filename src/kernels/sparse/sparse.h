@@ -78,6 +78,10 @@ void kiln_sparse_i8(int isa, const struct kiln_sparse_w *w, const uint8_t *in, i
                     int32_t zp, float scale_a, float *out, int64_t ldo, int64_t n0, int64_t n1,
                     const struct kiln_sparse_epi *e);
 
+/* Transpose a 16x16 tile: dst[c * ldd + i] = src[i * lds + c] for c < nc, i < 16, with
+ * rows i >= nr of src read as 0 (the blocked-layout copies of conv.c). isa as for f32. */
+void kiln_sparse_tr16(int isa, const float *src, int64_t lds, int nr, float *dst, int64_t ldd, int nc);
+
 /* The best ISA this CPU runs: for fp32 1 (AVX-512F) or 0; for int8 2
  * (AVX-512 VNNI) or 0. KILN_SPARSE_ISA=scalar in the environment forces 0. */
 int kiln_sparse_isa(int is_int8);
