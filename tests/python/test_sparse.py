@@ -151,3 +151,78 @@ def test_prune_and_sparse_errors(kiln_bin, tmp_path):
         r = run([kiln_bin, "compile", DIGITS, "-o", tmp_path / "x.kiln", "--precision", "fp32", *bad])
         assert r.returncode == 2, (bad, r.stderr)
         assert bad[0] in r.stderr and bad[1] in r.stderr
+
+
+def make_cnn(path):
+    """x [batch, 8, 12, 12] -> Conv 3x3 (8->32, pad 1) + Relu -> Conv 1x1 (32->64) + Relu
+    -> Conv 1x1 (64->48, bias) -> Conv 1x1 (48->20, no bias, 4 pixels: stride 1 on a
+    2x2 average pool) -> Flatten. Dense weights: --prune makes the 1x1 ones sparse."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+    rng = np.random.default_rng(11)
+
+    def w(*shape):
+        return (rng.standard_normal(shape) * (2.0 / np.prod(shape[1:])) ** 0.5).astype(np.float32)
+
+    inits = {"w0": w(32, 8, 3, 3), "b0": w(32) * 0.1, "w1": w(64, 32, 1, 1), "b1": w(64) * 0.1,
+             "w2": w(48, 64, 1, 1), "b2": w(48) * 0.1, "w3": w(20, 48, 1, 1)}
+    nodes = [helper.make_node("Conv", ["x", "w0", "b0"], ["c0"], name="conv3x3", pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c0"], ["r0"]),
+             helper.make_node("Conv", ["r0", "w1", "b1"], ["c1"], name="pw1"),
+             helper.make_node("Relu", ["c1"], ["r1"]),
+             helper.make_node("Conv", ["r1", "w2", "b2"], ["c2"], name="pw2"),
+             helper.make_node("AveragePool", ["c2"], ["p2"], kernel_shape=[6, 6], strides=[6, 6]),
+             helper.make_node("Conv", ["p2", "w3"], ["c3"], name="pw3"),
+             helper.make_node("Flatten", ["c3"], ["y"])]
+    g = helper.make_graph(nodes, "sparse_cnn",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 8, 12, 12])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 80])],
+                          [numpy_helper.from_array(a, n) for n, a in inits.items()])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+    m.ir_version = 8
+    onnx.save(m, str(path))
+
+
+def test_pruned_cnn_1x1_convs_run_sparse(kiln_bin, tmp_path, sparse_env):
+    """--prune 0.9 on a small CNN: its 1x1 convolutions (and only those) are pruned and
+    may run on the sparse conv kernel; the .kiln's outputs equal the reference kernels'
+    (KILN_FAST=0) on the same pruned model, whichever kernel each layer chose."""
+    model = tmp_path / "cnn.onnx"
+    make_cnn(model)
+    x = np.random.default_rng(3).standard_normal((16, 8, 12, 12)).astype(np.float32)
+    (tmp_path / "eval").mkdir()
+    np.save(tmp_path / "eval" / "x.npy", x)
+    # the reference: the same pruned model compiled and run without fast kernels (so
+    # unblocked, on src/kernels/ref)
+    sparse_env["KILN_FAST"] = "0"
+    ref = tmp_path / "cnn_ref.kiln"
+    compile_model(kiln_bin, model, ref, "--precision", "fp32", "--prune", "0.9")
+    want = predict_batched(kiln_bin, ref, "x", x, tmp_path, "ref")
+    sparse_env.pop("KILN_FAST", None)
+    assert want.shape == (16, 80)
+    scale = max(1.0, float(np.abs(want).max()))
+    modes = [("force", "fp32"), ("auto", "fp32")]
+    if VNNI:
+        modes.append(("force", "int8"))
+    for env, prec in modes:
+        sparse_env.pop("KILN_SPARSE", None)
+        if env == "force":
+            sparse_env["KILN_SPARSE"] = "force"
+        out = tmp_path / f"cnn_{env}_{prec}.kiln"
+        r, rep = compile_model(kiln_bin, model, out, "--precision", prec, "--prune", "0.9",
+                               "--eval", tmp_path / "eval", "--max-drop", "100%")
+        p = rep["sparse"]["prune"]
+        assert p["layers"] == 3 and p["weights"] == 64 * 32 + 48 * 64 + 20 * 48, p
+        kernels = {n["node"]: n["kernel"] for n in rep["sparse"]["nodes"]}
+        assert "conv3x3" not in kernels, kernels
+        assert all("conv" in k for k in kernels.values()), kernels
+        if env == "force":
+            assert set(kernels) == {"pw1", "pw2", "pw3"}, kernels
+            assert all(k.endswith("_int8") == (prec == "int8") for k in kernels.values()), kernels
+            for name in kernels:
+                assert name in r.stdout
+        got = predict_batched(kiln_bin, out, "x", x, tmp_path, f"{env}_{prec}")
+        assert got.shape == want.shape
+        # int8 (dynamic quantization of every conv) is checked loosely against fp32
+        tol = 5e-2 if prec == "int8" else 1e-4
+        assert np.abs(got - want).max() < tol * scale, (env, prec, np.abs(got - want).max())

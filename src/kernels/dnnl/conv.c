@@ -51,6 +51,7 @@
 
 #include "kernels/ref/gemm.h"
 #include "kernels/simd/pointwise.h"
+#include "kernels/sparse/sparse.h"
 
 struct conv_state {
     struct kd_exec e;
@@ -568,7 +569,7 @@ static int is_f32(const struct kiln_type *t) { return t && t->dtype == KILN_DTYP
 
 static int layout_of(const int *layouts, int i) { return layouts ? layouts[i] : 0; }
 
-static kiln_status conv_compile(const struct kiln_compile_ctx *cc, struct kiln_kernel_inst *inst)
+static kiln_status conv_compile_dense(const struct kiln_compile_ctx *cc, struct kiln_kernel_inst *inst)
 {
     const struct kiln_node *n = cc->node;
     int fused = n->op == KILN_OP_KilnFusedConv;
@@ -704,6 +705,14 @@ static kiln_status conv_compile(const struct kiln_compile_ctx *cc, struct kiln_k
         inst->inplace_input = 3;
     }
     return KILN_OK;
+}
+
+/* A 1x1 convolution with a mostly-zero constant weight may run on the sparse
+ * kernel instead, when it measures faster on the node's shape and layouts
+ * (src/kernels/sparse/conv.c). */
+static kiln_status conv_compile(const struct kiln_compile_ctx *cc, struct kiln_kernel_inst *inst)
+{
+    return kiln_sparse_conv_select(cc, inst, conv_compile_dense);
 }
 
 /* Layout pass: X, Sum and Y may be blocked (the plan then passes their layouts). */

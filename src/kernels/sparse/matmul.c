@@ -296,10 +296,19 @@ static double now_s(void)
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
+/* A tensor of type t stored in `layout` (a blocked 4-D value has its channels padded). */
+static kiln_status new_stored(const struct kiln_type *t, int layout, kiln_tensor **out)
+{
+    int64_t d[KILN_MAX_RANK];
+    for (int i = 0; i < t->rank; i++) d[i] = t->dims[i];
+    if (layout > 0 && t->rank == 4) d[1] = kiln_layout_channels(d[1], layout);
+    return kiln_tensor_new(t->dtype, t->rank, d, out);
+}
+
 /* Best of three timed runs of each instance (after one warm-up each), interleaved.
  * *sparse_wins = 1 when the sparse one is at least 10% faster. */
-static kiln_status sp_measure(const struct kiln_compile_ctx *cc, struct kiln_kernel_inst *sp,
-                              struct kiln_kernel_inst *dn, int *sparse_wins)
+kiln_status kiln_sparse_measure(const struct kiln_compile_ctx *cc, struct kiln_kernel_inst *sp,
+                                struct kiln_kernel_inst *dn, int *sparse_wins)
 {
     kiln_status st = KILN_OK;
     kiln_tensor *t[4] = {NULL, NULL, NULL, NULL}, *y = NULL;
@@ -315,7 +324,7 @@ static kiln_status sp_measure(const struct kiln_compile_ctx *cc, struct kiln_ker
             in[i] = (kiln_tensor *)cc->in_value[i];
             continue;
         }
-        st = kiln_tensor_new(cc->in[i]->dtype, cc->in[i]->rank, cc->in[i]->dims, &t[i]);
+        st = new_stored(cc->in[i], cc->in_layout ? cc->in_layout[i] : 0, &t[i]);
         if (st != KILN_OK) break;
         if (t[i]->dtype == KILN_DTYPE_F32) {
             float *d = t[i]->data;
@@ -326,7 +335,7 @@ static kiln_status sp_measure(const struct kiln_compile_ctx *cc, struct kiln_ker
         }
         in[i] = t[i];
     }
-    if (st == KILN_OK) st = kiln_tensor_new(cc->out[0]->dtype, cc->out[0]->rank, cc->out[0]->dims, &y);
+    if (st == KILN_OK) st = new_stored(cc->out[0], cc->out_layout ? cc->out_layout[0] : 0, &y);
     double best[2] = {1e30, 1e30};
     for (int it = 0; it < 4 && st == KILN_OK; it++)
         for (int k = 0; k < 2 && st == KILN_OK; k++) {
@@ -357,6 +366,15 @@ static kiln_status choice_pack(void *arg, void **packed, size_t *bytes, void (**
     *bytes = 0;
     *free_fn = free;
     return KILN_OK;
+}
+
+kiln_status kiln_sparse_choice_slot(const struct kiln_compile_ctx *cc, const kiln_tensor *w,
+                                    const char *tag, int **slot)
+{
+    void *p = NULL;
+    kiln_status st = kiln_weight_cache_get(cc->weights, w, tag, choice_pack, NULL, &p);
+    *slot = st == KILN_OK ? p : NULL;
+    return st;
 }
 
 kiln_status kiln_sparse_matmul_select(const struct kiln_compile_ctx *cc,
@@ -407,7 +425,7 @@ kiln_status kiln_sparse_matmul_select(const struct kiln_compile_ctx *cc,
     } else { /* measure */
         st = dense(cc, inst);
         int wins = 1;
-        if (st == KILN_OK && inst->run) st = sp_measure(cc, &sp, inst, &wins);
+        if (st == KILN_OK && inst->run) st = kiln_sparse_measure(cc, &sp, inst, &wins);
         if (st != KILN_OK) {
             kiln_kernel_inst_destroy(&sp);
             return st;

@@ -78,6 +78,10 @@ void kiln_sparse_i8(int isa, const struct kiln_sparse_w *w, const uint8_t *in, i
                     int32_t zp, float scale_a, float *out, int64_t ldo, int64_t n0, int64_t n1,
                     const struct kiln_sparse_epi *e);
 
+/* Transpose a 16x16 tile: dst[c * ldd + i] = src[i * lds + c] for c < nc, i < 16, with
+ * rows i >= nr of src read as 0 (the blocked-layout copies of conv.c). isa as for f32. */
+void kiln_sparse_tr16(int isa, const float *src, int64_t lds, int nr, float *dst, int64_t ldd, int nc);
+
 /* The best ISA this CPU runs: for fp32 1 (AVX-512F) or 0; for int8 2
  * (AVX-512 VNNI) or 0. KILN_SPARSE_ISA=scalar in the environment forces 0. */
 int kiln_sparse_isa(int is_int8);
@@ -98,5 +102,24 @@ enum kiln_sparse_mode kiln_sparse_mode(void);
  * shape). Anything else is dense(cc, inst). */
 kiln_status kiln_sparse_matmul_select(const struct kiln_compile_ctx *cc,
                                       struct kiln_kernel_inst *inst, kiln_fast_compile_fn dense);
+
+/* The Conv / KilnFusedConv fast kernel with sparse selection (conv.c): a
+ * 1x1 convolution (2-D, stride 1, no padding, one group) with a constant
+ * [Cout, Cin, 1, 1] weight of density <= KILN_SPARSE_MAX_DENSITY, an
+ * optional bias, no residual Sum, no activation or Relu, fp32 or int8, in
+ * plain or blocked activation layouts, is chosen between the sparse kernel
+ * and `dense` as kiln_sparse_matmul_select chooses. */
+kiln_status kiln_sparse_conv_select(const struct kiln_compile_ctx *cc,
+                                    struct kiln_kernel_inst *inst, kiln_fast_compile_fn dense);
+
+/* Shared by the selections (matmul.c): time sp against dn on cc's shapes and
+ * layouts (random non-constant inputs; warm-up, then the best of three runs
+ * of each, interleaved); *sparse_wins = sparse at least 10% faster. */
+kiln_status kiln_sparse_measure(const struct kiln_compile_ctx *cc, struct kiln_kernel_inst *sp,
+                                struct kiln_kernel_inst *dn, int *sparse_wins);
+/* The decision slot (an int, -1 until decided) of weight w under tag in cc's
+ * weight cache (which must exist). */
+kiln_status kiln_sparse_choice_slot(const struct kiln_compile_ctx *cc, const kiln_tensor *w,
+                                    const char *tag, int **slot);
 
 #endif

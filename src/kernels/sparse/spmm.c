@@ -77,6 +77,18 @@ void kiln_sparse_i8(int isa, const struct kiln_sparse_w *w, const uint8_t *in, i
         i8_scalar(w, in, P, zp, scale_a, out, ldo, n0, n1, e);
 }
 
+void kiln_sparse_tr16_avx512(const float *src, int64_t lds, int nr, float *dst, int64_t ldd, int nc);
+
+void kiln_sparse_tr16(int isa, const float *src, int64_t lds, int nr, float *dst, int64_t ldd, int nc)
+{
+    if (isa >= 1) {
+        kiln_sparse_tr16_avx512(src, lds, nr, dst, ldd, nc);
+        return;
+    }
+    for (int c = 0; c < nc; c++)
+        for (int i = 0; i < 16; i++) dst[c * ldd + i] = i < nr ? src[i * lds + c] : 0.0f;
+}
+
 int kiln_sparse_isa(int is_int8)
 {
     const char *env = getenv("KILN_SPARSE_ISA");

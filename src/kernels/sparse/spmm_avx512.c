@@ -105,6 +105,36 @@ void kiln_sparse_i8_vnni(const struct kiln_sparse_w *w, const uint8_t *in, int64
     }
 }
 
+void kiln_sparse_tr16_avx512(const float *src, int64_t lds, int nr, float *dst, int64_t ldd, int nc);
+
+/* The 16x16 transpose (sparse.h, kiln_sparse_tr16): unpack pairs of rows, shuffle
+ * quadruples within 128-bit lanes, then gather the lanes. */
+void kiln_sparse_tr16_avx512(const float *src, int64_t lds, int nr, float *dst, int64_t ldd, int nc)
+{
+    __m512 r[16], t[16];
+    for (int i = 0; i < 16; i++) r[i] = i < nr ? _mm512_loadu_ps(src + i * lds) : _mm512_setzero_ps();
+    for (int i = 0; i < 8; i++) {
+        t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    for (int i = 0; i < 4; i++) { /* r[4i + m], lane j: column 4j + m of rows 4i .. 4i + 3 */
+        r[4 * i] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], 0x44);
+        r[4 * i + 1] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], 0xEE);
+        r[4 * i + 2] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0x44);
+        r[4 * i + 3] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0xEE);
+    }
+    for (int m = 0; m < 4; m++) {
+        __m512 s0 = _mm512_shuffle_f32x4(r[m], r[4 + m], 0x88);
+        __m512 s1 = _mm512_shuffle_f32x4(r[m], r[4 + m], 0xDD);
+        __m512 s2 = _mm512_shuffle_f32x4(r[8 + m], r[12 + m], 0x88);
+        __m512 s3 = _mm512_shuffle_f32x4(r[8 + m], r[12 + m], 0xDD);
+        __m512 o[4] = {_mm512_shuffle_f32x4(s0, s2, 0x88), _mm512_shuffle_f32x4(s1, s3, 0x88),
+                       _mm512_shuffle_f32x4(s0, s2, 0xDD), _mm512_shuffle_f32x4(s1, s3, 0xDD)};
+        for (int j = 0; j < 4; j++)
+            if (4 * j + m < nc) _mm512_storeu_ps(dst + (4 * j + m) * ldd, o[j]);
+    }
+}
+
 #if defined(__clang__)
 #pragma clang attribute pop
 #else
