@@ -146,15 +146,14 @@ static int calls(const kiln_warmup_request *q, const char *sig, int is_default)
 }
 
 /* A fixed batch dimension runs whole batches only. */
-static int whole_batches(const kiln_signature *sig, const kiln_dataset *d, const char *what,
-                         char *why, size_t cap)
+static int whole_batches(const kiln_signature *sig, const kiln_dataset *d, const char *prefix,
+                         const char *what, char *why, size_t cap)
 {
     for (int i = 0; i < d->n; i++) {
         const kiln_value_info *vi = kiln_signature_input(sig, i);
         if (vi->rank > 0 && vi->dims[0] > 0 && d->samples % vi->dims[0]) {
-            snprintf(why, cap, "no data to check it on: the batch dimension is fixed at %lld and "
-                     "%s holds %lld samples", (long long)vi->dims[0], what,
-                     (long long)d->samples);
+            snprintf(why, cap, "%s: the batch dimension is fixed at %lld and %s holds %lld "
+                     "samples", prefix, (long long)vi->dims[0], what, (long long)d->samples);
             return 0;
         }
     }
@@ -174,7 +173,8 @@ static int warmup_dataset(const char *dir, const kiln_model *m, const kiln_signa
         return 0;
     }
     if (!w) {
-        snprintf(why, cap, "no data to check it on: the version has no %s", KILN_WARMUP_FILE);
+        snprintf(why, cap, "no data to check it on: the version has no %s/ folder and no %s",
+                 KILN_CALIBRATION_DIR, KILN_WARMUP_FILE);
         return 0;
     }
     const char *sn = kiln_signature_name(sig);
@@ -269,7 +269,7 @@ static int warmup_dataset(const char *dir, const kiln_model *m, const kiln_signa
         }
     }
     d->samples = rows;
-    if (ok) ok = whole_batches(sig, d, "the warmup file", why, cap);
+    if (ok) ok = whole_batches(sig, d, "no data to check it on", "the warmup file", why, cap);
     kiln_warmup_free(w);
     if (!ok) dataset_free(d);
     return ok;
@@ -295,7 +295,7 @@ static int folder_dataset(const char *path, const kiln_signature *sig, kiln_data
         snprintf(why, cap, "bad calibration data: %.600s", err);
         return 0;
     }
-    if (!whole_batches(sig, d, KILN_CALIBRATION_DIR, why, cap)) {
+    if (!whole_batches(sig, d, "bad calibration data", KILN_CALIBRATION_DIR, why, cap)) {
         kiln_dataset_free(d);
         return 0;
     }

@@ -123,6 +123,7 @@ def test_no_data_serves_fp32_and_says_why(tmp_path, data):
     fp32 = softmax(mlp(x, layers, ["fp32", "fp32"], batched=False).astype(np.float64))
     for name, rows, why in (
             ("none", None, "no data to check it on: the version has no "
+                           "assets.extra/kiln_calibration/ folder and no "
                            "assets.extra/tf_serving_warmup_requests"),
             ("few", cal[:5], "the warmup file holds 5 samples for signature 'serving_default', "
                              "fewer than 10")):
