@@ -11,8 +11,9 @@
  * NAME.npy, or, when NAME holds bytes outside [A-Za-z0-9._-] (e.g.
  * "serving_default_x:0"), the name with each of those bytes replaced by '_'
  * (as `kiln predict` names output files); an archive's member is named
- * either way. Other files in the folder are ignored. Every error names the
- * file and the input.
+ * either way (a NAME holding '/' only by the replaced name, so that no file
+ * outside the folder is read). Other files in the folder are ignored. Every
+ * error names the file and the input.
  */
 #define _GNU_SOURCE
 #include <dirent.h>
@@ -252,7 +253,7 @@ static kiln_status read_folder(kiln_dataset *d, const kiln_signature *sig, const
         char file[1024];
         struct stat sb;
         snprintf(what[i], sizeof what[i], "%.400s/%.190s.npy", dir, name);
-        if (stat(what[i], &sb) != 0) {
+        if (strchr(name, '/') || stat(what[i], &sb) != 0) { /* never outside the folder */
             safe_name(name, file, sizeof file);
             snprintf(what[i], sizeof what[i], "%.400s/%.190s", dir, file);
         }
