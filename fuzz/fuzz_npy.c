@@ -1,5 +1,5 @@
 /*
- * fuzz_npy.c - libFuzzer target for the .npy reader (src/cli/npy.c), which
+ * fuzz_npy.c - libFuzzer target for the .npy reader (src/core/npy.c), which
  * reads the files of `kiln predict --input name=file.npy`.
  *
  * Each input is a whole .npy file given to kiln_npy_parse. A failure must

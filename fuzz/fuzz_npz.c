@@ -1,7 +1,7 @@
 /*
- * fuzz_npz.c - libFuzzer target for the .npz reader (src/cli/npz.c): a ZIP
+ * fuzz_npz.c - libFuzzer target for the .npz reader (src/core/npz.c): a ZIP
  * central directory with ZIP64 fields, stored and deflated members, each
- * parsed as .npy (src/cli/npy.c).
+ * parsed as .npy (src/core/npy.c).
  *
  * A failure must come with a message; an archive that parses must hold
  * distinct member names and tensors whose element count matches their

@@ -43,10 +43,10 @@ add_test(NAME fuzz_replay_json COMMAND kiln_fuzz_replay_json ${PROJECT_SOURCE_DI
 set_tests_properties(fuzz_replay_json PROPERTIES TIMEOUT 300
   ENVIRONMENT "ASAN_OPTIONS=detect_leaks=1:abort_on_error=0;UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1")
 
-# The .npy reader (src/cli/npy.c), the tf.Example parser of the
+# The .npy reader (src/core/npy.c, in kiln_core), the tf.Example parser of the
 # TfParseExample kernel, the server's config files (src/serve/config.c) and
 # its JSON -> tf.Example encoder (src/serve/example.c).
-set(KILN_REPLAY_npy_SRCS ${PROJECT_SOURCE_DIR}/src/cli/npy.c)
+set(KILN_REPLAY_npy_SRCS)
 set(KILN_REPLAY_tf_example_SRCS)
 set(KILN_REPLAY_serve_config_SRCS ${PROJECT_SOURCE_DIR}/src/serve/config.c)
 set(KILN_REPLAY_example_json_SRCS
@@ -131,12 +131,11 @@ add_test(NAME fuzz_replay_release_files
   COMMAND kiln_fuzz_replay_release_files ${PROJECT_SOURCE_DIR}/tests/corpus/release_files)
 set_tests_properties(fuzz_replay_release_files PROPERTIES TIMEOUT 300
   ENVIRONMENT "ASAN_OPTIONS=detect_leaks=1:abort_on_error=0;UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1")
-# The .npz reader of kiln gate (src/cli/npz.c, npy.c, zlib).
+# The .npz reader (src/core/npz.c over npy.c and zlib; exported by libkiln).
 add_executable(kiln_fuzz_replay_npz_archive
-  ${PROJECT_SOURCE_DIR}/fuzz/replay_main.c ${PROJECT_SOURCE_DIR}/fuzz/fuzz_npz.c
-  ${PROJECT_SOURCE_DIR}/src/cli/npz.c ${PROJECT_SOURCE_DIR}/src/cli/npy.c)
+  ${PROJECT_SOURCE_DIR}/fuzz/replay_main.c ${PROJECT_SOURCE_DIR}/fuzz/fuzz_npz.c)
 target_include_directories(kiln_fuzz_replay_npz_archive PRIVATE ${PROJECT_SOURCE_DIR}/src)
-target_link_libraries(kiln_fuzz_replay_npz_archive PRIVATE kiln ZLIB::ZLIB)
+target_link_libraries(kiln_fuzz_replay_npz_archive PRIVATE kiln)
 add_test(NAME fuzz_replay_npz_archive
   COMMAND kiln_fuzz_replay_npz_archive ${PROJECT_SOURCE_DIR}/tests/corpus/npz)
 set_tests_properties(fuzz_replay_npz_archive PROPERTIES TIMEOUT 300

@@ -550,6 +550,30 @@ typedef struct kiln_dataset {
  * wrapping around the end of the data (owned by the caller). */
 KILN_API kiln_status kiln_dataset_rows(const kiln_dataset *d, int64_t start, int64_t count,
                               kiln_tensor **rows, char *err);
+/* Read a data set for signature sig from NumPy files (src/api/dataset.c):
+ * path is an .npz archive holding one array per input, or a folder holding
+ * one <input>.npy per input and/or any number of .npz archives (every file
+ * gives every input; they are stacked on dim 0, the .npy files first, then
+ * the archives in name order; other files are ignored). A file for input
+ * NAME is NAME.npy, or NAME with each byte outside [A-Za-z0-9._-] replaced
+ * by '_'; an archive's member is named either way. Checks each array's
+ * dtype, rank and fixed dimensions against sig and that every input has the
+ * same sample count. With KILN_DATASET_FINITE, a NaN or infinity in a
+ * floating-point array is an error too. err names the file and the input.
+ * On success *out owns its tensors and names (kiln_dataset_free). */
+#define KILN_DATASET_FINITE 1u
+KILN_API kiln_status kiln_dataset_read(const char *path, const kiln_signature *sig,
+                                       unsigned flags, kiln_dataset *out, char *err);
+KILN_API void kiln_dataset_free(kiln_dataset *d);
+/* Data that measures accuracy: at least min_samples samples and no NaN or
+ * infinity in a floating-point input; err names `what`, the input and the
+ * first bad sample. */
+KILN_API kiln_status kiln_dataset_check(const kiln_dataset *d, const char *what,
+                                        int64_t min_samples, char *err);
+/* Tensor t (from `what`, named in err) as data for signature input vi: vi's
+ * dtype, rank and fixed dimensions after the first, at least one sample. */
+KILN_API kiln_status kiln_dataset_check_input(const kiln_tensor *t, const kiln_value_info *vi,
+                                              const char *what, char *err);
 
 /* One output of one session over a whole data set, as doubles. */
 typedef struct kiln_eval_output {

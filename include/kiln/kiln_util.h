@@ -6,8 +6,9 @@
  * kiln.h and, marked KILN_API here, the few runtime pieces that the server
  * and the `kiln` tool share with the runtime instead of copying them -- CPU
  * counting, CRC-32C, the protobuf wire guard and text-format parser, the
- * TensorFlow TensorProto converter, and the profile and inspection extras of
- * `kiln bench`, `kiln inspect` and `kiln fingerprint`. Nothing else of the
+ * TensorFlow TensorProto converter, the NumPy .npy/.npz reader and writer,
+ * and the profile and inspection extras of `kiln bench`, `kiln inspect` and
+ * `kiln fingerprint`. Nothing else of the
  * runtime (src/core, src/ir, src/exec, src/kernels, src/opt, src/import,
  * src/api/internal.h) is visible to the server or the tool.
  *
@@ -103,6 +104,83 @@ KILN_API kiln_status kiln_textproto_parse(const struct ProtobufCMessageDescripto
  * a single value filling the shape as TensorFlow does. Errors name `what`. */
 KILN_API kiln_status kiln_tf_tensor_from_proto(const struct KilnSm__TensorProto *tp,
                                                const char *what, kiln_tensor **out);
+
+/* ---- NumPy .npy and .npz (src/core/npy.c, npz.c) ----
+ *
+ * The .npy reader and writer and the .npz reader that `kiln predict`,
+ * `kiln gate`, `kiln compile`, kiln_dataset_read and the server share.
+ *
+ * Reading accepts .npy format versions 1.0, 2.0 and 3.0, C order only, with
+ * these element types (either byte order; big-endian data is swapped):
+ *
+ *     .npy descr          Kiln dtype
+ *     <f2 <f4 <f8         KILN_DTYPE_F16, F32, F64
+ *     |i1 <i2 <i4 <i8     KILN_DTYPE_I8, I16, I32, I64
+ *     |u1 <u2 <u4 <u8     KILN_DTYPE_U8, U16, U32, U64
+ *     |b1                 KILN_DTYPE_BOOL (any nonzero byte reads as 1)
+ *     |S<n>               KILN_DTYPE_STRING, bytes; trailing NULs dropped
+ *     <U<n>               KILN_DTYPE_STRING, UTF-32 converted to UTF-8;
+ *                         trailing NUL code points dropped
+ *
+ * as NumPy itself does for 'S' and 'U'. Files are untrusted: the header
+ * length is capped, the header is parsed as the small Python literal NumPy
+ * writes (no eval), shapes are checked for overflow, and the data must be
+ * exactly as long as the shape says. Every error names the file and the
+ * problem. Both parsers are fuzzed (fuzz/fuzz_npy.c, fuzz/fuzz_npz.c).
+ *
+ * Writing produces format 1.0 in host byte order. Strings are written as
+ * |S<maxlen> (UTF-8 bytes; maxlen is at least 1); bfloat16, which NumPy
+ * lacks, is widened losslessly to <f4.
+ *
+ * Errors: each kiln_npy_* function returns a kiln_status; when it is not
+ * KILN_OK, kiln_npy_last_error() holds a one-line message (thread-local,
+ * valid until the next failing kiln_npy_* call on the same thread).
+ *
+ * An .npz is a ZIP archive of .npy files. The reader walks the central
+ * directory (ZIP64 included, which NumPy writes for every member), takes
+ * each member's sizes and offset from it, and decodes stored (method 0) or
+ * deflated (method 8, zlib) data, checking the CRC-32; each member is then
+ * read by the .npy parser. Every offset and size is checked against the
+ * buffer, the members and the inflated bytes are bounded
+ * (KILN_NPZ_MAX_MEMBERS, KILN_NPZ_MAX_BYTES in all), and encrypted or
+ * otherwise compressed members are errors. Every error names the archive
+ * and the member. */
+
+/* Header bytes accepted at most (NumPy writes far less for plain arrays). */
+#define KILN_NPY_MAX_HEADER (1u << 20)
+
+/* Read the .npy file at path into a new tensor, owned by the caller
+ * (free with kiln_tensor_free). */
+KILN_API kiln_status kiln_npy_read(const char *path, kiln_tensor **out);
+/* The same from bytes in memory; `what` names them in messages (e.g. an
+ * input name). The bytes are not retained. */
+KILN_API kiln_status kiln_npy_parse(const void *data, size_t size, const char *what,
+                                    kiln_tensor **out);
+/* Write t to path as a .npy file, replacing any file there. On failure no
+ * partial file is left behind. */
+KILN_API kiln_status kiln_npy_write(const char *path, const kiln_tensor *t);
+/* Encode t as .npy bytes in a new malloc'd buffer, owned by the caller
+ * (release with free). */
+KILN_API kiln_status kiln_npy_encode(const kiln_tensor *t, void **data_out, size_t *size_out);
+/* The message for the last failing kiln_npy_* call on this thread. */
+KILN_API const char *kiln_npy_last_error(void);
+
+#define KILN_NPZ_MAX_MEMBERS 4096
+#define KILN_NPZ_MAX_BYTES ((uint64_t)4 << 30) /* uncompressed bytes of all members */
+#define KILN_NPZ_ERR_LEN 512
+
+typedef struct kiln_npz {
+    int n;
+    char **names;           /* [n] member names without ".npy" (owned) */
+    kiln_tensor **tensors;  /* [n] (owned) */
+} kiln_npz;
+/* Parse an archive's bytes (what names it in messages). On success *out
+ * owns everything (kiln_npz_free); err: KILN_NPZ_ERR_LEN bytes. */
+KILN_API kiln_status kiln_npz_parse(const uint8_t *data, size_t size, const char *what,
+                                    kiln_npz **out, char *err);
+/* Read and parse the archive at path. */
+KILN_API kiln_status kiln_npz_read(const char *path, kiln_npz **out, char *err);
+KILN_API void kiln_npz_free(kiln_npz *z);
 
 /* ---- `kiln bench`, `kiln inspect`, `kiln fingerprint` (src/api, src/exec) ---- */
 

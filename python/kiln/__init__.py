@@ -100,11 +100,16 @@ class SessionOptions:
         profile_file_prefix: the start of the trace file's name that
             end_profiling() writes (ONNX Runtime's name); default
             "kiln_profile".
+        precision: the compute precision, "fp32" (default), "bf16" or
+            "int8" (dynamic quantization); opt-in and lossy, see
+            docs/COMPRESSION.md. A .kiln file runs in the precision it was
+            compiled in. Another value is InvalidArgument (a ValueError)
+            when the session is created.
     """
 
     __slots__ = ("intra_op_num_threads", "_optimize", "max_tensor_bytes",
                  "use_reference_kernels", "saved_model_tags", "enable_profiling",
-                 "profile_file_prefix")
+                 "profile_file_prefix", "precision")
 
     def __init__(self):
         self.intra_op_num_threads = 0
@@ -114,6 +119,7 @@ class SessionOptions:
         self.saved_model_tags = None
         self.enable_profiling = False
         self.profile_file_prefix = "kiln_profile"
+        self.precision = "fp32"
 
     @property
     def graph_optimization_level(self):
@@ -135,9 +141,10 @@ class SessionOptions:
     def __repr__(self):
         return ("SessionOptions(intra_op_num_threads=%d, enable_optimization=%s, "
                 "max_tensor_bytes=%d, use_reference_kernels=%s, saved_model_tags=%r, "
-                "enable_profiling=%s)"
+                "enable_profiling=%s, precision=%r)"
                 % (self.intra_op_num_threads, self._optimize, self.max_tensor_bytes,
-                   self.use_reference_kernels, self.saved_model_tags, bool(self.enable_profiling)))
+                   self.use_reference_kernels, self.saved_model_tags, bool(self.enable_profiling),
+                   self.precision))
 
 
 class NodeArg:
@@ -207,7 +214,7 @@ def _check_providers(providers):
 
 class InferenceSession(_kiln.Session):
     """InferenceSession(path_or_bytes, sess_options=None, providers=None,
-    provider_options=None, *, signature=None)
+    provider_options=None, *, signature=None, precision=None)
 
     A model loaded by Kiln, ready to run one of its signatures.
 
@@ -220,18 +227,28 @@ class InferenceSession(_kiln.Session):
             and warns about any other.
         signature: the SavedModel signature to run (None = the model's
             default, "serving_default").
+        precision: "fp32", "bf16" or "int8" (None = sess_options.precision,
+            "fp32" by default): the compute precision, opt-in and lossy
+            (docs/COMPRESSION.md).
 
     Raises:
         NotFound, FileError, InvalidModel, Unsupported (KilnError
-        subclasses) with Kiln's message when the model cannot be loaded.
+        subclasses) with Kiln's message when the model cannot be loaded;
+        InvalidArgument (also a ValueError) for a precision that is not
+        "fp32", "bf16" or "int8".
     """
 
     def __init__(self, path_or_bytes, sess_options=None, providers=None, provider_options=None,
-                 *, signature=None):
+                 *, signature=None, precision=None):
         _check_providers(providers)
         so = sess_options if sess_options is not None else SessionOptions()
         self._sess_options = so
-        super().__init__(path_or_bytes, signature=signature,
+        if precision is None:
+            precision = getattr(so, "precision", None)
+        if precision is not None and not isinstance(precision, str):
+            raise InvalidArgument("precision must be 'fp32', 'bf16' or 'int8', got %r"
+                                  % (precision,))
+        super().__init__(path_or_bytes, signature=signature, precision=precision,
                          threads=int(so.intra_op_num_threads),
                          optimize=1 if so.enable_optimization else 0,
                          max_tensor_bytes=int(so.max_tensor_bytes),

@@ -41,6 +41,7 @@ class SessionOptions:
     saved_model_tags: Optional[str]
     enable_profiling: bool
     profile_file_prefix: str
+    precision: str  # "fp32" (default), "bf16" or "int8"
     def __init__(self) -> None: ...
 
 class RunOptions:
@@ -73,6 +74,7 @@ class InferenceSession:
         provider_options: Optional[Sequence[Dict[str, Any]]] = None,
         *,
         signature: Optional[str] = None,
+        precision: Optional[str] = None,  # "fp32", "bf16" or "int8"; None: sess_options'
     ) -> None: ...
     def get_inputs(self) -> List[NodeArg]: ...
     def get_outputs(self) -> List[NodeArg]: ...

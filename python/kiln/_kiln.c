@@ -321,14 +321,15 @@ static void Session_dealloc(SessionObject *self)
 static int Session_init(SessionObject *self, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"source", "signature", "threads", "optimize",
-                             "max_tensor_bytes", "reference", "tags", "profile", NULL};
+                             "max_tensor_bytes", "reference", "tags", "profile", "precision",
+                             NULL};
     PyObject *source;
-    const char *signature = NULL, *tags = NULL;
+    const char *signature = NULL, *tags = NULL, *precision_name = NULL;
     int threads = 0, optimize = 1, reference = 0, profile = 0;
     long long max_tensor_bytes = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|ziiLizp:Session", kwlist, &source, &signature,
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|ziiLizpz:Session", kwlist, &source, &signature,
                                      &threads, &optimize, &max_tensor_bytes, &reference, &tags,
-                                     &profile))
+                                     &profile, &precision_name))
         return -1;
     if (self->session) {
         PyErr_SetString(PyExc_RuntimeError, "Session is already initialized");
@@ -336,6 +337,12 @@ static int Session_init(SessionObject *self, PyObject *args, PyObject *kw)
     }
     if (threads < 0) {
         raise_invalid("intra_op_num_threads must be >= 0, got %d", threads);
+        return -1;
+    }
+    /* the compute precision (docs/COMPRESSION.md): None is fp32 */
+    kiln_precision precision = KILN_PRECISION_FP32;
+    if (precision_name && kiln_precision_parse(precision_name, &precision) != KILN_OK) {
+        raise_invalid("precision must be 'fp32', 'bf16' or 'int8', got '%.100s'", precision_name);
         return -1;
     }
     kiln_load_options lo = {KILN_FORMAT_AUTO, tags};
@@ -367,6 +374,7 @@ static int Session_init(SessionObject *self, PyObject *args, PyObject *kw)
     so.max_tensor_bytes = max_tensor_bytes;
     so.reference = reference ? 1 : 0;
     so.profile = profile ? 1 : 0;
+    so.precision = precision;
     if (so.profile && so.reference) {
         kiln_model_free(model);
         raise_status(KILN_ERR_UNSUPPORTED, "profiling is not available with the reference "
@@ -994,8 +1002,9 @@ static PyTypeObject SessionType = {
     .tp_basicsize = sizeof(SessionObject),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
     .tp_doc = "Session(source, signature=None, threads=0, optimize=1, max_tensor_bytes=0, "
-              "reference=0, tags=None, profile=False)\n\nA loaded model and a session on one of its "
-              "signatures; the base of kiln.InferenceSession.",
+              "reference=0, tags=None, profile=False, precision=None)\n\nA loaded model and a session "
+              "on one of its signatures; the base of kiln.InferenceSession. precision: 'fp32' "
+              "(None), 'bf16' or 'int8' (docs/COMPRESSION.md); another value is InvalidArgument, a ValueError.",
     .tp_dealloc = (destructor)Session_dealloc,
     .tp_init = (initproc)Session_init,
     .tp_new = PyType_GenericNew,

@@ -1,17 +1,17 @@
 /*
- * gate_data.c - the evaluation data of `kiln gate` (gate.h): read for a
- * signature from a folder of <input>.npy files (npy.c) or from a JSON-lines
- * file of TF Serving predict request bodies (decoded by the server's own
- * codec, serve/codec.h, so the gate sees exactly what a REST client would
- * send), checked against the signature, and cut into batches of rows.
+ * gate_data.c - the evaluation data of `kiln gate` and `kiln compile`
+ * (gate.h): read for a signature, checked against it, and cut into batches
+ * of rows.
  *
- * An .npz archive (npz.c) holds one array per input, named as the files.
+ * A folder (of <input>.npy files and/or .npz archives) or an .npz archive
+ * is read by the library (kiln_dataset_read, src/api/dataset.c), the reader
+ * `kiln serve --allow_compression` uses for a version's calibration folder.
  * A file named tf_serving_warmup_requests or *.tfrecord is read as a TF
- * Serving warmup file (serve/warmup.h): its predict records, stacked.
- * A folder's file for input NAME is NAME.npy, or, when NAME holds bytes
- * outside [A-Za-z0-9._-] (e.g. "serving_default_x:0"), the name with each
- * of those bytes replaced by '_' (as `kiln predict` names output files).
- * Every error names the file and the input.
+ * Serving warmup file (serve/warmup.h): its predict records, stacked. Any
+ * other file is a JSON-lines file of TF Serving predict request bodies
+ * (decoded by the server's own codec, serve/codec.h, so the gate sees
+ * exactly what a REST client would send). Every error names the file and
+ * the input.
  */
 #include <math.h>
 #include <stdio.h>
@@ -20,8 +20,6 @@
 #include <sys/stat.h>
 
 #include "cli/gate.h"
-#include "cli/npy.h"
-#include "cli/npz.h"
 #include "serve/codec.h"
 #include "serve/json.h"
 #include "serve/warmup.h"
@@ -31,122 +29,13 @@
 
 void kiln_gate_data_free(kiln_gate_data *d)
 {
-    for (int i = 0; i < d->n; i++) {
-        if (d->names) free(d->names[i]);
-        if (d->t) kiln_tensor_free(d->t[i]);
-    }
-    free(d->names);
-    free(d->t);
-    memset(d, 0, sizeof *d);
+    kiln_dataset_free(d);
 }
 
-/* The input's file name in a data folder when NAME has unsafe bytes. */
-static void safe_name(const char *name, char *out, size_t cap)
-{
-    size_t n = 0;
-    for (; name[n] && n + 5 < cap; n++) {
-        char c = name[n];
-        int ok = (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
-                 c == '.' || c == '_' || c == '-';
-        out[n] = ok ? c : '_';
-    }
-    memcpy(out + n, ".npy", 5);
-}
-
-/* Check tensor t (from `what`) against signature input vi. */
 static kiln_status check_input(const kiln_tensor *t, const kiln_value_info *vi, const char *what,
                                char *err)
 {
-    if (vi->dtype != KILN_DTYPE_UNDEFINED && t->dtype != vi->dtype) {
-        snprintf(err, KILN_GATE_ERR_LEN, "%.250s: input '%.100s' is %s, the signature wants %s",
-                 what, vi->name, kiln_dtype_name(t->dtype), kiln_dtype_name(vi->dtype));
-        return KILN_ERR_INVALID_ARGUMENT;
-    }
-    if (t->rank < 1) {
-        snprintf(err, KILN_GATE_ERR_LEN,
-                 "%.250s: input '%.100s' is a scalar; the first dimension must count samples",
-                 what, vi->name);
-        return KILN_ERR_INVALID_ARGUMENT;
-    }
-    if (vi->rank >= 0 && t->rank != vi->rank) {
-        snprintf(err, KILN_GATE_ERR_LEN, "%.250s: input '%.100s' has rank %d, the signature wants %d",
-                 what, vi->name, t->rank, vi->rank);
-        return KILN_ERR_INVALID_ARGUMENT;
-    }
-    for (int k = 1; vi->rank >= 0 && k < t->rank; k++) {
-        if (vi->dims[k] >= 0 && vi->dims[k] != t->dims[k]) {
-            snprintf(err, KILN_GATE_ERR_LEN,
-                     "%.250s: input '%.100s' dimension %d is %lld, the signature wants %lld", what,
-                     vi->name, k, (long long)t->dims[k], (long long)vi->dims[k]);
-            return KILN_ERR_INVALID_ARGUMENT;
-        }
-    }
-    if (t->dims[0] < 1) {
-        snprintf(err, KILN_GATE_ERR_LEN, "%.250s: input '%.100s' has no samples", what, vi->name);
-        return KILN_ERR_INVALID_ARGUMENT;
-    }
-    return KILN_OK;
-}
-
-static kiln_status load_npy_folder(const char *dir, const kiln_signature *sig, kiln_gate_data *d,
-                                   char *err)
-{
-    for (int i = 0; i < d->n; i++) {
-        const kiln_value_info *vi = kiln_signature_input(sig, i);
-        char path[4096], file[1024] = "";
-        struct stat sb;
-        snprintf(path, sizeof path, "%s/%s.npy", dir, vi->name);
-        if (stat(path, &sb) != 0) {
-            safe_name(vi->name, file, sizeof file);
-            snprintf(path, sizeof path, "%s/%s", dir, file);
-        }
-        if (stat(path, &sb) != 0) {
-            snprintf(err, KILN_GATE_ERR_LEN, "data folder '%.200s' has no %.120s for input '%.100s'",
-                     dir, file, vi->name);
-            return KILN_ERR_NOT_FOUND;
-        }
-        if (kiln_npy_read(path, &d->t[i]) != KILN_OK) {
-            snprintf(err, KILN_GATE_ERR_LEN, "input '%.100s': %.380s", vi->name,
-                     kiln_npy_last_error());
-            return KILN_ERR_INVALID_ARGUMENT;
-        }
-        kiln_status st = check_input(d->t[i], vi, path, err);
-        if (st != KILN_OK) return st;
-    }
-    return KILN_OK;
-}
-
-/* An .npz archive (npz.h): one member per input, named like the folder's files. */
-static kiln_status load_npz(const char *path, const kiln_signature *sig, kiln_gate_data *d,
-                            char *err)
-{
-    kiln_npz *z = NULL;
-    kiln_status st = kiln_npz_read(path, &z, err);
-    if (st != KILN_OK) return st;
-    for (int i = 0; i < d->n && st == KILN_OK; i++) {
-        const kiln_value_info *vi = kiln_signature_input(sig, i);
-        char file[1024];
-        safe_name(vi->name, file, sizeof file);
-        file[strlen(file) - 4] = '\0'; /* without ".npy", as members are named */
-        int found = -1;
-        for (int k = 0; k < z->n && found < 0; k++)
-            if (strcmp(z->names[k], vi->name) == 0) found = k;
-        for (int k = 0; k < z->n && found < 0; k++)
-            if (strcmp(z->names[k], file) == 0) found = k;
-        if (found < 0) {
-            snprintf(err, KILN_GATE_ERR_LEN, "data '%.250s' has no array '%.100s' for input '%.100s'",
-                     path, file, vi->name);
-            st = KILN_ERR_NOT_FOUND;
-            break;
-        }
-        d->t[i] = z->tensors[found]; /* moved */
-        z->tensors[found] = NULL;
-        char what[300];
-        snprintf(what, sizeof what, "%.250s[%.40s]", path, z->names[found]);
-        st = check_input(d->t[i], vi, what, err);
-    }
-    kiln_npz_free(z);
-    return st;
+    return kiln_dataset_check_input(t, vi, what, err);
 }
 
 /* Append the rows of src to the growing tensor *acc (created on first use). */
@@ -335,6 +224,10 @@ static int is_warmup_file(const char *path)
 kiln_status kiln_gate_data_load(const char *path, const kiln_signature *sig, kiln_gate_data *d,
                                 char *err)
 {
+    struct stat sb;
+    size_t pl = strlen(path);
+    if (stat(path, &sb) == 0 && (S_ISDIR(sb.st_mode) || (pl > 4 && !strcmp(path + pl - 4, ".npz"))))
+        return kiln_dataset_read(path, sig, 0, d, err);
     memset(d, 0, sizeof *d);
     int n = kiln_signature_input_count(sig);
     d->names = calloc((size_t)(n > 0 ? n : 1), sizeof *d->names);
@@ -353,22 +246,14 @@ kiln_status kiln_gate_data_load(const char *path, const kiln_signature *sig, kil
             return KILN_ERR_OUT_OF_MEMORY;
         }
     }
-    struct stat sb;
     kiln_status st;
     if (stat(path, &sb) != 0) {
         snprintf(err, KILN_GATE_ERR_LEN, "data '%.300s' does not exist", path);
         st = KILN_ERR_NOT_FOUND;
-    } else if (S_ISDIR(sb.st_mode)) {
-        st = load_npy_folder(path, sig, d, err);
+    } else if (is_warmup_file(path)) {
+        st = load_warmup(path, sig, d, err);
     } else {
-        size_t pl = strlen(path);
-        if (pl > 4 && strcmp(path + pl - 4, ".npz") == 0) {
-            st = load_npz(path, sig, d, err);
-        } else if (is_warmup_file(path)) {
-            st = load_warmup(path, sig, d, err);
-        } else {
-            st = load_jsonl(path, sig, d, err);
-        }
+        st = load_jsonl(path, sig, d, err);
     }
     for (int i = 0; st == KILN_OK && i < n; i++) {
         if (i == 0) d->samples = d->t[0]->dims[0];
@@ -391,29 +276,5 @@ kiln_status kiln_gate_data_load(const char *path, const kiln_signature *sig, kil
 kiln_status kiln_gate_data_check(const kiln_gate_data *d, const char *path, int64_t min_samples,
                                  char *err)
 {
-    if (d->samples < min_samples) {
-        snprintf(err, KILN_GATE_ERR_LEN,
-                 "data '%.250s' has %lld samples; at least %lld are needed to measure accuracy",
-                 path, (long long)d->samples, (long long)min_samples);
-        return KILN_ERR_INVALID_ARGUMENT;
-    }
-    for (int i = 0; i < d->n; i++) {
-        const kiln_tensor *t = d->t[i];
-        int64_t n = kiln_tensor_count(t), re = t->rank > 0 && t->dims[0] > 0 ? n / t->dims[0] : n;
-        for (int64_t k = 0; k < n; k++) {
-            double v;
-            if (t->dtype == KILN_DTYPE_F32) v = ((const float *)t->data)[k];
-            else if (t->dtype == KILN_DTYPE_F64) v = ((const double *)t->data)[k];
-            else break;
-            if (!isfinite(v)) {
-                snprintf(err, KILN_GATE_ERR_LEN,
-                         "data '%.250s': input '%.100s' holds %s at sample %lld; accuracy cannot "
-                         "be measured on it",
-                         path, d->names[i], isnan(v) ? "NaN" : "an infinity",
-                         (long long)(re ? k / re : 0));
-                return KILN_ERR_INVALID_ARGUMENT;
-            }
-        }
-    }
-    return KILN_OK;
+    return kiln_dataset_check(d, path, min_samples, err);
 }

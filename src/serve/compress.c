@@ -2,8 +2,11 @@
  * compress.c - --allow_compression and --allow_precompilation at version
  * load (compress.h; docs/COMPRESSION.md, "In kiln serve").
  *
- * Compression: the rows of the version's warmup file that call its
- * signature are stacked per input into one data set; with at least
+ * Compression: the data is the version's calibration folder
+ * (assets.extra/kiln_calibration/: <input>.npy files and/or .npz archives,
+ * read by the library's kiln_dataset_read, as `kiln compile --calibration`
+ * reads a folder) when it exists, else the rows of the version's warmup
+ * file that call its signature, stacked per input; with at least
  * KILN_COMPILE_MIN_SAMPLES finite rows, kiln_compile runs the `auto` policy
  * on it (calibration and check on the same rows, no labels: the drop is the
  * top-1 disagreement for class outputs, the mean relative difference for
@@ -26,6 +29,9 @@
 #include "serve/compress.h"
 #include "serve/gate/release.h"
 #include "serve/warmup.h"
+
+/* A version's calibration data for --allow_compression, beside the warmup file. */
+#define KILN_CALIBRATION_DIR "assets.extra/kiln_calibration"
 
 void kiln_compress_default_cache(char *buf, size_t cap)
 {
@@ -139,6 +145,21 @@ static int calls(const kiln_warmup_request *q, const char *sig, int is_default)
     return q->signature[0] ? !strcmp(q->signature, sig) : is_default;
 }
 
+/* A fixed batch dimension runs whole batches only. */
+static int whole_batches(const kiln_signature *sig, const kiln_dataset *d, const char *prefix,
+                         const char *what, char *why, size_t cap)
+{
+    for (int i = 0; i < d->n; i++) {
+        const kiln_value_info *vi = kiln_signature_input(sig, i);
+        if (vi->rank > 0 && vi->dims[0] > 0 && d->samples % vi->dims[0]) {
+            snprintf(why, cap, "%s: the batch dimension is fixed at %lld and %s holds %lld "
+                     "samples", prefix, (long long)vi->dims[0], what, (long long)d->samples);
+            return 0;
+        }
+    }
+    return 1;
+}
+
 /* The rows of the warmup file's predict requests for sig, stacked per
  * input. 0 with `why` when there is nothing usable to check on. */
 static int warmup_dataset(const char *dir, const kiln_model *m, const kiln_signature *sig,
@@ -152,7 +173,8 @@ static int warmup_dataset(const char *dir, const kiln_model *m, const kiln_signa
         return 0;
     }
     if (!w) {
-        snprintf(why, cap, "no data to check it on: the version has no %s", KILN_WARMUP_FILE);
+        snprintf(why, cap, "no data to check it on: the version has no %s/ folder and no %s",
+                 KILN_CALIBRATION_DIR, KILN_WARMUP_FILE);
         return 0;
     }
     const char *sn = kiln_signature_name(sig);
@@ -247,18 +269,37 @@ static int warmup_dataset(const char *dir, const kiln_model *m, const kiln_signa
         }
     }
     d->samples = rows;
-    /* a fixed batch dimension runs whole batches only */
-    for (int i = 0; ok && i < n; i++) {
-        const kiln_value_info *vi = kiln_signature_input(sig, i);
-        if (vi->rank > 0 && vi->dims[0] > 0 && rows % vi->dims[0]) {
-            snprintf(why, cap, "no data to check it on: the batch dimension is fixed at %lld and "
-                     "the warmup file holds %lld samples", (long long)vi->dims[0], (long long)rows);
-            ok = 0;
-        }
-    }
+    if (ok) ok = whole_batches(sig, d, "no data to check it on", "the warmup file", why, cap);
     kiln_warmup_free(w);
     if (!ok) dataset_free(d);
     return ok;
+}
+
+/* The version's calibration folder (KILN_CALIBRATION_DIR), read by the
+ * library as `kiln compile --calibration DIR` reads a folder: checked
+ * against the signature (names, dtypes, shapes), finite, and at least
+ * KILN_COMPILE_MIN_SAMPLES samples. 0 with `why` (naming the file and the
+ * input) when it cannot be used. */
+static int folder_dataset(const char *path, const kiln_signature *sig, kiln_dataset *d,
+                          char *why, size_t cap)
+{
+    char err[KILN_EVAL_ERR_LEN];
+    struct stat sb;
+    if (stat(path, &sb) != 0 || !S_ISDIR(sb.st_mode)) {
+        snprintf(why, cap, "bad calibration data: %s is not a folder", KILN_CALIBRATION_DIR);
+        return 0;
+    }
+    if (kiln_dataset_read(path, sig, KILN_DATASET_FINITE, d, err) != KILN_OK ||
+        kiln_dataset_check(d, path, KILN_COMPILE_MIN_SAMPLES, err) != KILN_OK) {
+        kiln_dataset_free(d);
+        snprintf(why, cap, "bad calibration data: %.600s", err);
+        return 0;
+    }
+    if (!whole_batches(sig, d, "bad calibration data", KILN_CALIBRATION_DIR, why, cap)) {
+        kiln_dataset_free(d);
+        return 0;
+    }
+    return 1;
 }
 
 /* The lowest precision any compiled node runs in. */
@@ -278,7 +319,19 @@ static void compress(const kiln_compress_options *o, const char *dir, kiln_model
         goto uncompressed;
     }
     const kiln_signature *sig = kiln_model_signature(m, 0);
-    if (!warmup_dataset(dir, m, sig, &d, why, sizeof why)) goto uncompressed;
+    /* the calibration folder, made for it, wins over the warmup file */
+    char cal_dir[4096], warmup_file[4096];
+    struct stat sb;
+    snprintf(cal_dir, sizeof cal_dir, "%.2000s/%s", dir, KILN_CALIBRATION_DIR);
+    snprintf(warmup_file, sizeof warmup_file, "%.2000s/%s", dir, KILN_WARMUP_FILE);
+    int use_folder = lstat(cal_dir, &sb) == 0;
+    if (use_folder ? !folder_dataset(cal_dir, sig, &d, why, sizeof why)
+                   : !warmup_dataset(dir, m, sig, &d, why, sizeof why))
+        goto uncompressed;
+    kiln_sbuf_printf(kv, " compression_data=\"%s: %lld samples%s\"",
+                     use_folder ? KILN_CALIBRATION_DIR : KILN_WARMUP_FILE, (long long)d.samples,
+                     use_folder && stat(warmup_file, &sb) == 0 ? " (preferred to the warmup file)"
+                                                               : "");
     kiln_compile_options co;
     kiln_compile_options_init(&co);
     co.max_drop = o->max_drop;

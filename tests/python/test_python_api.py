@@ -839,3 +839,83 @@ def test_profiling_the_reference_kernels_is_refused():
     with pytest.raises(kiln.Unsupported, match="reference"):
         sess.enable_profiling()
     assert sess.profile() == []
+
+
+# ------------------------------------------------------------------ compute precision
+
+
+def test_precision_bf16_int8_against_fp32_and_numpy():
+    """InferenceSession(precision=...) and SessionOptions.precision on the
+    bundled digits MLP over scikit-learn's 450 held-out digits: bf16 and int8
+    within tolerance of fp32 (top-1 agreement >= 99%, probabilities within
+    0.1), and equal to test_precision's numpy emulations of Kiln's bf16 and
+    dynamic int8 arithmetic within 1e-4 where the CPU runs them (elsewhere
+    the session stays fp32, as documented)."""
+    sk = pytest.importorskip("sklearn.datasets")
+    from sklearn.model_selection import train_test_split
+    from test_precision import AVX512, VNNI, bf16, quant_gemm
+    d = sk.load_digits()
+    _, x, _, y = train_test_split(d.data.astype(np.float32), d.target.astype(np.int64),
+                                  test_size=0.25, random_state=0, stratify=d.target)
+    path = str(REPO / "models" / "digits" / "1" / "model.onnx")
+    m = onnx.load(path)
+    init = {t.name: numpy_helper.to_array(t).astype(np.float32) for t in m.graph.initializer}
+    layers = []
+    for n in m.graph.node:
+        if n.op_type == "Gemm":
+            a = {at.name: helper.get_attribute_value(at) for at in n.attribute}
+            w = init[n.input[1]]
+            layers.append((w if a.get("transB", 0) else w.T, init[n.input[2]]))
+    (w1, b1), (w2, b2) = layers
+
+    def softmax(z):
+        e = np.exp(z - z.max(axis=1, keepdims=True))
+        return e / e.sum(axis=1, keepdims=True)
+
+    emulated = {
+        "fp32": digits_reference(x),
+        "bf16": softmax((bf16(np.maximum(bf16(x) @ bf16(w1).T + b1, 0)) @ bf16(w2).T + b2)
+                        .astype(np.float64)),
+        "int8": softmax(quant_gemm(np.maximum(quant_gemm(x, w1, b1), 0), w2, b2)
+                        .astype(np.float64)),
+    }
+    runs = {"bf16": AVX512, "int8": VNNI}
+    probs = {}
+    for p in ("fp32", "bf16", "int8"):
+        (probs[p],) = kiln.InferenceSession(path, precision=p).run(["probabilities"], {"pixels": x})
+        so = kiln.SessionOptions()
+        so.precision = p
+        (again,) = kiln.InferenceSession(path, sess_options=so).run(None, {"pixels": x})
+        np.testing.assert_array_equal(again, probs[p])
+    fp32 = probs["fp32"]
+    np.testing.assert_allclose(fp32, emulated["fp32"], rtol=1e-4, atol=1e-6)
+    assert (fp32.argmax(1) == y).mean() > 0.9
+    for p in ("bf16", "int8"):
+        agree = (probs[p].argmax(1) == fp32.argmax(1)).mean()
+        assert agree >= 0.99, f"{p}: top-1 agrees with fp32 on {agree:.4f}"
+        assert np.abs(probs[p] - fp32).max() < 0.1
+        if runs[p]:
+            err = np.abs(probs[p] - emulated[p]).max()
+            assert err < 1e-4, f"{p} off the numpy emulation by {err}"
+            assert np.abs(probs[p] - fp32).max() > 1e-6, f"{p} ran fp32"
+        else:
+            np.testing.assert_allclose(probs[p], fp32, rtol=1e-5, atol=1e-7)
+
+
+def test_precision_bad_value_is_value_error():
+    path = str(REPO / "models" / "digits" / "1" / "model.onnx")
+    for bad in ("fp16", "INT8", "", "auto"):
+        with pytest.raises(ValueError, match=r"precision must be 'fp32', 'bf16' or 'int8', got "
+                                             + repr(bad)):
+            kiln.InferenceSession(path, precision=bad)
+        so = kiln.SessionOptions()
+        so.precision = bad
+        with pytest.raises(kiln.InvalidArgument, match="precision must be"):
+            kiln.InferenceSession(path, sess_options=so)
+    with pytest.raises(ValueError, match="got 8"):
+        kiln.InferenceSession(path, precision=8)
+    assert "precision='fp32'" in repr(kiln.SessionOptions())
+    # None is the default, fp32
+    x = np.load(REPO / "models" / "digits_sample.npy")
+    (p,) = kiln.InferenceSession(path, precision=None).run(None, {"pixels": x})
+    np.testing.assert_allclose(p, digits_reference(x), rtol=1e-4, atol=1e-6)

@@ -13,6 +13,13 @@ in fp32, answers equal numpy's fp32 model, and the log says why. With
 --allow_precompilation a restart loads the compiled .kiln from the cache
 (the log says so and names the .kiln format: no import); a corrupted cache
 entry is reported, removed and rebuilt, and the answers stay the same.
+
+A version may instead (or also) hold a calibration folder
+(assets.extra/kiln_calibration/: pixels.npy and/or .npz archives): with only
+the folder the version is compressed on its rows, with both the folder wins,
+and a folder with wrong names, dtypes, shapes, NaN, too few rows or a
+damaged file serves the version in fp32 with a reason naming the file and
+the input.
 """
 
 import shutil
@@ -43,14 +50,26 @@ def data():
     return x_train[:200], x_test[:64]
 
 
-def version(base, rows):
+def version(base, rows, folder=None):
     """base/1 holding the digits MLP and, when rows is not None, a warmup
-    file of predict requests of 20 rows each."""
+    file of predict requests of 20 rows each; folder: {file name: array, or
+    {member: array} for an .npz, or bytes} written into
+    assets.extra/kiln_calibration/."""
     (base / "1").mkdir(parents=True)
     shutil.copy(DIGITS, base / "1" / "model.onnx")
     if rows is not None:
         write_warmup(base / "1", tfrecord([predict_log({"pixels": rows[i:i + 20]})
                                            for i in range(0, len(rows), 20)]))
+    if folder is not None:
+        cal = base / "1" / "assets.extra" / "kiln_calibration"
+        cal.mkdir(parents=True)
+        for name, arr in folder.items():
+            if isinstance(arr, bytes):
+                (cal / name).write_bytes(arr)
+            elif isinstance(arr, dict):
+                np.savez(cal / name, **arr)
+            else:
+                np.save(cal / name, arr)
     return base
 
 
@@ -104,6 +123,7 @@ def test_no_data_serves_fp32_and_says_why(tmp_path, data):
     fp32 = softmax(mlp(x, layers, ["fp32", "fp32"], batched=False).astype(np.float64))
     for name, rows, why in (
             ("none", None, "no data to check it on: the version has no "
+                           "assets.extra/kiln_calibration/ folder and no "
                            "assets.extra/tf_serving_warmup_requests"),
             ("few", cal[:5], "the warmup file holds 5 samples for signature 'serving_default', "
                              "fewer than 10")):
@@ -151,3 +171,70 @@ def test_precompilation_cache_hit_and_rebuild(tmp_path, data):
     if VNNI:
         assert prec == "int8"
     assert np.array_equal(answers[0], answers[1]) and np.array_equal(answers[0], answers[2])
+
+
+@pytest.mark.skipif(not VNNI, reason="no VNNI on this CPU: no int8 kernels to compress to")
+def test_calibration_folder_compresses(tmp_path, data):
+    """Only a calibration folder (120 rows in pixels.npy, 80 in an .npz):
+    compressed on its 200 rows, the answers exactly Kiln's dynamic int8."""
+    cal, x = data
+    layers = gemm_weights(DIGITS)
+    want = softmax(mlp(x, layers, ["int8", "int8"], batched=False).astype(np.float64))
+    fp32 = softmax(mlp(x, layers, ["fp32", "fp32"], batched=False).astype(np.float64))
+    for name, rows, folder, data_says in (
+            ("folder", None, {"pixels.npy": cal[:120], "more.npz": {"pixels": cal[120:]}},
+             'compression_data="assets.extra/kiln_calibration: 200 samples"'),
+            # the folder wins over a warmup file too small to check on
+            ("both", cal[:5], {"rows.npz": {"pixels": cal}},
+             'compression_data="assets.extra/kiln_calibration: 200 samples (preferred to '
+             'the warmup file)"')):
+        base = version(tmp_path / name, rows, folder)
+        srv = Server(base, name, "--allow_compression")
+        try:
+            (line,) = load_lines(srv)
+            assert " compression=int8 " in line, line
+            assert data_says in line, line
+            assert "on 200 samples" in line, line
+            assert precision_gauge(srv, name) == "int8"
+            assert metadata_precision(srv, name) == "int8"
+            got = predict(srv, name, x)
+        finally:
+            srv.kill()
+        assert np.abs(got - want).max() < 1e-4
+        assert np.abs(got - fp32).max() > 1e-6  # really compressed
+
+
+def test_bad_calibration_folder_serves_fp32_and_says_why(tmp_path, data):
+    """Each broken folder: fp32 (numpy's answers), the reason names the file
+    and the input; the warmup file beside it is not used instead."""
+    cal, x = data
+    layers = gemm_weights(DIGITS)
+    fp32 = softmax(mlp(x, layers, ["fp32", "fp32"], batched=False).astype(np.float64))
+    nan = cal.copy()
+    nan[37, 5] = np.nan
+    cases = (
+        ("name", {"image.npy": cal}, "has no pixels.npy for input 'pixels'"),
+        ("dtype", {"pixels.npy": cal.astype(np.float64)},
+         "kiln_calibration/pixels.npy: input 'pixels' is float64, the signature wants float32"),
+        ("shape", {"pixels.npy": cal[:, :63]},
+         "kiln_calibration/pixels.npy: input 'pixels' dimension 1 is 63, the signature wants 64"),
+        ("nan", {"pixels.npy": nan},
+         "kiln_calibration/pixels.npy: input 'pixels' holds NaN at sample 37"),
+        ("few", {"pixels.npy": cal[:4], "b.npz": {"pixels": cal[4:9]}},
+         "kiln_calibration' has 9 samples; at least 10 are needed"),
+        ("member", {"pixels.npy": cal, "b.npz": {"x": cal}},
+         "kiln_calibration/b.npz' has no array 'pixels' for input 'pixels'"),
+        ("damaged", {"pixels.npy": b"\x93NUMPY\x01\x00garbage"}, "input 'pixels': "),
+    )
+    for name, folder, why in cases:
+        base = version(tmp_path / name, cal, folder)
+        srv = Server(base, name, "--allow_compression")
+        try:
+            (line,) = load_lines(srv)
+            assert " compression=off compression_reason=\"bad calibration data: " in line, line
+            assert why in line, line
+            assert precision_gauge(srv, name) == "fp32"
+            got = predict(srv, name, x)
+        finally:
+            srv.kill()
+        assert np.abs(got - fp32).max() < 1e-5, name

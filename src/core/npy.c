@@ -1,5 +1,5 @@
 /*
- * npy.c - the NumPy .npy reader and writer (see npy.h for the contract).
+ * npy.c - the NumPy .npy reader and writer (see include/kiln/kiln_util.h for the contract).
  *
  * The format: the magic "\x93NUMPY", a major and minor version byte, the
  * header length (uint16 LE for 1.0, uint32 LE for 2.0 and 3.0), then the
@@ -14,7 +14,7 @@
  * bytes in memory, so files, HTTP bodies and the fuzzer share one parser.
  * Writing goes through a matching sink (a FILE or a growing buffer).
  */
-#include "cli/npy.h"
+#include "kiln/kiln_util.h"
 
 #include <errno.h>
 #include <stdarg.h>
@@ -25,12 +25,11 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "cli/cli.h"
 
 static _Thread_local char npy_err[512];
 
 /* Record a message for st and return st. */
-static kiln_status npy_fail(kiln_status st, const char *fmt, ...) KILN_CLI_PRINTF(2, 3);
+static kiln_status npy_fail(kiln_status st, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static kiln_status npy_fail(kiln_status st, const char *fmt, ...)
 {
     va_list ap;

@@ -1,8 +1,8 @@
 /*
- * npz.c - the .npz reader of npz.h: a ZIP central-directory walk (with
+ * npz.c - the .npz reader (include/kiln/kiln_util.h): a ZIP central-directory walk (with
  * ZIP64), stored and deflated members, CRC-32 checked, each member parsed
  * as .npy. Only what NumPy's savez and savez_compressed write is needed,
- * and only that is accepted; see npz.h for the limits.
+ * and only that is accepted; see include/kiln/kiln_util.h for the limits.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,8 +11,7 @@
 
 #include <zlib.h>
 
-#include "cli/npy.h"
-#include "cli/npz.h"
+#include "kiln/kiln_util.h"
 
 #define SIG_EOCD 0x06054b50u
 #define SIG_EOCD64 0x06064b50u
