@@ -125,4 +125,10 @@ double kiln_plan_cache_reference_share(struct kiln_plan_cache *c);
 void kiln_plan_cache_fallbacks(struct kiln_plan_cache *c, void (*line)(void *ctx, const char *s),
                                void *ctx);
 
+/* One line per cached plan that has Concats: how many of their inputs the plan has
+ * their producers write straight into the output (copies avoided), and how many
+ * Concat steps were removed for it (every input in place). */
+void kiln_plan_cache_concat_lines(struct kiln_plan_cache *c,
+                                  void (*line)(void *ctx, const char *s), void *ctx);
+
 #endif
