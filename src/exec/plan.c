@@ -493,7 +493,8 @@ static kiln_status concat_in_place(struct kiln_plan *p)
             for (int k = 0; k < sp->n_in && view; k++) {
                 if (sp->in[k] < 0) continue;
                 int v = sp->in[k];
-                if (p->slots[v].kind != SLOT_ALIAS || p->slots[v].alias_off % PLAN_ALIGN) {
+                if (p->slots[v].kind != SLOT_ALIAS || p->slots[v].alias_off % PLAN_ALIGN ||
+                    !whole[k]) {
                     view = false;
                     break;
                 }
@@ -506,7 +507,8 @@ static kiln_status concat_in_place(struct kiln_plan *p)
             }
             if (view && R2 >= 0 &&
                 (p->slots[R2].kind == SLOT_ARENA || p->slots[R2].kind == SLOT_OUTPUT) &&
-                p->slots[R2].layout == xs->layout) {
+                p->slots[R2].layout == xs->layout &&
+                p->slots[sp->in[first]].alias_off + xs->bytes <= p->slots[R2].bytes) {
                 slice_into(p, X, R2, p->slots[sp->in[first]].alias_off);
                 sp->elided = calloc((size_t)sp->n_in + 1, 1);
                 if (!sp->elided) goto oom;
@@ -523,7 +525,7 @@ static kiln_status concat_in_place(struct kiln_plan *p)
             if (sp->in[k] < 0) continue;
             int v = sp->in[k], r = root_of(p, v);
             size_t at = B + local[k];
-            if (r == R && slot_off(p, v) == at) { /* placed by a later Concat */
+            if (r == R && slot_off(p, v) == at && whole[k]) { /* placed by a later Concat */
                 take[k] = 2;
                 n_take++;
                 continue;

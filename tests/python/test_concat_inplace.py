@@ -182,3 +182,17 @@ def test_output_and_axis0(kiln_bin, tmp_path):
         return g, [out, g.op("Mul", [stacked, stacked]), c]
     # out: a and b in place; stacked: Neg(a) in place, c (a graph output) copied
     run_case(kiln_bin, tmp_path, build, None, lambda isa: (3, 4, 1))
+
+
+def test_input_in_two_concats(kiln_bin, tmp_path):
+    """Concat(a, b) and Concat(b, a): a value has one place, so the later Concat gets
+    both inputs in place and the earlier one copies both (from their slices of the
+    later output, which must not have been written over in between)."""
+    def build(batch):
+        g = GB(3, batch)
+        a = g.conv("X", 3, 16, 3)
+        b = g.conv("X", 3, 16, 1)
+        y1 = g.conv(g.op("Concat", [a, b], axis=1), 32, 16, 3)
+        y2 = g.conv(g.op("Concat", [b, a], axis=1), 32, 16, 1)
+        return g, [g.conv(g.op("Add", [y1, y2]), 16, 8, 1)]
+    run_case(kiln_bin, tmp_path, build, None, lambda isa: (2, 4, 1))
