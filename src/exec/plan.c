@@ -5,8 +5,9 @@
  * node). A slot is a constant (of the graph, or computed at compile time),
  * a graph input (the caller's tensor), a graph output (allocated per run:
  * it is handed to the caller), an arena buffer, or an alias of another
- * slot's memory (reshape-like ops, and elementwise kernels that write over
- * their input). Arena buffers get offsets from their lifetimes (first and
+ * slot's memory (reshape-like ops, elementwise kernels that write over
+ * their input, and a Concat's inputs written straight into their slices of
+ * its output, at a byte offset). Arena buffers get offsets from their lifetimes (first and
  * last step that touch them), largest first, lowest free offset.
  */
 #define _GNU_SOURCE

@@ -9,7 +9,8 @@
  * to its reference kernel, and every intermediate value gets an offset in
  * one arena, assigned from value lifetimes so that values whose lifetimes
  * do not overlap share memory (elementwise kernels may also write over
- * their input). Running a plan allocates nothing but the outputs it hands
+ * their input, and a Concat's producers may write straight into their
+ * slices of its output, which removes the Concat's copies). Running a plan allocates nothing but the outputs it hands
  * to the caller (an arena instance is reused from a free list; one is
  * added only when more runs than ever before run at once); oneDNN's execute
  * call makes a few small allocations of its own. tests/c/unit_opt.c counts.
