@@ -995,6 +995,7 @@ kiln_status kiln_session_optimization_log(kiln_session *s, char **text)
         log.packed_weight_bytes = kiln_weight_cache_bytes(s->model->weights);
         kiln_opt_log_print(&log, text_line, &b);
         if (sig->plans[1]) kiln_plan_cache_fallbacks(sig->plans[1], text_line, &b);
+        if (sig->plans[1]) kiln_plan_cache_concat_lines(sig->plans[1], text_line, &b);
     }
     if (b.oom || !b.s) {
         free(b.s);

@@ -5,8 +5,9 @@
  * node). A slot is a constant (of the graph, or computed at compile time),
  * a graph input (the caller's tensor), a graph output (allocated per run:
  * it is handed to the caller), an arena buffer, or an alias of another
- * slot's memory (reshape-like ops, and elementwise kernels that write over
- * their input). Arena buffers get offsets from their lifetimes (first and
+ * slot's memory (reshape-like ops, elementwise kernels that write over
+ * their input, and a Concat's inputs written straight into their slices of
+ * its output, at a byte offset). Arena buffers get offsets from their lifetimes (first and
  * last step that touch them), largest first, lowest free offset.
  */
 #define _GNU_SOURCE
@@ -36,6 +37,7 @@ struct slot {
     const kiln_tensor *konst; /* CONST */
     int input_index;          /* INPUT */
     int alias_of;             /* ALIAS: the root slot (never itself an alias) */
+    size_t alias_off;         /* ALIAS: byte offset into the root (a Concat input's slice) */
     int buf;                  /* ARENA: buffer index */
     int def_step;             /* step that writes it (-1: before the run) */
     int last_use;             /* last step that reads it (INT32_MAX: a graph output) */
@@ -54,6 +56,8 @@ struct step {
     int *in;   /* slot ids (-1 absent) */
     int *out;  /* slot ids */
     int scratch_buf; /* buffer index or -1 */
+    unsigned char *elided; /* per input: 1 = already in place (a Concat's input written
+                              into its slice of the output): the kernel gets NULL */
     _Atomic int64_t ns;
     _Atomic int64_t calls;
 };
@@ -79,6 +83,9 @@ struct kiln_plan {
     kiln_tensor **folded;
     int n_folded, cap_folded;
     int n_fast;
+    int concat_removed;       /* Concat steps with every input written in place */
+    int concat_inputs_elided; /* Concat inputs written in place (copies avoided) */
+    int concat_inputs;        /* Concat inputs in all (present ones) */
     char *fallbacks;          /* lines naming steps on oneDNN's reference or generic code */
     size_t fallbacks_len;
     _Atomic int prof_threads; /* most threads a profiled run was granted */
@@ -357,6 +364,240 @@ static kiln_status settle_inputs(struct kiln_plan *p, struct kiln_weight_cache *
             if (st != KILN_OK) return st;
         }
     }
+    return KILN_OK;
+}
+
+/* ---- Concat in place ----
+ *
+ * A Concat whose inputs lie one after the other in its output's memory (the
+ * dims before its axis, as stored, multiply to 1: axis 0, or axis 1 of a batch
+ * of one, in plain or channel-blocked layout) need not copy them: each input's
+ * producer can write straight into its slice of the output. slice_into makes
+ * an input's root slot an alias of the output's root at the slice's byte
+ * offset, so the producer's kernel gets a header onto that slice and the
+ * merged buffer lives from the first producer to the output's last reader.
+ * Concats are visited last first, so that an input already placed in a later
+ * Concat's output (DenseNet's growing Concats of the same features, a Concat of
+ * Concats) is either at the right offset already, or the whole Concat becomes
+ * a view of that later output. An input stays copied when it is not a buffer of
+ * the arena of its own (a graph input or output, a constant, a slice of another
+ * place), or when its slice would be misaligned (64 bytes) or, blocked, would not
+ * start and end on whole channel blocks. A Concat with every input in place is
+ * removed; one with some, on the simd kernel, is passed NULL for those. */
+
+static int64_t stored_dim(const struct kiln_type *t, int layout, int d, int *n_dims)
+{
+    if (!layout || t->rank != 4) {
+        *n_dims = t->rank;
+        return t->dims[d];
+    }
+    *n_dims = 5; /* [N][C/b][H][W][b] */
+    if (d == 4) return layout;
+    if (d == 1) return kiln_layout_channels(t->dims[1], layout) / layout;
+    return t->dims[d];
+}
+
+/* Make root slot r an alias of root R at byte offset off; r's aliases follow. */
+static void slice_into(struct kiln_plan *p, int r, int R, size_t off)
+{
+    for (int v = 0; v < p->n_slots; v++)
+        if (p->slots[v].kind == SLOT_ALIAS && p->slots[v].alias_of == r) {
+            p->slots[v].alias_of = R;
+            p->slots[v].alias_off += off;
+        }
+    struct slot *rs = &p->slots[r], *Rs = &p->slots[R];
+    if (rs->def_step >= 0 && rs->def_step < Rs->def_step) Rs->def_step = rs->def_step;
+    if (rs->last_use > Rs->last_use) Rs->last_use = rs->last_use;
+    rs->kind = SLOT_ALIAS;
+    rs->alias_of = R;
+    rs->alias_off = off;
+}
+
+static size_t slot_off(const struct kiln_plan *p, int v)
+{
+    return p->slots[v].kind == SLOT_ALIAS ? p->slots[v].alias_off : 0;
+}
+
+/* Where Concat step si may place its inputs: every present input's byte offset in
+ * the output (local[k]) and whether its slice starts and ends on whole blocks
+ * (whole[k]). False when the inputs are not contiguous pieces of the output. */
+static bool concat_slices(const struct kiln_plan *p, const struct step *sp, size_t *local,
+                          bool *whole)
+{
+    const struct slot *xs = &p->slots[sp->out[0]];
+    const struct kiln_type *y = &xs->type;
+    int lo = xs->layout;
+    if (y->rank < 1 || (lo && y->rank != 4)) return false;
+    int64_t axis = kiln_attr_int(sp->node, "axis", 1);
+    if (axis < 0) axis += y->rank;
+    if (axis < 0 || axis >= y->rank) return false;
+    int nd;
+    stored_dim(y, lo, 0, &nd);
+    int64_t outer = 1, inner = 1;
+    for (int d = 0; d < axis; d++) outer *= stored_dim(y, lo, d, &nd);
+    if (outer != 1) return false;
+    for (int d = (int)axis + 1; d < nd; d++) inner *= stored_dim(y, lo, d, &nd);
+    size_t es = kiln_dtype_size(y->dtype);
+    int blocked_axis = lo && axis == 1;
+    int64_t at = 0; /* along the axis, in logical units */
+    for (int k = 0; k < sp->n_in; k++) {
+        local[k] = 0;
+        whole[k] = false;
+        if (sp->in[k] < 0) continue;
+        const struct slot *s = &p->slots[sp->in[k]];
+        if (s->type.dtype != y->dtype || s->type.rank != y->rank || s->layout != lo) return false;
+        int64_t units = blocked_axis ? at / lo : at;
+        local[k] = (size_t)(units * inner) * es;
+        int64_t len = s->type.dims[axis];
+        whole[k] = !blocked_axis || (at % lo == 0 && len % lo == 0);
+        at += len;
+    }
+    if (at != y->dims[axis]) return false;
+    /* the last present input may end in the output's padding lanes */
+    for (int k = sp->n_in - 1; k >= 0; k--)
+        if (sp->in[k] >= 0) {
+            int64_t start = at - p->slots[sp->in[k]].type.dims[axis];
+            if (blocked_axis && start % lo == 0) whole[k] = true;
+            break;
+        }
+    return true;
+}
+
+static kiln_status concat_in_place(struct kiln_plan *p)
+{
+    size_t *local = malloc(sizeof(size_t) * (KILN_MAX_IO + 1));
+    bool *whole = malloc(sizeof(bool) * (KILN_MAX_IO + 1));
+    unsigned char *take = malloc(KILN_MAX_IO + 1);
+    int *roots = malloc(sizeof(int) * (KILN_MAX_IO + 1));
+    if (!local || !whole || !take || !roots) {
+        free(local), free(whole), free(take), free(roots);
+        return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory planning a Concat");
+    }
+    for (int si = p->n_steps - 1; si >= 0; si--) {
+        struct step *sp = &p->steps[si];
+        if (sp->node->op != KILN_OP_Concat || sp->n_out < 1 || sp->n_in > KILN_MAX_IO) continue;
+        for (int k = 0; k < sp->n_in; k++) p->concat_inputs += sp->in[k] >= 0;
+        int X = sp->out[0];
+        struct slot *xs = &p->slots[X];
+        if (xs->kind != SLOT_ARENA && xs->kind != SLOT_OUTPUT && xs->kind != SLOT_ALIAS) continue;
+        if (!concat_slices(p, sp, local, whole)) continue;
+        int R = xs->kind == SLOT_ALIAS ? xs->alias_of : X;
+        size_t B = slot_off(p, X);
+        int n_present = 0;
+        for (int k = 0; k < sp->n_in; k++) n_present += sp->in[k] >= 0;
+        if (!n_present) continue;
+        /* every input a slice of one later output, one after the other: the Concat
+         * itself becomes a view of that output (DenseNet's growing Concats) */
+        if (xs->kind == SLOT_ARENA) {
+            int R2 = -1, first = -1;
+            bool view = true;
+            for (int k = 0; k < sp->n_in && view; k++) {
+                if (sp->in[k] < 0) continue;
+                int v = sp->in[k];
+                if (p->slots[v].kind != SLOT_ALIAS || p->slots[v].alias_off % PLAN_ALIGN ||
+                    !whole[k]) {
+                    view = false;
+                    break;
+                }
+                if (first < 0) {
+                    first = k;
+                    R2 = p->slots[v].alias_of;
+                }
+                view = p->slots[v].alias_of == R2 && R2 != X &&
+                       p->slots[v].alias_off == p->slots[sp->in[first]].alias_off + local[k];
+            }
+            if (view && R2 >= 0 &&
+                (p->slots[R2].kind == SLOT_ARENA || p->slots[R2].kind == SLOT_OUTPUT) &&
+                p->slots[R2].layout == xs->layout &&
+                p->slots[sp->in[first]].alias_off + xs->bytes <= p->slots[R2].bytes) {
+                slice_into(p, X, R2, p->slots[sp->in[first]].alias_off);
+                sp->elided = calloc((size_t)sp->n_in + 1, 1);
+                if (!sp->elided) goto oom;
+                for (int k = 0; k < sp->n_in; k++) sp->elided[k] = sp->in[k] >= 0;
+                p->concat_inputs_elided += n_present;
+                continue;
+            }
+        }
+        /* each input: in place already, made a slice, or copied */
+        int n_take = 0;
+        for (int k = 0; k < sp->n_in; k++) {
+            take[k] = 0;
+            roots[k] = -1;
+            if (sp->in[k] < 0) continue;
+            int v = sp->in[k], r = root_of(p, v);
+            size_t at = B + local[k];
+            if (r == R && slot_off(p, v) == at && whole[k]) { /* placed by a later Concat */
+                take[k] = 2;
+                n_take++;
+                continue;
+            }
+            const struct slot *rs = &p->slots[r];
+            if (rs->kind != SLOT_ARENA || r == R || slot_off(p, v) != 0 ||
+                rs->bytes != p->slots[v].bytes || rs->layout != xs->layout || !whole[k] ||
+                at % PLAN_ALIGN || rs->def_step < 0 || rs->def_step >= si)
+                continue;
+            bool dup = false; /* Concat(x, x): one slice per root */
+            for (int j = 0; j < k; j++) dup |= roots[j] == r;
+            if (dup) continue;
+            roots[k] = r;
+            take[k] = 1;
+            n_take++;
+        }
+        bool simd_kernel = sp->inst.run && sp->inst.name && !strncmp(sp->inst.name, "concat", 6);
+        if (!n_take || (n_take < n_present && !simd_kernel)) continue;
+        sp->elided = calloc((size_t)sp->n_in + 1, 1);
+        if (!sp->elided) goto oom;
+        for (int k = 0; k < sp->n_in; k++) {
+            if (take[k] == 1) slice_into(p, roots[k], R, B + local[k]);
+            sp->elided[k] = take[k] != 0;
+        }
+        p->concat_inputs_elided += n_take;
+    }
+    free(local), free(whole), free(take), free(roots);
+    return KILN_OK;
+oom:
+    free(local), free(whole), free(take), free(roots);
+    return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory planning a Concat");
+}
+
+/* Drop the steps whose inputs are all in place (Concats made views), renumbering the
+ * step indices slots and buffers hold: a read by a dropped step counts as one by the
+ * next step that stays. */
+static kiln_status drop_empty_steps(struct kiln_plan *p)
+{
+    int *map = malloc(sizeof(int) * ((size_t)p->n_steps + 1));
+    if (!map) return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory planning a Concat");
+    int kept = 0;
+    for (int si = 0; si < p->n_steps; si++) {
+        struct step *sp = &p->steps[si];
+        bool empty = sp->elided != NULL;
+        for (int k = 0; k < sp->n_in && empty; k++) empty = sp->in[k] < 0 || sp->elided[k];
+        map[si] = kept;
+        if (!empty) {
+            if (kept != si) memcpy(&p->steps[kept], &p->steps[si], sizeof *sp);
+            kept++;
+            continue;
+        }
+        if (sp->inst.run) p->n_fast--;
+        kiln_kernel_inst_destroy(&sp->inst);
+        free(sp->in);
+        free(sp->out);
+        free(sp->elided);
+        p->concat_removed++;
+    }
+    map[p->n_steps] = kept;
+    for (int v = 0; v < p->n_slots; v++) {
+        struct slot *s = &p->slots[v];
+        if (s->def_step >= 0 && s->def_step <= p->n_steps) s->def_step = map[s->def_step];
+        if (s->last_use >= 0 && s->last_use <= p->n_steps) s->last_use = map[s->last_use];
+    }
+    for (int b = 0; b < p->n_bufs; b++) {
+        p->bufs[b].first = map[p->bufs[b].first];
+        p->bufs[b].last = map[p->bufs[b].last];
+    }
+    for (int si = kept; si < p->n_steps; si++) memset(&p->steps[si], 0, sizeof p->steps[si]);
+    p->n_steps = kept;
+    free(map);
     return KILN_OK;
 }
 
@@ -672,6 +913,8 @@ static kiln_status plan_compile(const struct kiln_graph *g, const kiln_tensor *c
         if (s->kind == SLOT_ARENA) s->kind = SLOT_OUTPUT;
         if (s->kind == SLOT_OUTPUT && s->bytes > p->max_value_bytes) p->max_value_bytes = s->bytes;
     }
+    /* Concats whose producers write straight into their slices of the output */
+    if ((st = concat_in_place(p)) != KILN_OK || (st = drop_empty_steps(p)) != KILN_OK) goto fail;
     /* group lifetimes: an alias keeps its root alive */
     for (int v = 0; v < p->n_slots; v++)
         if (p->slots[v].kind == SLOT_ALIAS) {
@@ -747,6 +990,7 @@ void kiln_plan_free(struct kiln_plan *p)
         kiln_kernel_inst_destroy(&p->steps[i].inst);
         free(p->steps[i].in);
         free(p->steps[i].out);
+        free(p->steps[i].elided);
     }
     for (struct arena_inst *a = p->all, *next; a; a = next) {
         next = a->all_next;
@@ -860,14 +1104,16 @@ kiln_status kiln_plan_run_profiled(struct kiln_plan *p, kiln_tensor *const *inpu
     }
     for (int v = 0; v < p->n_slots; v++) {
         const struct slot *s = &p->slots[v];
-        if (s->kind == SLOT_ALIAS) header_set(&a->t[v], s, a->tp[s->alias_of]->data);
+        if (s->kind == SLOT_ALIAS)
+            header_set(&a->t[v], s, (char *)a->tp[s->alias_of]->data + s->alias_off);
     }
     for (int si = 0; si < p->n_steps; si++) {
         struct step *sp = &p->steps[si];
         if (ro && (st = kiln_exec_check_deadline(ro)) != KILN_OK) goto out;
         kiln_tensor *in[KILN_MAX_IO];
         kiln_tensor *outt[KILN_MAX_IO];
-        for (int k = 0; k < sp->n_in; k++) in[k] = sp->in[k] >= 0 ? a->tp[sp->in[k]] : NULL;
+        for (int k = 0; k < sp->n_in; k++)
+            in[k] = sp->in[k] >= 0 && !(sp->elided && sp->elided[k]) ? a->tp[sp->in[k]] : NULL;
         for (int k = 0; k < sp->n_out; k++) outt[k] = a->tp[sp->out[k]];
         void *scratch = sp->scratch_buf >= 0 ? (char *)a->mem + p->bufs[sp->scratch_buf].off : NULL;
         struct kiln_run_ctx rctx = {sp->node, sp->n_in, in, sp->n_out, outt, NULL, scratch, granted};
@@ -1410,6 +1656,29 @@ double kiln_plan_cache_reference_share(struct kiln_plan_cache *c)
         if (c->e[i].plan) reference_time(c->e[i].plan, &ref, &all);
     pthread_mutex_unlock(&c->mu);
     return all > 0 ? (double)ref / (double)all : -1.0;
+}
+
+void kiln_plan_cache_concat_lines(struct kiln_plan_cache *c,
+                                  void (*line)(void *ctx, const char *s), void *ctx)
+{
+    pthread_mutex_lock(&c->mu);
+    for (int i = 0; i < c->n; i++) {
+        const struct kiln_plan *p = c->e[i].plan;
+        if (!p || !p->concat_inputs) continue;
+        char buf[320], shape[160];
+        int len = snprintf(buf, sizeof buf, "concat in place: plan for");
+        for (int k = 0; k < p->n_in && len > 0 && (size_t)len < sizeof buf; k++)
+            len += snprintf(buf + len, sizeof buf - (size_t)len, " %s",
+                            kiln_shape_str(p->in_types[k].rank, p->in_types[k].dims, shape,
+                                           sizeof shape));
+        if (len > 0 && (size_t)len < sizeof buf)
+            snprintf(buf + len, sizeof buf - (size_t)len,
+                     ": %d of %d Concat inputs written in place by their producers, "
+                     "%d Concat steps removed",
+                     p->concat_inputs_elided, p->concat_inputs, p->concat_removed);
+        line(ctx, buf);
+    }
+    pthread_mutex_unlock(&c->mu);
 }
 
 void kiln_plan_cache_fallbacks(struct kiln_plan_cache *c, void (*line)(void *ctx, const char *s),

@@ -9,7 +9,8 @@
  * to its reference kernel, and every intermediate value gets an offset in
  * one arena, assigned from value lifetimes so that values whose lifetimes
  * do not overlap share memory (elementwise kernels may also write over
- * their input). Running a plan allocates nothing but the outputs it hands
+ * their input, and a Concat's producers may write straight into their
+ * slices of its output, which removes the Concat's copies). Running a plan allocates nothing but the outputs it hands
  * to the caller (an arena instance is reused from a free list; one is
  * added only when more runs than ever before run at once); oneDNN's execute
  * call makes a few small allocations of its own. tests/c/unit_opt.c counts.
@@ -124,5 +125,11 @@ double kiln_plan_cache_reference_share(struct kiln_plan_cache *c);
  * fallback (its implementation, node, op and shapes), as checked when the plan compiled. */
 void kiln_plan_cache_fallbacks(struct kiln_plan_cache *c, void (*line)(void *ctx, const char *s),
                                void *ctx);
+
+/* One line per cached plan that has Concats: how many of their inputs the plan has
+ * their producers write straight into the output (copies avoided), and how many
+ * Concat steps were removed for it (every input in place). */
+void kiln_plan_cache_concat_lines(struct kiln_plan_cache *c,
+                                  void (*line)(void *ctx, const char *s), void *ctx);
 
 #endif

@@ -16,6 +16,8 @@
  * and channel shuffles. Every input must be in the output's layout. Rows
  * are split over the run's threads. Any fixed-size dtype in plain layout;
  * float32 when blocked. Anything else runs on the reference kernel.
+ * An input the plan passes as NULL is already in its place in the output
+ * (src/exec/plan.c, Concat in place): it is skipped.
  */
 #include <stdio.h>
 #include <string.h>
@@ -89,7 +91,7 @@ static void concat_range(void *arg, int64_t begin, int64_t end)
     char *y = j->ctx->out[0]->data;
     for (int64_t o = begin; o < end; o++)
         for (int k = 0; k < s->n_in; k++)
-            if (s->piece[k])
+            if (s->piece[k] && j->ctx->in[k]) /* NULL: written in place by its producer */
                 memcpy(y + (size_t)o * s->out_row + s->at[k],
                        (const char *)j->ctx->in[k]->data + (size_t)o * s->piece[k], s->piece[k]);
 }
