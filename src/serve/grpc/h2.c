@@ -41,7 +41,8 @@
  * Limits (grpc.h, docs/GRPC.md): concurrent streams and header list size
  * per connection, message sizes both ways, a connection count, an idle
  * timeout; nghttp2 itself polices SETTINGS/PING floods, rapid reset,
- * CONTINUATION floods and HPACK state. Flow-control windows are 8 MiB per
+ * CONTINUATION floods and HPACK state; calm_meter adds a budget for frames
+ * that carry nothing for a call (empty DATA, WINDOW_UPDATE, PRIORITY, ...). Flow-control windows are 8 MiB per
  * stream and 32 MiB per connection, so large tensors do not stall on the
  * 64 KiB default; windows reopen only as request bytes are handed over, and
  * once a connection holds more than its budget (CONN_BUFFER, or max_recv
