@@ -42,7 +42,8 @@
  * per connection, message sizes both ways, a connection count, an idle
  * timeout; nghttp2 itself polices SETTINGS/PING floods, rapid reset,
  * CONTINUATION floods and HPACK state; calm_meter adds a budget for frames
- * that carry nothing for a call (empty DATA, WINDOW_UPDATE, PRIORITY, ...). Flow-control windows are 8 MiB per
+ * that carry nothing for a call (empty DATA, WINDOW_UPDATE, PRIORITY, ...).
+ * Flow-control windows are 8 MiB per
  * stream and 32 MiB per connection, so large tensors do not stall on the
  * 64 KiB default; windows reopen only as request bytes are handed over, and
  * once a connection holds more than its budget (CONN_BUFFER, or max_recv
@@ -1025,7 +1026,6 @@ static int on_stream_close(nghttp2_session *s, int32_t id, uint32_t error_code, 
     conn_repay(c_of(ud));
     return 0;
 }
-
 
 /* ------------------------------------------------------------ frames that carry nothing */
 
