@@ -201,6 +201,16 @@ KILN_API void kiln_session_plan_summary(kiln_session *s, char *buf, size_t n);
 KILN_API kiln_status kiln_model_canonical_write(const kiln_model *m,
                                                 void (*write)(void *ctx, const void *p, size_t n),
                                                 void *ctx);
+/* The constants (initializers, folded constants) of the model's root graph
+ * (for a .kiln file the graph it stores, after optimization; for a SavedModel
+ * its constants and variables as imported), in the order the graph's nodes,
+ * in topological order, first read them, then those no node reads in the
+ * order the graph holds them. kiln_model_constant returns the i-th
+ * (0 <= i < count; NULL past the end) and its name ("" if none) in *name; both
+ * stay owned by m. `kiln watermark verify` reads a loaded model's weights
+ * through these. */
+KILN_API int kiln_model_constant_count(const kiln_model *m);
+KILN_API const kiln_tensor *kiln_model_constant(const kiln_model *m, int i, const char **name);
 /* For a .kiln model, write what `kiln inspect` shows of the file (format and
  * Kiln versions, precision, CPU features, batch sizes, section sizes, the
  * precision of every node and the stored report) to f; 0 for another model. */

@@ -187,3 +187,47 @@ kiln_status kiln_model_canonical_write(const kiln_model *m,
     put_str(&w, "kiln-fingerprint-v1");
     return put_graph(&w, m->graph, 0);
 }
+
+/* The constants of the root graph (api: kiln_util.h): in the order the nodes,
+ * in topological order, first read them, then those no node reads in value
+ * order. The value id of the i-th, or -1. */
+static int const_at(const struct kiln_graph *g, int i)
+{
+    if (i < 0) return -1;
+    uint8_t *seen = calloc((size_t)g->n_values + 1, 1);
+    if (!seen) return -1;
+    int found = -1;
+    for (int k = 0; k < g->n_nodes && found < 0; k++) {
+        const struct kiln_node *n = &g->nodes[g->order ? g->order[k] : k];
+        for (int j = 0; j < n->n_in && found < 0; j++) {
+            int v = n->in[j];
+            if (v < 0 || v >= g->n_values || seen[v]) continue;
+            seen[v] = 1;
+            if (g->values[v].kind == KILN_VALUE_CONST && g->values[v].konst && i-- == 0) found = v;
+        }
+    }
+    for (int v = 0; v < g->n_values && found < 0; v++)
+        if (!seen[v] && g->values[v].kind == KILN_VALUE_CONST && g->values[v].konst && i-- == 0)
+            found = v;
+    free(seen);
+    return found;
+}
+
+int kiln_model_constant_count(const kiln_model *m)
+{
+    if (!m || !m->graph) return 0;
+    int n = 0;
+    for (int v = 0; v < m->graph->n_values; v++)
+        if (m->graph->values[v].kind == KILN_VALUE_CONST && m->graph->values[v].konst) n++;
+    return n;
+}
+
+const kiln_tensor *kiln_model_constant(const kiln_model *m, int i, const char **name)
+{
+    if (name) *name = NULL;
+    if (!m || !m->graph) return NULL;
+    int v = const_at(m->graph, i);
+    if (v < 0) return NULL;
+    if (name) *name = m->graph->values[v].name ? m->graph->values[v].name : "";
+    return m->graph->values[v].konst;
+}

@@ -8,13 +8,19 @@
  * JSON object: bits matched, per-bit z-scores, the combined z-score and the
  * probability that an unmarked model scores as well; it exits 0 when the
  * mark is present (p below --max-p, default 1e-6), 1 when it is not.
+ * verify of a .kiln file or a SavedModel folder loads it and reads its
+ * float32 constants (kiln_model_constant) instead of the file's bytes;
+ * embed writes ONNX files only.
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include <sys/stat.h>
+
 #include <sodium.h>
 
+#include "kiln/kiln_util.h"
 #include "cli/cli.h"
 #include "security/security.h"
 #include "security/watermark.h"
@@ -24,10 +30,14 @@
 static const char watermark_help[] =
     "usage: kiln watermark embed MODEL.onnx --key FILE --out OUT.onnx [--label TEXT]\n"
     "                            [--bits N] [--step S]\n"
-    "       kiln watermark verify MODEL.onnx --key FILE [--label TEXT] [--bits N]\n"
-    "                            [--step S] [--max-p P]\n"
+    "       kiln watermark verify MODEL --key FILE [--label TEXT] [--bits N]\n"
+    "                            [--step S] [--max-p P] [--tags TAGS]\n"
     "A keyed dither-modulation mark in the float32 initializers (of 256 elements or\n"
     "more) of an ONNX model; verify needs only the marked model and the key.\n"
+    "verify also reads a .kiln file or a SavedModel folder (its constants as loaded,\n"
+    "in graph order), so a mark embedded in an ONNX file is found after 'kiln compile';\n"
+    "embed writes ONNX files only.\n"
+    "  --tags TAGS    verify of a SavedModel: MetaGraph tags (default serve)\n"
     "  --key FILE     a secret file of 16 bytes or more (e.g. a key ring line from\n"
     "                 'kiln keygen --encryption'); the mark's pattern derives from it\n"
     "  --label TEXT   what the mark says (its bits are a keyed hash of TEXT; default '')\n"
@@ -55,6 +65,58 @@ static void print_report(const char *what, const kiln_wm_report *r, int present)
     printf("]}\n");
 }
 
+/* An ONNX file (read byte for byte, as embed edits it), or a .kiln file or a
+ * folder (SavedModel), read through the library. */
+static int is_onnx_file(const char *path)
+{
+    struct stat sb;
+    if (stat(path, &sb) != 0) return 1; /* the ONNX reader names the path */
+    if (S_ISDIR(sb.st_mode)) return 0;
+    static const uint8_t kiln_magic[8] = {0x89, 'K', 'I', 'L', 'N', '\r', '\n', 0x1a};
+    uint8_t head[8] = {0};
+    FILE *f = fopen(path, "rb");
+    size_t n = f ? fread(head, 1, sizeof head, f) : 0;
+    if (f) fclose(f);
+    return !(n == sizeof head && memcmp(head, kiln_magic, sizeof head) == 0);
+}
+
+/* verify on a model loaded by the library: its float32 constants in graph order. */
+static int verify_loaded(const char *path, const char *tags, const uint8_t key[32],
+                         const char *label, int bits, double step, double max_p)
+{
+    kiln_model *m = kiln_cli_load_model(path, tags);
+    if (!m) return KILN_CLI_EXIT_FAIL;
+    int n = kiln_model_constant_count(m);
+    const float **data = calloc(n > 0 ? (size_t)n : 1, sizeof *data);
+    size_t *count = calloc(n > 0 ? (size_t)n : 1, sizeof *count);
+    int rc = KILN_CLI_EXIT_FAIL;
+    if (!data || !count) {
+        kiln_cli_fail("out of memory");
+        goto out;
+    }
+    for (int i = 0; i < n; i++) {
+        const kiln_tensor *t = kiln_model_constant(m, i, NULL);
+        if (!t || t->dtype != KILN_DTYPE_F32 || !t->data) continue;
+        data[i] = t->data;
+        count[i] = (size_t)kiln_tensor_count(t);
+    }
+    char err[KILN_SEC_ERR_LEN];
+    kiln_wm_report rep;
+    kiln_status st = kiln_wm_verify_tensors(data, count, n, key, label, bits, step, &rep, err);
+    if (st != KILN_OK) {
+        rc = kiln_cli_fail("%s: %s", path, err);
+    } else {
+        int present = rep.p_value < max_p;
+        print_report("verified", &rep, present);
+        rc = present ? KILN_CLI_EXIT_OK : KILN_CLI_EXIT_FAIL;
+    }
+out:
+    free(data);
+    free(count);
+    kiln_model_free(m);
+    return rc;
+}
+
 int kiln_cmd_watermark(int argc, char **argv)
 {
     if (kiln_cli_wants_help(argc, argv)) return fputs(watermark_help, stdout), KILN_CLI_EXIT_OK;
@@ -64,7 +126,7 @@ int kiln_cmd_watermark(int argc, char **argv)
     if (!embed && strcmp(mode, "verify"))
         return kiln_cli_usage_error("watermark", "unknown action '%s' (embed or verify)", mode);
     const char *path = NULL, *keyp = NULL, *out = NULL, *label = "", *bits_s = NULL,
-               *step_s = NULL, *maxp_s = NULL;
+               *step_s = NULL, *maxp_s = NULL, *tags = NULL;
     for (int i = 1; i < argc; i++) {
         int r;
         if ((r = kiln_cli_option("watermark", argc, argv, &i, "--key", &keyp)) ||
@@ -72,7 +134,8 @@ int kiln_cmd_watermark(int argc, char **argv)
             (r = kiln_cli_option("watermark", argc, argv, &i, "--bits", &bits_s)) ||
             (embed && (r = kiln_cli_option("watermark", argc, argv, &i, "--out", &out))) ||
             (r = kiln_cli_option("watermark", argc, argv, &i, "--step", &step_s)) ||
-            (!embed && (r = kiln_cli_option("watermark", argc, argv, &i, "--max-p", &maxp_s)))) {
+            (!embed && (r = kiln_cli_option("watermark", argc, argv, &i, "--max-p", &maxp_s))) ||
+            (!embed && (r = kiln_cli_option("watermark", argc, argv, &i, "--tags", &tags)))) {
             if (r < 0) return KILN_CLI_EXIT_USAGE;
             continue;
         }
@@ -80,7 +143,7 @@ int kiln_cmd_watermark(int argc, char **argv)
             return kiln_cli_usage_error("watermark", "unexpected argument '%s'", argv[i]);
         path = argv[i];
     }
-    if (!path) return kiln_cli_usage_error("watermark", "MODEL.onnx is required");
+    if (!path) return kiln_cli_usage_error("watermark", "MODEL is required");
     if (!keyp) return kiln_cli_usage_error("watermark", "--key FILE is required");
     if (embed && !out) return kiln_cli_usage_error("watermark", "--out OUT.onnx is required");
     int bits = 32;
@@ -113,6 +176,16 @@ int kiln_cmd_watermark(int argc, char **argv)
     sodium_memzero(keyfile, keylen);
     free(keyfile);
     if (st != KILN_OK) return kiln_cli_fail("%s: %s", keyp, err);
+    if (!is_onnx_file(path)) {
+        if (embed) {
+            sodium_memzero(key, sizeof key);
+            return kiln_cli_fail("%s: embed writes ONNX files only; mark the ONNX model and "
+                                 "convert it (kiln compile), then verify the result", path);
+        }
+        int rc = verify_loaded(path, tags, key, label, bits, step, max_p);
+        sodium_memzero(key, sizeof key);
+        return rc;
+    }
     if (kiln_sec_read_file(path, WM_MAX_MODEL, &model, &len, err) != KILN_OK) {
         sodium_memzero(key, sizeof key);
         return kiln_cli_fail("%s", err);

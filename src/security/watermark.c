@@ -200,27 +200,10 @@ typedef struct wm_ctx {
     uint64_t message;
 } wm_ctx;
 
-static kiln_status wm_prepare(const uint8_t *onnx, size_t len, const uint8_t key[32],
-                              const char *label, int bits, wm_ctx *c, kiln_wm_report *rep,
-                              char *err)
+/* The message and keystream for c->scan (filled, over `bits`). */
+static kiln_status wm_setup(const uint8_t key[32], const char *label, int bits, wm_ctx *c,
+                            kiln_wm_report *rep, char *err)
 {
-    memset(c, 0, sizeof *c);
-    memset(rep, 0, sizeof *rep);
-    if (bits < 8 || bits > KILN_WM_MAX_BITS) {
-        snprintf(err, KILN_SEC_ERR_LEN, "--bits %d: must be 8..%d", bits, KILN_WM_MAX_BITS);
-        return KILN_ERR_INVALID_ARGUMENT;
-    }
-    if (sodium_init() < 0) {
-        snprintf(err, KILN_SEC_ERR_LEN, "libsodium failed to initialise");
-        return KILN_ERR_INTERNAL;
-    }
-    c->scan = malloc(sizeof *c->scan);
-    if (!c->scan) {
-        snprintf(err, KILN_SEC_ERR_LEN, "out of memory");
-        return KILN_ERR_OUT_OF_MEMORY;
-    }
-    kiln_status st = scan_model(onnx, len, c->scan, err);
-    if (st != KILN_OK) return st;
     if (c->scan->total < (size_t)bits * KILN_WM_MIN_PER_BIT) {
         snprintf(err, KILN_SEC_ERR_LEN, "the model has %zu float32 weights in initializers of at "
                  "least %d elements; %d bits need at least %d (try fewer --bits)",
@@ -247,6 +230,43 @@ static kiln_status wm_prepare(const uint8_t *onnx, size_t len, const uint8_t key
     rep->tensors = c->scan->n;
     rep->elements = c->scan->total;
     return KILN_OK;
+}
+
+/* Checks, an empty scan and the libsodium start shared by both entry points. */
+static kiln_status wm_begin(int bits, double step, wm_ctx *c, kiln_wm_report *rep, char *err)
+{
+    memset(c, 0, sizeof *c);
+    memset(rep, 0, sizeof *rep);
+    if (!(step > 0 && step <= 0.5)) {
+        snprintf(err, KILN_SEC_ERR_LEN, "--step %g: must be in (0, 0.5]", step);
+        return KILN_ERR_INVALID_ARGUMENT;
+    }
+    if (bits < 8 || bits > KILN_WM_MAX_BITS) {
+        snprintf(err, KILN_SEC_ERR_LEN, "--bits %d: must be 8..%d", bits, KILN_WM_MAX_BITS);
+        return KILN_ERR_INVALID_ARGUMENT;
+    }
+    if (sodium_init() < 0) {
+        snprintf(err, KILN_SEC_ERR_LEN, "libsodium failed to initialise");
+        return KILN_ERR_INTERNAL;
+    }
+    c->scan = malloc(sizeof *c->scan);
+    if (!c->scan) {
+        snprintf(err, KILN_SEC_ERR_LEN, "out of memory");
+        return KILN_ERR_OUT_OF_MEMORY;
+    }
+    c->scan->n = 0;
+    c->scan->total = 0;
+    return KILN_OK;
+}
+
+static kiln_status wm_prepare(const uint8_t *onnx, size_t len, const uint8_t key[32],
+                              const char *label, int bits, double step, wm_ctx *c,
+                              kiln_wm_report *rep, char *err)
+{
+    kiln_status st = wm_begin(bits, step, c, rep, err);
+    if (st == KILN_OK) st = scan_model(onnx, len, c->scan, err);
+    if (st == KILN_OK) st = wm_setup(key, label, bits, c, rep, err);
+    return st;
 }
 
 static void wm_free(wm_ctx *c)
@@ -339,14 +359,43 @@ kiln_status kiln_wm_verify(const uint8_t *onnx, size_t len, const uint8_t key[32
                            char *err)
 {
     wm_ctx c;
-    kiln_status st = KILN_OK;
-    if (!(step > 0 && step <= 0.5)) {
-        memset(rep, 0, sizeof *rep);
-        snprintf(err, KILN_SEC_ERR_LEN, "--step %g: must be in (0, 0.5]", step);
-        return KILN_ERR_INVALID_ARGUMENT;
-    }
-    st = wm_prepare(onnx, len, key, label, bits, &c, rep, err);
+    kiln_status st = wm_prepare(onnx, len, key, label, bits, step, &c, rep, err);
     if (st == KILN_OK) read_mark(onnx, &c, step, rep);
+    wm_free(&c);
+    return st;
+}
+
+kiln_status kiln_wm_verify_tensors(const float *const *data, const size_t *count, int n,
+                                   const uint8_t key[32], const char *label, int bits, double step,
+                                   kiln_wm_report *rep, char *err)
+{
+    wm_ctx c;
+    uint8_t *buf = NULL;
+    kiln_status st = wm_begin(bits, step, &c, rep, err);
+    size_t total = 0;
+    for (int t = 0; st == KILN_OK && t < n; t++) {
+        if (!data[t] || count[t] < KILN_WM_MIN_TENSOR || c.scan->n >= KILN_WM_MAX_TENSORS) continue;
+        c.scan->spans[c.scan->n].off = total * 4;
+        c.scan->spans[c.scan->n].count = count[t];
+        c.scan->n++;
+        total += count[t];
+    }
+    if (st == KILN_OK) c.scan->total = total;
+    if (st == KILN_OK && total) {
+        buf = malloc(total * 4);
+        if (!buf) {
+            snprintf(err, KILN_SEC_ERR_LEN, "out of memory");
+            st = KILN_ERR_OUT_OF_MEMORY;
+        }
+        for (int t = 0, k = 0; buf && t < n; t++) {
+            if (!data[t] || count[t] < KILN_WM_MIN_TENSOR || k >= c.scan->n) continue;
+            memcpy(buf + c.scan->spans[k].off, data[t], count[t] * 4);
+            k++;
+        }
+    }
+    if (st == KILN_OK) st = wm_setup(key, label, bits, &c, rep, err);
+    if (st == KILN_OK) read_mark(buf, &c, step, rep);
+    free(buf);
     wm_free(&c);
     return st;
 }
@@ -354,13 +403,8 @@ kiln_status kiln_wm_verify(const uint8_t *onnx, size_t len, const uint8_t key[32
 kiln_status kiln_wm_embed(uint8_t *onnx, size_t len, const uint8_t key[32], const char *label,
                           int bits, double step, kiln_wm_report *rep, char *err)
 {
-    if (!(step > 0 && step <= 0.5)) {
-        memset(rep, 0, sizeof *rep);
-        snprintf(err, KILN_SEC_ERR_LEN, "--step %g: must be in (0, 0.5]", step);
-        return KILN_ERR_INVALID_ARGUMENT;
-    }
     wm_ctx c;
-    kiln_status st = wm_prepare(onnx, len, key, label, bits, &c, rep, err);
+    kiln_status st = wm_prepare(onnx, len, key, label, bits, step, &c, rep, err);
     if (st != KILN_OK) {
         wm_free(&c);
         return st;

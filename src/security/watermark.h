@@ -6,7 +6,8 @@
  * file whose float32 initializers carry a message of 8..64 bits derived
  * from a secret key file and a label (dither modulation, see watermark.c); `kiln watermark verify` reads it back
  * from the weights alone (no original needed) and says how many bits agree
- * and how unlikely that is for an unmarked model. The file's bytes are
+ * and how unlikely that is for an unmarked model; kiln_wm_verify_tensors
+ * reads it from a loaded model's constants (.kiln files, SavedModels). The file's bytes are
  * edited in place (the weights' sizes do not change), so everything else in
  * the file stays byte for byte as it was. Nothing a file contains makes
  * these functions abort: errors are a kiln_status and a message in err
@@ -53,5 +54,14 @@ kiln_status kiln_wm_embed(uint8_t *onnx, size_t len, const uint8_t key[32], cons
 kiln_status kiln_wm_verify(const uint8_t *onnx, size_t len, const uint8_t key[32],
                            const char *label, int bits, double step, kiln_wm_report *rep,
                            char *err);
+
+/* Read the mark for (key, label) from float32 tensors given in order (a
+ * loaded model's constants: kiln_model_constant): data[t] holds count[t]
+ * floats; tensors of fewer than KILN_WM_MIN_TENSOR elements and NULL ones are
+ * skipped, the rest are the carrying weights as an ONNX file's initializers
+ * are. The tensors are only read. */
+kiln_status kiln_wm_verify_tensors(const float *const *data, const size_t *count, int n,
+                                   const uint8_t key[32], const char *label, int bits, double step,
+                                   kiln_wm_report *rep, char *err);
 
 #endif

@@ -973,6 +973,48 @@ def test_node_grpc_js_client(srv):
         assert f"ok {check}" in r.stdout, r.stdout + r.stderr
 
 
+def h2_frame(ftype, flags, stream, payload=b""):
+    return len(payload).to_bytes(3, "big") + bytes([ftype, flags]) + stream.to_bytes(4, "big") + payload
+
+
+def h2_read_until_goaway(s, seconds):
+    """The GOAWAY error code the server sends within seconds, or None (still open)."""
+    buf, end = b"", time.time() + seconds
+    s.settimeout(0.2)
+    while time.time() < end:
+        try:
+            d = s.recv(65536)
+        except socket.timeout:
+            continue
+        if not d:
+            return "closed"
+        buf += d
+        while len(buf) >= 9 and len(buf) >= 9 + int.from_bytes(buf[:3], "big"):
+            n = int.from_bytes(buf[:3], "big")
+            if buf[3] == 7:
+                return int.from_bytes(buf[13:17], "big")
+            buf = buf[9 + n:]
+    return None
+
+
+@pytest.mark.parametrize("kind", ["empty_data", "window_update", "ping", "unknown_type"])
+def test_budget_of_frames_that_carry_nothing(srv, kind):
+    """h2.c's per-connection budget: 1,000 such frames at once are allowed (a
+    connection stays open), 1,500 more a second later (about 500 came back) end it with GOAWAY
+    ENHANCE_YOUR_CALM (0xb); RFC 9113 section 10.5."""
+    hdr = (b"\x83\x86\x04" + bytes([len(b"/grpc.health.v1.Health/Watch")]) +
+           b"/grpc.health.v1.Health/Watch" + b"\x01\x09127.0.0.1" +
+           b"\x00\x0ccontent-type\x10application/grpc" + b"\x00\x02te\x08trailers")
+    frame = {"empty_data": h2_frame(0, 0, 1), "window_update": h2_frame(8, 0, 0, (1).to_bytes(4, "big")),
+             "ping": h2_frame(6, 0, 0, bytes(8)), "unknown_type": h2_frame(0xfa, 0, 0)}[kind]
+    with socket.create_connection(("127.0.0.1", srv.grpc), timeout=5) as s:
+        s.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + h2_frame(4, 0, 0) + h2_frame(1, 4, 1, hdr))
+        s.sendall(frame * 950)
+        assert h2_read_until_goaway(s, 1.0) is None
+        s.sendall(frame * 1500)  # the second meanwhile gave back 500
+        assert h2_read_until_goaway(s, 5.0) == 0xB  # ENHANCE_YOUR_CALM
+
+
 # ------------------------------------------------------------------ batching shared with REST
 
 

@@ -217,3 +217,105 @@ def test_mark_survives_reserialization_as_float_data(tmp_path, keys):
     rep, ref = verify(typed, keys[0]), verify(out, keys[0])
     assert rep["present"] and rep["matched"] == 32
     np.testing.assert_allclose(rep["bit_z"], ref["bit_z"], atol=1e-4)
+
+
+# ------------------------------------------------ .kiln files and SavedModels (verify only)
+
+
+def compile_kiln(src, dst, precision):
+    r = subprocess.run([KILN, "compile", str(src), "-o", str(dst), "--precision", precision,
+                        "--runs", "1", "--batch-sizes", "1"], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "int8"])
+def test_mark_survives_compile_to_kiln(tmp_path, keys, precision):
+    """A mark embedded in the ONNX file is read from the .kiln `kiln compile`
+    writes. fp32 keeps the weights bit for bit; bf16 stores the MatMul/Gemm
+    weights as bfloat16 (round to nearest even), so the .kiln must read as the
+    reference decoder reads the numpy bf16 round trip; int8 .kiln files keep
+    f32 weights (quantized when plans compile), so they read as fp32."""
+    out, art = tmp_path / "marked.onnx", tmp_path / f"marked_{precision}.kiln"
+    embed(DIGITS, out, keys[0])
+    compile_kiln(out, art, precision)
+    rep = verify(art, keys[0])
+    print(f"{precision} .kiln: {rep['matched']}/32 bits, z={rep['z']:.1f}")
+    assert rep["present"] and rep["matched"] == 32 and rep["tensors"] == 2
+    if precision == "bf16":
+        pytest.importorskip("cryptography")
+        ref = tmp_path / "bf16.onnx"
+        rewrite_weights(out, ref, bf16_round_trip)
+        _, z = reference_read(ref, keys[0], "acme", 32)
+        assert rep["z"] < verify(out, keys[0])["z"]  # rounding cost some of the margin
+    else:
+        z = verify(out, keys[0])["bit_z"]
+    np.testing.assert_allclose(rep["bit_z"], z, atol=2e-3)
+    assert not verify(art, keys[1])["present"]
+    # an unmarked model compiled the same way reads at chance
+    plain = tmp_path / f"plain_{precision}.kiln"
+    compile_kiln(DIGITS, plain, precision)
+    assert not verify(plain, keys[0])["present"]
+    # embed writes ONNX only
+    r = run("embed", art, "--key", keys[0], "--out", tmp_path / "x.kiln")
+    assert r.returncode == 1 and "ONNX files only" in r.stderr
+
+
+def frozen_savedmodel(src_onnx, folder):
+    """A SavedModel (TensorFlow's schema, built field by field as
+    tools/make_savedmodel_corpus.py does) computing the digits MLP with the
+    ONNX file's weights as Const tensors, as a converter to a frozen
+    TensorFlow graph can write them: each weight as the ONNX file stores it, applied as
+    (W @ x^T)^T (a MatMul with transpose_b would make Kiln's importer fold a transposed copy,
+    whose elements are in another order: docs/WATERMARK.md)."""
+    import sys
+    sys.path.insert(0, str(REPO / "tools"))
+    import make_savedmodel_corpus as sm
+    w = {t.name: numpy_helper.to_array(t).astype(np.float32) for t in onnx.load(str(src_onnx)).graph.initializer}
+
+    def const(name, a):
+        return sm.node(name, "Const", dtype=sm.a_type(sm.DT_FLOAT),
+                       value=sm.a_tensor(sm.tensor(sm.DT_FLOAT, list(a.shape), content=a.tobytes())))
+    f32 = sm.a_type(sm.DT_FLOAT)
+    perm = sm.node("perm", "Const", dtype=sm.a_type(sm.DT_INT32),
+                   value=sm.a_tensor(sm.tensor(sm.DT_INT32, [2], ints=[1, 0])))
+
+    def t(name, src):
+        return sm.node(name, "Transpose", [src, "perm"], T=f32, Tperm=sm.a_type(sm.DT_INT32))
+    # (W @ x^T)^T keeps each weight as the ONNX file stores it ([out, in])
+    nodes = [sm.placeholder("x", dims=[-1, 64]), perm,
+             const("w1", w["fc1.weight"]), const("b1", w["fc1.bias"]),
+             const("w2", w["fc2.weight"]), const("b2", w["fc2.bias"]),
+             t("xt", "x"), sm.node("mm1", "MatMul", ["w1", "xt"], T=f32), t("h0", "mm1"),
+             sm.node("h1", "BiasAdd", ["h0", "b1"], T=f32), sm.node("r1", "Relu", ["h1"], T=f32),
+             t("rt", "r1"), sm.node("mm2", "MatMul", ["w2", "rt"], T=f32), t("y0", "mm2"),
+             sm.node("y", "BiasAdd", ["y0", "b2"], T=f32)]
+    sig = sm.signature({"x": sm.tensor_info("x:0", dims=[-1, 64])}, {"y": sm.tensor_info("y:0")})
+    folder.mkdir(parents=True)
+    (folder / "saved_model.pb").write_bytes(sm.saved_model(nodes, {"serving_default": sig}))
+    return w
+
+
+def test_verify_reads_a_savedmodel(tmp_path, keys):
+    """The marked ONNX's weights in a SavedModel read exactly as in the ONNX
+    file; the SavedModel itself computes the digits model (checked with numpy)."""
+    out = tmp_path / "marked.onnx"
+    embed(DIGITS, out, keys[0])
+    sm_dir = tmp_path / "sm" / "1"
+    w = frozen_savedmodel(out, sm_dir)
+    x = np.linspace(0, 16, 3 * 64, dtype=np.float32).reshape(3, 64)
+    np.save(tmp_path / "x.npy", x)
+    r = subprocess.run([KILN, "predict", str(sm_dir), "--input", f"x={tmp_path / 'x.npy'}",
+                        "--output-dir", str(tmp_path / "y")], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    want = np.maximum(x @ w["fc1.weight"].T + w["fc1.bias"], 0) @ w["fc2.weight"].T + w["fc2.bias"]
+    np.testing.assert_allclose(np.load(tmp_path / "y" / "y.npy"), want, rtol=1e-4, atol=1e-4)
+    rep = verify(sm_dir, keys[0])
+    assert rep["present"] and rep["matched"] == 32 and rep["tensors"] == 2
+    np.testing.assert_allclose(rep["bit_z"], verify(out, keys[0])["bit_z"], atol=1e-6)
+    assert not verify(sm_dir, keys[1])["present"]
+    plain = tmp_path / "plain" / "1"
+    frozen_savedmodel(DIGITS, plain)
+    assert not verify(plain, keys[0])["present"]
+    r = run("embed", sm_dir, "--key", keys[0], "--out", tmp_path / "x.onnx")
+    assert r.returncode == 1 and "ONNX files only" in r.stderr

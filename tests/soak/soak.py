@@ -1080,8 +1080,40 @@ class H2Attacker:
             out = [h2_frame(1, 0x4, sid, hpack_request())]
             out += [h2_frame(8, 0, 0 if i % 2 else sid, (1).to_bytes(4, "big")) for i in range(99)]
             sid += 2
+        elif p == "priority":  # PRIORITY frames for a stream that never opens
+            out = [h2_frame(2, 0, sid, (0).to_bytes(4, "big") + b"\x10")] * 100
+        elif p == "unknown_type":  # frames of an unassigned type, which HTTP/2 ignores
+            out = [h2_frame(0xfa, 0, 0, b"")] * 100
         self.frames += len(out)
         return b"".join(out), sid
+
+    def polite(self, seconds, rate):
+        """Frames that carry nothing at rate a second (a third each empty DATA on an
+        open call, WINDOW_UPDATE of 1, PING); 1 if the server ended the connection."""
+        s = socket.create_connection(("127.0.0.1", self.port), timeout=2)
+        done = threading.Event()
+        rt = threading.Thread(target=self._reader, args=(s, done), daemon=True)
+        rt.start()
+        closed = 0
+        try:
+            s.sendall(H2_PREFACE + h2_frame(4, 0, 0) + h2_frame(1, 0x4, 1, hpack_request()))
+            kinds = [h2_frame(0, 0, 1), h2_frame(8, 0, 0, (1).to_bytes(4, "big")),
+                     h2_frame(6, 0, 0, b"\x02" * 8)]
+            t0, i = time.time(), 0
+            while time.time() - t0 < seconds:
+                s.sendall(kinds[i % 3])
+                i += 1
+                time.sleep(max(0.0, t0 + i / rate - time.time()))
+            self.frames += i
+            time.sleep(0.3)
+            s.sendall(h2_frame(6, 0, 0, b"\x03" * 8))
+            time.sleep(0.3)
+        except OSError:
+            closed = 1
+        done.set()
+        rt.join(5)
+        s.close()
+        return closed or int(bool(self.goaway))
 
     def run(self, seconds):
         t_end = time.time() + seconds
@@ -1106,6 +1138,42 @@ class H2Attacker:
             s.close()
 
 
+ENHANCE_YOUR_CALM = 11
+
+
+def friendly_h2_clients(grpc, port, predict, req, seconds):
+    """Clients that must never trip the server's budget of frames that carry
+    nothing: a bidirectional stream of many small messages (reflection's
+    list_services, each answered), a channel idle for a while with aggressive
+    keepalive PINGs, and a raw connection that sends empty DATA, WINDOW_UPDATEs
+    and PINGs at 400 a second (below the 500 a second refill) for 5 s."""
+    out = {}
+    chan = grpc.insecure_channel(f"127.0.0.1:{port}")
+    refl = chan.stream_stream("/grpc.reflection.v1.ServerReflection/ServerReflectionInfo")
+    n = 3000
+    answers = sum(1 for _ in refl(iter([b"\x3a\x00"] * n), timeout=60))
+    out.update(stream_messages=n, stream_answers=answers)
+    chan.close()
+    states = []
+    chan = grpc.insecure_channel(f"127.0.0.1:{port}", options=[
+        ("grpc.keepalive_time_ms", 100), ("grpc.keepalive_timeout_ms", 5000),
+        ("grpc.keepalive_permit_without_calls", 1), ("grpc.http2.max_pings_without_data", 0),
+        ("grpc.http2.min_time_between_pings_ms", 100)])
+    good = chan.unary_unary("/tensorflow.serving.PredictionService/Predict")
+    check(good_predict_response(good(req, timeout=10)), "gRPC Predict answered badly")
+    chan.subscribe(lambda s: states.append(s.name))
+    time.sleep(max(2.0, seconds))
+    check(good_predict_response(good(req, timeout=10)), "gRPC Predict answered badly after idling")
+    out["keepalive_left_ready"] = any(s != "READY" for s in states[1:])
+    chan.close()
+    out["keepalive_interval_ms"] = 100
+    # more such frames than the burst (1,000) in all, but slower than the refill
+    a = H2Attacker(port, "polite")
+    out["raw_polite_closed"] = a.polite(max(5.0, seconds), 400)
+    out["raw_polite_frames"] = a.frames
+    return out
+
+
 def scenario_h2flood(kiln, work, long, seconds):
     """HTTP/2 abuse on the gRPC port while a normal client calls Predict."""
     try:
@@ -1115,7 +1183,8 @@ def scenario_h2flood(kiln, work, long, seconds):
         return None
     each = seconds or (60 if long else 1.5)
     bound = 2.0
-    patterns = ["rapid_reset", "settings", "ping", "continuation", "empty_data", "window_update"]
+    patterns = ["rapid_reset", "settings", "ping", "continuation", "empty_data", "window_update",
+                "priority", "unknown_type"]
     base = work / NAME
     base.mkdir()
     add_version(base, 1)
@@ -1166,6 +1235,7 @@ def scenario_h2flood(kiln, work, long, seconds):
         c0 = cpu_s()
         time.sleep(1.0)
         fig["idle_cpu_cores_after"] = round(cpu_s() - c0, 2)
+        fig["friendly"] = friendly_h2_clients(grpc, gport, predict, req, each)
         halt.set()
         nt.join(10)
         chan.close()
@@ -1176,9 +1246,19 @@ def scenario_h2flood(kiln, work, long, seconds):
         check(not bad, f"normal calls failed or slower than {bound} s: {bad[:5]} {fig}")
         check(len(lat) >= len(patterns) * each / 0.5, f"too few normal calls: {fig}")
         # the floods that are protocol abuse end the attacking connection
-        for p in ("rapid_reset", "settings", "ping", "continuation"):
+        for p in patterns:
             check(fig["patterns"][p]["ended_by_server"] > 0,
                   f"the server kept the {p} connection open: {fig}")
+        # frames that carry nothing are Kiln's budget (h2.c, docs/GRPC.md): GOAWAY ENHANCE_YOUR_CALM
+        for p in ("empty_data", "window_update", "priority", "unknown_type"):
+            check(fig["patterns"][p]["goaway_codes"].get(ENHANCE_YOUR_CALM, 0) > 0,
+                  f"no GOAWAY ENHANCE_YOUR_CALM for {p}: {fig}")
+        fr = fig["friendly"]
+        check(fr["stream_answers"] == fr["stream_messages"],
+              f"a streaming call with many small messages was cut short: {fr}")
+        check(not fr["keepalive_left_ready"],
+              f"an idle channel sending keepalive PINGs was closed: {fr}")
+        check(fr["raw_polite_closed"] == 0, f"a client within the budget was closed: {fr}")
         # nothing keeps spinning once the attack stops
         check(fig["idle_cpu_cores_after"] < 0.3, f"server still busy after the attack: {fig}")
         return fig

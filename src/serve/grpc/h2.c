@@ -41,7 +41,9 @@
  * Limits (grpc.h, docs/GRPC.md): concurrent streams and header list size
  * per connection, message sizes both ways, a connection count, an idle
  * timeout; nghttp2 itself polices SETTINGS/PING floods, rapid reset,
- * CONTINUATION floods and HPACK state. Flow-control windows are 8 MiB per
+ * CONTINUATION floods and HPACK state; calm_meter adds a budget for frames
+ * that carry nothing for a call (empty DATA, WINDOW_UPDATE, PRIORITY, ...).
+ * Flow-control windows are 8 MiB per
  * stream and 32 MiB per connection, so large tensors do not stall on the
  * 64 KiB default; windows reopen only as request bytes are handed over, and
  * once a connection holds more than its budget (CONN_BUFFER, or max_recv
@@ -84,6 +86,11 @@
 #define TICK_MS 100
 #define CONN_BUFFER ((size_t)256 << 20) /* request bytes a connection may hold before its
                                            window stops opening (at least max_recv + a window) */
+/* The budget of frames that carry nothing for a call (calm_meter below) */
+#define CALM_BURST 1000         /* such frames a connection may send at once ... */
+#define CALM_RATE 500           /* ... and per second after that */
+#define CALM_SENT_CREDIT 2      /* given back per HEADERS or DATA frame the server sends */
+#define CALM_ONE 1000           /* one frame, in the budget's unit (a thousandth of a frame) */
 
 enum { ENC_IDENTITY = 0, ENC_GZIP, ENC_DEFLATE, ENC_UNKNOWN };
 enum { ST_RECV = 0, ST_QUEUED, ST_STREAMING, ST_DONE };
@@ -107,6 +114,14 @@ struct kiln_grpc_conn {
     stream *streams;             /* open streams (list) */
     size_t held;                 /* request bytes its streams hold (messages, requests) */
     int64_t last_active_ms;
+    /* calm_meter: the client's frames as they arrive, seen before nghttp2 */
+    uint32_t calm_preface;       /* bytes of the client magic passed (24 when done) */
+    uint8_t calm_hd[9];          /* the frame header being read */
+    uint32_t calm_hd_have;
+    uint32_t calm_skip;          /* payload bytes left of the current frame */
+    int64_t calm;                /* budget left, in CALM_ONE per frame */
+    int64_t calm_ms;             /* when it was last refilled */
+    int calm_over;               /* spent: GOAWAY ENHANCE_YOUR_CALM submitted */
     int flush_queued;            /* on the server's flush list (answers to send) */
     kiln_grpc_conn *flush_next;
     kiln_grpc_conn *next, *prev;
@@ -982,8 +997,12 @@ static int on_data_chunk(nghttp2_session *s, uint8_t flags, int32_t id, const ui
     return 0;
 }
 
+static void calm_credit(kiln_grpc_conn *c, int64_t frames);
+
 static int on_frame_send(nghttp2_session *s, const nghttp2_frame *f, void *ud)
 {
+    /* an answer: the client may acknowledge it (WINDOW_UPDATEs, a BDP PING) */
+    if (f->hd.type == NGHTTP2_HEADERS || f->hd.type == NGHTTP2_DATA) calm_credit(ud, CALM_SENT_CREDIT);
     /* answered before the client finished sending: tell it to stop (gRPC's
      * PROTOCOL-HTTP2: RST_STREAM NO_ERROR after the trailers) */
     if ((f->hd.type == NGHTTP2_HEADERS || f->hd.type == NGHTTP2_DATA) &&
@@ -1008,6 +1027,106 @@ static int on_stream_close(nghttp2_session *s, int32_t id, uint32_t error_code, 
     return 0;
 }
 
+/* ------------------------------------------------------------ frames that carry nothing */
+
+/*
+ * nghttp2 itself ends a connection that floods SETTINGS or PING without
+ * reading the acknowledgements, resets streams too fast or sends endless
+ * CONTINUATIONs; it does not limit frames it can process cheaply but that
+ * carry nothing for a call: empty DATA frames (CVE-2019-9518), WINDOW_UPDATEs
+ * (of 1 byte, say), PRIORITY, PINGs and SETTINGS from a client that reads the
+ * acknowledgements, frames of unknown types (ignored). One attacker sending
+ * them keeps the loop thread busy forever on one connection. calm_meter reads
+ * the frame headers of what the client sends, before nghttp2 does, and
+ * charges each such frame to a per-connection token bucket: CALM_BURST at
+ * once, CALM_RATE a second after that; each HEADERS or DATA frame the server
+ * sends gives CALM_SENT_CREDIT back (a client acknowledges answers with
+ * WINDOW_UPDATEs and BDP PINGs, a stream and a connection one per DATA frame
+ * at most), and a DATA frame with a payload gives one back. DATA with
+ * END_STREAM (a half-close), HEADERS, CONTINUATION and RST_STREAM are not
+ * charged (the last two are nghttp2's). When the budget is spent the server
+ * sends GOAWAY ENHANCE_YOUR_CALM and closes the connection. The numbers for
+ * real clients are in docs/GRPC.md ("Frame floods").
+ */
+static void calm_credit(kiln_grpc_conn *c, int64_t frames)
+{
+    c->calm += frames * CALM_ONE;
+    if (c->calm > (int64_t)CALM_BURST * CALM_ONE) c->calm = (int64_t)CALM_BURST * CALM_ONE;
+}
+
+/* Charge one frame (after refilling for the time passed); 0 when the budget is spent. */
+static int calm_charge(kiln_grpc_conn *c)
+{
+    int64_t now = now_ms();
+    if (now > c->calm_ms) {
+        int64_t room = (int64_t)CALM_BURST * CALM_ONE - c->calm;
+        int64_t add = (now - c->calm_ms) * CALM_RATE * CALM_ONE / 1000;
+        c->calm += add < room ? add : room;
+        c->calm_ms = now;
+    }
+    if (c->calm < CALM_ONE) return 0;
+    c->calm -= CALM_ONE;
+    return 1;
+}
+
+/* Does this frame header carry nothing for a call? Also gives back for DATA with a payload. */
+static int calm_frame(kiln_grpc_conn *c, const uint8_t *hd)
+{
+    uint32_t len = (uint32_t)hd[0] << 16 | (uint32_t)hd[1] << 8 | hd[2];
+    uint8_t type = hd[3], flags = hd[4];
+    switch (type) {
+    case NGHTTP2_DATA:
+        if (flags & NGHTTP2_FLAG_END_STREAM) return 0;
+        /* a padded frame's payload is len - 1 - its pad length, which is in
+         * the payload: one byte of length means no payload at all */
+        if (len == 0 || ((flags & NGHTTP2_FLAG_PADDED) && len == 1)) return 1;
+        calm_credit(c, 1);
+        return 0;
+    case NGHTTP2_HEADERS:
+    case NGHTTP2_RST_STREAM:
+    case NGHTTP2_PUSH_PROMISE: /* a client's is a connection error */
+    case NGHTTP2_GOAWAY:
+    case NGHTTP2_CONTINUATION:
+        return 0;
+    case NGHTTP2_SETTINGS:
+    case NGHTTP2_PING:
+        return !(flags & NGHTTP2_FLAG_ACK); /* the server sends no PING; one SETTINGS ACK */
+    default: /* PRIORITY, WINDOW_UPDATE, unknown types */
+        return 1;
+    }
+}
+
+/* Meter n bytes the client sent; how many of them may go to nghttp2 (n, or
+ * up to the end of the header that spent the budget, which then also submits
+ * the GOAWAY). */
+static size_t calm_meter(kiln_grpc_conn *c, const uint8_t *d, size_t n)
+{
+    static const size_t magic = 24; /* "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" */
+    size_t i = 0;
+    if (c->calm_over) return n;
+    while (i < n) {
+        if (c->calm_preface < magic) {
+            size_t k = magic - c->calm_preface < n - i ? magic - c->calm_preface : n - i;
+            c->calm_preface += (uint32_t)k;
+            i += k;
+        } else if (c->calm_skip) {
+            size_t k = c->calm_skip < n - i ? c->calm_skip : n - i;
+            c->calm_skip -= (uint32_t)k;
+            i += k;
+        } else {
+            c->calm_hd[c->calm_hd_have++] = d[i++];
+            if (c->calm_hd_have < 9) continue;
+            c->calm_hd_have = 0;
+            c->calm_skip = (uint32_t)c->calm_hd[0] << 16 | (uint32_t)c->calm_hd[1] << 8 | c->calm_hd[2];
+            if (calm_frame(c, c->calm_hd) && !calm_charge(c)) {
+                c->calm_over = 1;
+                return i;
+            }
+        }
+    }
+    return n;
+}
+
 /* ------------------------------------------------------------ connections */
 
 static kiln_grpc_conn *conn_new(kiln_grpc_server *g, int fd)
@@ -1018,6 +1137,8 @@ static kiln_grpc_conn *conn_new(kiln_grpc_server *g, int fd)
     c->g = g;
     c->fd = fd;
     c->last_active_ms = now_ms();
+    c->calm = (int64_t)CALM_BURST * CALM_ONE;
+    c->calm_ms = c->last_active_ms;
     nghttp2_session_callbacks *cb;
     if (nghttp2_session_callbacks_new(&cb) != 0) {
         free(c);
@@ -1146,11 +1267,14 @@ static void conn_flush(kiln_grpc_conn *c)
 static int conn_input(kiln_grpc_conn *c, const uint8_t *d, size_t n)
 {
     c->last_active_ms = now_ms();
-    ssize_t r = nghttp2_session_mem_recv(c->s, d, n);
+    if (c->calm_over) return 1; /* the GOAWAY is on its way: nothing more is read */
+    size_t ok = calm_meter(c, d, n);
+    ssize_t r = nghttp2_session_mem_recv(c->s, d, ok);
     if (r < 0) {
         c->dead = 1;
         return 0;
     }
+    if (c->calm_over) nghttp2_session_terminate_session(c->s, NGHTTP2_ENHANCE_YOUR_CALM);
     conn_flush(c);
     return !c->dead;
 }
