@@ -21,7 +21,8 @@
 
 #define KILN_ART_MAGIC "\x89KILN\r\n\x1a" /* 8 bytes: bit 7 set, CR LF, ^Z */
 #define KILN_ART_MAGIC_LEN 8
-#define KILN_ART_FORMAT_VERSION 1u
+#define KILN_ART_FORMAT_VERSION 2u     /* what the writer writes: 2 added s8 weights and SPRS */
+#define KILN_ART_FORMAT_VERSION_MIN 1u /* the oldest version the reader reads */
 #define KILN_ART_HEADER_BYTES 64
 #define KILN_ART_ALIGN 64
 #define KILN_ART_MAX_SECTIONS 64
@@ -36,6 +37,7 @@
 #define KILN_ART_SEC_WGHT KILN_ART_FOURCC('W', 'G', 'H', 'T') /* tensor bytes, 64-aligned */
 #define KILN_ART_SEC_REPT KILN_ART_FOURCC('R', 'E', 'P', 'T') /* compile report, verbatim */
 #define KILN_ART_SEC_PACK KILN_ART_FOURCC('P', 'A', 'C', 'K') /* weights packed for the kernels */
+#define KILN_ART_SEC_SPRS KILN_ART_FOURCC('S', 'P', 'R', 'S') /* sparse kernel choices (v2) */
 
 /* What a loaded artifact says about itself (kept with the model for
  * `kiln inspect` and kiln_model_compile_report). */
@@ -56,6 +58,10 @@ struct kiln_artifact_info {
     char *pack_env;
     int n_packs;
     struct kiln_artifact_pack { const kiln_tensor *key; char *tag; const void *data; uint64_t bytes; } *packs;
+    /* SPRS: the sparse kernels' timed choices (the weight cache's "sparse_choice:..."
+     * slots: 0 dense, 1 or 4 sparse with that block), put in the weight cache at load */
+    int n_sparse;
+    struct kiln_artifact_sparse { const kiln_tensor *key; char *tag; int choice; } *sparse;
 };
 
 /* Whether bytes begin with the .kiln magic. */
