@@ -8,6 +8,9 @@
  * the compile report verbatim, and every constant tensor once (shared
  * tensors are written once) at a 64-byte aligned offset of the weight
  * section, so that the reader can use them in place from the mapped file.
+ * In bf16 and int8 files the weights those kernels compress are stored
+ * bf16, resp. s8 with per-channel scales (mark_lowp_weights), and not also
+ * as packs; the sparse kernels' timed choices go to SPRS (format version 2).
  * Each section is built in memory, then the file is written to a temporary
  * name beside the target and renamed over it, so a reader never sees half
  * a file.

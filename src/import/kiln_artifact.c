@@ -196,7 +196,8 @@ static void rd_type(struct rd *r, struct kiln_type *t)
 }
 
 /* A tensor: inline strings, or bytes in the weight section (fp32 and the
- * rest used in place; bf16-stored f32 weights widened into an owned copy). */
+ * rest used in place; bf16-stored f32 weights widened, and (version 2)
+ * s8-stored ones dequantized as q * scale, into an owned copy). */
 static kiln_tensor *rd_tensor(struct rd *r)
 {
     kiln_dtype dt = (kiln_dtype)rd_dtype(r, 0, "tensor dtype");

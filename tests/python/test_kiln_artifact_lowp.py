@@ -20,7 +20,9 @@ through the C API (tests/unit_kiln_artifact --save), then:
   written before version 2) still loads;
 - malformed version-2 records behind valid checksums (a zero s8 scale, a
   sparse choice that is not 0, 1 or 4) are refused with a message naming
-  them.
+  them;
+- the sparse kernels' decisions saved in SPRS are what a load runs: rewritten
+  to "sparse", every product node runs a sparse kernel, dense weights too.
 """
 
 import os
@@ -271,3 +273,45 @@ def test_format_version_1_still_loads(kiln_bin, tmp_path):
     b = rng.standard_normal(3).astype(np.float32)
     y = np.load(tmp_path / "o" / "y.npy")
     np.testing.assert_allclose(y, np.maximum(x.astype(np.float64) @ wt + b, 0), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.skipif(not HAS["int8"], reason="this CPU lacks AVX512-VNNI")
+def test_saved_sparse_choices_are_used_at_load(kiln_bin, tool, model, tmp_path):
+    """SPRS: the plans' sparse-or-dense decisions are taken at load, not timed again.
+
+    Saved with batch 1, the file holds a decision per product weight (the dense Gemm weights
+    are decided dense without timing, by their density). Rewritten to "sparse, block 1", a load
+    must run every one of those nodes on the sparse kernel: no timing or density check would
+    choose it for the dense weights."""
+    src, _ = model
+    art = tmp_path / "m.kiln"
+    save(tool, src, art, "int8", "1")
+    buf = bytearray(art.read_bytes())
+    off, ln = sections(buf)["SPRS"]
+    p = off
+    n = struct.unpack_from("<I", buf, p)[0]
+    p += 4
+    tags = []
+    for _ in range(n):
+        _, tlen = struct.unpack_from("<iI", buf, p)
+        p += 8
+        tags.append(bytes(buf[p:p + tlen]).decode())
+        p += tlen
+        assert struct.unpack_from("<i", buf, p)[0] in (0, 1, 4)
+        struct.pack_into("<i", buf, p, 1)
+        p += 4
+    assert p == off + ln
+    assert all(t.startswith("sparse_choice:1x") for t in tags), tags
+    rechecksum(buf)
+    forced = tmp_path / "forced.kiln"
+    forced.write_bytes(buf)
+    kernels = {}
+    for f in (art, forced):
+        r = subprocess.run([kiln_bin, "inspect", str(f)], capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        kernels[f] = [ln.split()[2] for ln in r.stdout.splitlines()
+                      if ln.startswith("  int8 ") and "MatMul" in ln.split()[1]]
+    assert len(kernels[forced]) == n == 3
+    assert all(k.startswith("sparse_") for k in kernels[forced]), kernels[forced]
+    # the dense Gemm weights (g1, g2) stay dense in the file as saved
+    assert sum(k.startswith("dnnl_") for k in kernels[art]) >= 2, kernels[art]
