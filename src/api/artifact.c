@@ -231,9 +231,9 @@ static void collect_s8(void *ctx, const void *key, const char *tag, const void *
     ks->k[ks->n++] = key;
 }
 
-/* The weights a lower-precision file stores compressed (root graph f32
- * constants read only as the weight, input 1, of products that run in that
- * precision; any other reader keeps a weight f32):
+/* The weights a file stores compressed (root graph f32 constants read only
+ * as the weight, input 1, of products that run in a lower precision, the
+ * session's or a node's own; any other reader keeps a weight f32):
  * - bf16: those the bf16 kernels pack as bfloat16 (MatMul, Gemm or
  *   convolution with alpha 1), so that widening the stored bf16 and packing
  *   it again gives the kernels the same bits;
@@ -258,15 +258,17 @@ static kiln_status mark_lowp_weights(struct writer *w, const struct kiln_graph *
     memset(axis, -1, (size_t)n);
     for (int i = 0; i < g->n_nodes; i++) {
         const struct kiln_node *nd = &g->nodes[i];
+        /* the node's precision: its per-node exception (kiln_session_set_node_precision,
+         * recorded by kiln_session_artifact_view), else the session's */
         const struct kiln_attr *pa = kiln_node_attr(nd, KILN_NODE_PRECISION_ATTR);
-        int own = pa && pa->type == KILN_ATTR_INT && pa->i != precision; /* an fp32 exception */
+        int np = pa && pa->type == KILN_ATTR_INT && pa->i >= KILN_PRECISION_FP32 &&
+                         pa->i <= KILN_PRECISION_INT8 ? (int)pa->i : precision;
         for (int k = 0; k < nd->n_in; k++) {
             int v = nd->in[k];
             if (v < 0) continue;
             const kiln_tensor *t = g->values[v].kind == KILN_VALUE_CONST ? g->values[v].konst : NULL;
-            int ax = k == 1 && t && !own && precision == KILN_PRECISION_INT8
-                         ? int8_weight_axis(nd, t) : -1;
-            if (k == 1 && !own && precision == KILN_PRECISION_BF16 && is_bf16_product(nd)) {
+            int ax = k == 1 && t && np == KILN_PRECISION_INT8 ? int8_weight_axis(nd, t) : -1;
+            if (k == 1 && np == KILN_PRECISION_BF16 && is_bf16_product(nd)) {
                 w->as_bf16[v] = 1;
             } else if (ax >= 0 && (axis[v] < 0 || axis[v] == ax)) {
                 axis[v] = (int8_t)ax;
@@ -277,7 +279,9 @@ static kiln_status mark_lowp_weights(struct writer *w, const struct kiln_graph *
         for (int k = 0; k < nd->n_implicit; k++) other[nd->implicit[k]] = 1;
     }
     for (int k = 0; k < g->n_outputs; k++) other[g->outputs[k]] = 1;
-    if (precision == KILN_PRECISION_INT8 && wc) {
+    for (int v = 0; v < g->n_values; v++)
+        if (w->as_bf16[v] && axis[v] >= 0) other[v] = 1; /* read by a bf16 and an int8 node */
+    if (wc) {
         kiln_weight_cache_each(wc, collect_s8, &ks);
         if (ks.oom) {
             st = kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory");
@@ -616,7 +620,12 @@ kiln_status kiln_session_save(kiln_session *s, const char *path, const kiln_save
     if (st != KILN_OK) return st;
     st = kiln_session_artifact_view(s, &m, &sig, &g, &precision); /* pins every weight */
     if (st != KILN_OK) return st;
-    if (precision == KILN_PRECISION_INT8 && nb == 0) {
+    int any_int8 = precision == KILN_PRECISION_INT8;
+    for (int i = 0; i < g->n_nodes && !any_int8; i++) {
+        const struct kiln_attr *pa = kiln_node_attr(&g->nodes[i], KILN_NODE_PRECISION_ATTR);
+        any_int8 = pa && pa->type == KILN_ATTR_INT && pa->i == KILN_PRECISION_INT8;
+    }
+    if (any_int8 && nb == 0) {
         /* which weights the int8 kernels quantize is known once a plan is compiled */
         const int64_t one = 1;
         if (kiln_session_precompile(s, &one, 1) != KILN_OK) kiln_error_clear();
@@ -649,7 +658,7 @@ kiln_status kiln_session_save(kiln_session *s, const char *path, const kiln_save
         put_value_info(&w.sign, &sig->outputs[i], sig->output_values[i]);
     /* GRPH and WGHT */
     w.root = g;
-    if (precision != KILN_PRECISION_FP32) w.st = mark_lowp_weights(&w, g, precision, m->weights);
+    w.st = mark_lowp_weights(&w, g, precision, m->weights); /* per-node precisions too */
     if (w.st == KILN_OK) put_graph(&w, &w.grph, g);
     /* PACK: the weights as the plans of the saved batch sizes packed them */
     struct wbuf packs = {0};
