@@ -495,7 +495,7 @@ static void put_graph(struct writer *w, struct wbuf *b, const struct kiln_graph 
  * packs carry their scales in the buffer and are made again at load) and the
  * constant is stored in its own precision: a weight stored bf16 or s8 is
  * packed again at load rather than stored twice. A decided sparse-or-dense
- * choice ("sparse_choice:...", an int) goes to SPRS. */
+ * choice (kiln_artifact_sparse_choice_tag, an int) goes to SPRS. */
 static void put_pack(void *ctx, const void *key, const char *tag, const void *packed, size_t bytes)
 {
     struct writer *w = ctx;
@@ -504,7 +504,7 @@ static void put_pack(void *ctx, const void *key, const char *tag, const void *pa
     for (int i = 0; i < g->n_values && v < 0; i++)
         if (g->values[i].kind == KILN_VALUE_CONST && g->values[i].konst == key) v = i;
     if (v < 0) return;
-    if (!strncmp(tag, "sparse_choice:", 14)) {
+    if (kiln_artifact_sparse_choice_tag(tag)) {
         int choice = *(const int *)packed;
         if (choice != 0 && choice != 1 && choice != 4) return; /* not decided */
         put_i32(&w->sprs, v);

@@ -721,9 +721,9 @@ static void rd_sparse(struct rd *r, struct kiln_graph *g, struct kiln_artifact_i
                     g->values[v].name);
             return;
         }
-        if (strncmp(tag, "sparse_choice:", 14)) {
+        if (!kiln_artifact_sparse_choice_tag(tag)) {
             rd_fail(r, KILN_ERR_INVALID_MODEL, "sparse choice of '%s' has tag '%.60s', not "
-                    "'sparse_choice:...'", g->values[v].name, tag);
+                    "'sparse_choice:...' or 'sparse_conv_choice:...'", g->values[v].name, tag);
             return;
         }
         if (choice != 0 && choice != 1 && choice != 4) {

@@ -15,6 +15,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "core/fileio.h"
 #include "import/model.h"
@@ -63,6 +64,14 @@ struct kiln_artifact_info {
     int n_sparse;
     struct kiln_artifact_sparse { const kiln_tensor *key; char *tag; int choice; } *sparse;
 };
+
+/* Whether a weight-cache tag is a sparse kernel's decision slot (an int: 0 dense,
+ * 1 or 4 sparse with that block), as SPRS keeps them: "sparse_choice:..."
+ * (MatMul, Gemm) or "sparse_conv_choice:..." (1x1 convolutions). */
+static inline int kiln_artifact_sparse_choice_tag(const char *tag)
+{
+    return !strncmp(tag, "sparse_choice:", 14) || !strncmp(tag, "sparse_conv_choice:", 19);
+}
 
 /* Whether bytes begin with the .kiln magic. */
 int kiln_artifact_detect(const void *data, size_t size);
