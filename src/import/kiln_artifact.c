@@ -285,7 +285,8 @@ static kiln_tensor *rd_tensor(struct rd *r)
         if (s8) { /* dequantized: q * scale, what the int8 kernels quantize back to q exactly */
             const uint8_t *sp = r->wbase + soff;
             int64_t nch = dims[axis], inner = 1;
-            for (int i = axis + 1; i < rank; i++) inner *= dims[i];
+            for (int i = axis + 1; i < rank && count > 0; i++) /* count > 0: no overflow */
+                inner *= dims[i];
             for (int64_t c = 0; c < nch; c++) {
                 float sc;
                 memcpy(&sc, sp + 4 * c, 4);
