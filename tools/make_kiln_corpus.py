@@ -6,12 +6,17 @@
 
 Builds a few small ONNX models with the onnx package (a dense layer, a
 convolution the optimizer blocks and fuses, an If with two subgraphs, a
-string constant), compiles each to a .kiln file with the C API (the test
-binary's `--save` mode, src/api/artifact.c behind it), and writes them with
-malformed variants: truncated, a wrong format version, and bytes flipped
+string constant, a 90%-sparse MatMul), compiles each to a .kiln file with the
+C API (the test binary's `--save` mode, src/api/artifact.c behind it; fp32,
+and bf16 / int8 for the dense, convolution and sparse models, so that format
+version 2's s8 weights and SPRS section are seeded; int8 needs an AVX512-VNNI
+machine), and writes them with malformed variants: truncated, a wrong format
+version, and bytes flipped
 inside each section with every checksum made right again, so that the
 replay (fuzz/fuzz_kiln_artifact.c) reaches the section parsers, not only the
-CRC checks. Seeds are deterministic (fixed random seed).
+CRC checks. Seeds are deterministic (fixed random seed). The corpus also
+keeps v1_dense_fp32.kiln, a format version 1 file written before version 2,
+which this script does not make.
 """
 import argparse
 import os
@@ -79,7 +84,16 @@ def models():
         "strings", [helper.make_tensor_value_info("x", f, [1])],
         [helper.make_tensor_value_info("y", TensorProto.STRING, [2]),
          helper.make_tensor_value_info("z", f, [1])], [s])
-    for name, g in [("dense", dense), ("conv", conv), ("if", iff), ("strings", strs)]:
+    # a 90%-zero MatMul weight: a sparse-kernel candidate, so an int8 file has an SPRS section
+    ws = rng.standard_normal((32, 16)).astype(np.float32)
+    ws[rng.random(ws.shape) < 0.9] = 0.0
+    sparse = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "ws"], ["y"])], "sparse",
+        [helper.make_tensor_value_info("x", f, ["batch", 32])],
+        [helper.make_tensor_value_info("y", f, ["batch", 16])],
+        [numpy_helper.from_array(ws, "ws")])
+    for name, g in [("dense", dense), ("conv", conv), ("if", iff), ("strings", strs),
+                    ("sparse", sparse)]:
         yield name, helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)],
                                       producer_name="make_kiln_corpus")
 
@@ -95,26 +109,27 @@ def main():
         for name, model in models():
             src = os.path.join(tmp, name + ".onnx")
             onnx.save(model, src)
-            precs = ["fp32", "bf16"] if name == "dense" else ["fp32"]
+            precs = {"dense": ["fp32", "bf16", "int8"], "conv": ["fp32", "int8"],
+                     "sparse": ["int8"]}.get(name, ["fp32"])
             for prec in precs:
                 art = os.path.join(tmp, f"{name}_{prec}.kiln")
                 subprocess.run([a.tool, "--save", src, art, prec], check=True)
                 good = bytearray(open(art, "rb").read())
                 base = os.path.join(a.out, f"{name}_{prec}")
                 open(base + ".kiln", "wb").write(good)
-                if prec != "fp32":
+                if prec == "bf16":
                     continue
                 for cut in (7, 40, 100, len(good) // 2, len(good) - 1):
                     open(f"{base}_cut{cut}.kiln", "wb").write(good[:cut])
                 bad = bytearray(good)
-                struct.pack_into("<I", bad, 8, 2)
+                struct.pack_into("<I", bad, 8, 3)
                 rechecksum(bad)
-                open(base + "_version2.kiln", "wb").write(bad)
+                open(base + "_version3.kiln", "wb").write(bad)
                 nsec = struct.unpack_from("<I", good, 24)[0]
                 for i in range(nsec):
                     kind = bytes(good[64 + 32 * i:68 + 32 * i]).decode()
                     off, ln = struct.unpack_from("<QQ", good, 64 + 32 * i + 8)
-                    for j in range(4 if kind in ("GRPH", "SIGN", "META") else 1):
+                    for j in range(4 if kind in ("GRPH", "SIGN", "META", "SPRS") else 1):
                         if ln == 0:
                             break
                         bad = bytearray(good)

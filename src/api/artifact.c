@@ -8,11 +8,15 @@
  * the compile report verbatim, and every constant tensor once (shared
  * tensors are written once) at a 64-byte aligned offset of the weight
  * section, so that the reader can use them in place from the mapped file.
+ * In bf16 and int8 files the weights those kernels compress are stored
+ * bf16, resp. s8 with per-channel scales (mark_lowp_weights), and not also
+ * as packs; the sparse kernels' timed choices go to SPRS (format version 2).
  * Each section is built in memory, then the file is written to a temporary
  * name beside the target and renamed over it, so a reader never sees half
  * a file.
  */
 #define _GNU_SOURCE
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -76,21 +80,25 @@ static void put_bytes(struct wbuf *b, const kiln_string *s)
     put(b, s->data, s->len);
 }
 
-/* Tensors already in the weight section (one entry per distinct tensor). */
+/* How a weight is stored: as it is, as bfloat16, or as s8 with per-channel scales. */
+enum { STORE_PLAIN = 0, STORE_BF16 = 1, STORE_S8 = 2 };
+
+/* Tensors already in the weight section (one entry per distinct tensor and storage). */
 struct wlist {
     const kiln_tensor **t;
     int64_t *off;
-    uint8_t *bf16;         /* stored as bfloat16 */
+    uint8_t *mode;         /* STORE_* */
     int n, cap;
 };
 
 struct writer {
-    struct wbuf meta, sign, grph, wght, pack;
-    int n_packs;
+    struct wbuf meta, sign, grph, wght, pack, sprs;
+    int n_packs, n_sprs;
     struct wlist w;
     kiln_status st;
     const struct kiln_graph *root;
     uint8_t *as_bf16;      /* per root value: a weight the bf16 session rounds to bfloat16 */
+    int8_t *s8_axis;       /* per root value: the output-channel axis of a weight stored s8, or -1 */
 };
 
 /* f32 -> bf16, rounding to nearest even (what the bf16 kernels do when they
@@ -121,39 +129,188 @@ static int is_bf16_product(const struct kiln_node *n)
     }
 }
 
-/* The weights a bf16 session packs as bfloat16: f32 constants of the root
- * graph read only as the weight (input 1) of a MatMul, Gemm or convolution
- * (alpha 1), so that widening the stored bf16 and packing it again gives
- * the kernels the same bits. Any other reader keeps a weight f32. */
-static kiln_status mark_bf16_weights(struct writer *w, const struct kiln_graph *g)
+/* The output-channel axis along which the int8 kernels quantize the weight
+ * (input 1) of node n: the N of a 2-D MatMul / Gemm B (per output column),
+ * the M of a convolution's [M, C, k...]; -1 for any other reader. */
+static int int8_weight_axis(const struct kiln_node *n, const kiln_tensor *t)
 {
-    w->as_bf16 = calloc((size_t)g->n_values + 1, 1);
-    uint8_t *other = calloc((size_t)g->n_values + 1, 1);
-    if (!w->as_bf16 || !other) {
-        free(other);
-        return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory");
+    switch (n->op) {
+    case KILN_OP_MatMul:
+        return t->rank == 2 ? 1 : -1;
+    case KILN_OP_Gemm:
+    case KILN_OP_KilnFusedMatMul: {
+        if (t->rank != 2) return -1;
+        const struct kiln_attr *a = kiln_node_attr(n, "transB");
+        if (!a) return 1;
+        return a->type == KILN_ATTR_INT && (a->i == 0 || a->i == 1) ? (int)(1 - a->i) : -1;
     }
-    for (int i = 0; i < g->n_nodes; i++) {
-        const struct kiln_node *n = &g->nodes[i];
-        for (int k = 0; k < n->n_in; k++) {
-            int v = n->in[k];
-            if (v < 0) continue;
-            const struct kiln_attr *pa = kiln_node_attr(n, KILN_NODE_PRECISION_ATTR);
-            int own = pa && pa->type == KILN_ATTR_INT && pa->i != KILN_PRECISION_BF16;
-            if (k == 1 && is_bf16_product(n) && !own) w->as_bf16[v] = 1; /* not an fp32/int8 exception */
-            else other[v] = 1;
+    case KILN_OP_Conv:
+    case KILN_OP_KilnFusedConv:
+        return t->rank >= 3 ? 0 : -1;
+    default:
+        return -1;
+    }
+}
+
+/* Symmetric s8 per output channel, exactly as the int8 kernels quantize a
+ * weight (kd_pack_weights_s8, kiln_sparse_pack): scale = max |w| / 127 over
+ * the channel (1 for an all-zero channel), q = clamp(nearbyint(w / scale),
+ * -127, 127). Returns 1 when storing (q, scale) loses nothing the int8
+ * kernels see: every weight is finite, and quantizing the dequantized
+ * weights q * scale again gives the same scales and the same q bit for bit,
+ * so a loaded file's int8 kernels compute exactly what the source session's
+ * did. q (count bytes) and scale (dims[axis] floats) receive the result. */
+static int s8_quantize_exact(const kiln_tensor *t, int axis, int8_t *q, float *scale)
+{
+    const float *w = t->data;
+    int64_t count = kiln_tensor_count(t), nch = t->dims[axis], inner = 1;
+    for (int i = axis + 1; i < t->rank; i++) inner *= t->dims[i];
+    if (nch <= 0 || inner <= 0) return 0;
+    float *mx = calloc((size_t)nch, sizeof *mx);
+    if (!mx) return 0;
+    for (int pass = 0; pass < 2; pass++) {
+        /* pass 0: the weights; pass 1: q * scale, what the reader rebuilds */
+        for (int64_t c = 0; c < nch; c++) mx[c] = 0.0f;
+        for (int64_t i = 0; i < count; i++) {
+            float v = pass ? (float)q[i] * scale[(i / inner) % nch] : w[i];
+            if (!isfinite(v)) {
+                free(mx);
+                return 0;
+            }
+            float a = fabsf(v);
+            if (a > mx[(i / inner) % nch]) mx[(i / inner) % nch] = a;
         }
-        for (int k = 0; k < n->n_implicit; k++) other[n->implicit[k]] = 1;
+        for (int64_t c = 0; c < nch; c++) {
+            float sc = mx[c] > 0.0f && isfinite(mx[c]) ? mx[c] / 127.0f : 1.0f;
+            if (pass && memcmp(&sc, &scale[c], sizeof sc)) {
+                free(mx);
+                return 0;
+            }
+            scale[c] = sc;
+        }
+        for (int64_t i = 0; i < count; i++) {
+            float v = pass ? (float)q[i] * scale[(i / inner) % nch] : w[i];
+            float r = nearbyintf(v / scale[(i / inner) % nch]);
+            if (!(r >= -127.0f)) r = -127.0f;
+            if (r > 127.0f) r = 127.0f;
+            if (pass && (int8_t)r != q[i]) {
+                free(mx);
+                return 0;
+            }
+            q[i] = (int8_t)r;
+        }
+    }
+    free(mx);
+    return 1;
+}
+
+/* Weights the int8 kernels quantized: keys of the weight cache's s8 packs
+ * (oneDNN's "dnnl_..._s8_..." and the sparse kernel's "sparse_s8_..."). */
+struct keyset {
+    const void **k;
+    int n, cap, oom;
+};
+
+static void collect_s8(void *ctx, const void *key, const char *tag, const void *packed, size_t bytes)
+{
+    struct keyset *ks = ctx;
+    (void)packed;
+    (void)bytes;
+    if (!((!strncmp(tag, "dnnl_", 5) && strstr(tag, "_s8_")) || !strncmp(tag, "sparse_s8_", 10)))
+        return;
+    if (ks->n == ks->cap) {
+        int cap = ks->cap ? ks->cap * 2 : 64;
+        const void **nk = realloc(ks->k, (size_t)cap * sizeof *nk);
+        if (!nk) {
+            ks->oom = 1;
+            return;
+        }
+        ks->k = nk;
+        ks->cap = cap;
+    }
+    ks->k[ks->n++] = key;
+}
+
+/* The weights a file stores compressed (root graph f32 constants read only
+ * as the weight, input 1, of products that run in a lower precision, the
+ * session's or a node's own; any other reader keeps a weight f32):
+ * - bf16: those the bf16 kernels pack as bfloat16 (MatMul, Gemm or
+ *   convolution with alpha 1), so that widening the stored bf16 and packing
+ *   it again gives the kernels the same bits;
+ * - int8: those the int8 kernels of the compiled plans quantized (an s8 pack
+ *   in the weight cache) and for which s8_quantize_exact holds, stored s8
+ *   with their channel scales. */
+static kiln_status mark_lowp_weights(struct writer *w, const struct kiln_graph *g, int precision,
+                                     struct kiln_weight_cache *wc)
+{
+    int n = g->n_values + 1;
+    w->as_bf16 = calloc((size_t)n, 1);
+    w->s8_axis = malloc((size_t)n);
+    uint8_t *other = calloc((size_t)n, 1);
+    int8_t *axis = malloc((size_t)n);
+    struct keyset ks = {0};
+    kiln_status st = KILN_OK;
+    if (!w->as_bf16 || !w->s8_axis || !other || !axis) {
+        st = kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory");
+        goto out;
+    }
+    memset(w->s8_axis, -1, (size_t)n);
+    memset(axis, -1, (size_t)n);
+    for (int i = 0; i < g->n_nodes; i++) {
+        const struct kiln_node *nd = &g->nodes[i];
+        /* the node's precision: its per-node exception (kiln_session_set_node_precision,
+         * recorded by kiln_session_artifact_view), else the session's */
+        const struct kiln_attr *pa = kiln_node_attr(nd, KILN_NODE_PRECISION_ATTR);
+        int np = pa && pa->type == KILN_ATTR_INT && pa->i >= KILN_PRECISION_FP32 &&
+                         pa->i <= KILN_PRECISION_INT8 ? (int)pa->i : precision;
+        for (int k = 0; k < nd->n_in; k++) {
+            int v = nd->in[k];
+            if (v < 0) continue;
+            const kiln_tensor *t = g->values[v].kind == KILN_VALUE_CONST ? g->values[v].konst : NULL;
+            int ax = k == 1 && t && np == KILN_PRECISION_INT8 ? int8_weight_axis(nd, t) : -1;
+            if (k == 1 && np == KILN_PRECISION_BF16 && is_bf16_product(nd)) {
+                w->as_bf16[v] = 1;
+            } else if (ax >= 0 && (axis[v] < 0 || axis[v] == ax)) {
+                axis[v] = (int8_t)ax;
+            } else {
+                other[v] = 1;
+            }
+        }
+        for (int k = 0; k < nd->n_implicit; k++) other[nd->implicit[k]] = 1;
     }
     for (int k = 0; k < g->n_outputs; k++) other[g->outputs[k]] = 1;
+    for (int v = 0; v < g->n_values; v++)
+        if (w->as_bf16[v] && axis[v] >= 0) other[v] = 1; /* read by a bf16 and an int8 node */
+    if (wc) {
+        kiln_weight_cache_each(wc, collect_s8, &ks);
+        if (ks.oom) {
+            st = kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory");
+            goto out;
+        }
+    }
     for (int v = 0; v < g->n_values; v++) {
         const struct kiln_value *val = &g->values[v];
         if (other[v] || val->kind != KILN_VALUE_CONST || !val->konst ||
-            val->konst->dtype != KILN_DTYPE_F32)
+            val->konst->dtype != KILN_DTYPE_F32 || !val->konst->data) {
             w->as_bf16[v] = 0;
+            continue;
+        }
+        if (axis[v] < 0) continue;
+        int quantized = 0;
+        for (int i = 0; i < ks.n && !quantized; i++) quantized = ks.k[i] == (const void *)val->konst;
+        if (!quantized) continue;
+        const kiln_tensor *t = val->konst;
+        int8_t *q = malloc((size_t)kiln_tensor_count(t) + 1);
+        float *sc = malloc(sizeof(float) * (size_t)(t->dims[axis[v]] + 1));
+        if (q && sc && s8_quantize_exact(t, axis[v], q, sc)) w->s8_axis[v] = axis[v];
+        free(q);
+        free(sc);
     }
+out:
+    free(ks.k);
     free(other);
-    return KILN_OK;
+    free(axis);
+    return st;
 }
 
 static void wfail(struct writer *w, kiln_status st, const char *msg)
@@ -161,7 +318,14 @@ static void wfail(struct writer *w, kiln_status st, const char *msg)
     if (w->st == KILN_OK) w->st = kiln_error(st, "kiln_session_save: %s", msg);
 }
 
-static void put_tensor(struct writer *w, struct wbuf *b, const kiln_tensor *t, int bf16)
+static void put_zeros_to64(struct wbuf *b)
+{
+    static const uint8_t zeros[64];
+    put(b, zeros, ALIGN64(b->n) - b->n);
+}
+
+/* A tensor record. mode STORE_S8 is given with the output-channel axis. */
+static void put_tensor(struct writer *w, struct wbuf *b, const kiln_tensor *t, int mode, int axis)
 {
     put_i32(b, (int32_t)t->dtype);
     put_i32(b, t->rank);
@@ -176,9 +340,10 @@ static void put_tensor(struct writer *w, struct wbuf *b, const kiln_tensor *t, i
         wfail(w, KILN_ERR_INTERNAL, "a constant's data is not resident");
         return;
     }
+    int64_t count = kiln_tensor_count(t), nch = mode == STORE_S8 ? t->dims[axis] : 0;
     int64_t off = -1;
     for (int i = 0; i < w->w.n && off < 0; i++)
-        if (w->w.t[i] == t && w->w.bf16[i] == bf16) off = w->w.off[i];
+        if (w->w.t[i] == t && w->w.mode[i] == mode) off = w->w.off[i];
     if (off < 0) {
         if (w->w.n == w->w.cap) {
             int cap = w->w.cap ? w->w.cap * 2 : 256;
@@ -186,33 +351,54 @@ static void put_tensor(struct writer *w, struct wbuf *b, const kiln_tensor *t, i
             if (nt) w->w.t = nt;
             int64_t *no = realloc(w->w.off, (size_t)cap * sizeof *no);
             if (no) w->w.off = no;
-            uint8_t *nb = realloc(w->w.bf16, (size_t)cap);
-            if (nb) w->w.bf16 = nb;
+            uint8_t *nb = realloc(w->w.mode, (size_t)cap);
+            if (nb) w->w.mode = nb;
             if (!nt || !no || !nb) {
                 wfail(w, KILN_ERR_OUT_OF_MEMORY, "out of memory");
                 return;
             }
             w->w.cap = cap;
         }
-        static const uint8_t zeros[64];
-        put(&w->wght, zeros, ALIGN64(w->wght.n) - w->wght.n);
+        put_zeros_to64(&w->wght);
         off = (int64_t)w->wght.n;
-        if (bf16) {
+        if (mode == STORE_BF16) {
             const float *f = t->data;
-            for (int64_t i = 0; i < kiln_tensor_count(t); i++) {
+            for (int64_t i = 0; i < count; i++) {
                 uint16_t h = f32_to_bf16(f[i]);
                 put(&w->wght, &h, 2);
             }
+        } else if (mode == STORE_S8) {
+            /* the s8 weights, then (64-aligned) the channel scales */
+            int8_t *q = malloc((size_t)count + 1);
+            float *sc = malloc(sizeof(float) * (size_t)(nch + 1));
+            if (!q || !sc || !s8_quantize_exact(t, axis, q, sc)) {
+                free(q);
+                free(sc);
+                wfail(w, q && sc ? KILN_ERR_INTERNAL : KILN_ERR_OUT_OF_MEMORY,
+                      q && sc ? "an s8 weight no longer quantizes exactly" : "out of memory");
+                return;
+            }
+            put(&w->wght, q, (size_t)count);
+            put_zeros_to64(&w->wght);
+            put(&w->wght, sc, sizeof(float) * (size_t)nch);
+            free(q);
+            free(sc);
         } else {
             put(&w->wght, t->data, t->nbytes);
         }
         w->w.t[w->w.n] = t;
-        w->w.bf16[w->w.n] = (uint8_t)bf16;
+        w->w.mode[w->w.n] = (uint8_t)mode;
         w->w.off[w->w.n++] = off;
     }
-    put_i32(b, (int32_t)(bf16 ? KILN_DTYPE_BF16 : t->dtype)); /* stored dtype */
+    static const int32_t stored[3] = {0, KILN_DTYPE_BF16, KILN_DTYPE_I8};
+    put_i32(b, mode == STORE_PLAIN ? (int32_t)t->dtype : stored[mode]);
     put_i64(b, off);
-    put_i64(b, bf16 ? (int64_t)kiln_tensor_count(t) * 2 : (int64_t)t->nbytes);
+    put_i64(b, mode == STORE_BF16 ? count * 2 : mode == STORE_S8 ? count : (int64_t)t->nbytes);
+    if (mode == STORE_S8) { /* format version 2: the channel axis and the scales */
+        put_i32(b, axis);
+        put_i64(b, (int64_t)ALIGN64((uint64_t)off + (uint64_t)count));
+        put_i64(b, nch * 4);
+    }
 }
 
 static void put_type(struct wbuf *b, const struct kiln_type *t)
@@ -241,7 +427,7 @@ static void put_attr(struct writer *w, struct wbuf *b, const struct kiln_attr *a
     case KILN_ATTR_FLOAT: put_f32(b, a->f); break;
     case KILN_ATTR_INT: put_i64(b, a->i); break;
     case KILN_ATTR_STRING: put_bytes(b, &a->s); break;
-    case KILN_ATTR_TENSOR: put_tensor(w, b, a->t, 0); break;
+    case KILN_ATTR_TENSOR: put_tensor(w, b, a->t, STORE_PLAIN, -1); break;
     case KILN_ATTR_GRAPH: put_graph(w, b, a->g); break;
     case KILN_ATTR_FLOATS:
         put_u32(b, (uint32_t)a->n);
@@ -274,7 +460,11 @@ static void put_graph(struct writer *w, struct wbuf *b, const struct kiln_graph 
                 wfail(w, KILN_ERR_INTERNAL, "a constant value has no tensor");
                 return;
             }
-            put_tensor(w, b, val->konst, g == w->root && w->as_bf16 && w->as_bf16[v]);
+            int root = g == w->root;
+            int s8 = root && w->s8_axis && w->s8_axis[v] >= 0;
+            int bf = root && w->as_bf16 && w->as_bf16[v];
+            put_tensor(w, b, val->konst, s8 ? STORE_S8 : bf ? STORE_BF16 : STORE_PLAIN,
+                       s8 ? w->s8_axis[v] : -1);
         }
     }
     put_u32(b, (uint32_t)g->n_nodes);
@@ -300,20 +490,32 @@ static void put_graph(struct writer *w, struct wbuf *b, const struct kiln_graph 
     for (int i = 0; i < g->n_outputs; i++) put_i32(b, g->outputs[i]);
 }
 
-/* One packed weight of the weight cache: kept when it packs a constant of the
- * saved graph by a plain oneDNN reorder (tags "dnnl_..."; int8 packs carry
- * their scales in the buffer and are made again at load). */
+/* One entry of the weight cache. A packed weight is kept when it packs a
+ * constant of the saved graph by a plain oneDNN reorder (tags "dnnl_..."; int8
+ * packs carry their scales in the buffer and are made again at load) and the
+ * constant is stored in its own precision: a weight stored bf16 or s8 is
+ * packed again at load rather than stored twice. A decided sparse-or-dense
+ * choice (kiln_artifact_sparse_choice_tag, an int) goes to SPRS. */
 static void put_pack(void *ctx, const void *key, const char *tag, const void *packed, size_t bytes)
 {
     struct writer *w = ctx;
-    if (strncmp(tag, "dnnl_", 5) || strstr(tag, "_s8_") || !bytes) return;
     const struct kiln_graph *g = w->root;
     int v = -1;
     for (int i = 0; i < g->n_values && v < 0; i++)
         if (g->values[i].kind == KILN_VALUE_CONST && g->values[i].konst == key) v = i;
     if (v < 0) return;
-    static const uint8_t zeros[64];
-    put(&w->wght, zeros, ALIGN64(w->wght.n) - w->wght.n);
+    if (kiln_artifact_sparse_choice_tag(tag)) {
+        int choice = *(const int *)packed;
+        if (choice != 0 && choice != 1 && choice != 4) return; /* not decided */
+        put_i32(&w->sprs, v);
+        put_str(&w->sprs, tag);
+        put_i32(&w->sprs, choice);
+        w->n_sprs++;
+        return;
+    }
+    if (strncmp(tag, "dnnl_", 5) || strstr(tag, "_s8_") || !bytes) return;
+    if ((w->as_bf16 && w->as_bf16[v]) || (w->s8_axis && w->s8_axis[v] >= 0)) return;
+    put_zeros_to64(&w->wght);
     int64_t off = (int64_t)w->wght.n;
     put(&w->wght, packed, bytes);
     put_i32(&w->pack, v);
@@ -418,6 +620,16 @@ kiln_status kiln_session_save(kiln_session *s, const char *path, const kiln_save
     if (st != KILN_OK) return st;
     st = kiln_session_artifact_view(s, &m, &sig, &g, &precision); /* pins every weight */
     if (st != KILN_OK) return st;
+    int any_int8 = precision == KILN_PRECISION_INT8;
+    for (int i = 0; i < g->n_nodes && !any_int8; i++) {
+        const struct kiln_attr *pa = kiln_node_attr(&g->nodes[i], KILN_NODE_PRECISION_ATTR);
+        any_int8 = pa && pa->type == KILN_ATTR_INT && pa->i == KILN_PRECISION_INT8;
+    }
+    if (any_int8 && nb == 0) {
+        /* which weights the int8 kernels quantize is known once a plan is compiled */
+        const int64_t one = 1;
+        if (kiln_session_precompile(s, &one, 1) != KILN_OK) kiln_error_clear();
+    }
     struct writer w = {0};
     char cpu[128];
     kiln_artifact_cpu_features(g, precision, cpu, sizeof cpu);
@@ -446,7 +658,7 @@ kiln_status kiln_session_save(kiln_session *s, const char *path, const kiln_save
         put_value_info(&w.sign, &sig->outputs[i], sig->output_values[i]);
     /* GRPH and WGHT */
     w.root = g;
-    if (precision == KILN_PRECISION_BF16) w.st = mark_bf16_weights(&w, g);
+    w.st = mark_lowp_weights(&w, g, precision, m->weights); /* per-node precisions too */
     if (w.st == KILN_OK) put_graph(&w, &w.grph, g);
     /* PACK: the weights as the plans of the saved batch sizes packed them */
     struct wbuf packs = {0};
@@ -458,18 +670,24 @@ kiln_status kiln_session_save(kiln_session *s, const char *path, const kiln_save
         put_u32(&packs, (uint32_t)w.n_packs);
         put(&packs, w.pack.p, w.pack.n);
     }
+    /* SPRS: the sparse kernels' decisions, when any was timed */
+    struct wbuf sprs = {0};
+    if (w.st == KILN_OK && nb > 0 && w.n_sprs) {
+        put_u32(&sprs, (uint32_t)w.n_sprs);
+        put(&sprs, w.sprs.p, w.sprs.n);
+    }
     struct wbuf rept = {0};
     if (opts && opts->report_json) put(&rept, opts->report_json, strlen(opts->report_json));
     if (w.st == KILN_OK && (w.meta.oom || w.sign.oom || w.grph.oom || w.wght.oom || rept.oom ||
-                            w.pack.oom || packs.oom))
+                            w.pack.oom || packs.oom || w.sprs.oom || sprs.oom))
         wfail(&w, KILN_ERR_OUT_OF_MEMORY, "out of memory");
     if (w.st == KILN_OK) {
-        struct wbuf *secs[6] = {&w.meta, &w.sign, &w.grph, &w.wght, &packs, &rept};
-        uint32_t kinds[6] = {KILN_ART_SEC_META, KILN_ART_SEC_SIGN, KILN_ART_SEC_GRPH,
-                             KILN_ART_SEC_WGHT, KILN_ART_SEC_PACK, KILN_ART_SEC_REPT};
+        struct wbuf *secs[7] = {&w.meta, &w.sign, &w.grph, &w.wght};
+        uint32_t kinds[7] = {KILN_ART_SEC_META, KILN_ART_SEC_SIGN, KILN_ART_SEC_GRPH,
+                             KILN_ART_SEC_WGHT};
         int n = 4;
-        if (packs.n) n++;
-        else secs[4] = &rept, kinds[4] = KILN_ART_SEC_REPT;
+        if (packs.n) secs[n] = &packs, kinds[n] = KILN_ART_SEC_PACK, n++;
+        if (sprs.n) secs[n] = &sprs, kinds[n] = KILN_ART_SEC_SPRS, n++;
         if (opts && opts->report_json) secs[n] = &rept, kinds[n] = KILN_ART_SEC_REPT, n++;
         w.st = write_file(path, secs, kinds, n);
     }
@@ -479,11 +697,14 @@ kiln_status kiln_session_save(kiln_session *s, const char *path, const kiln_save
     free(w.wght.p);
     free(rept.p);
     free(packs.p);
+    free(sprs.p);
     free(w.pack.p);
+    free(w.sprs.p);
     free(w.w.t);
     free(w.w.off);
-    free(w.w.bf16);
+    free(w.w.mode);
     free(w.as_bf16);
+    free(w.s8_axis);
     return w.st;
 }
 
@@ -498,6 +719,7 @@ static const char *section_title(uint32_t kind)
     case KILN_ART_SEC_WGHT: return "WGHT (weights)";
     case KILN_ART_SEC_REPT: return "REPT (compile report)";
     case KILN_ART_SEC_PACK: return "PACK (index of packed weights, bytes in WGHT)";
+    case KILN_ART_SEC_SPRS: return "SPRS (sparse or dense kernel, as timed)";
     }
     return "(unknown, skipped)";
 }

@@ -262,6 +262,12 @@ static kiln_status model_prepare(struct kiln_model *m)
             if (st != KILN_OK) return st;
         }
     }
+    /* a .kiln's sparse-or-dense choices (0 bytes each: the weight cache's decision slots) */
+    for (int i = 0; m->artifact && i < m->artifact->n_sparse; i++) {
+        struct kiln_artifact_sparse *sc = &m->artifact->sparse[i];
+        st = kiln_weight_cache_preload(m->weights, sc->key, sc->tag, &sc->choice, 0);
+        if (st != KILN_OK) return st;
+    }
     for (int i = 0; i < m->n_signatures; i++) m->signatures[i].shares_graph_of = -1;
     for (int i = 0; i < m->n_signatures; i++) {
         struct kiln_signature *sig = &m->signatures[i];

@@ -16,6 +16,7 @@
 #define _GNU_SOURCE
 #include "import/kiln_artifact.h"
 
+#include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -50,6 +51,7 @@ struct rd {
     const uint8_t *wbase;  /* the weight section */
     size_t wsize;
     int depth;
+    uint32_t version;      /* the file's format version */
 };
 
 static const char *sec_name(uint32_t kind, char buf[8])
@@ -194,7 +196,8 @@ static void rd_type(struct rd *r, struct kiln_type *t)
 }
 
 /* A tensor: inline strings, or bytes in the weight section (fp32 and the
- * rest used in place; bf16-stored f32 weights widened into an owned copy). */
+ * rest used in place; bf16-stored f32 weights widened, and (version 2)
+ * s8-stored ones dequantized as q * scale, into an owned copy). */
 static kiln_tensor *rd_tensor(struct rd *r)
 {
     kiln_dtype dt = (kiln_dtype)rd_dtype(r, 0, "tensor dtype");
@@ -241,10 +244,32 @@ static kiln_tensor *rd_tensor(struct rd *r)
         int64_t nbytes = rd_i64(r, "weight bytes");
         if (r->st != KILN_OK) return NULL;
         int widen = stored == KILN_DTYPE_BF16 && dt == KILN_DTYPE_F32;
-        if (stored != (int32_t)dt && !widen) {
-            rd_fail(r, KILN_ERR_INVALID_MODEL, "tensor of %s stored as %s", kiln_dtype_name(dt),
-                    kiln_dtype_name((kiln_dtype)stored));
+        int s8 = stored == KILN_DTYPE_I8 && dt == KILN_DTYPE_F32 && r->version >= 2;
+        if (stored != (int32_t)dt && !widen && !s8) {
+            rd_fail(r, KILN_ERR_INVALID_MODEL, "tensor of %s stored as %s%s", kiln_dtype_name(dt),
+                    kiln_dtype_name((kiln_dtype)stored),
+                    stored == KILN_DTYPE_I8 && dt == KILN_DTYPE_F32 ? " in a format version 1 file"
+                                                                   : "");
             return NULL;
+        }
+        int32_t axis = -1;
+        int64_t soff = 0, sbytes = 0;
+        if (s8) { /* s8 per output channel: the channel axis and the scales */
+            axis = rd_i32(r, "s8 channel axis");
+            soff = rd_i64(r, "s8 scales offset");
+            sbytes = rd_i64(r, "s8 scales bytes");
+            if (r->st != KILN_OK) return NULL;
+            if (axis < 0 || axis >= rank || sbytes < 0 || sbytes % 4 || sbytes / 4 != dims[axis] ||
+                soff < 0 ||
+                soff % KILN_ART_ALIGN || (uint64_t)soff > r->wsize ||
+                (uint64_t)sbytes > r->wsize - (uint64_t)soff) {
+                rd_fail(r, KILN_ERR_INVALID_MODEL,
+                        "s8 tensor %s: channel axis %d with %lld bytes of scales at weight offset "
+                        "%lld; expected an axis 0..%d, 4 bytes per channel, aligned, within the "
+                        "%zu-byte weight section", kiln_shape_str(rank, dims, sb, sizeof sb),
+                        axis, (long long)sbytes, (long long)soff, rank - 1, r->wsize);
+                return NULL;
+            }
         }
         int64_t want = count * (int64_t)kiln_dtype_size((kiln_dtype)stored);
         if (nbytes != want || off < 0 || off % KILN_ART_ALIGN ||
@@ -257,7 +282,32 @@ static kiln_tensor *rd_tensor(struct rd *r)
             return NULL;
         }
         const uint8_t *src = r->wbase + off;
-        if (widen) {
+        if (s8) { /* dequantized: q * scale, what the int8 kernels quantize back to q exactly */
+            const uint8_t *sp = r->wbase + soff;
+            int64_t nch = dims[axis], inner = 1;
+            for (int i = axis + 1; i < rank && count > 0; i++) /* count > 0: no overflow */
+                inner *= dims[i];
+            for (int64_t c = 0; c < nch; c++) {
+                float sc;
+                memcpy(&sc, sp + 4 * c, 4);
+                if (!(sc > 0.0f) || !isfinite(sc)) {
+                    rd_fail(r, KILN_ERR_INVALID_MODEL, "s8 tensor %s: the scale of channel %lld "
+                            "is %g, not a positive finite number",
+                            kiln_shape_str(rank, dims, sb, sizeof sb), (long long)c, (double)sc);
+                    return NULL;
+                }
+            }
+            if ((st = kiln_tensor_new_uninit(dt, rank, dims, &t)) != KILN_OK) {
+                rd_fail(r, st, "%s", kiln_last_error());
+                return NULL;
+            }
+            float *d = t->data;
+            for (int64_t i = 0; i < count; i++) {
+                float sc;
+                memcpy(&sc, sp + 4 * ((i / inner) % nch), 4);
+                d[i] = (float)(int8_t)src[i] * sc;
+            }
+        } else if (widen) {
             if ((st = kiln_tensor_new_uninit(dt, rank, dims, &t)) != KILN_OK) {
                 rd_fail(r, st, "%s", kiln_last_error());
                 return NULL;
@@ -652,6 +702,49 @@ static void rd_packs(struct rd *r, struct kiln_graph *g, struct kiln_artifact_in
     }
 }
 
+/* SPRS: the sparse kernels' choices, each bound to a constant of the root graph. */
+static void rd_sparse(struct rd *r, struct kiln_graph *g, struct kiln_artifact_info *info)
+{
+    int n = rd_count(r, 12, 1 << 20, "sparse choice count");
+    if (r->st != KILN_OK) return;
+    info->sparse = calloc((size_t)n + 1, sizeof *info->sparse);
+    if (!info->sparse) {
+        rd_fail(r, KILN_ERR_OUT_OF_MEMORY, "out of memory");
+        return;
+    }
+    for (int i = 0; i < n && r->st == KILN_OK; i++) {
+        int v = rd_value_id(r, g, 0, "sparse choice value");
+        char *tag = rd_name(r, "sparse choice tag");
+        int32_t choice = rd_i32(r, "sparse choice");
+        if (r->st != KILN_OK) return;
+        if (g->values[v].kind != KILN_VALUE_CONST || !g->values[v].konst) {
+            rd_fail(r, KILN_ERR_INVALID_MODEL, "sparse choice of value '%s', not a constant",
+                    g->values[v].name);
+            return;
+        }
+        if (!kiln_artifact_sparse_choice_tag(tag)) {
+            rd_fail(r, KILN_ERR_INVALID_MODEL, "sparse choice of '%s' has tag '%.60s', not "
+                    "'sparse_choice:...' or 'sparse_conv_choice:...'", g->values[v].name, tag);
+            return;
+        }
+        if (choice != 0 && choice != 1 && choice != 4) {
+            r->off -= 4;
+            rd_fail(r, KILN_ERR_INVALID_MODEL, "sparse choice of '%s' is %d, not 0 (dense), 1 or "
+                    "4 (sparse with that block)", g->values[v].name, choice);
+            return;
+        }
+        struct kiln_artifact_sparse *sc = &info->sparse[info->n_sparse];
+        sc->tag = strdup(tag);
+        if (!sc->tag) {
+            rd_fail(r, KILN_ERR_OUT_OF_MEMORY, "out of memory");
+            return;
+        }
+        sc->key = g->values[v].konst;
+        sc->choice = choice;
+        info->n_sparse++;
+    }
+}
+
 static void get_u32(const uint8_t *p, uint32_t *v) { memcpy(v, p, 4); }
 static void get_u64(const uint8_t *p, uint64_t *v) { memcpy(v, p, 8); }
 
@@ -665,6 +758,8 @@ void kiln_artifact_info_free(struct kiln_artifact_info *info)
     if (!info) return;
     for (int i = 0; i < info->n_packs; i++) free(info->packs[i].tag);
     free(info->packs);
+    for (int i = 0; i < info->n_sparse; i++) free(info->sparse[i].tag);
+    free(info->sparse);
     free(info->pack_env);
     free(info->cpu_features);
     free(info->source_format);
@@ -742,10 +837,11 @@ kiln_status kiln_artifact_load(struct kiln_file_map *map, const char *name, stru
     uint32_t version, hbytes, nsec, table_crc, hcrc;
     uint64_t fsize;
     get_u32(p + 8, &version);
-    if (version != KILN_ART_FORMAT_VERSION)
+    if (version < KILN_ART_FORMAT_VERSION_MIN || version > KILN_ART_FORMAT_VERSION)
         return kiln_error(KILN_ERR_UNSUPPORTED, "%s: .kiln format version %u; this Kiln (%s) reads "
-                          "version %u: compile the model again with this Kiln", name, version,
-                          KILN_VERSION_STRING, KILN_ART_FORMAT_VERSION);
+                          "versions %u to %u: compile the model again with this Kiln", name,
+                          version, KILN_VERSION_STRING, KILN_ART_FORMAT_VERSION_MIN,
+                          KILN_ART_FORMAT_VERSION);
     get_u32(p + 60, &hcrc);
     if (kiln_crc32c(p, 60) != hcrc && ART_CHECK_CRC)
         return kiln_error(KILN_ERR_INVALID_MODEL, "%s: header checksum mismatch (stored 0x%08x, "
@@ -775,10 +871,12 @@ kiln_status kiln_artifact_load(struct kiln_file_map *map, const char *name, stru
     if (kiln_crc32c(p + KILN_ART_HEADER_BYTES, (size_t)nsec * 32) != table_crc && ART_CHECK_CRC)
         return kiln_error(KILN_ERR_INVALID_MODEL, "%s: section table checksum mismatch: the file "
                           "is corrupted", name);
-    const uint8_t *sec_data[6] = {0};
-    size_t sec_size[6] = {0};
-    static const uint32_t kinds[6] = {KILN_ART_SEC_META, KILN_ART_SEC_SIGN, KILN_ART_SEC_GRPH,
-                                      KILN_ART_SEC_WGHT, KILN_ART_SEC_REPT, KILN_ART_SEC_PACK};
+    const uint8_t *sec_data[7] = {0};
+    size_t sec_size[7] = {0};
+    static const uint32_t kinds[7] = {KILN_ART_SEC_META, KILN_ART_SEC_SIGN, KILN_ART_SEC_GRPH,
+                                      KILN_ART_SEC_WGHT, KILN_ART_SEC_REPT, KILN_ART_SEC_PACK,
+                                      KILN_ART_SEC_SPRS};
+    int known = version >= 2 ? 7 : 6; /* SPRS is version 2's: a version 1 reader skipped it */
     info->n_sections = (int)nsec;
     uint64_t prev_end = table_end;
     for (uint32_t i = 0; i < nsec; i++) {
@@ -812,7 +910,7 @@ kiln_status kiln_artifact_load(struct kiln_file_map *map, const char *name, stru
             return kiln_error(KILN_ERR_INVALID_MODEL, "%s: section %s checksum mismatch (stored "
                               "0x%08x, computed 0x%08x): the file is corrupted", name,
                               sec_name(kind, sb), crc, kiln_crc32c(p + off, len));
-        for (int k = 0; k < 6; k++)
+        for (int k = 0; k < known; k++)
             if (kind == kinds[k]) {
                 if (sec_data[k])
                     return kiln_error(KILN_ERR_INVALID_MODEL, "%s: section %s appears twice", name,
@@ -832,7 +930,8 @@ kiln_status kiln_artifact_load(struct kiln_file_map *map, const char *name, stru
                               sec_name(kinds[k], sb));
         }
     if ((st = kiln_graph_new(&m->graph)) != KILN_OK) return st;
-    struct rd r = {.file = name, .root = m->graph, .wbase = sec_data[3], .wsize = sec_size[3]};
+    struct rd r = {.file = name, .root = m->graph, .wbase = sec_data[3], .wsize = sec_size[3],
+                   .version = version};
     /* META first: the CPU check comes before anything else is built */
     r.p = sec_data[0], r.n = sec_size[0], r.off = 0, r.sec = KILN_ART_SEC_META;
     rd_meta(&r, m, info);
@@ -857,6 +956,11 @@ kiln_status kiln_artifact_load(struct kiln_file_map *map, const char *name, stru
     if (sec_data[5]) {
         r.p = sec_data[5], r.n = sec_size[5], r.off = 0, r.sec = KILN_ART_SEC_PACK;
         rd_packs(&r, m->graph, info);
+        if (r.st != KILN_OK) return r.st;
+    }
+    if (sec_data[6]) {
+        r.p = sec_data[6], r.n = sec_size[6], r.off = 0, r.sec = KILN_ART_SEC_SPRS;
+        rd_sparse(&r, m->graph, info);
         if (r.st != KILN_OK) return r.st;
     }
     if ((st = kiln_graph_verify(m->graph)) != KILN_OK)

@@ -15,13 +15,15 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "core/fileio.h"
 #include "import/model.h"
 
 #define KILN_ART_MAGIC "\x89KILN\r\n\x1a" /* 8 bytes: bit 7 set, CR LF, ^Z */
 #define KILN_ART_MAGIC_LEN 8
-#define KILN_ART_FORMAT_VERSION 1u
+#define KILN_ART_FORMAT_VERSION 2u     /* what the writer writes: 2 added s8 weights and SPRS */
+#define KILN_ART_FORMAT_VERSION_MIN 1u /* the oldest version the reader reads */
 #define KILN_ART_HEADER_BYTES 64
 #define KILN_ART_ALIGN 64
 #define KILN_ART_MAX_SECTIONS 64
@@ -36,6 +38,7 @@
 #define KILN_ART_SEC_WGHT KILN_ART_FOURCC('W', 'G', 'H', 'T') /* tensor bytes, 64-aligned */
 #define KILN_ART_SEC_REPT KILN_ART_FOURCC('R', 'E', 'P', 'T') /* compile report, verbatim */
 #define KILN_ART_SEC_PACK KILN_ART_FOURCC('P', 'A', 'C', 'K') /* weights packed for the kernels */
+#define KILN_ART_SEC_SPRS KILN_ART_FOURCC('S', 'P', 'R', 'S') /* sparse kernel choices (v2) */
 
 /* What a loaded artifact says about itself (kept with the model for
  * `kiln inspect` and kiln_model_compile_report). */
@@ -56,7 +59,19 @@ struct kiln_artifact_info {
     char *pack_env;
     int n_packs;
     struct kiln_artifact_pack { const kiln_tensor *key; char *tag; const void *data; uint64_t bytes; } *packs;
+    /* SPRS: the sparse kernels' timed choices (the weight cache's "sparse_choice:..."
+     * slots: 0 dense, 1 or 4 sparse with that block), put in the weight cache at load */
+    int n_sparse;
+    struct kiln_artifact_sparse { const kiln_tensor *key; char *tag; int choice; } *sparse;
 };
+
+/* Whether a weight-cache tag is a sparse kernel's decision slot (an int: 0 dense,
+ * 1 or 4 sparse with that block), as SPRS keeps them: "sparse_choice:..."
+ * (MatMul, Gemm) or "sparse_conv_choice:..." (1x1 convolutions). */
+static inline int kiln_artifact_sparse_choice_tag(const char *tag)
+{
+    return !strncmp(tag, "sparse_choice:", 14) || !strncmp(tag, "sparse_conv_choice:", 19);
+}
 
 /* Whether bytes begin with the .kiln magic. */
 int kiln_artifact_detect(const void *data, size_t size);

@@ -42,6 +42,16 @@ static kiln_tensor *input(void)
     return x;
 }
 
+static long file_size(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return -1;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fclose(f);
+    return n;
+}
+
 /* Run s on x; the probabilities (caller frees), or NULL. */
 static kiln_tensor *run(kiln_session *s, const kiln_tensor *x)
 {
@@ -198,6 +208,20 @@ int main(void)
         int fd = mkstemp(path);
         if (fd >= 0) close(fd);
         CHECK(fd >= 0 && kiln_session_save(s, path, NULL) == KILN_OK, "save: %s", kiln_last_error());
+        /* fc1's weight (32 x 64 f32: 8 of the 11 KB of the fp32 file) is stored s8:
+         * the file is well under the fp32 session's (format version 2) */
+        long mixed_size = file_size(path);
+        kiln_session *sf32 = session(m, KILN_PRECISION_FP32, 0);
+        char p32[] = "/tmp/kiln_node_prec_fp32_XXXXXX";
+        int fd32 = mkstemp(p32);
+        if (fd32 >= 0) close(fd32);
+        CHECK(sf32 && fd32 >= 0 && kiln_session_save(sf32, p32, NULL) == KILN_OK, "save fp32: %s",
+              kiln_last_error());
+        long fp32_size = file_size(p32);
+        CHECK(mixed_size > 0 && fp32_size > 0 && mixed_size < fp32_size * 3 / 4,
+              "fp32 session with fc1 int8: %ld bytes, all fp32: %ld", mixed_size, fp32_size);
+        unlink(p32);
+        kiln_session_free(sf32);
         kiln_model *mk = NULL;
         CHECK(kiln_model_load(path, NULL, &mk) == KILN_OK, "load: %s", kiln_last_error());
         if (mk) {

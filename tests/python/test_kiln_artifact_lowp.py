@@ -1,0 +1,318 @@
+"""test_kiln_artifact_lowp.py - bf16 and int8 .kiln files are small and exact.
+
+A model whose weights dominate its file (a CNN head and an MLP, about 1.3 MB
+of f32 weights: two convolutions, a Gemm with transB=1, a 90%-sparse MatMul,
+a Gemm with transB=0) is written as a .kiln file in fp32, bf16 and int8
+through the C API (tests/unit_kiln_artifact --save), then:
+
+- sizes: the int8 file is at most 0.27x the fp32 file and the bf16 one at
+  most 0.52x (without saved batch sizes, and with them against the fp32
+  file of the same batch sizes: packed copies of compressed weights are not
+  stored);
+- the int8 file holds each quantized weight as numpy's symmetric per-channel
+  s8 quantization of the ONNX weight (q and the f32 scales found byte for
+  byte in the file), and the format version is 2;
+- outputs of the loaded int8 and bf16 files equal those of a session of the
+  source model in the same precision (`kiln predict --precision`) bit for
+  bit, at the saved batch sizes and at one that was not saved, and stay
+  close to a numpy float64 evaluation of the ONNX weights;
+- a file of format version 1 (tests/corpus/kiln_artifact/v1_dense_fp32.kiln,
+  written before version 2) still loads;
+- malformed version-2 records behind valid checksums (a zero s8 scale, a
+  sparse choice that is not 0, 1 or 4) are refused with a message naming
+  them;
+- the sparse kernels' decisions saved in SPRS are what a load runs: rewritten
+  to "sparse", every product node runs a sparse kernel, dense weights too.
+"""
+
+import os
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+BUILD = Path(os.environ.get("KILN_BUILD_DIR", str(REPO / "build")))
+sys.path.insert(0, str(REPO / "tools"))
+
+onnx = pytest.importorskip("onnx")
+from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+from make_kiln_corpus import crc32c, rechecksum  # noqa: E402
+
+
+def cpu_flags():
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+FLAGS = cpu_flags()
+HAS = {"bf16": {"avx512f", "avx512bw", "avx512_bf16"} <= FLAGS,
+       "int8": {"avx512f", "avx512bw", "avx512_vnni"} <= FLAGS}
+
+
+@pytest.fixture(scope="module")
+def kiln_bin():
+    path = os.path.abspath(os.environ.get("KILN_BIN", str(BUILD / "kiln")))
+    if not (os.path.isfile(path) and os.access(path, os.X_OK)):
+        pytest.skip(f"kiln executable not found at {path}: build it or set KILN_BIN")
+    return path
+
+
+@pytest.fixture(scope="module")
+def tool():
+    t = BUILD / "tests" / "unit_kiln_artifact"
+    if not t.exists():
+        pytest.skip(f"{t} not found (build Kiln, or set KILN_BUILD_DIR)")
+    return t
+
+
+def make_weights():
+    rng = np.random.default_rng(7)
+    w = {
+        "k1": rng.standard_normal((32, 3, 3, 3)) * 0.3,
+        "b1": rng.standard_normal(32) * 0.1,
+        "k2": rng.standard_normal((64, 32, 3, 3)) * 0.08,
+        "b2": rng.standard_normal(64) * 0.1,
+        "g1": rng.standard_normal((512, 64)) * 0.15,      # Gemm transB=1: [N, K]
+        "c1": rng.standard_normal(512) * 0.1,
+        "m1": rng.standard_normal((512, 512)) * 0.15,     # MatMul [K, N], 90% zero
+        "a1": rng.standard_normal(512) * 0.1,
+        "g2": rng.standard_normal((512, 10)) * 0.1,       # Gemm transB=0: [K, N]
+        "c2": rng.standard_normal(10) * 0.1,
+    }
+    w["m1"][rng.random(w["m1"].shape) < 0.9] = 0.0
+    return {k: v.astype(np.float32) for k, v in w.items()}
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    w = make_weights()
+    f = TensorProto.FLOAT
+    nodes = [
+        helper.make_node("Conv", ["x", "k1", "b1"], ["c1o"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c1o"], ["r1"]),
+        helper.make_node("Conv", ["r1", "k2", "b2"], ["c2o"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c2o"], ["r2"]),
+        helper.make_node("GlobalAveragePool", ["r2"], ["p"]),
+        helper.make_node("Flatten", ["p"], ["fl"]),
+        helper.make_node("Gemm", ["fl", "g1", "c1"], ["h1"], transB=1),
+        helper.make_node("Relu", ["h1"], ["h1r"]),
+        helper.make_node("MatMul", ["h1r", "m1"], ["h2"]),
+        helper.make_node("Add", ["h2", "a1"], ["h2a"]),
+        helper.make_node("Relu", ["h2a"], ["h2r"]),
+        helper.make_node("Gemm", ["h2r", "g2", "c2"], ["y"]),
+    ]
+    g = helper.make_graph(nodes, "lowp", [helper.make_tensor_value_info("x", f, ["batch", 3, 12, 12])],
+                          [helper.make_tensor_value_info("y", f, ["batch", 10])],
+                          [numpy_helper.from_array(v, k) for k, v in w.items()])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)], producer_name="test")
+    path = tmp_path_factory.mktemp("lowp") / "model.onnx"
+    onnx.save(m, str(path))
+    return path, w
+
+
+def numpy_forward(w, x):
+    def conv3(x, k, b):  # 3x3, pad 1, stride 1, NCHW, float64
+        n, c, h, wd = x.shape
+        xp = np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1)))
+        cols = np.stack([xp[:, :, i:i + h, j:j + wd] for i in range(3) for j in range(3)], axis=2)
+        kk = k.reshape(k.shape[0], c, 9)
+        return np.einsum("nckhw,mck->nmhw", cols, kk) + b[None, :, None, None]
+    d = {k: v.astype(np.float64) for k, v in w.items()}
+    h = np.maximum(conv3(x.astype(np.float64), d["k1"], d["b1"]), 0)
+    h = np.maximum(conv3(h, d["k2"], d["b2"]), 0)
+    h = h.mean(axis=(2, 3))
+    h = np.maximum(h @ d["g1"].T + d["c1"], 0)
+    h = np.maximum(h @ d["m1"] + d["a1"], 0)
+    return h @ d["g2"] + d["c2"]
+
+
+def save(tool, src, out, prec, batches):
+    r = subprocess.run([str(tool), "--save", str(src), str(out), prec, batches],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    return out.stat().st_size
+
+
+def sections(buf):
+    assert buf[:8] == b"\x89KILN\r\n\x1a"
+    n = struct.unpack_from("<I", buf, 24)[0]
+    out = {}
+    for i in range(n):
+        e = 64 + 32 * i
+        kind = bytes(buf[e:e + 4]).decode()
+        off, ln = struct.unpack_from("<QQ", buf, e + 8)
+        out[kind] = (off, ln)
+    return out
+
+
+def predict(kiln_bin, model, x, tmp_path, tag, *extra):
+    inp = tmp_path / f"{tag}_x.npy"
+    np.save(inp, x)
+    out = tmp_path / f"{tag}_out"
+    r = subprocess.run([kiln_bin, "predict", str(model), "--input", f"x={inp}", "--output-dir",
+                        str(out), *extra], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    return np.load(out / "y.npy")
+
+
+def s8_numpy(w, axis):
+    """Symmetric s8 per output channel (docs/COMPRESSION.md), in float32 as Kiln computes it."""
+    wc = np.moveaxis(w, axis, 0).reshape(w.shape[axis], -1)
+    mx = np.abs(wc).max(axis=1).astype(np.float32)
+    scale = np.where(mx > 0, mx / np.float32(127), np.float32(1)).astype(np.float32)
+    shape = [1] * w.ndim
+    shape[axis] = -1
+    q = np.clip(np.rint(w / scale.reshape(shape)), -127, 127).astype(np.int8)
+    return q, scale
+
+
+@pytest.mark.parametrize("batches", ["", "1,8"])
+def test_sizes(tool, model, tmp_path, batches):
+    src, _ = model
+    size = {p: save(tool, src, tmp_path / f"m_{p}.kiln", p, batches)
+            for p in ("fp32", "bf16", "int8") if p == "fp32" or HAS[p]}
+    if "int8" in size:
+        assert size["int8"] <= 0.27 * size["fp32"], size
+    if "bf16" in size:
+        assert size["bf16"] <= 0.52 * size["fp32"], size
+    print(f"batches '{batches}': sizes {size}, ratios "
+          + ", ".join(f"{p} {size[p] / size['fp32']:.3f}x" for p in size))
+
+
+@pytest.mark.skipif(not HAS["int8"], reason="this CPU lacks AVX512-VNNI")
+def test_int8_file_holds_numpy_s8_weights(kiln_bin, tool, model, tmp_path):
+    src, w = model
+    art = tmp_path / "m.kiln"
+    save(tool, src, art, "int8", "1")
+    buf = bytearray(art.read_bytes())
+    assert struct.unpack_from("<I", buf, 8)[0] == 2  # format version
+    secs = sections(buf)
+    woff, wlen = secs["WGHT"]
+    wght = bytes(buf[woff:woff + wlen])
+    # each product weight: q (s8), then at the next 64-byte offset its f32 channel scales
+    for name, axis in (("k1", 0), ("k2", 0), ("g1", 0), ("m1", 1), ("g2", 1)):
+        q, scale = s8_numpy(w[name], axis)
+        at = wght.find(q.tobytes())
+        assert at >= 0 and at % 64 == 0, f"{name}: numpy's s8 weights are not in the file"
+        sat = (at + q.size + 63) // 64 * 64
+        assert wght[sat:sat + 4 * scale.size] == scale.tobytes(), f"{name}: scales differ"
+        assert wght.find(w[name].tobytes()) < 0, f"{name}: the f32 weight is stored too"
+    # a zero scale behind valid checksums is refused by name
+    q, scale = s8_numpy(w["g1"], 0)
+    sat = woff + (wght.find(q.tobytes()) + q.size + 63) // 64 * 64
+    bad = bytearray(buf)
+    struct.pack_into("<f", bad, sat + 4 * 5, 0.0)
+    rechecksum(bad)
+    badp = tmp_path / "bad_scale.kiln"
+    badp.write_bytes(bad)
+    r = subprocess.run([kiln_bin, "inspect", str(badp)], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode != 0 and "scale of channel 5 is 0" in r.stderr, r.stderr
+    assert "bad_scale.kiln" in r.stderr
+    # the sparse MatMul's timed choice is stored (SPRS); a bad choice is refused by name
+    assert "SPRS" in secs
+    off, ln = secs["SPRS"]
+    n = struct.unpack_from("<I", buf, off)[0]
+    assert n >= 1
+    bad = bytearray(buf)
+    struct.pack_into("<i", bad, off + ln - 4, 7)  # the last entry's choice
+    rechecksum(bad)
+    badp = tmp_path / "bad_sprs.kiln"
+    badp.write_bytes(bad)
+    r = subprocess.run([kiln_bin, "inspect", str(badp)], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode != 0 and "sparse choice" in r.stderr and "is 7" in r.stderr, r.stderr
+    assert crc32c(b"123456789") == 0xE3069283  # the checksum the test rewrites with
+
+
+@pytest.mark.parametrize("prec", ["int8", "bf16"])
+def test_outputs_equal_the_source_session(kiln_bin, tool, model, tmp_path, prec):
+    if not HAS[prec]:
+        pytest.skip(f"this CPU cannot run {prec}")
+    src, w = model
+    art = tmp_path / f"m_{prec}.kiln"
+    save(tool, src, art, prec, "1,8")
+    rng = np.random.default_rng(3)
+    for batch in (1, 8, 3):  # 3 was not saved: its plan is compiled at the first run
+        x = rng.standard_normal((batch, 3, 12, 12)).astype(np.float32)
+        y_src = predict(kiln_bin, src, x, tmp_path, f"src{batch}", "--precision", prec)
+        y_art = predict(kiln_bin, art, x, tmp_path, f"art{batch}")
+        assert y_art.shape == (batch, 10)
+        assert np.array_equal(y_art, y_src), f"{prec} batch {batch}: max diff " \
+            f"{np.abs(y_art - y_src).max()}"
+        ref = numpy_forward(w, x)
+        err = np.abs(y_art - ref).max() / np.abs(ref).max()
+        assert err < 0.05, f"{prec} batch {batch}: relative error {err} against numpy"
+
+
+def test_format_version_1_still_loads(kiln_bin, tmp_path):
+    v1 = REPO / "tests" / "corpus" / "kiln_artifact" / "v1_dense_fp32.kiln"
+    assert struct.unpack_from("<I", v1.read_bytes(), 8)[0] == 1
+    r = subprocess.run([kiln_bin, "inspect", str(v1)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "format version 1" in r.stdout
+    x = np.arange(8, dtype=np.float32).reshape(2, 4) / 8
+    inp = tmp_path / "x.npy"
+    np.save(inp, x)
+    r = subprocess.run([kiln_bin, "predict", str(v1), "--input", f"x={inp}", "--output-dir",
+                        str(tmp_path / "o")], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    # the dense corpus model: relu(x @ w + b) with make_kiln_corpus.py's weights
+    rng = np.random.default_rng(0)
+    wt = rng.standard_normal((4, 3)).astype(np.float32)
+    b = rng.standard_normal(3).astype(np.float32)
+    y = np.load(tmp_path / "o" / "y.npy")
+    np.testing.assert_allclose(y, np.maximum(x.astype(np.float64) @ wt + b, 0), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.skipif(not HAS["int8"], reason="this CPU lacks AVX512-VNNI")
+def test_saved_sparse_choices_are_used_at_load(kiln_bin, tool, model, tmp_path):
+    """SPRS: the plans' sparse-or-dense decisions are taken at load, not timed again.
+
+    Saved with batch 1, the file holds a decision per product weight (the dense Gemm weights
+    are decided dense without timing, by their density). Rewritten to "sparse, block 1", a load
+    must run every one of those nodes on the sparse kernel: no timing or density check would
+    choose it for the dense weights."""
+    src, _ = model
+    art = tmp_path / "m.kiln"
+    save(tool, src, art, "int8", "1")
+    buf = bytearray(art.read_bytes())
+    off, ln = sections(buf)["SPRS"]
+    p = off
+    n = struct.unpack_from("<I", buf, p)[0]
+    p += 4
+    tags = []
+    for _ in range(n):
+        _, tlen = struct.unpack_from("<iI", buf, p)
+        p += 8
+        tags.append(bytes(buf[p:p + tlen]).decode())
+        p += tlen
+        assert struct.unpack_from("<i", buf, p)[0] in (0, 1, 4)
+        struct.pack_into("<i", buf, p, 1)
+        p += 4
+    assert p == off + ln
+    mm = [t for t in tags if t.startswith("sparse_choice:")]  # MatMul / Gemm decisions
+    assert len(mm) == 3 and all(t.startswith("sparse_choice:1x") for t in mm), tags
+    rechecksum(buf)
+    forced = tmp_path / "forced.kiln"
+    forced.write_bytes(buf)
+    kernels = {}
+    for f in (art, forced):
+        r = subprocess.run([kiln_bin, "inspect", str(f)], capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        kernels[f] = [ln.split()[2] for ln in r.stdout.splitlines()
+                      if ln.startswith("  int8 ") and "MatMul" in ln.split()[1]]
+    assert len(kernels[forced]) == 3
+    assert all(k.startswith("sparse_") for k in kernels[forced]), kernels[forced]
+    # the dense Gemm weights (g1, g2) stay dense in the file as saved
+    assert sum(k.startswith("dnnl_") for k in kernels[art]) >= 2, kernels[art]
