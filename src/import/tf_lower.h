@@ -1,7 +1,8 @@
 /*
  * tf_lower.h - what the TensorFlow op lowering files share (internal to
  * src/import/): tf_lower.c (the table-driven dispatch, TensorProto
- * decoding, the emitting helpers, elementwise ops, variables, random
+ * decoding, the emitting helpers, Identity-likes, constants and
+ * variables), tf_lower_elementwise.c (elementwise ops, Cast, random
  * values), tf_lower_nn.c (bias, convolution, pooling, batch norm),
  * tf_lower_math.c (matrix products, reductions, scans, top-k),
  * tf_lower_array.c (shapes, concat/split, slicing, gathers, padding) and
@@ -41,6 +42,32 @@ struct tf_op {
     struct amap attrs[LOWER_MAX_ATTRS]; /* tfo_lw_mapped: name NULL ends the list */
 };
 
+/* Variants: the arg column of tf_ops.def, for handlers that lower several
+ * ops (0 is each handler's first or plain form). */
+enum {
+    /* special_unary */
+    TFV_RSQRT = 0, TFV_SQUARE = 1, TFV_RELU6 = 2, TFV_LOG1P = 3, TFV_EXPM1 = 4, TFV_IS_FINITE = 5,
+    TFV_ZEROS_LIKE = 9, TFV_ONES_LIKE = 10,
+    /* special_binary */
+    TFV_NOT_EQUAL = 0, TFV_SQUARED_DIFFERENCE = 1, TFV_FLOOR_DIV = 2, TFV_DIV_NO_NAN = 3,
+    TFV_FLOOR_MOD = 4,
+    /* shape */
+    TFV_SHAPE_N = 1, TFV_SIZE = 2, TFV_RANK = 3,
+    /* pad */
+    TFV_PAD_V2 = 1, TFV_MIRROR_PAD = 2,
+    /* gather */
+    TFV_GATHER_V2 = 1, TFV_GATHER_ND = 2,
+    /* one alternative form */
+    TFV_SELECT_V1 = 1,    /* select: Select (TF1 broadcasting) rather than SelectV2 */
+    TFV_BATCH = 1,        /* matmul: BatchMatMul (adj_x / adj_y) rather than MatMul */
+    TFV_DEPTHWISE = 1,    /* conv */
+    TFV_LOGICAL = 1,      /* reduce: All / Any over bools */
+    TFV_CONCAT_V1 = 1,    /* concat: Concat (axis first) rather than ConcatV2 */
+    TFV_SPLIT_V = 1,      /* split */
+    TFV_BROADCAST_TO = 1, /* fill: BroadcastTo(input, shape) rather than Fill(dims, value) */
+    TFV_V2 = 1,           /* parse_example: ParseExampleV2 */
+};
+
 /* The lowerings the table names. */
 #define TF_OP(tf, lowering, kop, arg, attrs) kiln_status tfo_lw_##lowering(L_t *L, const struct tf_op *e);
 #include "import/tf_ops.def"
@@ -76,6 +103,7 @@ kiln_status tfo_node_begin(L_t *L, enum kiln_op op, int n_in, const int *in, int
                               int cap_attr, struct emit *e);
 struct kiln_attr *tfo_a_new(struct emit *e, const char *name, enum kiln_attr_type type);
 void tfo_a_int(struct emit *e, const char *name, int64_t v);
+void tfo_a_float(struct emit *e, const char *name, float v);
 kiln_status tfo_a_str(struct emit *e, const char *name, const char *s, size_t len);
 kiln_status tfo_a_ints(struct emit *e, const char *name, int n, const int64_t *v);
 kiln_status tfo_node_end(struct emit *e, int *outs);
@@ -89,5 +117,6 @@ kiln_status tfo_i64_vector(L_t *L, int x, int *out);
 kiln_status tfo_axes_node(L_t *L, enum kiln_op op, int x, int n_axes, const int64_t *axes,
                              int *out);
 kiln_status tfo_need_const_ints(L_t *L, int k, int64_t *vals, int max, int *n, const char *what);
+kiln_dtype tfo_node_dtype(L_t *L);
 
 #endif

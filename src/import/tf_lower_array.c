@@ -21,7 +21,7 @@
 kiln_status tfo_lw_concat(L_t *L, const struct tf_op *e)
 {
     /* ConcatV2: values..., axis; Concat: axis, values... */
-    bool v2 = e->arg == 0;
+    bool v2 = e->arg != TFV_CONCAT_V1;
     if (L->n_in < 2) return tfo_lerr(L, KILN_ERR_INVALID_MODEL, "has %d inputs", L->n_in);
     int64_t axis;
     int n = -1;
@@ -98,7 +98,7 @@ kiln_status tfo_lw_split(L_t *L, const struct tf_op *e)
 {
     int x = -1, n = -1;
     int64_t axis = 0;
-    bool v = e->arg == 1; /* SplitV(value, size_splits, axis) */
+    bool v = e->arg == TFV_SPLIT_V; /* SplitV(value, size_splits, axis) */
     kiln_status st = tfo_need_const_ints(L, v ? 2 : 0, &axis, 1, &n, "split_dim");
     if (st == KILN_OK) st = tfo_in_value(L, v ? 0 : 1, &x);
     if (st != KILN_OK) return st;
@@ -206,15 +206,15 @@ kiln_status tfo_lw_shape(L_t *L, const struct tf_op *e)
     kiln_dtype ot = tfo_attr_dtype(L, "out_type");
     if (ot == KILN_DTYPE_UNDEFINED) ot = KILN_DTYPE_I32;
     kiln_status st;
-    int n = e->arg == 1 ? L->n_in : 1; /* ShapeN */
+    int n = e->arg == TFV_SHAPE_N ? L->n_in : 1;
     if ((st = tfo_set_outputs(L, n)) != KILN_OK) return st;
     for (int k = 0; k < n; k++) {
         int x = -1, y = -1;
         if ((st = tfo_in_value(L, k, &x)) != KILN_OK) return st;
         const struct kiln_type *t = tfo_vtype(L, x);
-        if (e->arg == 2) { /* Size */
+        if (e->arg == TFV_SIZE) {
             if ((st = tfo_un(L, KILN_OP_Size, x, &y)) != KILN_OK) return st;
-        } else if (e->arg == 3) { /* Rank */
+        } else if (e->arg == TFV_RANK) {
             if (t->rank >= 0) {
                 int64_t r = t->rank;
                 if ((st = tfo_const_i64(L, 0, 1, &r, &y)) != KILN_OK) return st;
@@ -242,7 +242,8 @@ kiln_status tfo_lw_fill(L_t *L, const struct tf_op *e)
     if (st == KILN_OK) st = tfo_in_value(L, 1, &b);
     if (st != KILN_OK) return st;
     /* Fill(dims, value) and BroadcastTo(input, shape) are both Expand */
-    int x = e->arg == 0 ? b : a, s = e->arg == 0 ? a : b;
+    bool fill = e->arg != TFV_BROADCAST_TO;
+    int x = fill ? b : a, s = fill ? a : b;
     if ((st = tfo_i64_vector(L, s, &s)) != KILN_OK) return st;
     if ((st = tfo_bin(L, KILN_OP_Expand, x, s, &y)) != KILN_OK) return st;
     return tfo_out1(L, y);
@@ -263,10 +264,10 @@ kiln_status tfo_lw_pad(L_t *L, const struct tf_op *e)
     const char *mode = "constant";
     int nin = 2;
     int in[3] = {x, p, -1};
-    if (e->arg == 1 && L->n_in > 2) { /* PadV2 */
+    if (e->arg == TFV_PAD_V2 && L->n_in > 2) {
         if ((st = tfo_in_value(L, 2, &in[2])) != KILN_OK) return st;
         nin = 3;
-    } else if (e->arg == 2) { /* MirrorPad */
+    } else if (e->arg == TFV_MIRROR_PAD) {
         const char *m = tfo_attr_str(L, "mode", "REFLECT");
         if (strcmp(m, "REFLECT") != 0)
             return tfo_lerr(L, KILN_ERR_UNSUPPORTED, "mode '%s' is not supported (only REFLECT)", m);
@@ -421,13 +422,13 @@ kiln_status tfo_lw_gather(L_t *L, const struct tf_op *e)
     kiln_status st = tfo_in_value(L, 0, &p);
     if (st == KILN_OK) st = tfo_in_value(L, 1, &i);
     if (st != KILN_OK) return st;
-    if (e->arg == 1) { /* GatherV2 */
+    if (e->arg == TFV_GATHER_V2) {
         if ((st = tfo_need_const_ints(L, 2, &axis, 1, &n, "axis")) != KILN_OK) return st;
         if (n != 1) return tfo_lerr(L, KILN_ERR_INVALID_MODEL, "axis must be a single value");
         if (tfo_attr_int(L, "batch_dims", 0) != 0)
             return tfo_lerr(L, KILN_ERR_UNSUPPORTED, "batch_dims other than 0 is not supported");
     }
-    if (e->arg == 2) { /* GatherNd */
+    if (e->arg == TFV_GATHER_ND) {
         st = tfo_bin(L, KILN_OP_GatherND, p, i, &y);
     } else {
         struct emit em;

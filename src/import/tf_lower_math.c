@@ -22,7 +22,7 @@ kiln_status tfo_lw_matmul(L_t *L, const struct tf_op *e)
     kiln_status st = tfo_in_value(L, 0, &a);
     if (st == KILN_OK) st = tfo_in_value(L, 1, &b);
     if (st != KILN_OK) return st;
-    bool batch = e->arg == 1;
+    bool batch = e->arg == TFV_BATCH;
     bool ta = batch ? tfo_attr_bool(L, "adj_x", false) : tfo_attr_bool(L, "transpose_a", false);
     bool tb = batch ? tfo_attr_bool(L, "adj_y", false) : tfo_attr_bool(L, "transpose_b", false);
     for (int k = 0; k < 2; k++) {
@@ -49,7 +49,7 @@ kiln_status tfo_lw_reduce(L_t *L, const struct tf_op *e)
     if (st == KILN_OK) st = tfo_i64_vector(L, axes, &axes);
     if (st != KILN_OK) return st;
     bool keep = tfo_attr_bool(L, "keep_dims", false);
-    bool logical = e->arg != 0; /* All / Any over bools: Min / Max over 0/1 */
+    bool logical = e->arg == TFV_LOGICAL; /* All / Any over bools: Min / Max over 0/1 */
     if (logical && (st = tfo_cast_to(L, x, KILN_DTYPE_I32, &x)) != KILN_OK) return st;
     struct emit em;
     int in[2] = {x, axes};

@@ -105,7 +105,7 @@ kiln_status tfo_lw_conv(L_t *L, const struct tf_op *e)
     if (st != KILN_OK) return st;
     struct conv_geom gm;
     if ((st = conv_geom(L, false, &gm)) != KILN_OK) return st;
-    bool depthwise = e->arg == 1;
+    bool depthwise = e->arg == TFV_DEPTHWISE;
     const struct kiln_type *wt = tfo_vtype(L, w);
     if (wt->rank != 4 && wt->rank != -1)
         return tfo_lerr(L, KILN_ERR_INVALID_MODEL, "filter has rank %d, expected 4", wt->rank);

@@ -20,7 +20,7 @@
  * dense_keys, ragged_keys, dense_defaults...): dense features only. */
 kiln_status tfo_lw_parse_example(L_t *L, const struct tf_op *e)
 {
-    bool v2 = e->arg == 1;
+    bool v2 = e->arg == TFV_V2;
     kiln_status st;
     const KilnSm__AttrValue *td = tfo_attr(L, "Tdense");
     const KilnSm__AttrValue *ds = tfo_attr(L, "dense_shapes");
