@@ -4,7 +4,7 @@
  * While / StatelessWhile become Kiln's Loop (the ONNX Loop, run by the
  * control-flow executor in src/exec/control.c), If / StatelessIf become If,
  * and Case becomes a chain of Ifs. Their cond, body and branch functions
- * are inlined by savedmodel.c (tf_function_lower) into subgraphs of the
+ * are inlined by tf_graph.c (tf_function_lower) into subgraphs of the
  * graph being built, so everything the rest of the importer lowers works
  * inside loops and branches too, nested to any depth the call-depth bound
  * allows.

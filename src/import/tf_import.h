@@ -1,12 +1,18 @@
 /*
- * tf_import.h - the interface between the SavedModel reader (savedmodel.c:
- * files, signatures, function inlining, variables) and the lowering of
- * TensorFlow ops to Kiln IR (tf_lower.c). Internal to src/import/.
+ * tf_import.h - the TensorFlow importer's internal interface (src/import/).
  *
- * The reader walks the GraphDef from each signature's outputs back to its
- * inputs. Every TF node it reaches is handed to tf_lower_node with its data
- * inputs already converted; the lowering appends IR nodes to the signature's
- * graph and reports the node's outputs as tf_syms.
+ * One way only: savedmodel.c reads a SavedModel (protobuf, tags, the
+ * checkpoint through tensor_bundle.c, assets) and hands the chosen graph to
+ * the lowering as a struct tf_model; the lowering (tf_graph.c: the graph
+ * walk, function inlining, signatures; tf_lower*.c, tf_control.c,
+ * tf_v1_control.c, tf_keras_rnn.c: the ops) never includes savedmodel.h or
+ * calls savedmodel.c. Variable values reach it through the model's restore
+ * function, set by the reader.
+ *
+ * The walk goes from each signature's outputs back to its inputs. Every TF
+ * node it reaches is handed to tf_lower_node with its data inputs already
+ * converted; the lowering appends IR nodes to the signature's graph and
+ * reports the node's outputs as tf_syms.
  */
 #ifndef KILN_IMPORT_TF_IMPORT_H
 #define KILN_IMPORT_TF_IMPORT_H
@@ -18,6 +24,89 @@
 #include "kiln/kiln_util.h"
 
 #define TF_OPSET 21 /* the ONNX semantics Kiln's kernels apply to the IR nodes we create */
+#define TF_MAX_CALL_DEPTH 32 /* nested function calls being inlined (or traced) */
+
+/* ---- what the reader hands the lowering ---- */
+
+/* A string -> int map (keys are not copied). */
+struct tf_map {
+    const char **keys;
+    size_t *lens;
+    int *vals;
+    size_t cap, n;
+};
+/* Value of key k (k[0..n)), or -1. */
+int tf_map_get(const struct tf_map *mp, const char *k);
+int tf_map_getn(const struct tf_map *mp, const char *k, size_t n);
+/* Insert; *dup (may be NULL) is set, and nothing changes, if the key is present. */
+kiln_status tf_map_put(struct tf_map *mp, const char *k, int v, bool *dup);
+void tf_map_free(struct tf_map *mp);
+
+/* A variable node of the main graph, as the lowering meets it. */
+struct tf_var {
+    const KilnSm__NodeDef *nd;   /* VariableV2 / Variable / VarHandleOp in the main graph */
+    bool resource;               /* VarHandleOp */
+    kiln_dtype dtype;
+    kiln_tensor *value;          /* restored value, owned by m->graph; NULL until needed */
+    bool written;                /* a signature assigns it: reads and writes are nodes */
+};
+
+/* Reads variable node var's value (dtype: its declared dtype, or
+ * KILN_DTYPE_UNDEFINED) from the checkpoint into a tensor owned by the
+ * model's main graph. Set by the reader; called once per variable used. */
+typedef kiln_status (*tf_restore_fn)(void *ctx, const KilnSm__NodeDef *var, kiln_dtype dtype,
+                                     kiln_tensor **value);
+
+/* The graph to lower. The reader fills m, mg, dir, restore and
+ * restore_ctx, then calls tf_model_index; the rest belongs to tf_graph.c
+ * (freed by tf_model_free). */
+struct tf_model {
+    struct kiln_model *m;
+    const KilnSm__MetaGraphDef *mg;    /* the chosen MetaGraphDef (assets) */
+    const char *dir;                   /* model folder (assets), or NULL */
+    tf_restore_fn restore;
+    void *restore_ctx;
+    size_t n_nodes;                    /* main graph */
+    KilnSm__NodeDef **nodes;
+    struct tf_map node_index;          /* main graph node name -> index */
+    size_t n_fns;
+    KilnSm__FunctionDef **fns;
+    struct tf_map fn_index;            /* function name -> index */
+    struct tf_map *fn_node_index;      /* per function: node name -> index (built on use) */
+    signed char *fn_writes;            /* per function: writes state? -1 unknown, 2 visiting */
+    struct tf_var *vars;
+    int n_vars, cap_vars;
+    struct tf_map var_index;           /* variable node name -> index */
+    struct tf_map written_vars;        /* TF1 variable node names a signature assigns */
+};
+
+/* Index graph gd (the main graph, after tf_v1_functionalize) and its
+ * function library; checks names, ops and inputs are present and unique. */
+kiln_status tf_model_index(struct tf_model *c, const KilnSm__GraphDef *gd);
+/* Index the nodes of library function fn (once). */
+kiln_status tf_index_function(struct tf_model *c, int fn);
+/* Mark the TF1 variables the signatures sigs[0..ns) assign. */
+kiln_status tf_mark_written_vars(struct tf_model *c,
+                                 KilnSm__MetaGraphDef__SignatureDefEntry **sigs, size_t ns);
+/* Build signature `name` (sd) into graph g and describe it in sig. */
+kiln_status tf_lower_signature(struct tf_model *c, const char *name,
+                               const KilnSm__SignatureDef *sd, struct kiln_graph *g,
+                               struct kiln_signature *sig);
+void tf_model_free(struct tf_model *c);
+
+/* Helpers on graph references the reader's restore trace shares. */
+/* Split "name:idx" of the main graph. Returns false if idx is malformed. */
+bool tf_split_ref(const char *ref, size_t *name_len, int *idx);
+/* A decimal output index of 1 to 9 digits. */
+bool tf_parse_index(const char *s, size_t n, int *out);
+/* The library function node nd calls (op PartitionedCall /
+ * StatefulPartitionedCall, or the function's name), or -1 (-2: a call op
+ * without a function); inst receives its instantiation attrs. */
+int tf_called_function(struct tf_model *c, const KilnSm__NodeDef *nd,
+                       const KilnSm__NameAttrList *scope_inst, KilnSm__NameAttrList *inst);
+/* A TensorShapeProto as a kiln_type shape (rank -1 when unknown). */
+kiln_status tf_shape_from_proto(const KilnSm__TensorShapeProto *sp, const char *what,
+                                struct kiln_type *t);
 
 /* What a TF tensor endpoint is in the graph being built. */
 struct tf_sym {
@@ -35,8 +124,8 @@ struct tf_sym {
     const char *rnd_node;   /* the RandomUniform node, for messages */
 };
 
-struct tf_build; /* per-signature build state, owned by savedmodel.c */
-struct scope;    /* the function body (or main graph) a node belongs to, owned by savedmodel.c */
+struct tf_build; /* per-signature build state, owned by tf_graph.c */
+struct scope;    /* the function body (or main graph) a node belongs to, owned by tf_graph.c */
 struct tf_subs;  /* subgraphs being made for a control-flow node (tf_control.c) */
 
 /* One TF node being lowered. */
@@ -132,7 +221,7 @@ kiln_status tf_v1_control_lower(struct tf_node_ctx *L);
 kiln_status tf_keras_rnn_fuse(struct tf_node_ctx *L, const struct kiln_graph *sub,
                               const int *carried_var, int n_carried, bool *done);
 
-/* Provided by savedmodel.c for the lowering: */
+/* Provided by tf_graph.c for the op lowering: */
 
 /* The body of library function `name`, or NULL. */
 const KilnSm__FunctionDef *tf_function_def(const struct tf_build *b, const char *name);

@@ -34,7 +34,7 @@
  *   The new functions are added to the library, so the TF2 lowering in
  *   tf_control.c (Loop and If subgraphs, invariants captured, nesting)
  *   does the rest. References inside the new functions use "node::k", the
- *   flat output index form savedmodel.c resolves without the op's output
+ *   flat output index form tf_graph.c resolves without the op's output
  *   argument names. A graph without TF1 control-flow ops is left alone.
  *   Malformed frames (an Exit or NextIteration with no Enter before it, a
  *   NextIteration that feeds no Merge, mismatched frame names, a loop
