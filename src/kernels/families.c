@@ -17,6 +17,7 @@
 #include "kernels/simd/copy.def"
 #include "kernels/simd/elementwise.def"
 #include "kernels/simd/norm.def"
+#include "kernels/simd/reduce.def"
 #undef KILN_KERNEL
 
 #define KILN_KERNEL(op, name, isa, prio, covers, compile, accepts, packs, cases) \
@@ -31,6 +32,9 @@ static const struct kiln_kernel_def all_kernels[] = {
 #undef FAMILY
 #define FAMILY "norm"
 #include "kernels/simd/norm.def"
+#undef FAMILY
+#define FAMILY "reduce"
+#include "kernels/simd/reduce.def"
 #undef FAMILY
 };
 #undef KILN_KERNEL

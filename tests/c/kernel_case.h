@@ -97,21 +97,21 @@ static struct kiln_attr *cn_attr(struct case_node *c, const char *name, enum kil
     a->type = t;
     return a;
 }
-static void attr_int(struct case_node *c, const char *name, int64_t v)
+static inline void attr_int(struct case_node *c, const char *name, int64_t v)
 {
     cn_attr(c, name, KILN_ATTR_INT)->i = v;
 }
-static void attr_float(struct case_node *c, const char *name, float v)
+static inline void attr_float(struct case_node *c, const char *name, float v)
 {
     cn_attr(c, name, KILN_ATTR_FLOAT)->f = v;
 }
-static void attr_str(struct case_node *c, const char *name, const char *v)
+static inline void attr_str(struct case_node *c, const char *name, const char *v)
 {
     struct kiln_attr *a = cn_attr(c, name, KILN_ATTR_STRING);
     a->s.len = strlen(v);
     a->s.data = kiln_arena_strdup(c->g->mem, v);
 }
-static void attr_ints(struct case_node *c, const char *name, const int64_t *v, int n)
+static inline void attr_ints(struct case_node *c, const char *name, const int64_t *v, int n)
 {
     struct kiln_attr *a = cn_attr(c, name, KILN_ATTR_INTS);
     a->n = n;

@@ -2,7 +2,7 @@
  * unit_kernels.c - every kernel of every kernel family (src/kernels/family.h)
  * against the reference kernels, from the families' own lists.
  *
- * The lists (copy.def, elementwise.def, norm.def) are included here as in
+ * The lists (copy.def, elementwise.def, norm.def, reduce.def) are included here as in
  * src/kernels/families.c: each kernel is paired with the generator its
  * `cases` column names (kcase_<cases>, kernel_cases.h), so a kernel listed
  * without one does not build; the pairs must match the library's table
@@ -35,6 +35,7 @@ static const struct kernel_test tests[] = {
 #include "kernels/simd/copy.def"
 #include "kernels/simd/elementwise.def"
 #include "kernels/simd/norm.def"
+#include "kernels/simd/reduce.def"
 };
 #undef KILN_KERNEL
 #define N_TESTS (int)(sizeof tests / sizeof tests[0])

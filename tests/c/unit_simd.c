@@ -1,9 +1,9 @@
 /*
  * unit_simd.c - Kiln's thread pool (core/threadpool.c) and the SIMD f32
- * kernels outside the kernel families (src/kernels/simd/: Reduce*,
- * attention, recurrent layers, the tables' GEMM and transpose),
+ * kernels outside the kernel families (src/kernels/simd/: attention,
+ * recurrent layers, the tables' GEMM and transpose),
  * differentially against the reference kernels (kernel_case.h). The
- * families' kernels (elementwise, norm, copy) are tested by unit_kernels.c
+ * families' kernels (elementwise, norm, copy, reduce) are tested by unit_kernels.c
  * from their lists.
  *
  * `unit_simd --bench` times fast vs reference kernels on BERT-base shapes.
@@ -136,69 +136,6 @@ static void test_idle(void)
     CHECK(used < 0.03, "idle process used %.1f ms of CPU in 300 ms", used * 1e3);
 }
 
-
-/* special: every 7th value NaN, +inf or -inf in turn (Max / Min must keep a NaN anywhere) */
-static void reduce_case_x(enum kiln_op op, int rank, const int64_t *dims, const int64_t *axes,
-                          int n_axes, bool axes_input, int keepdims, int expect, bool special)
-{
-    struct case_node c;
-    cn_init(&c, op, axes_input ? 18 : 13, axes_input ? 2 : 1, 1);
-    attr_int(&c, "keepdims", keepdims);
-    if (!axes_input && n_axes > 0) attr_ints(&c, "axes", axes, n_axes);
-    kiln_tensor *x = tensor_f32(rank, dims);
-    for (size_t i = 0; i < x->nbytes / 4; i++) ((float *)x->data)[i] = rng_normal() + 0.5f;
-    static const float sp[3] = {NAN, INFINITY, -INFINITY};
-    for (size_t i = 3; special && i < x->nbytes / 4; i += 7) ((float *)x->data)[i] = sp[i / 7 % 3];
-    cn_input(&c, 0, x, false);
-    if (axes_input) {
-        int64_t na = n_axes;
-        kiln_tensor *a;
-        if (kiln_tensor_new(KILN_DTYPE_I64, 1, &na, &a) != KILN_OK) abort();
-        memcpy(a->data, axes, sizeof(int64_t) * (size_t)n_axes);
-        cn_input(&c, 1, a, true);
-    }
-    char label[128], sd[64];
-    snprintf(label, sizeof label, "%s %s %d axes%s keepdims %d%s", kiln_op_name(op),
-             kiln_shape_str(rank, dims, sd, 64), n_axes, axes_input ? " (input)" : "", keepdims,
-             special ? " nan/inf" : "");
-    check_case(&c, label, 1e-5, 1e-5, expect);
-    cn_free(&c);
-}
-
-static void reduce_case(enum kiln_op op, int rank, const int64_t *dims, const int64_t *axes,
-                        int n_axes, bool axes_input, int keepdims, int expect)
-{
-    reduce_case_x(op, rank, dims, axes, n_axes, axes_input, keepdims, expect, false);
-}
-
-static void test_reduce(void)
-{
-    const enum kiln_op ops[] = {KILN_OP_ReduceMean, KILN_OP_ReduceSum, KILN_OP_ReduceMax,
-                                KILN_OP_ReduceMin};
-    for (int o = 0; o < 4; o++)
-        for (int s = 0; s < N_SIZES; s++) {
-            int64_t n = sizes[s], d[3] = {2, 5, n}, last = -1, two[2] = {1, 2}, first = 0,
-                    mid = 1, d4[4] = {3, 4, 2, n}, mid2[2] = {1, 2};
-            reduce_case(ops[o], 3, d, &last, 1, false, 1, 1);
-            reduce_case(ops[o], 3, d, &last, 1, true, 0, 1);
-            reduce_case(ops[o], 3, d, two, 2, true, 1, 1);
-            reduce_case(ops[o], 3, d, NULL, 0, false, 0, 1); /* all axes */
-            reduce_case(ops[o], 3, d, &first, 1, false, 1, 1); /* leading axis: rows of 5n */
-            reduce_case(ops[o], 3, d, &mid, 1, false, 1, 1);   /* middle axis (embedding bags) */
-            reduce_case(ops[o], 3, d, &mid, 1, true, 0, 1);
-            reduce_case(ops[o], 4, d4, mid2, 2, true, 1, 1);   /* two middle axes */
-            int64_t split[2] = {0, 2};
-            reduce_case(ops[o], 3, d, split, 2, false, 1, n > 1 ? 0 : 1); /* not one run */
-        }
-    int64_t big[2] = {512, 768}, last = -1;
-    reduce_case(KILN_OP_ReduceMean, 2, big, &last, 1, false, 1, 1);
-    for (int o = 2; o < 4; o++)
-        for (int s = 0; s < N_SIZES; s++) {
-            int64_t n = sizes[s], d[3] = {2, 5, n}, mid = 1;
-            reduce_case_x(ops[o], 3, d, &last, 1, false, 1, 1, true);
-            reduce_case_x(ops[o], 3, d, &mid, 1, false, 1, 1, true);
-        }
-}
 
 /* ---- Attention ---- */
 
@@ -702,7 +639,6 @@ int main(int argc, char **argv)
     printf("cpus %d, isa %s\n", kiln_cpu_count(), isa_names[isa_levels() - 1]);
     test_parallel_for();
     test_lease();
-    test_reduce();
     test_gemm();
     test_table_transpose();
     test_attention();

@@ -10,7 +10,8 @@
  * [0,2,1,3] --, a 32x32-tiled copy for (batched) 2-D swaps, and an
  * odometer walk otherwise) and ReduceSum / ReduceMean of f32 over trailing
  * axes (sums in double, as the reference does). Gather's two kernels and
- * Transpose are declared in the copy family's list (copy.def, family.h).
+ * Transpose are declared in the copy family's list (copy.def, family.h),
+ * the reductions (one kernel per SIMD table) in reduce.def.
  */
 #include <stdio.h>
 
@@ -20,6 +21,7 @@
 
 #define KILN_KERNEL KILN_KERNEL_DECLARE
 #include "kernels/simd/copy.def"
+#include "kernels/simd/reduce.def"
 #undef KILN_KERNEL
 
 static bool concrete(const struct kiln_type *t)
@@ -487,8 +489,15 @@ static kiln_status reduce_run(void *state, struct kiln_run_ctx *ctx)
     return KILN_OK;
 }
 
+bool kiln_k_reduce_covers(const struct kiln_compile_ctx *cc)
+{
+    return cc->n_in >= 1 && concrete(cc->in[0]) && cc->in[0]->dtype == KILN_DTYPE_F32 &&
+           cc->n_out >= 1 && concrete(cc->out[0]) && cc->out[0]->dtype == KILN_DTYPE_F32;
+}
+
 static kiln_status reduce_compile(const struct kiln_compile_ctx *cc,
-                                  struct kiln_kernel_inst *inst, enum reduce_kind kind)
+                                  struct kiln_kernel_inst *inst,
+                                  const struct simd_kernels *table, enum reduce_kind kind)
 {
     const struct kiln_type *x = cc->in[0];
     if (!concrete(x) || x->dtype != KILN_DTYPE_F32 || cc->n_out < 1 || !concrete(cc->out[0]) ||
@@ -535,7 +544,7 @@ static kiln_status reduce_compile(const struct kiln_compile_ctx *cc,
         return KILN_OK;
     struct reduce_state *s = calloc(1, sizeof *s);
     if (!s) return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory compiling a Reduce node");
-    s->k = simd_kernels_for();
+    s->k = table;
     s->rows = rows;
     s->n = n;
     s->inner = inner;
@@ -550,14 +559,15 @@ static kiln_status reduce_compile(const struct kiln_compile_ctx *cc,
     return KILN_OK;
 }
 
-#define REDUCE_OP(Name, KIND)                                                              \
-    static kiln_status Name##_compile(const struct kiln_compile_ctx *cc,                     \
-                                      struct kiln_kernel_inst *inst)                         \
+#define REDUCE_OP(stem, KIND)                                                                \
+    static kiln_status stem##_compile(const struct kiln_compile_ctx *cc,                     \
+                                      struct kiln_kernel_inst *inst,                         \
+                                      const struct simd_kernels *k)                          \
     {                                                                                        \
-        return reduce_compile(cc, inst, KIND);                                               \
+        return reduce_compile(cc, inst, k, KIND);                                            \
     }                                                                                        \
-    KILN_FAST_OP(Name, Name##_compile, NULL)
-REDUCE_OP(ReduceSum, REDUCE_SUM);
-REDUCE_OP(ReduceMean, REDUCE_MEAN);
-REDUCE_OP(ReduceMax, REDUCE_MAX);
-REDUCE_OP(ReduceMin, REDUCE_MIN);
+    SIMD_VARIANTS(stem, stem##_compile)
+REDUCE_OP(reducesum, REDUCE_SUM)
+REDUCE_OP(reducemean, REDUCE_MEAN)
+REDUCE_OP(reducemax, REDUCE_MAX)
+REDUCE_OP(reducemin, REDUCE_MIN)
