@@ -14,6 +14,7 @@
 #include "core/threadpool.h"
 
 #define KILN_KERNEL KILN_KERNEL_DECLARE
+#include "kernels/dnnl/conv.def"
 #include "kernels/simd/copy.def"
 #include "kernels/simd/elementwise.def"
 #include "kernels/simd/norm.def"
@@ -24,6 +25,9 @@
     {#name, FAMILY, KILN_OP_##op, KILN_KISA_##isa, prio, covers, compile, accepts, packs},
 
 static const struct kiln_kernel_def all_kernels[] = {
+#define FAMILY "conv"
+#include "kernels/dnnl/conv.def"
+#undef FAMILY
 #define FAMILY "copy"
 #include "kernels/simd/copy.def"
 #undef FAMILY

@@ -182,6 +182,8 @@ static kiln_status run_ref(struct case_node *c, kiln_tensor **out)
 
 /* The kernel run_fast_ex compiles instead of the op's choice (NULL: the choice). */
 static const struct kiln_kernel_def *forced_kernel;
+/* Give each compile a weight cache of its own (kernels that pack weights need one). */
+static bool case_weight_cache;
 
 /* Compile the fast kernel under KILN_ISA=isa (or forced_kernel) and run it on `threads`
  * threads. *handled = whether compile took the node; name (64 bytes, may
@@ -209,9 +211,11 @@ static kiln_status run_fast_ex(struct case_node *c, const char *isa, int threads
         }
     }
     for (int k = 0; k < c->n_out; k++) out_p[k] = c->out_wanted[k] ? &types[k] : NULL;
+    struct kiln_weight_cache *wc = NULL;
+    if (case_weight_cache && kiln_weight_cache_new(&wc) != KILN_OK) abort();
     struct kiln_compile_ctx cc = {
         .node = c->node, .n_in = c->n_in, .in = in_p, .in_value = in_v, .in_layout = layouts,
-        .n_out = c->n_out, .out = out_p, .out_layout = layouts, .weights = NULL,
+        .n_out = c->n_out, .out = out_p, .out_layout = layouts, .weights = wc,
         .threads = threads,
     };
     struct kiln_kernel_inst inst = {0};
@@ -224,6 +228,7 @@ static kiln_status run_fast_ex(struct case_node *c, const char *isa, int threads
     }
     if (st != KILN_OK || !inst.run) {
         kiln_kernel_inst_destroy(&inst);
+        kiln_weight_cache_free(wc);
         return st;
     }
     *handled = true;
@@ -253,6 +258,7 @@ static kiln_status run_fast_ex(struct case_node *c, const char *isa, int threads
     st = inst.run(inst.state, &rc);
     free(scratch);
     kiln_kernel_inst_destroy(&inst);
+    kiln_weight_cache_free(wc);
     return st;
 }
 

@@ -584,6 +584,67 @@ static void test_reduce(void)
         }
 }
 
+/* ---- Convolutions (dnnl/conv.def) ---- */
+
+/* Conv or KilnFusedConv (act: its activation, NULL = none) of x [N,C,H,W] by constant
+ * weights [M,C/group,kh,kw], optional bias and (fused) residual Sum; pads on all sides. */
+static void conv_case(bool fused, const int64_t *xd, const int64_t *wd, int64_t group,
+                      int64_t pad, bool bias, bool sum, const char *act, const char *what)
+{
+    struct case_node c;
+    cn_init(&c, fused ? KILN_OP_KilnFusedConv : KILN_OP_Conv, 13, sum ? 4 : bias ? 3 : 2, 1);
+    attr_int(&c, "group", group);
+    int64_t pads[4] = {pad, pad, pad, pad};
+    attr_ints(&c, "pads", pads, 4);
+    if (act) attr_str(&c, "activation", act);
+    kiln_tensor *x = tensor_f32(4, xd), *w = tensor_f32(4, wd);
+    for (size_t i = 0; i < x->nbytes / 4; i++) ((float *)x->data)[i] = rng_normal();
+    for (size_t i = 0; i < w->nbytes / 4; i++) ((float *)w->data)[i] = rng_normal() * 0.3f;
+    cn_input(&c, 0, x, false);
+    cn_input(&c, 1, w, true);
+    if (bias || sum) {
+        kiln_tensor *b = bias ? tensor_f32(1, wd) : NULL;
+        for (size_t i = 0; b && i < b->nbytes / 4; i++) ((float *)b->data)[i] = rng_normal();
+        cn_input(&c, 2, b, true);
+    }
+    if (sum) {
+        int64_t yd[4] = {xd[0], wd[0], xd[2] + 2 * pad - wd[2] + 1, xd[3] + 2 * pad - wd[3] + 1};
+        kiln_tensor *s = tensor_f32(4, yd);
+        for (size_t i = 0; i < s->nbytes / 4; i++) ((float *)s->data)[i] = rng_normal();
+        cn_input(&c, 3, s, false);
+    }
+    char label[160], sx[64], sw[64];
+    snprintf(label, sizeof label, "%s %s * %s group %lld pad %lld%s%s%s%s %s",
+             fused ? "KilnFusedConv" : "Conv", kiln_shape_str(4, xd, sx, 64),
+             kiln_shape_str(4, wd, sw, 64), (long long)group, (long long)pad, bias ? " bias" : "",
+             sum ? " sum" : "", act ? " " : "", act ? act : "", what);
+    check_case(&c, label, 1e-4, 1e-4, 1);
+    cn_free(&c);
+}
+
+static void conv_cases(bool fused)
+{
+    const char *act = fused ? "Relu" : NULL;
+    /* 1x1 images: Kiln's matrix-vector kernel (squeeze-excitation) */
+    conv_case(fused, (int64_t[]){2, 24, 1, 1}, (int64_t[]){8, 24, 1, 1}, 1, 0, true, false, act,
+              "1x1 image");
+    conv_case(fused, (int64_t[]){3, 5, 1, 1}, (int64_t[]){7, 5, 1, 1}, 1, 0, false, false, act,
+              "1x1 image, no bias");
+    if (fused)
+        conv_case(fused, (int64_t[]){1, 40, 1, 1}, (int64_t[]){10, 40, 1, 1}, 1, 0, true, false,
+                  "Sigmoid", "1x1 image");
+    /* everything else: oneDNN */
+    conv_case(fused, (int64_t[]){1, 8, 9, 9}, (int64_t[]){16, 8, 3, 3}, 1, 1, true, false, act,
+              "3x3");
+    conv_case(fused, (int64_t[]){2, 16, 7, 7}, (int64_t[]){16, 1, 3, 3}, 16, 1, true, false, act,
+              "depthwise");
+    conv_case(fused, (int64_t[]){2, 6, 5, 5}, (int64_t[]){4, 6, 1, 1}, 1, 0, true, false, act,
+              "1x1 on 5x5");
+    if (fused)
+        conv_case(fused, (int64_t[]){1, 8, 6, 6}, (int64_t[]){8, 8, 3, 3}, 1, 1, true, true, act,
+                  "residual");
+}
+
 /* ---- The generators named by the family lists ---- */
 
 static void kcase_unary(void) { test_unary(); }
@@ -597,5 +658,7 @@ static void kcase_pad(void) { test_pad(); }
 static void kcase_transpose(void) { test_transpose(); }
 static void kcase_concat(void) { test_concat(); }
 static void kcase_reduce(void) { test_reduce(); }
+static void kcase_conv(void) { conv_cases(false); }
+static void kcase_fused_conv(void) { conv_cases(true); }
 
 #endif

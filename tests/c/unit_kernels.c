@@ -2,7 +2,7 @@
  * unit_kernels.c - every kernel of every kernel family (src/kernels/family.h)
  * against the reference kernels, from the families' own lists.
  *
- * The lists (copy.def, elementwise.def, norm.def, reduce.def) are included here as in
+ * The lists (dnnl/conv.def, simd/copy.def, elementwise.def, norm.def, reduce.def) are included here as in
  * src/kernels/families.c: each kernel is paired with the generator its
  * `cases` column names (kcase_<cases>, kernel_cases.h), so a kernel listed
  * without one does not build; the pairs must match the library's table
@@ -32,6 +32,7 @@ struct kernel_test {
 #define KILN_KERNEL(op, name, isa, prio, covers, compile, accepts, packs, cases) \
     {#name, #cases, kcase_##cases},
 static const struct kernel_test tests[] = {
+#include "kernels/dnnl/conv.def"
 #include "kernels/simd/copy.def"
 #include "kernels/simd/elementwise.def"
 #include "kernels/simd/norm.def"
@@ -104,6 +105,7 @@ int main(void)
     took_any = calloc((size_t)n_kernels, sizeof *took_any);
     if (!took_own || !took_any) abort();
     check_case_hook = each_kernel;
+    case_weight_cache = true;
     for (int k = 0; k < N_TESTS; k++) {
         bool ran = false;
         for (int j = 0; j < k && !ran; j++) ran = tests[j].gen == tests[k].gen;
