@@ -28,12 +28,12 @@
 /* ---- Random numbers (xorshift, reproducible) ---- */
 
 static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
-static uint64_t rng_next(void) { return check_xorshift(&rng_state); }
-static float rng_uniform(float lo, float hi)
+static inline uint64_t rng_next(void) { return check_xorshift(&rng_state); }
+static inline float rng_uniform(float lo, float hi)
 {
     return lo + (hi - lo) * (float)((rng_next() >> 11) * (1.0 / 9007199254740992.0));
 }
-static float rng_normal(void)
+static inline float rng_normal(void)
 {
     float u = rng_uniform(1e-7f, 1.0f), v = rng_uniform(0.0f, 1.0f);
     return sqrtf(-2.0f * logf(u)) * cosf(6.2831853f * v);
@@ -52,7 +52,7 @@ struct case_node {
     bool out_wanted[MAX_IO];
 };
 
-static void cn_init(struct case_node *c, enum kiln_op op, int opset, int n_in, int n_out)
+static inline void cn_init(struct case_node *c, enum kiln_op op, int opset, int n_in, int n_out)
 {
     memset(c, 0, sizeof *c);
     if (kiln_graph_new(&c->g) != KILN_OK) abort();
@@ -73,7 +73,7 @@ static void cn_init(struct case_node *c, enum kiln_op op, int opset, int n_in, i
 }
 
 /* Input i (x NULL = absent); the case owns x. */
-static void cn_input(struct case_node *c, int i, kiln_tensor *x, bool konst)
+static inline void cn_input(struct case_node *c, int i, kiln_tensor *x, bool konst)
 {
     c->in[i] = x;
     c->is_const[i] = konst;
@@ -90,7 +90,7 @@ static void cn_input(struct case_node *c, int i, kiln_tensor *x, bool konst)
     c->node->in[i] = id;
 }
 
-static struct kiln_attr *cn_attr(struct case_node *c, const char *name, enum kiln_attr_type t)
+static inline struct kiln_attr *cn_attr(struct case_node *c, const char *name, enum kiln_attr_type t)
 {
     struct kiln_attr *a = &c->node->attr[c->node->n_attr++];
     a->name = kiln_arena_strdup(c->g->mem, name);
@@ -119,13 +119,13 @@ static inline void attr_ints(struct case_node *c, const char *name, const int64_
     if (n) memcpy(a->ints, v, sizeof(int64_t) * (size_t)n);
 }
 
-static void cn_free(struct case_node *c)
+static inline void cn_free(struct case_node *c)
 {
     for (int i = 0; i < c->n_in; i++) kiln_tensor_free(c->in[i]);
     kiln_graph_free(c->g);
 }
 
-static kiln_tensor *tensor_f32(int rank, const int64_t *dims)
+static inline kiln_tensor *tensor_f32(int rank, const int64_t *dims)
 {
     kiln_tensor *t;
     if (kiln_tensor_new(KILN_DTYPE_F32, rank, dims, &t) != KILN_OK) abort();
@@ -133,7 +133,7 @@ static kiln_tensor *tensor_f32(int rank, const int64_t *dims)
 }
 
 /* Output types by the op's shape function. */
-static kiln_status cn_infer(struct case_node *c, struct kiln_type *types)
+static inline kiln_status cn_infer(struct case_node *c, struct kiln_type *types)
 {
     struct kiln_type in_t[MAX_IO];
     const struct kiln_type *in_p[MAX_IO];
@@ -155,7 +155,7 @@ static kiln_status cn_infer(struct case_node *c, struct kiln_type *types)
     return kiln_op_impl(c->node->op)->infer(&ic);
 }
 
-static void free_outs(kiln_tensor **out, int n)
+static inline void free_outs(kiln_tensor **out, int n)
 {
     for (int k = 0; k < n; k++) {
         kiln_tensor_free(out[k]);
@@ -164,7 +164,7 @@ static void free_outs(kiln_tensor **out, int n)
 }
 
 /* Run the reference kernel; outputs zero-filled as the executor does. */
-static kiln_status run_ref(struct case_node *c, kiln_tensor **out)
+static inline kiln_status run_ref(struct case_node *c, kiln_tensor **out)
 {
     struct kiln_type types[MAX_IO];
     kiln_status st = cn_infer(c, types);
@@ -188,7 +188,7 @@ static bool case_weight_cache;
 /* Compile the fast kernel under KILN_ISA=isa (or forced_kernel) and run it on `threads`
  * threads. *handled = whether compile took the node; name (64 bytes, may
  * be NULL) gets the kernel's name. */
-static kiln_status run_fast_ex(struct case_node *c, const char *isa, int threads, bool *handled,
+static inline kiln_status run_fast_ex(struct case_node *c, const char *isa, int threads, bool *handled,
                                char *name, kiln_tensor **out, bool inplace, bool *did_inplace)
 {
     if (did_inplace) *did_inplace = false;
@@ -262,7 +262,7 @@ static kiln_status run_fast_ex(struct case_node *c, const char *isa, int threads
     return st;
 }
 
-static kiln_status run_fast(struct case_node *c, const char *isa, int threads, bool *handled,
+static inline kiln_status run_fast(struct case_node *c, const char *isa, int threads, bool *handled,
                             char *name, kiln_tensor **out)
 {
     return run_fast_ex(c, isa, threads, handled, name, out, false, NULL);
@@ -274,7 +274,7 @@ static int inplace_runs; /* cases run with output 0 over input 0 */
 static double worst_rel; /* largest relative error seen by compare_f32 (|want| > 1e-30) */
 
 /* got ~ want: NaN where NaN, equal infinities, else |g - w| <= atol + rtol |w|. */
-static bool compare_f32(const char *what, const kiln_tensor *got, const kiln_tensor *want,
+static inline bool compare_f32(const char *what, const kiln_tensor *got, const kiln_tensor *want,
                         const kiln_tensor *x, double rtol, double atol)
 {
     if (!got || !want || got->nbytes != want->nbytes) {
@@ -304,14 +304,14 @@ static bool compare_f32(const char *what, const kiln_tensor *got, const kiln_ten
     return true;
 }
 
-static bool same_bytes(const kiln_tensor *a, const kiln_tensor *b)
+static inline bool same_bytes(const kiln_tensor *a, const kiln_tensor *b)
 {
     return a && b && a->nbytes == b->nbytes && memcmp(a->data, b->data, a->nbytes) == 0;
 }
 
 /* The ISAs this CPU can run. */
 static const char *const isa_names[] = {"scalar", "avx2", "avx512"};
-static int isa_levels(void)
+static inline int isa_levels(void)
 {
     unsetenv("KILN_ISA");
     return (int)kiln_cpu_isa() + 1;
@@ -321,7 +321,7 @@ static int isa_levels(void)
  * outputs want: on one thread, again on two (the same bytes), and in place where the kernel
  * allows. expect_handled: 1 = the kernel must take the node, 0 = decline, -1 = either.
  * Returns whether the kernel took the node. */
-static bool check_run(struct case_node *c, const char *isa, const char *label, kiln_tensor **want,
+static inline bool check_run(struct case_node *c, const char *isa, const char *label, kiln_tensor **want,
                       double rtol, double atol, int expect_handled)
 {
     kiln_tensor *got[MAX_IO], *got2[MAX_IO];
@@ -370,7 +370,7 @@ static void (*check_case_hook)(struct case_node *c, const char *label, kiln_tens
  * expect_handled: 1 = the fast kernel must take the node, 0 = it must
  * decline, -1 = either.
  */
-static void check_case(struct case_node *c, const char *label, double rtol, double atol,
+static inline void check_case(struct case_node *c, const char *label, double rtol, double atol,
                        int expect_handled)
 {
     kiln_tensor *want[MAX_IO];

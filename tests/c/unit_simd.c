@@ -1,10 +1,8 @@
 /*
- * unit_simd.c - Kiln's thread pool (core/threadpool.c) and the SIMD f32
- * kernels outside the kernel families (src/kernels/simd/: attention,
- * recurrent layers, the tables' GEMM and transpose),
- * differentially against the reference kernels (kernel_case.h). The
- * families' kernels (elementwise, norm, copy, reduce) are tested by unit_kernels.c
- * from their lists.
+ * unit_simd.c - Kiln's thread pool (core/threadpool.c) and the SIMD
+ * tables' own GEMM and transpose (src/kernels/simd/) against double
+ * references. The ops' fast kernels (the kernel families) are tested by
+ * unit_kernels.c from their lists.
  *
  * `unit_simd --bench` times fast vs reference kernels on BERT-base shapes.
  */
@@ -137,94 +135,7 @@ static void test_idle(void)
 }
 
 
-/* ---- Attention ---- */
-
-/* mask_kind: 0 none, 1 f32 [SQ, mcols], 2 bool [B, 1, SQ, T], 3 causal. */
-static void attention_case(bool four_d, int64_t B, int64_t SQ, int64_t T, int64_t HQ, int64_t HK,
-                           int64_t E, int mask_kind, int64_t mcols)
-{
-    struct case_node c;
-    cn_init(&c, KILN_OP_Attention, 23, mask_kind == 1 || mask_kind == 2 ? 4 : 3, 1);
-    if (!four_d) {
-        attr_int(&c, "q_num_heads", HQ);
-        attr_int(&c, "kv_num_heads", HK);
-    }
-    if (mask_kind == 3) attr_int(&c, "is_causal", 1);
-    if (E == 16) attr_float(&c, "scale", 0.3f);
-    kiln_tensor *t[3];
-    for (int i = 0; i < 3; i++) {
-        int64_t S = i == 0 ? SQ : T, H = i == 0 ? HQ : HK;
-        int64_t d3[3] = {B, S, H * E}, d4[4] = {B, H, S, E};
-        t[i] = four_d ? tensor_f32(4, d4) : tensor_f32(3, d3);
-        for (size_t k = 0; k < t[i]->nbytes / 4; k++) ((float *)t[i]->data)[k] = rng_normal();
-        cn_input(&c, i, t[i], false);
-    }
-    if (mask_kind == 1) {
-        int64_t dm[2] = {SQ, mcols};
-        kiln_tensor *m = tensor_f32(2, dm);
-        for (size_t k = 0; k < m->nbytes / 4; k++)
-            ((float *)m->data)[k] = rng_next() % 5 == 0 ? -INFINITY : rng_uniform(-2, 2);
-        for (int64_t r = 0; r < SQ; r++) ((float *)m->data)[r * mcols] = 0.0f; /* no empty row */
-        cn_input(&c, 3, m, false);
-    } else if (mask_kind == 2) {
-        int64_t dm[4] = {B, 1, SQ, T};
-        kiln_tensor *m;
-        if (kiln_tensor_new(KILN_DTYPE_BOOL, 4, dm, &m) != KILN_OK) abort();
-        uint8_t *pm = m->data;
-        for (size_t k = 0; k < m->nbytes; k++) pm[k] = rng_next() % 3 != 0;
-        for (int64_t r = 0; r < B * SQ; r++) pm[r * T] = 1;
-        cn_input(&c, 3, m, false);
-    }
-    char label[160];
-    snprintf(label, sizeof label, "Attention %s B%lld SQ%lld T%lld HQ%lld HK%lld E%lld mask %d",
-             four_d ? "4-D" : "3-D", (long long)B, (long long)SQ, (long long)T, (long long)HQ,
-             (long long)HK, (long long)E, mask_kind);
-    check_case(&c, label, 1e-4, 1e-5, 1);
-    cn_free(&c);
-}
-
-/* KilnAttention (opt/attention_views.c): Q, K and V read in place from [B, S, N] or [S, B, N]
- * (seq_first) at column offsets (packed: N = 3 * H * E); Y [B, S, .] / [S, B, .] / rows merged.
- * mask_kind: 0 none, 1 [B, 1, 1, T], 2 [SQ, T], 3 [B * H, SQ, T] merged, 4 [B * H, 1, T] merged. */
-static void kiln_attention_case(bool seq_first, bool packed, int ysf, int merge, int64_t B,
-                                int64_t SQ, int64_t T, int64_t H, int64_t E, int mask_kind)
-{
-    struct case_node c;
-    cn_init(&c, KILN_OP_KilnAttention, 1, mask_kind ? 4 : 3, 1);
-    attr_int(&c, "num_heads", H);
-    attr_int(&c, "head_size", E);
-    attr_int(&c, "v_head_size", E);
-    attr_float(&c, "scale", 0.35f);
-    attr_int(&c, "seq_first", seq_first);
-    attr_int(&c, "y_seq_first", ysf);
-    attr_int(&c, "y_merge_rows", merge);
-    attr_int(&c, "mask_merged", mask_kind >= 3);
-    int64_t N = packed ? 3 * H * E + 5 : H * E;
-    static const char *off[3] = {"q_offset", "k_offset", "v_offset"};
-    for (int i = 0; i < 3; i++) {
-        int64_t S = i == 0 ? SQ : T;
-        int64_t d[3] = {seq_first ? S : B, seq_first ? B : S, N};
-        kiln_tensor *t = tensor_f32(3, d);
-        for (size_t k = 0; k < t->nbytes / 4; k++) ((float *)t->data)[k] = rng_normal();
-        cn_input(&c, i, t, false);
-        attr_int(&c, off[i], packed ? i * H * E + 1 : 0);
-    }
-    if (mask_kind) {
-        int64_t dm[4][4] = {{B, 1, 1, T}, {SQ, T}, {B * H, SQ, T}, {B * H, 1, T}};
-        int rank[4] = {4, 2, 3, 3};
-        kiln_tensor *m = tensor_f32(rank[mask_kind - 1], dm[mask_kind - 1]);
-        for (size_t k = 0; k < m->nbytes / 4; k++)
-            ((float *)m->data)[k] = rng_next() % 5 == 0 ? -INFINITY : rng_uniform(-2, 2);
-        for (size_t k = 0; k < m->nbytes / 4; k += (size_t)T) ((float *)m->data)[k] = 0.0f;
-        cn_input(&c, 3, m, false);
-    }
-    char label[160];
-    snprintf(label, sizeof label, "KilnAttention sf%d packed%d ysf%d merge%d B%lld SQ%lld T%lld "
-             "H%lld E%lld mask %d", seq_first, packed, ysf, merge, (long long)B, (long long)SQ,
-             (long long)T, (long long)H, (long long)E, mask_kind);
-    check_case(&c, label, 1e-4, 1e-5, 1);
-    cn_free(&c);
-}
+/* ---- The tables' GEMM and transpose ---- */
 
 /* The tables' small GEMM (attention's products) against a double reference: sizes below,
  * at and above the register tiles (4 rows x 4 vectors; 8 x 2 where n is at most 4 vectors)
@@ -301,192 +212,7 @@ static void test_table_transpose(void)
             }
 }
 
-static void test_attention(void)
-{
-    /* BERT's shape: 64-wide heads, 128 positions, an additive mask (full register tiles) */
-    attention_case(false, 1, 128, 128, 2, 2, 64, 1, 128);
-    const int64_t seqs[] = {1, 7, 17, 70};
-    for (int s = 0; s < 4; s++) {
-        int64_t S = seqs[s];
-        attention_case(false, 2, S, S, 4, 2, 8, 0, 0);
-        attention_case(false, 1, S, S + 3, 4, 4, 16, 1, S + 3);
-        attention_case(false, 1, S, S + 3, 2, 1, 8, 1, S);       /* short mask: -inf padding */
-        attention_case(false, 2, S, S, 4, 2, 8, 2, 0);
-        attention_case(false, 2, S, S, 4, 2, 8, 3, 0);
-        attention_case(true, 2, S, S + 1, 4, 2, 8, 0, 0);
-    }
-    /* declined: softcap */
-    struct case_node c;
-    cn_init(&c, KILN_OP_Attention, 23, 3, 1);
-    attr_float(&c, "softcap", 5.0f);
-    int64_t d4[4] = {1, 2, 3, 4};
-    for (int i = 0; i < 3; i++) cn_input(&c, i, tensor_f32(4, d4), false);
-    check_case(&c, "Attention softcap (declined)", 1e-4, 1e-5, 0);
-    cn_free(&c);
-    for (int s = 0; s < 4; s++) {
-        int64_t S = seqs[s];
-        for (int mk = 0; mk <= 4; mk++) {
-            kiln_attention_case(mk % 2, mk != 2, mk % 2, 0, 2, S, S, 4, 8, mk);
-            kiln_attention_case(mk % 2 == 0, true, 0, 1, 3, S, S + 2, 2, 16, mk == 2 ? 0 : mk);
-        }
-        kiln_attention_case(true, true, 1, 1, 2, S, S, 1, 32, 0); /* one head */
-    }
-}
-
 /* ---- Benchmark ---- */
-
-/* ---- Recurrent layers (rnn.c) ---- */
-
-static void attr_strs(struct case_node *c, const char *name, const char *const *v, int n)
-{
-    struct kiln_attr *a = cn_attr(c, name, KILN_ATTR_STRINGS);
-    a->n = n;
-    a->strings = kiln_arena_alloc(c->g->mem, sizeof(kiln_string) * (size_t)n);
-    for (int i = 0; i < n; i++) {
-        a->strings[i].data = kiln_arena_strdup(c->g->mem, v[i]);
-        a->strings[i].len = strlen(v[i]);
-    }
-}
-static void attr_floats(struct case_node *c, const char *name, const float *v, int n)
-{
-    struct kiln_attr *a = cn_attr(c, name, KILN_ATTR_FLOATS);
-    a->n = n;
-    a->floats = kiln_arena_alloc(c->g->mem, sizeof(float) * (size_t)n);
-    memcpy(a->floats, v, sizeof(float) * (size_t)n);
-}
-
-static kiln_tensor *rnn_random(int rank, const int64_t *dims, float scale)
-{
-    kiln_tensor *t = tensor_f32(rank, dims);
-    for (size_t k = 0; k < t->nbytes / 4; k++) ((float *)t->data)[k] = scale * rng_uniform(-1, 1);
-    return t;
-}
-
-enum { RNN_LENS = 1, RNN_INIT = 2, RNN_LAYOUT1 = 4, RNN_PEEP = 8, RNN_YH_ONLY = 16,
-       RNN_NO_BIAS = 32, RNN_W_INPUT = 64 };
-
-struct rnn_extra {
-    const char *const *acts; /* NULL = the defaults */
-    int n_acts;
-    const float *alpha, *beta;
-    int n_alpha, n_beta;
-    float clip;              /* 0 = none */
-    int input_forget;
-};
-
-/* One RNN / GRU / LSTM node against the reference. gates: 1, 3 or 4. */
-static void rnn_case(enum kiln_op op, const char *dir, int lbr, int64_t T, int64_t B, int64_t I,
-                     int64_t H, int flags, const struct rnn_extra *x)
-{
-    const int lstm = op == KILN_OP_LSTM, G = op == KILN_OP_RNN ? 1 : op == KILN_OP_GRU ? 3 : 4;
-    const int64_t ND = strcmp(dir, "bidirectional") == 0 ? 2 : 1;
-    const int layout = flags & RNN_LAYOUT1 ? 1 : 0;
-    int n_in = lstm ? 8 : 6, n_out = lstm ? 3 : 2;
-    struct case_node c;
-    cn_init(&c, op, 14, n_in, n_out);
-    attr_str(&c, "direction", dir);
-    attr_int(&c, "hidden_size", H);
-    if (layout) attr_int(&c, "layout", 1);
-    if (op == KILN_OP_GRU) attr_int(&c, "linear_before_reset", lbr);
-    if (x && x->acts) attr_strs(&c, "activations", x->acts, x->n_acts);
-    if (x && x->n_alpha) attr_floats(&c, "activation_alpha", x->alpha, x->n_alpha);
-    if (x && x->n_beta) attr_floats(&c, "activation_beta", x->beta, x->n_beta);
-    if (x && x->clip > 0) attr_float(&c, "clip", x->clip);
-    if (x && x->input_forget) attr_int(&c, "input_forget", 1);
-    float ws = 1.0f / sqrtf((float)H);
-    int64_t dx[3] = {layout ? B : T, layout ? T : B, I}, dw[3] = {ND, G * H, I},
-            dr[3] = {ND, G * H, H}, db[2] = {ND, 2 * G * H}, dh[3] = {layout ? B : ND,
-                                                                       layout ? ND : B, H},
-            dp[2] = {ND, 3 * H};
-    kiln_tensor *X = tensor_f32(3, dx);
-    for (size_t k = 0; k < X->nbytes / 4; k++) ((float *)X->data)[k] = rng_normal();
-    cn_input(&c, 0, X, false);
-    cn_input(&c, 1, rnn_random(3, dw, ws), !(flags & RNN_W_INPUT));
-    cn_input(&c, 2, rnn_random(3, dr, ws), !(flags & RNN_W_INPUT));
-    cn_input(&c, 3, flags & RNN_NO_BIAS ? NULL : rnn_random(2, db, 0.5f), !(flags & RNN_W_INPUT));
-    kiln_tensor *L = NULL;
-    if (flags & RNN_LENS) {
-        int64_t dl[1] = {B};
-        if (kiln_tensor_new(KILN_DTYPE_I32, 1, dl, &L) != KILN_OK) abort();
-        for (int64_t b = 0; b < B; b++) /* every length from 0 to T, T first */
-            ((int32_t *)L->data)[b] = (int32_t)((T - b % (T + 1) + T + 1) % (T + 1));
-    }
-    cn_input(&c, 4, L, false);
-    cn_input(&c, 5, flags & RNN_INIT ? rnn_random(3, dh, 1.0f) : NULL, false);
-    if (lstm) {
-        cn_input(&c, 6, flags & RNN_INIT ? rnn_random(3, dh, 1.0f) : NULL, false);
-        cn_input(&c, 7, flags & RNN_PEEP ? rnn_random(2, dp, 0.5f) : NULL, !(flags & RNN_W_INPUT));
-    }
-    for (int k = 0; k < n_out; k++) c.out_wanted[k] = !(flags & RNN_YH_ONLY) || k == 1;
-    char label[200];
-    snprintf(label, sizeof label, "%s %s%s T%lld B%lld I%lld H%lld flags %#x%s%s", kiln_op_name(op),
-             dir, op == KILN_OP_GRU ? (lbr ? " lbr1" : " lbr0") : "", (long long)T, (long long)B,
-             (long long)I, (long long)H, flags, x && x->acts ? " acts " : "",
-             x && x->acts ? x->acts[0] : "");
-    check_case(&c, label, 1e-4, 2e-5, 1);
-    cn_free(&c);
-}
-
-/* Every direction and cell (GRU with both linear_before_reset values), with and without
- * sequence lengths (every length from 0 to T) and initial states, both layouts, batch 1 and
- * more, hidden sizes below, at and above the vector widths, and a size large enough that
- * two threads split the GEMM and the steps; then peepholes, input_forget, clip, every
- * activation function, per-direction activation lists, and weights known only at run time. */
-static void test_rnn(void)
-{
-    static const char *const dirs[] = {"forward", "reverse", "bidirectional"};
-    static const struct {
-        int64_t T, B, I, H;
-        int flags;
-    } shapes[] = {
-        {5, 1, 3, 7, 0},
-        {4, 3, 5, 8, RNN_LENS | RNN_INIT},
-        {3, 5, 8, 17, RNN_LENS | RNN_INIT | RNN_LAYOUT1},
-        {6, 2, 4, 16, RNN_INIT | RNN_NO_BIAS},
-        {2, 4, 6, 33, RNN_LENS | RNN_YH_ONLY},
-        {3, 8, 20, 260, RNN_LENS | RNN_INIT},
-    };
-    static const struct {
-        enum kiln_op op;
-        int lbr;
-    } cells[] = {{KILN_OP_RNN, 0}, {KILN_OP_GRU, 0}, {KILN_OP_GRU, 1}, {KILN_OP_LSTM, 0}};
-    for (size_t ci = 0; ci < sizeof cells / sizeof cells[0]; ci++)
-        for (int d = 0; d < 3; d++)
-            for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
-                rnn_case(cells[ci].op, dirs[d], cells[ci].lbr, shapes[si].T, shapes[si].B,
-                         shapes[si].I, shapes[si].H, shapes[si].flags, NULL);
-
-    rnn_case(KILN_OP_LSTM, "bidirectional", 0, 4, 3, 5, 17, RNN_LENS | RNN_INIT | RNN_PEEP, NULL);
-    struct rnn_extra fg = {.input_forget = 1};
-    rnn_case(KILN_OP_LSTM, "forward", 0, 4, 2, 5, 9, RNN_INIT | RNN_PEEP, &fg);
-    struct rnn_extra clip = {.clip = 0.4f};
-    rnn_case(KILN_OP_LSTM, "reverse", 0, 4, 2, 5, 9, RNN_INIT, &clip);
-    rnn_case(KILN_OP_GRU, "bidirectional", 1, 4, 2, 5, 9, RNN_INIT, &clip);
-    rnn_case(KILN_OP_GRU, "forward", 0, 4, 2, 5, 9, RNN_INIT, &clip);
-
-    static const char *const fns[] = {"Relu",      "Tanh",     "Sigmoid",    "Affine",
-                                      "LeakyRelu", "ThresholdedRelu",        "ScaledTanh",
-                                      "HardSigmoid", "Elu",    "Softsign",   "Softplus"};
-    static const float al[] = {0.7f, 0.3f}, be[] = {0.2f, 0.6f};
-    for (int f = 0; f < 11; f++) {
-        struct rnn_extra e = {.acts = &fns[f], .n_acts = 1, .alpha = al, .n_alpha = 1,
-                              .beta = be, .n_beta = 1};
-        rnn_case(KILN_OP_RNN, "forward", 0, 3, 2, 4, 9, RNN_INIT, &e);
-    }
-    static const char *const gru_acts[] = {"HardSigmoid", "Softsign", "Sigmoid", "ScaledTanh"};
-    struct rnn_extra ge = {.acts = gru_acts, .n_acts = 4, .alpha = al, .n_alpha = 2,
-                           .beta = be, .n_beta = 2};
-    rnn_case(KILN_OP_GRU, "bidirectional", 1, 3, 2, 4, 9, RNN_INIT, &ge);
-    rnn_case(KILN_OP_GRU, "bidirectional", 0, 3, 2, 4, 9, RNN_INIT, &ge);
-    static const char *const lstm_acts[] = {"Sigmoid", "Elu", "Softplus"};
-    struct rnn_extra le = {.acts = lstm_acts, .n_acts = 3, .alpha = al, .n_alpha = 1};
-    rnn_case(KILN_OP_LSTM, "bidirectional", 0, 3, 2, 4, 9, RNN_INIT, &le);
-    /* weights that are graph inputs (as in the ONNX node tests): packed by each run */
-    rnn_case(KILN_OP_LSTM, "bidirectional", 0, 3, 2, 4, 9, RNN_W_INPUT | RNN_PEEP | RNN_LENS, NULL);
-    rnn_case(KILN_OP_GRU, "forward", 0, 3, 2, 4, 17, RNN_W_INPUT | RNN_INIT, NULL);
-    rnn_case(KILN_OP_GRU, "reverse", 1, 3, 2, 4, 17, RNN_W_INPUT | RNN_INIT, NULL);
-    rnn_case(KILN_OP_RNN, "forward", 0, 3, 2, 4, 5, RNN_W_INPUT | RNN_NO_BIAS, NULL);
-}
 
 static double now_s(void)
 {
@@ -641,10 +367,7 @@ int main(int argc, char **argv)
     test_lease();
     test_gemm();
     test_table_transpose();
-    test_attention();
-    test_rnn();
     test_idle();
-    printf("%d fast-kernel runs in place\n", inplace_runs);
     kiln_threads_release(g);
     return CHECK_DONE();
 }

@@ -6,12 +6,11 @@
  * ISA file (isa_avx512.c, isa_avx2.c, isa_scalar.c) defines that vocabulary
  * for its vector type under its own GCC target pragma, includes the body
  * and exports one struct simd_kernels. The op files hold the compile
- * functions: elementwise.c and norm.c one kernel per table, declared in
- * their family lists (elementwise.def, norm.def; family.h), the others
- * (attention.c, data.c, rnn.c) one KILN_FAST_OP that picks the table for
- * kiln_cpu_isa() with simd_kernels_for(). They check the node's types and
- * attributes and split the work across the run's threads with
- * kiln_parallel_for.
+ * functions, one kernel per op and table (SIMD_VARIANTS below), declared
+ * in their family lists (elementwise.def, norm.def, reduce.def,
+ * attention.def; family.h), which choose the table for kiln_cpu_isa(). They
+ * check the node's types and attributes and split the work across the
+ * run's threads with kiln_parallel_for.
  *
  * Math: exp, tanh, erf/erfc, sigmoid, log1p are polynomial or rational
  * approximations accurate to a few ulp (well within 1e-5 relative of libm)
