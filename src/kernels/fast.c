@@ -1,10 +1,12 @@
 /*
  * fast.c - the fast-kernel table (weak references, as in registry.c) and
- * the per-model weight cache.
+ * the per-model weight cache. An op whose kernels are declared in a family
+ * list (family.h) takes its entry from families.c instead.
  */
 #include "kernels/fast.h"
 
 #include "core/fileio.h"
+#include "kernels/family.h"
 
 #include <pthread.h>
 #include <stdint.h>
@@ -40,7 +42,9 @@ static int fast_disabled(void)
 const struct kiln_fast_op *kiln_fast_op(enum kiln_op op)
 {
     if ((unsigned)op >= KILN_OP_COUNT || fast_disabled()) return NULL;
-    const struct kiln_fast_op *f = fast_table[op];
+    const struct kiln_fast_op *f = kiln_kernel_fast_op(op); /* a family's (families.c) */
+    if (f) return f;
+    f = fast_table[op];
     return f && f->compile ? f : NULL;
 }
 

@@ -14,8 +14,9 @@
  * shape it has no code for): the plan then uses the reference kernel.
  * Other statuses are real errors (out of memory, a library failure).
  *
- * One file owns each op's fast kernel (several variants of an op are chosen
- * inside that file). Weights are packed once per model through the weight
+ * An op has either one KILN_FAST_OP, or several kernels declared in a
+ * kernel family's list (family.h), among which kiln_kernel_choose picks;
+ * kiln_fast_op returns the family's entry then. Weights are packed once per model through the weight
  * cache and shared by every plan of that model. run must not allocate on
  * the heap where it can be avoided: the plan passes preallocated outputs
  * (whose memory is NOT zeroed: every element must be written), scratch

@@ -11,7 +11,8 @@
  * nChw8c / nChw16c. Anything else (other dtypes, weights computed at run
  * time, empty tensors) stays on the reference kernel. 1x1 convolutions of
  * 1x1 images (squeeze-excitation) go to Kiln's own matrix-vector kernel
- * (src/kernels/simd/pointwise.c) instead.
+ * (src/kernels/simd/pointwise.c) instead: both are kernels of the conv
+ * family (conv.def, family.h), which tries that one first.
  *
  * Layouts oneDNN is slow on: where the primitive made for the layouts the
  * plan gives is one of oneDNN's fallbacks (its reference code, or the
@@ -50,8 +51,13 @@
 #include "kernels/dnnl/dnnl_common.h"
 
 #include "kernels/ref/gemm.h"
+#include "kernels/family.h"
 #include "kernels/simd/pointwise.h"
 #include "kernels/sparse/sparse.h"
+
+#define KILN_KERNEL KILN_KERNEL_DECLARE
+#include "kernels/dnnl/conv.def"
+#undef KILN_KERNEL
 
 struct conv_state {
     struct kd_exec e;
@@ -569,56 +575,86 @@ static int is_f32(const struct kiln_type *t) { return t && t->dtype == KILN_DTYP
 
 static int layout_of(const int *layouts, int i) { return layouts ? layouts[i] : 0; }
 
-static kiln_status conv_compile_dense(const struct kiln_compile_ctx *cc, struct kiln_kernel_inst *inst)
+/* The checks every kernel of the conv family makes first: f32 types, constant weights, a
+ * rank-1 bias, a residual Sum like Y, an activation oneDNN has, groups and a window that
+ * resolve (wrongly typed or bad attributes: declined, the reference reports them). */
+static bool conv_node_ok(const struct kiln_compile_ctx *cc, int64_t *group_out,
+                         struct kiln_window *win)
 {
     const struct kiln_node *n = cc->node;
     int fused = n->op == KILN_OP_KilnFusedConv;
     const struct kiln_type *x = cc->in[0], *w = cc->in[1], *y = cc->n_out > 0 ? cc->out[0] : NULL;
     const struct kiln_type *bias = cc->n_in > 2 ? cc->in[2] : NULL;
     const struct kiln_type *sum = fused && cc->n_in > 3 ? cc->in[3] : NULL;
-    if (!is_f32(x) || !is_f32(w) || !is_f32(y) || !cc->in_value || !cc->in_value[1]) return KILN_OK;
-    if (bias && (!is_f32(bias) || bias->rank != 1 || bias->dims[0] != w->dims[0])) return KILN_OK;
+    if (!is_f32(x) || !is_f32(w) || !is_f32(y) || !cc->in_value || !cc->in_value[1]) return false;
+    if (bias && (!is_f32(bias) || bias->rank != 1 || bias->dims[0] != w->dims[0])) return false;
     int rank = x->rank;
-    if (rank < 3 || rank > 5 || w->rank != rank || y->rank != rank) return KILN_OK;
+    if (rank < 3 || rank > 5 || w->rank != rank || y->rank != rank) return false;
     if (kiln_shape_count(rank, x->dims) <= 0 || kiln_shape_count(rank, y->dims) <= 0 ||
         kiln_shape_count(rank, w->dims) <= 0)
-        return KILN_OK;
+        return false;
     if (sum) {
-        if (!is_f32(sum) || sum->rank != rank) return KILN_OK;
+        if (!is_f32(sum) || sum->rank != rank) return false;
         for (int i = 0; i < rank; i++)
-            if (sum->dims[i] != y->dims[i]) return KILN_OK;
-        if (layout_of(cc->in_layout, 3) != layout_of(cc->out_layout, 0)) return KILN_OK;
+            if (sum->dims[i] != y->dims[i]) return false;
+        if (layout_of(cc->in_layout, 3) != layout_of(cc->out_layout, 0)) return false;
     }
     /* the activation must be one oneDNN has */
     dnnl_post_ops_t po;
-    if (dnnl_post_ops_create(&po) != dnnl_success) return KILN_OK;
+    if (dnnl_post_ops_create(&po) != dnnl_success) return false;
     int act_ok = !fused || kd_append_activation(n, po);
     dnnl_post_ops_destroy(po);
-    if (!act_ok) return KILN_OK;
+    if (!act_ok) return false;
 
     int64_t group = kiln_attr_int(n, "group", 1);
     if (kiln_attr_check(n) != KILN_OK) { /* wrongly typed attributes: the reference reports */
         kiln_error_clear();
-        return KILN_OK;
+        return false;
     }
     if (group < 1 || x->dims[1] % group || w->dims[0] % group || x->dims[1] / group != w->dims[1])
-        return KILN_OK;
-    int nsp = rank - 2;
-    struct kiln_window win;
-    if (kiln_window_resolve(n, nsp, x->dims + 2, w->dims + 2, false, &win) != KILN_OK) {
+        return false;
+    if (kiln_window_resolve(n, rank - 2, x->dims + 2, w->dims + 2, false, win) != KILN_OK) {
         kiln_attr_check(n);
         kiln_error_clear();
-        return KILN_OK; /* the reference reports it */
+        return false; /* the reference reports it */
     }
     if (kiln_attr_check(n) != KILN_OK) {
         kiln_error_clear();
-        return KILN_OK;
+        return false;
     }
-    if (nsp == 2 && group == 1 && win.pad_begin[0] == 0 && win.pad_begin[1] == 0) {
-        /* 1x1 images (squeeze-excitation): Kiln's matrix-vector kernel */
-        kiln_status st = kiln_simd_pointwise_compile(cc, inst);
-        if (st != KILN_OK || inst->run) return st;
-    }
+    *group_out = group;
+    return true;
+}
+
+bool kiln_k_dnnl_conv_covers(const struct kiln_compile_ctx *cc)
+{
+    int64_t group;
+    struct kiln_window win;
+    return conv_node_ok(cc, &group, &win);
+}
+
+/* Kiln's matrix-vector kernel (simd/pointwise.c) is offered 2-D convolutions of one group
+ * with no padding before (it checks the 1x1 images itself). */
+bool kiln_k_conv1x1_covers(const struct kiln_compile_ctx *cc)
+{
+    int64_t group;
+    struct kiln_window win;
+    return conv_node_ok(cc, &group, &win) && cc->in[0]->rank == 4 && group == 1 &&
+           win.pad_begin[0] == 0 && win.pad_begin[1] == 0;
+}
+
+static kiln_status conv_compile_dense(const struct kiln_compile_ctx *cc,
+                                      struct kiln_kernel_inst *inst)
+{
+    const struct kiln_node *n = cc->node;
+    int fused = n->op == KILN_OP_KilnFusedConv;
+    const struct kiln_type *x = cc->in[0], *w = cc->in[1], *y = cc->n_out > 0 ? cc->out[0] : NULL;
+    const struct kiln_type *bias = cc->n_in > 2 ? cc->in[2] : NULL;
+    const struct kiln_type *sum = fused && cc->n_in > 3 ? cc->in[3] : NULL;
+    int64_t group;
+    struct kiln_window win;
+    if (!conv_node_ok(cc, &group, &win)) return KILN_OK;
+    int rank = x->rank, nsp = rank - 2;
     struct conv_build b;
     memset(&b, 0, sizeof b);
     b.cc = cc;
@@ -707,16 +743,48 @@ static kiln_status conv_compile_dense(const struct kiln_compile_ctx *cc, struct 
     return KILN_OK;
 }
 
-/* A 1x1 convolution with a mostly-zero constant weight may run on the sparse
- * kernel instead, when it measures faster on the node's shape and layouts
- * (src/kernels/sparse/conv.c). */
-static kiln_status conv_compile(const struct kiln_compile_ctx *cc, struct kiln_kernel_inst *inst)
+kiln_status kiln_k_dnnl_conv_compile(const struct kiln_compile_ctx *cc,
+                                     struct kiln_kernel_inst *inst)
 {
-    return kiln_sparse_conv_select(cc, inst, conv_compile_dense);
+    return conv_compile_dense(cc, inst);
+}
+
+/* The dense kernel the family would choose after the sparse one: the matrix-vector
+ * kernel where it covers the node, else oneDNN's convolution. */
+static kiln_status conv_compile_dense_best(const struct kiln_compile_ctx *cc,
+                                           struct kiln_kernel_inst *inst)
+{
+    if (kiln_k_conv1x1_covers(cc)) {
+        kiln_status st = kiln_simd_pointwise_compile(cc, inst);
+        if (st != KILN_OK || inst->run) return st;
+    }
+    return conv_compile_dense(cc, inst);
+}
+
+/* The sparse entry of the family (conv.def, first): a 1x1 convolution of one group.
+ * Where its constant weight is mostly zero, the sparse kernel and the best dense one
+ * are both compiled and timed on the node's shape and layouts, and the faster one
+ * runs (src/kernels/sparse/conv.c); otherwise the dense one, as if this entry were
+ * not there. */
+bool kiln_k_sparse_conv_covers(const struct kiln_compile_ctx *cc)
+{
+    int64_t group;
+    struct kiln_window win;
+    if (!conv_node_ok(cc, &group, &win) || group != 1) return false;
+    const struct kiln_type *w = cc->in[1];
+    for (int i = 2; i < w->rank; i++)
+        if (w->dims[i] != 1) return false;
+    return true;
+}
+
+kiln_status kiln_k_sparse_conv_compile(const struct kiln_compile_ctx *cc,
+                                       struct kiln_kernel_inst *inst)
+{
+    return kiln_sparse_conv_select(cc, inst, conv_compile_dense_best);
 }
 
 /* Layout pass: X, Sum and Y may be blocked (the plan then passes their layouts). */
-static int conv_accepts_blocked(const struct kiln_node *n, int i, int block)
+int kiln_k_dnnl_conv_accepts(const struct kiln_node *n, int i, int block)
 {
     if (block != 8 && block != 16) return 0;
     if (i == 1 || i == 2) return 0;
@@ -735,5 +803,4 @@ static int conv_accepts_blocked(const struct kiln_node *n, int i, int block)
     return 1;
 }
 
-KILN_FAST_OP_PACKING(Conv, conv_compile, conv_accepts_blocked);
-KILN_FAST_OP_PACKING(KilnFusedConv, conv_compile, conv_accepts_blocked);
+

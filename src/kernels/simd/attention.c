@@ -15,12 +15,19 @@
  *
  * Declined (the reference runs): past_key/past_value, nonpad_kv_seqlen,
  * softcap, the present_* and qk_matmul outputs, other dtypes.
+ *
+ * Attention and KilnAttention have a kernel per SIMD table, declared in
+ * attention.def (family.h).
  */
 #include <stdatomic.h>
 #include <stdio.h>
 
-#include "kernels/fast.h"
+#include "kernels/family.h"
 #include "kernels/simd/simd.h"
+
+#define KILN_KERNEL KILN_KERNEL_DECLARE
+#include "kernels/simd/attention.def"
+#undef KILN_KERNEL
 
 #define ATTN_QB 64 /* query rows per work unit */
 
@@ -134,8 +141,9 @@ static kiln_status attn_finish(const struct kiln_compile_ctx *cc, struct kiln_ke
                                const struct attn_state *from, const struct kiln_type *mask,
                                bool merged);
 
-static kiln_status Attention_compile(const struct kiln_compile_ctx *cc,
-                                     struct kiln_kernel_inst *inst)
+static kiln_status attention_compile(const struct kiln_compile_ctx *cc,
+                                     struct kiln_kernel_inst *inst,
+                                     const struct simd_kernels *table)
 {
     const struct kiln_node *n = cc->node;
     if (cc->n_in < 3 || !is_f32(cc->in[0]) || !is_f32(cc->in[1]) || !is_f32(cc->in[2]))
@@ -193,6 +201,7 @@ static kiln_status Attention_compile(const struct kiln_compile_ctx *cc,
     st.causal = kiln_attr_int(n, "is_causal", 0) != 0;
     st.scale = kiln_node_attr(n, "scale") ? kiln_attr_float(n, "scale", 1.0f)
                                           : (float)(1.0 / sqrt((double)st.E));
+    st.k = table;
     return attn_finish(cc, inst, &st, mask, false);
 }
 
@@ -232,7 +241,6 @@ static kiln_status attn_finish(const struct kiln_compile_ctx *cc, struct kiln_ke
     struct attn_state *s = malloc(sizeof *s);
     if (!s) return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory compiling Attention");
     *s = st;
-    s->k = simd_kernels_for();
     s->threads = cc->threads < 1 ? 1 : cc->threads;
     snprintf(s->name, sizeof s->name, "f32_attention_%s", s->k->isa);
     inst->state = s;
@@ -242,13 +250,14 @@ static kiln_status attn_finish(const struct kiln_compile_ctx *cc, struct kiln_ke
     inst->scratch_bytes = (size_t)s->threads * attn_slot_floats(s) * sizeof(float);
     return KILN_OK;
 }
-KILN_FAST_OP(Attention, Attention_compile, NULL);
+SIMD_VARIANTS(attention, attention_compile)
 
 /* KilnAttention (opt/attention_views.c): Q, K and V read in place from their projections,
  * [B, S, N] or [S, B, N] (seq_first) at a column offset each; Y [B, S, H * EV], [S, B, ...]
  * (y_seq_first) or those two axes merged (y_merge_rows). */
-static kiln_status KilnAttention_compile(const struct kiln_compile_ctx *cc,
-                                         struct kiln_kernel_inst *inst)
+static kiln_status kilnattention_compile(const struct kiln_compile_ctx *cc,
+                                         struct kiln_kernel_inst *inst,
+                                         const struct simd_kernels *k)
 {
     const struct kiln_node *n = cc->node;
     if (cc->n_in < 3 || !is_f32(cc->in[0]) || !is_f32(cc->in[1]) || !is_f32(cc->in[2]) ||
@@ -296,7 +305,8 @@ static kiln_status KilnAttention_compile(const struct kiln_compile_ctx *cc,
     if (st.mperiod < 0 || (st.mperiod > 0 && (st.B % st.mperiod ||
                                                kiln_attr_int(n, "mask_merged", 0) != 0)))
         return KILN_OK;
+    st.k = k;
     return attn_finish(cc, inst, &st, mask,
                        kiln_attr_int(n, "mask_merged", 0) != 0);
 }
-KILN_FAST_OP(KilnAttention, KilnAttention_compile, NULL);
+SIMD_VARIANTS(kilnattention, kilnattention_compile)

@@ -18,13 +18,18 @@
  * float32 when blocked. Anything else runs on the reference kernel.
  * An input the plan passes as NULL is already in its place in the output
  * (src/exec/plan.c, Concat in place): it is skipped.
+ * Declared in the copy family's list (copy.def, family.h).
  */
 #include <stdio.h>
 #include <string.h>
 
 #include "core/threadpool.h"
-#include "kernels/fast.h"
+#include "kernels/family.h"
 #include "kernels/simd/gather4.h"
+
+#define KILN_KERNEL KILN_KERNEL_DECLARE
+#include "kernels/simd/copy.def"
+#undef KILN_KERNEL
 
 #define CONCAT_MAX_IN 256
 
@@ -130,7 +135,12 @@ static void stored_dims(const struct kiln_type *t, int l, int64_t *d, int *rank_
     *rank_out = 5;
 }
 
-static kiln_status concat_compile(const struct kiln_compile_ctx *cc, struct kiln_kernel_inst *inst)
+bool kiln_k_concat_covers(const struct kiln_compile_ctx *cc)
+{
+    return cc->n_out > 0 && cc->out[0] && cc->n_in >= 1 && cc->n_in <= CONCAT_MAX_IN;
+}
+
+kiln_status kiln_k_concat_compile(const struct kiln_compile_ctx *cc, struct kiln_kernel_inst *inst)
 {
     const struct kiln_node *n = cc->node;
     const struct kiln_type *y = cc->n_out > 0 ? cc->out[0] : NULL;
@@ -202,10 +212,8 @@ decline:
 
 /* Layout pass: inputs and output may be blocked; src/opt/layout.c checks the axis
  * and the channel counts (whole blocks along C). */
-static int concat_accepts_blocked(const struct kiln_node *n, int i, int block)
+int kiln_k_concat_accepts(const struct kiln_node *n, int i, int block)
 {
     (void)n, (void)i;
     return block == 8 || block == 16;
 }
-
-KILN_FAST_OP(Concat, concat_compile, concat_accepts_blocked);

@@ -9,13 +9,20 @@
  * merged, then a row copy when the innermost dim stays innermost -- e.g.
  * [0,2,1,3] --, a 32x32-tiled copy for (batched) 2-D swaps, and an
  * odometer walk otherwise) and ReduceSum / ReduceMean of f32 over trailing
- * axes (sums in double, as the reference does).
+ * axes (sums in double, as the reference does). Gather's two kernels and
+ * Transpose are declared in the copy family's list (copy.def, family.h),
+ * the reductions (one kernel per SIMD table) in reduce.def.
  */
 #include <stdio.h>
 
-#include "kernels/fast.h"
+#include "kernels/family.h"
 #include "kernels/simd/gather4.h"
 #include "kernels/simd/simd.h"
+
+#define KILN_KERNEL KILN_KERNEL_DECLARE
+#include "kernels/simd/copy.def"
+#include "kernels/simd/reduce.def"
+#undef KILN_KERNEL
 
 static bool concrete(const struct kiln_type *t)
 {
@@ -115,8 +122,20 @@ static bool gather_is_channels(const struct kiln_node *n, int rank)
     return rank == 4 && (axis == 1 || axis == -3);
 }
 
-static kiln_status gather_chan_compile(const struct kiln_compile_ctx *cc,
-                                       struct kiln_kernel_inst *inst)
+/* Both Gather kernels: data, indices and output concrete, data of rank >= 1. */
+static bool gather_concrete(const struct kiln_compile_ctx *cc)
+{
+    return cc->n_in > 1 && concrete(cc->in[0]) && concrete(cc->in[1]) && cc->in[0]->rank >= 1 &&
+           cc->n_out >= 1 && concrete(cc->out[0]);
+}
+
+bool kiln_k_gather_channels_covers(const struct kiln_compile_ctx *cc)
+{
+    return gather_concrete(cc) && gather_is_channels(cc->node, cc->in[0]->rank);
+}
+
+kiln_status kiln_k_gather_channels_compile(const struct kiln_compile_ctx *cc,
+                                           struct kiln_kernel_inst *inst)
 {
     const struct kiln_type *d = cc->in[0], *y = cc->out[0];
     const kiln_tensor *ind = cc->in_value ? cc->in_value[1] : NULL;
@@ -156,14 +175,18 @@ static kiln_status gather_chan_compile(const struct kiln_compile_ctx *cc,
     return KILN_OK;
 }
 
-static kiln_status Gather_compile(const struct kiln_compile_ctx *cc, struct kiln_kernel_inst *inst)
+/* Rows: along axis 0. */
+bool kiln_k_gather_rows_covers(const struct kiln_compile_ctx *cc)
 {
-    const struct kiln_type *d = cc->in[0], *ind = cc->n_in > 1 ? cc->in[1] : NULL;
-    if (!concrete(d) || !concrete(ind) || d->rank < 1 || cc->n_out < 1 || !concrete(cc->out[0]))
-        return KILN_OK;
-    if (gather_is_channels(cc->node, d->rank)) return gather_chan_compile(cc, inst);
-    if (kiln_attr_int(cc->node, "axis", 0) != 0 && kiln_attr_int(cc->node, "axis", 0) != -d->rank)
-        return KILN_OK;
+    if (!gather_concrete(cc)) return false;
+    int64_t axis = kiln_attr_int(cc->node, "axis", 0);
+    return axis == 0 || axis == -cc->in[0]->rank;
+}
+
+kiln_status kiln_k_gather_rows_compile(const struct kiln_compile_ctx *cc,
+                                       struct kiln_kernel_inst *inst)
+{
+    const struct kiln_type *d = cc->in[0], *ind = cc->in[1]; /* covers checked the rest */
     if (ind->dtype != KILN_DTYPE_I64 && ind->dtype != KILN_DTYPE_I32) return KILN_OK;
     size_t es = plain_size(d->dtype);
     if (!es || cc->out[0]->dtype != d->dtype) return KILN_OK;
@@ -182,11 +205,10 @@ static kiln_status Gather_compile(const struct kiln_compile_ctx *cc, struct kiln
 }
 /* Layout pass: a Gather of channels may read and write blocked data (src/opt/layout.c
  * checks the rank and that the indices are constant). */
-static int gather_accepts_blocked(const struct kiln_node *n, int i, int block)
+int kiln_k_gather_channels_accepts(const struct kiln_node *n, int i, int block)
 {
     return (i == 0 || i == -1) && (block == 8 || block == 16) && gather_is_channels(n, 4);
 }
-KILN_FAST_OP(Gather, Gather_compile, gather_accepts_blocked);
 
 /* ---- Transpose ---- */
 
@@ -324,7 +346,12 @@ static kiln_status transpose_run(void *state, struct kiln_run_ctx *ctx)
     return KILN_OK;
 }
 
-static kiln_status Transpose_compile(const struct kiln_compile_ctx *cc,
+bool kiln_k_transpose_covers(const struct kiln_compile_ctx *cc)
+{
+    return cc->n_in >= 1 && concrete(cc->in[0]) && cc->n_out >= 1 && concrete(cc->out[0]);
+}
+
+kiln_status kiln_k_transpose_compile(const struct kiln_compile_ctx *cc,
                                      struct kiln_kernel_inst *inst)
 {
     const struct kiln_type *x = cc->in[0];
@@ -399,7 +426,7 @@ static kiln_status Transpose_compile(const struct kiln_compile_ctx *cc,
     inst->name = s->name;
     return KILN_OK;
 }
-KILN_FAST_OP(Transpose, Transpose_compile, NULL);
+
 
 /* ---- ReduceSum, ReduceMean over trailing axes ---- */
 
@@ -462,8 +489,15 @@ static kiln_status reduce_run(void *state, struct kiln_run_ctx *ctx)
     return KILN_OK;
 }
 
+bool kiln_k_reduce_covers(const struct kiln_compile_ctx *cc)
+{
+    return cc->n_in >= 1 && concrete(cc->in[0]) && cc->in[0]->dtype == KILN_DTYPE_F32 &&
+           cc->n_out >= 1 && concrete(cc->out[0]) && cc->out[0]->dtype == KILN_DTYPE_F32;
+}
+
 static kiln_status reduce_compile(const struct kiln_compile_ctx *cc,
-                                  struct kiln_kernel_inst *inst, enum reduce_kind kind)
+                                  struct kiln_kernel_inst *inst,
+                                  const struct simd_kernels *table, enum reduce_kind kind)
 {
     const struct kiln_type *x = cc->in[0];
     if (!concrete(x) || x->dtype != KILN_DTYPE_F32 || cc->n_out < 1 || !concrete(cc->out[0]) ||
@@ -510,7 +544,7 @@ static kiln_status reduce_compile(const struct kiln_compile_ctx *cc,
         return KILN_OK;
     struct reduce_state *s = calloc(1, sizeof *s);
     if (!s) return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory compiling a Reduce node");
-    s->k = simd_kernels_for();
+    s->k = table;
     s->rows = rows;
     s->n = n;
     s->inner = inner;
@@ -525,14 +559,15 @@ static kiln_status reduce_compile(const struct kiln_compile_ctx *cc,
     return KILN_OK;
 }
 
-#define REDUCE_OP(Name, KIND)                                                              \
-    static kiln_status Name##_compile(const struct kiln_compile_ctx *cc,                     \
-                                      struct kiln_kernel_inst *inst)                         \
+#define REDUCE_OP(stem, KIND)                                                                \
+    static kiln_status stem##_compile(const struct kiln_compile_ctx *cc,                     \
+                                      struct kiln_kernel_inst *inst,                         \
+                                      const struct simd_kernels *k)                          \
     {                                                                                        \
-        return reduce_compile(cc, inst, KIND);                                               \
+        return reduce_compile(cc, inst, k, KIND);                                            \
     }                                                                                        \
-    KILN_FAST_OP(Name, Name##_compile, NULL)
-REDUCE_OP(ReduceSum, REDUCE_SUM);
-REDUCE_OP(ReduceMean, REDUCE_MEAN);
-REDUCE_OP(ReduceMax, REDUCE_MAX);
-REDUCE_OP(ReduceMin, REDUCE_MIN);
+    SIMD_VARIANTS(stem, stem##_compile)
+REDUCE_OP(reducesum, REDUCE_SUM)
+REDUCE_OP(reducemean, REDUCE_MEAN)
+REDUCE_OP(reducemax, REDUCE_MAX)
+REDUCE_OP(reducemin, REDUCE_MIN)

@@ -3,8 +3,10 @@
  * LeakyRelu, Clip, Sigmoid, Tanh, Exp, Erf, Gelu, HardSwish, HardSigmoid,
  * Softplus, Sqrt, Neg) and the binary ops Add, Sub, Mul, Div.
  *
- * compile checks the node's concrete types and attributes, picks the
- * kernel table of kiln_cpu_isa() (simd.h) and returns run NULL for what it
+ * Each op has three kernels, one per SIMD table (simd.h), declared in the
+ * family list elementwise.def (family.h): kiln_k_<op>_avx512 / _avx2 /
+ * _scalar. compile checks the node's concrete types and attributes for its
+ * table and returns run NULL for what it
  * does not cover (other dtypes; broadcasts other than same shape, a scalar,
  * or one input repeating as a trailing row like [B,S,H] + [H]), so the
  * reference kernel runs those. Large tensors are split across the run's
@@ -20,8 +22,12 @@
 #include <float.h>
 #include <stdio.h>
 
-#include "kernels/fast.h"
+#include "kernels/family.h"
 #include "kernels/simd/simd.h"
+
+#define KILN_KERNEL KILN_KERNEL_DECLARE
+#include "kernels/simd/elementwise.def"
+#undef KILN_KERNEL
 
 const struct simd_kernels *simd_kernels_for(void)
 {
@@ -215,7 +221,8 @@ static int64_t type_count(const struct kiln_type *t)
 
 /* Set up inst with a fresh ew_state for the given node; *out NULL = declined. */
 static kiln_status ew_begin(const struct kiln_compile_ctx *cc, struct kiln_kernel_inst *inst,
-                            int n_inputs, const char *opname, struct ew_state **out)
+                            const struct simd_kernels *k, int n_inputs, const char *opname,
+                            struct ew_state **out)
 {
     *out = NULL;
     if (cc->n_out < 1 || !is_f32(cc->out[0]) || cc->n_in < n_inputs) return KILN_OK;
@@ -223,7 +230,7 @@ static kiln_status ew_begin(const struct kiln_compile_ctx *cc, struct kiln_kerne
         if (!is_f32(cc->in[i])) return KILN_OK;
     struct ew_state *s = calloc(1, sizeof *s);
     if (!s) return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory compiling %s", opname);
-    s->k = simd_kernels_for();
+    s->k = k;
     s->n = type_count(cc->out[0]);
     s->grain = SIMD_GRAIN_MATH;
     snprintf(s->name, sizeof s->name, "f32_%s_%s", opname, s->k->isa);
@@ -259,7 +266,8 @@ static bool same_4d(const struct kiln_type *a, const struct kiln_type *b)
 
 /* Compile a unary op; cheap ops get the larger parallel grain. */
 static kiln_status unary_compile(const struct kiln_compile_ctx *cc, struct kiln_kernel_inst *inst,
-                                 enum simd_unary op, const char *opname, float alpha, float beta)
+                                 const struct simd_kernels *k, enum simd_unary op,
+                                 const char *opname, float alpha, float beta)
 {
     if (cc->n_in < 1 || !is_f32(cc->in[0]) || cc->n_out < 1 || !is_f32(cc->out[0]) ||
         type_count(cc->in[0]) != type_count(cc->out[0]))
@@ -267,7 +275,7 @@ static kiln_status unary_compile(const struct kiln_compile_ctx *cc, struct kiln_
     int li = cc->in_layout ? cc->in_layout[0] : 0, lo = cc->out_layout ? cc->out_layout[0] : 0;
     if (li != lo || (lo && !same_4d(cc->in[0], cc->out[0]))) return KILN_OK;
     struct ew_state *s;
-    kiln_status st = ew_begin(cc, inst, 1, opname, &s);
+    kiln_status st = ew_begin(cc, inst, k, 1, opname, &s);
     if (st != KILN_OK || !s) return st;
     if (lo) ew_set_blocked(s, cc->out[0], lo);
     s->uop = op;
@@ -279,72 +287,82 @@ static kiln_status unary_compile(const struct kiln_compile_ctx *cc, struct kiln_
     return KILN_OK;
 }
 
-#define UNARY_FAST(Name, op, opname)                                                       \
-    static kiln_status Name##_compile(const struct kiln_compile_ctx *cc,                   \
-                                      struct kiln_kernel_inst *inst)                       \
-    {                                                                                      \
-        return unary_compile(cc, inst, op, opname, 0.0f, 0.0f);                            \
-    }                                                                                      \
-    KILN_FAST_OP(Name, Name##_compile, blocked_accepts)
+
+#define UNARY_FAST(stem, op)                                                                \
+    static kiln_status stem##_compile(const struct kiln_compile_ctx *cc,                    \
+                                      struct kiln_kernel_inst *inst,                        \
+                                      const struct simd_kernels *k)                         \
+    {                                                                                       \
+        return unary_compile(cc, inst, k, op, #stem, 0.0f, 0.0f);                           \
+    }                                                                                       \
+    SIMD_VARIANTS(stem, stem##_compile)
+
+/* What every unary kernel needs: input 0 and output 0 f32 and concrete. */
+bool kiln_k_unary_covers(const struct kiln_compile_ctx *cc)
+{
+    return cc->n_in >= 1 && is_f32(cc->in[0]) && cc->n_out >= 1 && is_f32(cc->out[0]);
+}
 
 /* The layout pass asks whether a unary node may read and write blocked data. */
-static int blocked_accepts(const struct kiln_node *n, int i, int block)
+int kiln_k_unary_accepts(const struct kiln_node *n, int i, int block)
 {
     (void)n;
     return i <= 0 && (block == 8 || block == 16);
 }
 
-UNARY_FAST(Relu, SIMD_RELU, "relu");
-UNARY_FAST(Sigmoid, SIMD_SIGMOID, "sigmoid");
-UNARY_FAST(Tanh, SIMD_TANH, "tanh");
-UNARY_FAST(Exp, SIMD_EXP, "exp");
-UNARY_FAST(Erf, SIMD_ERF, "erf");
-UNARY_FAST(HardSwish, SIMD_HARD_SWISH, "hardswish");
-UNARY_FAST(Softplus, SIMD_SOFTPLUS, "softplus");
-UNARY_FAST(Sqrt, SIMD_SQRT, "sqrt");
-UNARY_FAST(Neg, SIMD_NEG, "neg");
+UNARY_FAST(relu, SIMD_RELU)
+UNARY_FAST(sigmoid, SIMD_SIGMOID)
+UNARY_FAST(tanh, SIMD_TANH)
+UNARY_FAST(exp, SIMD_EXP)
+UNARY_FAST(erf, SIMD_ERF)
+UNARY_FAST(hardswish, SIMD_HARD_SWISH)
+UNARY_FAST(softplus, SIMD_SOFTPLUS)
+UNARY_FAST(sqrt, SIMD_SQRT)
+UNARY_FAST(neg, SIMD_NEG)
 
-static kiln_status LeakyRelu_compile(const struct kiln_compile_ctx *cc,
-                                     struct kiln_kernel_inst *inst)
+static kiln_status leakyrelu_compile(const struct kiln_compile_ctx *cc,
+                                     struct kiln_kernel_inst *inst, const struct simd_kernels *k)
 {
-    return unary_compile(cc, inst, SIMD_LEAKY_RELU, "leakyrelu",
+    return unary_compile(cc, inst, k, SIMD_LEAKY_RELU, "leakyrelu",
                          kiln_attr_float(cc->node, "alpha", 0.01f), 0.0f);
 }
-KILN_FAST_OP(LeakyRelu, LeakyRelu_compile, blocked_accepts);
+SIMD_VARIANTS(leakyrelu, leakyrelu_compile)
 
-static kiln_status HardSigmoid_compile(const struct kiln_compile_ctx *cc,
-                                       struct kiln_kernel_inst *inst)
+static kiln_status hardsigmoid_compile(const struct kiln_compile_ctx *cc,
+                                       struct kiln_kernel_inst *inst, const struct simd_kernels *k)
 {
-    return unary_compile(cc, inst, SIMD_HARD_SIGMOID, "hardsigmoid",
+    return unary_compile(cc, inst, k, SIMD_HARD_SIGMOID, "hardsigmoid",
                          kiln_attr_float(cc->node, "alpha", 0.2f),
                          kiln_attr_float(cc->node, "beta", 0.5f));
 }
-KILN_FAST_OP(HardSigmoid, HardSigmoid_compile, blocked_accepts);
+SIMD_VARIANTS(hardsigmoid, hardsigmoid_compile)
 
-static kiln_status Gelu_compile(const struct kiln_compile_ctx *cc, struct kiln_kernel_inst *inst)
+static kiln_status gelu_compile(const struct kiln_compile_ctx *cc, struct kiln_kernel_inst *inst,
+                                const struct simd_kernels *k)
 {
     const char *approx = kiln_attr_str(cc->node, "approximate", "none");
-    if (strcmp(approx, "none") == 0) return unary_compile(cc, inst, SIMD_GELU, "gelu", 0, 0);
+    if (strcmp(approx, "none") == 0) return unary_compile(cc, inst, k, SIMD_GELU, "gelu", 0, 0);
     if (strcmp(approx, "tanh") == 0)
-        return unary_compile(cc, inst, SIMD_GELU_TANH, "gelu_tanh", 0, 0);
+        return unary_compile(cc, inst, k, SIMD_GELU_TANH, "gelu_tanh", 0, 0);
     return KILN_OK; /* the reference reports the bad attribute */
 }
-KILN_FAST_OP(Gelu, Gelu_compile, blocked_accepts);
+SIMD_VARIANTS(gelu, gelu_compile)
 
 /* Clip: attributes min/max before opset 11, optional one-element inputs from 11. */
-static kiln_status Clip_compile(const struct kiln_compile_ctx *cc, struct kiln_kernel_inst *inst)
+static kiln_status clip_compile(const struct kiln_compile_ctx *cc, struct kiln_kernel_inst *inst,
+                                const struct simd_kernels *k)
 {
     if (cc->node->opset < 11)
-        return unary_compile(cc, inst, SIMD_CLIP, "clip",
+        return unary_compile(cc, inst, k, SIMD_CLIP, "clip",
                              kiln_attr_float(cc->node, "min", -FLT_MAX),
                              kiln_attr_float(cc->node, "max", FLT_MAX));
     for (int i = 1; i < cc->n_in && i < 3; i++)
         if (cc->in[i] && (!is_f32(cc->in[i]) || type_count(cc->in[i]) != 1)) return KILN_OK;
-    kiln_status st = unary_compile(cc, inst, SIMD_CLIP, "clip", -INFINITY, INFINITY);
+    kiln_status st = unary_compile(cc, inst, k, SIMD_CLIP, "clip", -INFINITY, INFINITY);
     if (st == KILN_OK && inst->run) ((struct ew_state *)inst->state)->clip_inputs = true;
     return st;
 }
-KILN_FAST_OP(Clip, Clip_compile, blocked_accepts);
+SIMD_VARIANTS(clip, clip_compile)
 
 /* Whether `small` is [N or 1, C, 1, 1] against a 4-D out [N, C, H, W]. */
 static bool chan_small(const struct kiln_type *small, const struct kiln_type *out)
@@ -373,7 +391,8 @@ static bool trailing_row(const struct kiln_type *small, const struct kiln_type *
 }
 
 static kiln_status binary_compile(const struct kiln_compile_ctx *cc, struct kiln_kernel_inst *inst,
-                                  enum simd_binary op, const char *opname)
+                                  const struct simd_kernels *k, enum simd_binary op,
+                                  const char *opname)
 {
     if (cc->node->opset < 7 && kiln_node_attr(cc->node, "broadcast")) return KILN_OK;
     if (cc->n_in < 2 || !is_f32(cc->in[0]) || !is_f32(cc->in[1]) || cc->n_out < 1 ||
@@ -393,7 +412,7 @@ static kiln_status binary_compile(const struct kiln_compile_ctx *cc, struct kiln
     else if (nb == n && trailing_row(a, o, &row)) bc = BC_A_ROW;
     else return KILN_OK;
     struct ew_state *s;
-    kiln_status st = ew_begin(cc, inst, 2, opname, &s);
+    kiln_status st = ew_begin(cc, inst, k, 2, opname, &s);
     if (st != KILN_OK || !s) return st;
     s->binary = true;
     s->bop = op;
@@ -418,21 +437,29 @@ static kiln_status binary_compile(const struct kiln_compile_ctx *cc, struct kiln
 /* The layout pass asks whether a channel-broadcast node may read (the big
  * input) and write blocked data, or a same-shape one both inputs; it has
  * checked the shapes (src/opt/layout.c). */
-static int chan_accepts_blocked(const struct kiln_node *n, int i, int block)
+int kiln_k_binary_accepts(const struct kiln_node *n, int i, int block)
 {
     (void)n, (void)i;
     return block == 8 || block == 16;
 }
 
-#define BINARY_FAST(Name, op, opname)                                                      \
-    static kiln_status Name##_compile(const struct kiln_compile_ctx *cc,                   \
-                                      struct kiln_kernel_inst *inst)                       \
-    {                                                                                      \
-        return binary_compile(cc, inst, op, opname);                                       \
-    }                                                                                      \
-    KILN_FAST_OP(Name, Name##_compile, chan_accepts_blocked)
+/* What every binary kernel needs: two f32 inputs and an f32 output, concrete. */
+bool kiln_k_binary_covers(const struct kiln_compile_ctx *cc)
+{
+    return cc->n_in >= 2 && is_f32(cc->in[0]) && is_f32(cc->in[1]) && cc->n_out >= 1 &&
+           is_f32(cc->out[0]);
+}
 
-BINARY_FAST(Add, SIMD_ADD, "add");
-BINARY_FAST(Sub, SIMD_SUB, "sub");
-BINARY_FAST(Mul, SIMD_MUL, "mul");
-BINARY_FAST(Div, SIMD_DIV, "div");
+#define BINARY_FAST(stem, op)                                                               \
+    static kiln_status stem##_compile(const struct kiln_compile_ctx *cc,                    \
+                                      struct kiln_kernel_inst *inst,                        \
+                                      const struct simd_kernels *k)                         \
+    {                                                                                       \
+        return binary_compile(cc, inst, k, op, #stem);                                      \
+    }                                                                                       \
+    SIMD_VARIANTS(stem, stem##_compile)
+
+BINARY_FAST(add, SIMD_ADD)
+BINARY_FAST(sub, SIMD_SUB)
+BINARY_FAST(mul, SIMD_MUL)
+BINARY_FAST(div, SIMD_DIV)

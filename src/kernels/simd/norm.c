@@ -5,11 +5,17 @@
  * dims from axis, scale and optional bias laid out like those dims, Mean
  * and InvStdDev produced when wanted in f32). Rows are split across the
  * run's threads. Statistics accumulate in double across blocks of floats.
+ * Each has a kernel per SIMD table, declared in norm.def (family.h).
  */
 #include <stdio.h>
 
-#include "kernels/fast.h"
+#include "kernels/family.h"
 #include "kernels/simd/simd.h"
+
+#define KILN_KERNEL KILN_KERNEL_DECLARE
+#include "kernels/simd/norm.def"
+#undef KILN_KERNEL
+
 
 static bool is_f32(const struct kiln_type *t)
 {
@@ -59,8 +65,13 @@ static kiln_status softmax_run(void *state, struct kiln_run_ctx *ctx)
     return KILN_OK;
 }
 
-static kiln_status Softmax_compile(const struct kiln_compile_ctx *cc,
-                                   struct kiln_kernel_inst *inst)
+bool kiln_k_softmax_covers(const struct kiln_compile_ctx *cc)
+{
+    return cc->n_in >= 1 && is_f32(cc->in[0]) && cc->n_out >= 1 && is_f32(cc->out[0]);
+}
+
+static kiln_status softmax_compile(const struct kiln_compile_ctx *cc,
+                                   struct kiln_kernel_inst *inst, const struct simd_kernels *k)
 {
     const struct kiln_type *x = cc->in[0];
     if (!is_f32(x) || cc->n_out < 1 || !is_f32(cc->out[0])) return KILN_OK;
@@ -82,7 +93,7 @@ static kiln_status Softmax_compile(const struct kiln_compile_ctx *cc,
     if (n <= 0 || inner <= 0) return KILN_OK;
     struct softmax_state *s = calloc(1, sizeof *s);
     if (!s) return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory compiling Softmax");
-    s->k = simd_kernels_for();
+    s->k = k;
     s->outer = outer;
     s->n = n;
     s->inner = inner;
@@ -94,7 +105,7 @@ static kiln_status Softmax_compile(const struct kiln_compile_ctx *cc,
     inst->inplace = 1;
     return KILN_OK;
 }
-KILN_FAST_OP(Softmax, Softmax_compile, NULL);
+SIMD_VARIANTS(softmax, softmax_compile)
 
 /* ---- LayerNormalization ---- */
 
@@ -150,8 +161,14 @@ static bool trails_from(const struct kiln_type *p, const struct kiln_type *x, in
     return true;
 }
 
-static kiln_status LayerNormalization_compile(const struct kiln_compile_ctx *cc,
-                                              struct kiln_kernel_inst *inst)
+bool kiln_k_layernorm_covers(const struct kiln_compile_ctx *cc)
+{
+    return cc->n_in >= 2 && is_f32(cc->in[0]) && is_f32(cc->in[1]) && cc->in[0]->rank >= 1 &&
+           cc->n_out >= 1 && is_f32(cc->out[0]);
+}
+
+static kiln_status layernorm_compile(const struct kiln_compile_ctx *cc,
+                                     struct kiln_kernel_inst *inst, const struct simd_kernels *k)
 {
     const struct kiln_type *x = cc->in[0], *scale = cc->n_in > 1 ? cc->in[1] : NULL;
     const struct kiln_type *bias = cc->n_in > 2 ? cc->in[2] : NULL;
@@ -168,7 +185,7 @@ static kiln_status LayerNormalization_compile(const struct kiln_compile_ctx *cc,
     if (n <= 0) return KILN_OK;
     struct layernorm_state *s = calloc(1, sizeof *s);
     if (!s) return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory compiling LayerNormalization");
-    s->k = simd_kernels_for();
+    s->k = k;
     s->rows = rows;
     s->n = n;
     s->eps = kiln_attr_float(cc->node, "epsilon", 1e-5f);
@@ -182,4 +199,4 @@ static kiln_status LayerNormalization_compile(const struct kiln_compile_ctx *cc,
     inst->inplace = 1; /* each row's statistics are taken before the row is written */
     return KILN_OK;
 }
-KILN_FAST_OP(LayerNormalization, LayerNormalization_compile, NULL);
+SIMD_VARIANTS(layernorm, layernorm_compile)

@@ -7,7 +7,8 @@
  * over the run's threads. Blocked, the lanes past the last channel stay
  * zero whatever the fill (kernels reading blocked data rely on it). Other
  * modes, ranks and pads on N or C use the reference kernel; kiln_pad_hw
- * (pad.h) says which, for the layout pass too.
+ * (pad.h) says which, for the layout pass too. Declared in the copy
+ * family's list (copy.def, family.h).
  */
 #include "kernels/simd/pad.h"
 
@@ -16,7 +17,11 @@
 #include <string.h>
 
 #include "core/threadpool.h"
-#include "kernels/fast.h"
+#include "kernels/family.h"
+
+#define KILN_KERNEL KILN_KERNEL_DECLARE
+#include "kernels/simd/copy.def"
+#undef KILN_KERNEL
 
 bool kiln_pad_hw(const struct kiln_node *n, const kiln_tensor *pads, bool has_axes,
                  const kiln_tensor *value, bool has_value, int64_t amounts[4], float *fill)
@@ -104,7 +109,13 @@ static kiln_status pad_run(void *state, struct kiln_run_ctx *ctx)
     return KILN_OK;
 }
 
-static kiln_status pad_compile(const struct kiln_compile_ctx *cc, struct kiln_kernel_inst *inst)
+bool kiln_k_pad4_covers(const struct kiln_compile_ctx *cc)
+{
+    return cc->n_in >= 1 && cc->in[0] && cc->in[0]->dtype == KILN_DTYPE_F32 &&
+           cc->in[0]->rank == 4 && cc->n_out > 0 && cc->out[0];
+}
+
+kiln_status kiln_k_pad4_compile(const struct kiln_compile_ctx *cc, struct kiln_kernel_inst *inst)
 {
     const struct kiln_type *x = cc->in[0], *y = cc->n_out > 0 ? cc->out[0] : NULL;
     if (!x || !y || x->dtype != KILN_DTYPE_F32 || y->dtype != KILN_DTYPE_F32 || x->rank != 4 ||
@@ -145,10 +156,8 @@ static kiln_status pad_compile(const struct kiln_compile_ctx *cc, struct kiln_ke
 
 /* Layout pass: data input and output may be blocked (src/opt/layout.c checks
  * kiln_pad_hw on the constants). */
-static int pad_accepts_blocked(const struct kiln_node *n, int i, int block)
+int kiln_k_pad4_accepts(const struct kiln_node *n, int i, int block)
 {
     (void)n;
     return (i == 0 || i == -1) && (block == 8 || block == 16);
 }
-
-KILN_FAST_OP(Pad, pad_compile, pad_accepts_blocked);

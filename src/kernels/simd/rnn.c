@@ -3,7 +3,7 @@
  * linear_before_reset values) and LSTM: forward, reverse and bidirectional,
  * layout 0 and 1, sequence_lens, initial_h / initial_c, LSTM peepholes and
  * input_forget, clip, and every activation the reference kernel knows
- * (ref/rnn.c, against which unit_simd tests them).
+ * (ref/rnn.c, against which unit_kernels tests them).
  *
  * Compile packs the constant weights once (through the weight cache when the
  * plan has one): W transposed to [I][directions * gates * H], so that the
@@ -30,8 +30,12 @@
 #include <stdlib.h>
 #include <strings.h>
 
-#include "kernels/fast.h"
+#include "kernels/family.h"
 #include "kernels/simd/simd.h"
+
+#define KILN_KERNEL KILN_KERNEL_DECLARE
+#include "kernels/simd/attention.def"
+#undef KILN_KERNEL
 
 #define RNN_GEMM_SLICE 8 /* rows per GEMM slice: a multiple of every register tile's rows */
 #define RNN_STEP_CHUNK_FLOPS 524288.0 /* least work of one thread's share of a step */
@@ -423,8 +427,9 @@ static kiln_status rnn_pack(const struct kiln_compile_ctx *cc, struct rnn_state 
     return st;
 }
 
-static kiln_status rnn_compile(const struct kiln_compile_ctx *cc, struct kiln_kernel_inst *inst,
-                               enum simd_rnn_kind kind)
+static kiln_status rnn_compile_kind(const struct kiln_compile_ctx *cc,
+                                    struct kiln_kernel_inst *inst,
+                               const struct simd_kernels *table, enum simd_rnn_kind kind)
 {
     const struct kiln_node *n = cc->node;
     const char *dir = kiln_attr_str(n, "direction", "forward");
@@ -470,7 +475,7 @@ static kiln_status rnn_compile(const struct kiln_compile_ctx *cc, struct kiln_ke
     struct rnn_state *s = calloc(1, sizeof *s);
     if (!s) return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory compiling %s",
                               kiln_op_name(n->op));
-    s->k = simd_kernels_for();
+    s->k = table;
     s->kind = kind;
     s->ndir = ndir;
     s->reverse_only = reverse_only;
@@ -534,18 +539,15 @@ static kiln_status rnn_compile(const struct kiln_compile_ctx *cc, struct kiln_ke
     return KILN_OK;
 }
 
-static kiln_status RNN_compile(const struct kiln_compile_ctx *cc, struct kiln_kernel_inst *inst)
-{
-    return rnn_compile(cc, inst, SIMD_RNN_CELL_RNN);
-}
-static kiln_status GRU_compile(const struct kiln_compile_ctx *cc, struct kiln_kernel_inst *inst)
-{
-    return rnn_compile(cc, inst, SIMD_RNN_CELL_GRU);
-}
-static kiln_status LSTM_compile(const struct kiln_compile_ctx *cc, struct kiln_kernel_inst *inst)
-{
-    return rnn_compile(cc, inst, SIMD_RNN_CELL_LSTM);
-}
-KILN_FAST_OP(RNN, RNN_compile, NULL);
-KILN_FAST_OP(GRU, GRU_compile, NULL);
-KILN_FAST_OP(LSTM, LSTM_compile, NULL);
+/* One kernel per op and SIMD table (attention.def). */
+#define RNN_OP(stem, KIND)                                                                   \
+    static kiln_status stem##_compile(const struct kiln_compile_ctx *cc,                     \
+                                      struct kiln_kernel_inst *inst,                         \
+                                      const struct simd_kernels *k)                          \
+    {                                                                                        \
+        return rnn_compile_kind(cc, inst, k, KIND);                                             \
+    }                                                                                        \
+    SIMD_VARIANTS(stem, stem##_compile)
+RNN_OP(rnn, SIMD_RNN_CELL_RNN)
+RNN_OP(gru, SIMD_RNN_CELL_GRU)
+RNN_OP(lstm, SIMD_RNN_CELL_LSTM)

@@ -5,10 +5,11 @@
  * a small vector vocabulary (load, store, fma, compare, select, ...). Each
  * ISA file (isa_avx512.c, isa_avx2.c, isa_scalar.c) defines that vocabulary
  * for its vector type under its own GCC target pragma, includes the body
- * and exports one struct simd_kernels. The op files (elementwise.c,
- * norm.c, attention.c, data.c) hold the KILN_FAST_OP compile functions:
- * they check the node's types and attributes, pick the table for
- * kiln_cpu_isa() with simd_kernels_for(), and split the work across the
+ * and exports one struct simd_kernels. The op files hold the compile
+ * functions, one kernel per op and table (SIMD_VARIANTS below), declared
+ * in their family lists (elementwise.def, norm.def, reduce.def,
+ * attention.def; family.h), which choose the table for kiln_cpu_isa(). They
+ * check the node's types and attributes and split the work across the
  * run's threads with kiln_parallel_for.
  *
  * Math: exp, tanh, erf/erfc, sigmoid, log1p are polynomial or rational
@@ -154,6 +155,26 @@ extern const struct simd_kernels kiln_simd_avx512, kiln_simd_avx2, kiln_simd_sca
 
 /* The table for the current kiln_cpu_isa(). */
 const struct simd_kernels *simd_kernels_for(void);
+
+/* The three kernels of one op of a family list (family.h, KILN_KERNEL_SIMD):
+ * kiln_k_<stem>_avx512 / _avx2 / _scalar, each fn(cc, inst, table) on its
+ * table. Expand where kernels/fast.h is included. */
+#define SIMD_VARIANTS(stem, fn)                                                             \
+    kiln_status kiln_k_##stem##_avx512(const struct kiln_compile_ctx *cc,                  \
+                                       struct kiln_kernel_inst *inst)                      \
+    {                                                                                       \
+        return fn(cc, inst, &kiln_simd_avx512);                                             \
+    }                                                                                       \
+    kiln_status kiln_k_##stem##_avx2(const struct kiln_compile_ctx *cc,                    \
+                                     struct kiln_kernel_inst *inst)                        \
+    {                                                                                       \
+        return fn(cc, inst, &kiln_simd_avx2);                                               \
+    }                                                                                       \
+    kiln_status kiln_k_##stem##_scalar(const struct kiln_compile_ctx *cc,                  \
+                                       struct kiln_kernel_inst *inst)                      \
+    {                                                                                       \
+        return fn(cc, inst, &kiln_simd_scalar);                                             \
+    }
 
 /* The fp32 FMA throughput of this ISA on `threads` threads of the pool, in GFLOP/s:
  * the best of a few runs of fma_loop on every thread at once (about 0.1 s in all). */

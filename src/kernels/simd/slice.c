@@ -7,14 +7,19 @@
  * (src/opt/layout.c) can keep the value blocked through it, on any axis and
  * at any start (a slice of a blocked value along C need not start on a
  * block). Input and output take the same layout. Other ranks, dtypes or
- * arguments known only at run time use the reference kernel.
+ * arguments known only at run time use the reference kernel. Declared in
+ * the copy family's list (copy.def, family.h).
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "kernels/fast.h"
+#include "kernels/family.h"
 #include "kernels/simd/gather4.h"
+
+#define KILN_KERNEL KILN_KERNEL_DECLARE
+#include "kernels/simd/copy.def"
+#undef KILN_KERNEL
 
 struct slice_state {
     struct kiln_gather4 g;
@@ -69,7 +74,13 @@ static void clamp_axis(int64_t d, int64_t start, int64_t end, int64_t step, int6
     *count = d == 0 || diff == 0 ? 0 : (diff - 1) / astep + 1;
 }
 
-static kiln_status slice_compile(const struct kiln_compile_ctx *cc, struct kiln_kernel_inst *inst)
+bool kiln_k_slice4_covers(const struct kiln_compile_ctx *cc)
+{
+    return cc->n_in >= 3 && cc->in[0] && cc->in[0]->dtype == KILN_DTYPE_F32 &&
+           cc->in[0]->rank == 4 && cc->n_out > 0 && cc->out[0];
+}
+
+kiln_status kiln_k_slice4_compile(const struct kiln_compile_ctx *cc, struct kiln_kernel_inst *inst)
 {
     const struct kiln_node *n = cc->node;
     const struct kiln_type *x = cc->in[0], *y = cc->n_out > 0 ? cc->out[0] : NULL;
@@ -125,10 +136,8 @@ static kiln_status slice_compile(const struct kiln_compile_ctx *cc, struct kiln_
 
 /* Layout pass: data input and output may be blocked (src/opt/layout.c checks that
  * the arguments are constants and the batch is not sliced). */
-static int slice_accepts_blocked(const struct kiln_node *n, int i, int block)
+int kiln_k_slice4_accepts(const struct kiln_node *n, int i, int block)
 {
     (void)n;
     return (i == 0 || i == -1) && (block == 8 || block == 16);
 }
-
-KILN_FAST_OP(Slice, slice_compile, slice_accepts_blocked);

@@ -1,0 +1,941 @@
+/*
+ * kernel_cases.h - the test case generators of the kernel families
+ * (src/kernels/family.h). The family lists name one generator per kernel
+ * (their `cases` column); unit_kernels.c pairs each kernel with
+ * kcase_<cases> here, so a kernel listed without a generator does not
+ * build, runs every generator once, and runs each case through the
+ * reference, the op's chosen kernel on every ISA, and every kernel of the
+ * op forced (check_case_hook). A generator states for each case whether
+ * the op's fast path must take it (check_case's expect_handled).
+ *
+ * Include after kernel_case.h.
+ */
+#ifndef KILN_TEST_KERNEL_CASES_H
+#define KILN_TEST_KERNEL_CASES_H
+
+/* ---- Elementwise (elementwise.def) ---- */
+
+struct unary_case {
+    enum kiln_op op;
+    const char *name;
+    float lo, hi;       /* random input range */
+    double rtol, atol;
+};
+
+static void add_unary_attrs(struct case_node *c, enum kiln_op op, int variant)
+{
+    if (op == KILN_OP_LeakyRelu) attr_float(c, "alpha", 0.1f);
+    if (op == KILN_OP_HardSigmoid) {
+        attr_float(c, "alpha", 0.3f);
+        attr_float(c, "beta", 0.4f);
+    }
+    if (op == KILN_OP_Gelu) attr_str(c, "approximate", variant ? "tanh" : "none");
+}
+
+/*
+ * The reference computes Gelu as 0.5 x (1 + erf(x / sqrt 2)) in double,
+ * which cancels for x below about -6 (it returns -0 from x = -9). The fast
+ * kernels go through erfc / x sigmoid(2u) instead, so they are also held
+ * to an independent long-double oracle: 1e-5 relative, or a denormal ulp.
+ */
+static void gelu_oracle_check(struct case_node *c, int variant, const char *label)
+{
+    const kiln_tensor *x = c->in[0];
+    kiln_tensor *want;
+    if (kiln_tensor_new(KILN_DTYPE_F32, x->rank, x->dims, &want) != KILN_OK) abort();
+    const float *px = x->data;
+    float *pw = want->data;
+    for (size_t i = 0; i < x->nbytes / 4; i++) {
+        long double d = px[i];
+        if (variant) {
+            long double u = 0.7978845608028654L * (d + 0.044715L * d * d * d);
+            pw[i] = (float)(d / (1.0L + expl(-2.0L * u)));
+        } else {
+            pw[i] = (float)(0.5L * d * erfcl(-d / sqrtl(2.0L)));
+        }
+    }
+    for (int lv = 0; lv < isa_levels(); lv++) {
+        kiln_tensor *got[MAX_IO];
+        bool handled;
+        char what[128];
+        snprintf(what, sizeof what, "%s [%s] vs long double", label, isa_names[lv]);
+        kiln_status st = run_fast(c, isa_names[lv], 1, &handled, NULL, got);
+        CHECK(st == KILN_OK && handled, "%s: failed", what);
+        if (st == KILN_OK && handled)
+            CHECK(compare_f32(what, got[0], want, x, 1e-5, 3e-45), "%s: differs", what);
+        free_outs(got, c->n_out);
+    }
+    kiln_tensor_free(want);
+}
+
+/* One unary case over x (n elements); variant picks Gelu's mode. */
+static void unary_run_case(const struct unary_case *u, int variant, const float *xs, int64_t n,
+                           const char *tag)
+{
+    struct case_node c;
+    int n_in = u->op == KILN_OP_Clip ? 3 : 1;
+    cn_init(&c, u->op, 13, n_in, 1);
+    add_unary_attrs(&c, u->op, variant);
+    kiln_tensor *x = tensor_f32(1, &n);
+    memcpy(x->data, xs, (size_t)n * sizeof(float));
+    cn_input(&c, 0, x, false);
+    if (u->op == KILN_OP_Clip) {
+        int64_t one = 1;
+        kiln_tensor *lo = tensor_f32(0, &one), *hi = variant ? NULL : tensor_f32(0, &one);
+        ((float *)lo->data)[0] = -0.5f;
+        if (hi) ((float *)hi->data)[0] = 2.0f;
+        cn_input(&c, 1, lo, false);
+        cn_input(&c, 2, hi, false);
+    }
+    char label[96];
+    snprintf(label, sizeof label, "%s%s %s n=%lld", u->name,
+             u->op == KILN_OP_Gelu && variant ? "(tanh)" : "", tag, (long long)n);
+    double worst_before = worst_rel;
+    check_case(&c, label, u->rtol, u->atol, 1);
+    if (u->op == KILN_OP_Gelu) { /* report the error against the oracle, not the reference */
+        worst_rel = worst_before;
+        gelu_oracle_check(&c, variant, label);
+    }
+    cn_free(&c);
+}
+
+static const struct unary_case unary_cases[] = {
+    {KILN_OP_Relu, "Relu", -5, 5, 0, 0},
+    {KILN_OP_LeakyRelu, "LeakyRelu", -5, 5, 0, 0},
+    {KILN_OP_Clip, "Clip", -5, 5, 0, 0},
+    {KILN_OP_Neg, "Neg", -5, 5, 0, 0},
+    {KILN_OP_Sqrt, "Sqrt", 0, 100, 0, 0},
+    {KILN_OP_Sigmoid, "Sigmoid", -20, 20, 1e-5, 3e-45},
+    {KILN_OP_Tanh, "Tanh", -6, 6, 1e-5, 3e-45},
+    {KILN_OP_Exp, "Exp", -90, 90, 1e-5, 3e-45},
+    {KILN_OP_Erf, "Erf", -4, 4, 1e-5, 3e-45},
+    {KILN_OP_Gelu, "Gelu", -8, 8, 1e-5, 2e-14}, /* see gelu_oracle_check */
+    {KILN_OP_HardSwish, "HardSwish", -5, 5, 1e-5, 1e-30},
+    {KILN_OP_HardSigmoid, "HardSigmoid", -5, 5, 1e-6, 1e-30},
+    {KILN_OP_Softplus, "Softplus", -20, 20, 1e-5, 3e-45},
+};
+#define N_UNARY (int)(sizeof unary_cases / sizeof unary_cases[0])
+
+static void test_unary(void)
+{
+    float *buf = malloc(120001 * sizeof(float));
+    for (int u = 0; u < N_UNARY; u++) {
+        const struct unary_case *uc = &unary_cases[u];
+        int variants = uc->op == KILN_OP_Gelu || uc->op == KILN_OP_Clip ? 2 : 1;
+        for (int v = 0; v < variants; v++) {
+            double worst_before = worst_rel;
+            worst_rel = 0;
+            for (int s = 0; s < N_SIZES; s++) {
+                int64_t n = sizes[s];
+                for (int64_t i = 0; i < n; i++) buf[i] = rng_uniform(uc->lo, uc->hi);
+                unary_run_case(uc, v, buf, n, "random");
+            }
+            unary_run_case(uc, v, specials, N_SPECIALS, "specials");
+            /* dense sweep over the whole interesting range, and big enough to thread */
+            int64_t n = 120001;
+            for (int64_t i = 0; i < n; i++) buf[i] = -120.0f + 240.0f * (float)i / (float)(n - 1);
+            unary_run_case(uc, v, buf, n, "sweep[-120,120]");
+            n = 20001;
+            for (int64_t i = 0; i < n; i++) buf[i] = -4.0f + 8.0f * (float)i / (float)(n - 1);
+            unary_run_case(uc, v, buf, n, "sweep[-4,4]");
+            printf("%-12s%-7s max relative error vs %s (|y| > 1e-30): %.2e\n", uc->name,
+                   uc->op == KILN_OP_Gelu && v ? "(tanh)" : "",
+                   uc->op == KILN_OP_Gelu ? "long double" : "reference", worst_rel);
+            if (worst_before > worst_rel) worst_rel = worst_before;
+        }
+    }
+    free(buf);
+}
+
+/* ---- Binary (elementwise.def) ---- */
+
+static void binary_case(enum kiln_op op, int ra, const int64_t *da, int rb, const int64_t *db,
+                        int expect)
+{
+    struct case_node c;
+    cn_init(&c, op, 14, 2, 1);
+    kiln_tensor *a = tensor_f32(ra, da), *b = tensor_f32(rb, db);
+    float *pa = a->data, *pb = b->data;
+    for (size_t i = 0; i < a->nbytes / 4; i++) pa[i] = rng_uniform(-10, 10);
+    for (size_t i = 0; i < b->nbytes / 4; i++) pb[i] = rng_uniform(-10, 10);
+    for (int i = 0; i < N_SPECIALS && i < (int)(a->nbytes / 4); i += 3) pa[i] = specials[i];
+    for (int i = 1; i < N_SPECIALS && i < (int)(b->nbytes / 4); i += 4) pb[i] = specials[i];
+    cn_input(&c, 0, a, false);
+    cn_input(&c, 1, b, false);
+    char label[128], sa[64], sb[64];
+    snprintf(label, sizeof label, "%s %s %s", kiln_op_name(op), kiln_shape_str(ra, da, sa, 64),
+             kiln_shape_str(rb, db, sb, 64));
+    check_case(&c, label, 0, 0, expect);
+    cn_free(&c);
+}
+
+static void test_binary(void)
+{
+    const enum kiln_op ops[] = {KILN_OP_Add, KILN_OP_Sub, KILN_OP_Mul, KILN_OP_Div};
+    for (int o = 0; o < 4; o++) {
+        for (int s = 0; s < N_SIZES; s++) {
+            int64_t n = sizes[s], one = 1, rn[2] = {5, n}, rn3[3] = {2, 3, n}, r1n[2] = {1, n};
+            binary_case(ops[o], 1, &n, 1, &n, 1);          /* same shape */
+            binary_case(ops[o], 1, &n, 0, &one, 1);        /* b scalar */
+            binary_case(ops[o], 0, &one, 1, &n, 1);        /* a scalar */
+            binary_case(ops[o], 2, rn, 1, &n, 1);          /* bias row */
+            binary_case(ops[o], 1, &n, 2, rn, 1);          /* a repeats */
+            binary_case(ops[o], 3, rn3, 2, r1n, 1);        /* [2,3,n] + [1,n] */
+        }
+        int64_t big[3] = {4, 100, 300}, row = 300, col[2] = {5, 1}, rowm[2] = {1, 7};
+        binary_case(ops[o], 3, big, 1, &row, 1);           /* threaded bias add */
+        binary_case(ops[o], 3, big, 3, big, 1);
+        binary_case(ops[o], 2, col, 2, rowm, 0);           /* outer broadcast: declined */
+        /* per-channel scales (squeeze-and-excitation): [N,C,H,W] op [N or 1,C,1,1] */
+        int64_t x4[4] = {2, 5, 7, 9}, s4[4] = {2, 5, 1, 1}, s14[4] = {1, 5, 1, 1};
+        int64_t xb[4] = {2, 64, 30, 30}, sb[4] = {2, 64, 1, 1};
+        binary_case(ops[o], 4, x4, 4, s4, 1);
+        binary_case(ops[o], 4, x4, 4, s14, 1);
+        binary_case(ops[o], 4, s4, 4, x4, 1);
+        binary_case(ops[o], 4, xb, 4, sb, 1);              /* threaded */
+    }
+}
+
+/* ---- Softmax, LayerNormalization (norm.def) ---- */
+
+static void softmax_case(int rank, const int64_t *dims, int64_t axis, int opset, bool specials_in)
+{
+    struct case_node c;
+    cn_init(&c, KILN_OP_Softmax, opset, 1, 1);
+    attr_int(&c, "axis", axis);
+    kiln_tensor *x = tensor_f32(rank, dims);
+    float *px = x->data;
+    for (size_t i = 0; i < x->nbytes / 4; i++) px[i] = rng_uniform(-30, 30);
+    if (specials_in && x->nbytes / 4 > 40) {
+        px[3] = -INFINITY;
+        px[11] = 1e30f;
+        px[20] = -1e30f;
+        px[37] = NAN;
+    }
+    cn_input(&c, 0, x, false);
+    char label[128], sd[64];
+    snprintf(label, sizeof label, "Softmax %s axis %lld opset %d%s",
+             kiln_shape_str(rank, dims, sd, 64), (long long)axis, opset,
+             specials_in ? " specials" : "");
+    check_case(&c, label, 1e-5, 1e-30, 1);
+    cn_free(&c);
+}
+
+static void test_softmax(void)
+{
+    for (int s = 0; s < N_SIZES; s++) {
+        int64_t n = sizes[s], d2[2] = {3, n}, d3[3] = {2, n, 5}, d3b[3] = {3, 4, n};
+        softmax_case(2, d2, -1, 13, false);
+        softmax_case(3, d3, 1, 13, false);
+        softmax_case(3, d3b, 0, 13, false);
+        softmax_case(3, d3b, 1, 11, false); /* 2-D coercion */
+        int64_t d4[3] = {2, 17, n};
+        softmax_case(3, d4, 1, 13, false);  /* strided, inner = n */
+    }
+    int64_t big[2] = {64, 1000}, sp[2] = {4, 64}, all_inf[2] = {2, 3};
+    softmax_case(2, big, -1, 13, false);
+    softmax_case(2, sp, -1, 13, true);
+    /* a row of -inf gives NaN in both */
+    struct case_node c;
+    cn_init(&c, KILN_OP_Softmax, 13, 1, 1);
+    kiln_tensor *x = tensor_f32(2, all_inf);
+    for (int i = 0; i < 6; i++) ((float *)x->data)[i] = i < 3 ? -INFINITY : (float)i;
+    cn_input(&c, 0, x, false);
+    check_case(&c, "Softmax row of -inf", 1e-5, 1e-30, 1);
+    cn_free(&c);
+}
+
+static void layernorm_case(int rank, const int64_t *dims, int64_t axis, bool bias, bool stats)
+{
+    struct case_node c;
+    cn_init(&c, KILN_OP_LayerNormalization, 17, bias ? 3 : 2, stats ? 3 : 1);
+    attr_int(&c, "axis", axis);
+    attr_float(&c, "epsilon", 1e-5f);
+    c.out_wanted[1] = c.out_wanted[2] = stats;
+    int a = (int)(axis < 0 ? axis + rank : axis);
+    kiln_tensor *x = tensor_f32(rank, dims);
+    kiln_tensor *sc = tensor_f32(rank - a, dims + a), *bi = bias ? tensor_f32(rank - a, dims + a)
+                                                                 : NULL;
+    float *px = x->data;
+    for (size_t i = 0; i < x->nbytes / 4; i++) px[i] = 3.0f * rng_normal() + 2.0f;
+    for (size_t i = 0; i < sc->nbytes / 4; i++) ((float *)sc->data)[i] = rng_uniform(0.5f, 1.5f);
+    for (size_t i = 0; bi && i < bi->nbytes / 4; i++) ((float *)bi->data)[i] = rng_normal();
+    cn_input(&c, 0, x, false);
+    cn_input(&c, 1, sc, true);
+    if (bias) cn_input(&c, 2, bi, true);
+    char label[128], sd[64];
+    snprintf(label, sizeof label, "LayerNormalization %s axis %lld%s%s",
+             kiln_shape_str(rank, dims, sd, 64), (long long)axis, bias ? " bias" : "",
+             stats ? " stats" : "");
+    check_case(&c, label, 1e-5, 1e-5, 1);
+    cn_free(&c);
+}
+
+static void test_layernorm(void)
+{
+    for (int s = 0; s < N_SIZES; s++) {
+        int64_t n = sizes[s], d2[2] = {5, n}, d3[3] = {2, 3, n};
+        layernorm_case(2, d2, -1, true, false);
+        layernorm_case(2, d2, 1, false, true);
+        layernorm_case(3, d3, 1, true, true);
+    }
+    int64_t big[3] = {8, 16, 768};
+    layernorm_case(3, big, -1, true, false);
+}
+
+/* ---- Gather, Slice, Pad, Transpose, Concat (copy.def) ---- */
+
+static void test_gather(void)
+{
+    const int64_t sizes_d[] = {1, 7, 16, 33, 768};
+    for (int s = 0; s < 5; s++) {
+        for (int it = 0; it < 2; it++) {
+            int64_t dd[2] = {50, sizes_d[s]}, di[2] = {3, 4};
+            struct case_node c;
+            cn_init(&c, KILN_OP_Gather, 13, 2, 1);
+            kiln_tensor *data = tensor_f32(2, dd), *idx;
+            for (size_t i = 0; i < data->nbytes / 4; i++) ((float *)data->data)[i] = rng_normal();
+            if (kiln_tensor_new(it ? KILN_DTYPE_I32 : KILN_DTYPE_I64, 2, di, &idx) != KILN_OK)
+                abort();
+            for (int i = 0; i < 12; i++) {
+                int64_t v = (int64_t)(rng_next() % 100) - 50; /* [-50, 50): negatives wrap */
+                if (it) ((int32_t *)idx->data)[i] = (int32_t)v;
+                else ((int64_t *)idx->data)[i] = v;
+            }
+            cn_input(&c, 0, data, true);
+            cn_input(&c, 1, idx, false);
+            char label[64];
+            snprintf(label, sizeof label, "Gather [50,%lld] %s", (long long)sizes_d[s],
+                     it ? "int32" : "int64");
+            check_case(&c, label, 0, 0, 1);
+            cn_free(&c);
+        }
+    }
+    /* out of range: an error naming the node and the index */
+    int64_t dd[2] = {10, 4}, di = 3;
+    struct case_node c;
+    cn_init(&c, KILN_OP_Gather, 13, 2, 1);
+    kiln_tensor *data = tensor_f32(2, dd), *idx;
+    if (kiln_tensor_new(KILN_DTYPE_I64, 1, &di, &idx) != KILN_OK) abort();
+    ((int64_t *)idx->data)[0] = 2;
+    ((int64_t *)idx->data)[1] = 10;
+    cn_input(&c, 0, data, true);
+    cn_input(&c, 1, idx, false);
+    kiln_tensor *out[MAX_IO];
+    for (int lv = 0; lv < isa_levels(); lv++) {
+        bool handled;
+        kiln_status st = run_fast(&c, isa_names[lv], 1, &handled, NULL, out);
+        CHECK(handled && st == KILN_ERR_INVALID_ARGUMENT, "Gather out of range: status %d", st);
+        CHECK(strstr(kiln_last_error(), "node_under_test") && strstr(kiln_last_error(), "10"),
+              "Gather error message: %s", kiln_last_error());
+        free_outs(out, 1);
+    }
+    cn_free(&c);
+}
+
+/* Slice of a 4-D float32 tensor by constant arguments (simd/slice.c, plain layout here;
+ * the blocked layouts are compared in tests/python/test_layout.py). */
+static kiln_tensor *ints_i64(int n, const int64_t *v)
+{
+    int64_t d = n;
+    kiln_tensor *t;
+    if (kiln_tensor_new(KILN_DTYPE_I64, 1, &d, &t) != KILN_OK) abort();
+    memcpy(t->data, v, sizeof(int64_t) * (size_t)n);
+    return t;
+}
+
+static void slice_case(const int64_t *dims, int n, const int64_t *starts, const int64_t *ends,
+                       const int64_t *axes, const int64_t *steps, const char *what)
+{
+    struct case_node c;
+    cn_init(&c, KILN_OP_Slice, 13, steps ? 5 : 4, 1);
+    kiln_tensor *x = tensor_f32(4, dims);
+    for (size_t i = 0; i < x->nbytes / 4; i++) ((float *)x->data)[i] = rng_normal();
+    cn_input(&c, 0, x, false);
+    cn_input(&c, 1, ints_i64(n, starts), true);
+    cn_input(&c, 2, ints_i64(n, ends), true);
+    cn_input(&c, 3, ints_i64(n, axes), true);
+    if (steps) cn_input(&c, 4, ints_i64(n, steps), true);
+    char label[128];
+    snprintf(label, sizeof label, "Slice 4-D %s", what);
+    check_case(&c, label, 0, 0, 1);
+    cn_free(&c);
+}
+
+static void test_slice(void)
+{
+    int64_t d[4] = {2, 37, 9, 11}, one[4] = {1, 1, 1, 1};
+    slice_case(d, 1, (int64_t[]){5}, (int64_t[]){29}, (int64_t[]){1}, NULL, "channels");
+    slice_case(d, 2, (int64_t[]){-1, 1}, (int64_t[]){-100, 8}, (int64_t[]){3, 2},
+               (int64_t[]){-2, 3}, "columns backwards, rows stepped");
+    slice_case(d, 3, (int64_t[]){36, 0, 0}, (int64_t[]){0, 9, 11}, (int64_t[]){1, -2, -1},
+               (int64_t[]){-5, 1, 1}, "channels backwards");
+    slice_case(d, 1, (int64_t[]){20}, (int64_t[]){10}, (int64_t[]){1}, NULL, "empty");
+    slice_case(one, 1, (int64_t[]){0}, (int64_t[]){INT64_MAX}, (int64_t[]){3}, NULL, "1x1x1x1");
+}
+
+/* Pad of a 4-D float32 tensor on H and W (simd/pad.c, plain layout here; blocked in
+ * tests/python/test_layout.py); other pads fall to the reference. */
+static void pad_case(const int64_t *dims, const int64_t *pads, float fill, int opset, int handled,
+                     const char *what)
+{
+    struct case_node c;
+    cn_init(&c, KILN_OP_Pad, opset, opset >= 11 ? 3 : 1, 1);
+    kiln_tensor *x = tensor_f32(4, dims);
+    for (size_t i = 0; i < x->nbytes / 4; i++) ((float *)x->data)[i] = rng_normal();
+    cn_input(&c, 0, x, false);
+    if (opset >= 11) {
+        int64_t one = 1;
+        kiln_tensor *v;
+        if (kiln_tensor_new(KILN_DTYPE_F32, 0, &one, &v) != KILN_OK) abort();
+        ((float *)v->data)[0] = fill;
+        cn_input(&c, 1, ints_i64(8, pads), true);
+        cn_input(&c, 2, v, true);
+    } else {
+        attr_ints(&c, "pads", pads, 8);
+        attr_float(&c, "value", fill);
+    }
+    char label[128];
+    snprintf(label, sizeof label, "Pad 4-D %s opset %d", what, opset);
+    check_case(&c, label, 0, 0, handled);
+    cn_free(&c);
+}
+
+static void test_pad(void)
+{
+    int64_t d[4] = {2, 19, 7, 9}, one[4] = {1, 1, 1, 1};
+    pad_case(d, (int64_t[]){0, 0, 1, 2, 0, 0, 3, 0}, 0.0f, 13, 1, "top left bottom");
+    pad_case(d, (int64_t[]){0, 0, 0, 0, 0, 0, 0, 0}, 0.0f, 13, 1, "nothing");
+    pad_case(one, (int64_t[]){0, 0, 2, 2, 0, 0, 2, 2}, -1.5f, 13, 1, "1x1 by 2, fill -1.5");
+    pad_case(d, (int64_t[]){0, 0, 1, 1, 0, 0, 1, 1}, 2.0f, 2, 1, "attributes");
+    pad_case(d, (int64_t[]){0, 1, 0, 0, 0, 0, 0, 0}, 0.0f, 13, 0, "channels (reference)");
+    pad_case(d, (int64_t[]){0, 0, -1, 0, 0, 0, 0, 0}, 0.0f, 13, 0, "negative (reference)");
+}
+
+/* Gather of channels (axis 1) by constant indices (simd/data.c through gather4.h). */
+static void test_gather_channels(void)
+{
+    int64_t d[4] = {2, 21, 5, 7};
+    const int64_t idx[] = {20, 0, 0, -1, 17, 16, 5, -21, 9};
+    for (int konst = 0; konst < 2; konst++) {
+        struct case_node c;
+        cn_init(&c, KILN_OP_Gather, 13, 2, 1);
+        attr_int(&c, "axis", 1);
+        kiln_tensor *x = tensor_f32(4, d);
+        for (size_t i = 0; i < x->nbytes / 4; i++) ((float *)x->data)[i] = rng_normal();
+        cn_input(&c, 0, x, false);
+        cn_input(&c, 1, ints_i64(9, idx), konst);
+        /* constant indices run the channel gather; run-time indices the reference */
+        check_case(&c, konst ? "Gather channels" : "Gather channels, indices at run time", 0, 0,
+                   konst);
+        cn_free(&c);
+    }
+}
+
+static void transpose_case(kiln_dtype dt, int rank, const int64_t *dims, const int64_t *perm)
+{
+    struct case_node c;
+    cn_init(&c, KILN_OP_Transpose, 13, 1, 1);
+    if (perm) attr_ints(&c, "perm", perm, rank);
+    kiln_tensor *x;
+    if (kiln_tensor_new(dt, rank, dims, &x) != KILN_OK) abort();
+    uint8_t *p = x->data;
+    for (size_t i = 0; i < x->nbytes; i++) p[i] = (uint8_t)rng_next();
+    if (dt == KILN_DTYPE_F32) /* keep f32 values finite so compare_f32 is exact */
+        for (size_t i = 0; i < x->nbytes / 4; i++) ((float *)x->data)[i] = rng_normal();
+    cn_input(&c, 0, x, false);
+    char label[128], sd[64];
+    snprintf(label, sizeof label, "Transpose %s %s perm %s", kiln_dtype_name(dt),
+             kiln_shape_str(rank, dims, sd, 64), perm ? "given" : "reversed");
+    check_case(&c, label, 0, 0, 1);
+    cn_free(&c);
+}
+
+static void test_transpose(void)
+{
+    for (int s = 0; s < N_SIZES; s++) {
+        int64_t n = sizes[s];
+        int64_t d2[2] = {n, 37}, p2[2] = {1, 0};
+        int64_t d4[4] = {2, n, 3, 8}, p4[4] = {0, 2, 1, 3};
+        int64_t d3[3] = {3, 33, n}, p3[3] = {0, 2, 1};
+        int64_t d4b[4] = {2, 3, 4, n}, p4b[4] = {3, 1, 0, 2};
+        int64_t d3c[3] = {4, 1, n}, p3c[3] = {2, 0, 1};
+        transpose_case(KILN_DTYPE_F32, 2, d2, p2);
+        transpose_case(KILN_DTYPE_F32, 4, d4, p4);
+        transpose_case(KILN_DTYPE_F32, 3, d3, p3);
+        transpose_case(KILN_DTYPE_F32, 4, d4b, p4b);
+        transpose_case(KILN_DTYPE_F32, 3, d3c, p3c);
+        transpose_case(KILN_DTYPE_I64, 3, d3, p3);
+        transpose_case(KILN_DTYPE_U8, 4, d4b, p4b);
+        transpose_case(KILN_DTYPE_F16, 3, d3, NULL);
+    }
+    int64_t bert[4] = {8, 128, 12, 64}, pb[4] = {0, 2, 1, 3}, big[2] = {700, 900}, p2[2] = {1, 0};
+    transpose_case(KILN_DTYPE_F32, 4, bert, pb);
+    transpose_case(KILN_DTYPE_F32, 2, big, p2);
+}
+
+
+/* Concat of inputs that differ along axis (sizes[k]), any fixed-size dtype (simd/concat.c,
+ * plain layout here; blocked in tests/python/test_layout.py). */
+static void concat_case(kiln_dtype dt, int rank, const int64_t *dims, int n_in,
+                        const int64_t *along, int64_t axis, const char *what)
+{
+    struct case_node c;
+    cn_init(&c, KILN_OP_Concat, 13, n_in, 1);
+    attr_int(&c, "axis", axis);
+    int a = (int)(axis < 0 ? axis + rank : axis);
+    for (int k = 0; k < n_in; k++) {
+        int64_t d[KILN_MAX_RANK];
+        memcpy(d, dims, sizeof(int64_t) * (size_t)rank);
+        d[a] = along[k];
+        kiln_tensor *x;
+        if (kiln_tensor_new(dt, rank, d, &x) != KILN_OK) abort();
+        uint8_t *p = x->data;
+        for (size_t i = 0; i < x->nbytes; i++) p[i] = (uint8_t)rng_next();
+        if (dt == KILN_DTYPE_F32)
+            for (size_t i = 0; i < x->nbytes / 4; i++) ((float *)x->data)[i] = rng_normal();
+        cn_input(&c, k, x, false);
+    }
+    char label[128], sd[64];
+    snprintf(label, sizeof label, "Concat %s %s axis %lld %s", kiln_dtype_name(dt),
+             kiln_shape_str(rank, dims, sd, 64), (long long)axis, what);
+    check_case(&c, label, 0, 0, 1);
+    cn_free(&c);
+}
+
+static void test_concat(void)
+{
+    /* the axis's entry of dims is replaced by each input's size along it */
+    int64_t d4[4] = {2, 6, 5, 7}, d2[2] = {3, 5}, d3[3] = {3, 4, 6}, d1 = 1, big[4] = {4, 32, 64, 64};
+    concat_case(KILN_DTYPE_F32, 4, d4, 3, (int64_t[]){3, 5, 8}, 1, "channels");
+    concat_case(KILN_DTYPE_F32, 4, d4, 2, (int64_t[]){1, 2}, 0, "batch");
+    concat_case(KILN_DTYPE_F32, 4, d4, 2, (int64_t[]){4, 9}, -1, "columns, negative axis");
+    concat_case(KILN_DTYPE_F32, 2, d2, 3, (int64_t[]){7, 1, 33}, 1, "rows");
+    concat_case(KILN_DTYPE_I64, 3, d3, 2, (int64_t[]){2, 3}, 0, "leading");
+    concat_case(KILN_DTYPE_U8, 1, &d1, 4, (int64_t[]){1, 15, 16, 17}, 0, "bytes");
+    concat_case(KILN_DTYPE_F16, 3, d3, 2, (int64_t[]){5, 1}, 0, "halves");
+    concat_case(KILN_DTYPE_BOOL, 2, d2, 2, (int64_t[]){3, 3}, -1, "bool");
+    concat_case(KILN_DTYPE_F32, 4, d4, 1, (int64_t[]){6}, 1, "one input");
+    concat_case(KILN_DTYPE_F32, 4, big, 2, (int64_t[]){32, 48}, 1, "threaded");
+}
+
+/* ---- Reductions (reduce.def) ---- */
+
+/* special: every 7th value NaN, +inf or -inf in turn (Max / Min must keep a NaN anywhere) */
+static void reduce_case_x(enum kiln_op op, int rank, const int64_t *dims, const int64_t *axes,
+                          int n_axes, bool axes_input, int keepdims, int expect, bool special)
+{
+    struct case_node c;
+    cn_init(&c, op, axes_input ? 18 : 13, axes_input ? 2 : 1, 1);
+    attr_int(&c, "keepdims", keepdims);
+    if (!axes_input && n_axes > 0) attr_ints(&c, "axes", axes, n_axes);
+    kiln_tensor *x = tensor_f32(rank, dims);
+    for (size_t i = 0; i < x->nbytes / 4; i++) ((float *)x->data)[i] = rng_normal() + 0.5f;
+    static const float sp[3] = {NAN, INFINITY, -INFINITY};
+    for (size_t i = 3; special && i < x->nbytes / 4; i += 7) ((float *)x->data)[i] = sp[i / 7 % 3];
+    cn_input(&c, 0, x, false);
+    if (axes_input) {
+        int64_t na = n_axes;
+        kiln_tensor *a;
+        if (kiln_tensor_new(KILN_DTYPE_I64, 1, &na, &a) != KILN_OK) abort();
+        memcpy(a->data, axes, sizeof(int64_t) * (size_t)n_axes);
+        cn_input(&c, 1, a, true);
+    }
+    char label[128], sd[64];
+    snprintf(label, sizeof label, "%s %s %d axes%s keepdims %d%s", kiln_op_name(op),
+             kiln_shape_str(rank, dims, sd, 64), n_axes, axes_input ? " (input)" : "", keepdims,
+             special ? " nan/inf" : "");
+    check_case(&c, label, 1e-5, 1e-5, expect);
+    cn_free(&c);
+}
+
+static void reduce_case(enum kiln_op op, int rank, const int64_t *dims, const int64_t *axes,
+                        int n_axes, bool axes_input, int keepdims, int expect)
+{
+    reduce_case_x(op, rank, dims, axes, n_axes, axes_input, keepdims, expect, false);
+}
+
+static void test_reduce(void)
+{
+    const enum kiln_op ops[] = {KILN_OP_ReduceMean, KILN_OP_ReduceSum, KILN_OP_ReduceMax,
+                                KILN_OP_ReduceMin};
+    for (int o = 0; o < 4; o++)
+        for (int s = 0; s < N_SIZES; s++) {
+            int64_t n = sizes[s], d[3] = {2, 5, n}, last = -1, two[2] = {1, 2}, first = 0,
+                    mid = 1, d4[4] = {3, 4, 2, n}, mid2[2] = {1, 2};
+            reduce_case(ops[o], 3, d, &last, 1, false, 1, 1);
+            reduce_case(ops[o], 3, d, &last, 1, true, 0, 1);
+            reduce_case(ops[o], 3, d, two, 2, true, 1, 1);
+            reduce_case(ops[o], 3, d, NULL, 0, false, 0, 1); /* all axes */
+            reduce_case(ops[o], 3, d, &first, 1, false, 1, 1); /* leading axis: rows of 5n */
+            reduce_case(ops[o], 3, d, &mid, 1, false, 1, 1);   /* middle axis (embedding bags) */
+            reduce_case(ops[o], 3, d, &mid, 1, true, 0, 1);
+            reduce_case(ops[o], 4, d4, mid2, 2, true, 1, 1);   /* two middle axes */
+            int64_t split[2] = {0, 2};
+            reduce_case(ops[o], 3, d, split, 2, false, 1, n > 1 ? 0 : 1); /* not one run */
+        }
+    int64_t big[2] = {512, 768}, last = -1;
+    reduce_case(KILN_OP_ReduceMean, 2, big, &last, 1, false, 1, 1);
+    for (int o = 2; o < 4; o++)
+        for (int s = 0; s < N_SIZES; s++) {
+            int64_t n = sizes[s], d[3] = {2, 5, n}, mid = 1;
+            reduce_case_x(ops[o], 3, d, &last, 1, false, 1, 1, true);
+            reduce_case_x(ops[o], 3, d, &mid, 1, false, 1, 1, true);
+        }
+}
+
+/* ---- Convolutions (dnnl/conv.def) ---- */
+
+/* Conv or KilnFusedConv (act: its activation, NULL = none) of x [N,C,H,W] by constant
+ * weights [M,C/group,kh,kw], optional bias and (fused) residual Sum; pads on all sides. */
+static void conv_case(bool fused, const int64_t *xd, const int64_t *wd, int64_t group,
+                      int64_t pad, bool bias, bool sum, const char *act, const char *what)
+{
+    struct case_node c;
+    cn_init(&c, fused ? KILN_OP_KilnFusedConv : KILN_OP_Conv, 13, sum ? 4 : bias ? 3 : 2, 1);
+    attr_int(&c, "group", group);
+    int64_t pads[4] = {pad, pad, pad, pad};
+    attr_ints(&c, "pads", pads, 4);
+    if (act) attr_str(&c, "activation", act);
+    kiln_tensor *x = tensor_f32(4, xd), *w = tensor_f32(4, wd);
+    for (size_t i = 0; i < x->nbytes / 4; i++) ((float *)x->data)[i] = rng_normal();
+    for (size_t i = 0; i < w->nbytes / 4; i++) ((float *)w->data)[i] = rng_normal() * 0.3f;
+    cn_input(&c, 0, x, false);
+    cn_input(&c, 1, w, true);
+    if (bias || sum) {
+        kiln_tensor *b = bias ? tensor_f32(1, wd) : NULL;
+        for (size_t i = 0; b && i < b->nbytes / 4; i++) ((float *)b->data)[i] = rng_normal();
+        cn_input(&c, 2, b, true);
+    }
+    if (sum) {
+        int64_t yd[4] = {xd[0], wd[0], xd[2] + 2 * pad - wd[2] + 1, xd[3] + 2 * pad - wd[3] + 1};
+        kiln_tensor *s = tensor_f32(4, yd);
+        for (size_t i = 0; i < s->nbytes / 4; i++) ((float *)s->data)[i] = rng_normal();
+        cn_input(&c, 3, s, false);
+    }
+    char label[160], sx[64], sw[64];
+    snprintf(label, sizeof label, "%s %s * %s group %lld pad %lld%s%s%s%s %s",
+             fused ? "KilnFusedConv" : "Conv", kiln_shape_str(4, xd, sx, 64),
+             kiln_shape_str(4, wd, sw, 64), (long long)group, (long long)pad, bias ? " bias" : "",
+             sum ? " sum" : "", act ? " " : "", act ? act : "", what);
+    check_case(&c, label, 1e-4, 1e-4, 1);
+    cn_free(&c);
+}
+
+static void conv_cases(bool fused)
+{
+    const char *act = fused ? "Relu" : NULL;
+    /* 1x1 images: Kiln's matrix-vector kernel (squeeze-excitation) */
+    conv_case(fused, (int64_t[]){2, 24, 1, 1}, (int64_t[]){8, 24, 1, 1}, 1, 0, true, false, act,
+              "1x1 image");
+    conv_case(fused, (int64_t[]){3, 5, 1, 1}, (int64_t[]){7, 5, 1, 1}, 1, 0, false, false, act,
+              "1x1 image, no bias");
+    if (fused)
+        conv_case(fused, (int64_t[]){1, 40, 1, 1}, (int64_t[]){10, 40, 1, 1}, 1, 0, true, false,
+                  "Sigmoid", "1x1 image");
+    /* everything else: oneDNN */
+    conv_case(fused, (int64_t[]){1, 8, 9, 9}, (int64_t[]){16, 8, 3, 3}, 1, 1, true, false, act,
+              "3x3");
+    conv_case(fused, (int64_t[]){2, 16, 7, 7}, (int64_t[]){16, 1, 3, 3}, 16, 1, true, false, act,
+              "depthwise");
+    conv_case(fused, (int64_t[]){2, 6, 5, 5}, (int64_t[]){4, 6, 1, 1}, 1, 0, true, false, act,
+              "1x1 on 5x5");
+    if (fused)
+        conv_case(fused, (int64_t[]){1, 8, 6, 6}, (int64_t[]){8, 8, 3, 3}, 1, 1, true, true, act,
+                  "residual");
+}
+
+/* ---- Attention, recurrent layers (attention.def) ---- */
+
+
+/* mask_kind: 0 none, 1 f32 [SQ, mcols], 2 bool [B, 1, SQ, T], 3 causal. */
+static void attention_case(bool four_d, int64_t B, int64_t SQ, int64_t T, int64_t HQ, int64_t HK,
+                           int64_t E, int mask_kind, int64_t mcols)
+{
+    struct case_node c;
+    cn_init(&c, KILN_OP_Attention, 23, mask_kind == 1 || mask_kind == 2 ? 4 : 3, 1);
+    if (!four_d) {
+        attr_int(&c, "q_num_heads", HQ);
+        attr_int(&c, "kv_num_heads", HK);
+    }
+    if (mask_kind == 3) attr_int(&c, "is_causal", 1);
+    if (E == 16) attr_float(&c, "scale", 0.3f);
+    kiln_tensor *t[3];
+    for (int i = 0; i < 3; i++) {
+        int64_t S = i == 0 ? SQ : T, H = i == 0 ? HQ : HK;
+        int64_t d3[3] = {B, S, H * E}, d4[4] = {B, H, S, E};
+        t[i] = four_d ? tensor_f32(4, d4) : tensor_f32(3, d3);
+        for (size_t k = 0; k < t[i]->nbytes / 4; k++) ((float *)t[i]->data)[k] = rng_normal();
+        cn_input(&c, i, t[i], false);
+    }
+    if (mask_kind == 1) {
+        int64_t dm[2] = {SQ, mcols};
+        kiln_tensor *m = tensor_f32(2, dm);
+        for (size_t k = 0; k < m->nbytes / 4; k++)
+            ((float *)m->data)[k] = rng_next() % 5 == 0 ? -INFINITY : rng_uniform(-2, 2);
+        for (int64_t r = 0; r < SQ; r++) ((float *)m->data)[r * mcols] = 0.0f; /* no empty row */
+        cn_input(&c, 3, m, false);
+    } else if (mask_kind == 2) {
+        int64_t dm[4] = {B, 1, SQ, T};
+        kiln_tensor *m;
+        if (kiln_tensor_new(KILN_DTYPE_BOOL, 4, dm, &m) != KILN_OK) abort();
+        uint8_t *pm = m->data;
+        for (size_t k = 0; k < m->nbytes; k++) pm[k] = rng_next() % 3 != 0;
+        for (int64_t r = 0; r < B * SQ; r++) pm[r * T] = 1;
+        cn_input(&c, 3, m, false);
+    }
+    char label[160];
+    snprintf(label, sizeof label, "Attention %s B%lld SQ%lld T%lld HQ%lld HK%lld E%lld mask %d",
+             four_d ? "4-D" : "3-D", (long long)B, (long long)SQ, (long long)T, (long long)HQ,
+             (long long)HK, (long long)E, mask_kind);
+    check_case(&c, label, 1e-4, 1e-5, 1);
+    cn_free(&c);
+}
+
+/* KilnAttention (opt/attention_views.c): Q, K and V read in place from [B, S, N] or [S, B, N]
+ * (seq_first) at column offsets (packed: N = 3 * H * E); Y [B, S, .] / [S, B, .] / rows merged.
+ * mask_kind: 0 none, 1 [B, 1, 1, T], 2 [SQ, T], 3 [B * H, SQ, T] merged, 4 [B * H, 1, T] merged. */
+static void kiln_attention_case(bool seq_first, bool packed, int ysf, int merge, int64_t B,
+                                int64_t SQ, int64_t T, int64_t H, int64_t E, int mask_kind)
+{
+    struct case_node c;
+    cn_init(&c, KILN_OP_KilnAttention, 1, mask_kind ? 4 : 3, 1);
+    attr_int(&c, "num_heads", H);
+    attr_int(&c, "head_size", E);
+    attr_int(&c, "v_head_size", E);
+    attr_float(&c, "scale", 0.35f);
+    attr_int(&c, "seq_first", seq_first);
+    attr_int(&c, "y_seq_first", ysf);
+    attr_int(&c, "y_merge_rows", merge);
+    attr_int(&c, "mask_merged", mask_kind >= 3);
+    int64_t N = packed ? 3 * H * E + 5 : H * E;
+    static const char *off[3] = {"q_offset", "k_offset", "v_offset"};
+    for (int i = 0; i < 3; i++) {
+        int64_t S = i == 0 ? SQ : T;
+        int64_t d[3] = {seq_first ? S : B, seq_first ? B : S, N};
+        kiln_tensor *t = tensor_f32(3, d);
+        for (size_t k = 0; k < t->nbytes / 4; k++) ((float *)t->data)[k] = rng_normal();
+        cn_input(&c, i, t, false);
+        attr_int(&c, off[i], packed ? i * H * E + 1 : 0);
+    }
+    if (mask_kind) {
+        int64_t dm[4][4] = {{B, 1, 1, T}, {SQ, T}, {B * H, SQ, T}, {B * H, 1, T}};
+        int rank[4] = {4, 2, 3, 3};
+        kiln_tensor *m = tensor_f32(rank[mask_kind - 1], dm[mask_kind - 1]);
+        for (size_t k = 0; k < m->nbytes / 4; k++)
+            ((float *)m->data)[k] = rng_next() % 5 == 0 ? -INFINITY : rng_uniform(-2, 2);
+        for (size_t k = 0; k < m->nbytes / 4; k += (size_t)T) ((float *)m->data)[k] = 0.0f;
+        cn_input(&c, 3, m, false);
+    }
+    char label[160];
+    snprintf(label, sizeof label, "KilnAttention sf%d packed%d ysf%d merge%d B%lld SQ%lld T%lld "
+             "H%lld E%lld mask %d", seq_first, packed, ysf, merge, (long long)B, (long long)SQ,
+             (long long)T, (long long)H, (long long)E, mask_kind);
+    check_case(&c, label, 1e-4, 1e-5, 1);
+    cn_free(&c);
+}
+
+static void test_attention(void)
+{
+    /* BERT's shape: 64-wide heads, 128 positions, an additive mask (full register tiles) */
+    attention_case(false, 1, 128, 128, 2, 2, 64, 1, 128);
+    const int64_t seqs[] = {1, 7, 17, 70};
+    for (int s = 0; s < 4; s++) {
+        int64_t S = seqs[s];
+        attention_case(false, 2, S, S, 4, 2, 8, 0, 0);
+        attention_case(false, 1, S, S + 3, 4, 4, 16, 1, S + 3);
+        attention_case(false, 1, S, S + 3, 2, 1, 8, 1, S);       /* short mask: -inf padding */
+        attention_case(false, 2, S, S, 4, 2, 8, 2, 0);
+        attention_case(false, 2, S, S, 4, 2, 8, 3, 0);
+        attention_case(true, 2, S, S + 1, 4, 2, 8, 0, 0);
+    }
+    /* declined: softcap */
+    struct case_node c;
+    cn_init(&c, KILN_OP_Attention, 23, 3, 1);
+    attr_float(&c, "softcap", 5.0f);
+    int64_t d4[4] = {1, 2, 3, 4};
+    for (int i = 0; i < 3; i++) cn_input(&c, i, tensor_f32(4, d4), false);
+    check_case(&c, "Attention softcap (declined)", 1e-4, 1e-5, 0);
+    cn_free(&c);
+    for (int s = 0; s < 4; s++) {
+        int64_t S = seqs[s];
+        for (int mk = 0; mk <= 4; mk++) {
+            kiln_attention_case(mk % 2, mk != 2, mk % 2, 0, 2, S, S, 4, 8, mk);
+            kiln_attention_case(mk % 2 == 0, true, 0, 1, 3, S, S + 2, 2, 16, mk == 2 ? 0 : mk);
+        }
+        kiln_attention_case(true, true, 1, 1, 2, S, S, 1, 32, 0); /* one head */
+    }
+}
+
+/* ---- Recurrent layers (rnn.c) ---- */
+
+static void attr_strs(struct case_node *c, const char *name, const char *const *v, int n)
+{
+    struct kiln_attr *a = cn_attr(c, name, KILN_ATTR_STRINGS);
+    a->n = n;
+    a->strings = kiln_arena_alloc(c->g->mem, sizeof(kiln_string) * (size_t)n);
+    for (int i = 0; i < n; i++) {
+        a->strings[i].data = kiln_arena_strdup(c->g->mem, v[i]);
+        a->strings[i].len = strlen(v[i]);
+    }
+}
+static void attr_floats(struct case_node *c, const char *name, const float *v, int n)
+{
+    struct kiln_attr *a = cn_attr(c, name, KILN_ATTR_FLOATS);
+    a->n = n;
+    a->floats = kiln_arena_alloc(c->g->mem, sizeof(float) * (size_t)n);
+    memcpy(a->floats, v, sizeof(float) * (size_t)n);
+}
+
+static kiln_tensor *rnn_random(int rank, const int64_t *dims, float scale)
+{
+    kiln_tensor *t = tensor_f32(rank, dims);
+    for (size_t k = 0; k < t->nbytes / 4; k++) ((float *)t->data)[k] = scale * rng_uniform(-1, 1);
+    return t;
+}
+
+enum { RNN_LENS = 1, RNN_INIT = 2, RNN_LAYOUT1 = 4, RNN_PEEP = 8, RNN_YH_ONLY = 16,
+       RNN_NO_BIAS = 32, RNN_W_INPUT = 64 };
+
+struct rnn_extra {
+    const char *const *acts; /* NULL = the defaults */
+    int n_acts;
+    const float *alpha, *beta;
+    int n_alpha, n_beta;
+    float clip;              /* 0 = none */
+    int input_forget;
+};
+
+/* One RNN / GRU / LSTM node against the reference. gates: 1, 3 or 4. */
+static void rnn_case(enum kiln_op op, const char *dir, int lbr, int64_t T, int64_t B, int64_t I,
+                     int64_t H, int flags, const struct rnn_extra *x)
+{
+    const int lstm = op == KILN_OP_LSTM, G = op == KILN_OP_RNN ? 1 : op == KILN_OP_GRU ? 3 : 4;
+    const int64_t ND = strcmp(dir, "bidirectional") == 0 ? 2 : 1;
+    const int layout = flags & RNN_LAYOUT1 ? 1 : 0;
+    int n_in = lstm ? 8 : 6, n_out = lstm ? 3 : 2;
+    struct case_node c;
+    cn_init(&c, op, 14, n_in, n_out);
+    attr_str(&c, "direction", dir);
+    attr_int(&c, "hidden_size", H);
+    if (layout) attr_int(&c, "layout", 1);
+    if (op == KILN_OP_GRU) attr_int(&c, "linear_before_reset", lbr);
+    if (x && x->acts) attr_strs(&c, "activations", x->acts, x->n_acts);
+    if (x && x->n_alpha) attr_floats(&c, "activation_alpha", x->alpha, x->n_alpha);
+    if (x && x->n_beta) attr_floats(&c, "activation_beta", x->beta, x->n_beta);
+    if (x && x->clip > 0) attr_float(&c, "clip", x->clip);
+    if (x && x->input_forget) attr_int(&c, "input_forget", 1);
+    float ws = 1.0f / sqrtf((float)H);
+    int64_t dx[3] = {layout ? B : T, layout ? T : B, I}, dw[3] = {ND, G * H, I},
+            dr[3] = {ND, G * H, H}, db[2] = {ND, 2 * G * H}, dh[3] = {layout ? B : ND,
+                                                                       layout ? ND : B, H},
+            dp[2] = {ND, 3 * H};
+    kiln_tensor *X = tensor_f32(3, dx);
+    for (size_t k = 0; k < X->nbytes / 4; k++) ((float *)X->data)[k] = rng_normal();
+    cn_input(&c, 0, X, false);
+    cn_input(&c, 1, rnn_random(3, dw, ws), !(flags & RNN_W_INPUT));
+    cn_input(&c, 2, rnn_random(3, dr, ws), !(flags & RNN_W_INPUT));
+    cn_input(&c, 3, flags & RNN_NO_BIAS ? NULL : rnn_random(2, db, 0.5f), !(flags & RNN_W_INPUT));
+    kiln_tensor *L = NULL;
+    if (flags & RNN_LENS) {
+        int64_t dl[1] = {B};
+        if (kiln_tensor_new(KILN_DTYPE_I32, 1, dl, &L) != KILN_OK) abort();
+        for (int64_t b = 0; b < B; b++) /* every length from 0 to T, T first */
+            ((int32_t *)L->data)[b] = (int32_t)((T - b % (T + 1) + T + 1) % (T + 1));
+    }
+    cn_input(&c, 4, L, false);
+    cn_input(&c, 5, flags & RNN_INIT ? rnn_random(3, dh, 1.0f) : NULL, false);
+    if (lstm) {
+        cn_input(&c, 6, flags & RNN_INIT ? rnn_random(3, dh, 1.0f) : NULL, false);
+        cn_input(&c, 7, flags & RNN_PEEP ? rnn_random(2, dp, 0.5f) : NULL, !(flags & RNN_W_INPUT));
+    }
+    for (int k = 0; k < n_out; k++) c.out_wanted[k] = !(flags & RNN_YH_ONLY) || k == 1;
+    char label[200];
+    snprintf(label, sizeof label, "%s %s%s T%lld B%lld I%lld H%lld flags %#x%s%s", kiln_op_name(op),
+             dir, op == KILN_OP_GRU ? (lbr ? " lbr1" : " lbr0") : "", (long long)T, (long long)B,
+             (long long)I, (long long)H, flags, x && x->acts ? " acts " : "",
+             x && x->acts ? x->acts[0] : "");
+    check_case(&c, label, 1e-4, 2e-5, 1);
+    cn_free(&c);
+}
+
+/* Every direction and cell (GRU with both linear_before_reset values), with and without
+ * sequence lengths (every length from 0 to T) and initial states, both layouts, batch 1 and
+ * more, hidden sizes below, at and above the vector widths, and a size large enough that
+ * two threads split the GEMM and the steps; then peepholes, input_forget, clip, every
+ * activation function, per-direction activation lists, and weights known only at run time. */
+static void test_rnn(void)
+{
+    static const char *const dirs[] = {"forward", "reverse", "bidirectional"};
+    static const struct {
+        int64_t T, B, I, H;
+        int flags;
+    } shapes[] = {
+        {5, 1, 3, 7, 0},
+        {4, 3, 5, 8, RNN_LENS | RNN_INIT},
+        {3, 5, 8, 17, RNN_LENS | RNN_INIT | RNN_LAYOUT1},
+        {6, 2, 4, 16, RNN_INIT | RNN_NO_BIAS},
+        {2, 4, 6, 33, RNN_LENS | RNN_YH_ONLY},
+        {3, 8, 20, 260, RNN_LENS | RNN_INIT},
+    };
+    static const struct {
+        enum kiln_op op;
+        int lbr;
+    } cells[] = {{KILN_OP_RNN, 0}, {KILN_OP_GRU, 0}, {KILN_OP_GRU, 1}, {KILN_OP_LSTM, 0}};
+    for (size_t ci = 0; ci < sizeof cells / sizeof cells[0]; ci++)
+        for (int d = 0; d < 3; d++)
+            for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
+                rnn_case(cells[ci].op, dirs[d], cells[ci].lbr, shapes[si].T, shapes[si].B,
+                         shapes[si].I, shapes[si].H, shapes[si].flags, NULL);
+
+    rnn_case(KILN_OP_LSTM, "bidirectional", 0, 4, 3, 5, 17, RNN_LENS | RNN_INIT | RNN_PEEP, NULL);
+    struct rnn_extra fg = {.input_forget = 1};
+    rnn_case(KILN_OP_LSTM, "forward", 0, 4, 2, 5, 9, RNN_INIT | RNN_PEEP, &fg);
+    struct rnn_extra clip = {.clip = 0.4f};
+    rnn_case(KILN_OP_LSTM, "reverse", 0, 4, 2, 5, 9, RNN_INIT, &clip);
+    rnn_case(KILN_OP_GRU, "bidirectional", 1, 4, 2, 5, 9, RNN_INIT, &clip);
+    rnn_case(KILN_OP_GRU, "forward", 0, 4, 2, 5, 9, RNN_INIT, &clip);
+
+    static const char *const fns[] = {"Relu",      "Tanh",     "Sigmoid",    "Affine",
+                                      "LeakyRelu", "ThresholdedRelu",        "ScaledTanh",
+                                      "HardSigmoid", "Elu",    "Softsign",   "Softplus"};
+    static const float al[] = {0.7f, 0.3f}, be[] = {0.2f, 0.6f};
+    for (int f = 0; f < 11; f++) {
+        struct rnn_extra e = {.acts = &fns[f], .n_acts = 1, .alpha = al, .n_alpha = 1,
+                              .beta = be, .n_beta = 1};
+        rnn_case(KILN_OP_RNN, "forward", 0, 3, 2, 4, 9, RNN_INIT, &e);
+    }
+    static const char *const gru_acts[] = {"HardSigmoid", "Softsign", "Sigmoid", "ScaledTanh"};
+    struct rnn_extra ge = {.acts = gru_acts, .n_acts = 4, .alpha = al, .n_alpha = 2,
+                           .beta = be, .n_beta = 2};
+    rnn_case(KILN_OP_GRU, "bidirectional", 1, 3, 2, 4, 9, RNN_INIT, &ge);
+    rnn_case(KILN_OP_GRU, "bidirectional", 0, 3, 2, 4, 9, RNN_INIT, &ge);
+    static const char *const lstm_acts[] = {"Sigmoid", "Elu", "Softplus"};
+    struct rnn_extra le = {.acts = lstm_acts, .n_acts = 3, .alpha = al, .n_alpha = 1};
+    rnn_case(KILN_OP_LSTM, "bidirectional", 0, 3, 2, 4, 9, RNN_INIT, &le);
+    /* weights that are graph inputs (as in the ONNX node tests): packed by each run */
+    rnn_case(KILN_OP_LSTM, "bidirectional", 0, 3, 2, 4, 9, RNN_W_INPUT | RNN_PEEP | RNN_LENS, NULL);
+    rnn_case(KILN_OP_GRU, "forward", 0, 3, 2, 4, 17, RNN_W_INPUT | RNN_INIT, NULL);
+    rnn_case(KILN_OP_GRU, "reverse", 1, 3, 2, 4, 17, RNN_W_INPUT | RNN_INIT, NULL);
+    rnn_case(KILN_OP_RNN, "forward", 0, 3, 2, 4, 5, RNN_W_INPUT | RNN_NO_BIAS, NULL);
+}
+
+/* ---- The generators named by the family lists ---- */
+
+static void kcase_unary(void) { test_unary(); }
+static void kcase_binary(void) { test_binary(); }
+static void kcase_softmax(void) { test_softmax(); }
+static void kcase_layernorm(void) { test_layernorm(); }
+static void kcase_gather_rows(void) { test_gather(); }
+static void kcase_gather_channels(void) { test_gather_channels(); }
+static void kcase_slice(void) { test_slice(); }
+static void kcase_pad(void) { test_pad(); }
+static void kcase_transpose(void) { test_transpose(); }
+static void kcase_concat(void) { test_concat(); }
+static void kcase_reduce(void) { test_reduce(); }
+static void kcase_attention(void) { test_attention(); }
+static void kcase_recurrent(void) { test_rnn(); }
+static void kcase_conv(void) { conv_cases(false); }
+static void kcase_fused_conv(void) { conv_cases(true); }
+
+#endif
