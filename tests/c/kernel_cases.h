@@ -922,6 +922,121 @@ static void test_rnn(void)
 
 /* ---- The generators named by the family lists ---- */
 
+/* ---- Resize / Upsample of H and W (simd/resize.c) and Split (simd/split.c) ---- */
+
+static kiln_tensor *floats_f32(int n, const float *v)
+{
+    int64_t d = n;
+    kiln_tensor *t = tensor_f32(1, &d);
+    memcpy(t->data, v, sizeof(float) * (size_t)n);
+    return t;
+}
+
+/* One Resize-19 (or Upsample-9) case: x of dims d, by scales (4 entries, or 2 with
+ * axes 2, 3) or sizes; mode and coordinate mapping as named. */
+static void resize_case(enum kiln_op op, const int64_t *d, const float *scales, int n_scales,
+                        const int64_t *sizes, const char *mode, const char *coord,
+                        const char *nearest, int axes_hw, int handled)
+{
+    struct case_node c;
+    int up = op == KILN_OP_Upsample;
+    cn_init(&c, op, up ? 9 : 19, up ? 2 : 4, 1);
+    attr_str(&c, "mode", mode);
+    if (!up) {
+        if (coord) attr_str(&c, "coordinate_transformation_mode", coord);
+        if (nearest) attr_str(&c, "nearest_mode", nearest);
+        if (axes_hw) attr_ints(&c, "axes", (const int64_t[]){2, 3}, 2);
+    }
+    kiln_tensor *x = tensor_f32(4, d);
+    for (size_t i = 0; i < x->nbytes / 4; i++) ((float *)x->data)[i] = rng_normal();
+    cn_input(&c, 0, x, false);
+    if (up) {
+        cn_input(&c, 1, floats_f32(4, scales), true);
+    } else {
+        cn_input(&c, 1, NULL, false);
+        cn_input(&c, 2, scales ? floats_f32(n_scales, scales) : NULL, true);
+        cn_input(&c, 3, sizes ? ints_i64(axes_hw ? 2 : 4, sizes) : NULL, true);
+    }
+    char label[160];
+    snprintf(label, sizeof label, "%s %s %s %s [%lld,%lld,%lld,%lld]%s", up ? "Upsample" : "Resize",
+             mode, coord ? coord : "", nearest ? nearest : "", (long long)d[0], (long long)d[1],
+             (long long)d[2], (long long)d[3], sizes ? " by sizes" : "");
+    check_case(&c, label, 1e-5, 1e-5, handled);
+    cn_free(&c);
+}
+
+static void test_resize(void)
+{
+    int64_t d[4] = {2, 3, 9, 11}, one[4] = {1, 17, 1, 1}, big[4] = {1, 4, 33, 40};
+    const float up2[4] = {1, 1, 2, 2}, odd[4] = {1, 1, 1.7f, 0.6f}, hw[2] = {0.6f, 1.7f};
+    resize_case(KILN_OP_Resize, d, up2, 4, NULL, "nearest", NULL, NULL, 0, 1);
+    resize_case(KILN_OP_Resize, d, odd, 4, NULL, "nearest", "asymmetric", "floor", 0, 1);
+    resize_case(KILN_OP_Resize, d, odd, 4, NULL, "nearest", "align_corners", "ceil", 0, 1);
+    resize_case(KILN_OP_Resize, d, odd, 4, NULL, "nearest", "half_pixel", "round_prefer_ceil", 0,
+                1);
+    resize_case(KILN_OP_Resize, d, odd, 4, NULL, "linear", "half_pixel", NULL, 0, 1);
+    resize_case(KILN_OP_Resize, d, odd, 4, NULL, "linear", "pytorch_half_pixel", NULL, 0, 1);
+    resize_case(KILN_OP_Resize, d, odd, 4, NULL, "linear", "half_pixel_symmetric", NULL, 0, 1);
+    resize_case(KILN_OP_Resize, d, up2, 4, NULL, "cubic", "align_corners", NULL, 0, 1);
+    resize_case(KILN_OP_Resize, one, up2, 4, NULL, "linear", NULL, NULL, 0, 1);
+    resize_case(KILN_OP_Resize, big, NULL, 0, (const int64_t[]){1, 4, 7, 100}, "linear", NULL,
+                NULL, 0, 1);
+    resize_case(KILN_OP_Resize, d, hw, 2, NULL, "nearest", "tf_half_pixel_for_nn",
+                "round_prefer_ceil", 1, 1);
+    /* at scale 1, tf_half_pixel_for_nn rounding up moves N and C by one: the reference
+     * computes it (rounding down, they map to themselves: the fast kernel's) */
+    resize_case(KILN_OP_Resize, d, odd, 4, NULL, "nearest", "tf_half_pixel_for_nn",
+                "round_prefer_ceil", 0, 0);
+    resize_case(KILN_OP_Resize, d, odd, 4, NULL, "nearest", "tf_half_pixel_for_nn", NULL, 0, 1);
+    resize_case(KILN_OP_Resize, d, odd, 4, NULL, "linear", "tf_crop_and_resize", NULL, 0, 0);
+    resize_case(KILN_OP_Resize, d, (const float[]){1, 2, 1, 1}, 4, NULL, "nearest", NULL, NULL, 0,
+                0); /* C resized */
+}
+
+static void test_upsample(void)
+{
+    int64_t d[4] = {2, 3, 5, 7};
+    resize_case(KILN_OP_Upsample, d, (const float[]){1, 1, 2, 3}, 4, NULL, "nearest", NULL, NULL,
+                0, 1);
+    resize_case(KILN_OP_Upsample, d, (const float[]){1, 1, 2, 1.5f}, 4, NULL, "linear", NULL,
+                NULL, 0, 1);
+}
+
+static void split_case(kiln_dtype dt, int rank, const int64_t *dims, int axis, int n_out,
+                       const int64_t *split, int handled)
+{
+    struct case_node c;
+    cn_init(&c, KILN_OP_Split, 13, 2, n_out);
+    for (int k = 0; k < n_out; k++) c.out_wanted[k] = true;
+    attr_int(&c, "axis", axis);
+    kiln_tensor *x;
+    if (kiln_tensor_new(dt, rank, dims, &x) != KILN_OK) abort();
+    uint8_t *p = x->data;
+    for (size_t i = 0; i < x->nbytes; i++) p[i] = (uint8_t)rng_next();
+    if (dt == KILN_DTYPE_F32)
+        for (size_t i = 0; i < x->nbytes / 4; i++) ((float *)x->data)[i] = rng_normal();
+    cn_input(&c, 0, x, false);
+    cn_input(&c, 1, ints_i64(n_out, split), true);
+    char label[128], sd[64];
+    snprintf(label, sizeof label, "Split %s %s axis %d into %d", kiln_dtype_name(dt),
+             kiln_shape_str(rank, dims, sd, 64), axis, n_out);
+    check_case(&c, label, 0, 0, handled);
+    cn_free(&c);
+}
+
+static void test_split(void)
+{
+    split_case(KILN_DTYPE_F32, 3, (const int64_t[]){3, 5, 24}, -1, 3, (const int64_t[]){8, 12, 4},
+               1);
+    split_case(KILN_DTYPE_F32, 4, (const int64_t[]){2, 40, 3, 5}, 1, 2, (const int64_t[]){16, 24},
+               1);
+    split_case(KILN_DTYPE_I64, 2, (const int64_t[]){7, 2}, 0, 2, (const int64_t[]){3, 4}, 1);
+    split_case(KILN_DTYPE_U8, 1, (const int64_t[]){1000}, 0, 4,
+               (const int64_t[]){1, 0, 500, 499}, 1);
+    split_case(KILN_DTYPE_F16, 5, (const int64_t[]){2, 3, 4, 5, 6}, 2, 2,
+               (const int64_t[]){1, 3}, 1);
+}
+
 static void kcase_unary(void) { test_unary(); }
 static void kcase_binary(void) { test_binary(); }
 static void kcase_softmax(void) { test_softmax(); }
@@ -932,6 +1047,9 @@ static void kcase_slice(void) { test_slice(); }
 static void kcase_pad(void) { test_pad(); }
 static void kcase_transpose(void) { test_transpose(); }
 static void kcase_concat(void) { test_concat(); }
+static void kcase_resize(void) { test_resize(); }
+static void kcase_upsample(void) { test_upsample(); }
+static void kcase_split(void) { test_split(); }
 static void kcase_reduce(void) { test_reduce(); }
 static void kcase_attention(void) { test_attention(); }
 static void kcase_recurrent(void) { test_rnn(); }

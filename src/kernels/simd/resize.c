@@ -17,15 +17,20 @@
  * a weighted sum of ntap_h input rows, each resampled along W; rows are split
  * over the run's threads. Blocked (nChw8c / nChw16c), the lanes of a pixel
  * are contiguous and the sums run over whole blocks, lanes past the last
- * channel included (they are zero in, and stay zero out).
+ * channel included (they are zero in, and stay zero out). Declared in the
+ * copy family's list (copy.def, family.h).
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/threadpool.h"
-#include "kernels/fast.h"
+#include "kernels/family.h"
 #include "kernels/ref/resample.h"
+
+#define KILN_KERNEL KILN_KERNEL_DECLARE
+#include "kernels/simd/copy.def"
+#undef KILN_KERNEL
 
 #define RESIZE_MAX_TAPS KILN_RESIZE_FAST_TAPS
 
@@ -212,13 +217,18 @@ decline:
     return KILN_OK;
 }
 
-static kiln_status resize_compile(const struct kiln_compile_ctx *cc,
-                                  struct kiln_kernel_inst *inst)
+bool kiln_k_resize_covers(const struct kiln_compile_ctx *cc)
+{
+    return cc->n_in >= 1 && cc->in[0] && cc->in[0]->dtype == KILN_DTYPE_F32 &&
+           cc->in[0]->rank == 4 && cc->n_out > 0 && cc->out[0];
+}
+
+kiln_status kiln_k_resize_compile(const struct kiln_compile_ctx *cc, struct kiln_kernel_inst *inst)
 {
     return resize_compile_as(cc, inst, false);
 }
 
-static kiln_status upsample_compile(const struct kiln_compile_ctx *cc,
+kiln_status kiln_k_upsample_compile(const struct kiln_compile_ctx *cc,
                                     struct kiln_kernel_inst *inst)
 {
     return resize_compile_as(cc, inst, true);
@@ -226,11 +236,8 @@ static kiln_status upsample_compile(const struct kiln_compile_ctx *cc,
 
 /* Layout pass: the data input and the output may be blocked; layout.c checks the
  * shapes (N and C unchanged) and that scales / sizes are constants. */
-static int resize_accepts_blocked(const struct kiln_node *n, int i, int block)
+int kiln_k_resize_accepts(const struct kiln_node *n, int i, int block)
 {
     return (i == 0 || i == -1) && (block == 8 || block == 16) &&
            kiln_resize_attrs_hw(n, n->op == KILN_OP_Upsample);
 }
-
-KILN_FAST_OP(Resize, resize_compile, resize_accepts_blocked);
-KILN_FAST_OP(Upsample, upsample_compile, resize_accepts_blocked);

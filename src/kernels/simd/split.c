@@ -7,14 +7,19 @@
  * Strings, outputs that are not wanted, and sizes that do not add up use the
  * reference kernel (which reports the latter). A Split of a 4-D float32
  * value in a blocked layout never reaches this kernel: the layout pass
- * rewrites it as Slices first (src/opt/layout_shuffle.c).
+ * rewrites it as Slices first (src/opt/layout_shuffle.c). Declared in the
+ * copy family's list (copy.def, family.h).
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/threadpool.h"
-#include "kernels/fast.h"
+#include "kernels/family.h"
+
+#define KILN_KERNEL KILN_KERNEL_DECLARE
+#include "kernels/simd/copy.def"
+#undef KILN_KERNEL
 
 #define SPLIT_MAX_OUT 256
 
@@ -62,7 +67,12 @@ static kiln_status split_run(void *state, struct kiln_run_ctx *ctx)
     return KILN_OK;
 }
 
-static kiln_status split_compile(const struct kiln_compile_ctx *cc, struct kiln_kernel_inst *inst)
+bool kiln_k_split_covers(const struct kiln_compile_ctx *cc)
+{
+    return cc->n_in >= 1 && cc->in[0] && cc->in[0]->dtype != KILN_DTYPE_STRING;
+}
+
+kiln_status kiln_k_split_compile(const struct kiln_compile_ctx *cc, struct kiln_kernel_inst *inst)
 {
     const struct kiln_node *n = cc->node;
     const struct kiln_type *x = cc->in[0];
@@ -112,5 +122,3 @@ static kiln_status split_compile(const struct kiln_compile_ctx *cc, struct kiln_
     inst->run = split_run;
     return KILN_OK;
 }
-
-KILN_FAST_OP(Split, split_compile, NULL);
