@@ -183,38 +183,57 @@ def unary(op, shape=(2, 3), opts=None):
     return m
 
 
-def lstm_model(batch, seq, nin, hidden, time_major=False, peephole=False, seed=0):
-    """A float UNIDIRECTIONAL_SEQUENCE_LSTM (TANH, no CIFG, projection or layer
-    norm); returns the model and its weights {name: array} in TFLite's
-    order: w_i, w_f, w_c, w_o, r_i, r_f, r_c, r_o, p_i, p_f, p_o, b_i, b_f, b_c, b_o."""
+def lstm_model(batch, seq, nin, hidden, time_major=False, peephole=False, seed=0, cifg=False,
+               proj=0, proj_bias=True, layer_norm=False, cell_clip=0.0, proj_clip=0.0,
+               act=4, one_step=False):
+    """A float UNIDIRECTIONAL_SEQUENCE_LSTM (or, one_step, an LSTM of input
+    [batch, nin]) with the optional features: CIFG (no input gate), proj
+    outputs of projection (with a bias when proj_bias), layer norm, clipping,
+    activation act; returns the model and its weights {name: array, None when
+    absent}: w_g, r_g, b_g (g in i, f, c, o), p_i, p_f, p_o, ln_g, proj_w, proj_b."""
     rng = np.random.default_rng(seed)
     m = Model()
-    shape = [seq, batch, nin] if time_major else [batch, seq, nin]
+    nout = proj or hidden
+    shape = [batch, nin] if one_step else [seq, batch, nin] if time_major else [batch, seq, nin]
     x = m.add(shape, name="x")
     wts = {}
-    ins = [x]
+
+    def rnd(*s):
+        return (rng.standard_normal(s) * 0.5).astype(np.float32)
+    gates = "fco" if cifg else "ifco"
     for g in "ifco":
-        wts["w_" + g] = (rng.standard_normal((hidden, nin)) * 0.5).astype(np.float32)
+        wts["w_" + g] = rnd(hidden, nin) if g in gates else None
     for g in "ifco":
-        wts["r_" + g] = (rng.standard_normal((hidden, hidden)) * 0.5).astype(np.float32)
+        wts["r_" + g] = rnd(hidden, nout) if g in gates else None
     for g in "ifco":
-        wts["b_" + g] = (rng.standard_normal(hidden) * 0.5).astype(np.float32)
+        wts["b_" + g] = rnd(hidden) if g in gates else None
     for g in "ifo":
-        wts["p_" + g] = (rng.standard_normal(hidden) * 0.5).astype(np.float32) if peephole else None
-    ins += [m.const(wts["w_" + g]) for g in "ifco"]
-    ins += [m.const(wts["r_" + g]) for g in "ifco"]
-    ins += [m.const(wts["p_" + g]) if peephole else -1 for g in "ifo"]
-    ins += [m.const(wts["b_" + g]) for g in "ifco"]
-    ins += [-1, -1]  # projection
-    h0 = m.add([batch, hidden], name="h_state")
+        wts["p_" + g] = rnd(hidden) if peephole and g in gates else None
+    for g in "ifco":
+        wts["ln_" + g] = (1 + rnd(hidden)) if layer_norm and g in gates else None
+    wts["proj_w"] = rnd(proj, hidden) if proj else None
+    wts["proj_b"] = rnd(proj) if proj and proj_bias else None
+
+    def c(k):
+        return m.const(wts[k]) if wts[k] is not None else -1
+    ins = [x] + [c("w_" + g) for g in "ifco"] + [c("r_" + g) for g in "ifco"]
+    ins += [c("p_" + g) for g in "ifo"] + [c("b_" + g) for g in "ifco"]
+    ins += [c("proj_w"), c("proj_b")]
+    h0 = m.add([batch, nout], name="h_state")
     c0 = m.add([batch, hidden], name="c_state")
     m.tensors[h0][5] = ("u8", 1)  # is_variable
     m.tensors[c0][5] = ("u8", 1)
     ins += [h0, c0]
-    out_shape = [seq, batch, hidden] if time_major else [batch, seq, hidden]
+    if layer_norm:
+        ins += [c("ln_" + g) for g in "ifco"]
+    out_shape = ([batch, nout] if one_step else [seq, batch, nout] if time_major
+                 else [batch, seq, nout])
     y = m.add(out_shape, name="y")
-    m.op("UNIDIRECTIONAL_SEQUENCE_LSTM", ins, [y],
-         [("i8", 4), ("f32", 0.0), ("f32", 0.0), ("u8", 1 if time_major else 0)])
+    opts = [("i8", act), ("f32", cell_clip), ("f32", proj_clip)]
+    if one_step:
+        m.op("LSTM", ins, [y], opts)
+    else:
+        m.op("UNIDIRECTIONAL_SEQUENCE_LSTM", ins, [y], opts + [("u8", 1 if time_major else 0)])
     m.inputs, m.outputs = [x], [y]
     return m, wts
 
@@ -325,6 +344,9 @@ def corpus():
     out["shape_ops.tflite"] = m.bytes()
 
     out["seq_lstm.tflite"] = lstm_model(2, 3, 4, 5, peephole=True)[0].bytes()
+    out["full_lstm.tflite"] = lstm_model(2, 3, 4, 5, peephole=True, proj=3, layer_norm=True,
+                                         cell_clip=1.0, proj_clip=0.5)[0].bytes()
+    out["cifg_lstm.tflite"] = lstm_model(1, 2, 3, 4, cifg=True, one_step=True)[0].bytes()
 
     m = unary("CUSTOM")
     m.codes = [(32, "MyCustomOp")]

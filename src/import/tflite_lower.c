@@ -19,6 +19,7 @@
  */
 #include <math.h>
 #include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -1276,6 +1277,9 @@ static kiln_status concat_gates(struct lw *L, const int *idx, int64_t rows, int6
                                 const char *what, int *out)
 {
     /* every gate's constant is checked (shape and bytes) before anything is allocated */
+    if (rows < 1 || rows > INT32_MAX || cols < 0 || cols > INT32_MAX)
+        return lerr(L, KILN_ERR_INVALID_MODEL, "%s: %lld x %lld is not a valid LSTM weight "
+                    "shape", what, (long long)rows, (long long)cols);
     int64_t want = rows * (cols ? cols : 1);
     for (int g = 0; g < 4; g++) {
         const struct tfl_tensor *tt = tin(L, idx[g]);
@@ -1295,9 +1299,249 @@ static kiln_status concat_gates(struct lw *L, const int *idx, int64_t rows, int6
     return add_const(L, L->name, t, out);
 }
 
-/* LSTM (one step) and UNIDIRECTIONAL_SEQUENCE_LSTM without CIFG, projection
- * or layer normalization: Kiln's LSTM op (ONNX's), gates reordered from
- * TFLite's i, f, c, o inputs to ONNX's i, o, f, c; the state tensors start
+/* Float constant input k of an LSTM as an IR constant, checked against the
+ * expected shape: rank 2 [rows, cols] (transposed to [cols, rows] for
+ * x . W^T when transpose) or rank 1 [rows] when cols is 0. *id is -1 when the
+ * optional input is absent; a required one that is absent is an error. */
+static kiln_status lstm_const(struct lw *L, int k, int64_t rows, int64_t cols, bool transpose,
+                              bool required, const char *what, int *id)
+{
+    *id = -1;
+    const struct tfl_tensor *tt = tin(L, k);
+    if (!tt) {
+        if (required) return lerr(L, KILN_ERR_INVALID_MODEL, "%s (input %d) is missing", what, k);
+        return KILN_OK;
+    }
+    const struct tfl_buffer *bf = tbuf(L, tt);
+    if (rows < 1 || rows > INT32_MAX || cols < 0 || cols > INT32_MAX) /* no overflow below */
+        return lerr(L, KILN_ERR_INVALID_MODEL, "%s (input %d, tensor '%s'): %lld x %lld is not "
+                    "a valid LSTM weight shape", what, k, tt->name, (long long)rows,
+                    (long long)cols);
+    int64_t want = rows * (cols ? cols : 1);
+    if (tt->dtype != KILN_DTYPE_F32 || !bf || tt->rank != (cols ? 2 : 1) ||
+        tt->shape[0] != rows || (cols && tt->shape[1] != cols) ||
+        bf->size != sizeof(float) * (size_t)want) {
+        if (cols)
+            return lerr(L, KILN_ERR_INVALID_MODEL, "%s (input %d, tensor '%s') must be a "
+                        "float32 constant of %lld x %lld", what, k, tt->name, (long long)rows,
+                        (long long)cols);
+        return lerr(L, KILN_ERR_INVALID_MODEL, "%s (input %d, tensor '%s') must be a float32 "
+                    "constant of %lld elements", what, k, tt->name, (long long)rows);
+    }
+    int64_t dims[2] = {transpose ? cols : rows, transpose ? rows : cols};
+    kiln_tensor *t;
+    TRY(kiln_tensor_new(KILN_DTYPE_F32, cols ? 2 : 1, dims, &t));
+    float *dst = t->data;
+    const float *src = (const float *)bf->data;
+    if (!transpose) {
+        memcpy(dst, src, sizeof(float) * (size_t)want);
+    } else {
+        for (int64_t r = 0; r < rows; r++)
+            for (int64_t c = 0; c < cols; c++) dst[c * rows + r] = src[r * cols + c];
+    }
+    return add_const(L, tt->name, t, id);
+}
+
+static kiln_status bin_op(struct lw *L, enum kiln_op op, int a, int b, int *out)
+{
+    int in[2] = {a, b};
+    return op1(L, op, 2, in, out);
+}
+
+/* TFLite's MeanStddevNormalization over the last axis (portable_tensor_utils:
+ * (x - mean) / sqrt(variance + 1e-8)), then * coefficients. */
+static kiln_status lstm_layer_norm(struct lw *L, int z, int coef, int *out)
+{
+    int64_t last = -1;
+    int ax, mean, d, dd, var, eps, s;
+    TRY(const_i64(L, 1, &last, &ax));
+    struct kiln_node *n;
+    int in[2] = {z, ax};
+    TRY(node(L, KILN_OP_ReduceMean, 2, in, 1, &n, &mean));
+    a_int(n, "keepdims", 1);
+    TRY(bin_op(L, KILN_OP_Sub, z, mean, &d));
+    TRY(bin_op(L, KILN_OP_Mul, d, d, &dd));
+    in[0] = dd;
+    TRY(node(L, KILN_OP_ReduceMean, 2, in, 1, &n, &var));
+    a_int(n, "keepdims", 1);
+    TRY(const_f32(L, 1e-8f, &eps));
+    TRY(bin_op(L, KILN_OP_Add, var, eps, &var));
+    TRY(op1(L, KILN_OP_Sqrt, 1, &var, &s));
+    TRY(bin_op(L, KILN_OP_Div, d, s, &d));
+    return bin_op(L, KILN_OP_Mul, d, coef, out);
+}
+
+/* The full float LSTM of lstm_eval.cc (EvalFloat / LstmStepFloat), unrolled
+ * over the static time steps into primitive ops: per gate
+ * z = x.W^T + h.R^T (+ peephole * c), layer-normalized and scaled when
+ * coefficients are given, + bias, then sigmoid (i, f, o) or the fused
+ * activation (cell gate); CIFG takes i = 1 - f; c = f * c + i * g clipped to
+ * +-cell_clip; h = o * act(c), projected (+ bias) and clipped to
+ * +-proj_clip. The peephole of o reads the new c. State starts at zero. */
+static kiln_status lower_lstm_unrolled(struct lw *L, bool sequence, bool time_major, int act,
+                                       float cell_clip, float proj_clip)
+{
+    const struct tfl_tensor *tx = tin(L, 0);
+    const struct tfl_tensor *wf = tin(L, 2), *rf = tin(L, 6), *pw = tin(L, 16);
+    if (!wf || wf->rank != 2 || !rf || rf->rank != 2)
+        return lerr(L, KILN_ERR_INVALID_MODEL, "input_to_forget_weights (input 2) and "
+                    "recurrent_to_forget_weights (input 6) must be 2-D");
+    int64_t n_cell = wf->shape[0], n_in = wf->shape[1], n_out = rf->shape[1];
+    int64_t steps = sequence ? tx->shape[time_major ? 0 : 1] : 1;
+    if (n_cell < 1 || n_out < 1 || n_in != tx->shape[tx->rank - 1] || tx->shape[0] < 1 ||
+        steps < 1 || steps > 4096 || (!pw && n_out != n_cell))
+        return lerr(L, KILN_ERR_INVALID_MODEL, "LSTM weights of %lld cells, %lld outputs and "
+                    "%lld inputs for an input of %lld features and %lld steps (1 to 4096)",
+                    (long long)n_cell, (long long)n_out, (long long)n_in,
+                    (long long)tx->shape[tx->rank - 1], (long long)steps);
+    static const char *const gname[4] = {"input", "forget", "cell", "output"};
+    bool cifg = !tin(L, 1);
+    bool ln = L->op->n_in > 21 && tin(L, 21);
+    int W[4], R[4], P[4] = {-1, -1, -1, -1}, B[4], N[4] = {-1, -1, -1, -1};
+    char what[64];
+    for (int g = cifg ? 1 : 0; g < 4; g++) {
+        snprintf(what, sizeof what, "input_to_%s_weights", gname[g]);
+        TRY(lstm_const(L, 1 + g, n_cell, n_in, true, true, what, &W[g]));
+        snprintf(what, sizeof what, "recurrent_to_%s_weights", gname[g]);
+        TRY(lstm_const(L, 5 + g, n_cell, n_out, true, true, what, &R[g]));
+        snprintf(what, sizeof what, "%s_gate_bias", gname[g]);
+        TRY(lstm_const(L, 12 + g, n_cell, 0, false, true, what, &B[g]));
+        if (ln) {
+            snprintf(what, sizeof what, "%s_layer_norm_coefficients", gname[g]);
+            TRY(lstm_const(L, 20 + g, n_cell, 0, false, true, what, &N[g]));
+        }
+    }
+    if (cifg && (tin(L, 5) || tin(L, 9) || (L->op->n_in > 20 && tin(L, 20))))
+        return lerr(L, KILN_ERR_INVALID_MODEL, "CIFG (no input_to_input_weights) with an input "
+                    "gate's recurrent, peephole or layer norm weights");
+    if (!ln)
+        for (int k = 20; k < L->op->n_in; k++)
+            if (tin(L, k))
+                return lerr(L, KILN_ERR_INVALID_MODEL, "layer norm coefficient input %d without "
+                            "forget_layer_norm_coefficients (input 21)", k);
+    static const int pg[3] = {0, 1, 3}; /* inputs 9, 10, 11: i, f, o */
+    bool peep = tin(L, 10) || tin(L, 11);
+    if (tin(L, 9) && !peep)
+        return lerr(L, KILN_ERR_INVALID_MODEL, "cell_to_input_weights (input 9) without the "
+                    "forget and output peepholes");
+    for (int j = cifg ? 1 : 0; j < 3 && peep; j++) {
+        snprintf(what, sizeof what, "cell_to_%s_weights", gname[pg[j]]);
+        TRY(lstm_const(L, 9 + j, n_cell, 0, false, true, what, &P[pg[j]]));
+    }
+    int PW = -1, PB = -1;
+    TRY(lstm_const(L, 16, n_out, n_cell, true, false, "projection_weights", &PW));
+    TRY(lstm_const(L, 17, n_out, 0, false, false, "projection_bias", &PB));
+    if (PW < 0 && PB >= 0)
+        return lerr(L, KILN_ERR_INVALID_MODEL, "projection_bias (input 17) without "
+                    "projection_weights (input 16)");
+    int x, one = -1, cc_lo = -1, cc_hi = -1, pc_lo = -1, pc_hi = -1, tax = -1;
+    TRY(need_in(L, 0, &x));
+    if (cifg) TRY(const_f32(L, 1.0f, &one));
+    if (cell_clip > 0) {
+        TRY(const_f32(L, -cell_clip, &cc_lo));
+        TRY(const_f32(L, cell_clip, &cc_hi));
+    }
+    if (proj_clip > 0 && PW >= 0) {
+        TRY(const_f32(L, -proj_clip, &pc_lo));
+        TRY(const_f32(L, proj_clip, &pc_hi));
+    }
+    int64_t axis = time_major ? 0 : 1;
+    if (sequence) TRY(const_i64(L, 1, &axis, &tax));
+    /* x . W^T for every step at once: [.., n_in] -> [.., n_cell] */
+    int XW[4] = {-1, -1, -1, -1};
+    for (int g = cifg ? 1 : 0; g < 4; g++) TRY(bin_op(L, KILN_OP_MatMul, x, W[g], &XW[g]));
+    int h = -1, c = -1, ys[4096];
+    for (int64_t t = 0; t < steps; t++) {
+        int z[4] = {-1, -1, -1, -1}, gate[4] = {-1, -1, -1, -1}, iv = -1;
+        if (sequence) { /* a scalar index: Gather drops the time axis */
+            kiln_tensor *it;
+            TRY(kiln_tensor_new(KILN_DTYPE_I64, 0, NULL, &it));
+            *(int64_t *)it->data = t;
+            TRY(add_const(L, L->name, it, &iv));
+        }
+        for (int g = cifg ? 1 : 0; g < 4; g++) {
+            z[g] = XW[g];
+            if (sequence) {
+                struct kiln_node *n;
+                int in[2] = {XW[g], iv};
+                TRY(node(L, KILN_OP_Gather, 2, in, 1, &n, &z[g]));
+                a_int(n, "axis", axis);
+            }
+            if (h >= 0) {
+                int r;
+                TRY(bin_op(L, KILN_OP_MatMul, h, R[g], &r));
+                TRY(bin_op(L, KILN_OP_Add, z[g], r, &z[g]));
+            }
+        }
+        /* i, f and the cell gate; their peepholes read the previous c */
+        for (int g = cifg ? 1 : 0; g < 3; g++) {
+            int v = z[g];
+            if (P[g] >= 0 && c >= 0) {
+                int pm;
+                TRY(bin_op(L, KILN_OP_Mul, c, P[g], &pm));
+                TRY(bin_op(L, KILN_OP_Add, v, pm, &v));
+            }
+            if (ln) TRY(lstm_layer_norm(L, v, N[g], &v));
+            TRY(bin_op(L, KILN_OP_Add, v, B[g], &v));
+            if (g == 2) TRY(activation(L, act, v, &gate[g]));
+            else TRY(op1(L, KILN_OP_Sigmoid, 1, &v, &gate[g]));
+        }
+        if (cifg) TRY(bin_op(L, KILN_OP_Sub, one, gate[1], &gate[0]));
+        int nc;
+        TRY(bin_op(L, KILN_OP_Mul, gate[0], gate[2], &nc));
+        if (c >= 0) {
+            int fc;
+            TRY(bin_op(L, KILN_OP_Mul, gate[1], c, &fc));
+            TRY(bin_op(L, KILN_OP_Add, fc, nc, &nc));
+        }
+        if (cc_lo >= 0) {
+            int in[3] = {nc, cc_lo, cc_hi};
+            TRY(op1(L, KILN_OP_Clip, 3, in, &nc));
+        }
+        c = nc;
+        int v = z[3];
+        if (P[3] >= 0) {
+            int pm;
+            TRY(bin_op(L, KILN_OP_Mul, c, P[3], &pm));
+            TRY(bin_op(L, KILN_OP_Add, v, pm, &v));
+        }
+        if (ln) TRY(lstm_layer_norm(L, v, N[3], &v));
+        TRY(bin_op(L, KILN_OP_Add, v, B[3], &v));
+        TRY(op1(L, KILN_OP_Sigmoid, 1, &v, &gate[3]));
+        int ac;
+        TRY(activation(L, act, c, &ac));
+        TRY(bin_op(L, KILN_OP_Mul, gate[3], ac, &h));
+        if (PW >= 0) {
+            TRY(bin_op(L, KILN_OP_MatMul, h, PW, &h));
+            if (PB >= 0) TRY(bin_op(L, KILN_OP_Add, h, PB, &h));
+            if (pc_lo >= 0) {
+                int in[3] = {h, pc_lo, pc_hi};
+                TRY(op1(L, KILN_OP_Clip, 3, in, &h));
+            }
+        }
+        if (sequence) TRY(bin_op(L, KILN_OP_Unsqueeze, h, tax, &ys[t]));
+    }
+    if (!sequence) return bind(L, 0, h);
+    /* Concat in groups of at most 64 inputs (KILN_MAX_IO), then the groups */
+    int n_ys = (int)steps;
+    while (n_ys > 1) {
+        int m = 0;
+        for (int s = 0; s < n_ys; s += 64) {
+            int cnt = n_ys - s < 64 ? n_ys - s : 64;
+            struct kiln_node *n;
+            TRY(node(L, KILN_OP_Concat, cnt, ys + s, 1, &n, &ys[m]));
+            a_int(n, "axis", axis);
+            m++;
+        }
+        n_ys = m;
+    }
+    return bind(L, 0, ys[0]);
+}
+
+/* LSTM (one step) and UNIDIRECTIONAL_SEQUENCE_LSTM. Without CIFG,
+ * projection, layer normalization, clipping and with TANH: Kiln's LSTM op
+ * (ONNX's), gates reordered from TFLite's i, f, c, o inputs to ONNX's
+ * i, o, f, c. Otherwise lower_lstm_unrolled above. The state tensors start
  * at zero on every run (TFLite keeps them between invocations). */
 static kiln_status lower_lstm(struct lw *L, bool sequence)
 {
@@ -1314,25 +1558,20 @@ static kiln_status lower_lstm(struct lw *L, bool sequence)
     const struct tfl_tensor *tx = tin(L, 0);
     if (kernel_type != 0)
         return lerr(L, KILN_ERR_UNSUPPORTED, "the BASIC LSTM kernel is not supported");
-    if (act != ACT_TANH)
-        return lerr(L, KILN_ERR_UNSUPPORTED, "fused activation %d (Kiln supports TANH)", act);
-    if (cell_clip != 0 || proj_clip != 0)
-        return lerr(L, KILN_ERR_UNSUPPORTED, "cell_clip %g / proj_clip %g are not supported",
-                    (double)cell_clip, (double)proj_clip);
-    if (L->op->n_in < 20 || !tx || tx->dtype != KILN_DTYPE_F32 || tx->rank != (sequence ? 3 : 2))
-        return lerr(L, KILN_ERR_UNSUPPORTED, "a float32 LSTM with 20 or more inputs and an input "
+    if (L->op->n_in < 20 || L->op->n_in > 24 || !tx || tx->dtype != KILN_DTYPE_F32 ||
+        tx->rank != (sequence ? 3 : 2))
+        return lerr(L, KILN_ERR_UNSUPPORTED, "a float32 LSTM with 20 to 24 inputs and an input "
                     "of rank %d is expected", sequence ? 3 : 2);
-    if (!tin(L, 1) || !tin(L, 5))
-        return lerr(L, KILN_ERR_UNSUPPORTED, "CIFG (no input gate) is not supported");
-    if (tin(L, 16) || tin(L, 17))
-        return lerr(L, KILN_ERR_UNSUPPORTED, "projection is not supported");
-    for (int k = 20; k < L->op->n_in; k++)
-        if (tin(L, k)) return lerr(L, KILN_ERR_UNSUPPORTED, "layer normalization is not supported");
     for (int k = 18; k < 20; k++) {
         const struct tfl_tensor *st = tin(L, k);
         if (!st || tbuf(L, st) || L->val[L->op->in[k]] >= 0)
             return lerr(L, KILN_ERR_UNSUPPORTED, "state input %d must be a variable tensor", k);
     }
+    bool general = act != ACT_TANH || cell_clip != 0 || proj_clip != 0 || !tin(L, 1) ||
+                   !tin(L, 5) || tin(L, 16) || tin(L, 17);
+    for (int k = 20; k < L->op->n_in; k++) general = general || tin(L, k);
+    if (general)
+        return lower_lstm_unrolled(L, sequence, time_major != 0, act, cell_clip, proj_clip);
     const struct tfl_tensor *w0 = tin(L, 2);
     if (!w0 || w0->rank != 2)
         return lerr(L, KILN_ERR_INVALID_MODEL, "input_to_forget_weights must be 2-D");

@@ -15,7 +15,7 @@ README, section 3), checking known answers:
     per-channel depthwise convolution and dequantize, simple_add's int8 ADD);
   * the person detector on tflite-micro's two test images giving the
     expected labels;
-  * the refused models (custom ops, LSTM with clipping, a file whose intermediate
+  * the refused models (custom ops, a file whose intermediate
     tensor has the wrong type) failing with one line naming the op;
   * truncated and bit-flipped copies of a shared model loading or failing
     cleanly.
@@ -166,7 +166,7 @@ def read_tensors(path):
             zps = fb.vec(qt, 3, "q")
         tensors[name] = (data, np.array(scales, np.float32), np.array(zps, np.int64))
         names.append(name)
-    ops = [(codes[fb.scalar(o, 0, "I", 0)], [names[i] for i in fb.vec(o, 1, "i")],
+    ops = [(codes[fb.scalar(o, 0, "I", 0)], [names[i] if i >= 0 else None for i in fb.vec(o, 1, "i")],
             [names[i] for i in fb.vec(o, 2, "i")]) for o in fb.tables(sg, 3)]
     return tensors, ops
 
@@ -406,7 +406,6 @@ def test_person_detector(tmp_path):
      r"custom op 'SignalWindow'"),
     (MICRO / "examples/micro_speech/models/audio_preprocessor_float.tflite",
      r"custom op 'SignalWindow'"),
-    (TFLITE_TD / "testdata/lstm.bin", r"\(LSTM\).*cell_clip 10"),
     (TFLITE_TD / "testdata/add_quantized.bin", r"\(ADD\).*uint8 and uint8 into float32"),
 ])
 def test_refused(path, pattern):
@@ -684,23 +683,49 @@ def test_serve_prefer_tflite_model(tmp_path):
             srv.kill()
 
 
-def lstm_ref(x, w, time_major):
-    """TFLite's LSTM cell (sigmoid gates, tanh, optional peepholes), zero initial state."""
+def lstm_ref(x, w, time_major, cell_clip=0.0, proj_clip=0.0, act=np.tanh):
+    """TFLite's float LSTM (lstm_eval.cc, LstmStepFloat), zero initial state:
+    per gate z = x W^T + h R^T (+ peephole * c), layer-normalized over the cells
+    ((z - mean) / sqrt(var + 1e-8) * coefficient) when ln_g is given, + bias;
+    sigmoid for i, f, o and act for the cell gate; CIFG (no w_i): i = 1 - f;
+    c clipped to +-cell_clip; h = o * act(c), projected (+ bias), clipped to
+    +-proj_clip. The o peephole reads the new c. x is [seq, batch, in] when
+    time_major else [batch, seq, in]."""
     sig = lambda v: 1 / (1 + np.exp(-v))  # noqa: E731
+    g_ = lambda k: w.get(k)  # noqa: E731
     xs = x if time_major else x.transpose(1, 0, 2)
     seq, batch, _ = xs.shape
-    hidden = w["w_i"].shape[0]
-    h = np.zeros((batch, hidden))
+    hidden = w["w_f"].shape[0]
+    nout = w["r_f"].shape[1]
+    h = np.zeros((batch, nout))
     c = np.zeros((batch, hidden))
-    p = {g: (w["p_" + g] if w["p_" + g] is not None else 0) for g in "ifo"}
+    cifg = g_("w_i") is None
+
+    def gate(g, cc, f):
+        z = xs[t] @ w["w_" + g].T.astype(np.float64) + h @ w["r_" + g].T.astype(np.float64)
+        if g_("p_" + g) is not None:
+            z = z + w["p_" + g] * cc
+        if g_("ln_" + g) is not None:
+            mu = z.mean(-1, keepdims=True)
+            var = ((z - mu) ** 2).mean(-1, keepdims=True)
+            z = (z - mu) / np.sqrt(var + 1e-8) * w["ln_" + g]
+        return f(z + w["b_" + g])
     ys = []
     for t in range(seq):
-        z = {g: xs[t] @ w["w_" + g].T + h @ w["r_" + g].T + w["b_" + g] for g in "ifco"}
-        i = sig(z["i"] + p["i"] * c)
-        f = sig(z["f"] + p["f"] * c)
-        c = f * c + i * np.tanh(z["c"])
-        o = sig(z["o"] + p["o"] * c)
-        h = o * np.tanh(c)
+        f = gate("f", c, sig)
+        i = 1 - f if cifg else gate("i", c, sig)
+        g = gate("c", c, act)
+        c = f * c + i * g
+        if cell_clip > 0:
+            c = np.clip(c, -cell_clip, cell_clip)
+        o = gate("o", c, sig)
+        h = o * act(c)
+        if g_("proj_w") is not None:
+            h = h @ w["proj_w"].T.astype(np.float64)
+            if g_("proj_b") is not None:
+                h = h + w["proj_b"]
+            if proj_clip > 0:
+                h = np.clip(h, -proj_clip, proj_clip)
         ys.append(h)
     y = np.stack(ys)
     return y if time_major else y.transpose(1, 0, 2)
@@ -717,6 +742,96 @@ def test_unidirectional_sequence_lstm(tmp_path, time_major, peephole):
     # twice in a row: the state does not carry over between runs
     again = run_model(m, {"x": x}, tmp_path)["y"]
     np.testing.assert_array_equal(got, again)
+
+
+# the full LSTM (lowered to per-step primitive ops): each feature alone and together
+LSTM_FULL = {
+    "cifg": dict(cifg=True),
+    "cifg_peephole": dict(cifg=True, peephole=True),
+    "projection": dict(proj=3),
+    "projection_no_bias": dict(proj=4, proj_bias=False),
+    "layer_norm": dict(layer_norm=True),
+    "layer_norm_cifg_peephole": dict(layer_norm=True, cifg=True, peephole=True),
+    "cell_clip": dict(cell_clip=0.3),
+    "proj_clip": dict(proj=3, proj_clip=0.05),
+    "relu": dict(act=1),
+    "everything": dict(peephole=True, proj=3, layer_norm=True, cell_clip=0.4, proj_clip=0.3),
+    "everything_time_major": dict(peephole=True, proj=3, layer_norm=True, cell_clip=0.4,
+                                  proj_clip=0.3, time_major=True),
+    "one_step": dict(one_step=True, peephole=True, proj=3, layer_norm=True, cell_clip=0.2),
+}
+
+
+@pytest.mark.parametrize("case", sorted(LSTM_FULL))
+def test_lstm_full_features(tmp_path, case):
+    kw = LSTM_FULL[case]
+    m, w = mk.lstm_model(2, 5, 3, 4, seed=7, **kw)
+    tm, one = kw.get("time_major", False), kw.get("one_step", False)
+    rng = np.random.default_rng(8)
+    shape = (2, 3) if one else (5, 2, 3) if tm else (2, 5, 3)
+    x = (rng.standard_normal(shape) * 2).astype(np.float32)
+    got = run_model(m, {"x": x}, tmp_path)["y"]
+    xr = x[:, None, :] if one else x
+    act = (lambda v: np.maximum(v, 0)) if kw.get("act") == 1 else np.tanh
+    want = lstm_ref(xr.astype(np.float64), w, tm, kw.get("cell_clip", 0.0),
+                    kw.get("proj_clip", 0.0), act)
+    if one:
+        want = want[:, 0, :]
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    if kw.get("proj_clip"):
+        assert np.abs(want).max() == pytest.approx(kw["proj_clip"])  # the clip is exercised
+
+
+def test_lstm_bin_full_lstm(tmp_path):
+    """tensorflow/lite/testdata/lstm.bin: a one-step LSTM with layer norm,
+    projection and cell_clip 10, against lstm_ref on the file's own weights."""
+    path = TFLITE_TD / "testdata/lstm.bin"
+    tensors, ops = read_tensors(path)
+    (code, ins, outs), = ops
+    assert code == 16  # LSTM
+    val = lambda k: tensors[ins[k]][0] if ins[k] is not None else None  # noqa: E731
+    w = {}
+    for j, g in enumerate("ifco"):
+        w["w_" + g], w["r_" + g], w["b_" + g] = val(1 + j), val(5 + j), val(12 + j)
+        w["ln_" + g] = val(20 + j)
+    for j, g in enumerate("ifo"):
+        w["p_" + g] = val(9 + j)
+    w["proj_w"], w["proj_b"] = val(16), val(17)
+    assert w["proj_w"] is not None and w["ln_f"] is not None
+    rng = np.random.default_rng(12)
+    x = (rng.standard_normal((1, 2)) * 3).astype(np.float32)
+    got = predict(path, {ins[0]: x}, tmp_path)[outs[0]]
+    want = lstm_ref(x[:, None, :].astype(np.float64), w, False, cell_clip=10.0)[:, 0, :]
+    np.testing.assert_allclose(got.reshape(want.shape), want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("change,pattern", [
+    (lambda w: w.__setitem__("w_c", w["w_c"][:, :2].copy()), r"input_to_cell_weights.*input 3"),
+    (lambda w: w.__setitem__("proj_b", w["proj_b"][:2].copy()), r"projection_bias.*input 17"),
+    (lambda w: w.__setitem__("ln_o", w["ln_o"][:3].copy()),
+     r"output_layer_norm_coefficients.*input 23"),
+])
+def test_lstm_bad_weight_shapes(tmp_path, change, pattern):
+    # good weights from the writer, one of them cut, written into the same LSTM
+    _, w = mk.lstm_model(1, 2, 3, 4, seed=1, proj=3, layer_norm=True)
+    change(w)
+    m = mk.Model()
+    x = m.add([1, 2, 3], name="x")
+    cst = lambda k: m.const(w[k]) if w.get(k) is not None else -1  # noqa: E731
+    ins = [x] + [cst("w_" + g) for g in "ifco"] + [cst("r_" + g) for g in "ifco"]
+    ins += [-1, -1, -1] + [cst("b_" + g) for g in "ifco"] + [cst("proj_w"), cst("proj_b")]
+    h0, c0 = m.add([1, 3], name="h_state"), m.add([1, 4], name="c_state")
+    m.tensors[h0][5] = ("u8", 1)
+    m.tensors[c0][5] = ("u8", 1)
+    ins += [h0, c0] + [cst("ln_" + g) for g in "ifco"]
+    y = m.add([1, 2, 3], name="y")
+    m.op("UNIDIRECTIONAL_SEQUENCE_LSTM", ins, [y], [("i8", 4), ("f32", 0.0), ("f32", 0.0),
+                                                   ("u8", 0)])
+    m.inputs, m.outputs = [x], [y]
+    p = tmp_path / "bad.tflite"
+    p.write_bytes(m.bytes())
+    assert_clean_error(kiln("inspect", p), pattern)
 
 
 def test_string_reshape(tmp_path):
