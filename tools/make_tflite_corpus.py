@@ -238,6 +238,24 @@ def lstm_model(batch, seq, nin, hidden, time_major=False, peephole=False, seed=0
     return m, wts
 
 
+def lstm_basic_model(batch, nin, nout, seed=0):
+    """A float LSTM with kernel_type BASIC: inputs x [batch, nin], h and c
+    [batch, nout]; outputs activ, state, concat, activ_temp. Returns the model
+    and its weights (w [4 nout, nin + nout], b [4 nout])."""
+    rng = np.random.default_rng(seed)
+    w = (rng.standard_normal((4 * nout, nin + nout)) * 0.5).astype(np.float32)
+    b = (rng.standard_normal(4 * nout) * 0.5).astype(np.float32)
+    m = Model()
+    x, h, c = (m.add([batch, n], name=nm) for n, nm in ((nin, "x"), (nout, "h"), (nout, "c")))
+    outs = [m.add(s, name=nm) for s, nm in (([batch, nout], "activ"), ([batch, nout], "state"),
+                                            ([batch, nin + nout], "concat"),
+                                            ([batch, 4 * nout], "activ_temp"))]
+    m.op("LSTM", [x, h, m.const(w), m.const(b), c], outs,
+         [("i8", 4), ("f32", 0.0), ("f32", 0.0), ("u8", 1)])
+    m.inputs, m.outputs = [x, h, c], outs
+    return m, {"w": w, "b": b}
+
+
 def corpus():
     """{file name: bytes} of the seed corpus."""
     out = {}
@@ -347,6 +365,7 @@ def corpus():
     out["full_lstm.tflite"] = lstm_model(2, 3, 4, 5, peephole=True, proj=3, layer_norm=True,
                                          cell_clip=1.0, proj_clip=0.5)[0].bytes()
     out["cifg_lstm.tflite"] = lstm_model(1, 2, 3, 4, cifg=True, one_step=True)[0].bytes()
+    out["basic_lstm.tflite"] = lstm_basic_model(2, 3, 4)[0].bytes()
 
     m = unary("CUSTOM")
     m.codes = [(32, "MyCustomOp")]

@@ -1538,6 +1538,73 @@ static kiln_status lower_lstm_unrolled(struct lw *L, bool sequence, bool time_ma
     return bind(L, 0, ys[0]);
 }
 
+/* The BASIC LSTM kernel (lstm.cc kernel_type BASIC, reference_ops::LstmCell),
+ * float: inputs x [batch, in], prev_activ [batch, out], weights
+ * [4 * out, in + out], bias [4 * out], prev_state [batch, out]; activ_temp =
+ * [x, prev_activ] . W^T + bias holds the gates i, g, f, o in that order;
+ * state = sigmoid(i) * tanh(g) + sigmoid(f) * prev_state, activ =
+ * sigmoid(o) * tanh(state). Outputs activ, state, concat_temp, activ_temp. */
+static kiln_status lower_lstm_basic(struct lw *L, int act, float cell_clip, float proj_clip)
+{
+    if (act != ACT_TANH || cell_clip != 0 || proj_clip != 0)
+        return lerr(L, KILN_ERR_UNSUPPORTED, "the BASIC LSTM kernel with activation %d, "
+                    "cell_clip %g, proj_clip %g (TFLite requires TANH and no clipping)", act,
+                    (double)cell_clip, (double)proj_clip);
+    const struct tfl_tensor *tx = tin(L, 0), *th = tin(L, 1), *ts = tin(L, 4);
+    if (L->op->n_in != 5 || L->op->n_out < 2 || L->op->n_out > 4 || !tx || !th || !ts)
+        return lerr(L, KILN_ERR_INVALID_MODEL, "the BASIC LSTM kernel takes 5 inputs and 2 to "
+                    "4 outputs, not %d and %d", L->op->n_in, L->op->n_out);
+    if (tx->dtype != KILN_DTYPE_F32 || th->dtype != KILN_DTYPE_F32 || ts->dtype != KILN_DTYPE_F32)
+        return lerr(L, KILN_ERR_UNSUPPORTED, "the BASIC LSTM kernel on %s (Kiln supports "
+                    "float32; the quantized kernel is not implemented)",
+                    kiln_dtype_name(tx->dtype));
+    if (tx->rank != 2 || th->rank != 2 || ts->rank != 2)
+        return lerr(L, KILN_ERR_UNSUPPORTED, "the BASIC LSTM kernel with inputs of rank %d, "
+                    "%d and %d (2 expected)", tx->rank, th->rank, ts->rank);
+    int64_t n_in = tx->shape[1], n_out = th->shape[1];
+    if (n_in < 1 || n_out < 1 || ts->shape[1] != n_out || n_in > INT32_MAX / 2 ||
+        n_out > INT32_MAX / 8)
+        return lerr(L, KILN_ERR_INVALID_MODEL, "the BASIC LSTM kernel with an input of %lld "
+                    "features, prev_activ of %lld and prev_state of %lld", (long long)n_in,
+                    (long long)n_out, (long long)ts->shape[1]);
+    int W, B, x, h, c, cat, full;
+    TRY(lstm_const(L, 2, 4 * n_out, n_in + n_out, true, true, "weights", &W));
+    TRY(lstm_const(L, 3, 4 * n_out, 0, false, true, "biases", &B));
+    TRY(need_in(L, 0, &x));
+    TRY(need_in(L, 1, &h));
+    TRY(need_in(L, 4, &c));
+    struct kiln_node *n;
+    int in2[2] = {x, h};
+    TRY(node(L, KILN_OP_Concat, 2, in2, 1, &n, &cat));
+    a_int(n, "axis", 1);
+    TRY(bin_op(L, KILN_OP_MatMul, cat, W, &full));
+    TRY(bin_op(L, KILN_OP_Add, full, B, &full));
+    int gate[4];
+    int64_t ax = 1;
+    int va;
+    TRY(const_i64(L, 1, &ax, &va));
+    for (int g = 0; g < 4; g++) {
+        int64_t b0 = g * n_out, e0 = (g + 1) * n_out;
+        int vb, ve, z;
+        TRY(const_i64(L, 1, &b0, &vb));
+        TRY(const_i64(L, 1, &e0, &ve));
+        int in[4] = {full, vb, ve, va};
+        TRY(op1(L, KILN_OP_Slice, 4, in, &z));
+        TRY(op1(L, g == 1 ? KILN_OP_Tanh : KILN_OP_Sigmoid, 1, &z, &gate[g]));
+    }
+    int ig, fc, st, ts_, y;
+    TRY(bin_op(L, KILN_OP_Mul, gate[0], gate[1], &ig));
+    TRY(bin_op(L, KILN_OP_Mul, gate[2], c, &fc));
+    TRY(bin_op(L, KILN_OP_Add, ig, fc, &st));
+    TRY(op1(L, KILN_OP_Tanh, 1, &st, &ts_));
+    TRY(bin_op(L, KILN_OP_Mul, gate[3], ts_, &y));
+    TRY(bind(L, 0, y));
+    TRY(bind(L, 1, st));
+    if (L->op->n_out > 2 && L->op->out[2] >= 0) TRY(bind(L, 2, cat));
+    if (L->op->n_out > 3 && L->op->out[3] >= 0) TRY(bind(L, 3, full));
+    return KILN_OK;
+}
+
 /* LSTM (one step) and UNIDIRECTIONAL_SEQUENCE_LSTM. Without CIFG,
  * projection, layer normalization, clipping and with TANH: Kiln's LSTM op
  * (ONNX's), gates reordered from TFLite's i, f, c, o inputs to ONNX's
@@ -1556,8 +1623,13 @@ static kiln_status lower_lstm(struct lw *L, bool sequence)
     if (sequence) TRY(opt_i8(o, 3, "time_major", 0, &time_major));
     else TRY(opt_i8(o, 3, "kernel_type", 0, &kernel_type));
     const struct tfl_tensor *tx = tin(L, 0);
+    if (kernel_type == 1) return lower_lstm_basic(L, act, cell_clip, proj_clip);
     if (kernel_type != 0)
-        return lerr(L, KILN_ERR_UNSUPPORTED, "the BASIC LSTM kernel is not supported");
+        return lerr(L, KILN_ERR_INVALID_MODEL, "LSTM kernel_type %d (0 FULL or 1 BASIC)",
+                    kernel_type);
+    if (L->op->n_out != 1)
+        return lerr(L, KILN_ERR_INVALID_MODEL, "%d outputs (the FULL LSTM kernel has 1)",
+                    L->op->n_out);
     if (L->op->n_in < 20 || L->op->n_in > 24 || !tx || tx->dtype != KILN_DTYPE_F32 ||
         tx->rank != (sequence ? 3 : 2))
         return lerr(L, KILN_ERR_UNSUPPORTED, "a float32 LSTM with 20 to 24 inputs and an input "
@@ -1854,7 +1926,8 @@ kiln_status tfl_lower_subgraph(const struct tfl_model *tm, int sgi, struct kiln_
                             "does not implement", i, sgi, oc->custom ? oc->custom : "(unnamed)");
             break;
         }
-        if (op->n_out != 1) {
+        /* LSTM's BASIC kernel has 2 to 4 outputs (checked in lower_lstm_basic) */
+        if (op->n_out != 1 && !(oc->builtin == TFL_LSTM && op->n_out >= 1 && op->n_out <= 4)) {
             st = lerr(&L, KILN_ERR_INVALID_MODEL, "%d outputs, expected 1", op->n_out);
             break;
         }

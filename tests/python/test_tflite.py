@@ -806,6 +806,27 @@ def test_lstm_bin_full_lstm(tmp_path):
     np.testing.assert_allclose(got.reshape(want.shape), want, rtol=1e-4, atol=1e-5)
 
 
+def test_lstm_basic_kernel(tmp_path):
+    """LSTM kernel_type BASIC (reference_ops::LstmCell): gates i, g, f, o of
+    [x, prev_activ] W^T + b; every output checked against numpy."""
+    batch, nin, nout = 3, 4, 5
+    m, wb = mk.lstm_basic_model(batch, nin, nout, seed=21)
+    w, b = wb["w"], wb["b"]
+    rng = np.random.default_rng(22)
+    feeds = {"x": rng.standard_normal((batch, nin)), "h": rng.standard_normal((batch, nout)),
+             "c": rng.standard_normal((batch, nout)) * 2}
+    feeds = {k: v.astype(np.float32) for k, v in feeds.items()}
+    got = run_model(m, feeds, tmp_path)
+    sig = lambda v: 1 / (1 + np.exp(-v))  # noqa: E731
+    cat = np.concatenate([feeds["x"], feeds["h"]], 1).astype(np.float64)
+    full = cat @ w.T + b
+    i, g, f, o = (full[:, k * nout:(k + 1) * nout] for k in range(4))
+    state = sig(i) * np.tanh(g) + sig(f) * feeds["c"]
+    want = {"activ": sig(o) * np.tanh(state), "state": state, "concat": cat, "activ_temp": full}
+    for k, v in want.items():
+        np.testing.assert_allclose(got[k], v, rtol=1e-4, atol=1e-5, err_msg=k)
+
+
 @pytest.mark.parametrize("change,pattern", [
     (lambda w: w.__setitem__("w_c", w["w_c"][:, :2].copy()), r"input_to_cell_weights.*input 3"),
     (lambda w: w.__setitem__("proj_b", w["proj_b"][:2].copy()), r"projection_bias.*input 17"),
