@@ -15,6 +15,9 @@ README, section 3), checking known answers:
     per-channel depthwise convolution and dequantize, simple_add's int8 ADD);
   * the person detector on tflite-micro's two test images giving the
     expected labels;
+  * lstm.bin (a one-step LSTM with layer norm, projection and cell_clip) and
+    LSTMs written here (CIFG, peepholes, projection, layer norm, clipping,
+    the BASIC kernel) against a numpy LSTM following TFLite's lstm_eval.cc;
   * the refused models (custom ops, a file whose intermediate
     tensor has the wrong type) failing with one line naming the op;
   * truncated and bit-flipped copies of a shared model loading or failing
@@ -144,7 +147,7 @@ TYPES = {0: np.float32, 2: np.int32, 3: np.uint8, 7: np.int16, 9: np.int8}
 
 def read_tensors(path):
     """{tensor name: (data array or None, scales, zero points)} of subgraph 0,
-    and the operators as (builtin code, inputs, outputs)."""
+    and the operators as (builtin code, inputs (None where absent), outputs)."""
     fb = Flat(pathlib.Path(path).read_bytes())
     model = fb.root()
     buffers = [fb.vec(b, 0, "B") for b in fb.tables(model, 4)]
@@ -166,7 +169,8 @@ def read_tensors(path):
             zps = fb.vec(qt, 3, "q")
         tensors[name] = (data, np.array(scales, np.float32), np.array(zps, np.int64))
         names.append(name)
-    ops = [(codes[fb.scalar(o, 0, "I", 0)], [names[i] if i >= 0 else None for i in fb.vec(o, 1, "i")],
+    ops = [(codes[fb.scalar(o, 0, "I", 0)],
+            [names[i] if i >= 0 else None for i in fb.vec(o, 1, "i")],
             [names[i] for i in fb.vec(o, 2, "i")]) for o in fb.tables(sg, 3)]
     return tensors, ops
 
