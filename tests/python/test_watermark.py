@@ -234,8 +234,9 @@ def test_mark_survives_compile_to_kiln(tmp_path, keys, precision):
     """A mark embedded in the ONNX file is read from the .kiln `kiln compile`
     writes. fp32 keeps the weights bit for bit; bf16 stores the MatMul/Gemm
     weights as bfloat16 (round to nearest even), so the .kiln must read as the
-    reference decoder reads the numpy bf16 round trip; int8 .kiln files keep
-    f32 weights (quantized when plans compile), so they read as fp32."""
+    reference decoder reads the numpy bf16 round trip; int8 .kiln files (format
+    version 2) store the Gemm weights as s8 with one scale per output channel, so
+    the .kiln must read as the numpy per-channel int8 round trip does."""
     out, art = tmp_path / "marked.onnx", tmp_path / f"marked_{precision}.kiln"
     embed(DIGITS, out, keys[0])
     compile_kiln(out, art, precision)
@@ -248,6 +249,11 @@ def test_mark_survives_compile_to_kiln(tmp_path, keys, precision):
         rewrite_weights(out, ref, bf16_round_trip)
         _, z = reference_read(ref, keys[0], "acme", 32)
         assert rep["z"] < verify(out, keys[0])["z"]  # rounding cost some of the margin
+    elif precision == "int8":
+        ref = tmp_path / "int8.onnx"
+        rewrite_weights(out, ref, int8_per_channel)  # digits' Gemms: transB=1, rows are channels
+        z = verify(ref, keys[0])["bit_z"]
+        assert rep["z"] < verify(out, keys[0])["z"]
     else:
         z = verify(out, keys[0])["bit_z"]
     np.testing.assert_allclose(rep["bit_z"], z, atol=2e-3)
