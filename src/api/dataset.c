@@ -302,7 +302,7 @@ static kiln_status read_folder(kiln_dataset *d, const kiln_signature *sig, const
     }
     if (st == KILN_OK && have == 0 && n_arch == 0) {
         snprintf(err, ERR_LEN,
-                 "data folder '%.250s' has no %.120s for input '%.100s' and no .npz files", dir,
+                 "data folder '%.200s' has no %.120s for input '%.100s' and no .npz files", dir,
                  missing_file, missing >= 0 ? d->names[missing] : "");
         st = KILN_ERR_NOT_FOUND;
     }

@@ -735,7 +735,7 @@ static void test_convs(void)
                 if (want_sparse)
                     CHECK((prec == 2) == (strstr(name, "_int8") != NULL), "%s: %s in precision %d",
                           what, name, prec);
-                char w2[320];
+                char w2[400];
                 snprintf(w2, sizeof w2, "%s threads=%d on %s", what, threads, name);
                 if (want_sparse) compare_conv(&t, c, prec == 2, y, w2);
                 else if (prec == 0) compare_conv(&t, c, 0, y, w2);
