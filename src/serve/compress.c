@@ -126,17 +126,6 @@ void kiln_compress_lookup(const kiln_compress_options *o, const char *dir,
     }
 }
 
-static void dataset_free(kiln_dataset *d)
-{
-    for (int i = 0; i < d->n; i++) {
-        if (d->names) free(d->names[i]);
-        if (d->t) kiln_tensor_free(d->t[i]);
-    }
-    free(d->names);
-    free(d->t);
-    memset(d, 0, sizeof *d);
-}
-
 /* Does warmup request q call signature sig (name; is_default: it is the
  * model's default signature)? */
 static int calls(const kiln_warmup_request *q, const char *sig, int is_default)
@@ -271,7 +260,7 @@ static int warmup_dataset(const char *dir, const kiln_model *m, const kiln_signa
     d->samples = rows;
     if (ok) ok = whole_batches(sig, d, "no data to check it on", "the warmup file", why, cap);
     kiln_warmup_free(w);
-    if (!ok) dataset_free(d);
+    if (!ok) kiln_dataset_free(d);
     return ok;
 }
 
@@ -339,7 +328,7 @@ static void compress(const kiln_compress_options *o, const char *dir, kiln_model
     kiln_compile_result r;
     char err[KILN_EVAL_ERR_LEN];
     kiln_status cs = kiln_compile(m, kiln_signature_name(sig), &co, &d, &d, &r, err);
-    dataset_free(&d);
+    kiln_dataset_free(&d);
     if (cs != KILN_OK) {
         snprintf(why, sizeof why, "compiling failed: %.600s", err);
         goto uncompressed;

@@ -256,6 +256,21 @@ static kiln_status rs_make_plan(const struct kiln_node *n, const struct rs_attrs
     return KILN_OK;
 }
 
+/* Upsample-7's scales attribute as a 1-D float32 tensor viewing the node's floats
+ * (*t is filled; false when the attribute is missing). */
+static bool rs_attr_scales(const struct kiln_node *n, kiln_tensor *t)
+{
+    const float *fs;
+    int cnt = kiln_attr_floats(n, "scales", &fs);
+    if (cnt < 0) return false;
+    memset(t, 0, sizeof *t);
+    t->dtype = KILN_DTYPE_F32;
+    t->rank = 1;
+    t->dims[0] = cnt;
+    t->data = (void *)fs;
+    return true;
+}
+
 /* Shared shape function of Resize and Upsample: needs the scales / sizes values. */
 static kiln_status rs_infer(struct kiln_infer_ctx *ctx, bool upsample)
 {
@@ -287,14 +302,8 @@ static kiln_status rs_infer(struct kiln_infer_ctx *ctx, bool upsample)
     kiln_tensor attr_scales;
     if (upsample && ctx->n_in < 2) {
         /* Upsample-7: scales is an attribute */
-        const float *fs;
-        int cnt = kiln_attr_floats(n, "scales", &fs);
-        if (cnt < 0) return kiln_node_error(n, KILN_ERR_INVALID_MODEL, "scales is missing");
-        memset(&attr_scales, 0, sizeof attr_scales);
-        attr_scales.dtype = KILN_DTYPE_F32;
-        attr_scales.rank = 1;
-        attr_scales.dims[0] = cnt;
-        attr_scales.data = (void *)fs;
+        if (!rs_attr_scales(n, &attr_scales))
+            return kiln_node_error(n, KILN_ERR_INVALID_MODEL, "scales is missing");
         scales = &attr_scales;
     } else {
         if (i_scales < ctx->n_in && ctx->in[i_scales]) {
@@ -544,17 +553,23 @@ static kiln_status rs_execute(const struct kiln_node *n, const struct rs_attrs *
 
 /* ---- what the fast kernel and the layout pass share (resample.h) ---- */
 
-bool kiln_resize_attrs_hw(const struct kiln_node *n, bool upsample)
+/* Parsed attributes the fast kernel computes: no tf_crop_and_resize, axes within H, W. */
+static bool rs_attrs_hw(const struct kiln_node *n, bool upsample, struct rs_attrs *a)
 {
-    struct rs_attrs a;
-    if (rs_parse_attrs(n, upsample, 4, &a) != KILN_OK) {
+    if (rs_parse_attrs(n, upsample, 4, a) != KILN_OK) {
         kiln_error_clear();
         return false;
     }
-    if (a.coord == RS_TF_CROP_AND_RESIZE) return false;
-    for (int i = 0; i < a.n_axes; i++)
-        if (a.axes[i] < 2) return false;
+    if (a->coord == RS_TF_CROP_AND_RESIZE) return false;
+    for (int i = 0; i < a->n_axes; i++)
+        if (a->axes[i] < 2) return false;
     return true;
+}
+
+bool kiln_resize_attrs_hw(const struct kiln_node *n, bool upsample)
+{
+    struct rs_attrs a;
+    return rs_attrs_hw(n, upsample, &a);
 }
 
 void kiln_resize_axis_free(struct kiln_resize_axis *a)
@@ -624,20 +639,10 @@ bool kiln_resize_hw(const struct kiln_node *n, bool upsample, const int64_t *xd,
     memset(h, 0, sizeof *h);
     memset(w, 0, sizeof *w);
     struct rs_attrs a;
-    if (!kiln_resize_attrs_hw(n, upsample) || rs_parse_attrs(n, upsample, 4, &a) != KILN_OK) {
-        kiln_error_clear();
-        return false;
-    }
+    if (!rs_attrs_hw(n, upsample, &a)) return false;
     kiln_tensor attr_scales;
     if (upsample && !scales) {
-        const float *fs;
-        int cnt = kiln_attr_floats(n, "scales", &fs);
-        if (cnt < 0) return false;
-        memset(&attr_scales, 0, sizeof attr_scales);
-        attr_scales.dtype = KILN_DTYPE_F32;
-        attr_scales.rank = 1;
-        attr_scales.dims[0] = cnt;
-        attr_scales.data = (void *)fs;
+        if (!rs_attr_scales(n, &attr_scales)) return false;
         scales = &attr_scales;
     }
     struct rs_plan p;
@@ -682,14 +687,8 @@ static kiln_status rs_run(struct kiln_run_ctx *ctx, bool upsample)
     const kiln_tensor *roi = NULL, *scales = NULL, *sizes = NULL;
     kiln_tensor attr_scales;
     if (upsample && ctx->n_in < 2) {
-        const float *fs;
-        int cnt = kiln_attr_floats(n, "scales", &fs);
-        if (cnt < 0) return kiln_node_error(n, KILN_ERR_INVALID_MODEL, "scales is missing");
-        memset(&attr_scales, 0, sizeof attr_scales);
-        attr_scales.dtype = KILN_DTYPE_F32;
-        attr_scales.rank = 1;
-        attr_scales.dims[0] = cnt;
-        attr_scales.data = (void *)fs;
+        if (!rs_attr_scales(n, &attr_scales))
+            return kiln_node_error(n, KILN_ERR_INVALID_MODEL, "scales is missing");
         scales = &attr_scales;
     } else if (upsample || n->opset < 11) {
         scales = ctx->in[1];
