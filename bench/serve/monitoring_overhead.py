@@ -3,16 +3,25 @@ requests per second on the tabular MLP (tools/export_models.py's
 tabular_mlp: float32 [batch, 64] -> score) with a reference profile in
 the version folder, monitoring on (--enable_model_monitoring=true: 64
 features binned per request, PSI/JS on every scrape) against off, driven
-by wrk with one row per request (bench/serve/post.lua). Rounds alternate
-the order of the two servers; the report is the median requests/s of each
-and the relative change, and the server's CPU time per request (user +
-system, from /proc; steadier than requests/s on a shared machine). The target (issue 19) is at most 3 % fewer
-requests per second with monitoring on.
+by wrk with one row per request (bench/serve/post.lua). The target (issue 19)
+is at most 3 % fewer requests per second with monitoring on.
 
-    /usr/bin/python3 bench/serve/monitoring_overhead.py [--duration 10] [--rounds 3]
-        [--connections 16] [--threads 4]
+The method is built to resolve a few percent on a small machine: the
+servers run on their own CPUs and wrk (and perf) on the others (taskset;
+by default the first half of the CPUs for the servers, the rest for wrk);
+each round is a pair: both servers are started fresh and warmed, then
+measured for --duration seconds each, back to back, the order alternating
+between rounds. Each round gives the paired change on/off of requests/s
+and of the server's CPU time per request (user + system, from /proc); the
+report is the median of the paired changes with a distribution-free
+confidence interval (the sign test's: order statistics of the changes), so
+slow drifts of the machine fall on both sides of each pair. It still
+prints, as before, each measurement and the medians of each setting.
 
-Needs wrk and the kiln binary ($KILN_BIN, default build/kiln); exports
+    /usr/bin/python3 bench/serve/monitoring_overhead.py [--duration 4] [--rounds 16]
+        [--connections 16] [--threads 4] [--server-cpus 0] [--wrk-cpus 1] [--perf]
+
+Needs wrk, taskset and the kiln binary ($KILN_BIN, default build/kiln); exports
 the model with PyTorch into bench/models/tabular_mlp if missing. Not part
 of `make test` (timings on a shared machine are noise; run it on a quiet
 one).
@@ -25,12 +34,14 @@ of the machine, since both sides of the ratio are the same process.
 """
 import argparse
 import json
+import math
 import os
 import socket
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -55,14 +66,14 @@ def ensure_model():
     return d / "model.onnx"
 
 
-def serve(base, monitoring, threads):
+def serve(base, monitoring, threads, cpus):
     port = free_port()
     cfg = base.parent / "prom.txt"
     cfg.write_text('prometheus_config: { enable: true, path: "/monitoring/prometheus/metrics" }\n')
-    p = subprocess.Popen([KILN, "serve", f"--model_base_path={base}", "--model_name=mlp",
+    p = subprocess.Popen(pinned([KILN, "serve", f"--model_base_path={base}", "--model_name=mlp",
                           f"--rest_api_port={port}", "--rest_api_address=127.0.0.1", "--port=0",
                           f"--rest_api_num_threads={threads}", f"--monitoring_config_file={cfg}",
-                          f"--enable_model_monitoring={'true' if monitoring else 'false'}"],
+                          f"--enable_model_monitoring={'true' if monitoring else 'false'}"], cpus),
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     for _ in range(600):
         try:
@@ -82,11 +93,12 @@ def cpu_seconds(pid):
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def wrk(port, body, duration, conns):
+def wrk(port, body, duration, conns, cpus):
     env = dict(os.environ, WRK_BODY=str(body))
-    out = subprocess.run(["wrk", f"-t{min(conns, 4)}", f"-c{conns}", f"-d{duration}s", "-s",
-                          str(REPO / "bench" / "serve" / "post.lua"),
-                          f"http://127.0.0.1:{port}/v1/models/mlp:predict"],
+    out = subprocess.run(pinned(["wrk", f"-t{min(conns, 4)}", f"-c{conns}", f"-d{duration:g}s",
+                                 "--timeout", "30s", "-s",
+                                 str(REPO / "bench" / "serve" / "post.lua"),
+                                 f"http://127.0.0.1:{port}/v1/models/mlp:predict"], cpus),
                          env=env, capture_output=True, text=True, check=True).stdout
     line = next(l for l in out.splitlines() if l.startswith("WRKJSON "))
     r = json.loads(line[len("WRKJSON "):])
@@ -103,11 +115,11 @@ def monitor_symbols():
             if "src/serve/monitor/" in l and len(l.split()) >= 3 and l.split()[1] in "tTwW"}
 
 
-def perf_share(pid, seconds, symbols, tmp):
+def perf_share(pid, seconds, symbols, tmp, cpus):
     """Share of the process's cpu-clock samples over `seconds` in `symbols`."""
     data = tmp / "perf.data"
-    subprocess.run(["perf", "record", "-q", "-e", "cpu-clock", "-F", "499", "-p", str(pid), "-o",
-                    str(data), "--", "sleep", str(seconds)], check=True,
+    subprocess.run(pinned(["perf", "record", "-q", "-e", "cpu-clock", "-F", "499", "-p", str(pid),
+                           "-o", str(data), "--", "sleep", f"{seconds:g}"], cpus), check=True,
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     rep = subprocess.run(["perf", "report", "-i", str(data), "--stdio", "--no-children", "-F",
                           "period,sym", "-t", "\t", "-q"], capture_output=True, text=True,
@@ -125,15 +137,58 @@ def perf_share(pid, seconds, symbols, tmp):
     return mine / total if total else 0.0
 
 
+def sign_test_ci(xs, level=0.95):
+    """Distribution-free confidence interval of the median of xs from the
+    order statistics (the sign test's interval): [x_(k), x_(n+1-k)] with the
+    largest k whose coverage, 1 - 2 P(Binomial(n, 1/2) < k), is at least
+    `level`; with too few values, [min, max] and its (lower) coverage.
+    Returns (lo, hi, coverage)."""
+    x = sorted(xs)
+    n = len(x)
+    cdf, acc = [], 0.0  # cdf[j] = P(B <= j)
+    for j in range(n + 1):
+        acc += math.comb(n, j) / 2 ** n
+        cdf.append(acc)
+    k = 1
+    while k + 1 <= (n + 1) // 2 and 1 - 2 * cdf[k] >= level:  # k + 1 still covers
+        k += 1
+    return x[k - 1], x[n - k], 1 - 2 * cdf[k - 1]
+
+
+def cpu_list(spec):
+    """taskset's CPU list ("0", "0-3", "1,3") as a set; empty for "none"."""
+    if spec in ("", "none"):
+        return set()
+    cpus = set()
+    for part in spec.split(","):
+        lo, _, hi = part.partition("-")
+        cpus.update(range(int(lo), int(hi or lo) + 1))
+    return cpus
+
+
+def pinned(cmd, cpus):
+    return (["taskset", "-c", ",".join(map(str, sorted(cpus)))] + cmd) if cpus else cmd
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--duration", type=int, default=10)
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--duration", type=float, default=4, help="seconds of wrk per measurement")
+    ap.add_argument("--rounds", type=int, default=16, help="pairs of measurements (on and off)")
     ap.add_argument("--connections", type=int, default=16)
-    ap.add_argument("--threads", type=int, default=4)
+    ap.add_argument("--threads", type=int, default=4, help="the server's REST threads")
+    avail = sorted(os.sched_getaffinity(0))
+    half = max(1, len(avail) // 2)
+    ap.add_argument("--server-cpus", default=",".join(map(str, avail[:half])) if len(avail) > 1 else "none",
+                    help="CPUs the servers run on (taskset -c list; 'none': not pinned); default: "
+                         "the first half of this process's CPUs")
+    ap.add_argument("--wrk-cpus", default=",".join(map(str, avail[half:])) if len(avail) > 1 else "none",
+                    help="CPUs wrk (and perf) run on; default: the other half")
     ap.add_argument("--perf", action="store_true",
                     help="sample the server with perf and report the monitor's share of its CPU")
     a = ap.parse_args()
+    server_cpus, wrk_cpus = cpu_list(a.server_cpus), cpu_list(a.wrk_cpus)
+    if server_cpus & wrk_cpus:
+        raise SystemExit(f"--server-cpus {a.server_cpus} and --wrk-cpus {a.wrk_cpus} overlap")
     symbols = monitor_symbols() if a.perf else set()
     model = ensure_model()
     with tempfile.TemporaryDirectory() as tmp:
@@ -152,43 +207,71 @@ def main():
         cpu_us = {True: [], False: []}  # server CPU per request: less noisy on a busy machine
         shares = []
         for rnd in range(a.rounds):
-            for on in ((True, False) if rnd % 2 == 0 else (False, True)):
-                p, port = serve(base, on, a.threads)
-                try:
-                    wrk(port, body, 1, a.connections)  # warm up
+            # a pair: both servers started (fresh, so layout luck varies between pairs) and
+            # warmed, then measured back to back, the order alternating between pairs
+            procs = {}
+            try:
+                for on in (True, False):
+                    procs[on] = serve(base, on, a.threads, server_cpus)
+                    wrk(procs[on][1], body, 1, a.connections, wrk_cpus)  # warm up
+                for on in ((True, False) if rnd % 2 == 0 else (False, True)):
+                    p, port = procs[on]
                     c0 = cpu_seconds(p.pid)
                     if a.perf:  # both settings sampled alike, so perf's own cost cancels
-                        import threading
                         res = {}
-                        t = threading.Thread(target=lambda: res.update(
-                            share=perf_share(p.pid, max(1, a.duration - 2), symbols, tmp)))
+                        t = threading.Thread(target=lambda: res.update(share=perf_share(
+                            p.pid, max(1, a.duration - 1), symbols, tmp, wrk_cpus)))
                         t.start()
-                    rate, n = wrk(port, body, a.duration, a.connections)
+                    rate, n = wrk(port, body, a.duration, a.connections, wrk_cpus)
                     if a.perf:
                         t.join()
                         if on:
                             shares.append(res["share"])
                     rates[on].append(rate)
                     cpu_us[on].append((cpu_seconds(p.pid) - c0) / n * 1e6)
-                    if on:  # the monitor really ran: 64 drift gauges on the page
+                    if on:  # the monitor really ran: 64 features with values in the window
                         with urllib.request.urlopen(
                                 f"http://127.0.0.1:{port}/monitoring/prometheus/metrics") as r:
-                            assert r.read().decode().count("kiln_drift_psi{") == 64
-                finally:
+                            counts = [float(l.rsplit(" ", 1)[1]) for l in r.read().decode().splitlines()
+                                      if l.startswith("kiln_drift_window_values{")]
+                        assert len(counts) == 64 and min(counts) > 0, counts
+                    print(f"round {rnd + 1}: monitoring {'on ' if on else 'off'} {rates[on][-1]:.0f} req/s, "
+                          f"{cpu_us[on][-1]:.1f} us server CPU per request"
+                          + (f", monitor {100 * shares[-1]:.2f}% of server CPU samples"
+                             if a.perf and on else ""), flush=True)
+            finally:
+                for p, _ in procs.values():
                     p.kill()
                     p.wait()
-                print(f"round {rnd + 1}: monitoring {'on ' if on else 'off'} {rates[on][-1]:.0f} req/s, "
-                      f"{cpu_us[on][-1]:.1f} us server CPU per request"
-                      + (f", monitor {100 * shares[-1]:.2f}% of server CPU samples"
-                         if a.perf and on else ""), flush=True)
+            print(f"round {rnd + 1}: on/off {100 * (rates[True][-1] / rates[False][-1] - 1):+.2f}% req/s, "
+                  f"{100 * (cpu_us[True][-1] / cpu_us[False][-1] - 1):+.2f}% server CPU per request",
+                  flush=True)
     on, off = statistics.median(rates[True]), statistics.median(rates[False])
+    # paired per round: the two measurements of a pair ran seconds apart, so the machine's
+    # slow drifts (other work, thermal, frequency) fall on both
+    rate_change = [100 * (x / y - 1) for x, y in zip(rates[True], rates[False])]
+    cpu_change = [100 * (x / y - 1) for x, y in zip(cpu_us[True], cpu_us[False])]
+    rlo, rhi, level = sign_test_ci(rate_change)
+    clo, chi, _ = sign_test_ci(cpu_change)
+    verdict = ("met" if rlo > -3 else "not met" if rhi < -3 else "inconclusive")
+    print(f"paired over {a.rounds} rounds: requests/s with monitoring on {statistics.median(rate_change):+.2f}% "
+          f"(median; {100 * level:.1f}% CI {rlo:+.2f}% .. {rhi:+.2f}%), server CPU per request "
+          f"{statistics.median(cpu_change):+.2f}% ({clo:+.2f}% .. {chi:+.2f}%); target >= -3% req/s: "
+          f"{verdict}", flush=True)
     print(json.dumps({"model": "tabular_mlp", "connections": a.connections, "duration_s": a.duration,
                       "rounds": a.rounds, "req_per_s_on": round(on), "req_per_s_off": round(off),
                       "change_percent": round(100 * (on - off) / off, 2),
                       "server_cpu_us_per_request_on": round(statistics.median(cpu_us[True]), 2),
                       "server_cpu_us_per_request_off": round(statistics.median(cpu_us[False]), 2),
                       **({"monitor_share_of_server_cpu_percent":
-                          round(100 * statistics.median(shares), 2)} if a.perf else {})}))
+                          round(100 * statistics.median(shares), 2)} if a.perf else {}),
+                      "server_cpus": a.server_cpus, "wrk_cpus": a.wrk_cpus,
+                      "paired_change_percent_median": round(statistics.median(rate_change), 2),
+                      "paired_change_percent_ci": [round(rlo, 2), round(rhi, 2)],
+                      "ci_level": round(level, 4),
+                      "paired_server_cpu_change_percent_median": round(statistics.median(cpu_change), 2),
+                      "paired_server_cpu_change_percent_ci": [round(clo, 2), round(chi, 2)],
+                      "target_minus_3_percent": verdict}))
 
 
 if __name__ == "__main__":

@@ -31,14 +31,22 @@
 
 #include "serve/batch.h"
 #include "serve/manager.h"
+#include "serve/monitor/binplan.h"
 #include "serve/monitor/profile.h"
 
-enum { ANOM_MISSING, ANOM_NAN, ANOM_INF, ANOM_RANGE, ANOM_KINDS };
+enum {
+    ANOM_MISSING = KILN_MON_ANOM_MISSING, /* the order binplan.c counts in */
+    ANOM_NAN = KILN_MON_ANOM_NAN,
+    ANOM_INF = KILN_MON_ANOM_INF,
+    ANOM_RANGE = KILN_MON_ANOM_RANGE,
+    ANOM_KINDS = KILN_MON_ANOM_KINDS
+};
 static const char *const anom_names[ANOM_KINDS] = {"missing", "nan", "inf", "out_of_range"};
 enum { CONF_MAXP, CONF_MARGIN, CONF_ENTROPY, CONF_KINDS };
 #define CONF_SLOTS (KILN_MON_CONF_BUCKETS + 1) /* the last is +Inf */
 #define MON_SHARDS 8 /* window copies per version: request threads spread over them */
 #define MON_LINE 64  /* cache line */
+#define MON_MAX_PLANS 64 /* inputs with a bin plan (binplan.h) per version */
 
 /* One request thread's share of a version's window and counters. */
 typedef struct mon_shard {
@@ -66,6 +74,10 @@ typedef struct mon_version {
     int *feat_rule;             /* [feature] rule of its input, -1 = none */
     int *rule_input;            /* [rule] input index, -1 = absent */
     int *bin_off;               /* [feature] offset of its counts in a slot */
+    int *feat_plan;             /* [feature] its bin plan, -1 = binned one by one */
+    int n_plans;
+    int plan_input[MON_MAX_PLANS]; /* input index of each plan */
+    kiln_mon_binplan *plan;     /* [n_plans]: numeric column features of one input */
     int n_bins;                 /* counts per slot */
     int has_reject;             /* any rule with action reject */
     int64_t sub_len;            /* seconds per slot */
@@ -130,6 +142,9 @@ static void version_free(mon_version *v)
     free(v->feat_rule);
     free(v->rule_input);
     free(v->bin_off);
+    free(v->feat_plan);
+    for (int q = 0; q < v->n_plans; q++) kiln_mon_binplan_free(&v->plan[q]);
+    free(v->plan);
     if (v->shard) {
         for (int k = 0; k < MON_SHARDS; k++) {
             mon_shard *sh = &v->shard[k];
@@ -204,6 +219,42 @@ static int input_index(const kiln_signature *sig, const char *name)
     return -1;
 }
 
+/* Group the numeric column features of each input into a bin plan
+ * (binplan.h), used when the input is float32 of rank 2; 0 when out of memory. */
+static int plan_features(mon_version *v)
+{
+    const kiln_mon_profile *p = v->p;
+    int nf = p->n_features;
+    v->feat_plan = malloc(((size_t)nf + 1) * sizeof *v->feat_plan);
+    v->plan = calloc(MON_MAX_PLANS, sizeof *v->plan);
+    if (!v->feat_plan || !v->plan) return 0;
+    for (int i = 0; i < nf; i++) v->feat_plan[i] = -1;
+    for (int i = 0; i < nf; i++) {
+        const kiln_mon_feature *f = &p->features[i];
+        int ii = v->feat_input[i];
+        if (ii < 0 || f->kind != KILN_MON_NUMERIC || f->column < 0 || v->feat_plan[i] >= 0 ||
+            v->n_plans >= MON_MAX_PLANS)
+            continue;
+        int q = v->n_plans;
+        if (!kiln_mon_binplan_init(&v->plan[q], KILN_MON_MAX_BINS - 1)) return 0;
+        v->plan_input[q] = ii;
+        v->n_plans++;
+        for (int j = i; j < nf; j++) { /* this input's numeric column features */
+            const kiln_mon_feature *g = &p->features[j];
+            if (v->feat_input[j] != ii || g->kind != KILN_MON_NUMERIC || g->column < 0) continue;
+            double lo = g->min, hi = g->max;
+            if (v->feat_rule[j] >= 0) {
+                lo = p->rules[v->feat_rule[j]].min;
+                hi = p->rules[v->feat_rule[j]].max;
+            }
+            if (kiln_mon_binplan_add(&v->plan[q], j, g->column, g->edges, g->n_edges, lo, hi,
+                                     v->bin_off[j]))
+                v->feat_plan[j] = q;
+        }
+    }
+    return 1;
+}
+
 /* Read the version's profile and size its state; NULL only when out of
  * memory. A version without a (valid) profile gets a state with p = NULL. */
 static mon_version *version_new(kiln_servable *sv)
@@ -272,6 +323,10 @@ static mon_version *version_new(kiln_servable *sv)
         v->feat_rule[i] = -1;
         for (int r = 0; r < nr; r++)
             if (strcmp(p->rules[r].input, p->features[i].input) == 0) v->feat_rule[i] = r;
+    }
+    if (!plan_features(v)) {
+        version_free(v);
+        return NULL;
     }
     v->sub_len = p->window_seconds / p->sub_windows;
     if (v->sub_len < 1) v->sub_len = 1;
@@ -437,9 +492,21 @@ static void monitor_after(void *ctx, const kiln_observation *o)
         sh->conf_n[slot] = 0;
         sh->stamp[slot] = span;
     }
-    for (int i = 0; i < v->p->n_features; i++)
+    uint64_t planned = 0; /* plans that binned their features */
+    for (int q = 0; q < v->n_plans; q++) {
+        const kiln_mon_binplan *bp = &v->plan[q];
+        int ii = v->plan_input[q];
+        const kiln_tensor *t = ii < o->n_inputs ? o->inputs[ii] : NULL;
+        if (!t || t->dtype != KILN_DTYPE_F32 || t->rank != 2 || t->dims[1] < bp->min_width)
+            continue;
+        kiln_mon_binplan_rows(bp, t->data, t->dims[0], t->dims[1], slot_bins, sh->anom);
+        planned |= (uint64_t)1 << q;
+    }
+    for (int i = 0; i < v->p->n_features; i++) {
+        if (v->feat_plan[i] >= 0 && (planned >> v->feat_plan[i] & 1)) continue;
         if (v->feat_input[i] >= 0 && v->feat_input[i] < o->n_inputs && o->inputs[v->feat_input[i]])
             observe_feature(v, sh, i, o->inputs[v->feat_input[i]], slot_bins);
+    }
     if (o->out && v->p->n_outputs > 0) observe_output(v, sh, o->out, slot);
     pthread_mutex_unlock(&sh->mu);
 }
