@@ -209,7 +209,7 @@ def main():
         for rnd in range(a.rounds):
             # a pair: both servers started (fresh, so layout luck varies between pairs) and
             # warmed, then measured back to back, the order alternating between pairs
-            procs = {}
+            procs, got = {}, {}
             try:
                 for on in (True, False):
                     procs[on] = serve(base, on, a.threads, server_cpus)
@@ -225,27 +225,37 @@ def main():
                     rate, n = wrk(port, body, a.duration, a.connections, wrk_cpus)
                     if a.perf:
                         t.join()
-                        if on:
-                            shares.append(res["share"])
-                    rates[on].append(rate)
-                    cpu_us[on].append((cpu_seconds(p.pid) - c0) / n * 1e6)
+                    if n == 0:  # a machine too busy to finish a request
+                        print(f"round {rnd + 1}: monitoring {'on ' if on else 'off'}: no request "
+                              f"finished in {a.duration:g} s; the round is left out", flush=True)
+                        break
+                    got[on] = (rate, (cpu_seconds(p.pid) - c0) / n * 1e6, res.get("share") if a.perf else None)
                     if on:  # the monitor really ran: 64 features with values in the window
                         with urllib.request.urlopen(
                                 f"http://127.0.0.1:{port}/monitoring/prometheus/metrics") as r:
                             counts = [float(l.rsplit(" ", 1)[1]) for l in r.read().decode().splitlines()
                                       if l.startswith("kiln_drift_window_values{")]
                         assert len(counts) == 64 and min(counts) > 0, counts
-                    print(f"round {rnd + 1}: monitoring {'on ' if on else 'off'} {rates[on][-1]:.0f} req/s, "
-                          f"{cpu_us[on][-1]:.1f} us server CPU per request"
-                          + (f", monitor {100 * shares[-1]:.2f}% of server CPU samples"
+                    print(f"round {rnd + 1}: monitoring {'on ' if on else 'off'} {got[on][0]:.0f} req/s, "
+                          f"{got[on][1]:.1f} us server CPU per request"
+                          + (f", monitor {100 * got[on][2]:.2f}% of server CPU samples"
                              if a.perf and on else ""), flush=True)
             finally:
                 for p, _ in procs.values():
                     p.kill()
                     p.wait()
+            if len(got) < 2:
+                continue
+            for on in (True, False):
+                rates[on].append(got[on][0])
+                cpu_us[on].append(got[on][1])
+            if a.perf:
+                shares.append(got[True][2])
             print(f"round {rnd + 1}: on/off {100 * (rates[True][-1] / rates[False][-1] - 1):+.2f}% req/s, "
                   f"{100 * (cpu_us[True][-1] / cpu_us[False][-1] - 1):+.2f}% server CPU per request",
                   flush=True)
+    if not rates[True]:
+        raise SystemExit("no round finished: the machine is too busy")
     on, off = statistics.median(rates[True]), statistics.median(rates[False])
     # paired per round: the two measurements of a pair ran seconds apart, so the machine's
     # slow drifts (other work, thermal, frequency) fall on both
@@ -254,12 +264,12 @@ def main():
     rlo, rhi, level = sign_test_ci(rate_change)
     clo, chi, _ = sign_test_ci(cpu_change)
     verdict = ("met" if rlo > -3 else "not met" if rhi < -3 else "inconclusive")
-    print(f"paired over {a.rounds} rounds: requests/s with monitoring on {statistics.median(rate_change):+.2f}% "
+    print(f"paired over {len(rate_change)} rounds: requests/s with monitoring on {statistics.median(rate_change):+.2f}% "
           f"(median; {100 * level:.1f}% CI {rlo:+.2f}% .. {rhi:+.2f}%), server CPU per request "
           f"{statistics.median(cpu_change):+.2f}% ({clo:+.2f}% .. {chi:+.2f}%); target >= -3% req/s: "
           f"{verdict}", flush=True)
     print(json.dumps({"model": "tabular_mlp", "connections": a.connections, "duration_s": a.duration,
-                      "rounds": a.rounds, "req_per_s_on": round(on), "req_per_s_off": round(off),
+                      "rounds": len(rate_change), "req_per_s_on": round(on), "req_per_s_off": round(off),
                       "change_percent": round(100 * (on - off) / off, 2),
                       "server_cpu_us_per_request_on": round(statistics.median(cpu_us[True]), 2),
                       "server_cpu_us_per_request_off": round(statistics.median(cpu_us[False]), 2),

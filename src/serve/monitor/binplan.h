@@ -53,7 +53,7 @@ typedef struct kiln_mon_binplan {
 /* The int32 key of a float32's bits (ordered as the values, -0 < +0). */
 static inline int32_t kiln_mon_key(uint32_t bits)
 {
-    return (int32_t)(bits ^ ((uint32_t)((int32_t)bits >> 31) & 0x7fffffffu));
+    return (int32_t)(bits ^ ((0u - (bits >> 31)) & 0x7fffffffu)); /* negatives: magnitude flipped */
 }
 /* Thresholds: for every finite float v, (double)v >= e exactly when
  * key(v) >= kiln_mon_key_ge(e), and (double)v <= e exactly when

@@ -16,7 +16,9 @@
  * shards' slots whose span is within the window (a shard whose slot holds
  * an older span adds nothing for it). Rejections (rare) are counted under
  * the version's lock. Every array is sized from the profile at that first
- * observation; requests never allocate.
+ * observation; requests never allocate. The numeric column features of a
+ * float32 rank-2 input are binned a row at a time by a bin plan built
+ * then (binplan.h); the rest value by value (observe_feature).
  */
 #include "serve/monitor/monitor.h"
 
