@@ -77,6 +77,8 @@ typedef struct mon_version {
     int *rule_input;            /* [rule] input index, -1 = absent */
     int *bin_off;               /* [feature] offset of its counts in a slot */
     int *feat_plan;             /* [feature] its bin plan, -1 = binned one by one */
+    int *unplanned;             /* [n_unplanned] the features in no plan */
+    int n_unplanned;
     int n_plans;
     int plan_input[MON_MAX_PLANS]; /* input index of each plan */
     kiln_mon_binplan *plan;     /* [n_plans]: numeric column features of one input */
@@ -145,6 +147,7 @@ static void version_free(mon_version *v)
     free(v->rule_input);
     free(v->bin_off);
     free(v->feat_plan);
+    free(v->unplanned);
     for (int q = 0; q < v->n_plans; q++) kiln_mon_binplan_free(&v->plan[q]);
     free(v->plan);
     if (v->shard) {
@@ -229,7 +232,8 @@ static int plan_features(mon_version *v)
     int nf = p->n_features;
     v->feat_plan = malloc(((size_t)nf + 1) * sizeof *v->feat_plan);
     v->plan = calloc(MON_MAX_PLANS, sizeof *v->plan);
-    if (!v->feat_plan || !v->plan) return 0;
+    v->unplanned = malloc(((size_t)nf + 1) * sizeof *v->unplanned);
+    if (!v->feat_plan || !v->plan || !v->unplanned) return 0;
     for (int i = 0; i < nf; i++) v->feat_plan[i] = -1;
     for (int i = 0; i < nf; i++) {
         const kiln_mon_feature *f = &p->features[i];
@@ -254,6 +258,8 @@ static int plan_features(mon_version *v)
                 v->feat_plan[j] = q;
         }
     }
+    for (int i = 0; i < nf; i++)
+        if (v->feat_plan[i] < 0) v->unplanned[v->n_unplanned++] = i;
     return 1;
 }
 
@@ -494,18 +500,18 @@ static void monitor_after(void *ctx, const kiln_observation *o)
         sh->conf_n[slot] = 0;
         sh->stamp[slot] = span;
     }
-    uint64_t planned = 0; /* plans that binned their features */
     for (int q = 0; q < v->n_plans; q++) {
         const kiln_mon_binplan *bp = &v->plan[q];
         int ii = v->plan_input[q];
         const kiln_tensor *t = ii < o->n_inputs ? o->inputs[ii] : NULL;
-        if (!t || t->dtype != KILN_DTYPE_F32 || t->rank != 2 || t->dims[1] < bp->min_width)
-            continue;
-        kiln_mon_binplan_rows(bp, t->data, t->dims[0], t->dims[1], slot_bins, sh->anom);
-        planned |= (uint64_t)1 << q;
+        if (!t) continue;
+        if (t->dtype == KILN_DTYPE_F32 && t->rank == 2 && t->dims[1] >= bp->min_width)
+            kiln_mon_binplan_rows(bp, t->data, t->dims[0], t->dims[1], slot_bins, sh->anom);
+        else /* another dtype or shape than the signature's: value by value */
+            for (int j = 0; j < bp->n; j++) observe_feature(v, sh, bp->feat[j], t, slot_bins);
     }
-    for (int i = 0; i < v->p->n_features; i++) {
-        if (v->feat_plan[i] >= 0 && (planned >> v->feat_plan[i] & 1)) continue;
+    for (int j = 0; j < v->n_unplanned; j++) {
+        int i = v->unplanned[j];
         if (v->feat_input[i] >= 0 && v->feat_input[i] < o->n_inputs && o->inputs[v->feat_input[i]])
             observe_feature(v, sh, i, o->inputs[v->feat_input[i]], slot_bins);
     }
