@@ -263,7 +263,9 @@ def main():
     cpu_change = [100 * (x / y - 1) for x, y in zip(cpu_us[True], cpu_us[False])]
     rlo, rhi, level = sign_test_ci(rate_change)
     clo, chi, _ = sign_test_ci(cpu_change)
-    verdict = ("met" if rlo > -3 else "not met" if rhi < -3 else "inconclusive")
+    # judged only on an interval of at least 95% (6 rounds or more)
+    verdict = ("inconclusive (too few rounds)" if level < 0.95 else
+               "met" if rlo > -3 else "not met" if rhi < -3 else "inconclusive")
     print(f"paired over {len(rate_change)} rounds: requests/s with monitoring on {statistics.median(rate_change):+.2f}% "
           f"(median; {100 * level:.1f}% CI {rlo:+.2f}% .. {rhi:+.2f}%), server CPU per request "
           f"{statistics.median(cpu_change):+.2f}% ({clo:+.2f}% .. {chi:+.2f}%); target >= -3% req/s: "
