@@ -117,7 +117,7 @@ static void block_portable(const kiln_mon_binplan *bp, int b, const uint32_t *u,
 }
 
 #ifdef BINPLAN_X86
-__attribute__((target("avx512f"))) static void block_avx512(const kiln_mon_binplan *bp, int b,
+static inline __attribute__((target("avx512f"))) void block_avx512(const kiln_mon_binplan *bp, int b,
                                                              const uint32_t *u, int32_t *idx,
                                                              uint32_t *nf, uint32_t *rg)
 {
@@ -136,45 +136,66 @@ __attribute__((target("avx512f"))) static void block_avx512(const kiln_mon_binpl
 }
 #endif
 
+/* The rows, with BLOCK (block_portable or block_avx512) for each block of lanes. */
+#define BINPLAN_ROWS(BLOCK)                                                                      \
+    uint32_t u[KILN_MON_PLAN_LANES];                                                             \
+    int32_t idx[KILN_MON_PLAN_LANES];                                                            \
+    memset(u, 0, sizeof u);                                                                      \
+    for (int64_t r = 0; r < rows; r++) {                                                         \
+        const float *row = x + r * width;                                                        \
+        if (bp->contiguous) memcpy(u, row + bp->col[0], (size_t)bp->n * sizeof *u);              \
+        else                                                                                     \
+            for (int i = 0; i < bp->n; i++) memcpy(&u[i], &row[bp->col[i]], sizeof u[i]);        \
+        uint64_t nf = 0, rg = 0;                                                                 \
+        for (int b = 0; b < bp->lanes; b += KILN_MON_PLAN_BLOCK) {                               \
+            uint32_t mn, mr;                                                                     \
+            BLOCK(bp, b, u, idx, &mn, &mr);                                                      \
+            nf |= (uint64_t)mn << b;                                                             \
+            rg |= (uint64_t)mr << b;                                                             \
+        }                                                                                        \
+        if (!(nf | rg)) { /* the common row: every value finite and in range */                  \
+            for (int i = 0; i < bp->n; i++) bins[idx[i]]++;                                      \
+            continue;                                                                            \
+        }                                                                                        \
+        for (int i = 0; i < bp->n; i++) {                                                        \
+            int64_t *an = anom + (size_t)bp->feat[i] * KILN_MON_ANOM_KINDS;                      \
+            if (nf >> i & 1) {                                                                   \
+                an[(u[i] & 0x7fffffffu) == 0x7f800000u ? KILN_MON_ANOM_INF : KILN_MON_ANOM_NAN]++; \
+                continue;                                                                        \
+            }                                                                                    \
+            if (rg >> i & 1) an[KILN_MON_ANOM_RANGE]++;                                          \
+            bins[idx[i]]++;                                                                      \
+        }                                                                                        \
+    }
+
+static void rows_portable(const kiln_mon_binplan *bp, const float *x, int64_t rows, int64_t width,
+                          int64_t *bins, int64_t *anom)
+{
+    BINPLAN_ROWS(block_portable)
+}
+
+#ifdef BINPLAN_X86
+__attribute__((target("avx512f"))) static void rows_avx512(const kiln_mon_binplan *bp,
+                                                            const float *x, int64_t rows,
+                                                            int64_t width, int64_t *bins,
+                                                            int64_t *anom)
+{
+    BINPLAN_ROWS(block_avx512)
+}
+#endif
+
 void kiln_mon_binplan_rows_path(const kiln_mon_binplan *bp, int avx512, const float *x,
                                 int64_t rows, int64_t width, int64_t *bins, int64_t *anom)
 {
-    uint32_t u[KILN_MON_PLAN_LANES];
-    int32_t idx[KILN_MON_PLAN_LANES];
-    memset(u, 0, sizeof u);
-#ifndef BINPLAN_X86
+#ifdef BINPLAN_X86
+    if (avx512) {
+        rows_avx512(bp, x, rows, width, bins, anom);
+        return;
+    }
+#else
     (void)avx512;
 #endif
-    for (int64_t r = 0; r < rows; r++) {
-        const float *row = x + r * width;
-        if (bp->contiguous) memcpy(u, row + bp->col[0], (size_t)bp->n * sizeof *u);
-        else
-            for (int i = 0; i < bp->n; i++) memcpy(&u[i], &row[bp->col[i]], sizeof u[i]);
-        uint64_t nf = 0, rg = 0;
-        for (int b = 0; b < bp->lanes; b += KILN_MON_PLAN_BLOCK) {
-            uint32_t mn, mr;
-#ifdef BINPLAN_X86
-            if (avx512) block_avx512(bp, b, u, idx, &mn, &mr);
-            else
-#endif
-                block_portable(bp, b, u, idx, &mn, &mr);
-            nf |= (uint64_t)mn << b;
-            rg |= (uint64_t)mr << b;
-        }
-        if (!(nf | rg)) { /* the common row: every value finite and in range */
-            for (int i = 0; i < bp->n; i++) bins[idx[i]]++;
-            continue;
-        }
-        for (int i = 0; i < bp->n; i++) {
-            int64_t *an = anom + (size_t)bp->feat[i] * KILN_MON_ANOM_KINDS;
-            if (nf >> i & 1) {
-                an[(u[i] & 0x7fffffffu) == 0x7f800000u ? KILN_MON_ANOM_INF : KILN_MON_ANOM_NAN]++;
-                continue;
-            }
-            if (rg >> i & 1) an[KILN_MON_ANOM_RANGE]++;
-            bins[idx[i]]++;
-        }
-    }
+    rows_portable(bp, x, rows, width, bins, anom);
 }
 
 void kiln_mon_binplan_rows(const kiln_mon_binplan *bp, const float *x, int64_t rows,

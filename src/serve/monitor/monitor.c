@@ -30,6 +30,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 
 #include "serve/batch.h"
 #include "serve/manager.h"
@@ -483,13 +484,25 @@ static void observe_output(mon_version *v, mon_shard *sh, const kiln_batch_resul
     }
 }
 
+/* Seconds on kiln_observe_now_us's clock (CLOCK_MONOTONIC), read from its
+ * coarse form where there is one: a slot is at least a second, and the
+ * coarse clock (a few ms behind) costs no read of the clock source. */
+static int64_t now_s(void)
+{
+#ifdef CLOCK_MONOTONIC_COARSE
+    struct timespec t;
+    if (clock_gettime(CLOCK_MONOTONIC_COARSE, &t) == 0) return (int64_t)t.tv_sec;
+#endif
+    return (int64_t)(kiln_observe_now_us() / 1e6);
+}
+
 static void monitor_after(void *ctx, const kiln_observation *o)
 {
     kiln_monitor *m = ctx;
     if (!o->sv || !o->inputs) return;
     mon_version *v = lookup(m, o->sv);
     if (!v || !v->p || o->si != v->si) return;
-    int64_t span = (int64_t)(kiln_observe_now_us() / 1e6) / v->sub_len;
+    int64_t span = now_s() / v->sub_len;
     int S = v->p->sub_windows, slot = (int)(span % S);
     mon_shard *sh = &v->shard[my_shard()];
     pthread_mutex_lock(&sh->mu); /* uncontended but for a metrics page summing the shards */
