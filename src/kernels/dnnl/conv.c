@@ -23,8 +23,12 @@
  * the node runs that one between a reorder of X (and Sum) into the chosen
  * format and one of Y back, in the kernel's scratch. So a convolution
  * anywhere in a graph (after a channel shuffle, a Slice, a Concat the
- * layout pass left plain) runs on a fast kernel. KILN_CONV_ANY=0 in the
- * environment turns this off.
+ * layout pass left plain) runs on a fast kernel. A 1-D convolution (the
+ * layout pass leaves rank 3 plain) asks for 16-channel blocks (nCw16c)
+ * first and "any" only where that is a fallback too: for nCw16c oneDNN's
+ * direct kernel sums in the same order on 1 and 2 threads, where its
+ * brgemm kernel for the nwc layout "any" picks did not once dilated.
+ * KILN_CONV_ANY=0 in the environment turns this off.
  *
  * bf16 (a plan compiled for KILN_PRECISION_BF16; docs/COMPRESSION.md): the
  * weights are packed as bfloat16, X is rounded to bfloat16 (nearest even)
