@@ -13,6 +13,8 @@
  *   layernorm_fusion       ReduceMean/Sub/Pow/ReduceMean/Add/Sqrt/Div/Mul/Add -> LayerNormalization
  *   transpose_cancel       Transpose followed by its inverse (or two composed into one)
  *   attention_fusion       Q/K/V reshape+transpose, MatMul, scale, mask, Softmax, MatMul -> Attention
+ *   conv_slice_fold        Conv + Slice of spatial axes -> Conv with less padding
+ *                          (causal convolutions: TCN, WaveNet)
  *   conv_bn_fold           Conv / Gemm + BatchNormalization -> new weights
  *   conv_fusion            Conv + bias + residual Add + activation -> KilnFusedConv
  *   matmul_fusion          Gemm / MatMul + bias + residual Add + activation -> KilnFusedMatMul
@@ -321,6 +323,7 @@ kiln_status kiln_optimize(struct kiln_graph *g, const struct kiln_opt_options *o
         {"layernorm_fusion", kiln_opt_layernorm},
         {"transpose_cancel", kiln_opt_transpose},
         {"attention_fusion", kiln_opt_attention},
+        {"conv_slice_fold", kiln_opt_conv_slice}, /* before conv_bn_fold: causal convs */
         {"conv_bn_fold", kiln_opt_conv_bn},
         {"conv_fusion", kiln_opt_fuse_conv},
         {"matmul_fusion", kiln_opt_fuse_matmul},

@@ -333,7 +333,7 @@ static void test_gather(void)
     cn_free(&c);
 }
 
-/* Slice of a 4-D float32 tensor by constant arguments (simd/slice.c, plain layout here;
+/* Slice of a float32 tensor by constant arguments (simd/slice.c, plain layout here;
  * the blocked layouts are compared in tests/python/test_layout.py). */
 static kiln_tensor *ints_i64(int n, const int64_t *v)
 {
@@ -344,12 +344,13 @@ static kiln_tensor *ints_i64(int n, const int64_t *v)
     return t;
 }
 
-static void slice_case(const int64_t *dims, int n, const int64_t *starts, const int64_t *ends,
-                       const int64_t *axes, const int64_t *steps, const char *what)
+static void slice_case_r(int rank, const int64_t *dims, int n, const int64_t *starts,
+                         const int64_t *ends, const int64_t *axes, const int64_t *steps,
+                         const char *what)
 {
     struct case_node c;
     cn_init(&c, KILN_OP_Slice, 13, steps ? 5 : 4, 1);
-    kiln_tensor *x = tensor_f32(4, dims);
+    kiln_tensor *x = tensor_f32(rank, dims);
     for (size_t i = 0; i < x->nbytes / 4; i++) ((float *)x->data)[i] = rng_normal();
     cn_input(&c, 0, x, false);
     cn_input(&c, 1, ints_i64(n, starts), true);
@@ -357,9 +358,15 @@ static void slice_case(const int64_t *dims, int n, const int64_t *starts, const 
     cn_input(&c, 3, ints_i64(n, axes), true);
     if (steps) cn_input(&c, 4, ints_i64(n, steps), true);
     char label[128];
-    snprintf(label, sizeof label, "Slice 4-D %s", what);
+    snprintf(label, sizeof label, "Slice %d-D %s", rank, what);
     check_case(&c, label, 0, 0, 1);
     cn_free(&c);
+}
+
+static void slice_case(const int64_t *dims, int n, const int64_t *starts, const int64_t *ends,
+                       const int64_t *axes, const int64_t *steps, const char *what)
+{
+    slice_case_r(4, dims, n, starts, ends, axes, steps, what);
 }
 
 static void test_slice(void)
@@ -372,6 +379,20 @@ static void test_slice(void)
                (int64_t[]){-5, 1, 1}, "channels backwards");
     slice_case(d, 1, (int64_t[]){20}, (int64_t[]){10}, (int64_t[]){1}, NULL, "empty");
     slice_case(one, 1, (int64_t[]){0}, (int64_t[]){INT64_MAX}, (int64_t[]){3}, NULL, "1x1x1x1");
+    /* ranks 1 to 3 (plain, as 4-D with leading 1s): a 1-D convolution's time axis (the
+     * causal trim TCNs export, when no Conv precedes it), the batch, every axis at once */
+    int64_t d3[3] = {8, 64, 130}, e3[3] = {3, 17, 9}, d2[2] = {6, 33}, d1[1] = {1000};
+    slice_case_r(3, d3, 1, (int64_t[]){0}, (int64_t[]){128}, (int64_t[]){2}, NULL, "time trim");
+    slice_case_r(3, d3, 1, (int64_t[]){-2}, (int64_t[]){INT64_MAX}, (int64_t[]){-1}, NULL,
+                 "last 2 steps");
+    slice_case_r(3, e3, 1, (int64_t[]){1}, (int64_t[]){3}, (int64_t[]){0}, NULL, "batch");
+    slice_case_r(3, e3, 3, (int64_t[]){2, -1, 1}, (int64_t[]){-100, 2, 8},
+                 (int64_t[]){0, 1, 2}, (int64_t[]){-1, -3, 2}, "every axis, steps");
+    slice_case_r(2, d2, 2, (int64_t[]){1, 30}, (int64_t[]){5, 3}, (int64_t[]){0, 1},
+                 (int64_t[]){2, -4}, "rows and columns");
+    slice_case_r(1, d1, 1, (int64_t[]){7}, (int64_t[]){-7}, (int64_t[]){0},
+                 (int64_t[]){3}, "stepped");
+    slice_case_r(3, e3, 1, (int64_t[]){5}, (int64_t[]){5}, (int64_t[]){1}, NULL, "empty");
 }
 
 /* Pad of a 4-D float32 tensor on H and W (simd/pad.c, plain layout here; blocked in
@@ -622,8 +643,72 @@ static void conv_case(bool fused, const int64_t *xd, const int64_t *wd, int64_t 
     cn_free(&c);
 }
 
+/* A 1-D Conv or KilnFusedConv: x [N,C,L] * w [M,C/group,k], dilation dil, stride st, pads
+ * pb at the start and pe at the end (causal: pb = dil * (k - 1), pe = 0). */
+static void conv1d_case(bool fused, const int64_t *xd, const int64_t *wd, int64_t group,
+                        int64_t dil, int64_t st, int64_t pb, int64_t pe, bool bias, bool sum,
+                        const char *act)
+{
+    struct case_node c;
+    cn_init(&c, fused ? KILN_OP_KilnFusedConv : KILN_OP_Conv, 13, sum ? 4 : bias ? 3 : 2, 1);
+    attr_int(&c, "group", group);
+    int64_t pads[2] = {pb, pe};
+    attr_ints(&c, "pads", pads, 2);
+    attr_ints(&c, "dilations", &dil, 1);
+    attr_ints(&c, "strides", &st, 1);
+    if (act) attr_str(&c, "activation", act);
+    kiln_tensor *x = tensor_f32(3, xd), *w = tensor_f32(3, wd);
+    for (size_t i = 0; i < x->nbytes / 4; i++) ((float *)x->data)[i] = rng_normal();
+    for (size_t i = 0; i < w->nbytes / 4; i++) ((float *)w->data)[i] = rng_normal() * 0.3f;
+    cn_input(&c, 0, x, false);
+    cn_input(&c, 1, w, true);
+    if (bias || sum) {
+        kiln_tensor *b = bias ? tensor_f32(1, wd) : NULL;
+        for (size_t i = 0; b && i < b->nbytes / 4; i++) ((float *)b->data)[i] = rng_normal();
+        cn_input(&c, 2, b, true);
+    }
+    if (sum) {
+        int64_t yd[3] = {xd[0], wd[0], (xd[2] + pb + pe - dil * (wd[2] - 1) - 1) / st + 1};
+        kiln_tensor *s = tensor_f32(3, yd);
+        for (size_t i = 0; i < s->nbytes / 4; i++) ((float *)s->data)[i] = rng_normal();
+        cn_input(&c, 3, s, false);
+    }
+    char label[160], sx[64], sw[64];
+    snprintf(label, sizeof label,
+             "%s 1-D %s * %s group %lld dilation %lld stride %lld pads %lld,%lld%s%s%s%s",
+             fused ? "KilnFusedConv" : "Conv", kiln_shape_str(3, xd, sx, 64),
+             kiln_shape_str(3, wd, sw, 64), (long long)group, (long long)dil, (long long)st,
+             (long long)pb, (long long)pe, bias ? " bias" : "", sum ? " sum" : "",
+             act ? " " : "", act ? act : "");
+    check_case(&c, label, 1e-4, 1e-4, 1);
+    cn_free(&c);
+}
+
+/* 1-D convolutions: a TCN's causal dilated ones (batch 1 and 8, dilations 1 to 8, the
+ * residual Sum and Relu fused), symmetric, strided and grouped ones, a 1x1 with a Sum (the
+ * TCN's skip path), and a per-channel scale (a standalone BatchNormalization on a
+ * sequence becomes one: opt/conv_bn.c). */
+static void conv1d_cases(bool fused)
+{
+    const char *act = fused ? "Relu" : NULL;
+    for (int64_t dil = 1; dil <= 8; dil *= 2)
+        conv1d_case(fused, (int64_t[]){dil == 4 ? 8 : 1, 64, 128}, (int64_t[]){64, 64, 3}, 1,
+                    dil, 1, 2 * dil, 0, true, fused, act);
+    conv1d_case(fused, (int64_t[]){2, 8, 37}, (int64_t[]){16, 8, 3}, 1, 2, 1, 2, 2, true,
+                false, act);
+    conv1d_case(fused, (int64_t[]){3, 5, 50}, (int64_t[]){7, 5, 5}, 1, 3, 2, 1, 3, false, fused,
+                act);
+    conv1d_case(fused, (int64_t[]){2, 12, 20}, (int64_t[]){6, 4, 3}, 3, 2, 1, 2, 2, true, false,
+                act);
+    conv1d_case(fused, (int64_t[]){8, 8, 128}, (int64_t[]){64, 8, 1}, 1, 1, 1, 0, 0, true, fused,
+                act);
+    conv1d_case(fused, (int64_t[]){2, 16, 33}, (int64_t[]){16, 1, 1}, 16, 1, 1, 0, 0, true,
+                false, act);
+}
+
 static void conv_cases(bool fused)
 {
+    conv1d_cases(fused);
     const char *act = fused ? "Relu" : NULL;
     /* 1x1 images: Kiln's matrix-vector kernel (squeeze-excitation) */
     conv_case(fused, (int64_t[]){2, 24, 1, 1}, (int64_t[]){8, 24, 1, 1}, 1, 0, true, false, act,

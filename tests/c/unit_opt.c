@@ -606,6 +606,58 @@ static void build_bn_more(struct gb *b)
     }
 }
 
+/* Conv (no auto_pad) with explicit kernel_shape / pads / strides / dilations of any rank. */
+static int gb_conv_nd(struct gb *b, int x, int w, int bias, int nsp, const int64_t *k,
+                      const int64_t *pads, const int64_t *strides, const int64_t *dil)
+{
+    int y, in[3] = {x, w, bias};
+    struct kiln_node *n = gb_node(b, KILN_OP_Conv, bias >= 0 ? 3 : 2, in, 4, &y);
+    set_ints(b->g, &n->attr[0], "kernel_shape", nsp, k);
+    set_ints(b->g, &n->attr[1], "pads", 2 * nsp, pads);
+    set_ints(b->g, &n->attr[2], "strides", nsp, strides);
+    set_ints(b->g, &n->attr[3], "dilations", nsp, dil);
+    return y;
+}
+
+static int gb_slice(struct gb *b, int x, int n, const int64_t *starts, const int64_t *ends,
+                    const int64_t *axes)
+{
+    int y, in[4] = {x, gb_i64(b, n, starts), gb_i64(b, n, ends), gb_i64(b, n, axes)};
+    gb_node(b, KILN_OP_Slice, 4, in, 0, &y);
+    return y;
+}
+
+/* Slices of Conv outputs (conv_slice.c): a causal 1-D Conv (dilation 2, pads 4 and 4, the
+ * last 4 outputs sliced off) before a BatchNormalization and Relu; a 2-D Conv of stride 2
+ * sliced at both ends of H and W by negative and out-of-range indices, its Slice a graph
+ * output; and two Slices that stay: one cutting more than the padding, one on channels. */
+static void build_conv_slice(struct gb *b)
+{
+    int64_t dx[3] = {2, 5, 17}, dw[3] = {6, 5, 3}, dc[1] = {6};
+    int x = gb_input(b, "x", 3, dx);
+    int c1 = gb_conv_nd(b, x, gb_rand(b, 3, dw, 0.5, 0), gb_rand(b, 1, dc, 0.5, 0), 1,
+                        (int64_t[]){3}, (int64_t[]){4, 4}, (int64_t[]){1}, (int64_t[]){2});
+    int s1 = gb_slice(b, c1, 1, (int64_t[]){0}, (int64_t[]){17}, (int64_t[]){2});
+    int bn, in[5] = {s1, gb_rand(b, 1, dc, 0.5, 1), gb_rand(b, 1, dc, 0.5, 0),
+                     gb_rand(b, 1, dc, 0.5, 0), gb_rand(b, 1, dc, 0.4, 0.6)};
+    gb_node(b, KILN_OP_BatchNormalization, 5, in, 0, &bn);
+    b->out[b->n_out++] = gb_op1(b, KILN_OP_Relu, bn);
+    /* [1,3,9,8] * [4,3,3,3], stride 2, pads 2 -> [1,4,6,5]; rows 1..4, columns 1..4 */
+    int64_t dx2[4] = {1, 3, 9, 8}, dw2[4] = {4, 3, 3, 3};
+    int x2 = gb_input(b, "x2", 4, dx2);
+    int c2 = gb_conv_nd(b, x2, gb_rand(b, 4, dw2, 0.5, 0), -1, 2, (int64_t[]){3, 3},
+                        (int64_t[]){2, 2, 2, 2}, (int64_t[]){2, 2}, (int64_t[]){1, 1});
+    b->out[b->n_out++] =
+        gb_slice(b, c2, 2, (int64_t[]){1, -4}, (int64_t[]){5, 100}, (int64_t[]){2, -1});
+    /* pads 1 and 1: cutting 2 at the end would need a negative pad */
+    int c3 = gb_conv_nd(b, x, gb_rand(b, 3, dw, 0.5, 0), -1, 1, (int64_t[]){3},
+                        (int64_t[]){1, 1}, (int64_t[]){1}, (int64_t[]){1});
+    b->out[b->n_out++] = gb_slice(b, c3, 1, (int64_t[]){0}, (int64_t[]){15}, (int64_t[]){-1});
+    int c4 = gb_conv_nd(b, x, gb_rand(b, 3, dw, 0.5, 0), -1, 1, (int64_t[]){3},
+                        (int64_t[]){2, 2}, (int64_t[]){1}, (int64_t[]){1});
+    b->out[b->n_out++] = gb_slice(b, c4, 1, (int64_t[]){1}, (int64_t[]){4}, (int64_t[]){1});
+}
+
 /* one activation after Conv + residual, selected by act_case */
 static int act_case;
 #define N_ACT_CASES 11
@@ -935,6 +987,15 @@ static void test_small(void)
         EXPECT_OPS(g, "bn more", BatchNormalization, 0);
         EXPECT_LOG("bn more", "Conv+BatchNormalization", false, 1);
         EXPECT_LOG("bn more", "Gemm+BatchNormalization", false, 1);
+        kiln_graph_free(g);
+    }
+    if ((g = run_case("conv slice", build_conv_slice, &d))) {
+        EXPECT_LOG("conv slice", "Conv+Slice", false, 2);
+        EXPECT_OPS(g, "conv slice", Slice, 2);
+        EXPECT_OPS(g, "conv slice", BatchNormalization, 0);
+        EXPECT_LOG("conv slice", "Conv+BatchNormalization", false, 1);
+        CHECK(g->n_nodes == 6, "conv slice: %d nodes left, expected 6", g->n_nodes);
+        if (g->n_nodes != 6) dump_graph(g);
         kiln_graph_free(g);
     }
     for (act_case = 0; act_case < N_ACT_CASES; act_case++) {

@@ -23,8 +23,12 @@
  * the node runs that one between a reorder of X (and Sum) into the chosen
  * format and one of Y back, in the kernel's scratch. So a convolution
  * anywhere in a graph (after a channel shuffle, a Slice, a Concat the
- * layout pass left plain) runs on a fast kernel. KILN_CONV_ANY=0 in the
- * environment turns this off.
+ * layout pass left plain) runs on a fast kernel. A 1-D convolution (the
+ * layout pass leaves rank 3 plain) asks for 16-channel blocks (nCw16c)
+ * first and "any" only where that is a fallback too: for nCw16c oneDNN's
+ * direct kernel sums in the same order on 1 and 2 threads, where its
+ * brgemm kernel for the nwc layout "any" picks did not once dilated.
+ * KILN_CONV_ANY=0 in the environment turns this off.
  *
  * bf16 (a plan compiled for KILN_PRECISION_BF16; docs/COMPRESSION.md): the
  * weights are packed as bfloat16, X is rounded to bfloat16 (nearest even)
@@ -493,21 +497,27 @@ static kiln_status conv_try_any(struct conv_build *b, struct conv_state *s, doub
                    sizeof(float);
     if (strncmp(impl, "ref", 3) != 0 && work < 4.0 * moved) return KILN_OK;
     int rank = b->src.ndims;
-    if (dnnl_memory_desc_init_by_tag(&b->src_any, rank, b->src.dims, dnnl_f32,
-                                     dnnl_format_tag_any) != dnnl_success ||
-        dnnl_memory_desc_init_by_tag(&b->dst_any, rank, b->dst.dims, dnnl_f32,
-                                     dnnl_format_tag_any) != dnnl_success)
-        return KILN_OK;
     /* the direct algorithm only: Winograd's extra rounding stays where it was measured
      * (blocked chains), and tipped inception_v3 over the zoo's 1e-4 bound here */
     int winograd = b->winograd;
-    b->any = 1;
-    b->any_fixed = 0;
-    b->winograd = 0;
     int h = 0, hx = 0, hs = 0, hy = 0;
-    kiln_status st = kd_exec_build(&s->any_e, kd_work_threads(cc, work), conv_make, b, &h);
-    b->any = 0;
-    b->winograd = winograd;
+    kiln_status st = KILN_OK;
+    /* 1-D: channel blocks of 16 first (oneDNN's direct kernel), then oneDNN's choice */
+    const dnnl_format_tag_t tags[2] = {rank == 3 ? dnnl_aBc16b : dnnl_format_tag_any,
+                                       dnnl_format_tag_any};
+    for (int t = rank == 3 ? 0 : 1; t < 2 && st == KILN_OK && !h; t++) {
+        if (dnnl_memory_desc_init_by_tag(&b->src_any, rank, b->src.dims, dnnl_f32, tags[t]) !=
+                dnnl_success ||
+            dnnl_memory_desc_init_by_tag(&b->dst_any, rank, b->dst.dims, dnnl_f32, tags[t]) !=
+                dnnl_success)
+            continue;
+        b->any = 1;
+        b->any_fixed = 0;
+        b->winograd = 0;
+        st = kd_exec_build(&s->any_e, kd_work_threads(cc, work), conv_make, b, &h);
+        b->any = 0;
+        b->winograd = winograd;
+    }
     if (st != KILN_OK || !h) return st;
     if (!b->x_scratch && !b->y_scratch) { /* the plan's layouts after all */
         kd_exec_destroy(&s->any_e);
