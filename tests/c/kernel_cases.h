@@ -1252,6 +1252,99 @@ static void test_split(void)
                (const int64_t[]){1, 3}, 1);
 }
 
+/* ---- Pooling (pool.def) ---- */
+
+struct pool_spec {
+    int nsp;                       /* spatial dims: 1 to 3 */
+    int64_t k, s, pad, dil;
+    int ceil, include_pad;
+    const char *auto_pad;          /* NULL = NOTSET */
+};
+
+static void pool_case(enum kiln_op op, int rank, const int64_t *dims, const struct pool_spec *p,
+                      bool indices, int expect)
+{
+    struct case_node c;
+    cn_init(&c, op, op == KILN_OP_MaxPool ? 12 : 19, 1, indices ? 2 : 1);
+    if (indices) c.out_wanted[1] = true;
+    kiln_tensor *x = tensor_f32(rank, dims);
+    for (size_t i = 0; i < x->nbytes / 4; i++) ((float *)x->data)[i] = rng_normal();
+    cn_input(&c, 0, x, false);
+    if (p) {
+        int64_t ks[3], st[3], dl[3], pads[6];
+        for (int i = 0; i < p->nsp; i++) {
+            ks[i] = p->k;
+            st[i] = p->s;
+            dl[i] = p->dil;
+            pads[i] = pads[i + p->nsp] = p->pad;
+        }
+        attr_ints(&c, "kernel_shape", ks, p->nsp);
+        attr_ints(&c, "strides", st, p->nsp);
+        if (p->auto_pad) attr_str(&c, "auto_pad", p->auto_pad);
+        else attr_ints(&c, "pads", pads, 2 * p->nsp);
+        if (p->dil > 1) attr_ints(&c, "dilations", dl, p->nsp);
+        attr_int(&c, "ceil_mode", p->ceil);
+        if (op == KILN_OP_AveragePool) attr_int(&c, "count_include_pad", p->include_pad);
+    }
+    char label[160], sd[64];
+    snprintf(label, sizeof label, "%s %s k%lld s%lld p%lld d%lld ceil %d incl %d%s%s",
+             kiln_op_name(op), kiln_shape_str(rank, dims, sd, 64), (long long)(p ? p->k : 0),
+             (long long)(p ? p->s : 0), (long long)(p ? p->pad : 0), (long long)(p ? p->dil : 0),
+             p ? p->ceil : 0, p ? p->include_pad : 0, p && p->auto_pad ? p->auto_pad : "",
+             indices ? " with Indices" : "");
+    check_case(&c, label, 1e-5, 1e-6, expect);
+    cn_free(&c);
+}
+
+static void test_pool_family(void)
+{
+    static const struct pool_spec specs[] = {
+        {2, 3, 2, 1, 1, 0, 0, NULL}, {2, 2, 2, 0, 1, 1, 0, NULL}, {2, 3, 1, 1, 2, 0, 0, NULL},
+        {2, 3, 2, 1, 1, 0, 1, NULL}, {2, 3, 2, 0, 1, 1, 0, NULL}, {2, 3, 2, 0, 1, 0, 0, "SAME_UPPER"},
+        {2, 1, 1, 0, 1, 0, 0, NULL},
+    };
+    const enum kiln_op ops[] = {KILN_OP_MaxPool, KILN_OP_AveragePool};
+    for (int o = 0; o < 2; o++) {
+        for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++) {
+            if (ops[o] == KILN_OP_MaxPool && specs[i].include_pad) continue;
+            for (int s = 0; s < N_SIZES - 1; s++) { /* channels 1 to 33, odd and even images */
+                int64_t d[4] = {2, sizes[s], 9 - (s & 1), 7 + (s & 1)};
+                pool_case(ops[o], 4, d, &specs[i], false, 1);
+            }
+        }
+        /* a 1-D window (NCW) and a 3-D one (NCDHW); a larger threaded image */
+        const struct pool_spec p1 = {1, 3, 2, 1, 1, 0, 0, NULL}, p3 = {3, 2, 2, 0, 1, 1, 0, NULL};
+        int64_t d3[3] = {2, 5, 21}, d5[5] = {1, 3, 5, 6, 7}, big[4] = {2, 64, 56, 56};
+        pool_case(ops[o], 3, d3, &p1, false, 1);
+        pool_case(ops[o], 5, d5, &p3, false, 1);
+        pool_case(ops[o], 4, big, &specs[0], false, 1);
+    }
+    /* declined: MaxPool's Indices output; AveragePool counting pads with a ceil_mode window
+     * past the end padding (ONNX does not count that room) */
+    int64_t d[4] = {1, 4, 8, 8};
+    pool_case(KILN_OP_MaxPool, 4, d, &specs[0], true, 0);
+    const struct pool_spec past = {2, 3, 2, 0, 1, 1, 1, NULL};
+    pool_case(KILN_OP_AveragePool, 4, d, &past, false, 0);
+}
+
+static void test_global_pool(void)
+{
+    const enum kiln_op ops[] = {KILN_OP_GlobalAveragePool, KILN_OP_GlobalMaxPool};
+    for (int o = 0; o < 2; o++) {
+        for (int s = 0; s < N_SIZES; s++) {
+            int64_t d4[4] = {2, sizes[s], 7, 5}, one[4] = {3, sizes[s], 1, 1};
+            pool_case(ops[o], 4, d4, NULL, false, 1);
+            pool_case(ops[o], 4, one, NULL, false, 1);
+        }
+        int64_t d3[3] = {2, 6, 33}, d5[5] = {2, 3, 4, 5, 6}, big[4] = {4, 256, 28, 28};
+        pool_case(ops[o], 3, d3, NULL, false, 1);
+        pool_case(ops[o], 5, d5, NULL, false, 1);
+        pool_case(ops[o], 4, big, NULL, false, 1);
+    }
+}
+
+static void kcase_pool(void) { test_pool_family(); }
+static void kcase_global_pool(void) { test_global_pool(); }
 static void kcase_unary(void) { test_unary(); }
 static void kcase_binary(void) { test_binary(); }
 static void kcase_binary_bcast(void) { test_binary_bcast(); }
