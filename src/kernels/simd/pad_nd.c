@@ -133,8 +133,10 @@ static kiln_status padnd_run(void *state, struct kiln_run_ctx *ctx)
         memcpy(j.y, j.x, ctx->out[0]->nbytes);
         return KILN_OK;
     }
+    /* chunks of at least 256 KiB: below that a copy costs less than waking a worker (and,
+     * on a loaded host, than waiting at the join for a preempted one) */
     int64_t row = s->out[s->rank - 1] * (int64_t)s->block;
-    int64_t grain = row >= 16384 ? 1 : 16384 / (row > 0 ? row : 1);
+    int64_t grain = row >= 262144 ? 1 : 262144 / (row > 0 ? row : 1);
     kiln_parallel_for(ctx->threads, s->rows, grain, padnd_range, &j);
     return KILN_OK;
 }
