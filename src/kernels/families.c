@@ -15,6 +15,7 @@
 
 #define KILN_KERNEL KILN_KERNEL_DECLARE
 #include "kernels/dnnl/conv.def"
+#include "kernels/dnnl/pool.def"
 #include "kernels/simd/attention.def"
 #include "kernels/simd/copy.def"
 #include "kernels/simd/elementwise.def"
@@ -28,6 +29,9 @@
 static const struct kiln_kernel_def all_kernels[] = {
 #define FAMILY "conv"
 #include "kernels/dnnl/conv.def"
+#undef FAMILY
+#define FAMILY "pool"
+#include "kernels/dnnl/pool.def"
 #undef FAMILY
 #define FAMILY "attention"
 #include "kernels/simd/attention.def"

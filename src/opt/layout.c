@@ -85,7 +85,8 @@ static int is_pool(const struct kiln_node *n)
 }
 
 /* A binary op of a 4-D tensor and a per-channel [N or 1, C, 1, 1] one (the
- * squeeze-and-excitation scale of EfficientNet / MobileNetV3): the big input
+ * squeeze-and-excitation scale of EfficientNet / MobileNetV3) or a [C, 1, 1]
+ * one (ConvNeXt's layer scale): the big input
  * and the output may be blocked, the small one stays plain. *big = its index. */
 static int is_chanop(const struct kiln_graph *g, const struct kiln_node *n, int *big)
 {
@@ -95,13 +96,15 @@ static int is_chanop(const struct kiln_graph *g, const struct kiln_node *n, int 
         return 0;
     for (int k = 0; k < 2; k++) {
         const struct kiln_type *x = &g->values[n->in[k]].type, *v = &g->values[n->in[1 - k]].type;
-        if (x->rank != 4 || v->rank != 4 || x->dtype != KILN_DTYPE_F32 ||
+        if (x->rank != 4 || (v->rank != 4 && v->rank != 3) || x->dtype != KILN_DTYPE_F32 ||
             v->dtype != KILN_DTYPE_F32)
             continue;
-        if (x->dims[1] <= 0 || v->dims[1] != x->dims[1] || v->dims[2] != 1 || v->dims[3] != 1)
+        int o = v->rank - 3; /* where v's C is: [C,1,1] is a layer scale */
+        if (x->dims[1] <= 0 || v->dims[o] != x->dims[1] || v->dims[o + 1] != 1 ||
+            v->dims[o + 2] != 1)
             continue;
         if (x->dims[2] == 1 && x->dims[3] == 1) continue; /* both per-channel */
-        if (v->dims[0] != 1 && v->dims[0] != x->dims[0]) continue;
+        if (v->rank == 4 && v->dims[0] != 1 && v->dims[0] != x->dims[0]) continue;
         *big = k;
         return 1;
     }

@@ -185,7 +185,7 @@ static void test_binary(void)
         int64_t big[3] = {4, 100, 300}, row = 300, col[2] = {5, 1}, rowm[2] = {1, 7};
         binary_case(ops[o], 3, big, 1, &row, 1);           /* threaded bias add */
         binary_case(ops[o], 3, big, 3, big, 1);
-        binary_case(ops[o], 2, col, 2, rowm, 0);           /* outer broadcast: declined */
+        binary_case(ops[o], 2, col, 2, rowm, 1);           /* outer broadcast: broadcast.c */
         /* per-channel scales (squeeze-and-excitation): [N,C,H,W] op [N or 1,C,1,1] */
         int64_t x4[4] = {2, 5, 7, 9}, s4[4] = {2, 5, 1, 1}, s14[4] = {1, 5, 1, 1};
         int64_t xb[4] = {2, 64, 30, 30}, sb[4] = {2, 64, 1, 1};
@@ -194,6 +194,60 @@ static void test_binary(void)
         binary_case(ops[o], 4, s4, 4, x4, 1);
         binary_case(ops[o], 4, xb, 4, sb, 1);              /* threaded */
     }
+}
+
+/* General broadcasts (broadcast.c): shapes the specialised kernels decline,
+ * all taken by the op's choice; odd sizes around the vector widths, both
+ * inputs broadcasting, the small input first or second, ranks 0 to 6. */
+static void test_binary_bcast(void)
+{
+    const enum kiln_op ops[] = {KILN_OP_Add, KILN_OP_Sub, KILN_OP_Mul, KILN_OP_Div};
+    for (int o = 0; o < 4; o++) {
+        enum kiln_op op = ops[o];
+        for (int s = 0; s < N_SIZES; s++) {
+            int64_t n = sizes[s];
+            int64_t x3[3] = {3, n, 5}, mid[3] = {1, n, 1}, midr[2] = {n, 1};
+            int64_t col[2] = {n, 1}, row[2] = {1, 9}, row2[2] = {3, n}, col2[2] = {3, 1};
+            binary_case(op, 3, x3, 3, mid, 1);   /* middle axis [1,C,1] vs [N,C,L] */
+            binary_case(op, 2, midr, 3, x3, 1);  /* [C,1] vs [N,C,L], small first */
+            binary_case(op, 2, col, 2, row, 1);  /* outer product [n,1] op [1,9] */
+            binary_case(op, 2, row2, 2, col2, 1); /* [3,n] op [3,1]: a column */
+        }
+        /* ConvNeXt's layer scale [C,1,1] against [N,C,H,W], both orders, odd C and H*W */
+        int64_t x4[4] = {2, 5, 7, 9}, ls[3] = {5, 1, 1}, xw[4] = {1, 96, 16, 16}, lw[3] = {96, 1, 1};
+        binary_case(op, 4, x4, 3, ls, 1);
+        binary_case(op, 3, ls, 4, x4, 1);
+        binary_case(op, 4, xw, 3, lw, 1);
+        /* an attention mask [B,1,1,S] against scores [B,H,S,S], and [B,1,S,S] */
+        int64_t sc[4] = {2, 3, 17, 17}, m1[4] = {2, 1, 1, 17}, m2[4] = {2, 1, 17, 17};
+        binary_case(op, 4, sc, 4, m1, 1);
+        binary_case(op, 4, m2, 4, sc, 1);
+        /* both inputs broadcast; a 6-D case; rank 0 against rank 0 */
+        int64_t p[3] = {3, 1, 5}, q[3] = {1, 4, 1}, d6a[6] = {2, 1, 3, 1, 5, 3},
+                d6b[6] = {1, 4, 3, 2, 1, 3}, one = 1;
+        binary_case(op, 3, p, 3, q, 1);
+        binary_case(op, 6, d6a, 6, d6b, 1);
+        binary_case(op, 0, &one, 0, &one, 1);
+        /* threaded: rows of 300 from an outer product, and a long column broadcast */
+        int64_t big[3] = {64, 1, 300}, bigb[3] = {1, 80, 300}, tall[2] = {70000, 8},
+                tallc[2] = {70000, 1};
+        binary_case(op, 3, big, 3, bigb, 1);
+        binary_case(op, 2, tall, 2, tallc, 1);
+    }
+    /* declined: int32 (the reference runs it) */
+    int64_t da[2] = {3, 1}, db[2] = {1, 4};
+    struct case_node c;
+    cn_init(&c, KILN_OP_Add, 14, 2, 1);
+    kiln_tensor *a, *b;
+    if (kiln_tensor_new(KILN_DTYPE_I32, 2, da, &a) != KILN_OK ||
+        kiln_tensor_new(KILN_DTYPE_I32, 2, db, &b) != KILN_OK)
+        abort();
+    for (int i = 0; i < 3; i++) ((int32_t *)a->data)[i] = i * 7 - 5;
+    for (int i = 0; i < 4; i++) ((int32_t *)b->data)[i] = 100 - i;
+    cn_input(&c, 0, a, false);
+    cn_input(&c, 1, b, false);
+    check_case(&c, "Add int32 [3,1] [1,4] (reference)", 0, 0, 0);
+    cn_free(&c);
 }
 
 /* ---- Softmax, LayerNormalization (norm.def) ---- */
@@ -333,6 +387,75 @@ static void test_gather(void)
     cn_free(&c);
 }
 
+/* Gather on any axis (data.c gather_axis): data dt of dims, indices (int32 or int64,
+ * shape ir/id, values in [-n, n)) at run time or constant. */
+static void gather_axis_case(kiln_dtype dt, int rank, const int64_t *dims, int64_t axis, int ir,
+                             const int64_t *id, bool idx32, bool konst)
+{
+    struct case_node c;
+    cn_init(&c, KILN_OP_Gather, 13, 2, 1);
+    attr_int(&c, "axis", axis);
+    kiln_tensor *data, *idx;
+    if (kiln_tensor_new(dt, rank, dims, &data) != KILN_OK ||
+        kiln_tensor_new(idx32 ? KILN_DTYPE_I32 : KILN_DTYPE_I64, ir, id, &idx) != KILN_OK)
+        abort();
+    if (dt == KILN_DTYPE_F32)
+        for (size_t i = 0; i < data->nbytes / 4; i++) ((float *)data->data)[i] = rng_normal();
+    else
+        for (size_t i = 0; i < data->nbytes; i++) ((uint8_t *)data->data)[i] = (uint8_t)rng_next();
+    int64_t n = dims[axis < 0 ? axis + rank : axis], ni = kiln_tensor_count(idx);
+    for (int64_t i = 0; i < ni; i++) {
+        int64_t v = (int64_t)(rng_next() % (uint64_t)(2 * n)) - n; /* [-n, n) */
+        if (idx32) ((int32_t *)idx->data)[i] = (int32_t)v;
+        else ((int64_t *)idx->data)[i] = v;
+    }
+    cn_input(&c, 0, data, false);
+    cn_input(&c, 1, idx, konst);
+    char label[128], sd[64], si[64];
+    snprintf(label, sizeof label, "Gather %s %s axis %lld indices %s %s%s", kiln_dtype_name(dt),
+             kiln_shape_str(rank, dims, sd, 64), (long long)axis, kiln_shape_str(ir, id, si, 64),
+             idx32 ? "int32" : "int64", konst ? " constant" : "");
+    check_case(&c, label, 0, 0, 1);
+    cn_free(&c);
+}
+
+static void test_gather_axis(void)
+{
+    int64_t one = 1, i1[1] = {5}, i2[2] = {3, 4};
+    for (int s = 0; s < N_SIZES; s++) {
+        int64_t h = sizes[s], bth[3] = {2, 9, h}, d4[4] = {3, 2, 11, h};
+        gather_axis_case(KILN_DTYPE_F32, 3, bth, 1, 0, &one, false, true);  /* x[:, t, :] */
+        gather_axis_case(KILN_DTYPE_F32, 3, bth, -2, 1, i1, true, false);
+        gather_axis_case(KILN_DTYPE_F32, 3, bth, 2, 1, i1, false, false);  /* innermost */
+        gather_axis_case(KILN_DTYPE_F32, 4, d4, 2, 2, i2, true, false);
+        gather_axis_case(KILN_DTYPE_U8, 4, d4, -1, 2, i2, false, false);
+    }
+    int64_t big[3] = {64, 40, 300};
+    gather_axis_case(KILN_DTYPE_F32, 3, big, 1, 1, i1, false, false); /* threaded */
+    /* out of range at run time: an error naming the node, the index and the axis */
+    int64_t dd[3] = {2, 10, 4}, di = 2;
+    struct case_node c;
+    cn_init(&c, KILN_OP_Gather, 13, 2, 1);
+    attr_int(&c, "axis", 1);
+    kiln_tensor *data = tensor_f32(3, dd), *idx;
+    if (kiln_tensor_new(KILN_DTYPE_I64, 1, &di, &idx) != KILN_OK) abort();
+    ((int64_t *)idx->data)[0] = -10;
+    ((int64_t *)idx->data)[1] = 10;
+    cn_input(&c, 0, data, false);
+    cn_input(&c, 1, idx, false);
+    kiln_tensor *out[MAX_IO];
+    for (int lv = 0; lv < isa_levels(); lv++) {
+        bool handled;
+        kiln_status st = run_fast(&c, isa_names[lv], 1, &handled, NULL, out);
+        CHECK(handled && st == KILN_ERR_INVALID_ARGUMENT, "Gather axis 1 out of range: status %d",
+              st);
+        CHECK(strstr(kiln_last_error(), "node_under_test") && strstr(kiln_last_error(), "dim 1"),
+              "Gather axis 1 error message: %s", kiln_last_error());
+        free_outs(out, 1);
+    }
+    cn_free(&c);
+}
+
 /* Slice of a float32 tensor by constant arguments (simd/slice.c, plain layout here;
  * the blocked layouts are compared in tests/python/test_layout.py). */
 static kiln_tensor *ints_i64(int n, const int64_t *v)
@@ -429,8 +552,100 @@ static void test_pad(void)
     pad_case(d, (int64_t[]){0, 0, 0, 0, 0, 0, 0, 0}, 0.0f, 13, 1, "nothing");
     pad_case(one, (int64_t[]){0, 0, 2, 2, 0, 0, 2, 2}, -1.5f, 13, 1, "1x1 by 2, fill -1.5");
     pad_case(d, (int64_t[]){0, 0, 1, 1, 0, 0, 1, 1}, 2.0f, 2, 1, "attributes");
-    pad_case(d, (int64_t[]){0, 1, 0, 0, 0, 0, 0, 0}, 0.0f, 13, 0, "channels (reference)");
-    pad_case(d, (int64_t[]){0, 0, -1, 0, 0, 0, 0, 0}, 0.0f, 13, 0, "negative (reference)");
+    pad_case(d, (int64_t[]){0, 1, 0, 0, 0, 0, 0, 0}, 0.0f, 13, 1, "channels (pad_nd)");
+    pad_case(d, (int64_t[]){0, 0, -1, 0, 0, 0, 0, 0}, 0.0f, 13, 1, "negative (pad_nd)");
+}
+
+/* The general Pad (pad_nd.c): dtype dt, pads (2 per axis of `axes`, or of every dim
+ * when n_axes is 0), mode, the constant as a float (converted to dt) or none; pads
+ * and axes constant unless run_time. */
+static void pad_nd_case(kiln_dtype dt, int rank, const int64_t *dims, const int64_t *pads,
+                        int n_axes, const int64_t *axes, const char *mode, const float *fill,
+                        bool run_time, int handled, const char *what)
+{
+    struct case_node c;
+    cn_init(&c, KILN_OP_Pad, 19, n_axes ? 4 : 3, 1);
+    attr_str(&c, "mode", mode);
+    kiln_tensor *x;
+    if (kiln_tensor_new(dt, rank, dims, &x) != KILN_OK) abort();
+    size_t es = kiln_dtype_size(dt), count = es ? x->nbytes / es : 0;
+    for (size_t i = 0; i < count; i++) {
+        if (dt == KILN_DTYPE_F32) ((float *)x->data)[i] = rng_normal();
+        else if (dt == KILN_DTYPE_I64) ((int64_t *)x->data)[i] = (int64_t)(rng_next() % 2001) - 1000;
+        else if (dt == KILN_DTYPE_U8) ((uint8_t *)x->data)[i] = (uint8_t)rng_next();
+        else if (dt == KILN_DTYPE_F16) ((uint16_t *)x->data)[i] = (uint16_t)(0x3c00 + rng_next() % 1024);
+    }
+    cn_input(&c, 0, x, false);
+    int np = 2 * (n_axes ? n_axes : rank);
+    cn_input(&c, 1, ints_i64(np, pads), !run_time);
+    kiln_tensor *v = NULL;
+    if (fill) {
+        int64_t one = 1;
+        if (kiln_tensor_new(dt, 0, &one, &v) != KILN_OK) abort();
+        if (dt == KILN_DTYPE_F32) ((float *)v->data)[0] = *fill;
+        else if (dt == KILN_DTYPE_I64) ((int64_t *)v->data)[0] = (int64_t)*fill;
+        else if (dt == KILN_DTYPE_U8) ((uint8_t *)v->data)[0] = (uint8_t)*fill;
+        else if (dt == KILN_DTYPE_F16) ((uint16_t *)v->data)[0] = 0xc000; /* -2 */
+    }
+    cn_input(&c, 2, v, true);
+    if (n_axes) cn_input(&c, 3, ints_i64(n_axes, axes), true);
+    char label[160], sd[64];
+    snprintf(label, sizeof label, "Pad %s %s %s: %s", kiln_dtype_name(dt),
+             kiln_shape_str(rank, dims, sd, 64), mode, what);
+    check_case(&c, label, 0, 0, handled);
+    cn_free(&c);
+}
+
+static void test_pad_nd(void)
+{
+    const float zero = 0.0f, minus = -1.25f, seven = 7.0f;
+    /* Swin's NHWC Pad of H and W (axes 1, 2), by pads and by the axes input */
+    int64_t nhwc[4] = {1, 16, 16, 96}, ax12[2] = {1, 2};
+    pad_nd_case(KILN_DTYPE_F32, 4, nhwc, (int64_t[]){0, 0, 0, 0, 0, 5, 5, 0}, 0, NULL, "constant",
+                &zero, false, 1, "NHWC bottom right");
+    pad_nd_case(KILN_DTYPE_F32, 4, nhwc, (int64_t[]){1, 2, 4, 3}, 2, ax12, "constant", &minus,
+                false, 1, "axes 1, 2, fill -1.25");
+    pad_nd_case(KILN_DTYPE_F32, 4, nhwc, (int64_t[]){0, 5, 0, 5}, 2, (int64_t[]){-3, -2},
+                "constant", NULL, false, 1, "negative axes, no constant");
+    /* odd sizes, ranks 1, 3, 5; crops; every dim padded */
+    for (int s = 0; s < N_SIZES; s++) {
+        int64_t n = sizes[s], d1[1] = {n}, d3[3] = {2, n, 3}, d5[5] = {2, 1, 3, n, 2};
+        pad_nd_case(KILN_DTYPE_F32, 1, d1, (int64_t[]){3, 1}, 0, NULL, "constant", &seven, false,
+                    1, "1-D");
+        pad_nd_case(KILN_DTYPE_F32, 3, d3, (int64_t[]){1, 0, 2, 0, 3, 1}, 0, NULL, "constant",
+                    &minus, false, 1, "every dim");
+        pad_nd_case(KILN_DTYPE_F32, 5, d5, (int64_t[]){0, 1, 0, 0, 0, 0, 0, 1, 2, 0}, 0, NULL,
+                    "constant", &zero, false, 1, "5-D");
+        pad_nd_case(KILN_DTYPE_F32, 3, d3, (int64_t[]){0, -1, 0, 0, 2, -1}, 0, NULL, "constant",
+                    &zero, false, 1, "crop and pad");
+        pad_nd_case(KILN_DTYPE_F32, 3, d3, (int64_t[]){0, 2, 1, 1, 3, 2}, 0, NULL, "edge", NULL,
+                    false, 1, "edge");
+        pad_nd_case(KILN_DTYPE_F32, 3, d3, (int64_t[]){1, 5, 2, 0, 6, 3}, 0, NULL, "reflect", NULL,
+                    false, 1, "reflect past the size");
+        pad_nd_case(KILN_DTYPE_F32, 3, d3, (int64_t[]){1, 4, 0, 2, 5, 4}, 0, NULL, "wrap", NULL,
+                    false, 1, "wrap past the size");
+    }
+    int64_t d3[3] = {3, 4, 5};
+    pad_nd_case(KILN_DTYPE_F32, 3, d3, (int64_t[]){0, -4, 0, 0, 0, 0}, 0, NULL, "constant", &seven,
+                false, 1, "cropped to nothing");
+    pad_nd_case(KILN_DTYPE_F32, 3, d3, (int64_t[]){0, -1, -1, 0, 2, 1}, 0, NULL, "edge", NULL,
+                false, 1, "edge with a crop");
+    /* other dtypes: int64, uint8 and float16 (bytes), with and without a constant */
+    pad_nd_case(KILN_DTYPE_I64, 3, d3, (int64_t[]){1, 0, 2, 0, 1, 1}, 0, NULL, "constant", &seven,
+                false, 1, "int64 fill 7");
+    pad_nd_case(KILN_DTYPE_U8, 3, d3, (int64_t[]){0, 3, 0, 1, 0, 2}, 0, NULL, "constant", &seven,
+                false, 1, "uint8 fill 7");
+    pad_nd_case(KILN_DTYPE_F16, 3, d3, (int64_t[]){0, 1, 1, 0, 1, 1}, 0, NULL, "constant", &zero,
+                false, 1, "float16 fill -2");
+    pad_nd_case(KILN_DTYPE_U8, 3, d3, (int64_t[]){2, 0, 0, 0, 0, 3}, 0, NULL, "reflect", NULL,
+                false, 1, "uint8 reflect");
+    /* threaded: rows of a larger NHWC tensor */
+    int64_t big[4] = {4, 60, 60, 32};
+    pad_nd_case(KILN_DTYPE_F32, 4, big, (int64_t[]){0, 3, 0, 0, 0, 0, 4, 0}, 0, NULL, "constant",
+                &minus, false, 1, "threaded");
+    /* declined: pads known only at run time */
+    pad_nd_case(KILN_DTYPE_F32, 3, d3, (int64_t[]){1, 0, 2, 0, 1, 1}, 0, NULL, "constant", &zero,
+                true, 0, "run-time pads (reference)");
 }
 
 /* Gather of channels (axis 1) by constant indices (simd/data.c through gather4.h). */
@@ -446,9 +661,9 @@ static void test_gather_channels(void)
         for (size_t i = 0; i < x->nbytes / 4; i++) ((float *)x->data)[i] = rng_normal();
         cn_input(&c, 0, x, false);
         cn_input(&c, 1, ints_i64(9, idx), konst);
-        /* constant indices run the channel gather; run-time indices the reference */
+        /* constant indices run the channel gather; run-time indices gather_axis */
         check_case(&c, konst ? "Gather channels" : "Gather channels, indices at run time", 0, 0,
-                   konst);
+                   1);
         cn_free(&c);
     }
 }
@@ -1122,14 +1337,110 @@ static void test_split(void)
                (const int64_t[]){1, 3}, 1);
 }
 
+/* ---- Pooling (pool.def) ---- */
+
+struct pool_spec {
+    int nsp;                       /* spatial dims: 1 to 3 */
+    int64_t k, s, pad, dil;
+    int ceil, include_pad;
+    const char *auto_pad;          /* NULL = NOTSET */
+};
+
+static void pool_case(enum kiln_op op, int rank, const int64_t *dims, const struct pool_spec *p,
+                      bool indices, int expect)
+{
+    struct case_node c;
+    cn_init(&c, op, op == KILN_OP_MaxPool ? 12 : 19, 1, indices ? 2 : 1);
+    if (indices) c.out_wanted[1] = true;
+    kiln_tensor *x = tensor_f32(rank, dims);
+    for (size_t i = 0; i < x->nbytes / 4; i++) ((float *)x->data)[i] = rng_normal();
+    cn_input(&c, 0, x, false);
+    if (p) {
+        int64_t ks[3], st[3], dl[3], pads[6];
+        for (int i = 0; i < p->nsp; i++) {
+            ks[i] = p->k;
+            st[i] = p->s;
+            dl[i] = p->dil;
+            pads[i] = pads[i + p->nsp] = p->pad;
+        }
+        attr_ints(&c, "kernel_shape", ks, p->nsp);
+        attr_ints(&c, "strides", st, p->nsp);
+        if (p->auto_pad) attr_str(&c, "auto_pad", p->auto_pad);
+        else attr_ints(&c, "pads", pads, 2 * p->nsp);
+        if (p->dil > 1) attr_ints(&c, "dilations", dl, p->nsp);
+        attr_int(&c, "ceil_mode", p->ceil);
+        if (op == KILN_OP_AveragePool) attr_int(&c, "count_include_pad", p->include_pad);
+    }
+    char label[160], sd[64];
+    snprintf(label, sizeof label, "%s %s k%lld s%lld p%lld d%lld ceil %d incl %d%s%s",
+             kiln_op_name(op), kiln_shape_str(rank, dims, sd, 64), (long long)(p ? p->k : 0),
+             (long long)(p ? p->s : 0), (long long)(p ? p->pad : 0), (long long)(p ? p->dil : 0),
+             p ? p->ceil : 0, p ? p->include_pad : 0, p && p->auto_pad ? p->auto_pad : "",
+             indices ? " with Indices" : "");
+    check_case(&c, label, 1e-5, 1e-6, expect);
+    cn_free(&c);
+}
+
+static void test_pool_family(void)
+{
+    static const struct pool_spec specs[] = {
+        {2, 3, 2, 1, 1, 0, 0, NULL}, {2, 2, 2, 0, 1, 1, 0, NULL}, {2, 3, 1, 1, 2, 0, 0, NULL},
+        {2, 3, 2, 1, 1, 0, 1, NULL}, {2, 3, 2, 0, 1, 1, 0, NULL}, {2, 3, 2, 0, 1, 0, 0, "SAME_UPPER"},
+        {2, 1, 1, 0, 1, 0, 0, NULL},
+    };
+    const enum kiln_op ops[] = {KILN_OP_MaxPool, KILN_OP_AveragePool};
+    for (int o = 0; o < 2; o++) {
+        for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++) {
+            if (ops[o] == KILN_OP_MaxPool && specs[i].include_pad) continue;
+            for (int s = 0; s < N_SIZES - 1; s++) { /* channels 1 to 33, odd and even images */
+                int64_t d[4] = {2, sizes[s], 9 - (s & 1), 7 + (s & 1)};
+                pool_case(ops[o], 4, d, &specs[i], false, 1);
+            }
+        }
+        /* a 1-D window (NCW) and a 3-D one (NCDHW); a larger threaded image */
+        const struct pool_spec p1 = {1, 3, 2, 1, 1, 0, 0, NULL}, p3 = {3, 2, 2, 0, 1, 1, 0, NULL};
+        int64_t d3[3] = {2, 5, 21}, d5[5] = {1, 3, 5, 6, 7}, big[4] = {2, 64, 56, 56};
+        pool_case(ops[o], 3, d3, &p1, false, 1);
+        pool_case(ops[o], 5, d5, &p3, false, 1);
+        pool_case(ops[o], 4, big, &specs[0], false, 1);
+    }
+    /* declined: MaxPool's Indices output; AveragePool counting pads with a ceil_mode window
+     * past the end padding (ONNX does not count that room) */
+    int64_t d[4] = {1, 4, 8, 8};
+    pool_case(KILN_OP_MaxPool, 4, d, &specs[0], true, 0);
+    const struct pool_spec past = {2, 3, 2, 0, 1, 1, 1, NULL};
+    pool_case(KILN_OP_AveragePool, 4, d, &past, false, 0);
+}
+
+static void test_global_pool(void)
+{
+    const enum kiln_op ops[] = {KILN_OP_GlobalAveragePool, KILN_OP_GlobalMaxPool};
+    for (int o = 0; o < 2; o++) {
+        for (int s = 0; s < N_SIZES; s++) {
+            int64_t d4[4] = {2, sizes[s], 7, 5}, one[4] = {3, sizes[s], 1, 1};
+            pool_case(ops[o], 4, d4, NULL, false, 1);
+            pool_case(ops[o], 4, one, NULL, false, 1);
+        }
+        int64_t d3[3] = {2, 6, 33}, d5[5] = {2, 3, 4, 5, 6}, big[4] = {4, 256, 28, 28};
+        pool_case(ops[o], 3, d3, NULL, false, 1);
+        pool_case(ops[o], 5, d5, NULL, false, 1);
+        pool_case(ops[o], 4, big, NULL, false, 1);
+    }
+}
+
+static void kcase_pool(void) { test_pool_family(); }
+static void kcase_global_pool(void) { test_global_pool(); }
 static void kcase_unary(void) { test_unary(); }
 static void kcase_binary(void) { test_binary(); }
+static void kcase_binary_bcast(void) { test_binary_bcast(); }
 static void kcase_softmax(void) { test_softmax(); }
 static void kcase_layernorm(void) { test_layernorm(); }
 static void kcase_gather_rows(void) { test_gather(); }
+static void kcase_gather_axis(void) { test_gather_axis(); }
 static void kcase_gather_channels(void) { test_gather_channels(); }
 static void kcase_slice(void) { test_slice(); }
 static void kcase_pad(void) { test_pad(); }
+static void kcase_pad_nd(void) { test_pad_nd(); }
 static void kcase_transpose(void) { test_transpose(); }
 static void kcase_concat(void) { test_concat(); }
 static void kcase_resize(void) { test_resize(); }

@@ -7,11 +7,17 @@
  * exclude-padding average ignore. Left to the reference: MaxPool with its
  * Indices output, AveragePool counting pads whose ceil_mode window reaches
  * past the end padding (ONNX does not count that room), other dtypes and
- * empty tensors. Activations may be blocked (nChw8c / nChw16c).
+ * empty tensors. Activations may be blocked (nChw8c / nChw16c). Declared in
+ * the pooling family's list (pool.def, family.h).
  */
 #include "kernels/dnnl/dnnl_common.h"
 
+#include "kernels/family.h"
 #include "kernels/ref/gemm.h"
+
+#define KILN_KERNEL KILN_KERNEL_DECLARE
+#include "kernels/dnnl/pool.def"
+#undef KILN_KERNEL
 
 struct pool_build {
     const struct kiln_node *node;
@@ -57,7 +63,17 @@ static void pool_destroy(void *state)
     free(state);
 }
 
-static kiln_status pool_compile(const struct kiln_compile_ctx *cc, struct kiln_kernel_inst *inst)
+/* Every pooling kernel: input 0 and output 0 concrete float32. */
+bool kiln_k_pool_covers(const struct kiln_compile_ctx *cc)
+{
+    const struct kiln_type *x = cc->n_in > 0 ? cc->in[0] : NULL;
+    const struct kiln_type *y = cc->n_out > 0 ? cc->out[0] : NULL;
+    return x && y && x->dtype == KILN_DTYPE_F32 && y->dtype == KILN_DTYPE_F32 &&
+           kiln_type_is_concrete(x) && kiln_type_is_concrete(y);
+}
+
+kiln_status kiln_k_dnnl_pool_compile(const struct kiln_compile_ctx *cc,
+                                     struct kiln_kernel_inst *inst)
 {
     const struct kiln_node *n = cc->node;
     const struct kiln_type *x = cc->in[0], *y = cc->n_out > 0 ? cc->out[0] : NULL;
@@ -133,7 +149,7 @@ static kiln_status pool_compile(const struct kiln_compile_ctx *cc, struct kiln_k
 }
 
 /* Layout pass: X and Y may be blocked, except where the reference must run. */
-static int pool_accepts_blocked(const struct kiln_node *n, int i, int block)
+int kiln_k_dnnl_pool_accepts(const struct kiln_node *n, int i, int block)
 {
     if ((block != 8 && block != 16) || i > 0) return 0;
     int ok = 1;
@@ -147,8 +163,3 @@ static int pool_accepts_blocked(const struct kiln_node *n, int i, int block)
     }
     return ok;
 }
-
-KILN_FAST_OP(MaxPool, pool_compile, pool_accepts_blocked);
-KILN_FAST_OP(AveragePool, pool_compile, pool_accepts_blocked);
-KILN_FAST_OP(GlobalAveragePool, pool_compile, pool_accepts_blocked);
-KILN_FAST_OP(GlobalMaxPool, pool_compile, pool_accepts_blocked);

@@ -47,9 +47,11 @@ static size_t plain_size(kiln_dtype dt)
 /* ---- Gather ---- */
 
 struct gather_state {
-    int64_t n;       /* data dim 0 */
+    int64_t outer;   /* product of the data dims before the axis (1 for axis 0) */
+    int64_t n;       /* data dim `axis` */
     int64_t inner;   /* elements per row */
     int64_t nidx;
+    int axis;
     size_t es;
     bool idx64;
 };
@@ -70,10 +72,13 @@ static int64_t gather_index(const struct gather_state *s, const void *idx, int64
 static void gather_range(void *arg, int64_t begin, int64_t end)
 {
     const struct gather_job *j = arg;
-    size_t row = (size_t)j->s->inner * j->s->es;
-    for (int64_t k = begin; k < end; k++)
-        memcpy(j->out + (size_t)k * row, j->data + (size_t)gather_index(j->s, j->idx, k) * row,
-               row);
+    const struct gather_state *s = j->s;
+    size_t row = (size_t)s->inner * s->es;
+    for (int64_t u = begin; u < end; u++) { /* u: (outer index, index k) */
+        int64_t o = u / s->nidx, k = u % s->nidx;
+        memcpy(j->out + (size_t)u * row,
+               j->data + (size_t)(o * s->n + gather_index(s, j->idx, k)) * row, row);
+    }
 }
 
 static kiln_status gather_run(void *state, struct kiln_run_ctx *ctx)
@@ -85,14 +90,14 @@ static kiln_status gather_run(void *state, struct kiln_run_ctx *ctx)
         if (w < 0 || w >= s->n) {
             int64_t v = s->idx64 ? ((const int64_t *)j.idx)[k] : ((const int32_t *)j.idx)[k];
             return kiln_node_error(ctx->node, KILN_ERR_INVALID_ARGUMENT,
-                                   "indices[%lld] = %lld is out of range for data dim 0 of size "
-                                   "%lld",
-                                   (long long)k, (long long)v, (long long)s->n);
+                                   "indices[%lld] = %lld is out of range for data dim %d of "
+                                   "size %lld",
+                                   (long long)k, (long long)v, s->axis, (long long)s->n);
         }
     }
     int64_t row_bytes = s->inner * (int64_t)s->es;
     int64_t grain = row_bytes >= 65536 ? 1 : 65536 / (row_bytes > 0 ? row_bytes : 1);
-    kiln_parallel_for(ctx->threads, s->nidx, grain, gather_range, &j);
+    kiln_parallel_for(ctx->threads, s->outer * s->nidx, grain, gather_range, &j);
     return KILN_OK;
 }
 
@@ -183,25 +188,54 @@ bool kiln_k_gather_rows_covers(const struct kiln_compile_ctx *cc)
     return axis == 0 || axis == -cc->in[0]->rank;
 }
 
-kiln_status kiln_k_gather_rows_compile(const struct kiln_compile_ctx *cc,
-                                       struct kiln_kernel_inst *inst)
+/* Gather along `axis` (covers checked the types): rows of the dims after it, per
+ * index and per position in the dims before it. */
+static kiln_status gather_compile_axis(const struct kiln_compile_ctx *cc,
+                                       struct kiln_kernel_inst *inst, int axis, const char *name)
 {
-    const struct kiln_type *d = cc->in[0], *ind = cc->in[1]; /* covers checked the rest */
+    const struct kiln_type *d = cc->in[0], *ind = cc->in[1];
     if (ind->dtype != KILN_DTYPE_I64 && ind->dtype != KILN_DTYPE_I32) return KILN_OK;
     size_t es = plain_size(d->dtype);
     if (!es || cc->out[0]->dtype != d->dtype) return KILN_OK;
     struct gather_state *s = calloc(1, sizeof *s);
     if (!s) return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory compiling Gather");
-    s->n = d->dims[0];
-    s->inner = dims_product(d->dims, 1, d->rank);
+    s->outer = dims_product(d->dims, 0, axis);
+    s->n = d->dims[axis];
+    s->inner = dims_product(d->dims, axis + 1, d->rank);
     s->nidx = kiln_shape_count(ind->rank, ind->dims);
+    s->axis = axis;
     s->es = es;
     s->idx64 = ind->dtype == KILN_DTYPE_I64;
     inst->state = s;
     inst->destroy = free;
     inst->run = gather_run;
-    inst->name = "gather_rows";
+    inst->name = name;
     return KILN_OK;
+}
+
+kiln_status kiln_k_gather_rows_compile(const struct kiln_compile_ctx *cc,
+                                       struct kiln_kernel_inst *inst)
+{
+    return gather_compile_axis(cc, inst, 0, "gather_rows");
+}
+
+/* Any axis (the last time step of a recurrent layer's [B,T,H] output, axis 1), plain
+ * layouts only (accepts none). */
+bool kiln_k_gather_axis_covers(const struct kiln_compile_ctx *cc)
+{
+    if (!gather_concrete(cc)) return false;
+    int64_t axis = kiln_attr_int(cc->node, "axis", 0), r = cc->in[0]->rank;
+    return axis >= -r && axis < r;
+}
+
+kiln_status kiln_k_gather_axis_compile(const struct kiln_compile_ctx *cc,
+                                       struct kiln_kernel_inst *inst)
+{
+    if ((cc->in_layout && cc->in_layout[0]) || (cc->out_layout && cc->out_layout[0]))
+        return KILN_OK;
+    int64_t axis = kiln_attr_int(cc->node, "axis", 0);
+    if (axis < 0) axis += cc->in[0]->rank;
+    return gather_compile_axis(cc, inst, (int)axis, "gather_axis");
 }
 /* Layout pass: a Gather of channels may read and write blocked data (src/opt/layout.c
  * checks the rank and that the indices are constant). */

@@ -8,8 +8,8 @@
  * _scalar. compile checks the node's concrete types and attributes for its
  * table and returns run NULL for what it
  * does not cover (other dtypes; broadcasts other than same shape, a scalar,
- * or one input repeating as a trailing row like [B,S,H] + [H]), so the
- * reference kernel runs those. Large tensors are split across the run's
+ * one input repeating as a trailing row like [B,S,H] + [H], or one value per
+ * channel), so the general broadcast kernels (broadcast.c) run those. Large tensors are split across the run's
  * threads in contiguous element ranges.
  *
  * Channel-blocked values (the layout pass, src/opt/layout.c): a unary op,
@@ -43,7 +43,7 @@ enum bcast_kind {
     BC_SAME,       /* both inputs have the output's elements */
     BC_B_ROW,      /* a full, b repeats every `row` elements (row 1 = scalar) */
     BC_A_ROW,      /* b full, a repeats */
-    BC_B_CHAN,     /* a is [N,C,H,W], b is [N or 1,C,1,1]: one value per channel */
+    BC_B_CHAN,     /* a is [N,C,H,W], b is [N or 1,C,1,1] or [C,1,1]: one value per channel */
     BC_A_CHAN,     /* the same with a and b swapped */
 };
 
@@ -364,13 +364,17 @@ static kiln_status clip_compile(const struct kiln_compile_ctx *cc, struct kiln_k
 }
 SIMD_VARIANTS(clip, clip_compile)
 
-/* Whether `small` is [N or 1, C, 1, 1] against a 4-D out [N, C, H, W]. */
+/* Whether `small` is [N or 1, C, 1, 1] or [C, 1, 1] (a layer scale) against a
+ * 4-D out [N, C, H, W]. */
 static bool chan_small(const struct kiln_type *small, const struct kiln_type *out)
 {
-    return out->rank == 4 && small->rank == 4 && small->dims[1] == out->dims[1] &&
-           small->dims[2] == 1 && small->dims[3] == 1 &&
-           (small->dims[0] == 1 || small->dims[0] == out->dims[0]) &&
-           out->dims[2] * out->dims[3] > 1 && out->dims[1] > 0 && out->dims[0] > 0;
+    if (out->rank != 4 || out->dims[2] * out->dims[3] <= 1 || out->dims[1] <= 0 ||
+        out->dims[0] <= 0)
+        return false;
+    if (small->rank == 3)
+        return small->dims[0] == out->dims[1] && small->dims[1] == 1 && small->dims[2] == 1;
+    return small->rank == 4 && small->dims[1] == out->dims[1] && small->dims[2] == 1 &&
+           small->dims[3] == 1 && (small->dims[0] == 1 || small->dims[0] == out->dims[0]);
 }
 
 /* Whether `small` broadcasts against `out` as a repeated trailing row: its
@@ -426,7 +430,7 @@ static kiln_status binary_compile(const struct kiln_compile_ctx *cc, struct kiln
         s->cn = o->dims[0];
         s->cc = o->dims[1];
         s->chw = o->dims[2] * o->dims[3];
-        s->small_batched = small->dims[0] != 1;
+        s->small_batched = small->rank == 4 && small->dims[0] != 1;
         s->block = lo;
         inst->inplace = bc == BC_B_CHAN;
         if (lo) snprintf(s->name, sizeof s->name, "f32_%s_chan%d_%s", opname, lo, s->k->isa);
