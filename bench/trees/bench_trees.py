@@ -12,22 +12,32 @@ Kiln (on model.json), XGBoost and ONNX Runtime (on model.onnx) are run on the
 same 256 rows and must agree to 1e-4 relative: a benchmark of wrong answers
 would mean nothing.
 
-Timing, per batch size (default 1 and 1024), each tool in its own process,
---threads threads:
-  - Kiln:  `kiln bench model.json --batch B --json` (random inputs, median of
-           --iterations runs after warmup);
-  - XGBoost: booster.inplace_predict on a float32 array, median of the same
-           number of runs after warmup, nthread --threads;
+Timing, per batch size (default 1 and 1024), --threads threads, on random
+rows uniform in [-1, 1) for all three (kiln bench's scheme; no missing
+values at timing):
+  - Kiln:  `kiln bench model.json --batch B --json` (its median);
+  - XGBoost: booster.inplace_predict on a float32 array (in this process),
+           nthread --threads;
   - ONNX Runtime: `node bench/ort_bench.js model.onnx --spec ... --batch B`
            (onnxruntime-node from bench/node_modules; bench/run.sh installs it).
-Prints a table of median milliseconds and the ratios, and writes
-OUT/results.json. Usage (from the repository root):
+A short calibration first sets the runs of each (tool, batch) measurement so
+that it lasts at least --min-seconds (default 2) and has at least --min-runs
+runs (default 200), after --warmup runs. Then --rounds rounds (default 5):
+in each, every tool is measured once per batch, the tools' order rotated
+from round to round, so that a busy spell on the machine hits all of them.
+Reported: per tool the median of the rounds' medians and their range
+(min-max), and per ratio (other / Kiln) the ratio of those medians and the
+range of the per-round ratios; and the fastest single run of each (on a
+loaded machine the least disturbed figure). OUT/results.json keeps every
+round's figure.
+Usage (from the repository root):
 
     /usr/bin/python3 bench/trees/bench_trees.py [--trees 500] [--depth 7]
-        [--features 32] [--batches 1,1024] [--threads 2] [--iterations 20]
-        [--out bench/models/trees] [--kiln build/kiln] [--quick]
+        [--features 32] [--batches 1,1024] [--threads 2] [--rounds 5]
+        [--min-runs 200] [--min-seconds 2] [--out bench/models/trees]
+        [--kiln build/kiln] [--quick]
 
---quick (the smoke run): 50 trees, 5 iterations.
+--quick (the smoke run): 50 trees, 2 rounds, 20 runs or 0.2 s a measurement.
 """
 import argparse
 import json
@@ -129,18 +139,39 @@ def check(args, booster, X):
             sys.exit(f"bench_trees: ONNX Runtime differs from XGBoost by {np.abs(ort - want).max()}")
 
 
-def time_xgboost(args, booster, X, batch):
-    import xgboost as xgb  # noqa: F401
+def time_xgboost(args, booster, batch, iterations):
+    """(median, min) ms of `iterations` inplace_predict calls on random rows (uniform
+    in [-1, 1), as kiln bench and ort_bench.js make them), after warmup."""
     booster.set_param({"nthread": args.threads})
-    rows = np.ascontiguousarray(X[:batch] if batch <= len(X) else np.resize(X, (batch, X.shape[1])))
+    rows = np.random.RandomState(1).uniform(-1, 1, (batch, args.features)).astype(np.float32)
     for _ in range(args.warmup + 1):
         booster.inplace_predict(rows, missing=np.nan)
     times = []
-    for _ in range(args.iterations):
+    for _ in range(iterations):
         t0 = time.perf_counter()
         booster.inplace_predict(rows, missing=np.nan)
         times.append((time.perf_counter() - t0) * 1000)
-    return statistics.median(times)
+    return statistics.median(times), min(times)
+
+
+def measure(args, tool, booster, batch, iterations):
+    """(median, min) ms of one measurement (one process for Kiln and ONNX Runtime)."""
+    common = ["--threads", str(args.threads), "--iterations", str(iterations), "--warmup", str(args.warmup)]
+    if tool == "kiln":
+        r = last_json(run([args.kiln, "bench", os.path.join(args.out, "model.json"), "--batch", str(batch),
+                           "--json", *common]))
+        return r["median_ms"], r["min_ms"]
+    if tool == "xgboost":
+        return time_xgboost(args, booster, batch, iterations)
+    spec = json.dumps([{"name": "features", "dtype": "float32", "shape": [batch, args.features]}])
+    r = last_json(run(["node", os.path.join(REPO, "bench", "ort_bench.js"), os.path.join(args.out, "model.onnx"),
+                       "--spec", spec, "--batch", str(batch), *common]))
+    return r["median_ms"], r["min_ms"]
+
+
+def spread(values):
+    """(median, min, max) of a list."""
+    return statistics.median(values), min(values), max(values)
 
 
 def main():
@@ -150,14 +181,17 @@ def main():
     ap.add_argument("--features", type=int, default=32)
     ap.add_argument("--batches", default="1,1024")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--iterations", type=int, default=20)
-    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--min-runs", type=int, default=200)
+    ap.add_argument("--min-seconds", type=float, default=2.0)
+    ap.add_argument("--max-runs", type=int, default=200000)
+    ap.add_argument("--warmup", type=int, default=20)
     ap.add_argument("--out", default=os.path.join(REPO, "bench", "models", "trees"))
     ap.add_argument("--kiln", default=os.environ.get("KILN_BIN", os.path.join(REPO, "build", "kiln")))
     ap.add_argument("--quick", action="store_true")
     args = ap.parse_args()
     if args.quick:
-        args.trees, args.iterations = 50, 5
+        args.trees, args.rounds, args.min_runs, args.min_seconds = 50, 2, 20, 0.2
     os.makedirs(args.out, exist_ok=True)
     args.ort = os.path.isdir(os.path.join(REPO, "bench", "node_modules", "onnxruntime-node"))
     if not args.ort:
@@ -167,30 +201,58 @@ def main():
     booster.save_model(os.path.join(args.out, "model.json"))
     to_onnx(os.path.join(args.out, "model.json"), os.path.join(args.out, "model.onnx"))
     check(args, booster, X)
+    tools = ["kiln", "xgboost"] + (["ort"] if args.ort else [])
+    batches = [int(b) for b in args.batches.split(",")]
+    # calibration: runs per measurement so that each lasts --min-seconds (at least --min-runs)
+    iters = {}
+    for batch in batches:
+        for tool in tools:
+            est = measure(args, tool, booster, batch, 20)[0]
+            iters[(tool, batch)] = int(min(args.max_runs, max(args.min_runs,
+                                                              args.min_seconds * 1000 / max(est, 1e-6))))
+    # rounds: every tool measured once per batch per round, the order rotated between rounds
+    samples = {(tool, batch): [] for tool in tools for batch in batches}
+    best = {(tool, batch): [] for tool in tools for batch in batches}
+    for r in range(args.rounds):
+        for batch in batches:
+            order = tools[r % len(tools):] + tools[:r % len(tools)]
+            for tool in order:
+                med, fastest = measure(args, tool, booster, batch, iters[(tool, batch)])
+                samples[(tool, batch)].append(med)
+                best[(tool, batch)].append(fastest)
+        print(f"bench_trees: round {r + 1}/{args.rounds} done", file=sys.stderr)
     results = []
-    for batch in [int(b) for b in args.batches.split(",")]:
-        common = ["--threads", str(args.threads), "--iterations", str(args.iterations),
-                  "--warmup", str(args.warmup)]
-        kiln = last_json(run([args.kiln, "bench", os.path.join(args.out, "model.json"), "--batch",
-                              str(batch), "--json", *common]))["median_ms"]
-        xgbt = time_xgboost(args, booster, X, batch)
-        ort = None
-        if args.ort:
-            spec = json.dumps([{"name": "features", "dtype": "float32", "shape": [batch, args.features]}])
-            ort = last_json(run(["node", os.path.join(REPO, "bench", "ort_bench.js"),
-                                 os.path.join(args.out, "model.onnx"), "--spec", spec, "--batch",
-                                 str(batch), *common]))["median_ms"]
-        results.append({"batch": batch, "kiln_ms": kiln, "xgboost_ms": xgbt, "ort_ms": ort})
-    print(f"trees {args.trees}, depth {args.depth}, features {args.features}, threads {args.threads}")
-    print(f"{'batch':>6} {'kiln ms':>9} {'xgboost ms':>11} {'ort ms':>9} {'xgb/kiln':>9} {'ort/kiln':>9}")
+    for batch in batches:
+        res = {"batch": batch, "rounds": args.rounds}
+        for tool in tools:
+            med, lo, hi = spread(samples[(tool, batch)])
+            res[f"{tool}_ms"] = med
+            res[f"{tool}_ms_min"], res[f"{tool}_ms_max"] = lo, hi
+            res[f"{tool}_runs"] = iters[(tool, batch)]
+            res[f"{tool}_samples_ms"] = samples[(tool, batch)]
+            res[f"{tool}_best_ms"] = min(best[(tool, batch)])
+        for tool in tools[1:]:
+            ratios = [o / k for o, k in zip(samples[(tool, batch)], samples[("kiln", batch)])]
+            res[f"{tool}_over_kiln"] = res[f"{tool}_ms"] / res["kiln_ms"]
+            res[f"{tool}_over_kiln_rounds"] = spread(ratios)
+            res[f"{tool}_over_kiln_best"] = res[f"{tool}_best_ms"] / res["kiln_best_ms"]
+        results.append(res)
+    print(f"trees {args.trees}, depth {args.depth}, features {args.features}, threads {args.threads}, "
+          f"{args.rounds} rounds, median of each round's median (runs per measurement in brackets), "
+          f"[min-max over rounds], best single run")
     for r in results:
-        ort = f"{r['ort_ms']:9.3f}" if r["ort_ms"] is not None else f"{'-':>9}"
-        ortr = f"{r['ort_ms'] / r['kiln_ms']:9.2f}" if r["ort_ms"] is not None else f"{'-':>9}"
-        print(f"{r['batch']:>6} {r['kiln_ms']:9.3f} {r['xgboost_ms']:11.3f} {ort} "
-              f"{r['xgboost_ms'] / r['kiln_ms']:9.2f} {ortr}")
+        print(f"batch {r['batch']}:")
+        for tool in tools:
+            print(f"  {tool:8} {r[tool + '_ms']:9.4f} ms  [{r[tool + '_ms_min']:.4f}-{r[tool + '_ms_max']:.4f}]"
+                  f"  best {r[tool + '_best_ms']:.4f}  ({r[tool + '_runs']} runs)")
+        for tool in tools[1:]:
+            med, lo, hi = r[f"{tool}_over_kiln_rounds"]
+            print(f"  {tool}/kiln {r[tool + '_over_kiln']:6.2f}x  (per round {med:.2f}x, {lo:.2f}-{hi:.2f}; "
+                  f"best runs {r[tool + '_over_kiln_best']:.2f}x)")
     with open(os.path.join(args.out, "results.json"), "w") as f:
         json.dump({"trees": args.trees, "depth": args.depth, "features": args.features,
-                   "threads": args.threads, "results": results}, f, indent=1)
+                   "threads": args.threads, "rounds": args.rounds, "min_runs": args.min_runs,
+                   "min_seconds": args.min_seconds, "results": results}, f, indent=1)
 
 
 if __name__ == "__main__":

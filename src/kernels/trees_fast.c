@@ -30,14 +30,17 @@
  */
 #include <float.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "core/threadpool.h"
 #include "kernels/fast.h"
 #include "kernels/ref/trees.h"
+#include "kernels/trees_levels.h"
 
 #define TREE_BLOCK 32       /* rows walked together */
 #define TREE_MAX_COLS 4096  /* score columns the stack buffers allow */
 #define TREE_LANES 8        /* rows of a block that descend a tree in lockstep */
+#define TREE_LEVELS_MIN 4   /* fewer rows per thread walk faster one by one */
 
 struct fnode {
     float thr;           /* go to child[0] when x <= thr */
@@ -50,6 +53,7 @@ struct tree_state {
     struct fnode *nodes;
     int32_t *roots;          /* node index, or ~leaf for a one-leaf tree */
     int64_t cols;            /* score columns */
+    struct kiln_tree_levels *lv; /* the padded level-order form (AVX-512), or NULL */
 };
 
 /* Largest float <= t, and largest float < t (t not NaN). */
@@ -67,14 +71,48 @@ static float float_below(double t)
     return f;
 }
 
+static void levels_free(struct kiln_tree_levels *lv);
+
 static void tree_state_free(void *p)
 {
     struct tree_state *s = p;
     if (!s) return;
     kiln_forest_free(s->f);
+    levels_free(s->lv);
     free(s->nodes);
     free(s->roots);
     free(s);
+}
+
+/* Node nd as one test `x <= thr` on feature *feat (bit 31: NaN goes to
+ * ch[0]), ch[0] taken when it holds. */
+static void node_test(const struct kiln_tree_node *nd, float *thr, uint32_t *feat, int32_t ch[2])
+{
+    double t = nd->split;
+    int swap = 0;
+    if (t != t) {
+        *thr = NAN; /* every test fails: the false child */
+    } else if (nd->mode == KILN_TREE_LEQ) {
+        *thr = float_down(t);
+    } else if (nd->mode == KILN_TREE_LT) {
+        *thr = t == -INFINITY ? NAN : float_below(t);
+    } else if (nd->mode == KILN_TREE_GTE) {
+        if (t == -INFINITY) {
+            *thr = INFINITY; /* x >= -inf holds for every x but NaN */
+        } else {
+            *thr = float_below(t); /* x >= t  <=>  !(x < t) */
+            swap = 1;
+        }
+    } else {
+        *thr = float_down(t); /* x > t  <=>  !(x <= t) */
+        swap = 1;
+    }
+    ch[0] = nd->child[swap];
+    ch[1] = nd->child[!swap];
+    /* NaN: `x <= thr` fails, so without the flag it takes ch[1]; the flag sends it to
+     * the true child, wherever that landed */
+    int nan_to_0 = nd->missing_true ? !swap : swap;
+    *feat = (uint32_t)nd->feature | (nan_to_0 ? 0x80000000u : 0);
 }
 
 /* Lay out the subtree under forest node `c` depth first from nodes[*at]. */
@@ -89,32 +127,9 @@ static int32_t layout(const struct kiln_forest *f, struct fnode *out, int32_t *m
     stack[sp++] = c;
     while (sp > 0) {
         int32_t n = stack[--sp];
-        const struct kiln_tree_node *nd = &f->nodes[n];
         struct fnode *o = &out[map[n]];
-        double t = nd->split;
-        int swap = 0;
-        if (t != t) {
-            o->thr = NAN; /* every test fails: the false child */
-        } else if (nd->mode == KILN_TREE_LEQ) {
-            o->thr = float_down(t);
-        } else if (nd->mode == KILN_TREE_LT) {
-            o->thr = t == -INFINITY ? NAN : float_below(t);
-        } else if (nd->mode == KILN_TREE_GTE) {
-            if (t == -INFINITY) {
-                o->thr = INFINITY; /* x >= -inf holds for every x but NaN */
-            } else {
-                o->thr = float_below(t); /* x >= t  <=>  !(x < t) */
-                swap = 1;
-            }
-        } else {
-            o->thr = float_down(t); /* x > t  <=>  !(x <= t) */
-            swap = 1;
-        }
-        int32_t ch[2] = {nd->child[swap], nd->child[!swap]};
-        /* NaN: `x <= thr` fails, so without the flag it takes ch[1]; the flag sends it to
-         * the true child, wherever that landed */
-        int nan_to_0 = nd->missing_true ? !swap : swap;
-        o->feat = (uint32_t)nd->feature | (nan_to_0 ? 0x80000000u : 0);
+        int32_t ch[2];
+        node_test(&f->nodes[n], &o->thr, &o->feat, ch);
         for (int k = 1; k >= 0; k--) {
             if (ch[k] < 0) {
                 o->child[k] = ch[k];
@@ -128,6 +143,169 @@ static int32_t layout(const struct kiln_forest *f, struct fnode *out, int32_t *m
         }
     }
     return root;
+}
+
+/* ---- the padded level-order form (trees_levels.h) ---- */
+
+static void levels_free(struct kiln_tree_levels *lv)
+{
+    if (!lv) return;
+    free(lv->depth);
+    free(lv->node_off);
+    free(lv->leaf_off);
+    free(lv->tgt_first);
+    free(lv->tgt);
+    free(lv->thr);
+    free(lv->feat);
+    free(lv->leaf);
+    free(lv);
+}
+
+/* Depth of the subtree under c (a leaf: 0), or KILN_TREE_LEVELS_MAX_DEPTH + 1
+ * once it is deeper than the layout takes. */
+static int sub_depth(const struct kiln_forest *f, int32_t c, int level)
+{
+    if (c < 0) return 0;
+    if (level >= KILN_TREE_LEVELS_MAX_DEPTH) return KILN_TREE_LEVELS_MAX_DEPTH + 1;
+    int a = sub_depth(f, f->nodes[c].child[0], level + 1);
+    if (a > KILN_TREE_LEVELS_MAX_DEPTH) return a;
+    int b = sub_depth(f, f->nodes[c].child[1], level + 1);
+    return 1 + (a > b ? a : b);
+}
+
+/* Collect the targets the leaves under c vote for into tgt (seen[target] ==
+ * stamp marks them); 0 when a leaf votes twice for one target (its two votes
+ * could not be one table entry without changing the sums' rounding). */
+static int sub_targets(const struct kiln_forest *f, int32_t c, int32_t *seen, int32_t *leaf_seen,
+                       int32_t stamp, int32_t *leaf_stamp, int32_t *tgt, int32_t *n)
+{
+    if (c >= 0)
+        return sub_targets(f, f->nodes[c].child[0], seen, leaf_seen, stamp, leaf_stamp, tgt, n) &&
+               sub_targets(f, f->nodes[c].child[1], seen, leaf_seen, stamp, leaf_stamp, tgt, n);
+    int32_t l = ~c;
+    ++*leaf_stamp;
+    for (int32_t v = f->leaf_first[l]; v < f->leaf_first[l + 1]; v++) {
+        int32_t k = f->vote_target[v];
+        if (leaf_seen[k] == *leaf_stamp) return 0;
+        leaf_seen[k] = *leaf_stamp;
+        if (seen[k] != stamp) {
+            seen[k] = stamp;
+            tgt[(*n)++] = k;
+        }
+    }
+    return 1;
+}
+
+/* Write the subtree under c, at position i of level `level`, into tree t. */
+static void sub_fill(const struct kiln_forest *f, struct kiln_tree_levels *lv, int t, int32_t c,
+                     int level, int64_t i, const int32_t *slot)
+{
+    int depth = lv->depth[t];
+    float *thr = lv->thr + lv->node_off[t];
+    uint32_t *feat = lv->feat + lv->node_off[t];
+    if (c >= 0) {
+        int32_t ch[2];
+        int64_t at = ((int64_t)1 << level) - 1 + i;
+        node_test(&f->nodes[c], &thr[at], &feat[at], ch);
+        sub_fill(f, lv, t, ch[0], level + 1, 2 * i, slot);
+        sub_fill(f, lv, t, ch[1], level + 1, 2 * i + 1, slot);
+        return;
+    }
+    /* a leaf above the last level: nodes that always go to child 0 down to it */
+    for (int k = level; k < depth; k++) {
+        int64_t at = ((int64_t)1 << k) - 1 + (i << (k - level));
+        thr[at] = INFINITY;
+        feat[at] = 0x80000000u;
+    }
+    int64_t width = (int64_t)1 << depth, pos = i << (depth - level);
+    int32_t l = ~c;
+    for (int32_t v = f->leaf_first[l]; v < f->leaf_first[l + 1]; v++)
+        lv->leaf[lv->leaf_off[t] + slot[f->vote_target[v]] * width + pos] = f->vote_weight[v];
+}
+
+/* The padded form of f, or NULL (*st KILN_OK) when it does not fit: a tree
+ * deeper than KILN_TREE_LEVELS_MAX_DEPTH, padding that would multiply the
+ * forest's size by more than 64 (sparse deep trees walk faster as they are),
+ * a leaf voting twice for one target, or MIN / MAX aggregation. */
+static struct kiln_tree_levels *levels_build(const struct kiln_forest *f, int64_t nf, kiln_status *st)
+{
+    *st = KILN_OK;
+    if ((f->aggregate != KILN_AGG_SUM && f->aggregate != KILN_AGG_AVERAGE) ||
+        nf * KILN_TREE_LEVELS_ROWS >= INT32_MAX || f->n_targets > INT32_MAX)
+        return NULL;
+    struct kiln_tree_levels *lv = calloc(1, sizeof *lv);
+    int32_t *seen = malloc(sizeof(int32_t) * ((size_t)f->n_targets + 1));
+    int32_t *leaf_seen = malloc(sizeof(int32_t) * ((size_t)f->n_targets + 1));
+    int32_t *slot = malloc(sizeof(int32_t) * ((size_t)f->n_targets + 1));
+    int nt = f->n_trees;
+    if (lv) {
+        lv->n_trees = nt;
+        lv->depth = malloc((size_t)nt + 1);
+        lv->node_off = malloc(sizeof(int64_t) * ((size_t)nt + 1));
+        lv->leaf_off = malloc(sizeof(int64_t) * ((size_t)nt + 1));
+        lv->tgt_first = malloc(sizeof(int32_t) * ((size_t)nt + 1));
+    }
+    if (!lv || !seen || !leaf_seen || !slot || !lv->depth || !lv->node_off || !lv->leaf_off ||
+        !lv->tgt_first)
+        goto oom;
+    for (int64_t k = 0; k < f->n_targets; k++) seen[k] = leaf_seen[k] = -1;
+    /* pass 1: depths, targets per tree, sizes */
+    int64_t nodes = 0, leaves = 0, n_tgt = 0;
+    int64_t budget = 64 * ((int64_t)f->n_nodes + f->n_leaves + 16);
+    int32_t leaf_stamp = -1;
+    int32_t *tgt_tmp = malloc(sizeof(int32_t) * ((size_t)f->n_targets + 1));
+    if (!tgt_tmp) goto oom;
+    for (int t = 0; t < nt; t++) {
+        int d = sub_depth(f, f->roots[t], 0);
+        int32_t n = 0;
+        if (d > KILN_TREE_LEVELS_MAX_DEPTH ||
+            !sub_targets(f, f->roots[t], seen, leaf_seen, t, &leaf_stamp, tgt_tmp, &n)) {
+            free(tgt_tmp);
+            goto decline;
+        }
+        lv->depth[t] = (uint8_t)d;
+        lv->node_off[t] = nodes;
+        lv->leaf_off[t] = leaves;
+        lv->tgt_first[t] = (int32_t)n_tgt;
+        nodes += ((int64_t)1 << d) - 1;
+        leaves += (int64_t)n << d;
+        n_tgt += n;
+        if (nodes + leaves > budget || nodes + leaves > ((int64_t)1 << 25) || n_tgt > INT32_MAX) {
+            free(tgt_tmp);
+            goto decline;
+        }
+    }
+    lv->tgt_first[nt] = (int32_t)n_tgt;
+    lv->tgt = malloc(sizeof(int32_t) * ((size_t)n_tgt + 1));
+    lv->thr = malloc(sizeof(float) * ((size_t)nodes + 64));
+    lv->feat = calloc((size_t)nodes + 64, sizeof(uint32_t));
+    lv->leaf = calloc((size_t)leaves + 1, sizeof(double));
+    if (!lv->tgt || !lv->thr || !lv->feat || !lv->leaf) {
+        free(tgt_tmp);
+        goto oom;
+    }
+    for (int64_t i = 0; i < nodes + 64; i++) lv->thr[i] = INFINITY;
+    /* pass 2: the targets (again, in the same order) and the levels */
+    for (int64_t k = 0; k < f->n_targets; k++) seen[k] = -1;
+    for (int t = 0; t < nt; t++) {
+        int32_t n = 0;
+        sub_targets(f, f->roots[t], seen, leaf_seen, t, &leaf_stamp, lv->tgt + lv->tgt_first[t], &n);
+        for (int32_t k = 0; k < n; k++) slot[lv->tgt[lv->tgt_first[t] + k]] = k;
+        sub_fill(f, lv, t, f->roots[t], 0, 0, slot);
+    }
+    free(tgt_tmp);
+    free(seen);
+    free(leaf_seen);
+    free(slot);
+    return lv;
+oom:
+    *st = kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory");
+decline:
+    levels_free(lv);
+    free(seen);
+    free(leaf_seen);
+    free(slot);
+    return NULL;
 }
 
 static kiln_status tree_run_fast(void *state, struct kiln_run_ctx *ctx);
@@ -179,7 +357,14 @@ static kiln_status tree_compile(const struct kiln_compile_ctx *cc, struct kiln_k
     }
     free(map);
     free(stack);
-    inst->name = "tree_blocked";
+    if (kiln_cpu_isa() == KILN_ISA_AVX512) {
+        s->lv = levels_build(f, nf, &st);
+        if (st != KILN_OK) {
+            tree_state_free(s);
+            return st;
+        }
+    }
+    inst->name = s->lv ? "tree_levels_avx512" : "tree_blocked";
     inst->state = s;
     inst->run = tree_run_fast;
     inst->destroy = tree_state_free;
@@ -204,11 +389,36 @@ static inline int32_t tree_step(const struct fnode *n, const float *x)
     return n->child[k];
 }
 
+/* Rows [begin, end) on the padded level-order form, 64 at a time; 0 if the
+ * accumulators could not be allocated (the caller walks them as usual). */
+static int tree_rows_levels(struct tree_job *j, int64_t begin, int64_t end)
+{
+    const struct tree_state *s = j->s;
+    const struct kiln_forest *f = s->f;
+    int64_t nt = f->n_targets;
+    double *acc = malloc(sizeof(double) * (size_t)(nt > 0 ? nt : 1) * KILN_TREE_LEVELS_ROWS);
+    if (!acc) return 0;
+    double row[TREE_MAX_COLS + 2];
+    for (int64_t r0 = begin; r0 < end; r0 += KILN_TREE_LEVELS_ROWS) {
+        int nb = (int)(end - r0 < KILN_TREE_LEVELS_ROWS ? end - r0 : KILN_TREE_LEVELS_ROWS);
+        memset(acc, 0, sizeof(double) * (size_t)nt * KILN_TREE_LEVELS_ROWS);
+        kiln_tree_levels_avx512(s->lv, j->x + r0 * j->nf, j->nf, nb, acc);
+        for (int b = 0; b < nb; b++) {
+            for (int64_t k = 0; k < nt; k++) row[k] = acc[k * KILN_TREE_LEVELS_ROWS + b];
+            int64_t best = kiln_forest_finish_row(f, row);
+            if (kiln_forest_store_row(f, j->out, r0 + b, row, best) != KILN_OK) j->failed = 1;
+        }
+    }
+    free(acc);
+    return 1;
+}
+
 static void tree_rows(void *arg, int64_t begin, int64_t end)
 {
     struct tree_job *j = arg;
     const struct tree_state *s = j->s;
     const struct kiln_forest *f = s->f;
+    if (s->lv && end - begin >= TREE_LEVELS_MIN && tree_rows_levels(j, begin, end)) return;
     int64_t nt = f->n_targets, cols = s->cols, width = nt > cols ? nt : cols;
     int64_t block = TREE_BLOCK * width <= TREE_MAX_COLS ? TREE_BLOCK : 1;
     double buf[TREE_MAX_COLS + 2];

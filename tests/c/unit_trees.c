@@ -9,11 +9,19 @@
  * floats), missing_value_tracks_true set at random, several votes per leaf,
  * every aggregate function and post transform, base values, and the
  * classifier's binary rule. Inputs mix NaN, +-inf and values equal to the
- * thresholds (ties decide LEQ against LT). Row counts 1, 31, 32, 33 and 100
- * straddle the kernel's 32-row blocks. The fast kernel runs on one thread
- * and on two into outputs prefilled with garbage; labels must equal the
- * reference's and scores agree to 1e-6 relative (both sum in double in the
- * same order). A forest with an EQ split must be declined (reference path).
+ * thresholds (ties decide LEQ against LT). Also XGBoost's form (one target
+ * per tree, one vote per leaf) at depths 0 to 10 with leaves above the last
+ * level, 12 classes, complete trees of depth 5 to 9 (every kind of level
+ * lookup of the AVX-512 walk), and several votes per leaf for distinct
+ * targets. Row counts 1 to 130 straddle the 32-row blocks of the scalar
+ * path and the 64-row blocks (4 x 16 lanes) of the level-order path. Every
+ * forest is compiled on the machine's ISA and with KILN_ISA=avx2 (the
+ * scalar path); where the CPU has AVX-512 the forests the level-order path
+ * must take are checked to take it. The fast kernel runs on one thread and
+ * on two into outputs prefilled with garbage; labels must equal the
+ * reference's, and scores agree to 1e-6 relative on the scalar path and
+ * exactly on the level-order path (both sum the same doubles in the same
+ * order). A forest with an EQ split must be declined (reference path).
  */
 #include <math.h>
 #include <stdio.h>
@@ -21,6 +29,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "core/threadpool.h"
 #include "kernels/fast.h"
 #include "kernels/kernel.h"
 
@@ -28,7 +37,7 @@ static uint64_t rng_state = 0x2545F4914F6CDD1Dull;
 static uint64_t rnd(uint64_t n) { return check_xorshift(&rng_state) % n; }
 static double unif(void) { return (double)(check_xorshift(&rng_state) >> 11) / 9007199254740992.0; }
 
-#define MAX_N 4096
+#define MAX_N 65536
 
 struct forest_spec {
     int trees, depth, features, targets;
@@ -39,6 +48,11 @@ struct forest_spec {
     int eq_split;      /* include a BRANCH_EQ node (the fast kernel must decline) */
     int aggregate;     /* 0..3 */
     int post;          /* 0..4 */
+    int tree_target;   /* every leaf of tree t votes once, for target t % targets (XGBoost's form) */
+    int distinct;      /* several votes per leaf, for distinct targets */
+    int leaf_rate;     /* a node above the last level is a leaf with odds 1 / leaf_rate (0: 1 / 5) */
+    int no_leaf_early; /* complete trees */
+    int levels;        /* the AVX-512 level-order path must take it (where the CPU has AVX-512) */
 };
 
 /* Attribute arrays for one node, built in plain arrays. */
@@ -53,6 +67,7 @@ struct arrays {
     double v_w[MAX_N];
     int nv;
     int64_t roots[64];
+    int n_tree_now;    /* the tree being grown (opset 5) */
     int64_t leaf_target[MAX_N];
     double leaf_w[MAX_N];
     int n_leaf;
@@ -62,25 +77,43 @@ static double split_pool[8];
 
 static const char *mode_names[] = {"BRANCH_LEQ", "BRANCH_LT", "BRANCH_GTE", "BRANCH_GT", "BRANCH_EQ"};
 
+static int early_leaf(const struct forest_spec *sp)
+{
+    if (sp->no_leaf_early) return 0;
+    return rnd((uint64_t)(sp->leaf_rate ? sp->leaf_rate : 5)) == 0;
+}
+
 /* Grow one tree of the old form: node ids 0.. in this tree; returns the node id. */
 static int64_t grow_v1(struct arrays *a, const struct forest_spec *sp, int tree, int depth,
                        int64_t *next_id)
 {
+    if (a->n >= MAX_N || a->nv + 64 >= MAX_N) abort(); /* a spec too big for the arrays */
     int i = a->n++;
     int64_t id = (*next_id)++;
     a->treeids[i] = tree;
     a->nodeids[i] = id;
-    if (depth == 0 || (depth < sp->depth && rnd(5) == 0)) {
+    if (depth == 0 || (depth < sp->depth && early_leaf(sp))) {
         a->modes[i] = "LEAF";
         a->feat[i] = 0;
         a->vals[i] = 0;
         a->tid[i] = a->fid[i] = 0;
         a->miss[i] = 0;
         int votes = sp->classifier && !sp->binary ? 1 + (int)rnd(sp->targets) : 1 + (int)rnd(2);
+        if (sp->tree_target) votes = 1;
+        int64_t order[64];
+        for (int k = 0; k < sp->targets; k++) order[k] = k;
+        for (int k = sp->targets - 1; k > 0; k--) { /* a random order: distinct targets */
+            int64_t j = (int64_t)rnd((uint64_t)k + 1), tmp = order[k];
+            order[k] = order[j];
+            order[j] = tmp;
+        }
+        if (sp->distinct && votes > sp->targets) votes = sp->targets;
         for (int k = 0; k < votes; k++) {
             a->v_tree[a->nv] = tree;
             a->v_node[a->nv] = id;
-            a->v_ids[a->nv] = sp->binary ? 0 : (int64_t)rnd((uint64_t)sp->targets);
+            a->v_ids[a->nv] = sp->binary ? 0
+                              : sp->tree_target ? tree % sp->targets
+                              : sp->distinct ? order[k] : (int64_t)rnd((uint64_t)sp->targets);
             a->v_w[a->nv] = unif() * 2 - 1;
             a->nv++;
         }
@@ -100,9 +133,9 @@ static int64_t grow_v1(struct arrays *a, const struct forest_spec *sp, int tree,
 /* Grow one tree of the opset-5 form; returns (node index) or ~leaf. */
 static int64_t grow_v5(struct arrays *a, const struct forest_spec *sp, int depth, int top)
 {
-    if (!top && (depth == 0 || rnd(5) == 0)) {
+    if (!top && (depth == 0 || early_leaf(sp))) {
         int l = a->n_leaf++;
-        a->leaf_target[l] = (int64_t)rnd((uint64_t)sp->targets);
+        a->leaf_target[l] = sp->tree_target ? a->n_tree_now % sp->targets : (int64_t)rnd((uint64_t)sp->targets);
         a->leaf_w[l] = unif() * 2 - 1;
         return ~(int64_t)l;
     }
@@ -186,7 +219,10 @@ static void build(struct tcase *c, const struct forest_spec *sp)
     c->node->opset = sp->v5 ? 5 : 3;
     double *vals = A.vals;
     if (sp->v5) {
-        for (int t = 0; t < sp->trees; t++) A.roots[t] = grow_v5(&A, sp, sp->depth, 1);
+        for (int t = 0; t < sp->trees; t++) {
+            A.n_tree_now = t;
+            A.roots[t] = grow_v5(&A, sp, sp->depth, 1);
+        }
         static double modes[MAX_N];
         for (int i = 0; i < A.n; i++) modes[i] = A.mode_codes[i];
         a_int(c, "n_targets", sp->targets);
@@ -281,8 +317,9 @@ static void new_outs(struct tcase *c, const struct kiln_type *types, kiln_tensor
     }
 }
 
-/* Compile and run the fast kernel; returns 0 if it declined the node. */
-static int run_fast(struct tcase *c, kiln_tensor *x, int threads, kiln_tensor **out)
+/* Compile and run the fast kernel; returns 0 if it declined the node, else
+ * sets *kernel to the name of the path it compiled. */
+static int run_fast(struct tcase *c, kiln_tensor *x, int threads, kiln_tensor **out, const char **kernel)
 {
     const struct kiln_fast_op *f = kiln_fast_op(c->node->op);
     if (!f) return 0;
@@ -298,6 +335,7 @@ static int run_fast(struct tcase *c, kiln_tensor *x, int threads, kiln_tensor **
     struct kiln_kernel_inst inst = {0};
     if (f->compile(&cc, &inst) != KILN_OK) abort();
     if (!inst.run) return 0;
+    *kernel = inst.name;
     new_outs(c, types, out, 1);
     kiln_tensor *ins[1] = {x};
     struct kiln_run_ctx rc = {.node = c->node, .n_in = 1, .in = ins, .n_out = c->n_out, .out = out,
@@ -323,9 +361,14 @@ static kiln_tensor *make_input(int rows, int features)
     return x;
 }
 
-static void check_spec(const char *label, const struct forest_spec *sp)
+/* One spec against the reference, on the ISA KILN_ISA allows (isa "" for
+ * the machine's own). */
+static void check_spec_isa(const char *label, const struct forest_spec *sp, const char *isa)
 {
-    static const int row_counts[] = {1, 31, 32, 33, 100};
+    static const int row_counts[] = {1, 7, 31, 32, 33, 64, 65, 100, 130};
+    if (*isa) setenv("KILN_ISA", isa, 1);
+    else unsetenv("KILN_ISA");
+    int want_levels = sp->levels && !*isa && kiln_cpu_isa() == KILN_ISA_AVX512;
     struct tcase c;
     build(&c, sp);
     for (size_t ri = 0; ri < sizeof row_counts / sizeof row_counts[0]; ri++) {
@@ -341,13 +384,17 @@ static void check_spec(const char *label, const struct forest_spec *sp)
         CHECK(st == KILN_OK, "%s: reference: %s", label, kiln_last_error());
         for (int threads = 1; threads <= 2; threads++) {
             kiln_tensor *got[2] = {0};
-            int handled = run_fast(&c, x, threads, got);
+            const char *kernel = "";
+            int handled = run_fast(&c, x, threads, got, &kernel);
             if (sp->eq_split) {
                 CHECK(!handled, "%s: the fast kernel took a forest with a BRANCH_EQ split", label);
                 continue;
             }
             CHECK(handled, "%s: the fast kernel declined", label);
             if (!handled) continue;
+            int levels = strcmp(kernel, "tree_levels_avx512") == 0;
+            CHECK(!want_levels || levels, "%s: compiled as %s, not the level-order path", label, kernel);
+            CHECK(!levels || !*isa, "%s: the level-order path under KILN_ISA=%s", label, isa);
             for (int k = 0; k < c.n_out; k++) {
                 int64_t n = kiln_tensor_count(want[k]);
                 int bad = -1;
@@ -356,13 +403,14 @@ static void check_spec(const char *label, const struct forest_spec *sp)
                         if (((int64_t *)got[k]->data)[i] != ((int64_t *)want[k]->data)[i]) bad = (int)i;
                     } else {
                         double a = kiln_tensor_f64(got[k], i), b = kiln_tensor_f64(want[k], i);
-                        if (!(fabs(a - b) <= 1e-6 * fmax(1.0, fabs(b))) && !(isnan(a) && isnan(b)))
-                            bad = (int)i;
+                        /* the level-order path sums the same doubles in the same order: equal */
+                        double tol = levels ? 0 : 1e-6 * fmax(1.0, fabs(b));
+                        if (!(fabs(a - b) <= tol) && !(isnan(a) && isnan(b))) bad = (int)i;
                     }
                 }
-                CHECK(bad < 0, "%s: rows %d threads %d output %d element %d: fast %g reference %g", label,
-                      row_counts[ri], threads, k, bad, bad < 0 ? 0 : kiln_tensor_f64(got[k], bad),
-                      bad < 0 ? 0 : kiln_tensor_f64(want[k], bad));
+                CHECK(bad < 0, "%s (%s, KILN_ISA '%s'): rows %d threads %d output %d element %d: fast %.9g "
+                      "reference %.9g", label, kernel, isa, row_counts[ri], threads, k, bad,
+                      bad < 0 ? 0 : kiln_tensor_f64(got[k], bad), bad < 0 ? 0 : kiln_tensor_f64(want[k], bad));
             }
             for (int k = 0; k < 2; k++) kiln_tensor_free(got[k]);
         }
@@ -370,6 +418,17 @@ static void check_spec(const char *label, const struct forest_spec *sp)
         kiln_tensor_free(x);
     }
     kiln_graph_free(c.g);
+    unsetenv("KILN_ISA");
+}
+
+/* Every spec on the machine's best ISA and on AVX2 (the scalar blocked path);
+ * the random state is restored between the two, so both see the same forest. */
+static void check_spec(const char *label, const struct forest_spec *sp)
+{
+    uint64_t seed = rng_state;
+    check_spec_isa(label, sp, "");
+    rng_state = seed;
+    check_spec_isa(label, sp, "avx2");
 }
 
 int main(void)
@@ -385,6 +444,7 @@ int main(void)
             snprintf(label, sizeof label, "regressor agg %d post %d", agg, post);
             check_spec(label, &sp);
             sp.v5 = 1;
+            sp.levels = agg < 2; /* one vote per leaf: SUM and AVERAGE take the level-order path */
             snprintf(label, sizeof label, "TreeEnsemble agg %d post %d", agg, post);
             check_spec(label, &sp);
         }
@@ -406,6 +466,31 @@ int main(void)
     for (int i = 0; i < 8; i++) split_pool[i] = base[i];
     struct forest_spec deep = {.trees = 3, .depth = 10, .features = 8, .targets = 2, .aggregate = 1};
     check_spec("deep trees", &deep);
+    /* XGBoost's form (one target per tree, one vote per leaf), depths 0 to 10, some leaves above
+     * the last level (padded by the level-order path), regression and 12 classes */
+    for (int depth = 0; depth <= 10; depth++) {
+        struct forest_spec sp = {.trees = 8, .depth = depth, .features = 6, .targets = 1,
+                                 .aggregate = 1, .tree_target = 1, .leaf_rate = 8, .levels = 1,
+                                 .post = depth % 2 ? 2 : 0};
+        snprintf(label, sizeof label, "XGBoost-like regressor depth %d", depth);
+        check_spec(label, &sp);
+        struct forest_spec mc = {.trees = 36, .depth = depth < 6 ? depth : 6, .features = 9,
+                                 .targets = 12, .classifier = 1, .aggregate = 1, .tree_target = 1,
+                                 .leaf_rate = 6, .levels = 1, .post = 1};
+        snprintf(label, sizeof label, "XGBoost-like 12 classes depth %d", mc.depth);
+        check_spec(label, &mc);
+    }
+    /* complete trees: every level of the walk (permutes up to level 6, gathers below) */
+    for (int depth = 5; depth <= 9; depth++) {
+        struct forest_spec sp = {.trees = 5, .depth = depth, .features = 7, .targets = 2, .v5 = 1,
+                                 .aggregate = 0, .no_leaf_early = 1, .levels = 1};
+        snprintf(label, sizeof label, "complete TreeEnsemble depth %d", depth);
+        check_spec(label, &sp);
+    }
+    /* several votes per leaf for distinct targets: one leaf table per target of the tree */
+    struct forest_spec dv = {.trees = 10, .depth = 6, .features = 5, .targets = 5, .distinct = 1,
+                             .aggregate = 1, .levels = 1};
+    check_spec("distinct votes per leaf", &dv);
     struct forest_spec eq = {.trees = 2, .depth = 3, .features = 2, .targets = 1, .eq_split = 1,
                              .aggregate = 1};
     check_spec("BRANCH_EQ declined", &eq);

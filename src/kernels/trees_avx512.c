@@ -1,0 +1,118 @@
+/*
+ * trees_avx512.c - the padded level-order forest (trees_levels.h) walked
+ * for 64 rows at a time with AVX-512 (compiled for it by a target pragma;
+ * trees_fast.c calls it only where kiln_cpu_isa() is KILN_ISA_AVX512).
+ *
+ * Each tree is walked by four groups of 16 rows, one row per lane, level by
+ * level; every lane takes exactly D steps (the tree is complete), so there
+ * is no divergence to handle. A step looks up the lanes' nodes in the
+ * level: levels 0-4 (at most 16 nodes) with one permute of a register,
+ * level 5 with a two-register permute, level 6 with two of them and a
+ * blend, deeper levels with a gather; then gathers the 16 rows' features
+ * (one gather), compares (`x <= thr` holds: child 2i; NaN: child 2i unless
+ * the node's bit 31 says so, as trees_fast.c's scalar step) and moves to
+ * 2i or 2i + 1. The four groups of a level are independent, so their
+ * gathers overlap. At the last level the index addresses the leaf table,
+ * whose weights (doubles) are added to the rows' accumulators in tree
+ * order: the same sums, in the same order, as the reference kernel.
+ */
+#include <immintrin.h>
+
+#include "kernels/trees_levels.h"
+
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx512f,avx512dq,avx2,fma"))), apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512dq,avx2,fma")
+#endif
+
+#define G 4 /* groups of 16 rows */
+
+#define TL_AI static inline __attribute__((always_inline))
+
+/* One step of group g: t, f are the lanes' thresholds and features. */
+TL_AI __m512i tl_step(__m512i idx, __m512 t, __m512i f, __m512i rowoff, const float *x)
+{
+    const __m512i low31 = _mm512_set1_epi32(0x7fffffff), one = _mm512_set1_epi32(1);
+    __m512 v = _mm512_i32gather_ps(_mm512_add_epi32(rowoff, _mm512_and_si512(f, low31)), x, 4);
+    __mmask16 right = _mm512_cmp_ps_mask(v, t, _CMP_NLE_UQ); /* fails, NaN included */
+    __mmask16 nan_left = _mm512_mask_cmp_ps_mask(_mm512_movepi32_mask(f), v, v, _CMP_UNORD_Q);
+    right = (__mmask16)(right & ~nan_left);
+    __m512i twice = _mm512_add_epi32(idx, idx);
+    return _mm512_mask_add_epi32(twice, right, twice, one);
+}
+
+void kiln_tree_levels_avx512(const struct kiln_tree_levels *lv, const float *x, int64_t nf, int rows,
+                             double *acc)
+{
+    int ng = (rows + 15) / 16;
+    __m512i rowoff[G];
+    for (int g = 0; g < G; g++) {
+        int32_t o[16];
+        for (int l = 0; l < 16; l++) {
+            int r = g * 16 + l;
+            o[l] = (int32_t)((r < rows ? r : rows - 1) * nf); /* spare lanes repeat the last row */
+        }
+        rowoff[g] = _mm512_loadu_si512(o);
+    }
+    for (int t = 0; t < lv->n_trees; t++) {
+        int depth = lv->depth[t];
+        const float *thr = lv->thr + lv->node_off[t];
+        const uint32_t *feat = lv->feat + lv->node_off[t];
+        __m512i idx[G];
+        for (int g = 0; g < G; g++) idx[g] = _mm512_setzero_si512();
+        for (int level = 0; level < depth; level++) {
+            const float *tb = thr + (1 << level) - 1;
+            const uint32_t *fb = feat + (1 << level) - 1;
+            if (level <= 4) {
+                __m512 t0 = _mm512_loadu_ps(tb);
+                __m512i f0 = _mm512_loadu_si512(fb);
+                for (int g = 0; g < ng; g++)
+                    idx[g] = tl_step(idx[g], _mm512_permutexvar_ps(idx[g], t0),
+                                     _mm512_permutexvar_epi32(idx[g], f0), rowoff[g], x);
+            } else if (level == 5) {
+                __m512 t0 = _mm512_loadu_ps(tb), t1 = _mm512_loadu_ps(tb + 16);
+                __m512i f0 = _mm512_loadu_si512(fb), f1 = _mm512_loadu_si512(fb + 16);
+                for (int g = 0; g < ng; g++)
+                    idx[g] = tl_step(idx[g], _mm512_permutex2var_ps(t0, idx[g], t1),
+                                     _mm512_permutex2var_epi32(f0, idx[g], f1), rowoff[g], x);
+            } else if (level == 6) {
+                __m512 t0 = _mm512_loadu_ps(tb), t1 = _mm512_loadu_ps(tb + 16);
+                __m512 t2 = _mm512_loadu_ps(tb + 32), t3 = _mm512_loadu_ps(tb + 48);
+                __m512i f0 = _mm512_loadu_si512(fb), f1 = _mm512_loadu_si512(fb + 16);
+                __m512i f2 = _mm512_loadu_si512(fb + 32), f3 = _mm512_loadu_si512(fb + 48);
+                const __m512i bit5 = _mm512_set1_epi32(32);
+                for (int g = 0; g < ng; g++) {
+                    __mmask16 hi = _mm512_test_epi32_mask(idx[g], bit5);
+                    __m512 tv = _mm512_mask_blend_ps(hi, _mm512_permutex2var_ps(t0, idx[g], t1),
+                                                     _mm512_permutex2var_ps(t2, idx[g], t3));
+                    __m512i fv = _mm512_mask_blend_epi32(hi, _mm512_permutex2var_epi32(f0, idx[g], f1),
+                                                         _mm512_permutex2var_epi32(f2, idx[g], f3));
+                    idx[g] = tl_step(idx[g], tv, fv, rowoff[g], x);
+                }
+            } else {
+                for (int g = 0; g < ng; g++)
+                    idx[g] = tl_step(idx[g], _mm512_i32gather_ps(idx[g], tb, 4),
+                                     _mm512_i32gather_epi32(idx[g], (const int *)fb, 4), rowoff[g], x);
+            }
+        }
+        int64_t width = (int64_t)1 << depth;
+        for (int32_t k = lv->tgt_first[t]; k < lv->tgt_first[t + 1]; k++) {
+            const double *w = lv->leaf + lv->leaf_off[t] + (k - lv->tgt_first[t]) * width;
+            double *a = acc + (int64_t)lv->tgt[k] * KILN_TREE_LEVELS_ROWS;
+            for (int g = 0; g < ng; g++) {
+                __m512d lo = _mm512_i32gather_pd(_mm512_castsi512_si256(idx[g]), w, 8);
+                __m512d hi = _mm512_i32gather_pd(_mm512_extracti64x4_epi64(idx[g], 1), w, 8);
+                _mm512_storeu_pd(a + g * 16, _mm512_add_pd(_mm512_loadu_pd(a + g * 16), lo));
+                _mm512_storeu_pd(a + g * 16 + 8, _mm512_add_pd(_mm512_loadu_pd(a + g * 16 + 8), hi));
+            }
+        }
+    }
+}
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
