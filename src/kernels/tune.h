@@ -25,8 +25,12 @@
  * counts as the smaller of its wall time and the process's CPU time over
  * cc->threads: on a machine shared with busy processes the wall time mostly
  * measures their time slices, the CPU time does not (threads waiting at a
- * barrier spin, so an unbalanced kernel still pays). */
+ * barrier spin, so an unbalanced kernel still pays). A node whose constants total
+ * 1 MiB or more has the caches flushed before each run (KILN_TUNE_FLUSH_BYTES). */
 #define KILN_TUNE_MAX 4
+/* Bytes written between timed runs of a node whose constants total 1 MiB or more, so
+ * that its weights come from memory as they do in a model (more than a CPU's L3). */
+#define KILN_TUNE_FLUSH_BYTES ((size_t)64 << 20)
 kiln_status kiln_kernel_time(const struct kiln_compile_ctx *cc, struct kiln_kernel_inst *const *insts,
                              int n, int rounds, double *best_s);
 
