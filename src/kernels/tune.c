@@ -67,17 +67,22 @@ kiln_status kiln_kernel_time(const struct kiln_compile_ctx *cc, struct kiln_kern
         in[i] = t[i];
     }
     if (st == KILN_OK) st = new_stored(cc->out[0], cc->out_layout ? cc->out_layout[0] : 0, &y);
-    /* Constants of a MiB or more (a wide layer's weights): in a model each run finds them
+    /* Constants of 4 MiB or more (a wide layer's weights): in a model each run finds them
      * evicted by the layers before it, so each timed run here starts with the caches
-     * flushed too (KILN_TUNE_FLUSH_BYTES written), or a format that makes them larger
-     * (Winograd's) would be timed reading them from cache. */
+     * flushed too (4x their size written, 16 MiB to KILN_TUNE_FLUSH_BYTES; two timed
+     * rounds), or a format that makes them larger (Winograd's) would be timed reading
+     * them from cache. */
     size_t const_bytes = 0;
     for (int i = 0; i < n_in; i++)
         if (cc->in_value && cc->in_value[i]) const_bytes += cc->in_value[i]->nbytes;
     char *flush = NULL;
-    if (st == KILN_OK && const_bytes >= ((size_t)1 << 20)) {
-        flush = malloc(KILN_TUNE_FLUSH_BYTES);
+    size_t flush_bytes = const_bytes * 4;
+    if (flush_bytes < ((size_t)16 << 20)) flush_bytes = (size_t)16 << 20;
+    if (flush_bytes > KILN_TUNE_FLUSH_BYTES) flush_bytes = KILN_TUNE_FLUSH_BYTES;
+    if (st == KILN_OK && const_bytes >= ((size_t)4 << 20)) {
+        flush = malloc(flush_bytes);
         if (!flush) st = kiln_node_error(cc->node, KILN_ERR_OUT_OF_MEMORY, "out of memory timing");
+        if (rounds > 2) rounds = 2; /* each flush costs a few ms */
     }
     for (int k = 0; k < n; k++) best_s[k] = 1e30;
     for (int it = 0; it <= rounds && st == KILN_OK; it++) {
@@ -85,7 +90,7 @@ kiln_status kiln_kernel_time(const struct kiln_compile_ctx *cc, struct kiln_kern
             struct kiln_kernel_inst *x = insts[k];
             kiln_tensor *outs[1] = {y};
             struct kiln_run_ctx rc = {cc->node, n_in, in, 1, outs, NULL, scratch, cc->threads};
-            if (flush) memset(flush, it + k, KILN_TUNE_FLUSH_BYTES);
+            if (flush && it > 0) memset(flush, it + k, flush_bytes);
             double t0 = now_s(), c0 = cpu_s();
             st = x->run(x->state, &rc);
             double dt = now_s() - t0, dc = (cpu_s() - c0) / threads;

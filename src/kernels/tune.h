@@ -26,10 +26,11 @@
  * cc->threads: on a machine shared with busy processes the wall time mostly
  * measures their time slices, the CPU time does not (threads waiting at a
  * barrier spin, so an unbalanced kernel still pays). A node whose constants total
- * 1 MiB or more has the caches flushed before each run (KILN_TUNE_FLUSH_BYTES). */
+ * 4 MiB or more has the caches flushed before each timed run and two rounds. */
 #define KILN_TUNE_MAX 4
-/* Bytes written between timed runs of a node whose constants total 1 MiB or more, so
- * that its weights come from memory as they do in a model (more than a CPU's L3). */
+/* Most bytes written before each timed run of a node whose constants total 4 MiB or
+ * more (4x their size, at least 16 MiB), so that its weights come from memory as they
+ * do in a model. */
 #define KILN_TUNE_FLUSH_BYTES ((size_t)64 << 20)
 kiln_status kiln_kernel_time(const struct kiln_compile_ctx *cc, struct kiln_kernel_inst *const *insts,
                              int n, int rounds, double *best_s);
