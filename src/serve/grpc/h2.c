@@ -1628,6 +1628,7 @@ static void *loop_main(void *arg)
     }
     /* answers that arrived while stopping: send what can be sent */
     take_completions(g);
+    if (g->flood_unlogged) flood_log_write("grpc_frame_flood_suppressed", NULL, g->flood_unlogged);
     for (kiln_grpc_conn *c = g->conns; c; c = c->next)
         if (!c->dead) conn_flush(c);
     return NULL;
