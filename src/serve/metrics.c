@@ -6,6 +6,7 @@
 
 #include <math.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -58,13 +59,22 @@ struct kiln_metrics {
     int n_vlat;
     error_series errs[KILN_METRICS_MAX_SERIES];
     int n_errs;
+    atomic_uint_least64_t grpc_closed[KILN_GRPC_CLOSED_N]; /* not under mu */
 };
+
+static const char *const grpc_closed_names[KILN_GRPC_CLOSED_N] = {"frame_flood"};
+
+void kiln_metrics_grpc_closed(kiln_metrics *m, kiln_grpc_closed_reason why)
+{
+    if (m && (unsigned)why < KILN_GRPC_CLOSED_N) atomic_fetch_add(&m->grpc_closed[why], 1);
+}
 
 kiln_metrics *kiln_metrics_create(void)
 {
     kiln_metrics *m = calloc(1, sizeof *m);
     if (!m) return NULL;
     pthread_mutex_init(&m->mu, NULL);
+    for (int r = 0; r < KILN_GRPC_CLOSED_N; r++) atomic_init(&m->grpc_closed[r], 0);
     for (int i = 0; i < N_BUCKETS; i++) m->bounds[i] = 10.0 * pow(1.8, i);
     return m;
 }
@@ -270,6 +280,11 @@ void kiln_metrics_write(kiln_metrics *m, kiln_sbuf *b, int in_flight)
         kiln_sbuf_printf(b, "\"} %llu\n", (unsigned long long)m->errs[i].n);
     }
     pthread_mutex_unlock(&m->mu);
+    kiln_sbuf_puts(b, "# HELP kiln_grpc_connections_closed_total gRPC connections the server "
+                      "closed itself, by reason.\n# TYPE kiln_grpc_connections_closed_total counter\n");
+    for (int r = 0; r < KILN_GRPC_CLOSED_N; r++)
+        kiln_sbuf_printf(b, "kiln_grpc_connections_closed_total{reason=\"%s\"} %llu\n", grpc_closed_names[r],
+                         (unsigned long long)atomic_load(&m->grpc_closed[r]));
     kiln_sbuf_printf(b, "# TYPE kiln_http_requests_in_flight gauge\nkiln_http_requests_in_flight %d\n",
                      in_flight);
     long long rss = resident_bytes();

@@ -13,6 +13,9 @@
  *   kiln_request_errors_total{model_name,API,code}    counter, by TF code name
  *   kiln_http_requests_in_flight                       gauge
  *   kiln_process_resident_memory_bytes                 gauge (/proc/self/statm)
+ *   kiln_grpc_connections_closed_total{reason}         counter, gRPC connections the server
+ *       ended itself (reason "frame_flood": its budget of frames that carry nothing,
+ *       grpc/h2.c); every reason is written, 0 until it happens
  *
  * (batching and model metrics come from batch.c and manager.c). Label sets are bounded
  * (KILN_METRICS_MAX_SERIES each); requests beyond that are counted under
@@ -42,6 +45,13 @@ void kiln_metrics_record(kiln_metrics *m, const char *model, int64_t version, co
 void kiln_metrics_record_entry(kiln_metrics *m, const char *entrypoint, const char *model,
                                int64_t version, const char *api, const char *status,
                                double latency_us);
+/* Why the gRPC server ended a connection itself (kiln_grpc_connections_closed_total). */
+typedef enum {
+    KILN_GRPC_CLOSED_FRAME_FLOOD = 0, /* GOAWAY ENHANCE_YOUR_CALM: frames that carry nothing */
+    KILN_GRPC_CLOSED_N
+} kiln_grpc_closed_reason;
+/* Count one connection the gRPC server closed (any thread, lock-free). */
+void kiln_metrics_grpc_closed(kiln_metrics *m, kiln_grpc_closed_reason why);
 void kiln_metrics_write(kiln_metrics *m, kiln_sbuf *b, int in_flight);
 /* The per-version series (kiln_request_latency_us, with the failed requests
  * among them) as JSON for the web console (console.c):

@@ -39,6 +39,14 @@ under load, does something to it, and checks what its clients saw:
              status pages keep answering, the other model's new version and a
              model added to the config load meanwhile, and the slow version
              is AVAILABLE in the end
+  h2flood    HTTP/2 floods on raw sockets against the gRPC port (rapid reset,
+             SETTINGS, PING, CONTINUATION, empty DATA, WINDOW_UPDATE, PRIORITY,
+             unknown frame types) while a grpcio client predicts, then friendly
+             clients: normal calls answered in time, every flood connection
+             ended, the frame floods counted in
+             kiln_grpc_connections_closed_total{reason="frame_flood"} and
+             logged (event=grpc_frame_flood, at most a line a second, the rest
+             counted as suppressed), friendly clients never closed or counted
 
 Answers are checked independently of Kiln: a 200 must carry 10 softmax
 probabilities that sum to 1. The short variants (the default; what ctest
@@ -54,6 +62,7 @@ import errno
 import http.client
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -193,8 +202,11 @@ class Server:
         return 0.0
 
     def logtext(self):
+        return self.logtext_all()[-3000:]
+
+    def logtext_all(self):
         self.logf.flush()
-        return Path(self.log).read_text()[-3000:]
+        return Path(self.log).read_text()
 
     def stop(self):
         if self.proc.poll() is None:
@@ -1030,6 +1042,7 @@ class H2Attacker:
         self.port, self.pattern = port, pattern
         self.frames = self.closed = self.conns = 0
         self.goaway = {}
+        self.ports = set()  # the local ports of its connections (the server logs them as the peer)
         self.reads = pattern not in ("ping", "settings")  # the floods never read their ACKs
 
     def _reader(self, s, done):
@@ -1120,6 +1133,7 @@ class H2Attacker:
         while time.time() < t_end:
             s = socket.create_connection(("127.0.0.1", self.port), timeout=2)
             self.conns += 1
+            self.ports.add(s.getsockname()[1])
             done = threading.Event()
             rt = threading.Thread(target=self._reader, args=(s, done), daemon=True) if self.reads else None
             if rt:
@@ -1139,6 +1153,44 @@ class H2Attacker:
 
 
 ENHANCE_YOUR_CALM = 11
+FLOOD_KEY = 'kiln_grpc_connections_closed_total{reason="frame_flood"}'
+# the frame kind h2.c names for each pattern's frames that carry nothing
+FLOOD_FRAME = {"empty_data": "empty_data", "window_update": "window_update", "priority": "priority",
+               "unknown_type": "unknown_type", "ping": "ping", "settings": "settings"}
+FLOOD_LINE = re.compile(r"ts=(\d+\.\d+) event=(grpc_frame_flood(?:_suppressed)?)( .*)")
+
+
+def flood_log_figures(log, port_of):
+    """The server's event=grpc_frame_flood lines (h2.c): how many, how many connections
+    they account for (one each plus their suppressed counts), the smallest gap between two,
+    and the lines whose peer is not an attacking connection, whose frame is not the kind its
+    pattern sent, or whose counts cannot be the budget's (more than 1,000 frames charged)."""
+    out = {"lines": 0, "summary_lines": 0, "accounted": 0, "min_gap_s": 1e9, "bad": [],
+           "frames": {}}
+    last = None
+    for line in log.splitlines():
+        m = FLOOD_LINE.search(line)
+        if not m:
+            continue
+        ts, event, rest = float(m.group(1)), m.group(2), m.group(3)
+        kv = dict(re.findall(r' (\w+)=("[^"]*"|\S+)', rest))
+        if last is not None:
+            out["min_gap_s"] = min(out["min_gap_s"], round(ts - last, 3))
+        last = ts
+        out["accounted"] += int(kv.get("suppressed", "-1"))
+        if event.endswith("_suppressed"):
+            out["summary_lines"] += 1
+            continue
+        out["lines"] += 1
+        out["accounted"] += 1
+        host, _, port = kv.get("peer", '""').strip('"').rpartition(":")
+        pattern = port_of.get(int(port)) if host == "127.0.0.1" and port.isdigit() else None
+        frame = kv.get("frame")
+        out["frames"][frame] = out["frames"].get(frame, 0) + 1
+        if pattern is None or FLOOD_FRAME.get(pattern) != frame or \
+                not int(kv.get("frames", 0)) >= int(kv.get("charged", 0)) > 1000:
+            out["bad"].append(line)
+    return out
 
 
 def friendly_h2_clients(grpc, port, predict, req, seconds):
@@ -1189,13 +1241,17 @@ def scenario_h2flood(kiln, work, long, seconds):
     base.mkdir()
     add_version(base, 1)
     gport = free_port()
-    srv = Server(kiln, base, work / "server.log", None, f"--port={gport}")
+    mon = work / "monitoring.config"
+    mon.write_text('prometheus_config { enable: true path: "/metrics" }\n')
+    srv = Server(kiln, base, work / "server.log", None, f"--port={gport}",
+                 f"--monitoring_config_file={mon}")
     try:
         srv.wait_ready()
         chan = grpc.insecure_channel(f"127.0.0.1:{gport}")
         predict = chan.unary_unary("/tensorflow.serving.PredictionService/Predict")
         req = predict_request()
         check(good_predict_response(predict(req, timeout=10)), "gRPC Predict answered badly")
+        check(srv.metric(FLOOD_KEY) == 0, f"{FLOOD_KEY} is not 0 before any flood")
         lat, bad = [], []
         halt = threading.Event()
 
@@ -1221,21 +1277,30 @@ def scenario_h2flood(kiln, work, long, seconds):
             return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
         fig = {"seconds_each": each, "bound_ms": bound * 1000, "patterns": {}}
+        port_of = {}  # attacker's local port -> pattern
+        attack_t0 = time.time()
         for p in patterns:
             a = H2Attacker(gport, p)
-            c0, t0 = cpu_s(), time.time()
+            c0, t0, m0 = cpu_s(), time.time(), srv.metric(FLOOD_KEY)
             a.run(each)
             wall = time.time() - t0
             fig["patterns"][p] = {"frames": a.frames, "connections": a.conns,
                                   "ended_by_server": a.closed + sum(a.goaway.values()),
                                   "goaway_codes": a.goaway,
+                                  "closed_frame_flood": int(srv.metric(FLOOD_KEY) - m0),
                                   "server_cpu_cores": round((cpu_s() - c0) / wall, 2)}
+            port_of.update((port, p) for port in a.ports)
             check(srv.proc.poll() is None, f"server died under {p}: {srv.logtext()}")
+        attack_s = time.time() - attack_t0
         time.sleep(0.5)
         c0 = cpu_s()
         time.sleep(1.0)
         fig["idle_cpu_cores_after"] = round(cpu_s() - c0, 2)
+        closed_before_friendly = srv.metric(FLOOD_KEY)
         fig["friendly"] = friendly_h2_clients(grpc, gport, predict, req, each)
+        fig["friendly"]["closed_frame_flood"] = int(srv.metric(FLOOD_KEY) - closed_before_friendly)
+        fig["flood_log"] = flood_log_figures(srv.logtext_all(), port_of)
+        fig["flood_log"]["counter"] = int(srv.metric(FLOOD_KEY))
         halt.set()
         nt.join(10)
         chan.close()
@@ -1250,9 +1315,27 @@ def scenario_h2flood(kiln, work, long, seconds):
             check(fig["patterns"][p]["ended_by_server"] > 0,
                   f"the server kept the {p} connection open: {fig}")
         # frames that carry nothing are Kiln's budget (h2.c, docs/GRPC.md): GOAWAY ENHANCE_YOUR_CALM
+        # and each such connection is counted: at least every GOAWAY ENHANCE_YOUR_CALM read
         for p in ("empty_data", "window_update", "priority", "unknown_type"):
-            check(fig["patterns"][p]["goaway_codes"].get(ENHANCE_YOUR_CALM, 0) > 0,
+            pf = fig["patterns"][p]
+            check(pf["goaway_codes"].get(ENHANCE_YOUR_CALM, 0) > 0,
                   f"no GOAWAY ENHANCE_YOUR_CALM for {p}: {fig}")
+            check(pf["closed_frame_flood"] >= pf["goaway_codes"].get(ENHANCE_YOUR_CALM, 0),
+                  f"{FLOOD_KEY} rose less than the GOAWAYs ENHANCE_YOUR_CALM read under {p}: {pf}")
+        total_conns = sum(pf["connections"] for pf in fig["patterns"].values())
+        fl = fig["flood_log"]
+        check(0 < fl["counter"] <= total_conns,
+              f"{FLOOD_KEY} {fl['counter']} for {total_conns} attacking connections: {fig}")
+        check(fig["friendly"]["closed_frame_flood"] == 0,
+              f"{FLOOD_KEY} rose while only friendly clients connected: {fig['friendly']}")
+        # the log: a line per closed connection, at most one a second, the rest counted
+        check(fl["lines"] >= 1, f"no event=grpc_frame_flood line in the log: {fl}")
+        check(fl["accounted"] == fl["counter"],
+              f"the log's lines and suppressed counts add up to {fl['accounted']}, the counter "
+              f"to {fl['counter']}: {fl}")
+        check(fl["min_gap_s"] >= 0.99, f"two flood log lines less than a second apart: {fl}")
+        check(fl["lines"] <= attack_s + 2, f"{fl['lines']} flood log lines in {attack_s:.1f} s: {fl}")
+        check(not fl["bad"], f"flood log lines with a wrong peer, frame or count: {fl['bad'][:3]}")
         fr = fig["friendly"]
         check(fr["stream_answers"] == fr["stream_messages"],
               f"a streaming call with many small messages was cut short: {fr}")

@@ -122,6 +122,10 @@ struct kiln_grpc_conn {
     int64_t calm;                /* budget left, in CALM_ONE per frame */
     int64_t calm_ms;             /* when it was last refilled */
     int calm_over;               /* spent: GOAWAY ENHANCE_YOUR_CALM submitted */
+    uint64_t calm_frames;        /* frame headers read (for the log line when it is spent) */
+    uint64_t calm_charged;       /* of those, frames charged to the budget */
+    int64_t born_ms;             /* accepted at (kiln_monotonic_ms) */
+    char peer[80];               /* "address:port", "[v6]:port" or "unix:pid=..,uid=.." */
     int flush_queued;            /* on the server's flush list (answers to send) */
     kiln_grpc_conn *flush_next;
     kiln_grpc_conn *next, *prev;
@@ -221,6 +225,9 @@ struct kiln_grpc_server {
     kiln_tls *tls;               /* TLS credentials (borrowed), or NULL */
     gnutls_priority_t prio;
     size_t conn_budget;          /* CONN_BUFFER, or more for a large max_recv */
+    /* loop thread only: the log of connections ended by calm_meter (flood_closed) */
+    int64_t flood_logged_ms;     /* when the last line was written (0: never) */
+    uint64_t flood_unlogged;     /* closings since then that got no line of their own */
 };
 
 /* ------------------------------------------------------------ options */
@@ -1118,13 +1125,117 @@ static size_t calm_meter(kiln_grpc_conn *c, const uint8_t *d, size_t n)
             if (c->calm_hd_have < 9) continue;
             c->calm_hd_have = 0;
             c->calm_skip = (uint32_t)c->calm_hd[0] << 16 | (uint32_t)c->calm_hd[1] << 8 | c->calm_hd[2];
-            if (calm_frame(c, c->calm_hd) && !calm_charge(c)) {
-                c->calm_over = 1;
-                return i;
+            c->calm_frames++;
+            if (calm_frame(c, c->calm_hd)) {
+                c->calm_charged++;
+                if (!calm_charge(c)) {
+                    c->calm_over = 1; /* calm_hd keeps the header that spent it */
+                    return i;
+                }
             }
         }
     }
     return n;
+}
+
+/*
+ * A connection ended by calm_meter is counted (kiln_grpc_connections_closed_total
+ * {reason="frame_flood"}) and logged as one key=value line on stderr, in the
+ * style of the model manager's lifecycle lines:
+ *
+ *   kiln serve: ts=... event=grpc_frame_flood peer="127.0.0.1:50312" frame=window_update
+ *     frame_type=8 frames=1010 charged=1001 after_ms=3 suppressed=0
+ *
+ * (frame: the kind of the frame that spent the budget; frames: the frames the
+ * connection sent; charged: those that carried nothing; suppressed: closings
+ * since the last line that got none). A flood of connections must not flood
+ * the log, so at most one line is written a second: closings in between are
+ * only counted, and reported by the next line, or, when none follows within
+ * the second, by tick's event=grpc_frame_flood_suppressed line with their count.
+ * The counter always counts them all.
+ */
+static const char *calm_frame_name(uint8_t type, uint8_t flags)
+{
+    switch (type) {
+    case NGHTTP2_DATA: return (flags & NGHTTP2_FLAG_PADDED) ? "padded_empty_data" : "empty_data";
+    case NGHTTP2_PRIORITY: return "priority";
+    case NGHTTP2_SETTINGS: return "settings";
+    case NGHTTP2_PING: return "ping";
+    case NGHTTP2_WINDOW_UPDATE: return "window_update";
+    default: return "unknown_type";
+    }
+}
+
+static void flood_log_write(const char *event, const kiln_grpc_conn *c, uint64_t suppressed)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    kiln_sbuf b = {0};
+    kiln_sbuf_printf(&b, "kiln serve: ts=%lld.%03ld event=%s", (long long)ts.tv_sec, ts.tv_nsec / 1000000,
+                     event);
+    if (c) {
+        kiln_sbuf_puts(&b, " peer=");
+        kiln_sbuf_json_string(&b, c->peer, strlen(c->peer));
+        kiln_sbuf_printf(&b, " frame=%s frame_type=%u frames=%" PRIu64 " charged=%" PRIu64
+                             " after_ms=%" PRId64, calm_frame_name(c->calm_hd[3], c->calm_hd[4]),
+                         (unsigned)c->calm_hd[3], c->calm_frames, c->calm_charged,
+                         now_ms() - c->born_ms);
+    }
+    kiln_sbuf_printf(&b, " suppressed=%" PRIu64 "\n", suppressed);
+    if (!b.oom && b.p) fwrite(b.p, 1, b.len, stderr);
+    kiln_sbuf_free(&b);
+}
+
+/* calm_meter ended c: count it, and log it unless a line was written less than a second ago. */
+static void flood_closed(kiln_grpc_conn *c)
+{
+    kiln_grpc_server *g = c->g;
+    if (g->ctx.rest) kiln_metrics_grpc_closed(g->ctx.rest->metrics, KILN_GRPC_CLOSED_FRAME_FLOOD);
+    if (g->detached) return; /* fuzzing: no log */
+    int64_t now = now_ms();
+    if (g->flood_logged_ms && now - g->flood_logged_ms < 1000) {
+        g->flood_unlogged++;
+        return;
+    }
+    flood_log_write("grpc_frame_flood", c, g->flood_unlogged);
+    g->flood_logged_ms = now;
+    g->flood_unlogged = 0;
+}
+
+/* From tick: closings left unlogged for a second get their count written. */
+static void flood_log_flush(kiln_grpc_server *g, int64_t now)
+{
+    if (!g->flood_unlogged || now - g->flood_logged_ms < 1000) return;
+    flood_log_write("grpc_frame_flood_suppressed", NULL, g->flood_unlogged);
+    g->flood_logged_ms = now;
+    g->flood_unlogged = 0;
+}
+
+/* The peer's address for the log: "a.b.c.d:port", "[v6]:port", or a Unix
+ * socket's "unix:pid=P,uid=U" (SO_PEERCRED); "?" when unknown. */
+static void peer_name(int fd, char *out, size_t cap)
+{
+    struct sockaddr_storage sa;
+    socklen_t len = sizeof sa;
+    char host[INET6_ADDRSTRLEN];
+    snprintf(out, cap, "?");
+    if (getpeername(fd, (struct sockaddr *)&sa, &len) != 0) return;
+    if (sa.ss_family == AF_INET) {
+        const struct sockaddr_in *in = (const struct sockaddr_in *)&sa;
+        if (inet_ntop(AF_INET, &in->sin_addr, host, sizeof host))
+            snprintf(out, cap, "%s:%u", host, (unsigned)ntohs(in->sin_port));
+    } else if (sa.ss_family == AF_INET6) {
+        const struct sockaddr_in6 *in6 = (const struct sockaddr_in6 *)&sa;
+        if (inet_ntop(AF_INET6, &in6->sin6_addr, host, sizeof host))
+            snprintf(out, cap, "[%s]:%u", host, (unsigned)ntohs(in6->sin6_port));
+    } else if (sa.ss_family == AF_UNIX) {
+        struct ucred cr;
+        socklen_t cl = sizeof cr;
+        if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &cl) == 0)
+            snprintf(out, cap, "unix:pid=%ld,uid=%lu", (long)cr.pid, (unsigned long)cr.uid);
+        else
+            snprintf(out, cap, "unix");
+    }
 }
 
 /* ------------------------------------------------------------ connections */
@@ -1137,6 +1248,8 @@ static kiln_grpc_conn *conn_new(kiln_grpc_server *g, int fd)
     c->g = g;
     c->fd = fd;
     c->last_active_ms = now_ms();
+    c->born_ms = c->last_active_ms;
+    snprintf(c->peer, sizeof c->peer, "?");
     c->calm = (int64_t)CALM_BURST * CALM_ONE;
     c->calm_ms = c->last_active_ms;
     nghttp2_session_callbacks *cb;
@@ -1274,7 +1387,10 @@ static int conn_input(kiln_grpc_conn *c, const uint8_t *d, size_t n)
         c->dead = 1;
         return 0;
     }
-    if (c->calm_over) nghttp2_session_terminate_session(c->s, NGHTTP2_ENHANCE_YOUR_CALM);
+    if (c->calm_over) {
+        nghttp2_session_terminate_session(c->s, NGHTTP2_ENHANCE_YOUR_CALM);
+        flood_closed(c);
+    }
     conn_flush(c);
     return !c->dead;
 }
@@ -1353,6 +1469,7 @@ static void accept_all(kiln_grpc_server *g, int lfd)
             close(fd);
             continue;
         }
+        peer_name(fd, c->peer, sizeof c->peer);
         struct epoll_event ev = {.events = EPOLLIN, .data.ptr = c};
         if (epoll_ctl(g->epfd, EPOLL_CTL_ADD, fd, &ev) != 0) {
             c->fd = -1;
@@ -1435,6 +1552,7 @@ static void tick(kiln_grpc_server *g)
 {
     int64_t now = now_ms();
     if (g->n_workers > 0) unblock_queue(g);
+    flood_log_flush(g, now);
     for (kiln_grpc_conn *c = g->conns; c; c = c->next) {
         int touched = 0;
         for (stream *st = c->streams; st; st = st->next) {
@@ -1510,6 +1628,7 @@ static void *loop_main(void *arg)
     }
     /* answers that arrived while stopping: send what can be sent */
     take_completions(g);
+    if (g->flood_unlogged) flood_log_write("grpc_frame_flood_suppressed", NULL, g->flood_unlogged);
     for (kiln_grpc_conn *c = g->conns; c; c = c->next)
         if (!c->dead) conn_flush(c);
     return NULL;
