@@ -92,8 +92,8 @@ struct wlist {
 };
 
 struct writer {
-    struct wbuf meta, sign, grph, wght, pack, sprs, tune;
-    int n_packs, n_sprs, n_tune;
+    struct wbuf meta, sign, grph, wght, pack, sprs;
+    int n_packs, n_sprs;
     struct wlist w;
     kiln_status st;
     const struct kiln_graph *root;
@@ -504,15 +504,6 @@ static void put_pack(void *ctx, const void *key, const char *tag, const void *pa
     for (int i = 0; i < g->n_values && v < 0; i++)
         if (g->values[i].kind == KILN_VALUE_CONST && g->values[i].konst == key) v = i;
     if (v < 0) return;
-    if (kiln_artifact_tune_choice_tag(tag)) { /* a convolution's timed implementation */
-        int choice = *(const int *)packed;
-        if (choice < 0 || choice > KILN_ART_TUNE_MAX_CHOICE) return; /* not decided */
-        put_i32(&w->tune, v);
-        put_str(&w->tune, tag);
-        put_i32(&w->tune, choice);
-        w->n_tune++;
-        return;
-    }
     if (kiln_artifact_sparse_choice_tag(tag)) {
         int choice = *(const int *)packed;
         if (choice != 0 && choice != 1 && choice != 4) return; /* not decided */
@@ -685,26 +676,18 @@ kiln_status kiln_session_save(kiln_session *s, const char *path, const kiln_save
         put_u32(&sprs, (uint32_t)w.n_sprs);
         put(&sprs, w.sprs.p, w.sprs.n);
     }
-    /* TUNE: the convolutions' timed implementation choices */
-    struct wbuf tune = {0};
-    if (w.st == KILN_OK && nb > 0 && w.n_tune) {
-        put_u32(&tune, (uint32_t)w.n_tune);
-        put(&tune, w.tune.p, w.tune.n);
-    }
     struct wbuf rept = {0};
     if (opts && opts->report_json) put(&rept, opts->report_json, strlen(opts->report_json));
     if (w.st == KILN_OK && (w.meta.oom || w.sign.oom || w.grph.oom || w.wght.oom || rept.oom ||
-                            w.pack.oom || packs.oom || w.sprs.oom || sprs.oom || w.tune.oom ||
-                            tune.oom))
+                            w.pack.oom || packs.oom || w.sprs.oom || sprs.oom))
         wfail(&w, KILN_ERR_OUT_OF_MEMORY, "out of memory");
     if (w.st == KILN_OK) {
-        struct wbuf *secs[8] = {&w.meta, &w.sign, &w.grph, &w.wght};
-        uint32_t kinds[8] = {KILN_ART_SEC_META, KILN_ART_SEC_SIGN, KILN_ART_SEC_GRPH,
+        struct wbuf *secs[7] = {&w.meta, &w.sign, &w.grph, &w.wght};
+        uint32_t kinds[7] = {KILN_ART_SEC_META, KILN_ART_SEC_SIGN, KILN_ART_SEC_GRPH,
                              KILN_ART_SEC_WGHT};
         int n = 4;
         if (packs.n) secs[n] = &packs, kinds[n] = KILN_ART_SEC_PACK, n++;
         if (sprs.n) secs[n] = &sprs, kinds[n] = KILN_ART_SEC_SPRS, n++;
-        if (tune.n) secs[n] = &tune, kinds[n] = KILN_ART_SEC_TUNE, n++;
         if (opts && opts->report_json) secs[n] = &rept, kinds[n] = KILN_ART_SEC_REPT, n++;
         w.st = write_file(path, secs, kinds, n);
     }
@@ -715,8 +698,6 @@ kiln_status kiln_session_save(kiln_session *s, const char *path, const kiln_save
     free(rept.p);
     free(packs.p);
     free(sprs.p);
-    free(tune.p);
-    free(w.tune.p);
     free(w.pack.p);
     free(w.sprs.p);
     free(w.w.t);
@@ -739,7 +720,6 @@ static const char *section_title(uint32_t kind)
     case KILN_ART_SEC_REPT: return "REPT (compile report)";
     case KILN_ART_SEC_PACK: return "PACK (index of packed weights, bytes in WGHT)";
     case KILN_ART_SEC_SPRS: return "SPRS (sparse or dense kernel, as timed)";
-    case KILN_ART_SEC_TUNE: return "TUNE (convolution implementations, as timed)";
     }
     return "(unknown, skipped)";
 }

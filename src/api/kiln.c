@@ -268,12 +268,6 @@ static kiln_status model_prepare(struct kiln_model *m)
         st = kiln_weight_cache_preload(m->weights, sc->key, sc->tag, &sc->choice, 0);
         if (st != KILN_OK) return st;
     }
-    /* and its convolutions' timed implementation choices (TUNE), the same way */
-    for (int i = 0; m->artifact && i < m->artifact->n_tune; i++) {
-        struct kiln_artifact_sparse *tc = &m->artifact->tune[i];
-        st = kiln_weight_cache_preload(m->weights, tc->key, tc->tag, &tc->choice, 0);
-        if (st != KILN_OK) return st;
-    }
     for (int i = 0; i < m->n_signatures; i++) m->signatures[i].shares_graph_of = -1;
     for (int i = 0; i < m->n_signatures; i++) {
         struct kiln_signature *sig = &m->signatures[i];

@@ -745,49 +745,6 @@ static void rd_sparse(struct rd *r, struct kiln_graph *g, struct kiln_artifact_i
     }
 }
 
-/* TUNE: the convolutions' timed choices, each bound to a constant of the root graph. */
-static void rd_tune(struct rd *r, struct kiln_graph *g, struct kiln_artifact_info *info)
-{
-    int n = rd_count(r, 12, 1 << 20, "tune choice count");
-    if (r->st != KILN_OK) return;
-    info->tune = calloc((size_t)n + 1, sizeof *info->tune);
-    if (!info->tune) {
-        rd_fail(r, KILN_ERR_OUT_OF_MEMORY, "out of memory");
-        return;
-    }
-    for (int i = 0; i < n && r->st == KILN_OK; i++) {
-        int v = rd_value_id(r, g, 0, "tune choice value");
-        char *tag = rd_name(r, "tune choice tag");
-        int32_t choice = rd_i32(r, "tune choice");
-        if (r->st != KILN_OK) return;
-        if (g->values[v].kind != KILN_VALUE_CONST || !g->values[v].konst) {
-            rd_fail(r, KILN_ERR_INVALID_MODEL, "tune choice of value '%s', not a constant",
-                    g->values[v].name);
-            return;
-        }
-        if (!kiln_artifact_tune_choice_tag(tag)) {
-            rd_fail(r, KILN_ERR_INVALID_MODEL, "tune choice of '%s' has tag '%.60s', not "
-                    "'conv_algo_choice:...'", g->values[v].name, tag);
-            return;
-        }
-        if (choice < 0 || choice > KILN_ART_TUNE_MAX_CHOICE) {
-            r->off -= 4;
-            rd_fail(r, KILN_ERR_INVALID_MODEL, "tune choice of '%s' is %d, not 0 (the rules'), "
-                    "1 (direct) or 2 (format any)", g->values[v].name, choice);
-            return;
-        }
-        struct kiln_artifact_sparse *tc = &info->tune[info->n_tune];
-        tc->tag = strdup(tag);
-        if (!tc->tag) {
-            rd_fail(r, KILN_ERR_OUT_OF_MEMORY, "out of memory");
-            return;
-        }
-        tc->key = g->values[v].konst;
-        tc->choice = choice;
-        info->n_tune++;
-    }
-}
-
 static void get_u32(const uint8_t *p, uint32_t *v) { memcpy(v, p, 4); }
 static void get_u64(const uint8_t *p, uint64_t *v) { memcpy(v, p, 8); }
 
@@ -802,8 +759,6 @@ void kiln_artifact_info_free(struct kiln_artifact_info *info)
     for (int i = 0; i < info->n_packs; i++) free(info->packs[i].tag);
     free(info->packs);
     for (int i = 0; i < info->n_sparse; i++) free(info->sparse[i].tag);
-    for (int i = 0; i < info->n_tune; i++) free(info->tune[i].tag);
-    free(info->tune);
     free(info->sparse);
     free(info->pack_env);
     free(info->cpu_features);
@@ -916,14 +871,12 @@ kiln_status kiln_artifact_load(struct kiln_file_map *map, const char *name, stru
     if (kiln_crc32c(p + KILN_ART_HEADER_BYTES, (size_t)nsec * 32) != table_crc && ART_CHECK_CRC)
         return kiln_error(KILN_ERR_INVALID_MODEL, "%s: section table checksum mismatch: the file "
                           "is corrupted", name);
-    const uint8_t *sec_data[8] = {0};
-    size_t sec_size[8] = {0};
-    static const uint32_t kinds[8] = {KILN_ART_SEC_META, KILN_ART_SEC_SIGN, KILN_ART_SEC_GRPH,
+    const uint8_t *sec_data[7] = {0};
+    size_t sec_size[7] = {0};
+    static const uint32_t kinds[7] = {KILN_ART_SEC_META, KILN_ART_SEC_SIGN, KILN_ART_SEC_GRPH,
                                       KILN_ART_SEC_WGHT, KILN_ART_SEC_REPT, KILN_ART_SEC_PACK,
-                                      KILN_ART_SEC_SPRS, KILN_ART_SEC_TUNE};
-    /* SPRS and TUNE are version 2's: a version 1 reader skipped them (and an earlier
-     * version 2 reader skips TUNE, so its files stay readable both ways) */
-    int known = version >= 2 ? 8 : 6;
+                                      KILN_ART_SEC_SPRS};
+    int known = version >= 2 ? 7 : 6; /* SPRS is version 2's: a version 1 reader skipped it */
     info->n_sections = (int)nsec;
     uint64_t prev_end = table_end;
     for (uint32_t i = 0; i < nsec; i++) {
@@ -1008,11 +961,6 @@ kiln_status kiln_artifact_load(struct kiln_file_map *map, const char *name, stru
     if (sec_data[6]) {
         r.p = sec_data[6], r.n = sec_size[6], r.off = 0, r.sec = KILN_ART_SEC_SPRS;
         rd_sparse(&r, m->graph, info);
-        if (r.st != KILN_OK) return r.st;
-    }
-    if (sec_data[7]) {
-        r.p = sec_data[7], r.n = sec_size[7], r.off = 0, r.sec = KILN_ART_SEC_TUNE;
-        rd_tune(&r, m->graph, info);
         if (r.st != KILN_OK) return r.st;
     }
     if ((st = kiln_graph_verify(m->graph)) != KILN_OK)

@@ -39,7 +39,6 @@
 #define KILN_ART_SEC_REPT KILN_ART_FOURCC('R', 'E', 'P', 'T') /* compile report, verbatim */
 #define KILN_ART_SEC_PACK KILN_ART_FOURCC('P', 'A', 'C', 'K') /* weights packed for the kernels */
 #define KILN_ART_SEC_SPRS KILN_ART_FOURCC('S', 'P', 'R', 'S') /* sparse kernel choices (v2) */
-#define KILN_ART_SEC_TUNE KILN_ART_FOURCC('T', 'U', 'N', 'E') /* timed conv choices (v2, optional) */
 
 /* What a loaded artifact says about itself (kept with the model for
  * `kiln inspect` and kiln_model_compile_report). */
@@ -64,19 +63,7 @@ struct kiln_artifact_info {
      * slots: 0 dense, 1 or 4 sparse with that block), put in the weight cache at load */
     int n_sparse;
     struct kiln_artifact_sparse { const kiln_tensor *key; char *tag; int choice; } *sparse;
-    /* TUNE: the convolutions' timed implementation choices (the weight cache's
-     * "conv_algo_choice:..." slots: 0 the rules' candidate, 1 direct, 2 format any) */
-    int n_tune;
-    struct kiln_artifact_sparse *tune;
 };
-
-/* Whether a weight-cache tag is a convolution's timed choice among its implementations
- * (src/kernels/dnnl/conv.c), as TUNE keeps them: an int 0..KILN_ART_TUNE_MAX_CHOICE. */
-#define KILN_ART_TUNE_MAX_CHOICE 2
-static inline int kiln_artifact_tune_choice_tag(const char *tag)
-{
-    return !strncmp(tag, "conv_algo_choice:", 17);
-}
 
 /* Whether a weight-cache tag is a sparse kernel's decision slot (an int: 0 dense,
  * 1 or 4 sparse with that block), as SPRS keeps them: "sparse_choice:..."

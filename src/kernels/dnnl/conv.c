@@ -58,7 +58,6 @@
 #include "kernels/family.h"
 #include "kernels/simd/pointwise.h"
 #include "kernels/sparse/sparse.h"
-#include "kernels/tune.h"
 
 #define KILN_KERNEL KILN_KERNEL_DECLARE
 #include "kernels/dnnl/conv.def"
@@ -481,24 +480,22 @@ static void exec_shift_scratch(struct kd_exec *e, size_t base)
             if (e->v[vi].args[k].src == KD_SRC_SCRATCH_AT) e->v[vi].args[k].index += (int)base;
 }
 
-/* Where s's primitive (made for the plan's layouts) is a oneDNN fallback (or
- * always, with force: a candidate the tuner times), make the convolution again in the formats oneDNN prefers, with reorders of X (and
+/* Where s's primitive (made for the plan's layouts) is a oneDNN fallback, make
+ * the convolution again in the formats oneDNN prefers, with reorders of X (and
  * Sum) in and Y out (the file comment). It pays when the convolution's work
  * outweighs the reorders: oneDNN's reference code always loses; its GEMM path
  * runs at a fraction of the direct kernels' rate, so the switch is made when
  * the convolution does at least 4 flops per element the reorders move (a
  * depthwise 3x3 does 9, a 1x1 from C channels C). On success s runs any_e. */
-static kiln_status conv_try_any(struct conv_build *b, struct conv_state *s, double work,
-                                int force)
+static kiln_status conv_try_any(struct conv_build *b, struct conv_state *s, double work)
 {
     const struct kiln_compile_ctx *cc = b->cc;
     const char *impl = s->e.v[0].impl, *env = getenv("KILN_CONV_ANY");
-    if (s->bf16 || (env && !strcmp(env, "0"))) return KILN_OK;
-    if (!force && !conv_impl_slow(impl)) return KILN_OK;
+    if (s->bf16 || !conv_impl_slow(impl) || (env && !strcmp(env, "0"))) return KILN_OK;
     double moved = (double)(dnnl_memory_desc_get_size(&b->src) +
                             dnnl_memory_desc_get_size(&b->dst) * (b->has_sum ? 2 : 1)) /
                    sizeof(float);
-    if (!force && strncmp(impl, "ref", 3) != 0 && work < 4.0 * moved) return KILN_OK;
+    if (strncmp(impl, "ref", 3) != 0 && work < 4.0 * moved) return KILN_OK;
     int rank = b->src.ndims;
     /* the direct algorithm only: Winograd's extra rounding stays where it was measured
      * (blocked chains), and tipped inception_v3 over the zoo's 1e-4 bound here */
@@ -656,194 +653,11 @@ bool kiln_k_conv1x1_covers(const struct kiln_compile_ctx *cc)
            win.pad_begin[0] == 0 && win.pad_begin[1] == 0;
 }
 
-/* ---- the candidates of one convolution, and the choice among them ---- */
-
-/* The implementations a node may run (src/kernels/tune.h): CONV_RULE is what the
- * rules choose (Winograd where conv_use_winograd allows it, the plan's layouts unless
- * conv_try_any finds them on a oneDNN fallback), CONV_DIRECT the same without Winograd,
- * CONV_ANY the direct algorithm in the formats oneDNN prefers, between reorders. */
-enum { CONV_RULE = 0, CONV_DIRECT = 1, CONV_ANY = 2, CONV_NALGO = 3 };
-static const char *const conv_algo_names[CONV_NALGO] = {"rule", "direct", "any"};
-
-/* KILN_CONV_ALGO: unset or "auto" = time the eligible candidates (-1); "rule" = the
- * rules alone, no timing; "direct" / "any" = that candidate wherever it exists
- * (tests), else the rule's. */
-static int conv_algo_mode(void)
-{
-    const char *e = getenv("KILN_CONV_ALGO");
-    if (!e || !*e) return -1;
-    for (int a = 0; a < CONV_NALGO; a++)
-        if (!strcmp(e, conv_algo_names[a])) return a;
-    return -1;
-}
-
-/* Build b's convolution as candidate `algo` into a new state (*out; NULL when oneDNN
- * declines it or, for CONV_ANY, when oneDNN's formats are the plan's own). */
-static kiln_status conv_state_build(struct conv_build *b, double work, int algo,
-                                    struct conv_state **out)
-{
-    const struct kiln_compile_ctx *cc = b->cc;
-    *out = NULL;
-    struct conv_state *s = calloc(1, sizeof *s);
-    if (!s) return kiln_node_error(cc->node, KILN_ERR_OUT_OF_MEMORY, "out of memory compiling");
-    int handled = 0;
-    kiln_status st = KILN_OK;
-    if (algo == CONV_RULE && cc->precision == KILN_PRECISION_BF16 &&
-        dnnl_memory_desc_get_size(&b->src) / 2 < (size_t)INT32_MAX / 2) { /* int offsets */
-        b->bf16 = 1;
-        st = kd_exec_build(&s->e, kd_work_threads(cc, work), conv_make, b, &handled);
-        b->bf16 = 0;
-        if (st != KILN_OK) {
-            free(s);
-            return st;
-        }
-        if (handled) {
-            s->bf16 = 1;
-            s->src_elems = dnnl_memory_desc_get_size(&b->src) / sizeof(float);
-            s->base = (kd_exec_scratch(&s->e) + 63) / 64 * 64;
-            s->scratch_total = s->base + (s->src_elems * 2 + 63) / 64 * 64;
-            exec_shift_scratch(&s->e, s->base); /* the bf16 X after oneDNN's scratchpad */
-        }
-    }
-    int winograd = b->winograd;
-    if (algo != CONV_RULE) b->winograd = 0;
-    if (!handled) st = kd_exec_build(&s->e, kd_work_threads(cc, work), conv_make, b, &handled);
-    b->winograd = winograd;
-    if (st != KILN_OK || !handled) {
-        free(s);
-        return st;
-    }
-    s->has_sum = b->has_sum;
-    s->dst_bytes = dnnl_memory_desc_get_size(&b->dst);
-    st = conv_try_any(b, s, work, algo == CONV_ANY);
-    if (st != KILN_OK || (algo == CONV_ANY && !s->any)) {
-        conv_destroy(s);
-        return st;
-    }
-    *out = s;
-    return KILN_OK;
-}
-
-/* inst runs state s (which it then owns). */
-static void conv_inst_fill(struct conv_state *s, int fused, struct kiln_kernel_inst *inst)
-{
-    memset(inst, 0, sizeof *inst);
-    inst->name = s->bf16  ? (fused ? "dnnl_fused_conv_bf16" : "dnnl_conv_bf16")
-                 : s->any ? (fused ? "dnnl_fused_conv_any" : "dnnl_conv_any")
-                          : (fused ? "dnnl_fused_conv" : "dnnl_conv");
-    kd_inst_impl(inst, s->any ? &s->any_e : &s->e);
-    inst->state = s;
-    inst->run = conv_run;
-    inst->destroy = conv_destroy;
-    inst->scratch_bytes = s->bf16 || s->any ? s->scratch_total : kd_exec_scratch(&s->e);
-    inst->packed = 1u << 1; /* every variant runs on the packed weights */
-    if (s->has_sum) { /* Y may be written over Sum: the sum post-op then needs no copy */
-        inst->inplace = 1;
-        inst->inplace_input = 3;
-    }
-}
-
-/* The decision's tag in the weight cache (bound to the weight): the node's shapes,
- * window, layouts, Sum and threads, which together fix what was timed. */
-static void conv_choice_tag(const struct conv_build *b, char *tag, size_t n)
-{
-    const struct kiln_compile_ctx *cc = b->cc;
-    char xs[96], ys[96];
-    kiln_shape_str(cc->in[0]->rank, cc->in[0]->dims, xs, sizeof xs);
-    kiln_shape_str(cc->out[0]->rank, cc->out[0]->dims, ys, sizeof ys);
-    int nsp = b->src.ndims - 2, k = 0;
-    k += snprintf(tag + k, n - (size_t)k, "conv_algo_choice:%s:%s:", xs, ys);
-    for (int i = 0; i < nsp && k > 0 && (size_t)k < n; i++)
-        k += snprintf(tag + k, n - (size_t)k, "%lld,%lld,%lld,%lld;", (long long)b->strides[i],
-                      (long long)b->dilates[i], (long long)b->pad_l[i], (long long)b->pad_r[i]);
-    if (k > 0 && (size_t)k < n)
-        snprintf(tag + k, n - (size_t)k, "l%d,%d:s%d:t%d", layout_of(cc->in_layout, 0),
-                 layout_of(cc->out_layout, 0), b->has_sum, cc->threads);
-}
-
-/* Compile b's convolution (fp32 or bf16): the rule's candidate, and where another is
- * eligible (CONV_DIRECT where the rule picked a Winograd kernel, CONV_ANY where the
- * rule kept the plan's layouts), each compiled and timed on the node's shapes
- * (kiln_kernel_time) and the fastest kept; an alternative must beat the rule's by 10%
- * (timing noise keeps the rule). The decision is kept in the weight cache
- * (kiln_kernel_choice_slot), so later plans and a saved .kiln do not time again. */
-static kiln_status conv_compile_tuned(struct conv_build *b, double work,
-                                      struct kiln_kernel_inst *inst)
-{
-    const struct kiln_compile_ctx *cc = b->cc;
-    int fused = cc->node->op == KILN_OP_KilnFusedConv, mode = conv_algo_mode();
-    struct conv_state *rule = NULL;
-    kiln_status st = conv_state_build(b, work, CONV_RULE, &rule);
-    if (st != KILN_OK || !rule) return st;
-    int eligible[CONV_NALGO] = {1, 0, 0};
-    if (!rule->bf16 && !rule->any) {
-        eligible[CONV_DIRECT] = strstr(rule->e.v[0].impl, "wino") != NULL;
-        eligible[CONV_ANY] = 1;
-    }
-    int ne = eligible[CONV_DIRECT] + eligible[CONV_ANY];
-    int choice = mode >= 0 ? mode : -1, *slot = NULL;
-    if (mode < 0 && ne && cc->weights) {
-        char tag[400];
-        conv_choice_tag(b, tag, sizeof tag);
-        st = kiln_kernel_choice_slot(cc, cc->in_value[1], tag, &slot);
-        if (st != KILN_OK) {
-            conv_destroy(rule);
-            return st;
-        }
-        choice = *slot >= 0 && *slot < CONV_NALGO ? *slot : -1;
-    }
-    if (!ne || choice == CONV_RULE || (choice > 0 && !eligible[choice])) {
-        conv_inst_fill(rule, fused, inst);
-        return KILN_OK;
-    }
-    if (choice > 0) { /* decided (or forced): that candidate, else the rule's */
-        struct conv_state *s = NULL;
-        st = conv_state_build(b, work, choice, &s);
-        if (st != KILN_OK) {
-            conv_destroy(rule);
-            return st;
-        }
-        if (!s) {
-            conv_inst_fill(rule, fused, inst);
-            return KILN_OK;
-        }
-        conv_destroy(rule);
-        conv_inst_fill(s, fused, inst);
-        return KILN_OK;
-    }
-    struct kiln_kernel_inst cand[CONV_NALGO];
-    struct kiln_kernel_inst *ptr[CONV_NALGO];
-    int algo_of[CONV_NALGO], nc = 0;
-    conv_inst_fill(rule, fused, &cand[nc]);
-    algo_of[nc++] = CONV_RULE;
-    for (int a = 1; a < CONV_NALGO && st == KILN_OK; a++) {
-        struct conv_state *s = NULL;
-        if (!eligible[a]) continue;
-        st = conv_state_build(b, work, a, &s);
-        if (st == KILN_OK && s) {
-            conv_inst_fill(s, fused, &cand[nc]);
-            algo_of[nc++] = a;
-        }
-    }
-    double best[CONV_NALGO];
-    for (int i = 0; i < nc; i++) ptr[i] = &cand[i];
-    if (st == KILN_OK && nc > 1) st = kiln_kernel_time(cc, ptr, nc, 3, best);
-    int win = 0;
-    if (st == KILN_OK)
-        for (int i = 1; i < nc; i++)
-            if (best[i] < best[win] && best[i] * 1.1 < best[0]) win = i;
-    for (int i = 0; i < nc; i++)
-        if (i != win || st != KILN_OK) kiln_kernel_inst_destroy(&cand[i]);
-    if (st != KILN_OK) return st;
-    *inst = cand[win];
-    if (slot) *slot = algo_of[win];
-    return KILN_OK;
-}
-
 static kiln_status conv_compile_dense(const struct kiln_compile_ctx *cc,
                                       struct kiln_kernel_inst *inst)
 {
-    int fused = cc->node->op == KILN_OP_KilnFusedConv;
+    const struct kiln_node *n = cc->node;
+    int fused = n->op == KILN_OP_KilnFusedConv;
     const struct kiln_type *x = cc->in[0], *w = cc->in[1], *y = cc->n_out > 0 ? cc->out[0] : NULL;
     const struct kiln_type *bias = cc->n_in > 2 ? cc->in[2] : NULL;
     const struct kiln_type *sum = fused && cc->n_in > 3 ? cc->in[3] : NULL;
@@ -886,7 +700,57 @@ static kiln_status conv_compile_dense(const struct kiln_compile_ctx *cc,
         kiln_status st = conv8_compile(&b, cc->in_value[1], work, inst);
         if (st != KILN_OK || inst->run) return st;
     }
-    return conv_compile_tuned(&b, work, inst);
+
+    struct conv_state *s = calloc(1, sizeof *s);
+    if (!s) return kiln_node_error(n, KILN_ERR_OUT_OF_MEMORY, "out of memory compiling");
+    int handled = 0;
+    kiln_status st = KILN_OK;
+    if (cc->precision == KILN_PRECISION_BF16 &&
+        dnnl_memory_desc_get_size(&b.src) / 2 < (size_t)INT32_MAX / 2) { /* int offsets */
+        b.bf16 = 1;
+        st = kd_exec_build(&s->e, kd_work_threads(cc, work), conv_make, &b, &handled);
+        if (st != KILN_OK) {
+            free(s);
+            return st;
+        }
+        if (handled) {
+            s->bf16 = 1;
+            s->src_elems = dnnl_memory_desc_get_size(&b.src) / sizeof(float);
+            s->base = (kd_exec_scratch(&s->e) + 63) / 64 * 64;
+            s->scratch_total = s->base + (s->src_elems * 2 + 63) / 64 * 64;
+            for (int vi = 0; vi < s->e.nv; vi++) /* the bf16 X after oneDNN's scratchpad */
+                for (int k = 0; k < s->e.v[vi].nargs; k++)
+                    if (s->e.v[vi].args[k].src == KD_SRC_SCRATCH_AT)
+                        s->e.v[vi].args[k].index += (int)s->base;
+        }
+        b.bf16 = 0;
+    }
+    if (!handled) st = kd_exec_build(&s->e, kd_work_threads(cc, work), conv_make, &b, &handled);
+    if (st != KILN_OK || !handled) {
+        free(s);
+        return st;
+    }
+    s->has_sum = b.has_sum;
+    s->dst_bytes = dnnl_memory_desc_get_size(&b.dst);
+    st = conv_try_any(&b, s, work);
+    if (st != KILN_OK) {
+        conv_destroy(s);
+        return st;
+    }
+    inst->name = s->bf16  ? (fused ? "dnnl_fused_conv_bf16" : "dnnl_conv_bf16")
+                 : s->any ? (fused ? "dnnl_fused_conv_any" : "dnnl_conv_any")
+                          : (fused ? "dnnl_fused_conv" : "dnnl_conv");
+    kd_inst_impl(inst, s->any ? &s->any_e : &s->e);
+    inst->state = s;
+    inst->run = conv_run;
+    inst->destroy = conv_destroy;
+    inst->scratch_bytes = s->bf16 || s->any ? s->scratch_total : kd_exec_scratch(&s->e);
+    inst->packed = 1u << 1; /* every variant runs on the packed weights */
+    if (s->has_sum) { /* Y may be written over Sum: the sum post-op then needs no copy */
+        inst->inplace = 1;
+        inst->inplace_input = 3;
+    }
+    return KILN_OK;
 }
 
 kiln_status kiln_k_dnnl_conv_compile(const struct kiln_compile_ctx *cc,
