@@ -29,7 +29,9 @@ through the C API (tests/unit_kiln_artifact --save), then:
   file (no f32 copy), the file is at most 0.27x the fp32 one (also with a
   batch size saved), and its outputs equal the source int8 session's bit for
   bit and a numpy quantize-dequantize emulation within 1e-4 of the output
-  scale (the reference kernels equal numpy's exact block).
+  scale (the reference kernels equal numpy's exact block);
+- static int8 of the same block (`kiln compile --calibration-method minmax`):
+  the f32 weights the quantized graph replaced are not in the file.
 """
 
 import os
@@ -456,3 +458,35 @@ def test_int8_residual_convolutions(kiln_bin, tool, residual_model, tmp_path):
               f"(of the output scale)")
     print("sizes", size, f"int8/fp32 {size['int8'] / size['fp32']:.3f}x, "
           f"with batch 1 saved {size['int8_1'] / size['fp32_1']:.3f}x")
+
+
+@pytest.mark.skipif(not HAS["int8"], reason="this CPU lacks AVX512-VNNI")
+def test_static_int8_file_holds_no_f32_weights(kiln_bin, residual_model, tmp_path):
+    """Static int8 (`kiln compile --calibration-method`): the quantized graph's convolutions
+    read s8 constants; the f32 weights they replaced are read by nothing and must not be in
+    the file, nor their fp32 packs (it was 4.5x the fp32 file before)."""
+    src, w = residual_model
+    cal = tmp_path / "cal"
+    cal.mkdir()
+    np.save(cal / "x.npy", np.random.default_rng(9).standard_normal((16, 64, 8, 8)).astype(np.float32))
+    sizes = {}
+    for tag, extra in (("fp32", ["--precision", "fp32"]),
+                       ("static", ["--precision", "int8", "--calibration-method", "minmax"])):
+        out = tmp_path / f"{tag}.kiln"
+        r = subprocess.run([kiln_bin, "compile", str(src), "-o", str(out), "--calibration", str(cal),
+                            "--batch-sizes", "1", "--runs", "1", "--max-drop", "50%", *extra],
+                           capture_output=True, text=True, timeout=600)
+        assert r.returncode == 0, r.stdout + r.stderr
+        sizes[tag] = out.stat().st_size
+    buf = (tmp_path / "static.kiln").read_bytes()
+    woff, wlen = sections(buf)["WGHT"]
+    wght = buf[woff:woff + wlen]
+    for name in ("r1", "r2", "r3"):
+        assert wght.find(w[name].tobytes()) < 0, f"{name}: the f32 weight is stored"
+        assert wght.find(w[name].tobytes()[:256]) < 0, f"{name}: part of the f32 weight is stored"
+    assert sizes["static"] <= 0.27 * sizes["fp32"], sizes
+    x = np.random.default_rng(4).standard_normal((2, 64, 8, 8)).astype(np.float32)
+    y = predict(kiln_bin, tmp_path / "static.kiln", x, tmp_path, "static")
+    exact = residual_forward(w, x, int8=False)
+    assert np.abs(y - exact).max() < 0.05 * np.abs(exact).max()
+
