@@ -12,6 +12,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -768,6 +769,43 @@ static kiln_status add_named_value(struct scope *s, const char *name, enum kiln_
     return map_put(&s->names, (char *)s->g->values[*id].name, *id);
 }
 
+/* ONNX node names are optional (onnx.helper, many converters leave them empty), but
+ * Kiln keys per-node precision (kiln_session_set_node_precision, kiln compile's
+ * report, the .kiln file's _kiln_precision) and profiles by node name. An unnamed
+ * node is named "<op_type>_<i>", i its position among the graph's nodes in the
+ * file, with "_2", "_3", ... appended when a named node already has that name: the
+ * same file always gives the same names. */
+static kiln_status name_unnamed_nodes(struct kiln_graph *g)
+{
+    struct name_map taken = {0};
+    kiln_status st = KILN_OK;
+    int unnamed = 0;
+    for (int i = 0; i < g->n_nodes && st == KILN_OK; i++) {
+        if (g->nodes[i].name && g->nodes[i].name[0])
+            st = map_put(&taken, (char *)g->nodes[i].name, i);
+        else
+            unnamed++;
+    }
+    for (int i = 0; i < g->n_nodes && st == KILN_OK && unnamed; i++) {
+        struct kiln_node *n = &g->nodes[i];
+        if (n->name && n->name[0]) continue;
+        char buf[96];
+        snprintf(buf, sizeof buf, "%s_%d", n->op_type ? n->op_type : "node", i);
+        size_t len = strlen(buf);
+        for (int k = 2; map_get(&taken, buf) >= 0; k++)
+            snprintf(buf + len, sizeof buf - len, "_%d", k);
+        char *name = kiln_arena_strdup(g->mem, buf);
+        if (!name) {
+            st = kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory naming nodes");
+            break;
+        }
+        n->name = name;
+        st = map_put(&taken, name, i);
+    }
+    map_free(&taken);
+    return st;
+}
+
 static kiln_status import_graph(struct onnx_ctx *c, const KilnOnnx__GraphProto *gp,
                                 struct scope *s)
 {
@@ -918,6 +956,7 @@ static kiln_status import_graph(struct onnx_ctx *c, const KilnOnnx__GraphProto *
     }
     free(nodes);
     nodes = NULL;
+    if ((st = name_unnamed_nodes(g)) != KILN_OK) return st;
     /* value_info: declared types of intermediate values */
     for (size_t i = 0; i < gp->n_value_info; i++) {
         const KilnOnnx__ValueInfoProto *vi = gp->value_info[i];

@@ -29,7 +29,9 @@
  * of bfloat16-rounded X and W; int8 (groups of 1; grouped convolutions stay
  * fp32, checked) bit for bit against an integer convolution written here,
  * where a padded position contributes 0 (the real zero, q = zp), and
- * Y = (float(acc) * scale_w) * scale_x + bias.
+ * Y = (float(acc) * scale_w) * scale_x + bias. KilnFusedConv with a
+ * residual Sum (fp32, not quantized) and Relu: Y = act(... + bias + Sum),
+ * with and without bias, 1x1 strided, channels off the block.
  */
 #include <math.h>
 #include <stdio.h>
@@ -210,6 +212,7 @@ static kiln_tensor *run_fast(struct one_node *t, int precision, int threads, con
     const kiln_tensor *vals[4] = {0};
     int layouts[4] = {0}, out_layouts[1] = {0};
     for (int i = 0; i < t->n_in; i++) {
+        if (!t->in[i]) continue; /* an absent optional input */
         kiln_type_from_tensor(&types[i], t->in[i]);
         ins[i] = &types[i];
         if (i > 0) vals[i] = t->in[i];
@@ -371,21 +374,26 @@ static void check_case(const struct mm_case *c)
 struct conv_case {
     int64_t n, c, h, w, m, k, stride, pad, group;
     int bias;
+    int sum;  /* KilnFusedConv with a residual Sum (input 3) */
+    int relu; /* KilnFusedConv's activation Relu, after the Sum */
 };
 
 static void check_conv(const struct conv_case *c)
 {
     char what[200];
-    snprintf(what, sizeof what, "Conv n=%lld c=%lld %lldx%lld m=%lld k=%lld stride=%lld pad=%lld "
-             "group=%lld bias=%d", (long long)c->n, (long long)c->c, (long long)c->h,
-             (long long)c->w, (long long)c->m, (long long)c->k, (long long)c->stride,
-             (long long)c->pad, (long long)c->group, c->bias);
+    snprintf(what, sizeof what, "%s n=%lld c=%lld %lldx%lld m=%lld k=%lld stride=%lld pad=%lld "
+             "group=%lld bias=%d sum=%d relu=%d", c->sum || c->relu ? "KilnFusedConv" : "Conv",
+             (long long)c->n, (long long)c->c, (long long)c->h, (long long)c->w,
+             (long long)c->m, (long long)c->k, (long long)c->stride, (long long)c->pad,
+             (long long)c->group, c->bias, c->sum, c->relu);
     struct one_node t;
     memset(&t, 0, sizeof t);
-    int n_in = c->bias ? 3 : 2;
+    int fused = c->sum || c->relu;
+    int n_in = c->sum ? 4 : c->bias ? 3 : 2;
     struct kiln_node *node;
     if (kiln_graph_new(&t.g) != KILN_OK ||
-        kiln_graph_node_add(t.g, KILN_OP_Conv, "conv", n_in, 1, 4, &node) != KILN_OK)
+        kiln_graph_node_add(t.g, fused ? KILN_OP_KilnFusedConv : KILN_OP_Conv, "conv", n_in, 1,
+                            5, &node) != KILN_OK)
         abort();
     node->n_attr = 0;
     t.n_in = n_in;
@@ -394,11 +402,24 @@ static void check_conv(const struct conv_case *c)
     t.g->values[id].producer = 0;
     t.g->nodes[0].out[0] = id;
     int64_t xd[4] = {c->n, c->c, c->h, c->w}, wd[4] = {c->m, c->c / c->group, c->k, c->k};
+    int64_t oh = (c->h + 2 * c->pad - c->k) / c->stride + 1;
+    int64_t ow = (c->w + 2 * c->pad - c->k) / c->stride + 1;
     add_in(&t, 0, rand_tensor(4, xd, -1.0f, 1.0f), 0);
     add_in(&t, 1, rand_tensor(4, wd, -1.0f, 1.0f), 1);
     if (c->bias) {
         int64_t bd[1] = {c->m};
         add_in(&t, 2, rand_tensor(1, bd, -1.0f, 1.0f), 1);
+    } else if (c->sum) { /* an absent bias */
+        t.g->nodes[0].in[2] = -1;
+    }
+    if (c->sum) { /* the residual: a run-time input of Y's shape, larger than the products */
+        int64_t sd[4] = {c->n, c->m, oh, ow};
+        add_in(&t, 3, rand_tensor(4, sd, -3.0f, 2.0f), 0);
+    }
+    if (c->relu) {
+        struct kiln_attr *ra = add_attr(&t, "activation", KILN_ATTR_STRING);
+        ra->s.len = 4;
+        ra->s.data = kiln_arena_strdup(t.g->mem, "Relu");
     }
     struct kiln_attr *a = add_attr(&t, "strides", KILN_ATTR_INTS);
     a->n = 2;
@@ -409,11 +430,10 @@ static void check_conv(const struct conv_case *c)
     a->ints = kiln_arena_alloc(t.g->mem, sizeof(int64_t) * 4);
     for (int i = 0; i < 4; i++) a->ints[i] = c->pad;
     add_attr(&t, "group", KILN_ATTR_INT)->i = c->group;
-    int64_t oh = (c->h + 2 * c->pad - c->k) / c->stride + 1;
-    int64_t ow = (c->w + 2 * c->pad - c->k) / c->stride + 1;
     int64_t count = c->n * c->m * oh * ow, cg = c->c / c->group, mg = c->m / c->group;
     float *want = malloc(sizeof(float) * (size_t)count), *exact = malloc(sizeof(float) * (size_t)count);
     const float *x = t.in[0]->data, *w = t.in[1]->data, *b = c->bias ? t.in[2]->data : NULL;
+    const float *sum = c->sum ? t.in[3]->data : NULL;
     double scale = 1.0;
     for (int64_t in = 0; in < c->n; in++)
         for (int64_t m = 0; m < c->m; m++)
@@ -438,6 +458,14 @@ static void check_conv(const struct conv_case *c)
                         e += b[m];
                     }
                     int64_t o = ((in * c->m + m) * oh + oy) * ow + ox;
+                    if (sum) {
+                        r += sum[o];
+                        e += sum[o];
+                    }
+                    if (c->relu) {
+                        r = fmax(r, 0.0);
+                        e = fmax(e, 0.0);
+                    }
                     want[o] = (float)r;
                     exact[o] = (float)e;
                     scale = fmax(scale, fabs(e));
@@ -485,10 +513,13 @@ static void check_conv(const struct conv_case *c)
                                     acc += (qx[((in * c->c + g * cg + ci) * c->h + iy) * c->w + ix] -
                                             zp) * qw[((m * cg + ci) * c->k + ky) * c->k + kx];
                                 }
+                        int64_t o = ((in * c->m + m) * oh + oy) * ow + ox;
                         float v = (float)acc * sw[m];
                         v = v * sx;
                         if (b) v = v + b[m];
-                        want8[((in * c->m + m) * oh + oy) * ow + ox] = v;
+                        if (sum) v = v + sum[o];
+                        if (c->relu) v = fmaxf(v, 0.0f);
+                        want8[o] = v;
                     }
         free(qx);
         free(qw);
@@ -660,13 +691,20 @@ int main(void)
     };
     for (size_t i = 0; i < sizeof more / sizeof more[0]; i++) check_case(&more[i]);
     const struct conv_case convs[] = {
-        {1, 1, 8, 8, 1, 3, 1, 1, 1, 0},
-        {1, 3, 9, 7, 16, 3, 1, 1, 1, 1},
-        {2, 16, 8, 8, 17, 3, 2, 1, 1, 1},
-        {1, 17, 6, 6, 33, 1, 1, 0, 1, 1},
-        {1, 33, 10, 10, 16, 3, 1, 0, 1, 0},
-        {1, 16, 7, 7, 16, 3, 1, 1, 16, 1}, /* depthwise */
-        {1, 32, 5, 5, 64, 3, 1, 1, 4, 1},  /* groups */
+        {1, 1, 8, 8, 1, 3, 1, 1, 1, 0, 0, 0},
+        {1, 3, 9, 7, 16, 3, 1, 1, 1, 1, 0, 0},
+        {2, 16, 8, 8, 17, 3, 2, 1, 1, 1, 0, 0},
+        {1, 17, 6, 6, 33, 1, 1, 0, 1, 1, 0, 0},
+        {1, 33, 10, 10, 16, 3, 1, 0, 1, 0, 0, 0},
+        {1, 16, 7, 7, 16, 3, 1, 1, 16, 1, 0, 0}, /* depthwise */
+        {1, 32, 5, 5, 64, 3, 1, 1, 4, 1, 0, 0},  /* groups */
+        /* KilnFusedConv with a residual Sum (a ResNet block's last convolution) */
+        {1, 16, 8, 8, 16, 3, 1, 1, 1, 1, 1, 1},  /* bias + Sum + Relu */
+        {2, 17, 7, 5, 33, 3, 1, 1, 1, 1, 1, 0},  /* bias + Sum, channels off the block */
+        {1, 3, 6, 6, 1, 1, 1, 0, 1, 0, 1, 1},    /* no bias, one output channel */
+        {2, 32, 9, 9, 64, 1, 2, 0, 1, 1, 1, 1},  /* strided 1x1 (a downsample branch) */
+        {1, 33, 5, 5, 15, 3, 1, 1, 1, 1, 0, 1},  /* bias + Relu, no Sum */
+        {1, 16, 7, 7, 16, 3, 1, 1, 16, 1, 1, 1}, /* depthwise with a Sum: stays fp32 */
     };
     for (size_t i = 0; i < sizeof convs / sizeof convs[0]; i++) check_conv(&convs[i]);
     test_session_option();

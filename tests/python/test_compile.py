@@ -396,6 +396,54 @@ def test_data_forms_and_bad_data(kiln_bin, digits, tmp_path):
     bad(tmp_path / "missing", "missing", "does not exist")
 
 
+@pytest.mark.skipif(not VNNI, reason="no VNNI/AMX on this CPU: auto starts from bf16")
+def test_auto_quantizes_unnamed_nodes(kiln_bin, digits, tmp_path):
+    """ONNX node names are optional (onnx.helper leaves them empty). Per-node precision is
+    keyed by name, so the importer names an unnamed node "<op_type>_<index>" (a suffix when
+    a named node holds that name): `auto` must quantize such a model, the names must be the
+    same in the report, the sensitivity runs and the .kiln, and the artifact must compute
+    numpy's int8 emulation."""
+    import onnx
+    ev, cal, labels, x, y = digits
+    m = onnx.load(str(DIGITS))
+    for n in m.graph.node:
+        n.name = ""
+    m.graph.node[1].name = "Gemm_0"  # the Relu takes the first Gemm's generated name
+    src = tmp_path / "unnamed.onnx"
+    onnx.save(m, str(src))
+    want_names = ["Gemm_0_2", "Gemm_2"]
+    out = tmp_path / "unnamed.kiln"
+    _, rep = compile_model(kiln_bin, src, out, "--precision", "auto", "--calibration", cal,
+                           "--eval", ev, "--labels", labels)
+    assert rep["passed"] is True
+    assert [n["name"] for n in rep["nodes"]] == want_names, rep["nodes"]
+    assert all(n["precision"] == "int8" and not n["fell_back"] for n in rep["nodes"])
+    # each node's sensitivity was measured with that node alone in int8, found by its name
+    xc = np.load(cal / "pixels.npy")
+    layers = gemm_weights(src)
+    base = softmax(mlp(xc, layers, ["fp32", "fp32"], batched=True).astype(np.float64))
+    for i, node in enumerate(want_names):
+        modes = ["fp32", "fp32"]
+        modes[i] = "int8"
+        c = softmax(mlp(xc, layers, modes, batched=True).astype(np.float64))
+        want_db = 10 * np.log10((base ** 2).sum() / ((c - base) ** 2).sum())
+        got = next(n for n in rep["nodes"] if n["name"] == node)
+        assert got["sqnr_db"] == pytest.approx(want_db, abs=0.05), node
+    # the .kiln keeps the names and their precision, and computes int8
+    r = run([kiln_bin, "inspect", out])
+    assert r.returncode == 0, r.stderr
+    rows = [ln.split() for ln in r.stdout.splitlines() if ln.startswith("  int8 ")]
+    assert sorted(row[-1] for row in rows) == want_names, r.stdout
+    got = predict_batched(kiln_bin, out, "pixels", x, tmp_path, "unnamed")
+    want = softmax(mlp(x, layers, ["int8", "int8"], batched=True).astype(np.float64))
+    assert np.abs(got - want).max() < 1e-4
+    # a second import of the same file names the nodes alike: the names key a profile
+    r = run([kiln_bin, "bench", src, "--batch", "1", "--iterations", "1", "--profile"])
+    assert r.returncode == 0, r.stderr
+    prof = r.stdout + r.stderr
+    assert all(name in prof for name in want_names + ["Softmax_3"]), prof
+
+
 def test_usage_errors(kiln_bin, digits, tmp_path):
     ev = digits[0]
     r = run([kiln_bin, "compile", DIGITS, "-o", tmp_path / "x.kiln", "--emit-onnx", "x.onnx"])

@@ -37,18 +37,20 @@
  * accumulates in fp32 into the fp32 Y with bias, Sum and activation as in
  * fp32. Where oneDNN has no bf16 convolution the node runs in fp32.
  *
- * int8 (KILN_PRECISION_INT8; groups of 1, no residual Sum): dynamic
- * quantization on oneDNN's int8 convolution, whose fast (VNNI) kernels want
- * channels-last activations. Each run: a reorder brings X (plain or
- * blocked) to channels-last fp32 in scratch, X is quantized there to u8
- * with a scale and zero point measured on it (kd_quantize_u8), the
- * convolution accumulates (q - zp) * w_s8 in int32 and writes
- *     Y' = (float(acc) * scale_w[m]) * scale_x + bias, then the activation
- * (scale_w as constant per-channel output scales, scale_x as a binary-mul
- * post-op read at run time, bias as a binary-add post-op) to a
- * channels-last fp32 buffer, and a second reorder writes it to Y in Y's
- * layout. The weights are symmetric s8 per output channel
- * (kd_pack_weights_s8).
+ * int8 (KILN_PRECISION_INT8; groups of 1): dynamic quantization on
+ * oneDNN's int8 convolution, whose fast (VNNI) kernels want channels-last
+ * activations. Each run: a reorder brings X (plain or blocked) to
+ * channels-last fp32 in scratch, X is quantized there to u8 with a scale
+ * and zero point measured on it (kd_quantize_u8), the convolution
+ * accumulates (q - zp) * w_s8 in int32 and writes
+ *     Y' = (float(acc) * scale_w[m]) * scale_x + bias [+ Sum], then the
+ * activation (scale_w as constant per-channel output scales, scale_x as a
+ * binary-mul post-op read at run time, bias as a binary-add post-op,
+ * KilnFusedConv's residual Sum as a sum post-op) to a channels-last fp32
+ * buffer, and a second reorder writes it to Y in Y's layout. The Sum stays
+ * fp32 (no second quantization): a reorder copies it, from Y's layout, into
+ * that channels-last buffer before the convolution adds to it. The weights
+ * are symmetric s8 per output channel (kd_pack_weights_s8).
  */
 #include <math.h>
 
@@ -183,6 +185,8 @@ out:
 
 struct conv8_state {
     struct kd_exec pre, conv, post; /* X -> fp32 channels-last; the int8 conv; -> Y */
+    struct kd_exec pre_sum;         /* Sum -> the channels-last Y buffer (has_sum) */
+    int has_sum;
     size_t base;                    /* scratch offset of the buffers below */
     size_t x_rel, q_rel, sx_rel, zp_rel, y_rel;
     int64_t x_count;
@@ -195,7 +199,7 @@ struct conv8_build {
     dnnl_memory_desc_t one, bias_po, zp_md;
     const float *w_scales;             /* per output channel, for the attr */
     size_t x_rel, q_rel, sx_rel, zp_rel, y_rel;
-    int stage;                         /* 0 pre reorder, 1 conv, 2 post reorder */
+    int stage;                         /* 0 pre reorder, 1 conv, 2 post reorder, 3 Sum reorder */
 };
 
 static kiln_status conv8_make(void *arg, struct kd_variant *v, int threads)
@@ -210,9 +214,11 @@ static kiln_status conv8_make(void *arg, struct kd_variant *v, int threads)
     dnnl_status_t r = dnnl_primitive_attr_create(&attr);
     if (r == dnnl_success) r = dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user);
     (void)threads;
-    if (c->stage != 1) { /* a layout reorder */
-        const dnnl_memory_desc_t *from = c->stage == 0 ? &b->src : &c->y_cl;
-        const dnnl_memory_desc_t *to = c->stage == 0 ? &c->x_cl : &b->dst;
+    if (c->stage != 1) { /* a layout reorder (Sum is stored as Y is: conv_node_ok) */
+        const dnnl_memory_desc_t *from = c->stage == 0 ? &b->src : c->stage == 3 ? &b->dst
+                                                                                  : &c->y_cl;
+        const dnnl_memory_desc_t *to = c->stage == 0 ? &c->x_cl : c->stage == 3 ? &c->y_cl
+                                                                                : &b->dst;
         if (r == dnnl_success)
             r = dnnl_reorder_primitive_desc_create(&pd, from, kd_engine(), to, kd_engine(), attr);
         if (r != dnnl_success) goto out;
@@ -221,6 +227,9 @@ static kiln_status conv8_make(void *arg, struct kd_variant *v, int threads)
         if (c->stage == 0) {
             kd_variant_arg(v, DNNL_ARG_FROM, KD_SRC_IN, 0, from);
             kd_variant_arg(v, DNNL_ARG_TO, KD_SRC_SCRATCH_AT, (int)c->x_rel, to);
+        } else if (c->stage == 3) {
+            kd_variant_arg(v, DNNL_ARG_FROM, KD_SRC_IN, 3, from);
+            kd_variant_arg(v, DNNL_ARG_TO, KD_SRC_SCRATCH_AT, (int)c->y_rel, to);
         } else {
             kd_variant_arg(v, DNNL_ARG_FROM, KD_SRC_SCRATCH_AT, (int)c->y_rel, from);
             kd_variant_arg(v, DNNL_ARG_TO, KD_SRC_OUT, 0, to);
@@ -243,6 +252,7 @@ static kiln_status conv8_make(void *arg, struct kd_variant *v, int threads)
     if (r == dnnl_success) r = dnnl_post_ops_append_binary(po, dnnl_binary_mul, &c->one);
     if (r == dnnl_success && b->has_bias)
         r = dnnl_post_ops_append_binary(po, dnnl_binary_add, &c->bias_po);
+    if (r == dnnl_success && b->has_sum) r = dnnl_post_ops_append_sum(po, 1.0f);
     if (r == dnnl_success && !kd_append_activation(n, po)) r = dnnl_unimplemented;
     if (r == dnnl_success) r = dnnl_primitive_attr_set_post_ops(attr, po);
     if (r == dnnl_success) r = dnnl_primitive_desc_create(&pd, &cd, attr, kd_engine(), NULL);
@@ -296,7 +306,8 @@ static kiln_status conv8_run(void *state, struct kiln_run_ctx *ctx)
                        ctx->threads, &sx, &zp);
         memcpy(base + s->sx_rel, &sx, sizeof sx);
         memcpy(base + s->zp_rel, &zp, sizeof zp);
-        st = kd_exec_run(&s->conv, &c2);
+        if (s->has_sum) st = kd_exec_run(&s->pre_sum, &c2); /* Sum into the conv's Y */
+        if (st == KILN_OK) st = kd_exec_run(&s->conv, &c2);
     }
     if (st == KILN_OK) st = kd_exec_run(&s->post, &c2);
     free(heap);
@@ -309,6 +320,7 @@ static void conv8_destroy(void *state)
     kd_exec_destroy(&s->pre);
     kd_exec_destroy(&s->conv);
     kd_exec_destroy(&s->post);
+    if (s->has_sum) kd_exec_destroy(&s->pre_sum);
     free(s);
 }
 
@@ -369,7 +381,7 @@ static kiln_status conv8_compile(const struct conv_build *b, const kiln_tensor *
         free(s);
         return KILN_OK;
     }
-    int h0 = 0, h1 = 0, h2 = 0;
+    int h0 = 0, h1 = 0, h2 = 0, h3 = !b->has_sum;
     c.stage = 1;
     st = kd_exec_build(&s->conv, kd_work_threads(cc, work), conv8_make, &c, &h1);
     if (st == KILN_OK && h1) {
@@ -380,18 +392,25 @@ static kiln_status conv8_compile(const struct conv_build *b, const kiln_tensor *
         c.stage = 2;
         st = kd_exec_build(&s->post, kd_work_threads(cc, (double)yc), conv8_make, &c, &h2);
     }
+    if (st == KILN_OK && h1 && h0 && h2 && b->has_sum) {
+        c.stage = 3;
+        st = kd_exec_build(&s->pre_sum, kd_work_threads(cc, (double)yc), conv8_make, &c, &h3);
+    }
     free(ws);
-    if (st != KILN_OK || !h0 || !h1 || !h2) {
+    if (st != KILN_OK || !h0 || !h1 || !h2 || !h3) {
         if (h0) kd_exec_destroy(&s->pre);
         if (h1) kd_exec_destroy(&s->conv);
         if (h2) kd_exec_destroy(&s->post);
+        if (h3 && b->has_sum) kd_exec_destroy(&s->pre_sum);
         free(s);
         return st;
     }
+    s->has_sum = b->has_sum;
     size_t sp = kd_exec_scratch(&s->pre), sc = kd_exec_scratch(&s->conv);
     size_t so = kd_exec_scratch(&s->post);
     size_t scratch = sp > sc ? sp : sc;
     if (so > scratch) scratch = so;
+    if (s->has_sum && kd_exec_scratch(&s->pre_sum) > scratch) scratch = kd_exec_scratch(&s->pre_sum);
     s->base = scratch;
     s->x_rel = c.x_rel;
     s->q_rel = c.q_rel;
@@ -400,8 +419,8 @@ static kiln_status conv8_compile(const struct conv_build *b, const kiln_tensor *
     s->y_rel = c.y_rel;
     s->x_count = xc;
     s->scratch_total = s->base + own;
-    struct kd_exec *all[3] = {&s->pre, &s->conv, &s->post};
-    for (int e = 0; e < 3; e++) /* the kernel's buffers after the largest scratchpad */
+    struct kd_exec *all[4] = {&s->pre, &s->conv, &s->post, &s->pre_sum};
+    for (int e = 0; e < 3 + s->has_sum; e++) /* the kernel's buffers after the largest scratchpad */
         for (int vi = 0; vi < all[e]->nv; vi++)
             for (int k = 0; k < all[e]->v[vi].nargs; k++)
                 if (all[e]->v[vi].args[k].src == KD_SRC_SCRATCH_AT)
@@ -413,6 +432,10 @@ static kiln_status conv8_compile(const struct conv_build *b, const kiln_tensor *
     inst->destroy = conv8_destroy;
     inst->scratch_bytes = s->scratch_total;
     inst->packed = 1u << 1;
+    if (s->has_sum) { /* Sum is copied into scratch before Y is written: Y may be Sum's buffer */
+        inst->inplace = 1;
+        inst->inplace_input = 3;
+    }
     return KILN_OK;
 }
 
@@ -696,7 +719,7 @@ static kiln_status conv_compile_dense(const struct kiln_compile_ctx *cc,
     b.winograd = conv_use_winograd(rank, w->dims, group, &b);
     double work = 2.0 * (double)kiln_shape_count(y->rank, y->dims) *
                   (double)kiln_shape_count(w->rank, w->dims) / (double)w->dims[0];
-    if (cc->precision == KILN_PRECISION_INT8 && group == 1 && !sum) {
+    if (cc->precision == KILN_PRECISION_INT8 && group == 1) {
         kiln_status st = conv8_compile(&b, cc->in_value[1], work, inst);
         if (st != KILN_OK || inst->run) return st;
     }
