@@ -614,8 +614,10 @@ def scenario_slowloris(kiln, work, long, seconds):
             except BlockingIOError:
                 pass
             slow.append([s, 0])
-        # slow readers: whole requests for 2000 rows whose ~400 KB answers are
-        # not read until the end, through a 4 KiB receive buffer
+        # slow readers: whole requests for 2000 rows whose ~400 KB answers are read
+        # through a 4 KiB receive buffer at 1 KiB every 0.5 s (2 KiB/s: a reader that
+        # makes progress, which the server's 120 s idle timeout must not cut off; one
+        # that reads nothing for longer is dropped by that timeout, by design)
         nread = 40 if long else 10
         big = json.dumps({"instances": [PIXELS] * 2000}).encode()
         readers = []
@@ -625,7 +627,8 @@ def scenario_slowloris(kiln, work, long, seconds):
             r.connect(("127.0.0.1", srv.port))
             r.sendall(f"POST {PATH} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: {len(big)}\r\n"
                       "Connection: close\r\n\r\n".encode() + big)
-            readers.append(r)
+            r.setblocking(False)
+            readers.append([r, b""])
         lat = []
         bad = []
         t_end = time.time() + run_s
@@ -646,6 +649,11 @@ def scenario_slowloris(kiln, work, long, seconds):
                             rec[0].close()
                             rec[0] = None
                             dropped += 1
+                for rd in readers:
+                    try:
+                        rd[1] += rd[0].recv(1024)
+                    except OSError:  # nothing to read yet (EAGAIN) or closed
+                        pass
             t0 = time.time()
             try:
                 status, body = srv.request("POST", PATH, BODY, timeout=bound + 5)
@@ -659,9 +667,9 @@ def scenario_slowloris(kiln, work, long, seconds):
             time.sleep(0.05)
         # the slow readers' answers must be whole 200s once they read them
         readers_ok = 0
-        for r in readers:
+        for r, data in readers:
+            r.setblocking(True)
             r.settimeout(30)
-            data = b""
             try:
                 while True:
                     chunk = r.recv(65536)
