@@ -1654,12 +1654,7 @@ static kiln_status hyb_input(struct lw *L, int k, kiln_dtype dt, int64_t rows, i
         return lerr(L, KILN_ERR_INVALID_MODEL, "%s (input %d, tensor '%s') must have shape "
                     "[%lld]", what, k, t->name, (long long)rows);
     }
-    if (dt != KILN_DTYPE_I8) {
-        if (t->n_q > 0)
-            return lerr(L, KILN_ERR_UNSUPPORTED, "%s (input %d, tensor '%s') is float32 with "
-                        "quantization parameters", what, k, t->name);
-        return KILN_OK;
-    }
+    if (dt != KILN_DTYPE_I8) return KILN_OK; /* TFLite reads float inputs as they are */
     if (t->n_q < 1)
         return lerr(L, KILN_ERR_INVALID_MODEL, "int8 %s (input %d, tensor '%s') has no "
                     "quantization scale", what, k, t->name);
