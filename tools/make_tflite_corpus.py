@@ -185,12 +185,15 @@ def unary(op, shape=(2, 3), opts=None):
 
 def lstm_model(batch, seq, nin, hidden, time_major=False, peephole=False, seed=0, cifg=False,
                proj=0, proj_bias=True, layer_norm=False, cell_clip=0.0, proj_clip=0.0,
-               act=4, one_step=False):
+               act=4, one_step=False, hybrid=False, asym=False):
     """A float UNIDIRECTIONAL_SEQUENCE_LSTM (or, one_step, an LSTM of input
     [batch, nin]) with the optional features: CIFG (no input gate), proj
     outputs of projection (with a bias when proj_bias), layer norm, clipping,
     activation act; returns the model and its weights {name: array, None when
-    absent}: w_g, r_g, b_g (g in i, f, c, o), p_i, p_f, p_o, ln_g, proj_w, proj_b."""
+    absent}: w_g, r_g, b_g (g in i, f, c, o), p_i, p_f, p_o, ln_g, proj_w, proj_b.
+    hybrid: the weight matrices and peepholes become int8 with one symmetric
+    scale each (max |w| / 127, as TFLite's converter quantizes them), stored
+    as s_<name>; asym sets asymmetric_quantize_inputs."""
     rng = np.random.default_rng(seed)
     m = Model()
     nout = proj or hidden
@@ -214,8 +217,19 @@ def lstm_model(batch, seq, nin, hidden, time_major=False, peephole=False, seed=0
     wts["proj_w"] = rnd(proj, hidden) if proj else None
     wts["proj_b"] = rnd(proj) if proj and proj_bias else None
 
+    if hybrid:
+        for k in [k for k in wts if k[:2] in ("w_", "r_", "p_") or k == "proj_w"]:
+            if wts[k] is not None:
+                sc = np.float32(np.abs(wts[k]).max() / 127)
+                wts[k] = np.clip(np.round(wts[k] / sc), -127, 127).astype(np.int8)
+                wts["s_" + k] = sc
+
     def c(k):
-        return m.const(wts[k]) if wts[k] is not None else -1
+        if wts[k] is None:
+            return -1
+        if wts[k].dtype == np.int8:
+            return m.const(wts[k], quant=([float(wts["s_" + k])], [0], 0))
+        return m.const(wts[k])
     ins = [x] + [c("w_" + g) for g in "ifco"] + [c("r_" + g) for g in "ifco"]
     ins += [c("p_" + g) for g in "ifo"] + [c("b_" + g) for g in "ifco"]
     ins += [c("proj_w"), c("proj_b")]
@@ -230,10 +244,12 @@ def lstm_model(batch, seq, nin, hidden, time_major=False, peephole=False, seed=0
                  else [batch, seq, nout])
     y = m.add(out_shape, name="y")
     opts = [("i8", act), ("f32", cell_clip), ("f32", proj_clip)]
+    tail = [("u8", 1)] if asym else []
     if one_step:
-        m.op("LSTM", ins, [y], opts)
+        m.op("LSTM", ins, [y], opts + ([("u8", 0)] + tail if tail else []))
     else:
-        m.op("UNIDIRECTIONAL_SEQUENCE_LSTM", ins, [y], opts + [("u8", 1 if time_major else 0)])
+        m.op("UNIDIRECTIONAL_SEQUENCE_LSTM", ins, [y],
+             opts + [("u8", 1 if time_major else 0)] + tail)
     m.inputs, m.outputs = [x], [y]
     return m, wts
 
@@ -366,6 +382,16 @@ def corpus():
                                          cell_clip=1.0, proj_clip=0.5)[0].bytes()
     out["cifg_lstm.tflite"] = lstm_model(1, 2, 3, 4, cifg=True, one_step=True)[0].bytes()
     out["basic_lstm.tflite"] = lstm_basic_model(2, 3, 4)[0].bytes()
+    # hybrid LSTMs (int8 weights, float activations)
+    out["hybrid_lstm.tflite"] = lstm_model(2, 3, 4, 5, hybrid=True)[0].bytes()
+    out["hybrid_lstm_full_asym.tflite"] = lstm_model(
+        2, 3, 4, 5, hybrid=True, asym=True, peephole=True, proj=3, layer_norm=True,
+        cell_clip=0.5, proj_clip=0.4, time_major=True)[0].bytes()
+    out["hybrid_lstm_cifg_step.tflite"] = lstm_model(1, 1, 3, 4, hybrid=True, cifg=True,
+                                                     one_step=True, asym=True)[0].bytes()
+    m = lstm_model(1, 2, 3, 4, hybrid=True)[0]
+    m.tensors[m.ops[0][1][1][3]][4] = None  # an int8 weight without its scale
+    out["hybrid_lstm_no_scale.tflite"] = m.bytes()
 
     m = unary("CUSTOM")
     m.codes = [(32, "MyCustomOp")]

@@ -238,6 +238,16 @@ static kiln_status a_ints(struct lw *L, struct kiln_node *n, const char *name, i
     if (cnt) memcpy(a->ints, v, sizeof(int64_t) * (size_t)cnt);
     return KILN_OK;
 }
+static kiln_status a_floats(struct lw *L, struct kiln_node *n, const char *name, int cnt,
+                            const float *v)
+{
+    struct kiln_attr *a = attr(n, name, KILN_ATTR_FLOATS);
+    a->n = cnt;
+    a->floats = kiln_arena_alloc(L->g->mem, sizeof(float) * ((size_t)cnt + 1));
+    if (!a->floats) return oom();
+    if (cnt) memcpy(a->floats, v, sizeof(float) * (size_t)cnt);
+    return KILN_OK;
+}
 static kiln_status a_str(struct lw *L, struct kiln_node *n, const char *name, const char *s)
 {
     struct kiln_attr *a = attr(n, name, KILN_ATTR_STRING);
@@ -1605,6 +1615,140 @@ static kiln_status lower_lstm_basic(struct lw *L, int act, float cell_clip, floa
     return KILN_OK;
 }
 
+/* TFLite's names of the LSTM inputs, by index. */
+static const char *const lstm_input_names[24] = {
+    "input", "input_to_input_weights", "input_to_forget_weights", "input_to_cell_weights",
+    "input_to_output_weights", "recurrent_to_input_weights", "recurrent_to_forget_weights",
+    "recurrent_to_cell_weights", "recurrent_to_output_weights", "cell_to_input_weights",
+    "cell_to_forget_weights", "cell_to_output_weights", "input_gate_bias", "forget_gate_bias",
+    "cell_gate_bias", "output_gate_bias", "projection_weights", "projection_bias",
+    "output_state", "cell_state", "input_layer_norm_coefficients",
+    "forget_layer_norm_coefficients", "cell_layer_norm_coefficients",
+    "output_layer_norm_coefficients",
+};
+
+/* Input k of a hybrid LSTM: absent (an error when required), or a constant
+ * of dtype dt and shape [rows, cols] ([rows] when cols is 0); int8 ones need
+ * exactly one finite positive scale and zero point 0 (*scale gets it). */
+static kiln_status hyb_input(struct lw *L, int k, kiln_dtype dt, int64_t rows, int64_t cols,
+                             bool required, float *scale)
+{
+    const struct tfl_tensor *t = tin(L, k);
+    const char *what = lstm_input_names[k];
+    if (!t) {
+        if (required)
+            return lerr(L, KILN_ERR_INVALID_MODEL, "%s (input %d) is missing", what, k);
+        return KILN_OK;
+    }
+    if (t->dtype != dt)
+        return lerr(L, KILN_ERR_UNSUPPORTED, "%s (input %d, tensor '%s') is %s; a hybrid LSTM "
+                    "takes %s here", what, k, t->name, kiln_dtype_name(t->dtype),
+                    kiln_dtype_name(dt));
+    if (!tbuf(L, t))
+        return lerr(L, KILN_ERR_UNSUPPORTED, "%s (input %d, tensor '%s') must be a constant",
+                    what, k, t->name);
+    if (t->rank != (cols ? 2 : 1) || t->shape[0] != rows || (cols && t->shape[1] != cols)) {
+        if (cols)
+            return lerr(L, KILN_ERR_INVALID_MODEL, "%s (input %d, tensor '%s') must have shape "
+                        "[%lld, %lld]", what, k, t->name, (long long)rows, (long long)cols);
+        return lerr(L, KILN_ERR_INVALID_MODEL, "%s (input %d, tensor '%s') must have shape "
+                    "[%lld]", what, k, t->name, (long long)rows);
+    }
+    if (dt != KILN_DTYPE_I8) return KILN_OK; /* TFLite reads float inputs as they are */
+    if (t->n_q < 1)
+        return lerr(L, KILN_ERR_INVALID_MODEL, "int8 %s (input %d, tensor '%s') has no "
+                    "quantization scale", what, k, t->name);
+    if (t->n_q > 1)
+        return lerr(L, KILN_ERR_UNSUPPORTED, "int8 %s (input %d, tensor '%s') has %d scales; "
+                    "TFLite's hybrid LSTM reads one scale per weight tensor", what, k, t->name,
+                    t->n_q);
+    if (!(t->scale[0] > 0) || !isfinite(t->scale[0]))
+        return lerr(L, KILN_ERR_INVALID_MODEL, "int8 %s (input %d, tensor '%s') has scale %g",
+                    what, k, t->name, (double)t->scale[0]);
+    if (t->zero_point[0] != 0)
+        return lerr(L, KILN_ERR_INVALID_MODEL, "int8 %s (input %d, tensor '%s') has zero "
+                    "point %lld (hybrid weights are symmetric: 0)", what, k, t->name,
+                    (long long)t->zero_point[0]);
+    *scale = t->scale[0];
+    return KILN_OK;
+}
+
+/* The hybrid LSTM (float32 input and output, int8 weights): TflLstmHybrid,
+ * TFLite's EvalHybrid (src/kernels/ref/tflite_lstm.c). */
+static kiln_status lower_lstm_hybrid(struct lw *L, bool sequence, bool time_major, int act,
+                                     float cell_clip, float proj_clip, bool asym)
+{
+    const struct tfl_tensor *tx = tin(L, 0), *wf = tin(L, 2), *rf = tin(L, 6), *to = tout(L, 0);
+    if (act != ACT_TANH && act != ACT_RELU && act != ACT_RELU6 && act != ACT_RELU_N1_TO_1)
+        return lerr(L, KILN_ERR_UNSUPPORTED, "hybrid LSTM with fused activation %d (TANH, "
+                    "RELU, RELU6 or RELU_N1_TO_1 expected)", act);
+    if (!(cell_clip >= 0) || !(proj_clip >= 0) || !isfinite(cell_clip) || !isfinite(proj_clip))
+        return lerr(L, KILN_ERR_INVALID_MODEL, "cell_clip %g and proj_clip %g",
+                    (double)cell_clip, (double)proj_clip);
+    if (to->dtype != KILN_DTYPE_F32)
+        return lerr(L, KILN_ERR_UNSUPPORTED, "hybrid LSTM output '%s' is %s (float32 expected)",
+                    to->name, kiln_dtype_name(to->dtype));
+    if (!wf || wf->rank != 2 || !rf || rf->rank != 2)
+        return lerr(L, KILN_ERR_INVALID_MODEL, "input_to_forget_weights (input 2) and "
+                    "recurrent_to_forget_weights (input 6) must be 2-D");
+    int64_t C = wf->shape[0], I = wf->shape[1], O = rf->shape[1];
+    if (C < 1 || I < 1 || O < 1 || C > INT32_MAX || I > INT32_MAX || O > INT32_MAX ||
+        I != tx->shape[tx->rank - 1])
+        return lerr(L, KILN_ERR_INVALID_MODEL, "LSTM weights of %lld cells, %lld inputs and "
+                    "%lld outputs for an input of %lld features", (long long)C, (long long)I,
+                    (long long)O, (long long)tx->shape[tx->rank - 1]);
+    if (L->op->n_in > 24)
+        return lerr(L, KILN_ERR_UNSUPPORTED, "auxiliary LSTM inputs (inputs 24 on)");
+    float scales[24] = {0};
+    bool cifg = !tin(L, 1);
+    bool peep = tin(L, 10) || tin(L, 11);
+    bool ln = L->op->n_in > 21 && tin(L, 21);
+    bool proj = tin(L, 16) != NULL;
+    if (!proj && O != C)
+        return lerr(L, KILN_ERR_INVALID_MODEL, "%lld outputs for %lld cells without "
+                    "projection_weights", (long long)O, (long long)C);
+    for (int g = 0; g < 4; g++) {
+        bool need = !cifg || g > 0;
+        TRY(hyb_input(L, 1 + g, KILN_DTYPE_I8, C, I, need, &scales[1 + g]));
+        TRY(hyb_input(L, 5 + g, KILN_DTYPE_I8, C, O, need, &scales[5 + g]));
+        TRY(hyb_input(L, 12 + g, KILN_DTYPE_F32, C, 0, need, &scales[12 + g]));
+        if (L->op->n_in > 20 + g)
+            TRY(hyb_input(L, 20 + g, KILN_DTYPE_F32, C, 0, need && ln, &scales[20 + g]));
+        if (g != 2)
+            TRY(hyb_input(L, 9 + (g == 3 ? 2 : g), KILN_DTYPE_I8, C, 0, need && peep,
+                          &scales[9 + (g == 3 ? 2 : g)]));
+    }
+    if (cifg && (tin(L, 5) || tin(L, 9) || tin(L, 12) || (L->op->n_in > 20 && tin(L, 20))))
+        return lerr(L, KILN_ERR_INVALID_MODEL, "CIFG (no input_to_input_weights) with an input "
+                    "gate's recurrent, peephole, bias or layer norm input");
+    if (!ln)
+        for (int k = 20; k < L->op->n_in; k++)
+            if (tin(L, k))
+                return lerr(L, KILN_ERR_INVALID_MODEL, "layer norm coefficient input %d without "
+                            "forget_layer_norm_coefficients (input 21)", k);
+    TRY(hyb_input(L, 16, KILN_DTYPE_I8, O, C, false, &scales[16]));
+    TRY(hyb_input(L, 17, KILN_DTYPE_F32, O, 0, false, &scales[17]));
+    if (!proj && tin(L, 17))
+        return lerr(L, KILN_ERR_INVALID_MODEL, "projection_bias (input 17) without "
+                    "projection_weights (input 16)");
+    int in[24];
+    for (int k = 0; k < 24; k++) {
+        in[k] = -1;
+        if (k != 18 && k != 19) TRY(in_val(L, k, &in[k]));
+    }
+    struct kiln_node *n;
+    int y;
+    TRY(node(L, KILN_OP_TflLstmHybrid, 24, in, 7, &n, &y));
+    TRY(a_floats(L, n, "scales", 24, scales));
+    a_int(n, "act", act);
+    a_float(n, "cell_clip", cell_clip);
+    a_float(n, "proj_clip", proj_clip);
+    a_int(n, "asymmetric", asym);
+    a_int(n, "sequence", sequence);
+    a_int(n, "time_major", time_major);
+    return bind(L, 0, y);
+}
+
 /* LSTM (one step) and UNIDIRECTIONAL_SEQUENCE_LSTM. Without CIFG,
  * projection, layer normalization, clipping and with TANH: Kiln's LSTM op
  * (ONNX's), gates reordered from TFLite's i, f, c, o inputs to ONNX's
@@ -1630,6 +1774,10 @@ static kiln_status lower_lstm(struct lw *L, bool sequence)
     if (L->op->n_out != 1)
         return lerr(L, KILN_ERR_INVALID_MODEL, "%d outputs (the FULL LSTM kernel has 1)",
                     L->op->n_out);
+    if (tx && tx->dtype == KILN_DTYPE_I8 && is_quant(tx))
+        return lerr(L, KILN_ERR_UNSUPPORTED, "the fully integer LSTM (int8 input '%s', TFLite's "
+                    "8x8_16 kernel) is not implemented; float and hybrid (int8 weights, float "
+                    "input) LSTMs are", tx->name);
     if (L->op->n_in < 20 || L->op->n_in > 24 || !tx || tx->dtype != KILN_DTYPE_F32 ||
         tx->rank != (sequence ? 3 : 2))
         return lerr(L, KILN_ERR_UNSUPPORTED, "a float32 LSTM with 20 to 24 inputs and an input "
@@ -1639,6 +1787,15 @@ static kiln_status lower_lstm(struct lw *L, bool sequence)
         if (!st || tbuf(L, st) || L->val[L->op->in[k]] >= 0)
             return lerr(L, KILN_ERR_UNSUPPORTED, "state input %d must be a variable tensor", k);
     }
+    int8_t asym = 0, diag = 0;
+    TRY(opt_i8(o, 4, "asymmetric_quantize_inputs", 0, &asym));
+    if (sequence) TRY(opt_i8(o, 5, "diagonal_recurrent_tensors", 0, &diag));
+    if (diag)
+        return lerr(L, KILN_ERR_UNSUPPORTED, "diagonal_recurrent_tensors is not supported");
+    const struct tfl_tensor *w4 = tin(L, 4);
+    if (w4 && w4->dtype == KILN_DTYPE_I8)
+        return lower_lstm_hybrid(L, sequence, time_major != 0, act, cell_clip, proj_clip,
+                                 asym != 0);
     bool general = act != ACT_TANH || cell_clip != 0 || proj_clip != 0 || !tin(L, 1) ||
                    !tin(L, 5) || tin(L, 16) || tin(L, 17);
     for (int k = 20; k < L->op->n_in; k++) general = general || tin(L, k);

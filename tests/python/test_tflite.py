@@ -1399,3 +1399,234 @@ def test_keyword_model_runs_in_its_output_range(tmp_path):
         got = predict(path, {"tensor_52": xv}, tmp_path)["tensor_53"]
         assert got.dtype == np.int32 and got.shape == (1, 2)
         assert got.min() >= 0 and got.max() <= 32768 and abs(int(got.sum()) - 32768) <= 2
+
+
+# ------------------------------------------------ hybrid LSTM (float input, int8 weights)
+
+
+def f32(v):
+    return np.float32(v)
+
+
+def round_away(x):
+    """C's round / roundf (half away from zero), exact for float32 and double."""
+    a = np.abs(x)
+    f = np.floor(a)
+    return np.sign(x) * (f + (a - f >= 0.5))
+
+
+def hyb_quantize(v, asym):
+    """TFLite's BatchQuantizeFloats for one row: (q, scale, zero point), None
+    for an all-zero row (IsZeroVector: TFLite skips its product)."""
+    v = v.astype(np.float32)
+    if not v.any():
+        return None
+    if not asym:  # SymmetricQuantizeFloats
+        rng_ = f32(max(abs(v.min()), abs(v.max())))
+        sf, inv = f32(rng_ / f32(127)), f32(f32(127) / rng_)
+        return np.clip(round_away(v * inv), -127, 127).astype(np.int64), sf, 0
+    # AsymmetricQuantizeFloats: the nudged zero point in double
+    rmin, rmax = min(0.0, float(v.min())), max(0.0, float(v.max()))
+    scale = (rmax - rmin) / 255.0
+    zmin, zmax = -128.0 - rmin / scale, 127.0 - rmax / scale
+    emin, emax = 128.0 + abs(rmin / scale), 127.0 + abs(rmax / scale)
+    z = zmin if emin < emax else zmax
+    zp = -128 if z <= -128 else 127 if z >= 127 else int(round_away(z))
+    sf = f32(scale)
+    inv = f32(1.0 / float(sf))
+    return np.clip(round_away(f32(zp) + v * inv), -128, 127).astype(np.int64), sf, zp
+
+
+def hyb_matvec(w, qrow, ws, out):
+    """out += float(dot(w, q) - row_sum(w) * zp) * (row scale * weight scale)."""
+    if qrow is None:
+        return out
+    q, sf, zp = qrow
+    dot = w.astype(np.int64) @ q
+    if zp:
+        d = dot.astype(np.float32) - w.astype(np.int64).sum(1).astype(np.float32) * f32(zp)
+        dot = np.trunc(d).astype(np.int64)
+    return (out + dot.astype(np.float32) * f32(sf * f32(ws))).astype(np.float32)
+
+
+def fsum(a):
+    s = f32(0)
+    for v in a:
+        s = f32(s + v)
+    return s
+
+
+def hybrid_lstm_ref(x, w, time_major, asym, cell_clip=0.0, proj_clip=0.0, act=4):
+    """TFLite's hybrid LSTM (lstm_eval.cc EvalHybrid / LstmStepHybrid with the
+    portable tensor_utils), in float32 in TFLite's order, one batch row at a
+    time: input and h rows quantized to int8 (hyb_quantize), int8 products
+    rescaled into the gates, the rest in float."""
+    acts = {1: lambda v: np.maximum(v, f32(0)), 2: lambda v: np.clip(v, f32(-1), f32(1)),
+            3: lambda v: np.clip(v, f32(0), f32(6)), 4: np.tanh}
+    fa = acts[act]
+    sig = lambda v: (f32(1) / (f32(1) + np.exp(-v))).astype(np.float32)  # noqa: E731
+    xs = x if time_major else x.transpose(1, 0, 2)
+    steps, batch, _ = xs.shape
+    C = w["w_f"].shape[0]
+    O = w["r_f"].shape[1]
+    cifg = w["w_i"] is None
+    ln = w["ln_f"] is not None
+    gates = "fco" if cifg else "ifco"
+    pw = {g: (f32(w["s_p_" + g]) * w["p_" + g].astype(np.float32)).astype(np.float32)
+          for g in "ifo" if w.get("p_" + g) is not None}
+    h = np.zeros((batch, O), np.float32)
+    c = np.zeros((batch, C), np.float32)
+    ys = np.zeros((steps, batch, O), np.float32)
+    for t in range(steps):
+        for b in range(batch):
+            qx = hyb_quantize(xs[t, b], asym)
+            qh = hyb_quantize(h[b], asym)
+            gate = {}
+            for g in [k for k in "ifco" if k in gates]:
+                if g == "o":  # UpdateLstmCellFloat before the output gate
+                    cb = (gate["f"] * c[b]).astype(np.float32)
+                    ig = (f32(1) - gate["f"]) if cifg else gate["i"]
+                    cb = (cb + gate["c"] * ig).astype(np.float32)
+                    if cell_clip > 0:
+                        cb = np.clip(cb, f32(-cell_clip), f32(cell_clip))
+                    c[b] = cb
+                z = np.zeros(C, np.float32) if ln else w["b_" + g].copy()
+                z = hyb_matvec(w["w_" + g], qx, w["s_w_" + g], z)
+                z = hyb_matvec(w["r_" + g], qh, w["s_r_" + g], z)
+                if g in pw:
+                    z = (z + pw[g] * c[b]).astype(np.float32)
+                if ln:
+                    mean = f32(fsum(z) / f32(C))
+                    var = f32(fsum((z - mean) * (z - mean)) / f32(C))
+                    inv = f32(f32(1) / np.sqrt(f32(var + f32(1e-8))))
+                    z = ((z - mean) * inv).astype(np.float32)
+                    z = (w["ln_" + g] * z + w["b_" + g]).astype(np.float32)
+                gate[g] = fa(z).astype(np.float32) if g == "c" else sig(z)
+            s = (gate["o"] * fa(c[b])).astype(np.float32)
+            if w["proj_w"] is not None:
+                hb = w["proj_b"].copy() if w["proj_b"] is not None else np.zeros(O, np.float32)
+                hb = hyb_matvec(w["proj_w"], hyb_quantize(s, asym), w["s_proj_w"], hb)
+                if proj_clip > 0:
+                    hb = np.clip(hb, f32(-proj_clip), f32(proj_clip))
+            else:
+                hb = s
+            h[b] = hb
+            ys[t, b] = hb
+    return ys if time_major else ys.transpose(1, 0, 2)
+
+
+def dequantized(w):
+    return {k: (v.astype(np.float64) * float(w["s_" + k]) if v is not None and v.dtype == np.int8
+                else v) for k, v in w.items() if not k.startswith("s_")}
+
+
+LSTM_HYBRID = {
+    "plain": dict(),
+    "plain_asym": dict(asym=True),
+    "peephole_time_major_asym": dict(peephole=True, time_major=True, asym=True),
+    "cifg_projection_asym": dict(cifg=True, proj=3, asym=True),
+    "layer_norm_clips": dict(layer_norm=True, proj=3, cell_clip=0.4, proj_clip=0.3,
+                             peephole=True),
+    "everything_asym": dict(peephole=True, proj=3, layer_norm=True, cell_clip=0.4,
+                            proj_clip=0.3, asym=True),
+    "projection_no_bias": dict(proj=4, proj_bias=False),
+    "relu6": dict(act=3, asym=True),
+    "one_step": dict(one_step=True, peephole=True, proj=3, layer_norm=True, asym=True),
+}
+
+
+@pytest.mark.parametrize("case", sorted(LSTM_HYBRID))
+def test_lstm_hybrid(tmp_path, case):
+    """Hybrid LSTMs (int8 weights with one scale each, float input): Kiln's
+    TflLstmHybrid against hybrid_lstm_ref, TFLite's per-row input and state
+    quantization included; a batch row of zeros exercises TFLite's skip."""
+    kw = dict(LSTM_HYBRID[case])
+    asym = kw.get("asym", False)
+    m, w = mk.lstm_model(3, 5, 4, 6, seed=31, hybrid=True, **kw)
+    tm, one = kw.get("time_major", False), kw.get("one_step", False)
+    rng = np.random.default_rng(32)
+    shape = (3, 4) if one else (5, 3, 4) if tm else (3, 5, 4)
+    x = (rng.standard_normal(shape) * 2).astype(np.float32)
+    if one:
+        x[1] = 0
+    elif tm:
+        x[2, 1] = 0
+    else:
+        x[1, 2] = 0
+    p = tmp_path / "m.tflite"
+    p.write_bytes(m.bytes())
+    r = kiln("inspect", p)
+    assert r.returncode == 0 and "TflLstmHybrid" in r.stdout, r.stderr
+    got = predict(p, {"x": x}, tmp_path)["y"]
+    xr = x[:, None, :] if one else x
+    want = hybrid_lstm_ref(xr, w, tm, asym, kw.get("cell_clip", 0.0), kw.get("proj_clip", 0.0),
+                           kw.get("act", 4))
+    if one:
+        want = want[:, 0, :]
+    assert got.shape == want.shape and got.dtype == np.float32
+    np.testing.assert_allclose(got, want, rtol=2e-6, atol=2e-7)
+    # asymmetric_quantize_inputs is read: the other quantization gives other answers
+    other = hybrid_lstm_ref(xr, w, tm, not asym, kw.get("cell_clip", 0.0),
+                            kw.get("proj_clip", 0.0), kw.get("act", 4))
+    assert np.abs((other[:, 0, :] if one else other) - want).max() > 1e-4
+    # the per-row quantization is what is computed: the float LSTM on the
+    # dequantized weights gives visibly different answers
+    act = {1: lambda v: np.maximum(v, 0), 3: lambda v: np.clip(v, 0, 6)}.get(kw.get("act"),
+                                                                              np.tanh)
+    flt = lstm_ref(xr.astype(np.float64), dequantized(w), tm, kw.get("cell_clip", 0.0),
+                   kw.get("proj_clip", 0.0), act)
+    if one:
+        flt = flt[:, 0, :]
+    assert np.abs(flt - want).max() > 1e-4
+    np.testing.assert_allclose(got, flt, atol=0.1)  # and yet it is the same LSTM
+
+
+def hybrid_lstm_with(change):
+    """A small hybrid sequence LSTM whose input_to_cell_weights tensor (input
+    3) has the quantization change(...) gives, as (scales, zero points, dim)."""
+    m, w = mk.lstm_model(1, 2, 3, 4, seed=5, hybrid=True)
+    k = m.tensors[m.ops[0][1][1][3]]
+    q = change(w)
+    k[4] = None if q is None else ("table", [None, None, ("vf32", q[0]), ("vi64", q[1]), None,
+                                             None, ("i32", q[2])])
+    return m
+
+
+@pytest.mark.parametrize("change,pattern", [
+    (lambda w: None, r"input_to_cell_weights \(input 3, tensor 't3'\) has no quantization scale"),
+    (lambda w: ([], [], 0), r"input_to_cell_weights \(input 3, tensor 't3'\) has no "
+                            r"quantization scale"),
+    (lambda w: ([0.01, 0.02], [0, 0, 0], 0), r"'t3'.*2 scales but 3 zero points"),
+    (lambda w: ([0.01] * 4, [0] * 4, 0), r"'t3'\) has 4 scales; TFLite's hybrid LSTM reads one"),
+    (lambda w: ([0.0], [0], 0), r"'t3'\) has scale 0"),
+    (lambda w: ([float("nan")], [0], 0), r"'t3'\) has scale nan"),
+    (lambda w: ([0.01], [3], 0), r"'t3'\) has zero point 3"),
+])
+def test_lstm_hybrid_bad_quantization(tmp_path, change, pattern):
+    m = hybrid_lstm_with(change)
+    p = tmp_path / "bad.tflite"
+    p.write_bytes(m.bytes())
+    assert_clean_error(kiln("inspect", p), pattern)
+
+
+def test_lstm_hybrid_bad_shapes_and_types(tmp_path):
+    m, w = mk.lstm_model(1, 2, 3, 4, seed=5, hybrid=True, proj=3)
+    m.tensors[m.ops[0][1][1][16]][0] = ("vi32", [3, 5])  # projection_weights [3, 5], not [3, 4]
+    p = tmp_path / "bad.tflite"
+    p.write_bytes(m.bytes())
+    assert_clean_error(kiln("inspect", p),
+                       r"projection_weights \(input 16, tensor 't\d+'\) must have shape \[3, 4\]")
+    m, w = mk.lstm_model(1, 2, 3, 4, seed=5, hybrid=True)
+    m.tensors[m.ops[0][1][1][13]][1] = ("i8", mk.I8)  # forget_gate_bias declared int8
+    p.write_bytes(m.bytes())
+    assert_clean_error(kiln("inspect", p), r"forget_gate_bias \(input 13, tensor 't\d+'\) is int8")
+
+
+def test_lstm_integer_refused(tmp_path):
+    """The fully integer LSTM (int8 input, int16 cell state: TFLite's 8x8_16
+    kernel) is not implemented: refused in one line naming the input."""
+    m, _ = mk.lstm_model(1, 2, 3, 4, seed=5, hybrid=True)
+    m.tensors[0] = mk.tensor([1, 2, 3], mk.I8, 0, "x", ([0.05], [3], 0))
+    p = tmp_path / "int_lstm.tflite"
+    p.write_bytes(m.bytes())
+    assert_clean_error(kiln("inspect", p), r"fully integer LSTM \(int8 input 'x'")
