@@ -474,6 +474,9 @@ static void test_conv(void)
         {1, 64, 28, 28, 64, 3, 3, 1, 1, 1, {1, 1, 1, 1}, NULL, 1, 1, "Relu", 0, 0},
         {4, 32, 20, 20, 48, 3, 3, 1, 1, 1, {1, 1, 1, 1}, NULL, 1, 0, "Relu", 0, 0},
         {2, 128, 7, 7, 128, 3, 3, 1, 1, 1, {1, 1, 1, 1}, NULL, 0, 1, "", 0, 0},
+        /* 3x3 on images under 4 wide or high: the direct algorithm even with Winograd allowed */
+        {8, 32, 2, 2, 48, 3, 3, 1, 1, 1, {1, 1, 1, 1}, NULL, 1, 1, "Relu", 0, 0},
+        {2, 16, 3, 9, 16, 3, 3, 1, 1, 1, {1, 1, 1, 1}, NULL, 1, 0, "", 0, 0},
         /* squeeze-excitation: 1x1 convolutions of 1x1 images (Kiln's matrix-vector kernel) */
         {2, 48, 1, 1, 1152, 1, 1, 1, 1, 1, {0, 0, 0, 0}, NULL, 1, 0, "Sigmoid", 0, 0},
         {3, 1152, 1, 1, 48, 1, 1, 1, 1, 1, {0, 0, 0, 0}, NULL, 1, 0, "SiLU", 0, 0},
