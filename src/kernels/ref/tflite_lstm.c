@@ -73,7 +73,7 @@ static void h_quantize(const float *v, int64_t n, bool asym, int8_t *q, float *s
         float inv = 127.0f / range;
         for (int64_t i = 0; i < n; i++) {
             float r = roundf(v[i] * inv);
-            int32_t x = r > 127.0f ? 127 : r < -127.0f ? -127 : (int32_t)r;
+            int32_t x = r != r ? 0 : r > 127.0f ? 127 : r < -127.0f ? -127 : (int32_t)r; /* NaN: 0 */
             q[i] = (int8_t)x;
         }
         return;
@@ -84,13 +84,13 @@ static void h_quantize(const float *v, int64_t n, bool asym, int8_t *q, float *s
     double zmin = -128.0 - rmin / scale, zmax = 127.0 - rmax / scale;
     double emin = 128.0 + fabs(rmin / scale), emax = 127.0 + fabs(rmax / scale);
     double z = emin < emax ? zmin : zmax;
-    int32_t nz = z <= -128.0 ? -128 : z >= 127.0 ? 127 : (int32_t)round(z);
+    int32_t nz = z != z ? 0 : z <= -128.0 ? -128 : z >= 127.0 ? 127 : (int32_t)round(z);
     *sf = (float)scale;
     *zp = nz;
     float inv = (float)(1.0 / (double)*sf);
     for (int64_t i = 0; i < n; i++) {
         float r = roundf((float)nz + v[i] * inv);
-        int32_t x = r > 127.0f ? 127 : r < -128.0f ? -128 : (int32_t)r;
+        int32_t x = r != r ? 0 : r > 127.0f ? 127 : r < -128.0f ? -128 : (int32_t)r;
         q[i] = (int8_t)x;
     }
 }
@@ -170,7 +170,7 @@ static kiln_status hyb_run(struct kiln_run_ctx *ctx)
     int64_t T = seq ? x->dims[tm ? 0 : 1] : 1, B = seq ? x->dims[tm ? 1 : 0] : x->dims[0];
     bool cifg = !in[H_WI], peep = in[H_P + 2] != NULL, ln = in[H_LN + 1] != NULL;
     bool proj = in[H_PROJ] != NULL;
-    bool fit = x->dims[x->rank - 1] == I && C > 0 && O > 0 && (proj || O == C);
+    bool fit = x->dims[x->rank - 1] == I && I > 0 && C > 0 && O > 0 && (proj || O == C);
     for (int g = cifg ? 1 : 0; g < 4 && fit; g++) {
         fit = h_ok(in, H_WI + g, KILN_DTYPE_I8, C * I) && in[H_WI + g] &&
               h_ok(in, H_WR + g, KILN_DTYPE_I8, C * O) && in[H_WR + g] &&
@@ -210,7 +210,7 @@ static kiln_status hyb_run(struct kiln_run_ctx *ctx)
     int8_t *qh = qx + B * K;
     for (int g = 0; g < 4; g++) gate[g] = fb + g * B * C;
     for (int j = 0; j < 3 && peep; j++) /* VectorScalarMultiply: the recovered weights */
-        if (in[H_P + j])
+        if (in[H_P + j] && !(cifg && j == 0)) /* CIFG: no input gate, input 9 unchecked */
             for (int64_t k = 0; k < C; k++)
                 pw[j * C + k] = scales[H_P + j] * (float)((const int8_t *)in[H_P + j]->data)[k];
     const float *xd = x->data;
