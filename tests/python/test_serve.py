@@ -512,3 +512,61 @@ def test_env_and_sigterm(tmp_path):
             p.kill()
             p.wait(timeout=10)
         log.close()
+
+
+def test_sigterm_drain_keepalive(tmp_path):
+    """The drain on SIGTERM: a request whose body is still arriving is
+    answered in full with Connection: close; an idle keep-alive connection
+    is closed with a FIN (the client reads EOF, not a reset); exit 0 well
+    within the drain time."""
+    save_affine(tmp_path / "models" / "km" / "1" / "model.onnx", 2.0, 1.0)
+    port = free_port()
+    log = open(tmp_path / "log", "w+")
+    p = subprocess.Popen([KILN, "serve", f"--rest_api_port={port}", "--rest_api_address=127.0.0.1",
+                          "--port=0", "--model_name=km", f"--model_base_path={tmp_path / 'models' / 'km'}"],
+                         stdout=log, stderr=subprocess.STDOUT)
+    try:
+        def ready():
+            try:
+                c = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+                c.request("GET", "/v1/models/km")
+                return c.getresponse().status == 200
+            except OSError:
+                return False
+        assert wait_for(ready, 60)
+        idle = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        idle.request("GET", "/v1/models/km")
+        r = idle.getresponse()
+        assert r.status == 200 and r.getheader("Connection", "").lower() != "close"
+        r.read()
+        x = [[1.0, 2.0, 3.0]]
+        body = json.dumps({"instances": x}).encode()
+        slow = socket.create_connection(("127.0.0.1", port), timeout=10)
+        slow.sendall(b"POST /v1/models/km:predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n" % len(body) + body[:5])
+        time.sleep(0.3)  # the headers are in; the body is not
+        t0 = time.time()
+        p.send_signal(signal.SIGTERM)
+        time.sleep(0.3)
+        slow.sendall(body[5:])
+        reply = b""
+        while True:
+            chunk = slow.recv(65536)
+            if not chunk:
+                break
+            reply += chunk
+        head, _, rest = reply.partition(b"\r\n\r\n")
+        status = int(head.split()[1])
+        assert status == 200, reply  # it began before the signal: answered, not refused
+        assert b"connection: close" in head.lower(), head
+        np.testing.assert_allclose(json.loads(rest)["predictions"], np.array(x) * 2.0 + 1.0)
+        # the idle keep-alive connection: an orderly close (EOF), not a reset
+        idle.sock.settimeout(10)
+        assert idle.sock.recv(1) == b""
+        assert p.wait(timeout=30) == 0
+        assert time.time() - t0 < 5
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait(timeout=10)
+        log.close()
