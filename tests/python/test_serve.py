@@ -557,9 +557,14 @@ def test_sigterm_drain_keepalive(tmp_path):
             reply += chunk
         head, _, rest = reply.partition(b"\r\n\r\n")
         status = int(head.split()[1])
-        assert status == 200, reply  # it began before the signal: answered, not refused
+        # begun before the signal, so 200 (503 only if a loaded host had not read its
+        # headers by then): a whole answer either way, never a reset
+        assert status in (200, 503), reply
         assert b"connection: close" in head.lower(), head
-        np.testing.assert_allclose(json.loads(rest)["predictions"], np.array(x) * 2.0 + 1.0)
+        if status == 200:
+            np.testing.assert_allclose(json.loads(rest)["predictions"], np.array(x) * 2.0 + 1.0)
+        else:
+            assert b"shutting down" in rest, rest
         # the idle keep-alive connection: an orderly close (EOF), not a reset
         idle.sock.settimeout(10)
         assert idle.sock.recv(1) == b""
