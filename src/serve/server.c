@@ -19,6 +19,7 @@
  * request again with its route's scope. With opt.tls the daemon speaks
  * HTTPS and takes its certificate per handshake from tls.c (HTTPS below).
  */
+#define _GNU_SOURCE /* accept4 */
 #include "serve/server.h"
 
 #include "serve/batch.h"
@@ -36,9 +37,24 @@
 #include <zlib.h>
 
 #include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/filter.h>
 #include <netinet/in.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+
+/* One open REST connection, from MHD's NOTIFY_CONNECTION started to closed
+ * (its socket context), on the server's list for the drain (DRAIN below). */
+typedef struct conn_track {
+    struct MHD_Connection *conn;
+    int fd;
+    int64_t opened_ms;   /* kiln_monotonic_ms() at accept */
+    atomic_int busy;     /* a request between its headers and its reply sent */
+    atomic_int requests; /* requests begun on it */
+    int shut;            /* drain: shut for writing (idle), under conns_mu */
+    struct conn_track *prev, *next;
+} conn_track;
 
 /* Per-request state, from MHD's first call to its completion callback. */
 typedef struct conn_state {
@@ -51,6 +67,7 @@ typedef struct conn_state {
     int done;        /* rep holds the reply; the connection was resumed to send it */
     int loopback;    /* the peer is on this host */
     int answered;    /* refused (401/403) at its headers; the body is discarded */
+    conn_track *track; /* its connection's, or NULL */
     struct MHD_Connection *conn;
     char *method, *url, *enc, *origin, *route_key, *authorization; /* copies: MHD's are not
                                                                       ours to read off its thread */
@@ -124,6 +141,8 @@ static enum MHD_Result send_reply(kiln_server *s, struct MHD_Connection *c, kiln
         MHD_add_response_header(r, "Cache-Control", "no-cache");
     }
     if (rep->www_authenticate) MHD_add_response_header(r, "WWW-Authenticate", rep->www_authenticate);
+    if (atomic_load(&s->shutting_down)) /* draining: the client must not reuse the connection */
+        MHD_add_response_header(r, MHD_HTTP_HEADER_CONNECTION, "close");
     if (s->opt.cors) { /* TF Serving's AddCORSHeaders */
         MHD_add_response_header(r, "Access-Control-Allow-Origin", "*");
         MHD_add_response_header(r, "Access-Control-Allow-Methods", "POST, GET");
@@ -332,6 +351,13 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         clock_gettime(CLOCK_MONOTONIC, &cs->start);
         if (s->opt.timeout_ms > 0) cs->deadline_ms = kiln_monotonic_ms() + s->opt.timeout_ms;
         atomic_fetch_add(&s->in_flight, 1);
+        const union MHD_ConnectionInfo *ti =
+            MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+        cs->track = ti ? ti->socket_context : NULL;
+        if (cs->track) {
+            atomic_store(&cs->track->busy, 1);
+            atomic_fetch_add(&cs->track->requests, 1);
+        }
         *con_cls = cs;
         cs->refused = atomic_load(&s->shutting_down);
         const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
@@ -404,9 +430,131 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
     free(cs->origin);
     free(cs->route_key);
     free(cs->authorization);
+    if (cs->track) atomic_store(&cs->track->busy, 0);
     free(cs);
     *con_cls = NULL;
     atomic_fetch_sub(&s->in_flight, 1);
+}
+
+/* MHD_OPTION_NOTIFY_CONNECTION: keep the list of open connections. MHD
+ * calls "closed" before it closes the socket, so under conns_mu a listed
+ * connection's fd is open. */
+static void on_connection(void *cls, struct MHD_Connection *c, void **socket_context,
+                          enum MHD_ConnectionNotificationCode code)
+{
+    kiln_server *s = cls;
+    if (code == MHD_CONNECTION_NOTIFY_STARTED) {
+        conn_track *t = calloc(1, sizeof *t);
+        *socket_context = t;
+        if (!t) return; /* untracked: the drain does not wait for it */
+        t->conn = c;
+        t->opened_ms = kiln_monotonic_ms();
+        const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+        t->fd = ci ? (int)ci->connect_fd : -1;
+        pthread_mutex_lock(&s->conns_mu);
+        t->next = s->conns;
+        if (t->next) t->next->prev = t;
+        s->conns = t;
+        pthread_mutex_unlock(&s->conns_mu);
+        atomic_fetch_add(&s->open_conns, 1);
+        return;
+    }
+    conn_track *t = *socket_context;
+    if (!t) return;
+    pthread_mutex_lock(&s->conns_mu);
+    if (t->prev) t->prev->next = t->next;
+    else s->conns = t->next;
+    if (t->next) t->next->prev = t->prev;
+    pthread_mutex_unlock(&s->conns_mu);
+    atomic_fetch_sub(&s->open_conns, 1);
+    free(t);
+    *socket_context = NULL;
+}
+
+/* ------------------------------------------------------------ DRAIN
+ *
+ * On SIGTERM, as production HTTP servers drain (Go's Server.Shutdown, nginx's
+ * graceful quit): stop accepting, answer every request a connection has
+ * begun, close the connections that are idle, then stop.
+ *
+ * 1. Quiesce and take the backlog: connections whose handshake the kernel
+ *    already completed are accepted and handed to MHD (their requests are
+ *    answered 503), with a filter on the listening socket that drops every
+ *    new SYN while the backlog is emptied, so none completes after the last
+ *    accept. Closing the socket then resets nothing; a client whose SYN was
+ *    dropped is refused on its retry.
+ * 2. Wait (up to drain_ms) until no connection is busy: a request between its
+ *    headers and its reply sent, bytes the kernel holds unread, or a new
+ *    connection (no request yet) younger than KILN_DRAIN_NEW_MS, which
+ *    gets that long to send its first request (Go allows 5 s). Replies sent
+ *    meanwhile say "Connection: close".
+ * 3. Idle keep-alive connections are shut for writing (a FIN: the client
+ *    reads EOF) rather than closed, so a request the client sends in that
+ *    moment is read, not answered with a reset; once the clients have closed
+ *    (at most KILN_DRAIN_LINGER_MS) MHD_stop_daemon closes what is left. */
+#define KILN_DRAIN_NEW_MS 2000
+#define KILN_DRAIN_LINGER_MS 500
+
+/* Bytes the kernel holds for the connection that MHD has not read yet. */
+static int has_unread(int fd)
+{
+    char b;
+    if (fd < 0) return 0;
+    ssize_t n = recv(fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+    return n > 0;
+}
+
+/* How many connections still owe or may still be sent a request (step 2);
+ * with shut_idle, the others are shut for writing (step 3). */
+static int drain_busy(kiln_server *s, int64_t now, int shut_idle)
+{
+    int busy = 0;
+    pthread_mutex_lock(&s->conns_mu);
+    for (conn_track *t = s->conns; t; t = t->next) {
+        if (atomic_load(&t->busy) || has_unread(t->fd) ||
+            (atomic_load(&t->requests) == 0 && now - t->opened_ms < KILN_DRAIN_NEW_MS)) {
+            busy++;
+        } else if (shut_idle && !t->shut && t->fd >= 0) {
+            shutdown(t->fd, SHUT_WR);
+            t->shut = 1;
+        }
+    }
+    pthread_mutex_unlock(&s->conns_mu);
+    return busy;
+}
+
+/* Step 1 on the quiesced listening socket fd: accept its backlog into MHD,
+ * then close it. */
+static void take_backlog(kiln_server *s, int fd)
+{
+    /* A TCP socket's filter sees the TCP header: drop segments with SYN set
+     * (byte 13, bit 0x02), keep the rest, so handshakes already answered
+     * still complete into the backlog and are taken below. */
+    struct sock_filter no_syn[] = {
+        BPF_STMT(BPF_LD | BPF_B | BPF_ABS, 13),
+        BPF_JUMP(BPF_JMP | BPF_JSET | BPF_K, 0x02, 0, 1),
+        BPF_STMT(BPF_RET | BPF_K, 0),
+        BPF_STMT(BPF_RET | BPF_K, 0xffffffffu), /* all of it (accepted sockets inherit this) */
+    };
+    struct sock_fprog prog = {4, no_syn};
+    (void)setsockopt(fd, SOL_SOCKET, SO_ATTACH_FILTER, &prog, sizeof prog); /* best effort */
+    int fl = fcntl(fd, F_GETFL);
+    if (fl >= 0) (void)fcntl(fd, F_SETFL, fl | O_NONBLOCK);
+    for (int n = 0, pass = 0; n < 65536; n++) {
+        struct sockaddr_storage sa;
+        socklen_t len = sizeof sa;
+        int c = accept4(fd, (struct sockaddr *)&sa, &len, SOCK_CLOEXEC | SOCK_NONBLOCK);
+        if (c < 0) {
+            if (errno == EINTR || errno == ECONNABORTED) continue;
+            if (errno != EAGAIN && errno != EWOULDBLOCK) break;
+            if (pass++ == 1) break; /* empty twice */
+            usleep(20 * 1000); /* handshakes answered before the filter: their ACKs */
+            continue;
+        }
+        /* MHD closes c itself if it cannot take it */
+        (void)MHD_add_connection(s->daemon, c, (const struct sockaddr *)&sa, len);
+    }
+    close(fd);
 }
 
 /* ------------------------------------------------------------ HTTPS */
@@ -541,10 +689,12 @@ kiln_status kiln_server_start(kiln_server *s, const kiln_server_options *opt, ki
         }
     }
     unsigned conn_limit = connection_limit();
+    pthread_mutex_init(&s->conns_mu, NULL);
     s->daemon = MHD_start_daemon(
         flags, (uint16_t)opt->rest_port, NULL, NULL, on_request, s, MHD_OPTION_SOCK_ADDR,
         (struct sockaddr *)&addr, MHD_OPTION_THREAD_POOL_SIZE, (unsigned)opt->num_threads,
-        MHD_OPTION_NOTIFY_COMPLETED, on_completed, s, MHD_OPTION_CONNECTION_TIMEOUT,
+        MHD_OPTION_NOTIFY_COMPLETED, on_completed, s, MHD_OPTION_NOTIFY_CONNECTION, on_connection, s,
+        MHD_OPTION_CONNECTION_TIMEOUT,
         (unsigned)120, MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)(16 * 1024),
         MHD_OPTION_CONNECTION_LIMIT, conn_limit, MHD_OPTION_LISTENING_ADDRESS_REUSE, (unsigned)1,
         MHD_OPTION_ARRAY, tls_opts, MHD_OPTION_END);
@@ -552,11 +702,13 @@ kiln_status kiln_server_start(kiln_server *s, const kiln_server_options *opt, ki
         s->daemon = MHD_start_daemon(
             flags, (uint16_t)opt->rest_port, NULL, NULL, on_request, s, MHD_OPTION_SOCK_ADDR,
             (struct sockaddr *)&addr, MHD_OPTION_THREAD_POOL_SIZE, (unsigned)opt->num_threads,
-            MHD_OPTION_NOTIFY_COMPLETED, on_completed, s, MHD_OPTION_CONNECTION_TIMEOUT,
+            MHD_OPTION_NOTIFY_COMPLETED, on_completed, s, MHD_OPTION_NOTIFY_CONNECTION,
+            on_connection, s, MHD_OPTION_CONNECTION_TIMEOUT,
             (unsigned)120, MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)(16 * 1024),
             MHD_OPTION_LISTENING_ADDRESS_REUSE, (unsigned)1, MHD_OPTION_ARRAY, tls_opts,
             MHD_OPTION_END);
     if (!s->daemon) {
+        pthread_mutex_destroy(&s->conns_mu);
         if (opt->tls) atomic_store(&https_in_use, 0);
         if (opt->offload) {
             stop_request_threads(s, 0);
@@ -577,9 +729,21 @@ void kiln_server_stop(kiln_server *s, int drain_ms)
      * the drain, the kernel would keep completing connections into its
      * backlog that nobody accepts, all reset at the end */
     MHD_socket fd = MHD_quiesce_daemon(s->daemon);
-    if (fd != MHD_INVALID_SOCKET) close(fd);
-    for (int waited = 0; atomic_load(&s->in_flight) > 0 && waited < drain_ms; waited += 10)
-        usleep(10 * 1000);
+    if (fd != MHD_INVALID_SOCKET) take_backlog(s, fd);
+    int64_t end = kiln_monotonic_ms() + drain_ms;
+    for (;;) { /* step 2 */
+        int64_t now = kiln_monotonic_ms();
+        if ((drain_busy(s, now, 0) == 0 && atomic_load(&s->in_flight) == 0) || now >= end) break;
+        usleep(5 * 1000);
+    }
+    int64_t linger_end = kiln_monotonic_ms() + KILN_DRAIN_LINGER_MS;
+    if (linger_end > end) linger_end = end;
+    for (;;) { /* step 3 */
+        int64_t now = kiln_monotonic_ms();
+        int busy = drain_busy(s, now, 1);
+        if ((busy == 0 && atomic_load(&s->open_conns) == 0) || now >= linger_end) break;
+        usleep(5 * 1000);
+    }
     if (s->opt.offload) {
         /* MHD must not stop with a connection suspended: answer what is still
          * queued (UNAVAILABLE), let running requests finish, and give MHD a
@@ -589,6 +753,7 @@ void kiln_server_stop(kiln_server *s, int drain_ms)
             usleep(10 * 1000);
     }
     MHD_stop_daemon(s->daemon);
+    pthread_mutex_destroy(&s->conns_mu);
     if (s->opt.offload) request_threads_free(s);
     s->daemon = NULL;
     if (s->opt.tls) atomic_store(&https_in_use, 0);

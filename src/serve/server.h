@@ -80,6 +80,10 @@ typedef struct kiln_server {
     int jobs_stop;               /* under jobs_mu: workers exit once the queue is empty,
                                     and no request is queued any more */
     atomic_int jobs_refuse;      /* queued requests are answered UNAVAILABLE (stopping) */
+    /* open REST connections (server.c's conn_track list), for the drain */
+    pthread_mutex_t conns_mu;
+    void *conns;                 /* under conns_mu */
+    atomic_int open_conns;
 } kiln_server;
 
 /* A request as the route handlers see it. */
@@ -110,8 +114,11 @@ typedef struct kiln_http_reply {
 } kiln_http_reply;
 
 kiln_status kiln_server_start(kiln_server *s, const kiln_server_options *opt, kiln_manager *mgr);
-/* Readiness off, stop accepting, wait up to drain_ms for in-flight
- * requests, stop the daemon. */
+/* Readiness off, stop accepting (connections already completed by the
+ * kernel are still taken and answered), wait up to drain_ms until every
+ * connection's request has been answered (replies then say Connection:
+ * close; a new connection gets a moment to send its first request), close
+ * idle keep-alive connections gracefully, stop the daemon. */
 void kiln_server_stop(kiln_server *s, int drain_ms);
 
 /* May this request use `scope`? 0 yes, else the HTTP status to answer (401

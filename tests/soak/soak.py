@@ -17,8 +17,8 @@ under load, does something to it, and checks what its clients saw:
   sigterm    SIGTERM while clients open a connection per request: every
              connection gets a whole answer (200, or 503 once draining began)
              or is refused once the server stops listening, and the server
-             exits 0 within its drain time (connections reset in the moment the
-             drain starts are counted, and fail the run with --strict); then
+             exits 0 within its drain time (connections reset during the drain
+             are counted, and fail the run with --strict, as ctest runs it); then
              kill -9 under load and a restart on the same folder and port: the
              same versions AVAILABLE again within seconds
   badversion an unreadable (chmod 000; as root, where permissions do not
@@ -461,10 +461,9 @@ def scenario_sigterm(kiln, work, long, seconds):
             check(exit_s < 11, f"exit took {exit_s:.1f} s, drain is 10 s")
             # Every connection must get a whole answer: 200, or 503 once draining
             # began (a request sent just before the signal may arrive after it),
-            # or be refused once the listening socket is closed. Kiln today resets
-            # a few connections caught in the moment the drain starts (see
-            # docs/RELIABILITY.md, "Known defects"): counted always, a failure with
-            # --strict.
+            # or be refused once the listening socket is closed. Resets are counted
+            # always and fail the run with --strict (the drain that leaves none:
+            # docs/RELIABILITY.md, defect 1).
             allowed = ("ok", "status 503", "refused", "reset")
             bad = [o for o in pre + post if o not in allowed]
             check(not bad, f"requests neither answered 200/503 nor refused: {bad[:5]} {fig}")
