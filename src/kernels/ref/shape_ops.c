@@ -17,6 +17,7 @@
 #include <stdlib.h>
 
 #include "kernels/kernel.h"
+#include "kernels/ref/pad.h"
 
 #define VIEW_MAX (2 * KILN_MAX_RANK) /* most dims of a strided view (Tile doubles the rank) */
 
@@ -1447,16 +1448,10 @@ KILN_REF_OP(Tile, tile_infer, tile_run);
 
 /* ---- Pad, CenterCropPad ---- */
 
-enum pad_mode { PAD_CONSTANT, PAD_REFLECT, PAD_EDGE, PAD_WRAP };
-
 static kiln_status pad_mode_get(const struct kiln_node *node, enum pad_mode *mode)
 {
     const char *m = kiln_attr_str(node, "mode", "constant");
-    if (strcmp(m, "constant") == 0) *mode = PAD_CONSTANT;
-    else if (strcmp(m, "reflect") == 0) *mode = PAD_REFLECT;
-    else if (strcmp(m, "edge") == 0) *mode = PAD_EDGE;
-    else if (strcmp(m, "wrap") == 0) *mode = PAD_WRAP;
-    else
+    if (!pad_mode_parse(m, mode))
         return kiln_node_error(node, KILN_ERR_UNSUPPORTED, "mode '%s' is not supported", m);
     return KILN_OK;
 }
@@ -1551,30 +1546,6 @@ static kiln_status pad_infer(struct kiln_infer_ctx *ctx)
     }
     set_out(ctx, 0, &t);
     return KILN_OK;
-}
-
-/* Map coordinate c of a padded axis to the input axis of size n; false = constant. */
-static bool pad_map(int64_t c, int64_t n, enum pad_mode mode, int64_t *out)
-{
-    if (c >= 0 && c < n) {
-        *out = c;
-        return true;
-    }
-    switch (mode) {
-    case PAD_CONSTANT: return false;
-    case PAD_EDGE: *out = c < 0 ? 0 : n - 1; return true;
-    case PAD_WRAP: *out = ((c % n) + n) % n; return true;
-    case PAD_REFLECT:
-        if (n == 1) {
-            *out = 0;
-        } else {
-            int64_t p = 2 * (n - 1);
-            int64_t m = ((c % p) + p) % p;
-            *out = m < n ? m : p - m;
-        }
-        return true;
-    }
-    return false;
 }
 
 /*

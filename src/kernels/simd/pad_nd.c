@@ -22,15 +22,15 @@
 
 #include "core/threadpool.h"
 #include "kernels/family.h"
+#include "kernels/ref/pad.h"
 
 #define KILN_KERNEL KILN_KERNEL_DECLARE
 #include "kernels/simd/copy.def"
 #undef KILN_KERNEL
 
-enum padnd_mode { PADND_CONSTANT, PADND_EDGE, PADND_REFLECT, PADND_WRAP };
 
 struct padnd_state {
-    enum padnd_mode mode;
+    enum pad_mode mode;
     int rank;                        /* dims up to and including the last padded one */
     int64_t in[KILN_MAX_RANK], out[KILN_MAX_RANK], begin[KILN_MAX_RANK];
     int64_t istride[KILN_MAX_RANK];  /* in blocks */
@@ -47,29 +47,6 @@ struct padnd_job {
     const unsigned char *x;
     unsigned char *y;
 };
-
-/* The input coordinate of output coordinate c - begin on an axis of n; false = the constant. */
-static bool padnd_map(int64_t c, int64_t n, enum padnd_mode mode, int64_t *out)
-{
-    if (c >= 0 && c < n) {
-        *out = c;
-        return true;
-    }
-    switch (mode) {
-    case PADND_CONSTANT: return false;
-    case PADND_EDGE: *out = c < 0 ? 0 : n - 1; return true;
-    case PADND_WRAP: *out = ((c % n) + n) % n; return true;
-    case PADND_REFLECT:
-        if (n == 1) {
-            *out = 0;
-        } else {
-            int64_t p = 2 * (n - 1), m = ((c % p) + p) % p;
-            *out = m < n ? m : p - m;
-        }
-        return true;
-    }
-    return false;
-}
 
 /* Write count blocks of the constant at d. */
 static void padnd_fill(const struct padnd_state *s, unsigned char *d, int64_t count)
@@ -102,7 +79,7 @@ static void padnd_range(void *arg, int64_t begin, int64_t end)
         for (int k = r - 1; k >= 0; k--) {
             int64_t o = rem % s->out[k], c = 0;
             rem /= s->out[k];
-            if (!padnd_map(o - s->begin[k], s->in[k], s->mode, &c)) inside = false;
+            if (!pad_map(o - s->begin[k], s->in[k], s->mode, &c)) inside = false;
             off += c * s->istride[k];
         }
         if (!inside) {
@@ -117,7 +94,7 @@ static void padnd_range(void *arg, int64_t begin, int64_t end)
             if (q == lo) q = hi; /* the copied run */
             if (q >= ow) break;
             int64_t c = 0;
-            if (padnd_map(q - b, iw, s->mode, &c))
+            if (pad_map(q - b, iw, s->mode, &c))
                 memcpy(d + (size_t)q * blk, src + (size_t)c * blk, blk);
             else
                 padnd_fill(s, d + (size_t)q * blk, 1);
@@ -181,13 +158,9 @@ kiln_status kiln_k_pad_nd_compile(const struct kiln_compile_ctx *cc, struct kiln
     if (rank < 1 || rank > KILN_MAX_RANK || y->rank != rank) return KILN_OK;
     if (kiln_shape_count(rank, x->dims) <= 0) return KILN_OK; /* the reference's errors */
     size_t es = padnd_esize(x->dtype);
-    enum padnd_mode mode;
+    enum pad_mode mode;
     const char *m = kiln_attr_str(node, "mode", "constant");
-    if (!strcmp(m, "constant")) mode = PADND_CONSTANT;
-    else if (!strcmp(m, "edge")) mode = PADND_EDGE;
-    else if (!strcmp(m, "reflect")) mode = PADND_REFLECT;
-    else if (!strcmp(m, "wrap")) mode = PADND_WRAP;
-    else return KILN_OK;
+    if (!pad_mode_parse(m, &mode)) return KILN_OK;
     /* the pads for every dim, and the constant */
     int64_t pads[2 * KILN_MAX_RANK], axes[KILN_MAX_RANK], pb[KILN_MAX_RANK] = {0};
     int n, n_axes = rank;
@@ -209,7 +182,7 @@ kiln_status kiln_k_pad_nd_compile(const struct kiln_compile_ctx *cc, struct kiln
             n_axes = padnd_ints(av, axes, KILN_MAX_RANK);
             if (n_axes < 0) return KILN_OK;
         }
-        if (mode == PADND_CONSTANT && cc->n_in > 2 && cc->in[2]) {
+        if (mode == PAD_CONSTANT && cc->n_in > 2 && cc->in[2]) {
             const kiln_tensor *v = cc->in_value ? cc->in_value[2] : NULL;
             if (!v || v->dtype != x->dtype || kiln_tensor_count(v) != 1 || v->nbytes != es)
                 return KILN_OK;
