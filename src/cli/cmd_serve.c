@@ -34,6 +34,7 @@
 #include "serve/shadow/shadow.h"
 
 #define KILN_SERVE_DRAIN_MS 10000
+#define KILN_SERVE_DRAIN_MIN_MS 500
 
 static const char serve_help[] =
     "usage: kiln serve --model_base_path=DIR [--model_name=NAME] [flags]\n"
@@ -683,8 +684,13 @@ int kiln_cmd_serve(int argc, char **argv)
     fprintf(stderr, "kiln serve: %s: readiness off, draining in-flight requests\n",
             sig == SIGTERM ? "SIGTERM" : "SIGINT");
     atomic_store(&server.shutting_down, 1); /* health and readiness say NOT_SERVING */
+    /* one drain time for both ports: gRPC first (its clients are told with
+     * GOAWAY and move on at once), the REST port with what is left, at least
+     * KILN_SERVE_DRAIN_MIN_MS; REST requests meanwhile are answered, new ones 503 */
+    int64_t drain_end = kiln_monotonic_ms() + KILN_SERVE_DRAIN_MS;
     kiln_grpc_stop(grpc, KILN_SERVE_DRAIN_MS);
-    kiln_server_stop(&server, KILN_SERVE_DRAIN_MS);
+    int64_t rest_left = drain_end - kiln_monotonic_ms();
+    kiln_server_stop(&server, rest_left > KILN_SERVE_DRAIN_MIN_MS ? (int)rest_left : KILN_SERVE_DRAIN_MIN_MS);
     kiln_manager_clear_listeners(mgr);
     kiln_reqlog_free(reqlog); /* writes what is queued */
     kiln_shadow_free(shadow);

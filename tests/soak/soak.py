@@ -20,7 +20,16 @@ under load, does something to it, and checks what its clients saw:
              exits 0 within its drain time (connections reset during the drain
              are counted, and fail the run with --strict, as ctest runs it); then
              kill -9 under load and a restart on the same folder and port: the
-             same versions AVAILABLE again within seconds
+             same versions AVAILABLE again within seconds. Then the gRPC
+             port: a raw HTTP/2 client checks the two-step GOAWAY (2^31-1 and
+             a PING, then the last stream id), that streams below it are
+             served (one still arriving), one above it is refused
+             (REFUSED_STREAM) and the connection ends with a FIN; meanwhile
+             grpcio clients (plain, wait_for_ready, with retries) call Predict
+             through the SIGTERM and a restart: every call is a good answer
+             or UNAVAILABLE, no UNAVAILABLE call reached the model (the
+             request log), every call in flight at the signal is answered,
+             and no wait_for_ready call fails
   badversion an unreadable (chmod 000; as root, where permissions do not
              deny, a corrupt model file instead) version folder, a served
              version folder that vanishes, and the whole base path vanishing
@@ -407,6 +416,12 @@ def scenario_sigterm(kiln, work, long, seconds):
            "answered_after": 0, "refused_after": 0, "reset": 0, "exit_s_max": 0.0,
            "restarts": 0, "restart_ready_s_max": 0.0}
     port = free_port()
+    try:
+        import grpc  # noqa: F401  (the gRPC rounds)
+        grpc_ok = True
+    except ImportError:
+        print("note: no grpcio package: the gRPC port's drain is not tested")
+        grpc_ok = False
     for _ in range(rounds):
         srv = Server(kiln, base, work / "server.log", port)
         try:
@@ -489,7 +504,228 @@ def scenario_sigterm(kiln, work, long, seconds):
             check(ready_s < 10, f"serving {before} again took {ready_s:.1f} s")
         finally:
             srv.stop()
+        if grpc_ok:
+            grpc_sigterm_round(kiln, work, base, fig)
+            fig["grpc_rounds"] = fig.get("grpc_rounds", 0) + 1
     return fig
+
+GRPC_BATCHING = """max_batch_size { value: 64 }
+batch_timeout_micros { value: 40000 }
+max_enqueued_batches { value: 1000 }
+num_batch_threads { value: 2 }
+"""
+
+
+def h2_split(buf):
+    """Whole frames off the front of buf: ([(type, flags, stream, payload)], the rest)."""
+    out = []
+    while len(buf) >= 9:
+        n = int.from_bytes(buf[:3], "big")
+        if len(buf) < 9 + n:
+            break
+        out.append((buf[3], buf[4], int.from_bytes(buf[5:9], "big") & 0x7FFFFFFF, buf[9:9 + n]))
+        buf = buf[9 + n:]
+    return out, buf
+
+
+class H2DrainProbe:
+    """A raw HTTP/2 connection to the gRPC port that watches the drain frame
+    by frame: opened before the SIGTERM with a Predict whose message is only
+    half sent (stream 1)."""
+
+    def __init__(self, port):
+        self.s = socket.create_connection(("127.0.0.1", port), timeout=5)
+        self.buf, self.frames, self.eof = b"", [], None
+        self.msg = {}
+        for sid in (1, 3, 5):  # the first pixel says the stream (-sid) in the request log
+            req = predict_request([float(-sid)] + PIXELS[1:])
+            self.msg[sid] = b"\x00" + len(req).to_bytes(4, "big") + req
+        self.s.sendall(H2_PREFACE + h2_frame(4, 0, 0) + h2_frame(1, 0x4, 1, hpack_request())
+                       + h2_frame(0, 0, 1, self.msg[1][:40]))
+        self.find(lambda f: f[0] == 4 and not f[1] & 1, "the server's SETTINGS")
+        self.s.sendall(h2_frame(4, 1, 0))
+
+    def read(self, timeout):
+        self.s.settimeout(timeout)
+        try:
+            d = self.s.recv(65536)
+        except socket.timeout:
+            return
+        except OSError as e:  # a reset: what the drain must not do
+            self.eof = f"error {e!r}"
+            return
+        if not d:
+            self.eof = "fin"
+            return
+        frames, self.buf = h2_split(self.buf + d)
+        self.frames += frames
+
+    def find(self, pred, what, limit=5.0):
+        end = time.time() + limit
+        while True:
+            for f in self.frames:
+                if pred(f):
+                    return f
+            check(self.eof is None and time.time() < end,
+                  f"gRPC drain: no {what} (connection {self.eof}); frames read: "
+                  f"{[(t, fl, sid, p[:8].hex()) for t, fl, sid, p in self.frames][-12:]}")
+            self.read(0.2)
+
+    def after_sigterm(self):
+        """The two steps of GOAWAY, a stream served between them, one refused after."""
+        fig = {}
+        g1 = self.find(lambda f: f[0] == 7, "GOAWAY after SIGTERM")
+        last1, code1 = int.from_bytes(g1[3][:4], "big") & 0x7FFFFFFF, int.from_bytes(g1[3][4:8], "big")
+        fig["goaway1_last_id"] = last1
+        check((last1, code1) == (2**31 - 1, 0),
+              f"gRPC drain: the first GOAWAY must say last-stream-id 2^31-1, NO_ERROR: {last1}, {code1}")
+        ping = self.find(lambda f: f[0] == 6 and not f[1] & 1, "PING with the first GOAWAY")
+        # a call sent before this client read the GOAWAY (as far as the server
+        # can tell), the rest of stream 1's message, then the PING's ACK
+        self.s.sendall(h2_frame(1, 0x4, 3, hpack_request()) + h2_frame(0, 0x1, 3, self.msg[3])
+                       + h2_frame(0, 0x1, 1, self.msg[1][40:]) + h2_frame(6, 1, 0, ping[3]))
+        g2 = self.find(lambda f: f[0] == 7 and f is not g1, "the final GOAWAY after the PING's ACK")
+        last2, code2 = int.from_bytes(g2[3][:4], "big") & 0x7FFFFFFF, int.from_bytes(g2[3][4:8], "big")
+        fig["goaway2_last_id"] = last2
+        check((last2, code2) == (3, 0), f"gRPC drain: the final GOAWAY must say last-stream-id 3, "
+              f"NO_ERROR: {last2}, {code2}")
+        self.s.sendall(h2_frame(1, 0x4, 5, hpack_request()) + h2_frame(0, 0x1, 5, self.msg[5]))
+        rst = self.find(lambda f: f[0] == 3 and f[2] == 5, "RST_STREAM of stream 5 (above the last id)")
+        check(int.from_bytes(rst[3][:4], "big") == 7, f"gRPC drain: stream 5 must be refused with "
+              f"REFUSED_STREAM (7), got {int.from_bytes(rst[3][:4], 'big')}")
+        end = time.time() + 10
+        while self.eof is None and time.time() < end:
+            self.read(0.2)
+        fig["probe_close"] = self.eof
+        check(self.eof == "fin", f"gRPC drain: the connection must end with a FIN once its calls "
+              f"are answered, got {self.eof}")
+        for sid in (1, 3):
+            data = b"".join(p for t, _, i, p in self.frames if t == 0 and i == sid)
+            trailers = [f for f in self.frames if f[0] == 1 and f[2] == sid and f[1] & 1]
+            resets = [int.from_bytes(p[:4], "big") for t, _, i, p in self.frames if t == 3 and i == sid]
+            check(len(data) > 5 and good_predict_response(data[5:]) and trailers
+                  and all(r == 0 for r in resets),
+                  f"gRPC drain: stream {sid} ({'its message still arriving at the signal' if sid == 1 else 'opened after the first GOAWAY'}) "
+                  f"was not answered in full: {len(data)} bytes of DATA, {len(trailers)} trailers, resets {resets}")
+        self.s.close()
+        return fig
+
+
+def grpc_sigterm_round(kiln, work, base, fig):
+    """SIGTERM on the gRPC port under grpcio load, then a restart (docs/RELIABILITY.md)."""
+    import grpc
+    gport, rport = free_port(), free_port()
+    params = work / "grpc-batching.txt"
+    params.write_text(GRPC_BATCHING)
+    logdirs = [work / "grpc-log-a", work / "grpc-log-b"]
+
+    def start(logs):
+        shutil.rmtree(logs, ignore_errors=True)
+        logs.mkdir()
+        cfg = work / f"{logs.name}.config"
+        cfg.write_text(config_text([(NAME, base, 'logging_config { log_collector_config { '
+                                     f'type: "kiln_jsonl" filename_prefix: "{logs}/{NAME}" }} '
+                                     'sampling_config { sampling_rate: 1.0 } }')]))
+        srv = Server(kiln, base, work / "grpc-server.log", rport, f"--port={gport}", "--enable_batching",
+                     f"--batching_parameters_file={params}", config=cfg)
+        srv.wait_ready()
+        return srv
+
+    srv = start(logdirs[0])
+    srv2 = None
+    addr = f"127.0.0.1:{gport}"
+    retry_cfg = json.dumps({"methodConfig": [{
+        "name": [{"service": "tensorflow.serving.PredictionService"}],
+        "retryPolicy": {"maxAttempts": 5, "initialBackoff": "0.1s", "maxBackoff": "1s",
+                        "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"]}}]})
+    kinds = {"plain": ([], False), "wait_for_ready": ([], True),
+             "retry": ([("grpc.enable_retries", 1), ("grpc.service_config", retry_cfg)], False)}
+    calls, lock, halt = [], threading.Lock(), threading.Event()
+    next_id = [1]
+
+    def client(kind):
+        opts, wfr = kinds[kind]
+        chan = grpc.insecure_channel(addr, options=opts)
+        predict = chan.unary_unary("/tensorflow.serving.PredictionService/Predict")
+        while not halt.is_set():
+            with lock:
+                cid = next_id[0]
+                next_id[0] += 1
+            req = predict_request([float(cid)] + PIXELS[1:])  # the id, found again in the request log
+            t0 = time.time()
+            try:
+                out = "ok" if good_predict_response(predict(req, timeout=20, wait_for_ready=wfr)) else "bad answer"
+            except grpc.RpcError as e:
+                out = e.code().name
+            with lock:
+                calls.append((kind, cid, t0, time.time(), out))
+            if out != "ok":
+                time.sleep(0.01)
+        chan.close()
+
+    threads = [threading.Thread(target=client, args=(k,), daemon=True) for k in kinds for _ in range(4)]
+    try:
+        probe = H2DrainProbe(gport)
+        for t in threads:
+            t.start()
+        time.sleep(1.5)
+        t_sig = time.time()
+        srv.proc.send_signal(signal.SIGTERM)
+        try:
+            fig.update(probe.after_sigterm())
+        finally:
+            rc = srv.proc.wait(30)
+            exit_s = time.time() - t_sig
+        check(rc == 0, f"gRPC round: exit status {rc} after SIGTERM: {srv.logtext()}")
+        check(exit_s < 11, f"gRPC round: exit took {exit_s:.1f} s, drain is 10 s")
+        fig["grpc_exit_s_max"] = max(fig.get("grpc_exit_s_max", 0.0), round(exit_s, 3))
+        srv.logf.close()
+        srv2 = start(logdirs[1])  # the restart: waiting clients are served by it
+        t_up = time.time()
+        time.sleep(1.5)
+    finally:
+        halt.set()
+        for t in threads:
+            t.join(30)
+        for x in (srv, srv2):
+            if x:
+                x.stop()
+    processed = {}
+    for logs in logdirs:
+        for path in logs.glob(f"{NAME}.*.jsonl"):
+            for line in path.read_bytes().splitlines():
+                rec = json.loads(line)
+                if rec.get("entrypoint") != "GRPC":
+                    continue
+                x = rec["request"]["inputs"]
+                while not isinstance(x, (int, float)):
+                    x = next(iter(x.values())) if isinstance(x, dict) else x[0]
+                processed[int(x)] = processed.get(int(x), 0) + 1
+    check(processed.get(-1) == 1 and processed.get(-3) == 1 and -5 not in processed,
+          f"gRPC drain: the raw client's streams 1 and 3 must run once and the refused stream 5 "
+          f"never: {[(-k, processed.get(-k)) for k in (1, 3, 5)]}")
+    outcome = {cid: out for _, cid, _, _, out in calls}
+    flight = [(k, cid, out) for k, cid, t0, t1, out in calls if t0 < t_sig < t1]
+    g = {"calls": len(calls), "ok": sum(o == "ok" for o in outcome.values()),
+         "unavailable": sum(o == "UNAVAILABLE" for o in outcome.values()),
+         "in_flight_at_signal": len(flight), "processed_logged": len(processed),
+         "ok_after_restart": sum(1 for _, _, t0, t1, o in calls if o == "ok" and t1 > t_up)}
+    for k in kinds:
+        g[f"{k}_failed"] = sum(1 for kk, _, _, _, o in calls if kk == k and o != "ok")
+    for key, v in g.items():
+        fig[f"grpc_{key}"] = fig.get(f"grpc_{key}", 0) + v
+    bad = [(k, cid, o) for k, cid, _, _, o in calls if o not in ("ok", "UNAVAILABLE")]
+    check(not bad, f"gRPC calls neither answered nor UNAVAILABLE: {bad[:8]} {g}")
+    lost = [cid for cid, o in outcome.items() if o == "UNAVAILABLE" and cid in processed]
+    check(not lost, f"gRPC calls failed UNAVAILABLE after the model ran them: {lost[:8]} {g}")
+    twice = [cid for cid, n in processed.items() if n > 1]
+    check(not twice, f"gRPC calls run more than once: {twice[:8]}")
+    cut = [f for f in flight if f[2] != "ok"]
+    check(not cut, f"gRPC calls in flight at the SIGTERM not answered: {cut[:8]} {g}")
+    check(flight, f"no gRPC call was in flight at the SIGTERM (nothing tested): {g}")
+    check(g["wait_for_ready_failed"] == 0, f"wait_for_ready calls failed: "
+          f"{[c for c in calls if c[0] == 'wait_for_ready' and c[4] != 'ok'][:8]} {g}")
+    check(g["ok_after_restart"] > 0, f"no gRPC call answered after the restart: {g}")
 
 
 def scenario_badversion(kiln, work, long, seconds):
@@ -976,11 +1212,11 @@ def hpack_request(path=PREDICT_PATH):
             + lit(b"content-type", b"application/grpc") + lit(b"te", b"trailers"))
 
 
-def predict_request():
-    """PredictRequest{model_spec{name}, inputs{"pixels": one row of PIXELS}} bytes."""
+def predict_request(pixels=PIXELS):
+    """PredictRequest{model_spec{name}, inputs{"pixels": one row of pixels}} bytes."""
     import struct
     shape = _fld(2, _fld(2, _varint(1 << 3) + _varint(1)) + _fld(2, _varint(1 << 3) + _varint(64)))
-    tensor = _varint(1 << 3) + _varint(1) + shape + _fld(5, struct.pack("<64f", *PIXELS))
+    tensor = _varint(1 << 3) + _varint(1) + shape + _fld(5, struct.pack("<64f", *pixels))
     return _fld(1, _fld(1, NAME.encode())) + _fld(2, _fld(1, b"pixels") + _fld(2, tensor))
 
 

@@ -74,6 +74,7 @@
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
+#include <linux/filter.h>
 #include <sys/un.h>
 
 #include "serve/config.h"
@@ -91,10 +92,18 @@
 #define CALM_RATE 500           /* ... and per second after that */
 #define CALM_SENT_CREDIT 2      /* given back per HEADERS or DATA frame the server sends */
 #define CALM_ONE 1000           /* one frame, in the budget's unit (a thousandth of a frame) */
+/* The drain (DRAIN below) */
+#define DRAIN_PING_MS 1000      /* the final GOAWAY goes out without the PING's ACK after this */
+#define DRAIN_LINGER_MS 500     /* a connection shut for writing waits this long for the client's close */
+#define DRAIN_REFUSE_MAX 16     /* HEADERS above the last stream id refused per read */
+static const uint8_t DRAIN_PING[8] = {'k', 'i', 'l', 'n', 'd', 'r', 'a', 'n'};
 
 enum { ENC_IDENTITY = 0, ENC_GZIP, ENC_DEFLATE, ENC_UNKNOWN };
 enum { ST_RECV = 0, ST_QUEUED, ST_STREAMING, ST_DONE };
 enum { TAG_LISTEN = 1, TAG_EVENT, TAG_CONN };
+/* A connection's drain: none; GOAWAY(2^31-1) and a PING sent; the GOAWAY with
+ * the last stream id sent; shut for writing, waiting for the client's close. */
+enum { DRAIN_NONE = 0, DRAIN_NOTICE, DRAIN_FINAL, DRAIN_SHUT };
 
 typedef struct job job;
 typedef struct stream stream;
@@ -125,6 +134,13 @@ struct kiln_grpc_conn {
     uint64_t calm_frames;        /* frame headers read (for the log line when it is spent) */
     uint64_t calm_charged;       /* of those, frames charged to the budget */
     int64_t born_ms;             /* accepted at (kiln_monotonic_ms) */
+    /* the drain (DRAIN below) */
+    int drain;                   /* DRAIN_* */
+    int drain_acked;             /* the client acknowledged the drain PING */
+    int64_t drain_ms;            /* when the current drain step began */
+    int32_t drain_last_id;       /* the final GOAWAY's last stream id */
+    int32_t refuse[DRAIN_REFUSE_MAX]; /* streams above it the client opened: REFUSED_STREAM */
+    int n_refuse;
     char peer[80];               /* "address:port", "[v6]:port" or "unix:pid=..,uid=.." */
     int flush_queued;            /* on the server's flush list (answers to send) */
     kiln_grpc_conn *flush_next;
@@ -218,6 +234,7 @@ struct kiln_grpc_server {
     kiln_grpc_conn *flush_head;  /* loop thread only: connections with answers to send */
     atomic_int stop_loop;
     atomic_int draining;
+    atomic_int drained;          /* the loop: draining, and no connection or call left */
     atomic_int in_flight;        /* unary calls between headers and answer */
     kiln_grpc_conn *conns;
     int n_conns;
@@ -873,6 +890,8 @@ static int on_begin_headers(nghttp2_session *s, const nghttp2_frame *f, void *ud
 {
     kiln_grpc_conn *c = ud;
     if (f->hd.type != NGHTTP2_HEADERS || f->headers.cat != NGHTTP2_HCAT_REQUEST) return 0;
+    if (c->drain >= DRAIN_FINAL && f->hd.stream_id > c->drain_last_id)
+        return 0; /* above the final GOAWAY's last stream id: refused (conn_input), never served */
     stream *st = calloc(1, sizeof *st);
     if (!st) return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;
     st->id = f->hd.stream_id;
@@ -962,10 +981,8 @@ static void headers_done(stream *st)
         stream_finish(st, KILN_GRPC_UNIMPLEMENTED, "Unsupported grpc-encoding; supported: identity, deflate, gzip");
         return;
     }
-    if (atomic_load(&g->draining)) {
-        stream_finish(st, KILN_GRPC_UNAVAILABLE, "the server is shutting down");
-        return;
-    }
+    /* draining: a stream the client opened before the final GOAWAY is served
+     * (those after it are refused before they get here, DRAIN below) */
     if (st->m->scope && g->ctx.rest && g->ctx.rest->opt.authorize) {
         /* no valid token: answered now, its message never buffered */
         kiln_grpc_call probe;
@@ -978,6 +995,10 @@ static void headers_done(stream *st)
 
 static int on_frame_recv(nghttp2_session *s, const nghttp2_frame *f, void *ud)
 {
+    kiln_grpc_conn *c = ud;
+    if (f->hd.type == NGHTTP2_PING && (f->hd.flags & NGHTTP2_FLAG_ACK) &&
+        memcmp(f->ping.opaque_data, DRAIN_PING, 8) == 0)
+        c->drain_acked = 1; /* every stream it opened before our first GOAWAY has arrived */
     stream *st = nghttp2_session_get_stream_user_data(s, f->hd.stream_id);
     if (!st) return 0;
     if (f->hd.type == NGHTTP2_HEADERS && f->headers.cat == NGHTTP2_HCAT_REQUEST) headers_done(st);
@@ -1126,6 +1147,14 @@ static size_t calm_meter(kiln_grpc_conn *c, const uint8_t *d, size_t n)
             c->calm_hd_have = 0;
             c->calm_skip = (uint32_t)c->calm_hd[0] << 16 | (uint32_t)c->calm_hd[1] << 8 | c->calm_hd[2];
             c->calm_frames++;
+            if (c->calm_hd[3] == NGHTTP2_HEADERS && c->drain >= DRAIN_FINAL) {
+                /* a new stream after the final GOAWAY: nghttp2 ignores it
+                 * silently; conn_input refuses it (REFUSED_STREAM) */
+                int32_t id = (int32_t)(((uint32_t)c->calm_hd[5] << 24 | (uint32_t)c->calm_hd[6] << 16 |
+                                        (uint32_t)c->calm_hd[7] << 8 | c->calm_hd[8]) & 0x7fffffffu);
+                if (id > c->drain_last_id && (id & 1) && c->n_refuse < DRAIN_REFUSE_MAX)
+                    c->refuse[c->n_refuse++] = id;
+            }
             if (calm_frame(c, c->calm_hd)) {
                 c->calm_charged++;
                 if (!calm_charge(c)) {
@@ -1239,6 +1268,10 @@ static void peer_name(int fd, char *out, size_t cap)
 }
 
 /* ------------------------------------------------------------ connections */
+
+static void conn_over(kiln_grpc_conn *c);
+static void drain_notice(kiln_grpc_conn *c);
+static void drain_final(kiln_grpc_conn *c);
 
 static kiln_grpc_conn *conn_new(kiln_grpc_server *g, int fd)
 {
@@ -1373,7 +1406,7 @@ static void conn_flush(kiln_grpc_conn *c)
         if (c->wbuf.len == 0) break;
     }
     set_epollout(c, 0);
-    if (!nghttp2_session_want_read(c->s) && !nghttp2_session_want_write(c->s)) c->dead = 1;
+    if (!nghttp2_session_want_read(c->s) && !nghttp2_session_want_write(c->s)) conn_over(c);
 }
 
 /* Feed bytes to the session, then flush; 0 when the connection is over. */
@@ -1391,6 +1424,10 @@ static int conn_input(kiln_grpc_conn *c, const uint8_t *d, size_t n)
         nghttp2_session_terminate_session(c->s, NGHTTP2_ENHANCE_YOUR_CALM);
         flood_closed(c);
     }
+    for (int i = 0; i < c->n_refuse; i++)
+        nghttp2_submit_rst_stream(c->s, NGHTTP2_FLAG_NONE, c->refuse[i], NGHTTP2_REFUSED_STREAM);
+    c->n_refuse = 0;
+    if (c->drain == DRAIN_NOTICE && c->drain_acked) drain_final(c);
     conn_flush(c);
     return !c->dead;
 }
@@ -1420,6 +1457,18 @@ static int tls_handshake(kiln_grpc_conn *c)
 static void conn_read(kiln_grpc_conn *c)
 {
     uint8_t buf[65536];
+    if (c->drain == DRAIN_SHUT) { /* everything is said: read to the client's close */
+        for (int turn = 0; turn < 16; turn++) {
+            ssize_t n = recv(c->fd, buf, sizeof buf, 0);
+            if (n < 0 && errno == EINTR) continue;
+            if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+            if (n <= 0) {
+                c->dead = 1;
+                return;
+            }
+        }
+        return;
+    }
     if (c->tls && !c->handshake_done) {
         if (!tls_handshake(c)) return;
         conn_flush(c);
@@ -1458,7 +1507,7 @@ static void accept_all(kiln_grpc_server *g, int lfd)
     for (;;) {
         int fd = accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0) return;
-        if (g->n_conns >= KILN_GRPC_MAX_CONNECTIONS || atomic_load(&g->draining)) {
+        if (g->n_conns >= KILN_GRPC_MAX_CONNECTIONS) {
             close(fd);
             continue;
         }
@@ -1470,6 +1519,7 @@ static void accept_all(kiln_grpc_server *g, int lfd)
             continue;
         }
         peer_name(fd, c->peer, sizeof c->peer);
+        if (atomic_load(&g->draining)) drain_notice(c); /* from the backlog (drain_begin) */
         struct epoll_event ev = {.events = EPOLLIN, .data.ptr = c};
         if (epoll_ctl(g->epfd, EPOLL_CTL_ADD, fd, &ev) != 0) {
             c->fd = -1;
@@ -1580,12 +1630,155 @@ static void close_dead(kiln_grpc_server *g)
     }
 }
 
+/* ------------------------------------------------------------ DRAIN
+ *
+ * On SIGTERM (kiln_grpc_stop), as gRPC servers drain (grpc-go's
+ * GracefulStop, the C core's shutdown; RFC 9113 section 6.8):
+ *
+ * 1. Stop accepting, as the REST port does (server.c, DRAIN): a filter on the
+ *    TCP listening socket drops new SYNs (such a client is refused on its
+ *    retry: UNAVAILABLE, nothing processed), the connections the kernel
+ *    already completed are accepted and drained like the others, then the
+ *    socket is closed, so none is reset in the backlog. The Unix socket's
+ *    path is unlinked first (connect then fails), then its backlog taken.
+ * 2. Every connection gets GOAWAY NO_ERROR with last-stream-id 2^31-1 and a
+ *    PING: the client opens no new stream on it, and streams it opened before
+ *    it read the GOAWAY are still served. When the PING's ACK arrives, every
+ *    such stream has arrived too (the client sent them before the ACK), and
+ *    the final GOAWAY says the real last stream id (at most DRAIN_PING_MS
+ *    after the first without the ACK). A stream above it is refused with
+ *    RST_STREAM REFUSED_STREAM and never served: gRPC clients retry it
+ *    transparently, on another connection.
+ * 3. Calls below the last id run to their answer, requests still arriving
+ *    included. Health.Watch streams get NOT_SERVING, and with reflection
+ *    streams are ended UNAVAILABLE between messages at the final GOAWAY.
+ * 4. A connection with no stream left is shut for writing once everything is
+ *    written (a FIN, not a reset that could destroy the last answer still
+ *    unread at the client), and closed when the client closes it, at most
+ *    DRAIN_LINGER_MS later.
+ * All of it within the drain time: kiln_grpc_stop then closes what is left.
+ */
+
+/* nghttp2 has nothing more to do on c: during the drain shut it for
+ * writing and wait for the client's close, else close it now. */
+static void conn_over(kiln_grpc_conn *c)
+{
+    if (c->fd < 0 || c->drain == DRAIN_NONE || c->calm_over) {
+        c->dead = 1;
+        return;
+    }
+    if (c->drain == DRAIN_SHUT) return;
+    if (c->tls) (void)gnutls_bye(c->tls, GNUTLS_SHUT_WR); /* close_notify, best effort */
+    if (shutdown(c->fd, SHUT_WR) != 0) {
+        c->dead = 1;
+        return;
+    }
+    c->drain = DRAIN_SHUT;
+    c->drain_ms = now_ms();
+}
+
+/* Step 2's first GOAWAY and the PING (sent by the caller's flush). */
+static void drain_notice(kiln_grpc_conn *c)
+{
+    if (c->drain != DRAIN_NONE) return;
+    c->drain = DRAIN_NOTICE;
+    c->drain_ms = now_ms();
+    if (nghttp2_submit_shutdown_notice(c->s) != 0 ||
+        nghttp2_submit_ping(c->s, NGHTTP2_FLAG_NONE, DRAIN_PING) != 0)
+        drain_final(c);
+}
+
+/* Step 2's final GOAWAY, and step 3's end of the long-lived streams. */
+static void drain_final(kiln_grpc_conn *c)
+{
+    c->drain = DRAIN_FINAL;
+    c->drain_ms = now_ms();
+    c->drain_last_id = nghttp2_session_get_last_proc_stream_id(c->s);
+    nghttp2_submit_goaway(c->s, NGHTTP2_FLAG_NONE, c->drain_last_id, NGHTTP2_NO_ERROR, NULL, 0);
+    for (stream *st = c->streams; st; st = st->next)
+        if (st->m && st->m->kind != KILN_GRPC_UNARY && st->state != ST_DONE && !st->in_msg &&
+            !st->pfx_have)
+            stream_finish(st, KILN_GRPC_UNAVAILABLE, "the server is shutting down");
+}
+
+/* Flush c unless its TLS handshake is still going (it flushes when done). */
+static void drain_flush(kiln_grpc_conn *c)
+{
+    if (!c->dead && (!c->tls || c->handshake_done)) conn_flush(c);
+}
+
+/* Step 1 on a listening socket (TCP when tcp), then step 2 on every connection. */
+static void drain_listener(kiln_grpc_server *g, int k)
+{
+    int fd = g->listen_fd[k];
+    if (fd < 0) return;
+    epoll_ctl(g->epfd, EPOLL_CTL_DEL, fd, NULL);
+    if (k == 0) {
+        /* as server.c's take_backlog: drop segments with SYN set (TCP header
+         * byte 13, bit 0x02), keep the rest, so handshakes already answered
+         * complete into the backlog and are taken below */
+        struct sock_filter no_syn[] = {
+            BPF_STMT(BPF_LD | BPF_B | BPF_ABS, 13),
+            BPF_JUMP(BPF_JMP | BPF_JSET | BPF_K, 0x02, 0, 1),
+            BPF_STMT(BPF_RET | BPF_K, 0),
+            BPF_STMT(BPF_RET | BPF_K, 0xffffffffu),
+        };
+        struct sock_fprog prog = {4, no_syn};
+        (void)setsockopt(fd, SOL_SOCKET, SO_ATTACH_FILTER, &prog, sizeof prog); /* best effort */
+    } else if (g->socket_path[0]) {
+        unlink(g->socket_path); /* connect() fails from here on */
+        g->socket_path[0] = '\0';
+    }
+    accept_all(g, fd);
+    if (k == 0) {
+        usleep(20 * 1000); /* handshakes answered before the filter: their ACKs */
+        accept_all(g, fd);
+    }
+    close(fd);
+    g->listen_fd[k] = -1;
+}
+
+static void drain_begin(kiln_grpc_server *g)
+{
+    tick(g); /* Watch streams learn NOT_SERVING before the GOAWAY */
+    for (kiln_grpc_conn *c = g->conns; c; c = c->next) {
+        drain_notice(c);
+        drain_flush(c);
+    }
+    for (int k = 0; k < 2; k++) drain_listener(g, k); /* its connections get the notice at accept */
+}
+
+/* Each loop turn while draining: final GOAWAYs without an ACK, lingering
+ * connections; then whether the drain is over. */
+static void drain_step(kiln_grpc_server *g)
+{
+    int64_t now = now_ms();
+    for (kiln_grpc_conn *c = g->conns; c; c = c->next) {
+        if (c->dead) continue;
+        if (c->drain == DRAIN_NOTICE && now - c->drain_ms >= DRAIN_PING_MS) {
+            if (c->tls && !c->handshake_done) c->dead = 1; /* it sent no call */
+            else drain_final(c);
+            drain_flush(c);
+        } else if (c->drain == DRAIN_FINAL) {
+            /* reflection streams that were inside a message at the final GOAWAY */
+            for (stream *st = c->streams; st; st = st->next)
+                if (st->m && st->m->kind != KILN_GRPC_UNARY && st->state != ST_DONE && !st->in_msg &&
+                    !st->pfx_have) {
+                    stream_finish(st, KILN_GRPC_UNAVAILABLE, "the server is shutting down");
+                    drain_flush(c);
+                }
+        } else if (c->drain == DRAIN_SHUT && now - c->drain_ms >= DRAIN_LINGER_MS) {
+            c->dead = 1;
+        }
+    }
+}
+
 static void *loop_main(void *arg)
 {
     kiln_grpc_server *g = arg;
     pthread_setname_np(pthread_self(), "grpc-loop");
     struct epoll_event evs[64];
-    int said_goaway = 0;
+    int drain_started = 0;
     while (!atomic_load(&g->stop_loop)) {
         int n = epoll_wait(g->epfd, evs, 64, TICK_MS);
         for (int i = 0; i < n; i++) {
@@ -1613,18 +1806,16 @@ static void *loop_main(void *arg)
             g->last_tick = now;
             tick(g);
         }
-        if (atomic_load(&g->draining) && !said_goaway) {
-            said_goaway = 1;
-            for (int k = 0; k < 2; k++)
-                if (g->listen_fd[k] >= 0) epoll_ctl(g->epfd, EPOLL_CTL_DEL, g->listen_fd[k], NULL);
-            tick(g); /* Watch streams learn NOT_SERVING before the GOAWAY */
-            for (kiln_grpc_conn *c = g->conns; c; c = c->next) {
-                nghttp2_submit_goaway(c->s, NGHTTP2_FLAG_NONE, nghttp2_session_get_last_proc_stream_id(c->s),
-                                      NGHTTP2_NO_ERROR, NULL, 0);
-                conn_flush(c);
+        if (atomic_load(&g->draining)) {
+            if (!drain_started) {
+                drain_started = 1;
+                drain_begin(g);
             }
+            drain_step(g);
         }
         close_dead(g);
+        if (drain_started && !g->conns && atomic_load(&g->in_flight) == 0 && !g->pend_head)
+            atomic_store(&g->drained, 1);
     }
     /* answers that arrived while stopping: send what can be sent */
     take_completions(g);
@@ -1832,12 +2023,13 @@ kiln_status kiln_grpc_run(kiln_grpc_server *g, kiln_server *rest, char *err, siz
 void kiln_grpc_stop(kiln_grpc_server *g, int drain_ms)
 {
     if (!g) return;
-    atomic_store(&g->draining, 1);
-    wake_loop(g); /* health NOT_SERVING, GOAWAY, stop accepting */
-    for (int waited = 0; atomic_load(&g->in_flight) > 0 && waited < drain_ms; waited += 10)
-        usleep(10 * 1000);
-    usleep(20 * 1000); /* let the loop write the last answers */
-    /* request threads finish what is queued (cancelled jobs end at once) */
+    int64_t end = now_ms() + (drain_ms > 0 ? drain_ms : 0);
+    atomic_store(&g->draining, 1); /* the loop drains (DRAIN above) */
+    wake_loop(g);
+    while (g->loop_started && !atomic_load(&g->drained) && now_ms() < end)
+        usleep(5 * 1000);
+    /* past the drain time: request threads finish what is queued (cancelled
+     * jobs end at once), then every connection left is closed */
     pthread_mutex_lock(&g->mu);
     for (job *j = g->q_head; j; j = j->next) j->cancel = 1;
     pthread_mutex_unlock(&g->mu);
