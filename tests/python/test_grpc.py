@@ -679,9 +679,17 @@ def test_health_watch_across_shutdown(tmp_path, pb):
                                        response_deserializer=H.HealthCheckResponse.FromString)
         it = watch(H.HealthCheckRequest(service="tensorflow.serving.PredictionService"), timeout=30)
         assert next(it).status == H.HealthCheckResponse.SERVING
+        t0 = time.time()
         s.proc.send_signal(15)  # SIGTERM: readiness off, then drain
         assert next(it).status == H.HealthCheckResponse.NOT_SERVING
+        # the drain ends the Watch stream with a status (not a broken connection),
+        # and the server does not wait out its 10 s drain for it
+        with pytest.raises(grpc.RpcError) as e:
+            next(it)
+        assert e.value.code() == grpc.StatusCode.UNAVAILABLE, e.value
+        assert e.value.details() == "the server is shutting down"
         assert s.proc.wait(timeout=30) == 0
+        assert time.time() - t0 < 5
     finally:
         s.kill()
 
