@@ -10,7 +10,9 @@
  * are echoed inline, so every path from bytes to a sent answer runs. Each
  * input is fed twice on fresh connections: whole, and in small pieces
  * whose sizes come from the input, so message and frame boundaries fall
- * anywhere. Only crashes, hangs, leaks and sanitizer reports count.
+ * anywhere. A third connection begins the SIGTERM drain half-way (the
+ * GOAWAYs, the PING and its ACK, streams refused above the last id).
+ * Only crashes, hangs, leaks and sanitizer reports count.
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -41,6 +43,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (n > size - off) n = size - off;
         if (!kiln_grpc_conn_feed(c, data + off, n)) break;
         off += n;
+    }
+    kiln_grpc_conn_free(c);
+
+    c = kiln_grpc_detached_conn(g);
+    if (!c) return 0;
+    size_t half = size / 2;
+    if (kiln_grpc_conn_feed(c, data, half)) {
+        kiln_grpc_conn_drain(c, size > 0 && (data[0] & 1));
+        kiln_grpc_conn_feed(c, data + half, size - half);
     }
     kiln_grpc_conn_free(c);
     return 0;

@@ -960,6 +960,40 @@ def test_tls(tmp_path, pb, mutual):
             with grpc.secure_channel(f"localhost:{s.grpc}", plain) as ch:
                 expect_error(lambda: s.call(PS + "Predict", req, pb.predict.PredictResponse, channel=ch,
                                             timeout=5), grpc.StatusCode.UNAVAILABLE)
+        # the drain over TLS: GOAWAYs, then the Watch stream ends with a status, not a
+        # broken connection, and the server exits without waiting out its drain time
+        with grpc.secure_channel(f"localhost:{s.grpc}", creds) as ch:
+            assert_watch_ends_at_sigterm(s, pb, ch)
+    finally:
+        s.kill()
+
+
+def assert_watch_ends_at_sigterm(s, pb, channel):
+    H = pb.health
+    watch = channel.unary_stream("/grpc.health.v1.Health/Watch",
+                                 request_serializer=lambda m: m.SerializeToString(),
+                                 response_deserializer=H.HealthCheckResponse.FromString)
+    it = watch(H.HealthCheckRequest(service=""), timeout=30)
+    assert next(it).status == H.HealthCheckResponse.SERVING
+    t0 = time.time()
+    s.proc.send_signal(15)
+    assert next(it).status == H.HealthCheckResponse.NOT_SERVING
+    with pytest.raises(grpc.RpcError) as e:
+        next(it)
+    assert (e.value.code(), e.value.details()) == (grpc.StatusCode.UNAVAILABLE,
+                                                   "the server is shutting down"), e.value
+    assert s.proc.wait(timeout=30) == 0
+    assert time.time() - t0 < 5
+
+
+def test_sigterm_drain_unix_socket(tmp_path, pb):
+    save_affine(tmp_path / "aff" / "1" / "model.onnx", [1.0, 1.0, 1.0], [0.0, 0.0, 0.0])
+    sock = tmp_path / "kiln.sock"
+    s = Server(tmp_path, [model_line("aff", tmp_path / "aff")], f"--grpc_socket_path={sock}")
+    try:
+        with grpc.insecure_channel(f"unix:{sock}") as ch:
+            assert_watch_ends_at_sigterm(s, pb, ch)
+        assert not sock.exists()  # unlinked when the drain stopped accepting
     finally:
         s.kill()
 

@@ -2070,6 +2070,14 @@ int kiln_grpc_conn_feed(kiln_grpc_conn *c, const uint8_t *data, size_t len)
     return ok && !c->dead;
 }
 
+void kiln_grpc_conn_drain(kiln_grpc_conn *c, int final)
+{
+    if (c->dead) return;
+    drain_notice(c);
+    if (final && c->drain == DRAIN_NOTICE) drain_final(c);
+    conn_flush(c);
+}
+
 void kiln_grpc_conn_free(kiln_grpc_conn *c)
 {
     conn_close(c);

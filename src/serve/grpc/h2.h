@@ -21,5 +21,9 @@ kiln_grpc_conn *kiln_grpc_detached_conn(kiln_grpc_server *g);
 /* Feed bytes as if read from the socket; 0 once the connection is closed. */
 int kiln_grpc_conn_feed(kiln_grpc_conn *c, const uint8_t *data, size_t len);
 void kiln_grpc_conn_free(kiln_grpc_conn *c);
+/* Begin the SIGTERM drain on c as the loop does (h2.c, DRAIN): GOAWAY with
+ * last-stream-id 2^31-1 and a PING; with final, the GOAWAY with the last
+ * stream id at once (else it follows the client's PING ACK). */
+void kiln_grpc_conn_drain(kiln_grpc_conn *c, int final);
 
 #endif
