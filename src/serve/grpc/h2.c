@@ -1707,7 +1707,7 @@ static void drain_flush(kiln_grpc_conn *c)
     if (!c->dead && (!c->tls || c->handshake_done)) conn_flush(c);
 }
 
-/* Step 1 on a listening socket (TCP when tcp), then step 2 on every connection. */
+/* Step 1 on listening socket k (0: TCP, 1: Unix); accept_all gives its connections step 2. */
 static void drain_listener(kiln_grpc_server *g, int k)
 {
     int fd = g->listen_fd[k];
