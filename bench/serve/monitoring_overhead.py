@@ -281,8 +281,8 @@ def instructions_mode(a, base, body, tmp):
     (ton, son, con), (toff, soff, coff) = res[True], res[False]
     change = 100 * (ton / toff - 1)
     print(f"instructions per request with monitoring on: {(ton - toff) / n:+,.0f} ({change:+.2f}%), "
-          f"counted by callgrind over {n} requests (the bin plan's AVX2 path: valgrind has no "
-          "AVX-512)")
+          f"counted by callgrind over {n} requests (valgrind has no AVX-512: the bin plan takes "
+          "its AVX2 path, or the portable one in builds without it)")
     print("functions whose instructions per request differ most (self, on - off):")
     for k in sorted(set(son) | set(soff), key=lambda k: -abs(son.get(k, 0) - soff.get(k, 0)))[:12]:
         d = (son.get(k, 0) - soff.get(k, 0)) / n
@@ -290,7 +290,8 @@ def instructions_mode(a, base, body, tmp):
             print(f"  {d:+9.1f}  {k}")
     allocs = {on: {k: round(v / n, 2) for k, v in sorted(c.items()) if k in MALLOC_FAMILY}
               for on, c in ((True, con), (False, coff))}
-    print(f"malloc family calls per request: on {allocs[True]}, off {allocs[False]}")
+    print(f"malloc family calls per request: on {allocs[True]}, off {allocs[False]} (a few calls "
+          "in the whole window, such as the model poll's, show as hundredths)")
     extra = {k: round(allocs[True].get(k, 0) - allocs[False].get(k, 0), 2)
              for k in set(allocs[True]) | set(allocs[False])}
     print(json.dumps({"model": "tabular_mlp", "requests": n,
