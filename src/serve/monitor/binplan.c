@@ -145,34 +145,40 @@ static inline __attribute__((target("avx512f"))) void block_avx512(const kiln_mo
           (uint32_t)_mm512_cmpgt_epi32_mask(key, _mm512_loadu_si512((const void *)(bp->hi + b)));
 }
 
-/* The same as two halves of 8 lanes. A lane's count is base + n_thr minus
- * the thresholds above its key (cmpgt gives -1 for each), the portable
- * path's count of thresholds <= key. */
+/* The same as two halves of 8 lanes, both in each pass over the thresholds.
+ * A lane's count is base + n_thr minus the thresholds above its key (cmpgt
+ * gives -1 for each), the portable path's count of thresholds <= key. */
 static inline __attribute__((target("avx2"))) void block_avx2(const kiln_mon_binplan *bp, int b,
                                                           const uint32_t *u, int32_t *idx,
                                                           uint32_t *nf, uint32_t *rg)
 {
     const __m256i mag = _mm256_set1_epi32(0x7fffffff), big = _mm256_set1_epi32(0x7f7fffff);
     const __m256i n_thr = _mm256_set1_epi32(bp->n_thr);
-    uint32_t mn = 0, mr = 0;
-    for (int h = 0; h < KILN_MON_PLAN_BLOCK; h += 8) {
-        __m256i v = _mm256_loadu_si256((const __m256i *)(u + b + h));
-        __m256i key = _mm256_xor_si256(v, _mm256_and_si256(_mm256_srai_epi32(v, 31), mag));
-        __m256i cnt = _mm256_add_epi32(_mm256_loadu_si256((const __m256i *)(bp->base + b + h)), n_thr);
-        for (int k = 0; k < bp->n_thr; k++) {
-            __m256i t = _mm256_loadu_si256((const __m256i *)(bp->thr + (size_t)k * KILN_MON_PLAN_LANES + b + h));
-            cnt = _mm256_add_epi32(cnt, _mm256_cmpgt_epi32(t, key));
-        }
-        _mm256_storeu_si256((__m256i *)(idx + b + h), cnt);
-        __m256i nonfinite = _mm256_cmpgt_epi32(_mm256_and_si256(v, mag), big);
-        __m256i out = _mm256_or_si256(
-            _mm256_cmpgt_epi32(_mm256_loadu_si256((const __m256i *)(bp->lo + b + h)), key),
-            _mm256_cmpgt_epi32(key, _mm256_loadu_si256((const __m256i *)(bp->hi + b + h))));
-        mn |= (uint32_t)_mm256_movemask_ps(_mm256_castsi256_ps(nonfinite)) << h;
-        mr |= (uint32_t)_mm256_movemask_ps(_mm256_castsi256_ps(out)) << h;
+    __m256i v0 = _mm256_loadu_si256((const __m256i *)(u + b));
+    __m256i v1 = _mm256_loadu_si256((const __m256i *)(u + b + 8));
+    __m256i key0 = _mm256_xor_si256(v0, _mm256_and_si256(_mm256_srai_epi32(v0, 31), mag));
+    __m256i key1 = _mm256_xor_si256(v1, _mm256_and_si256(_mm256_srai_epi32(v1, 31), mag));
+    __m256i cnt0 = _mm256_add_epi32(_mm256_loadu_si256((const __m256i *)(bp->base + b)), n_thr);
+    __m256i cnt1 = _mm256_add_epi32(_mm256_loadu_si256((const __m256i *)(bp->base + b + 8)), n_thr);
+    const int32_t *t = bp->thr + b;
+    for (int k = 0; k < bp->n_thr; k++, t += KILN_MON_PLAN_LANES) {
+        cnt0 = _mm256_add_epi32(cnt0, _mm256_cmpgt_epi32(_mm256_loadu_si256((const __m256i *)t), key0));
+        cnt1 = _mm256_add_epi32(cnt1, _mm256_cmpgt_epi32(_mm256_loadu_si256((const __m256i *)(t + 8)), key1));
     }
-    *nf = mn;
-    *rg = mr;
+    _mm256_storeu_si256((__m256i *)(idx + b), cnt0);
+    _mm256_storeu_si256((__m256i *)(idx + b + 8), cnt1);
+    __m256i nf0 = _mm256_cmpgt_epi32(_mm256_and_si256(v0, mag), big);
+    __m256i nf1 = _mm256_cmpgt_epi32(_mm256_and_si256(v1, mag), big);
+    __m256i out0 = _mm256_or_si256(
+        _mm256_cmpgt_epi32(_mm256_loadu_si256((const __m256i *)(bp->lo + b)), key0),
+        _mm256_cmpgt_epi32(key0, _mm256_loadu_si256((const __m256i *)(bp->hi + b))));
+    __m256i out1 = _mm256_or_si256(
+        _mm256_cmpgt_epi32(_mm256_loadu_si256((const __m256i *)(bp->lo + b + 8)), key1),
+        _mm256_cmpgt_epi32(key1, _mm256_loadu_si256((const __m256i *)(bp->hi + b + 8))));
+    *nf = (uint32_t)_mm256_movemask_ps(_mm256_castsi256_ps(nf0)) |
+          (uint32_t)_mm256_movemask_ps(_mm256_castsi256_ps(nf1)) << 8;
+    *rg = (uint32_t)_mm256_movemask_ps(_mm256_castsi256_ps(out0)) |
+          (uint32_t)_mm256_movemask_ps(_mm256_castsi256_ps(out1)) << 8;
 }
 #endif
 
@@ -183,8 +189,13 @@ static inline __attribute__((target("avx2"))) void block_avx2(const kiln_mon_bin
     memset(u, 0, sizeof u);                                                                      \
     for (int64_t r = 0; r < rows; r++) {                                                         \
         const float *row = x + r * width;                                                        \
-        if (bp->contiguous) memcpy(u, row + bp->col[0], (size_t)bp->n * sizeof *u);              \
-        else                                                                                     \
+        if (bp->contiguous) { /* whole blocks in fixed-size copies (inlined), then the rest */ \
+            int full = bp->n / KILN_MON_PLAN_BLOCK * KILN_MON_PLAN_BLOCK;                          \
+            for (int i = 0; i < full; i += KILN_MON_PLAN_BLOCK)                                    \
+                memcpy(&u[i], row + bp->col[0] + i, KILN_MON_PLAN_BLOCK * sizeof *u);              \
+            if (full < bp->n)                                                                      \
+                memcpy(&u[full], row + bp->col[0] + full, (size_t)(bp->n - full) * sizeof *u);    \
+        } else                                                                                   \
             for (int i = 0; i < bp->n; i++) memcpy(&u[i], &row[bp->col[i]], sizeof u[i]);        \
         uint64_t nf = 0, rg = 0;                                                                 \
         for (int b = 0; b < bp->lanes; b += KILN_MON_PLAN_BLOCK) {                               \
@@ -194,7 +205,14 @@ static inline __attribute__((target("avx2"))) void block_avx2(const kiln_mon_bin
             rg |= (uint64_t)mr << b;                                                             \
         }                                                                                        \
         if (!(nf | rg)) { /* the common row: every value finite and in range */                  \
-            for (int i = 0; i < bp->n; i++) bins[idx[i]]++;                                      \
+            int i = 0;                                                                           \
+            for (; i + 4 <= bp->n; i += 4) {                                                     \
+                bins[idx[i]]++;                                                                  \
+                bins[idx[i + 1]]++;                                                              \
+                bins[idx[i + 2]]++;                                                              \
+                bins[idx[i + 3]]++;                                                              \
+            }                                                                                    \
+            for (; i < bp->n; i++) bins[idx[i]]++;                                               \
             continue;                                                                            \
         }                                                                                        \
         for (int i = 0; i < bp->n; i++) {                                                        \
