@@ -21,6 +21,7 @@ prints, as before, each measurement and the medians of each setting.
     /usr/bin/python3 bench/serve/monitoring_overhead.py [--duration 4] [--rounds 16]
         [--connections 16] [--threads 4] [--server-cpus 0] [--wrk-cpus 1] [--perf]
     /usr/bin/python3 bench/serve/monitoring_overhead.py --instructions [--instr-requests 300]
+        [--cache-sim]
 
 Needs wrk, taskset and the kiln binary ($KILN_BIN, default build/kiln); exports
 the model with PyTorch into bench/models/tabular_mlp if missing. Not part
@@ -41,11 +42,13 @@ exactly those requests. It prints instructions per request on and off and
 their change, the functions whose instructions differ most, and the calls
 per request to malloc and its family on and off (monitoring must add none:
 the per-request path is allocation-free). Deterministic (repeated runs agree
-within about 0.02%), so it works on a loaded machine; it needs valgrind, not
+within about 0.05%), so it works on a loaded machine; it needs valgrind, not
 wrk. Valgrind emulates no AVX-512, so the bin plan (binplan.c) takes its
 AVX2 path there; on a CPU with AVX-512 the monitor runs fewer instructions
 than counted. Instructions are not time (cache misses, frequency), so the
-requests/s figure is still the target's measure.
+requests/s figure is still the target's measure. --cache-sim adds callgrind's
+cache model: the L1 and last-level misses per request on and off, and its
+rough estimate of cycles (10 per L1 miss, 100 per last-level miss).
 """
 import argparse
 import json
@@ -158,10 +161,11 @@ MALLOC_FAMILY = {"malloc", "calloc", "realloc", "free", "aligned_alloc", "posix_
 
 
 def parse_callgrind(path):
-    """(total instructions, self instructions by function, calls by callee)
-    of a callgrind output file (one event, Ir; names compressed as "(id) name")."""
+    """(total instructions, self instructions by function, calls by callee,
+    totals of every event by name) of a callgrind output file (Ir first;
+    names compressed as "(id) name")."""
     names, self_ir, calls = {}, {}, {}
-    total, fn, cfn, skip = 0, None, None, False
+    total, fn, cfn, skip, events, totals = 0, None, None, False, [], {}
 
     def name_of(rest):
         rest = rest.strip()
@@ -190,9 +194,13 @@ def parse_callgrind(path):
                 if len(parts) > 1 and fn is not None:
                     key = "(code without symbols, e.g. oneDNN's JIT)" if fn.startswith("0x") else fn
                     self_ir[key] = self_ir.get(key, 0) + int(parts[1])
+            elif line.startswith("events:"):
+                events = line.split(":", 1)[1].split()
             elif line.startswith(("totals:", "summary:")):
-                total = int(line.split(":", 1)[1].split()[0])
-    return total, self_ir, calls
+                vals = [int(v) for v in line.split(":", 1)[1].split()]
+                total = vals[0]
+                totals = dict(zip(events, vals))
+    return total, self_ir, calls, totals
 
 
 class Client:
@@ -225,14 +233,15 @@ class Client:
             return
 
 
-def count_instructions(base, monitoring, threads, body, requests, tmp):
+def count_instructions(base, monitoring, threads, body, requests, tmp, cache_sim=False):
     """Instructions of kiln serve (callgrind) over `requests` sequential requests,
     and the parse of its output (parse_callgrind)."""
     port = free_port()
     cfg = base.parent / "prom.txt"
     cfg.write_text('prometheus_config: { enable: true, path: "/monitoring/prometheus/metrics" }\n')
     out = tmp / f"callgrind.{'on' if monitoring else 'off'}"
-    p = subprocess.Popen(["valgrind", "--tool=callgrind", "--instr-atstart=no",
+    p = subprocess.Popen(["valgrind", "--tool=callgrind", "--instr-atstart=no"]
+                         + (["--cache-sim=yes"] if cache_sim else []) + [
                           f"--callgrind-out-file={out}.%p", KILN, "serve",
                           f"--model_base_path={base}", "--model_name=mlp",
                           f"--rest_api_port={port}", "--rest_api_address=127.0.0.1", "--port=0",
@@ -274,11 +283,11 @@ def count_instructions(base, monitoring, threads, body, requests, tmp):
 def instructions_mode(a, base, body, tmp):
     res = {}
     for on in (True, False):
-        res[on] = count_instructions(base, on, a.threads, body, a.instr_requests, tmp)
+        res[on] = count_instructions(base, on, a.threads, body, a.instr_requests, tmp, a.cache_sim)
         print(f"monitoring {'on ' if on else 'off'}: {res[on][0] / a.instr_requests:,.0f} "
               f"instructions per request", flush=True)
     n = a.instr_requests
-    (ton, son, con), (toff, soff, coff) = res[True], res[False]
+    (ton, son, con, eon), (toff, soff, coff, eoff) = res[True], res[False]
     change = 100 * (ton / toff - 1)
     print(f"instructions per request with monitoring on: {(ton - toff) / n:+,.0f} ({change:+.2f}%), "
           f"counted by callgrind over {n} requests (valgrind has no AVX-512: the bin plan takes "
@@ -294,7 +303,17 @@ def instructions_mode(a, base, body, tmp):
           "in the whole window, such as the model poll's, show as hundredths)")
     extra = {k: round(allocs[True].get(k, 0) - allocs[False].get(k, 0), 2)
              for k in set(allocs[True]) | set(allocs[False])}
-    print(json.dumps({"model": "tabular_mlp", "requests": n,
+    misses = {}
+    if a.cache_sim:  # callgrind's cache model: L1 and last-level misses per request
+        misses = {k: round((eon.get(k, 0) - eoff.get(k, 0)) / n, 1)
+                  for k in ("I1mr", "D1mr", "D1mw", "ILmr", "DLmr", "DLmw")}
+
+        def cycles(e, ton_):  # callgrind_annotate's estimate: 10 per L1 miss, 100 per LL miss
+            return ton_ + 10 * (e.get("I1mr", 0) + e.get("D1mr", 0) + e.get("D1mw", 0)) + 100 * (
+                e.get("ILmr", 0) + e.get("DLmr", 0) + e.get("DLmw", 0))
+        misses["estimated_cycles_change_percent"] = round(100 * (cycles(eon, ton) / cycles(eoff, toff) - 1), 2)
+        print(f"cache misses per request, on - off (callgrind's cache model): {misses}")
+    print(json.dumps({"model": "tabular_mlp", "requests": n, **({"cache": misses} if misses else {}),
                       "instructions_per_request_on": round(ton / n),
                       "instructions_per_request_off": round(toff / n),
                       "instructions_change_percent": round(change, 2),
@@ -354,6 +373,9 @@ def main():
                          "instead of timing it")
     ap.add_argument("--instr-requests", type=int, default=300,
                     help="requests counted per setting with --instructions")
+    ap.add_argument("--cache-sim", action="store_true",
+                    help="with --instructions: also callgrind's cache model (L1 and last-level "
+                         "misses per request, and its estimate of cycles)")
     a = ap.parse_args()
     server_cpus, wrk_cpus = cpu_list(a.server_cpus), cpu_list(a.wrk_cpus)
     if server_cpus & wrk_cpus:
