@@ -3,8 +3,8 @@
  * float32 features (the tabular MLP's input) with 9 edges each (deciles):
  * the per-value path (monitor.c's observe_feature: isnan / isinf, the
  * range test, kiln_mon_bin's binary search) against the bin plan
- * (src/serve/monitor/binplan.c), portable and AVX-512 (where the CPU has
- * it). Thread CPU time, so a loaded machine inflates it less than the wall
+ * (src/serve/monitor/binplan.c), portable, AVX-512 and AVX2 (where the CPU
+ * has them). Thread CPU time, so a loaded machine inflates it less than the wall
  * clock; the rows are standard normal, as in monitoring_overhead.py.
  *
  *   gcc -O2 -Isrc -Iinclude -Ibuild/gen bench/serve/monitor_bins.c src/serve/monitor/binplan.c \
@@ -70,9 +70,12 @@ int main(int argc, char **argv)
     double t2 = cpu_now();
     printf("per row of %d features, %d edges: per value %.1f ns, plan (portable) %.1f ns", F, E,
            (t1 - t0) / (double)n * 1e9, (t2 - t1) / (double)n * 1e9);
-    if (kiln_mon_binplan_has_avx512()) {
-        for (long i = 0; i < n; i++) kiln_mon_binplan_rows_path(&bp, 1, rows + (i % POOL) * F, 1, F, bins, anom);
-        printf(", plan (AVX-512) %.1f ns", (cpu_now() - t2) / (double)n * 1e9);
+    static const char *const names[] = {"portable", "AVX-512", "AVX2"};
+    for (int path = KILN_MON_PATH_AVX512; path <= KILN_MON_PATH_AVX2; path++) {
+        if (!kiln_mon_binplan_has_path(path)) continue;
+        double t3 = cpu_now();
+        for (long i = 0; i < n; i++) kiln_mon_binplan_rows_path(&bp, path, rows + (i % POOL) * F, 1, F, bins, anom);
+        printf(", plan (%s) %.1f ns", names[path], (cpu_now() - t3) / (double)n * 1e9);
     }
     printf("\n");
     kiln_mon_binplan_free(&bp);

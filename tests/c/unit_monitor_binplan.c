@@ -9,9 +9,9 @@
  * neighbouring floats, edges that fall between two floats, signed zeros,
  * float and double subnormals, edges and values beyond float's range,
  * NaN (quiet, signalling, negative), infinities, values out of the range
- * on both sides; then random rows. Both the portable path and, where the
- * CPU has it, the AVX-512 path; features on contiguous columns and on
- * permuted ones with padding lanes.
+ * on both sides; then random rows. The portable path and, where the CPU
+ * has them, the AVX-512 and AVX2 paths; features on contiguous columns and
+ * on permuted ones with padding lanes.
  */
 #include <float.h>
 #include <math.h>
@@ -149,9 +149,11 @@ static int cmp_double(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
+static const char *const path_names[] = {"portable", "avx512", "avx2"};
+
 /* n_feat features on columns (contiguous from col0, or permuted), with
  * edges from the hard values; rows of hard and random values. */
-static void test_plan(int n_feat, int permuted, int avx512)
+static void test_plan(int n_feat, int permuted, int path)
 {
     static feat fs[NF];
     double pool[128];
@@ -226,13 +228,13 @@ static void test_plan(int n_feat, int permuted, int avx512)
         }
     CHECK(count_bad == 0, "kiln_mon_bin differs from counting the edges <= v %d times", count_bad);
     /* in two calls (the second part row by row) */
-    kiln_mon_binplan_rows_path(&bp, avx512, x, rows / 2, WIDTH, bins_fast, anom_fast);
+    kiln_mon_binplan_rows_path(&bp, path, x, rows / 2, WIDTH, bins_fast, anom_fast);
     for (int r = rows / 2; r < rows; r++)
-        kiln_mon_binplan_rows_path(&bp, avx512, x + (size_t)r * WIDTH, 1, WIDTH, bins_fast, anom_fast);
+        kiln_mon_binplan_rows_path(&bp, path, x + (size_t)r * WIDTH, 1, WIDTH, bins_fast, anom_fast);
     int diff = 0;
     for (int k = 0; k < nbins; k++) diff += bins_ref[k] != bins_fast[k];
     CHECK(diff == 0, "%s, %d features%s: %d bin counts differ from the plain path",
-          avx512 ? "avx512" : "portable", n_feat, permuted ? " (permuted)" : "", diff);
+          path_names[path], n_feat, permuted ? " (permuted)" : "", diff);
     diff = 0;
     int64_t nan = 0, inf = 0, range = 0;
     for (int k = 0; k < n_feat * KILN_MON_ANOM_KINDS; k++) diff += anom_ref[k] != anom_fast[k];
@@ -242,7 +244,7 @@ static void test_plan(int n_feat, int permuted, int avx512)
         range += anom_ref[i * KILN_MON_ANOM_KINDS + KILN_MON_ANOM_RANGE];
     }
     CHECK(diff == 0, "%s, %d features: %d anomaly counts differ from the plain path",
-          avx512 ? "avx512" : "portable", n_feat, diff);
+          path_names[path], n_feat, diff);
     CHECK(nan > 0 && inf > 0 && (range > 0 || n_feat == 1), "the rows hold NaN (%lld), inf (%lld), out of range (%lld)",
           (long long)nan, (long long)inf, (long long)range);
     kiln_mon_binplan_free(&bp);
@@ -254,10 +256,11 @@ int main(void)
     const int sizes[] = {1, 5, 16, 17, 40, 64};
     for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++)
         for (int permuted = 0; permuted < 2; permuted++) {
-            test_plan(sizes[s], permuted, 0);
-            if (kiln_mon_binplan_has_avx512()) test_plan(sizes[s], permuted, 1);
+            for (int path = KILN_MON_PATH_PORTABLE; path <= KILN_MON_PATH_AVX2; path++)
+                if (kiln_mon_binplan_has_path(path)) test_plan(sizes[s], permuted, path);
         }
-    if (!kiln_mon_binplan_has_avx512()) printf("note: no AVX-512 here; the portable path only\n");
+    for (int path = KILN_MON_PATH_AVX512; path <= KILN_MON_PATH_AVX2; path++)
+        if (!kiln_mon_binplan_has_path(path)) printf("note: this CPU lacks %s; that path is not tested\n", path_names[path]);
     /* a full plan refuses a 65th feature */
     kiln_mon_binplan bp;
     double e = 0.5;

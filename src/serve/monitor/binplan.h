@@ -14,9 +14,10 @@
  *   of the validation rule (or of the reference) is two more comparisons.
  *   Integer keys make the result independent of the FPU's flush-to-zero
  *   and denormals-are-zero modes.
- * - Features are lanes: with AVX-512 16 of them per instruction
- *   (__builtin_cpu_supports at build time), else a portable loop over
- *   blocks of 16 lanes that compilers vectorize with the baseline ISA.
+ * - Features are lanes: with AVX-512 16 of them per instruction, with
+ *   AVX2 8 (the CPU's, from __builtin_cpu_supports when the plan is
+ *   built), else a portable loop over blocks of 16 lanes that compilers
+ *   vectorize with the baseline ISA.
  *
  * The result equals kiln_mon_bin on (double)v and the plain path's NaN,
  * infinity and range counts (tests/c/unit_monitor_binplan.c checks both
@@ -35,12 +36,15 @@ enum { KILN_MON_ANOM_MISSING, KILN_MON_ANOM_NAN, KILN_MON_ANOM_INF, KILN_MON_ANO
 #define KILN_MON_PLAN_LANES 64 /* features per plan at most (KILN_MON_MAX_COLUMNS) */
 #define KILN_MON_PLAN_BLOCK 16 /* lanes per block (one AVX-512 register of int32) */
 
+/* The ways to bin a row (kiln_mon_binplan_rows_path). */
+enum { KILN_MON_PATH_PORTABLE, KILN_MON_PATH_AVX512, KILN_MON_PATH_AVX2 };
+
 typedef struct kiln_mon_binplan {
     int n;                      /* features (lanes in use) */
     int lanes;                  /* n rounded up to KILN_MON_PLAN_BLOCK */
     int n_thr;                  /* thresholds per lane (the most edges of a feature) */
     int min_width;              /* rows must have at least this many columns */
-    int avx512;                 /* use the AVX-512 path */
+    int path;                   /* KILN_MON_PATH_*: the best this CPU has */
     int contiguous;             /* col[i] == col[0] + i: a row's values are one copy */
     int32_t col[KILN_MON_PLAN_LANES];   /* column of each lane's feature */
     int32_t feat[KILN_MON_PLAN_LANES];  /* the feature (its index in the profile) */
@@ -75,10 +79,11 @@ int kiln_mon_binplan_add(kiln_mon_binplan *bp, int feat, int col, const double *
  * values out of range in anom[feat * KILN_MON_ANOM_KINDS + kind]. */
 void kiln_mon_binplan_rows(const kiln_mon_binplan *bp, const float *x, int64_t rows,
                            int64_t width, int64_t *bins, int64_t *anom);
-/* The same with a chosen path (tests): avx512 = 0 the portable loop, 1
- * AVX-512 (only where the CPU has it: kiln_mon_binplan_has_avx512). */
-void kiln_mon_binplan_rows_path(const kiln_mon_binplan *bp, int avx512, const float *x,
+/* The same with a chosen path (tests, bench/serve/monitor_bins.c): a
+ * KILN_MON_PATH_*, only where the CPU has it (kiln_mon_binplan_has_path). */
+void kiln_mon_binplan_rows_path(const kiln_mon_binplan *bp, int path, const float *x,
                                 int64_t rows, int64_t width, int64_t *bins, int64_t *anom);
-int kiln_mon_binplan_has_avx512(void);
+int kiln_mon_binplan_has_path(int path);
+int kiln_mon_binplan_has_avx512(void); /* kiln_mon_binplan_has_path(KILN_MON_PATH_AVX512) */
 
 #endif

@@ -392,6 +392,18 @@ static mon_version *lookup(kiln_monitor *m, kiln_servable *sv)
     return found;
 }
 
+/* The state monitor_check found for the request this thread is running,
+ * taken by the same request's monitor_after (observe.h calls both on the
+ * request's thread, the servable held between them), so a request looks
+ * its version up once. monitor_after clears it; a request that a later
+ * observer's check refuses (no after) leaves it, and the thread's next
+ * monitor_check replaces it before any monitor_after can read it. */
+static _Thread_local struct {
+    const kiln_monitor *m;
+    const kiln_servable *sv;
+    mon_version *v;
+} checked;
+
 /* Elements of t a feature reads: rows x stride from offset `col`. */
 static int feature_span(const kiln_mon_feature *f, const kiln_tensor *t, int64_t *count,
                         int64_t *stride, int64_t *first)
@@ -499,8 +511,12 @@ static int64_t now_s(void)
 static void monitor_after(void *ctx, const kiln_observation *o)
 {
     kiln_monitor *m = ctx;
+    int hit = o->sv && checked.m == m && checked.sv == o->sv;
+    mon_version *v = hit ? checked.v : NULL;
+    checked.m = NULL;
+    checked.sv = NULL;
     if (!o->sv || !o->inputs) return;
-    mon_version *v = lookup(m, o->sv);
+    if (!hit) v = lookup(m, o->sv);
     if (!v || !v->p || o->si != v->si) return;
     int64_t span = now_s() / v->sub_len;
     int S = v->p->sub_windows, slot = (int)(span % S);
@@ -536,8 +552,13 @@ static void monitor_after(void *ctx, const kiln_observation *o)
 static kiln_status monitor_check(void *ctx, const kiln_observation *o, char *err, const char **code)
 {
     kiln_monitor *m = ctx;
+    checked.m = NULL;
+    checked.sv = NULL;
     if (!o->sv || !o->inputs) return KILN_OK;
     mon_version *v = lookup(m, o->sv);
+    checked.m = m;
+    checked.sv = o->sv;
+    checked.v = v;
     if (!v || !v->p || !v->has_reject || o->si != v->si) return KILN_OK;
     for (int r = 0; r < v->p->n_rules; r++) {
         const kiln_mon_rule *rule = &v->p->rules[r];
