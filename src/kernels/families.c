@@ -15,6 +15,8 @@
 
 #define KILN_KERNEL KILN_KERNEL_DECLARE
 #include "kernels/dnnl/conv.def"
+#include "kernels/dnnl/deconv.def"
+#include "kernels/dnnl/matmul.def"
 #include "kernels/dnnl/pool.def"
 #include "kernels/simd/attention.def"
 #include "kernels/simd/copy.def"
@@ -29,6 +31,12 @@
 static const struct kiln_kernel_def all_kernels[] = {
 #define FAMILY "conv"
 #include "kernels/dnnl/conv.def"
+#undef FAMILY
+#define FAMILY "deconv"
+#include "kernels/dnnl/deconv.def"
+#undef FAMILY
+#define FAMILY "matmul"
+#include "kernels/dnnl/matmul.def"
 #undef FAMILY
 #define FAMILY "pool"
 #include "kernels/dnnl/pool.def"

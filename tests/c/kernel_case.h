@@ -247,10 +247,12 @@ static inline kiln_status run_fast_ex(struct case_node *c, const char *isa, int 
     }
     kiln_tensor *ins[MAX_IO];
     memcpy(ins, c->in, sizeof ins);
-    if (inplace && inst.inplace && out[0] && out[0]->nbytes == c->in[0]->nbytes) {
-        /* output 0 overwrites (a copy of) input 0 */
-        memcpy(out[0]->data, c->in[0]->data, out[0]->nbytes);
-        ins[0] = out[0];
+    int ii = inst.inplace_input; /* 0, or the input a fused Sum reads (KilnFusedConv's 3) */
+    if (inplace && inst.inplace && out[0] && ii >= 0 && ii < c->n_in && c->in[ii] &&
+        out[0]->nbytes == c->in[ii]->nbytes) {
+        /* output 0 overwrites (a copy of) that input */
+        memcpy(out[0]->data, c->in[ii]->data, out[0]->nbytes);
+        ins[ii] = out[0];
         *did_inplace = true;
     }
     struct kiln_run_ctx rc = {.node = c->node, .n_in = c->n_in, .in = ins, .n_out = c->n_out,
@@ -270,7 +272,7 @@ static inline kiln_status run_fast(struct case_node *c, const char *isa, int thr
 
 /* ---- Comparison ---- */
 
-static int inplace_runs; /* cases run with output 0 over input 0 */
+static int inplace_runs; /* cases run with output 0 over the input the kernel names */
 static double worst_rel; /* largest relative error seen by compare_f32 (|want| > 1e-30) */
 
 /* got ~ want: NaN where NaN, equal infinities, else |g - w| <= atol + rtol |w|. */

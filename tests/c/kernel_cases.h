@@ -1428,6 +1428,286 @@ static void test_global_pool(void)
     }
 }
 
+/* ---- Matrix products (dnnl/matmul.def) ---- */
+
+static kiln_tensor *rand_f32(int rank, const int64_t *dims, float scale)
+{
+    kiln_tensor *t = tensor_f32(rank, dims);
+    for (size_t i = 0; i < t->nbytes / 4; i++) ((float *)t->data)[i] = rng_normal() * scale;
+    return t;
+}
+
+/* A constant B with about `zeros` of its elements 0 (the sparse entries' candidates). */
+static kiln_tensor *sparse_f32(int rank, const int64_t *dims, double zeros)
+{
+    kiln_tensor *t = rand_f32(rank, dims, 0.5f);
+    for (size_t i = 0; i < t->nbytes / 4; i++)
+        if (rng_uniform(0, 1) < zeros) ((float *)t->data)[i] = 0.0f;
+    return t;
+}
+
+struct mm_spec {
+    enum kiln_op op;
+    int ra, rb;
+    int64_t a[4], b[4];   /* stored shapes (transposed where ta / tb) */
+    int ta, tb;
+    float alpha, beta;    /* beta: Gemm only */
+    int rc;               /* bias / C rank (-1: none) */
+    int64_t c[4];
+    bool b_const, sum;    /* sum: KilnFusedMatMul's residual input 3 */
+    const char *act;      /* KilnFusedMatMul's activation ("" none) */
+    float act_alpha, act_beta;
+    double zeros;         /* > 0: B constant with this share of zeros */
+    const char *sparse;   /* KILN_SPARSE for the case (NULL: auto) */
+    int expect;           /* check_case's expect_handled */
+};
+
+static void mm_case(const struct mm_spec *m, const char *what)
+{
+    struct case_node c;
+    int n_in = m->sum ? 4 : m->rc >= 0 ? 3 : 2;
+    cn_init(&c, m->op, 13, n_in, 1);
+    if (m->op != KILN_OP_MatMul) {
+        attr_int(&c, "transA", m->ta);
+        attr_int(&c, "transB", m->tb);
+        attr_float(&c, "alpha", m->alpha);
+    }
+    if (m->op == KILN_OP_Gemm) attr_float(&c, "beta", m->beta);
+    if (m->op == KILN_OP_KilnFusedMatMul) {
+        attr_str(&c, "activation", m->act ? m->act : "");
+        if (m->act_alpha != 0 || m->act_beta != 0) {
+            attr_float(&c, "act_alpha", m->act_alpha);
+            attr_float(&c, "act_beta", m->act_beta);
+        }
+    }
+    cn_input(&c, 0, rand_f32(m->ra, m->a, 1.0f), false);
+    cn_input(&c, 1, m->zeros > 0 ? sparse_f32(m->rb, m->b, m->zeros) : rand_f32(m->rb, m->b, 0.5f),
+             m->b_const || m->zeros > 0);
+    if (n_in > 2) cn_input(&c, 2, m->rc >= 0 ? rand_f32(m->rc, m->c, 1.0f) : NULL, true);
+    if (m->sum) {
+        struct kiln_type ty[MAX_IO];
+        if (cn_infer(&c, ty) != KILN_OK) abort();
+        cn_input(&c, 3, rand_f32(ty[0].rank, ty[0].dims, 1.0f), false);
+    }
+    char label[224], sa[64], sb[64], sc[64];
+    snprintf(label, sizeof label, "%s %s%s x %s%s%s%s alpha %g beta %g%s%s%s%s%s%s %s",
+             kiln_op_name(m->op), kiln_shape_str(m->ra, m->a, sa, 64), m->ta ? "^T" : "",
+             kiln_shape_str(m->rb, m->b, sb, 64), m->tb ? "^T" : "", m->b_const ? " (const)" : "",
+             m->zeros > 0 ? " (sparse)" : "", (double)m->alpha, (double)m->beta,
+             m->rc >= 0 ? " C " : "", m->rc >= 0 ? kiln_shape_str(m->rc, m->c, sc, 64) : "",
+             m->sum ? " sum" : "", m->act && m->act[0] ? " " : "", m->act ? m->act : "",
+             m->sparse ? " KILN_SPARSE=force" : "", what);
+    if (m->sparse) setenv("KILN_SPARSE", m->sparse, 1);
+    check_case(&c, label, 1e-4, 1e-4, m->expect);
+    if (m->sparse && !m->ta && !m->sum) { /* forced: the op's choice is the sparse kernel */
+        kiln_tensor *got[MAX_IO];
+        bool handled = false;
+        char name[64] = "";
+        kiln_status st = run_fast(&c, isa_names[isa_levels() - 1], 1, &handled, name, got);
+        CHECK(st == KILN_OK && handled && strncmp(name, "sparse", 6) == 0,
+              "%s: the choice ran %s, not the sparse kernel", label, handled ? name : "nothing");
+        free_outs(got, c.n_out);
+    }
+    if (m->sparse) unsetenv("KILN_SPARSE");
+    cn_free(&c);
+}
+
+/* MatMul: sizes around the vector widths, B constant or not; batched products with numpy
+ * broadcasting of the batch dims (A's batch folded into rows where B is one matrix); a
+ * mostly-zero constant B (the sparse entry: timed, and forced). */
+static void test_matmul_family(void)
+{
+    static const int64_t sz[] = {1, 15, 16, 17, 65};
+    for (int im = 0; im < 5; im++)
+        for (int ik = 0; ik < 5; ik += 2)
+            for (int in = 0; in < 5; in += 2) {
+                int64_t m = sz[im], k = sz[(ik + im) % 5], n = sz[in];
+                struct mm_spec s = {KILN_OP_MatMul, 2, 2, {m, k}, {k, n}, 0, 0, 1, 1, -1, {0},
+                                    (im + in) % 2 == 1, false, NULL, 0, 0, 0, NULL, 1};
+                mm_case(&s, "");
+            }
+    static const struct mm_spec bc[] = {
+        {KILN_OP_MatMul, 3, 2, {2, 17, 33}, {33, 16}, 0, 0, 1, 1, -1, {0}, true, false, NULL, 0, 0, 0, NULL, 1},
+        {KILN_OP_MatMul, 3, 2, {3, 5, 16}, {16, 65}, 0, 0, 1, 1, -1, {0}, false, false, NULL, 0, 0, 0, NULL, 1},
+        {KILN_OP_MatMul, 3, 3, {4, 15, 17}, {4, 17, 16}, 0, 0, 1, 1, -1, {0}, false, false, NULL, 0, 0, 0, NULL, 1},
+        {KILN_OP_MatMul, 4, 4, {2, 3, 16, 8}, {2, 3, 8, 17}, 0, 0, 1, 1, -1, {0}, false, false, NULL, 0, 0, 0, NULL, 1},
+        {KILN_OP_MatMul, 4, 4, {2, 1, 7, 8}, {1, 3, 8, 5}, 0, 0, 1, 1, -1, {0}, false, false, NULL, 0, 0, 0, NULL, 1},
+        {KILN_OP_MatMul, 2, 3, {7, 8}, {3, 8, 5}, 0, 0, 1, 1, -1, {0}, true, false, NULL, 0, 0, 0, NULL, 1},
+        {KILN_OP_MatMul, 3, 3, {2, 7, 8}, {1, 8, 5}, 0, 0, 1, 1, -1, {0}, true, false, NULL, 0, 0, 0, NULL, 1},
+        {KILN_OP_MatMul, 3, 4, {6, 9, 4}, {2, 1, 4, 11}, 0, 0, 1, 1, -1, {0}, false, false, NULL, 0, 0, 0, NULL, 1},
+        /* a mostly-zero constant B: timed against oneDNN, then the sparse kernel forced */
+        {KILN_OP_MatMul, 2, 2, {64, 128}, {128, 96}, 0, 0, 1, 1, -1, {0}, true, false, NULL, 0, 0, 0.8, NULL, 1},
+        {KILN_OP_MatMul, 3, 2, {2, 33, 64}, {64, 40}, 0, 0, 1, 1, -1, {0}, true, false, NULL, 0, 0, 0.7, "force", 1},
+        {KILN_OP_MatMul, 2, 2, {1, 64}, {64, 33}, 0, 0, 1, 1, -1, {0}, true, false, NULL, 0, 0, 0.9, "force", 1},
+        {KILN_OP_MatMul, 2, 2, {17, 30}, {30, 17}, 0, 0, 1, 1, -1, {0}, true, false, NULL, 0, 0, 0.6, "force", 1},
+    };
+    for (size_t i = 0; i < sizeof bc / sizeof bc[0]; i++) mm_case(&bc[i], "");
+}
+
+/* Gemm: transA / transB, alpha, beta (0 drops C), C of every shape that broadcasts
+ * (scalar, [N], [1,N], [M,1], [M,N]); a [M,1] C scaled by beta != 1 stays on the
+ * reference; a mostly-zero constant B (transB read through strides). */
+static void test_gemm_family(void)
+{
+#define G(ta, tb, alpha, beta, rc, c0, c1, konst, zeros, sparse, expect)                        \
+    {KILN_OP_Gemm, 2, 2, {(ta) ? 16 : 15, (ta) ? 15 : 16}, {(tb) ? 17 : 16, (tb) ? 16 : 17},    \
+     ta, tb, alpha, beta, rc, {c0, c1}, konst, false, NULL, 0, 0, zeros, sparse, expect}
+    static const struct mm_spec gc[] = {
+        G(0, 0, 1.0f, 1.0f, 1, 17, 0, true, 0, NULL, 1),
+        G(0, 1, 1.0f, 1.0f, 1, 17, 0, true, 0, NULL, 1),
+        G(1, 0, 0.5f, 1.0f, 2, 1, 17, true, 0, NULL, 1),
+        G(1, 1, 2.0f, 1.0f, -1, 0, 0, false, 0, NULL, 1),
+        G(0, 1, 1.0f, 0.5f, 2, 15, 17, true, 0, NULL, 1),
+        G(0, 0, 1.5f, 1.0f, 2, 15, 17, false, 0, NULL, 1),
+        G(1, 0, 1.0f, -2.0f, 2, 15, 17, false, 0, NULL, 1),
+        G(0, 1, 1.0f, 1.0f, 2, 15, 1, true, 0, NULL, -1),
+        G(0, 1, 1.0f, 0.5f, 2, 15, 1, true, 0, NULL, 0),
+        G(0, 0, 1.0f, 1.0f, 0, 0, 0, true, 0, NULL, 1),
+        G(0, 0, 0.75f, 0.0f, 1, 17, 0, true, 0, NULL, 1),
+        G(1, 1, 1.0f, 1.0f, 1, 17, 0, false, 0, NULL, 1),
+        G(0, 1, 1.0f, 1.0f, 1, 17, 0, true, 0.8, NULL, 1),
+        G(0, 1, 0.5f, 1.0f, 1, 17, 0, true, 0.8, "force", 1),
+        G(0, 0, 1.0f, 1.0f, -1, 0, 0, true, 0.7, "force", 1),
+        G(1, 0, 1.0f, 1.0f, 1, 17, 0, true, 0.8, "force", 1), /* transA: oneDNN's */
+    };
+#undef G
+    for (size_t i = 0; i < sizeof gc / sizeof gc[0]; i++) mm_case(&gc[i], "");
+    /* larger, for two threads */
+    struct mm_spec big = {KILN_OP_Gemm, 2, 2, {96, 64}, {128, 64}, 0, 1, 1, 1, 1, {128}, true,
+                          false, NULL, 0, 0, 0, NULL, 1};
+    mm_case(&big, "");
+}
+
+/* KilnFusedMatMul: bias, residual Sum, every activation oneDNN fuses, transposes, batched;
+ * sparse candidates with Relu (and a Sum, which the sparse kernel declines). */
+static void test_fused_matmul_family(void)
+{
+#define F(ra, a0, a1, a2, k, n, ta, tb, bias, sum, konst, alpha, act, aa, ab, zeros, sparse)      \
+    {KILN_OP_KilnFusedMatMul, ra, 2,                                                              \
+     {(ra) == 2 && (ta) ? (a1) : (a0), (ra) == 2 && (ta) ? (a0) : (ra) == 3 && (ta) ? (a2) : (a1), \
+      (ra) == 3 && (ta) ? (a1) : (a2)},                                                           \
+     {(tb) ? (n) : (k), (tb) ? (k) : (n)}, ta, tb, alpha, 1, (bias) ? 1 : -1, {n}, konst, sum,   \
+     act, aa, ab, zeros, sparse, 1}
+    static const struct mm_spec fc[] = {
+        F(3, 2, 5, 16, 16, 33, 0, 0, 1, 0, 1, 1.0f, "Gelu", 0, 0, 0, NULL),
+        F(3, 2, 5, 17, 17, 16, 0, 1, 1, 1, 1, 1.0f, "", 0, 0, 0, NULL),
+        F(2, 65, 16, 0, 16, 15, 0, 0, 1, 0, 1, 0.5f, "Relu", 0, 0, 0, NULL),
+        F(2, 1, 16, 0, 16, 17, 1, 0, 0, 1, 0, 2.0f, "Tanh", 0, 0, 0, NULL),
+        F(3, 3, 4, 8, 8, 8, 0, 0, 1, 1, 0, 1.0f, "GeluTanh", 0, 0, 0, NULL),
+        F(2, 15, 16, 0, 16, 16, 0, 1, 1, 0, 1, 1.0f, "Sigmoid", 0, 0, 0, NULL),
+        F(3, 2, 7, 16, 16, 31, 0, 0, 1, 0, 1, 1.0f, "LeakyRelu", 0.1f, 0, 0, NULL),
+        F(2, 17, 15, 0, 15, 32, 0, 1, 1, 1, 1, 1.0f, "Clip", 0.0f, 6.0f, 0, NULL),
+        F(2, 16, 16, 0, 16, 16, 0, 0, 0, 0, 1, 1.0f, "Clip", -0.5f, 0.25f, 0, NULL),
+        F(3, 2, 3, 33, 33, 17, 0, 0, 1, 1, 1, 1.0f, "HardSwish", 0, 0, 0, NULL),
+        F(2, 9, 16, 0, 16, 48, 0, 0, 1, 0, 1, 1.0f, "HardSigmoid", 0.25f, 0.4f, 0, NULL),
+        F(3, 1, 1, 16, 16, 16, 0, 1, 1, 0, 1, 1.0f, "SiLU", 0, 0, 0, NULL),
+        F(2, 64, 32, 0, 32, 64, 0, 0, 1, 1, 1, 1.0f, "SiLU", 0, 0, 0, NULL),
+        F(2, 64, 64, 0, 64, 48, 0, 0, 1, 0, 1, 1.0f, "Relu", 0, 0, 0.8, NULL),
+        F(3, 2, 9, 64, 64, 40, 0, 1, 1, 0, 1, 1.0f, "Relu", 0, 0, 0.75, "force"),
+        F(2, 20, 32, 0, 32, 24, 0, 0, 0, 0, 1, 0.5f, "", 0, 0, 0.8, "force"),
+        F(2, 20, 32, 0, 32, 24, 0, 0, 1, 1, 1, 1.0f, "Relu", 0, 0, 0.8, "force"), /* Sum: dense */
+    };
+#undef F
+    for (size_t i = 0; i < sizeof fc / sizeof fc[0]; i++) mm_case(&fc[i], "");
+}
+
+/* ---- Transposed convolutions (dnnl/deconv.def) ---- */
+
+struct deconv_spec {
+    int nsp;                   /* spatial dims: 1, 2 or 3 */
+    int64_t n, c, m, sp, k;    /* batch, in / out channels, input size, kernel size */
+    int64_t group, stride, dil;
+    int64_t pad_b, pad_e, opad; /* pads (begin, end) and output_padding, every dim */
+    const char *auto_pad;      /* NULL = explicit pads */
+    int64_t out_shape;         /* > 0: the output_shape attribute (every dim) */
+    int bias;
+    const char *act;           /* KilnFusedConvTranspose's activation */
+    float act_alpha, act_beta;
+};
+
+static void deconv_case(bool fused, const struct deconv_spec *k, bool w_const)
+{
+    struct case_node c;
+    cn_init(&c, fused ? KILN_OP_KilnFusedConvTranspose : KILN_OP_ConvTranspose, 13,
+            k->bias ? 3 : 2, 1);
+    int rank = k->nsp + 2;
+    int64_t xd[5] = {k->n, k->c}, wd[5] = {k->c, k->m / k->group};
+    int64_t st[3], dl[3], ks[3], pads[6], op[3], os[3];
+    for (int i = 0; i < k->nsp; i++) {
+        xd[i + 2] = k->sp + i; /* unequal sizes per dim */
+        wd[i + 2] = k->k;
+        st[i] = k->stride;
+        dl[i] = k->dil;
+        ks[i] = k->k;
+        pads[i] = k->pad_b;
+        pads[k->nsp + i] = k->pad_e;
+        op[i] = k->opad;
+        os[i] = k->out_shape + i;
+    }
+    cn_input(&c, 0, rand_f32(rank, xd, 1.0f), false);
+    cn_input(&c, 1, rand_f32(rank, wd, 0.3f), w_const);
+    if (k->bias) cn_input(&c, 2, rand_f32(1, &k->m, 1.0f), true);
+    attr_ints(&c, "strides", st, k->nsp);
+    attr_ints(&c, "dilations", dl, k->nsp);
+    attr_ints(&c, "kernel_shape", ks, k->nsp);
+    attr_int(&c, "group", k->group);
+    if (k->opad) attr_ints(&c, "output_padding", op, k->nsp);
+    if (k->auto_pad) attr_str(&c, "auto_pad", k->auto_pad);
+    else attr_ints(&c, "pads", pads, 2 * k->nsp);
+    if (k->out_shape > 0) attr_ints(&c, "output_shape", os, k->nsp);
+    const char *act = fused ? (k->act ? k->act : "Relu") : NULL;
+    if (act) {
+        attr_str(&c, "activation", act);
+        if (k->act_alpha != 0 || k->act_beta != 0) {
+            attr_float(&c, "act_alpha", k->act_alpha);
+            attr_float(&c, "act_beta", k->act_beta);
+        }
+    }
+    char label[224], sx[64], sw[64];
+    snprintf(label, sizeof label,
+             "%s %s * %s group %lld stride %lld dilation %lld pads %lld,%lld output_padding %lld"
+             "%s%s output_shape %lld%s%s%s%s",
+             fused ? "KilnFusedConvTranspose" : "ConvTranspose", kiln_shape_str(rank, xd, sx, 64),
+             kiln_shape_str(rank, wd, sw, 64), (long long)k->group, (long long)k->stride,
+             (long long)k->dil, (long long)k->pad_b, (long long)k->pad_e, (long long)k->opad,
+             k->auto_pad ? " auto_pad " : "", k->auto_pad ? k->auto_pad : "",
+             (long long)k->out_shape, k->bias ? " bias" : "", act ? " " : "", act ? act : "",
+             w_const ? "" : " (runtime weights)");
+    check_case(&c, label, 1e-4, 1e-4, 1);
+    cn_free(&c);
+}
+
+/* A grid over ConvTranspose's parameters: 1-D, 2-D and 3-D; groups (depthwise included);
+ * strides 1 to 3; dilations; symmetric, asymmetric and zero pads; output_padding; auto_pad
+ * SAME_UPPER, SAME_LOWER and VALID; output_shape; with and without bias; channel counts
+ * below, at and above the vector widths; weights constant (packed) and graph inputs (read
+ * in place through strides). Fused: the same with an activation (Relu, or the case's). */
+static void deconv_cases(bool fused)
+{
+    static const struct deconv_spec cases[] = {
+        {2, 1, 3, 16, 5, 3, 1, 1, 1, 0, 0, 0, NULL, 0, 1, NULL, 0, 0},
+        {2, 2, 16, 8, 7, 4, 1, 2, 1, 1, 1, 0, NULL, 0, 1, NULL, 0, 0}, /* UNet 2x up: k4 s2 p1 */
+        {2, 1, 32, 16, 6, 2, 1, 2, 1, 0, 0, 0, NULL, 0, 0, NULL, 0, 0}, /* k2 s2 */
+        {2, 1, 17, 33, 5, 3, 1, 2, 1, 1, 1, 1, NULL, 0, 1, NULL, 0, 0}, /* output_padding */
+        {2, 1, 15, 17, 4, 3, 1, 3, 2, 0, 2, 2, NULL, 0, 1, NULL, 0, 0}, /* dilation, asymmetric */
+        {2, 2, 16, 32, 5, 3, 2, 2, 1, 1, 0, 0, NULL, 0, 1, NULL, 0, 0}, /* groups */
+        {2, 1, 16, 16, 6, 3, 16, 1, 1, 1, 1, 0, NULL, 0, 1, "Clip", 0.0f, 6.0f}, /* depthwise */
+        {2, 1, 8, 8, 5, 3, 1, 2, 1, 0, 0, 0, "SAME_UPPER", 0, 1, "LeakyRelu", 0.1f, 0},
+        {2, 1, 8, 12, 5, 4, 1, 2, 1, 0, 0, 0, "SAME_LOWER", 0, 0, "Sigmoid", 0, 0},
+        {2, 1, 8, 4, 5, 3, 1, 2, 1, 0, 0, 0, "VALID", 0, 1, NULL, 0, 0},
+        {2, 1, 6, 6, 4, 3, 1, 2, 1, 0, 0, 0, NULL, 10, 1, NULL, 0, 0}, /* output_shape */
+        {1, 2, 16, 24, 9, 5, 1, 2, 1, 2, 2, 1, NULL, 0, 1, "Tanh", 0, 0}, /* 1-D */
+        {1, 1, 4, 6, 7, 3, 2, 3, 2, 0, 1, 0, NULL, 0, 0, NULL, 0, 0},
+        {3, 1, 8, 8, 3, 3, 1, 2, 1, 1, 1, 1, NULL, 0, 1, "SiLU", 0, 0}, /* 3-D */
+        {3, 1, 4, 6, 3, 2, 2, 2, 1, 0, 0, 0, NULL, 0, 1, NULL, 0, 0},
+        {2, 1, 64, 32, 16, 4, 1, 2, 1, 1, 1, 0, NULL, 0, 1, NULL, 0, 0}, /* for 2 threads */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        deconv_case(fused, &cases[i], true);
+        if (i % 3 == 0) deconv_case(fused, &cases[i], false);
+    }
+}
+
 static void kcase_pool(void) { test_pool_family(); }
 static void kcase_global_pool(void) { test_global_pool(); }
 static void kcase_unary(void) { test_unary(); }
@@ -1451,5 +1731,10 @@ static void kcase_attention(void) { test_attention(); }
 static void kcase_recurrent(void) { test_rnn(); }
 static void kcase_conv(void) { conv_cases(false); }
 static void kcase_fused_conv(void) { conv_cases(true); }
+static void kcase_matmul(void) { test_matmul_family(); }
+static void kcase_gemm(void) { test_gemm_family(); }
+static void kcase_fused_matmul(void) { test_fused_matmul_family(); }
+static void kcase_deconv(void) { deconv_cases(false); }
+static void kcase_fused_deconv(void) { deconv_cases(true); }
 
 #endif
