@@ -41,7 +41,7 @@ static inline float rng_normal(void)
 
 /* ---- One-node graphs ---- */
 
-#define MAX_IO 8
+#define MAX_IO 10 /* QLinearConv and KilnQLinearMatMul have 9 inputs */
 
 struct case_node {
     struct kiln_graph *g;

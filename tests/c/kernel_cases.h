@@ -1708,6 +1708,164 @@ static void deconv_cases(bool fused)
     }
 }
 
+/* ---- Quantized ops (dnnl/qlinear.def) ---- */
+
+/* A tensor of dt with uniform integers in [lo, hi] (or all v when lo == hi). */
+static kiln_tensor *tensor_ints(kiln_dtype dt, int rank, const int64_t *dims, int lo, int hi)
+{
+    kiln_tensor *t;
+    if (kiln_tensor_new(dt, rank, dims, &t) != KILN_OK) abort();
+    for (int64_t i = 0; i < kiln_tensor_count(t); i++)
+        kiln_set_i64(dt, t->data, i, lo + (int64_t)(rng_next() % (uint64_t)(hi - lo + 1)));
+    return t;
+}
+
+static kiln_tensor *scalar_of(kiln_dtype dt, double v)
+{
+    kiln_tensor *t;
+    if (kiln_tensor_new(dt, 0, NULL, &t) != KILN_OK) abort();
+    kiln_set_f64(dt, t->data, 0, v);
+    return t;
+}
+
+/* Per-channel weight scales: powers of two (2^-5, 2^-6, 2^-7, ...), so every product
+ * acc * x_scale * w_scale / y_scale is exact in float and double alike and both sides
+ * round the same value (half to even; y's zero points are even, so adding them after
+ * rounding, as the reference does, or before, changes nothing). */
+static kiln_tensor *pow2_scales(int64_t n)
+{
+    kiln_tensor *t = tensor_f32(n > 0 ? 1 : 0, &n);
+    for (int64_t i = 0; i < (n > 0 ? n : 1); i++)
+        ((float *)t->data)[i] = ldexpf(1.0f, -5 - (int)(i % 3));
+    return t;
+}
+
+struct q_spec {
+    enum kiln_op op;
+    int rx;
+    int64_t x[4], w[4];   /* x's shape; w: [K, N] products, [M, C/g, kh, kw] convolutions */
+    bool x_signed, y_signed;
+    int x_zp;             /* x's zero point (0: none given for the Integer ops) */
+    bool x_zp_runtime;    /* Integer ops: x's zero point a graph input */
+    bool per_channel;     /* one weight scale per output channel */
+    bool bias;            /* QLinearConv / KilnQLinearMatMul: int32 bias */
+    int w_zp;             /* the weights' zero point (!= 0: declined) */
+    int64_t group, pad, stride;
+    int expect;
+};
+
+static void q_case(const struct q_spec *q)
+{
+    enum kiln_op op = q->op;
+    bool conv = op == KILN_OP_QLinearConv || op == KILN_OP_ConvInteger;
+    bool qlin = op != KILN_OP_MatMulInteger && op != KILN_OP_ConvInteger;
+    int n_in = op == KILN_OP_QLinearConv || op == KILN_OP_KilnQLinearMatMul ? (q->bias ? 9 : 8)
+               : qlin ? 8 : 4;
+    struct case_node c;
+    cn_init(&c, op, op == KILN_OP_KilnQLinearMatMul ? 1 : 10, n_in, 1);
+    kiln_dtype xdt = q->x_signed ? KILN_DTYPE_I8 : KILN_DTYPE_U8;
+    kiln_dtype ydt = q->y_signed ? KILN_DTYPE_I8 : KILN_DTYPE_U8;
+    int wr = conv ? 4 : 2;
+    int64_t nout = conv ? q->w[0] : q->w[1];
+    kiln_tensor *x = tensor_ints(xdt, q->rx, q->x, q->x_signed ? -128 : 0, q->x_signed ? 127 : 255);
+    kiln_tensor *w = tensor_ints(KILN_DTYPE_I8, wr, q->w, -127, 127);
+    kiln_tensor *wzp = q->per_channel ? tensor_ints(KILN_DTYPE_I8, 1, &nout, q->w_zp, q->w_zp)
+                                      : scalar_of(KILN_DTYPE_I8, q->w_zp);
+    kiln_tensor *xzp = scalar_of(xdt, q->x_zp);
+    if (conv) {
+        attr_int(&c, "group", q->group);
+        int64_t pads[4] = {q->pad, q->pad, q->pad, q->pad}, st[2] = {q->stride, q->stride};
+        attr_ints(&c, "pads", pads, 4);
+        attr_ints(&c, "strides", st, 2);
+    }
+    if (qlin) {
+        cn_input(&c, 0, x, false);
+        cn_input(&c, 1, scalar_of(KILN_DTYPE_F32, 1.0 / 16), true);
+        cn_input(&c, 2, xzp, true);
+        cn_input(&c, 3, w, true);
+        cn_input(&c, 4, pow2_scales(q->per_channel ? nout : 0), true);
+        cn_input(&c, 5, wzp, true);
+        cn_input(&c, 6, scalar_of(KILN_DTYPE_F32, 16.0), true);
+        cn_input(&c, 7, scalar_of(ydt, q->y_signed ? -4 : 128), true);
+        if (n_in > 8) cn_input(&c, 8, tensor_ints(KILN_DTYPE_I32, 1, &nout, -20000, 20000), true);
+    } else {
+        cn_input(&c, 0, x, false);
+        cn_input(&c, 1, w, true);
+        if (q->x_zp || q->x_zp_runtime) cn_input(&c, 2, xzp, !q->x_zp_runtime);
+        else {
+            kiln_tensor_free(xzp);
+            cn_input(&c, 2, NULL, false);
+        }
+        cn_input(&c, 3, wzp, true);
+    }
+    char label[224], sx[64], sw[64];
+    snprintf(label, sizeof label,
+             "%s %s %s x %s x_zp %d%s%s%s w_zp %d%s group %lld pad %lld stride %lld",
+             kiln_op_name(op), q->x_signed ? "s8" : "u8", kiln_shape_str(q->rx, q->x, sx, 64),
+             kiln_shape_str(wr, q->w, sw, 64), q->x_zp, q->x_zp_runtime ? " (runtime)" : "",
+             q->per_channel ? " per-channel" : "", q->bias ? " bias" : "", q->w_zp,
+             qlin ? (q->y_signed ? " -> s8" : " -> u8") : " -> s32", (long long)q->group,
+             (long long)q->pad, (long long)q->stride);
+    check_case(&c, label, 0, 0, q->expect);
+    cn_free(&c);
+}
+
+#define QMM(op, rx, x0, x1, x2, k, n, xs, ys, xzp, rt, pc, bias, wzp, expect)                    \
+    {op, rx, {x0, x1, x2}, {k, n}, xs, ys, xzp, rt, pc, bias, wzp, 1, 0, 1, expect}
+#define QCV(op, n, c, h, m, kk, xs, ys, xzp, pc, bias, wzp, group, pad, stride, expect)           \
+    {op, 4, {n, c, h, h + 1}, {m, (c) / (group), kk, kk}, xs, ys, xzp, false, pc, bias, wzp,   \
+     group, pad, stride, expect}
+
+/* Products: 2-D and batched A (leading dims are rows), u8 and s8 A and Y, scalar and
+ * per-column weight scales, x zero points 0 and not, K and N around the vector widths,
+ * one product large enough for two threads; nonzero weight zero points are declined. */
+static void qmatmul_cases(enum kiln_op op)
+{
+    bool b = op == KILN_OP_KilnQLinearMatMul;
+    const struct q_spec cases[] = {
+        QMM(op, 2, 1, 16, 0, 16, 16, false, false, 128, false, false, b, 0, 1),
+        QMM(op, 2, 17, 33, 0, 33, 15, false, false, 3, false, true, b, 0, 1),
+        QMM(op, 3, 2, 5, 64, 64, 40, false, true, 0, false, true, false, 0, 1),
+        QMM(op, 2, 9, 31, 0, 31, 65, true, true, -7, false, false, b, 0, 1),
+        QMM(op, 3, 4, 16, 64, 64, 64, false, false, 120, false, true, b, 0, 1),
+        QMM(op, 2, 5, 16, 0, 16, 8, false, false, 128, false, false, false, 3, 0),
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) q_case(&cases[i]);
+}
+
+static void qconv_cases(enum kiln_op op)
+{
+    bool b = op == KILN_OP_QLinearConv;
+    const struct q_spec cases[] = {
+        QCV(op, 1, 8, 9, 16, 3, false, false, 128, false, b, 0, 1, 1, 1, 1),
+        QCV(op, 2, 16, 7, 8, 1, false, true, 5, true, b, 0, 1, 0, 1, 1),
+        QCV(op, 1, 16, 8, 16, 3, false, false, 128, true, false, 0, 16, 1, 2, 1), /* depthwise */
+        QCV(op, 2, 32, 6, 32, 3, false, false, 3, true, b, 0, 2, 1, 1, 1),     /* groups */
+        /* 3 channels a group: oneDNN's int8 kernels leave it to its reference code (declined) */
+        QCV(op, 2, 12, 6, 8, 3, false, false, 3, false, b, 0, 4, 1, 1, -1),
+        QCV(op, 2, 12, 6, 8, 3, true, true, -3, false, b, 0, 1, 1, 1, 1),       /* s8 x */
+        QCV(op, 2, 12, 6, 8, 3, true, false, -3, false, b, 0, 4, 1, 1, -1),     /* s8 x, groups */
+        QCV(op, 1, 32, 14, 32, 3, false, false, 100, true, b, 0, 1, 1, 1, 1),   /* 2 threads */
+        QCV(op, 1, 8, 5, 8, 3, false, false, 128, false, false, 2, 1, 1, 1, 0), /* w_zp: declined */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) q_case(&cases[i]);
+}
+
+static void integer_matmul_cases(void)
+{
+    const struct q_spec cases[] = {
+        QMM(KILN_OP_MatMulInteger, 2, 7, 16, 0, 16, 17, false, false, 128, false, false, false, 0, 1),
+        QMM(KILN_OP_MatMulInteger, 3, 2, 9, 64, 64, 33, false, false, 0, false, false, false, 0, 1),
+        QMM(KILN_OP_MatMulInteger, 2, 33, 48, 0, 48, 16, true, false, -5, false, false, false, 0, 1),
+        /* x's zero point a run-time scalar (DynamicQuantizeLinear's) */
+        QMM(KILN_OP_MatMulInteger, 2, 15, 32, 0, 32, 31, false, false, 77, true, false, false, 0, 1),
+        QMM(KILN_OP_MatMulInteger, 2, 4, 16, 0, 16, 8, false, false, 1, false, true, false, 2, 0),
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) q_case(&cases[i]);
+}
+#undef QMM
+#undef QCV
+
 static void kcase_pool(void) { test_pool_family(); }
 static void kcase_global_pool(void) { test_global_pool(); }
 static void kcase_unary(void) { test_unary(); }
@@ -1736,5 +1894,10 @@ static void kcase_gemm(void) { test_gemm_family(); }
 static void kcase_fused_matmul(void) { test_fused_matmul_family(); }
 static void kcase_deconv(void) { deconv_cases(false); }
 static void kcase_fused_deconv(void) { deconv_cases(true); }
+static void kcase_qlinear_conv(void) { qconv_cases(KILN_OP_QLinearConv); }
+static void kcase_qlinear_matmul(void) { qmatmul_cases(KILN_OP_QLinearMatMul); }
+static void kcase_kiln_qlinear_matmul(void) { qmatmul_cases(KILN_OP_KilnQLinearMatMul); }
+static void kcase_conv_integer(void) { qconv_cases(KILN_OP_ConvInteger); }
+static void kcase_matmul_integer(void) { integer_matmul_cases(); }
 
 #endif
