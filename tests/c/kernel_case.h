@@ -184,6 +184,8 @@ static inline kiln_status run_ref(struct case_node *c, kiln_tensor **out)
 static const struct kiln_kernel_def *forced_kernel;
 /* Give each compile a weight cache of its own (kernels that pack weights need one). */
 static bool case_weight_cache;
+/* The precision each compile asks for (kiln_precision: 0 fp32, 1 bf16, 2 int8). */
+static int case_precision;
 
 /* Compile the fast kernel under KILN_ISA=isa (or forced_kernel) and run it on `threads`
  * threads. *handled = whether compile took the node; name (64 bytes, may
@@ -216,7 +218,7 @@ static inline kiln_status run_fast_ex(struct case_node *c, const char *isa, int 
     struct kiln_compile_ctx cc = {
         .node = c->node, .n_in = c->n_in, .in = in_p, .in_value = in_v, .in_layout = layouts,
         .n_out = c->n_out, .out = out_p, .out_layout = layouts, .weights = wc,
-        .threads = threads,
+        .threads = threads, .precision = case_precision,
     };
     struct kiln_kernel_inst inst = {0};
     if (forced_kernel) {

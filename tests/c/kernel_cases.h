@@ -1460,6 +1460,7 @@ struct mm_spec {
     double zeros;         /* > 0: B constant with this share of zeros */
     const char *sparse;   /* KILN_SPARSE for the case (NULL: auto) */
     int expect;           /* check_case's expect_handled */
+    int prec;             /* the plan's precision: 0 fp32, 1 bf16, 2 int8 (B constant) */
 };
 
 static void mm_case(const struct mm_spec *m, const char *what)
@@ -1489,16 +1490,35 @@ static void mm_case(const struct mm_spec *m, const char *what)
         if (cn_infer(&c, ty) != KILN_OK) abort();
         cn_input(&c, 3, rand_f32(ty[0].rank, ty[0].dims, 1.0f), false);
     }
-    char label[224], sa[64], sb[64], sc[64];
-    snprintf(label, sizeof label, "%s %s%s x %s%s%s%s alpha %g beta %g%s%s%s%s%s%s %s",
+    char label[240], sa[64], sb[64], sc[64];
+    snprintf(label, sizeof label, "%s %s%s x %s%s%s%s alpha %g beta %g%s%s%s%s%s%s%s %s",
              kiln_op_name(m->op), kiln_shape_str(m->ra, m->a, sa, 64), m->ta ? "^T" : "",
              kiln_shape_str(m->rb, m->b, sb, 64), m->tb ? "^T" : "", m->b_const ? " (const)" : "",
              m->zeros > 0 ? " (sparse)" : "", (double)m->alpha, (double)m->beta,
              m->rc >= 0 ? " C " : "", m->rc >= 0 ? kiln_shape_str(m->rc, m->c, sc, 64) : "",
              m->sum ? " sum" : "", m->act && m->act[0] ? " " : "", m->act ? m->act : "",
-             m->sparse ? " KILN_SPARSE=force" : "", what);
+             m->sparse ? " KILN_SPARSE=force" : "",
+             m->prec == 1 ? " bf16" : m->prec == 2 ? " int8" : "", what);
     if (m->sparse) setenv("KILN_SPARSE", m->sparse, 1);
-    check_case(&c, label, 1e-4, 1e-4, m->expect);
+    /* low precision: A and B rounded (bf16: 8 bits of mantissa; int8: 255 steps of A's range,
+     * 127 of B's column), errors growing as sqrt(K) */
+    double k = (double)m->a[m->ra - 1 - (m->ta ? 1 : 0)];
+    double atol = m->prec == 1 ? 0.01 * sqrt(k) : m->prec == 2 ? 0.04 * sqrt(k) : 1e-4;
+    double rtol = m->prec ? 0.02 : 1e-4;
+    case_precision = m->prec;
+    check_case(&c, label, rtol, atol, m->expect);
+    bool lowp_cpu = m->prec == 1 ? isa_levels() == 3 : __builtin_cpu_supports("avx512vnni");
+    if (m->prec && lowp_cpu) { /* the op's choice ran the asked precision (else fp32) */
+        kiln_tensor *got[MAX_IO];
+        bool handled = false;
+        char name[64] = "";
+        kiln_status st = run_fast(&c, isa_names[isa_levels() - 1], 1, &handled, name, got);
+        const char *tag = m->prec == 1 ? "bf16" : "int8";
+        CHECK(st == KILN_OK && handled && strstr(name, tag),
+              "%s: the choice ran %s, not a %s kernel", label, handled ? name : "nothing", tag);
+        free_outs(got, c.n_out);
+    }
+    case_precision = 0;
     if (m->sparse && !m->ta && !m->sum) { /* forced: the op's choice is the sparse kernel */
         kiln_tensor *got[MAX_IO];
         bool handled = false;
@@ -1523,23 +1543,29 @@ static void test_matmul_family(void)
             for (int in = 0; in < 5; in += 2) {
                 int64_t m = sz[im], k = sz[(ik + im) % 5], n = sz[in];
                 struct mm_spec s = {KILN_OP_MatMul, 2, 2, {m, k}, {k, n}, 0, 0, 1, 1, -1, {0},
-                                    (im + in) % 2 == 1, false, NULL, 0, 0, 0, NULL, 1};
+                                    (im + in) % 2 == 1, false, NULL, 0, 0, 0, NULL, 1, 0};
                 mm_case(&s, "");
             }
     static const struct mm_spec bc[] = {
-        {KILN_OP_MatMul, 3, 2, {2, 17, 33}, {33, 16}, 0, 0, 1, 1, -1, {0}, true, false, NULL, 0, 0, 0, NULL, 1},
-        {KILN_OP_MatMul, 3, 2, {3, 5, 16}, {16, 65}, 0, 0, 1, 1, -1, {0}, false, false, NULL, 0, 0, 0, NULL, 1},
-        {KILN_OP_MatMul, 3, 3, {4, 15, 17}, {4, 17, 16}, 0, 0, 1, 1, -1, {0}, false, false, NULL, 0, 0, 0, NULL, 1},
-        {KILN_OP_MatMul, 4, 4, {2, 3, 16, 8}, {2, 3, 8, 17}, 0, 0, 1, 1, -1, {0}, false, false, NULL, 0, 0, 0, NULL, 1},
-        {KILN_OP_MatMul, 4, 4, {2, 1, 7, 8}, {1, 3, 8, 5}, 0, 0, 1, 1, -1, {0}, false, false, NULL, 0, 0, 0, NULL, 1},
-        {KILN_OP_MatMul, 2, 3, {7, 8}, {3, 8, 5}, 0, 0, 1, 1, -1, {0}, true, false, NULL, 0, 0, 0, NULL, 1},
-        {KILN_OP_MatMul, 3, 3, {2, 7, 8}, {1, 8, 5}, 0, 0, 1, 1, -1, {0}, true, false, NULL, 0, 0, 0, NULL, 1},
-        {KILN_OP_MatMul, 3, 4, {6, 9, 4}, {2, 1, 4, 11}, 0, 0, 1, 1, -1, {0}, false, false, NULL, 0, 0, 0, NULL, 1},
+        {KILN_OP_MatMul, 3, 2, {2, 17, 33}, {33, 16}, 0, 0, 1, 1, -1, {0}, true, false, NULL, 0, 0, 0, NULL, 1, 0},
+        {KILN_OP_MatMul, 3, 2, {3, 5, 16}, {16, 65}, 0, 0, 1, 1, -1, {0}, false, false, NULL, 0, 0, 0, NULL, 1, 0},
+        {KILN_OP_MatMul, 3, 3, {4, 15, 17}, {4, 17, 16}, 0, 0, 1, 1, -1, {0}, false, false, NULL, 0, 0, 0, NULL, 1, 0},
+        {KILN_OP_MatMul, 4, 4, {2, 3, 16, 8}, {2, 3, 8, 17}, 0, 0, 1, 1, -1, {0}, false, false, NULL, 0, 0, 0, NULL, 1, 0},
+        {KILN_OP_MatMul, 4, 4, {2, 1, 7, 8}, {1, 3, 8, 5}, 0, 0, 1, 1, -1, {0}, false, false, NULL, 0, 0, 0, NULL, 1, 0},
+        {KILN_OP_MatMul, 2, 3, {7, 8}, {3, 8, 5}, 0, 0, 1, 1, -1, {0}, true, false, NULL, 0, 0, 0, NULL, 1, 0},
+        {KILN_OP_MatMul, 3, 3, {2, 7, 8}, {1, 8, 5}, 0, 0, 1, 1, -1, {0}, true, false, NULL, 0, 0, 0, NULL, 1, 0},
+        {KILN_OP_MatMul, 3, 4, {6, 9, 4}, {2, 1, 4, 11}, 0, 0, 1, 1, -1, {0}, false, false, NULL, 0, 0, 0, NULL, 1, 0},
         /* a mostly-zero constant B: timed against oneDNN, then the sparse kernel forced */
-        {KILN_OP_MatMul, 2, 2, {64, 128}, {128, 96}, 0, 0, 1, 1, -1, {0}, true, false, NULL, 0, 0, 0.8, NULL, 1},
-        {KILN_OP_MatMul, 3, 2, {2, 33, 64}, {64, 40}, 0, 0, 1, 1, -1, {0}, true, false, NULL, 0, 0, 0.7, "force", 1},
-        {KILN_OP_MatMul, 2, 2, {1, 64}, {64, 33}, 0, 0, 1, 1, -1, {0}, true, false, NULL, 0, 0, 0.9, "force", 1},
-        {KILN_OP_MatMul, 2, 2, {17, 30}, {30, 17}, 0, 0, 1, 1, -1, {0}, true, false, NULL, 0, 0, 0.6, "force", 1},
+        {KILN_OP_MatMul, 2, 2, {64, 128}, {128, 96}, 0, 0, 1, 1, -1, {0}, true, false, NULL, 0, 0, 0.8, NULL, 1, 0},
+        {KILN_OP_MatMul, 3, 2, {2, 33, 64}, {64, 40}, 0, 0, 1, 1, -1, {0}, true, false, NULL, 0, 0, 0.7, "force", 1, 0},
+        {KILN_OP_MatMul, 2, 2, {1, 64}, {64, 33}, 0, 0, 1, 1, -1, {0}, true, false, NULL, 0, 0, 0.9, "force", 1, 0},
+        {KILN_OP_MatMul, 2, 2, {17, 30}, {30, 17}, 0, 0, 1, 1, -1, {0}, true, false, NULL, 0, 0, 0.6, "force", 1, 0},
+        /* plans compiled for bf16 and int8 (oneDNN's low-precision products, the sparse int8 one) */
+        {KILN_OP_MatMul, 2, 2, {33, 64}, {64, 48}, 0, 0, 1, 1, -1, {0}, true, false, NULL, 0, 0, 0, NULL, 1, 1},
+        {KILN_OP_MatMul, 3, 2, {2, 17, 64}, {64, 40}, 0, 0, 1, 1, -1, {0}, true, false, NULL, 0, 0, 0, NULL, 1, 1},
+        {KILN_OP_MatMul, 2, 2, {33, 64}, {64, 48}, 0, 0, 1, 1, -1, {0}, true, false, NULL, 0, 0, 0, NULL, 1, 2},
+        {KILN_OP_MatMul, 3, 2, {2, 17, 64}, {64, 40}, 0, 0, 1, 1, -1, {0}, true, false, NULL, 0, 0, 0, NULL, 1, 2},
+        {KILN_OP_MatMul, 2, 2, {32, 64}, {64, 48}, 0, 0, 1, 1, -1, {0}, true, false, NULL, 0, 0, 0.8, "force", 1, 2},
     };
     for (size_t i = 0; i < sizeof bc / sizeof bc[0]; i++) mm_case(&bc[i], "");
 }
@@ -1551,7 +1577,7 @@ static void test_gemm_family(void)
 {
 #define G(ta, tb, alpha, beta, rc, c0, c1, konst, zeros, sparse, expect)                        \
     {KILN_OP_Gemm, 2, 2, {(ta) ? 16 : 15, (ta) ? 15 : 16}, {(tb) ? 17 : 16, (tb) ? 16 : 17},    \
-     ta, tb, alpha, beta, rc, {c0, c1}, konst, false, NULL, 0, 0, zeros, sparse, expect}
+     ta, tb, alpha, beta, rc, {c0, c1}, konst, false, NULL, 0, 0, zeros, sparse, expect, 0}
     static const struct mm_spec gc[] = {
         G(0, 0, 1.0f, 1.0f, 1, 17, 0, true, 0, NULL, 1),
         G(0, 1, 1.0f, 1.0f, 1, 17, 0, true, 0, NULL, 1),
@@ -1574,8 +1600,13 @@ static void test_gemm_family(void)
     for (size_t i = 0; i < sizeof gc / sizeof gc[0]; i++) mm_case(&gc[i], "");
     /* larger, for two threads */
     struct mm_spec big = {KILN_OP_Gemm, 2, 2, {96, 64}, {128, 64}, 0, 1, 1, 1, 1, {128}, true,
-                          false, NULL, 0, 0, 0, NULL, 1};
+                          false, NULL, 0, 0, 0, NULL, 1, 0};
     mm_case(&big, "");
+    for (int prec = 1; prec <= 2; prec++) { /* bf16 and int8 plans: alpha, transB, C [N] */
+        struct mm_spec lp = {KILN_OP_Gemm, 2, 2, {24, 64}, {40, 64}, 0, 1, 0.5f, 1, 1, {40}, true,
+                             false, NULL, 0, 0, 0, NULL, 1, prec};
+        mm_case(&lp, "");
+    }
 }
 
 /* KilnFusedMatMul: bias, residual Sum, every activation oneDNN fuses, transposes, batched;
@@ -1587,7 +1618,7 @@ static void test_fused_matmul_family(void)
      {(ra) == 2 && (ta) ? (a1) : (a0), (ra) == 2 && (ta) ? (a0) : (ra) == 3 && (ta) ? (a2) : (a1), \
       (ra) == 3 && (ta) ? (a1) : (a2)},                                                           \
      {(tb) ? (n) : (k), (tb) ? (k) : (n)}, ta, tb, alpha, 1, (bias) ? 1 : -1, {n}, konst, sum,   \
-     act, aa, ab, zeros, sparse, 1}
+     act, aa, ab, zeros, sparse, 1, 0}
     static const struct mm_spec fc[] = {
         F(3, 2, 5, 16, 16, 33, 0, 0, 1, 0, 1, 1.0f, "Gelu", 0, 0, 0, NULL),
         F(3, 2, 5, 17, 17, 16, 0, 1, 1, 1, 1, 1.0f, "", 0, 0, 0, NULL),
@@ -1607,8 +1638,19 @@ static void test_fused_matmul_family(void)
         F(2, 20, 32, 0, 32, 24, 0, 0, 0, 0, 1, 0.5f, "", 0, 0, 0.8, "force"),
         F(2, 20, 32, 0, 32, 24, 0, 0, 1, 1, 1, 1.0f, "Relu", 0, 0, 0.8, "force"), /* Sum: dense */
     };
+    /* bf16 and int8 plans: bias, Sum and activations as post-ops */
+    const struct mm_spec lowp[] = {
+        F(3, 2, 9, 64, 64, 40, 0, 0, 1, 1, 1, 1.0f, "Gelu", 0, 0, 0, NULL),
+        F(2, 33, 64, 0, 64, 48, 0, 1, 1, 0, 1, 1.0f, "Relu", 0, 0, 0, NULL),
+    };
 #undef F
     for (size_t i = 0; i < sizeof fc / sizeof fc[0]; i++) mm_case(&fc[i], "");
+    for (int prec = 1; prec <= 2; prec++)
+        for (size_t i = 0; i < sizeof lowp / sizeof lowp[0]; i++) {
+            struct mm_spec lp = lowp[i];
+            lp.prec = prec;
+            mm_case(&lp, "");
+        }
 }
 
 /* ---- Transposed convolutions (dnnl/deconv.def) ---- */
