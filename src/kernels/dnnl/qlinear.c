@@ -2,8 +2,9 @@
  * qlinear.c - oneDNN int8 kernels for models that arrive quantized:
  * QLinearConv, QLinearMatMul, MatMulInteger, ConvInteger and Kiln's
  * KilnQLinearMatMul (what the qdq_fusion pass, src/opt/qdq.c, makes of QDQ
- * MatMul / Gemm): the quant family (qlinear.def). Their reference kernels are in src/kernels/ref/ (conv.c,
- * matmul.c, qlinear_fused.c); docs/COMPRESSION.md, "Pre-quantized models".
+ * MatMul / Gemm): the quant family (qlinear.def). Their reference kernels
+ * are in src/kernels/ref/ (conv.c, matmul.c, qlinear_fused.c);
+ * docs/COMPRESSION.md, "Pre-quantized models".
  *
  * One oneDNN int8 primitive per node, integers in and integers out:
  *   acc = sum (x - x_zp) * w  [+ bias]                         (s32, exact)
