@@ -8,6 +8,7 @@
  */
 #include "kernels/family.h"
 
+#include <cpuid.h>
 #include <pthread.h>
 #include <stdlib.h>
 
@@ -15,7 +16,10 @@
 
 #define KILN_KERNEL KILN_KERNEL_DECLARE
 #include "kernels/dnnl/conv.def"
+#include "kernels/dnnl/deconv.def"
+#include "kernels/dnnl/matmul.def"
 #include "kernels/dnnl/pool.def"
+#include "kernels/dnnl/qlinear.def"
 #include "kernels/simd/attention.def"
 #include "kernels/simd/copy.def"
 #include "kernels/simd/elementwise.def"
@@ -30,8 +34,17 @@ static const struct kiln_kernel_def all_kernels[] = {
 #define FAMILY "conv"
 #include "kernels/dnnl/conv.def"
 #undef FAMILY
+#define FAMILY "deconv"
+#include "kernels/dnnl/deconv.def"
+#undef FAMILY
+#define FAMILY "matmul"
+#include "kernels/dnnl/matmul.def"
+#undef FAMILY
 #define FAMILY "pool"
 #include "kernels/dnnl/pool.def"
+#undef FAMILY
+#define FAMILY "quant"
+#include "kernels/dnnl/qlinear.def"
 #undef FAMILY
 #define FAMILY "attention"
 #include "kernels/simd/attention.def"
@@ -106,6 +119,17 @@ const struct kiln_fast_op *kiln_kernel_fast_op(enum kiln_op op)
     return kiln_kernels_of_op(op) ? &family_ops[op] : NULL;
 }
 
+/* AVX-512 VNNI, AVX-VNNI or AMX-INT8 (CPUID leaf 7). */
+static bool cpu_int8_dot(void)
+{
+    unsigned a, b, c, d;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
+    if ((c >> 11) & 1 || (d >> 25) & 1) return true; /* avx512_vnni, amx_int8 */
+    unsigned max_sub = a;
+    if (max_sub >= 1 && __get_cpuid_count(7, 1, &a, &b, &c, &d)) return (a >> 4) & 1; /* avx_vnni */
+    return false;
+}
+
 bool kiln_kernel_isa_ok(enum kiln_kernel_isa isa)
 {
     enum kiln_isa cpu = kiln_cpu_isa();
@@ -116,6 +140,7 @@ bool kiln_kernel_isa_ok(enum kiln_kernel_isa isa)
     case KILN_KISA_AVX512_BF16:
         return cpu >= KILN_ISA_AVX512 && __builtin_cpu_supports("avx512bf16");
     case KILN_KISA_VNNI: return cpu >= KILN_ISA_AVX512 && __builtin_cpu_supports("avx512vnni");
+    case KILN_KISA_INT8_DOT: return cpu_int8_dot();
     }
     return false;
 }
@@ -128,6 +153,7 @@ const char *kiln_kernel_isa_name(enum kiln_kernel_isa isa)
     case KILN_KISA_AVX512: return "avx512";
     case KILN_KISA_AVX512_BF16: return "avx512_bf16";
     case KILN_KISA_VNNI: return "vnni";
+    case KILN_KISA_INT8_DOT: return "int8_dot";
     }
     return "?";
 }

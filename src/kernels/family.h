@@ -10,7 +10,10 @@
  *
  *   Op        the ONNX / Kiln op (ir/ops.def) the kernel runs;
  *   name      the kernel's unique name (an identifier: f32_relu_avx512);
- *   ISA       what the CPU must have: SCALAR, AVX2, AVX512, AVX512_BF16, VNNI;
+ *   ISA       what the CPU must have: SCALAR, AVX2, AVX512, AVX512_BF16, VNNI,
+ *             INT8_DOT (int8 dot products of any width: AVX-512 VNNI, AVX-VNNI
+ *             or AMX; for oneDNN's int8 kernels, which pick their own ISA and
+ *             KILN_ISA does not lower);
  *   priority  the choice order among the op's kernels (higher first);
  *   covers    bool covers(cc): the cheap test of the node's types, shapes and
  *             attributes that the kernel handles (kiln_k_covers_all: any);
@@ -53,6 +56,7 @@ enum kiln_kernel_isa {
     KILN_KISA_AVX512,
     KILN_KISA_AVX512_BF16, /* AVX-512 with the bf16 dot products */
     KILN_KISA_VNNI,        /* AVX-512 with VNNI int8 dot products */
+    KILN_KISA_INT8_DOT,    /* AVX-512 VNNI, AVX-VNNI or AMX-INT8 (whatever KILN_ISA says) */
 };
 
 typedef bool (*kiln_kernel_covers_fn)(const struct kiln_compile_ctx *cc);

@@ -41,7 +41,7 @@ static inline float rng_normal(void)
 
 /* ---- One-node graphs ---- */
 
-#define MAX_IO 8
+#define MAX_IO 10 /* QLinearConv and KilnQLinearMatMul have 9 inputs */
 
 struct case_node {
     struct kiln_graph *g;
@@ -184,6 +184,8 @@ static inline kiln_status run_ref(struct case_node *c, kiln_tensor **out)
 static const struct kiln_kernel_def *forced_kernel;
 /* Give each compile a weight cache of its own (kernels that pack weights need one). */
 static bool case_weight_cache;
+/* The precision each compile asks for (kiln_precision: 0 fp32, 1 bf16, 2 int8). */
+static int case_precision;
 
 /* Compile the fast kernel under KILN_ISA=isa (or forced_kernel) and run it on `threads`
  * threads. *handled = whether compile took the node; name (64 bytes, may
@@ -216,7 +218,7 @@ static inline kiln_status run_fast_ex(struct case_node *c, const char *isa, int 
     struct kiln_compile_ctx cc = {
         .node = c->node, .n_in = c->n_in, .in = in_p, .in_value = in_v, .in_layout = layouts,
         .n_out = c->n_out, .out = out_p, .out_layout = layouts, .weights = wc,
-        .threads = threads,
+        .threads = threads, .precision = case_precision,
     };
     struct kiln_kernel_inst inst = {0};
     if (forced_kernel) {
@@ -247,10 +249,12 @@ static inline kiln_status run_fast_ex(struct case_node *c, const char *isa, int 
     }
     kiln_tensor *ins[MAX_IO];
     memcpy(ins, c->in, sizeof ins);
-    if (inplace && inst.inplace && out[0] && out[0]->nbytes == c->in[0]->nbytes) {
-        /* output 0 overwrites (a copy of) input 0 */
-        memcpy(out[0]->data, c->in[0]->data, out[0]->nbytes);
-        ins[0] = out[0];
+    int ii = inst.inplace_input; /* 0, or the input a fused Sum reads (KilnFusedConv's 3) */
+    if (inplace && inst.inplace && out[0] && ii >= 0 && ii < c->n_in && c->in[ii] &&
+        out[0]->nbytes == c->in[ii]->nbytes) {
+        /* output 0 overwrites (a copy of) that input */
+        memcpy(out[0]->data, c->in[ii]->data, out[0]->nbytes);
+        ins[ii] = out[0];
         *did_inplace = true;
     }
     struct kiln_run_ctx rc = {.node = c->node, .n_in = c->n_in, .in = ins, .n_out = c->n_out,
@@ -270,7 +274,7 @@ static inline kiln_status run_fast(struct case_node *c, const char *isa, int thr
 
 /* ---- Comparison ---- */
 
-static int inplace_runs; /* cases run with output 0 over input 0 */
+static int inplace_runs; /* cases run with output 0 over the input the kernel names */
 static double worst_rel; /* largest relative error seen by compare_f32 (|want| > 1e-30) */
 
 /* got ~ want: NaN where NaN, equal infinities, else |g - w| <= atol + rtol |w|. */

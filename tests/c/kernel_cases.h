@@ -1428,6 +1428,486 @@ static void test_global_pool(void)
     }
 }
 
+/* ---- Matrix products (dnnl/matmul.def) ---- */
+
+static kiln_tensor *rand_f32(int rank, const int64_t *dims, float scale)
+{
+    kiln_tensor *t = tensor_f32(rank, dims);
+    for (size_t i = 0; i < t->nbytes / 4; i++) ((float *)t->data)[i] = rng_normal() * scale;
+    return t;
+}
+
+/* A constant B with about `zeros` of its elements 0 (the sparse entries' candidates). */
+static kiln_tensor *sparse_f32(int rank, const int64_t *dims, double zeros)
+{
+    kiln_tensor *t = rand_f32(rank, dims, 0.5f);
+    for (size_t i = 0; i < t->nbytes / 4; i++)
+        if (rng_uniform(0, 1) < zeros) ((float *)t->data)[i] = 0.0f;
+    return t;
+}
+
+struct mm_spec {
+    enum kiln_op op;
+    int ra, rb;
+    int64_t a[4], b[4];   /* stored shapes (transposed where ta / tb) */
+    int ta, tb;
+    float alpha, beta;    /* beta: Gemm only */
+    int rc;               /* bias / C rank (-1: none) */
+    int64_t c[4];
+    bool b_const, sum;    /* sum: KilnFusedMatMul's residual input 3 */
+    const char *act;      /* KilnFusedMatMul's activation ("" none) */
+    float act_alpha, act_beta;
+    double zeros;         /* > 0: B constant with this share of zeros */
+    const char *sparse;   /* KILN_SPARSE for the case (NULL: auto) */
+    int expect;           /* check_case's expect_handled */
+    int prec;             /* the plan's precision: 0 fp32, 1 bf16, 2 int8 (B constant) */
+};
+
+static void mm_case(const struct mm_spec *m, const char *what)
+{
+    struct case_node c;
+    int n_in = m->sum ? 4 : m->rc >= 0 ? 3 : 2;
+    cn_init(&c, m->op, 13, n_in, 1);
+    if (m->op != KILN_OP_MatMul) {
+        attr_int(&c, "transA", m->ta);
+        attr_int(&c, "transB", m->tb);
+        attr_float(&c, "alpha", m->alpha);
+    }
+    if (m->op == KILN_OP_Gemm) attr_float(&c, "beta", m->beta);
+    if (m->op == KILN_OP_KilnFusedMatMul) {
+        attr_str(&c, "activation", m->act ? m->act : "");
+        if (m->act_alpha != 0 || m->act_beta != 0) {
+            attr_float(&c, "act_alpha", m->act_alpha);
+            attr_float(&c, "act_beta", m->act_beta);
+        }
+    }
+    cn_input(&c, 0, rand_f32(m->ra, m->a, 1.0f), false);
+    cn_input(&c, 1, m->zeros > 0 ? sparse_f32(m->rb, m->b, m->zeros) : rand_f32(m->rb, m->b, 0.5f),
+             m->b_const || m->zeros > 0);
+    if (n_in > 2) cn_input(&c, 2, m->rc >= 0 ? rand_f32(m->rc, m->c, 1.0f) : NULL, true);
+    if (m->sum) {
+        struct kiln_type ty[MAX_IO];
+        if (cn_infer(&c, ty) != KILN_OK) abort();
+        cn_input(&c, 3, rand_f32(ty[0].rank, ty[0].dims, 1.0f), false);
+    }
+    char label[240], sa[64], sb[64], sc[64];
+    snprintf(label, sizeof label, "%s %s%s x %s%s%s%s alpha %g beta %g%s%s%s%s%s%s%s %s",
+             kiln_op_name(m->op), kiln_shape_str(m->ra, m->a, sa, 64), m->ta ? "^T" : "",
+             kiln_shape_str(m->rb, m->b, sb, 64), m->tb ? "^T" : "", m->b_const ? " (const)" : "",
+             m->zeros > 0 ? " (sparse)" : "", (double)m->alpha, (double)m->beta,
+             m->rc >= 0 ? " C " : "", m->rc >= 0 ? kiln_shape_str(m->rc, m->c, sc, 64) : "",
+             m->sum ? " sum" : "", m->act && m->act[0] ? " " : "", m->act ? m->act : "",
+             m->sparse ? " KILN_SPARSE=force" : "",
+             m->prec == 1 ? " bf16" : m->prec == 2 ? " int8" : "", what);
+    if (m->sparse) setenv("KILN_SPARSE", m->sparse, 1);
+    /* low precision: A and B rounded (bf16: 8 bits of mantissa; int8: 255 steps of A's range,
+     * 127 of B's column), errors growing as sqrt(K) */
+    double k = (double)m->a[m->ra - 1 - (m->ta ? 1 : 0)];
+    double atol = m->prec == 1 ? 0.01 * sqrt(k) : m->prec == 2 ? 0.04 * sqrt(k) : 1e-4;
+    double rtol = m->prec ? 0.02 : 1e-4;
+    case_precision = m->prec;
+    check_case(&c, label, rtol, atol, m->expect);
+    bool lowp_cpu = m->prec == 1 ? isa_levels() == 3 : __builtin_cpu_supports("avx512vnni");
+    if (m->prec && lowp_cpu) { /* the op's choice ran the asked precision (else fp32) */
+        kiln_tensor *got[MAX_IO];
+        bool handled = false;
+        char name[64] = "";
+        kiln_status st = run_fast(&c, isa_names[isa_levels() - 1], 1, &handled, name, got);
+        const char *tag = m->prec == 1 ? "bf16" : "int8";
+        CHECK(st == KILN_OK && handled && strstr(name, tag),
+              "%s: the choice ran %s, not a %s kernel", label, handled ? name : "nothing", tag);
+        free_outs(got, c.n_out);
+    }
+    case_precision = 0;
+    if (m->sparse && !m->ta && !m->sum) { /* forced: the op's choice is the sparse kernel */
+        kiln_tensor *got[MAX_IO];
+        bool handled = false;
+        char name[64] = "";
+        kiln_status st = run_fast(&c, isa_names[isa_levels() - 1], 1, &handled, name, got);
+        CHECK(st == KILN_OK && handled && strncmp(name, "sparse", 6) == 0,
+              "%s: the choice ran %s, not the sparse kernel", label, handled ? name : "nothing");
+        free_outs(got, c.n_out);
+    }
+    if (m->sparse) unsetenv("KILN_SPARSE");
+    cn_free(&c);
+}
+
+/* MatMul: sizes around the vector widths, B constant or not; batched products with numpy
+ * broadcasting of the batch dims (A's batch folded into rows where B is one matrix); a
+ * mostly-zero constant B (the sparse entry: timed, and forced). */
+static void test_matmul_family(void)
+{
+    static const int64_t sz[] = {1, 15, 16, 17, 65};
+    for (int im = 0; im < 5; im++)
+        for (int ik = 0; ik < 5; ik += 2)
+            for (int in = 0; in < 5; in += 2) {
+                int64_t m = sz[im], k = sz[(ik + im) % 5], n = sz[in];
+                struct mm_spec s = {KILN_OP_MatMul, 2, 2, {m, k}, {k, n}, 0, 0, 1, 1, -1, {0},
+                                    (im + in) % 2 == 1, false, NULL, 0, 0, 0, NULL, 1, 0};
+                mm_case(&s, "");
+            }
+    static const struct mm_spec bc[] = {
+        {KILN_OP_MatMul, 3, 2, {2, 17, 33}, {33, 16}, 0, 0, 1, 1, -1, {0}, true, false, NULL, 0, 0, 0, NULL, 1, 0},
+        {KILN_OP_MatMul, 3, 2, {3, 5, 16}, {16, 65}, 0, 0, 1, 1, -1, {0}, false, false, NULL, 0, 0, 0, NULL, 1, 0},
+        {KILN_OP_MatMul, 3, 3, {4, 15, 17}, {4, 17, 16}, 0, 0, 1, 1, -1, {0}, false, false, NULL, 0, 0, 0, NULL, 1, 0},
+        {KILN_OP_MatMul, 4, 4, {2, 3, 16, 8}, {2, 3, 8, 17}, 0, 0, 1, 1, -1, {0}, false, false, NULL, 0, 0, 0, NULL, 1, 0},
+        {KILN_OP_MatMul, 4, 4, {2, 1, 7, 8}, {1, 3, 8, 5}, 0, 0, 1, 1, -1, {0}, false, false, NULL, 0, 0, 0, NULL, 1, 0},
+        {KILN_OP_MatMul, 2, 3, {7, 8}, {3, 8, 5}, 0, 0, 1, 1, -1, {0}, true, false, NULL, 0, 0, 0, NULL, 1, 0},
+        {KILN_OP_MatMul, 3, 3, {2, 7, 8}, {1, 8, 5}, 0, 0, 1, 1, -1, {0}, true, false, NULL, 0, 0, 0, NULL, 1, 0},
+        {KILN_OP_MatMul, 3, 4, {6, 9, 4}, {2, 1, 4, 11}, 0, 0, 1, 1, -1, {0}, false, false, NULL, 0, 0, 0, NULL, 1, 0},
+        /* a mostly-zero constant B: timed against oneDNN, then the sparse kernel forced */
+        {KILN_OP_MatMul, 2, 2, {64, 128}, {128, 96}, 0, 0, 1, 1, -1, {0}, true, false, NULL, 0, 0, 0.8, NULL, 1, 0},
+        {KILN_OP_MatMul, 3, 2, {2, 33, 64}, {64, 40}, 0, 0, 1, 1, -1, {0}, true, false, NULL, 0, 0, 0.7, "force", 1, 0},
+        {KILN_OP_MatMul, 2, 2, {1, 64}, {64, 33}, 0, 0, 1, 1, -1, {0}, true, false, NULL, 0, 0, 0.9, "force", 1, 0},
+        {KILN_OP_MatMul, 2, 2, {17, 30}, {30, 17}, 0, 0, 1, 1, -1, {0}, true, false, NULL, 0, 0, 0.6, "force", 1, 0},
+        /* plans compiled for bf16 and int8 (oneDNN's low-precision products, the sparse int8 one) */
+        {KILN_OP_MatMul, 2, 2, {33, 64}, {64, 48}, 0, 0, 1, 1, -1, {0}, true, false, NULL, 0, 0, 0, NULL, 1, 1},
+        {KILN_OP_MatMul, 3, 2, {2, 17, 64}, {64, 40}, 0, 0, 1, 1, -1, {0}, true, false, NULL, 0, 0, 0, NULL, 1, 1},
+        {KILN_OP_MatMul, 2, 2, {33, 64}, {64, 48}, 0, 0, 1, 1, -1, {0}, true, false, NULL, 0, 0, 0, NULL, 1, 2},
+        {KILN_OP_MatMul, 3, 2, {2, 17, 64}, {64, 40}, 0, 0, 1, 1, -1, {0}, true, false, NULL, 0, 0, 0, NULL, 1, 2},
+        {KILN_OP_MatMul, 2, 2, {32, 64}, {64, 48}, 0, 0, 1, 1, -1, {0}, true, false, NULL, 0, 0, 0.8, "force", 1, 2},
+    };
+    for (size_t i = 0; i < sizeof bc / sizeof bc[0]; i++) mm_case(&bc[i], "");
+}
+
+/* Gemm: transA / transB, alpha, beta (0 drops C), C of every shape that broadcasts
+ * (scalar, [N], [1,N], [M,1], [M,N]); a [M,1] C scaled by beta != 1 stays on the
+ * reference; a mostly-zero constant B (transB read through strides). */
+static void test_gemm_family(void)
+{
+#define G(ta, tb, alpha, beta, rc, c0, c1, konst, zeros, sparse, expect)                        \
+    {KILN_OP_Gemm, 2, 2, {(ta) ? 16 : 15, (ta) ? 15 : 16}, {(tb) ? 17 : 16, (tb) ? 16 : 17},    \
+     ta, tb, alpha, beta, rc, {c0, c1}, konst, false, NULL, 0, 0, zeros, sparse, expect, 0}
+    static const struct mm_spec gc[] = {
+        G(0, 0, 1.0f, 1.0f, 1, 17, 0, true, 0, NULL, 1),
+        G(0, 1, 1.0f, 1.0f, 1, 17, 0, true, 0, NULL, 1),
+        G(1, 0, 0.5f, 1.0f, 2, 1, 17, true, 0, NULL, 1),
+        G(1, 1, 2.0f, 1.0f, -1, 0, 0, false, 0, NULL, 1),
+        G(0, 1, 1.0f, 0.5f, 2, 15, 17, true, 0, NULL, 1),
+        G(0, 0, 1.5f, 1.0f, 2, 15, 17, false, 0, NULL, 1),
+        G(1, 0, 1.0f, -2.0f, 2, 15, 17, false, 0, NULL, 1),
+        G(0, 1, 1.0f, 1.0f, 2, 15, 1, true, 0, NULL, -1),
+        G(0, 1, 1.0f, 0.5f, 2, 15, 1, true, 0, NULL, 0),
+        G(0, 0, 1.0f, 1.0f, 0, 0, 0, true, 0, NULL, 1),
+        G(0, 0, 0.75f, 0.0f, 1, 17, 0, true, 0, NULL, 1),
+        G(1, 1, 1.0f, 1.0f, 1, 17, 0, false, 0, NULL, 1),
+        G(0, 1, 1.0f, 1.0f, 1, 17, 0, true, 0.8, NULL, 1),
+        G(0, 1, 0.5f, 1.0f, 1, 17, 0, true, 0.8, "force", 1),
+        G(0, 0, 1.0f, 1.0f, -1, 0, 0, true, 0.7, "force", 1),
+        G(1, 0, 1.0f, 1.0f, 1, 17, 0, true, 0.8, "force", 1), /* transA: oneDNN's */
+    };
+#undef G
+    for (size_t i = 0; i < sizeof gc / sizeof gc[0]; i++) mm_case(&gc[i], "");
+    /* larger, for two threads */
+    struct mm_spec big = {KILN_OP_Gemm, 2, 2, {96, 64}, {128, 64}, 0, 1, 1, 1, 1, {128}, true,
+                          false, NULL, 0, 0, 0, NULL, 1, 0};
+    mm_case(&big, "");
+    for (int prec = 1; prec <= 2; prec++) { /* bf16 and int8 plans: alpha, transB, C [N] */
+        struct mm_spec lp = {KILN_OP_Gemm, 2, 2, {24, 64}, {40, 64}, 0, 1, 0.5f, 1, 1, {40}, true,
+                             false, NULL, 0, 0, 0, NULL, 1, prec};
+        mm_case(&lp, "");
+    }
+}
+
+/* KilnFusedMatMul: bias, residual Sum, every activation oneDNN fuses, transposes, batched;
+ * sparse candidates with Relu (and a Sum, which the sparse kernel declines). */
+static void test_fused_matmul_family(void)
+{
+#define F(ra, a0, a1, a2, k, n, ta, tb, bias, sum, konst, alpha, act, aa, ab, zeros, sparse)      \
+    {KILN_OP_KilnFusedMatMul, ra, 2,                                                              \
+     {(ra) == 2 && (ta) ? (a1) : (a0), (ra) == 2 && (ta) ? (a0) : (ra) == 3 && (ta) ? (a2) : (a1), \
+      (ra) == 3 && (ta) ? (a1) : (a2)},                                                           \
+     {(tb) ? (n) : (k), (tb) ? (k) : (n)}, ta, tb, alpha, 1, (bias) ? 1 : -1, {n}, konst, sum,   \
+     act, aa, ab, zeros, sparse, 1, 0}
+    static const struct mm_spec fc[] = {
+        F(3, 2, 5, 16, 16, 33, 0, 0, 1, 0, 1, 1.0f, "Gelu", 0, 0, 0, NULL),
+        F(3, 2, 5, 17, 17, 16, 0, 1, 1, 1, 1, 1.0f, "", 0, 0, 0, NULL),
+        F(2, 65, 16, 0, 16, 15, 0, 0, 1, 0, 1, 0.5f, "Relu", 0, 0, 0, NULL),
+        F(2, 1, 16, 0, 16, 17, 1, 0, 0, 1, 0, 2.0f, "Tanh", 0, 0, 0, NULL),
+        F(3, 3, 4, 8, 8, 8, 0, 0, 1, 1, 0, 1.0f, "GeluTanh", 0, 0, 0, NULL),
+        F(2, 15, 16, 0, 16, 16, 0, 1, 1, 0, 1, 1.0f, "Sigmoid", 0, 0, 0, NULL),
+        F(3, 2, 7, 16, 16, 31, 0, 0, 1, 0, 1, 1.0f, "LeakyRelu", 0.1f, 0, 0, NULL),
+        F(2, 17, 15, 0, 15, 32, 0, 1, 1, 1, 1, 1.0f, "Clip", 0.0f, 6.0f, 0, NULL),
+        F(2, 16, 16, 0, 16, 16, 0, 0, 0, 0, 1, 1.0f, "Clip", -0.5f, 0.25f, 0, NULL),
+        F(3, 2, 3, 33, 33, 17, 0, 0, 1, 1, 1, 1.0f, "HardSwish", 0, 0, 0, NULL),
+        F(2, 9, 16, 0, 16, 48, 0, 0, 1, 0, 1, 1.0f, "HardSigmoid", 0.25f, 0.4f, 0, NULL),
+        F(3, 1, 1, 16, 16, 16, 0, 1, 1, 0, 1, 1.0f, "SiLU", 0, 0, 0, NULL),
+        F(2, 64, 32, 0, 32, 64, 0, 0, 1, 1, 1, 1.0f, "SiLU", 0, 0, 0, NULL),
+        F(2, 64, 64, 0, 64, 48, 0, 0, 1, 0, 1, 1.0f, "Relu", 0, 0, 0.8, NULL),
+        F(3, 2, 9, 64, 64, 40, 0, 1, 1, 0, 1, 1.0f, "Relu", 0, 0, 0.75, "force"),
+        F(2, 20, 32, 0, 32, 24, 0, 0, 0, 0, 1, 0.5f, "", 0, 0, 0.8, "force"),
+        F(2, 20, 32, 0, 32, 24, 0, 0, 1, 1, 1, 1.0f, "Relu", 0, 0, 0.8, "force"), /* Sum: dense */
+    };
+    /* bf16 and int8 plans: bias, Sum and activations as post-ops */
+    const struct mm_spec lowp[] = {
+        F(3, 2, 9, 64, 64, 40, 0, 0, 1, 1, 1, 1.0f, "Gelu", 0, 0, 0, NULL),
+        F(2, 33, 64, 0, 64, 48, 0, 1, 1, 0, 1, 1.0f, "Relu", 0, 0, 0, NULL),
+    };
+#undef F
+    for (size_t i = 0; i < sizeof fc / sizeof fc[0]; i++) mm_case(&fc[i], "");
+    for (int prec = 1; prec <= 2; prec++)
+        for (size_t i = 0; i < sizeof lowp / sizeof lowp[0]; i++) {
+            struct mm_spec lp = lowp[i];
+            lp.prec = prec;
+            mm_case(&lp, "");
+        }
+}
+
+/* ---- Transposed convolutions (dnnl/deconv.def) ---- */
+
+struct deconv_spec {
+    int nsp;                   /* spatial dims: 1, 2 or 3 */
+    int64_t n, c, m, sp, k;    /* batch, in / out channels, input size, kernel size */
+    int64_t group, stride, dil;
+    int64_t pad_b, pad_e, opad; /* pads (begin, end) and output_padding, every dim */
+    const char *auto_pad;      /* NULL = explicit pads */
+    int64_t out_shape;         /* > 0: the output_shape attribute (every dim) */
+    int bias;
+    const char *act;           /* KilnFusedConvTranspose's activation */
+    float act_alpha, act_beta;
+};
+
+static void deconv_case(bool fused, const struct deconv_spec *k, bool w_const)
+{
+    struct case_node c;
+    cn_init(&c, fused ? KILN_OP_KilnFusedConvTranspose : KILN_OP_ConvTranspose, 13,
+            k->bias ? 3 : 2, 1);
+    int rank = k->nsp + 2;
+    int64_t xd[5] = {k->n, k->c}, wd[5] = {k->c, k->m / k->group};
+    int64_t st[3], dl[3], ks[3], pads[6], op[3], os[3];
+    for (int i = 0; i < k->nsp; i++) {
+        xd[i + 2] = k->sp + i; /* unequal sizes per dim */
+        wd[i + 2] = k->k;
+        st[i] = k->stride;
+        dl[i] = k->dil;
+        ks[i] = k->k;
+        pads[i] = k->pad_b;
+        pads[k->nsp + i] = k->pad_e;
+        op[i] = k->opad;
+        os[i] = k->out_shape + i;
+    }
+    cn_input(&c, 0, rand_f32(rank, xd, 1.0f), false);
+    cn_input(&c, 1, rand_f32(rank, wd, 0.3f), w_const);
+    if (k->bias) cn_input(&c, 2, rand_f32(1, &k->m, 1.0f), true);
+    attr_ints(&c, "strides", st, k->nsp);
+    attr_ints(&c, "dilations", dl, k->nsp);
+    attr_ints(&c, "kernel_shape", ks, k->nsp);
+    attr_int(&c, "group", k->group);
+    if (k->opad) attr_ints(&c, "output_padding", op, k->nsp);
+    if (k->auto_pad) attr_str(&c, "auto_pad", k->auto_pad);
+    else attr_ints(&c, "pads", pads, 2 * k->nsp);
+    if (k->out_shape > 0) attr_ints(&c, "output_shape", os, k->nsp);
+    const char *act = fused ? (k->act ? k->act : "Relu") : NULL;
+    if (act) {
+        attr_str(&c, "activation", act);
+        if (k->act_alpha != 0 || k->act_beta != 0) {
+            attr_float(&c, "act_alpha", k->act_alpha);
+            attr_float(&c, "act_beta", k->act_beta);
+        }
+    }
+    char label[224], sx[64], sw[64];
+    snprintf(label, sizeof label,
+             "%s %s * %s group %lld stride %lld dilation %lld pads %lld,%lld output_padding %lld"
+             "%s%s output_shape %lld%s%s%s%s",
+             fused ? "KilnFusedConvTranspose" : "ConvTranspose", kiln_shape_str(rank, xd, sx, 64),
+             kiln_shape_str(rank, wd, sw, 64), (long long)k->group, (long long)k->stride,
+             (long long)k->dil, (long long)k->pad_b, (long long)k->pad_e, (long long)k->opad,
+             k->auto_pad ? " auto_pad " : "", k->auto_pad ? k->auto_pad : "",
+             (long long)k->out_shape, k->bias ? " bias" : "", act ? " " : "", act ? act : "",
+             w_const ? "" : " (runtime weights)");
+    check_case(&c, label, 1e-4, 1e-4, 1);
+    cn_free(&c);
+}
+
+/* A grid over ConvTranspose's parameters: 1-D, 2-D and 3-D; groups (depthwise included);
+ * strides 1 to 3; dilations; symmetric, asymmetric and zero pads; output_padding; auto_pad
+ * SAME_UPPER, SAME_LOWER and VALID; output_shape; with and without bias; channel counts
+ * below, at and above the vector widths; weights constant (packed) and graph inputs (read
+ * in place through strides). Fused: the same with an activation (Relu, or the case's). */
+static void deconv_cases(bool fused)
+{
+    static const struct deconv_spec cases[] = {
+        {2, 1, 3, 16, 5, 3, 1, 1, 1, 0, 0, 0, NULL, 0, 1, NULL, 0, 0},
+        {2, 2, 16, 8, 7, 4, 1, 2, 1, 1, 1, 0, NULL, 0, 1, NULL, 0, 0}, /* UNet 2x up: k4 s2 p1 */
+        {2, 1, 32, 16, 6, 2, 1, 2, 1, 0, 0, 0, NULL, 0, 0, NULL, 0, 0}, /* k2 s2 */
+        {2, 1, 17, 33, 5, 3, 1, 2, 1, 1, 1, 1, NULL, 0, 1, NULL, 0, 0}, /* output_padding */
+        {2, 1, 15, 17, 4, 3, 1, 3, 2, 0, 2, 2, NULL, 0, 1, NULL, 0, 0}, /* dilation, asymmetric */
+        {2, 2, 16, 32, 5, 3, 2, 2, 1, 1, 0, 0, NULL, 0, 1, NULL, 0, 0}, /* groups */
+        {2, 1, 16, 16, 6, 3, 16, 1, 1, 1, 1, 0, NULL, 0, 1, "Clip", 0.0f, 6.0f}, /* depthwise */
+        {2, 1, 8, 8, 5, 3, 1, 2, 1, 0, 0, 0, "SAME_UPPER", 0, 1, "LeakyRelu", 0.1f, 0},
+        {2, 1, 8, 12, 5, 4, 1, 2, 1, 0, 0, 0, "SAME_LOWER", 0, 0, "Sigmoid", 0, 0},
+        {2, 1, 8, 4, 5, 3, 1, 2, 1, 0, 0, 0, "VALID", 0, 1, NULL, 0, 0},
+        {2, 1, 6, 6, 4, 3, 1, 2, 1, 0, 0, 0, NULL, 10, 1, NULL, 0, 0}, /* output_shape */
+        {1, 2, 16, 24, 9, 5, 1, 2, 1, 2, 2, 1, NULL, 0, 1, "Tanh", 0, 0}, /* 1-D */
+        {1, 1, 4, 6, 7, 3, 2, 3, 2, 0, 1, 0, NULL, 0, 0, NULL, 0, 0},
+        {3, 1, 8, 8, 3, 3, 1, 2, 1, 1, 1, 1, NULL, 0, 1, "SiLU", 0, 0}, /* 3-D */
+        {3, 1, 4, 6, 3, 2, 2, 2, 1, 0, 0, 0, NULL, 0, 1, NULL, 0, 0},
+        {2, 1, 64, 32, 16, 4, 1, 2, 1, 1, 1, 0, NULL, 0, 1, NULL, 0, 0}, /* for 2 threads */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        deconv_case(fused, &cases[i], true);
+        if (i % 3 == 0) deconv_case(fused, &cases[i], false);
+    }
+}
+
+/* ---- Quantized ops (dnnl/qlinear.def) ---- */
+
+/* A tensor of dt with uniform integers in [lo, hi] (or all v when lo == hi). */
+static kiln_tensor *tensor_ints(kiln_dtype dt, int rank, const int64_t *dims, int lo, int hi)
+{
+    kiln_tensor *t;
+    if (kiln_tensor_new(dt, rank, dims, &t) != KILN_OK) abort();
+    for (int64_t i = 0; i < kiln_tensor_count(t); i++)
+        kiln_set_i64(dt, t->data, i, lo + (int64_t)(rng_next() % (uint64_t)(hi - lo + 1)));
+    return t;
+}
+
+static kiln_tensor *scalar_of(kiln_dtype dt, double v)
+{
+    kiln_tensor *t;
+    if (kiln_tensor_new(dt, 0, NULL, &t) != KILN_OK) abort();
+    kiln_set_f64(dt, t->data, 0, v);
+    return t;
+}
+
+/* Per-channel weight scales: powers of two (2^-5, 2^-6, 2^-7, ...), so every product
+ * acc * x_scale * w_scale / y_scale is exact in float and double alike and both sides
+ * round the same value (half to even; y's zero points are even, so adding them after
+ * rounding, as the reference does, or before, changes nothing). */
+static kiln_tensor *pow2_scales(int64_t n)
+{
+    kiln_tensor *t = tensor_f32(n > 0 ? 1 : 0, &n);
+    for (int64_t i = 0; i < (n > 0 ? n : 1); i++)
+        ((float *)t->data)[i] = ldexpf(1.0f, -5 - (int)(i % 3));
+    return t;
+}
+
+struct q_spec {
+    enum kiln_op op;
+    int rx;
+    int64_t x[4], w[4];   /* x's shape; w: [K, N] products, [M, C/g, kh, kw] convolutions */
+    bool x_signed, y_signed;
+    int x_zp;             /* x's zero point (0: none given for the Integer ops) */
+    bool x_zp_runtime;    /* Integer ops: x's zero point a graph input */
+    bool per_channel;     /* one weight scale per output channel */
+    bool bias;            /* QLinearConv / KilnQLinearMatMul: int32 bias */
+    int w_zp;             /* the weights' zero point (!= 0: declined) */
+    int64_t group, pad, stride;
+    int expect;
+};
+
+static void q_case(const struct q_spec *q)
+{
+    enum kiln_op op = q->op;
+    bool conv = op == KILN_OP_QLinearConv || op == KILN_OP_ConvInteger;
+    bool qlin = op != KILN_OP_MatMulInteger && op != KILN_OP_ConvInteger;
+    int n_in = op == KILN_OP_QLinearConv || op == KILN_OP_KilnQLinearMatMul ? (q->bias ? 9 : 8)
+               : qlin ? 8 : 4;
+    struct case_node c;
+    cn_init(&c, op, op == KILN_OP_KilnQLinearMatMul ? 1 : 10, n_in, 1);
+    kiln_dtype xdt = q->x_signed ? KILN_DTYPE_I8 : KILN_DTYPE_U8;
+    kiln_dtype ydt = q->y_signed ? KILN_DTYPE_I8 : KILN_DTYPE_U8;
+    int wr = conv ? 4 : 2;
+    int64_t nout = conv ? q->w[0] : q->w[1];
+    kiln_tensor *x = tensor_ints(xdt, q->rx, q->x, q->x_signed ? -128 : 0, q->x_signed ? 127 : 255);
+    kiln_tensor *w = tensor_ints(KILN_DTYPE_I8, wr, q->w, -127, 127);
+    kiln_tensor *wzp = q->per_channel ? tensor_ints(KILN_DTYPE_I8, 1, &nout, q->w_zp, q->w_zp)
+                                      : scalar_of(KILN_DTYPE_I8, q->w_zp);
+    kiln_tensor *xzp = scalar_of(xdt, q->x_zp);
+    if (conv) {
+        attr_int(&c, "group", q->group);
+        int64_t pads[4] = {q->pad, q->pad, q->pad, q->pad}, st[2] = {q->stride, q->stride};
+        attr_ints(&c, "pads", pads, 4);
+        attr_ints(&c, "strides", st, 2);
+    }
+    if (qlin) {
+        cn_input(&c, 0, x, false);
+        cn_input(&c, 1, scalar_of(KILN_DTYPE_F32, 1.0 / 16), true);
+        cn_input(&c, 2, xzp, true);
+        cn_input(&c, 3, w, true);
+        cn_input(&c, 4, pow2_scales(q->per_channel ? nout : 0), true);
+        cn_input(&c, 5, wzp, true);
+        cn_input(&c, 6, scalar_of(KILN_DTYPE_F32, 16.0), true);
+        cn_input(&c, 7, scalar_of(ydt, q->y_signed ? -4 : 128), true);
+        if (n_in > 8) cn_input(&c, 8, tensor_ints(KILN_DTYPE_I32, 1, &nout, -20000, 20000), true);
+    } else {
+        cn_input(&c, 0, x, false);
+        cn_input(&c, 1, w, true);
+        if (q->x_zp || q->x_zp_runtime) cn_input(&c, 2, xzp, !q->x_zp_runtime);
+        else {
+            kiln_tensor_free(xzp);
+            cn_input(&c, 2, NULL, false);
+        }
+        cn_input(&c, 3, wzp, true);
+    }
+    char label[224], sx[64], sw[64];
+    snprintf(label, sizeof label,
+             "%s %s %s x %s x_zp %d%s%s%s w_zp %d%s group %lld pad %lld stride %lld",
+             kiln_op_name(op), q->x_signed ? "s8" : "u8", kiln_shape_str(q->rx, q->x, sx, 64),
+             kiln_shape_str(wr, q->w, sw, 64), q->x_zp, q->x_zp_runtime ? " (runtime)" : "",
+             q->per_channel ? " per-channel" : "", q->bias ? " bias" : "", q->w_zp,
+             qlin ? (q->y_signed ? " -> s8" : " -> u8") : " -> s32", (long long)q->group,
+             (long long)q->pad, (long long)q->stride);
+    check_case(&c, label, 0, 0, q->expect);
+    cn_free(&c);
+}
+
+#define QMM(op, rx, x0, x1, x2, k, n, xs, ys, xzp, rt, pc, bias, wzp, expect)                    \
+    {op, rx, {x0, x1, x2}, {k, n}, xs, ys, xzp, rt, pc, bias, wzp, 1, 0, 1, expect}
+#define QCV(op, n, c, h, m, kk, xs, ys, xzp, pc, bias, wzp, group, pad, stride, expect)           \
+    {op, 4, {n, c, h, h + 1}, {m, (c) / (group), kk, kk}, xs, ys, xzp, false, pc, bias, wzp,   \
+     group, pad, stride, expect}
+
+/* Products: 2-D and batched A (leading dims are rows), u8 and s8 A and Y, scalar and
+ * per-column weight scales, x zero points 0 and not, K and N around the vector widths,
+ * one product large enough for two threads; nonzero weight zero points are declined. */
+static void qmatmul_cases(enum kiln_op op)
+{
+    bool b = op == KILN_OP_KilnQLinearMatMul;
+    const struct q_spec cases[] = {
+        QMM(op, 2, 1, 16, 0, 16, 16, false, false, 128, false, false, b, 0, 1),
+        QMM(op, 2, 17, 33, 0, 33, 15, false, false, 3, false, true, b, 0, 1),
+        QMM(op, 3, 2, 5, 64, 64, 40, false, true, 0, false, true, false, 0, 1),
+        QMM(op, 2, 9, 31, 0, 31, 65, true, true, -7, false, false, b, 0, 1),
+        QMM(op, 3, 4, 16, 64, 64, 64, false, false, 120, false, true, b, 0, 1),
+        QMM(op, 2, 5, 16, 0, 16, 8, false, false, 128, false, false, false, 3, 0),
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) q_case(&cases[i]);
+}
+
+static void qconv_cases(enum kiln_op op)
+{
+    bool b = op == KILN_OP_QLinearConv;
+    const struct q_spec cases[] = {
+        QCV(op, 1, 8, 9, 16, 3, false, false, 128, false, b, 0, 1, 1, 1, 1),
+        QCV(op, 2, 16, 7, 8, 1, false, true, 5, true, b, 0, 1, 0, 1, 1),
+        QCV(op, 1, 16, 8, 16, 3, false, false, 128, true, false, 0, 16, 1, 2, 1), /* depthwise */
+        QCV(op, 2, 32, 6, 32, 3, false, false, 3, true, b, 0, 2, 1, 1, 1),     /* groups */
+        /* 3 channels a group: oneDNN's int8 kernels leave it to its reference code (declined) */
+        QCV(op, 2, 12, 6, 8, 3, false, false, 3, false, b, 0, 4, 1, 1, -1),
+        QCV(op, 2, 12, 6, 8, 3, true, true, -3, false, b, 0, 1, 1, 1, 1),       /* s8 x */
+        QCV(op, 2, 12, 6, 8, 3, true, false, -3, false, b, 0, 4, 1, 1, -1),     /* s8 x, groups */
+        QCV(op, 1, 32, 14, 32, 3, false, false, 100, true, b, 0, 1, 1, 1, 1),   /* 2 threads */
+        QCV(op, 1, 8, 5, 8, 3, false, false, 128, false, false, 2, 1, 1, 1, 0), /* w_zp: declined */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) q_case(&cases[i]);
+}
+
+static void integer_matmul_cases(void)
+{
+    const struct q_spec cases[] = {
+        QMM(KILN_OP_MatMulInteger, 2, 7, 16, 0, 16, 17, false, false, 128, false, false, false, 0, 1),
+        QMM(KILN_OP_MatMulInteger, 3, 2, 9, 64, 64, 33, false, false, 0, false, false, false, 0, 1),
+        QMM(KILN_OP_MatMulInteger, 2, 33, 48, 0, 48, 16, true, false, -5, false, false, false, 0, 1),
+        /* x's zero point a run-time scalar (DynamicQuantizeLinear's) */
+        QMM(KILN_OP_MatMulInteger, 2, 15, 32, 0, 32, 31, false, false, 77, true, false, false, 0, 1),
+        QMM(KILN_OP_MatMulInteger, 2, 4, 16, 0, 16, 8, false, false, 1, false, true, false, 2, 0),
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) q_case(&cases[i]);
+}
+#undef QMM
+#undef QCV
+
 static void kcase_pool(void) { test_pool_family(); }
 static void kcase_global_pool(void) { test_global_pool(); }
 static void kcase_unary(void) { test_unary(); }
@@ -1451,5 +1931,15 @@ static void kcase_attention(void) { test_attention(); }
 static void kcase_recurrent(void) { test_rnn(); }
 static void kcase_conv(void) { conv_cases(false); }
 static void kcase_fused_conv(void) { conv_cases(true); }
+static void kcase_matmul(void) { test_matmul_family(); }
+static void kcase_gemm(void) { test_gemm_family(); }
+static void kcase_fused_matmul(void) { test_fused_matmul_family(); }
+static void kcase_deconv(void) { deconv_cases(false); }
+static void kcase_fused_deconv(void) { deconv_cases(true); }
+static void kcase_qlinear_conv(void) { qconv_cases(KILN_OP_QLinearConv); }
+static void kcase_qlinear_matmul(void) { qmatmul_cases(KILN_OP_QLinearMatMul); }
+static void kcase_kiln_qlinear_matmul(void) { qmatmul_cases(KILN_OP_KilnQLinearMatMul); }
+static void kcase_conv_integer(void) { qconv_cases(KILN_OP_ConvInteger); }
+static void kcase_matmul_integer(void) { integer_matmul_cases(); }
 
 #endif

@@ -2,8 +2,9 @@
  * unit_kernels.c - every kernel of every kernel family (src/kernels/family.h)
  * against the reference kernels, from the families' own lists.
  *
- * The lists (dnnl/conv.def, dnnl/pool.def, simd/attention.def, copy.def,
- * elementwise.def, norm.def, reduce.def) are included here as in
+ * The lists (dnnl/conv.def, deconv.def, matmul.def, pool.def, qlinear.def,
+ * simd/attention.def, copy.def, elementwise.def, norm.def, reduce.def) are
+ * included here as in
  * src/kernels/families.c: each kernel is paired with the generator its
  * `cases` column names (kcase_<cases>, kernel_cases.h), so a kernel listed
  * without one does not build; the pairs must match the library's table
@@ -34,7 +35,10 @@ struct kernel_test {
     {#name, #cases, kcase_##cases},
 static const struct kernel_test tests[] = {
 #include "kernels/dnnl/conv.def"
+#include "kernels/dnnl/deconv.def"
+#include "kernels/dnnl/matmul.def"
 #include "kernels/dnnl/pool.def"
+#include "kernels/dnnl/qlinear.def"
 #include "kernels/simd/attention.def"
 #include "kernels/simd/copy.def"
 #include "kernels/simd/elementwise.def"

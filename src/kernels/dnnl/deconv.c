@@ -1,6 +1,6 @@
 /*
  * deconv.c - oneDNN fast kernel for ConvTranspose (float32): oneDNN's
- * deconvolution primitive.
+ * deconvolution primitive, the one entry of the deconv family (deconv.def).
  *
  * 1-D, 2-D or 3-D; any group count; strides, dilations, pads, auto_pad,
  * output_padding and output_shape (the geometry is the reference kernel's,
@@ -20,6 +20,7 @@
  * tensors, a shape oneDNN declines) stays on the reference kernel.
  */
 #include "kernels/dnnl/dnnl_common.h"
+#include "kernels/family.h"
 
 #include "kernels/ref/gemm.h"
 
@@ -97,48 +98,66 @@ static int act_ok(const struct kiln_node *n)
 
 static int is_f32(const struct kiln_type *t) { return t && t->dtype == KILN_DTYPE_F32; }
 
-static kiln_status deconv_compile(const struct kiln_compile_ctx *cc, struct kiln_kernel_inst *inst)
+/* The checks before building (types, layouts, ranks, group, bias, the window); fills the
+ * geometry (kiln_convt_window's). */
+static bool deconv_node_ok(const struct kiln_compile_ctx *cc, int64_t *group_out, int64_t *out,
+                           int64_t *pb, int64_t *stride, int64_t *dil)
 {
     const struct kiln_node *n = cc->node;
+    if (cc->n_in < 2) return false;
     const struct kiln_type *x = cc->in[0], *w = cc->in[1], *y = cc->n_out > 0 ? cc->out[0] : NULL;
     const struct kiln_type *bias = cc->n_in > 2 ? cc->in[2] : NULL;
-    if (!is_f32(x) || !is_f32(w) || !is_f32(y)) return KILN_OK;
-    if (n->op == KILN_OP_KilnFusedConvTranspose && !act_ok(n)) return KILN_OK;
+    if (!is_f32(x) || !is_f32(w) || !is_f32(y)) return false;
+    if (n->op == KILN_OP_KilnFusedConvTranspose && !act_ok(n)) return false;
     for (int i = 1; i < cc->n_in; i++)
-        if (cc->in_layout && cc->in_layout[i]) return KILN_OK;
-    const int in_l = cc->in_layout ? cc->in_layout[0] : 0;
-    const int out_l = cc->out_layout ? cc->out_layout[0] : 0;
+        if (cc->in_layout && cc->in_layout[i]) return false;
     int rank = x->rank;
-    if (rank < 3 || rank > 5 || w->rank != rank || y->rank != rank) return KILN_OK;
+    if (rank < 3 || rank > 5 || w->rank != rank || y->rank != rank) return false;
     if (kiln_shape_count(rank, x->dims) <= 0 || kiln_shape_count(rank, y->dims) <= 0 ||
         kiln_shape_count(rank, w->dims) <= 0)
-        return KILN_OK;
+        return false;
     int64_t group = kiln_attr_int(n, "group", 1);
     if (kiln_attr_check(n) != KILN_OK) { /* wrongly typed attributes: the reference reports */
         kiln_error_clear();
-        return KILN_OK;
+        return false;
     }
     const int64_t C = x->dims[1], M = y->dims[1];
-    if (group < 1 || C % group || w->dims[0] != C || w->dims[1] * group != M) return KILN_OK;
-    if (bias && (!is_f32(bias) || bias->rank != 1 || bias->dims[0] != M)) return KILN_OK;
+    if (group < 1 || C % group || w->dims[0] != C || w->dims[1] * group != M) return false;
+    if (bias && (!is_f32(bias) || bias->rank != 1 || bias->dims[0] != M)) return false;
     const int nsp = rank - 2;
-    int64_t out[KILN_MAX_RANK], pb[KILN_MAX_RANK], stride[KILN_MAX_RANK], dil[KILN_MAX_RANK];
     if (kiln_convt_window(n, nsp, x->dims + 2, w->dims + 2, out, pb, stride, dil) != KILN_OK) {
         kiln_attr_check(n);
         kiln_error_clear();
-        return KILN_OK; /* the reference reports it */
+        return false; /* the reference reports it */
     }
     if (kiln_attr_check(n) != KILN_OK) {
         kiln_error_clear();
-        return KILN_OK;
+        return false;
     }
+    for (int i = 0; i < nsp; i++)
+        if (out[i] != y->dims[i + 2]) return false;
+    *group_out = group;
+    return true;
+}
+
+static kiln_status deconv_compile(const struct kiln_compile_ctx *cc, struct kiln_kernel_inst *inst)
+{
+    const struct kiln_node *n = cc->node;
+    int64_t group, out[KILN_MAX_RANK], pb[KILN_MAX_RANK], stride[KILN_MAX_RANK],
+        dil[KILN_MAX_RANK];
+    if (!deconv_node_ok(cc, &group, out, pb, stride, dil)) return KILN_OK;
+    const struct kiln_type *x = cc->in[0], *w = cc->in[1], *y = cc->out[0];
+    const struct kiln_type *bias = cc->n_in > 2 ? cc->in[2] : NULL;
+    const int in_l = cc->in_layout ? cc->in_layout[0] : 0;
+    const int out_l = cc->out_layout ? cc->out_layout[0] : 0;
+    const int rank = x->rank, nsp = rank - 2;
+    const int64_t C = x->dims[1];
     struct deconv_build b;
     memset(&b, 0, sizeof b);
     b.cc = cc;
     b.has_bias = bias != NULL;
     b.w_const = cc->in_value && cc->in_value[1];
     for (int i = 0; i < nsp; i++) {
-        if (out[i] != y->dims[i + 2]) return KILN_OK;
         int64_t reach = stride[i] * (x->dims[i + 2] - 1) + (w->dims[i + 2] - 1) * dil[i] + 1;
         b.strides[i] = stride[i];
         b.dilates[i] = dil[i] - 1;
@@ -195,12 +214,27 @@ static kiln_status deconv_compile(const struct kiln_compile_ctx *cc, struct kiln
     return KILN_OK;
 }
 
+/* The family (deconv.def): oneDNN's deconvolution, the one entry of each op. */
+#define KILN_KERNEL KILN_KERNEL_DECLARE
+#include "kernels/dnnl/deconv.def"
+#undef KILN_KERNEL
+
+bool kiln_k_dnnl_deconv_covers(const struct kiln_compile_ctx *cc)
+{
+    int64_t group, out[KILN_MAX_RANK], pb[KILN_MAX_RANK], stride[KILN_MAX_RANK],
+        dil[KILN_MAX_RANK];
+    return deconv_node_ok(cc, &group, out, pb, stride, dil);
+}
+
+kiln_status kiln_k_dnnl_deconv_compile(const struct kiln_compile_ctx *cc,
+                                       struct kiln_kernel_inst *inst)
+{
+    return deconv_compile(cc, inst);
+}
+
 /* Layout pass: X and Y may be blocked (4-D, constant weights: the pass checks). */
-static int deconv_accepts_blocked(const struct kiln_node *n, int i, int block)
+int kiln_k_dnnl_deconv_accepts(const struct kiln_node *n, int i, int block)
 {
     if (n->op == KILN_OP_KilnFusedConvTranspose && !act_ok(n)) return 0;
     return (block == 8 || block == 16) && (i == 0 || i == -1);
 }
-
-KILN_FAST_OP_PACKING(ConvTranspose, deconv_compile, deconv_accepts_blocked);
-KILN_FAST_OP_PACKING(KilnFusedConvTranspose, deconv_compile, deconv_accepts_blocked);

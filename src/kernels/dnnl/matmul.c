@@ -1,6 +1,7 @@
 /*
  * matmul.c - oneDNN fast kernels for MatMul, Gemm and KilnFusedMatMul
- * (float32, operands of rank >= 2).
+ * (float32, operands of rank >= 2), and the matmul family's entries
+ * (matmul.def: the sparse selection first, then this product).
  *
  * One oneDNN matmul primitive per node. A product whose B is one matrix
  * (rank 2, or all batch dims 1) and whose A is not transposed folds A's
@@ -41,6 +42,7 @@
 #include <math.h>
 
 #include "kernels/dnnl/dnnl_common.h"
+#include "kernels/family.h"
 #include "kernels/sparse/sparse.h"
 
 #define MM_ALIGN64(x) (((x) + 63) / 64 * 64)
@@ -234,18 +236,22 @@ static int same_dims(const struct kiln_type *a, const struct kiln_type *b)
     return 1;
 }
 
-static kiln_status mm_compile_dense(const struct kiln_compile_ctx *cc, struct kiln_kernel_inst *inst)
+/* The checks every dense product makes before building (types, ranks, transposes, the
+ * fused activation); fills the attributes. */
+static bool mm_node_ok(const struct kiln_compile_ctx *cc, int64_t *ta_out, int64_t *tb_out,
+                       float *alpha_out, float *beta_out)
 {
     const struct kiln_node *n = cc->node;
     enum kiln_op op = n->op;
+    if (cc->n_in < 2) return false;
     const struct kiln_type *a = cc->in[0], *bt = cc->in[1], *y = cc->n_out > 0 ? cc->out[0] : NULL;
     const struct kiln_type *bias = cc->n_in > 2 ? cc->in[2] : NULL;
     const struct kiln_type *sum = op == KILN_OP_KilnFusedMatMul && cc->n_in > 3 ? cc->in[3] : NULL;
     if (!a || !bt || !y || a->dtype != KILN_DTYPE_F32 || bt->dtype != KILN_DTYPE_F32 ||
         y->dtype != KILN_DTYPE_F32)
-        return KILN_OK;
+        return false;
     if ((bias && bias->dtype != KILN_DTYPE_F32) || (sum && sum->dtype != KILN_DTYPE_F32))
-        return KILN_OK;
+        return false;
     int64_t ta = 0, tb = 0;
     float alpha = 1.0f, beta = 1.0f;
     if (op != KILN_OP_MatMul) {
@@ -256,28 +262,46 @@ static kiln_status mm_compile_dense(const struct kiln_compile_ctx *cc, struct ki
     }
     if (kiln_attr_check(n) != KILN_OK) {
         kiln_error_clear();
-        return KILN_OK;
+        return false;
     }
-    if ((ta != 0 && ta != 1) || (tb != 0 && tb != 1)) return KILN_OK;
+    if ((ta != 0 && ta != 1) || (tb != 0 && tb != 1)) return false;
     if (a->rank < 2 || bt->rank < 2 || (op == KILN_OP_Gemm && (a->rank != 2 || bt->rank != 2)))
-        return KILN_OK;
+        return false;
     int R = a->rank > bt->rank ? a->rank : bt->rank;
-    if (R > 12 || y->rank != R) return KILN_OK;
+    if (R > 12 || y->rank != R) return false;
     if (kiln_shape_count(a->rank, a->dims) <= 0 || kiln_shape_count(bt->rank, bt->dims) <= 0 ||
         kiln_shape_count(y->rank, y->dims) <= 0)
-        return KILN_OK;
-    if (sum && !same_dims(sum, y)) return KILN_OK;
+        return false;
+    if (sum && !same_dims(sum, y)) return false;
     if (op == KILN_OP_KilnFusedMatMul) {
         dnnl_post_ops_t po;
-        if (dnnl_post_ops_create(&po) != dnnl_success) return KILN_OK;
+        if (dnnl_post_ops_create(&po) != dnnl_success) return false;
         int ok = kd_append_activation(n, po);
         dnnl_post_ops_destroy(po);
         if (kiln_attr_check(n) != KILN_OK) {
             kiln_error_clear();
             ok = 0;
         }
-        if (!ok) return KILN_OK;
+        if (!ok) return false;
     }
+    *ta_out = ta;
+    *tb_out = tb;
+    *alpha_out = alpha;
+    *beta_out = beta;
+    return true;
+}
+
+static kiln_status mm_compile_dense(const struct kiln_compile_ctx *cc, struct kiln_kernel_inst *inst)
+{
+    const struct kiln_node *n = cc->node;
+    enum kiln_op op = n->op;
+    int64_t ta, tb;
+    float alpha, beta;
+    if (!mm_node_ok(cc, &ta, &tb, &alpha, &beta)) return KILN_OK;
+    const struct kiln_type *a = cc->in[0], *bt = cc->in[1], *y = cc->out[0];
+    const struct kiln_type *bias = cc->n_in > 2 ? cc->in[2] : NULL;
+    const struct kiln_type *sum = op == KILN_OP_KilnFusedMatMul && cc->n_in > 3 ? cc->in[3] : NULL;
+    int R = a->rank > bt->rank ? a->rank : bt->rank;
     if (op == KILN_OP_Gemm && bias && beta == 0.0f) bias = NULL;
 
     struct mm_build b;
@@ -427,13 +451,35 @@ static kiln_status mm_compile_dense(const struct kiln_compile_ctx *cc, struct ki
     return KILN_OK;
 }
 
-/* A mostly-zero constant B may run on the sparse kernel instead, when it
- * measures faster on the node's shape (src/kernels/sparse/sparse.h). */
-static kiln_status mm_compile(const struct kiln_compile_ctx *cc, struct kiln_kernel_inst *inst)
+/* The family (matmul.def): the sparse entry first, then oneDNN's product. */
+#define KILN_KERNEL KILN_KERNEL_DECLARE
+#include "kernels/dnnl/matmul.def"
+#undef KILN_KERNEL
+
+bool kiln_k_dnnl_matmul_covers(const struct kiln_compile_ctx *cc)
+{
+    int64_t ta, tb;
+    float alpha, beta;
+    return mm_node_ok(cc, &ta, &tb, &alpha, &beta);
+}
+
+kiln_status kiln_k_dnnl_matmul_compile(const struct kiln_compile_ctx *cc,
+                                       struct kiln_kernel_inst *inst)
+{
+    return mm_compile_dense(cc, inst);
+}
+
+/* The sparse entry: a node the sparse kernel handles (a constant, 2-D B; sparse.h). Where
+ * B is mostly zero, the sparse kernel and oneDNN's are both compiled and timed on the
+ * node's shape, and the faster one runs (src/kernels/sparse/matmul.c); otherwise oneDNN's,
+ * as if this entry were not there. */
+bool kiln_k_sparse_matmul_covers(const struct kiln_compile_ctx *cc)
+{
+    return kiln_sparse_matmul_candidate(cc);
+}
+
+kiln_status kiln_k_sparse_matmul_compile(const struct kiln_compile_ctx *cc,
+                                         struct kiln_kernel_inst *inst)
 {
     return kiln_sparse_matmul_select(cc, inst, mm_compile_dense);
 }
-
-KILN_FAST_OP_PACKING(MatMul, mm_compile, NULL);
-KILN_FAST_OP_PACKING(Gemm, mm_compile, NULL);
-KILN_FAST_OP_PACKING(KilnFusedMatMul, mm_compile, NULL);

@@ -2,8 +2,9 @@
  * qlinear.c - oneDNN int8 kernels for models that arrive quantized:
  * QLinearConv, QLinearMatMul, MatMulInteger, ConvInteger and Kiln's
  * KilnQLinearMatMul (what the qdq_fusion pass, src/opt/qdq.c, makes of QDQ
- * MatMul / Gemm). Their reference kernels are in src/kernels/ref/ (conv.c,
- * matmul.c, qlinear_fused.c); docs/COMPRESSION.md, "Pre-quantized models".
+ * MatMul / Gemm): the quant family (qlinear.def). Their reference kernels
+ * are in src/kernels/ref/ (conv.c, matmul.c, qlinear_fused.c);
+ * docs/COMPRESSION.md, "Pre-quantized models".
  *
  * One oneDNN int8 primitive per node, integers in and integers out:
  *   acc = sum (x - x_zp) * w  [+ bias]                         (s32, exact)
@@ -33,6 +34,7 @@
 #include <stdlib.h>
 
 #include "kernels/dnnl/dnnl_common.h"
+#include "kernels/family.h"
 #include "kernels/ref/gemm.h"
 
 #define Q_ALIGN64(x) (((x) + 63) / 64 * 64)
@@ -402,8 +404,27 @@ static kiln_status q_compile(const struct kiln_compile_ctx *cc, struct kiln_kern
     return KILN_OK;
 }
 
-const struct kiln_fast_op kiln_fast_QLinearConv = {q_compile, NULL, 1u << 3};
-const struct kiln_fast_op kiln_fast_QLinearMatMul = {q_compile, NULL, 1u << 3};
-const struct kiln_fast_op kiln_fast_KilnQLinearMatMul = {q_compile, NULL, 1u << 3};
-const struct kiln_fast_op kiln_fast_ConvInteger = {q_compile, NULL, 1u << 1};
-const struct kiln_fast_op kiln_fast_MatMulInteger = {q_compile, NULL, 1u << 1};
+/* The family (qlinear.def): one entry per op. */
+#define KILN_KERNEL KILN_KERNEL_DECLARE
+#include "kernels/dnnl/qlinear.def"
+#undef KILN_KERNEL
+
+/* The cheap part of q_compile's checks: 8-bit x, a constant s8 weight, the output type. */
+bool kiln_k_dnnl_q_covers(const struct kiln_compile_ctx *cc)
+{
+    enum kiln_op op = cc->node->op;
+    int qlin = op != KILN_OP_MatMulInteger && op != KILN_OP_ConvInteger;
+    int widx = qlin ? 3 : 1;
+    const struct kiln_type *x = cc->n_in > 0 ? cc->in[0] : NULL;
+    const struct kiln_type *y = cc->n_out > 0 ? cc->out[0] : NULL;
+    const kiln_tensor *w = cc->n_in > widx && cc->in_value ? cc->in_value[widx] : NULL;
+    if (!x || !y || !w || w->dtype != KILN_DTYPE_I8) return false;
+    if (x->dtype != KILN_DTYPE_U8 && x->dtype != KILN_DTYPE_I8) return false;
+    if (qlin) return y->dtype == KILN_DTYPE_U8 || y->dtype == KILN_DTYPE_I8;
+    return y->dtype == KILN_DTYPE_I32;
+}
+
+kiln_status kiln_k_dnnl_q_compile(const struct kiln_compile_ctx *cc, struct kiln_kernel_inst *inst)
+{
+    return q_compile(cc, inst);
+}

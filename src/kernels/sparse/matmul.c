@@ -2,7 +2,7 @@
  * matmul.c - the sparse fast kernel for MatMul, Gemm and KilnFusedMatMul
  * with a constant, mostly-zero 2-D weight, and the per-node choice between
  * it and the dense kernel (kiln_sparse_matmul_select, sparse.h), which the
- * oneDNN matmul file (src/kernels/dnnl/matmul.c) calls as its compile.
+ * matmul family (src/kernels/dnnl/matmul.def) lists before oneDNN's product.
  *
  * Handled: A f32 of rank >= 2 (not transposed; its batch dims fold into
  * rows M), B constant [K, N] (Gemm's transB read through strides), alpha,
@@ -375,6 +375,12 @@ kiln_status kiln_sparse_choice_slot(const struct kiln_compile_ctx *cc, const kil
     kiln_status st = kiln_weight_cache_get(cc->weights, w, tag, choice_pack, NULL, &p);
     *slot = st == KILN_OK ? p : NULL;
     return st;
+}
+
+bool kiln_sparse_matmul_candidate(const struct kiln_compile_ctx *cc)
+{
+    struct sp_geom g;
+    return kiln_sparse_mode() != KILN_SPARSE_OFF && sp_geometry(cc, &g);
 }
 
 kiln_status kiln_sparse_matmul_select(const struct kiln_compile_ctx *cc,

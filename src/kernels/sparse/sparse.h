@@ -28,6 +28,7 @@
 #ifndef KILN_KERNELS_SPARSE_H
 #define KILN_KERNELS_SPARSE_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -102,6 +103,10 @@ enum kiln_sparse_mode kiln_sparse_mode(void);
  * shape). Anything else is dense(cc, inst). */
 kiln_status kiln_sparse_matmul_select(const struct kiln_compile_ctx *cc,
                                       struct kiln_kernel_inst *inst, kiln_fast_compile_fn dense);
+/* Whether kiln_sparse_matmul_select would consider the sparse kernel for the node (the
+ * covers of the matmul family's sparse entries, dnnl/matmul.def): the shape and type
+ * checks above, and KILN_SPARSE not off. */
+bool kiln_sparse_matmul_candidate(const struct kiln_compile_ctx *cc);
 
 /* The Conv / KilnFusedConv fast kernel with sparse selection (conv.c): a
  * 1x1 convolution (2-D, stride 1, no padding, one group) with a constant
