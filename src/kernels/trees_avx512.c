@@ -15,6 +15,15 @@
  * gathers overlap. At the last level the index addresses the leaf table,
  * whose weights (doubles) are added to the rows' accumulators in tree
  * order: the same sums, in the same order, as the reference kernel.
+ *
+ * One row (kiln_tree_levels_row_avx512) turns this around: 16 trees at
+ * once, one tree per lane, four groups of 16 trees in lockstep. A step of
+ * a group gathers the lanes' nodes (threshold and feature at
+ * lane_node + 2^level - 1 + index), then the row's features, compares as
+ * above and moves on; lanes whose tree is shallower than the level are
+ * masked off (their index stays on its leaf slot). After the deepest tree
+ * of the block, the leaf slots are stored and the weights added tree by
+ * tree, in tree order, as the reference does.
  */
 #include <immintrin.h>
 
@@ -107,6 +116,49 @@ void kiln_tree_levels_avx512(const struct kiln_tree_levels *lv, const float *x, 
                 _mm512_storeu_pd(a + g * 16, _mm512_add_pd(_mm512_loadu_pd(a + g * 16), lo));
                 _mm512_storeu_pd(a + g * 16 + 8, _mm512_add_pd(_mm512_loadu_pd(a + g * 16 + 8), hi));
             }
+        }
+    }
+}
+
+void kiln_tree_levels_row_avx512(const struct kiln_tree_levels *lv, const float *x, double *acc)
+{
+    const __m512i low31 = _mm512_set1_epi32(0x7fffffff), one = _mm512_set1_epi32(1);
+    const __m512i zero = _mm512_setzero_si512();
+    const int *feat = (const int *)lv->feat;
+    int32_t slot[KILN_TREE_LEVELS_TREES];
+    for (int t0 = 0; t0 < lv->n_trees; t0 += KILN_TREE_LEVELS_TREES) {
+        int nt = lv->n_trees - t0 < KILN_TREE_LEVELS_TREES ? lv->n_trees - t0 : KILN_TREE_LEVELS_TREES;
+        int ng = (nt + 15) / 16;
+        __m512i base[G], dep[G], idx[G];
+        __m512i dmax = zero;
+        for (int g = 0; g < ng; g++) {
+            base[g] = _mm512_loadu_si512(lv->lane_node + t0 + 16 * g);
+            dep[g] = _mm512_loadu_si512(lv->lane_depth + t0 + 16 * g);
+            idx[g] = zero;
+            dmax = _mm512_max_epi32(dmax, dep[g]);
+        }
+        int depth = _mm512_reduce_max_epi32(dmax);
+        for (int level = 0; level < depth; level++) {
+            const __m512i lvl = _mm512_set1_epi32(level), first = _mm512_set1_epi32((1 << level) - 1);
+            for (int g = 0; g < ng; g++) {
+                __mmask16 act = _mm512_cmpgt_epi32_mask(dep[g], lvl);
+                __m512i at = _mm512_add_epi32(_mm512_add_epi32(base[g], first), idx[g]);
+                __m512i f = _mm512_mask_i32gather_epi32(zero, act, at, feat, 4);
+                __m512 t = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), act, at, lv->thr, 4);
+                __m512 v = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), act, _mm512_and_si512(f, low31), x, 4);
+                __mmask16 right = _mm512_cmp_ps_mask(v, t, _CMP_NLE_UQ); /* fails, NaN included */
+                __mmask16 nan_left = _mm512_mask_cmp_ps_mask(_mm512_movepi32_mask(f), v, v, _CMP_UNORD_Q);
+                right = (__mmask16)(right & ~nan_left & act);
+                __m512i twice = _mm512_mask_add_epi32(idx[g], act, idx[g], idx[g]);
+                idx[g] = _mm512_mask_add_epi32(twice, right, twice, one);
+            }
+        }
+        for (int g = 0; g < ng; g++) _mm512_storeu_si512(slot + 16 * g, idx[g]);
+        for (int i = 0; i < nt; i++) {
+            int t = t0 + i;
+            int64_t width = (int64_t)1 << lv->depth[t];
+            const double *w = lv->leaf + lv->leaf_off[t] + slot[i];
+            for (int32_t k = lv->tgt_first[t]; k < lv->tgt_first[t + 1]; k++, w += width) acc[lv->tgt[k]] += *w;
         }
     }
 }
