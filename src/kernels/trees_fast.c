@@ -160,6 +160,8 @@ static void levels_free(struct kiln_tree_levels *lv)
     free(lv->leaf);
     free(lv->lane_node);
     free(lv->lane_depth);
+    free(lv->top_thr);
+    free(lv->top_feat);
     free(lv);
 }
 
@@ -283,13 +285,19 @@ static struct kiln_tree_levels *levels_build(const struct kiln_forest *f, int64_
     lv->feat = calloc((size_t)nodes + 64, sizeof(uint32_t));
     lv->leaf = calloc((size_t)leaves + 1, sizeof(double));
     size_t lanes = ((size_t)nt + KILN_TREE_LEVELS_TREES - 1) / KILN_TREE_LEVELS_TREES * KILN_TREE_LEVELS_TREES;
+    size_t top = ((size_t)1 << KILN_TREE_LEVELS_TOP) - 1;
+    lv->n_lanes = (int64_t)lanes;
     lv->lane_node = calloc(lanes + 1, sizeof(int32_t));
     lv->lane_depth = calloc(lanes + 1, sizeof(int32_t));
-    if (!lv->tgt || !lv->thr || !lv->feat || !lv->leaf || !lv->lane_node || !lv->lane_depth) {
+    lv->top_thr = malloc(sizeof(float) * (top * lanes + 1));
+    lv->top_feat = calloc(top * lanes + 1, sizeof(uint32_t));
+    if (!lv->tgt || !lv->thr || !lv->feat || !lv->leaf || !lv->lane_node || !lv->lane_depth ||
+        !lv->top_thr || !lv->top_feat) {
         free(tgt_tmp);
         goto oom;
     }
     for (int64_t i = 0; i < nodes + 64; i++) lv->thr[i] = INFINITY;
+    for (size_t i = 0; i < top * lanes + 1; i++) lv->top_thr[i] = INFINITY;
     /* pass 2: the targets (again, in the same order) and the levels */
     for (int64_t k = 0; k < f->n_targets; k++) seen[k] = -1;
     for (int t = 0; t < nt; t++) {
@@ -299,6 +307,10 @@ static struct kiln_tree_levels *levels_build(const struct kiln_forest *f, int64_
         sub_fill(f, lv, t, f->roots[t], 0, 0, slot);
         lv->lane_node[t] = (int32_t)lv->node_off[t]; /* nodes < 2^25 (the budget above) */
         lv->lane_depth[t] = lv->depth[t];
+        for (int64_t p = 0; p < ((int64_t)1 << lv->depth[t]) - 1 && p < (int64_t)top; p++) {
+            lv->top_thr[p * lv->n_lanes + t] = lv->thr[lv->node_off[t] + p];
+            lv->top_feat[p * lv->n_lanes + t] = lv->feat[lv->node_off[t] + p];
+        }
     }
     free(tgt_tmp);
     free(seen);
@@ -429,7 +441,7 @@ static void tree_rows_one(struct tree_job *j, int64_t begin, int64_t end)
     double row[TREE_MAX_COLS + 2];
     for (int64_t r = begin; r < end; r++) {
         memset(row, 0, sizeof(double) * (size_t)f->n_targets);
-        kiln_tree_levels_row_avx512(s->lv, j->x + r * j->nf, row);
+        kiln_tree_levels_row_avx512(s->lv, j->x + r * j->nf, j->nf, row);
         int64_t best = kiln_forest_finish_row(f, row);
         if (kiln_forest_store_row(f, j->out, r, row, best) != KILN_OK) j->failed = 1;
     }

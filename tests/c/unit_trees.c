@@ -15,7 +15,8 @@
  * lookup of the AVX-512 walk), and several votes per leaf for distinct
  * targets, and forests of 37 to 150 trees of mixed depths (blocks of 64
  * trees and groups of 16 with a partial last one, shallow trees masked off
- * while deep ones step). Row counts 1 to 130 straddle the one-row walk
+ * while deep ones step) over 12 to 70 features (the one-row walk keeps up
+ * to 16, 32 or 64 features in registers, gathers beyond). Row counts 1 to 130 straddle the one-row walk
  * (16 trees at once, fewer than 12 rows a thread), the 32-row blocks of the
  * scalar path and the 64-row blocks (4 x 16 lanes) of the level-order path. Every
  * forest is compiled on the machine's ISA and with KILN_ISA=avx2 (the
@@ -491,16 +492,20 @@ int main(void)
         check_spec(label, &sp);
     }
     /* many trees, not a multiple of 16 or 64, of mixed depths (early leaves often): the one-row
-     * walk's blocks of 64 trees, 16 per lane group, masked lanes for shallow trees */
+     * walk's blocks of 64 trees, 16 per lane group, masked lanes for shallow trees; 12, 40, 20
+     * and 70 features: the row held in one, four and two registers, and gathered */
     struct forest_spec many = {.trees = 150, .depth = 7, .features = 12, .targets = 1, .aggregate = 1,
                                .tree_target = 1, .leaf_rate = 3, .levels = 1};
     check_spec("150 trees of mixed depth", &many);
-    struct forest_spec many_c = {.trees = 75, .depth = 8, .features = 10, .targets = 3, .classifier = 1,
+    struct forest_spec many_c = {.trees = 75, .depth = 8, .features = 40, .targets = 3, .classifier = 1,
                                  .aggregate = 1, .tree_target = 1, .leaf_rate = 4, .levels = 1, .post = 2};
     check_spec("75 trees, 3 classes, mixed depth", &many_c);
-    struct forest_spec many_v5 = {.trees = 37, .depth = 6, .features = 7, .targets = 2, .v5 = 1,
+    struct forest_spec many_v5 = {.trees = 37, .depth = 6, .features = 20, .targets = 2, .v5 = 1,
                                   .aggregate = 0, .leaf_rate = 5, .levels = 1};
     check_spec("37 trees TreeEnsemble", &many_v5);
+    struct forest_spec wide = {.trees = 20, .depth = 5, .features = 70, .targets = 1, .aggregate = 1,
+                               .tree_target = 1, .leaf_rate = 4, .levels = 1};
+    check_spec("70 features", &wide);
     /* several votes per leaf for distinct targets: one leaf table per target of the tree */
     struct forest_spec dv = {.trees = 10, .depth = 6, .features = 5, .targets = 5, .distinct = 1,
                              .aggregate = 1, .levels = 1};
