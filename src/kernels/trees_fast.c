@@ -40,7 +40,7 @@
 #define TREE_BLOCK 32       /* rows walked together */
 #define TREE_MAX_COLS 4096  /* score columns the stack buffers allow */
 #define TREE_LANES 8        /* rows of a block that descend a tree in lockstep */
-#define TREE_LEVELS_MIN 12  /* fewer rows per thread: one row at a time, 16 trees at once */
+#define TREE_LEVELS_MIN 16  /* fewer rows per thread: one row at a time, 16 trees at once */
 
 struct fnode {
     float thr;           /* go to child[0] when x <= thr */

@@ -17,7 +17,7 @@
  * trees and groups of 16 with a partial last one, shallow trees masked off
  * while deep ones step) over 12 to 70 features (the one-row walk keeps up
  * to 16, 32 or 64 features in registers, gathers beyond). Row counts 1 to 130 straddle the one-row walk
- * (16 trees at once, fewer than 12 rows a thread), the 32-row blocks of the
+ * (16 trees at once, fewer than 16 rows a thread), the 32-row blocks of the
  * scalar path and the 64-row blocks (4 x 16 lanes) of the level-order path. Every
  * forest is compiled on the machine's ISA and with KILN_ISA=avx2 (the
  * scalar path); where the CPU has AVX-512 the forests the level-order path
@@ -369,7 +369,7 @@ static kiln_tensor *make_input(int rows, int features)
  * the machine's own). */
 static void check_spec_isa(const char *label, const struct forest_spec *sp, const char *isa)
 {
-    static const int row_counts[] = {1, 2, 7, 11, 12, 13, 31, 32, 33, 64, 65, 100, 130};
+    static const int row_counts[] = {1, 2, 7, 15, 16, 17, 31, 32, 33, 64, 65, 100, 130};
     if (*isa) setenv("KILN_ISA", isa, 1);
     else unsetenv("KILN_ISA");
     int want_levels = sp->levels && !*isa && kiln_cpu_isa() == KILN_ISA_AVX512;
