@@ -40,7 +40,7 @@
 #define TREE_BLOCK 32       /* rows walked together */
 #define TREE_MAX_COLS 4096  /* score columns the stack buffers allow */
 #define TREE_LANES 8        /* rows of a block that descend a tree in lockstep */
-#define TREE_LEVELS_MIN 4   /* fewer rows per thread walk faster one by one */
+#define TREE_LEVELS_MIN 16  /* fewer rows per thread: one row at a time, 16 trees at once */
 
 struct fnode {
     float thr;           /* go to child[0] when x <= thr */
@@ -158,6 +158,10 @@ static void levels_free(struct kiln_tree_levels *lv)
     free(lv->thr);
     free(lv->feat);
     free(lv->leaf);
+    free(lv->lane_node);
+    free(lv->lane_depth);
+    free(lv->top_thr);
+    free(lv->top_feat);
     free(lv);
 }
 
@@ -280,11 +284,20 @@ static struct kiln_tree_levels *levels_build(const struct kiln_forest *f, int64_
     lv->thr = malloc(sizeof(float) * ((size_t)nodes + 64));
     lv->feat = calloc((size_t)nodes + 64, sizeof(uint32_t));
     lv->leaf = calloc((size_t)leaves + 1, sizeof(double));
-    if (!lv->tgt || !lv->thr || !lv->feat || !lv->leaf) {
+    size_t lanes = ((size_t)nt + KILN_TREE_LEVELS_TREES - 1) / KILN_TREE_LEVELS_TREES * KILN_TREE_LEVELS_TREES;
+    size_t top = ((size_t)1 << KILN_TREE_LEVELS_TOP) - 1;
+    lv->n_lanes = (int64_t)lanes;
+    lv->lane_node = calloc(lanes + 1, sizeof(int32_t));
+    lv->lane_depth = calloc(lanes + 1, sizeof(int32_t));
+    lv->top_thr = malloc(sizeof(float) * (top * lanes + 1));
+    lv->top_feat = calloc(top * lanes + 1, sizeof(uint32_t));
+    if (!lv->tgt || !lv->thr || !lv->feat || !lv->leaf || !lv->lane_node || !lv->lane_depth ||
+        !lv->top_thr || !lv->top_feat) {
         free(tgt_tmp);
         goto oom;
     }
     for (int64_t i = 0; i < nodes + 64; i++) lv->thr[i] = INFINITY;
+    for (size_t i = 0; i < top * lanes + 1; i++) lv->top_thr[i] = INFINITY;
     /* pass 2: the targets (again, in the same order) and the levels */
     for (int64_t k = 0; k < f->n_targets; k++) seen[k] = -1;
     for (int t = 0; t < nt; t++) {
@@ -292,6 +305,12 @@ static struct kiln_tree_levels *levels_build(const struct kiln_forest *f, int64_
         sub_targets(f, f->roots[t], seen, leaf_seen, t, &leaf_stamp, lv->tgt + lv->tgt_first[t], &n);
         for (int32_t k = 0; k < n; k++) slot[lv->tgt[lv->tgt_first[t] + k]] = k;
         sub_fill(f, lv, t, f->roots[t], 0, 0, slot);
+        lv->lane_node[t] = (int32_t)lv->node_off[t]; /* nodes < 2^25 (the budget above) */
+        lv->lane_depth[t] = lv->depth[t];
+        for (int64_t p = 0; p < ((int64_t)1 << lv->depth[t]) - 1 && p < (int64_t)top; p++) {
+            lv->top_thr[p * lv->n_lanes + t] = lv->thr[lv->node_off[t] + p];
+            lv->top_feat[p * lv->n_lanes + t] = lv->feat[lv->node_off[t] + p];
+        }
     }
     free(tgt_tmp);
     free(seen);
@@ -413,12 +432,31 @@ static int tree_rows_levels(struct tree_job *j, int64_t begin, int64_t end)
     return 1;
 }
 
+/* Rows [begin, end) one by one, each walking 16 trees at a time on the
+ * padded level-order form. */
+static void tree_rows_one(struct tree_job *j, int64_t begin, int64_t end)
+{
+    const struct tree_state *s = j->s;
+    const struct kiln_forest *f = s->f;
+    double row[TREE_MAX_COLS + 2];
+    for (int64_t r = begin; r < end; r++) {
+        memset(row, 0, sizeof(double) * (size_t)f->n_targets);
+        kiln_tree_levels_row_avx512(s->lv, j->x + r * j->nf, j->nf, row);
+        int64_t best = kiln_forest_finish_row(f, row);
+        if (kiln_forest_store_row(f, j->out, r, row, best) != KILN_OK) j->failed = 1;
+    }
+}
+
 static void tree_rows(void *arg, int64_t begin, int64_t end)
 {
     struct tree_job *j = arg;
     const struct tree_state *s = j->s;
     const struct kiln_forest *f = s->f;
-    if (s->lv && end - begin >= TREE_LEVELS_MIN && tree_rows_levels(j, begin, end)) return;
+    if (s->lv && end - begin < TREE_LEVELS_MIN) {
+        tree_rows_one(j, begin, end);
+        return;
+    }
+    if (s->lv && tree_rows_levels(j, begin, end)) return;
     int64_t nt = f->n_targets, cols = s->cols, width = nt > cols ? nt : cols;
     int64_t block = TREE_BLOCK * width <= TREE_MAX_COLS ? TREE_BLOCK : 1;
     double buf[TREE_MAX_COLS + 2];

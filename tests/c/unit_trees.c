@@ -13,8 +13,12 @@
  * per tree, one vote per leaf) at depths 0 to 10 with leaves above the last
  * level, 12 classes, complete trees of depth 5 to 9 (every kind of level
  * lookup of the AVX-512 walk), and several votes per leaf for distinct
- * targets. Row counts 1 to 130 straddle the 32-row blocks of the scalar
- * path and the 64-row blocks (4 x 16 lanes) of the level-order path. Every
+ * targets, and forests of 37 to 150 trees of mixed depths (blocks of 64
+ * trees and groups of 16 with a partial last one, shallow trees masked off
+ * while deep ones step) over 12 to 70 features (the one-row walk keeps up
+ * to 16, 32 or 64 features in registers, gathers beyond). Row counts 1 to 130 straddle the one-row walk
+ * (16 trees at once, fewer than 16 rows a thread), the 32-row blocks of the
+ * scalar path and the 64-row blocks (4 x 16 lanes) of the level-order path. Every
  * forest is compiled on the machine's ISA and with KILN_ISA=avx2 (the
  * scalar path); where the CPU has AVX-512 the forests the level-order path
  * must take are checked to take it. The fast kernel runs on one thread and
@@ -365,7 +369,7 @@ static kiln_tensor *make_input(int rows, int features)
  * the machine's own). */
 static void check_spec_isa(const char *label, const struct forest_spec *sp, const char *isa)
 {
-    static const int row_counts[] = {1, 7, 31, 32, 33, 64, 65, 100, 130};
+    static const int row_counts[] = {1, 2, 7, 15, 16, 17, 31, 32, 33, 64, 65, 100, 130};
     if (*isa) setenv("KILN_ISA", isa, 1);
     else unsetenv("KILN_ISA");
     int want_levels = sp->levels && !*isa && kiln_cpu_isa() == KILN_ISA_AVX512;
@@ -487,6 +491,21 @@ int main(void)
         snprintf(label, sizeof label, "complete TreeEnsemble depth %d", depth);
         check_spec(label, &sp);
     }
+    /* many trees, not a multiple of 16 or 64, of mixed depths (early leaves often): the one-row
+     * walk's blocks of 64 trees, 16 per lane group, masked lanes for shallow trees; 12, 40, 20
+     * and 70 features: the row held in one, four and two registers, and gathered */
+    struct forest_spec many = {.trees = 150, .depth = 7, .features = 12, .targets = 1, .aggregate = 1,
+                               .tree_target = 1, .leaf_rate = 3, .levels = 1};
+    check_spec("150 trees of mixed depth", &many);
+    struct forest_spec many_c = {.trees = 75, .depth = 8, .features = 40, .targets = 3, .classifier = 1,
+                                 .aggregate = 1, .tree_target = 1, .leaf_rate = 4, .levels = 1, .post = 2};
+    check_spec("75 trees, 3 classes, mixed depth", &many_c);
+    struct forest_spec many_v5 = {.trees = 37, .depth = 6, .features = 20, .targets = 2, .v5 = 1,
+                                  .aggregate = 0, .leaf_rate = 5, .levels = 1};
+    check_spec("37 trees TreeEnsemble", &many_v5);
+    struct forest_spec wide = {.trees = 20, .depth = 5, .features = 70, .targets = 1, .aggregate = 1,
+                               .tree_target = 1, .leaf_rate = 4, .levels = 1};
+    check_spec("70 features", &wide);
     /* several votes per leaf for distinct targets: one leaf table per target of the tree */
     struct forest_spec dv = {.trees = 10, .depth = 6, .features = 5, .targets = 5, .distinct = 1,
                              .aggregate = 1, .levels = 1};
