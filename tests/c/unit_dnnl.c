@@ -474,6 +474,8 @@ static void test_conv(void)
         {1, 64, 28, 28, 64, 3, 3, 1, 1, 1, {1, 1, 1, 1}, NULL, 1, 1, "Relu", 0, 0},
         {4, 32, 20, 20, 48, 3, 3, 1, 1, 1, {1, 1, 1, 1}, NULL, 1, 0, "Relu", 0, 0},
         {2, 128, 7, 7, 128, 3, 3, 1, 1, 1, {1, 1, 1, 1}, NULL, 0, 1, "", 0, 0},
+        {4, 64, 20, 20, 96, 3, 3, 1, 1, 1, {1, 1, 1, 1}, NULL, 1, 0, "Relu", 0, 0},
+        {2, 128, 8, 8, 128, 3, 3, 1, 1, 1, {1, 1, 1, 1}, NULL, 0, 1, "", 0, 0},
         /* 3x3 on images under 4 wide or high: the direct algorithm even with Winograd allowed */
         {8, 32, 2, 2, 48, 3, 3, 1, 1, 1, {1, 1, 1, 1}, NULL, 1, 1, "Relu", 0, 0},
         {2, 16, 3, 9, 16, 3, 3, 1, 1, 1, {1, 1, 1, 1}, NULL, 1, 0, "", 0, 0},
@@ -507,6 +509,46 @@ static void test_conv(void)
         }
     }
     unsetenv("KILN_WINOGRAD");
+    /* where Winograd runs (conv_winograd_pays): declined for few channels
+     * (C * M / (C + M) < 32) on images of at most 64 outputs, and where the tiles cover
+     * 1.5x the output or more; blocked by 16, the layout of the chains it runs in.
+     * wino: 1 Winograd, 0 direct, 2 anything but F(4x4,3x3) (oneDNN picks the tile) */
+    static const struct {
+        struct conv_case k;
+        int wino;
+    } wcases[] = {
+        {{1, 64, 28, 28, 64, 3, 3, 1, 1, 1, {1, 1, 1, 1}, NULL, 1, 0, "Relu", 0, 0}, 1},
+        {{4, 64, 20, 20, 96, 3, 3, 1, 1, 1, {1, 1, 1, 1}, NULL, 1, 0, "Relu", 0, 0}, 1},
+        {{2, 128, 8, 8, 128, 3, 3, 1, 1, 1, {1, 1, 1, 1}, NULL, 0, 1, "", 0, 0}, 1},
+        /* 7x7 (resnet's last stage): tiles of 2 or 4 cover 1.31x */
+        {{2, 128, 7, 7, 128, 3, 3, 1, 1, 1, {1, 1, 1, 1}, NULL, 0, 1, "", 0, 0}, 1},
+        /* few channels on a larger image (squeezenet's 23x23) */
+        {{4, 32, 20, 20, 48, 3, 3, 1, 1, 1, {1, 1, 1, 1}, NULL, 1, 0, "Relu", 0, 0}, 1},
+        /* few channels on small images (googlenet's 6x6 branches, densenet121's 8x8) */
+        {{1, 16, 6, 6, 48, 3, 3, 1, 1, 1, {1, 1, 1, 1}, NULL, 1, 0, "Relu", 0, 0}, 0},
+        {{8, 32, 6, 6, 128, 3, 3, 1, 1, 1, {1, 1, 1, 1}, NULL, 1, 0, "Relu", 0, 0}, 0},
+        {{1, 128, 8, 8, 32, 3, 3, 1, 1, 1, {1, 1, 1, 1}, NULL, 1, 1, "Relu", 0, 0}, 0},
+        /* 5x5 and 6x6 at batch 8 (squeezenet's, googlenet's): never in tiles of 4 */
+        {{8, 64, 5, 5, 256, 3, 3, 1, 1, 1, {1, 1, 1, 1}, NULL, 1, 0, "Relu", 0, 0}, 2},
+        {{8, 128, 6, 6, 256, 3, 3, 1, 1, 1, {1, 1, 1, 1}, NULL, 1, 0, "Relu", 0, 0}, 2},
+    };
+    for (size_t i = 0; i < sizeof wcases / sizeof wcases[0]; i++) {
+        char what[80];
+        snprintf(what, sizeof what, "winograd choice case %zu", i);
+        int in_l[4] = {16, 0, 0, 16};
+        struct tg t;
+        build_conv(&t, &wcases[i].k);
+        g_last_impl[0] = '\0';
+        differ(&t, what, in_l, 16, 1);
+        int wino = strstr(g_last_impl, "wino") != NULL;
+        if (wcases[i].wino == 2)
+            CHECK(!strstr(g_last_impl, "4x3"), "%s: runs %s, expected no F(4x4,3x3)", what,
+                  g_last_impl);
+        else
+            CHECK(wino == wcases[i].wino, "%s: runs %s, expected %s", what, g_last_impl,
+                  wcases[i].wino ? "Winograd" : "the direct algorithm");
+        tg_free(&t);
+    }
     /* weights known only at run time: left to the reference */
     struct tg t;
     struct conv_case k = {1, 4, 5, 5, 4, 3, 3, 1, 1, 1, {0, 0, 0, 0}, NULL, 0, 0, NULL, 0, 0};

@@ -126,6 +126,35 @@ static dnnl_primitive_desc_t conv_pd(const struct conv_build *b, dnnl_alg_kind_t
     return pd;
 }
 
+/* Whether the Winograd primitive pd (oneDNN's F(m x m, 3x3) for the m its name gives)
+ * is expected to beat the direct algorithm on b's shape. Measured per primitive on the zoo
+ * (googlenet, densenet121, squeezenet1_1, alexnet, wide_resnet50_2; batch 1 and 8), it loses
+ * in two cases. Few channels on small images: its input and output transforms (per channel,
+ * so in proportion to C + M) outweigh the multiplications it saves (in proportion to
+ * C * M) where there are too few tiles for its products to run well: googlenet's 6x6
+ * convolutions of 16 to 32 input channels ran 1.3-2x slower than direct at batch 1 and 8,
+ * densenet121's 128 -> 32 channels on 8x8 1.3x, where squeezenet's 16 -> 64 on 23x23 and
+ * densenet121's on 16x16 still ran faster with Winograd. And tiles that cover much more
+ * than the image, where the padding of the last tile is computed for nothing: 6x6 outputs
+ * in oneDNN's tiles of 4 (1.78x the area) ran 1.15-1.3x slower than direct at batch 8 on
+ * every channel count, 5x5 in tiles of 4 (2.56x) 1.6x slower, where 5x5 in tiles of 2
+ * (1.44x) was about even. So Winograd is declined where C * M / (C + M) < 32 on images of
+ * at most 64 outputs, or where the tiles cover 1.5x the output or more. */
+static int conv_winograd_pays(const struct conv_build *b, const_dnnl_primitive_desc_t pd)
+{
+    const char *impl = NULL;
+    if (dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl) != dnnl_success ||
+        !impl)
+        return 0;
+    int64_t m = strstr(impl, "4x3") ? 4 : strstr(impl, "2x3") ? 2 : 0;
+    if (!m) return 1; /* a variant this rule was not measured on: oneDNN's choice */
+    double c = (double)b->src.dims[1], oc = (double)b->dst.dims[1];
+    int64_t oh = b->dst.dims[2], ow = b->dst.dims[3];
+    if (c * oc / (c + oc) < 32.0 && oh * ow <= 64) return 0;
+    double tiled = (double)((oh + m - 1) / m * m) * (double)((ow + m - 1) / m * m);
+    return tiled < 1.5 * (double)oh * (double)ow;
+}
+
 static kiln_status conv_make(void *arg, struct kd_variant *v, int threads)
 {
     struct conv_build *b = arg;
@@ -136,6 +165,10 @@ static kiln_status conv_make(void *arg, struct kd_variant *v, int threads)
      * algorithm runs. */
     dnnl_primitive_desc_t pd = b->winograd && !b->bf16 ? conv_pd(b, dnnl_convolution_winograd)
                                                        : NULL;
+    if (pd && !conv_winograd_pays(b, pd)) {
+        dnnl_primitive_desc_destroy(pd);
+        pd = NULL;
+    }
     if (!pd) pd = conv_pd(b, dnnl_convolution_direct);
     if (!pd) goto out; /* unimplemented here: the reference runs it */
     if (b->bf16 && kd_pd_is_ref(pd)) goto out; /* fp32 is faster than oneDNN's reference */
@@ -594,8 +627,10 @@ static kiln_status conv_try_any(struct conv_build *b, struct conv_state *s, doub
  * (tests/python/test_models.py checks 1e-4 against PyTorch). Not on outputs smaller
  * than 4 in H or W: a tile of F(4x4,3x3) then computes mostly padding, and the direct
  * algorithm was measured 2.5x faster on inception_v3's 3x3 convolutions of 2x2 images
- * (0.8-1.0 against 2.4-2.6 ms at batch 8). KILN_WINOGRAD=0 in the environment turns
- * it off (the direct algorithm everywhere). */
+ * (0.8-1.0 against 2.4-2.6 ms at batch 8). Where oneDNN then offers its Winograd
+ * kernel, conv_winograd_pays still declines it for few channels or tiles much larger
+ * than the image. KILN_WINOGRAD=0 in the environment turns it off (the direct algorithm
+ * everywhere). */
 static int conv_use_winograd(int rank, const int64_t *wdims, const int64_t *ydims,
                              int64_t group, const struct conv_build *b)
 {
