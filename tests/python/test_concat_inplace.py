@@ -278,3 +278,20 @@ def test_strided_bit_identical(kiln_bin, tmp_path):
                           tmp_path / f"bit{isa}{extra}", env)
             outs[extra] = np.load(got / f"{y}.npy")
         assert np.array_equal(outs[False], outs[True]), f"isa {isa or 'default'}"
+
+
+def test_inspect_batch_option(kiln_bin, tmp_path):
+    """`kiln inspect --optimized --batch N` plans for batch N (the concat line names the
+    shape planned for); a batch that is not a positive integer is a usage error."""
+    g = GB(3, 1)
+    y = g.op("Concat", [g.conv("X", 3, 16, 1), g.conv("X", 3, 16, 3)], axis=1)
+    g.save(tmp_path / "m.onnx", [g.conv(y, 32, 8, 1)])
+    proc = subprocess.run([kiln_bin, "inspect", str(tmp_path / "m.onnx"), "--optimized",
+                           "--batch", "3"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "concat in place: plan for [3,3,8,8]: 0 of 2" in proc.stdout
+    assert "plan (batch 3):" in proc.stdout
+    for bad in ("0", "x", "-2"):
+        proc = subprocess.run([kiln_bin, "inspect", str(tmp_path / "m.onnx"), "--optimized",
+                               "--batch", bad], capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 2 and "--batch" in proc.stderr, (bad, proc.stderr)
