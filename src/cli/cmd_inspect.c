@@ -29,7 +29,7 @@
 #include "cli/json_out.h"
 
 static const char inspect_usage[] =
-    "usage: kiln inspect MODEL [--json] [--tags TAGS] [--optimized]\n"
+    "usage: kiln inspect MODEL [--json] [--tags TAGS] [--optimized [--batch N]]\n"
     "\n"
     "Show a model's format, opsets, signatures (inputs and outputs with dtype\n"
     "and shape), op histogram, node count and parameter count.\n"
@@ -40,6 +40,8 @@ static const char inspect_usage[] =
     "  --optimized    also print, per signature, the optimization log (what each\n"
     "                 pass changed) and the plan for batch 1 (steps, fast kernels,\n"
     "                 arena bytes); with --json, an \"optimization\" member\n"
+    "  --batch N      with --optimized: the plan for batch N instead (axis 0 of\n"
+    "                 the inputs; its Concat-in-place line too)\n"
     "  -h, --help     show this help\n";
 
 /* The opset domain as shown: "" is the default ONNX domain. */
@@ -70,16 +72,20 @@ static void text_value(const kiln_value_info *v)
     printf("]\n");
 }
 
-/* The optimization log of signature s and a summary of its batch-1 plan. */
+/* The batch the optimization report plans for (--batch). */
+static int plan_batch = 1;
+
+/* The optimization log of signature s and a summary of its plan for plan_batch. */
 static int optimization_report(const kiln_model *m, const kiln_signature *s, char **log,
                                char *summary, size_t n)
 {
     kiln_session *session = NULL;
     if (kiln_session_create((kiln_model *)m, kiln_signature_name(s), NULL, &session) != KILN_OK)
         return kiln_cli_fail("signature '%s': %s", kiln_signature_name(s), kiln_last_error());
-    int64_t one = 1;
-    if (kiln_session_precompile(session, &one, 1) != KILN_OK) {
-        snprintf(summary, n, "compiling the batch-1 plan failed: %s", kiln_last_error());
+    int64_t batch = plan_batch;
+    if (kiln_session_precompile(session, &batch, 1) != KILN_OK) {
+        snprintf(summary, n, "compiling the batch-%d plan failed: %s", plan_batch,
+                 kiln_last_error());
     } else {
         kiln_session_plan_summary(session, summary, n);
     }
@@ -163,7 +169,7 @@ static int print_text(const kiln_model *m, int optimized)
             if (!nl) nl = line + strlen(line) - 1;
             printf("  %.*s\n", (int)(nl - line + (*nl == '\n' ? 0 : 1)), line);
         }
-        printf("  plan (batch 1): %s\n", summary);
+        printf("  plan (batch %d): %s\n", plan_batch, summary);
         free(log);
     }
     return KILN_CLI_EXIT_OK;
@@ -277,7 +283,7 @@ int kiln_cmd_inspect(int argc, char **argv)
         fputs(inspect_usage, stdout);
         return KILN_CLI_EXIT_OK;
     }
-    const char *path = NULL, *tags = NULL;
+    const char *path = NULL, *tags = NULL, *batch = NULL;
     int json = 0, optimized = 0;
     bool positional_only = false;
     for (int i = 0; i < argc; i++) {
@@ -296,6 +302,11 @@ int kiln_cmd_inspect(int argc, char **argv)
             } else if ((r = kiln_cli_option(cmd, argc, argv, &i, "--optimized", NULL)) != 0) {
                 if (r < 0) return KILN_CLI_EXIT_USAGE;
                 optimized = 1;
+            } else if ((r = kiln_cli_option(cmd, argc, argv, &i, "--batch", &batch)) != 0) {
+                if (r < 0) return KILN_CLI_EXIT_USAGE;
+                if (!kiln_cli_parse_int(batch, 1, 1 << 20, &plan_batch))
+                    return kiln_cli_usage_error(cmd, "--batch: '%s' is not a batch size (1 to "
+                                                "1048576)", batch);
             } else {
                 return kiln_cli_usage_error(cmd, "unknown option '%s'", arg);
             }

@@ -38,6 +38,8 @@ struct slot {
     int input_index;          /* INPUT */
     int alias_of;             /* ALIAS: the root slot (never itself an alias) */
     size_t alias_off;         /* ALIAS: byte offset into the root (a Concat input's slice) */
+    int64_t host_c;           /* ALIAS: > 0 when a strided channel slice of the root (batch
+                                 > 1): the root's stored channels, one image's row apart */
     int buf;                  /* ARENA: buffer index */
     int def_step;             /* step that writes it (-1: before the run) */
     int last_use;             /* last step that reads it (INT32_MAX: a graph output) */
@@ -86,6 +88,7 @@ struct kiln_plan {
     int concat_removed;       /* Concat steps with every input written in place */
     int concat_inputs_elided; /* Concat inputs written in place (copies avoided) */
     int concat_inputs;        /* Concat inputs in all (present ones) */
+    int concat_inputs_strided; /* of the elided: strided channel slices (batch > 1) */
     char *fallbacks;          /* lines naming steps on oneDNN's reference or generic code */
     size_t fallbacks_len;
     _Atomic int prof_threads; /* most threads a profiled run was granted */
@@ -383,7 +386,22 @@ static kiln_status settle_inputs(struct kiln_plan *p, struct kiln_weight_cache *
  * the arena of its own (a graph input or output, a constant, a slice of another
  * place), or when its slice would be misaligned (64 bytes) or, blocked, would not
  * start and end on whole channel blocks. A Concat with every input in place is
- * removed; one with some, on the simd kernel, is passed NULL for those. */
+ * removed; one with some, on the simd kernel, is passed NULL for those.
+ *
+ * Along axis 1 of a batch of N > 1 (concat_strided), an input's slice is N
+ * pieces, one image's row of the output apart. Its producer is placed there
+ * only when its kernel says it can write such a slice (inst.can_out_strided):
+ * the step is compiled again with cc->out_host_channels, and kept so when the
+ * new instance says it does (inst.out_strided). The slot is then an alias with
+ * host_c set, so nothing else may read it as a dense tensor: the Concat must be
+ * its only reader (through any alias), and the Concat must run on the simd
+ * kernel (which skips placed inputs). oneDNN 2.6 makes its reference
+ * implementation for any strided destination (convolution, 1x1 convolution,
+ * pooling; plain or blocked), slower than the copy it saves, and running the
+ * primitive once per image costs more than the copy as well, so the oneDNN
+ * kernels do not declare it; today the simd Concat does (a Concat written
+ * into a later Concat's slice: inception's nested Concats), and the inputs of
+ * a Concat placed so may be placed into the same host in turn. */
 
 static int64_t stored_dim(const struct kiln_type *t, int layout, int d, int *n_dims)
 {
@@ -463,7 +481,155 @@ static bool concat_slices(const struct kiln_plan *p, const struct step *sp, size
     return true;
 }
 
-static kiln_status concat_in_place(struct kiln_plan *p)
+/* What compiling a step again needs (plan_compile's arguments). */
+struct recompile_env {
+    struct kiln_weight_cache *weights;
+    int threads, precision;
+    const struct kiln_plan_node_prec *ov;
+    int n_ov;
+};
+
+static int node_precision(const struct kiln_node *n, int precision,
+                          const struct kiln_plan_node_prec *ov, int n_ov);
+
+/* Compile step si's fast kernel again for writing output 0 into a channel slice of a
+ * host of host_c stored channels; *done when the kernel does (the new instance then
+ * replaces the old one), else the step is left as it was. */
+static kiln_status recompile_strided(struct kiln_plan *p, int si, int64_t host_c,
+                                     const struct recompile_env *env, bool *done)
+{
+    *done = false;
+    struct step *sp = &p->steps[si];
+    const struct kiln_node *n = sp->node;
+    const struct kiln_fast_op *fast = kiln_fast_op(n->op);
+    if (!fast || n->n_in > KILN_MAX_IO || n->n_out > KILN_MAX_IO) return KILN_OK;
+    const struct kiln_type *inp[KILN_MAX_IO], *ot[KILN_MAX_IO];
+    const kiln_tensor *inv[KILN_MAX_IO];
+    int il[KILN_MAX_IO], ol[KILN_MAX_IO];
+    for (int k = 0; k < n->n_in; k++) {
+        int v = sp->in[k];
+        inp[k] = v >= 0 ? &p->slots[v].type : NULL;
+        inv[k] = v >= 0 && p->slots[v].kind == SLOT_CONST ? p->slots[v].konst : NULL;
+        il[k] = n->in[k] >= 0 ? p->g->values[n->in[k]].layout : 0;
+    }
+    for (int k = 0; k < n->n_out; k++) {
+        ot[k] = n->out[k] >= 0 ? &p->slots[sp->out[k]].type : NULL;
+        ol[k] = n->out[k] >= 0 ? p->g->values[n->out[k]].layout : 0;
+    }
+    struct kiln_compile_ctx cc = {n, n->n_in, inp, inv, il, n->n_out, ot, ol, env->weights,
+                                  env->threads,
+                                  node_precision(n, env->precision, env->ov, env->n_ov), host_c};
+    struct kiln_kernel_inst inst;
+    memset(&inst, 0, sizeof inst);
+    kiln_status st = fast->compile(&cc, &inst);
+    if (st != KILN_OK || !inst.run || !inst.out_strided) {
+        kiln_kernel_inst_destroy(&inst);
+        return st;
+    }
+    if (inst.scratch_bytes > sp->inst.scratch_bytes) { /* offsets are not assigned yet */
+        if (sp->scratch_buf >= 0) {
+            p->bufs[sp->scratch_buf].bytes = align_up(inst.scratch_bytes);
+        } else if ((sp->scratch_buf = buf_add(p, inst.scratch_bytes, si, si)) < 0) {
+            kiln_kernel_inst_destroy(&inst);
+            return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory planning a Concat");
+        }
+    }
+    kiln_kernel_inst_destroy(&sp->inst);
+    sp->inst = inst;
+    *done = true;
+    return KILN_OK;
+}
+
+/* Whether any step but si reads root slot r, or any slot aliases it. */
+static bool read_elsewhere(const struct kiln_plan *p, int r, int si)
+{
+    for (int v = 0; v < p->n_slots; v++)
+        if (p->slots[v].kind == SLOT_ALIAS && p->slots[v].alias_of == r) return true;
+    for (int sj = 0; sj < p->n_steps; sj++) {
+        if (sj == si) continue;
+        const struct step *sq = &p->steps[sj];
+        for (int k = 0; k < sq->n_in; k++)
+            if (sq->in[k] >= 0 && root_of(p, sq->in[k]) == r) return true;
+    }
+    return false;
+}
+
+/* Concat step si along axis 1 of a batch of N > 1 (see above): place the inputs whose
+ * producers write strided channel slices. */
+static kiln_status concat_strided(struct kiln_plan *p, int si, const struct recompile_env *env,
+                                  unsigned char *take)
+{
+    struct step *sp = &p->steps[si];
+    int X = sp->out[0];
+    const struct slot *xs = &p->slots[X];
+    const struct kiln_type *y = &xs->type;
+    int lo = xs->layout;
+    if (y->rank != 4 || y->dims[0] < 2) return KILN_OK;
+    int64_t axis = kiln_attr_int(sp->node, "axis", 1);
+    if (axis < 0) axis += 4;
+    if (axis != 1) return KILN_OK;
+    if (!(sp->inst.run && sp->inst.name && !strncmp(sp->inst.name, "concat", 6))) return KILN_OK;
+    int R;
+    size_t B;
+    int64_t host;
+    if (xs->kind == SLOT_ARENA || xs->kind == SLOT_OUTPUT) {
+        R = X, B = 0, host = lo ? kiln_layout_channels(y->dims[1], lo) : y->dims[1];
+    } else if (xs->kind == SLOT_ALIAS && xs->host_c > 0) {
+        R = xs->alias_of, B = xs->alias_off, host = xs->host_c;
+    } else {
+        return KILN_OK;
+    }
+    size_t plane = (size_t)(y->dims[2] * y->dims[3]) * kiln_dtype_size(y->dtype);
+    int64_t at = 0;
+    for (int k = 0; k < sp->n_in; k++) { /* the inputs tile the output along C */
+        if (sp->in[k] < 0) continue;
+        const struct kiln_type *t = &p->slots[sp->in[k]].type;
+        if (t->dtype != y->dtype || t->rank != 4 || p->slots[sp->in[k]].layout != lo ||
+            t->dims[0] != y->dims[0] || t->dims[2] != y->dims[2] || t->dims[3] != y->dims[3])
+            return KILN_OK;
+        at += t->dims[1];
+    }
+    if (at != y->dims[1]) return KILN_OK;
+    at = 0;
+    int n_take = 0, n_present = 0;
+    for (int k = 0; k < sp->n_in; k++) {
+        take[k] = 0;
+        if (sp->in[k] < 0) continue;
+        n_present++;
+        int v = sp->in[k];
+        int64_t c0 = at, len = p->slots[v].type.dims[1];
+        at += len;
+        size_t off = B + (size_t)c0 * plane; /* on whole blocks: block c0/lo at c0*H*W floats */
+        const struct slot *rs = &p->slots[v];
+        if (rs->kind != SLOT_ARENA || (lo && (c0 % lo || len % lo)) || off % PLAN_ALIGN ||
+            rs->def_step < 0 || rs->def_step >= si)
+            continue;
+        bool dup = false; /* Concat(x, x) */
+        for (int j = 0; j < sp->n_in; j++) dup |= j != k && sp->in[j] == v;
+        if (dup || read_elsewhere(p, v, si)) continue;
+        struct step *ps = &p->steps[rs->def_step];
+        if (ps->n_out < 1 || ps->out[0] != v || !ps->inst.run || !ps->inst.can_out_strided)
+            continue;
+        bool done;
+        kiln_status st = recompile_strided(p, rs->def_step, host, env, &done);
+        if (st != KILN_OK) return st;
+        if (!done) continue;
+        slice_into(p, v, R, off);
+        p->slots[v].host_c = host;
+        take[k] = 1;
+        n_take++;
+    }
+    if (!n_take) return KILN_OK;
+    sp->elided = calloc((size_t)sp->n_in + 1, 1);
+    if (!sp->elided) return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory planning a Concat");
+    for (int k = 0; k < sp->n_in; k++) sp->elided[k] = take[k] != 0;
+    p->concat_inputs_elided += n_take;
+    p->concat_inputs_strided += n_take;
+    (void)n_present;
+    return KILN_OK;
+}
+
+static kiln_status concat_in_place(struct kiln_plan *p, const struct recompile_env *env)
 {
     size_t *local = malloc(sizeof(size_t) * (KILN_MAX_IO + 1));
     bool *whole = malloc(sizeof(bool) * (KILN_MAX_IO + 1));
@@ -480,7 +646,14 @@ static kiln_status concat_in_place(struct kiln_plan *p)
         int X = sp->out[0];
         struct slot *xs = &p->slots[X];
         if (xs->kind != SLOT_ARENA && xs->kind != SLOT_OUTPUT && xs->kind != SLOT_ALIAS) continue;
-        if (!concat_slices(p, sp, local, whole)) continue;
+        if (!concat_slices(p, sp, local, whole)) {
+            kiln_status st = concat_strided(p, si, env, take);
+            if (st != KILN_OK) {
+                free(local), free(whole), free(take), free(roots);
+                return st;
+            }
+            continue;
+        }
         int R = xs->kind == SLOT_ALIAS ? xs->alias_of : X;
         size_t B = slot_off(p, X);
         int n_present = 0;
@@ -864,7 +1037,7 @@ static kiln_status plan_compile(const struct kiln_graph *g, const kiln_tensor *c
             }
             struct kiln_compile_ctx cc = {n, n->n_in, inp, (const kiln_tensor *const *)inv, il,
                                           n->n_out, ot, ol, weights, plan_threads,
-                                          node_precision(n, precision, ov, n_ov)};
+                                          node_precision(n, precision, ov, n_ov), 0};
             st = fast->compile(&cc, &sp->inst);
             if (st != KILN_OK) goto fail;
             if (sp->inst.run) {
@@ -914,7 +1087,8 @@ static kiln_status plan_compile(const struct kiln_graph *g, const kiln_tensor *c
         if (s->kind == SLOT_OUTPUT && s->bytes > p->max_value_bytes) p->max_value_bytes = s->bytes;
     }
     /* Concats whose producers write straight into their slices of the output */
-    if ((st = concat_in_place(p)) != KILN_OK || (st = drop_empty_steps(p)) != KILN_OK) goto fail;
+    struct recompile_env renv = {weights, plan_threads, precision, ov, n_ov};
+    if ((st = concat_in_place(p, &renv)) != KILN_OK || (st = drop_empty_steps(p)) != KILN_OK) goto fail;
     /* group lifetimes: an alias keeps its root alive */
     for (int v = 0; v < p->n_slots; v++)
         if (p->slots[v].kind == SLOT_ALIAS) {
@@ -1674,8 +1848,9 @@ void kiln_plan_cache_concat_lines(struct kiln_plan_cache *c,
         if (len > 0 && (size_t)len < sizeof buf)
             snprintf(buf + len, sizeof buf - (size_t)len,
                      ": %d of %d Concat inputs written in place by their producers, "
-                     "%d Concat steps removed",
-                     p->concat_inputs_elided, p->concat_inputs, p->concat_removed);
+                     "%d Concat steps removed, %d inputs strided (batch > 1)",
+                     p->concat_inputs_elided, p->concat_inputs, p->concat_removed,
+                     p->concat_inputs_strided);
         line(ctx, buf);
     }
     pthread_mutex_unlock(&c->mu);

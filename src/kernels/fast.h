@@ -117,6 +117,15 @@ struct kiln_compile_ctx {
     int threads;                             /* most threads a run of this plan may use */
     int precision;                           /* kiln_precision the plan asks for (0 = fp32);
                                                 a kernel may ignore it and run fp32 */
+    int64_t out_host_channels;               /* > 0: output 0 (rank 4, batch N > 1) is a
+                                                channel slice of a [N, out_host_channels, H, W]
+                                                tensor in the same layout (channels as stored,
+                                                blocks padded), which the plan passes at the
+                                                slice's first channel of image 0: image n starts
+                                                n * out_host_channels * H * W elements later
+                                                (Concat in place, src/exec/plan.c). A kernel
+                                                that writes that way sets inst->out_strided;
+                                                one that ignores the field is never placed. */
 };
 
 struct kiln_kernel_inst {
@@ -130,6 +139,10 @@ struct kiln_kernel_inst {
     int inplace_input;    /* which input (default 0; KilnFusedConv's residual Sum is 3) */
     unsigned packed;      /* bit i: constant input i is held packed (from the weight cache)
                              and run never reads its data (lets the plan release it) */
+    int can_out_strided;  /* compiled dense, but would honor cc->out_host_channels if compiled
+                             again with it (the plan only asks kernels that say so) */
+    int out_strided;      /* compiled for cc->out_host_channels: output 0 is written into
+                             its strided channel slice of the host (plan.c) */
     char impl[48];        /* the library implementation run makes (oneDNN's impl_info_str:
                              "jit:avx512_core", "ref:any", ...); empty for Kiln's own code.
                              The plan names reference and generic fallbacks in the log. */

@@ -325,7 +325,7 @@ static kiln_tensor *run_fast(struct tg *t, const int *in_l, int out_l, int threa
     const struct kiln_type *outs[1] = {&ty};
     int out_layouts[1] = {out_l};
     struct kiln_compile_ctx cc = {tg_node(t), t->n_in, ins, vals, layouts, 1, outs, out_layouts,
-                                  t->wc, threads, 0};
+                                  t->wc, threads, 0, 0};
     struct kiln_kernel_inst inst;
     memset(&inst, 0, sizeof inst);
     kiln_tensor *res = NULL;
@@ -1150,7 +1150,7 @@ static kiln_tensor *run_graph(struct kiln_graph *g, kiln_tensor *input, int use_
         const struct kiln_fast_op *f = use_fast ? kiln_fast_op(n->op) : NULL;
         const struct kiln_type *couts[1] = {&ty};
         struct kiln_compile_ctx cc = {n, n->n_in, ins, vals, in_l, 1, couts, out_l, g_cache,
-                                      g_threads, 0};
+                                      g_threads, 0, 0};
         if (f && f->compile(&cc, &inst) != KILN_OK) ok = 0;
         int blocked = out_l[0];
         for (int i = 0; i < n->n_in; i++) blocked |= in_l[i];
@@ -1350,7 +1350,7 @@ static void bench_conv(const struct conv_case *k, int layout)
     int in_l[4] = {layout, 0, 0, 0}, out_l[1] = {layout};
     const struct kiln_type *outs[1] = {&ty};
     struct kiln_compile_ctx cc = {tg_node(&t), 4, ins, vals, in_l, 1, outs, out_l, t.wc,
-                                  g_threads, 0};
+                                  g_threads, 0, 0};
     struct kiln_kernel_inst inst;
     memset(&inst, 0, sizeof inst);
     double t0 = now_s();

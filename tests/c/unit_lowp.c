@@ -231,7 +231,7 @@ static kiln_tensor *run_fast(struct one_node *t, int precision, int threads, con
     if (kiln_weight_cache_new(&wc) != KILN_OK) abort();
     const struct kiln_type *outs[1] = {&yt};
     struct kiln_compile_ctx cc = {n, t->n_in, ins, vals, layouts, 1, outs, out_layouts,
-                                  wc, threads, precision};
+                                  wc, threads, precision, 0};
     struct kiln_kernel_inst inst;
     memset(&inst, 0, sizeof inst);
     kiln_tensor *y = NULL;

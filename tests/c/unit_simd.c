@@ -254,7 +254,7 @@ static double time_fast(struct case_node *c, int threads, int reps, char *name)
     }
     for (int k = 0; k < c->n_out; k++) out_p[k] = c->out_wanted[k] ? &types[k] : NULL;
     struct kiln_compile_ctx cc = {c->node, c->n_in, in_p, in_v, layouts, c->n_out, out_p,
-                                  layouts, NULL, threads, 0};
+                                  layouts, NULL, threads, 0, 0};
     struct kiln_kernel_inst inst = {0};
     if (f->compile(&cc, &inst) != KILN_OK || !inst.run) return -1;
     snprintf(name, 64, "%s", inst.name);

@@ -329,7 +329,7 @@ static kiln_tensor *run_node(struct one_node *t, int precision, int threads, str
     if (!wc && kiln_weight_cache_new(&own) != KILN_OK) abort();
     const struct kiln_type *outs[1] = {&yt};
     struct kiln_compile_ctx cc = {n, t->n_in, ins, vals, layouts, 1, outs, out_layouts,
-                                  wc ? wc : own, threads, precision};
+                                  wc ? wc : own, threads, precision, 0};
     struct kiln_kernel_inst inst;
     memset(&inst, 0, sizeof inst);
     kiln_tensor *y = NULL;
@@ -563,7 +563,7 @@ static int run_conv(struct one_node *t, const struct conv_case *c, int precision
     if (!wc && kiln_weight_cache_new(&own) != KILN_OK) abort();
     const struct kiln_type *outs[1] = {&yt};
     struct kiln_compile_ctx cc = {n, t->n_in, ins, vals, layouts, 1, outs, out_layouts,
-                                  wc ? wc : own, threads, precision};
+                                  wc ? wc : own, threads, precision, 0};
     struct kiln_kernel_inst inst;
     memset(&inst, 0, sizeof inst);
     int ok = 0, b = c->layout;
@@ -764,7 +764,7 @@ static void test_convs(void)
         const struct kiln_type *outs[1] = {&yt};
         struct kiln_weight_cache *wc3;
         if (kiln_weight_cache_new(&wc3) != KILN_OK) abort();
-        struct kiln_compile_ctx cc = {n, 2, ins, vals, NULL, 1, outs, NULL, wc3, 1, 0};
+        struct kiln_compile_ctx cc = {n, 2, ins, vals, NULL, 1, outs, NULL, wc3, 1, 0, 0};
         struct kiln_kernel_inst inst;
         memset(&inst, 0, sizeof inst);
         kiln_status st = kiln_fast_op(n->op)->compile(&cc, &inst);

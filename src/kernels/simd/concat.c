@@ -17,7 +17,11 @@
  * are split over the run's threads. Any fixed-size dtype in plain layout;
  * float32 when blocked. Anything else runs on the reference kernel.
  * An input the plan passes as NULL is already in its place in the output
- * (src/exec/plan.c, Concat in place): it is skipped.
+ * (src/exec/plan.c, Concat in place): it is skipped. Compiled for a channel
+ * slice of a larger tensor (cc->out_host_channels, a Concat placed in a later
+ * Concat's output at batch > 1: inception's nested Concats), the rows along
+ * axis 1 are written one host row apart (inst->out_strided); not with the
+ * lane-by-lane copy.
  * Declared in the copy family's list (copy.def, family.h).
  */
 #include <stdio.h>
@@ -37,6 +41,8 @@ struct concat_state {
     int n_in;
     int64_t outer;                 /* copies per input */
     size_t out_row;                /* bytes of one output row (all inputs' pieces) */
+    size_t out_stride;             /* bytes from one row to the next (out_row, or the host's
+                                      row when written into a channel slice) */
     size_t piece[CONCAT_MAX_IN];   /* bytes of input k's piece of a row */
     size_t at[CONCAT_MAX_IN];      /* its offset in the row */
     struct kiln_gather4 *g4;       /* blocked along C off the blocks: one copy per input */
@@ -97,7 +103,7 @@ static void concat_range(void *arg, int64_t begin, int64_t end)
     for (int64_t o = begin; o < end; o++)
         for (int k = 0; k < s->n_in; k++)
             if (s->piece[k] && j->ctx->in[k]) /* NULL: written in place by its producer */
-                memcpy(y + (size_t)o * s->out_row + s->at[k],
+                memcpy(y + (size_t)o * s->out_stride + s->at[k],
                        (const char *)j->ctx->in[k]->data + (size_t)o * s->piece[k], s->piece[k]);
 }
 
@@ -168,6 +174,14 @@ kiln_status kiln_k_concat_compile(const struct kiln_compile_ctx *cc, struct kiln
     s->n_in = cc->n_in;
     s->outer = outer;
     s->out_row = (size_t)(yd[axis] * inner) * es;
+    s->out_stride = s->out_row;
+    int64_t host = cc->out_host_channels;
+    if (host > 0) { /* a channel slice of a larger output: rows along axis 1 only */
+        if (axis != 1 || y->rank != 4 || kiln_layout_channels(host, lo ? lo : 1) != host ||
+            host < yd[1] * (lo ? lo : 1))
+            goto decline;
+        s->out_stride = (size_t)(host / (lo ? lo : 1) * inner) * es;
+    }
     for (int k = 0; k < cc->n_in; k++) {
         const struct kiln_type *x = cc->in[k];
         int lk = cc->in_layout ? cc->in_layout[k] : 0;
@@ -185,6 +199,7 @@ kiln_status kiln_k_concat_compile(const struct kiln_compile_ctx *cc, struct kiln
         s->piece[k] = (size_t)(xd[axis] * inner) * es;
         sum += xd[axis];
     }
+    if (offblock && host > 0) goto decline;
     if (offblock) {
         int64_t c = 0;
         for (int k = 0; k < cc->n_in; k++) c += cc->in[k] ? cc->in[k]->dims[1] : 0;
@@ -204,6 +219,8 @@ kiln_status kiln_k_concat_compile(const struct kiln_compile_ctx *cc, struct kiln
     inst->state = s;
     inst->destroy = concat_free;
     inst->run = offblock ? concat_g4_run : concat_run;
+    inst->out_strided = host > 0;
+    inst->can_out_strided = !host && !offblock && axis == 1 && y->rank == 4;
     return KILN_OK;
 decline:
     concat_free(s);
