@@ -18,6 +18,10 @@ README, section 3), checking known answers:
   * lstm.bin (a one-step LSTM with layer norm, projection and cell_clip) and
     LSTMs written here (CIFG, peepholes, projection, layer norm, clipping,
     the BASIC kernel) against a numpy LSTM following TFLite's lstm_eval.cc;
+  * hybrid LSTMs against a float32 transcription of TFLite's hybrid path, and
+    fully integer LSTMs (TFLite's 8x8_16 kernel) bit for bit against a numpy
+    emulation of its integer arithmetic (gemmlowp's 16-bit fixed point, the
+    integer layer norm), written here from TFLite's reference kernels;
   * the refused models (custom ops, a file whose intermediate
     tensor has the wrong type) failing with one line naming the op;
   * truncated and bit-flipped copies of a shared model loading or failing
