@@ -306,9 +306,9 @@ static kiln_status lint_run(struct kiln_run_ctx *ctx)
     int16_t *gate[4] = {sb, sb + C, sb + 2 * C, sb + 3 * C}, *tc = sb + 4 * C, *cell = sb + 5 * C;
     int8_t *hidden = hb, *state = hb + C;
     for (int g = cifg ? 1 : 0; g < 4; g++) {
-        fold_bias(in[I_W + g]->data, C, I, ln ? NULL : in[I_B + g]->data, -q[TLI_INPUT_ZP],
-                  bx + g * C);
-        fold_bias(in[I_R + g]->data, C, O, NULL, -q[TLI_STATE_ZP], bh + g * C);
+        fold_bias(in[I_W + g]->data, C, I, ln ? NULL : in[I_B + g]->data,
+                  wsub(0, q[TLI_INPUT_ZP]), bx + g * C);
+        fold_bias(in[I_R + g]->data, C, O, NULL, wsub(0, q[TLI_STATE_ZP]), bh + g * C);
     }
     if (proj)
         fold_bias(in[I_PROJ]->data, O, C, in[I_PROJB] ? in[I_PROJB]->data : NULL,
