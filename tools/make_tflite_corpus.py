@@ -120,9 +120,12 @@ def tensor(shape, ttype=F32, buffer=0, name="t", quant=None, signature=None):
             ("vi32", list(signature)) if signature else None]
 
 
-def operator(opcode_index, inputs, outputs, opt_type=0, opts=None):
-    return [("u32", opcode_index), ("vi32", list(inputs)), ("vi32", list(outputs)),
-            ("u8", opt_type) if opt_type else None, ("table", opts) if opts is not None else None]
+def operator(opcode_index, inputs, outputs, opt_type=0, opts=None, intermediates=None):
+    op = [("u32", opcode_index), ("vi32", list(inputs)), ("vi32", list(outputs)),
+          ("u8", opt_type) if opt_type else None, ("table", opts) if opts is not None else None]
+    if intermediates is not None:  # field 8, after custom options (5, 6) and mutating inputs (7)
+        op += [None, None, None, ("vi32", list(intermediates))]
+    return op
 
 
 class Model:
@@ -148,13 +151,13 @@ class Model:
                                                   np.uint8: U8, np.int64: I64}[arr.dtype.type]
         return self.add(arr.shape, ttype, name, arr, quant)
 
-    def op(self, name, inputs, outputs, opts=None, custom=None):
+    def op(self, name, inputs, outputs, opts=None, custom=None, intermediates=None):
         code, opt_type = OPS[name]
         key = (code, custom)
         if key not in self.codes:
             self.codes.append(key)
         self.ops.append(operator(self.codes.index(key), inputs, outputs,
-                                 opt_type if opts is not None else 0, opts))
+                                 opt_type if opts is not None else 0, opts, intermediates))
 
     def bytes(self):
         b = Builder()
@@ -252,6 +255,83 @@ def lstm_model(batch, seq, nin, hidden, time_major=False, peephole=False, seed=0
              opts + [("u8", 1 if time_major else 0)] + tail)
     m.inputs, m.outputs = [x], [y]
     return m, wts
+
+
+def lstm_int_model(batch, seq, nin, hidden, time_major=False, peephole=False, seed=0,
+                   cifg=False, proj=0, proj_bias=True, layer_norm=False, cell_clip=0.0,
+                   proj_clip=0.0, one_step=False, cell_scale=-11, n_inter=5, x_scale=6 / 255,
+                   w_gain=1.0):
+    """A fully integer LSTM (TFLite's "8x8_16": int8 input, weights and output
+    state, int16 cell state, 5 intermediates) quantized from lstm_model's float
+    weights the way TFLite's quantizer lays it out: int8 weight matrices and
+    projection with one symmetric scale (max |w| / 127), int16 peepholes and
+    layer norm coefficients (max |v| / 32767), int32 gate biases (scale s_in
+    s_w, or with layer norm s_ln / 1024), an int32 projection bias (s_hidden
+    s_proj), cell state scale 2^cell_scale. w_gain scales the float weights
+    before quantizing (large gains saturate the gates). Returns the model and
+    {name: int array or None, "s_" + name: scale, and the activation scales
+    and zero points: s_in, zp_in, s_state, zp_state, s_hidden, zp_hidden,
+    s_inter (5), cell_scale, float: the float weights}."""
+    _, fw = lstm_model(batch, seq, nin, hidden, time_major, peephole, seed, cifg, proj, proj_bias,
+                       layer_norm, cell_clip, proj_clip, 4, one_step)
+    f32 = np.float32
+    nout = proj or hidden
+    q = {"float": fw, "s_in": f32(x_scale), "zp_in": 5, "cell_scale": cell_scale,
+         "s_cell": f32(2.0 ** cell_scale)}
+    if proj:
+        q.update(s_state=f32(1 / 64), zp_state=2, s_hidden=f32(1 / 128), zp_hidden=-1)
+    else:  # the hidden intermediate is the output state (TFLite negates its zero point)
+        q.update(s_state=f32(1 / 128), zp_state=-3, s_hidden=f32(1 / 128), zp_hidden=3)
+    q["s_inter"] = [f32(0.002 if layer_norm else 0.007)] * 4 + [q["s_hidden"]]
+    for k, v in fw.items():
+        if v is None:
+            q[k] = None
+        elif k[:2] in ("w_", "r_") or k == "proj_w":
+            v = v * w_gain
+            q["s_" + k] = f32(np.abs(v).max() / 127)
+            q[k] = np.clip(np.round(v / q["s_" + k]), -127, 127).astype(np.int8)
+        elif k[:2] in ("p_", "ln"):
+            q["s_" + k] = f32(np.abs(v).max() / 32767)
+            q[k] = np.clip(np.round(v / q["s_" + k]), -32767, 32767).astype(np.int16)
+    for g in "ifco":
+        b = fw["b_" + g]
+        if b is not None:
+            q["s_b_" + g] = (f32(q["s_ln_" + g] / 1024) if layer_norm
+                             else f32(q["s_in"] * q["s_w_" + g]))
+            q["b_" + g] = np.round(b / q["s_b_" + g]).astype(np.int32)
+    if fw["proj_b"] is not None:
+        q["s_proj_b"] = f32(q["s_hidden"] * q["s_proj_w"])
+        q["proj_b"] = np.round(fw["proj_b"] / q["s_proj_b"]).astype(np.int32)
+    m = Model()
+    shape = [batch, nin] if one_step else [seq, batch, nin] if time_major else [batch, seq, nin]
+    x = m.add(shape, I8, "x", quant=([q["s_in"]], [q["zp_in"]], 0))
+
+    def c(k):
+        if q.get(k) is None:
+            return -1
+        return m.const(q[k], name=k, quant=([float(q["s_" + k])], [0], 0))
+    ins = [x] + [c("w_" + g) for g in "ifco"] + [c("r_" + g) for g in "ifco"]
+    ins += [c("p_" + g) for g in "ifo"] + [c("b_" + g) for g in "ifco"]
+    ins += [c("proj_w"), c("proj_b")]
+    h0 = m.add([batch, nout], I8, "h_state", quant=([q["s_state"]], [q["zp_state"]], 0))
+    c0 = m.add([batch, hidden], I16, "c_state", quant=([q["s_cell"]], [0], 0))
+    m.tensors[h0][5] = ("u8", 1)  # is_variable
+    m.tensors[c0][5] = ("u8", 1)
+    ins += [h0, c0] + [c("ln_" + g) for g in "ifco"]
+    inter = [m.add([], I16 if i < 4 else I8, f"intermediate_{i}",
+                   quant=([q["s_inter"][min(i, 4)]], [0 if i != 4 else q["zp_hidden"]], 0))
+             for i in range(n_inter)]
+    out_shape = ([batch, nout] if one_step else [seq, batch, nout] if time_major
+                 else [batch, seq, nout])
+    y = m.add(out_shape, I8, "y", quant=([q["s_state"]], [q["zp_state"]], 0))
+    opts = [("i8", 4), ("f32", cell_clip), ("f32", proj_clip)]
+    if one_step:
+        m.op("LSTM", ins, [y], opts, intermediates=inter)
+    else:
+        m.op("UNIDIRECTIONAL_SEQUENCE_LSTM", ins, [y], opts + [("u8", 1 if time_major else 0)],
+             intermediates=inter)
+    m.inputs, m.outputs = [x], [y]
+    return m, q
 
 
 def lstm_basic_model(batch, nin, nout, seed=0):
@@ -392,6 +472,18 @@ def corpus():
     m = lstm_model(1, 2, 3, 4, hybrid=True)[0]
     m.tensors[m.ops[0][1][1][3]][4] = None  # an int8 weight without its scale
     out["hybrid_lstm_no_scale.tflite"] = m.bytes()
+    # fully integer LSTMs (8x8_16: int8 activations and weights, int16 cell state)
+    out["int_lstm.tflite"] = lstm_int_model(2, 3, 4, 5, seed=9)[0].bytes()
+    out["int_lstm_full.tflite"] = lstm_int_model(
+        2, 3, 4, 5, seed=10, peephole=True, proj=5, layer_norm=True, cell_clip=0.5,
+        proj_clip=0.4, time_major=True)[0].bytes()
+    out["int_lstm_cifg_proj_step.tflite"] = lstm_int_model(1, 1, 3, 4, seed=11, cifg=True,
+                                                           proj=3, one_step=True)[0].bytes()
+    out["int_lstm_8x8_8.tflite"] = lstm_int_model(1, 2, 3, 4, seed=12, n_inter=12,
+                                                  one_step=True)[0].bytes()
+    m = lstm_int_model(1, 2, 3, 4, seed=13)[0]
+    m.ops[0][8] = ("vi32", [0, 1, 2, 3, 99])  # an intermediate past the tensors
+    out["int_lstm_bad_intermediate.tflite"] = m.bytes()
 
     m = unary("CUSTOM")
     m.codes = [(32, "MyCustomOp")]

@@ -32,7 +32,7 @@ enum { T_SHAPE = 0, T_TYPE = 1, T_BUFFER = 2, T_NAME = 3, T_QUANT = 4, T_IS_VARI
        T_SPARSITY = 6, T_SHAPE_SIGNATURE = 7 };
 enum { Q_SCALE = 2, Q_ZERO_POINT = 3, Q_DETAILS_TYPE = 4, Q_DIM = 6 };
 enum { OP_OPCODE = 0, OP_INPUTS = 1, OP_OUTPUTS = 2, OP_OPTIONS_TYPE = 3, OP_OPTIONS = 4,
-       OP_OPTIONS2_TYPE = 11 };
+       OP_INTERMEDIATES = 8, OP_OPTIONS2_TYPE = 11 };
 enum { BUF_DATA = 0, BUF_OFFSET = 1, BUF_SIZE = 2 };
 enum { TMAP_NAME = 0, TMAP_INDEX = 1 };
 enum { SIG_INPUTS = 0, SIG_OUTPUTS = 1, SIG_KEY = 2, SIG_SUBGRAPH = 4 };
@@ -241,6 +241,8 @@ static kiln_status read_subgraph(struct kiln_arena *a, const struct tfl_model *m
                       &op->n_in, &op->in));
         TRY(index_vec(a, &ot, OP_OUTPUTS, "outputs", out->n_tensors, false, TFL_MAX_OP_IO,
                       &op->n_out, &op->out));
+        TRY(index_vec(a, &ot, OP_INTERMEDIATES, "intermediates", out->n_tensors, false,
+                      TFL_MAX_OP_IO, &op->n_inter, &op->inter));
         TRY(kiln_fb_u8(&ot, OP_OPTIONS_TYPE, "builtin_options_type", 0, &op->opt_type));
         const char *ow = whatf(a, "Options of operator %d of subgraph %d", (int)i, si);
         TRY(kiln_fb_table_field(&ot, OP_OPTIONS, "builtin_options", ow, &op->opts, &op->has_opts));

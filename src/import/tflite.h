@@ -55,6 +55,8 @@ struct tfl_op {
     uint32_t opcode;        /* index into the model's operator codes (checked) */
     int n_in, n_out;
     int32_t *in, *out;      /* tensor indices (checked); -1 = absent optional input */
+    int n_inter;            /* intermediates: tensors internal to the op (the integer */
+    int32_t *inter;         /* LSTM's gate scales), indices checked */
     uint8_t opt_type;       /* BuiltinOptions union type, 0 = none */
     bool has_opts;
     struct kiln_fb_table opts;

@@ -27,6 +27,7 @@
 #include "core/tensor.h"
 #include "import/tflite.h"
 #include "kernels/kernel.h"
+#include "kernels/ref/tflite_lstm.h"
 #include "kernels/ref/tflite_q.h"
 
 #define TFL_OPSET 21 /* ONNX semantics of the float nodes created here */
@@ -1749,6 +1750,233 @@ static kiln_status lower_lstm_hybrid(struct lw *L, bool sequence, bool time_majo
     return bind(L, 0, y);
 }
 
+/* Input k of an integer LSTM: absent (an error when required), or a constant
+ * of dtype dt and shape [rows, cols] ([rows] when cols is 0) whose
+ * quantization, when scale is not NULL, is one finite positive scale with
+ * zero point 0 (*scale gets it). */
+static kiln_status int_input(struct lw *L, int k, kiln_dtype dt, int64_t rows, int64_t cols,
+                             bool required, float *scale)
+{
+    const struct tfl_tensor *t = tin(L, k);
+    const char *what = lstm_input_names[k];
+    if (!t) {
+        if (required)
+            return lerr(L, KILN_ERR_INVALID_MODEL, "%s (input %d) is missing", what, k);
+        return KILN_OK;
+    }
+    if (t->dtype != dt)
+        return lerr(L, KILN_ERR_UNSUPPORTED, "%s (input %d, tensor '%s') is %s; TFLite's integer "
+                    "LSTM takes %s here", what, k, t->name, kiln_dtype_name(t->dtype),
+                    kiln_dtype_name(dt));
+    if (!tbuf(L, t))
+        return lerr(L, KILN_ERR_UNSUPPORTED, "%s (input %d, tensor '%s') must be a constant",
+                    what, k, t->name);
+    if (t->rank != (cols ? 2 : 1) || t->shape[0] != rows || (cols && t->shape[1] != cols)) {
+        if (cols)
+            return lerr(L, KILN_ERR_INVALID_MODEL, "%s (input %d, tensor '%s') must have shape "
+                        "[%lld, %lld]", what, k, t->name, (long long)rows, (long long)cols);
+        return lerr(L, KILN_ERR_INVALID_MODEL, "%s (input %d, tensor '%s') must have shape "
+                    "[%lld]", what, k, t->name, (long long)rows);
+    }
+    if (!scale) return KILN_OK; /* biases: TFLite reads their integers only */
+    if (t->n_q < 1)
+        return lerr(L, KILN_ERR_INVALID_MODEL, "%s %s (input %d, tensor '%s') has no "
+                    "quantization scale", kiln_dtype_name(dt), what, k, t->name);
+    if (t->n_q > 1)
+        return lerr(L, KILN_ERR_UNSUPPORTED, "%s %s (input %d, tensor '%s') has %d scales; "
+                    "TFLite's integer LSTM reads one scale per tensor", kiln_dtype_name(dt),
+                    what, k, t->name, t->n_q);
+    if (!(t->scale[0] > 0) || !isfinite(t->scale[0]))
+        return lerr(L, KILN_ERR_INVALID_MODEL, "%s (input %d, tensor '%s') has scale %g", what, k,
+                    t->name, (double)t->scale[0]);
+    if (t->zero_point[0] != 0)
+        return lerr(L, KILN_ERR_INVALID_MODEL, "%s (input %d, tensor '%s') has zero point %lld "
+                    "(the integer LSTM's weights are symmetric: 0)", what, k, t->name,
+                    (long long)t->zero_point[0]);
+    *scale = t->scale[0];
+    return KILN_OK;
+}
+
+/* A quantized activation tensor of the integer LSTM (the input, a state, the
+ * output, an intermediate): one finite positive scale, its zero point. */
+static kiln_status int_act(struct lw *L, const struct tfl_tensor *t, const char *what,
+                           kiln_dtype dt, float *scale, int64_t *zp)
+{
+    if (dt != KILN_DTYPE_UNDEFINED && t->dtype != dt)
+        return lerr(L, KILN_ERR_UNSUPPORTED, "%s '%s' is %s; TFLite's integer LSTM takes %s",
+                    what, t->name, kiln_dtype_name(t->dtype), kiln_dtype_name(dt));
+    if (t->n_q < 1)
+        return lerr(L, KILN_ERR_INVALID_MODEL, "%s '%s' has no quantization scale", what,
+                    t->name);
+    if (!(t->scale[0] > 0) || !isfinite(t->scale[0]))
+        return lerr(L, KILN_ERR_INVALID_MODEL, "%s '%s' has scale %g", what, t->name,
+                    (double)t->scale[0]);
+    int64_t lo = dt == KILN_DTYPE_I8 ? -128 : INT32_MIN, hi = dt == KILN_DTYPE_I8 ? 127 : INT32_MAX;
+    if (t->zero_point[0] < lo || t->zero_point[0] > hi)
+        return lerr(L, KILN_ERR_INVALID_MODEL, "%s '%s' has zero point %lld", what, t->name,
+                    (long long)t->zero_point[0]);
+    *scale = t->scale[0];
+    *zp = t->zero_point[0];
+    return KILN_OK;
+}
+
+static void put_mult(int64_t *q, int at, double real)
+{
+    int32_t m;
+    int s;
+    tfl_quantize_multiplier(real, &m, &s);
+    q[at] = m;
+    q[at + 1] = s;
+}
+
+/* The fully integer LSTM (int8 input, weights and output state, int16 cell
+ * state; TFLite's "8x8_16" kernel, 5 intermediates): TflLstmInt
+ * (src/kernels/ref/tflite_lstm_int.c), with the multipliers, zero points
+ * and clips prepared as lstm.cc's PopulateQuantizedLstmParams8x8_16 does,
+ * in single precision where it computes in float. TFLite's integer kernel
+ * uses tanh whatever the fused activation says, and so does Kiln. */
+static kiln_status lower_lstm_integer(struct lw *L, bool sequence, bool time_major,
+                                      float cell_clip, float proj_clip)
+{
+    const struct tfl_tensor *tx = tin(L, 0), *wf = tin(L, 2), *rf = tin(L, 6), *to = tout(L, 0);
+    if (L->op->n_in < 20 || L->op->n_in > 24)
+        return lerr(L, KILN_ERR_INVALID_MODEL, "the integer LSTM takes 20 or 24 inputs, not %d",
+                    L->op->n_in);
+    if (tx->rank != (sequence ? 3 : 2))
+        return lerr(L, KILN_ERR_UNSUPPORTED, "an int8 input of rank %d is expected, not %d",
+                    sequence ? 3 : 2, tx->rank);
+    if (!(cell_clip >= 0) || !(proj_clip >= 0) || !isfinite(cell_clip) || !isfinite(proj_clip))
+        return lerr(L, KILN_ERR_INVALID_MODEL, "cell_clip %g and proj_clip %g",
+                    (double)cell_clip, (double)proj_clip);
+    if (L->op->n_inter == 12)
+        return lerr(L, KILN_ERR_UNSUPPORTED, "the integer LSTM with 12 intermediates (TFLite's "
+                    "8x8_8 kernel) is not implemented; the 8x8_16 kernel (5 intermediates) is");
+    if (L->op->n_inter != 5)
+        return lerr(L, KILN_ERR_INVALID_MODEL, "the integer LSTM has %d intermediate tensors "
+                    "(TFLite's 8x8_16 kernel reads 5: the gate and hidden scales)",
+                    L->op->n_inter);
+    for (int k = 18; k < 20; k++) {
+        const struct tfl_tensor *st = tin(L, k);
+        if (!st || tbuf(L, st) || L->val[L->op->in[k]] >= 0)
+            return lerr(L, KILN_ERR_UNSUPPORTED, "state input %d must be a variable tensor", k);
+    }
+    if (!wf || wf->rank != 2 || !rf || rf->rank != 2)
+        return lerr(L, KILN_ERR_INVALID_MODEL, "input_to_forget_weights (input 2) and "
+                    "recurrent_to_forget_weights (input 6) must be 2-D");
+    int64_t C = wf->shape[0], I = wf->shape[1], O = rf->shape[1];
+    if (C < 1 || I < 1 || O < 1 || C > INT32_MAX || I > INT32_MAX || O > INT32_MAX ||
+        I != tx->shape[tx->rank - 1])
+        return lerr(L, KILN_ERR_INVALID_MODEL, "LSTM weights of %lld cells, %lld inputs and "
+                    "%lld outputs for an input of %lld features", (long long)C, (long long)I,
+                    (long long)O, (long long)tx->shape[tx->rank - 1]);
+    bool cifg = !tin(L, 1);
+    bool peep = tin(L, 10) || tin(L, 11) || tin(L, 9);
+    bool ln = L->op->n_in == 24 && tin(L, 21);
+    bool proj = tin(L, 16) != NULL;
+    if (!proj && O != C)
+        return lerr(L, KILN_ERR_INVALID_MODEL, "%lld outputs for %lld cells without "
+                    "projection_weights", (long long)O, (long long)C);
+    if (peep && O != C)
+        return lerr(L, KILN_ERR_UNSUPPORTED, "the integer LSTM with peepholes and a projection "
+                    "to %lld outputs from %lld cells is not implemented (TFLite's integer kernel "
+                    "indexes the peepholes by the output size)", (long long)O, (long long)C);
+    /* scales of the weights by input index (1 for absent ones, as TFLite) */
+    float sc[24];
+    for (int k = 0; k < 24; k++) sc[k] = 1.0f;
+    for (int g = 0; g < 4; g++) {
+        bool need = !cifg || g > 0;
+        TRY(int_input(L, 1 + g, KILN_DTYPE_I8, C, I, need, &sc[1 + g]));
+        TRY(int_input(L, 5 + g, KILN_DTYPE_I8, C, O, need, &sc[5 + g]));
+        TRY(int_input(L, 12 + g, KILN_DTYPE_I32, C, 0, need, NULL));
+        if (L->op->n_in > 20 + g)
+            TRY(int_input(L, 20 + g, KILN_DTYPE_I16, C, 0, need && ln, &sc[20 + g]));
+        if (g != 2)
+            TRY(int_input(L, 9 + (g == 3 ? 2 : g), KILN_DTYPE_I16, C, 0, need && peep,
+                          &sc[9 + (g == 3 ? 2 : g)]));
+    }
+    if (cifg && (tin(L, 5) || tin(L, 9) || tin(L, 12) || (L->op->n_in > 20 && tin(L, 20))))
+        return lerr(L, KILN_ERR_INVALID_MODEL, "CIFG (no input_to_input_weights) with an input "
+                    "gate's recurrent, peephole, bias or layer norm input");
+    if (!ln)
+        for (int k = 20; k < L->op->n_in; k++)
+            if (tin(L, k))
+                return lerr(L, KILN_ERR_INVALID_MODEL, "layer norm coefficient input %d without "
+                            "forget_layer_norm_coefficients (input 21)", k);
+    TRY(int_input(L, 16, KILN_DTYPE_I8, O, C, false, &sc[16]));
+    TRY(int_input(L, 17, KILN_DTYPE_I32, O, 0, false, NULL));
+    if (!proj && tin(L, 17))
+        return lerr(L, KILN_ERR_INVALID_MODEL, "projection_bias (input 17) without "
+                    "projection_weights (input 16)");
+    float s_in, s_state, s_cell, s_out, s_inter[5];
+    int64_t zp_in, zp_state, zp_cell, zp_out, zp_inter[5];
+    TRY(int_act(L, tx, "input", KILN_DTYPE_I8, &s_in, &zp_in));
+    TRY(int_act(L, tin(L, 18), "output_state (input 18)", KILN_DTYPE_I8, &s_state, &zp_state));
+    TRY(int_act(L, tin(L, 19), "cell_state (input 19)", KILN_DTYPE_I16, &s_cell, &zp_cell));
+    TRY(int_act(L, to, "output", KILN_DTYPE_I8, &s_out, &zp_out));
+    for (int i = 0; i < 5; i++) {
+        s_inter[i] = 0x1p-12f; /* Q3.12 for the activations, without layer norm */
+        zp_inter[i] = 0;
+        if (i == 4 || ln) {
+            char what[48];
+            snprintf(what, sizeof what, "intermediate %d", i);
+            TRY(int_act(L, &L->sg->tensors[L->op->inter[i]], what, KILN_DTYPE_UNDEFINED,
+                        &s_inter[i], &zp_inter[i]));
+        }
+    }
+    int cell_scale;
+    if (!tfl_checked_log2(s_cell, &cell_scale))
+        return lerr(L, KILN_ERR_UNSUPPORTED, "cell_state (input 19) has scale %g, not a power of "
+                    "two (TFLite's integer LSTM requires one)", (double)s_cell);
+    if (cell_scale < -15 || cell_scale > -9)
+        return lerr(L, KILN_ERR_UNSUPPORTED, "cell_state (input 19) has scale 2^%d; TFLite's "
+                    "integer LSTM supports 2^-15 to 2^-9", cell_scale);
+    if (zp_cell != 0)
+        return lerr(L, KILN_ERR_INVALID_MODEL, "cell_state (input 19) has zero point %lld "
+                    "(int16 state is symmetric: 0)", (long long)zp_cell);
+    int64_t q[TLI_COUNT] = {0};
+    for (int g = 0; g < 4; g++) {
+        /* products of floats in float, as lstm.cc; the peephole's in double */
+        float ex = sc[1 + g] * s_in / s_inter[g];
+        float eh = sc[5 + g] * s_state / s_inter[g];
+        int pk = g == 3 ? 11 : 9 + g;
+        float ec = (float)(ldexp(1.0, cell_scale) * (double)sc[pk] / (double)s_inter[g]);
+        put_mult(q, TLI_X + 2 * g, (double)ex);
+        put_mult(q, TLI_H + 2 * g, (double)eh);
+        put_mult(q, TLI_C + 2 * g, g == 2 ? 1.0 : (double)ec);
+        put_mult(q, TLI_LN + 2 * g, (double)sc[20 + g]);
+        float guard = 10000.0f * sc[20 + g];
+        q[TLI_GUARD + g] = guard >= 1.0f && guard < 2147483520.0f ? (int32_t)guard : 1;
+        if (ln && (!cifg || g > 0) && q[TLI_LN + 2 * g + 1] > 18)
+            return lerr(L, KILN_ERR_UNSUPPORTED, "%s (input %d) has scale %g, too large for "
+                        "TFLite's integer layer norm", lstm_input_names[20 + g], 20 + g,
+                        (double)sc[20 + g]);
+    }
+    float eh = (float)(0x1p-15 / (double)s_inter[4] * 0x1p-15);
+    float ep = sc[16] * s_inter[4] / s_state;
+    put_mult(q, TLI_HIDDEN, (double)eh);
+    put_mult(q, TLI_PROJ, (double)ep);
+    q[TLI_INPUT_ZP] = zp_in;
+    q[TLI_STATE_ZP] = zp_state;
+    q[TLI_HIDDEN_ZP] = zp_inter[4];
+    q[TLI_CELL_SCALE] = cell_scale;
+    if (cell_clip > 0)
+        q[TLI_CELL_CLIP] = (int16_t)fminf(fmaxf(cell_clip / s_cell, -32768.0f), 32767.0f);
+    if (proj_clip > 0)
+        q[TLI_PROJ_CLIP] = (int8_t)fminf(fmaxf(proj_clip / s_out, -128.0f), 127.0f);
+    int in[24];
+    for (int k = 0; k < 24; k++) {
+        in[k] = -1;
+        if (k != 18 && k != 19) TRY(in_val(L, k, &in[k]));
+    }
+    struct kiln_node *n;
+    int y;
+    TRY(node(L, KILN_OP_TflLstmInt, 24, in, 3, &n, &y));
+    TRY(a_ints(L, n, "params", TLI_COUNT, q));
+    a_int(n, "sequence", sequence);
+    a_int(n, "time_major", time_major);
+    return bind(L, 0, y);
+}
+
 /* LSTM (one step) and UNIDIRECTIONAL_SEQUENCE_LSTM. Without CIFG,
  * projection, layer normalization, clipping and with TANH: Kiln's LSTM op
  * (ONNX's), gates reordered from TFLite's i, f, c, o inputs to ONNX's
@@ -1775,9 +2003,7 @@ static kiln_status lower_lstm(struct lw *L, bool sequence)
         return lerr(L, KILN_ERR_INVALID_MODEL, "%d outputs (the FULL LSTM kernel has 1)",
                     L->op->n_out);
     if (tx && tx->dtype == KILN_DTYPE_I8 && is_quant(tx))
-        return lerr(L, KILN_ERR_UNSUPPORTED, "the fully integer LSTM (int8 input '%s', TFLite's "
-                    "8x8_16 kernel) is not implemented; float and hybrid (int8 weights, float "
-                    "input) LSTMs are", tx->name);
+        return lower_lstm_integer(L, sequence, time_major != 0, cell_clip, proj_clip);
     if (L->op->n_in < 20 || L->op->n_in > 24 || !tx || tx->dtype != KILN_DTYPE_F32 ||
         tx->rank != (sequence ? 3 : 2))
         return lerr(L, KILN_ERR_UNSUPPORTED, "a float32 LSTM with 20 to 24 inputs and an input "

@@ -18,6 +18,10 @@ README, section 3), checking known answers:
   * lstm.bin (a one-step LSTM with layer norm, projection and cell_clip) and
     LSTMs written here (CIFG, peepholes, projection, layer norm, clipping,
     the BASIC kernel) against a numpy LSTM following TFLite's lstm_eval.cc;
+  * hybrid LSTMs against a float32 transcription of TFLite's hybrid path, and
+    fully integer LSTMs (TFLite's 8x8_16 kernel) bit for bit against a numpy
+    emulation of its integer arithmetic (gemmlowp's 16-bit fixed point, the
+    integer layer norm), written here from TFLite's reference kernels;
   * the refused models (custom ops, a file whose intermediate
     tensor has the wrong type) failing with one line naming the op;
   * truncated and bit-flipped copies of a shared model loading or failing
@@ -1622,11 +1626,381 @@ def test_lstm_hybrid_bad_shapes_and_types(tmp_path):
     assert_clean_error(kiln("inspect", p), r"forget_gate_bias \(input 13, tensor 't\d+'\) is int8")
 
 
-def test_lstm_integer_refused(tmp_path):
-    """The fully integer LSTM (int8 input, int16 cell state: TFLite's 8x8_16
-    kernel) is not implemented: refused in one line naming the input."""
-    m, _ = mk.lstm_model(1, 2, 3, 4, seed=5, hybrid=True)
-    m.tensors[0] = mk.tensor([1, 2, 3], mk.I8, 0, "x", ([0.05], [3], 0))
-    p = tmp_path / "int_lstm.tflite"
+# ---------------------------- fully integer LSTM ("8x8_16": int8 activations, int16 cell)
+#
+# An emulation of TFLite's integer LSTM written from its reference semantics:
+# lstm.cc's PopulateQuantizedLstmParams8x8_16 (effective scales in float,
+# QuantizeMultiplier), lstm_eval.cc's LstmStepInteger8x8_16 with the portable
+# tensor_utils, and gemmlowp's 16-bit fixed point (FixedPoint<int16_t, m>),
+# vectorized over the batch and the cells. Products with zero points are
+# written as (x - zp) W^T + b rather than TFLite's folded biases (the same
+# integers when nothing overflows int32, as here).
+
+
+def sat_(v, bits):
+    lo, hi = -(1 << (bits - 1)), (1 << (bits - 1)) - 1
+    return np.clip(np.asarray(v, np.int64), lo, hi)
+
+
+def wrap16(v):
+    return ((np.asarray(v, np.int64) + (1 << 15)) & 0xFFFF) - (1 << 15)
+
+
+def qmult(real):
+    """QuantizeMultiplier (quantization_util.cc), with its caps."""
+    if real == 0:
+        return 0, 0
+    m, e = math.frexp(real)
+    q = int(round_half_away(np.float64(m) * 2.0 ** 31))
+    if q == 2 ** 31:
+        q, e = q // 2, e + 1
+    if e < -31:
+        return 0, 0
+    if e > 30:
+        return 2 ** 31 - 1, 30
+    return q, e
+
+
+def div_trunc(n, d):
+    """C's integer division (towards zero) on int64 arrays."""
+    n = np.asarray(n, np.int64)
+    return np.where(n >= 0, n // d, -((-n) // d))
+
+
+def srdhm32(a, b):
+    a, b = np.asarray(a, np.int64), np.asarray(b, np.int64)
+    r = div_trunc(a * b + np.where(a * b >= 0, 1 << 30, 1 - (1 << 30)), 1 << 31)
+    return np.where((a == -(1 << 31)) & (b == -(1 << 31)), (1 << 31) - 1, r)
+
+
+def mbqm(x, q, shift):
+    """MultiplyByQuantizedMultiplier (double rounding; x * 2^left wraps in int32)."""
+    left, right = max(shift, 0), max(-shift, 0)
+    return rdbpot(srdhm32(wrap32(np.asarray(x, np.int64) << left), q), right)
+
+
+# gemmlowp FixedPoint<int16_t, m>: raw int16 values; + and - wrap, * is
+# SaturatingRoundingDoublingHighMul, constants are 32-bit ones rounded to 16.
+def fp_mul(a, b):
+    a, b = np.asarray(a, np.int64), np.asarray(b, np.int64)
+    r = div_trunc(a * b + np.where(a * b >= 0, 1 << 14, 1 - (1 << 14)), 1 << 15)
+    return np.where((a == -32768) & (b == -32768), 32767, r)
+
+
+def fp_const(raw32):
+    return int(rdbpot(raw32, 16))
+
+
+def fp_rescale_up(a, e):
+    """SaturatingRoundingMultiplyByPOT<e> for e > 0 (Rescale to fewer integer bits)."""
+    return sat_(np.asarray(a, np.int64) * (1 << e), 16)
+
+
+def fp_exp_quarter(a):
+    """exp on [-1/4, 0): Taylor around -1/8 (Q0.15)."""
+    x = wrap16(a + (1 << 12))
+    x2 = fp_mul(x, x)
+    x3 = fp_mul(x2, x)
+    x4 = fp_mul(x2, x2)
+    tail = rdbpot(wrap16(fp_mul(wrap16(rdbpot(x4, 2) + x3), fp_const(715827883)) + x2), 1)
+    c = fp_const(1895147668)
+    return sat_(c + fp_mul(c, wrap16(x + tail)), 16)  # saturating in 16 bits
+
+
+EXP_BARREL = [(-2, 1672461947), (-1, 1302514674), (0, 790015084), (1, 290630308),
+              (2, 39332535), (3, 720401), (4, 242)]
+
+
+def fp_exp_neg(a, m):
+    """exp_on_negative_values of Qm.(15-m) a <= 0, Q0.15 out."""
+    a = np.asarray(a, np.int64)
+    frac = 15 - m
+    quarter = 1 << (frac - 2)
+    r_mod = wrap16((a & (quarter - 1)) - quarter)
+    out = fp_exp_quarter(fp_rescale_up(r_mod, m))
+    rem = wrap16(r_mod - a)
+    for e, mult in EXP_BARREL:
+        if m > e:
+            out = np.where(rem & (1 << (frac + e)), fp_mul(out, fp_const(mult)), out)
+    if m > 5:
+        out = np.where(a < fp_const(-(1 << (36 - m))), 0, out)
+    return np.where(a == 0, 32767, out)
+
+
+def fp_newton(a):
+    """Newton-Raphson for 1 / (1 + a), a in [0, 1) Q0.15; Q2.13 out."""
+    s = np.asarray(a, np.int64) + 32767
+    half = div_trunc(s + np.where(s >= 0, 1, -1), 2)
+    x = wrap16(fp_const(1515870810) + fp_mul(half, fp_const(-1010580540)))
+    for _ in range(3):
+        x = wrap16(x + fp_rescale_up(fp_mul(x, wrap16((1 << 13) - fp_mul(half, x))), 2))
+    return x
+
+
+def fp_logistic(a, m):
+    a = np.asarray(a, np.int64)
+    absa = np.where(a > 0, a, wrap16(-a))
+    pos = fp_rescale_up(fp_newton(fp_exp_neg(wrap16(-absa), m)), 1)
+    return np.where(a == 0, fp_const(1 << 30), np.where(a > 0, pos, wrap16(32767 - pos)))
+
+
+def fp_tanh(a, m):
+    a = np.asarray(a, np.int64)
+    n = np.where(a < 0, a, wrap16(-a))
+    t = fp_rescale_up(wrap16(fp_newton(fp_exp_neg(n, m + 1)) - (1 << 13)), 2)
+    return np.where(a == 0, 0, np.where(a < 0, wrap16(-t), t))
+
+
+def test_gemmlowp_int16_logistic_tanh_approximate():
+    """The 16-bit fixed-point logistic and tanh above are those functions (to a
+    few units in the last place), over every Q3.12 input and a Q4.11 range."""
+    a = np.arange(-32768, 32768)
+    real = a / 4096.0
+    assert np.abs(fp_logistic(a, 3) / 32768.0 - 1 / (1 + np.exp(-real))).max() < 3e-4
+    assert np.abs(fp_tanh(a, 3) / 32768.0 - np.tanh(real)).max() < 5e-4
+    assert np.abs(fp_tanh(a, 4) / 32768.0 - np.tanh(a / 2048.0)).max() < 5e-4
+    assert np.abs(fp_tanh(a, 6) / 32768.0 - np.tanh(a / 512.0)).max() < 5e-4
+
+
+def inv_sqrt_ref(v):
+    """GetInvSqrtQuantizedMultiplierExp(v, -1): 1 / sqrt(v) as a multiplier and
+    a (left) shift, by five Newton steps in Q3.28."""
+    if v <= 1:
+        return (1 << 31) - 1, 0
+    shift = 11
+    while v >= (1 << 29):
+        v //= 4
+        shift += 1
+    pairs = (32 - v.bit_length() - 1) // 2 - 1
+    shift -= pairs
+    v <<= 2 * pairs
+    half = int(rdbpot(v >> 1, 1))
+    x = 1 << 28
+    for _ in range(5):
+        x3 = int(sat_(int(srdhm32(srdhm32(x, x), x)) << 6, 32))
+        x = int(sat_(int(wrap32(int(srdhm32(3 << 27, x)) - int(srdhm32(half, x3)))) << 3, 32))
+    x = int(srdhm32(x, 1518500250))
+    if shift < 0:
+        x, shift = int(wrap32(x << -shift)), 0
+    return x, -shift
+
+
+def layer_norm_int(z, coef, bias, m, s, guard):
+    """tensor_utils::ApplyLayerNorm, row by row of the int16 gates z [B, C]."""
+    out = np.empty_like(z)
+    n = z.shape[1]
+    for b in range(z.shape[0]):
+        v = z[b].astype(np.int64)
+        mean = int(div_trunc(int(v.sum()) * 1024, n))
+        var = int(div_trunc(int((v * v).sum()) * ((1 << 20) // n) - mean * mean, 1 << 20))
+        im, ish = inv_sqrt_ref(var if var >= 1 else guard)
+        rescaled = mbqm(1024 * v - mean, im, ish)
+        v3 = wrap32(rescaled * coef.astype(np.int64) + bias)  # an int32 expression
+        v4 = div_trunc(np.where(v3 > 0, v3 + 512, v3 - 512), 1024)
+        out[b] = sat_(mbqm(v4, m, s + 12), 16)
+    return out
+
+
+def int_lstm_ref(xq, q, time_major, cell_clip=0.0, proj_clip=0.0, stats=None):
+    """TFLite's EvalInteger8x8_16 on the int8 input xq ([T, B, I] when
+    time_major else [B, T, I]) from the reset state (output state at its zero
+    point, cell state 0); q as lstm_int_model returns it. stats, a dict, gets
+    the counts of saturated int16 gate sums ("gate") and cell states ("cell")."""
+    stats = {} if stats is None else stats
+    stats.update(gate=0, cell=0)
+    f32 = np.float32
+    xs = (xq if time_major else xq.transpose(1, 0, 2)).astype(np.int64)
+    steps, batch, _ = xs.shape
+    cells, nout = q["w_f"].shape[0], q["r_f"].shape[1]
+    ln, cifg = q["ln_f"] is not None, q["w_i"] is None
+    cs = q["cell_scale"]
+    s_int = q["s_inter"] if ln else [f32(2.0 ** -12)] * 4  # Q3.12 without layer norm
+    mult = {}  # PopulateQuantizedLstmParams8x8_16: products in float, peepholes in double
+    for j, g in enumerate("ifco"):
+        if q["w_" + g] is None:
+            continue
+        mult["x" + g] = qmult(float(f32(q["s_w_" + g] * q["s_in"]) / s_int[j]))
+        mult["h" + g] = qmult(float(f32(q["s_r_" + g] * q["s_state"]) / s_int[j]))
+        if q.get("p_" + g) is not None:
+            mult["c" + g] = qmult(float(f32(2.0 ** cs * float(q["s_p_" + g]) / float(s_int[j]))))
+        if ln:
+            mult["ln" + g] = qmult(float(q["s_ln_" + g]))
+    mh = qmult(float(f32(2.0 ** -15 / float(q["s_hidden"]) * 2.0 ** -15)))
+    cclip = int(f32(cell_clip) / q["s_cell"]) if cell_clip > 0 else 0
+    pclip = int(max(-128, min(127, f32(proj_clip) / q["s_state"]))) if proj_clip > 0 else 0
+    h = np.full((batch, nout), q["zp_state"], np.int64)
+    c = np.zeros((batch, cells), np.int64)
+    ys = []
+    for t in range(steps):
+        gate = {}
+        for j, g in enumerate("ifco"):
+            if g == "i" and cifg:
+                continue
+            if g == "o":  # UpdateLstmCellInteger
+                fc = wrap16(rdbpot(gate["f"] * c, 15))
+                i = wrap16(32767 - gate["f"]) if cifg else gate["i"]
+                c = fc + wrap16(rdbpot(i * gate["c"], 30 + cs))
+                stats["cell"] += int(np.sum(np.abs(c) > 32767))
+                c = sat_(c, 16)
+                if cclip:
+                    stats["cell_clip"] = stats.get("cell_clip", 0) + int(np.sum(np.abs(c) > cclip))
+                    c = np.clip(c, -cclip, cclip)
+            b = 0 if ln else q["b_" + g].astype(np.int64)
+            acc = wrap32((xs[t] - q["zp_in"]) @ q["w_" + g].T.astype(np.int64) + b)
+            z = sat_(mbqm(acc, *mult["x" + g]), 16)
+            acc = wrap32((h - q["zp_state"]) @ q["r_" + g].T.astype(np.int64))
+            z = mbqm(acc, *mult["h" + g]) + z
+            stats["gate"] += int(np.sum((z > 32767) | (z < -32768)))
+            z = sat_(z, 16)
+            if "c" + g in mult:
+                z = sat_(mbqm(q["p_" + g].astype(np.int64) * c, *mult["c" + g]) + z, 16)
+            if ln:
+                z = layer_norm_int(z, q["ln_" + g], q["b_" + g].astype(np.int64),
+                                   *mult["ln" + g], max(1, int(f32(10000) * q["s_ln_" + g])))
+            gate[g] = fp_tanh(z, 3) if g == "c" else fp_logistic(z, 3)
+        # CalculateLstmOutputInteger8x8_16: TFLite subtracts the hidden zero point
+        hid = sat_(mbqm(gate["o"] * fp_tanh(c, 15 + cs), *mh) - q["zp_hidden"], 8)
+        if q["proj_w"] is not None:
+            pb = q["proj_b"].astype(np.int64) if q["proj_b"] is not None else 0
+            acc = wrap32((hid + q["zp_hidden"]) @ q["proj_w"].T.astype(np.int64) + pb)
+            mp = qmult(float(f32(q["s_proj_w"] * q["s_hidden"]) / q["s_state"]))
+            h = sat_(mbqm(acc, *mp) + q["zp_state"], 8)
+            if pclip:
+                h = np.clip(h, -pclip, pclip)
+        else:
+            h = hid
+        ys.append(h)
+    y = np.stack(ys).astype(np.int8)
+    return y if time_major else y.transpose(1, 0, 2)
+
+
+def int_lstm_float_weights(q):
+    """The float LSTM the integer one approximates: its weights dequantized."""
+    w = {}
+    for k, v in q["float"].items():
+        if v is None or q.get(k) is None:
+            w[k] = None
+        else:
+            w[k] = q[k].astype(np.float64) * float(q["s_" + k])
+    return w
+
+
+LSTM_INT = {
+    "plain": dict(),
+    "cifg": dict(cifg=True),
+    "peephole": dict(peephole=True),
+    "cifg_peephole_time_major": dict(cifg=True, peephole=True, time_major=True),
+    "layer_norm": dict(layer_norm=True),
+    "layer_norm_cifg_peephole": dict(layer_norm=True, cifg=True, peephole=True),
+    "projection": dict(proj=3),
+    "projection_no_bias_peephole": dict(proj=4, proj_bias=False, peephole=True),
+    "everything": dict(peephole=True, proj=4, layer_norm=True, cell_clip=0.5, proj_clip=0.6),
+    "one_step": dict(one_step=True, layer_norm=True, proj=3),
+    "cell_scale_-15": dict(cell_scale=-15, peephole=True),
+    "cell_scale_-9": dict(cell_scale=-9, layer_norm=True),
+    # large weights and inputs: the gates and the cell state saturate, the clips bite
+    "saturating_clipped": dict(w_gain=6.0, x_scale=0.1, cell_clip=1.5, proj=3, proj_clip=0.5),
+}
+
+
+@pytest.mark.parametrize("case", sorted(LSTM_INT))
+def test_lstm_integer_bit_exact(tmp_path, case):
+    """Fully integer LSTMs (TflLstmInt) bit for bit against int_lstm_ref, and,
+    dequantized, near the float LSTM on the dequantized weights."""
+    kw = dict(LSTM_INT[case])
+    tm, one = kw.get("time_major", False), kw.get("one_step", False)
+    m, q = mk.lstm_int_model(3, 6, 4, 4, seed=41, **kw)
+    rng = np.random.default_rng(42)
+    shape = (3, 4) if one else (6, 3, 4) if tm else (3, 6, 4)
+    xq = rng.integers(-128, 128, shape).astype(np.int8)
+    if kw.get("w_gain"):
+        xq[..., 0] = 127  # drive the gates to saturation
+    p = tmp_path / "m.tflite"
     p.write_bytes(m.bytes())
-    assert_clean_error(kiln("inspect", p), r"fully integer LSTM \(int8 input 'x'")
+    r = kiln("inspect", p)
+    assert r.returncode == 0 and "TflLstmInt" in r.stdout, r.stderr
+    got = predict(p, {"x": xq}, tmp_path)["y"]
+    xr = xq[:, None, :] if one else xq
+    stats = {}
+    want = int_lstm_ref(xr, q, tm, kw.get("cell_clip", 0.0), kw.get("proj_clip", 0.0), stats)
+    if one:
+        want = want[:, 0, :]
+    assert got.dtype == np.int8 and got.shape == want.shape
+    np.testing.assert_array_equal(got, want)
+    # the same LSTM in float (dequantized weights and input): the integer one
+    # approximates it (clipped and saturating cases excepted)
+    if not kw.get("w_gain"):
+        assert len(np.unique(want)) > (5 if one else 8)  # not a constant output
+        xf = (xr.astype(np.float64) - q["zp_in"]) * float(q["s_in"])
+        flt = lstm_ref(xf, int_lstm_float_weights(q), tm, kw.get("cell_clip", 0.0),
+                       kw.get("proj_clip", 0.0))
+        if one:
+            flt = flt[:, 0, :]
+        deq = (got.astype(np.float64) - q["zp_state"]) * float(q["s_state"])
+        assert np.abs(deq - flt).max() < 3 * q["s_state"], np.abs(deq - flt).max()  # 3 steps
+    else:  # the saturating case does saturate the gates, clip the cell and the output
+        assert stats["gate"] > 20, stats
+        assert stats["cell_clip"] > 0, stats
+        pclip = int(np.float32(kw["proj_clip"]) / q["s_state"])
+        assert want.max() == pclip and want.min() == -pclip and len(np.unique(want)) > 2
+
+
+def test_lstm_integer_zero_point_and_batch_rows(tmp_path):
+    """Each batch row is its own sequence (rows permuted give rows permuted),
+    and an input at the zero point gives the constant trajectory of the biases."""
+    m, q = mk.lstm_int_model(3, 5, 4, 4, seed=43, peephole=True, layer_norm=True, proj=4)
+    p = tmp_path / "m.tflite"
+    p.write_bytes(m.bytes())
+    rng = np.random.default_rng(44)
+    xq = rng.integers(-128, 128, (3, 5, 4)).astype(np.int8)
+    xq[1] = q["zp_in"]
+    got = predict(p, {"x": xq}, tmp_path)["y"]
+    np.testing.assert_array_equal(got, int_lstm_ref(xq, q, False))
+    perm = predict(p, {"x": xq[[2, 0, 1]]}, tmp_path)["y"]
+    np.testing.assert_array_equal(perm, got[[2, 0, 1]])
+
+
+def int_lstm_with(change, **kw):
+    m, q = mk.lstm_int_model(1, 2, 3, 4, seed=5, **kw)
+    change(m, q)
+    return m
+
+
+def set_quant(m, name, scales, zps):
+    t = next(t for t in m.tensors if t[3] == ("str", name))
+    t[4] = None if scales is None else ("table", [None, None, ("vf32", scales),
+                                                  ("vi64", zps), None, None, ("i32", 0)])
+
+
+@pytest.mark.parametrize("kw,change,pattern", [
+    (dict(n_inter=12), lambda m, q: None,
+     r"integer LSTM with 12 intermediates \(TFLite's 8x8_8 kernel\) is not implemented"),
+    (dict(n_inter=4), lambda m, q: None, r"has 4 intermediate tensors"),
+    (dict(peephole=True, proj=3), lambda m, q: None,
+     r"integer LSTM with peepholes and a projection to 3 outputs from 4 cells is not implemented"),
+    (dict(), lambda m, q: set_quant(m, "c_state", [0.001], [0]),
+     r"cell_state \(input 19\) has scale 0.001, not a power of two"),
+    (dict(cell_scale=-8), lambda m, q: None, r"cell_state \(input 19\) has scale 2\^-8"),
+    (dict(), lambda m, q: set_quant(m, "w_c", [0.01, 0.02], [0, 0]),
+     r"input_to_cell_weights \(input 3, tensor 'w_c'\) has 2 scales"),
+    (dict(), lambda m, q: set_quant(m, "r_o", [0.01], [4]),
+     r"recurrent_to_output_weights \(input 8, tensor 'r_o'\) has zero point 4"),
+    (dict(), lambda m, q: set_quant(m, "intermediate_4", None, None),
+     r"intermediate 4 'intermediate_4' has no quantization scale"),
+    (dict(layer_norm=True), lambda m, q: set_quant(m, "intermediate_2", [0.0], [0]),
+     r"intermediate 2 'intermediate_2' has scale 0"),
+    (dict(), lambda m, q: m.tensors[m.ops[0][1][1][13]].__setitem__(1, ("i8", mk.F32)),
+     r"forget_gate_bias \(input 13, tensor 'b_f'\) is float32; TFLite's integer LSTM takes "
+     r"int32"),
+    (dict(peephole=True), lambda m, q: m.tensors[m.ops[0][1][1][10]].__setitem__(1, ("i8", mk.I8)),
+     r"cell_to_forget_weights \(input 10, tensor 'p_f'\) is int8"),
+])
+def test_lstm_integer_refused(tmp_path, kw, change, pattern):
+    """Integer LSTMs Kiln does not compute, or malformed ones, are refused in
+    one line naming what (TFLite's 8x8_8 kernel, peepholes with a projection
+    of another size, a cell scale that is not a power of two in 2^-15..2^-9,
+    per-channel or asymmetric weights, missing intermediate scales)."""
+    m = int_lstm_with(change, **kw)
+    p = tmp_path / "bad.tflite"
+    p.write_bytes(m.bytes())
+    assert_clean_error(kiln("inspect", p), pattern)
