@@ -510,3 +510,56 @@ def test_pytorch_quantized_model(kiln_bin, tmp_path):
     if VNNI:
         text = profile(kiln_bin, model, tmp_path)
         assert "dnnl_qlinear_conv" in text and "dnnl_qlinear_matmul" in text, text
+
+
+# ---- the fast QuantizeLinear / DequantizeLinear kernels (src/kernels/simd/quant8.c) ----
+
+def qdq_pair_model(dt, scale, zp, shape):
+    """x -> QuantizeLinear -> q (output) -> DequantizeLinear -> y (output)."""
+    et = TensorProto.UINT8 if dt == np.uint8 else TensorProto.INT8
+    inits = [tensor("s", np.float32(scale)), tensor("z", np.array(zp, dtype=dt))]
+    nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"]),
+             helper.make_node("DequantizeLinear", ["q", "s", "z"], ["y"])]
+    g = helper.make_graph(nodes, "qdq_pair",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(shape))],
+                          [helper.make_tensor_value_info("q", et, list(shape)),
+                           helper.make_tensor_value_info("y", TensorProto.FLOAT, list(shape))],
+                          inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+
+
+@pytest.mark.parametrize("dt,zp", [(np.uint8, 0), (np.uint8, 131), (np.int8, 0), (np.int8, -7)])
+@pytest.mark.parametrize("shape", [(1, 3, 5, 7), (2, 17, 41, 53)])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_fast_quantize_dequantize(kiln_bin, tmp_path, dt, zp, shape, threads):
+    rng = np.random.default_rng(7)
+    scale = 0.0371
+    x = (rng.standard_normal(shape) * 3).astype(np.float32)
+    flat = x.reshape(-1)
+    n = flat.size
+    # rounding midpoints (half to even), out-of-range values, infinities, NaN and -0
+    flat[: n // 4] = (rng.integers(-300, 300, n // 4) + 0.5).astype(np.float32) * np.float32(scale)
+    flat[1:4] = [np.inf, -np.inf, np.nan]
+    flat[4:6] = [1e30, -0.0]
+    model = qdq_pair_model(dt, scale, zp, shape)
+    fast = run(kiln_bin, model, {"x": x}, tmp_path, "fast", threads)
+    ref = run(kiln_bin, model, {"x": x}, tmp_path, "refkernels", threads)
+    # bit for bit against the reference kernels (NaN included)
+    assert np.array_equal(fast["q"], ref["q"])
+    assert np.array_equal(fast["y"].view(np.uint32), ref["y"].view(np.uint32))
+    # and against numpy (NaN quantizes to 0, as in the ONNX reference)
+    ok = ~np.isnan(x)
+    want = quantize(np.where(ok, x, 0), scale, zp, dt)
+    want[~ok] = 0
+    assert np.array_equal(fast["q"], want)
+    want_y = (fast["q"].astype(np.float32) - np.float32(zp)) * np.float32(scale)
+    assert np.array_equal(fast["y"], want_y)
+
+
+def test_fast_quantize_dequantize_kernels_run(kiln_bin, tmp_path):
+    text = profile(kiln_bin, qdq_pair_model(np.uint8, 0.05, 3, (1, 8, 32, 32)), tmp_path)
+    kernels = {line.split()[0]: line.split()[1] for line in text.splitlines()
+               if len(line.split()) >= 3 and line.split()[0] in ("QuantizeLinear",
+                                                                 "DequantizeLinear")}
+    assert kernels.get("QuantizeLinear", "").endswith("_quantize_8"), text
+    assert kernels.get("DequantizeLinear", "").endswith("_dequantize_8"), text
