@@ -25,7 +25,8 @@
  * and MatMul (constant 2-D B) of the graph, with u8 activation parameters
  * scale = (hi - lo) / 255 (1 for an empty range), zp = clamp(rint(-lo /
  * scale), 0, 255):
- *   - the output (or the output of the Relu that alone reads it) goes
+ *   - the output (or the output of the Relu, or Clip with constant bounds (ReLU6),
+ *     that alone reads it) goes
  *     through QuantizeLinear -> DequantizeLinear with its range, the
  *     DequantizeLinear writing the original value id;
  *   - the input does too, unless it already is such a DequantizeLinear's
@@ -203,8 +204,11 @@ kiln_status kiln_sq_targets(const struct kiln_graph *g, struct kiln_sq_target **
         }
         int y = c->out[0], relu = -1;
         int ri = kiln_opt_single_consumer(g, y);
-        if (ri >= 0 && g->nodes[ri].op == KILN_OP_Relu && g->nodes[ri].n_out == 1 &&
-            g->nodes[ri].out[0] >= 0) {
+        float clo, chi;
+        if (ri >= 0 &&
+            (g->nodes[ri].op == KILN_OP_Relu ||
+             (g->nodes[ri].op == KILN_OP_Clip && kiln_opt_clip_bounds(g, &g->nodes[ri], &clo, &chi))) &&
+            g->nodes[ri].n_out == 1 && g->nodes[ri].out[0] >= 0) {
             relu = ri;
             y = g->nodes[ri].out[0];
         }
