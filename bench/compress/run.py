@@ -14,14 +14,16 @@ missing, with random weights and fixed seeds):
 2. compile (`kiln compile`, --max-drop 100%: the figures are reported, not enforced):
      fp32.kiln   --precision fp32
      bf16.kiln   --precision bf16
-     int8.kiln   CNNs: static int8 (--calibration, minmax), also written as qdq.onnx
-                 (--emit-onnx); transformers (bert_*): dynamic int8, and a separate static
-                 int8 compile only to emit qdq.onnx (QDQ cannot express dynamic scales)
+     int8.kiln   dynamic int8 (activation ranges measured per run)
+     int8_static.kiln  CNNs: static int8 (--calibration, --calibration-method minmax),
+                 also written as qdq.onnx (--emit-onnx), the model ORT's int8 row runs;
+                 transformers (bert_*): a static int8 compile only to emit qdq.onnx (QDQ
+                 cannot express dynamic scales)
    each with --eval on the evaluation data (no labels: random weights, so the metric is
    top-1 agreement with fp32 and the report's SQNR / errors);
 3. time, in --rounds interleaved rounds (the order rotates every round), each runtime in its
    own process on the same random-input scheme as bench/compare.py:
-     kiln_fp32, kiln_bf16, kiln_int8   `kiln bench X.kiln --json`
+     kiln_fp32, kiln_bf16, kiln_int8, kiln_int8_static   `kiln bench X.kiln --json`
      ort_fp32                          bench/ort_bench.js model.onnx (onnxruntime-node)
      ort_qdq                           bench/ort_bench.js qdq.onnx
    the median over rounds of each process's median latency is reported;
@@ -63,8 +65,9 @@ PYTHON = "/usr/bin/python3"
 sys.path.insert(0, os.path.join(REPO, "tools"))
 sys.path.insert(0, BENCH)
 
-VARIANTS = ["kiln_fp32", "kiln_bf16", "kiln_int8", "ort_fp32", "ort_qdq"]
+VARIANTS = ["kiln_fp32", "kiln_bf16", "kiln_int8", "kiln_int8_static", "ort_fp32", "ort_qdq"]
 LABEL = {"kiln_fp32": "Kiln fp32", "kiln_bf16": "Kiln bf16", "kiln_int8": "Kiln int8",
+         "kiln_int8_static": "Kiln static int8",
          "ort_fp32": "ORT fp32", "ort_qdq": "ORT on Kiln's QDQ int8"}
 # (model, numerator, denominator, minimum ratio of denominator's latency to numerator's)
 SPEED_TARGETS = [
@@ -72,6 +75,10 @@ SPEED_TARGETS = [
     ("bert_base", "kiln_int8", "ort_fp32", 2.5), ("bert_base", "kiln_int8", "ort_qdq", 1.2),
     ("resnet50", "kiln_bf16", "kiln_fp32", 1.5), ("bert_base", "kiln_bf16", "kiln_fp32", 1.5),
     ("mobilenet_v2", "kiln_int8", "ort_fp32", 2.0), ("efficientnet_b0", "kiln_int8", "ort_fp32", 2.0),
+    # the same CNN targets for static int8 (the "static for CNNs")
+    ("resnet50", "kiln_int8_static", "ort_fp32", 3.0), ("resnet50", "kiln_int8_static", "ort_qdq", 1.5),
+    ("mobilenet_v2", "kiln_int8_static", "ort_fp32", 2.0),
+    ("efficientnet_b0", "kiln_int8_static", "ort_fp32", 2.0),
 ]
 INT8_SIZE_TARGET = 0.27
 
@@ -129,13 +136,18 @@ def compile_variants(args, name, model, work, cal, ev):
     jobs = {
         "kiln_fp32": ["--precision", "fp32"],
         "kiln_bf16": ["--precision", "bf16"],
-        "kiln_int8": ["--precision", "int8"] + (
-            [] if transformer(name) else
-            ["--calibration", cal, "--emit-onnx", os.path.join(work, "qdq.onnx")]),
+        "kiln_int8": ["--precision", "int8"],
     }
+    if not transformer(name):
+        # static int8 (what ORT runs from qdq.onnx): the same graph, run by Kiln
+        jobs["kiln_int8_static"] = ["--precision", "int8", "--calibration", cal,
+                                    "--calibration-method", "minmax", "--emit-onnx",
+                                    os.path.join(work, "qdq.onnx")]
     if transformer(name):
         jobs["static_int8"] = ["--precision", "int8", "--calibration", cal, "--emit-onnx",
                                os.path.join(work, "qdq.onnx")]
+    for v in (args.skip.split(",") if args.skip else []):
+        jobs.pop(v, None)
     paths, reports, errors = {}, {}, {}
     for v, extra in jobs.items():
         out = os.path.join(work, f"{v}.kiln")
@@ -199,8 +211,9 @@ def write_markdown(args, records, started, path):
              f"Command: `{cmd}` ({args.rounds} interleaved rounds, {args.threads} threads, "
              f"medians of per-process medians, ms).", "",
              "| model | batch | " + " | ".join(LABEL[v] for v in VARIANTS) +
-             " | int8 / ORT fp32 | int8 / ORT QDQ | bf16 / Kiln fp32 |",
-             "|---|---:|" + "---:|" * (len(VARIANTS) + 3)]
+             " | int8 / ORT fp32 | int8 / ORT QDQ | static int8 / ORT fp32 | static int8 / ORT QDQ"
+             " | bf16 / Kiln fp32 |",
+             "|---|---:|" + "---:|" * (len(VARIANTS) + 5)]
     for rec in records:
         for b, med in rec["timing"].items():
             def ratio(num, den):
@@ -209,6 +222,8 @@ def write_markdown(args, records, started, path):
                          " | ".join(fmt(med.get(v), 3) for v in VARIANTS) +
                          f" | {fmt(ratio('kiln_int8', 'ort_fp32'))}x"
                          f" | {fmt(ratio('kiln_int8', 'ort_qdq'))}x"
+                         f" | {fmt(ratio('kiln_int8_static', 'ort_fp32'))}x"
+                         f" | {fmt(ratio('kiln_int8_static', 'ort_qdq'))}x"
                          f" | {fmt(ratio('kiln_bf16', 'kiln_fp32'))}x |")
     lines += ["", "| model | source ONNX MB | fp32 .kiln MB | bf16 .kiln MB | int8 .kiln MB | "
               "QDQ ONNX MB | int8 / fp32 .kiln | top-1 agreement bf16 / int8 | SQNR dB bf16 / int8 |",
@@ -273,6 +288,7 @@ def main():
     ap.add_argument("--out", default=os.path.join(HERE, "results.md"))
     ap.add_argument("--json-out", default=os.path.join(HERE, "results.json"))
     ap.add_argument("--timeout", type=int, default=3600)
+    ap.add_argument("--skip", default="", help="variants not to compile, e.g. kiln_bf16")
     args = ap.parse_args()
     if not os.path.isdir(os.path.join(BENCH, "node_modules", "onnxruntime-node")):
         sys.exit("onnxruntime-node is missing: (cd bench && npm ci --ignore-scripts), "

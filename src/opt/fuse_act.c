@@ -53,8 +53,8 @@ const char *kiln_opt_fusion_kind(const char *base, bool bias, bool sum, const ch
 
 /* ---- activation matcher ---- */
 
-/* Clip's bounds when constant (inputs from opset 11, attributes before). */
-static bool clip_bounds(const struct kiln_graph *g, const struct kiln_node *n, float *lo, float *hi)
+bool kiln_opt_clip_bounds(const struct kiln_graph *g, const struct kiln_node *n, float *lo,
+                          float *hi)
 {
     *lo = -FLT_MAX;
     *hi = FLT_MAX;
@@ -137,7 +137,7 @@ bool kiln_opt_match_act(const struct kiln_graph *g, int y, struct kiln_opt_act *
         a->beta = kiln_attr_float(n, "beta", 0.5f);
         break;
     case KILN_OP_Clip:
-        if (!clip_bounds(g, n, &a->alpha, &a->beta)) return false;
+        if (!kiln_opt_clip_bounds(g, n, &a->alpha, &a->beta)) return false;
         a->name = "Clip";
         break;
     case KILN_OP_Gelu: {

@@ -110,6 +110,10 @@ void kiln_opt_remove_node(struct kiln_graph *g, int node_index);
 void kiln_opt_replace_uses(struct kiln_graph *g, int from, int to);
 /* The only consumer node of value v, or -1 (v has 0 or >1 uses, or is a graph output). */
 int kiln_opt_single_consumer(const struct kiln_graph *g, int v);
+/* Clip node n's bounds when constant (inputs from opset 11, attributes before; an absent
+ * bound is -FLT_MAX / FLT_MAX); false otherwise (fuse_act.c). */
+bool kiln_opt_clip_bounds(const struct kiln_graph *g, const struct kiln_node *n, float *lo,
+                          float *hi);
 
 /* ---- More helpers (opt.c) ---- */
 /* True for a node removed by kiln_opt_remove_node (skipped until compaction). */

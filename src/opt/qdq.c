@@ -28,9 +28,12 @@
  * with scale xs * ws[n]; a float bias moves by at most half an accumulator
  * step. A Relu between the op and the Q is dropped when yzp is the lowest
  * value of its type (0 for uint8, -128 for int8): then Q(Relu(v)) = Q(v)
- * exactly, as the quantized result saturates at yzp already. Anything else
- * (a Relu with another zero point, Clip, several consumers of the float
- * result) is left alone and runs as imported.
+ * exactly, as the quantized result saturates at yzp already. A Clip with
+ * constant bounds (ReLU6) is dropped likewise when Q(min) and Q(max) already
+ * saturate to the lowest and highest value (clip_saturates; a range
+ * calibrated on the Clip's output always does). Anything else (a Relu with
+ * another zero point, a Clip narrower than the range, several consumers of
+ * the float result) is left alone and runs as imported.
  *
  * The result feeds the next quantized op without a float round trip: in
  * Q -> DQ -> Conv -> Q -> DQ -> Conv, each Conv reads the previous int8
@@ -183,6 +186,19 @@ static bool is_zero_point_min(const kiln_tensor *zp, kiln_dtype dt)
     return z == (dt == KILN_DTYPE_I8 ? -128.0 : 0.0);
 }
 
+/* Whether Q(Clip(v, lo, hi)) == Q(v) for every v, Q being QuantizeLinear with p's one
+ * scale and zero point into dt: when Q(lo) and Q(hi), computed as the kernels do (float32
+ * division, round half to even, plus the zero point), already saturate to the lowest and
+ * highest value, the clip changes nothing Q can see (Q is monotonic). ReLU6 before a
+ * calibrated [0, max <= 6] range is such a Clip. */
+static bool clip_saturates(float lo, float hi, const struct qparams *p, kiln_dtype dt)
+{
+    float s = ((const float *)p->scale->data)[0];
+    float z = p->zp ? (float)at(p->zp, 0) : 0.0f;
+    float qmin = dt == KILN_DTYPE_I8 ? -128.0f : 0.0f, qmax = dt == KILN_DTYPE_I8 ? 127.0f : 255.0f;
+    return rintf(lo / s) + z <= qmin && rintf(hi / s) + z >= qmax;
+}
+
 /* Try to fuse the pattern that ends in QuantizeLinear node qi; *done when it did. */
 static kiln_status fuse_one(struct kiln_graph *g, int qi, struct kiln_opt_pass_log *pl, bool *done)
 {
@@ -197,8 +213,12 @@ static kiln_status fuse_one(struct kiln_graph *g, int qi, struct kiln_opt_pass_l
     int cur = q->in[0];
     int ci = kiln_opt_producer(g, cur), ri = -1;
     if (ci < 0 || kiln_opt_single_consumer(g, cur) != qi) return KILN_OK;
-    if (g->nodes[ci].op == KILN_OP_Relu) {
-        if (!is_zero_point_min(qp.zp, tyq->dtype)) return KILN_OK;
+    float clo, chi;
+    if (g->nodes[ci].op == KILN_OP_Relu || g->nodes[ci].op == KILN_OP_Clip) {
+        if (g->nodes[ci].op == KILN_OP_Relu ? !is_zero_point_min(qp.zp, tyq->dtype)
+                                           : !kiln_opt_clip_bounds(g, &g->nodes[ci], &clo, &chi) ||
+                                                 !clip_saturates(clo, chi, &qp, tyq->dtype))
+            return KILN_OK;
         ri = ci;
         cur = g->nodes[ri].in[0];
         ci = cur >= 0 ? kiln_opt_producer(g, cur) : -1;
@@ -294,6 +314,7 @@ static kiln_status fuse_one(struct kiln_graph *g, int qi, struct kiln_opt_pass_l
                   g->nodes[qi].in[2],
                   bias_i};
     for (int k = 0; k < n_in; k++) kiln_opt_set_input(g, ni, k, ins[k]);
+    bool clip = ri >= 0 && g->nodes[ri].op == KILN_OP_Clip;
     int rm[3] = {qi, ri, ci};
     for (int k = 0; k < 3; k++)
         if (rm[k] >= 0) kiln_opt_remove_node(g, rm[k]);
@@ -311,10 +332,11 @@ static kiln_status fuse_one(struct kiln_graph *g, int qi, struct kiln_opt_pass_l
         if (dbi >= 0 && g->values[bias_v].uses == 0 && !kiln_opt_is_graph_output(g, bias_v))
             kiln_opt_remove_node(g, dbi);
     }
-    static const char *const kinds[2][3] = {
+    static const char *const kinds[3][3] = {
         {"DQ+Conv+Q", "DQ+MatMul+Q", "DQ+Gemm+Q"},
-        {"DQ+Conv+Relu+Q", "DQ+MatMul+Relu+Q", "DQ+Gemm+Relu+Q"}};
-    kiln_opt_count(pl, kinds[ri >= 0][conv ? 0 : op == KILN_OP_MatMul ? 1 : 2]);
+        {"DQ+Conv+Relu+Q", "DQ+MatMul+Relu+Q", "DQ+Gemm+Relu+Q"},
+        {"DQ+Conv+Clip+Q", "DQ+MatMul+Clip+Q", "DQ+Gemm+Clip+Q"}};
+    kiln_opt_count(pl, kinds[ri < 0 ? 0 : clip ? 2 : 1][conv ? 0 : op == KILN_OP_MatMul ? 1 : 2]);
     *done = true;
     return KILN_OK;
 }

@@ -25,7 +25,8 @@
  * and MatMul (constant 2-D B) of the graph, with u8 activation parameters
  * scale = (hi - lo) / 255 (1 for an empty range), zp = clamp(rint(-lo /
  * scale), 0, 255):
- *   - the output (or the output of the Relu that alone reads it) goes
+ *   - the output (or the output of the Relu, or Clip with constant bounds
+ *     lo <= 0 <= hi (ReLU6), that alone reads it) goes
  *     through QuantizeLinear -> DequantizeLinear with its range, the
  *     DequantizeLinear writing the original value id;
  *   - the input does too, unless it already is such a DequantizeLinear's
@@ -170,6 +171,42 @@ static bool bias_vector(const kiln_tensor *t, int64_t n)
            (t->rank == 1 || (t->rank == 2 && t->dims[0] == 1));
 }
 
+/* v's float32 scalar when constant: an initializer, or a Constant node's value (the imported
+ * graph calibration reads is not folded yet; qdq_fusion folds it before it matches). */
+static bool scalar_of(const struct kiln_graph *g, int v, float *out)
+{
+    if (kiln_opt_const_scalar(g, v, out)) return true;
+    int p = kiln_opt_producer(g, v);
+    if (p < 0 || g->nodes[p].op != KILN_OP_Constant) return false;
+    const struct kiln_attr *a = kiln_node_attr(&g->nodes[p], "value");
+    if (a && a->type == KILN_ATTR_TENSOR && a->t && a->t->dtype == KILN_DTYPE_F32 &&
+        kiln_tensor_count(a->t) == 1) {
+        *out = ((const float *)a->t->data)[0];
+        return true;
+    }
+    a = kiln_node_attr(&g->nodes[p], "value_float");
+    if (a && a->type == KILN_ATTR_FLOAT) {
+        *out = a->f;
+        return true;
+    }
+    return false;
+}
+
+/* A Clip with constant bounds lo <= 0 <= hi (ReLU6): a range calibrated on its output then
+ * lies within them, so qdq_fusion can drop it (Q(lo), Q(hi) saturate). */
+static bool fusable_clip(const struct kiln_graph *g, const struct kiln_node *n)
+{
+    float lo = -FLT_MAX, hi = FLT_MAX;
+    if (n->op != KILN_OP_Clip) return false;
+    if (n->opset < 11) {
+        if (!kiln_opt_clip_bounds(g, n, &lo, &hi)) return false;
+    } else if ((n->n_in > 1 && n->in[1] >= 0 && !scalar_of(g, n->in[1], &lo)) ||
+               (n->n_in > 2 && n->in[2] >= 0 && !scalar_of(g, n->in[2], &hi))) {
+        return false;
+    }
+    return lo <= 0.0f && hi >= 0.0f;
+}
+
 kiln_status kiln_sq_targets(const struct kiln_graph *g, struct kiln_sq_target **out, int *n)
 {
     *out = NULL;
@@ -203,8 +240,8 @@ kiln_status kiln_sq_targets(const struct kiln_graph *g, struct kiln_sq_target **
         }
         int y = c->out[0], relu = -1;
         int ri = kiln_opt_single_consumer(g, y);
-        if (ri >= 0 && g->nodes[ri].op == KILN_OP_Relu && g->nodes[ri].n_out == 1 &&
-            g->nodes[ri].out[0] >= 0) {
+        if (ri >= 0 && (g->nodes[ri].op == KILN_OP_Relu || fusable_clip(g, &g->nodes[ri])) &&
+            g->nodes[ri].n_out == 1 && g->nodes[ri].out[0] >= 0) {
             relu = ri;
             y = g->nodes[ri].out[0];
         }

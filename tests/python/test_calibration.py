@@ -300,3 +300,54 @@ def test_calibration_misuse_is_an_error(lib, cnn):
     finally:
         lib.kiln_session_free(s)
         lib.kiln_model_free(m)
+
+
+def relu6_cnn(path):
+    """image [N,3,8,8] -> Conv -> Clip(0, 6) -> Conv -> Clip(0, 6) -> Conv: the Clips' bounds
+    come from Constant nodes, as torch.onnx.export writes ReLU6."""
+    onnx = pytest.importorskip("onnx")
+    from onnx import TensorProto, helper, numpy_helper
+    rng = np.random.default_rng(11)
+    inits, nodes, cur = [], [], "image"
+    for i, (co, ci) in enumerate([(16, 3), (16, 16), (8, 16)]):
+        inits += [numpy_helper.from_array((rng.standard_normal((co, ci, 3, 3)) * 0.4)
+                                          .astype(np.float32), f"w{i}"),
+                  numpy_helper.from_array((rng.standard_normal(co) * 0.5).astype(np.float32),
+                                          f"b{i}")]
+        nodes.append(helper.make_node("Conv", [cur, f"w{i}", f"b{i}"], [f"c{i}"], pads=[1] * 4))
+        cur = f"c{i}"
+        if i < 2:
+            for nm, v in ((f"lo{i}", 0.0), (f"hi{i}", 6.0)):
+                nodes.append(helper.make_node("Constant", [], [nm], value=numpy_helper.from_array(
+                    np.array(v, np.float32), nm)))
+            nodes.append(helper.make_node("Clip", [cur, f"lo{i}", f"hi{i}"], [f"r{i}"]))
+            cur = f"r{i}"
+    nodes.append(helper.make_node("Identity", [cur], ["y"]))
+    g = helper.make_graph(nodes, "relu6", [helper.make_tensor_value_info(
+        "image", TensorProto.FLOAT, ["n", 3, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]), str(path))
+
+
+def test_static_int8_fuses_relu6(lib, tmp_path):
+    """Static calibration quantizes a ReLU6's output and qdq_fusion drops the Clip into the
+    int8 convolution (Q(Clip(v, 0, 6)) = Q(v) on a range inside [0, 6])."""
+    path = tmp_path / "relu6.onnx"
+    relu6_cnn(path)
+    x = np.random.default_rng(2).normal(0, 1.5, (64, 3, 8, 8)).astype(np.float32)
+    m, s = session(lib, path)
+    try:
+        fp32 = run(lib, s, x)
+        assert (fp32 != 0).any()
+        assert calibrate(lib, s, x[:48], 0) == 3
+        q = run(lib, s, x)
+        # within a few output steps of fp32 (3 quantized layers)
+        step = (fp32.max() - min(0.0, fp32.min())) / 255
+        assert np.abs(q - fp32).max() < 8 * step, (np.abs(q - fp32).max(), step)
+        if cpu_has_vnni():
+            k = kernels(lib, s, x[:4])
+            assert k.get("QLinearConv") == "dnnl_qlinear_conv", k
+            assert "Clip" not in k and "Conv" not in k and "KilnFusedConv" not in k, k
+    finally:
+        lib.kiln_session_free(s)
+        lib.kiln_model_free(m)

@@ -201,7 +201,7 @@ class QDQ:
         return wq, ws
 
     def layer(self, kind, shape, per_channel=True, relu=False, stride=1, pad=0, group=1,
-              bias=True, trans_b=True, out_scale=None):
+              bias=True, trans_b=True, out_scale=None, clip=None):
         x = self.dq(self.cur, np.float32(self.cur_scale), self.dt(self.cur_zp))
         axis = 0 if kind == "conv" or (kind == "gemm" and trans_b) else 1
         wq, ws = self.weights(shape, per_channel, axis)
@@ -232,11 +232,19 @@ class QDQ:
             r = self.name("relu")
             self.nodes.append(helper.make_node("Relu", [y], [r]))
             y = r
+        if clip is not None:  # Clip(min, max) with constant bounds (ReLU6: (0, 6))
+            r = self.name("clip")
+            self.nodes.append(helper.make_node(
+                "Clip", [y, self.const("lo", np.float32(clip[0])),
+                         self.const("hi", np.float32(clip[1]))], [r]))
+            y = r
         ys = np.float32(out_scale or 0.08)
-        yzp = (-128 if relu else 3) if self.dt == np.int8 else (0 if relu else 120)
+        low = relu or clip is not None
+        yzp = (-128 if low else 3) if self.dt == np.int8 else (0 if low else 120)
         self.layers.append(dict(kind=kind, wq=wq if not (kind == "gemm" and trans_b) else wq.T,
                                 ws=ws, bq=bq, xs=self.cur_scale, xzp=self.cur_zp, ys=ys,
-                                yzp=yzp, stride=stride, pad=pad, group=group, relu=relu))
+                                yzp=yzp, stride=stride, pad=pad, group=group, relu=relu,
+                                clip=clip))
         self.cur = self.q(y, ys, yzp)
         self.cur_scale, self.cur_zp = ys, yzp
 
@@ -275,6 +283,9 @@ class QDQ:
                 acc = acc + L["bq"].astype(np.int64)[ch]
             m = mult_of(L["xs"], L["ws"], L["ys"])
             q = requant(acc, m[ch] if m.size > 1 else m, L["yzp"], self.dt)
+            if L["clip"] is not None:  # Q(Clip(v, a, b)) = clip(Q(v), Q(a), Q(b)): Q is monotonic
+                qa, qb = (quantize(np.float32(v), L["ys"], L["yzp"], self.dt) for v in L["clip"])
+                q = np.clip(q, qa, qb).astype(self.dt)
         return q, (q.astype(np.float32) - np.float32(self.cur_zp)) * np.float32(self.cur_scale)
 
 
@@ -510,3 +521,88 @@ def test_pytorch_quantized_model(kiln_bin, tmp_path):
     if VNNI:
         text = profile(kiln_bin, model, tmp_path)
         assert "dnnl_qlinear_conv" in text and "dnnl_qlinear_matmul" in text, text
+
+
+# ---- the fast QuantizeLinear / DequantizeLinear kernels (src/kernels/simd/quant8.c) ----
+
+def qdq_pair_model(dt, scale, zp, shape):
+    """x -> QuantizeLinear -> q (output) -> DequantizeLinear -> y (output)."""
+    et = TensorProto.UINT8 if dt == np.uint8 else TensorProto.INT8
+    inits = [tensor("s", np.float32(scale)), tensor("z", np.array(zp, dtype=dt))]
+    nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"]),
+             helper.make_node("DequantizeLinear", ["q", "s", "z"], ["y"])]
+    g = helper.make_graph(nodes, "qdq_pair",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(shape))],
+                          [helper.make_tensor_value_info("q", et, list(shape)),
+                           helper.make_tensor_value_info("y", TensorProto.FLOAT, list(shape))],
+                          inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+
+
+@pytest.mark.parametrize("dt,zp", [(np.uint8, 0), (np.uint8, 131), (np.int8, 0), (np.int8, -7)])
+@pytest.mark.parametrize("shape", [(1, 3, 5, 7), (2, 17, 41, 53)])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_fast_quantize_dequantize(kiln_bin, tmp_path, dt, zp, shape, threads):
+    rng = np.random.default_rng(7)
+    scale = 0.0371
+    x = (rng.standard_normal(shape) * 3).astype(np.float32)
+    flat = x.reshape(-1)
+    n = flat.size
+    # rounding midpoints (half to even), out-of-range values, infinities, NaN and -0
+    flat[: n // 4] = (rng.integers(-300, 300, n // 4) + 0.5).astype(np.float32) * np.float32(scale)
+    flat[1:4] = [np.inf, -np.inf, np.nan]
+    flat[4:6] = [1e30, -0.0]
+    model = qdq_pair_model(dt, scale, zp, shape)
+    fast = run(kiln_bin, model, {"x": x}, tmp_path, "fast", threads)
+    ref = run(kiln_bin, model, {"x": x}, tmp_path, "refkernels", threads)
+    # bit for bit against the reference kernels (NaN included)
+    assert np.array_equal(fast["q"], ref["q"])
+    assert np.array_equal(fast["y"].view(np.uint32), ref["y"].view(np.uint32))
+    # and against numpy (NaN quantizes to 0, as in the ONNX reference)
+    ok = ~np.isnan(x)
+    want = quantize(np.where(ok, x, 0), scale, zp, dt)
+    want[~ok] = 0
+    assert np.array_equal(fast["q"], want)
+    want_y = (fast["q"].astype(np.float32) - np.float32(zp)) * np.float32(scale)
+    assert np.array_equal(fast["y"], want_y)
+
+
+def test_fast_quantize_dequantize_kernels_run(kiln_bin, tmp_path):
+    text = profile(kiln_bin, qdq_pair_model(np.uint8, 0.05, 3, (1, 8, 32, 32)), tmp_path)
+    kernels = {line.split()[0]: line.split()[1] for line in text.splitlines()
+               if len(line.split()) >= 3 and line.split()[0] in ("QuantizeLinear",
+                                                                 "DequantizeLinear")}
+    assert kernels.get("QuantizeLinear", "").endswith("_quantize_8"), text
+    assert kernels.get("DequantizeLinear", "").endswith("_dequantize_8"), text
+
+
+def clip_cnn(act_dt, clip, out_scale):
+    b = QDQ(act_dt, (2, 3, 9, 9), 5)
+    b.layer("conv", (16, 3, 3, 3), True, pad=1, clip=clip, out_scale=out_scale)
+    b.layer("conv", (16, 1, 3, 3), True, pad=1, group=16, clip=clip, out_scale=out_scale)
+    b.layer("conv", (8, 16, 1, 1), True)
+    return b
+
+
+# ReLU6 whose quantized range [0, 255 * 0.02 = 5.1] lies inside [0, 6]: the Clip changes
+# nothing the QuantizeLinear can see and is fused away; Clip(0, 2) is narrower than the
+# range and must stay (run as imported).
+@pytest.mark.parametrize("dt", [np.uint8, np.int8])
+@pytest.mark.parametrize("clip,fused", [((0.0, 6.0), True), ((0.0, 2.0), False)])
+def test_qdq_clip(kiln_bin, tmp_path, dt, clip, fused):
+    b = clip_cnn(dt, clip, 0.02)
+    model = b.model()
+    x = np.random.default_rng(3).normal(0, 2.0, size=b.x_shape).astype(np.float32)
+    _, want = b.reference(x)
+    step = np.float32(b.cur_scale)
+    np.testing.assert_array_equal(run(kiln_bin, model, {"x": x}, tmp_path, "refkernels")["y"],
+                                  want)
+    for threads in (1, 2):
+        fast = run(kiln_bin, model, {"x": x}, tmp_path, "fast", threads)["y"]
+        assert_close_steps(np.rint(fast / step), np.rint(want / step), f"clip t={threads}")
+    text = profile(kiln_bin, model, tmp_path)
+    # per-op summary rows "OP KERNEL COUNT ...": three QLinearConv when the Clips fuse, else
+    # only the last convolution (the other two run in float, Clip fused as an activation)
+    n = sum(int(f[2]) for f in (line.split() for line in text.splitlines())
+            if len(f) > 2 and f[0] == "QLinearConv" and f[2].isdigit())
+    assert n == (3 if fused else 1), text

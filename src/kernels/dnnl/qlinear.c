@@ -41,7 +41,9 @@
 
 struct q_state {
     struct kd_exec e;
+    struct kd_exec pre_x, post_y; /* conv: oneDNN reorders X NCHW -> NHWC, Y back */
     int conv;                   /* transpose X to NHWC and Y back */
+    int reorders;               /* conv: pre_x / post_y built (else transpose_cl) */
     int64_t n, c, hw, oc, ohw;  /* conv: batch, channels, pixels in and out */
     size_t ybytes;              /* bytes per Y element (1 or 4) */
     int xzp_index;              /* input holding x's zero point, or -1 (0) */
@@ -126,23 +128,33 @@ out:
     return st;
 }
 
-/* NCHW -> NHWC (to = 1) or back, of 8-bit or 32-bit elements. */
+/* NCHW -> NHWC (to = 1) or back, of 8-bit or 32-bit elements, in 64 x 64 tiles (typed
+ * loads and stores: the per-element copies this replaced cost more than the int8
+ * convolutions themselves on large feature maps). */
+#define Q_TILE 64
+#define Q_TRANSPOSE(T)                                                                    \
+    do {                                                                                  \
+        const T *sb = (const T *)src + b * c * hw;                                        \
+        T *db = (T *)dst + b * c * hw;                                                    \
+        for (int64_t c0 = 0; c0 < c; c0 += Q_TILE)                                        \
+            for (int64_t p0 = 0; p0 < hw; p0 += Q_TILE) {                                 \
+                int64_t c1 = c0 + Q_TILE < c ? c0 + Q_TILE : c;                           \
+                int64_t p1 = p0 + Q_TILE < hw ? p0 + Q_TILE : hw;                         \
+                if (to)                                                                   \
+                    for (int64_t p = p0; p < p1; p++)                                     \
+                        for (int64_t ch = c0; ch < c1; ch++) db[p * c + ch] = sb[ch * hw + p]; \
+                else                                                                      \
+                    for (int64_t ch = c0; ch < c1; ch++)                                  \
+                        for (int64_t p = p0; p < p1; p++) db[ch * hw + p] = sb[p * c + ch]; \
+            }                                                                             \
+    } while (0)
+
 static void transpose_cl(const void *src, void *dst, int64_t n, int64_t c, int64_t hw,
                          size_t es, int to)
 {
-    const char *s = src;
-    char *d = dst;
     for (int64_t b = 0; b < n; b++) {
-        const char *sb = s + (size_t)(b * c * hw) * es;
-        char *db = d + (size_t)(b * c * hw) * es;
-        for (int64_t ch = 0; ch < c; ch++)
-            for (int64_t p = 0; p < hw; p++) {
-                size_t cf = (size_t)(ch * hw + p) * es, cl = (size_t)(p * c + ch) * es;
-                if (to)
-                    memcpy(db + cl, sb + cf, es);
-                else
-                    memcpy(db + cf, sb + cl, es);
-            }
+        if (es == 1) Q_TRANSPOSE(uint8_t);
+        else Q_TRANSPOSE(uint32_t);
     }
 }
 
@@ -172,9 +184,12 @@ static kiln_status q_run(void *state, struct kiln_run_ctx *ctx)
         memcpy(base + s->zp_rel, &z, sizeof z);
     }
     if (s->has_yzp) memcpy(base + s->zp_rel + 64, &s->yzp, sizeof s->yzp);
-    if (s->conv) transpose_cl(ctx->in[0]->data, base + s->x_rel, s->n, s->c, s->hw, 1, 1);
-    kiln_status st = kd_exec_run(&s->e, &c2);
-    if (st == KILN_OK && s->conv)
+    kiln_status st = KILN_OK;
+    if (s->reorders) st = kd_exec_run(&s->pre_x, &c2);
+    else if (s->conv) transpose_cl(ctx->in[0]->data, base + s->x_rel, s->n, s->c, s->hw, 1, 1);
+    if (st == KILN_OK) st = kd_exec_run(&s->e, &c2);
+    if (st == KILN_OK && s->reorders) st = kd_exec_run(&s->post_y, &c2);
+    else if (st == KILN_OK && s->conv)
         transpose_cl(base + s->y_rel, ctx->out[0]->data, s->n, s->oc, s->ohw, s->ybytes, 0);
     free(heap);
     return st;
@@ -184,6 +199,10 @@ static void q_destroy(void *state)
 {
     struct q_state *s = state;
     kd_exec_destroy(&s->e);
+    if (s->reorders) {
+        kd_exec_destroy(&s->pre_x);
+        kd_exec_destroy(&s->post_y);
+    }
     free(s);
 }
 
@@ -382,15 +401,49 @@ static kiln_status q_compile(const struct kiln_compile_ctx *cc, struct kiln_kern
     s->has_xzp = has_xzp;
     s->yzp = yzp;
     s->has_yzp = yzp != 0;
-    s->base = Q_ALIGN64(kd_exec_scratch(&s->e));
+    /* conv: oneDNN's reorders (jit) between the plan's NCHW and the NHWC the
+     * convolution wants, in place of the plain-C transposes where they build */
+    if (conv) {
+        dnnl_memory_desc_t xp, yp;
+        dnnl_dims_t xd = {x->dims[0], x->dims[1], x->dims[2], x->dims[3]};
+        dnnl_dims_t yd = {y->dims[0], y->dims[1], y->dims[2], y->dims[3]};
+        int hx = 0, hy = 0;
+        if (dnnl_memory_desc_init_by_tag(&xp, 4, xd, q_dt(x->dtype), dnnl_nchw) == dnnl_success &&
+            dnnl_memory_desc_init_by_tag(&yp, 4, yd, q_dt(y->dtype), dnnl_nchw) == dnnl_success) {
+            st = kd_reorder_exec_build(cc, &xp, KD_SRC_IN, 0, &b.src, KD_SRC_SCRATCH_AT,
+                                       (int)b.x_rel, &s->pre_x, &hx);
+            if (st == KILN_OK && hx)
+                st = kd_reorder_exec_build(cc, &b.dst, KD_SRC_SCRATCH_AT, (int)b.y_rel, &yp,
+                                           KD_SRC_OUT, 0, &s->post_y, &hy);
+        }
+        if (st != KILN_OK || !hx || !hy) {
+            if (hx) kd_exec_destroy(&s->pre_x);
+            if (hy) kd_exec_destroy(&s->post_y);
+            if (st != KILN_OK) {
+                kd_exec_destroy(&s->e);
+                free(s);
+                return st;
+            }
+        } else {
+            s->reorders = 1;
+        }
+    }
+    size_t sbase = kd_exec_scratch(&s->e);
+    if (s->reorders) {
+        if (kd_exec_scratch(&s->pre_x) > sbase) sbase = kd_exec_scratch(&s->pre_x);
+        if (kd_exec_scratch(&s->post_y) > sbase) sbase = kd_exec_scratch(&s->post_y);
+    }
+    s->base = Q_ALIGN64(sbase);
     s->x_rel = b.x_rel;
     s->y_rel = b.y_rel;
     s->zp_rel = b.zp_rel;
     s->scratch_total = s->base + b.zp_rel + 128;
-    for (int vi = 0; vi < s->e.nv; vi++) /* place the kernel's buffers after oneDNN's */
-        for (int a = 0; a < s->e.v[vi].nargs; a++)
-            if (s->e.v[vi].args[a].src == KD_SRC_SCRATCH_AT)
-                s->e.v[vi].args[a].index += (int)s->base;
+    struct kd_exec *all[3] = {&s->e, &s->pre_x, &s->post_y};
+    for (int ei = 0; ei < (s->reorders ? 3 : 1); ei++) /* the kernel's buffers after oneDNN's */
+        for (int vi = 0; vi < all[ei]->nv; vi++)
+            for (int a = 0; a < all[ei]->v[vi].nargs; a++)
+                if (all[ei]->v[vi].args[a].src == KD_SRC_SCRATCH_AT)
+                    all[ei]->v[vi].args[a].index += (int)s->base;
     kd_inst_impl(inst, &s->e);
     inst->name = op == KILN_OP_QLinearConv    ? "dnnl_qlinear_conv"
                  : op == KILN_OP_ConvInteger  ? "dnnl_conv_integer"
