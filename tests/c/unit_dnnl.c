@@ -532,8 +532,13 @@ static void test_conv(void)
         {{8, 64, 5, 5, 256, 3, 3, 1, 1, 1, {1, 1, 1, 1}, NULL, 1, 0, "Relu", 0, 0}, 2},
         {{8, 128, 6, 6, 256, 3, 3, 1, 1, 1, {1, 1, 1, 1}, NULL, 1, 0, "Relu", 0, 0}, 2},
     };
+    /* oneDNN's f32 Winograd kernels need AVX-512: elsewhere only the cases
+     * expecting the direct algorithm (or no F(4x4)) say anything */
+    int have_wino = kiln_cpu_isa() == KILN_ISA_AVX512;
+    if (!have_wino) printf("winograd choice: no AVX-512, the cases expecting Winograd are skipped\n");
     for (size_t i = 0; i < sizeof wcases / sizeof wcases[0]; i++) {
         char what[80];
+        if (wcases[i].wino == 1 && !have_wino) continue;
         snprintf(what, sizeof what, "winograd choice case %zu", i);
         int in_l[4] = {16, 0, 0, 16};
         struct tg t;

@@ -890,8 +890,15 @@ static int on_begin_headers(nghttp2_session *s, const nghttp2_frame *f, void *ud
 {
     kiln_grpc_conn *c = ud;
     if (f->hd.type != NGHTTP2_HEADERS || f->headers.cat != NGHTTP2_HCAT_REQUEST) return 0;
-    if (c->drain >= DRAIN_FINAL && f->hd.stream_id > c->drain_last_id)
-        return 0; /* above the final GOAWAY's last stream id: refused (conn_input), never served */
+    if (c->drain >= DRAIN_FINAL && f->hd.stream_id > c->drain_last_id) {
+        /* above the final GOAWAY's last stream id, arrived while that GOAWAY
+         * still waited in the write buffer (nghttp2 opens such a stream):
+         * refused here, whatever calm_meter's list could hold, never served */
+        for (int i = 0; i < c->n_refuse; i++)
+            if (c->refuse[i] == f->hd.stream_id) c->refuse[i--] = c->refuse[--c->n_refuse];
+        nghttp2_submit_rst_stream(s, NGHTTP2_FLAG_NONE, f->hd.stream_id, NGHTTP2_REFUSED_STREAM);
+        return 0;
+    }
     stream *st = calloc(1, sizeof *st);
     if (!st) return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;
     st->id = f->hd.stream_id;
@@ -996,7 +1003,7 @@ static void headers_done(stream *st)
 static int on_frame_recv(nghttp2_session *s, const nghttp2_frame *f, void *ud)
 {
     kiln_grpc_conn *c = ud;
-    if (f->hd.type == NGHTTP2_PING && (f->hd.flags & NGHTTP2_FLAG_ACK) &&
+    if (f->hd.type == NGHTTP2_PING && (f->hd.flags & NGHTTP2_FLAG_ACK) && c->drain == DRAIN_NOTICE &&
         memcmp(f->ping.opaque_data, DRAIN_PING, 8) == 0)
         c->drain_acked = 1; /* every stream it opened before our first GOAWAY has arrived */
     stream *st = nghttp2_session_get_stream_user_data(s, f->hd.stream_id);
@@ -1118,7 +1125,7 @@ static int calm_frame(kiln_grpc_conn *c, const uint8_t *hd)
         return 0;
     case NGHTTP2_SETTINGS:
     case NGHTTP2_PING:
-        return !(flags & NGHTTP2_FLAG_ACK); /* the server sends no PING; one SETTINGS ACK */
+        return !(flags & NGHTTP2_FLAG_ACK); /* an ACK answers the server (its one SETTINGS, the drain PING) */
     default: /* PRIORITY, WINDOW_UPDATE, unknown types */
         return 1;
     }
@@ -1668,7 +1675,11 @@ static void conn_over(kiln_grpc_conn *c)
         return;
     }
     if (c->drain == DRAIN_SHUT) return;
-    if (c->tls) (void)gnutls_bye(c->tls, GNUTLS_SHUT_WR); /* close_notify, best effort */
+    /* close_notify, best effort: on the non-blocking socket it may return
+     * GNUTLS_E_AGAIN with the alert partly written, and the shutdown below
+     * then cuts it; every answer was written before, so the client sees at
+     * worst a TLS error after its last answer, not a lost one */
+    if (c->tls) (void)gnutls_bye(c->tls, GNUTLS_SHUT_WR);
     if (shutdown(c->fd, SHUT_WR) != 0) {
         c->dead = 1;
         return;
@@ -1760,13 +1771,16 @@ static void drain_step(kiln_grpc_server *g)
             else drain_final(c);
             drain_flush(c);
         } else if (c->drain == DRAIN_FINAL) {
-            /* reflection streams that were inside a message at the final GOAWAY */
+            /* reflection streams that were inside a message at the final GOAWAY;
+             * flushed once after the walk: a flush can close and free streams */
+            int finished = 0;
             for (stream *st = c->streams; st; st = st->next)
                 if (st->m && st->m->kind != KILN_GRPC_UNARY && st->state != ST_DONE && !st->in_msg &&
                     !st->pfx_have) {
                     stream_finish(st, KILN_GRPC_UNAVAILABLE, "the server is shutting down");
-                    drain_flush(c);
+                    finished = 1;
                 }
+            if (finished) drain_flush(c);
         } else if (c->drain == DRAIN_SHUT && now - c->drain_ms >= DRAIN_LINGER_MS) {
             c->dead = 1;
         }

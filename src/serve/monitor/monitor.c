@@ -393,11 +393,13 @@ static mon_version *lookup(kiln_monitor *m, kiln_servable *sv)
 }
 
 /* The state monitor_check found for the request this thread is running,
- * taken by the same request's monitor_after (observe.h calls both on the
- * request's thread, the servable held between them), so a request looks
+ * taken by the same request's monitor_after (the REST and gRPC `run`
+ * functions call both on the request's thread, the servable held between them), so a request looks
  * its version up once. monitor_after clears it; a request that a later
  * observer's check refuses (no after) leaves it, and the thread's next
- * monitor_check replaces it before any monitor_after can read it. */
+ * monitor_check replaces it before any monitor_after can read it. A profile
+ * refresh between the two retires the state it points at (retired states
+ * stay allocated): that one request is counted in the retired state. */
 static _Thread_local struct {
     const kiln_monitor *m;
     const kiln_servable *sv;
