@@ -1628,11 +1628,14 @@ static const char *const lstm_input_names[24] = {
     "output_layer_norm_coefficients",
 };
 
-/* Input k of a hybrid LSTM: absent (an error when required), or a constant
- * of dtype dt and shape [rows, cols] ([rows] when cols is 0); int8 ones need
- * exactly one finite positive scale and zero point 0 (*scale gets it). */
-static kiln_status hyb_input(struct lw *L, int k, kiln_dtype dt, int64_t rows, int64_t cols,
-                             bool required, float *scale)
+/* Input k of a hybrid or integer LSTM (lstm names it in messages: "TFLite's
+ * hybrid LSTM"): absent (an error when required), or a constant of dtype dt
+ * and shape [rows, cols] ([rows] when cols is 0). With scale not NULL, an
+ * integer one needs exactly one finite positive scale and zero point 0
+ * (*scale gets it); float inputs and integer biases (scale NULL) are read
+ * as they are. */
+static kiln_status lstm_const_input(struct lw *L, const char *lstm, int k, kiln_dtype dt,
+                                    int64_t rows, int64_t cols, bool required, float *scale)
 {
     const struct tfl_tensor *t = tin(L, k);
     const char *what = lstm_input_names[k];
@@ -1642,9 +1645,8 @@ static kiln_status hyb_input(struct lw *L, int k, kiln_dtype dt, int64_t rows, i
         return KILN_OK;
     }
     if (t->dtype != dt)
-        return lerr(L, KILN_ERR_UNSUPPORTED, "%s (input %d, tensor '%s') is %s; a hybrid LSTM "
-                    "takes %s here", what, k, t->name, kiln_dtype_name(t->dtype),
-                    kiln_dtype_name(dt));
+        return lerr(L, KILN_ERR_UNSUPPORTED, "%s (input %d, tensor '%s') is %s; %s takes %s here",
+                    what, k, t->name, kiln_dtype_name(t->dtype), lstm, kiln_dtype_name(dt));
     if (!tbuf(L, t))
         return lerr(L, KILN_ERR_UNSUPPORTED, "%s (input %d, tensor '%s') must be a constant",
                     what, k, t->name);
@@ -1655,24 +1657,27 @@ static kiln_status hyb_input(struct lw *L, int k, kiln_dtype dt, int64_t rows, i
         return lerr(L, KILN_ERR_INVALID_MODEL, "%s (input %d, tensor '%s') must have shape "
                     "[%lld]", what, k, t->name, (long long)rows);
     }
-    if (dt != KILN_DTYPE_I8) return KILN_OK; /* TFLite reads float inputs as they are */
+    if (!scale || dt == KILN_DTYPE_F32) return KILN_OK;
     if (t->n_q < 1)
-        return lerr(L, KILN_ERR_INVALID_MODEL, "int8 %s (input %d, tensor '%s') has no "
-                    "quantization scale", what, k, t->name);
+        return lerr(L, KILN_ERR_INVALID_MODEL, "%s %s (input %d, tensor '%s') has no "
+                    "quantization scale", kiln_dtype_name(dt), what, k, t->name);
     if (t->n_q > 1)
-        return lerr(L, KILN_ERR_UNSUPPORTED, "int8 %s (input %d, tensor '%s') has %d scales; "
-                    "TFLite's hybrid LSTM reads one scale per weight tensor", what, k, t->name,
-                    t->n_q);
+        return lerr(L, KILN_ERR_UNSUPPORTED, "%s %s (input %d, tensor '%s') has %d scales; "
+                    "%s reads one scale per tensor", kiln_dtype_name(dt), what, k, t->name,
+                    t->n_q, lstm);
     if (!(t->scale[0] > 0) || !isfinite(t->scale[0]))
-        return lerr(L, KILN_ERR_INVALID_MODEL, "int8 %s (input %d, tensor '%s') has scale %g",
-                    what, k, t->name, (double)t->scale[0]);
+        return lerr(L, KILN_ERR_INVALID_MODEL, "%s %s (input %d, tensor '%s') has scale %g",
+                    kiln_dtype_name(dt), what, k, t->name, (double)t->scale[0]);
     if (t->zero_point[0] != 0)
-        return lerr(L, KILN_ERR_INVALID_MODEL, "int8 %s (input %d, tensor '%s') has zero "
-                    "point %lld (hybrid weights are symmetric: 0)", what, k, t->name,
-                    (long long)t->zero_point[0]);
+        return lerr(L, KILN_ERR_INVALID_MODEL, "%s %s (input %d, tensor '%s') has zero point "
+                    "%lld (the weights of %s are symmetric: 0)", kiln_dtype_name(dt), what, k,
+                    t->name, (long long)t->zero_point[0], lstm);
     *scale = t->scale[0];
     return KILN_OK;
 }
+
+#define LSTM_HYB "TFLite's hybrid LSTM"
+#define LSTM_INT "TFLite's integer LSTM"
 
 /* The hybrid LSTM (float32 input and output, int8 weights): TflLstmHybrid,
  * TFLite's EvalHybrid (src/kernels/ref/tflite_lstm.c). */
@@ -1710,14 +1715,15 @@ static kiln_status lower_lstm_hybrid(struct lw *L, bool sequence, bool time_majo
                     "projection_weights", (long long)O, (long long)C);
     for (int g = 0; g < 4; g++) {
         bool need = !cifg || g > 0;
-        TRY(hyb_input(L, 1 + g, KILN_DTYPE_I8, C, I, need, &scales[1 + g]));
-        TRY(hyb_input(L, 5 + g, KILN_DTYPE_I8, C, O, need, &scales[5 + g]));
-        TRY(hyb_input(L, 12 + g, KILN_DTYPE_F32, C, 0, need, &scales[12 + g]));
+        TRY(lstm_const_input(L, LSTM_HYB, 1 + g, KILN_DTYPE_I8, C, I, need, &scales[1 + g]));
+        TRY(lstm_const_input(L, LSTM_HYB, 5 + g, KILN_DTYPE_I8, C, O, need, &scales[5 + g]));
+        TRY(lstm_const_input(L, LSTM_HYB, 12 + g, KILN_DTYPE_F32, C, 0, need, &scales[12 + g]));
         if (L->op->n_in > 20 + g)
-            TRY(hyb_input(L, 20 + g, KILN_DTYPE_F32, C, 0, need && ln, &scales[20 + g]));
+            TRY(lstm_const_input(L, LSTM_HYB, 20 + g, KILN_DTYPE_F32, C, 0, need && ln,
+                                 &scales[20 + g]));
         if (g != 2)
-            TRY(hyb_input(L, 9 + (g == 3 ? 2 : g), KILN_DTYPE_I8, C, 0, need && peep,
-                          &scales[9 + (g == 3 ? 2 : g)]));
+            TRY(lstm_const_input(L, LSTM_HYB, 9 + (g == 3 ? 2 : g), KILN_DTYPE_I8, C, 0,
+                                 need && peep, &scales[9 + (g == 3 ? 2 : g)]));
     }
     if (cifg && (tin(L, 5) || tin(L, 9) || tin(L, 12) || (L->op->n_in > 20 && tin(L, 20))))
         return lerr(L, KILN_ERR_INVALID_MODEL, "CIFG (no input_to_input_weights) with an input "
@@ -1727,8 +1733,8 @@ static kiln_status lower_lstm_hybrid(struct lw *L, bool sequence, bool time_majo
             if (tin(L, k))
                 return lerr(L, KILN_ERR_INVALID_MODEL, "layer norm coefficient input %d without "
                             "forget_layer_norm_coefficients (input 21)", k);
-    TRY(hyb_input(L, 16, KILN_DTYPE_I8, O, C, false, &scales[16]));
-    TRY(hyb_input(L, 17, KILN_DTYPE_F32, O, 0, false, &scales[17]));
+    TRY(lstm_const_input(L, LSTM_HYB, 16, KILN_DTYPE_I8, O, C, false, &scales[16]));
+    TRY(lstm_const_input(L, LSTM_HYB, 17, KILN_DTYPE_F32, O, 0, false, &scales[17]));
     if (!proj && tin(L, 17))
         return lerr(L, KILN_ERR_INVALID_MODEL, "projection_bias (input 17) without "
                     "projection_weights (input 16)");
@@ -1748,53 +1754,6 @@ static kiln_status lower_lstm_hybrid(struct lw *L, bool sequence, bool time_majo
     a_int(n, "sequence", sequence);
     a_int(n, "time_major", time_major);
     return bind(L, 0, y);
-}
-
-/* Input k of an integer LSTM: absent (an error when required), or a constant
- * of dtype dt and shape [rows, cols] ([rows] when cols is 0) whose
- * quantization, when scale is not NULL, is one finite positive scale with
- * zero point 0 (*scale gets it). */
-static kiln_status int_input(struct lw *L, int k, kiln_dtype dt, int64_t rows, int64_t cols,
-                             bool required, float *scale)
-{
-    const struct tfl_tensor *t = tin(L, k);
-    const char *what = lstm_input_names[k];
-    if (!t) {
-        if (required)
-            return lerr(L, KILN_ERR_INVALID_MODEL, "%s (input %d) is missing", what, k);
-        return KILN_OK;
-    }
-    if (t->dtype != dt)
-        return lerr(L, KILN_ERR_UNSUPPORTED, "%s (input %d, tensor '%s') is %s; TFLite's integer "
-                    "LSTM takes %s here", what, k, t->name, kiln_dtype_name(t->dtype),
-                    kiln_dtype_name(dt));
-    if (!tbuf(L, t))
-        return lerr(L, KILN_ERR_UNSUPPORTED, "%s (input %d, tensor '%s') must be a constant",
-                    what, k, t->name);
-    if (t->rank != (cols ? 2 : 1) || t->shape[0] != rows || (cols && t->shape[1] != cols)) {
-        if (cols)
-            return lerr(L, KILN_ERR_INVALID_MODEL, "%s (input %d, tensor '%s') must have shape "
-                        "[%lld, %lld]", what, k, t->name, (long long)rows, (long long)cols);
-        return lerr(L, KILN_ERR_INVALID_MODEL, "%s (input %d, tensor '%s') must have shape "
-                    "[%lld]", what, k, t->name, (long long)rows);
-    }
-    if (!scale) return KILN_OK; /* biases: TFLite reads their integers only */
-    if (t->n_q < 1)
-        return lerr(L, KILN_ERR_INVALID_MODEL, "%s %s (input %d, tensor '%s') has no "
-                    "quantization scale", kiln_dtype_name(dt), what, k, t->name);
-    if (t->n_q > 1)
-        return lerr(L, KILN_ERR_UNSUPPORTED, "%s %s (input %d, tensor '%s') has %d scales; "
-                    "TFLite's integer LSTM reads one scale per tensor", kiln_dtype_name(dt),
-                    what, k, t->name, t->n_q);
-    if (!(t->scale[0] > 0) || !isfinite(t->scale[0]))
-        return lerr(L, KILN_ERR_INVALID_MODEL, "%s (input %d, tensor '%s') has scale %g", what, k,
-                    t->name, (double)t->scale[0]);
-    if (t->zero_point[0] != 0)
-        return lerr(L, KILN_ERR_INVALID_MODEL, "%s (input %d, tensor '%s') has zero point %lld "
-                    "(the integer LSTM's weights are symmetric: 0)", what, k, t->name,
-                    (long long)t->zero_point[0]);
-    *scale = t->scale[0];
-    return KILN_OK;
 }
 
 /* A quantized activation tensor of the integer LSTM (the input, a state, the
@@ -1885,14 +1844,15 @@ static kiln_status lower_lstm_integer(struct lw *L, bool sequence, bool time_maj
     for (int k = 0; k < 24; k++) sc[k] = 1.0f;
     for (int g = 0; g < 4; g++) {
         bool need = !cifg || g > 0;
-        TRY(int_input(L, 1 + g, KILN_DTYPE_I8, C, I, need, &sc[1 + g]));
-        TRY(int_input(L, 5 + g, KILN_DTYPE_I8, C, O, need, &sc[5 + g]));
-        TRY(int_input(L, 12 + g, KILN_DTYPE_I32, C, 0, need, NULL));
+        TRY(lstm_const_input(L, LSTM_INT, 1 + g, KILN_DTYPE_I8, C, I, need, &sc[1 + g]));
+        TRY(lstm_const_input(L, LSTM_INT, 5 + g, KILN_DTYPE_I8, C, O, need, &sc[5 + g]));
+        TRY(lstm_const_input(L, LSTM_INT, 12 + g, KILN_DTYPE_I32, C, 0, need, NULL));
         if (L->op->n_in > 20 + g)
-            TRY(int_input(L, 20 + g, KILN_DTYPE_I16, C, 0, need && ln, &sc[20 + g]));
+            TRY(lstm_const_input(L, LSTM_INT, 20 + g, KILN_DTYPE_I16, C, 0, need && ln,
+                                 &sc[20 + g]));
         if (g != 2)
-            TRY(int_input(L, 9 + (g == 3 ? 2 : g), KILN_DTYPE_I16, C, 0, need && peep,
-                          &sc[9 + (g == 3 ? 2 : g)]));
+            TRY(lstm_const_input(L, LSTM_INT, 9 + (g == 3 ? 2 : g), KILN_DTYPE_I16, C, 0,
+                                 need && peep, &sc[9 + (g == 3 ? 2 : g)]));
     }
     if (cifg && (tin(L, 5) || tin(L, 9) || tin(L, 12) || (L->op->n_in > 20 && tin(L, 20))))
         return lerr(L, KILN_ERR_INVALID_MODEL, "CIFG (no input_to_input_weights) with an input "
@@ -1902,8 +1862,8 @@ static kiln_status lower_lstm_integer(struct lw *L, bool sequence, bool time_maj
             if (tin(L, k))
                 return lerr(L, KILN_ERR_INVALID_MODEL, "layer norm coefficient input %d without "
                             "forget_layer_norm_coefficients (input 21)", k);
-    TRY(int_input(L, 16, KILN_DTYPE_I8, O, C, false, &sc[16]));
-    TRY(int_input(L, 17, KILN_DTYPE_I32, O, 0, false, NULL));
+    TRY(lstm_const_input(L, LSTM_INT, 16, KILN_DTYPE_I8, O, C, false, &sc[16]));
+    TRY(lstm_const_input(L, LSTM_INT, 17, KILN_DTYPE_I32, O, 0, false, NULL));
     if (!proj && tin(L, 17))
         return lerr(L, KILN_ERR_INVALID_MODEL, "projection_bias (input 17) without "
                     "projection_weights (input 16)");

@@ -1464,23 +1464,14 @@ static int tls_handshake(kiln_grpc_conn *c)
 static void conn_read(kiln_grpc_conn *c)
 {
     uint8_t buf[65536];
-    if (c->drain == DRAIN_SHUT) { /* everything is said: read to the client's close */
-        for (int turn = 0; turn < 16; turn++) {
-            ssize_t n = recv(c->fd, buf, sizeof buf, 0);
-            if (n < 0 && errno == EINTR) continue;
-            if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
-            if (n <= 0) {
-                c->dead = 1;
-                return;
-            }
-        }
-        return;
-    }
-    if (c->tls && !c->handshake_done) {
+    /* after the drain's shutdown everything is said: what arrives is read
+     * and dropped (TLS records unopened) until the client closes */
+    int discard = c->drain == DRAIN_SHUT;
+    if (!discard && c->tls && !c->handshake_done) {
         if (!tls_handshake(c)) return;
         conn_flush(c);
     }
-    if (c->tls) {
+    if (!discard && c->tls) {
         for (int turn = 0; turn < 16 || gnutls_record_check_pending(c->tls) > 0; turn++) {
             ssize_t n = gnutls_record_recv(c->tls, buf, sizeof buf);
             if (n == GNUTLS_E_INTERRUPTED) continue;
@@ -1503,7 +1494,7 @@ static void conn_read(kiln_grpc_conn *c)
             c->dead = 1;
             return;
         }
-        if (!conn_input(c, buf, (size_t)n)) return;
+        if (!discard && !conn_input(c, buf, (size_t)n)) return;
     }
 }
 
