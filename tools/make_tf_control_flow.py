@@ -26,6 +26,8 @@ runs them with `kiln predict` and compares with the NumPy references below.
   keras_rnn         a Keras LSTM or GRU layer's loop as Keras writes it (Kiln
                     replaces it by its LSTM / GRU op), or with one extra loop
                     variable so that it runs as written.
+  simple_rnn        a Keras SimpleRNN layer's loop, alone or as a
+                    Bidirectional pair (runs as a Loop on plans).
   bad_*             malformed loops and branches that must be refused with
                     a message naming the node (see BAD).
 
@@ -459,6 +461,134 @@ def keras_rnn_ref(cell, x, h0, c0, weights, act="Tanh", rec_act="Sigmoid", backw
     if cell == "lstm":
         out["c"] = c.astype(np.float32)
     return out
+
+
+def _simple_rnn_layer(p, units, features, steps, backwards, seed):
+    """Nodes and functions of one Keras SimpleRNN layer (return_sequences, tanh) over
+    the graph's x [B, steps, features], names prefixed by p; outputs p+"seq" [B, T, U]
+    (in the input's time order) and the last state p+"while:4"."""
+    rng = np.random.default_rng(seed)
+    w = (rng.standard_normal((features, units)) * 0.5).astype(np.float32)
+    r = (rng.standard_normal((units, units)) * 0.5).astype(np.float32)
+    b = (rng.standard_normal(units) * 0.5).astype(np.float32)
+
+    def c_arr(name, a):
+        return node(name, "Const", dtype=a_type(F),
+                    value=a_tensor(tensor(F, list(a.shape), content=a.tobytes())))
+
+    names = ["loop_counter", "max_iter", "t", "out", "h", "n", "inp", "kernel", "rec", "bias"]
+    kinds = {"loop_counter": I, "max_iter": I, "t": I, "out": V, "n": I, "inp": V}
+    types = [kinds.get(n, F) for n in names]
+    args = list(zip(names, types))
+    cond = function(p + "cond", args, [("c_out", B)],
+                    [op("less", "Less", ["t", "n"], t=I)], {"c_out": "less:z:0"})
+    body = [
+        c_i32("es", [-1, features]),
+        node("xt", "TensorListGetItem", ["inp", "t", "es:output:0"], **list_attrs()),
+        op("mm", "MatMul", ["xt:item:0", "kernel"]),
+        op("mm1", "MatMul", ["h", "rec"]),
+        op("add", "AddV2", ["mm:product:0", "mm1:product:0"]),
+        op("biasadd", "BiasAdd", ["add:z:0", "bias"]),
+        op("h1", "Tanh", ["biasadd:output:0"]),
+        node("out1", "TensorListSetItem", ["out", "t", "h1:y:0"], **list_attrs()),
+        c_i32("one", 1),
+        op("t1", "AddV2", ["t", "one:output:0"], t=I),
+        op("lc1", "AddV2", ["loop_counter", "one:output:0"], t=I),
+    ]
+    ret = {n + "_1": n for n in names}
+    ret.update({"loop_counter_1": "lc1:z:0", "t_1": "t1:z:0", "out_1": "out1:output_handle:0",
+                "h_1": "h1:y:0"})
+    body_fn = function(p + "body", args, [(n + "_1", t) for n, t in args], body, ret)
+    nodes = [
+        c_i32(p + "perm", [1, 0, 2]),
+        op(p + "xt0", "Transpose", ["x", p + "perm"], Tperm=a_type(I)),
+        c_i32(p + "time_axis", [0]),
+        op(p + "xt", "ReverseV2", [p + "xt0", p + "time_axis"], Tidx=a_type(I)) if backwards
+        else op(p + "xt", "Identity", [p + "xt0"]),
+        node(p + "shape", "Shape", [p + "xt"], T=a_type(F), out_type=a_type(I)),
+        c_i32(p + "b0", [0]), c_i32(p + "b1", [1]),
+        node(p + "n", "StridedSlice", [p + "shape", p + "b0", p + "b1", p + "b1"], T=a_type(I),
+             Index=a_type(I), shrink_axis_mask=a_int(1)),
+        c_i32(p + "es_out", [-1, units]),
+        node(p + "reserve", "TensorListReserve", [p + "es_out", p + "n"], shape_type=a_type(I),
+             **list_attrs()),
+        c_i32(p + "es_in", [-1, features]),
+        node(p + "unstack", "TensorListFromTensor", [p + "xt", p + "es_in"],
+             shape_type=a_type(I), **list_attrs()),
+        c_arr(p + "kernel", w), c_arr(p + "rec", r), c_arr(p + "bias", b),
+        c_i32(p + "zero", 0), c_i32(p + "max_iter", -1),
+        # Keras' initial state: zeros [B, units] from the batch size
+        node(p + "xshape", "Shape", ["x"], T=a_type(F), out_type=a_type(I)),
+        node(p + "batch", "StridedSlice", [p + "xshape", p + "b0", p + "b1", p + "b1"],
+             T=a_type(I), Index=a_type(I), shrink_axis_mask=a_int(1)),
+        c_i32(p + "units", units),
+        node(p + "hshape", "Pack", [p + "batch", p + "units"], T=a_type(I), N=a_int(2)),
+        c_f32(p + "zf", 0.0),
+        node(p + "h0", "Fill", [p + "hshape", p + "zf"], T=a_type(F), index_type=a_type(I)),
+    ]
+    initial = {"loop_counter": "zero", "max_iter": "max_iter", "t": "zero", "out": "reserve",
+               "h": "h0", "n": "n", "inp": "unstack", "kernel": "kernel", "rec": "rec",
+               "bias": "bias"}
+    shapes_of = {"out": None, "inp": None, "h": [-1, units], "kernel": [features, units],
+                 "rec": [units, units], "bias": [units]}
+    nodes += [
+        while_node(p + "while", "StatelessWhile", [p + initial[n] for n in names], types,
+                   p + "cond", p + "body", [shapes_of.get(n, []) for n in names]),
+        c_i32(p + "es_stack", [-1, units]),
+        node(p + "stack", "TensorListStack", [p + "while:3", p + "es_stack"],
+             num_elements=a_int(-1), **list_attrs()),
+        op(p + "seq_tm", "ReverseV2", [p + "stack", p + "time_axis"], Tidx=a_type(I))
+        if backwards else op(p + "seq_tm", "Identity", [p + "stack"]),
+        op(p + "seq", "Transpose", [p + "seq_tm", p + "perm"], Tperm=a_type(I)),
+    ]
+    return nodes, [cond, body_fn], (w, r, b)
+
+
+def simple_rnn(units=4, features=3, steps=5, bidirectional=False, seed=11):
+    """A Keras SimpleRNN layer (tanh, return_sequences and the last state) as TF2
+    writes its loop (Kiln has no fused op for it: it runs as a Loop), or a
+    Bidirectional(SimpleRNN) pair: a forward and a go_backwards loop whose sequences
+    are concatenated on the last axis (the backward one put back in time order) and
+    whose last states are concatenated. x is [batch, steps, features] with steps
+    fixed (-1: unknown)."""
+    nodes = [placeholder("x", F, [-1, steps, features])]
+    funcs_, weights = [], []
+    for i, p in enumerate(["fw_", "bw_"] if bidirectional else ["fw_"]):
+        nd, fn, w = _simple_rnn_layer(p, units, features, steps, p == "bw_", seed + i)
+        nodes += nd
+        funcs_ += fn
+        weights.append(w)
+    if bidirectional:
+        nodes += [c_i32("cat_axis", -1),
+                  node("seq", "ConcatV2", ["fw_seq", "bw_seq", "cat_axis"], T=a_type(F),
+                       N=a_int(2), Tidx=a_type(I)),
+                  node("h", "ConcatV2", ["fw_while:4", "bw_while:4", "cat_axis"], T=a_type(F),
+                       N=a_int(2), Tidx=a_type(I))]
+        outs = {"seq": "seq:0", "h": "h:0"}
+    else:
+        outs = {"seq": "fw_seq:0", "h": "fw_while:4"}
+    model = saved_model(nodes, sig({"x": ("x:0", F, [-1, steps, features])}, outs), funcs_)
+    return model, weights
+
+
+def simple_rnn_ref(x, weights, bidirectional=False):
+    """SimpleRNN (tanh) in NumPy, float64; Bidirectional concatenates the forward
+    sequence with the backward one in input time order, and the two last states."""
+    def run(xs, w, r, b):
+        h = np.zeros((xs.shape[0], w.shape[1]))
+        seq = []
+        for t in range(xs.shape[1]):
+            h = np.tanh(xs[:, t] @ w + h @ r + b)
+            seq.append(h)
+        return np.stack(seq, 1) if seq else np.zeros((xs.shape[0], 0, w.shape[1])), h
+    x = x.astype(np.float64)
+    w = [tuple(a.astype(np.float64) for a in ws) for ws in weights]
+    seq, h = run(x, *w[0])
+    if bidirectional:
+        bseq, bh = run(x[:, ::-1], *w[1])
+        seq = np.concatenate([seq, bseq[:, ::-1]], -1)
+        h = np.concatenate([h, bh], -1)
+    return {"seq": seq.astype(np.float32), "h": h.astype(np.float32)}
 
 
 # ------------------------------------------------ malformed: refused, naming the node

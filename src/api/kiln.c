@@ -1242,7 +1242,11 @@ void kiln_session_plan_summary(kiln_session *s, char *buf, size_t n)
     int plans, steps, fast;
     size_t arena;
     kiln_plan_cache_summary(session_plans(s), &plans, &steps, &fast, &arena);
-    if (!plans)
+    char why[512];
+    kiln_plan_cache_why_none(session_plans(s), why, sizeof why);
+    if (!plans && why[0])
+        snprintf(buf, n, "no plan: the graph runs on the reference executor (%s)", why);
+    else if (!plans)
         snprintf(buf, n, "no plan: the graph runs on the reference executor");
     else
         snprintf(buf, n, "%d plan%s; largest: %d steps (%d on fast kernels), arena %.2f MiB, "

@@ -98,6 +98,11 @@ struct kiln_plan {
     /* cache key */
     int n_in;
     struct kiln_type *in_types;
+    /* a body's plan (control flow, below): the values of the enclosing graph it reads
+     * at run time, as inputs n_in.. of its runs (parent value ids) */
+    int n_caps;
+    int *cap_outer;
+    int depth; /* subgraph nesting: 0 for a graph's own plan */
 };
 
 static atomic_int profile_on = -1;
@@ -356,7 +361,7 @@ static kiln_status settle_inputs(struct kiln_plan *p, struct kiln_weight_cache *
                                  const int *need, int *packed_uses)
 {
     const struct step *sp = &p->steps[si];
-    for (int k = 0; k < sp->n_in; k++) {
+    for (int k = 0; k < sp->n_in && k < sp->node->n_in; k++) { /* a body's plan settles its own */
         int v = sp->in[k];
         if (v < 0 || p->slots[v].kind != SLOT_CONST) continue;
         const kiln_tensor *t = p->slots[v].konst;
@@ -778,6 +783,11 @@ static kiln_status plan_compile(const struct kiln_graph *g, const kiln_tensor *c
                                 struct kiln_weight_cache *weights, int threads, int precision,
                                 const struct kiln_plan_node_prec *ov, int n_ov,
                                 struct kiln_plan **out);
+static kiln_status plan_compile_typed(const struct kiln_graph *g, const struct kiln_type *in_types,
+                                      const struct kiln_plan *parent, int depth,
+                                      struct kiln_weight_cache *weights, int threads,
+                                      int precision, const struct kiln_plan_node_prec *ov,
+                                      int n_ov, struct kiln_plan **out);
 
 /* The precision node n is compiled in: its override, else the precision a
  * compiled artifact recorded on the node (attribute KILN_NODE_PRECISION_ATTR,
@@ -829,11 +839,540 @@ static kiln_status plan_compile(const struct kiln_graph *g, const kiln_tensor *c
                                 struct kiln_plan **out)
 {
     *out = NULL;
+    struct kiln_type *types = calloc((size_t)g->n_inputs + 1, sizeof *types);
+    if (!types) return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory compiling a plan");
+    kiln_status st = KILN_OK;
+    for (int i = 0; i < g->n_inputs && st == KILN_OK; i++) {
+        kiln_type_from_tensor(&types[i], inputs[i]);
+        if (inputs[i]->dtype == KILN_DTYPE_STRING) st = unsupported(NULL, "it has string inputs");
+        else if (kiln_dtype_is_container(inputs[i]->dtype))
+            st = unsupported(NULL, "it has sequence or optional inputs");
+    }
+    if (st == KILN_OK)
+        st = plan_compile_typed(g, types, NULL, 0, weights, threads, precision, ov, n_ov, out);
+    free(types);
+    return st;
+}
+
+/* ---- control flow ----
+ *
+ * A Loop or If node is one step whose kernel runs plans of its bodies (sub-plans), so
+ * the rest of the graph stays on plans and the bodies' nodes run on fast kernels too.
+ * A body's plan is compiled like any graph's, for the concrete types of its inputs: a
+ * Loop body's iteration number (i64 scalar), condition (bool scalar) and loop-carried
+ * values; the values it captures from the enclosing graph are constants of the body's
+ * plan where they are constants of the enclosing one (so weights are packed once, as
+ * anywhere else), and extra inputs of its runs otherwise (the step reads them, which
+ * keeps them alive until it ran).
+ *
+ * Loop: the carried values' types are followed from iteration to iteration, one body
+ * plan per distinct set of types (a list that grows, a first iteration that fixes an
+ * unknown dim), at most PLAN_LOOP_MAX_SHAPES of them, until the types stop changing or
+ * the exact trip count is reached. The Loop's output types are then known when either
+ * the trip count is exact at compile time (a constant M, the initial condition a
+ * constant true or absent, and a body whose condition output is a constant true or its
+ * condition input passed through), or the types stop changing by an iteration the loop
+ * is known to reach (the first, when the initial condition is a constant true: TF's
+ * While lowered to Loop, whose condition is computed in the enclosing graph from folded
+ * shapes). Scan outputs need the exact trip count. Anything else (a shape that depends
+ * on the iteration number or on data, scan outputs of a loop that may stop early,
+ * sequences, strings) makes the compile fail as before, and the graph runs on the
+ * reference executor.
+ *
+ * If: a constant condition compiles only the branch it takes; otherwise both, whose
+ * outputs must have the same types. Scan still runs on the reference executor. */
+
+#define PLAN_LOOP_MAX_SHAPES 32   /* body plans of one Loop (distinct carried types) */
+#define PLAN_MAX_DEPTH 16         /* nested bodies planned */
+#define PLAN_LOOP_MAX_ITERATIONS ((int64_t)1 << 24) /* as the reference executor's bound */
+
+struct body_plan {
+    struct kiln_plan *plan;
+    int *cap_in; /* per capture of the plan: its index in the step's inputs */
+};
+
+struct control {
+    enum kiln_op op;
+    const struct kiln_node *node;
+    int n_bodies;
+    struct body_plan bodies[PLAN_LOOP_MAX_SHAPES];
+    /* Loop */
+    int n_carried, n_scan;
+    int64_t exact;      /* iterations known at compile time, or -1 */
+    /* If: bodies[0] then, bodies[1] else; const_branch 0/1 when the condition was a
+     * constant (only that body), else -1 */
+    int const_branch;
+    struct kiln_type *out_types;
+};
+
+static void control_free(void *state)
+{
+    struct control *c = state;
+    if (!c) return;
+    for (int i = 0; i < c->n_bodies; i++) {
+        kiln_plan_free(c->bodies[i].plan);
+        free(c->bodies[i].cap_in);
+    }
+    free(c->out_types);
+    free(c);
+}
+
+static bool same_type(const struct kiln_type *a, const struct kiln_type *b)
+{
+    if (a->dtype != b->dtype || a->rank != b->rank) return false;
+    for (int d = 0; d < a->rank; d++)
+        if (a->dims[d] != b->dims[d]) return false;
+    return true;
+}
+
+static const struct kiln_type *plan_output_type(const struct kiln_plan *p, int i)
+{
+    return &p->slots[p->g->outputs[i]].type;
+}
+
+/* Compile body g for in_types (g->n_inputs of them) inside the plan p being compiled,
+ * for node n; *bp receives the plan and where its captures are among the step's
+ * inputs (the node's inputs, then its implicit values). */
+static kiln_status body_compile(struct kiln_plan *p, const struct kiln_node *n,
+                                const struct kiln_graph *g, const struct kiln_type *in_types,
+                                const struct recompile_env *env, struct body_plan *bp)
+{
+    bp->plan = NULL;
+    bp->cap_in = NULL;
+    kiln_status st = plan_compile_typed(g, in_types, p, p->depth + 1, env->weights, env->threads,
+                                        env->precision, env->ov, env->n_ov, &bp->plan);
+    if (st != KILN_OK) return st;
+    struct kiln_plan *b = bp->plan;
+    bp->cap_in = calloc((size_t)b->n_caps + 1, sizeof *bp->cap_in);
+    if (!bp->cap_in) return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory compiling a plan");
+    for (int j = 0; j < b->n_caps; j++) {
+        int at = -1;
+        for (int k = 0; k < n->n_implicit && at < 0; k++)
+            if (n->implicit[k] == b->cap_outer[j]) at = n->n_in + k;
+        if (at < 0)
+            return unsupported(n, "a body reads a value of the enclosing graph the node does "
+                                  "not list");
+        bp->cap_in[j] = at;
+    }
+    return KILN_OK;
+}
+
+static const struct kiln_graph *graph_attr_of(const struct kiln_node *n, const char *name)
+{
+    const struct kiln_attr *a = kiln_node_attr(n, name);
+    return a && a->type == KILN_ATTR_GRAPH ? a->g : NULL;
+}
+
+/* Whether body plan b's output 0 (a Loop body's condition) is always true given a true
+ * condition input: a nonzero constant, or input 1 passed through (views included). */
+static bool cond_stays_true(const struct kiln_plan *b)
+{
+    const struct kiln_graph *g = b->g;
+    int v = g->outputs[0];
+    for (int hops = 0; hops < 64; hops++) { /* through Identity nodes */
+        const struct slot *s = &b->slots[v];
+        if (s->kind == SLOT_CONST)
+            return kiln_tensor_count(s->konst) == 1 && kiln_tensor_f64(s->konst, 0) != 0;
+        if (v == g->inputs[1]) return true;
+        if (s->kind == SLOT_ALIAS && root_of(b, v) == g->inputs[1]) return true;
+        if (g->values[v].kind != KILN_VALUE_NODE) return false;
+        const struct kiln_node *n = &g->nodes[g->values[v].producer];
+        if (n->op != KILN_OP_Identity || n->n_in < 1 || n->in[0] < 0) return false;
+        v = n->in[0];
+    }
+    return false;
+}
+
+static kiln_status loop_compile(struct kiln_plan *p, const struct kiln_node *n,
+                                const struct kiln_type *const *inp, kiln_tensor *const *inv,
+                                const struct recompile_env *env, struct control *c,
+                                struct kiln_type *outtype)
+{
+    const struct kiln_graph *body = graph_attr_of(n, "body");
+    int n_carried = n->n_in - 2;
+    if (!body || n_carried < 0 || body->n_inputs != n_carried + 2 ||
+        body->n_outputs < n_carried + 1 || n->n_out != body->n_outputs - 1)
+        return unsupported(n, "its body does not match its inputs and outputs");
+    c->n_carried = n_carried;
+    c->n_scan = body->n_outputs - 1 - n_carried;
+    for (int k = 0; k < n_carried; k++)
+        if (!inp[k + 2]) return unsupported(n, "an optional loop-carried input is absent");
+    int64_t m = -1; /* trip count at compile time, -1 unknown or absent */
+    bool m_known = !inp[0], cond_known = !inp[1], cond0 = true;
+    if (inv[0]) {
+        if (kiln_tensor_count(inv[0]) != 1) return unsupported(n, "its trip count is not a scalar");
+        m = kiln_tensor_i64(inv[0], 0);
+        if (m < 0) m = 0;
+        m_known = true;
+    }
+    if (inv[1]) {
+        if (kiln_tensor_count(inv[1]) != 1) return unsupported(n, "its condition is not a scalar");
+        cond0 = kiln_tensor_f64(inv[1], 0) != 0;
+        cond_known = true;
+    }
+    int64_t n_min = 0; /* iterations the loop surely runs */
+    c->exact = -1;
+    if ((cond_known && !cond0) || (m_known && inp[0] && m == 0)) c->exact = 0;
+    else if (cond_known && (!inp[0] || (m_known && m >= 1))) n_min = 1;
+    struct kiln_type *types = calloc((size_t)n_carried + 3, sizeof *types);
+    if (!types) return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory compiling a plan");
+    kiln_status st = KILN_OK;
+    kiln_type_unknown(&types[0]);
+    types[0].dtype = KILN_DTYPE_I64;
+    types[0].rank = 0;
+    kiln_type_unknown(&types[1]);
+    types[1].dtype = KILN_DTYPE_BOOL;
+    types[1].rank = 0;
+    for (int k = 0; k < n_carried; k++) types[k + 2] = *inp[k + 2];
+    bool done = c->exact == 0;
+    if (done && c->n_scan) { /* no iteration runs, but the scan outputs' element types */
+        struct body_plan *bp = &c->bodies[c->n_bodies++];
+        if ((st = body_compile(p, n, body, types, env, bp)) != KILN_OK) goto out;
+    }
+    for (int64_t i = 0; !done; i++) {
+        if (c->n_bodies == PLAN_LOOP_MAX_SHAPES) {
+            st = unsupported(n, "its loop-carried values change shape on too many iterations");
+            goto out;
+        }
+        struct body_plan *bp = &c->bodies[c->n_bodies++];
+        if ((st = body_compile(p, n, body, types, env, bp)) != KILN_OK) goto out;
+        const struct kiln_plan *b = bp->plan;
+        if (i == 0 && m_known && inp[0] && cond_known && cond0 && cond_stays_true(b))
+            c->exact = m;
+        bool fixed = true;
+        for (int k = 0; k < n_carried; k++) {
+            const struct kiln_type *t = plan_output_type(b, k + 1);
+            if (t->dtype != types[k + 2].dtype) {
+                st = unsupported(n, "a loop-carried value changes dtype");
+                goto out;
+            }
+            if (!same_type(t, &types[k + 2])) fixed = false;
+        }
+        if (c->n_bodies > 1) { /* every body plan makes the same scan outputs */
+            for (int s = 0; s < c->n_scan; s++)
+                if (!same_type(plan_output_type(b, 1 + n_carried + s),
+                               plan_output_type(c->bodies[0].plan, 1 + n_carried + s))) {
+                    st = unsupported(n, "a scan output changes shape between iterations");
+                    goto out;
+                }
+        }
+        if (fixed) {
+            if (c->exact < 0 && n_min < i) {
+                st = unsupported(n, "its loop-carried values' shapes depend on how many "
+                                    "iterations run");
+                goto out;
+            }
+            done = true;
+        } else {
+            for (int k = 0; k < n_carried; k++) types[k + 2] = *plan_output_type(b, k + 1);
+            if (c->exact >= 0 && i + 1 == c->exact) done = true;
+        }
+    }
+    if (c->n_scan && c->exact < 0) {
+        st = unsupported(n, "its scan outputs' length depends on when the loop stops");
+        goto out;
+    }
+    for (int k = 0; k < n_carried; k++) outtype[k] = types[k + 2];
+    for (int s = 0; s < c->n_scan; s++) {
+        struct kiln_type *o = &outtype[n_carried + s];
+        const struct kiln_type *e = c->n_bodies
+                                        ? plan_output_type(c->bodies[0].plan, 1 + n_carried + s)
+                                        : &body->values[body->outputs[1 + n_carried + s]].type;
+        kiln_type_unknown(o);
+        int r = e->rank > 0 && e->rank < KILN_MAX_RANK ? e->rank : 0;
+        if (e->rank + 1 > KILN_MAX_RANK) {
+            st = unsupported(n, "a scan output's rank is too large");
+            goto out;
+        }
+        o->dtype = e->dtype ? e->dtype : KILN_DTYPE_F32;
+        o->rank = r + 1;
+        o->dims[0] = c->exact;
+        for (int d = 0; d < r; d++) o->dims[d + 1] = e->dims[d] > 0 ? e->dims[d] : 0;
+    }
+out:
+    free(types);
+    return st;
+}
+
+static kiln_status if_compile(struct kiln_plan *p, const struct kiln_node *n,
+                              kiln_tensor *const *inv, const struct recompile_env *env,
+                              struct control *c, struct kiln_type *outtype)
+{
+    const struct kiln_graph *br[2] = {graph_attr_of(n, "then_branch"),
+                                      graph_attr_of(n, "else_branch")};
+    for (int b = 0; b < 2; b++)
+        if (!br[b] || br[b]->n_inputs || br[b]->n_outputs != n->n_out)
+            return unsupported(n, "its branches do not match its outputs");
+    c->const_branch = -1;
+    if (inv[0]) {
+        if (kiln_tensor_count(inv[0]) != 1) return unsupported(n, "its condition is not a scalar");
+        c->const_branch = kiln_tensor_f64(inv[0], 0) != 0 ? 0 : 1;
+    }
+    for (int b = 0; b < 2; b++) {
+        if (c->const_branch >= 0 && b != c->const_branch) {
+            c->bodies[c->n_bodies++] = (struct body_plan){NULL, NULL};
+            continue;
+        }
+        struct body_plan *bp = &c->bodies[c->n_bodies++];
+        kiln_status st = body_compile(p, n, br[b], NULL, env, bp);
+        if (st != KILN_OK) return st;
+    }
+    int first = c->const_branch >= 0 ? c->const_branch : 0;
+    for (int k = 0; k < n->n_out; k++) {
+        outtype[k] = *plan_output_type(c->bodies[first].plan, k);
+        if (c->const_branch < 0 &&
+            !same_type(&outtype[k], plan_output_type(c->bodies[1].plan, k)))
+            return unsupported(n, "its branches' outputs differ in type or shape");
+    }
+    return KILN_OK;
+}
+
+static kiln_status control_run(void *state, struct kiln_run_ctx *ctx);
+
+/* Compile control-flow node n (Loop, If) into *inst; outtype receives its output types. */
+static kiln_status control_compile(struct kiln_plan *p, const struct kiln_node *n,
+                                   const struct kiln_type *const *inp, kiln_tensor *const *inv,
+                                   const struct recompile_env *env, struct kiln_type *outtype,
+                                   struct kiln_kernel_inst *inst)
+{
+    memset(inst, 0, sizeof *inst);
+    if (n->op != KILN_OP_Loop && n->op != KILN_OP_If)
+        return unsupported(n, "Scan runs in the reference executor");
+    if (p->depth + 1 > PLAN_MAX_DEPTH) return unsupported(n, "bodies nest too deep to plan");
+    if (n->n_in + n->n_implicit > KILN_MAX_IO)
+        return unsupported(n, "its bodies capture too many values");
+    for (int k = 0; k < n->n_implicit; k++)
+        if (n->implicit[k] < 0 || p->slots[n->implicit[k]].kind == SLOT_NONE)
+            return kiln_node_error(n, KILN_ERR_INTERNAL, "a captured value has no value");
+    struct control *c = calloc(1, sizeof *c);
+    if (!c) return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory compiling a plan");
+    c->op = n->op;
+    c->node = n;
+    c->const_branch = -1;
+    kiln_status st = n->op == KILN_OP_Loop ? loop_compile(p, n, inp, inv, env, c, outtype)
+                                           : if_compile(p, n, inv, env, c, outtype);
+    if (st == KILN_OK) {
+        c->out_types = calloc((size_t)n->n_out + 1, sizeof *c->out_types);
+        if (!c->out_types) st = kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory compiling a plan");
+    }
+    for (int k = 0; k < n->n_out && st == KILN_OK; k++) {
+        if (!kiln_type_is_concrete(&outtype[k])) st = unsupported(n, "an output shape depends on data");
+        else if (outtype[k].dtype == KILN_DTYPE_STRING || kiln_dtype_is_container(outtype[k].dtype))
+            st = unsupported(n, "it produces strings, sequences or optionals");
+        else c->out_types[k] = outtype[k];
+    }
+    if (st != KILN_OK) {
+        control_free(c);
+        return st;
+    }
+    inst->name = n->op == KILN_OP_Loop ? "loop_plan" : "if_plan";
+    inst->state = c;
+    inst->run = control_run;
+    inst->destroy = control_free;
+    inst->inplace_input = -1;
+    return KILN_OK;
+}
+
+static kiln_status plan_run_in(struct kiln_plan *p, kiln_tensor *const *inputs,
+                               kiln_tensor **outputs, int granted, const kiln_run_options *ro,
+                               int prof, struct kiln_exec_frame *parent);
+
+/* Run body plan bp with inputs `in` (its graph's inputs) and its captures read from the
+ * step's inputs; outputs receive owned tensors. */
+static kiln_status body_run(struct body_plan *bp, kiln_tensor *const *in,
+                            struct kiln_run_ctx *ctx, kiln_tensor **outputs)
+{
+    struct kiln_plan *b = bp->plan;
+    kiln_tensor *all[KILN_MAX_IO * 2];
+    kiln_tensor **args = all;
+    int n = b->g->n_inputs + b->n_caps;
+    if (n > KILN_MAX_IO * 2) {
+        args = malloc(sizeof *args * (size_t)n);
+        if (!args) return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory in a loop");
+    }
+    for (int i = 0; i < b->g->n_inputs; i++) args[i] = in[i];
+    for (int j = 0; j < b->n_caps; j++) args[b->g->n_inputs + j] = ctx->in[bp->cap_in[j]];
+    const kiln_run_options *ro = ctx->frame ? ctx->frame->ro : NULL;
+    kiln_status st = plan_run_in(b, args, outputs, ctx->threads, ro, 0, ctx->frame);
+    if (args != all) free(args);
+    return st;
+}
+
+/* Copy t into the planned output o (same dtype and shape). */
+static kiln_status put_output(const struct kiln_node *n, int k, kiln_tensor *o,
+                              const kiln_tensor *t)
+{
+    if (t->dtype != o->dtype || t->rank != o->rank ||
+        memcmp(t->dims, o->dims, sizeof(int64_t) * (size_t)t->rank) != 0) {
+        char a[160], b[160];
+        return kiln_node_error(n, KILN_ERR_INTERNAL,
+                               "output %d came out %s %s; the plan expected %s %s", k,
+                               kiln_dtype_name(t->dtype), kiln_shape_str(t->rank, t->dims, a, sizeof a),
+                               kiln_dtype_name(o->dtype), kiln_shape_str(o->rank, o->dims, b, sizeof b));
+    }
+    if (o->nbytes && o->data != t->data) memcpy(o->data, t->data, o->nbytes);
+    return KILN_OK;
+}
+
+static kiln_status if_run_plan(struct control *c, struct kiln_run_ctx *ctx)
+{
+    const struct kiln_node *n = ctx->node;
+    int br = c->const_branch;
+    if (br < 0) {
+        if (kiln_tensor_count(ctx->in[0]) != 1)
+            return kiln_node_error(n, KILN_ERR_RUNTIME, "condition must have one element, got %lld",
+                                   (long long)kiln_tensor_count(ctx->in[0]));
+        br = kiln_tensor_f64(ctx->in[0], 0) != 0 ? 0 : 1;
+    }
+    kiln_tensor *outs[KILN_MAX_IO];
+    kiln_status st = body_run(&c->bodies[br], NULL, ctx, outs);
+    if (st != KILN_OK) return st;
+    for (int k = 0; k < ctx->n_out; k++) {
+        if (st == KILN_OK) st = put_output(n, k, ctx->out[k], outs[k]);
+        kiln_tensor_free(outs[k]);
+    }
+    return st;
+}
+
+static bool matches(const struct kiln_plan *b, kiln_tensor *const *carried, int n_carried)
+{
+    for (int k = 0; k < n_carried; k++) {
+        const struct kiln_type *t = &b->in_types[k + 2];
+        const kiln_tensor *x = carried[k];
+        if (x->dtype != t->dtype || x->rank != t->rank ||
+            memcmp(x->dims, t->dims, sizeof(int64_t) * (size_t)x->rank) != 0)
+            return false;
+    }
+    return true;
+}
+
+static kiln_status loop_run_plan(struct control *c, struct kiln_run_ctx *ctx)
+{
+    const struct kiln_node *n = ctx->node;
+    int nc = c->n_carried, ns = c->n_scan;
+    int64_t max_trip = PLAN_LOOP_MAX_ITERATIONS;
+    bool bounded = false;
+    for (int k = 0; k < 2; k++)
+        if (ctx->in[k] && kiln_tensor_count(ctx->in[k]) != 1)
+            return kiln_node_error(n, KILN_ERR_INVALID_ARGUMENT, "%s must have one element, got %lld",
+                                   k ? "the condition" : "the trip count M",
+                                   (long long)kiln_tensor_count(ctx->in[k]));
+    if (ctx->in[0]) {
+        max_trip = kiln_tensor_i64(ctx->in[0], 0);
+        bounded = true;
+        if (max_trip < 0) max_trip = 0;
+    }
+    bool cond = ctx->in[1] ? kiln_tensor_f64(ctx->in[1], 0) != 0 : true;
+    int nb = 2 + nc;
+    int n_bout = 1 + nc + ns;
+    kiln_tensor **mem = calloc((size_t)(nb + nc + n_bout) + 1, sizeof *mem);
+    if (!mem) return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory in Loop");
+    kiln_tensor **bin = mem, **carried = mem + nb, **bout = mem + nb + nc;
+    unsigned char owned_small[64];
+    unsigned char *owned = nc <= 64 ? owned_small : calloc((size_t)nc, 1);
+    kiln_tensor iter_t, cond_t;
+    int64_t iter_v = 0;
+    uint8_t cond_v = 1;
+    kiln_status st = KILN_OK;
+    if (!owned) {
+        free(mem);
+        return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory in Loop");
+    }
+    memset(owned, 0, (size_t)nc);
+    memset(&iter_t, 0, sizeof iter_t);
+    memset(&cond_t, 0, sizeof cond_t);
+    iter_t.dtype = KILN_DTYPE_I64;
+    iter_t.data = &iter_v;
+    iter_t.nbytes = sizeof iter_v;
+    cond_t.dtype = KILN_DTYPE_BOOL;
+    cond_t.data = &cond_v;
+    cond_t.nbytes = 1;
+    for (int k = 0; k < nc; k++) carried[k] = ctx->in[k + 2];
+    int64_t it = 0;
+    int bi = 0; /* body plan of this iteration: they follow the carried types */
+    const kiln_run_options *ro = ctx->frame ? ctx->frame->ro : NULL;
+    while (cond && it < max_trip) {
+        if (ro && (st = kiln_exec_check_deadline(ro)) != KILN_OK) goto out;
+        while (bi < c->n_bodies && !matches(c->bodies[bi].plan, carried, nc)) bi++;
+        if (bi == c->n_bodies) {
+            st = kiln_node_error(n, KILN_ERR_INTERNAL,
+                                 "iteration %lld: no body plan for the loop-carried values' shapes",
+                                 (long long)it);
+            goto out;
+        }
+        iter_v = it;
+        cond_v = 1;
+        bin[0] = &iter_t;
+        bin[1] = &cond_t;
+        for (int k = 0; k < nc; k++) bin[k + 2] = carried[k];
+        st = body_run(&c->bodies[bi], bin, ctx, bout);
+        if (st != KILN_OK) {
+            kiln_error_wrap(st, "Loop node '%s' iteration %lld", n->name, (long long)it);
+            goto out;
+        }
+        cond = kiln_tensor_count(bout[0]) > 0 && kiln_tensor_f64(bout[0], 0) != 0;
+        kiln_tensor_free(bout[0]);
+        bout[0] = NULL;
+        for (int k = 0; k < nc; k++) {
+            if (owned[k]) kiln_tensor_free(carried[k]);
+            carried[k] = bout[1 + k];
+            owned[k] = 1;
+            bout[1 + k] = NULL;
+        }
+        for (int s = 0; s < ns; s++) {
+            kiln_tensor *y = bout[1 + nc + s], *o = ctx->out[nc + s];
+            if (st == KILN_OK && (it >= o->dims[0] || (size_t)it * y->nbytes + y->nbytes > o->nbytes ||
+                                  y->dtype != o->dtype))
+                st = kiln_node_error(n, KILN_ERR_INTERNAL,
+                                     "scan output %d does not fit the planned output", s);
+            if (st == KILN_OK && y->nbytes)
+                memcpy((char *)o->data + (size_t)it * y->nbytes, y->data, y->nbytes);
+            kiln_tensor_free(y);
+            bout[1 + nc + s] = NULL;
+        }
+        if (st != KILN_OK) goto out;
+        it++;
+        if (!bounded && it >= PLAN_LOOP_MAX_ITERATIONS) {
+            st = kiln_node_error(n, KILN_ERR_RUNTIME,
+                                 "ran %lld iterations without a trip count; stopping",
+                                 (long long)it);
+            goto out;
+        }
+    }
+    if (c->exact >= 0 && it != c->exact) {
+        st = kiln_node_error(n, KILN_ERR_INTERNAL, "ran %lld iterations; the plan expected %lld",
+                             (long long)it, (long long)c->exact);
+        goto out;
+    }
+    for (int k = 0; k < nc && st == KILN_OK; k++) st = put_output(n, k, ctx->out[k], carried[k]);
+out:
+    for (int k = 0; k < nc; k++)
+        if (owned[k]) kiln_tensor_free(carried[k]);
+    for (int k = 0; k < n_bout; k++) kiln_tensor_free(bout[k]);
+    if (owned != owned_small) free(owned);
+    free(mem);
+    return st;
+}
+
+static kiln_status control_run(void *state, struct kiln_run_ctx *ctx)
+{
+    struct control *c = state;
+    return c->op == KILN_OP_Loop ? loop_run_plan(c, ctx) : if_run_plan(c, ctx);
+}
+
+static kiln_status plan_compile_typed(const struct kiln_graph *g, const struct kiln_type *in_types,
+                                      const struct kiln_plan *parent, int depth,
+                                      struct kiln_weight_cache *weights, int threads,
+                                      int precision, const struct kiln_plan_node_prec *ov,
+                                      int n_ov, struct kiln_plan **out)
+{
+    *out = NULL;
     int *need = NULL, *packed_uses = NULL; /* per value: reads in the graph, packed reads */
     struct kiln_plan *p = calloc(1, sizeof *p);
     if (!p) return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory compiling a plan");
     pthread_mutex_init(&p->mu, NULL);
     p->g = g;
+    p->depth = depth;
     kiln_status st = KILN_OK;
     /* kernels are compiled for the most threads a run may lease (0 = every core) */
     int cpus = kiln_cpu_count();
@@ -860,22 +1399,51 @@ static kiln_status plan_compile(const struct kiln_graph *g, const kiln_tensor *c
             s->konst = val->konst;
             kiln_type_from_tensor(&s->type, val->konst);
         } else if (val->kind == KILN_VALUE_OUTER) {
-            st = unsupported(NULL, "it captures values of an enclosing graph");
-            goto fail;
+            /* a body's capture: a constant of the enclosing plan stays one; anything
+             * else is an input of the body's runs after its own */
+            const struct slot *ps =
+                parent && val->outer >= 0 && val->outer < parent->g->n_values
+                    ? &parent->slots[val->outer] : NULL;
+            if (!ps || ps->kind == SLOT_NONE) {
+                st = unsupported(NULL, "it captures values of an enclosing graph");
+                goto fail;
+            }
+            if (ps->kind == SLOT_CONST) {
+                s->kind = SLOT_CONST;
+                s->konst = ps->konst;
+                s->type = ps->type;
+                continue;
+            }
+            if (ps->layout || ps->type.dtype == KILN_DTYPE_STRING ||
+                kiln_dtype_is_container(ps->type.dtype)) {
+                st = unsupported(NULL, "a body captures a blocked, string or sequence value");
+                goto fail;
+            }
+            int *co = realloc(p->cap_outer, sizeof *co * ((size_t)p->n_caps + 1));
+            if (!co) goto oom;
+            p->cap_outer = co;
+            co[p->n_caps] = val->outer;
+            s->kind = SLOT_INPUT;
+            s->input_index = g->n_inputs + p->n_caps++;
+            s->type = ps->type;
         }
     }
     for (int i = 0; i < g->n_inputs; i++) {
         struct slot *s = &p->slots[g->inputs[i]];
         s->kind = SLOT_INPUT;
         s->input_index = i;
-        kiln_type_from_tensor(&s->type, inputs[i]);
+        s->type = in_types[i];
         p->in_types[i] = s->type;
-        if (inputs[i]->dtype == KILN_DTYPE_STRING) {
+        if (in_types[i].dtype == KILN_DTYPE_STRING) {
             st = unsupported(NULL, "it has string inputs");
             goto fail;
         }
-        if (kiln_dtype_is_container(inputs[i]->dtype)) {
+        if (kiln_dtype_is_container(in_types[i].dtype)) {
             st = unsupported(NULL, "it has sequence or optional inputs");
+            goto fail;
+        }
+        if (!kiln_type_is_concrete(&in_types[i])) {
+            st = unsupported(NULL, "an input's shape is not known");
             goto fail;
         }
     }
@@ -933,18 +1501,37 @@ static kiln_status plan_compile(const struct kiln_graph *g, const kiln_tensor *c
             if (st != KILN_OK) goto fail;
             continue;
         }
+        /* Loop and If: one step running plans of their bodies (control flow, above) */
+        struct kiln_kernel_inst ctl_inst;
+        bool control = false;
+        memset(&ctl_inst, 0, sizeof ctl_inst);
         if (flags & KILN_OPF_SUBGRAPH) {
-            st = unsupported(n, "control flow runs in the reference executor");
-            goto fail;
+            struct recompile_env cenv = {weights, plan_threads, precision, ov, n_ov};
+            if ((st = acquire_inputs(weights, n, inv, 0)) != KILN_OK ||
+                (st = control_compile(p, n, inp, inv, &cenv, outtype, &ctl_inst)) != KILN_OK)
+                goto fail;
+            control = true;
         }
-        if (flags & KILN_OPF_SEQ) {
+        if (!control && (flags & KILN_OPF_SEQ)) {
             st = unsupported(n, "sequence and optional values run in the reference executor");
             goto fail;
         }
-        const struct kiln_fast_op *fast = kiln_fast_op(n->op);
-        if ((st = acquire_inputs(weights, n, inv, fast ? fast->packs : 0)) != KILN_OK) goto fail;
-        bool dynout = flags & KILN_OPF_DYNOUT;
-        if (!dynout) {
+        const struct kiln_fast_op *fast = control ? NULL : kiln_fast_op(n->op);
+        if (!control && (st = acquire_inputs(weights, n, inv, fast ? fast->packs : 0)) != KILN_OK)
+            goto fail;
+        bool dynout = !control && (flags & KILN_OPF_DYNOUT);
+        /* an op whose outputs are sized at run time may still have a fast kernel for the
+         * cases its shape function knows (TfListSetItem without resize) */
+        bool dyn_fast = false;
+        if (dynout && fast && !all_known) {
+            struct kiln_infer_ctx ictx = {n, n->n_in, inp, (const kiln_tensor *const *)inv,
+                                          n->n_out, outp};
+            dyn_fast = impl->infer(&ictx) == KILN_OK && kiln_attr_check(n) == KILN_OK;
+            for (int k = 0; k < n->n_out && dyn_fast; k++)
+                dyn_fast = kiln_type_is_concrete(&outtype[k]);
+            if (dyn_fast) dynout = false;
+        }
+        if (!dynout && !control && !dyn_fast) {
             struct kiln_infer_ctx ictx = {n, n->n_in, inp, (const kiln_tensor *const *)inv,
                                           n->n_out, outp};
             st = impl->infer(&ictx);
@@ -959,7 +1546,7 @@ static kiln_status plan_compile(const struct kiln_graph *g, const kiln_tensor *c
             }
             out_bytes += (int64_t)type_bytes(&outtype[k], 0);
         }
-        if (all_known && !(flags & KILN_OPF_STATEFUL) &&
+        if (all_known && !control && !(flags & KILN_OPF_STATEFUL) &&
             (dynout || out_bytes <= PLAN_FOLD_MAX_BYTES)) {
             if ((st = acquire_inputs(weights, n, inv, 0)) != KILN_OK ||
                 (st = fold_node(p, n, inv)) != KILN_OK)
@@ -981,15 +1568,22 @@ static kiln_status plan_compile(const struct kiln_graph *g, const kiln_tensor *c
         sp->node = n;
         sp->ref = impl;
         sp->scratch_buf = -1;
-        sp->n_in = n->n_in;
+        if (control) {
+            sp->inst = ctl_inst; /* the plan owns it from here */
+            p->n_fast++;
+        }
+        /* a control step also reads the values its bodies capture: inputs after the node's */
+        int n_step_in = n->n_in + (control ? n->n_implicit : 0);
+        sp->n_in = n_step_in;
         sp->n_out = n->n_out;
-        sp->in = malloc(sizeof(int) * (size_t)(n->n_in + 1));
+        sp->in = malloc(sizeof(int) * (size_t)(n_step_in + 1));
         sp->out = malloc(sizeof(int) * (size_t)(n->n_out + 1));
         if (!sp->in || !sp->out) goto oom;
-        for (int k = 0; k < n->n_in; k++) {
-            sp->in[k] = n->in[k];
-            if (n->in[k] >= 0) {
-                struct slot *s = &p->slots[n->in[k]];
+        for (int k = 0; k < n_step_in; k++) {
+            int v = k < n->n_in ? n->in[k] : n->implicit[k - n->n_in];
+            sp->in[k] = v;
+            if (v >= 0) {
+                struct slot *s = &p->slots[v];
                 if (s->last_use < si) s->last_use = si;
             }
         }
@@ -1040,6 +1634,10 @@ static kiln_status plan_compile(const struct kiln_graph *g, const kiln_tensor *c
                                           node_precision(n, precision, ov, n_ov), 0};
             st = fast->compile(&cc, &sp->inst);
             if (st != KILN_OK) goto fail;
+            if (dyn_fast && !sp->inst.run) {
+                st = unsupported(n, "output shapes depend on data");
+                goto fail;
+            }
             if (sp->inst.run) {
                 p->n_fast++;
                 const char *why = step_fallback(sp);
@@ -1052,9 +1650,9 @@ static kiln_status plan_compile(const struct kiln_graph *g, const kiln_tensor *c
                 kiln_kernel_inst_destroy(&sp->inst);
             }
         }
-        if (!sp->inst.run) {
-            for (int k = 0; k < n->n_in; k++)
-                if (n->in[k] >= 0 && g->values[n->in[k]].layout) {
+        if (!sp->inst.run || control) {
+            for (int k = 0; k < sp->n_in; k++)
+                if (sp->in[k] >= 0 && sp->in[k] < g->n_values && g->values[sp->in[k]].layout) {
                     st = unsupported(n, "a blocked-layout input has no fast kernel");
                     goto fail;
                 }
@@ -1176,6 +1774,7 @@ void kiln_plan_free(struct kiln_plan *p)
     free(p->slots);
     free(p->bufs);
     free(p->in_types);
+    free(p->cap_outer);
     free(p->fallbacks);
     pthread_mutex_destroy(&p->mu);
     free(p);
@@ -1251,14 +1850,30 @@ kiln_status kiln_plan_run_profiled(struct kiln_plan *p, kiln_tensor *const *inpu
                                    kiln_tensor **outputs, int threads,
                                    const kiln_run_options *ro, int profile)
 {
+    int granted = kiln_threads_acquire(threads);
+    kiln_status st = plan_run_in(p, inputs, outputs, granted, ro, profile || profiling(), NULL);
+    kiln_threads_release(granted);
+    return st;
+}
+
+/* A run on `granted` threads already leased (a body's plan runs inside its Loop's or If's
+ * step, on the threads of the enclosing run). inputs: the graph's, then a body's captures;
+ * parent: the enclosing run's frame (NULL at the top). */
+static kiln_status plan_run_in(struct kiln_plan *p, kiln_tensor *const *inputs,
+                               kiln_tensor **outputs, int granted, const kiln_run_options *ro,
+                               int prof, struct kiln_exec_frame *parent)
+{
     const struct kiln_graph *g = p->g;
     for (int i = 0; i < g->n_outputs; i++) outputs[i] = NULL;
     struct arena_inst *a = arena_take(p);
     if (!a) return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory for a run's arena (%zu bytes)",
                               p->arena_bytes);
     kiln_status st = KILN_OK;
-    int granted = kiln_threads_acquire(threads);
-    int prof = profile || profiling();
+    /* the frame control steps read the deadline from (and nothing else: their bodies' plans
+     * take captures as inputs) */
+    struct kiln_exec_frame frame = {.g = g, .parent = parent, .vals = a->tp, .depth = p->depth,
+                                    .max_tensor_bytes = KILN_EXEC_DEFAULT_MAX_TENSOR_BYTES,
+                                    .ro = ro};
     if (prof) { /* the most threads any profiled run had */
         int seen = atomic_load(&p->prof_threads);
         while (seen < granted && !atomic_compare_exchange_weak(&p->prof_threads, &seen, granted)) {
@@ -1290,7 +1905,8 @@ kiln_status kiln_plan_run_profiled(struct kiln_plan *p, kiln_tensor *const *inpu
             in[k] = sp->in[k] >= 0 && !(sp->elided && sp->elided[k]) ? a->tp[sp->in[k]] : NULL;
         for (int k = 0; k < sp->n_out; k++) outt[k] = a->tp[sp->out[k]];
         void *scratch = sp->scratch_buf >= 0 ? (char *)a->mem + p->bufs[sp->scratch_buf].off : NULL;
-        struct kiln_run_ctx rctx = {sp->node, sp->n_in, in, sp->n_out, outt, NULL, scratch, granted};
+        struct kiln_run_ctx rctx = {sp->node, sp->n_in, in, sp->n_out, outt, &frame, scratch,
+                                    granted};
         int64_t t0 = prof ? now_ns() : 0;
         if (sp->inst.run) {
             st = sp->inst.run(sp->inst.state, &rctx);
@@ -1342,7 +1958,6 @@ out:
             kiln_tensor_free(outputs[i]);
             outputs[i] = NULL;
         }
-    kiln_threads_release(granted);
     arena_give(p, a);
     return st;
 }
@@ -1819,6 +2434,19 @@ void kiln_plan_cache_summary(struct kiln_plan_cache *c, int *plans, int *steps, 
             *fast = p->n_fast;
         }
     }
+    pthread_mutex_unlock(&c->mu);
+}
+
+void kiln_plan_cache_why_none(struct kiln_plan_cache *c, char *buf, size_t n)
+{
+    if (n) buf[0] = '\0';
+    pthread_mutex_lock(&c->mu);
+    int64_t best = -1;
+    for (int i = 0; i < c->n; i++)
+        if (!c->e[i].plan && c->e[i].msg && c->e[i].tick > best) {
+            best = c->e[i].tick;
+            snprintf(buf, n, "%s", c->e[i].msg);
+        }
     pthread_mutex_unlock(&c->mu);
 }
 

@@ -117,6 +117,9 @@ void kiln_plan_cache_profile_reset(struct kiln_plan_cache *c);
  * one with the largest arena. */
 void kiln_plan_cache_summary(struct kiln_plan_cache *c, int *plans, int *steps, int *fast,
                              size_t *arena);
+/* Why the most recently asked-for inputs that could not be planned could not (the
+ * compile's message), or "" when every cached entry has a plan. */
+void kiln_plan_cache_why_none(struct kiln_plan_cache *c, char *buf, size_t n);
 /* The share of the profiled time (kiln_plan_profile_enable) that the cached plans spent on
  * reference code: Kiln's reference kernels, and fast kernels whose oneDNN primitive runs
  * oneDNN's reference implementation ("ref:..."). -1 when nothing was profiled. */

@@ -153,3 +153,27 @@ def test_lists_that_grow(tmp_path, n):
     x = np.array([1.5, -2.0, 0.25], np.float32)
     got = predict(d, {"x": x, "n": np.array(n, np.int32)}, tmp_path)
     check(got, cf.list_append_ref(x, n))
+
+
+@pytest.mark.parametrize("bidirectional", [False, True])
+@pytest.mark.parametrize("steps,batch", [(5, 2), (1, 1), (9, 3)])
+def test_simple_rnn_runs_on_plans(tmp_path, bidirectional, steps, batch):
+    # Keras SimpleRNN (no fused op): its While runs as a Loop step whose body is a plan
+    # (TfListSetItem writing in place), on the default path; --reference runs the
+    # reference executor. Both must give NumPy's answer, and the profile must show the
+    # Loop steps on loop_plan.
+    data, weights = cf.simple_rnn(units=4, features=3, steps=steps, bidirectional=bidirectional)
+    d = cf.write(str(tmp_path), "srnn", data)
+    x = np.random.default_rng(steps + batch).standard_normal((batch, steps, 3)).astype(np.float32)
+    want = cf.simple_rnn_ref(x, weights, bidirectional)
+    check(predict(d, {"x": x}, tmp_path), want)
+    ref_dir = tmp_path / "ref"
+    ref_dir.mkdir()
+    np.save(tmp_path / "x.npy", x)
+    r = kiln("predict", d, "--reference", "--output-dir", ref_dir, "--input", f"x={tmp_path / 'x.npy'}")
+    assert r.returncode == 0, r.stderr
+    check({p.stem: np.load(p) for p in ref_dir.glob("*.npy")}, want)
+    r = kiln("bench", d, "--profile", "--iterations", "2", "--warmup", "0")
+    assert r.returncode == 0, r.stderr
+    loops = re.findall(r"^\s*\d+\s+\S+\s+Loop\s+(\S+)", r.stderr, re.M)
+    assert loops == ["loop_plan"] * (2 if bidirectional else 1), r.stderr[-3000:]

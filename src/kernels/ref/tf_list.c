@@ -44,7 +44,8 @@ static kiln_status list_set_infer(struct kiln_infer_ctx *ctx)
         return kiln_node_error(ctx->node, KILN_ERR_INVALID_MODEL, "the list is a scalar");
     if (item->rank >= 0 && item->rank + 1 <= KILN_MAX_RANK) {
         out->rank = item->rank + 1;
-        out->dims[0] = list->rank >= 1 ? list->dims[0] : -1;
+        /* "resize" may grow the list: its length is known only at run time */
+        out->dims[0] = list->rank >= 1 && !kiln_attr_int(ctx->node, "resize", 0) ? list->dims[0] : -1;
         for (int i = 0; i < item->rank; i++) out->dims[i + 1] = item->dims[i];
     }
     return KILN_OK;
