@@ -103,6 +103,9 @@ struct kiln_plan {
     int n_caps;
     int *cap_outer;
     int depth; /* subgraph nesting: 0 for a graph's own plan */
+    unsigned char *donate; /* per graph input, or NULL: 1 = the caller hands the tensor over
+                              (a Loop's carried values): steps may write over it, and an
+                              output on its memory is handed back as that same tensor */
 };
 
 static atomic_int profile_on = -1;
@@ -221,6 +224,14 @@ static int root_of(const struct kiln_plan *p, int s)
 {
     while (p->slots[s].kind == SLOT_ALIAS) s = p->slots[s].alias_of;
     return s;
+}
+
+/* Whether slot r is a graph input its runs' caller hands over (plan->donate). */
+static bool donated_input(const struct kiln_plan *p, int r)
+{
+    const struct slot *s = &p->slots[r];
+    return p->donate && s->kind == SLOT_INPUT && s->input_index < p->g->n_inputs &&
+           p->donate[s->input_index];
 }
 
 /* Offsets: largest buffer first, at the lowest offset free during its lifetime. */
@@ -784,6 +795,7 @@ static kiln_status plan_compile(const struct kiln_graph *g, const kiln_tensor *c
                                 const struct kiln_plan_node_prec *ov, int n_ov,
                                 struct kiln_plan **out);
 static kiln_status plan_compile_typed(const struct kiln_graph *g, const struct kiln_type *in_types,
+                                      const unsigned char *donate,
                                       const struct kiln_plan *parent, int depth,
                                       struct kiln_weight_cache *weights, int threads,
                                       int precision, const struct kiln_plan_node_prec *ov,
@@ -849,7 +861,7 @@ static kiln_status plan_compile(const struct kiln_graph *g, const kiln_tensor *c
             st = unsupported(NULL, "it has sequence or optional inputs");
     }
     if (st == KILN_OK)
-        st = plan_compile_typed(g, types, NULL, 0, weights, threads, precision, ov, n_ov, out);
+        st = plan_compile_typed(g, types, NULL, NULL, 0, weights, threads, precision, ov, n_ov, out);
     free(types);
     return st;
 }
@@ -935,11 +947,13 @@ static const struct kiln_type *plan_output_type(const struct kiln_plan *p, int i
  * inputs (the node's inputs, then its implicit values). */
 static kiln_status body_compile(struct kiln_plan *p, const struct kiln_node *n,
                                 const struct kiln_graph *g, const struct kiln_type *in_types,
-                                const struct recompile_env *env, struct body_plan *bp)
+                                const unsigned char *donate, const struct recompile_env *env,
+                                struct body_plan *bp)
 {
     bp->plan = NULL;
     bp->cap_in = NULL;
-    kiln_status st = plan_compile_typed(g, in_types, p, p->depth + 1, env->weights, env->threads,
+    kiln_status st = plan_compile_typed(g, in_types, donate, p, p->depth + 1, env->weights,
+                                        env->threads,
                                         env->precision, env->ov, env->n_ov, &bp->plan);
     if (st != KILN_OK) return st;
     struct kiln_plan *b = bp->plan;
@@ -1024,10 +1038,17 @@ static kiln_status loop_compile(struct kiln_plan *p, const struct kiln_node *n,
     types[1].dtype = KILN_DTYPE_BOOL;
     types[1].rank = 0;
     for (int k = 0; k < n_carried; k++) types[k + 2] = *inp[k + 2];
+    /* the loop owns the carried values it passes in: a body step may write over one */
+    unsigned char *donate = calloc((size_t)n_carried + 3, 1);
+    if (!donate) {
+        free(types);
+        return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory compiling a plan");
+    }
+    memset(donate + 2, 1, (size_t)n_carried);
     bool done = c->exact == 0;
     if (done && c->n_scan) { /* no iteration runs, but the scan outputs' element types */
         struct body_plan *bp = &c->bodies[c->n_bodies++];
-        if ((st = body_compile(p, n, body, types, env, bp)) != KILN_OK) goto out;
+        if ((st = body_compile(p, n, body, types, donate, env, bp)) != KILN_OK) goto out;
     }
     for (int64_t i = 0; !done; i++) {
         if (c->n_bodies == PLAN_LOOP_MAX_SHAPES) {
@@ -1035,7 +1056,7 @@ static kiln_status loop_compile(struct kiln_plan *p, const struct kiln_node *n,
             goto out;
         }
         struct body_plan *bp = &c->bodies[c->n_bodies++];
-        if ((st = body_compile(p, n, body, types, env, bp)) != KILN_OK) goto out;
+        if ((st = body_compile(p, n, body, types, donate, env, bp)) != KILN_OK) goto out;
         const struct kiln_plan *b = bp->plan;
         if (i == 0 && m_known && inp[0] && cond_known && cond0 && cond_stays_true(b))
             c->exact = m;
@@ -1091,6 +1112,7 @@ static kiln_status loop_compile(struct kiln_plan *p, const struct kiln_node *n,
     }
 out:
     free(types);
+    free(donate);
     return st;
 }
 
@@ -1114,7 +1136,7 @@ static kiln_status if_compile(struct kiln_plan *p, const struct kiln_node *n,
             continue;
         }
         struct body_plan *bp = &c->bodies[c->n_bodies++];
-        kiln_status st = body_compile(p, n, br[b], NULL, env, bp);
+        kiln_status st = body_compile(p, n, br[b], NULL, NULL, env, bp);
         if (st != KILN_OK) return st;
     }
     int first = c->const_branch >= 0 ? c->const_branch : 0;
@@ -1175,12 +1197,14 @@ static kiln_status control_compile(struct kiln_plan *p, const struct kiln_node *
 
 static kiln_status plan_run_in(struct kiln_plan *p, kiln_tensor *const *inputs,
                                kiln_tensor **outputs, int granted, const kiln_run_options *ro,
-                               int prof, struct kiln_exec_frame *parent);
+                               int prof, struct kiln_exec_frame *parent,
+                               kiln_tensor *const *preset);
 
 /* Run body plan bp with inputs `in` (its graph's inputs) and its captures read from the
  * step's inputs; outputs receive owned tensors. */
 static kiln_status body_run(struct body_plan *bp, kiln_tensor *const *in,
-                            struct kiln_run_ctx *ctx, kiln_tensor **outputs)
+                            struct kiln_run_ctx *ctx, kiln_tensor **outputs,
+                            kiln_tensor *const *preset)
 {
     struct kiln_plan *b = bp->plan;
     kiln_tensor *all[KILN_MAX_IO * 2];
@@ -1193,7 +1217,7 @@ static kiln_status body_run(struct body_plan *bp, kiln_tensor *const *in,
     for (int i = 0; i < b->g->n_inputs; i++) args[i] = in[i];
     for (int j = 0; j < b->n_caps; j++) args[b->g->n_inputs + j] = ctx->in[bp->cap_in[j]];
     const kiln_run_options *ro = ctx->frame ? ctx->frame->ro : NULL;
-    kiln_status st = plan_run_in(b, args, outputs, ctx->threads, ro, 0, ctx->frame);
+    kiln_status st = plan_run_in(b, args, outputs, ctx->threads, ro, 0, ctx->frame, preset);
     if (args != all) free(args);
     return st;
 }
@@ -1225,7 +1249,7 @@ static kiln_status if_run_plan(struct control *c, struct kiln_run_ctx *ctx)
         br = kiln_tensor_f64(ctx->in[0], 0) != 0 ? 0 : 1;
     }
     kiln_tensor *outs[KILN_MAX_IO];
-    kiln_status st = body_run(&c->bodies[br], NULL, ctx, outs);
+    kiln_status st = body_run(&c->bodies[br], NULL, ctx, outs, NULL);
     if (st != KILN_OK) return st;
     for (int k = 0; k < ctx->n_out; k++) {
         if (st == KILN_OK) st = put_output(n, k, ctx->out[k], outs[k]);
@@ -1244,6 +1268,25 @@ static bool matches(const struct kiln_plan *b, kiln_tensor *const *carried, int 
             return false;
     }
     return true;
+}
+
+/* The loop's own copy of a carried value x before its first iteration: the planned
+ * output o's memory (a header onto it) when it has x's type, so that a body that writes
+ * the value in place leaves the result where it belongs with no copy and nothing
+ * allocated; else a clone. */
+static kiln_status own_carried(const kiln_tensor *x, kiln_tensor *o, kiln_tensor **out)
+{
+    if (x->dtype != o->dtype || x->rank != o->rank || x->nbytes != o->nbytes ||
+        memcmp(x->dims, o->dims, sizeof(int64_t) * (size_t)x->rank) != 0 ||
+        x->dtype == KILN_DTYPE_STRING)
+        return kiln_tensor_clone(x, out);
+    kiln_tensor *h = calloc(1, sizeof *h);
+    if (!h) return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory in Loop");
+    *h = *o;
+    h->owns_data = 0;
+    if (o->nbytes && o->data != x->data) memcpy(o->data, x->data, o->nbytes);
+    *out = h;
+    return KILN_OK;
 }
 
 static kiln_status loop_run_plan(struct control *c, struct kiln_run_ctx *ctx)
@@ -1265,9 +1308,10 @@ static kiln_status loop_run_plan(struct control *c, struct kiln_run_ctx *ctx)
     bool cond = ctx->in[1] ? kiln_tensor_f64(ctx->in[1], 0) != 0 : true;
     int nb = 2 + nc;
     int n_bout = 1 + nc + ns;
-    kiln_tensor **mem = calloc((size_t)(nb + nc + n_bout) + 1, sizeof *mem);
+    kiln_tensor **mem = calloc((size_t)(nb + nc + 2 * n_bout) + 1, sizeof *mem);
     if (!mem) return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory in Loop");
     kiln_tensor **bin = mem, **carried = mem + nb, **bout = mem + nb + nc;
+    kiln_tensor **preset = bout + n_bout;
     unsigned char owned_small[64];
     unsigned char *owned = nc <= 64 ? owned_small : calloc((size_t)nc, 1);
     kiln_tensor iter_t, cond_t;
@@ -1287,6 +1331,8 @@ static kiln_status loop_run_plan(struct control *c, struct kiln_run_ctx *ctx)
     cond_t.dtype = KILN_DTYPE_BOOL;
     cond_t.data = &cond_v;
     cond_t.nbytes = 1;
+    /* the body's plans may write over the carried values (donated): the loop's own copies,
+     * made when the first iteration runs */
     for (int k = 0; k < nc; k++) carried[k] = ctx->in[k + 2];
     int64_t it = 0;
     int bi = 0; /* body plan of this iteration: they follow the carried types */
@@ -1300,25 +1346,53 @@ static kiln_status loop_run_plan(struct control *c, struct kiln_run_ctx *ctx)
                                  (long long)it);
             goto out;
         }
+        for (int k = 0; k < nc; k++)
+            if (!owned[k]) {
+                if ((st = own_carried(carried[k], ctx->out[k], &carried[k])) != KILN_OK) goto out;
+                owned[k] = 1;
+            }
         iter_v = it;
         cond_v = 1;
         bin[0] = &iter_t;
         bin[1] = &cond_t;
         for (int k = 0; k < nc; k++) bin[k + 2] = carried[k];
-        st = body_run(&c->bodies[bi], bin, ctx, bout);
+        /* a carried output the body makes anew is written straight into the loop's output
+         * (a header onto it) while no carried value lives there */
+        for (int k = 0; k < nc; k++) {
+            preset[1 + k] = NULL;
+            bool busy = false;
+            for (int j = 0; j < nc; j++) busy |= carried[j]->data == ctx->out[k]->data;
+            if (busy || ctx->out[k]->dtype == KILN_DTYPE_STRING) continue;
+            if (!(preset[1 + k] = calloc(1, sizeof(kiln_tensor)))) {
+                st = kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory in Loop");
+                goto out;
+            }
+            *preset[1 + k] = *ctx->out[k];
+            preset[1 + k]->owns_data = 0;
+        }
+        st = body_run(&c->bodies[bi], bin, ctx, bout, preset);
+        for (int k = 0; k < nc; k++) { /* headers the run did not hand back */
+            bool used = false;
+            for (int j = 0; j < n_bout && st == KILN_OK; j++) used |= bout[j] == preset[1 + k];
+            if (!used) free(preset[1 + k]);
+            preset[1 + k] = NULL;
+        }
         if (st != KILN_OK) {
             kiln_error_wrap(st, "Loop node '%s' iteration %lld", n->name, (long long)it);
             goto out;
         }
+        /* an output may be a carried value handed back (written over in place): each
+         * tensor is in bout once; free the old carried values no output took over */
+        for (int k = 0; k < nc; k++) {
+            bool taken = false;
+            for (int j = 0; j < n_bout && !taken; j++) taken = bout[j] == carried[k];
+            if (!taken) kiln_tensor_free(carried[k]);
+            carried[k] = bout[1 + k];
+            bout[1 + k] = NULL;
+        }
         cond = kiln_tensor_count(bout[0]) > 0 && kiln_tensor_f64(bout[0], 0) != 0;
         kiln_tensor_free(bout[0]);
         bout[0] = NULL;
-        for (int k = 0; k < nc; k++) {
-            if (owned[k]) kiln_tensor_free(carried[k]);
-            carried[k] = bout[1 + k];
-            owned[k] = 1;
-            bout[1 + k] = NULL;
-        }
         for (int s = 0; s < ns; s++) {
             kiln_tensor *y = bout[1 + nc + s], *o = ctx->out[nc + s];
             if (st == KILN_OK && (it >= o->dims[0] || (size_t)it * y->nbytes + y->nbytes > o->nbytes ||
@@ -1344,11 +1418,26 @@ static kiln_status loop_run_plan(struct control *c, struct kiln_run_ctx *ctx)
                              (long long)it, (long long)c->exact);
         goto out;
     }
+    /* a carried value left on another output's memory (the body swapped two) is copied
+     * out first, so that no put overwrites what a later one reads */
+    for (int k = 0; k < nc && st == KILN_OK; k++) {
+        bool other = false;
+        for (int j = 0; j < nc; j++) other |= j != k && carried[k]->data == ctx->out[j]->data;
+        if (other && owned[k]) {
+            kiln_tensor *t;
+            if ((st = kiln_tensor_clone(carried[k], &t)) != KILN_OK) goto out;
+            kiln_tensor_free(carried[k]);
+            carried[k] = t;
+        }
+    }
     for (int k = 0; k < nc && st == KILN_OK; k++) st = put_output(n, k, ctx->out[k], carried[k]);
 out:
     for (int k = 0; k < nc; k++)
         if (owned[k]) kiln_tensor_free(carried[k]);
-    for (int k = 0; k < n_bout; k++) kiln_tensor_free(bout[k]);
+    for (int k = 0; k < n_bout; k++) {
+        kiln_tensor_free(bout[k]);
+        free(preset[k]); /* headers of an iteration that failed before its run */
+    }
     if (owned != owned_small) free(owned);
     free(mem);
     return st;
@@ -1361,6 +1450,7 @@ static kiln_status control_run(void *state, struct kiln_run_ctx *ctx)
 }
 
 static kiln_status plan_compile_typed(const struct kiln_graph *g, const struct kiln_type *in_types,
+                                      const unsigned char *donate,
                                       const struct kiln_plan *parent, int depth,
                                       struct kiln_weight_cache *weights, int threads,
                                       int precision, const struct kiln_plan_node_prec *ov,
@@ -1373,6 +1463,11 @@ static kiln_status plan_compile_typed(const struct kiln_graph *g, const struct k
     pthread_mutex_init(&p->mu, NULL);
     p->g = g;
     p->depth = depth;
+    if (donate) {
+        p->donate = malloc((size_t)g->n_inputs + 1);
+        if (!p->donate) goto oom;
+        memcpy(p->donate, donate, (size_t)g->n_inputs);
+    }
     kiln_status st = KILN_OK;
     /* kernels are compiled for the most threads a run may lease (0 = every core) */
     int cpus = kiln_cpu_count();
@@ -1703,8 +1798,13 @@ static kiln_status plan_compile_typed(const struct kiln_graph *g, const struct k
         struct slot *o = &p->slots[sp->out[0]];
         int r = root_of(p, sp->in[ii]);
         struct slot *rs = &p->slots[r];
-        if (o->kind != SLOT_ARENA || rs->kind != SLOT_ARENA || rs->last_use != si ||
-            rs->bytes != o->bytes || o->layout != rs->layout)
+        /* a donated input (a Loop body's carried value) may be written over too, by a
+         * graph output: the output is then handed back as the input's tensor */
+        bool donated = donated_input(p, r) && (o->kind == SLOT_ARENA || o->kind == SLOT_OUTPUT) &&
+                       rs->last_use == si && type_bytes(&rs->type, 0) == o->bytes && !o->layout &&
+                       !rs->layout;
+        if (!donated && (o->kind != SLOT_ARENA || rs->kind != SLOT_ARENA || rs->last_use != si ||
+                         rs->bytes != o->bytes || o->layout != rs->layout))
             continue;
         bool other_input_shares = false; /* another input of this step on the same memory */
         for (int k = 0; k < sp->n_in; k++)
@@ -1775,6 +1875,7 @@ void kiln_plan_free(struct kiln_plan *p)
     free(p->bufs);
     free(p->in_types);
     free(p->cap_outer);
+    free(p->donate);
     free(p->fallbacks);
     pthread_mutex_destroy(&p->mu);
     free(p);
@@ -1846,12 +1947,37 @@ kiln_status kiln_plan_run(struct kiln_plan *p, kiln_tensor *const *inputs, kiln_
     return kiln_plan_run_profiled(p, inputs, outputs, threads, ro, 0);
 }
 
+/* The caller's tensor to write graph output slot v into (preset[i] for the first graph
+ * output i on v, when it has v's type), or NULL. */
+static kiln_tensor *preset_for(const struct kiln_plan *p, kiln_tensor *const *preset, int v)
+{
+    if (!preset) return NULL;
+    const struct slot *s = &p->slots[v];
+    for (int i = 0; i < p->g->n_outputs; i++) {
+        if (p->g->outputs[i] != v) continue;
+        kiln_tensor *t = preset[i];
+        if (!t || t->dtype != s->type.dtype || t->rank != s->type.rank || t->nbytes != s->bytes ||
+            memcmp(t->dims, s->type.dims, sizeof(int64_t) * (size_t)t->rank) != 0)
+            return NULL;
+        return t;
+    }
+    return NULL;
+}
+
+static bool is_preset(const struct kiln_plan *p, kiln_tensor *const *preset, const kiln_tensor *t)
+{
+    for (int i = 0; preset && t && i < p->g->n_outputs; i++)
+        if (preset[i] == t) return true;
+    return false;
+}
+
 kiln_status kiln_plan_run_profiled(struct kiln_plan *p, kiln_tensor *const *inputs,
                                    kiln_tensor **outputs, int threads,
                                    const kiln_run_options *ro, int profile)
 {
     int granted = kiln_threads_acquire(threads);
-    kiln_status st = plan_run_in(p, inputs, outputs, granted, ro, profile || profiling(), NULL);
+    kiln_status st =
+        plan_run_in(p, inputs, outputs, granted, ro, profile || profiling(), NULL, NULL);
     kiln_threads_release(granted);
     return st;
 }
@@ -1861,7 +1987,8 @@ kiln_status kiln_plan_run_profiled(struct kiln_plan *p, kiln_tensor *const *inpu
  * parent: the enclosing run's frame (NULL at the top). */
 static kiln_status plan_run_in(struct kiln_plan *p, kiln_tensor *const *inputs,
                                kiln_tensor **outputs, int granted, const kiln_run_options *ro,
-                               int prof, struct kiln_exec_frame *parent)
+                               int prof, struct kiln_exec_frame *parent,
+                               kiln_tensor *const *preset)
 {
     const struct kiln_graph *g = p->g;
     for (int i = 0; i < g->n_outputs; i++) outputs[i] = NULL;
@@ -1885,9 +2012,11 @@ static kiln_status plan_run_in(struct kiln_plan *p, kiln_tensor *const *inputs,
         if (s->kind == SLOT_INPUT) {
             a->tp[v] = inputs[s->input_index];
         } else if (s->kind == SLOT_OUTPUT) {
-            kiln_tensor *t;
-            st = kiln_tensor_new_uninit(s->type.dtype, s->type.rank, s->type.dims, &t);
-            if (st != KILN_OK) goto out;
+            kiln_tensor *t = preset_for(p, preset, v);
+            if (!t) {
+                st = kiln_tensor_new_uninit(s->type.dtype, s->type.rank, s->type.dims, &t);
+                if (st != KILN_OK) goto out;
+            }
             a->tp[v] = t;
         }
     }
@@ -1933,6 +2062,22 @@ static kiln_status plan_run_in(struct kiln_plan *p, kiln_tensor *const *inputs,
         const struct slot *s = &p->slots[v];
         bool repeat = false;
         for (int j = 0; j < i; j++) repeat |= g->outputs[j] == v;
+        int r = root_of(p, v);
+        if (donated_input(p, r) && slot_off(p, v) == 0 &&
+            type_bytes(&s->type, 0) == inputs[p->slots[r].input_index]->nbytes) {
+            /* on a donated input's memory: hand that tensor back (once), as this type */
+            kiln_tensor *t = inputs[p->slots[r].input_index];
+            bool handed = false;
+            for (int j = 0; j < i; j++) handed |= outputs[j] == t;
+            if (!handed) {
+                t->dtype = s->type.dtype;
+                t->rank = s->type.rank;
+                memset(t->dims, 0, sizeof t->dims);
+                for (int d = 0; d < s->type.rank; d++) t->dims[d] = s->type.dims[d];
+                outputs[i] = t;
+                continue;
+            }
+        }
         if (s->kind == SLOT_OUTPUT && !repeat) {
             outputs[i] = a->tp[v];
             a->tp[v] = NULL;
@@ -1948,14 +2093,17 @@ static kiln_status plan_run_in(struct kiln_plan *p, kiln_tensor *const *inputs,
 out:
     for (int v = 0; v < p->n_slots; v++)
         if (p->slots[v].kind == SLOT_OUTPUT) {
-            kiln_tensor_free(a->tp[v]);
+            if (!is_preset(p, preset, a->tp[v])) kiln_tensor_free(a->tp[v]);
             a->tp[v] = NULL;
         } else if (p->slots[v].kind == SLOT_INPUT) {
             a->tp[v] = NULL;
         }
     if (st != KILN_OK)
         for (int i = 0; i < g->n_outputs; i++) {
-            kiln_tensor_free(outputs[i]);
+            bool given = false; /* a donated input handed back stays the caller's */
+            for (int k = 0; p->donate && k < g->n_inputs; k++)
+                given |= p->donate[k] && outputs[i] == inputs[k];
+            if (!given && !is_preset(p, preset, outputs[i])) kiln_tensor_free(outputs[i]);
             outputs[i] = NULL;
         }
     arena_give(p, a);
