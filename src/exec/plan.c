@@ -891,8 +891,16 @@ static kiln_status plan_compile(const struct kiln_graph *g, const kiln_tensor *c
  * sequences, strings) makes the compile fail as before, and the graph runs on the
  * reference executor.
  *
+ * A Loop's run owns the carried values it passes its body's plan, which is compiled with
+ * them donated: a step may write over one (the in-place rule, extended to such inputs), and
+ * an output left on its memory is handed back as the same tensor. Each carried value starts
+ * on the Loop's planned output memory when the types agree (or a body output made anew is
+ * written there, through `preset`), so a fixed-shape loop copies its state once per run.
+ *
  * If: a constant condition compiles only the branch it takes; otherwise both, whose
- * outputs must have the same types. Scan still runs on the reference executor. */
+ * outputs must have the same types. Scan still runs on the reference executor. The
+ * profile shows a Loop or If step with its bodies' time included (kernel loop_plan or
+ * if_plan); the bodies' own steps are not listed. */
 
 #define PLAN_LOOP_MAX_SHAPES 32   /* body plans of one Loop (distinct carried types) */
 #define PLAN_MAX_DEPTH 16         /* nested bodies planned */
