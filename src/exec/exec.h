@@ -24,6 +24,7 @@ struct kiln_exec_frame {
     int depth;               /* subgraph nesting, bounded */
     int64_t max_tensor_bytes; /* largest tensor a node may produce (inherited by subgraphs) */
     const struct kiln_run_options *ro; /* deadline / cancel flag, or NULL (inherited) */
+    int profile;             /* a plan's run: time every step, the bodies' plans' too */
 };
 
 /* Default bound on one tensor produced at run time. */

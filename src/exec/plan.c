@@ -900,7 +900,9 @@ static kiln_status plan_compile(const struct kiln_graph *g, const kiln_tensor *c
  * If: a constant condition compiles only the branch it takes; otherwise both, whose
  * outputs must have the same types. Scan still runs on the reference executor. The
  * profile shows a Loop or If step with its bodies' time included (kernel loop_plan or
- * if_plan); the bodies' own steps are not listed. */
+ * if_plan); kiln_plan_profile_print (kiln bench --profile) then prints each body plan
+ * that ran, step by step. The per-step API (kiln_session_profile_get) and the reference
+ * share list the top-level steps only. */
 
 #define PLAN_LOOP_MAX_SHAPES 32   /* body plans of one Loop (distinct carried types) */
 #define PLAN_MAX_DEPTH 16         /* nested bodies planned */
@@ -1225,7 +1227,8 @@ static kiln_status body_run(struct body_plan *bp, kiln_tensor *const *in,
     for (int i = 0; i < b->g->n_inputs; i++) args[i] = in[i];
     for (int j = 0; j < b->n_caps; j++) args[b->g->n_inputs + j] = ctx->in[bp->cap_in[j]];
     const kiln_run_options *ro = ctx->frame ? ctx->frame->ro : NULL;
-    kiln_status st = plan_run_in(b, args, outputs, ctx->threads, ro, 0, ctx->frame, preset);
+    int prof = ctx->frame ? ctx->frame->profile : 0;
+    kiln_status st = plan_run_in(b, args, outputs, ctx->threads, ro, prof, ctx->frame, preset);
     if (args != all) free(args);
     return st;
 }
@@ -2008,7 +2011,7 @@ static kiln_status plan_run_in(struct kiln_plan *p, kiln_tensor *const *inputs,
      * take captures as inputs) */
     struct kiln_exec_frame frame = {.g = g, .parent = parent, .vals = a->tp, .depth = p->depth,
                                     .max_tensor_bytes = KILN_EXEC_DEFAULT_MAX_TENSOR_BYTES,
-                                    .ro = ro};
+                                    .ro = ro, .profile = prof};
     if (prof) { /* the most threads any profiled run had */
         int seen = atomic_load(&p->prof_threads);
         while (seen < granted && !atomic_compare_exchange_weak(&p->prof_threads, &seen, granted)) {
@@ -2314,6 +2317,34 @@ void kiln_plan_profile_print(const struct kiln_plan *p, FILE *f)
     free(ag);
     profile_print_slowest(p, f, total, peak);
     profile_print_reference(p, f, total);
+    /* the plans of Loop and If bodies, whose time their step above includes */
+    for (int i = 0; i < p->n_steps; i++) {
+        const struct step *sp = &p->steps[i];
+        if (sp->inst.run != control_run) continue;
+        const struct control *c = sp->inst.state;
+        for (int b = 0; b < c->n_bodies; b++) {
+            const struct kiln_plan *bp = c->bodies[b].plan;
+            int64_t calls = 0;
+            for (int k = 0; bp && k < bp->n_steps; k++)
+                calls += atomic_load(&((struct step *)&bp->steps[k])->calls);
+            if (!calls) continue;
+            fprintf(f, "\nbody plan %d of %s node '%s' (step %d; its time is in that step's):\n",
+                    b, kiln_op_name(sp->node->op), sp->node->name ? sp->node->name : "", i);
+            kiln_plan_profile_print(bp, f);
+        }
+    }
+}
+
+static void profile_reset_plan(struct kiln_plan *p)
+{
+    for (int k = 0; k < p->n_steps; k++) {
+        atomic_store(&p->steps[k].ns, 0);
+        atomic_store(&p->steps[k].calls, 0);
+        if (p->steps[k].inst.run != control_run) continue;
+        struct control *c = p->steps[k].inst.state;
+        for (int b = 0; b < c->n_bodies; b++)
+            if (c->bodies[b].plan) profile_reset_plan(c->bodies[b].plan);
+    }
 }
 
 /* ---- cache ---- */
@@ -2565,11 +2596,7 @@ void kiln_plan_cache_profile_reset(struct kiln_plan_cache *c)
     pthread_mutex_lock(&c->mu);
     for (int i = 0; i < c->n; i++) {
         struct kiln_plan *p = c->e[i].plan;
-        if (!p) continue;
-        for (int k = 0; k < p->n_steps; k++) {
-            atomic_store(&p->steps[k].ns, 0);
-            atomic_store(&p->steps[k].calls, 0);
-        }
+        if (p) profile_reset_plan(p);
     }
     pthread_mutex_unlock(&c->mu);
 }

@@ -177,3 +177,7 @@ def test_simple_rnn_runs_on_plans(tmp_path, bidirectional, steps, batch):
     assert r.returncode == 0, r.stderr
     loops = re.findall(r"^\s*\d+\s+\S+\s+Loop\s+(\S+)", r.stderr, re.M)
     assert loops == ["loop_plan"] * (2 if bidirectional else 1), r.stderr[-3000:]
+    # the bodies' plans are profiled too: their MatMuls ran on a fast kernel
+    assert "body plan 0 of Loop node 'fw_while'" in r.stderr, r.stderr[-3000:]
+    body = r.stderr[r.stderr.index("body plan 0 of Loop"):]
+    assert re.search(r"^MatMul\s+(?!reference)\S+\s+2\s", body, re.M), body[:3000]
