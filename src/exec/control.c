@@ -425,6 +425,13 @@ static kiln_status scan_run(struct kiln_run_ctx *ctx)
         const struct kiln_type *bt = &body->values[body->outputs[n_state + s]].type;
         st = stack(n, NULL, 0, bt, &ctx->out[n_state + s]);
         if (st != KILN_OK) goto out;
+        /* the empty axis where scan_output_axes puts it (stack put it first) */
+        kiln_tensor *o = ctx->out[n_state + s];
+        int a;
+        st = kiln_norm_axis(n, s < n_out_axes ? out_axes[s] : 0, o->rank, &a);
+        if (st != KILN_OK) goto out;
+        for (int d = 0; d < a; d++) o->dims[d] = o->dims[d + 1];
+        o->dims[a] = 0;
     }
 out:
     if (bout)

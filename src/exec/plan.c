@@ -868,7 +868,7 @@ static kiln_status plan_compile(const struct kiln_graph *g, const kiln_tensor *c
 
 /* ---- control flow ----
  *
- * A Loop or If node is one step whose kernel runs plans of its bodies (sub-plans), so
+ * A Loop, If or Scan node is one step whose kernel runs plans of its bodies (sub-plans), so
  * the rest of the graph stays on plans and the bodies' nodes run on fast kernels too.
  * A body's plan is compiled like any graph's, for the concrete types of its inputs: a
  * Loop body's iteration number (i64 scalar), condition (bool scalar) and loop-carried
@@ -898,7 +898,9 @@ static kiln_status plan_compile(const struct kiln_graph *g, const kiln_tensor *c
  * written there, through `preset`), so a fixed-shape loop copies its state once per run.
  *
  * If: a constant condition compiles only the branch it takes; otherwise both, whose
- * outputs must have the same types. Scan still runs on the reference executor. The
+ * outputs must have the same types. Scan (opset 9+) is a Loop over the scan inputs' length,
+ * known at compile time: its states are followed like carried values, each iteration's
+ * slices copied in and its scan outputs copied out along their axes and directions. The
  * profile shows a Loop or If step with its bodies' time included (kernel loop_plan or
  * if_plan); kiln_plan_profile_print (kiln bench --profile) then prints each body plan
  * that ran, step by step. The per-step API (kiln_session_profile_get) and the reference
@@ -924,6 +926,10 @@ struct control {
     /* If: bodies[0] then, bodies[1] else; const_branch 0/1 when the condition was a
      * constant (only that body), else -1 */
     int const_branch;
+    /* Scan: states n_carried, scan inputs n_scan_in over len, outputs n_scan */
+    int n_scan_in;
+    int64_t len;
+    int in_axis[KILN_MAX_IO], in_rev[KILN_MAX_IO], out_axis[KILN_MAX_IO], out_rev[KILN_MAX_IO];
     struct kiln_type *out_types;
 };
 
@@ -1159,6 +1165,117 @@ static kiln_status if_compile(struct kiln_plan *p, const struct kiln_node *n,
     return KILN_OK;
 }
 
+/* Scan (opset 9+): the states are followed like a Loop's carried values, over the scan
+ * inputs' length, known at compile time. */
+static kiln_status scan_compile(struct kiln_plan *p, const struct kiln_node *n,
+                                const struct kiln_type *const *inp, const struct recompile_env *env,
+                                struct control *c, struct kiln_type *outtype)
+{
+    const struct kiln_graph *body = graph_attr_of(n, "body");
+    int64_t m = kiln_attr_int(n, "num_scan_inputs", 0);
+    if (!body || n->opset < 9 || m <= 0 || m > n->n_in || body->n_inputs != n->n_in ||
+        body->n_outputs != n->n_out || n->n_out < n->n_in - m)
+        return unsupported(n, "its body does not match its inputs and outputs");
+    int ns = n->n_in - (int)m, k_out = n->n_out - ns;
+    c->n_carried = ns;
+    c->n_scan_in = (int)m;
+    c->n_scan = k_out;
+    const int64_t *ia = NULL, *id = NULL, *oa = NULL, *od = NULL;
+    int nia = kiln_attr_ints(n, "scan_input_axes", &ia), nid = kiln_attr_ints(n, "scan_input_directions", &id);
+    int noa = kiln_attr_ints(n, "scan_output_axes", &oa), nod = kiln_attr_ints(n, "scan_output_directions", &od);
+    struct kiln_type *types = calloc((size_t)n->n_in + 1, sizeof *types);
+    unsigned char *donate = calloc((size_t)n->n_in + 1, 1);
+    kiln_status st = KILN_OK;
+    if (!types || !donate) {
+        st = kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory compiling a plan");
+        goto out;
+    }
+    c->len = -1;
+    for (int j = 0; j < m; j++) {
+        const struct kiln_type *x = inp[ns + j];
+        int64_t axis = j < nia ? ia[j] : 0;
+        if (!x || x->rank < 1 || axis < -x->rank || axis >= x->rank) {
+            st = unsupported(n, "a scan input is absent, a scalar or has no such axis");
+            goto out;
+        }
+        int a = (int)(axis < 0 ? axis + x->rank : axis);
+        c->in_axis[j] = a;
+        c->in_rev[j] = j < nid && id[j];
+        if (c->len >= 0 && x->dims[a] != c->len) {
+            st = unsupported(n, "its scan inputs have different lengths");
+            goto out;
+        }
+        c->len = x->dims[a];
+        struct kiln_type *t = &types[ns + j];
+        kiln_type_unknown(t);
+        t->dtype = x->dtype;
+        t->rank = x->rank - 1;
+        for (int d = 0, r = 0; d < x->rank; d++)
+            if (d != a) t->dims[r++] = x->dims[d];
+    }
+    for (int k = 0; k < ns; k++) {
+        if (!inp[k]) {
+            st = unsupported(n, "a state input is absent");
+            goto out;
+        }
+        types[k] = *inp[k];
+        donate[k] = 1;
+    }
+    bool done = c->len == 0 && !k_out;
+    if (c->len == 0 && k_out) { /* no iteration, but the scan outputs' element types */
+        struct body_plan *bp = &c->bodies[c->n_bodies++];
+        if ((st = body_compile(p, n, body, types, donate, env, bp)) != KILN_OK) goto out;
+        done = true;
+    }
+    for (int64_t i = 0; !done; i++) {
+        if (c->n_bodies == PLAN_LOOP_MAX_SHAPES) {
+            st = unsupported(n, "its states change shape on too many iterations");
+            goto out;
+        }
+        struct body_plan *bp = &c->bodies[c->n_bodies++];
+        if ((st = body_compile(p, n, body, types, donate, env, bp)) != KILN_OK) goto out;
+        const struct kiln_plan *b = bp->plan;
+        bool fixed = true;
+        for (int k = 0; k < ns; k++) {
+            const struct kiln_type *t = plan_output_type(b, k);
+            if (t->dtype != types[k].dtype) {
+                st = unsupported(n, "a state changes dtype");
+                goto out;
+            }
+            fixed &= same_type(t, &types[k]);
+        }
+        for (int s2 = 0; s2 < k_out && c->n_bodies > 1; s2++)
+            if (!same_type(plan_output_type(b, ns + s2), plan_output_type(c->bodies[0].plan, ns + s2))) {
+                st = unsupported(n, "a scan output changes shape between iterations");
+                goto out;
+            }
+        if (!fixed)
+            for (int k = 0; k < ns; k++) types[k] = *plan_output_type(b, k);
+        done = fixed || i + 1 == c->len;
+    }
+    for (int k = 0; k < ns; k++) outtype[k] = types[k];
+    for (int s2 = 0; s2 < k_out; s2++) {
+        const struct kiln_type *e = plan_output_type(c->bodies[0].plan, ns + s2);
+        struct kiln_type *o = &outtype[ns + s2];
+        int64_t axis = s2 < noa ? oa[s2] : 0;
+        if (e->rank + 1 > KILN_MAX_RANK || axis < -(e->rank + 1) || axis > e->rank) {
+            st = unsupported(n, "a scan output's axis or rank does not fit");
+            goto out;
+        }
+        int a = (int)(axis < 0 ? axis + e->rank + 1 : axis);
+        c->out_axis[s2] = a;
+        c->out_rev[s2] = s2 < nod && od[s2];
+        kiln_type_unknown(o);
+        o->dtype = e->dtype;
+        o->rank = e->rank + 1;
+        for (int d = 0, r = 0; d < o->rank; d++) o->dims[d] = d == a ? c->len : e->dims[r++];
+    }
+out:
+    free(types);
+    free(donate);
+    return st;
+}
+
 static kiln_status control_run(void *state, struct kiln_run_ctx *ctx);
 
 /* Compile control-flow node n (Loop, If) into *inst; outtype receives its output types. */
@@ -1168,8 +1285,8 @@ static kiln_status control_compile(struct kiln_plan *p, const struct kiln_node *
                                    struct kiln_kernel_inst *inst)
 {
     memset(inst, 0, sizeof *inst);
-    if (n->op != KILN_OP_Loop && n->op != KILN_OP_If)
-        return unsupported(n, "Scan runs in the reference executor");
+    if (n->op != KILN_OP_Loop && n->op != KILN_OP_If && n->op != KILN_OP_Scan)
+        return unsupported(n, "this control-flow op runs in the reference executor");
     if (p->depth + 1 > PLAN_MAX_DEPTH) return unsupported(n, "bodies nest too deep to plan");
     if (n->n_in + n->n_implicit > KILN_MAX_IO)
         return unsupported(n, "its bodies capture too many values");
@@ -1181,8 +1298,9 @@ static kiln_status control_compile(struct kiln_plan *p, const struct kiln_node *
     c->op = n->op;
     c->node = n;
     c->const_branch = -1;
-    kiln_status st = n->op == KILN_OP_Loop ? loop_compile(p, n, inp, inv, env, c, outtype)
-                                           : if_compile(p, n, inv, env, c, outtype);
+    kiln_status st = n->op == KILN_OP_Loop   ? loop_compile(p, n, inp, inv, env, c, outtype)
+                     : n->op == KILN_OP_Scan ? scan_compile(p, n, inp, env, c, outtype)
+                                             : if_compile(p, n, inv, env, c, outtype);
     if (st == KILN_OK) {
         c->out_types = calloc((size_t)n->n_out + 1, sizeof *c->out_types);
         if (!c->out_types) st = kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory compiling a plan");
@@ -1197,7 +1315,7 @@ static kiln_status control_compile(struct kiln_plan *p, const struct kiln_node *
         control_free(c);
         return st;
     }
-    inst->name = n->op == KILN_OP_Loop ? "loop_plan" : "if_plan";
+    inst->name = n->op == KILN_OP_Loop ? "loop_plan" : n->op == KILN_OP_Scan ? "scan_plan" : "if_plan";
     inst->state = c;
     inst->run = control_run;
     inst->destroy = control_free;
@@ -1269,10 +1387,11 @@ static kiln_status if_run_plan(struct control *c, struct kiln_run_ctx *ctx)
     return st;
 }
 
-static bool matches(const struct kiln_plan *b, kiln_tensor *const *carried, int n_carried)
+static bool matches(const struct kiln_plan *b, kiln_tensor *const *carried, int n_carried,
+                    int first)
 {
     for (int k = 0; k < n_carried; k++) {
-        const struct kiln_type *t = &b->in_types[k + 2];
+        const struct kiln_type *t = &b->in_types[k + first];
         const kiln_tensor *x = carried[k];
         if (x->dtype != t->dtype || x->rank != t->rank ||
             memcmp(x->dims, t->dims, sizeof(int64_t) * (size_t)x->rank) != 0)
@@ -1350,7 +1469,7 @@ static kiln_status loop_run_plan(struct control *c, struct kiln_run_ctx *ctx)
     const kiln_run_options *ro = ctx->frame ? ctx->frame->ro : NULL;
     while (cond && it < max_trip) {
         if (ro && (st = kiln_exec_check_deadline(ro)) != KILN_OK) goto out;
-        while (bi < c->n_bodies && !matches(c->bodies[bi].plan, carried, nc)) bi++;
+        while (bi < c->n_bodies && !matches(c->bodies[bi].plan, carried, nc, 2)) bi++;
         if (bi == c->n_bodies) {
             st = kiln_node_error(n, KILN_ERR_INTERNAL,
                                  "iteration %lld: no body plan for the loop-carried values' shapes",
@@ -1454,10 +1573,142 @@ out:
     return st;
 }
 
+static kiln_status scan_run_plan(struct control *c, struct kiln_run_ctx *ctx)
+{
+    const struct kiln_node *n = ctx->node;
+    int ns = c->n_carried, m = c->n_scan_in, k_out = c->n_scan;
+    int n_bout = ns + k_out;
+    kiln_tensor **mem = calloc((size_t)(2 * ns + 2 * m + 2 * n_bout) + 1, sizeof *mem);
+    unsigned char *owned = calloc((size_t)ns + 1, 1);
+    kiln_status st = KILN_OK;
+    if (!mem || !owned) {
+        free(mem);
+        free(owned);
+        return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory in Scan");
+    }
+    kiln_tensor **states = mem, **bin = mem + ns, **slices = bin + ns + m;
+    kiln_tensor **bout = slices + m, **preset = bout + n_bout;
+    for (int k = 0; k < ns; k++) states[k] = ctx->in[k];
+    for (int j = 0; j < m; j++) {
+        const kiln_tensor *x = ctx->in[ns + j];
+        int64_t dims[KILN_MAX_RANK];
+        for (int d = 0, r = 0; d < x->rank; d++)
+            if (d != c->in_axis[j]) dims[r++] = x->dims[d];
+        if ((st = kiln_tensor_new(x->dtype, x->rank - 1, dims, &slices[j])) != KILN_OK) goto out;
+    }
+    const kiln_run_options *ro = ctx->frame ? ctx->frame->ro : NULL;
+    int bi = 0;
+    for (int64_t t = 0; t < c->len; t++) {
+        if (ro && (st = kiln_exec_check_deadline(ro)) != KILN_OK) goto out;
+        for (int j = 0; j < m; j++) { /* slice t (or len-1-t) of scan input j */
+            const kiln_tensor *x = ctx->in[ns + j];
+            int a = c->in_axis[j];
+            int64_t pos = c->in_rev[j] ? c->len - 1 - t : t, outer = 1, inner = 1;
+            for (int d = 0; d < x->rank; d++) {
+                if (d < a) outer *= x->dims[d];
+                else if (d > a) inner *= x->dims[d];
+            }
+            size_t es = kiln_dtype_size(x->dtype), row = (size_t)inner * es;
+            for (int64_t o = 0; o < outer; o++)
+                memcpy((char *)slices[j]->data + (size_t)o * row,
+                       (const char *)x->data + ((size_t)(o * c->len + pos)) * row, row);
+        }
+        for (int k = 0; k < ns; k++)
+            if (!owned[k]) {
+                if ((st = own_carried(states[k], ctx->out[k], &states[k])) != KILN_OK) goto out;
+                owned[k] = 1;
+            }
+        while (bi < c->n_bodies && !matches(c->bodies[bi].plan, states, ns, 0)) bi++;
+        if (bi == c->n_bodies) {
+            st = kiln_node_error(n, KILN_ERR_INTERNAL,
+                                 "iteration %lld: no body plan for the states' shapes", (long long)t);
+            goto out;
+        }
+        for (int k = 0; k < ns; k++) {
+            bin[k] = states[k];
+            preset[k] = NULL;
+            bool busy = false;
+            for (int j = 0; j < ns; j++) busy |= states[j]->data == ctx->out[k]->data;
+            if (busy) continue;
+            if (!(preset[k] = calloc(1, sizeof(kiln_tensor)))) {
+                st = kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory in Scan");
+                goto out;
+            }
+            *preset[k] = *ctx->out[k];
+            preset[k]->owns_data = 0;
+        }
+        for (int j = 0; j < m; j++) bin[ns + j] = slices[j];
+        st = body_run(&c->bodies[bi], bin, ctx, bout, preset);
+        for (int k = 0; k < ns; k++) {
+            bool used = false;
+            for (int j = 0; j < n_bout && st == KILN_OK; j++) used |= bout[j] == preset[k];
+            if (!used) free(preset[k]);
+            preset[k] = NULL;
+        }
+        if (st != KILN_OK) {
+            kiln_error_wrap(st, "Scan node '%s' iteration %lld", n->name, (long long)t);
+            goto out;
+        }
+        for (int k = 0; k < ns; k++) {
+            bool taken = false;
+            for (int j = 0; j < n_bout && !taken; j++) taken = bout[j] == states[k];
+            if (!taken) kiln_tensor_free(states[k]);
+            states[k] = bout[k];
+            bout[k] = NULL;
+        }
+        for (int s2 = 0; s2 < k_out; s2++) { /* element t of scan output s2 */
+            kiln_tensor *y = bout[ns + s2], *o = ctx->out[ns + s2];
+            int a = c->out_axis[s2];
+            int64_t pos = c->out_rev[s2] ? c->len - 1 - t : t, outer = 1, inner = 1;
+            bool fits = y->dtype == o->dtype && y->rank + 1 == o->rank;
+            for (int d = 0, r = 0; fits && d < o->rank; d++)
+                if (d != a) fits = o->dims[d] == y->dims[r++];
+            if (!fits && st == KILN_OK)
+                st = kiln_node_error(n, KILN_ERR_INTERNAL,
+                                     "scan output %d does not fit the planned output", s2);
+            for (int d = 0; fits && d < y->rank; d++) {
+                if (d < a) outer *= y->dims[d];
+                else inner *= y->dims[d];
+            }
+            size_t row = (size_t)inner * kiln_dtype_size(y->dtype);
+            for (int64_t q = 0; fits && st == KILN_OK && q < outer; q++)
+                memcpy((char *)o->data + ((size_t)(q * c->len + pos)) * row,
+                       (const char *)y->data + (size_t)q * row, row);
+            kiln_tensor_free(y);
+            bout[ns + s2] = NULL;
+        }
+        if (st != KILN_OK) goto out;
+    }
+    for (int k = 0; k < ns && st == KILN_OK; k++) {
+        bool other = false;
+        for (int j = 0; j < ns; j++) other |= j != k && states[k]->data == ctx->out[j]->data;
+        if (other && owned[k]) {
+            kiln_tensor *t2;
+            if ((st = kiln_tensor_clone(states[k], &t2)) != KILN_OK) goto out;
+            kiln_tensor_free(states[k]);
+            states[k] = t2;
+        }
+    }
+    for (int k = 0; k < ns && st == KILN_OK; k++) st = put_output(n, k, ctx->out[k], states[k]);
+out:
+    for (int k = 0; k < ns; k++)
+        if (owned[k]) kiln_tensor_free(states[k]);
+    for (int j = 0; j < m; j++) kiln_tensor_free(slices[j]);
+    for (int k = 0; k < n_bout; k++) {
+        kiln_tensor_free(bout[k]);
+        free(preset[k]);
+    }
+    free(owned);
+    free(mem);
+    return st;
+}
+
 static kiln_status control_run(void *state, struct kiln_run_ctx *ctx)
 {
     struct control *c = state;
-    return c->op == KILN_OP_Loop ? loop_run_plan(c, ctx) : if_run_plan(c, ctx);
+    return c->op == KILN_OP_Loop   ? loop_run_plan(c, ctx)
+           : c->op == KILN_OP_Scan ? scan_run_plan(c, ctx)
+                                   : if_run_plan(c, ctx);
 }
 
 static kiln_status plan_compile_typed(const struct kiln_graph *g, const struct kiln_type *in_types,

@@ -15,10 +15,10 @@
  * added only when more runs than ever before run at once); oneDNN's execute
  * call makes a few small allocations of its own. tests/c/unit_opt.c counts.
  *
- * Loop and If nodes are steps that run plans of their bodies, compiled for
+ * Loop, If and Scan nodes are steps that run plans of their bodies, compiled for
  * the bodies' concrete input types (plan.c, "control flow"): one per
  * distinct set of loop-carried types, captured values as constants or extra
- * inputs. Graphs a plan cannot express (strings, sequences, Scan, outputs
+ * inputs. Graphs a plan cannot express (strings, sequences, outputs
  * whose shape depends on data, a loop whose output shapes do) make compile
  * return KILN_ERR_UNSUPPORTED; the caller then runs the reference executor.
  *

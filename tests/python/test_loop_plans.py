@@ -1,11 +1,11 @@
-"""test_loop_plans.py - Loop and If run on plans (their bodies as sub-plans).
+"""test_loop_plans.py - Loop, If and Scan run on plans (their bodies as sub-plans).
 
 Each ONNX graph is built with onnx.helper and run three ways: `kiln predict`
 (plans, fast kernels), `kiln predict --reference` (imported graph, reference
 executor) and NumPy; the three must agree. The cases the plan compiler can express (a trip
 count known after folding, captured outer values, a carried shape that grows,
 zero iterations, a loop inside an If, a trip count given at run time with only
-loop-carried values) must show their Loop and If steps on loop_plan / if_plan in
+loop-carried values, Scan over either axis in either direction) must show their Loop, If and Scan steps on loop_plan / if_plan / scan_plan in
 `kiln bench --profile`; a loop whose scan outputs' length depends on the data
 must show none (no plan: the reference executor, still with the right answer). The Keras SimpleRNN and Bidirectional loops written as TF2 does are
 in test_tf_control_flow.py.
@@ -57,12 +57,12 @@ def predict(path, inputs, tmp, reference=False):
 
 
 def control_kernels(path):
-    """The kernels `kiln bench --profile` says ran each Loop and If node: loop_plan and
-    if_plan when the graph ran on a plan (its bodies as sub-plans); none when it ran
+    """The kernels `kiln bench --profile` says ran each Loop, If and Scan node: loop_plan,
+    if_plan and scan_plan when the graph ran on a plan (its bodies as sub-plans); none when it ran
     on the reference executor (no plan, no profile)."""
     r = kiln("bench", path, "--profile", "--iterations", "2", "--warmup", "0", "--int-high", "4")
     assert r.returncode == 0, r.stderr
-    return re.findall(r"^\s*\d+\s+\S+\s+(Loop|If)\s+(\S+)", r.stderr, re.M)
+    return re.findall(r"^\s*\d+\s+\S+\s+(Loop|If|Scan)\s+(\S+)", r.stderr, re.M)
 
 
 def check(path, inputs, want, tmp, planned=True, ref_shapes=None):
@@ -77,7 +77,7 @@ def check(path, inputs, want, tmp, planned=True, ref_shapes=None):
                                        err_msg=f"{name} {k}")
     kernels = control_kernels(path)
     if planned:
-        assert kernels and all(k in ("loop_plan", "if_plan") for _, k in kernels), kernels
+        assert kernels and all(k in ("loop_plan", "if_plan", "scan_plan") for _, k in kernels), kernels
     else:
         assert not kernels, kernels
 
@@ -280,3 +280,43 @@ def test_loop_in_if(tmp_path, flag):
     x = np.arange(6, dtype=np.float32).reshape(2, 3) - 2.5
     want = x * 6 if flag else x * 10
     check(p, {"x": x, "flag": np.array(flag)}, {"y": want}, tmp_path)
+
+
+@pytest.mark.parametrize("in_rev,out_rev", [(0, 0), (1, 0), (0, 1), (1, 1)])
+@pytest.mark.parametrize("steps", [0, 1, 5])
+def test_scan_axes_and_directions(tmp_path, steps, in_rev, out_rev):
+    # Scan over axis 1 of x [2, T]: s' = s + x_t * w (w captured from the outer graph),
+    # y_t = s' * 2 stacked on axis 1, either direction on each side
+    body = helper.make_graph(
+        [helper.make_node("Mul", ["xt", "w"], ["xw"]),
+         helper.make_node("Add", ["s", "xw"], ["s1"]),
+         helper.make_node("Add", ["s1", "s1"], ["y"])],
+        "body",
+        [helper.make_tensor_value_info("s", F, [2]), helper.make_tensor_value_info("xt", F, [2])],
+        [helper.make_tensor_value_info("s1", F, [2]), helper.make_tensor_value_info("y", F, [2])])
+    g = helper.make_graph(
+        [helper.make_node("Neg", ["w_in"], ["w"]),
+         helper.make_node("Scan", ["s0", "x"], ["s", "ys"], body=body, num_scan_inputs=1,
+                          scan_input_axes=[1], scan_input_directions=[in_rev],
+                          scan_output_axes=[1], scan_output_directions=[out_rev])],
+        "g", [helper.make_tensor_value_info("s0", F, [2]),
+              helper.make_tensor_value_info("x", F, [2, steps]),
+              helper.make_tensor_value_info("w_in", F, [2])],
+        [helper.make_tensor_value_info("s", F, None), helper.make_tensor_value_info("ys", F, None)])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 11)])
+    m.ir_version = 7
+    p = tmp_path / "scan.onnx"
+    onnx.save(m, str(p))
+    rng = np.random.default_rng(steps * 4 + in_rev * 2 + out_rev)
+    s0 = rng.standard_normal(2).astype(np.float32)
+    x = rng.standard_normal((2, steps)).astype(np.float32)
+    w_in = rng.standard_normal(2).astype(np.float32)
+    s, ys = s0.astype(np.float64), []
+    for t in range(steps):
+        s = s + x[:, steps - 1 - t if in_rev else t] * -w_in
+        ys.append(2 * s)
+    ys = np.stack(ys, 1) if ys else np.zeros((2, 0))
+    if out_rev:
+        ys = ys[:, ::-1]
+    check(p, {"s0": s0, "x": x, "w_in": w_in},
+          {"s": s.astype(np.float32), "ys": ys.astype(np.float32)}, tmp_path)
