@@ -8,8 +8,11 @@ loop variables, the condition re-evaluated on each iteration), If,
 StatelessIf and Case (an index out of range runs the last branch), a loop
 inside a branch and a branch inside a loop body, and each TensorList op
 Kiln lowers (FromTensor, Reserve with an unknown element shape, GetItem,
-SetItem, Stack, Gather, Length, ElementShape). Malformed loops and branches
-must be refused with one line naming the node. The shared Keras models are
+SetItem, Stack, Gather, Length, ElementShape), and Keras SimpleRNN and
+Bidirectional(SimpleRNN) loops, which must run on plans (the Loop step on
+loop_plan in `kiln bench --profile`) and agree with NumPy and with the
+reference executor. Malformed loops and branches must be refused with one
+line naming the node. The shared Keras models are
 checked in test_savedmodel.py.
 
 KILN_BIN is the kiln binary (default build/kiln).
