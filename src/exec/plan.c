@@ -9,9 +9,13 @@
  * their input, and a Concat's inputs written straight into their slices of
  * its output, at a byte offset). Arena buffers get offsets from their lifetimes (first and
  * last step that touch them), largest first, lowest free offset.
+ *
+ * Loop, If and Scan steps, which run plans of their bodies, are in plan_control.c;
+ * plan_internal.h has the structures both files read.
  */
 #define _GNU_SOURCE
 #include "exec/plan.h"
+#include "exec/plan_internal.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -26,87 +30,6 @@
 
 #define PLAN_ALIGN 64
 #define PLAN_FOLD_MAX_BYTES ((int64_t)1 << 20) /* compile-time evaluation bound */
-
-enum slot_kind { SLOT_NONE = 0, SLOT_CONST, SLOT_INPUT, SLOT_OUTPUT, SLOT_ARENA, SLOT_ALIAS };
-
-struct slot {
-    enum slot_kind kind;
-    struct kiln_type type;
-    int layout;
-    size_t bytes;
-    const kiln_tensor *konst; /* CONST */
-    int input_index;          /* INPUT */
-    int alias_of;             /* ALIAS: the root slot (never itself an alias) */
-    size_t alias_off;         /* ALIAS: byte offset into the root (a Concat input's slice) */
-    int64_t host_c;           /* ALIAS: > 0 when a strided channel slice of the root (batch
-                                 > 1): the root's stored channels, one image's row apart */
-    int buf;                  /* ARENA: buffer index */
-    int def_step;             /* step that writes it (-1: before the run) */
-    int last_use;             /* last step that reads it (INT32_MAX: a graph output) */
-};
-
-struct buffer {
-    size_t bytes, off;
-    int first, last;
-};
-
-struct step {
-    const struct kiln_node *node;
-    const struct kiln_op_impl *ref;
-    struct kiln_kernel_inst inst;
-    int n_in, n_out;
-    int *in;   /* slot ids (-1 absent) */
-    int *out;  /* slot ids */
-    int scratch_buf; /* buffer index or -1 */
-    unsigned char *elided; /* per input: 1 = already in place (a Concat's input written
-                              into its slice of the output): the kernel gets NULL */
-    _Atomic int64_t ns;
-    _Atomic int64_t calls;
-};
-
-struct arena_inst {
-    struct arena_inst *next;     /* free list */
-    struct arena_inst *all_next; /* every instance, for kiln_plan_free */
-    void *mem;
-    kiln_tensor *t;      /* one header per slot */
-    kiln_tensor **tp;    /* the tensor each slot reads */
-};
-
-struct kiln_plan {
-    const struct kiln_graph *g;
-    int n_slots, cap_slots;
-    struct slot *slots;
-    int n_steps;
-    struct step *steps;
-    int n_bufs, cap_bufs;
-    struct buffer *bufs;
-    size_t arena_bytes;
-    size_t max_value_bytes;
-    kiln_tensor **folded;
-    int n_folded, cap_folded;
-    int n_fast;
-    int concat_removed;       /* Concat steps with every input written in place */
-    int concat_inputs_elided; /* Concat inputs written in place (copies avoided) */
-    int concat_inputs;        /* Concat inputs in all (present ones) */
-    int concat_inputs_strided; /* of the elided: strided channel slices (batch > 1) */
-    char *fallbacks;          /* lines naming steps on oneDNN's reference or generic code */
-    size_t fallbacks_len;
-    _Atomic int prof_threads; /* most threads a profiled run was granted */
-    pthread_mutex_t mu;
-    struct arena_inst *free_list;
-    struct arena_inst *all;
-    /* cache key */
-    int n_in;
-    struct kiln_type *in_types;
-    /* a body's plan (control flow, below): the values of the enclosing graph it reads
-     * at run time, as inputs n_in.. of its runs (parent value ids) */
-    int n_caps;
-    int *cap_outer;
-    int depth; /* subgraph nesting: 0 for a graph's own plan */
-    unsigned char *donate; /* per graph input, or NULL: 1 = the caller hands the tensor over
-                              (a Loop's carried values): steps may write over it, and an
-                              output on its memory is handed back as that same tensor */
-};
 
 static atomic_int profile_on = -1;
 
@@ -220,7 +143,7 @@ static kiln_status fold_node(struct kiln_plan *p, const struct kiln_node *n, kil
     return KILN_OK;
 }
 
-static int root_of(const struct kiln_plan *p, int s)
+int kiln_plan_root_of(const struct kiln_plan *p, int s)
 {
     while (p->slots[s].kind == SLOT_ALIAS) s = p->slots[s].alias_of;
     return s;
@@ -344,7 +267,7 @@ static void note_fallback(struct kiln_plan *p, const struct step *sp, const char
     p->fallbacks_len += n + 1;
 }
 
-static kiln_status unsupported(const struct kiln_node *n, const char *why)
+kiln_status kiln_plan_unsupported(const struct kiln_node *n, const char *why)
 {
     if (n) return kiln_node_error(n, KILN_ERR_UNSUPPORTED, "cannot be planned: %s", why);
     return kiln_error(KILN_ERR_UNSUPPORTED, "graph cannot be planned: %s", why);
@@ -497,13 +420,6 @@ static bool concat_slices(const struct kiln_plan *p, const struct step *sp, size
     return true;
 }
 
-/* What compiling a step again needs (plan_compile's arguments). */
-struct recompile_env {
-    struct kiln_weight_cache *weights;
-    int threads, precision;
-    const struct kiln_plan_node_prec *ov;
-    int n_ov;
-};
 
 static int node_precision(const struct kiln_node *n, int precision,
                           const struct kiln_plan_node_prec *ov, int n_ov);
@@ -565,7 +481,7 @@ static bool read_elsewhere(const struct kiln_plan *p, int r, int si)
         if (sj == si) continue;
         const struct step *sq = &p->steps[sj];
         for (int k = 0; k < sq->n_in; k++)
-            if (sq->in[k] >= 0 && root_of(p, sq->in[k]) == r) return true;
+            if (sq->in[k] >= 0 && kiln_plan_root_of(p, sq->in[k]) == r) return true;
     }
     return false;
 }
@@ -713,7 +629,7 @@ static kiln_status concat_in_place(struct kiln_plan *p, const struct recompile_e
             take[k] = 0;
             roots[k] = -1;
             if (sp->in[k] < 0) continue;
-            int v = sp->in[k], r = root_of(p, v);
+            int v = sp->in[k], r = kiln_plan_root_of(p, v);
             size_t at = B + local[k];
             if (r == R && slot_off(p, v) == at && whole[k]) { /* placed by a later Concat */
                 take[k] = 2;
@@ -794,12 +710,6 @@ static kiln_status plan_compile(const struct kiln_graph *g, const kiln_tensor *c
                                 struct kiln_weight_cache *weights, int threads, int precision,
                                 const struct kiln_plan_node_prec *ov, int n_ov,
                                 struct kiln_plan **out);
-static kiln_status plan_compile_typed(const struct kiln_graph *g, const struct kiln_type *in_types,
-                                      const unsigned char *donate,
-                                      const struct kiln_plan *parent, int depth,
-                                      struct kiln_weight_cache *weights, int threads,
-                                      int precision, const struct kiln_plan_node_prec *ov,
-                                      int n_ov, struct kiln_plan **out);
 
 /* The precision node n is compiled in: its override, else the precision a
  * compiled artifact recorded on the node (attribute KILN_NODE_PRECISION_ATTR,
@@ -856,862 +766,17 @@ static kiln_status plan_compile(const struct kiln_graph *g, const kiln_tensor *c
     kiln_status st = KILN_OK;
     for (int i = 0; i < g->n_inputs && st == KILN_OK; i++) {
         kiln_type_from_tensor(&types[i], inputs[i]);
-        if (inputs[i]->dtype == KILN_DTYPE_STRING) st = unsupported(NULL, "it has string inputs");
+        if (inputs[i]->dtype == KILN_DTYPE_STRING) st = kiln_plan_unsupported(NULL, "it has string inputs");
         else if (kiln_dtype_is_container(inputs[i]->dtype))
-            st = unsupported(NULL, "it has sequence or optional inputs");
+            st = kiln_plan_unsupported(NULL, "it has sequence or optional inputs");
     }
     if (st == KILN_OK)
-        st = plan_compile_typed(g, types, NULL, NULL, 0, weights, threads, precision, ov, n_ov, out);
+        st = kiln_plan_compile_typed(g, types, NULL, NULL, 0, weights, threads, precision, ov, n_ov, out);
     free(types);
     return st;
 }
 
-/* ---- control flow ----
- *
- * A Loop, If or Scan node is one step whose kernel runs plans of its bodies (sub-plans), so
- * the rest of the graph stays on plans and the bodies' nodes run on fast kernels too.
- * A body's plan is compiled like any graph's, for the concrete types of its inputs: a
- * Loop body's iteration number (i64 scalar), condition (bool scalar) and loop-carried
- * values; the values it captures from the enclosing graph are constants of the body's
- * plan where they are constants of the enclosing one (so weights are packed once, as
- * anywhere else), and extra inputs of its runs otherwise (the step reads them, which
- * keeps them alive until it ran).
- *
- * Loop: the carried values' types are followed from iteration to iteration, one body
- * plan per distinct set of types (a list that grows, a first iteration that fixes an
- * unknown dim), at most PLAN_LOOP_MAX_SHAPES of them, until the types stop changing or
- * the exact trip count is reached. The Loop's output types are then known when either
- * the trip count is exact at compile time (a constant M, the initial condition a
- * constant true or absent, and a body whose condition output is a constant true or its
- * condition input passed through), or the types stop changing by an iteration the loop
- * is known to reach (the first, when the initial condition is a constant true: TF's
- * While lowered to Loop, whose condition is computed in the enclosing graph from folded
- * shapes). Scan outputs need the exact trip count. Anything else (a shape that depends
- * on the iteration number or on data, scan outputs of a loop that may stop early,
- * sequences, strings) makes the compile fail as before, and the graph runs on the
- * reference executor.
- *
- * A Loop's run owns the carried values it passes its body's plan, which is compiled with
- * them donated: a step may write over one (the in-place rule, extended to such inputs), and
- * an output left on its memory is handed back as the same tensor. Each carried value starts
- * on the Loop's planned output memory when the types agree (or a body output made anew is
- * written there, through `preset`), so a fixed-shape loop copies its state once per run.
- *
- * If: a constant condition compiles only the branch it takes; otherwise both, whose
- * outputs must have the same types. Scan (opset 9+) is a Loop over the scan inputs' length,
- * known at compile time: its states are followed like carried values, each iteration's
- * slices copied in and its scan outputs copied out along their axes and directions. The
- * profile shows a Loop or If step with its bodies' time included (kernel loop_plan or
- * if_plan); kiln_plan_profile_print (kiln bench --profile) then prints each body plan
- * that ran, step by step. The per-step API (kiln_session_profile_get) and the reference
- * share list the top-level steps only. */
-
-#define PLAN_LOOP_MAX_SHAPES 32   /* body plans of one Loop (distinct carried types) */
-#define PLAN_MAX_DEPTH 16         /* nested bodies planned */
-#define PLAN_LOOP_MAX_ITERATIONS ((int64_t)1 << 24) /* as the reference executor's bound */
-
-struct body_plan {
-    struct kiln_plan *plan;
-    int *cap_in; /* per capture of the plan: its index in the step's inputs */
-};
-
-struct control {
-    enum kiln_op op;
-    const struct kiln_node *node;
-    int n_bodies;
-    struct body_plan bodies[PLAN_LOOP_MAX_SHAPES];
-    /* Loop */
-    int n_carried, n_scan;
-    int64_t exact;      /* iterations known at compile time, or -1 */
-    /* If: bodies[0] then, bodies[1] else; const_branch 0/1 when the condition was a
-     * constant (only that body), else -1 */
-    int const_branch;
-    /* Scan: states n_carried, scan inputs n_scan_in over len, outputs n_scan */
-    int n_scan_in;
-    int64_t len;
-    int in_axis[KILN_MAX_IO], in_rev[KILN_MAX_IO], out_axis[KILN_MAX_IO], out_rev[KILN_MAX_IO];
-    struct kiln_type *out_types;
-};
-
-static void control_free(void *state)
-{
-    struct control *c = state;
-    if (!c) return;
-    for (int i = 0; i < c->n_bodies; i++) {
-        kiln_plan_free(c->bodies[i].plan);
-        free(c->bodies[i].cap_in);
-    }
-    free(c->out_types);
-    free(c);
-}
-
-static bool same_type(const struct kiln_type *a, const struct kiln_type *b)
-{
-    if (a->dtype != b->dtype || a->rank != b->rank) return false;
-    for (int d = 0; d < a->rank; d++)
-        if (a->dims[d] != b->dims[d]) return false;
-    return true;
-}
-
-static const struct kiln_type *plan_output_type(const struct kiln_plan *p, int i)
-{
-    return &p->slots[p->g->outputs[i]].type;
-}
-
-/* Compile body g for in_types (g->n_inputs of them) inside the plan p being compiled,
- * for node n; *bp receives the plan and where its captures are among the step's
- * inputs (the node's inputs, then its implicit values). */
-static kiln_status body_compile(struct kiln_plan *p, const struct kiln_node *n,
-                                const struct kiln_graph *g, const struct kiln_type *in_types,
-                                const unsigned char *donate, const struct recompile_env *env,
-                                struct body_plan *bp)
-{
-    bp->plan = NULL;
-    bp->cap_in = NULL;
-    kiln_status st = plan_compile_typed(g, in_types, donate, p, p->depth + 1, env->weights,
-                                        env->threads,
-                                        env->precision, env->ov, env->n_ov, &bp->plan);
-    if (st != KILN_OK) return st;
-    struct kiln_plan *b = bp->plan;
-    bp->cap_in = calloc((size_t)b->n_caps + 1, sizeof *bp->cap_in);
-    if (!bp->cap_in) return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory compiling a plan");
-    for (int j = 0; j < b->n_caps; j++) {
-        int at = -1;
-        for (int k = 0; k < n->n_implicit && at < 0; k++)
-            if (n->implicit[k] == b->cap_outer[j]) at = n->n_in + k;
-        if (at < 0)
-            return unsupported(n, "a body reads a value of the enclosing graph the node does "
-                                  "not list");
-        bp->cap_in[j] = at;
-    }
-    return KILN_OK;
-}
-
-static const struct kiln_graph *graph_attr_of(const struct kiln_node *n, const char *name)
-{
-    const struct kiln_attr *a = kiln_node_attr(n, name);
-    return a && a->type == KILN_ATTR_GRAPH ? a->g : NULL;
-}
-
-/* Whether body plan b's output 0 (a Loop body's condition) is always true given a true
- * condition input: a nonzero constant, or input 1 passed through (views included). */
-static bool cond_stays_true(const struct kiln_plan *b)
-{
-    const struct kiln_graph *g = b->g;
-    int v = g->outputs[0];
-    for (int hops = 0; hops < 64; hops++) { /* through Identity nodes */
-        const struct slot *s = &b->slots[v];
-        if (s->kind == SLOT_CONST)
-            return kiln_tensor_count(s->konst) == 1 && kiln_tensor_f64(s->konst, 0) != 0;
-        if (v == g->inputs[1]) return true;
-        if (s->kind == SLOT_ALIAS && root_of(b, v) == g->inputs[1]) return true;
-        if (g->values[v].kind != KILN_VALUE_NODE) return false;
-        const struct kiln_node *n = &g->nodes[g->values[v].producer];
-        if (n->op != KILN_OP_Identity || n->n_in < 1 || n->in[0] < 0) return false;
-        v = n->in[0];
-    }
-    return false;
-}
-
-static kiln_status loop_compile(struct kiln_plan *p, const struct kiln_node *n,
-                                const struct kiln_type *const *inp, kiln_tensor *const *inv,
-                                const struct recompile_env *env, struct control *c,
-                                struct kiln_type *outtype)
-{
-    const struct kiln_graph *body = graph_attr_of(n, "body");
-    int n_carried = n->n_in - 2;
-    if (!body || n_carried < 0 || body->n_inputs != n_carried + 2 ||
-        body->n_outputs < n_carried + 1 || n->n_out != body->n_outputs - 1)
-        return unsupported(n, "its body does not match its inputs and outputs");
-    c->n_carried = n_carried;
-    c->n_scan = body->n_outputs - 1 - n_carried;
-    for (int k = 0; k < n_carried; k++)
-        if (!inp[k + 2]) return unsupported(n, "an optional loop-carried input is absent");
-    int64_t m = -1; /* trip count at compile time, -1 unknown or absent */
-    bool m_known = !inp[0], cond_known = !inp[1], cond0 = true;
-    if (inv[0]) {
-        if (kiln_tensor_count(inv[0]) != 1) return unsupported(n, "its trip count is not a scalar");
-        m = kiln_tensor_i64(inv[0], 0);
-        if (m < 0) m = 0;
-        m_known = true;
-    }
-    if (inv[1]) {
-        if (kiln_tensor_count(inv[1]) != 1) return unsupported(n, "its condition is not a scalar");
-        cond0 = kiln_tensor_f64(inv[1], 0) != 0;
-        cond_known = true;
-    }
-    int64_t n_min = 0; /* iterations the loop surely runs */
-    c->exact = -1;
-    if ((cond_known && !cond0) || (m_known && inp[0] && m == 0)) c->exact = 0;
-    else if (cond_known && (!inp[0] || (m_known && m >= 1))) n_min = 1;
-    struct kiln_type *types = calloc((size_t)n_carried + 3, sizeof *types);
-    if (!types) return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory compiling a plan");
-    kiln_status st = KILN_OK;
-    kiln_type_unknown(&types[0]);
-    types[0].dtype = KILN_DTYPE_I64;
-    types[0].rank = 0;
-    kiln_type_unknown(&types[1]);
-    types[1].dtype = KILN_DTYPE_BOOL;
-    types[1].rank = 0;
-    for (int k = 0; k < n_carried; k++) types[k + 2] = *inp[k + 2];
-    /* the loop owns the carried values it passes in: a body step may write over one */
-    unsigned char *donate = calloc((size_t)n_carried + 3, 1);
-    if (!donate) {
-        free(types);
-        return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory compiling a plan");
-    }
-    memset(donate + 2, 1, (size_t)n_carried);
-    bool done = c->exact == 0;
-    if (done && c->n_scan) { /* no iteration runs, but the scan outputs' element types */
-        struct body_plan *bp = &c->bodies[c->n_bodies++];
-        if ((st = body_compile(p, n, body, types, donate, env, bp)) != KILN_OK) goto out;
-    }
-    for (int64_t i = 0; !done; i++) {
-        if (c->n_bodies == PLAN_LOOP_MAX_SHAPES) {
-            st = unsupported(n, "its loop-carried values change shape on too many iterations");
-            goto out;
-        }
-        struct body_plan *bp = &c->bodies[c->n_bodies++];
-        if ((st = body_compile(p, n, body, types, donate, env, bp)) != KILN_OK) goto out;
-        const struct kiln_plan *b = bp->plan;
-        if (i == 0 && m_known && inp[0] && cond_known && cond0 && cond_stays_true(b))
-            c->exact = m;
-        bool fixed = true;
-        for (int k = 0; k < n_carried; k++) {
-            const struct kiln_type *t = plan_output_type(b, k + 1);
-            if (t->dtype != types[k + 2].dtype) {
-                st = unsupported(n, "a loop-carried value changes dtype");
-                goto out;
-            }
-            if (!same_type(t, &types[k + 2])) fixed = false;
-        }
-        if (c->n_bodies > 1) { /* every body plan makes the same scan outputs */
-            for (int s = 0; s < c->n_scan; s++)
-                if (!same_type(plan_output_type(b, 1 + n_carried + s),
-                               plan_output_type(c->bodies[0].plan, 1 + n_carried + s))) {
-                    st = unsupported(n, "a scan output changes shape between iterations");
-                    goto out;
-                }
-        }
-        if (fixed) {
-            if (c->exact < 0 && n_min < i) {
-                st = unsupported(n, "its loop-carried values' shapes depend on how many "
-                                    "iterations run");
-                goto out;
-            }
-            done = true;
-        } else {
-            for (int k = 0; k < n_carried; k++) types[k + 2] = *plan_output_type(b, k + 1);
-            if (c->exact >= 0 && i + 1 == c->exact) done = true;
-        }
-    }
-    if (c->n_scan && c->exact < 0) {
-        st = unsupported(n, "its scan outputs' length depends on when the loop stops");
-        goto out;
-    }
-    for (int k = 0; k < n_carried; k++) outtype[k] = types[k + 2];
-    for (int s = 0; s < c->n_scan; s++) {
-        struct kiln_type *o = &outtype[n_carried + s];
-        const struct kiln_type *e = c->n_bodies
-                                        ? plan_output_type(c->bodies[0].plan, 1 + n_carried + s)
-                                        : &body->values[body->outputs[1 + n_carried + s]].type;
-        kiln_type_unknown(o);
-        int r = e->rank > 0 && e->rank < KILN_MAX_RANK ? e->rank : 0;
-        if (e->rank + 1 > KILN_MAX_RANK) {
-            st = unsupported(n, "a scan output's rank is too large");
-            goto out;
-        }
-        o->dtype = e->dtype ? e->dtype : KILN_DTYPE_F32;
-        o->rank = r + 1;
-        o->dims[0] = c->exact;
-        for (int d = 0; d < r; d++) o->dims[d + 1] = e->dims[d] > 0 ? e->dims[d] : 0;
-    }
-out:
-    free(types);
-    free(donate);
-    return st;
-}
-
-static kiln_status if_compile(struct kiln_plan *p, const struct kiln_node *n,
-                              kiln_tensor *const *inv, const struct recompile_env *env,
-                              struct control *c, struct kiln_type *outtype)
-{
-    const struct kiln_graph *br[2] = {graph_attr_of(n, "then_branch"),
-                                      graph_attr_of(n, "else_branch")};
-    for (int b = 0; b < 2; b++)
-        if (!br[b] || br[b]->n_inputs || br[b]->n_outputs != n->n_out)
-            return unsupported(n, "its branches do not match its outputs");
-    c->const_branch = -1;
-    if (inv[0]) {
-        if (kiln_tensor_count(inv[0]) != 1) return unsupported(n, "its condition is not a scalar");
-        c->const_branch = kiln_tensor_f64(inv[0], 0) != 0 ? 0 : 1;
-    }
-    for (int b = 0; b < 2; b++) {
-        if (c->const_branch >= 0 && b != c->const_branch) {
-            c->bodies[c->n_bodies++] = (struct body_plan){NULL, NULL};
-            continue;
-        }
-        struct body_plan *bp = &c->bodies[c->n_bodies++];
-        kiln_status st = body_compile(p, n, br[b], NULL, NULL, env, bp);
-        if (st != KILN_OK) return st;
-    }
-    int first = c->const_branch >= 0 ? c->const_branch : 0;
-    for (int k = 0; k < n->n_out; k++) {
-        outtype[k] = *plan_output_type(c->bodies[first].plan, k);
-        if (c->const_branch < 0 &&
-            !same_type(&outtype[k], plan_output_type(c->bodies[1].plan, k)))
-            return unsupported(n, "its branches' outputs differ in type or shape");
-    }
-    return KILN_OK;
-}
-
-/* Scan (opset 9+): the states are followed like a Loop's carried values, over the scan
- * inputs' length, known at compile time. */
-static kiln_status scan_compile(struct kiln_plan *p, const struct kiln_node *n,
-                                const struct kiln_type *const *inp, const struct recompile_env *env,
-                                struct control *c, struct kiln_type *outtype)
-{
-    const struct kiln_graph *body = graph_attr_of(n, "body");
-    int64_t m = kiln_attr_int(n, "num_scan_inputs", 0);
-    if (!body || n->opset < 9 || m <= 0 || m > n->n_in || body->n_inputs != n->n_in ||
-        body->n_outputs != n->n_out || n->n_out < n->n_in - m)
-        return unsupported(n, "its body does not match its inputs and outputs");
-    int ns = n->n_in - (int)m, k_out = n->n_out - ns;
-    c->n_carried = ns;
-    c->n_scan_in = (int)m;
-    c->n_scan = k_out;
-    const int64_t *ia = NULL, *id = NULL, *oa = NULL, *od = NULL;
-    int nia = kiln_attr_ints(n, "scan_input_axes", &ia), nid = kiln_attr_ints(n, "scan_input_directions", &id);
-    int noa = kiln_attr_ints(n, "scan_output_axes", &oa), nod = kiln_attr_ints(n, "scan_output_directions", &od);
-    struct kiln_type *types = calloc((size_t)n->n_in + 1, sizeof *types);
-    unsigned char *donate = calloc((size_t)n->n_in + 1, 1);
-    kiln_status st = KILN_OK;
-    if (!types || !donate) {
-        st = kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory compiling a plan");
-        goto out;
-    }
-    c->len = -1;
-    for (int j = 0; j < m; j++) {
-        const struct kiln_type *x = inp[ns + j];
-        int64_t axis = j < nia ? ia[j] : 0;
-        if (!x || x->rank < 1 || axis < -x->rank || axis >= x->rank) {
-            st = unsupported(n, "a scan input is absent, a scalar or has no such axis");
-            goto out;
-        }
-        int a = (int)(axis < 0 ? axis + x->rank : axis);
-        c->in_axis[j] = a;
-        c->in_rev[j] = j < nid && id[j];
-        if (c->len >= 0 && x->dims[a] != c->len) {
-            st = unsupported(n, "its scan inputs have different lengths");
-            goto out;
-        }
-        c->len = x->dims[a];
-        struct kiln_type *t = &types[ns + j];
-        kiln_type_unknown(t);
-        t->dtype = x->dtype;
-        t->rank = x->rank - 1;
-        for (int d = 0, r = 0; d < x->rank; d++)
-            if (d != a) t->dims[r++] = x->dims[d];
-    }
-    for (int k = 0; k < ns; k++) {
-        if (!inp[k]) {
-            st = unsupported(n, "a state input is absent");
-            goto out;
-        }
-        types[k] = *inp[k];
-        donate[k] = 1;
-    }
-    bool done = c->len == 0 && !k_out;
-    if (c->len == 0 && k_out) { /* no iteration, but the scan outputs' element types */
-        struct body_plan *bp = &c->bodies[c->n_bodies++];
-        if ((st = body_compile(p, n, body, types, donate, env, bp)) != KILN_OK) goto out;
-        done = true;
-    }
-    for (int64_t i = 0; !done; i++) {
-        if (c->n_bodies == PLAN_LOOP_MAX_SHAPES) {
-            st = unsupported(n, "its states change shape on too many iterations");
-            goto out;
-        }
-        struct body_plan *bp = &c->bodies[c->n_bodies++];
-        if ((st = body_compile(p, n, body, types, donate, env, bp)) != KILN_OK) goto out;
-        const struct kiln_plan *b = bp->plan;
-        bool fixed = true;
-        for (int k = 0; k < ns; k++) {
-            const struct kiln_type *t = plan_output_type(b, k);
-            if (t->dtype != types[k].dtype) {
-                st = unsupported(n, "a state changes dtype");
-                goto out;
-            }
-            fixed &= same_type(t, &types[k]);
-        }
-        for (int s2 = 0; s2 < k_out && c->n_bodies > 1; s2++)
-            if (!same_type(plan_output_type(b, ns + s2), plan_output_type(c->bodies[0].plan, ns + s2))) {
-                st = unsupported(n, "a scan output changes shape between iterations");
-                goto out;
-            }
-        if (!fixed)
-            for (int k = 0; k < ns; k++) types[k] = *plan_output_type(b, k);
-        done = fixed || i + 1 == c->len;
-    }
-    for (int k = 0; k < ns; k++) outtype[k] = types[k];
-    for (int s2 = 0; s2 < k_out; s2++) {
-        const struct kiln_type *e = plan_output_type(c->bodies[0].plan, ns + s2);
-        struct kiln_type *o = &outtype[ns + s2];
-        int64_t axis = s2 < noa ? oa[s2] : 0;
-        if (e->rank + 1 > KILN_MAX_RANK || axis < -(e->rank + 1) || axis > e->rank) {
-            st = unsupported(n, "a scan output's axis or rank does not fit");
-            goto out;
-        }
-        int a = (int)(axis < 0 ? axis + e->rank + 1 : axis);
-        c->out_axis[s2] = a;
-        c->out_rev[s2] = s2 < nod && od[s2];
-        kiln_type_unknown(o);
-        o->dtype = e->dtype;
-        o->rank = e->rank + 1;
-        for (int d = 0, r = 0; d < o->rank; d++) o->dims[d] = d == a ? c->len : e->dims[r++];
-    }
-out:
-    free(types);
-    free(donate);
-    return st;
-}
-
-static kiln_status control_run(void *state, struct kiln_run_ctx *ctx);
-
-/* Compile control-flow node n (Loop, If) into *inst; outtype receives its output types. */
-static kiln_status control_compile(struct kiln_plan *p, const struct kiln_node *n,
-                                   const struct kiln_type *const *inp, kiln_tensor *const *inv,
-                                   const struct recompile_env *env, struct kiln_type *outtype,
-                                   struct kiln_kernel_inst *inst)
-{
-    memset(inst, 0, sizeof *inst);
-    if (n->op != KILN_OP_Loop && n->op != KILN_OP_If && n->op != KILN_OP_Scan)
-        return unsupported(n, "this control-flow op runs in the reference executor");
-    if (p->depth + 1 > PLAN_MAX_DEPTH) return unsupported(n, "bodies nest too deep to plan");
-    if (n->n_in + n->n_implicit > KILN_MAX_IO)
-        return unsupported(n, "its bodies capture too many values");
-    for (int k = 0; k < n->n_implicit; k++)
-        if (n->implicit[k] < 0 || p->slots[n->implicit[k]].kind == SLOT_NONE)
-            return kiln_node_error(n, KILN_ERR_INTERNAL, "a captured value has no value");
-    struct control *c = calloc(1, sizeof *c);
-    if (!c) return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory compiling a plan");
-    c->op = n->op;
-    c->node = n;
-    c->const_branch = -1;
-    kiln_status st = n->op == KILN_OP_Loop   ? loop_compile(p, n, inp, inv, env, c, outtype)
-                     : n->op == KILN_OP_Scan ? scan_compile(p, n, inp, env, c, outtype)
-                                             : if_compile(p, n, inv, env, c, outtype);
-    if (st == KILN_OK) {
-        c->out_types = calloc((size_t)n->n_out + 1, sizeof *c->out_types);
-        if (!c->out_types) st = kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory compiling a plan");
-    }
-    for (int k = 0; k < n->n_out && st == KILN_OK; k++) {
-        if (!kiln_type_is_concrete(&outtype[k])) st = unsupported(n, "an output shape depends on data");
-        else if (outtype[k].dtype == KILN_DTYPE_STRING || kiln_dtype_is_container(outtype[k].dtype))
-            st = unsupported(n, "it produces strings, sequences or optionals");
-        else c->out_types[k] = outtype[k];
-    }
-    if (st != KILN_OK) {
-        control_free(c);
-        return st;
-    }
-    inst->name = n->op == KILN_OP_Loop ? "loop_plan" : n->op == KILN_OP_Scan ? "scan_plan" : "if_plan";
-    inst->state = c;
-    inst->run = control_run;
-    inst->destroy = control_free;
-    inst->inplace_input = -1;
-    return KILN_OK;
-}
-
-static kiln_status plan_run_in(struct kiln_plan *p, kiln_tensor *const *inputs,
-                               kiln_tensor **outputs, int granted, const kiln_run_options *ro,
-                               int prof, struct kiln_exec_frame *parent,
-                               kiln_tensor *const *preset);
-
-/* Run body plan bp with inputs `in` (its graph's inputs) and its captures read from the
- * step's inputs; outputs receive owned tensors. */
-static kiln_status body_run(struct body_plan *bp, kiln_tensor *const *in,
-                            struct kiln_run_ctx *ctx, kiln_tensor **outputs,
-                            kiln_tensor *const *preset)
-{
-    struct kiln_plan *b = bp->plan;
-    kiln_tensor *all[KILN_MAX_IO * 2];
-    kiln_tensor **args = all;
-    int n = b->g->n_inputs + b->n_caps;
-    if (n > KILN_MAX_IO * 2) {
-        args = malloc(sizeof *args * (size_t)n);
-        if (!args) return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory in a loop");
-    }
-    for (int i = 0; i < b->g->n_inputs; i++) args[i] = in[i];
-    for (int j = 0; j < b->n_caps; j++) args[b->g->n_inputs + j] = ctx->in[bp->cap_in[j]];
-    const kiln_run_options *ro = ctx->frame ? ctx->frame->ro : NULL;
-    int prof = ctx->frame ? ctx->frame->profile : 0;
-    kiln_status st = plan_run_in(b, args, outputs, ctx->threads, ro, prof, ctx->frame, preset);
-    if (args != all) free(args);
-    return st;
-}
-
-/* Copy t into the planned output o (same dtype and shape). */
-static kiln_status put_output(const struct kiln_node *n, int k, kiln_tensor *o,
-                              const kiln_tensor *t)
-{
-    if (t->dtype != o->dtype || t->rank != o->rank ||
-        memcmp(t->dims, o->dims, sizeof(int64_t) * (size_t)t->rank) != 0) {
-        char a[160], b[160];
-        return kiln_node_error(n, KILN_ERR_INTERNAL,
-                               "output %d came out %s %s; the plan expected %s %s", k,
-                               kiln_dtype_name(t->dtype), kiln_shape_str(t->rank, t->dims, a, sizeof a),
-                               kiln_dtype_name(o->dtype), kiln_shape_str(o->rank, o->dims, b, sizeof b));
-    }
-    if (o->nbytes && o->data != t->data) memcpy(o->data, t->data, o->nbytes);
-    return KILN_OK;
-}
-
-static kiln_status if_run_plan(struct control *c, struct kiln_run_ctx *ctx)
-{
-    const struct kiln_node *n = ctx->node;
-    int br = c->const_branch;
-    if (br < 0) {
-        if (kiln_tensor_count(ctx->in[0]) != 1)
-            return kiln_node_error(n, KILN_ERR_RUNTIME, "condition must have one element, got %lld",
-                                   (long long)kiln_tensor_count(ctx->in[0]));
-        br = kiln_tensor_f64(ctx->in[0], 0) != 0 ? 0 : 1;
-    }
-    kiln_tensor *outs[KILN_MAX_IO];
-    kiln_status st = body_run(&c->bodies[br], NULL, ctx, outs, NULL);
-    if (st != KILN_OK) return st;
-    for (int k = 0; k < ctx->n_out; k++) {
-        if (st == KILN_OK) st = put_output(n, k, ctx->out[k], outs[k]);
-        kiln_tensor_free(outs[k]);
-    }
-    return st;
-}
-
-static bool matches(const struct kiln_plan *b, kiln_tensor *const *carried, int n_carried,
-                    int first)
-{
-    for (int k = 0; k < n_carried; k++) {
-        const struct kiln_type *t = &b->in_types[k + first];
-        const kiln_tensor *x = carried[k];
-        if (x->dtype != t->dtype || x->rank != t->rank ||
-            memcmp(x->dims, t->dims, sizeof(int64_t) * (size_t)x->rank) != 0)
-            return false;
-    }
-    return true;
-}
-
-/* The loop's own copy of a carried value x before its first iteration: the planned
- * output o's memory (a header onto it) when it has x's type, so that a body that writes
- * the value in place leaves the result where it belongs with no copy and nothing
- * allocated; else a clone. */
-static kiln_status own_carried(const kiln_tensor *x, kiln_tensor *o, kiln_tensor **out)
-{
-    if (x->dtype != o->dtype || x->rank != o->rank || x->nbytes != o->nbytes ||
-        memcmp(x->dims, o->dims, sizeof(int64_t) * (size_t)x->rank) != 0 ||
-        x->dtype == KILN_DTYPE_STRING)
-        return kiln_tensor_clone(x, out);
-    kiln_tensor *h = calloc(1, sizeof *h);
-    if (!h) return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory in Loop");
-    *h = *o;
-    h->owns_data = 0;
-    if (o->nbytes && o->data != x->data) memcpy(o->data, x->data, o->nbytes);
-    *out = h;
-    return KILN_OK;
-}
-
-static kiln_status loop_run_plan(struct control *c, struct kiln_run_ctx *ctx)
-{
-    const struct kiln_node *n = ctx->node;
-    int nc = c->n_carried, ns = c->n_scan;
-    int64_t max_trip = PLAN_LOOP_MAX_ITERATIONS;
-    bool bounded = false;
-    for (int k = 0; k < 2; k++)
-        if (ctx->in[k] && kiln_tensor_count(ctx->in[k]) != 1)
-            return kiln_node_error(n, KILN_ERR_INVALID_ARGUMENT, "%s must have one element, got %lld",
-                                   k ? "the condition" : "the trip count M",
-                                   (long long)kiln_tensor_count(ctx->in[k]));
-    if (ctx->in[0]) {
-        max_trip = kiln_tensor_i64(ctx->in[0], 0);
-        bounded = true;
-        if (max_trip < 0) max_trip = 0;
-    }
-    bool cond = ctx->in[1] ? kiln_tensor_f64(ctx->in[1], 0) != 0 : true;
-    int nb = 2 + nc;
-    int n_bout = 1 + nc + ns;
-    kiln_tensor **mem = calloc((size_t)(nb + nc + 2 * n_bout) + 1, sizeof *mem);
-    if (!mem) return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory in Loop");
-    kiln_tensor **bin = mem, **carried = mem + nb, **bout = mem + nb + nc;
-    kiln_tensor **preset = bout + n_bout;
-    unsigned char owned_small[64];
-    unsigned char *owned = nc <= 64 ? owned_small : calloc((size_t)nc, 1);
-    kiln_tensor iter_t, cond_t;
-    int64_t iter_v = 0;
-    uint8_t cond_v = 1;
-    kiln_status st = KILN_OK;
-    if (!owned) {
-        free(mem);
-        return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory in Loop");
-    }
-    memset(owned, 0, (size_t)nc);
-    memset(&iter_t, 0, sizeof iter_t);
-    memset(&cond_t, 0, sizeof cond_t);
-    iter_t.dtype = KILN_DTYPE_I64;
-    iter_t.data = &iter_v;
-    iter_t.nbytes = sizeof iter_v;
-    cond_t.dtype = KILN_DTYPE_BOOL;
-    cond_t.data = &cond_v;
-    cond_t.nbytes = 1;
-    /* the body's plans may write over the carried values (donated): the loop's own copies,
-     * made when the first iteration runs */
-    for (int k = 0; k < nc; k++) carried[k] = ctx->in[k + 2];
-    int64_t it = 0;
-    int bi = 0; /* body plan of this iteration: they follow the carried types */
-    const kiln_run_options *ro = ctx->frame ? ctx->frame->ro : NULL;
-    while (cond && it < max_trip) {
-        if (ro && (st = kiln_exec_check_deadline(ro)) != KILN_OK) goto out;
-        while (bi < c->n_bodies && !matches(c->bodies[bi].plan, carried, nc, 2)) bi++;
-        if (bi == c->n_bodies) {
-            st = kiln_node_error(n, KILN_ERR_INTERNAL,
-                                 "iteration %lld: no body plan for the loop-carried values' shapes",
-                                 (long long)it);
-            goto out;
-        }
-        for (int k = 0; k < nc; k++)
-            if (!owned[k]) {
-                if ((st = own_carried(carried[k], ctx->out[k], &carried[k])) != KILN_OK) goto out;
-                owned[k] = 1;
-            }
-        iter_v = it;
-        cond_v = 1;
-        bin[0] = &iter_t;
-        bin[1] = &cond_t;
-        for (int k = 0; k < nc; k++) bin[k + 2] = carried[k];
-        /* a carried output the body makes anew is written straight into the loop's output
-         * (a header onto it) while no carried value lives there */
-        for (int k = 0; k < nc; k++) {
-            preset[1 + k] = NULL;
-            bool busy = false;
-            for (int j = 0; j < nc; j++) busy |= carried[j]->data == ctx->out[k]->data;
-            if (busy || ctx->out[k]->dtype == KILN_DTYPE_STRING) continue;
-            if (!(preset[1 + k] = calloc(1, sizeof(kiln_tensor)))) {
-                st = kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory in Loop");
-                goto out;
-            }
-            *preset[1 + k] = *ctx->out[k];
-            preset[1 + k]->owns_data = 0;
-        }
-        st = body_run(&c->bodies[bi], bin, ctx, bout, preset);
-        for (int k = 0; k < nc; k++) { /* headers the run did not hand back */
-            bool used = false;
-            for (int j = 0; j < n_bout && st == KILN_OK; j++) used |= bout[j] == preset[1 + k];
-            if (!used) free(preset[1 + k]);
-            preset[1 + k] = NULL;
-        }
-        if (st != KILN_OK) {
-            kiln_error_wrap(st, "Loop node '%s' iteration %lld", n->name, (long long)it);
-            goto out;
-        }
-        /* an output may be a carried value handed back (written over in place): each
-         * tensor is in bout once; free the old carried values no output took over */
-        for (int k = 0; k < nc; k++) {
-            bool taken = false;
-            for (int j = 0; j < n_bout && !taken; j++) taken = bout[j] == carried[k];
-            if (!taken) kiln_tensor_free(carried[k]);
-            carried[k] = bout[1 + k];
-            bout[1 + k] = NULL;
-        }
-        cond = kiln_tensor_count(bout[0]) > 0 && kiln_tensor_f64(bout[0], 0) != 0;
-        kiln_tensor_free(bout[0]);
-        bout[0] = NULL;
-        for (int s = 0; s < ns; s++) {
-            kiln_tensor *y = bout[1 + nc + s], *o = ctx->out[nc + s];
-            if (st == KILN_OK && (it >= o->dims[0] || (size_t)it * y->nbytes + y->nbytes > o->nbytes ||
-                                  y->dtype != o->dtype))
-                st = kiln_node_error(n, KILN_ERR_INTERNAL,
-                                     "scan output %d does not fit the planned output", s);
-            if (st == KILN_OK && y->nbytes)
-                memcpy((char *)o->data + (size_t)it * y->nbytes, y->data, y->nbytes);
-            kiln_tensor_free(y);
-            bout[1 + nc + s] = NULL;
-        }
-        if (st != KILN_OK) goto out;
-        it++;
-        if (!bounded && it >= PLAN_LOOP_MAX_ITERATIONS) {
-            st = kiln_node_error(n, KILN_ERR_RUNTIME,
-                                 "ran %lld iterations without a trip count; stopping",
-                                 (long long)it);
-            goto out;
-        }
-    }
-    if (c->exact >= 0 && it != c->exact) {
-        st = kiln_node_error(n, KILN_ERR_INTERNAL, "ran %lld iterations; the plan expected %lld",
-                             (long long)it, (long long)c->exact);
-        goto out;
-    }
-    /* a carried value left on another output's memory (the body swapped two) is copied
-     * out first, so that no put overwrites what a later one reads */
-    for (int k = 0; k < nc && st == KILN_OK; k++) {
-        bool other = false;
-        for (int j = 0; j < nc; j++) other |= j != k && carried[k]->data == ctx->out[j]->data;
-        if (other && owned[k]) {
-            kiln_tensor *t;
-            if ((st = kiln_tensor_clone(carried[k], &t)) != KILN_OK) goto out;
-            kiln_tensor_free(carried[k]);
-            carried[k] = t;
-        }
-    }
-    for (int k = 0; k < nc && st == KILN_OK; k++) st = put_output(n, k, ctx->out[k], carried[k]);
-out:
-    for (int k = 0; k < nc; k++)
-        if (owned[k]) kiln_tensor_free(carried[k]);
-    for (int k = 0; k < n_bout; k++) {
-        kiln_tensor_free(bout[k]);
-        free(preset[k]); /* headers of an iteration that failed before its run */
-    }
-    if (owned != owned_small) free(owned);
-    free(mem);
-    return st;
-}
-
-static kiln_status scan_run_plan(struct control *c, struct kiln_run_ctx *ctx)
-{
-    const struct kiln_node *n = ctx->node;
-    int ns = c->n_carried, m = c->n_scan_in, k_out = c->n_scan;
-    int n_bout = ns + k_out;
-    kiln_tensor **mem = calloc((size_t)(2 * ns + 2 * m + 2 * n_bout) + 1, sizeof *mem);
-    unsigned char *owned = calloc((size_t)ns + 1, 1);
-    kiln_status st = KILN_OK;
-    if (!mem || !owned) {
-        free(mem);
-        free(owned);
-        return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory in Scan");
-    }
-    kiln_tensor **states = mem, **bin = mem + ns, **slices = bin + ns + m;
-    kiln_tensor **bout = slices + m, **preset = bout + n_bout;
-    for (int k = 0; k < ns; k++) states[k] = ctx->in[k];
-    for (int j = 0; j < m; j++) {
-        const kiln_tensor *x = ctx->in[ns + j];
-        int64_t dims[KILN_MAX_RANK];
-        for (int d = 0, r = 0; d < x->rank; d++)
-            if (d != c->in_axis[j]) dims[r++] = x->dims[d];
-        if ((st = kiln_tensor_new(x->dtype, x->rank - 1, dims, &slices[j])) != KILN_OK) goto out;
-    }
-    const kiln_run_options *ro = ctx->frame ? ctx->frame->ro : NULL;
-    int bi = 0;
-    for (int64_t t = 0; t < c->len; t++) {
-        if (ro && (st = kiln_exec_check_deadline(ro)) != KILN_OK) goto out;
-        for (int j = 0; j < m; j++) { /* slice t (or len-1-t) of scan input j */
-            const kiln_tensor *x = ctx->in[ns + j];
-            int a = c->in_axis[j];
-            int64_t pos = c->in_rev[j] ? c->len - 1 - t : t, outer = 1, inner = 1;
-            for (int d = 0; d < x->rank; d++) {
-                if (d < a) outer *= x->dims[d];
-                else if (d > a) inner *= x->dims[d];
-            }
-            size_t es = kiln_dtype_size(x->dtype), row = (size_t)inner * es;
-            for (int64_t o = 0; o < outer; o++)
-                memcpy((char *)slices[j]->data + (size_t)o * row,
-                       (const char *)x->data + ((size_t)(o * c->len + pos)) * row, row);
-        }
-        for (int k = 0; k < ns; k++)
-            if (!owned[k]) {
-                if ((st = own_carried(states[k], ctx->out[k], &states[k])) != KILN_OK) goto out;
-                owned[k] = 1;
-            }
-        while (bi < c->n_bodies && !matches(c->bodies[bi].plan, states, ns, 0)) bi++;
-        if (bi == c->n_bodies) {
-            st = kiln_node_error(n, KILN_ERR_INTERNAL,
-                                 "iteration %lld: no body plan for the states' shapes", (long long)t);
-            goto out;
-        }
-        for (int k = 0; k < ns; k++) {
-            bin[k] = states[k];
-            preset[k] = NULL;
-            bool busy = false;
-            for (int j = 0; j < ns; j++) busy |= states[j]->data == ctx->out[k]->data;
-            if (busy) continue;
-            if (!(preset[k] = calloc(1, sizeof(kiln_tensor)))) {
-                st = kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory in Scan");
-                goto out;
-            }
-            *preset[k] = *ctx->out[k];
-            preset[k]->owns_data = 0;
-        }
-        for (int j = 0; j < m; j++) bin[ns + j] = slices[j];
-        st = body_run(&c->bodies[bi], bin, ctx, bout, preset);
-        for (int k = 0; k < ns; k++) {
-            bool used = false;
-            for (int j = 0; j < n_bout && st == KILN_OK; j++) used |= bout[j] == preset[k];
-            if (!used) free(preset[k]);
-            preset[k] = NULL;
-        }
-        if (st != KILN_OK) {
-            kiln_error_wrap(st, "Scan node '%s' iteration %lld", n->name, (long long)t);
-            goto out;
-        }
-        for (int k = 0; k < ns; k++) {
-            bool taken = false;
-            for (int j = 0; j < n_bout && !taken; j++) taken = bout[j] == states[k];
-            if (!taken) kiln_tensor_free(states[k]);
-            states[k] = bout[k];
-            bout[k] = NULL;
-        }
-        for (int s2 = 0; s2 < k_out; s2++) { /* element t of scan output s2 */
-            kiln_tensor *y = bout[ns + s2], *o = ctx->out[ns + s2];
-            int a = c->out_axis[s2];
-            int64_t pos = c->out_rev[s2] ? c->len - 1 - t : t, outer = 1, inner = 1;
-            bool fits = y->dtype == o->dtype && y->rank + 1 == o->rank;
-            for (int d = 0, r = 0; fits && d < o->rank; d++)
-                if (d != a) fits = o->dims[d] == y->dims[r++];
-            if (!fits && st == KILN_OK)
-                st = kiln_node_error(n, KILN_ERR_INTERNAL,
-                                     "scan output %d does not fit the planned output", s2);
-            for (int d = 0; fits && d < y->rank; d++) {
-                if (d < a) outer *= y->dims[d];
-                else inner *= y->dims[d];
-            }
-            size_t row = (size_t)inner * kiln_dtype_size(y->dtype);
-            for (int64_t q = 0; fits && st == KILN_OK && q < outer; q++)
-                memcpy((char *)o->data + ((size_t)(q * c->len + pos)) * row,
-                       (const char *)y->data + (size_t)q * row, row);
-            kiln_tensor_free(y);
-            bout[ns + s2] = NULL;
-        }
-        if (st != KILN_OK) goto out;
-    }
-    for (int k = 0; k < ns && st == KILN_OK; k++) {
-        bool other = false;
-        for (int j = 0; j < ns; j++) other |= j != k && states[k]->data == ctx->out[j]->data;
-        if (other && owned[k]) {
-            kiln_tensor *t2;
-            if ((st = kiln_tensor_clone(states[k], &t2)) != KILN_OK) goto out;
-            kiln_tensor_free(states[k]);
-            states[k] = t2;
-        }
-    }
-    for (int k = 0; k < ns && st == KILN_OK; k++) st = put_output(n, k, ctx->out[k], states[k]);
-out:
-    for (int k = 0; k < ns; k++)
-        if (owned[k]) kiln_tensor_free(states[k]);
-    for (int j = 0; j < m; j++) kiln_tensor_free(slices[j]);
-    for (int k = 0; k < n_bout; k++) {
-        kiln_tensor_free(bout[k]);
-        free(preset[k]);
-    }
-    free(owned);
-    free(mem);
-    return st;
-}
-
-static kiln_status control_run(void *state, struct kiln_run_ctx *ctx)
-{
-    struct control *c = state;
-    return c->op == KILN_OP_Loop   ? loop_run_plan(c, ctx)
-           : c->op == KILN_OP_Scan ? scan_run_plan(c, ctx)
-                                   : if_run_plan(c, ctx);
-}
-
-static kiln_status plan_compile_typed(const struct kiln_graph *g, const struct kiln_type *in_types,
+kiln_status kiln_plan_compile_typed(const struct kiln_graph *g, const struct kiln_type *in_types,
                                       const unsigned char *donate,
                                       const struct kiln_plan *parent, int depth,
                                       struct kiln_weight_cache *weights, int threads,
@@ -1762,7 +827,7 @@ static kiln_status plan_compile_typed(const struct kiln_graph *g, const struct k
                 parent && val->outer >= 0 && val->outer < parent->g->n_values
                     ? &parent->slots[val->outer] : NULL;
             if (!ps || ps->kind == SLOT_NONE) {
-                st = unsupported(NULL, "it captures values of an enclosing graph");
+                st = kiln_plan_unsupported(NULL, "it captures values of an enclosing graph");
                 goto fail;
             }
             if (ps->kind == SLOT_CONST) {
@@ -1773,7 +838,7 @@ static kiln_status plan_compile_typed(const struct kiln_graph *g, const struct k
             }
             if (ps->layout || ps->type.dtype == KILN_DTYPE_STRING ||
                 kiln_dtype_is_container(ps->type.dtype)) {
-                st = unsupported(NULL, "a body captures a blocked, string or sequence value");
+                st = kiln_plan_unsupported(NULL, "a body captures a blocked, string or sequence value");
                 goto fail;
             }
             int *co = realloc(p->cap_outer, sizeof *co * ((size_t)p->n_caps + 1));
@@ -1792,15 +857,15 @@ static kiln_status plan_compile_typed(const struct kiln_graph *g, const struct k
         s->type = in_types[i];
         p->in_types[i] = s->type;
         if (in_types[i].dtype == KILN_DTYPE_STRING) {
-            st = unsupported(NULL, "it has string inputs");
+            st = kiln_plan_unsupported(NULL, "it has string inputs");
             goto fail;
         }
         if (kiln_dtype_is_container(in_types[i].dtype)) {
-            st = unsupported(NULL, "it has sequence or optional inputs");
+            st = kiln_plan_unsupported(NULL, "it has sequence or optional inputs");
             goto fail;
         }
         if (!kiln_type_is_concrete(&in_types[i])) {
-            st = unsupported(NULL, "an input's shape is not known");
+            st = kiln_plan_unsupported(NULL, "an input's shape is not known");
             goto fail;
         }
     }
@@ -1815,7 +880,7 @@ static kiln_status plan_compile_typed(const struct kiln_graph *g, const struct k
             goto fail;
         }
         if (n->n_in > KILN_MAX_IO || n->n_out > KILN_MAX_IO) {
-            st = unsupported(n, "too many inputs or outputs");
+            st = kiln_plan_unsupported(n, "too many inputs or outputs");
             goto fail;
         }
         kiln_tensor *inv[KILN_MAX_IO];
@@ -1865,12 +930,12 @@ static kiln_status plan_compile_typed(const struct kiln_graph *g, const struct k
         if (flags & KILN_OPF_SUBGRAPH) {
             struct recompile_env cenv = {weights, plan_threads, precision, ov, n_ov};
             if ((st = acquire_inputs(weights, n, inv, 0)) != KILN_OK ||
-                (st = control_compile(p, n, inp, inv, &cenv, outtype, &ctl_inst)) != KILN_OK)
+                (st = kiln_plan_control_compile(p, n, inp, inv, &cenv, outtype, &ctl_inst)) != KILN_OK)
                 goto fail;
             control = true;
         }
         if (!control && (flags & KILN_OPF_SEQ)) {
-            st = unsupported(n, "sequence and optional values run in the reference executor");
+            st = kiln_plan_unsupported(n, "sequence and optional values run in the reference executor");
             goto fail;
         }
         const struct kiln_fast_op *fast = control ? NULL : kiln_fast_op(n->op);
@@ -1898,7 +963,7 @@ static kiln_status plan_compile_typed(const struct kiln_graph *g, const struct k
         int64_t out_bytes = 0;
         for (int k = 0; k < n->n_out && !dynout; k++) {
             if (!kiln_type_is_concrete(&outtype[k])) {
-                st = unsupported(n, "an output shape depends on data");
+                st = kiln_plan_unsupported(n, "an output shape depends on data");
                 goto fail;
             }
             out_bytes += (int64_t)type_bytes(&outtype[k], 0);
@@ -1911,12 +976,12 @@ static kiln_status plan_compile_typed(const struct kiln_graph *g, const struct k
             continue;
         }
         if (dynout) {
-            st = unsupported(n, "output shapes depend on data");
+            st = kiln_plan_unsupported(n, "output shapes depend on data");
             goto fail;
         }
         for (int k = 0; k < n->n_out; k++)
             if (outtype[k].dtype == KILN_DTYPE_STRING) {
-                st = unsupported(n, "it produces strings");
+                st = kiln_plan_unsupported(n, "it produces strings");
                 goto fail;
             }
         /* a step */
@@ -1966,7 +1031,7 @@ static kiln_status plan_compile_typed(const struct kiln_graph *g, const struct k
         if (is_view_op(n->op) && n->in[0] >= 0 && n->out[0] >= 0 &&
             g->values[n->in[0]].layout == 0 && p->slots[n->out[0]].layout == 0) {
             struct slot *o = &p->slots[n->out[0]];
-            int r = root_of(p, n->in[0]);
+            int r = kiln_plan_root_of(p, n->in[0]);
             if (p->slots[r].kind != SLOT_CONST && o->bytes == p->slots[r].bytes) {
                 o->kind = SLOT_ALIAS;
                 o->alias_of = r;
@@ -1992,7 +1057,7 @@ static kiln_status plan_compile_typed(const struct kiln_graph *g, const struct k
             st = fast->compile(&cc, &sp->inst);
             if (st != KILN_OK) goto fail;
             if (dyn_fast && !sp->inst.run) {
-                st = unsupported(n, "output shapes depend on data");
+                st = kiln_plan_unsupported(n, "output shapes depend on data");
                 goto fail;
             }
             if (sp->inst.run) {
@@ -2010,12 +1075,12 @@ static kiln_status plan_compile_typed(const struct kiln_graph *g, const struct k
         if (!sp->inst.run || control) {
             for (int k = 0; k < sp->n_in; k++)
                 if (sp->in[k] >= 0 && sp->in[k] < g->n_values && g->values[sp->in[k]].layout) {
-                    st = unsupported(n, "a blocked-layout input has no fast kernel");
+                    st = kiln_plan_unsupported(n, "a blocked-layout input has no fast kernel");
                     goto fail;
                 }
             for (int k = 0; k < n->n_out; k++)
                 if (n->out[k] >= 0 && g->values[n->out[k]].layout) {
-                    st = unsupported(n, "a blocked-layout output has no fast kernel");
+                    st = kiln_plan_unsupported(n, "a blocked-layout output has no fast kernel");
                     goto fail;
                 }
         }
@@ -2031,7 +1096,7 @@ static kiln_status plan_compile_typed(const struct kiln_graph *g, const struct k
             goto fail;
         }
         if (s->layout) {
-            st = unsupported(NULL, "a graph output is in a blocked layout");
+            st = kiln_plan_unsupported(NULL, "a graph output is in a blocked layout");
             goto fail;
         }
         /* a constant output is copied out by every run: pinned */
@@ -2058,7 +1123,7 @@ static kiln_status plan_compile_typed(const struct kiln_graph *g, const struct k
         if (!sp->inst.run || !sp->inst.inplace || ii < 0 || ii >= sp->n_in || sp->in[ii] < 0)
             continue;
         struct slot *o = &p->slots[sp->out[0]];
-        int r = root_of(p, sp->in[ii]);
+        int r = kiln_plan_root_of(p, sp->in[ii]);
         struct slot *rs = &p->slots[r];
         /* a donated input (a Loop body's carried value) may be written over too, by a
          * graph output: the output is then handed back as the input's tensor */
@@ -2070,7 +1135,7 @@ static kiln_status plan_compile_typed(const struct kiln_graph *g, const struct k
             continue;
         bool other_input_shares = false; /* another input of this step on the same memory */
         for (int k = 0; k < sp->n_in; k++)
-            if (k != ii && sp->in[k] >= 0 && root_of(p, sp->in[k]) == r) other_input_shares = true;
+            if (k != ii && sp->in[k] >= 0 && kiln_plan_root_of(p, sp->in[k]) == r) other_input_shares = true;
         if (other_input_shares) continue;
         o->kind = SLOT_ALIAS;
         o->alias_of = r;
@@ -2239,7 +1304,7 @@ kiln_status kiln_plan_run_profiled(struct kiln_plan *p, kiln_tensor *const *inpu
 {
     int granted = kiln_threads_acquire(threads);
     kiln_status st =
-        plan_run_in(p, inputs, outputs, granted, ro, profile || profiling(), NULL, NULL);
+        kiln_plan_run_in(p, inputs, outputs, granted, ro, profile || profiling(), NULL, NULL);
     kiln_threads_release(granted);
     return st;
 }
@@ -2247,7 +1312,7 @@ kiln_status kiln_plan_run_profiled(struct kiln_plan *p, kiln_tensor *const *inpu
 /* A run on `granted` threads already leased (a body's plan runs inside its Loop's or If's
  * step, on the threads of the enclosing run). inputs: the graph's, then a body's captures;
  * parent: the enclosing run's frame (NULL at the top). */
-static kiln_status plan_run_in(struct kiln_plan *p, kiln_tensor *const *inputs,
+kiln_status kiln_plan_run_in(struct kiln_plan *p, kiln_tensor *const *inputs,
                                kiln_tensor **outputs, int granted, const kiln_run_options *ro,
                                int prof, struct kiln_exec_frame *parent,
                                kiln_tensor *const *preset)
@@ -2324,7 +1389,7 @@ static kiln_status plan_run_in(struct kiln_plan *p, kiln_tensor *const *inputs,
         const struct slot *s = &p->slots[v];
         bool repeat = false;
         for (int j = 0; j < i; j++) repeat |= g->outputs[j] == v;
-        int r = root_of(p, v);
+        int r = kiln_plan_root_of(p, v);
         if (donated_input(p, r) && slot_off(p, v) == 0 &&
             type_bytes(&s->type, 0) == inputs[p->slots[r].input_index]->nbytes) {
             /* on a donated input's memory: hand that tensor back (once), as this type */
@@ -2571,10 +1636,9 @@ void kiln_plan_profile_print(const struct kiln_plan *p, FILE *f)
     /* the plans of Loop and If bodies, whose time their step above includes */
     for (int i = 0; i < p->n_steps; i++) {
         const struct step *sp = &p->steps[i];
-        if (sp->inst.run != control_run) continue;
-        const struct control *c = sp->inst.state;
-        for (int b = 0; b < c->n_bodies; b++) {
-            const struct kiln_plan *bp = c->bodies[b].plan;
+        int nb = kiln_plan_control_bodies(&sp->inst);
+        for (int b = 0; b < nb; b++) {
+            const struct kiln_plan *bp = kiln_plan_control_body(&sp->inst, b);
             int64_t calls = 0;
             for (int k = 0; bp && k < bp->n_steps; k++)
                 calls += atomic_load(&((struct step *)&bp->steps[k])->calls);
@@ -2591,10 +1655,10 @@ static void profile_reset_plan(struct kiln_plan *p)
     for (int k = 0; k < p->n_steps; k++) {
         atomic_store(&p->steps[k].ns, 0);
         atomic_store(&p->steps[k].calls, 0);
-        if (p->steps[k].inst.run != control_run) continue;
-        struct control *c = p->steps[k].inst.state;
-        for (int b = 0; b < c->n_bodies; b++)
-            if (c->bodies[b].plan) profile_reset_plan(c->bodies[b].plan);
+        int nb = kiln_plan_control_bodies(&p->steps[k].inst);
+        for (int b = 0; b < nb; b++)
+            if (kiln_plan_control_body(&p->steps[k].inst, b))
+                profile_reset_plan(kiln_plan_control_body(&p->steps[k].inst, b));
     }
 }
 

@@ -16,7 +16,7 @@
  * call makes a few small allocations of its own. tests/c/unit_opt.c counts.
  *
  * Loop, If and Scan nodes are steps that run plans of their bodies, compiled for
- * the bodies' concrete input types (plan.c, "control flow"): one per
+ * the bodies' concrete input types (plan_control.c): one per
  * distinct set of loop-carried types, captured values as constants or extra
  * inputs. Graphs a plan cannot express (strings, sequences, outputs
  * whose shape depends on data, a loop whose output shapes do) make compile
