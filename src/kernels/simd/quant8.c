@@ -156,9 +156,12 @@ static bool scalar_params(const struct kiln_compile_ctx *cc, kiln_dtype q, struc
     return true;
 }
 
+/* Plain, or channels last on both sides (one scale and zero point: elementwise in any
+ * storage order without padding; src/opt/layout_nhwc.c). */
 static bool plain_layouts(const struct kiln_compile_ctx *cc)
 {
-    return (!cc->in_layout || cc->in_layout[0] == 0) && (!cc->out_layout || cc->out_layout[0] == 0);
+    int li = cc->in_layout ? cc->in_layout[0] : 0, lo = cc->out_layout ? cc->out_layout[0] : 0;
+    return li == lo && (li == 0 || li == KILN_LAYOUT_NHWC);
 }
 
 static kiln_status q8_finish(const struct kiln_compile_ctx *cc, struct kiln_kernel_inst *inst,
