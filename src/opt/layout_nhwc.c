@@ -102,6 +102,25 @@ static int is_follower(const struct kiln_graph *g, const unsigned char *cap, con
         return n->n_in >= 2 && n->in[1] >= 0 && scalar_or_absent(g, n, 1, KILN_DTYPE_F32) &&
                scalar_or_absent(g, n, 2, qd);
     }
+    if (n->op == KILN_OP_KilnQLinearAdd) {
+        if (n->n_in != 8 || !nhwc_value(g, cap, x, 1) || !nhwc_value(g, cap, n->in[3], 1) ||
+            !nhwc_value(g, cap, y, 1))
+            return 0;
+        const struct kiln_type *at = &g->values[x].type, *bt = &g->values[n->in[3]].type;
+        const struct kiln_type *yt = &g->values[y].type;
+        for (int d = 0; d < 4; d++)
+            if (at->dims[d] != yt->dims[d] || bt->dims[d] != yt->dims[d] || (yt->dims[d] < 0 && d))
+                return 0;
+        if (yt->dims[0] < 0 && (!at->sym[0] || !bt->sym[0] || !yt->sym[0] ||
+                                strcmp(at->sym[0], yt->sym[0]) || strcmp(bt->sym[0], yt->sym[0])))
+            return 0;
+        const char *act = kiln_attr_str(n, "activation", "");
+        return (!act[0] || !strcmp(act, "Relu")) && scalar_or_absent(g, n, 1, KILN_DTYPE_F32) &&
+               scalar_or_absent(g, n, 4, KILN_DTYPE_F32) && scalar_or_absent(g, n, 6, KILN_DTYPE_F32) &&
+               n->in[1] >= 0 && n->in[4] >= 0 && n->in[6] >= 0 &&
+               scalar_or_absent(g, n, 2, (int)at->dtype) && scalar_or_absent(g, n, 5, (int)bt->dtype) &&
+               scalar_or_absent(g, n, 7, (int)yt->dtype);
+    }
     if (!nhwc_value(g, cap, x, 0) || !nhwc_value(g, cap, y, 0)) return 0;
     const struct kiln_type *xt = &g->values[x].type, *yt = &g->values[y].type;
     for (int d = 0; d < 4; d++)
@@ -131,6 +150,7 @@ static int is_follower(const struct kiln_graph *g, const unsigned char *cap, con
 /* Inputs of follower n that carry data. */
 static int data_input(const struct kiln_node *n, int i)
 {
+    if (n->op == KILN_OP_KilnQLinearAdd) return i == 0 || i == 3;
     return n->op == KILN_OP_Add ? i < 2 : i == 0;
 }
 
