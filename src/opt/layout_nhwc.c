@@ -121,6 +121,30 @@ static int is_follower(const struct kiln_graph *g, const unsigned char *cap, con
                scalar_or_absent(g, n, 2, (int)at->dtype) && scalar_or_absent(g, n, 5, (int)bt->dtype) &&
                scalar_or_absent(g, n, 7, (int)yt->dtype);
     }
+    if (n->op == KILN_OP_MaxPool) { /* 8-bit, 2-D, a window oneDNN surely takes */
+        if (n->n_in != 1 || (n->n_out > 1 && n->out[1] >= 0) || !nhwc_value(g, cap, x, 1) ||
+            !nhwc_value(g, cap, y, 1) || g->values[x].type.dtype != g->values[y].type.dtype)
+            return 0;
+        const char *ap = kiln_attr_str(n, "auto_pad", "NOTSET");
+        int64_t ceil_mode = kiln_attr_int(n, "ceil_mode", 0);
+        const struct kiln_attr *k = kiln_node_attr(n, "kernel_shape");
+        const struct kiln_attr *pads = kiln_node_attr(n, "pads");
+        const struct kiln_attr *dil = kiln_node_attr(n, "dilations");
+        if (kiln_attr_check(n) != KILN_OK) {
+            kiln_error_clear();
+            return 0;
+        }
+        if (strcmp(ap, "NOTSET") || ceil_mode || !k || k->type != KILN_ATTR_INTS || k->n != 2)
+            return 0;
+        if (dil && (dil->type != KILN_ATTR_INTS || dil->n != 2 || dil->ints[0] != 1 ||
+                    dil->ints[1] != 1))
+            return 0;
+        if (pads && (pads->type != KILN_ATTR_INTS || pads->n != 4)) return 0;
+        for (int i = 0; pads && i < 4; i++)
+            if (pads->ints[i] < 0 || pads->ints[i] >= k->ints[i % 2]) return 0;
+        const struct kiln_type *xt = &g->values[x].type;
+        return xt->dims[2] > 0 && xt->dims[3] > 0;
+    }
     if (!nhwc_value(g, cap, x, 0) || !nhwc_value(g, cap, y, 0)) return 0;
     const struct kiln_type *xt = &g->values[x].type, *yt = &g->values[y].type;
     for (int d = 0; d < 4; d++)

@@ -7,6 +7,10 @@
  * float32 arithmetic, so the result is bit for bit that of the nodes it
  * replaces.
  *
+ * Also Q(MaxPool(DQ(a))) whose Q and DQ have the same scale and zero point
+ * becomes MaxPool(a) on the 8-bit values (exact: DQ is increasing and
+ * Q(DQ(v)) = v), which oneDNN pools as bytes (src/kernels/dnnl/pool.c).
+ *
  * Taken: DequantizeLinear / QuantizeLinear with one constant float32 scale
  * and one constant 8-bit zero point (the Q's present, or a uint8 a), no
  * block_size / precision / saturate changes; an Add (opset 7+) of two
@@ -56,9 +60,50 @@ static int dq_of(const struct kiln_graph *g, int v, int consumer)
     return per_tensor(g, &g->nodes[p], false) ? p : -1;
 }
 
+/* Whether the Q or DQ nodes p and q have the same constant scale and zero point. */
+static bool same_params(const struct kiln_graph *g, const struct kiln_node *p,
+                        const struct kiln_node *q)
+{
+    for (int i = 1; i < 3; i++) {
+        int a = i < p->n_in ? p->in[i] : -1, b = i < q->n_in ? q->in[i] : -1;
+        if (a < 0 || b < 0) {
+            if (a != b) return false;
+            continue;
+        }
+        const kiln_tensor *ta = kiln_opt_const(g, a), *tb = kiln_opt_const(g, b);
+        if (!ta || !tb || ta->dtype != tb->dtype || ta->nbytes != tb->nbytes ||
+            memcmp(ta->data, tb->data, ta->nbytes))
+            return false;
+    }
+    return true;
+}
+
+/* Q(MaxPool(DQ(a))) with the same parameters on both sides -> MaxPool(a) on the 8-bit
+ * values: exact, as DQ is increasing and Q(DQ(v)) = v. */
+static void maxpool_8bit(struct kiln_graph *g, int qi, struct kiln_opt_pass_log *pl)
+{
+    const struct kiln_node *q = &g->nodes[qi];
+    int pi = kiln_opt_producer(g, q->in[0]);
+    if (pi < 0 || kiln_opt_single_consumer(g, q->in[0]) != qi) return;
+    const struct kiln_node *mp = &g->nodes[pi];
+    if (mp->op != KILN_OP_MaxPool || mp->n_in != 1 || (mp->n_out > 1 && mp->out[1] >= 0)) return;
+    int dq = dq_of(g, mp->in[0], pi);
+    if (dq < 0 || !same_params(g, &g->nodes[dq], q)) return;
+    int a = g->nodes[dq].in[0], y = q->out[0];
+    if (g->values[a].type.dtype != g->values[y].type.dtype) return;
+    kiln_opt_set_input(g, pi, 0, a);
+    kiln_opt_remove_node(g, qi);
+    kiln_opt_remove_node(g, dq);
+    kiln_opt_set_output(g, pi, 0, y);
+    if (pl) kiln_opt_count(pl, "8-bit MaxPool (DQ, Q removed)");
+}
+
 kiln_status kiln_opt_qadd(struct kiln_graph *g, struct kiln_opt_pass_log *pl)
 {
     int n_nodes = g->n_nodes;
+    for (int qi = 0; qi < n_nodes; qi++)
+        if (!kiln_opt_node_dead(&g->nodes[qi]) && per_tensor(g, &g->nodes[qi], true))
+            maxpool_8bit(g, qi, pl);
     for (int qi = 0; qi < n_nodes; qi++) {
         const struct kiln_node *q = &g->nodes[qi];
         if (kiln_opt_node_dead(q) || !per_tensor(g, q, true)) continue;

@@ -13,7 +13,9 @@ float32 arithmetic of the QDQ nodes it replaces
 
 - KilnQLinearAdd alone: fast kernel (1 and 2 threads), reference kernel and the
   unfused graph (--disable-optimizer) bit for bit, at rounding midpoints too;
-- a residual block chain (conv, conv, Add+Relu, conv, Add): the optimized
+- a residual block chain (conv, MaxPool, conv, conv, Add+Relu, depthwise conv,
+  conv, Add, conv; the MaxPool between a DQ and a Q of the same parameters
+  runs on the 8-bit values): the optimized
   graph on reference kernels bit for bit; the fast path with 1 and 2 threads
   within one step (oneDNN's float requantization, see test_qdq.py); the
   profile shows the fused Add, channels-last values and no DequantizeLinear
@@ -104,6 +106,15 @@ class Residual(QDQ):
         self.cur = self.q(y, ys, yzp)
         self.cur_scale, self.cur_zp = np.float32(ys), yzp
 
+    def maxpool(self, k=3, stride=2, pad=1):
+        """DQ -> MaxPool -> Q with the same parameters (what calibration writes around a pool)."""
+        x = self.dq(self.cur, np.float32(self.cur_scale), self.dt(self.cur_zp))
+        y = self.name("pool")
+        self.nodes.append(helper.make_node("MaxPool", [x], [y], kernel_shape=[k, k],
+                                           strides=[stride, stride], pads=[pad] * 4))
+        self.layers.append(dict(kind="maxpool", k=k, stride=stride, pad=pad))
+        self.cur = self.q(y, self.cur_scale, self.cur_zp)
+
     def mark(self):
         """The current quantized tensor, for a later add (with its layer index)."""
         return (self.cur, self.cur_scale, self.cur_zp, len(self.layers))
@@ -112,7 +123,17 @@ class Residual(QDQ):
         q = quantize(x, self.in_scale, self.in_zp, self.dt)
         outs = [q]  # outs[i] = the quantized tensor after i layers
         for L in self.layers:
-            if L["kind"] == "add":
+            if L["kind"] == "maxpool":
+                k, st, p = L["k"], L["stride"], L["pad"]
+                lo = np.iinfo(self.dt).min
+                xp = np.pad(q, ((0, 0), (0, 0), (p, p), (p, p)), constant_values=lo)
+                oh = (q.shape[2] + 2 * p - k) // st + 1
+                ow = (q.shape[3] + 2 * p - k) // st + 1
+                q = np.full((q.shape[0], q.shape[1], oh, ow), lo, self.dt)
+                for i in range(k):
+                    for j in range(k):
+                        q = np.maximum(q, xp[:, :, i:i + st * oh:st, j:j + st * ow:st])
+            elif L["kind"] == "add":
                 q = qadd_ref(q, L["xs"], L["xzp"], outs[L["other"]], L["bs"], L["bzp"], L["ys"],
                              L["yzp"], L["relu"], self.dt)
             else:
@@ -128,6 +149,7 @@ class Residual(QDQ):
 def residual_chain(dt, n, c, h, w, seed=0):
     b = Residual(dt, (n, c, h, w), seed)
     b.layer("conv", (c, c, 1, 1), relu=True, out_scale=0.06)
+    b.maxpool()
     m0 = b.mark()
     b.layer("conv", (c, c, 3, 3), relu=True, pad=1, out_scale=0.07)
     b.layer("conv", (c, c, 1, 1), relu=False, out_scale=0.08)
@@ -167,5 +189,7 @@ def test_residual_chain_stays_int8_channels_last(kiln_bin, tmp_path):
     # only the model's own edges: Q of the float input, DQ of the output
     assert int(table.get("DequantizeLinear", ["", "", "0"])[2]) <= 1, text
     assert "Add" not in table and "Relu" not in table, text
+    # the MaxPool between them pools bytes, channels last
+    assert any("MaxPool" in ln and "(blocked 1)" in ln for ln in lines), text
     # the chain's values are stored channels last ("blocked 1" in the step list)
     assert "(blocked 1)" in text, text
