@@ -12,9 +12,15 @@
  *    (per-channel weight scales) and an int32 bias: reads and writes NHWC;
  *  - followers (elementwise, so any storage order is the same to them): a
  *    QuantizeLinear / DequantizeLinear of a 4-D value with one scale and zero
- *    point, and a float Add of two same-shape 4-D values (the residual), a
- *    Relu, a Clip with scalar bounds (src/kernels/simd/quant8.c,
- *    elementwise.c).
+ *    point, KilnQLinearAdd, a float Add or Mul of two same-shape 4-D values
+ *    (the residual, SiLU's x * sigmoid(x)), a Relu, a Sigmoid, a Clip with
+ *    scalar bounds (src/kernels/simd/quant8.c, elementwise.c), an 8-bit
+ *    MaxPool (dnnl/pool.c), and a float Mul by a per-channel [N or 1, C, 1, 1]
+ *    value (squeeze-and-excitation, C <= 2048: elementwise.c treats channels
+ *    last as one block of all C channels) following by its big input;
+ *  - sinks: a float GlobalAveragePool reads its input channels last where it
+ *    already is, and writes its [N, C, 1, 1] output plain (the same bytes).
+ * KILN_NHWC=0 in the environment turns the channels-last part off.
  * As in the blocked pass, a value is NHWC when it is supplied NHWC (written by
  * a source, or by a follower with an NHWC data input) and demanded NHWC (read
  * by a source, or by a follower whose output is demanded); every other edge
@@ -84,6 +90,41 @@ static int is_source(const struct kiln_graph *g, const unsigned char *cap, const
            x->dims[1] / group == w->dims[1] && m % group == 0;
 }
 
+/* A float Mul of a 4-D value by a per-channel [N or 1, C, 1, 1] one (squeeze-and-excitation),
+ * C at most 2048 (the elementwise kernel's channel tile): the index of the big input, else -1. */
+static int chan_mul(const struct kiln_graph *g, const unsigned char *cap, const struct kiln_node *n)
+{
+    if (n->op != KILN_OP_Mul || n->opset < 7 || n->n_in != 2 || n->n_out != 1 || n->in[0] < 0 ||
+        n->in[1] < 0 || !nhwc_value(g, cap, n->out[0], 0))
+        return -1;
+    const struct kiln_type *y = &g->values[n->out[0]].type;
+    for (int k = 0; k < 2; k++) {
+        if (!nhwc_value(g, cap, n->in[k], 0)) continue;
+        const struct kiln_type *x = &g->values[n->in[k]].type, *v = &g->values[n->in[1 - k]].type;
+        if (v->dtype != KILN_DTYPE_F32 || v->rank != 4 || x->dims[1] < 1 || x->dims[1] > 2048 ||
+            v->dims[1] != x->dims[1] || v->dims[2] != 1 || v->dims[3] != 1 ||
+            (v->dims[0] != 1 && v->dims[0] != x->dims[0]))
+            continue;
+        if (v->dims[0] < 0 && (!v->sym[0] || !x->sym[0] || strcmp(v->sym[0], x->sym[0])))
+            continue; /* the same symbolic batch */
+        if (x->dims[2] == 1 && x->dims[3] == 1) continue;
+        int same = 1;
+        for (int d = 0; d < 4; d++)
+            if (x->dims[d] != y->dims[d] || (d && x->dims[d] < 0)) same = 0;
+        if (same) return k;
+    }
+    return -1;
+}
+
+/* A float GlobalAveragePool reading a 4-D value: it may read channels last and write its
+ * [N, C, 1, 1] output plain (src/kernels/dnnl/pool.c). */
+static int is_sink(const struct kiln_graph *g, const unsigned char *cap, const struct kiln_node *n)
+{
+    return n->op == KILN_OP_GlobalAveragePool && n->n_in == 1 && n->n_out == 1 &&
+           nhwc_value(g, cap, n->in[0], 0) && n->out[0] >= 0 &&
+           g->values[n->out[0]].type.rank == 4;
+}
+
 static int is_follower(const struct kiln_graph *g, const unsigned char *cap, const struct kiln_node *n)
 {
     if (n->n_out != 1 || n->n_in < 1) return 0;
@@ -149,7 +190,7 @@ static int is_follower(const struct kiln_graph *g, const unsigned char *cap, con
     const struct kiln_type *xt = &g->values[x].type, *yt = &g->values[y].type;
     for (int d = 0; d < 4; d++)
         if (xt->dims[d] != yt->dims[d] || (xt->dims[d] < 0 && d)) return 0;
-    if (n->op == KILN_OP_Add) {
+    if (n->op == KILN_OP_Add || n->op == KILN_OP_Mul) {
         if (n->opset < 7 || n->n_in != 2 || !nhwc_value(g, cap, n->in[1], 0)) return 0;
         const struct kiln_type *bt = &g->values[n->in[1]].type;
         for (int d = 0; d < 4; d++)
@@ -162,7 +203,7 @@ static int is_follower(const struct kiln_graph *g, const unsigned char *cap, con
     }
     if (yt->dims[0] < 0 && (!xt->sym[0] || !yt->sym[0] || strcmp(xt->sym[0], yt->sym[0])))
         return 0;
-    if (n->op == KILN_OP_Relu) return n->n_in == 1;
+    if (n->op == KILN_OP_Relu || n->op == KILN_OP_Sigmoid) return n->n_in == 1;
     if (n->op == KILN_OP_Clip) {
         for (int k = 1; k < n->n_in; k++)
             if (n->in[k] >= 0 && !scalar_or_absent(g, n, k, KILN_DTYPE_F32)) return 0;
@@ -171,11 +212,16 @@ static int is_follower(const struct kiln_graph *g, const unsigned char *cap, con
     return 0;
 }
 
-/* Inputs of follower n that carry data. */
-static int data_input(const struct kiln_node *n, int i)
+/* Roles: 1 source, 2 follower, 3 sink (reads channels last, writes plain), 4 / 5 a
+ * per-channel Mul following by its input 0 / 1. */
+enum { R_SOURCE = 1, R_FOLLOWER, R_SINK, R_CHAN0, R_CHAN1 };
+
+/* Inputs of follower n (role r) that carry data. */
+static int data_input(const struct kiln_node *n, int r, int i)
 {
+    if (r == R_CHAN0 || r == R_CHAN1) return i == r - R_CHAN0;
     if (n->op == KILN_OP_KilnQLinearAdd) return i == 0 || i == 3;
-    return n->op == KILN_OP_Add ? i < 2 : i == 0;
+    return n->op == KILN_OP_Add || n->op == KILN_OP_Mul ? i < 2 : i == 0;
 }
 
 kiln_status kiln_opt_nhwc_mark(struct kiln_graph *g, const unsigned char *captured,
@@ -184,7 +230,8 @@ kiln_status kiln_opt_nhwc_mark(struct kiln_graph *g, const unsigned char *captur
     *role_out = NULL;
     const char *isa = getenv("KILN_ISA");
     __builtin_cpu_init();
-    if ((isa && (!strcmp(isa, "scalar") || !strcmp(isa, "avx2"))) ||
+    const char *off = getenv("KILN_NHWC"); /* "0": off (tests compare with and without) */
+    if ((isa && (!strcmp(isa, "scalar") || !strcmp(isa, "avx2"))) || (off && !strcmp(off, "0")) ||
         !__builtin_cpu_supports("avx512vnni"))
         return KILN_OK;
     int n_nodes = g->n_nodes, n_values = g->n_values;
@@ -200,17 +247,20 @@ kiln_status kiln_opt_nhwc_mark(struct kiln_graph *g, const unsigned char *captur
     for (int p = 0; p < n_nodes; p++) {
         const struct kiln_node *pn = &g->nodes[p];
         if (kiln_opt_node_dead(pn)) continue;
-        if (is_source(g, captured, pn)) role[p] = 1, any = 1;
-        else if (is_follower(g, captured, pn)) role[p] = 2;
+        int big = chan_mul(g, captured, pn);
+        if (is_source(g, captured, pn)) role[p] = R_SOURCE, any = 1;
+        else if (big >= 0) role[p] = (unsigned char)(R_CHAN0 + big);
+        else if (is_follower(g, captured, pn)) role[p] = R_FOLLOWER;
+        else if (is_sink(g, captured, pn)) role[p] = R_SINK;
     }
     for (int changed = any; changed;) {
         changed = 0;
         for (int p = 0; p < n_nodes; p++) {
             const struct kiln_node *pn = &g->nodes[p];
-            if (!role[p] || supply[pn->out[0]]) continue;
-            int s = role[p] == 1;
+            if (!role[p] || role[p] == R_SINK || supply[pn->out[0]]) continue;
+            int s = role[p] == R_SOURCE;
             for (int i = 0; i < pn->n_in && !s; i++)
-                if (pn->in[i] >= 0 && data_input(pn, i) && supply[pn->in[i]]) s = 1;
+                if (pn->in[i] >= 0 && data_input(pn, role[p], i) && supply[pn->in[i]]) s = 1;
             if (s) changed = supply[pn->out[0]] = 1;
         }
         for (int c = 0; c < n_nodes; c++) {
@@ -219,7 +269,9 @@ kiln_status kiln_opt_nhwc_mark(struct kiln_graph *g, const unsigned char *captur
             for (int i = 0; i < cn->n_in; i++) {
                 int v = cn->in[i];
                 if (v < 0 || demand[v]) continue;
-                int d = role[c] == 1 ? i == 0 : data_input(cn, i) && demand[cn->out[0]];
+                int d = role[c] == R_SOURCE || role[c] == R_SINK
+                            ? i == 0
+                            : data_input(cn, role[c], i) && demand[cn->out[0]];
                 if (d) changed = demand[v] = 1;
             }
         }
@@ -227,7 +279,7 @@ kiln_status kiln_opt_nhwc_mark(struct kiln_graph *g, const unsigned char *captur
     int count = 0;
     for (int p = 0; p < n_nodes; p++) {
         int v = g->nodes[p].out[0];
-        if (role[p] && supply[v] && demand[v]) {
+        if (role[p] && role[p] != R_SINK && supply[v] && demand[v]) {
             g->values[v].layout = KILN_LAYOUT_NHWC;
             count++;
         }
@@ -246,7 +298,9 @@ int kiln_opt_nhwc_wanted(const struct kiln_graph *g, int c, int role, int i)
 {
     const struct kiln_node *n = &g->nodes[c];
     int out = n->n_out > 0 && n->out[0] >= 0 ? g->values[n->out[0]].layout : 0;
-    if (role == 1) return i == 0 ? KILN_LAYOUT_NHWC : 0;
-    if (role == 2) return data_input(n, i) && out == KILN_LAYOUT_NHWC ? KILN_LAYOUT_NHWC : 0;
+    if (role == R_SOURCE) return i == 0 ? KILN_LAYOUT_NHWC : 0;
+    if (role == R_SINK) /* only where its input is channels last anyway */
+        return i == 0 && g->values[n->in[0]].layout == KILN_LAYOUT_NHWC ? KILN_LAYOUT_NHWC : 0;
+    if (role) return data_input(n, role, i) && out == KILN_LAYOUT_NHWC ? KILN_LAYOUT_NHWC : 0;
     return 0;
 }

@@ -193,3 +193,47 @@ def test_residual_chain_stays_int8_channels_last(kiln_bin, tmp_path):
     assert any("MaxPool" in ln and "(blocked 1)" in ln for ln in lines), text
     # the chain's values are stored channels last ("blocked 1" in the step list)
     assert "(blocked 1)" in text, text
+
+
+def silu_se_model(n, c, h, w):
+    """EfficientNet's pattern in QDQ: conv -> SiLU -> squeeze-and-excitation scale (a GAP read
+    and a per-channel Mul) -> conv, the SiLU, SE and pool in float between Q/DQ."""
+    b = Residual(np.uint8, (n, c, h, w), 4)
+    b.layer("conv", (c, c, 1, 1), relu=False, out_scale=0.05)
+    x = b.dq(b.cur, np.float32(b.cur_scale), b.dt(b.cur_zp))
+    sig = b.name("sig")
+    silu = b.name("silu")
+    pooled = b.name("gap")
+    gate = b.name("gate")
+    scaled = b.name("se")
+    scale = b.const("chs", np.random.default_rng(5).uniform(0.5, 1.5, (1, c, 1, 1)).astype(np.float32))
+    b.nodes += [helper.make_node("Sigmoid", [x], [sig]),
+                helper.make_node("Mul", [x, sig], [silu]),
+                helper.make_node("GlobalAveragePool", [silu], [pooled]),
+                helper.make_node("Mul", [pooled, scale], [gate]),
+                helper.make_node("Mul", [gate, silu], [scaled])]
+    b.cur = b.q(scaled, 0.04, 30)
+    b.cur_scale, b.cur_zp = np.float32(0.04), 30
+    b.layer("conv", (c, c, 1, 1), relu=False, out_scale=0.08)
+    return b.model()
+
+
+@pytest.mark.skipif(not VNNI, reason="no VNNI/AMX on this CPU: int8 nodes run on reference kernels")
+@pytest.mark.parametrize("shape", [(1, 16, 8, 8), (2, 24, 5, 7)])
+def test_silu_se_channels_last(kiln_bin, tmp_path, shape, monkeypatch):
+    """The SiLU / squeeze-and-excitation float ops between Q/DQ run channels last: the same
+    fast kernels as in NCHW (KILN_NHWC=0), so the same result but for float rounding in the
+    pool's sum order (within one step on at most 1% of the elements), 1 and 2 threads."""
+    model = silu_se_model(*shape)
+    x = np.random.default_rng(9).normal(0, 2.0, size=shape).astype(np.float32)
+    step = np.float32(0.08)
+    for threads in (1, 2):
+        monkeypatch.setenv("KILN_NHWC", "0")
+        plain = run(kiln_bin, model, {"x": x}, tmp_path, "fast", threads)["y"]
+        monkeypatch.delenv("KILN_NHWC")
+        cl = run(kiln_bin, model, {"x": x}, tmp_path, "fast", threads)["y"]
+        assert_close_steps(np.rint(cl / step), np.rint(plain / step), f"t={threads}", frac=0.01)
+        ref = run(kiln_bin, model, {"x": x}, tmp_path, "refkernels", threads)["y"]
+        assert np.abs(cl - ref).max() <= 2 * step + 1e-6  # fast sigmoid vs the reference's
+    text = profile(kiln_bin, model, tmp_path)
+    assert "f32_sigmoid_avx512_blocked1" in text and "chan1" in text, text

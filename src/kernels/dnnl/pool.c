@@ -144,12 +144,17 @@ kiln_status kiln_k_dnnl_pool_compile(const struct kiln_compile_ctx *cc,
         dnnl_data_type_t dt = x->dtype == KILN_DTYPE_U8   ? dnnl_u8
                               : x->dtype == KILN_DTYPE_I8 ? dnnl_s8
                                                           : dnnl_f32;
-        if (rank != 4 || lx != ly || (lx && lx != KILN_LAYOUT_NHWC)) return KILN_OK;
+        /* a float GlobalAveragePool may read channels last and write its [N, C, 1, 1] plain */
+        int gap_cl = !q8 && n->op == KILN_OP_GlobalAveragePool && lx == KILN_LAYOUT_NHWC && !ly;
+        if (rank != 4 || (lx != ly && !gap_cl) || (lx && lx != KILN_LAYOUT_NHWC)) return KILN_OK;
         dnnl_dims_t xd = {x->dims[0], x->dims[1], x->dims[2], x->dims[3]};
         dnnl_dims_t yd = {y->dims[0], y->dims[1], y->dims[2], y->dims[3]};
-        dnnl_format_tag_t tag = lx ? dnnl_nhwc : dnnl_nchw;
-        if (dnnl_memory_desc_init_by_tag(&b.src, 4, xd, dt, tag) != dnnl_success ||
-            dnnl_memory_desc_init_by_tag(&b.dst, 4, yd, dt, tag) != dnnl_success)
+        if (dnnl_memory_desc_init_by_tag(&b.src, 4, xd, dt, lx ? dnnl_nhwc : dnnl_nchw) !=
+                dnnl_success ||
+            dnnl_memory_desc_init_by_tag(&b.dst, 4, yd, dt,
+                                         ly || (gap_cl && y->dims[2] == 1 && y->dims[3] == 1)
+                                             ? dnnl_nhwc /* [N, C, 1, 1]: the same bytes */
+                                             : dnnl_nchw) != dnnl_success)
             return KILN_OK;
     } else if (kd_md_act(&b.src, rank, x->dims, lx) != dnnl_success ||
                kd_md_act(&b.dst, rank, y->dims, ly) != dnnl_success) {
