@@ -67,7 +67,7 @@ kiln_status kiln_calibration_begin(kiln_session *s, kiln_calibration **out)
         kiln_calibration_free(c);
         return st;
     }
-    c->obs_values = calloc((size_t)c->n_targets * 2 + 1, sizeof(int));
+    c->obs_values = calloc((size_t)c->n_targets * 3 + 1, sizeof(int));
     if (!c->obs_values) {
         kiln_calibration_free(c);
         return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory");
@@ -75,6 +75,7 @@ kiln_status kiln_calibration_begin(kiln_session *s, kiln_calibration **out)
     for (int i = 0; i < c->n_targets; i++) {
         c->n_obs = add_obs(c->obs_values, c->n_obs, c->targets[i].x);
         c->n_obs = add_obs(c->obs_values, c->n_obs, c->targets[i].y);
+        if (c->targets[i].x2 >= 0) c->n_obs = add_obs(c->obs_values, c->n_obs, c->targets[i].x2);
     }
     c->hist = malloc(sizeof *c->hist * (size_t)c->n_obs);
     int *outs = kiln_arena_alloc(c->obs->mem, sizeof(int) * (size_t)c->n_obs);

@@ -459,12 +459,22 @@ static void rd_graph(struct rd *r, struct kiln_graph *g)
             return;
         }
         if (kind != KILN_VALUE_OUTER) val->outer = -1;
-        if (val->layout != 0 && val->layout != 8 && val->layout != 16) {
-            rd_fail(r, KILN_ERR_INVALID_MODEL, "value '%s' has layout %d (0, 8 or 16)", name,
+        if (val->layout != 0 && val->layout != KILN_LAYOUT_NHWC && val->layout != 8 &&
+            val->layout != 16) {
+            rd_fail(r, KILN_ERR_INVALID_MODEL, "value '%s' has layout %d (0, 1, 8 or 16)", name,
                     val->layout);
             return;
         }
-        if (val->layout && (val->type.rank != 4 || val->type.dtype != KILN_DTYPE_F32)) {
+        if (val->layout == KILN_LAYOUT_NHWC &&
+            (val->type.rank != 4 ||
+             (val->type.dtype != KILN_DTYPE_F32 && val->type.dtype != KILN_DTYPE_U8 &&
+              val->type.dtype != KILN_DTYPE_I8))) {
+            rd_fail(r, KILN_ERR_INVALID_MODEL,
+                    "value '%s' is channels-last but not a 4-D f32 or 8-bit value", name);
+            return;
+        }
+        if (val->layout > KILN_LAYOUT_NHWC &&
+            (val->type.rank != 4 || val->type.dtype != KILN_DTYPE_F32)) {
             rd_fail(r, KILN_ERR_INVALID_MODEL, "value '%s' is blocked but not a 4-D f32 value",
                     name);
             return;
@@ -782,12 +792,16 @@ int kiln_artifact_cpu_has(const char *f)
 
 void kiln_artifact_cpu_features(const struct kiln_graph *g, int precision, char *buf, size_t n)
 {
-    int layout = 0;
-    for (int v = 0; v < g->n_values; v++)
+    int layout = 0, nhwc = 0;
+    for (int v = 0; v < g->n_values; v++) {
         if (g->values[v].layout > layout) layout = g->values[v].layout;
+        if (g->values[v].layout == KILN_LAYOUT_NHWC) nhwc = 1;
+    }
     const char *f = "";
-    if (precision == KILN_PRECISION_BF16) f = "avx512f,avx512bw,avx512_bf16";
+    if (precision == KILN_PRECISION_BF16) f = nhwc ? "avx512f,avx512bw,avx512_bf16,avx512_vnni"
+                                                   : "avx512f,avx512bw,avx512_bf16";
     else if (precision == KILN_PRECISION_INT8) f = "avx512f,avx512bw,avx512_vnni";
+    else if (nhwc) f = "avx512f,avx512dq,avx512bw,avx512_vnni"; /* int8 convs in fp32 */
     else if (layout == 16) f = "avx512f,avx512dq";
     else if (layout == 8) f = "avx2,fma";
     snprintf(buf, n, "%s", f);

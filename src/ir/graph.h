@@ -83,8 +83,15 @@ struct kiln_value {
     int uses;            /* node inputs, subgraph captures and graph outputs reading it */
     int layout;          /* storage of a 4-D f32 NCHW value: 0 = plain, 8 or 16 = channels
                             blocked by that many ([N][ceil(C/b)][H][W][b], zero-padded);
-                            set only by the optimizer's layout pass, read by the plan */
+                            KILN_LAYOUT_NHWC (1) = channels last ([N][H][W][C], int8
+                            convolution chains: 8-bit values and the float ones between
+                            their Q/DQ); set only by the optimizer's layout pass, read by
+                            the plan */
 };
+
+/* kiln_value.layout of a channels-last value: for storage sizes and the elementwise
+ * kernels it is "one block of all C channels" (no padding). */
+#define KILN_LAYOUT_NHWC 1
 
 /* Channels a value with c channels stores in layout `layout` (0 = plain: c; 8 or 16: c
  * rounded up to the block, the padding lanes zero). */

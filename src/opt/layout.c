@@ -58,6 +58,7 @@
 #include "kernels/fast.h"
 #include "kernels/ref/resample.h"
 #include "kernels/simd/pad.h"
+#include "opt/layout_nhwc.h"
 #include "opt/layout_shuffle.h"
 #include "opt/opt.h"
 
@@ -425,6 +426,63 @@ static int wanted_layout(struct layout_pass *lp, const unsigned char *captured, 
     return have;
 }
 
+/* Graph outputs stay plain: the producer of an output that the pass gave a layout
+ * writes a twin in that layout, and a KilnReorder writes the output. */
+static kiln_status outputs_plain(struct layout_pass *lp, int n_nodes, int n_values)
+{
+    struct kiln_graph *g = lp->g;
+    kiln_status st = KILN_OK;
+    for (int k = 0; k < g->n_outputs && st == KILN_OK; k++) {
+        int o = g->outputs[k];
+        if (o < 0 || o >= n_values || !g->values[o].layout) continue;
+        int twin, p = g->values[o].producer, lo = g->values[o].layout;
+        st = add_value_like(g, o, lo, &twin);
+        if (st != KILN_OK) break;
+        g->values[twin].producer = p;
+        for (int j = 0; j < g->nodes[p].n_out; j++)
+            if (g->nodes[p].out[j] == o) g->nodes[p].out[j] = twin;
+        for (int c = 0; c < n_nodes; c++)
+            for (int i = 0; i < g->nodes[c].n_in; i++)
+                if (g->nodes[c].in[i] == o) {
+                    g->nodes[c].in[i] = twin;
+                    g->values[o].uses--;
+                    g->values[twin].uses++;
+                }
+        g->values[o].layout = 0;
+        st = add_reorder_node(lp, twin, o, lo, 0);
+    }
+    return st;
+}
+
+/* The channels-last part (layout_nhwc.c): int8 convolution chains on values the
+ * blocked part left plain, with reorders at their edges. */
+static kiln_status layout_nhwc(struct layout_pass *lp, const unsigned char *captured)
+{
+    struct kiln_graph *g = lp->g;
+    int n_nodes = g->n_nodes, n_values = g->n_values;
+    unsigned char *role = NULL;
+    kiln_status st = kiln_opt_nhwc_mark(g, captured, lp->pl, &role);
+    if (st != KILN_OK || !role) return st;
+    st = outputs_plain(lp, n_nodes, n_values);
+    for (int c = 0; c < n_nodes && st == KILN_OK; c++) {
+        if (kiln_opt_node_dead(&g->nodes[c])) continue;
+        for (int i = 0; i < g->nodes[c].n_in && st == KILN_OK; i++) {
+            int v = g->nodes[c].in[i];
+            if (v < 0) continue;
+            int want = kiln_opt_nhwc_wanted(g, c, role[c], i), have = g->values[v].layout;
+            if (want == have || (want != KILN_LAYOUT_NHWC && have != KILN_LAYOUT_NHWC)) continue;
+            int nv = -1;
+            st = reorder_of(lp, v, want, &nv);
+            if (st != KILN_OK) break;
+            g->nodes[c].in[i] = nv;
+            g->values[v].uses--;
+            g->values[nv].uses++;
+        }
+    }
+    free(role);
+    return st;
+}
+
 kiln_status kiln_opt_layout(struct kiln_graph *g, struct kiln_opt_pass_log *pl)
 {
     struct layout_pass lp = {.g = g, .pl = pl, .block = pick_block()};
@@ -530,25 +588,7 @@ kiln_status kiln_opt_layout(struct kiln_graph *g, struct kiln_opt_pass_log *pl)
     free(demand);
 
     /* 2. graph outputs stay plain: the producer writes a blocked twin */
-    for (int k = 0; k < g->n_outputs && st == KILN_OK; k++) {
-        int o = g->outputs[k];
-        if (o < 0 || o >= n_values || !g->values[o].layout) continue;
-        int twin, p = g->values[o].producer;
-        st = add_value_like(g, o, g->values[o].layout, &twin);
-        if (st != KILN_OK) break;
-        g->values[twin].producer = p;
-        for (int j = 0; j < g->nodes[p].n_out; j++)
-            if (g->nodes[p].out[j] == o) g->nodes[p].out[j] = twin;
-        for (int c = 0; c < n_nodes; c++)
-            for (int i = 0; i < g->nodes[c].n_in; i++)
-                if (g->nodes[c].in[i] == o) {
-                    g->nodes[c].in[i] = twin;
-                    g->values[o].uses--;
-                    g->values[twin].uses++;
-                }
-        g->values[o].layout = 0;
-        st = add_reorder_node(&lp, twin, o, lp.block, 0);
-    }
+    if (st == KILN_OK) st = outputs_plain(&lp, n_nodes, n_values);
 
     /* 3. reorders where a consumer wants another layout than its input has */
     for (int c = 0; c < n_nodes && st == KILN_OK; c++) {
@@ -568,6 +608,7 @@ kiln_status kiln_opt_layout(struct kiln_graph *g, struct kiln_opt_pass_log *pl)
 
     for (int v = 0; v < g->n_values && st == KILN_OK; v++)
         if (g->values[v].layout && pl) kiln_opt_count(pl, "blocked value");
+    if (st == KILN_OK) st = layout_nhwc(&lp, captured);
     free(lp.memo);
     free(captured);
     return st;

@@ -18,6 +18,7 @@
  *   conv_bn_fold           Conv / Gemm + BatchNormalization -> new weights
  *   conv_fusion            Conv + bias + residual Add + activation -> KilnFusedConv
  *   matmul_fusion          Gemm / MatMul + bias + residual Add + activation -> KilnFusedMatMul
+ *   qadd_fusion            Q(Relu(DQ(a) + DQ(b))) -> KilnQLinearAdd (static int8 residuals)
  *   dead_code_elimination
  *   layout                 (layout.c, when options ask for it and it is linked in)
  *   mbconv_fusion          (after layout) blocked expand / depthwise / [SE] / project -> KilnMBConv
@@ -327,6 +328,7 @@ kiln_status kiln_optimize(struct kiln_graph *g, const struct kiln_opt_options *o
         {"conv_bn_fold", kiln_opt_conv_bn},
         {"conv_fusion", kiln_opt_fuse_conv},
         {"matmul_fusion", kiln_opt_fuse_matmul},
+        {"qadd_fusion", kiln_opt_qadd}, /* Q(Relu(DQ + DQ)) -> KilnQLinearAdd */
         {"dead_code_elimination", kiln_opt_dce},
     };
     struct kiln_opt_log local;

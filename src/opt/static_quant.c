@@ -36,7 +36,11 @@
  *     q = clamp(rint(w / scale), -127, 127);
  *   - the bias becomes DequantizeLinear(int32 rint(b / (x_scale * w_scale[n])),
  *     x_scale * w_scale[n]).
- * The qdq_fusion pass then makes QLinearConv / KilnQLinearMatMul of each.
+ * Residual Adds of two same-shape 4-D float values are quantized too: the
+ * output (or its Relu's) as above, each input not already a
+ * DequantizeLinear's output through Q -> DQ with its own range.
+ * The qdq_fusion pass then makes QLinearConv / KilnQLinearMatMul of each,
+ * qadd_fusion a KilnQLinearAdd of each Add.
  */
 #include "opt/static_quant.h"
 
@@ -211,7 +215,7 @@ kiln_status kiln_sq_targets(const struct kiln_graph *g, struct kiln_sq_target **
 {
     *out = NULL;
     *n = 0;
-    struct kiln_sq_target *t = calloc((size_t)g->n_nodes + 1, sizeof *t);
+    struct kiln_sq_target *t = calloc((size_t)g->n_nodes * 2 + 1, sizeof *t);
     if (!t) return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory");
     for (int ni = 0; ni < g->n_nodes; ni++) {
         const struct kiln_node *c = &g->nodes[ni];
@@ -245,7 +249,32 @@ kiln_status kiln_sq_targets(const struct kiln_graph *g, struct kiln_sq_target **
             relu = ri;
             y = g->nodes[ri].out[0];
         }
-        t[*n] = (struct kiln_sq_target){ni, c->in[0], y, relu};
+        t[*n] = (struct kiln_sq_target){ni, c->in[0], y, relu, -1};
+        (*n)++;
+    }
+    /* residual Adds of two same-shape 4-D float values (ResNet, MobileNetV2): quantized in and
+     * out, so qadd_fusion makes a KilnQLinearAdd of each and the 8-bit chain goes on */
+    for (int ni = 0; ni < g->n_nodes; ni++) {
+        const struct kiln_node *c = &g->nodes[ni];
+        if (c->op != KILN_OP_Add || c->opset < 7 || c->n_in != 2 || c->n_out != 1 ||
+            c->in[0] < 0 || c->in[1] < 0 || c->in[0] == c->in[1] || c->out[0] < 0)
+            continue;
+        const struct kiln_type *ty = &g->values[c->out[0]].type;
+        if (ty->dtype != KILN_DTYPE_F32 || ty->rank != 4 || kiln_opt_const(g, c->in[0]) ||
+            kiln_opt_const(g, c->in[1]) ||
+            !kiln_opt_same_shape(&g->values[c->in[0]].type, ty) ||
+            !kiln_opt_same_shape(&g->values[c->in[1]].type, ty) ||
+            g->values[c->in[0]].type.dtype != KILN_DTYPE_F32 ||
+            g->values[c->in[1]].type.dtype != KILN_DTYPE_F32)
+            continue;
+        int y = c->out[0], relu = -1;
+        int ri = kiln_opt_single_consumer(g, y);
+        if (ri >= 0 && g->nodes[ri].op == KILN_OP_Relu && g->nodes[ri].n_out == 1 &&
+            g->nodes[ri].out[0] >= 0) {
+            relu = ri;
+            y = g->nodes[ri].out[0];
+        }
+        t[*n] = (struct kiln_sq_target){ni, c->in[0], y, relu, c->in[1]};
         (*n)++;
     }
     *out = t;
@@ -305,10 +334,10 @@ static kiln_status wrap_output(struct kiln_graph *g, int v, float scale, uint8_t
     return st;
 }
 
-/* Input 0 of node ni through Q -> DQ (a new DequantizeLinear output feeds it). */
-static kiln_status wrap_input(struct kiln_graph *g, int ni, float scale, uint8_t zp)
+/* Input k of node ni through Q -> DQ (a new DequantizeLinear output feeds it). */
+static kiln_status wrap_input(struct kiln_graph *g, int ni, int k, float scale, uint8_t zp)
 {
-    int x = g->nodes[ni].in[0], qv, dv, s, z;
+    int x = g->nodes[ni].in[k], qv, dv, s, z;
     struct kiln_type t = g->values[x].type, tq = t;
     tq.dtype = KILN_DTYPE_U8;
     kiln_status st = kiln_opt_add_value(g, g->values[x].name, &tq, &qv);
@@ -317,7 +346,7 @@ static kiln_status wrap_input(struct kiln_graph *g, int ni, float scale, uint8_t
     if (st == KILN_OK) st = scalar_const(g, KILN_DTYPE_U8, zp, &z);
     if (st == KILN_OK) st = qdq_node(g, KILN_OP_QuantizeLinear, x, s, z, -1, qv);
     if (st == KILN_OK) st = qdq_node(g, KILN_OP_DequantizeLinear, qv, s, z, -1, dv);
-    if (st == KILN_OK) kiln_opt_set_input(g, ni, 0, dv);
+    if (st == KILN_OK) kiln_opt_set_input(g, ni, k, dv);
     return st;
 }
 
@@ -402,7 +431,19 @@ kiln_status kiln_sq_rewrite(struct kiln_graph *g, const struct kiln_sq_target *t
         st = wrap_output(g, t[i].y, s, z);
     }
     for (int i = 0; i < n && st == KILN_OK; i++) {
-        int ni = t[i].node, x = g->nodes[ni].in[0];
+        int ni = t[i].node;
+        if (t[i].x2 >= 0) { /* an Add: each input not already a DequantizeLinear's output */
+            for (int k = 0; k < 2 && st == KILN_OK; k++) {
+                int pk = kiln_opt_producer(g, g->nodes[ni].in[k]);
+                if (pk >= 0 && g->nodes[pk].op == KILN_OP_DequantizeLinear) continue;
+                float s;
+                uint8_t z;
+                act_params(range[k ? t[i].x2 : t[i].x], &s, &z);
+                st = wrap_input(g, ni, k, s, z);
+            }
+            continue;
+        }
+        int x = g->nodes[ni].in[0];
         int pi = kiln_opt_producer(g, x);
         float s;
         uint8_t z;
@@ -415,7 +456,7 @@ kiln_status kiln_sq_rewrite(struct kiln_graph *g, const struct kiln_sq_target *t
                 chained = true;
             }
         }
-        if (!chained) st = wrap_input(g, ni, s, z);
+        if (!chained) st = wrap_input(g, ni, 0, s, z);
         if (st != KILN_OK) break;
         const struct kiln_node *c = &g->nodes[ni];
         int axis = c->op == KILN_OP_Conv ? 0 : c->op == KILN_OP_Gemm && kiln_attr_int(c, "transB", 0) ? 0 : 1;

@@ -36,10 +36,11 @@ void kiln_calib_hist_range(const struct kiln_calib_hist *h, int method, double p
 
 /* A node static quantization handles, and the values it needs ranges of. */
 struct kiln_sq_target {
-    int node;        /* Conv, Gemm or MatMul */
-    int x;           /* its float input */
+    int node;        /* Conv, Gemm or MatMul, or a residual Add */
+    int x;           /* its float input (Add: the first) */
     int y;           /* the value quantized after it: its output, or its Relu's */
     int relu;        /* the Relu node between, or -1 */
+    int x2;          /* Add: its second float input; else -1 */
 };
 
 /* The targets of g (caller frees *out). */

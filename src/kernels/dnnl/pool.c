@@ -7,7 +7,9 @@
  * exclude-padding average ignore. Left to the reference: MaxPool with its
  * Indices output, AveragePool counting pads whose ceil_mode window reaches
  * past the end padding (ONNX does not count that room), other dtypes and
- * empty tensors. Activations may be blocked (nChw8c / nChw16c). Declared in
+ * empty tensors. Activations may be blocked (nChw8c / nChw16c). MaxPool also
+ * takes 8-bit values (a static int8 graph's, src/opt/qadd.c), NCHW or
+ * channels-last (KILN_LAYOUT_NHWC: src/opt/layout_nhwc.c). Declared in
  * the pooling family's list (pool.def, family.h).
  */
 #include "kernels/dnnl/dnnl_common.h"
@@ -63,12 +65,22 @@ static void pool_destroy(void *state)
     free(state);
 }
 
-/* Every pooling kernel: input 0 and output 0 concrete float32. */
+/* An 8-bit MaxPool (a static int8 graph's, src/opt/qadd.c): x and y both uint8 or int8. */
+static bool max_pool_8bit(const struct kiln_compile_ctx *cc, const struct kiln_type *x,
+                          const struct kiln_type *y)
+{
+    return cc->node->op == KILN_OP_MaxPool && x->dtype == y->dtype &&
+           (x->dtype == KILN_DTYPE_U8 || x->dtype == KILN_DTYPE_I8);
+}
+
+/* Every pooling kernel: input 0 and output 0 concrete float32 (or 8-bit, MaxPool). */
 bool kiln_k_pool_covers(const struct kiln_compile_ctx *cc)
 {
     const struct kiln_type *x = cc->n_in > 0 ? cc->in[0] : NULL;
     const struct kiln_type *y = cc->n_out > 0 ? cc->out[0] : NULL;
-    return x && y && x->dtype == KILN_DTYPE_F32 && y->dtype == KILN_DTYPE_F32 &&
+    return x && y &&
+           ((x->dtype == KILN_DTYPE_F32 && y->dtype == KILN_DTYPE_F32) ||
+            max_pool_8bit(cc, x, y)) &&
            kiln_type_is_concrete(x) && kiln_type_is_concrete(y);
 }
 
@@ -77,7 +89,9 @@ kiln_status kiln_k_dnnl_pool_compile(const struct kiln_compile_ctx *cc,
 {
     const struct kiln_node *n = cc->node;
     const struct kiln_type *x = cc->in[0], *y = cc->n_out > 0 ? cc->out[0] : NULL;
-    if (!x || !y || x->dtype != KILN_DTYPE_F32 || y->dtype != KILN_DTYPE_F32) return KILN_OK;
+    if (!x || !y) return KILN_OK;
+    int q8 = max_pool_8bit(cc, x, y);
+    if (!q8 && (x->dtype != KILN_DTYPE_F32 || y->dtype != KILN_DTYPE_F32)) return KILN_OK;
     if (cc->n_out > 1 && cc->out[1]) return KILN_OK; /* MaxPool Indices */
     int rank = x->rank;
     if (rank < 3 || rank > 5 || y->rank != rank) return KILN_OK;
@@ -124,9 +138,28 @@ kiln_status kiln_k_dnnl_pool_compile(const struct kiln_compile_ctx *cc,
         }
     }
     const int *il = cc->in_layout, *ol = cc->out_layout;
-    if (kd_md_act(&b.src, rank, x->dims, il ? il[0] : 0) != dnnl_success ||
-        kd_md_act(&b.dst, rank, y->dims, ol ? ol[0] : 0) != dnnl_success)
+    int lx = il ? il[0] : 0, ly = ol ? ol[0] : 0;
+    if (q8 || lx == KILN_LAYOUT_NHWC || ly == KILN_LAYOUT_NHWC) {
+        /* 8-bit (exact: max commutes with the monotonic Q/DQ it replaced), NCHW or NHWC */
+        dnnl_data_type_t dt = x->dtype == KILN_DTYPE_U8   ? dnnl_u8
+                              : x->dtype == KILN_DTYPE_I8 ? dnnl_s8
+                                                          : dnnl_f32;
+        /* a float GlobalAveragePool may read channels last and write its [N, C, 1, 1] plain */
+        int gap_cl = !q8 && n->op == KILN_OP_GlobalAveragePool && lx == KILN_LAYOUT_NHWC && !ly;
+        if (rank != 4 || (lx != ly && !gap_cl) || (lx && lx != KILN_LAYOUT_NHWC)) return KILN_OK;
+        dnnl_dims_t xd = {x->dims[0], x->dims[1], x->dims[2], x->dims[3]};
+        dnnl_dims_t yd = {y->dims[0], y->dims[1], y->dims[2], y->dims[3]};
+        if (dnnl_memory_desc_init_by_tag(&b.src, 4, xd, dt, lx ? dnnl_nhwc : dnnl_nchw) !=
+                dnnl_success ||
+            dnnl_memory_desc_init_by_tag(&b.dst, 4, yd, dt,
+                                         ly || (gap_cl && y->dims[2] == 1 && y->dims[3] == 1)
+                                             ? dnnl_nhwc /* [N, C, 1, 1]: the same bytes */
+                                             : dnnl_nchw) != dnnl_success)
+            return KILN_OK;
+    } else if (kd_md_act(&b.src, rank, x->dims, lx) != dnnl_success ||
+               kd_md_act(&b.dst, rank, y->dims, ly) != dnnl_success) {
         return KILN_OK;
+    }
     struct kd_exec *e = calloc(1, sizeof *e);
     if (!e) return kiln_node_error(n, KILN_ERR_OUT_OF_MEMORY, "out of memory compiling");
     int handled;

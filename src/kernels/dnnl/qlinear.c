@@ -43,7 +43,8 @@ struct q_state {
     struct kd_exec e;
     struct kd_exec pre_x, post_y; /* conv: oneDNN reorders X NCHW -> NHWC, Y back */
     int conv;                   /* transpose X to NHWC and Y back */
-    int reorders;               /* conv: pre_x / post_y built (else transpose_cl) */
+    int x_cl, y_cl;             /* conv: X / Y already stored NHWC (KILN_LAYOUT_NHWC) */
+    int has_pre, has_post;      /* conv: pre_x / post_y built (else transpose_cl) */
     int64_t n, c, hw, oc, ohw;  /* conv: batch, channels, pixels in and out */
     size_t ybytes;              /* bytes per Y element (1 or 4) */
     int xzp_index;              /* input holding x's zero point, or -1 (0) */
@@ -59,6 +60,7 @@ struct q_state {
 struct q_build {
     const struct kiln_compile_ctx *cc;
     int conv, widx, bidx;       /* weight input, bias input (-1 none) */
+    int x_cl, y_cl;             /* conv: X / Y are the plan's NHWC values themselves */
     dnnl_memory_desc_t src, wplain, bias, dst, zpmd;
     const float *scales;        /* NULL: no output scales (Integer ops) */
     int nscales;
@@ -107,8 +109,10 @@ static kiln_status q_make(void *arg, struct kd_variant *v, int threads)
     st = kd_variant_init(n, pd, v);
     if (st != KILN_OK) goto out;
     if (b->conv) {
-        kd_variant_arg(v, DNNL_ARG_SRC, KD_SRC_SCRATCH_AT, (int)b->x_rel, &b->src);
-        kd_variant_arg(v, DNNL_ARG_DST, KD_SRC_SCRATCH_AT, (int)b->y_rel, &b->dst);
+        if (b->x_cl) kd_variant_arg(v, DNNL_ARG_SRC, KD_SRC_IN, 0, &b->src);
+        else kd_variant_arg(v, DNNL_ARG_SRC, KD_SRC_SCRATCH_AT, (int)b->x_rel, &b->src);
+        if (b->y_cl) kd_variant_arg(v, DNNL_ARG_DST, KD_SRC_OUT, 0, &b->dst);
+        else kd_variant_arg(v, DNNL_ARG_DST, KD_SRC_SCRATCH_AT, (int)b->y_rel, &b->dst);
     } else {
         kd_variant_arg(v, DNNL_ARG_SRC, KD_SRC_IN, 0, &b->src);
         kd_variant_arg(v, DNNL_ARG_DST, KD_SRC_OUT, 0, &b->dst);
@@ -185,11 +189,13 @@ static kiln_status q_run(void *state, struct kiln_run_ctx *ctx)
     }
     if (s->has_yzp) memcpy(base + s->zp_rel + 64, &s->yzp, sizeof s->yzp);
     kiln_status st = KILN_OK;
-    if (s->reorders) st = kd_exec_run(&s->pre_x, &c2);
+    if (s->x_cl) (void)0;
+    else if (s->has_pre) st = kd_exec_run(&s->pre_x, &c2);
     else if (s->conv) transpose_cl(ctx->in[0]->data, base + s->x_rel, s->n, s->c, s->hw, 1, 1);
     if (st == KILN_OK) st = kd_exec_run(&s->e, &c2);
-    if (st == KILN_OK && s->reorders) st = kd_exec_run(&s->post_y, &c2);
-    else if (st == KILN_OK && s->conv)
+    if (st != KILN_OK || s->y_cl) (void)0;
+    else if (s->has_post) st = kd_exec_run(&s->post_y, &c2);
+    else if (s->conv)
         transpose_cl(base + s->y_rel, ctx->out[0]->data, s->n, s->oc, s->ohw, s->ybytes, 0);
     free(heap);
     return st;
@@ -199,10 +205,8 @@ static void q_destroy(void *state)
 {
     struct q_state *s = state;
     kd_exec_destroy(&s->e);
-    if (s->reorders) {
-        kd_exec_destroy(&s->pre_x);
-        kd_exec_destroy(&s->post_y);
-    }
+    if (s->has_pre) kd_exec_destroy(&s->pre_x);
+    if (s->has_post) kd_exec_destroy(&s->post_y);
     free(s);
 }
 
@@ -247,10 +251,15 @@ static kiln_status q_compile(const struct kiln_compile_ctx *cc, struct kiln_kern
         for (int64_t i = 0; i < kiln_tensor_count(z); i++)
             if (kiln_get_i64(z->dtype, z->data, i) != 0) return KILN_OK;
     }
+    int lx = cc->in_layout ? cc->in_layout[0] : 0, ly = cc->out_layout ? cc->out_layout[0] : 0;
+    if ((lx && (!conv || lx != KILN_LAYOUT_NHWC)) || (ly && (!conv || ly != KILN_LAYOUT_NHWC)))
+        return KILN_OK;
     struct q_build b;
     memset(&b, 0, sizeof b);
     b.cc = cc;
     b.conv = conv;
+    b.x_cl = lx == KILN_LAYOUT_NHWC;
+    b.y_cl = ly == KILN_LAYOUT_NHWC;
     b.widx = widx;
     b.bidx = bidx >= 0 && cc->n_in > bidx && cc->in[bidx] ? bidx : -1;
     if (b.bidx >= 0 && (cc->in[bidx]->dtype != KILN_DTYPE_I32 ||
@@ -372,8 +381,8 @@ static kiln_status q_compile(const struct kiln_compile_ctx *cc, struct kiln_kern
     }
     /* the kernel's own buffers, from its base: [X NHWC][Y NHWC] (conv), then two zero points */
     b.x_rel = 0;
-    b.y_rel = conv ? Q_ALIGN64((size_t)xbytes) : 0;
-    b.zp_rel = conv ? b.y_rel + Q_ALIGN64((size_t)ybytes_all) : 0;
+    b.y_rel = conv && !b.x_cl ? Q_ALIGN64((size_t)xbytes) : 0;
+    b.zp_rel = conv && !b.y_cl ? b.y_rel + Q_ALIGN64((size_t)ybytes_all) : b.y_rel;
     struct q_state *s = calloc(1, sizeof *s);
     if (!s) {
         free(scales);
@@ -389,6 +398,8 @@ static kiln_status q_compile(const struct kiln_compile_ctx *cc, struct kiln_kern
         return st;
     }
     s->conv = conv;
+    s->x_cl = b.x_cl;
+    s->y_cl = b.y_cl;
     s->n = conv ? x->dims[0] : 0;
     s->c = conv ? x->dims[1] : 0;
     s->hw = hw;
@@ -410,37 +421,35 @@ static kiln_status q_compile(const struct kiln_compile_ctx *cc, struct kiln_kern
         int hx = 0, hy = 0;
         if (dnnl_memory_desc_init_by_tag(&xp, 4, xd, q_dt(x->dtype), dnnl_nchw) == dnnl_success &&
             dnnl_memory_desc_init_by_tag(&yp, 4, yd, q_dt(y->dtype), dnnl_nchw) == dnnl_success) {
-            st = kd_reorder_exec_build(cc, &xp, KD_SRC_IN, 0, &b.src, KD_SRC_SCRATCH_AT,
-                                       (int)b.x_rel, &s->pre_x, &hx);
-            if (st == KILN_OK && hx)
+            if (!b.x_cl)
+                st = kd_reorder_exec_build(cc, &xp, KD_SRC_IN, 0, &b.src, KD_SRC_SCRATCH_AT,
+                                           (int)b.x_rel, &s->pre_x, &hx);
+            if (st == KILN_OK && !b.y_cl)
                 st = kd_reorder_exec_build(cc, &b.dst, KD_SRC_SCRATCH_AT, (int)b.y_rel, &yp,
                                            KD_SRC_OUT, 0, &s->post_y, &hy);
         }
-        if (st != KILN_OK || !hx || !hy) {
+        s->has_pre = hx;
+        s->has_post = hy;
+        if (st != KILN_OK) {
             if (hx) kd_exec_destroy(&s->pre_x);
             if (hy) kd_exec_destroy(&s->post_y);
-            if (st != KILN_OK) {
-                kd_exec_destroy(&s->e);
-                free(s);
-                return st;
-            }
-        } else {
-            s->reorders = 1;
+            kd_exec_destroy(&s->e);
+            free(s);
+            return st;
         }
     }
     size_t sbase = kd_exec_scratch(&s->e);
-    if (s->reorders) {
-        if (kd_exec_scratch(&s->pre_x) > sbase) sbase = kd_exec_scratch(&s->pre_x);
-        if (kd_exec_scratch(&s->post_y) > sbase) sbase = kd_exec_scratch(&s->post_y);
-    }
+    if (s->has_pre && kd_exec_scratch(&s->pre_x) > sbase) sbase = kd_exec_scratch(&s->pre_x);
+    if (s->has_post && kd_exec_scratch(&s->post_y) > sbase) sbase = kd_exec_scratch(&s->post_y);
     s->base = Q_ALIGN64(sbase);
     s->x_rel = b.x_rel;
     s->y_rel = b.y_rel;
     s->zp_rel = b.zp_rel;
     s->scratch_total = s->base + b.zp_rel + 128;
-    struct kd_exec *all[3] = {&s->e, &s->pre_x, &s->post_y};
-    for (int ei = 0; ei < (s->reorders ? 3 : 1); ei++) /* the kernel's buffers after oneDNN's */
-        for (int vi = 0; vi < all[ei]->nv; vi++)
+    struct kd_exec *all[3] = {&s->e, s->has_pre ? &s->pre_x : NULL,
+                              s->has_post ? &s->post_y : NULL};
+    for (int ei = 0; ei < 3; ei++) /* the kernel's buffers after oneDNN's */
+        for (int vi = 0; all[ei] && vi < all[ei]->nv; vi++)
             for (int a = 0; a < all[ei]->v[vi].nargs; a++)
                 if (all[ei]->v[vi].args[a].src == KD_SRC_SCRATCH_AT)
                     all[ei]->v[vi].args[a].index += (int)s->base;

@@ -1,7 +1,9 @@
 /*
  * reorder.c - oneDNN fast kernel for KilnReorder: a 4-D float32 value
  * between plain NCHW and channel-blocked nChw8c / nChw16c storage (the
- * padded channels of a blocked output are written as zeros). The source
+ * padded channels of a blocked output are written as zeros), or a 4-D
+ * float32 or 8-bit value between NCHW and channels-last NHWC (layout 1,
+ * int8 convolution chains: src/opt/layout_nhwc.c). The source
  * layout is the input value's, the target the output value's (which the
  * layout pass also records in the node's `to` attribute).
  *
@@ -58,17 +60,32 @@ static kiln_status reorder_compile(const struct kiln_compile_ctx *cc,
 {
     const struct kiln_node *n = cc->node;
     const struct kiln_type *x = cc->in[0], *y = cc->n_out > 0 ? cc->out[0] : NULL;
-    if (!x || !y || x->dtype != KILN_DTYPE_F32 || y->dtype != KILN_DTYPE_F32 || x->rank != 4 ||
-        y->rank != 4 || kiln_shape_count(4, x->dims) <= 0)
+    if (!x || !y || x->dtype != y->dtype || x->rank != 4 || y->rank != 4 ||
+        kiln_shape_count(4, x->dims) <= 0)
         return KILN_OK;
     for (int i = 0; i < 4; i++)
         if (x->dims[i] != y->dims[i]) return KILN_OK;
     int from = cc->in_layout ? cc->in_layout[0] : 0;
     int to = cc->out_layout ? cc->out_layout[0] : 0;
     struct reorder_build b = {.node = n, .from = KD_SRC_IN, .to = KD_SRC_OUT};
-    if (kd_md_act(&b.src, 4, x->dims, from) != dnnl_success ||
-        kd_md_act(&b.dst, 4, y->dims, to) != dnnl_success)
+    if (from == KILN_LAYOUT_NHWC || to == KILN_LAYOUT_NHWC) {
+        dnnl_data_type_t dt = x->dtype == KILN_DTYPE_F32  ? dnnl_f32
+                              : x->dtype == KILN_DTYPE_U8 ? dnnl_u8
+                              : x->dtype == KILN_DTYPE_I8 ? dnnl_s8
+                                                          : dnnl_data_type_undef;
+        if (dt == dnnl_data_type_undef || (from && from != KILN_LAYOUT_NHWC) ||
+            (to && to != KILN_LAYOUT_NHWC))
+            return KILN_OK;
+        dnnl_dims_t d = {x->dims[0], x->dims[1], x->dims[2], x->dims[3]};
+        if (dnnl_memory_desc_init_by_tag(&b.src, 4, d, dt, from ? dnnl_nhwc : dnnl_nchw) !=
+                dnnl_success ||
+            dnnl_memory_desc_init_by_tag(&b.dst, 4, d, dt, to ? dnnl_nhwc : dnnl_nchw) !=
+                dnnl_success)
+            return KILN_OK;
+    } else if (x->dtype != KILN_DTYPE_F32 || kd_md_act(&b.src, 4, x->dims, from) != dnnl_success ||
+               kd_md_act(&b.dst, 4, y->dims, to) != dnnl_success) {
         return KILN_OK;
+    }
     struct kd_exec *e = calloc(1, sizeof *e);
     if (!e) return kiln_node_error(n, KILN_ERR_OUT_OF_MEMORY, "out of memory compiling");
     int handled;

@@ -1,7 +1,8 @@
 /*
  * layout.c - reference kernel for KilnReorder (opt/opt.h): a 4-D value
  * between plain NCHW storage and channel-blocked storage
- * [N][ceil(C/b)][H][W][b] (b = 8 or 16, padded channels zero), as the
+ * [N][ceil(C/b)][H][W][b] (b = 8 or 16, padded channels zero) or channels-last
+ * storage [N][H][W][C] (layout 1: one block of all C channels), as the
  * layout pass lays out values between blocked kernels (graph.h).
  *
  * The run context carries no value layouts, so the node says both sides:
@@ -11,12 +12,12 @@
  */
 #include "kernels/kernel.h"
 
-/* A layout attribute: 0, 8 or 16. */
+/* A layout attribute: 0, 1 (KILN_LAYOUT_NHWC), 8 or 16. */
 static kiln_status layout_attr(const struct kiln_node *n, const char *name, int *out)
 {
     int64_t v = kiln_attr_int(n, name, 0);
-    if (v != 0 && v != 8 && v != 16)
-        return kiln_node_error(n, KILN_ERR_INVALID_MODEL, "%s is %lld, expected 0, 8 or 16", name,
+    if (v != 0 && v != KILN_LAYOUT_NHWC && v != 8 && v != 16)
+        return kiln_node_error(n, KILN_ERR_INVALID_MODEL, "%s is %lld, expected 0, 1, 8 or 16", name,
                                (long long)v);
     *out = (int)v;
     return KILN_OK;
@@ -64,6 +65,9 @@ static kiln_status reorder_run(struct kiln_run_ctx *ctx)
                                "storage of %zu / %zu bytes is too small for layouts %d -> %d",
                                x->nbytes, y->nbytes, from, to);
     int64_t N = d[0], C = d[1], HW = d[2] * d[3];
+    /* channels last is one block of all C channels */
+    if (from == KILN_LAYOUT_NHWC) from = C > 0 ? (int)C : 1;
+    if (to == KILN_LAYOUT_NHWC) to = C > 0 ? (int)C : 1;
     if (to) memset(y->data, 0, (size_t)storage_bytes(d, to, es)); /* padded channels */
     const char *src = x->data;
     char *dst = y->data;

@@ -415,6 +415,11 @@ static kiln_status binary_compile(const struct kiln_compile_ctx *cc, struct kiln
     else if (na == n && trailing_row(b, o, &row)) bc = BC_B_ROW;
     else if (nb == n && trailing_row(a, o, &row)) bc = BC_A_ROW;
     else return KILN_OK;
+    /* channels last (src/opt/layout_nhwc.c) is one block of all C channels: chan_range's
+     * tile holds at most 2048 */
+    if (lo == KILN_LAYOUT_NHWC && (bc == BC_B_CHAN || bc == BC_A_CHAN) &&
+        (o->rank != 4 || o->dims[1] < 1 || o->dims[1] > 2048))
+        return KILN_OK;
     struct ew_state *s;
     kiln_status st = ew_begin(cc, inst, k, 2, opname, &s);
     if (st != KILN_OK || !s) return st;
@@ -432,6 +437,7 @@ static kiln_status binary_compile(const struct kiln_compile_ctx *cc, struct kiln
         s->chw = o->dims[2] * o->dims[3];
         s->small_batched = small->rank == 4 && small->dims[0] != 1;
         s->block = lo;
+        if (lo == KILN_LAYOUT_NHWC) s->block = (int)o->dims[1]; /* one block of all C */
         inst->inplace = bc == BC_B_CHAN;
         if (lo) snprintf(s->name, sizeof s->name, "f32_%s_chan%d_%s", opname, lo, s->k->isa);
     }

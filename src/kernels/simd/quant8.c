@@ -74,6 +74,42 @@ static void dequant_avx512(const struct q8_state *s, const void *x, float *y, in
     }
 }
 
+/* KilnQLinearAdd: y = Q(act(DQ_a(a) + DQ_b(b))), the float32 operations of the nodes it
+ * replaced in their order. */
+struct qadd_state {
+    struct q8_state a, b, y;
+    int relu, avx512;
+};
+
+static void qadd_avx512(const struct qadd_state *s, const void *a, const void *b, void *y,
+                        int64_t lo_i, int64_t e)
+{
+    __m512 sa = _mm512_set1_ps(s->a.scale), za = _mm512_set1_ps(s->a.zp);
+    __m512 sb = _mm512_set1_ps(s->b.scale), zb = _mm512_set1_ps(s->b.zp);
+    __m512 sy = _mm512_set1_ps(s->y.scale), zy = _mm512_set1_ps(s->y.zp);
+    __m512 vlo = _mm512_set1_ps(s->y.lo), vhi = _mm512_set1_ps(s->y.hi), zero = _mm512_setzero_ps();
+    const int8_t *pa = a, *pb = b;
+    int8_t *out = y;
+    for (int64_t i = lo_i; i < e; i += 16) {
+        __mmask16 m = e - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (e - i)) - 1);
+        __m128i qa = _mm_maskz_loadu_epi8(m, pa + i), qb = _mm_maskz_loadu_epi8(m, pb + i);
+        __m512i wa = s->a.is_signed ? _mm512_cvtepi8_epi32(qa) : _mm512_cvtepu8_epi32(qa);
+        __m512i wb = s->b.is_signed ? _mm512_cvtepi8_epi32(qb) : _mm512_cvtepu8_epi32(qb);
+        __m512 fa = _mm512_mul_ps(_mm512_sub_ps(_mm512_cvtepi32_ps(wa), za), sa);
+        __m512 fb = _mm512_mul_ps(_mm512_sub_ps(_mm512_cvtepi32_ps(wb), zb), sb);
+        __m512 v = _mm512_add_ps(fa, fb);
+        if (s->relu) v = _mm512_max_ps(v, zero);
+        __m512 r = _mm512_div_ps(v, sy);
+        r = _mm512_add_ps(_mm512_roundscale_ps(r, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), zy);
+        __mmask16 nan = _mm512_cmp_ps_mask(r, r, _CMP_UNORD_Q);
+        r = _mm512_min_ps(_mm512_max_ps(r, vlo), vhi);
+        r = _mm512_mask_mov_ps(r, nan, zero);
+        __m512i q = _mm512_cvtps_epi32(r);
+        __m128i packed = s->y.is_signed ? _mm512_cvtsepi32_epi8(q) : _mm512_cvtusepi32_epi8(q);
+        _mm_mask_storeu_epi8(out + i, m, packed);
+    }
+}
+
 #if defined(__clang__)
 #pragma clang attribute pop
 #else
@@ -156,9 +192,12 @@ static bool scalar_params(const struct kiln_compile_ctx *cc, kiln_dtype q, struc
     return true;
 }
 
+/* Plain, or channels last on both sides (one scale and zero point: elementwise in any
+ * storage order without padding; src/opt/layout_nhwc.c). */
 static bool plain_layouts(const struct kiln_compile_ctx *cc)
 {
-    return (!cc->in_layout || cc->in_layout[0] == 0) && (!cc->out_layout || cc->out_layout[0] == 0);
+    int li = cc->in_layout ? cc->in_layout[0] : 0, lo = cc->out_layout ? cc->out_layout[0] : 0;
+    return li == lo && (li == 0 || li == KILN_LAYOUT_NHWC);
 }
 
 static kiln_status q8_finish(const struct kiln_compile_ctx *cc, struct kiln_kernel_inst *inst,
@@ -212,5 +251,87 @@ static kiln_status dequant_compile(const struct kiln_compile_ctx *cc, struct kil
     return q8_finish(cc, inst, &s, 0);
 }
 
+struct qadd_job {
+    const struct qadd_state *s;
+    const void *a, *b;
+    void *y;
+};
+
+static float q8_get(const struct q8_state *s, const void *p, int64_t i)
+{
+    return s->is_signed ? (float)((const int8_t *)p)[i] : (float)((const uint8_t *)p)[i];
+}
+
+static void qadd_range(void *arg, int64_t b, int64_t e)
+{
+    const struct qadd_job *j = arg;
+    const struct qadd_state *s = j->s;
+    if (s->avx512) {
+        qadd_avx512(s, j->a, j->b, j->y, b, e);
+        return;
+    }
+    for (int64_t i = b; i < e; i++) {
+        float v = (q8_get(&s->a, j->a, i) - s->a.zp) * s->a.scale +
+                  (q8_get(&s->b, j->b, i) - s->b.zp) * s->b.scale;
+        if (s->relu && v < 0.0f) v = 0.0f;
+        float r = rintf(v / s->y.scale) + s->y.zp;
+        r = isnan(r) ? 0.0f : r < s->y.lo ? s->y.lo : r > s->y.hi ? s->y.hi : r;
+        if (s->y.is_signed) ((int8_t *)j->y)[i] = (int8_t)r;
+        else ((uint8_t *)j->y)[i] = (uint8_t)r;
+    }
+}
+
+static kiln_status qadd_run(void *state, struct kiln_run_ctx *ctx)
+{
+    struct qadd_job j = {state, ctx->in[0]->data, ctx->in[3]->data, ctx->out[0]->data};
+    kiln_parallel_for(ctx->threads, kiln_tensor_count(ctx->out[0]), 32768, qadd_range, &j);
+    return KILN_OK;
+}
+
+/* scalar_params for the scale at input i and the zero point at i + 1 */
+static bool params_at(const struct kiln_compile_ctx *cc, int i, kiln_dtype q, struct q8_state *s)
+{
+    const struct kiln_type *in[3] = {NULL, cc->in[i], cc->n_in > i + 1 ? cc->in[i + 1] : NULL};
+    const kiln_tensor *val[3] = {NULL, cc->in_value[i], cc->n_in > i + 1 ? cc->in_value[i + 1] : NULL};
+    struct kiln_compile_ctx c2 = *cc;
+    c2.n_in = 3;
+    c2.in = in;
+    c2.in_value = val;
+    return scalar_params(&c2, q, s);
+}
+
+static kiln_status qadd_compile(const struct kiln_compile_ctx *cc, struct kiln_kernel_inst *inst)
+{
+    if (cc->n_in < 8 || cc->n_out < 1 || !cc->in_value) return KILN_OK;
+    const struct kiln_type *a = cc->in[0], *b = cc->in[3], *y = cc->out[0];
+    if (!a || !b || !y || !cc->in[1] || !cc->in[4] || !cc->in[6]) return KILN_OK;
+    for (const struct kiln_type *const *t = (const struct kiln_type *const[]){a, b, y, NULL}; *t; t++)
+        if ((*t)->dtype != KILN_DTYPE_U8 && (*t)->dtype != KILN_DTYPE_I8) return KILN_OK;
+    int64_t n = kiln_shape_count(y->rank, y->dims);
+    if (n < 0 || kiln_shape_count(a->rank, a->dims) != n || kiln_shape_count(b->rank, b->dims) != n)
+        return KILN_OK;
+    int la = cc->in_layout ? cc->in_layout[0] : 0, lb = cc->in_layout ? cc->in_layout[3] : 0;
+    int ly = cc->out_layout ? cc->out_layout[0] : 0;
+    if (la != ly || lb != ly || (ly != 0 && ly != KILN_LAYOUT_NHWC)) return KILN_OK;
+    const char *act = kiln_attr_str(cc->node, "activation", "");
+    if (act[0] && strcmp(act, "Relu")) return KILN_OK;
+    struct qadd_state s;
+    memset(&s, 0, sizeof s);
+    if (!params_at(cc, 1, a->dtype, &s.a) || !params_at(cc, 4, b->dtype, &s.b) ||
+        !params_at(cc, 6, y->dtype, &s.y))
+        return KILN_OK;
+    s.relu = act[0] != 0;
+    s.avx512 = s.y.avx512;
+    struct qadd_state *st = malloc(sizeof *st);
+    if (!st) return kiln_node_error(cc->node, KILN_ERR_OUT_OF_MEMORY, "out of memory compiling");
+    *st = s;
+    inst->state = st;
+    inst->destroy = free;
+    inst->run = qadd_run;
+    inst->name = s.avx512 ? "avx512_qlinear_add" : "c_qlinear_add";
+    return KILN_OK;
+}
+
 KILN_FAST_OP(QuantizeLinear, quant_compile, NULL);
+KILN_FAST_OP(KilnQLinearAdd, qadd_compile, NULL);
 KILN_FAST_OP(DequantizeLinear, dequant_compile, NULL);

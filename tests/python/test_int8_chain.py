@@ -1,0 +1,239 @@
+"""test_int8_chain.py - static int8 CNN blocks chained in int8 end to end.
+
+What a calibrated ResNet / MobileNetV2 block becomes (docs/COMPRESSION.md,
+"Consecutive quantized ops"): QLinearConv nodes reading and writing
+channels-last 8-bit values (KILN_LAYOUT_NHWC, src/opt/layout_nhwc.c), and the
+residual Q(Relu(DQ(a) + DQ(b))) fused into one KilnQLinearAdd
+(src/opt/qadd.c, ref/qlinear_add.c, simd/quant8.c).
+
+Checked against an independent numpy emulation: integer convolutions
+(acc in int64, y = sat(rint(acc * m) + y_zp)) and the residual Add in the
+float32 arithmetic of the QDQ nodes it replaces
+(s = (a - a_zp) * a_scale + (b - b_zp) * b_scale, Relu, y = sat(rint(s / y_scale) + y_zp)):
+
+- KilnQLinearAdd alone: fast kernel (1 and 2 threads), reference kernel and the
+  unfused graph (--disable-optimizer) bit for bit, at rounding midpoints too;
+- a residual block chain (conv, MaxPool, conv, conv, Add+Relu, depthwise conv,
+  conv, Add, conv; the MaxPool between a DQ and a Q of the same parameters
+  runs on the 8-bit values): the optimized
+  graph on reference kernels bit for bit; the fast path with 1 and 2 threads
+  within one step (oneDNN's float requantization, see test_qdq.py); the
+  profile shows the fused Add, channels-last values and no DequantizeLinear
+  inside the chain.
+"""
+
+import numpy as np
+import pytest
+
+from test_qdq import (QDQ, VNNI, assert_close_steps, conv_int, kiln_bin, mult_of,  # noqa: F401
+                      profile, quantize, requant, run, tensor)
+
+onnx = pytest.importorskip("onnx")
+from onnx import TensorProto, helper  # noqa: E402
+
+
+def qadd_ref(a, sa, za, b, sb, zb, sy, zy, relu, dt):
+    """The float32 arithmetic of DQ, Add, Relu, Q (numpy float32 throughout)."""
+    fa = (a.astype(np.float32) - np.float32(za)) * np.float32(sa)
+    fb = (b.astype(np.float32) - np.float32(zb)) * np.float32(sb)
+    s = (fa + fb).astype(np.float32)
+    if relu:
+        s = np.maximum(s, np.float32(0))
+    return quantize(s, sy, zy, dt)
+
+
+def qadd_model(dt, shape, p, relu):
+    et = TensorProto.UINT8 if dt == np.uint8 else TensorProto.INT8
+    sa, za, sb, zb, sy, zy = p
+    inits = [tensor("sa", np.float32(sa)), tensor("za", np.array(za, dt)),
+             tensor("sb", np.float32(sb)), tensor("zb", np.array(zb, dt)),
+             tensor("sy", np.float32(sy)), tensor("zy", np.array(zy, dt))]
+    nodes = [helper.make_node("DequantizeLinear", ["a", "sa", "za"], ["fa"]),
+             helper.make_node("DequantizeLinear", ["b", "sb", "zb"], ["fb"]),
+             helper.make_node("Add", ["fa", "fb"], ["s"])]
+    last = "s"
+    if relu:
+        nodes.append(helper.make_node("Relu", ["s"], ["r"]))
+        last = "r"
+    nodes.append(helper.make_node("QuantizeLinear", [last, "sy", "zy"], ["y"]))
+    g = helper.make_graph(nodes, "qadd",
+                          [helper.make_tensor_value_info("a", et, list(shape)),
+                           helper.make_tensor_value_info("b", et, list(shape))],
+                          [helper.make_tensor_value_info("y", et, list(shape))], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+
+
+@pytest.mark.parametrize("dt", [np.uint8, np.int8], ids=["u8", "s8"])
+@pytest.mark.parametrize("shape", [(1, 3, 5, 7), (2, 17, 41, 53)])
+@pytest.mark.parametrize("relu", [True, False], ids=["relu", "plain"])
+def test_qlinear_add(kiln_bin, tmp_path, dt, shape, relu):
+    rng = np.random.default_rng(3)
+    lo, hi = (-128, 128) if dt == np.int8 else (0, 256)
+    a = rng.integers(lo, hi, size=shape).astype(dt)
+    b = rng.integers(lo, hi, size=shape).astype(dt)
+    # y_scale = a_scale = b_scale / 2 with zero points 0 puts many sums on rounding midpoints
+    p = (0.05, 0, 0.1, 0, 0.1, 0) if dt == np.int8 else (0.0371, 131, 0.0213, 7, 0.0402, 12)
+    model = qadd_model(dt, shape, p, relu)
+    want = qadd_ref(a, p[0], p[1], b, p[2], p[3], p[4], p[5], relu, dt)
+    feeds = {"a": a, "b": b}
+    unfused = run(kiln_bin, model, feeds, tmp_path, "noopt")["y"]
+    np.testing.assert_array_equal(unfused, want)
+    np.testing.assert_array_equal(run(kiln_bin, model, feeds, tmp_path, "refkernels")["y"], want)
+    for threads in (1, 2):
+        np.testing.assert_array_equal(run(kiln_bin, model, feeds, tmp_path, "fast", threads)["y"],
+                                      want)
+    text = profile(kiln_bin, model, tmp_path)
+    assert "KilnQLinearAdd" in text and "QuantizeLinear" not in text, text
+
+
+class Residual(QDQ):
+    """QDQ with residual Adds: add(other) adds the quantized tensor `other` to the current one."""
+
+    def add(self, other, relu, ys=0.09):
+        name, s, zp, idx = other
+        a = self.dq(self.cur, np.float32(self.cur_scale), self.dt(self.cur_zp))
+        b = self.dq(name, np.float32(s), self.dt(zp))
+        y = self.name("add")
+        self.nodes.append(helper.make_node("Add", [a, b], [y]))
+        if relu:
+            r = self.name("relu")
+            self.nodes.append(helper.make_node("Relu", [y], [r]))
+            y = r
+        yzp = (-128 if relu else 5) if self.dt == np.int8 else (0 if relu else 110)
+        self.layers.append(dict(kind="add", other=idx,
+                                xs=self.cur_scale, xzp=self.cur_zp, bs=s, bzp=zp, ys=ys, yzp=yzp,
+                                relu=relu))
+        self.cur = self.q(y, ys, yzp)
+        self.cur_scale, self.cur_zp = np.float32(ys), yzp
+
+    def maxpool(self, k=3, stride=2, pad=1):
+        """DQ -> MaxPool -> Q with the same parameters (what calibration writes around a pool)."""
+        x = self.dq(self.cur, np.float32(self.cur_scale), self.dt(self.cur_zp))
+        y = self.name("pool")
+        self.nodes.append(helper.make_node("MaxPool", [x], [y], kernel_shape=[k, k],
+                                           strides=[stride, stride], pads=[pad] * 4))
+        self.layers.append(dict(kind="maxpool", k=k, stride=stride, pad=pad))
+        self.cur = self.q(y, self.cur_scale, self.cur_zp)
+
+    def mark(self):
+        """The current quantized tensor, for a later add (with its layer index)."""
+        return (self.cur, self.cur_scale, self.cur_zp, len(self.layers))
+
+    def reference(self, x):
+        q = quantize(x, self.in_scale, self.in_zp, self.dt)
+        outs = [q]  # outs[i] = the quantized tensor after i layers
+        for L in self.layers:
+            if L["kind"] == "maxpool":
+                k, st, p = L["k"], L["stride"], L["pad"]
+                lo = np.iinfo(self.dt).min
+                xp = np.pad(q, ((0, 0), (0, 0), (p, p), (p, p)), constant_values=lo)
+                oh = (q.shape[2] + 2 * p - k) // st + 1
+                ow = (q.shape[3] + 2 * p - k) // st + 1
+                q = np.full((q.shape[0], q.shape[1], oh, ow), lo, self.dt)
+                for i in range(k):
+                    for j in range(k):
+                        q = np.maximum(q, xp[:, :, i:i + st * oh:st, j:j + st * ow:st])
+            elif L["kind"] == "add":
+                q = qadd_ref(q, L["xs"], L["xzp"], outs[L["other"]], L["bs"], L["bzp"], L["ys"],
+                             L["yzp"], L["relu"], self.dt)
+            else:
+                acc = conv_int(q, L["xzp"], L["wq"], L["stride"], L["pad"], L["group"])
+                ch = (None, slice(None), None, None)
+                acc = acc + L["bq"].astype(np.int64)[ch]
+                m = mult_of(L["xs"], L["ws"], L["ys"])
+                q = requant(acc, m[ch] if m.size > 1 else m, L["yzp"], self.dt)
+            outs.append(q)
+        return q, (q.astype(np.float32) - np.float32(self.cur_zp)) * np.float32(self.cur_scale)
+
+
+def residual_chain(dt, n, c, h, w, seed=0):
+    b = Residual(dt, (n, c, h, w), seed)
+    b.layer("conv", (c, c, 1, 1), relu=True, out_scale=0.06)
+    b.maxpool()
+    m0 = b.mark()
+    b.layer("conv", (c, c, 3, 3), relu=True, pad=1, out_scale=0.07)
+    b.layer("conv", (c, c, 1, 1), relu=False, out_scale=0.08)
+    b.add(m0, relu=True)
+    m1 = b.mark()
+    b.layer("conv", (c, 1, 3, 3), relu=True, pad=1, group=c, out_scale=0.05)  # depthwise
+    b.layer("conv", (c, c, 1, 1), relu=False, out_scale=0.08)
+    b.add(m1, relu=False)
+    b.layer("conv", (c, c, 1, 1), relu=False, out_scale=0.1)
+    return b
+
+
+@pytest.mark.parametrize("dt", [np.uint8, np.int8], ids=["u8", "s8"])
+@pytest.mark.parametrize("shape", [(1, 16, 8, 8), (2, 17, 5, 7), (1, 32, 14, 14)])
+def test_residual_chain(kiln_bin, tmp_path, dt, shape):
+    b = residual_chain(dt, *shape, seed=shape[1])
+    model = b.model()
+    x = np.random.default_rng(11).normal(0, 2.0, size=b.x_shape).astype(np.float32)
+    qwant, want = b.reference(x)
+    step = np.float32(b.cur_scale)
+    ref_kernels = run(kiln_bin, model, {"x": x}, tmp_path, "refkernels")["y"]
+    np.testing.assert_array_equal(ref_kernels, want)  # the reference kernels: bit for bit
+    for threads in (1, 2):
+        fast = run(kiln_bin, model, {"x": x}, tmp_path, "fast", threads)["y"]
+        assert_close_steps(np.rint(fast / step), np.rint(want / step), f"fast t={threads}",
+                           frac=0.01)
+
+
+@pytest.mark.skipif(not VNNI, reason="no VNNI/AMX on this CPU: int8 nodes run on reference kernels")
+def test_residual_chain_stays_int8_channels_last(kiln_bin, tmp_path):
+    model = residual_chain(np.uint8, 1, 32, 14, 14).model()
+    text = profile(kiln_bin, model, tmp_path)
+    lines = text.splitlines()
+    table = {ln.split()[0]: ln.split() for ln in lines if len(ln.split()) >= 3}
+    assert "KilnQLinearAdd" in table, text
+    assert int(table["QLinearConv"][2]) == 6, text
+    # only the model's own edges: Q of the float input, DQ of the output
+    assert int(table.get("DequantizeLinear", ["", "", "0"])[2]) <= 1, text
+    assert "Add" not in table and "Relu" not in table, text
+    # the MaxPool between them pools bytes, channels last
+    assert any("MaxPool" in ln and "(blocked 1)" in ln for ln in lines), text
+    # the chain's values are stored channels last ("blocked 1" in the step list)
+    assert "(blocked 1)" in text, text
+
+
+def silu_se_model(n, c, h, w):
+    """EfficientNet's pattern in QDQ: conv -> SiLU -> squeeze-and-excitation scale (a GAP read
+    and a per-channel Mul) -> conv, the SiLU, SE and pool in float between Q/DQ."""
+    b = Residual(np.uint8, (n, c, h, w), 4)
+    b.layer("conv", (c, c, 1, 1), relu=False, out_scale=0.05)
+    x = b.dq(b.cur, np.float32(b.cur_scale), b.dt(b.cur_zp))
+    sig = b.name("sig")
+    silu = b.name("silu")
+    pooled = b.name("gap")
+    gate = b.name("gate")
+    scaled = b.name("se")
+    scale = b.const("chs", np.random.default_rng(5).uniform(0.5, 1.5, (1, c, 1, 1)).astype(np.float32))
+    b.nodes += [helper.make_node("Sigmoid", [x], [sig]),
+                helper.make_node("Mul", [x, sig], [silu]),
+                helper.make_node("GlobalAveragePool", [silu], [pooled]),
+                helper.make_node("Mul", [pooled, scale], [gate]),
+                helper.make_node("Mul", [gate, silu], [scaled])]
+    b.cur = b.q(scaled, 0.04, 30)
+    b.cur_scale, b.cur_zp = np.float32(0.04), 30
+    b.layer("conv", (c, c, 1, 1), relu=False, out_scale=0.08)
+    return b.model()
+
+
+@pytest.mark.skipif(not VNNI, reason="no VNNI/AMX on this CPU: int8 nodes run on reference kernels")
+@pytest.mark.parametrize("shape", [(1, 16, 8, 8), (2, 24, 5, 7)])
+def test_silu_se_channels_last(kiln_bin, tmp_path, shape, monkeypatch):
+    """The SiLU / squeeze-and-excitation float ops between Q/DQ run channels last: the same
+    fast kernels as in NCHW (KILN_NHWC=0), so the same result but for float rounding in the
+    pool's sum order (within one step on at most 1% of the elements), 1 and 2 threads."""
+    model = silu_se_model(*shape)
+    x = np.random.default_rng(9).normal(0, 2.0, size=shape).astype(np.float32)
+    step = np.float32(0.08)
+    for threads in (1, 2):
+        monkeypatch.setenv("KILN_NHWC", "0")
+        plain = run(kiln_bin, model, {"x": x}, tmp_path, "fast", threads)["y"]
+        monkeypatch.delenv("KILN_NHWC")
+        cl = run(kiln_bin, model, {"x": x}, tmp_path, "fast", threads)["y"]
+        assert_close_steps(np.rint(cl / step), np.rint(plain / step), f"t={threads}", frac=0.01)
+        ref = run(kiln_bin, model, {"x": x}, tmp_path, "refkernels", threads)["y"]
+        assert np.abs(cl - ref).max() <= 2 * step + 1e-6  # fast sigmoid vs the reference's
+    text = profile(kiln_bin, model, tmp_path)
+    assert "f32_sigmoid_avx512_blocked1" in text and "chan1" in text, text
