@@ -463,10 +463,18 @@ def keras_rnn_ref(cell, x, h0, c0, weights, act="Tanh", rec_act="Sigmoid", backw
     return out
 
 
-def _simple_rnn_layer(p, units, features, steps, backwards, seed):
+def _simple_rnn_layer(p, units, features, steps, backwards, seed, mask=False, zero_output=False):
     """Nodes and functions of one Keras SimpleRNN layer (return_sequences, tanh) over
     the graph's x [B, steps, features], names prefixed by p; outputs p+"seq" [B, T, U]
-    (in the input's time order) and the last state p+"while:4"."""
+    (in the input's time order) and the last state p+"while:<H_INDEX>" (see the return).
+
+    mask: the layer follows Masking(mask_value=0.) as Keras' backend.rnn writes it: the
+    mask [B, T] = Any(NotEqual(x, 0), -1) is expanded to [B, T, 1], made time-major (and
+    reversed for go_backwards) and unstacked into a bool TensorList read in the body;
+    there the new output and state are SelectV2(Tile(mask_t, [1, 1]), new, old) with
+    mask_t [B, 1] broadcast over the units: a masked step carries the state, and its
+    output is the previous output (a loop variable, zeros at first) or, with
+    zero_output (Keras' zero_output_for_mask), zeros."""
     rng = np.random.default_rng(seed)
     w = (rng.standard_normal((features, units)) * 0.5).astype(np.float32)
     r = (rng.standard_normal((units, units)) * 0.5).astype(np.float32)
@@ -477,7 +485,10 @@ def _simple_rnn_layer(p, units, features, steps, backwards, seed):
                     value=a_tensor(tensor(F, list(a.shape), content=a.tobytes())))
 
     names = ["loop_counter", "max_iter", "t", "out", "h", "n", "inp", "kernel", "rec", "bias"]
-    kinds = {"loop_counter": I, "max_iter": I, "t": I, "out": V, "n": I, "inp": V}
+    if mask:
+        names = ["loop_counter", "max_iter", "t", "out", "prev_out", "h", "n", "inp", "mask_in",
+                 "kernel", "rec", "bias"]
+    kinds = {"loop_counter": I, "max_iter": I, "t": I, "out": V, "n": I, "inp": V, "mask_in": V}
     types = [kinds.get(n, F) for n in names]
     args = list(zip(names, types))
     cond = function(p + "cond", args, [("c_out", B)],
@@ -490,14 +501,37 @@ def _simple_rnn_layer(p, units, features, steps, backwards, seed):
         op("add", "AddV2", ["mm:product:0", "mm1:product:0"]),
         op("biasadd", "BiasAdd", ["add:z:0", "bias"]),
         op("h1", "Tanh", ["biasadd:output:0"]),
-        node("out1", "TensorListSetItem", ["out", "t", "h1:y:0"], **list_attrs()),
+    ]
+    new_h, new_out = "h1:y:0", "h1:y:0"
+    if mask:
+        body += [
+            c_i32("es_m", [-1, 1]),
+            node("mt", "TensorListGetItem", ["mask_in", "t", "es_m:output:0"],
+                 element_dtype=a_type(B)),
+            c_i32("mult", [1, 1]),
+            node("mt_out", "Tile", ["mt:item:0", "mult:output:0"], T=a_type(B),
+                 Tmultiples=a_type(I)),
+            node("mt_st", "Tile", ["mt:item:0", "mult:output:0"], T=a_type(B),
+                 Tmultiples=a_type(I)),
+        ]
+        if zero_output:
+            body += [op("zeros", "ZerosLike", ["h1:y:0"]),
+                     op("sel_out", "SelectV2", ["mt_out:output:0", "h1:y:0", "zeros:y:0"])]
+        else:
+            body += [op("sel_out", "SelectV2", ["mt_out:output:0", "h1:y:0", "prev_out"])]
+        body += [op("sel_h", "SelectV2", ["mt_st:output:0", "h1:y:0", "h"])]
+        new_h, new_out = "sel_h:output:0", "sel_out:output:0"
+    body += [
+        node("out1", "TensorListSetItem", ["out", "t", new_out], **list_attrs()),
         c_i32("one", 1),
         op("t1", "AddV2", ["t", "one:output:0"], t=I),
         op("lc1", "AddV2", ["loop_counter", "one:output:0"], t=I),
     ]
     ret = {n + "_1": n for n in names}
     ret.update({"loop_counter_1": "lc1:z:0", "t_1": "t1:z:0", "out_1": "out1:output_handle:0",
-                "h_1": "h1:y:0"})
+                "h_1": new_h})
+    if mask:
+        ret["prev_out_1"] = new_out
     body_fn = function(p + "body", args, [(n + "_1", t) for n, t in args], body, ret)
     nodes = [
         c_i32(p + "perm", [1, 0, 2]),
@@ -526,10 +560,27 @@ def _simple_rnn_layer(p, units, features, steps, backwards, seed):
         c_f32(p + "zf", 0.0),
         node(p + "h0", "Fill", [p + "hshape", p + "zf"], T=a_type(F), index_type=a_type(I)),
     ]
+    if mask:
+        nodes += [
+            node(p + "ne", "NotEqual", ["x", p + "zf"], T=a_type(F),
+                 incompatible_shape_error=a_bool(True)),
+            c_i32(p + "last_axis", -1),
+            node(p + "any", "Any", [p + "ne", p + "last_axis"], Tidx=a_type(I),
+                 keep_dims=a_bool(False)),
+            node(p + "mask3", "ExpandDims", [p + "any", p + "last_axis"], T=a_type(B),
+                 Tdim=a_type(I)),
+            op(p + "mt0", "Transpose", [p + "mask3", p + "perm"], t=B, Tperm=a_type(I)),
+            op(p + "mt", "ReverseV2", [p + "mt0", p + "time_axis"], t=B, Tidx=a_type(I))
+            if backwards else op(p + "mt", "Identity", [p + "mt0"], t=B),
+            c_i32(p + "es_mask", [-1, 1]),
+            node(p + "mask_unstack", "TensorListFromTensor", [p + "mt", p + "es_mask"],
+                 shape_type=a_type(I), element_dtype=a_type(B)),
+        ]
     initial = {"loop_counter": "zero", "max_iter": "max_iter", "t": "zero", "out": "reserve",
                "h": "h0", "n": "n", "inp": "unstack", "kernel": "kernel", "rec": "rec",
-               "bias": "bias"}
-    shapes_of = {"out": None, "inp": None, "h": [-1, units], "kernel": [features, units],
+               "bias": "bias", "prev_out": "h0", "mask_in": "mask_unstack"}
+    shapes_of = {"out": None, "inp": None, "mask_in": None, "h": [-1, units],
+                 "prev_out": [-1, units], "kernel": [features, units],
                  "rec": [units, units], "bias": [units]}
     nodes += [
         while_node(p + "while", "StatelessWhile", [p + initial[n] for n in names], types,
@@ -541,20 +592,22 @@ def _simple_rnn_layer(p, units, features, steps, backwards, seed):
         if backwards else op(p + "seq_tm", "Identity", [p + "stack"]),
         op(p + "seq", "Transpose", [p + "seq_tm", p + "perm"], Tperm=a_type(I)),
     ]
-    return nodes, [cond, body_fn], (w, r, b)
+    return nodes, [cond, body_fn], (w, r, b), names.index("h")
 
 
-def simple_rnn(units=4, features=3, steps=5, bidirectional=False, seed=11):
+def simple_rnn(units=4, features=3, steps=5, bidirectional=False, seed=11, mask=False,
+               zero_output=False):
     """A Keras SimpleRNN layer (tanh, return_sequences and the last state) as TF2
     writes its loop (Kiln has no fused op for it: it runs as a Loop), or a
     Bidirectional(SimpleRNN) pair: a forward and a go_backwards loop whose sequences
     are concatenated on the last axis (the backward one put back in time order) and
     whose last states are concatenated. x is [batch, steps, features] with steps
-    fixed (-1: unknown)."""
+    fixed (-1: unknown). mask, zero_output: after Masking(0.) (see _simple_rnn_layer)."""
     nodes = [placeholder("x", F, [-1, steps, features])]
     funcs_, weights = [], []
     for i, p in enumerate(["fw_", "bw_"] if bidirectional else ["fw_"]):
-        nd, fn, w = _simple_rnn_layer(p, units, features, steps, p == "bw_", seed + i)
+        nd, fn, w, hi = _simple_rnn_layer(p, units, features, steps, p == "bw_", seed + i,
+                                          mask, zero_output)
         nodes += nd
         funcs_ += fn
         weights.append(w)
@@ -562,24 +615,37 @@ def simple_rnn(units=4, features=3, steps=5, bidirectional=False, seed=11):
         nodes += [c_i32("cat_axis", -1),
                   node("seq", "ConcatV2", ["fw_seq", "bw_seq", "cat_axis"], T=a_type(F),
                        N=a_int(2), Tidx=a_type(I)),
-                  node("h", "ConcatV2", ["fw_while:4", "bw_while:4", "cat_axis"], T=a_type(F),
+                  node("h", "ConcatV2", ["fw_while:%d" % hi, "bw_while:%d" % hi, "cat_axis"],
+                       T=a_type(F),
                        N=a_int(2), Tidx=a_type(I))]
         outs = {"seq": "seq:0", "h": "h:0"}
     else:
-        outs = {"seq": "fw_seq:0", "h": "fw_while:4"}
+        outs = {"seq": "fw_seq:0", "h": "fw_while:%d" % hi}
     model = saved_model(nodes, sig({"x": ("x:0", F, [-1, steps, features])}, outs), funcs_)
     return model, weights
 
 
-def simple_rnn_ref(x, weights, bidirectional=False):
+def simple_rnn_ref(x, weights, bidirectional=False, mask=False, zero_output=False):
     """SimpleRNN (tanh) in NumPy, float64; Bidirectional concatenates the forward
-    sequence with the backward one in input time order, and the two last states."""
+    sequence with the backward one in input time order, and the two last states.
+    mask: sample b's step t counts only where some feature of x[b, t] is nonzero; a
+    masked step, sample by sample, keeps the state and outputs the previous step's
+    output (zeros before any), or zeros with zero_output."""
     def run(xs, w, r, b):
-        h = np.zeros((xs.shape[0], w.shape[1]))
+        batch = xs.shape[0]
+        h = np.zeros((batch, w.shape[1]))
+        prev = np.zeros_like(h)
         seq = []
         for t in range(xs.shape[1]):
-            h = np.tanh(xs[:, t] @ w + h @ r + b)
-            seq.append(h)
+            new = np.tanh(xs[:, t] @ w + h @ r + b)
+            for i in range(batch):
+                if mask and not np.any(xs[i, t] != 0):
+                    seq_i = np.zeros(w.shape[1]) if zero_output else prev[i]
+                    new[i], prev[i] = h[i], seq_i
+                else:
+                    prev[i] = new[i]
+            h = new
+            seq.append(prev.copy())
         return np.stack(seq, 1) if seq else np.zeros((xs.shape[0], 0, w.shape[1])), h
     x = x.astype(np.float64)
     w = [tuple(a.astype(np.float64) for a in ws) for ws in weights]
