@@ -298,7 +298,7 @@ def case_ref(index, x):
 
 
 def keras_rnn(cell="lstm", units=3, features=2, act="Tanh", rec_act="Sigmoid", extra=False,
-              seed=7, backwards=False):
+              seed=7, backwards=False, mask=False):
     """A Keras-style LSTM or GRU (reset_after) layer, return_sequences and the final
     states, laid out as Keras' standard_lstm / standard_gru write it: x [B,T,I]
     transposed to [T,B,I], a TensorList per sequence, a StatelessWhile whose body
@@ -307,7 +307,10 @@ def keras_rnn(cell="lstm", units=3, features=2, act="Tanh", rec_act="Sigmoid", e
     variable counting down (d' = d - 1) that the recognizer does not know, so that
     the same computation runs as the loop. backwards=True is Keras' go_backwards (the
     backward half of a Bidirectional layer): the time-major input is reversed
-    (ReverseV2) before the loop."""
+    (ReverseV2) before the loop. mask=True: the layer follows Masking(0.), written as
+    in _simple_rnn_layer (a bool mask TensorList, SelectV2 of the new output, h and c
+    against the previous output, h and c; Keras' default zero_output_for_mask=False);
+    Kiln's LSTM / GRU op has no mask, so this loop must run as written."""
     lstm = cell == "lstm"
     k = 4 if lstm else 3
     rng = np.random.default_rng(seed)
@@ -321,7 +324,10 @@ def keras_rnn(cell="lstm", units=3, features=2, act="Tanh", rec_act="Sigmoid", e
 
     names = ["loop_counter", "max_iter", "t", "out", "h"] + (["c"] if lstm else []) + \
         ["n", "inp", "kernel", "rec"] + (["bias"] if lstm else ["bias_x", "bias_r"])
-    kinds = {"loop_counter": I, "max_iter": I, "t": I, "out": V, "n": I, "inp": V}
+    if mask:
+        names.insert(names.index("out") + 1, "prev_out")
+        names.insert(names.index("inp") + 1, "mask_in")
+    kinds = {"loop_counter": I, "max_iter": I, "t": I, "out": V, "n": I, "inp": V, "mask_in": V}
     if extra:
         names.append("d")
         kinds["d"] = I
@@ -371,17 +377,33 @@ def keras_rnn(cell="lstm", units=3, features=2, act="Tanh", rec_act="Sigmoid", e
             op("nh", "Mul", ["omz:z:0", "hh:y:0"]),
             op("h1", "AddV2", ["zh:z:0", "nh:z:0"]),
         ]
+    new_h, new_c = "h1:z:0", "c1:z:0"
+    if mask:
+        body += [
+            c_i32("es_m", [-1, 1]),
+            node("mt", "TensorListGetItem", ["mask_in", "t", "es_m:output:0"],
+                 element_dtype=a_type(B)),
+            c_i32("mult", [1, 1]),
+            node("mtile", "Tile", ["mt:item:0", "mult:output:0"], T=a_type(B),
+                 Tmultiples=a_type(I)),
+            op("sel_h", "SelectV2", ["mtile:output:0", "h1:z:0", "h"]),
+            op("sel_out", "SelectV2", ["mtile:output:0", "h1:z:0", "prev_out"]),
+        ] + ([op("sel_c", "SelectV2", ["mtile:output:0", "c1:z:0", "c"])] if lstm else [])
+        new_h, new_c = "sel_h:output:0", "sel_c:output:0"
     body += [
-        node("out1", "TensorListSetItem", ["out", "t", "h1:z:0"], **list_attrs()),
+        node("out1", "TensorListSetItem", ["out", "t", "sel_out:output:0" if mask else "h1:z:0"],
+             **list_attrs()),
         c_i32("one", 1),
         op("t1", "AddV2", ["t", "one:output:0"], t=I),
         op("lc1", "AddV2", ["loop_counter", "one:output:0"], t=I),
     ]
     ret = {n + "_1": n for n in names}
     ret.update({"loop_counter_1": "lc1:z:0", "t_1": "t1:z:0", "out_1": "out1:output_handle:0",
-                "h_1": "h1:z:0"})
+                "h_1": new_h})
+    if mask:
+        ret["prev_out_1"] = "sel_out:output:0"
     if lstm:
-        ret["c_1"] = "c1:z:0"
+        ret["c_1"] = new_c
     if extra:
         body.append(op("d1", "Sub", ["d", "one:output:0"], t=I))
         ret["d_1"] = "d1:z:0"
@@ -405,14 +427,33 @@ def keras_rnn(cell="lstm", units=3, features=2, act="Tanh", rec_act="Sigmoid", e
              **list_attrs()),
         c_arr("kernel", w), c_arr("rec", r), c_i32("zero", 0), c_i32("max_iter", -1),
     ]
+    if mask:
+        nodes += [
+            c_f32("zf", 0.0),
+            node("ne", "NotEqual", ["x", "zf"], T=a_type(F), incompatible_shape_error=a_bool(True)),
+            c_i32("last_axis", -1),
+            node("any", "Any", ["ne", "last_axis"], Tidx=a_type(I), keep_dims=a_bool(False)),
+            node("mask3", "ExpandDims", ["any", "last_axis"], T=a_type(B), Tdim=a_type(I)),
+            op("mt0", "Transpose", ["mask3", "perm"], t=B, Tperm=a_type(I)),
+            op("mt", "ReverseV2", ["mt0", "time_axis"], t=B, Tidx=a_type(I)) if backwards
+            else op("mt", "Identity", ["mt0"], t=B),
+            c_i32("es_mask", [-1, 1]),
+            node("mask_unstack", "TensorListFromTensor", ["mt", "es_mask"], shape_type=a_type(I),
+                 element_dtype=a_type(B)),
+            # the previous output starts as zeros [B, units] (Keras: zeros_like of the
+            # first step's output)
+            op("prev0", "ZerosLike", ["h0"]),
+        ]
     if lstm:
         nodes.append(c_arr("bias", b))
     else:
         nodes += [c_arr("bias_x", b[0]), c_arr("bias_r", b[1])]
     initial = {"loop_counter": "zero", "max_iter": "max_iter", "t": "zero", "out": "reserve",
                "h": "h0", "c": "c0", "n": "n", "inp": "unstack", "kernel": "kernel", "rec": "rec",
-               "bias": "bias", "bias_x": "bias_x", "bias_r": "bias_r", "d": "n"}
-    shapes_of = {"out": None, "inp": None, "h": [-1, units], "c": [-1, units],
+               "bias": "bias", "bias_x": "bias_x", "bias_r": "bias_r", "d": "n",
+               "prev_out": "prev0", "mask_in": "mask_unstack"}
+    shapes_of = {"out": None, "inp": None, "mask_in": None, "h": [-1, units], "c": [-1, units],
+                 "prev_out": [-1, units],
                  "kernel": [features, k * units], "rec": [units, k * units],
                  "bias": [k * units], "bias_x": [k * units], "bias_r": [k * units]}
     nodes += [
@@ -423,9 +464,10 @@ def keras_rnn(cell="lstm", units=3, features=2, act="Tanh", rec_act="Sigmoid", e
              **list_attrs()),
         op("seq", "Transpose", ["stack", "perm"], Tperm=a_type(I)),
     ]
-    outs = {"seq": "seq:0", "h": "while:4", "t": "while:2", "steps": "while:0"}
+    hi = names.index("h")
+    outs = {"seq": "seq:0", "h": "while:%d" % hi, "t": "while:2", "steps": "while:0"}
     if lstm:
-        outs["c"] = "while:5"
+        outs["c"] = "while:%d" % names.index("c")
     model = saved_model(nodes, sig({"x": ("x:0", F, [-1, -1, features]),
                                     "h0": ("h0:0", F, [-1, units]), "c0": ("c0:0", F, [-1, units])},
                                    outs), [cond, body_fn])
@@ -435,17 +477,21 @@ def keras_rnn(cell="lstm", units=3, features=2, act="Tanh", rec_act="Sigmoid", e
 NP_ACT = {"Tanh": np.tanh, "Sigmoid": lambda v: 1 / (1 + np.exp(-v)), "Relu": lambda v: np.maximum(v, 0)}
 
 
-def keras_rnn_ref(cell, x, h0, c0, weights, act="Tanh", rec_act="Sigmoid", backwards=False):
+def keras_rnn_ref(cell, x, h0, c0, weights, act="Tanh", rec_act="Sigmoid", backwards=False,
+                  mask=False):
     """Keras' LSTM (gates i, f, c, o) or GRU (reset_after; gates z, r, h) cell in
-    NumPy, float64."""
+    NumPy, float64. mask: where all of x[b, t] is zero, sample b keeps h and c and
+    outputs its previous output (zeros before any)."""
     if backwards:
         x = x[:, ::-1]
     w, r, b = (a.astype(np.float64) for a in weights)
     fa, ga = NP_ACT[rec_act], NP_ACT[act]
     h, c = h0.astype(np.float64), c0.astype(np.float64)
     seq = []
+    prev = np.zeros_like(h)
     for t in range(x.shape[1]):
         xt = x[:, t].astype(np.float64)
+        h_old, c_old = h, c
         if cell == "lstm":
             i, f, g, o = np.split(xt @ w + h @ r + b, 4, axis=1)
             c = fa(f) * c + fa(i) * ga(g)
@@ -455,6 +501,15 @@ def keras_rnn_ref(cell, x, h0, c0, weights, act="Tanh", rec_act="Sigmoid", backw
             rz, rr, rh = np.split(h @ r + b[1], 3, axis=1)
             z, rg = fa(xz + rz), fa(xr + rr)
             h = z * h + (1 - z) * ga(xh + rg * rh)
+        if mask:
+            h, c, prev = h.copy(), c.copy(), prev.copy()
+            for i in range(x.shape[0]):
+                if np.all(x[i, t] == 0):
+                    h[i], c[i] = h_old[i], c_old[i]
+                else:
+                    prev[i] = h[i]
+            seq.append(prev)
+            continue
         seq.append(h)
     out = {"seq": np.stack(seq, 1).astype(np.float32), "h": h.astype(np.float32),
            "t": np.int32(x.shape[1]), "steps": np.int32(x.shape[1])}

@@ -237,3 +237,31 @@ def test_masked_simple_rnn(tmp_path, bidirectional, zero_output, steps, batch):
     assert r.returncode == 0, r.stderr
     loops = re.findall(r"^\s*\d+\s+\S+\s+Loop\s+(\S+)", r.stderr, re.M)
     assert loops == ["loop_plan"] * (2 if bidirectional else 1), r.stderr[-3000:]
+
+
+@pytest.mark.parametrize("cell", ["lstm", "gru"])
+@pytest.mark.parametrize("steps,batch,backwards", [(5, 4, False), (6, 5, True), (1, 2, False)])
+def test_masked_keras_rnn_is_not_fused(tmp_path, cell, steps, batch, backwards):
+    # Keras LSTM / GRU after Masking(0.): Kiln's fused LSTM / GRU op has no mask, so the
+    # recognizer must leave the loop as written; on plans and on the reference executor
+    # its answers must be NumPy's masked cell.
+    data, weights = cf.keras_rnn(cell, backwards=backwards, mask=True)
+    d = cf.write(str(tmp_path), f"{cell}_mask", data)
+    ops = ops_of(d)
+    assert "Loop" in ops and cell.upper() not in ops, ops
+    x = masked_x(batch, steps, steps * 10 + batch)[:, :, :2].copy()
+    if batch > 3 and steps > 2:
+        x[3, 2, 1] = 0.5  # one feature zero, the other not: not masked
+    rng = np.random.default_rng(batch)
+    h0 = rng.standard_normal((batch, 3)).astype(np.float32)
+    c0 = rng.standard_normal((batch, 3)).astype(np.float32)
+    want = cf.keras_rnn_ref(cell, x, h0, c0, weights, backwards=backwards, mask=True)
+    unmasked = cf.keras_rnn_ref(cell, x, h0, c0, weights, backwards=backwards)
+    assert not np.allclose(want["h"], unmasked["h"], atol=1e-3)
+    inputs = {"x": x, "h0": h0, "c0": c0}
+    check(predict(d, inputs, tmp_path), want)
+    r = kiln("predict", d, "--reference", "--output-dir", tmp_path / "ref",
+             *[a for i, (k, v) in enumerate(inputs.items())
+               for a in ("--input", f"{k}={tmp_path / f'in{i}.npy'}")])
+    assert r.returncode == 0, r.stderr
+    check({p.stem: np.load(p) for p in (tmp_path / "ref").glob("*.npy")}, want)
