@@ -28,6 +28,9 @@ runs them with `kiln predict` and compares with the NumPy references below.
                     variable so that it runs as written.
   simple_rnn        a Keras SimpleRNN layer's loop, alone or as a
                     Bidirectional pair (runs as a Loop on plans).
+  mask=True         (simple_rnn, keras_rnn) the layer after Masking(0.):
+                    a bool mask TensorList and SelectV2 of output and state,
+                    as Keras' backend.rnn writes it (never fused).
   bad_*             malformed loops and branches that must be refused with
                     a message naming the node (see BAD).
 

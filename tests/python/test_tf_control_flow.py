@@ -11,7 +11,9 @@ Kiln lowers (FromTensor, Reserve with an unknown element shape, GetItem,
 SetItem, Stack, Gather, Length, ElementShape), and Keras SimpleRNN and
 Bidirectional(SimpleRNN) loops, which must run on plans (the Loop step on
 loop_plan in `kiln bench --profile`) and agree with NumPy and with the
-reference executor. Malformed loops and branches must be refused with one
+reference executor, and the same layers and Keras LSTM / GRU loops after
+Masking(0.) (a bool mask TensorList; masked LSTM / GRU loops are not
+fused). Malformed loops and branches must be refused with one
 line naming the node. The shared Keras models are
 checked in test_savedmodel.py.
 
