@@ -28,6 +28,9 @@ runs them with `kiln predict` and compares with the NumPy references below.
                     variable so that it runs as written.
   simple_rnn        a Keras SimpleRNN layer's loop, alone or as a
                     Bidirectional pair (runs as a Loop on plans).
+  mask=True         (simple_rnn, keras_rnn) the layer after Masking(0.):
+                    a bool mask TensorList and SelectV2 of output and state,
+                    as Keras' backend.rnn writes it (never fused).
   bad_*             malformed loops and branches that must be refused with
                     a message naming the node (see BAD).
 
@@ -298,7 +301,7 @@ def case_ref(index, x):
 
 
 def keras_rnn(cell="lstm", units=3, features=2, act="Tanh", rec_act="Sigmoid", extra=False,
-              seed=7, backwards=False):
+              seed=7, backwards=False, mask=False):
     """A Keras-style LSTM or GRU (reset_after) layer, return_sequences and the final
     states, laid out as Keras' standard_lstm / standard_gru write it: x [B,T,I]
     transposed to [T,B,I], a TensorList per sequence, a StatelessWhile whose body
@@ -307,7 +310,10 @@ def keras_rnn(cell="lstm", units=3, features=2, act="Tanh", rec_act="Sigmoid", e
     variable counting down (d' = d - 1) that the recognizer does not know, so that
     the same computation runs as the loop. backwards=True is Keras' go_backwards (the
     backward half of a Bidirectional layer): the time-major input is reversed
-    (ReverseV2) before the loop."""
+    (ReverseV2) before the loop. mask=True: the layer follows Masking(0.), written as
+    in _simple_rnn_layer (a bool mask TensorList, SelectV2 of the new output, h and c
+    against the previous output, h and c; Keras' default zero_output_for_mask=False);
+    Kiln's LSTM / GRU op has no mask, so this loop must run as written."""
     lstm = cell == "lstm"
     k = 4 if lstm else 3
     rng = np.random.default_rng(seed)
@@ -321,7 +327,10 @@ def keras_rnn(cell="lstm", units=3, features=2, act="Tanh", rec_act="Sigmoid", e
 
     names = ["loop_counter", "max_iter", "t", "out", "h"] + (["c"] if lstm else []) + \
         ["n", "inp", "kernel", "rec"] + (["bias"] if lstm else ["bias_x", "bias_r"])
-    kinds = {"loop_counter": I, "max_iter": I, "t": I, "out": V, "n": I, "inp": V}
+    if mask:
+        names.insert(names.index("out") + 1, "prev_out")
+        names.insert(names.index("inp") + 1, "mask_in")
+    kinds = {"loop_counter": I, "max_iter": I, "t": I, "out": V, "n": I, "inp": V, "mask_in": V}
     if extra:
         names.append("d")
         kinds["d"] = I
@@ -371,17 +380,33 @@ def keras_rnn(cell="lstm", units=3, features=2, act="Tanh", rec_act="Sigmoid", e
             op("nh", "Mul", ["omz:z:0", "hh:y:0"]),
             op("h1", "AddV2", ["zh:z:0", "nh:z:0"]),
         ]
+    new_h, new_c = "h1:z:0", "c1:z:0"
+    if mask:
+        body += [
+            c_i32("es_m", [-1, 1]),
+            node("mt", "TensorListGetItem", ["mask_in", "t", "es_m:output:0"],
+                 element_dtype=a_type(B)),
+            c_i32("mult", [1, 1]),
+            node("mtile", "Tile", ["mt:item:0", "mult:output:0"], T=a_type(B),
+                 Tmultiples=a_type(I)),
+            op("sel_h", "SelectV2", ["mtile:output:0", "h1:z:0", "h"]),
+            op("sel_out", "SelectV2", ["mtile:output:0", "h1:z:0", "prev_out"]),
+        ] + ([op("sel_c", "SelectV2", ["mtile:output:0", "c1:z:0", "c"])] if lstm else [])
+        new_h, new_c = "sel_h:output:0", "sel_c:output:0"
     body += [
-        node("out1", "TensorListSetItem", ["out", "t", "h1:z:0"], **list_attrs()),
+        node("out1", "TensorListSetItem", ["out", "t", "sel_out:output:0" if mask else "h1:z:0"],
+             **list_attrs()),
         c_i32("one", 1),
         op("t1", "AddV2", ["t", "one:output:0"], t=I),
         op("lc1", "AddV2", ["loop_counter", "one:output:0"], t=I),
     ]
     ret = {n + "_1": n for n in names}
     ret.update({"loop_counter_1": "lc1:z:0", "t_1": "t1:z:0", "out_1": "out1:output_handle:0",
-                "h_1": "h1:z:0"})
+                "h_1": new_h})
+    if mask:
+        ret["prev_out_1"] = "sel_out:output:0"
     if lstm:
-        ret["c_1"] = "c1:z:0"
+        ret["c_1"] = new_c
     if extra:
         body.append(op("d1", "Sub", ["d", "one:output:0"], t=I))
         ret["d_1"] = "d1:z:0"
@@ -405,14 +430,33 @@ def keras_rnn(cell="lstm", units=3, features=2, act="Tanh", rec_act="Sigmoid", e
              **list_attrs()),
         c_arr("kernel", w), c_arr("rec", r), c_i32("zero", 0), c_i32("max_iter", -1),
     ]
+    if mask:
+        nodes += [
+            c_f32("zf", 0.0),
+            node("ne", "NotEqual", ["x", "zf"], T=a_type(F), incompatible_shape_error=a_bool(True)),
+            c_i32("last_axis", -1),
+            node("any", "Any", ["ne", "last_axis"], Tidx=a_type(I), keep_dims=a_bool(False)),
+            node("mask3", "ExpandDims", ["any", "last_axis"], T=a_type(B), Tdim=a_type(I)),
+            op("mt0", "Transpose", ["mask3", "perm"], t=B, Tperm=a_type(I)),
+            op("mt", "ReverseV2", ["mt0", "time_axis"], t=B, Tidx=a_type(I)) if backwards
+            else op("mt", "Identity", ["mt0"], t=B),
+            c_i32("es_mask", [-1, 1]),
+            node("mask_unstack", "TensorListFromTensor", ["mt", "es_mask"], shape_type=a_type(I),
+                 element_dtype=a_type(B)),
+            # the previous output starts as zeros [B, units] (Keras: zeros_like of the
+            # first step's output)
+            op("prev0", "ZerosLike", ["h0"]),
+        ]
     if lstm:
         nodes.append(c_arr("bias", b))
     else:
         nodes += [c_arr("bias_x", b[0]), c_arr("bias_r", b[1])]
     initial = {"loop_counter": "zero", "max_iter": "max_iter", "t": "zero", "out": "reserve",
                "h": "h0", "c": "c0", "n": "n", "inp": "unstack", "kernel": "kernel", "rec": "rec",
-               "bias": "bias", "bias_x": "bias_x", "bias_r": "bias_r", "d": "n"}
-    shapes_of = {"out": None, "inp": None, "h": [-1, units], "c": [-1, units],
+               "bias": "bias", "bias_x": "bias_x", "bias_r": "bias_r", "d": "n",
+               "prev_out": "prev0", "mask_in": "mask_unstack"}
+    shapes_of = {"out": None, "inp": None, "mask_in": None, "h": [-1, units], "c": [-1, units],
+                 "prev_out": [-1, units],
                  "kernel": [features, k * units], "rec": [units, k * units],
                  "bias": [k * units], "bias_x": [k * units], "bias_r": [k * units]}
     nodes += [
@@ -423,9 +467,10 @@ def keras_rnn(cell="lstm", units=3, features=2, act="Tanh", rec_act="Sigmoid", e
              **list_attrs()),
         op("seq", "Transpose", ["stack", "perm"], Tperm=a_type(I)),
     ]
-    outs = {"seq": "seq:0", "h": "while:4", "t": "while:2", "steps": "while:0"}
+    hi = names.index("h")
+    outs = {"seq": "seq:0", "h": "while:%d" % hi, "t": "while:2", "steps": "while:0"}
     if lstm:
-        outs["c"] = "while:5"
+        outs["c"] = "while:%d" % names.index("c")
     model = saved_model(nodes, sig({"x": ("x:0", F, [-1, -1, features]),
                                     "h0": ("h0:0", F, [-1, units]), "c0": ("c0:0", F, [-1, units])},
                                    outs), [cond, body_fn])
@@ -435,17 +480,21 @@ def keras_rnn(cell="lstm", units=3, features=2, act="Tanh", rec_act="Sigmoid", e
 NP_ACT = {"Tanh": np.tanh, "Sigmoid": lambda v: 1 / (1 + np.exp(-v)), "Relu": lambda v: np.maximum(v, 0)}
 
 
-def keras_rnn_ref(cell, x, h0, c0, weights, act="Tanh", rec_act="Sigmoid", backwards=False):
+def keras_rnn_ref(cell, x, h0, c0, weights, act="Tanh", rec_act="Sigmoid", backwards=False,
+                  mask=False):
     """Keras' LSTM (gates i, f, c, o) or GRU (reset_after; gates z, r, h) cell in
-    NumPy, float64."""
+    NumPy, float64. mask: where all of x[b, t] is zero, sample b keeps h and c and
+    outputs its previous output (zeros before any)."""
     if backwards:
         x = x[:, ::-1]
     w, r, b = (a.astype(np.float64) for a in weights)
     fa, ga = NP_ACT[rec_act], NP_ACT[act]
     h, c = h0.astype(np.float64), c0.astype(np.float64)
     seq = []
+    prev = np.zeros_like(h)
     for t in range(x.shape[1]):
         xt = x[:, t].astype(np.float64)
+        h_old, c_old = h, c
         if cell == "lstm":
             i, f, g, o = np.split(xt @ w + h @ r + b, 4, axis=1)
             c = fa(f) * c + fa(i) * ga(g)
@@ -455,6 +504,15 @@ def keras_rnn_ref(cell, x, h0, c0, weights, act="Tanh", rec_act="Sigmoid", backw
             rz, rr, rh = np.split(h @ r + b[1], 3, axis=1)
             z, rg = fa(xz + rz), fa(xr + rr)
             h = z * h + (1 - z) * ga(xh + rg * rh)
+        if mask:
+            h, c, prev = h.copy(), c.copy(), prev.copy()
+            for i in range(x.shape[0]):
+                if np.all(x[i, t] == 0):
+                    h[i], c[i] = h_old[i], c_old[i]
+                else:
+                    prev[i] = h[i]
+            seq.append(prev)
+            continue
         seq.append(h)
     out = {"seq": np.stack(seq, 1).astype(np.float32), "h": h.astype(np.float32),
            "t": np.int32(x.shape[1]), "steps": np.int32(x.shape[1])}
@@ -463,10 +521,18 @@ def keras_rnn_ref(cell, x, h0, c0, weights, act="Tanh", rec_act="Sigmoid", backw
     return out
 
 
-def _simple_rnn_layer(p, units, features, steps, backwards, seed):
+def _simple_rnn_layer(p, units, features, steps, backwards, seed, mask=False, zero_output=False):
     """Nodes and functions of one Keras SimpleRNN layer (return_sequences, tanh) over
     the graph's x [B, steps, features], names prefixed by p; outputs p+"seq" [B, T, U]
-    (in the input's time order) and the last state p+"while:4"."""
+    (in the input's time order) and the last state p+"while:<H_INDEX>" (see the return).
+
+    mask: the layer follows Masking(mask_value=0.) as Keras' backend.rnn writes it: the
+    mask [B, T] = Any(NotEqual(x, 0), -1) is expanded to [B, T, 1], made time-major (and
+    reversed for go_backwards) and unstacked into a bool TensorList read in the body;
+    there the new output and state are SelectV2(Tile(mask_t, [1, 1]), new, old) with
+    mask_t [B, 1] broadcast over the units: a masked step carries the state, and its
+    output is the previous output (a loop variable, zeros at first) or, with
+    zero_output (Keras' zero_output_for_mask), zeros."""
     rng = np.random.default_rng(seed)
     w = (rng.standard_normal((features, units)) * 0.5).astype(np.float32)
     r = (rng.standard_normal((units, units)) * 0.5).astype(np.float32)
@@ -477,7 +543,10 @@ def _simple_rnn_layer(p, units, features, steps, backwards, seed):
                     value=a_tensor(tensor(F, list(a.shape), content=a.tobytes())))
 
     names = ["loop_counter", "max_iter", "t", "out", "h", "n", "inp", "kernel", "rec", "bias"]
-    kinds = {"loop_counter": I, "max_iter": I, "t": I, "out": V, "n": I, "inp": V}
+    if mask:
+        names = ["loop_counter", "max_iter", "t", "out", "prev_out", "h", "n", "inp", "mask_in",
+                 "kernel", "rec", "bias"]
+    kinds = {"loop_counter": I, "max_iter": I, "t": I, "out": V, "n": I, "inp": V, "mask_in": V}
     types = [kinds.get(n, F) for n in names]
     args = list(zip(names, types))
     cond = function(p + "cond", args, [("c_out", B)],
@@ -490,14 +559,37 @@ def _simple_rnn_layer(p, units, features, steps, backwards, seed):
         op("add", "AddV2", ["mm:product:0", "mm1:product:0"]),
         op("biasadd", "BiasAdd", ["add:z:0", "bias"]),
         op("h1", "Tanh", ["biasadd:output:0"]),
-        node("out1", "TensorListSetItem", ["out", "t", "h1:y:0"], **list_attrs()),
+    ]
+    new_h, new_out = "h1:y:0", "h1:y:0"
+    if mask:
+        body += [
+            c_i32("es_m", [-1, 1]),
+            node("mt", "TensorListGetItem", ["mask_in", "t", "es_m:output:0"],
+                 element_dtype=a_type(B)),
+            c_i32("mult", [1, 1]),
+            node("mt_out", "Tile", ["mt:item:0", "mult:output:0"], T=a_type(B),
+                 Tmultiples=a_type(I)),
+            node("mt_st", "Tile", ["mt:item:0", "mult:output:0"], T=a_type(B),
+                 Tmultiples=a_type(I)),
+        ]
+        if zero_output:
+            body += [op("zeros", "ZerosLike", ["h1:y:0"]),
+                     op("sel_out", "SelectV2", ["mt_out:output:0", "h1:y:0", "zeros:y:0"])]
+        else:
+            body += [op("sel_out", "SelectV2", ["mt_out:output:0", "h1:y:0", "prev_out"])]
+        body += [op("sel_h", "SelectV2", ["mt_st:output:0", "h1:y:0", "h"])]
+        new_h, new_out = "sel_h:output:0", "sel_out:output:0"
+    body += [
+        node("out1", "TensorListSetItem", ["out", "t", new_out], **list_attrs()),
         c_i32("one", 1),
         op("t1", "AddV2", ["t", "one:output:0"], t=I),
         op("lc1", "AddV2", ["loop_counter", "one:output:0"], t=I),
     ]
     ret = {n + "_1": n for n in names}
     ret.update({"loop_counter_1": "lc1:z:0", "t_1": "t1:z:0", "out_1": "out1:output_handle:0",
-                "h_1": "h1:y:0"})
+                "h_1": new_h})
+    if mask:
+        ret["prev_out_1"] = new_out
     body_fn = function(p + "body", args, [(n + "_1", t) for n, t in args], body, ret)
     nodes = [
         c_i32(p + "perm", [1, 0, 2]),
@@ -526,10 +618,27 @@ def _simple_rnn_layer(p, units, features, steps, backwards, seed):
         c_f32(p + "zf", 0.0),
         node(p + "h0", "Fill", [p + "hshape", p + "zf"], T=a_type(F), index_type=a_type(I)),
     ]
+    if mask:
+        nodes += [
+            node(p + "ne", "NotEqual", ["x", p + "zf"], T=a_type(F),
+                 incompatible_shape_error=a_bool(True)),
+            c_i32(p + "last_axis", -1),
+            node(p + "any", "Any", [p + "ne", p + "last_axis"], Tidx=a_type(I),
+                 keep_dims=a_bool(False)),
+            node(p + "mask3", "ExpandDims", [p + "any", p + "last_axis"], T=a_type(B),
+                 Tdim=a_type(I)),
+            op(p + "mt0", "Transpose", [p + "mask3", p + "perm"], t=B, Tperm=a_type(I)),
+            op(p + "mt", "ReverseV2", [p + "mt0", p + "time_axis"], t=B, Tidx=a_type(I))
+            if backwards else op(p + "mt", "Identity", [p + "mt0"], t=B),
+            c_i32(p + "es_mask", [-1, 1]),
+            node(p + "mask_unstack", "TensorListFromTensor", [p + "mt", p + "es_mask"],
+                 shape_type=a_type(I), element_dtype=a_type(B)),
+        ]
     initial = {"loop_counter": "zero", "max_iter": "max_iter", "t": "zero", "out": "reserve",
                "h": "h0", "n": "n", "inp": "unstack", "kernel": "kernel", "rec": "rec",
-               "bias": "bias"}
-    shapes_of = {"out": None, "inp": None, "h": [-1, units], "kernel": [features, units],
+               "bias": "bias", "prev_out": "h0", "mask_in": "mask_unstack"}
+    shapes_of = {"out": None, "inp": None, "mask_in": None, "h": [-1, units],
+                 "prev_out": [-1, units], "kernel": [features, units],
                  "rec": [units, units], "bias": [units]}
     nodes += [
         while_node(p + "while", "StatelessWhile", [p + initial[n] for n in names], types,
@@ -541,20 +650,22 @@ def _simple_rnn_layer(p, units, features, steps, backwards, seed):
         if backwards else op(p + "seq_tm", "Identity", [p + "stack"]),
         op(p + "seq", "Transpose", [p + "seq_tm", p + "perm"], Tperm=a_type(I)),
     ]
-    return nodes, [cond, body_fn], (w, r, b)
+    return nodes, [cond, body_fn], (w, r, b), names.index("h")
 
 
-def simple_rnn(units=4, features=3, steps=5, bidirectional=False, seed=11):
+def simple_rnn(units=4, features=3, steps=5, bidirectional=False, seed=11, mask=False,
+               zero_output=False):
     """A Keras SimpleRNN layer (tanh, return_sequences and the last state) as TF2
     writes its loop (Kiln has no fused op for it: it runs as a Loop), or a
     Bidirectional(SimpleRNN) pair: a forward and a go_backwards loop whose sequences
     are concatenated on the last axis (the backward one put back in time order) and
     whose last states are concatenated. x is [batch, steps, features] with steps
-    fixed (-1: unknown)."""
+    fixed (-1: unknown). mask, zero_output: after Masking(0.) (see _simple_rnn_layer)."""
     nodes = [placeholder("x", F, [-1, steps, features])]
     funcs_, weights = [], []
     for i, p in enumerate(["fw_", "bw_"] if bidirectional else ["fw_"]):
-        nd, fn, w = _simple_rnn_layer(p, units, features, steps, p == "bw_", seed + i)
+        nd, fn, w, hi = _simple_rnn_layer(p, units, features, steps, p == "bw_", seed + i,
+                                          mask, zero_output)
         nodes += nd
         funcs_ += fn
         weights.append(w)
@@ -562,24 +673,37 @@ def simple_rnn(units=4, features=3, steps=5, bidirectional=False, seed=11):
         nodes += [c_i32("cat_axis", -1),
                   node("seq", "ConcatV2", ["fw_seq", "bw_seq", "cat_axis"], T=a_type(F),
                        N=a_int(2), Tidx=a_type(I)),
-                  node("h", "ConcatV2", ["fw_while:4", "bw_while:4", "cat_axis"], T=a_type(F),
+                  node("h", "ConcatV2", ["fw_while:%d" % hi, "bw_while:%d" % hi, "cat_axis"],
+                       T=a_type(F),
                        N=a_int(2), Tidx=a_type(I))]
         outs = {"seq": "seq:0", "h": "h:0"}
     else:
-        outs = {"seq": "fw_seq:0", "h": "fw_while:4"}
+        outs = {"seq": "fw_seq:0", "h": "fw_while:%d" % hi}
     model = saved_model(nodes, sig({"x": ("x:0", F, [-1, steps, features])}, outs), funcs_)
     return model, weights
 
 
-def simple_rnn_ref(x, weights, bidirectional=False):
+def simple_rnn_ref(x, weights, bidirectional=False, mask=False, zero_output=False):
     """SimpleRNN (tanh) in NumPy, float64; Bidirectional concatenates the forward
-    sequence with the backward one in input time order, and the two last states."""
+    sequence with the backward one in input time order, and the two last states.
+    mask: sample b's step t counts only where some feature of x[b, t] is nonzero; a
+    masked step, sample by sample, keeps the state and outputs the previous step's
+    output (zeros before any), or zeros with zero_output."""
     def run(xs, w, r, b):
-        h = np.zeros((xs.shape[0], w.shape[1]))
+        batch = xs.shape[0]
+        h = np.zeros((batch, w.shape[1]))
+        prev = np.zeros_like(h)
         seq = []
         for t in range(xs.shape[1]):
-            h = np.tanh(xs[:, t] @ w + h @ r + b)
-            seq.append(h)
+            new = np.tanh(xs[:, t] @ w + h @ r + b)
+            for i in range(batch):
+                if mask and not np.any(xs[i, t] != 0):
+                    seq_i = np.zeros(w.shape[1]) if zero_output else prev[i]
+                    new[i], prev[i] = h[i], seq_i
+                else:
+                    prev[i] = new[i]
+            h = new
+            seq.append(prev.copy())
         return np.stack(seq, 1) if seq else np.zeros((xs.shape[0], 0, w.shape[1])), h
     x = x.astype(np.float64)
     w = [tuple(a.astype(np.float64) for a in ws) for ws in weights]

@@ -11,7 +11,9 @@ Kiln lowers (FromTensor, Reserve with an unknown element shape, GetItem,
 SetItem, Stack, Gather, Length, ElementShape), and Keras SimpleRNN and
 Bidirectional(SimpleRNN) loops, which must run on plans (the Loop step on
 loop_plan in `kiln bench --profile`) and agree with NumPy and with the
-reference executor. Malformed loops and branches must be refused with one
+reference executor, and the same layers and Keras LSTM / GRU loops after
+Masking(0.) (a bool mask TensorList; masked LSTM / GRU loops are not
+fused). Malformed loops and branches must be refused with one
 line naming the node. The shared Keras models are
 checked in test_savedmodel.py.
 
@@ -184,3 +186,84 @@ def test_simple_rnn_runs_on_plans(tmp_path, bidirectional, steps, batch):
     assert "body plan 0 of Loop node 'fw_while'" in r.stderr, r.stderr[-3000:]
     body = r.stderr[r.stderr.index("body plan 0 of Loop"):]
     assert re.search(r"^MatMul\s+(?!reference)\S+\s+2\s", body, re.M), body[:3000]
+
+
+def masked_x(batch, steps, seed):
+    """x [batch, steps, 3] for a layer after Masking(0.): sample 0 has trailing zero
+    steps (padding), sample 1 is fully masked, sample 2 has no masked step, sample 3 a
+    masked step in the middle, and a step with only some features zero (not masked)."""
+    x = np.random.default_rng(seed).standard_normal((batch, steps, 3)).astype(np.float32)
+    x[0, steps // 2 + 1:] = 0
+    if batch > 1:
+        x[1] = 0
+    if batch > 3 and steps > 2:
+        x[3, 1] = 0
+        x[3, 2, :2] = 0
+    return x
+
+
+def run_both(d, x, tmp_path):
+    """kiln predict on the default path (plans) and with --reference."""
+    got = predict(d, {"x": x}, tmp_path)
+    ref_dir = tmp_path / "ref"
+    ref_dir.mkdir(exist_ok=True)
+    for p in ref_dir.glob("*.npy"):
+        p.unlink()
+    np.save(tmp_path / "x.npy", x)
+    r = kiln("predict", d, "--reference", "--output-dir", ref_dir, "--input",
+             f"x={tmp_path / 'x.npy'}")
+    assert r.returncode == 0, r.stderr
+    return got, {p.stem: np.load(p) for p in ref_dir.glob("*.npy")}
+
+
+@pytest.mark.parametrize("zero_output", [False, True])
+@pytest.mark.parametrize("bidirectional", [False, True])
+@pytest.mark.parametrize("steps,batch", [(5, 4), (1, 2), (7, 5)])
+def test_masked_simple_rnn(tmp_path, bidirectional, zero_output, steps, batch):
+    # Masking(0.) before SimpleRNN / Bidirectional(SimpleRNN): the mask Any(x != 0, -1)
+    # unstacked into a bool TensorList; masked steps keep the state and repeat the
+    # previous output (Keras' default) or output zeros (zero_output_for_mask). On plans
+    # and on the reference executor, against NumPy.
+    data, weights = cf.simple_rnn(units=4, features=3, steps=steps, bidirectional=bidirectional,
+                                  mask=True, zero_output=zero_output)
+    d = cf.write(str(tmp_path), "srnn_mask", data)
+    x = masked_x(batch, steps, steps * 10 + batch)
+    want = cf.simple_rnn_ref(x, weights, bidirectional, mask=True, zero_output=zero_output)
+    # the mask matters here: the unmasked answer differs
+    unmasked = cf.simple_rnn_ref(x, weights, bidirectional)
+    assert not np.allclose(want["seq"], unmasked["seq"], atol=1e-3)
+    plans, ref = run_both(d, x, tmp_path)
+    check(plans, want)
+    check(ref, want)
+    r = kiln("bench", d, "--profile", "--iterations", "1", "--warmup", "0")
+    assert r.returncode == 0, r.stderr
+    loops = re.findall(r"^\s*\d+\s+\S+\s+Loop\s+(\S+)", r.stderr, re.M)
+    assert loops == ["loop_plan"] * (2 if bidirectional else 1), r.stderr[-3000:]
+
+
+@pytest.mark.parametrize("cell", ["lstm", "gru"])
+@pytest.mark.parametrize("steps,batch,backwards", [(5, 4, False), (6, 5, True), (1, 2, False)])
+def test_masked_keras_rnn_is_not_fused(tmp_path, cell, steps, batch, backwards):
+    # Keras LSTM / GRU after Masking(0.): Kiln's fused LSTM / GRU op has no mask, so the
+    # recognizer must leave the loop as written; on plans and on the reference executor
+    # its answers must be NumPy's masked cell.
+    data, weights = cf.keras_rnn(cell, backwards=backwards, mask=True)
+    d = cf.write(str(tmp_path), f"{cell}_mask", data)
+    ops = ops_of(d)
+    assert "Loop" in ops and cell.upper() not in ops, ops
+    x = masked_x(batch, steps, steps * 10 + batch)[:, :, :2].copy()
+    if batch > 3 and steps > 2:
+        x[3, 2, 1] = 0.5  # one feature zero, the other not: not masked
+    rng = np.random.default_rng(batch)
+    h0 = rng.standard_normal((batch, 3)).astype(np.float32)
+    c0 = rng.standard_normal((batch, 3)).astype(np.float32)
+    want = cf.keras_rnn_ref(cell, x, h0, c0, weights, backwards=backwards, mask=True)
+    unmasked = cf.keras_rnn_ref(cell, x, h0, c0, weights, backwards=backwards)
+    assert not np.allclose(want["h"], unmasked["h"], atol=1e-3)
+    inputs = {"x": x, "h0": h0, "c0": c0}
+    check(predict(d, inputs, tmp_path), want)
+    r = kiln("predict", d, "--reference", "--output-dir", tmp_path / "ref",
+             *[a for i, (k, v) in enumerate(inputs.items())
+               for a in ("--input", f"{k}={tmp_path / f'in{i}.npy'}")])
+    assert r.returncode == 0, r.stderr
+    check({p.stem: np.load(p) for p in (tmp_path / "ref").glob("*.npy")}, want)
