@@ -2,13 +2,16 @@
  * kernel.c - helpers shared by every kernel: attributes, common shape
  * functions, broadcast iteration.
  */
+#include <stdio.h>
+
 #include "kernels/kernel.h"
 
 /* An attribute of the wrong type is a model error. The getters return the
  * default and remember the problem; the executor and the shape inference
  * call kiln_attr_check after each kernel call and report it. */
 static _Thread_local const struct kiln_node *bad_attr_node;
-static _Thread_local const char *bad_attr_name;
+static _Thread_local char bad_attr_name[64];  /* copies: the node may be freed before */
+static _Thread_local const char *bad_attr_found; /* the check (names of static strings) */
 static _Thread_local const char *bad_attr_want;
 
 static const char *attr_type_name(enum kiln_attr_type t)
@@ -33,7 +36,8 @@ static const struct kiln_attr *attr_typed(const struct kiln_node *n, const char 
     if (!a || a->type == want) return a;
     if (!bad_attr_node) {
         bad_attr_node = n;
-        bad_attr_name = a->name;
+        snprintf(bad_attr_name, sizeof bad_attr_name, "%s", a->name ? a->name : "?");
+        bad_attr_found = attr_type_name(a->type);
         bad_attr_want = attr_type_name(want);
     }
     return NULL;
@@ -43,11 +47,13 @@ kiln_status kiln_attr_check(const struct kiln_node *n)
 {
     if (!bad_attr_node) return KILN_OK;
     const struct kiln_node *bn = bad_attr_node;
-    const struct kiln_attr *a = kiln_node_attr(bn, bad_attr_name);
     bad_attr_node = NULL;
-    (void)n;
-    return kiln_node_error(bn, KILN_ERR_INVALID_MODEL, "attribute '%s' has type %s, expected %s",
-                           bad_attr_name, a ? attr_type_name(a->type) : "?", bad_attr_want);
+    /* A problem remembered for another node was left by a caller that read an attribute
+     * without checking (that node may be freed by now: its model failed or was unloaded);
+     * it is dropped, and that node's own shape function reports it when it runs. */
+    if (bn != n) return KILN_OK;
+    return kiln_node_error(n, KILN_ERR_INVALID_MODEL, "attribute '%s' has type %s, expected %s",
+                           bad_attr_name, bad_attr_found, bad_attr_want);
 }
 
 int64_t kiln_attr_int(const struct kiln_node *n, const char *name, int64_t dflt)
