@@ -23,6 +23,8 @@
 #include <string.h>
 #include <time.h>
 
+#include <omp.h>
+
 #include "core/threadpool.h"
 #include "exec/exec.h"
 #include "exec/flops.h"
@@ -224,7 +226,8 @@ static kiln_status assign_offsets(struct kiln_plan *p)
  * library picked its reference implementation (oneDNN's "ref:..."). */
 static int step_is_reference(const struct step *sp)
 {
-    return !sp->inst.run || strncmp(sp->inst.impl, "ref", 3) == 0;
+    return !sp->inst.run || strncmp(sp->inst.impl, "ref", 3) == 0 ||
+           strncmp(sp->inst.impl, "matmul:ref", 10) == 0;
 }
 
 /* Why a compiled fast kernel is a fallback, or NULL: oneDNN's reference implementation
@@ -233,9 +236,12 @@ static const char *step_fallback(const struct step *sp)
 {
     const char *impl = sp->inst.impl;
     if (!sp->inst.run || !impl[0]) return NULL;
-    if (strncmp(impl, "ref", 3) == 0) return "oneDNN's reference implementation";
+    if (strncmp(impl, "ref", 3) == 0 || strncmp(impl, "matmul:ref", 10) == 0)
+        return "oneDNN's reference implementation";
     enum kiln_op op = sp->node->op;
-    if ((op == KILN_OP_Conv || op == KILN_OP_KilnFusedConv) && strstr(impl, "gemm"))
+    /* "matmul:...": a convolution run as im2col and a matmul on purpose (dnnl/conv.c) */
+    if ((op == KILN_OP_Conv || op == KILN_OP_KilnFusedConv) && strncmp(impl, "matmul:", 7) != 0 &&
+        strstr(impl, "gemm"))
         return "oneDNN's generic GEMM convolution";
     return NULL;
 }
@@ -755,6 +761,274 @@ kiln_status kiln_plan_compile(const struct kiln_graph *g, const kiln_tensor *con
     return kiln_plan_compile_precision(g, inputs, weights, threads, 0, out);
 }
 
+/* ---- lanes: independent branches side by side ---- */
+
+/* With two or more threads, the small convolutions of branching models (Inception modules,
+ * fire modules) gain little from splitting each one over the threads: at batch 1 a 6x6
+ * image's convolution is a few microseconds of work per thread plus a fork and a join.
+ * Where the steps between two points of the plan form independent chains (no chain reads
+ * or overwrites memory another one writes), running the chains side by side, one thread
+ * each, keeps every thread busy with whole steps instead. plan_lanes cuts the step list
+ * into segments (dynamic programming over the cut points, segments of at most
+ * LANE_MAX_SEG steps) and, per segment, either runs its steps in order on every thread or
+ * deals its chains (the connected components of the segment's dependencies) to lanes,
+ * largest first onto the least loaded lane, whichever the cost model below says is
+ * faster by LANE_MIN_GAIN. KILN_LANES=0 turns this off (a comparison, not a setting). */
+#define LANE_MAX_SEG 64
+#define LANE_MIN_GAIN 0.85   /* lanes only when predicted at most 85% of in-order */
+#define LANE_FORK_NS 4000.0  /* a fork and join of the lanes */
+
+static double step_flops(const struct kiln_plan *p, const struct step *sp);
+
+/* The bytes of memory of slot v, as [lo, hi) inside its root (an alias's slice; a strided
+ * channel slice (batch > 1) counts as the whole root). */
+static int slot_range(const struct kiln_plan *p, int v, size_t *lo, size_t *hi)
+{
+    int r = kiln_plan_root_of(p, v);
+    const struct slot *s = &p->slots[v];
+    *lo = 0;
+    *hi = p->slots[r].bytes;
+    if (s->kind == SLOT_ALIAS && s->host_c <= 0) {
+        *lo = s->alias_off;
+        *hi = s->alias_off + s->bytes;
+    }
+    return r;
+}
+
+static bool slots_overlap(const struct kiln_plan *p, int a, int b)
+{
+    size_t alo, ahi, blo, bhi;
+    int ra = slot_range(p, a, &alo, &ahi), rb = slot_range(p, b, &blo, &bhi);
+    if (ra != rb) return false;
+    if (p->slots[ra].kind == SLOT_CONST) return false; /* read only */
+    return alo < bhi && blo < ahi;
+}
+
+/* Does step j (after step i) have to wait for step i: it reads memory i writes, or writes
+ * memory i reads or writes. */
+static bool step_after(const struct kiln_plan *p, int i, int j)
+{
+    const struct step *a = &p->steps[i], *b = &p->steps[j];
+    for (int k = 0; k < a->n_out; k++) {
+        if (a->out[k] < 0) continue;
+        for (int m = 0; m < b->n_in; m++)
+            if (b->in[m] >= 0 && slots_overlap(p, a->out[k], b->in[m])) return true;
+        for (int m = 0; m < b->n_out; m++)
+            if (b->out[m] >= 0 && slots_overlap(p, a->out[k], b->out[m])) return true;
+    }
+    for (int k = 0; k < a->n_in; k++) {
+        if (a->in[k] < 0) continue;
+        for (int m = 0; m < b->n_out; m++)
+            if (b->out[m] >= 0 && slots_overlap(p, a->in[k], b->out[m])) return true;
+    }
+    return false;
+}
+
+/* Predicted time of a step in ns on `threads` threads: a fixed cost plus its work at a
+ * typical rate of one core (flops at 170 GFLOP/s, bytes moved at 20 GB/s); on more threads
+ * the work divides and the fixed cost grows by a fork and join, except for steps too
+ * small for their kernels to split (KD_MIN_PARALLEL_WORK's 2 MFLOP). Rough by design:
+ * it only has to rank in-order against side by side. */
+static double step_cost(const struct kiln_plan *p, const struct step *sp, int threads)
+{
+    double f = step_flops(p, sp), bytes = 0;
+    for (int k = 0; k < sp->n_out; k++)
+        if (sp->out[k] >= 0) bytes += (double)p->slots[sp->out[k]].bytes;
+    for (int k = 0; k < sp->n_in; k++)
+        if (sp->in[k] >= 0 && p->slots[kiln_plan_root_of(p, sp->in[k])].kind != SLOT_CONST)
+            bytes += (double)p->slots[sp->in[k]].bytes;
+    double work = f / 170.0 + bytes / 20.0;
+    if (threads <= 1 || (f > 0 ? f : bytes) < 2e6) return 3000.0 + work;
+    return 5000.0 + work / threads;
+}
+
+struct lane_uf {
+    int *parent;
+    double *cost; /* per root: the component's one-thread cost */
+};
+
+static int uf_find(struct lane_uf *u, int x)
+{
+    while (u->parent[x] != x) x = u->parent[x] = u->parent[u->parent[x]];
+    return x;
+}
+
+/* Deal the components of steps [a, b) (roots in u) onto at most `lanes` lanes, largest
+ * first onto the least loaded; returns the busiest lane's cost and sets *used. With
+ * lane_of non-NULL, writes each step's lane. */
+static double lanes_deal(const struct kiln_plan *p, struct lane_uf *u, int a, int b, int lanes,
+                         int *used, int *order, double *load, int *lane_of)
+{
+    int nc = 0;
+    for (int i = a; i < b; i++)
+        if (uf_find(u, i - a) == i - a) order[nc++] = i - a;
+    for (int x = 1; x < nc; x++) { /* by cost, descending */
+        int c = order[x], y = x - 1;
+        while (y >= 0 && u->cost[order[y]] < u->cost[c]) {
+            order[y + 1] = order[y];
+            y--;
+        }
+        order[y + 1] = c;
+    }
+    int nl = nc < lanes ? nc : lanes;
+    for (int l = 0; l < nl; l++) load[l] = 0;
+    for (int x = 0; x < nc; x++) {
+        int best = 0;
+        for (int l = 1; l < nl; l++)
+            if (load[l] < load[best]) best = l;
+        load[best] += u->cost[order[x]];
+        if (lane_of)
+            for (int i = a; i < b; i++)
+                if (uf_find(u, i - a) == order[x]) lane_of[i] = best;
+    }
+    double worst = 0;
+    for (int l = 0; l < nl; l++)
+        if (load[l] > worst) worst = load[l];
+    (void)p;
+    *used = nl;
+    return worst;
+}
+
+static kiln_status plan_lanes(struct kiln_plan *p, int threads)
+{
+    const char *env = getenv("KILN_LANES");
+    int n = p->n_steps;
+    if (threads < 2 || n < 3 || (env && !strcmp(env, "0"))) return KILN_OK;
+    size_t nn = (size_t)n + 1;
+    int *dep_start = malloc(sizeof(int) * (nn + 1));
+    int cap = 4 * n + 16, nd = 0;
+    int *deps = malloc(sizeof(int) * (size_t)cap);
+    double *c1 = malloc(sizeof(double) * nn), *cp = malloc(sizeof(double) * nn);
+    double *best = malloc(sizeof(double) * (nn + 1));
+    int *from = malloc(sizeof(int) * (nn + 1)), *lanes_at = malloc(sizeof(int) * (nn + 1));
+    int *order = malloc(sizeof(int) * (LANE_MAX_SEG + 1));
+    double *load = malloc(sizeof(double) * (LANE_MAX_SEG + 1));
+    int *parent = malloc(sizeof(int) * (LANE_MAX_SEG + 1));
+    double *ucost = malloc(sizeof(double) * (LANE_MAX_SEG + 1));
+    int *lane_of = malloc(sizeof(int) * nn);
+    kiln_status st = KILN_OK;
+    if (!dep_start || !deps || !c1 || !cp || !best || !from || !lanes_at || !order || !load ||
+        !parent || !ucost || !lane_of) {
+        st = kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory planning lanes");
+        goto done;
+    }
+    /* the dependencies of each step on the LANE_MAX_SEG steps before it (farther ones are
+     * always in an earlier segment) */
+    for (int j = 0; j < n; j++) {
+        dep_start[j] = nd;
+        for (int i = j - 1; i >= 0 && i >= j - LANE_MAX_SEG; i--) {
+            if (!step_after(p, i, j)) continue;
+            if (nd == cap) {
+                int *d2 = realloc(deps, sizeof(int) * (size_t)(cap *= 2));
+                if (!d2) {
+                    st = kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory planning lanes");
+                    goto done;
+                }
+                deps = d2;
+            }
+            deps[nd++] = i;
+        }
+        c1[j] = step_cost(p, &p->steps[j], 1);
+        cp[j] = step_cost(p, &p->steps[j], threads);
+    }
+    dep_start[n] = nd;
+    for (int c = 0; c <= n; c++) best[c] = c ? 1e300 : 0;
+    struct lane_uf u = {parent, ucost};
+    for (int a = 0; a < n; a++) {
+        double seq = 0;
+        int comps = 0;
+        for (int b = a; b < n && b < a + LANE_MAX_SEG; b++) {
+            int x = b - a;
+            parent[x] = x;
+            ucost[x] = c1[b];
+            comps++;
+            for (int d = dep_start[b]; d < dep_start[b + 1]; d++) {
+                if (deps[d] < a) continue;
+                int r1 = uf_find(&u, x), r2 = uf_find(&u, deps[d] - a);
+                if (r1 == r2) continue;
+                parent[r1] = r2;
+                ucost[r2] += ucost[r1];
+                comps--;
+            }
+            seq += cp[b];
+            double cost = seq;
+            int used = 1;
+            if (comps > 1) {
+                double par = lanes_deal(p, &u, a, b + 1, threads, &used, order, load, NULL) +
+                             LANE_FORK_NS;
+                if (par < LANE_MIN_GAIN * seq) cost = par;
+                else used = 1;
+            }
+            if (best[a] + cost < best[b + 1]) {
+                best[b + 1] = best[a] + cost;
+                from[b + 1] = a;
+                lanes_at[b + 1] = used;
+            }
+        }
+    }
+    /* walk back the chosen cuts */
+    int ns = 0, lane_steps = 0;
+    for (int c = n; c > 0; c = from[c]) ns++;
+    struct lane_seg *segs = calloc((size_t)ns + 1, sizeof *segs);
+    if (!segs) {
+        st = kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory planning lanes");
+        goto done;
+    }
+    int k = ns;
+    for (int c = n; c > 0; c = from[c]) segs[--k] = (struct lane_seg){from[c], c, lanes_at[c]};
+    for (int s = 0; s < ns; s++) {
+        struct lane_seg *g = &segs[s];
+        if (g->lanes <= 1) continue;
+        for (int b = g->begin; b < g->end; b++) { /* the segment's components again */
+            int x = b - g->begin;
+            parent[x] = x;
+            ucost[x] = c1[b];
+            for (int d = dep_start[b]; d < dep_start[b + 1]; d++) {
+                if (deps[d] < g->begin) continue;
+                int r1 = uf_find(&u, x), r2 = uf_find(&u, deps[d] - g->begin);
+                if (r1 == r2) continue;
+                parent[r1] = r2;
+                ucost[r2] += ucost[r1];
+            }
+        }
+        int used = 0;
+        lanes_deal(p, &u, g->begin, g->end, threads, &used, order, load, lane_of);
+        g->lanes = used;
+        for (int b = g->begin; b < g->end; b++) p->steps[b].lane = lane_of[b];
+        lane_steps += g->end - g->begin;
+    }
+    if (lane_steps) {
+        p->segs = segs;
+        p->n_segs = ns;
+        p->lane_steps = lane_steps;
+    } else {
+        free(segs);
+    }
+done:
+    free(dep_start);
+    free(deps);
+    free(c1);
+    free(cp);
+    free(best);
+    free(from);
+    free(lanes_at);
+    free(order);
+    free(load);
+    free(parent);
+    free(ucost);
+    free(lane_of);
+    return st;
+}
+
+/* The segment holding step si, or NULL (no lanes there). */
+static const struct lane_seg *lane_seg_of(const struct kiln_plan *p, int si)
+{
+    for (int s = 0; s < p->n_segs; s++)
+        if (p->segs[s].begin <= si && si < p->segs[s].end)
+            return p->segs[s].lanes > 1 ? &p->segs[s] : NULL;
+    return NULL;
+}
+
 static kiln_status plan_compile(const struct kiln_graph *g, const kiln_tensor *const *inputs,
                                 struct kiln_weight_cache *weights, int threads, int precision,
                                 const struct kiln_plan_node_prec *ov, int n_ov,
@@ -997,6 +1271,7 @@ kiln_status kiln_plan_compile_typed(const struct kiln_graph *g, const struct kil
         /* a control step also reads the values its bodies capture: inputs after the node's */
         int n_step_in = n->n_in + (control ? n->n_implicit : 0);
         sp->n_in = n_step_in;
+        sp->lane = -1;
         sp->n_out = n->n_out;
         sp->in = malloc(sizeof(int) * (size_t)(n_step_in + 1));
         sp->out = malloc(sizeof(int) * (size_t)(n->n_out + 1));
@@ -1115,6 +1390,8 @@ kiln_status kiln_plan_compile_typed(const struct kiln_graph *g, const struct kil
             int r = p->slots[v].alias_of;
             if (p->slots[v].last_use > p->slots[r].last_use) p->slots[r].last_use = p->slots[v].last_use;
         }
+    /* independent chains side by side (before in place, which must respect the lanes) */
+    if ((st = plan_lanes(p, plan_threads)) != KILN_OK) goto fail;
     /* in place: a step may write over one input (elementwise ops: input 0; a convolution's
      * residual sum: its Sum input) when nothing reads that input's memory later */
     for (int si = 0; si < p->n_steps; si++) {
@@ -1137,6 +1414,12 @@ kiln_status kiln_plan_compile_typed(const struct kiln_graph *g, const struct kil
         for (int k = 0; k < sp->n_in; k++)
             if (k != ii && sp->in[k] >= 0 && kiln_plan_root_of(p, sp->in[k]) == r) other_input_shares = true;
         if (other_input_shares) continue;
+        /* in a lanes segment, only over memory its own lane wrote there: another lane may
+         * still read memory from before the segment */
+        const struct lane_seg *lg = lane_seg_of(p, si);
+        if (lg && (rs->def_step < lg->begin || rs->def_step >= si ||
+                   p->steps[rs->def_step].lane != sp->lane))
+            continue;
         o->kind = SLOT_ALIAS;
         o->alias_of = r;
         rs->last_use = o->last_use;
@@ -1158,6 +1441,18 @@ kiln_status kiln_plan_compile_typed(const struct kiln_graph *g, const struct kil
         int last = s->last_use < s->def_step ? s->def_step : s->last_use;
         s->buf = buf_add(p, s->bytes, s->def_step, last);
         if (s->buf < 0) goto oom;
+    }
+    /* a buffer live anywhere in a lanes segment is live through all of it: the lanes'
+     * steps run in any order against each other */
+    for (int sg = 0; sg < p->n_segs; sg++) {
+        const struct lane_seg *lg = &p->segs[sg];
+        if (lg->lanes <= 1) continue;
+        for (int b = 0; b < p->n_bufs; b++) {
+            struct buffer *bf = &p->bufs[b];
+            if (bf->first >= lg->end || bf->last < lg->begin) continue;
+            if (bf->first > lg->begin) bf->first = lg->begin;
+            if (bf->last < lg->end - 1) bf->last = lg->end - 1;
+        }
     }
     if ((st = assign_offsets(p)) != KILN_OK) goto fail;
     free(need);
@@ -1204,6 +1499,7 @@ void kiln_plan_free(struct kiln_plan *p)
     free(p->cap_outer);
     free(p->donate);
     free(p->fallbacks);
+    free(p->segs);
     pthread_mutex_destroy(&p->mu);
     free(p);
 }
@@ -1212,6 +1508,7 @@ size_t kiln_plan_arena_bytes(const struct kiln_plan *p) { return p->arena_bytes;
 size_t kiln_plan_max_value_bytes(const struct kiln_plan *p) { return p->max_value_bytes; }
 int kiln_plan_fast_steps(const struct kiln_plan *p) { return p->n_fast; }
 int kiln_plan_steps(const struct kiln_plan *p) { return p->n_steps; }
+int kiln_plan_lane_steps(const struct kiln_plan *p) { return p->lane_steps; }
 
 /* ---- running ---- */
 
@@ -1266,6 +1563,41 @@ static void arena_give(struct kiln_plan *p, struct arena_inst *a)
     a->next = p->free_list;
     p->free_list = a;
     pthread_mutex_unlock(&p->mu);
+}
+
+/* Run step si of a run on `threads` threads. */
+static kiln_status run_step(struct kiln_plan *p, struct arena_inst *a, int si, int threads,
+                        int prof, const kiln_run_options *ro, struct kiln_exec_frame *frame)
+{
+    kiln_status st;
+    struct step *sp = &p->steps[si];
+    if (ro && (st = kiln_exec_check_deadline(ro)) != KILN_OK) return st;
+    kiln_tensor *in[KILN_MAX_IO];
+    kiln_tensor *outt[KILN_MAX_IO];
+    for (int k = 0; k < sp->n_in; k++)
+        in[k] = sp->in[k] >= 0 && !(sp->elided && sp->elided[k]) ? a->tp[sp->in[k]] : NULL;
+    for (int k = 0; k < sp->n_out; k++) outt[k] = a->tp[sp->out[k]];
+    void *scratch = sp->scratch_buf >= 0 ? (char *)a->mem + p->bufs[sp->scratch_buf].off : NULL;
+    struct kiln_run_ctx rctx = {sp->node, sp->n_in, in, sp->n_out, outt, frame, scratch, threads};
+    int64_t t0 = prof ? now_ns() : 0;
+    if (sp->inst.run) {
+        st = sp->inst.run(sp->inst.state, &rctx);
+    } else {
+        /* reference kernels expect zeroed outputs */
+        for (int k = 0; k < sp->n_out; k++)
+            if (outt[k]->nbytes) memset(outt[k]->data, 0, outt[k]->nbytes);
+        st = sp->ref->run(&rctx);
+        if (st == KILN_OK) st = kiln_attr_check(sp->node);
+    }
+    if (prof) {
+        atomic_fetch_add(&sp->ns, now_ns() - t0);
+        atomic_fetch_add(&sp->calls, 1);
+    }
+    if (st != KILN_OK) return st;
+    for (int k = 0; k < sp->n_out; k++)
+        if (rctx.out[k] != outt[k])
+            return kiln_node_error(sp->node, KILN_ERR_INTERNAL, "kernel replaced output %d", k);
+    return KILN_OK;
 }
 
 kiln_status kiln_plan_run(struct kiln_plan *p, kiln_tensor *const *inputs, kiln_tensor **outputs,
@@ -1352,37 +1684,32 @@ kiln_status kiln_plan_run_in(struct kiln_plan *p, kiln_tensor *const *inputs,
         if (s->kind == SLOT_ALIAS)
             header_set(&a->t[v], s, (char *)a->tp[s->alias_of]->data + s->alias_off);
     }
-    for (int si = 0; si < p->n_steps; si++) {
-        struct step *sp = &p->steps[si];
-        if (ro && (st = kiln_exec_check_deadline(ro)) != KILN_OK) goto out;
-        kiln_tensor *in[KILN_MAX_IO];
-        kiln_tensor *outt[KILN_MAX_IO];
-        for (int k = 0; k < sp->n_in; k++)
-            in[k] = sp->in[k] >= 0 && !(sp->elided && sp->elided[k]) ? a->tp[sp->in[k]] : NULL;
-        for (int k = 0; k < sp->n_out; k++) outt[k] = a->tp[sp->out[k]];
-        void *scratch = sp->scratch_buf >= 0 ? (char *)a->mem + p->bufs[sp->scratch_buf].off : NULL;
-        struct kiln_run_ctx rctx = {sp->node, sp->n_in, in, sp->n_out, outt, &frame, scratch,
-                                    granted};
-        int64_t t0 = prof ? now_ns() : 0;
-        if (sp->inst.run) {
-            st = sp->inst.run(sp->inst.state, &rctx);
-        } else {
-            /* reference kernels expect zeroed outputs */
-            for (int k = 0; k < sp->n_out; k++)
-                if (outt[k]->nbytes) memset(outt[k]->data, 0, outt[k]->nbytes);
-            st = sp->ref->run(&rctx);
-            if (st == KILN_OK) st = kiln_attr_check(sp->node);
-        }
-        if (prof) {
-            atomic_fetch_add(&sp->ns, now_ns() - t0);
-            atomic_fetch_add(&sp->calls, 1);
+    if (p->segs && granted > 1) {
+        for (int sg = 0; sg < p->n_segs && st == KILN_OK; sg++) {
+            const struct lane_seg *lg = &p->segs[sg];
+            if (lg->lanes <= 1 || lg->lanes > granted) {
+                for (int si = lg->begin; si < lg->end && st == KILN_OK; si++)
+                    st = run_step(p, a, si, granted, prof, ro, &frame);
+                continue;
+            }
+            kiln_status lane_st[LANE_MAX_SEG];
+            for (int l = 0; l < lg->lanes; l++) lane_st[l] = KILN_OK;
+#pragma omp parallel num_threads(lg->lanes)
+            {
+                int lane = omp_get_thread_num(), team = omp_get_num_threads();
+                kiln_status ls = KILN_OK;
+                /* a smaller team than asked (nested, or a thread limit): lane l runs on
+                 * thread l % team, in step order */
+                for (int si = lg->begin; si < lg->end && ls == KILN_OK; si++)
+                    if (p->steps[si].lane % team == lane) ls = run_step(p, a, si, 1, prof, ro, &frame);
+                lane_st[lane] = ls;
+            }
+            for (int l = 0; l < lg->lanes && st == KILN_OK; l++) st = lane_st[l];
         }
         if (st != KILN_OK) goto out;
-        for (int k = 0; k < sp->n_out; k++)
-            if (rctx.out[k] != outt[k]) {
-                st = kiln_node_error(sp->node, KILN_ERR_INTERNAL, "kernel replaced output %d", k);
-                goto out;
-            }
+    } else {
+        for (int si = 0; si < p->n_steps; si++)
+            if ((st = run_step(p, a, si, granted, prof, ro, &frame)) != KILN_OK) goto out;
     }
     for (int i = 0; i < g->n_outputs; i++) {
         int v = g->outputs[i];
@@ -1871,8 +2198,13 @@ void kiln_plan_cache_profile_print(struct kiln_plan_cache *c, FILE *f)
             char buf[160];
             fprintf(f, " %s", kiln_shape_str(e->key[k].rank, e->key[k].dims, buf, sizeof buf));
         }
-        fprintf(f, ": %d steps, %d fast, arena %zu bytes\n", e->plan->n_steps, e->plan->n_fast,
+        fprintf(f, ": %d steps, %d fast, arena %zu bytes", e->plan->n_steps, e->plan->n_fast,
                 e->plan->arena_bytes);
+        int lane_segs = 0;
+        for (int s = 0; s < e->plan->n_segs; s++) lane_segs += e->plan->segs[s].lanes > 1;
+        if (lane_segs)
+            fprintf(f, ", %d steps in %d segments of lanes", e->plan->lane_steps, lane_segs);
+        fprintf(f, "\n");
         kiln_plan_profile_print(e->plan, f);
     }
     pthread_mutex_unlock(&c->mu);

@@ -65,6 +65,8 @@ size_t kiln_plan_arena_bytes(const struct kiln_plan *p);
 size_t kiln_plan_max_value_bytes(const struct kiln_plan *p);
 int kiln_plan_fast_steps(const struct kiln_plan *p);
 int kiln_plan_steps(const struct kiln_plan *p);
+/* Steps that run side by side in lanes (independent chains, one thread each; plan.c). */
+int kiln_plan_lane_steps(const struct kiln_plan *p);
 
 /* Profiling: when enabled (KILN_PROFILE=1 in the environment or
  * kiln_plan_profile_enable), each plan accumulates the time of every

@@ -46,8 +46,15 @@ struct step {
     int scratch_buf; /* buffer index or -1 */
     unsigned char *elided; /* per input: 1 = already in place (a Concat's input written
                               into its slice of the output): the kernel gets NULL */
+    int lane;          /* in a lanes segment: the lane (thread) that runs it; else -1 */
     _Atomic int64_t ns;
     _Atomic int64_t calls;
+};
+
+/* Steps [begin, end) that run as `lanes` independent chains side by side, one thread
+ * each (plan_lanes); a segment with lanes == 1 runs in order on every granted thread. */
+struct lane_seg {
+    int begin, end, lanes;
 };
 
 struct arena_inst {
@@ -78,6 +85,9 @@ struct kiln_plan {
     char *fallbacks;          /* lines naming steps on oneDNN's reference or generic code */
     size_t fallbacks_len;
     _Atomic int prof_threads; /* most threads a profiled run was granted */
+    struct lane_seg *segs;    /* NULL: every step in order (no lanes) */
+    int n_segs;
+    int lane_steps;           /* steps that run in lanes */
     pthread_mutex_t mu;
     struct arena_inst *free_list;
     struct arena_inst *all;

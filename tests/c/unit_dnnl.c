@@ -563,6 +563,59 @@ static void test_conv(void)
     tg_free(&t);
 }
 
+/* Convolutions of a few output pixels with large weights run as im2col and a oneDNN
+ * matmul (conv.c, cgemm_compile): each case matches the reference on one and two threads
+ * in every layout (plain, blocked by 8 and 16, output channels off the block included),
+ * runs the matmul path (impl "matmul:...") where it should and the direct convolution
+ * where it should not, and matches again with KILN_CONV_GEMM=0. */
+static void test_conv_gemm(void)
+{
+    static const struct {
+        struct conv_case k;
+        int gemm;
+    } cases[] = {
+        /* 3x3 on 2x2 (inception_v3's, wide_resnet50_2's last stage), bias and Relu */
+        {{1, 128, 2, 2, 144, 3, 3, 1, 1, 1, {1, 1, 1, 1}, NULL, 1, 0, "Relu", 0, 0}, 1},
+        /* 3x3 on 3x3 (googlenet's last modules), 100 output channels: blocked padding */
+        {{1, 96, 3, 3, 100, 3, 3, 1, 1, 1, {1, 1, 1, 1}, NULL, 1, 0, NULL, 0, 0}, 1},
+        /* 1x3 and 3x1 at batch 4 (16 rows) */
+        {{4, 128, 2, 2, 112, 1, 3, 1, 1, 1, {0, 1, 0, 1}, NULL, 1, 0, "Relu", 0, 0}, 1},
+        {{4, 128, 2, 2, 112, 3, 1, 1, 1, 1, {1, 0, 1, 0}, NULL, 0, 0, "Relu", 0, 0}, 1},
+        /* stride 2, dilation 2, uneven pads, a clamp: 2x1 outputs */
+        {{1, 64, 5, 5, 128, 3, 3, 1, 2, 2, {1, 0, 2, 1}, NULL, 0, 0, "Clip", 0.0f, 6.0f}, 1},
+        /* not taken: 1x1 (the direct kernel reads its weights well), a residual Sum, too
+         * many rows (batch 8 of 2x2 images), too many pixels (4x4), small weights */
+        {{1, 512, 2, 2, 512, 1, 1, 1, 1, 1, {0, 0, 0, 0}, NULL, 1, 0, "Relu", 0, 0}, 0},
+        {{1, 128, 2, 2, 144, 3, 3, 1, 1, 1, {1, 1, 1, 1}, NULL, 1, 1, "Relu", 0, 0}, 0},
+        {{8, 128, 2, 2, 144, 3, 3, 1, 1, 1, {1, 1, 1, 1}, NULL, 1, 0, "Relu", 0, 0}, 0},
+        {{1, 128, 4, 4, 144, 3, 3, 1, 1, 1, {1, 1, 1, 1}, NULL, 1, 0, "Relu", 0, 0}, 0},
+        {{1, 16, 2, 2, 32, 3, 3, 1, 1, 1, {1, 1, 1, 1}, NULL, 1, 0, "Relu", 0, 0}, 0},
+    };
+    for (int off = 0; off <= 1; off++) {
+        if (off) setenv("KILN_CONV_GEMM", "0", 1);
+        for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+            const struct conv_case *k = &cases[i].k;
+            for (int lay = 0; lay <= 2; lay++) {
+                int b = lay == 0 ? 0 : lay == 1 ? 8 : 16;
+                int in_l[4] = {b, 0, 0, b};
+                char what[96];
+                snprintf(what, sizeof what, "conv gemm case %zu (layout %d%s)", i, b,
+                         off ? ", KILN_CONV_GEMM=0" : "");
+                struct tg t;
+                build_conv(&t, k);
+                g_last_impl[0] = '\0';
+                differ(&t, what, in_l, b, 1);
+                int gemm = strncmp(g_last_impl, "matmul:", 7) == 0;
+                int want = cases[i].gemm && !off;
+                CHECK(gemm == want, "%s: runs %s, expected %s", what, g_last_impl,
+                      want ? "the im2col matmul" : "the direct convolution");
+                tg_free(&t);
+            }
+        }
+    }
+    unsetenv("KILN_CONV_GEMM");
+}
+
 /* Convolutions whose plain or mixed layouts oneDNN runs on a fallback (its
  * reference code or im2col GEMM): conv.c makes them in the formats oneDNN
  * prefers, with reorders around (conv_try_any). Each case must match the
@@ -1417,6 +1470,7 @@ int main(void)
         return 0;
     }
     test_conv();
+    test_conv_gemm();
     test_conv_any();
     int conv_inplace = g_inplace_runs;
     test_matmul();

@@ -37,6 +37,7 @@
 
 #include "check.h"
 #include "core/fileio.h"
+#include "core/threadpool.h"
 #include "core/tensor.h"
 #include "exec/exec.h"
 #include "exec/plan.h"
@@ -955,6 +956,75 @@ static void test_plan_inplace(void)
     kiln_graph_free(b.g);
 }
 
+/* Two Inception-like modules: four branches from one input (1x1; 1x1 then 3x3; 1x1 then
+ * 3x3 then 3x3; MaxPool then 1x1) joined by a Concat, the second module's input that
+ * Concat; last, a Sigmoid of the module's input (an elementwise op that could write over
+ * the input it reads last, while the other branches still read it) added to the output. */
+static int inception_module(struct gb *b, int x, int64_t c)
+{
+    int64_t w1[4] = {16, c, 1, 1}, w3[4] = {16, 16, 3, 3}, bd[1] = {16};
+    int br[4];
+    br[0] = gb_op1(b, KILN_OP_Relu, gb_conv(b, x, gb_rand(b, 4, w1, 0.3, 0), gb_rand(b, 1, bd, 0.1, 0), 1, 1, 0, 1));
+    int t = gb_op1(b, KILN_OP_Relu, gb_conv(b, x, gb_rand(b, 4, w1, 0.3, 0), -1, 1, 1, 0, 1));
+    br[1] = gb_op1(b, KILN_OP_Relu, gb_conv(b, t, gb_rand(b, 4, w3, 0.2, 0), -1, 1, 3, 1, 1));
+    t = gb_op1(b, KILN_OP_Relu, gb_conv(b, x, gb_rand(b, 4, w1, 0.3, 0), -1, 1, 1, 0, 1));
+    t = gb_op1(b, KILN_OP_Relu, gb_conv(b, t, gb_rand(b, 4, w3, 0.2, 0), -1, 1, 3, 1, 1));
+    br[2] = gb_op1(b, KILN_OP_Relu, gb_conv(b, t, gb_rand(b, 4, w3, 0.2, 0), -1, 1, 3, 1, 1));
+    int mp;
+    struct kiln_node *n = gb_node(b, KILN_OP_MaxPool, 1, &x, 2, &mp);
+    int64_t ks[2] = {3, 3}, pads[4] = {1, 1, 1, 1};
+    set_ints(b->g, &n->attr[0], "kernel_shape", 2, ks);
+    set_ints(b->g, &n->attr[1], "pads", 4, pads);
+    br[3] = gb_op1(b, KILN_OP_Relu, gb_conv(b, mp, gb_rand(b, 4, w1, 0.3, 0), -1, 1, 1, 0, 1));
+    int y;
+    n = gb_node(b, KILN_OP_Concat, 4, br, 1, &y);
+    set_int(&n->attr[0], "axis", 1);
+    return y;
+}
+
+static void build_inception(struct gb *b)
+{
+    int64_t dx[4] = {1, 32, 12, 12};
+    int x = gb_input(b, "x", 4, dx);
+    int m1 = inception_module(b, x, 32);
+    int m2 = inception_module(b, m1, 64);
+    b->out[b->n_out++] = gb_op2(b, KILN_OP_Add, m2, gb_op1(b, KILN_OP_Sigmoid, m1));
+}
+
+/* Lanes (plan.c): on two threads the Inception modules' branches run side by side, and
+ * the plan's output still matches the reference executor's (run_case checks the plan on
+ * two threads; here it is compiled again to see that lanes were taken). */
+static void test_plan_lanes(void)
+{
+    double d;
+    struct kiln_graph *g = run_case("inception lanes", build_inception, &d);
+    if (!g) return;
+    kiln_tensor *in[4] = {NULL};
+    struct kiln_weight_cache *wc = NULL;
+    struct kiln_plan *p = NULL;
+    if (make_inputs(g, in) && kiln_weight_cache_new(&wc) == KILN_OK &&
+        kiln_plan_compile(g, (const kiln_tensor *const *)in, wc, 2, &p) == KILN_OK) {
+        if (kiln_cpu_count() >= 2)
+            CHECK(kiln_plan_lane_steps(p) > 0, "inception lanes: no steps in lanes (%d steps)",
+                  kiln_plan_steps(p));
+        else
+            printf("inception lanes: one CPU, lanes not expected\n");
+        setenv("KILN_LANES", "0", 1);
+        struct kiln_plan *q = NULL;
+        if (kiln_plan_compile(g, (const kiln_tensor *const *)in, wc, 2, &q) == KILN_OK)
+            CHECK(kiln_plan_lane_steps(q) == 0, "inception lanes: KILN_LANES=0 left %d steps in lanes",
+                  kiln_plan_lane_steps(q));
+        kiln_plan_free(q);
+        unsetenv("KILN_LANES");
+    } else {
+        CHECK(0, "inception lanes: no plan: %s", kiln_last_error());
+    }
+    kiln_plan_free(p);
+    kiln_weight_cache_free(wc);
+    for (int i = 0; i < 4; i++) kiln_tensor_free(in[i]);
+    kiln_graph_free(g);
+}
+
 static void test_small(void)
 {
     double d;
@@ -1207,6 +1277,7 @@ int main(int argc, char **argv)
         test_small();
         test_plan_cache();
         test_plan_inplace();
+        test_plan_lanes();
         return CHECK_DONE();
     }
     if (argc > 1 && strcmp(argv[1], "models") == 0) {
@@ -1216,6 +1287,7 @@ int main(int argc, char **argv)
     test_small();
     test_plan_cache();
     test_plan_inplace();
+    test_plan_lanes();
     test_models();
     return CHECK_DONE();
 }
