@@ -21,11 +21,12 @@
  *
  * Loop: the carried values' types are followed from iteration to iteration, one body
  * plan per distinct set of types (a list that grows, a first iteration that fixes an
- * unknown dim), at most PLAN_LOOP_MAX_SHAPES of them, until the types stop changing or
+ * unknown dim), at most PLAN_LOOP_MAX_SHAPES of them (and PLAN_MAX_BODY_PLANS for all the
+ * bodies of a graph, nested ones included), until the types stop changing or
  * the exact trip count is reached. The Loop's output types are then known when either
  * the trip count is exact at compile time (a constant M, the initial condition a
  * constant true or absent, and a body whose condition output is a constant true or its
- * condition input passed through), or the types stop changing by an iteration the loop
+ * condition input passed through, in every body plan compiled), or the types stop changing by an iteration the loop
  * is known to reach (the first, when the initial condition is a constant true: TF's
  * While lowered to Loop, whose condition is computed in the enclosing graph from folded
  * shapes). Scan outputs need the exact trip count. Anything else (a shape that depends

@@ -7,7 +7,10 @@ count known after folding, captured outer values, a carried shape that grows,
 zero iterations, a loop inside an If, a trip count given at run time with only
 loop-carried values, Scan over either axis in either direction) must show their Loop, If and Scan steps on loop_plan / if_plan / scan_plan in
 `kiln bench --profile`; a loop whose scan outputs' length depends on the data
-must show none (no plan: the reference executor, still with the right answer). The Keras SimpleRNN and Bidirectional loops written as TF2 does are
+must show none (no plan: the reference executor, still with the right answer), as must
+nested growing loops past the budget of body plans and a loop whose condition turns false
+on a later body plan. Also: carried values handed back in place or as views (swapped, or a
+view beside the value itself), and a body value above the per-tensor limit (refused). The Keras SimpleRNN and Bidirectional loops written as TF2 does are
 in test_tf_control_flow.py.
 
 KILN_BIN is the kiln binary (default build/kiln).
