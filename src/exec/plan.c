@@ -1064,6 +1064,8 @@ kiln_status kiln_plan_compile_typed(const struct kiln_graph *g, const struct kil
     pthread_mutex_init(&p->mu, NULL);
     p->g = g;
     p->depth = depth;
+    p->bodies_left_own = PLAN_MAX_BODY_PLANS;
+    p->bodies_left = parent ? parent->bodies_left : &p->bodies_left_own;
     if (donate) {
         p->donate = malloc((size_t)g->n_inputs + 1);
         if (!p->donate) goto oom;
@@ -1711,24 +1713,25 @@ kiln_status kiln_plan_run_in(struct kiln_plan *p, kiln_tensor *const *inputs,
         for (int si = 0; si < p->n_steps; si++)
             if ((st = run_step(p, a, si, granted, prof, ro, &frame)) != KILN_OK) goto out;
     }
+    /* an output on a donated input's memory is handed back as that input's tensor (the
+     * first such output of each input), retyped: done last, so that the outputs copied
+     * from the input's memory (the input slot itself beside a view of it) still read it
+     * with its own type */
+    int hand[KILN_MAX_IO];
+    int n_hand = 0;
     for (int i = 0; i < g->n_outputs; i++) {
         int v = g->outputs[i];
         const struct slot *s = &p->slots[v];
         bool repeat = false;
         for (int j = 0; j < i; j++) repeat |= g->outputs[j] == v;
         int r = kiln_plan_root_of(p, v);
-        if (donated_input(p, r) && slot_off(p, v) == 0 &&
+        if (n_hand < KILN_MAX_IO && donated_input(p, r) && slot_off(p, v) == 0 &&
             type_bytes(&s->type, 0) == inputs[p->slots[r].input_index]->nbytes) {
-            /* on a donated input's memory: hand that tensor back (once), as this type */
-            kiln_tensor *t = inputs[p->slots[r].input_index];
             bool handed = false;
-            for (int j = 0; j < i; j++) handed |= outputs[j] == t;
+            for (int j = 0; j < n_hand; j++)
+                handed |= kiln_plan_root_of(p, g->outputs[hand[j]]) == r;
             if (!handed) {
-                t->dtype = s->type.dtype;
-                t->rank = s->type.rank;
-                memset(t->dims, 0, sizeof t->dims);
-                for (int d = 0; d < s->type.rank; d++) t->dims[d] = s->type.dims[d];
-                outputs[i] = t;
+                hand[n_hand++] = i;
                 continue;
             }
         }
@@ -1743,6 +1746,16 @@ kiln_status kiln_plan_run_in(struct kiln_plan *p, kiln_tensor *const *inputs,
             st = kiln_tensor_clone(src, &outputs[i]);
             if (st != KILN_OK) goto out;
         }
+    }
+    for (int h = 0; h < n_hand; h++) {
+        int i = hand[h];
+        const struct slot *s = &p->slots[g->outputs[i]];
+        kiln_tensor *t = inputs[p->slots[kiln_plan_root_of(p, g->outputs[i])].input_index];
+        t->dtype = s->type.dtype;
+        t->rank = s->type.rank;
+        memset(t->dims, 0, sizeof t->dims);
+        for (int d = 0; d < s->type.rank; d++) t->dims[d] = s->type.dims[d];
+        outputs[i] = t;
     }
 out:
     for (int v = 0; v < p->n_slots; v++)

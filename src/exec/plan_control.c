@@ -21,11 +21,12 @@
  *
  * Loop: the carried values' types are followed from iteration to iteration, one body
  * plan per distinct set of types (a list that grows, a first iteration that fixes an
- * unknown dim), at most PLAN_LOOP_MAX_SHAPES of them, until the types stop changing or
+ * unknown dim), at most PLAN_LOOP_MAX_SHAPES of them (and PLAN_MAX_BODY_PLANS for all the
+ * bodies of a graph, nested ones included), until the types stop changing or
  * the exact trip count is reached. The Loop's output types are then known when either
  * the trip count is exact at compile time (a constant M, the initial condition a
  * constant true or absent, and a body whose condition output is a constant true or its
- * condition input passed through), or the types stop changing by an iteration the loop
+ * condition input passed through, in every body plan compiled), or the types stop changing by an iteration the loop
  * is known to reach (the first, when the initial condition is a constant true: TF's
  * While lowered to Loop, whose condition is computed in the enclosing graph from folded
  * shapes). Scan outputs need the exact trip count. Anything else (a shape that depends
@@ -50,6 +51,8 @@
 
 #define PLAN_LOOP_MAX_SHAPES 32   /* body plans of one Loop (distinct carried types) */
 #define PLAN_MAX_DEPTH 16         /* nested bodies planned */
+#define PLAN_STR_(x) #x
+#define PLAN_STR(x) PLAN_STR_(x)
 #define PLAN_LOOP_MAX_ITERATIONS ((int64_t)1 << 24) /* as the reference executor's bound */
 
 struct body_plan {
@@ -110,11 +113,17 @@ static kiln_status body_compile(struct kiln_plan *p, const struct kiln_node *n,
 {
     bp->plan = NULL;
     bp->cap_in = NULL;
+    if (*p->bodies_left <= 0)
+        return kiln_plan_unsupported(n, "its bodies need more than " PLAN_STR(PLAN_MAX_BODY_PLANS)
+                                        " plans (nested loops whose values change shape)");
+    (*p->bodies_left)--;
     kiln_status st = kiln_plan_compile_typed(g, in_types, donate, p, p->depth + 1, env->weights,
                                         env->threads,
                                         env->precision, env->ov, env->n_ov, &bp->plan);
     if (st != KILN_OK) return st;
     struct kiln_plan *b = bp->plan;
+    /* the run-time per-tensor limit is checked on the top plan: it covers its bodies' values */
+    if (b->max_value_bytes > p->max_value_bytes) p->max_value_bytes = b->max_value_bytes;
     bp->cap_in = calloc((size_t)b->n_caps + 1, sizeof *bp->cap_in);
     if (!bp->cap_in) return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory compiling a plan");
     for (int j = 0; j < b->n_caps; j++) {
@@ -204,6 +213,7 @@ static kiln_status loop_compile(struct kiln_plan *p, const struct kiln_node *n,
     }
     memset(donate + 2, 1, (size_t)n_carried);
     bool done = c->exact == 0;
+    bool exact_by_cond = false; /* c->exact rests on every body plan's condition staying true */
     if (done && c->n_scan) { /* no iteration runs, but the scan outputs' element types */
         struct body_plan *bp = &c->bodies[c->n_bodies++];
         if ((st = body_compile(p, n, body, types, donate, env, bp)) != KILN_OK) goto out;
@@ -216,8 +226,15 @@ static kiln_status loop_compile(struct kiln_plan *p, const struct kiln_node *n,
         struct body_plan *bp = &c->bodies[c->n_bodies++];
         if ((st = body_compile(p, n, body, types, donate, env, bp)) != KILN_OK) goto out;
         const struct kiln_plan *b = bp->plan;
-        if (i == 0 && m_known && inp[0] && cond_known && cond0 && cond_stays_true(b))
+        if (i == 0 && m_known && inp[0] && cond_known && cond0 && cond_stays_true(b)) {
             c->exact = m;
+            exact_by_cond = true;
+        } else if (exact_by_cond && !cond_stays_true(b)) {
+            /* this body plan's iterations may stop the loop early: the trip count is not
+             * known after all (the checks on n_min and the scan outputs then apply) */
+            c->exact = -1;
+            exact_by_cond = false;
+        }
         bool fixed = true;
         for (int k = 0; k < n_carried; k++) {
             const struct kiln_type *t = plan_output_type(b, k + 1);
@@ -651,10 +668,12 @@ static kiln_status loop_run_plan(struct control *c, struct kiln_run_ctx *ctx)
         }
         /* an output may be a carried value handed back (written over in place): each
          * tensor is in bout once; free the old carried values no output took over */
-        for (int k = 0; k < nc; k++) {
+        for (int k = 0; k < nc; k++) { /* against every output, before any moves */
             bool taken = false;
             for (int j = 0; j < n_bout && !taken; j++) taken = bout[j] == carried[k];
             if (!taken) kiln_tensor_free(carried[k]);
+        }
+        for (int k = 0; k < nc; k++) {
             carried[k] = bout[1 + k];
             bout[1 + k] = NULL;
         }
@@ -787,10 +806,12 @@ static kiln_status scan_run_plan(struct control *c, struct kiln_run_ctx *ctx)
             kiln_error_wrap(st, "Scan node '%s' iteration %lld", n->name, (long long)t);
             goto out;
         }
-        for (int k = 0; k < ns; k++) {
+        for (int k = 0; k < ns; k++) { /* against every output, before any moves */
             bool taken = false;
             for (int j = 0; j < n_bout && !taken; j++) taken = bout[j] == states[k];
             if (!taken) kiln_tensor_free(states[k]);
+        }
+        for (int k = 0; k < ns; k++) {
             states[k] = bout[k];
             bout[k] = NULL;
         }

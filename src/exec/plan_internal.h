@@ -102,7 +102,16 @@ struct kiln_plan {
     unsigned char *donate; /* per graph input, or NULL: 1 = the caller hands the tensor over
                               (a Loop's carried values): steps may write over it, and an
                               output on its memory is handed back as that same tensor */
+    /* body plans the compile of the top plan may still make (nested loops whose carried
+     * shapes change would otherwise compile up to 32^depth): the top plan's
+     * bodies_left_own, which every body plan compiled under it points at while compiling */
+    int *bodies_left;
+    int bodies_left_own;
 };
+
+/* Body plans one top-level compile may make, all bodies and nesting levels together;
+ * beyond, the compile is unsupported and the graph runs on the reference executor. */
+#define PLAN_MAX_BODY_PLANS 256
 
 
 /* What compiling a step again needs (plan_compile's arguments). */

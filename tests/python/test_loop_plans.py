@@ -7,7 +7,10 @@ count known after folding, captured outer values, a carried shape that grows,
 zero iterations, a loop inside an If, a trip count given at run time with only
 loop-carried values, Scan over either axis in either direction) must show their Loop, If and Scan steps on loop_plan / if_plan / scan_plan in
 `kiln bench --profile`; a loop whose scan outputs' length depends on the data
-must show none (no plan: the reference executor, still with the right answer). The Keras SimpleRNN and Bidirectional loops written as TF2 does are
+must show none (no plan: the reference executor, still with the right answer), as must
+nested growing loops past the budget of body plans and a loop whose condition turns false
+on a later body plan. Also: carried values handed back in place or as views (swapped, or a
+view beside the value itself), and a body value above the per-tensor limit (refused). The Keras SimpleRNN and Bidirectional loops written as TF2 does are
 in test_tf_control_flow.py.
 
 KILN_BIN is the kiln binary (default build/kiln).
@@ -320,3 +323,190 @@ def test_scan_axes_and_directions(tmp_path, steps, in_rev, out_rev):
         ys = ys[:, ::-1]
     check(p, {"s0": s0, "x": x, "w_in": w_in},
           {"s": s.astype(np.float32), "ys": ys.astype(np.float32)}, tmp_path)
+
+
+def loop_graph(body, carried, outs, m, extra_nodes=(), inits=()):
+    """A graph running Loop(m) with `body` over the float inputs `carried` (name: shape),
+    its outputs `outs` the Loop's, taken as the graph's outputs."""
+    return helper.make_graph(
+        [helper.make_node("Loop", ["m", ""] + list(carried), list(outs), body=body),
+         *extra_nodes],
+        "g", [helper.make_tensor_value_info(k, F, s) for k, s in carried.items()],
+        [helper.make_tensor_value_info(o, F, None) for o in outs],
+        [numpy_helper.from_array(np.array(m, np.int64), "m"), *inits])
+
+
+@pytest.mark.parametrize("n", [6, 0])
+@pytest.mark.parametrize("view_first", [True, False])
+@pytest.mark.parametrize("m", [1, 3])
+def test_carried_view_beside_the_value_itself(tmp_path, n, view_first, m):
+    # carried a [1,n] and b [n]; the body outputs a' = Unsqueeze(b, 0) and b' = b. With
+    # n = 0 the view shares b's (empty) memory: b's tensor is handed back as a', which must
+    # not change what b' is copied as (each iteration then finds the body plan for a [1,0],
+    # b [0] again). view_first: a is carried before b (the view is the earlier output)
+    order = ["a", "b"] if view_first else ["b", "a"]
+    new = {"a": "ub", "b": "b"}
+    body = helper.make_graph(
+        [helper.make_node("Unsqueeze", ["b", "axes"], ["ub"]),
+         helper.make_node("Identity", ["cond"], ["cond1"])],
+        "body",
+        [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+         helper.make_tensor_value_info("cond", TensorProto.BOOL, [])] +
+        [helper.make_tensor_value_info(k, F, None) for k in order],
+        [helper.make_tensor_value_info("cond1", TensorProto.BOOL, [])] +
+        [helper.make_tensor_value_info(new[k], F, None) for k in order],
+        [numpy_helper.from_array(np.array([0], np.int64), "axes")])
+    shapes = {"a": [1, n], "b": [n]}
+    g = helper.make_graph(
+        [helper.make_node("Loop", ["m", ""] + [k + "0" for k in order], order, body=body)],
+        "g", [helper.make_tensor_value_info(k + "0", F, shapes[k]) for k in order],
+        [helper.make_tensor_value_info(k, F, None) for k in order],
+        [numpy_helper.from_array(np.array(m, np.int64), "m")])
+    p = save(tmp_path, g)
+    rng = np.random.default_rng(7)
+    a0 = rng.standard_normal((1, n)).astype(np.float32)
+    b0 = rng.standard_normal(n).astype(np.float32)
+    a, b = a0, b0
+    for _ in range(m):
+        a, b = b[None], b
+    check(p, {"a0": a0, "b0": b0}, {"a": a, "b": b}, tmp_path)
+
+
+def test_body_value_above_the_tensor_limit_is_refused(tmp_path):
+    # a Loop body asks for a 64 GiB tensor (ConstantOfShape [2^34] floats): refused as the
+    # reference executor refuses it (per-tensor limit, 16 GiB by default), before anything
+    # that size is allocated (the address space is capped at 8 GiB), with no crash
+    body = helper.make_graph(
+        [helper.make_node("ConstantOfShape", ["shape"], ["big"],
+                          value=numpy_helper.from_array(np.array([1.0], np.float32))),
+         helper.make_node("ReduceSum", ["big"], ["s"], keepdims=1),
+         helper.make_node("Add", ["acc", "s"], ["acc1"]),
+         helper.make_node("Identity", ["cond"], ["cond1"])],
+        "body",
+        [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+         helper.make_tensor_value_info("cond", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("acc", F, None)],
+        [helper.make_tensor_value_info("cond1", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("acc1", F, None)],
+        [numpy_helper.from_array(np.array([1 << 34], np.int64), "shape")])
+    p = save(tmp_path, loop_graph(body, {"acc0": [1]}, ["acc"], 2))
+    np.save(tmp_path / "acc0.npy", np.zeros(1, np.float32))
+
+    def cap():
+        import resource
+        resource.setrlimit(resource.RLIMIT_AS, (8 << 30, 8 << 30))
+
+    for ref in ([], ["--reference"]):
+        r = subprocess.run([str(KILN), "predict", str(p), "--output-dir", str(tmp_path / "o"),
+                            "--input", f"acc0={tmp_path / 'acc0.npy'}", *ref],
+                           capture_output=True, text=True, errors="replace", timeout=120,
+                           preexec_fn=cap)
+        assert r.returncode > 0, (ref, r.returncode, r.stderr)
+        assert "per tensor" in r.stderr, (ref, r.stderr)
+
+
+def nested_growing(levels, m):
+    """`levels` Loops nested, each of m iterations: a level's body runs the next level's
+    Loop over its carried y, then y' = Concat(y, y[-1:] + 1); y grows on every level, so
+    each level has a body plan per length of y for each plan of the level around it."""
+    body = None
+    for lv in reversed(range(levels)):
+        pre = "y"
+        nodes = []
+        inits = [numpy_helper.from_array(np.array([-1], np.int64), "st"),
+                 numpy_helper.from_array(np.array([2**62], np.int64), "en"),
+                 numpy_helper.from_array(np.array(1.0, np.float32), "one")]
+        if body is not None:
+            nodes.append(helper.make_node("Loop", ["mm", "", "y"], ["yin"], body=body))
+            inits.append(numpy_helper.from_array(np.array(m, np.int64), "mm"))
+            pre = "yin"
+        nodes += [helper.make_node("Slice", [pre, "st", "en"], ["last"]),
+                  helper.make_node("Add", ["last", "one"], ["nxt"]),
+                  helper.make_node("Concat", [pre, "nxt"], ["y1"], axis=0),
+                  helper.make_node("Identity", ["cond"], ["cond1"])]
+        body = helper.make_graph(
+            nodes, f"body{lv}",
+            [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+             helper.make_tensor_value_info("cond", TensorProto.BOOL, []),
+             helper.make_tensor_value_info("y", F, None)],
+            [helper.make_tensor_value_info("cond1", TensorProto.BOOL, []),
+             helper.make_tensor_value_info("y1", F, None)], inits)
+    return loop_graph(body, {"y0": [2]}, ["y"], m)
+
+
+def nested_growing_ref(y, levels, m):
+    for _ in range(m):
+        if levels > 1:
+            y = nested_growing_ref(y, levels - 1, m)
+        y = np.concatenate([y, y[-1:] + 1])
+    return y
+
+
+@pytest.mark.parametrize("levels,m,planned", [(3, 3, True), (4, 8, False)])
+def test_nested_growing_loops_bounded_body_plans(tmp_path, levels, m, planned):
+    # 3 + 9 + 27 body plans stay on plans; 8 + 64 + 512 + 4096 are past the budget of
+    # body plans per graph (256): the compile gives up at once and the reference
+    # executor runs the graph
+    p = save(tmp_path, nested_growing(levels, m))
+    y0 = np.array([0.5, -2.0], np.float32)
+    want = nested_growing_ref(y0.astype(np.float64), levels, m).astype(np.float32)
+    import time
+    t0 = time.monotonic()
+    check(p, {"y0": y0}, {"y": want}, tmp_path, planned=planned)
+    assert time.monotonic() - t0 < 60
+
+
+@pytest.mark.parametrize("m", [3, 4, 10])
+def test_condition_turns_false_on_a_later_body_plan(tmp_path, m):
+    # x grows each iteration and the condition is Size(x) < 5: true on the first body
+    # plans, false on the one for length 5, so M = 10 is not the trip count (the loop
+    # stops after 5 iterations): no plan, the reference executor; M <= 4: on plans
+    body = helper.make_graph(
+        [helper.make_node("Slice", ["x", "st", "en"], ["last"]),
+         helper.make_node("Add", ["last", "one"], ["nxt"]),
+         helper.make_node("Concat", ["x", "nxt"], ["x1"], axis=0),
+         helper.make_node("Size", ["x"], ["n"]),
+         helper.make_node("Less", ["n", "five"], ["cond1"])],
+        "body",
+        [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+         helper.make_tensor_value_info("cond", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("x", F, None)],
+        [helper.make_tensor_value_info("cond1", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("x1", F, None)],
+        [numpy_helper.from_array(np.array([-1], np.int64), "st"),
+         numpy_helper.from_array(np.array([2**62], np.int64), "en"),
+         numpy_helper.from_array(np.array(1.0, np.float32), "one"),
+         numpy_helper.from_array(np.array(5, np.int64), "five")])
+    p = save(tmp_path, loop_graph(body, {"x0": [1]}, ["x"], m))
+    x = x0 = np.array([3.0], np.float32)
+    for _ in range(m):
+        cond = x.size < 5
+        x = np.concatenate([x, x[-1:] + 1])
+        if not cond:
+            break
+    check(p, {"x0": x0}, {"x": x}, tmp_path, planned=m <= 4)
+
+
+@pytest.mark.parametrize("m", [1, 2, 5])
+def test_carried_swap_written_in_place(tmp_path, m):
+    # a' = Relu(b) (written over b's memory, handed back as b's tensor) and b' = a (a's
+    # tensor handed back): each old carried value is taken over by some output, and none
+    # may be freed while the loop still holds it
+    body = helper.make_graph(
+        [helper.make_node("Relu", ["b"], ["rb"]),
+         helper.make_node("Identity", ["cond"], ["cond1"])],
+        "body",
+        [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+         helper.make_tensor_value_info("cond", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("a", F, None),
+         helper.make_tensor_value_info("b", F, None)],
+        [helper.make_tensor_value_info("cond1", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("rb", F, None),
+         helper.make_tensor_value_info("a", F, None)])
+    p = save(tmp_path, loop_graph(body, {"a0": [4], "b0": [4]}, ["a", "b"], m))
+    a0 = np.array([1.5, -2.0, 3.0, -0.5], np.float32)
+    b0 = np.array([-1.0, 4.0, -3.5, 2.0], np.float32)
+    a, b = a0, b0
+    for _ in range(m):
+        a, b = np.maximum(b, 0), a
+    check(p, {"a0": a0, "b0": b0}, {"a": a, "b": b}, tmp_path)
