@@ -369,7 +369,8 @@ kiln_status kiln_prom_parse_vector(const char *body, size_t len, kiln_prom_sampl
             continue;
         if (tv >= 0) {
             double v = label_double(&d, tv);
-            s->version = isfinite(v) && v >= 0 ? (int64_t)v : -1;
+            /* a version label past int64_t (a "1e30") names no version: not converted */
+            s->version = isfinite(v) && v >= 0 && v < 9223372036854775808.0 ? (int64_t)v : -1;
         }
         if (to >= 0) {
             char *o = kiln_json_string_dup(&d, to, NULL);
