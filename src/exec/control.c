@@ -71,6 +71,23 @@ KILN_REF_OP(If, if_infer, if_run);
 
 /* ---- Loop ---- */
 
+kiln_status kiln_loop_inputs(const struct kiln_node *n, kiln_tensor *const *in, int64_t *max_trip,
+                             bool *bounded, bool *cond)
+{
+    for (int k = 0; k < 2; k++)
+        if (in[k] && kiln_tensor_count(in[k]) != 1)
+            return kiln_node_error(n, KILN_ERR_INVALID_ARGUMENT, "%s must have one element, got %lld",
+                                   k ? "the condition" : "the trip count M",
+                                   (long long)kiln_tensor_count(in[k]));
+    if (in[0]) {
+        *max_trip = kiln_tensor_i64(in[0], 0);
+        *bounded = true;
+        if (*max_trip < 0) *max_trip = 0;
+    }
+    *cond = in[1] ? kiln_tensor_f64(in[1], 0) != 0 : true;
+    return KILN_OK;
+}
+
 /* The body and arity checks, run by both the shape function and the
  * kernel (a Loop inside a subgraph is only inferred leniently). */
 static kiln_status loop_check(const struct kiln_node *n, int n_in, int n_out,
@@ -166,17 +183,9 @@ static kiln_status loop_run(struct kiln_run_ctx *ctx)
     int n_scan = body->n_outputs - 1 - n_carried;
     int64_t max_trip = LOOP_MAX_ITERATIONS;
     bool bounded = false;
-    for (int k = 0; k < 2; k++)
-        if (ctx->in[k] && kiln_tensor_count(ctx->in[k]) != 1)
-            return kiln_node_error(n, KILN_ERR_INVALID_ARGUMENT, "%s must have one element, got %lld",
-                                   k ? "the condition" : "the trip count M",
-                                   (long long)kiln_tensor_count(ctx->in[k]));
-    if (ctx->in[0]) {
-        max_trip = kiln_tensor_i64(ctx->in[0], 0);
-        bounded = true;
-        if (max_trip < 0) max_trip = 0;
-    }
-    bool cond = ctx->in[1] ? kiln_tensor_f64(ctx->in[1], 0) != 0 : true;
+    bool cond;
+    kiln_status lst = kiln_loop_inputs(n, ctx->in, &max_trip, &bounded, &cond);
+    if (lst != KILN_OK) return lst;
     kiln_status st = KILN_OK;
     kiln_tensor **carried = calloc((size_t)n_carried + 1, sizeof *carried);
     kiln_tensor **bin = calloc((size_t)n_carried + 3, sizeof *bin);

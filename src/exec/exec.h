@@ -51,6 +51,13 @@ kiln_status kiln_exec_check_deadline(const struct kiln_run_options *ro);
 kiln_status kiln_exec_node(const struct kiln_node *n, kiln_tensor *const *in, kiln_tensor **out,
                            struct kiln_exec_frame *f, int64_t max_tensor_bytes);
 
+/* A Loop's optional inputs M and cond (in[0], in[1]), read the same way by the reference
+ * Loop and the Loop step of a plan: each must have one element (an error naming n
+ * otherwise); M present sets *max_trip (negative counts as 0) and *bounded, else both stay
+ * as the caller set them; *cond is cond's truth, true when absent. */
+kiln_status kiln_loop_inputs(const struct kiln_node *n, kiln_tensor *const *in, int64_t *max_trip,
+                             bool *bounded, bool *cond);
+
 /* The current value of id in frame f (following captures to parents). */
 kiln_tensor *kiln_exec_value(struct kiln_exec_frame *f, int id);
 

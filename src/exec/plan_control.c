@@ -580,17 +580,9 @@ static kiln_status loop_run_plan(struct control *c, struct kiln_run_ctx *ctx)
     int nc = c->n_carried, ns = c->n_scan;
     int64_t max_trip = PLAN_LOOP_MAX_ITERATIONS;
     bool bounded = false;
-    for (int k = 0; k < 2; k++)
-        if (ctx->in[k] && kiln_tensor_count(ctx->in[k]) != 1)
-            return kiln_node_error(n, KILN_ERR_INVALID_ARGUMENT, "%s must have one element, got %lld",
-                                   k ? "the condition" : "the trip count M",
-                                   (long long)kiln_tensor_count(ctx->in[k]));
-    if (ctx->in[0]) {
-        max_trip = kiln_tensor_i64(ctx->in[0], 0);
-        bounded = true;
-        if (max_trip < 0) max_trip = 0;
-    }
-    bool cond = ctx->in[1] ? kiln_tensor_f64(ctx->in[1], 0) != 0 : true;
+    bool cond;
+    kiln_status lst = kiln_loop_inputs(n, ctx->in, &max_trip, &bounded, &cond);
+    if (lst != KILN_OK) return lst;
     int nb = 2 + nc;
     int n_bout = 1 + nc + ns;
     kiln_tensor **mem = calloc((size_t)(nb + nc + 2 * n_bout) + 1, sizeof *mem);
