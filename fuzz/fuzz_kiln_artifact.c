@@ -63,7 +63,8 @@ out:
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    kiln_load_options lo = {.format = KILN_FORMAT_KILN, .tags = NULL};
+    /* the plans the file asks to precompile at load get the same bound as the run below */
+    kiln_load_options lo = {.format = KILN_FORMAT_KILN, .tags = NULL, .max_tensor_bytes = 64 << 20};
     kiln_model *model = NULL;
     if (kiln_model_load_memory(data, size, &lo, &model) != KILN_OK) {
         const char *msg = kiln_last_error();

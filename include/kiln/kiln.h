@@ -187,6 +187,9 @@ typedef enum kiln_format {
 typedef struct kiln_load_options {
     kiln_format format;        /* KILN_FORMAT_AUTO detects from the path */
     const char *tags;          /* SavedModel MetaGraph tags, comma-separated; NULL = "serve" */
+    int64_t max_tensor_bytes;  /* bound on any one value of the plans a .kiln file asks to
+                                  precompile at load (its batch sizes): a file asking for more
+                                  is refused, naming the node; 0 = 16 GiB */
 } kiln_load_options;
 
 /* Load from a file or model folder. */

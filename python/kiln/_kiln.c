@@ -345,7 +345,7 @@ static int Session_init(SessionObject *self, PyObject *args, PyObject *kw)
         raise_invalid("precision must be 'fp32', 'bf16' or 'int8', got '%.100s'", precision_name);
         return -1;
     }
-    kiln_load_options lo = {KILN_FORMAT_AUTO, tags};
+    kiln_load_options lo = {KILN_FORMAT_AUTO, tags, 0};
     kiln_model *model = NULL;
     kiln_status st;
     if (PyObject_CheckBuffer(source) && !PyUnicode_Check(source)) {

@@ -154,14 +154,21 @@ static bool file_is_kiln(const char *path)
 
 /* Compile the plans a .kiln file asks for at load (its batch sizes, in its
  * precision), so that the first request finds them ready. */
-static kiln_status artifact_precompile(struct kiln_model *m)
+static kiln_status artifact_precompile(struct kiln_model *m, const kiln_load_options *lo)
 {
     if (!m->artifact || !m->artifact->n_batch_sizes) return KILN_OK;
     kiln_session *s;
-    kiln_status st = kiln_session_create(m, NULL, NULL, &s);
+    kiln_session_options so;
+    kiln_session_options_init(&so);
+    /* bounded before any kernel is built: a file cannot make load build
+     * primitives for values of any size it likes */
+    if (lo && lo->max_tensor_bytes > 0) so.max_tensor_bytes = lo->max_tensor_bytes;
+    kiln_status st = kiln_session_create(m, NULL, &so, &s);
     if (st != KILN_OK) return st;
     st = kiln_session_precompile(s, m->artifact->batch_sizes, m->artifact->n_batch_sizes);
     kiln_session_free(s);
+    if (st != KILN_OK)
+        kiln_error_wrap(st, "precompiling the batch sizes the .kiln file asks for");
     return st;
 }
 
@@ -384,7 +391,7 @@ kiln_status kiln_model_load(const char *path, const kiln_load_options *opts, kil
             st = load_onnx_file(path, m);
     }
     if (st == KILN_OK) st = model_prepare(m);
-    if (st == KILN_OK) st = artifact_precompile(m);
+    if (st == KILN_OK) st = artifact_precompile(m, opts);
     if (st != KILN_OK) {
         model_free(m);
         return st;
@@ -419,7 +426,7 @@ kiln_status kiln_model_load_memory(const void *data, size_t size, const kiln_loa
     else
         st = kiln_onnx_load(data ? data : "", size, NULL, m);
     if (st == KILN_OK) st = model_prepare(m);
-    if (st == KILN_OK) st = artifact_precompile(m);
+    if (st == KILN_OK) st = artifact_precompile(m, opts);
     if (st != KILN_OK) {
         model_free(m);
         return st;
@@ -445,7 +452,7 @@ kiln_status kiln_model_load_files(const char *dir, const kiln_memory_file *files
     }
     kiln_format fmt = opts ? opts->format : KILN_FORMAT_AUTO;
     if (onnx && fmt != KILN_FORMAT_SAVEDMODEL) {
-        kiln_load_options lo = {KILN_FORMAT_ONNX, opts ? opts->tags : NULL};
+        kiln_load_options lo = {KILN_FORMAT_ONNX, opts ? opts->tags : NULL, 0};
         kiln_status st = kiln_model_load_memory(onnx->data, onnx->size, &lo, out);
         return st == KILN_OK ? st : kiln_error_wrap(st, "%s/model.onnx", dir);
     }
@@ -460,7 +467,7 @@ kiln_status kiln_model_load_files(const char *dir, const kiln_memory_file *files
                                                  dir, &src, opts ? opts->tags : NULL, m);
     if (st != KILN_OK) kiln_error_wrap(st, "%s", dir);
     if (st == KILN_OK) st = model_prepare(m);
-    if (st == KILN_OK) st = artifact_precompile(m);
+    if (st == KILN_OK) st = artifact_precompile(m, opts);
     if (st != KILN_OK) {
         model_free(m);
         return st;
@@ -776,10 +783,10 @@ static kiln_status run_graph(kiln_session *s, const struct kiln_graph *g, bool u
         struct kiln_plan *p = NULL;
         struct kiln_weight_cache *wc =
             use_opt && s->own_graph ? s->own_weights : s->model->weights;
-        kiln_status st = kiln_plan_cache_get(pc, g, (const kiln_tensor *const *)gin, wc,
-                                             s->opts.threads, &p);
         int64_t limit = s->opts.max_tensor_bytes > 0 ? s->opts.max_tensor_bytes
                                                      : KILN_EXEC_DEFAULT_MAX_TENSOR_BYTES;
+        kiln_status st = kiln_plan_cache_get(pc, g, (const kiln_tensor *const *)gin, wc,
+                                             s->opts.threads, limit, &p);
         if (st == KILN_OK && kiln_plan_max_value_bytes(p) > (size_t)limit) {
             kiln_plan_cache_release(pc, p);
             return kiln_error(KILN_ERR_OUT_OF_MEMORY,
@@ -906,6 +913,8 @@ kiln_status kiln_session_precompile(kiln_session *s, const int64_t *batch_sizes,
     struct kiln_plan_cache *pc = plans_for(s, use_opt);
     struct kiln_weight_cache *wc = use_opt && s->own_graph ? s->own_weights : s->model->weights;
     kiln_status st = KILN_OK;
+    int64_t limit = s->opts.max_tensor_bytes > 0 ? s->opts.max_tensor_bytes
+                                                 : KILN_EXEC_DEFAULT_MAX_TENSOR_BYTES;
     kiln_tensor **gin = calloc((size_t)g->n_inputs + 1, sizeof *gin);
     if (!gin) return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory");
     for (int b = 0; b < n && st == KILN_OK; b++) {
@@ -934,7 +943,7 @@ kiln_status kiln_session_precompile(kiln_session *s, const int64_t *batch_sizes,
         if (st == KILN_OK && plannable) {
             struct kiln_plan *p = NULL;
             st = kiln_plan_cache_get(pc, g, (const kiln_tensor *const *)gin, wc, s->opts.threads,
-                                     &p);
+                                     limit, &p);
             if (st == KILN_OK) kiln_plan_cache_release(pc, p);
             if (st == KILN_ERR_UNSUPPORTED) st = KILN_OK; /* runs on the reference executor */
         }

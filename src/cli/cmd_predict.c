@@ -275,7 +275,7 @@ int kiln_cmd_predict(int argc, char **argv)
     kiln_model *m = NULL;
     if (a.key_ring) { /* an encrypted folder, decrypted in memory (serve/integrity.c) */
         kiln_integrity_options io = {NULL, a.key_ring};
-        kiln_load_options lo = {KILN_FORMAT_AUTO, a.tags};
+        kiln_load_options lo = {KILN_FORMAT_AUTO, a.tags, 0};
         char err[KILN_JSON_ERR_LEN];
         if (kiln_integrity_load(&io, a.model, &lo, &m, err) != KILN_OK)
             kiln_cli_fail("%s: %s", a.model, err);

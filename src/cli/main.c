@@ -159,7 +159,7 @@ bool kiln_cli_parse_int(const char *s, int lo, int hi, int *out)
 
 kiln_model *kiln_cli_load_model(const char *path, const char *tags)
 {
-    kiln_load_options lo = {KILN_FORMAT_AUTO, tags};
+    kiln_load_options lo = {KILN_FORMAT_AUTO, tags, 0};
     kiln_model *m = NULL;
     if (kiln_model_load(path, &lo, &m) != KILN_OK) {
         const char *msg = kiln_last_error();

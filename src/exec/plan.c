@@ -57,6 +57,10 @@ static int64_t now_ns(void)
 
 /* ---- compile helpers ---- */
 
+/* The bound on one value's bytes while compiling on this thread (0: none);
+ * set by kiln_plan_cache_get, read by every plan compiled inside it. */
+static _Thread_local int64_t compile_value_limit;
+
 static size_t align_up(size_t n) { return (n + PLAN_ALIGN - 1) & ~(size_t)(PLAN_ALIGN - 1); }
 
 static size_t type_bytes(const struct kiln_type *t, int layout)
@@ -1255,6 +1259,20 @@ kiln_status kiln_plan_compile_typed(const struct kiln_graph *g, const struct kil
             st = kiln_plan_unsupported(n, "output shapes depend on data");
             goto fail;
         }
+        for (int k = 0; k < n->n_out && compile_value_limit > 0; k++) {
+            int64_t count = kiln_shape_count(outtype[k].rank, outtype[k].dims);
+            int64_t es = (int64_t)kiln_dtype_size(outtype[k].dtype);
+            if (count < 0 || (es > 0 && count > compile_value_limit / es)) {
+                char shape[160];
+                st = kiln_node_error(n, KILN_ERR_OUT_OF_MEMORY,
+                                     "output %d of shape %s would need more than the limit of "
+                                     "%lld bytes per tensor", k,
+                                     kiln_shape_str(outtype[k].rank, outtype[k].dims, shape,
+                                                    sizeof shape),
+                                     (long long)compile_value_limit);
+                goto fail;
+            }
+        }
         for (int k = 0; k < n->n_out; k++)
             if (outtype[k].dtype == KILN_DTYPE_STRING) {
                 st = kiln_plan_unsupported(n, "it produces strings");
@@ -2100,7 +2118,7 @@ static bool key_match(const struct cache_entry *e, const kiln_tensor *const *inp
 
 kiln_status kiln_plan_cache_get(struct kiln_plan_cache *c, const struct kiln_graph *g,
                                 const kiln_tensor *const *inputs, struct kiln_weight_cache *w,
-                                int threads, struct kiln_plan **out)
+                                int threads, int64_t max_value_bytes, struct kiln_plan **out)
 {
     *out = NULL;
     pthread_mutex_lock(&c->mu);
@@ -2120,7 +2138,10 @@ kiln_status kiln_plan_cache_get(struct kiln_plan_cache *c, const struct kiln_gra
         return st;
     }
     struct kiln_plan *p = NULL;
+    int64_t outer_limit = compile_value_limit;
+    compile_value_limit = max_value_bytes;
     kiln_status st = plan_compile_mixed(g, inputs, w, threads, c->precision, c->ov, c->n_ov, &p);
+    compile_value_limit = outer_limit;
     if (st != KILN_OK && st != KILN_ERR_UNSUPPORTED) {
         pthread_mutex_unlock(&c->mu);
         return st;

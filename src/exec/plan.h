@@ -96,10 +96,13 @@ kiln_status kiln_plan_cache_set_node_precisions(struct kiln_plan_cache *c,
 /* The plan for these inputs' shapes, compiled on a miss. The plan stays
  * valid until kiln_plan_cache_release; *out may be NULL with KILN_OK never.
  * KILN_ERR_UNSUPPORTED means the graph cannot be planned (cached too, so
- * the next call fails fast). */
+ * the next call fails fast). max_value_bytes > 0 bounds a compile on a miss:
+ * a step whose output would need more bytes fails with KILN_ERR_OUT_OF_MEMORY
+ * (not cached) before any kernel is built for it, so a hostile batch size
+ * cannot make oneDNN build primitives for terabytes. */
 kiln_status kiln_plan_cache_get(struct kiln_plan_cache *c, const struct kiln_graph *g,
                                 const kiln_tensor *const *inputs, struct kiln_weight_cache *w,
-                                int threads, struct kiln_plan **out);
+                                int threads, int64_t max_value_bytes, struct kiln_plan **out);
 void kiln_plan_cache_release(struct kiln_plan_cache *c, struct kiln_plan *p);
 /* Print the profile of every cached plan. */
 void kiln_plan_cache_profile_print(struct kiln_plan_cache *c, FILE *f);

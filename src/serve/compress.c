@@ -100,7 +100,7 @@ void kiln_compress_lookup(const kiln_compress_options *o, const char *dir,
     }
     struct stat sb;
     if (stat(st->cache_file, &sb) != 0) return; /* a miss: kiln_compress_session stores it */
-    kiln_load_options lo = {KILN_FORMAT_KILN, NULL};
+    kiln_load_options lo = {KILN_FORMAT_KILN, NULL, 0};
     kiln_model *m = NULL;
     if (kiln_model_load(st->cache_file, &lo, &m) != KILN_OK) {
         const char *why = kiln_last_error();

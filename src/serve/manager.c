@@ -575,7 +575,7 @@ static kiln_status servable_load(kiln_manager *m, const char *name, const char *
         free(s);
         goto err_oom;
     }
-    kiln_load_options lo = {KILN_FORMAT_AUTO, m->opts.saved_model_tags};
+    kiln_load_options lo = {KILN_FORMAT_AUTO, m->opts.saved_model_tags, 0};
     if (m->opts.prefer_tflite) { /* TF Serving's --prefer_tflite_model */
         size_t n = strlen(dir) + sizeof "/model.tflite";
         char *tfl = malloc(n);

@@ -267,7 +267,7 @@ static void expect_fail(const unsigned char *p, size_t n, const char *want, cons
     const char *msg = kiln_last_error();
     CHECK(strstr(msg, path) != NULL, "%s: message does not name the file: %s", what, msg);
     CHECK(!want || strstr(msg, want), "%s: message lacks '%s': %s", what, want, msg);
-    kiln_load_options lo = {KILN_FORMAT_KILN, NULL};
+    kiln_load_options lo = {KILN_FORMAT_KILN, NULL, 0};
     st = kiln_model_load_memory(p, n, &lo, &m);
     CHECK(st != KILN_OK, "%s: loaded from memory", what);
     if (st == KILN_OK) kiln_model_free(m);

@@ -891,7 +891,7 @@ static void test_plan_cache(void)
         int64_t d[2] = {batches[i], 64};
         kiln_tensor *in = rand_tensor(2, d, 1, 0), *got = NULL, *want = NULL;
         struct kiln_plan *p = NULL;
-        kiln_status st = kiln_plan_cache_get(pc, b.g, (const kiln_tensor *const *)&in, wc, 2, &p);
+        kiln_status st = kiln_plan_cache_get(pc, b.g, (const kiln_tensor *const *)&in, wc, 2, 0, &p);
         if (st == KILN_OK) st = kiln_plan_run(p, &in, &got, 2, NULL);
         if (st == KILN_OK) st = kiln_exec_run_limited(b.g, &in, &want, 0, NULL);
         CHECK(st == KILN_OK, "plan cache: batch %lld: %s", (long long)batches[i],

@@ -123,17 +123,23 @@ static kiln_status pair(const struct kiln_node *n, const char *name, int64_t dfl
     return KILN_OK;
 }
 
-/* Per-channel (or single) multipliers and shifts; *cnt their count. */
-static kiln_status mults(const struct kiln_node *n, const int64_t **m, const int64_t **s, int *cnt)
+/* Per-channel (or single) multipliers and shifts; *cnt their count. The
+ * 16x8 kernels (int64 accumulator) take shifts up to 7 only, as TFLite's own
+ * MultiplyByQuantizedMultiplier for int64 does; the 8-bit ones up to 30. */
+static kiln_status mults(const struct kiln_node *n, bool x16, const int64_t **m, const int64_t **s,
+                         int *cnt)
 {
+    int max_shift = x16 ? 7 : 30;
     int a = kiln_attr_ints(n, "multipliers", m), b = kiln_attr_ints(n, "shifts", s);
     if (a < 1 || a != b)
         return kiln_node_error(n, KILN_ERR_INVALID_MODEL, "multipliers (%d) and shifts (%d) must "
                                "be given, as many of each", a, b);
     for (int i = 0; i < a; i++)
-        if ((*m)[i] < 0 || (*m)[i] > INT32_MAX || (*s)[i] < -31 || (*s)[i] > 30)
+        if ((*m)[i] < 0 || (*m)[i] > INT32_MAX || (*s)[i] < -31 || (*s)[i] > max_shift)
             return kiln_node_error(n, KILN_ERR_INVALID_MODEL, "multiplier %lld with shift %lld "
-                                   "is out of range", (long long)(*m)[i], (long long)(*s)[i]);
+                                   "is out of range (shift -31 to %d%s)", (long long)(*m)[i],
+                                   (long long)(*s)[i], max_shift,
+                                   x16 ? " for 16-bit activations" : "");
     *cnt = a;
     return KILN_OK;
 }
@@ -253,7 +259,7 @@ static kiln_status conv_run(struct kiln_run_ctx *ctx)
         return st;
     const int64_t *m, *sh;
     int nm;
-    if ((st = mults(n, &m, &sh, &nm)) != KILN_OK) return st;
+    if ((st = mults(n, x->dtype == KILN_DTYPE_I16, &m, &sh, &nm)) != KILN_OK) return st;
     bool dw = kiln_attr_int(n, "depthwise", 0) != 0, same = kiln_attr_int(n, "same", 0) != 0;
     int64_t in_off = kiln_attr_int(n, "input_offset", 0), w_off = kiln_attr_int(n, "weights_offset", 0);
     int64_t out_off = kiln_attr_int(n, "output_offset", 0);
@@ -369,7 +375,7 @@ static kiln_status fc_run(struct kiln_run_ctx *ctx)
     kiln_tensor *y = ctx->out[0];
     const int64_t *m, *sh;
     int nm;
-    kiln_status st = mults(n, &m, &sh, &nm);
+    kiln_status st = mults(n, x->dtype == KILN_DTYPE_I16, &m, &sh, &nm);
     if (st != KILN_OK) return st;
     int64_t nout = w->dims[0], k = w->dims[1], rows = k ? kiln_tensor_count(x) / k : 0;
     bool x16 = x->dtype == KILN_DTYPE_I16;
