@@ -126,6 +126,10 @@ static dnnl_primitive_desc_t conv_pd(const struct conv_build *b, dnnl_alg_kind_t
     return pd;
 }
 
+/* conv_winograd_pays: F(2x2,3x3) is declined below this many products of output pixels
+ * (batch included), input and output channels (N * OH * OW * C * M; direct flops / 18). */
+#define WINO_MIN_PRODUCTS 2e6
+
 /* Whether the Winograd primitive pd (oneDNN's F(m x m, 3x3) for the m its name gives)
  * is expected to beat the direct algorithm on b's shape. Measured per primitive on the zoo
  * (googlenet, densenet121, squeezenet1_1, alexnet, wide_resnet50_2; batch 1 and 8), it loses
@@ -152,7 +156,20 @@ static int conv_winograd_pays(const struct conv_build *b, const_dnnl_primitive_d
     int64_t oh = b->dst.dims[2], ow = b->dst.dims[3];
     if (c * oc / (c + oc) < 32.0 && oh * ow <= 64) return 0;
     double tiled = (double)((oh + m - 1) / m * m) * (double)((ow + m - 1) / m * m);
-    return tiled < 1.5 * (double)oh * (double)ow;
+    if (tiled >= 1.5 * (double)oh * (double)ow) return 0;
+    /* F(2x2,3x3), oneDNN's tile for small images, measured per primitive at batch 1 on 2
+     * threads (40 shapes, images 5x5 to 28x28, 16 to 512 channels; Winograd / direct time):
+     * under 1.2M products of output pixels, C and M it lost everywhere (squeezenet's 48 ->
+     * 192 on 5x5 1.4x, 32 -> 128 on 11x11 1.4-1.6x, 16 -> 64 on 14x14 2x, 64 -> 64 on 14x14
+     * and 128 -> 128 on 7x7 1.1x): too few tiles for its three phases; from 1.2M to 2M it
+     * won by 6-14% on most channel counts (256 -> 256 on 5x5, 192 -> 192 and 128 -> 256 on
+     * 7x7, 64 -> 256 on 11x11) but lost 1.3-2.1x on others (alexnet's 192 -> 384 on 5x5,
+     * 1.84M: 0.2 ms against 0.1; 112 -> 224 on 7x7), its blocking for those channel counts;
+     * above 2M it won but for 384 -> 192 and 192 -> 384 (1.2-1.4x up to 14x14) and was even
+     * on 160 -> 320 (28x28 and up take F(4x4,3x3)). Declined under WINO_MIN_PRODUCTS (2M),
+     * which keeps the large losses out for small gains given up. */
+    if (m == 2 && (double)b->dst.dims[0] * (double)(oh * ow) * c * oc < WINO_MIN_PRODUCTS) return 0;
+    return 1;
 }
 
 static kiln_status conv_make(void *arg, struct kd_variant *v, int threads)
