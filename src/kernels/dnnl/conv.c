@@ -143,7 +143,8 @@ static dnnl_primitive_desc_t conv_pd(const struct conv_build *b, dnnl_alg_kind_t
  * in oneDNN's tiles of 4 (1.78x the area) ran 1.15-1.3x slower than direct at batch 8 on
  * every channel count, 5x5 in tiles of 4 (2.56x) 1.6x slower, where 5x5 in tiles of 2
  * (1.44x) was about even. So Winograd is declined where C * M / (C + M) < 32 on images of
- * at most 64 outputs, or where the tiles cover 1.5x the output or more. */
+ * at most 64 outputs, or where the tiles cover 1.5x the output or more, or (measured later,
+ * below) in tiles of 2 on fewer than WINO_MIN_PRODUCTS. */
 static int conv_winograd_pays(const struct conv_build *b, const_dnnl_primitive_desc_t pd)
 {
     const char *impl = NULL;
@@ -645,8 +646,8 @@ static kiln_status conv_try_any(struct conv_build *b, struct conv_state *s, doub
  * than 4 in H or W: a tile of F(4x4,3x3) then computes mostly padding, and the direct
  * algorithm was measured 2.5x faster on inception_v3's 3x3 convolutions of 2x2 images
  * (0.8-1.0 against 2.4-2.6 ms at batch 8). Where oneDNN then offers its Winograd
- * kernel, conv_winograd_pays still declines it for few channels or tiles much larger
- * than the image. KILN_WINOGRAD=0 in the environment turns it off (the direct algorithm
+ * kernel, conv_winograd_pays still declines it for few channels, tiles much larger than
+ * the image, or too little work for tiles of 2. KILN_WINOGRAD=0 in the environment turns it off (the direct algorithm
  * everywhere). */
 static int conv_use_winograd(int rank, const int64_t *wdims, const int64_t *ydims,
                              int64_t group, const struct conv_build *b)
