@@ -510,8 +510,9 @@ static void test_conv(void)
     }
     unsetenv("KILN_WINOGRAD");
     /* where Winograd runs (conv_winograd_pays): declined for few channels
-     * (C * M / (C + M) < 32) on images of at most 64 outputs, and where the tiles cover
-     * 1.5x the output or more; blocked by 16, the layout of the chains it runs in.
+     * (C * M / (C + M) < 32) on images of at most 64 outputs, where the tiles cover
+     * 1.5x the output or more, and in tiles of 2 for fewer than 2M products of output
+     * pixels, C and M; blocked by 16, the layout of the chains it runs in.
      * wino: 1 Winograd, 0 direct, 2 anything but F(4x4,3x3) (oneDNN picks the tile) */
     static const struct {
         struct conv_case k;
@@ -520,8 +521,10 @@ static void test_conv(void)
         {{1, 64, 28, 28, 64, 3, 3, 1, 1, 1, {1, 1, 1, 1}, NULL, 1, 0, "Relu", 0, 0}, 1},
         {{4, 64, 20, 20, 96, 3, 3, 1, 1, 1, {1, 1, 1, 1}, NULL, 1, 0, "Relu", 0, 0}, 1},
         {{2, 128, 8, 8, 128, 3, 3, 1, 1, 1, {1, 1, 1, 1}, NULL, 0, 1, "", 0, 0}, 1},
-        /* 7x7 (resnet's last stage): tiles of 2 or 4 cover 1.31x */
-        {{2, 128, 7, 7, 128, 3, 3, 1, 1, 1, {1, 1, 1, 1}, NULL, 0, 1, "", 0, 0}, 1},
+        /* 7x7: tiles of 2 or 4 cover 1.31x, but 128 -> 128 at batch 2 is 1.6M products
+         * (Winograd measured 1.14-1.26x slower); resnet's last stage (512 channels) keeps it */
+        {{2, 128, 7, 7, 128, 3, 3, 1, 1, 1, {1, 1, 1, 1}, NULL, 0, 1, "", 0, 0}, 0},
+        {{1, 512, 7, 7, 512, 3, 3, 1, 1, 1, {1, 1, 1, 1}, NULL, 0, 1, "", 0, 0}, 1},
         /* few channels on a larger image (squeezenet's 23x23) */
         {{4, 32, 20, 20, 48, 3, 3, 1, 1, 1, {1, 1, 1, 1}, NULL, 1, 0, "Relu", 0, 0}, 1},
         /* few channels on small images (googlenet's 6x6 branches, densenet121's 8x8) */
@@ -531,6 +534,15 @@ static void test_conv(void)
         /* 5x5 and 6x6 at batch 8 (squeezenet's, googlenet's): never in tiles of 4 */
         {{8, 64, 5, 5, 256, 3, 3, 1, 1, 1, {1, 1, 1, 1}, NULL, 1, 0, "Relu", 0, 0}, 2},
         {{8, 128, 6, 6, 256, 3, 3, 1, 1, 1, {1, 1, 1, 1}, NULL, 1, 0, "Relu", 0, 0}, 2},
+        /* batch 1, tiles of 2, under 2M products: squeezenet's 5x5 and 11x11 expands
+         * (0.23M, 0.5M), 64 -> 64 on 14x14 (0.8M), alexnet's 192 -> 384 on 5x5 (1.84M) */
+        {{1, 48, 5, 5, 192, 3, 3, 1, 1, 1, {1, 1, 1, 1}, NULL, 1, 0, "Relu", 0, 0}, 0},
+        {{1, 32, 11, 11, 128, 3, 3, 1, 1, 1, {1, 1, 1, 1}, NULL, 1, 0, "Relu", 0, 0}, 0},
+        {{1, 64, 14, 14, 64, 3, 3, 1, 1, 1, {1, 1, 1, 1}, NULL, 1, 1, "Relu", 0, 0}, 0},
+        {{1, 192, 5, 5, 384, 3, 3, 1, 1, 1, {1, 1, 1, 1}, NULL, 1, 0, "Relu", 0, 0}, 0},
+        /* over it: alexnet's 384 -> 256 on 5x5 (2.5M), 256 -> 256 on 7x7 at batch 2 (6.4M) */
+        {{1, 384, 5, 5, 256, 3, 3, 1, 1, 1, {1, 1, 1, 1}, NULL, 1, 0, "Relu", 0, 0}, 1},
+        {{2, 256, 7, 7, 256, 3, 3, 1, 1, 1, {1, 1, 1, 1}, NULL, 1, 1, "Relu", 0, 0}, 1},
     };
     /* oneDNN's f32 Winograd kernels need AVX-512: elsewhere only the cases
      * expecting the direct algorithm (or no F(4x4)) say anything */

@@ -126,6 +126,10 @@ static dnnl_primitive_desc_t conv_pd(const struct conv_build *b, dnnl_alg_kind_t
     return pd;
 }
 
+/* conv_winograd_pays: F(2x2,3x3) is declined below this many products of output pixels
+ * (batch included), input and output channels (N * OH * OW * C * M; direct flops / 18). */
+#define WINO_MIN_PRODUCTS 2e6
+
 /* Whether the Winograd primitive pd (oneDNN's F(m x m, 3x3) for the m its name gives)
  * is expected to beat the direct algorithm on b's shape. Measured per primitive on the zoo
  * (googlenet, densenet121, squeezenet1_1, alexnet, wide_resnet50_2; batch 1 and 8), it loses
@@ -139,7 +143,8 @@ static dnnl_primitive_desc_t conv_pd(const struct conv_build *b, dnnl_alg_kind_t
  * in oneDNN's tiles of 4 (1.78x the area) ran 1.15-1.3x slower than direct at batch 8 on
  * every channel count, 5x5 in tiles of 4 (2.56x) 1.6x slower, where 5x5 in tiles of 2
  * (1.44x) was about even. So Winograd is declined where C * M / (C + M) < 32 on images of
- * at most 64 outputs, or where the tiles cover 1.5x the output or more. */
+ * at most 64 outputs, or where the tiles cover 1.5x the output or more, or (measured later,
+ * below) in tiles of 2 on fewer than WINO_MIN_PRODUCTS. */
 static int conv_winograd_pays(const struct conv_build *b, const_dnnl_primitive_desc_t pd)
 {
     const char *impl = NULL;
@@ -152,7 +157,20 @@ static int conv_winograd_pays(const struct conv_build *b, const_dnnl_primitive_d
     int64_t oh = b->dst.dims[2], ow = b->dst.dims[3];
     if (c * oc / (c + oc) < 32.0 && oh * ow <= 64) return 0;
     double tiled = (double)((oh + m - 1) / m * m) * (double)((ow + m - 1) / m * m);
-    return tiled < 1.5 * (double)oh * (double)ow;
+    if (tiled >= 1.5 * (double)oh * (double)ow) return 0;
+    /* F(2x2,3x3), oneDNN's tile for small images, measured per primitive at batch 1 on 2
+     * threads (40 shapes, images 5x5 to 28x28, 16 to 512 channels; Winograd / direct time):
+     * under 1.2M products of output pixels, C and M it lost everywhere (squeezenet's 48 ->
+     * 192 on 5x5 1.4x, 32 -> 128 on 11x11 1.4-1.6x, 16 -> 64 on 14x14 2x, 64 -> 64 on 14x14
+     * and 128 -> 128 on 7x7 1.1x): too few tiles for its three phases; from 1.2M to 2M it
+     * won by 6-14% on most channel counts (256 -> 256 on 5x5, 192 -> 192 and 128 -> 256 on
+     * 7x7, 64 -> 256 on 11x11) but lost 1.3-2.1x on others (alexnet's 192 -> 384 on 5x5,
+     * 1.84M: 0.2 ms against 0.1; 112 -> 224 on 7x7), its blocking for those channel counts;
+     * above 2M it won but for 384 -> 192 and 192 -> 384 (1.2-1.4x up to 14x14) and was even
+     * on 160 -> 320 (28x28 and up take F(4x4,3x3)). Declined under WINO_MIN_PRODUCTS (2M),
+     * which keeps the large losses out for small gains given up. */
+    if (m == 2 && (double)b->dst.dims[0] * (double)(oh * ow) * c * oc < WINO_MIN_PRODUCTS) return 0;
+    return 1;
 }
 
 static kiln_status conv_make(void *arg, struct kd_variant *v, int threads)
@@ -628,8 +646,8 @@ static kiln_status conv_try_any(struct conv_build *b, struct conv_state *s, doub
  * than 4 in H or W: a tile of F(4x4,3x3) then computes mostly padding, and the direct
  * algorithm was measured 2.5x faster on inception_v3's 3x3 convolutions of 2x2 images
  * (0.8-1.0 against 2.4-2.6 ms at batch 8). Where oneDNN then offers its Winograd
- * kernel, conv_winograd_pays still declines it for few channels or tiles much larger
- * than the image. KILN_WINOGRAD=0 in the environment turns it off (the direct algorithm
+ * kernel, conv_winograd_pays still declines it for few channels, tiles much larger than
+ * the image, or too little work for tiles of 2. KILN_WINOGRAD=0 in the environment turns it off (the direct algorithm
  * everywhere). */
 static int conv_use_winograd(int rank, const int64_t *wdims, const int64_t *ydims,
                              int64_t group, const struct conv_build *b)
