@@ -554,7 +554,8 @@ static void build_simple(struct gb *b)
     int i1 = gb_op1(b, KILN_OP_Identity, x);
     int r0 = gb_op2(b, KILN_OP_Reshape, i1, sh);                                   /* no-op */
     int r = gb_op2(b, KILN_OP_Expand, r0, gb_i64(b, 2, (int64_t[]){1, 5}));        /* no-op */
-    int dr = gb_op1(b, KILN_OP_Dropout, r);
+    int dr = gb_op2(b, KILN_OP_Pad, gb_op1(b, KILN_OP_Dropout, r),
+                    gb_i64(b, 4, (int64_t[]){0, 0, 0, 0}));                        /* no-op */
     int r1 = gb_op1(b, KILN_OP_Relu, dr), r2 = gb_op1(b, KILN_OP_Relu, dr);         /* cse */
     int y, in[1] = {gb_op2(b, KILN_OP_Add, gb_op2(b, KILN_OP_Mul, r1, c), r2)};
     struct kiln_node *n = gb_node(b, KILN_OP_Cast, 1, in, 1, &y);                  /* no-op */
@@ -1192,7 +1193,8 @@ static void test_small(void)
     double d;
     struct kiln_graph *g;
     if ((g = run_case("simple", build_simple, &d))) {
-        /* left: Mul, Add, Relu (Identity/Dropout/Reshape/Expand/Cast/Shape/dead Neg/Add gone) */
+        /* left: Mul, Add, Relu (Identity/Dropout/Reshape/Expand/Pad/Cast/Shape/dead Neg/Add
+         * gone) */
         CHECK(g->n_nodes == 3, "simple: %d nodes left, expected 3", g->n_nodes);
         if (g->n_nodes != 3) dump_graph(g);
         EXPECT_OPS(g, "simple", Relu, 1);
@@ -1201,6 +1203,7 @@ static void test_small(void)
         EXPECT_LOG("simple", "Reshape", false, 1);
         EXPECT_LOG("simple", "Expand", false, 1);
         EXPECT_LOG("simple", "Cast", false, 1);
+        EXPECT_LOG("simple", "Pad", false, 1);
         EXPECT_LOG("simple", "Relu", false, 1); /* CSE */
         CHECK(g->outputs[0] == g->nodes[g->order[g->n_nodes - 1]].out[0] ||
                   g->values[g->outputs[0]].kind == KILN_VALUE_NODE,
