@@ -17,6 +17,8 @@
 #include "exec/plan.h"
 #include "exec/plan_internal.h"
 
+#include <float.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -695,10 +697,11 @@ static kiln_status drop_empty_steps(struct kiln_plan *p)
         }
         if (sp->inst.run) p->n_fast--;
         kiln_kernel_inst_destroy(&sp->inst);
+        /* a Concat folded into its reader is counted apart (concat_folded) */
+        if (sp->n_out < 1 || p->slots[sp->out[0]].kind != SLOT_NONE) p->concat_removed++;
         free(sp->in);
         free(sp->out);
         free(sp->elided);
-        p->concat_removed++;
     }
     map[p->n_steps] = kept;
     for (int v = 0; v < p->n_slots; v++) {
@@ -713,6 +716,183 @@ static kiln_status drop_empty_steps(struct kiln_plan *p)
     for (int si = kept; si < p->n_steps; si++) memset(&p->steps[si], 0, sizeof p->steps[si]);
     p->n_steps = kept;
     free(map);
+    return KILN_OK;
+}
+
+/* ---- Concat folded into its reader ----
+ *
+ * A Concat that still copies after Concat in place (along C at batch N > 1, where
+ * oneDNN's kernels cannot write strided slices, or inputs that could not be placed)
+ * and whose only reader is a per-channel affine step (a depthwise 1x1 convolution
+ * with none, Relu or Clip: what a BatchNormalization no convolution precedes
+ * becomes, opt/conv_bn.c; DenseNet's Concat -> BatchNormalization -> Relu) is not
+ * run: the reader's step reads the Concat's inputs instead (reads_concat) on
+ * simd/concat_affine.c, which writes each input's channels of the reader's output,
+ * scaled, shifted and clamped, and the Concat's output is never stored. Plain
+ * layout with any channel counts; blocked when every input but the last is whole
+ * blocks (else the Concat stays, off-block inputs copied lane by lane). Every input
+ * must be stored densely in the output's layout (not a strided slice of another
+ * Concat's output). KILN_CONCAT_FOLD=0 turns it off. */
+
+/* Whether step d is a depthwise 1x1 convolution of C channels that reads X as its
+ * input 0 only (stride 1, no padding, no dilation, constant weights and bias, no
+ * residual sum) with none, Relu or Clip fused; *lo, *hi: the activation's bounds. */
+static bool per_channel_reader(const struct kiln_plan *p, const struct step *d, int X, int64_t C,
+                               float *lo, float *hi)
+{
+    const struct kiln_node *n = d->node;
+    if ((n->op != KILN_OP_Conv && n->op != KILN_OP_KilnFusedConv) || d->reads_concat ||
+        d->n_in < 2 || d->n_in > 4 || d->in[0] != X || d->n_out != 1 || d->elided)
+        return false;
+    if (d->n_in > 3 && d->in[3] >= 0) return false; /* a residual sum */
+    int w = d->in[1], b = d->n_in > 2 ? d->in[2] : -1;
+    if (w < 0 || w == X || b == X || p->slots[w].kind != SLOT_CONST ||
+        (b >= 0 && p->slots[b].kind != SLOT_CONST))
+        return false;
+    const struct kiln_type *wt = &p->slots[w].type;
+    if (wt->dtype != KILN_DTYPE_F32 || wt->rank != 4 || wt->dims[0] != C || wt->dims[1] != 1 ||
+        wt->dims[2] != 1 || wt->dims[3] != 1)
+        return false;
+    if (b >= 0) {
+        const struct kiln_type *bt = &p->slots[b].type;
+        if (bt->dtype != KILN_DTYPE_F32 || bt->rank != 1 || bt->dims[0] != C) return false;
+    }
+    bool ok = kiln_attr_int(n, "group", 1) == C;
+    static const char *const ones[] = {"strides", "dilations", "kernel_shape"};
+    for (size_t a = 0; a < sizeof ones / sizeof ones[0] && ok; a++) {
+        const int64_t *v;
+        int m = kiln_attr_ints(n, ones[a], &v);
+        for (int i = 0; i < m && ok; i++) ok = v[i] == 1;
+    }
+    const int64_t *pads;
+    int m = kiln_attr_ints(n, "pads", &pads);
+    for (int i = 0; i < m && ok; i++) ok = pads[i] == 0;
+    const char *act = n->op == KILN_OP_KilnFusedConv ? kiln_attr_str(n, "activation", "") : "";
+    *lo = -INFINITY;
+    *hi = INFINITY;
+    if (!strcmp(act, "Relu")) {
+        *lo = 0.0f;
+    } else if (!strcmp(act, "Clip")) {
+        *lo = kiln_attr_float(n, "act_alpha", -FLT_MAX);
+        *hi = kiln_attr_float(n, "act_beta", FLT_MAX);
+        ok = ok && *lo <= *hi;
+    } else if (act[0]) {
+        ok = false;
+    }
+    if (kiln_attr_check(n) != KILN_OK) {
+        kiln_error_clear();
+        return false;
+    }
+    return ok;
+}
+
+static kiln_status concat_fold_reader(struct kiln_plan *p, const struct recompile_env *env)
+{
+    const char *e = getenv("KILN_CONCAT_FOLD");
+    if (e && !strcmp(e, "0")) return KILN_OK;
+    int64_t chans[KILN_MAX_IO];
+    int pieces[KILN_MAX_IO];
+    for (int si = 0; si < p->n_steps; si++) {
+        struct step *sp = &p->steps[si];
+        if (sp->node->op != KILN_OP_Concat || sp->elided || sp->n_out != 1 || sp->n_in < 1 ||
+            sp->n_in > KILN_MAX_IO)
+            continue;
+        int X = sp->out[0];
+        struct slot *xs = &p->slots[X];
+        const struct kiln_type *y = &xs->type;
+        if (xs->kind != SLOT_ARENA || y->dtype != KILN_DTYPE_F32 || y->rank != 4) continue;
+        int64_t axis = kiln_attr_int(sp->node, "axis", 1);
+        if (kiln_attr_check(sp->node) != KILN_OK) {
+            kiln_error_clear();
+            continue;
+        }
+        if (axis != 1 && axis != -3) continue;
+        int lo = xs->layout;
+        /* X's only reader, reading nothing but X through it */
+        bool alone = true;
+        for (int v = 0; v < p->n_slots && alone; v++)
+            alone = !(p->slots[v].kind == SLOT_ALIAS && p->slots[v].alias_of == X);
+        int di = -1;
+        for (int sj = si + 1; sj < p->n_steps && alone; sj++)
+            for (int k = 0; k < p->steps[sj].n_in && alone; k++) {
+                int v = p->steps[sj].in[k];
+                if (v < 0 || kiln_plan_root_of(p, v) != X) continue;
+                alone = di < 0 || di == sj;
+                di = sj;
+            }
+        if (!alone || di < 0) continue;
+        struct step *d = &p->steps[di];
+        /* the inputs: dense, in X's layout, tiling its channels */
+        int np = 0;
+        int64_t sum = 0;
+        bool ok = true;
+        for (int k = 0; k < sp->n_in && ok; k++) {
+            int v = sp->in[k];
+            if (v < 0) continue;
+            const struct slot *s = &p->slots[v];
+            const struct kiln_type *t = &s->type;
+            ok = s->kind != SLOT_NONE && s->host_c == 0 && s->layout == lo &&
+                 t->dtype == KILN_DTYPE_F32 && t->rank == 4 && t->dims[0] == y->dims[0] &&
+                 t->dims[1] > 0 && t->dims[2] == y->dims[2] && t->dims[3] == y->dims[3];
+            if (!ok) break;
+            chans[np] = t->dims[1];
+            pieces[np++] = v;
+            sum += t->dims[1];
+        }
+        for (int k = 0; k + 1 < np && ok && lo; k++) ok = chans[k] % lo == 0;
+        float alo, ahi;
+        if (!ok || !np || sum != y->dims[1] || !per_channel_reader(p, d, X, sum, &alo, &ahi))
+            continue;
+        const struct slot *ds = &p->slots[d->out[0]];
+        if (ds->layout != lo || ds->type.dtype != KILN_DTYPE_F32 || ds->type.rank != 4 ||
+            memcmp(ds->type.dims, y->dims, sizeof(int64_t) * 4) != 0)
+            continue;
+        /* the reader's scale and shift */
+        const kiln_tensor *wt = p->slots[d->in[1]].konst;
+        const kiln_tensor *bt = d->n_in > 2 && d->in[2] >= 0 ? p->slots[d->in[2]].konst : NULL;
+        kiln_status st = kiln_weight_cache_acquire(env->weights, wt, 0);
+        if (st == KILN_OK && bt) st = kiln_weight_cache_acquire(env->weights, bt, 0);
+        if (st != KILN_OK) return st;
+        float *shift = calloc((size_t)sum, sizeof(float));
+        int *nin = malloc(sizeof(int) * (size_t)np);
+        if (!shift || !nin) {
+            free(shift);
+            free(nin);
+            return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory planning a Concat");
+        }
+        if (bt) memcpy(shift, bt->data, sizeof(float) * (size_t)sum);
+        struct kiln_kernel_inst inst;
+        memset(&inst, 0, sizeof inst);
+        st = kiln_concat_affine_compile(np, chans, lo, y->dims[2] * y->dims[3], wt->data, shift,
+                                        alo, ahi, &inst);
+        free(shift);
+        if (st != KILN_OK) {
+            free(nin);
+            return st;
+        }
+        sp->elided = calloc((size_t)sp->n_in + 1, 1);
+        if (!sp->elided) {
+            free(nin);
+            kiln_kernel_inst_destroy(&inst);
+            return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory planning a Concat");
+        }
+        /* the reader reads the inputs, which live until it has; the Concat (every input
+         * elided) is dropped and its output never stored */
+        for (int k = 0; k < sp->n_in; k++) sp->elided[k] = 1;
+        memcpy(nin, pieces, sizeof(int) * (size_t)np);
+        for (int k = 0; k < np; k++)
+            if (p->slots[pieces[k]].last_use < di) p->slots[pieces[k]].last_use = di;
+        free(d->in);
+        d->in = nin;
+        d->n_in = np;
+        if (!d->inst.run) p->n_fast++;
+        kiln_kernel_inst_destroy(&d->inst);
+        d->inst = inst;
+        d->scratch_buf = -1; /* the old kernel's scratch buffer stays unused */
+        d->reads_concat = 1;
+        xs->kind = SLOT_NONE;
+        p->concat_folded++;
+    }
     return KILN_OK;
 }
 
@@ -1403,7 +1583,9 @@ kiln_status kiln_plan_compile_typed(const struct kiln_graph *g, const struct kil
     }
     /* Concats whose producers write straight into their slices of the output */
     struct recompile_env renv = {weights, plan_threads, precision, ov, n_ov};
-    if ((st = concat_in_place(p, &renv)) != KILN_OK || (st = drop_empty_steps(p)) != KILN_OK) goto fail;
+    if ((st = concat_in_place(p, &renv)) != KILN_OK ||
+        (st = concat_fold_reader(p, &renv)) != KILN_OK || (st = drop_empty_steps(p)) != KILN_OK)
+        goto fail;
     /* group lifetimes: an alias keeps its root alive */
     for (int v = 0; v < p->n_slots; v++)
         if (p->slots[v].kind == SLOT_ALIAS) {
@@ -1529,6 +1711,8 @@ size_t kiln_plan_max_value_bytes(const struct kiln_plan *p) { return p->max_valu
 int kiln_plan_fast_steps(const struct kiln_plan *p) { return p->n_fast; }
 int kiln_plan_steps(const struct kiln_plan *p) { return p->n_steps; }
 int kiln_plan_lane_steps(const struct kiln_plan *p) { return p->lane_steps; }
+int kiln_plan_concat_folded(const struct kiln_plan *p) { return p->concat_folded; }
+int kiln_plan_concat_removed(const struct kiln_plan *p) { return p->concat_removed; }
 
 /* ---- running ---- */
 
@@ -1801,6 +1985,7 @@ out:
 static double step_flops(const struct kiln_plan *p, const struct step *sp)
 {
     const struct kiln_type *in[KILN_MAX_IO];
+    if (sp->reads_concat) return 0; /* a Concat folded into its reader: data movement */
     for (int k = 0; k < sp->n_in && k < KILN_MAX_IO; k++)
         in[k] = sp->in[k] >= 0 ? &p->slots[sp->in[k]].type : NULL;
     const struct kiln_type *o =
@@ -2340,9 +2525,10 @@ void kiln_plan_cache_concat_lines(struct kiln_plan_cache *c,
         if (len > 0 && (size_t)len < sizeof buf)
             snprintf(buf + len, sizeof buf - (size_t)len,
                      ": %d of %d Concat inputs written in place by their producers, "
-                     "%d Concat steps removed, %d inputs strided (batch > 1)",
+                     "%d Concat steps removed, %d inputs strided (batch > 1), "
+                     "%d Concat steps folded into their per-channel reader",
                      p->concat_inputs_elided, p->concat_inputs, p->concat_removed,
-                     p->concat_inputs_strided);
+                     p->concat_inputs_strided, p->concat_folded);
         line(ctx, buf);
     }
     pthread_mutex_unlock(&c->mu);

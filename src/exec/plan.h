@@ -67,6 +67,10 @@ int kiln_plan_fast_steps(const struct kiln_plan *p);
 int kiln_plan_steps(const struct kiln_plan *p);
 /* Steps that run side by side in lanes (independent chains, one thread each; plan.c). */
 int kiln_plan_lane_steps(const struct kiln_plan *p);
+/* Concat steps removed because every input is in place (Concat in place), and Concat
+ * steps folded into their per-channel reader (which reads the inputs instead; plan.c). */
+int kiln_plan_concat_removed(const struct kiln_plan *p);
+int kiln_plan_concat_folded(const struct kiln_plan *p);
 
 /* Profiling: when enabled (KILN_PROFILE=1 in the environment or
  * kiln_plan_profile_enable), each plan accumulates the time of every
@@ -138,8 +142,9 @@ void kiln_plan_cache_fallbacks(struct kiln_plan_cache *c, void (*line)(void *ctx
                                void *ctx);
 
 /* One line per cached plan that has Concats: how many of their inputs the plan has
- * their producers write straight into the output (copies avoided), and how many
- * Concat steps were removed for it (every input in place). */
+ * their producers write straight into the output (copies avoided), how many
+ * Concat steps were removed for it (every input in place), and how many were folded
+ * into their per-channel reader (the Concat's output never stored). */
 void kiln_plan_cache_concat_lines(struct kiln_plan_cache *c,
                                   void (*line)(void *ctx, const char *s), void *ctx);
 

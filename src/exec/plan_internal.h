@@ -47,6 +47,8 @@ struct step {
     unsigned char *elided; /* per input: 1 = already in place (a Concat's input written
                               into its slice of the output): the kernel gets NULL */
     int lane;          /* in a lanes segment: the lane (thread) that runs it; else -1 */
+    int reads_concat;  /* 1: a Concat's reader that reads the Concat's inputs instead
+                          (Concat folded into its reader): in[] are those inputs */
     _Atomic int64_t ns;
     _Atomic int64_t calls;
 };
@@ -82,6 +84,7 @@ struct kiln_plan {
     int concat_inputs_elided; /* Concat inputs written in place (copies avoided) */
     int concat_inputs;        /* Concat inputs in all (present ones) */
     int concat_inputs_strided; /* of the elided: strided channel slices (batch > 1) */
+    int concat_folded;        /* Concat steps folded into their per-channel reader */
     char *fallbacks;          /* lines naming steps on oneDNN's reference or generic code */
     size_t fallbacks_len;
     _Atomic int prof_threads; /* most threads a profiled run was granted */

@@ -2,7 +2,8 @@
  * identity.c - remove nodes that pass their input through unchanged:
  * Identity, Dropout at inference (no mask wanted, training_mode absent or
  * false, or a ratio of 0), Reshape and Expand whose output shape provably equals their
- * input's, and Cast to the input's own dtype.
+ * input's, Cast to the input's own dtype, and Pad whose pads are all zero (PyTorch
+ * exports one before each of DenseNet's transition AveragePools).
  */
 #include "kernels/kernel.h"
 #include "opt/opt.h"
@@ -22,6 +23,31 @@ static bool dropout_noop(const struct kiln_graph *g, const struct kiln_node *n)
                 return false;
         }
     }
+    return true;
+}
+
+/* Pad adds nothing: its pads (input 1 from opset 11, else the attribute) are all zero,
+ * whatever the mode, value and axes. */
+static bool pad_noop(const struct kiln_graph *g, const struct kiln_node *n)
+{
+    if (n->opset >= 11) {
+        if (n->n_in < 2 || n->in[1] < 0) return false;
+        const kiln_tensor *t = kiln_opt_const(g, n->in[1]);
+        if (!t || (t->dtype != KILN_DTYPE_I64 && t->dtype != KILN_DTYPE_I32)) return false;
+        int64_t c = kiln_tensor_count(t);
+        for (int64_t k = 0; k < c; k++)
+            if (kiln_get_f64(t->dtype, t->data, k) != 0.0) return false;
+        return true;
+    }
+    const int64_t *v;
+    int m = kiln_attr_ints(n, "pads", &v);
+    if (kiln_attr_check(n) != KILN_OK) {
+        kiln_error_clear();
+        return false;
+    }
+    if (m < 0) return false;
+    for (int k = 0; k < m; k++)
+        if (v[k] != 0) return false;
     return true;
 }
 
@@ -46,6 +72,10 @@ kiln_status kiln_opt_identity(struct kiln_graph *g, struct kiln_opt_pass_log *pl
             break;
         case KILN_OP_Expand:
             if (ti->dtype != KILN_DTYPE_UNDEFINED && kiln_opt_same_shape(ti, to)) kind = "Expand";
+            break;
+        case KILN_OP_Pad:
+            if (ti->dtype != KILN_DTYPE_UNDEFINED && kiln_opt_same_shape(ti, to) && pad_noop(g, n))
+                kind = "Pad";
             break;
         case KILN_OP_Cast: {
             const struct kiln_attr *a = kiln_node_attr(n, "to");

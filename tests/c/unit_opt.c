@@ -554,7 +554,8 @@ static void build_simple(struct gb *b)
     int i1 = gb_op1(b, KILN_OP_Identity, x);
     int r0 = gb_op2(b, KILN_OP_Reshape, i1, sh);                                   /* no-op */
     int r = gb_op2(b, KILN_OP_Expand, r0, gb_i64(b, 2, (int64_t[]){1, 5}));        /* no-op */
-    int dr = gb_op1(b, KILN_OP_Dropout, r);
+    int dr = gb_op2(b, KILN_OP_Pad, gb_op1(b, KILN_OP_Dropout, r),
+                    gb_i64(b, 4, (int64_t[]){0, 0, 0, 0}));                        /* no-op */
     int r1 = gb_op1(b, KILN_OP_Relu, dr), r2 = gb_op1(b, KILN_OP_Relu, dr);         /* cse */
     int y, in[1] = {gb_op2(b, KILN_OP_Add, gb_op2(b, KILN_OP_Mul, r1, c), r2)};
     struct kiln_node *n = gb_node(b, KILN_OP_Cast, 1, in, 1, &y);                  /* no-op */
@@ -1025,12 +1026,175 @@ static void test_plan_lanes(void)
     kiln_graph_free(g);
 }
 
+/* DenseNet-style dense block (plan.c, Concat folded into its reader): a 3x3 Conv gives
+ * f0 of c0 channels; each of three layers reads Concat(f0, f1, ...) through
+ * BatchNormalization and Relu (a depthwise 1x1 Conv once optimized: a per-channel
+ * reader), then a 1x1 Conv of 16 channels, BatchNormalization, Relu and a 3x3 Conv of
+ * `growth` channels (f_l); the block's last Concat goes through BatchNormalization and
+ * Clip(0, 6) to a 1x1 Conv, the output. */
+static int64_t dense_n, dense_c0, dense_growth;
+
+static int dense_bn(struct gb *b, int x, int64_t c)
+{
+    int64_t dc[1] = {c};
+    int bn, in[5] = {x, gb_rand(b, 1, dc, 0.5, 1), gb_rand(b, 1, dc, 0.5, 0),
+                     gb_rand(b, 1, dc, 0.5, 0), gb_rand(b, 1, dc, 0.4, 0.6)};
+    gb_node(b, KILN_OP_BatchNormalization, 5, in, 0, &bn);
+    return bn;
+}
+
+static int dense_concat(struct gb *b, int n, const int *f)
+{
+    int y;
+    struct kiln_node *nd = gb_node(b, KILN_OP_Concat, n, f, 1, &y);
+    set_int(&nd->attr[0], "axis", 1);
+    return y;
+}
+
+static void build_dense(struct gb *b)
+{
+    int64_t dx[4] = {dense_n, 8, 9, 7}, w0[4] = {dense_c0, 8, 3, 3}, b0[1] = {dense_c0};
+    int x = gb_input(b, "x", 4, dx);
+    int f[8], nf = 0;
+    f[nf++] = gb_op1(b, KILN_OP_Relu, gb_conv(b, x, gb_rand(b, 4, w0, 0.3, 0),
+                                              gb_rand(b, 1, b0, 0.1, 0), 1, 3, 1, 1));
+    int64_t c = dense_c0;
+    for (int l = 0; l < 3; l++) {
+        int t = gb_op1(b, KILN_OP_Relu, dense_bn(b, dense_concat(b, nf, f), c));
+        int64_t w1[4] = {16, c, 1, 1}, b1[1] = {16}, w3[4] = {dense_growth, 16, 3, 3};
+        t = gb_conv(b, t, gb_rand(b, 4, w1, 0.3, 0), gb_rand(b, 1, b1, 0.1, 0), 1, 1, 0, 1);
+        t = gb_op1(b, KILN_OP_Relu, dense_bn(b, t, 16));
+        f[nf++] = gb_conv(b, t, gb_rand(b, 4, w3, 0.2, 0), -1, 1, 3, 1, 1);
+        c += dense_growth;
+    }
+    int y, cin[3] = {dense_bn(b, dense_concat(b, nf, f), c), gb_scalar(b, 0.0f),
+                     gb_scalar(b, 6.0f)};
+    gb_node(b, KILN_OP_Clip, 3, cin, 0, &y);
+    int64_t wo[4] = {8, c, 1, 1};
+    b->out[b->n_out++] = gb_conv(b, y, gb_rand(b, 4, wo, 0.3, 0), -1, 1, 1, 0, 1);
+}
+
+/* The dense block at batch n with c0 and growth channels, optimized with or without the
+ * layout pass, compiled on 1 and 2 threads: the plan's output matches the reference
+ * executor's on the graph as built, and the Concats a per-channel reader can take are
+ * folded into it: at batch 1 none (their inputs are written in place: a Concat left
+ * copying, an off-block one, may fold), at batch > 1 each whose output is plain or
+ * whose inputs but the last are whole channel blocks of its layout. */
+static void check_dense(int64_t n, int64_t c0, int64_t growth, int layout)
+{
+    char name[96];
+    snprintf(name, sizeof name, "dense block (batch %lld, %lld + 3 x %lld channels, layout %s)",
+             (long long)n, (long long)c0, (long long)growth, layout ? "pass" : "off");
+    dense_n = n, dense_c0 = c0, dense_growth = growth;
+    struct gb b1 = gb_new(), b2 = gb_new();
+    uint64_t seed = rng_state;
+    build_dense(&b1);
+    rng_state = seed;
+    build_dense(&b2);
+    kiln_tensor *in[4] = {NULL}, *want[4] = {NULL}, *got[4] = {NULL};
+    struct kiln_weight_cache *wc = NULL;
+    struct kiln_opt_options o = {layout};
+    struct kiln_opt_log log;
+    if (!gb_finish(&b1) || !gb_finish(&b2) || kiln_optimize(b2.g, &o, &log) != KILN_OK ||
+        !make_inputs(b1.g, in) || kiln_exec_run_limited(b1.g, in, want, 0, NULL) != KILN_OK ||
+        kiln_weight_cache_new(&wc) != KILN_OK) {
+        CHECK(0, "%s: setup failed: %s", name, kiln_last_error());
+        goto out;
+    }
+    /* which Concats the rule allows to fold (batch > 1) */
+    int concats = 0, foldable = 0, blocked = 0;
+    for (int i = 0; i < b2.g->n_nodes; i++) {
+        const struct kiln_node *nd = &b2.g->nodes[i];
+        if (nd->op != KILN_OP_Concat) continue;
+        concats++;
+        int lo = b2.g->values[nd->out[0]].layout;
+        blocked |= lo != 0;
+        bool whole = true;
+        for (int k = 0; k + 1 < nd->n_in && lo; k++)
+            whole = whole && b2.g->values[nd->in[k]].type.dims[1] % lo == 0;
+        foldable += whole;
+    }
+    CHECK(concats == 4, "%s: %d Concats in the optimized graph, not 4", name, concats);
+    if (layout) printf("%s: Concats %s\n", name, blocked ? "blocked" : "plain (no blocked layout here)");
+    for (int threads = 1; threads <= 2; threads++) {
+        struct kiln_plan *p = NULL;
+        if (kiln_plan_compile(b2.g, (const kiln_tensor *const *)in, wc, threads, &p) != KILN_OK) {
+            CHECK(0, "%s: no plan on %d threads: %s", name, threads, kiln_last_error());
+            continue;
+        }
+        int folded = kiln_plan_concat_folded(p), removed = kiln_plan_concat_removed(p);
+        if (n > 1)
+            CHECK(folded == foldable && removed == 0,
+                  "%s, %d threads: %d Concats folded into their reader and %d removed, want %d "
+                  "and 0", name, threads, folded, removed, foldable);
+        else
+            CHECK(folded + removed <= concats && removed > 0,
+                  "%s, %d threads: %d Concats folded, %d removed (in place) of %d", name, threads,
+                  folded, removed, concats);
+        for (int r = 0; r < 2; r++) {
+            kiln_tensor_free(got[0]);
+            got[0] = NULL;
+            if (kiln_plan_run(p, in, got, threads, NULL) != KILN_OK) {
+                CHECK(0, "%s: run failed: %s", name, kiln_last_error());
+                break;
+            }
+            double d = rel_diff(got[0], want[0]);
+            CHECK(d <= 1e-4, "%s, %d threads, run %d: the plan's output differs from the "
+                  "reference by %g", name, threads, r, d);
+        }
+        printf("%s, %d threads: %d steps, %d Concats folded, %d removed\n", name, threads,
+               kiln_plan_steps(p), folded, removed);
+        kiln_plan_free(p);
+    }
+out:
+    kiln_weight_cache_free(wc);
+    for (int i = 0; i < 4; i++) {
+        kiln_tensor_free(in[i]);
+        kiln_tensor_free(want[i]);
+        kiln_tensor_free(got[i]);
+    }
+    kiln_graph_free(b1.g);
+    kiln_graph_free(b2.g);
+}
+
+static void test_plan_concat_fold(void)
+{
+    for (int layout = 0; layout <= 1; layout++) {
+        check_dense(2, 32, 16, layout); /* whole blocks of 8 and 16 */
+        check_dense(3, 19, 5, layout);  /* off-block: blocked Concats of several inputs copy */
+        check_dense(1, 32, 16, layout); /* batch 1: in place */
+    }
+    /* KILN_CONCAT_FOLD=0: the Concats copy, the outputs are the same */
+    setenv("KILN_CONCAT_FOLD", "0", 1);
+    dense_n = 2, dense_c0 = 32, dense_growth = 16;
+    struct gb b = gb_new();
+    build_dense(&b);
+    kiln_tensor *in[4] = {NULL};
+    struct kiln_weight_cache *wc = NULL;
+    struct kiln_plan *p = NULL;
+    struct kiln_opt_options o = {1};
+    struct kiln_opt_log log;
+    if (gb_finish(&b) && kiln_optimize(b.g, &o, &log) == KILN_OK && make_inputs(b.g, in) &&
+        kiln_weight_cache_new(&wc) == KILN_OK &&
+        kiln_plan_compile(b.g, (const kiln_tensor *const *)in, wc, 2, &p) == KILN_OK)
+        CHECK(kiln_plan_concat_folded(p) == 0, "KILN_CONCAT_FOLD=0 folded %d Concats",
+              kiln_plan_concat_folded(p));
+    else
+        CHECK(0, "dense block, KILN_CONCAT_FOLD=0: no plan: %s", kiln_last_error());
+    unsetenv("KILN_CONCAT_FOLD");
+    kiln_plan_free(p);
+    kiln_weight_cache_free(wc);
+    for (int i = 0; i < 4; i++) kiln_tensor_free(in[i]);
+    kiln_graph_free(b.g);
+}
+
 static void test_small(void)
 {
     double d;
     struct kiln_graph *g;
     if ((g = run_case("simple", build_simple, &d))) {
-        /* left: Mul, Add, Relu (Identity/Dropout/Reshape/Expand/Cast/Shape/dead Neg/Add gone) */
+        /* left: Mul, Add, Relu (Identity/Dropout/Reshape/Expand/Pad/Cast/Shape/dead Neg/Add
+         * gone) */
         CHECK(g->n_nodes == 3, "simple: %d nodes left, expected 3", g->n_nodes);
         if (g->n_nodes != 3) dump_graph(g);
         EXPECT_OPS(g, "simple", Relu, 1);
@@ -1039,6 +1203,7 @@ static void test_small(void)
         EXPECT_LOG("simple", "Reshape", false, 1);
         EXPECT_LOG("simple", "Expand", false, 1);
         EXPECT_LOG("simple", "Cast", false, 1);
+        EXPECT_LOG("simple", "Pad", false, 1);
         EXPECT_LOG("simple", "Relu", false, 1); /* CSE */
         CHECK(g->outputs[0] == g->nodes[g->order[g->n_nodes - 1]].out[0] ||
                   g->values[g->outputs[0]].kind == KILN_VALUE_NODE,
@@ -1278,6 +1443,11 @@ int main(int argc, char **argv)
         test_plan_cache();
         test_plan_inplace();
         test_plan_lanes();
+        test_plan_concat_fold();
+        return CHECK_DONE();
+    }
+    if (argc > 1 && strcmp(argv[1], "concat") == 0) {
+        test_plan_concat_fold();
         return CHECK_DONE();
     }
     if (argc > 1 && strcmp(argv[1], "models") == 0) {
@@ -1288,6 +1458,7 @@ int main(int argc, char **argv)
     test_plan_cache();
     test_plan_inplace();
     test_plan_lanes();
+    test_plan_concat_fold();
     test_models();
     return CHECK_DONE();
 }

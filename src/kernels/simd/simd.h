@@ -187,4 +187,14 @@ double simd_fma_peak_gflops(int threads);
 #define SIMD_GRAIN_MATH 32768   /* transcendental functions */
 #define SIMD_GRAIN_NORM 131072  /* layer normalization: a few passes over each row */
 
+/* A Concat along C folded into the depthwise 1x1 convolution that is its only reader
+ * (concat_affine.c, src/exec/plan.c): n_pieces inputs of chans[k] channels, laid out
+ * plain (layout 0) or channel-blocked (8, 16: every piece but the last whole blocks),
+ * H * W = HW, y[:, a_k + c] = clamp(x_k[:, c] * scale[a_k + c] + shift[a_k + c], lo, hi)
+ * (scale and shift: one per output channel). Fills inst; needs kernels/fast.h. */
+struct kiln_kernel_inst;
+kiln_status kiln_concat_affine_compile(int n_pieces, const int64_t *chans, int layout, int64_t HW,
+                                       const float *scale, const float *shift, float lo,
+                                       float hi, struct kiln_kernel_inst *inst);
+
 #endif
