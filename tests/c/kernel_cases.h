@@ -1898,7 +1898,8 @@ static void qconv_cases(enum kiln_op op)
  * chain (dnnl/qlinear.c) is exact and must equal the reference bit for bit; u8 and s8, zero
  * points that differ, Relu or not, depthwise, strides, a tail of channels, two threads. */
 static void qconv_add_case(int64_t n, int64_t ch, int64_t h, int64_t m, int64_t kk, bool sgn,
-                           int bzp, int yzp, bool relu, int64_t group, int64_t pad, int64_t stride)
+                           int bzp, int yzp, bool relu, int64_t group, int64_t pad, int64_t stride,
+                           bool bias)
 {
     enum kiln_op op = KILN_OP_KilnQLinearConvAdd;
     struct case_node c;
@@ -1920,29 +1921,30 @@ static void qconv_add_case(int64_t n, int64_t ch, int64_t h, int64_t m, int64_t 
     cn_input(&c, 5, scalar_of(KILN_DTYPE_I8, 0), true);
     cn_input(&c, 6, scalar_of(KILN_DTYPE_F32, 16.0), true);
     cn_input(&c, 7, scalar_of(dt, sgn ? -4 : 128), true);
-    cn_input(&c, 8, tensor_ints(KILN_DTYPE_I32, 1, &m, -20000, 20000), true);
+    cn_input(&c, 8, bias ? tensor_ints(KILN_DTYPE_I32, 1, &m, -20000, 20000) : NULL, bias);
     cn_input(&c, 9, tensor_ints(dt, 4, yd, lo, hi), false);
     cn_input(&c, 10, scalar_of(KILN_DTYPE_F32, 8.0), true);
     cn_input(&c, 11, scalar_of(dt, bzp), true);
     cn_input(&c, 12, scalar_of(KILN_DTYPE_F32, 32.0), true);
     cn_input(&c, 13, scalar_of(dt, yzp), true);
-    char label[160];
+    char label[176];
     snprintf(label, sizeof label,
              "KilnQLinearConvAdd %s n %lld c %lld h %lld m %lld k %lld b_zp %d y_zp %d%s group %lld "
-             "pad %lld stride %lld", sgn ? "s8" : "u8", (long long)n, (long long)ch, (long long)h,
+             "pad %lld stride %lld%s", sgn ? "s8" : "u8", (long long)n, (long long)ch, (long long)h,
              (long long)m, (long long)kk, bzp, yzp, relu ? " Relu" : "", (long long)group,
-             (long long)pad, (long long)stride);
+             (long long)pad, (long long)stride, bias ? " bias" : "");
     check_case(&c, label, 0, 0, 1);
     cn_free(&c);
 }
 
 static void qconv_add_cases(void)
 {
-    qconv_add_case(1, 16, 8, 16, 1, false, 7, 12, true, 1, 0, 1);
-    qconv_add_case(2, 16, 7, 24, 3, false, 131, 3, false, 1, 1, 1);
-    qconv_add_case(1, 16, 9, 16, 3, false, 128, 0, true, 16, 1, 2); /* depthwise, stride 2 */
-    qconv_add_case(2, 32, 6, 40, 1, true, -5, 9, false, 1, 0, 1);  /* s8 */
-    qconv_add_case(1, 32, 14, 32, 3, true, 0, -128, true, 1, 1, 1); /* 2 threads */
+    qconv_add_case(1, 16, 8, 16, 1, false, 7, 12, true, 1, 0, 1, true);
+    qconv_add_case(2, 16, 7, 24, 3, false, 131, 3, false, 1, 1, 1, true);
+    qconv_add_case(1, 16, 9, 16, 3, false, 128, 0, true, 16, 1, 2, true); /* depthwise, stride 2 */
+    qconv_add_case(2, 32, 6, 40, 1, true, -5, 9, false, 1, 0, 1, true);  /* s8 */
+    qconv_add_case(1, 32, 14, 32, 3, true, 0, -128, true, 1, 1, 1, true); /* 2 threads */
+    qconv_add_case(1, 16, 5, 16, 1, false, 3, 250, false, 1, 0, 1, false); /* no bias */
 }
 
 static void integer_matmul_cases(void)
