@@ -22,6 +22,8 @@
  *   dead_code_elimination
  *   layout                 (layout.c, when options ask for it and it is linked in)
  *   mbconv_fusion          (after layout) blocked expand / depthwise / [SE] / project -> KilnMBConv
+ *   qconv_sum              (after layout) QLinearConv -> KilnQLinearAdd on channels-last values
+ *                          -> KilnQLinearConvAdd (the Add as oneDNN's sum post-op)
  *
  * Removed nodes are marked (op_type points at dead_tag, no inputs or
  * outputs) and dropped by kiln_opt_compact after each pass, which also
@@ -347,6 +349,7 @@ kiln_status kiln_optimize(struct kiln_graph *g, const struct kiln_opt_options *o
     } late[] = {
         {"layout", kiln_opt_layout}, /* weak: n_late is 0 without it */
         {"mbconv_fusion", kiln_opt_mbconv},
+        {"qconv_sum", kiln_opt_qconv_sum}, /* QLinearConv + KilnQLinearAdd on NHWC values */
     };
     int n_late = layout ? (int)(sizeof late / sizeof late[0]) : 0;
     for (int i = 0; i < n_passes + n_late; i++) {

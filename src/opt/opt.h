@@ -197,5 +197,6 @@ kiln_status kiln_opt_layout(struct kiln_graph *g, struct kiln_opt_pass_log *pl) 
 /* After the layout pass: blocked expand / depthwise / [squeeze-excitation] / project
  * chains -> KilnMBConv (mbconv.c) */
 kiln_status kiln_opt_mbconv(struct kiln_graph *g, struct kiln_opt_pass_log *pl);
+kiln_status kiln_opt_qconv_sum(struct kiln_graph *g, struct kiln_opt_pass_log *pl); /* qconv_sum.c */
 
 #endif

@@ -41,7 +41,7 @@ static inline float rng_normal(void)
 
 /* ---- One-node graphs ---- */
 
-#define MAX_IO 10 /* QLinearConv and KilnQLinearMatMul have 9 inputs */
+#define MAX_IO 14 /* KilnQLinearConvAdd has 14 inputs */
 
 struct case_node {
     struct kiln_graph *g;

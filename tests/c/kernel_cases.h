@@ -1893,6 +1893,60 @@ static void qconv_cases(enum kiln_op op)
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) q_case(&cases[i]);
 }
 
+/* KilnQLinearConvAdd (src/opt/qconv_sum.c): the convolution's output a (scale 16, zero point
+ * 128 / -4) plus b, requantized to y, with power-of-two scales so that oneDNN's sum post-op
+ * chain (dnnl/qlinear.c) is exact and must equal the reference bit for bit; u8 and s8, zero
+ * points that differ, Relu or not, depthwise, strides, a tail of channels, two threads. */
+static void qconv_add_case(int64_t n, int64_t ch, int64_t h, int64_t m, int64_t kk, bool sgn,
+                           int bzp, int yzp, bool relu, int64_t group, int64_t pad, int64_t stride,
+                           bool bias)
+{
+    enum kiln_op op = KILN_OP_KilnQLinearConvAdd;
+    struct case_node c;
+    cn_init(&c, op, 1, 14, 1);
+    kiln_dtype dt = sgn ? KILN_DTYPE_I8 : KILN_DTYPE_U8;
+    int lo = sgn ? -128 : 0, hi = sgn ? 127 : 255;
+    int64_t xd[4] = {n, ch, h, h + 1}, wd[4] = {m, ch / group, kk, kk};
+    int64_t yd[4] = {n, m, (h + 2 * pad - kk) / stride + 1, (h + 1 + 2 * pad - kk) / stride + 1};
+    attr_int(&c, "group", group);
+    int64_t pads[4] = {pad, pad, pad, pad}, st[2] = {stride, stride};
+    attr_ints(&c, "pads", pads, 4);
+    attr_ints(&c, "strides", st, 2);
+    if (relu) attr_str(&c, "activation", "Relu");
+    cn_input(&c, 0, tensor_ints(dt, 4, xd, lo, hi), false);
+    cn_input(&c, 1, scalar_of(KILN_DTYPE_F32, 1.0 / 16), true);
+    cn_input(&c, 2, scalar_of(dt, sgn ? -3 : 100), true);
+    cn_input(&c, 3, tensor_ints(KILN_DTYPE_I8, 4, wd, -127, 127), true);
+    cn_input(&c, 4, pow2_scales(m), true);
+    cn_input(&c, 5, scalar_of(KILN_DTYPE_I8, 0), true);
+    cn_input(&c, 6, scalar_of(KILN_DTYPE_F32, 16.0), true);
+    cn_input(&c, 7, scalar_of(dt, sgn ? -4 : 128), true);
+    cn_input(&c, 8, bias ? tensor_ints(KILN_DTYPE_I32, 1, &m, -20000, 20000) : NULL, bias);
+    cn_input(&c, 9, tensor_ints(dt, 4, yd, lo, hi), false);
+    cn_input(&c, 10, scalar_of(KILN_DTYPE_F32, 8.0), true);
+    cn_input(&c, 11, scalar_of(dt, bzp), true);
+    cn_input(&c, 12, scalar_of(KILN_DTYPE_F32, 32.0), true);
+    cn_input(&c, 13, scalar_of(dt, yzp), true);
+    char label[176];
+    snprintf(label, sizeof label,
+             "KilnQLinearConvAdd %s n %lld c %lld h %lld m %lld k %lld b_zp %d y_zp %d%s group %lld "
+             "pad %lld stride %lld%s", sgn ? "s8" : "u8", (long long)n, (long long)ch, (long long)h,
+             (long long)m, (long long)kk, bzp, yzp, relu ? " Relu" : "", (long long)group,
+             (long long)pad, (long long)stride, bias ? " bias" : "");
+    check_case(&c, label, 0, 0, 1);
+    cn_free(&c);
+}
+
+static void qconv_add_cases(void)
+{
+    qconv_add_case(1, 16, 8, 16, 1, false, 7, 12, true, 1, 0, 1, true);
+    qconv_add_case(2, 16, 7, 24, 3, false, 131, 3, false, 1, 1, 1, true);
+    qconv_add_case(1, 16, 9, 16, 3, false, 128, 0, true, 16, 1, 2, true); /* depthwise, stride 2 */
+    qconv_add_case(2, 32, 6, 40, 1, true, -5, 9, false, 1, 0, 1, true);  /* s8 */
+    qconv_add_case(1, 32, 14, 32, 3, true, 0, -128, true, 1, 1, 1, true); /* 2 threads */
+    qconv_add_case(1, 16, 5, 16, 1, false, 3, 250, false, 1, 0, 1, false); /* no bias */
+}
+
 static void integer_matmul_cases(void)
 {
     const struct q_spec cases[] = {
@@ -1939,6 +1993,7 @@ static void kcase_fused_deconv(void) { deconv_cases(true); }
 static void kcase_qlinear_conv(void) { qconv_cases(KILN_OP_QLinearConv); }
 static void kcase_qlinear_matmul(void) { qmatmul_cases(KILN_OP_QLinearMatMul); }
 static void kcase_kiln_qlinear_matmul(void) { qmatmul_cases(KILN_OP_KilnQLinearMatMul); }
+static void kcase_kiln_qlinear_conv_add(void) { qconv_add_cases(); }
 static void kcase_conv_integer(void) { qconv_cases(KILN_OP_ConvInteger); }
 static void kcase_matmul_integer(void) { integer_matmul_cases(); }
 

@@ -30,6 +30,23 @@
  * without VNNI or AMX dot products (whose 16-bit pair sums can saturate)
  * or on its reference code is declined, and the node runs on the
  * reference kernel.
+ *
+ * KilnQLinearConvAdd (src/opt/qconv_sum.c: a QLinearConv whose output a
+ * feeds a KilnQLinearAdd with b): the same convolution with the Add as
+ * post-ops after the output scales,
+ *   a' = clip(round(acc * mult), lo_a - a_zp, hi_a - a_zp)   (= a - a_zp exactly)
+ *   s  = a' * (a_scale / y_scale) + (b - b_zp) * (b_scale / y_scale)  (sum post-op)
+ *   y  = saturate(round(max(s, 0) or s) + y_zp)
+ * where the sum post-op reads b from Y: b is copied into Y first (or, Y
+ * stored NCHW, transposed into the NHWC scratch the convolution writes),
+ * unless the plan placed Y over b (inplace_input 9). Against the reference
+ * (QLinearConv, then the Add's float32 (a - a_zp) * a_scale + (b - b_zp) *
+ * b_scale divided by y_scale) the two scale ratios round differently, so a
+ * sum within a float32 ulp of a rounding midpoint may land one step apart:
+ * within one step, as the convolution's own requantization.
+ * Where oneDNN has no kernel for that chain the convolution writes a into
+ * scratch and the run adds b to it in the reference's arithmetic
+ * ("dnnl_qlinear_conv_add"; the sum post-op is "dnnl_qlinear_conv_sum").
  */
 #include <stdlib.h>
 
@@ -52,6 +69,11 @@ struct q_state {
     int xzp_runtime;            /* read x_zp from the input at each run */
     int32_t yzp;                /* y's zero point (QLinear), used when has_yzp */
     int has_xzp, has_yzp;
+    int qsum;                   /* KilnQLinearConvAdd: 1 sum post-op, 2 conv then add here */
+    int relu;                   /* qsum: the Add's Relu */
+    size_t ybytes_all;          /* qsum: bytes of Y (the copy of b into Y) */
+    float qa_scale, qa_zp, qb_scale, qb_zp, qy_scale, qy_zp, qy_lo, qy_hi; /* qsum == 2 */
+    int qa_signed, qb_signed, qy_signed;
     size_t base;                /* scratch offset of the kernel's own buffers */
     size_t x_rel, y_rel, zp_rel;
     size_t scratch_total;
@@ -65,6 +87,11 @@ struct q_build {
     const float *scales;        /* NULL: no output scales (Integer ops) */
     int nscales;
     int has_xzp, has_yzp;
+    int sum;                    /* KilnQLinearConvAdd with the sum post-op chain below */
+    float clip_lo, clip_hi;     /* sum: a - a_zp's range (a's saturation) */
+    float lin, sum_scale;       /* sum: a_scale / y_scale, b_scale / y_scale */
+    int32_t sum_zp;             /* sum: b's zero point */
+    int relu;
     size_t x_rel, y_rel, zp_rel; /* relative to the kernel's base */
     dnnl_dims_t strides, dilates, pad_l, pad_r;
 };
@@ -99,6 +126,25 @@ static kiln_status q_make(void *arg, struct kd_variant *v, int threads)
         r = dnnl_primitive_attr_set_zero_points(attr, DNNL_ARG_SRC, 1, 0, &DNNL_RUNTIME_S32_VAL);
     if (r == dnnl_success && b->has_yzp)
         r = dnnl_primitive_attr_set_zero_points(attr, DNNL_ARG_DST, 1, 0, &DNNL_RUNTIME_S32_VAL);
+    if (r == dnnl_success && b->sum) {
+        /* after the output scales: a - a_zp = clip(round(acc * m)), then
+         * (a - a_zp) * a_scale / y_scale + (b - b_zp) * b_scale / y_scale, Relu, round;
+         * the destination's zero point (y_zp) is added after the chain */
+        dnnl_post_ops_t po = NULL;
+        r = dnnl_post_ops_create(&po);
+        if (r == dnnl_success) r = dnnl_post_ops_append_eltwise(po, 1.0f, dnnl_eltwise_round, 0, 0);
+        if (r == dnnl_success)
+            r = dnnl_post_ops_append_eltwise(po, 1.0f, dnnl_eltwise_clip, b->clip_lo, b->clip_hi);
+        if (r == dnnl_success)
+            r = dnnl_post_ops_append_eltwise(po, 1.0f, dnnl_eltwise_linear, b->lin, 0.0f);
+        if (r == dnnl_success)
+            r = dnnl_post_ops_append_sum_v3(po, b->sum_scale, b->sum_zp, dnnl_data_type_undef);
+        if (r == dnnl_success && b->relu)
+            r = dnnl_post_ops_append_eltwise(po, 1.0f, dnnl_eltwise_relu, 0, 0);
+        if (r == dnnl_success) r = dnnl_post_ops_append_eltwise(po, 1.0f, dnnl_eltwise_round, 0, 0);
+        if (r == dnnl_success) r = dnnl_primitive_attr_set_post_ops(attr, po);
+        if (po) dnnl_post_ops_destroy(po);
+    }
     if (r == dnnl_success) r = dnnl_primitive_desc_create(&pd, &d, attr, kd_engine(), NULL);
     if (r != dnnl_success) goto out; /* the reference runs it */
     if (kd_pd_is_ref(pd) || !kd_pd_int8_exact(pd)) goto out;
@@ -162,6 +208,27 @@ static void transpose_cl(const void *src, void *dst, int64_t n, int64_t c, int64
     }
 }
 
+/* qsum == 2 (oneDNN declined the sum post-op chain): y = Q(act(DQ(a) + DQ(b))) in the
+ * float32 arithmetic of the reference KilnQLinearAdd (src/kernels/ref/qlinear_add.c). */
+static float q_get(const void *p, int64_t i, int is_signed)
+{
+    return is_signed ? (float)((const int8_t *)p)[i] : (float)((const uint8_t *)p)[i];
+}
+
+static void qsum_add(const struct q_state *s, const void *a, const void *b, void *y, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) {
+        float fa = (q_get(a, i, s->qa_signed) - s->qa_zp) * s->qa_scale;
+        float fb = (q_get(b, i, s->qb_signed) - s->qb_zp) * s->qb_scale;
+        float v = fa + fb;
+        if (s->relu && !(v >= 0.0f)) v = isnan(v) ? v : 0.0f;
+        double r = rint((double)(v / s->qy_scale)) + (double)s->qy_zp;
+        r = isnan(r) ? 0 : r < s->qy_lo ? s->qy_lo : r > s->qy_hi ? s->qy_hi : r;
+        if (s->qy_signed) ((int8_t *)y)[i] = (int8_t)r;
+        else ((uint8_t *)y)[i] = (uint8_t)r;
+    }
+}
+
 static kiln_status q_run(void *state, struct kiln_run_ctx *ctx)
 {
     struct q_state *s = state;
@@ -192,7 +259,14 @@ static kiln_status q_run(void *state, struct kiln_run_ctx *ctx)
     if (s->x_cl) (void)0;
     else if (s->has_pre) st = kd_exec_run(&s->pre_x, &c2);
     else if (s->conv) transpose_cl(ctx->in[0]->data, base + s->x_rel, s->n, s->c, s->hw, 1, 1);
+    /* the sum post-op adds to what Y holds: b, unless the plan placed Y over b already */
+    if (st == KILN_OK && s->qsum == 1 && !s->y_cl) /* Y is NHWC scratch, b NCHW */
+        transpose_cl(ctx->in[9]->data, base + s->y_rel, s->n, s->oc, s->ohw, 1, 1);
+    else if (st == KILN_OK && s->qsum == 1 && ctx->out[0]->data != ctx->in[9]->data)
+        memcpy(ctx->out[0]->data, ctx->in[9]->data, s->ybytes_all);
     if (st == KILN_OK) st = kd_exec_run(&s->e, &c2);
+    if (st == KILN_OK && s->qsum == 2)
+        qsum_add(s, base + s->y_rel, ctx->in[9]->data, ctx->out[0]->data, (int64_t)s->ybytes_all);
     if (st != KILN_OK || s->y_cl) (void)0;
     else if (s->has_post) st = kd_exec_run(&s->post_y, &c2);
     else if (s->conv)
@@ -227,11 +301,12 @@ static kiln_status q_compile(const struct kiln_compile_ctx *cc, struct kiln_kern
 {
     const struct kiln_node *n = cc->node;
     enum kiln_op op = n->op;
-    int conv = op == KILN_OP_QLinearConv || op == KILN_OP_ConvInteger;
+    int qsum = op == KILN_OP_KilnQLinearConvAdd;
+    int conv = op == KILN_OP_QLinearConv || op == KILN_OP_ConvInteger || qsum;
     int qlin = op != KILN_OP_MatMulInteger && op != KILN_OP_ConvInteger;
     /* input indices: x, x_zp, w, w_zp, and for QLinear the scales, y_zp and bias */
     int widx = qlin ? 3 : 1, xzpi = 2, wzpi = qlin ? 5 : 3;
-    int bidx = op == KILN_OP_QLinearConv || op == KILN_OP_KilnQLinearMatMul ? 8 : -1;
+    int bidx = op == KILN_OP_QLinearConv || op == KILN_OP_KilnQLinearMatMul || qsum ? 8 : -1;
     const struct kiln_type *x = cc->in[0], *y = cc->n_out > 0 ? cc->out[0] : NULL;
     const kiln_tensor *w = cc->n_in > widx && cc->in_value ? cc->in_value[widx] : NULL;
     if (!x || !y || !w || w->dtype != KILN_DTYPE_I8) return KILN_OK;
@@ -254,6 +329,38 @@ static kiln_status q_compile(const struct kiln_compile_ctx *cc, struct kiln_kern
     int lx = cc->in_layout ? cc->in_layout[0] : 0, ly = cc->out_layout ? cc->out_layout[0] : 0;
     if ((lx && (!conv || lx != KILN_LAYOUT_NHWC)) || (ly && (!conv || ly != KILN_LAYOUT_NHWC)))
         return KILN_OK;
+    /* KilnQLinearConvAdd: b (input 9) stored as Y is (channels last) and of Y's dtype, the
+     * Add's constant scalar parameters; a's zero point (input 7) and dtype bound a */
+    float qb_s = 0, qb_z = 0, qy_s = 0, qy_z = 0;
+    int relu = 0;
+    kiln_dtype adt = KILN_DTYPE_U8;
+    if (qsum) {
+        const struct kiln_type *bt = cc->n_in > 13 ? cc->in[9] : NULL;
+        double v = 0;
+        if (!bt || bt->dtype != y->dtype || bt->rank != y->rank || !cc->in[10] || !cc->in[12] ||
+            (cc->in_layout ? cc->in_layout[9] : 0) != ly)
+            return KILN_OK;
+        for (int d = 0; d < y->rank; d++)
+            if (bt->dims[d] != y->dims[d]) return KILN_OK;
+        if (!const_scalar(cc->in_value[10], &v)) return KILN_OK;
+        qb_s = (float)v;
+        if (cc->in[11] && !const_scalar(cc->in_value[11], &v)) return KILN_OK;
+        qb_z = cc->in[11] ? (float)v : 0.0f;
+        if (!const_scalar(cc->in_value[12], &v)) return KILN_OK;
+        qy_s = (float)v;
+        if (cc->in[13] && !const_scalar(cc->in_value[13], &v)) return KILN_OK;
+        qy_z = cc->in[13] ? (float)v : 0.0f;
+        if (!(qy_s > 0.0f) || !isfinite(qb_s) || !isfinite(qy_s)) return KILN_OK;
+        const char *act = kiln_attr_str(n, "activation", "");
+        if (kiln_attr_check(n) != KILN_OK) {
+            kiln_error_clear();
+            return KILN_OK;
+        }
+        if (act[0] && strcmp(act, "Relu")) return KILN_OK;
+        relu = act[0] != 0;
+        adt = cc->in[7] ? cc->in[7]->dtype : x->dtype;
+        if (adt != KILN_DTYPE_U8 && adt != KILN_DTYPE_I8) return KILN_OK;
+    }
     struct q_build b;
     memset(&b, 0, sizeof b);
     b.cc = cc;
@@ -315,6 +422,26 @@ static kiln_status q_compile(const struct kiln_compile_ctx *cc, struct kiln_kern
     b.nscales = nscales;
     b.has_xzp = has_xzp;
     b.has_yzp = yzp != 0;
+    int32_t azp = yzp; /* qsum: the convolution's own output zero point is a's */
+    float qa_s = 0;
+    if (qsum) {
+        double asv = 0;
+        (void)const_scalar(cc->in_value[6], &asv);
+        qa_s = (float)asv;
+        b.sum = 1;
+        b.clip_lo = (float)((adt == KILN_DTYPE_I8 ? -128 : 0) - azp);
+        b.clip_hi = (float)((adt == KILN_DTYPE_I8 ? 127 : 255) - azp);
+        b.lin = qa_s / qy_s;
+        b.sum_scale = qb_s / qy_s;
+        b.sum_zp = (int32_t)qb_z;
+        b.relu = relu;
+        yzp = (int32_t)qy_z;
+        b.has_yzp = yzp != 0;
+        if (!isfinite(b.lin) || !isfinite(b.sum_scale)) {
+            free(scales);
+            return KILN_OK;
+        }
+    }
     dnnl_dims_t one = {1};
     dnnl_status_t r = dnnl_memory_desc_init_by_tag(&b.zpmd, 1, one, dnnl_s32, dnnl_a);
     int64_t rows = 0, k = 0, ohw = 0, hw = 0;
@@ -392,11 +519,42 @@ static kiln_status q_compile(const struct kiln_compile_ctx *cc, struct kiln_kern
                   (double)(conv ? w->dims[1] * w->dims[2] * w->dims[3] : k);
     int handled = 0;
     kiln_status st = kd_exec_build(&s->e, kd_work_threads(cc, work), q_make, &b, &handled);
+    int qmode = qsum;
+    if (qsum && st == KILN_OK && !handled && b.y_cl) {
+        /* oneDNN has no kernel for the sum chain: the convolution writes a (a's dtype and
+         * zero point) into the kernel's scratch and q_run adds b to it */
+        qmode = 2;
+        b.sum = 0;
+        b.y_cl = 0;
+        b.y_rel = b.x_cl ? 0 : Q_ALIGN64((size_t)xbytes);
+        b.zp_rel = b.y_rel + Q_ALIGN64((size_t)ybytes_all);
+        b.has_yzp = azp != 0;
+        dnnl_dims_t yd = {y->dims[0], y->dims[1], y->dims[2], y->dims[3]};
+        if (dnnl_memory_desc_init_by_tag(&b.dst, 4, yd, q_dt(adt), dnnl_nhwc) == dnnl_success) {
+            memset(&s->e, 0, sizeof s->e);
+            st = kd_exec_build(&s->e, kd_work_threads(cc, work), q_make, &b, &handled);
+        }
+        b.y_cl = 1;
+        yzp = azp;
+    }
     free(scales);
     if (st != KILN_OK || !handled) {
         free(s);
         return st;
     }
+    s->qsum = qmode;
+    s->relu = relu;
+    s->ybytes_all = (size_t)ybytes_all;
+    s->qa_scale = qa_s;
+    s->qa_zp = (float)azp;
+    s->qb_scale = qb_s;
+    s->qb_zp = qb_z;
+    s->qy_scale = qy_s;
+    s->qy_zp = qy_z;
+    s->qy_lo = y->dtype == KILN_DTYPE_I8 ? -128.0f : 0.0f;
+    s->qy_hi = y->dtype == KILN_DTYPE_I8 ? 127.0f : 255.0f;
+    s->qa_signed = adt == KILN_DTYPE_I8;
+    s->qb_signed = s->qy_signed = y->dtype == KILN_DTYPE_I8;
     s->conv = conv;
     s->x_cl = b.x_cl;
     s->y_cl = b.y_cl;
@@ -454,7 +612,13 @@ static kiln_status q_compile(const struct kiln_compile_ctx *cc, struct kiln_kern
                 if (all[ei]->v[vi].args[a].src == KD_SRC_SCRATCH_AT)
                     all[ei]->v[vi].args[a].index += (int)s->base;
     kd_inst_impl(inst, &s->e);
-    inst->name = op == KILN_OP_QLinearConv    ? "dnnl_qlinear_conv"
+    if (qmode) { /* b is copied into Y first (1) or read elementwise (2): Y may be b */
+        inst->inplace = 1;
+        inst->inplace_input = 9;
+    }
+    inst->name = qmode == 1                   ? "dnnl_qlinear_conv_sum"
+                 : qmode == 2                 ? "dnnl_qlinear_conv_add"
+                 : op == KILN_OP_QLinearConv    ? "dnnl_qlinear_conv"
                  : op == KILN_OP_ConvInteger  ? "dnnl_conv_integer"
                  : op == KILN_OP_MatMulInteger ? "dnnl_matmul_integer"
                                               : "dnnl_qlinear_matmul";

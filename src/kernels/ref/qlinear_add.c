@@ -11,11 +11,18 @@
  *   y = saturate(rint(s / y_scale) + y_zp)      (round half to even, NaN -> 0)
  * Y has y_zp's dtype (a's when y_zp is absent), int8 or uint8. The fast
  * kernel is in src/kernels/simd/quant8.c.
+ *
+ * Also KilnQLinearConvAdd, what the qconv_sum pass (src/opt/qconv_sum.c)
+ * makes of a QLinearConv whose only reader is such an Add: the reference
+ * QLinearConv into a temporary, then the Add above (its fast kernel, a
+ * oneDNN sum post-op, is in src/kernels/dnnl/qlinear.c).
  */
 #include <math.h>
 #include <string.h>
 
+#include "core/tensor.h"
 #include "kernels/kernel.h"
+#include "kiln/kiln.h"
 
 static bool q8(kiln_dtype dt) { return dt == KILN_DTYPE_I8 || dt == KILN_DTYPE_U8; }
 
@@ -64,11 +71,12 @@ static kiln_status one(const struct kiln_run_ctx *ctx, int i, bool required, flo
     return KILN_OK;
 }
 
-static kiln_status qadd_run(struct kiln_run_ctx *ctx)
+/* y = Q(act(DQ(a) + DQ(b))) with the parameters at inputs pi (a_scale, a_zp), pi + 3
+ * (b_scale, b_zp) and pi + 5 (y_scale, y_zp) of ctx. */
+static kiln_status qadd_apply(const struct kiln_run_ctx *ctx, const kiln_tensor *a, int pa,
+                              const kiln_tensor *b, int pb, int py, kiln_tensor *y)
 {
     const struct kiln_node *node = ctx->node;
-    const kiln_tensor *a = ctx->in[0], *b = ctx->in[3];
-    kiln_tensor *y = ctx->out[0];
     if (!q8(a->dtype) || !q8(b->dtype) || !q8(y->dtype))
         return kiln_node_error(node, KILN_ERR_UNSUPPORTED,
                                "a, b and y must be int8 or uint8, got %s, %s and %s",
@@ -85,12 +93,12 @@ static kiln_status qadd_run(struct kiln_run_ctx *ctx)
         return kiln_node_error(node, KILN_ERR_INVALID_MODEL, "activation '%s' is not Relu", act);
     bool relu = act[0] != 0;
     float sa, za, sb, zb, sy, zy;
-    kiln_status st = one(ctx, 1, true, &sa);
-    if (st == KILN_OK) st = one(ctx, 2, false, &za);
-    if (st == KILN_OK) st = one(ctx, 4, true, &sb);
-    if (st == KILN_OK) st = one(ctx, 5, false, &zb);
-    if (st == KILN_OK) st = one(ctx, 6, true, &sy);
-    if (st == KILN_OK) st = one(ctx, 7, false, &zy);
+    kiln_status st = one(ctx, pa, true, &sa);
+    if (st == KILN_OK) st = one(ctx, pa + 1, false, &za);
+    if (st == KILN_OK) st = one(ctx, pb, true, &sb);
+    if (st == KILN_OK) st = one(ctx, pb + 1, false, &zb);
+    if (st == KILN_OK) st = one(ctx, py, true, &sy);
+    if (st == KILN_OK) st = one(ctx, py + 1, false, &zy);
     if (st != KILN_OK) return st;
     double lo = y->dtype == KILN_DTYPE_I8 ? -128 : 0, hi = y->dtype == KILN_DTYPE_I8 ? 127 : 255;
     for (int64_t i = 0; i < n; i++) {
@@ -105,4 +113,59 @@ static kiln_status qadd_run(struct kiln_run_ctx *ctx)
     return KILN_OK;
 }
 
+static kiln_status qadd_run(struct kiln_run_ctx *ctx)
+{
+    return qadd_apply(ctx, ctx->in[0], 1, ctx->in[3], 4, 6, ctx->out[0]);
+}
+
 KILN_REF_OP(KilnQLinearAdd, qadd_infer, qadd_run);
+
+/* ---- KilnQLinearConvAdd: QLinearConv (inputs 0-8, its y_scale / y_zp are a's) whose
+ * 8-bit output a is added to b (input 9) as KilnQLinearAdd does: b_scale, b_zp,
+ * y_scale, y_zp at inputs 10-13. Exactly the two reference kernels one after the other. */
+
+static kiln_status qconv_add_infer(struct kiln_infer_ctx *ctx)
+{
+    if (!ctx->out[0]) return KILN_OK;
+    const struct kiln_op_impl *conv = kiln_op_impl(KILN_OP_QLinearConv);
+    if (!conv || !conv->infer)
+        return kiln_node_error(ctx->node, KILN_ERR_INTERNAL, "no QLinearConv shape rule");
+    struct kiln_infer_ctx c2 = *ctx;
+    c2.n_in = ctx->n_in < 9 ? ctx->n_in : 9;
+    kiln_status st = conv->infer(&c2);
+    if (st != KILN_OK) return st;
+    struct kiln_type *y = ctx->out[0];
+    const struct kiln_type *b = ctx->n_in > 9 ? ctx->in[9] : NULL;
+    if (ctx->n_in > 13 && ctx->in[13]) y->dtype = ctx->in[13]->dtype;
+    if (b && b->rank >= 0 && y->rank >= 0) {
+        bool same = b->rank == y->rank;
+        for (int d = 0; same && d < y->rank; d++)
+            if (y->dims[d] >= 0 && b->dims[d] >= 0 && y->dims[d] != b->dims[d]) same = false;
+        if (!same)
+            return kiln_node_error(ctx->node, KILN_ERR_INVALID_ARGUMENT,
+                                   "b must have the convolution's output shape");
+    }
+    return KILN_OK;
+}
+
+static kiln_status qconv_add_run(struct kiln_run_ctx *ctx)
+{
+    const struct kiln_op_impl *conv = kiln_op_impl(KILN_OP_QLinearConv);
+    if (ctx->n_in < 14 || !ctx->in[9] || !conv || !conv->run)
+        return kiln_node_error(ctx->node, KILN_ERR_INVALID_MODEL, "expected 14 inputs, b present");
+    const kiln_tensor *y = ctx->out[0];
+    kiln_dtype adt = ctx->in[7] ? ctx->in[7]->dtype : ctx->in[0]->dtype; /* QLinearConv's rule */
+    kiln_tensor *a = NULL;
+    kiln_status st = kiln_tensor_new_uninit(adt, y->rank, y->dims, &a);
+    if (st != KILN_OK) return st;
+    struct kiln_run_ctx c2 = *ctx;
+    c2.n_in = 9;
+    c2.n_out = 1;
+    c2.out = &a;
+    st = conv->run(&c2);
+    if (st == KILN_OK) st = qadd_apply(ctx, a, 6, ctx->in[9], 10, 12, ctx->out[0]);
+    kiln_tensor_free(a);
+    return st;
+}
+
+KILN_REF_OP(KilnQLinearConvAdd, qconv_add_infer, qconv_add_run);
