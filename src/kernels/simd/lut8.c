@@ -65,12 +65,119 @@ static int64_t lut_gather(const struct lut_state *s, const uint8_t *x, float *y,
     return i;
 }
 
+/* A float table as four byte planes (plane j: byte j of each entry), for lut64_f32. */
+struct f32_planes {
+    uint8_t b[4][256];
+};
+
+/* The byte order into which lut64_f32 permutes its codes so that its unpacks put the 64
+ * floats back in order: code i of d_r (lane L = i / 4, m = i % 4) sits at byte
+ * L * 16 + r * 4 + m after the unpacks, and must be element r * 16 + i. */
+static __m512i lut64_perm(void)
+{
+    uint8_t idx[64];
+    for (int l = 0; l < 4; l++)
+        for (int r = 0; r < 4; r++)
+            for (int m = 0; m < 4; m++) idx[l * 16 + r * 4 + m] = (uint8_t)(r * 16 + l * 4 + m);
+    return _mm512_loadu_si512(idx);
+}
+
+/* 64 float table entries without gathers (AVX-512 VBMI): each byte plane by two vpermi2b
+ * and a blend on the code's top bit, then bytes to dwords by unpacks; out[r] holds the
+ * entries of codes 16 r .. 16 r + 15. */
+static inline void lut64_f32(const __m512i *tb, __m512i perm, __m512i codes, __m512 out[4])
+{
+    __m512i c = _mm512_permutexvar_epi8(perm, codes), b[4];
+    __mmask64 top = _mm512_movepi8_mask(c);
+    for (int j = 0; j < 4; j++)
+        b[j] = _mm512_mask_blend_epi8(top, _mm512_permutex2var_epi8(tb[4 * j], c, tb[4 * j + 1]),
+                                      _mm512_permutex2var_epi8(tb[4 * j + 2], c, tb[4 * j + 3]));
+    __m512i wl = _mm512_unpacklo_epi8(b[0], b[1]), wh = _mm512_unpackhi_epi8(b[0], b[1]);
+    __m512i vl = _mm512_unpacklo_epi8(b[2], b[3]), vh = _mm512_unpackhi_epi8(b[2], b[3]);
+    out[0] = _mm512_castsi512_ps(_mm512_unpacklo_epi16(wl, vl));
+    out[1] = _mm512_castsi512_ps(_mm512_unpackhi_epi16(wl, vl));
+    out[2] = _mm512_castsi512_ps(_mm512_unpacklo_epi16(wh, vh));
+    out[3] = _mm512_castsi512_ps(_mm512_unpackhi_epi16(wh, vh));
+}
+
+static void load_planes(const struct f32_planes *p, __m512i tb[16])
+{
+    for (int j = 0; j < 4; j++)
+        for (int h = 0; h < 4; h++) tb[4 * j + h] = _mm512_loadu_si512(p->b[j] + 64 * h);
+}
+
+/* KilnLut8Pool, channels last, with VBMI: nc (at most 64) channels from x, plane pixels
+ * `stride` apart; out[k] = sum of table[x] in double, each channel's pixels in order. */
+static void lutpool_vbmi(const struct f32_planes *pl, uint8_t off, const uint8_t *x,
+                         int64_t stride, int64_t plane, int nc, double *out)
+{
+    __m512i tb[16], perm = lut64_perm(), flip = _mm512_set1_epi8((char)off);
+    load_planes(pl, tb);
+    __m512d acc[8];
+    for (int j = 0; j < 8; j++) acc[j] = _mm512_setzero_pd();
+    __mmask64 m = nc >= 64 ? ~(__mmask64)0 : (((__mmask64)1 << nc) - 1);
+    int nv = (nc + 15) / 16;
+    for (int64_t p = 0; p < plane; p++, x += stride) {
+        __m512 f[4];
+        lut64_f32(tb, perm, _mm512_xor_si512(_mm512_maskz_loadu_epi8(m, x), flip), f);
+        for (int r = 0; r < nv; r++) {
+            __m256 lo = _mm512_castps512_ps256(f[r]);
+            __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(f[r]), 1));
+            acc[2 * r] = _mm512_add_pd(acc[2 * r], _mm512_cvtps_pd(lo));
+            acc[2 * r + 1] = _mm512_add_pd(acc[2 * r + 1], _mm512_cvtps_pd(hi));
+        }
+    }
+    double tmp[64];
+    for (int j = 0; j < 8; j++) _mm512_storeu_pd(tmp + 8 * j, acc[j]);
+    memcpy(out, tmp, sizeof(double) * (size_t)nc);
+}
+
 /* KilnLut8Mul over len elements: y = Q(table[x] * g[i * gstride]). */
 struct lutmul_state {
     float t[256], sy, zy, lo, hi;
-    int off, is_signed, avx512, nhwc;
+    struct f32_planes pl;
+    int off, is_signed, avx512, vbmi, nhwc;
     int64_t n, c, plane, ns;
 };
+
+/* Units b .. e of KilnLut8Mul (rows of c channels last, or planes), the tables loaded once. */
+static void lutmul_vbmi(const struct lutmul_state *s, const uint8_t *x0, uint8_t *y0,
+                        const float *g0, int64_t b, int64_t e)
+{
+    __m512i tb[16], perm = lut64_perm(), flip = _mm512_set1_epi8((char)s->off);
+    load_planes(&s->pl, tb);
+    __m512 sy = _mm512_set1_ps(s->sy), zy = _mm512_set1_ps(s->zy), zero = _mm512_setzero_ps();
+    __m512 vlo = _mm512_set1_ps(s->lo), vhi = _mm512_set1_ps(s->hi);
+    int64_t len = s->nhwc ? s->c : s->plane;
+    int gstride = s->nhwc;
+    for (int64_t u = b; u < e; u++) {
+        const uint8_t *x = x0 + u * len;
+        uint8_t *y = y0 + u * len;
+        const float *g = s->nhwc ? g0 + (s->ns == s->c ? 0 : u / s->plane * s->c)
+                                 : g0 + (s->ns == s->c ? u % s->c : u);
+        __m512 gb = _mm512_set1_ps(g[0]);
+        for (int64_t i = 0; i < len; i += 64) {
+            __mmask64 m = len - i >= 64 ? ~(__mmask64)0 : (((__mmask64)1 << (len - i)) - 1);
+            __m512 f[4];
+            lut64_f32(tb, perm, _mm512_xor_si512(_mm512_maskz_loadu_epi8(m, x + i), flip), f);
+            for (int r = 0; r < 4; r++) {
+                __mmask16 mr = (__mmask16)(m >> (16 * r));
+                if (!mr) break;
+                __m512 gv = gstride ? _mm512_maskz_loadu_ps(mr, g + i + 16 * r) : gb;
+                __m512 q = _mm512_div_ps(_mm512_mul_ps(f[r], gv), sy);
+                q = _mm512_roundscale_ps(q, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+                q = _mm512_add_ps(q, zy);
+                __mmask16 nan = _mm512_cmp_ps_mask(q, q, _CMP_UNORD_Q);
+                q = _mm512_min_ps(_mm512_max_ps(q, vlo), vhi);
+                q = _mm512_mask_mov_ps(q, nan, zero);
+                __m512i qi = _mm512_cvtps_epi32(q);
+                __m128i packed =
+                    s->is_signed ? _mm512_cvtsepi32_epi8(qi) : _mm512_cvtusepi32_epi8(qi);
+                _mm_mask_storeu_epi8(y + i + 16 * r, mr, packed);
+            }
+        }
+    }
+}
 
 static void lutmul_avx512(const struct lutmul_state *s, const uint8_t *x, uint8_t *y, int64_t len,
                           const float *g, int gstride)
@@ -117,6 +224,16 @@ static void lutpool_avx512(const float *t, uint8_t off, const uint8_t *x, int64_
 #else
 #pragma GCC pop_options
 #endif
+
+/* (outside the AVX-512 region: it runs at compile time on any CPU) */
+static void planes_of(const float *t, struct f32_planes *p)
+{
+    for (int k = 0; k < 256; k++) {
+        uint8_t v[4];
+        memcpy(v, &t[k], 4);
+        for (int j = 0; j < 4; j++) p->b[j][k] = v[j];
+    }
+}
 
 static void lut_range(void *arg, int64_t b, int64_t e)
 {
@@ -205,6 +322,10 @@ static void lutmul_range(void *arg, int64_t b, int64_t e)
 {
     const struct lutmul_job *j = arg;
     const struct lutmul_state *s = j->s;
+    if (s->vbmi) {
+        lutmul_vbmi(s, j->x, j->y, j->g, b, e);
+        return;
+    }
     for (int64_t u = b; u < e; u++) {
         if (s->nhwc) {
             const float *g = j->g + (s->ns == s->c ? 0 : u / s->plane * s->c);
@@ -278,10 +399,12 @@ static kiln_status lutmul_compile(const struct kiln_compile_ctx *cc, struct kiln
     s->avx512 = !(isa && (!strcmp(isa, "scalar") || !strcmp(isa, "avx2"))) &&
                 __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                 __builtin_cpu_supports("avx512vl");
+    s->vbmi = s->avx512 && __builtin_cpu_supports("avx512vbmi");
+    planes_of(s->t, &s->pl);
     inst->state = s;
     inst->destroy = free;
     inst->run = lutmul_run;
-    inst->name = s->avx512 ? "avx512_lut8_mul" : "c_lut8_mul";
+    inst->name = s->vbmi ? "avx512vbmi_lut8_mul" : s->avx512 ? "avx512_lut8_mul" : "c_lut8_mul";
     return KILN_OK;
 }
 
@@ -292,7 +415,8 @@ KILN_FAST_OP(KilnLut8Mul, lutmul_compile, NULL);
 
 struct lutpool_state {
     float t[256];
-    int off, nhwc, avx512;
+    struct f32_planes pl;
+    int off, nhwc, avx512, vbmi;
     int64_t n, c, plane;
 };
 
@@ -322,7 +446,10 @@ static void lutpool_range(void *arg, int64_t b, int64_t e)
         double acc[LUTPOOL_CH] = {0};
         const uint8_t *x = j->x + n * s->plane * s->c + c0;
         int64_t k0 = 0;
-        if (s->avx512 && nc >= 8) {
+        if (s->vbmi) {
+            k0 = nc;
+            lutpool_vbmi(&s->pl, off, x, s->c, s->plane, (int)nc, acc);
+        } else if (s->avx512 && nc >= 8) {
             k0 = nc / 8 * 8;
             lutpool_avx512(s->t, off, x, s->c, s->plane, (int)k0, acc);
         }
@@ -363,10 +490,12 @@ static kiln_status lutpool_compile(const struct kiln_compile_ctx *cc, struct kil
     s->avx512 = !(isa && (!strcmp(isa, "scalar") || !strcmp(isa, "avx2"))) &&
                 __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                 __builtin_cpu_supports("avx512vl");
+    s->vbmi = s->avx512 && __builtin_cpu_supports("avx512vbmi");
+    planes_of(s->t, &s->pl);
     inst->state = s;
     inst->destroy = free;
     inst->run = lutpool_run;
-    inst->name = s->avx512 && nhwc ? "avx512_lut8_pool" : "c_lut8_pool";
+    inst->name = !nhwc ? "c_lut8_pool" : s->vbmi ? "avx512vbmi_lut8_pool" : s->avx512 ? "avx512_lut8_pool" : "c_lut8_pool";
     return KILN_OK;
 }
 
