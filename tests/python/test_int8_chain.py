@@ -469,3 +469,73 @@ def test_mbconv_se_stays_int8_channels_last(kiln_bin, tmp_path, monkeypatch):
     monkeypatch.setenv("KILN_QLUT", "0")
     before = op_counts(profile(kiln_bin, model, tmp_path))
     assert before("DequantizeLinear") >= 4 and before("Sigmoid") == 4, text
+
+
+def identity_conv(nodes, inits, x, c, s, zp, dt, tag):
+    """DQ(x) -> 1x1 Conv with identity int8 weights (scale 1) -> Q(s, zp): with x's scale s and
+    zero point zp the requantization multiplier is exactly 1, so every kernel returns x's codes."""
+    w = np.eye(c, dtype=np.int8).reshape(c, c, 1, 1)
+    inits += [tensor(f"w{tag}", w), tensor(f"ws{tag}", np.ones(c, np.float32)),
+              tensor(f"wz{tag}", np.zeros(c, np.int8)), tensor(f"s{tag}", np.float32(s)),
+              tensor(f"z{tag}", np.array(zp, dt))]
+    nodes += [helper.make_node("DequantizeLinear", [x, f"s{tag}", f"z{tag}"], [f"xf{tag}"]),
+              helper.make_node("DequantizeLinear", [f"w{tag}", f"ws{tag}", f"wz{tag}"],
+                               [f"wf{tag}"], axis=0),
+              helper.make_node("Conv", [f"xf{tag}", f"wf{tag}"], [f"c{tag}"], kernel_shape=[1, 1]),
+              helper.make_node("QuantizeLinear", [f"c{tag}", f"s{tag}", f"z{tag}"], [f"q{tag}"])]
+    return f"q{tag}"
+
+
+def se_nhwc_model(dt, shape, batched_gate):
+    """x (float) -> Q -> identity conv -> DQ -> SiLU -> [pool -> pooled; Mul by gate g -> Q ->
+    identity conv -> y]: the SE's KilnLut8Pool and KilnLut8Mul between int8 convolutions, so
+    channels last on VNNI, on values every kernel computes exactly."""
+    n, c = shape[:2]
+    et = TensorProto.UINT8 if dt == np.uint8 else TensorProto.INT8
+    zp, zy = (9, 12) if dt == np.uint8 else (-20, -17)
+    nodes, inits = [], [tensor("sx", np.float32(0.045)), tensor("zx", np.array(zp, dt))]
+    nodes.append(helper.make_node("QuantizeLinear", ["x", "sx", "zx"], ["qx"]))
+    a = identity_conv(nodes, inits, "qx", c, 0.045, zp, dt, "_c1")
+    inits += [tensor("sa", np.float32(0.045)), tensor("za", np.array(zp, dt)),
+              tensor("sy", np.float32(0.017)), tensor("zy", np.array(zy, dt))]
+    nodes += [helper.make_node("DequantizeLinear", [a, "sa", "za"], ["f"]),
+              helper.make_node("Sigmoid", ["f"], ["sig"]),
+              helper.make_node("Mul", ["f", "sig"], ["silu"]),
+              helper.make_node("GlobalAveragePool", ["silu"], ["pooled"]),
+              helper.make_node("Mul", ["silu", "g"], ["m"]),
+              helper.make_node("QuantizeLinear", ["m", "sy", "zy"], ["qm"])]
+    y = identity_conv(nodes, inits, "qm", c, 0.017, zy, dt, "_c2")
+    nodes.append(helper.make_node("Identity", [y], ["y"]))
+    gshape = [n if batched_gate else 1, c, 1, 1]
+    g = helper.make_graph(nodes, "se_nhwc",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(shape)),
+                           helper.make_tensor_value_info("g", TensorProto.FLOAT, gshape)],
+                          [helper.make_tensor_value_info("pooled", TensorProto.FLOAT,
+                                                         [n, c, 1, 1]),
+                           helper.make_tensor_value_info("y", et, list(shape))], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 14)]), gshape
+
+
+@pytest.mark.parametrize("dt", [np.uint8, np.int8], ids=["u8", "s8"])
+@pytest.mark.parametrize("shape,batched", [((1, 40, 9, 7), False), ((2, 72, 5, 6), True)])
+def test_lut8_se_channels_last(kiln_bin, tmp_path, monkeypatch, dt, shape, batched):
+    """KilnLut8Pool and KilnLut8Mul reading channels-last values (VBMI: 64 channels at a time,
+    with tails) bit for bit the unfused nodes on the reference kernels, 1 and 2 threads."""
+    model, gshape = se_nhwc_model(dt, shape, batched)
+    x = np.random.default_rng(21).normal(0, 3.0, size=shape).astype(np.float32)
+    gate = np.random.default_rng(22).uniform(0.0, 1.0, size=gshape).astype(np.float32)
+    feeds = {"x": x, "g": gate}
+    monkeypatch.setenv("KILN_QLUT", "0")
+    unfused = run(kiln_bin, model, feeds, tmp_path, "refkernels")
+    monkeypatch.delenv("KILN_QLUT")
+    for mode, threads in (("refkernels", 1), ("fast", 1), ("fast", 2)):
+        got = run(kiln_bin, model, feeds, tmp_path, mode, threads)
+        for k in ("pooled", "y"):
+            np.testing.assert_array_equal(got[k], unfused[k], err_msg=f"{k} {mode} t={threads}")
+    text = profile(kiln_bin, model, tmp_path)
+    c = op_counts(text)
+    assert c("KilnLut8Pool") == 1 and c("KilnLut8Mul") == 1 and c("QLinearConv") == 2, text
+    if VNNI:  # the pool and the Mul read the convolution's channels-last bytes
+        assert c("KilnReorder") <= 3, text
+        assert any("KilnLut8Mul" in ln and "(blocked 1)" in ln for ln in text.splitlines()) or \
+            b"libasan" in open(kiln_bin, "rb").read(), text
