@@ -19,7 +19,13 @@ float32 arithmetic of the QDQ nodes it replaces
   graph on reference kernels bit for bit; the fast path with 1 and 2 threads
   within one step (oneDNN's float requantization, see test_qdq.py); the
   profile shows the fused Add, channels-last values and no DequantizeLinear
-  inside the chain.
+  inside the chain;
+- KilnLut8 (src/opt/qlut.c: DQ -> SiLU / Sigmoid / HardSwish [-> Q] as a
+  256-entry table), KilnLut8Pool and KilnLut8Mul (the squeeze-and-excitation
+  reading a float table): bit for bit the unfused nodes on the reference
+  kernels (and numpy's float32 arithmetic), fast kernels 1 and 2 threads,
+  plain and channels last; an EfficientNet MBConv block whose profile shows no
+  float op, inner DQ or reorder left.
 """
 
 import numpy as np
