@@ -264,7 +264,8 @@ def sigmoid32(f):
 
 
 def lut_model(dt, shape, p, kind, out8):
-    """a (8-bit) -> DQ -> kind (silu: x * Sigmoid(x), sigmoid, hardswish) [-> Q] -> y."""
+    """a (8-bit) -> DQ -> kind (silu: x * Sigmoid(x), sigmoid, hardswish, hardsigmoid) [-> Q]
+    -> y."""
     et = TensorProto.UINT8 if dt == np.uint8 else TensorProto.INT8
     sa, za, sy, zy = p
     inits = [tensor("sa", np.float32(sa)), tensor("za", np.array(za, dt)),
@@ -275,6 +276,8 @@ def lut_model(dt, shape, p, kind, out8):
                   helper.make_node("Mul", ["f", "sig"], ["r"])]
     elif kind == "sigmoid":
         nodes.append(helper.make_node("Sigmoid", ["f"], ["r"]))
+    elif kind == "hardsigmoid":  # MobileNetV3's squeeze-and-excitation gate
+        nodes.append(helper.make_node("HardSigmoid", ["f"], ["r"], alpha=1.0 / 6, beta=0.5))
     else:
         nodes.append(helper.make_node("HardSwish", ["f"], ["r"]))
     if out8:
@@ -314,7 +317,7 @@ def all_codes(dt, shape, seed):
 @pytest.mark.parametrize("dt", [np.uint8, np.int8], ids=["u8", "s8"])
 @pytest.mark.parametrize("shape", [(1, 16, 4, 4), (2, 17, 41, 53)])
 @pytest.mark.parametrize("kind,out8", [("silu", True), ("silu", False), ("sigmoid", False),
-                                       ("hardswish", True)])
+                                       ("hardswish", True), ("hardsigmoid", False)])
 def test_lut8(kiln_bin, tmp_path, monkeypatch, dt, shape, kind, out8):
     """KilnLut8 gives bit for bit what the unfused DQ, ops and Q give on the reference kernels
     (its table is made by them), on every code, reference and fast kernel (AVX-512 VBMI),
@@ -327,7 +330,7 @@ def test_lut8(kiln_bin, tmp_path, monkeypatch, dt, shape, kind, out8):
     unfused = run(kiln_bin, model, feeds, tmp_path, "refkernels")["y"]
     monkeypatch.delenv("KILN_QLUT")
     assert unfused.dtype == (dt if out8 else np.float32)
-    if kind != "hardswish":  # the unfused reference itself against numpy
+    if kind in ("silu", "sigmoid"):  # the unfused reference itself against numpy
         f = (a.astype(np.float32) - np.float32(p[1])) * np.float32(p[0])
         r = f * sigmoid32(f) if kind == "silu" else sigmoid32(f)
         want = quantize(r.astype(np.float32), p[2], p[3], dt) if out8 else r.astype(np.float32)
@@ -343,6 +346,7 @@ def test_lut8(kiln_bin, tmp_path, monkeypatch, dt, shape, kind, out8):
     text = profile(kiln_bin, model, tmp_path)
     c = op_counts(text)
     assert c("KilnLut8") == 1 and c("Sigmoid") == c("Mul") == c("HardSwish") == 0, text
+    assert c("HardSigmoid") == 0, text
     assert c("DequantizeLinear") == c("QuantizeLinear") == 0, text
 
 
