@@ -28,6 +28,8 @@ float32 arithmetic of the QDQ nodes it replaces
   float op, inner DQ or reorder left.
 """
 
+import os
+
 import numpy as np
 import pytest
 
@@ -545,7 +547,8 @@ def test_lut8_se_channels_last(kiln_bin, tmp_path, monkeypatch, dt, shape, batch
     text = profile(kiln_bin, model, tmp_path)
     c = op_counts(text)
     assert c("KilnLut8Pool") == 1 and c("KilnLut8Mul") == 1 and c("QLinearConv") == 2, text
-    if VNNI:  # the pool and the Mul read the convolution's channels-last bytes
+    if VNNI and os.environ.get("KILN_ISA") not in ("scalar", "avx2"):
+        # the pool and the Mul read the convolution's channels-last bytes
         assert c("KilnReorder") <= 3, text
         assert any("KilnLut8Mul" in ln and "(blocked 1)" in ln for ln in text.splitlines()) or \
             b"libasan" in open(kiln_bin, "rb").read(), text
