@@ -19,7 +19,16 @@
  *    value (squeeze-and-excitation, C <= 2048: elementwise.c treats channels
  *    last as one block of all C channels) following by its big input;
  *  - sinks: a float GlobalAveragePool reads its input channels last where it
- *    already is, and writes its [N, C, 1, 1] output plain (the same bytes).
+ *    already is, and writes its [N, C, 1, 1] output plain (the same bytes);
+ *  - KilnLut8 (src/opt/qlut.c: SiLU, a Sigmoid gate ... of an 8-bit value by
+ *    a 256-entry table) follows like the elementwise ops; on a one-pixel
+ *    [N, C, 1, 1] value (squeeze-and-excitation), where NHWC and NCHW are the
+ *    same bytes, it and the pool before it read channels last wherever that is
+ *    supplied and write either layout, so the SE's 1x1 convolutions, their
+ *    tables and the pool chain without a reorder; KilnLut8Pool (the pool of a
+ *    float table's values) likewise, and KilnLut8Mul (Q of a float table's
+ *    values times a per-channel scale) follows by its 8-bit input as the
+ *    per-channel Mul does.
  * KILN_NHWC=0 in the environment turns the channels-last part off.
  * As in the blocked pass, a value is NHWC when it is supplied NHWC (written by
  * a source, or by a follower with an NHWC data input) and demanded NHWC (read
@@ -125,6 +134,55 @@ static int is_sink(const struct kiln_graph *g, const unsigned char *cap, const s
            g->values[n->out[0]].type.rank == 4;
 }
 
+/* A value of one pixel, [N, C, 1, 1]: channels last and plain are the same bytes. */
+static int one_pixel(const struct kiln_graph *g, int v)
+{
+    const struct kiln_type *t = &g->values[v].type;
+    return t->rank == 4 && t->dims[2] == 1 && t->dims[3] == 1;
+}
+
+/* A KilnLut8 (src/opt/qlut.c: a 256-entry table of an 8-bit value; elementwise, so any
+ * storage order is the same to it) of a 4-D 8-bit value, writing 8-bit or float values. */
+static int lut_node(const struct kiln_graph *g, const unsigned char *cap, const struct kiln_node *n)
+{
+    if (n->op != KILN_OP_KilnLut8 || n->n_in != 2 || n->n_out != 1 || n->in[0] < 0 ||
+        n->out[0] < 0)
+        return 0;
+    const kiln_tensor *t = konst(g, n->in[1]);
+    int x = n->in[0], y = n->out[0];
+    if (!t || kiln_tensor_count(t) != 256 || !nhwc_value(g, cap, x, 1) ||
+        !nhwc_value(g, cap, y, t->dtype != KILN_DTYPE_F32))
+        return 0;
+    const struct kiln_type *xt = &g->values[x].type, *yt = &g->values[y].type;
+    for (int d = 0; d < 4; d++)
+        if (xt->dims[d] != yt->dims[d] || (xt->dims[d] < 0 && d)) return 0;
+    return yt->dims[0] >= 0 || (xt->sym[0] && yt->sym[0] && !strcmp(xt->sym[0], yt->sym[0]));
+}
+
+/* KilnLut8Pool (the pool of a float table's values, src/opt/qlut.c) of a 4-D 8-bit value:
+ * reads channels last, writes [N, C, 1, 1] in either layout. */
+static int lut_pool_node(const struct kiln_graph *g, const unsigned char *cap,
+                         const struct kiln_node *n)
+{
+    return n->op == KILN_OP_KilnLut8Pool && n->n_in == 2 && n->n_out == 1 && n->out[0] >= 0 &&
+           nhwc_value(g, cap, n->in[0], 1) && g->values[n->out[0]].type.rank == 4 &&
+           one_pixel(g, n->out[0]);
+}
+
+/* KilnLut8Mul (Q(table[x] * s), s per channel: src/opt/qlut.c) of a 4-D 8-bit x with static
+ * C, H, W into the same shape: follows by x as the per-channel Mul does. */
+static int lut_mul_node(const struct kiln_graph *g, const unsigned char *cap,
+                        const struct kiln_node *n)
+{
+    if (n->op != KILN_OP_KilnLut8Mul || n->n_in < 4 || n->n_out != 1 || n->in[0] < 0 ||
+        n->in[2] < 0 || !nhwc_value(g, cap, n->in[0], 1) || !nhwc_value(g, cap, n->out[0], 1))
+        return 0;
+    const struct kiln_type *xt = &g->values[n->in[0]].type, *yt = &g->values[n->out[0]].type;
+    for (int d = 0; d < 4; d++)
+        if (xt->dims[d] != yt->dims[d] || (d && xt->dims[d] < 1)) return 0;
+    return yt->dims[0] >= 0 || (xt->sym[0] && yt->sym[0] && !strcmp(xt->sym[0], yt->sym[0]));
+}
+
 static int is_follower(const struct kiln_graph *g, const unsigned char *cap, const struct kiln_node *n)
 {
     if (n->n_out != 1 || n->n_in < 1) return 0;
@@ -213,8 +271,13 @@ static int is_follower(const struct kiln_graph *g, const unsigned char *cap, con
 }
 
 /* Roles: 1 source, 2 follower, 3 sink (reads channels last, writes plain), 4 / 5 a
- * per-channel Mul following by its input 0 / 1. */
-enum { R_SOURCE = 1, R_FOLLOWER, R_SINK, R_CHAN0, R_CHAN1 };
+ * per-channel Mul following by its input 0 / 1; 6 / 7 a sink / KilnLut8 whose output /
+ * input is one pixel (the squeeze-and-excitation's pool, SiLU and gate): it reads its input
+ * channels last wherever that is supplied so, and writes either layout (the same bytes). */
+enum { R_SOURCE = 1, R_FOLLOWER, R_SINK, R_CHAN0, R_CHAN1, R_SINK1, R_LUT1 };
+
+/* A role that demands input 0 channels last whatever its output's layout. */
+static int reads_cl(int r) { return r == R_SOURCE || r == R_SINK || r == R_SINK1 || r == R_LUT1; }
 
 /* Inputs of follower n (role r) that carry data. */
 static int data_input(const struct kiln_node *n, int r, int i)
@@ -250,8 +313,12 @@ kiln_status kiln_opt_nhwc_mark(struct kiln_graph *g, const unsigned char *captur
         int big = chan_mul(g, captured, pn);
         if (is_source(g, captured, pn)) role[p] = R_SOURCE, any = 1;
         else if (big >= 0) role[p] = (unsigned char)(R_CHAN0 + big);
+        else if (lut_mul_node(g, captured, pn)) role[p] = R_CHAN0;
+        else if (lut_pool_node(g, captured, pn)) role[p] = R_SINK1;
+        else if (lut_node(g, captured, pn))
+            role[p] = one_pixel(g, pn->in[0]) ? R_LUT1 : R_FOLLOWER;
         else if (is_follower(g, captured, pn)) role[p] = R_FOLLOWER;
-        else if (is_sink(g, captured, pn)) role[p] = R_SINK;
+        else if (is_sink(g, captured, pn)) role[p] = one_pixel(g, pn->out[0]) ? R_SINK1 : R_SINK;
     }
     for (int changed = any; changed;) {
         changed = 0;
@@ -269,7 +336,7 @@ kiln_status kiln_opt_nhwc_mark(struct kiln_graph *g, const unsigned char *captur
             for (int i = 0; i < cn->n_in; i++) {
                 int v = cn->in[i];
                 if (v < 0 || demand[v]) continue;
-                int d = role[c] == R_SOURCE || role[c] == R_SINK
+                int d = reads_cl(role[c])
                             ? i == 0
                             : data_input(cn, role[c], i) && demand[cn->out[0]];
                 if (d) changed = demand[v] = 1;
@@ -299,7 +366,7 @@ int kiln_opt_nhwc_wanted(const struct kiln_graph *g, int c, int role, int i)
     const struct kiln_node *n = &g->nodes[c];
     int out = n->n_out > 0 && n->out[0] >= 0 ? g->values[n->out[0]].layout : 0;
     if (role == R_SOURCE) return i == 0 ? KILN_LAYOUT_NHWC : 0;
-    if (role == R_SINK) /* only where its input is channels last anyway */
+    if (role == R_SINK || role == R_SINK1 || role == R_LUT1) /* where it is channels last anyway */
         return i == 0 && g->values[n->in[0]].layout == KILN_LAYOUT_NHWC ? KILN_LAYOUT_NHWC : 0;
     if (role) return data_input(n, role, i) && out == KILN_LAYOUT_NHWC ? KILN_LAYOUT_NHWC : 0;
     return 0;

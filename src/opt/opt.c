@@ -19,6 +19,7 @@
  *   conv_fusion            Conv + bias + residual Add + activation -> KilnFusedConv
  *   matmul_fusion          Gemm / MatMul + bias + residual Add + activation -> KilnFusedMatMul
  *   qadd_fusion            Q(Relu(DQ(a) + DQ(b))) -> KilnQLinearAdd (static int8 residuals)
+ *   qlut_fusion            DQ -> float elementwise ops [-> Q] -> KilnLut8 (a 256-entry table)
  *   dead_code_elimination
  *   layout                 (layout.c, when options ask for it and it is linked in)
  *   mbconv_fusion          (after layout) blocked expand / depthwise / [SE] / project -> KilnMBConv
@@ -331,6 +332,7 @@ kiln_status kiln_optimize(struct kiln_graph *g, const struct kiln_opt_options *o
         {"conv_fusion", kiln_opt_fuse_conv},
         {"matmul_fusion", kiln_opt_fuse_matmul},
         {"qadd_fusion", kiln_opt_qadd}, /* Q(Relu(DQ + DQ)) -> KilnQLinearAdd */
+        {"qlut_fusion", kiln_opt_qlut}, /* DQ -> SiLU / Sigmoid ... [-> Q] -> KilnLut8 */
         {"dead_code_elimination", kiln_opt_dce},
     };
     struct kiln_opt_log local;

@@ -192,6 +192,7 @@ kiln_status kiln_opt_conv_bn(struct kiln_graph *g, struct kiln_opt_pass_log *pl)
 kiln_status kiln_opt_fuse_conv(struct kiln_graph *g, struct kiln_opt_pass_log *pl);  /* fuse_act.c */
 kiln_status kiln_opt_fuse_matmul(struct kiln_graph *g, struct kiln_opt_pass_log *pl);/* fuse_matmul.c */
 kiln_status kiln_opt_qadd(struct kiln_graph *g, struct kiln_opt_pass_log *pl);       /* qadd.c */
+kiln_status kiln_opt_qlut(struct kiln_graph *g, struct kiln_opt_pass_log *pl);       /* qlut.c */
 /* The layout pass (layout.c, another file's owner): run last when o->layout. */
 kiln_status kiln_opt_layout(struct kiln_graph *g, struct kiln_opt_pass_log *pl) __attribute__((weak));
 /* After the layout pass: blocked expand / depthwise / [squeeze-excitation] / project

@@ -29,7 +29,15 @@ float32 arithmetic of the QDQ nodes it replaces
   within one step of the unfused kernels (KILN_QSUM=0) everywhere, the
   profile naming the sum kernel; and a block where neither operand may be
   fused (each read twice): KilnQLinearAdd stays.
+- KilnLut8 (src/opt/qlut.c: DQ -> SiLU / Sigmoid / HardSwish [-> Q] as a
+  256-entry table), KilnLut8Pool and KilnLut8Mul (the squeeze-and-excitation
+  reading a float table): bit for bit the unfused nodes on the reference
+  kernels (and numpy's float32 arithmetic), fast kernels 1 and 2 threads,
+  plain and channels last; an EfficientNet MBConv block whose profile shows no
+  float op, inner DQ or reorder left.
 """
+
+import os
 
 import numpy as np
 import pytest
@@ -254,6 +262,7 @@ def test_silu_se_channels_last(kiln_bin, tmp_path, shape, monkeypatch):
     """The SiLU / squeeze-and-excitation float ops between Q/DQ run channels last: the same
     fast kernels as in NCHW (KILN_NHWC=0), so the same result but for float rounding in the
     pool's sum order (within one step on at most 1% of the elements), 1 and 2 threads."""
+    monkeypatch.setenv("KILN_QLUT", "0")  # the float ops themselves (KilnLut8: tests below)
     model = silu_se_model(*shape)
     x = np.random.default_rng(9).normal(0, 2.0, size=shape).astype(np.float32)
     step = np.float32(0.08)
@@ -385,3 +394,301 @@ def test_qconv_sum_declined(kiln_bin, tmp_path):
     if VNNI:
         counts = layer_counts(profile(kiln_bin, model, tmp_path))
         assert counts.get("KilnQLinearAdd") == 1 and counts.get("KilnQLinearConvAdd") == 1, counts
+# ---- KilnLut8: DQ -> float elementwise ops [-> Q] as a 256-entry table (src/opt/qlut.c) ----
+
+def sigmoid32(f):
+    """The reference Sigmoid's float32 arithmetic (ref/elementwise.c)."""
+    with np.errstate(over="ignore"):
+        pos = np.float32(1) / (np.float32(1) + np.exp(-f))
+        e = np.exp(f)
+        neg = e / (np.float32(1) + e)
+    return np.where(f >= 0, pos, neg).astype(np.float32)
+
+
+def lut_model(dt, shape, p, kind, out8):
+    """a (8-bit) -> DQ -> kind (silu: x * Sigmoid(x), sigmoid, hardswish, hardsigmoid) [-> Q]
+    -> y."""
+    et = TensorProto.UINT8 if dt == np.uint8 else TensorProto.INT8
+    sa, za, sy, zy = p
+    inits = [tensor("sa", np.float32(sa)), tensor("za", np.array(za, dt)),
+             tensor("sy", np.float32(sy)), tensor("zy", np.array(zy, dt))]
+    nodes = [helper.make_node("DequantizeLinear", ["a", "sa", "za"], ["f"])]
+    if kind == "silu":
+        nodes += [helper.make_node("Sigmoid", ["f"], ["sig"]),
+                  helper.make_node("Mul", ["f", "sig"], ["r"])]
+    elif kind == "sigmoid":
+        nodes.append(helper.make_node("Sigmoid", ["f"], ["r"]))
+    elif kind == "hardsigmoid":  # MobileNetV3's squeeze-and-excitation gate
+        nodes.append(helper.make_node("HardSigmoid", ["f"], ["r"], alpha=1.0 / 6, beta=0.5))
+    else:
+        nodes.append(helper.make_node("HardSwish", ["f"], ["r"]))
+    if out8:
+        nodes.append(helper.make_node("QuantizeLinear", ["r", "sy", "zy"], ["y"]))
+    else:
+        nodes.append(helper.make_node("Identity", ["r"], ["y"]))
+    g = helper.make_graph(nodes, "lut",
+                          [helper.make_tensor_value_info("a", et, list(shape))],
+                          [helper.make_tensor_value_info("y", et if out8 else TensorProto.FLOAT,
+                                                         list(shape))], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 14)])
+
+
+def op_counts(text):
+    """Nodes per op in the profile's op table (rows: op, kernel, nodes, ...), summed over
+    kernels: op_counts(text)("Sigmoid")."""
+    n, table = {}, False
+    for ln in text.splitlines():
+        f = ln.split()
+        if f[:3] == ["op", "kernel", "nodes"]:
+            table = True
+        elif table and len(f) >= 3 and f[2].isdigit():
+            n[f[0]] = n.get(f[0], 0) + int(f[2])
+        elif table and (not f or f[0].endswith(":")):
+            table = False
+    return lambda op: n.get(op, 0)
+
+
+def all_codes(dt, shape, seed):
+    """Every 8-bit code at least once (the first 256 elements), then random ones."""
+    lo, hi = (-128, 128) if dt == np.int8 else (0, 256)
+    a = np.random.default_rng(seed).integers(lo, hi, size=int(np.prod(shape)))
+    a[:256] = np.arange(lo, hi)
+    return a.reshape(shape).astype(dt)
+
+
+@pytest.mark.parametrize("dt", [np.uint8, np.int8], ids=["u8", "s8"])
+@pytest.mark.parametrize("shape", [(1, 16, 4, 4), (2, 17, 41, 53)])
+@pytest.mark.parametrize("kind,out8", [("silu", True), ("silu", False), ("sigmoid", False),
+                                       ("hardswish", True), ("hardsigmoid", False)])
+def test_lut8(kiln_bin, tmp_path, monkeypatch, dt, shape, kind, out8):
+    """KilnLut8 gives bit for bit what the unfused DQ, ops and Q give on the reference kernels
+    (its table is made by them), on every code, reference and fast kernel (AVX-512 VBMI),
+    1 and 2 threads; SiLU and Sigmoid also bit for bit against numpy's float32 arithmetic."""
+    p = (0.043, 37, 0.021, 13) if dt == np.uint8 else (0.05, -3, 0.019, -115)
+    model = lut_model(dt, shape, p, kind, out8)
+    a = all_codes(dt, shape, shape[1])
+    feeds = {"a": a}
+    monkeypatch.setenv("KILN_QLUT", "0")
+    unfused = run(kiln_bin, model, feeds, tmp_path, "refkernels")["y"]
+    monkeypatch.delenv("KILN_QLUT")
+    assert unfused.dtype == (dt if out8 else np.float32)
+    if kind in ("silu", "sigmoid"):  # the unfused reference itself against numpy
+        f = (a.astype(np.float32) - np.float32(p[1])) * np.float32(p[0])
+        r = f * sigmoid32(f) if kind == "silu" else sigmoid32(f)
+        want = quantize(r.astype(np.float32), p[2], p[3], dt) if out8 else r.astype(np.float32)
+        if out8:
+            np.testing.assert_array_equal(unfused, want)
+        else:  # numpy's and the C library's expf may differ in the last bit (x * that: 2)
+            np.testing.assert_array_max_ulp(unfused, want, maxulp=2)
+    np.testing.assert_array_equal(run(kiln_bin, model, feeds, tmp_path, "refkernels")["y"],
+                                  unfused)
+    for threads in (1, 2):
+        np.testing.assert_array_equal(run(kiln_bin, model, feeds, tmp_path, "fast", threads)["y"],
+                                      unfused)
+    text = profile(kiln_bin, model, tmp_path)
+    c = op_counts(text)
+    assert c("KilnLut8") == 1 and c("Sigmoid") == c("Mul") == c("HardSwish") == 0, text
+    assert c("HardSigmoid") == 0, text
+    assert c("DequantizeLinear") == c("QuantizeLinear") == 0, text
+
+
+def se_model(dt, shape, batched_gate):
+    """a (8-bit) -> DQ -> SiLU -> [GlobalAveragePool -> pooled; Mul by gate g (per channel)
+    -> Q -> y]: the squeeze-and-excitation's reads of a float SiLU."""
+    et = TensorProto.UINT8 if dt == np.uint8 else TensorProto.INT8
+    zp = 9 if dt == np.uint8 else -20
+    inits = [tensor("sa", np.float32(0.045)), tensor("za", np.array(zp, dt)),
+             tensor("sy", np.float32(0.017)), tensor("zy", np.array(zp + 3, dt))]
+    nodes = [helper.make_node("DequantizeLinear", ["a", "sa", "za"], ["f"]),
+             helper.make_node("Sigmoid", ["f"], ["sig"]),
+             helper.make_node("Mul", ["f", "sig"], ["silu"]),
+             helper.make_node("GlobalAveragePool", ["silu"], ["pooled"]),
+             helper.make_node("Mul", ["g", "silu"], ["m"]),
+             helper.make_node("QuantizeLinear", ["m", "sy", "zy"], ["y"])]
+    gshape = [shape[0] if batched_gate else 1, shape[1], 1, 1]
+    g = helper.make_graph(nodes, "se",
+                          [helper.make_tensor_value_info("a", et, list(shape)),
+                           helper.make_tensor_value_info("g", TensorProto.FLOAT, gshape)],
+                          [helper.make_tensor_value_info("pooled", TensorProto.FLOAT,
+                                                         [shape[0], shape[1], 1, 1]),
+                           helper.make_tensor_value_info("y", et, list(shape))], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 14)]), gshape
+
+
+@pytest.mark.parametrize("dt", [np.uint8, np.int8], ids=["u8", "s8"])
+@pytest.mark.parametrize("shape,batched", [((1, 16, 4, 4), False), ((2, 19, 13, 11), True),
+                                           ((3, 5, 1, 1), False)])
+def test_lut8_se(kiln_bin, tmp_path, monkeypatch, dt, shape, batched):
+    """KilnLut8Pool and KilnLut8Mul (the pool and the per-channel Mul + Q that read a float
+    SiLU) give bit for bit what the unfused nodes give on the reference kernels, reference
+    and fast kernels, 1 and 2 threads; the pool also within float rounding of numpy's mean."""
+    model, gshape = se_model(dt, shape, batched)
+    a = all_codes(dt, shape, 7) if np.prod(shape) >= 256 else \
+        np.random.default_rng(7).integers(-128 if dt == np.int8 else 0, 128, size=shape).astype(dt)
+    gate = np.random.default_rng(8).uniform(0.0, 1.0, size=gshape).astype(np.float32)
+    feeds = {"a": a, "g": gate}
+    monkeypatch.setenv("KILN_QLUT", "0")
+    unfused = run(kiln_bin, model, feeds, tmp_path, "refkernels")
+    monkeypatch.delenv("KILN_QLUT")
+    zp = 9 if dt == np.uint8 else -20
+    f = (a.astype(np.float32) - np.float32(zp)) * np.float32(0.045)
+    silu = (f * sigmoid32(f)).astype(np.float32)
+    np.testing.assert_allclose(unfused["pooled"], silu.astype(np.float64).mean(axis=(2, 3),
+                                                                               keepdims=True),
+                               rtol=1e-6, atol=1e-7)
+    for mode, threads in (("refkernels", 1), ("fast", 1), ("fast", 2)):
+        got = run(kiln_bin, model, feeds, tmp_path, mode, threads)
+        for k in ("pooled", "y"):
+            np.testing.assert_array_equal(got[k], unfused[k], err_msg=f"{k} {mode} t={threads}")
+    c = op_counts(profile(kiln_bin, model, tmp_path))
+    assert c("KilnLut8Pool") == 1 and c("KilnLut8Mul") == 1, c
+    assert c("Mul") == c("GlobalAveragePool") == c("Sigmoid") == c("KilnLut8") == 0
+
+
+def mbconv_se_model(dt, n, c, h, w, seed=0):
+    """EfficientNet's MBConv block as a static int8 QDQ graph: 1x1 expand conv -> SiLU ->
+    depthwise 3x3 -> SiLU -> squeeze-and-excitation (GlobalAveragePool -> 1x1 conv -> SiLU ->
+    1x1 conv -> Sigmoid -> per-channel Mul) -> 1x1 project conv, each SiLU (x * Sigmoid(x)),
+    the pool and the Mul in float between DQ and Q, as calibration writes them."""
+    b = Residual(dt, (n, c, h, w), seed)
+    e, r = 4 * c, max(c // 4, 2)
+    zp = 20 if dt == np.uint8 else -100
+
+    def silu(q):
+        x = b.dq(b.cur, np.float32(b.cur_scale), b.dt(b.cur_zp))
+        sig, y = b.name("sig"), b.name("silu")
+        b.nodes += [helper.make_node("Sigmoid", [x], [sig]), helper.make_node("Mul", [x, sig], [y])]
+        if q:
+            b.cur, b.cur_scale, b.cur_zp = b.q(y, 0.03, zp), np.float32(0.03), zp
+        return y
+
+    b.layer("conv", (e, c, 1, 1), out_scale=0.05)
+    silu(True)
+    b.layer("conv", (e, 1, 3, 3), pad=1, group=e, out_scale=0.05)
+    act = silu(False)
+    gap = b.name("gap")
+    b.nodes.append(helper.make_node("GlobalAveragePool", [act], [gap]))
+    b.cur, b.cur_scale, b.cur_zp = b.q(gap, 0.02, zp), np.float32(0.02), zp
+    b.layer("conv", (r, e, 1, 1), out_scale=0.04)
+    silu(True)
+    b.layer("conv", (e, r, 1, 1), out_scale=0.06)
+    x = b.dq(b.cur, np.float32(b.cur_scale), b.dt(b.cur_zp))
+    gate, scaled = b.name("gate"), b.name("se")
+    b.nodes += [helper.make_node("Sigmoid", [x], [gate]),
+                helper.make_node("Mul", [act, gate], [scaled])]
+    b.cur, b.cur_scale, b.cur_zp = b.q(scaled, 0.03, zp), np.float32(0.03), zp
+    b.layer("conv", (c, e, 1, 1), out_scale=0.08)
+    return b.model()
+
+
+@pytest.mark.parametrize("dt", [np.uint8, np.int8], ids=["u8", "s8"])
+@pytest.mark.parametrize("shape", [(1, 16, 8, 8), (2, 12, 7, 5), (1, 5, 6, 6)])
+def test_mbconv_se_lut_chain(kiln_bin, tmp_path, monkeypatch, dt, shape):
+    """The block with its SiLUs and SE gate as KilnLut8: on the reference kernels bit for bit
+    the unfused graph's result (KILN_QLUT=0); the fast path (channels last on VNNI), 1 and 2
+    threads, within one step of it on at most 2% of the elements (oneDNN's float requantization
+    and the pool's sum order, as in test_residual_chain)."""
+    model = mbconv_se_model(dt, *shape, seed=shape[1])
+    x = np.random.default_rng(13).normal(0, 2.0, size=shape).astype(np.float32)
+    step = np.float32(0.08)
+    monkeypatch.setenv("KILN_QLUT", "0")
+    unfused = run(kiln_bin, model, {"x": x}, tmp_path, "refkernels")["y"]
+    monkeypatch.delenv("KILN_QLUT")
+    np.testing.assert_array_equal(run(kiln_bin, model, {"x": x}, tmp_path, "refkernels")["y"],
+                                  unfused)
+    for threads in (1, 2):
+        fast = run(kiln_bin, model, {"x": x}, tmp_path, "fast", threads)["y"]
+        assert_close_steps(np.rint(fast / step), np.rint(unfused / step), f"fast t={threads}",
+                           frac=0.02)
+
+
+@pytest.mark.skipif(not VNNI, reason="no VNNI/AMX on this CPU: int8 nodes run on reference kernels")
+def test_mbconv_se_stays_int8_channels_last(kiln_bin, tmp_path, monkeypatch):
+    """The profile: three KilnLut8 (two 8-bit SiLUs, the float gate), the SE's pool and
+    per-channel Mul + Q on the float SiLU's table (KilnLut8Pool, KilnLut8Mul), no Sigmoid, Mul,
+    float pool, no DequantizeLinear but the output's, and no reorder but at the graph's edges
+    (the float input's Q and the output's DQ); with the tables off (KILN_QLUT=0) the same
+    graph ran float Sigmoids and DQs between the convolutions."""
+    model = mbconv_se_model(np.uint8, 1, 16, 14, 14)
+
+    text = profile(kiln_bin, model, tmp_path)
+    c = op_counts(text)
+    assert c("KilnLut8") == 3 and c("QLinearConv") == 5, text
+    assert c("KilnLut8Pool") == 1 and c("KilnLut8Mul") == 1, text
+    assert c("Sigmoid") == c("Mul") == c("GlobalAveragePool") == 0, text
+    assert c("DequantizeLinear") <= 1, text
+    assert c("KilnReorder") <= 2, text
+    monkeypatch.setenv("KILN_QLUT", "0")
+    before = op_counts(profile(kiln_bin, model, tmp_path))
+    assert before("DequantizeLinear") >= 4 and before("Sigmoid") == 4, text
+
+
+def identity_conv_nodes(nodes, inits, x, c, s, zp, dt, tag):
+    """DQ(x) -> 1x1 Conv with identity int8 weights (scale 1) -> Q(s, zp): with x's scale s and
+    zero point zp the requantization multiplier is exactly 1, so every kernel returns x's codes."""
+    w = np.eye(c, dtype=np.int8).reshape(c, c, 1, 1)
+    inits += [tensor(f"w{tag}", w), tensor(f"ws{tag}", np.ones(c, np.float32)),
+              tensor(f"wz{tag}", np.zeros(c, np.int8)), tensor(f"s{tag}", np.float32(s)),
+              tensor(f"z{tag}", np.array(zp, dt))]
+    nodes += [helper.make_node("DequantizeLinear", [x, f"s{tag}", f"z{tag}"], [f"xf{tag}"]),
+              helper.make_node("DequantizeLinear", [f"w{tag}", f"ws{tag}", f"wz{tag}"],
+                               [f"wf{tag}"], axis=0),
+              helper.make_node("Conv", [f"xf{tag}", f"wf{tag}"], [f"c{tag}"], kernel_shape=[1, 1]),
+              helper.make_node("QuantizeLinear", [f"c{tag}", f"s{tag}", f"z{tag}"], [f"q{tag}"])]
+    return f"q{tag}"
+
+
+def se_nhwc_model(dt, shape, batched_gate):
+    """x (float) -> Q -> identity conv -> DQ -> SiLU -> [pool -> pooled; Mul by gate g -> Q ->
+    identity conv -> y]: the SE's KilnLut8Pool and KilnLut8Mul between int8 convolutions, so
+    channels last on VNNI, on values every kernel computes exactly."""
+    n, c = shape[:2]
+    et = TensorProto.UINT8 if dt == np.uint8 else TensorProto.INT8
+    zp, zy = (9, 12) if dt == np.uint8 else (-20, -17)
+    nodes, inits = [], [tensor("sx", np.float32(0.045)), tensor("zx", np.array(zp, dt))]
+    nodes.append(helper.make_node("QuantizeLinear", ["x", "sx", "zx"], ["qx"]))
+    a = identity_conv_nodes(nodes, inits, "qx", c, 0.045, zp, dt, "_c1")
+    inits += [tensor("sa", np.float32(0.045)), tensor("za", np.array(zp, dt)),
+              tensor("sy", np.float32(0.017)), tensor("zy", np.array(zy, dt))]
+    nodes += [helper.make_node("DequantizeLinear", [a, "sa", "za"], ["f"]),
+              helper.make_node("Sigmoid", ["f"], ["sig"]),
+              helper.make_node("Mul", ["f", "sig"], ["silu"]),
+              helper.make_node("GlobalAveragePool", ["silu"], ["pooled"]),
+              helper.make_node("Mul", ["silu", "g"], ["m"]),
+              helper.make_node("QuantizeLinear", ["m", "sy", "zy"], ["qm"])]
+    y = identity_conv_nodes(nodes, inits, "qm", c, 0.017, zy, dt, "_c2")
+    nodes.append(helper.make_node("Identity", [y], ["y"]))
+    gshape = [n if batched_gate else 1, c, 1, 1]
+    g = helper.make_graph(nodes, "se_nhwc",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(shape)),
+                           helper.make_tensor_value_info("g", TensorProto.FLOAT, gshape)],
+                          [helper.make_tensor_value_info("pooled", TensorProto.FLOAT,
+                                                         [n, c, 1, 1]),
+                           helper.make_tensor_value_info("y", et, list(shape))], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 14)]), gshape
+
+
+@pytest.mark.parametrize("dt", [np.uint8, np.int8], ids=["u8", "s8"])
+@pytest.mark.parametrize("shape,batched", [((1, 40, 9, 7), False), ((2, 72, 5, 6), True)])
+def test_lut8_se_channels_last(kiln_bin, tmp_path, monkeypatch, dt, shape, batched):
+    """KilnLut8Pool and KilnLut8Mul reading channels-last values (VBMI: 64 channels at a time,
+    with tails) bit for bit the unfused nodes on the reference kernels, 1 and 2 threads."""
+    model, gshape = se_nhwc_model(dt, shape, batched)
+    x = np.random.default_rng(21).normal(0, 3.0, size=shape).astype(np.float32)
+    gate = np.random.default_rng(22).uniform(0.0, 1.0, size=gshape).astype(np.float32)
+    feeds = {"x": x, "g": gate}
+    monkeypatch.setenv("KILN_QLUT", "0")
+    unfused = run(kiln_bin, model, feeds, tmp_path, "refkernels")
+    monkeypatch.delenv("KILN_QLUT")
+    for mode, threads in (("refkernels", 1), ("fast", 1), ("fast", 2)):
+        got = run(kiln_bin, model, feeds, tmp_path, mode, threads)
+        for k in ("pooled", "y"):
+            np.testing.assert_array_equal(got[k], unfused[k], err_msg=f"{k} {mode} t={threads}")
+    text = profile(kiln_bin, model, tmp_path)
+    c = op_counts(text)
+    assert c("KilnLut8Pool") == 1 and c("KilnLut8Mul") == 1 and c("QLinearConv") == 2, text
+    if VNNI and os.environ.get("KILN_ISA") not in ("scalar", "avx2"):
+        # the pool and the Mul read the convolution's channels-last bytes
+        assert c("KilnReorder") <= 3, text
+        assert any("KilnLut8Mul" in ln and "(blocked 1)" in ln for ln in text.splitlines()) or \
+            b"libasan" in open(kiln_bin, "rb").read(), text
