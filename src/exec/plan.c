@@ -1445,8 +1445,8 @@ kiln_status kiln_plan_compile_typed(const struct kiln_graph *g, const struct kil
             if (count < 0 || (es > 0 && count > compile_value_limit / es)) {
                 char shape[160];
                 st = kiln_node_error(n, KILN_ERR_OUT_OF_MEMORY,
-                                     "output %d of shape %s would need more than the limit of "
-                                     "%lld bytes per tensor", k,
+                                     "output %d of shape %s would be above the session's "
+                                     "limit of %lld bytes per tensor", k,
                                      kiln_shape_str(outtype[k].rank, outtype[k].dims, shape,
                                                     sizeof shape),
                                      (long long)compile_value_limit);
