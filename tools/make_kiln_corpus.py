@@ -14,7 +14,9 @@ machine), and writes them with malformed variants: truncated, a wrong format
 version, and bytes flipped
 inside each section with every checksum made right again, so that the
 replay (fuzz/fuzz_kiln_artifact.c) reaches the section parsers, not only the
-CRC checks. Seeds are deterministic (fixed random seed). The corpus also
+CRC checks; format version 3's deflated graph (GRPZ) gets flips made inside the
+inflated graph and deflated again, a bad length and a cut stream, and each file
+is also written as version 2 with a plain GRPH section. Seeds are deterministic (fixed random seed). The corpus also
 keeps v1_dense_fp32.kiln, a format version 1 file written before version 2,
 which this script does not make.
 """
@@ -25,6 +27,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import zlib
 
 import numpy as np
 import onnx
@@ -49,6 +52,66 @@ def rechecksum(buf):
         struct.pack_into("<I", buf, e + 4, crc32c(buf[off:off + ln]))
     struct.pack_into("<I", buf, 28, crc32c(buf[64:64 + 32 * nsec]))
     struct.pack_into("<I", buf, 60, crc32c(buf[:60]))
+
+
+def split(buf):
+    """The sections of a .kiln file: [(kind, bytes)] in table order."""
+    nsec = struct.unpack_from("<I", buf, 24)[0]
+    out = []
+    for i in range(nsec):
+        e = 64 + 32 * i
+        off, ln = struct.unpack_from("<QQ", buf, e + 8)
+        out.append((bytes(buf[e:e + 4]).decode(), bytes(buf[off:off + ln])))
+    return out
+
+
+def join(header, secs):
+    """A .kiln file from the first 64 bytes of another (magic, version, Kiln version) and
+    sections [(kind, bytes)], laid out at 64-byte offsets, every checksum right."""
+    n = len(secs)
+    off = (64 + 32 * n + 63) // 64 * 64
+    table, body = bytearray(), bytearray()
+    for kind, data in secs:
+        table += kind.encode() + struct.pack("<IQQQ", 0, off, len(data), 0)
+        pad = (off - 64 - 32 * n) - len(body)
+        body += b"\0" * pad + data
+        off = (off + len(data) + 63) // 64 * 64
+    buf = bytearray(header[:64]) + table + body
+    struct.pack_into("<QI", buf, 16, len(buf), n)
+    rechecksum(buf)
+    return buf
+
+
+def grpz_variants(good, rnd):
+    """Format version 3 keeps the graph deflated (GRPZ): byte flips inside the inflated graph,
+    deflated again, so that the replay reaches the graph parser behind zlib; a bad length, a
+    cut stream, and the same file written as version 2 with a plain GRPH section."""
+    secs = split(good)
+    k = next((i for i, (kind, _) in enumerate(secs) if kind == "GRPZ"), None)
+    if k is None:
+        return {}
+    raw = zlib.decompress(secs[k][1][8:])
+    out = {}
+    for j in range(6):
+        g = bytearray(raw)
+        at = rnd.randrange(len(g))
+        g[at] = rnd.choice([0x00, 0xFF, 0x7F, 0x80, g[at] ^ 0x01, g[at] ^ 0x10])
+        s2 = list(secs)
+        s2[k] = ("GRPZ", struct.pack("<Q", len(g)) + zlib.compress(bytes(g), 9))
+        out[f"grpz_graph{j}"] = join(good, s2)
+    for tag, data in (("grpz_len_big", struct.pack("<Q", len(raw) + 1) + secs[k][1][8:]),
+                      ("grpz_len_huge", struct.pack("<Q", 1 << 40) + secs[k][1][8:]),
+                      ("grpz_cut", secs[k][1][:len(secs[k][1]) // 2])):
+        s2 = list(secs)
+        s2[k] = ("GRPZ", data)
+        out[tag] = join(good, s2)
+    s2 = list(secs)
+    s2[k] = ("GRPH", raw)
+    v2 = join(good, s2)
+    struct.pack_into("<I", v2, 8, 2)
+    rechecksum(v2)
+    out["as_v2"] = v2
+    return out
 
 
 def models():
@@ -122,14 +185,16 @@ def main():
                 for cut in (7, 40, 100, len(good) // 2, len(good) - 1):
                     open(f"{base}_cut{cut}.kiln", "wb").write(good[:cut])
                 bad = bytearray(good)
-                struct.pack_into("<I", bad, 8, 3)
+                struct.pack_into("<I", bad, 8, struct.unpack_from("<I", good, 8)[0] + 1)
                 rechecksum(bad)
-                open(base + "_version3.kiln", "wb").write(bad)
+                open(base + "_version_next.kiln", "wb").write(bad)
+                for tag, v in grpz_variants(good, rnd).items():
+                    open(f"{base}_{tag}.kiln", "wb").write(v)
                 nsec = struct.unpack_from("<I", good, 24)[0]
                 for i in range(nsec):
                     kind = bytes(good[64 + 32 * i:68 + 32 * i]).decode()
                     off, ln = struct.unpack_from("<QQ", good, 64 + 32 * i + 8)
-                    for j in range(4 if kind in ("GRPH", "SIGN", "META", "SPRS") else 1):
+                    for j in range(4 if kind in ("GRPH", "GRPZ", "SIGN", "META", "SPRS") else 1):
                         if ln == 0:
                             break
                         bad = bytearray(good)

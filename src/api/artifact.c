@@ -21,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include "api/internal.h"
 #include "core/crc32c.h"
@@ -206,6 +207,60 @@ static int s8_quantize_exact(const kiln_tensor *t, int axis, int8_t *q, float *s
     return 1;
 }
 
+/* Whether the f32 weight t is exactly (float)q * scale[c] for some s8 q in
+ * [-127, 127] and one positive scale per channel c along axis, bit for bit
+ * (-0.0 and NaN never are): the weights of a product a static int8 graph left
+ * in float after DequantizeLinear(s8) was folded into it, for example. Such a
+ * weight is stored s8 with its scales at no cost in accuracy: the reader's
+ * q * scale gives back the very floats, and quantizing those again gives the
+ * int8 kernels the same q. For each channel the scale is tried at
+ * max |w| / 127 and its neighbours up to 3 ulps away (127 * s rounded, then
+ * divided by 127, may land an ulp off s). q and scale receive the result. */
+static int s8_lossless(const kiln_tensor *t, int axis, int8_t *q, float *scale)
+{
+    const float *w = t->data;
+    int64_t nch = t->dims[axis], inner = 1, outer = 1;
+    for (int i = axis + 1; i < t->rank; i++) inner *= t->dims[i];
+    for (int i = 0; i < axis; i++) outer *= t->dims[i];
+    if (nch <= 0 || inner <= 0 || outer <= 0) return 0;
+    for (int64_t c = 0; c < nch; c++) {
+        float mx = 0.0f;
+        for (int64_t o = 0; o < outer; o++)
+            for (int64_t j = 0; j < inner; j++) {
+                float v = w[(o * nch + c) * inner + j];
+                if (!isfinite(v)) return 0;
+                if (fabsf(v) > mx) mx = fabsf(v);
+            }
+        float base = mx > 0.0f ? mx / 127.0f : 1.0f;
+        int found = 0;
+        for (int step = 0; step < 7 && !found; step++) {
+            /* base, +1 ulp, -1 ulp, +2, -2, +3, -3 */
+            float s = base;
+            for (int k = 0; k < (step + 1) / 2; k++) s = nextafterf(s, step % 2 ? INFINITY : 0.0f);
+            if (!(s > 0.0f) || !isfinite(s)) continue;
+            found = 1;
+            for (int64_t o = 0; o < outer && found; o++)
+                for (int64_t j = 0; j < inner && found; j++) {
+                    int64_t i = (o * nch + c) * inner + j;
+                    float r = nearbyintf(w[i] / s);
+                    if (!(r >= -127.0f && r <= 127.0f)) {
+                        found = 0;
+                        break;
+                    }
+                    float back = (float)(int8_t)r * s; /* the reader's arithmetic */
+                    if (memcmp(&back, &w[i], sizeof back)) {
+                        found = 0;
+                        break;
+                    }
+                    q[i] = (int8_t)r;
+                }
+            if (found) scale[c] = s;
+        }
+        if (!found) return 0;
+    }
+    return 1;
+}
+
 /* Weights the int8 kernels quantized: keys of the weight cache's s8 packs
  * (oneDNN's "dnnl_..._s8_..." and the sparse kernel's "sparse_s8_..."). */
 struct keyset {
@@ -305,6 +360,22 @@ static kiln_status mark_lowp_weights(struct writer *w, const struct kiln_graph *
         int8_t *q = malloc((size_t)kiln_tensor_count(t) + 1);
         float *sc = malloc(sizeof(float) * (size_t)(t->dims[axis[v]] + 1));
         if (q && sc && s8_quantize_exact(t, axis[v], q, sc)) w->s8_axis[v] = axis[v];
+        free(q);
+        free(sc);
+    }
+    /* any precision: f32 weights of products that are exactly s8 times a channel scale */
+    for (int i = 0; i < g->n_nodes; i++) {
+        const struct kiln_node *nd = &g->nodes[i];
+        int v = nd->n_in > 1 ? nd->in[1] : -1;
+        if (v < 0 || v >= g->n_values || w->s8_axis[v] >= 0) continue;
+        const struct kiln_value *val = &g->values[v];
+        const kiln_tensor *t = val->kind == KILN_VALUE_CONST ? val->konst : NULL;
+        if (!t || t->dtype != KILN_DTYPE_F32 || !t->data || kiln_tensor_count(t) < 64) continue;
+        int ax = int8_weight_axis(nd, t);
+        if (ax < 0) continue;
+        int8_t *q = malloc((size_t)kiln_tensor_count(t) + 1);
+        float *sc = malloc(sizeof(float) * (size_t)(t->dims[ax] + 1));
+        if (q && sc && s8_lossless(t, ax, q, sc)) w->s8_axis[v] = (int8_t)ax;
         free(q);
         free(sc);
     }
@@ -413,7 +484,7 @@ static void put_tensor(struct writer *w, struct wbuf *b, const kiln_tensor *t, i
             /* the s8 weights, then (64-aligned) the channel scales */
             int8_t *q = malloc((size_t)count + 1);
             float *sc = malloc(sizeof(float) * (size_t)(nch + 1));
-            if (!q || !sc || !s8_quantize_exact(t, axis, q, sc)) {
+            if (!q || !sc || (!s8_lossless(t, axis, q, sc) && !s8_quantize_exact(t, axis, q, sc))) {
                 free(q);
                 free(sc);
                 wfail(w, q && sc ? KILN_ERR_INTERNAL : KILN_ERR_OUT_OF_MEMORY,
@@ -732,9 +803,25 @@ kiln_status kiln_session_save(kiln_session *s, const char *path, const kiln_save
     if (w.st == KILN_OK && (w.meta.oom || w.sign.oom || w.grph.oom || w.wght.oom || rept.oom ||
                             w.pack.oom || packs.oom || w.sprs.oom || sprs.oom))
         wfail(&w, KILN_ERR_OUT_OF_MEMORY, "out of memory");
+    /* GRPZ (format version 3): the graph deflated, its names and attributes being most of a
+     * small int8 file beside the weights (efficientnet_b0: 227 KB of 5.8 MB) */
+    struct wbuf grpz = {0};
     if (w.st == KILN_OK) {
-        struct wbuf *secs[7] = {&w.meta, &w.sign, &w.grph, &w.wght};
-        uint32_t kinds[7] = {KILN_ART_SEC_META, KILN_ART_SEC_SIGN, KILN_ART_SEC_GRPH,
+        uLongf zn = compressBound((uLong)w.grph.n);
+        Bytef *z = malloc((size_t)zn);
+        if (!z || compress2(z, &zn, w.grph.p ? w.grph.p : (const Bytef *)"", (uLong)w.grph.n,
+                            Z_BEST_COMPRESSION) != Z_OK) {
+            wfail(&w, KILN_ERR_OUT_OF_MEMORY, "out of memory (deflating the graph)");
+        } else {
+            put_i64(&grpz, (int64_t)w.grph.n);
+            put(&grpz, z, (size_t)zn);
+            if (grpz.oom) wfail(&w, KILN_ERR_OUT_OF_MEMORY, "out of memory");
+        }
+        free(z);
+    }
+    if (w.st == KILN_OK) {
+        struct wbuf *secs[7] = {&w.meta, &w.sign, &grpz, &w.wght};
+        uint32_t kinds[7] = {KILN_ART_SEC_META, KILN_ART_SEC_SIGN, KILN_ART_SEC_GRPZ,
                              KILN_ART_SEC_WGHT};
         int n = 4;
         if (packs.n) secs[n] = &packs, kinds[n] = KILN_ART_SEC_PACK, n++;
@@ -745,6 +832,7 @@ kiln_status kiln_session_save(kiln_session *s, const char *path, const kiln_save
     free(w.meta.p);
     free(w.sign.p);
     free(w.grph.p);
+    free(grpz.p);
     free(w.wght.p);
     free(rept.p);
     free(packs.p);
@@ -768,6 +856,7 @@ static const char *section_title(uint32_t kind)
     case KILN_ART_SEC_META: return "META (versions, precision, CPU features, batch sizes)";
     case KILN_ART_SEC_SIGN: return "SIGN (signature)";
     case KILN_ART_SEC_GRPH: return "GRPH (optimized graph)";
+    case KILN_ART_SEC_GRPZ: return "GRPZ (optimized graph, deflated)";
     case KILN_ART_SEC_WGHT: return "WGHT (weights)";
     case KILN_ART_SEC_REPT: return "REPT (compile report)";
     case KILN_ART_SEC_PACK: return "PACK (index of packed weights, bytes in WGHT)";
@@ -856,7 +945,20 @@ int kiln_model_artifact_print(const kiln_model *m, FILE *f)
     fprintf(f, "compiled artifact: .kiln format version %u, written by Kiln %s\n",
             a->format_version, a->kiln_version);
     fprintf(f, "source format: %s\n", a->source_format);
-    fprintf(f, "precision: %s\n", kiln_precision_name(a->precision));
+    /* a statically quantized graph runs its int8 ops in a session of precision fp32 (the
+     * float ops it kept stay fp32): say so rather than "fp32" */
+    int q8 = 0;
+    for (int i = 0; m->graph && i < m->graph->n_nodes; i++) {
+        enum kiln_op op = m->graph->nodes[i].op;
+        q8 += op == KILN_OP_QLinearConv || op == KILN_OP_QLinearMatMul ||
+              op == KILN_OP_KilnQLinearMatMul || op == KILN_OP_KilnQLinearConvAdd ||
+              op == KILN_OP_MatMulInteger || op == KILN_OP_ConvInteger;
+    }
+    if (q8 && a->precision == KILN_PRECISION_FP32)
+        fprintf(f, "precision: int8 (static: %d quantized product%s with fixed activation scales; "
+                "the other nodes fp32)\n", q8, q8 == 1 ? "" : "s");
+    else
+        fprintf(f, "precision: %s\n", kiln_precision_name(a->precision));
     fprintf(f, "CPU features needed: %s\n", a->cpu_features[0] ? a->cpu_features : "(none)");
     fprintf(f, "batch sizes precompiled at load:");
     for (int i = 0; i < a->n_batch_sizes; i++) fprintf(f, "%s%lld", i ? "," : " ",

@@ -20,6 +20,7 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <zlib.h>
 
 #include "core/crc32c.h"
 #include "core/dtype.h"
@@ -62,6 +63,49 @@ static const char *sec_name(uint32_t kind, char buf[8])
     }
     buf[4] = '\0';
     return buf;
+}
+
+/* GRPZ (format version 3): u64 the inflated length, then a zlib stream of
+ * exactly that many bytes. The length is bounded before anything is
+ * allocated: at most KILN_ART_GRPZ_MAX, and at most what deflate's best
+ * ratio (1032 : 1) can give from the stream's bytes, so a small file cannot
+ * ask for a large buffer. */
+static kiln_status inflate_graph(const char *name, const uint8_t *p, size_t n, uint8_t **out,
+                                 size_t *out_n)
+{
+    *out = NULL;
+    *out_n = 0;
+    uint64_t raw;
+    if (n < 8)
+        return kiln_error(KILN_ERR_INVALID_MODEL, "%s: section GRPZ: %zu bytes, fewer than its "
+                          "8-byte length", name, n);
+    memcpy(&raw, p, 8); /* little-endian hosts only, as the rest of the reader */
+    if (raw == 0 || raw > KILN_ART_GRPZ_MAX || raw / 1032 > (uint64_t)(n - 8))
+        return kiln_error(KILN_ERR_INVALID_MODEL, "%s: section GRPZ: an inflated graph of %llu "
+                          "bytes from %zu deflated ones is not possible (at most %llu, and 1032 "
+                          "per deflated byte): the file is corrupted", name,
+                          (unsigned long long)raw, n - 8, (unsigned long long)KILN_ART_GRPZ_MAX);
+    uint8_t *buf = malloc((size_t)raw);
+    if (!buf) return kiln_error(KILN_ERR_OUT_OF_MEMORY, "%s: out of memory for the graph (%llu "
+                                "bytes)", name, (unsigned long long)raw);
+    uLongf got = (uLongf)raw;
+    int zr = uncompress(buf, &got, p + 8, (uLong)(n - 8));
+    if (zr != Z_OK || got != raw) {
+        free(buf);
+        if (zr == Z_OK)
+            return kiln_error(KILN_ERR_INVALID_MODEL, "%s: section GRPZ: the deflated graph "
+                              "inflates to %llu bytes, not the %llu its length says: the file is "
+                              "corrupted", name, (unsigned long long)got, (unsigned long long)raw);
+        return kiln_error(KILN_ERR_INVALID_MODEL, "%s: section GRPZ: the deflated graph does not "
+                          "inflate to its %llu bytes (zlib: %s): the file is corrupted", name,
+                          (unsigned long long)raw,
+                          zr == Z_BUF_ERROR ? "the stream is longer than that, or cut short"
+                          : zr == Z_DATA_ERROR ? "invalid or incomplete data"
+                          : zr == Z_MEM_ERROR ? "out of memory" : "error");
+    }
+    *out = buf;
+    *out_n = (size_t)raw;
+    return KILN_OK;
 }
 
 /* Record the first failure: "FILE: section SECT at byte N: message". */
@@ -885,12 +929,13 @@ kiln_status kiln_artifact_load(struct kiln_file_map *map, const char *name, stru
     if (kiln_crc32c(p + KILN_ART_HEADER_BYTES, (size_t)nsec * 32) != table_crc && ART_CHECK_CRC)
         return kiln_error(KILN_ERR_INVALID_MODEL, "%s: section table checksum mismatch: the file "
                           "is corrupted", name);
-    const uint8_t *sec_data[7] = {0};
-    size_t sec_size[7] = {0};
-    static const uint32_t kinds[7] = {KILN_ART_SEC_META, KILN_ART_SEC_SIGN, KILN_ART_SEC_GRPH,
+    const uint8_t *sec_data[8] = {0};
+    size_t sec_size[8] = {0};
+    static const uint32_t kinds[8] = {KILN_ART_SEC_META, KILN_ART_SEC_SIGN, KILN_ART_SEC_GRPH,
                                       KILN_ART_SEC_WGHT, KILN_ART_SEC_REPT, KILN_ART_SEC_PACK,
-                                      KILN_ART_SEC_SPRS};
-    int known = version >= 2 ? 7 : 6; /* SPRS is version 2's: a version 1 reader skipped it */
+                                      KILN_ART_SEC_SPRS, KILN_ART_SEC_GRPZ};
+    /* SPRS is version 2's, GRPZ version 3's: an older reader skipped them */
+    int known = version >= 3 ? 8 : version >= 2 ? 7 : 6;
     info->n_sections = (int)nsec;
     uint64_t prev_end = table_end;
     for (uint32_t i = 0; i < nsec; i++) {
@@ -938,11 +983,14 @@ kiln_status kiln_artifact_load(struct kiln_file_map *map, const char *name, stru
         return kiln_error(KILN_ERR_INVALID_MODEL, "%s: %llu bytes after the last section",
                           name, (unsigned long long)(size - prev_end));
     for (int k = 0; k < 4; k++)
-        if (!sec_data[k]) {
+        if (!sec_data[k] && !(k == 2 && sec_data[7])) {
             char sb[8];
-            return kiln_error(KILN_ERR_INVALID_MODEL, "%s: section %s is missing", name,
-                              sec_name(kinds[k], sb));
+            return kiln_error(KILN_ERR_INVALID_MODEL, "%s: section %s%s is missing", name,
+                              sec_name(kinds[k], sb), k == 2 && version >= 3 ? " (or GRPZ)" : "");
         }
+    if (sec_data[2] && sec_data[7])
+        return kiln_error(KILN_ERR_INVALID_MODEL, "%s: sections GRPH and GRPZ both hold a graph; "
+                          "a file has one", name);
     if ((st = kiln_graph_new(&m->graph)) != KILN_OK) return st;
     struct rd r = {.file = name, .root = m->graph, .wbase = sec_data[3], .wsize = sec_size[3],
                    .version = version};
@@ -952,7 +1000,15 @@ kiln_status kiln_artifact_load(struct kiln_file_map *map, const char *name, stru
     if (r.st != KILN_OK) return r.st;
     if ((st = check_cpu(name, info->cpu_features)) != KILN_OK) return st;
     r.p = sec_data[2], r.n = sec_size[2], r.off = 0, r.sec = KILN_ART_SEC_GRPH;
+    uint8_t *inflated = NULL;
+    if (sec_data[7]) { /* GRPZ: the graph's length, then its zlib stream; read as GRPH */
+        if ((st = inflate_graph(name, sec_data[7], sec_size[7], &inflated, &r.n)) != KILN_OK)
+            return st;
+        r.p = inflated, r.sec = KILN_ART_SEC_GRPZ;
+    }
     rd_graph(&r, m->graph);
+    free(inflated); /* the graph copied what it keeps (strings into its arena) */
+    r.p = NULL;
     if (r.st != KILN_OK) return r.st;
     m->signatures = kiln_arena_alloc(m->graph->mem, sizeof *m->signatures);
     if (!m->signatures) return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory");
@@ -978,7 +1034,7 @@ kiln_status kiln_artifact_load(struct kiln_file_map *map, const char *name, stru
         if (r.st != KILN_OK) return r.st;
     }
     if ((st = kiln_graph_verify(m->graph)) != KILN_OK)
-        return kiln_error_wrap(st, "%s: section GRPH", name);
+        return kiln_error_wrap(st, "%s: section %s", name, sec_data[7] ? "GRPZ" : "GRPH");
     m->format = "kiln";
     return kiln_model_finish(m);
 }

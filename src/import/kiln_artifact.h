@@ -22,7 +22,8 @@
 
 #define KILN_ART_MAGIC "\x89KILN\r\n\x1a" /* 8 bytes: bit 7 set, CR LF, ^Z */
 #define KILN_ART_MAGIC_LEN 8
-#define KILN_ART_FORMAT_VERSION 2u     /* what the writer writes: 2 added s8 weights and SPRS */
+#define KILN_ART_FORMAT_VERSION 3u     /* what the writer writes: 2 added s8 weights and SPRS,
+                                          3 the deflated graph (GRPZ) */
 #define KILN_ART_FORMAT_VERSION_MIN 1u /* the oldest version the reader reads */
 #define KILN_ART_HEADER_BYTES 64
 #define KILN_ART_ALIGN 64
@@ -39,6 +40,8 @@
 #define KILN_ART_SEC_REPT KILN_ART_FOURCC('R', 'E', 'P', 'T') /* compile report, verbatim */
 #define KILN_ART_SEC_PACK KILN_ART_FOURCC('P', 'A', 'C', 'K') /* weights packed for the kernels */
 #define KILN_ART_SEC_SPRS KILN_ART_FOURCC('S', 'P', 'R', 'S') /* sparse kernel choices (v2) */
+#define KILN_ART_SEC_GRPZ KILN_ART_FOURCC('G', 'R', 'P', 'Z') /* GRPH deflated by zlib (v3) */
+#define KILN_ART_GRPZ_MAX ((uint64_t)1 << 30) /* the largest inflated graph a reader accepts */
 
 /* What a loaded artifact says about itself (kept with the model for
  * `kiln inspect` and kiln_model_compile_report). */

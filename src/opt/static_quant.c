@@ -169,6 +169,24 @@ void kiln_calib_hist_range(const struct kiln_calib_hist *h, int method, double p
 /* ---- the rewrite ---- */
 
 /* A constant float vector of n values (rank 1, or [1, n]). */
+/* The constant behind value v: v itself, or what a chain of Identity nodes
+ * passes on (PyTorch's exporter writes Identity(initializer) for tensors it
+ * deduplicated, such as the all-zero biases of freshly initialized
+ * squeeze-and-excitation convolutions). NULL for anything else. */
+static const kiln_tensor *sq_const(const struct kiln_graph *g, int v)
+{
+    for (int hop = 0; hop < 8 && v >= 0 && v < g->n_values; hop++) {
+        const kiln_tensor *t = kiln_opt_const(g, v);
+        if (t) return t;
+        int p = kiln_opt_producer(g, v);
+        if (p < 0 || g->nodes[p].op != KILN_OP_Identity || g->nodes[p].n_in < 1 ||
+            g->nodes[p].n_implicit)
+            return NULL;
+        v = g->nodes[p].in[0];
+    }
+    return NULL;
+}
+
 static bool bias_vector(const kiln_tensor *t, int64_t n)
 {
     return t && t->dtype == KILN_DTYPE_F32 && kiln_tensor_count(t) == n &&
@@ -223,8 +241,8 @@ kiln_status kiln_sq_targets(const struct kiln_graph *g, struct kiln_sq_target **
             c->n_out != 1 || c->out[0] < 0 || c->n_in < 2 || c->in[0] < 0 || c->in[1] < 0)
             continue;
         const struct kiln_type *tx = &g->values[c->in[0]].type;
-        const kiln_tensor *w = kiln_opt_const(g, c->in[1]);
-        const kiln_tensor *b = c->n_in > 2 && c->in[2] >= 0 ? kiln_opt_const(g, c->in[2]) : NULL;
+        const kiln_tensor *w = sq_const(g, c->in[1]);
+        const kiln_tensor *b = c->n_in > 2 && c->in[2] >= 0 ? sq_const(g, c->in[2]) : NULL;
         if (tx->dtype != KILN_DTYPE_F32 || !w || w->dtype != KILN_DTYPE_F32) continue;
         if (c->n_in > 2 && c->in[2] >= 0 && !b) continue;
         if (c->op == KILN_OP_Conv) {
@@ -353,7 +371,7 @@ static kiln_status wrap_input(struct kiln_graph *g, int ni, int k, float scale, 
 /* Weights (input 1) -> DQ(s8 per channel along axis), bias (input 2) -> DQ(int32). */
 static kiln_status wrap_weights(struct kiln_graph *g, int ni, int axis, float xs)
 {
-    const kiln_tensor *w = kiln_opt_const(g, g->nodes[ni].in[1]);
+    const kiln_tensor *w = sq_const(g, g->nodes[ni].in[1]);
     int64_t nch = w->dims[axis], count = kiln_tensor_count(w), inner = 1;
     for (int d = axis + 1; d < w->rank; d++) inner *= w->dims[d];
     kiln_tensor *wq = NULL, *ws = NULL, *wz = NULL;
@@ -382,7 +400,7 @@ static kiln_status wrap_weights(struct kiln_graph *g, int ni, int axis, float xs
     int bv = g->nodes[ni].n_in > 2 ? g->nodes[ni].in[2] : -1;
     kiln_tensor *bq = NULL, *bs = NULL, *bz = NULL;
     if (bv >= 0) {
-        const kiln_tensor *b = kiln_opt_const(g, bv);
+        const kiln_tensor *b = sq_const(g, bv);
         st = kiln_tensor_new(KILN_DTYPE_I32, 1, &nch, &bq);
         if (st == KILN_OK) st = kiln_tensor_new(KILN_DTYPE_F32, 1, &nch, &bs);
         if (st == KILN_OK) st = kiln_tensor_new(KILN_DTYPE_I32, 1, &nch, &bz);

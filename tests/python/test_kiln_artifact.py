@@ -106,7 +106,8 @@ def test_inspect_shows_sections_precision_and_kernels(kiln_bin, artifact):
     out = r.stdout
     assert "format: kiln" in out
     assert "precision: fp32" in out
-    for sec in ("META", "SIGN", "GRPH", "WGHT"):
+    assert "format version 3" in out
+    for sec in ("META", "SIGN", "GRPZ", "WGHT"):
         assert sec in out, out
     assert "pixels" in out and "probabilities" in out  # the source's signature names
     assert "precision per node" in out and "Softmax" in out, out

@@ -11,13 +11,19 @@ through the C API (tests/unit_kiln_artifact --save), then:
   stored);
 - the int8 file holds each quantized weight as numpy's symmetric per-channel
   s8 quantization of the ONNX weight (q and the f32 scales found byte for
-  byte in the file), and the format version is 2;
+  byte in the file), and the format version is 3;
 - outputs of the loaded int8 and bf16 files equal those of a session of the
   source model in the same precision (`kiln predict --precision`) bit for
   bit, at the saved batch sizes and at one that was not saved, and stay
   close to a numpy float64 evaluation of the ONNX weights;
-- a file of format version 1 (tests/corpus/kiln_artifact/v1_dense_fp32.kiln,
-  written before version 2) still loads;
+- files of format versions 1 and 2 (tests/corpus/kiln_artifact/v1_dense_fp32.kiln
+  and v2_dense_fp32.kiln, written before version 3) still load;
+- version 3 keeps the graph deflated (GRPZ): it inflates to a graph, and a
+  wrong length, a cut stream or both GRPH and GRPZ are refused by name;
+- weights that are exactly s8 times a channel scale (what a quantizer's
+  DequantizeLinear folded into a float product leaves) are stored s8 in any
+  precision, fp32 included, and load back bit for bit; other f32 weights stay
+  f32;
 - malformed version-2 records behind valid checksums (a zero s8 scale, a
   sparse choice that is not 0, 1 or 4) are refused with a message naming
   them;
@@ -204,7 +210,7 @@ def test_int8_file_holds_numpy_s8_weights(kiln_bin, tool, model, tmp_path):
     art = tmp_path / "m.kiln"
     save(tool, src, art, "int8", "1")
     buf = bytearray(art.read_bytes())
-    assert struct.unpack_from("<I", buf, 8)[0] == 2  # format version
+    assert struct.unpack_from("<I", buf, 8)[0] == 3  # format version
     secs = sections(buf)
     woff, wlen = secs["WGHT"]
     wght = bytes(buf[woff:woff + wlen])
@@ -264,16 +270,18 @@ def test_outputs_equal_the_source_session(kiln_bin, tool, model, tmp_path, prec)
         assert err < 0.05, f"{prec} batch {batch}: relative error {err} against numpy"
 
 
-def test_format_version_1_still_loads(kiln_bin, tmp_path):
-    v1 = REPO / "tests" / "corpus" / "kiln_artifact" / "v1_dense_fp32.kiln"
-    assert struct.unpack_from("<I", v1.read_bytes(), 8)[0] == 1
-    r = subprocess.run([kiln_bin, "inspect", str(v1)], capture_output=True, text=True, timeout=120)
+@pytest.mark.parametrize("version", [1, 2])
+def test_older_format_versions_still_load(kiln_bin, tmp_path, version):
+    old = REPO / "tests" / "corpus" / "kiln_artifact" / f"v{version}_dense_fp32.kiln"
+    assert struct.unpack_from("<I", old.read_bytes(), 8)[0] == version
+    r = subprocess.run([kiln_bin, "inspect", str(old)], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
-    assert "format version 1" in r.stdout
+    assert f"format version {version}" in r.stdout
+    assert "GRPH" in r.stdout and "GRPZ" not in r.stdout
     x = np.arange(8, dtype=np.float32).reshape(2, 4) / 8
     inp = tmp_path / "x.npy"
     np.save(inp, x)
-    r = subprocess.run([kiln_bin, "predict", str(v1), "--input", f"x={inp}", "--output-dir",
+    r = subprocess.run([kiln_bin, "predict", str(old), "--input", f"x={inp}", "--output-dir",
                         str(tmp_path / "o")], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     # the dense corpus model: relu(x @ w + b) with make_kiln_corpus.py's weights
@@ -282,6 +290,114 @@ def test_format_version_1_still_loads(kiln_bin, tmp_path):
     b = rng.standard_normal(3).astype(np.float32)
     y = np.load(tmp_path / "o" / "y.npy")
     np.testing.assert_allclose(y, np.maximum(x.astype(np.float64) @ wt + b, 0), rtol=1e-5, atol=1e-6)
+
+
+def with_sections(buf, secs):
+    """buf with its sections replaced by secs [(kind, bytes)] (make_kiln_corpus.join)."""
+    from make_kiln_corpus import join
+    return join(buf, secs)
+
+
+def test_graph_is_deflated_and_checked(kiln_bin, tool, model, tmp_path):
+    import zlib
+    from make_kiln_corpus import split
+    src, w = model
+    art = tmp_path / "m.kiln"
+    save(tool, src, art, "fp32", "")
+    buf = art.read_bytes()
+    secs = split(buf)
+    kinds = [k for k, _ in secs]
+    assert "GRPZ" in kinds and "GRPH" not in kinds, kinds
+    z = dict(secs)["GRPZ"]
+    raw = zlib.decompress(z[8:])
+    assert struct.unpack_from("<Q", z, 0)[0] == len(raw)
+    assert len(z) < len(raw), (len(z), len(raw))
+    assert b"k1" in raw and b"g2" in raw  # the graph's value names, deflated
+    x = np.random.default_rng(3).standard_normal((2, 3, 12, 12)).astype(np.float32)
+    y = predict(kiln_bin, art, x, tmp_path, "good")
+    np.testing.assert_allclose(y, numpy_forward(w, x), rtol=1e-4, atol=1e-4 * np.abs(y).max())
+
+    def refused(tag, new_secs, *want):
+        bad = tmp_path / f"{tag}.kiln"
+        bad.write_bytes(bytes(with_sections(buf, new_secs)))
+        r = subprocess.run([kiln_bin, "inspect", str(bad)], capture_output=True, text=True,
+                           timeout=120)
+        assert r.returncode != 0, tag
+        for s in want:
+            assert s in r.stderr, (tag, r.stderr)
+
+    at = kinds.index("GRPZ")
+    def repl(data, kind="GRPZ"):
+        s2 = list(secs)
+        s2[at] = (kind, data)
+        return s2
+    refused("long", repl(struct.pack("<Q", len(raw) + 1) + z[8:]), "section GRPZ",
+            f"inflates to {len(raw)} bytes, not the {len(raw) + 1}")
+    refused("huge", repl(struct.pack("<Q", 1 << 40) + z[8:]), "section GRPZ", "not possible")
+    refused("cut", repl(z[:len(z) // 2]), "section GRPZ", "does not inflate")
+    refused("both", list(secs) + [("GRPH", raw)], "GRPH and GRPZ")
+    # the same graph as version 2's plain GRPH still loads
+    v2 = bytearray(with_sections(buf, repl(raw, "GRPH")))
+    struct.pack_into("<I", v2, 8, 2)
+    rechecksum(v2)
+    (tmp_path / "v2.kiln").write_bytes(bytes(v2))
+    assert np.array_equal(predict(kiln_bin, tmp_path / "v2.kiln", x, tmp_path, "v2"), y)
+
+
+def test_weights_exactly_s8_are_stored_s8_in_fp32(kiln_bin, tool, tmp_path):
+    """A convolution and a Gemm whose f32 weights are q * scale (q in [-127, 127], one scale per
+    output channel): the fp32 file stores them s8 (q and the scales found in WGHT, not the f32
+    bytes) and its outputs equal the source session's bit for bit. The same model with one
+    weight nudged off the grid keeps that weight f32."""
+    rng = np.random.default_rng(11)
+    qk = rng.integers(-127, 128, (32, 16, 3, 3)).astype(np.int8)
+    qk[:, 0, 0, 0] = 127  # each channel reaches 127: the scale is max |w| / 127
+    sk = (rng.random(32) * 0.01 + 0.001).astype(np.float32)
+    k = (qk.astype(np.float32) * sk[:, None, None, None]).astype(np.float32)
+    qg = rng.integers(-127, 128, (10, 512)).astype(np.int8)
+    qg[:, 0] = -127
+    sg = (rng.random(10) * 0.02 + 0.001).astype(np.float32)
+    gw = (qg.astype(np.float32) * sg[:, None]).astype(np.float32)
+    f = TensorProto.FLOAT
+
+    def build(kw, name):
+        nodes = [helper.make_node("Conv", ["x", "k"], ["c"], pads=[1, 1, 1, 1]),
+                 helper.make_node("Relu", ["c"], ["r"]),
+                 helper.make_node("Flatten", ["r"], ["fl"]),
+                 helper.make_node("Gemm", ["fl", "g"], ["y"], transB=1)]
+        g = helper.make_graph(nodes, "exact", [helper.make_tensor_value_info("x", f, ["batch", 16, 4, 4])],
+                              [helper.make_tensor_value_info("y", f, ["batch", 10])],
+                              [numpy_helper.from_array(kw, "k"), numpy_helper.from_array(gw, "g")])
+        path = tmp_path / f"{name}.onnx"
+        onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]), str(path))
+        return path
+
+    src = build(k, "exact")
+    art = tmp_path / "exact.kiln"
+    save(tool, src, art, "fp32", "1")
+    buf = art.read_bytes()
+    woff, wlen = sections(buf)["WGHT"]
+    wght = buf[woff:woff + wlen]
+    assert wght.find(qk.tobytes()) >= 0 and wght.find(sk.tobytes()) >= 0
+    assert wght.find(qg.tobytes()) >= 0 and wght.find(sg.tobytes()) >= 0
+    assert wght.find(k.tobytes()[:256]) < 0 and wght.find(gw.tobytes()[:256]) < 0
+    assert wlen < 0.5 * (k.nbytes + gw.nbytes), wlen
+    x = rng.standard_normal((3, 16, 4, 4)).astype(np.float32)
+    y_src = predict(kiln_bin, src, x, tmp_path, "src")
+    assert np.array_equal(predict(kiln_bin, art, x, tmp_path, "art"), y_src)
+
+    k2 = k.copy()
+    k2[5, 3, 1, 1] = np.nextafter(k2[5, 3, 1, 1], np.float32(1))  # off the grid by one ulp
+    src2 = build(k2, "nudged")
+    art2 = tmp_path / "nudged.kiln"
+    save(tool, src2, art2, "fp32", "")
+    buf2 = art2.read_bytes()
+    woff, wlen = sections(buf2)["WGHT"]
+    wght2 = buf2[woff:woff + wlen]
+    assert wght2.find(k2.tobytes()) >= 0  # f32, as given
+    assert wght2.find(qg.tobytes()) >= 0  # the Gemm weight is still exact
+    assert np.array_equal(predict(kiln_bin, art2, x, tmp_path, "art2"),
+                          predict(kiln_bin, src2, x, tmp_path, "src2"))
 
 
 @pytest.mark.skipif(not HAS["int8"], reason="this CPU lacks AVX512-VNNI")
