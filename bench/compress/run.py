@@ -30,11 +30,12 @@ missing, with random weights and fixed seeds):
 4. write a markdown section (--out, default bench/compress/results.md, for pasting into
    bench/RESULTS.md with the command line that made it) and the raw numbers (--json-out).
 
-Targets checked (from the issue): resnet50 int8 >= 3.0x ORT fp32 and >= 1.5x ORT on the
-same int8 model; bert_base int8 >= 2.5x ORT fp32 and >= 1.2x ORT int8; bf16 >= 1.5x Kiln
-fp32 on resnet50 and bert_base; mobilenet_v2 and efficientnet_b0 int8 >= 2x ORT fp32;
-int8 .kiln <= 0.27x the fp32 .kiln. (The sparse targets need a pruned bert_base and are
-not measured here.)
+Targets checked (from the issue; int8 is static for the CNNs, dynamic for bert_base):
+resnet50 int8 >= 3.0x ORT fp32 and >= 1.5x ORT on the same int8 model; bert_base int8 >=
+2.5x ORT fp32 and >= 1.2x ORT int8; bf16 >= 1.5x Kiln fp32 on resnet50 and bert_base;
+mobilenet_v2 and efficientnet_b0 int8 >= 2x ORT fp32; the int8 .kiln <= 0.27x the source
+ONNX model (the fp32 model as the user has it; an fp32 .kiln also stores packed weights and
+is larger). (The sparse targets need a pruned bert_base and are not measured here.)
 
 Usage:
     /usr/bin/python3 bench/compress/run.py [--models resnet50,mobilenet_v2,efficientnet_b0,bert_base]
@@ -70,17 +71,21 @@ LABEL = {"kiln_fp32": "Kiln fp32", "kiln_bf16": "Kiln bf16", "kiln_int8": "Kiln 
          "kiln_int8_static": "Kiln static int8",
          "ort_fp32": "ORT fp32", "ort_qdq": "ORT on Kiln's QDQ int8"}
 # (model, numerator, denominator, minimum ratio of denominator's latency to numerator's)
+# The issue's int8 is static for CNNs and dynamic for transformers; dynamic int8 of the CNNs
+# stays in the table (a column), not in the targets.
 SPEED_TARGETS = [
-    ("resnet50", "kiln_int8", "ort_fp32", 3.0), ("resnet50", "kiln_int8", "ort_qdq", 1.5),
     ("bert_base", "kiln_int8", "ort_fp32", 2.5), ("bert_base", "kiln_int8", "ort_qdq", 1.2),
     ("resnet50", "kiln_bf16", "kiln_fp32", 1.5), ("bert_base", "kiln_bf16", "kiln_fp32", 1.5),
-    ("mobilenet_v2", "kiln_int8", "ort_fp32", 2.0), ("efficientnet_b0", "kiln_int8", "ort_fp32", 2.0),
-    # the same CNN targets for static int8 (the issue's "static for CNNs")
     ("resnet50", "kiln_int8_static", "ort_fp32", 3.0), ("resnet50", "kiln_int8_static", "ort_qdq", 1.5),
     ("mobilenet_v2", "kiln_int8_static", "ort_fp32", 2.0),
     ("efficientnet_b0", "kiln_int8_static", "ort_fp32", 2.0),
 ]
 INT8_SIZE_TARGET = 0.27
+
+
+def int8_variant(name):
+    """The int8 file the targets judge: dynamic for transformers, static for CNNs."""
+    return "kiln_int8" if transformer(name) else "kiln_int8_static"
 
 
 def log(msg):
@@ -225,21 +230,29 @@ def write_markdown(args, records, started, path):
                          f" | {fmt(ratio('kiln_int8_static', 'ort_fp32'))}x"
                          f" | {fmt(ratio('kiln_int8_static', 'ort_qdq'))}x"
                          f" | {fmt(ratio('kiln_bf16', 'kiln_fp32'))}x |")
-    lines += ["", "| model | source ONNX MB | fp32 .kiln MB | bf16 .kiln MB | int8 .kiln MB | "
-              "QDQ ONNX MB | int8 / fp32 .kiln | top-1 agreement bf16 / int8 | SQNR dB bf16 / int8 |",
-              "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines += ["", "The size target compares the int8 file a user would deploy (static int8 for CNNs, "
+              "dynamic for transformers, as the issue's speed targets) with the fp32 model as the "
+              "user has it, the source ONNX file (compression-reference's anchor: 418 MB fp32 "
+              "ONNX to 105 MB int8). An fp32 .kiln is larger than its source: it also stores the "
+              "weights packed for the kernels of each saved batch size.", "",
+              "| model | source ONNX MB | fp32 .kiln MB | bf16 .kiln MB | dynamic int8 .kiln MB | "
+              "static int8 .kiln MB | QDQ ONNX MB | int8 / source | top-1 agreement bf16 / int8 "
+              "| SQNR dB bf16 / int8 |",
+              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for rec in records:
         s = rec["sizes"]
         mb = {k: (v / 1e6 if v else None) for k, v in s.items()}
-        r = s["kiln_int8"] / s["kiln_fp32"] if s.get("kiln_int8") and s.get("kiln_fp32") else None
+        iv = int8_variant(rec["model"])
+        r = s[iv] / s["source"] if s.get(iv) and s.get("source") else None
         acc = rec["accuracy"]
 
         def pair(key):
             return " / ".join(fmt(acc.get(v, {}).get(key), 4 if key == "top1" else 1)
-                              for v in ("kiln_bf16", "kiln_int8"))
+                              for v in ("kiln_bf16", iv))
         lines.append(f"| {rec['model']} | {fmt(mb.get('source'), 1)} | {fmt(mb.get('kiln_fp32'), 1)}"
                      f" | {fmt(mb.get('kiln_bf16'), 1)} | {fmt(mb.get('kiln_int8'), 1)}"
-                     f" | {fmt(mb.get('ort_qdq'), 1)} | {fmt(r, 3)}x | {pair('top1')}"
+                     f" | {fmt(mb.get('kiln_int8_static'), 1)}"
+                     f" | {fmt(mb.get('ort_qdq'), 1)} | {fmt(r, 3)}x ({'static' if iv.endswith('static') else 'dynamic'}) | {pair('top1')}"
                      f" | {pair('sqnr')} |")
     lines += ["", "Targets (met / missed, at the best batch measured):", ""]
     for model, num, den, want in SPEED_TARGETS:
@@ -256,10 +269,11 @@ def write_markdown(args, records, started, path):
                      + ", ".join(f"{g:.2f}x" for g in got) + ")")
     for rec in records:
         s = rec["sizes"]
-        if s.get("kiln_int8") and s.get("kiln_fp32"):
-            r = s["kiln_int8"] / s["kiln_fp32"]
-            lines.append(f"- {rec['model']} int8 .kiln <= {INT8_SIZE_TARGET}x fp32 .kiln: "
-                         f"{'met' if r <= INT8_SIZE_TARGET else 'MISSED'} ({r:.3f}x)")
+        iv = int8_variant(rec["model"])
+        if s.get(iv) and s.get("source"):
+            r = s[iv] / s["source"]
+            lines.append(f"- {rec['model']} {LABEL[iv]} .kiln <= {INT8_SIZE_TARGET}x the source "
+                         f"ONNX: {'met' if r <= INT8_SIZE_TARGET else 'MISSED'} ({r:.3f}x)")
     errs = [f"- {rec['model']}: {k}: {v}" for rec in records for k, v in rec["errors"].items()]
     if errs:
         lines += ["", "Errors:", ""] + errs
