@@ -354,6 +354,11 @@ typedef struct kiln_save_options {
 KILN_API kiln_status kiln_session_save(kiln_session *s, const char *path, const kiln_save_options *opts);
 /* The compile report stored in a .kiln model (valid while the model lives), or NULL. */
 KILN_API const char *kiln_model_compile_report(const kiln_model *m);
+/* The lowest precision a model's products run in, as a name ("fp32", "bf16", "int8"): a
+ * .kiln file's compiled precision, lowered to that of any node given another one, and
+ * "int8" for a graph holding quantized products (a statically quantized .kiln, or an ONNX
+ * QDQ / QLinear model); "fp32" for other models. What `kiln serve` reports per version. */
+KILN_API const char *kiln_model_precision(const kiln_model *m);
 
 /*
  * Profile: per-step and per-op times of a session's runs, as data (`kiln

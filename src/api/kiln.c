@@ -1098,6 +1098,22 @@ const char *kiln_model_compile_report(const kiln_model *m)
     return m && m->artifact ? m->artifact->report : NULL;
 }
 
+const char *kiln_model_precision(const kiln_model *m)
+{
+    if (!m) return NULL;
+    int p = m->artifact ? m->artifact->precision : KILN_PRECISION_FP32;
+    for (int i = 0; m->graph && i < m->graph->n_nodes; i++) {
+        const struct kiln_node *n = &m->graph->nodes[i];
+        if (n->op == KILN_OP_QLinearConv || n->op == KILN_OP_QLinearMatMul ||
+            n->op == KILN_OP_KilnQLinearMatMul || n->op == KILN_OP_KilnQLinearConvAdd ||
+            n->op == KILN_OP_MatMulInteger || n->op == KILN_OP_ConvInteger)
+            p = KILN_PRECISION_INT8;
+        const struct kiln_attr *a = kiln_node_attr(n, KILN_NODE_PRECISION_ATTR);
+        if (a && a->type == KILN_ATTR_INT && a->i > p && a->i <= KILN_PRECISION_INT8) p = (int)a->i;
+    }
+    return kiln_precision_name((kiln_precision)p);
+}
+
 /* ---- profile as data ---- */
 
 struct kiln_profile {

@@ -630,6 +630,7 @@ static kiln_status servable_load(kiln_manager *m, const char *name, const char *
         free(s);
         return st;
     }
+    snprintf(s->precision, sizeof s->precision, "%s", kiln_model_precision(s->model));
     int n = kiln_model_signature_count(s->model);
     s->sessions = calloc(n > 0 ? (size_t)n : 1, sizeof *s->sessions);
     if (!s->sessions) goto err_free_oom;
@@ -645,7 +646,8 @@ static kiln_status servable_load(kiln_manager *m, const char *name, const char *
     if (co.allow_compression || co.allow_precompilation) {
         if (!cst.hit)
             kiln_compress_session(&co, dir, s->model, &m->opts.session, s->sessions, n, &cst, &ckv);
-        snprintf(s->precision, sizeof s->precision, "%s", cst.precision);
+        if (strcmp(cst.precision, "fp32")) /* compressed here; else what the model holds */
+            snprintf(s->precision, sizeof s->precision, "%s", cst.precision);
     }
     kiln_sbuf_printf(kv, "format=%s signatures=%d load_ms=%.1f", kiln_model_format(s->model), n,
                      ms_since(&t0));

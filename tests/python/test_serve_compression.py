@@ -238,3 +238,40 @@ def test_bad_calibration_folder_serves_fp32_and_says_why(tmp_path, data):
         finally:
             srv.kill()
         assert np.abs(got - fp32).max() < 1e-5, name
+
+
+@pytest.mark.skipif(not VNNI, reason="no VNNI on this CPU: no int8 kernels")
+def test_served_kiln_files_report_their_precision(tmp_path, data):
+    """A version holding model.kiln reports the precision the file was compiled to (the
+    gauge and the metadata), without --allow_compression: dynamic int8, static int8 (a
+    quantized graph in an fp32 session) and fp32; the answers are the file's."""
+    import subprocess
+    cal, x = data
+    (tmp_path / "cal").mkdir()
+    np.save(tmp_path / "cal" / "pixels.npy", cal)
+    cases = {"fp32": ["--precision", "fp32"], "int8": ["--precision", "int8"],
+             "static": ["--precision", "int8", "--calibration-method", "minmax"]}
+    for tag, extra in cases.items():
+        base = tmp_path / tag
+        (base / "1").mkdir(parents=True)
+        art = base / "1" / "model.kiln"
+        r = subprocess.run([test_serve.KILN, "compile", str(DIGITS), "-o", str(art), "--calibration",
+                            str(tmp_path / "cal"), "--max-drop", "100%", "--runs", "1", *extra],
+                           capture_output=True, text=True, timeout=600)
+        assert r.returncode == 0, r.stdout + r.stderr
+        srv = Server(base, tag)
+        try:
+            want = "fp32" if tag == "fp32" else "int8"
+            assert precision_gauge(srv, tag) == want
+            assert metadata_precision(srv, tag) == want
+            got = predict(srv, tag, x)
+        finally:
+            srv.kill()
+        np.save(tmp_path / f"{tag}_x.npy", x)
+        r = subprocess.run([test_serve.KILN, "predict", str(art), "--input",
+                            f"pixels={tmp_path / f'{tag}_x.npy'}", "--output-dir",
+                            str(tmp_path / f"{tag}_o")], capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        out = sorted((tmp_path / f"{tag}_o").glob("*.npy"))
+        assert len(out) == 1, out
+        np.testing.assert_allclose(got, np.load(out[0]), rtol=1e-6, atol=1e-7)
