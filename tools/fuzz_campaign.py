@@ -13,7 +13,7 @@ appends one tab-separated line per run to the ledger (docs/fuzz-ledger.tsv):
   date target corpus seconds wall_s cpu_s execs exec_per_s cov_start cov_end
   ft_end corpus_start corpus_end new_units merged finding artifact revision
 
-(finding: "none", or crash / timeout / oom / leak / ubsan / exit, with the
+(finding: "none", "stopped" (SIGINT: not a finding), or crash / timeout / oom / leak / ubsan / exit, with the
 sanitizer's one-line summary in the log; artifact: the input's path, under the
 run's work folder, or "-"). Then it prints every target's cumulative CPU time
 from the whole ledger, which is what docs/RELIABILITY.md reports (issue 21 asks
@@ -215,7 +215,7 @@ def report(path, names=None, goal_h=1.0):
         except ValueError:
             pass
         t["runs"] += 1
-        t["findings"] += r["finding"] != "none"
+        t["findings"] += r["finding"] not in ("none", "stopped")
         t["cov"] = r["cov_end"] or t["cov"]
     for n in names or []:  # targets without a run yet show as 0
         tot.setdefault(n if n.startswith("fuzz_") else "fuzz_" + n, {"cpu": 0.0, "runs": 0, "execs": 0, "findings": 0, "cov": ""})
@@ -239,7 +239,7 @@ def main():
                     help="comma-separated names (npy, grpc_frames, ...; fuzz_ prefix optional) or all")
     ap.add_argument("--seconds", type=int, default=600, help="libFuzzer's -max_total_time per target")
     ap.add_argument("--rss-limit-mb", type=int, default=2048)
-    ap.add_argument("--timeout", type=int, default=10, help="libFuzzer's -timeout (s per input)")
+    ap.add_argument("--timeout", type=int, default=30, help="libFuzzer's -timeout (s per input)")
     ap.add_argument("--ledger", default=str(ROOT / "docs" / "fuzz-ledger.tsv"))
     ap.add_argument("--work", help="folder for scratch corpora, logs and artifacts "
                                    "(default: BUILD/campaign/<UTC time>/)")
@@ -293,7 +293,10 @@ def main():
         rc, wall, cpu = run_fuzzer(binary, scratch, artifacts, a, work / "fuzz.log")
         fig = parse_output((work / "fuzz.log").read_text(errors="replace"))
         if fig["finding"] == "none" and rc != 0:
-            fig["finding"] = f"exit{rc}"  # libFuzzer stopped for a reason the patterns missed
+            if "libFuzzer: run interrupted" in (work / "fuzz.log").read_text(errors="replace"):
+                fig["finding"] = "stopped"  # SIGINT to the fuzzer: the operator's, not a finding
+            else:
+                fig["finding"] = f"exit{rc}"  # libFuzzer stopped for a reason the patterns missed
         merged = 0
         if a.merge:
             merged = merge_back(binary, name, scratch, work, a)
@@ -306,7 +309,7 @@ def main():
               f"({fig['exec_per_s']}/s), cov {fig['cov_start']} -> {fig['cov_end']}, corpus "
               f"{fig['corpus_start']} -> {fig['corpus_end']}, finding: {fig['finding']}"
               + (f" {fig['artifact']} ({fig['summary']})" if fig["finding"] != "none" else ""))
-        if fig["finding"] != "none":
+        if fig["finding"] not in ("none", "stopped"):
             failed.append(name)
     report(ledger, names)
     if failed:

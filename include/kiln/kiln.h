@@ -713,6 +713,9 @@ typedef struct kiln_compile_result {
     int n_int8, n_bf16, n_fp32;   /* nodes by the precision they run in */
     int n_fell_back;
     char summary[1024];           /* one line for logs: precision, drop, fallbacks */
+    int64_t static_weight_bytes;  /* static int8: the bytes of the constants the quantized
+                                     graph's nodes read (s8 weights 1 byte each, int32
+                                     biases, scales); 0 otherwise */
 } kiln_compile_result;
 /* Compile signature `sig` (NULL: the default) of m under o, measuring node
  * sensitivity on cal and accuracy on eval (either may be NULL; the other is

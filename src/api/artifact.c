@@ -611,6 +611,31 @@ static void put_graph(struct writer *w, struct wbuf *b, const struct kiln_graph 
     for (int i = 0; i < g->n_outputs; i++) put_i32(b, g->outputs[i]);
 }
 
+/* Whether a oneDNN pack's tag ("dnnl_conv:s...:src...;d16,8,3,3;p...") names the
+ * dims of t, the constant whose address is its key. The weight cache keys packs by
+ * tensor address, and an entry can outlive its tensor (a transient graph's copy of a
+ * weight, freed with that graph) while a new constant takes the same address: a
+ * statically quantized model whose weights came through Identity nodes stored 11
+ * such packs, 98 KB beside 10 KB of weights, under scalar zero points and s8
+ * weights of the same shape. A tag without dims is taken as it is. */
+static int tag_dims_match(const char *tag, const kiln_tensor *t)
+{
+    const char *d = strstr(tag, ";d");
+    if (!d || !t) return 1;
+    d += 2;
+    int r = 0;
+    while (*d >= '0' && *d <= '9') {
+        char *end;
+        long long v = strtoll(d, &end, 10);
+        if (r >= t->rank || v != (long long)t->dims[r]) return 0;
+        r++;
+        d = end;
+        if (*d != ',') break;
+        d++;
+    }
+    return r == t->rank;
+}
+
 /* One entry of the weight cache. A packed weight is kept when it packs a
  * constant of the saved graph by a plain oneDNN reorder (tags "dnnl_..."; int8
  * packs carry their scales in the buffer and are made again at load) and the
@@ -635,6 +660,9 @@ static void put_pack(void *ctx, const void *key, const char *tag, const void *pa
         return;
     }
     if (strncmp(tag, "dnnl_", 5) || strstr(tag, "_s8_") || !bytes) return;
+    /* the model's cache packs f32 weights (a static int8 graph's s8 ones are its session's) */
+    if (g->values[v].konst->dtype != KILN_DTYPE_F32 || !tag_dims_match(tag, g->values[v].konst))
+        return;
     if ((w->as_bf16 && w->as_bf16[v]) || (w->s8_axis && w->s8_axis[v] >= 0)) return;
     put_zeros_to64(&w->wght);
     int64_t off = (int64_t)w->wght.n;

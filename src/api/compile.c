@@ -22,7 +22,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "api/internal.h"
 #include "import/kiln_artifact.h"
+#include "ir/graph.h"
 #include "kiln/kiln.h"
 
 void kiln_compile_run_free(kiln_compile_run *r)
@@ -303,6 +305,36 @@ done:
     return st;
 }
 
+/* The bytes of the constants that the nodes of the graph s runs read (the
+ * root graph's; a constant read twice counts once): a static int8 graph's
+ * size, its s8 weights at one byte each. 0 when the graph cannot be had. */
+static int64_t graph_weight_bytes(kiln_session *s)
+{
+    const struct kiln_model *m;
+    const struct kiln_signature *sig;
+    const struct kiln_graph *g;
+    int prec;
+    if (kiln_session_artifact_view(s, &m, &sig, &g, &prec) != KILN_OK) {
+        kiln_error_clear();
+        return 0;
+    }
+    uint8_t *read = calloc((size_t)g->n_values + 1, 1);
+    if (!read) return 0;
+    for (int i = 0; i < g->n_nodes; i++) {
+        const struct kiln_node *n = &g->nodes[i];
+        for (int k = 0; k < n->n_in; k++)
+            if (n->in[k] >= 0 && n->in[k] < g->n_values) read[n->in[k]] = 1;
+        for (int k = 0; k < n->n_implicit; k++)
+            if (n->implicit[k] >= 0 && n->implicit[k] < g->n_values) read[n->implicit[k]] = 1;
+    }
+    int64_t bytes = 0;
+    for (int v = 0; v < g->n_values; v++)
+        if (read[v] && g->values[v].kind == KILN_VALUE_CONST && g->values[v].konst)
+            bytes += (int64_t)g->values[v].konst->nbytes;
+    free(read);
+    return bytes;
+}
+
 /* Static int8: an fp32 session fed the calibration data in batches, whose
  * Conv, Gemm and MatMul nodes then run on int8 kernels with the activation
  * ranges fixed by `method` (kiln_calibration_*, docs/COMPRESSION.md). */
@@ -500,6 +532,7 @@ kiln_status kiln_compile(kiln_model *m, const char *sig_name, const kiln_compile
     if (o->static_int8) {
         st = static_int8_session(mc, sn, &o->session, cal, batch, o->cal_method, &r->session, err);
         if (st != KILN_OK) goto err_free;
+        r->static_weight_bytes = graph_weight_bytes(r->session);
     } else if ((st = kiln_compile_session(mc, sn, &o->session, prec, r->nodes, r->n_nodes,
                                           &r->session)) != KILN_OK) {
         snprintf(err, KILN_EVAL_ERR_LEN, "cannot create the compiled session: %.400s",

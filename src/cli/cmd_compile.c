@@ -419,6 +419,8 @@ int kiln_cmd_compile(int argc, char **argv)
         int64_t w = nodes[i].weight_elems > 0 ? nodes[i].weight_elems : 0;
         r.compressed_weight_bytes -= w * (p == KILN_PRECISION_INT8 ? 3 : p == KILN_PRECISION_BF16 ? 2 : 0);
     }
+    /* static int8: the quantized graph's own constants (its per-node list is dynamic int8's) */
+    if (static_int8 && cr.static_weight_bytes > 0) r.compressed_weight_bytes = cr.static_weight_bytes;
     int fell = 0;
     for (int i = 0; i < n_nodes; i++) fell += nodes[i].fell_back;
     if (!r.has_quality)

@@ -279,6 +279,11 @@ static kiln_status conv_run(struct kiln_run_ctx *ctx)
         return kiln_node_error(n, KILN_ERR_INVALID_MODEL, "filter, bias or multipliers do not "
                                "fit %lld input and %lld output channels", (long long)C,
                                (long long)CO);
+    if (!dw && CO % (C / wc)) /* each of the C / wc groups has CO / groups filters (conv.cc) */
+        return kiln_node_error(n, KILN_ERR_INVALID_MODEL, "%lld output channels do not divide "
+                               "into the %lld groups that %lld input channels over a filter depth "
+                               "of %lld make", (long long)CO, (long long)(C / wc), (long long)C,
+                               (long long)wc);
     int64_t ph, pw, tmp;
     tfl_out_pad(H, KH, s[0], d[0], same, &tmp, &ph);
     tfl_out_pad(W, KW, s[1], d[1], same, &tmp, &pw);
