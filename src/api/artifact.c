@@ -611,29 +611,32 @@ static void put_graph(struct writer *w, struct wbuf *b, const struct kiln_graph 
     for (int i = 0; i < g->n_outputs; i++) put_i32(b, g->outputs[i]);
 }
 
-/* Whether a oneDNN pack's tag ("dnnl_conv:s...:src...;d16,8,3,3;p...") names the
- * dims of t, the constant whose address is its key. The weight cache keys packs by
- * tensor address, and an entry can outlive its tensor (a transient graph's copy of a
- * weight, freed with that graph) while a new constant takes the same address: a
- * statically quantized model whose weights came through Identity nodes stored 11
- * such packs, 98 KB beside 10 KB of weights, under scalar zero points and s8
- * weights of the same shape. A tag without dims is taken as it is. */
+/* Whether a oneDNN pack's tag ("dnnl_conv:s...:src...;d16,8,3,3;p...") names as many
+ * dims and elements as t, the constant whose address is its key (the order may differ: a
+ * Gemm's transposed B is described as [K, N]). The weight cache keys packs by tensor
+ * address, and an entry can outlive its tensor (a transient graph's copy of a weight,
+ * freed with that graph) while a new constant takes the same address: a statically
+ * quantized model whose weights came through Identity nodes stored 11 such packs, 98 KB
+ * beside 10 KB of weights, under scalar zero points and s8 weights of the same shape. A
+ * tag without dims is taken as it is. */
 static int tag_dims_match(const char *tag, const kiln_tensor *t)
 {
     const char *d = strstr(tag, ";d");
     if (!d || !t) return 1;
     d += 2;
     int r = 0;
+    long long count = 1;
     while (*d >= '0' && *d <= '9') {
         char *end;
         long long v = strtoll(d, &end, 10);
-        if (r >= t->rank || v != (long long)t->dims[r]) return 0;
+        if (v < 0 || v > (1LL << 40) || (v && count > (1LL << 50) / v)) return 0;
+        count *= v;
         r++;
         d = end;
         if (*d != ',') break;
         d++;
     }
-    return r == t->rank;
+    return r == t->rank && count == (long long)kiln_tensor_count(t);
 }
 
 /* One entry of the weight cache. A packed weight is kept when it packs a
