@@ -1314,13 +1314,18 @@ kiln_status tf_lower_signature(struct tf_model *c, const char *name,
     if (!g->inputs || !g->outputs) return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory");
     for (size_t i = 0; i < sd->n_inputs; i++) {
         const KilnSm__SignatureDef__TensorInfoEntry *e = sd->inputs[i];
-        if (!e->key || !e->value)
-            return kiln_error(KILN_ERR_INVALID_MODEL, "signature '%s': input %zu has no name or "
-                              "tensor", name, i);
+        /* errors after the first input go through out: (the feeds map holds its names) */
+        if (!e->key || !e->value) {
+            st = kiln_error(KILN_ERR_INVALID_MODEL, "signature '%s': input %zu has no name or "
+                            "tensor", name, i);
+            goto out;
+        }
         for (size_t j = 0; j < i; j++)
-            if (strcmp(sd->inputs[j]->key, e->key) == 0)
-                return kiln_error(KILN_ERR_INVALID_MODEL,
-                                  "signature '%s': input '%s' is listed twice", name, e->key);
+            if (strcmp(sd->inputs[j]->key, e->key) == 0) {
+                st = kiln_error(KILN_ERR_INVALID_MODEL,
+                                "signature '%s': input '%s' is listed twice", name, e->key);
+                goto out;
+            }
         int id = -1;
         if ((st = sig_input(&b, e->key, e->value, &id)) != KILN_OK) goto out;
         g->inputs[g->n_inputs++] = id;
