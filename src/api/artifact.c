@@ -243,15 +243,12 @@ static int s8_lossless(const kiln_tensor *t, int axis, int8_t *q, float *scale)
                 for (int64_t j = 0; j < inner && found; j++) {
                     int64_t i = (o * nch + c) * inner + j;
                     float r = nearbyintf(w[i] / s);
-                    if (!(r >= -127.0f && r <= 127.0f)) {
+                    if (!(r >= -127.0f && r <= 127.0f)) { /* (int8_t)r would be undefined */
                         found = 0;
                         break;
                     }
                     float back = (float)(int8_t)r * s; /* the reader's arithmetic */
-                    if (memcmp(&back, &w[i], sizeof back)) {
-                        found = 0;
-                        break;
-                    }
+                    found = !memcmp(&back, &w[i], sizeof back);
                     q[i] = (int8_t)r;
                 }
             if (found) scale[c] = s;
@@ -391,26 +388,6 @@ out:
  * int8 graph quantized, for example). They are written empty (their dtype,
  * shape [0]) and their packs are not written: a statically quantized resnet18
  * was 395 MB, its f32 weights and their fp32 packs stored beside the s8 ones. */
-static void mark_graph_reads(const struct kiln_graph *g, uint8_t *read)
-{
-    for (int i = 0; i < g->n_nodes; i++) {
-        const struct kiln_node *nd = &g->nodes[i];
-        for (int k = 0; k < nd->n_in; k++)
-            if (nd->in[k] >= 0 && nd->in[k] < g->n_values) read[nd->in[k]] = 1;
-        for (int k = 0; k < nd->n_implicit; k++)
-            if (nd->implicit[k] >= 0 && nd->implicit[k] < g->n_values) read[nd->implicit[k]] = 1;
-        for (int a = 0; a < nd->n_attr; a++) { /* captures of subgraphs, conservatively */
-            const struct kiln_graph *sg = nd->attr[a].type == KILN_ATTR_GRAPH ? nd->attr[a].g : NULL;
-            for (int v = 0; sg && v < sg->n_values; v++)
-                if (sg->values[v].kind == KILN_VALUE_OUTER && sg->values[v].outer >= 0 &&
-                    sg->values[v].outer < g->n_values)
-                    read[sg->values[v].outer] = 1;
-        }
-    }
-    for (int k = 0; k < g->n_outputs; k++)
-        if (g->outputs[k] >= 0 && g->outputs[k] < g->n_values) read[g->outputs[k]] = 1;
-}
-
 static kiln_status mark_unread(struct writer *w, const struct kiln_graph *g)
 {
     w->unread = calloc((size_t)g->n_values + 1, 1);
@@ -419,7 +396,7 @@ static kiln_status mark_unread(struct writer *w, const struct kiln_graph *g)
         free(read);
         return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory");
     }
-    mark_graph_reads(g, read);
+    kiln_graph_mark_reads(g, read);
     for (int v = 0; v < g->n_values; v++)
         w->unread[v] = g->values[v].kind == KILN_VALUE_CONST && !read[v];
     free(read);

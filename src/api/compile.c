@@ -306,7 +306,7 @@ done:
 }
 
 /* The bytes of the constants that the nodes of the graph s runs read (the
- * root graph's; a constant read twice counts once): a static int8 graph's
+ * root graph's, kiln_graph_mark_reads; a constant read twice counts once): a static int8 graph's
  * size, its s8 weights at one byte each. 0 when the graph cannot be had. */
 static int64_t graph_weight_bytes(kiln_session *s)
 {
@@ -320,13 +320,7 @@ static int64_t graph_weight_bytes(kiln_session *s)
     }
     uint8_t *read = calloc((size_t)g->n_values + 1, 1);
     if (!read) return 0;
-    for (int i = 0; i < g->n_nodes; i++) {
-        const struct kiln_node *n = &g->nodes[i];
-        for (int k = 0; k < n->n_in; k++)
-            if (n->in[k] >= 0 && n->in[k] < g->n_values) read[n->in[k]] = 1;
-        for (int k = 0; k < n->n_implicit; k++)
-            if (n->implicit[k] >= 0 && n->implicit[k] < g->n_values) read[n->implicit[k]] = 1;
-    }
+    kiln_graph_mark_reads(g, read);
     int64_t bytes = 0;
     for (int v = 0; v < g->n_values; v++)
         if (read[v] && g->values[v].kind == KILN_VALUE_CONST && g->values[v].konst)

@@ -474,3 +474,23 @@ out:
     free(cnt);
     return st;
 }
+
+void kiln_graph_mark_reads(const struct kiln_graph *g, uint8_t *read)
+{
+    for (int i = 0; i < g->n_nodes; i++) {
+        const struct kiln_node *nd = &g->nodes[i];
+        for (int k = 0; k < nd->n_in; k++)
+            if (nd->in[k] >= 0 && nd->in[k] < g->n_values) read[nd->in[k]] = 1;
+        for (int k = 0; k < nd->n_implicit; k++)
+            if (nd->implicit[k] >= 0 && nd->implicit[k] < g->n_values) read[nd->implicit[k]] = 1;
+        for (int a = 0; a < nd->n_attr; a++) { /* captures of subgraphs, conservatively */
+            const struct kiln_graph *sg = nd->attr[a].type == KILN_ATTR_GRAPH ? nd->attr[a].g : NULL;
+            for (int v = 0; sg && v < sg->n_values; v++)
+                if (sg->values[v].kind == KILN_VALUE_OUTER && sg->values[v].outer >= 0 &&
+                    sg->values[v].outer < g->n_values)
+                    read[sg->values[v].outer] = 1;
+        }
+    }
+    for (int k = 0; k < g->n_outputs; k++)
+        if (g->outputs[k] >= 0 && g->outputs[k] < g->n_values) read[g->outputs[k]] = 1;
+}

@@ -146,6 +146,9 @@ void kiln_graph_free_sub(struct kiln_graph *g);
  * attribute arrays are copied; names, attribute data, constants and
  * subgraphs are borrowed from g, which must outlive the clone. */
 kiln_status kiln_graph_clone(const struct kiln_graph *g, struct kiln_graph **out);
+/* Set read[v] = 1 for every value v of g that a node reads (inputs, implicit inputs, the
+ * outer values its subgraphs capture) or that is a graph output; read has n_values bytes. */
+void kiln_graph_mark_reads(const struct kiln_graph *g, uint8_t *read);
 
 /* Add a value; returns its id in *id. The name is copied. */
 kiln_status kiln_graph_value_add(struct kiln_graph *g, const char *name, enum kiln_value_kind kind,
