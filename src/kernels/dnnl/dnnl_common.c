@@ -114,7 +114,7 @@ int kd_append_activation(const struct kiln_node *n, dnnl_post_ops_t po)
 
 struct pack_arg {
     const struct kiln_node *node;
-    const kiln_tensor *w;
+    const void *data; /* the f32 source, described by src */
     dnnl_memory_desc_t src, dst;
     float scale;
 };
@@ -141,7 +141,7 @@ static kiln_status pack_run(void *arg, void **packed, size_t *bytes, void (**fre
     if (r == dnnl_success)
         r = dnnl_reorder_primitive_desc_create(&pd, &p->src, eng, &p->dst, eng, attr);
     if (r == dnnl_success) r = dnnl_primitive_create(&prim, pd);
-    if (r == dnnl_success) r = dnnl_memory_create(&ms, &p->src, eng, p->w->data);
+    if (r == dnnl_success) r = dnnl_memory_create(&ms, &p->src, eng, (void *)p->data);
     if (r == dnnl_success) r = dnnl_memory_create(&md, &p->dst, eng, buf);
     if (r == dnnl_success) r = dnnl_stream_create(&stream, eng, dnnl_stream_default_flags);
     if (r == dnnl_success) {
@@ -221,11 +221,19 @@ kiln_status kd_pack_weights(const struct kiln_compile_ctx *cc, const kiln_tensor
                             const char *what, const dnnl_memory_desc_t *src_md,
                             const dnnl_memory_desc_t *dst_md, float scale, void **packed)
 {
+    return kd_pack_weights_from(cc, w, w->data, what, src_md, dst_md, scale, packed);
+}
+
+kiln_status kd_pack_weights_from(const struct kiln_compile_ctx *cc, const kiln_tensor *w,
+                                 const void *data, const char *what,
+                                 const dnnl_memory_desc_t *src_md,
+                                 const dnnl_memory_desc_t *dst_md, float scale, void **packed)
+{
     char tag[1024];
     *packed = NULL;
     if (!md_tag(what, scale, src_md, dst_md, tag, sizeof tag))
         return KILN_OK; /* a format the tag cannot spell: leave the node to the reference */
-    struct pack_arg arg = {cc->node, w, *src_md, *dst_md, scale};
+    struct pack_arg arg = {cc->node, data, *src_md, *dst_md, scale};
     if (!cc->weights) /* no cache (a caller without one): not expected from plans */
         return kiln_node_error(cc->node, KILN_ERR_INTERNAL, "no weight cache to pack into");
     kiln_status st = kiln_weight_cache_get(cc->weights, w, tag, pack_run, &arg, packed);

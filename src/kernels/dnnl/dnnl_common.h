@@ -93,6 +93,13 @@ int kd_append_activation(const struct kiln_node *n, dnnl_post_ops_t po);
 kiln_status kd_pack_weights(const struct kiln_compile_ctx *cc, const kiln_tensor *w,
                             const char *what, const dnnl_memory_desc_t *src_md,
                             const dnnl_memory_desc_t *dst_md, float scale, void **packed);
+/* kd_pack_weights from data (f32, described by src_md) derived from the constant w, which
+ * stays the cache key: `what` must name the derivation (a packing made on a cache miss
+ * reads data, so it must live until this returns). */
+kiln_status kd_pack_weights_from(const struct kiln_compile_ctx *cc, const kiln_tensor *w,
+                                 const void *data, const char *what,
+                                 const dnnl_memory_desc_t *src_md,
+                                 const dnnl_memory_desc_t *dst_md, float scale, void **packed);
 
 /* Pack constant weights as symmetric s8 with one scale per output channel
  * (scale = max |w| / 127 over the channel, 1 for an all-zero channel;
