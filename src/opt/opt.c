@@ -15,6 +15,8 @@
  *   attention_fusion       Q/K/V reshape+transpose, MatMul, scale, mask, Softmax, MatMul -> Attention
  *   conv_slice_fold        Conv + Slice of spatial axes -> Conv with less padding
  *                          (causal convolutions: TCN, WaveNet)
+ *   conv_tap_cut           Conv taps that only read padding dropped (dilated
+ *                          convolutions on small images: DeepLab's ASPP)
  *   conv_bn_fold           Conv / Gemm + BatchNormalization -> new weights
  *   conv_fusion            Conv + bias + residual Add + activation -> KilnFusedConv
  *   matmul_fusion          Gemm / MatMul + bias + residual Add + activation -> KilnFusedMatMul
@@ -328,6 +330,7 @@ kiln_status kiln_optimize(struct kiln_graph *g, const struct kiln_opt_options *o
         {"transpose_cancel", kiln_opt_transpose},
         {"attention_fusion", kiln_opt_attention},
         {"conv_slice_fold", kiln_opt_conv_slice}, /* before conv_bn_fold: causal convs */
+        {"conv_tap_cut", kiln_opt_conv_taps}, /* after conv_slice_fold: its smaller pads */
         {"conv_bn_fold", kiln_opt_conv_bn},
         {"conv_fusion", kiln_opt_fuse_conv},
         {"matmul_fusion", kiln_opt_fuse_matmul},

@@ -188,6 +188,7 @@ kiln_status kiln_opt_attention(struct kiln_graph *g, struct kiln_opt_pass_log *p
 kiln_status kiln_opt_attention_views(struct kiln_graph *g, struct kiln_opt_pass_log *pl);
 kiln_status kiln_opt_transpose(struct kiln_graph *g, struct kiln_opt_pass_log *pl);  /* transpose.c */
 kiln_status kiln_opt_conv_slice(struct kiln_graph *g, struct kiln_opt_pass_log *pl); /* conv_slice.c */
+kiln_status kiln_opt_conv_taps(struct kiln_graph *g, struct kiln_opt_pass_log *pl); /* conv_taps.c */
 kiln_status kiln_opt_conv_bn(struct kiln_graph *g, struct kiln_opt_pass_log *pl);    /* conv_bn.c */
 kiln_status kiln_opt_fuse_conv(struct kiln_graph *g, struct kiln_opt_pass_log *pl);  /* fuse_act.c */
 kiln_status kiln_opt_fuse_matmul(struct kiln_graph *g, struct kiln_opt_pass_log *pl);/* fuse_matmul.c */

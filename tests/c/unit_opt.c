@@ -660,6 +660,36 @@ static void build_conv_slice(struct gb *b)
     b->out[b->n_out++] = gb_slice(b, c4, 1, (int64_t[]){1}, (int64_t[]){4}, (int64_t[]){1});
 }
 
+/* Dead taps of dilated convolutions (conv_taps.c): DeepLab's ASPP shape (3x3, dilation 12,
+ * pads 12 on a 6x6 image: only the centre tap reads the image), a cut on one axis only, a
+ * stride-2 cut, a 1-D cut to the middle three of five taps; and one that stays (dilation 4
+ * on 6x6: every tap reads the image for some output). */
+static void build_conv_taps(struct gb *b)
+{
+    int64_t dx[4] = {1, 8, 6, 6}, dw[4] = {4, 8, 3, 3}, dc[1] = {4};
+    int x = gb_input(b, "x", 4, dx);
+    b->out[b->n_out++] = gb_conv_nd(b, x, gb_rand(b, 4, dw, 0.5, 0), gb_rand(b, 1, dc, 0.5, 0),
+                                    2, (int64_t[]){3, 3}, (int64_t[]){12, 12, 12, 12},
+                                    (int64_t[]){1, 1}, (int64_t[]){12, 12});
+    b->out[b->n_out++] = gb_conv_nd(b, x, gb_rand(b, 4, dw, 0.5, 0), -1, 2, (int64_t[]){3, 3},
+                                    (int64_t[]){4, 4, 4, 4}, (int64_t[]){1, 1},
+                                    (int64_t[]){4, 4});
+    int64_t dx2[4] = {1, 3, 4, 7}, dw2[4] = {2, 3, 3, 3};
+    int x2 = gb_input(b, "x2", 4, dx2);
+    b->out[b->n_out++] = gb_conv_nd(b, x2, gb_rand(b, 4, dw2, 0.5, 0), -1, 2, (int64_t[]){3, 3},
+                                    (int64_t[]){4, 2, 4, 2}, (int64_t[]){1, 1},
+                                    (int64_t[]){4, 2});
+    int64_t dx3[4] = {1, 2, 3, 3}, dw3[4] = {3, 2, 3, 3};
+    int x3 = gb_input(b, "x3", 4, dx3);
+    b->out[b->n_out++] = gb_conv_nd(b, x3, gb_rand(b, 4, dw3, 0.5, 0), -1, 2, (int64_t[]){3, 3},
+                                    (int64_t[]){3, 3, 3, 3}, (int64_t[]){2, 2},
+                                    (int64_t[]){3, 3});
+    int64_t dx4[3] = {2, 4, 5}, dw4[3] = {3, 4, 5};
+    int x4 = gb_input(b, "x4", 3, dx4);
+    b->out[b->n_out++] = gb_conv_nd(b, x4, gb_rand(b, 3, dw4, 0.5, 0), -1, 1, (int64_t[]){5},
+                                    (int64_t[]){6, 6}, (int64_t[]){1}, (int64_t[]){3});
+}
+
 /* one activation after Conv + residual, selected by act_case */
 static int act_case;
 #define N_ACT_CASES 11
@@ -1231,6 +1261,21 @@ static void test_small(void)
         EXPECT_LOG("conv slice", "Conv+BatchNormalization", false, 1);
         CHECK(g->n_nodes == 6, "conv slice: %d nodes left, expected 6", g->n_nodes);
         if (g->n_nodes != 6) dump_graph(g);
+        kiln_graph_free(g);
+    }
+    if ((g = run_case("conv taps", build_conv_taps, &d))) {
+        EXPECT_LOG("conv taps", "Conv taps cut", false, 4);
+        int64_t kept[5] = {0};
+        int nc = 0;
+        for (int i = 0; i < g->n_nodes && nc < 5; i++)
+            if (g->nodes[i].op == KILN_OP_Conv || g->nodes[i].op == KILN_OP_KilnFusedConv)
+                kept[nc++] = kiln_shape_count(g->values[g->nodes[i].in[1]].type.rank,
+                                              g->values[g->nodes[i].in[1]].type.dims);
+        /* weights left: 4*8*1*1, 4*8*3*3, 2*3*1*3, 3*2*1*1, 3*4*3 (in graph order) */
+        CHECK(nc == 5 && kept[0] == 32 && kept[1] == 288 && kept[2] == 18 && kept[3] == 6 &&
+                  kept[4] == 36,
+              "conv taps: weights of %lld %lld %lld %lld %lld elements", (long long)kept[0],
+              (long long)kept[1], (long long)kept[2], (long long)kept[3], (long long)kept[4]);
         kiln_graph_free(g);
     }
     for (act_case = 0; act_case < N_ACT_CASES; act_case++) {
