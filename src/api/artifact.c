@@ -265,13 +265,36 @@ struct keyset {
     int n, cap, oom;
 };
 
+static void keyset_add(struct keyset *ks, const void *key);
+
 static void collect_s8(void *ctx, const void *key, const char *tag, const void *packed, size_t bytes)
 {
-    struct keyset *ks = ctx;
     (void)packed;
     (void)bytes;
     if (!((!strncmp(tag, "dnnl_", 5) && strstr(tag, "_s8_")) || !strncmp(tag, "sparse_s8_", 10)))
         return;
+    keyset_add(ctx, key);
+}
+
+/* Weights the bf16 kernels packed: keys of "dnnl_conv_bf16:..." / "dnnl_matmul_bf16:...".
+ * A bf16 session on a CPU without AVX-512 runs its products in fp32 and packs none. */
+static void collect_bf16(void *ctx, const void *key, const char *tag, const void *packed,
+                         size_t bytes)
+{
+    (void)packed;
+    (void)bytes;
+    if (!strncmp(tag, "dnnl_", 5) && strstr(tag, "_bf16:")) keyset_add(ctx, key);
+}
+
+static int keyset_has(const struct keyset *ks, const void *key)
+{
+    for (int i = 0; i < ks->n; i++)
+        if (ks->k[i] == key) return 1;
+    return 0;
+}
+
+static void keyset_add(struct keyset *ks, const void *key)
+{
     if (ks->n == ks->cap) {
         int cap = ks->cap ? ks->cap * 2 : 64;
         const void **nk = realloc(ks->k, (size_t)cap * sizeof *nk);
@@ -302,7 +325,7 @@ static kiln_status mark_lowp_weights(struct writer *w, const struct kiln_graph *
     w->s8_axis = malloc((size_t)n);
     uint8_t *other = calloc((size_t)n, 1);
     int8_t *axis = malloc((size_t)n);
-    struct keyset ks = {0};
+    struct keyset ks = {0}, kb = {0};
     kiln_status st = KILN_OK;
     if (!w->as_bf16 || !w->s8_axis || !other || !axis) {
         st = kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory");
@@ -337,10 +360,17 @@ static kiln_status mark_lowp_weights(struct writer *w, const struct kiln_graph *
         if (w->as_bf16[v] && axis[v] >= 0) other[v] = 1; /* read by a bf16 and an int8 node */
     if (wc) {
         kiln_weight_cache_each(wc, collect_s8, &ks);
-        if (ks.oom) {
+        kiln_weight_cache_each(wc, collect_bf16, &kb);
+        if (ks.oom || kb.oom) {
             st = kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory");
             goto out;
         }
+        /* stored bf16 only where a bf16 kernel packed it: else the file would round a
+         * weight the session multiplied in fp32 */
+        for (int v = 0; v < g->n_values; v++)
+            if (w->as_bf16[v] && !(g->values[v].kind == KILN_VALUE_CONST &&
+                                   keyset_has(&kb, g->values[v].konst)))
+                w->as_bf16[v] = 0;
     }
     for (int v = 0; v < g->n_values; v++) {
         const struct kiln_value *val = &g->values[v];
@@ -350,9 +380,7 @@ static kiln_status mark_lowp_weights(struct writer *w, const struct kiln_graph *
             continue;
         }
         if (axis[v] < 0) continue;
-        int quantized = 0;
-        for (int i = 0; i < ks.n && !quantized; i++) quantized = ks.k[i] == (const void *)val->konst;
-        if (!quantized) continue;
+        if (!keyset_has(&ks, val->konst)) continue;
         const kiln_tensor *t = val->konst;
         int8_t *q = malloc((size_t)kiln_tensor_count(t) + 1);
         float *sc = malloc(sizeof(float) * (size_t)(t->dims[axis[v]] + 1));
@@ -378,6 +406,7 @@ static kiln_status mark_lowp_weights(struct writer *w, const struct kiln_graph *
     }
 out:
     free(ks.k);
+    free(kb.k);
     free(other);
     free(axis);
     return st;

@@ -848,7 +848,19 @@ void kiln_artifact_cpu_features(const struct kiln_graph *g, int precision, char 
     else if (nhwc) f = "avx512f,avx512dq,avx512bw,avx512_vnni"; /* int8 convs in fp32 */
     else if (layout == 16) f = "avx512f,avx512dq";
     else if (layout == 8) f = "avx2,fma";
-    snprintf(buf, n, "%s", f);
+    /* The kernels that made the file ran here: it cannot need what this CPU lacks. A bf16
+     * or int8 compile on a CPU without AVX-512 ran those nodes in fp32 (8-channel blocks on
+     * AVX2), so its file needs AVX2 at most, not the features of the precision's kernels. */
+    char all[256], *save = NULL;
+    snprintf(all, sizeof all, "%s%s%s", f, *f && layout == 8 ? "," : "",
+             layout == 8 && strcmp(f, "avx2,fma") != 0 ? "avx2,fma" : "");
+    size_t len = 0;
+    if (n) buf[0] = '\0';
+    for (char *t = strtok_r(all, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        if (kiln_artifact_cpu_has(t) != 1) continue;
+        int w = snprintf(buf + len, len < n ? n - len : 0, "%s%s", len ? "," : "", t);
+        if (w > 0) len += (size_t)w;
+    }
 }
 
 /* Refuse a file needing a feature this CPU lacks (or one Kiln does not know). */
