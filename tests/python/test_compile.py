@@ -185,6 +185,7 @@ def trained(tmp_path_factory):
     return out
 
 
+@pytest.mark.skipif(not VNNI, reason="no VNNI/AMX on this CPU: int8 nodes stay fp32")
 def test_digits_mlp_every_mode(kiln_bin, digits, tmp_path):
     ev, cal, labels, x, y = digits
     fp32 = predict_batched(kiln_bin, DIGITS, "pixels", x, tmp_path, "fp32")
@@ -353,6 +354,7 @@ def test_cnn_static_int8_every_method(kiln_bin, trained, tmp_path):
     assert r.returncode == 2 and "'kl' is not minmax, percentile or entropy" in r.stderr
 
 
+@pytest.mark.skipif(not VNNI, reason="no VNNI/AMX on this CPU: int8 nodes stay fp32")
 def test_static_int8_sees_constants_through_identity(kiln_bin, trained, tmp_path):
     """PyTorch's exporter writes Identity(initializer) for tensors it deduplicated (the
     all-zero biases of freshly initialized layers, tied weights). The same CNN with every

@@ -39,6 +39,18 @@ class GB(G):
         self.input("X", (batch, c_in, h, w))
 
 
+
+def _machine_isa():
+    """The ISA the layout pass blocks for here: 16-channel blocks need AVX-512."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return "" if " avx512f" in f.read() else "avx2"
+    except OSError:
+        return ""
+
+
+MACHINE_ISA = _machine_isa()
+
 def concat_counts(kiln, model, env, batch=1):
     """(inputs in place, Concat inputs, steps removed, strided) of the plan's log line."""
     proc = subprocess.run([kiln, "inspect", str(model), "--optimized", "--json",
@@ -75,9 +87,9 @@ def run_case(kiln, tmp_path, build, expect, expect2=None):
             g.save(tmp_path / "m.onnx", outputs)
             got = concat_counts(kiln, tmp_path / "m.onnx", env, batch)
             if batch == 1:
-                want = expect(isa) + (0,)
+                want = expect(isa or MACHINE_ISA) + (0,)
             elif expect2:
-                want = expect2(isa)
+                want = expect2(isa or MACHINE_ISA)
             else:
                 want = (0, got[1], 0, 0)
             assert got == want, f"isa {isa or 'default'}, batch {batch}"
