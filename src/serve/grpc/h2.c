@@ -189,6 +189,9 @@ struct job {
     const kiln_grpc_method *m;
     volatile int cancel;
     stream *st;                  /* loop thread only: NULL once the stream is gone */
+    kiln_bytes req;              /* the request bytes call.req points into, once the stream
+                                    is gone (stream_free hands them over: the request thread
+                                    may still be reading them) */
     job *next;
 };
 
@@ -454,6 +457,8 @@ static void stream_free(stream *st)
     if (st->job) { /* the client went away: the job is cancelled, its answer dropped */
         st->job->cancel = 1;
         st->job->st = NULL;
+        st->job->req = st->req; /* its request thread may be reading them: freed with the job */
+        memset(&st->req, 0, sizeof st->req);
     }
     kiln_bytes_free(&st->msg);
     kiln_bytes_free(&st->req);
@@ -605,6 +610,7 @@ static void job_answer(job *j)
 static void job_free(job *j)
 {
     kiln_bytes_free(&j->call.resp);
+    kiln_bytes_free(&j->req);
     free(j);
 }
 
