@@ -365,12 +365,6 @@ static kiln_status mark_lowp_weights(struct writer *w, const struct kiln_graph *
             st = kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory");
             goto out;
         }
-        /* stored bf16 only where a bf16 kernel packed it: else the file would round a
-         * weight the session multiplied in fp32 */
-        for (int v = 0; v < g->n_values; v++)
-            if (w->as_bf16[v] && !(g->values[v].kind == KILN_VALUE_CONST &&
-                                   keyset_has(&kb, g->values[v].konst)))
-                w->as_bf16[v] = 0;
     }
     for (int v = 0; v < g->n_values; v++) {
         const struct kiln_value *val = &g->values[v];
@@ -379,6 +373,9 @@ static kiln_status mark_lowp_weights(struct writer *w, const struct kiln_graph *
             w->as_bf16[v] = 0;
             continue;
         }
+        /* stored bf16 only where a bf16 kernel packed it: else the file would round a
+         * weight the session multiplied in fp32 (a bf16 session without AVX-512) */
+        if (wc && !keyset_has(&kb, val->konst)) w->as_bf16[v] = 0;
         if (axis[v] < 0) continue;
         if (!keyset_has(&ks, val->konst)) continue;
         const kiln_tensor *t = val->konst;

@@ -824,13 +824,13 @@ void kiln_artifact_info_free(struct kiln_artifact_info *info)
 
 int kiln_artifact_cpu_has(const char *f)
 {
-    if (!strcmp(f, "avx2")) return __builtin_cpu_supports("avx2");
-    if (!strcmp(f, "fma")) return __builtin_cpu_supports("fma");
-    if (!strcmp(f, "avx512f")) return __builtin_cpu_supports("avx512f");
-    if (!strcmp(f, "avx512dq")) return __builtin_cpu_supports("avx512dq");
-    if (!strcmp(f, "avx512bw")) return __builtin_cpu_supports("avx512bw");
-    if (!strcmp(f, "avx512_bf16")) return __builtin_cpu_supports("avx512bf16");
-    if (!strcmp(f, "avx512_vnni")) return __builtin_cpu_supports("avx512vnni");
+    if (!strcmp(f, "avx2")) return __builtin_cpu_supports("avx2") != 0;
+    if (!strcmp(f, "fma")) return __builtin_cpu_supports("fma") != 0;
+    if (!strcmp(f, "avx512f")) return __builtin_cpu_supports("avx512f") != 0;
+    if (!strcmp(f, "avx512dq")) return __builtin_cpu_supports("avx512dq") != 0;
+    if (!strcmp(f, "avx512bw")) return __builtin_cpu_supports("avx512bw") != 0;
+    if (!strcmp(f, "avx512_bf16")) return __builtin_cpu_supports("avx512bf16") != 0;
+    if (!strcmp(f, "avx512_vnni")) return __builtin_cpu_supports("avx512vnni") != 0;
     return -1;
 }
 
@@ -847,17 +847,15 @@ void kiln_artifact_cpu_features(const struct kiln_graph *g, int precision, char 
     else if (precision == KILN_PRECISION_INT8) f = "avx512f,avx512bw,avx512_vnni";
     else if (nhwc) f = "avx512f,avx512dq,avx512bw,avx512_vnni"; /* int8 convs in fp32 */
     else if (layout == 16) f = "avx512f,avx512dq";
-    else if (layout == 8) f = "avx2,fma";
     /* The kernels that made the file ran here: it cannot need what this CPU lacks. A bf16
      * or int8 compile on a CPU without AVX-512 ran those nodes in fp32 (8-channel blocks on
      * AVX2), so its file needs AVX2 at most, not the features of the precision's kernels. */
     char all[256], *save = NULL;
-    snprintf(all, sizeof all, "%s%s%s", f, *f && layout == 8 ? "," : "",
-             layout == 8 && strcmp(f, "avx2,fma") != 0 ? "avx2,fma" : "");
+    snprintf(all, sizeof all, "%s,%s", f, layout == 8 ? "avx2,fma" : "");
     size_t len = 0;
     if (n) buf[0] = '\0';
     for (char *t = strtok_r(all, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
-        if (kiln_artifact_cpu_has(t) != 1) continue;
+        if (kiln_artifact_cpu_has(t) <= 0) continue;
         int w = snprintf(buf + len, len < n ? n - len : 0, "%s%s", len ? "," : "", t);
         if (w > 0) len += (size_t)w;
     }

@@ -102,26 +102,9 @@ static kiln_status fold_one(struct kiln_graph *g, int ci, int si, bool *done)
         np2[a - 2] = pb;
         np2[a - 2 + nsp] = pe;
     }
-    /* the Conv's attributes again, pads replaced (or added) */
-    int n_attr = c->n_attr + (np ? 0 : 1);
-    struct kiln_attr *attr = kiln_arena_alloc(g->mem, sizeof *attr * (size_t)n_attr);
-    int64_t *nv = kiln_arena_alloc(g->mem, sizeof *nv * (size_t)(2 * nsp));
-    if (!attr || !nv) return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory folding a Slice");
-    memcpy(nv, np2, sizeof *nv * (size_t)(2 * nsp));
-    int k = 0;
-    for (int i = 0; i < c->n_attr; i++) attr[k++] = c->attr[i];
-    struct kiln_attr *pa = NULL;
-    for (int i = 0; i < k; i++)
-        if (attr[i].name && !strcmp(attr[i].name, "pads")) pa = &attr[i];
-    if (!pa) pa = &attr[k++];
-    memset(pa, 0, sizeof *pa);
-    pa->name = "pads";
-    pa->type = KILN_ATTR_INTS;
-    pa->n = 2 * nsp;
-    pa->ints = nv;
+    kiln_status st = kiln_opt_set_ints(g, ci, "pads", np2, 2 * nsp);
+    if (st != KILN_OK) return st;
     int old = g->nodes[ci].out[0], out = g->nodes[si].out[0];
-    g->nodes[ci].attr = attr;
-    g->nodes[ci].n_attr = n_attr;
     kiln_opt_remove_node(g, si);
     kiln_opt_set_output(g, ci, 0, out);
     g->values[old].producer = -1;

@@ -47,31 +47,6 @@ static bool live_taps(int64_t in, int64_t out, int64_t k, int64_t s, int64_t d, 
     return *t0 >= 0;
 }
 
-/* Replace (or add) the INTS attribute name of node ni with n values v. */
-static kiln_status set_ints(struct kiln_graph *g, int ni, const char *name, const int64_t *v,
-                            int n)
-{
-    struct kiln_node *c = &g->nodes[ni];
-    int found = -1;
-    for (int i = 0; i < c->n_attr; i++)
-        if (c->attr[i].name && !strcmp(c->attr[i].name, name)) found = i;
-    int n_attr = c->n_attr + (found < 0 ? 1 : 0);
-    struct kiln_attr *attr = kiln_arena_alloc(g->mem, sizeof *attr * (size_t)n_attr);
-    int64_t *nv = kiln_arena_alloc(g->mem, sizeof *nv * (size_t)n);
-    if (!attr || !nv) return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory cutting a Conv");
-    memcpy(nv, v, sizeof *nv * (size_t)n);
-    memcpy(attr, c->attr, sizeof *attr * (size_t)c->n_attr);
-    struct kiln_attr *a = &attr[found < 0 ? c->n_attr : found];
-    memset(a, 0, sizeof *a);
-    a->name = name;
-    a->type = KILN_ATTR_INTS;
-    a->n = n;
-    a->ints = nv;
-    c->attr = attr;
-    c->n_attr = n_attr;
-    return KILN_OK;
-}
-
 /* Cut the dead taps of Conv node ci. */
 static kiln_status cut_one(struct kiln_graph *g, int ci, bool *done)
 {
@@ -140,8 +115,8 @@ static kiln_status cut_one(struct kiln_graph *g, int ci, bool *done)
     int wv;
     st = kiln_opt_add_const(g, g->values[c->in[1]].name, nw, &wv);
     if (st != KILN_OK) return st;
-    if ((st = set_ints(g, ci, "pads", np2, 2 * nsp)) != KILN_OK) return st;
-    if ((st = set_ints(g, ci, "kernel_shape", nwd + 2, nsp)) != KILN_OK) return st;
+    if ((st = kiln_opt_set_ints(g, ci, "pads", np2, 2 * nsp)) != KILN_OK) return st;
+    if ((st = kiln_opt_set_ints(g, ci, "kernel_shape", nwd + 2, nsp)) != KILN_OK) return st;
     kiln_opt_set_input(g, ci, 1, wv);
     *done = true;
     return KILN_OK;

@@ -250,6 +250,30 @@ void kiln_opt_attr_float(struct kiln_graph *g, int ni, int k, const char *name, 
     a->f = v;
 }
 
+kiln_status kiln_opt_set_ints(struct kiln_graph *g, int ni, const char *name, const int64_t *v,
+                              int n)
+{
+    struct kiln_node *c = &g->nodes[ni];
+    int found = -1;
+    for (int i = 0; i < c->n_attr; i++)
+        if (c->attr[i].name && !strcmp(c->attr[i].name, name)) found = i;
+    int n_attr = c->n_attr + (found < 0 ? 1 : 0);
+    struct kiln_attr *attr = kiln_arena_alloc(g->mem, sizeof *attr * (size_t)n_attr);
+    int64_t *nv = kiln_arena_alloc(g->mem, sizeof *nv * (size_t)(n > 0 ? n : 1));
+    if (!attr || !nv) return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory setting '%s'", name);
+    memcpy(nv, v, sizeof *nv * (size_t)n);
+    memcpy(attr, c->attr, sizeof *attr * (size_t)c->n_attr);
+    struct kiln_attr *a = &attr[found < 0 ? c->n_attr : found];
+    memset(a, 0, sizeof *a);
+    a->name = name;
+    a->type = KILN_ATTR_INTS;
+    a->n = n;
+    a->ints = nv;
+    c->attr = attr;
+    c->n_attr = n_attr;
+    return KILN_OK;
+}
+
 kiln_status kiln_opt_attr_str(struct kiln_graph *g, int ni, int k, const char *name, const char *v)
 {
     char *s = kiln_arena_strdup(g->mem, v);

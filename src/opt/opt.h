@@ -144,6 +144,10 @@ int kiln_opt_producer(const struct kiln_graph *g, int v);
 void kiln_opt_attr_int(struct kiln_graph *g, int ni, int k, const char *name, int64_t v);
 void kiln_opt_attr_float(struct kiln_graph *g, int ni, int k, const char *name, float v);
 kiln_status kiln_opt_attr_str(struct kiln_graph *g, int ni, int k, const char *name, const char *v);
+/* Replace node ni's INTS attribute `name` (static or arena) with n values v, adding it when
+ * the node has none; the attribute list and the values are copied into the graph's arena. */
+kiln_status kiln_opt_set_ints(struct kiln_graph *g, int ni, const char *name, const int64_t *v,
+                              int n);
 /* Two static types provably equal at run time (same rank; each dim the same
  * known size or the same symbolic name)? */
 bool kiln_opt_same_shape(const struct kiln_type *a, const struct kiln_type *b);

@@ -35,6 +35,7 @@
 #include "check.h"
 #include "core/crc32c.h"
 #include "import/kiln_artifact.h"
+#include "ir/graph.h"
 #include "import/model.h"
 #include "kernels/fast.h"
 #include "kiln/kiln.h"
@@ -352,6 +353,38 @@ static void hostile_files(const char *model)
     free(bad);
 }
 
+/* The CPU features a file records: what its kernels needed, never what this CPU lacks. A
+ * graph whose values are blocked by 8 (AVX2's layout) needs avx2,fma; a bf16 one needs the
+ * bf16 kernels' features where this CPU has them, else (its nodes ran fp32) avx2,fma only. */
+static void recorded_cpu_features(void)
+{
+    int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    int bf16 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+               __builtin_cpu_supports("avx512bf16");
+    CHECK(kiln_artifact_cpu_has("avx2") == (__builtin_cpu_supports("avx2") != 0) &&
+              kiln_artifact_cpu_has("avx512f") == (__builtin_cpu_supports("avx512f") != 0),
+          "kiln_artifact_cpu_has answers 0 or 1");
+    CHECK(kiln_artifact_cpu_has("avx512_zz99") == -1, "an unknown feature is -1");
+    struct kiln_value v;
+    memset(&v, 0, sizeof v);
+    v.layout = 8;
+    struct kiln_graph g;
+    memset(&g, 0, sizeof g);
+    g.values = &v;
+    g.n_values = 1;
+    char buf[128];
+    kiln_artifact_cpu_features(&g, KILN_PRECISION_FP32, buf, sizeof buf);
+    CHECK(!strcmp(buf, avx2 ? "avx2,fma" : ""), "fp32, 8-channel blocks: '%s'", buf);
+    kiln_artifact_cpu_features(&g, KILN_PRECISION_BF16, buf, sizeof buf);
+    if (bf16)
+        CHECK(!strcmp(buf, avx2 ? "avx512f,avx512bw,avx512_bf16,avx2,fma"
+                                : "avx512f,avx512bw,avx512_bf16"),
+              "bf16 on a CPU with its kernels: '%s'", buf);
+    else
+        CHECK(!strcmp(buf, avx2 ? "avx2,fma" : ""), "bf16 on a CPU without its kernels: '%s'",
+              buf);
+}
+
 /* A bf16 artifact whose CPU feature is renamed to one Kiln does not know. */
 static void unknown_cpu_feature(const char *model)
 {
@@ -447,6 +480,7 @@ int main(int argc, char **argv)
             if (cpu_has_precision(precs[p])) round_trip(sm, sms[i].sig, precs[p]);
     }
     hostile_files(digits);
+    recorded_cpu_features();
     unknown_cpu_feature(digits);
     rmdir(tmpdir);
     return CHECK_DONE();

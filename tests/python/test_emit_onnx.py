@@ -34,6 +34,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from cpu_features import VNNI
+
 onnx = pytest.importorskip("onnx")
 from onnx import numpy_helper  # noqa: E402
 
@@ -249,17 +251,6 @@ def ort_run(model, name, x, tmp_path):
     files = sorted(od.glob("*.npy"))
     assert len(files) == 1
     return np.load(files[0])
-
-
-def _cpu_flags():
-    try:
-        with open("/proc/cpuinfo") as f:
-            return f.read()
-    except OSError:
-        return ""
-
-
-VNNI = any(f in _cpu_flags() for f in (" avx512_vnni", " avx_vnni", " amx_int8"))
 
 
 @pytest.mark.skipif(not VNNI, reason="no VNNI/AMX on this CPU: Kiln's int8 nodes run fp32, "

@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 
 import test_serve
+from cpu_features import AVX512, VNNI
 from test_serve import KILN, REPO
 
 onnx = pytest.importorskip("onnx")
@@ -229,25 +230,12 @@ def compile_kiln(src, dst, precision):
     assert r.returncode == 0, r.stdout + r.stderr
 
 
-def _cpu_flags():
-    try:
-        with open("/proc/cpuinfo") as f:
-            return f.read()
-    except OSError:
-        return ""
-
-
-_FLAGS = _cpu_flags()
-_NEEDS = {"bf16": " avx512f" in _FLAGS,
-          "int8": any(f in _FLAGS for f in (" avx512_vnni", " avx_vnni", " amx_int8"))}
-
-
 @pytest.mark.parametrize("precision", [
     "fp32",
     pytest.param("bf16", marks=pytest.mark.skipif(
-        not _NEEDS["bf16"], reason="no AVX-512 on this CPU: bf16 nodes run fp32")),
+        not AVX512, reason="no AVX-512 on this CPU: bf16 nodes run fp32")),
     pytest.param("int8", marks=pytest.mark.skipif(
-        not _NEEDS["int8"], reason="no VNNI/AMX on this CPU: int8 nodes run fp32"))])
+        not VNNI, reason="no VNNI/AMX on this CPU: int8 nodes run fp32"))])
 def test_mark_survives_compile_to_kiln(tmp_path, keys, precision):
     """A mark embedded in the ONNX file is read from the .kiln `kiln compile`
     writes. fp32 keeps the weights bit for bit; bf16 stores the MatMul/Gemm
