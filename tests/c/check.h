@@ -8,6 +8,9 @@
  *
  * With KILN_REQUIRE_TESTDATA=1 in the environment (CI sets it), a skip is
  * a failure: data that CI must have cannot go missing unnoticed.
+ * CHECK_SKIP_CPU(fmt, ...) is the other kind of skip: this CPU lacks an
+ * instruction set the part needs (VNNI, AVX512-BF16). It stays a skip with
+ * KILN_REQUIRE_TESTDATA=1, since CI machines differ in what they have.
  */
 #ifndef KILN_TEST_CHECK_H
 #define KILN_TEST_CHECK_H
@@ -52,6 +55,14 @@ static inline int check_require_testdata(void)
             printf(__VA_ARGS__);                                         \
             putchar('\n');                                               \
         }                                                                \
+    } while (0)
+
+#define CHECK_SKIP_CPU(...)                                              \
+    do {                                                                 \
+        check_skipped++;                                                 \
+        printf("SKIP (this CPU): ");                                     \
+        printf(__VA_ARGS__);                                             \
+        putchar('\n');                                                  \
     } while (0)
 
 #define CHECK_DONE()                                                      \

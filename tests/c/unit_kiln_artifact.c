@@ -389,7 +389,7 @@ static void recorded_cpu_features(void)
 static void unknown_cpu_feature(const char *model)
 {
     if (!cpu_has_precision(KILN_PRECISION_BF16)) {
-        CHECK_SKIP("this CPU lacks avx512_bf16: the CPU-feature check is not exercised");
+        CHECK_SKIP_CPU("this CPU lacks avx512_bf16: the CPU-feature check is not exercised");
         return;
     }
     char path[512];

@@ -180,7 +180,7 @@ int main(void)
     kiln_session_free(s);
 
     if (!cpu_has_vnni()) {
-        CHECK_SKIP("no VNNI/AMX: int8 nodes run fp32, the mixed cases are not meaningful");
+        CHECK_SKIP_CPU("no VNNI/AMX: int8 nodes run fp32, the mixed cases are not meaningful");
     } else {
         CHECK(!same(y32, y8), "int8 differs from fp32 on this input");
         s = session(m, KILN_PRECISION_FP32, 0);

@@ -17,8 +17,9 @@
  * With M = 1 A and Y are their own transposes: no copies.
  *
  * The choice: a candidate node is compiled both ways and each is timed on
- * the node's real shape (random A; one warm-up and three interleaved runs,
- * the best of each); sparse wins only when 10% faster. The result is kept
+ * the node's real shape (random A; one warm-up and five interleaved samples,
+ * each repeating the run to about 200 us, the best of each); sparse wins
+ * only when 10% faster. The result is kept
  * in the weight cache under (weight, "sparse_choice:<M>x<K>x<N>:..."), a
  * 0-byte entry holding an int, so later plans of the model take the same
  * decision without timing again.
@@ -305,7 +306,7 @@ static kiln_status new_stored(const struct kiln_type *t, int layout, kiln_tensor
     return kiln_tensor_new(t->dtype, t->rank, d, out);
 }
 
-/* Best of three timed runs of each instance (after one warm-up each), interleaved.
+/* Best of five timed samples of each instance (after one warm-up each), interleaved.
  * *sparse_wins = 1 when the sparse one is at least 10% faster. */
 kiln_status kiln_sparse_measure(const struct kiln_compile_ctx *cc, struct kiln_kernel_inst *sp,
                                 struct kiln_kernel_inst *dn, int *sparse_wins)
@@ -336,16 +337,24 @@ kiln_status kiln_sparse_measure(const struct kiln_compile_ctx *cc, struct kiln_k
         in[i] = t[i];
     }
     if (st == KILN_OK) st = new_stored(cc->out[0], cc->out_layout ? cc->out_layout[0] : 0, &y);
+    /* A sample repeats the run until it lasts about 200 us (a small node takes a
+     * few us, where one run's time is mostly noise); the best of five samples. */
     double best[2] = {1e30, 1e30};
-    for (int it = 0; it < 4 && st == KILN_OK; it++)
+    int reps[2] = {1, 1};
+    for (int it = 0; it < 7 && st == KILN_OK; it++)
         for (int k = 0; k < 2 && st == KILN_OK; k++) {
             struct kiln_kernel_inst *x = k ? dn : sp;
             kiln_tensor *outs[1] = {y};
             struct kiln_run_ctx rc = {cc->node, n_in, in, 1, outs, NULL, scratch, cc->threads};
             double t0 = now_s();
-            st = x->run(x->state, &rc);
-            double dt = now_s() - t0;
-            if (it > 0 && dt < best[k]) best[k] = dt;
+            for (int rep = 0; rep < reps[k] && st == KILN_OK; rep++) st = x->run(x->state, &rc);
+            double dt = (now_s() - t0) / reps[k];
+            if (it == 1) { /* after a cold warm-up run */
+                double n = dt > 0 ? 200e-6 / dt : 64;
+                reps[k] = n < 1 ? 1 : n > 64 ? 64 : (int)n;
+            } else if (it > 1 && dt < best[k]) {
+                best[k] = dt;
+            }
         }
     *sparse_wins = st == KILN_OK && best[0] * 1.1 < best[1];
     for (int i = 0; i < 4; i++) kiln_tensor_free(t[i]);

@@ -118,8 +118,8 @@ kiln_status kiln_sparse_conv_select(const struct kiln_compile_ctx *cc,
                                     struct kiln_kernel_inst *inst, kiln_fast_compile_fn dense);
 
 /* Shared by the selections (matmul.c): time sp against dn on cc's shapes and
- * layouts (random non-constant inputs; warm-up, then the best of three runs
- * of each, interleaved); *sparse_wins = sparse at least 10% faster. */
+ * layouts (random non-constant inputs; warm-ups, then the best of five
+ * samples of each, interleaved, a sample repeating the run to about 200 us); *sparse_wins = sparse at least 10% faster. */
 kiln_status kiln_sparse_measure(const struct kiln_compile_ctx *cc, struct kiln_kernel_inst *sp,
                                 struct kiln_kernel_inst *dn, int *sparse_wins);
 /* The decision slot (an int, -1 until decided) of weight w under tag in cc's
