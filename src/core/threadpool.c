@@ -172,3 +172,19 @@ void kiln_parallel_for(int threads, int64_t n, int64_t grain, kiln_range_fn fn, 
         if (begin < end) fn(ctx, begin, end);
     }
 }
+
+void kiln_parallel_team(int threads, kiln_team_fn fn, void *ctx)
+{
+    if (threads <= 1 || omp_in_parallel()) {
+        fn(ctx, 0, 1);
+        return;
+    }
+#pragma omp parallel num_threads(threads)
+    fn(ctx, omp_get_thread_num(), omp_get_num_threads());
+}
+
+void kiln_team_barrier(int nt)
+{
+    if (nt <= 1) return;
+#pragma omp barrier
+}

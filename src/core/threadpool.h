@@ -35,4 +35,17 @@ void kiln_threads_release(int granted);
 typedef void (*kiln_range_fn)(void *ctx, int64_t begin, int64_t end);
 void kiln_parallel_for(int threads, int64_t n, int64_t grain, kiln_range_fn fn, void *ctx);
 
+/* Call fn(ctx, tid, nt) once on each of nt <= threads threads of one
+ * parallel region (tid 0 is the caller); fn may call kiln_team_barrier to
+ * wait for the team. For a loop of short dependent passes (a recurrent
+ * layer's time steps): one region and a barrier per pass instead of a
+ * region per pass. threads <= 1 (or inside a region) calls fn(ctx, 0, 1). */
+typedef void (*kiln_team_fn)(void *ctx, int tid, int nt);
+void kiln_parallel_team(int threads, kiln_team_fn fn, void *ctx);
+
+/* Wait until every thread of the calling team (nt from fn's arguments)
+ * arrives; nothing when nt <= 1, so that fn called inline inside another
+ * region never waits on that region's team. */
+void kiln_team_barrier(int nt);
+
 #endif

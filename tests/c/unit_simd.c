@@ -56,6 +56,62 @@ static void test_parallel_for(void)
             }
 }
 
+/* A team passes 50 times: in pass p each thread writes its slot of p's row,
+ * then, after the barrier, reads every slot of that row; a missing barrier or
+ * a thread that runs ahead reads a slot not yet written. */
+#define TEAM_PASSES 50
+struct team_ctx {
+    atomic_int vals[TEAM_PASSES][8];
+    atomic_int bad, calls, nt_seen;
+};
+
+static void team_fn(void *arg, int tid, int nt)
+{
+    struct team_ctx *c = arg;
+    atomic_fetch_add(&c->calls, 1);
+    atomic_store(&c->nt_seen, nt);
+    for (int p = 0; p < TEAM_PASSES; p++) {
+        atomic_store(&c->vals[p][tid], p * 10 + tid + 1);
+        kiln_team_barrier(nt);
+        for (int t = 0; t < nt; t++)
+            if (atomic_load(&c->vals[p][t]) != p * 10 + t + 1) atomic_fetch_add(&c->bad, 1);
+    }
+}
+
+static void team_outer_fn(void *arg, int64_t begin, int64_t end)
+{
+    for (int64_t i = begin; i < end; i++) kiln_parallel_team(2, team_fn, (struct team_ctx *)arg + i);
+}
+
+static void test_parallel_team(void)
+{
+    const int threads[] = {0, 1, 2, 4};
+    for (size_t t = 0; t < sizeof threads / sizeof threads[0]; t++) {
+        struct team_ctx *c = calloc(1, sizeof *c);
+        kiln_parallel_team(threads[t], team_fn, c);
+        int want = threads[t] < 1 ? 1 : threads[t];
+        CHECK(atomic_load(&c->bad) == 0, "parallel_team %d threads: %d reads before the barrier",
+              threads[t], atomic_load(&c->bad));
+        CHECK(atomic_load(&c->calls) == atomic_load(&c->nt_seen) && atomic_load(&c->calls) >= 1 &&
+              atomic_load(&c->calls) <= want,
+              "parallel_team %d threads: %d calls, nt %d", threads[t], atomic_load(&c->calls),
+              atomic_load(&c->nt_seen));
+        if (threads[t] == 2 && kiln_cpu_count() >= 2)
+            CHECK(atomic_load(&c->nt_seen) == 2, "parallel_team 2 threads: a team of %d",
+                  atomic_load(&c->nt_seen));
+        free(c);
+    }
+    /* inside another region each team is its caller alone, and its barriers do not
+     * wait on the outer region's threads (two teams, different pass counts would hang) */
+    struct team_ctx *c2 = calloc(2, sizeof *c2);
+    kiln_parallel_for(2, 2, 1, team_outer_fn, c2);
+    for (int i = 0; i < 2; i++)
+        CHECK(atomic_load(&c2[i].calls) == 1 && atomic_load(&c2[i].nt_seen) == 1 &&
+              atomic_load(&c2[i].bad) == 0, "parallel_team in a region: calls %d nt %d",
+              atomic_load(&c2[i].calls), atomic_load(&c2[i].nt_seen));
+    free(c2);
+}
+
 struct lease_arg {
     int granted;
 };
@@ -364,6 +420,7 @@ int main(int argc, char **argv)
     }
     printf("cpus %d, isa %s\n", kiln_cpu_count(), isa_names[isa_levels() - 1]);
     test_parallel_for();
+    test_parallel_team();
     test_lease();
     test_gemm();
     test_table_transpose();

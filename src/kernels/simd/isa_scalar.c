@@ -46,6 +46,7 @@ static inline vf v_sigmoid(vf x)
     float e = expf(x);
     return e / (1.0f + e);
 }
+static inline vf v_sigmoid_gate(vf x) { return v_sigmoid(x); }
 /* Gelu through erfc and x * sigmoid(2u): no cancellation for large negative x */
 static inline vf v_gelu(vf x) { return (float)(0.5 * x * erfc(-x / sqrt(2.0))); }
 static inline vf v_gelu_tanh(vf x)

@@ -11,7 +11,8 @@
  * rows of X before the time loop; R per direction in the cell's blocked
  * form (struct simd_rnn in simd.h); the biases summed (Wb + Rb) where the
  * algebra allows. Each time step is then one pass of the table's rnn_cell
- * over blocks of hidden units, split across the run's threads: the
+ * over blocks of hidden units, split across the run's threads (one parallel
+ * region for the whole time loop, a barrier per pass): the
  * hidden-state product and the gate arithmetic together (GRU with
  * linear_before_reset 0 takes two passes, since its h gate's product reads
  * r * h of every unit). The two directions of a bidirectional layer run side
@@ -265,19 +266,6 @@ static void gemm_range(void *arg, int64_t begin, int64_t end)
                j->xw + r0 * s->ngh, s->ngh);
 }
 
-struct cell_job {
-    const struct simd_kernels *k;
-    const struct simd_rnn *r;
-    const struct simd_rnn_step *st;
-    int phase;
-};
-
-static void cell_range(void *arg, int64_t begin, int64_t end)
-{
-    const struct cell_job *j = arg;
-    j->k->rnn_cell(j->r, j->st, j->phase, begin, end);
-}
-
 /* Where state row b of direction d lives in initial_h / Y_h (layout 0: [dir][batch][H]). */
 static int64_t state_off(const struct rnn_state *s, int d, int64_t b)
 {
@@ -295,49 +283,86 @@ struct dir_job {
     int64_t cgrain;
 };
 
-/* Direction d's time loop on `threads` threads, with its own state buffers. */
-static void run_direction(const struct dir_job *j, int d, int threads)
+/* The row flags of step t (row b is within its sequence length). */
+static void set_active(const struct dir_job *j, int64_t t, unsigned char *active)
 {
+    for (int64_t b = 0; b < j->s->B; b++) active[b] = !j->L || t < kiln_tensor_i64(j->L, b);
+}
+
+struct team_job {
+    const struct dir_job *j;
+    int d;
+    float *hb[2], *cb[2];
+    unsigned char *active[2]; /* step parity's row flags: tid 0 fills the next step's */
+};
+
+/* The time loop of one direction on a team of nt threads: thread tid runs
+ * its fixed share of the hidden blocks in every step, and the team meets at
+ * a barrier after each pass (the next step reads every unit's new state). */
+static void team_steps(void *arg, int tid, int nt)
+{
+    const struct team_job *tj = arg;
+    const struct dir_job *j = tj->j;
     const struct rnn_state *s = j->s;
+    const int d = tj->d;
     const int64_t T = s->T, B = s->B, H = s->H, ND = s->ndir;
     const bool reverse = s->reverse_only || d == 1;
     const int gru2 = s->kind == SIMD_RNN_CELL_GRU && !s->lbr;
-    float *hb[2] = {j->sc + s->off_h + 2 * d * B * H, j->sc + s->off_h + (2 * d + 1) * B * H};
-    float *cb[2] = {j->sc + s->off_c + 2 * d * B * H, j->sc + s->off_c + (2 * d + 1) * B * H};
-    unsigned char *active = (unsigned char *)(j->sc + s->off_act) + d * B;
-    for (int64_t b = 0; b < B; b++)
-        for (int64_t k = 0; k < H; k++) {
-            int64_t o = state_off(s, d, b) + k;
-            hb[0][b * H + k] = j->H0 ? ((const float *)j->H0->data)[o] : 0.0f;
-            cb[0][b * H + k] = j->C0 ? ((const float *)j->C0->data)[o] : 0.0f;
-        }
+    const int64_t b0 = s->nblk * tid / nt, b1 = s->nblk * (tid + 1) / nt;
     int cur = 0;
     for (int64_t step = 0; step < T; step++) {
         const int64_t t = reverse ? T - 1 - step : step;
-        for (int64_t b = 0; b < B; b++) active[b] = !j->L || t < kiln_tensor_i64(j->L, b);
+        if (tid == 0 && step + 1 < T) /* read by the next step, after the barrier */
+            set_active(j, reverse ? T - 2 - step : step + 1, tj->active[(step + 1) & 1]);
         struct simd_rnn_step st = {
             .xw = j->xw + (s->layout ? t : t * B) * s->ngh + d * s->G * H,
             .ldx = s->layout ? T * s->ngh : s->ngh,
-            .h = hb[cur], .c = cb[cur], .h_new = hb[cur ^ 1], .c_new = cb[cur ^ 1],
+            .h = tj->hb[cur], .c = tj->cb[cur], .h_new = tj->hb[cur ^ 1], .c_new = tj->cb[cur ^ 1],
             .y = NULL,
             .ldy = s->layout ? T * ND * H : H,
-            .active = active,
+            .active = tj->active[step & 1],
             .z = j->sc + s->off_z + d * B * H, .rh = j->sc + s->off_rh + d * B * H,
         };
         if (j->Y)
             st.y = (float *)j->Y->data + (s->layout ? (t * ND + d) * H : (t * ND + d) * B * H);
-        struct cell_job cj = {s->k, &j->cells[d], &st, gru2 ? 1 : 0};
-        kiln_parallel_for(threads, s->nblk, j->cgrain, cell_range, &cj);
+        if (b0 < b1) s->k->rnn_cell(&j->cells[d], &st, gru2 ? 1 : 0, b0, b1);
+        kiln_team_barrier(nt);
         if (gru2) {
-            cj.phase = 2;
-            kiln_parallel_for(threads, s->nblk, j->cgrain, cell_range, &cj);
+            if (b0 < b1) s->k->rnn_cell(&j->cells[d], &st, 2, b0, b1);
+            kiln_team_barrier(nt);
         }
         cur ^= 1;
     }
+}
+
+/* Direction d's time loop on `threads` threads, with its own state buffers. */
+static void run_direction(const struct dir_job *j, int d, int threads)
+{
+    const struct rnn_state *s = j->s;
+    const int64_t T = s->T, B = s->B, H = s->H;
+    const bool reverse = s->reverse_only || d == 1;
+    struct team_job tj = {
+        .j = j, .d = d,
+        .hb = {j->sc + s->off_h + 2 * d * B * H, j->sc + s->off_h + (2 * d + 1) * B * H},
+        .cb = {j->sc + s->off_c + 2 * d * B * H, j->sc + s->off_c + (2 * d + 1) * B * H},
+        .active = {(unsigned char *)(j->sc + s->off_act) + 2 * d * B,
+                   (unsigned char *)(j->sc + s->off_act) + (2 * d + 1) * B},
+    };
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t k = 0; k < H; k++) {
+            int64_t o = state_off(s, d, b) + k;
+            tj.hb[0][b * H + k] = j->H0 ? ((const float *)j->H0->data)[o] : 0.0f;
+            tj.cb[0][b * H + k] = j->C0 ? ((const float *)j->C0->data)[o] : 0.0f;
+        }
+    set_active(j, reverse ? T - 1 : 0, tj.active[0]);
+    int team = (int)(s->nblk / j->cgrain);
+    if (team > threads) team = threads;
+    kiln_parallel_team(team, team_steps, &tj);
+    const int cur = (int)(T & 1); /* the buffer the last step wrote */
     for (int64_t b = 0; b < B; b++) {
         int64_t o = state_off(s, d, b);
-        if (j->YH) memcpy((float *)j->YH->data + o, hb[cur] + b * H, (size_t)H * sizeof(float));
-        if (j->YC) memcpy((float *)j->YC->data + o, cb[cur] + b * H, (size_t)H * sizeof(float));
+        if (j->YH) memcpy((float *)j->YH->data + o, tj.hb[cur] + b * H, (size_t)H * sizeof(float));
+        if (j->YC) memcpy((float *)j->YC->data + o, tj.cb[cur] + b * H, (size_t)H * sizeof(float));
     }
 }
 
@@ -529,8 +554,8 @@ static kiln_status rnn_compile_kind(const struct kiln_compile_ctx *cc,
     o += round16((size_t)(ndir * B * H));
     s->off_rh = o;
     o += round16((size_t)(ndir * B * H));
-    s->off_act = o;
-    o += round16((size_t)(ndir * B + 3) / 4);
+    s->off_act = o; /* two steps' row flags per direction */
+    o += round16((size_t)(ndir * 2 * B + 3) / 4);
     snprintf(s->name, sizeof s->name, "f32_%s_%s", kiln_op_name(n->op), s->k->isa);
     for (char *q = s->name; *q; q++)
         if (*q >= 'A' && *q <= 'Z') *q = (char)(*q - 'A' + 'a');

@@ -52,7 +52,7 @@ static inline vf v_tanh(vf x)
     p = vfma(p, x2, vset(1.333333333333333e-1f));
     p = vfma(p, x2, vset(-3.333333333333333e-1f));
     vf small = vfma(p * x2, x, x);
-    vf e = v_exp(a + a);
+    vf e = v_exp_normal(a + a);
     vf big = vcopysign(vset(1.0f) - vset(2.0f) / (e + vset(1.0f)), x);
     return vsel(vlt(a, vset(0.55f)), big, small);
 }
