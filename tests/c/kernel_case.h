@@ -24,6 +24,7 @@
 #include "kernels/fast.h"
 #include "kernels/kernel.h"
 #include "kernels/simd/simd.h"
+#include "kernels/simd/skinny.h"
 
 /* ---- Random numbers (xorshift, reproducible) ---- */
 

@@ -1463,6 +1463,10 @@ struct mm_spec {
     int prec;             /* the plan's precision: 0 fp32, 1 bf16, 2 int8 (B constant) */
 };
 
+/* When set, mm_case also checks that the op's choice (1 thread) runs a kernel whose name
+ * holds this text. */
+static const char *mm_want_kernel;
+
 static void mm_case(const struct mm_spec *m, const char *what)
 {
     struct case_node c;
@@ -1529,6 +1533,16 @@ static void mm_case(const struct mm_spec *m, const char *what)
         free_outs(got, c.n_out);
     }
     if (m->sparse) unsetenv("KILN_SPARSE");
+    if (mm_want_kernel) {
+        kiln_tensor *got[MAX_IO];
+        bool handled = false;
+        char name[64] = "";
+        kiln_status st = run_fast(&c, isa_names[isa_levels() - 1], 1, &handled, name, got);
+        CHECK(st == KILN_OK && handled && strstr(name, mm_want_kernel),
+              "%s: the choice ran %s, not a %s kernel", label, handled ? name : "nothing",
+              mm_want_kernel);
+        if (st == KILN_OK && handled) free_outs(got, c.n_out);
+    }
     cn_free(&c);
 }
 
@@ -1609,6 +1623,51 @@ static void test_gemm_family(void)
     }
 }
 
+/* A few rows by a constant B (simd/skinny.c, taken before oneDNN's product): every row
+ * count to KILN_SKINNY_MAX_M (the tiles of 4 or 8 rows and their rests), N not a multiple
+ * of a panel (24 or 48 columns) and below one, a long k, transB, alpha, bias, Sum,
+ * activations, Gemm's beta 0, A's batch dims folded into rows; the choice runs the kernel.
+ * Then 17 rows, a B that is not constant, and KILN_SKINNY=0 run oneDNN's. */
+static void test_skinny_products(void)
+{
+#define S(op, ra, a0, a1, k, n, tb, alpha, beta, bias, sum, act)                                      {op, ra, 2, {a0, (ra) == 2 ? (k) : (a1), k}, {(tb) ? (n) : (k), (tb) ? (k) : (n)}, 0, tb,          alpha, beta, (bias) ? 1 : -1, {n}, true, sum, act, 0, 0, 0, NULL, 1, 0}
+    for (int64_t m = 1; m <= KILN_SKINNY_MAX_M; m++) {
+        struct mm_spec s = S(KILN_OP_MatMul, 2, m, 0, 37, m % 3 ? 97 : 48, 0, 1.0f, 1.0f, 0, 0,
+                             NULL);
+        mm_want_kernel = "skinny";
+        mm_case(&s, "");
+    }
+    const struct mm_spec sc[] = {
+        S(KILN_OP_Gemm, 2, 4, 0, 300, 10, 1, 0.5f, 1.0f, 1, 0, NULL),
+        S(KILN_OP_Gemm, 2, 1, 0, 64, 1000, 1, 1.0f, 1.0f, 1, 0, NULL),
+        S(KILN_OP_Gemm, 2, 3, 0, 64, 50, 0, 1.0f, 0.0f, 1, 0, NULL),
+        S(KILN_OP_KilnFusedMatMul, 3, 2, 3, 96, 130, 0, 1.0f, 1.0f, 1, 1, "Gelu"),
+        S(KILN_OP_KilnFusedMatMul, 3, 1, 4, 64, 3, 1, 2.0f, 1.0f, 1, 0, "Relu"),
+        S(KILN_OP_KilnFusedMatMul, 2, 16, 0, 33, 71, 0, 1.0f, 1.0f, 0, 1, "HardSwish"),
+        S(KILN_OP_KilnFusedMatMul, 2, 5, 0, 40, 49, 1, 1.0f, 1.0f, 1, 1, "Clip"),
+        S(KILN_OP_KilnFusedMatMul, 3, 2, 2, 24, 24, 0, 1.0f, 1.0f, 1, 0, "Sigmoid"),
+    };
+    for (size_t i = 0; i < sizeof sc / sizeof sc[0]; i++) {
+        struct mm_spec s = sc[i];
+        if (s.act && !strcmp(s.act, "Clip")) s.act_alpha = -0.5f, s.act_beta = 0.75f;
+        mm_want_kernel = "skinny";
+        mm_case(&s, "");
+    }
+    struct mm_spec big = S(KILN_OP_MatMul, 2, KILN_SKINNY_MAX_M + 1, 0, 37, 97, 0, 1.0f, 1.0f, 0,
+                           0, NULL);
+    mm_want_kernel = "dnnl";
+    mm_case(&big, "");
+    struct mm_spec var = S(KILN_OP_MatMul, 2, 4, 0, 37, 97, 0, 1.0f, 1.0f, 0, 0, NULL);
+    var.b_const = false;
+    mm_case(&var, "");
+    setenv("KILN_SKINNY", "0", 1);
+    struct mm_spec off = S(KILN_OP_MatMul, 2, 4, 0, 37, 97, 0, 1.0f, 1.0f, 0, 0, NULL);
+    mm_case(&off, " KILN_SKINNY=0");
+    unsetenv("KILN_SKINNY");
+    mm_want_kernel = NULL;
+#undef S
+}
+
 /* KilnFusedMatMul: bias, residual Sum, every activation oneDNN fuses, transposes, batched;
  * sparse candidates with Relu (and a Sum, which the sparse kernel declines). */
 static void test_fused_matmul_family(void)
@@ -1651,6 +1710,7 @@ static void test_fused_matmul_family(void)
             lp.prec = prec;
             mm_case(&lp, "");
         }
+    test_skinny_products();
 }
 
 /* ---- Transposed convolutions (dnnl/deconv.def) ---- */

@@ -44,6 +44,7 @@
 #include "kernels/dnnl/dnnl_common.h"
 #include "kernels/family.h"
 #include "kernels/sparse/sparse.h"
+#include "kernels/simd/skinny.h"
 
 #define MM_ALIGN64(x) (((x) + 63) / 64 * 64)
 
@@ -463,10 +464,20 @@ bool kiln_k_dnnl_matmul_covers(const struct kiln_compile_ctx *cc)
     return mm_node_ok(cc, &ta, &tb, &alpha, &beta);
 }
 
+/* A product of a few rows by a large constant B runs on Kiln's streaming kernel
+ * (simd/skinny.c), every other one on oneDNN's. */
+static kiln_status mm_compile_dense_any(const struct kiln_compile_ctx *cc,
+                                        struct kiln_kernel_inst *inst)
+{
+    kiln_status st = kiln_simd_skinny_compile(cc, inst);
+    if (st != KILN_OK || inst->run) return st;
+    return mm_compile_dense(cc, inst);
+}
+
 kiln_status kiln_k_dnnl_matmul_compile(const struct kiln_compile_ctx *cc,
                                        struct kiln_kernel_inst *inst)
 {
-    return mm_compile_dense(cc, inst);
+    return mm_compile_dense_any(cc, inst);
 }
 
 /* The sparse entry: a node the sparse kernel handles (a constant, 2-D B; sparse.h). Where
@@ -481,5 +492,5 @@ bool kiln_k_sparse_matmul_covers(const struct kiln_compile_ctx *cc)
 kiln_status kiln_k_sparse_matmul_compile(const struct kiln_compile_ctx *cc,
                                          struct kiln_kernel_inst *inst)
 {
-    return kiln_sparse_matmul_select(cc, inst, mm_compile_dense);
+    return kiln_sparse_matmul_select(cc, inst, mm_compile_dense_any);
 }

@@ -86,9 +86,10 @@ static kiln_status pw_pack(void *arg, void **packed, size_t *bytes, void (**free
     return KILN_OK;
 }
 
-/* The fused activation as a table op (defaults as the ONNX ops'); false for one the
- * table lacks. */
-static bool pw_activation(const struct kiln_node *n, struct pw_state *s)
+/* The fused activation of a KilnFusedConv or KilnFusedMatMul as a table op
+ * (defaults as the ONNX ops'); false for one the table lacks. */
+bool kiln_simd_fused_activation(const struct kiln_node *n, int *has_act, enum simd_unary *op,
+                                float *alpha, float *beta)
 {
     static const struct {
         const char *name;
@@ -106,16 +107,17 @@ static bool pw_activation(const struct kiln_node *n, struct pw_state *s)
         {"Gelu", SIMD_GELU, 0, 0},
         {"GeluTanh", SIMD_GELU_TANH, 0, 0},
     };
-    const char *a = n->op == KILN_OP_KilnFusedConv ? kiln_attr_str(n, "activation", "") : "";
-    s->has_act = a[0] != 0;
-    if (!s->has_act) return true;
+    const char *a = n->op == KILN_OP_KilnFusedConv || n->op == KILN_OP_KilnFusedMatMul
+                        ? kiln_attr_str(n, "activation", "") : "";
+    *has_act = a[0] != 0;
+    if (!*has_act) return true;
     for (size_t i = 0; i < sizeof acts / sizeof acts[0]; i++) {
         if (strcmp(a, acts[i].name) != 0) continue;
-        s->act = acts[i].op;
-        s->alpha = kiln_attr_float(n, "act_alpha", acts[i].alpha);
-        s->beta = kiln_attr_float(n, "act_beta", acts[i].beta);
+        *op = acts[i].op;
+        *alpha = kiln_attr_float(n, "act_alpha", acts[i].alpha);
+        *beta = kiln_attr_float(n, "act_beta", acts[i].beta);
         /* a Clip with lo > hi: the reference clamps in its own order */
-        return s->act != SIMD_CLIP || s->alpha <= s->beta;
+        return *op != SIMD_CLIP || *alpha <= *beta;
     }
     return false;
 }
@@ -138,7 +140,8 @@ kiln_status kiln_simd_pointwise_compile(const struct kiln_compile_ctx *cc,
         .xs = kiln_layout_channels(x->dims[1], lx), .ys = kiln_layout_channels(y->dims[1], ly),
         .has_bias = cc->n_in > 2 && cc->in[2] != NULL,
     };
-    if (!pw_activation(cc->node, &st)) return KILN_OK;
+    if (!kiln_simd_fused_activation(cc->node, &st.has_act, &st.act, &st.alpha, &st.beta))
+        return KILN_OK;
     struct pw_pack_arg pa = {cc->in_value[1], st.c, st.m};
     void *packed;
     kiln_status rc =

@@ -5,7 +5,16 @@
 #ifndef KILN_KERNELS_SIMD_POINTWISE_H
 #define KILN_KERNELS_SIMD_POINTWISE_H
 
+#include <stdbool.h>
+
 #include "kernels/fast.h"
+#include "kernels/simd/simd.h"
+
+/* The fused activation of a KilnFusedConv or KilnFusedMatMul node as a SIMD
+ * table op, its alpha and beta (the ONNX ops' defaults): *has_act 0 when it
+ * has none; false when the table lacks it (the node stays on another kernel). */
+bool kiln_simd_fused_activation(const struct kiln_node *n, int *has_act, enum simd_unary *op,
+                                float *alpha, float *beta);
 
 /* Compile cc's node (a Conv / KilnFusedConv already checked to be f32 with
  * constant weights and a rank-1 bias if any: kiln_k_conv1x1_covers) when its images and kernel are

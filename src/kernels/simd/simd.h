@@ -148,6 +148,13 @@ struct simd_kernels {
      * phase 2 (the h gate, whose product reads r * h of all units). */
     void (*rnn_cell)(const struct simd_rnn *r, const struct simd_rnn_step *s, int phase,
                      int64_t b0, int64_t b1);
+    /* C[i][j] = alpha * sum over p of A[i][p] B[p][j] for rows i < m and the columns of
+     * panels [p0, p1) (j < n), B packed in panels of skinny_cols columns,
+     * [panel][k][skinny_cols], zeros past n (skinny.c, skinny_body.h). */
+    void (*skinny_gemm)(int64_t m, int64_t k, int64_t n, float alpha, const float *a,
+                        int64_t lda, const float *bp, int64_t p0, int64_t p1, float *c,
+                        int64_t ldc);
+    int skinny_cols;
     int fma_loop_flops;
 };
 

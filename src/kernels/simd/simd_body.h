@@ -605,6 +605,7 @@ static float k_fma_loop(int64_t iters)
 }
 
 #include "kernels/simd/rnn_body.h"
+#include "kernels/simd/skinny_body.h"
 
 const struct simd_kernels SIMD_TABLE = {
     .isa = SIMD_ISA,
@@ -622,5 +623,8 @@ const struct simd_kernels SIMD_TABLE = {
     .fma_loop = k_fma_loop,
     .fma_loop_flops = 2 * FMA_CHAINS * W,
     .rnn_cell = k_rnn_cell,
+    .skinny_gemm = k_skinny_gemm,
+    .skinny_cols = SK_U * W,
 };
+#undef SK_U
 #undef FMA_CHAINS
