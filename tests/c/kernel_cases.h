@@ -933,6 +933,12 @@ static void conv_cases(bool fused)
     if (fused)
         conv_case(fused, (int64_t[]){1, 40, 1, 1}, (int64_t[]){10, 40, 1, 1}, 1, 0, true, false,
                   "Sigmoid", "1x1 image");
+    /* up to 16 images on the skinny kernel's panels (outputs over two panels, a tail); more
+     * on the register-tiled GEMM */
+    conv_case(fused, (int64_t[]){2, 96, 1, 1}, (int64_t[]){50, 96, 1, 1}, 1, 0, true, false, act,
+              "1x1 image, 50 outputs");
+    conv_case(fused, (int64_t[]){20, 24, 1, 1}, (int64_t[]){30, 24, 1, 1}, 1, 0, true, false, act,
+              "20 1x1 images");
     /* everything else: oneDNN */
     conv_case(fused, (int64_t[]){1, 8, 9, 9}, (int64_t[]){16, 8, 3, 3}, 1, 1, true, false, act,
               "3x3");

@@ -100,6 +100,18 @@ static kiln_status sk_pack(void *arg, void **packed, size_t *bytes, void (**free
     return KILN_OK;
 }
 
+kiln_status kiln_simd_skinny_pack(struct kiln_weight_cache *cache, const kiln_tensor *w,
+                                  int64_t k, int64_t n, int tb, int64_t cols, const float **packed)
+{
+    struct sk_pack_arg pa = {w, k, n, cols, (n + cols - 1) / cols, tb};
+    char tag[48];
+    snprintf(tag, sizeof tag, "simd_skinny:%d:%lld", tb, (long long)cols);
+    void *p = NULL;
+    kiln_status rc = kiln_weight_cache_get(cache, w, tag, sk_pack, &pa, &p);
+    *packed = p;
+    return rc;
+}
+
 kiln_status kiln_simd_skinny_compile(const struct kiln_compile_ctx *cc,
                                      struct kiln_kernel_inst *inst)
 {
@@ -167,11 +179,9 @@ kiln_status kiln_simd_skinny_compile(const struct kiln_compile_ctx *cc,
      * one thread */
     int64_t per_panel = st.m * st.kk * st.cols;
     st.grain = (65536 + per_panel - 1) / per_panel;
-    struct sk_pack_arg pa = {cc->in_value[1], st.kk, st.n, st.cols, st.panels, (int)tb};
-    char tag[48];
-    snprintf(tag, sizeof tag, "simd_skinny:%d:%lld", (int)tb, (long long)st.cols);
-    void *packed;
-    kiln_status rc = kiln_weight_cache_get(cc->weights, cc->in_value[1], tag, sk_pack, &pa, &packed);
+    const float *packed;
+    kiln_status rc = kiln_simd_skinny_pack(cc->weights, cc->in_value[1], st.kk, st.n, (int)tb,
+                                           st.cols, &packed);
     if (rc != KILN_OK) return rc;
     struct sk_state *s = malloc(sizeof *s);
     if (!s) return kiln_node_error(n, KILN_ERR_OUT_OF_MEMORY, "out of memory compiling");

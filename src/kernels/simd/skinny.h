@@ -20,4 +20,10 @@
 kiln_status kiln_simd_skinny_compile(const struct kiln_compile_ctx *cc,
                                      struct kiln_kernel_inst *inst);
 
+/* B (w: [k][n], or [n][k] with tb) packed in panels of cols columns for the
+ * table's skinny_gemm, through the weight cache (shared by every kernel that
+ * asks for the same tb and cols). */
+kiln_status kiln_simd_skinny_pack(struct kiln_weight_cache *cache, const kiln_tensor *w,
+                                  int64_t k, int64_t n, int tb, int64_t cols, const float **packed);
+
 #endif
