@@ -108,7 +108,6 @@ bool kiln_opt_match_act(const struct kiln_graph *g, int y, struct kiln_opt_act *
         const struct kiln_node *m = &g->nodes[mul];
         if (kiln_opt_single_consumer(g, s) != mul) return false;
         if (!((m->in[0] == y && m->in[1] == s) || (m->in[0] == s && m->in[1] == y))) return false;
-        if (!kiln_opt_same_shape(&g->values[m->out[0]].type, &g->values[y].type)) return false;
         a->name = "SiLU";
         a->out = m->out[0];
         a->n_nodes = 2;
@@ -220,8 +219,9 @@ kiln_status kiln_opt_fuse_conv(struct kiln_graph *g, struct kiln_opt_pass_log *p
             cur = g->nodes[ai].out[0];
         }
         struct kiln_opt_act act;
-        bool has_act = kiln_opt_match_act(g, cur, &act) &&
-                       kiln_opt_same_shape(&g->values[act.out].type, ty);
+        /* an activation keeps its input's shape (kiln_opt_match_act): no check of the
+         * types, whose unknown dims the exporter may name differently per value */
+        bool has_act = kiln_opt_match_act(g, cur, &act);
         if (has_act) {
             for (int k = 0; k < act.n_nodes; k++) rm[n_rm++] = act.nodes[k];
             cur = act.out;

@@ -102,8 +102,9 @@ kiln_status kiln_opt_fuse_matmul(struct kiln_graph *g, struct kiln_opt_pass_log 
             cur = g->nodes[ai].out[0];
         }
         struct kiln_opt_act act;
-        bool has_act = kiln_opt_match_act(g, cur, &act) &&
-                       kiln_opt_same_shape(&g->values[act.out].type, ty);
+        /* an activation keeps its input's shape (kiln_opt_match_act): no check of the
+         * types, whose unknown dims the exporter may name differently per value */
+        bool has_act = kiln_opt_match_act(g, cur, &act);
         if (has_act) {
             for (int k = 0; k < act.n_nodes; k++) rm[n_rm++] = act.nodes[k];
             cur = act.out;

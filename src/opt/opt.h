@@ -174,7 +174,8 @@ struct kiln_opt_act {
 int kiln_opt_match_residual(const struct kiln_graph *g, int ai, int cur,
                             const struct kiln_type *ty);
 /* Match an activation reading float32 value y and nothing else reading y
- * (SiLU: exactly Sigmoid(y) and Mul(y, Sigmoid(y))). */
+ * (SiLU: exactly Sigmoid(y) and Mul(y, Sigmoid(y))). Its output has y's shape
+ * by the ops' semantics, whatever names the model gives unknown dims. */
 bool kiln_opt_match_act(const struct kiln_graph *g, int y, struct kiln_opt_act *a);
 /* A static name for a fusion "<base>[+Bias][+Add][+<act>]" (log kinds). */
 const char *kiln_opt_fusion_kind(const char *base, bool bias, bool sum, const char *act);
