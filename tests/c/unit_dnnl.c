@@ -575,11 +575,12 @@ static void test_conv(void)
     tg_free(&t);
 }
 
-/* Convolutions of a few output pixels with large weights run as im2col and a oneDNN
- * matmul (conv.c, cgemm_compile): each case matches the reference on one and two threads
- * in every layout (plain, blocked by 8 and 16, output channels off the block included),
- * runs the matmul path (impl "matmul:...") where it should and the direct convolution
- * where it should not, and matches again with KILN_CONV_GEMM=0. */
+/* Convolutions of a few output pixels with large weights run as im2col and a product
+ * (conv.c, cgemm_compile): Kiln's skinny kernel by default, a oneDNN matmul with
+ * KILN_SKINNY=0. Each case matches the reference on one and two threads in every layout
+ * (plain, blocked by 8 and 16, output channels off the block included), runs the product
+ * where it should (kernel "f32_skinny_...", or impl "matmul:..." with KILN_SKINNY=0) and
+ * the direct convolution where it should not, and matches again with KILN_CONV_GEMM=0. */
 static void test_conv_gemm(void)
 {
     static const struct {
@@ -603,8 +604,12 @@ static void test_conv_gemm(void)
         {{1, 128, 4, 4, 144, 3, 3, 1, 1, 1, {1, 1, 1, 1}, NULL, 1, 0, "Relu", 0, 0}, 0},
         {{1, 16, 2, 2, 32, 3, 3, 1, 1, 1, {1, 1, 1, 1}, NULL, 1, 0, "Relu", 0, 0}, 0},
     };
-    for (int off = 0; off <= 1; off++) {
-        if (off) setenv("KILN_CONV_GEMM", "0", 1);
+    for (int mode = 0; mode <= 2; mode++) { /* default, KILN_SKINNY=0, KILN_CONV_GEMM=0 */
+        if (mode == 1) setenv("KILN_SKINNY", "0", 1);
+        if (mode == 2) {
+            unsetenv("KILN_SKINNY");
+            setenv("KILN_CONV_GEMM", "0", 1);
+        }
         for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
             const struct conv_case *k = &cases[i].k;
             for (int lay = 0; lay <= 2; lay++) {
@@ -612,15 +617,17 @@ static void test_conv_gemm(void)
                 int in_l[4] = {b, 0, 0, b};
                 char what[96];
                 snprintf(what, sizeof what, "conv gemm case %zu (layout %d%s)", i, b,
-                         off ? ", KILN_CONV_GEMM=0" : "");
+                         mode == 1 ? ", KILN_SKINNY=0" : mode == 2 ? ", KILN_CONV_GEMM=0" : "");
                 struct tg t;
                 build_conv(&t, k);
                 g_last_impl[0] = '\0';
+                g_last_name[0] = '\0';
                 differ(&t, what, in_l, b, 1);
-                int gemm = strncmp(g_last_impl, "matmul:", 7) == 0;
-                int want = cases[i].gemm && !off;
-                CHECK(gemm == want, "%s: runs %s, expected %s", what, g_last_impl,
-                      want ? "the im2col matmul" : "the direct convolution");
+                int product = mode == 0 ? strstr(g_last_name, "skinny") != NULL
+                                        : strncmp(g_last_impl, "matmul:", 7) == 0;
+                int want = cases[i].gemm && mode != 2;
+                CHECK(product == want, "%s: runs %s (%s), expected %s", what, g_last_name,
+                      g_last_impl, want ? "the im2col product" : "the direct convolution");
                 tg_free(&t);
             }
         }

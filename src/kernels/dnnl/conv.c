@@ -55,6 +55,7 @@
 #include <math.h>
 
 #include "kernels/dnnl/dnnl_common.h"
+#include "kernels/simd/skinny.h"
 
 #include "kernels/ref/gemm.h"
 #include "kernels/family.h"
@@ -213,7 +214,7 @@ static kiln_status conv_make(void *arg, struct kd_variant *v, int threads)
     }
     const dnnl_memory_desc_t *wmd = dnnl_primitive_desc_query_md(pd, dnnl_query_weights_md, 0);
     const kiln_tensor *wt = b->cc->in_value[1];
-    st = kd_pack_weights_from(b->cc, wt, b->wdata ? (const void *)b->wdata : wt->data,
+    st = kd_pack_weights_from(b->cc, wt, b->wdata ? (const void *)b->wdata : NULL,
                               b->wdata ? b->wwhat : b->bf16 ? "conv_bf16" : "conv", &b->wplain,
                               wmd, 1.0f, &v->packed);
     if (st != KILN_OK || !v->packed) goto out;
@@ -835,13 +836,19 @@ bool kiln_k_conv1x1_covers(const struct kiln_compile_ctx *cc)
  * convolutions on 2x2 and 3x3 images 1.2-3.9x faster (wide_resnet50_2's 1024-channel 3x3
  * on 2x2: 2.2-2.7 -> 1.5 ms), but 1x1 convolutions 1.2-2x slower (the direct kernel reads
  * their weights well) and 3x3 convolutions of 512 channels on 4x4 images 1.1-1.2x slower.
- * KILN_CONV_GEMM=0 in the environment turns it off. */
+ * The product runs on Kiln's skinny kernel (simd/skinny.c: B streamed once from panels,
+ * bias and activation after, split by output channels) where the SIMD table has the
+ * activation, else on the oneDNN matmul (KILN_SKINNY=0 forces that): wide_resnet50_2's
+ * 3x3 convolutions of 1024 channels on 2x2 images went from 2.9 to 2.0 ms (2 threads,
+ * AVX2). KILN_CONV_GEMM=0 in the environment turns the whole path off. */
 #define CGEMM_MAX_PIXELS 9
 #define CGEMM_MAX_ROWS 16
 #define CGEMM_MIN_WEIGHT_BYTES (128 * 1024)
 
 struct cgemm_state {
     struct kd_exec e;
+    int skinny;             /* the product on Kiln's streaming kernel (sk), not oneDNN's */
+    struct kiln_skinny sk;
     int64_t n, c, h, w, m, oh, ow, kh, kw, sh, sw, dh, dw, ph, pw;
     int64_t xb, yb, xc, yc; /* channel blocks (0: plain) and stored channels of X and Y */
     size_t col_off, dst_off, total;
@@ -938,7 +945,12 @@ static kiln_status cgemm_run(void *state, struct kiln_run_ctx *ctx)
                     }
                 }
             }
-    kiln_status st = kd_exec_run(&s->e, &c2);
+    kiln_status st = KILN_OK;
+    if (s->skinny)
+        kiln_skinny_run(&s->sk, col, K, ctx->n_in > 2 && ctx->in[2] ? ctx->in[2]->data : NULL,
+                        NULL, 0, (float *)dst, s->m, ctx->threads);
+    else
+        st = kd_exec_run(&s->e, &c2);
     if (st == KILN_OK) { /* [n * P + p][m] -> Y */
         float *y = ctx->out[0]->data;
         for (int64_t n = 0; n < s->n; n++) {
@@ -966,7 +978,7 @@ static kiln_status cgemm_run(void *state, struct kiln_run_ctx *ctx)
 static void cgemm_destroy(void *state)
 {
     struct cgemm_state *s = state;
-    kd_exec_destroy(&s->e);
+    if (!s->skinny) kd_exec_destroy(&s->e);
     free(s);
 }
 
@@ -1000,15 +1012,35 @@ static kiln_status cgemm_compile(const struct kiln_compile_ctx *cc, int64_t grou
         return KILN_OK;
     struct cgemm_state *s = calloc(1, sizeof *s);
     if (!s) return kiln_node_error(cc->node, KILN_ERR_OUT_OF_MEMORY, "out of memory compiling");
-    int handled = 0;
-    kiln_status st = kd_exec_build(&s->e, kd_work_threads(cc, 2.0 * (double)R * (double)K * (double)M),
-                                   cgemm_make, &b, &handled);
-    if (st != KILN_OK || !handled) {
-        free(s);
-        return st;
+    /* up to KILN_SKINNY_MAX_M rows (CGEMM_MAX_ROWS is no more): the product on Kiln's
+     * streaming kernel (simd/skinny.c) where the SIMD table has the activation */
+    int has_act = 0;
+    enum simd_unary act = SIMD_RELU;
+    float act_alpha = 0, act_beta = 0;
+    size_t base = 0;
+    if (R <= KILN_SKINNY_MAX_M && kiln_skinny_enabled() &&
+        kiln_simd_fused_activation(cc->node, &has_act, &act, &act_alpha, &act_beta)) {
+        kiln_status st = kiln_skinny_init(&s->sk, cc->weights, cc->in_value[1], R, K, M, 1, 1.0f);
+        if (st != KILN_OK) {
+            free(s);
+            return st;
+        }
+        s->skinny = 1;
+        s->sk.has_act = has_act;
+        s->sk.act = act;
+        s->sk.act_alpha = act_alpha;
+        s->sk.act_beta = act_beta;
+    } else {
+        int handled = 0;
+        kiln_status st = kd_exec_build(&s->e, kd_work_threads(cc, 2.0 * (double)R * (double)K * (double)M),
+                                       cgemm_make, &b, &handled);
+        if (st != KILN_OK || !handled) {
+            free(s);
+            return st;
+        }
+        base = (kd_exec_scratch(&s->e) + 63) / 64 * 64;
+        exec_shift_scratch(&s->e, base);
     }
-    size_t base = (kd_exec_scratch(&s->e) + 63) / 64 * 64;
-    exec_shift_scratch(&s->e, base);
     s->col_off = base;
     s->dst_off = base + (dnnl_memory_desc_get_size(&b.src) + 63) / 64 * 64;
     s->total = s->dst_off + (dnnl_memory_desc_get_size(&b.dst) + 63) / 64 * 64;
@@ -1031,11 +1063,15 @@ static kiln_status cgemm_compile(const struct kiln_compile_ctx *cc, int64_t grou
     s->yb = ly;
     s->xc = kiln_layout_channels(s->c, lx);
     s->yc = kiln_layout_channels(M, ly);
-    inst->name = fused ? "dnnl_fused_conv_gemm" : "dnnl_conv_gemm";
-    kd_inst_impl(inst, &s->e);
-    char impl[sizeof inst->impl];
-    snprintf(impl, sizeof impl, "matmul:%.39s", inst->impl);
-    snprintf(inst->impl, sizeof inst->impl, "%s", impl);
+    if (s->skinny) {
+        inst->name = fused ? "f32_skinny_fused_conv" : "f32_skinny_conv";
+    } else {
+        inst->name = fused ? "dnnl_fused_conv_gemm" : "dnnl_conv_gemm";
+        kd_inst_impl(inst, &s->e);
+        char impl[sizeof inst->impl];
+        snprintf(impl, sizeof impl, "matmul:%.39s", inst->impl);
+        snprintf(inst->impl, sizeof inst->impl, "%s", impl);
+    }
     inst->state = s;
     inst->run = cgemm_run;
     inst->destroy = cgemm_destroy;

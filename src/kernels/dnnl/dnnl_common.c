@@ -114,7 +114,9 @@ int kd_append_activation(const struct kiln_node *n, dnnl_post_ops_t po)
 
 struct pack_arg {
     const struct kiln_node *node;
-    const void *data; /* the f32 source, described by src */
+    const void *data; /* the f32 source, described by src; NULL: w's data, read when the
+                         cache packs (after it brought a released weight back) */
+    const kiln_tensor *w;
     dnnl_memory_desc_t src, dst;
     float scale;
 };
@@ -125,6 +127,8 @@ static void pack_free(void *p) { free(p); }
 static kiln_status pack_run(void *arg, void **packed, size_t *bytes, void (**free_fn)(void *))
 {
     struct pack_arg *p = arg;
+    const void *src = p->data ? p->data : p->w->data;
+    if (!src) return kiln_node_error(p->node, KILN_ERR_INTERNAL, "a weight to pack has no data");
     dnnl_engine_t eng = kd_engine();
     size_t sz = dnnl_memory_desc_get_size(&p->dst);
     void *buf = aligned_alloc(64, (sz + 63) / 64 * 64 + 64);
@@ -141,7 +145,7 @@ static kiln_status pack_run(void *arg, void **packed, size_t *bytes, void (**fre
     if (r == dnnl_success)
         r = dnnl_reorder_primitive_desc_create(&pd, &p->src, eng, &p->dst, eng, attr);
     if (r == dnnl_success) r = dnnl_primitive_create(&prim, pd);
-    if (r == dnnl_success) r = dnnl_memory_create(&ms, &p->src, eng, (void *)p->data);
+    if (r == dnnl_success) r = dnnl_memory_create(&ms, &p->src, eng, (void *)src);
     if (r == dnnl_success) r = dnnl_memory_create(&md, &p->dst, eng, buf);
     if (r == dnnl_success) r = dnnl_stream_create(&stream, eng, dnnl_stream_default_flags);
     if (r == dnnl_success) {
@@ -221,7 +225,9 @@ kiln_status kd_pack_weights(const struct kiln_compile_ctx *cc, const kiln_tensor
                             const char *what, const dnnl_memory_desc_t *src_md,
                             const dnnl_memory_desc_t *dst_md, float scale, void **packed)
 {
-    return kd_pack_weights_from(cc, w, w->data, what, src_md, dst_md, scale, packed);
+    /* the data is read when the cache packs: a weight another kernel's pack let the plan
+     * release is brought back first (kiln_weight_cache_get) */
+    return kd_pack_weights_from(cc, w, NULL, what, src_md, dst_md, scale, packed);
 }
 
 kiln_status kd_pack_weights_from(const struct kiln_compile_ctx *cc, const kiln_tensor *w,
@@ -233,7 +239,7 @@ kiln_status kd_pack_weights_from(const struct kiln_compile_ctx *cc, const kiln_t
     *packed = NULL;
     if (!md_tag(what, scale, src_md, dst_md, tag, sizeof tag))
         return KILN_OK; /* a format the tag cannot spell: leave the node to the reference */
-    struct pack_arg arg = {cc->node, data, *src_md, *dst_md, scale};
+    struct pack_arg arg = {cc->node, data, w, *src_md, *dst_md, scale};
     if (!cc->weights) /* no cache (a caller without one): not expected from plans */
         return kiln_node_error(cc->node, KILN_ERR_INTERNAL, "no weight cache to pack into");
     kiln_status st = kiln_weight_cache_get(cc->weights, w, tag, pack_run, &arg, packed);

@@ -95,7 +95,9 @@ kiln_status kd_pack_weights(const struct kiln_compile_ctx *cc, const kiln_tensor
                             const dnnl_memory_desc_t *dst_md, float scale, void **packed);
 /* kd_pack_weights from data (f32, described by src_md) derived from the constant w, which
  * stays the cache key: `what` must name the derivation (a packing made on a cache miss
- * reads data, so it must live until this returns). */
+ * reads data, so it must live until this returns). data NULL: w's own data, read when the
+ * cache packs, after it brought back a weight that an earlier plan released (another
+ * kernel's pack of the same weight may have let it go). */
 kiln_status kd_pack_weights_from(const struct kiln_compile_ctx *cc, const kiln_tensor *w,
                                  const void *data, const char *what,
                                  const dnnl_memory_desc_t *src_md,

@@ -31,8 +31,8 @@ struct pw_state {
     int64_t n, c, m;          /* images, input and output channels */
     int64_t xs, ys;           /* floats per image in X and Y (block padding included) */
     const float *wt;          /* [C][M], owned by the weight cache */
-    const float *bp;          /* or (few images) W in the skinny kernel's panels */
-    int64_t cols, panels, grain;
+    int skinny;               /* few images: sk runs the product */
+    struct kiln_skinny sk;
     int has_bias;
     enum simd_unary act;
     int has_act;
@@ -60,27 +60,13 @@ static void pw_range(void *arg, int64_t begin, int64_t end)
     }
 }
 
-/* Few images: panels [p0, p1) of the output channels for every image (skinny_body.h). */
-static void pw_panels(void *arg, int64_t p0, int64_t p1)
-{
-    const struct pw_job *j = arg;
-    const struct pw_state *s = j->s;
-    s->k->skinny_gemm(s->n, s->c, s->m, 1.0f, j->x, s->xs, s->bp, p0, p1, j->y, s->ys);
-    int64_t c0 = p0 * s->cols, c1 = p1 * s->cols < s->m ? p1 * s->cols : s->m;
-    for (int64_t i = 0; i < s->n; i++) {
-        float *y = j->y + i * s->ys + c0;
-        if (j->b) s->k->binary(SIMD_ADD, SIMD_B_VEC, y, j->b + c0, y, c1 - c0);
-        if (s->has_act) s->k->unary(s->act, s->alpha, s->beta, y, y, c1 - c0);
-    }
-}
-
 static kiln_status pw_run(void *state, struct kiln_run_ctx *ctx)
 {
     const struct pw_state *s = state;
     struct pw_job j = {s, ctx->in[0]->data, s->has_bias ? ctx->in[2]->data : NULL,
                        ctx->out[0]->data};
-    if (s->bp) {
-        kiln_parallel_for(ctx->threads, s->panels, s->grain, pw_panels, &j);
+    if (s->skinny) {
+        kiln_skinny_run(&s->sk, j.x, s->xs, j.b, NULL, 0, j.y, s->ys, ctx->threads);
         if (s->ys > s->m)
             for (int64_t i = 0; i < s->n; i++)
                 memset(j.y + i * s->ys + s->m, 0, (size_t)(s->ys - s->m) * sizeof(float));
@@ -173,14 +159,13 @@ kiln_status kiln_simd_pointwise_compile(const struct kiln_compile_ctx *cc,
         return KILN_OK;
     void *packed = NULL;
     kiln_status rc;
-    if (st.n <= KILN_SKINNY_MAX_M) { /* few images: a stream through W, split by channels */
-        const float *bp;
-        st.cols = st.k->skinny_cols;
-        st.panels = (st.m + st.cols - 1) / st.cols;
-        int64_t per_panel = st.n * st.c * st.cols;
-        st.grain = (65536 + per_panel - 1) / per_panel;
-        rc = kiln_simd_skinny_pack(cc->weights, cc->in_value[1], st.c, st.m, 1, st.cols, &bp);
-        st.bp = bp;
+    if (st.n <= KILN_SKINNY_MAX_M && kiln_skinny_enabled()) { /* few images: a stream through W */
+        rc = kiln_skinny_init(&st.sk, cc->weights, cc->in_value[1], st.n, st.c, st.m, 1, 1.0f);
+        st.skinny = 1;
+        st.sk.has_act = st.has_act;
+        st.sk.act = st.act;
+        st.sk.act_alpha = st.alpha;
+        st.sk.act_beta = st.beta;
     } else {
         struct pw_pack_arg pa = {cc->in_value[1], st.c, st.m};
         rc = kiln_weight_cache_get(cc->weights, cc->in_value[1], "simd_conv1x1:CM", pw_pack, &pa,

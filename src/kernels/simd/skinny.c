@@ -29,44 +29,46 @@
 #include "kernels/simd/skinny.h"
 
 struct sk_state {
-    const struct simd_kernels *k;
-    int64_t m, kk, n, cols, panels;
-    float alpha;
-    const float *bp; /* packed, owned by the weight cache */
-    int has_bias, has_sum, has_act;
-    enum simd_unary act;
-    float act_alpha, act_beta;
-    int64_t grain; /* panels per chunk at least */
+    struct kiln_skinny sk;
+    int has_bias, has_sum;
     char name[40];
 };
 
 struct sk_job {
-    const struct sk_state *s;
+    const struct kiln_skinny *s;
     const float *a, *bias, *sum;
+    int64_t lda, lds, ldy;
     float *y;
 };
 
 static void sk_range(void *arg, int64_t p0, int64_t p1)
 {
     const struct sk_job *j = arg;
-    const struct sk_state *s = j->s;
-    s->k->skinny_gemm(s->m, s->kk, s->n, s->alpha, j->a, s->kk, s->bp, p0, p1, j->y, s->n);
-    if (!s->has_bias && !s->has_sum && !s->has_act) return;
+    const struct kiln_skinny *s = j->s;
+    s->k->skinny_gemm(s->m, s->kk, s->n, s->alpha, j->a, j->lda, s->bp, p0, p1, j->y, j->ldy);
+    if (!j->bias && !j->sum && !s->has_act) return;
     int64_t c0 = p0 * s->cols, c1 = p1 * s->cols < s->n ? p1 * s->cols : s->n;
     for (int64_t i = 0; i < s->m; i++) {
-        float *y = j->y + i * s->n + c0;
-        if (s->has_bias) s->k->binary(SIMD_ADD, SIMD_B_VEC, y, j->bias + c0, y, c1 - c0);
-        if (s->has_sum) s->k->binary(SIMD_ADD, SIMD_B_VEC, y, j->sum + i * s->n + c0, y, c1 - c0);
+        float *y = j->y + i * j->ldy + c0;
+        if (j->bias) s->k->binary(SIMD_ADD, SIMD_B_VEC, y, j->bias + c0, y, c1 - c0);
+        if (j->sum) s->k->binary(SIMD_ADD, SIMD_B_VEC, y, j->sum + i * j->lds + c0, y, c1 - c0);
         if (s->has_act) s->k->unary(s->act, s->act_alpha, s->act_beta, y, y, c1 - c0);
     }
+}
+
+void kiln_skinny_run(const struct kiln_skinny *s, const float *a, int64_t lda, const float *bias,
+                     const float *sum, int64_t lds, float *y, int64_t ldy, int threads)
+{
+    struct sk_job j = {s, a, bias, sum, lda, lds, ldy, y};
+    kiln_parallel_for(threads, s->panels, s->grain, sk_range, &j);
 }
 
 static kiln_status sk_run(void *state, struct kiln_run_ctx *ctx)
 {
     const struct sk_state *s = state;
-    struct sk_job j = {s, ctx->in[0]->data, s->has_bias ? ctx->in[2]->data : NULL,
-                       s->has_sum ? ctx->in[3]->data : NULL, ctx->out[0]->data};
-    kiln_parallel_for(ctx->threads, s->panels, s->grain, sk_range, &j);
+    kiln_skinny_run(&s->sk, ctx->in[0]->data, s->sk.kk, s->has_bias ? ctx->in[2]->data : NULL,
+                    s->has_sum ? ctx->in[3]->data : NULL, s->sk.n, ctx->out[0]->data, s->sk.n,
+                    ctx->threads);
     return KILN_OK;
 }
 
@@ -100,15 +102,34 @@ static kiln_status sk_pack(void *arg, void **packed, size_t *bytes, void (**free
     return KILN_OK;
 }
 
-kiln_status kiln_simd_skinny_pack(struct kiln_weight_cache *cache, const kiln_tensor *w,
-                                  int64_t k, int64_t n, int tb, int64_t cols, const float **packed)
+bool kiln_skinny_enabled(void)
 {
-    struct sk_pack_arg pa = {w, k, n, cols, (n + cols - 1) / cols, tb};
+    const char *env = getenv("KILN_SKINNY");
+    return !(env && !strcmp(env, "0"));
+}
+
+kiln_status kiln_skinny_init(struct kiln_skinny *s, struct kiln_weight_cache *cache,
+                             const kiln_tensor *w, int64_t m, int64_t k, int64_t n, int tb,
+                             float alpha)
+{
+    memset(s, 0, sizeof *s);
+    s->k = simd_kernels_for();
+    s->m = m;
+    s->kk = k;
+    s->n = n;
+    s->alpha = alpha;
+    s->cols = s->k->skinny_cols;
+    s->panels = (n + s->cols - 1) / s->cols;
+    /* chunks of at least ~64k multiply-adds (a few us), so that small products stay on
+     * one thread */
+    int64_t per_panel = m * k * s->cols;
+    s->grain = (65536 + per_panel - 1) / per_panel;
+    struct sk_pack_arg pa = {w, k, n, s->cols, s->panels, tb};
     char tag[48];
-    snprintf(tag, sizeof tag, "simd_skinny:%d:%lld", tb, (long long)cols);
+    snprintf(tag, sizeof tag, "simd_skinny:%d:%lld", tb, (long long)s->cols);
     void *p = NULL;
     kiln_status rc = kiln_weight_cache_get(cache, w, tag, sk_pack, &pa, &p);
-    *packed = p;
+    s->bp = p;
     return rc;
 }
 
@@ -116,8 +137,7 @@ kiln_status kiln_simd_skinny_compile(const struct kiln_compile_ctx *cc,
                                      struct kiln_kernel_inst *inst)
 {
     const struct kiln_node *n = cc->node;
-    const char *env = getenv("KILN_SKINNY");
-    if (env && !strcmp(env, "0")) return KILN_OK;
+    if (!kiln_skinny_enabled()) return KILN_OK;
     if (cc->precision != 0 || cc->n_in < 2 || cc->n_out < 1 || !cc->in_value ||
         !cc->in_value[1] || !cc->weights)
         return KILN_OK;
@@ -142,54 +162,53 @@ kiln_status kiln_simd_skinny_compile(const struct kiln_compile_ctx *cc,
         if (n->op == KILN_OP_Gemm) beta = kiln_attr_float(n, "beta", 1.0f);
     }
     if (ta != 0 || (tb != 0 && tb != 1)) return KILN_OK;
-    struct sk_state st = {.k = simd_kernels_for(), .alpha = alpha};
-    st.kk = tb ? b->dims[1] : b->dims[0];
-    st.n = tb ? b->dims[0] : b->dims[1];
-    if (st.kk <= 0 || st.n <= 0 || a->dims[a->rank - 1] != st.kk || y->dims[y->rank - 1] != st.n)
+    struct sk_state st;
+    memset(&st, 0, sizeof st);
+    const int64_t kk = tb ? b->dims[1] : b->dims[0], nn = tb ? b->dims[0] : b->dims[1];
+    if (kk <= 0 || nn <= 0 || a->dims[a->rank - 1] != kk || y->dims[y->rank - 1] != nn)
         return KILN_OK;
     int64_t ac = kiln_shape_count(a->rank, a->dims);
-    if (ac <= 0 || ac % st.kk) return KILN_OK;
-    st.m = ac / st.kk;
-    if (st.m > KILN_SKINNY_MAX_M || kiln_shape_count(y->rank, y->dims) != st.m * st.n)
-        return KILN_OK;
+    if (ac <= 0 || ac % kk) return KILN_OK;
+    const int64_t mm = ac / kk;
+    if (mm > KILN_SKINNY_MAX_M || kiln_shape_count(y->rank, y->dims) != mm * nn) return KILN_OK;
     for (int i = 0; i < a->rank - 1; i++) /* A's leading dims are Y's: no broadcasting */
         if (a->dims[i] != y->dims[i]) return KILN_OK;
     const struct kiln_type *bias = cc->n_in > 2 ? cc->in[2] : NULL;
     if (n->op == KILN_OP_Gemm && beta == 0.0f) bias = NULL;
     if (bias) {
         if (beta != 1.0f || bias->dtype != KILN_DTYPE_F32 || bias->rank < 1 ||
-            bias->dims[bias->rank - 1] != st.n || kiln_shape_count(bias->rank, bias->dims) != st.n)
+            bias->dims[bias->rank - 1] != nn || kiln_shape_count(bias->rank, bias->dims) != nn)
             return KILN_OK;
         st.has_bias = 1;
     }
     if (n->op == KILN_OP_KilnFusedMatMul) {
         const struct kiln_type *sum = cc->n_in > 3 ? cc->in[3] : NULL;
         if (sum) {
-            if (sum->dtype != KILN_DTYPE_F32 || kiln_shape_count(sum->rank, sum->dims) != st.m * st.n ||
-                sum->dims[sum->rank - 1] != st.n)
+            if (sum->dtype != KILN_DTYPE_F32 || kiln_shape_count(sum->rank, sum->dims) != mm * nn ||
+                sum->dims[sum->rank - 1] != nn)
                 return KILN_OK;
             st.has_sum = 1;
         }
-        if (!kiln_simd_fused_activation(n, &st.has_act, &st.act, &st.act_alpha, &st.act_beta))
-            return KILN_OK;
     }
-    st.cols = st.k->skinny_cols;
-    st.panels = (st.n + st.cols - 1) / st.cols;
-    /* chunks of at least ~64k multiply-adds (a few us), so that small products stay on
-     * one thread */
-    int64_t per_panel = st.m * st.kk * st.cols;
-    st.grain = (65536 + per_panel - 1) / per_panel;
-    const float *packed;
-    kiln_status rc = kiln_simd_skinny_pack(cc->weights, cc->in_value[1], st.kk, st.n, (int)tb,
-                                           st.cols, &packed);
+    int has_act = 0;
+    enum simd_unary act = SIMD_RELU;
+    float act_alpha = 0, act_beta = 0;
+    if (n->op == KILN_OP_KilnFusedMatMul &&
+        !kiln_simd_fused_activation(n, &has_act, &act, &act_alpha, &act_beta))
+        return KILN_OK;
+    kiln_status rc = kiln_skinny_init(&st.sk, cc->weights, cc->in_value[1], mm, kk, nn, (int)tb,
+                                      alpha);
     if (rc != KILN_OK) return rc;
+    st.sk.has_act = has_act;
+    st.sk.act = act;
+    st.sk.act_alpha = act_alpha;
+    st.sk.act_beta = act_beta;
     struct sk_state *s = malloc(sizeof *s);
     if (!s) return kiln_node_error(n, KILN_ERR_OUT_OF_MEMORY, "out of memory compiling");
     *s = st;
-    s->bp = packed;
     snprintf(s->name, sizeof s->name, "f32_skinny_%s_%s",
              n->op == KILN_OP_MatMul ? "matmul" : n->op == KILN_OP_Gemm ? "gemm" : "fused_matmul",
-             s->k->isa);
+             s->sk.k->isa);
     inst->name = s->name;
     inst->state = s;
     inst->run = sk_run;

@@ -1,15 +1,43 @@
 /*
  * skinny.h - Kiln's own product of a few rows by a large constant matrix
- * (skinny.c), tried by the matrix-product family (dnnl/matmul.c) before
- * oneDNN's product.
+ * (skinny.c): the matrix-product family (dnnl/matmul.c) tries it before
+ * oneDNN's product; pointwise.c (1x1 convolutions of 1x1 images) and the
+ * convolutions of a few output pixels (dnnl/conv.c, after im2col) run it
+ * through struct kiln_skinny.
  */
 #ifndef KILN_KERNELS_SIMD_SKINNY_H
 #define KILN_KERNELS_SIMD_SKINNY_H
 
 #include "kernels/fast.h"
+#include "kernels/simd/simd.h"
 
 /* Rows of A (the product of its leading dims) up to which the kernel is taken. */
 #define KILN_SKINNY_MAX_M 16
+
+/* Y = act(alpha * A B + bias + Sum) for m rows, with B packed once. */
+struct kiln_skinny {
+    const struct simd_kernels *k;
+    int64_t m, kk, n;         /* rows, depth, columns */
+    int64_t cols, panels, grain;
+    float alpha;
+    const float *bp;          /* B in panels, owned by the weight cache */
+    int has_act;
+    enum simd_unary act;
+    float act_alpha, act_beta;
+};
+
+/* Fill s for m rows by B = w ([k][n], or [n][k] with tb), B packed through the
+ * weight cache (shared by every kernel that packs the same w the same way);
+ * the activation none (set has_act / act / act_alpha / act_beta after). */
+kiln_status kiln_skinny_init(struct kiln_skinny *s, struct kiln_weight_cache *cache,
+                             const kiln_tensor *w, int64_t m, int64_t k, int64_t n, int tb,
+                             float alpha);
+
+/* Y (rows ldy apart) = act(alpha * A B + bias + Sum) with A's rows lda apart, the
+ * bias ([n]) and Sum (rows lds apart) optional, split across up to `threads`
+ * threads by panels of columns. */
+void kiln_skinny_run(const struct kiln_skinny *s, const float *a, int64_t lda, const float *bias,
+                     const float *sum, int64_t lds, float *y, int64_t ldy, int threads);
 
 /* Compile cc's node (MatMul, Gemm or KilnFusedMatMul) when it is an fp32
  * product of at most KILN_SKINNY_MAX_M rows by a constant 2-D B (Gemm's
@@ -20,10 +48,7 @@
 kiln_status kiln_simd_skinny_compile(const struct kiln_compile_ctx *cc,
                                      struct kiln_kernel_inst *inst);
 
-/* B (w: [k][n], or [n][k] with tb) packed in panels of cols columns for the
- * table's skinny_gemm, through the weight cache (shared by every kernel that
- * asks for the same tb and cols). */
-kiln_status kiln_simd_skinny_pack(struct kiln_weight_cache *cache, const kiln_tensor *w,
-                                  int64_t k, int64_t n, int tb, int64_t cols, const float **packed);
+/* Whether KILN_SKINNY=0 is not in the environment. */
+bool kiln_skinny_enabled(void);
 
 #endif
