@@ -8,6 +8,18 @@
 #ifndef KILN_KERNELS_SIMD_SIMD_MATH_H
 #define KILN_KERNELS_SIMD_SIMD_MATH_H
 
+/* e^r for the reduced argument r (|r| <= ln2 / 2, plus lo): the Cephes expf polynomial. */
+static inline vf v_exp_reduced(vf r)
+{
+    vf p = vset(1.9875691500e-4f);
+    p = vfma(p, r, vset(1.3981999507e-3f));
+    p = vfma(p, r, vset(8.3334519073e-3f));
+    p = vfma(p, r, vset(4.1665795894e-2f));
+    p = vfma(p, r, vset(1.6666665459e-1f));
+    p = vfma(p, r, vset(5.0000001201e-1f));
+    return vfma(p, r * r, r) + vset(1.0f);
+}
+
 /* exp(hi + lo) with |lo| < 2; Cody-Waite reduction (hi's part exact), the
  * Cephes expf polynomial, and 2^n applied in two halves so that results
  * overflow to inf and underflow gradually through the denormals (in one
@@ -18,14 +30,7 @@ static inline vf v_exp2s(vf hi, vf lo, float shift)
     vf n = vround((hi + lo) * vset(1.44269504088896341f));
     vf r = vfma(n, vset(-0.693359375f), hi);
     r = vfma(n, vset(2.12194440e-4f), r);
-    r = r + lo;
-    vf p = vset(1.9875691500e-4f);
-    p = vfma(p, r, vset(1.3981999507e-3f));
-    p = vfma(p, r, vset(8.3334519073e-3f));
-    p = vfma(p, r, vset(4.1665795894e-2f));
-    p = vfma(p, r, vset(1.6666665459e-1f));
-    p = vfma(p, r, vset(5.0000001201e-1f));
-    vf y = vfma(p, r * r, r) + vset(1.0f);
+    vf y = v_exp_reduced(r + lo);
 #ifdef KILN_V_SCALEF
     return vscalef(y, n + vset(shift)); /* y * 2^(n + shift), one rounding */
 #else
@@ -53,14 +58,7 @@ static inline vf v_exp_normal(vf x)
     vf n = vround(x * vset(1.44269504088896341f));
     vf r = vfma(n, vset(-0.693359375f), x);
     r = vfma(n, vset(2.12194440e-4f), r);
-    vf p = vset(1.9875691500e-4f);
-    p = vfma(p, r, vset(1.3981999507e-3f));
-    p = vfma(p, r, vset(8.3334519073e-3f));
-    p = vfma(p, r, vset(4.1665795894e-2f));
-    p = vfma(p, r, vset(1.6666665459e-1f));
-    p = vfma(p, r, vset(5.0000001201e-1f));
-    vf y = vfma(p, r * r, r) + vset(1.0f);
-    return y * vpow2i(n);
+    return v_exp_reduced(r) * vpow2i(n);
 #endif
 }
 
