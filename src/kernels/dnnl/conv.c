@@ -1026,10 +1026,7 @@ static kiln_status cgemm_compile(const struct kiln_compile_ctx *cc, int64_t grou
             return st;
         }
         s->skinny = 1;
-        s->sk.has_act = has_act;
-        s->sk.act = act;
-        s->sk.act_alpha = act_alpha;
-        s->sk.act_beta = act_beta;
+        kiln_skinny_set_act(&s->sk, has_act, act, act_alpha, act_beta);
     } else {
         int handled = 0;
         kiln_status st = kd_exec_build(&s->e, kd_work_threads(cc, 2.0 * (double)R * (double)K * (double)M),

@@ -162,10 +162,7 @@ kiln_status kiln_simd_pointwise_compile(const struct kiln_compile_ctx *cc,
     if (st.n <= KILN_SKINNY_MAX_M && kiln_skinny_enabled()) { /* few images: a stream through W */
         rc = kiln_skinny_init(&st.sk, cc->weights, cc->in_value[1], st.n, st.c, st.m, 1, 1.0f);
         st.skinny = 1;
-        st.sk.has_act = st.has_act;
-        st.sk.act = st.act;
-        st.sk.act_alpha = st.alpha;
-        st.sk.act_beta = st.beta;
+        kiln_skinny_set_act(&st.sk, st.has_act, st.act, st.alpha, st.beta);
     } else {
         struct pw_pack_arg pa = {cc->in_value[1], st.c, st.m};
         rc = kiln_weight_cache_get(cc->weights, cc->in_value[1], "simd_conv1x1:CM", pw_pack, &pa,

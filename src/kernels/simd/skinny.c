@@ -199,10 +199,7 @@ kiln_status kiln_simd_skinny_compile(const struct kiln_compile_ctx *cc,
     kiln_status rc = kiln_skinny_init(&st.sk, cc->weights, cc->in_value[1], mm, kk, nn, (int)tb,
                                       alpha);
     if (rc != KILN_OK) return rc;
-    st.sk.has_act = has_act;
-    st.sk.act = act;
-    st.sk.act_alpha = act_alpha;
-    st.sk.act_beta = act_beta;
+    kiln_skinny_set_act(&st.sk, has_act, act, act_alpha, act_beta);
     struct sk_state *s = malloc(sizeof *s);
     if (!s) return kiln_node_error(n, KILN_ERR_OUT_OF_MEMORY, "out of memory compiling");
     *s = st;

@@ -33,6 +33,16 @@ kiln_status kiln_skinny_init(struct kiln_skinny *s, struct kiln_weight_cache *ca
                              const kiln_tensor *w, int64_t m, int64_t k, int64_t n, int tb,
                              float alpha);
 
+/* The fused activation (from kiln_simd_fused_activation) s applies after the sums. */
+static inline void kiln_skinny_set_act(struct kiln_skinny *s, int has_act, enum simd_unary act,
+                                       float alpha, float beta)
+{
+    s->has_act = has_act;
+    s->act = act;
+    s->act_alpha = alpha;
+    s->act_beta = beta;
+}
+
 /* Y (rows ldy apart) = act(alpha * A B + bias + Sum) with A's rows lda apart, the
  * bias ([n]) and Sum (rows lds apart) optional, split across up to `threads`
  * threads by panels of columns. */
