@@ -200,7 +200,9 @@ static void ref_float(const struct mm_case *c, struct one_node *t, int round_inp
         }
 }
 
-/* Compile the node for `precision` and run it; NULL when the kernel declined. */
+/* Compile the node for `precision` and run it; NULL when the kernel declined.
+ * *name points at a copy of the kernel's name: the instance owns its name and
+ * frees it with its state. */
 static kiln_tensor *run_fast(struct one_node *t, int precision, int threads, const char **name)
 {
     struct kiln_node *n = &t->g->nodes[0];
@@ -238,7 +240,9 @@ static kiln_tensor *run_fast(struct one_node *t, int precision, int threads, con
     kiln_status st = f->compile(&cc, &inst);
     if (st != KILN_OK) fprintf(stderr, "compile: %s\n", kiln_last_error());
     if (st == KILN_OK && inst.run) {
-        *name = inst.name;
+        static char name_copy[128];
+        snprintf(name_copy, sizeof name_copy, "%s", inst.name ? inst.name : "");
+        *name = name_copy;
         if (kiln_tensor_new(KILN_DTYPE_F32, yt.rank, yt.dims, &y) != KILN_OK) abort();
         float *yd = y->data;
         for (int64_t i = 0; i < kiln_tensor_count(y); i++) yd[i] = NAN;

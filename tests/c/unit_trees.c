@@ -339,7 +339,9 @@ static int run_fast(struct tcase *c, kiln_tensor *x, int threads, kiln_tensor **
     struct kiln_kernel_inst inst = {0};
     if (f->compile(&cc, &inst) != KILN_OK) abort();
     if (!inst.run) return 0;
-    *kernel = inst.name;
+    static char name_copy[128]; /* the instance frees its name with its state */
+    snprintf(name_copy, sizeof name_copy, "%s", inst.name ? inst.name : "");
+    *kernel = name_copy;
     new_outs(c, types, out, 1);
     kiln_tensor *ins[1] = {x};
     struct kiln_run_ctx rc = {.node = c->node, .n_in = 1, .in = ins, .n_out = c->n_out, .out = out,
