@@ -47,6 +47,21 @@ static inline vf vcopysign(vf mag, vf sign)
     const vf s = _mm256_set1_ps(-0.0f);
     return _mm256_or_ps(_mm256_andnot_ps(s, mag), _mm256_and_ps(s, sign));
 }
+/* Lanes [0, n) of p, the others `fill` (vld_part), and lanes [0, n) of v to p (vst_part),
+ * through vmaskmovps: no lane at or past n is touched. A stack buffer's scalar stores
+ * followed by a vector load stall store forwarding, which dominated short rows. */
+#define SIMD_HAVE_PART 1
+static inline __m256i vpart_mask(int64_t n)
+{
+    int c = n < 0 ? 0 : n > W ? W : (int)n;
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(c), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+static inline vf vld_part(const float *p, int64_t n, float fill)
+{
+    __m256i m = vpart_mask(n);
+    return _mm256_blendv_ps(_mm256_set1_ps(fill), _mm256_maskload_ps(p, m), _mm256_castsi256_ps(m));
+}
+static inline void vst_part(float *p, vf v, int64_t n) { _mm256_maskstore_ps(p, vpart_mask(n), v); }
 static inline float vhsum(vf a)
 {
     __m128 v = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));

@@ -17,10 +17,12 @@
  *   vround(a)              to nearest integer value (ties even)
  *   vpow2i(n)              2^n for integer-valued n in [-126, 127]
  * Arithmetic + - * / uses the C operators (GCC vector extensions).
- * Tails shorter than W go through a W-float stack buffer.
+ * Tails shorter than W: vld_part and vst_part, masked where the ISA defines
+ * SIMD_HAVE_PART (a W-float stack buffer otherwise).
  */
 #include <string.h>
 
+#ifndef SIMD_HAVE_PART /* the ISA's masked loads and stores, where it has them */
 static inline vf vld_part(const float *p, int64_t n, float fill)
 {
     float buf[W];
@@ -34,6 +36,7 @@ static inline void vst_part(float *p, vf v, int64_t n)
     vst(buf, v);
     memcpy(p, buf, (size_t)n * sizeof(float));
 }
+#endif
 
 /* ---- Math ---- */
 #ifndef SIMD_SCALAR

@@ -15,6 +15,17 @@ typedef __mmask16 vm;
 static inline vf vld(const float *p) { return _mm512_loadu_ps(p); }
 static inline void vst(float *p, vf v) { _mm512_storeu_ps(p, v); }
 static inline vf vset(float x) { return _mm512_set1_ps(x); }
+/* lanes [0, n) of p, the others `fill`; lanes [0, n) of v to p (masked: nothing past n) */
+#define SIMD_HAVE_PART 1
+static inline __mmask16 vpart_mask(int64_t n)
+{
+    return n <= 0 ? 0 : n >= W ? (__mmask16)0xffff : (__mmask16)((1u << n) - 1);
+}
+static inline vf vld_part(const float *p, int64_t n, float fill)
+{
+    return _mm512_mask_loadu_ps(_mm512_set1_ps(fill), vpart_mask(n), p);
+}
+static inline void vst_part(float *p, vf v, int64_t n) { _mm512_mask_storeu_ps(p, vpart_mask(n), v); }
 static inline vf vfma(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); }
 static inline vf vmaxs(vf a, vf b) { return _mm512_max_ps(a, b); }
 static inline vf vmins(vf a, vf b) { return _mm512_min_ps(a, b); }
