@@ -187,6 +187,56 @@ static const struct kiln_kernel_def *forced_kernel;
 static bool case_weight_cache;
 /* The precision each compile asks for (kiln_precision: 0 fp32, 1 bf16, 2 int8). */
 static int case_precision;
+/* The storage of input 0 and output 0 (a 4-D float32 tensor each) in the fast runs:
+ * 0 plain, or 8 / 16 channel-blocked ([N][ceil(C/b)][H][W][b], padding lanes zero), as
+ * the layout pass stores values. The cases stay plain; run_fast_ex converts the input
+ * to the layout and the output back, and fails a blocked output whose padding lanes are
+ * not zero (the next kernel may read them). */
+static int case_layout;
+/* Output 0's storage when it differs from input 0's (-1: the same as case_layout). */
+static int case_layout_out = -1;
+
+/* Element count of a [N][C][H][W] tensor stored blocked by b. */
+static inline int64_t kc_blocked_count(const int64_t *d, int b)
+{
+    return d[0] * ((d[1] + b - 1) / b * b) * d[2] * d[3];
+}
+
+/* A copy of plain 4-D x stored blocked by b, padding lanes zero; dims stay x's. */
+static inline kiln_tensor *kc_to_blocked(const kiln_tensor *x, int b)
+{
+    int64_t flat = kc_blocked_count(x->dims, b);
+    kiln_tensor *t;
+    if (kiln_tensor_new(KILN_DTYPE_F32, 1, &flat, &t) != KILN_OK) abort();
+    t->rank = 4;
+    memcpy(t->dims, x->dims, sizeof t->dims);
+    const float *s = x->data;
+    float *o = t->data;
+    int64_t N = x->dims[0], C = x->dims[1], HW = x->dims[2] * x->dims[3], CB = (C + b - 1) / b;
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t c = 0; c < C; c++)
+            for (int64_t p = 0; p < HW; p++)
+                o[((n * CB + c / b) * HW + p) * b + c % b] = s[(n * C + c) * HW + p];
+    return t;
+}
+
+/* Plain copy of x, stored blocked by b; *pad_bad when a padding lane is not zero. */
+static inline kiln_tensor *kc_from_blocked(const kiln_tensor *x, int b, bool *pad_bad)
+{
+    kiln_tensor *t;
+    if (kiln_tensor_new(KILN_DTYPE_F32, 4, x->dims, &t) != KILN_OK) abort();
+    const float *s = x->data;
+    float *o = t->data;
+    int64_t N = x->dims[0], C = x->dims[1], HW = x->dims[2] * x->dims[3], CB = (C + b - 1) / b;
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t c = 0; c < CB * b; c++)
+            for (int64_t p = 0; p < HW; p++) {
+                float v = s[((n * CB + c / b) * HW + p) * b + c % b];
+                if (c < C) o[(n * C + c) * HW + p] = v;
+                else if (v != 0.0f) *pad_bad = true;
+            }
+    return t;
+}
 
 /* Compile the fast kernel under KILN_ISA=isa (or forced_kernel) and run it on `threads`
  * threads. *handled = whether compile took the node; name (64 bytes, may
@@ -204,7 +254,15 @@ static inline kiln_status run_fast_ex(struct case_node *c, const char *isa, int 
     if (st != KILN_OK) return st;
     const struct kiln_type *in_p[MAX_IO], *out_p[MAX_IO];
     const kiln_tensor *in_v[MAX_IO];
-    int layouts[MAX_IO] = {0};
+    int layouts[MAX_IO] = {0}, out_layouts[MAX_IO] = {0};
+    const int blk_in = case_layout, blk = case_layout_out >= 0 ? case_layout_out : case_layout;
+    if (blk_in || blk) {
+        if (!c->in[0] || c->in[0]->rank != 4 || c->in[0]->dtype != KILN_DTYPE_F32 ||
+            types[0].rank != 4 || types[0].dtype != KILN_DTYPE_F32)
+            abort(); /* a generator asked for a layout its case cannot have */
+        layouts[0] = blk_in;
+        out_layouts[0] = blk;
+    }
     for (int i = 0; i < c->n_in; i++) {
         in_p[i] = NULL;
         in_v[i] = c->is_const[i] ? c->in[i] : NULL;
@@ -218,7 +276,7 @@ static inline kiln_status run_fast_ex(struct case_node *c, const char *isa, int 
     if (case_weight_cache && kiln_weight_cache_new(&wc) != KILN_OK) abort();
     struct kiln_compile_ctx cc = {
         .node = c->node, .n_in = c->n_in, .in = in_p, .in_value = in_v, .in_layout = layouts,
-        .n_out = c->n_out, .out = out_p, .out_layout = layouts, .weights = wc,
+        .n_out = c->n_out, .out = out_p, .out_layout = out_layouts, .weights = wc,
         .threads = threads, .precision = case_precision,
     };
     struct kiln_kernel_inst inst = {0};
@@ -238,9 +296,15 @@ static inline kiln_status run_fast_ex(struct case_node *c, const char *isa, int 
     if (name) snprintf(name, 64, "%s", inst.name);
     for (int k = 0; k < c->n_out; k++) {
         if (!c->out_wanted[k]) continue;
-        if (kiln_tensor_new_uninit(types[k].dtype, types[k].rank, types[k].dims, &out[k]) !=
-            KILN_OK)
+        if (k == 0 && blk) { /* blocked storage with the plain dims */
+            int64_t flat = kc_blocked_count(types[0].dims, blk);
+            if (kiln_tensor_new_uninit(KILN_DTYPE_F32, 1, &flat, &out[0]) != KILN_OK) abort();
+            out[0]->rank = 4;
+            memcpy(out[0]->dims, types[0].dims, sizeof out[0]->dims);
+        } else if (kiln_tensor_new_uninit(types[k].dtype, types[k].rank, types[k].dims,
+                                          &out[k]) != KILN_OK) {
             abort();
+        }
         memset(out[k]->data, 0xff, out[k]->nbytes); /* NaN garbage: every element must be written */
     }
     void *scratch = NULL;
@@ -250,6 +314,9 @@ static inline kiln_status run_fast_ex(struct case_node *c, const char *isa, int 
     }
     kiln_tensor *ins[MAX_IO];
     memcpy(ins, c->in, sizeof ins);
+    kiln_tensor *blocked_in = blk_in ? kc_to_blocked(c->in[0], blk_in) : NULL;
+    if (blk_in) ins[0] = blocked_in;
+    if (blk_in || blk) inplace = false;
     int ii = inst.inplace_input; /* 0, or the input a fused Sum reads (KilnFusedConv's 3) */
     if (inplace && inst.inplace && out[0] && ii >= 0 && ii < c->n_in && c->in[ii] &&
         out[0]->nbytes == c->in[ii]->nbytes) {
@@ -262,6 +329,15 @@ static inline kiln_status run_fast_ex(struct case_node *c, const char *isa, int 
                               .out = out, .scratch = scratch, .threads = threads};
     st = inst.run(inst.state, &rc);
     free(scratch);
+    kiln_tensor_free(blocked_in);
+    if (blk && out[0]) { /* back to plain */
+        bool pad_bad = false;
+        kiln_tensor *plain = kc_from_blocked(out[0], blk, &pad_bad);
+        CHECK(!pad_bad, "%s: padding lanes of the output blocked by %d are not zero",
+              inst.name ? inst.name : "kernel", blk);
+        kiln_tensor_free(out[0]);
+        out[0] = plain;
+    }
     kiln_kernel_inst_destroy(&inst);
     kiln_weight_cache_free(wc);
     return st;

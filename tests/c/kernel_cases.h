@@ -1384,6 +1384,22 @@ static void pool_case(enum kiln_op op, int rank, const int64_t *dims, const stru
              p ? p->ceil : 0, p ? p->include_pad : 0, p && p->auto_pad ? p->auto_pad : "",
              indices ? " with Indices" : "");
     check_case(&c, label, 1e-5, 1e-6, expect);
+    /* 2-D windows and global pools also on the layout pass's channel-blocked storage (a
+     * global pool's [N, C, 1, 1] output blocked, or plain as before a Flatten) */
+    if (rank == 4 && !indices && (expect == 1 || !p) &&
+        !(op == KILN_OP_AveragePool && p && p->ceil && p->include_pad)) {
+        for (int b = 8; b <= 16; b += 8)
+            for (int plain_out = 0; plain_out <= (p ? 0 : 1); plain_out++) {
+                char lb[200];
+                snprintf(lb, sizeof lb, "%s, blocked by %d%s", label, b,
+                         plain_out ? " into a plain output" : "");
+                case_layout = b;
+                case_layout_out = plain_out ? 0 : -1;
+                check_case(&c, lb, 1e-5, 1e-6, expect);
+                case_layout = 0;
+                case_layout_out = -1;
+            }
+    }
     cn_free(&c);
 }
 

@@ -111,6 +111,18 @@ struct simd_rnn_step {
     float *z, *rh;            /* GRU lbr=0: z and r * h of the step [rows][H] */
 };
 
+/* One output row of a 2-D MaxPool / AveragePool over channels-inner pixels (pool.c,
+ * pool_body.h): rows[0..nrows) are the input rows the window covers (each iw pixels of
+ * `inner` floats), y gets ow pixels. Window kw taps, stride sw, dilation dw, left pad pw;
+ * pr is the declared right pad and rows_counted the window's rows inside the input or its
+ * declared padding (AveragePool with count_include_pad). */
+enum simd_pool_kind { SIMD_POOL_MAX, SIMD_POOL_AVG };
+struct simd_pool_row {
+    int64_t iw, ow, kw, sw, dw, pw, pr, inner, rows_counted;
+    int kind;        /* enum simd_pool_kind */
+    int include_pad; /* AveragePool: the divisor counts the padding taps */
+};
+
 struct simd_kernels {
     const char *isa; /* "avx512", "avx2", "scalar" */
     int lanes;       /* floats per vector */
@@ -155,6 +167,13 @@ struct simd_kernels {
                         int64_t lda, const float *bp, int64_t p0, int64_t p1, float *c,
                         int64_t ldc);
     int skinny_cols;
+    /* 2-D pooling of channels-inner pixels (struct simd_pool_row above). */
+    void (*pool_row)(const float *const *rows, int nrows, float *y,
+                     const struct simd_pool_row *p);
+    /* y[c] for c < n_out <= inner: max (kind SIMD_POOL_MAX) or sum * scale of
+     * x[p * inner + c] over pixels p < pixels. */
+    void (*pool_global)(const float *x, int64_t pixels, int64_t inner, float *y, int64_t n_out,
+                        int kind, float scale);
     int fma_loop_flops;
 };
 

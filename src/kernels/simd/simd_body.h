@@ -609,6 +609,7 @@ static float k_fma_loop(int64_t iters)
 
 #include "kernels/simd/rnn_body.h"
 #include "kernels/simd/skinny_body.h"
+#include "kernels/simd/pool_body.h"
 
 const struct simd_kernels SIMD_TABLE = {
     .isa = SIMD_ISA,
@@ -628,6 +629,8 @@ const struct simd_kernels SIMD_TABLE = {
     .rnn_cell = k_rnn_cell,
     .skinny_gemm = k_skinny_gemm,
     .skinny_cols = SK_U * W,
+    .pool_row = k_pool_row,
+    .pool_global = k_pool_global,
 };
 #undef SK_U
 #undef FMA_CHAINS
