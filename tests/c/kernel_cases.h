@@ -1423,6 +1423,13 @@ static void test_pool_family(void)
         const struct pool_spec p1 = {1, 3, 2, 1, 1, 0, 0, NULL}, p3 = {3, 2, 2, 0, 1, 1, 0, NULL};
         int64_t d3[3] = {2, 5, 21}, d5[5] = {1, 3, 5, 6, 7}, big[4] = {2, 64, 56, 56};
         pool_case(ops[o], 3, d3, &p1, false, 1);
+        /* 1-D: stride 1 (W outputs at a time), dilated, and non-overlapping k = s = 4 */
+        const struct pool_spec s1 = {1, 3, 1, 1, 1, 0, 0, NULL}, sd = {1, 3, 1, 2, 2, 0, 1, NULL},
+                               s4 = {1, 4, 4, 0, 1, 1, 0, NULL};
+        int64_t d1[3] = {2, 3, 53}, dl1[3] = {1, 17, 1981};
+        pool_case(ops[o], 3, d1, &s1, false, 1);
+        pool_case(ops[o], 3, d1, &sd, false, 1);
+        pool_case(ops[o], 3, dl1, &s4, false, 1);
         pool_case(ops[o], 5, d5, &p3, false, 1);
         pool_case(ops[o], 4, big, &specs[0], false, 1);
     }

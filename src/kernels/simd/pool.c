@@ -3,14 +3,16 @@
  * GlobalMaxPool on float32 channel-blocked (nChw8c / nChw16c) and
  * channels-last values, where a pixel's channels are consecutive floats and
  * each window tap is a run of vector loads (the loops: pool_body.h, one per
- * SIMD table). The global pools also take plain NCHW values (a row
+ * SIMD table), 1-D windows over plain [N, C, L] values (stride-1 windows
+ * W outputs at a time), and the global pools, plain NCHW included (a row
  * reduction per channel).
  *
  * Why not only oneDNN's pooling primitive (dnnl/pool.c, below these in the
  * pooling family's list, pool.def): on the small images of a CNN's later
  * stages its fixed cost per call is tens of microseconds, several times the
  * work (squeezenet1_1's three 3x3 max pools took 16% of the model at batch
- * 1). Declined here and left to it: plain NCHW windows, 1-D and 3-D windows,
+ * 1), and its plain 1-D pooling is a slow reference loop (1.2 ms of a 1.5 ms
+ * audio model). Declined here and left to it: plain 2-D windows, 3-D windows,
  * MaxPool's Indices output, windows with no input element, other dtypes.
  *
  * Geometry is the reference's (kiln_window_resolve): ceil_mode's extra room
@@ -160,18 +162,24 @@ static kiln_status spool_compile(const struct kiln_compile_ctx *cc, struct kiln_
             }
         }
     } else {
-        if (x->rank != 4) return KILN_OK;
-        if (!(lx == KILN_LAYOUT_NHWC || lx == 8 || lx == 16) || ly != lx) return KILN_OK;
+        /* 2-D windows channels-inner; 1-D windows on plain [N, C, L] (oneDNN's plain 1-D
+         * pooling is its slow reference loop); plain 2-D stays with oneDNN */
+        int nsp = x->rank - 2;
+        if (nsp == 2) {
+            if (!(lx == KILN_LAYOUT_NHWC || lx == 8 || lx == 16) || ly != lx) return KILN_OK;
+        } else if (nsp != 1 || lx || ly) {
+            return KILN_OK;
+        }
         int ceil_mode = kiln_attr_int(n, "ceil_mode", 0) != 0;
         int include_pad = kiln_attr_int(n, "count_include_pad", 0) != 0;
         int64_t so = kiln_attr_int(n, "storage_order", 0);
         struct kiln_window w;
-        kiln_status rs = kiln_window_resolve(n, 2, x->dims + 2, NULL, ceil_mode, &w);
+        kiln_status rs = kiln_window_resolve(n, nsp, x->dims + 2, NULL, ceil_mode, &w);
         if (kiln_attr_check(n) != KILN_OK || rs != KILN_OK || so < 0 || so > 1) {
             kiln_error_clear();
             return KILN_OK; /* the reference reports it */
         }
-        for (int i = 0; i < 2; i++) {
+        for (int i = 0; i < nsp; i++) {
             if (w.out[i] != y->dims[i + 2] || w.kernel[i] < 1 || w.stride[i] < 1 ||
                 w.dilation[i] < 1)
                 return KILN_OK;
@@ -179,28 +187,35 @@ static kiln_status spool_compile(const struct kiln_compile_ctx *cc, struct kiln_
             int64_t room = (w.out[i] - 1) * w.stride[i] + span - w.in[i] - w.pad_begin[i];
             if (w.pad_begin[i] >= span || room >= span) return KILN_OK; /* an empty window */
         }
-        if (w.kernel[0] > 64) return KILN_OK; /* window_range's row list */
-        if (lx == KILN_LAYOUT_NHWC) {
+        if (nsp == 2 && w.kernel[0] > 64) return KILN_OK; /* window_range's row list */
+        if (nsp == 1) { /* one row of one channel per slice */
+            st.outer = N * C;
+            st.row.inner = 1;
+            st.ih = st.oh = st.kh = st.sh = st.dh = 1;
+        } else if (lx == KILN_LAYOUT_NHWC) {
             st.outer = N;
             st.row.inner = C;
         } else {
             st.outer = N * ((C + lx - 1) / lx);
             st.row.inner = lx;
         }
-        st.ih = w.in[0];
-        st.oh = w.out[0];
-        st.kh = w.kernel[0];
-        st.sh = w.stride[0];
-        st.dh = w.dilation[0];
-        st.ph = w.pad_begin[0];
-        st.pb = w.pad_end[0];
-        st.row.iw = w.in[1];
-        st.row.ow = w.out[1];
-        st.row.kw = w.kernel[1];
-        st.row.sw = w.stride[1];
-        st.row.dw = w.dilation[1];
-        st.row.pw = w.pad_begin[1];
-        st.row.pr = w.pad_end[1];
+        if (nsp == 2) {
+            st.ih = w.in[0];
+            st.oh = w.out[0];
+            st.kh = w.kernel[0];
+            st.sh = w.stride[0];
+            st.dh = w.dilation[0];
+            st.ph = w.pad_begin[0];
+            st.pb = w.pad_end[0];
+        }
+        const int wx = nsp - 1; /* the row's dim */
+        st.row.iw = w.in[wx];
+        st.row.ow = w.out[wx];
+        st.row.kw = w.kernel[wx];
+        st.row.sw = w.stride[wx];
+        st.row.dw = w.dilation[wx];
+        st.row.pw = w.pad_begin[wx];
+        st.row.pr = w.pad_end[wx];
         st.row.kind = st.kind;
         st.row.include_pad = n->op == KILN_OP_AveragePool && include_pad;
     }

@@ -95,9 +95,109 @@ static void pool_quads(const float *const *rows, int nrows, float *y, int64_t lo
 #undef POOL_QUADS
 }
 
+/* A row of plain storage (inner 1: one channel's rows, as a 1-D pool's [N, C, L] keeps
+ * them): stride-1 windows inside the row W outputs at a time (consecutive outputs read
+ * consecutive inputs), everything else one output at a time. */
+static void pool_plain_row(const float *const *rows, int nrows, float *y,
+                           const struct simd_pool_row *p)
+{
+    const int64_t dw = p->dw, kw = p->kw, sw = p->sw;
+    const bool avg = p->kind == SIMD_POOL_AVG;
+    int64_t lo = (p->pw + sw - 1) / sw, hi = 0;
+    int64_t last = p->iw - 1 - (kw - 1) * dw + p->pw;
+    if (last >= 0) hi = last / sw + 1;
+    if (hi > p->ow) hi = p->ow;
+    int64_t vend = lo; /* outputs [lo, vend) done by vectors */
+    if (sw == 1 && nrows > 0 && hi - lo >= W) {
+        const vf sc = vset(avg ? 1.0f / (float)((p->include_pad ? p->rows_counted : nrows) * kw)
+                               : 1.0f);
+        for (; vend + W <= hi; vend += W) {
+            const int64_t x0 = vend - p->pw;
+            vf acc = vld(rows[0] + x0);
+            for (int r = 0; r < nrows; r++)
+                for (int64_t kx = r == 0 ? 1 : 0; kx < kw; kx++) {
+                    vf v = vld(rows[r] + x0 + kx * dw);
+                    if (avg) acc = acc + v;
+                    else acc = pool_max_step(acc, v);
+                }
+            if (avg) acc = acc * sc;
+            vst(y + vend, acc);
+        }
+    }
+    if (nrows > 0 && hi > vend) { /* the rest of the interior: every tap valid, no division */
+        const float sc = avg ? 1.0f / (float)((p->include_pad ? p->rows_counted : nrows) * kw)
+                             : 1.0f;
+        int64_t ox = vend;
+        for (; ox + 8 <= hi; ox += 8) { /* eight independent chains */
+            const int64_t x0 = ox * sw - p->pw;
+            float acc[8];
+            for (int j = 0; j < 8; j++) acc[j] = rows[0][x0 + j * sw];
+            for (int r = 0; r < nrows; r++) {
+                const float *xr = rows[r] + x0;
+                for (int64_t kx = r == 0 ? 1 : 0; kx < kw; kx++)
+                    for (int j = 0; j < 8; j++) {
+                        float v = xr[j * sw + kx * dw];
+                        if (avg) acc[j] += v;
+                        else acc[j] = v != v ? v : v > acc[j] ? v : acc[j];
+                    }
+            }
+            for (int j = 0; j < 8; j++) y[ox + j] = avg ? acc[j] * sc : acc[j];
+        }
+        for (; ox < hi; ox++) {
+            const int64_t x0 = ox * sw - p->pw;
+            float acc = rows[0][x0];
+            for (int r = 0; r < nrows; r++) {
+                const float *xr = rows[r] + x0;
+                for (int64_t kx = r == 0 ? 1 : 0; kx < kw; kx++) {
+                    float v = xr[kx * dw];
+                    if (avg) acc += v;
+                    else acc = v != v ? v : v > acc ? v : acc;
+                }
+            }
+            y[ox] = avg ? acc * sc : acc;
+        }
+        vend = hi > vend ? hi : vend;
+    }
+    for (int64_t ox = 0; ox < p->ow; ox++) {
+        if (ox == lo && vend > lo) {
+            ox = vend - 1;
+            continue;
+        }
+        const int64_t x0 = ox * sw - p->pw;
+        int64_t k0 = x0 >= 0 ? 0 : (-x0 + dw - 1) / dw;
+        int64_t k1 = (p->iw - x0 + dw - 1) / dw;
+        if (k1 > kw) k1 = kw;
+        if (k1 <= k0 || nrows <= 0) {
+            y[ox] = 0.0f;
+            continue;
+        }
+        float acc = rows[0][x0 + k0 * dw];
+        for (int r = 0; r < nrows; r++)
+            for (int64_t kx = r == 0 ? k0 + 1 : k0; kx < k1; kx++) {
+                float v = rows[r][x0 + kx * dw];
+                if (avg) acc += v;
+                else acc = v != v ? v : v > acc ? v : acc;
+            }
+        if (avg) {
+            int64_t cols = k1 - k0, cnt = (int64_t)nrows * cols;
+            if (p->include_pad) {
+                cols = (p->iw + p->pr - x0 + dw - 1) / dw;
+                if (cols > kw) cols = kw;
+                cnt = p->rows_counted * cols;
+            }
+            acc /= (float)cnt;
+        }
+        y[ox] = acc;
+    }
+}
+
 static void k_pool_row(const float *const *rows, int nrows, float *y,
                        const struct simd_pool_row *p)
 {
+    if (p->inner == 1) {
+        pool_plain_row(rows, nrows, y, p);
+        return;
+    }
     const int64_t in = p->inner, dw = p->dw;
     const bool avg = p->kind == SIMD_POOL_AVG;
     /* [lo, hi): the pixels whose windows lie inside the row */
