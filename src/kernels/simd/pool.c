@@ -110,7 +110,10 @@ static kiln_status spool_run(void *state, struct kiln_run_ctx *ctx)
         kiln_parallel_for(ctx->threads, s->outer, grain, global_range, &j);
         return KILN_OK;
     }
-    int64_t per = s->row.ow * s->row.inner * s->kh * s->row.kw; /* element taps of one row */
+    /* a row's element taps; a plain row with stride > 1 takes its taps one by one, about
+     * the cost of a vector's each */
+    int64_t lanes = s->row.inner == 1 && s->row.sw > 1 ? s->k->lanes : s->row.inner;
+    int64_t per = s->row.ow * lanes * s->kh * s->row.kw;
     int64_t grain = per >= SIMD_GRAIN_CHEAP ? 1 : SIMD_GRAIN_CHEAP / (per > 0 ? per : 1);
     kiln_parallel_for(ctx->threads, s->outer * s->oh, grain, window_range, &j);
     return KILN_OK;
