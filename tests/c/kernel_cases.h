@@ -337,6 +337,51 @@ static void test_layernorm(void)
     layernorm_case(3, big, -1, true, false);
 }
 
+/* InstanceNormalization (groups 0) or GroupNormalization of x [dims], scale and bias per
+ * channel (or per group before opset 21), constant or not. */
+static void groupnorm_case(int rank, const int64_t *dims, int64_t groups, int opset, bool konst,
+                           float shift)
+{
+    struct case_node c;
+    enum kiln_op op = groups ? KILN_OP_GroupNormalization : KILN_OP_InstanceNormalization;
+    cn_init(&c, op, groups ? opset : 6, 3, 1);
+    attr_float(&c, "epsilon", groups ? 1e-3f : 1e-5f);
+    if (groups) attr_int(&c, "num_groups", groups);
+    int64_t per = groups && opset < 21 ? groups : dims[1];
+    kiln_tensor *x = tensor_f32(rank, dims), *sc = tensor_f32(1, &per), *bi = tensor_f32(1, &per);
+    for (size_t i = 0; i < x->nbytes / 4; i++) ((float *)x->data)[i] = 3.0f * rng_normal() + shift;
+    for (int64_t i = 0; i < per; i++) {
+        ((float *)sc->data)[i] = rng_uniform(-1.5f, 1.5f);
+        ((float *)bi->data)[i] = rng_normal();
+    }
+    cn_input(&c, 0, x, false);
+    cn_input(&c, 1, sc, konst);
+    cn_input(&c, 2, bi, konst);
+    char label[160], sd[64];
+    snprintf(label, sizeof label, "%s %s groups %lld opset %d%s mean %g", kiln_op_name(op),
+             kiln_shape_str(rank, dims, sd, 64), (long long)groups, groups ? opset : 6,
+             konst ? " constant scale" : "", (double)shift);
+    check_case(&c, label, 2e-5, 2e-5, 1);
+    cn_free(&c);
+}
+
+static void test_groupnorm(void)
+{
+    for (int s = 0; s < N_SIZES - 1; s++) { /* planes of 1 to 33 pixels: tails, one pixel */
+        int64_t d4[4] = {2, 3, sizes[s], 1 + (s & 1)}, d3[3] = {1, 4, sizes[s]};
+        groupnorm_case(4, d4, 0, 6, s & 1, 0.0f);
+        groupnorm_case(3, d3, 0, 6, true, 2.0f);
+    }
+    int64_t img[4] = {2, 32, 24, 24}, vol[5] = {1, 6, 3, 4, 5}, far[3] = {2, 8, 300};
+    groupnorm_case(4, img, 0, 6, true, 0.5f);
+    groupnorm_case(5, vol, 0, 6, false, -1.0f);
+    groupnorm_case(3, far, 0, 6, true, 1000.0f); /* a mean far from zero against a std of 3 */
+    groupnorm_case(4, img, 8, 18, true, 0.0f);   /* scale and bias per group */
+    groupnorm_case(4, img, 8, 21, false, 0.0f);  /* per channel */
+    groupnorm_case(5, vol, 3, 21, true, 0.3f);
+    groupnorm_case(4, img, 32, 21, true, 0.0f);
+}
+
 /* ---- Gather, Slice, Pad, Transpose, Concat (copy.def) ---- */
 
 static void test_gather(void)
@@ -2066,6 +2111,7 @@ static void kcase_binary(void) { test_binary(); }
 static void kcase_binary_bcast(void) { test_binary_bcast(); }
 static void kcase_softmax(void) { test_softmax(); }
 static void kcase_layernorm(void) { test_layernorm(); }
+static void kcase_groupnorm(void) { test_groupnorm(); }
 static void kcase_gather_rows(void) { test_gather(); }
 static void kcase_gather_axis(void) { test_gather_axis(); }
 static void kcase_gather_channels(void) { test_gather_channels(); }

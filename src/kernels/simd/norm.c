@@ -200,3 +200,104 @@ static kiln_status layernorm_compile(const struct kiln_compile_ctx *cc,
     return KILN_OK;
 }
 SIMD_VARIANTS(layernorm, layernorm_compile)
+
+/* ---- InstanceNormalization, GroupNormalization ----
+ *
+ * Plain [N, C, ...] storage: each (image, group) is one contiguous row of (C / G) * sp
+ * floats (sp: the spatial size; InstanceNormalization is G = C), normalized by the row's
+ * statistics, then each channel's run of sp floats scaled and shifted by its own scale and
+ * bias (GroupNormalization before opset 21: the group's). Scale and bias are read at run
+ * time (they need not be constants). */
+
+struct groupnorm_state {
+    const struct simd_kernels *k;
+    int64_t rows, groups, cpg, sp; /* rows = N * groups; cpg channels a group */
+    bool per_group;                /* scale and bias per group (GroupNormalization < 21) */
+    float eps;
+    char name[40];
+};
+
+struct groupnorm_job {
+    const struct groupnorm_state *s;
+    const float *x, *scale, *bias;
+    float *y;
+};
+
+static void groupnorm_range(void *arg, int64_t begin, int64_t end)
+{
+    const struct groupnorm_job *j = arg;
+    const struct groupnorm_state *s = j->s;
+    const int64_t len = s->cpg * s->sp;
+    for (int64_t r = begin; r < end; r++) {
+        const float *x = j->x + r * len;
+        float *y = j->y + r * len;
+        float mean, inv, delta;
+        s->k->row_stats(x, len, s->eps, &mean, &inv, &delta);
+        int64_t g = r % s->groups;
+        for (int64_t c = 0; c < s->cpg; c++) { /* (x - mean) a + bias, mean exact */
+            int64_t pi = s->per_group ? g : g * s->cpg + c;
+            float a = inv * j->scale[pi];
+            s->k->norm_affine(x + c * s->sp, y + c * s->sp, s->sp, mean, a,
+                              j->bias[pi] - delta * a);
+        }
+    }
+}
+
+static kiln_status groupnorm_run(void *state, struct kiln_run_ctx *ctx)
+{
+    const struct groupnorm_state *s = state;
+    struct groupnorm_job j = {s, ctx->in[0]->data, ctx->in[1]->data, ctx->in[2]->data,
+                              ctx->out[0]->data};
+    int64_t len = s->cpg * s->sp, grain = len >= SIMD_GRAIN_NORM ? 1 : SIMD_GRAIN_NORM / len;
+    kiln_parallel_for(ctx->threads, s->rows, grain, groupnorm_range, &j);
+    return KILN_OK;
+}
+
+bool kiln_k_groupnorm_covers(const struct kiln_compile_ctx *cc)
+{
+    return cc->n_in >= 3 && is_f32(cc->in[0]) && is_f32(cc->in[1]) && is_f32(cc->in[2]) &&
+           cc->in[0]->rank >= 2 && cc->n_out >= 1 && is_f32(cc->out[0]);
+}
+
+static kiln_status groupnorm_compile(const struct kiln_compile_ctx *cc,
+                                     struct kiln_kernel_inst *inst, const struct simd_kernels *k)
+{
+    const struct kiln_node *n = cc->node;
+    const struct kiln_type *x = cc->in[0];
+    if (!kiln_k_groupnorm_covers(cc)) return KILN_OK;
+    if ((cc->in_layout && cc->in_layout[0]) || (cc->out_layout && cc->out_layout[0]))
+        return KILN_OK; /* plain storage only */
+    int64_t C = x->dims[1], sp = dims_product(x->dims, 2, x->rank);
+    int64_t groups = C;
+    bool per_group = false;
+    if (n->op == KILN_OP_GroupNormalization) {
+        if (!kiln_node_attr(n, "num_groups")) return KILN_OK; /* the reference reports it */
+        groups = kiln_attr_int(n, "num_groups", 0);
+        if (groups <= 0 || C % groups != 0) return KILN_OK;
+        per_group = n->opset < 21;
+    }
+    int64_t want = per_group ? groups : C;
+    if (kiln_shape_count(cc->in[1]->rank, cc->in[1]->dims) != want ||
+        kiln_shape_count(cc->in[2]->rank, cc->in[2]->dims) != want)
+        return KILN_OK; /* the reference names the bad count */
+    if (x->dims[0] <= 0 || C <= 0 || sp <= 0) return KILN_OK;
+    struct groupnorm_state *s = calloc(1, sizeof *s);
+    if (!s) return kiln_node_error(n, KILN_ERR_OUT_OF_MEMORY, "out of memory compiling");
+    s->k = k;
+    s->groups = groups;
+    s->rows = x->dims[0] * groups;
+    s->cpg = C / groups;
+    s->sp = sp;
+    s->per_group = per_group;
+    s->eps = kiln_attr_float(n, "epsilon", 1e-5f);
+    snprintf(s->name, sizeof s->name, "f32_%s_%s",
+             n->op == KILN_OP_GroupNormalization ? "groupnorm" : "instancenorm", k->isa);
+    inst->state = s;
+    inst->destroy = free;
+    inst->run = groupnorm_run;
+    inst->name = s->name;
+    inst->inplace = 1; /* each row's statistics are taken before the row is written */
+    return KILN_OK;
+}
+SIMD_VARIANTS(instancenorm, groupnorm_compile)
+SIMD_VARIANTS(groupnorm, groupnorm_compile)

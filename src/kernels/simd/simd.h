@@ -167,6 +167,13 @@ struct simd_kernels {
                         int64_t lda, const float *bp, int64_t p0, int64_t p1, float *c,
                         int64_t ldc);
     int skinny_cols;
+    /* *mean (rounded to float) and *inv = 1 / sqrt(variance + eps) of x[0..n) (population
+     * variance, the sums in double across blocks of floats, as layernorm_rows); *delta (if
+     * not NULL) = the exact mean - *mean, for a caller to fold into its shift. */
+    void (*row_stats)(const float *x, int64_t n, float eps, float *mean, float *inv,
+                      float *delta);
+    /* y[i] = (x[i] - mean) * a + b for i < n; y may be x. */
+    void (*norm_affine)(const float *x, float *y, int64_t n, float mean, float a, float b);
     /* 2-D pooling of channels-inner pixels (struct simd_pool_row above). */
     void (*pool_row)(const float *const *rows, int nrows, float *y,
                      const struct simd_pool_row *p);

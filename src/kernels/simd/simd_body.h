@@ -568,6 +568,33 @@ static void k_layernorm_rows(const float *x, float *y, int64_t rows, int64_t n, 
     }
 }
 
+static void k_row_stats(const float *x, int64_t n, float eps, float *mean, float *inv,
+                        float *delta)
+{
+    double m = k_row_sum(x, n, false, 0.0f) / (double)n;
+    float mf = (float)m;
+    double d = m - (double)mf; /* the float mean's rounding, which the caller may fold in */
+    double var = k_row_sum(x, n, true, mf) / (double)n - d * d;
+    *mean = mf;
+    *inv = (float)(1.0 / sqrt((var > 0 ? var : 0) + (double)eps));
+    if (delta) *delta = (float)d;
+}
+
+static void k_norm_affine(const float *x, float *y, int64_t n, float mean, float a, float b)
+{
+    const vf mv = vset(mean), av = vset(a), bv = vset(b);
+    int64_t i = 0;
+    for (; i + 2 * W <= n; i += 2 * W) {
+        vf x0 = vld(x + i), x1 = vld(x + i + W);
+        vst(y + i, vfma(x0 - mv, av, bv));
+        vst(y + i + W, vfma(x1 - mv, av, bv));
+    }
+    for (; i < n; i += W) {
+        int64_t m = n - i < W ? n - i : W;
+        vst_part(y + i, vfma(vld_part(x + i, m, 0.0f) - mv, av, bv), m);
+    }
+}
+
 /* ---- Transpose ----
  *
  * dst[c * ldd + r] = src[r * lds + c] for r < rows, c < cols: W x W tiles transposed in
@@ -630,6 +657,8 @@ const struct simd_kernels SIMD_TABLE = {
     .skinny_gemm = k_skinny_gemm,
     .skinny_cols = SK_U * W,
     .pool_row = k_pool_row,
+    .row_stats = k_row_stats,
+    .norm_affine = k_norm_affine,
     .pool_global = k_pool_global,
 };
 #undef SK_U
