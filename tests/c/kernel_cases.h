@@ -382,6 +382,50 @@ static void test_groupnorm(void)
     groupnorm_case(4, img, 32, 21, true, 0.0f);
 }
 
+/* Pow(x, e) with a constant scalar exponent e of dtype dt: the products, quotient and square
+ * roots the fast kernel computes (2, 3, 0.5, -1, -0.5) within a few ulp of the reference's
+ * pow() in double; any other exponent, or one that is not a constant, stays with the
+ * reference. */
+static void pow_case(double e, kiln_dtype dt, bool konst, const float *xs, int64_t n,
+                     const char *tag, int expect)
+{
+    struct case_node c;
+    cn_init(&c, KILN_OP_Pow, 15, 2, 1);
+    kiln_tensor *x = tensor_f32(1, &n), *et;
+    memcpy(x->data, xs, (size_t)n * sizeof(float));
+    if (kiln_tensor_new(dt, 0, NULL, &et) != KILN_OK) abort();
+    if (dt == KILN_DTYPE_F32) ((float *)et->data)[0] = (float)e;
+    else ((int64_t *)et->data)[0] = (int64_t)e;
+    cn_input(&c, 0, x, false);
+    cn_input(&c, 1, et, konst);
+    char label[96];
+    snprintf(label, sizeof label, "Pow(x, %g %s%s) %s n=%lld", e, kiln_dtype_name(dt),
+             konst ? "" : ", not constant", tag, (long long)n);
+    check_case(&c, label, 1e-6, 1e-37, expect);
+    cn_free(&c);
+}
+
+static void test_pow(void)
+{
+    static const double exps[] = {2, 3, 0.5, -1, -0.5};
+    float *buf = malloc(100003 * sizeof(float));
+    for (size_t k = 0; k < sizeof exps / sizeof exps[0]; k++) {
+        float lo = exps[k] == 0.5 || exps[k] == -0.5 ? 0.0f : -30.0f;
+        for (int s = 0; s < N_SIZES; s++) {
+            for (int64_t i = 0; i < sizes[s]; i++) buf[i] = rng_uniform(lo, 30.0f);
+            pow_case(exps[k], KILN_DTYPE_F32, true, buf, sizes[s], "random", 1);
+        }
+        pow_case(exps[k], KILN_DTYPE_F32, true, specials, N_SPECIALS, "specials", 1);
+        for (int64_t i = 0; i < 100003; i++) buf[i] = rng_uniform(lo, 30.0f);
+        pow_case(exps[k], KILN_DTYPE_F32, true, buf, 100003, "threaded", 1);
+    }
+    for (int64_t i = 0; i < 64; i++) buf[i] = rng_uniform(-4.0f, 4.0f);
+    pow_case(2, KILN_DTYPE_I64, true, buf, 64, "random", 1);
+    pow_case(2, KILN_DTYPE_F32, false, buf, 64, "random", 0);
+    pow_case(1.7, KILN_DTYPE_F32, true, buf, 64, "random", 0);
+    free(buf);
+}
+
 /* ---- Gather, Slice, Pad, Transpose, Concat (copy.def) ---- */
 
 static void test_gather(void)
@@ -2112,6 +2156,7 @@ static void kcase_binary_bcast(void) { test_binary_bcast(); }
 static void kcase_softmax(void) { test_softmax(); }
 static void kcase_layernorm(void) { test_layernorm(); }
 static void kcase_groupnorm(void) { test_groupnorm(); }
+static void kcase_pow(void) { test_pow(); }
 static void kcase_gather_rows(void) { test_gather(); }
 static void kcase_gather_axis(void) { test_gather_axis(); }
 static void kcase_gather_channels(void) { test_gather_channels(); }

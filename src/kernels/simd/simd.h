@@ -40,6 +40,11 @@ enum simd_unary {
     SIMD_SQRT,
     SIMD_NEG,
     SIMD_SILU,         /* x * sigmoid(x) */
+    SIMD_SQUARE,       /* x * x: Pow(x, 2) */
+    SIMD_CUBE,         /* x * x * x: Pow(x, 3) */
+    SIMD_RECIP,        /* 1 / x: Pow(x, -1) */
+    SIMD_RSQRT,        /* Pow(x, -0.5): 1 / sqrt(x), with pow()'s +inf at -0 and +0 at -inf */
+    SIMD_POW_HALF,     /* Pow(x, 0.5): sqrt(x), with pow()'s +0 at -0 and +inf at -inf */
 };
 
 enum simd_binary { SIMD_ADD, SIMD_SUB, SIMD_MUL, SIMD_DIV };

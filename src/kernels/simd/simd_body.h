@@ -20,6 +20,7 @@
  * Tails shorter than W: vld_part and vst_part, masked where the ISA defines
  * SIMD_HAVE_PART (a W-float stack buffer otherwise).
  */
+#include <float.h>
 #include <string.h>
 
 #ifndef SIMD_HAVE_PART /* the ISA's masked loads and stores, where it has them */
@@ -239,6 +240,15 @@ static void k_unary(enum simd_unary op, float alpha, float beta, const float *xs
     case SIMD_SQRT: UNARY_LOOP(vsqrt(x)); break;
     case SIMD_NEG: UNARY_LOOP(vneg(x)); break;
     case SIMD_SILU: UNARY_LOOP(x * v_sigmoid(x)); break;
+    case SIMD_SQUARE: UNARY_LOOP(x * x); break;
+    case SIMD_CUBE: UNARY_LOOP(x * x * x); break;
+    case SIMD_RECIP: UNARY_LOOP(vset(1.0f) / x); break;
+    case SIMD_RSQRT: /* x + 0: -0 becomes +0 */
+        UNARY_LOOP(vsel(vlt(x, vset(-FLT_MAX)), vset(1.0f) / vsqrt(x + zero), zero));
+        break;
+    case SIMD_POW_HALF:
+        UNARY_LOOP(vsel(vlt(x, vset(-FLT_MAX)), vsqrt(x + zero), vset(INFINITY)));
+        break;
     }
 }
 
