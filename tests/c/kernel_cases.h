@@ -1028,6 +1028,17 @@ static void conv_cases(bool fused)
               "1x1 image, 50 outputs");
     conv_case(fused, (int64_t[]){20, 24, 1, 1}, (int64_t[]){30, 24, 1, 1}, 1, 0, true, false, act,
               "20 1x1 images");
+    /* up to 7 output channels, stride 1, plain: Kiln's direct kernel (tails of the two
+     * pixel vectors, 1 to 7 channels in blocks of 4, a 9x9 window, dilation) */
+    conv_case(fused, (int64_t[]){1, 5, 20, 23}, (int64_t[]){3, 5, 9, 9}, 1, 4, true, false, act,
+              "9x9 to 3 channels");
+    conv_case(fused, (int64_t[]){2, 4, 9, 40}, (int64_t[]){7, 4, 3, 3}, 1, 1, false, false, act,
+              "3x3 to 7 channels");
+    conv_case(fused, (int64_t[]){3, 2, 6, 5}, (int64_t[]){1, 2, 3, 3}, 1, 0, true, false, act,
+              "3x3 to 1 channel, no pads");
+    if (fused)
+        conv_case(fused, (int64_t[]){1, 3, 17, 33}, (int64_t[]){5, 3, 5, 5}, 1, 2, true, false,
+                  "Tanh", "5x5 to 5 channels");
     /* everything else: oneDNN */
     conv_case(fused, (int64_t[]){1, 8, 9, 9}, (int64_t[]){16, 8, 3, 3}, 1, 1, true, false, act,
               "3x3");

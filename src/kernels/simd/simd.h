@@ -128,6 +128,18 @@ struct simd_pool_row {
     int include_pad; /* AveragePool: the divisor counts the padding taps */
 };
 
+/* One output row of a plain stride-1 convolution (conv_direct.c, conv_direct_body.h):
+ * y[mi * y_plane + ox] = bias[mi] + sum over ci, ky, kx of
+ *     w[((mi * c + ci) * kh + ky) * kw + kx] * x[ci * x_plane + ky * dh * x_row + kx * dw + ox]
+ * for mi < m, ox < ow; x the zero-padded input at this row's first tap, each row readable
+ * up to ow rounded up to 8 * lanes, plus (kw - 1) * dw. bias may be NULL. */
+struct simd_conv_row {
+    const float *x, *w, *bias;
+    float *y;
+    int64_t x_plane, x_row, y_plane;
+    int64_t c, m, kh, kw, dh, dw, ow;
+};
+
 struct simd_kernels {
     const char *isa; /* "avx512", "avx2", "scalar" */
     int lanes;       /* floats per vector */
@@ -179,6 +191,8 @@ struct simd_kernels {
                       float *delta);
     /* y[i] = (x[i] - mean) * a + b for i < n; y may be x. */
     void (*norm_affine)(const float *x, float *y, int64_t n, float mean, float a, float b);
+    /* One output row of a plain direct convolution (struct simd_conv_row above). */
+    void (*conv_direct_row)(const struct simd_conv_row *r);
     /* 2-D pooling of channels-inner pixels (struct simd_pool_row above). */
     void (*pool_row)(const float *const *rows, int nrows, float *y,
                      const struct simd_pool_row *p);

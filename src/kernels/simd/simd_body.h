@@ -647,6 +647,7 @@ static float k_fma_loop(int64_t iters)
 #include "kernels/simd/rnn_body.h"
 #include "kernels/simd/skinny_body.h"
 #include "kernels/simd/pool_body.h"
+#include "kernels/simd/conv_direct_body.h"
 
 const struct simd_kernels SIMD_TABLE = {
     .isa = SIMD_ISA,
@@ -667,6 +668,7 @@ const struct simd_kernels SIMD_TABLE = {
     .skinny_gemm = k_skinny_gemm,
     .skinny_cols = SK_U * W,
     .pool_row = k_pool_row,
+    .conv_direct_row = k_conv_direct_row,
     .row_stats = k_row_stats,
     .norm_affine = k_norm_affine,
     .pool_global = k_pool_global,
