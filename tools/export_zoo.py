@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""export_zoo.py - export Kiln's model zoo: 25 architectures a user might bring.
+"""export_zoo.py - export Kiln's model zoo: 30 architectures a user might bring.
 
 tools/export_models.py exports the eight benchmark models; this script exports
 a wider zoo the same way (its export_spec: random weights from a per-model
@@ -14,7 +14,9 @@ transformer, two segmentation heads) and small custom models for what
 torchvision lacks: a UNet with transposed convolutions, a dilated 1-D temporal
 convolutional network, LSTM and GRU classifiers, a GRU/LSTM
 sequence-to-sequence model, torch.nn.TransformerEncoder (packed Q/K/V
-projections) and a GPT-2-style decoder with a causal mask. Input sizes are
+projections), a GPT-2-style decoder with a causal mask, a raw-audio 1-D CNN,
+a style-transfer network (InstanceNorm, a 9x9 convolution to 3 colours), a
+GroupNorm UNet, a sub-pixel super-resolution network and an MLP-Mixer. Input sizes are
 kept small (64x64 to 96x96 images, 32-64 steps) so the whole zoo exports in a
 few minutes and runs in seconds.
 
@@ -325,6 +327,123 @@ class GPT2(nn.Module):
         return torch.matmul(self.ln_f(x), self.wte.weight.t())
 
 
+class AudioCNN(nn.Module):
+    """A raw-waveform keyword classifier (M5-style): a strided 80-tap Conv1d,
+    then Conv1d-BatchNorm1d-ReLU-MaxPool1d stages, a global average and a
+    Linear head: 1-D convolutions and 1-D pooling over plain [N, C, L]."""
+
+    def __init__(self, classes=35):
+        super().__init__()
+        layers, c = [], 1
+        for w, k, s in [(32, 80, 4), (32, 3, 1), (64, 3, 1), (128, 3, 1)]:
+            layers += [nn.Conv1d(c, w, k, stride=s), nn.BatchNorm1d(w), nn.ReLU(),
+                       nn.MaxPool1d(4 if k == 80 else 2)]
+            c = w
+        self.features = nn.Sequential(*layers)
+        self.fc = nn.Linear(c, classes)
+
+    def forward(self, x):
+        return self.fc(F.adaptive_avg_pool1d(self.features(x), 1).flatten(1))
+
+
+class StyleTransfer(nn.Module):
+    """Johnson et al.'s fast style transfer, narrowed: 9x9 and strided 3x3
+    convolutions with InstanceNorm and ReLU, three residual blocks, nearest
+    upsampling, a 9x9 convolution back to 3 colours (few output channels)."""
+
+    def __init__(self):
+        super().__init__()
+
+        def cb(a, b, k, s):
+            return nn.Sequential(nn.Conv2d(a, b, k, s, k // 2), nn.InstanceNorm2d(b, affine=True),
+                                 nn.ReLU())
+        self.enc = nn.Sequential(cb(3, 32, 9, 1), cb(32, 64, 3, 2), cb(64, 128, 3, 2))
+        self.res = nn.ModuleList([nn.Sequential(cb(128, 128, 3, 1), nn.Conv2d(128, 128, 3, 1, 1),
+                                                nn.InstanceNorm2d(128, affine=True))
+                                  for _ in range(3)])
+        self.dec = nn.Sequential(nn.Upsample(scale_factor=2), cb(128, 64, 3, 1),
+                                 nn.Upsample(scale_factor=2), cb(64, 32, 3, 1),
+                                 nn.Conv2d(32, 3, 9, 1, 4))
+
+    def forward(self, x):
+        x = self.enc(x)
+        for r in self.res:
+            x = x + r(x)
+        return self.dec(x)
+
+
+class GroupNormUNet(nn.Module):
+    """A diffusion-style UNet: residual blocks of GroupNorm(32)-SiLU-Conv3x3
+    (GroupNorm exports as Reshape, InstanceNormalization, Reshape, Mul, Add), a
+    strided down-sampling convolution, nearest up-sampling, skip Concats."""
+
+    def __init__(self, c=64):
+        super().__init__()
+        self.inp = nn.Conv2d(3, c, 3, padding=1)
+
+        def rb(a, b):
+            return nn.ModuleDict(dict(
+                n1=nn.GroupNorm(32, a), c1=nn.Conv2d(a, b, 3, padding=1),
+                n2=nn.GroupNorm(32, b), c2=nn.Conv2d(b, b, 3, padding=1),
+                sk=nn.Conv2d(a, b, 1) if a != b else nn.Identity()))
+        self.d1, self.d2, self.mid = rb(c, c), rb(c, 2 * c), rb(2 * c, 2 * c)
+        self.u2, self.u1 = rb(4 * c, c), rb(2 * c, c)
+        self.down = nn.Conv2d(c, c, 3, stride=2, padding=1)
+        self.out = nn.Conv2d(c, 3, 3, padding=1)
+
+    @staticmethod
+    def block(m, x):
+        h = m["c1"](F.silu(m["n1"](x)))
+        h = m["c2"](F.silu(m["n2"](h)))
+        return h + m["sk"](x)
+
+    def forward(self, x):
+        x = self.inp(x)
+        a = self.block(self.d1, x)
+        b = self.block(self.mid, self.block(self.d2, self.down(a)))
+        u = self.block(self.u2, torch.cat([b, b], 1))
+        u = F.interpolate(u, scale_factor=2, mode="nearest")
+        return self.out(self.block(self.u1, torch.cat([u, a], 1)))
+
+
+class ESPCN(nn.Module):
+    """Sub-pixel super-resolution (x3): a 5x5 convolution of one channel, tanh,
+    a 3x3 convolution to r^2 channels and PixelShuffle (DepthToSpace)."""
+
+    def __init__(self, r=3):
+        super().__init__()
+        self.c1 = nn.Conv2d(1, 64, 5, padding=2)
+        self.c2 = nn.Conv2d(64, 32, 3, padding=1)
+        self.c3 = nn.Conv2d(32, r * r, 3, padding=1)
+        self.ps = nn.PixelShuffle(r)
+
+    def forward(self, x):
+        return self.ps(self.c3(torch.tanh(self.c2(torch.tanh(self.c1(x))))))
+
+
+class MLPMixer(nn.Module):
+    """MLP-Mixer: 8x8 patches by a strided convolution, token-mixing and
+    channel-mixing MLPs with GELU between LayerNorms (one over a transposed
+    view), mean over tokens, a Linear head."""
+
+    def __init__(self, d=128, patches=64, layers=4, classes=10):
+        super().__init__()
+        self.stem = nn.Conv2d(3, d, 8, stride=8)
+        self.blocks = nn.ModuleList([nn.ModuleDict(dict(
+            n1=nn.LayerNorm(d), t1=nn.Linear(patches, 256), t2=nn.Linear(256, patches),
+            n2=nn.LayerNorm(d), c1=nn.Linear(d, 512), c2=nn.Linear(512, d)))
+            for _ in range(layers)])
+        self.head = nn.Linear(d, classes)
+
+    def forward(self, x):
+        x = self.stem(x).flatten(2).transpose(1, 2)
+        for b in self.blocks:
+            y = b["n1"](x).transpose(1, 2)
+            x = x + b["t2"](F.gelu(b["t1"](y))).transpose(1, 2)
+            x = x + b["c2"](F.gelu(b["c1"](b["n2"](x))))
+        return self.head(x.mean(1))
+
+
 def init_transformer(model):
     """Attention that is not uniform (export_models.init_bert_weights's scheme)."""
     em.init_bert_weights(model)
@@ -378,6 +497,14 @@ ZOO = collections.OrderedDict([
     ("gpt2_decoder", lambda: custom_spec(
         GPT2, lambda b, g: {"input_ids": torch.randint(0, 1000, (b, 48), generator=g)},
         ["logits"], init_transformer)),
+    # found by trying architectures Kiln was not tuned for (bench/RESULTS.md)
+    ("audio_cnn", lambda: custom_spec(
+        AudioCNN, lambda b, g: {"input": torch.randn(b, 1, 8000, generator=g)}, ["logits"])),
+    ("style_transfer", lambda: custom_spec(StyleTransfer, image_inputs(96), ["out"])),
+    ("groupnorm_unet", lambda: custom_spec(GroupNormUNet, image_inputs(64), ["out"])),
+    ("espcn", lambda: custom_spec(
+        ESPCN, lambda b, g: {"input": torch.randn(b, 1, 96, 96, generator=g)}, ["out"])),
+    ("mlp_mixer", lambda: custom_spec(MLPMixer, image_inputs(64), ["logits"])),
 ])
 
 

@@ -1,6 +1,6 @@
 """test_zoo.py - every model of Kiln's zoo through the kiln CLI, checked against PyTorch.
 
-The zoo (tools/export_zoo.py: 25 architectures, random weights from fixed
+The zoo (tools/export_zoo.py: 30 architectures, random weights from fixed
 seeds, BatchNorm statistics re-estimated, batch-2 inputs and PyTorch's
 outputs) is exported once into a cache outside the repository ($KILN_ZOO_DIR,
 default ~/.cache/kiln/zoo) by the test setup when missing, and reused while
@@ -48,7 +48,7 @@ REL_TOL = 1e-4
 
 # model -> the error Kiln gives today (its message, or the size of the mismatch).
 # Strict xfail: a model listed here that passes fails the run.
-# Empty today: all 25 models match on the default path (the zoo's first run, on this
+# Empty today: all 30 models match on the default path (the zoo's first run, on this
 # commit's Kiln). Add an entry, with Kiln's message, for a model added that does not.
 KNOWN_FAILURES = {
 }
