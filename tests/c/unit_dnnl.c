@@ -345,7 +345,7 @@ static kiln_tensor *run_fast(struct tg *t, const int *in_l, int out_l, int threa
             run_in[ii] = y;
             g_inplace_runs++;
         }
-        void *scratch = inst.scratch_bytes ? aligned_alloc(64, inst.scratch_bytes) : NULL;
+        void *scratch = inst.scratch_bytes ? aligned_alloc(64, (inst.scratch_bytes + 63) / 64 * 64) : NULL;
         struct kiln_run_ctx rc = {.node = tg_node(t), .n_in = t->n_in, .in = run_in, .n_out = 1,
                                   .out = &y, .scratch = scratch, .threads = threads};
         st = inst.run(inst.state, &rc);
@@ -1288,7 +1288,7 @@ static kiln_tensor *run_graph(struct kiln_graph *g, kiln_tensor *input, int use_
                     n->op_type, n->name);
             ok = 0;
         }
-        void *scratch = inst.scratch_bytes ? aligned_alloc(64, inst.scratch_bytes) : NULL;
+        void *scratch = inst.scratch_bytes ? aligned_alloc(64, (inst.scratch_bytes + 63) / 64 * 64) : NULL;
         if (ok && inst.run) ok = inst.run(inst.state, &rc) == KILN_OK;
         else if (ok) ok = impl->run(&rc) == KILN_OK;
         free(scratch);
@@ -1492,7 +1492,7 @@ static void bench_conv(const struct conv_case *k, int layout)
     }
     kiln_tensor *x = to_layout(t.in[0], layout), *y = nan_tensor(&ty, layout);
     kiln_tensor *in[4] = {x, t.in[1], t.in[2], NULL};
-    void *scratch = inst.scratch_bytes ? aligned_alloc(64, inst.scratch_bytes) : NULL;
+    void *scratch = inst.scratch_bytes ? aligned_alloc(64, (inst.scratch_bytes + 63) / 64 * 64) : NULL;
     double best[2] = {1e9, 1e9};
     for (int th = 1; th <= 2; th++) {
         struct kiln_run_ctx rc = {.node = tg_node(&t), .n_in = 4, .in = in, .n_out = 1, .out = &y,

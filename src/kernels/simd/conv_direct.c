@@ -158,10 +158,9 @@ static kiln_status cd_compile(const struct kiln_compile_ctx *cc, struct kiln_ker
                           .pl = win.pad_begin[1], .oh = win.out[0], .ow = win.out[1],
                           .has_act = has_act, .act = act, .alpha = alpha, .beta = beta};
     st.ph = st.h + win.pad_begin[0] + win.pad_end[0];
-    /* the row's last block of up to 8 vectors starts below ow and reads (kw - 1) dw
-     * further (conv_direct_body.h, CD_MAX_NV) */
-    int64_t blk = 8 * k->lanes;
-    int64_t need = (st.ow + blk - 1) / blk * blk + (st.kw - 1) * st.dw;
+    /* the row's last block of NV <= 8 vectors (conv_direct_body.h, CD_MAX_NV) starts below
+     * ow, so it reads below ow + 8 lanes, and (kw - 1) dw further */
+    int64_t need = st.ow + 8 * k->lanes + (st.kw - 1) * st.dw;
     st.pw = st.w + win.pad_begin[1] + win.pad_end[1];
     if (st.pw < need) st.pw = need;
     double bytes = 4.0 * (double)st.n * (double)st.c * (double)st.ph * (double)st.pw;
@@ -174,7 +173,7 @@ static kiln_status cd_compile(const struct kiln_compile_ctx *cc, struct kiln_ker
     inst->state = s;
     inst->run = cd_run;
     inst->destroy = free;
-    inst->scratch_bytes = (size_t)bytes;
+    inst->scratch_bytes = ((size_t)bytes + 63) / 64 * 64;
     return KILN_OK;
 }
 

@@ -132,7 +132,7 @@ struct simd_pool_row {
  * y[mi * y_plane + ox] = bias[mi] + sum over ci, ky, kx of
  *     w[((mi * c + ci) * kh + ky) * kw + kx] * x[ci * x_plane + ky * dh * x_row + kx * dw + ox]
  * for mi < m, ox < ow; x the zero-padded input at this row's first tap, each row readable
- * up to ow rounded up to 8 * lanes, plus (kw - 1) * dw. bias may be NULL. */
+ * below ow + 8 * lanes + (kw - 1) * dw. bias may be NULL. */
 struct simd_conv_row {
     const float *x, *w, *bias;
     float *y;
