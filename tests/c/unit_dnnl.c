@@ -25,6 +25,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "blocked_layout.h"
 #include "check.h"
 #include "core/threadpool.h"
 #include "kernels/simd/mbconv.h"
@@ -134,52 +135,30 @@ static void attr_ints(struct tg *t, const char *name, const int64_t *v, int n)
 
 static int64_t blocked_count(const int64_t *d, int b)
 {
-    return d[0] * (d[1] + b - 1) / b * b * d[2] * d[3];
+    return kc_blocked_count(d, b);
 }
 
 /* A copy of plain x (rank 4) in layout b (0 = plain copy); padding zero. */
 static kiln_tensor *to_layout(const kiln_tensor *x, int b)
 {
-    if (!b) {
-        kiln_tensor *c;
-        if (kiln_tensor_clone(x, &c) != KILN_OK) abort();
-        return c;
-    }
-    int64_t flat = blocked_count(x->dims, b);
-    kiln_tensor *t;
-    if (kiln_tensor_new(KILN_DTYPE_F32, 1, &flat, &t) != KILN_OK) abort();
-    t->rank = 4;
-    memcpy(t->dims, x->dims, sizeof t->dims);
-    const float *s = x->data;
-    float *o = t->data;
-    int64_t N = x->dims[0], C = x->dims[1], HW = x->dims[2] * x->dims[3], CB = (C + b - 1) / b;
-    for (int64_t n = 0; n < N; n++)
-        for (int64_t c = 0; c < C; c++)
-            for (int64_t p = 0; p < HW; p++)
-                o[((n * CB + c / b) * HW + p) * b + c % b] = s[(n * C + c) * HW + p];
-    return t;
+    if (b) return kc_to_blocked(x, b);
+    kiln_tensor *c;
+    if (kiln_tensor_clone(x, &c) != KILN_OK) abort();
+    return c;
 }
 
 /* Plain copy of x stored in layout b; padding must be zero (else *pad_bad). */
 static kiln_tensor *from_layout(const kiln_tensor *x, int b, int *pad_bad)
 {
-    kiln_tensor *t;
-    if (kiln_tensor_new(KILN_DTYPE_F32, 4, x->dims, &t) != KILN_OK) abort();
-    const float *s = x->data;
-    float *o = t->data;
-    int64_t N = x->dims[0], C = x->dims[1], HW = x->dims[2] * x->dims[3];
     if (!b) {
-        memcpy(o, s, sizeof(float) * (size_t)(N * C * HW));
+        kiln_tensor *t;
+        if (kiln_tensor_new(KILN_DTYPE_F32, 4, x->dims, &t) != KILN_OK) abort();
+        memcpy(t->data, x->data, t->nbytes);
         return t;
     }
-    int64_t CB = (C + b - 1) / b;
-    for (int64_t n = 0; n < N; n++)
-        for (int64_t c = 0; c < CB * b; c++)
-            for (int64_t p = 0; p < HW; p++) {
-                float v = s[((n * CB + c / b) * HW + p) * b + c % b];
-                if (c < C) o[(n * C + c) * HW + p] = v;
-                else if (v != 0.0f) *pad_bad = 1;
-            }
+    bool bad = false;
+    kiln_tensor *t = kc_from_blocked(x, b, &bad);
+    if (bad) *pad_bad = 1;
     return t;
 }
 
