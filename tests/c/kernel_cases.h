@@ -776,6 +776,41 @@ static void transpose_case(kiln_dtype dt, int rank, const int64_t *dims, const i
     cn_free(&c);
 }
 
+/* DepthToSpace (mode DCR or CRD) or SpaceToDepth (mode NULL) of x [dims] by b. */
+static void depth_space_case(enum kiln_op op, kiln_dtype dt, const int64_t *dims, int64_t b,
+                             const char *mode)
+{
+    struct case_node c;
+    cn_init(&c, op, 13, 1, 1);
+    attr_int(&c, "blocksize", b);
+    if (mode) attr_str(&c, "mode", mode);
+    kiln_tensor *x;
+    if (kiln_tensor_new(dt, 4, dims, &x) != KILN_OK) abort();
+    for (int64_t i = 0; i < kiln_tensor_count(x); i++)
+        if (dt == KILN_DTYPE_F32) ((float *)x->data)[i] = rng_normal();
+        else kiln_set_i64(dt, x->data, i, (int64_t)(rng_next() % 100000));
+    cn_input(&c, 0, x, false);
+    char label[128], sd[64];
+    snprintf(label, sizeof label, "%s %s %s b%lld %s", kiln_op_name(op), kiln_dtype_name(dt),
+             kiln_shape_str(4, dims, sd, 64), (long long)b, mode ? mode : "");
+    check_case(&c, label, 0, 0, 1);
+    cn_free(&c);
+}
+
+static void test_depth_space(void)
+{
+    /* ESPCN's PixelShuffle (9 channels, b 3), a wide one for two threads, CRD, int32 */
+    depth_space_case(KILN_OP_DepthToSpace, KILN_DTYPE_F32, (int64_t[]){1, 9, 7, 11}, 3, NULL);
+    depth_space_case(KILN_OP_DepthToSpace, KILN_DTYPE_F32, (int64_t[]){2, 8, 5, 6}, 2, "DCR");
+    depth_space_case(KILN_OP_DepthToSpace, KILN_DTYPE_F32, (int64_t[]){2, 12, 5, 6}, 2, "CRD");
+    depth_space_case(KILN_OP_DepthToSpace, KILN_DTYPE_F32, (int64_t[]){2, 64, 40, 50}, 4, "CRD");
+    depth_space_case(KILN_OP_DepthToSpace, KILN_DTYPE_I32, (int64_t[]){1, 18, 3, 4}, 3, "DCR");
+    depth_space_case(KILN_OP_DepthToSpace, KILN_DTYPE_F32, (int64_t[]){1, 5, 3, 4}, 1, NULL);
+    depth_space_case(KILN_OP_SpaceToDepth, KILN_DTYPE_F32, (int64_t[]){2, 3, 6, 8}, 2, NULL);
+    depth_space_case(KILN_OP_SpaceToDepth, KILN_DTYPE_F32, (int64_t[]){1, 4, 9, 12}, 3, NULL);
+    depth_space_case(KILN_OP_SpaceToDepth, KILN_DTYPE_I32, (int64_t[]){2, 16, 64, 48}, 4, NULL);
+}
+
 static void test_transpose(void)
 {
     for (int s = 0; s < N_SIZES; s++) {
@@ -1028,7 +1063,7 @@ static void conv_cases(bool fused)
               "1x1 image, 50 outputs");
     conv_case(fused, (int64_t[]){20, 24, 1, 1}, (int64_t[]){30, 24, 1, 1}, 1, 0, true, false, act,
               "20 1x1 images");
-    /* up to 7 output channels, stride 1, plain: Kiln's direct kernel (tails of the two
+    /* up to 7 (and 9) output channels, stride 1, plain: Kiln's direct kernel (tails of the two
      * pixel vectors, 1 to 7 channels in blocks of 4, a 9x9 window, dilation) */
     conv_case(fused, (int64_t[]){1, 5, 20, 23}, (int64_t[]){3, 5, 9, 9}, 1, 4, true, false, act,
               "9x9 to 3 channels");
@@ -1039,6 +1074,26 @@ static void conv_cases(bool fused)
     if (fused)
         conv_case(fused, (int64_t[]){1, 3, 17, 33}, (int64_t[]){5, 3, 5, 5}, 1, 2, true, false,
                   "Tanh", "5x5 to 5 channels");
+    conv_case(fused, (int64_t[]){2, 6, 11, 21}, (int64_t[]){9, 6, 3, 3}, 1, 1, true, false, act,
+              "3x3 to 9 channels (4 + 4 + 1)");
+    /* Tanh and GeluTanh: below AVX-512 applied by Kiln after oneDNN's convolution
+     * (kd_deferred_activation), blocked padding lanes included */
+    if (fused) {
+        conv_case(fused, (int64_t[]){1, 1, 12, 13}, (int64_t[]){16, 1, 5, 5}, 1, 2, true, false,
+                  "Tanh", "5x5 of one channel to 16");
+        conv_case(fused, (int64_t[]){2, 8, 7, 7}, (int64_t[]){12, 8, 3, 3}, 1, 1, true, true,
+                  "Tanh", "residual");
+        conv_case(fused, (int64_t[]){1, 8, 9, 9}, (int64_t[]){16, 8, 3, 3}, 1, 1, false, false,
+                  "GeluTanh", "3x3");
+        for (int b = 8; b <= 16; b += 8) { /* as the layout pass stores them */
+            case_layout = b;
+            conv_case(fused, (int64_t[]){1, 1, 12, 13}, (int64_t[]){12, 1, 5, 5}, 1, 2, true,
+                      false, "Tanh", b == 8 ? "blocked by 8" : "blocked by 16");
+            conv_case(fused, (int64_t[]){2, 5, 9, 9}, (int64_t[]){20, 5, 3, 3}, 1, 1, true,
+                      false, "GeluTanh", b == 8 ? "blocked by 8" : "blocked by 16");
+            case_layout = 0;
+        }
+    }
     /* everything else: oneDNN */
     conv_case(fused, (int64_t[]){1, 8, 9, 9}, (int64_t[]){16, 8, 3, 3}, 1, 1, true, false, act,
               "3x3");
@@ -2159,6 +2214,7 @@ static void integer_matmul_cases(void)
 #undef QMM
 #undef QCV
 
+static void kcase_depth_space(void) { test_depth_space(); }
 static void kcase_pool(void) { test_pool_family(); }
 static void kcase_global_pool(void) { test_global_pool(); }
 static void kcase_unary(void) { test_unary(); }

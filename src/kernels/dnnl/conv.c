@@ -77,6 +77,7 @@ struct conv_state {
     int merged;             /* any_e is the convolution with groups merged (conv_try_merge) */
     struct kd_exec any_e, pre_x, pre_sum, post_y;
     int has_pre_x, has_pre_sum, has_post_y;
+    int post_act;           /* kd_deferred_activation: applied to Y after oneDNN, or 0 */
 };
 
 /* Everything make needs to build one variant. */
@@ -86,6 +87,7 @@ struct conv_build {
     int has_bias, has_sum;
     int winograd; /* try oneDNN's Winograd algorithm first (conv_use_winograd) */
     int bf16;     /* this build tries bfloat16 X and weights */
+    int post_act; /* kd_deferred_activation: no activation post-op, Kiln applies it */
     dnnl_dims_t strides, dilates, pad_l, pad_r;
     /* format "any" (conv_try_any): X and Y in src_any / dst_any, format_tag_any until
      * variant 0 fixes them to oneDNN's choice; each lives in the scratch (at x_rel /
@@ -124,7 +126,8 @@ static dnnl_primitive_desc_t conv_pd(const struct conv_build *b, dnnl_alg_kind_t
     if (r == dnnl_success) r = dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user);
     if (r == dnnl_success) r = dnnl_post_ops_create(&po);
     if (r == dnnl_success && b->has_sum) r = dnnl_post_ops_append_sum(po, 1.0f);
-    if (r == dnnl_success && !kd_append_activation(b->cc->node, po)) r = dnnl_unimplemented;
+    if (r == dnnl_success && !b->post_act && !kd_append_activation(b->cc->node, po))
+        r = dnnl_unimplemented;
     if (r == dnnl_success) r = dnnl_primitive_attr_set_post_ops(attr, po);
     if (r == dnnl_success) r = dnnl_primitive_desc_create(&pd, &cd, attr, kd_engine(), NULL);
     if (r != dnnl_success) pd = NULL;
@@ -518,6 +521,9 @@ static kiln_status conv_any_run(struct conv_state *s, struct kiln_run_ctx *ctx)
     if (st == KILN_OK) st = kd_exec_run(&s->any_e, &c2);
     if (st == KILN_OK && s->has_post_y) st = kd_exec_run(&s->post_y, &c2);
     free(heap);
+    if (st == KILN_OK && s->post_act)
+        kd_apply_activation(s->post_act, ctx->out[0]->data, s->dst_bytes / sizeof(float),
+                            ctx->threads);
     return st;
 }
 
@@ -541,6 +547,9 @@ static kiln_status conv_run(void *state, struct kiln_run_ctx *ctx)
         memcpy(ctx->out[0]->data, ctx->in[3]->data, s->dst_bytes);
     kiln_status st = kd_exec_run(&s->e, &c2);
     free(heap);
+    if (st == KILN_OK && s->post_act)
+        kd_apply_activation(s->post_act, ctx->out[0]->data, s->dst_bytes / sizeof(float),
+                            ctx->threads);
     return st;
 }
 
@@ -1129,8 +1138,10 @@ static kiln_status conv_compile_dense(const struct kiln_compile_ctx *cc,
         if (st != KILN_OK || inst->run) return st;
     }
 
+    b.post_act = fused ? kd_deferred_activation(n) : 0;
     struct conv_state *s = calloc(1, sizeof *s);
     if (!s) return kiln_node_error(n, KILN_ERR_OUT_OF_MEMORY, "out of memory compiling");
+    s->post_act = b.post_act;
     int handled = 0;
     kiln_status st = KILN_OK;
     if (cc->precision == KILN_PRECISION_BF16 &&

@@ -87,6 +87,13 @@ dnnl_status_t kd_md_act(dnnl_memory_desc_t *md, int rank, const int64_t *dims, i
  * reference path), 1 on success. */
 int kd_append_activation(const struct kiln_node *n, dnnl_post_ops_t po);
 
+/* The fused activation of n where oneDNN's post-op is slow on this CPU and Kiln's SIMD
+ * table applies it to the output instead (enum simd_unary + 1), or 0. */
+int kd_deferred_activation(const struct kiln_node *n);
+/* y[i] = act(y[i]) for i < count, act a kd_deferred_activation value, on up to
+ * `threads` threads. */
+void kd_apply_activation(int act, float *y, size_t count, int threads);
+
 /* Pack constant weights: reorder data (described by src_md) into dst_md
  * through the weight cache (key = the constant tensor, tag from `what`,
  * the scale and dst_md). scale != 1 multiplies the weights. */
