@@ -1885,6 +1885,7 @@ static void test_fused_matmul_family(void)
     const struct mm_spec lowp[] = {
         F(3, 2, 9, 64, 64, 40, 0, 0, 1, 1, 1, 1.0f, "Gelu", 0, 0, 0, NULL),
         F(2, 33, 64, 0, 64, 48, 0, 1, 1, 0, 1, 1.0f, "Relu", 0, 0, 0, NULL),
+        F(2, 40, 64, 0, 64, 32, 0, 0, 1, 0, 1, 1.0f, "GeluTanh", 0, 0, 0, NULL),
     };
 #undef F
     for (size_t i = 0; i < sizeof fc / sizeof fc[0]; i++) mm_case(&fc[i], "");

@@ -29,7 +29,14 @@ struct deconv_build {
     dnnl_memory_desc_t src, wany, wsrc, bias, dst;
     int has_bias;
     int w_const;    /* constant weights: packed once; else read in place (strided) */
+    int post_act;   /* kd_deferred_activation: no activation post-op, Kiln applies it */
     dnnl_dims_t strides, dilates, pad_l, pad_r;
+};
+
+struct deconv_state {
+    struct kd_exec e;
+    int post_act;     /* kd_deferred_activation, applied to Y after oneDNN, or 0 */
+    size_t dst_bytes; /* Y in its layout */
 };
 
 static kiln_status deconv_make(void *arg, struct kd_variant *v, int threads)
@@ -47,7 +54,8 @@ static kiln_status deconv_make(void *arg, struct kd_variant *v, int threads)
     if (r == dnnl_success) r = dnnl_primitive_attr_create(&attr);
     if (r == dnnl_success) r = dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user);
     if (r == dnnl_success) r = dnnl_post_ops_create(&po);
-    if (r == dnnl_success && !kd_append_activation(n, po)) r = dnnl_unimplemented;
+    if (r == dnnl_success && !b->post_act && !kd_append_activation(n, po))
+        r = dnnl_unimplemented;
     if (r == dnnl_success) r = dnnl_primitive_attr_set_post_ops(attr, po);
     if (r == dnnl_success) r = dnnl_primitive_desc_create(&pd, &dd, attr, kd_engine(), NULL);
     if (po) dnnl_post_ops_destroy(po);
@@ -73,13 +81,19 @@ out:
 
 static kiln_status deconv_run(void *state, struct kiln_run_ctx *ctx)
 {
-    return kd_exec_run(state, ctx);
+    struct deconv_state *s = state;
+    kiln_status st = kd_exec_run(&s->e, ctx);
+    if (st == KILN_OK && s->post_act)
+        kd_apply_activation(s->post_act, ctx->out[0]->data, s->dst_bytes / sizeof(float),
+                            ctx->threads);
+    return st;
 }
 
 static void deconv_destroy(void *state)
 {
-    kd_exec_destroy(state);
-    free(state);
+    struct deconv_state *s = state;
+    kd_exec_destroy(&s->e);
+    free(s);
 }
 
 /* The fused node's activation is one oneDNN has (a plain ConvTranspose has none). */
@@ -195,21 +209,24 @@ static kiln_status deconv_compile(const struct kiln_compile_ctx *cc, struct kiln
         return KILN_OK;
     if (!b.w_const) b.wany = b.wsrc; /* weights of each run, read where they are */
 
-    struct kd_exec *e = calloc(1, sizeof *e);
-    if (!e) return kiln_node_error(n, KILN_ERR_OUT_OF_MEMORY, "out of memory compiling");
+    if (n->op == KILN_OP_KilnFusedConvTranspose) b.post_act = kd_deferred_activation(n);
+    struct deconv_state *s = calloc(1, sizeof *s);
+    if (!s) return kiln_node_error(n, KILN_ERR_OUT_OF_MEMORY, "out of memory compiling");
     int handled;
     double work = 2.0 * (double)kiln_shape_count(x->rank, x->dims) * (double)mg * (double)ksize;
-    kiln_status st = kd_exec_build(e, kd_work_threads(cc, work), deconv_make, &b, &handled);
+    kiln_status st = kd_exec_build(&s->e, kd_work_threads(cc, work), deconv_make, &b, &handled);
     if (st != KILN_OK || !handled) {
-        free(e);
+        free(s);
         return st;
     }
+    s->post_act = b.post_act;
+    s->dst_bytes = dnnl_memory_desc_get_size(&b.dst);
     inst->name = n->op == KILN_OP_KilnFusedConvTranspose ? "dnnl_fused_deconv" : "dnnl_deconv";
-    kd_inst_impl(inst, e);
-    inst->state = e;
+    kd_inst_impl(inst, &s->e);
+    inst->state = s;
     inst->run = deconv_run;
     inst->destroy = deconv_destroy;
-    inst->scratch_bytes = kd_exec_scratch(e);
+    inst->scratch_bytes = kd_exec_scratch(&s->e);
     if (b.w_const) inst->packed = 1u << 1; /* every variant runs on the packed weights */
     return KILN_OK;
 }

@@ -57,6 +57,7 @@ struct mm_state {
     size_t base;            /* scratch offset of the kernel's own buffers */
     size_t sa_rel, zp_rel;  /* int8: A's scale and zero point, from base */
     size_t scratch_total;
+    int post_act;           /* kd_deferred_activation: applied to Y after oneDNN, or 0 */
 };
 
 struct mm_build {
@@ -69,6 +70,7 @@ struct mm_build {
     size_t sa_rel, zp_rel;  /* int8 scratch offsets (relative to the kernel's base) */
     const float *oscales;   /* int8: scale_w[n] * alpha, the constant output scales */
     dnnl_memory_desc_t one; /* int8: A's scale as a binary-mul operand (all dims 1) */
+    int post_act;           /* kd_deferred_activation: no activation post-op */
 };
 
 static kiln_status mm_make(void *arg, struct kd_variant *v, int threads)
@@ -110,7 +112,8 @@ static kiln_status mm_make(void *arg, struct kd_variant *v, int threads)
     if (r == dnnl_success && !b->b_const && b->alpha != 1.0f)
         r = dnnl_post_ops_append_eltwise(po, 1.0f, dnnl_eltwise_linear, b->alpha, 0.0f);
     if (r == dnnl_success && b->sum_scale != 0.0f) r = dnnl_post_ops_append_sum(po, b->sum_scale);
-    if (r == dnnl_success && n->op == KILN_OP_KilnFusedMatMul && !kd_append_activation(n, po))
+    if (r == dnnl_success && n->op == KILN_OP_KilnFusedMatMul && !b->post_act &&
+        !kd_append_activation(n, po))
         goto out;
     if (r == dnnl_success) r = dnnl_primitive_attr_set_post_ops(attr, po);
     if (r == dnnl_success) r = dnnl_primitive_desc_create(&pd, &d, attr, kd_engine(), NULL);
@@ -190,6 +193,9 @@ static kiln_status mm_run(void *state, struct kiln_run_ctx *ctx)
         memcpy(ctx->out[0]->data, ctx->in[s->sum_index]->data, s->dst_bytes);
     kiln_status st = kd_exec_run(&s->e, &c2);
     free(heap);
+    if (st == KILN_OK && s->post_act)
+        kd_apply_activation(s->post_act, ctx->out[0]->data, s->dst_bytes / sizeof(float),
+                            ctx->threads);
     return st;
 }
 
@@ -310,6 +316,7 @@ static kiln_status mm_compile_dense(const struct kiln_compile_ctx *cc, struct ki
     b.cc = cc;
     b.b_const = cc->in_value && cc->in_value[1];
     b.alpha = alpha;
+    b.post_act = op == KILN_OP_KilnFusedMatMul ? kd_deferred_activation(n) : 0;
     int sum_index = -1;
     if (sum) {
         sum_index = 3;
@@ -433,6 +440,7 @@ static kiln_status mm_compile_dense(const struct kiln_compile_ctx *cc, struct ki
         return st;
     }
     s->sum_index = sum_index;
+    s->post_act = b.post_act;
     s->dst_bytes = (size_t)kiln_shape_count(R, yd) * sizeof(float);
     kd_inst_impl(inst, &s->e);
     static const char *const names[3][3] = {
