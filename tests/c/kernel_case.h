@@ -196,6 +196,10 @@ static int case_precision;
 static int case_layout;
 /* Output 0's storage when it differs from input 0's (-1: the same as case_layout). */
 static int case_layout_out = -1;
+/* Non-NULL: unit_kernels forces only the kernels whose names start with it on the next
+ * cases (a semantic other kernels of the op do not share, as oneDNN's max pooling, which
+ * drops a NaN). */
+static const char *case_kernel_prefix __attribute__((unused));
 
 /* Compile the fast kernel under KILN_ISA=isa (or forced_kernel) and run it on `threads`
  * threads. *handled = whether compile took the node; name (64 bytes, may

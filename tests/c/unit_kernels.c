@@ -71,6 +71,8 @@ static void each_kernel(struct case_node *c, const char *label, kiln_tensor **wa
     for (int k = 0; k < n_kernels; k++) {
         const struct kiln_kernel_def *d = &kernels[k];
         if (d->op != c->node->op || !isa_ok(d->isa)) continue;
+        if (case_kernel_prefix && strncmp(d->name, case_kernel_prefix, strlen(case_kernel_prefix)))
+            continue;
         forced_kernel = d;
         char what[192];
         snprintf(what, sizeof what, "%s (forced %s)", label, d->name);

@@ -128,8 +128,8 @@ static double pool_window_value(const struct pool_op *op, const struct kiln_wind
     for (int64_t t = 0; t < n_valid; t++) {
         double v = plane[off];
         switch (op->kind) {
-        case POOL_MAX:
-            if (t == 0 || v > best) {
+        case POOL_MAX: /* a NaN anywhere in the window wins, as in PyTorch and the global pool */
+            if (t == 0 || v > best || (isnan(v) && !isnan(best))) {
                 best = v;
                 *arg = op->column_major ? cm : off;
             }

@@ -42,6 +42,13 @@ static inline vf vrecip12(vf a)
     r = _mm256_fmadd_ps(r, _mm256_fnmadd_ps(a, r, _mm256_set1_ps(1.0f)), r);
     return _mm256_fmadd_ps(r, _mm256_fnmadd_ps(a, r, _mm256_set1_ps(1.0f)), r);
 }
+/* even = a0 a2 .. a6 b0 b2 .. b6, odd = a1 a3 .. b7: the lanes of a then b, split by parity */
+static inline void vdeint(vf a, vf b, vf *even, vf *odd)
+{
+    __m256 e = _mm256_shuffle_ps(a, b, 0x88), o = _mm256_shuffle_ps(a, b, 0xDD);
+    *even = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(e), 0xD8));
+    *odd = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(o), 0xD8));
+}
 static inline vf vcopysign(vf mag, vf sign)
 {
     const vf s = _mm256_set1_ps(-0.0f);

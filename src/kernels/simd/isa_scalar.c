@@ -61,5 +61,11 @@ static inline vf v_softplus(vf x)
 }
 
 static inline void vtranspose(vf r[1]) { (void)r; }
+static inline void vdeint(vf a, vf b, vf *even, vf *odd)
+{
+    *even = a;
+    *odd = b;
+}
+
 
 #include "kernels/simd/simd_body.h"

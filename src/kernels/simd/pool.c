@@ -4,8 +4,10 @@
  * channels-last values, where a pixel's channels are consecutive floats and
  * each window tap is a run of vector loads (the loops: pool_body.h, one per
  * SIMD table), 1-D windows over plain [N, C, L] values (stride-1 windows
- * W outputs at a time), and the global pools, plain NCHW included (a row
- * reduction per channel).
+ * W outputs at a time; non-overlapping windows of 2 or 4 by splitting vector
+ * pairs by parity, vdeint), and the global pools, plain NCHW included (a row
+ * reduction per channel). A NaN in a max window gives NaN, as in the
+ * reference and PyTorch; oneDNN's max pooling, behind these, drops it.
  *
  * Why not only oneDNN's pooling primitive (dnnl/pool.c, below these in the
  * pooling family's list, pool.def): on the small images of a CNN's later

@@ -13,6 +13,13 @@
 
 static inline vf pool_max_step(vf acc, vf v) { return vsel(vnan(v), vmaxs(v, acc), v); }
 
+/* acc + v for an average, pool_max_step for a max. */
+static inline vf pool_comb(vf acc, vf v, bool avg)
+{
+    if (avg) return acc + v;
+    return pool_max_step(acc, v);
+}
+
 #define POOL_LD(p) (m == W ? vld(p) : vld_part((p), m, 0.0f))
 
 /* Four output pixels ox0 .. ox0 + 3 whose windows lie inside the row (every tap valid):
@@ -97,7 +104,8 @@ static void pool_quads(const float *const *rows, int nrows, float *y, int64_t lo
 
 /* A row of plain storage (inner 1: one channel's rows, as a 1-D pool's [N, C, L] keeps
  * them): stride-1 windows inside the row W outputs at a time (consecutive outputs read
- * consecutive inputs), everything else one output at a time. */
+ * consecutive inputs), non-overlapping windows of 2 or 4 W outputs at a time (vdeint),
+ * everything else one output at a time. */
 static void pool_plain_row(const float *const *rows, int nrows, float *y,
                            const struct simd_pool_row *p)
 {
@@ -108,6 +116,35 @@ static void pool_plain_row(const float *const *rows, int nrows, float *y,
     if (last >= 0) hi = last / sw + 1;
     if (hi > p->ow) hi = p->ow;
     int64_t vend = lo; /* outputs [lo, vend) done by vectors */
+    if ((sw == 2 || sw == 4) && kw == sw && dw == 1 && nrows > 0 && hi - lo >= W) {
+        /* non-overlapping windows of 2 or 4 (a 1-D CNN's downsampling): sw vectors of
+         * consecutive inputs hold W windows; split pairs by parity and combine, twice for 4 */
+        const vf sc = vset(avg ? 1.0f / (float)((p->include_pad ? p->rows_counted : nrows) * kw)
+                               : 1.0f);
+        for (; vend + W <= hi; vend += W) {
+            const int64_t x0 = vend * sw - p->pw;
+            vf v[4];
+            for (int i = 0; i < sw; i++) {
+                vf acc = vld(rows[0] + x0 + i * W);
+                for (int r = 1; r < nrows; r++) {
+                    vf t = vld(rows[r] + x0 + i * W);
+                    acc = pool_comb(acc, t, avg);
+                }
+                v[i] = acc;
+            }
+            vf e, o;
+            vdeint(v[0], v[1], &e, &o);
+            vf m = pool_comb(e, o, avg);
+            if (sw == 4) {
+                vdeint(v[2], v[3], &e, &o);
+                vf m1 = pool_comb(e, o, avg);
+                vdeint(m, m1, &e, &o);
+                m = pool_comb(e, o, avg);
+            }
+            if (avg) m = m * sc;
+            vst(y + vend, m);
+        }
+    }
     if (sw == 1 && nrows > 0 && hi - lo >= W) {
         const vf sc = vset(avg ? 1.0f / (float)((p->include_pad ? p->rows_counted : nrows) * kw)
                                : 1.0f);

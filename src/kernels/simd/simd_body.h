@@ -12,6 +12,7 @@
  *   vabs vneg vsqrt vcopysign(mag, sign) vhsum vhmax
  *   vrecip12(a)            1 / a for a in [1, 2], within 3 ulp (estimate + Newton)
  *   vtranspose(r)          r[i][j] <- r[j][i] for the W x W floats of vf r[W]
+ *   vdeint(a, b, &e, &o)   the 2W lanes of a then b split into even and odd ones
  *   SIMD_TABLE, SIMD_ISA   the exported table's name and its ISA string
  * and, unless SIMD_SCALAR (which takes its math from libm instead):
  *   vround(a)              to nearest integer value (ties even)

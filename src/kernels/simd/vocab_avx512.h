@@ -62,6 +62,14 @@ static inline vf vpow2i(vf n)
 }
 /* r[i][j] <- r[j][i] for the 16 x 16 floats of r[0..15]: 32-bit, 64-bit and
  * 128-bit interleaves, then the 256-bit halves */
+/* even = a0 a2 .. a14 b0 b2 .. b14, odd = a1 a3 .. b15: the lanes of a then b by parity */
+static inline void vdeint(vf a, vf b, vf *even, vf *odd)
+{
+    const __m512i ie = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    const __m512i io = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+    *even = _mm512_permutex2var_ps(a, ie, b);
+    *odd = _mm512_permutex2var_ps(a, io, b);
+}
 static inline void vtranspose(vf r[16])
 {
     __m512 t[16];
