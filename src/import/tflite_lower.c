@@ -636,7 +636,10 @@ static kiln_status lower_q_lut(struct lw *L, int x, bool tanh_)
     TRY(need_qparams(L, tx, "input", false));
     TRY(need_qparams(L, to, "output", false));
     int32_t lo = tx->dtype == KILN_DTYPE_I8 ? -128 : 0, hi = lo + 255;
-    float in_scale = tx->scale[0], inv = 1.0f / to->scale[0];
+    float in_scale = tx->scale[0], inv = 1.0f / to->scale[0]; /* as TFLite's LUTPopulate */
+    if (!isfinite(inv)) /* a denormal scale: tanh(0) * inf would be NaN, cast to int */
+        return lerr(L, KILN_ERR_INVALID_MODEL, "output '%s' has scale %g, whose reciprocal "
+                    "overflows", to->name, (double)to->scale[0]);
     int32_t in_zp = (int32_t)tx->zero_point[0], out_zp = (int32_t)to->zero_point[0];
     int64_t table[256];
     for (int32_t v = lo; v <= hi; v++) {
