@@ -1,6 +1,6 @@
 /*
  * unit_simd.c - Kiln's thread pool (core/threadpool.c) and the SIMD
- * tables' own GEMM and transpose (src/kernels/simd/) against double
+ * tables' own GEMM, transpose and tanh (src/kernels/simd/) against double
  * references. The ops' fast kernels (the kernel families) are tested by
  * unit_kernels.c from their lists.
  *
@@ -408,6 +408,54 @@ static void bench(void)
     cn_free(&c);
 }
 
+/* The tables' tanh (a rational function on AVX2 and AVX-512, tools/fit_tanh.py; libm on the
+ * scalar table) within 6 ulp of double tanh over every 7th float of [2^-30, 10], both signs,
+ * and right on the special values (+-0 keep their sign, +-inf within 1 ulp of +-1). */
+static void test_table_tanh(void)
+{
+    const struct simd_kernels *tables[3] = {&kiln_simd_scalar, &kiln_simd_avx2, &kiln_simd_avx512};
+    enum { N = 1 << 16 };
+    float *x = malloc(sizeof(float) * N), *y = malloc(sizeof(float) * N);
+    float lo_f = ldexpf(1.0f, -30), hi_f = 10.0f;
+    uint32_t lo, hi;
+    memcpy(&lo, &lo_f, 4);
+    memcpy(&hi, &hi_f, 4);
+    for (int t = 0; t < isa_levels(); t++) {
+        double worst = 0;
+        float worst_x = 0;
+        for (int sign = 0; sign < 2; sign++)
+            for (uint64_t u = lo; u <= hi;) {
+                int n = 0;
+                for (; n < N && u <= hi; n++, u += 7) {
+                    uint32_t v = (uint32_t)u | (sign ? 0x80000000u : 0);
+                    memcpy(&x[n], &v, 4);
+                }
+                tables[t]->unary(SIMD_TANH, 0, 0, x, y, n);
+                for (int i = 0; i < n; i++) {
+                    double r = tanh((double)x[i]);
+                    float rf = fabsf((float)r);
+                    double ulp = (double)(nextafterf(rf, INFINITY) - rf);
+                    double e = fabs((double)y[i] - r) / ulp;
+                    if (e > worst) {
+                        worst = e;
+                        worst_x = x[i];
+                    }
+                }
+            }
+        CHECK(worst <= 6.0, "tanh %s: %.2f ulp at x = %.9g", tables[t]->isa, worst,
+              (double)worst_x);
+        float sx[6] = {0.0f, -0.0f, INFINITY, -INFINITY, NAN, 30.0f}, sy[6];
+        tables[t]->unary(SIMD_TANH, 0, 0, sx, sy, 6);
+        CHECK(sy[0] == 0.0f && !signbit(sy[0]) && sy[1] == 0.0f && signbit(sy[1]) &&
+                  sy[2] >= 0.9999999f && sy[2] <= 1.0f && sy[3] <= -0.9999999f && sy[3] >= -1.0f && isnan(sy[4]) && sy[5] >= 0.9999999f && sy[5] <= 1.0f,
+              "tanh %s special values: %g %g %g %g %g %g", tables[t]->isa, (double)sy[0],
+              (double)sy[1], (double)sy[2], (double)sy[3], (double)sy[4], (double)sy[5]);
+        printf("tanh %s: at most %.2f ulp\n", tables[t]->isa, worst);
+    }
+    free(x);
+    free(y);
+}
+
 int main(int argc, char **argv)
 {
     /* this thread's OpenMP (and oneDNN) team: one thread unless a test asks for more */
@@ -424,6 +472,7 @@ int main(int argc, char **argv)
     test_lease();
     test_gemm();
     test_table_transpose();
+    test_table_tanh();
     test_idle();
     kiln_threads_release(g);
     return CHECK_DONE();
