@@ -1582,24 +1582,27 @@ static void test_pool_family(void)
         const struct pool_spec p1 = {1, 3, 2, 1, 1, 0, 0, NULL}, p3 = {3, 2, 2, 0, 1, 1, 0, NULL};
         int64_t d3[3] = {2, 5, 21}, d5[5] = {1, 3, 5, 6, 7}, big[4] = {2, 64, 56, 56};
         pool_case(ops[o], 3, d3, &p1, false, 1);
-        /* 1-D: stride 1 (W outputs at a time), dilated, and non-overlapping k = s = 4 */
-        const struct pool_spec s1 = {1, 3, 1, 1, 1, 0, 0, NULL}, sd = {1, 3, 1, 2, 2, 0, 1, NULL},
-                               s4 = {1, 4, 4, 0, 1, 1, 0, NULL};
-        int64_t d1[3] = {2, 3, 53}, dl1[3] = {1, 17, 1981};
-        pool_case(ops[o], 3, d1, &s1, false, 1);
-        pool_case(ops[o], 3, d1, &sd, false, 1);
-        pool_case(ops[o], 3, dl1, &s4, false, 1);
-        /* k = s = 2 and 4 on rows that leave tails and pads: the parity-split vectors */
-        const struct pool_spec s2 = {1, 2, 2, 0, 1, 0, 0, NULL}, s2p = {1, 2, 2, 1, 1, 1, 0, NULL},
-                               s4p = {1, 4, 4, 2, 1, 0, 0, NULL};
-        int64_t d2a[3] = {2, 5, 77}, d2b[3] = {1, 3, 131};
-        pool_case(ops[o], 3, d2a, &s2, false, 1);
-        pool_case(ops[o], 3, d2b, &s2p, false, 1);
-        pool_case(ops[o], 3, d2b, &s4p, false, 1);
-        pool_nan = true; /* Kiln's kernels keep a NaN; oneDNN's max pooling drops it */
+        /* 1-D: stride 1 (W outputs at a time), dilated, and non-overlapping k = s = 2 and 4
+         * (the parity-split vectors) on rows that leave tails and pads; those last again with
+         * NaNs, which Kiln's kernels keep and oneDNN's max pooling drops */
+        static const struct {
+            struct pool_spec p;
+            int64_t d[3];
+            bool nan;
+        } one_d[] = {
+            {{1, 3, 1, 1, 1, 0, 0, NULL}, {2, 3, 53}, false},
+            {{1, 3, 1, 2, 2, 0, 1, NULL}, {2, 3, 53}, false},
+            {{1, 4, 4, 0, 1, 1, 0, NULL}, {1, 17, 1981}, true},
+            {{1, 2, 2, 0, 1, 0, 0, NULL}, {2, 5, 77}, true},
+            {{1, 2, 2, 1, 1, 1, 0, NULL}, {1, 3, 131}, false},
+            {{1, 4, 4, 2, 1, 0, 0, NULL}, {1, 3, 131}, false},
+        };
+        for (size_t i = 0; i < sizeof one_d / sizeof one_d[0]; i++)
+            pool_case(ops[o], 3, one_d[i].d, &one_d[i].p, false, 1);
+        pool_nan = true;
         case_kernel_prefix = "f32_";
-        pool_case(ops[o], 3, dl1, &s4, false, 1);
-        pool_case(ops[o], 3, d2a, &s2, false, 1);
+        for (size_t i = 0; i < sizeof one_d / sizeof one_d[0]; i++)
+            if (one_d[i].nan) pool_case(ops[o], 3, one_d[i].d, &one_d[i].p, false, 1);
         case_kernel_prefix = NULL;
         pool_nan = false;
         pool_case(ops[o], 5, d5, &p3, false, 1);

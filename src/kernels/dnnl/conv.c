@@ -521,16 +521,12 @@ static kiln_status conv_any_run(struct conv_state *s, struct kiln_run_ctx *ctx)
     if (st == KILN_OK) st = kd_exec_run(&s->any_e, &c2);
     if (st == KILN_OK && s->has_post_y) st = kd_exec_run(&s->post_y, &c2);
     free(heap);
-    if (st == KILN_OK && s->post_act)
-        kd_apply_activation(s->post_act, ctx->out[0]->data, s->dst_bytes / sizeof(float),
-                            ctx->threads);
     return st;
 }
 
-static kiln_status conv_run(void *state, struct kiln_run_ctx *ctx)
+/* conv_run for oneDNN in the plan's layouts (bf16 X converted first). */
+static kiln_status conv_plain_run(struct conv_state *s, struct kiln_run_ctx *ctx)
 {
-    struct conv_state *s = state;
-    if (s->any) return conv_any_run(s, ctx);
     struct kiln_run_ctx c2 = *ctx;
     void *heap = NULL;
     if (s->bf16) {
@@ -547,6 +543,13 @@ static kiln_status conv_run(void *state, struct kiln_run_ctx *ctx)
         memcpy(ctx->out[0]->data, ctx->in[3]->data, s->dst_bytes);
     kiln_status st = kd_exec_run(&s->e, &c2);
     free(heap);
+    return st;
+}
+
+static kiln_status conv_run(void *state, struct kiln_run_ctx *ctx)
+{
+    struct conv_state *s = state;
+    kiln_status st = s->any ? conv_any_run(s, ctx) : conv_plain_run(s, ctx);
     if (st == KILN_OK && s->post_act)
         kd_apply_activation(s->post_act, ctx->out[0]->data, s->dst_bytes / sizeof(float),
                             ctx->threads);

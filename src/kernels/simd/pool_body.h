@@ -116,11 +116,13 @@ static void pool_plain_row(const float *const *rows, int nrows, float *y,
     if (last >= 0) hi = last / sw + 1;
     if (hi > p->ow) hi = p->ow;
     int64_t vend = lo; /* outputs [lo, vend) done by vectors */
+    /* the interior's divisor: every tap valid */
+    const float scale = avg ? 1.0f / (float)((p->include_pad ? p->rows_counted : nrows) * kw)
+                            : 1.0f;
+    const vf sc = vset(scale);
     if ((sw == 2 || sw == 4) && kw == sw && dw == 1 && nrows > 0 && hi - lo >= W) {
         /* non-overlapping windows of 2 or 4 (a 1-D CNN's downsampling): sw vectors of
          * consecutive inputs hold W windows; split pairs by parity and combine, twice for 4 */
-        const vf sc = vset(avg ? 1.0f / (float)((p->include_pad ? p->rows_counted : nrows) * kw)
-                               : 1.0f);
         for (; vend + W <= hi; vend += W) {
             const int64_t x0 = vend * sw - p->pw;
             vf v[4];
@@ -146,8 +148,6 @@ static void pool_plain_row(const float *const *rows, int nrows, float *y,
         }
     }
     if (sw == 1 && nrows > 0 && hi - lo >= W) {
-        const vf sc = vset(avg ? 1.0f / (float)((p->include_pad ? p->rows_counted : nrows) * kw)
-                               : 1.0f);
         for (; vend + W <= hi; vend += W) {
             const int64_t x0 = vend - p->pw;
             vf acc = vld(rows[0] + x0);
@@ -162,8 +162,6 @@ static void pool_plain_row(const float *const *rows, int nrows, float *y,
         }
     }
     if (nrows > 0 && hi > vend) { /* the rest of the interior: every tap valid, no division */
-        const float sc = avg ? 1.0f / (float)((p->include_pad ? p->rows_counted : nrows) * kw)
-                             : 1.0f;
         int64_t ox = vend;
         for (; ox + 8 <= hi; ox += 8) { /* eight independent chains */
             const int64_t x0 = ox * sw - p->pw;
@@ -178,7 +176,7 @@ static void pool_plain_row(const float *const *rows, int nrows, float *y,
                         else acc[j] = v != v ? v : v > acc[j] ? v : acc[j];
                     }
             }
-            for (int j = 0; j < 8; j++) y[ox + j] = avg ? acc[j] * sc : acc[j];
+            for (int j = 0; j < 8; j++) y[ox + j] = avg ? acc[j] * scale : acc[j];
         }
         for (; ox < hi; ox++) {
             const int64_t x0 = ox * sw - p->pw;
@@ -191,7 +189,7 @@ static void pool_plain_row(const float *const *rows, int nrows, float *y,
                     else acc = v != v ? v : v > acc ? v : acc;
                 }
             }
-            y[ox] = avg ? acc * sc : acc;
+            y[ox] = avg ? acc * scale : acc;
         }
         vend = hi > vend ? hi : vend;
     }
