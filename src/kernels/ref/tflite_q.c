@@ -358,8 +358,12 @@ static kiln_status fc_infer(struct kiln_infer_ctx *ctx)
     o->dims[1] = nout;
     o->dims[0] = -1;
     if (x->rank >= 0 && k > 0) {
-        int64_t cnt = 1;
-        for (int i = 0; i < x->rank; i++) cnt = x->dims[i] < 0 || cnt < 0 ? -1 : cnt * x->dims[i];
+        int known = 1;
+        for (int i = 0; i < x->rank; i++) known &= x->dims[i] >= 0;
+        int64_t cnt = known ? kiln_shape_count(x->rank, x->dims) : -1;
+        if (known && cnt < 0)
+            return kiln_node_error(n, KILN_ERR_INVALID_ARGUMENT, "input is too large (its "
+                                   "dimensions' product exceeds the largest tensor)");
         if (cnt >= 0) {
             if (cnt % k)
                 return kiln_node_error(n, KILN_ERR_INVALID_ARGUMENT, "input of %lld elements is "
@@ -782,7 +786,7 @@ static kiln_status mean_run(struct kiln_run_ctx *ctx)
         if (mask & (1u << i)) cnt_in *= x->dims[i];
     for (int64_t i = 0; i < nout; i++) qset(y, i, 0);
     if (total == 0 || cnt_in == 0) return KILN_OK;
-    if (nout * cnt_in != total)
+    if (total % cnt_in || total / cnt_in != nout)
         return kiln_node_error(n, KILN_ERR_INVALID_MODEL, "output of %lld elements", (long long)nout);
     int64_t *sum = calloc((size_t)nout, sizeof *sum);
     if (!sum) return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory");
