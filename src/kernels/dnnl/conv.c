@@ -25,10 +25,14 @@
  * anywhere in a graph (after a channel shuffle, a Slice, a Concat the
  * layout pass left plain) runs on a fast kernel. A 1-D convolution (the
  * layout pass leaves rank 3 plain) asks for 16-channel blocks (nCw16c)
- * first and "any" only where that is a fallback too: for nCw16c oneDNN's
- * direct kernel sums in the same order on 1 and 2 threads, where its
- * brgemm kernel for the nwc layout "any" picks did not once dilated.
- * KILN_CONV_ANY=0 in the environment turns this off.
+ * first, then 8 (nCw8c, AVX2's block), and "any" only where those are
+ * fallbacks too: for nCw16c oneDNN's direct kernel sums in the same order
+ * on 1 and 2 threads, where its brgemm kernel for the nwc layout "any"
+ * picks did not once dilated. Where every format is a fallback because of
+ * the pads (conv_try_pad: a dilated 1-D convolution, pads wider than the
+ * direct kernel's unroll), X is padded explicitly into the scratch and the
+ * convolution made again without pads. KILN_CONV_ANY=0 in the environment
+ * turns all this off.
  *
  * bf16 (a plan compiled for KILN_PRECISION_BF16; docs/COMPRESSION.md): the
  * weights are packed as bfloat16, X is rounded to bfloat16 (nearest even)
@@ -78,6 +82,12 @@ struct conv_state {
     struct kd_exec any_e, pre_x, pre_sum, post_y;
     int has_pre_x, has_pre_sum, has_post_y;
     int post_act;           /* kd_deferred_activation: applied to Y after oneDNN, or 0 */
+    /* X padded explicitly (conv_try_pad): pre_x writes the interior of the buffer of
+     * layout xpad_md at scratch + xpad_at, whose border is zeroed first */
+    int pad_explicit;
+    size_t xpad_at;
+    dnnl_memory_desc_t xpad_md;
+    int64_t xpad_lo[3], xpad_hi[3];
 };
 
 /* Everything make needs to build one variant. */
@@ -100,6 +110,10 @@ struct conv_build {
     char wwhat[32];
     dnnl_memory_desc_t src_any, dst_any;
     size_t x_rel, y_rel;
+    /* conv_try_pad: src_any is X with its pads added to the spatial dims, the convolution
+     * has none, and pre_x writes X into src_pad_sub (the interior of src_any) */
+    int pad_explicit;
+    dnnl_memory_desc_t src_pad_sub;
 };
 
 /* Whether oneDNN's implementation `impl` of a convolution is one of its fallbacks. */
@@ -512,6 +526,8 @@ static kiln_status conv_any_run(struct conv_state *s, struct kiln_run_ctx *ctx)
         if (!heap) return kiln_node_error(ctx->node, KILN_ERR_OUT_OF_MEMORY, "out of memory for scratch");
     }
     kiln_status st = KILN_OK;
+    if (s->pad_explicit)
+        kd_zero_border((char *)c2.scratch + s->xpad_at, &s->xpad_md, s->xpad_lo, s->xpad_hi);
     if (s->has_pre_x) st = kd_exec_run(&s->pre_x, &c2);
     if (st == KILN_OK && s->has_sum) {
         if (s->has_pre_sum) st = kd_exec_run(&s->pre_sum, &c2);
@@ -575,6 +591,70 @@ static void exec_shift_scratch(struct kd_exec *e, size_t base)
             if (e->v[vi].args[k].src == KD_SRC_SCRATCH_AT) e->v[vi].args[k].index += (int)base;
 }
 
+/* oneDNN's direct kernels refuse some padded convolutions their unpadded twins run: on
+ * AVX2 (oneDNN 2.6), a 1-D convolution dilated and padded at all, or a 2-D one padded by
+ * more than its kernel's unroll along W (a causal TCN's pad of 2 * dilation on one side,
+ * an atrous 3x3 of rate 6 and up, a 9x9 of pad 4), which then run on the im2col GEMM at a
+ * third of the peak or on the reference code. Where the formats conv_try_any found (any_e,
+ * when *h) are such a fallback, make the convolution again without pads, on X with its
+ * pads added to the spatial dims: pre_x writes X into that buffer's interior (the
+ * submemory src_pad_sub) and conv_any_run zeroes the border first (kd_zero_border), a
+ * copy of X that conv_try_any's estimate already pays for. Keeps any_e (or nothing) where
+ * no direct kernel takes that either. */
+static kiln_status conv_try_pad(struct conv_build *b, struct kd_exec *any_e, int *h,
+                                double work)
+{
+    int rank = b->src.ndims, nsp = rank - 2, padded = 0;
+    for (int i = 0; i < nsp; i++) padded |= b->pad_l[i] || b->pad_r[i];
+    if (!padded || (*h && !conv_impl_slow(any_e->v[0].impl))) return KILN_OK;
+    struct conv_build save = *b;
+    dnnl_dims_t pdims, offs = {0};
+    for (int i = 0; i < rank; i++) pdims[i] = b->src.dims[i];
+    for (int i = 0; i < nsp; i++) {
+        pdims[2 + i] += b->pad_l[i] + b->pad_r[i];
+        offs[2 + i] = b->pad_l[i];
+        b->pad_l[i] = b->pad_r[i] = 0;
+    }
+    /* 1-D: channel blocks of 16 or 8 first (oneDNN's direct kernels), then its choice */
+    const dnnl_format_tag_t tags[3] = {dnnl_aBc16b, dnnl_aBc8b, dnnl_format_tag_any};
+    struct kd_exec e;
+    int he = 0;
+    kiln_status st = KILN_OK;
+    for (int t = rank == 3 ? 0 : 2; t < 3 && st == KILN_OK && !he; t++) {
+        if (dnnl_memory_desc_init_by_tag(&b->src_any, rank, pdims, dnnl_f32, tags[t]) !=
+                dnnl_success ||
+            dnnl_memory_desc_init_by_tag(&b->dst_any, rank, b->dst.dims, dnnl_f32, tags[t]) !=
+                dnnl_success)
+            continue;
+        b->any = 1;
+        b->any_fixed = 0;
+        b->winograd = 0;
+        b->base_ref = 0; /* a direct kernel or nothing */
+        st = kd_exec_build(&e, kd_work_threads(b->cc, work), conv_make, b, &he);
+    }
+    if (st == KILN_OK && he &&
+        dnnl_memory_desc_init_submemory(&b->src_pad_sub, &b->src_any, b->src.dims, offs) !=
+            dnnl_success) {
+        kd_exec_destroy(&e);
+        he = 0;
+    }
+    if (st != KILN_OK || !he) {
+        *b = save;
+        return st;
+    }
+    if (*h) kd_exec_destroy(any_e);
+    *any_e = e;
+    *h = 1;
+    for (int i = 0; i < nsp; i++) {
+        b->pad_l[i] = save.pad_l[i];
+        b->pad_r[i] = save.pad_r[i];
+    }
+    b->any = 0;
+    b->winograd = save.winograd;
+    b->pad_explicit = 1;
+    return KILN_OK;
+}
+
 /* Where s's primitive (made for the plan's layouts) is a oneDNN fallback, make
  * the convolution again in the formats oneDNN prefers, with reorders of X (and
  * Sum) in and Y out (the file comment). It pays when the convolution's work
@@ -598,10 +678,9 @@ static kiln_status conv_try_any(struct conv_build *b, struct conv_state *s, doub
     int winograd = b->winograd;
     int h = 0, hx = 0, hs = 0, hy = 0;
     kiln_status st = KILN_OK;
-    /* 1-D: channel blocks of 16 first (oneDNN's direct kernel), then oneDNN's choice */
-    const dnnl_format_tag_t tags[2] = {rank == 3 ? dnnl_aBc16b : dnnl_format_tag_any,
-                                       dnnl_format_tag_any};
-    for (int t = rank == 3 ? 0 : 1; t < 2 && st == KILN_OK && !h; t++) {
+    /* 1-D: channel blocks of 16 or 8 first (oneDNN's direct kernels), then its choice */
+    const dnnl_format_tag_t tags[3] = {dnnl_aBc16b, dnnl_aBc8b, dnnl_format_tag_any};
+    for (int t = rank == 3 ? 0 : 2; t < 3 && st == KILN_OK && !h; t++) {
         if (dnnl_memory_desc_init_by_tag(&b->src_any, rank, b->src.dims, dnnl_f32, tags[t]) !=
                 dnnl_success ||
             dnnl_memory_desc_init_by_tag(&b->dst_any, rank, b->dst.dims, dnnl_f32, tags[t]) !=
@@ -615,14 +694,16 @@ static kiln_status conv_try_any(struct conv_build *b, struct conv_state *s, doub
         b->any = 0;
         b->winograd = winograd;
     }
+    if (st == KILN_OK) st = conv_try_pad(b, &s->any_e, &h, work);
     if (st != KILN_OK || !h) return st;
     if (!b->x_scratch && !b->y_scratch) { /* the plan's layouts after all */
         kd_exec_destroy(&s->any_e);
         return KILN_OK;
     }
     if (b->x_scratch)
-        st = kd_reorder_exec_build(cc, &b->src, KD_SRC_IN, 0, &b->src_any, KD_SRC_SCRATCH_AT,
-                                   (int)b->x_rel, &s->pre_x, &hx);
+        st = kd_reorder_exec_build(cc, &b->src, KD_SRC_IN, 0,
+                                   b->pad_explicit ? &b->src_pad_sub : &b->src_any,
+                                   KD_SRC_SCRATCH_AT, (int)b->x_rel, &s->pre_x, &hx);
     if (st == KILN_OK && b->y_scratch && (!b->x_scratch || hx)) {
         st = kd_reorder_exec_build(cc, &b->dst_any, KD_SRC_SCRATCH_AT, (int)b->y_rel, &b->dst,
                                    KD_SRC_OUT, 0, &s->post_y, &hy);
@@ -657,6 +738,15 @@ static kiln_status conv_try_any(struct conv_build *b, struct conv_state *s, doub
     s->has_pre_sum = hs;
     s->has_post_y = hy;
     s->scratch_total = (base + own + 63) / 64 * 64;
+    if (b->pad_explicit) {
+        s->pad_explicit = 1;
+        s->xpad_md = b->src_any;
+        s->xpad_at = base + b->x_rel;
+        for (int i = 0; i < rank - 2; i++) {
+            s->xpad_lo[i] = b->pad_l[i];
+            s->xpad_hi[i] = b->pad_r[i];
+        }
+    }
     return KILN_OK;
 }
 

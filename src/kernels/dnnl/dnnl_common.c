@@ -705,3 +705,55 @@ kiln_status kd_exec_run(struct kd_exec *e, struct kiln_run_ctx *ctx)
     if (r != dnnl_success) return kd_error(ctx->node, r, "execution");
     return KILN_OK;
 }
+
+/* ---- explicit padding (kd_zero_border) ---- */
+
+void kd_zero_border(void *buf, const dnnl_memory_desc_t *md, const int64_t *lo,
+                    const int64_t *hi)
+{
+    const dnnl_blocking_desc_t *bd = &md->format_desc.blocking;
+    int ns = md->ndims - 2;
+    if (md->format_kind != dnnl_blocked || ns < 1 || ns > 3 || md->offset0 != 0 ||
+        bd->inner_nblks > 1 || (bd->inner_nblks == 1 && bd->inner_idxs[0] != 1) ||
+        md->padded_dims[1] != md->dims[1]) {
+        memset(buf, 0, dnnl_memory_desc_get_size(md));
+        return;
+    }
+    /* a pixel's channels: one block of ib floats at each (n, channel block, position);
+     * channels-last is one block of all C */
+    int64_t ib = bd->inner_nblks ? bd->inner_blks[0] : 1, cb = md->dims[1] / ib;
+    if (ib == 1 && bd->strides[1] == 1) {
+        ib = md->dims[1];
+        cb = 1;
+    }
+    float *f = buf;
+    int64_t last = md->dims[md->ndims - 1], sw = bd->strides[md->ndims - 1];
+    int64_t l0 = lo[ns - 1], l1 = last - hi[ns - 1];
+    /* outer positions: n, channel block, each spatial dim but the last */
+    int64_t dims[4], idx[4] = {0}, total = 1;
+    int nd = 1 + ns;
+    dims[0] = md->dims[0];
+    dims[1] = cb;
+    for (int i = 0; i < ns - 1; i++) dims[2 + i] = md->dims[2 + i];
+    for (int i = 0; i < nd; i++) total *= dims[i];
+    for (int64_t p = 0; p < total; p++) {
+        int64_t off = idx[0] * bd->strides[0] + idx[1] * bd->strides[1];
+        int border = 0;
+        for (int i = 0; i < ns - 1; i++) {
+            off += idx[2 + i] * bd->strides[2 + i];
+            if (idx[2 + i] < lo[i] || idx[2 + i] >= md->dims[2 + i] - hi[i]) border = 1;
+        }
+        int64_t seg[2][2] = {{0, border ? last : l0}, {border ? last : l1, last}};
+        for (int k = 0; k < 2; k++) {
+            if (sw == ib) {
+                if (seg[k][1] > seg[k][0])
+                    memset(f + off + seg[k][0] * sw, 0,
+                           (size_t)((seg[k][1] - seg[k][0]) * ib) * sizeof(float));
+            } else {
+                for (int64_t x = seg[k][0]; x < seg[k][1]; x++)
+                    memset(f + off + x * sw, 0, (size_t)ib * sizeof(float));
+            }
+        }
+        for (int i = nd - 1; i >= 0 && ++idx[i] == dims[i]; i--) idx[i] = 0;
+    }
+}

@@ -190,6 +190,15 @@ kiln_status kd_reorder_exec_build(const struct kiln_compile_ctx *cc, const dnnl_
                                   enum kd_src from, int from_index, const dnnl_memory_desc_t *dst,
                                   enum kd_src to, int to_index, struct kd_exec *e, int *handled);
 
+/* Zero what a reorder into the interior of buf does not write: buf holds a float32
+ * tensor of layout md (dims [N, C, S...], 1 to 3 spatial dims, dense, offset 0) whose
+ * interior [lo[i], S[i] - hi[i]) along each spatial dim i is written by a reorder into
+ * a submemory (an explicitly padded input: conv.c). Zeroes the border rows and columns
+ * only; the whole buffer where md is not blocked as [outer dims][C block] or pads C to
+ * its block (the padding lanes would be left unwritten). */
+void kd_zero_border(void *buf, const dnnl_memory_desc_t *md, const int64_t *lo,
+                    const int64_t *hi);
+
 /* The threads a compile context allows (>= 1). */
 int kd_compile_threads(const struct kiln_compile_ctx *cc);
 /* Threads for a primitive doing about `work` flops (or element moves): below
