@@ -274,6 +274,8 @@ static inline kiln_status run_fast_ex(struct case_node *c, const char *isa, int 
     if (inst.scratch_bytes) {
         scratch = aligned_alloc(64, (inst.scratch_bytes + 63) / 64 * 64);
         if (!scratch) abort();
+        /* NaN garbage: a kernel that reads scratch it did not write shows in the result */
+        memset(scratch, 0xff, (inst.scratch_bytes + 63) / 64 * 64);
     }
     kiln_tensor *ins[MAX_IO];
     memcpy(ins, c->in, sizeof ins);

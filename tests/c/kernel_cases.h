@@ -2013,6 +2013,24 @@ static void deconv_cases(bool fused)
         deconv_case(fused, &cases[i], true);
         if (i % 3 == 0) deconv_case(fused, &cases[i], false);
     }
+    /* 2-D, as the layout pass stores them: X blocked, Y blocked or plain; the upsamplings
+     * of UNets and decoders (k2 s2, k3 s2 with output_padding, k4 s2 p1), channel counts
+     * off the block, a Sigmoid (non-zero at 0: padding lanes) */
+    static const struct deconv_spec blocked[] = {
+        {2, 1, 64, 32, 6, 2, 1, 2, 1, 0, 0, 0, NULL, 0, 1, NULL, 0, 0},
+        {2, 2, 32, 16, 7, 3, 1, 2, 1, 1, 1, 1, NULL, 0, 1, NULL, 0, 0},
+        {2, 1, 24, 12, 5, 4, 1, 2, 1, 1, 1, 0, NULL, 0, 1, "Sigmoid", 0, 0},
+        {2, 1, 16, 20, 5, 3, 1, 3, 1, 0, 2, 0, NULL, 0, 0, "Tanh", 0, 0},
+    };
+    for (int b = 8; b <= 16; b += 8)
+        for (int plain_out = 0; plain_out <= 1; plain_out++) {
+            case_layout = b;
+            case_layout_out = plain_out ? 0 : -1;
+            for (size_t i = 0; i < sizeof blocked / sizeof blocked[0]; i++)
+                deconv_case(fused, &blocked[i], true);
+            case_layout = 0;
+            case_layout_out = -1;
+        }
 }
 
 /* ---- Quantized ops (dnnl/qlinear.def) ---- */

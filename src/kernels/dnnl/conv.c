@@ -583,14 +583,6 @@ static void conv_destroy(void *state)
     free(s);
 }
 
-/* Add base to the scratch offsets of e's kernel-owned buffers. */
-static void exec_shift_scratch(struct kd_exec *e, size_t base)
-{
-    for (int vi = 0; vi < e->nv; vi++)
-        for (int k = 0; k < e->v[vi].nargs; k++)
-            if (e->v[vi].args[k].src == KD_SRC_SCRATCH_AT) e->v[vi].args[k].index += (int)base;
-}
-
 /* oneDNN's direct kernels refuse some padded convolutions their unpadded twins run: on
  * AVX2 (oneDNN 2.6), a 1-D convolution dilated and padded at all, or a 2-D one padded by
  * more than its kernel's unroll along W (a causal TCN's pad of 2 * dilation on one side,
@@ -731,7 +723,7 @@ static kiln_status conv_try_any(struct conv_build *b, struct conv_state *s, doub
         return KILN_OK;
     }
     for (int i = 0; i < 4; i++)
-        if (built[i]) exec_shift_scratch(all[i], base);
+        if (built[i]) kd_exec_shift_scratch(all[i], base);
     kd_exec_destroy(&s->e);
     s->any = 1;
     s->has_pre_x = hx;
@@ -1138,7 +1130,7 @@ static kiln_status cgemm_compile(const struct kiln_compile_ctx *cc, int64_t grou
             return st;
         }
         base = (kd_exec_scratch(&s->e) + 63) / 64 * 64;
-        exec_shift_scratch(&s->e, base);
+        kd_exec_shift_scratch(&s->e, base);
     }
     s->col_off = base;
     s->dst_off = base + (dnnl_memory_desc_get_size(&b.src) + 63) / 64 * 64;

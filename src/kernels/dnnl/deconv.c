@@ -19,6 +19,7 @@
  * instead of a GEMM and col2im over plain data. Anything else (other dtypes, empty
  * tensors, a shape oneDNN declines) stays on the reference kernel.
  */
+#include "kernels/dnnl/deconv.h"
 #include "kernels/dnnl/dnnl_common.h"
 #include "kernels/family.h"
 
@@ -112,10 +113,8 @@ static int act_ok(const struct kiln_node *n)
 
 static int is_f32(const struct kiln_type *t) { return t && t->dtype == KILN_DTYPE_F32; }
 
-/* The checks before building (types, layouts, ranks, group, bias, the window); fills the
- * geometry (kiln_convt_window's). */
-static bool deconv_node_ok(const struct kiln_compile_ctx *cc, int64_t *group_out, int64_t *out,
-                           int64_t *pb, int64_t *stride, int64_t *dil)
+bool kd_deconv_node_ok(const struct kiln_compile_ctx *cc, int64_t *group_out, int64_t *out,
+                       int64_t *pb, int64_t *stride, int64_t *dil)
 {
     const struct kiln_node *n = cc->node;
     if (cc->n_in < 2) return false;
@@ -159,7 +158,7 @@ static kiln_status deconv_compile(const struct kiln_compile_ctx *cc, struct kiln
     const struct kiln_node *n = cc->node;
     int64_t group, out[KILN_MAX_RANK], pb[KILN_MAX_RANK], stride[KILN_MAX_RANK],
         dil[KILN_MAX_RANK];
-    if (!deconv_node_ok(cc, &group, out, pb, stride, dil)) return KILN_OK;
+    if (!kd_deconv_node_ok(cc, &group, out, pb, stride, dil)) return KILN_OK;
     const struct kiln_type *x = cc->in[0], *w = cc->in[1], *y = cc->out[0];
     const struct kiln_type *bias = cc->n_in > 2 ? cc->in[2] : NULL;
     const int in_l = cc->in_layout ? cc->in_layout[0] : 0;
@@ -240,7 +239,7 @@ bool kiln_k_dnnl_deconv_covers(const struct kiln_compile_ctx *cc)
 {
     int64_t group, out[KILN_MAX_RANK], pb[KILN_MAX_RANK], stride[KILN_MAX_RANK],
         dil[KILN_MAX_RANK];
-    return deconv_node_ok(cc, &group, out, pb, stride, dil);
+    return kd_deconv_node_ok(cc, &group, out, pb, stride, dil);
 }
 
 kiln_status kiln_k_dnnl_deconv_compile(const struct kiln_compile_ctx *cc,

@@ -706,6 +706,13 @@ kiln_status kd_exec_run(struct kd_exec *e, struct kiln_run_ctx *ctx)
     return KILN_OK;
 }
 
+void kd_exec_shift_scratch(struct kd_exec *e, size_t base)
+{
+    for (int vi = 0; vi < e->nv; vi++)
+        for (int k = 0; k < e->v[vi].nargs; k++)
+            if (e->v[vi].args[k].src == KD_SRC_SCRATCH_AT) e->v[vi].args[k].index += (int)base;
+}
+
 /* ---- explicit padding (kd_zero_border) ---- */
 
 void kd_zero_border(void *buf, const dnnl_memory_desc_t *md, const int64_t *lo,

@@ -199,6 +199,10 @@ kiln_status kd_reorder_exec_build(const struct kiln_compile_ctx *cc, const dnnl_
 void kd_zero_border(void *buf, const dnnl_memory_desc_t *md, const int64_t *lo,
                     const int64_t *hi);
 
+/* Add base to the scratch offsets (KD_SRC_SCRATCH_AT) of e's kernel-owned buffers: they
+ * were laid out from 0 before e's oneDNN scratchpad size was known. */
+void kd_exec_shift_scratch(struct kd_exec *e, size_t base);
+
 /* The threads a compile context allows (>= 1). */
 int kd_compile_threads(const struct kiln_compile_ctx *cc);
 /* Threads for a primitive doing about `work` flops (or element moves): below
