@@ -35,6 +35,21 @@ void kiln_threads_release(int granted);
 typedef void (*kiln_range_fn)(void *ctx, int64_t begin, int64_t end);
 void kiln_parallel_for(int threads, int64_t n, int64_t grain, kiln_range_fn fn, void *ctx);
 
+/* The grain of a memory-bound copy (gathers, slices, pads, concats, interleaves) whose
+ * units move unit_bytes each: chunks of at least KILN_COPY_GRAIN_BYTES, so a copy of under
+ * twice that runs on one thread. Forking and joining costs a few microseconds even with
+ * the workers awake, and a second thread reads what the producer left in the other core's
+ * cache: with 16 KB chunks, shufflenet_v2's channel gathers and slices (33 KB each at batch
+ * 1) made the model slower on two threads than on one. Measured on a 2-core AVX2 VM
+ * against 16 KB: batch 1 1.26 -> 1.14 ms, batch 8 (267 KB and up, still split) 7.61 ->
+ * 7.53; 256 KB chunks lost at batch 8 (8.4 ms). */
+#define KILN_COPY_GRAIN_BYTES (64 * 1024)
+static inline int64_t kiln_copy_grain(int64_t unit_bytes)
+{
+    return unit_bytes >= KILN_COPY_GRAIN_BYTES ? 1
+                                               : KILN_COPY_GRAIN_BYTES / (unit_bytes > 0 ? unit_bytes : 1);
+}
+
 /* Call fn(ctx, tid, nt) once on each of nt <= threads threads of one
  * parallel region (tid 0 is the caller); fn may call kiln_team_barrier to
  * wait for the team. For a loop of short dependent passes (a recurrent

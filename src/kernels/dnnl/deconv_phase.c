@@ -240,7 +240,7 @@ static kiln_status ph_run(void *state, struct kiln_run_ctx *ctx)
         struct ph_job j = {&s->g, (const float *)(sc + s->z_at),
                            s->has_post ? (float *)(sc + s->yb_at) : ctx->out[0]->data};
         int64_t units = s->g.n * s->g.mb * s->g.o[0], per = s->g.o[1] * s->g.blk;
-        kiln_parallel_for(ctx->threads, units, per >= 16384 ? 1 : 16384 / per, ph_range, &j);
+        kiln_parallel_for(ctx->threads, units, kiln_copy_grain(per * 4), ph_range, &j);
         if (s->has_post) st = kd_exec_run(&s->post, &c2);
     }
     if (st == KILN_OK && s->post_act)

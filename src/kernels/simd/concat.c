@@ -111,8 +111,8 @@ static kiln_status concat_run(void *state, struct kiln_run_ctx *ctx)
 {
     const struct concat_state *s = state;
     struct concat_job j = {s, ctx};
-    int64_t grain = s->out_row >= 65536 ? 1 : (int64_t)(65536 / (s->out_row ? s->out_row : 1));
-    kiln_parallel_for(ctx->threads, s->outer, grain, concat_range, &j);
+    kiln_parallel_for(ctx->threads, s->outer, kiln_copy_grain((int64_t)s->out_row), concat_range,
+                      &j);
     return KILN_OK;
 }
 

@@ -96,8 +96,8 @@ static kiln_status gather_run(void *state, struct kiln_run_ctx *ctx)
         }
     }
     int64_t row_bytes = s->inner * (int64_t)s->es;
-    int64_t grain = row_bytes >= 65536 ? 1 : 65536 / (row_bytes > 0 ? row_bytes : 1);
-    kiln_parallel_for(ctx->threads, s->outer * s->nidx, grain, gather_range, &j);
+    kiln_parallel_for(ctx->threads, s->outer * s->nidx, kiln_copy_grain(row_bytes), gather_range,
+                      &j);
     return KILN_OK;
 }
 

@@ -71,7 +71,7 @@ static kiln_status ds_run(void *state, struct kiln_run_ctx *ctx)
     const struct ds_state *s = state;
     struct ds_job j = {s, ctx->in[0]->data, ctx->out[0]->data};
     int64_t units = s->n * s->c * (s->h / s->b), per = s->b * s->w;
-    kiln_parallel_for(ctx->threads, units, per >= 16384 ? 1 : 16384 / per, ds_range, &j);
+    kiln_parallel_for(ctx->threads, units, kiln_copy_grain(per * 4), ds_range, &j);
     return KILN_OK;
 }
 

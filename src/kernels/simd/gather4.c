@@ -141,6 +141,5 @@ void kiln_gather4_run(const struct kiln_gather4 *g, const float *x, float *y, in
         j.units = g->c_hi - g->c_lo;
     }
     int64_t row = g->w * (g->ly ? g->ly : 1) * (int64_t)sizeof(float);
-    int64_t grain = row >= 16384 ? 1 : 16384 / (row > 0 ? row : 1);
-    kiln_parallel_for(threads, g->n * j.units * g->h, grain, g4_range, &j);
+    kiln_parallel_for(threads, g->n * j.units * g->h, kiln_copy_grain(row), g4_range, &j);
 }

@@ -104,8 +104,7 @@ static kiln_status pad_run(void *state, struct kiln_run_ctx *ctx)
     const struct pad_state *s = state;
     struct pad_job j = {s, ctx->in[0]->data, ctx->out[0]->data};
     int64_t row = s->ow * (s->l ? s->l : 1) * (int64_t)sizeof(float);
-    int64_t grain = row >= 16384 ? 1 : 16384 / (row > 0 ? row : 1);
-    kiln_parallel_for(ctx->threads, s->n * s->units * s->oh, grain, pad_range, &j);
+    kiln_parallel_for(ctx->threads, s->n * s->units * s->oh, kiln_copy_grain(row), pad_range, &j);
     return KILN_OK;
 }
 

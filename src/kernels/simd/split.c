@@ -62,8 +62,7 @@ static kiln_status split_run(void *state, struct kiln_run_ctx *ctx)
     struct split_job j = {s, ctx->in[0]->data, y};
     int64_t items = (int64_t)s->n_out * s->outer;
     size_t per_item = bytes / (size_t)s->n_out + 1;
-    int64_t grain = per_item >= 16384 ? 1 : (int64_t)(16384 / per_item) + 1;
-    kiln_parallel_for(ctx->threads, items, grain, split_items, &j);
+    kiln_parallel_for(ctx->threads, items, kiln_copy_grain((int64_t)per_item), split_items, &j);
     return KILN_OK;
 }
 
