@@ -297,7 +297,9 @@ def test_serve_decrypts_with_a_key_ring_and_rotation(tmp_path):
             shutil.rmtree(base / str(v))
         # version 2 goes: version 1, under the older key, loads again
         shutil.rmtree(base / "2")
-        assert wait_for(lambda: states(srv, "em").get(1, ("",))[0] == "AVAILABLE"), states(srv, "em")
+        # version 1 loads before version 2 is unloaded (no gap in serving): wait for both
+        assert wait_for(lambda: states(srv, "em").get(1, ("",))[0] == "AVAILABLE" and
+                        states(srv, "em").get(2, ("END",))[0] == "END"), states(srv, "em")
         assert predict(srv, "em") == affine(2.0, 0.5)
         written = {p.name for p in base.rglob("*") if p.is_file()}
         assert written == {"model.onnx.kenc"}, written
