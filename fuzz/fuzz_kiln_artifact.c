@@ -23,6 +23,10 @@
 #include "kiln/kiln.h"
 
 #define FUZZ_MAX_INPUT_ELEMENTS 4096
+/* A run stops here, as a server's request timeout stops it: a While or Loop whose
+ * condition never turns false is the model's meaning, not a defect, and would otherwise
+ * run to the loop bound (2^24 iterations). */
+#define FUZZ_RUN_DEADLINE_MS 1000
 #define FUZZ_MAX_INPUTS 16
 
 /* Run the session once with zero-filled inputs if every input is small and known. */
@@ -50,7 +54,8 @@ static void run_once(kiln_session *session)
         named[made].tensor = tensors[made];
     }
     kiln_outputs *outputs = NULL;
-    if (kiln_session_run(session, named, n, &outputs) == KILN_OK) {
+    kiln_run_options ro = {.deadline_ms = kiln_monotonic_ms() + FUZZ_RUN_DEADLINE_MS};
+    if (kiln_session_run_opts(session, named, n, &ro, &outputs) == KILN_OK) {
         for (int i = 0; i < kiln_outputs_count(outputs); i++) {
             const kiln_tensor *t = kiln_outputs_get(outputs, i);
             if (t && t->nbytes > 0 && t->data) (void)*(volatile const unsigned char *)t->data;

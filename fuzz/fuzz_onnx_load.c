@@ -33,6 +33,10 @@
  * run: the point is to exercise the code paths, not to spend time in
  * kernels. */
 #define FUZZ_MAX_INPUT_ELEMENTS 4096
+/* A run stops here, as a server's request timeout stops it: a While or Loop whose
+ * condition never turns false is the model's meaning, not a defect, and would otherwise
+ * run to the loop bound (2^24 iterations). */
+#define FUZZ_RUN_DEADLINE_MS 1000
 #define FUZZ_MAX_INPUTS 64
 
 /* Element count of a fully known, small shape; -1 if unknown or too big. */
@@ -77,7 +81,8 @@ static void fuzz_run_once(kiln_session *session)
     }
 
     kiln_outputs *outputs = NULL;
-    if (kiln_session_run(session, named, n, &outputs) == KILN_OK) {
+    kiln_run_options ro = {.deadline_ms = kiln_monotonic_ms() + FUZZ_RUN_DEADLINE_MS};
+    if (kiln_session_run_opts(session, named, n, &ro, &outputs) == KILN_OK) {
         /* Touch every output so that a bad count or a dangling tensor shows. */
         int m = kiln_outputs_count(outputs);
         for (int i = 0; i < m; i++) {

@@ -27,6 +27,10 @@
 #include "kiln/kiln.h"
 
 #define FUZZ_MAX_INPUT_ELEMENTS 4096
+/* A run stops here, as a server's request timeout stops it: a While or Loop whose
+ * condition never turns false is the model's meaning, not a defect, and would otherwise
+ * run to the loop bound (2^24 iterations). */
+#define FUZZ_RUN_DEADLINE_MS 1000
 #define FUZZ_MAX_INPUTS 64
 
 static char fuzz_dir[64];
@@ -96,7 +100,8 @@ static void fuzz_run_once(kiln_session *session)
         named[made].tensor = tensors[made];
     }
     kiln_outputs *outputs = NULL;
-    if (kiln_session_run(session, named, n, &outputs) == KILN_OK) {
+    kiln_run_options ro = {.deadline_ms = kiln_monotonic_ms() + FUZZ_RUN_DEADLINE_MS};
+    if (kiln_session_run_opts(session, named, n, &ro, &outputs) == KILN_OK) {
         int m = kiln_outputs_count(outputs);
         for (int i = 0; i < m; i++) {
             const kiln_tensor *t = kiln_outputs_get(outputs, i);
