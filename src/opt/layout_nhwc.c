@@ -13,8 +13,9 @@
  *  - followers (elementwise, so any storage order is the same to them): a
  *    QuantizeLinear / DequantizeLinear of a 4-D value with one scale and zero
  *    point, KilnQLinearAdd, a float Add or Mul of two same-shape 4-D values
- *    (the residual, SiLU's x * sigmoid(x)), a Relu, a Sigmoid, a Clip with
- *    scalar bounds (src/kernels/simd/quant8.c, elementwise.c), an 8-bit
+ *    (the residual, SiLU's x * sigmoid(x)), a Relu, a Sigmoid, a Swish (the
+ *    SiLU of src/opt/silu.c), a Clip with scalar bounds
+ *    (src/kernels/simd/quant8.c, elementwise.c), an 8-bit
  *    MaxPool (dnnl/pool.c), and a float Mul by a per-channel [N or 1, C, 1, 1]
  *    value (squeeze-and-excitation, C <= 2048: elementwise.c treats channels
  *    last as one block of all C channels) following by its big input;
@@ -261,7 +262,8 @@ static int is_follower(const struct kiln_graph *g, const unsigned char *cap, con
     }
     if (yt->dims[0] < 0 && (!xt->sym[0] || !yt->sym[0] || strcmp(xt->sym[0], yt->sym[0])))
         return 0;
-    if (n->op == KILN_OP_Relu || n->op == KILN_OP_Sigmoid) return n->n_in == 1;
+    if (n->op == KILN_OP_Relu || n->op == KILN_OP_Sigmoid || n->op == KILN_OP_Swish)
+        return n->n_in == 1;
     if (n->op == KILN_OP_Clip) {
         for (int k = 1; k < n->n_in; k++)
             if (n->in[k] >= 0 && !scalar_or_absent(g, n, k, KILN_DTYPE_F32)) return 0;

@@ -360,6 +360,7 @@ kiln_status kiln_optimize(struct kiln_graph *g, const struct kiln_opt_options *o
         {"matmul_fusion", kiln_opt_fuse_matmul},
         {"qadd_fusion", kiln_opt_qadd}, /* Q(Relu(DQ + DQ)) -> KilnQLinearAdd */
         {"qlut_fusion", kiln_opt_qlut}, /* DQ -> SiLU / Sigmoid ... [-> Q] -> KilnLut8 */
+        {"silu_fusion", kiln_opt_silu}, /* x * Sigmoid(x) left after the fusions above */
         {"dead_code_elimination", kiln_opt_dce},
     };
     struct kiln_opt_log local;

@@ -199,6 +199,7 @@ kiln_status kiln_opt_fuse_conv(struct kiln_graph *g, struct kiln_opt_pass_log *p
 kiln_status kiln_opt_fuse_matmul(struct kiln_graph *g, struct kiln_opt_pass_log *pl);/* fuse_matmul.c */
 kiln_status kiln_opt_qadd(struct kiln_graph *g, struct kiln_opt_pass_log *pl);       /* qadd.c */
 kiln_status kiln_opt_qlut(struct kiln_graph *g, struct kiln_opt_pass_log *pl);       /* qlut.c */
+kiln_status kiln_opt_silu(struct kiln_graph *g, struct kiln_opt_pass_log *pl);       /* silu.c */
 /* The layout pass (layout.c, another file's owner): run last when o->layout. */
 kiln_status kiln_opt_layout(struct kiln_graph *g, struct kiln_opt_pass_log *pl) __attribute__((weak));
 /* After the layout pass: blocked expand / depthwise / [squeeze-excitation] / project

@@ -30,6 +30,7 @@ static void add_unary_attrs(struct case_node *c, enum kiln_op op, int variant)
         attr_float(c, "beta", 0.4f);
     }
     if (op == KILN_OP_Gelu) attr_str(c, "approximate", variant ? "tanh" : "none");
+    if (op == KILN_OP_Swish && variant) attr_float(c, "alpha", 1.702f); /* else 1: SiLU */
 }
 
 /*
@@ -74,7 +75,7 @@ static void unary_run_case(const struct unary_case *u, int variant, const float 
 {
     struct case_node c;
     int n_in = u->op == KILN_OP_Clip ? 3 : 1;
-    cn_init(&c, u->op, 13, n_in, 1);
+    cn_init(&c, u->op, u->op == KILN_OP_Swish ? 24 : 13, n_in, 1);
     add_unary_attrs(&c, u->op, variant);
     kiln_tensor *x = tensor_f32(1, &n);
     memcpy(x->data, xs, (size_t)n * sizeof(float));
@@ -89,7 +90,8 @@ static void unary_run_case(const struct unary_case *u, int variant, const float 
     }
     char label[96];
     snprintf(label, sizeof label, "%s%s %s n=%lld", u->name,
-             u->op == KILN_OP_Gelu && variant ? "(tanh)" : "", tag, (long long)n);
+             !variant ? "" : u->op == KILN_OP_Gelu ? "(tanh)" : u->op == KILN_OP_Swish ? "(1.702)" : "",
+             tag, (long long)n);
     double worst_before = worst_rel;
     check_case(&c, label, u->rtol, u->atol, 1);
     if (u->op == KILN_OP_Gelu) { /* report the error against the oracle, not the reference */
@@ -113,6 +115,9 @@ static const struct unary_case unary_cases[] = {
     {KILN_OP_HardSwish, "HardSwish", -5, 5, 1e-5, 1e-30},
     {KILN_OP_HardSigmoid, "HardSigmoid", -5, 5, 1e-6, 1e-30},
     {KILN_OP_Softplus, "Softplus", -20, 20, 1e-5, 3e-45},
+    /* x sigmoid(alpha x): the float sigmoid is denormal from alpha x = -87, where the product
+     * loses the digits the reference's double keeps; the results there are below FLT_MIN */
+    {KILN_OP_Swish, "Swish", -20, 20, 1e-5, 1.2e-38},
 };
 #define N_UNARY (int)(sizeof unary_cases / sizeof unary_cases[0])
 
@@ -121,7 +126,8 @@ static void test_unary(void)
     float *buf = malloc(120001 * sizeof(float));
     for (int u = 0; u < N_UNARY; u++) {
         const struct unary_case *uc = &unary_cases[u];
-        int variants = uc->op == KILN_OP_Gelu || uc->op == KILN_OP_Clip ? 2 : 1;
+        int variants =
+            uc->op == KILN_OP_Gelu || uc->op == KILN_OP_Clip || uc->op == KILN_OP_Swish ? 2 : 1;
         for (int v = 0; v < variants; v++) {
             double worst_before = worst_rel;
             worst_rel = 0;
@@ -139,7 +145,7 @@ static void test_unary(void)
             for (int64_t i = 0; i < n; i++) buf[i] = -4.0f + 8.0f * (float)i / (float)(n - 1);
             unary_run_case(uc, v, buf, n, "sweep[-4,4]");
             printf("%-12s%-7s max relative error vs %s (|y| > 1e-30): %.2e\n", uc->name,
-                   uc->op == KILN_OP_Gelu && v ? "(tanh)" : "",
+                   !v ? "" : uc->op == KILN_OP_Gelu ? "(tanh)" : uc->op == KILN_OP_Swish ? "(1.702)" : "",
                    uc->op == KILN_OP_Gelu ? "long double" : "reference", worst_rel);
             if (worst_before > worst_rel) worst_rel = worst_before;
         }

@@ -800,6 +800,24 @@ static void build_ln_gelu(struct gb *b)
     b->out[b->n_out++] = g2;
 }
 
+/* SiLU after something other than a convolution or a product (an Add here, a
+ * normalization in UNets): x * Sigmoid(x) in both operand orders becomes Swish; a
+ * Sigmoid read twice, and a Sigmoid times another value, stay */
+static void build_silu(struct gb *b)
+{
+    int64_t dx[3] = {2, 3, 5}, dc[1] = {5};
+    int x = gb_input(b, "x", 3, dx);
+    int a = gb_op2(b, KILN_OP_Add, x, gb_rand(b, 1, dc, 2, 0));
+    b->out[b->n_out++] = gb_op2(b, KILN_OP_Mul, gb_op1(b, KILN_OP_Sigmoid, a), a);
+    int a2 = gb_op2(b, KILN_OP_Mul, x, gb_rand(b, 1, dc, 3, 0));
+    b->out[b->n_out++] = gb_op2(b, KILN_OP_Mul, a2, gb_op1(b, KILN_OP_Sigmoid, a2));
+    int s3 = gb_op1(b, KILN_OP_Sigmoid, x); /* read twice */
+    b->out[b->n_out++] = gb_op2(b, KILN_OP_Mul, x, s3);
+    b->out[b->n_out++] = gb_op1(b, KILN_OP_Relu, s3);
+    int g4 = gb_op2(b, KILN_OP_Sub, x, gb_rand(b, 1, dc, 1, 0));
+    b->out[b->n_out++] = gb_op2(b, KILN_OP_Mul, gb_op1(b, KILN_OP_Sigmoid, g4), x); /* a gate */
+}
+
 /* BERT's attention with constant reshape targets, a [B,1,1,T] mask, and a
  * Transpose pair that cancels */
 static int gb_transpose(struct gb *b, int x, int r, const int64_t *perm)
@@ -1311,6 +1329,12 @@ static void test_small(void)
         EXPECT_LOG("layernorm+gelu", "LayerNormalization", false, 1);
         EXPECT_LOG("layernorm+gelu", "Gelu(", true, 2);
         CHECK(g->n_nodes == 3, "layernorm+gelu: %d nodes left, expected 3", g->n_nodes);
+        kiln_graph_free(g);
+    }
+    if ((g = run_case("silu", build_silu, &d))) {
+        EXPECT_OPS(g, "silu", Swish, 2);
+        EXPECT_OPS(g, "silu", Sigmoid, 2);
+        EXPECT_LOG("silu", "Swish(SiLU)", false, 2);
         kiln_graph_free(g);
     }
     if ((g = run_case("transposes", build_transposes, &d))) {

@@ -1,7 +1,7 @@
 /*
  * elementwise.c - fast f32 kernels for unary activations and math (Relu,
  * LeakyRelu, Clip, Sigmoid, Tanh, Exp, Erf, Gelu, HardSwish, HardSigmoid,
- * Softplus, Sqrt, Neg; Pow by a constant 2, 3, 0.5, -1 or -0.5) and the binary ops Add,
+ * Softplus, Swish, Sqrt, Neg; Pow by a constant 2, 3, 0.5, -1 or -0.5) and the binary ops Add,
  * Sub, Mul, Div.
  *
  * Each op has three kernels, one per SIMD table (simd.h), declared in the
@@ -388,6 +388,17 @@ static kiln_status gelu_compile(const struct kiln_compile_ctx *cc, struct kiln_k
     return KILN_OK; /* the reference reports the bad attribute */
 }
 SIMD_VARIANTS(gelu, gelu_compile)
+
+/* Swish (opset 24): x * sigmoid(alpha x); alpha 1 is SiLU, which silu_fusion
+ * (src/opt/silu.c) makes of x * Sigmoid(x) */
+static kiln_status swish_compile(const struct kiln_compile_ctx *cc, struct kiln_kernel_inst *inst,
+                                 const struct simd_kernels *k)
+{
+    float alpha = kiln_attr_float(cc->node, "alpha", 1.0f);
+    if (alpha == 1.0f) return unary_compile(cc, inst, k, SIMD_SILU, "silu", 0, 0);
+    return unary_compile(cc, inst, k, SIMD_SWISH, "swish", alpha, 0);
+}
+SIMD_VARIANTS(swish, swish_compile)
 
 /* Clip: attributes min/max before opset 11, optional one-element inputs from 11. */
 static kiln_status clip_compile(const struct kiln_compile_ctx *cc, struct kiln_kernel_inst *inst,

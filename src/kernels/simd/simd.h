@@ -45,6 +45,7 @@ enum simd_unary {
     SIMD_RECIP,        /* 1 / x: Pow(x, -1) */
     SIMD_RSQRT,        /* Pow(x, -0.5): 1 / sqrt(x), with pow()'s +inf at -0 and +0 at -inf */
     SIMD_POW_HALF,     /* Pow(x, 0.5): sqrt(x), with pow()'s +0 at -0 and +inf at -inf */
+    SIMD_SWISH,        /* x * sigmoid(alpha x) */
 };
 
 enum simd_binary { SIMD_ADD, SIMD_SUB, SIMD_MUL, SIMD_DIV };

@@ -246,6 +246,7 @@ static void k_unary(enum simd_unary op, float alpha, float beta, const float *xs
     case SIMD_SQRT: UNARY_LOOP(vsqrt(x)); break;
     case SIMD_NEG: UNARY_LOOP(vneg(x)); break;
     case SIMD_SILU: UNARY_LOOP(x * v_sigmoid(x)); break;
+    case SIMD_SWISH: UNARY_LOOP(x * v_sigmoid(x * va)); break;
     case SIMD_SQUARE: UNARY_LOOP(x * x); break;
     case SIMD_CUBE: UNARY_LOOP(x * x * x); break;
     case SIMD_RECIP: UNARY_LOOP(vset(1.0f) / x); break;
