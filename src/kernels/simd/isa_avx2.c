@@ -35,13 +35,9 @@ static inline vf vsel(vm m, vf a, vf b) { return _mm256_blendv_ps(a, b, m); }
 static inline vf vabs(vf a) { return _mm256_andnot_ps(_mm256_set1_ps(-0.0f), a); }
 static inline vf vneg(vf a) { return _mm256_xor_ps(a, _mm256_set1_ps(-0.0f)); }
 static inline vf vsqrt(vf a) { return _mm256_sqrt_ps(a); }
-/* 1 / a for a in [1, 2]: the 12-bit estimate and two Newton steps (within 3 ulp) */
-static inline vf vrecip12(vf a)
-{
-    vf r = _mm256_rcp_ps(a);
-    r = _mm256_fmadd_ps(r, _mm256_fnmadd_ps(a, r, _mm256_set1_ps(1.0f)), r);
-    return _mm256_fmadd_ps(r, _mm256_fnmadd_ps(a, r, _mm256_set1_ps(1.0f)), r);
-}
+/* 1 / a for a in [1, 2]: a division. The 12-bit estimate needs two Newton steps here, a
+ * chain of 24 cycles against vdivps's 10 (Zen 2: sigmoid 8.6 -> 7.3 ns a vector) */
+static inline vf vrecip12(vf a) { return _mm256_div_ps(_mm256_set1_ps(1.0f), a); }
 /* even = a0 a2 .. a6 b0 b2 .. b6, odd = a1 a3 .. b7: the lanes of a then b, split by parity */
 static inline void vdeint(vf a, vf b, vf *even, vf *odd)
 {

@@ -11,13 +11,12 @@
 /* e^r for the reduced argument r (|r| <= ln2 / 2, plus lo): the Cephes expf polynomial. */
 static inline vf v_exp_reduced(vf r)
 {
-    vf p = vset(1.9875691500e-4f);
-    p = vfma(p, r, vset(1.3981999507e-3f));
-    p = vfma(p, r, vset(8.3334519073e-3f));
-    p = vfma(p, r, vset(4.1665795894e-2f));
-    p = vfma(p, r, vset(1.6666665459e-1f));
-    p = vfma(p, r, vset(5.0000001201e-1f));
-    return vfma(p, r * r, r) + vset(1.0f);
+    vf r2 = r * r;
+    vf q45 = vfma(vset(1.9875691500e-4f), r, vset(1.3981999507e-3f));
+    vf q23 = vfma(vset(8.3334519073e-3f), r, vset(4.1665795894e-2f));
+    vf q01 = vfma(vset(1.6666665459e-1f), r, vset(5.0000001201e-1f));
+    vf p = vfma(vfma(q45, r2, q23), r2, q01);
+    return vfma(p, r2, r) + vset(1.0f);
 }
 
 /* exp(hi + lo) with |lo| < 2; Cody-Waite reduction (hi's part exact), the
@@ -43,7 +42,7 @@ static inline vf v_exp2s(vf hi, vf lo, float shift)
 /* exp(hi + lo); v_exp2s(hi, lo, s) is exp(hi + lo) * 2^s (s in [0, 32]), for
  * callers that scale a result that would be denormal before rounding it. */
 static inline vf v_exp2(vf hi, vf lo) { return v_exp2s(hi, lo, 0.0f); }
-static inline vf v_exp(vf x) { return v_exp2(x, vset(0.0f)); }
+static inline vf v_exp(vf x) { return v_exp2(x, vset(-0.0f)); }
 
 /* exp(x) with x clamped to [-87, 88], where every result is a normal float:
  * 2^n in one step, not two halves (without scalef, the halves cost a third
@@ -62,13 +61,20 @@ static inline vf v_exp_normal(vf x)
 #endif
 }
 
-/* Sigmoid: 1 / (1 + e^-|x|), times e^-|x| for x < 0 (the reciprocal of a
- * value in [1, 2] by estimate and Newton steps, not a division). */
+/* Sigmoid: 1 / (1 + e^-|x|), times e^-|x| for x < 0 (vrecip12: the reciprocal of a value
+ * in [1, 2]). e^-|x| is made as e^-|x| 2^24, whose 2^n stays normal in one step down to
+ * -|x| = -104 (where sigmoid is below half the smallest denormal), and the product for
+ * x < 0 scaled back last, so the denormal tail rounds once: v_exp's two halves of 2^n are
+ * not needed. */
 static inline vf v_sigmoid(vf v)
 {
-    vf e = v_exp(vneg(vabs(v)));
-    vf r = vrecip12(vset(1.0f) + e);
-    return vsel(vlt(v, vset(0.0f)), r, e * r);
+    vf t = vmaxs(vset(-104.0f), vneg(vabs(v))); /* NaN passes */
+    vf n = vround(t * vset(1.44269504088896341f));
+    vf r = vfma(n, vset(-0.693359375f), t);
+    r = vfma(n, vset(2.12194440e-4f), r);
+    vf e24 = v_exp_reduced(r) * vpow2i(n + vset(24.0f)); /* e^t 2^24 */
+    vf q = vrecip12(vfma(e24, vset(0x1p-24f), vset(1.0f)));
+    return vsel(vlt(v, vset(0.0f)), q, (e24 * q) * vset(0x1p-24f));
 }
 
 /* v_sigmoid for a gate that multiplies a state (the recurrent cells): the
