@@ -10,7 +10,8 @@
  *   vlt(a, b), vsel(m, a, b)   mask of a < b; m ? b : a per lane
  *   vnan(a)                mask of the NaN lanes of a
  *   vabs vneg vsqrt vcopysign(mag, sign) vhsum vhmax
- *   vrecip12(a)            1 / a for a in [1, 2], within 3 ulp (estimate + Newton)
+ *   vrecip12(a)            1 / a for a in [1, 2], within 3 ulp (estimate + Newton,
+ *                          or a division where that is the shorter chain: AVX2)
  *   vtranspose(r)          r[i][j] <- r[j][i] for the W x W floats of vf r[W]
  *   vdeint(a, b, &e, &o)   the 2W lanes of a then b split into even and odd ones
  *   SIMD_TABLE, SIMD_ISA   the exported table's name and its ISA string

@@ -1,7 +1,7 @@
 /*
  * skinny.c - the product of a few rows by a large constant matrix, Y =
  * act(alpha * A B + bias + Sum), for MatMul, Gemm and KilnFusedMatMul with
- * m <= KILN_SKINNY_MAX_M rows of A (all its leading dims together).
+ * m <= KILN_SKINNY_MATMUL_MAX_M rows of A (all its leading dims together).
  *
  * Such a product streams B: every weight is used m times, so it is bound by
  * B's bytes. oneDNN's matmul on plain B (its GEMM path, which is what it
@@ -170,7 +170,8 @@ kiln_status kiln_simd_skinny_compile(const struct kiln_compile_ctx *cc,
     int64_t ac = kiln_shape_count(a->rank, a->dims);
     if (ac <= 0 || ac % kk) return KILN_OK;
     const int64_t mm = ac / kk;
-    if (mm > KILN_SKINNY_MAX_M || kiln_shape_count(y->rank, y->dims) != mm * nn) return KILN_OK;
+    if (mm > KILN_SKINNY_MATMUL_MAX_M || kiln_shape_count(y->rank, y->dims) != mm * nn)
+        return KILN_OK;
     for (int i = 0; i < a->rank - 1; i++) /* A's leading dims are Y's: no broadcasting */
         if (a->dims[i] != y->dims[i]) return KILN_OK;
     const struct kiln_type *bias = cc->n_in > 2 ? cc->in[2] : NULL;

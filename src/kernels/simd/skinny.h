@@ -11,8 +11,15 @@
 #include "kernels/fast.h"
 #include "kernels/simd/simd.h"
 
-/* Rows of A (the product of its leading dims) up to which the kernel is taken. */
+/* Rows of A (the product of its leading dims) up to which the kernel is taken: by the
+ * convolutions of few pixels and of 1x1 images (dnnl/conv.c, pointwise.c) ... */
 #define KILN_SKINNY_MAX_M 16
+/* ... and by MatMul, Gemm and KilnFusedMatMul. From about 16 rows a weight is used often
+ * enough that the product is no longer bound by B's bytes, and oneDNN's register-blocked
+ * product wins: convnext_tiny's stage-3 MLP (16 rows by 384 x 1536 and back) ran 0.45 ms
+ * here against 0.37 on oneDNN, so the model took 18.3 ms on one thread with 16 rows here,
+ * 17.0 with 8 (Zen 2); on two threads 11.5 and 11.1 ms, 4 and 0 rows no better. */
+#define KILN_SKINNY_MATMUL_MAX_M 8
 
 /* Y = act(alpha * A B + bias + Sum) for m rows, with B packed once. */
 struct kiln_skinny {
@@ -50,7 +57,7 @@ void kiln_skinny_run(const struct kiln_skinny *s, const float *a, int64_t lda, c
                      const float *sum, int64_t lds, float *y, int64_t ldy, int threads);
 
 /* Compile cc's node (MatMul, Gemm or KilnFusedMatMul) when it is an fp32
- * product of at most KILN_SKINNY_MAX_M rows by a constant 2-D B (Gemm's
+ * product of at most KILN_SKINNY_MATMUL_MAX_M rows by a constant 2-D B (Gemm's
  * transB read at packing), A not transposed, plain layouts, a bias of N
  * values if any, a Sum of Y's shape and any activation the SIMD table has.
  * KILN_OK with inst->run left NULL when it declines (also when
