@@ -188,7 +188,8 @@ static const struct kiln_kernel_def *forced_kernel;
 static bool case_weight_cache;
 /* The precision each compile asks for (kiln_precision: 0 fp32, 1 bf16, 2 int8). */
 static int case_precision;
-/* The storage of input 0 and output 0 (a 4-D float32 tensor each) in the fast runs:
+/* The storage of input 0 and output 0 (a 4-D float32 tensor each; a KilnFusedConv's
+ * residual Sum, input 3, stored as output 0) in the fast runs:
  * 0 plain, or 8 / 16 channel-blocked ([N][ceil(C/b)][H][W][b], padding lanes zero), as
  * the layout pass stores values. The cases stay plain; run_fast_ex converts the input
  * to the layout and the output back, and fails a blocked output whose padding lanes are
@@ -226,6 +227,10 @@ static inline kiln_status run_fast_ex(struct case_node *c, const char *isa, int 
         layouts[0] = blk_in;
         out_layouts[0] = blk;
     }
+    /* a KilnFusedConv's residual Sum is stored as its output is (the layout pass's rule) */
+    const bool blk_sum = blk && c->node->op == KILN_OP_KilnFusedConv && c->n_in > 3 && c->in[3] &&
+                         c->in[3]->rank == 4 && c->in[3]->dtype == KILN_DTYPE_F32;
+    if (blk_sum) layouts[3] = blk;
     for (int i = 0; i < c->n_in; i++) {
         in_p[i] = NULL;
         in_v[i] = c->is_const[i] ? c->in[i] : NULL;
@@ -281,6 +286,8 @@ static inline kiln_status run_fast_ex(struct case_node *c, const char *isa, int 
     memcpy(ins, c->in, sizeof ins);
     kiln_tensor *blocked_in = blk_in ? kc_to_blocked(c->in[0], blk_in) : NULL;
     if (blk_in) ins[0] = blocked_in;
+    kiln_tensor *blocked_sum = blk_sum ? kc_to_blocked(c->in[3], blk) : NULL;
+    if (blk_sum) ins[3] = blocked_sum;
     if (blk_in || blk) inplace = false;
     int ii = inst.inplace_input; /* 0, or the input a fused Sum reads (KilnFusedConv's 3) */
     if (inplace && inst.inplace && out[0] && ii >= 0 && ii < c->n_in && c->in[ii] &&
@@ -295,6 +302,7 @@ static inline kiln_status run_fast_ex(struct case_node *c, const char *isa, int 
     st = inst.run(inst.state, &rc);
     free(scratch);
     kiln_tensor_free(blocked_in);
+    kiln_tensor_free(blocked_sum);
     if (blk && out[0]) { /* back to plain */
         bool pad_bad = false;
         kiln_tensor *plain = kc_from_blocked(out[0], blk, &pad_bad);

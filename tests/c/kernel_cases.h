@@ -1102,6 +1102,24 @@ static void conv_cases(bool fused)
             case_layout = 0;
         }
     }
+    /* a 1x1 convolution of one image with few pixels and a large weight: below AVX-512, two
+     * oneDNN convolutions over the halves of the output channels (dnnl/conv_split.c), a
+     * residual Sum and the activation after it added by Kiln; plain (oneDNN has no 1x1
+     * kernel there: the split declines) and blocked as the layout pass stores them */
+    for (int b = 0; b <= 16; b += 8) {
+        case_layout = b;
+        conv_case(fused, (int64_t[]){1, 256, 2, 2}, (int64_t[]){512, 256, 1, 1}, 1, 0, true, false,
+                  act, "1x1 on 2x2, 512 KB weight");
+        if (fused && b) { /* (plain with a Sum the family leaves to the reference) */
+            conv_case(fused, (int64_t[]){1, 256, 4, 4}, (int64_t[]){512, 256, 1, 1}, 1, 0, true,
+                      true, act, "1x1 on 4x4, residual");
+            conv_case(fused, (int64_t[]){1, 256, 3, 3}, (int64_t[]){512, 256, 1, 1}, 1, 0, false,
+                      false, "Tanh", "1x1 on 3x3, no bias");
+            conv_case(fused, (int64_t[]){1, 256, 2, 2}, (int64_t[]){512, 256, 1, 1}, 1, 0, true,
+                      true, "Sigmoid", "1x1 on 2x2, residual");
+        }
+        case_layout = 0;
+    }
     /* everything else: oneDNN */
     conv_case(fused, (int64_t[]){1, 8, 9, 9}, (int64_t[]){16, 8, 3, 3}, 1, 1, true, false, act,
               "3x3");

@@ -895,6 +895,12 @@ static bool conv_node_ok(const struct kiln_compile_ctx *cc, int64_t *group_out,
     return true;
 }
 
+bool kd_conv_node_ok(const struct kiln_compile_ctx *cc, int64_t *group_out,
+                     struct kiln_window *win)
+{
+    return conv_node_ok(cc, group_out, win);
+}
+
 bool kiln_k_dnnl_conv_covers(const struct kiln_compile_ctx *cc)
 {
     int64_t group;
@@ -1286,12 +1292,17 @@ kiln_status kiln_k_dnnl_conv_compile(const struct kiln_compile_ctx *cc,
 }
 
 /* The dense kernel the family would choose after the sparse one: the matrix-vector
- * kernel where it covers the node, else oneDNN's convolution. */
+ * kernel where it covers the node, then the split by output channels (conv_split.c),
+ * else oneDNN's convolution. */
 static kiln_status conv_compile_dense_best(const struct kiln_compile_ctx *cc,
                                            struct kiln_kernel_inst *inst)
 {
     if (kiln_k_conv1x1_covers(cc)) {
         kiln_status st = kiln_simd_pointwise_compile(cc, inst);
+        if (st != KILN_OK || inst->run) return st;
+    }
+    if (kiln_k_dnnl_conv_split_covers(cc)) {
+        kiln_status st = kiln_k_dnnl_conv_split_compile(cc, inst);
         if (st != KILN_OK || inst->run) return st;
     }
     return conv_compile_dense(cc, inst);

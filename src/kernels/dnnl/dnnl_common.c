@@ -562,7 +562,15 @@ void kd_variant_arg(struct kd_variant *v, int arg, enum kd_src src, int index,
     a->arg = arg;
     a->src = src;
     a->index = index;
+    a->offset = 0;
     a->md = *md;
+}
+
+void kd_variant_arg_at(struct kd_variant *v, int arg, enum kd_src src, int index, size_t offset,
+                       const dnnl_memory_desc_t *md)
+{
+    kd_variant_arg(v, arg, src, index, md);
+    v->args[v->nargs - 1].offset = offset;
 }
 
 static void variant_clear(struct kd_variant *v)
@@ -688,8 +696,8 @@ kiln_status kd_exec_run(struct kd_exec *e, struct kiln_run_ctx *ctx)
         const struct kd_arg *a = &v->args[k];
         void *p = NULL;
         switch (a->src) {
-        case KD_SRC_IN: p = ctx->in[a->index]->data; break;
-        case KD_SRC_OUT: p = ctx->out[a->index]->data; break;
+        case KD_SRC_IN: p = (char *)ctx->in[a->index]->data + a->offset; break;
+        case KD_SRC_OUT: p = (char *)ctx->out[a->index]->data + a->offset; break;
         case KD_SRC_PACKED: p = v->packed; break;
         case KD_SRC_SCRATCH: p = scratch; break;
         case KD_SRC_SCRATCH_AT: p = (char *)scratch + a->index; break;

@@ -44,6 +44,7 @@ struct kd_arg {
     int arg;                /* DNNL_ARG_* */
     enum kd_src src;
     int index;              /* input / output index */
+    size_t offset;          /* bytes into that input or output (kd_variant_arg_at) */
     dnnl_memory_desc_t md;
 };
 
@@ -164,6 +165,9 @@ kiln_status kd_variant_init(const struct kiln_node *n, dnnl_primitive_desc_t pd,
 /* Add an argument to a variant. */
 void kd_variant_arg(struct kd_variant *v, int arg, enum kd_src src, int index,
                     const dnnl_memory_desc_t *md);
+/* The same for part of an input or output (KD_SRC_IN / KD_SRC_OUT), `offset` bytes in. */
+void kd_variant_arg_at(struct kd_variant *v, int arg, enum kd_src src, int index, size_t offset,
+                       const dnnl_memory_desc_t *md);
 
 /*
  * Make e's variants by calling make(arg, v, threads) with the OpenMP
