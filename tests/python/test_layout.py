@@ -173,7 +173,8 @@ def test_binary_between_convs(kiln_bin, tmp_path, c, op):
 
 
 def test_silu_and_residual(kiln_bin, tmp_path):
-    """x * sigmoid(x), then a residual Add of the block's input, then MaxPool."""
+    """x * sigmoid(x) (one Swish after silu_fusion, blocked as the Sigmoid and Mul were), then a
+    residual Add of the block's input, then MaxPool."""
     g = G(3)
     x = pool(g, g.conv("X", 3, 32, 3))
     s = g.op("Sigmoid", [x])
@@ -182,7 +183,7 @@ def test_silu_and_residual(kiln_bin, tmp_path):
     r = g.op("Add", [y, x])
     p = g.op("MaxPool", [r], kernel_shape=[2, 2], strides=[2, 2])
     z = g.conv(g.conv(p, 32, 16, 1), 16, 16, 1)
-    run_case(kiln_bin, tmp_path, g, [z], min_blocked=7, max_reorders=1)
+    run_case(kiln_bin, tmp_path, g, [z], min_blocked=6, max_reorders=1)
 
 
 @pytest.mark.parametrize("c1,c2", [(32, 16), (32, 24), (16, 48)])

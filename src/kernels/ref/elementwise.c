@@ -298,6 +298,13 @@ static kiln_status Relu_run(struct kiln_run_ctx *ctx)
 }
 KILN_REF_OP(Relu, kiln_infer_same, Relu_run);
 
+static float sigmoid_f32(float v)
+{
+    if (v >= 0.0f) return 1.0f / (1.0f + expf(-v));
+    float e = expf(v);
+    return e / (1.0f + e);
+}
+
 static kiln_status Sigmoid_run(struct kiln_run_ctx *ctx)
 {
     const kiln_tensor *x = ctx->in[0];
@@ -305,15 +312,7 @@ static kiln_status Sigmoid_run(struct kiln_run_ctx *ctx)
     int64_t n = kiln_shape_count(x->rank, x->dims);
     const float *xs = x->data;
     float *ys = ctx->out[0]->data;
-    for (int64_t i = 0; i < n; i++) {
-        float v = xs[i];
-        if (v >= 0.0f) {
-            ys[i] = 1.0f / (1.0f + expf(-v));
-        } else {
-            float e = expf(v);
-            ys[i] = e / (1.0f + e);
-        }
-    }
+    for (int64_t i = 0; i < n; i++) ys[i] = sigmoid_f32(xs[i]);
     return KILN_OK;
 }
 KILN_REF_OP(Sigmoid, kiln_infer_same, Sigmoid_run);
@@ -400,10 +399,19 @@ static kiln_status Gelu_run(struct kiln_run_ctx *ctx)
 }
 KILN_REF_OP(Gelu, kiln_infer_same, Gelu_run);
 
+/* float32: x * sigmoid(alpha x) in float arithmetic, the Sigmoid's: with alpha 1 bit for bit
+ * the Sigmoid and Mul that silu_fusion (src/opt/silu.c) replaces */
 static kiln_status Swish_run(struct kiln_run_ctx *ctx)
 {
     struct unary_params p = {.alpha = kiln_attr_float(ctx->node, "alpha", 1.0f)};
-    return unary_run(ctx, f_swish, NULL, &p);
+    const kiln_tensor *x = ctx->in[0];
+    if (x->dtype != KILN_DTYPE_F32 || kiln_attr_check(ctx->node) != KILN_OK)
+        return unary_run(ctx, f_swish, NULL, &p);
+    int64_t n = kiln_shape_count(x->rank, x->dims);
+    const float *xs = x->data;
+    float *ys = ctx->out[0]->data;
+    for (int64_t i = 0; i < n; i++) ys[i] = xs[i] * sigmoid_f32(p.alpha * xs[i]);
+    return KILN_OK;
 }
 KILN_REF_OP(Swish, kiln_infer_same, Swish_run);
 
