@@ -63,7 +63,6 @@ struct split_state {
 
 struct split_build {
     const struct kiln_compile_ctx *cc;
-    int h;                          /* the half this build makes */
     dnnl_memory_desc_t src, wany, wplain, bias, dst;
     int has_bias, no_act, post_act;
     dnnl_dims_t strides, dilates, pad_l, pad_r;
@@ -227,7 +226,19 @@ static kiln_status split_compile(const struct kiln_compile_ctx *cc, struct kiln_
         return KILN_OK;
     struct split_state *s = calloc(1, sizeof *s);
     if (!s) return kiln_node_error(n, KILN_ERR_OUT_OF_MEMORY, "out of memory compiling");
+    /* the halves are packed from their rows of the weight: its data must be here (a plan
+     * that packed it before may have let the cache release the copy) */
+    kiln_status ast = cc->weights ? kiln_weight_cache_acquire(cc->weights, cc->in_value[1], 0)
+                                  : KILN_OK;
+    if (ast != KILN_OK) {
+        free(s);
+        return ast;
+    }
     const float *wdata = cc->in_value[1]->data;
+    if (!wdata) {
+        free(s);
+        return KILN_OK;
+    }
     size_t base = 0;
     int built = 0;
     kiln_status st = KILN_OK;
@@ -239,8 +250,7 @@ static kiln_status split_compile(const struct kiln_compile_ctx *cc, struct kiln_
             break;
         b.y_off = (size_t)h * dnnl_memory_desc_get_size(&b.dst);
         b.b_off = (size_t)(h * half) * sizeof(float);
-        b.h = h;
-        b.wdata = wdata ? wdata + (size_t)(h * half * C) : NULL;
+        b.wdata = wdata + (size_t)(h * half * C);
         snprintf(b.what, sizeof b.what, "conv_split%d", h);
         int handled = 0;
         st = kd_exec_build(&s->half[h], 1, split_make, &b, &handled);
