@@ -58,6 +58,7 @@
  */
 #include <math.h>
 
+#include "kernels/dnnl/conv.h"
 #include "kernels/dnnl/dnnl_common.h"
 #include "kernels/simd/skinny.h"
 
@@ -842,7 +843,6 @@ static int conv_use_winograd(int rank, const int64_t *wdims, const int64_t *ydim
 
 static int is_f32(const struct kiln_type *t) { return t && t->dtype == KILN_DTYPE_F32; }
 
-static int layout_of(const int *layouts, int i) { return layouts ? layouts[i] : 0; }
 
 /* The checks every kernel of the conv family makes first: f32 types, constant weights, a
  * rank-1 bias, a residual Sum like Y, an activation oneDNN has, groups and a window that
@@ -866,7 +866,7 @@ static bool conv_node_ok(const struct kiln_compile_ctx *cc, int64_t *group_out,
         if (!is_f32(sum) || sum->rank != rank) return false;
         for (int i = 0; i < rank; i++)
             if (sum->dims[i] != y->dims[i]) return false;
-        if (layout_of(cc->in_layout, 3) != layout_of(cc->out_layout, 0)) return false;
+        if (kd_layout_of(cc->in_layout, 3) != kd_layout_of(cc->out_layout, 0)) return false;
     }
     /* the activation must be one oneDNN has */
     dnnl_post_ops_t po;
@@ -1098,7 +1098,7 @@ static kiln_status cgemm_compile(const struct kiln_compile_ctx *cc, int64_t grou
     if (w->dims[2] * w->dims[3] == 1 || P > CGEMM_MAX_PIXELS || R > CGEMM_MAX_ROWS ||
         (double)K * (double)M * sizeof(float) < CGEMM_MIN_WEIGHT_BYTES)
         return KILN_OK;
-    int lx = layout_of(cc->in_layout, 0), ly = layout_of(cc->out_layout, 0);
+    int lx = kd_layout_of(cc->in_layout, 0), ly = kd_layout_of(cc->out_layout, 0);
     if ((lx && lx != 8 && lx != 16) || (ly && ly != 8 && ly != 16)) return KILN_OK;
     struct cgemm_build b;
     memset(&b, 0, sizeof b);
@@ -1205,8 +1205,8 @@ static kiln_status conv_compile_dense(const struct kiln_compile_ctx *cc,
         b.pad_l[i] = win.pad_begin[i];
         b.pad_r[i] = win.pad_end[i];
     }
-    if (kd_md_act(&b.src, rank, x->dims, layout_of(cc->in_layout, 0)) != dnnl_success ||
-        kd_md_act(&b.dst, rank, y->dims, layout_of(cc->out_layout, 0)) != dnnl_success)
+    if (kd_md_act(&b.src, rank, x->dims, kd_layout_of(cc->in_layout, 0)) != dnnl_success ||
+        kd_md_act(&b.dst, rank, y->dims, kd_layout_of(cc->out_layout, 0)) != dnnl_success)
         return KILN_OK;
     /* weights: [M, C/g, k...], or [g, M/g, C/g, k...] for grouped convs */
     int64_t wd[KILN_MAX_RANK + 1];

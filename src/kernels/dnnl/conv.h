@@ -15,6 +15,9 @@
 /* The checks every kernel of the conv family makes first (float32 types, constant
  * weights, a rank-1 bias, a residual Sum like Y, an activation oneDNN has, groups and a
  * window that resolve); fills the group and the window. */
+/* The layout of input or output i from a compile context's layout array (0 where none). */
+static inline int kd_layout_of(const int *layouts, int i) { return layouts ? layouts[i] : 0; }
+
 bool kd_conv_node_ok(const struct kiln_compile_ctx *cc, int64_t *group_out,
                      struct kiln_window *win);
 

@@ -71,8 +71,6 @@ struct split_build {
     char what[32];
 };
 
-static int layout_at(const int *layouts, int i) { return layouts ? layouts[i] : 0; }
-
 /* The shapes this kernel takes (the section comment); the weight's half as M / 2. */
 static bool split_geometry(const struct kiln_compile_ctx *cc, struct kiln_window *win)
 {
@@ -85,7 +83,7 @@ static bool split_geometry(const struct kiln_compile_ctx *cc, struct kiln_window
     if (win->out[0] != y->dims[2] || win->out[1] != y->dims[3]) return false;
     if (y->dims[2] * y->dims[3] > SPLIT_MAX_PIXELS) return false;
     if ((double)w->dims[0] * (double)w->dims[1] * sizeof(float) < SPLIT_MIN_WEIGHT) return false;
-    int lx = layout_at(cc->in_layout, 0), ly = layout_at(cc->out_layout, 0);
+    int lx = kd_layout_of(cc->in_layout, 0), ly = kd_layout_of(cc->out_layout, 0);
     if ((lx && lx != 8 && lx != 16) || (ly && ly != 8 && ly != 16)) return false;
     int64_t blk = ly ? ly : 1;
     return w->dims[0] % (2 * blk) == 0;
@@ -193,7 +191,7 @@ static kiln_status split_compile(const struct kiln_compile_ctx *cc, struct kiln_
     const struct kiln_node *n = cc->node;
     const struct kiln_type *x = cc->in[0], *w = cc->in[1], *y = cc->out[0];
     int fused = n->op == KILN_OP_KilnFusedConv;
-    int lx = layout_at(cc->in_layout, 0), ly = layout_at(cc->out_layout, 0);
+    int lx = kd_layout_of(cc->in_layout, 0), ly = kd_layout_of(cc->out_layout, 0);
     int64_t M = w->dims[0], C = w->dims[1], half = M / 2;
     struct split_build b;
     memset(&b, 0, sizeof b);
