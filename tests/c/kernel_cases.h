@@ -1855,7 +1855,8 @@ static void test_gemm_family(void)
 
 /* A few rows by a constant B (simd/skinny.c, taken before oneDNN's product): every row
  * count to KILN_SKINNY_MATMUL_MAX_M (the tiles of 4 or 8 rows and their rests), N not a
- * multiple of a panel (24 or 48 columns) and below one, a long k, transB, alpha, bias, Sum,
+ * multiple of a panel (24 or 48 columns) and below one, a long k (read as four streams and a
+ * rest, or one), transB, alpha, bias, Sum,
  * activations, Gemm's beta 0, A's batch dims folded into rows; the choice runs the kernel.
  * Rows past that to KILN_SKINNY_MAX_M + 1 (the kernel's 16-row tiles are the convolutions'
  * and pointwise.c's, tested with them), a B that is not constant, and KILN_SKINNY=0 run
@@ -1864,8 +1865,9 @@ static void test_skinny_products(void)
 {
 #define S(op, ra, a0, a1, k, n, tb, alpha, beta, bias, sum, act)                                      {op, ra, 2, {a0, (ra) == 2 ? (k) : (a1), k}, {(tb) ? (n) : (k), (tb) ? (k) : (n)}, 0, tb,          alpha, beta, (bias) ? 1 : -1, {n}, true, sum, act, 0, 0, 0, NULL, 1, 0}
     for (int64_t m = 1; m <= KILN_SKINNY_MAX_M + 1; m++) {
-        struct mm_spec s = S(KILN_OP_MatMul, 2, m, 0, 37, m % 3 ? 97 : 48, 0, 1.0f, 1.0f, 0, 0,
-                             NULL);
+        /* k of 37 (one stream) or 131 (four streams of 32 and a rest of 3, skinny_body.h) */
+        struct mm_spec s = S(KILN_OP_MatMul, 2, m, 0, m % 2 ? 37 : 131, m % 3 ? 97 : 48, 0, 1.0f,
+                             1.0f, 0, 0, NULL);
         mm_want_kernel = m <= KILN_SKINNY_MATMUL_MAX_M ? "skinny" : "dnnl";
         mm_case(&s, "");
     }

@@ -16,7 +16,8 @@
  * them).
  *
  * Results differ from oneDNN's in the order of the sums only: every output
- * is one chain over k in k's order. KILN_SKINNY=0 turns the kernel off.
+ * is one chain over k, its four quarters interleaved (the panel is read as
+ * four streams, skinny_body.h). KILN_SKINNY=0 turns the kernel off.
  */
 #include <float.h>
 #include <stdio.h>
