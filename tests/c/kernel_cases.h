@@ -1799,6 +1799,9 @@ static void test_matmul_family(void)
         {KILN_OP_MatMul, 2, 3, {7, 8}, {3, 8, 5}, 0, 0, 1, 1, -1, {0}, true, false, NULL, 0, 0, 0, NULL, 1, 0},
         {KILN_OP_MatMul, 3, 3, {2, 7, 8}, {1, 8, 5}, 0, 0, 1, 1, -1, {0}, true, false, NULL, 0, 0, 0, NULL, 1, 0},
         {KILN_OP_MatMul, 3, 4, {6, 9, 4}, {2, 1, 4, 11}, 0, 0, 1, 1, -1, {0}, false, false, NULL, 0, 0, 0, NULL, 1, 0},
+        /* B's rows 4 KB apart: packed with padded rows (dnnl/matmul.c) */
+        {KILN_OP_MatMul, 2, 2, {17, 24}, {24, 1024}, 0, 0, 1, 1, -1, {0}, true, false, NULL, 0, 0, 0, NULL, 1, 0},
+        {KILN_OP_MatMul, 3, 3, {2, 9, 16}, {2, 16, 2048}, 0, 0, 1, 1, -1, {0}, true, false, NULL, 0, 0, 0, NULL, 1, 0},
         /* a mostly-zero constant B: timed against oneDNN, then the sparse kernel forced */
         {KILN_OP_MatMul, 2, 2, {64, 128}, {128, 96}, 0, 0, 1, 1, -1, {0}, true, false, NULL, 0, 0, 0.8, NULL, 1, 0},
         {KILN_OP_MatMul, 3, 2, {2, 33, 64}, {64, 40}, 0, 0, 1, 1, -1, {0}, true, false, NULL, 0, 0, 0.7, "force", 1, 0},

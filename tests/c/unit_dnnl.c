@@ -28,6 +28,7 @@
 #include "blocked_layout.h"
 #include "check.h"
 #include "core/threadpool.h"
+#include "kernels/dnnl/dnnl_common.h"
 #include "kernels/simd/mbconv.h"
 #include "kernels/fast.h"
 #include "kernels/kernel.h"
@@ -908,6 +909,8 @@ static void test_matmul(void)
         {4, 4, {2, 1, 7, 8}, {1, 3, 8, 5}, 0},     /* broadcast batch dims */
         {2, 3, {7, 8}, {3, 8, 5}, 1},              /* A broadcast over B's batch */
         {3, 3, {2, 7, 8}, {1, 8, 5}, 1},           /* B with batch dim 1: folded */
+        {2, 2, {17, 24}, {24, 1024}, 1},           /* rows 4 KB apart: packed padded */
+        {3, 3, {2, 9, 16}, {2, 16, 1024}, 1},      /* ... per batch too */
     };
     for (size_t i = 0; i < sizeof bc / sizeof bc[0]; i++) {
         struct tg t;
@@ -980,6 +983,8 @@ static void test_matmul(void)
         {2, {9, 16}, 16, 48, 0, 0, 1, 0, 1, 1.0f, "HardSigmoid", 0.25f, 0.4f},
         {3, {1, 1, 16}, 16, 16, 0, 1, 1, 0, 1, 1.0f, "SiLU", 0, 0},
         {2, {64, 32}, 32, 64, 0, 0, 1, 1, 1, 1.0f, "SiLU", 0, 0},
+        {2, {12, 16}, 16, 2048, 0, 0, 1, 1, 1, 0.5f, "Relu", 0, 0}, /* B's rows padded */
+        {2, {12, 16}, 16, 1024, 0, 1, 1, 0, 1, 1.0f, "Gelu", 0, 0},
     };
     for (size_t i = 0; i < sizeof fc / sizeof fc[0]; i++) {
         struct tg t;
@@ -1013,6 +1018,33 @@ static void test_matmul(void)
         differ(&t, what, NULL, 0, 1);
         tg_free(&t);
     }
+}
+
+/* kd_md_pad_rows: plain [.., K, N] with rows a multiple of 4 KB apart gets rows 16 floats
+ * longer (outer dims following), anything else stays. */
+static void test_pad_rows(void)
+{
+    dnnl_memory_desc_t md, out;
+    dnnl_dims_t d2 = {64, 1024}, d3 = {3, 8, 2048}, d2b = {64, 768};
+    CHECK(dnnl_memory_desc_init_by_tag(&md, 2, d2, dnnl_f32, dnnl_ab) == dnnl_success &&
+              kd_md_pad_rows(&md, &out) && out.format_desc.blocking.strides[0] == 1040 &&
+              out.format_desc.blocking.strides[1] == 1 && out.dims[1] == 1024,
+          "pad rows: [64, 1024] not padded to 1040");
+    CHECK(dnnl_memory_desc_init_by_tag(&md, 3, d3, dnnl_f32, dnnl_abc) == dnnl_success &&
+              kd_md_pad_rows(&md, &out) && out.format_desc.blocking.strides[0] == 8 * 2064 &&
+              out.format_desc.blocking.strides[1] == 2064,
+          "pad rows: [3, 8, 2048] strides");
+    CHECK(dnnl_memory_desc_init_by_tag(&md, 2, d2b, dnnl_f32, dnnl_ab) == dnnl_success &&
+              !kd_md_pad_rows(&md, &out),
+          "pad rows: [64, 768] padded");
+    CHECK(dnnl_memory_desc_init_by_tag(&md, 2, d2, dnnl_f32, dnnl_ba) == dnnl_success &&
+              !kd_md_pad_rows(&md, &out),
+          "pad rows: a transposed md padded");
+    CHECK(dnnl_memory_desc_init_by_tag(&md, 2, d2, dnnl_f32, dnnl_ab) == dnnl_success,
+          "pad rows: md");
+    setenv("KILN_MATMUL_PAD", "0", 1);
+    CHECK(!kd_md_pad_rows(&md, &out), "pad rows: KILN_MATMUL_PAD=0 padded");
+    unsetenv("KILN_MATMUL_PAD");
 }
 
 /* ---- pooling ---- */
@@ -1582,6 +1614,7 @@ int main(void)
     test_conv_merge();
     int conv_inplace = g_inplace_runs;
     test_matmul();
+    test_pad_rows();
     /* residual sums: Y written over the Sum input, as plans run them when it dies there */
     CHECK(conv_inplace >= 8 && g_inplace_runs - conv_inplace >= 6,
           "in-place runs: %d conv, %d matmul", conv_inplace, g_inplace_runs - conv_inplace);

@@ -287,6 +287,28 @@ kiln_status kd_pack_weights_from(const struct kiln_compile_ctx *cc, const kiln_t
     return st;
 }
 
+int kd_md_pad_rows(const dnnl_memory_desc_t *md, dnnl_memory_desc_t *out)
+{
+    const char *env = getenv("KILN_MATMUL_PAD");
+    if (env && !strcmp(env, "0")) return 0;
+    if (md->format_kind != dnnl_blocked || md->ndims < 2 || md->offset0 != 0 ||
+        md->data_type != dnnl_f32)
+        return 0;
+    const dnnl_blocking_desc_t *b = &md->format_desc.blocking;
+    const int nd = md->ndims;
+    const int64_t n = md->dims[nd - 1];
+    if (b->inner_nblks != 0 || b->strides[nd - 1] != 1 || b->strides[nd - 2] != n ||
+        n * (int64_t)sizeof(float) % 4096 != 0)
+        return 0;
+    for (int i = 0; i < nd - 2; i++) /* outer dims dense too */
+        if (b->strides[i] != md->dims[i + 1] * b->strides[i + 1]) return 0;
+    dnnl_dims_t st;
+    st[nd - 1] = 1;
+    st[nd - 2] = n + 16;
+    for (int i = nd - 3; i >= 0; i--) st[i] = st[i + 1] * md->dims[i + 1];
+    return dnnl_memory_desc_init_by_strides(out, nd, md->dims, dnnl_f32, st) == dnnl_success;
+}
+
 void kiln_weight_cache_pack_env(char *buf, size_t n)
 {
     const dnnl_version_t *v = dnnl_version();

@@ -111,6 +111,12 @@ kiln_status kd_pack_weights_from(const struct kiln_compile_ctx *cc, const kiln_t
                                  const dnnl_memory_desc_t *src_md,
                                  const dnnl_memory_desc_t *dst_md, float scale, void **packed);
 
+/* A plain row-major md ([..., K, N], N contiguous) whose rows are a multiple of 4 KB apart
+ * gets *out: the same with rows padded by 16 floats, so that the rows a GEMM reads
+ * together no longer fall into the same cache sets (KILN_MATMUL_PAD=0 turns it off).
+ * Returns 0 (out untouched) for any other md. */
+int kd_md_pad_rows(const dnnl_memory_desc_t *md, dnnl_memory_desc_t *out);
+
 /* Pack constant weights as symmetric s8 with one scale per output channel
  * (scale = max |w| / 127 over the channel, 1 for an all-zero channel;
  * q = nearbyint(w / scale) clamped to [-127, 127]): src_md describes the f32
