@@ -1117,6 +1117,12 @@ static void conv_cases(bool fused)
                       false, "Tanh", "1x1 on 3x3, no bias");
             conv_case(fused, (int64_t[]){1, 256, 2, 2}, (int64_t[]){512, 256, 1, 1}, 1, 0, true,
                       true, "Sigmoid", "1x1 on 2x2, residual");
+            /* an odd count of channel blocks: halves of 28 and 27 blocks of 8 (of 16: 440
+             * is none, the split declines), 14 and 13 of 16 */
+            conv_case(fused, (int64_t[]){1, 320, 3, 3}, (int64_t[]){440, 320, 1, 1}, 1, 0, true,
+                      true, act, "1x1 on 3x3, 55 blocks of 8, residual");
+            conv_case(fused, (int64_t[]){1, 320, 2, 2}, (int64_t[]){432, 320, 1, 1}, 1, 0, true,
+                      false, act, "1x1 on 2x2, 27 blocks of 16");
         }
         case_layout = 0;
     }

@@ -31,7 +31,8 @@
  * Taken below AVX-512 (whose 1x1 kernel splits output channels itself) for
  * Conv and KilnFusedConv of float32, 2-D, one group, batch 1, a 1x1 kernel, at
  * most SPLIT_MAX_PIXELS output pixels, a weight of at least SPLIT_MIN_WEIGHT
- * bytes, and output channels a multiple of twice the channel block.
+ * bytes, and output channels a multiple of the channel block, at least two blocks
+ * (halves of whole blocks, the first one block larger where their count is odd).
  * KILN_CONV_SPLIT=0 in the environment turns it off.
  */
 #include <stdio.h>
@@ -71,7 +72,7 @@ struct split_build {
     char what[32];
 };
 
-/* The shapes this kernel takes (the section comment); the weight's half as M / 2. */
+/* The shapes this kernel takes (the section comment). */
 static bool split_geometry(const struct kiln_compile_ctx *cc, struct kiln_window *win)
 {
     int64_t group;
@@ -86,7 +87,7 @@ static bool split_geometry(const struct kiln_compile_ctx *cc, struct kiln_window
     int lx = kd_layout_of(cc->in_layout, 0), ly = kd_layout_of(cc->out_layout, 0);
     if ((lx && lx != 8 && lx != 16) || (ly && ly != 8 && ly != 16)) return false;
     int64_t blk = ly ? ly : 1;
-    return w->dims[0] % (2 * blk) == 0;
+    return w->dims[0] % blk == 0 && w->dims[0] >= 2 * blk;
 }
 
 static kiln_status split_make(void *arg, struct kd_variant *v, int threads)
@@ -192,7 +193,10 @@ static kiln_status split_compile(const struct kiln_compile_ctx *cc, struct kiln_
     const struct kiln_type *x = cc->in[0], *w = cc->in[1], *y = cc->out[0];
     int fused = n->op == KILN_OP_KilnFusedConv;
     int lx = kd_layout_of(cc->in_layout, 0), ly = kd_layout_of(cc->out_layout, 0);
-    int64_t M = w->dims[0], C = w->dims[1], half = M / 2;
+    /* the halves: whole channel blocks, the first one block more where their count is odd
+     * (regnet_y_400mf's 440 channels: 224 and 216) */
+    const int64_t blk = ly ? ly : 1, M = w->dims[0], C = w->dims[1];
+    const int64_t m0 = (M / blk + 1) / 2 * blk, mh[2] = {m0, M - m0}, at[2] = {0, m0};
     struct split_build b;
     memset(&b, 0, sizeof b);
     b.cc = cc;
@@ -215,12 +219,8 @@ static kiln_status split_compile(const struct kiln_compile_ctx *cc, struct kiln_
         b.pad_r[i] = win.pad_end[i];
     }
     dnnl_memory_desc_t yfull;
-    dnnl_dims_t wd = {half, C, 1, 1}, yd = {1, half, y->dims[2], y->dims[3]}, bd = {half};
     if (kd_md_act(&b.src, 4, x->dims, lx) != dnnl_success ||
-        kd_md_act(&yfull, 4, y->dims, ly) != dnnl_success ||
-        dnnl_memory_desc_init_by_tag(&b.wany, 4, wd, dnnl_f32, dnnl_format_tag_any) !=
-            dnnl_success ||
-        kd_md_plain(&b.wplain, 4, (const int64_t *)wd) != dnnl_success)
+        kd_md_act(&yfull, 4, y->dims, ly) != dnnl_success)
         return KILN_OK;
     struct split_state *s = calloc(1, sizeof *s);
     if (!s) return kiln_node_error(n, KILN_ERR_OUT_OF_MEMORY, "out of memory compiling");
@@ -242,13 +242,17 @@ static kiln_status split_compile(const struct kiln_compile_ctx *cc, struct kiln_
     kiln_status st = KILN_OK;
     for (int h = 0; h < 2 && st == KILN_OK; h++) {
         /* for one image, each half of Y's channels is a dense tensor of its own in Y's layout
-         * (a multiple of the block), half the bytes in */
+         * (whole blocks), its first channel's bytes in */
+        dnnl_dims_t wd = {mh[h], C, 1, 1}, yd = {1, mh[h], y->dims[2], y->dims[3]}, bd = {mh[h]};
         if (kd_md_act(&b.dst, 4, (const int64_t *)yd, ly) != dnnl_success ||
-            dnnl_memory_desc_init_by_tag(&b.bias, 1, bd, dnnl_f32, dnnl_a) != dnnl_success)
+            dnnl_memory_desc_init_by_tag(&b.bias, 1, bd, dnnl_f32, dnnl_a) != dnnl_success ||
+            dnnl_memory_desc_init_by_tag(&b.wany, 4, wd, dnnl_f32, dnnl_format_tag_any) !=
+                dnnl_success ||
+            kd_md_plain(&b.wplain, 4, (const int64_t *)wd) != dnnl_success)
             break;
-        b.y_off = (size_t)h * dnnl_memory_desc_get_size(&b.dst);
-        b.b_off = (size_t)(h * half) * sizeof(float);
-        b.wdata = wdata + (size_t)(h * half * C);
+        b.y_off = (size_t)(at[h] * y->dims[2] * y->dims[3]) * sizeof(float);
+        b.b_off = (size_t)at[h] * sizeof(float);
+        b.wdata = wdata + (size_t)(at[h] * C);
         snprintf(b.what, sizeof b.what, "conv_split%d", h);
         int handled = 0;
         st = kd_exec_build(&s->half[h], 1, split_make, &b, &handled);
