@@ -489,6 +489,7 @@ kiln_status kiln_opt_layout(struct kiln_graph *g, struct kiln_opt_pass_log *pl)
     if (!lp.block) return KILN_OK;
     kiln_status st = kiln_opt_layout_shuffle(g, pl);
     if (st == KILN_OK) st = kiln_opt_split_as_slices(g, pl);
+    if (st == KILN_OK) st = kiln_opt_slice_of_gather(g, pl);
     if (st != KILN_OK) return st;
     /* room for the values the pass adds too (at most one per node input and output) */
     size_t n_cap = (size_t)g->n_values + (size_t)g->n_outputs + 1;

@@ -291,3 +291,103 @@ kiln_status kiln_opt_split_as_slices(struct kiln_graph *g, struct kiln_opt_pass_
     if (st == KILN_OK && done) st = kiln_opt_compact(g);
     return st;
 }
+
+/* ---- Slices of a Gather as Gathers ----
+ * Slice(Gather(x, idx, axis a)) with constant 1-D indices and one constant range on axis a
+ * is Gather(x, idx[range]): ShuffleNet's halves of a channel shuffle (the next unit's
+ * chunk(2)) read x once instead of the shuffled copy being made and copied again. The
+ * Gather goes when nothing else reads it (DCE). Slices from opset 10 (inputs), axes and
+ * steps optional, any step. */
+static bool const_ints1(const struct kiln_graph *g, int v, int64_t *out)
+{
+    if (v < 0) return false;
+    const kiln_tensor *t = kiln_opt_const(g, v);
+    if (!t || kiln_tensor_count(t) != 1 || t->rank > 1) return false;
+    if (t->dtype == KILN_DTYPE_I64) *out = ((const int64_t *)t->data)[0];
+    else if (t->dtype == KILN_DTYPE_I32) *out = ((const int32_t *)t->data)[0];
+    else return false;
+    return true;
+}
+
+static kiln_status try_slice_gather(struct kiln_graph *g, int si, int *done)
+{
+    const struct kiln_node *sl = &g->nodes[si];
+    if (sl->op != KILN_OP_Slice || sl->opset < 10 || sl->n_in < 3 || sl->n_out != 1 ||
+        sl->in[0] < 0 || sl->out[0] < 0 || sl->n_implicit > 0)
+        return KILN_OK;
+    int gi = kiln_opt_producer(g, sl->in[0]);
+    if (gi < 0) return KILN_OK;
+    const struct kiln_node *ga = &g->nodes[gi];
+    if (ga->op != KILN_OP_Gather || ga->n_in != 2 || ga->in[0] < 0 || ga->in[1] < 0 ||
+        ga->n_implicit > 0)
+        return KILN_OK;
+    const kiln_tensor *idx = kiln_opt_const(g, ga->in[1]);
+    const struct kiln_type *yt = &g->values[sl->in[0]].type;
+    if (!idx || idx->rank != 1 || (idx->dtype != KILN_DTYPE_I64 && idx->dtype != KILN_DTYPE_I32) ||
+        yt->rank < 1)
+        return KILN_OK;
+    int64_t gaxis = kiln_attr_int(ga, "axis", 0);
+    if (kiln_attr_check(ga) != KILN_OK) {
+        kiln_error_clear();
+        return KILN_OK;
+    }
+    if (gaxis < 0) gaxis += yt->rank;
+    int64_t start, end, axis = 0, step = 1, c = kiln_tensor_count(idx);
+    if (!const_ints1(g, sl->in[1], &start) || !const_ints1(g, sl->in[2], &end) ||
+        (sl->n_in > 3 && sl->in[3] >= 0 && !const_ints1(g, sl->in[3], &axis)) ||
+        (sl->n_in > 4 && sl->in[4] >= 0 && !const_ints1(g, sl->in[4], &step)) || step == 0)
+        return KILN_OK;
+    if (axis < 0) axis += yt->rank;
+    if (axis != gaxis || gaxis < 0 || gaxis >= yt->rank) return KILN_OK;
+    /* ONNX's clamping of start and end to the axis of c entries */
+    if (start < 0) start += c;
+    if (end < 0) end += c;
+    int64_t count;
+    if (step > 0) {
+        start = start < 0 ? 0 : start > c ? c : start;
+        end = end < 0 ? 0 : end > c ? c : end;
+        count = end > start ? (end - start - 1) / step + 1 : 0;
+    } else {
+        start = start < 0 ? 0 : start > c - 1 ? c - 1 : start;
+        end = end < -1 ? -1 : end > c - 1 ? c - 1 : end;
+        count = start > end ? (start - end - 1) / -step + 1 : 0;
+    }
+    if (count <= 0) return KILN_OK;
+    kiln_tensor *ni_idx;
+    int64_t dims[1] = {count};
+    kiln_status st = kiln_tensor_new(KILN_DTYPE_I64, 1, dims, &ni_idx);
+    if (st != KILN_OK) return st;
+    for (int64_t k = 0; k < count; k++) {
+        int64_t j = start + k * step;
+        ((int64_t *)ni_idx->data)[k] = idx->dtype == KILN_DTYPE_I64
+                                           ? ((const int64_t *)idx->data)[j]
+                                           : ((const int32_t *)idx->data)[j];
+    }
+    int x = ga->in[0], y = sl->out[0], iv, ni;
+    char name[256];
+    snprintf(name, sizeof name, "%.200s/gather", sl->name ? sl->name : "");
+    st = kiln_opt_add_const(g, g->values[y].name, ni_idx, &iv);
+    if (st == KILN_OK) st = kiln_opt_add_node(g, KILN_OP_Gather, name, 2, 1, 1, 13, &ni);
+    if (st != KILN_OK) return st;
+    g->nodes[ni].op_type = "Gather";
+    kiln_opt_attr_int(g, ni, 0, "axis", gaxis);
+    kiln_opt_set_input(g, ni, 0, x);
+    kiln_opt_set_input(g, ni, 1, iv);
+    kiln_opt_remove_node(g, si);
+    kiln_opt_set_output(g, ni, 0, y);
+    (*done)++;
+    return KILN_OK;
+}
+
+kiln_status kiln_opt_slice_of_gather(struct kiln_graph *g, struct kiln_opt_pass_log *pl)
+{
+    int done = 0, n = g->n_nodes;
+    kiln_status st = KILN_OK;
+    for (int i = 0; i < n && st == KILN_OK; i++)
+        if (!kiln_opt_node_dead(&g->nodes[i])) st = try_slice_gather(g, i, &done);
+    for (int i = 0; i < done; i++) kiln_opt_count(pl, "Slice of Gather as Gather");
+    if (st == KILN_OK && done) st = kiln_opt_compact(g);
+    if (st == KILN_OK && done) st = kiln_opt_dce(g, NULL);
+    if (st == KILN_OK && done) st = kiln_opt_compact(g);
+    return st;
+}

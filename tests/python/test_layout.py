@@ -249,6 +249,35 @@ def test_shufflenet_unit(kiln_bin, tmp_path, half):
     proc = subprocess.run([kiln_bin, "inspect", str(tmp_path / "m.onnx"), "--optimized"],
                           capture_output=True, text=True, env=isa_env(""), timeout=120)
     assert "channel shuffle as Gather x2" in proc.stdout, proc.stdout
+    # the second unit's halves read the first shuffle's input: Gathers of their indices
+    assert "Slice of Gather as Gather x2" in proc.stdout, proc.stdout
+
+
+def test_slices_of_a_channel_gather(kiln_bin, tmp_path):
+    """Slices of a Gather of channels by constant indices (a permutation with a repeat)
+    become Gathers of the sliced indices: a range, a step of 2, a negative step from a
+    negative start, an end past the axis; a Slice on H and one of another Gather's output
+    by int32 indices also read twice stay correct. Each against the reference kernels."""
+    g = G(3)
+    x = g.op("Relu", [g.conv("X", 3, 24, 3)])
+    perm = [5, 3, 23, 0, 7, 7, 12, 1, 2, 4, 6, 8, 9, 10, 11, 13, 14, 15, 16, 17, 18, 19, 20, 21]
+    y = g.op("Gather", [x, ints(g, perm)], axis=1)
+    outs = [
+        g.op("Slice", [y, ints(g, [2]), ints(g, [18]), ints(g, [1])]),
+        g.op("Slice", [y, ints(g, [1]), ints(g, [100]), ints(g, [1]), ints(g, [2])]),
+        g.op("Slice", [y, ints(g, [-2]), ints(g, [-100]), ints(g, [1]), ints(g, [-3])]),
+        g.op("Slice", [y, ints(g, [1]), ints(g, [7]), ints(g, [2])]),
+    ]
+    k = g.name("i")
+    g.inits.append(numpy_helper.from_array(np.array([4, 0, 9, 9, 1, 2, 3, 5], np.int32), k))
+    y2 = g.op("Gather", [x, k], axis=1)
+    outs.append(g.op("Slice", [y2, ints(g, [0]), ints(g, [8]), ints(g, [1])]))
+    outs.append(g.op("Relu", [y2]))
+    outs = [g.conv(o, c, 8, 1) for o, c in zip(outs, [16, 12, 8, 24, 8, 8])]
+    run_case(kiln_bin, tmp_path, g, outs, min_blocked=1, max_reorders=8)
+    proc = subprocess.run([kiln_bin, "inspect", str(tmp_path / "m.onnx"), "--optimized"],
+                          capture_output=True, text=True, env=isa_env(""), timeout=120)
+    assert "Slice of Gather as Gather x4" in proc.stdout, proc.stdout
 
 
 def test_shuffle_three_groups_is_graph_output(kiln_bin, tmp_path):
