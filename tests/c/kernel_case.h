@@ -202,6 +202,9 @@ static int case_layout_out = -1;
  * drops a NaN). */
 static const char *case_kernel_prefix __attribute__((unused));
 
+/* Runs of one compiled instance per fast run (run_fast_ex). */
+static int case_repeat __attribute__((unused)) = 1;
+
 /* Compile the fast kernel under KILN_ISA=isa (or forced_kernel) and run it on `threads`
  * threads. *handled = whether compile took the node; name (64 bytes, may
  * be NULL) gets the kernel's name. */
@@ -300,6 +303,19 @@ static inline kiln_status run_fast_ex(struct case_node *c, const char *isa, int 
     struct kiln_run_ctx rc = {.node = c->node, .n_in = c->n_in, .in = ins, .n_out = c->n_out,
                               .out = out, .scratch = scratch, .threads = threads};
     st = inst.run(inst.state, &rc);
+    /* case_repeat: the same instance runs again, and every output must be bit for bit the
+     * first run's (kernels that choose between ways of running by timing their first runs) */
+    for (int r = 1; r < case_repeat && st == KILN_OK && !(did_inplace && *did_inplace); r++) {
+        kiln_tensor *first[MAX_IO] = {NULL};
+        for (int k = 0; k < c->n_out; k++)
+            if (out[k] && kiln_tensor_clone(out[k], &first[k]) != KILN_OK) abort();
+        st = inst.run(inst.state, &rc);
+        for (int k = 0; k < c->n_out && st == KILN_OK; k++)
+            CHECK(!out[k] || !memcmp(out[k]->data, first[k]->data, out[k]->nbytes),
+                  "%s: run %d of the same instance on %d threads differs from the first in "
+                  "output %d", inst.name ? inst.name : "kernel", r + 1, threads, k);
+        for (int k = 0; k < c->n_out; k++) kiln_tensor_free(first[k]);
+    }
     free(scratch);
     kiln_tensor_free(blocked_in);
     kiln_tensor_free(blocked_sum);

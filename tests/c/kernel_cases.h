@@ -1381,6 +1381,13 @@ static void test_rnn(void)
                 rnn_case(cells[ci].op, dirs[d], cells[ci].lbr, shapes[si].T, shapes[si].B,
                          shapes[si].I, shapes[si].H, shapes[si].flags, NULL);
 
+    /* a node whose steps can split times its first runs split and on one thread, then
+     * keeps the faster (simd/rnn.c, struct rnn_tune): twelve runs of one instance, each
+     * bit for bit the first */
+    case_repeat = 12;
+    rnn_case(KILN_OP_LSTM, "forward", 0, 3, 8, 20, 260, RNN_LENS | RNN_INIT, NULL);
+    rnn_case(KILN_OP_GRU, "reverse", 0, 3, 8, 20, 260, RNN_INIT, NULL);
+    case_repeat = 1;
     rnn_case(KILN_OP_LSTM, "bidirectional", 0, 4, 3, 5, 17, RNN_LENS | RNN_INIT | RNN_PEEP, NULL);
     struct rnn_extra fg = {.input_forget = 1};
     rnn_case(KILN_OP_LSTM, "forward", 0, 4, 2, 5, 9, RNN_INIT | RNN_PEEP, &fg);

@@ -27,9 +27,12 @@
  * and two threads are identical: the GEMM is split on fixed slices of rows,
  * the cell on whole blocks, and a direction never across threads' sums.
  */
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <strings.h>
+#include <time.h>
 
 #include "kernels/family.h"
 #include "kernels/simd/simd.h"
@@ -40,6 +43,21 @@
 
 #define RNN_GEMM_SLICE 8 /* rows per GEMM slice: a multiple of every register tile's rows */
 #define RNN_STEP_CHUNK_FLOPS 65536.0 /* least work of one thread's share of a step */
+#define RNN_TUNE_RUNS 8 /* timed runs, split and unsplit in turn, before the choice */
+
+/* Whether a direction's steps are split across the team is measured on this machine,
+ * not guessed: where a step is split, both threads read each other's new state after
+ * every barrier, and what that costs depends on where the two cores sit. A 2-layer LSTM
+ * of 64 units at batch 8 ran 0.72 ms unsplit and 0.43 ms split on one 2-core host, 0.46
+ * unsplit and 0.52 split on another (Zen 2). So after a first untimed run, the next
+ * RNN_TUNE_RUNS runs that could split alternate between split and one thread, the
+ * fastest of each is kept, and the faster way is used from then on. The results are
+ * the same either way (the file comment). KILN_RNN_SPLIT=0 or 1 forces one. */
+struct rnn_tune {
+    atomic_int runs;           /* runs that could split, counted from 0 */
+    atomic_llong best_ns[2];   /* fastest unsplit [0] and split [1] run, 0 = none yet */
+    atomic_int choice;         /* -1 undecided, 0 one thread, 1 split */
+};
 
 struct rnn_state {
     const struct simd_kernels *k;
@@ -52,6 +70,7 @@ struct rnn_state {
     int pack_per_run;                 /* weights known only at run time: packed into scratch */
     int has_peep;
     size_t off_pack, off_xw, off_h, off_c, off_z, off_rh, off_act; /* scratch offsets in floats */
+    struct rnn_tune tune;
     char name[48];
 };
 
@@ -371,9 +390,46 @@ static void dir_range(void *arg, int64_t begin, int64_t end)
     for (int64_t d = begin; d < end; d++) run_direction(arg, (int)d, 1);
 }
 
+static long long rnn_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+/* The threads for a direction's time loop that could split over `threads` (see struct
+ * rnn_tune); *timed is set to the way (0 or 1) this run is timed for, else -1. */
+static int split_threads(struct rnn_state *s, int threads, int *timed)
+{
+    *timed = -1;
+    const char *env = getenv("KILN_RNN_SPLIT");
+    if (env && (!strcmp(env, "0") || !strcmp(env, "1"))) return env[0] == '1' ? threads : 1;
+    int choice = atomic_load(&s->tune.choice);
+    if (choice >= 0) return choice ? threads : 1;
+    int n = atomic_fetch_add(&s->tune.runs, 1);
+    if (n == 0 || n > RNN_TUNE_RUNS) return threads; /* cold, or the choice is being made */
+    *timed = (n - 1) / (RNN_TUNE_RUNS / 2); /* a block of runs each way */
+    return *timed ? threads : 1;
+}
+
+static void split_timed(struct rnn_state *s, int way, long long ns)
+{
+    long long cur = atomic_load(&s->tune.best_ns[way]);
+    while ((cur == 0 || ns < cur) &&
+           !atomic_compare_exchange_weak(&s->tune.best_ns[way], &cur, ns)) {
+    }
+    if (atomic_load(&s->tune.runs) > RNN_TUNE_RUNS) {
+        long long one = atomic_load(&s->tune.best_ns[0]), two = atomic_load(&s->tune.best_ns[1]);
+        if (one > 0 && two > 0) {
+            int expect = -1;
+            atomic_compare_exchange_strong(&s->tune.choice, &expect, two < one ? 1 : 0);
+        }
+    }
+}
+
 static kiln_status rnn_run(void *state, struct kiln_run_ctx *ctx)
 {
-    const struct rnn_state *s = state;
+    struct rnn_state *s = state;
     const int64_t T = s->T, B = s->B, H = s->H, ND = s->ndir;
     const kiln_tensor *X = ctx->in[0];
     const kiln_tensor *L = ctx->n_in > 4 ? ctx->in[4] : NULL;
@@ -396,6 +452,27 @@ static kiln_status rnn_run(void *state, struct kiln_run_ctx *ctx)
         set_cells(s, sc + s->off_pack, &wt, cells);
     }
 
+    /* a step's pass over the blocks: split into chunks of at least 64 kFLOP (about 1 us),
+     * since every step ends in a join (on a busy host, a wait for a preempted worker). On
+     * a quiet 2-core host the join costs far less than the work it halves: a 2-layer LSTM
+     * of 64 units at batch 8 (256 kFLOP a step) ran in 0.72 ms unsplit, 0.43 ms split;
+     * 512 kFLOP chunks, as before, left every step of it on one thread. Whether a node
+     * whose steps can split does is then measured (struct rnn_tune): unsplit, the whole
+     * node runs on one thread, the projections too, so that the time loop finds them in
+     * its own core's cache (written by two cores, half came from the other's: 0.04 ms of
+     * a 0.19 ms layer, Zen 2). */
+    double block_flops = 2.0 * (double)(B * H * s->G * s->k->lanes);
+    int64_t cgrain = block_flops >= RNN_STEP_CHUNK_FLOPS
+                         ? 1 : (int64_t)(RNN_STEP_CHUNK_FLOPS / block_flops) + 1;
+    const int side_by_side =
+        ND == 2 && threads >= 2 && (threads == 2 || s->nblk / cgrain < threads);
+    int timed = -1;
+    long long t0 = 0;
+    if (!side_by_side && threads >= 2 && s->nblk / cgrain >= 2) { /* measured */
+        threads = split_threads(s, threads, &timed);
+        if (timed >= 0) t0 = rnn_now_ns();
+    }
+
     /* the input projections of every step and direction: [T * B rows][ngh] */
     int64_t rows = T * B, slices = (rows + RNN_GEMM_SLICE - 1) / RNN_GEMM_SLICE;
     struct gemm_job gj = {s, wt, X->data, sc + s->off_xw, rows};
@@ -403,14 +480,6 @@ static kiln_status rnn_run(void *state, struct kiln_run_ctx *ctx)
     int64_t grain = slice_flops >= 131072 ? 1 : (int64_t)(131072 / slice_flops) + 1;
     kiln_parallel_for(threads, slices, grain, gemm_range, &gj);
 
-    /* a step's pass over the blocks: split into chunks of at least 64 kFLOP (about 1 us),
-     * since every step ends in a join (on a busy host, a wait for a preempted worker). On
-     * a quiet 2-core host the join costs far less than the work it halves: a 2-layer LSTM
-     * of 64 units at batch 8 (256 kFLOP a step) ran in 0.72 ms unsplit, 0.43 ms split;
-     * 512 kFLOP chunks, as before, left every step of it on one thread. */
-    double block_flops = 2.0 * (double)(B * H * s->G * s->k->lanes);
-    int64_t cgrain = block_flops >= RNN_STEP_CHUNK_FLOPS
-                         ? 1 : (int64_t)(RNN_STEP_CHUNK_FLOPS / block_flops) + 1;
     struct dir_job j = {
         .s = s, .cells = cells, .xw = sc + s->off_xw, .sc = sc, .L = L,
         .H0 = ctx->n_in > 5 ? ctx->in[5] : NULL,
@@ -422,11 +491,12 @@ static kiln_status rnn_run(void *state, struct kiln_run_ctx *ctx)
     };
     /* Two directions on two threads run side by side, one thread each, with no join per
      * step; so do they wherever a step would not be split across all the threads anyway. */
-    if (ND == 2 && threads >= 2 && (threads == 2 || s->nblk / cgrain < threads)) {
+    if (side_by_side) {
         kiln_parallel_for(2, 2, 1, dir_range, &j);
     } else {
         for (int d = 0; d < ND; d++) run_direction(&j, d, threads);
     }
+    if (timed >= 0) split_timed(s, timed, rnn_now_ns() - t0);
     return KILN_OK;
 }
 
@@ -504,6 +574,10 @@ static kiln_status rnn_compile_kind(const struct kiln_compile_ctx *cc,
     if (!s) return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory compiling %s",
                               kiln_op_name(n->op));
     s->k = table;
+    atomic_init(&s->tune.runs, 0);
+    atomic_init(&s->tune.best_ns[0], 0);
+    atomic_init(&s->tune.best_ns[1], 0);
+    atomic_init(&s->tune.choice, -1);
     s->kind = kind;
     s->ndir = ndir;
     s->reverse_only = reverse_only;
