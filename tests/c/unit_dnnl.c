@@ -579,6 +579,8 @@ static void test_conv_gemm(void)
         {{4, 128, 2, 2, 112, 3, 1, 1, 1, 1, {1, 0, 1, 0}, NULL, 0, 0, "Relu", 0, 0}, 1},
         /* stride 2, dilation 2, uneven pads, a clamp: 2x1 outputs */
         {{1, 64, 5, 5, 128, 3, 3, 1, 2, 2, {1, 0, 2, 1}, NULL, 0, 0, "Clip", 0.0f, 6.0f}, 1},
+        /* 1024 output channels: oneDNN's product (KILN_SKINNY=0) with padded weight rows */
+        {{1, 16, 3, 3, 1024, 3, 3, 1, 1, 1, {1, 1, 1, 1}, NULL, 1, 0, "Relu", 0, 0}, 1},
         /* not taken: 1x1 (the direct kernel reads its weights well), a residual Sum, too
          * many rows (batch 8 of 2x2 images), too many pixels (4x4), small weights */
         {{1, 512, 2, 2, 512, 1, 1, 1, 1, 1, {0, 0, 0, 0}, NULL, 1, 0, "Relu", 0, 0}, 0},

@@ -983,6 +983,21 @@ static kiln_status cgemm_make(void *arg, struct kd_variant *v, int threads)
     if (r == dnnl_success) r = dnnl_primitive_desc_create(&pd, &d, attr, kd_engine(), NULL);
     if (r != dnnl_success || kd_pd_is_ref(pd)) goto out; /* the direct convolution runs it */
     const dnnl_memory_desc_t *wmd = dnnl_primitive_desc_query_md(pd, dnnl_query_weights_md, 0);
+    dnnl_memory_desc_t wpad;
+    if (kd_md_pad_rows(wmd, &wpad)) { /* output channels a multiple of 1024: as matmul.c */
+        dnnl_matmul_desc_t d2;
+        dnnl_primitive_desc_t pd2 = NULL;
+        if (dnnl_matmul_desc_init(&d2, &b->src, &wpad, b->has_bias ? &b->bias : NULL,
+                                  &b->dst) == dnnl_success &&
+            dnnl_primitive_desc_create(&pd2, &d2, attr, kd_engine(), NULL) == dnnl_success &&
+            !kd_pd_is_ref(pd2)) {
+            dnnl_primitive_desc_destroy(pd);
+            pd = pd2;
+            wmd = dnnl_primitive_desc_query_md(pd, dnnl_query_weights_md, 0);
+        } else if (pd2) {
+            dnnl_primitive_desc_destroy(pd2);
+        }
+    }
     st = kd_pack_weights(b->cc, b->cc->in_value[1], "conv_gemm", &b->wplain, wmd, 1.0f,
                          &v->packed);
     if (st != KILN_OK || !v->packed) goto out;
