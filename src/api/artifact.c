@@ -775,13 +775,14 @@ kiln_status kiln_session_save(kiln_session *s, const char *path, const kiln_save
     if (st != KILN_OK) return st;
     st = kiln_session_artifact_view(s, &m, &sig, &g, &precision); /* pins every weight */
     if (st != KILN_OK) return st;
-    int any_int8 = precision == KILN_PRECISION_INT8;
-    for (int i = 0; i < g->n_nodes && !any_int8; i++) {
+    int any_lowp = precision != KILN_PRECISION_FP32;
+    for (int i = 0; i < g->n_nodes && !any_lowp; i++) {
         const struct kiln_attr *pa = kiln_node_attr(&g->nodes[i], KILN_NODE_PRECISION_ATTR);
-        any_int8 = pa && pa->type == KILN_ATTR_INT && pa->i == KILN_PRECISION_INT8;
+        any_lowp = pa && pa->type == KILN_ATTR_INT && pa->i != KILN_PRECISION_FP32;
     }
-    if (any_int8 && nb == 0) {
-        /* which weights the int8 kernels quantize is known once a plan is compiled */
+    if (any_lowp && nb == 0) {
+        /* which weights the int8 kernels quantize, and which the bf16 kernels pack as
+         * bfloat16 (mark_lowp_weights), is known once a plan is compiled */
         const int64_t one = 1;
         if (kiln_session_precompile(s, &one, 1) != KILN_OK) kiln_error_clear();
     }

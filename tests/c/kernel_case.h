@@ -188,6 +188,13 @@ static const struct kiln_kernel_def *forced_kernel;
 static bool case_weight_cache;
 /* The precision each compile asks for (kiln_precision: 0 fp32, 1 bf16, 2 int8). */
 static int case_precision;
+/* The highest ISA Kiln's kernels see in each compile ("avx2": a kernel taken only below
+ * AVX-512 is tested on an AVX-512 CPU too; oneDNN keeps its own ISA); NULL: the CPU's. */
+static const char *case_isa_cap;
+static inline int case_isa_rank(const char *isa)
+{
+    return !strcmp(isa, "scalar") ? 0 : !strcmp(isa, "avx2") ? 1 : 2;
+}
 /* The storage of input 0 and output 0 (a 4-D float32 tensor each; a KilnFusedConv's
  * residual Sum, input 3, stored as output 0) in the fast runs:
  * 0 plain, or 8 / 16 channel-blocked ([N][ceil(C/b)][H][W][b], padding lanes zero), as
@@ -251,8 +258,11 @@ static inline kiln_status run_fast_ex(struct case_node *c, const char *isa, int 
         .threads = threads, .precision = case_precision,
     };
     struct kiln_kernel_inst inst = {0};
+    if (case_isa_cap && case_isa_rank(case_isa_cap) < case_isa_rank(isa)) isa = case_isa_cap;
     if (forced_kernel) {
+        if (case_isa_cap) setenv("KILN_ISA", case_isa_cap, 1);
         st = kiln_kernel_compile(forced_kernel, &cc, &inst);
+        if (case_isa_cap) unsetenv("KILN_ISA");
     } else {
         setenv("KILN_ISA", isa, 1);
         st = f->compile(&cc, &inst);

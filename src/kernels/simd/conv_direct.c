@@ -138,6 +138,7 @@ static kiln_status cd_compile(const struct kiln_compile_ctx *cc, struct kiln_ker
         return KILN_OK;
     if ((cc->in_layout && cc->in_layout[0]) || (cc->out_layout && cc->out_layout[0]))
         return KILN_OK;
+    if (cc->precision != KILN_PRECISION_FP32) return KILN_OK; /* bf16 / int8: oneDNN's */
     if (cc->n_in > 3 && cc->in[3]) return KILN_OK; /* residual Sum */
     if (cc->n_in > 2 && cc->in[2]) {
         const kiln_tensor *b = cc->in_value ? cc->in_value[2] : NULL;
