@@ -40,6 +40,7 @@
 
 #include "check.h"
 #include "one_node.h"
+#include "kernels/dnnl/dnnl_common.h"
 #include "kernels/fast.h"
 #include "kernels/kernel.h"
 #include "kiln/kiln.h"
@@ -203,6 +204,8 @@ static void ref_float(const struct mm_case *c, struct one_node *t, int round_inp
 /* Compile the node for `precision` and run it; NULL when the kernel declined.
  * *name points at a copy of the kernel's name: the instance owns its name and
  * frees it with its state. */
+static int g_bf16_amx_convs; /* bf16 convolutions oneDNN ran on AMX tiles (channels last) */
+
 static kiln_tensor *run_fast(struct one_node *t, int precision, int threads, const char **name)
 {
     struct kiln_node *n = &t->g->nodes[0];
@@ -243,6 +246,9 @@ static kiln_tensor *run_fast(struct one_node *t, int precision, int threads, con
         static char name_copy[128];
         snprintf(name_copy, sizeof name_copy, "%s", inst.name ? inst.name : "");
         *name = name_copy;
+        if (precision == KILN_PRECISION_BF16 && strstr(name_copy, "conv_bf16") &&
+            strstr(inst.impl, "amx"))
+            g_bf16_amx_convs++;
         if (kiln_tensor_new(KILN_DTYPE_F32, yt.rank, yt.dims, &y) != KILN_OK) abort();
         float *yd = y->data;
         for (int64_t i = 0; i < kiln_tensor_count(y); i++) yd[i] = NAN;
@@ -713,5 +719,10 @@ int main(void)
     for (size_t i = 0; i < sizeof convs / sizeof convs[0]; i++) check_conv(&convs[i]);
     test_session_option();
     printf("%d int8 and %d bf16 runs compared\n", g_int8_cases, g_bf16_cases);
+    /* with AMX, a bf16 convolution whose work pays for the reorders runs on the tiles in
+     * oneDNN's channels-last formats (dnnl/conv.c, conv_try_any), not on AVX512-BF16 */
+    printf("%d bf16 convolution runs on AMX (AMX-BF16 %d)\n", g_bf16_amx_convs, kd_cpu_amx_bf16());
+    if (kd_cpu_amx_bf16()) CHECK(g_bf16_amx_convs >= 8, "only %d bf16 convolution runs on AMX",
+                                 g_bf16_amx_convs);
     return CHECK_DONE();
 }

@@ -104,6 +104,7 @@ struct conv_build {
      * variant 0 fixes them to oneDNN's choice; each lives in the scratch (at x_rel /
      * y_rel, before the scratchpad base is added) when it differs from the plan's */
     int any, any_fixed, x_scratch, y_scratch;
+    int want_amx; /* conv_try_any of a bf16 convolution: only an AMX implementation will do */
     int base_ref; /* the plan's layouts got oneDNN's reference code: its GEMM path is better */
     /* conv_try_merge: the weights of merged groups (block diagonal, f32, wplain) and the
      * name of their packing; NULL: the constant itself */
@@ -218,7 +219,8 @@ static kiln_status conv_make(void *arg, struct kd_variant *v, int threads)
     if (b->any) {
         const char *impl = NULL;
         if (dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl) != dnnl_success ||
-            !impl || strncmp(impl, "ref", 3) == 0 || (conv_impl_slow(impl) && !b->base_ref))
+            !impl || strncmp(impl, "ref", 3) == 0 || (conv_impl_slow(impl) && !b->base_ref) ||
+            (b->want_amx && !strstr(impl, "amx")))
             goto out; /* no better than the plan's layouts */
         if (!b->any_fixed) { /* variant 1 uses variant 0's formats */
             b->src_any = *dnnl_primitive_desc_query_md(pd, dnnl_query_src_md, 0);
@@ -238,7 +240,9 @@ static kiln_status conv_make(void *arg, struct kd_variant *v, int threads)
     if (st != KILN_OK || !v->packed) goto out;
     st = kd_variant_init(n, pd, v);
     if (st != KILN_OK) goto out;
-    if (b->bf16) { /* X in bfloat16 at the kernel's scratch (offset fixed after the build) */
+    if (b->any && b->x_scratch) { /* (bf16: the reorder before converts X too) */
+        kd_variant_arg(v, DNNL_ARG_SRC, KD_SRC_SCRATCH_AT, (int)b->x_rel, &b->src_any);
+    } else if (b->bf16) { /* X in bfloat16 at the kernel's scratch (offset fixed after the build) */
         dnnl_memory_desc_t src = b->src;
         src.data_type = dnnl_bf16;
         kd_variant_arg(v, DNNL_ARG_SRC, KD_SRC_SCRATCH_AT, 0, &src);
@@ -659,7 +663,13 @@ static kiln_status conv_try_any(struct conv_build *b, struct conv_state *s, doub
 {
     const struct kiln_compile_ctx *cc = b->cc;
     const char *impl = s->e.v[0].impl, *env = getenv("KILN_CONV_ANY");
-    if (s->bf16 || s->merged || !conv_impl_slow(impl) || (env && !strcmp(env, "0")))
+    /* bf16 on a CPU with AMX: oneDNN's AMX convolutions read channels-last data only, so
+     * in the plan's channel blocks a bf16 convolution runs on AVX512-BF16 dot products at
+     * a fraction of the tiles' rate; try oneDNN's formats, X converted to bfloat16 by the
+     * reorder before, and keep them only where an AMX kernel takes them */
+    int amx = s->bf16 && !strstr(impl, "amx") && kd_cpu_amx_bf16();
+    if ((s->bf16 && !amx) || s->merged || (!amx && !conv_impl_slow(impl)) ||
+        (env && !strcmp(env, "0")))
         return KILN_OK;
     double moved = (double)(dnnl_memory_desc_get_size(&b->src) +
                             dnnl_memory_desc_get_size(&b->dst) * (b->has_sum ? 2 : 1)) /
@@ -683,11 +693,12 @@ static kiln_status conv_try_any(struct conv_build *b, struct conv_state *s, doub
         b->any_fixed = 0;
         b->winograd = 0;
         b->base_ref = strncmp(impl, "ref", 3) == 0;
+        b->bf16 = b->want_amx = amx;
         st = kd_exec_build(&s->any_e, kd_work_threads(cc, work), conv_make, b, &h);
-        b->any = 0;
+        b->any = b->bf16 = b->want_amx = 0;
         b->winograd = winograd;
     }
-    if (st == KILN_OK) st = conv_try_pad(b, &s->any_e, &h, work);
+    if (st == KILN_OK && !amx) st = conv_try_pad(b, &s->any_e, &h, work);
     if (st != KILN_OK || !h) return st;
     if (!b->x_scratch && !b->y_scratch) { /* the plan's layouts after all */
         kd_exec_destroy(&s->any_e);

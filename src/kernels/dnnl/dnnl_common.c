@@ -8,6 +8,7 @@
 #include "core/threadpool.h"
 #include "kernels/simd/simd.h"
 
+#include <cpuid.h>
 #include <float.h>
 #include <math.h>
 #include <omp.h>
@@ -544,6 +545,23 @@ int kd_pd_is_ref(const_dnnl_primitive_desc_t pd)
     if (dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl) != dnnl_success || !impl)
         return 0;
     return strncmp(impl, "ref", 3) == 0;
+}
+
+int kd_cpu_amx_bf16(void)
+{
+    const char *env = getenv("KILN_AMX");
+    if ((env && !strcmp(env, "0")) || kiln_cpu_isa() < KILN_ISA_AVX512) return 0;
+    unsigned a, b, c, d;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return 0;
+    return (d >> 22 & 1) && (d >> 24 & 1); /* AMX-BF16 and AMX-TILE */
+}
+
+int kd_pd_is_amx(const_dnnl_primitive_desc_t pd)
+{
+    const char *impl = NULL;
+    if (dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl) != dnnl_success || !impl)
+        return 0;
+    return strstr(impl, "amx") != NULL;
 }
 
 int kd_pd_int8_exact(const_dnnl_primitive_desc_t pd)

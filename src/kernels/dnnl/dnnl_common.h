@@ -158,6 +158,12 @@ static inline uint16_t kd_f32_to_bf16(float f)
  * "ref_int8:any"): correct but far slower than Kiln's fp32 path, so a
  * low-precision variant declines it and the node runs in fp32. */
 int kd_pd_is_ref(const_dnnl_primitive_desc_t pd);
+/* Whether this CPU has AMX tiles with bfloat16 products (and Kiln's ISA, KILN_ISA,
+ * is AVX-512; KILN_AMX=0 in the environment says no): where oneDNN's AMX
+ * convolutions, which read channels-last data, are worth a reorder. */
+int kd_cpu_amx_bf16(void);
+/* Whether pd runs on AMX tiles (its implementation's name says "amx"). */
+int kd_pd_is_amx(const_dnnl_primitive_desc_t pd);
 /* Whether an int8 pd runs on VNNI or AMX dot products. Without them oneDNN's
  * int8 kernels pair u8 x s8 products in 16-bit sums (vpmaddubsw) that
  * saturate at full 8-bit range (the accuracy loss ONNX Runtime's reduce_range
