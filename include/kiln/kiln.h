@@ -519,6 +519,16 @@ typedef struct kiln_prune_stats {
     int64_t zeroed;  /* elements set to zero (some may have been zero already) */
 } kiln_prune_stats;
 KILN_API kiln_status kiln_model_prune(kiln_model *m, double ratio, int block, kiln_prune_stats *out);
+/* Embedding tables in s8 (`kiln compile --precision int8`, docs/COMPRESSION.md): in
+ * every Gather on axis 0 of a constant f32 matrix of at least 16384 elements, each
+ * row of the table becomes q * s, q = clamp(nearbyint(w / s), -127, 127) with
+ * s = max |row| / 127, so that the model computes with what an int8 .kiln stores
+ * (s8 with a scale per row). Call it right after loading, before any session runs. */
+typedef struct kiln_table_stats {
+    int64_t tables;   /* tables rounded */
+    int64_t elements; /* their elements */
+} kiln_table_stats;
+KILN_API kiln_status kiln_model_quantize_tables(kiln_model *m, kiln_table_stats *out);
 /* ==== Evaluating and compiling with an accuracy bound (src/api/compile_eval.c,
  * src/api/compile.c; docs/COMPRESSION.md) ====
  *

@@ -385,15 +385,19 @@ static kiln_status mark_lowp_weights(struct writer *w, const struct kiln_graph *
         free(q);
         free(sc);
     }
-    /* any precision: f32 weights of products that are exactly s8 times a channel scale */
+    /* any precision: f32 weights of products that are exactly s8 times a channel scale, and
+     * embedding tables (a Gather's constant matrix on axis 0) that are exactly s8 times a
+     * row scale (kiln_model_quantize_tables) */
     for (int i = 0; i < g->n_nodes; i++) {
         const struct kiln_node *nd = &g->nodes[i];
-        int v = nd->n_in > 1 ? nd->in[1] : -1;
+        int table = nd->op == KILN_OP_Gather && kiln_attr_int(nd, "axis", 0) == 0;
+        int v = table ? nd->in[0] : nd->n_in > 1 ? nd->in[1] : -1;
         if (v < 0 || v >= g->n_values || w->s8_axis[v] >= 0) continue;
         const struct kiln_value *val = &g->values[v];
         const kiln_tensor *t = val->kind == KILN_VALUE_CONST ? val->konst : NULL;
         if (!t || t->dtype != KILN_DTYPE_F32 || !t->data || kiln_tensor_count(t) < 64) continue;
-        int ax = int8_weight_axis(nd, t);
+        if (table && (t->rank != 2 || w->as_bf16[v])) continue;
+        int ax = table ? 0 : int8_weight_axis(nd, t);
         if (ax < 0) continue;
         int8_t *q = malloc((size_t)kiln_tensor_count(t) + 1);
         float *sc = malloc(sizeof(float) * (size_t)(t->dims[ax] + 1));

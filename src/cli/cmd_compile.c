@@ -54,6 +54,9 @@ static const char compile_help[] =
     "  --signature NAME     signature to compile (default: the default one)\n"
     "  --tags TAGS          SavedModel MetaGraph tags (default serve)\n"
     "  --threads N          intra-op threads (default 0: all cores)\n"
+    "  --tables MODE        s8 (default with --precision int8 and no --emit-onnx): the\n"
+    "                       embedding tables (a Gather's constant f32 matrix) rounded to s8\n"
+    "                       per row, stored so; f32: left as they are\n"
     "  --sparse MODE        auto (default): MatMul/Gemm and 1x1 Conv nodes with mostly-zero\n"
     "                       weights run on sparse kernels where that measures faster;\n"
     "                       off: never\n"
@@ -75,6 +78,7 @@ typedef struct compile_args {
     const char *precision;   /* as given */
     const char *cal_method;  /* --calibration-method, NULL = minmax */
     const char *sparse;      /* --sparse: "auto" or "off" */
+    const char *tables;      /* --tables: "s8", "f32", or NULL (s8 for dynamic or static int8) */
     double prune;            /* --prune RATIO, 0 = none */
     int prune_block;         /* --prune-block: 1 or 4 */
     const char *emit_onnx;   /* --emit-onnx FILE.onnx, or NULL */
@@ -164,6 +168,11 @@ static int parse_args(int argc, char **argv, compile_args *a)
             if (r < 0) return KILN_CLI_EXIT_USAGE;
             if (!kiln_cli_parse_int(val, 1, 100000, &a->runs))
                 return kiln_cli_usage_error(cmd, "--runs '%s' is not a count from 1 to 100000", val);
+        } else if ((r = kiln_cli_option(cmd, argc, argv, &i, "--tables", &val)) != 0) {
+            if (r < 0) return KILN_CLI_EXIT_USAGE;
+            if (strcmp(val, "s8") && strcmp(val, "f32"))
+                return kiln_cli_usage_error(cmd, "--tables '%s' is not s8 or f32", val);
+            a->tables = val;
         } else if ((r = kiln_cli_option(cmd, argc, argv, &i, "--sparse", &val)) != 0) {
             if (r < 0) return KILN_CLI_EXIT_USAGE;
             if (strcmp(val, "auto") && strcmp(val, "off"))
@@ -277,12 +286,21 @@ int kiln_cmd_compile(int argc, char **argv)
     }
     const char *sig_name = kiln_signature_name(sig);
     mc = m;
-    if (a.prune > 0) { /* a second copy, pruned; the fp32 baseline stays unpruned */
+    /* int8: embedding tables in s8 per row, as the file stores them (not with --emit-onnx,
+     * whose QDQ model keeps the source's tables: ONNX Runtime must compute what Kiln does) */
+    int round_tables = a.tables ? !strcmp(a.tables, "s8")
+                                : !a.is_auto && a.prec == KILN_PRECISION_INT8 && !a.emit_onnx;
+    if (a.prune > 0 || round_tables) { /* a second copy; the fp32 baseline stays as loaded */
         if (!(mc = kiln_cli_load_model(a.model, a.tags))) goto out;
-        if (kiln_model_prune(mc, a.prune, a.prune_block, &sp.prune) != KILN_OK) {
+        if (a.prune > 0 && kiln_model_prune(mc, a.prune, a.prune_block, &sp.prune) != KILN_OK) {
             kiln_cli_fail("--prune: %s", kiln_last_error());
             goto out;
         }
+        if (round_tables && kiln_model_quantize_tables(mc, &r.tables) != KILN_OK) {
+            kiln_cli_fail("--tables s8: %s", kiln_last_error());
+            goto out;
+        }
+        r.tables_rounded = round_tables;
     }
     if (a.cal && !load_data("--calibration", a.cal, sig, &cal)) goto out;
     if (a.eval && !load_data("--eval", a.eval, sig, &eval)) goto out;
@@ -421,6 +439,8 @@ int kiln_cmd_compile(int argc, char **argv)
     }
     /* static int8: the quantized graph's own constants (its per-node list is dynamic int8's) */
     if (static_int8 && cr.static_weight_bytes > 0) r.compressed_weight_bytes = cr.static_weight_bytes;
+    /* s8 tables: a byte an element (and a scale a row, left out) */
+    if (r.tables_rounded) r.compressed_weight_bytes -= 3 * r.tables.elements;
     int fell = 0;
     for (int i = 0; i < n_nodes; i++) fell += nodes[i].fell_back;
     if (!r.has_quality)

@@ -82,6 +82,8 @@ typedef struct kiln_compile_report {
     int n_latency;
     const kiln_gate_latency *latency;
     const kiln_compile_sparse *sparse; /* NULL: not reported */
+    int tables_rounded;           /* --tables s8 applied (kiln_model_quantize_tables) */
+    kiln_table_stats tables;
     int passed;                   /* the drop is within max_drop (or nothing to check) */
     char verdict[512];
 } kiln_compile_report;

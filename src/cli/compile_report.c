@@ -218,6 +218,12 @@ char *kiln_compile_report_json(const kiln_compile_report *r)
         fputc('}', f);
     }
     fputc(']', f);
+    jkey(f, &first, "tables");
+    if (r->tables_rounded)
+        fprintf(f, "{\"mode\":\"s8\",\"tables\":%lld,\"elements\":%lld}", (long long)r->tables.tables,
+                (long long)r->tables.elements);
+    else
+        fputs("{\"mode\":\"f32\"}", f);
     if (r->sparse) {
         jkey(f, &first, "sparse");
         kiln_compile_sparse_json(r->sparse, f);
@@ -314,6 +320,10 @@ void kiln_compile_report_print(const kiln_compile_report *r, FILE *f)
         }
     }
     if (r->sparse) kiln_compile_sparse_print(r->sparse, f);
+    if (r->tables_rounded)
+        fprintf(f, "\ntables:      %lld embedding table%s (%lld elements) rounded to s8 per row\n",
+                (long long)r->tables.tables, r->tables.tables == 1 ? "" : "s",
+                (long long)r->tables.elements);
     fprintf(f, "\nweights: fp32 %lld bytes, compressed %lld bytes (%.2fx)\n",
             (long long)r->fp32_weight_bytes, (long long)r->compressed_weight_bytes,
             r->fp32_weight_bytes ? (double)r->compressed_weight_bytes / (double)r->fp32_weight_bytes
