@@ -1024,6 +1024,60 @@ static void test_matmul(void)
 
 /* kd_md_pad_rows: plain [.., K, N] with rows a multiple of 4 KB apart gets rows 16 floats
  * longer (outer dims following), anything else stays. */
+/* kd_quantize_u8 (dynamic int8's per-run activation pass): its AVX-512 form gives the same
+ * bytes, scale and zero point as the portable loops (KILN_ISA=avx2), on every count from 1
+ * to 70 and on larger ones with tails, one and two threads, with NaN and infinities (skipped
+ * by the range, NaN quantized to the zero point), all-negative and all-positive data, and
+ * values on the rounding midpoints. */
+static void test_quantize_u8(void)
+{
+    static const int64_t counts[] = {1, 2, 15, 16, 17, 31, 33, 64, 70, 16383, 16384, 16385,
+                                     40000, 100003};
+    int cases = 0;
+    for (size_t ci = 0; ci < sizeof counts / sizeof counts[0]; ci++)
+        for (int kind = 0; kind < 4; kind++)
+            for (int threads = 1; threads <= 2; threads++) {
+                int64_t n = counts[ci];
+                float *a = malloc(sizeof(float) * (size_t)n);
+                uint8_t *q1 = malloc((size_t)n), *q2 = malloc((size_t)n);
+                if (!a || !q1 || !q2) abort();
+                uint32_t r = 12345u + (uint32_t)(n * 7 + kind);
+                for (int64_t i = 0; i < n; i++) {
+                    r = r * 1664525u + 1013904223u;
+                    float u = (float)(r >> 8) / 16777216.0f; /* [0, 1) */
+                    float v = kind == 0 ? 8.0f * u - 3.0f      /* asymmetric */
+                              : kind == 1 ? -5.0f * u - 0.5f   /* all negative */
+                              : kind == 2 ? 2.0f * u + 0.25f   /* all positive */
+                                          : (float)((int)(u * 511.0f) - 255) * 0.5f; /* midpoints */
+                    if (kind == 0 && i % 97 == 5) v = NAN;
+                    if (kind == 0 && i % 89 == 7) v = i % 2 ? INFINITY : -INFINITY;
+                    a[i] = v;
+                }
+                float s1, s2;
+                int32_t z1, z2;
+                setenv("KILN_ISA", "avx2", 1);
+                kd_quantize_u8(a, n, q1, threads, &s1, &z1);
+                unsetenv("KILN_ISA");
+                kd_quantize_u8(a, n, q2, threads, &s2, &z2);
+                CHECK(memcmp(&s1, &s2, sizeof s1) == 0 && z1 == z2,
+                      "quantize_u8 n=%lld kind %d threads %d: scale %.9g / %.9g, zero point %d / %d",
+                      (long long)n, kind, threads, (double)s1, (double)s2, z1, z2);
+                int64_t bad = 0;
+                for (int64_t i = 0; i < n; i++) bad += q1[i] != q2[i];
+                CHECK(bad == 0, "quantize_u8 n=%lld kind %d threads %d: %lld bytes differ",
+                      (long long)n, kind, threads, (long long)bad);
+                if (kind == 0 && n > 100)
+                    CHECK(q2[5] == (uint8_t)z2, "quantize_u8: NaN gave %d, not the zero point %d",
+                          q2[5], z2);
+                cases++;
+                free(a);
+                free(q1);
+                free(q2);
+            }
+    printf("quantize_u8: %d cases, AVX-512 form %s\n", cases,
+           kiln_cpu_isa() >= KILN_ISA_AVX512 ? "compared" : "not on this CPU (both portable)");
+}
+
 static void test_pad_rows(void)
 {
     dnnl_memory_desc_t md, out;
@@ -1617,6 +1671,7 @@ int main(void)
     int conv_inplace = g_inplace_runs;
     test_matmul();
     test_pad_rows();
+    test_quantize_u8();
     /* residual sums: Y written over the Sum input, as plans run them when it dies there */
     CHECK(conv_inplace >= 8 && g_inplace_runs - conv_inplace >= 6,
           "in-place runs: %d conv, %d matmul", conv_inplace, g_inplace_runs - conv_inplace);
