@@ -1078,6 +1078,41 @@ static void test_quantize_u8(void)
            kiln_cpu_isa() >= KILN_ISA_AVX512 ? "compared" : "not on this CPU (both portable)");
 }
 
+/* kd_to_bf16 (the bf16 kernels' per-run input pass): its AVX-512 form gives the bits of
+ * kd_f32_to_bf16 on every float of a sweep (ties to even, subnormals, infinities, NaNs of
+ * both signs and payloads), with tails, one and two threads. */
+static void test_to_bf16(void)
+{
+    static const int64_t counts[] = {1, 15, 16, 17, 100, 16385, 70001};
+    int cases = 0;
+    for (size_t ci = 0; ci < sizeof counts / sizeof counts[0]; ci++)
+        for (int threads = 1; threads <= 2; threads++) {
+            int64_t n = counts[ci];
+            float *a = malloc(sizeof(float) * (size_t)n);
+            uint16_t *h = malloc(2 * (size_t)n);
+            if (!a || !h) abort();
+            uint32_t r = 777u + (uint32_t)n;
+            for (int64_t i = 0; i < n; i++) {
+                r = r * 1664525u + 1013904223u;
+                uint32_t bits = r;
+                if (i % 5 == 1) bits = (r & 0xffff0000u) | 0x8000u;     /* a tie */
+                if (i % 7 == 2) bits = (r & 0x807fffffu);               /* subnormal */
+                if (i % 11 == 3) bits = 0x7f800000u | (r & 0x80000000u); /* infinity */
+                if (i % 13 == 4) bits = 0x7f800001u | (r & 0x807fffffu); /* NaN */
+                memcpy(&a[i], &bits, 4);
+            }
+            kd_to_bf16(a, n, h, threads);
+            int64_t bad = 0;
+            for (int64_t i = 0; i < n; i++) bad += h[i] != kd_f32_to_bf16(a[i]);
+            CHECK(bad == 0, "to_bf16 n=%lld threads %d: %lld values differ from kd_f32_to_bf16",
+                  (long long)n, threads, (long long)bad);
+            cases++;
+            free(a);
+            free(h);
+        }
+    printf("to_bf16: %d cases\n", cases);
+}
+
 static void test_pad_rows(void)
 {
     dnnl_memory_desc_t md, out;
@@ -1672,6 +1707,7 @@ int main(void)
     test_matmul();
     test_pad_rows();
     test_quantize_u8();
+    test_to_bf16();
     /* residual sums: Y written over the Sum input, as plans run them when it dies there */
     CHECK(conv_inplace >= 8 && g_inplace_runs - conv_inplace >= 6,
           "in-place runs: %d conv, %d matmul", conv_inplace, g_inplace_runs - conv_inplace);

@@ -587,9 +587,32 @@ void kd_quantize_u8(const float *a, int64_t count, uint8_t *q, int threads, floa
     *zp_out = zp;
 }
 
+/* kd_f32_to_bf16 on 16 floats at a time: the same integer rounding (to nearest even; a NaN
+ * keeps its top bits, made quiet) */
+KD_AVX512 static void bf16_avx512(const float *a, int64_t n, uint16_t *h)
+{
+    const __m512i abs_mask = _mm512_set1_epi32(0x7fffffff), inf = _mm512_set1_epi32(0x7f800000);
+    const __m512i bias = _mm512_set1_epi32(0x7fff), one = _mm512_set1_epi32(1);
+    const __m512i quiet = _mm512_set1_epi32(0x40);
+    for (int64_t i = 0; i < n; i += 16) {
+        __mmask16 m = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1u);
+        __m512i x = _mm512_castps_si512(_mm512_maskz_loadu_ps(m, a + i));
+        __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(x, abs_mask), inf);
+        __m512i r = _mm512_srli_epi32(
+            _mm512_add_epi32(_mm512_add_epi32(x, bias),
+                             _mm512_and_si512(_mm512_srli_epi32(x, 16), one)), 16);
+        r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(_mm512_srli_epi32(x, 16), quiet));
+        _mm512_mask_cvtepi32_storeu_epi16(h + i, m, r);
+    }
+}
+
 static void bf16_chunk(void *ctx, int64_t begin, int64_t end)
 {
     struct kd_act_job *j = ctx;
+    if (act_avx512()) {
+        bf16_avx512(j->a + begin, end - begin, j->h + begin);
+        return;
+    }
     for (int64_t i = begin; i < end; i++) j->h[i] = kd_f32_to_bf16(j->a[i]);
 }
 
