@@ -706,6 +706,10 @@ KILN_API void kiln_compile_options_init(kiln_compile_options *o);
  *      SQNR) up: int8 -> bf16 where it has a bf16 kernel, else fp32; when no
  *      int8 node is left, bf16 nodes -> fp32 in the same order;
  *   4. record for each node moved why (its SQNR and the drop it left).
+ * With calibration data, auto also builds static int8 of the whole model (MinMax
+ * ranges) and keeps it instead where its drop is within max_drop and it runs the
+ * evaluation data faster than the mix (CNNs: dynamic int8 quantizes every
+ * activation at every run). KILN_AUTO_STATIC=0 in the environment skips that.
  * Then the session is built and checked once more on the eval data. */
 typedef struct kiln_compile_result {
     kiln_session *session;        /* the compiled session (owned; NULL after an error) */
@@ -726,6 +730,11 @@ typedef struct kiln_compile_result {
     int64_t static_weight_bytes;  /* static int8: the bytes of the constants the quantized
                                      graph's nodes read (s8 weights 1 byte each, int32
                                      biases, scales); 0 otherwise */
+    int auto_static;              /* auto chose static int8 of the whole model (MinMax on the
+                                     calibration data: within max_drop and faster than the
+                                     per-node mix); the nodes then say the mix it beat */
+    double auto_static_drop;      /* that candidate's drop (-1: not tried or not built) */
+    double auto_ms[2];            /* evaluation-data time of the mix and of static int8 */
 } kiln_compile_result;
 /* Compile signature `sig` (NULL: the default) of m under o, measuring node
  * sensitivity on cal and accuracy on eval (either may be NULL; the other is

@@ -21,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "api/internal.h"
 #include "import/kiln_artifact.h"
@@ -427,6 +428,61 @@ static void summarize(kiln_compile_result *r, const kiln_compile_options *o)
 #undef PUT
 }
 
+/* Seconds for two runs of s over d (the faster), for auto's choice; -1 on error. */
+static double time_runs(kiln_session *s, const kiln_dataset *d, int64_t batch)
+{
+    double best = -1;
+    for (int k = 0; k < 2; k++) {
+        kiln_compile_run run = {0};
+        char e[KILN_EVAL_ERR_LEN];
+        struct timespec t0, t1;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        kiln_status st = kiln_compile_run_all(s, d, batch, &run, e);
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        kiln_compile_run_free(&run);
+        if (st != KILN_OK) return -1;
+        double t = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+        if (best < 0 || t < best) best = t;
+    }
+    return best;
+}
+
+/* auto with calibration data: static int8 of the whole model as a candidate (see
+ * kiln_compile_result.auto_static). Any failure leaves the mix in place. */
+static void auto_try_static(kiln_model *mc, const char *sn, const kiln_compile_options *o,
+                            const kiln_dataset *cal, const kiln_dataset *ev, int64_t batch,
+                            kiln_compile_result *r)
+{
+    const char *env = getenv("KILN_AUTO_STATIC");
+    if (env && !strcmp(env, "0")) return;
+    kiln_session *ss = NULL;
+    kiln_compile_run run = {0};
+    char e[KILN_EVAL_ERR_LEN];
+    if (static_int8_session(mc, sn, &o->session, cal, batch, KILN_CALIBRATION_MINMAX, &ss, e) !=
+        KILN_OK)
+        goto out;
+    kiln_eval_quality q;
+    if (kiln_compile_run_all(ss, ev, batch, &run, e) != KILN_OK ||
+        kiln_eval_compare(&r->base_eval.o[r->metric_index], &run.o[r->metric_index], o->labels,
+                          &q, e) != KILN_OK)
+        goto out;
+    r->auto_static_drop = q.drop;
+    if (!(q.drop <= o->max_drop)) goto out;
+    double t_mix = time_runs(r->session, ev, batch), t_static = time_runs(ss, ev, batch);
+    r->auto_ms[0] = t_mix * 1e3;
+    r->auto_ms[1] = t_static * 1e3;
+    if (t_static < 0 || t_mix < 0 || t_static >= t_mix) goto out;
+    kiln_session_free(r->session);
+    r->session = ss;
+    ss = NULL;
+    r->auto_static = 1;
+    r->static_weight_bytes = graph_weight_bytes(r->session);
+out:
+    kiln_compile_run_free(&run);
+    kiln_session_free(ss);
+    kiln_error_clear();
+}
+
 kiln_status kiln_compile(kiln_model *m, const char *sig_name, const kiln_compile_options *o,
                          const kiln_dataset *cal, const kiln_dataset *eval,
                          kiln_compile_result *r, char *err)
@@ -533,6 +589,10 @@ kiln_status kiln_compile(kiln_model *m, const char *sig_name, const kiln_compile
                  kiln_last_error());
         goto err_free;
     }
+
+    r->auto_static_drop = -1;
+    if (o->is_auto && prec == KILN_PRECISION_INT8 && cal && ev)
+        auto_try_static(mc, sn, o, cal, ev, batch, r);
 
     /* the compiled session checked once more against fp32 */
     if (ev) {

@@ -369,7 +369,8 @@ int kiln_cmd_compile(int argc, char **argv)
     kiln_compile_node *nodes = cr.nodes;
     int n_nodes = cr.n_nodes;
     kiln_session *cand = cr.session, *base = NULL;
-    int static_int8 = co.static_int8;
+    int static_int8 = co.static_int8 || cr.auto_static; /* auto may choose static int8 */
+    const char *cal_method_used = co.static_int8 ? cal_method_name : "minmax";
 
     if (kiln_compile_sparse_nodes(cand, sig, &sp, err) != KILN_OK) {
         kiln_cli_fail("%s", err);
@@ -386,7 +387,7 @@ int kiln_cmd_compile(int argc, char **argv)
     r.max_drop = a.max_drop;
     r.cal_path = a.cal;
     r.cal_samples = cr.cal_samples;
-    r.cal_static = static_int8 ? cal_method_name : NULL;
+    r.cal_static = static_int8 ? cal_method_used : NULL;
     r.eval_path = eval_data ? eval_path : NULL;
     r.labels_path = a.labels;
     r.eval_samples = eval_data ? eval_data->samples : 0;
@@ -455,8 +456,21 @@ int kiln_cmd_compile(int argc, char **argv)
                  r.q.drop_of, 100 * r.q.drop, 100 * a.max_drop, metric_output);
     if (a.is_auto) {
         size_t len = strlen(r.verdict);
-        snprintf(r.verdict + len, sizeof r.verdict - len, "; auto: %d of %d node%s fell back", fell,
-                 n_nodes, n_nodes == 1 ? "" : "s");
+        if (cr.auto_static)
+            snprintf(r.verdict + len, sizeof r.verdict - len,
+                     "; auto: static int8 of the whole model (MinMax), within the bound and "
+                     "faster than the per-node mix (%.1f ms against %.1f ms on the evaluation "
+                     "data), which had %d of %d node%s fall back",
+                     cr.auto_ms[1], cr.auto_ms[0], fell, n_nodes, n_nodes == 1 ? "" : "s");
+        else if (cr.auto_static_drop >= 0)
+            snprintf(r.verdict + len, sizeof r.verdict - len,
+                     "; auto: %d of %d node%s fell back (static int8 of the whole model: drop "
+                     "%.4f%%, %s)", fell, n_nodes, n_nodes == 1 ? "" : "s",
+                     100 * cr.auto_static_drop,
+                     cr.auto_static_drop > a.max_drop ? "beyond the bound" : "not faster");
+        else
+            snprintf(r.verdict + len, sizeof r.verdict - len, "; auto: %d of %d node%s fell back",
+                     fell, n_nodes, n_nodes == 1 ? "" : "s");
     }
     json = kiln_compile_report_json(&r);
     if (!json) {

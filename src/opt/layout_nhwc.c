@@ -16,7 +16,8 @@
  *    (the residual, SiLU's x * sigmoid(x)), a Relu, a Sigmoid, a Swish (the
  *    SiLU of src/opt/silu.c), a Clip with scalar bounds
  *    (src/kernels/simd/quant8.c, elementwise.c), an 8-bit
- *    MaxPool (dnnl/pool.c), and a float Mul by a per-channel [N or 1, C, 1, 1]
+ *    MaxPool (dnnl/pool.c; ceil_mode too, where its extra right padding stays
+ *    inside the window), and a float Mul by a per-channel [N or 1, C, 1, 1]
  *    value (squeeze-and-excitation, C <= 2048: elementwise.c treats channels
  *    last as one block of all C channels) following by its big input;
  *  - sinks: a float GlobalAveragePool reads its input channels last where it
@@ -41,6 +42,7 @@
 
 #include "core/tensor.h"
 #include "kernels/kernel.h"
+#include "kernels/ref/gemm.h" /* kiln_window_resolve */
 #include "opt/layout_nhwc.h"
 
 /* A value that may be stored NHWC: 4-D, not captured by a subgraph, still plain. */
@@ -234,8 +236,7 @@ static int is_follower(const struct kiln_graph *g, const unsigned char *cap, con
             kiln_error_clear();
             return 0;
         }
-        if (strcmp(ap, "NOTSET") || ceil_mode || !k || k->type != KILN_ATTR_INTS || k->n != 2)
-            return 0;
+        if (strcmp(ap, "NOTSET") || !k || k->type != KILN_ATTR_INTS || k->n != 2) return 0;
         if (dil && (dil->type != KILN_ATTR_INTS || dil->n != 2 || dil->ints[0] != 1 ||
                     dil->ints[1] != 1))
             return 0;
@@ -243,7 +244,20 @@ static int is_follower(const struct kiln_graph *g, const unsigned char *cap, con
         for (int i = 0; pads && i < 4; i++)
             if (pads->ints[i] < 0 || pads->ints[i] >= k->ints[i % 2]) return 0;
         const struct kiln_type *xt = &g->values[x].type;
-        return xt->dims[2] > 0 && xt->dims[3] > 0;
+        if (xt->dims[2] <= 0 || xt->dims[3] <= 0) return 0;
+        if (ceil_mode) { /* dnnl/pool.c's extra right padding: still less than the window */
+            struct kiln_window w;
+            if (kiln_window_resolve(n, 2, xt->dims + 2, NULL, 1, &w) != KILN_OK) {
+                kiln_error_clear();
+                return 0;
+            }
+            for (int i = 0; i < 2; i++) {
+                int64_t pr = (w.out[i] - 1) * w.stride[i] + w.kernel[i] - w.in[i] - w.pad_begin[i];
+                if (pr < w.pad_end[i]) pr = w.pad_end[i];
+                if (pr >= w.kernel[i] || w.out[i] != g->values[y].type.dims[i + 2]) return 0;
+            }
+        }
+        return 1;
     }
     if (!nhwc_value(g, cap, x, 0) || !nhwc_value(g, cap, y, 0)) return 0;
     const struct kiln_type *xt = &g->values[x].type, *yt = &g->values[y].type;
