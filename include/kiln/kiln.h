@@ -706,10 +706,12 @@ KILN_API void kiln_compile_options_init(kiln_compile_options *o);
  *      SQNR) up: int8 -> bf16 where it has a bf16 kernel, else fp32; when no
  *      int8 node is left, bf16 nodes -> fp32 in the same order;
  *   4. record for each node moved why (its SQNR and the drop it left).
- * With calibration data, auto also builds static int8 of the whole model (MinMax
- * ranges) and keeps it instead where its drop is within max_drop and it runs the
+ * With calibration data and int8 convolutions in the model, auto also builds static
+ * int8 of the whole model (MinMax ranges) and keeps it instead where its drop is
+ * within max_drop and it runs the
  * evaluation data faster than the mix (CNNs: dynamic int8 quantizes every
- * activation at every run). KILN_AUTO_STATIC=0 in the environment skips that.
+ * activation at every run). KILN_AUTO_STATIC=0 in the environment skips that;
+ * KILN_AUTO_STATIC=force keeps static int8 whenever it is within max_drop.
  * Then the session is built and checked once more on the eval data. */
 typedef struct kiln_compile_result {
     kiln_session *session;        /* the compiled session (owned; NULL after an error) */

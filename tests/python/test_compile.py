@@ -595,3 +595,34 @@ def test_int8_embedding_tables_stored_s8(kiln_bin, tmp_path):
     _, rep = compile_model(kiln_bin, model, tmp_path / "t_fp32.kiln", "--precision", "fp32",
                            "--eval", tmp_path / "d", "--max-drop", "100%")
     assert rep["tables"] == {"mode": "f32"}
+
+
+@pytest.mark.skipif(not VNNI, reason="no VNNI/AMX on this CPU: the int8 kernels decline")
+def test_auto_tries_static_int8(kiln_bin, trained, tmp_path, monkeypatch):
+    """auto with calibration data also builds static int8 of the whole model (MinMax) and keeps
+    it where it is within --max-drop and faster than the per-node dynamic mix
+    (KILN_AUTO_STATIC=force: within the bound is enough; =0: not tried). A kept static model
+    gives exactly the outputs of an explicit `--precision int8 --calibration-method minmax`
+    compile, the report says static, and the verdict names the choice."""
+    model = trained / "digits_cnn.onnx"
+    x = np.load(trained / "digits_test_x.npy")
+    common = ["--calibration", trained / "digits_cal", "--eval", trained / "digits_test",
+              "--labels", trained / "digits_test_y.npy"]
+    explicit = tmp_path / "static.kiln"
+    compile_model(kiln_bin, model, explicit, "--precision", "int8", "--calibration-method",
+                  "minmax", *common)
+    want = predict_batched(kiln_bin, explicit, "image", x, tmp_path, "explicit")
+    monkeypatch.setenv("KILN_AUTO_STATIC", "force")
+    out = tmp_path / "auto_static.kiln"
+    _, rep = compile_model(kiln_bin, model, out, "--precision", "auto", *common)
+    assert "static int8 of the whole model (MinMax), within the bound" in rep["verdict"], rep["verdict"]
+    assert rep["calibration"]["method"] == "minmax", rep["calibration"]
+    got = predict_batched(kiln_bin, out, "image", x, tmp_path, "auto_static")
+    np.testing.assert_array_equal(got, want)
+    monkeypatch.setenv("KILN_AUTO_STATIC", "0")
+    _, rep0 = compile_model(kiln_bin, model, tmp_path / "auto_mix.kiln", "--precision", "auto",
+                            *common)
+    assert "static int8" not in rep0["verdict"] and rep0["calibration"]["method"] == "dynamic", rep0
+    monkeypatch.delenv("KILN_AUTO_STATIC")
+    _, rep1 = compile_model(kiln_bin, model, tmp_path / "auto.kiln", "--precision", "auto", *common)
+    assert "static int8 of the whole model" in rep1["verdict"], rep1["verdict"]
