@@ -179,6 +179,11 @@ def main():
         except (RuntimeError, OSError, ValueError, KeyError) as e:
             rec["error"] = str(e)
             bc.log(f"{name}: {e}")
+        write(args, records, started, final=name == names[-1])
+
+
+def write(args, records, started, final):
+    """The report so far (rewritten after every model, printed at the end)."""
     cmd = "/usr/bin/python3 bench/zoo/compress.py" + (
         " " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else "")
     lines = [f"## The zoo compiled with `auto` ({started:%Y-%m-%d})", "",
@@ -211,7 +216,8 @@ def main():
                      f"{'met' if g and g >= 2 else 'missed'})" if g else
                      f"- batch {b}: nothing measured")
     text = "\n".join(lines) + "\n"
-    print(text)
+    if final:
+        print(text)
     if args.out:
         with open(args.out, "w") as f:
             f.write(text)

@@ -779,6 +779,10 @@ static kiln_status conv_try_merge(struct conv_build *b, struct conv_state *s, in
     const kiln_tensor *w = cc->in_value[1];
     int64_t M = w->dims[0], icg = w->dims[1], ocg = M / group, sp = 1;
     if (icg == 1 && ocg == 1) return KILN_OK;
+    /* the merged weights are made from w's floats: w may be a reloadable weight an earlier
+     * plan packed and released (a second precision's plan of the same model) */
+    kiln_status ast = cc->weights ? kiln_weight_cache_acquire(cc->weights, w, 0) : KILN_OK;
+    if (ast != KILN_OK || !w->data) return ast;
     for (int i = 2; i < w->rank; i++) sp *= w->dims[i];
     for (int64_t k = 2; k <= CONV_MERGE_MAX && k <= group; k++) {
         if (group % k || (icg * k) % 8 || (ocg * k) % 8) continue;

@@ -318,6 +318,11 @@ static kiln_status ph_compile(const struct kiln_compile_ctx *cc, struct kiln_ker
         return KILN_OK;
     snprintf(b.what, sizeof b.what, "deconv_phase_s%lldx%lld_b%lld", (long long)g.s[0],
              (long long)g.s[1], (long long)g.blk);
+    /* the phase weights are made from W's floats: W may be a reloadable weight an earlier
+     * plan packed and released (a second precision's plan of the same model) */
+    kiln_status ast = cc->weights ? kiln_weight_cache_acquire(cc->weights, cc->in_value[1], 0)
+                                  : KILN_OK;
+    if (ast != KILN_OK || !cc->in_value[1]->data) return ast;
     float *wc = ph_weights(&g, cc->in_value[1]->data);
     struct ph_state *s = calloc(1, sizeof *s);
     if (s) s->bias = calloc((size_t)(g.phases * g.mp), sizeof(float));
