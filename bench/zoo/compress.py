@@ -46,15 +46,12 @@ BENCH = os.path.dirname(HERE)
 REPO = os.path.dirname(BENCH)
 
 
-def load(name, path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-bc = load("kiln_bench_compare", os.path.join(BENCH, "compare.py"))
-zc = load("kiln_zoo_compare", os.path.join(HERE, "compare.py"))
+# bench/zoo/compare.py (by path: bench/compare.py has the same module name), and through it
+# bench/compare.py's machinery
+_spec = importlib.util.spec_from_file_location("kiln_zoo_compare", os.path.join(HERE, "compare.py"))
+zc = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(zc)
+bc = zc.bc
 
 
 def make_data(model_dir, folder, samples, seed):

@@ -43,4 +43,20 @@ const struct kiln_graph *kiln_session_graph(const kiln_session *s);
 struct kiln_weight_cache *kiln_session_weights(const kiln_session *s);
 const kiln_session_options *kiln_session_opts(const kiln_session *s);
 
+/* Constants a model edit replaced (prune.c, tables.c): each old tensor with its new one, so
+ * that every graph of the model holding the old one is pointed at the same new one. */
+struct kiln_const_swap {
+    const kiln_tensor *from;
+    kiln_tensor *to;
+};
+struct kiln_const_swaps {
+    struct kiln_const_swap *v;
+    int n, cap;
+};
+/* The replacement of t (t itself when it is one already), or NULL. */
+kiln_tensor *kiln_const_swaps_find(const struct kiln_const_swaps *s, const kiln_tensor *t);
+/* g owns `to` from now on (freed here if that fails), recorded as from's replacement. */
+kiln_status kiln_const_swaps_add(struct kiln_const_swaps *s, struct kiln_graph *g,
+                                 const kiln_tensor *from, kiln_tensor *to);
+
 #endif

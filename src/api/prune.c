@@ -30,16 +30,10 @@
 #include "kernels/fast.h"
 #include "kernels/kernel.h"
 
-struct prune_map {
-    const kiln_tensor *from;
-    kiln_tensor *to;
-};
-
 struct prune_job {
     double ratio;
     int block;
-    struct prune_map *map;
-    int n_map, cap_map;
+    struct kiln_const_swaps swaps;
     kiln_prune_stats *stats;
 };
 
@@ -110,6 +104,32 @@ static kiln_status prune_tensor(struct prune_job *j, const kiln_tensor *t, int64
     return KILN_OK;
 }
 
+kiln_tensor *kiln_const_swaps_find(const struct kiln_const_swaps *s, const kiln_tensor *t)
+{
+    for (int k = 0; k < s->n; k++)
+        if (s->v[k].from == t || s->v[k].to == t) return s->v[k].to;
+    return NULL;
+}
+
+kiln_status kiln_const_swaps_add(struct kiln_const_swaps *s, struct kiln_graph *g,
+                                 const kiln_tensor *from, kiln_tensor *to)
+{
+    kiln_status st = kiln_graph_own_tensor(g, to);
+    if (st != KILN_OK) {
+        kiln_tensor_free(to);
+        return st;
+    }
+    if (s->n == s->cap) { /* (to is g's now: nothing leaks if this fails) */
+        int cap = s->cap ? 2 * s->cap : 16;
+        struct kiln_const_swap *v = realloc(s->v, sizeof *v * (size_t)cap);
+        if (!v) return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory replacing a weight");
+        s->v = v;
+        s->cap = cap;
+    }
+    s->v[s->n++] = (struct kiln_const_swap){from, to};
+    return KILN_OK;
+}
+
 static kiln_status prune_graph(struct prune_job *j, struct kiln_graph *g)
 {
     for (int ni = 0; ni < g->n_nodes; ni++) {
@@ -120,9 +140,7 @@ static kiln_status prune_graph(struct prune_job *j, struct kiln_graph *g)
         struct kiln_value *v = &g->values[n->in[1]];
         const kiln_tensor *t = v->konst;
         if (!t || t->dtype != KILN_DTYPE_F32 || !t->data) continue;
-        kiln_tensor *to = NULL;
-        for (int k = 0; k < j->n_map && !to; k++)
-            if (j->map[k].from == t || j->map[k].to == t) to = j->map[k].to;
+        kiln_tensor *to = kiln_const_swaps_find(&j->swaps, t);
         if (!to) {
             kiln_status st;
             if (mm && t->rank == 2) {
@@ -139,18 +157,7 @@ static kiln_status prune_graph(struct prune_job *j, struct kiln_graph *g)
             }
             kiln_error_clear();
             if (st != KILN_OK) return st;
-            if ((st = kiln_graph_own_tensor(g, to)) != KILN_OK) {
-                kiln_tensor_free(to);
-                return st;
-            }
-            if (j->n_map == j->cap_map) {
-                int cap = j->cap_map ? 2 * j->cap_map : 16;
-                struct prune_map *m = realloc(j->map, sizeof *m * (size_t)cap);
-                if (!m) return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory pruning");
-                j->map = m;
-                j->cap_map = cap;
-            }
-            j->map[j->n_map++] = (struct prune_map){t, to};
+            if ((st = kiln_const_swaps_add(&j->swaps, g, t, to)) != KILN_OK) return st;
         }
         v->konst = to;
     }
@@ -172,7 +179,7 @@ kiln_status kiln_model_prune(kiln_model *m, double ratio, int block, kiln_prune_
         return kiln_error(KILN_ERR_INVALID_ARGUMENT,
                           "kiln_model_prune: a session of the model has compiled plans already; "
                           "prune right after loading");
-    struct prune_job j = {ratio, block, NULL, 0, 0, out};
+    struct prune_job j = {ratio, block, {NULL, 0, 0}, out};
     kiln_status st = KILN_OK;
     for (int i = 0; i < m->n_signatures && st == KILN_OK; i++) {
         struct kiln_signature *sig = &m->signatures[i];
@@ -180,6 +187,6 @@ kiln_status kiln_model_prune(kiln_model *m, double ratio, int block, kiln_prune_
         if (st == KILN_OK && sig->opt_graph && sig->shares_graph_of < 0)
             st = prune_graph(&j, sig->opt_graph);
     }
-    free(j.map);
+    free(j.swaps.v);
     return st;
 }

@@ -34,14 +34,8 @@
 
 #define KILN_TABLE_MIN_ELEMS 16384
 
-struct table_map {
-    const kiln_tensor *from;
-    kiln_tensor *to;
-};
-
 struct table_job {
-    struct table_map *map;
-    int n_map, cap_map;
+    struct kiln_const_swaps swaps;
     kiln_table_stats *stats;
 };
 
@@ -90,25 +84,13 @@ static kiln_status tables_graph(struct table_job *j, struct kiln_graph *g)
         if (!is_table(g, n)) continue;
         struct kiln_value *v = &g->values[n->in[0]];
         const kiln_tensor *t = v->konst;
-        kiln_tensor *to = NULL;
-        for (int k = 0; k < j->n_map && !to; k++)
-            if (j->map[k].from == t || j->map[k].to == t) to = j->map[k].to;
+        kiln_tensor *to = kiln_const_swaps_find(&j->swaps, t);
         if (!to) {
-            if (!(to = round_rows(t))) return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory rounding %s",
-                                                     n->name ? n->name : "a Gather's table");
-            kiln_status st = kiln_graph_own_tensor(g, to);
-            if (st != KILN_OK) {
-                kiln_tensor_free(to);
-                return st;
-            }
-            if (j->n_map == j->cap_map) {
-                int cap = j->cap_map ? 2 * j->cap_map : 8;
-                struct table_map *m = realloc(j->map, sizeof *m * (size_t)cap);
-                if (!m) return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory rounding tables");
-                j->map = m;
-                j->cap_map = cap;
-            }
-            j->map[j->n_map++] = (struct table_map){t, to};
+            if (!(to = round_rows(t)))
+                return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory rounding %s",
+                                  n->name ? n->name : "a Gather's table");
+            kiln_status st = kiln_const_swaps_add(&j->swaps, g, t, to);
+            if (st != KILN_OK) return st;
             j->stats->tables++;
             j->stats->elements += kiln_tensor_count(to);
         }
@@ -127,7 +109,7 @@ kiln_status kiln_model_quantize_tables(kiln_model *m, kiln_table_stats *out)
         return kiln_error(KILN_ERR_INVALID_ARGUMENT,
                           "kiln_model_quantize_tables: a session of the model has compiled plans "
                           "already; round the tables right after loading");
-    struct table_job j = {NULL, 0, 0, out};
+    struct table_job j = {{NULL, 0, 0}, out};
     kiln_status st = KILN_OK;
     for (int i = 0; i < m->n_signatures && st == KILN_OK; i++) {
         struct kiln_signature *sig = &m->signatures[i];
@@ -135,6 +117,6 @@ kiln_status kiln_model_quantize_tables(kiln_model *m, kiln_table_stats *out)
         if (st == KILN_OK && sig->opt_graph && sig->shares_graph_of < 0)
             st = tables_graph(&j, sig->opt_graph);
     }
-    free(j.map);
+    free(j.swaps.v);
     return st;
 }

@@ -246,8 +246,6 @@ static kiln_status conv_make(void *arg, struct kd_variant *v, int threads)
         dnnl_memory_desc_t src = b->src;
         src.data_type = dnnl_bf16;
         kd_variant_arg(v, DNNL_ARG_SRC, KD_SRC_SCRATCH_AT, 0, &src);
-    } else if (b->any && b->x_scratch) {
-        kd_variant_arg(v, DNNL_ARG_SRC, KD_SRC_SCRATCH_AT, (int)b->x_rel, &b->src_any);
     } else {
         kd_variant_arg(v, DNNL_ARG_SRC, KD_SRC_IN, 0, &b->src);
     }

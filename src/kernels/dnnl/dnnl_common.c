@@ -454,6 +454,7 @@ struct kd_act_job {
     uint8_t *q;
     uint16_t *h;
     int64_t grain;
+    int avx512; /* the chunks run the AVX-512 forms below (decided once, by the caller) */
     float inv, zf;
     float lo[KD_MAX_CHUNKS], hi[KD_MAX_CHUNKS];
 };
@@ -471,21 +472,18 @@ static int64_t act_grain(int64_t count, int threads)
  * Bit for bit the same results: the same finite-only minimum and maximum from 0 (a -0.0 the
  * lanes may give for +0.0 changes neither the scale nor the zero point), the same products,
  * clamps and rounding to nearest even. */
-#define KD_AVX512 __attribute__((target("avx512f,avx512bw,avx512dq")))
+#define KD_AVX512 __attribute__((target("avx512f")))
+
+/* The mask of the 16 lanes from i on that lie below n. */
+#define KD_LANES(i, n) ((n) - (i) >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << ((n) - (i))) - 1u))
 
 KD_AVX512 static void range_avx512(const float *a, int64_t n, float *lo_out, float *hi_out)
 {
     __m512 lo = _mm512_setzero_ps(), hi = _mm512_setzero_ps();
-    int64_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-        __m512 v = _mm512_loadu_ps(a + i);
-        __mmask16 fin = _mm512_cmp_ps_mask(_mm512_sub_ps(v, v), _mm512_setzero_ps(), _CMP_EQ_OQ);
-        lo = _mm512_mask_min_ps(lo, fin, v, lo);
-        hi = _mm512_mask_max_ps(hi, fin, v, hi);
-    }
-    if (i < n) {
-        __mmask16 m = (__mmask16)((1u << (n - i)) - 1u);
+    for (int64_t i = 0; i < n; i += 16) {
+        __mmask16 m = KD_LANES(i, n);
         __m512 v = _mm512_maskz_loadu_ps(m, a + i);
+        /* finite: v - v is 0 (NaN for NaN and infinities) */
         __mmask16 fin = m & _mm512_cmp_ps_mask(_mm512_sub_ps(v, v), _mm512_setzero_ps(), _CMP_EQ_OQ);
         lo = _mm512_mask_min_ps(lo, fin, v, lo);
         hi = _mm512_mask_max_ps(hi, fin, v, hi);
@@ -500,7 +498,7 @@ KD_AVX512 static void quant_avx512(const float *a, int64_t n, uint8_t *q, float 
     const __m512 lo = _mm512_set1_ps(-512.0f), hi = _mm512_set1_ps(512.0f);
     const __m512 zero = _mm512_setzero_ps(), top = _mm512_set1_ps(255.0f);
     for (int64_t i = 0; i < n; i += 16) {
-        __mmask16 m = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1u);
+        __mmask16 m = KD_LANES(i, n);
         __m512 v = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, a + i), vinv);
         v = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(v, v, _CMP_EQ_OQ), v); /* NaN -> 0 */
         v = _mm512_min_ps(_mm512_max_ps(v, lo), hi);
@@ -511,19 +509,12 @@ KD_AVX512 static void quant_avx512(const float *a, int64_t n, uint8_t *q, float 
     }
 }
 
-static int act_avx512(void)
-{
-    static int v = -1;
-    if (v < 0) v = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                   __builtin_cpu_supports("avx512dq");
-    return v && kiln_cpu_isa() >= KILN_ISA_AVX512;
-}
 
 static void range_chunk(void *ctx, int64_t begin, int64_t end)
 {
     struct kd_act_job *j = ctx;
     float lo = 0.0f, hi = 0.0f;
-    if (act_avx512()) {
+    if (j->avx512) {
         range_avx512(j->a + begin, end - begin, &lo, &hi);
         j->lo[begin / j->grain] = lo;
         j->hi[begin / j->grain] = hi;
@@ -543,7 +534,7 @@ KD_VECTORIZE static void quant_chunk(void *ctx, int64_t begin, int64_t end)
 {
     struct kd_act_job *j = ctx;
     const float inv = j->inv, zf = j->zf;
-    if (act_avx512()) {
+    if (j->avx512) {
         quant_avx512(j->a + begin, end - begin, j->q + begin, inv, zf);
         return;
     }
@@ -570,6 +561,7 @@ void kd_quantize_u8(const float *a, int64_t count, uint8_t *q, int threads, floa
     j.a = a;
     j.q = q;
     j.grain = act_grain(count, threads);
+    j.avx512 = kiln_cpu_isa() >= KILN_ISA_AVX512;
     kiln_parallel_for(threads, count, j.grain, range_chunk, &j);
     float lo = 0.0f, hi = 0.0f;
     for (int k = 0; k < KD_MAX_CHUNKS; k++) {
@@ -595,7 +587,7 @@ KD_AVX512 static void bf16_avx512(const float *a, int64_t n, uint16_t *h)
     const __m512i bias = _mm512_set1_epi32(0x7fff), one = _mm512_set1_epi32(1);
     const __m512i quiet = _mm512_set1_epi32(0x40);
     for (int64_t i = 0; i < n; i += 16) {
-        __mmask16 m = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1u);
+        __mmask16 m = KD_LANES(i, n);
         __m512i x = _mm512_castps_si512(_mm512_maskz_loadu_ps(m, a + i));
         __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(x, abs_mask), inf);
         __m512i r = _mm512_srli_epi32(
@@ -609,7 +601,7 @@ KD_AVX512 static void bf16_avx512(const float *a, int64_t n, uint16_t *h)
 static void bf16_chunk(void *ctx, int64_t begin, int64_t end)
 {
     struct kd_act_job *j = ctx;
-    if (act_avx512()) {
+    if (j->avx512) {
         bf16_avx512(j->a + begin, end - begin, j->h + begin);
         return;
     }
@@ -623,6 +615,7 @@ void kd_to_bf16(const float *a, int64_t count, uint16_t *h, int threads)
     j.a = a;
     j.h = h;
     j.grain = act_grain(count, threads);
+    j.avx512 = kiln_cpu_isa() >= KILN_ISA_AVX512;
     kiln_parallel_for(threads, count, j.grain, bf16_chunk, &j);
 }
 
