@@ -125,6 +125,17 @@ def parse_output(text):
     return out
 
 
+def lower_autogroup(pid):
+    """nice alone does not yield to the rest of the machine where the kernel groups tasks by
+    session (sched_autogroup, Debian's default): the new session would compete as an equal
+    with the user's shell. Lowers the session's group weight too, where the kernel allows."""
+    try:
+        with open(f"/proc/{pid}/autogroup", "w") as f:
+            f.write("19")
+    except OSError:
+        pass
+
+
 def run_fuzzer(binary, corpus, artifacts, args, log_path):
     """Runs one fuzzer at nice 19; (exit status, wall seconds, CPU seconds of the child)."""
     cmd = ["nice", "-n", "19", str(binary), f"-max_total_time={args.seconds}",
@@ -139,6 +150,7 @@ def run_fuzzer(binary, corpus, artifacts, args, log_path):
         log.flush()
         p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
                              start_new_session=True)
+        lower_autogroup(p.pid)
         # libFuzzer stops itself at max_total_time; this only guards against a wedged run
         guard = threading.Timer(args.seconds * 1.5 + 120,
                                 lambda: os.killpg(p.pid, signal.SIGKILL))
