@@ -16,9 +16,10 @@
  *    of two same-shape inputs (residual Adds, SiLU's Mul), Concat along any
  *    axis (along C off the blocks, copied lane by lane), Slice with constant
  *    arguments (the batch whole), Gather of channels by constant indices,
- *    constant Pad of H and W, and Resize / Upsample of H and W by constant
- *    scales or sizes (is_follower; the kernels in src/kernels/simd slice.c,
- *    data.c, concat.c, pad.c, resize.c). A channel shuffle (Reshape,
+ *    constant Pad of H and W, Resize / Upsample of H and W by constant
+ *    scales or sizes, and InstanceNormalization / GroupNormalization (their
+ *    scale and bias read plain) (is_follower; the kernels in src/kernels/simd
+ *    slice.c, data.c, concat.c, pad.c, resize.c, norm.c). A channel shuffle (Reshape,
  *    Transpose, Reshape) is first rewritten as a Gather of channels
  *    (layout_shuffle.c), and a Split along C, H or W as one Slice per
  *    piece. Ops without a blocked kernel (Reshape, Transpose, ...) read
@@ -266,6 +267,8 @@ static int is_follower(const struct kiln_graph *g, const unsigned char *captured
         return act_value(g, captured, n->in[0]) && act_value(g, captured, n->in[1]) &&
                same_dims(g, n->in[0], y) && same_dims(g, n->in[1], y);
     }
+    if (n->op == KILN_OP_GroupNormalization || n->op == KILN_OP_InstanceNormalization)
+        return act_value(g, captured, n->in[0]) && same_dims(g, n->in[0], y); /* scale, bias plain */
     /* unary: input 0 is the data; Clip's bounds are one-element float32 tensors */
     if (!act_value(g, captured, n->in[0]) || !same_dims(g, n->in[0], y)) return 0;
     for (int k = 1; k < n->n_in; k++) {

@@ -351,6 +351,7 @@ kiln_status kiln_optimize(struct kiln_graph *g, const struct kiln_opt_options *o
         {"identity_elimination", kiln_opt_identity}, /* Reshapes whose shape folded */
         {"gelu_fusion", kiln_opt_gelu},
         {"layernorm_fusion", kiln_opt_layernorm},
+        {"groupnorm_fusion", kiln_opt_groupnorm}, /* Reshape, InstanceNorm, Reshape, affine */
         {"transpose_cancel", kiln_opt_transpose},
         {"attention_fusion", kiln_opt_attention},
         {"conv_slice_fold", kiln_opt_conv_slice}, /* before conv_bn_fold: causal convs */

@@ -188,6 +188,7 @@ kiln_status kiln_opt_dce(struct kiln_graph *g, struct kiln_opt_pass_log *pl);   
 kiln_status kiln_opt_cse(struct kiln_graph *g, struct kiln_opt_pass_log *pl);        /* cse.c */
 kiln_status kiln_opt_gelu(struct kiln_graph *g, struct kiln_opt_pass_log *pl);       /* gelu.c */
 kiln_status kiln_opt_layernorm(struct kiln_graph *g, struct kiln_opt_pass_log *pl);  /* layernorm.c */
+kiln_status kiln_opt_groupnorm(struct kiln_graph *g, struct kiln_opt_pass_log *pl);  /* groupnorm.c */
 kiln_status kiln_opt_attention(struct kiln_graph *g, struct kiln_opt_pass_log *pl);  /* attention.c */
 /* attention_views.c: attention behind any view ops -> KilnAttention (run by attention.c) */
 kiln_status kiln_opt_attention_views(struct kiln_graph *g, struct kiln_opt_pass_log *pl);

@@ -386,6 +386,21 @@ static void test_groupnorm(void)
     groupnorm_case(4, img, 8, 21, false, 0.0f);  /* per channel */
     groupnorm_case(5, vol, 3, 21, true, 0.3f);
     groupnorm_case(4, img, 32, 21, true, 0.0f);
+    /* channel-blocked as the layout pass stores them: groups inside a block, across blocks
+     * (16 channels a group in blocks of 8), straddling blocks (5 channels a group), padding
+     * lanes, one pixel, a mean far from zero */
+    for (int b = 8; b <= 16; b += 8) {
+        case_layout = b;
+        int64_t a[4] = {2, 64, 7, 9}, p[4] = {1, 20, 5, 5}, q[4] = {2, 48, 3, 11},
+                one[4] = {3, 24, 1, 1}, w[4] = {1, 12, 16, 16};
+        groupnorm_case(4, a, 32, 21, true, 0.5f);
+        groupnorm_case(4, p, 4, 21, false, 0.0f);
+        groupnorm_case(4, q, 3, 21, true, 1000.0f);
+        groupnorm_case(4, one, 6, 18, true, -2.0f);
+        groupnorm_case(4, w, 0, 6, true, 0.0f);
+        groupnorm_case(4, p, 0, 6, false, 3.0f);
+        case_layout = 0;
+    }
 }
 
 /* Pow(x, e) with a constant scalar exponent e of dtype dt: the products, quotient and square

@@ -80,16 +80,21 @@ class G:
         self.nodes.append(helper.make_node(op_type, inputs, [y], name=y, **attrs))
         return y
 
-    def save(self, path, outputs):
+    def save(self, path, outputs, shapes=None):
+        """shapes: an output's shape where ONNX's inference cannot tell it (behind a Reshape
+        to a computed shape)."""
         outs = [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outputs]
         graph = helper.make_graph(self.nodes, "layout_case", self.inputs, outs, self.inits)
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)])
         model.ir_version = 7
         # the outputs' shapes from ONNX's own inference, then the full check
         inferred = onnx.shape_inference.infer_shapes(model)
-        shapes = {v.name: v for v in list(inferred.graph.value_info) + list(inferred.graph.output)}
+        inferred_types = {v.name: v for v in list(inferred.graph.value_info) + list(inferred.graph.output)}
         for o in model.graph.output:
-            o.type.CopyFrom(shapes[o.name].type)
+            if o.name in (shapes_given := shapes or {}):
+                o.type.CopyFrom(helper.make_tensor_type_proto(TensorProto.FLOAT, shapes_given[o.name]))
+            else:
+                o.type.CopyFrom(inferred_types[o.name].type)
         onnx.checker.check_model(model)
         onnx.save(model, str(path))
 
@@ -121,9 +126,9 @@ def layout_counts(kiln, model, env):
     return (int(blocked.group(1)) if blocked else 0, int(reorders.group(1)) if reorders else 0)
 
 
-def run_case(kiln, tmp_path, g, outputs, min_blocked, max_reorders):
+def run_case(kiln, tmp_path, g, outputs, min_blocked, max_reorders, shapes=None):
     model = tmp_path / "m.onnx"
-    g.save(model, outputs)
+    g.save(model, outputs, shapes)
     for isa in ("", "avx2"):
         env = isa_env(isa)
         blocked, reorders = layout_counts(kiln, model, env)
@@ -498,3 +503,91 @@ def test_resize_plain(kiln_bin, tmp_path, attrs, scales):
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["reference_share"] == 0.0, r.stdout
+
+
+def group_norm(g, x, c, groups, affine=True, inner=False):
+    """torch.nn.GroupNorm as PyTorch exports it: Reshape [0, G, -1], InstanceNormalization
+    (ones and zeros of G, or other values when inner), Reshape back to Shape(x), then the
+    per-channel affine Mul and Add ([C, 1, 1], as the exporter writes them)."""
+    r = g.op("Reshape", [x, ints(g, [0, groups, -1])])
+    s = RNG.uniform(0.5, 1.5, groups) if inner else np.ones(groups)
+    b = RNG.standard_normal(groups) * 0.2 if inner else np.zeros(groups)
+    i = g.op("InstanceNormalization", [r, g.const(s), g.const(b)], epsilon=1e-5)
+    z = g.op("Reshape", [i, g.op("Shape", [x])])
+    if affine:
+        z = g.op("Mul", [z, g.const(RNG.uniform(0.5, 1.5, (c, 1, 1)))])
+        z = g.op("Add", [z, g.const(RNG.standard_normal((c, 1, 1)) * 0.3)])
+    return z
+
+
+def fused_groupnorms(kiln, model, env):
+    proc = subprocess.run([kiln, "inspect", str(model), "--optimized", "--json"],
+                          capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    log = json.loads(proc.stdout)["signatures"][0]["optimization"]["log"]
+    line = next((l for l in log.splitlines() if l.strip().startswith("groupnorm_fusion")), "")
+    return sum(int(n) for n in re.findall(r"GroupNormalization(?:\(\+affine\))? x(\d+)", line))
+
+
+@pytest.mark.parametrize("c,groups,affine,inner", [
+    (32, 8, True, False),    # 4 channels a group, inside a block
+    (24, 6, True, True),     # padded blocks of 16; the InstanceNormalization's own affine
+    (48, 3, False, False),   # 16 channels a group, across blocks of 8
+    (20, 4, True, False),    # 5 channels a group: groups straddle blocks
+])
+def test_group_norm_between_convs(kiln_bin, tmp_path, c, groups, affine, inner):
+    """GroupNorm (groupnorm_fusion: one GroupNormalization node) then SiLU between
+    convolutions, as in diffusion UNets: the normalization reads and writes the blocked
+    values (before the fusion its Reshapes made them plain, with reorders around each)."""
+    g = G(3)
+    x = g.conv("X", 3, c, 3)
+    n = group_norm(g, x, c, groups, affine, inner)
+    s = g.op("Mul", [n, g.op("Sigmoid", [n])])
+    z = g.conv(g.conv(s, c, 32, 3), 32, 16, 1)
+    model, shapes = tmp_path / "m.onnx", {z: [2, 16, 10, 10]}
+    g.save(model, [z], shapes)
+    assert fused_groupnorms(kiln_bin, model, isa_env("")) == 1
+    run_case(kiln_bin, tmp_path, g, [z], min_blocked=4, max_reorders=1, shapes=shapes)
+
+
+def test_group_norm_after_upsampled_concat_symbolic_batch(kiln_bin, tmp_path):
+    """A UNet decoder step with a symbolic batch: Concat(Resize(conv), conv) into a GroupNorm.
+    Resize by constant scales keeps its channels known with an unknown batch (shape
+    inference), so the GroupNorm fuses and the chain stays blocked."""
+    g = G(3, 8, 8)
+    g.inputs[0] = helper.make_tensor_value_info("X", TensorProto.FLOAT, ["batch", 3, 8, 8])
+    a = g.conv("X", 3, 32, 3)
+    up = g.op("Resize", [a, "", g.const(np.array([1, 1, 2, 2], np.float32))], mode="nearest")
+    b = g.conv(g.op("Resize", ["X", "", g.const(np.array([1, 1, 2, 2], np.float32))],
+                    mode="nearest"), 3, 16, 3)
+    y = g.op("Concat", [up, b], axis=1)
+    n = group_norm(g, y, 48, 8)
+    z = g.conv(g.conv(n, 48, 32, 3), 32, 16, 1)
+    model, shapes = tmp_path / "m.onnx", {z: ["batch", 16, 16, 16]}
+    g.save(model, [z], shapes)
+    assert fused_groupnorms(kiln_bin, model, isa_env("")) == 1
+    run_case(kiln_bin, tmp_path, g, [z], min_blocked=5, max_reorders=2, shapes=shapes)
+
+
+def test_group_norm_pattern_variants_not_fused(kiln_bin, tmp_path):
+    """Near misses stay as imported and still agree with the reference: the normalized value
+    read twice (by the Reshape back and by a graph output), and a Reshape back to another
+    shape."""
+    g = G(3)
+    x = g.conv("X", 3, 32, 3)
+    r = g.op("Reshape", [x, ints(g, [0, 8, -1])])
+    i = g.op("InstanceNormalization", [r, g.const(np.ones(8)), g.const(np.zeros(8))])
+    z = g.op("Reshape", [i, g.op("Shape", [x])])
+    r2 = g.op("Reshape", [x, ints(g, [0, 4, -1])])
+    i2 = g.op("InstanceNormalization", [r2, g.const(np.ones(4)), g.const(np.zeros(4))])
+    z2 = g.op("Reshape", [i2, ints(g, [2, 32, 100])])
+    model = tmp_path / "m.onnx"
+    g.save(model, [z, i, z2], {z: [2, 32, 10, 10], i: [2, 8, 400], z2: [2, 32, 100]})
+    assert fused_groupnorms(kiln_bin, model, isa_env("")) == 0
+    env = isa_env("")
+    got = predict(kiln_bin, model, g.feeds, tmp_path / "fast", env)
+    ref = predict(kiln_bin, model, g.feeds, tmp_path / "ref", env, reference=True)
+    for o in (z, i, z2):
+        a, b = np.load(got / f"{o}.npy"), np.load(ref / f"{o}.npy")
+        assert a.shape == b.shape
+        assert float(np.abs(a.astype(np.float64) - b).max()) <= 1e-4 * max(1.0, float(np.abs(b).max()))

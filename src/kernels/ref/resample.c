@@ -318,6 +318,29 @@ static kiln_status rs_infer(struct kiln_infer_ctx *ctx, bool upsample)
         /* roi does not change the shape; an unknown one is left out */
         if (i_roi >= 0 && i_roi < ctx->n_in && ctx->in[i_roi]) roi = ctx->in_value[i_roi];
     }
+    if (!known && scales && !sizes && kiln_shape_count(scales->rank, scales->dims) > 0 &&
+        (upsample || !ctx->in[i_scales] || ctx->in_value[i_scales]) &&
+        (i_roi < 0 || i_roi >= ctx->n_in || !ctx->in[i_roi] || roi)) {
+        /* constant scales, some input dims unknown (a symbolic batch): each axis's size
+         * depends on its own input size and scale only, so the known ones are computed
+         * (the unknown ones as 1) and an unknown one that is not resized keeps its name */
+        int64_t d1[KILN_MAX_RANK];
+        for (int d = 0; d < x->rank; d++) d1[d] = x->dims[d] >= 0 ? x->dims[d] : 1;
+        struct rs_plan p;
+        st = rs_make_plan(n, &a, x->rank, d1, roi, scales, NULL, &p);
+        if (st != KILN_OK) return st;
+        for (int d = 0; d < x->rank; d++) {
+            if (x->dims[d] >= 0) {
+                t.dims[d] = p.out[d];
+            } else if (!p.resized[d] || (p.scale[d] == 1.0 && p.out[d] == 1 &&
+                                         a.coord != RS_TF_CROP_AND_RESIZE)) {
+                t.dims[d] = -1;
+                t.sym[d] = x->sym[d];
+            }
+        }
+        *ctx->out[0] = t;
+        return KILN_OK;
+    }
     if (!known) {
         if (a.n_axes >= 0) {
             for (int d = 0; d < x->rank; d++) t.dims[d] = x->dims[d];

@@ -207,20 +207,35 @@ SIMD_VARIANTS(layernorm, layernorm_compile)
  * floats (sp: the spatial size; InstanceNormalization is G = C), normalized by the row's
  * statistics, then each channel's run of sp floats scaled and shifted by its own scale and
  * bias (GroupNormalization before opset 21: the group's). Scale and bias are read at run
- * time (they need not be constants). */
+ * time (they need not be constants).
+ *
+ * Channel-blocked 4-D storage (the layout pass's [N][C/b][H][W][b], padding lanes zero; b a
+ * multiple of the vector width): a group's channels are lanes of one or more blocks, so
+ * three passes run over (image, block) units: per-lane sums, per-lane sums of squares about
+ * the lane's group mean (rounded to float, as the plain rows), and the affine, each lane
+ * with its own group's mean and its channel's scale and shift; padding lanes are written 0.
+ * The statistics are the plain path's (float runs summed in double, the float mean's
+ * rounding folded into the shift). */
 
 struct groupnorm_state {
     const struct simd_kernels *k;
     int64_t rows, groups, cpg, sp; /* rows = N * groups; cpg channels a group */
     bool per_group;                /* scale and bias per group (GroupNormalization < 21) */
     float eps;
-    char name[40];
+    int blk;                       /* 0 plain, else the channel block */
+    int64_t C, cb;                 /* blocked: channels, blocks an image */
+    char name[48];
 };
 
 struct groupnorm_job {
     const struct groupnorm_state *s;
     const float *x, *scale, *bias;
     float *y;
+    /* blocked: per (image, channel) the pass's double sums, then per (image, group) the
+     * statistics; per (image, channel) the lane's mean, multiplier and shift */
+    double *csum, *gsum;
+    float *m, *a, *b;
+    int pass;
 };
 
 static void groupnorm_range(void *arg, int64_t begin, int64_t end)
@@ -243,14 +258,114 @@ static void groupnorm_range(void *arg, int64_t begin, int64_t end)
     }
 }
 
+/* One pass over (image, block) units of blocked data: lane sums (pass 0: about 0; pass 1:
+ * squares about the lane's mean in j->m) into j->csum, or the affine (pass 2). */
+static void groupnorm_blocked_range(void *arg, int64_t begin, int64_t end)
+{
+    const struct groupnorm_job *j = arg;
+    const struct groupnorm_state *s = j->s;
+    const int blk = s->blk, lanes = s->k->lanes;
+    static const float zeros[64];
+    for (int64_t u = begin; u < end; u++) {
+        const float *x = j->x + u * s->sp * blk;
+        for (int l0 = 0; l0 < blk; l0 += lanes) {
+            int64_t c = u * blk + l0; /* (image, channel) index, padding lanes included */
+            if (j->pass == 2)
+                s->k->lane_affine(x + l0, j->y + u * s->sp * blk + l0, s->sp, blk, j->m + c,
+                                  j->a + c, j->b + c);
+            else
+                s->k->lane_sums(x + l0, s->sp, blk, j->pass ? j->m + c : zeros, j->pass == 1,
+                                j->csum + c);
+        }
+    }
+}
+
+/* Blocked GroupNormalization / InstanceNormalization: the statistics of each (image, group)
+ * from the lanes' sums, then each lane's mean, multiplier and shift. */
+static kiln_status groupnorm_blocked(const struct groupnorm_state *s, struct groupnorm_job *j,
+                                     struct kiln_run_ctx *ctx)
+{
+    const int64_t N = s->rows / s->groups, lanes_all = N * s->cb * s->blk;
+    const int64_t units = N * s->cb, len = s->cpg * s->sp;
+    size_t bytes = (size_t)lanes_all * (sizeof(double) + 3 * sizeof(float)) +
+                   (size_t)s->rows * 2 * sizeof(double);
+    void *heap = NULL, *mem = ctx->scratch;
+    if (!mem && !(mem = heap = malloc(bytes)))
+        return kiln_node_error(ctx->node, KILN_ERR_OUT_OF_MEMORY, "out of memory for GroupNorm");
+    j->csum = mem;
+    j->gsum = j->csum + lanes_all;
+    j->m = (float *)(j->gsum + 2 * s->rows);
+    j->a = j->m + lanes_all;
+    j->b = j->a + lanes_all;
+    int64_t grain = s->sp * s->blk >= SIMD_GRAIN_NORM ? 1 : SIMD_GRAIN_NORM / (s->sp * s->blk);
+    for (int pass = 0; pass < 2; pass++) {
+        memset(j->csum, 0, (size_t)lanes_all * sizeof(double));
+        j->pass = pass;
+        kiln_parallel_for(ctx->threads, units, grain, groupnorm_blocked_range, j);
+        for (int64_t r = 0; r < s->rows; r++) {
+            int64_t n = r / s->groups, c0 = (r % s->groups) * s->cpg;
+            double t = 0.0;
+            for (int64_t c = c0; c < c0 + s->cpg; c++) t += j->csum[n * s->cb * s->blk + c];
+            j->gsum[2 * r + pass] = t;
+            if (pass == 0) {
+                float mf = (float)(t / (double)len);
+                for (int64_t c = c0; c < c0 + s->cpg; c++) j->m[n * s->cb * s->blk + c] = mf;
+            }
+        }
+        if (pass == 0) /* padding lanes: about 0, and written 0 */
+            for (int64_t n = 0; n < N; n++)
+                for (int64_t c = s->C; c < s->cb * s->blk; c++) j->m[n * s->cb * s->blk + c] = 0;
+    }
+    for (int64_t r = 0; r < s->rows; r++) {
+        int64_t n = r / s->groups, g = r % s->groups;
+        double mean = j->gsum[2 * r] / (double)len;
+        float mf = (float)mean;
+        double d = mean - (double)mf;
+        double var = j->gsum[2 * r + 1] / (double)len - d * d;
+        float inv = (float)(1.0 / sqrt((var > 0 ? var : 0) + (double)s->eps));
+        float delta = (float)d;
+        for (int64_t c = g * s->cpg; c < (g + 1) * s->cpg; c++) {
+            int64_t pi = s->per_group ? g : c, at = n * s->cb * s->blk + c;
+            float a = inv * j->scale[pi];
+            j->a[at] = a;
+            j->b[at] = j->bias[pi] - delta * a;
+        }
+    }
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t c = s->C; c < s->cb * s->blk; c++) {
+            j->a[n * s->cb * s->blk + c] = 0;
+            j->b[n * s->cb * s->blk + c] = 0;
+        }
+    j->pass = 2;
+    kiln_parallel_for(ctx->threads, units, grain, groupnorm_blocked_range, j);
+    free(heap);
+    return KILN_OK;
+}
+
+static size_t groupnorm_blocked_scratch(const struct groupnorm_state *s)
+{
+    size_t lanes_all = (size_t)(s->rows / s->groups * s->cb * s->blk);
+    size_t b = lanes_all * (sizeof(double) + 3 * sizeof(float)) + (size_t)s->rows * 2 * sizeof(double);
+    return (b + 63) / 64 * 64;
+}
+
 static kiln_status groupnorm_run(void *state, struct kiln_run_ctx *ctx)
 {
     const struct groupnorm_state *s = state;
-    struct groupnorm_job j = {s, ctx->in[0]->data, ctx->in[1]->data, ctx->in[2]->data,
-                              ctx->out[0]->data};
+    struct groupnorm_job j = {.s = s, .x = ctx->in[0]->data, .scale = ctx->in[1]->data,
+                              .bias = ctx->in[2]->data, .y = ctx->out[0]->data};
+    if (s->blk) return groupnorm_blocked(s, &j, ctx);
     int64_t len = s->cpg * s->sp, grain = len >= SIMD_GRAIN_NORM ? 1 : SIMD_GRAIN_NORM / len;
     kiln_parallel_for(ctx->threads, s->rows, grain, groupnorm_range, &j);
     return KILN_OK;
+}
+
+/* Layout pass: a 4-D data input and the output may be channel-blocked; scale and bias are
+ * per-channel (or per-group) vectors read plain. */
+int kiln_k_groupnorm_accepts(const struct kiln_node *n, int i, int block)
+{
+    (void)n;
+    return (i == 0 || i == -1) && (block == 8 || block == 16);
 }
 
 bool kiln_k_groupnorm_covers(const struct kiln_compile_ctx *cc)
@@ -265,8 +380,9 @@ static kiln_status groupnorm_compile(const struct kiln_compile_ctx *cc,
     const struct kiln_node *n = cc->node;
     const struct kiln_type *x = cc->in[0];
     if (!kiln_k_groupnorm_covers(cc)) return KILN_OK;
-    if ((cc->in_layout && cc->in_layout[0]) || (cc->out_layout && cc->out_layout[0]))
-        return KILN_OK; /* plain storage only */
+    int blk = cc->in_layout ? cc->in_layout[0] : 0;
+    if ((cc->out_layout ? cc->out_layout[0] : 0) != blk) return KILN_OK;
+    if (blk && (x->rank != 4 || blk % k->lanes != 0 || blk > 64)) return KILN_OK;
     int64_t C = x->dims[1], sp = dims_product(x->dims, 2, x->rank);
     int64_t groups = C;
     bool per_group = false;
@@ -290,13 +406,18 @@ static kiln_status groupnorm_compile(const struct kiln_compile_ctx *cc,
     s->sp = sp;
     s->per_group = per_group;
     s->eps = kiln_attr_float(n, "epsilon", 1e-5f);
-    snprintf(s->name, sizeof s->name, "f32_%s_%s",
-             n->op == KILN_OP_GroupNormalization ? "groupnorm" : "instancenorm", k->isa);
+    s->blk = blk;
+    s->C = C;
+    s->cb = blk ? (C + blk - 1) / blk : 0;
+    snprintf(s->name, sizeof s->name, "f32_%s%s_%s",
+             n->op == KILN_OP_GroupNormalization ? "groupnorm" : "instancenorm",
+             blk ? "_blocked" : "", k->isa);
     inst->state = s;
     inst->destroy = free;
     inst->run = groupnorm_run;
     inst->name = s->name;
     inst->inplace = 1; /* each row's statistics are taken before the row is written */
+    if (blk) inst->scratch_bytes = groupnorm_blocked_scratch(s);
     return KILN_OK;
 }
 SIMD_VARIANTS(instancenorm, groupnorm_compile)

@@ -192,6 +192,13 @@ struct simd_kernels {
                       float *delta);
     /* y[i] = (x[i] - mean) * a + b for i < n; y may be x. */
     void (*norm_affine)(const float *x, float *y, int64_t n, float mean, float a, float b);
+    /* Channel-blocked data, W lanes (the vector width) of npix pixels, pixel p's lanes at
+     * x + p * stride: sum[l] += sum over p of (x - c[l]), or of its square when sq (float over
+     * runs of pixels, double across them); and y = (x - m[l]) * a[l] + b[l] (y may be x). */
+    void (*lane_sums)(const float *x, int64_t npix, int64_t stride, const float *c, int sq,
+                      double *sum);
+    void (*lane_affine)(const float *x, float *y, int64_t npix, int64_t stride, const float *m,
+                        const float *a, const float *b);
     /* One output row of a plain direct convolution (struct simd_conv_row above). */
     void (*conv_direct_row)(const struct simd_conv_row *r);
     /* 2-D pooling of channels-inner pixels (struct simd_pool_row above). */

@@ -613,6 +613,51 @@ static void k_norm_affine(const float *x, float *y, int64_t n, float mean, float
     }
 }
 
+/* ---- per-lane statistics and affine of channel-blocked data (GroupNormalization) ----
+ *
+ * W lanes of npix pixels, pixel p's lanes at x + p * stride. k_lane_sums adds to sum[l] the
+ * sum over p of (x - c[l]) (sq false) or of its square (sq true), in float over runs of 16
+ * pixels and in double across runs, as k_row_sum does along a row. */
+static void k_lane_sums(const float *x, int64_t npix, int64_t stride, const float *c, int sq,
+                        double *sum)
+{
+    const vf cv = vld(c);
+    float part[W];
+    for (int64_t p = 0; p < npix;) {
+        vf acc0 = vset(0.0f), acc1 = vset(0.0f);
+        int64_t end = p + 16 < npix ? p + 16 : npix;
+        for (; p + 2 <= end; p += 2) {
+            vf a = vld(x + p * stride) - cv, b = vld(x + (p + 1) * stride) - cv;
+            if (sq) {
+                acc0 = vfma(a, a, acc0);
+                acc1 = vfma(b, b, acc1);
+            } else {
+                acc0 = acc0 + a;
+                acc1 = acc1 + b;
+            }
+        }
+        if (p < end) {
+            vf a = vld(x + p * stride) - cv;
+            if (sq)
+                acc0 = vfma(a, a, acc0);
+            else
+                acc0 = acc0 + a;
+            p++;
+        }
+        vst(part, acc0 + acc1);
+        for (int l = 0; l < W; l++) sum[l] += (double)part[l];
+    }
+}
+
+/* y[p * stride + l] = (x[p * stride + l] - m[l]) * a[l] + b[l] for p < npix, l < W; y may be
+ * x. */
+static void k_lane_affine(const float *x, float *y, int64_t npix, int64_t stride, const float *m,
+                          const float *a, const float *b)
+{
+    const vf mv = vld(m), av = vld(a), bv = vld(b);
+    for (int64_t p = 0; p < npix; p++) vst(y + p * stride, vfma(vld(x + p * stride) - mv, av, bv));
+}
+
 /* ---- Transpose ----
  *
  * dst[c * ldd + r] = src[r * lds + c] for r < rows, c < cols: W x W tiles transposed in
@@ -679,6 +724,8 @@ const struct simd_kernels SIMD_TABLE = {
     .conv_direct_row = k_conv_direct_row,
     .row_stats = k_row_stats,
     .norm_affine = k_norm_affine,
+    .lane_sums = k_lane_sums,
+    .lane_affine = k_lane_affine,
     .pool_global = k_pool_global,
 };
 #undef SK_U
