@@ -2242,6 +2242,13 @@ static void qconv_cases(enum kiln_op op)
         QCV(op, 2, 12, 6, 8, 3, true, false, -3, false, b, 0, 4, 1, 1, -1),     /* s8 x, groups */
         QCV(op, 1, 32, 14, 32, 3, false, false, 100, true, b, 0, 1, 1, 1, 1),   /* 2 threads */
         QCV(op, 1, 8, 5, 8, 3, false, false, 128, false, false, 2, 1, 1, 1, 0), /* w_zp: declined */
+        /* 1x1 on few pixels with a tail of output channels (40, 24: not whole blocks of 16),
+         * MobileNetV3's projections: oneDNN 2.6's AMX 1x1 kernel got them wrong and wrote past
+         * its output (dnnl_common.c, kd_pd_denied) */
+        {op, 4, {1, 96, 6, 6}, {40, 96, 1, 1}, false, false, 7, false, true, b, 0, 1, 0, 1, 1},
+        {op, 4, {3, 96, 6, 6}, {24, 96, 1, 1}, false, false, 7, false, true, b, 0, 1, 0, 1, 1},
+        {op, 4, {2, 240, 6, 6}, {40, 240, 1, 1}, false, false, 100, false, true, b, 0, 1, 0, 1, 1},
+        QCV(op, 1, 96, 5, 40, 1, false, false, 7, true, b, 0, 1, 0, 1, 1),
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) q_case(&cases[i]);
 }

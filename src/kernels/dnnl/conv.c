@@ -145,7 +145,7 @@ static dnnl_primitive_desc_t conv_pd(const struct conv_build *b, dnnl_alg_kind_t
     if (r == dnnl_success && !b->post_act && !kd_append_activation(b->cc->node, po))
         r = dnnl_unimplemented;
     if (r == dnnl_success) r = dnnl_primitive_attr_set_post_ops(attr, po);
-    if (r == dnnl_success) r = dnnl_primitive_desc_create(&pd, &cd, attr, kd_engine(), NULL);
+    if (r == dnnl_success) r = kd_pd_create(&pd, &cd, attr);
     if (r != dnnl_success) pd = NULL;
     if (po) dnnl_post_ops_destroy(po);
     if (attr) dnnl_primitive_attr_destroy(attr);
@@ -335,7 +335,7 @@ static kiln_status conv8_make(void *arg, struct kd_variant *v, int threads)
     if (r == dnnl_success && b->has_sum) r = dnnl_post_ops_append_sum(po, 1.0f);
     if (r == dnnl_success && !kd_append_activation(n, po)) r = dnnl_unimplemented;
     if (r == dnnl_success) r = dnnl_primitive_attr_set_post_ops(attr, po);
-    if (r == dnnl_success) r = dnnl_primitive_desc_create(&pd, &cd, attr, kd_engine(), NULL);
+    if (r == dnnl_success) r = kd_pd_create(&pd, &cd, attr);
     if (r != dnnl_success) {
         pd = NULL;
         goto out;
@@ -993,7 +993,7 @@ static kiln_status cgemm_make(void *arg, struct kd_variant *v, int threads)
     if (r == dnnl_success && n->op == KILN_OP_KilnFusedConv && !kd_append_activation(n, po))
         goto out;
     if (r == dnnl_success) r = dnnl_primitive_attr_set_post_ops(attr, po);
-    if (r == dnnl_success) r = dnnl_primitive_desc_create(&pd, &d, attr, kd_engine(), NULL);
+    if (r == dnnl_success) r = kd_pd_create(&pd, &d, attr);
     if (r != dnnl_success || kd_pd_is_ref(pd)) goto out; /* the direct convolution runs it */
     const dnnl_memory_desc_t *wmd = dnnl_primitive_desc_query_md(pd, dnnl_query_weights_md, 0);
     dnnl_memory_desc_t wpad;
@@ -1002,7 +1002,7 @@ static kiln_status cgemm_make(void *arg, struct kd_variant *v, int threads)
         dnnl_primitive_desc_t pd2 = NULL;
         if (dnnl_matmul_desc_init(&d2, &b->src, &wpad, b->has_bias ? &b->bias : NULL,
                                   &b->dst) == dnnl_success &&
-            dnnl_primitive_desc_create(&pd2, &d2, attr, kd_engine(), NULL) == dnnl_success &&
+            kd_pd_create(&pd2, &d2, attr) == dnnl_success &&
             !kd_pd_is_ref(pd2)) {
             dnnl_primitive_desc_destroy(pd);
             pd = pd2;

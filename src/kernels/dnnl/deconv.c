@@ -58,7 +58,7 @@ static kiln_status deconv_make(void *arg, struct kd_variant *v, int threads)
     if (r == dnnl_success && !b->post_act && !kd_append_activation(n, po))
         r = dnnl_unimplemented;
     if (r == dnnl_success) r = dnnl_primitive_attr_set_post_ops(attr, po);
-    if (r == dnnl_success) r = dnnl_primitive_desc_create(&pd, &dd, attr, kd_engine(), NULL);
+    if (r == dnnl_success) r = kd_pd_create(&pd, &dd, attr);
     if (po) dnnl_post_ops_destroy(po);
     if (attr) dnnl_primitive_attr_destroy(attr);
     if (r != dnnl_success) return KILN_OK; /* the reference runs it */

@@ -158,6 +158,13 @@ static inline uint16_t kd_f32_to_bf16(float f)
  * "ref_int8:any"): correct but far slower than Kiln's fp32 path, so a
  * low-precision variant declines it and the node runs in fp32. */
 int kd_pd_is_ref(const_dnnl_primitive_desc_t pd);
+/* dnnl_primitive_desc_create on Kiln's engine, skipping the implementations Kiln does not
+ * run (kd_pd_denied): the next one oneDNN offers for the descriptor is taken instead. */
+dnnl_status_t kd_pd_create(dnnl_primitive_desc_t *pd, const_dnnl_op_desc_t d,
+                           const_dnnl_primitive_attr_t attr);
+/* An implementation known to compute wrong results or write out of bounds in the oneDNN
+ * Kiln links (the list and why: dnnl_common.c). */
+int kd_pd_denied(const_dnnl_primitive_desc_t pd);
 /* Whether this CPU has AMX tiles with bfloat16 products (and Kiln's ISA, KILN_ISA,
  * is AVX-512; KILN_AMX=0 in the environment says no): where oneDNN's AMX
  * convolutions, which read channels-last data, are worth a reorder. */

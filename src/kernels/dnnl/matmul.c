@@ -116,7 +116,7 @@ static kiln_status mm_make(void *arg, struct kd_variant *v, int threads)
         !kd_append_activation(n, po))
         goto out;
     if (r == dnnl_success) r = dnnl_primitive_attr_set_post_ops(attr, po);
-    if (r == dnnl_success) r = dnnl_primitive_desc_create(&pd, &d, attr, kd_engine(), NULL);
+    if (r == dnnl_success) r = kd_pd_create(&pd, &d, attr);
     if (r != dnnl_success) goto out; /* the reference runs it */
     if (b->prec && kd_pd_is_ref(pd)) goto out; /* fp32 is faster than oneDNN's reference */
     if (q8 && !kd_pd_int8_exact(pd)) goto out; /* no VNNI: 16-bit sums could saturate */
@@ -130,7 +130,7 @@ static kiln_status mm_make(void *arg, struct kd_variant *v, int threads)
         dnnl_primitive_desc_t pd2 = NULL;
         if (dnnl_matmul_desc_init(&d2, &src, &wpad, b->has_bias ? &b->bias : NULL, &b->dst) ==
                 dnnl_success &&
-            dnnl_primitive_desc_create(&pd2, &d2, attr, kd_engine(), NULL) == dnnl_success &&
+            kd_pd_create(&pd2, &d2, attr) == dnnl_success &&
             !kd_pd_is_ref(pd2)) {
             dnnl_primitive_desc_destroy(pd);
             pd = pd2;

@@ -40,7 +40,7 @@ static kiln_status pool_make(void *arg, struct kd_variant *v, int threads)
                                                         b->dilation, b->pad_l, b->pad_r);
     if (r == dnnl_success) r = dnnl_primitive_attr_create(&attr);
     if (r == dnnl_success) r = dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user);
-    if (r == dnnl_success) r = dnnl_primitive_desc_create(&pd, &d, attr, kd_engine(), NULL);
+    if (r == dnnl_success) r = kd_pd_create(&pd, &d, attr);
     if (r == dnnl_success) {
         st = kd_variant_init(b->node, pd, v);
         if (st == KILN_OK) {

@@ -145,7 +145,7 @@ static kiln_status q_make(void *arg, struct kd_variant *v, int threads)
         if (r == dnnl_success) r = dnnl_primitive_attr_set_post_ops(attr, po);
         if (po) dnnl_post_ops_destroy(po);
     }
-    if (r == dnnl_success) r = dnnl_primitive_desc_create(&pd, &d, attr, kd_engine(), NULL);
+    if (r == dnnl_success) r = kd_pd_create(&pd, &d, attr);
     if (r != dnnl_success) goto out; /* the reference runs it */
     if (kd_pd_is_ref(pd) || !kd_pd_int8_exact(pd)) goto out;
     const dnnl_memory_desc_t *wmd = dnnl_primitive_desc_query_md(pd, dnnl_query_weights_md, 0);
