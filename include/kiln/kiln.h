@@ -452,7 +452,12 @@ KILN_API kiln_status kiln_calibration_feed(kiln_calibration *c, const kiln_named
 /* percentile: in (0, 100], for KILN_CALIBRATION_PERCENTILE (e.g. 99.99); ignored otherwise. */
 KILN_API kiln_status kiln_calibration_finish(kiln_calibration *c, kiln_calibration_method method,
                                     double percentile);
-/* Nodes quantized by finish (Conv, Gemm, MatMul found; 0 before finish). */
+/* Keep node `node` (a Conv, Gemm or MatMul, by its name in the model) in fp32 when finish
+ * quantizes the rest: call before finish, once per node. The values it reads and writes stay
+ * float (a quantized neighbour that writes its input dequantizes on the way, unrounded);
+ * KILN_ERR_NOT_FOUND names a node calibration does not quantize. */
+KILN_API kiln_status kiln_calibration_exclude(kiln_calibration *c, const char *node);
+/* Nodes quantized by finish (Conv, Gemm, MatMul found, less the excluded; 0 before finish). */
 KILN_API int kiln_calibration_node_count(const kiln_calibration *c);
 KILN_API void kiln_calibration_free(kiln_calibration *c);
 /* The range [*lo, *hi] a method gives for the values x[0..n) seen as one calibration
@@ -732,11 +737,18 @@ typedef struct kiln_compile_result {
     int64_t static_weight_bytes;  /* static int8: the bytes of the constants the quantized
                                      graph's nodes read (s8 weights 1 byte each, int32
                                      biases, scales); 0 otherwise */
-    int auto_static;              /* auto chose static int8 of the whole model (MinMax on the
-                                     calibration data: within max_drop and faster than the
-                                     per-node mix); the nodes then say the mix it beat */
-    double auto_static_drop;      /* that candidate's drop (-1: not tried or not built) */
+    int auto_static;              /* auto chose static int8 (MinMax on the calibration data,
+                                     of the whole model or with auto_static_kept nodes in fp32:
+                                     within max_drop and faster than the per-node mix) */
+    double auto_static_drop;      /* static int8 of the whole model: its drop (-1: not tried
+                                     or not built) */
     double auto_ms[2];            /* evaluation-data time of the mix and of static int8 */
+    int auto_static_kept;         /* convolutions and products kept in fp32 (the most
+                                     sensitive) in the first static int8 candidate within the
+                                     bound (-1: none was); with auto_static the nodes say what
+                                     runs, the kept ones fell back */
+    double auto_static_kept_drop; /* the drop with those kept */
+    int auto_mix_fell_back;       /* auto_static: nodes that fell back in the mix it beat */
 } kiln_compile_result;
 /* Compile signature `sig` (NULL: the default) of m under o, measuring node
  * sensitivity on cal and accuracy on eval (either may be NULL; the other is

@@ -35,6 +35,7 @@ struct kiln_calibration {
     struct kiln_calib_hist *hist;    /* one per observed value */
     int64_t batches;
     int quantized;                   /* nodes quantized by finish */
+    unsigned char *excluded;         /* per target: kept in fp32 (kiln_calibration_exclude) */
 };
 
 static int add_obs(int *vals, int n, int v)
@@ -68,7 +69,8 @@ kiln_status kiln_calibration_begin(kiln_session *s, kiln_calibration **out)
         return st;
     }
     c->obs_values = calloc((size_t)c->n_targets * 3 + 1, sizeof(int));
-    if (!c->obs_values) {
+    c->excluded = calloc((size_t)c->n_targets + 1, 1);
+    if (!c->obs_values || !c->excluded) {
         kiln_calibration_free(c);
         return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory");
     }
@@ -163,10 +165,76 @@ kiln_status kiln_calibration_feed(kiln_calibration *c, const kiln_named_tensor *
     return st;
 }
 
+kiln_status kiln_calibration_exclude(kiln_calibration *c, const char *node)
+{
+    if (!c || !node)
+        return kiln_error(KILN_ERR_INVALID_ARGUMENT, "kiln_calibration_exclude: NULL argument");
+    const struct kiln_graph *g = kiln_session_graph(c->s);
+    int found = 0;
+    for (int i = 0; i < c->n_targets; i++) {
+        const struct kiln_node *n = &g->nodes[c->targets[i].node];
+        if (c->targets[i].x2 < 0 && n->name && strcmp(n->name, node) == 0) {
+            c->excluded[i] = 1;
+            found = 1;
+        }
+    }
+    if (!found)
+        return kiln_error(KILN_ERR_NOT_FOUND,
+                          "node '%s' is not a Conv, Gemm or MatMul that calibration quantizes",
+                          node);
+    return KILN_OK;
+}
+
+/* The targets to quantize: those not excluded (by c, or by name in excl), each with
+ * float_out set where an excluded node reads its output. */
+static kiln_status kept_targets(const kiln_calibration *c, const char *const *excl, int n_excl,
+                                struct kiln_sq_target **out, int *n_out)
+{
+    const struct kiln_graph *g = kiln_session_graph(c->s);
+    struct kiln_sq_target *t = malloc(sizeof *t * ((size_t)c->n_targets + 1));
+    unsigned char *drop = calloc((size_t)c->n_targets + 1, 1);
+    if (!t || !drop) {
+        free(t);
+        free(drop);
+        return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory");
+    }
+    for (int i = 0; i < c->n_targets; i++) {
+        drop[i] = c->excluded[i];
+        const char *name = g->nodes[c->targets[i].node].name;
+        for (int k = 0; k < n_excl && !drop[i] && c->targets[i].x2 < 0; k++)
+            drop[i] = name && excl[k] && strcmp(name, excl[k]) == 0;
+    }
+    int n = 0;
+    for (int i = 0; i < c->n_targets; i++) {
+        if (drop[i]) continue;
+        t[n] = c->targets[i];
+        t[n].float_out = 0;
+        for (int j = 0; j < c->n_targets; j++)
+            if (drop[j] && c->targets[j].x == t[n].y) t[n].float_out = 1;
+        n++;
+    }
+    free(drop);
+    *out = t;
+    *n_out = n;
+    return KILN_OK;
+}
+
 kiln_status kiln_calibration_finish(kiln_calibration *c, kiln_calibration_method method,
                                     double percentile)
 {
     if (!c) return kiln_error(KILN_ERR_INVALID_ARGUMENT, "kiln_calibration_finish: NULL argument");
+    return kiln_calibration_finish_into(c, c->s, method, percentile, NULL, 0);
+}
+
+kiln_status kiln_calibration_finish_into(kiln_calibration *c, kiln_session *into,
+                                         kiln_calibration_method method, double percentile,
+                                         const char *const *excl, int n_excl)
+{
+    if (!c || !into)
+        return kiln_error(KILN_ERR_INVALID_ARGUMENT, "kiln_calibration_finish: NULL argument");
+    if (into != c->s && kiln_session_graph(into) != kiln_session_graph(c->s))
+        return kiln_error(KILN_ERR_INVALID_ARGUMENT,
+                          "kiln_calibration_finish_into: the session runs another graph");
     if (method < KILN_CALIBRATION_MINMAX || method > KILN_CALIBRATION_ENTROPY)
         return kiln_error(KILN_ERR_INVALID_ARGUMENT,
                           "calibration method %d is not MINMAX, PERCENTILE or ENTROPY", method);
@@ -179,14 +247,17 @@ kiln_status kiln_calibration_finish(kiln_calibration *c, kiln_calibration_method
     const struct kiln_graph *g = kiln_session_graph(c->s);
     float (*range)[2] = calloc((size_t)g->n_values + 1, sizeof *range);
     struct kiln_graph *q = NULL;
+    struct kiln_sq_target *t = NULL;
+    int n_t = 0;
     kiln_status st = range ? KILN_OK : kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory");
     for (int i = 0; i < c->n_obs && st == KILN_OK; i++)
         kiln_calib_hist_range(&c->hist[i], (int)method, percentile, &range[c->obs_values[i]][0],
                               &range[c->obs_values[i]][1]);
+    if (st == KILN_OK) st = kept_targets(c, excl, n_excl, &t, &n_t);
     /* the rewrite reads the float weights: make every released one resident again */
-    if (st == KILN_OK) st = kiln_weight_cache_pin_all(kiln_session_weights(c->s));
+    if (st == KILN_OK) st = kiln_weight_cache_pin_all(kiln_session_weights(into));
     if (st == KILN_OK) st = kiln_graph_clone(g, &q);
-    if (st == KILN_OK) st = kiln_sq_rewrite(q, c->targets, c->n_targets, (const float(*)[2])range);
+    if (st == KILN_OK) st = kiln_sq_rewrite(q, t, n_t, (const float(*)[2])range);
     if (st == KILN_OK) st = kiln_graph_infer(q);
     if (st == KILN_OK) {
         struct kiln_opt_options oo = {.layout = 1};
@@ -194,20 +265,21 @@ kiln_status kiln_calibration_finish(kiln_calibration *c, kiln_calibration_method
     }
     if (st != KILN_OK) {
         free(range);
+        free(t);
         kiln_graph_free(q);
         return st;
     }
-    st = kiln_session_adopt_graph(c->s, q);
-    struct kiln_sq_target *t = st == KILN_OK ? malloc(sizeof *t * (size_t)c->n_targets) : NULL;
-    if (st == KILN_OK && !t) st = kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory");
+    st = kiln_session_adopt_graph(into, q);
     if (st != KILN_OK) {
         free(range);
+        free(t);
         return st;
     }
     /* kept for kiln_session_write_onnx (emit_onnx.c), which redoes this rewrite */
-    memcpy(t, c->targets, sizeof *t * (size_t)c->n_targets);
-    kiln_session_set_static_quant(c->s, t, c->n_targets, range);
-    c->quantized = c->n_targets;
+    kiln_session_set_static_quant(into, t, n_t, range);
+    int nodes = 0;
+    for (int i = 0; i < n_t; i++) nodes += t[i].x2 < 0;
+    c->quantized = nodes;
     return st;
 }
 
@@ -218,6 +290,7 @@ void kiln_calibration_free(kiln_calibration *c)
     if (!c) return;
     kiln_graph_free(c->obs);
     free(c->targets);
+    free(c->excluded);
     free(c->obs_values);
     free(c->hist);
     free(c);

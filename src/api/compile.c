@@ -330,17 +330,16 @@ static int64_t graph_weight_bytes(kiln_session *s)
     return bytes;
 }
 
-/* Static int8: an fp32 session fed the calibration data in batches, whose
- * Conv, Gemm and MatMul nodes then run on int8 kernels with the activation
- * ranges fixed by `method` (kiln_calibration_*, docs/COMPRESSION.md). */
-static kiln_status static_int8_session(kiln_model *m, const char *sig,
-                                       const kiln_session_options *base, const kiln_dataset *cal,
-                                       int64_t batch, kiln_calibration_method method,
-                                       kiln_session **out, char *err)
+/* An fp32 session of the model and a calibration of it fed the calibration data in batches
+ * (kiln_calibration_*, docs/COMPRESSION.md). */
+static kiln_status calibrate(kiln_model *m, const char *sig, const kiln_session_options *base,
+                             const kiln_dataset *cal, int64_t batch, kiln_session **out,
+                             kiln_calibration **cout, char *err)
 {
     kiln_session_options so = *base;
     so.precision = KILN_PRECISION_FP32;
     kiln_calibration *c = NULL;
+    *cout = NULL;
     kiln_status st = kiln_session_create(m, sig, &so, out);
     if (st == KILN_OK) st = kiln_calibration_begin(*out, &c);
     if (st != KILN_OK) {
@@ -362,20 +361,43 @@ static kiln_status static_int8_session(kiln_model *m, const char *sig,
             rows[i] = NULL;
         }
     }
-    if (st == KILN_OK) {
-        st = kiln_calibration_finish(c, method, method == KILN_CALIBRATION_PERCENTILE ? 99.99 : 0);
-        if (st != KILN_OK) snprintf(err, KILN_EVAL_ERR_LEN, "static int8: %s", kiln_last_error());
-        else if (kiln_calibration_node_count(c) == 0) {
-            snprintf(err, KILN_EVAL_ERR_LEN,
-                     "static int8: the model has no Conv, Gemm or MatMul with constant weights "
-                     "to quantize");
-            st = KILN_ERR_UNSUPPORTED;
-        }
-    } else if (st == KILN_ERR_OUT_OF_MEMORY && !err[0]) {
-        snprintf(err, KILN_EVAL_ERR_LEN, "out of memory");
-    }
+    if (st == KILN_ERR_OUT_OF_MEMORY && !err[0]) snprintf(err, KILN_EVAL_ERR_LEN, "out of memory");
     free(rows);
     free(in);
+    if (st != KILN_OK) kiln_calibration_free(c);
+    else *cout = c;
+    return st;
+}
+
+/* Finish c into session `into` (fp32 until then), keeping the nodes excl[0..n_excl) in fp32. */
+static kiln_status calibrated_finish(kiln_calibration *c, kiln_session *into,
+                                     kiln_calibration_method method, const char *const *excl,
+                                     int n_excl, char *err)
+{
+    kiln_status st = kiln_calibration_finish_into(
+        c, into, method, method == KILN_CALIBRATION_PERCENTILE ? 99.99 : 0, excl, n_excl);
+    if (st != KILN_OK) {
+        snprintf(err, KILN_EVAL_ERR_LEN, "static int8: %s", kiln_last_error());
+    } else if (kiln_calibration_node_count(c) == 0) {
+        snprintf(err, KILN_EVAL_ERR_LEN,
+                 "static int8: the model has no Conv, Gemm or MatMul with constant weights "
+                 "to quantize");
+        st = KILN_ERR_UNSUPPORTED;
+    }
+    return st;
+}
+
+/* Static int8: an fp32 session fed the calibration data in batches, whose
+ * Conv, Gemm and MatMul nodes then run on int8 kernels with the activation
+ * ranges fixed by `method` (kiln_calibration_*, docs/COMPRESSION.md). */
+static kiln_status static_int8_session(kiln_model *m, const char *sig,
+                                       const kiln_session_options *base, const kiln_dataset *cal,
+                                       int64_t batch, kiln_calibration_method method,
+                                       kiln_session **out, char *err)
+{
+    kiln_calibration *c = NULL;
+    kiln_status st = calibrate(m, sig, base, cal, batch, out, &c, err);
+    if (st == KILN_OK) st = calibrated_finish(c, *out, method, NULL, 0, err);
     kiln_calibration_free(c);
     return st;
 }
@@ -447,8 +469,12 @@ static double time_runs(kiln_session *s, const kiln_dataset *d, int64_t batch)
     return best;
 }
 
-/* auto with calibration data: static int8 of the whole model as a candidate (see
- * kiln_compile_result.auto_static). Any failure leaves the mix in place. */
+/* auto with calibration data: static int8 (MinMax) as a candidate (see
+ * kiln_compile_result.auto_static). The whole model first; where that exceeds the bound, the
+ * same calibration finished again with the 1, 2, 4, ... most sensitive convolutions and
+ * products kept in fp32 (their order from the per-node measurements, at most half of them),
+ * the first within the bound kept if it runs the evaluation data faster than the per-node
+ * mix. Any failure leaves the mix in place. */
 static void auto_try_static(kiln_model *mc, const char *sn, const kiln_compile_options *o,
                             const kiln_dataset *cal, const kiln_dataset *ev, int64_t batch,
                             kiln_compile_result *r)
@@ -462,19 +488,42 @@ static void auto_try_static(kiln_model *mc, const char *sn, const kiln_compile_o
         conv = r->nodes[i].kernel_in[KILN_PRECISION_INT8] && r->nodes[i].op &&
                strstr(r->nodes[i].op, "Conv") != NULL;
     if (!conv) return;
-    kiln_session *ss = NULL;
+    kiln_session *cs = NULL, *ss = NULL;
+    kiln_calibration *c = NULL;
+    kiln_compile_node **order = calloc((size_t)r->n_nodes + 1, sizeof *order);
+    const char **names = calloc((size_t)r->n_nodes + 1, sizeof *names);
     kiln_compile_run run = {0};
     char e[KILN_EVAL_ERR_LEN];
-    if (static_int8_session(mc, sn, &o->session, cal, batch, KILN_CALIBRATION_MINMAX, &ss, e) !=
-        KILN_OK)
+    e[0] = '\0';
+    int n_order = 0, kept = -1;
+    if (!order || !names || calibrate(mc, sn, &o->session, cal, batch, &cs, &c, e) != KILN_OK)
         goto out;
-    kiln_eval_quality q;
-    if (kiln_compile_run_all(ss, ev, batch, &run, e) != KILN_OK ||
-        kiln_eval_compare(&r->base_eval.o[r->metric_index], &run.o[r->metric_index], o->labels,
-                          &q, e) != KILN_OK)
-        goto out;
-    r->auto_static_drop = q.drop;
-    if (!(q.drop <= o->max_drop)) goto out;
+    for (int i = 0; i < r->n_nodes; i++)
+        if (r->nodes[i].kernel_in[KILN_PRECISION_INT8]) order[n_order++] = &r->nodes[i];
+    qsort(order, (size_t)n_order, sizeof *order, by_sensitivity); /* lowest SQNR first */
+    for (int i = 0; i < n_order; i++) names[i] = order[i]->name;
+    for (int k = 0; k <= n_order / 2; k = k ? 2 * k : 1) {
+        kiln_session_options so = o->session;
+        so.precision = KILN_PRECISION_FP32;
+        kiln_eval_quality q;
+        kiln_compile_run_free(&run);
+        if (kiln_session_create(mc, sn, &so, &ss) != KILN_OK ||
+            calibrated_finish(c, ss, KILN_CALIBRATION_MINMAX, names, k, e) != KILN_OK ||
+            kiln_compile_run_all(ss, ev, batch, &run, e) != KILN_OK ||
+            kiln_eval_compare(&r->base_eval.o[r->metric_index], &run.o[r->metric_index],
+                              o->labels, &q, e) != KILN_OK)
+            goto out;
+        if (k == 0) r->auto_static_drop = q.drop;
+        if (q.drop <= o->max_drop) {
+            kept = k;
+            r->auto_static_kept_drop = q.drop;
+            break;
+        }
+        kiln_session_free(ss);
+        ss = NULL;
+    }
+    if (kept < 0) goto out;
+    r->auto_static_kept = kept;
     double t_mix = time_runs(r->session, ev, batch), t_static = time_runs(ss, ev, batch);
     r->auto_ms[0] = t_mix * 1e3;
     r->auto_ms[1] = t_static * 1e3;
@@ -485,9 +534,36 @@ static void auto_try_static(kiln_model *mc, const char *sn, const kiln_compile_o
     ss = NULL;
     r->auto_static = 1;
     r->static_weight_bytes = graph_weight_bytes(r->session);
+    /* the nodes now say what runs: every convolution and product int8 (static), but the kept */
+    r->auto_mix_fell_back = 0;
+    for (int i = 0; i < r->n_nodes; i++) {
+        kiln_compile_node *n = &r->nodes[i];
+        r->auto_mix_fell_back += n->fell_back;
+        n->fell_back = 0;
+        n->reason[0] = '\0';
+        if (n->kernel_in[KILN_PRECISION_INT8]) n->precision = KILN_PRECISION_INT8;
+    }
+    for (int i = 0; i < kept; i++) {
+        kiln_compile_node *n = order[i];
+        char db[32];
+        if (n->measured && isfinite(n->sqnr_db)) snprintf(db, sizeof db, "%.1f dB", n->sqnr_db);
+        else snprintf(db, sizeof db, "%s", n->measured ? "not finite" : "not measured");
+        n->precision = KILN_PRECISION_FP32;
+        n->fell_back = 1;
+        snprintf(n->reason, sizeof n->reason,
+                 "static int8: kept in fp32, one of the %d most sensitive (SQNR %s alone in %s); "
+                 "static int8 of the whole model was %.3f%% > --max-drop %.3g%%, with these %d "
+                 "in fp32 %.3f%%",
+                 kept, db, kiln_precision_name(n->measured ? n->measured_in : KILN_PRECISION_INT8),
+                 100 * r->auto_static_drop, 100 * o->max_drop, kept, 100 * r->auto_static_kept_drop);
+    }
 out:
     kiln_compile_run_free(&run);
     kiln_session_free(ss);
+    kiln_session_free(cs);
+    kiln_calibration_free(c);
+    free(order);
+    free(names);
     kiln_error_clear();
 }
 
@@ -599,6 +675,7 @@ kiln_status kiln_compile(kiln_model *m, const char *sig_name, const kiln_compile
     }
 
     r->auto_static_drop = -1;
+    r->auto_static_kept = -1;
     if (o->is_auto && prec == KILN_PRECISION_INT8 && cal && ev)
         auto_try_static(mc, sn, o, cal, ev, batch, r);
 

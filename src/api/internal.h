@@ -38,6 +38,13 @@ void kiln_session_set_static_quant(kiln_session *s, struct kiln_sq_target *t, in
                                    float (*range)[2]);
 int kiln_session_static_quant(const kiln_session *s, const struct kiln_sq_target **t,
                               const float (**range)[2]);
+/* kiln_calibration_finish for session `into` (into may be c's own session, or another of the
+ * same model and signature, which then runs the int8 graph), keeping also the nodes named in
+ * excl[0..n_excl) in fp32 (names that are no target are ignored): auto's trials of static
+ * int8 with the most sensitive nodes kept, from one feed (compile.c). */
+kiln_status kiln_calibration_finish_into(kiln_calibration *c, kiln_session *into,
+                                         kiln_calibration_method method, double percentile,
+                                         const char *const *excl, int n_excl);
 /* The imported graph of s's signature, its model's weight cache, and the session options. */
 const struct kiln_graph *kiln_session_graph(const kiln_session *s);
 struct kiln_weight_cache *kiln_session_weights(const kiln_session *s);

@@ -456,18 +456,37 @@ int kiln_cmd_compile(int argc, char **argv)
                  r.q.drop_of, 100 * r.q.drop, 100 * a.max_drop, metric_output);
     if (a.is_auto) {
         size_t len = strlen(r.verdict);
-        if (cr.auto_static)
+        if (cr.auto_static && cr.auto_static_kept == 0)
             snprintf(r.verdict + len, sizeof r.verdict - len,
                      "; auto: static int8 of the whole model (MinMax), within the bound and "
                      "faster than the per-node mix (%.1f ms against %.1f ms on the evaluation "
                      "data), which had %d of %d node%s fall back",
-                     cr.auto_ms[1], cr.auto_ms[0], fell, n_nodes, n_nodes == 1 ? "" : "s");
+                     cr.auto_ms[1], cr.auto_ms[0], cr.auto_mix_fell_back, n_nodes,
+                     n_nodes == 1 ? "" : "s");
+        else if (cr.auto_static)
+            snprintf(r.verdict + len, sizeof r.verdict - len,
+                     "; auto: static int8 (MinMax) with the %d most sensitive node%s kept in fp32 "
+                     "(the whole model: drop %.4f%%, beyond the bound; with them kept %.4f%%), "
+                     "faster than the per-node mix (%.1f ms against %.1f ms on the evaluation "
+                     "data), which had %d of %d node%s fall back",
+                     cr.auto_static_kept, cr.auto_static_kept == 1 ? "" : "s",
+                     100 * cr.auto_static_drop, 100 * cr.auto_static_kept_drop, cr.auto_ms[1],
+                     cr.auto_ms[0], cr.auto_mix_fell_back, n_nodes, n_nodes == 1 ? "" : "s");
+        else if (cr.auto_static_drop >= 0 && cr.auto_static_kept > 0)
+            snprintf(r.verdict + len, sizeof r.verdict - len,
+                     "; auto: %d of %d node%s fell back (static int8 of the whole model: drop "
+                     "%.4f%%, beyond the bound; with the %d most sensitive kept in fp32 %.4f%%, "
+                     "not faster)", fell, n_nodes, n_nodes == 1 ? "" : "s",
+                     100 * cr.auto_static_drop, cr.auto_static_kept,
+                     100 * cr.auto_static_kept_drop);
         else if (cr.auto_static_drop >= 0)
             snprintf(r.verdict + len, sizeof r.verdict - len,
                      "; auto: %d of %d node%s fell back (static int8 of the whole model: drop "
                      "%.4f%%, %s)", fell, n_nodes, n_nodes == 1 ? "" : "s",
                      100 * cr.auto_static_drop,
-                     cr.auto_static_drop > a.max_drop ? "beyond the bound" : "not faster");
+                     cr.auto_static_drop > a.max_drop
+                         ? "beyond the bound, also with up to half the nodes kept in fp32"
+                         : "not faster");
         else
             snprintf(r.verdict + len, sizeof r.verdict - len, "; auto: %d of %d node%s fell back",
                      fell, n_nodes, n_nodes == 1 ? "" : "s");

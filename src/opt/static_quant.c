@@ -40,7 +40,9 @@
  * output (or its Relu's) as above, each input not already a
  * DequantizeLinear's output through Q -> DQ with its own range.
  * The qdq_fusion pass then makes QLinearConv / KilnQLinearMatMul of each,
- * qadd_fusion a KilnQLinearAdd of each Add.
+ * qadd_fusion a KilnQLinearAdd of each Add. A target whose output a node kept in fp32 reads
+ * (float_out: calibration's exclusions) leaves its output float, so the kept node sees
+ * unrounded values; its other quantized readers wrap their inputs themselves.
  */
 #include "opt/static_quant.h"
 
@@ -267,7 +269,7 @@ kiln_status kiln_sq_targets(const struct kiln_graph *g, struct kiln_sq_target **
             relu = ri;
             y = g->nodes[ri].out[0];
         }
-        t[*n] = (struct kiln_sq_target){ni, c->in[0], y, relu, -1};
+        t[*n] = (struct kiln_sq_target){ni, c->in[0], y, relu, -1, 0};
         (*n)++;
     }
     /* residual Adds of two same-shape 4-D float values (ResNet, MobileNetV2): quantized in and
@@ -292,7 +294,7 @@ kiln_status kiln_sq_targets(const struct kiln_graph *g, struct kiln_sq_target **
             relu = ri;
             y = g->nodes[ri].out[0];
         }
-        t[*n] = (struct kiln_sq_target){ni, c->in[0], y, relu, c->in[1]};
+        t[*n] = (struct kiln_sq_target){ni, c->in[0], y, relu, c->in[1], 0};
         (*n)++;
     }
     *out = t;
@@ -443,6 +445,7 @@ kiln_status kiln_sq_rewrite(struct kiln_graph *g, const struct kiln_sq_target *t
 {
     kiln_status st = KILN_OK;
     for (int i = 0; i < n && st == KILN_OK; i++) {
+        if (t[i].float_out) continue;
         float s;
         uint8_t z;
         act_params(range[t[i].y], &s, &z);

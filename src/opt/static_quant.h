@@ -41,6 +41,8 @@ struct kiln_sq_target {
     int y;           /* the value quantized after it: its output, or its Relu's */
     int relu;        /* the Relu node between, or -1 */
     int x2;          /* Add: its second float input; else -1 */
+    int float_out;   /* y stays float: a node kept in fp32 reads it (calibration's
+                        exclusions); its consumers that are quantized wrap their own input */
 };
 
 /* The targets of g (caller frees *out). */

@@ -23,6 +23,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from quant_models import outlier_cnn
+
 REPO = Path(__file__).resolve().parents[2]
 BINS = 2048
 
@@ -351,3 +353,42 @@ def test_static_int8_fuses_relu6(lib, tmp_path):
     finally:
         lib.kiln_session_free(s)
         lib.kiln_model_free(m)
+
+
+def test_calibration_exclude_keeps_a_node_in_fp32(lib, tmp_path):
+    """kiln_calibration_exclude: the excluded convolution and the value it reads stay float, so
+    the outlier model keeps its top-1 where static int8 of the whole model loses it; the node
+    count says one node fewer; an unknown or unquantized name is KILN_ERR_NOT_FOUND (4)."""
+    pytest.importorskip("onnx")
+    path = tmp_path / "outlier.onnx"
+    x = outlier_cnn(path)
+    lib.kiln_calibration_exclude.argtypes = [C.c_void_p, C.c_char_p]
+    results = {}
+    for excl in ([], [b"conv2"]):
+        m, s = session(lib, path)
+        try:
+            fp32 = run(lib, s, x)
+            c = C.c_void_p()
+            assert lib.kiln_calibration_begin(s, C.byref(c)) == 0, lib.kiln_last_error()
+            t, keep = wrap(lib, x)
+            inp = (Named * 1)(Named(b"image", t))
+            assert lib.kiln_calibration_feed(c, inp, 1) == 0, lib.kiln_last_error()
+            lib.kiln_tensor_free(t)
+            for name in excl:
+                assert lib.kiln_calibration_exclude(c, name) == 0, lib.kiln_last_error()
+            assert lib.kiln_calibration_exclude(c, b"no_such_node") == 4
+            assert b"no_such_node" in lib.kiln_last_error()
+            assert lib.kiln_calibration_finish(c, 0, 0.0) == 0, lib.kiln_last_error()
+            n = lib.kiln_calibration_node_count(c)
+            lib.kiln_calibration_free(c)
+            q = run(lib, s, x)
+        finally:
+            lib.kiln_session_free(s)
+            lib.kiln_model_free(m)
+        agree = float(np.mean(q.argmax(1) == fp32.argmax(1)))
+        err = float(np.abs(q - fp32).max() / np.abs(fp32).max())
+        results[len(excl)] = (n, agree, err)
+    (n0, agree0, err0), (n1, agree1, err1) = results[0], results[1]
+    assert (n0, n1) == (3, 2), results
+    assert agree0 < 0.9 and err0 > 0.1, results  # the outlier really hurts the whole model
+    assert agree1 >= 0.9 and err1 < 0.05, results

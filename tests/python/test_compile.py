@@ -28,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from quant_models import outlier_cnn
 from test_precision import bf16, quant_gemm  # the numpy emulations of the precisions
 
 REPO = Path(__file__).resolve().parents[2]
@@ -626,6 +627,35 @@ def test_auto_tries_static_int8(kiln_bin, trained, tmp_path, monkeypatch):
     monkeypatch.delenv("KILN_AUTO_STATIC")
     _, rep1 = compile_model(kiln_bin, model, tmp_path / "auto.kiln", "--precision", "auto", *common)
     assert "static int8 of the whole model" in rep1["verdict"], rep1["verdict"]
+
+
+def test_auto_static_keeps_the_most_sensitive_nodes(kiln_bin, tmp_path, monkeypatch):
+    """auto's static int8 candidate: where the whole model exceeds --max-drop (the outlier
+    model: 8-bit rounding of conv2's input), the same calibration is finished again with the
+    1, 2, 4 ... most sensitive convolutions kept in fp32, and the first within the bound is
+    taken (KILN_AUTO_STATIC=force: within the bound is enough). The report names conv2 as
+    kept in fp32 and the rest int8, the verdict says so, and the file's outputs agree with the
+    fp32 model as the report says."""
+    model = tmp_path / "outlier.onnx"
+    x = outlier_cnn(model)
+    for part, rows in (("cal", x[:32]), ("eval", x[32:])):
+        (tmp_path / part).mkdir()
+        np.save(tmp_path / part / "image.npy", rows)
+    monkeypatch.setenv("KILN_AUTO_STATIC", "force")
+    out = tmp_path / "auto.kiln"
+    _, rep = compile_model(kiln_bin, model, out, "--precision", "auto", "--calibration",
+                           tmp_path / "cal", "--eval", tmp_path / "eval", "--max-drop", "10%")
+    assert "static int8 (MinMax) with the 1 most sensitive node kept in fp32" in rep["verdict"], \
+        rep["verdict"]
+    assert rep["passed"] and rep["calibration"]["method"] == "minmax", rep
+    prec = {n["name"]: n["precision"] for n in rep["nodes"]}
+    assert prec == {"conv1": "int8", "conv2": "fp32", "conv3": "int8"}, rep["nodes"]
+    kept = [n for n in rep["nodes"] if n["fell_back"]]
+    assert [n["name"] for n in kept] == ["conv2"] and "kept in fp32" in kept[0]["reason"], kept
+    fp32 = predict_batched(kiln_bin, model, "image", x[32:], tmp_path, "fp32")
+    got = predict_batched(kiln_bin, out, "image", x[32:], tmp_path, "auto")
+    agree = float(np.mean(got.argmax(1) == fp32.argmax(1)))
+    assert abs((1 - agree) - rep["metric"]["drop"]) < 1e-6 and agree >= 0.9, (agree, rep["metric"])
 
 
 def released_weights_model(path):
