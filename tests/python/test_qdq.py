@@ -416,6 +416,53 @@ def test_qlinear_conv_and_conv_integer(kiln_bin, tmp_path, shape, xdt):
         assert "dnnl_conv_integer" in profile(kiln_bin, model, tmp_path, ["--disable-optimizer"])
 
 
+def random_conv_shapes(count, seed=2026):
+    """n, c, h, w, m, k, stride, pad, group drawn as CNNs have them: mostly 1x1 and 3x3 on
+    small images, channel counts off and on the blocks of 16, some depthwise."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(count):
+        k = int(rng.choice([1, 1, 1, 3, 5]))
+        c = int(rng.choice([8, 16, 24, 40, 48, 96, 120, 240]))
+        m = int(rng.choice([8, 20, 24, 40, 48, 72, 96, 144]))
+        group = 1
+        if rng.random() < 0.2:
+            group, m = c, c
+        out.append((int(rng.integers(1, 4)), c, int(rng.integers(1, 15)), int(rng.integers(1, 15)),
+                    m, k, int(rng.choice([1, 1, 2])), k // 2, group))
+    return out
+
+
+@pytest.mark.parametrize("shape", random_conv_shapes(24), ids=str)
+def test_qlinear_conv_random_shapes(kiln_bin, tmp_path, shape):
+    """QLinearConv (u8, per-channel weights, bias) on seeded CNN-like shapes against the numpy
+    integer reference, within one step: the oneDNN kernel a CPU picks must be right on the
+    shapes real models have (oneDNN 2.6's AMX 1x1 kernel was not: 1x1, 240 -> 144 channels
+    on 13 x 3 pixels corrupted the heap, src/kernels/dnnl/dnnl_common.c, kd_pd_denied)."""
+    n, c, h, w, m, k, stride, pad, group = shape
+    rng = np.random.default_rng(sum(shape))
+    x = rng.integers(0, 256, size=(n, c, h, w)).astype(np.uint8)
+    wq = rng.integers(-127, 128, size=(m, c // group, k, k)).astype(np.int8)
+    xzp, yzp = np.uint8(7), np.uint8(100)
+    xs, ys = np.float32(0.02), np.float32(0.05)
+    ws = rng.uniform(1e-4, 3e-4, size=m).astype(np.float32)
+    bq = rng.integers(-1000, 1000, size=m).astype(np.int32)
+    attrs = dict(strides=[stride] * 2, pads=[pad] * 4, group=group, kernel_shape=[k, k])
+    inits = [tensor("xs", xs), tensor("xzp", xzp), tensor("w", wq), tensor("ws", ws),
+             tensor("wzp", np.zeros(m, np.int8)), tensor("ys", ys), tensor("yzp", yzp),
+             tensor("b", bq)]
+    xin = [helper.make_tensor_value_info("x", TensorProto.UINT8, list(x.shape))]
+    model = qop_model([helper.make_node("QLinearConv", ["x", "xs", "xzp", "w", "ws", "wzp",
+                                                        "ys", "yzp", "b"], ["y"], **attrs)],
+                      inits, xin, TensorProto.UINT8)
+    acc = conv_int(x, xzp, wq, stride, pad, group)
+    want = requant(acc + bq[None, :, None, None], mult_of(xs, ws, ys)[None, :, None, None],
+                   int(yzp), np.uint8)
+    got = run(kiln_bin, model, {"x": x}, tmp_path, "noopt", 2)["y"]
+    assert_close_steps(got, want, f"QLinearConv {shape}",
+                       frac=0.005 if want.size > 400 else 1.0 / want.size)
+
+
 MM_SHAPES = [(1, 1, 1), (3, 17, 5), (17, 64, 33), (2, 5, 16, 65)]  # rows..., k, n
 
 
