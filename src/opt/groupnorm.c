@@ -88,6 +88,44 @@ static int affine_step(const struct kiln_graph *g, int v, enum kiln_op op,
     return ni;
 }
 
+/* Activations the fused kernels apply (both map 0 to 0, so blocked padding lanes stay 0). */
+static bool act_taken(const struct kiln_opt_act *a)
+{
+    return !strcmp(a->name, "SiLU") || !strcmp(a->name, "Relu");
+}
+
+/* Write the normalization of x (scale sv, bias bv per channel) into value y, the nodes
+ * rm[0..n_rm) (-1: none) that wrote it before removed: a GroupNormalization (opset 21), or,
+ * where a SiLU or Relu alone reads y, a KilnGroupNorm with it that writes the activation's
+ * output instead. kind (may be NULL) is counted in the log. */
+static kiln_status emit(struct kiln_graph *g, struct kiln_opt_pass_log *pl, const char *name,
+                        int x, int sv, int bv, int64_t G, float eps, int y, const int *rm,
+                        int n_rm, const char *kind)
+{
+    struct kiln_opt_act a;
+    bool fuse = kiln_opt_match_act(g, y, &a) && act_taken(&a);
+    int ni;
+    kiln_status st = kiln_opt_add_node(g, fuse ? KILN_OP_KilnGroupNorm : KILN_OP_GroupNormalization,
+                                       name, 3, 1, fuse ? 3 : 2, 21, &ni);
+    if (st != KILN_OK) return st;
+    kiln_opt_attr_int(g, ni, 0, "num_groups", G);
+    kiln_opt_attr_float(g, ni, 1, "epsilon", eps);
+    if (fuse && (st = kiln_opt_attr_str(g, ni, 2, "activation", a.name)) != KILN_OK) return st;
+    kiln_opt_set_input(g, ni, 0, x);
+    kiln_opt_set_input(g, ni, 1, sv);
+    kiln_opt_set_input(g, ni, 2, bv);
+    for (int k = n_rm - 1; k >= 0; k--)
+        if (rm[k] >= 0) kiln_opt_remove_node(g, rm[k]);
+    if (fuse) {
+        for (int k = a.n_nodes - 1; k >= 0; k--) kiln_opt_remove_node(g, a.nodes[k]);
+        y = a.out;
+        kiln_opt_count(pl, !strcmp(a.name, "SiLU") ? "KilnGroupNorm+SiLU" : "KilnGroupNorm+Relu");
+    }
+    kiln_opt_set_output(g, ni, 0, y);
+    if (kind) kiln_opt_count(pl, kind);
+    return KILN_OK;
+}
+
 kiln_status kiln_opt_groupnorm(struct kiln_graph *g, struct kiln_opt_pass_log *pl)
 {
     int n_nodes = g->n_nodes;
@@ -140,27 +178,60 @@ kiln_status kiln_opt_groupnorm(struct kiln_graph *g, struct kiln_opt_pass_log *p
             ((float *)bi->data)[c] = b[gi] * ga + (beta ? beta[c] : 0.0f);
         }
         float eps = kiln_attr_float(in, "epsilon", 1e-5f);
-        const char *name = in->name;
-        int sv, bv, ni;
+        int sv, bv, rm[3] = {zi, mi, ai};
         st = kiln_opt_add_const(g, "groupnorm_scale", sc, &sv);
         if (st == KILN_OK) st = kiln_opt_add_const(g, "groupnorm_bias", bi, &bv);
         else kiln_tensor_free(bi);
-        if (st == KILN_OK) st = kiln_opt_add_node(g, KILN_OP_GroupNormalization, name, 3, 1, 2, 21, &ni);
-        if (st != KILN_OK) return st;
-        kiln_opt_attr_int(g, ni, 0, "num_groups", G);
-        kiln_opt_attr_float(g, ni, 1, "epsilon", eps);
-        kiln_opt_set_input(g, ni, 0, x);
-        kiln_opt_set_input(g, ni, 1, sv);
-        kiln_opt_set_input(g, ni, 2, bv);
-        int last = ai >= 0 ? ai : mi >= 0 ? mi : zi;
-        kiln_opt_remove_node(g, last);
-        if (ai >= 0 && mi >= 0) kiln_opt_remove_node(g, mi);
-        if (last != zi) kiln_opt_remove_node(g, zi);
         kiln_opt_remove_node(g, ii);
         kiln_opt_remove_node(g, ri);
-        kiln_opt_set_output(g, ni, 0, y);
-        kiln_opt_count(pl, mi >= 0 || ai >= 0 ? "GroupNormalization(+affine)"
-                                              : "GroupNormalization");
+        if (st == KILN_OK)
+            st = emit(g, pl, g->nodes[ii].name, x, sv, bv, G, eps, y, rm, 3,
+                      mi >= 0 || ai >= 0 ? "GroupNormalization(+affine)" : "GroupNormalization");
+        if (st != KILN_OK) return st;
+    }
+    /* GroupNormalization as the model wrote it (opset 18: per group, 21: per channel), then
+     * SiLU or Relu */
+    n_nodes = g->n_nodes;
+    for (int i = 0; i < n_nodes; i++) {
+        const struct kiln_node *n = &g->nodes[i];
+        if (kiln_opt_node_dead(n) || n->op != KILN_OP_GroupNormalization || n->n_in != 3 ||
+            n->n_out != 1 || !kiln_node_attr(n, "num_groups"))
+            continue;
+        const struct kiln_type *xt = &g->values[n->in[0]].type;
+        int64_t G = kiln_attr_int(n, "num_groups", 0), C = xt->rank >= 3 ? xt->dims[1] : -1;
+        struct kiln_opt_act a;
+        if (xt->dtype != KILN_DTYPE_F32 || C <= 0 || G <= 0 || C % G ||
+            !kiln_opt_match_act(g, n->out[0], &a) || !act_taken(&a))
+            continue;
+        int sv = n->in[1], bv = n->in[2];
+        if (n->opset < 21) { /* per group: constants made per channel */
+            const float *s = const_floats(g, sv, G), *b = const_floats(g, bv, G);
+            if (!s || !b) continue;
+            kiln_tensor *sc = NULL, *bi = NULL;
+            kiln_status st = kiln_tensor_new(KILN_DTYPE_F32, 1, &C, &sc);
+            if (st == KILN_OK) st = kiln_tensor_new(KILN_DTYPE_F32, 1, &C, &bi);
+            if (st != KILN_OK) {
+                kiln_tensor_free(sc);
+                return st;
+            }
+            for (int64_t c = 0; c < C; c++) {
+                ((float *)sc->data)[c] = s[c / (C / G)];
+                ((float *)bi->data)[c] = b[c / (C / G)];
+            }
+            st = kiln_opt_add_const(g, "groupnorm_scale", sc, &sv);
+            if (st == KILN_OK) st = kiln_opt_add_const(g, "groupnorm_bias", bi, &bv);
+            else kiln_tensor_free(bi);
+            if (st != KILN_OK) return st;
+            n = &g->nodes[i];
+        } else if (kiln_shape_count(g->values[sv].type.rank, g->values[sv].type.dims) != C ||
+                   kiln_shape_count(g->values[bv].type.rank, g->values[bv].type.dims) != C) {
+            continue;
+        }
+        float eps = kiln_attr_float(n, "epsilon", 1e-5f);
+        int x = n->in[0], y = n->out[0];
+        kiln_opt_remove_node(g, i);
+        kiln_status st = emit(g, pl, g->nodes[i].name, x, sv, bv, G, eps, y, NULL, 0, NULL);
+        if (st != KILN_OK) return st;
     }
     return KILN_OK;
 }

@@ -17,8 +17,8 @@
  *    axis (along C off the blocks, copied lane by lane), Slice with constant
  *    arguments (the batch whole), Gather of channels by constant indices,
  *    constant Pad of H and W, Resize / Upsample of H and W by constant
- *    scales or sizes, and InstanceNormalization / GroupNormalization (their
- *    scale and bias read plain) (is_follower; the kernels in src/kernels/simd
+ *    scales or sizes, and InstanceNormalization / GroupNormalization /
+ *    KilnGroupNorm (their scale and bias read plain) (is_follower; the kernels in src/kernels/simd
  *    slice.c, data.c, concat.c, pad.c, resize.c, norm.c). A channel shuffle (Reshape,
  *    Transpose, Reshape) is first rewritten as a Gather of channels
  *    (layout_shuffle.c), and a Split along C, H or W as one Slice per
@@ -267,7 +267,8 @@ static int is_follower(const struct kiln_graph *g, const unsigned char *captured
         return act_value(g, captured, n->in[0]) && act_value(g, captured, n->in[1]) &&
                same_dims(g, n->in[0], y) && same_dims(g, n->in[1], y);
     }
-    if (n->op == KILN_OP_GroupNormalization || n->op == KILN_OP_InstanceNormalization)
+    if (n->op == KILN_OP_GroupNormalization || n->op == KILN_OP_InstanceNormalization ||
+        n->op == KILN_OP_KilnGroupNorm)
         return act_value(g, captured, n->in[0]) && same_dims(g, n->in[0], y); /* scale, bias plain */
     /* unary: input 0 is the data; Clip's bounds are one-element float32 tensors */
     if (!act_value(g, captured, n->in[0]) || !same_dims(g, n->in[0], y)) return 0;

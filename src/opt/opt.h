@@ -59,6 +59,12 @@
  *      se_act_alpha / se_act_beta ("", "Relu", "Clip" or "SiLU", as for
  *      KilnFusedConv). E is never stored whole; D only with the
  *      squeeze-excitation (one image at a time).
+ *
+ *  KilnGroupNorm(X, Scale, Bias) -> Y
+ *      Y = act(GroupNormalization(X, Scale, Bias)) with Scale and Bias per
+ *      channel (the node is opset 21). Attributes: num_groups INT, epsilon
+ *      FLOAT, activation STRING as above. Made by groupnorm_fusion
+ *      (groupnorm.c) where a SiLU or Relu alone reads a GroupNorm.
  */
 #ifndef KILN_OPT_OPT_H
 #define KILN_OPT_OPT_H

@@ -345,14 +345,16 @@ static void test_layernorm(void)
 
 /* InstanceNormalization (groups 0) or GroupNormalization of x [dims], scale and bias per
  * channel (or per group before opset 21), constant or not. */
-static void groupnorm_case(int rank, const int64_t *dims, int64_t groups, int opset, bool konst,
-                           float shift)
+static void groupnorm_act_case(int rank, const int64_t *dims, int64_t groups, int opset,
+                               bool konst, float shift, const char *act)
 {
     struct case_node c;
-    enum kiln_op op = groups ? KILN_OP_GroupNormalization : KILN_OP_InstanceNormalization;
+    enum kiln_op op = act ? KILN_OP_KilnGroupNorm
+                      : groups ? KILN_OP_GroupNormalization : KILN_OP_InstanceNormalization;
     cn_init(&c, op, groups ? opset : 6, 3, 1);
     attr_float(&c, "epsilon", groups ? 1e-3f : 1e-5f);
     if (groups) attr_int(&c, "num_groups", groups);
+    if (act) attr_str(&c, "activation", act);
     int64_t per = groups && opset < 21 ? groups : dims[1];
     kiln_tensor *x = tensor_f32(rank, dims), *sc = tensor_f32(1, &per), *bi = tensor_f32(1, &per);
     for (size_t i = 0; i < x->nbytes / 4; i++) ((float *)x->data)[i] = 3.0f * rng_normal() + shift;
@@ -364,11 +366,33 @@ static void groupnorm_case(int rank, const int64_t *dims, int64_t groups, int op
     cn_input(&c, 1, sc, konst);
     cn_input(&c, 2, bi, konst);
     char label[160], sd[64];
-    snprintf(label, sizeof label, "%s %s groups %lld opset %d%s mean %g", kiln_op_name(op),
-             kiln_shape_str(rank, dims, sd, 64), (long long)groups, groups ? opset : 6,
-             konst ? " constant scale" : "", (double)shift);
+    snprintf(label, sizeof label, "%s%s%s %s groups %lld opset %d%s mean %g", kiln_op_name(op),
+             act ? " " : "", act ? act : "", kiln_shape_str(rank, dims, sd, 64),
+             (long long)groups, groups ? opset : 6, konst ? " constant scale" : "", (double)shift);
     check_case(&c, label, 2e-5, 2e-5, 1);
     cn_free(&c);
+}
+
+static void groupnorm_case(int rank, const int64_t *dims, int64_t groups, int opset, bool konst,
+                           float shift)
+{
+    groupnorm_act_case(rank, dims, groups, opset, konst, shift, NULL);
+}
+
+/* KilnGroupNorm: GroupNormalization (per channel) then SiLU or Relu, plain and blocked. */
+static void test_groupnorm_act(void)
+{
+    int64_t img[4] = {2, 32, 7, 9}, p[4] = {1, 20, 5, 5}, vol[5] = {1, 6, 3, 4, 5};
+    groupnorm_act_case(4, img, 8, 21, true, 0.5f, "SiLU");
+    groupnorm_act_case(4, p, 4, 21, false, -1.0f, "Relu");
+    groupnorm_act_case(5, vol, 3, 21, true, 0.3f, "SiLU");
+    for (int b = 8; b <= 16; b += 8) {
+        case_layout = b;
+        groupnorm_act_case(4, img, 8, 21, true, 0.0f, "SiLU");
+        groupnorm_act_case(4, p, 4, 21, true, 2.0f, "SiLU"); /* padding lanes stay 0 */
+        groupnorm_act_case(4, p, 5, 21, false, 0.0f, "Relu");
+        case_layout = 0;
+    }
 }
 
 static void test_groupnorm(void)
@@ -2331,6 +2355,7 @@ static void kcase_binary_bcast(void) { test_binary_bcast(); }
 static void kcase_softmax(void) { test_softmax(); }
 static void kcase_layernorm(void) { test_layernorm(); }
 static void kcase_groupnorm(void) { test_groupnorm(); }
+static void kcase_groupnorm_act(void) { test_groupnorm_act(); }
 static void kcase_pow(void) { test_pow(); }
 static void kcase_gather_rows(void) { test_gather(); }
 static void kcase_gather_axis(void) { test_gather_axis(); }

@@ -4,6 +4,7 @@
  *   KilnFusedConv(X, W, [B], [Sum])      Y = act(Conv(X, W, B) + Sum)
  *   KilnFusedConvTranspose(X, W, [B])    Y = act(ConvTranspose(X, W, B))
  *   KilnFusedMatMul(A, B, [Bias], [Sum]) Y = act(alpha * opA(A) @ opB(B) + Bias + Sum)
+ *   KilnGroupNorm(X, Scale, Bias)        Y = act(GroupNormalization-21(X, Scale, Bias))
  *   KilnMBConv(X, [We], [Be], Wd, [Bd], Wp, [Bp], [Sum], [W1], [B1], [W2], [B2])
  *                                        expand 1x1, depthwise kxk, [squeeze-excitation],
  *                                        project 1x1 (opt.h)
@@ -239,6 +240,31 @@ static kiln_status fused_convt_run(struct kiln_run_ctx *ctx)
 }
 
 KILN_REF_OP(KilnFusedConvTranspose, fused_convt_infer, fused_convt_run);
+
+/* ---- KilnGroupNorm ----
+ * GroupNormalization with scale and bias per channel (the node is opset 21; num_groups,
+ * epsilon), then the activation, as groupnorm_fusion makes it (src/opt/groupnorm.c). */
+extern const struct kiln_op_impl kiln_impl_GroupNormalization;
+
+static kiln_status fused_groupnorm_run(struct kiln_run_ctx *ctx)
+{
+    struct act_params p;
+    kiln_status st = act_parse(ctx->node, &p);
+    if (st != KILN_OK) return st;
+    if (ctx->node->opset < 21)
+        return kiln_node_error(ctx->node, KILN_ERR_INVALID_MODEL,
+                               "KilnGroupNorm takes scale and bias per channel (opset 21), not "
+                               "opset %d", ctx->node->opset);
+    st = kiln_impl_GroupNormalization.run(ctx);
+    if (st != KILN_OK || p.kind == ACT_NONE) return st;
+    kiln_tensor *y = ctx->out[0];
+    int64_t n = kiln_tensor_count(y);
+    for (int64_t i = 0; i < n; i++)
+        kiln_set_f64(y->dtype, y->data, i, act_apply(&p, kiln_get_f64(y->dtype, y->data, i)));
+    return KILN_OK;
+}
+
+KILN_REF_OP(KilnGroupNorm, kiln_infer_same, fused_groupnorm_run);
 
 /* ---- KilnFusedMatMul ---- */
 

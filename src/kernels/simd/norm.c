@@ -222,6 +222,7 @@ struct groupnorm_state {
     int64_t rows, groups, cpg, sp; /* rows = N * groups; cpg channels a group */
     bool per_group;                /* scale and bias per group (GroupNormalization < 21) */
     float eps;
+    int act;                       /* KilnGroupNorm's activation: -1 none, else a simd_unary */
     int blk;                       /* 0 plain, else the channel block */
     int64_t C, cb;                 /* blocked: channels, blocks an image */
     char name[48];
@@ -255,6 +256,7 @@ static void groupnorm_range(void *arg, int64_t begin, int64_t end)
             s->k->norm_affine(x + c * s->sp, y + c * s->sp, s->sp, mean, a,
                               j->bias[pi] - delta * a);
         }
+        if (s->act >= 0) s->k->unary((enum simd_unary)s->act, 0, 0, y, y, len); /* cache-hot */
     }
 }
 
@@ -268,6 +270,14 @@ static void groupnorm_blocked_range(void *arg, int64_t begin, int64_t end)
     static const float zeros[64];
     for (int64_t u = begin; u < end; u++) {
         const float *x = j->x + u * s->sp * blk;
+        if (j->pass == 2 && s->act >= 0) { /* the unit's affine, then its activation (cache-hot) */
+            for (int l0 = 0; l0 < blk; l0 += lanes)
+                s->k->lane_affine(x + l0, j->y + u * s->sp * blk + l0, s->sp, blk,
+                                  j->m + u * blk + l0, j->a + u * blk + l0, j->b + u * blk + l0);
+            float *yu = j->y + u * s->sp * blk;
+            s->k->unary((enum simd_unary)s->act, 0, 0, yu, yu, s->sp * blk); /* pads: act(0) = 0 */
+            continue;
+        }
         for (int l0 = 0; l0 < blk; l0 += lanes) {
             int64_t c = u * blk + l0; /* (image, channel) index, padding lanes included */
             if (j->pass == 2)
@@ -386,11 +396,22 @@ static kiln_status groupnorm_compile(const struct kiln_compile_ctx *cc,
     int64_t C = x->dims[1], sp = dims_product(x->dims, 2, x->rank);
     int64_t groups = C;
     bool per_group = false;
-    if (n->op == KILN_OP_GroupNormalization) {
+    int act = -1;
+    if (n->op == KILN_OP_GroupNormalization || n->op == KILN_OP_KilnGroupNorm) {
         if (!kiln_node_attr(n, "num_groups")) return KILN_OK; /* the reference reports it */
         groups = kiln_attr_int(n, "num_groups", 0);
         if (groups <= 0 || C % groups != 0) return KILN_OK;
         per_group = n->opset < 21;
+    }
+    if (n->op == KILN_OP_KilnGroupNorm) { /* activations that map 0 to 0 (padding lanes) */
+        const char *a = kiln_attr_str(n, "activation", "");
+        if (kiln_attr_check(n) != KILN_OK) {
+            kiln_error_clear();
+            return KILN_OK;
+        }
+        if (!strcmp(a, "SiLU")) act = SIMD_SILU;
+        else if (!strcmp(a, "Relu")) act = SIMD_RELU;
+        else if (a[0] || per_group) return KILN_OK; /* the reference runs it */
     }
     int64_t want = per_group ? groups : C;
     if (kiln_shape_count(cc->in[1]->rank, cc->in[1]->dims) != want ||
@@ -406,12 +427,14 @@ static kiln_status groupnorm_compile(const struct kiln_compile_ctx *cc,
     s->sp = sp;
     s->per_group = per_group;
     s->eps = kiln_attr_float(n, "epsilon", 1e-5f);
+    s->act = act;
     s->blk = blk;
     s->C = C;
     s->cb = blk ? (C + blk - 1) / blk : 0;
-    snprintf(s->name, sizeof s->name, "f32_%s%s_%s",
-             n->op == KILN_OP_GroupNormalization ? "groupnorm" : "instancenorm",
-             blk ? "_blocked" : "", k->isa);
+    snprintf(s->name, sizeof s->name, "f32_%s%s%s_%s",
+             n->op == KILN_OP_InstanceNormalization ? "instancenorm" : "groupnorm",
+             act == SIMD_SILU ? "_silu" : act == SIMD_RELU ? "_relu" : "", blk ? "_blocked" : "",
+             k->isa);
     inst->state = s;
     inst->destroy = free;
     inst->run = groupnorm_run;
@@ -422,3 +445,4 @@ static kiln_status groupnorm_compile(const struct kiln_compile_ctx *cc,
 }
 SIMD_VARIANTS(instancenorm, groupnorm_compile)
 SIMD_VARIANTS(groupnorm, groupnorm_compile)
+SIMD_VARIANTS(groupnorm_act, groupnorm_compile)
