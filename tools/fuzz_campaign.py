@@ -26,7 +26,12 @@ target and none over --merge-max-file-bytes, so that the repository stays small
 (the replay tests run every file of a corpus on every build).
 
 Findings stop that target's run (libFuzzer stops at the first); the campaign
-goes on with the next target and exits 1 at the end if there was any.
+goes on with the next target and exits 1 at the end if there was any. A reused
+--work folder keeps a previous run's finding (renamed <target>-finding-<time>).
+
+Do not pause a running fuzzer with SIGSTOP: libFuzzer's -timeout is wall-clock
+time, so the input it was running when stopped is reported as a timeout when it
+continues. Stop it with SIGINT instead (recorded as "stopped", not a finding).
 
 usage: tools/fuzz_campaign.py [--seconds N] [--targets a,b,...] [--merge] [--report]
   e.g. tools/fuzz_campaign.py --seconds 3600                 # every target, an hour each
@@ -296,6 +301,12 @@ def main():
         binary = build / "fuzz" / f"fuzz_{name}"
         work = work_root / name
         scratch, artifacts = work / "corpus", work / "artifacts"
+        if artifacts.is_dir() and any(artifacts.iterdir()):
+            # a reused --work folder: the previous run's finding stays, beside the new run
+            when = datetime.datetime.fromtimestamp(artifacts.stat().st_mtime, datetime.timezone.utc)
+            kept = work_root / f"{name}-finding-{when.strftime('%Y%m%dT%H%M%SZ')}"
+            work.rename(kept)
+            print(f"  (the previous run's finding is kept in {kept})")
         shutil.rmtree(work, ignore_errors=True)
         artifacts.mkdir(parents=True)
         seeds = ROOT / "tests" / "corpus" / corpus_dir(name)
