@@ -393,6 +393,7 @@ int kiln_cmd_compile(int argc, char **argv)
     r.eval_samples = eval_data ? eval_data->samples : 0;
     r.nodes = nodes;
     r.n_nodes = n_nodes;
+    r.auto_result = a.is_auto ? &cr : NULL;
     r.passed = 1;
     if (eval_data) {
         const kiln_compile_run *be = &cr.base_eval, *ce = &cr.cand_eval;

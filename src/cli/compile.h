@@ -85,6 +85,8 @@ typedef struct kiln_compile_report {
     int tables_rounded;           /* --tables s8 applied (kiln_model_quantize_tables) */
     kiln_table_stats tables;
     int passed;                   /* the drop is within max_drop (or nothing to check) */
+    const kiln_compile_result *auto_result; /* --precision auto: its static int8 candidates
+                                               (the JSON's "auto"); NULL otherwise */
     char verdict[512];
 } kiln_compile_report;
 

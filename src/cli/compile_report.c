@@ -228,6 +228,26 @@ char *kiln_compile_report_json(const kiln_compile_report *r)
         jkey(f, &first, "sparse");
         kiln_compile_sparse_json(r->sparse, f);
     }
+    if (r->auto_result) { /* auto's static int8 candidates (docs/COMPRESSION.md, step 5) */
+        const kiln_compile_result *a = r->auto_result;
+        jkey(f, &first, "auto");
+        fprintf(f, "{\"static\":%s,\"static_whole_model_drop\":", a->auto_static ? "true" : "false");
+        if (a->auto_static_drop >= 0) jnum(f, a->auto_static_drop);
+        else fputs("null", f);
+        fputs(",\"static_kept_fp32\":", f);
+        if (a->auto_static_kept >= 0) fprintf(f, "%d", a->auto_static_kept);
+        else fputs("null", f);
+        fputs(",\"static_kept_drop\":", f);
+        if (a->auto_static_kept >= 0) jnum(f, a->auto_static_kept_drop);
+        else fputs("null", f);
+        fputs(",\"mix_ms\":", f);
+        if (a->auto_ms[0] > 0) jnum(f, a->auto_ms[0]);
+        else fputs("null", f);
+        fputs(",\"static_ms\":", f);
+        if (a->auto_ms[1] > 0) jnum(f, a->auto_ms[1]);
+        else fputs("null", f);
+        fputc('}', f);
+    }
     jkey(f, &first, "passed");
     fputs(r->passed ? "true" : "false", f);
     jkey(f, &first, "verdict");

@@ -617,6 +617,7 @@ def test_auto_tries_static_int8(kiln_bin, trained, tmp_path, monkeypatch):
     out = tmp_path / "auto_static.kiln"
     _, rep = compile_model(kiln_bin, model, out, "--precision", "auto", *common)
     assert "static int8 of the whole model (MinMax), within the bound" in rep["verdict"], rep["verdict"]
+    assert rep["auto"]["static"] is True and rep["auto"]["static_kept_fp32"] == 0, rep["auto"]
     assert rep["calibration"]["method"] == "minmax", rep["calibration"]
     got = predict_batched(kiln_bin, out, "image", x, tmp_path, "auto_static")
     np.testing.assert_array_equal(got, want)
@@ -624,6 +625,9 @@ def test_auto_tries_static_int8(kiln_bin, trained, tmp_path, monkeypatch):
     _, rep0 = compile_model(kiln_bin, model, tmp_path / "auto_mix.kiln", "--precision", "auto",
                             *common)
     assert "static int8" not in rep0["verdict"] and rep0["calibration"]["method"] == "dynamic", rep0
+    assert rep0["auto"] == {"static": False, "static_whole_model_drop": None,
+                            "static_kept_fp32": None, "static_kept_drop": None, "mix_ms": None,
+                            "static_ms": None}, rep0["auto"]
     monkeypatch.delenv("KILN_AUTO_STATIC")
     _, rep1 = compile_model(kiln_bin, model, tmp_path / "auto.kiln", "--precision", "auto", *common)
     assert "static int8 of the whole model" in rep1["verdict"], rep1["verdict"]
@@ -648,6 +652,9 @@ def test_auto_static_keeps_the_most_sensitive_nodes(kiln_bin, tmp_path, monkeypa
     assert "static int8 (MinMax) with the 1 most sensitive node kept in fp32" in rep["verdict"], \
         rep["verdict"]
     assert rep["passed"] and rep["calibration"]["method"] == "minmax", rep
+    au = rep["auto"]
+    assert au["static"] is True and au["static_kept_fp32"] == 1, au
+    assert au["static_whole_model_drop"] > 0.1 and au["static_kept_drop"] <= 0.1, au
     prec = {n["name"]: n["precision"] for n in rep["nodes"]}
     assert prec == {"conv1": "int8", "conv2": "fp32", "conv3": "int8"}, rep["nodes"]
     kept = [n for n in rep["nodes"] if n["fell_back"]]
