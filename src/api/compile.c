@@ -262,6 +262,13 @@ static int by_sensitivity(const void *x, const void *y)
     return sa < sb ? -1 : sa > sb ? 1 : strcmp(a->name, b->name);
 }
 
+/* A node's measured SQNR for a fallback reason: "12.3 dB", "not finite" or "not measured". */
+static void sqnr_text(const kiln_compile_node *n, char *buf, size_t cap)
+{
+    if (n->measured && isfinite(n->sqnr_db)) snprintf(buf, cap, "%.1f dB", n->sqnr_db);
+    else snprintf(buf, cap, "%s", n->measured ? "not finite" : "not measured");
+}
+
 /* The auto policy's loop (steps 3-4 above). */
 static kiln_status auto_fallback(kiln_model *m, const char *sig, const kiln_compile_options *a,
                                  kiln_precision lowp, kiln_compile_node *nodes, int n,
@@ -291,8 +298,7 @@ static kiln_status auto_fallback(kiln_model *m, const char *sig, const kiln_comp
                                : KILN_PRECISION_FP32;
             e->fell_back = 1;
             char db[32];
-            if (e->measured && isfinite(e->sqnr_db)) snprintf(db, sizeof db, "%.1f dB", e->sqnr_db);
-            else snprintf(db, sizeof db, "%s", e->measured ? "not finite" : "not measured");
+            sqnr_text(e, db, sizeof db);
             snprintf(e->reason, sizeof e->reason,
                      "SQNR %s in %s, the lowest of the nodes still in %s; with it in %s the %s "
                      "was %.3f%% > --max-drop %.3g%%",
@@ -546,8 +552,7 @@ static void auto_try_static(kiln_model *mc, const char *sn, const kiln_compile_o
     for (int i = 0; i < kept; i++) {
         kiln_compile_node *n = order[i];
         char db[32];
-        if (n->measured && isfinite(n->sqnr_db)) snprintf(db, sizeof db, "%.1f dB", n->sqnr_db);
-        else snprintf(db, sizeof db, "%s", n->measured ? "not finite" : "not measured");
+        sqnr_text(n, db, sizeof db);
         n->precision = KILN_PRECISION_FP32;
         n->fell_back = 1;
         snprintf(n->reason, sizeof n->reason,

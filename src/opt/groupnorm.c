@@ -88,6 +88,31 @@ static int affine_step(const struct kiln_graph *g, int v, enum kiln_op op,
     return ni;
 }
 
+/* Per-channel scale and bias constants of C channels in G groups: the group's s and b (per
+ * group), times gamma and plus beta (per channel; NULL: 1 and 0). */
+static kiln_status channel_consts(struct kiln_graph *g, int64_t C, int64_t G, const float *s,
+                                  const float *b, const float *gamma, const float *beta, int *sv,
+                                  int *bv)
+{
+    kiln_tensor *sc = NULL, *bi = NULL;
+    kiln_status st = kiln_tensor_new(KILN_DTYPE_F32, 1, &C, &sc);
+    if (st == KILN_OK) st = kiln_tensor_new(KILN_DTYPE_F32, 1, &C, &bi);
+    if (st != KILN_OK) {
+        kiln_tensor_free(sc);
+        return st;
+    }
+    for (int64_t c = 0; c < C; c++) {
+        int64_t gi = c / (C / G);
+        float ga = gamma ? gamma[c] : 1.0f;
+        ((float *)sc->data)[c] = s[gi] * ga;
+        ((float *)bi->data)[c] = b[gi] * ga + (beta ? beta[c] : 0.0f);
+    }
+    st = kiln_opt_add_const(g, "groupnorm_scale", sc, sv);
+    if (st == KILN_OK) st = kiln_opt_add_const(g, "groupnorm_bias", bi, bv);
+    else kiln_tensor_free(bi);
+    return st;
+}
+
 /* Activations the fused kernels apply (both map 0 to 0, so blocked padding lanes stay 0). */
 static bool act_taken(const struct kiln_opt_act *a)
 {
@@ -95,7 +120,7 @@ static bool act_taken(const struct kiln_opt_act *a)
 }
 
 /* Write the normalization of x (scale sv, bias bv per channel) into value y, the nodes
- * rm[0..n_rm) (-1: none) that wrote it before removed: a GroupNormalization (opset 21), or,
+ * rm[0..n_rm) (-1: none) that computed it before removed once the new node is in place: a GroupNormalization (opset 21), or,
  * where a SiLU or Relu alone reads y, a KilnGroupNorm with it that writes the activation's
  * output instead. kind (may be NULL) is counted in the log. */
 static kiln_status emit(struct kiln_graph *g, struct kiln_opt_pass_log *pl, const char *name,
@@ -110,7 +135,10 @@ static kiln_status emit(struct kiln_graph *g, struct kiln_opt_pass_log *pl, cons
     if (st != KILN_OK) return st;
     kiln_opt_attr_int(g, ni, 0, "num_groups", G);
     kiln_opt_attr_float(g, ni, 1, "epsilon", eps);
-    if (fuse && (st = kiln_opt_attr_str(g, ni, 2, "activation", a.name)) != KILN_OK) return st;
+    if (fuse && (st = kiln_opt_attr_str(g, ni, 2, "activation", a.name)) != KILN_OK) {
+        kiln_opt_remove_node(g, ni); /* nothing else changed yet */
+        return st;
+    }
     kiln_opt_set_input(g, ni, 0, x);
     kiln_opt_set_input(g, ni, 1, sv);
     kiln_opt_set_input(g, ni, 2, bv);
@@ -164,28 +192,11 @@ kiln_status kiln_opt_groupnorm(struct kiln_graph *g, struct kiln_opt_pass_log *p
         if (mi >= 0) y = g->nodes[mi].out[0];
         ai = affine_step(g, y, KILN_OP_Add, xt, &beta);
         if (ai >= 0) y = g->nodes[ai].out[0];
-        kiln_tensor *sc = NULL, *bi = NULL;
-        kiln_status st = kiln_tensor_new(KILN_DTYPE_F32, 1, &C, &sc);
-        if (st == KILN_OK) st = kiln_tensor_new(KILN_DTYPE_F32, 1, &C, &bi);
-        if (st != KILN_OK) {
-            kiln_tensor_free(sc);
-            return st;
-        }
-        for (int64_t c = 0; c < C; c++) {
-            int64_t gi = c / (C / G);
-            float ga = gamma ? gamma[c] : 1.0f;
-            ((float *)sc->data)[c] = s[gi] * ga;
-            ((float *)bi->data)[c] = b[gi] * ga + (beta ? beta[c] : 0.0f);
-        }
         float eps = kiln_attr_float(in, "epsilon", 1e-5f);
-        int sv, bv, rm[3] = {zi, mi, ai};
-        st = kiln_opt_add_const(g, "groupnorm_scale", sc, &sv);
-        if (st == KILN_OK) st = kiln_opt_add_const(g, "groupnorm_bias", bi, &bv);
-        else kiln_tensor_free(bi);
-        kiln_opt_remove_node(g, ii);
-        kiln_opt_remove_node(g, ri);
+        int sv, bv, rm[5] = {ri, ii, zi, mi, ai};
+        kiln_status st = channel_consts(g, C, G, s, b, gamma, beta, &sv, &bv);
         if (st == KILN_OK)
-            st = emit(g, pl, g->nodes[ii].name, x, sv, bv, G, eps, y, rm, 3,
+            st = emit(g, pl, g->nodes[ii].name, x, sv, bv, G, eps, y, rm, 5,
                       mi >= 0 || ai >= 0 ? "GroupNormalization(+affine)" : "GroupNormalization");
         if (st != KILN_OK) return st;
     }
@@ -207,20 +218,7 @@ kiln_status kiln_opt_groupnorm(struct kiln_graph *g, struct kiln_opt_pass_log *p
         if (n->opset < 21) { /* per group: constants made per channel */
             const float *s = const_floats(g, sv, G), *b = const_floats(g, bv, G);
             if (!s || !b) continue;
-            kiln_tensor *sc = NULL, *bi = NULL;
-            kiln_status st = kiln_tensor_new(KILN_DTYPE_F32, 1, &C, &sc);
-            if (st == KILN_OK) st = kiln_tensor_new(KILN_DTYPE_F32, 1, &C, &bi);
-            if (st != KILN_OK) {
-                kiln_tensor_free(sc);
-                return st;
-            }
-            for (int64_t c = 0; c < C; c++) {
-                ((float *)sc->data)[c] = s[c / (C / G)];
-                ((float *)bi->data)[c] = b[c / (C / G)];
-            }
-            st = kiln_opt_add_const(g, "groupnorm_scale", sc, &sv);
-            if (st == KILN_OK) st = kiln_opt_add_const(g, "groupnorm_bias", bi, &bv);
-            else kiln_tensor_free(bi);
+            kiln_status st = channel_consts(g, C, G, s, b, NULL, NULL, &sv, &bv);
             if (st != KILN_OK) return st;
             n = &g->nodes[i];
         } else if (kiln_shape_count(g->values[sv].type.rank, g->values[sv].type.dims) != C ||
@@ -229,8 +227,7 @@ kiln_status kiln_opt_groupnorm(struct kiln_graph *g, struct kiln_opt_pass_log *p
         }
         float eps = kiln_attr_float(n, "epsilon", 1e-5f);
         int x = n->in[0], y = n->out[0];
-        kiln_opt_remove_node(g, i);
-        kiln_status st = emit(g, pl, g->nodes[i].name, x, sv, bv, G, eps, y, NULL, 0, NULL);
+        kiln_status st = emit(g, pl, g->nodes[i].name, x, sv, bv, G, eps, y, &i, 1, NULL);
         if (st != KILN_OK) return st;
     }
     return KILN_OK;

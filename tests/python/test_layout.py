@@ -114,12 +114,17 @@ def predict(kiln, model, feeds, out_dir, env, reference=False):
     return out_dir
 
 
-def layout_counts(kiln, model, env):
-    """(blocked values, reorders) from the layout pass's line of the optimization log."""
+def opt_log(kiln, model, env):
+    """The optimization log `kiln inspect --optimized --json` gives for the first signature."""
     proc = subprocess.run([kiln, "inspect", str(model), "--optimized", "--json"],
                           capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    log = json.loads(proc.stdout)["signatures"][0]["optimization"]["log"]
+    return json.loads(proc.stdout)["signatures"][0]["optimization"]["log"]
+
+
+def layout_counts(kiln, model, env):
+    """(blocked values, reorders) from the layout pass's line of the optimization log."""
+    log = opt_log(kiln, model, env)
     line = next((l for l in log.splitlines() if l.strip().startswith("layout ")), "")
     blocked = re.search(r"blocked value x(\d+)", line)
     reorders = re.search(r"KilnReorder x(\d+)", line)
@@ -521,10 +526,7 @@ def group_norm(g, x, c, groups, affine=True, inner=False):
 
 
 def fused_groupnorms(kiln, model, env):
-    proc = subprocess.run([kiln, "inspect", str(model), "--optimized", "--json"],
-                          capture_output=True, text=True, env=env, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    log = json.loads(proc.stdout)["signatures"][0]["optimization"]["log"]
+    log = opt_log(kiln, model, env)
     line = next((l for l in log.splitlines() if l.strip().startswith("groupnorm_fusion")), "")
     return sum(int(n) for n in re.findall(r"GroupNormalization(?:\(\+affine\))? x(\d+)", line))
 
@@ -617,11 +619,7 @@ def test_native_group_normalization_with_silu(kiln_bin, tmp_path, opset):
     model.ir_version = 8
     path = tmp_path / "m.onnx"
     onnx.save(model, str(path))
-    env = isa_env("")
-    proc = subprocess.run([kiln_bin, "inspect", str(path), "--optimized", "--json"],
-                          capture_output=True, text=True, env=env, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    log = json.loads(proc.stdout)["signatures"][0]["optimization"]["log"]
+    log = opt_log(kiln_bin, path, isa_env(""))
     assert "KilnGroupNorm+SiLU x1" in log, log
     for isa in ("", "avx2"):
         env = isa_env(isa)
