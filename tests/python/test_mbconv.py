@@ -269,3 +269,45 @@ def test_squeeze_excitation_not_fused_when_its_gate_is_read(tmp_path):
     assert "Depthwise+SE+Project x1" not in line, line
     if has_avx512():
         assert "MBConv+SE x1" in line, line
+
+
+def kernels_run(model, batch, threads, env=None):
+    """The kernels `kiln bench --profile` reports for the model's plan."""
+    r = subprocess.run([KILN, "bench", model, "--batch", str(batch), "--threads", threads,
+                        "--iterations", "1", "--warmup", "0", "--profile"],
+                       capture_output=True, text=True, env={**os.environ, **(env or {})},
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    return r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("batch,threads", [(4, "1"), (5, "2"), (9, "2"), (70, "1"), (3, "2")])
+def test_small_planes_run_images_together(tmp_path, batch, threads):
+    """On small planes the weights outweigh an image's activations: with two
+    images or more per thread the kernel expands and projects several images
+    in one product each (avx512_mbconv_group), in groups of up to about 1 MiB
+    of scratch (70 images on one thread: several groups, the last partial;
+    5 on two threads: 2 and 3, gates four images at a time). A 12x12 input
+    leaves 6x6 and 3x3 planes: squeeze-excitation blocks with and without a
+    residual, a plain block with one, channels no multiple of 16; all
+    checked against the reference and oneDNN's convolutions, grouped and
+    not (KILN_MBCONV_GROUP=0)."""
+    b = Builder(11)
+    s = b.act(b.conv("x", 3, 24, k=3, stride=2), "silu")
+    c = se_block(b, s, 24, 96, 40, 6, stride=2)
+    r = se_block(b, c, 40, 200, 40, 10, k=5, residual=True)
+    p = b.block(r, 40, 160, 40, residual=True)
+    y = b.conv(p, 40, 8)
+    model = tmp_path / "m.onnx"
+    b.save(model, "x", y, 3, (12, 12))
+    x = np.random.default_rng(12).standard_normal((batch, 3, 12, 12)).astype(np.float32)
+    check_three_ways(tmp_path, model, x, threads)
+    ref = run(model, x, tmp_path / "ref2", "--reference")
+    assert_close(run(model, x, tmp_path / "ungrouped", "--threads", threads,
+                     env={"KILN_MBCONV_GROUP": "0"}), ref)
+    if not has_avx512():
+        return
+    grouped = batch // int(threads) >= 2
+    assert ("avx512_mbconv_group" in kernels_run(model, batch, threads)) == grouped
+    assert "avx512_mbconv_group" not in kernels_run(model, batch, threads,
+                                                    env={"KILN_MBCONV_GROUP": "0"})

@@ -2,8 +2,9 @@
  * mbconv.c - the fast kernel of KilnMBConv (opt/opt.h): compile checks the
  * node, packs its six weights and biases once per model into one block of
  * the weight cache (zero-padded to channel blocks of 16), and splits the
- * batch's output rows into one contiguous range per thread; the arithmetic
- * is in mbconv_avx512.c (mbconv.h).
+ * batch's output rows into one contiguous range per thread, or on small
+ * planes its images, run in groups (mb_group_size); the arithmetic is in
+ * mbconv_avx512.c (mbconv.h).
  *
  * The node exists only where the layout pass blocked its values by 16 and
  * the CPU runs this kernel (kiln_mbconv_cpu_ok); the kernel declines
@@ -48,7 +49,7 @@ static void mb_layout_init(struct mb_layout *l, int64_t cin, int64_t ce, int64_t
     l->bp = l->wp + (size_t)(cep * cop);
     l->cse = cse;
     l->w1 = l->bp + (size_t)cop;
-    l->b1 = l->w1 + (size_t)(cse * cep);
+    l->b1 = l->w1 + (size_t)((cse + 3) / 4 * 4 * cep); /* rows past cse zero (kiln_mbconv.w1) */
     l->w2 = l->b1 + (size_t)(blocks16(cse) * 16);
     l->b2 = l->w2 + (size_t)(cse * cep);
     l->total = l->b2 + (cse ? (size_t)cep : 0);
@@ -105,6 +106,7 @@ struct mb_state {
      * area per unit (image_split: one D and its sums shared, first). */
     int units;
     int image_split;
+    int64_t group;        /* > 0: whole images per unit, this many at a time (kiln_mbconv_group) */
     size_t unit_floats;   /* scratch floats per unit, a multiple of 16 */
     size_t band_floats;   /* with a squeeze-excitation: the parts of a unit's area */
     size_t dimg_floats, vec_floats;
@@ -152,6 +154,13 @@ static void mb_job_run(void *ctx, int64_t begin, int64_t end)
     const struct kiln_mbconv *m = &s->m;
     int64_t rows = m->n * m->ho;
     for (int64_t u = begin; u < end; u++) {
+        if (s->group) {
+            int64_t n1 = (u + 1) * m->n / s->units;
+            for (int64_t n = u * m->n / s->units; n < n1; n += s->group)
+                kiln_mbconv_group(m, j->x, j->res, j->y, n, n1 - n < s->group ? n1 - n : s->group,
+                                  j->scratch + (size_t)u * s->unit_floats);
+            continue;
+        }
         if (!m->cse) {
             kiln_mbconv_rows(m, j->x, j->res, j->y, u * rows / s->units,
                              (u + 1) * rows / s->units, j->scratch + (size_t)u * s->unit_floats);
@@ -245,6 +254,23 @@ static int mb_act(const struct kiln_node *n, const char *prefix, int *act, float
         return 0;
     }
     return 1;
+}
+
+/* Images per group where a block runs whole images together
+ * (kiln_mbconv_group), or 0. Grouping pays where the weights outweigh an
+ * image's activations (small planes: a per-image pass would read every
+ * weight again for a few pixels) and every thread has two images or more;
+ * a group's expanded rows and depthwise output stay within about 1 MiB. */
+static int64_t mb_group_size(const struct kiln_mbconv *m, int threads)
+{
+    const char *env = getenv("KILN_MBCONV_GROUP");
+    int64_t per_unit = m->n / threads, pix = m->ho * m->wo;
+    int64_t weights = (int64_t)(m->we ? m->cin_b : 0) + m->cout_b; /* times ce_b * 256 floats */
+    if (env && env[0] == '0') return 0;
+    if (per_unit < 2 || (!(env && env[0] == '1') && pix * 4 > weights * 16)) return 0;
+    size_t one = kiln_mbconv_group_floats(m, 1) - kiln_mbconv_group_floats(m, 0);
+    int64_t g = (int64_t)((1u << 20) / sizeof(float) / (one ? one : 1));
+    return g < 1 ? 1 : g > per_unit ? per_unit : g;
 }
 
 static const float *mb_f32(const struct kiln_compile_ctx *cc, int i)
@@ -398,8 +424,15 @@ static kiln_status mb_compile(const struct kiln_compile_ctx *cc, struct kiln_ker
         st->unit_floats += (st->image_split ? 0 : st->dimg_floats + st->vec_floats) +
                            2 * st->vec_floats + work;
     }
+    int64_t group = mb_group_size(m, threads);
+    if (group > 0) {
+        st->group = group;
+        st->image_split = 0;
+        st->units = threads;
+        st->unit_floats = (kiln_mbconv_group_floats(m, group) + 15) / 16 * 16;
+    }
     st->has_sum = has_sum;
-    inst->name = "avx512_mbconv";
+    inst->name = st->group ? "avx512_mbconv_group" : "avx512_mbconv";
     inst->state = st;
     inst->run = mb_run;
     inst->destroy = free;

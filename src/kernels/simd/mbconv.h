@@ -50,7 +50,7 @@ struct kiln_mbconv {
     float lo[4], hi[4];         /* KILN_MB_CLAMP's bounds */
     /* squeeze-excitation (cse > 0): D *= sigmoid(b2 + W2 act(b1 + W1 mean(D))) */
     int cse;                    /* its hidden channels */
-    const float *w1;            /* [cse][ce_b*16] */
+    const float *w1;            /* [cse][ce_b*16], then zero rows up to a multiple of 4 */
     const float *b1;            /* [cse] */
     const float *w2;            /* [cse][ce_b*16]: W2 transposed */
     const float *b2;            /* [ce_b*16] */
@@ -98,5 +98,14 @@ void kiln_mbconv_se_gate(const struct kiln_mbconv *m, const float *sums, float *
 void kiln_mbconv_se_project(const struct kiln_mbconv *m, float *dimg, const float *gate,
                             int64_t n, int64_t p0, int64_t p1, int ob0, int ob1,
                             const float *res, float *y, float *work);
+
+/* Small planes (the weights outweigh an image's activations): images
+ * [n0, n0 + g) together, with or without a squeeze-excitation. One product
+ * expands all their rows and one projects all their pixels, so each panel of
+ * weights is read once for the g images, not once per image. scratch holds
+ * kiln_mbconv_group_floats(m, g) floats. */
+size_t kiln_mbconv_group_floats(const struct kiln_mbconv *m, int64_t g);
+void kiln_mbconv_group(const struct kiln_mbconv *m, const float *x, const float *res, float *y,
+                       int64_t n0, int64_t g, float *scratch);
 
 #endif

@@ -152,16 +152,28 @@ MB_NOUB static void mb_tile_any(int mr, int nr, int kb_n, const float *a, ptrdif
     }
 }
 
+/* Where the rows of a product lie: row r is row r % per_img of image
+ * r / per_img; a's rows are a_rs apart within an image and a_is between
+ * images, c's (and res's) c_rs and c_is. */
+struct mb_rowmap {
+    int64_t per_img;
+    ptrdiff_t a_is, c_is;
+};
+
 /* A 1x1 convolution over nrows rows of npix pixels: kb_n input blocks, nb
  * output blocks. Pixel stride 16 everywhere; a's row stride a_rs and
  * input-block stride a_kbs; b's row stride ldb; c's (and res's) row stride
- * c_rs and output-block stride c_bs. The rows share each panel of weights
- * (the block group's columns), which stays in L1 across them. */
-static void mb_gemm_rows(int64_t nrows, int64_t npix, int kb_n, const float *a, ptrdiff_t a_rs,
-                         ptrdiff_t a_kbs, const float *b, ptrdiff_t ldb, int nb,
-                         const float *bias, float *c, ptrdiff_t c_rs, ptrdiff_t c_bs,
-                         const float *res, int act, float lo, float hi)
+ * c_rs and output-block stride c_bs; rows of several images as rm says (NULL:
+ * one image). The rows share each panel of weights (the block group's
+ * columns), which stays in L1 across them. */
+static void mb_gemm_rows_map(int64_t nrows, int64_t npix, int kb_n, const float *a,
+                             ptrdiff_t a_rs, ptrdiff_t a_kbs, const float *b, ptrdiff_t ldb,
+                             int nb, const float *bias, float *c, ptrdiff_t c_rs,
+                             ptrdiff_t c_bs, const float *res, int act, float lo, float hi,
+                             const struct mb_rowmap *rm)
 {
+    const int64_t per_img = rm ? rm->per_img : nrows;
+    const ptrdiff_t a_is = rm ? rm->a_is : 0, c_is = rm ? rm->c_is : 0;
     /* output blocks in equal groups of at most 4, pixels in near-equal tiles
      * of at most mr_for_nr[nr]: the accumulators, the weight vectors and one
      * broadcast fit the 32 registers, and no tile is left with a pixel or two
@@ -179,9 +191,11 @@ static void mb_gemm_rows(int64_t nrows, int64_t npix, int kb_n, const float *a, 
             int kn = kb_n - k0 < kc ? kb_n - k0 : kc, last = k0 + kn == kb_n;
             const float *bj = b + (ptrdiff_t)k0 * 16 * ldb + jb * 16;
             for (int64_t row = 0; row < nrows; row++) {
-                const float *ar = a + row * a_rs + k0 * a_kbs;
-                float *cr = c + row * c_rs + jb * c_bs;
-                const float *rr = res && last ? res + row * c_rs + jb * c_bs : NULL;
+                const int64_t img = row / per_img, ri = row % per_img;
+                const ptrdiff_t c_off = img * c_is + ri * c_rs + jb * c_bs;
+                const float *ar = a + img * a_is + ri * a_rs + k0 * a_kbs;
+                float *cr = c + c_off;
+                const float *rr = res && last ? res + c_off : NULL;
                 for (int64_t t = 0; t < tiles; t++) {
                     int64_t i0 = t * npix / tiles, i1 = (t + 1) * npix / tiles;
                     mb_tile_any((int)(i1 - i0), nr, kn, ar + i0 * 16, a_kbs, bj, ldb,
@@ -193,6 +207,15 @@ static void mb_gemm_rows(int64_t nrows, int64_t npix, int kb_n, const float *a, 
             }
         }
     }
+}
+
+static void mb_gemm_rows(int64_t nrows, int64_t npix, int kb_n, const float *a, ptrdiff_t a_rs,
+                         ptrdiff_t a_kbs, const float *b, ptrdiff_t ldb, int nb,
+                         const float *bias, float *c, ptrdiff_t c_rs, ptrdiff_t c_bs,
+                         const float *res, int act, float lo, float hi)
+{
+    mb_gemm_rows_map(nrows, npix, kb_n, a, a_rs, a_kbs, b, ldb, nb, bias, c, c_rs, c_bs, res, act,
+                     lo, hi, NULL);
 }
 
 /* T (<= 8) depthwise outputs of one channel block for a KxK kernel (3 or 5)
@@ -416,39 +439,80 @@ void kiln_mbconv_se_dw(const struct kiln_mbconv *m, const float *x, int64_t n, i
     mb_rows(m, x, NULL, NULL, n * m->ho, (n + 1) * m->ho, cb0, cb1, scratch, dimg, sums);
 }
 
-void kiln_mbconv_se_gate(const struct kiln_mbconv *m, const float *sums, float *gate,
-                         float *hidden)
+/* Blocks [cb, cb + NC) of NI images' gates from their hidden vectors (cse
+ * floats apart); the gates are ce_b * 16 floats apart. */
+MB_AI void mb_se_gate_blocks(const struct kiln_mbconv *m, const int NI, const int NC, int cb,
+                             const float *hidden, float *gate)
+{
+    const ptrdiff_t cep = (ptrdiff_t)m->ce_b * 16;
+    vf acc[4][4];
+#pragma GCC unroll 4
+    for (int t = 0; t < NI; t++)
+#pragma GCC unroll 4
+        for (int c = 0; c < NC; c++) acc[t][c] = vld(m->b2 + (cb + c) * 16);
+    for (int q = 0; q < m->cse; q++) {
+        vf wv[4];
+#pragma GCC unroll 4
+        for (int c = 0; c < NC; c++) wv[c] = vld(m->w2 + q * cep + (cb + c) * 16);
+#pragma GCC unroll 4
+        for (int t = 0; t < NI; t++) {
+            vf h = vset(hidden[t * m->cse + q]);
+#pragma GCC unroll 4
+            for (int c = 0; c < NC; c++) acc[t][c] = vfma(h, wv[c], acc[t][c]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int t = 0; t < NI; t++)
+#pragma GCC unroll 4
+        for (int c = 0; c < NC; c++) vst(gate + t * cep + (cb + c) * 16, v_sigmoid(acc[t][c]));
+}
+
+/* The gates of NI (1 or 4) images, each vector of W1 and W2 loaded once for
+ * all of them: their sums and gates are ce_b * 16 floats apart, their
+ * hidden vectors cse. Four rows of W1 at a time (its rows are padded with
+ * zeros to a multiple of 4): four independent sums per image, as one chain
+ * would wait on the FMA latency. */
+MB_AI void mb_se_gates_n(const struct kiln_mbconv *m, const int NI, const float *sums,
+                         float *gate, float *hidden)
 {
     const ptrdiff_t cep = (ptrdiff_t)m->ce_b * 16;
     const float inv = 1.0f / (float)(m->ho * m->wo);
-    /* four independent sums at a time: one chain would wait on the FMA latency */
     for (int j = 0; j < m->cse; j += 4) {
-        int nj = m->cse - j < 4 ? m->cse - j : 4;
-        vf acc[4] = {vset(0.0f), vset(0.0f), vset(0.0f), vset(0.0f)};
+        vf acc[4][4];
+#pragma GCC unroll 4
+        for (int q = 0; q < 4; q++)
+#pragma GCC unroll 4
+            for (int t = 0; t < NI; t++) acc[q][t] = vset(0.0f);
         for (int cb = 0; cb < m->ce_b; cb++) {
-            vf sv = vld(sums + cb * 16);
-            for (int t = 0; t < nj; t++)
-                acc[t] = vfma(vld(m->w1 + (j + t) * cep + cb * 16), sv, acc[t]);
+            vf sv[4];
+#pragma GCC unroll 4
+            for (int t = 0; t < NI; t++) sv[t] = vld(sums + t * cep + cb * 16);
+#pragma GCC unroll 4
+            for (int q = 0; q < 4; q++) {
+                vf wv = vld(m->w1 + (j + q) * cep + cb * 16);
+#pragma GCC unroll 4
+                for (int t = 0; t < NI; t++) acc[q][t] = vfma(wv, sv[t], acc[q][t]);
+            }
         }
-        for (int t = 0; t < nj; t++) {
-            float v = m->b1[j + t] + _mm512_reduce_add_ps(acc[t]) * inv;
-            if (m->act[3] == KILN_MB_CLAMP)
-                v = v < m->lo[3] ? m->lo[3] : v > m->hi[3] ? m->hi[3] : v;
-            else if (m->act[3] == KILN_MB_SILU)
-                v = v / (1.0f + expf(-v));
-            hidden[j + t] = v;
-        }
+        for (int q = 0; q < 4 && j + q < m->cse; q++)
+            for (int t = 0; t < NI; t++) {
+                float v = m->b1[j + q] + _mm512_reduce_add_ps(acc[q][t]) * inv;
+                if (m->act[3] == KILN_MB_CLAMP)
+                    v = v < m->lo[3] ? m->lo[3] : v > m->hi[3] ? m->hi[3] : v;
+                else if (m->act[3] == KILN_MB_SILU)
+                    v = v / (1.0f + expf(-v));
+                hidden[t * m->cse + j + q] = v;
+            }
     }
-    for (int cb = 0; cb < m->ce_b; cb += 4) {
-        int nc = m->ce_b - cb < 4 ? m->ce_b - cb : 4;
-        vf acc[4];
-        for (int t = 0; t < nc; t++) acc[t] = vld(m->b2 + (cb + t) * 16);
-        for (int q = 0; q < m->cse; q++) {
-            vf h = vset(hidden[q]);
-            for (int t = 0; t < nc; t++) acc[t] = vfma(h, vld(m->w2 + q * cep + (cb + t) * 16), acc[t]);
-        }
-        for (int t = 0; t < nc; t++) vst(gate + (cb + t) * 16, v_sigmoid(acc[t]));
-    }
+    int cb = 0;
+    for (; cb + 4 <= m->ce_b; cb += 4) mb_se_gate_blocks(m, NI, 4, cb, hidden, gate);
+    for (; cb < m->ce_b; cb++) mb_se_gate_blocks(m, NI, 1, cb, hidden, gate);
+}
+
+void kiln_mbconv_se_gate(const struct kiln_mbconv *m, const float *sums, float *gate,
+                         float *hidden)
+{
+    mb_se_gates_n(m, 1, sums, gate, hidden);
 }
 
 void kiln_mbconv_se_project(const struct kiln_mbconv *m, float *dimg, const float *gate,
@@ -482,6 +546,86 @@ void kiln_mbconv_se_project(const struct kiln_mbconv *m, float *dimg, const floa
                  m->lo[2], m->hi[2]);
     if (ob1 == m->cout_b) /* the last block's lanes past cout */
         mb_zero_pad_lanes(yp, m->cout - ob0 * 16, ob1 - ob0, plane, p1 - p0);
+}
+
+size_t kiln_mbconv_group_floats(const struct kiln_mbconv *m, int64_t g)
+{
+    const size_t blk = (size_t)m->ce_b * 16, wp = (size_t)(m->w + 2 * m->pad);
+    /* per image: E and D; per image rounded up to 4 (mb_se_gates_n): the
+     * sums, the gate and the hidden vector */
+    const size_t g4 = (size_t)(g + 3) / 4 * 4;
+    return (size_t)g * blk * ((size_t)m->h * wp + (size_t)(m->ho * m->wo)) +
+           g4 * (2 * blk + (size_t)(m->cse + 15) / 16 * 16);
+}
+
+void kiln_mbconv_group(const struct kiln_mbconv *m, const float *x, const float *res, float *y,
+                       int64_t n0, int64_t g, float *scratch)
+{
+    const int k = m->k, s = m->stride, pad = m->pad, ce_b = m->ce_b;
+    const int64_t h = m->h, w = m->w, wo = m->wo, pix = m->ho * m->wo, wp = w + 2 * pad;
+    const ptrdiff_t e_rs = wp * 16, e_bs = (ptrdiff_t)g * h * e_rs, d_bs = pix * 16;
+    const ptrdiff_t d_img = (ptrdiff_t)ce_b * d_bs;
+    const ptrdiff_t x_img = (ptrdiff_t)m->cin_b * h * w * 16, x_bs = (ptrdiff_t)h * w * 16;
+    const ptrdiff_t y_img = (ptrdiff_t)m->cout_b * d_bs;
+    float *e = scratch, *d = e + (ptrdiff_t)ce_b * e_bs, *sums = d + g * d_img;
+    const int64_t g4 = (g + 3) / 4 * 4;
+    float *gate = sums + g4 * ce_b * 16, *hidden = gate + g4 * ce_b * 16;
+    const float *xg = x + n0 * x_img;
+    /* E: [ce_b][g * h][wp][16], the images' rows one after another, pad columns zero */
+    if (pad > 0)
+        for (int cb = 0; cb < ce_b; cb++)
+            for (int64_t row = 0; row < g * h; row++) {
+                float *r = e + cb * e_bs + row * e_rs;
+                memset(r, 0, sizeof(float) * 16 * (size_t)pad);
+                memset(r + (pad + w) * 16, 0, sizeof(float) * 16 * (size_t)pad);
+            }
+    if (m->we) { /* one product over all the images' rows: each weight panel serves all */
+        const struct mb_rowmap rm = {h, x_img, h * e_rs};
+        mb_gemm_rows_map(g * h, w, m->cin_b, xg, w * 16, x_bs, m->we, (ptrdiff_t)ce_b * 16, ce_b,
+                         m->be, e + pad * 16, e_rs, e_bs, NULL, m->act[0], m->lo[0], m->hi[0],
+                         &rm);
+    } else {
+        for (int64_t i = 0; i < g; i++)
+            for (int cb = 0; cb < ce_b; cb++)
+                for (int64_t row = 0; row < h; row++)
+                    memcpy(e + cb * e_bs + (i * h + row) * e_rs + pad * 16,
+                           xg + i * x_img + cb * x_bs + row * w * 16, sizeof(float) * 16 * (size_t)w);
+    }
+    /* D: [g][ce_b][pix][16]; with a squeeze-excitation, each image's sums */
+    if (m->cse) memset(sums, 0, sizeof(float) * 16 * (size_t)(g4 * ce_b));
+    for (int64_t i = 0; i < g; i++)
+        for (int64_t oy = 0; oy < m->ho; oy++) {
+            const float *rows[16];
+            for (int ky = 0; ky < k; ky++) {
+                int64_t iy = oy * s - pad + ky;
+                rows[ky] = iy >= 0 && iy < h ? e + (i * h + iy) * e_rs : NULL;
+            }
+            float *dr = d + i * d_img + oy * wo * 16;
+            mb_dw_row(m, rows, e_bs, dr, d_bs, 0, ce_b);
+            for (int cb = 0; m->cse && cb < ce_b; cb++) {
+                vf acc = vld(sums + (i * ce_b + cb) * 16);
+                for (int64_t ox = 0; ox < wo; ox++) acc += vld(dr + cb * d_bs + ox * 16);
+                vst(sums + (i * ce_b + cb) * 16, acc);
+            }
+        }
+    /* each image's D times its gate, in place */
+    for (int64_t i = 0; m->cse && i < g; i += 4) { /* the sums of images past g are zero */
+        const ptrdiff_t o = i * ce_b * 16;
+        mb_se_gates_n(m, 4, sums + o, gate + o, hidden + i * m->cse);
+    }
+    for (int64_t i = 0; m->cse && i < g; i++) {
+        for (int cb = 0; cb < ce_b; cb++) {
+            vf gv = vld(gate + (i * ce_b + cb) * 16);
+            float *dc = d + i * d_img + cb * d_bs;
+            for (int64_t p = 0; p < pix; p++) vst(dc + p * 16, vld(dc + p * 16) * gv);
+        }
+    }
+    /* one product over all the images (a row per image) */
+    float *yg = y + n0 * y_img;
+    mb_gemm_rows(g, pix, ce_b, d, d_img, d_bs, m->wp, (ptrdiff_t)m->cout_b * 16, m->cout_b, m->bp,
+                 yg, y_img, d_bs, res ? res + n0 * y_img : NULL, m->act[2], m->lo[2], m->hi[2]);
+    for (int64_t i = 0; i < g; i++)
+        mb_zero_pad_lanes(yg + i * y_img, m->cout, m->cout_b, d_bs, pix);
 }
 
 #if defined(__clang__)
