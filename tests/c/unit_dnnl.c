@@ -560,7 +560,9 @@ static void test_conv(void)
 
 /* Convolutions of a few output pixels with large weights run as im2col and a product
  * (conv.c, cgemm_compile): Kiln's skinny kernel by default, a oneDNN matmul with
- * KILN_SKINNY=0. Each case matches the reference on one and two threads in every layout
+ * KILN_SKINNY=0 (up to 9 output pixels per image; 10 to 16 on the skinny kernel only, with
+ * weights of 1 MiB or more).
+ * Each case matches the reference on one and two threads in every layout
  * (plain, blocked by 8 and 16, output channels off the block included), runs the product
  * where it should (kernel "f32_skinny_...", or impl "matmul:..." with KILN_SKINNY=0) and
  * the direct convolution where it should not, and matches again with KILN_CONV_GEMM=0. */
@@ -581,12 +583,18 @@ static void test_conv_gemm(void)
         {{1, 64, 5, 5, 128, 3, 3, 1, 2, 2, {1, 0, 2, 1}, NULL, 0, 0, "Clip", 0.0f, 6.0f}, 1},
         /* 1024 output channels: oneDNN's product (KILN_SKINNY=0) with padded weight rows */
         {{1, 16, 3, 3, 1024, 3, 3, 1, 1, 1, {1, 1, 1, 1}, NULL, 1, 0, "Relu", 0, 0}, 1},
+        /* 3x3 on 4x4 with 1.3 MB of weights (wide_resnet50_2's third stage has 9.4 MB):
+         * on the skinny kernel only (2) */
+        {{1, 256, 4, 4, 144, 3, 3, 1, 1, 1, {1, 1, 1, 1}, NULL, 1, 0, "Relu", 0, 0}, 2},
         /* not taken: 1x1 (the direct kernel reads its weights well), a residual Sum, too
-         * many rows (batch 8 of 2x2 images), too many pixels (4x4), small weights */
+         * many rows (batch 8 of 2x2 images, batch 2 of 4x4), too many pixels (5x5),
+         * small weights (on 2x2; on 4x4 under 1 MiB, which stays in cache) */
         {{1, 512, 2, 2, 512, 1, 1, 1, 1, 1, {0, 0, 0, 0}, NULL, 1, 0, "Relu", 0, 0}, 0},
         {{1, 128, 2, 2, 144, 3, 3, 1, 1, 1, {1, 1, 1, 1}, NULL, 1, 1, "Relu", 0, 0}, 0},
         {{8, 128, 2, 2, 144, 3, 3, 1, 1, 1, {1, 1, 1, 1}, NULL, 1, 0, "Relu", 0, 0}, 0},
+        {{2, 256, 4, 4, 144, 3, 3, 1, 1, 1, {1, 1, 1, 1}, NULL, 1, 0, "Relu", 0, 0}, 0},
         {{1, 128, 4, 4, 144, 3, 3, 1, 1, 1, {1, 1, 1, 1}, NULL, 1, 0, "Relu", 0, 0}, 0},
+        {{1, 128, 5, 5, 144, 3, 3, 1, 1, 1, {1, 1, 1, 1}, NULL, 1, 0, "Relu", 0, 0}, 0},
         {{1, 16, 2, 2, 32, 3, 3, 1, 1, 1, {1, 1, 1, 1}, NULL, 1, 0, "Relu", 0, 0}, 0},
     };
     for (int mode = 0; mode <= 2; mode++) { /* default, KILN_SKINNY=0, KILN_CONV_GEMM=0 */
@@ -610,7 +618,7 @@ static void test_conv_gemm(void)
                 differ(&t, what, in_l, b, 1);
                 int product = mode == 0 ? strstr(g_last_name, "skinny") != NULL
                                         : strncmp(g_last_impl, "matmul:", 7) == 0;
-                int want = cases[i].gemm && mode != 2;
+                int want = cases[i].gemm == 1 ? mode != 2 : cases[i].gemm == 2 && mode == 0;
                 CHECK(product == want, "%s: runs %s (%s), expected %s", what, g_last_name,
                       g_last_impl, want ? "the im2col product" : "the direct convolution");
                 tg_free(&t);

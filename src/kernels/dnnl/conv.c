@@ -953,8 +953,17 @@ bool kiln_k_conv1x1_covers(const struct kiln_compile_ctx *cc)
  * bias and activation after, split by output channels) where the SIMD table has the
  * activation, else on the oneDNN matmul (KILN_SKINNY=0 forces that): wide_resnet50_2's
  * 3x3 convolutions of 1024 channels on 2x2 images went from 2.9 to 2.0 ms (2 threads,
- * AVX2). KILN_CONV_GEMM=0 in the environment turns the whole path off. */
+ * AVX2). On the skinny kernel the path also takes 10 to CGEMM_SKINNY_MAX_PIXELS output
+ * pixels where the weight is at least CGEMM_SKINNY_MIN_WEIGHT_BYTES: wide_resnet50_2's 3x3
+ * convolutions of 512 channels on 4x4 images (9.4 MB of weights each, batch 1) went from
+ * 0.61-0.68 to 0.53-0.57 ms (2 threads, AVX-512, quiet machine), the model about 3% and
+ * inception_v3 4-10%; oneDNN's matmul stays slower there than the direct kernel, and so
+ * does the skinny kernel on weights that stay in cache (densenet121's 147 KB 3x3
+ * convolutions on 4x4 images: the model 25% slower).
+ * KILN_CONV_GEMM=0 in the environment turns the whole path off. */
 #define CGEMM_MAX_PIXELS 9
+#define CGEMM_SKINNY_MAX_PIXELS 16
+#define CGEMM_SKINNY_MIN_WEIGHT_BYTES (1024 * 1024)
 #define CGEMM_MAX_ROWS 16
 #define CGEMM_MIN_WEIGHT_BYTES (128 * 1024)
 
@@ -1123,7 +1132,7 @@ static kiln_status cgemm_compile(const struct kiln_compile_ctx *cc, int64_t grou
     if (cc->precision != KILN_PRECISION_FP32) return KILN_OK;
     int64_t P = y->dims[2] * y->dims[3], R = y->dims[0] * P;
     int64_t K = w->dims[1] * w->dims[2] * w->dims[3], M = w->dims[0];
-    if (w->dims[2] * w->dims[3] == 1 || P > CGEMM_MAX_PIXELS || R > CGEMM_MAX_ROWS ||
+    if (w->dims[2] * w->dims[3] == 1 || P > CGEMM_SKINNY_MAX_PIXELS || R > CGEMM_MAX_ROWS ||
         (double)K * (double)M * sizeof(float) < CGEMM_MIN_WEIGHT_BYTES)
         return KILN_OK;
     int lx = kd_layout_of(cc->in_layout, 0), ly = kd_layout_of(cc->out_layout, 0);
@@ -1146,8 +1155,15 @@ static kiln_status cgemm_compile(const struct kiln_compile_ctx *cc, int64_t grou
     enum simd_unary act = SIMD_RELU;
     float act_alpha = 0, act_beta = 0;
     size_t base = 0;
-    if (R <= KILN_SKINNY_MAX_M && kiln_skinny_enabled() &&
-        kiln_simd_fused_activation(cc->node, &has_act, &act, &act_alpha, &act_beta)) {
+    int skinny = R <= KILN_SKINNY_MAX_M && kiln_skinny_enabled() &&
+                 kiln_simd_fused_activation(cc->node, &has_act, &act, &act_alpha, &act_beta);
+    /* 10-16 pixels: only where the skinny kernel runs and the weights are large */
+    if (P > CGEMM_MAX_PIXELS &&
+        (!skinny || (double)K * (double)M * sizeof(float) < CGEMM_SKINNY_MIN_WEIGHT_BYTES)) {
+        free(s);
+        return KILN_OK;
+    }
+    if (skinny) {
         kiln_status st = kiln_skinny_init(&s->sk, cc->weights, cc->in_value[1], R, K, M, 1, 1.0f);
         if (st != KILN_OK) {
             free(s);
