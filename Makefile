@@ -6,12 +6,14 @@
 #   make build-matrix  compile the build types and compilers make test does not build
 #                   (build-matrix/), warnings as errors (CI runs it after make test)
 #   make deb        the Debian package build/kiln_VERSION_ARCH.deb (scripts/make-deb.sh)
+#   make test-zoo-paths  the model zoo on every execution path alone (make test runs it
+#                   too, as ctest zoo_paths; tests/python/test_zoo_paths.py, docs/ZOO.md)
 #   make bench      model benchmarks against ONNX Runtime and PyTorch (not part of make test)
 #   make bench-serve  serving benchmark (wrk) against Flask+PyTorch and Node+ONNX Runtime
 JOBS ?= $(shell nproc)
 CTEST_FLAGS ?= --output-on-failure
 
-.PHONY: all build test test-fast test-sanitize fuzz clean bench bench-serve build-matrix deb
+.PHONY: all build test test-fast test-sanitize test-zoo-paths fuzz clean bench bench-serve build-matrix deb
 
 all: build
 
@@ -29,6 +31,10 @@ test-sanitize:
 	  KILN_SANITIZED=1 ctest $(CTEST_FLAGS)
 
 test: test-fast test-sanitize
+
+test-zoo-paths: build
+	KILN_BIN=$(CURDIR)/build/kiln /usr/bin/python3 -m pytest -q -rxXs -p no:cacheprovider \
+	  tests/python/test_zoo_paths.py
 
 fuzz:
 	CC=clang cmake -S . -B build-fuzz -DKILN_FUZZ=ON -DKILN_WERROR=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null

@@ -20,6 +20,13 @@ Two float32 runs of a deep network that sum in different orders can each be
 1e-4 from the exact result and 1.4e-4 from each other (inception_v3 on an
 AVX2 CPU, where oneDNN's convolutions take other algorithms than on AVX-512).
 
+Each model must also run on fast kernels: no fallback in the optimization log
+(a oneDNN primitive on its reference or generic code) and a reference share
+under 1% in `kiln bench --json` (test_zoo_model_runs_on_fast_kernels). The
+other execution paths (reference kernels, no optimizer, the reference path,
+AVX2, scalar) run in a target of their own: test_zoo_paths.py,
+`make test-zoo-paths`.
+
 A model Kiln cannot load, run or get right today is not skipped: it is listed
 in KNOWN_FAILURES below with the error Kiln prints, and runs as a strict
 xfail, so that table is the to-do list and a model that starts passing fails
@@ -32,6 +39,7 @@ saying so, when it, torch or torchvision is missing.
 """
 
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -147,16 +155,18 @@ def float64_reference(name, model_dir):
             f"export's: {', '.join(tried)})")
 
 
-def check(name, kiln, model_dir, tmp_path):
-    """Run the model through kiln; a list of problems (empty when it matches)."""
+def check(name, kiln, model_dir, tmp_path, args=(), env=None):
+    """Run the model through kiln (`kiln predict` with args, in the environment plus
+    env); a list of problems (empty when it matches)."""
     inputs = {p.stem: p for p in sorted((model_dir / "inputs").glob("*.npy"))}
     expected = {p.stem: np.load(p) for p in sorted((model_dir / "expected").glob("*.npy"))}
     assert inputs and expected, f"the export of {name} wrote no inputs or expected outputs"
-    cmd = [kiln, "predict", str(model_dir / "model.onnx")]
+    cmd = [kiln, "predict", str(model_dir / "model.onnx"), *args]
     for n, p in inputs.items():
         cmd += ["--input", f"{n}={p}"]
     cmd += ["--output-dir", str(tmp_path)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=RUN_TIMEOUT_S,
+                          env={**os.environ, **(env or {})})
     if proc.returncode != 0:
         return [f"kiln exited {proc.returncode}: "
                 + (proc.stderr or proc.stdout).strip()[-600:]]
@@ -198,6 +208,39 @@ def check(name, kiln, model_dir, tmp_path):
     if n in KNOWN_FAILURES else n for n in NAMES])
 def test_zoo_model_matches_pytorch(name, kiln_bin, zoo, tmp_path):
     problems = check(name, kiln_bin, zoo / name, tmp_path)
+    assert not problems, f"{name}: " + "; ".join(problems)
+
+
+def fast_kernel_problems(kiln, model_dir):
+    """What keeps the model off fast kernels on the default path: the fallbacks the
+    optimization log names (a oneDNN primitive on its reference or generic code,
+    src/exec/plan.c) and a reference share of 1% or more of `kiln bench`'s time at the
+    exported batch (2)."""
+    model = str(model_dir / "model.onnx")
+    problems = []
+    log = subprocess.run([kiln, "inspect", model, "--optimized"], capture_output=True,
+                         text=True, errors="replace", timeout=RUN_TIMEOUT_S)
+    if log.returncode != 0:
+        return [f"kiln inspect exited {log.returncode}: {log.stderr.strip()[-400:]}"]
+    problems += [line.strip() for line in log.stdout.splitlines() if "fallback:" in line]
+    bench = subprocess.run([kiln, "bench", model, "--batch", "2", "--iterations", "3",
+                            "--warmup", "1", "--json"], capture_output=True, text=True,
+                           errors="replace", timeout=RUN_TIMEOUT_S)
+    if bench.returncode != 0:
+        return problems + [f"kiln bench exited {bench.returncode}: {bench.stderr.strip()[-400:]}"]
+    share = json.loads(bench.stdout)["reference_share"]
+    # under the sanitizers Kiln's own kernels slow down and oneDNN's do not: the
+    # share is not the product's there (the fallbacks still are)
+    if os.environ.get("KILN_SANITIZED") != "1" and (share is None or share >= 0.01):
+        problems.append(f"reference_share {share} (at most 0.01)")
+    return problems
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_zoo_model_runs_on_fast_kernels(name, kiln_bin, zoo):
+    """No reference kernel on the hot path of any zoo model: no fallback named in the
+    optimization log, reference share under 1%."""
+    problems = fast_kernel_problems(kiln_bin, zoo / name)
     assert not problems, f"{name}: " + "; ".join(problems)
 
 
