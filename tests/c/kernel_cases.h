@@ -258,10 +258,12 @@ static void test_binary_bcast(void)
 
 /* ---- Softmax, LayerNormalization (norm.def) ---- */
 
+static enum kiln_op g_softmax_op = KILN_OP_Softmax; /* test_softmax's op: Softmax or LogSoftmax */
+
 static void softmax_case(int rank, const int64_t *dims, int64_t axis, int opset, bool specials_in)
 {
     struct case_node c;
-    cn_init(&c, KILN_OP_Softmax, opset, 1, 1);
+    cn_init(&c, g_softmax_op, opset, 1, 1);
     attr_int(&c, "axis", axis);
     kiln_tensor *x = tensor_f32(rank, dims);
     float *px = x->data;
@@ -274,10 +276,13 @@ static void softmax_case(int rank, const int64_t *dims, int64_t axis, int opset,
     }
     cn_input(&c, 0, x, false);
     char label[128], sd[64];
-    snprintf(label, sizeof label, "Softmax %s axis %lld opset %d%s",
+    snprintf(label, sizeof label, "%s %s axis %lld opset %d%s",
+             g_softmax_op == KILN_OP_LogSoftmax ? "LogSoftmax" : "Softmax",
              kiln_shape_str(rank, dims, sd, 64), (long long)axis, opset,
              specials_in ? " specials" : "");
-    check_case(&c, label, 1e-5, 1e-30, 1);
+    /* LogSoftmax: where x is the row's maximum, y = x - lse is near 0 and only the
+     * absolute error (a few ulps of lse, |x| <= 30 here) is meaningful */
+    check_case(&c, label, 1e-5, g_softmax_op == KILN_OP_LogSoftmax ? 2e-5 : 1e-30, 1);
     cn_free(&c);
 }
 
@@ -297,12 +302,19 @@ static void test_softmax(void)
     softmax_case(2, sp, -1, 13, true);
     /* a row of -inf gives NaN in both */
     struct case_node c;
-    cn_init(&c, KILN_OP_Softmax, 13, 1, 1);
+    cn_init(&c, g_softmax_op, 13, 1, 1);
     kiln_tensor *x = tensor_f32(2, all_inf);
     for (int i = 0; i < 6; i++) ((float *)x->data)[i] = i < 3 ? -INFINITY : (float)i;
     cn_input(&c, 0, x, false);
     check_case(&c, "Softmax row of -inf", 1e-5, 1e-30, 1);
     cn_free(&c);
+}
+
+static void test_log_softmax(void)
+{
+    g_softmax_op = KILN_OP_LogSoftmax;
+    test_softmax();
+    g_softmax_op = KILN_OP_Softmax;
 }
 
 static void layernorm_case(int rank, const int64_t *dims, int64_t axis, bool bias, bool stats)
@@ -1567,6 +1579,89 @@ static void split_case(kiln_dtype dt, int rank, const int64_t *dims, int axis, i
     cn_free(&c);
 }
 
+/* ---- Where and Expand (simd/bcast_copy.c): broadcasting copies of any fixed-size dtype ---- */
+
+/* A tensor of dt with random bytes (bool: 0 or 1; float32: normal values). */
+static kiln_tensor *tensor_random(kiln_dtype dt, int rank, const int64_t *dims)
+{
+    kiln_tensor *t;
+    if (kiln_tensor_new(dt, rank, dims, &t) != KILN_OK) abort();
+    unsigned char *b = t->data;
+    for (size_t i = 0; i < t->nbytes; i++) b[i] = (unsigned char)rng_next();
+    if (dt == KILN_DTYPE_BOOL)
+        for (size_t i = 0; i < t->nbytes; i++) b[i] &= 1;
+    if (dt == KILN_DTYPE_F32)
+        for (size_t i = 0; i < t->nbytes / 4; i++) ((float *)t->data)[i] = rng_normal();
+    return t;
+}
+
+static void where_case(kiln_dtype dt, int rc, const int64_t *dc, int rx, const int64_t *dx,
+                       int ry, const int64_t *dy, const char *what)
+{
+    struct case_node c;
+    cn_init(&c, KILN_OP_Where, 16, 3, 1);
+    cn_input(&c, 0, tensor_random(KILN_DTYPE_BOOL, rc, dc), false);
+    cn_input(&c, 1, tensor_random(dt, rx, dx), false);
+    cn_input(&c, 2, tensor_random(dt, ry, dy), false);
+    char label[128];
+    snprintf(label, sizeof label, "Where %s %s", kiln_dtype_name(dt), what);
+    check_case(&c, label, 0, 0, 1);
+    cn_free(&c);
+}
+
+static void test_where(void)
+{
+    static const kiln_dtype dts[] = {KILN_DTYPE_F32, KILN_DTYPE_I64, KILN_DTYPE_F16,
+                                     KILN_DTYPE_BOOL, KILN_DTYPE_I32};
+    for (size_t t = 0; t < sizeof dts / sizeof dts[0]; t++) {
+        for (int s = 0; s < N_SIZES; s++) {
+            int64_t n = sizes[s], full[4] = {2, 3, n, n}, pad[4] = {2, 1, 1, n};
+            int64_t causal[4] = {1, 1, n, n}, one = 1, row[1] = {n};
+            where_case(dts[t], 4, full, 4, full, 4, full, "all [2,3,n,n]");
+            where_case(dts[t], 4, pad, 4, full, 0, &one, "padding mask [2,1,1,n], scalar Y");
+            where_case(dts[t], 4, causal, 0, &one, 4, full, "causal mask [1,1,n,n], scalar X");
+            where_case(dts[t], 1, row, 4, pad, 4, causal, "[n] condition, X and Y broadcast");
+        }
+    }
+    int64_t big[4] = {4, 8, 128, 128}, bmask[4] = {4, 1, 1, 128}, one = 1;
+    where_case(KILN_DTYPE_F32, 4, bmask, 4, big, 0, &one, "threaded [4,8,128,128]");
+    int64_t scalar_c = 1, col[2] = {7, 1}, rowv[2] = {1, 9};
+    where_case(KILN_DTYPE_F32, 1, &scalar_c, 2, col, 2, rowv, "[1] condition, outer product");
+}
+
+static void expand_case(kiln_dtype dt, int rx, const int64_t *dx, int rs, const int64_t *shape,
+                        const char *what)
+{
+    struct case_node c;
+    cn_init(&c, KILN_OP_Expand, 13, 2, 1);
+    cn_input(&c, 0, tensor_random(dt, rx, dx), false);
+    cn_input(&c, 1, ints_i64(rs, shape), true);
+    char label[128];
+    snprintf(label, sizeof label, "Expand %s %s", kiln_dtype_name(dt), what);
+    check_case(&c, label, 0, 0, 1);
+    cn_free(&c);
+}
+
+static void test_expand(void)
+{
+    static const kiln_dtype dts[] = {KILN_DTYPE_F32, KILN_DTYPE_I64, KILN_DTYPE_U8,
+                                     KILN_DTYPE_BF16};
+    for (size_t t = 0; t < sizeof dts / sizeof dts[0]; t++) {
+        for (int s = 0; s < N_SIZES; s++) {
+            int64_t n = sizes[s], col[2] = {3, 1}, to3[3] = {2, 3, n}, row[2] = {1, n};
+            int64_t to2[2] = {4, n}, one = 1, to_one[2] = {5, n}, ids[2] = {1, n};
+            int64_t to_ids[2] = {3, 1}, mid[3] = {2, 1, n}, to_mid[3] = {2, 6, n};
+            expand_case(dts[t], 2, col, 3, to3, "[3,1] to [2,3,n]");
+            expand_case(dts[t], 2, row, 2, to2, "[1,n] to [4,n]");
+            expand_case(dts[t], 0, &one, 2, to_one, "scalar to [5,n]");
+            expand_case(dts[t], 2, ids, 2, to_ids, "[1,n] by [3,1] (numpy: [3,n])");
+            expand_case(dts[t], 3, mid, 3, to_mid, "[2,1,n] to [2,6,n]");
+        }
+    }
+    int64_t x[3] = {1, 1, 512}, big[3] = {16, 64, 512};
+    expand_case(KILN_DTYPE_F32, 3, x, 3, big, "threaded [1,1,512] to [16,64,512]");
+}
+
 static void test_split(void)
 {
     split_case(KILN_DTYPE_F32, 3, (const int64_t[]){3, 5, 24}, -1, 3, (const int64_t[]){8, 12, 4},
@@ -2353,6 +2448,9 @@ static void kcase_unary(void) { test_unary(); }
 static void kcase_binary(void) { test_binary(); }
 static void kcase_binary_bcast(void) { test_binary_bcast(); }
 static void kcase_softmax(void) { test_softmax(); }
+static void kcase_where(void) { test_where(); }
+static void kcase_expand(void) { test_expand(); }
+static void kcase_log_softmax(void) { test_log_softmax(); }
 static void kcase_layernorm(void) { test_layernorm(); }
 static void kcase_groupnorm(void) { test_groupnorm(); }
 static void kcase_groupnorm_act(void) { test_groupnorm_act(); }

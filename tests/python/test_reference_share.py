@@ -136,3 +136,41 @@ def test_fallbacks_in_the_log_match_onednn(tmp_path):
     for f in fallbacks:
         assert re.search(r"fallback: conv(3x3|1x1) \(Conv\)", f), f
         assert "[1,16,24,24]" in f, f
+
+
+def test_masks_and_log_softmax_run_on_fast_kernels(tmp_path):
+    """An attention-style mask given at run time (Where with a [B,1,1,S] bool condition),
+    LogSoftmax over the last axis, and position ids expanded to the batch: all on fast
+    kernels (simd/bcast_copy.c, norm.c), and the outputs as numpy computes them."""
+    b, h, s = 2, 4, 16
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [b, h, s, s])
+    mask = helper.make_tensor_value_info("mask", TensorProto.BOOL, [b, 1, 1, s])
+    pos = helper.make_tensor_value_info("pos", TensorProto.INT64, [1, s])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [b, h, s, s])
+    ids = helper.make_tensor_value_info("ids", TensorProto.INT64, [b, s])
+    neg = numpy_helper.from_array(np.array(-1e9, dtype=np.float32), "neg")
+    shape = numpy_helper.from_array(np.array([b, s], dtype=np.int64), "shape")
+    nodes = [helper.make_node("Where", ["mask", "x", "neg"], ["m"]),
+             helper.make_node("LogSoftmax", ["m"], ["y"], axis=-1),
+             helper.make_node("Expand", ["pos", "shape"], ["ids"])]
+    path = save(tmp_path, "masks.onnx", nodes, [x, mask, pos], [y, ids], [neg, shape])
+    r = kiln("bench", path, "--iterations", "3", "--json", "--profile")
+    assert json.loads(r.stdout)["reference_share"] == 0.0, r.stderr
+    for kernel in ("where_bcast", "f32_log_softmax_", "expand_bcast"):
+        assert kernel in r.stderr, f"{kernel} not in the profile:\n{r.stderr}"
+    rng = np.random.default_rng(3)
+    xv = rng.standard_normal((b, h, s, s)).astype(np.float32)
+    mv = rng.random((b, 1, 1, s)) < 0.7
+    mv[..., 0] = True
+    pv = np.arange(s, dtype=np.int64)[None, :]
+    for name, v in (("x", xv), ("mask", mv), ("pos", pv)):
+        np.save(tmp_path / f"{name}.npy", v)
+    kiln("predict", path, *[a for n in ("x", "mask", "pos")
+                            for a in ("--input", f"{n}={tmp_path / (n + '.npy')}")],
+         "--output-dir", tmp_path / "out")
+    m = np.where(mv, xv, np.float32(-1e9)).astype(np.float64)
+    want = m - m.max(-1, keepdims=True)
+    want -= np.log(np.exp(want).sum(-1, keepdims=True))
+    got = np.load(tmp_path / "out" / "y.npy")
+    assert np.allclose(got, want, rtol=1e-5, atol=1e-4), float(np.abs(got - want).max())
+    assert (np.load(tmp_path / "out" / "ids.npy") == np.broadcast_to(pv, (b, s))).all()

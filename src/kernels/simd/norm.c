@@ -29,11 +29,12 @@ static int64_t dims_product(const int64_t *dims, int lo, int hi)
     return p;
 }
 
-/* ---- Softmax ---- */
+/* ---- Softmax and LogSoftmax ---- */
 
 struct softmax_state {
     const struct simd_kernels *k;
     int64_t outer, n, inner;
+    int log; /* LogSoftmax */
     char name[40];
 };
 
@@ -48,12 +49,13 @@ static void softmax_range(void *arg, int64_t begin, int64_t end)
     const struct softmax_job *j = arg;
     const struct softmax_state *s = j->s;
     if (s->inner == 1) {
-        s->k->softmax_rows(j->x + begin * s->n, j->y + begin * s->n, end - begin, s->n);
+        (s->log ? s->k->log_softmax_rows : s->k->softmax_rows)(
+            j->x + begin * s->n, j->y + begin * s->n, end - begin, s->n);
         return;
     }
     for (int64_t o = begin; o < end; o++)
-        s->k->softmax_strided(j->x + o * s->n * s->inner, j->y + o * s->n * s->inner, s->n,
-                              s->inner);
+        (s->log ? s->k->log_softmax_strided : s->k->softmax_strided)(
+            j->x + o * s->n * s->inner, j->y + o * s->n * s->inner, s->n, s->inner);
 }
 
 static kiln_status softmax_run(void *state, struct kiln_run_ctx *ctx)
@@ -97,7 +99,8 @@ static kiln_status softmax_compile(const struct kiln_compile_ctx *cc,
     s->outer = outer;
     s->n = n;
     s->inner = inner;
-    snprintf(s->name, sizeof s->name, "f32_softmax_%s", s->k->isa);
+    s->log = cc->node->op == KILN_OP_LogSoftmax;
+    snprintf(s->name, sizeof s->name, "f32_%ssoftmax_%s", s->log ? "log_" : "", s->k->isa);
     inst->state = s;
     inst->destroy = free;
     inst->run = softmax_run;
@@ -106,6 +109,7 @@ static kiln_status softmax_compile(const struct kiln_compile_ctx *cc,
     return KILN_OK;
 }
 SIMD_VARIANTS(softmax, softmax_compile)
+SIMD_VARIANTS(log_softmax, softmax_compile)
 
 /* ---- LayerNormalization ---- */
 

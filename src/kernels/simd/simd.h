@@ -154,6 +154,9 @@ struct simd_kernels {
     void (*softmax_rows)(const float *x, float *y, int64_t rows, int64_t n);
     /* Softmax along the middle dim of one [n][inner] block (inner > 1). */
     void (*softmax_strided)(const float *x, float *y, int64_t n, int64_t inner);
+    /* The same for LogSoftmax. */
+    void (*log_softmax_rows)(const float *x, float *y, int64_t rows, int64_t n);
+    void (*log_softmax_strided)(const float *x, float *y, int64_t n, int64_t inner);
     /* Layer normalization of rows of n; bias, mean and inv may be NULL. */
     void (*layernorm_rows)(const float *x, float *y, int64_t rows, int64_t n, float eps,
                            const float *scale, const float *bias, float *mean, float *inv);

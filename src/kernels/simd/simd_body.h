@@ -555,6 +555,60 @@ static void k_softmax_strided(const float *x, float *y, int64_t n, int64_t inner
     }
 }
 
+/* LogSoftmax of rows: x - (max + log(sum of exp(x - max))), the sum in double
+ * across blocks of 64 vectors as in k_softmax_rows (the reference's order of
+ * operations: its lse is max + (float)log(sum)). */
+static void k_log_softmax_rows(const float *x, float *y, int64_t rows, int64_t n)
+{
+    const vf ninf = vset(-INFINITY);
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * n;
+        float *yr = y + r * n;
+        vf m = ninf;
+        int64_t i = 0;
+        for (; i + W <= n; i += W) m = vmaxs(m, vld(xr + i));
+        if (i < n) m = vmaxs(m, vld_part(xr + i, n - i, -INFINITY));
+        const float mxs = vhmax(m);
+        const vf mx = vset(mxs);
+        double sum = 0.0;
+        vf acc = vset(0.0f);
+        for (i = 0; i + W <= n; i += W) {
+            acc = acc + v_exp(vld(xr + i) - mx);
+            if (((i / W) & 63) == 63) {
+                sum += (double)vhsum(acc);
+                acc = vset(0.0f);
+            }
+        }
+        if (i < n) acc = acc + v_exp(vld_part(xr + i, n - i, -INFINITY) - mx);
+        sum += (double)vhsum(acc);
+        const vf lse = vset(mxs + (float)log(sum));
+        for (i = 0; i + W <= n; i += W) vst(yr + i, vld(xr + i) - lse);
+        if (i < n) vst_part(yr + i, vld_part(xr + i, n - i, 0.0f) - lse, n - i);
+    }
+}
+
+/* LogSoftmax over k of x[k * inner + j], W lanes of j at a time. */
+static void k_log_softmax_strided(const float *x, float *y, int64_t n, int64_t inner)
+{
+    for (int64_t j = 0; j < inner; j += W) {
+        int64_t m = inner - j < W ? inner - j : W;
+#define LD(p) (m == W ? vld(p) : vld_part((p), m, 0.0f))
+#define ST(p, v) (m == W ? vst((p), (v)) : vst_part((p), (v), m))
+        vf mx = vset(-INFINITY);
+        for (int64_t k = 0; k < n; k++) mx = vmaxs(mx, LD(x + k * inner + j));
+        vf acc = vset(0.0f);
+        for (int64_t k = 0; k < n; k++) acc = acc + v_exp(LD(x + k * inner + j) - mx);
+        float ms[W], ss[W];
+        vst(ms, mx);
+        vst(ss, acc);
+        for (int l = 0; l < W; l++) ms[l] += (float)log((double)ss[l]);
+        const vf lse = vld(ms);
+        for (int64_t k = 0; k < n; k++) ST(y + k * inner + j, LD(x + k * inner + j) - lse);
+#undef LD
+#undef ST
+    }
+}
+
 /* ---- LayerNormalization ---- */
 
 static void k_layernorm_rows(const float *x, float *y, int64_t rows, int64_t n, float eps,
@@ -709,6 +763,8 @@ const struct simd_kernels SIMD_TABLE = {
     .binary = k_binary,
     .softmax_rows = k_softmax_rows,
     .softmax_strided = k_softmax_strided,
+    .log_softmax_rows = k_log_softmax_rows,
+    .log_softmax_strided = k_log_softmax_strided,
     .layernorm_rows = k_layernorm_rows,
     .sum_rows = k_sum_rows,
     .extreme_rows = k_extreme_rows,
