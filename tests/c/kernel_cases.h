@@ -974,9 +974,12 @@ static void reduce_case(enum kiln_op op, int rank, const int64_t *dims, const in
 
 static void test_reduce(void)
 {
-    const enum kiln_op ops[] = {KILN_OP_ReduceMean, KILN_OP_ReduceSum, KILN_OP_ReduceMax,
-                                KILN_OP_ReduceMin};
-    for (int o = 0; o < 4; o++)
+    const enum kiln_op ops[] = {KILN_OP_ReduceMean,      KILN_OP_ReduceSum, KILN_OP_ReduceMax,
+                                KILN_OP_ReduceMin,       KILN_OP_ReduceSumSquare,
+                                KILN_OP_ReduceL1,        KILN_OP_ReduceL2,
+                                KILN_OP_ReduceLogSum};
+    const int n_ops = (int)(sizeof ops / sizeof ops[0]);
+    for (int o = 0; o < n_ops; o++)
         for (int s = 0; s < N_SIZES; s++) {
             int64_t n = sizes[s], d[3] = {2, 5, n}, last = -1, two[2] = {1, 2}, first = 0,
                     mid = 1, d4[4] = {3, 4, 2, n}, mid2[2] = {1, 2};
@@ -988,9 +991,17 @@ static void test_reduce(void)
             reduce_case(ops[o], 3, d, &mid, 1, false, 1, 1);   /* middle axis (embedding bags) */
             reduce_case(ops[o], 3, d, &mid, 1, true, 0, 1);
             reduce_case(ops[o], 4, d4, mid2, 2, true, 1, 1);   /* two middle axes */
-            int64_t split[2] = {0, 2};
-            reduce_case(ops[o], 3, d, split, 2, false, 1, n > 1 ? 0 : 1); /* not one run */
+            /* axes that are not one run: one pass per run, innermost first */
+            int64_t split[2] = {0, 2}, d5[4] = {2, 3, 4, n}, ax13[2] = {1, 3};
+            int64_t ax013[3] = {0, 1, 3}, ax02[2] = {0, 2};
+            reduce_case(ops[o], 3, d, split, 2, false, 1, 1);
+            reduce_case(ops[o], 4, d5, ax13, 2, true, 0, 1);
+            reduce_case(ops[o], 4, d5, ax013, 3, false, 1, 1);
+            reduce_case(ops[o], 4, d5, ax02, 2, false, 0, 1);
         }
+    /* size-1 reduced dims only: groups of one element */
+    int64_t ones[3] = {4, 1, 9}, ax1 = 1;
+    for (int o = 0; o < n_ops; o++) reduce_case(ops[o], 3, ones, &ax1, 1, false, 1, 1);
     int64_t big[2] = {512, 768}, last = -1;
     reduce_case(KILN_OP_ReduceMean, 2, big, &last, 1, false, 1, 1);
     for (int o = 2; o < 4; o++)

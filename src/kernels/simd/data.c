@@ -13,6 +13,7 @@
  * Transpose are declared in the copy family's list (copy.def, family.h),
  * the reductions (one kernel per SIMD table) in reduce.def.
  */
+#include <math.h>
 #include <stdio.h>
 
 #include "kernels/family.h"
@@ -462,20 +463,44 @@ kiln_status kiln_k_transpose_compile(const struct kiln_compile_ctx *cc,
 }
 
 
-/* ---- ReduceSum, ReduceMean over trailing axes ---- */
+/* ---- Reductions over any axes ----
+ *
+ * The input's dims, size-1 dims dropped, are merged into runs that are all
+ * reduced or all kept. One run of reduced dims is one pass over [rows, n,
+ * inner] (inner = the kept dims after it: summed vector by vector, as in
+ * embedding bags); several runs take one pass each, innermost first, the
+ * intermediate results in the kernel's scratch (reduced axes that are not
+ * neighbours, as in a mean over H and N of [N,C,H]). A mean is the mean of
+ * the passes' means: every group has the same count. ReduceSumSquare, L1 and
+ * L2 first map x (square, absolute value) into scratch and sum that; L2 and
+ * LogSum finish each output (sqrt, log). Max and Min keep a NaN anywhere in
+ * the group, as the reference does. */
 
-enum reduce_kind { REDUCE_SUM, REDUCE_MEAN, REDUCE_MAX, REDUCE_MIN };
+enum reduce_kind {
+    REDUCE_SUM, REDUCE_MEAN, REDUCE_MAX, REDUCE_MIN, REDUCE_SUM_SQUARE, REDUCE_L1, REDUCE_L2,
+    REDUCE_LOG_SUM
+};
+
+#define REDUCE_MAX_PASSES (KILN_MAX_RANK / 2 + 1)
+
+struct reduce_pass {
+    int64_t rows, n, inner; /* inner > 1: the reduced run is followed by kept dims */
+};
 
 struct reduce_state {
     const struct simd_kernels *k;
-    int64_t rows, n;
-    int64_t inner;     /* > 1: the reduced dims are followed by kept ones ([rows, n, inner]) */
     enum reduce_kind kind;
-    char name[40];
+    int passes;
+    struct reduce_pass pass[REDUCE_MAX_PASSES];
+    int64_t count;          /* elements of x */
+    size_t buf_floats;      /* each intermediate buffer (two, alternating) */
+    char name[48];
 };
 
 struct reduce_job {
     const struct reduce_state *s;
+    const struct reduce_pass *p;
+    int op;                 /* REDUCE_SUM, REDUCE_MEAN, REDUCE_MAX or REDUCE_MIN */
     const float *x;
     float *y;
 };
@@ -483,43 +508,80 @@ struct reduce_job {
 static void reduce_range(void *arg, int64_t begin, int64_t end)
 {
     const struct reduce_job *j = arg;
-    const struct reduce_state *s = j->s;
-    int64_t n = s->n;
-    bool extreme = s->kind == REDUCE_MAX || s->kind == REDUCE_MIN;
-    if (s->inner > 1) { /* y[o, :] = sum (max, min) over r of x[o, r, :] (then / n: mean) */
-        int64_t in = s->inner;
+    const struct simd_kernels *k = j->s->k;
+    const int64_t n = j->p->n;
+    bool extreme = j->op == REDUCE_MAX || j->op == REDUCE_MIN;
+    if (j->p->inner > 1) { /* y[o, :] = sum (max, min) over r of x[o, r, :] (then / n: mean) */
+        int64_t in = j->p->inner;
         for (int64_t o = begin; o < end; o++) {
             const float *x = j->x + o * n * in;
             float *y = j->y + o * in;
             memcpy(y, x, sizeof(float) * (size_t)in);
             for (int64_t r = 1; r < n; r++) {
                 if (extreme)
-                    s->k->extreme_acc(y, x + r * in, in, s->kind == REDUCE_MIN);
+                    k->extreme_acc(y, x + r * in, in, j->op == REDUCE_MIN);
                 else
-                    s->k->binary(SIMD_ADD, SIMD_B_VEC, y, x + r * in, y, in);
+                    k->binary(SIMD_ADD, SIMD_B_VEC, y, x + r * in, y, in);
             }
-            if (s->kind == REDUCE_MEAN) {
+            if (j->op == REDUCE_MEAN) {
                 float inv = 1.0f / (float)n;
-                s->k->binary(SIMD_MUL, SIMD_B_SCALAR_B, y, &inv, y, in);
+                k->binary(SIMD_MUL, SIMD_B_SCALAR_B, y, &inv, y, in);
             }
         }
         return;
     }
     if (extreme)
-        s->k->extreme_rows(j->x + begin * n, j->y + begin, end - begin, n,
-                           s->kind == REDUCE_MIN);
+        k->extreme_rows(j->x + begin * n, j->y + begin, end - begin, n, j->op == REDUCE_MIN);
     else
-        s->k->sum_rows(j->x + begin * n, j->y + begin, end - begin, n,
-                       s->kind == REDUCE_MEAN ? (double)n : 1.0);
+        k->sum_rows(j->x + begin * n, j->y + begin, end - begin, n,
+                    j->op == REDUCE_MEAN ? (double)n : 1.0);
+}
+
+/* x mapped for the sums of ReduceSumSquare, L1 and L2: [begin, end) of y = x * x or |x| */
+struct reduce_map_job {
+    const struct reduce_state *s;
+    const float *x;
+    float *y;
+};
+
+static void reduce_map_range(void *arg, int64_t begin, int64_t end)
+{
+    const struct reduce_map_job *j = arg;
+    if (j->s->kind == REDUCE_L1) {
+        for (int64_t i = begin; i < end; i++) j->y[i] = fabsf(j->x[i]);
+        return;
+    }
+    j->s->k->unary(SIMD_SQUARE, 0.0f, 0.0f, j->x + begin, j->y + begin, end - begin);
 }
 
 static kiln_status reduce_run(void *state, struct kiln_run_ctx *ctx)
 {
     const struct reduce_state *s = state;
-    struct reduce_job j = {s, ctx->in[0]->data, ctx->out[0]->data};
-    int64_t per = s->n * (s->inner > 1 ? s->inner : 1);
-    int64_t grain = per >= SIMD_GRAIN_CHEAP ? 1 : SIMD_GRAIN_CHEAP / per;
-    kiln_parallel_for(ctx->threads, s->rows, grain, reduce_range, &j);
+    const float *src = ctx->in[0]->data;
+    float *y = ctx->out[0]->data, *buf = ctx->scratch;
+    float *pre = buf + 2 * s->buf_floats; /* the mapped x */
+    int op = s->kind;
+    if (s->kind == REDUCE_SUM_SQUARE || s->kind == REDUCE_L1 || s->kind == REDUCE_L2) {
+        struct reduce_map_job mj = {s, src, pre};
+        kiln_parallel_for(ctx->threads, s->count, SIMD_GRAIN_CHEAP, reduce_map_range, &mj);
+        src = pre;
+        op = REDUCE_SUM;
+    } else if (s->kind == REDUCE_LOG_SUM) {
+        op = REDUCE_SUM;
+    }
+    for (int p = 0; p < s->passes; p++) {
+        const struct reduce_pass *ps = &s->pass[p];
+        float *dst = p == s->passes - 1 ? y : buf + (size_t)(p % 2) * s->buf_floats;
+        struct reduce_job j = {s, ps, op, src, dst};
+        int64_t per = ps->n * (ps->inner > 1 ? ps->inner : 1);
+        int64_t grain = per >= SIMD_GRAIN_CHEAP ? 1 : SIMD_GRAIN_CHEAP / per;
+        kiln_parallel_for(ctx->threads, ps->rows, grain, reduce_range, &j);
+        src = dst;
+    }
+    int64_t outs = s->pass[s->passes - 1].rows * s->pass[s->passes - 1].inner;
+    if (s->kind == REDUCE_L2) s->k->unary(SIMD_SQRT, 0.0f, 0.0f, y, y, outs);
+    if (s->kind == REDUCE_LOG_SUM)
+        for (int64_t i = 0; i < outs; i++) y[i] = logf(y[i]);
     return KILN_OK;
 }
 
@@ -560,32 +622,73 @@ static kiln_status reduce_compile(const struct kiln_compile_ctx *cc,
         if (a < -rank || a >= rank) return KILN_OK;
         reduced[a < 0 ? a + rank : a] = true;
     }
-    /* trailing: no kept dim (other than 1s) after a reduced dim of size > 1 */
-    int first_red = rank;
-    for (int d = 0; d < rank; d++)
-        if (reduced[d] && x->dims[d] != 1) {
-            first_red = d;
-            break;
+    /* runs: dims of 1 dropped, neighbours of one kind merged */
+    int64_t run[KILN_MAX_RANK + 1];
+    bool red[KILN_MAX_RANK + 1];
+    int runs = 0;
+    for (int d = 0; d < rank; d++) {
+        if (x->dims[d] == 1) continue;
+        if (runs > 0 && red[runs - 1] == reduced[d]) {
+            run[runs - 1] *= x->dims[d];
+            continue;
         }
-    /* the reduced dims (of size > 1) must be one run; kept dims after it are "inner" */
-    int end_red = first_red;
-    while (end_red < rank && (reduced[end_red] || x->dims[end_red] == 1)) end_red++;
-    for (int d = end_red; d < rank; d++)
-        if (reduced[d] && x->dims[d] != 1) return KILN_OK;
-    int64_t rows = dims_product(x->dims, 0, first_red), n = dims_product(x->dims, first_red, end_red);
-    int64_t inner = dims_product(x->dims, end_red, rank);
-    if (n <= 0 || inner <= 0 || rows * inner != kiln_shape_count(cc->out[0]->rank, cc->out[0]->dims))
-        return KILN_OK;
+        run[runs] = x->dims[d];
+        red[runs++] = reduced[d];
+    }
+    int64_t count = kiln_shape_count(rank, x->dims);
+    if (count <= 0) return KILN_OK; /* empty groups: the reference gives the identities */
+    bool any = false;
+    for (int r = 0; r < runs; r++) any = any || red[r];
+    if (!any) { /* every reduced dim has size 1: one pass over groups of one */
+        run[runs] = 1;
+        red[runs++] = true;
+    }
     struct reduce_state *s = calloc(1, sizeof *s);
     if (!s) return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory compiling a Reduce node");
+    /* passes: the innermost reduced run first, removed from the runs each time */
+    int64_t cur = count, biggest = 0;
+    while (any || s->passes == 0) {
+        int r = runs - 1;
+        while (r >= 0 && !red[r]) r--;
+        if (r < 0) break;
+        struct reduce_pass *p = &s->pass[s->passes++];
+        p->rows = 1;
+        p->inner = 1;
+        for (int q = 0; q < r; q++) p->rows *= run[q];
+        for (int q = r + 1; q < runs; q++) p->inner *= run[q];
+        p->n = run[r];
+        cur /= run[r];
+        for (int q = r; q + 1 < runs; q++) {
+            run[q] = run[q + 1];
+            red[q] = red[q + 1];
+        }
+        runs--;
+        if (r > 0 && r < runs && !red[r - 1] && !red[r]) { /* kept runs now neighbours */
+            run[r - 1] *= run[r];
+            for (int q = r; q + 1 < runs; q++) {
+                run[q] = run[q + 1];
+                red[q] = red[q + 1];
+            }
+            runs--;
+        }
+        any = false;
+        for (int q = 0; q < runs; q++) any = any || red[q];
+        if (any && cur > biggest) biggest = cur; /* an intermediate result */
+    }
+    if (cur != kiln_shape_count(cc->out[0]->rank, cc->out[0]->dims)) {
+        free(s);
+        return KILN_OK;
+    }
     s->k = table;
-    s->rows = rows;
-    s->n = n;
-    s->inner = inner;
     s->kind = kind;
-    static const char *const names[] = {"sum", "mean", "max", "min"};
-    snprintf(s->name, sizeof s->name, "f32_reduce%s%s_%s", names[kind], inner > 1 ? "_mid" : "",
-             s->k->isa);
+    s->count = count;
+    s->buf_floats = (size_t)(biggest + 15) / 16 * 16;
+    bool mapped = kind == REDUCE_SUM_SQUARE || kind == REDUCE_L1 || kind == REDUCE_L2;
+    inst->scratch_bytes = (2 * s->buf_floats + (mapped ? (size_t)count : 0)) * sizeof(float);
+    static const char *const names[] = {"sum", "mean", "max", "min", "sumsquare", "l1", "l2",
+                                        "logsum"};
+    snprintf(s->name, sizeof s->name, "f32_reduce%s%s_%s", names[kind],
+             s->passes > 1 ? "_passes" : s->pass[0].inner > 1 ? "_mid" : "", s->k->isa);
     inst->state = s;
     inst->destroy = free;
     inst->run = reduce_run;
@@ -605,3 +708,7 @@ REDUCE_OP(reducesum, REDUCE_SUM)
 REDUCE_OP(reducemean, REDUCE_MEAN)
 REDUCE_OP(reducemax, REDUCE_MAX)
 REDUCE_OP(reducemin, REDUCE_MIN)
+REDUCE_OP(reducesumsquare, REDUCE_SUM_SQUARE)
+REDUCE_OP(reducel1, REDUCE_L1)
+REDUCE_OP(reducel2, REDUCE_L2)
+REDUCE_OP(reducelogsum, REDUCE_LOG_SUM)
