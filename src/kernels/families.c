@@ -24,6 +24,7 @@
 #include "kernels/simd/copy.def"
 #include "kernels/simd/elementwise.def"
 #include "kernels/simd/norm.def"
+#include "kernels/simd/quant8.def"
 #include "kernels/simd/reduce.def"
 #undef KILN_KERNEL
 
@@ -57,6 +58,9 @@ static const struct kiln_kernel_def all_kernels[] = {
 #undef FAMILY
 #define FAMILY "norm"
 #include "kernels/simd/norm.def"
+#undef FAMILY
+#define FAMILY "quant8"
+#include "kernels/simd/quant8.def"
 #undef FAMILY
 #define FAMILY "reduce"
 #include "kernels/simd/reduce.def"

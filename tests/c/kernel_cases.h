@@ -948,6 +948,10 @@ static void reduce_case_x(enum kiln_op op, int rank, const int64_t *dims, const 
     if (!axes_input && n_axes > 0) attr_ints(&c, "axes", axes, n_axes);
     kiln_tensor *x = tensor_f32(rank, dims);
     for (size_t i = 0; i < x->nbytes / 4; i++) ((float *)x->data)[i] = rng_normal() + 0.5f;
+    /* ReduceLogSum on positive values, its domain: a sum that cancels to near 0 makes its
+     * log as uncertain as the float sum's last bits (the reference sums in double) */
+    for (size_t i = 0; op == KILN_OP_ReduceLogSum && i < x->nbytes / 4; i++)
+        ((float *)x->data)[i] = fabsf(((float *)x->data)[i]) + 0.01f;
     static const float sp[3] = {NAN, INFINITY, -INFINITY};
     for (size_t i = 3; special && i < x->nbytes / 4; i += 7) ((float *)x->data)[i] = sp[i / 7 % 3];
     cn_input(&c, 0, x, false);
@@ -2452,6 +2456,237 @@ static void integer_matmul_cases(void)
 #undef QMM
 #undef QCV
 
+/* ---- The 8-bit family (simd/quant8.def): Q, DQ, KilnQLinearAdd, KilnLut8* ---- */
+
+/* x float32 of dims: normal values times 40 (past the 8-bit range after most scales),
+ * with NaN, +-inf and exact halves (round half to even) when specials is set. */
+static kiln_tensor *q8_floats(int rank, const int64_t *dims, bool specials)
+{
+    kiln_tensor *x = tensor_f32(rank, dims);
+    float *p = x->data;
+    size_t n = x->nbytes / 4;
+    for (size_t i = 0; i < n; i++) p[i] = 40.0f * rng_normal();
+    if (specials && n > 8) {
+        p[1] = NAN;
+        p[2] = INFINITY;
+        p[3] = -INFINITY;
+        p[4] = 2.5f; /* with scale 1: halves round to even */
+        p[5] = -3.5f;
+        p[6] = 1e30f;
+    }
+    return x;
+}
+
+static void quantize8_case(kiln_dtype q, int rank, const int64_t *dims, float scale, int zp,
+                           bool with_zp, bool specials, int expect)
+{
+    struct case_node c;
+    cn_init(&c, KILN_OP_QuantizeLinear, 13, with_zp ? 3 : 2, 1);
+    cn_input(&c, 0, q8_floats(rank, dims, specials), false);
+    cn_input(&c, 1, scalar_of(KILN_DTYPE_F32, scale), true);
+    if (with_zp) cn_input(&c, 2, scalar_of(q, zp), true);
+    char label[128], sd[64];
+    snprintf(label, sizeof label, "QuantizeLinear %s to %s scale %g zp %d%s",
+             kiln_shape_str(rank, dims, sd, 64), kiln_dtype_name(q), (double)scale, zp,
+             specials ? " specials" : "");
+    check_case(&c, label, 0, 0, expect);
+    cn_free(&c);
+}
+
+static void test_quantize8(void)
+{
+    for (int s = 0; s < N_SIZES; s++) {
+        int64_t n = sizes[s], d1[1] = {n}, d3[3] = {2, 3, n};
+        quantize8_case(KILN_DTYPE_U8, 1, d1, 0.5f, 128, true, false, 1);
+        quantize8_case(KILN_DTYPE_I8, 3, d3, 0.37f, -3, true, false, 1);
+        quantize8_case(KILN_DTYPE_U8, 3, d3, 1.0f, 0, false, true, 1);
+        quantize8_case(KILN_DTYPE_I8, 3, d3, 1.0f, 5, true, true, 1);
+    }
+    int64_t big[2] = {300, 1000};
+    quantize8_case(KILN_DTYPE_U8, 2, big, 0.21f, 17, true, false, 1); /* threaded */
+    /* per-axis scales stay on the reference kernel */
+    int64_t d[2] = {3, 20}, three = 3;
+    struct case_node c;
+    cn_init(&c, KILN_OP_QuantizeLinear, 13, 3, 1);
+    attr_int(&c, "axis", 0);
+    cn_input(&c, 0, q8_floats(2, d, false), false);
+    kiln_tensor *sc = tensor_f32(1, &three);
+    for (int i = 0; i < 3; i++) ((float *)sc->data)[i] = 0.5f + (float)i;
+    cn_input(&c, 1, sc, true);
+    cn_input(&c, 2, tensor_ints(KILN_DTYPE_U8, 1, &three, 0, 255), true);
+    check_case(&c, "QuantizeLinear per-axis (declined)", 0, 0, 0);
+    cn_free(&c);
+}
+
+static void dequantize8_case(kiln_dtype q, int rank, const int64_t *dims, float scale, int zp,
+                             bool with_zp)
+{
+    struct case_node c;
+    cn_init(&c, KILN_OP_DequantizeLinear, 13, with_zp ? 3 : 2, 1);
+    cn_input(&c, 0, tensor_ints(q, rank, dims, q == KILN_DTYPE_U8 ? 0 : -128,
+                                q == KILN_DTYPE_U8 ? 255 : 127), false);
+    cn_input(&c, 1, scalar_of(KILN_DTYPE_F32, scale), true);
+    if (with_zp) cn_input(&c, 2, scalar_of(q, zp), true);
+    char label[128], sd[64];
+    snprintf(label, sizeof label, "DequantizeLinear %s %s scale %g zp %d",
+             kiln_shape_str(rank, dims, sd, 64), kiln_dtype_name(q), (double)scale, zp);
+    check_case(&c, label, 0, 0, 1);
+    cn_free(&c);
+}
+
+static void test_dequantize8(void)
+{
+    for (int s = 0; s < N_SIZES; s++) {
+        int64_t n = sizes[s], d1[1] = {n}, d3[3] = {2, 3, n};
+        dequantize8_case(KILN_DTYPE_U8, 1, d1, 0.5f, 128, true);
+        dequantize8_case(KILN_DTYPE_I8, 3, d3, 0.037f, -3, true);
+        dequantize8_case(KILN_DTYPE_U8, 3, d3, 3.0f, 0, false);
+    }
+    int64_t big[2] = {300, 1000};
+    dequantize8_case(KILN_DTYPE_I8, 2, big, 0.013f, 4, true);
+}
+
+static void qlinear_add8_case(kiln_dtype q, int rank, const int64_t *dims, bool relu)
+{
+    struct case_node c;
+    cn_init(&c, KILN_OP_KilnQLinearAdd, 1, 8, 1);
+    if (relu) attr_str(&c, "activation", "Relu");
+    int lo = q == KILN_DTYPE_U8 ? 0 : -128, hi = q == KILN_DTYPE_U8 ? 255 : 127;
+    cn_input(&c, 0, tensor_ints(q, rank, dims, lo, hi), false);
+    cn_input(&c, 1, scalar_of(KILN_DTYPE_F32, 0.05), true);
+    cn_input(&c, 2, scalar_of(q, q == KILN_DTYPE_U8 ? 120 : -2), true);
+    cn_input(&c, 3, tensor_ints(q, rank, dims, lo, hi), false);
+    cn_input(&c, 4, scalar_of(KILN_DTYPE_F32, 0.031), true);
+    cn_input(&c, 5, scalar_of(q, q == KILN_DTYPE_U8 ? 131 : 3), true);
+    cn_input(&c, 6, scalar_of(KILN_DTYPE_F32, 0.07), true);
+    cn_input(&c, 7, scalar_of(q, q == KILN_DTYPE_U8 ? 100 : -7), true);
+    char label[128], sd[64];
+    snprintf(label, sizeof label, "KilnQLinearAdd %s %s%s", kiln_shape_str(rank, dims, sd, 64),
+             kiln_dtype_name(q), relu ? " Relu" : "");
+    check_case(&c, label, 0, 0, 1);
+    cn_free(&c);
+}
+
+static void test_qlinear_add8(void)
+{
+    for (int s = 0; s < N_SIZES; s++) {
+        int64_t n = sizes[s], d4[4] = {2, 3, n, 5};
+        qlinear_add8_case(KILN_DTYPE_U8, 4, d4, false);
+        qlinear_add8_case(KILN_DTYPE_I8, 4, d4, true);
+    }
+    int64_t big[2] = {256, 1000};
+    qlinear_add8_case(KILN_DTYPE_U8, 2, big, true);
+}
+
+/* A 256-entry table of dt: random bytes, or float32 values (a NaN and an inf among them). */
+static kiln_tensor *lut_table(kiln_dtype dt)
+{
+    int64_t n = 256;
+    if (dt != KILN_DTYPE_F32) return tensor_ints(dt, 1, &n, dt == KILN_DTYPE_U8 ? 0 : -128,
+                                                 dt == KILN_DTYPE_U8 ? 255 : 127);
+    kiln_tensor *t = tensor_f32(1, &n);
+    for (int i = 0; i < 256; i++) ((float *)t->data)[i] = 3.0f * rng_normal();
+    ((float *)t->data)[7] = NAN;
+    ((float *)t->data)[200] = INFINITY;
+    return t;
+}
+
+static void lut8_case(kiln_dtype xq, kiln_dtype tq, int rank, const int64_t *dims)
+{
+    struct case_node c;
+    cn_init(&c, KILN_OP_KilnLut8, 1, 2, 1);
+    cn_input(&c, 0, tensor_ints(xq, rank, dims, xq == KILN_DTYPE_U8 ? 0 : -128,
+                                xq == KILN_DTYPE_U8 ? 255 : 127), false);
+    cn_input(&c, 1, lut_table(tq), true);
+    char label[128], sd[64];
+    snprintf(label, sizeof label, "KilnLut8 %s %s table %s", kiln_shape_str(rank, dims, sd, 64),
+             kiln_dtype_name(xq), kiln_dtype_name(tq));
+    check_case(&c, label, 0, 0, 1);
+    cn_free(&c);
+}
+
+static void test_lut8(void)
+{
+    static const kiln_dtype xs[2] = {KILN_DTYPE_U8, KILN_DTYPE_I8};
+    static const kiln_dtype ts[3] = {KILN_DTYPE_U8, KILN_DTYPE_I8, KILN_DTYPE_F32};
+    for (int s = 0; s < N_SIZES; s++) {
+        int64_t n = sizes[s], d3[3] = {2, 7, n};
+        for (int a = 0; a < 2; a++)
+            for (int b = 0; b < 3; b++) lut8_case(xs[a], ts[b], 3, d3);
+    }
+    int64_t big[2] = {300, 1000};
+    lut8_case(KILN_DTYPE_U8, KILN_DTYPE_U8, 2, big);
+    lut8_case(KILN_DTYPE_I8, KILN_DTYPE_F32, 2, big);
+}
+
+static void lut8_mul_case(kiln_dtype xq, kiln_dtype yq, const int64_t *dims, bool with_zp,
+                          bool shared_s)
+{
+    struct case_node c;
+    cn_init(&c, KILN_OP_KilnLut8Mul, 1, with_zp ? 5 : 4, 1);
+    cn_input(&c, 0, tensor_ints(xq, 4, dims, xq == KILN_DTYPE_U8 ? 0 : -128,
+                                xq == KILN_DTYPE_U8 ? 255 : 127), false);
+    cn_input(&c, 1, lut_table(KILN_DTYPE_F32), true);
+    int64_t sd4[4] = {shared_s ? 1 : dims[0], dims[1], 1, 1};
+    kiln_tensor *sc = tensor_f32(4, sd4);
+    for (size_t i = 0; i < sc->nbytes / 4; i++) ((float *)sc->data)[i] = rng_uniform(0.0f, 1.0f);
+    cn_input(&c, 2, sc, false);
+    cn_input(&c, 3, scalar_of(KILN_DTYPE_F32, 0.043), true);
+    if (with_zp) cn_input(&c, 4, scalar_of(yq, yq == KILN_DTYPE_U8 ? 128 : -1), true);
+    char label[128], sd[64];
+    snprintf(label, sizeof label, "KilnLut8Mul %s %s to %s%s", kiln_shape_str(4, dims, sd, 64),
+             kiln_dtype_name(xq), kiln_dtype_name(with_zp ? yq : KILN_DTYPE_U8),
+             shared_s ? " s [1,C,1,1]" : "");
+    check_case(&c, label, 0, 0, 1);
+    cn_free(&c);
+}
+
+static void test_lut8_mul(void)
+{
+    for (int s = 0; s < N_SIZES; s++) {
+        int64_t n = sizes[s], d4[4] = {2, 5, n, 3};
+        lut8_mul_case(KILN_DTYPE_U8, KILN_DTYPE_U8, d4, true, false);
+        lut8_mul_case(KILN_DTYPE_I8, KILN_DTYPE_I8, d4, true, true);
+        lut8_mul_case(KILN_DTYPE_U8, KILN_DTYPE_U8, d4, false, false);
+    }
+    int64_t big[4] = {4, 96, 24, 24};
+    lut8_mul_case(KILN_DTYPE_U8, KILN_DTYPE_U8, big, true, false);
+}
+
+static void lut8_pool_case(kiln_dtype xq, const int64_t *dims)
+{
+    struct case_node c;
+    cn_init(&c, KILN_OP_KilnLut8Pool, 1, 2, 1);
+    cn_input(&c, 0, tensor_ints(xq, 4, dims, xq == KILN_DTYPE_U8 ? 0 : -128,
+                                xq == KILN_DTYPE_U8 ? 255 : 127), false);
+    kiln_tensor *t = lut_table(KILN_DTYPE_F32);
+    ((float *)t->data)[7] = 0.5f; /* no NaN or inf here: they would fill whole rows */
+    ((float *)t->data)[200] = -0.25f;
+    cn_input(&c, 1, t, true);
+    char label[128], sd[64];
+    snprintf(label, sizeof label, "KilnLut8Pool %s %s", kiln_shape_str(4, dims, sd, 64),
+             kiln_dtype_name(xq));
+    check_case(&c, label, 1e-6, 1e-6, 1);
+    cn_free(&c);
+}
+
+static void test_lut8_pool(void)
+{
+    for (int s = 0; s < N_SIZES; s++) {
+        int64_t n = sizes[s], d4[4] = {2, 5, n, 3};
+        lut8_pool_case(KILN_DTYPE_U8, d4);
+        lut8_pool_case(KILN_DTYPE_I8, d4);
+    }
+    int64_t big[4] = {4, 96, 24, 24};
+    lut8_pool_case(KILN_DTYPE_U8, big);
+}
+
+static void kcase_quantize8(void) { test_quantize8(); }
+static void kcase_dequantize8(void) { test_dequantize8(); }
+static void kcase_qlinear_add8(void) { test_qlinear_add8(); }
+static void kcase_lut8(void) { test_lut8(); }
+static void kcase_lut8_mul(void) { test_lut8_mul(); }
+static void kcase_lut8_pool(void) { test_lut8_pool(); }
 static void kcase_depth_space(void) { test_depth_space(); }
 static void kcase_pool(void) { test_pool_family(); }
 static void kcase_global_pool(void) { test_global_pool(); }

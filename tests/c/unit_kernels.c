@@ -3,7 +3,7 @@
  * against the reference kernels, from the families' own lists.
  *
  * The lists (dnnl/conv.def, deconv.def, matmul.def, pool.def, qlinear.def,
- * simd/attention.def, copy.def, elementwise.def, norm.def, reduce.def) are
+ * simd/attention.def, copy.def, elementwise.def, norm.def, quant8.def, reduce.def) are
  * included here as in
  * src/kernels/families.c: each kernel is paired with the generator its
  * `cases` column names (kcase_<cases>, kernel_cases.h), so a kernel listed
@@ -43,6 +43,7 @@ static const struct kernel_test tests[] = {
 #include "kernels/simd/copy.def"
 #include "kernels/simd/elementwise.def"
 #include "kernels/simd/norm.def"
+#include "kernels/simd/quant8.def"
 #include "kernels/simd/reduce.def"
 };
 #undef KILN_KERNEL

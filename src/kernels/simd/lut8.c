@@ -8,6 +8,7 @@
  * split across the run's threads. Storage order does not matter to an
  * elementwise table read: plain or channels last on both sides, or either
  * on each side when the value has one pixel (N, C, 1, 1: the same bytes).
+ * Declared in the 8-bit family (quant8.def, family.h).
  */
 #include <math.h>
 #include <stdlib.h>
@@ -17,6 +18,11 @@
 
 #include "core/threadpool.h"
 #include "kernels/fast.h"
+#include "kernels/family.h"
+
+#define KILN_KERNEL KILN_KERNEL_DECLARE
+#include "kernels/simd/quant8.def"
+#undef KILN_KERNEL
 
 struct lut_state {
     union {
@@ -257,7 +263,7 @@ static kiln_status lut_run(void *state, struct kiln_run_ctx *ctx)
     return KILN_OK;
 }
 
-static kiln_status lut_compile(const struct kiln_compile_ctx *cc, struct kiln_kernel_inst *inst)
+kiln_status kiln_k_lut8_compile(const struct kiln_compile_ctx *cc, struct kiln_kernel_inst *inst)
 {
     if (cc->n_in < 2 || cc->n_out < 1 || !cc->in_value || !cc->in_value[1]) return KILN_OK;
     const struct kiln_type *x = cc->in[0], *y = cc->out[0];
@@ -290,7 +296,6 @@ static kiln_status lut_compile(const struct kiln_compile_ctx *cc, struct kiln_ke
     return KILN_OK;
 }
 
-KILN_FAST_OP(KilnLut8, lut_compile, NULL);
 
 /* ---- KilnLut8Mul: y = Q(table[x] * s[n, c]), the float32 arithmetic of the reference ---- */
 
@@ -365,7 +370,7 @@ static bool lut_float_x(const struct kiln_compile_ctx *cc, int *nhwc)
     return true;
 }
 
-static kiln_status lutmul_compile(const struct kiln_compile_ctx *cc, struct kiln_kernel_inst *inst)
+kiln_status kiln_k_lut8_mul_compile(const struct kiln_compile_ctx *cc, struct kiln_kernel_inst *inst)
 {
     int nhwc;
     if (cc->n_in < 4 || !lut_float_x(cc, &nhwc) || !cc->in[2] || !cc->in_value[3]) return KILN_OK;
@@ -408,7 +413,6 @@ static kiln_status lutmul_compile(const struct kiln_compile_ctx *cc, struct kiln
     return KILN_OK;
 }
 
-KILN_FAST_OP(KilnLut8Mul, lutmul_compile, NULL);
 
 /* ---- KilnLut8Pool: the mean of table[x] per (n, c), summed in double in the reference's
  * order (each channel's pixels in turn), so bit for bit the reference ---- */
@@ -469,7 +473,7 @@ static kiln_status lutpool_run(void *state, struct kiln_run_ctx *ctx)
     return KILN_OK;
 }
 
-static kiln_status lutpool_compile(const struct kiln_compile_ctx *cc, struct kiln_kernel_inst *inst)
+kiln_status kiln_k_lut8_pool_compile(const struct kiln_compile_ctx *cc, struct kiln_kernel_inst *inst)
 {
     int nhwc;
     if (!lut_float_x(cc, &nhwc) || !cc->out[0] || cc->out[0]->dtype != KILN_DTYPE_F32) return KILN_OK;
@@ -499,4 +503,3 @@ static kiln_status lutpool_compile(const struct kiln_compile_ctx *cc, struct kil
     return KILN_OK;
 }
 
-KILN_FAST_OP(KilnLut8Pool, lutpool_compile, NULL);

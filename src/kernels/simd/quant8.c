@@ -12,7 +12,8 @@
  * AVX-512 (F, BW, VL) 16 lanes at a time where the CPU has it, plain C
  * otherwise; rows split across the run's threads. Per-axis and blocked
  * scales, other types, and the precision / saturate / output_dtype
- * attributes stay on the reference kernel. Tested against it by
+ * attributes stay on the reference kernel. Declared in the 8-bit family
+ * (quant8.def, family.h): generated cases against the reference kernel, and
  * tests/python/test_qdq.py (test_fast_quantize_dequantize).
  */
 #include <math.h>
@@ -23,6 +24,11 @@
 
 #include "core/threadpool.h"
 #include "kernels/fast.h"
+#include "kernels/family.h"
+
+#define KILN_KERNEL KILN_KERNEL_DECLARE
+#include "kernels/simd/quant8.def"
+#undef KILN_KERNEL
 
 struct q8_state {
     float scale, zp, lo, hi;
@@ -214,7 +220,7 @@ static kiln_status q8_finish(const struct kiln_compile_ctx *cc, struct kiln_kern
     return KILN_OK;
 }
 
-static kiln_status quant_compile(const struct kiln_compile_ctx *cc, struct kiln_kernel_inst *inst)
+kiln_status kiln_k_quantize8_compile(const struct kiln_compile_ctx *cc, struct kiln_kernel_inst *inst)
 {
     const struct kiln_node *n = cc->node;
     const struct kiln_type *x = cc->in[0], *y = cc->n_out > 0 ? cc->out[0] : NULL;
@@ -233,7 +239,7 @@ static kiln_status quant_compile(const struct kiln_compile_ctx *cc, struct kiln_
     return q8_finish(cc, inst, &s, 1);
 }
 
-static kiln_status dequant_compile(const struct kiln_compile_ctx *cc, struct kiln_kernel_inst *inst)
+kiln_status kiln_k_dequantize8_compile(const struct kiln_compile_ctx *cc, struct kiln_kernel_inst *inst)
 {
     const struct kiln_node *n = cc->node;
     const struct kiln_type *x = cc->in[0], *y = cc->n_out > 0 ? cc->out[0] : NULL;
@@ -300,7 +306,7 @@ static bool params_at(const struct kiln_compile_ctx *cc, int i, kiln_dtype q, st
     return scalar_params(&c2, q, s);
 }
 
-static kiln_status qadd_compile(const struct kiln_compile_ctx *cc, struct kiln_kernel_inst *inst)
+kiln_status kiln_k_qlinear_add8_compile(const struct kiln_compile_ctx *cc, struct kiln_kernel_inst *inst)
 {
     if (cc->n_in < 8 || cc->n_out < 1 || !cc->in_value) return KILN_OK;
     const struct kiln_type *a = cc->in[0], *b = cc->in[3], *y = cc->out[0];
@@ -332,6 +338,3 @@ static kiln_status qadd_compile(const struct kiln_compile_ctx *cc, struct kiln_k
     return KILN_OK;
 }
 
-KILN_FAST_OP(QuantizeLinear, quant_compile, NULL);
-KILN_FAST_OP(KilnQLinearAdd, qadd_compile, NULL);
-KILN_FAST_OP(DequantizeLinear, dequant_compile, NULL);
