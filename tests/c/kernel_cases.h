@@ -2687,6 +2687,37 @@ static void kcase_qlinear_add8(void) { test_qlinear_add8(); }
 static void kcase_lut8(void) { test_lut8(); }
 static void kcase_lut8_mul(void) { test_lut8_mul(); }
 static void kcase_lut8_pool(void) { test_lut8_pool(); }
+/* ---- KilnReorder (dnnl/reorder.c): float32 between plain and blocked storage ---- */
+
+/* The reference copies the logical values (no from / to attributes: the plain tensors the
+ * case framework hands it), the fast kernel moves storage between the layouts the case
+ * sets (case_layout in, case_layout_out out; the framework converts both sides). */
+static void test_reorder(void)
+{
+    static const int pairs[][2] = {{0, 8}, {0, 16}, {8, 0}, {16, 0}, {8, 16}, {16, 8}, {0, 0}};
+    static const int64_t chans[] = {3, 8, 16, 20, 33};
+    for (size_t p = 0; p < sizeof pairs / sizeof pairs[0]; p++)
+        for (size_t k = 0; k < sizeof chans / sizeof chans[0]; k++) {
+            int64_t d[4] = {2, chans[k], 5, 7};
+            struct case_node c;
+            cn_init(&c, KILN_OP_KilnReorder, 1, 1, 1);
+            kiln_tensor *x = tensor_f32(4, d);
+            for (size_t i = 0; i < x->nbytes / 4; i++) ((float *)x->data)[i] = rng_normal();
+            cn_input(&c, 0, x, false);
+            char label[96];
+            snprintf(label, sizeof label, "KilnReorder [2,%lld,5,7] %d -> %d", (long long)d[1],
+                     pairs[p][0], pairs[p][1]);
+            case_layout = pairs[p][0];
+            case_layout_out = pairs[p][1];
+            check_case(&c, label, 0, 0, 1);
+            case_layout = 0;
+            case_layout_out = -1;
+            cn_free(&c);
+        }
+}
+
+static void kcase_reorder(void) { test_reorder(); }
+
 static void kcase_depth_space(void) { test_depth_space(); }
 static void kcase_pool(void) { test_pool_family(); }
 static void kcase_global_pool(void) { test_global_pool(); }

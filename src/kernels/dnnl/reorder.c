@@ -11,8 +11,14 @@
  * descriptors as an exec of its own, for kernels that reorder at their
  * edges (conv.c runs a convolution whose plain-layout implementation is a
  * fallback in the format oneDNN prefers, with a reorder on each side).
+ * Declared in the copy family's list (simd/copy.def, family.h).
  */
 #include "kernels/dnnl/dnnl_common.h"
+#include "kernels/family.h"
+
+#define KILN_KERNEL KILN_KERNEL_DECLARE
+#include "kernels/simd/copy.def"
+#undef KILN_KERNEL
 
 struct reorder_build {
     const struct kiln_node *node;
@@ -55,8 +61,7 @@ static void reorder_destroy(void *state)
     free(state);
 }
 
-static kiln_status reorder_compile(const struct kiln_compile_ctx *cc,
-                                   struct kiln_kernel_inst *inst)
+kiln_status kiln_k_reorder_compile(const struct kiln_compile_ctx *cc, struct kiln_kernel_inst *inst)
 {
     const struct kiln_node *n = cc->node;
     const struct kiln_type *x = cc->in[0], *y = cc->n_out > 0 ? cc->out[0] : NULL;
@@ -114,4 +119,3 @@ kiln_status kd_reorder_exec_build(const struct kiln_compile_ctx *cc, const dnnl_
     return kd_exec_build(e, kd_work_threads(cc, work), reorder_make, &b, handled);
 }
 
-KILN_FAST_OP(KilnReorder, reorder_compile, NULL);
