@@ -2718,6 +2718,104 @@ static void test_reorder(void)
 
 static void kcase_reorder(void) { test_reorder(); }
 
+/* ---- KilnMBConv (simd/mbconv.c): the fused inverted-residual block, blocked by 16 ---- */
+
+static kiln_tensor *mb_weights(int64_t d0, int64_t d1, int64_t k, float gain)
+{
+    int64_t d[4] = {d0, d1, k, k};
+    kiln_tensor *t = tensor_f32(4, d);
+    float sc = gain / sqrtf((float)(d1 * k * k));
+    for (size_t i = 0; i < t->nbytes / 4; i++) ((float *)t->data)[i] = sc * rng_normal();
+    return t;
+}
+
+static kiln_tensor *mb_bias(int64_t n)
+{
+    kiln_tensor *t = tensor_f32(1, &n);
+    for (int64_t i = 0; i < n; i++) ((float *)t->data)[i] = 0.2f * rng_normal();
+    return t;
+}
+
+/* x [n, cin, h, w] through expand (cin -> ce; none when !expand: ce = cin), a k x k
+ * depthwise at stride s, an optional squeeze-excitation of cse channels and the project to
+ * cout, with the activations given (NULL: none), and a residual when sum. */
+static void mbconv_case(int64_t n, int64_t cin, int64_t ce, int64_t cout, int64_t h, int64_t k,
+                        int64_t s, bool expand, int64_t cse, bool sum, const char *act,
+                        const char *project_act)
+{
+    struct case_node c;
+    cn_init(&c, KILN_OP_KilnMBConv, 1, 12, 1);
+    attr_int(&c, "dw_kernel", k);
+    attr_int(&c, "dw_stride", s);
+    if (act && expand) attr_str(&c, "expand_activation", act);
+    if (act) attr_str(&c, "dw_activation", act);
+    if (act && !strcmp(act, "Clip")) {
+        attr_float(&c, "expand_act_alpha", 0.0f);
+        attr_float(&c, "expand_act_beta", 6.0f);
+        attr_float(&c, "dw_act_alpha", 0.0f);
+        attr_float(&c, "dw_act_beta", 6.0f);
+    }
+    if (project_act) attr_str(&c, "activation", project_act);
+    if (cse) attr_str(&c, "se_activation", "SiLU");
+    int64_t xd[4] = {n, cin, h, h}, ho = (h + 2 * (k / 2) - k) / s + 1;
+    kiln_tensor *x = tensor_f32(4, xd);
+    for (size_t i = 0; i < x->nbytes / 4; i++) ((float *)x->data)[i] = rng_normal();
+    cn_input(&c, 0, x, false);
+    if (!expand) ce = cin;
+    cn_input(&c, 1, expand ? mb_weights(ce, cin, 1, 1.5f) : NULL, true);
+    cn_input(&c, 2, expand ? mb_bias(ce) : NULL, true);
+    cn_input(&c, 3, mb_weights(ce, 1, k, 1.5f), true);
+    cn_input(&c, 4, mb_bias(ce), true);
+    cn_input(&c, 5, mb_weights(cout, ce, 1, 1.0f), true);
+    cn_input(&c, 6, mb_bias(cout), true);
+    kiln_tensor *r = NULL;
+    if (sum) {
+        int64_t yd[4] = {n, cout, ho, ho};
+        r = tensor_f32(4, yd);
+        for (size_t i = 0; i < r->nbytes / 4; i++) ((float *)r->data)[i] = rng_normal();
+    }
+    cn_input(&c, 7, r, false);
+    cn_input(&c, 8, cse ? mb_weights(cse, ce, 1, 1.0f) : NULL, true);
+    cn_input(&c, 9, cse ? mb_bias(cse) : NULL, true);
+    cn_input(&c, 10, cse ? mb_weights(ce, cse, 1, 1.0f) : NULL, true);
+    cn_input(&c, 11, cse ? mb_bias(ce) : NULL, true);
+    char label[160];
+    snprintf(label, sizeof label,
+             "KilnMBConv n %lld %lld->%lld->%lld %lldx%lld k %lld s %lld%s se %lld%s %s/%s",
+             (long long)n, (long long)cin, (long long)ce, (long long)cout, (long long)h,
+             (long long)h, (long long)k, (long long)s, expand ? "" : " no expand",
+             (long long)cse, sum ? " residual" : "", act ? act : "none",
+             project_act ? project_act : "none");
+    case_layout = 16;
+    case_min_level = 2; /* the kernel is AVX-512 only */
+    check_case(&c, label, 1e-4, 1e-4, 1);
+    case_min_level = 0;
+    case_layout = 0;
+    cn_free(&c);
+}
+
+static void test_mbconv(void)
+{
+    /* MobileNetV2-style blocks: Clip(0, 6), no expand, strides, residual, 5x5 */
+    mbconv_case(2, 32, 32, 16, 9, 3, 1, false, 0, false, "Clip", NULL);
+    mbconv_case(2, 16, 96, 24, 14, 3, 2, true, 0, false, "Clip", NULL);
+    mbconv_case(3, 24, 144, 24, 7, 3, 1, true, 0, true, "Clip", NULL);
+    mbconv_case(1, 40, 120, 40, 11, 5, 1, true, 0, true, "Relu", NULL);
+    mbconv_case(2, 24, 72, 40, 13, 5, 2, true, 0, false, "SiLU", NULL);
+    /* EfficientNet's: SiLU, squeeze-excitation, channels no multiple of 16 */
+    mbconv_case(1, 24, 24, 16, 20, 3, 1, false, 6, false, "SiLU", NULL);
+    mbconv_case(2, 16, 96, 40, 20, 3, 2, true, 4, false, "SiLU", NULL);
+    mbconv_case(3, 40, 200, 40, 6, 5, 1, true, 10, true, "SiLU", NULL);
+    /* small planes with several images per thread: the grouped path (kiln_mbconv_group) */
+    mbconv_case(6, 40, 200, 40, 3, 3, 1, true, 10, true, "SiLU", NULL);
+    mbconv_case(5, 48, 160, 48, 4, 3, 1, true, 0, true, "Clip", NULL);
+    mbconv_case(9, 24, 96, 40, 6, 3, 2, true, 6, false, "SiLU", NULL);
+    /* a project activation (the pass fuses none today, the kernel takes it) */
+    mbconv_case(1, 16, 64, 16, 8, 3, 1, true, 0, false, "Relu", "Relu");
+}
+
+static void kcase_mbconv(void) { test_mbconv(); }
+
 static void kcase_depth_space(void) { test_depth_space(); }
 static void kcase_pool(void) { test_pool_family(); }
 static void kcase_global_pool(void) { test_global_pool(); }

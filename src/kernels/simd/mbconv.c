@@ -19,8 +19,12 @@
 
 #include "core/tensor.h"
 #include "core/threadpool.h"
-#include "kernels/fast.h"
+#include "kernels/family.h"
 #include "kernels/simd/mbconv.h"
+
+#define KILN_KERNEL KILN_KERNEL_DECLARE
+#include "kernels/simd/norm.def"
+#undef KILN_KERNEL
 
 static int64_t blocks16(int64_t c) { return (c + 15) / 16; }
 
@@ -287,7 +291,7 @@ int kiln_mbconv_cpu_ok(void)
            __builtin_cpu_supports("fma") && __builtin_cpu_supports("avx2");
 }
 
-static kiln_status mb_compile(const struct kiln_compile_ctx *cc, struct kiln_kernel_inst *inst)
+kiln_status kiln_k_mbconv_compile(const struct kiln_compile_ctx *cc, struct kiln_kernel_inst *inst)
 {
     const struct kiln_node *n = cc->node;
     if (!kiln_mbconv_cpu_ok() || cc->n_in < 6 || !cc->out[0]) return KILN_OK;
@@ -446,10 +450,9 @@ static kiln_status mb_compile(const struct kiln_compile_ctx *cc, struct kiln_ker
     return KILN_OK;
 }
 
-static int mb_accepts(const struct kiln_node *n, int i, int block)
+int kiln_k_mbconv_accepts(const struct kiln_node *n, int i, int block)
 {
     (void)n;
     return block == 16 && (i == -1 || i == 0 || i == 7);
 }
 
-KILN_FAST_OP_PACKING(KilnMBConv, mb_compile, mb_accepts);
