@@ -9,12 +9,17 @@
  * place). The plan may give the output the list's own memory (inplace, input 0): the
  * run then writes only the item, instead of copying the whole list on every
  * iteration; otherwise it copies the list (or zeroes the output) first. The index is
- * checked on every run, with the reference's message.
+ * checked on every run, with the reference's message. Declared in the copy family's
+ * list (simd/copy.def, family.h).
  */
 #include <string.h>
 
 #include "core/tensor.h"
-#include "kernels/fast.h"
+#include "kernels/family.h"
+
+#define KILN_KERNEL KILN_KERNEL_DECLARE
+#include "kernels/simd/copy.def"
+#undef KILN_KERNEL
 
 struct list_set {
     int fresh; /* the list holds no elements: the output starts as zeros */
@@ -42,7 +47,7 @@ static kiln_status list_set_run(void *state, struct kiln_run_ctx *ctx)
     return KILN_OK;
 }
 
-static kiln_status list_set_compile(const struct kiln_compile_ctx *cc, struct kiln_kernel_inst *inst)
+kiln_status kiln_k_list_set_compile(const struct kiln_compile_ctx *cc, struct kiln_kernel_inst *inst)
 {
     const struct kiln_type *list = cc->in[0], *item = cc->in[2], *out = cc->out[0];
     if (!out || !list || !item || kiln_attr_int(cc->node, "resize", 0) != 0) return KILN_OK;
@@ -65,4 +70,3 @@ static kiln_status list_set_compile(const struct kiln_compile_ctx *cc, struct ki
     return KILN_OK;
 }
 
-KILN_FAST_OP(TfListSetItem, list_set_compile, NULL);

@@ -2816,6 +2816,53 @@ static void test_mbconv(void)
 
 static void kcase_mbconv(void) { test_mbconv(); }
 
+/* ---- TfListSetItem (tf_list_fast.c): a TensorList's write ---- */
+
+static void list_set_case(kiln_dtype dt, int lrank, const int64_t *ld, int irank,
+                          const int64_t *id, int64_t index, const char *what)
+{
+    struct case_node c;
+    cn_init(&c, KILN_OP_TfListSetItem, 1, 3, 1);
+    cn_input(&c, 0, tensor_random(dt, lrank, ld), false);
+    cn_input(&c, 1, scalar_of(KILN_DTYPE_I64, (double)index), false);
+    cn_input(&c, 2, tensor_random(dt, irank, id), false);
+    char label[96];
+    snprintf(label, sizeof label, "TfListSetItem %s %s index %lld", kiln_dtype_name(dt), what,
+             (long long)index);
+    check_case(&c, label, 0, 0, 1);
+    cn_free(&c);
+}
+
+static void test_list_set_item(void)
+{
+    static const kiln_dtype dts[] = {KILN_DTYPE_F32, KILN_DTYPE_I64, KILN_DTYPE_U8};
+    for (size_t t = 0; t < sizeof dts / sizeof dts[0]; t++)
+        for (int s = 0; s < N_SIZES; s++) {
+            int64_t n = sizes[s], ld[3] = {4, 3, n}, id[2] = {3, n}, fresh[2] = {4, 0};
+            list_set_case(dts[t], 3, ld, 2, id, 0, "[4,3,n]");
+            list_set_case(dts[t], 3, ld, 2, id, 3, "[4,3,n]");
+            /* a list that holds no elements yet (Keras's reserve): zeros with the item */
+            list_set_case(dts[t], 2, fresh, 2, id, 2, "fresh [4,0]");
+        }
+    /* an index out of range: the reference's error, naming the node */
+    int64_t ld[2] = {4, 5}, id[1] = {5};
+    struct case_node c;
+    cn_init(&c, KILN_OP_TfListSetItem, 1, 3, 1);
+    cn_input(&c, 0, tensor_random(KILN_DTYPE_F32, 2, ld), false);
+    cn_input(&c, 1, scalar_of(KILN_DTYPE_I64, 4), false);
+    cn_input(&c, 2, tensor_random(KILN_DTYPE_F32, 1, id), false);
+    kiln_tensor *out[MAX_IO];
+    bool handled;
+    kiln_status st = run_fast(&c, "scalar", 1, &handled, NULL, out);
+    CHECK(handled && st != KILN_OK && strstr(kiln_last_error(), "node_under_test") &&
+              strstr(kiln_last_error(), "index 4"),
+          "TfListSetItem index out of range: status %d, %s", st, kiln_last_error());
+    free_outs(out, 1);
+    cn_free(&c);
+}
+
+static void kcase_list_set_item(void) { test_list_set_item(); }
+
 static void kcase_depth_space(void) { test_depth_space(); }
 static void kcase_pool(void) { test_pool_family(); }
 static void kcase_global_pool(void) { test_global_pool(); }
