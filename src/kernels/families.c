@@ -26,6 +26,7 @@
 #include "kernels/simd/norm.def"
 #include "kernels/simd/quant8.def"
 #include "kernels/simd/reduce.def"
+#include "kernels/trees.def"
 #undef KILN_KERNEL
 
 #define KILN_KERNEL(op, name, isa, prio, covers, compile, accepts, packs, cases) \
@@ -64,6 +65,9 @@ static const struct kiln_kernel_def all_kernels[] = {
 #undef FAMILY
 #define FAMILY "reduce"
 #include "kernels/simd/reduce.def"
+#undef FAMILY
+#define FAMILY "trees"
+#include "kernels/trees.def"
 #undef FAMILY
 };
 #undef KILN_KERNEL

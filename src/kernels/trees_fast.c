@@ -25,7 +25,8 @@
  * Handled: float32 X of rank 2 (or 1), modes BRANCH_LEQ / LT / GTE / GT
  * (what converters and XGBoost emit), at most 4096 score columns. Anything
  * else (EQ / NEQ / MEMBER splits, other dtypes) returns run NULL and the
- * reference kernel runs the node. Tested against the reference in
+ * reference kernel runs the node. Declared in the tree family's list
+ * (trees.def, family.h); tested against the reference there and in
  * tests/c/unit_trees.c.
  */
 #include <float.h>
@@ -33,9 +34,13 @@
 #include <string.h>
 
 #include "core/threadpool.h"
-#include "kernels/fast.h"
+#include "kernels/family.h"
 #include "kernels/ref/trees.h"
 #include "kernels/trees_levels.h"
+
+#define KILN_KERNEL KILN_KERNEL_DECLARE
+#include "kernels/trees.def"
+#undef KILN_KERNEL
 
 #define TREE_BLOCK 32       /* rows walked together */
 #define TREE_MAX_COLS 4096  /* score columns the stack buffers allow */
@@ -329,7 +334,7 @@ decline:
 
 static kiln_status tree_run_fast(void *state, struct kiln_run_ctx *ctx);
 
-static kiln_status tree_compile(const struct kiln_compile_ctx *cc, struct kiln_kernel_inst *inst)
+kiln_status kiln_k_tree_compile(const struct kiln_compile_ctx *cc, struct kiln_kernel_inst *inst)
 {
     const struct kiln_type *x = cc->in[0];
     if (!x || x->dtype != KILN_DTYPE_F32 || x->rank < 1 || x->rank > 2) return KILN_OK;
@@ -515,6 +520,3 @@ static kiln_status tree_run_fast(void *state, struct kiln_run_ctx *ctx)
     return KILN_OK;
 }
 
-KILN_FAST_OP(TreeEnsembleClassifier, tree_compile, NULL);
-KILN_FAST_OP(TreeEnsembleRegressor, tree_compile, NULL);
-KILN_FAST_OP(TreeEnsemble, tree_compile, NULL);

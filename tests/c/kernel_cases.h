@@ -2863,6 +2863,224 @@ static void test_list_set_item(void)
 
 static void kcase_list_set_item(void) { test_list_set_item(); }
 
+/* ---- Tree ensembles (trees_fast.c; tests/c/unit_trees.c has the thorough forests) ---- */
+
+#define TC_MAX 64
+
+/* Full binary trees of depth 3 (7 branches, 8 leaves each) on 5 features, the branch modes
+ * cycling through LEQ, LT, GTE and GT, thresholds from a few values the inputs hit exactly,
+ * NaN going to the true child on every other branch. */
+struct tree_forest {
+    int n, trees;
+    int64_t tree[TC_MAX], node[TC_MAX], feat[TC_MAX], tid[TC_MAX], fid[TC_MAX], miss[TC_MAX];
+    float val[TC_MAX];
+    const char *mode[TC_MAX];
+    int nl;                          /* leaves */
+    int64_t l_tree[TC_MAX], l_node[TC_MAX], l_id[TC_MAX];
+    float l_w[TC_MAX];
+};
+
+static void tc_forest(struct tree_forest *f, int trees, int targets)
+{
+    static const char *modes[4] = {"BRANCH_LEQ", "BRANCH_LT", "BRANCH_GTE", "BRANCH_GT"};
+    static const float pool[4] = {-0.5f, 0.0f, 0.25f, 1.0f};
+    memset(f, 0, sizeof *f);
+    f->trees = trees;
+    for (int t = 0; t < trees; t++)
+        for (int k = 0; k < 15; k++) { /* node k: children 2k+1, 2k+2; 7..14 leaves */
+            int i = f->n++;
+            f->tree[i] = t;
+            f->node[i] = k;
+            if (k < 7) {
+                f->mode[i] = modes[(t + k) % 4];
+                f->feat[i] = (t * 3 + k) % 5;
+                f->val[i] = pool[(int)(rng_next() % 4)];
+                f->tid[i] = 2 * k + 1;
+                f->fid[i] = 2 * k + 2;
+                f->miss[i] = k % 2;
+            } else {
+                f->mode[i] = "LEAF";
+                int l = f->nl++;
+                f->l_tree[l] = t;
+                f->l_node[l] = k;
+                f->l_id[l] = (int64_t)(rng_next() % (uint64_t)targets);
+                f->l_w[l] = rng_normal();
+            }
+        }
+}
+
+/* x [rows, 5]: values from the thresholds' pool (ties), others and a few NaN */
+static kiln_tensor *tc_input(int64_t rows)
+{
+    int64_t d[2] = {rows, 5};
+    kiln_tensor *x = tensor_f32(2, d);
+    static const float pool[4] = {-0.5f, 0.0f, 0.25f, 1.0f};
+    for (int64_t i = 0; i < rows * 5; i++) {
+        uint64_t r = rng_next() % 10;
+        ((float *)x->data)[i] = r < 4 ? pool[r] : r == 9 && i % 7 == 0 ? NAN : rng_normal();
+    }
+    return x;
+}
+
+static void tc_v3_attrs(struct case_node *c, const struct tree_forest *f, const char *vp)
+{
+    attr_ints(c, "nodes_treeids", f->tree, f->n);
+    attr_ints(c, "nodes_nodeids", f->node, f->n);
+    attr_ints(c, "nodes_featureids", f->feat, f->n);
+    attr_ints(c, "nodes_truenodeids", f->tid, f->n);
+    attr_ints(c, "nodes_falsenodeids", f->fid, f->n);
+    attr_ints(c, "nodes_missing_value_tracks_true", f->miss, f->n);
+    attr_strs(c, "nodes_modes", f->mode, f->n);
+    attr_floats(c, "nodes_values", f->val, f->n);
+    char n1[32], n2[32], n3[32], n4[32];
+    snprintf(n1, sizeof n1, "%s_treeids", vp);
+    snprintf(n2, sizeof n2, "%s_nodeids", vp);
+    snprintf(n3, sizeof n3, "%s_ids", vp);
+    snprintf(n4, sizeof n4, "%s_weights", vp);
+    attr_ints(c, kiln_arena_strdup(c->g->mem, n1), f->l_tree, f->nl);
+    attr_ints(c, kiln_arena_strdup(c->g->mem, n2), f->l_node, f->nl);
+    attr_ints(c, kiln_arena_strdup(c->g->mem, n3), f->l_id, f->nl);
+    attr_floats(c, kiln_arena_strdup(c->g->mem, n4), f->l_w, f->nl);
+}
+
+static void tree_regressor_case(int trees, int targets, const char *agg, const char *post,
+                                int64_t rows)
+{
+    struct tree_forest f;
+    tc_forest(&f, trees, targets);
+    struct case_node c;
+    cn_init(&c, KILN_OP_TreeEnsembleRegressor, 3, 1, 1);
+    tc_v3_attrs(&c, &f, "target");
+    attr_int(&c, "n_targets", targets);
+    attr_str(&c, "aggregate_function", agg);
+    attr_str(&c, "post_transform", post);
+    float base[4] = {0.5f, -0.25f, 0.125f, 1.0f};
+    attr_floats(&c, "base_values", base, targets);
+    cn_input(&c, 0, tc_input(rows), false);
+    char label[96];
+    snprintf(label, sizeof label, "TreeEnsembleRegressor %d trees %d targets %s %s rows %lld",
+             trees, targets, agg, post, (long long)rows);
+    check_case(&c, label, 1e-6, 1e-6, 1);
+    cn_free(&c);
+}
+
+static void tree_classifier_case(int trees, int classes, const char *post, int64_t rows)
+{
+    struct tree_forest f;
+    tc_forest(&f, trees, classes == 2 ? 1 : classes);
+    struct case_node c;
+    cn_init(&c, KILN_OP_TreeEnsembleClassifier, 3, 1, 2);
+    tc_v3_attrs(&c, &f, "class");
+    attr_str(&c, "post_transform", post);
+    int64_t labels[4] = {10, 13, 16, 19};
+    attr_ints(&c, "classlabels_int64s", labels, classes);
+    cn_input(&c, 0, tc_input(rows), false);
+    char label[96];
+    snprintf(label, sizeof label, "TreeEnsembleClassifier %d trees %d classes %s rows %lld",
+             trees, classes, post, (long long)rows);
+    check_case(&c, label, 1e-6, 1e-6, 1);
+    cn_free(&c);
+}
+
+static void test_tree_regressor(void)
+{
+    tree_regressor_case(3, 1, "SUM", "NONE", 37);
+    tree_regressor_case(4, 2, "AVERAGE", "NONE", 100);
+    tree_regressor_case(2, 3, "MAX", "NONE", 9);
+    tree_regressor_case(3, 4, "MIN", "SOFTMAX", 64);
+    tree_regressor_case(4, 1, "SUM", "NONE", 1000); /* threaded */
+}
+
+static void test_tree_classifier(void)
+{
+    tree_classifier_case(3, 2, "LOGISTIC", 41);   /* binary: one score column */
+    tree_classifier_case(4, 3, "SOFTMAX", 100);
+    tree_classifier_case(2, 4, "NONE", 7);
+    tree_classifier_case(4, 3, "NONE", 1000);
+}
+
+/* ai.onnx.ml opset 5's TreeEnsemble: the same forests in its attributes (leaves apart). */
+static void tree_ensemble_case(int trees, int targets, int64_t agg, int64_t rows)
+{
+    struct tree_forest f;
+    tc_forest(&f, trees, targets);
+    struct case_node c;
+    cn_init(&c, KILN_OP_TreeEnsemble, 5, 1, 1);
+    /* branches and leaves renumbered: branch k of tree t is t * 7 + k; its children are
+     * branches (k < 3) or leaves (t * 8 + child - 7) */
+    int64_t roots[TC_MAX], feat[TC_MAX], tid[TC_MAX], tleaf[TC_MAX], fid[TC_MAX],
+        fleaf[TC_MAX], miss[TC_MAX], ltarget[TC_MAX];
+    float modes[TC_MAX], splits[TC_MAX];
+    int nb = 0;
+    static const char *const names[4] = {"BRANCH_LEQ", "BRANCH_LT", "BRANCH_GTE", "BRANCH_GT"};
+    for (int i = 0; i < f.n; i++) {
+        if (f.node[i] >= 7) continue;
+        int t = (int)f.tree[i], k = (int)f.node[i];
+        if (k == 0) roots[t] = nb;
+        int code = 0; /* opset 5's modes: 0 LEQ, 1 LT, 2 GTE, 3 GT */
+        for (int m = 0; m < 4; m++)
+            if (!strcmp(f.mode[i], names[m])) code = m;
+        modes[nb] = (float)code;
+        splits[nb] = f.val[i];
+        feat[nb] = f.feat[i];
+        miss[nb] = f.miss[i];
+        int64_t tc = 2 * k + 1, fc = 2 * k + 2;
+        tleaf[nb] = tc >= 7;
+        fleaf[nb] = fc >= 7;
+        tid[nb] = tc >= 7 ? t * 8 + tc - 7 : t * 7 + tc;
+        fid[nb] = fc >= 7 ? t * 8 + fc - 7 : t * 7 + fc;
+        nb++;
+    }
+    for (int l = 0; l < f.nl; l++) ltarget[l] = f.l_id[l];
+    struct kiln_attr *a;
+    attr_int(&c, "n_targets", targets);
+    attr_int(&c, "aggregate_function", agg);
+    attr_int(&c, "post_transform", 0);
+    attr_ints(&c, "tree_roots", roots, trees);
+    attr_ints(&c, "nodes_featureids", feat, nb);
+    attr_ints(&c, "nodes_truenodeids", tid, nb);
+    attr_ints(&c, "nodes_trueleafs", tleaf, nb);
+    attr_ints(&c, "nodes_falsenodeids", fid, nb);
+    attr_ints(&c, "nodes_falseleafs", fleaf, nb);
+    attr_ints(&c, "nodes_missing_value_tracks_true", miss, nb);
+    attr_ints(&c, "leaf_targetids", ltarget, f.nl);
+    const struct {
+        const char *name;
+        kiln_dtype dt;
+        const float *v;
+        int n;
+    } tens[3] = {{"nodes_modes", KILN_DTYPE_U8, modes, nb},
+                 {"nodes_splits", KILN_DTYPE_F32, splits, nb},
+                 {"leaf_weights", KILN_DTYPE_F32, f.l_w, f.nl}};
+    for (int k = 0; k < 3; k++) {
+        int64_t d = tens[k].n;
+        kiln_tensor *t;
+        if (kiln_tensor_new(tens[k].dt, 1, &d, &t) != KILN_OK ||
+            kiln_graph_own_tensor(c.g, t) != KILN_OK)
+            abort();
+        for (int i = 0; i < tens[k].n; i++) kiln_set_f64(tens[k].dt, t->data, i, tens[k].v[i]);
+        a = cn_attr(&c, tens[k].name, KILN_ATTR_TENSOR);
+        a->t = t;
+    }
+    cn_input(&c, 0, tc_input(rows), false);
+    char label[96];
+    snprintf(label, sizeof label, "TreeEnsemble %d trees %d targets aggregate %lld rows %lld",
+             trees, targets, (long long)agg, (long long)rows);
+    check_case(&c, label, 1e-6, 1e-6, 1);
+    cn_free(&c);
+}
+
+static void test_tree_ensemble(void)
+{
+    tree_ensemble_case(3, 1, 1, 37); /* SUM */
+    tree_ensemble_case(4, 2, 0, 100); /* AVERAGE */
+    tree_ensemble_case(2, 3, 2, 1000); /* MIN */
+}
+
+static void kcase_tree_regressor(void) { test_tree_regressor(); }
+static void kcase_tree_classifier(void) { test_tree_classifier(); }
+static void kcase_tree_ensemble(void) { test_tree_ensemble(); }
+
 static void kcase_depth_space(void) { test_depth_space(); }
 static void kcase_pool(void) { test_pool_family(); }
 static void kcase_global_pool(void) { test_global_pool(); }

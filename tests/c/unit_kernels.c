@@ -3,7 +3,7 @@
  * against the reference kernels, from the families' own lists.
  *
  * The lists (dnnl/conv.def, deconv.def, matmul.def, pool.def, qlinear.def,
- * simd/attention.def, copy.def, elementwise.def, norm.def, quant8.def, reduce.def) are
+ * simd/attention.def, copy.def, elementwise.def, norm.def, quant8.def, reduce.def, trees.def) are
  * included here as in
  * src/kernels/families.c: each kernel is paired with the generator its
  * `cases` column names (kcase_<cases>, kernel_cases.h), so a kernel listed
@@ -45,6 +45,7 @@ static const struct kernel_test tests[] = {
 #include "kernels/simd/norm.def"
 #include "kernels/simd/quant8.def"
 #include "kernels/simd/reduce.def"
+#include "kernels/trees.def"
 };
 #undef KILN_KERNEL
 #define N_TESTS (int)(sizeof tests / sizeof tests[0])
