@@ -269,24 +269,29 @@ def timing(args, model_dir, batch, spec):
 
 def parse_profile(stderr):
     """`kiln bench --profile`'s op table: {"peak": GFLOP/s, "ops": [{op, kernel, nodes, ms,
-    share, gflops, peak_pct}]} (gflops and peak_pct None where the op's work is not counted)."""
+    share, gflops, peak_pct}], "reference_share": the run's share on reference kernels}
+    (gflops and peak_pct None where the op's work is not counted; the share None where the
+    profile does not say)."""
     def num(x):
         return None if x == "-" else float(x.rstrip("%"))
 
     lines = stderr.splitlines()
     peak = next((float(l.split()[1]) for l in lines if l.startswith("peak: ")), None)
+    # "reference-kernel steps: N, X% of the time": the share of the run on reference code
+    ref = next((float(l.split(",")[1].split("%")[0]) / 100.0 for l in lines
+                if l.startswith("reference-kernel steps: ")), None)
     ops = []
     try:
         start = next(i for i, l in enumerate(lines) if l.startswith("op ") and "kernel" in l) + 1
     except StopIteration:
-        return {"peak": peak, "ops": ops}
+        return {"peak": peak, "ops": ops, "reference_share": ref}
     for line in lines[start:]:
         f = line.split()
         if len(f) < 7 or line.startswith("slowest steps"):
             break
         ops.append({"op": f[0], "kernel": f[1], "nodes": int(f[2]), "ms": float(f[3]),
                     "share": num(f[4]), "gflops": num(f[5]), "peak_pct": num(f[6])})
-    return {"peak": peak, "ops": ops}
+    return {"peak": peak, "ops": ops, "reference_share": ref}
 
 
 def kiln_profile(args, model_dir, batch, median_ms):

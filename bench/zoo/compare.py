@@ -10,7 +10,8 @@ order, median over rounds) and one `kiln bench --profile` run. It prints a
 Markdown report: per model and batch the median latencies and the ratios
 Kiln / ONNX Runtime and Kiln / PyTorch, the geometric mean of Kiln / ONNX
 Runtime per batch, and for the five models with the worst ratio Kiln's top
-ops by time from the profile. The raw records go to --json-out when given.
+ops by time from the profile, and each model's reference share (the profile's share of
+the run on reference kernels). The raw records go to --json-out when given.
 
 It writes nothing into bench/RESULTS.md (that page is the eight benchmark
 models'); --out names a Markdown file to write besides printing.
@@ -95,21 +96,24 @@ def report(args, records):
     L = ["# Kiln's model zoo: Kiln, ONNX Runtime, PyTorch", "",
          f"Threads {args.threads}; rounds {args.rounds}; median latency in ms over rounds; "
          "ratio = Kiln / peer (below 1: Kiln faster).", "",
-         "| model | agree | batch | Kiln | ONNX Runtime | PyTorch | Kiln/ORT | Kiln/PyTorch |",
-         "|---|---|---|---|---|---|---|---|"]
+         "| model | agree | batch | Kiln | ONNX Runtime | PyTorch | Kiln/ORT | Kiln/PyTorch | "
+         "ref share |",
+         "|---|---|---|---|---|---|---|---|---|"]
     worst = {}
     for rec in records:
         if rec.get("error"):
-            L.append(f"| {rec['model']} | error: {rec['error'][:120]} | | | | | | |")
+            L.append(f"| {rec['model']} | error: {rec['error'][:120]} | | | | | | | |")
             continue
         ag = rec["agreement"]
         agree = "yes" if ag and ag["ok"] else "NO " + json.dumps(
             {"errors": ag["errors"], "pairs": {k: f"{v:.2g}" for k, v in ag["pairs"].items()}})
         for b in rec["batches"]:
             k, o, p = (median(rec, b["batch"], rt) for rt in bc.RUNTIMES)
+            share = (b.get("profile") or {}).get("reference_share")
+            share_s = "-" if share is None else f"{100 * share:.2f}%"
             L.append(f"| {rec['model']} | {agree} | {b['batch']} | {bc.fmt_ms(k)} | "
                      f"{bc.fmt_ms(o)} | {bc.fmt_ms(p)} | {bc.fmt_ratio(k, o)} | "
-                     f"{bc.fmt_ratio(k, p)} |")
+                     f"{bc.fmt_ratio(k, p)} | {share_s} |")
             if k and o:
                 worst[rec["model"]] = max(worst.get(rec["model"], 0.0), k / o)
     L.append("")
@@ -121,6 +125,12 @@ def report(args, records):
             g = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
             L.append(f"- batch {batch}: geometric mean Kiln/ORT {g:.2f} over {len(ratios)} "
                      f"models; above 1.0: {sum(x > 1.0 for x in ratios)}")
+        shares = [b["profile"]["reference_share"] for r in records if not r.get("error")
+                  for b in r["batches"] if b["batch"] == batch and b.get("profile")
+                  and b["profile"].get("reference_share") is not None]
+        if shares:
+            L.append(f"- batch {batch}: reference share (Kiln's time on reference kernels) at "
+                     f"most {100 * max(shares):.2f}% over {len(shares)} models")
     L += ["", "## Kiln's top ops on the five worst models (batch 1 profile)", ""]
     for name in sorted(worst, key=worst.get, reverse=True)[:5]:
         rec = next(r for r in records if r["model"] == name)
