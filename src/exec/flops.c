@@ -100,6 +100,16 @@ double kiln_node_flops(const struct kiln_node *n, const struct kiln_type *const 
     case KILN_OP_Gemm:
     case KILN_OP_KilnFusedMatMul:
         return matmul_flops(input(in, n_in, 0), out0, kiln_attr_int(n, "transA", 0) != 0);
+    case KILN_OP_KilnMatMulT: { /* K is A's stored dim permA[r - 1] */
+        const struct kiln_type *a = input(in, n_in, 0);
+        const int64_t *p;
+        if (!a || a->rank < 2) return 0.0;
+        int np = kiln_attr_ints(n, "permA", &p);
+        int64_t kd = np == a->rank && p[a->rank - 1] >= 0 && p[a->rank - 1] < a->rank
+                         ? p[a->rank - 1]
+                         : a->rank - 1;
+        return 2.0 * numel(out0) * (double)a->dims[kd];
+    }
     case KILN_OP_Attention:
         return attention_flops(input(in, n_in, 0), input(in, n_in, 1), input(in, n_in, 4), out0);
     case KILN_OP_KilnAttention: {

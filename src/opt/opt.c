@@ -20,6 +20,7 @@
  *   conv_bn_fold           Conv / Gemm + BatchNormalization -> new weights
  *   conv_fusion            Conv + bias + residual Add + activation -> KilnFusedConv
  *   matmul_fusion          Gemm / MatMul + bias + residual Add + activation -> KilnFusedMatMul
+ *   transpose_matmul       MatMul reading Transposes -> KilnMatMulT (strided operands)
  *   qadd_fusion            Q(Relu(DQ(a) + DQ(b))) -> KilnQLinearAdd (static int8 residuals)
  *   qlut_fusion            DQ -> float elementwise ops [-> Q] -> KilnLut8 (a 256-entry table)
  *   dead_code_elimination
@@ -359,6 +360,7 @@ kiln_status kiln_optimize(struct kiln_graph *g, const struct kiln_opt_options *o
         {"conv_bn_fold", kiln_opt_conv_bn},
         {"conv_fusion", kiln_opt_fuse_conv},
         {"matmul_fusion", kiln_opt_fuse_matmul},
+        {"transpose_matmul", kiln_opt_transpose_matmul}, /* products read Transposes' inputs */
         {"qadd_fusion", kiln_opt_qadd}, /* Q(Relu(DQ + DQ)) -> KilnQLinearAdd */
         {"qlut_fusion", kiln_opt_qlut}, /* DQ -> SiLU / Sigmoid ... [-> Q] -> KilnLut8 */
         {"silu_fusion", kiln_opt_silu}, /* x * Sigmoid(x) left after the fusions above */

@@ -37,6 +37,14 @@
  *      (usually [N]); Sum has Y's shape. Replaces Gemm, MatMul + Add, and
  *      the bias/activation/residual that follow them.
  *
+ *  KilnMatMulT(A, B) -> Y
+ *      Y = alpha * (Transpose(A, permA) @ Transpose(B, permB)), the two
+ *      operands of equal rank (>= 2) and batch dims equal or 1. Attributes:
+ *      permA, permB INTS (absent: no transpose), alpha FLOAT (default 1).
+ *      Made by the transpose_matmul pass from the Transposes an unfused
+ *      attention feeds its products (src/opt/transpose_matmul.c): the
+ *      product reads the untransposed values through strides.
+ *
  *  KilnReorder(X) -> Y
  *      Y is X with layout attribute `to` (INT: 0 plain, 8 or 16 blocked);
  *      X's layout is X's value's. Inserted by the layout pass at the edges
@@ -204,6 +212,8 @@ kiln_status kiln_opt_conv_taps(struct kiln_graph *g, struct kiln_opt_pass_log *p
 kiln_status kiln_opt_conv_bn(struct kiln_graph *g, struct kiln_opt_pass_log *pl);    /* conv_bn.c */
 kiln_status kiln_opt_fuse_conv(struct kiln_graph *g, struct kiln_opt_pass_log *pl);  /* fuse_act.c */
 kiln_status kiln_opt_fuse_matmul(struct kiln_graph *g, struct kiln_opt_pass_log *pl);/* fuse_matmul.c */
+kiln_status kiln_opt_transpose_matmul(struct kiln_graph *g,
+                                      struct kiln_opt_pass_log *pl); /* transpose_matmul.c */
 kiln_status kiln_opt_qadd(struct kiln_graph *g, struct kiln_opt_pass_log *pl);       /* qadd.c */
 kiln_status kiln_opt_qlut(struct kiln_graph *g, struct kiln_opt_pass_log *pl);       /* qlut.c */
 kiln_status kiln_opt_silu(struct kiln_graph *g, struct kiln_opt_pass_log *pl);       /* silu.c */

@@ -3081,6 +3081,52 @@ static void kcase_tree_regressor(void) { test_tree_regressor(); }
 static void kcase_tree_classifier(void) { test_tree_classifier(); }
 static void kcase_tree_ensemble(void) { test_tree_ensemble(); }
 
+/* ---- KilnMatMulT (dnnl/matmul_t.c): products of transposed views ---- */
+
+static void matmul_t_case(int r, const int64_t *ad, const int64_t *pa, const int64_t *bd,
+                          const int64_t *pb, float alpha, const char *what, int expect)
+{
+    struct case_node c;
+    cn_init(&c, KILN_OP_KilnMatMulT, 1, 2, 1);
+    if (pa) attr_ints(&c, "permA", pa, r);
+    if (pb) attr_ints(&c, "permB", pb, r);
+    if (alpha != 1.0f) attr_float(&c, "alpha", alpha);
+    kiln_tensor *a = tensor_f32(r, ad), *b = tensor_f32(r, bd);
+    for (size_t i = 0; i < a->nbytes / 4; i++) ((float *)a->data)[i] = rng_normal();
+    for (size_t i = 0; i < b->nbytes / 4; i++) ((float *)b->data)[i] = rng_normal();
+    cn_input(&c, 0, a, false);
+    cn_input(&c, 1, b, false);
+    char label[96];
+    snprintf(label, sizeof label, "KilnMatMulT %s alpha %g", what, (double)alpha);
+    /* sums of up to 128 products of normal values (about 11 in size): 1e-5 of that */
+    check_case(&c, label, 1e-5, 2e-4, expect);
+    cn_free(&c);
+}
+
+static void test_matmul_t(void)
+{
+    /* attention: Q, K, V stored [B,S,H,D] */
+    const int64_t q0213[4] = {0, 2, 1, 3}, k0231[4] = {0, 2, 3, 1};
+    for (int s = 0; s < N_SIZES; s++) {
+        int64_t S = sizes[s], qkv[4] = {2, S, 3, 8}, probs[4] = {2, 3, S, S};
+        matmul_t_case(4, qkv, q0213, qkv, k0231, 0.125f, "Q [B,S,H,D] @ K^T [B,S,H,D]", 1);
+        matmul_t_case(4, probs, NULL, qkv, q0213, 1.0f, "P @ V [B,S,H,D]", 1);
+    }
+    int64_t q[4] = {2, 4, 16, 8}, k[4] = {2, 16, 4, 8}, kq[4] = {0, 2, 3, 1};
+    matmul_t_case(4, q, NULL, k, kq, 1.0f, "plain Q, K [B,S,H,D]", 1);
+    /* rank 3, last two swapped on both sides; a broadcast batch */
+    const int64_t sw[3] = {0, 2, 1};
+    int64_t a3[3] = {3, 7, 5}, b3[3] = {1, 9, 7};
+    matmul_t_case(3, a3, sw, b3, sw, 2.0f, "rank 3, both swapped, batch 1 in B", 1);
+    int64_t a2[2] = {33, 17}, b2[2] = {40, 33};
+    const int64_t t2[2] = {1, 0};
+    matmul_t_case(2, a2, t2, b2, t2, 1.0f, "rank 2, A^T @ B^T", 1);
+    int64_t big[4] = {4, 128, 8, 64};
+    matmul_t_case(4, big, q0213, big, k0231, 0.125f, "threaded [4,128,8,64]", 1);
+}
+
+static void kcase_matmul_t(void) { test_matmul_t(); }
+
 static void kcase_depth_space(void) { test_depth_space(); }
 static void kcase_pool(void) { test_pool_family(); }
 static void kcase_global_pool(void) { test_global_pool(); }

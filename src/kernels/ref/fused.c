@@ -384,6 +384,125 @@ static kiln_status fused_matmul_run(struct kiln_run_ctx *ctx)
 
 KILN_REF_OP(KilnFusedMatMul, fused_matmul_infer, fused_matmul_run);
 
+/* ---- KilnMatMulT ---- */
+
+/* The perm attribute `name` for rank r into p (identity when absent); an error naming the
+ * node when it is not a permutation of r dims. */
+static kiln_status matmul_t_perm(const struct kiln_node *node, const char *name, int r, int64_t *p)
+{
+    const int64_t *v;
+    int k = kiln_attr_ints(node, name, &v);
+    if (k < 0) {
+        for (int i = 0; i < r; i++) p[i] = i;
+        return KILN_OK;
+    }
+    bool seen[KILN_MAX_RANK] = {false};
+    if (k != r)
+        return kiln_node_error(node, KILN_ERR_INVALID_MODEL, "%s has %d entries for rank %d",
+                               name, k, r);
+    for (int i = 0; i < k; i++) {
+        if (v[i] < 0 || v[i] >= r || seen[v[i]])
+            return kiln_node_error(node, KILN_ERR_INVALID_MODEL, "%s is not a permutation", name);
+        seen[v[i]] = true;
+        p[i] = v[i];
+    }
+    return KILN_OK;
+}
+
+static kiln_status matmul_t_infer(struct kiln_infer_ctx *ctx)
+{
+    const struct kiln_op_impl *mm = kiln_op_impl(KILN_OP_MatMul);
+    if (!mm) return kiln_node_error(ctx->node, KILN_ERR_UNSUPPORTED, "no MatMul kernel");
+    if (!ctx->out[0]) return KILN_OK;
+    struct kiln_type t[2];
+    const struct kiln_type *in[2] = {NULL, NULL};
+    static const char *const names[2] = {"permA", "permB"};
+    for (int i = 0; i < 2; i++) {
+        if (!ctx->in[i]) continue;
+        t[i] = *ctx->in[i];
+        if (ctx->in[i]->rank >= 0) {
+            int64_t p[KILN_MAX_RANK];
+            kiln_status st = matmul_t_perm(ctx->node, names[i], ctx->in[i]->rank, p);
+            if (st != KILN_OK) return st;
+            for (int d = 0; d < ctx->in[i]->rank; d++) {
+                t[i].dims[d] = ctx->in[i]->dims[p[d]];
+                t[i].sym[d] = ctx->in[i]->sym[p[d]];
+            }
+        }
+        in[i] = &t[i];
+    }
+    const kiln_tensor *no_values[2] = {NULL, NULL};
+    struct kiln_infer_ctx c = *ctx;
+    c.n_in = 2;
+    c.in = in;
+    c.in_value = no_values;
+    return mm->infer(&c);
+}
+
+/* A copy of x transposed by p, in *out. */
+static kiln_status permute_copy(const kiln_tensor *x, const int64_t *p, kiln_tensor **out)
+{
+    int r = x->rank;
+    int64_t dims[KILN_MAX_RANK], xs[KILN_MAX_RANK], idx[KILN_MAX_RANK] = {0};
+    for (int d = 0; d < r; d++) dims[d] = x->dims[p[d]];
+    int64_t acc = 1;
+    for (int d = r - 1; d >= 0; d--) {
+        xs[d] = acc;
+        acc *= x->dims[d];
+    }
+    kiln_status st = kiln_tensor_new_uninit(x->dtype, r, dims, out);
+    if (st != KILN_OK) return st;
+    size_t es = kiln_dtype_size(x->dtype);
+    int64_t n = kiln_tensor_count(*out);
+    const char *src = x->data;
+    char *dst = (*out)->data;
+    for (int64_t i = 0; i < n; i++) {
+        int64_t off = 0;
+        for (int d = 0; d < r; d++) off += idx[d] * xs[p[d]];
+        memcpy(dst + (size_t)i * es, src + (size_t)off * es, es);
+        for (int d = r - 1; d >= 0; d--) {
+            if (++idx[d] < dims[d]) break;
+            idx[d] = 0;
+        }
+    }
+    return KILN_OK;
+}
+
+static kiln_status matmul_t_run(struct kiln_run_ctx *ctx)
+{
+    const struct kiln_op_impl *mm = kiln_op_impl(KILN_OP_MatMul);
+    if (!mm) return kiln_node_error(ctx->node, KILN_ERR_UNSUPPORTED, "no MatMul kernel");
+    kiln_tensor *in[2] = {ctx->in[0], ctx->in[1]}, *tmp[2] = {NULL, NULL};
+    static const char *const names[2] = {"permA", "permB"};
+    kiln_status st = KILN_OK;
+    for (int i = 0; i < 2 && st == KILN_OK; i++) {
+        if (!kiln_node_attr(ctx->node, names[i])) continue;
+        if (in[i]->dtype == KILN_DTYPE_STRING)
+            return kiln_node_error(ctx->node, KILN_ERR_UNSUPPORTED, "string inputs");
+        int64_t p[KILN_MAX_RANK];
+        st = matmul_t_perm(ctx->node, names[i], in[i]->rank, p);
+        if (st == KILN_OK) st = permute_copy(in[i], p, &tmp[i]);
+        if (st == KILN_OK) in[i] = tmp[i];
+    }
+    if (st == KILN_OK) {
+        struct kiln_run_ctx c = *ctx;
+        c.n_in = 2;
+        c.in = in;
+        st = mm->run(&c);
+    }
+    kiln_tensor_free(tmp[0]);
+    kiln_tensor_free(tmp[1]);
+    if (st != KILN_OK) return st;
+    double alpha = kiln_attr_float(ctx->node, "alpha", 1.0f);
+    if (alpha == 1.0) return KILN_OK;
+    if (!kiln_dtype_is_float(ctx->out[0]->dtype))
+        return kiln_node_error(ctx->node, KILN_ERR_UNSUPPORTED, "alpha on dtype %s",
+                               kiln_dtype_name(ctx->out[0]->dtype));
+    return epilogue(ctx->node, ctx->out[0], alpha, NULL, NULL);
+}
+
+KILN_REF_OP(KilnMatMulT, matmul_t_infer, matmul_t_run);
+
 /* ---- KilnMBConv ---- */
 
 struct mbconv_geom {
