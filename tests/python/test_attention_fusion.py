@@ -7,6 +7,7 @@ temporary folder together with PyTorch's output:
 - torch.nn.MultiheadAttention, sequence-first and batch_first, with a boolean key_padding_mask
   and a float [S, S] attn_mask (one packed in_proj split by Slice, heads folded into the batch,
   the mask merged with the padding at run time);
+- a block whose causal mask torch.tril makes in forward (exported as Trilu; causal_trilu),
 - a GPT-2 block: packed c_attn split by Split, 4-D views, scale after the product, the causal
   mask as masked_fill (Where) from a lower-triangular buffer; dynamic batch;
 - nn.TransformerEncoderLayer (sequence-first, a [S, S] float src_mask);
@@ -167,6 +168,24 @@ def build(name):
                 return self.proj((a @ qkv[2]).transpose(1, 2).reshape(b, t, d))
 
         return ScaledMask(), {"x": x, "mask": torch.randn(B, 1, S, S, generator=g)}, False, 0
+    if name == "causal_trilu":
+        class CausalTrilu(nn.Module):
+            """A causal mask made in forward by torch.tril of ones the sequence's size
+            (exported as Trilu, opset 14), applied by masked_fill; separate projections."""
+
+            def __init__(self):
+                super().__init__()
+                self.q, self.k, self.v, self.o = (nn.Linear(d, d) for _ in range(4))
+
+            def forward(self, x):
+                b, t, _ = x.shape
+                e = d // h
+                q, k, v = (p(x).view(b, t, h, e).transpose(1, 2) for p in (self.q, self.k, self.v))
+                keep = torch.tril(torch.ones(t, t, dtype=torch.bool))
+                a = ((q @ k.transpose(-2, -1)) / math.sqrt(e)).masked_fill(~keep, float("-inf"))
+                return self.o((a.softmax(-1) @ v).transpose(1, 2).reshape(b, t, d))
+
+        return CausalTrilu(), {"x": x}, True, 1
     if name in ("gqa", "mqa"):
         kvh = 2 if name == "gqa" else 1
 
@@ -212,7 +231,7 @@ def build(name):
 
 
 MODELS = ["mha", "mha_batch_first", "gpt2", "encoder_layer", "bert", "packed_gather",
-          "scaled_mask", "gqa", "mqa", "swin", "swin_shifted"]
+          "scaled_mask", "gqa", "mqa", "swin", "swin_shifted", "causal_trilu"]
 
 
 @pytest.fixture(scope="session")
