@@ -177,9 +177,16 @@ static inline kiln_status run_ref(struct case_node *c, kiln_tensor **out)
             kiln_tensor_new(types[k].dtype, types[k].rank, types[k].dims, &out[k]) != KILN_OK)
             abort();
     }
+    kiln_tensor *given[MAX_IO];
+    memcpy(given, out, sizeof(kiln_tensor *) * (size_t)c->n_out);
     struct kiln_run_ctx rc = {.node = c->node, .n_in = c->n_in, .in = c->in, .n_out = c->n_out,
                               .out = out, .threads = 1};
-    return kiln_op_impl(c->node->op)->run(&rc);
+    st = kiln_op_impl(c->node->op)->run(&rc);
+    /* an op whose output shape is known only at run time (DYNOUT: TfListSetItem) may
+     * replace an output tensor with one of its own */
+    for (int k = 0; k < c->n_out; k++)
+        if (out[k] != given[k]) kiln_tensor_free(given[k]);
+    return st;
 }
 
 /* The kernel run_fast_ex compiles instead of the op's choice (NULL: the choice). */
