@@ -212,6 +212,8 @@ kiln_status kiln_opt_conv_taps(struct kiln_graph *g, struct kiln_opt_pass_log *p
 kiln_status kiln_opt_conv_bn(struct kiln_graph *g, struct kiln_opt_pass_log *pl);    /* conv_bn.c */
 kiln_status kiln_opt_fuse_conv(struct kiln_graph *g, struct kiln_opt_pass_log *pl);  /* fuse_act.c */
 kiln_status kiln_opt_fuse_matmul(struct kiln_graph *g, struct kiln_opt_pass_log *pl);/* fuse_matmul.c */
+/* The perm of Transpose node n for rank r (default: reversed); false if invalid (transpose.c). */
+bool kiln_opt_transpose_perm(const struct kiln_node *n, int r, int64_t *p);
 kiln_status kiln_opt_transpose_matmul(struct kiln_graph *g,
                                       struct kiln_opt_pass_log *pl); /* transpose_matmul.c */
 kiln_status kiln_opt_qadd(struct kiln_graph *g, struct kiln_opt_pass_log *pl);       /* qadd.c */

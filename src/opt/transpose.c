@@ -7,8 +7,7 @@
 #include "kernels/kernel.h"
 #include "opt/opt.h"
 
-/* The perm of Transpose node n for rank r (default: reversed); false if unknown. */
-static bool perm_of(const struct kiln_node *n, int r, int64_t *p)
+bool kiln_opt_transpose_perm(const struct kiln_node *n, int r, int64_t *p)
 {
     const int64_t *v;
     int k = kiln_attr_ints(n, "perm", &v);
@@ -42,7 +41,8 @@ kiln_status kiln_opt_transpose(struct kiln_graph *g, struct kiln_opt_pass_log *p
         const struct kiln_node *t1 = &g->nodes[p1i];
         int r = g->values[t1->in[0]].type.rank;
         int64_t a[KILN_MAX_RANK], b[KILN_MAX_RANK], comp[KILN_MAX_RANK];
-        if (r < 1 || !perm_of(t1, r, a) || !perm_of(t2, r, b)) continue;
+        if (r < 1 || !kiln_opt_transpose_perm(t1, r, a) ||
+            !kiln_opt_transpose_perm(t2, r, b)) continue;
         /* y = T2(T1(x)): y dim i = x dim a[b[i]] */
         bool identity = true;
         for (int d = 0; d < r; d++) {

@@ -18,29 +18,6 @@
 #include "kernels/kernel.h"
 #include "opt/opt.h"
 
-/* Transpose node t's perm for rank r into p (default: reversed); false if invalid. */
-static bool tm_perm(const struct kiln_node *t, int r, int64_t *p)
-{
-    const int64_t *v;
-    int k = kiln_attr_ints(t, "perm", &v);
-    if (kiln_attr_check(t) != KILN_OK) {
-        kiln_error_clear();
-        return false;
-    }
-    if (k < 0) {
-        for (int i = 0; i < r; i++) p[i] = r - 1 - i;
-        return true;
-    }
-    if (k != r || k > KILN_MAX_RANK) return false;
-    bool seen[KILN_MAX_RANK] = {false};
-    for (int i = 0; i < k; i++) {
-        if (v[i] < 0 || v[i] >= k || seen[v[i]]) return false;
-        seen[v[i]] = true;
-        p[i] = v[i];
-    }
-    return true;
-}
-
 static bool tm_f32_rank(const struct kiln_graph *g, int v, int r)
 {
     const struct kiln_type *t = &g->values[v].type;
@@ -84,7 +61,7 @@ kiln_status kiln_opt_transpose_matmul(struct kiln_graph *g, struct kiln_opt_pass
             int ti = kiln_opt_producer(g, m->in[k]);
             if (ti < 0 || g->nodes[ti].op != KILN_OP_Transpose || g->nodes[ti].n_in < 1) continue;
             int x = g->nodes[ti].in[0];
-            if (x < 0 || !tm_f32_rank(g, x, r) || !tm_perm(&g->nodes[ti], r, perm[k])) continue;
+            if (x < 0 || !tm_f32_rank(g, x, r) || !kiln_opt_transpose_perm(&g->nodes[ti], r, perm[k])) continue;
             src[k] = x;
             folded[k] = true;
         }

@@ -21,6 +21,7 @@
 
 #include "core/threadpool.h"
 #include "kernels/family.h"
+#include "kernels/simd/simd.h"
 
 #define KILN_KERNEL KILN_KERNEL_DECLARE
 #include "kernels/simd/copy.def"
@@ -140,23 +141,6 @@ static kiln_status bc_run(void *state, struct kiln_run_ctx *ctx)
     return KILN_OK;
 }
 
-/* Strides of x's elements along out's dims (numpy broadcasting: x's dims
- * right-aligned; 0 where x has 1 or lacks the dim). False if x does not
- * broadcast to out. */
-static bool bc_strides(const struct kiln_type *x, const struct kiln_type *o, int64_t *st)
-{
-    if (x->rank > o->rank) return false;
-    int64_t step = 1;
-    for (int d = o->rank - 1; d >= 0; d--) {
-        int xd = d - (o->rank - x->rank);
-        int64_t n = xd >= 0 ? x->dims[xd] : 1;
-        if (n != 1 && n != o->dims[d]) return false;
-        st[d] = n == 1 ? 0 : step;
-        step *= n;
-    }
-    return true;
-}
-
 static bool bc_plain_concrete(const struct kiln_compile_ctx *cc, int i)
 {
     return cc->in[i] && kiln_type_is_concrete(cc->in[i]) && !(cc->in_layout && cc->in_layout[i]);
@@ -177,7 +161,7 @@ static kiln_status bc_compile(const struct kiln_compile_ctx *cc, struct kiln_ker
     int64_t st[BC_MAX_IN][KILN_MAX_RANK];
     if (o->rank > KILN_MAX_RANK) return KILN_OK;
     for (int k = 0; k < n; k++)
-        if (!bc_strides(cc->in[ins[k]], o, st[k])) return KILN_OK;
+        if (!kiln_simd_bcast_strides(cc->in[ins[k]], o, st[k])) return KILN_OK;
     int64_t count = kiln_shape_count(o->rank, o->dims);
     if (count <= 0) return KILN_OK; /* nothing to copy: the reference's loop is free */
     struct bc_state *s = calloc(1, sizeof *s);

@@ -74,10 +74,7 @@ static bool concrete_f32(const struct kiln_type *t)
     return t && t->dtype == KILN_DTYPE_F32 && kiln_type_is_concrete(t);
 }
 
-/* Strides of x's elements along out's dims (numpy broadcasting: x's dims
- * right-aligned; 0 where x has 1 or lacks the dim). False if x does not
- * broadcast to out. */
-static bool input_strides(const struct kiln_type *x, const struct kiln_type *o, int64_t *st)
+bool kiln_simd_bcast_strides(const struct kiln_type *x, const struct kiln_type *o, int64_t *st)
 {
     if (x->rank > o->rank) return false;
     int64_t step = 1;
@@ -104,7 +101,8 @@ static kiln_status bcast_compile(const struct kiln_compile_ctx *cc, struct kiln_
     if (cc->out_layout && cc->out_layout[0]) return KILN_OK;
     const struct kiln_type *a = cc->in[0], *b = cc->in[1], *o = cc->out[0];
     int64_t sa[KILN_MAX_RANK], sb[KILN_MAX_RANK];
-    if (o->rank > KILN_MAX_RANK || !input_strides(a, o, sa) || !input_strides(b, o, sb))
+    if (o->rank > KILN_MAX_RANK || !kiln_simd_bcast_strides(a, o, sa) ||
+        !kiln_simd_bcast_strides(b, o, sb))
         return KILN_OK;
     int64_t n = kiln_shape_count(o->rank, o->dims);
     if (n <= 0) return KILN_OK; /* nothing to compute: the reference's loop is free */

@@ -642,15 +642,15 @@ static kiln_status reduce_compile(const struct kiln_compile_ctx *cc,
     if (!any) { /* every reduced dim has size 1: one pass over groups of one */
         run[runs] = 1;
         red[runs++] = true;
+        any = true;
     }
     struct reduce_state *s = calloc(1, sizeof *s);
     if (!s) return kiln_error(KILN_ERR_OUT_OF_MEMORY, "out of memory compiling a Reduce node");
     /* passes: the innermost reduced run first, removed from the runs each time */
     int64_t cur = count, biggest = 0;
-    while (any || s->passes == 0) {
+    while (any) { /* r >= 0: some run is reduced */
         int r = runs - 1;
-        while (r >= 0 && !red[r]) r--;
-        if (r < 0) break;
+        while (!red[r]) r--;
         struct reduce_pass *p = &s->pass[s->passes++];
         p->rows = 1;
         p->inner = 1;

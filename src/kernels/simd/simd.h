@@ -20,6 +20,7 @@
 #ifndef KILN_KERNELS_SIMD_SIMD_H
 #define KILN_KERNELS_SIMD_SIMD_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "core/threadpool.h"
@@ -222,6 +223,11 @@ const struct simd_kernels *simd_kernels_for(void);
 /* The three kernels of one op of a family list (family.h, KILN_KERNEL_SIMD):
  * kiln_k_<stem>_avx512 / _avx2 / _scalar, each fn(cc, inst, table) on its
  * table. Expand where kernels/fast.h is included. */
+/* Strides of x's elements along o's dims (numpy broadcasting: x's dims right-aligned; 0
+ * where x has 1 or lacks the dim); false if x does not broadcast to o (broadcast.c). */
+struct kiln_type;
+bool kiln_simd_bcast_strides(const struct kiln_type *x, const struct kiln_type *o, int64_t *st);
+
 #define SIMD_VARIANTS(stem, fn)                                                             \
     kiln_status kiln_k_##stem##_avx512(const struct kiln_compile_ctx *cc,                  \
                                        struct kiln_kernel_inst *inst)                      \

@@ -499,17 +499,23 @@ static void k_gemm(int64_t m, int64_t n, int64_t k, float alpha, const float *a,
 
 /* ---- Softmax ---- */
 
+/* The largest of the row's n values (-inf for none). */
+static float k_row_max(const float *xr, int64_t n)
+{
+    vf m = vset(-INFINITY);
+    int64_t i = 0;
+    for (; i + W <= n; i += W) m = vmaxs(m, vld(xr + i));
+    if (i < n) m = vmaxs(m, vld_part(xr + i, n - i, -INFINITY));
+    return vhmax(m);
+}
+
 static void k_softmax_rows(const float *x, float *y, int64_t rows, int64_t n)
 {
-    const vf ninf = vset(-INFINITY);
     for (int64_t r = 0; r < rows; r++) {
         const float *xr = x + r * n;
         float *yr = y + r * n;
-        vf m = ninf;
-        int64_t i = 0;
-        for (; i + W <= n; i += W) m = vmaxs(m, vld(xr + i));
-        if (i < n) m = vmaxs(m, vld_part(xr + i, n - i, -INFINITY));
-        const vf mx = vset(vhmax(m));
+        int64_t i;
+        const vf mx = vset(k_row_max(xr, n));
         double sum = 0.0;
         vf acc = vset(0.0f);
         for (i = 0; i + W <= n; i += W) {
@@ -560,15 +566,11 @@ static void k_softmax_strided(const float *x, float *y, int64_t n, int64_t inner
  * operations: its lse is max + (float)log(sum)). */
 static void k_log_softmax_rows(const float *x, float *y, int64_t rows, int64_t n)
 {
-    const vf ninf = vset(-INFINITY);
     for (int64_t r = 0; r < rows; r++) {
         const float *xr = x + r * n;
         float *yr = y + r * n;
-        vf m = ninf;
-        int64_t i = 0;
-        for (; i + W <= n; i += W) m = vmaxs(m, vld(xr + i));
-        if (i < n) m = vmaxs(m, vld_part(xr + i, n - i, -INFINITY));
-        const float mxs = vhmax(m);
+        int64_t i;
+        const float mxs = k_row_max(xr, n);
         const vf mx = vset(mxs);
         double sum = 0.0;
         vf acc = vset(0.0f);
